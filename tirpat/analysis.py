@@ -1,0 +1,144 @@
+"""Small IR utilities shared by the matcher, regions and the rewriter.
+
+Affine analysis is delegated to ``tvm.sym``; traversal and substitution to
+``tvm_ffi.structural_*``. Nothing here knows about patterns.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+import tvm_ffi
+from tvm import ir, sym, tirx
+from tvm_ffi import DefRegionKind
+
+_ANALYZER = sym.Analyzer()
+
+
+def key(obj) -> int:
+    """A dict key for an IR object by identity (``==`` on PrimExprs builds an EQ node)."""
+    return obj.__chandle__()
+
+
+def simplify(expr):
+    """Simplify an expression with TVM's arithmetic analyzer (no loop bounds assumed)."""
+    return _ANALYZER.simplify(expr)
+
+
+def const_int(expr) -> int | None:
+    """The Python int of an ``IntImm`` (after simplification), else None."""
+    if isinstance(expr, int):
+        return expr
+    if isinstance(expr, tirx.IntImm):
+        return int(expr.value)
+    expr = simplify(expr)
+    return int(expr.value) if isinstance(expr, tirx.IntImm) else None
+
+
+def is_zero(expr) -> bool:
+    return const_int(expr) == 0
+
+
+def vars_used(node) -> list:
+    """Every free-standing variable used in ``node`` (loop vars, params, buffers)."""
+    found = []
+    tvm_ffi.structural_walk(node, (ir.Var, found.append))
+    return found
+
+
+def uses_any(node, variables: Iterable) -> bool:
+    """True when ``node`` uses one of ``variables``."""
+    wanted = {key(v) for v in variables}
+    if not wanted:
+        return False
+    return any(key(v) in wanted for v in vars_used(node))
+
+
+def linear_form(expr, variables: Sequence):
+    """``(coefficients, base)`` with ``expr == sum(c*v) + base``, or None if not affine.
+
+    Coefficients and base may be symbolic but are free of ``variables``.
+
+    >>> linear_form(i * 16 + j + n, [i, j])        # doctest: +SKIP
+    ([16, 1], n)
+    """
+    if not variables:
+        return [], expr
+    terms = sym.detect_linear_equation(expr, list(variables))
+    if len(terms) != len(variables) + 1:
+        return None
+    coeffs = [simplify(c) for c in terms[:-1]]
+    return coeffs, simplify(terms[-1])
+
+
+def substitute(node, mapping: dict):
+    """Replace uses of variables (keys are ``key(var)``) by expressions.
+
+    >>> substitute(stmt, {key(i): tirx.IntImm("int32", 0)})   # doctest: +SKIP
+    """
+    if not mapping:
+        return node
+
+    def use(var, kind):
+        if kind == DefRegionKind.NONE:
+            return mapping.get(key(var), var)
+        return var
+
+    return tvm_ffi.structural_map(node, with_def_region_kind=(ir.Var, use))
+
+
+def rename_defs(node, mapping: dict):
+    """Replace variables everywhere, definitions included (keys are ``key(var)``)."""
+    if not mapping:
+        return node
+    return tvm_ffi.structural_map(
+        node, with_def_region_kind=(ir.Var, lambda var, kind: mapping.get(key(var), var)))
+
+
+def defined_vars(stmt) -> list:
+    """Variables a statement defines: loop vars, ``Bind`` vars, allocated/declared buffers."""
+    found = {}
+
+    def on(var, kind):
+        if kind != DefRegionKind.NONE:
+            found.setdefault(key(var), var)
+
+    tvm_ffi.structural_walk(stmt, with_def_region_kind=(ir.Var, on))
+    return list(found.values())
+
+
+def fresh_var(var):
+    """A new variable with the same name and type as ``var``."""
+    if tirx.is_buffer_var(var):
+        b = var
+        return tirx.decl_buffer(b.shape, b.dtype, b.name, strides=list(b.strides) or None,
+                                elem_offset=b.elem_offset, scope=b.scope(),
+                                data_alignment=b.data_alignment, offset_factor=b.offset_factor)
+    return tirx.Var(var.name, var.ty)
+
+
+def dtype_of(node) -> str | None:
+    """The dtype string of a PrimExpr or buffer, or None."""
+    if tirx.is_buffer_var(node):
+        return str(node.dtype)
+    ty = getattr(node, "ty", None)
+    dt = getattr(ty, "dtype", None)
+    return None if dt is None else str(dt)
+
+
+def row_major_strides(buffer) -> list | None:
+    """Element strides of each buffer dimension as ints, or None when not constant."""
+    if len(buffer.strides):
+        out = [const_int(s) for s in buffer.strides]
+        return None if any(s is None for s in out) else out
+    shape = [const_int(s) for s in buffer.shape]
+    out, acc = [], 1
+    for extent in reversed(shape):
+        out.append(acc)
+        if extent is None:
+            acc = None
+            break
+        acc *= extent
+    if acc is None and len(out) < len(shape):
+        return None
+    return list(reversed(out))

@@ -1,0 +1,98 @@
+"""Canonical form of lowered TIR, so that cosmetic differences never make a match fail.
+
+- extent-1 loops are removed (their variable becomes the loop's ``min``);
+- index expressions and loop bounds are simplified (``i*4*4 + 0`` becomes ``i*16``);
+- constant sub-expressions of values are folded;
+- nested ``SeqStmt``s are flattened.
+
+The result is equivalent to the input; the input is never mutated.
+
+>>> canonicalize(stmt)      # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import tvm_ffi
+from tvm import ir, tirx
+
+from .analysis import const_int, key, simplify, substitute
+
+_CONST = (tirx.IntImm, tirx.FloatImm)
+_FOLDABLE = (tirx.Add, tirx.Sub, tirx.Mul, tirx.FloorDiv, tirx.FloorMod, tirx.Max, tirx.Min)
+
+
+def _simple(e) -> bool:
+    return isinstance(e, (tirx.Var,) + _CONST)
+
+
+def _index(e):
+    return e if _simple(e) else simplify(e)
+
+
+def _indices(indices):
+    new = [_index(i) for i in indices]
+    changed = any(not a.same_as(b) for a, b in zip(new, indices))
+    return new if changed else None
+
+
+def _on_for(loop):
+    extent = const_int(loop.extent)
+    if extent == 1:
+        body = substitute(loop.body, {key(loop.loop_var): loop.min})
+        return canonicalize(body)
+    new_min, new_extent = _index(loop.min), _index(loop.extent)
+    if new_min.same_as(loop.min) and new_extent.same_as(loop.extent):
+        return loop
+    return tirx.For(loop.loop_var, new_min, new_extent, loop.kind, loop.body,
+                    loop.thread_binding, loop.annotations, loop.step)
+
+
+def _on_seq(seq):
+    flat = []
+    nested = False
+    for s in seq.seq:
+        if isinstance(s, tirx.SeqStmt):
+            flat.extend(s.seq)
+            nested = True
+        else:
+            flat.append(s)
+    if not nested:
+        return seq
+    return flat[0] if len(flat) == 1 else tirx.SeqStmt(flat)
+
+
+def _on_store(store):
+    new = _indices(store.indices)
+    return store if new is None else tirx.BufferStore(store.buffer, store.value, new)
+
+
+def _on_load(load):
+    new = _indices(load.indices)
+    return load if new is None else tirx.BufferLoad(load.source, new)
+
+
+def _on_binop(e):
+    if isinstance(e.a, _CONST) and isinstance(e.b, _CONST):
+        return simplify(e)
+    return e
+
+
+def _on_cast(e):
+    return simplify(e) if isinstance(e.value, _CONST) else e
+
+
+_CALLBACKS = [
+    (tirx.For, _on_for),
+    (tirx.SeqStmt, _on_seq),
+    (tirx.BufferStore, _on_store),
+    (ir.TensorLoad, _on_load),
+    (_FOLDABLE, _on_binop),
+    (tirx.Cast, _on_cast),
+]
+
+
+def canonicalize(node):
+    """The canonical form of a Stmt, PrimExpr or PrimFunc body (see module docstring)."""
+    if tirx.is_buffer_var(node):
+        return node
+    return tvm_ffi.structural_map(node, _CALLBACKS)
