@@ -1,0 +1,72 @@
+"""The parameters of one accel core: array shape, bandwidths and scratchpad sizes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["Config"]
+
+
+@dataclass(frozen=True)
+class Config:
+    """Hardware parameters of the simulated NPU; the defaults are the reference core.
+
+    A GEMM step is one ``tile x tile x tile`` product; scratchpad sizes are in bytes
+    (INP and WGT hold int8, ACC holds int32).
+
+    >>> Config().tile_cycles
+    16
+    >>> Config(acc_bytes=64 * 1024).acc_elements
+    16384
+    """
+
+    tile: int = 16
+    gemm_macs_per_cycle: int = 256
+    dma_bytes_per_cycle: int = 64
+    alu_lanes: int = 16
+    issue_overhead: int = 4
+    inp_bytes: int = 32 * 1024
+    wgt_bytes: int = 256 * 1024
+    acc_bytes: int = 128 * 1024
+
+    def __post_init__(self) -> None:
+        for name in ("tile", "gemm_macs_per_cycle", "dma_bytes_per_cycle", "alu_lanes",
+                     "inp_bytes", "wgt_bytes", "acc_bytes"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"Config.{name} must be a positive int, got {value!r}")
+        if not isinstance(self.issue_overhead, int) or self.issue_overhead < 0:
+            raise ValueError(f"Config.issue_overhead must be an int >= 0, got {self.issue_overhead!r}")
+        if self.tile & (self.tile - 1):
+            raise ValueError(f"Config.tile must be a power of two, got {self.tile}")
+        # A scratchpad must hold at least one whole tile and a whole number of SRAM rows,
+        # and every element address must fit the ISA's 32-bit address fields.
+        for name, itemsize in (("inp_bytes", 1), ("wgt_bytes", 1), ("acc_bytes", 4)):
+            size = getattr(self, name)
+            row = self.tile * itemsize
+            if size % row or size < self.tile * row:
+                raise ValueError(
+                    f"Config.{name}={size} must be a multiple of {row} bytes (one SRAM row) "
+                    f"and hold at least one {self.tile}x{self.tile} tile ({self.tile * row} bytes)")
+            if size // itemsize > 2**32:
+                raise ValueError(f"Config.{name}={size} exceeds the 32-bit element address space")
+
+    @property
+    def inp_elements(self) -> int:
+        """INP capacity in int8 elements."""
+        return self.inp_bytes
+
+    @property
+    def wgt_elements(self) -> int:
+        """WGT capacity in int8 elements."""
+        return self.wgt_bytes
+
+    @property
+    def acc_elements(self) -> int:
+        """ACC capacity in int32 elements."""
+        return self.acc_bytes // 4
+
+    @property
+    def tile_cycles(self) -> int:
+        """Cycles the GEMM array needs for one tile step."""
+        return -(-self.tile**3 // self.gemm_macs_per_cycle)

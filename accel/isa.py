@@ -1,0 +1,447 @@
+"""The accel instruction set: instruction classes, binary encoding and disassembly.
+
+Every instruction is 64 bytes: sixteen little-endian uint32 words. Word 0 is the header
+(opcode in bits 0-3, the four dependency flags in bits 4-7, an opcode-specific ``func``
+byte in bits 8-15, bits 16-31 zero); words 1.. hold the operand fields in the order of
+``FIELDS[opcode]``; the remaining words are zero. accel/ISA.md is the full reference.
+
+>>> ins = Load(mem=Mem.INP, sram_addr=0, sram_ld=16, slot=0, dram_offset=0, dram_ld=64,
+...            rows=16, cols=16, push_next=True)
+>>> decode(encode([ins])) == [ins]
+True
+>>> disassemble(ins)
+'LOAD INP[0 ld=16] <- slot0[0 ld=64] 16x16 [push_next]'
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from dataclasses import dataclass, fields, replace
+from typing import ClassVar, Iterable, Sequence, Union
+
+import numpy as np
+
+from accel.errors import DecodeError
+
+__all__ = [
+    "INSTRUCTION_BYTES", "Opcode", "Queue", "Mem", "StoreMode", "AluOp", "Instruction",
+    "Load", "Store", "Gemm", "Alu", "Finish", "FIELDS", "queue_of", "encode", "decode",
+    "disassemble",
+]
+
+INSTRUCTION_BYTES = 64
+_WORDS = INSTRUCTION_BYTES // 4
+_U32 = 2**32
+
+
+class Opcode(enum.IntEnum):
+    """Header bits 0-3."""
+
+    LOAD = 0
+    STORE = 1
+    GEMM = 2
+    ALU = 3
+    FINISH = 4
+
+
+class Queue(enum.IntEnum):
+    """The three in-order command queues; tokens flow only between neighbours.
+
+    >>> Queue.COMPUTE - 1 == Queue.LOAD
+    True
+    """
+
+    LOAD = 0
+    COMPUTE = 1
+    STORE = 2
+
+
+class Mem(enum.IntEnum):
+    """Scratchpad ids (LOAD's ``func`` byte). INP and WGT hold int8, ACC int32."""
+
+    INP = 1
+    WGT = 2
+    ACC = 3
+
+
+class StoreMode(enum.IntEnum):
+    """How STORE writes int32 ACC values: as int32, or narrowed to int8."""
+
+    INT32 = 0
+    WRAP = 1  # keep the low 8 bits, as a TIR Cast / numpy astype does
+    SATURATE = 2  # clip to [-128, 127] first
+
+
+class AluOp(enum.IntEnum):
+    """ALU operations on int32 ACC vectors (wrap-around arithmetic)."""
+
+    ADD = 0
+    MAX = 1
+    MIN = 2
+    SHR = 3  # arithmetic shift right; amounts are clipped to [0, 31]
+    MUL = 4
+
+
+@dataclass(frozen=True, kw_only=True)
+class Instruction:
+    """Base of all instructions: the VTA-style dependency flags every instruction has.
+
+    ``pop_prev``/``push_prev`` talk to the previous queue (load for compute, compute for
+    store), ``pop_next``/``push_next`` to the next one. A pop waits for a token, a push
+    sends one when the instruction completes.
+    """
+
+    pop_prev: bool = False
+    pop_next: bool = False
+    push_prev: bool = False
+    push_next: bool = False
+
+    opcode: ClassVar[Opcode]
+    _signed: ClassVar[frozenset[str]] = frozenset()
+
+    def __post_init__(self) -> None:
+        cls = type(self).__name__
+        for f in fields(self):
+            value = getattr(self, f.name)
+            enum_type = _ENUM_FIELDS.get(f.name)
+            if enum_type is not None:
+                try:
+                    object.__setattr__(self, f.name, enum_type(value))
+                except ValueError:
+                    raise ValueError(f"{cls}.{f.name}={value!r} is not a {enum_type.__name__}") from None
+            elif f.name in _BOOL_FIELDS:
+                if not isinstance(value, (bool, int, np.integer)) or value not in (0, 1):
+                    raise ValueError(f"{cls}.{f.name} must be a bool, got {value!r}")
+                object.__setattr__(self, f.name, bool(value))
+            else:
+                if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+                    raise TypeError(f"{cls}.{f.name} must be an int, got {value!r}")
+                lo, hi = (-(2**31), 2**31) if f.name in self._signed else (0, _U32)
+                if not lo <= value < hi:
+                    raise ValueError(
+                        f"{cls}.{f.name}={value} does not fit its 32-bit field [{lo}, {hi - 1}]")
+                object.__setattr__(self, f.name, int(value))
+
+    @property
+    def flags(self) -> int:
+        """The four dependency flags as header bits 4-7 shifted down (bit 0 = pop_prev)."""
+        return self.pop_prev | self.pop_next << 1 | self.push_prev << 2 | self.push_next << 3
+
+    def with_flags(self, **flags: bool) -> "Instruction":
+        """A copy with some dependency flags replaced.
+
+        >>> Finish().with_flags(pop_prev=True).pop_prev
+        True
+        """
+        return replace(self, **flags)
+
+
+_FLAG_NAMES = ("pop_prev", "pop_next", "push_prev", "push_next")
+_BOOL_FIELDS = frozenset(_FLAG_NAMES + ("reset", "use_imm"))
+_ENUM_FIELDS = {"mem": Mem, "mode": StoreMode, "op": AluOp}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Load(Instruction):
+    """2-D strided DMA from host buffer ``slot`` into scratchpad ``mem``, with padding.
+
+    Reads ``rows x cols`` elements at ``dram_offset + r*dram_ld + c`` and writes a
+    ``(pad_top+rows+pad_bottom) x (pad_left+cols+pad_right)`` block at
+    ``sram_addr + r*sram_ld + c``; the border is ``pad_value``.
+
+    >>> Load(mem=Mem.ACC, sram_addr=0, sram_ld=16, slot=1, dram_offset=0, dram_ld=0,
+    ...      rows=16, cols=16).rows
+    16
+    """
+
+    mem: Mem
+    sram_addr: int
+    sram_ld: int
+    slot: int
+    dram_offset: int
+    dram_ld: int
+    rows: int
+    cols: int
+    pad_top: int = 0
+    pad_bottom: int = 0
+    pad_left: int = 0
+    pad_right: int = 0
+    pad_value: int = 0
+
+    opcode: ClassVar[Opcode] = Opcode.LOAD
+    _signed: ClassVar[frozenset[str]] = frozenset({"pad_value"})
+
+
+@dataclass(frozen=True, kw_only=True)
+class Store(Instruction):
+    """2-D strided DMA of ``rows x cols`` int32 ACC elements to host buffer ``slot``.
+
+    >>> Store(sram_addr=0, sram_ld=16, slot=0, dram_offset=0, dram_ld=16, rows=16, cols=16,
+    ...       mode=StoreMode.SATURATE).mode.name
+    'SATURATE'
+    """
+
+    sram_addr: int
+    sram_ld: int
+    slot: int
+    dram_offset: int
+    dram_ld: int
+    rows: int
+    cols: int
+    mode: StoreMode = StoreMode.INT32
+
+    opcode: ClassVar[Opcode] = Opcode.STORE
+
+
+@dataclass(frozen=True, kw_only=True)
+class Gemm(Instruction):
+    """``acc += inp @ wgt.T`` on tiles, over two loop levels (``reset`` zeroes acc instead).
+
+    Step ``(o, i)`` for ``o < ext_out``, ``i < ext_in`` uses the tiles at
+    ``X_addr + o*X_stride_out + i*X_stride_in`` (X in acc/inp/wgt), each ``tile`` rows
+    of ``tile`` elements with row stride ``X_ld``. Addresses are elements.
+
+    >>> Gemm(acc_addr=0, inp_addr=0, wgt_addr=0, acc_ld=16, inp_ld=16, wgt_ld=16).ext_out
+    1
+    """
+
+    acc_addr: int
+    inp_addr: int
+    wgt_addr: int
+    acc_ld: int
+    inp_ld: int
+    wgt_ld: int
+    ext_out: int = 1
+    ext_in: int = 1
+    acc_stride_out: int = 0
+    acc_stride_in: int = 0
+    inp_stride_out: int = 0
+    inp_stride_in: int = 0
+    wgt_stride_out: int = 0
+    wgt_stride_in: int = 0
+    reset: bool = False
+
+    opcode: ClassVar[Opcode] = Opcode.GEMM
+
+
+@dataclass(frozen=True, kw_only=True)
+class Alu(Instruction):
+    """``acc[dst] = op(acc[dst], imm or acc[src])`` on ``tile``-lane ACC vectors.
+
+    Step ``(o, i)`` works on the vector at ``dst_addr + o*dst_stride_out + i*dst_stride_in``
+    (and likewise ``src``). All reads happen before any write.
+
+    >>> Alu(op=AluOp.SHR, use_imm=True, imm=4, dst_addr=0, ext_out=16, dst_stride_out=16).op.name
+    'SHR'
+    """
+
+    op: AluOp
+    dst_addr: int
+    src_addr: int = 0
+    imm: int = 0
+    use_imm: bool = False
+    ext_out: int = 1
+    ext_in: int = 1
+    dst_stride_out: int = 0
+    dst_stride_in: int = 0
+    src_stride_out: int = 0
+    src_stride_in: int = 0
+
+    opcode: ClassVar[Opcode] = Opcode.ALU
+    _signed: ClassVar[frozenset[str]] = frozenset({"imm"})
+
+
+@dataclass(frozen=True, kw_only=True)
+class Finish(Instruction):
+    """End of stream: a compute-queue barrier that completes when every queue has drained.
+
+    >>> Finish().opcode.name
+    'FINISH'
+    """
+
+    opcode: ClassVar[Opcode] = Opcode.FINISH
+
+
+# Operand words 1.. in this order; the header's func byte holds the remaining field(s).
+FIELDS: dict[Opcode, tuple[str, ...]] = {
+    Opcode.LOAD: ("sram_addr", "sram_ld", "slot", "dram_offset", "dram_ld", "rows", "cols",
+                  "pad_top", "pad_bottom", "pad_left", "pad_right", "pad_value"),
+    Opcode.STORE: ("sram_addr", "sram_ld", "slot", "dram_offset", "dram_ld", "rows", "cols"),
+    Opcode.GEMM: ("acc_addr", "inp_addr", "wgt_addr", "acc_ld", "inp_ld", "wgt_ld",
+                  "ext_out", "ext_in", "acc_stride_out", "acc_stride_in", "inp_stride_out",
+                  "inp_stride_in", "wgt_stride_out", "wgt_stride_in"),
+    Opcode.ALU: ("dst_addr", "src_addr", "imm", "ext_out", "ext_in", "dst_stride_out",
+                 "dst_stride_in", "src_stride_out", "src_stride_in"),
+    Opcode.FINISH: (),
+}
+_CLASSES: dict[Opcode, type[Instruction]] = {
+    Opcode.LOAD: Load, Opcode.STORE: Store, Opcode.GEMM: Gemm, Opcode.ALU: Alu, Opcode.FINISH: Finish,
+}
+_SIGNED_WORDS = {op: {i + 1 for i, n in enumerate(names) if n in _CLASSES[op]._signed}
+                 for op, names in FIELDS.items()}
+# Which flags are meaningful per queue: the load queue has no previous neighbour, the
+# store queue no next one.
+_ALLOWED_FLAGS = {Queue.LOAD: 0b1010, Queue.COMPUTE: 0b1111, Queue.STORE: 0b0101}
+
+
+def queue_of(ins: Instruction) -> Queue:
+    """The queue an instruction issues to.
+
+    LOADs into ACC go to the compute queue, as in VTA, so that they are ordered against
+    GEMM/ALU (RAW) and against STOREs (WAR) by the compute queue's own tokens.
+
+    >>> queue_of(Finish()).name
+    'COMPUTE'
+    """
+    op = ins.opcode
+    if op is Opcode.LOAD:
+        return Queue.COMPUTE if ins.mem is Mem.ACC else Queue.LOAD
+    if op is Opcode.STORE:
+        return Queue.STORE
+    return Queue.COMPUTE
+
+
+def _func(ins: Instruction) -> int:
+    op = ins.opcode
+    if op is Opcode.LOAD:
+        return int(ins.mem)
+    if op is Opcode.STORE:
+        return int(ins.mode)
+    if op is Opcode.GEMM:
+        return int(ins.reset)
+    if op is Opcode.ALU:
+        return int(ins.op) | int(ins.use_imm) << 4
+    return 0
+
+
+def _encode_one(ins: Instruction) -> bytes:
+    allowed = _ALLOWED_FLAGS[queue_of(ins)]
+    if ins.flags & ~allowed:
+        raise ValueError(f"{disassemble(ins)}: dependency flags not valid on the "
+                         f"{queue_of(ins).name.lower()} queue")
+    words = [ins.opcode | ins.flags << 4 | _func(ins) << 8]
+    words += [getattr(ins, n) & 0xFFFFFFFF for n in FIELDS[ins.opcode]]
+    words += [0] * (_WORDS - len(words))
+    return struct.pack(f"<{_WORDS}I", *words)
+
+
+def encode(instructions: Union[Instruction, Iterable[Instruction]]) -> bytes:
+    """Encode one instruction or a sequence of them as 64 bytes each.
+
+    >>> len(encode([Finish(), Finish()]))
+    128
+    """
+    if isinstance(instructions, Instruction):
+        instructions = [instructions]
+    return b"".join(_encode_one(i) for i in instructions)
+
+
+def _decode_func(op: Opcode, func: int, at: str) -> dict:
+    try:
+        if op is Opcode.LOAD:
+            return {"mem": Mem(func)}
+        if op is Opcode.STORE:
+            return {"mode": StoreMode(func)}
+        if op is Opcode.GEMM:
+            if func > 1:
+                raise ValueError
+            return {"reset": bool(func)}
+        if op is Opcode.ALU:
+            if func & ~0x1F:
+                raise ValueError
+            return {"op": AluOp(func & 0xF), "use_imm": bool(func >> 4)}
+    except ValueError:
+        raise DecodeError(f"{at}: invalid func byte {func:#04x} for {op.name}") from None
+    if func:
+        raise DecodeError(f"{at}: invalid func byte {func:#04x} for {op.name}")
+    return {}
+
+
+def decode(data: Union[bytes, bytearray, memoryview]) -> list[Instruction]:
+    """Decode a byte stream; a truncated or malformed stream raises :class:`DecodeError`.
+
+    >>> decode(encode(Finish()))
+    [Finish(pop_prev=False, pop_next=False, push_prev=False, push_next=False)]
+    """
+    data = bytes(data)
+    if len(data) % INSTRUCTION_BYTES:
+        raise DecodeError(f"stream of {len(data)} bytes is truncated: instructions are "
+                          f"{INSTRUCTION_BYTES} bytes each")
+    words = np.frombuffer(data, dtype="<u4").reshape(-1, _WORDS)
+    out: list[Instruction] = []
+    for index, row in enumerate(words.tolist()):
+        at = f"instruction #{index} (byte {index * INSTRUCTION_BYTES})"
+        header = row[0]
+        try:
+            op = Opcode(header & 0xF)
+        except ValueError:
+            raise DecodeError(f"{at}: unknown opcode {header & 0xF}") from None
+        if header >> 16:
+            raise DecodeError(f"{at}: reserved header bits 16-31 are set ({header:#010x})")
+        names = FIELDS[op]
+        if any(row[1 + len(names):]):
+            raise DecodeError(f"{at}: unused words of a {op.name} instruction are not zero")
+        kwargs = _decode_func(op, header >> 8 & 0xFF, at)
+        flags = header >> 4 & 0xF
+        for bit, name in enumerate(_FLAG_NAMES):
+            kwargs[name] = bool(flags >> bit & 1)
+        signed = _SIGNED_WORDS[op]
+        for w, name in enumerate(names, start=1):
+            value = row[w]
+            kwargs[name] = value - _U32 if w in signed and value >= 2**31 else value
+        ins = _CLASSES[op](**kwargs)
+        if flags & ~_ALLOWED_FLAGS[queue_of(ins)]:
+            raise DecodeError(f"{at}: dependency flags {flags:#06b} not valid on the "
+                              f"{queue_of(ins).name.lower()} queue")
+        out.append(ins)
+    return out
+
+
+def _flags_text(ins: Instruction) -> str:
+    names = [n for n in _FLAG_NAMES if getattr(ins, n)]
+    return f" [{' '.join(names)}]" if names else ""
+
+
+def _loops(ins: Instruction, *ops: str) -> str:
+    if ins.ext_out == 1 and ins.ext_in == 1:
+        return ""
+    strides = " ".join(
+        f"{p}+{getattr(ins, p + '_stride_out')}/{getattr(ins, p + '_stride_in')}" for p in ops)
+    return f" loop {ins.ext_out}x{ins.ext_in} ({strides})"
+
+
+def disassemble(ins: Union[Instruction, Sequence[Instruction], bytes]) -> str:
+    """One readable line per instruction (bytes are decoded first).
+
+    >>> print(disassemble([Alu(op=AluOp.ADD, use_imm=True, imm=8, dst_addr=32), Finish()]))
+    0000  ALU ADD ACC[32] += #8
+    0001  FINISH
+    """
+    if isinstance(ins, (bytes, bytearray, memoryview)):
+        ins = decode(ins)
+    if not isinstance(ins, Instruction):
+        return "\n".join(f"{k:04d}  {disassemble(i)}" for k, i in enumerate(ins))
+    op = ins.opcode
+    if op is Opcode.LOAD:
+        pads = (ins.pad_top, ins.pad_bottom, ins.pad_left, ins.pad_right)
+        pad = f" pad={pads} value={ins.pad_value}" if any(pads) else ""
+        text = (f"LOAD {ins.mem.name}[{ins.sram_addr} ld={ins.sram_ld}] <- "
+                f"slot{ins.slot}[{ins.dram_offset} ld={ins.dram_ld}] {ins.rows}x{ins.cols}{pad}")
+    elif op is Opcode.STORE:
+        text = (f"STORE slot{ins.slot}[{ins.dram_offset} ld={ins.dram_ld}] <- "
+                f"ACC[{ins.sram_addr} ld={ins.sram_ld}] {ins.rows}x{ins.cols} {ins.mode.name}")
+    elif op is Opcode.GEMM:
+        body = (f"ACC[{ins.acc_addr} ld={ins.acc_ld}] = 0" if ins.reset else
+                f"ACC[{ins.acc_addr} ld={ins.acc_ld}] += INP[{ins.inp_addr} ld={ins.inp_ld}] "
+                f"x WGT[{ins.wgt_addr} ld={ins.wgt_ld}]^T")
+        text = f"GEMM {body}{_loops(ins, 'acc') if ins.reset else _loops(ins, 'acc', 'inp', 'wgt')}"
+    elif op is Opcode.ALU:
+        sym = {AluOp.ADD: "+=", AluOp.MUL: "*=", AluOp.SHR: ">>=", AluOp.MAX: "max=",
+               AluOp.MIN: "min="}[ins.op]
+        src = f"#{ins.imm}" if ins.use_imm else f"ACC[{ins.src_addr}]"
+        loops = _loops(ins, "dst") if ins.use_imm else _loops(ins, "dst", "src")
+        text = f"ALU {ins.op.name} ACC[{ins.dst_addr}] {sym} {src}{loops}"
+    else:
+        text = "FINISH"
+    return text + _flags_text(ins)

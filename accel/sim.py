@@ -1,0 +1,445 @@
+"""Functional simulator and cycle model of the accel core.
+
+A stream runs in three steps: every instruction is checked against the Config and the
+buffer table (so a bad stream writes nothing), the cycle model schedules the three queues
+as an event simulation (tokens, one DMA engine shared by LOAD and STORE), and the
+instructions take effect in the order they start there, each atomically. Scratchpads
+persist between streams.
+
+>>> import numpy as np
+>>> from accel.emitter import Emitter
+>>> from accel.isa import Mem, StoreMode
+>>> a = np.arange(256, dtype=np.int8) % 7; w = np.eye(16, dtype=np.int8).ravel(); c = np.zeros(256, np.int8)
+>>> sim = Simulator(); em = Emitter(lambda i, ins: sim.check(i, ins, [a, w, c]))
+>>> _ = em.load(Mem.INP, 0, 16, slot=0, dram_offset=0, dram_ld=16, rows=16, cols=16)
+>>> _ = em.load(Mem.WGT, 0, 16, slot=1, dram_offset=0, dram_ld=16, rows=16, cols=16, push_next=True)
+>>> _ = em.gemm(0, 0, 0, 16, 16, 16, reset=True)
+>>> _ = em.gemm(0, 0, 0, 16, 16, 16, pop_prev=True, push_next=True)
+>>> _ = em.store(0, 16, slot=2, dram_offset=0, dram_ld=16, rows=16, cols=16, mode=StoreMode.WRAP, pop_prev=True)
+>>> stats = sim.run(em.finish(), [a, w, c])
+>>> bool((c == a).all()), stats.macs
+(True, 4096)
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+from accel.config import Config
+from accel.emitter import verify
+from accel.errors import (
+    AlignmentError, DmaRangeError, DtypeMismatchError, InstructionError,
+    ScratchpadOverflowError, UnknownSlotError,
+)
+from accel.isa import (
+    Alu, AluOp, Gemm, Instruction, Load, Mem, Opcode, Queue, Store, StoreMode, queue_of,
+)
+from accel.stats import Event, Stats
+
+__all__ = ["Simulator"]
+
+Buffers = Sequence[Optional[np.ndarray]]
+
+_INT8 = np.dtype(np.int8)
+_INT32 = np.dtype(np.int32)
+# int8 x int8 products are at most 2**14; float32 sums them exactly while the total
+# stays within its 24-bit mantissa, float64 within 53 bits.
+_F32_EXACT_TERMS = 2**24 // 2**14
+
+
+def _view(base: np.ndarray, offset: int, shape: Sequence[int], strides: Sequence[int]) -> np.ndarray:
+    """A (bounds-checked elsewhere) strided view of a flat array, strides in elements."""
+    item = base.itemsize
+    return as_strided(base[offset:], shape=tuple(shape), strides=tuple(s * item for s in strides))
+
+
+def _disjoint(shape: Sequence[int], strides: Sequence[int]) -> bool:
+    """Whether a strided view addresses every element at most once (sufficient test)."""
+    span = 0  # the highest offset reachable through the smaller-stride dimensions
+    for stride, extent in sorted((s, e) for e, s in zip(shape, strides) if e > 1):
+        if stride <= span:
+            return False
+        span += (extent - 1) * stride
+    return True
+
+
+def _last(addr: int, loops: Sequence[tuple[int, int]], block: int) -> int:
+    """One past the highest element touched: base + the loops' reach + a contiguous block."""
+    return addr + sum((e - 1) * s for e, s in loops) + block
+
+
+class Simulator:
+    """The core's state (scratchpads) and the machinery to run streams against host buffers.
+
+    ``buffers[slot]`` is the flat (1-D, contiguous) numpy view of host buffer ``slot``.
+
+    >>> Simulator().acc.shape
+    (32768,)
+    """
+
+    def __init__(self, config: Optional[Config] = None) -> None:
+        self.config = config or Config()
+        c = self.config
+        # INP/WGT hold int8 values; keeping them as float32 (exact for int8) lets GEMM call
+        # BLAS without converting operands on every instruction.
+        self.inp = np.zeros(c.inp_elements, np.float32)
+        self.wgt = np.zeros(c.wgt_elements, np.float32)
+        self.acc = np.zeros(c.acc_elements, np.int32)
+
+    def memory(self, mem: Mem) -> np.ndarray:
+        """The backing array of a scratchpad (INP/WGT as exact float32, ACC as int32)."""
+        return {Mem.INP: self.inp, Mem.WGT: self.wgt, Mem.ACC: self.acc}[Mem(mem)]
+
+    # ------------------------------------------------------------------ checks
+    def check(self, index: int, ins: Instruction, buffers: Buffers) -> None:
+        """Raise an :class:`InstructionError` subclass if ``ins`` is invalid; never writes.
+
+        >>> from accel.isa import Gemm
+        >>> Simulator().check(5, Gemm(acc_addr=8, inp_addr=0, wgt_addr=0, acc_ld=16,
+        ...                           inp_ld=16, wgt_ld=16), [])
+        Traceback (most recent call last):
+          ...
+        accel.errors.AlignmentError: instruction #5 `GEMM ACC[8 ld=16] += INP[0 ld=16] x WGT[0 ld=16]^T`: acc_addr=8 is not a multiple of the tile width 16 (misaligned tile)
+        """
+        op = ins.opcode
+        if op is Opcode.LOAD:
+            self._check_load(index, ins, buffers)
+        elif op is Opcode.STORE:
+            self._check_store(index, ins, buffers)
+        elif op is Opcode.GEMM:
+            self._check_gemm(index, ins)
+        elif op is Opcode.ALU:
+            self._check_alu(index, ins)
+
+    def _size(self, mem: Mem) -> int:
+        c = self.config
+        return {Mem.INP: c.inp_elements, Mem.WGT: c.wgt_elements, Mem.ACC: c.acc_elements}[mem]
+
+    def _host(self, index: int, ins: Instruction, buffers: Buffers, dtype: np.dtype) -> np.ndarray:
+        slot = ins.slot
+        buf = buffers[slot] if slot < len(buffers) else None
+        if buf is None:
+            raise UnknownSlotError(index, ins, f"buffer slot {slot} is not in the buffer table "
+                                               f"({len(buffers)} slots)")
+        if buf.dtype != dtype:
+            raise DtypeMismatchError(index, ins, f"host buffer slot {slot} is {buf.dtype}, "
+                                                 f"this transfer needs {dtype}")
+        return buf
+
+    def _check_dram(self, index: int, ins: Instruction, buf: np.ndarray) -> None:
+        end = _last(ins.dram_offset, [(ins.rows, ins.dram_ld)], ins.cols)
+        if end > buf.size:
+            raise DmaRangeError(index, ins, f"DRAM elements [{ins.dram_offset}, {end}) are "
+                                            f"outside host buffer slot {ins.slot} of {buf.size} elements")
+
+    def _check_sram(self, index: int, ins: Instruction, mem: Mem, end: int) -> None:
+        if end > self._size(mem):
+            raise ScratchpadOverflowError(index, ins, f"touches {mem.name} up to element {end - 1}, "
+                                                      f"beyond its {self._size(mem)} elements")
+
+    def _check_load(self, index: int, ins: Load, buffers: Buffers) -> None:
+        dtype = _INT32 if ins.mem is Mem.ACC else _INT8
+        info = np.iinfo(dtype)
+        if not info.min <= ins.pad_value <= info.max:
+            raise InstructionError(index, ins, f"pad_value {ins.pad_value} does not fit {dtype}")
+        if ins.rows and ins.cols:
+            self._check_dram(index, ins, self._host(index, ins, buffers, dtype))
+        height = ins.pad_top + ins.rows + ins.pad_bottom
+        width = ins.pad_left + ins.cols + ins.pad_right
+        if height and width:
+            if height > 1 and ins.sram_ld < width:
+                raise InstructionError(index, ins, f"sram_ld {ins.sram_ld} is smaller than the "
+                                                   f"block width {width}: rows would overlap")
+            self._check_sram(index, ins, ins.mem, _last(ins.sram_addr, [(height, ins.sram_ld)], width))
+
+    def _check_store(self, index: int, ins: Store, buffers: Buffers) -> None:
+        if not (ins.rows and ins.cols):
+            return
+        self._check_dram(index, ins, self._host(
+            index, ins, buffers, _INT32 if ins.mode is StoreMode.INT32 else _INT8))
+        if ins.rows > 1 and ins.dram_ld < ins.cols:
+            raise InstructionError(index, ins, f"dram_ld {ins.dram_ld} is smaller than cols "
+                                               f"{ins.cols}: rows would overwrite each other")
+        self._check_sram(index, ins, Mem.ACC, _last(ins.sram_addr, [(ins.rows, ins.sram_ld)], ins.cols))
+
+    def _aligned(self, index: int, ins: Instruction, names: Sequence[str]) -> None:
+        t = self.config.tile
+        for name in names:
+            value = getattr(ins, name)
+            if value % t:
+                raise AlignmentError(index, ins, f"{name}={value} is not a multiple of the tile "
+                                                 f"width {t} (misaligned tile)")
+
+    def _check_gemm(self, index: int, ins: Gemm) -> None:
+        t = self.config.tile
+        operands = ("acc",) if ins.reset else ("acc", "inp", "wgt")
+        self._aligned(index, ins, [f"{p}_{f}" for p in operands
+                                   for f in ("addr", "ld", "stride_out", "stride_in")])
+        if not (ins.ext_out and ins.ext_in):
+            return
+        for p, mem in zip(operands, (Mem.ACC, Mem.INP, Mem.WGT)):
+            ld = getattr(ins, f"{p}_ld")
+            if ld < t:
+                raise AlignmentError(index, ins, f"{p}_ld={ld} is smaller than the tile width {t}")
+            loops = [(ins.ext_out, getattr(ins, f"{p}_stride_out")),
+                     (ins.ext_in, getattr(ins, f"{p}_stride_in")), (t, ld)]
+            self._check_sram(index, ins, mem, _last(getattr(ins, f"{p}_addr"), loops, t))
+
+    def _check_alu(self, index: int, ins: Alu) -> None:
+        operands = ("dst",) if ins.use_imm else ("dst", "src")
+        self._aligned(index, ins, [f"{p}_{f}" for p in operands
+                                   for f in ("addr", "stride_out", "stride_in")])
+        if not (ins.ext_out and ins.ext_in):
+            return
+        for p in operands:
+            loops = [(ins.ext_out, getattr(ins, f"{p}_stride_out")),
+                     (ins.ext_in, getattr(ins, f"{p}_stride_in"))]
+            self._check_sram(index, ins, Mem.ACC, _last(getattr(ins, f"{p}_addr"), loops,
+                                                        self.config.tile))
+        shape, strides = (ins.ext_out, ins.ext_in), (ins.dst_stride_out, ins.dst_stride_in)
+        if not _disjoint(shape, strides):
+            # Vectors are tile-aligned, so they are either identical or disjoint.
+            starts = np.add.outer(np.arange(shape[0]) * strides[0], np.arange(shape[1]) * strides[1])
+            if np.unique(starts).size != starts.size:
+                raise InstructionError(index, ins, "ALU destination vectors overlap each other")
+
+    # ------------------------------------------------------------------ cycle model
+    def cost(self, ins: Instruction) -> int:
+        """Busy cycles of one instruction, issue overhead included.
+
+        >>> from accel.isa import Gemm
+        >>> Simulator().cost(Gemm(acc_addr=0, inp_addr=0, wgt_addr=0, acc_ld=16, inp_ld=16,
+        ...                       wgt_ld=16, ext_out=2, ext_in=4))
+        132
+        """
+        c = self.config
+        op = ins.opcode
+        if op is Opcode.LOAD or op is Opcode.STORE:
+            busy = -(-self._dram_bytes(ins) // c.dma_bytes_per_cycle)
+        elif op is Opcode.GEMM:
+            busy = ins.ext_out * ins.ext_in * (c.tile if ins.reset else c.tile_cycles)
+        elif op is Opcode.ALU:
+            busy = ins.ext_out * ins.ext_in * -(-c.tile // c.alu_lanes)
+        else:
+            busy = 0
+        return busy + c.issue_overhead
+
+    @staticmethod
+    def _dram_bytes(ins: Instruction) -> int:
+        if ins.opcode is Opcode.LOAD:
+            return ins.rows * ins.cols * (4 if ins.mem is Mem.ACC else 1)
+        return ins.rows * ins.cols * (4 if ins.mode is StoreMode.INT32 else 1)
+
+    def schedule(self, stream: Sequence[Instruction]) -> list[tuple[int, int]]:
+        """(start, end) cycle of every instruction; the queues advance as an event simulation.
+
+        An instruction starts when its queue is idle, its pops have tokens (pushed when the
+        pushing instruction completed) and, for LOAD/STORE, the DMA engine is free; among
+        several that could start, the earliest in program order wins. FINISH starts once
+        the load and store queues have drained.
+
+        >>> from accel.isa import Finish
+        >>> Simulator().schedule([Finish()])
+        [(0, 4)]
+        """
+        queues: dict[Queue, list[int]] = {q: [] for q in Queue}
+        for i, ins in enumerate(stream):
+            queues[queue_of(ins)].append(i)
+        times: list[tuple[int, int]] = [(0, 0)] * len(stream)
+        pos = dict.fromkeys(Queue, 0)
+        running: dict[Queue, tuple[int, int]] = {}  # queue -> (end, index)
+        tokens: dict[tuple[Queue, Queue], int] = {}
+        dma_free_at = 0
+        now = 0
+        done = 0
+        while done < len(stream):
+            while True:
+                best = None
+                for q in Queue:
+                    if q in running or pos[q] >= len(queues[q]):
+                        continue
+                    i = queues[q][pos[q]]
+                    ins = stream[i]
+                    if ins.opcode is Opcode.FINISH and any(
+                            pos[o] < len(queues[o]) or o in running
+                            for o in (Queue.LOAD, Queue.STORE)):
+                        continue
+                    if ins.pop_prev and not tokens.get((Queue(q - 1), q)):
+                        continue
+                    if ins.pop_next and not tokens.get((Queue(q + 1), q)):
+                        continue
+                    if ins.opcode in (Opcode.LOAD, Opcode.STORE) and dma_free_at > now:
+                        continue
+                    if best is None or i < best[1]:
+                        best = (q, i)
+                if best is None:
+                    break
+                q, i = best
+                ins = stream[i]
+                if ins.pop_prev:
+                    tokens[(Queue(q - 1), q)] -= 1
+                if ins.pop_next:
+                    tokens[(Queue(q + 1), q)] -= 1
+                end = now + self.cost(ins)
+                if ins.opcode in (Opcode.LOAD, Opcode.STORE):
+                    dma_free_at = end
+                times[i] = (now, end)
+                running[q] = (end, i)
+                pos[q] += 1
+            if not running:
+                raise RuntimeError("the cycle model stalled on a stream that passed verify()")
+            now = min(end for end, _ in running.values())
+            for q, (end, i) in list(running.items()):
+                if end == now:
+                    ins = stream[i]
+                    if ins.push_prev:
+                        key = (q, Queue(q - 1))
+                        tokens[key] = tokens.get(key, 0) + 1
+                    if ins.push_next:
+                        key = (q, Queue(q + 1))
+                        tokens[key] = tokens.get(key, 0) + 1
+                    del running[q]
+                    done += 1
+        return times
+
+    # ------------------------------------------------------------------ execution
+    def run(self, stream: Sequence[Instruction], buffers: Buffers,
+            stats: Optional[Stats] = None) -> Stats:
+        """Check, schedule and execute a FINISH-terminated stream; returns (updated) stats.
+
+        Raises an :class:`accel.errors.AccelError` before anything is written if any
+        instruction is invalid or the tokens deadlock.
+        """
+        for index, ins in enumerate(stream):
+            self.check(index, ins, buffers)
+        verify(stream)
+        times = self.schedule(stream)
+        stats = stats if stats is not None else Stats(self.config)
+        base = stats.cycles
+        for i in sorted(range(len(stream)), key=lambda i: (times[i][0], i)):
+            self.execute(stream[i], buffers)
+        units = {Opcode.LOAD: "load", Opcode.STORE: "store", Opcode.GEMM: "gemm", Opcode.ALU: "alu"}
+        t = self.config.tile
+        for i, ins in enumerate(stream):
+            op = ins.opcode
+            stats.instructions[op.name] += 1
+            if op is Opcode.FINISH:
+                continue
+            start, end = times[i]
+            unit = units[op]
+            stats.busy[unit] += end - start
+            stats.timeline.events.append(Event(i, unit, op.name, base + start, base + end))
+            if op is Opcode.LOAD:
+                stats.bytes["dram_to_sram"] += self._dram_bytes(ins)
+            elif op is Opcode.STORE:
+                stats.bytes["sram_to_dram"] += self._dram_bytes(ins)
+            elif op is Opcode.GEMM and not ins.reset:
+                stats.macs += ins.ext_out * ins.ext_in * t**3
+        stats.cycles = base + max(end for _, end in times)
+        return stats
+
+    def execute(self, ins: Instruction, buffers: Buffers) -> None:
+        """Apply one already-checked instruction to the scratchpads / host buffers."""
+        op = ins.opcode
+        if op is Opcode.LOAD:
+            self._load(ins, buffers)
+        elif op is Opcode.STORE:
+            self._store(ins, buffers)
+        elif op is Opcode.GEMM:
+            self._gemm(ins)
+        elif op is Opcode.ALU:
+            self._alu(ins)
+
+    def _load(self, ins: Load, buffers: Buffers) -> None:
+        height = ins.pad_top + ins.rows + ins.pad_bottom
+        width = ins.pad_left + ins.cols + ins.pad_right
+        if not (height and width):
+            return
+        block = _view(self.memory(ins.mem), ins.sram_addr, (height, width), (ins.sram_ld, 1))
+        if height != ins.rows or width != ins.cols:
+            block[...] = ins.pad_value
+        if ins.rows and ins.cols:
+            src = _view(buffers[ins.slot], ins.dram_offset, (ins.rows, ins.cols), (ins.dram_ld, 1))
+            block[ins.pad_top:ins.pad_top + ins.rows, ins.pad_left:ins.pad_left + ins.cols] = src
+
+    def _store(self, ins: Store, buffers: Buffers) -> None:
+        if not (ins.rows and ins.cols):
+            return
+        src = _view(self.acc, ins.sram_addr, (ins.rows, ins.cols), (ins.sram_ld, 1))
+        dst = _view(buffers[ins.slot], ins.dram_offset, (ins.rows, ins.cols), (ins.dram_ld, 1))
+        if ins.mode is StoreMode.SATURATE:
+            src = np.clip(src, -128, 127)
+        # int32 -> int8 astype keeps the low byte: the wrap mode, and exact after clipping.
+        dst[...] = src.astype(dst.dtype, copy=False)
+
+    def _gemm(self, g: Gemm) -> None:
+        t = self.config.tile
+        if not (g.ext_out and g.ext_in):
+            return
+        loops = [(g.ext_out, g.acc_stride_out, g.inp_stride_out, g.wgt_stride_out),
+                 (g.ext_in, g.acc_stride_in, g.inp_stride_in, g.wgt_stride_in)]
+        loops = [lp for lp in loops if lp[0] > 1]
+        acc_dims = [k for k, lp in enumerate(loops) if lp[1]]
+        acc_shape = [loops[k][0] for k in acc_dims] + [t, t]
+        acc_strides = [loops[k][1] for k in acc_dims] + [g.acc_ld, 1]
+        acc = _view(self.acc, g.acc_addr, acc_shape, acc_strides)
+        if g.reset:
+            acc[...] = 0
+            return
+        inp_dims = [k for k, lp in enumerate(loops) if lp[2]]
+        wgt_dims = [k for k, lp in enumerate(loops) if lp[3]]
+        # Loops whose every stride is 0 repeat the same product: a multiplication, not a sum.
+        repeat = int(np.prod([lp[0] for lp in loops if not (lp[1] or lp[2] or lp[3])]))
+        terms = t * int(np.prod([lp[0] for k, lp in enumerate(loops)
+                                 if not lp[1] and (lp[2] or lp[3])]))
+        ftype = np.float32 if terms <= _F32_EXACT_TERMS else np.float64
+        inp = _view(self.inp, g.inp_addr, [loops[k][0] for k in inp_dims] + [t, t],
+                    [loops[k][2] for k in inp_dims] + [g.inp_ld, 1])
+        wgt = _view(self.wgt, g.wgt_addr, [loops[k][0] for k in wgt_dims] + [t, t],
+                    [loops[k][3] for k in wgt_dims] + [g.wgt_ld, 1])
+        letters = "ab"
+        out_dims = [k for k in acc_dims if k in inp_dims or k in wgt_dims]
+        spec = (f"{''.join(letters[k] for k in inp_dims)}rc,{''.join(letters[k] for k in wgt_dims)}nc"
+                f"->{''.join(letters[k] for k in out_dims)}rn")
+        prod = np.einsum(spec, inp.astype(ftype, copy=False), wgt.astype(ftype, copy=False),
+                         optimize=True)
+        if ftype is np.float32 and repeat == 1:
+            delta = prod.astype(np.int32)
+        else:  # exact integers beyond int32: reduce modulo 2**32 through int64
+            delta = prod.astype(np.int64)
+            if repeat > 1:
+                delta *= repeat
+            delta = delta.astype(np.int32)
+        # Broadcast over acc loops that neither operand moves along.
+        delta = delta.reshape([loops[k][0] if k in out_dims else 1 for k in acc_dims] + [t, t])
+        if _disjoint(acc_shape, acc_strides):
+            acc += delta
+        else:  # overlapping acc tiles: accumulate every contribution element by element
+            index = np.zeros(acc_shape, np.int64) + g.acc_addr
+            for axis, (extent, stride) in enumerate(zip(acc_shape, acc_strides)):
+                shape = [1] * len(acc_shape)
+                shape[axis] = extent
+                index += (np.arange(extent) * stride).reshape(shape)
+            np.add.at(self.acc, index, np.broadcast_to(delta, acc_shape))
+
+    def _alu(self, a: Alu) -> None:
+        t = self.config.tile
+        if not (a.ext_out and a.ext_in):
+            return
+        dst = _view(self.acc, a.dst_addr, (a.ext_out, a.ext_in, t), (a.dst_stride_out, a.dst_stride_in, 1))
+        if a.use_imm:
+            rhs = np.int32(min(max(a.imm, 0), 31) if a.op is AluOp.SHR else a.imm)
+        else:
+            rhs = _view(self.acc, a.src_addr, (a.ext_out, a.ext_in, t),
+                        (a.src_stride_out, a.src_stride_in, 1))
+            if a.op is AluOp.SHR:
+                rhs = np.clip(rhs, 0, 31)
+        # ufuncs buffer overlapping operands, which gives the read-everything-first semantics.
+        _ALU_UFUNCS[a.op](dst, rhs, out=dst)
+
+
+_ALU_UFUNCS = {AluOp.ADD: np.add, AluOp.MAX: np.maximum, AluOp.MIN: np.minimum,
+               AluOp.SHR: np.right_shift, AluOp.MUL: np.multiply}

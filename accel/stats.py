@@ -1,0 +1,133 @@
+"""What the cycle model reports: per-unit busy cycles, traffic, roofline and a timeline."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import NamedTuple, Union
+
+from accel.config import Config
+
+__all__ = ["UNITS", "Event", "Timeline", "Stats"]
+
+UNITS = ("load", "gemm", "alu", "store")
+
+
+class Event(NamedTuple):
+    """One instruction's execution: stream ``index``, the unit it kept busy, [start, end)."""
+
+    index: int
+    unit: str
+    opcode: str
+    start: int
+    end: int
+
+
+@dataclass
+class Timeline:
+    """Per-unit busy intervals; ``str()`` is an ASCII chart, :meth:`save_png` a picture.
+
+    >>> t = Timeline([Event(0, "load", "LOAD", 0, 50), Event(1, "gemm", "GEMM", 50, 100)])
+    >>> print(t.text(width=10))
+    cycles 0..100, one column = 10 cycles
+    load  |#####     |  50%
+    gemm  |     #####|  50%
+    alu   |          |   0%
+    store |          |   0%
+    """
+
+    events: list[Event] = field(default_factory=list)
+
+    @property
+    def cycles(self) -> int:
+        """The end of the last event."""
+        return max((e.end for e in self.events), default=0)
+
+    def text(self, width: int = 64) -> str:
+        """An ASCII Gantt chart: ``#`` a unit busy most of a column, ``+`` partly, blank idle."""
+        total = max(self.cycles, 1)
+        scale = total / width
+        lines = [f"cycles 0..{self.cycles}, one column = {scale:g} cycles"]
+        for unit in UNITS:
+            cover = [0.0] * width
+            busy = 0
+            for e in self.events:
+                if e.unit != unit:
+                    continue
+                busy += e.end - e.start
+                first, last = int(e.start / scale), min(int((e.end - 1) / scale), width - 1)
+                for col in range(first, last + 1):
+                    lo, hi = col * scale, (col + 1) * scale
+                    cover[col] += max(0.0, min(hi, e.end) - max(lo, e.start)) / scale
+            row = "".join("#" if c >= 0.5 else "+" if c > 0 else " " for c in cover)
+            lines.append(f"{unit:<5} |{row}| {100 * busy / total:3.0f}%")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.text()
+
+    def save_png(self, path: Union[str, Path], title: str = "accel timeline") -> Path:
+        """Draw the timeline as a Gantt chart PNG (needs the ``plot`` extra: matplotlib).
+
+        >>> Timeline().save_png("/tmp/empty_timeline.png").name  # doctest: +SKIP
+        'empty_timeline.png'
+        """
+        try:
+            import matplotlib
+
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+        except ImportError as e:
+            raise ImportError("Timeline.save_png needs matplotlib: pip install 'tirpat[plot]'") from e
+        colors = {"load": "tab:blue", "gemm": "tab:red", "alu": "tab:orange", "store": "tab:green"}
+        fig, ax = plt.subplots(figsize=(10, 2.6))
+        for row, unit in enumerate(reversed(UNITS)):
+            spans = [(e.start, e.end - e.start) for e in self.events if e.unit == unit]
+            ax.broken_barh(spans, (row - 0.4, 0.8), color=colors[unit])
+        ax.set_yticks(range(len(UNITS)), list(reversed(UNITS)))
+        ax.set_xlabel("cycle")
+        ax.set_xlim(0, max(self.cycles, 1))
+        ax.set_title(title)
+        fig.tight_layout()
+        path = Path(path)
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        return path
+
+
+@dataclass
+class Stats:
+    """Cumulative cycle-model statistics of a session (every synced stream, back to back).
+
+    >>> s = Stats(Config()); s.macs = 4096; s.bytes["dram_to_sram"] = 512; s.cycles = 32
+    >>> s.roofline_cycles, s.utilization["gemm"]
+    (16, 0.0)
+    """
+
+    config: Config
+    cycles: int = 0
+    busy: dict[str, int] = field(default_factory=lambda: dict.fromkeys(UNITS, 0))
+    instructions: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
+        ("LOAD", "STORE", "GEMM", "ALU", "FINISH"), 0))
+    bytes: dict[str, int] = field(default_factory=lambda: {"dram_to_sram": 0, "sram_to_dram": 0})
+    macs: int = 0
+    timeline: Timeline = field(default_factory=Timeline)
+
+    @property
+    def utilization(self) -> dict[str, float]:
+        """Busy cycles over total cycles, per unit."""
+        return {u: (b / self.cycles if self.cycles else 0.0) for u, b in self.busy.items()}
+
+    @property
+    def roofline_cycles(self) -> int:
+        """The larger of MAC-bound and DMA-bound cycles: no schedule can beat it."""
+        c = self.config
+        return max(-(-self.macs // c.gemm_macs_per_cycle),
+                   -(-sum(self.bytes.values()) // c.dma_bytes_per_cycle))
+
+    def summary(self) -> str:
+        """A few readable lines: cycles, roofline fraction and per-unit utilisation."""
+        util = "  ".join(f"{u} {100 * v:.0f}%" for u, v in self.utilization.items())
+        roof = self.roofline_cycles / self.cycles if self.cycles else 0.0
+        return (f"{self.cycles} cycles, roofline {self.roofline_cycles} ({100 * roof:.0f}%), "
+                f"{self.macs} MACs, {sum(self.bytes.values())} DMA bytes\nutilisation: {util}")
