@@ -1,0 +1,127 @@
+"""is_copy and CopyRegion on generated copy nests, checked by running the code."""
+
+import numpy as np
+import pytest
+from hypothesis import given
+from tvm import tirx
+
+import tirpat as tp
+from tirpat.testing import copy_nests, reference_copy_rule, run
+
+RW = reference_copy_rule()
+
+
+def _kept(case):
+    """Extent-1 loops are canonicalised away, so the region only has the others."""
+    return [k for k, e in enumerate(case.extents) if e > 1]
+
+
+@given(copy_nests())
+def test_region_facts_are_recovered(case):
+    (m,) = tp.find_all(tp.is_copy(name="c"), case.func)
+    c = m["c"]
+    keep = _kept(case)
+    assert c.extents == tuple(case.extents[k] for k in keep)
+    assert c.src.strides == tuple(case.src_strides[k] for k in keep)
+    assert c.dst.strides == tuple(case.dst_strides[k] for k in keep)
+    assert int(c.src.offset) == case.src_offset
+    assert int(c.dst.offset) == case.dst_offset
+    assert c.src.buffer.name == "src" and c.dst.buffer.name == "dst"
+    cast = None if case.src_dtype == case.dst_dtype else case.dst_dtype
+    assert c.cast == cast
+    if case.pad is not None and any(b or a for b, a in case.pad):
+        assert c.predicate is not None and c.pad is not None
+        assert [(int(b), int(a)) for b, a in c.pad] == [case.pad[k] for k in keep]
+        assert int(c.pad_value.value) == case.pad_value
+    else:
+        assert c.predicate is None and c.pad is None and c.pad_value is None
+
+
+@given(copy_nests())
+def test_rewriting_copies_into_a_numpy_dma_preserves_outputs(case):
+    new = RW(case.func)
+    assert RW.report.counts == {"reference_copy": 1}
+    rng = np.random.default_rng(len(case.extents))
+    inputs = case.inputs(rng)
+    original = run(case.func, inputs)[1]
+    rewritten = run(new, inputs)[1]
+    np.testing.assert_array_equal(original, case.reference(*inputs))
+    np.testing.assert_array_equal(rewritten, original)
+
+
+@given(copy_nests(padding=False))
+def test_copy_nests_match_after_flattening(case):
+    import tvm
+
+    flat = tirx.transform.FlattenBuffer()(tvm.IRModule({"main": case.func}))["main"]
+    matches = tp.find_all(tp.is_copy(name="c"), flat)
+    assert len(matches) == 1
+    c = matches[0]["c"]
+    keep = _kept(case)
+    assert c.src.strides == tuple(case.src_strides[k] for k in keep)
+    assert int(c.src.offset) == case.src_offset
+
+
+def _single(stmt):
+    return tp.is_copy(name="c").match(stmt)
+
+
+def test_non_affine_index_is_not_a_copy():
+    i = tirx.Var("i", "int32")
+    A = tirx.decl_buffer((64,), "int8", "A")
+    B = tirx.decl_buffer((8,), "int8", "B")
+    nest = tirx.For(i, 0, 8, tirx.ForKind.SERIAL, tirx.BufferStore(B, tirx.BufferLoad(A, [i * i]), [i]))
+    assert _single(nest) is None
+    assert "not affine" in str(tp.explain(tp.is_copy(), nest))
+
+
+def test_non_constant_stride_is_not_a_copy():
+    i = tirx.Var("i", "int32")
+    n = tirx.Var("n", "int32")
+    A = tirx.decl_buffer((64,), "int8", "A")
+    B = tirx.decl_buffer((8,), "int8", "B")
+    nest = tirx.For(i, 0, 8, tirx.ForKind.SERIAL, tirx.BufferStore(B, tirx.BufferLoad(A, [i * n]), [i]))
+    assert _single(nest) is None
+    assert "non-constant stride" in str(tp.explain(tp.is_copy(), nest))
+
+
+def test_in_place_update_is_not_a_copy():
+    i = tirx.Var("i", "int32")
+    A = tirx.decl_buffer((16,), "int8", "A")
+    nest = tirx.For(i, 0, 8, tirx.ForKind.SERIAL, tirx.BufferStore(A, tirx.BufferLoad(A, [i + 8]), [i]))
+    assert _single(nest) is None
+
+
+def test_padding_depends_on_enclosing_loops():
+    # A tile of a padded input: the guard mentions the outer loop, so pad does too.
+    io = tirx.Var("io", "int32")
+    i = tirx.Var("i", "int32")
+    A = tirx.decl_buffer((20,), "int8", "A")
+    T = tirx.decl_buffer((8,), "int8", "T")
+    g = io * 8 + i
+    value = tirx.if_then_else(tirx.And(tirx.IntImm("int32", 2) <= g, g < tirx.IntImm("int32", 22)),
+                              tirx.BufferLoad(A, [g - 2]), tirx.IntImm("int8", 0))
+    inner = tirx.For(i, 0, 8, tirx.ForKind.SERIAL, tirx.BufferStore(T, value, [i]))
+    m = tp.is_copy(name="c").match(inner)
+    (before, after), = m["c"].pad
+    from tvm import sym
+
+    for tile, expect in [(0, (2, 0)), (1, (0, 0)), (2, (0, 2))]:
+        ana = sym.Analyzer()
+        got = [int(ana.simplify(_subst(x, io, tile))) for x in (before, after)]
+        assert tuple(got) == expect
+
+
+def _subst(expr, var, value):
+    from tirpat.analysis import key, substitute
+
+    return substitute(expr, {key(var): tirx.IntImm("int32", value)})
+
+
+@pytest.mark.parametrize("dtype", ["int8", "float32"])
+def test_cast_is_reported(dtype):
+    i = tirx.Var("i", "int32")
+    A = tirx.decl_buffer((8,), dtype, "A")
+    B = tirx.decl_buffer((8,), "int32", "B")
+    nest = tirx.For(i, 0, 8, tirx.ForKind.SERIAL, tirx.BufferStore(B, tirx.Cast("int32", tirx.BufferLoad(A, [i])), [i]))
+    assert tp.is_copy(name="c").match(nest)["c"].cast == "int32"

@@ -1,0 +1,257 @@
+"""Hypothesis strategies that generate valid PrimFuncs, for testing rules on varied TIR.
+
+Each strategy yields a case object holding the lowered (not flattened) PrimFunc, what a
+correct rule must find in it, and a numpy ``reference``:
+
+>>> from hypothesis import given
+>>> @given(copy_nests())
+... def test_my_dma_rule(case):
+...     m = tp.find_all(tp.is_copy(name="c"), case.func)[0]
+...     assert m["c"].src.strides == case.src_strides
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from hypothesis import strategies as st
+from tvm import ir, s_tir, te, tirx
+
+from ..pipeline import lower
+
+_INT = "int32"
+
+
+def _imm(v: int):
+    return tirx.IntImm(_INT, v)
+
+
+def _func(params, body):
+    return tirx.PrimFunc(params, body).with_attr("global_symbol", "main")
+
+
+def _nest(loop_vars, extents, body):
+    for v, e in reversed(list(zip(loop_vars, extents))):
+        body = tirx.For(v, _imm(0), _imm(e), tirx.ForKind.SERIAL, body)
+    return body
+
+
+def random_array(rng: np.random.Generator, shape, dtype: str) -> np.ndarray:
+    """Random values spanning the dtype's range (small floats for float dtypes)."""
+    if dtype.startswith("float"):
+        return rng.standard_normal(shape).astype(dtype)
+    info = np.iinfo(dtype)
+    return rng.integers(info.min, info.max, size=shape, endpoint=True, dtype=dtype)
+
+
+@dataclass
+class CopyCase:
+    """A copy nest ``dst[...] = src[...]`` and the region facts a matcher must recover.
+
+    ``func`` takes ``(src, dst)``. Offsets and strides are in elements of the row-major
+    flattened buffers; ``pad`` is None or one ``(before, after)`` per loop.
+    """
+
+    func: tirx.PrimFunc
+    src_shape: tuple
+    dst_shape: tuple
+    src_dtype: str
+    dst_dtype: str
+    extents: tuple
+    src_offset: int
+    src_strides: tuple
+    dst_offset: int
+    dst_strides: tuple
+    pad: tuple | None
+    pad_value: int
+
+    def inputs(self, rng: np.random.Generator) -> list:
+        """Random ``[src, dst]`` arrays for this case."""
+        return [random_array(rng, self.src_shape, self.src_dtype),
+                random_array(rng, self.dst_shape, self.dst_dtype)]
+
+    def reference(self, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+        """The destination after the copy, computed with numpy from the facts above."""
+        out = dst.copy().reshape(-1)
+        flat = src.reshape(-1)
+        pad = self.pad or tuple((0, 0) for _ in self.extents)
+        for it in np.ndindex(*self.extents):
+            d = self.dst_offset + sum(t * s for t, s in zip(it, self.dst_strides))
+            inside = all(b <= t < e - a for t, e, (b, a) in zip(it, self.extents, pad))
+            if inside:
+                s_ = self.src_offset + sum(t * s for t, s in zip(it, self.src_strides))
+                out[d] = np.array(flat[s_]).astype(self.dst_dtype)
+            else:
+                out[d] = np.array(self.pad_value).astype(self.src_dtype).astype(self.dst_dtype)
+        return out.reshape(self.dst_shape)
+
+
+def _row_major(shape):
+    out, acc = [], 1
+    for e in reversed(shape):
+        out.append(acc)
+        acc *= e
+    return tuple(reversed(out))
+
+
+@st.composite
+def copy_nests(draw, max_loops: int = 3, max_extent: int = 6, padding: bool = True,
+               casts: bool = True) -> CopyCase:
+    """Copy nests with random extents, offsets, strides, transposes, padding and casts.
+
+    >>> case = copy_nests().example()        # doctest: +SKIP
+    >>> case.func.script()                    # doctest: +SKIP
+    """
+    n = draw(st.integers(1, max_loops))
+    extents = draw(st.lists(st.integers(1, max_extent), min_size=n, max_size=n))
+    loop_vars = [tirx.Var(f"ax{k}", _INT) for k in range(n)]
+    src_dtype, dst_dtype = draw(st.sampled_from(
+        [("int8", "int8"), ("int32", "int32"), ("float32", "float32")]
+        + ([("int8", "int32"), ("int32", "int8"), ("int8", "float32")] if casts else [])))
+
+    # Destination: a transpose of the loops, each with a stride factor, at an offset.
+    perm = draw(st.permutations(range(n)))
+    dst_scale = draw(st.lists(st.integers(1, 2), min_size=n, max_size=n))
+    dst_off = draw(st.lists(st.integers(0, 3), min_size=n, max_size=n))
+    dst_shape = tuple(dst_off[d] + dst_scale[d] * (extents[perm[d]] - 1) + 1 + draw(st.integers(0, 2))
+                      for d in range(n))
+    dst_index = [_imm(dst_off[d]) + loop_vars[perm[d]] * dst_scale[d] for d in range(n)]
+
+    pad = None
+    if padding and draw(st.booleans()):
+        pad = tuple((draw(st.integers(0, e - 1)), 0) for e in extents)
+        pad = tuple((b, draw(st.integers(0, e - 1 - b))) for (b, _), e in zip(pad, extents))
+    shifted = [v - pad[k][0] if pad else v for k, v in enumerate(loop_vars)]
+    valid = [e - (pad[k][0] + pad[k][1] if pad else 0) for k, e in enumerate(extents)]
+
+    # Source: every dimension an affine mix of the loops (zero coefficients broadcast).
+    src_ndim = draw(st.integers(1, 3))
+    coef = [draw(st.lists(st.integers(0, 3), min_size=n, max_size=n)) for _ in range(src_ndim)]
+    src_off = draw(st.lists(st.integers(0, 3), min_size=src_ndim, max_size=src_ndim))
+    src_shape = tuple(src_off[d] + sum(c * (v - 1) for c, v in zip(coef[d], valid)) + 1 + draw(st.integers(0, 2))
+                      for d in range(src_ndim))
+    src_index = []
+    for d in range(src_ndim):
+        e = _imm(src_off[d])
+        for c, v in zip(coef[d], shifted):
+            if c:
+                e = e + v * c
+        src_index.append(e)
+
+    src = tirx.decl_buffer(src_shape, src_dtype, "src")
+    dst = tirx.decl_buffer(dst_shape, dst_dtype, "dst")
+    value = tirx.BufferLoad(src, src_index)
+    pad_value = 0
+    if pad is not None:
+        pad_value = draw(st.integers(-3, 3))
+        conds = []
+        for v, e, (b, a) in zip(loop_vars, extents, pad):
+            if b:
+                conds.append(_imm(b) <= v)
+            if a:
+                conds.append(v < _imm(e - a))
+        if conds:
+            cond = conds[0]
+            for c in conds[1:]:
+                cond = tirx.And(cond, c)
+            pv = tirx.FloatImm(src_dtype, pad_value) if src_dtype.startswith("float") else tirx.IntImm(src_dtype, pad_value)
+            value = tirx.if_then_else(cond, value, pv)
+        else:
+            pad = None
+    if dst_dtype != src_dtype:
+        value = tirx.Cast(dst_dtype, value)
+    body = _nest(loop_vars, extents, tirx.BufferStore(dst, value, dst_index))
+
+    src_rm, dst_rm = _row_major(src_shape), _row_major(dst_shape)
+    src_strides = tuple(sum(coef[d][k] * src_rm[d] for d in range(src_ndim)) for k in range(n))
+    dst_strides = tuple(sum((dst_scale[d] if perm[d] == k else 0) * dst_rm[d] for d in range(n)) for k in range(n))
+    src_offset = sum(src_off[d] * src_rm[d] for d in range(src_ndim))
+    if pad is not None:
+        src_offset -= sum(b * s for (b, _), s in zip(pad, src_strides))
+    dst_offset = sum(dst_off[d] * dst_rm[d] for d in range(n))
+    return CopyCase(_func([src, dst], body), src_shape, dst_shape, src_dtype, dst_dtype,
+                    tuple(extents), src_offset, src_strides, dst_offset, dst_strides, pad, pad_value)
+
+
+_ELEMENTWISE_OPS = ("add", "sub", "mul", "max", "min")
+
+
+@dataclass
+class ElementwiseCase:
+    """``out[idx] = op(a[idx], b[idx])`` over a nest; ``func`` takes ``(a, b, out)``."""
+
+    func: tirx.PrimFunc
+    shape: tuple
+    dtype: str
+    op: str
+
+    def inputs(self, rng):
+        return [random_array(rng, self.shape, self.dtype) for _ in range(3)]
+
+    def reference(self, a, b):
+        f = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "max": np.maximum, "min": np.minimum}[self.op]
+        with np.errstate(over="ignore"):
+            return f(a, b).astype(self.dtype)
+
+
+@st.composite
+def elementwise_nests(draw, max_loops: int = 3, max_extent: int = 8) -> ElementwiseCase:
+    """Elementwise binary nests over 1..3 loops.
+
+    >>> elementwise_nests().example().op in ("add", "sub", "mul", "max", "min")   # doctest: +SKIP
+    True
+    """
+    n = draw(st.integers(1, max_loops))
+    shape = tuple(draw(st.lists(st.integers(2, max_extent), min_size=n, max_size=n)))
+    dtype = draw(st.sampled_from(["int32", "float32"]))
+    op = draw(st.sampled_from(_ELEMENTWISE_OPS))
+    a, b, out = (tirx.decl_buffer(shape, dtype, name) for name in ("a", "b", "out"))
+    vs = [tirx.Var(f"i{k}", _INT) for k in range(n)]
+    la, lb = tirx.BufferLoad(a, vs), tirx.BufferLoad(b, vs)
+    value = {"add": tirx.Add, "sub": tirx.Sub, "mul": tirx.Mul, "max": tirx.Max, "min": tirx.Min}[op](la, lb)
+    body = _nest(vs, shape, tirx.BufferStore(out, value, vs))
+    return ElementwiseCase(_func([a, b, out], body), shape, dtype, op)
+
+
+@dataclass
+class TiledReductionCase:
+    """A TE matmul ``C = A x B^T`` (int8 in, int32 out) tiled with ``s_tir.Schedule``."""
+
+    func: tirx.PrimFunc
+    m: int
+    n: int
+    k: int
+    tile: tuple
+
+    def inputs(self, rng):
+        return [random_array(rng, (self.m, self.k), "int8"), random_array(rng, (self.n, self.k), "int8"),
+                np.zeros((self.m, self.n), "int32")]
+
+    def reference(self, a, b):
+        return a.astype("int32") @ b.astype("int32").T
+
+
+@st.composite
+def tiled_reductions(draw, max_tiles: int = 3, tiles=(1, 2, 4, 8, 16)) -> TiledReductionCase:
+    """Tiled int8 matmuls, lowered: ``for io, jo, ko: for ii, ji, ki: C += A*B``.
+
+    >>> tiled_reductions().example().tile                 # doctest: +SKIP
+    (4, 8, 2)
+    """
+    tile = tuple(draw(st.sampled_from(tiles)) for _ in range(3))
+    mt, nt, kt = (draw(st.integers(1, max_tiles)) for _ in range(3))
+    m, n, k = tile[0] * mt, tile[1] * nt, tile[2] * kt
+    A = te.placeholder((m, k), "int8", name="A")
+    B = te.placeholder((n, k), "int8", name="B")
+    r = te.reduce_axis((0, k), "k")
+    C = te.compute((m, n), lambda i, j: te.sum(A[i, r].astype("int32") * B[j, r].astype("int32"), axis=r), name="C")
+    sch = s_tir.Schedule(te.create_prim_func([A, B, C]))
+    blk = sch.get_sblock("C")
+    i, j, kk = sch.get_loops(blk)
+    io, ii = sch.split(i, [None, tile[0]])
+    jo, ji = sch.split(j, [None, tile[1]])
+    ko, ki = sch.split(kk, [None, tile[2]])
+    sch.reorder(io, jo, ko, ii, ji, ki)
+    func = lower(ir.IRModule({"main": sch.mod["main"]}))["main"]
+    return TiledReductionCase(func, m, n, k, tile)
