@@ -1,0 +1,15 @@
+"""The examples in accel's docstrings run and are right."""
+
+import doctest
+import importlib
+
+import pytest
+
+MODULES = ["accel", "accel.config", "accel.errors", "accel.isa", "accel.emitter", "accel.sim",
+           "accel.stats", "accel.runtime"]
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_docstring_examples(name):
+    result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
+    assert result.failed == 0

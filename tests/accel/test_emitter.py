@@ -1,0 +1,114 @@
+"""Emitter: token insertion, FINISH, and the deadlock / balance verifier."""
+
+import pytest
+from hypothesis import given, strategies as st
+
+import accel
+from accel.emitter import Emitter, nop, verify
+from accel.isa import AluOp, Finish, Mem, Queue
+
+LOAD, COMPUTE, STORE = Queue.LOAD, Queue.COMPUTE, Queue.STORE
+EDGES = [(LOAD, COMPUTE), (COMPUTE, LOAD), (COMPUTE, STORE), (STORE, COMPUTE)]
+
+
+def _op(em, queue):
+    if queue is LOAD:
+        em.load(Mem.INP, 0, 16, slot=0, dram_offset=0, dram_ld=16, rows=1, cols=16)
+    elif queue is COMPUTE:
+        em.alu(AluOp.ADD, 0, imm=1, use_imm=True)
+    else:
+        em.store(0, 16, slot=0, dram_offset=0, dram_ld=16, rows=1, cols=16)
+
+
+# A program: a list of steps, each an instruction on a queue or a push/pop pair of an edge.
+programs = st.lists(st.one_of(st.sampled_from(list(Queue)).map(lambda q: ("op", q)),
+                              st.sampled_from(EDGES).map(lambda e: ("dep", e))), max_size=30)
+
+
+def _build(program):
+    em = Emitter()
+    for kind, arg in program:
+        if kind == "op":
+            _op(em, arg)
+        else:
+            em.dep_push(*arg)
+            em.dep_pop(*arg)
+    return em.finish()
+
+
+@given(programs)
+def test_paired_push_pop_streams_verify(program):
+    stream = _build(program)
+    assert stream[-1] == Finish().with_flags(**{f: getattr(stream[-1], f) for f in
+                                                ("pop_prev", "pop_next")})
+    verify(stream)
+
+
+@given(programs, st.data())
+def test_removing_one_token_flag_is_rejected(program, data):
+    stream = _build(program)
+    flagged = [(i, f) for i, ins in enumerate(stream)
+               for f in ("pop_prev", "pop_next", "push_prev", "push_next") if getattr(ins, f)]
+    if not flagged:
+        return
+    index, flag = data.draw(st.sampled_from(flagged))
+    broken = list(stream)
+    broken[index] = broken[index].with_flags(**{flag: False})
+    with pytest.raises(accel.TokenError) as info:
+        verify(broken)
+    assert f"instruction #{info.value.index} `" in str(info.value)
+    if flag.startswith("pop"):  # a push is left over: named by index
+        assert "unbalanced" in str(info.value)
+    else:  # the pop that lost its push can never run
+        assert isinstance(info.value, accel.DeadlockError)
+
+
+def test_dep_push_with_nothing_to_carry_it_emits_a_nop():
+    em = Emitter()
+    em.dep_push(LOAD, COMPUTE)
+    em.dep_pop(LOAD, COMPUTE)
+    stream = em.finish()
+    assert stream == [nop(LOAD).with_flags(push_next=True), Finish(pop_prev=True)]
+
+
+def test_two_pops_on_one_instruction_split_onto_a_nop():
+    em = Emitter()
+    em.dep_push(LOAD, COMPUTE)
+    em.dep_push(LOAD, COMPUTE)
+    em.dep_pop(LOAD, COMPUTE)
+    em.dep_pop(LOAD, COMPUTE)
+    em.alu(AluOp.ADD, 0, imm=1, use_imm=True)
+    stream = em.finish()
+    assert [i.pop_prev for i in stream] == [False, False, True, True, False]
+    verify(stream)
+
+
+def test_cyclic_wait_is_a_deadlock_naming_the_first_stuck_instruction():
+    em = Emitter()
+    em.load(Mem.INP, 0, 16, slot=0, dram_offset=0, dram_ld=16, rows=1, cols=16, pop_next=True,
+            push_next=True)
+    em.alu(AluOp.ADD, 0, imm=1, use_imm=True, pop_prev=True, push_prev=True)
+    with pytest.raises(accel.DeadlockError, match=r"instruction #0 `LOAD .*waits for a token "
+                                                  r"from the COMPUTE queue"):
+        em.finish()
+    assert len(em) == 0  # the emitter starts afresh
+
+
+def test_stream_must_end_with_a_single_finish():
+    with pytest.raises(accel.InstructionError, match="must end with FINISH"):
+        verify([nop(LOAD)])
+    with pytest.raises(accel.InstructionError, match="FINISH must be the last"):
+        verify([Finish(), Finish()])
+    with pytest.raises(ValueError, match="neighbouring"):
+        Emitter().dep_push(LOAD, STORE)
+
+
+def test_validator_runs_on_every_instruction_with_its_index():
+    seen = []
+    em = Emitter(lambda i, ins: seen.append((i, ins.opcode.name)))
+    _op(em, LOAD)
+    em.dep_push(LOAD, COMPUTE)
+    em.dep_pop(LOAD, COMPUTE)
+    _op(em, STORE)
+    em.finish()
+    assert seen == [(0, "LOAD"), (1, "STORE"), (2, "FINISH")]

@@ -1,0 +1,396 @@
+"""Simulator: random programs against a plain numpy model, DMA, narrowing, errors, cycles."""
+
+import numpy as np
+import pytest
+from hypothesis import given, strategies as st
+
+import accel
+from accel.emitter import Emitter
+from accel.isa import Alu, AluOp, Gemm, Load, Mem, Queue, Store, StoreMode
+from accel.sim import Simulator
+
+T = 16
+SMALL = accel.Config(inp_bytes=8 * 256, wgt_bytes=8 * 256, acc_bytes=8 * 1024)
+SIZES = {Mem.INP: SMALL.inp_elements, Mem.WGT: SMALL.wgt_elements, Mem.ACC: SMALL.acc_elements}
+
+
+def wrap32(v):
+    return ((np.asarray(v, np.int64) + 2**31) % 2**32 - 2**31).astype(np.int64)
+
+
+class Model:
+    """The ISA semantics written as plain per-element loops, in program order."""
+
+    def __init__(self):
+        self.mem = {m: np.zeros(n, np.int64) for m, n in SIZES.items()}
+
+    def run(self, ins, host):
+        getattr(self, type(ins).__name__.lower())(ins, host)
+
+    def load(self, ins, host):
+        mem = self.mem[ins.mem]
+        for r in range(ins.pad_top + ins.rows + ins.pad_bottom):
+            for c in range(ins.pad_left + ins.cols + ins.pad_right):
+                rr, cc = r - ins.pad_top, c - ins.pad_left
+                inside = 0 <= rr < ins.rows and 0 <= cc < ins.cols
+                value = host[ins.slot][ins.dram_offset + rr * ins.dram_ld + cc] if inside else ins.pad_value
+                mem[ins.sram_addr + r * ins.sram_ld + c] = value
+
+    def store(self, ins, host):
+        for r in range(ins.rows):
+            for c in range(ins.cols):
+                v = int(self.mem[Mem.ACC][ins.sram_addr + r * ins.sram_ld + c])
+                if ins.mode is StoreMode.WRAP:
+                    v = (v + 128) % 256 - 128
+                elif ins.mode is StoreMode.SATURATE:
+                    v = min(max(v, -128), 127)
+                host[ins.slot][ins.dram_offset + r * ins.dram_ld + c] = v
+
+    def gemm(self, g, host):
+        acc, inp, wgt = self.mem[Mem.ACC], self.mem[Mem.INP], self.mem[Mem.WGT]
+        rows = np.arange(T)[:, None]
+        cols = np.arange(T)[None, :]
+        for o in range(g.ext_out):
+            for i in range(g.ext_in):
+                a = g.acc_addr + o * g.acc_stride_out + i * g.acc_stride_in + rows * g.acc_ld + cols
+                if g.reset:
+                    acc[a] = 0
+                    continue
+                x = inp[g.inp_addr + o * g.inp_stride_out + i * g.inp_stride_in + rows * g.inp_ld + cols]
+                w = wgt[g.wgt_addr + o * g.wgt_stride_out + i * g.wgt_stride_in + rows * g.wgt_ld + cols]
+                acc[a] = wrap32(acc[a] + x @ w.T)
+
+    def alu(self, a, host):
+        acc = self.mem[Mem.ACC]
+        old = acc.copy()
+        for o in range(a.ext_out):
+            for i in range(a.ext_in):
+                for lane in range(T):
+                    d = a.dst_addr + o * a.dst_stride_out + i * a.dst_stride_in + lane
+                    x = int(old[d])
+                    y = a.imm if a.use_imm else int(old[a.src_addr + o * a.src_stride_out + i * a.src_stride_in + lane])
+                    if a.op is AluOp.ADD:
+                        r = x + y
+                    elif a.op is AluOp.MAX:
+                        r = max(x, y)
+                    elif a.op is AluOp.MIN:
+                        r = min(x, y)
+                    elif a.op is AluOp.SHR:
+                        r = x >> min(max(y, 0), 31)
+                    else:
+                        r = x * y
+                    acc[d] = wrap32(r)
+
+
+def _host():
+    rng = np.random.default_rng(7)
+    return [rng.integers(-128, 128, 1024, dtype=np.int8),
+            rng.integers(-128, 128, 1024, dtype=np.int8),
+            rng.integers(-(2**31), 2**31, 512, dtype=np.int64).astype(np.int32),
+            np.zeros(1024, np.int8), np.zeros(1024, np.int32)]
+
+
+aligned = lambda hi: st.integers(0, hi).map(lambda k: k * T)  # noqa: E731
+
+
+@st.composite
+def dma(draw, kind):
+    """A LOAD (kind = a Mem) or STORE that fits its host buffer and scratchpad."""
+    mem = Mem.ACC if kind == "store" else kind
+    rows, cols = draw(st.integers(0, 5)), draw(st.integers(0, 20))
+    pads = [draw(st.integers(0, 3)) for _ in range(4)] if kind != "store" else [0] * 4
+    height, width = pads[0] + rows + pads[1], pads[2] + cols + pads[3]
+    sram_ld = draw(st.integers(width, width + 20))
+    sram_end = max(height - 1, 0) * sram_ld + width
+    sram_addr = draw(st.integers(0, SIZES[mem] - sram_end))
+    if kind == "store":
+        mode = draw(st.sampled_from(list(StoreMode)))
+        slot = 4 if mode is StoreMode.INT32 else 3
+    else:
+        slot = {Mem.INP: 0, Mem.WGT: 1, Mem.ACC: 2}[mem]
+    size = 512 if slot == 2 else 1024
+    dram_ld = draw(st.integers(cols, cols + 40)) if kind == "store" else draw(st.integers(0, cols + 40))
+    dram_end = max(rows - 1, 0) * dram_ld + cols
+    dram_offset = draw(st.integers(0, size - dram_end))
+    common = dict(sram_addr=sram_addr, sram_ld=sram_ld, slot=slot, dram_offset=dram_offset,
+                  dram_ld=dram_ld, rows=rows, cols=cols)
+    if kind == "store":
+        return Store(mode=mode, **common)
+    limit = 2**31 - 1 if mem is Mem.ACC else 127
+    return Load(mem=mem, pad_top=pads[0], pad_bottom=pads[1], pad_left=pads[2], pad_right=pads[3],
+                pad_value=draw(st.integers(-limit - 1, limit)), **common)
+
+
+def _fit(draw, size, ext, name_strides, ld):
+    """Draw an aligned base so that the tiles fit; None when they cannot."""
+    reach = sum((e - 1) * s for e, s in zip(ext, name_strides)) + (T - 1) * ld + T
+    if reach > size:
+        return None
+    return draw(st.integers(0, (size - reach) // T)) * T
+
+
+@st.composite
+def gemms(draw):
+    ext = [draw(st.integers(0, 3)), draw(st.integers(1, 3))]
+    fields = {"ext_out": ext[0], "ext_in": ext[1], "reset": draw(st.booleans())}
+    for p, mem in (("acc", Mem.ACC), ("inp", Mem.INP), ("wgt", Mem.WGT)):
+        ld = draw(st.sampled_from([16, 32, 48]))
+        strides = [draw(aligned(4)), draw(aligned(4))]
+        addr = _fit(draw, SIZES[mem], ext, strides, ld)
+        if addr is None:
+            ld, strides, addr = 16, [0, 0], 0
+        fields.update({f"{p}_ld": ld, f"{p}_addr": addr, f"{p}_stride_out": strides[0],
+                       f"{p}_stride_in": strides[1]})
+    return Gemm(**fields)
+
+
+@st.composite
+def alus(draw):
+    op = draw(st.sampled_from(list(AluOp)))
+    use_imm = draw(st.booleans())
+    imm = draw(st.integers(-40, 40) if op is not AluOp.MUL else st.integers(-3, 3))
+    ext = [draw(st.integers(0, 4)), draw(st.integers(1, 4))]
+    fields = {}
+    for p in ("dst", "src"):
+        strides = [draw(aligned(6)), draw(aligned(6))]
+        addr = _fit(draw, SIZES[Mem.ACC], ext, strides, 0)
+        fields.update({f"{p}_addr": addr, f"{p}_stride_out": strides[0], f"{p}_stride_in": strides[1]})
+    starts = {o * fields["dst_stride_out"] + i * fields["dst_stride_in"]
+              for o in range(ext[0]) for i in range(ext[1])}
+    if len(starts) != ext[0] * ext[1]:  # destination vectors must be distinct
+        ext = [min(ext[0], 1), 1]
+    return Alu(op=op, use_imm=use_imm, imm=imm, ext_out=ext[0], ext_in=ext[1], **fields)
+
+
+@st.composite
+def programs(draw):
+    """Rounds of loads, compute and stores, fenced by tokens so program order is the semantics."""
+    rounds = []
+    for _ in range(draw(st.integers(1, 3))):
+        loads = draw(st.lists(st.sampled_from([Mem.INP, Mem.WGT]).flatmap(dma), max_size=3))
+        compute = draw(st.lists(st.one_of(gemms(), alus(), dma(Mem.ACC)), max_size=4))
+        stores = draw(st.lists(dma("store"), max_size=2))
+        rounds.append((loads, compute, stores))
+    return rounds
+
+
+def _emit(rounds, em):
+    stream = []
+    for loads, compute, stores in rounds:
+        for ins in loads:
+            em.emit(ins)
+        em.dep_push(Queue.LOAD, Queue.COMPUTE); em.dep_pop(Queue.LOAD, Queue.COMPUTE)
+        for ins in compute:
+            em.emit(ins)
+        em.dep_push(Queue.COMPUTE, Queue.STORE); em.dep_pop(Queue.COMPUTE, Queue.STORE)
+        for ins in stores:
+            em.emit(ins)
+        em.dep_push(Queue.STORE, Queue.COMPUTE); em.dep_pop(Queue.STORE, Queue.COMPUTE)
+        em.dep_push(Queue.COMPUTE, Queue.LOAD); em.dep_pop(Queue.COMPUTE, Queue.LOAD)
+        stream += loads + compute + stores
+    return stream
+
+
+@given(programs())
+def test_random_programs_match_the_numpy_model(rounds):
+    host = _host()
+    sim = Simulator(SMALL)
+    em = Emitter(lambda i, ins: sim.check(i, ins, host))
+    program = _emit(rounds, em)
+    stats = sim.run(em.finish(), host)
+
+    model, expect = Model(), [h.astype(np.int64) for h in _host()]
+    for ins in program:
+        model.run(ins, expect)
+    for got, want in zip(host, expect):
+        np.testing.assert_array_equal(got, want)
+    for mem in Mem:
+        np.testing.assert_array_equal(sim.memory(mem).astype(np.int64), model.mem[mem])
+    # The cycle model never beats the roofline and never overbooks a unit.
+    assert stats.cycles >= stats.roofline_cycles
+    assert all(0 <= u <= 1 for u in stats.utilization.values())
+
+
+@given(st.data())
+def test_padded_strided_load_equals_numpy_slicing_and_padding(data):
+    host = np.arange(-300, 300, dtype=np.int32).reshape(20, 30)
+    r0, c0 = data.draw(st.integers(0, 19)), data.draw(st.integers(0, 29))
+    rows, cols = data.draw(st.integers(0, 20 - r0)), data.draw(st.integers(0, 30 - c0))
+    pads = [data.draw(st.integers(0, 4)) for _ in range(4)]
+    value = data.draw(st.integers(-(2**31), 2**31 - 1))
+    width = pads[2] + cols + pads[3]
+    height = pads[0] + rows + pads[1]
+    ld = data.draw(st.integers(max(width, 1), width + 8))
+    with accel.Session() as s:
+        s.load(host, r0 * 30 + c0, Mem.ACC, 32, ld, rows=rows, cols=cols, dram_ld=30,
+               pad_top=pads[0], pad_bottom=pads[1], pad_left=pads[2], pad_right=pads[3],
+               pad_value=value)
+    want = np.pad(host[r0:r0 + rows, c0:c0 + cols], ((pads[0], pads[1]), (pads[2], pads[3])),
+                  constant_values=value)
+    acc = s.scratchpad(Mem.ACC)
+    got = np.lib.stride_tricks.as_strided(acc[32:], (height, width), (ld * 4, 4))
+    np.testing.assert_array_equal(got, want)
+
+
+@given(st.lists(st.integers(-(2**31), 2**31 - 1), min_size=16, max_size=16),
+       st.sampled_from([StoreMode.WRAP, StoreMode.SATURATE]))
+def test_store_narrowing_equals_numpy_wrap_and_clip(values, mode):
+    src = np.array(values, np.int32)
+    out = np.zeros(16, np.int8)
+    with accel.Session() as s:
+        s.load(src, 0, Mem.ACC, 0, 16, rows=1, cols=16, dram_ld=16)
+        s.dep_push(Queue.COMPUTE, Queue.STORE); s.dep_pop(Queue.COMPUTE, Queue.STORE)
+        s.store(out, 0, 0, 16, rows=1, cols=16, dram_ld=16, mode=mode)
+    want = src.astype(np.int8) if mode is StoreMode.WRAP else np.clip(src, -128, 127).astype(np.int8)
+    np.testing.assert_array_equal(out, want)
+
+
+def test_requantise_sequence():
+    """clip((acc + (1 << (s-1))) >> s, -128, 127) as ALU add, shr, max, min and a STORE."""
+    acc = np.random.default_rng(1).integers(-(2**20), 2**20, (16, 16)).astype(np.int32)
+    out = np.zeros((16, 16), np.int8)
+    shift = 9
+    with accel.Session() as s:
+        s.load(acc, 0, Mem.ACC, 0, 16, rows=16, cols=16, dram_ld=16)
+        loop = dict(use_imm=True, ext_out=16, dst_stride_out=16)
+        s.alu(AluOp.ADD, 0, imm=1 << (shift - 1), **loop)
+        s.alu(AluOp.SHR, 0, imm=shift, **loop)
+        s.alu(AluOp.MAX, 0, imm=-128, **loop)
+        s.alu(AluOp.MIN, 0, imm=127, **loop)
+        s.dep_push(Queue.COMPUTE, Queue.STORE); s.dep_pop(Queue.COMPUTE, Queue.STORE)
+        s.store(out, 0, 0, 16, rows=16, cols=16, dram_ld=16, mode=StoreMode.WRAP)
+    want = np.clip((acc.astype(np.int64) + (1 << (shift - 1))) >> shift, -128, 127)
+    np.testing.assert_array_equal(out, want)
+    assert s.stats.instructions["ALU"] == 4
+
+
+def test_blocked_gemm_covers_a_block_of_tiles_in_one_instruction():
+    rng = np.random.default_rng(3)
+    a = rng.integers(-128, 128, (64, 128), dtype=np.int8)
+    b = rng.integers(-128, 128, (32, 128), dtype=np.int8)
+    c = np.zeros((64, 32), np.int32)
+    with accel.Session() as s:
+        s.load(a, 0, Mem.INP, 0, 128, rows=64, cols=128, dram_ld=128)
+        s.load(b, 0, Mem.WGT, 0, 128, rows=32, cols=128, dram_ld=128, deps=accel.PUSH_NEXT)
+        s.gemm(0, 0, 0, 32, 128, 128, reset=True, ext_out=4, acc_stride_out=16 * 32,
+               ext_in=2, acc_stride_in=16)
+        # per M tile: N tiles outer, K tiles inner (acc stride 0 = reduction)
+        for m in range(4):
+            s.gemm(m * 16 * 32, m * 16 * 128, 0, 32, 128, 128, ext_out=2, ext_in=8,
+                   acc_stride_out=16, wgt_stride_out=16 * 128, inp_stride_in=16, wgt_stride_in=16,
+                   deps=accel.POP_PREV if m == 0 else 0)
+        s.dep_push(Queue.COMPUTE, Queue.STORE); s.dep_pop(Queue.COMPUTE, Queue.STORE)
+        s.store(c, 0, 0, 32, rows=64, cols=32, dram_ld=32)
+    np.testing.assert_array_equal(c, a.astype(np.int32) @ b.astype(np.int32).T)
+    assert s.stats.instructions["GEMM"] == 5
+    assert s.stats.macs == 64 * 32 * 128
+
+
+# ---------------------------------------------------------------------- errors
+def _session_with(host):
+    s = accel.Session(SMALL)
+    for h in host:
+        s.buffer(h)
+    return s
+
+
+@pytest.mark.parametrize("build, error, message", [
+    (lambda s, h: s.load(h[0], 1000, Mem.INP, 0, 16, rows=2, cols=16, dram_ld=16),
+     accel.DmaRangeError, r"DRAM elements \[1000, 1032\) are outside host buffer slot 0"),
+    (lambda s, h: s.store(h[4], 0, 0, 16, rows=2, cols=16, dram_ld=1020),
+     accel.DmaRangeError, "outside host buffer slot 4"),
+    (lambda s, h: s.load(h[0], 0, Mem.INP, 2040, 16, rows=1, cols=16, dram_ld=16),
+     accel.ScratchpadOverflowError, "beyond its 2048 elements"),
+    (lambda s, h: s.gemm(0, 0, 0, 16, 16, 16, ext_out=3, wgt_stride_out=16 * 64),
+     accel.ScratchpadOverflowError, "touches WGT"),
+    (lambda s, h: s.gemm(0, 8, 0, 16, 16, 16), accel.AlignmentError, "misaligned tile"),
+    (lambda s, h: s.alu(AluOp.ADD, 0, src_addr=0, dst_stride_in=4, ext_in=2),
+     accel.AlignmentError, "dst_stride_in=4"),
+    (lambda s, h: s.alu(AluOp.ADD, 0, use_imm=True, ext_out=2), accel.InstructionError,
+     "destination vectors overlap"),
+    (lambda s, h: s.emitter.emit(Store(sram_addr=0, sram_ld=16, slot=9, dram_offset=0, dram_ld=16,
+                                       rows=1, cols=1)), accel.UnknownSlotError, "slot 9"),
+    (lambda s, h: s.load(h[2], 0, Mem.INP, 0, 16, rows=1, cols=16, dram_ld=16),
+     accel.DtypeMismatchError, "slot 2 is int32, this transfer needs int8"),
+    (lambda s, h: s.store(h[3], 0, 0, 16, rows=1, cols=16, dram_ld=16, mode=StoreMode.INT32),
+     accel.DtypeMismatchError, "needs int32"),
+    (lambda s, h: s.load(h[0], 0, Mem.INP, 0, 16, rows=1, cols=16, dram_ld=16, pad_value=200,
+                         pad_left=1), accel.InstructionError, "pad_value 200 does not fit int8"),
+])
+def test_errors_name_the_instruction_and_write_nothing(build, error, message):
+    host = _host()
+    before = [h.copy() for h in host]
+    s = _session_with(host)
+    s.load(host[0], 0, Mem.INP, 0, 16, rows=1, cols=16, dram_ld=16)  # a valid instruction #0
+    with pytest.raises(error, match=message) as info:
+        build(s, host)
+    assert str(info.value).startswith("instruction #1 `")
+    s.sync()
+    for h, b in zip(host, before):
+        np.testing.assert_array_equal(h, b)
+
+
+def test_a_decoded_stream_with_a_bad_instruction_runs_nothing():
+    host = _host()
+    sim = Simulator(SMALL)
+    good = Load(mem=Mem.ACC, sram_addr=0, sram_ld=16, slot=2, dram_offset=0, dram_ld=16, rows=1, cols=16)
+    bad = Store(sram_addr=0, sram_ld=16, slot=4, dram_offset=1020, dram_ld=16, rows=1, cols=16)
+    stream = accel.decode(accel.encode([good, bad, accel.Finish()]))
+    with pytest.raises(accel.DmaRangeError, match="instruction #1"):
+        sim.run(stream, host)
+    assert not sim.acc.any()
+
+
+# ---------------------------------------------------------------------- cycle model
+def _gemm_stream(double_buffer, blocks=8):
+    """Load 16x256 INP strips and run them against a resident 64x256 weight block."""
+    a = np.ones((16 * blocks, 256), np.int8)
+    w = np.ones((64, 256), np.int8)
+    c = np.zeros((16 * blocks, 64), np.int32)
+    s = accel.Session()
+    s.load(w, 0, Mem.WGT, 0, 256, rows=64, cols=256, dram_ld=256)
+    for m in range(blocks):
+        buf = (m % 2) * 16 * 256 if double_buffer else 0
+        if m >= (2 if double_buffer else 1):
+            s.dep_pop(Queue.COMPUTE, Queue.LOAD)  # WAR: the buffer's previous reader is done
+        s.load(a, m * 16 * 256, Mem.INP, buf, 256, rows=16, cols=256, dram_ld=256)
+        s.dep_push(Queue.LOAD, Queue.COMPUTE); s.dep_pop(Queue.LOAD, Queue.COMPUTE)
+        s.gemm(m % 2 * 16 * 64, 0, 0, 64, 256, 256, reset=True, ext_out=4, acc_stride_out=16)
+        s.gemm(m % 2 * 16 * 64, buf, 0, 64, 256, 256, ext_out=4, ext_in=16, acc_stride_out=16,
+               wgt_stride_out=16 * 256, inp_stride_in=16, wgt_stride_in=16)
+        s.dep_push(Queue.COMPUTE, Queue.LOAD)
+    for _ in range(2 if double_buffer else 1):
+        s.dep_pop(Queue.COMPUTE, Queue.LOAD)
+    s.dep_push(Queue.COMPUTE, Queue.STORE); s.dep_pop(Queue.COMPUTE, Queue.STORE)
+    stats = s.sync()
+    return stats, s
+
+
+def test_double_buffering_overlaps_loads_with_compute():
+    single, _ = _gemm_stream(False)
+    double, s = _gemm_stream(True)
+    assert double.macs == single.macs and double.bytes == single.bytes
+    assert double.cycles < single.cycles
+    events = double.timeline.events
+    loads = [e for e in events if e.unit == "load"]
+    gemms = [e for e in events if e.unit == "gemm"]
+    assert any(l.start < g.end and g.start < l.end for l in loads for g in gemms)
+    assert not any(l.start < g.end and g.start < l.end
+                   for l in single.timeline.events if l.unit == "load"
+                   for g in single.timeline.events if g.unit == "gemm")
+
+
+def test_stats_fields_and_timeline(tmp_path):
+    stats, s = _gemm_stream(True, blocks=4)
+    assert set(stats.busy) == set(stats.utilization) == {"load", "gemm", "alu", "store"}
+    assert stats.instructions["GEMM"] == 8 and stats.instructions["FINISH"] == 1
+    assert stats.bytes == {"dram_to_sram": 64 * 256 + 4 * 16 * 256, "sram_to_dram": 0}
+    assert stats.macs == 4 * 16 * 64 * 256
+    assert stats.roofline_cycles == stats.macs // 256
+    assert stats.busy["gemm"] == sum(e.end - e.start for e in stats.timeline.events if e.unit == "gemm")
+    text = stats.timeline.text(width=40)
+    assert text.splitlines()[1].startswith("load  |") and "#" in text
+    assert len(accel.decode(s.stream())) == len(s.disassembly().splitlines())
+    pytest.importorskip("matplotlib")
+    path = stats.timeline.save_png(tmp_path / "timeline.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
