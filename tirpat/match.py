@@ -18,7 +18,7 @@ import tvm_ffi
 from tvm import ir, tirx
 
 from . import pattern as P
-from .analysis import const_int, dtype_of, key, linear_form, simplify, uses_any
+from .analysis import const_int, dtype_of, key, linear_form, simplify, substitute, uses_any
 from .canonical import canonicalize
 from .region import CopyRegion, Region, RegionError, access_region, padding
 
@@ -70,6 +70,13 @@ class Match:
     def span(self) -> tuple | None:
         """For an ``is_seq`` match, the ``(start, stop)`` of the matched run in ``node.seq``."""
         return self._env.get(_SPAN)
+
+    def at_origin(self, expr):
+        """``expr`` with the matched loops at their first iteration (e.g. an init guard).
+
+        >>> m.at_origin(m["first"])        # k_0 * 16 + k_1 == 0  ->  k_0 == 0   # doctest: +SKIP
+        """
+        return simplify(substitute(expr, {key(l.loop_var): l.min for l in self.loops}))
 
     def region(self, buffer) -> Region:
         """The :class:`Region` of a buffer's accesses in the matched nest.
@@ -148,7 +155,7 @@ class _Matcher:
 
     # -- failure tracing ---------------------------------------------------------------
     def fail(self, path, p, node, reason):
-        if self.trace and (self.deepest is None or len(path) >= len(self.deepest.path)):
+        if self.trace and (self.deepest is None or len(path) > len(self.deepest.path)):
             self.deepest = Failure(path, p, node, reason)
 
     # -- entry -------------------------------------------------------------------------

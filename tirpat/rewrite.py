@@ -29,6 +29,7 @@ from .canonical import canonicalize
 from .match import Match, _Matcher
 
 
+@tvm_ffi.register_error
 class RewriteError(Exception):
     """A rule produced an ill-formed replacement; the message names the rule and the site."""
 
@@ -163,12 +164,11 @@ class Rewriter:
         if len(self.report.sites) == before:
             return func
         new = func.with_body(body)
+        ok, detail = True, ""
         try:
-            ok = tirx.analysis.verify_well_formed(new, assert_mode=False)
-        except Exception as err:  # the verifier itself may reject some ill-formed IR by raising
-            ok, detail = False, str(err).splitlines()[-1]
-        else:
-            detail = ""
+            tirx.analysis.verify_well_formed(new, assert_mode=True)
+        except Exception as err:  # noqa: BLE001 - the verifier reports through exceptions
+            ok, detail = False, ": " + str(err).strip().splitlines()[-1]
         if not ok:
             fired = sorted({s.rule for s in self.report.sites[before:]})
             raise RewriteError(f"rewriting {fname} with rule(s) {fired} produced ill-formed TIR {detail}".rstrip())
@@ -220,10 +220,23 @@ class Rewriter:
                 return result
             return None
 
+        # An exception must not cross the FFI boundary of structural_mutate: it would come
+        # back as a RuntimeError. Keep the first one and raise it once the walk returns.
+        failure: list = []
+
+        def guarded(node, mut):
+            if failure:
+                return None
+            try:
+                return try_rules(node, mut)
+            except Exception as err:  # noqa: BLE001 - re-raised unchanged below
+                failure.append(err)
+                return None
+
         def on_stmt(node, mut):
-            if isinstance(node, (tirx.AllocBuffer, tirx.DeclBuffer)):
+            if failure or isinstance(node, (tirx.AllocBuffer, tirx.DeclBuffer)):
                 return node
-            replaced = try_rules(node, mut)
+            replaced = guarded(node, mut)
             if replaced is not None:
                 return replaced
             if isinstance(node, tirx.For):
@@ -235,9 +248,9 @@ class Rewriter:
             return mut.default_mutate(node)
 
         def on_expr(node, mut):
-            if isinstance(node, ir.Var):
+            if failure or isinstance(node, ir.Var):
                 return node
-            replaced = try_rules(node, mut)
+            replaced = guarded(node, mut)
             return replaced if replaced is not None else mut.default_mutate(node)
 
         callbacks = [(tirx.Stmt, on_stmt), (ir.Type, lambda node, mut: node)]
@@ -245,7 +258,10 @@ class Rewriter:
             callbacks.append((ir.Expr, on_expr))
         else:
             callbacks.append((ir.Expr, lambda node, mut: node))
-        return tvm_ffi.structural_mutate(root, callbacks)
+        result = tvm_ffi.structural_mutate(root, callbacks)
+        if failure:
+            raise failure[0]
+        return result
 
     def _check(self, rule, node, m, result, loops, defined):
         site = f"{' > '.join(l.loop_var.name for l in loops) or '<top>'} ({type(node).__name__})"
@@ -265,9 +281,10 @@ class Rewriter:
         if own:
             result = rename_defs(result, {key(v): fresh_var(v) for v in own})
         own_keys = {key(v) for v in defined_vars(result)}
+        local = {key(v) for v in defined_vars(node)} if isinstance(node, tirx.Stmt) else set()
         for v in vars_used(result):
             k = key(v)
-            if k not in defined and k not in own_keys:
+            if (k not in defined or k in local) and k not in own_keys:
                 raise RewriteError(f"rule {rule.name!r} at {site} returned a replacement that uses "
                                    f"{v.name!r}, which is not defined at that site")
         return result

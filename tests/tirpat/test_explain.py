@@ -1,0 +1,49 @@
+"""explain(): a person can fix a pattern from its output alone."""
+
+from tvm import te, tirx
+
+import tirpat as tp
+
+
+def lowered_matmul():
+    A = te.placeholder((32, 32), "int8", name="A")
+    B = te.placeholder((32, 32), "int8", name="B")
+    k = te.reduce_axis((0, 32), "k")
+    C = te.compute((32, 32), lambda i, j: te.sum(A[i, k].astype("int32") * B[j, k].astype("int32"), axis=k), name="C")
+    return tp.lower(te.create_prim_func([A, B, C]))
+
+
+def gemm(cast="int32", transpose_b=False):
+    i, j, k = tp.is_var("i"), tp.is_var("j"), tp.is_var("k")
+    A, B, C = tp.is_buffer("A"), tp.is_buffer("B"), tp.is_buffer("C")
+    bi = [k, j] if transpose_b else [j, k]
+    upd = tp.is_store(C, [i, j], C[i, j] + A[i, k].astype(cast) * B[tuple(bi)].astype("int32"))
+    return tp.is_nest([i, j, k], tp.is_seq(tp.is_if(tp.wildcard(), tp.wildcard()), upd))
+
+
+def test_explain_on_match_lists_the_matches():
+    text = str(tp.explain(gemm(), lowered_matmul()))
+    assert "matches main 1 time(s)" in text
+
+
+def test_explain_names_path_expected_and_found():
+    text = str(tp.explain(gemm(cast="int16"), lowered_matmul()))
+    assert "no match in main" in text
+    assert "value" in text and "expected a cast to int16, found a cast to int32" in text
+    assert "at <top> (For i)" in text
+
+
+def test_explain_wrong_layout_names_the_index():
+    text = str(tp.explain(gemm(transpose_b=True), lowered_matmul()))
+    assert "index 0" in text and "expected index k, found j" in text
+
+
+def test_explain_on_a_node():
+    text = str(tp.explain(tp.is_const(1), tirx.IntImm("int32", 2)))
+    assert text == "no match: at <root>: expected the constant 1, found 2"
+
+
+def test_explain_reports_when_no_candidate_exists():
+    text = str(tp.explain(tp.is_if(tp.wildcard(), tp.wildcard()), tp.lower(
+        te.create_prim_func([te.placeholder((4,), name="X"), te.compute((4,), lambda i: 1.0, name="Y")]))))
+    assert "no node of a kind" in text and "IfThenElse" in text
