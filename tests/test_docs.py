@@ -1,0 +1,17 @@
+"""Every Python code block in the README and docs/ runs."""
+
+import pathlib
+import re
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))] if (ROOT / "docs").exists() else [ROOT / "README.md"]
+
+
+@pytest.mark.parametrize("path", DOCS, ids=lambda p: p.name)
+def test_python_blocks_run(path):
+    blocks = re.findall(r"```python\n(.*?)```", path.read_text(), re.S)
+    namespace: dict = {}
+    for block in blocks:
+        exec(compile(block, str(path), "exec"), namespace)  # noqa: S102 - documentation examples
