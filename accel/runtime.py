@@ -27,7 +27,7 @@ import numpy as np
 from accel.config import Config
 from accel.emitter import Emitter
 from accel.isa import (
-    Alu, AluOp, Gemm, Instruction, Load, Mem, Queue, Store, StoreMode, disassemble, encode,
+    Alu, AluOp, Gemm, Instruction, Load, Mem, Queue, Store, StoreMode, disassemble, encode, make,
 )
 from accel.sim import Simulator
 from accel.stats import Stats
@@ -43,14 +43,14 @@ POP_PREV, POP_NEXT, PUSH_PREV, PUSH_NEXT = 1, 2, 4, 8
 HostBuffer = Any  # a C-contiguous numpy array or a tvm.runtime.Tensor (DLTensor)
 
 
+_FLAGS = [{"pop_prev": bool(d & 1), "pop_next": bool(d & 2), "push_prev": bool(d & 4),
+           "push_next": bool(d & 8)} for d in range(16)]
+
+
 def _flags(deps: int) -> dict[str, bool]:
-    if not 0 <= deps <= 15:
-        raise ValueError(f"deps must be a 4-bit mask of POP_PREV|POP_NEXT|PUSH_PREV|PUSH_NEXT, got {deps}")
-    return {"pop_prev": bool(deps & 1), "pop_next": bool(deps & 2),
-            "push_prev": bool(deps & 4), "push_next": bool(deps & 8)}
-
-
-_FLAGS = [_flags(d) for d in range(16)]
+    if 0 <= deps <= 15:
+        return _FLAGS[deps]
+    raise ValueError(f"deps must be a 4-bit mask of POP_PREV|POP_NEXT|PUSH_PREV|PUSH_NEXT, got {deps}")
 
 
 class Session:
@@ -124,20 +124,18 @@ class Session:
              pad_bottom: int = 0, pad_left: int = 0, pad_right: int = 0, pad_value: int = 0,
              deps: int = 0) -> int:
         """Emit a LOAD of ``host`` (see :class:`accel.isa.Load`); returns the stream index."""
-        return self.emitter.emit(Load(
-            mem=mem, sram_addr=sram_addr, sram_ld=sram_ld, slot=self.buffer(host),
+        return self.emitter.emit(make(Load, dict(
+            _flags(deps), mem=mem, sram_addr=sram_addr, sram_ld=sram_ld, slot=self.buffer(host),
             dram_offset=elem_offset, dram_ld=dram_ld, rows=rows, cols=cols, pad_top=pad_top,
-            pad_bottom=pad_bottom, pad_left=pad_left, pad_right=pad_right, pad_value=pad_value,
-            **_FLAGS[deps] if 0 <= deps < 16 else _flags(deps)))
+            pad_bottom=pad_bottom, pad_left=pad_left, pad_right=pad_right, pad_value=pad_value)))
 
     def store(self, host: HostBuffer, elem_offset: int, sram_addr: int, sram_ld: int, *,
               rows: int, cols: int, dram_ld: int, mode: Union[StoreMode, int] = StoreMode.INT32,
               deps: int = 0) -> int:
         """Emit a STORE into ``host`` (see :class:`accel.isa.Store`); returns the stream index."""
-        return self.emitter.emit(Store(
-            sram_addr=sram_addr, sram_ld=sram_ld, slot=self.buffer(host), dram_offset=elem_offset,
-            dram_ld=dram_ld, rows=rows, cols=cols, mode=mode,
-            **_FLAGS[deps] if 0 <= deps < 16 else _flags(deps)))
+        return self.emitter.emit(make(Store, dict(
+            _flags(deps), sram_addr=sram_addr, sram_ld=sram_ld, slot=self.buffer(host),
+            dram_offset=elem_offset, dram_ld=dram_ld, rows=rows, cols=cols, mode=mode)))
 
     def gemm(self, acc_addr: int, inp_addr: int, wgt_addr: int, acc_ld: int, inp_ld: int,
              wgt_ld: int, *, reset: bool = False, ext_out: int = 1, ext_in: int = 1,
@@ -145,24 +143,23 @@ class Session:
              inp_stride_in: int = 0, wgt_stride_out: int = 0, wgt_stride_in: int = 0,
              deps: int = 0) -> int:
         """Emit a GEMM (see :class:`accel.isa.Gemm`); returns the stream index."""
-        return self.emitter.emit(Gemm(
-            acc_addr=acc_addr, inp_addr=inp_addr, wgt_addr=wgt_addr, acc_ld=acc_ld,
+        return self.emitter.emit(make(Gemm, dict(
+            _flags(deps), acc_addr=acc_addr, inp_addr=inp_addr, wgt_addr=wgt_addr, acc_ld=acc_ld,
             inp_ld=inp_ld, wgt_ld=wgt_ld, ext_out=ext_out, ext_in=ext_in,
             acc_stride_out=acc_stride_out, acc_stride_in=acc_stride_in,
             inp_stride_out=inp_stride_out, inp_stride_in=inp_stride_in,
-            wgt_stride_out=wgt_stride_out, wgt_stride_in=wgt_stride_in, reset=reset,
-            **_FLAGS[deps] if 0 <= deps < 16 else _flags(deps)))
+            wgt_stride_out=wgt_stride_out, wgt_stride_in=wgt_stride_in, reset=reset)))
 
     def alu(self, op: Union[AluOp, int], dst_addr: int, *, src_addr: int = 0, imm: int = 0,
             use_imm: bool = False, ext_out: int = 1, ext_in: int = 1, dst_stride_out: int = 0,
             dst_stride_in: int = 0, src_stride_out: int = 0, src_stride_in: int = 0,
             deps: int = 0) -> int:
         """Emit an ALU instruction (see :class:`accel.isa.Alu`); returns the stream index."""
-        return self.emitter.emit(Alu(
-            op=op, dst_addr=dst_addr, src_addr=src_addr, imm=imm, use_imm=use_imm,
+        return self.emitter.emit(make(Alu, dict(
+            _flags(deps), op=op, dst_addr=dst_addr, src_addr=src_addr, imm=imm, use_imm=use_imm,
             ext_out=ext_out, ext_in=ext_in, dst_stride_out=dst_stride_out,
             dst_stride_in=dst_stride_in, src_stride_out=src_stride_out,
-            src_stride_in=src_stride_in, **_FLAGS[deps] if 0 <= deps < 16 else _flags(deps)))
+            src_stride_in=src_stride_in)))
 
     def dep_push(self, src: Union[Queue, int], dst: Union[Queue, int]) -> None:
         """See :meth:`accel.emitter.Emitter.dep_push`."""

@@ -66,9 +66,10 @@ def _disjoint(shape: Sequence[int], strides: Sequence[int]) -> bool:
     return True
 
 
-def _last(addr: int, loops: Sequence[tuple[int, int]], block: int) -> int:
-    """One past the highest element touched: base + the loops' reach + a contiguous block."""
-    return addr + sum((e - 1) * s for e, s in loops) + block
+_GEMM_ALIGNED = tuple(f"{p}_{f}" for p in ("acc", "inp", "wgt")
+                      for f in ("addr", "ld", "stride_out", "stride_in"))
+_GEMM_OPERANDS = (("acc", Mem.ACC), ("inp", Mem.INP), ("wgt", Mem.WGT))
+_ALU_ALIGNED = tuple(f"{p}_{f}" for p in ("dst", "src") for f in ("addr", "stride_out", "stride_in"))
 
 
 class Simulator:
@@ -88,6 +89,7 @@ class Simulator:
         self.inp = np.zeros(c.inp_elements, np.float32)
         self.wgt = np.zeros(c.wgt_elements, np.float32)
         self.acc = np.zeros(c.acc_elements, np.int32)
+        self._sizes = {Mem.INP: c.inp_elements, Mem.WGT: c.wgt_elements, Mem.ACC: c.acc_elements}
 
     def memory(self, mem: Mem) -> np.ndarray:
         """The backing array of a scratchpad (INP/WGT as exact float32, ACC as int32)."""
@@ -114,10 +116,6 @@ class Simulator:
         elif op is Opcode.ALU:
             self._check_alu(index, ins)
 
-    def _size(self, mem: Mem) -> int:
-        c = self.config
-        return {Mem.INP: c.inp_elements, Mem.WGT: c.wgt_elements, Mem.ACC: c.acc_elements}[mem]
-
     def _host(self, index: int, ins: Instruction, buffers: Buffers, dtype: np.dtype) -> np.ndarray:
         slot = ins.slot
         buf = buffers[slot] if slot < len(buffers) else None
@@ -130,30 +128,30 @@ class Simulator:
         return buf
 
     def _check_dram(self, index: int, ins: Instruction, buf: np.ndarray) -> None:
-        end = _last(ins.dram_offset, [(ins.rows, ins.dram_ld)], ins.cols)
+        end = ins.dram_offset + (ins.rows - 1) * ins.dram_ld + ins.cols
         if end > buf.size:
             raise DmaRangeError(index, ins, f"DRAM elements [{ins.dram_offset}, {end}) are "
                                             f"outside host buffer slot {ins.slot} of {buf.size} elements")
 
     def _check_sram(self, index: int, ins: Instruction, mem: Mem, end: int) -> None:
-        if end > self._size(mem):
+        size = self._sizes[mem]
+        if end > size:
             raise ScratchpadOverflowError(index, ins, f"touches {mem.name} up to element {end - 1}, "
-                                                      f"beyond its {self._size(mem)} elements")
+                                                      f"beyond its {size} elements")
 
     def _check_load(self, index: int, ins: Load, buffers: Buffers) -> None:
-        dtype = _INT32 if ins.mem is Mem.ACC else _INT8
-        info = np.iinfo(dtype)
-        if not info.min <= ins.pad_value <= info.max:
-            raise InstructionError(index, ins, f"pad_value {ins.pad_value} does not fit {dtype}")
+        acc = ins.mem is Mem.ACC
+        if not acc and not -128 <= ins.pad_value <= 127:
+            raise InstructionError(index, ins, f"pad_value {ins.pad_value} does not fit int8")
         if ins.rows and ins.cols:
-            self._check_dram(index, ins, self._host(index, ins, buffers, dtype))
+            self._check_dram(index, ins, self._host(index, ins, buffers, _INT32 if acc else _INT8))
         height = ins.pad_top + ins.rows + ins.pad_bottom
         width = ins.pad_left + ins.cols + ins.pad_right
         if height and width:
             if height > 1 and ins.sram_ld < width:
                 raise InstructionError(index, ins, f"sram_ld {ins.sram_ld} is smaller than the "
                                                    f"block width {width}: rows would overlap")
-            self._check_sram(index, ins, ins.mem, _last(ins.sram_addr, [(height, ins.sram_ld)], width))
+            self._check_sram(index, ins, ins.mem, ins.sram_addr + (height - 1) * ins.sram_ld + width)
 
     def _check_store(self, index: int, ins: Store, buffers: Buffers) -> None:
         if not (ins.rows and ins.cols):
@@ -163,48 +161,61 @@ class Simulator:
         if ins.rows > 1 and ins.dram_ld < ins.cols:
             raise InstructionError(index, ins, f"dram_ld {ins.dram_ld} is smaller than cols "
                                                f"{ins.cols}: rows would overwrite each other")
-        self._check_sram(index, ins, Mem.ACC, _last(ins.sram_addr, [(ins.rows, ins.sram_ld)], ins.cols))
+        self._check_sram(index, ins, Mem.ACC, ins.sram_addr + (ins.rows - 1) * ins.sram_ld + ins.cols)
 
-    def _aligned(self, index: int, ins: Instruction, names: Sequence[str]) -> None:
+    def _misaligned(self, index: int, ins: Instruction, names: Sequence[str]) -> AlignmentError:
         t = self.config.tile
-        for name in names:
-            value = getattr(ins, name)
-            if value % t:
-                raise AlignmentError(index, ins, f"{name}={value} is not a multiple of the tile "
-                                                 f"width {t} (misaligned tile)")
+        name = next(n for n in names if getattr(ins, n) % t)
+        return AlignmentError(index, ins, f"{name}={getattr(ins, name)} is not a multiple of the "
+                                          f"tile width {t} (misaligned tile)")
 
-    def _check_gemm(self, index: int, ins: Gemm) -> None:
+    def _check_gemm(self, index: int, g: Gemm) -> None:
         t = self.config.tile
-        operands = ("acc",) if ins.reset else ("acc", "inp", "wgt")
-        self._aligned(index, ins, [f"{p}_{f}" for p in operands
-                                   for f in ("addr", "ld", "stride_out", "stride_in")])
-        if not (ins.ext_out and ins.ext_in):
+        mask = t - 1  # the tile is a power of two
+        if g.reset:
+            if (g.acc_addr | g.acc_ld | g.acc_stride_out | g.acc_stride_in) & mask:
+                raise self._misaligned(index, g, _GEMM_ALIGNED[:4])
+            operands = _GEMM_OPERANDS[:1]
+        else:
+            if (g.acc_addr | g.acc_ld | g.acc_stride_out | g.acc_stride_in | g.inp_addr | g.inp_ld
+                    | g.inp_stride_out | g.inp_stride_in | g.wgt_addr | g.wgt_ld | g.wgt_stride_out
+                    | g.wgt_stride_in) & mask:
+                raise self._misaligned(index, g, _GEMM_ALIGNED)
+            operands = _GEMM_OPERANDS
+        eo, ei = g.ext_out, g.ext_in
+        if not (eo and ei):
             return
-        for p, mem in zip(operands, (Mem.ACC, Mem.INP, Mem.WGT)):
-            ld = getattr(ins, f"{p}_ld")
+        values = g.__dict__
+        for p, mem in operands:
+            ld = values[p + "_ld"]
             if ld < t:
-                raise AlignmentError(index, ins, f"{p}_ld={ld} is smaller than the tile width {t}")
-            loops = [(ins.ext_out, getattr(ins, f"{p}_stride_out")),
-                     (ins.ext_in, getattr(ins, f"{p}_stride_in")), (t, ld)]
-            self._check_sram(index, ins, mem, _last(getattr(ins, f"{p}_addr"), loops, t))
+                raise AlignmentError(index, g, f"{p}_ld={ld} is smaller than the tile width {t}")
+            end = (values[p + "_addr"] + (eo - 1) * values[p + "_stride_out"]
+                   + (ei - 1) * values[p + "_stride_in"] + (t - 1) * ld + t)
+            self._check_sram(index, g, mem, end)
 
-    def _check_alu(self, index: int, ins: Alu) -> None:
-        operands = ("dst",) if ins.use_imm else ("dst", "src")
-        self._aligned(index, ins, [f"{p}_{f}" for p in operands
-                                   for f in ("addr", "stride_out", "stride_in")])
-        if not (ins.ext_out and ins.ext_in):
+    def _check_alu(self, index: int, a: Alu) -> None:
+        t = self.config.tile
+        bits = a.dst_addr | a.dst_stride_out | a.dst_stride_in
+        if not a.use_imm:
+            bits |= a.src_addr | a.src_stride_out | a.src_stride_in
+        if bits & (t - 1):
+            raise self._misaligned(index, a, _ALU_ALIGNED[:3] if a.use_imm else _ALU_ALIGNED)
+        eo, ei = a.ext_out, a.ext_in
+        if not (eo and ei):
             return
-        for p in operands:
-            loops = [(ins.ext_out, getattr(ins, f"{p}_stride_out")),
-                     (ins.ext_in, getattr(ins, f"{p}_stride_in"))]
-            self._check_sram(index, ins, Mem.ACC, _last(getattr(ins, f"{p}_addr"), loops,
-                                                        self.config.tile))
-        shape, strides = (ins.ext_out, ins.ext_in), (ins.dst_stride_out, ins.dst_stride_in)
-        if not _disjoint(shape, strides):
-            # Vectors are tile-aligned, so they are either identical or disjoint.
-            starts = np.add.outer(np.arange(shape[0]) * strides[0], np.arange(shape[1]) * strides[1])
-            if np.unique(starts).size != starts.size:
-                raise InstructionError(index, ins, "ALU destination vectors overlap each other")
+        self._check_sram(index, a, Mem.ACC, a.dst_addr + (eo - 1) * a.dst_stride_out
+                         + (ei - 1) * a.dst_stride_in + t)
+        if not a.use_imm:
+            self._check_sram(index, a, Mem.ACC, a.src_addr + (eo - 1) * a.src_stride_out
+                             + (ei - 1) * a.src_stride_in + t)
+        if eo > 1 or ei > 1:
+            shape, strides = (eo, ei), (a.dst_stride_out, a.dst_stride_in)
+            if not _disjoint(shape, strides):
+                # Vectors are tile-aligned, so they are either identical or disjoint.
+                starts = np.add.outer(np.arange(eo) * strides[0], np.arange(ei) * strides[1])
+                if np.unique(starts).size != starts.size:
+                    raise InstructionError(index, a, "ALU destination vectors overlap each other")
 
     # ------------------------------------------------------------------ cycle model
     def cost(self, ins: Instruction) -> int:
