@@ -9,6 +9,7 @@
 
 from .explain import Explanation, explain
 from .match import Match, find_all, match
+from .module_rule import rewriter
 from .pattern import (
     Pattern,
     affine,
@@ -37,5 +38,5 @@ __all__ = [
     "RewriteError", "Rewriter", "Rule", "Site", "affine", "explain", "find_all", "is_buffer",
     "is_call", "is_const", "is_copy", "is_for", "is_if", "is_load", "is_nest", "is_seq",
     "is_store", "is_var", "loop", "lower", "lower_blocks", "match", "max", "min",
-    "register_pipeline", "wildcard",
+    "register_pipeline", "rewriter", "wildcard",
 ]

@@ -182,7 +182,9 @@ class _Matcher:
             if found != p.dtype:
                 self.fail(path, p, node, f"expected dtype {p.dtype}, found {found} in {_short(node)}")
                 return
-        for env2 in self._dispatch[type(p)](p, node, env, nest, path):
+        handler = self._dispatch.get(type(p))
+        candidates = handler(p, node, env, nest, path) if handler else p.match_with(self, node, env, nest, path)
+        for env2 in candidates:
             if p.predicates:
                 env2 = dict(env2)
                 env2[_PREDS] = env2.get(_PREDS, ()) + ((p, node, path),)
@@ -448,7 +450,9 @@ class _Matcher:
     def _seq(self, p, node, env, nest, path):
         stmts = list(node.seq) if isinstance(node, tirx.SeqStmt) else [node]
         n = len(p.stmts)
-        if len(stmts) < n:
+        # At the root a run inside a longer sequence matches (the rewriter splices it);
+        # nested, the run must be the whole body, or a rewrite would drop statements.
+        if len(stmts) < n or (path and len(stmts) != n):
             self.fail(path, p, node, f"expected a sequence of {n} statements, found {len(stmts)}")
             return
         for start in range(len(stmts) - n + 1):

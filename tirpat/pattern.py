@@ -144,6 +144,10 @@ class Pattern:
         """The sub-patterns, for walking a pattern tree."""
         return ()
 
+    def match_with(self, matcher, node, env: dict, nest: tuple, path: tuple):
+        """Extension point for pattern kinds the matcher does not know: yield environments."""
+        raise TypeError(f"{type(self).__name__} is not a pattern the matcher knows how to match")
+
 
 def _with(pattern: Pattern, **changes) -> Pattern:
     clone = object.__new__(type(pattern))

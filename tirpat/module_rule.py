@@ -1,0 +1,391 @@
+"""Rules written as TVMScript: a ``pattern`` PrimFunc and the ``replacement`` for it.
+
+This is the TensorIntrin (desc/impl) idea applied as a plain rewrite on lowered code. The
+pattern's buffer parameters bind to sub-regions of the target's buffers by TVM's
+``match_buffer`` rules: any offset (the region's base becomes the view's ``elem_offset``),
+leading extent-1 dimensions dropped, ``offset_factor`` as an alignment precondition,
+dtype and scope checked. Scalar parameters bind to expressions. The replacement sees its
+parameters rebased onto the bound regions as buffer views (``DeclBuffer``) with the real
+strides and offset. A site where that cannot be done exactly is left alone, and
+:func:`tirpat.explain` says why.
+
+>>> @tp.rewriter
+... class Gemm16:
+...     @T.prim_func
+...     def pattern(A: T.Buffer((16, 16), "int8"), B: ..., C: ...): ...
+...     @T.prim_func
+...     def replacement(A: T.Buffer((16, 16), "int8", strides=("sa", 1)), ...): ...
+>>> mod = Gemm16(mod)          # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import tvm_ffi
+from tvm import ir, tirx
+
+from . import pattern as P
+from .analysis import const_int, dtype_of, key, simplify, substitute, uses_any
+from .match import instantiate
+from .pipeline import lower
+
+_VIEWS = "__views__"
+
+
+def _scope(buf) -> str:
+    s = buf.scope()
+    return "global" if s in ("", "global") else s
+
+
+def _dim_strides(buf) -> list:
+    """Element stride of every dimension (expressions; row-major unless declared)."""
+    if len(buf.strides):
+        return list(buf.strides)
+    out, acc = [], tirx.IntImm("int32", 1)
+    for extent in reversed(list(buf.shape)):
+        out.append(acc)
+        acc = simplify(acc * extent)
+    return list(reversed(out))
+
+
+class _Shape(P.Pattern):
+    """Any other expression node: same type and dtype, fields matched recursively."""
+
+    def __init__(self, node, convert):
+        self.node_type = type(node)
+        self.root_types = (self.node_type,)
+        self.dtype = dtype_of(node)
+        fields = [f.name for f in self.node_type.__tvm_ffi_type_info__.fields]
+        self.fields = tuple((f, convert(getattr(node, f))) if isinstance(getattr(node, f), ir.Expr)
+                            else (f, getattr(node, f)) for f in fields if f != "ty")
+
+    def children(self):
+        return tuple(v for _, v in self.fields if isinstance(v, P.Pattern))
+
+    def _body_repr(self):
+        return f"{self.node_type.__name__}(...)"
+
+    def match_with(self, mt, node, env, nest, path):
+        if type(node) is not self.node_type:
+            mt.fail(path, self, node, f"expected a {self.node_type.__name__}, found {type(node).__name__}")
+            return
+        envs = [env]
+        for name, want in self.fields:
+            found = getattr(node, name)
+            if isinstance(want, P.Pattern):
+                envs = [e2 for e in envs for e2 in mt.m(want, found, e, nest, path + (name,))]
+            elif not (want is found or want == found if not isinstance(want, tvm_ffi.Object)
+                      else tvm_ffi.structural_equal(want, found)):
+                mt.fail(path, self, node, f"{self.node_type.__name__}.{name} differs")
+                return
+        yield from envs
+
+
+class _ParamAccess(P.Pattern):
+    """A load or store of a pattern buffer parameter, bound to a region of a target buffer."""
+
+    def __init__(self, param, indices, value=None):
+        self.param = param
+        self.indices = indices
+        self.value = value
+        self.position = P.EXPR if value is None else P.STMT
+        self.root_types = (ir.TensorLoad,) if value is None else (tirx.BufferStore,)
+
+    def children(self):
+        return self.indices + (() if self.value is None else (self.value,))
+
+    def _body_repr(self):
+        return f"{self.param.name}[{', '.join(map(repr, self.indices))}]"
+
+    def match_with(self, mt, node, env, nest, path):
+        if self.value is None:
+            if not isinstance(node, ir.TensorLoad):
+                mt.fail(path, self, node, f"expected a load of {self.param.name}, found {type(node).__name__}")
+                return
+            target, indices = node.source, node.indices
+        else:
+            if not isinstance(node, tirx.BufferStore):
+                mt.fail(path, self, node, f"expected a store to {self.param.name}, found {type(node).__name__}")
+                return
+            target, indices = node.buffer, node.indices
+        p = self.param
+        bound = env.get(("param", key(p)))
+        if bound is not None and not bound.same_as(target):
+            mt.fail(path, self, node, f"{p.name} is bound to {bound.name}, found {target.name}")
+            return
+        if str(target.dtype) != str(p.dtype):
+            mt.fail(path, self, node, f"{p.name} has dtype {p.dtype}, {target.name} has dtype {target.dtype}")
+            return
+        if _scope(target) != _scope(p):
+            mt.fail(path, self, node, f"{p.name} has scope {_scope(p)}, {target.name} has scope {_scope(target)}")
+            return
+        drop = len(indices) - len(self.indices)
+        if drop < 0:
+            mt.fail(path, self, node, f"{p.name} has {len(self.indices)} dimensions, {target.name} only {len(indices)}")
+            return
+        env = dict(env)
+        env[("param", key(p))] = target
+        for d, idx in enumerate(indices):
+            if d < drop:
+                base = idx
+            else:
+                want = instantiate(self.indices[d - drop], env)
+                if want is None:
+                    mt.fail(path, self, node, f"cannot evaluate index {self.indices[d - drop]!r}")
+                    return
+                base = simplify(idx - want)
+            if nest and uses_any(base, nest):
+                shown = idx if d < drop else want
+                mt.fail(path + (f"index {d}",), self, node,
+                        f"{target.name} index {d}: expected {shown} plus an offset free of the matched loops, found {idx}")
+                return
+            k = ("base", key(p), d)
+            if k in env:
+                if const_int(simplify(env[k] - base)) != 0:
+                    mt.fail(path + (f"index {d}",), self, node,
+                            f"{p.name} would bind two regions of {target.name}: offsets {env[k]} and {base} in dimension {d}")
+                    return
+            else:
+                env[k] = base
+        if self.value is None:
+            yield env
+        else:
+            yield from mt.m(self.value, node.value, env, nest, path + ("value",))
+
+
+class _ModuleRulePattern(P.Pattern):
+    """The whole pattern function: its body, then the match_buffer preconditions."""
+
+    def __init__(self, body, rule):
+        self.body = body
+        self.rule = rule
+        self.position = body.position
+        self.root_types = body.root_types
+
+    def children(self):
+        return (self.body,)
+
+    def _body_repr(self):
+        return f"from_module({self.rule.name!r}: {self.body!r})"
+
+    def match_with(self, mt, node, env, nest, path):
+        for e in mt.m(self.body, node, env, nest, path):
+            views, reason = self.rule.bind_views(e)
+            if views is None:
+                mt.fail(path + ("params",), self, node, reason)
+                continue
+            e = dict(e)
+            e[_VIEWS] = views
+            yield e
+
+
+class ModuleRule:
+    """Builds the pattern from ``pattern`` and the replacement at each site."""
+
+    def __init__(self, mod, name):
+        if isinstance(mod, ir.IRModule):
+            funcs = {gv.name_hint: f for gv, f in mod.functions.items()}
+        elif isinstance(mod, dict):
+            funcs = mod
+        else:
+            raise TypeError(f"from_module expects an IRModule with PrimFuncs 'pattern' and 'replacement', "
+                            f"got {type(mod).__name__}")
+        missing = [n for n in ("pattern", "replacement") if not isinstance(funcs.get(n), tirx.PrimFunc)]
+        if missing:
+            raise ValueError(f"from_module: the module has no PrimFunc {' or '.join(repr(m) for m in missing)} "
+                             f"(found {sorted(funcs)})")
+        self.name = name or "module_rule"
+        self.pattern_func = lower(funcs["pattern"])
+        self.replacement_func = lower(funcs["replacement"])
+        pp, rp = list(self.pattern_func.params), list(self.replacement_func.params)
+        if len(pp) != len(rp):
+            raise ValueError(f"rule {self.name!r}: pattern has {len(pp)} parameters, replacement {len(rp)}")
+        for a, b in zip(pp, rp):
+            if tirx.is_buffer_var(a) != tirx.is_buffer_var(b):
+                raise ValueError(f"rule {self.name!r}: parameter {a.name} is a buffer in one function and not the other")
+            if tirx.is_buffer_var(a):
+                if [const_int(s) for s in a.shape] != [const_int(s) for s in b.shape] or str(a.dtype) != str(b.dtype):
+                    raise ValueError(f"rule {self.name!r}: buffer {a.name} is {list(a.shape)} {a.dtype} in pattern "
+                                     f"but {list(b.shape)} {b.dtype} in replacement")
+        self.params = list(zip(pp, rp))
+        self._loop_vars: dict = {}
+        self._scalars = {key(p): P.Wildcard(f"{self.name}:{p.name}") for p in pp if not tirx.is_buffer_var(p)}
+        self._buffers = {key(p): p for p in pp if tirx.is_buffer_var(p)}
+        body = self._stmt(self.pattern_func.body)
+        self.pattern = _ModuleRulePattern(body, self)
+
+    # -- pattern from the pattern function ----------------------------------------------
+    def _stmt(self, s):
+        if isinstance(s, tirx.For):
+            var = P.VarPattern()
+            self._loop_vars[key(s.loop_var)] = var
+            return P.ForPattern(self._stmt(s.body), var=var, extent=self._expr(s.extent))
+        if isinstance(s, tirx.SeqStmt):
+            return P.SeqPattern([self._stmt(x) for x in s.seq])
+        if isinstance(s, tirx.IfThenElse):
+            return P.IfPattern(self._expr(s.condition), self._stmt(s.then_case),
+                               None if s.else_case is None else self._stmt(s.else_case))
+        if isinstance(s, tirx.BufferStore):
+            param = self._buffers.get(key(s.buffer))
+            if param is None:
+                raise ValueError(f"rule {self.name!r}: the pattern stores to {s.buffer.name}, which is not a parameter")
+            return _ParamAccess(param, tuple(self._expr(i) for i in s.indices), self._expr(s.value))
+        if isinstance(s, tirx.Evaluate):
+            return _EvaluatePattern(self._expr(s.value))
+        raise ValueError(f"rule {self.name!r}: a {type(s).__name__} in a pattern function is not supported")
+
+    def _expr(self, e):
+        if isinstance(e, tirx.Var) and not tirx.is_buffer_var(e):
+            k = key(e)
+            if k in self._loop_vars:
+                return self._loop_vars[k]
+            if k in self._scalars:
+                return self._scalars[k]
+            raise ValueError(f"rule {self.name!r}: the pattern uses {e.name}, which is neither a loop variable nor a parameter")
+        if isinstance(e, (tirx.IntImm, tirx.FloatImm)):
+            return P.ConstPattern(e.value).has_dtype(dtype_of(e))
+        if isinstance(e, ir.TensorLoad):
+            param = self._buffers.get(key(e.source))
+            if param is None:
+                raise ValueError(f"rule {self.name!r}: the pattern loads {e.source.name}, which is not a parameter")
+            return _ParamAccess(param, tuple(self._expr(i) for i in e.indices))
+        if isinstance(e, tirx.Cast):
+            return P.CastPattern(self._expr(e.value), dtype_of(e))
+        for op, (cls, _) in P._BINOPS.items():
+            if type(e) is cls:
+                return P.BinOpPattern(op, self._expr(e.a), self._expr(e.b)).has_dtype(dtype_of(e))
+        if isinstance(e, ir.Call):
+            return P.CallPattern(e.op.name, tuple(self._expr(a) for a in e.args)).has_dtype(dtype_of(e))
+        return _Shape(e, self._expr)
+
+    # -- preconditions and views --------------------------------------------------------
+    def bind_views(self, env):
+        """Per buffer parameter: the target, its view strides and offset; or (None, reason)."""
+        views = []
+        for p, q in self.params:
+            if not tirx.is_buffer_var(p):
+                continue
+            target = env.get(("param", key(p)))
+            if target is None:
+                return None, f"pattern parameter {p.name} is never accessed, so it binds no region"
+            strides = _dim_strides(target)
+            rank = len(p.shape)
+            drop = len(target.shape) - rank
+            base = [env[("base", key(p), d)] for d in range(len(target.shape))]
+            offset = target.elem_offset
+            for b, s in zip(base, strides):
+                offset = offset + b * s
+            offset = simplify(offset)
+            view_strides = [simplify(s) for s in strides[drop:]]
+            for buf in (p, q):
+                factor = int(buf.offset_factor)
+                if factor > 1 and const_int(simplify(tirx.floormod(offset, factor))) != 0:
+                    return None, (f"the region of {target.name} bound to {p.name} starts at element {offset}, "
+                                  f"not provably a multiple of offset_factor {factor}")
+            compact = _dim_strides(tirx.decl_buffer(q.shape, q.dtype))
+            is_compact = all(const_int(simplify(a - b)) == 0 for a, b in zip(view_strides, compact))
+            if len(q.strides):
+                for d, (declared, actual) in enumerate(zip(q.strides, view_strides)):
+                    if not isinstance(declared, tirx.Var) and const_int(simplify(declared - actual)) != 0:
+                        return None, (f"replacement parameter {q.name} declares stride {declared} in dimension {d}, "
+                                      f"but the region of {target.name} has stride {actual}")
+            elif not is_compact and not self._scalar_only(q):
+                return None, (f"replacement parameter {q.name} declares no strides and is used through a pointer, "
+                              f"but the region of {target.name} is not compact (strides {view_strides})")
+            if not isinstance(q.elem_offset, tirx.Var) and const_int(simplify(q.elem_offset - offset)) != 0 \
+                    and not self._scalar_only(q):
+                return None, (f"replacement parameter {q.name} assumes elem_offset {q.elem_offset}, but the region of "
+                              f"{target.name} starts at element {offset}")
+            views.append((q, target, view_strides, offset))
+        return views, None
+
+    def _scalar_only(self, q) -> bool:
+        """True when the replacement uses ``q`` through loads and stores alone."""
+        total, scalar = [0], [0]
+
+        def on_var(v, kind):
+            if v.same_as(q):
+                total[0] += 1
+
+        def on_store(s):
+            if s.buffer.same_as(q):
+                scalar[0] += 1
+
+        def on_load(l):
+            if l.source.same_as(q):
+                scalar[0] += 1
+
+        body = self.replacement_func.body
+        tvm_ffi.structural_walk(body, [(tirx.BufferStore, on_store), (ir.TensorLoad, on_load)],
+                                with_def_region_kind=(ir.Var, on_var))
+        return total[0] == scalar[0]
+
+    def replace(self, m):
+        """The replacement for one site: views of the bound regions, then the body."""
+        env = m._env
+        mapping = {}
+        decls = []
+        for q, target, strides, offset in env[_VIEWS]:
+            view = tirx.decl_buffer(q.shape, q.dtype, q.name, data=target.data, strides=strides,
+                                    elem_offset=offset, scope=target.scope())
+            mapping[key(q)] = view
+            for declared, actual in zip(q.strides, strides):
+                if isinstance(declared, tirx.Var):
+                    mapping[key(declared)] = actual
+            if isinstance(q.elem_offset, tirx.Var):
+                mapping[key(q.elem_offset)] = offset
+            decls.append(tirx.DeclBuffer(view, data=target.data))
+        for p, q in self.params:
+            if not tirx.is_buffer_var(p):
+                mapping[key(q)] = env[self._scalars[key(p)].name]
+        body = substitute(self.replacement_func.body, mapping)
+        return tirx.SeqStmt(decls + [body]) if decls else body
+
+
+class _EvaluatePattern(P.StmtPattern):
+    """``T.evaluate(expr)`` in a pattern function."""
+
+    root_types = (tirx.Evaluate,)
+
+    def __init__(self, value):
+        self.value = value
+
+    def children(self):
+        return (self.value,)
+
+    def _body_repr(self):
+        return f"evaluate({self.value!r})"
+
+    def match_with(self, mt, node, env, nest, path):
+        if not isinstance(node, tirx.Evaluate):
+            mt.fail(path, self, node, f"expected an evaluate, found {type(node).__name__}")
+            return
+        yield from mt.m(self.value, node.value, env, nest, path + ("value",))
+
+
+def module_rule(mod, name=None):
+    """A :class:`~tirpat.rewrite.Rule` from an IRModule with ``pattern`` and ``replacement``."""
+    from .rewrite import Rule
+
+    rule = ModuleRule(mod, name)
+    return Rule(rule.pattern, rule.replace, rule.name)
+
+
+def rewriter(cls_or_mod):
+    """Class decorator: a class (or ``@I.ir_module``) with PrimFuncs ``pattern`` and
+    ``replacement`` becomes a one-rule :class:`~tirpat.Rewriter` named after it.
+
+    >>> @tp.rewriter
+    ... class CopyRow:
+    ...     pattern = pattern_func
+    ...     replacement = replacement_func
+    >>> CopyRow.rules[0].name
+    'CopyRow'
+    """
+    from .rewrite import Rewriter
+
+    if isinstance(cls_or_mod, ir.IRModule):
+        return Rewriter.from_module(cls_or_mod)
+    if isinstance(cls_or_mod, type):
+        funcs = {n: getattr(cls_or_mod, n, None) for n in ("pattern", "replacement")}
+        return Rewriter.from_module(funcs, name=cls_or_mod.__name__)
+    raise TypeError(f"@tp.rewriter decorates a class or an IRModule, got {type(cls_or_mod).__name__}")
