@@ -77,8 +77,11 @@ class Emitter:
     def __len__(self) -> int:
         return len(self.instructions)
 
-    def emit(self, ins: Instruction) -> int:
+    def emit(self, ins: Instruction, validated: bool = False) -> int:
         """Append ``ins`` (plus any pending pops of its queue); returns its index.
+
+        ``validated=True`` skips the validator for an instruction already checked against
+        the same Config and buffer table (the runtime's instruction cache).
 
         >>> Emitter().emit(nop(Queue.LOAD))
         0
@@ -93,11 +96,11 @@ class Emitter:
             if pending:
                 ins = ins.with_flags(**{f: True for f in pending})
                 pending.clear()
-        return self._append(ins, queue)
+        return self._append(ins, queue, validated)
 
-    def _append(self, ins: Instruction, queue: Queue) -> int:
+    def _append(self, ins: Instruction, queue: Queue, validated: bool = False) -> int:
         index = len(self.instructions)
-        if self._validate is not None:
+        if self._validate is not None and not validated:
             self._validate(index, ins)
         self.instructions.append(ins)
         self._last[queue] = index

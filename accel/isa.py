@@ -16,9 +16,10 @@ True
 from __future__ import annotations
 
 import enum
+import operator
 import struct
 from dataclasses import dataclass, fields, replace
-from typing import ClassVar, Iterable, Sequence, Union
+from typing import Callable, ClassVar, Iterable, Sequence, Union
 
 import numpy as np
 
@@ -311,17 +312,44 @@ _ALLOWED_FLAGS = {Queue.LOAD: 0b1010, Queue.COMPUTE: 0b1111, Queue.STORE: 0b0101
 def make(cls: type[Instruction], values: dict) -> Instruction:
     """Build an instruction from a dict of every field, with the constructor's validation.
 
-    The runtime's hot path: a frozen dataclass' keyword constructor costs several µs.
+    The runtime's hot path: a frozen dataclass' keyword constructor costs several µs, so
+    the unsigned fields are range-checked in bulk and only the rest field by field.
 
     >>> make(Finish, dict(pop_prev=True, pop_next=False, push_prev=False, push_next=False))
     Finish(pop_prev=True, pop_next=False, push_prev=False, push_next=False)
     """
     ins = object.__new__(cls)
-    ins.__dict__.update(values)
-    if len(ins.__dict__) != len(_spec(cls)):
+    fields_ = ins.__dict__
+    fields_.update(values)
+    unsigned, getter = _bulk(cls)
+    if len(fields_) != len(_spec(cls)):
         raise TypeError(f"{cls.__name__} needs exactly the fields {[n for n, *_ in _spec(cls)]}")
-    ins.__post_init__()
+    ints = getter(fields_)
+    if set(map(type, ints)) == {int} and min(ints) >= 0 and max(ints) < _U32:
+        for name, kind, lo, hi in _spec(cls):
+            if name not in unsigned:
+                value = fields_[name]
+                if not ((kind is bool and (value is True or value is False))
+                        or (kind is int and type(value) is int and lo <= value < hi)
+                        or type(value) is kind):
+                    fields_[name] = ins._coerce(name, kind, lo, hi, value)
+    else:
+        ins.__post_init__()
     return ins
+
+
+_BULK: dict[type, tuple[frozenset[str], Callable]] = {}
+
+
+def _bulk(cls: type) -> tuple[frozenset[str], Callable]:
+    """The unsigned int fields of ``cls`` and a getter returning them as a tuple."""
+    bulk = _BULK.get(cls)
+    if bulk is None:
+        names = tuple(n for n, kind, lo, _ in _spec(cls) if kind is int and lo == 0)
+        getter = operator.itemgetter(*names) if len(names) > 1 else (
+            (lambda d, n=names[0]: (d[n],)) if names else (lambda d: (0,)))
+        bulk = _BULK[cls] = (frozenset(names), getter)
+    return bulk
 
 
 def queue_of(ins: Instruction) -> Queue:

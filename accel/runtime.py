@@ -43,6 +43,19 @@ POP_PREV, POP_NEXT, PUSH_PREV, PUSH_NEXT = 1, 2, 4, 8
 HostBuffer = Any  # a C-contiguous numpy array or a tvm.runtime.Tensor (DLTensor)
 
 
+# Field order of the ``values`` tuples the runtime builds (the ABI's argument order).
+_ARGS = {
+    Load: ("mem", "sram_addr", "sram_ld", "slot", "dram_offset", "dram_ld", "rows", "cols",
+           "pad_top", "pad_bottom", "pad_left", "pad_right", "pad_value"),
+    Store: ("sram_addr", "sram_ld", "slot", "dram_offset", "dram_ld", "rows", "cols", "mode"),
+    Gemm: ("reset", "acc_addr", "inp_addr", "wgt_addr", "acc_ld", "inp_ld", "wgt_ld", "ext_out",
+           "ext_in", "acc_stride_out", "acc_stride_in", "inp_stride_out", "inp_stride_in",
+           "wgt_stride_out", "wgt_stride_in"),
+    Alu: ("op", "use_imm", "dst_addr", "src_addr", "imm", "ext_out", "ext_in", "dst_stride_out",
+          "dst_stride_in", "src_stride_out", "src_stride_in"),
+}
+_CACHE_LIMIT = 1 << 16
+
 _FLAGS = [{"pop_prev": bool(d & 1), "pop_next": bool(d & 2), "push_prev": bool(d & 4),
            "push_next": bool(d & 8)} for d in range(16)]
 
@@ -77,6 +90,7 @@ class Session:
         self._slots: dict[tuple, int] = {}
         self._borrowed: list[tuple] = []  # keys of DLTensor views, dropped at sync
         self._free: list[int] = []
+        self._cache: dict[tuple, Instruction] = {}
 
     def _validate(self, index: int, ins: Instruction) -> None:
         self.simulator.check(index, ins, self._table)
@@ -119,23 +133,40 @@ class Session:
         return slot
 
     # ------------------------------------------------------------------ instructions
+    def _emit(self, cls: type[Instruction], values: tuple, deps: int) -> int:
+        """Emit ``cls`` built from ``values`` (its fields in ``_ARGS[cls]`` order) and flags.
+
+        Compiled loops repeat the same calls, so validated instructions are cached by their
+        fields until the next sync (when slots may be reassigned); a hit allocates nothing.
+        """
+        key = (cls, deps, values)
+        ins = self._cache.get(key)
+        if ins is not None:
+            return self.emitter.emit(ins, validated=True)
+        fields = dict(zip(_ARGS[cls], values))
+        fields.update(_flags(deps))
+        ins = make(cls, fields)
+        index = self.emitter.emit(ins)
+        if len(self._cache) >= _CACHE_LIMIT:
+            self._cache.clear()
+        self._cache[key] = ins
+        return index
+
     def load(self, host: HostBuffer, elem_offset: int, mem: Union[Mem, int], sram_addr: int,
              sram_ld: int, *, rows: int, cols: int, dram_ld: int, pad_top: int = 0,
              pad_bottom: int = 0, pad_left: int = 0, pad_right: int = 0, pad_value: int = 0,
              deps: int = 0) -> int:
         """Emit a LOAD of ``host`` (see :class:`accel.isa.Load`); returns the stream index."""
-        return self.emitter.emit(make(Load, dict(
-            _flags(deps), mem=mem, sram_addr=sram_addr, sram_ld=sram_ld, slot=self.buffer(host),
-            dram_offset=elem_offset, dram_ld=dram_ld, rows=rows, cols=cols, pad_top=pad_top,
-            pad_bottom=pad_bottom, pad_left=pad_left, pad_right=pad_right, pad_value=pad_value)))
+        return self._emit(Load, (mem, sram_addr, sram_ld, self.buffer(host), elem_offset, dram_ld,
+                                 rows, cols, pad_top, pad_bottom, pad_left, pad_right,
+                                 pad_value), deps)
 
     def store(self, host: HostBuffer, elem_offset: int, sram_addr: int, sram_ld: int, *,
               rows: int, cols: int, dram_ld: int, mode: Union[StoreMode, int] = StoreMode.INT32,
               deps: int = 0) -> int:
         """Emit a STORE into ``host`` (see :class:`accel.isa.Store`); returns the stream index."""
-        return self.emitter.emit(make(Store, dict(
-            _flags(deps), sram_addr=sram_addr, sram_ld=sram_ld, slot=self.buffer(host),
-            dram_offset=elem_offset, dram_ld=dram_ld, rows=rows, cols=cols, mode=mode)))
+        return self._emit(Store, (sram_addr, sram_ld, self.buffer(host), elem_offset, dram_ld,
+                                  rows, cols, mode), deps)
 
     def gemm(self, acc_addr: int, inp_addr: int, wgt_addr: int, acc_ld: int, inp_ld: int,
              wgt_ld: int, *, reset: bool = False, ext_out: int = 1, ext_in: int = 1,
@@ -143,23 +174,17 @@ class Session:
              inp_stride_in: int = 0, wgt_stride_out: int = 0, wgt_stride_in: int = 0,
              deps: int = 0) -> int:
         """Emit a GEMM (see :class:`accel.isa.Gemm`); returns the stream index."""
-        return self.emitter.emit(make(Gemm, dict(
-            _flags(deps), acc_addr=acc_addr, inp_addr=inp_addr, wgt_addr=wgt_addr, acc_ld=acc_ld,
-            inp_ld=inp_ld, wgt_ld=wgt_ld, ext_out=ext_out, ext_in=ext_in,
-            acc_stride_out=acc_stride_out, acc_stride_in=acc_stride_in,
-            inp_stride_out=inp_stride_out, inp_stride_in=inp_stride_in,
-            wgt_stride_out=wgt_stride_out, wgt_stride_in=wgt_stride_in, reset=reset)))
+        return self._emit(Gemm, (reset, acc_addr, inp_addr, wgt_addr, acc_ld, inp_ld, wgt_ld,
+                                 ext_out, ext_in, acc_stride_out, acc_stride_in, inp_stride_out,
+                                 inp_stride_in, wgt_stride_out, wgt_stride_in), deps)
 
     def alu(self, op: Union[AluOp, int], dst_addr: int, *, src_addr: int = 0, imm: int = 0,
             use_imm: bool = False, ext_out: int = 1, ext_in: int = 1, dst_stride_out: int = 0,
             dst_stride_in: int = 0, src_stride_out: int = 0, src_stride_in: int = 0,
             deps: int = 0) -> int:
         """Emit an ALU instruction (see :class:`accel.isa.Alu`); returns the stream index."""
-        return self.emitter.emit(make(Alu, dict(
-            _flags(deps), op=op, dst_addr=dst_addr, src_addr=src_addr, imm=imm, use_imm=use_imm,
-            ext_out=ext_out, ext_in=ext_in, dst_stride_out=dst_stride_out,
-            dst_stride_in=dst_stride_in, src_stride_out=src_stride_out,
-            src_stride_in=src_stride_in)))
+        return self._emit(Alu, (op, use_imm, dst_addr, src_addr, imm, ext_out, ext_in,
+                                dst_stride_out, dst_stride_in, src_stride_out, src_stride_in), deps)
 
     def dep_push(self, src: Union[Queue, int], dst: Union[Queue, int]) -> None:
         """See :meth:`accel.emitter.Emitter.dep_push`."""
@@ -184,6 +209,7 @@ class Session:
             if self.record:
                 self._recorded.extend(stream)
         finally:
+            self._cache.clear()
             for key in self._borrowed:
                 slot = self._slots.pop(key)
                 self._table[slot] = None
@@ -194,6 +220,7 @@ class Session:
     def discard(self) -> None:
         """Drop the pending (unsynced) instructions."""
         self.emitter = Emitter(self._validate)
+        self._cache.clear()
 
     # ------------------------------------------------------------------ inspection
     def stream(self) -> bytes:
@@ -281,32 +308,31 @@ def current_session() -> Session:
 
 def _abi_load(host, elem_offset, mem, sram_addr, sram_ld, rows, cols, dram_ld, pad_top,
               pad_bottom, pad_left, pad_right, pad_value, deps):
-    current_session().load(host, elem_offset, mem, sram_addr, sram_ld, rows=rows, cols=cols,
-                           dram_ld=dram_ld, pad_top=pad_top, pad_bottom=pad_bottom,
-                           pad_left=pad_left, pad_right=pad_right, pad_value=pad_value, deps=deps)
+    s = current_session()
+    s._emit(Load, (mem, sram_addr, sram_ld, s.buffer(host), elem_offset, dram_ld, rows, cols,
+                   pad_top, pad_bottom, pad_left, pad_right, pad_value), deps)
 
 
 def _abi_store(host, elem_offset, sram_addr, sram_ld, rows, cols, dram_ld, mode, deps):
-    current_session().store(host, elem_offset, sram_addr, sram_ld, rows=rows, cols=cols,
-                            dram_ld=dram_ld, mode=mode, deps=deps)
+    s = current_session()
+    s._emit(Store, (sram_addr, sram_ld, s.buffer(host), elem_offset, dram_ld, rows, cols, mode),
+            deps)
 
 
 def _abi_gemm(reset, acc_addr, inp_addr, wgt_addr, acc_ld, inp_ld, wgt_ld, ext_out, ext_in,
               acc_stride_out, acc_stride_in, inp_stride_out, inp_stride_in, wgt_stride_out,
               wgt_stride_in, deps):
-    current_session().gemm(acc_addr, inp_addr, wgt_addr, acc_ld, inp_ld, wgt_ld, reset=reset,
-                           ext_out=ext_out, ext_in=ext_in, acc_stride_out=acc_stride_out,
-                           acc_stride_in=acc_stride_in, inp_stride_out=inp_stride_out,
-                           inp_stride_in=inp_stride_in, wgt_stride_out=wgt_stride_out,
-                           wgt_stride_in=wgt_stride_in, deps=deps)
+    current_session()._emit(Gemm, (reset, acc_addr, inp_addr, wgt_addr, acc_ld, inp_ld, wgt_ld,
+                                   ext_out, ext_in, acc_stride_out, acc_stride_in,
+                                   inp_stride_out, inp_stride_in, wgt_stride_out,
+                                   wgt_stride_in), deps)
 
 
 def _abi_alu(op, use_imm, dst_addr, src_addr, imm, ext_out, ext_in, dst_stride_out,
              dst_stride_in, src_stride_out, src_stride_in, deps):
-    current_session().alu(op, dst_addr, src_addr=src_addr, imm=imm, use_imm=use_imm,
-                          ext_out=ext_out, ext_in=ext_in, dst_stride_out=dst_stride_out,
-                          dst_stride_in=dst_stride_in, src_stride_out=src_stride_out,
-                          src_stride_in=src_stride_in, deps=deps)
+    current_session()._emit(Alu, (op, use_imm, dst_addr, src_addr, imm, ext_out, ext_in,
+                                  dst_stride_out, dst_stride_in, src_stride_out, src_stride_in),
+                            deps)
 
 
 def _abi_dep_push(src, dst):

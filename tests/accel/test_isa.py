@@ -61,6 +61,9 @@ def test_corrupted_streams_raise_or_reencode(stream, data):
     raw = bytearray(isa.encode(stream))
     cut = data.draw(st.integers(0, len(raw) - 1))
     if data.draw(st.booleans()):
+        if cut % isa.INSTRUCTION_BYTES == 0:  # a whole-instruction prefix is a valid stream
+            assert isa.decode(bytes(raw[:cut])) == stream[:cut // isa.INSTRUCTION_BYTES]
+            return
         with pytest.raises(accel.DecodeError, match="truncated"):
             isa.decode(bytes(raw[:cut]))
     else:
