@@ -95,13 +95,16 @@ def low_reuse_stream(em: Emitter, double_buffer: bool, block: int = 16) -> None:
         em.dep_pop(STORE, COMPUTE)
 
 
-def median_time(fn, repeat: int) -> float:
-    times = []
+def median_times(fns, repeat: int) -> list[float]:
+    """Median wall time of each function, measured interleaved so that load from other
+    processes hits all of them alike (multi-threaded BLAS suffers most from it)."""
+    times = [[] for _ in fns]
     for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        for fn, out in zip(fns, times):
+            start = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - start)
+    return [statistics.median(t) for t in times]
 
 
 def main() -> None:
@@ -125,8 +128,7 @@ def main() -> None:
     sim.run(stream, host)
     assert (c == want).all(), "simulator result differs from numpy"
 
-    sim_s = median_time(lambda: sim.run(stream, host), args.repeat)
-    ref_s = median_time(lambda: a32 @ w32.T, args.repeat)
+    sim_s, ref_s = median_times([lambda: sim.run(stream, host), lambda: a32 @ w32.T], args.repeat)
     print(f"1. functional simulation, {N}x{N}x{N} int8 GEMM ({len(stream)} instructions), "
           f"median of {args.repeat}")
     print(f"   {'':34}{'ours':>10}{'numpy':>10}{'ratio':>8}")

@@ -133,3 +133,13 @@ def test_session_exit_with_exception_discards_the_stream():
 def test_global_functions_are_registered():
     for name in runtime.GLOBAL_FUNCTIONS:
         assert tvm.get_global_func(name) is not None
+
+
+def test_repeated_calls_reuse_validated_instructions_until_sync():
+    a = np.ones((16, 16), np.int8)
+    with accel.Session() as s:
+        for _ in range(3):
+            s.load(a, 0, Mem.INP, 0, 16, rows=16, cols=16, dram_ld=16)
+        assert len(s._cache) == 1
+        assert s.emitter.instructions[0] is s.emitter.instructions[2]
+    assert not s._cache and s.stats.instructions["LOAD"] == 3
