@@ -8,20 +8,30 @@
    (16x16 output blocks, INP and WGT strips loaded per block), single- vs double-buffered.
    Target: double-buffered >= 90% of roofline_cycles.
 
+Both sides run single-threaded: numpy's int32 matmul never uses BLAS, and the simulator's
+float32 BLAS calls are pinned to one thread (set before numpy loads), because a
+multi-threaded OpenBLAS slows down by an order of magnitude when another process competes
+for the cores, which made the comparison depend on unrelated load.
+
 Run: python benchmarks/bench_sim.py [--repeat N] [--png timeline.png]
 """
 
 from __future__ import annotations
 
-import argparse
-import statistics
-import time
+import os
 
-import numpy as np
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
 
-from accel import Config, Mem, Queue
-from accel.emitter import Emitter
-from accel.sim import Simulator
+import argparse  # noqa: E402
+import statistics  # noqa: E402
+import time  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from accel import Config, Mem, Queue  # noqa: E402
+from accel.emitter import Emitter  # noqa: E402
+from accel.sim import Simulator  # noqa: E402
 
 N = 512
 T = 16
