@@ -87,7 +87,8 @@ def _kinds(p) -> str:
 
 
 def explain(pattern: P.Pattern, node_or_func, *, limit: int = 3) -> Explanation:
-    """Explain why ``pattern`` does (not) match a node, a PrimFunc or an IRModule.
+    """Explain why ``pattern`` (or a Rewriter's rules) does (not) match a node, a PrimFunc
+    or an IRModule.
 
     On a node: the deepest mismatch. On a function with no match: the ``limit`` nearest
     misses (the candidates where matching got deepest).
@@ -95,6 +96,16 @@ def explain(pattern: P.Pattern, node_or_func, *, limit: int = 3) -> Explanation:
     >>> print(tp.explain(tp.is_const(1), tvm.tirx.IntImm("int32", 2)))
     no match: at <root>: expected the constant 1, found 2
     """
+    from .rewrite import Rewriter
+
+    if isinstance(pattern, Rewriter):
+        parts = [explain(rule.pattern, node_or_func, limit=limit) for rule in pattern.rules]
+        out = parts[0]
+        for part in parts[1:]:
+            out.matches += part.matches
+            out.misses += part.misses
+        out.misses = sorted(out.misses, key=lambda m: m.failure.depth, reverse=True)[:limit]
+        return out
     if not isinstance(pattern, P.Pattern):
         raise TypeError(f"explain expects a tirpat pattern first, got {type(pattern).__name__} {pattern!r}")
     if isinstance(node_or_func, ir.IRModule):
@@ -104,7 +115,7 @@ def explain(pattern: P.Pattern, node_or_func, *, limit: int = 3) -> Explanation:
         for part in parts:
             out.matches += part.matches
             out.misses += part.misses
-        out.misses = sorted(out.misses, key=lambda m: -len(m.failure.path))[:limit]
+        out.misses = sorted(out.misses, key=lambda m: m.failure.depth, reverse=True)[:limit]
         return out
     if isinstance(node_or_func, tirx.PrimFunc):
         name = node_or_func.attrs["global_symbol"] if node_or_func.attrs and "global_symbol" in node_or_func.attrs else "the function"
@@ -159,5 +170,5 @@ def _nearest_misses(pattern, body, limit):
     else:
         callbacks.append((ir.Expr, lambda node, v: None))
     tvm_ffi.structural_visit(body, callbacks)
-    misses.sort(key=lambda m: -len(m.failure.path))
+    misses.sort(key=lambda m: m.failure.depth, reverse=True)
     return misses[:limit]

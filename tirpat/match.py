@@ -129,8 +129,14 @@ def _key_of(p: P.Pattern):
 class Failure:
     """Where a match failed: the path of steps from the root, and expected vs found."""
 
-    def __init__(self, path: tuple, pattern, node, reason: str):
+    def __init__(self, path: tuple, pattern, node, reason: str, final: bool = False):
         self.path, self.pattern, self.node, self.reason = path, pattern, node, reason
+        self.final = final  #: the whole structure matched and a precondition failed
+
+    @property
+    def depth(self) -> tuple:
+        """How close the match came: a failed precondition beats any structural mismatch."""
+        return (self.final, len(self.path))
 
     def __repr__(self):
         where = " > ".join(self.path) or "<root>"
@@ -154,9 +160,12 @@ class _Matcher:
         }
 
     # -- failure tracing ---------------------------------------------------------------
-    def fail(self, path, p, node, reason):
-        if self.trace and (self.deepest is None or len(path) > len(self.deepest.path)):
-            self.deepest = Failure(path, p, node, reason)
+    def fail(self, path, p, node, reason, final=False):
+        if not self.trace:
+            return
+        failure = Failure(path, p, node, reason, final)
+        if self.deepest is None or failure.depth > self.deepest.depth:
+            self.deepest = failure
 
     # -- entry -------------------------------------------------------------------------
     def run(self, p: P.Pattern, node) -> Match | None:

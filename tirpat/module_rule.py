@@ -171,7 +171,7 @@ class _ModuleRulePattern(P.Pattern):
         for e in mt.m(self.body, node, env, nest, path):
             views, reason = self.rule.bind_views(e)
             if views is None:
-                mt.fail(path + ("params",), self, node, reason)
+                mt.fail(path + ("params",), self, node, reason, final=True)
                 continue
             e = dict(e)
             e[_VIEWS] = views

@@ -1,0 +1,280 @@
+"""Rules written as TVMScript pattern/replacement pairs (TVM's match_buffer rules)."""
+
+import numpy as np
+import pytest
+import tvm
+from hypothesis import given
+from hypothesis import strategies as st
+from tvm import s_tir, te, tirx
+from tvm.script import tirx as T
+
+import tirpat as tp
+from tirpat.testing import run
+
+CALLS = []
+
+
+def strided_view(t, shape, strides):
+    """A numpy view of a DLTensor argument (its data pointer includes the view's offset)."""
+    import ctypes
+
+    dt = np.dtype(str(t.dtype))
+    span = 1 + sum((e - 1) * s for e, s in zip(shape, strides))
+    flat = np.frombuffer((ctypes.c_char * (span * dt.itemsize)).from_address(t.data_ptr()), dtype=dt)
+    return np.lib.stride_tricks.as_strided(flat, shape, [s * dt.itemsize for s in strides], writeable=True)
+
+
+@tvm.register_global_func("tests.module_rule.row_add", override=True)
+def _row_add(dst, src, n):
+    strided_view(dst, (n,), (1,))[...] = strided_view(src, (n,), (1,)) + 1
+    CALLS.append(n)
+
+
+@T.prim_func(s_tir=True)
+def row_pattern(a: T.handle, b: T.handle):
+    A = T.match_buffer(a, (8,), "int32", offset_factor=1)
+    B = T.match_buffer(b, (8,), "int32", offset_factor=1)
+    with T.sblock("root"):
+        T.reads(A[0:8])
+        T.writes(B[0:8])
+        for i in range(8):
+            with T.sblock("row"):
+                vi = T.axis.remap("S", [i])
+                B[vi] = A[vi] + 1
+
+
+@T.prim_func(s_tir=True)
+def row_replacement(a: T.handle, b: T.handle):
+    A = T.match_buffer(a, (8,), "int32", offset_factor=1)
+    B = T.match_buffer(b, (8,), "int32", offset_factor=1)
+    with T.sblock("root"):
+        T.reads(A[0:8])
+        T.writes(B[0:8])
+        T.evaluate(T.call_packed("tests.module_rule.row_add", B, A, 8))
+
+
+def _plus_one(shape, tile):
+    A = te.placeholder(shape, "int32", name="A")
+    B = te.compute(shape, lambda *idx: A[idx] + 1, name="B")
+    sch = s_tir.Schedule(te.create_prim_func([A, B]))
+    loops = sch.get_loops(sch.get_sblock("B"))
+    sch.split(loops[-1], [None, tile])
+    return tp.lower(sch.mod)["main"]
+
+
+@given(st.integers(1, 3), st.integers(1, 4))
+def test_rank_reduction_and_offsets(rows, tiles):
+    """A (8,) pattern buffer binds a row piece of a 2-D buffer, at any offset."""
+    rw = tp.Rewriter.from_module(tvm.IRModule({"pattern": row_pattern, "replacement": row_replacement}), name="row")
+    f = _plus_one((rows, 8 * tiles), 8)
+    new = rw(f)
+    assert rw.report.counts == {"row": 1}  # one site, run rows * tiles times
+    CALLS.clear()
+    a = np.arange(rows * 8 * tiles, dtype="int32").reshape(rows, 8 * tiles) * 3
+    out = run(new, [a, np.zeros_like(a)])[1]
+    np.testing.assert_array_equal(out, a + 1)
+    assert len(CALLS) == rows * tiles
+
+
+def test_decorator_form_and_name():
+    @tp.rewriter
+    class RowAdd:
+        pattern = row_pattern
+        replacement = row_replacement
+
+    assert isinstance(RowAdd, tp.Rewriter) and RowAdd.rules[0].name == "RowAdd"
+    RowAdd(_plus_one((2, 16), 8))
+    assert RowAdd.report.counts == {"RowAdd": 1}
+
+
+def test_wrong_extent_or_dtype_does_not_match():
+    rw = tp.Rewriter.from_module({"pattern": row_pattern, "replacement": row_replacement})
+    f = _plus_one((2, 12), 4)  # tiles of 4, not 8
+    rw(f)
+    assert rw.report.counts == {}
+    assert "expected the constant 8, found 4" in str(tp.explain(rw, f))
+
+
+@T.prim_func(s_tir=True)
+def gemm_desc(a: T.handle, b: T.handle, c: T.handle):
+    A = T.match_buffer(a, (4, 4), "int8", offset_factor=1)
+    B = T.match_buffer(b, (4, 4), "int8", offset_factor=1)
+    C = T.match_buffer(c, (4, 4), "int32", offset_factor=1)
+    with T.sblock("root"):
+        T.reads(C[0:4, 0:4], A[0:4, 0:4], B[0:4, 0:4])
+        T.writes(C[0:4, 0:4])
+        for i, j, k in T.grid(4, 4, 4):
+            with T.sblock("update"):
+                vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+                C[vi, vj] = C[vi, vj] + T.Cast("int32", A[vi, vk]) * T.Cast("int32", B[vj, vk])
+
+
+@T.prim_func(s_tir=True)
+def gemm_impl_strided(a: T.handle, b: T.handle, c: T.handle):
+    sa = T.int32()
+    sb = T.int32()
+    sc = T.int32()
+    A = T.match_buffer(a, (4, 4), "int8", offset_factor=1, strides=[sa, 1])
+    B = T.match_buffer(b, (4, 4), "int8", offset_factor=1, strides=[sb, 1])
+    C = T.match_buffer(c, (4, 4), "int32", offset_factor=1, strides=[sc, 1])
+    with T.sblock("root"):
+        T.reads(C[0:4, 0:4], A[0:4, 0:4], B[0:4, 0:4])
+        T.writes(C[0:4, 0:4])
+        T.evaluate(T.call_packed("tests.module_rule.gemm4", A, B, C, sa, sb, sc))
+
+
+@T.prim_func(s_tir=True)
+def gemm_impl_compact(a: T.handle, b: T.handle, c: T.handle):
+    A = T.match_buffer(a, (4, 4), "int8", offset_factor=1)
+    B = T.match_buffer(b, (4, 4), "int8", offset_factor=1)
+    C = T.match_buffer(c, (4, 4), "int32", offset_factor=1)
+    with T.sblock("root"):
+        T.reads(C[0:4, 0:4], A[0:4, 0:4], B[0:4, 0:4])
+        T.writes(C[0:4, 0:4])
+        T.evaluate(T.call_packed("tests.module_rule.gemm4", A, B, C, 4, 4, 4))
+
+
+@T.prim_func(s_tir=True)
+def gemm_impl_scalar(a: T.handle, b: T.handle, c: T.handle):
+    A = T.match_buffer(a, (4, 4), "int8", offset_factor=1)
+    B = T.match_buffer(b, (4, 4), "int8", offset_factor=1)
+    C = T.match_buffer(c, (4, 4), "int32", offset_factor=1)
+    with T.sblock("root"):
+        T.reads(C[0:4, 0:4], A[0:4, 0:4], B[0:4, 0:4])
+        T.writes(C[0:4, 0:4])
+        for i, j in T.grid(4, 4):
+            with T.sblock("row"):
+                vi, vj = T.axis.remap("SS", [i, j])
+                C[vi, vj] = C[vi, vj] + T.Cast("int32", A[vi, 0]) * T.Cast("int32", B[vj, 0]) + T.Cast("int32", A[vi, 1]) * T.Cast("int32", B[vj, 1]) + T.Cast("int32", A[vi, 2]) * T.Cast("int32", B[vj, 2]) + T.Cast("int32", A[vi, 3]) * T.Cast("int32", B[vj, 3])
+
+
+@tvm.register_global_func("tests.module_rule.gemm4", override=True)
+def _gemm4(a, b, c, sa, sb, sc):
+    ta = strided_view(a, (4, 4), (sa, 1)).astype("int32")
+    tb = strided_view(b, (4, 4), (sb, 1)).astype("int32")
+    strided_view(c, (4, 4), (sc, 1))[...] += ta @ tb.T
+    CALLS.append("gemm4")
+
+
+def tiled_matmul(m, n, k):
+    A = te.placeholder((m, k), "int8", name="A")
+    B = te.placeholder((n, k), "int8", name="B")
+    r = te.reduce_axis((0, k), "k")
+    C = te.compute((m, n), lambda i, j: te.sum(A[i, r].astype("int32") * B[j, r].astype("int32"), axis=r), name="C")
+    sch = s_tir.Schedule(te.create_prim_func([A, B, C]))
+    blk = sch.get_sblock("C")
+    i, j, kk = sch.get_loops(blk)
+    io, ii = sch.split(i, [None, 4])
+    jo, ji = sch.split(j, [None, 4])
+    ko, ki = sch.split(kk, [None, 4])
+    sch.reorder(io, jo, ko, ii, ji, ki)
+    sch.decompose_reduction(blk, ko)
+    return tp.lower(sch.mod)["main"]
+
+
+def _check(rw, f, m, n, k):
+    rng = np.random.default_rng(m * 100 + n * 10 + k)
+    a = rng.integers(-128, 128, (m, k), dtype="int8")
+    b = rng.integers(-128, 128, (n, k), dtype="int8")
+    CALLS.clear()
+    out = run(rw(f), [a, b, np.zeros((m, n), "int32")])[2]
+    np.testing.assert_array_equal(out, a.astype("int32") @ b.astype("int32").T)
+
+
+@given(st.sampled_from([4, 8, 12]), st.sampled_from([4, 8]), st.sampled_from([4, 8, 16]))
+def test_strided_replacement_binds_strides_and_offsets(m, n, k):
+    rw = tp.Rewriter.from_module({"pattern": gemm_desc, "replacement": gemm_impl_strided}, name="g")
+    f = tiled_matmul(m, n, k)
+    _check(rw, f, m, n, k)
+    assert rw.report.counts == {"g": 1}
+    assert len(CALLS) == (m // 4) * (n // 4) * (k // 4)
+
+
+def test_compact_replacement_is_refused_on_a_strided_region():
+    rw = tp.Rewriter.from_module({"pattern": gemm_desc, "replacement": gemm_impl_compact}, name="c")
+    f = tiled_matmul(8, 8, 8)
+    new = rw(f)
+    assert rw.report.counts == {}
+    assert new.same_as(f)
+    text = str(tp.explain(rw, f))
+    assert "declares no strides and is used through a pointer" in text and "not compact" in text
+    # ... but accepted where the region is compact: a single tile
+    _check(rw, tiled_matmul(4, 4, 4), 4, 4, 4)
+    assert rw.report.counts == {"c": 1}
+
+
+def test_scalar_only_replacement_binds_a_non_compact_region():
+    rw = tp.Rewriter.from_module({"pattern": gemm_desc, "replacement": gemm_impl_scalar}, name="s")
+    _check(rw, tiled_matmul(8, 12, 8), 8, 12, 8)
+    assert rw.report.counts == {"s": 1}
+
+
+@T.prim_func(s_tir=True)
+def scale_pattern(a: T.handle, s: T.int32):
+    A = T.match_buffer(a, (8,), "int32", offset_factor=1)
+    with T.sblock("root"):
+        for i in range(8):
+            with T.sblock("s"):
+                vi = T.axis.remap("S", [i])
+                A[vi] = A[vi] * s
+
+
+@T.prim_func(s_tir=True)
+def scale_replacement(a: T.handle, s: T.int32):
+    A = T.match_buffer(a, (8,), "int32", offset_factor=1)
+    with T.sblock("root"):
+        for i in range(8):
+            with T.sblock("s"):
+                vi = T.axis.remap("S", [i])
+                A[vi] = A[vi] * s + 0 * A[vi]
+
+
+def test_scalar_params_bind_expressions():
+    X = tirx.decl_buffer((16,), "int32", "X")
+    n = tirx.Var("n", "int32")
+    io, i = tirx.Var("io", "int32"), tirx.Var("i", "int32")
+    body = tirx.BufferStore(X, tirx.BufferLoad(X, [io * 8 + i]) * (n + 1), [io * 8 + i])
+    f = tirx.PrimFunc([X, n], tirx.For(io, 0, 2, 0, tirx.For(i, 0, 8, 0, body))).with_attr("global_symbol", "main")
+    rw = tp.Rewriter.from_module({"pattern": scale_pattern, "replacement": scale_replacement}, name="scale")
+    new = rw(f)
+    assert rw.report.counts == {"scale": 1}
+    assert "n + 1" in new.script()
+    x = np.arange(16, dtype="int32")
+    ex = tvm.compile(tvm.IRModule({"main": new}), target="llvm")
+    t = tvm.runtime.tensor(x)
+    ex["main"](t, 3)
+    np.testing.assert_array_equal(t.numpy(), x * 4)
+
+
+@T.prim_func(s_tir=True)
+def aligned_pattern(a: T.handle, b: T.handle):
+    A = T.match_buffer(a, (8,), "int32", offset_factor=8)
+    B = T.match_buffer(b, (8,), "int32", offset_factor=8)
+    with T.sblock("root"):
+        for i in range(8):
+            with T.sblock("row"):
+                vi = T.axis.remap("S", [i])
+                B[vi] = A[vi] + 1
+
+
+def test_offset_factor_is_an_alignment_precondition():
+    rw = tp.Rewriter.from_module({"pattern": aligned_pattern, "replacement": row_replacement}, name="al")
+    A = tirx.decl_buffer((20,), "int32", "A")
+    B = tirx.decl_buffer((20,), "int32", "B")
+    i = tirx.Var("i", "int32")
+    for start, ok in [(8, True), (4, False)]:
+        body = tirx.For(i, 0, 8, 0, tirx.BufferStore(B, tirx.BufferLoad(A, [i + start]) + 1, [i + start]))
+        rw(body)
+        assert (rw.report.counts == {"al": 1}) == ok
+    assert "offset_factor 8" in str(tp.explain(rw, body))
+
+
+def test_bad_modules_raise_clear_errors():
+    with pytest.raises(ValueError, match="no PrimFunc 'replacement'"):
+        tp.Rewriter.from_module(tvm.IRModule({"pattern": row_pattern}))
+    with pytest.raises(TypeError, match="IRModule"):
+        tp.Rewriter.from_module(42)
+    with pytest.raises(ValueError, match="pattern has 2 parameters, replacement 3"):
+        tp.Rewriter.from_module({"pattern": row_pattern, "replacement": gemm_desc})
+    with pytest.raises(TypeError, match="decorates a class"):
+        tp.rewriter(3)
