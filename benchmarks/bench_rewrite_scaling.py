@@ -13,29 +13,14 @@ from __future__ import annotations
 import statistics
 import time
 
-import tvm
-from tvm import s_tir, te, tirx
+from tvm import tirx
 
 import tirpat as tp
-from tirpat.testing import reference_copy_rule
+from tirpat.testing import reference_copy_rule, tiled_matmul
 
 
 def body():
-    A = te.placeholder((64, 64), "int8", name="A")
-    B = te.placeholder((64, 64), "int8", name="B")
-    k = te.reduce_axis((0, 64), "k")
-    C = te.compute((64, 64), lambda i, j: te.sum(A[i, k].astype("int32") * B[j, k].astype("int32"), axis=k), name="C")
-    sch = s_tir.Schedule(te.create_prim_func([A, B, C]))
-    blk = sch.get_sblock("C")
-    i, j, kk = sch.get_loops(blk)
-    io, ii = sch.split(i, [None, 16])
-    jo, ji = sch.split(j, [None, 16])
-    ko, ki = sch.split(kk, [None, 16])
-    sch.reorder(io, jo, ko, ii, ji, ki)
-    sch.compute_at(sch.cache_read(blk, 0, "local.accel_inp"), ko)
-    sch.compute_at(sch.cache_read(blk, 1, "local.accel_wgt"), ko)
-    sch.reverse_compute_at(sch.cache_write(blk, 0, "local.accel_acc"), jo)
-    return tp.lower(sch.mod)["main"]
+    return tiled_matmul(64, 64, 64, scopes=("local.accel_inp", "local.accel_wgt", "local.accel_acc"))
 
 
 def repeated(func, n):

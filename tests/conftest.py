@@ -10,7 +10,7 @@ settings.register_profile(
 settings.register_profile(
     "ci",
     deadline=None,
-    max_examples=25,
+    max_examples=50,
     derandomize=True,
     print_blob=True,
     suppress_health_check=[HealthCheck.too_slow],

@@ -9,6 +9,7 @@ from tvm import s_tir, te, tirx
 from tvm.script import tirx as T
 
 import tirpat as tp
+from tirpat import testing
 from tirpat.testing import run
 
 CALLS = []
@@ -157,19 +158,7 @@ def _gemm4(a, b, c, sa, sb, sc):
 
 
 def tiled_matmul(m, n, k):
-    A = te.placeholder((m, k), "int8", name="A")
-    B = te.placeholder((n, k), "int8", name="B")
-    r = te.reduce_axis((0, k), "k")
-    C = te.compute((m, n), lambda i, j: te.sum(A[i, r].astype("int32") * B[j, r].astype("int32"), axis=r), name="C")
-    sch = s_tir.Schedule(te.create_prim_func([A, B, C]))
-    blk = sch.get_sblock("C")
-    i, j, kk = sch.get_loops(blk)
-    io, ii = sch.split(i, [None, 4])
-    jo, ji = sch.split(j, [None, 4])
-    ko, ki = sch.split(kk, [None, 4])
-    sch.reorder(io, jo, ko, ii, ji, ki)
-    sch.decompose_reduction(blk, ko)
-    return tp.lower(sch.mod)["main"]
+    return testing.tiled_matmul(m, n, k, (4, 4, 4), decompose_init=True)
 
 
 def _check(rw, f, m, n, k):

@@ -11,11 +11,12 @@ from .strategies import (
     copy_nests,
     elementwise_nests,
     random_array,
+    tiled_matmul,
     tiled_reductions,
 )
 
 __all__ = [
     "COPY_FUNC", "CopyCase", "ElementwiseCase", "TiledReductionCase", "copy_nests",
     "elementwise_nests", "random_array", "reference_copy_rule", "run", "tensor_view",
-    "tiled_reductions",
+    "tiled_matmul", "tiled_reductions",
 ]

@@ -232,16 +232,15 @@ class TiledReductionCase:
         return a.astype("int32") @ b.astype("int32").T
 
 
-@st.composite
-def tiled_reductions(draw, max_tiles: int = 3, tiles=(1, 2, 4, 8, 16)) -> TiledReductionCase:
-    """Tiled int8 matmuls, lowered: ``for io, jo, ko: for ii, ji, ki: C += A*B``.
+def tiled_matmul(m: int, n: int, k: int, tile=(16, 16, 16), *, decompose_init: bool = False,
+                 scopes: tuple | None = None) -> tirx.PrimFunc:
+    """A lowered int8 matmul ``C = A x B^T`` (int32 out) tiled ``for io, jo, ko: for ii, ji, ki``.
 
-    >>> tiled_reductions().example().tile                 # doctest: +SKIP
-    (4, 8, 2)
+    ``decompose_init`` moves the zero-init out of the tile nest; ``scopes`` (three storage
+    scopes) stages A, B and C through scratch buffers at the tile loops.
+
+    >>> f = tiled_matmul(64, 64, 64, scopes=("local.accel_inp", "local.accel_wgt", "local.accel_acc"))
     """
-    tile = tuple(draw(st.sampled_from(tiles)) for _ in range(3))
-    mt, nt, kt = (draw(st.integers(1, max_tiles)) for _ in range(3))
-    m, n, k = tile[0] * mt, tile[1] * nt, tile[2] * kt
     A = te.placeholder((m, k), "int8", name="A")
     B = te.placeholder((n, k), "int8", name="B")
     r = te.reduce_axis((0, k), "k")
@@ -253,5 +252,24 @@ def tiled_reductions(draw, max_tiles: int = 3, tiles=(1, 2, 4, 8, 16)) -> TiledR
     jo, ji = sch.split(j, [None, tile[1]])
     ko, ki = sch.split(kk, [None, tile[2]])
     sch.reorder(io, jo, ko, ii, ji, ki)
-    func = lower(ir.IRModule({"main": sch.mod["main"]}))["main"]
+    if scopes is not None:
+        sch.compute_at(sch.cache_read(blk, 0, scopes[0]), ko)
+        sch.compute_at(sch.cache_read(blk, 1, scopes[1]), ko)
+        sch.reverse_compute_at(sch.cache_write(blk, 0, scopes[2]), jo)
+    if decompose_init:
+        sch.decompose_reduction(blk, ko)
+    return lower(ir.IRModule({"main": sch.mod["main"]}))["main"]
+
+
+@st.composite
+def tiled_reductions(draw, max_tiles: int = 3, tiles=(1, 2, 4, 8, 16)) -> TiledReductionCase:
+    """Tiled int8 matmuls, lowered: ``for io, jo, ko: for ii, ji, ki: C += A*B``.
+
+    >>> tiled_reductions().example().tile                 # doctest: +SKIP
+    (4, 8, 2)
+    """
+    tile = tuple(draw(st.sampled_from(tiles)) for _ in range(3))
+    mt, nt, kt = (draw(st.integers(1, max_tiles)) for _ in range(3))
+    m, n, k = tile[0] * mt, tile[1] * nt, tile[2] * kt
+    func = tiled_matmul(m, n, k, tile)
     return TiledReductionCase(func, m, n, k, tile)
