@@ -21,7 +21,7 @@ from accel.isa import (
     StoreMode, decode, disassemble, encode,
 )
 from accel.runtime import (
-    POP_NEXT, POP_PREV, PUSH_NEXT, PUSH_PREV, Session, current_session, default_session,
+    AUTO, POP_NEXT, POP_PREV, PUSH_NEXT, PUSH_PREV, Session, current_session, default_session,
 )
 from accel.stats import Stats, Timeline
 
@@ -29,7 +29,7 @@ __all__ = [
     "Config", "Session", "current_session", "default_session", "Stats", "Timeline",
     "INSTRUCTION_BYTES", "Opcode", "Queue", "Mem", "StoreMode", "AluOp", "Instruction", "Load",
     "Store", "Gemm", "Alu", "Finish", "encode", "decode", "disassemble",
-    "POP_PREV", "POP_NEXT", "PUSH_PREV", "PUSH_NEXT",
+    "AUTO", "POP_PREV", "POP_NEXT", "PUSH_PREV", "PUSH_NEXT",
     "AccelError", "DecodeError", "InstructionError", "DmaRangeError", "ScratchpadOverflowError",
     "AlignmentError", "UnknownSlotError", "DtypeMismatchError", "TokenError", "DeadlockError",
 ]

@@ -25,6 +25,7 @@ from typing import Any, Optional, Union
 import numpy as np
 
 from accel.config import Config
+from accel.deps import DependencyTracker
 from accel.emitter import Emitter
 from accel.isa import (
     Alu, AluOp, Gemm, Instruction, Load, Mem, Queue, Store, StoreMode, disassemble, encode, make,
@@ -34,11 +35,13 @@ from accel.stats import Stats
 
 __all__ = [
     "Session", "current_session", "default_session", "POP_PREV", "POP_NEXT", "PUSH_PREV",
-    "PUSH_NEXT", "GLOBAL_FUNCTIONS",
+    "PUSH_NEXT", "AUTO", "GLOBAL_FUNCTIONS",
 ]
 
-# The ``deps`` bit mask of every accel.* instruction call (the header's bits 4-7).
+# The ``deps`` bit mask of every accel.* instruction call (the header's bits 4-7), or AUTO:
+# let the driver's dependency tracker add the tokens (what compiled code uses).
 POP_PREV, POP_NEXT, PUSH_PREV, PUSH_NEXT = 1, 2, 4, 8
+AUTO = -1
 
 HostBuffer = Any  # a C-contiguous numpy array or a tvm.runtime.Tensor (DLTensor)
 
@@ -82,6 +85,7 @@ class Session:
         self.config = config or Config()
         self.simulator = Simulator(self.config)
         self.emitter = Emitter(self._validate)
+        self.deps = DependencyTracker(self.config.tile)
         self.stats = Stats(self.config)
         self.record = record
         self._recorded: list[Instruction] = []
@@ -141,15 +145,22 @@ class Session:
         """
         key = (cls, deps, values)
         ins = self._cache.get(key)
-        if ins is not None:
-            return self.emitter.emit(ins, validated=True)
-        fields = dict(zip(_ARGS[cls], values))
-        fields.update(_flags(deps))
-        ins = make(cls, fields)
-        index = self.emitter.emit(ins)
-        if len(self._cache) >= _CACHE_LIMIT:
-            self._cache.clear()
-        self._cache[key] = ins
+        validated = ins is not None
+        if ins is None:
+            fields = dict(zip(_ARGS[cls], values))
+            fields.update(_flags(0 if deps == AUTO else deps))
+            ins = make(cls, fields)
+        if deps == AUTO:
+            if not validated:
+                self._validate(len(self.emitter), ins)
+            index = self.emitter.emit(self.deps.order(self.emitter, ins), validated=True)
+            self.deps.record(ins, index)
+        else:
+            index = self.emitter.emit(ins, validated=validated)
+        if not validated:
+            if len(self._cache) >= _CACHE_LIMIT:
+                self._cache.clear()
+            self._cache[key] = ins
         return index
 
     def load(self, host: HostBuffer, elem_offset: int, mem: Union[Mem, int], sram_addr: int,
@@ -210,6 +221,7 @@ class Session:
                 self._recorded.extend(stream)
         finally:
             self._cache.clear()
+            self.deps.reset()
             for key in self._borrowed:
                 slot = self._slots.pop(key)
                 self._table[slot] = None
@@ -220,6 +232,7 @@ class Session:
     def discard(self) -> None:
         """Drop the pending (unsynced) instructions."""
         self.emitter = Emitter(self._validate)
+        self.deps.reset()
         self._cache.clear()
 
     # ------------------------------------------------------------------ inspection

@@ -1,0 +1,168 @@
+"""Automatic dependency tokens: the driver orders conflicting accesses across queues.
+
+Compiled code emits instructions without flags (``deps = AUTO``); for each one the
+tracker finds the earlier instructions of *other* queues that touch the same scratchpad
+or host memory in a conflicting way (read-after-write, write-after-read, write-after-
+write) and adds the fewest tokens that order them:
+
+- the pushing side is the *conflicting* instruction itself (or the next one of its queue
+  whose flag is free), not simply the latest one. That is what lets the LOAD of tile n+1
+  into the other half of a double buffer wait only for the GEMM of tile n-1;
+- a consumer queue remembers up to which instruction of each neighbour it is already
+  ordered after, so a token is added only when needed;
+- LOAD and STORE are not neighbours: their conflicts (through host memory) go through a
+  compute-queue NOP that takes a token from one and gives one to the other.
+
+Tokens are counted per channel, so pushes on a channel must come in the order of the
+pops that take them; choosing a pusher at or after every earlier one keeps that order.
+
+>>> from accel.emitter import Emitter
+>>> from accel.isa import Load, Gemm, Mem, Queue
+>>> em, deps = Emitter(), DependencyTracker(16)
+>>> _ = em.emit(deps.order(em, Load(mem=Mem.INP, sram_addr=0, sram_ld=16, slot=0, dram_offset=0,
+...                                  dram_ld=16, rows=16, cols=16)))
+>>> g = deps.order(em, Gemm(acc_addr=0, inp_addr=0, wgt_addr=0, acc_ld=16, inp_ld=16, wgt_ld=16))
+>>> g.pop_prev, em.instructions[0].push_next
+(True, True)
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from accel.emitter import nop
+from accel.isa import Alu, Gemm, Instruction, Load, Mem, Queue, Store, queue_of
+
+_PUSH = {(Queue.LOAD, Queue.COMPUTE): "push_next", (Queue.COMPUTE, Queue.LOAD): "push_prev",
+         (Queue.COMPUTE, Queue.STORE): "push_next", (Queue.STORE, Queue.COMPUTE): "push_prev"}
+_POP = {(Queue.LOAD, Queue.COMPUTE): "pop_prev", (Queue.COMPUTE, Queue.LOAD): "pop_next",
+        (Queue.COMPUTE, Queue.STORE): "pop_prev", (Queue.STORE, Queue.COMPUTE): "pop_next"}
+
+
+def _span(addr: int, ld: int, rows: int, cols: int, loops=()) -> tuple[int, int]:
+    """[lo, hi) of a block of ``rows x cols`` at ``addr`` (row stride ``ld``), over loops."""
+    lo = hi = addr
+    for ext, stride in loops:
+        if ext > 1:
+            if stride >= 0:
+                hi += (ext - 1) * stride
+            else:
+                lo += (ext - 1) * stride
+    return lo, hi + (rows - 1) * ld + cols
+
+
+def footprint(ins: Instruction, tile: int) -> Iterator[tuple[tuple, int, int, bool]]:
+    """``(space, lo, hi, is_write)`` per memory range an instruction touches.
+
+    ``space`` is ``("sram", Mem)`` or ``("dram", slot)``. Ranges are conservative hulls.
+    """
+    if isinstance(ins, Load):
+        h = ins.pad_top + ins.rows + ins.pad_bottom
+        w = ins.pad_left + ins.cols + ins.pad_right
+        if h * w == 0:
+            return
+        yield ("sram", ins.mem), *_span(ins.sram_addr, ins.sram_ld, h, w), True
+        if ins.rows * ins.cols:
+            yield ("dram", ins.slot), *_span(ins.dram_offset, ins.dram_ld, ins.rows, ins.cols), False
+    elif isinstance(ins, Store):
+        if ins.rows * ins.cols == 0:
+            return
+        yield ("sram", Mem.ACC), *_span(ins.sram_addr, ins.sram_ld, ins.rows, ins.cols), False
+        yield ("dram", ins.slot), *_span(ins.dram_offset, ins.dram_ld, ins.rows, ins.cols), True
+    elif isinstance(ins, Gemm):
+        if ins.ext_out * ins.ext_in == 0:
+            return
+        loops = lambda a, b: ((ins.ext_out, a), (ins.ext_in, b))  # noqa: E731
+        yield ("sram", Mem.ACC), *_span(ins.acc_addr, ins.acc_ld, tile, tile,
+                                        loops(ins.acc_stride_out, ins.acc_stride_in)), True
+        if not ins.reset:
+            yield ("sram", Mem.INP), *_span(ins.inp_addr, ins.inp_ld, tile, tile,
+                                            loops(ins.inp_stride_out, ins.inp_stride_in)), False
+            yield ("sram", Mem.WGT), *_span(ins.wgt_addr, ins.wgt_ld, tile, tile,
+                                            loops(ins.wgt_stride_out, ins.wgt_stride_in)), False
+    elif isinstance(ins, Alu):
+        if ins.ext_out * ins.ext_in == 0:
+            return
+        yield ("sram", Mem.ACC), *_span(ins.dst_addr, 0, 1, tile,
+                                        ((ins.ext_out, ins.dst_stride_out), (ins.ext_in, ins.dst_stride_in))), True
+        if not ins.use_imm:
+            yield ("sram", Mem.ACC), *_span(ins.src_addr, 0, 1, tile,
+                                            ((ins.ext_out, ins.src_stride_out), (ins.ext_in, ins.src_stride_in))), False
+
+
+class DependencyTracker:
+    """Adds the dependency tokens a stream needs, one instruction at a time (see module doc).
+
+    Per memory space it keeps one record per distinct range: the last writer and, per
+    queue, the last reader since that write, as ``(queue, index)``.
+    """
+
+    def __init__(self, tile: int) -> None:
+        self.tile = tile
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget everything (a new stream starts)."""
+        self._ranges: dict[tuple, dict[tuple[int, int], list]] = {}
+        # ordered[consumer][producer]: highest producer index the consumer already waits for
+        self._ordered = {q: {p: -1 for p in Queue} for q in Queue}
+
+    def order(self, em, ins: Instruction) -> Instruction:
+        """Add tokens so that ``ins`` runs after every conflicting earlier instruction;
+        returns ``ins`` with its pop flags set (the pushes go onto earlier instructions)."""
+        queue = queue_of(ins)
+        touched = list(footprint(ins, self.tile))
+        needs: dict[Queue, int] = {}
+        for space, lo, hi, write in touched:
+            for (a, b), (writer, readers) in self._ranges.get(space, {}).items():
+                if a >= hi or lo >= b:
+                    continue
+                deps = [writer] + (list(readers.values()) if write else [])
+                for dep in deps:
+                    if dep is not None and dep[0] is not queue and dep[1] > needs.get(dep[0], -1):
+                        needs[dep[0]] = dep[1]
+        pops = {}
+        for src, index in sorted(needs.items()):
+            if self._ordered[queue][src] >= index:
+                continue
+            if abs(src - queue) == 1:
+                self._ordered[queue][src] = self._push(em, src, queue, index)
+                pops[_POP[(src, queue)]] = True
+            else:
+                # LOAD <-> STORE: a compute NOP takes the token and passes one on.
+                relay = self._push(em, src, Queue.COMPUTE, index)
+                self._ordered[Queue.COMPUTE][src] = relay
+                hop = em.emit(nop(Queue.COMPUTE).with_flags(**{_POP[(src, Queue.COMPUTE)]: True}))
+                self._ordered[queue][Queue.COMPUTE] = self._push(em, Queue.COMPUTE, queue, hop)
+                self._ordered[queue][src] = index
+                pops[_POP[(Queue.COMPUTE, queue)]] = True
+        if pops:
+            ins = ins.with_flags(**pops)
+        return ins
+
+    def record(self, ins: Instruction, index: int) -> None:
+        """Remember what the instruction at stream position ``index`` touched."""
+        queue = queue_of(ins)
+        for space, lo, hi, write in footprint(ins, self.tile):
+            ranges = self._ranges.setdefault(space, {})
+            if write:
+                for (a, b) in [r for r in ranges if r != (lo, hi) and r[0] >= lo and r[1] <= hi]:
+                    # a range fully overwritten: its history is implied by the new writer's
+                    # (the new writer was ordered after it)
+                    del ranges[(a, b)]
+                ranges[(lo, hi)] = [(queue, index), {}]
+            else:
+                entry = ranges.setdefault((lo, hi), [None, {}])
+                entry[1][queue] = (queue, index)
+
+    def _push(self, em, src: Queue, dst: Queue, index: int) -> int:
+        """Make the first instruction of ``src`` at or after ``index`` with a free push flag
+        send a token to ``dst``; a NOP at the end of ``src`` if there is none. Returns it."""
+        flag = _PUSH[(src, dst)]
+        stream = em.instructions
+        for i in range(index, len(stream)):
+            ins = stream[i]
+            if queue_of(ins) is src and not getattr(ins, flag):
+                stream[i] = ins.with_flags(**{flag: True})
+                return i
+        return em.emit(nop(src).with_flags(**{flag: True}))
