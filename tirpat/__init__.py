@@ -30,13 +30,13 @@ from .pattern import (
     wildcard,
 )
 from .pipeline import lower, lower_blocks, register_pipeline
-from .region import CopyRegion, Region, RegionError
+from .region import CopyRegion, Region, RegionError, padding
 from .rewrite import Report, RewriteError, Rewriter, Rule, Site
 
 __all__ = [
     "CopyRegion", "Explanation", "Match", "Pattern", "Region", "RegionError", "Report",
     "RewriteError", "Rewriter", "Rule", "Site", "affine", "explain", "find_all", "is_buffer",
     "is_call", "is_const", "is_copy", "is_for", "is_if", "is_load", "is_nest", "is_seq",
-    "is_store", "is_var", "loop", "lower", "lower_blocks", "match", "max", "min",
+    "is_store", "is_var", "loop", "lower", "lower_blocks", "match", "max", "min", "padding",
     "register_pipeline", "rewriter", "wildcard",
 ]

@@ -262,6 +262,12 @@ class _Matcher:
         yield from self._access(p, node, node.source, node.indices, env, nest, path)
 
     def _access(self, p, node, buf, indices, env, nest, path):
+        if p.indices is None:
+            for e in self.m(p.buffer, buf, env, nest, path + ("buffer",)):
+                e = self.bind(e, p, node, path)
+                if e is not None:
+                    yield e
+            return
         if len(indices) != len(p.indices):
             self.fail(path, p, node, f"expected {len(p.indices)} indices, found {len(indices)} in {_short(node)}")
             return

@@ -21,7 +21,7 @@ strides and offset. A site where that cannot be done exactly is left alone, and
 from __future__ import annotations
 
 import tvm_ffi
-from tvm import ir, tirx
+from tvm import ir, sym, tirx
 
 from . import pattern as P
 from .analysis import const_int, dtype_of, key, simplify, substitute, uses_any
@@ -34,6 +34,12 @@ _VIEWS = "__views__"
 def _scope(buf) -> str:
     s = buf.scope()
     return "global" if s in ("", "global") else s
+
+
+def _lanes(expr) -> int:
+    """The vector width of an expression (1 for a scalar)."""
+    dtype = getattr(expr.ty, "dtype", None)
+    return int(getattr(dtype, "lanes", 1) or 1)
 
 
 def _dim_strides(buf) -> list:
@@ -291,6 +297,11 @@ class ModuleRule:
             elif not is_compact and not self._scalar_only(q):
                 return None, (f"replacement parameter {q.name} declares no strides and is used through a pointer, "
                               f"but the region of {target.name} is not compact (strides {view_strides})")
+            elif not is_compact and self._outside_shape(q):
+                return None, (f"replacement parameter {q.name} declares no strides and accesses "
+                              f"{self._outside_shape(q)}, past its shape {[int(e) for e in q.shape]}, which is only "
+                              f"right on a compact region, but the region of {target.name} is not compact "
+                              f"(strides {view_strides})")
             if not isinstance(q.elem_offset, tirx.Var) and const_int(simplify(q.elem_offset - offset)) != 0 \
                     and not self._scalar_only(q):
                 return None, (f"replacement parameter {q.name} assumes elem_offset {q.elem_offset}, but the region of "
@@ -318,6 +329,69 @@ class ModuleRule:
         tvm_ffi.structural_walk(body, [(tirx.BufferStore, on_store), (ir.TensorLoad, on_load)],
                                 with_def_region_kind=(ir.Var, on_var))
         return total[0] == scalar[0]
+
+    def _outside_shape(self, q) -> str | None:
+        """The first load or store of ``q`` whose indices are not provably inside ``q.shape``.
+
+        Through a view with the region's real strides, such an access (a vector load that
+        runs on past the end of a row, say) lands outside the region unless it is compact.
+        Bounds come from the replacement's loops, thread extents and ``Bind``s.
+        """
+        cache = self.__dict__.setdefault("_outside_cache", {})
+        if key(q) in cache:
+            return cache[key(q)]
+        ana = sym.Analyzer()
+        shape = [const_int(e) for e in q.shape]
+        found: list = []
+
+        def bounds(idx):
+            if isinstance(idx, tirx.Ramp):
+                ends = [idx.base, idx.base + idx.stride * (int(idx.lanes) - 1)]
+            elif isinstance(idx, tirx.Broadcast):
+                ends = [idx.value]
+            elif _lanes(idx) != 1:
+                return None
+            else:
+                ends = [idx]
+            bs = [ana.const_int_bound(e) for e in ends]
+            return min(b.min_value for b in bs), max(b.max_value for b in bs)
+
+        def check(buf, indices, what):
+            if found or not buf.same_as(q):
+                return
+            for idx, extent in zip(indices, shape):
+                span = bounds(idx)
+                if span is None or extent is None or span[0] < 0 or span[1] >= extent:
+                    found.append(f"{what} {q.name}[{', '.join(str(i) for i in indices)}]")
+                    return
+
+        def on_for(f, vis):
+            ana.bind(f.loop_var, ir.Range.from_min_extent(f.min, f.extent))
+            return vis.default_visit(f)
+
+        def on_attr(a, vis):
+            if a.attr_key in ("thread_extent", "virtual_thread") and hasattr(a.node, "var"):
+                ana.bind(a.node.var, ir.Range.from_min_extent(0, a.value))
+            return vis.default_visit(a)
+
+        def on_bind(b, vis):
+            if _lanes(b.var) == 1 and str(getattr(b.var.ty, "dtype", "")).startswith(("int", "uint")):
+                ana.bind(b.var, b.value)
+            return vis.default_visit(b)
+
+        def on_load(l, vis):
+            check(l.source, l.indices, "a load of")
+            return vis.default_visit(l)
+
+        def on_store(s, vis):
+            check(s.buffer, s.indices, "a store to")
+            return vis.default_visit(s)
+
+        tvm_ffi.structural_visit(self.replacement_func.body, [
+            (tirx.For, on_for), (tirx.AttrStmt, on_attr), (tirx.Bind, on_bind),
+            (ir.TensorLoad, on_load), (tirx.BufferStore, on_store)])
+        cache[key(q)] = found[0] if found else None
+        return cache[key(q)]
 
     def replace(self, m):
         """The replacement for one site: views of the bound regions, then the body."""

@@ -248,6 +248,8 @@ class BufferPattern(Pattern):
 
 
 def _index_list(indices, what):
+    if indices is None:
+        return None  # any indices, any number of them
     if isinstance(indices, (Pattern, int)):
         indices = [indices]
     if not isinstance(indices, (list, tuple)):
@@ -268,10 +270,11 @@ class LoadPattern(Pattern):
         self.name = _check_name(name, "is_load")
 
     def children(self):
-        return (self.buffer,) + self.indices
+        return (self.buffer,) + (self.indices or ())
 
     def _body_repr(self):
-        return f"{self.buffer!r}[{', '.join(map(repr, self.indices))}]"
+        idx = "..." if self.indices is None else ", ".join(map(repr, self.indices))
+        return f"{self.buffer!r}[{idx}]"
 
 
 _BINOPS = {
@@ -408,10 +411,11 @@ class StorePattern(StmtPattern):
         self.name = _check_name(name, "is_store")
 
     def children(self):
-        return (self.buffer,) + self.indices + (self.value,)
+        return (self.buffer,) + (self.indices or ()) + (self.value,)
 
     def _body_repr(self):
-        return f"is_store({self.buffer!r}[{', '.join(map(repr, self.indices))}], {self.value!r})"
+        idx = "..." if self.indices is None else ", ".join(map(repr, self.indices))
+        return f"is_store({self.buffer!r}[{idx}], {self.value!r})"
 
 
 def _kind(kind, what):
@@ -618,8 +622,12 @@ def is_buffer(name: str | None = None, *, name_hint: str | None = None, dtype: s
     return BufferPattern(name, name_hint, dtype, scope, ndim)
 
 
-def is_load(buf: Pattern, indices: Sequence[Pattern]) -> Pattern:
-    """A buffer load; same as ``buf[indices]``. ``tp.is_load(A, [i, j])``"""
+def is_load(buf: Pattern, indices: Sequence[Pattern] | None) -> Pattern:
+    """A buffer load; same as ``buf[indices]``; ``indices=None`` takes any indices.
+
+    >>> tp.is_load(tp.is_buffer("A"), None)
+    is_buffer('A')[...]
+    """
     return LoadPattern(buf, indices)
 
 
@@ -649,8 +657,8 @@ def affine(name: str | None = None) -> Pattern:
     return AffinePattern(name)
 
 
-def is_store(buf: Pattern, indices: Sequence[Pattern], value: Pattern) -> Pattern:
-    """A buffer store ``buf[indices] = value``.
+def is_store(buf: Pattern, indices: Sequence[Pattern] | None, value: Pattern) -> Pattern:
+    """A buffer store ``buf[indices] = value``; ``indices=None`` takes any indices.
 
     >>> tp.is_store(tp.is_buffer("C"), [tp.is_var("i")], tp.is_const(0))
     is_store(is_buffer('C')[is_var('i')], is_const(0))

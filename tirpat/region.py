@@ -120,10 +120,12 @@ def access_region(buffer, indices: Sequence, loops: Sequence) -> Region:
 
 
 def padding(predicate, loops: Sequence) -> tuple | None:
-    """Per-loop ``(before, after)`` pad widths of a guard, or None if it is not a
-    conjunction of single-variable affine bounds on the loop variables.
+    """Per-loop ``(before, after)``: how many leading and trailing iterations of each loop
+    a guard excludes, or None if it is not a conjunction of single-variable affine bounds on
+    the loop variables. Useful for guarded (partial-tile) stores as well as padded copies.
 
-    ``1 <= i and i < 11`` over ``for i in range(14)`` gives ``((1, 3),)``.
+    >>> tp.padding(tp.is_copy(name="c").match(nest)["c"].predicate, m.loops)   # doctest: +SKIP
+    ((1, 3),)                       # 1 <= i and i < 11 over for i in range(14)
     """
     conjuncts = []
     stack = [predicate]

@@ -1,0 +1,140 @@
+"""TVM's registered TensorIntrins as test material for ``Rewriter.from_module``.
+
+:func:`registered_intrins` lists the TensorIntrins that ``tvm.s_tir.tensor_intrin`` registers
+(importing it costs about 15 s, once per process); :func:`tile_target` turns an intrinsic's
+``desc`` into a function that computes it on tiles of bigger buffers, which is what a rule
+built from the desc/impl pair should find and replace.
+
+>>> from tirpat.testing.intrin import registered_intrins, tile_target   # doctest: +SKIP
+>>> for module, name in registered_intrins():                          # doctest: +SKIP
+...     ti = tvm.s_tir.TensorIntrin.get(name)
+...     rw = tp.Rewriter.from_module({"pattern": ti.desc, "replacement": ti.impl}, name)
+...     rw(tile_target(ti.desc))
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import tvm_ffi
+from tvm import ir, tirx
+
+from ..analysis import key
+from ..pipeline import lower
+
+#: The submodules of ``tvm.s_tir.tensor_intrin`` that register intrinsics when imported.
+INTRIN_MODULES = ("x86", "arm_cpu", "cuda", "rocm", "metal", "hexagon", "riscv_cpu", "dot_product_common")
+
+_PREFIX = "tvm.s_tir.tensor_intrin."
+
+
+def registered_intrins(modules=INTRIN_MODULES) -> list:
+    """``[(module, name)]`` of every TensorIntrin registered by importing ``modules``.
+
+    ``module`` is the short name of the submodule that registered it (or that holds its name).
+    The names are recorded while the modules register them; when they were imported before
+    this call, every string constant of the modules that names a registered intrinsic is
+    taken instead. Intrinsics registered on demand (riscv's, per target) are not listed.
+    """
+    from tvm.s_tir import TensorIntrin
+
+    recorded: list = []
+    fresh = _PREFIX.rstrip(".") not in sys.modules
+    original = TensorIntrin.__dict__["register"]
+
+    def recording(name, desc, impl, override=False):
+        caller = sys._getframe(1).f_globals.get("__name__", "")
+        recorded.append((caller[len(_PREFIX):] if caller.startswith(_PREFIX) else caller, name))
+        return original.__func__(name, desc, impl, override)
+
+    if fresh:
+        TensorIntrin.register = staticmethod(recording)
+    loaded = []
+    try:
+        for m in modules:
+            try:
+                loaded.append((m, importlib.import_module(_PREFIX + m)))
+            except ImportError:
+                pass
+    finally:
+        if fresh:
+            TensorIntrin.register = original
+    seen = {n for _, n in recorded}
+    out = list(recorded)
+    for m, module in loaded:
+        for value in vars(module).values():
+            if isinstance(value, str) and value not in seen and TensorIntrin.get(value, allow_missing=True):
+                seen.add(value)
+                out.append((m, value))
+    return out
+
+
+def tile_target(desc, tiles: int = 2, layout: str = "tiled", name: str = "main"):
+    """The lowered ``desc`` run on ``tiles`` tiles of bigger buffers, inside ``for t``.
+
+    Every buffer parameter of shape ``S`` becomes a parameter of the same dtype and scope
+    with shape ``tiles*S`` (``layout="tiled"``: the desc's index ``i`` in dimension ``d``
+    becomes ``t*S[d] + i``, so a tile is a strided sub-region) or ``(tiles,) + S``
+    (``layout="stacked"``: the index gains a leading ``t``, so a tile is a compact
+    sub-region one rank down). Scalar parameters stay as they are.
+
+    A symbolic extent (``vscale``) stays symbolic. Raises ValueError when the desc uses a
+    buffer other than through loads and stores.
+    """
+    if layout not in ("tiled", "stacked"):
+        raise ValueError(f"layout must be 'tiled' or 'stacked', got {layout!r}")
+    func = lower(desc)
+    t = tirx.Var("t", "int32")
+    new_params, bufs = [], {}
+    for p in func.params:
+        if not tirx.is_buffer_var(p):
+            new_params.append(p)
+            continue
+        shape = [int(s.value) if isinstance(s, tirx.IntImm) else s for s in p.shape]
+        big = [tiles * s for s in shape] if layout == "tiled" else [tiles] + shape
+        scope = p.scope() or "global"
+        nb = tirx.decl_buffer(big, p.dtype, p.name, scope=scope)
+        bufs[key(p)] = (nb, shape)
+        new_params.append(nb)
+
+    def tile_index(idx, extent):
+        dtype = idx.ty.dtype
+        tv = t if dtype == "int32" else tirx.Cast(dtype, t)
+        base = tv * (tirx.IntImm(dtype, extent) if isinstance(extent, int) else extent)
+        lanes = int(getattr(idx.ty.dtype, "lanes", 1) or 1)
+        if lanes > 1:
+            base = tirx.Broadcast(base, lanes)
+        return base + idx
+
+    def indices_for(buf, indices):
+        nb, shape = bufs[key(buf)]
+        if layout == "stacked":
+            lead = indices[0].ty.dtype if len(indices) else "int32"
+            return nb, [t if lead == "int32" else tirx.Cast(lead, t)] + list(indices)
+        return nb, [tile_index(i, s) for i, s in zip(indices, shape)]
+
+    def on_load(node):
+        if key(node.source) not in bufs:
+            return node
+        nb, idx = indices_for(node.source, list(node.indices))
+        return tirx.BufferLoad(nb, idx)
+
+    def on_store(node):
+        if key(node.buffer) not in bufs:
+            return node
+        nb, idx = indices_for(node.buffer, list(node.indices))
+        return tirx.BufferStore(nb, node.value, idx)
+
+    body = tvm_ffi.structural_map(func.body, [(ir.TensorLoad, on_load), (tirx.BufferStore, on_store)])
+    left = []
+
+    def on_var(v):
+        if key(v) in bufs:
+            left.append(v.name)
+
+    tvm_ffi.structural_walk(body, (ir.Var, on_var))
+    if left:
+        raise ValueError(f"the desc uses buffer(s) {sorted(set(left))} other than through loads and stores")
+    loop = tirx.For(t, tirx.IntImm("int32", 0), tirx.IntImm("int32", tiles), tirx.ForKind.SERIAL, body)
+    return tirx.PrimFunc(new_params, loop).with_attr("global_symbol", name)
