@@ -1,0 +1,219 @@
+"""Scratchpad planning: the pass that runs right after accel's rewrite rules.
+
+- every buffer in a scratchpad scope gets an address; one allocated inside a loop gets two
+  copies used alternately (double buffering), so that the LOAD of the next tile can run
+  while the GEMM reads the current one. The allocations disappear from the TIR;
+- ``buffer.access_ptr(...)`` operands of accel calls become those addresses;
+- a scratchpad access no rule rewrote, an accel call in a ``parallel`` loop, or CPU code
+  touching a buffer between the accel calls that use it and the sync are errors naming the
+  statement; scratchpad overflow names the buffer and by how much;
+- ``accel.sync()`` is inserted after each top-level statement that calls the accelerator.
+
+>>> mod = plan_pass(accel.Config())(mod)        # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import tvm
+import tvm_ffi
+from tvm import ir, tirx
+
+from accel.config import Config
+from accel.isa import Mem
+from accel.rules import SCOPES, is_scratchpad
+
+
+@tvm_ffi.register_error
+class PlanError(ValueError):
+    """The rewritten function cannot run on the accelerator; the message names the cause."""
+
+
+@tvm_ffi.register_error
+class ScratchpadOverflow(PlanError):
+    """The live scratchpad buffers do not fit."""
+
+
+def _capacity(config: Config, mem: Mem) -> int:
+    return {Mem.INP: config.inp_elements, Mem.WGT: config.wgt_elements, Mem.ACC: config.acc_elements}[mem]
+
+
+def _is_accel_call(node) -> bool:
+    return (isinstance(node, ir.Call) and node.op.name == "tirx.tvm_call_packed"
+            and isinstance(node.args[0], ir.StringImm) and node.args[0].value.startswith("accel."))
+
+
+def _calls_accel(stmt) -> bool:
+    found = []
+
+    def on_call(c):
+        if _is_accel_call(c):
+            found.append(c)
+            return tvm_ffi.VisitInterrupt(c)
+        return None
+
+    return tvm_ffi.structural_walk(stmt, (ir.Call, on_call)) is not None
+
+
+def _snippet(stmt) -> str:
+    lines = [l for l in str(stmt).strip().splitlines() if l.strip() and not l.lstrip().startswith("#")]
+    lines = [l for l in lines if "T.Buffer(" not in l]
+    return (lines[-1] if lines else type(stmt).__name__).strip()
+
+
+class _Planner:
+    def __init__(self, config: Config, name: str):
+        self.config = config
+        self.name = name
+        self.loops: list = []
+        self.top = {m: 0 for m in Mem}
+        self.live: dict[Mem, list] = {m: [] for m in Mem}
+        self.addr: dict = {}
+
+    def alloc(self, buf):
+        mem = SCOPES[buf.scope()]
+        t = self.config.tile
+        size = 1
+        for d in buf.shape:
+            if not isinstance(d, tirx.IntImm):
+                raise PlanError(f"{self.name}: scratchpad buffer {buf.name} has the non-constant shape {list(buf.shape)}")
+            size *= int(d.value)
+        size = -(-size // t) * t
+        copies = 2 if self.loops else 1
+        base = self.top[mem]
+        end = base + copies * size
+        cap = _capacity(self.config, mem)
+        if end > cap:
+            item = 1 if mem is not Mem.ACC else 4
+            live = ", ".join(f"{b.name} ({n} x {s} elements)" for b, n, s in self.live[mem]) or "nothing else"
+            raise ScratchpadOverflow(
+                f"{self.name}: scratchpad {mem.name} overflows by {(end - cap) * item} bytes when allocating "
+                f"{buf.name} ({copies} x {size} elements; live: {live}; capacity {cap * item} bytes)")
+        self.top[mem] = end
+        self.live[mem].append((buf, copies, size))
+        offset = tirx.IntImm("int32", base)
+        if copies == 2:
+            it = tirx.IntImm("int32", 0)
+            for l in self.loops:
+                it = it * l.extent + (l.loop_var - l.min)
+            offset = offset + tirx.floormod(it, 2) * size
+        self.addr[buf.__chandle__()] = offset
+
+    def on_seq(self, seq, mut):
+        saved = dict(self.top)
+        saved_live = {m: list(v) for m, v in self.live.items()}
+        out = []
+        for s in seq.seq:
+            if isinstance(s, tirx.AllocBuffer) and is_scratchpad(s.buffer):
+                self.alloc(s.buffer)
+                continue
+            out.append(mut.mutate(s))
+        self.top, self.live = saved, saved_live
+        if not out:
+            return tirx.Evaluate(tirx.IntImm("int32", 0))
+        return out[0] if len(out) == 1 else tirx.SeqStmt(out)
+
+    def on_stmt(self, node, mut):
+        if isinstance(node, tirx.SeqStmt):
+            return self.on_seq(node, mut)
+        if isinstance(node, tirx.AllocBuffer) and is_scratchpad(node.buffer):
+            self.alloc(node.buffer)
+            return tirx.Evaluate(tirx.IntImm("int32", 0))
+        if isinstance(node, tirx.For):
+            if int(node.kind) == int(tirx.ForKind.PARALLEL) and _calls_accel(node):
+                raise PlanError(f"{self.name}: accelerator calls inside the parallel loop "
+                                f"'{node.loop_var.name}' are not supported (the stream is one sequence)")
+            self.loops.append(node)
+            try:
+                return mut.default_mutate(node)
+            finally:
+                self.loops.pop()
+        if isinstance(node, tirx.BufferStore) and is_scratchpad(node.buffer):
+            raise PlanError(f"{self.name}: no accel rule matched this access to scratchpad buffer "
+                            f"{node.buffer.name}, so it cannot run: {_snippet(node)}")
+        return mut.default_mutate(node)
+
+    def on_call(self, node, mut):
+        if node.op.name == "tirx.tvm_access_ptr":
+            data = node.args[1]
+            if isinstance(data, ir.Call) and data.op.name == "tirx.buffer_data":
+                buf = data.args[0]
+                if is_scratchpad(buf):
+                    base = self.addr.get(buf.__chandle__())
+                    if base is None:
+                        raise PlanError(f"{self.name}: scratchpad buffer {buf.name} is used before it is allocated")
+                    return tvm.sym.Analyzer().simplify(base + node.args[2])
+        return mut.default_mutate(node)
+
+    def on_load(self, node, mut):
+        if tirx.is_buffer_var(node.source) and is_scratchpad(node.source):
+            raise PlanError(f"{self.name}: no accel rule matched this read of scratchpad buffer "
+                            f"{node.source.name}, so it cannot run: {node}")
+        return mut.default_mutate(node)
+
+    def run(self, body):
+        return tvm_ffi.structural_mutate(body, [
+            (tirx.Stmt, self.on_stmt), (ir.TensorLoad, self.on_load), (ir.Call, self.on_call),
+            (ir.Type, lambda n, m: n)])
+
+
+def _host_buffers_of_calls(stmt) -> dict:
+    found = {}
+
+    def on_call(c):
+        if _is_accel_call(c):
+            for v in _buffers_in(c):
+                found[v.__chandle__()] = v
+
+    tvm_ffi.structural_walk(stmt, (ir.Call, on_call))
+    return found
+
+
+def _buffers_in(node) -> list:
+    out = []
+
+    def on_var(v):
+        if tirx.is_buffer_var(v):
+            out.append(v)
+
+    tvm_ffi.structural_walk(node, (ir.Var, on_var))
+    return out
+
+
+def _check_cpu_hazards(stmt, name):
+    shared = _host_buffers_of_calls(stmt)
+    if not shared:
+        return
+
+    def check(buf, node):
+        if buf.__chandle__() in shared:
+            raise PlanError(f"{name}: CPU code touches {buf.name} between the accelerator calls that use "
+                            f"it and the next sync: {_snippet(node)}")
+
+    tvm_ffi.structural_walk(stmt, [(tirx.BufferStore, lambda s: check(s.buffer, s)),
+                                   (ir.TensorLoad, lambda l: check(l.source, l))])
+
+
+def _with_syncs(body, name):
+    stmts = list(body.seq) if isinstance(body, tirx.SeqStmt) else [body]
+    out = []
+    for s in stmts:
+        out.append(s)
+        if _calls_accel(s):
+            _check_cpu_hazards(s, name)
+            out.append(tirx.Evaluate(tirx.call_packed("accel.sync")))
+    return out[0] if len(out) == 1 else tirx.SeqStmt(out)
+
+
+def plan(func: tirx.PrimFunc, config: Config) -> tirx.PrimFunc:
+    """Plan one PrimFunc (see the module docstring)."""
+    name = str(func.attrs["global_symbol"]) if func.attrs is not None and "global_symbol" in func.attrs else "main"
+    body = _Planner(config, name).run(func.body)
+    if not _calls_accel(body):
+        return func.with_body(body)
+    return func.with_body(_with_syncs(body, name))
+
+
+def plan_pass(config: Config) -> tvm.transform.Pass:
+    """:func:`plan` as a PrimFunc pass."""
+    return tirx.transform.prim_func_pass(lambda f, mod, ctx: plan(f, config), opt_level=0,
+                                         name="accel.PlanScratchpads")

@@ -1,0 +1,395 @@
+"""The tirpat rules that offload lowered TIR to accel, written with tirpat's public API.
+
+- ``load``: a copy nest from host memory into a scratchpad scope -> LOAD (2-D strided DMA,
+  padding from the copy's guard);
+- ``gemm``: a nest of 16x16x16 tiles ``C += int32(A) * int32(W)`` on ACC/INP/WGT -> GEMM,
+  up to two enclosing loops of tiles folded into its loop fields;
+- ``zero_init``: a nest storing 0 into ACC in whole tiles -> GEMM in its reset form;
+- ``alu``: an in-place elementwise nest on ACC (bias add, ReLU/clip, requantise) -> ALU;
+- ``store``: a nest writing host memory from ACC, possibly through an elementwise epilogue
+  and a narrowing cast -> ALU (in place, on the accumulator) then STORE; a plain cast wraps,
+  a clip to [-128, 127] then cast saturates.
+
+Scratchpad operands are written as ``buffer.access_ptr(...)`` of the scratchpad buffer;
+:mod:`accel.pipeline` replaces them by planned addresses. Every emitted call passes
+``deps = AUTO``: the runtime orders instructions with dependency tokens.
+
+>>> rw = accel.rules()
+>>> [r.name for r in rw.rules]
+['accel.load', 'accel.gemm', 'accel.zero_init', 'accel.alu', 'accel.store']
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import tvm_ffi
+from tvm import tirx
+
+import tirpat as tp
+from accel.config import Config
+from accel.isa import AluOp, Mem, StoreMode
+from accel.runtime import AUTO
+
+SCOPES = {"local.accel_inp": Mem.INP, "local.accel_wgt": Mem.WGT, "local.accel_acc": Mem.ACC}
+INP, WGT, ACC = "local.accel_inp", "local.accel_wgt", "local.accel_acc"
+
+
+def is_scratchpad(buffer) -> bool:
+    """True for a buffer in one of accel's scratchpad scopes."""
+    return buffer.scope() in SCOPES
+
+
+def _int(e):
+    if isinstance(e, int):
+        return e
+    return int(e.value) if isinstance(e, tirx.IntImm) else None
+
+
+def _i32(v):
+    return tirx.IntImm("int32", v) if isinstance(v, int) else v
+
+
+def address(buffer, offset):
+    """The scratchpad address of ``buffer[offset]``; the pipeline resolves it."""
+    return buffer.access_ptr("rw", offset=offset)
+
+
+def _call(name, *args):
+    return tirx.Evaluate(tirx.call_packed(name, *[_i32(a) for a in args], _i32(AUTO)))
+
+
+def _around(loops, strides_per_operand, make_call):
+    """Wrap a call in For loops over ``loops`` (outermost first); ``make_call(shifts)`` gets,
+    per operand, the offset those loops add (loop var times the operand's stride)."""
+    fresh = [tirx.Var(f"{l.loop_var.name}_acc", l.loop_var.ty) for l in loops]
+    shifts = []
+    for strides in strides_per_operand:
+        shift = tirx.IntImm("int32", 0)
+        for v, s in zip(fresh, strides):
+            if s:
+                shift = shift + v * s
+        shifts.append(shift)
+    stmt = make_call(shifts)
+    for l, v in reversed(list(zip(loops, fresh))):
+        stmt = tirx.For(v, tirx.IntImm("int32", 0), l.extent, tirx.ForKind.SERIAL, stmt)
+    return stmt
+
+
+# ----------------------------------------------------------------------------- LOAD
+def _load(m):
+    c = m["copy"]
+    dst, src = c.dst, c.src
+    mem = SCOPES[dst.buffer.scope()]
+    if c.cast is not None or is_scratchpad(src.buffer):
+        return None
+    if c.predicate is not None and c.pad is None:
+        return None
+    n = len(c.extents)
+    pads = c.pad or tuple((0, 0) for _ in range(n))
+    ext = [_int(e) for e in c.extents]
+    if any(e is None for e in ext):
+        return None
+    # The innermost loop is the DMA row when both sides are contiguous along it.
+    inner = n > 0 and dst.strides[-1] == 1 and src.strides[-1] == 1
+    col = n - 1 if inner else None
+    row = (n - 2 if inner else n - 1) if n - (1 if inner else 0) > 0 else None
+    outer = list(range(row if row is not None else (col if col is not None else 0)))
+    for k in outer:
+        if not (_int(pads[k][0]) == 0 and _int(pads[k][1]) == 0):
+            return None
+    cols = ext[col] if col is not None else 1
+    rows = ext[row] if row is not None else 1
+    pl, pr = pads[col] if col is not None else (0, 0)
+    pt, pb = pads[row] if row is not None else (0, 0)
+    dram_ld = src.strides[row] if row is not None else 0
+    sram_ld = dst.strides[row] if row is not None else cols
+    if rows > 1 and sram_ld < cols:
+        return None
+    start = src.offset + pt * dram_ld + pl * (1 if col is not None else 0)
+    pad_value = 0 if c.pad_value is None else _int(c.pad_value)
+    if pad_value is None:
+        return None
+    loops = m.loops[:len(outer)]
+
+    def make(shifts):
+        return _call("accel.load", src.buffer, start + shifts[0], int(mem),
+                     address(dst.buffer, dst.offset + shifts[1]), sram_ld,
+                     rows - pt - pb, cols - pl - pr, dram_ld, pt, pb, pl, pr, pad_value)
+
+    return _around(loops, [[src.strides[k] for k in outer], [dst.strides[k] for k in outer]], make)
+
+
+# ----------------------------------------------------------------------------- GEMM
+def _gemm(m, config):
+    t = config.tile
+    rc, ra, rw = m.region("C"), m.region("A"), m.region("W")
+    n = len(m.loops)
+    if n < 3:
+        return None
+    roles = {}
+    for k in range(n - 3, n):
+        if _int(m.loops[k].extent) != t:
+            return None
+        sig = (rc.strides[k], ra.strides[k], rw.strides[k])
+        if sig[0] == 0 and sig[1] == 1 and sig[2] == 1:
+            roles["k"] = k
+        elif sig[0] == 1 and sig[1] == 0 and sig[2] != 0:
+            roles["n"] = k
+        elif sig[0] != 0 and sig[2] == 0 and sig[1] != 0:
+            roles["m"] = k
+    if len(roles) != 3:
+        return None
+    acc_ld, inp_ld, wgt_ld = rc.strides[roles["m"]], ra.strides[roles["m"]], rw.strides[roles["n"]]
+    blocks = list(range(max(0, n - 5), n - 3))  # folded into ext_out / ext_in
+    outer = list(range(0, max(0, n - 5)))
+    fields = []
+    for k in blocks:
+        strides = (rc.strides[k], ra.strides[k], rw.strides[k])
+        if any(s % t for s in strides):
+            return None
+        fields.append((_int(m.loops[k].extent), strides))
+    while len(fields) < 2:
+        fields.insert(0, (1, (0, 0, 0)))
+    (eo, so), (ei, si) = fields
+    if eo is None or ei is None:
+        return None
+
+    def make(shifts):
+        return _call("accel.gemm", 0, address(rc.buffer, rc.offset + shifts[0]),
+                     address(ra.buffer, ra.offset + shifts[1]), address(rw.buffer, rw.offset + shifts[2]),
+                     acc_ld, inp_ld, wgt_ld, eo, ei, so[0], si[0], so[1], si[1], so[2], si[2])
+
+    return _around(m.loops[:len(outer)], [[r.strides[k] for k in outer] for r in (rc, ra, rw)], make)
+
+
+def _zero_init(m, config):
+    t = config.tile
+    r = m.region("C")
+    n = len(m.loops)
+    if n < 2:
+        return None
+    rows, cols = _int(m.loops[n - 2].extent), _int(m.loops[n - 1].extent)
+    ld = r.strides[n - 2]
+    if rows is None or cols is None or rows % t or cols % t or r.strides[n - 1] != 1 or ld % t or ld < cols:
+        return None
+    outer = list(range(n - 2))
+
+    def make(shifts):
+        return _call("accel.gemm", 1, address(r.buffer, r.offset + shifts[0]), 0, 0, ld, t, t,
+                     rows // t, cols // t, t * ld, t, 0, 0, 0, 0)
+
+    return _around(m.loops[:len(outer)], [[r.strides[k] for k in outer]], make)
+
+
+# ----------------------------------------------------------------------------- epilogues
+_OPS = {tirx.Add: AluOp.ADD, tirx.Max: AluOp.MAX, tirx.Min: AluOp.MIN, tirx.Mul: AluOp.MUL}
+_IMM_MAX = 2**31
+
+
+@dataclass
+class _Step:
+    """One ALU instruction of an epilogue: ``spine = op(spine, imm or operand)``."""
+
+    op: AluOp
+    imm: int | None = None
+    operand: object = None      # an ACC load
+
+
+def _acc_load(e):
+    return e if hasattr(e, "source") and tirx.is_buffer_var(e.source) and e.source.scope() == ACC else None
+
+
+def _chain(e):
+    """(spine ACC load, [steps]) if ``e`` is a chain of ALU ops on one ACC value, else None."""
+    load = _acc_load(e)
+    if load is not None:
+        return load, []
+    if isinstance(e, tirx.Cast) and str(e.ty.dtype) == "int32":
+        return _chain(e.value)
+    if isinstance(e, tirx.Sub) and _int(e.b) is not None:
+        inner = _chain(e.a)
+        return None if inner is None else (inner[0], inner[1] + [_Step(AluOp.ADD, -_int(e.b))])
+    if isinstance(e, tirx.RShift) and _int(e.b) is not None:
+        inner = _chain(e.a)
+        return None if inner is None else (inner[0], inner[1] + [_Step(AluOp.SHR, _int(e.b))])
+    op = _OPS.get(type(e))
+    if op is None:
+        return None
+    for spine, other in ((e.a, e.b), (e.b, e.a)):
+        inner = _chain(spine)
+        if inner is None:
+            continue
+        if _int(other) is not None and -_IMM_MAX <= _int(other) < _IMM_MAX:
+            return inner[0], inner[1] + [_Step(op, _int(other))]
+        operand = _acc_load(other)
+        if operand is not None and not operand.source.same_as(inner[0].source):
+            return inner[0], inner[1] + [_Step(op, operand=operand)]
+    return None
+
+
+def _clip(e):
+    """``x`` if ``e`` clips ``x`` to [-128, 127] (either nesting), else None."""
+    for outer, inner, lo, hi in ((tirx.Max, tirx.Min, -128, 127), (tirx.Min, tirx.Max, 127, -128)):
+        if isinstance(e, outer):
+            for a, b in ((e.a, e.b), (e.b, e.a)):
+                if _int(b) == lo and isinstance(a, inner):
+                    for x, y in ((a.a, a.b), (a.b, a.a)):
+                        if _int(y) == hi:
+                            return x
+    return None
+
+
+def _alu_calls(steps, spine, operands, loops, config):
+    """ALU instructions applying ``steps`` in place on the ``spine`` region, or None.
+
+    The innermost loop is cut into ``tile``-lane vectors (``ext_in``), the loop around it
+    becomes ``ext_out``, loops further out become For loops around the instruction.
+    """
+    t = config.tile
+    n = len(loops)
+    inner = _int(loops[-1].extent) if n else None
+    if inner is None or inner % t or spine.strides[-1] != 1:
+        return None
+    ext_out = _int(loops[-2].extent) if n >= 2 else 1
+    if ext_out is None:
+        return None
+    outer = list(range(max(0, n - 2)))
+    calls = []
+    for step, operand in zip(steps, operands):
+        if operand is not None and operand.strides[-1] != 1:
+            return None
+        dso = spine.strides[-2] if n >= 2 else 0
+        sso = operand.strides[-2] if n >= 2 and operand is not None else 0
+        if dso % t or sso % t or (ext_out > 1 and dso == 0):
+            return None
+        ssi = 0 if operand is None else t
+
+        def make(shifts, step=step, operand=operand, dso=dso, sso=sso, ssi=ssi):
+            src = 0 if operand is None else address(operand.buffer, operand.offset + shifts[1])
+            return _call("accel.alu", int(step.op), int(operand is None),
+                         address(spine.buffer, spine.offset + shifts[0]), src,
+                         step.imm if operand is None else 0, ext_out, inner // t, dso, t, sso, ssi)
+
+        strides = [[spine.strides[k] for k in outer],
+                   [operand.strides[k] if operand is not None else 0 for k in outer]]
+        calls.append(_around(loops[:len(outer)], strides, make))
+    return calls
+
+
+def _operand_regions(m, steps):
+    regions = []
+    for s in steps:
+        regions.append(None if s.operand is None else m.region(s.operand.source))
+    return regions
+
+
+def _alu(m, store, config):
+    chain = _chain(store.value)
+    if chain is None:
+        return None
+    spine, steps = chain
+    if not steps or not spine.source.same_as(store.buffer) or not all(
+            tvm_ffi.structural_equal(a, b) for a, b in zip(spine.indices, store.indices)):
+        return None
+    calls = _alu_calls(steps, m.region(store.buffer), _operand_regions(m, steps), m.loops, config)
+    if calls is None:
+        return None
+    return calls[0] if len(calls) == 1 else tirx.SeqStmt(calls)
+
+
+def _store(m, store, config):
+    out = store.buffer
+    if is_scratchpad(out):
+        return None
+    value = store.value
+    mode = StoreMode.INT32
+    if str(out.dtype) == "int8":
+        if not isinstance(value, tirx.Cast):
+            return None
+        value = value.value
+        clipped = _clip(value)
+        mode = StoreMode.WRAP if clipped is None else StoreMode.SATURATE
+        value = value if clipped is None else clipped
+    elif str(out.dtype) != "int32":
+        return None
+    chain = _chain(value)
+    if chain is None:
+        return None
+    spine, steps = chain
+    loops = m.loops
+    n = len(loops)
+    if n == 0:
+        return None
+    guard = m.get("guard")
+    valid = [(0, 0)] * n
+    if guard is not None:
+        valid = tp.padding(guard, loops)
+        if valid is None or any(_int(b) != 0 for b, _ in valid):
+            return None
+    acc = m.region(spine.source)
+    dst = m.region(out)
+    if acc.strides[-1] != 1 or dst.strides[-1] != 1:
+        return None
+    calls = []
+    if steps:
+        alu = _alu_calls(steps, acc, _operand_regions(m, steps), loops, config)
+        if alu is None:
+            return None
+        calls += alu
+    cols = loops[-1].extent - valid[-1][1]
+    rows, dram_ld, sram_ld = (1, 0, 0) if n == 1 else (loops[-2].extent - valid[-2][1], dst.strides[-2], acc.strides[-2])
+    outer = list(range(max(0, n - 2)))
+    if any(not (_int(valid[k][1]) == 0) for k in outer):
+        return None
+
+    def make(shifts):
+        return _call("accel.store", out, dst.offset + shifts[0], address(acc.buffer, acc.offset + shifts[1]),
+                     sram_ld, rows, cols, dram_ld, int(mode))
+
+    calls.append(_around(loops[:len(outer)], [[dst.strides[k] for k in outer], [acc.strides[k] for k in outer]], make))
+    return calls[0] if len(calls) == 1 else tirx.SeqStmt(calls)
+
+
+# ----------------------------------------------------------------------------- the rule set
+def _scratch(name, scope=None):
+    if scope is not None:
+        return tp.is_buffer(name, scope=scope)
+    return tp.is_buffer(name, scope=INP) | tp.is_buffer(name, scope=WGT) | tp.is_buffer(name, scope=ACC)
+
+
+def _same_indices(a, b) -> bool:
+    return len(a.indices) == len(b.indices) and all(
+        tvm_ffi.structural_equal(x, y) for x, y in zip(a.indices, b.indices))
+
+
+def rules(config: Config | None = None) -> tp.Rewriter:
+    """accel's rewrite rules as one tirpat Rewriter (ordered: load, gemm, zero_init, alu, store).
+
+    >>> [r.name for r in accel.rules().rules][:2]
+    ['accel.load', 'accel.gemm']
+    """
+    config = config or Config()
+    copy_in = tp.is_copy(dst=_scratch("dst"), src=tp.is_buffer("src"), name="copy")
+
+    C, A, W = _scratch("C", ACC), _scratch("A", INP), _scratch("W", WGT)
+    acc = tp.is_load(C, None)
+    update = tp.is_store(C, None, acc + tp.is_load(A, None).astype("int32") * tp.is_load(W, None).astype("int32"))
+    gemm = tp.is_nest(None, update).where(lambda m: _same_indices(m[update], m[acc]))
+
+    zero_store = tp.is_store(_scratch("C", ACC), None, tp.is_const(0))
+    zero = tp.is_nest(None, zero_store)
+
+    in_place = tp.is_store(_scratch("C", ACC), None, tp.wildcard())
+    alu = tp.is_nest(None, in_place)
+
+    to_host = tp.is_store(tp.is_buffer("out"), None, tp.wildcard())
+    store = tp.is_nest(None, to_host) | tp.is_nest(None, tp.is_if(tp.wildcard("guard"), to_host))
+
+    return (
+        tp.Rewriter.from_pattern(copy_in, _load, name="accel.load")
+        | tp.Rewriter.from_pattern(gemm, lambda m: _gemm(m, config), name="accel.gemm")
+        | tp.Rewriter.from_pattern(zero, lambda m: _zero_init(m, config), name="accel.zero_init")
+        | tp.Rewriter.from_pattern(alu, lambda m: _alu(m, m[in_place], config), name="accel.alu")
+        | tp.Rewriter.from_pattern(store, lambda m: _store(m, m[to_host], config), name="accel.store")
+    )
