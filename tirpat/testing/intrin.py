@@ -18,9 +18,9 @@ import importlib
 import sys
 
 import tvm_ffi
-from tvm import ir, tirx
+from tvm import ir, sym, tirx
 
-from ..analysis import key
+from ..analysis import const_int, key
 from ..pipeline import lower
 
 #: The submodules of ``tvm.s_tir.tensor_intrin`` that register intrinsics when imported.
@@ -138,3 +138,83 @@ def tile_target(desc, tiles: int = 2, layout: str = "tiled", name: str = "main")
         raise ValueError(f"the desc uses buffer(s) {sorted(set(left))} other than through loads and stores")
     loop = tirx.For(t, tirx.IntImm("int32", 0), tirx.IntImm("int32", tiles), tirx.ForKind.SERIAL, body)
     return tirx.PrimFunc(new_params, loop).with_attr("global_symbol", name)
+
+
+def view_escapes(func) -> list:
+    """Accesses through a ``DeclBuffer`` view that may leave the bound region.
+
+    The rewriter binds a replacement parameter to a view with the region's real strides and
+    offset. On a compact view an access is inside the region when its flat offset is in
+    ``[0, size)``; on a strided view every index must be inside its dimension. Bounds come
+    from the enclosing loops, thread extents and ``Bind``s of the replacement.
+    """
+    ana = sym.Analyzer()
+    views, bad = {}, []
+
+    def bounds(idx):
+        if isinstance(idx, tirx.Ramp):
+            ends = [idx.base, idx.base + idx.stride * (int(idx.lanes) - 1)]
+        else:
+            ends = [idx]
+        bs = [ana.const_int_bound(e) for e in ends]
+        return min(b.min_value for b in bs), max(b.max_value for b in bs)
+
+    def check(buf, indices, text):
+        v = views.get(key(buf))
+        if v is None:
+            return
+        shape = [const_int(s) for s in v.shape]
+        strides = [const_int(s) for s in v.strides]
+        spans = [bounds(i) for i in indices]
+        compact = None not in strides and strides == _row_major(shape)
+        if compact:
+            lo = sum(a * s for (a, _), s in zip(spans, strides))
+            hi = sum(b * s for (_, b), s in zip(spans, strides))
+            size = 1
+            for e in shape:
+                size *= e
+            if not (0 <= lo and hi < size):
+                bad.append(f"{text}: flat offsets [{lo}, {hi}] outside the compact view of {size} elements")
+            return
+        for d, ((lo, hi), extent) in enumerate(zip(spans, shape)):
+            if not (0 <= lo and extent is not None and hi < extent):
+                bad.append(f"{text}: index {d} in [{lo}, {hi}], outside a strided view's extent {extent}")
+                return
+
+    def on_decl(d, vis):
+        views[key(d.buffer)] = d.buffer
+        return vis.default_visit(d)
+
+    def on_for(f, vis):
+        ana.bind(f.loop_var, ir.Range.from_min_extent(f.min, f.extent))
+        return vis.default_visit(f)
+
+    def on_attr(a, vis):
+        if a.attr_key in ("thread_extent", "virtual_thread") and hasattr(a.node, "var"):
+            ana.bind(a.node.var, ir.Range.from_min_extent(0, a.value))
+        return vis.default_visit(a)
+
+    def on_bind(b, vis):
+        ana.bind(b.var, b.value)
+        return vis.default_visit(b)
+
+    def on_load(l, vis):
+        check(l.source, l.indices, f"load {l.source.name}{list(l.indices)}")
+        return vis.default_visit(l)
+
+    def on_store(s, vis):
+        check(s.buffer, s.indices, f"store {s.buffer.name}{list(s.indices)}")
+        return vis.default_visit(s)
+
+    tvm_ffi.structural_visit(func.body, [(tirx.DeclBuffer, on_decl), (tirx.For, on_for), (tirx.AttrStmt, on_attr),
+                                         (tirx.Bind, on_bind), (ir.TensorLoad, on_load),
+                                         (tirx.BufferStore, on_store)])
+    return bad
+
+
+def _row_major(shape):
+    out, acc = [], 1
+    for e in reversed(shape):
+        out.append(acc)
+        acc = acc * e if e is not None else None
+    return list(reversed(out))
