@@ -25,6 +25,11 @@ from accel.runtime import (
 )
 from accel.stats import Stats, Timeline
 
+# The compiler side (tirpat rules, scratchpad planner, scheduler, build) on top.
+from accel.rules import rules  # noqa: E402
+from accel.planner import PlanError, ScratchpadOverflow  # noqa: E402
+from accel.pipeline import Executable, Report, build, pipeline_name  # noqa: E402
+
 __all__ = [
     "Config", "Session", "current_session", "default_session", "Stats", "Timeline",
     "INSTRUCTION_BYTES", "Opcode", "Queue", "Mem", "StoreMode", "AluOp", "Instruction", "Load",
@@ -32,4 +37,5 @@ __all__ = [
     "AUTO", "POP_PREV", "POP_NEXT", "PUSH_PREV", "PUSH_NEXT",
     "AccelError", "DecodeError", "InstructionError", "DmaRangeError", "ScratchpadOverflowError",
     "AlignmentError", "UnknownSlotError", "DtypeMismatchError", "TokenError", "DeadlockError",
+    "rules", "build", "pipeline_name", "Executable", "Report", "PlanError", "ScratchpadOverflow",
 ]

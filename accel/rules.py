@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import tvm_ffi
-from tvm import tirx
+from tvm import ir, tirx
 
 import tirpat as tp
 from accel.config import Config
@@ -197,35 +197,42 @@ class _Step:
 
 
 def _acc_load(e):
-    return e if hasattr(e, "source") and tirx.is_buffer_var(e.source) and e.source.scope() == ACC else None
+    return e if isinstance(e, ir.TensorLoad) and e.source.scope() == ACC else None
 
 
-def _chain(e):
-    """(spine ACC load, [steps]) if ``e`` is a chain of ALU ops on one ACC value, else None."""
-    load = _acc_load(e)
-    if load is not None:
-        return load, []
-    if isinstance(e, tirx.Cast) and str(e.ty.dtype) == "int32":
-        return _chain(e.value)
+def epilogue_chain(e, is_spine, is_operand):
+    """``(spine load, [steps])`` if ``e`` is a chain of ALU operations applied to one value
+    (``is_spine(load)``) with constant or tensor (``is_operand(load)``) operands, else None.
+
+    >>> epilogue_chain(T.max(C[i, j] + bias[j], 0), is_c, is_int32)   # doctest: +SKIP
+    (C[i, j], [_Step(ADD, operand=bias[j]), _Step(MAX, imm=0)])
+    """
+    if isinstance(e, ir.TensorLoad) and is_spine(e):
+        return e, []
+    if isinstance(e, tirx.Cast) and str(e.ty.dtype) == "int32" and str(e.value.ty.dtype) == "int32":
+        return epilogue_chain(e.value, is_spine, is_operand)
     if isinstance(e, tirx.Sub) and _int(e.b) is not None:
-        inner = _chain(e.a)
+        inner = epilogue_chain(e.a, is_spine, is_operand)
         return None if inner is None else (inner[0], inner[1] + [_Step(AluOp.ADD, -_int(e.b))])
     if isinstance(e, tirx.RShift) and _int(e.b) is not None:
-        inner = _chain(e.a)
+        inner = epilogue_chain(e.a, is_spine, is_operand)
         return None if inner is None else (inner[0], inner[1] + [_Step(AluOp.SHR, _int(e.b))])
     op = _OPS.get(type(e))
     if op is None:
         return None
     for spine, other in ((e.a, e.b), (e.b, e.a)):
-        inner = _chain(spine)
+        inner = epilogue_chain(spine, is_spine, is_operand)
         if inner is None:
             continue
         if _int(other) is not None and -_IMM_MAX <= _int(other) < _IMM_MAX:
             return inner[0], inner[1] + [_Step(op, _int(other))]
-        operand = _acc_load(other)
-        if operand is not None and not operand.source.same_as(inner[0].source):
-            return inner[0], inner[1] + [_Step(op, operand=operand)]
+        if isinstance(other, ir.TensorLoad) and is_operand(other) and not other.source.same_as(inner[0].source):
+            return inner[0], inner[1] + [_Step(op, operand=other)]
     return None
+
+
+def _chain(e):
+    return epilogue_chain(e, lambda l: _acc_load(l) is not None, lambda l: _acc_load(l) is not None)
 
 
 def _clip(e):
@@ -249,11 +256,23 @@ def _alu_calls(steps, spine, operands, loops, config):
     t = config.tile
     n = len(loops)
     inner = _int(loops[-1].extent) if n else None
-    if inner is None or inner % t or spine.strides[-1] != 1:
+    if inner is None or spine.strides[-1] != 1:
         return None
     ext_out = _int(loops[-2].extent) if n >= 2 else 1
     if ext_out is None:
         return None
+    vectors = -(-inner // t)
+    if inner % t:
+        # A partial last vector also works on the padding after it: only where that padding
+        # lies inside the spine's own rows and allocation (scratchpad buffers are planned in
+        # whole vectors).
+        rows = spine.strides[-2] if n >= 2 else None
+        base = _int(spine.offset)
+        size = 1
+        for d in spine.buffer.shape:
+            size *= _int(d)
+        if base is None or (n >= 2 and rows < vectors * t) or base + ((ext_out - 1) * (rows or 0)) + vectors * t > -(-size // t) * t:
+            return None
     outer = list(range(max(0, n - 2)))
     calls = []
     for step, operand in zip(steps, operands):
@@ -269,7 +288,7 @@ def _alu_calls(steps, spine, operands, loops, config):
             src = 0 if operand is None else address(operand.buffer, operand.offset + shifts[1])
             return _call("accel.alu", int(step.op), int(operand is None),
                          address(spine.buffer, spine.offset + shifts[0]), src,
-                         step.imm if operand is None else 0, ext_out, inner // t, dso, t, sso, ssi)
+                         step.imm if operand is None else 0, ext_out, vectors, dso, t, sso, ssi)
 
         strides = [[spine.strides[k] for k in outer],
                    [operand.strides[k] if operand is not None else 0 for k in outer]]
@@ -289,8 +308,7 @@ def _alu(m, store, config):
     if chain is None:
         return None
     spine, steps = chain
-    if not steps or not spine.source.same_as(store.buffer) or not all(
-            tvm_ffi.structural_equal(a, b) for a, b in zip(spine.indices, store.indices)):
+    if not steps or not spine.source.same_as(store.buffer) or not _same_indices(spine, store):
         return None
     calls = _alu_calls(steps, m.region(store.buffer), _operand_regions(m, steps), m.loops, config)
     if calls is None:

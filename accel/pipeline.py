@@ -1,0 +1,159 @@
+"""The accel TIR pipeline and ``accel.build``.
+
+``tvm.compile(mod, target="llvm", tir_pipeline="accel")`` runs accel's tirpat rules after
+block lowering and before flattening, then plans the scratchpads (:mod:`accel.planner`);
+whatever no rule matched stays on the CPU and is compiled by LLVM. :func:`build` also
+schedules unscheduled workloads first (:mod:`accel.schedule`).
+
+>>> ex = accel.build(te.create_prim_func([A, W, C]))      # doctest: +SKIP
+>>> with accel.Session() as s:                             # doctest: +SKIP
+...     ex(a, w, c)
+>>> print(ex.report)                                       # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import tvm
+from tvm import ir, tirx
+
+import tirpat as tp
+from accel.config import Config
+from accel.planner import plan_pass
+from accel.rules import rules
+from accel.schedule import Notes, schedule
+
+_REGISTERED: dict = {}
+
+
+def pipeline_name(config: Config | None = None) -> str:
+    """Register (once) and return the TIR pipeline name for ``config``: ``"accel"`` for the
+    default Config.
+
+    >>> pipeline_name()
+    'accel'
+    """
+    config = config or Config()
+    name = "accel" if config == Config() else f"accel_{abs(hash(config)):x}"
+    if name not in _REGISTERED:
+        rw = rules(config)
+        tp.register_pipeline(name, rw, after=[plan_pass(config)])
+        _REGISTERED[name] = rw
+    return name
+
+
+pipeline_name()
+
+
+@dataclass
+class Report:
+    """What ``accel.build`` did: rule counts and sites, the MAC share, what stayed on the CPU."""
+
+    counts: dict = field(default_factory=dict)
+    sites: list = field(default_factory=list)
+    total_macs: int = 0
+    accel_macs: int = 0
+    offloaded: list = field(default_factory=list)
+    on_cpu: list = field(default_factory=list)
+
+    @property
+    def mac_share(self) -> float:
+        """Fraction of the workload's multiply-accumulates that run on the accelerator."""
+        return 1.0 if self.total_macs == 0 else self.accel_macs / self.total_macs
+
+    def __str__(self):
+        lines = ["accel offload report",
+                 f"  MACs on accel: {self.accel_macs} of {self.total_macs} ({100 * self.mac_share:.1f}%)"]
+        for g in self.offloaded:
+            epi = f" + epilogue {', '.join(g.epilogue)}" if g.epilogue else ""
+            lines.append(f"  offloaded {g.block}: {g.batch}x{g.m}x{g.n}x{g.k}{epi}")
+        lines.append("  rules fired (sites in the code):")
+        lines += [f"    {n:5d}  {rule}" for rule, n in sorted(self.counts.items())] or ["    none"]
+        if self.on_cpu:
+            lines.append("  on the CPU:")
+            lines += [f"    {name}: {why}" for name, why in self.on_cpu]
+        return "\n".join(lines)
+
+
+class Executable:
+    """A compiled workload: call it like ``tvm.compile``'s result (arrays or tensors).
+
+    Checks dtypes and shapes of the arguments before running; numpy arrays are converted
+    and written back, so ``ex(a, w, out)`` fills ``out``.
+    """
+
+    def __init__(self, compiled, func: tirx.PrimFunc, report: Report, entry: str = "main"):
+        self.module = compiled
+        self.report = report
+        self.entry = entry
+        self.params = [(p.name, tuple(int(d) for d in p.shape), str(p.dtype)) for p in func.params
+                       if tirx.is_buffer_var(p)]
+
+    def __call__(self, *args):
+        if len(args) != len(self.params):
+            raise TypeError(f"{self.entry} takes {len(self.params)} arguments "
+                            f"({', '.join(n for n, _, _ in self.params)}), got {len(args)}")
+        tensors, write_back = [], []
+        for (name, shape, dtype), a in zip(self.params, args):
+            got_shape, got_dtype = tuple(int(d) for d in a.shape), str(a.dtype)
+            if got_dtype != dtype:
+                raise TypeError(f"argument {name}: expected dtype {dtype}, got {got_dtype}")
+            if got_shape != shape:
+                raise ValueError(f"argument {name}: expected shape {shape}, got {got_shape}")
+            if isinstance(a, np.ndarray):
+                t = tvm.runtime.tensor(np.ascontiguousarray(a))
+                tensors.append(t)
+                write_back.append((a, t))
+            else:
+                tensors.append(a)
+        self.module[self.entry](*tensors)
+        for a, t in write_back:
+            a[...] = t.numpy()
+
+
+def _already_scheduled(func: tirx.PrimFunc) -> bool:
+    import tvm_ffi
+
+    found = []
+
+    def on_var(v):
+        if tirx.is_buffer_var(v) and v.scope().startswith("local.accel_"):
+            found.append(v)
+
+    tvm_ffi.structural_walk(func, (ir.Var, on_var))
+    return bool(found)
+
+
+def build(workload, config: Config | None = None) -> Executable:
+    """Schedule (if needed) and compile a workload for accel + the llvm host.
+
+    ``workload`` is a PrimFunc or an IRModule with one PrimFunc, e.g. from
+    ``te.create_prim_func`` on topi's ``nn.dense``/``nn.matmul``/``nn.batch_matmul`` with
+    int8 inputs and int32 outputs, with fused bias / ReLU / requantise epilogues. A
+    workload that already uses the ``local.accel_*`` scopes is only run through the pipeline.
+
+    >>> ex = accel.build(te.create_prim_func([A, W, C]))     # doctest: +SKIP
+    """
+    config = config or Config()
+    if isinstance(workload, ir.IRModule):
+        funcs = [(gv, f) for gv, f in workload.functions.items() if isinstance(f, tirx.PrimFunc)]
+        if len(funcs) != 1:
+            raise ValueError(f"accel.build takes one PrimFunc, the module has {len(funcs)}")
+        func = funcs[0][1]
+    elif isinstance(workload, tirx.PrimFunc):
+        func = workload
+    else:
+        raise TypeError(f"accel.build takes a PrimFunc or an IRModule, got {type(workload).__name__}")
+    if _already_scheduled(func):
+        mod, notes = ir.IRModule({"main": func}), Notes()
+    else:
+        mod, notes = schedule(func, config)
+    name = pipeline_name(config)
+    rw = _REGISTERED[name]
+    rw.report = tp.Report()
+    compiled = tvm.compile(mod, target="llvm", tir_pipeline=name)
+    report = Report(dict(rw.report.counts), list(rw.report.sites), notes.total_macs,
+                    notes.offloaded_macs, list(notes.offloaded), list(notes.on_cpu))
+    return Executable(compiled, mod["main"], report)

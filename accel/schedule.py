@@ -1,0 +1,267 @@
+"""Scheduling unscheduled workloads for accel with ``s_tir.Schedule``.
+
+For each int8 x int8 -> int32 GEMM block (dense, matmul, batch_matmul as TE/topi write
+them) the scheduler:
+
+1. transposes an operand on the CPU when its layout is not the one the DMA can read
+   (the GEMM computes ``inp x wgt^T``: A must be ``[M, K]`` and the weight ``[N, K]``);
+2. pads M, N and K to multiples of the tile (``pad_einsum``); the padding is folded into
+   the copies into the scratchpads, which become padded LOADs;
+3. inlines the elementwise epilogue chain (bias, ReLU/clip, requantise, cast) into one
+   block and keeps the accumulator in ACC; an epilogue the ALU cannot do stays on the CPU;
+4. tiles to 16 x (16*bn) x (16*bk) blocks of tiles, stages A and the weight through INP and
+   WGT at the K loop and the accumulator through ACC at the N loop, and moves the zero-init
+   out of the reduction (GEMM reset).
+
+Everything that is not offloaded stays as it is and is compiled for the CPU; each decision
+is recorded in :class:`Notes` for the build report.
+
+>>> mod, notes = schedule(te.create_prim_func([A, W, C]), accel.Config())   # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tvm import ir, s_tir, tirx
+
+import tirpat as tp
+from accel.config import Config
+from accel.rules import ACC, INP, WGT, epilogue_chain
+
+_DATA_PAR, _REDUCE = 0, 2
+
+
+class ScheduleError(ValueError):
+    """The workload cannot be compiled for accel (e.g. dynamic shapes)."""
+
+
+@dataclass
+class GemmPlan:
+    """One offloaded GEMM block: its name, sizes and what was done to it."""
+
+    block: str
+    m: int
+    n: int
+    k: int
+    batch: int
+    epilogue: list = field(default_factory=list)
+
+    @property
+    def macs(self) -> int:
+        return self.batch * self.m * self.n * self.k
+
+
+@dataclass
+class Notes:
+    """What the scheduler offloaded, and what stayed on the CPU and why."""
+
+    offloaded: list = field(default_factory=list)      # GemmPlan
+    on_cpu: list = field(default_factory=list)         # (block name, reason)
+    total_macs: int = 0
+
+    @property
+    def offloaded_macs(self) -> int:
+        return sum(g.macs for g in self.offloaded)
+
+
+def _const(e) -> int:
+    if not isinstance(e, tirx.IntImm):
+        raise ScheduleError(f"dynamic shape: {e} is not a constant; accel.build needs static shapes")
+    return int(e.value)
+
+
+_C = tp.is_buffer("C", dtype="int32")
+_X = tp.is_buffer("X", dtype="int8")
+_Y = tp.is_buffer("Y", dtype="int8")
+_C_LOAD = tp.is_load(_C, None)
+_X_LOAD, _Y_LOAD = tp.is_load(_X, None), tp.is_load(_Y, None)
+_GEMM_BODY = tp.is_store(_C, None, _C_LOAD + _X_LOAD.astype("int32") * _Y_LOAD.astype("int32"))
+
+
+def _plain_vars(indices, by_key):
+    """The block iter vars of ``indices``, or None if an index is not a plain iter var."""
+    out = []
+    for e in indices:
+        if not isinstance(e, tirx.Var) or e.__chandle__() not in by_key:
+            return None
+        out.append(e.__chandle__())
+    return out
+
+
+def _analyse_gemm(block):
+    """(roles, why_not): roles maps 'C', 'A', 'B' to (buffer, index keys) and 'i','j','k','batch'."""
+    m = _GEMM_BODY.match(block.body)
+    if m is None:
+        return None, None
+    iters = {iv.var.__chandle__(): iv for iv in block.iter_vars}
+    store, a_load, b_load = m[_GEMM_BODY], m[_X_LOAD], m[_Y_LOAD]
+    c_idx = _plain_vars(store.indices, iters)
+    a_idx, b_idx = _plain_vars(a_load.indices, iters), _plain_vars(b_load.indices, iters)
+    if c_idx is None or a_idx is None or b_idx is None:
+        return None, "its indices are not plain loop variables (e.g. a convolution)"
+    reduce = [k for k, iv in iters.items() if int(iv.iter_type) == _REDUCE]
+    if len(reduce) != 1 or len(c_idx) < 2:
+        return None, "it is not a single-reduction matrix product"
+    k = reduce[0]
+    i, j = c_idx[-2], c_idx[-1]
+    batch = c_idx[:-2]
+    if set(a_idx) == {*batch, j, k} and set(b_idx) == {*batch, i, k}:
+        a_load, b_load, a_idx, b_idx = b_load, a_load, b_idx, a_idx
+    if set(a_idx) != {*batch, i, k} or set(b_idx) != {*batch, j, k} or len(a_idx) != len(batch) + 2 \
+            or len(b_idx) != len(batch) + 2 or a_idx[:len(batch)] != batch or b_idx[:len(batch)] != batch:
+        return None, "its operands are not [batch.., M, K] and [batch.., N, K] matrices in some order"
+    ext = {key: _const(iv.dom.extent) for key, iv in iters.items()}
+    return {"C": store.buffer, "A": a_load.source, "B": b_load.source, "a_idx": a_idx, "b_idx": b_idx,
+            "i": i, "j": j, "k": k, "batch": batch, "ext": ext, "order": [iv.var.__chandle__() for iv in block.iter_vars]}, None
+
+
+def _read_index(block, buffer) -> int:
+    for n, r in enumerate(block.reads):
+        if r.source.same_as(buffer):
+            return n
+    raise ScheduleError(f"block {block.name_hint} does not read {buffer.name}")
+
+
+def _elementwise(block) -> bool:
+    return all(int(iv.iter_type) == _DATA_PAR for iv in block.iter_vars) and isinstance(block.body, tirx.BufferStore)
+
+
+def _pick_block(tiles: int, limit: int) -> int:
+    for b in (8, 4, 2, 1):
+        if b <= limit and tiles % b == 0:
+            return b
+    return 1
+
+
+def schedule(func: tirx.PrimFunc, config: Config) -> tuple[ir.IRModule, Notes]:
+    """Schedule every offloadable GEMM block of ``func``; see the module docstring."""
+    for p in func.params:
+        if tirx.is_buffer_var(p):
+            for d in p.shape:
+                _const(d)
+    sch = s_tir.Schedule(ir.IRModule({"main": func}))
+    notes = Notes()
+    root = sch.get_sblock("root")
+    gemms = []
+    for block_rv in sch.get_child_blocks(root):
+        block = sch.get(block_rv)
+        reduces = [iv for iv in block.iter_vars if int(iv.iter_type) == _REDUCE]
+        if not reduces:
+            continue
+        macs = 1
+        for iv in block.iter_vars:
+            macs *= _const(iv.dom.extent)
+        notes.total_macs += macs
+        roles, why = _analyse_gemm(block)
+        if roles is None:
+            notes.on_cpu.append((block.name_hint, why or "it is not an int8 x int8 -> int32 multiply-accumulate"))
+        else:
+            gemms.append((block.name_hint, roles))
+    for name, roles in gemms:
+        _schedule_gemm(sch, name, roles, config, notes)
+    return sch.mod, notes
+
+
+def _schedule_gemm(sch, name, roles, config, notes):
+    t = config.tile
+    ext = roles["ext"]
+    m_, n_, k_ = ext[roles["i"]], ext[roles["j"]], ext[roles["k"]]
+    batch = 1
+    for b in roles["batch"]:
+        batch *= ext[b]
+    plan = GemmPlan(name, m_, n_, k_, batch)
+    gemm = sch.get_sblock(name)
+    block = sch.get(gemm)
+
+    # 1. operand layouts the DMA can read: [.., M, K] and [.., N, K]
+    nb = len(roles["batch"])
+    for key, want, idx_key in (("A", roles["i"], "a_idx"), ("B", roles["j"], "b_idx")):
+        idx = roles[idx_key]
+        if idx[nb:] != [want, roles["k"]]:
+            stage = sch.cache_read(gemm, _read_index(sch.get(gemm), roles[key]), "global")
+            sch.transform_layout(stage, ("write", 0), lambda *ax: (*ax[:nb], ax[nb + 1], ax[nb]))
+            notes.on_cpu.append((sch.get(stage).name_hint, f"transposes {roles[key].name} on the CPU: "
+                                 "the DMA reads rows, so this operand must be [.., rows, K]"))
+            gemm = sch.get_sblock(name)
+
+    # 2. pad to whole tiles
+    order = roles["order"]
+    padded = [(-(-ext[v] // t) * t if v in (roles["i"], roles["j"], roles["k"]) else ext[v]) for v in order]
+    needs_pad = [p != ext[v] for p, v in zip(padded, order)]
+    if any(needs_pad):
+        sch.pad_einsum(gemm, padded)
+        gemm = sch.get_sblock(name)
+    mp, np_, kp = (-(-x // t) * t for x in (m_, n_, k_))
+
+    # 3. the epilogue chain, inlined into its last block
+    out_buffer = sch.get(gemm).writes[0].source
+    chain = []
+    consumer = _single_consumer(sch, gemm)
+    while consumer is not None and _elementwise(sch.get(consumer)):
+        chain.append(consumer)
+        consumer = _single_consumer(sch, consumer)
+    for blk in chain[:-1]:
+        sch.compute_inline(blk)
+    final = chain[-1] if chain else None
+    if final is not None and not _offloadable(sch.get(final), out_buffer):
+        notes.on_cpu.append((sch.get(final).name_hint, "the epilogue is not a chain of ALU operations "
+                             "(add, max, min, multiply, shift by a constant, int32 operands)"))
+        final = None
+    plan.epilogue = [] if final is None else [sch.get(final).name_hint]
+
+    # 4. tile, stage through the scratchpads, move the init out
+    loops = sch.get_loops(gemm)
+    pos = {v: n for n, v in enumerate(order)}
+    bn = _pick_block(np_ // t, 4)
+    bk = _pick_block(kp // t, 4)
+    while bn > 1 and 2 * t * t * bn * 2 > config.acc_elements // 2:
+        bn //= 2
+    while bk > 1 and 2 * (t * t * bk) > config.inp_elements // 2:
+        bk //= 2
+    i_o, i_i = sch.split(loops[pos[roles["i"]]], [None, t])
+    j_o, j_b, j_i = sch.split(loops[pos[roles["j"]]], [None, bn, t])
+    k_o, k_b, k_i = sch.split(loops[pos[roles["k"]]], [None, bk, t])
+    batch_loops = [loops[pos[b]] for b in roles["batch"]]
+    sch.reorder(*batch_loops, i_o, j_o, k_o, k_b, j_b, i_i, j_i, k_i)
+    a_stage = sch.cache_read(gemm, 0, INP)
+    b_stage = sch.cache_read(gemm, 1, WGT)
+    sch.compute_at(a_stage, k_o)
+    sch.compute_at(b_stage, k_o)
+    for producer in sch.get_producers(a_stage) + sch.get_producers(b_stage):
+        if sch.get(producer).name_hint.endswith("_pad"):
+            sch.compute_inline(producer)   # the padding becomes part of the LOAD
+    if final is None:
+        writeback = sch.cache_write(gemm, 0, ACC)
+        sch.reverse_compute_at(writeback, j_o)
+    else:
+        sch.set_scope(gemm, 0, ACC)
+        sch.reverse_compute_at(final, j_o)
+        fblock = sch.get(final)
+        for r in list(fblock.reads):
+            if r.source.same_as(sch.get(gemm).writes[0].source):
+                continue
+            stage = sch.cache_read(final, _read_index(sch.get(final), r.source), ACC)
+            sch.compute_at(stage, j_o)
+    sch.decompose_reduction(gemm, k_o)
+    notes.offloaded.append(plan)
+
+
+def _single_consumer(sch, block_rv):
+    consumers = sch.get_consumers(block_rv)
+    return consumers[0] if len(consumers) == 1 else None
+
+
+def _offloadable(block, acc_buffer) -> bool:
+    """Whether the inlined epilogue is an ALU chain on the accumulator with int32 operands."""
+    value = block.body.value
+    out = block.body.buffer
+    if str(out.dtype) == "int8":
+        if not isinstance(value, tirx.Cast):
+            return False
+        value = value.value
+    elif str(out.dtype) != "int32":
+        return False
+    is_spine = lambda load: load.source.same_as(acc_buffer)  # noqa: E731
+    is_operand = lambda load: str(load.source.dtype) == "int32" and not load.source.same_as(acc_buffer)  # noqa: E731
+    return epilogue_chain(value, is_spine, is_operand) is not None
