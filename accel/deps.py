@@ -93,8 +93,9 @@ def footprint(ins: Instruction, tile: int) -> Iterator[tuple[tuple, int, int, bo
 class DependencyTracker:
     """Adds the dependency tokens a stream needs, one instruction at a time (see module doc).
 
-    Per memory space it keeps one record per distinct range: the last writer and, per
-    queue, the last reader since that write, as ``(queue, index)``.
+    Per memory space it keeps the last writer of each distinct written range and, per
+    queue, the last reader of each distinct read range, as ``(queue, index)``; a read only
+    has to look at writes, so read-only host inputs cost nothing to track.
     """
 
     def __init__(self, tile: int) -> None:
@@ -103,7 +104,8 @@ class DependencyTracker:
 
     def reset(self) -> None:
         """Forget everything (a new stream starts)."""
-        self._ranges: dict[tuple, dict[tuple[int, int], list]] = {}
+        self._writes: dict[tuple, dict[tuple[int, int], tuple]] = {}
+        self._reads: dict[tuple, dict[tuple[int, int], dict]] = {}
         # ordered[consumer][producer]: highest producer index the consumer already waits for
         self._ordered = {q: {p: -1 for p in Queue} for q in Queue}
 
@@ -111,16 +113,21 @@ class DependencyTracker:
         """Add tokens so that ``ins`` runs after every conflicting earlier instruction;
         returns ``ins`` with its pop flags set (the pushes go onto earlier instructions)."""
         queue = queue_of(ins)
-        touched = list(footprint(ins, self.tile))
         needs: dict[Queue, int] = {}
-        for space, lo, hi, write in touched:
-            for (a, b), (writer, readers) in self._ranges.get(space, {}).items():
-                if a >= hi or lo >= b:
-                    continue
-                deps = [writer] + (list(readers.values()) if write else [])
-                for dep in deps:
-                    if dep is not None and dep[0] is not queue and dep[1] > needs.get(dep[0], -1):
-                        needs[dep[0]] = dep[1]
+
+        def need(dep):
+            if dep[0] is not queue and dep[1] > needs.get(dep[0], -1):
+                needs[dep[0]] = dep[1]
+
+        for space, lo, hi, write in footprint(ins, self.tile):
+            for (a, b), writer in self._writes.get(space, {}).items():
+                if a < hi and lo < b:
+                    need(writer)
+            if write:
+                for (a, b), readers in self._reads.get(space, {}).items():
+                    if a < hi and lo < b:
+                        for dep in readers.values():
+                            need(dep)
         pops = {}
         for src, index in sorted(needs.items()):
             if self._ordered[queue][src] >= index:
@@ -144,16 +151,19 @@ class DependencyTracker:
         """Remember what the instruction at stream position ``index`` touched."""
         queue = queue_of(ins)
         for space, lo, hi, write in footprint(ins, self.tile):
-            ranges = self._ranges.setdefault(space, {})
             if write:
-                for (a, b) in [r for r in ranges if r != (lo, hi) and r[0] >= lo and r[1] <= hi]:
-                    # a range fully overwritten: its history is implied by the new writer's
-                    # (the new writer was ordered after it)
-                    del ranges[(a, b)]
-                ranges[(lo, hi)] = [(queue, index), {}]
+                # Accesses inside the new range are ordered before this write, so its
+                # record stands for them from now on.
+                writes = self._writes.setdefault(space, {})
+                for r in [r for r in writes if lo <= r[0] and r[1] <= hi]:
+                    del writes[r]
+                writes[(lo, hi)] = (queue, index)
+                reads = self._reads.get(space)
+                if reads:
+                    for r in [r for r in reads if lo <= r[0] and r[1] <= hi]:
+                        del reads[r]
             else:
-                entry = ranges.setdefault((lo, hi), [None, {}])
-                entry[1][queue] = (queue, index)
+                self._reads.setdefault(space, {}).setdefault((lo, hi), {})[queue] = (queue, index)
 
     def _push(self, em, src: Queue, dst: Queue, index: int) -> int:
         """Make the first instruction of ``src`` at or after ``index`` with a free push flag

@@ -145,7 +145,15 @@ class Instruction:
         >>> Finish().with_flags(pop_prev=True).pop_prev
         True
         """
-        return replace(self, **flags)
+        # The driver sets flags on thousands of instructions per stream: copy the fields
+        # instead of re-running the dataclass constructor (only the bools change).
+        for name, value in flags.items():
+            if name not in _FLAG_NAMES or (value is not True and value is not False):
+                raise ValueError(f"with_flags takes the bool flags {_FLAG_NAMES}, got {name}={value!r}")
+        new = object.__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        new.__dict__.update(flags)
+        return new
 
 
 _FLAG_NAMES = ("pop_prev", "pop_next", "push_prev", "push_next")

@@ -128,8 +128,11 @@ def _elementwise(block) -> bool:
 
 
 def _pick_block(tiles: int, limit: int) -> int:
+    """Tiles per block along a dimension: the largest power of two up to ``limit`` whose
+    extra padding stays within an eighth of the work (bigger blocks mean fewer, longer
+    instructions)."""
     for b in (8, 4, 2, 1):
-        if b <= limit and tiles % b == 0:
+        if b <= limit and (-(-tiles // b) * b - tiles) * 8 <= tiles:
             return b
     return 1
 
@@ -185,14 +188,19 @@ def _schedule_gemm(sch, name, roles, config, notes):
                                  "the DMA reads rows, so this operand must be [.., rows, K]"))
             gemm = sch.get_sblock(name)
 
-    # 2. pad to whole tiles
+    # 2. blocks of tiles that fit the scratchpads (double-buffered), and padding to them
+    bn = _pick_block(-(-n_ // t), 8)
+    bk = _pick_block(-(-k_ // t), 8)
+    while bn > 1 and 2 * t * t * bn > config.acc_elements // 2:
+        bn //= 2
+    while bk > 1 and (2 * t * t * bk > config.inp_elements // 2 or 2 * t * t * bk * bn > config.wgt_elements // 2):
+        bk //= 2
+    target = {roles["i"]: t, roles["j"]: t * bn, roles["k"]: t * bk}
     order = roles["order"]
-    padded = [(-(-ext[v] // t) * t if v in (roles["i"], roles["j"], roles["k"]) else ext[v]) for v in order]
-    needs_pad = [p != ext[v] for p, v in zip(padded, order)]
-    if any(needs_pad):
+    padded = [-(-ext[v] // target[v]) * target[v] if v in target else ext[v] for v in order]
+    if any(p != ext[v] for p, v in zip(padded, order)):
         sch.pad_einsum(gemm, padded)
         gemm = sch.get_sblock(name)
-    mp, np_, kp = (-(-x // t) * t for x in (m_, n_, k_))
 
     # 3. the epilogue chain, inlined into its last block
     out_buffer = sch.get(gemm).writes[0].source
@@ -213,12 +221,6 @@ def _schedule_gemm(sch, name, roles, config, notes):
     # 4. tile, stage through the scratchpads, move the init out
     loops = sch.get_loops(gemm)
     pos = {v: n for n, v in enumerate(order)}
-    bn = _pick_block(np_ // t, 4)
-    bk = _pick_block(kp // t, 4)
-    while bn > 1 and 2 * t * t * bn * 2 > config.acc_elements // 2:
-        bn //= 2
-    while bk > 1 and 2 * (t * t * bk) > config.inp_elements // 2:
-        bk //= 2
     i_o, i_i = sch.split(loops[pos[roles["i"]]], [None, t])
     j_o, j_b, j_i = sch.split(loops[pos[roles["j"]]], [None, bn, t])
     k_o, k_b, k_i = sch.split(loops[pos[roles["k"]]], [None, bk, t])
