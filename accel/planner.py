@@ -193,14 +193,35 @@ def _check_cpu_hazards(stmt, name):
                                    (ir.TensorLoad, lambda l: check(l.source, l))])
 
 
+def _touches_memory(stmt) -> bool:
+    found = []
+    tvm_ffi.structural_walk(stmt, [(tirx.BufferStore, found.append), (ir.TensorLoad, found.append),
+                                   (ir.Call, lambda c: found.append(c) if not _is_accel_call(c) else None)])
+    return bool(found)
+
+
 def _with_syncs(body, name):
+    """Sync after each run of top-level statements that call the accelerator, before the
+    CPU code that follows it (the instructions only execute at the sync)."""
     stmts = list(body.seq) if isinstance(body, tirx.SeqStmt) else [body]
-    out = []
-    for s in stmts:
-        out.append(s)
-        if _calls_accel(s):
-            _check_cpu_hazards(s, name)
+    out, group = [], []
+
+    def close():
+        if group:
+            _check_cpu_hazards(tirx.SeqStmt(group) if len(group) > 1 else group[0], name)
+            out.extend(group)
             out.append(tirx.Evaluate(tirx.call_packed("accel.sync")))
+            group.clear()
+
+    for s in stmts:
+        if _calls_accel(s):
+            group.append(s)
+        elif group and not _touches_memory(s):
+            group.append(s)     # an allocation or a no-op does not need the results
+        else:
+            close()
+            out.append(s)
+    close()
     return out[0] if len(out) == 1 else tirx.SeqStmt(out)
 
 

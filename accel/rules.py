@@ -247,52 +247,77 @@ def _clip(e):
     return None
 
 
+@dataclass
+class _Grid:
+    """An elementwise nest as ``rows x cols`` blocks: ``cols`` is the innermost loop if the
+    first region is contiguous along it (else a virtual loop of 1), ``rows`` the loop
+    around it (or a virtual 1), ``outer`` the real loops further out."""
+
+    outer: list
+    rows: object
+    cols: object
+    row_stride: list
+    col_ok: bool
+    rows_after: object = 0
+    cols_after: object = 0
+
+    def outer_strides(self, region):
+        return [region.strides[k] for k in range(len(self.outer))] if region is not None else [0] * len(self.outer)
+
+
+def _grid(loops, regions, valid=None):
+    n = len(loops)
+    valid = valid or [(0, 0)] * n
+    contiguous = n > 0 and regions[0].strides[-1] == 1
+    k_cols = n - 1 if contiguous else None
+    k_rows = (n - 2 if contiguous else n - 1)
+    k_rows = k_rows if k_rows >= 0 else None
+    cols = loops[k_cols].extent if k_cols is not None else 1
+    rows = loops[k_rows].extent if k_rows is not None else 1
+    col_ok = all(r is None or k_cols is None or r.strides[k_cols] == 1 for r in regions)
+    row_stride = [0 if r is None or k_rows is None else r.strides[k_rows] for r in regions]
+    n_outer = k_rows if k_rows is not None else (k_cols if k_cols is not None else 0)
+    return _Grid(list(loops[:n_outer]), rows, cols, row_stride, col_ok,
+                 valid[k_rows][1] if k_rows is not None else 0, valid[k_cols][1] if k_cols is not None else 0)
+
+
 def _alu_calls(steps, spine, operands, loops, config):
     """ALU instructions applying ``steps`` in place on the ``spine`` region, or None.
 
-    The innermost loop is cut into ``tile``-lane vectors (``ext_in``), the loop around it
-    becomes ``ext_out``, loops further out become For loops around the instruction.
+    Columns are cut into ``tile``-lane vectors (``ext_in``), rows become ``ext_out``, loops
+    further out become For loops around the instruction.
     """
     t = config.tile
-    n = len(loops)
-    inner = _int(loops[-1].extent) if n else None
-    if inner is None or spine.strides[-1] != 1:
-        return None
-    ext_out = _int(loops[-2].extent) if n >= 2 else 1
-    if ext_out is None:
+    g = _grid(loops, [spine] + list(operands))
+    inner, ext_out = _int(g.cols), _int(g.rows)
+    if inner is None or ext_out is None or not g.col_ok:
         return None
     vectors = -(-inner // t)
+    dso = g.row_stride[0]
     if inner % t:
         # A partial last vector also works on the padding after it: only where that padding
         # lies inside the spine's own rows and allocation (scratchpad buffers are planned in
         # whole vectors).
-        rows = spine.strides[-2] if n >= 2 else None
         base = _int(spine.offset)
         size = 1
         for d in spine.buffer.shape:
             size *= _int(d)
-        if base is None or (n >= 2 and rows < vectors * t) or base + ((ext_out - 1) * (rows or 0)) + vectors * t > -(-size // t) * t:
+        if base is None or (ext_out > 1 and dso < vectors * t) or \
+                base + (ext_out - 1) * dso + vectors * t > -(-size // t) * t:
             return None
-    outer = list(range(max(0, n - 2)))
     calls = []
-    for step, operand in zip(steps, operands):
-        if operand is not None and operand.strides[-1] != 1:
-            return None
-        dso = spine.strides[-2] if n >= 2 else 0
-        sso = operand.strides[-2] if n >= 2 and operand is not None else 0
+    for step, operand, sso in zip(steps, operands, g.row_stride[1:]):
         if dso % t or sso % t or (ext_out > 1 and dso == 0):
             return None
         ssi = 0 if operand is None else t
 
-        def make(shifts, step=step, operand=operand, dso=dso, sso=sso, ssi=ssi):
+        def make(shifts, step=step, operand=operand, sso=sso, ssi=ssi):
             src = 0 if operand is None else address(operand.buffer, operand.offset + shifts[1])
             return _call("accel.alu", int(step.op), int(operand is None),
                          address(spine.buffer, spine.offset + shifts[0]), src,
                          step.imm if operand is None else 0, ext_out, vectors, dso, t, sso, ssi)
 
-        strides = [[spine.strides[k] for k in outer],
-                   [operand.strides[k] if operand is not None else 0 for k in outer]]
-        calls.append(_around(loops[:len(outer)], strides, make))
+        calls.append(_around(g.outer, [g.outer_strides(spine), g.outer_strides(operand)], make))
     return calls
 
 
@@ -337,8 +362,6 @@ def _store(m, store, config):
     spine, steps = chain
     loops = m.loops
     n = len(loops)
-    if n == 0:
-        return None
     guard = m.get("guard")
     valid = [(0, 0)] * n
     if guard is not None:
@@ -347,25 +370,23 @@ def _store(m, store, config):
             return None
     acc = m.region(spine.source)
     dst = m.region(out)
-    if acc.strides[-1] != 1 or dst.strides[-1] != 1:
-        return None
     calls = []
     if steps:
         alu = _alu_calls(steps, acc, _operand_regions(m, steps), loops, config)
         if alu is None:
             return None
         calls += alu
-    cols = loops[-1].extent - valid[-1][1]
-    rows, dram_ld, sram_ld = (1, 0, 0) if n == 1 else (loops[-2].extent - valid[-2][1], dst.strides[-2], acc.strides[-2])
-    outer = list(range(max(0, n - 2)))
-    if any(not (_int(valid[k][1]) == 0) for k in outer):
+    g = _grid(loops, [acc, dst], valid)
+    if not g.col_ok or any(_int(valid[k][1]) != 0 for k in range(len(g.outer))):
         return None
+    sram_ld, dram_ld = g.row_stride
+    rows, cols = g.rows - g.rows_after, g.cols - g.cols_after
 
     def make(shifts):
         return _call("accel.store", out, dst.offset + shifts[0], address(acc.buffer, acc.offset + shifts[1]),
                      sram_ld, rows, cols, dram_ld, int(mode))
 
-    calls.append(_around(loops[:len(outer)], [[dst.strides[k] for k in outer], [acc.strides[k] for k in outer]], make))
+    calls.append(_around(g.outer, [g.outer_strides(dst), g.outer_strides(acc)], make))
     return calls[0] if len(calls) == 1 else tirx.SeqStmt(calls)
 
 
@@ -399,10 +420,11 @@ def rules(config: Config | None = None) -> tp.Rewriter:
     zero = tp.is_nest(None, zero_store)
 
     in_place = tp.is_store(_scratch("C", ACC), None, tp.wildcard())
-    alu = tp.is_nest(None, in_place)
+    alu = tp.is_nest(None, in_place) | in_place
 
     to_host = tp.is_store(tp.is_buffer("out"), None, tp.wildcard())
-    store = tp.is_nest(None, to_host) | tp.is_nest(None, tp.is_if(tp.wildcard("guard"), to_host))
+    guarded = tp.is_if(tp.wildcard("guard"), to_host)
+    store = tp.is_nest(None, to_host) | tp.is_nest(None, guarded) | to_host | guarded
 
     return (
         tp.Rewriter.from_pattern(copy_in, _load, name="accel.load")
