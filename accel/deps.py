@@ -129,20 +129,24 @@ class DependencyTracker:
                         for dep in readers.values():
                             need(dep)
         pops = {}
-        for src, index in sorted(needs.items()):
+        # LOAD <-> STORE are not neighbours: a compute NOP takes the token and passes one
+        # on; the consumer then only depends on that NOP (the latest compute instruction).
+        far = Queue.STORE if queue is Queue.LOAD else Queue.LOAD if queue is Queue.STORE else None
+        if far is not None and far in needs:
+            index = needs.pop(far)
+            if self._ordered[queue][far] < index:
+                if self._ordered[Queue.COMPUTE][far] < index:
+                    self._ordered[Queue.COMPUTE][far] = self._push(em, far, Queue.COMPUTE, index)
+                    hop = nop(Queue.COMPUTE).with_flags(**{_POP[(far, Queue.COMPUTE)]: True})
+                else:
+                    hop = nop(Queue.COMPUTE)
+                needs[Queue.COMPUTE] = max(needs.get(Queue.COMPUTE, -1), em.emit(hop))
+                self._ordered[queue][far] = index
+        for src, index in needs.items():
             if self._ordered[queue][src] >= index:
                 continue
-            if abs(src - queue) == 1:
-                self._ordered[queue][src] = self._push(em, src, queue, index)
-                pops[_POP[(src, queue)]] = True
-            else:
-                # LOAD <-> STORE: a compute NOP takes the token and passes one on.
-                relay = self._push(em, src, Queue.COMPUTE, index)
-                self._ordered[Queue.COMPUTE][src] = relay
-                hop = em.emit(nop(Queue.COMPUTE).with_flags(**{_POP[(src, Queue.COMPUTE)]: True}))
-                self._ordered[queue][Queue.COMPUTE] = self._push(em, Queue.COMPUTE, queue, hop)
-                self._ordered[queue][src] = index
-                pops[_POP[(Queue.COMPUTE, queue)]] = True
+            self._ordered[queue][src] = self._push(em, src, queue, index)
+            pops[_POP[(src, queue)]] = True
         if pops:
             ins = ins.with_flags(**pops)
         return ins

@@ -22,6 +22,7 @@ from tvm import ir, tirx
 import tirpat as tp
 from accel.config import Config
 from accel.planner import plan_pass
+from accel.runtime import take_error
 from accel.rules import rules
 from accel.schedule import Notes, schedule
 
@@ -108,7 +109,14 @@ class Executable:
                 write_back.append((a, t))
             else:
                 tensors.append(a)
-        self.module[self.entry](*tensors)
+        take_error()
+        try:
+            self.module[self.entry](*tensors)
+        except Exception:
+            original = take_error()
+            if original is not None:
+                raise original from None
+            raise
         for a, t in write_back:
             a[...] = t.numpy()
 

@@ -35,7 +35,7 @@ from accel.stats import Stats
 
 __all__ = [
     "Session", "current_session", "default_session", "POP_PREV", "POP_NEXT", "PUSH_PREV",
-    "PUSH_NEXT", "AUTO", "GLOBAL_FUNCTIONS",
+    "PUSH_NEXT", "AUTO", "GLOBAL_FUNCTIONS", "take_error",
 ]
 
 # The ``deps`` bit mask of every accel.* instruction call (the header's bits 4-7), or AUTO:
@@ -360,6 +360,28 @@ def _abi_sync():
     current_session().sync()
 
 
+def _keep_error(fn):
+    """Remember an exception raised inside an ``accel.*`` call: crossing TVM's FFI turns it
+    into a RuntimeError, and :func:`take_error` lets the caller re-raise the original."""
+
+    def call(*args):
+        try:
+            return fn(*args)
+        except Exception as err:  # noqa: BLE001 - re-raised unchanged
+            _state.error = err
+            raise
+
+    call.__name__ = fn.__name__
+    return call
+
+
+def take_error() -> Optional[BaseException]:
+    """The exception the last failing ``accel.*`` call of this thread raised (then forgotten)."""
+    err = getattr(_state, "error", None)
+    _state.error = None
+    return err
+
+
 GLOBAL_FUNCTIONS = {
     "accel.load": _abi_load, "accel.store": _abi_store, "accel.gemm": _abi_gemm,
     "accel.alu": _abi_alu, "accel.dep_push": _abi_dep_push, "accel.dep_pop": _abi_dep_pop,
@@ -371,7 +393,7 @@ def _register() -> None:
     import tvm
 
     for name, fn in GLOBAL_FUNCTIONS.items():
-        tvm.register_global_func(name, fn, override=True)
+        tvm.register_global_func(name, _keep_error(fn), override=True)
 
 
 _register()
