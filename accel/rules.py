@@ -55,7 +55,12 @@ def address(buffer, offset):
     return buffer.access_ptr("rw", offset=offset)
 
 
-def _call(name, *args):
+def call(name: str, *args) -> tirx.Stmt:
+    """A statement calling the runtime function ``name`` (``"accel.load"``, ...) with
+    ``args`` and ``deps = AUTO``; scratchpad operands are :func:`address` expressions.
+
+    >>> call("accel.alu", 3, 1, address(acc, 0), 0, 4, 1, 1, 0, 16, 0, 0)   # doctest: +SKIP
+    """
     return tirx.Evaluate(tirx.call_packed(name, *[_i32(a) for a in args], _i32(AUTO)))
 
 
@@ -113,7 +118,7 @@ def _load(m):
     loops = m.loops[:len(outer)]
 
     def make(shifts):
-        return _call("accel.load", src.buffer, start + shifts[0], int(mem),
+        return call("accel.load", src.buffer, start + shifts[0], int(mem),
                      address(dst.buffer, dst.offset + shifts[1]), sram_ld,
                      rows - pt - pb, cols - pl - pr, dram_ld, pt, pb, pl, pr, pad_value)
 
@@ -156,7 +161,7 @@ def _gemm(m, config):
         return None
 
     def make(shifts):
-        return _call("accel.gemm", 0, address(rc.buffer, rc.offset + shifts[0]),
+        return call("accel.gemm", 0, address(rc.buffer, rc.offset + shifts[0]),
                      address(ra.buffer, ra.offset + shifts[1]), address(rw.buffer, rw.offset + shifts[2]),
                      acc_ld, inp_ld, wgt_ld, eo, ei, so[0], si[0], so[1], si[1], so[2], si[2])
 
@@ -176,7 +181,7 @@ def _zero_init(m, config):
     outer = list(range(n - 2))
 
     def make(shifts):
-        return _call("accel.gemm", 1, address(r.buffer, r.offset + shifts[0]), 0, 0, ld, t, t,
+        return call("accel.gemm", 1, address(r.buffer, r.offset + shifts[0]), 0, 0, ld, t, t,
                      rows // t, cols // t, t * ld, t, 0, 0, 0, 0)
 
     return _around(m.loops[:len(outer)], [[r.strides[k] for k in outer]], make)
@@ -313,7 +318,7 @@ def _alu_calls(steps, spine, operands, loops, config):
 
         def make(shifts, step=step, operand=operand, sso=sso, ssi=ssi):
             src = 0 if operand is None else address(operand.buffer, operand.offset + shifts[1])
-            return _call("accel.alu", int(step.op), int(operand is None),
+            return call("accel.alu", int(step.op), int(operand is None),
                          address(spine.buffer, spine.offset + shifts[0]), src,
                          step.imm if operand is None else 0, ext_out, vectors, dso, t, sso, ssi)
 
@@ -383,7 +388,7 @@ def _store(m, store, config):
     rows, cols = g.rows - g.rows_after, g.cols - g.cols_after
 
     def make(shifts):
-        return _call("accel.store", out, dst.offset + shifts[0], address(acc.buffer, acc.offset + shifts[1]),
+        return call("accel.store", out, dst.offset + shifts[0], address(acc.buffer, acc.offset + shifts[1]),
                      sram_ld, rows, cols, dram_ld, int(mode))
 
     calls.append(_around(g.outer, [g.outer_strides(dst), g.outer_strides(acc)], make))
