@@ -179,7 +179,7 @@ class _Matcher:
             sub = Match(node, env, self.context)
             for pred in p.predicates:
                 if not pred(sub):
-                    self.fail(path, p, node, f"the where() predicate {getattr(pred, '__name__', pred)} is false")
+                    self.trace and self.fail(path, p, node, f"the where() predicate {getattr(pred, '__name__', pred)} is false")
                     return False
         return True
 
@@ -189,7 +189,7 @@ class _Matcher:
         if p.dtype is not None and not isinstance(p, P.BufferPattern):
             found = dtype_of(node)
             if found != p.dtype:
-                self.fail(path, p, node, f"expected dtype {p.dtype}, found {found} in {_short(node)}")
+                self.trace and self.fail(path, p, node, f"expected dtype {p.dtype}, found {found} in {_short(node)}")
                 return
         handler = self._dispatch.get(type(p))
         candidates = handler(p, node, env, nest, path) if handler else p.match_with(self, node, env, nest, path)
@@ -208,7 +208,7 @@ class _Matcher:
                                      and not tirx.is_buffer_var(node)
                                      and tvm_ffi.structural_equal(old, node, map_free_vars=False)):
                 return env
-            self.fail(path, p, node, f"{_label(p)} is already bound to {_short(old)}, found {_short(node)}")
+            self.trace and self.fail(path, p, node, f"{_label(p)} is already bound to {_short(old)}, found {_short(node)}")
             return None
         env = dict(env)
         env[k] = node
@@ -222,42 +222,42 @@ class _Matcher:
 
     def _var(self, p, node, env, nest, path):
         if not isinstance(node, tirx.Var) or tirx.is_buffer_var(node):
-            self.fail(path, p, node, f"expected a variable, found {type(node).__name__} {_short(node)}")
+            self.trace and self.fail(path, p, node, f"expected a variable, found {type(node).__name__} {_short(node)}")
             return
         if p.name_hint is not None and node.name != p.name_hint:
-            self.fail(path, p, node, f"expected a variable named {p.name_hint!r}, found {node.name!r}")
+            self.trace and self.fail(path, p, node, f"expected a variable named {p.name_hint!r}, found {node.name!r}")
             return
         yield from self._wildcard(p, node, env, nest, path)
 
     def _const(self, p, node, env, nest, path):
         if not isinstance(node, (tirx.IntImm, tirx.FloatImm)):
-            self.fail(path, p, node, f"expected a constant, found {type(node).__name__} {_short(node)}")
+            self.trace and self.fail(path, p, node, f"expected a constant, found {type(node).__name__} {_short(node)}")
             return
         if p.value is not None and node.value != p.value:
-            self.fail(path, p, node, f"expected the constant {p.value}, found {node.value}")
+            self.trace and self.fail(path, p, node, f"expected the constant {p.value}, found {node.value}")
             return
         yield from self._wildcard(p, node, env, nest, path)
 
     def _buffer(self, p, node, env, nest, path):
         if not tirx.is_buffer_var(node):
-            self.fail(path, p, node, f"expected a buffer, found {type(node).__name__} {_short(node)}")
+            self.trace and self.fail(path, p, node, f"expected a buffer, found {type(node).__name__} {_short(node)}")
             return
         checks = (("name_hint", p.name_hint, node.name), ("dtype", p.dtype, str(node.dtype)),
                   ("scope", p.scope, node.scope()), ("ndim", p.ndim, len(node.shape)))
         for what, want, found in checks:
             if want is not None and want != found:
-                self.fail(path, p, node, f"expected a buffer with {what} {want!r}, found {node.name} with {what} {found!r}")
+                self.trace and self.fail(path, p, node, f"expected a buffer with {what} {want!r}, found {node.name} with {what} {found!r}")
                 return
         k = _key_of(p)
         old = env.get(k)
         if old is not None and not old.same_as(node):
-            self.fail(path, p, node, f"{_label(p)} is already bound to buffer {_short(old)}, found buffer {node.name}")
+            self.trace and self.fail(path, p, node, f"{_label(p)} is already bound to buffer {_short(old)}, found buffer {node.name}")
             return
         yield from self._wildcard(p, node, env, nest, path)
 
     def _load(self, p, node, env, nest, path):
         if not isinstance(node, ir.TensorLoad):
-            self.fail(path, p, node, f"expected a buffer load, found {type(node).__name__} {_short(node)}")
+            self.trace and self.fail(path, p, node, f"expected a buffer load, found {type(node).__name__} {_short(node)}")
             return
         yield from self._access(p, node, node.source, node.indices, env, nest, path)
 
@@ -269,7 +269,7 @@ class _Matcher:
                     yield e
             return
         if len(indices) != len(p.indices):
-            self.fail(path, p, node, f"expected {len(p.indices)} indices, found {len(indices)} in {_short(node)}")
+            self.trace and self.fail(path, p, node, f"expected {len(p.indices)} indices, found {len(indices)} in {_short(node)}")
             return
         for env1 in self.m(p.buffer, buf, env, nest, path + ("buffer",)):
             envs = [env1]
@@ -299,7 +299,7 @@ class _Matcher:
                 if env is not None:
                     yield env
                 return
-            self.fail(path, p, idx, f"expected index {expected}, found {idx}")
+            self.trace and self.fail(path, p, idx, f"expected index {expected}, found {idx}")
             return
         matched = False
         for e in self.m(p, idx, env, nest, path):
@@ -328,7 +328,7 @@ class _Matcher:
         if old is not None:
             if const_int(simplify(old - base)) == 0:
                 return env
-            self.fail(path, p, idx, f"{buf.name} is accessed at two different offsets: {old} and {base}")
+            self.trace and self.fail(path, p, idx, f"{buf.name} is accessed at two different offsets: {old} and {base}")
             return None
         env = dict(env)
         env[k] = base
@@ -337,7 +337,7 @@ class _Matcher:
     def _binop(self, p, node, env, nest, path):
         if not isinstance(node, p.root_types):
             sym = P._BINOPS[p.op][1]
-            self.fail(path, p, node, f"expected {sym!r}, found {type(node).__name__} {_short(node)}")
+            self.trace and self.fail(path, p, node, f"expected {sym!r}, found {type(node).__name__} {_short(node)}")
             return
         orders = [(node.a, node.b)]
         if p.op in P.COMMUTATIVE:
@@ -351,10 +351,10 @@ class _Matcher:
 
     def _cast(self, p, node, env, nest, path):
         if not isinstance(node, tirx.Cast):
-            self.fail(path, p, node, f"expected a cast to {p.to_dtype}, found {type(node).__name__} {_short(node)}")
+            self.trace and self.fail(path, p, node, f"expected a cast to {p.to_dtype}, found {type(node).__name__} {_short(node)}")
             return
         if dtype_of(node) != p.to_dtype:
-            self.fail(path, p, node, f"expected a cast to {p.to_dtype}, found a cast to {dtype_of(node)}")
+            self.trace and self.fail(path, p, node, f"expected a cast to {p.to_dtype}, found a cast to {dtype_of(node)}")
             return
         for e in self.m(p.value, node.value, env, nest, path + ("cast value",)):
             e = self.bind(e, p, node, path)
@@ -363,14 +363,14 @@ class _Matcher:
 
     def _call(self, p, node, env, nest, path):
         if not isinstance(node, ir.Call):
-            self.fail(path, p, node, f"expected a call of {p.op_name}, found {type(node).__name__} {_short(node)}")
+            self.trace and self.fail(path, p, node, f"expected a call of {p.op_name}, found {type(node).__name__} {_short(node)}")
             return
         op = getattr(node.op, "name", str(node.op))
         if op != p.op_name and op.split(".", 1)[-1] != p.op_name:
-            self.fail(path, p, node, f"expected a call of {p.op_name}, found a call of {op}")
+            self.trace and self.fail(path, p, node, f"expected a call of {p.op_name}, found a call of {op}")
             return
         if len(node.args) != len(p.args):
-            self.fail(path, p, node, f"expected {len(p.args)} arguments to {op}, found {len(node.args)}")
+            self.trace and self.fail(path, p, node, f"expected {len(p.args)} arguments to {op}, found {len(node.args)}")
             return
         envs = [env]
         for n, (ap, arg) in enumerate(zip(p.args, node.args)):
@@ -382,11 +382,11 @@ class _Matcher:
 
     def _affine(self, p, node, env, nest, path):
         if isinstance(node, tirx.Stmt) or tirx.is_buffer_var(node) or not (dtype_of(node) or "").startswith(("int", "uint")):
-            self.fail(path, p, node, f"expected an integer affine expression, found {_short(node)}")
+            self.trace and self.fail(path, p, node, f"expected an integer affine expression, found {_short(node)}")
             return
         loop_vars = [l.loop_var for l in self.context] + list(nest)
         if linear_form(node, loop_vars) is None:
-            self.fail(path, p, node, f"expected an expression affine in the loop variables, found {node}")
+            self.trace and self.fail(path, p, node, f"expected an expression affine in the loop variables, found {node}")
             return
         yield from self._wildcard(p, node, env, nest, path)
 
@@ -399,19 +399,19 @@ class _Matcher:
                     matched = True
                     yield e
         if not matched:
-            self.fail(path, p, node, f"neither alternative of {p!r} matches {_short(node)}")
+            self.trace and self.fail(path, p, node, f"neither alternative of {p!r} matches {_short(node)}")
 
     # -- statements --------------------------------------------------------------------
     def _store(self, p, node, env, nest, path):
         if not isinstance(node, tirx.BufferStore):
-            self.fail(path, p, node, f"expected a buffer store, found {type(node).__name__}")
+            self.trace and self.fail(path, p, node, f"expected a buffer store, found {type(node).__name__}")
             return
         for e in self._access(p, node, node.buffer, node.indices, env, nest, path):
             yield from self.m(p.value, node.value, e, nest, path + ("value",))
 
     def _loop(self, spec, loop, env, nest, path):
         if spec.kind is not None and int(loop.kind) != spec.kind:
-            self.fail(path, spec, loop, f"expected a loop of kind {spec.kind}, found kind {int(loop.kind)}")
+            self.trace and self.fail(path, spec, loop, f"expected a loop of kind {spec.kind}, found kind {int(loop.kind)}")
             return
         envs = [env]
         if spec.var is not None:
@@ -427,7 +427,7 @@ class _Matcher:
 
     def _for(self, p, node, env, nest, path):
         if not isinstance(node, tirx.For):
-            self.fail(path, p, node, f"expected a for loop, found {type(node).__name__}")
+            self.trace and self.fail(path, p, node, f"expected a for loop, found {type(node).__name__}")
             return
         for e in self._loop(p.spec, node, env, nest, path + (f"loop {node.loop_var.name}",)):
             e = self._push_loops(self.bind(e, p, node, path) or e, [node])
@@ -440,10 +440,10 @@ class _Matcher:
             chain.append(cur)
             cur = cur.body
         if not chain:
-            self.fail(path, p, node, f"expected a loop nest, found {type(node).__name__}")
+            self.trace and self.fail(path, p, node, f"expected a loop nest, found {type(node).__name__}")
             return
         if p.depth is not None and len(chain) < p.depth:
-            self.fail(path, p, chain[-1].body,
+            self.trace and self.fail(path, p, chain[-1].body,
                       f"expected a perfect nest of {p.depth} loops, found {len(chain)} "
                       f"({', '.join(l.loop_var.name for l in chain)}) then a {type(chain[-1].body).__name__}")
             return
@@ -468,7 +468,7 @@ class _Matcher:
         # At the root a run inside a longer sequence matches (the rewriter splices it);
         # nested, the run must be the whole body, or a rewrite would drop statements.
         if len(stmts) < n or (path and len(stmts) != n):
-            self.fail(path, p, node, f"expected a sequence of {n} statements, found {len(stmts)}")
+            self.trace and self.fail(path, p, node, f"expected a sequence of {n} statements, found {len(stmts)}")
             return
         for start in range(len(stmts) - n + 1):
             envs = [env]
@@ -483,10 +483,10 @@ class _Matcher:
 
     def _if(self, p, node, env, nest, path):
         if not isinstance(node, tirx.IfThenElse):
-            self.fail(path, p, node, f"expected an if statement, found {type(node).__name__}")
+            self.trace and self.fail(path, p, node, f"expected an if statement, found {type(node).__name__}")
             return
         if (p.else_case is None) != (node.else_case is None):
-            self.fail(path, p, node, "expected an if " + ("without" if p.else_case is None else "with") + " an else branch")
+            self.trace and self.fail(path, p, node, "expected an if " + ("without" if p.else_case is None else "with") + " an else branch")
             return
         for e in self.m(p.cond, node.condition, env, nest, path + ("condition",)):
             for e2 in self.m(p.then_case, node.then_case, e, nest, path + ("then",)):
@@ -504,18 +504,18 @@ class _Matcher:
         lpath = path + tuple(f"for {l.loop_var.name}" for l in loops)
         parsed = _parse_copy_body(cur)
         if isinstance(parsed, str):
-            self.fail(lpath + ("body",), p, cur, parsed)
+            self.trace and self.fail(lpath + ("body",), p, cur, parsed)
             return
         store, src_load, cast, predicate, pad_value = parsed
         dst, src = store.buffer, src_load.source
         if dst.same_as(src):
-            self.fail(lpath, p, cur, f"{dst.name} is both read and written: an in-place update, not a copy")
+            self.trace and self.fail(lpath, p, cur, f"{dst.name} is both read and written: an in-place update, not a copy")
             return
         try:
             dst_region = access_region(dst, store.indices, loops)
             src_region = access_region(src, src_load.indices, loops)
         except RegionError as err:
-            self.fail(lpath + ("body",), p, cur, f"not a copy region: {err}")
+            self.trace and self.fail(lpath + ("body",), p, cur, f"not a copy region: {err}")
             return
         pad = None if predicate is None else padding(predicate, loops)
         region = CopyRegion(dst_region, src_region, dst_region.extents, cast, pad_value, predicate, pad)

@@ -24,7 +24,7 @@ import tvm_ffi
 from tvm import ir, sym, tirx
 
 from . import pattern as P
-from .analysis import const_int, dtype_of, key, simplify, substitute, uses_any
+from .analysis import const_int, defined_vars, dtype_of, fresh_var, key, rename_defs, simplify, substitute, uses_any
 from .match import instantiate
 from .pipeline import lower
 
@@ -53,6 +53,66 @@ def _dim_strides(buf) -> list:
     return list(reversed(out))
 
 
+def _int32_strides(buf) -> list | None:
+    """Python int strides of every dimension when all are int32 constants, else None."""
+    declared = buf.strides
+    if len(declared):
+        out = []
+        for st in declared:
+            if not isinstance(st, tirx.IntImm) or st.ty.dtype != "int32":
+                return None
+            out.append(st.value)
+        return out
+    out, acc = [], 1
+    for extent in reversed(list(buf.shape)):
+        if not isinstance(extent, tirx.IntImm) or extent.ty.dtype != "int32":
+            return None
+        out.append(acc)
+        acc *= extent.value
+    return out[::-1]
+
+
+def _minus(idx, want):
+    """``idx - want`` simplified; canonical ``base + want`` and ``want`` itself without a call."""
+    if idx.same_as(want):
+        return tirx.IntImm(dtype_of(idx), 0)
+    if isinstance(idx, tirx.Add) and dtype_of(idx) == dtype_of(want):
+        if idx.b.same_as(want):
+            return idx.a
+        if idx.a.same_as(want):
+            return idx.b
+    return simplify(idx - want)
+
+
+def _same_value(a, b) -> bool:
+    """``a == b`` for all values of their variables (structurally equal, or a zero difference)."""
+    if a.same_as(b) or tvm_ffi.structural_equal(a, b, map_free_vars=False):
+        return True
+    return const_int(simplify(a - b)) == 0
+
+
+class _ParamInfo:
+    """What bind_views needs of a (pattern, replacement) buffer parameter pair, computed once."""
+
+    def __init__(self, p, q):
+        self.rank = len(p.shape)
+        compact_buffer = tirx.decl_buffer(q.shape, q.dtype)
+        self.compact = _dim_strides(compact_buffer)
+        self.layout = compact_buffer.layout  # decl_buffer's default layout for q.shape
+        self.compact_ints = [const_int(st) for st in self.compact]
+        self.factors = []
+        for b in (p, q):
+            if int(b.offset_factor) > 1 and int(b.offset_factor) not in self.factors:
+                self.factors.append(int(b.offset_factor))
+        # declared strides: None when undeclared; per dimension an int, an expression, or
+        # None for a variable (bound per site)
+        self.declared = None
+        if len(q.strides):
+            self.declared = [None if isinstance(st, tirx.Var)
+                             else (const_int(st) if const_int(st) is not None else st) for st in q.strides]
+        self.elem_offset = None if isinstance(q.elem_offset, tirx.Var) else q.elem_offset
+
+
 class _Shape(P.Pattern):
     """Any other expression node: same type and dtype, fields matched recursively."""
 
@@ -72,7 +132,7 @@ class _Shape(P.Pattern):
 
     def match_with(self, mt, node, env, nest, path):
         if type(node) is not self.node_type:
-            mt.fail(path, self, node, f"expected a {self.node_type.__name__}, found {type(node).__name__}")
+            mt.trace and mt.fail(path, self, node, f"expected a {self.node_type.__name__}, found {type(node).__name__}")
             return
         envs = [env]
         for name, want in self.fields:
@@ -81,7 +141,7 @@ class _Shape(P.Pattern):
                 envs = [e2 for e in envs for e2 in mt.m(want, found, e, nest, path + (name,))]
             elif not (want is found or want == found if not isinstance(want, tvm_ffi.Object)
                       else tvm_ffi.structural_equal(want, found)):
-                mt.fail(path, self, node, f"{self.node_type.__name__}.{name} differs")
+                mt.trace and mt.fail(path, self, node, f"{self.node_type.__name__}.{name} differs")
                 return
         yield from envs
 
@@ -105,28 +165,28 @@ class _ParamAccess(P.Pattern):
     def match_with(self, mt, node, env, nest, path):
         if self.value is None:
             if not isinstance(node, ir.TensorLoad):
-                mt.fail(path, self, node, f"expected a load of {self.param.name}, found {type(node).__name__}")
+                mt.trace and mt.fail(path, self, node, f"expected a load of {self.param.name}, found {type(node).__name__}")
                 return
             target, indices = node.source, node.indices
         else:
             if not isinstance(node, tirx.BufferStore):
-                mt.fail(path, self, node, f"expected a store to {self.param.name}, found {type(node).__name__}")
+                mt.trace and mt.fail(path, self, node, f"expected a store to {self.param.name}, found {type(node).__name__}")
                 return
             target, indices = node.buffer, node.indices
         p = self.param
         bound = env.get(("param", key(p)))
         if bound is not None and not bound.same_as(target):
-            mt.fail(path, self, node, f"{p.name} is bound to {bound.name}, found {target.name}")
+            mt.trace and mt.fail(path, self, node, f"{p.name} is bound to {bound.name}, found {target.name}")
             return
         if str(target.dtype) != str(p.dtype):
-            mt.fail(path, self, node, f"{p.name} has dtype {p.dtype}, {target.name} has dtype {target.dtype}")
+            mt.trace and mt.fail(path, self, node, f"{p.name} has dtype {p.dtype}, {target.name} has dtype {target.dtype}")
             return
         if _scope(target) != _scope(p):
-            mt.fail(path, self, node, f"{p.name} has scope {_scope(p)}, {target.name} has scope {_scope(target)}")
+            mt.trace and mt.fail(path, self, node, f"{p.name} has scope {_scope(p)}, {target.name} has scope {_scope(target)}")
             return
         drop = len(indices) - len(self.indices)
         if drop < 0:
-            mt.fail(path, self, node, f"{p.name} has {len(self.indices)} dimensions, {target.name} only {len(indices)}")
+            mt.trace and mt.fail(path, self, node, f"{p.name} has {len(self.indices)} dimensions, {target.name} only {len(indices)}")
             return
         env = dict(env)
         env[("param", key(p))] = target
@@ -136,18 +196,18 @@ class _ParamAccess(P.Pattern):
             else:
                 want = instantiate(self.indices[d - drop], env)
                 if want is None:
-                    mt.fail(path, self, node, f"cannot evaluate index {self.indices[d - drop]!r}")
+                    mt.trace and mt.fail(path, self, node, f"cannot evaluate index {self.indices[d - drop]!r}")
                     return
-                base = simplify(idx - want)
+                base = _minus(idx, want)
             if nest and uses_any(base, nest):
                 shown = idx if d < drop else want
-                mt.fail(path + (f"index {d}",), self, node,
+                mt.trace and mt.fail(path + (f"index {d}",), self, node,
                         f"{target.name} index {d}: expected {shown} plus an offset free of the matched loops, found {idx}")
                 return
             k = ("base", key(p), d)
             if k in env:
-                if const_int(simplify(env[k] - base)) != 0:
-                    mt.fail(path + (f"index {d}",), self, node,
+                if not _same_value(env[k], base):
+                    mt.trace and mt.fail(path + (f"index {d}",), self, node,
                             f"{p.name} would bind two regions of {target.name}: offsets {env[k]} and {base} in dimension {d}")
                     return
             else:
@@ -161,11 +221,12 @@ class _ParamAccess(P.Pattern):
 class _ModuleRulePattern(P.Pattern):
     """The whole pattern function: its body, then the match_buffer preconditions."""
 
-    def __init__(self, body, rule):
+    def __init__(self, body, rule, extents=()):
         self.body = body
         self.rule = rule
         self.position = body.position
         self.root_types = body.root_types
+        self.extents = tuple(extents)  # constant extents of the pattern's outer loops
 
     def children(self):
         return (self.body,)
@@ -173,11 +234,25 @@ class _ModuleRulePattern(P.Pattern):
     def _body_repr(self):
         return f"from_module({self.rule.name!r}: {self.body!r})"
 
+    def _quick_reject(self, node) -> bool:
+        """True when the outer loops' constant extents already rule a match out."""
+        for extent in self.extents:
+            if type(node) is not tirx.For:
+                return True
+            found = node.extent
+            if type(found) is not tirx.IntImm or found.value != extent:
+                return True
+            node = node.body
+        return False
+
     def match_with(self, mt, node, env, nest, path):
+        # A cheap pre-check on the loop extents; explain (tracing) takes the full path for its messages.
+        if not mt.trace and self._quick_reject(node):
+            return
         for e in mt.m(self.body, node, env, nest, path):
             views, reason = self.rule.bind_views(e)
             if views is None:
-                mt.fail(path + ("params",), self, node, reason, final=True)
+                mt.trace and mt.fail(path + ("params",), self, node, reason, final=True)
                 continue
             e = dict(e)
             e[_VIEWS] = views
@@ -213,11 +288,18 @@ class ModuleRule:
                     raise ValueError(f"rule {self.name!r}: buffer {a.name} is {list(a.shape)} {a.dtype} in pattern "
                                      f"but {list(b.shape)} {b.dtype} in replacement")
         self.params = list(zip(pp, rp))
+        self._buffer_params = [(p, q, _ParamInfo(p, q)) for p, q in self.params if tirx.is_buffer_var(p)]
+        # variables the replacement body defines itself (loops, Binds, ...): fresh ones per site
+        self._body_defs = defined_vars(self.replacement_func.body)
         self._loop_vars: dict = {}
         self._scalars = {key(p): P.Wildcard(f"{self.name}:{p.name}") for p in pp if not tirx.is_buffer_var(p)}
         self._buffers = {key(p): p for p in pp if tirx.is_buffer_var(p)}
         body = self._stmt(self.pattern_func.body)
-        self.pattern = _ModuleRulePattern(body, self)
+        extents, loop = [], self.pattern_func.body
+        while isinstance(loop, tirx.For) and isinstance(loop.extent, tirx.IntImm):
+            extents.append(int(loop.extent.value))
+            loop = loop.body
+        self.pattern = _ModuleRulePattern(body, self, extents)
 
     # -- pattern from the pattern function ----------------------------------------------
     def _stmt(self, s):
@@ -267,31 +349,44 @@ class ModuleRule:
     def bind_views(self, env):
         """Per buffer parameter: the target, its view strides and offset; or (None, reason)."""
         views = []
-        for p, q in self.params:
-            if not tirx.is_buffer_var(p):
-                continue
+        for p, q, info in self._buffer_params:
             target = env.get(("param", key(p)))
             if target is None:
                 return None, f"pattern parameter {p.name} is never accessed, so it binds no region"
-            strides = _dim_strides(target)
-            rank = len(p.shape)
-            drop = len(target.shape) - rank
-            base = [env[("base", key(p), d)] for d in range(len(target.shape))]
-            offset = target.elem_offset
-            for b, s in zip(base, strides):
-                offset = offset + b * s
+            shape = target.shape
+            drop = len(shape) - info.rank
+            base = [env[("base", key(p), d)] for d in range(len(shape))]
+            int_strides = _int32_strides(target)
+            if int_strides is None:  # symbolic or non-int32 strides: the general path
+                strides = _dim_strides(target)
+                offset = target.elem_offset
+                for b, st in zip(base, strides):
+                    offset = offset + b * st
+                view_strides = [simplify(st) for st in strides[drop:]]
+                is_compact = all(const_int(simplify(a - b)) == 0 for a, b in zip(view_strides, info.compact))
+                actual_ints = [const_int(st) for st in view_strides]
+            else:
+                offset = target.elem_offset
+                for b, st in zip(base, int_strides):
+                    if not (isinstance(b, tirx.IntImm) and b.value == 0):
+                        offset = offset + (b if st == 1 else b * st)
+                actual_ints = int_strides[drop:]
+                view_strides = [tirx.IntImm("int32", st) for st in actual_ints]
+                is_compact = actual_ints == info.compact_ints
             offset = simplify(offset)
-            view_strides = [simplify(s) for s in strides[drop:]]
-            for buf in (p, q):
-                factor = int(buf.offset_factor)
-                if factor > 1 and const_int(simplify(tirx.floormod(offset, factor))) != 0:
+            for factor in info.factors:
+                if const_int(simplify(tirx.floormod(offset, factor))) != 0:
                     return None, (f"the region of {target.name} bound to {p.name} starts at element {offset}, "
                                   f"not provably a multiple of offset_factor {factor}")
-            compact = _dim_strides(tirx.decl_buffer(q.shape, q.dtype))
-            is_compact = all(const_int(simplify(a - b)) == 0 for a, b in zip(view_strides, compact))
-            if len(q.strides):
-                for d, (declared, actual) in enumerate(zip(q.strides, view_strides)):
-                    if not isinstance(declared, tirx.Var) and const_int(simplify(declared - actual)) != 0:
+            if info.declared is not None:
+                for d, (declared, actual, actual_int) in enumerate(zip(info.declared, view_strides, actual_ints)):
+                    if declared is None:  # a variable, bound per site
+                        continue
+                    if actual_int is not None and isinstance(declared, int):
+                        differs = declared != actual_int
+                    else:
+                        differs = const_int(simplify(declared - actual)) != 0
+                    if differs:
                         return None, (f"replacement parameter {q.name} declares stride {declared} in dimension {d}, "
                                       f"but the region of {target.name} has stride {actual}")
             elif not is_compact and not self._scalar_only(q):
@@ -302,15 +397,21 @@ class ModuleRule:
                               f"{self._outside_shape(q)}, past its shape {[int(e) for e in q.shape]}, which is only "
                               f"right on a compact region, but the region of {target.name} is not compact "
                               f"(strides {view_strides})")
-            if not isinstance(q.elem_offset, tirx.Var) and const_int(simplify(q.elem_offset - offset)) != 0 \
+            if info.elem_offset is not None and const_int(simplify(info.elem_offset - offset)) != 0 \
                     and not self._scalar_only(q):
                 return None, (f"replacement parameter {q.name} assumes elem_offset {q.elem_offset}, but the region of "
                               f"{target.name} starts at element {offset}")
-            views.append((q, target, view_strides, offset))
+            views.append((q, target, view_strides, offset, info.layout))
         return views, None
 
     def _scalar_only(self, q) -> bool:
         """True when the replacement uses ``q`` through loads and stores alone."""
+        cache = self.__dict__.setdefault("_scalar_only_cache", {})
+        if key(q) not in cache:
+            cache[key(q)] = self._count_scalar_uses(q)
+        return cache[key(q)]
+
+    def _count_scalar_uses(self, q) -> bool:
         total, scalar = [0], [0]
 
         def on_var(v, kind):
@@ -398,9 +499,9 @@ class ModuleRule:
         env = m._env
         mapping = {}
         decls = []
-        for q, target, strides, offset in env[_VIEWS]:
+        for q, target, strides, offset, layout in env[_VIEWS]:
             view = tirx.decl_buffer(q.shape, q.dtype, q.name, data=target.data, strides=strides,
-                                    elem_offset=offset, scope=target.scope())
+                                    elem_offset=offset, scope=target.scope(), layout=layout)
             mapping[key(q)] = view
             for declared, actual in zip(q.strides, strides):
                 if isinstance(declared, tirx.Var):
@@ -412,6 +513,8 @@ class ModuleRule:
             if not tirx.is_buffer_var(p):
                 mapping[key(q)] = env[self._scalars[key(p)].name]
         body = substitute(self.replacement_func.body, mapping)
+        if self._body_defs:
+            body = rename_defs(body, {key(v): fresh_var(v) for v in self._body_defs})
         return tirx.SeqStmt(decls + [body]) if decls else body
 
 
@@ -431,7 +534,7 @@ class _EvaluatePattern(P.StmtPattern):
 
     def match_with(self, mt, node, env, nest, path):
         if not isinstance(node, tirx.Evaluate):
-            mt.fail(path, self, node, f"expected an evaluate, found {type(node).__name__}")
+            mt.trace and mt.fail(path, self, node, f"expected an evaluate, found {type(node).__name__}")
             return
         yield from mt.m(self.value, node.value, env, nest, path + ("value",))
 
@@ -441,7 +544,7 @@ def module_rule(mod, name=None):
     from .rewrite import Rule
 
     rule = ModuleRule(mod, name)
-    return Rule(rule.pattern, rule.replace, rule.name)
+    return Rule(rule.pattern, rule.replace, rule.name, fresh_defs=True)
 
 
 def rewriter(cls_or_mod):

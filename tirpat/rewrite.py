@@ -41,6 +41,8 @@ class Rule:
     pattern: P.Pattern
     callback: Callable[[Match], Any]
     name: str
+    #: the callback returns new definitions on every call (no renaming needed per site)
+    fresh_defs: bool = False
 
     def __repr__(self):
         return f"Rule({self.name!r}, {self.pattern!r})"
@@ -278,9 +280,10 @@ class Rewriter:
                                    f"with a {dtype_of(result)} one")
         # Every inserted copy gets its own variables, so one replacement can be used twice.
         own = defined_vars(result)
-        if own:
+        if own and not rule.fresh_defs:
             result = rename_defs(result, {key(v): fresh_var(v) for v in own})
-        own_keys = {key(v) for v in defined_vars(result)}
+            own = defined_vars(result)
+        own_keys = {key(v) for v in own}
         local = {key(v) for v in defined_vars(node)} if isinstance(node, tirx.Stmt) else set()
         for v in vars_used(result):
             k = key(v)
