@@ -216,7 +216,7 @@ class Session:
         """
         try:
             stream = self.emitter.finish()
-            self.simulator.run(stream, self._table, self.stats)
+            self.simulator.run(stream, self._table, self.stats, verified=True)
             if self.record:
                 self._recorded.extend(stream)
         finally:

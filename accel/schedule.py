@@ -131,7 +131,7 @@ def _pick_block(tiles: int, limit: int) -> int:
     """Tiles per block along a dimension: the largest power of two up to ``limit`` whose
     extra padding stays within an eighth of the work (bigger blocks mean fewer, longer
     instructions)."""
-    for b in (8, 4, 2, 1):
+    for b in (32, 16, 8, 4, 2, 1):
         if b <= limit and (-(-tiles // b) * b - tiles) * 8 <= tiles:
             return b
     return 1
@@ -190,7 +190,7 @@ def _schedule_gemm(sch, name, roles, config, notes):
 
     # 2. blocks of tiles that fit the scratchpads (double-buffered), and padding to them
     bn = _pick_block(-(-n_ // t), 8)
-    bk = _pick_block(-(-k_ // t), 8)
+    bk = _pick_block(-(-k_ // t), 32)
     while bn > 1 and 2 * t * t * bn > config.acc_elements // 2:
         bn //= 2
     while bk > 1 and (2 * t * t * bk > config.inp_elements // 2 or 2 * t * t * bk * bn > config.wgt_elements // 2):
