@@ -25,8 +25,19 @@ def _simple(e) -> bool:
     return isinstance(e, (tirx.Var,) + _CONST)
 
 
+def _outer_times_tile_plus_inner(e) -> bool:
+    """``a * c + b`` (distinct Vars, one dtype, an integer constant c >= 2): the commonest
+    tiled index, and already in the simplifier's form, so it is kept without a call."""
+    if type(e) is not tirx.Add or type(e.b) is not tirx.Var or type(e.a) is not tirx.Mul:
+        return False
+    a, c, b = e.a.a, e.a.b, e.b
+    if type(a) is not tirx.Var or type(c) is not tirx.IntImm or c.value < 2 or a.same_as(b):
+        return False
+    return str(a.ty.dtype) == str(b.ty.dtype) == str(c.ty.dtype)
+
+
 def _index(e):
-    return e if _simple(e) else simplify(e)
+    return e if _simple(e) or _outer_times_tile_plus_inner(e) else simplify(e)
 
 
 def _indices(indices):
