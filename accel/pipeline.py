@@ -160,7 +160,6 @@ def build(workload, config: Config | None = None) -> Executable:
         mod, notes = schedule(func, config)
     name = pipeline_name(config)
     rw = _REGISTERED[name]
-    rw.report = tp.Report()
     compiled = tvm.compile(mod, target="llvm", tir_pipeline=name)
     report = Report(dict(rw.report.counts), list(rw.report.sites), notes.total_macs,
                     notes.offloaded_macs, list(notes.offloaded), list(notes.on_cpu))

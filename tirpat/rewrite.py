@@ -149,11 +149,7 @@ class Rewriter:
         """Rewrite a PrimFunc, an IRModule or a Stmt; returns the same kind. Input untouched."""
         self.report = Report()
         if isinstance(obj, ir.IRModule):
-            funcs = {}
-            for gv, func in obj.functions.items():
-                funcs[gv] = self._rewrite_func(func, gv.name_hint) if isinstance(func, tirx.PrimFunc) else func
-            new = ir.IRModule(funcs, attrs=obj.attrs)
-            return new
+            return self._rewrite_module(obj)
         if isinstance(obj, tirx.PrimFunc):
             return self._rewrite_func(obj, _func_name(obj))
         if isinstance(obj, tirx.Stmt):
@@ -177,14 +173,22 @@ class Rewriter:
         return new
 
     def as_pass(self, name: str = "tirpat.Rewrite") -> tvm.transform.Pass:
-        """This rewriter as a ``tvm.transform.Pass`` over PrimFuncs.
+        """This rewriter as a ``tvm.transform.Pass`` over the PrimFuncs of a module;
+        ``rw.report`` then describes the last module it ran on.
 
         >>> mod = rw.as_pass()(mod)                 # doctest: +SKIP
         """
-        def transform(func, mod, ctx):
-            return self._rewrite_func(func, _func_name(func))
+        @tvm.transform.module_pass(opt_level=0, name=name)
+        def transform(mod, ctx):
+            self.report = Report()
+            return self._rewrite_module(mod)
 
-        return tirx.transform.prim_func_pass(transform, opt_level=0, name=name)
+        return transform
+
+    def _rewrite_module(self, mod):
+        funcs = {gv: self._rewrite_func(f, gv.name_hint) if isinstance(f, tirx.PrimFunc) else f
+                 for gv, f in mod.functions.items()}
+        return ir.IRModule(funcs, attrs=mod.attrs)
 
     # -- the single pre-order pass -----------------------------------------------------
     def _scan(self, root, func_name=None, stop_at_match=False, params=()):
