@@ -20,7 +20,10 @@ What is timed, per repeat (medians of several repeats, both in this process):
 results are compiled and run once and checked against numpy (they call the same packed
 function). The target of the design is tirpat >= 10x faster per tile, flat in L.
 
-    python benchmarks/bench_vs_tensorize.py [--repeats N]
+    python benchmarks/bench_vs_tensorize.py [--repeats N] [--stages]
+
+``--stages`` also prints where tirpat's time goes per tile (it wraps tirpat internals:
+canonicalisation, matching, the replacement callback, the site checks, the verifier).
 """
 
 from __future__ import annotations
@@ -172,7 +175,57 @@ def main(repeats: int = 7, layers=(1, 4, 16)):
               f"{a / tp0:14.2f} {b / tz0:17.2f}")
 
 
+def stages(repeats: int = 7, layers=(1, 16)):
+    """Per-tile time of each stage of ``rw(func)`` (wraps internals; for profiling only)."""
+    import collections
+    import sys
+
+    from tvm import tirx
+
+    rewrite, match = sys.modules["tirpat.rewrite"], sys.modules["tirpat.match"]
+    spent = collections.Counter()
+
+    def timed(owner, attr, label):
+        fn = getattr(owner, attr)
+
+        def wrapper(*args, **kwargs):
+            t = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[label] += time.perf_counter() - t
+
+        setattr(owner, attr, wrapper)
+        return lambda: setattr(owner, attr, fn)
+
+    rw = tp.Rewriter.from_module({"pattern": gemm16_desc, "replacement": gemm16_impl}, name="gemm16")
+    rule = rw.rules[0]
+    undo = [timed(rewrite, "canonicalize", "canonicalize"), timed(match._Matcher, "run", "match (all For nodes)"),
+            timed(rule, "callback", "replacement"), timed(rewrite.Rewriter, "_check", "site checks"),
+            timed(tirx.analysis, "verify_well_formed", "verify_well_formed")]
+    try:
+        print("\ntirpat per tile, by stage (us):")
+        for n in layers:
+            low = tp.lower(mlp_schedule(n)[0].mod)["main"]
+            rw(low)
+            spent.clear()
+            t0 = time.perf_counter()
+            for _ in range(repeats):
+                rw(low)
+            total = time.perf_counter() - t0
+            parts = dict(spent)
+            parts["rest (walk, bookkeeping)"] = total - sum(parts.values())
+            print(f"  L={n}: " + ", ".join(f"{k} {v / repeats / n * 1e6:.0f}" for k, v in parts.items()))
+    finally:
+        for u in undo:
+            u()
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=7)
-    main(parser.parse_args().repeats)
+    parser.add_argument("--stages", action="store_true", help="also print tirpat's time per stage")
+    args = parser.parse_args()
+    main(args.repeats)
+    if args.stages:
+        stages(args.repeats)
