@@ -1,7 +1,7 @@
 """Scheduling unscheduled workloads for accel with ``s_tir.Schedule``.
 
 For each int8 x int8 -> int32 GEMM block (dense, matmul, batch_matmul as TE/topi write
-them) the scheduler:
+them; a conv2d is first rewritten into a batched GEMM by :mod:`accel.conv`) the scheduler:
 
 1. transposes an operand on the CPU when its layout is not the one the DMA can read
    (the GEMM computes ``inp x wgt^T``: A must be ``[M, K]`` and the weight ``[N, K]``);
@@ -27,6 +27,8 @@ from tvm import ir, s_tir, tirx
 
 import tirpat as tp
 from accel.config import Config
+from accel.conv import analyse as analyse_conv
+from accel.conv import normalise as normalise_conv
 from accel.rules import ACC, INP, WGT, epilogue_chain
 
 _DATA_PAR, _REDUCE = 0, 2
@@ -46,6 +48,7 @@ class GemmPlan:
     k: int
     batch: int
     epilogue: list = field(default_factory=list)
+    gather: str = ""        # how a convolution's im2col operand reaches INP
 
     @property
     def macs(self) -> int:
@@ -89,17 +92,17 @@ def _plain_vars(indices, by_key):
     return out
 
 
-def _analyse_gemm(block):
+_NOT_PLAIN = "its indices are not plain loop variables"
+
+
+def _analyse_gemm(block, m):
     """(roles, why_not): roles maps 'C', 'A', 'B' to (buffer, index keys) and 'i','j','k','batch'."""
-    m = _GEMM_BODY.match(block.body)
-    if m is None:
-        return None, None
     iters = {iv.var.__chandle__(): iv for iv in block.iter_vars}
     store, a_load, b_load = m[_GEMM_BODY], m[_X_LOAD], m[_Y_LOAD]
     c_idx = _plain_vars(store.indices, iters)
     a_idx, b_idx = _plain_vars(a_load.indices, iters), _plain_vars(b_load.indices, iters)
     if c_idx is None or a_idx is None or b_idx is None:
-        return None, "its indices are not plain loop variables (e.g. a convolution)"
+        return None, _NOT_PLAIN
     reduce = [k for k, iv in iters.items() if int(iv.iter_type) == _REDUCE]
     if len(reduce) != 1 or len(c_idx) < 2:
         return None, "it is not a single-reduction matrix product"
@@ -113,7 +116,8 @@ def _analyse_gemm(block):
         return None, "its operands are not [batch.., M, K] and [batch.., N, K] matrices in some order"
     ext = {key: _const(iv.dom.extent) for key, iv in iters.items()}
     return {"C": store.buffer, "A": a_load.source, "B": b_load.source, "a_idx": a_idx, "b_idx": b_idx,
-            "i": i, "j": j, "k": k, "batch": batch, "ext": ext, "order": [iv.var.__chandle__() for iv in block.iter_vars]}, None
+            "i": i, "j": j, "k": k, "batch": batch, "ext": ext, "order": [iv.var.__chandle__() for iv in block.iter_vars],
+            "k_outer": [], "inline": [], "stop": None, "gather": ""}, None
 
 
 def _read_index(block, buffer) -> int:
@@ -156,12 +160,19 @@ def schedule(func: tirx.PrimFunc, config: Config) -> tuple[ir.IRModule, Notes]:
         for iv in block.iter_vars:
             macs *= _const(iv.dom.extent)
         notes.total_macs += macs
-        roles, why = _analyse_gemm(block)
-        if roles is None:
-            notes.on_cpu.append((block.name_hint, why or "it is not an int8 x int8 -> int32 multiply-accumulate"))
+        m = _GEMM_BODY.match(block.body)
+        roles, conv, why = None, None, "it is not an int8 x int8 -> int32 multiply-accumulate"
+        if m is not None:
+            roles, why = _analyse_gemm(block, m)
+            if why == _NOT_PLAIN:
+                conv, why = analyse_conv(block, m[_GEMM_BODY], (m[_X_LOAD], m[_Y_LOAD]))
+        if roles is None and conv is None:
+            notes.on_cpu.append((block.name_hint, why))
         else:
-            gemms.append((block.name_hint, roles))
-    for name, roles in gemms:
+            gemms.append((block.name_hint, roles, conv))
+    for name, roles, conv in gemms:
+        if conv is not None:
+            roles = normalise_conv(sch, conv, config, notes)
         _schedule_gemm(sch, name, roles, config, notes)
     return sch.mod, notes
 
@@ -170,18 +181,20 @@ def _schedule_gemm(sch, name, roles, config, notes):
     t = config.tile
     ext = roles["ext"]
     m_, n_, k_ = ext[roles["i"]], ext[roles["j"]], ext[roles["k"]]
-    batch = 1
+    batch, k_all = 1, k_
     for b in roles["batch"]:
         batch *= ext[b]
-    plan = GemmPlan(name, m_, n_, k_, batch)
+    for r in roles["k_outer"]:
+        k_all *= ext[r]
+    plan = GemmPlan(name, m_, n_, k_all, batch, gather=roles["gather"])
     gemm = sch.get_sblock(name)
     block = sch.get(gemm)
 
     # 1. operand layouts the DMA can read: [.., M, K] and [.., N, K]
     nb = len(roles["batch"])
     for key, want, idx_key in (("A", roles["i"], "a_idx"), ("B", roles["j"], "b_idx")):
-        idx = roles[idx_key]
-        if idx[nb:] != [want, roles["k"]]:
+        idx = roles.get(idx_key)     # None: already in GEMM layout (a normalised convolution)
+        if idx is not None and idx[nb:] != [want, roles["k"]]:
             stage = sch.cache_read(gemm, _read_index(sch.get(gemm), roles[key]), "global")
             sch.transform_layout(stage, ("write", 0), lambda *ax: (*ax[:nb], ax[nb + 1], ax[nb]))
             notes.on_cpu.append((sch.get(stage).name_hint, f"transposes {roles[key].name} on the CPU: "
@@ -206,7 +219,8 @@ def _schedule_gemm(sch, name, roles, config, notes):
     out_buffer = sch.get(gemm).writes[0].source
     chain = []
     consumer = _single_consumer(sch, gemm)
-    while consumer is not None and _elementwise(sch.get(consumer)):
+    while consumer is not None and _elementwise(sch.get(consumer)) and \
+            sch.get(consumer).name_hint != roles["stop"]:
         chain.append(consumer)
         consumer = _single_consumer(sch, consumer)
     for blk in chain[:-1]:
@@ -225,14 +239,23 @@ def _schedule_gemm(sch, name, roles, config, notes):
     j_o, j_b, j_i = sch.split(loops[pos[roles["j"]]], [None, bn, t])
     k_o, k_b, k_i = sch.split(loops[pos[roles["k"]]], [None, bk, t])
     batch_loops = [loops[pos[b]] for b in roles["batch"]]
-    sch.reorder(*batch_loops, i_o, j_o, k_o, k_b, j_b, i_i, j_i, k_i)
+    k_outer = [loops[pos[r]] for r in roles["k_outer"]]
+    sch.reorder(*batch_loops, i_o, j_o, *k_outer, k_o, k_b, j_b, i_i, j_i, k_i)
     a_stage = sch.cache_read(gemm, 0, INP)
     b_stage = sch.cache_read(gemm, 1, WGT)
     sch.compute_at(a_stage, k_o)
     sch.compute_at(b_stage, k_o)
-    for producer in sch.get_producers(a_stage) + sch.get_producers(b_stage):
-        if sch.get(producer).name_hint.endswith("_pad"):
-            sch.compute_inline(producer)   # the padding becomes part of the LOAD
+    for stage in (a_stage, b_stage):
+        # the padding (and a convolution's gather) becomes part of the LOAD
+        inlined = True
+        while inlined:
+            inlined = False
+            for producer in sch.get_producers(stage):
+                name = sch.get(producer).name_hint
+                if name.endswith("_pad") or name in roles["inline"]:
+                    sch.compute_inline(producer)
+                    inlined = True
+                    break
     if final is None:
         writeback = sch.cache_write(gemm, 0, ACC)
         sch.reverse_compute_at(writeback, j_o)
@@ -245,7 +268,7 @@ def _schedule_gemm(sch, name, roles, config, notes):
                 continue
             stage = sch.cache_read(final, _read_index(sch.get(final), r.source), ACC)
             sch.compute_at(stage, j_o)
-    sch.decompose_reduction(gemm, k_o)
+    sch.decompose_reduction(gemm, k_outer[0] if k_outer else k_o)
     notes.offloaded.append(plan)
 
 

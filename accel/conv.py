@@ -1,0 +1,323 @@
+"""Convolutions as GEMMs: recognising conv2d blocks and rewriting them into GEMM form.
+
+A conv2d block, as topi's ``conv2d_nchw`` and ``conv2d_nhwc`` write it (any layout of input,
+weight and output, any stride, padding and dilation, groups = 1)::
+
+    C[n, y, x, f] += X[n, y*sy + ry*dy, x*sx + rx*dx, c] * W[ry, rx, c, f]
+
+is a GEMM with M = output columns ``x``, N = output channels ``f`` and K = ``(ry, rx, c)``,
+batched over ``(n, y)``. :func:`normalise` turns it into that form with schedule primitives,
+so that the scheduler's GEMM path (padding, tiling, scratchpad staging, epilogues) applies:
+
+- **direct gather** (the default): K stays three loops, ``ry`` and ``rx`` outside the tile and
+  ``c`` tiled. One INP tile is then ``X[n, y*sy + ry*dy, (x0 + i)*sx + rx*dx, c0 + k]`` for
+  ``i, k < 16``: a strided 2-D view of the channels-last input, so the im2col matrix is never
+  built; the copy into INP becomes a strided, padded LOAD;
+- **im2col on the CPU**: when the channels are few (padding ``c`` to a whole tile would waste
+  most of every INP tile), K is fused into one loop and the CPU builds the im2col matrix.
+
+The input is read channels-last (an NCHW input is transposed on the CPU, together with its
+zero padding), the weights are reordered on the CPU to ``[ry, rx, F, C]`` (direct) or
+``[F, K]`` (im2col), since the GEMM reads weight rows along K, and an NCHW result is written
+channels-last by the accelerator and transposed on the CPU. Every CPU step is recorded with
+its reason.
+
+>>> conv, why = analyse(block, store, (x_load, w_load))    # doctest: +SKIP
+>>> roles = normalise(sch, conv, config, notes)             # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import tvm_ffi
+from tvm import ir, s_tir, sym, tirx
+
+from accel.config import Config
+
+_DATA_PAR, _REDUCE = 0, 2
+DEPTHWISE = ("a depthwise or grouped convolution: each output channel reads only its own group "
+             "of input channels, which is not one matrix product")
+
+
+@dataclass
+class Conv:
+    """A recognised conv2d block: its name, buffers, and where each role sits.
+
+    ``pos`` maps a role (``n``, ``y``, ``x``, ``f``, ``ry``, ``rx``, ``c``) to its block iter
+    position; ``in_dim``, ``w_dim`` and ``out_dim`` map roles to buffer dimensions.
+
+    >>> conv.ext["c"], conv.in_dim["c"]      # doctest: +SKIP
+    (64, 3)
+    """
+
+    block: str
+    input: ir.Var
+    weight: ir.Var
+    output: ir.Var
+    pos: dict
+    ext: dict
+    in_dim: dict
+    w_dim: dict
+    out_dim: dict
+
+    @property
+    def channels_last_input(self) -> bool:
+        return self.in_dim["c"] == 3
+
+    @property
+    def channels_last_output(self) -> bool:
+        return [self.out_dim[r] for r in ("n", "y", "x", "f")] == [0, 1, 2, 3]
+
+
+def _vars_in(e) -> list:
+    found = []
+    tvm_ffi.structural_walk(e, (ir.Var, lambda v: found.append(v) if not tirx.is_buffer_var(v) else None))
+    return found
+
+
+def _key(v) -> int:
+    return v.__chandle__()
+
+
+def analyse(block, store, loads) -> tuple[Conv | None, str | None]:
+    """``(Conv, None)`` if ``block`` (whose body is ``store`` of ``C + X * W`` with the two
+    ``loads``) is a conv2d with groups = 1, else ``(None, reason)``.
+
+    >>> analyse(sch.get(sch.get_sblock("conv2d_nchw")), store, loads)[0].ext   # doctest: +SKIP
+    {'n': 1, 'f': 16, 'y': 5, 'x': 5, 'c': 8, 'ry': 3, 'rx': 3}
+    """
+    iters = list(block.iter_vars)
+    pos = {_key(iv.var): n for n, iv in enumerate(iters)}
+    kind = {_key(iv.var): int(iv.iter_type) for iv in iters}
+    not_conv = (None, "it is not a 2-D convolution (input [N, H, W, C] in some order, weight "
+                      "[KH, KW, C, F] in some order)")
+
+    def plain(indices):
+        keys = [_key(e) if isinstance(e, tirx.Var) else None for e in indices]
+        return keys if all(k in pos for k in keys) else None
+
+    out = plain(store.indices)
+    # the input is the operand indexed by sums of loop variables (y*s + ry*d)
+    compound = [l for l in loads if any(len(_vars_in(e)) > 1 for e in l.indices)]
+    if out is None or len(out) != 4 or len(compound) != 1:
+        return not_conv
+    x_load = compound[0]
+    w_load = loads[1] if x_load is loads[0] else loads[0]
+    shared = {_key(v) for e in w_load.indices for v in _vars_in(e)} & \
+        {_key(v) for e in x_load.indices for v in _vars_in(e)}
+    if any(kind.get(k) == _DATA_PAR for k in shared):
+        return None, DEPTHWISE
+    w_keys = plain(w_load.indices)
+    if w_keys is None:
+        return not_conv
+    f = [k for k in w_keys if kind[k] == _DATA_PAR]
+    if len(f) != 1 or len(w_keys) != 4 or len(set(w_keys)) != 4:
+        return not_conv
+    f = f[0]
+    roles = {"f": f}
+    in_dim, spatial = {}, []
+    for d, e in enumerate(x_load.indices):
+        vs = {_key(v): v for v in _vars_in(e) if _key(v) in pos}
+        coeffs = sym.detect_linear_equation(e, list(vs.values()))
+        if len(coeffs) != len(vs) + 1:
+            return None, f"its input index {e} is not affine"
+        red = [k for k in vs if kind[k] == _REDUCE]
+        par = [k for k in vs if kind[k] == _DATA_PAR]
+        if len(vs) == 1 and par and int(coeffs[0]) == 1 and int(coeffs[1]) == 0 and "n" not in in_dim:
+            in_dim["n"], roles["n"] = d, par[0]
+        elif len(vs) == 1 and red and int(coeffs[0]) == 1 and int(coeffs[1]) == 0 and "c" not in in_dim:
+            in_dim["c"], roles["c"] = d, red[0]
+        elif len(red) == 1 and len(par) == 1:
+            spatial.append((d, par[0], red[0]))
+        else:
+            return not_conv
+    if len(spatial) != 2 or set(in_dim) != {"n", "c"}:
+        return not_conv
+    (dy, y, ry), (dx, x, rx) = spatial
+    in_dim.update(y=dy, x=dx)
+    roles.update(y=y, x=x, ry=ry, rx=rx)
+    if len(set(roles.values())) != 7 or set(w_keys) != {f, roles["c"], ry, rx} or \
+            set(out) != {roles[r] for r in ("n", "y", "x", "f")}:
+        return not_conv
+    by_key = {k: r for r, k in roles.items()}
+    ext = {}
+    for r, k in roles.items():
+        e = iters[pos[k]].dom.extent
+        if not isinstance(e, tirx.IntImm):
+            return None, f"dynamic shape: {e} is not a constant"
+        ext[r] = int(e.value)
+    return Conv(block.name_hint, x_load.source, w_load.source, store.buffer,
+                {r: pos[k] for r, k in roles.items()}, ext, in_dim,
+                {by_key[k]: d for d, k in enumerate(w_keys)},
+                {by_key[k]: d for d, k in enumerate(out)}), None
+
+
+def direct_gather(conv: Conv, config: Config) -> bool:
+    """Whether the INP tiles are gathered by LOADs straight from the input: for 1x1 kernels
+    (K is the channels either way) and when padding the channels to a whole tile costs at
+    most an eighth of the work; else the CPU builds the im2col matrix.
+
+    >>> direct_gather(conv_with_64_channels, accel.Config())   # doctest: +SKIP
+    True
+    """
+    t = config.tile
+    c = conv.ext["c"]
+    return conv.ext["ry"] * conv.ext["rx"] == 1 or (-(-c // t) * t - c) * 8 <= c
+
+
+def _permute(dims: dict, order) -> "callable":
+    """An index map ``*axes -> axes in the order of the roles ``order``."""
+    return lambda *ax: tuple(ax[dims[r]] for r in order)
+
+
+def _producer(sch, block_rv, buffer):
+    for p in sch.get_producers(block_rv):
+        if any(w.source.same_as(buffer) for w in sch.get(p).writes):
+            return p
+    return None
+
+
+def _read_index(sch, block_rv, buffer) -> int:
+    for n, r in enumerate(sch.get(block_rv).reads):
+        if r.source.same_as(buffer):
+            return n
+    raise ValueError(f"{sch.get(block_rv).name_hint} does not read {buffer.name}")
+
+
+def _is_plain_copy(block) -> bool:
+    return isinstance(block.body, tirx.BufferStore) and isinstance(block.body.value, ir.TensorLoad)
+
+
+def _elementwise_chain(sch, block_rv) -> list:
+    """The chain of single, elementwise consumers after ``block_rv`` (bias, ReLU, ...)."""
+    chain = []
+    while True:
+        consumers = sch.get_consumers(chain[-1] if chain else block_rv)
+        if len(consumers) != 1:
+            return chain
+        b = sch.get(consumers[0])
+        if not (all(int(iv.iter_type) == _DATA_PAR for iv in b.iter_vars) and isinstance(b.body, tirx.BufferStore)):
+            return chain
+        chain.append(consumers[0])
+
+
+def normalise(sch: s_tir.Schedule, conv: Conv, config: Config, notes) -> dict:
+    """Rewrite the conv block of ``sch`` into batched-GEMM form (see the module docstring);
+    CPU steps go to ``notes.on_cpu``. Returns the GEMM roles for the scheduler: buffers
+    ``C``/``A``/``B``, iter keys ``i``, ``j``, ``k``, ``k_outer``, ``batch``, extents ``ext``,
+    iter ``order``, blocks to ``inline`` into the INP copy, the chain ``stop`` block and a
+    ``gather`` note.
+
+    >>> roles = normalise(sch, conv, accel.Config(), notes)     # doctest: +SKIP
+    """
+    direct = direct_gather(conv, config)
+    blk = sch.get_sblock(conv.block)
+    inline, stop = [], None
+    cl = ("n", "y", "x", "c")
+
+    # The input, read channels-last: the LOADs gather from it (direct), or the CPU does.
+    producer = _producer(sch, blk, conv.input)
+    if not direct:
+        if producer is not None:    # its padding folds into the im2col gather
+            inline.append(sch.get(producer).name_hint)
+    elif producer is not None and _is_plain_copy(sch.get(producer)) and conv.channels_last_input:
+        inline.append(sch.get(producer).name_hint)      # the LOADs read the input itself
+    elif producer is not None:
+        what = "zero-pads the input" if not _is_plain_copy(sch.get(producer)) else "copies the input"
+        if not conv.channels_last_input:
+            sch.transform_layout(producer, ("write", 0), _permute(conv.in_dim, cl))
+            what += " and transposes it to channels-last (a LOAD row is a run of channels)"
+        notes.on_cpu.append((sch.get(producer).name_hint, f"{what} on the CPU"))
+    elif not conv.channels_last_input:
+        stage = sch.cache_read(blk, _read_index(sch, blk, conv.input), "global")
+        sch.transform_layout(stage, ("write", 0), _permute(conv.in_dim, cl))
+        notes.on_cpu.append((sch.get(stage).name_hint, "transposes the input to channels-last on the "
+                             "CPU (a LOAD row is a run of channels)"))
+    # what the LOADs read: the input itself when its plain copy is inlined, else the CPU's copy
+    source = sch.get(blk).reads[_input_read(sch, blk, conv.weight)].source.name
+    if inline:
+        source = sch.get(producer).reads[0].source.name
+
+    # The weights, as rows along K.
+    c_, s_ = conv.ext["c"], conv.ext["rx"]
+    w_stage = sch.cache_read(blk, _read_index(sch, blk, conv.weight), "global")
+    if direct:
+        sch.transform_layout(w_stage, ("write", 0), _permute(conv.w_dim, ("ry", "rx", "f", "c")))
+        layout = "[KH, KW, F, C]"
+    else:
+        d = conv.w_dim
+        sch.transform_layout(w_stage, ("write", 0), lambda *ax: (
+            ax[d["f"]], (ax[d["ry"]] * s_ + ax[d["rx"]]) * c_ + ax[d["c"]]))
+        layout = "[F, KH*KW*C]"
+    notes.on_cpu.append((sch.get(w_stage).name_hint, f"reorders the weights to {layout} on the CPU "
+                         "(the GEMM reads weight rows along K)"))
+
+    # The result, written channels-last; an NCHW result is transposed on the CPU.
+    if not conv.channels_last_output:
+        to_nhwc = _permute(conv.out_dim, ("n", "y", "x", "f"))
+        chain = _elementwise_chain(sch, blk)
+        for b in chain[:-1]:
+            sch.compute_inline(b)
+        final = chain[-1] if chain else blk
+        back = sch.cache_write(final, 0, "global")
+        sch.transform_layout(final, ("write", 0), to_nhwc)
+        if chain:
+            sch.transform_layout(blk, ("write", 0), to_nhwc)
+            sch.transform_block_layout(final, tirx.IndexMap.from_func(to_nhwc, ndim=4))
+        stop = sch.get(back).name_hint
+        notes.on_cpu.append((stop, "transposes the result from channels-last to NCHW on the CPU "
+                             "(a STORE row is a run of channels)"))
+
+    # The im2col operand: a view of the input for the direct gather, a CPU buffer otherwise.
+    keys = [_key(iv.var) for iv in sch.get(blk).iter_vars]
+    role_of = {keys[conv.pos[r]]: r for r in conv.pos}
+    w_buffer = sch.get(w_stage).writes[0].source
+    re_block = sch.reindex(blk, ("read", _input_read(sch, blk, w_buffer)))
+    re_name = sch.get(re_block).name_hint
+    re_buffer = sch.get(re_block).writes[0].source
+    re_read = sch.get(blk).reads[_read_index(sch, blk, re_buffer)]
+    # TVM drops an extent-1 iter from an index like y*s + ry, so the reindexed buffer may lack
+    # a dimension; M must be one it has (the batch index is never dropped)
+    dims = {role_of[_key(r.min)]: n for n, r in enumerate(re_read.region)}
+    m_role = next(r for r in ("x", "y", "n") if r in dims)
+    rows = [r for r in ("n", "y", "x") if r != m_role] + [m_role]
+    if direct:
+        inline.append(re_name)
+        gather = f"im2col gather by strided, padded LOADs from {source}"
+    else:
+        p = conv.pos
+        fused = lambda get: (get("ry") * s_ + get("rx")) * c_ + get("c")  # noqa: E731
+        sch.transform_layout(re_block, ("write", 0), lambda *ax: tuple(
+            ax[dims[r]] if r in dims else 0 for r in rows if r in dims or r == m_role) +
+            (fused(lambda r: ax[dims[r]] if r in dims else 0),))
+        sch.transform_block_layout(blk, tirx.IndexMap.from_func(
+            lambda *it: tuple(it[p[r]] for r in rows + ["f"]) + (fused(lambda r: it[p[r]]),), ndim=7))
+        for name in inline:        # the input's padding folds into the im2col gather
+            sch.compute_inline(sch.get_sblock(name))
+        inline = []
+        waste = -(-c_ // config.tile) * config.tile - c_
+        notes.on_cpu.append((re_name, f"builds the im2col matrix on the CPU: gathering {c_} input channels "
+                             f"per kernel tap by LOAD would pad each INP row with {waste} zeros"))
+        gather = f"im2col on the CPU ({re_name})"
+
+    block = sch.get(blk)
+    keys = [_key(iv.var) for iv in block.iter_vars]
+    ext = {k: int(iv.dom.extent.value) for k, iv in zip(keys, block.iter_vars)}
+    if direct:
+        at = {r: keys[conv.pos[r]] for r in conv.pos}
+        k, k_outer = at["c"], [at["ry"], at["rx"]]
+    else:
+        at = dict(zip(rows + ["f", "k"], keys))
+        k, k_outer = at["k"], []
+    return {"C": block.writes[0].source, "A": re_buffer, "B": w_buffer, "i": at[m_role], "j": at["f"],
+            "k": k, "k_outer": k_outer, "batch": [at[r] for r in rows[:-1]], "ext": ext, "order": keys,
+            "inline": inline, "stop": stop, "gather": gather}
+
+
+def _input_read(sch, blk, weight) -> int:
+    """The read of the conv block that is its input: the one that is not ``weight``."""
+    for n, r in enumerate(sch.get(blk).reads):
+        if not r.source.same_as(weight):
+            return n
+    raise ValueError(f"{sch.get(blk).name_hint} reads no input")
