@@ -33,9 +33,9 @@ from dataclasses import dataclass
 import tvm_ffi
 from tvm import ir, s_tir, sym, tirx
 
+from accel.blocks import DATA_PAR, REDUCE, pointwise_chain
 from accel.config import Config
 
-_DATA_PAR, _REDUCE = 0, 2
 DEPTHWISE = ("a depthwise or grouped convolution: each output channel reads only its own group "
              "of input channels, which is not one matrix product")
 
@@ -106,12 +106,12 @@ def analyse(block, store, loads) -> tuple[Conv | None, str | None]:
     w_load = loads[1] if x_load is loads[0] else loads[0]
     shared = {_key(v) for e in w_load.indices for v in _vars_in(e)} & \
         {_key(v) for e in x_load.indices for v in _vars_in(e)}
-    if any(kind.get(k) == _DATA_PAR for k in shared):
+    if any(kind.get(k) == DATA_PAR for k in shared):
         return None, DEPTHWISE
     w_keys = plain(w_load.indices)
     if w_keys is None:
         return not_conv
-    f = [k for k in w_keys if kind[k] == _DATA_PAR]
+    f = [k for k in w_keys if kind[k] == DATA_PAR]
     if len(f) != 1 or len(w_keys) != 4 or len(set(w_keys)) != 4:
         return not_conv
     f = f[0]
@@ -122,8 +122,8 @@ def analyse(block, store, loads) -> tuple[Conv | None, str | None]:
         coeffs = sym.detect_linear_equation(e, list(vs.values()))
         if len(coeffs) != len(vs) + 1:
             return None, f"its input index {e} is not affine"
-        red = [k for k in vs if kind[k] == _REDUCE]
-        par = [k for k in vs if kind[k] == _DATA_PAR]
+        red = [k for k in vs if kind[k] == REDUCE]
+        par = [k for k in vs if kind[k] == DATA_PAR]
         if len(vs) == 1 and par and int(coeffs[0]) == 1 and int(coeffs[1]) == 0 and "n" not in in_dim:
             in_dim["n"], roles["n"] = d, par[0]
         elif len(vs) == 1 and red and int(coeffs[0]) == 1 and int(coeffs[1]) == 0 and "c" not in in_dim:
@@ -189,19 +189,6 @@ def _is_plain_copy(block) -> bool:
     return isinstance(block.body, tirx.BufferStore) and isinstance(block.body.value, ir.TensorLoad)
 
 
-def _elementwise_chain(sch, block_rv) -> list:
-    """The chain of single, elementwise consumers after ``block_rv`` (bias, ReLU, ...)."""
-    chain = []
-    while True:
-        consumers = sch.get_consumers(chain[-1] if chain else block_rv)
-        if len(consumers) != 1:
-            return chain
-        b = sch.get(consumers[0])
-        if not (all(int(iv.iter_type) == _DATA_PAR for iv in b.iter_vars) and isinstance(b.body, tirx.BufferStore)):
-            return chain
-        chain.append(consumers[0])
-
-
 def normalise(sch: s_tir.Schedule, conv: Conv, config: Config, notes) -> dict:
     """Rewrite the conv block of ``sch`` into batched-GEMM form (see the module docstring);
     CPU steps go to ``notes.on_cpu``. Returns the GEMM roles for the scheduler: buffers
@@ -227,17 +214,22 @@ def normalise(sch: s_tir.Schedule, conv: Conv, config: Config, notes) -> dict:
         what = "zero-pads the input" if not _is_plain_copy(sch.get(producer)) else "copies the input"
         if not conv.channels_last_input:
             sch.transform_layout(producer, ("write", 0), _permute(conv.in_dim, cl))
-            what += " and transposes it to channels-last (a LOAD row is a run of channels)"
-        notes.on_cpu.append((sch.get(producer).name_hint, f"{what} on the CPU"))
+            what += " and transposes it to channels-last on the CPU (a LOAD row is a run of channels)"
+        else:
+            what += " on the CPU"
+        notes.on_cpu.append((sch.get(producer).name_hint, what))
     elif not conv.channels_last_input:
         stage = sch.cache_read(blk, _read_index(sch, blk, conv.input), "global")
         sch.transform_layout(stage, ("write", 0), _permute(conv.in_dim, cl))
         notes.on_cpu.append((sch.get(stage).name_hint, "transposes the input to channels-last on the "
                              "CPU (a LOAD row is a run of channels)"))
     # what the LOADs read: the input itself when its plain copy is inlined, else the CPU's copy
-    source = sch.get(blk).reads[_input_read(sch, blk, conv.weight)].source.name
     if inline:
         source = sch.get(producer).reads[0].source.name
+    elif producer is not None:
+        source = sch.get(producer).name_hint
+    else:
+        source = sch.get(blk).reads[_input_read(sch, blk, conv.weight)].source.name
 
     # The weights, as rows along K.
     c_, s_ = conv.ext["c"], conv.ext["rx"]
@@ -256,7 +248,7 @@ def normalise(sch: s_tir.Schedule, conv: Conv, config: Config, notes) -> dict:
     # The result, written channels-last; an NCHW result is transposed on the CPU.
     if not conv.channels_last_output:
         to_nhwc = _permute(conv.out_dim, ("n", "y", "x", "f"))
-        chain = _elementwise_chain(sch, blk)
+        chain = pointwise_chain(sch, blk)
         for b in chain[:-1]:
             sch.compute_inline(b)
         final = chain[-1] if chain else blk

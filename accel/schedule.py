@@ -26,12 +26,12 @@ from dataclasses import dataclass, field
 from tvm import ir, s_tir, tirx
 
 import tirpat as tp
+from accel.blocks import DATA_PAR, REDUCE, pointwise_chain
 from accel.config import Config
 from accel.conv import analyse as analyse_conv
 from accel.conv import normalise as normalise_conv
 from accel.rules import ACC, INP, WGT, epilogue_chain
 
-_DATA_PAR, _REDUCE = 0, 2
 
 
 class ScheduleError(ValueError):
@@ -103,7 +103,7 @@ def _analyse_gemm(block, m):
     a_idx, b_idx = _plain_vars(a_load.indices, iters), _plain_vars(b_load.indices, iters)
     if c_idx is None or a_idx is None or b_idx is None:
         return None, _NOT_PLAIN
-    reduce = [k for k, iv in iters.items() if int(iv.iter_type) == _REDUCE]
+    reduce = [k for k, iv in iters.items() if int(iv.iter_type) == REDUCE]
     if len(reduce) != 1 or len(c_idx) < 2:
         return None, "it is not a single-reduction matrix product"
     k = reduce[0]
@@ -125,10 +125,6 @@ def _read_index(block, buffer) -> int:
         if r.source.same_as(buffer):
             return n
     raise ScheduleError(f"block {block.name_hint} does not read {buffer.name}")
-
-
-def _elementwise(block) -> bool:
-    return all(int(iv.iter_type) == _DATA_PAR for iv in block.iter_vars) and isinstance(block.body, tirx.BufferStore)
 
 
 def _pick_block(tiles: int, limit: int) -> int:
@@ -153,7 +149,7 @@ def schedule(func: tirx.PrimFunc, config: Config) -> tuple[ir.IRModule, Notes]:
     gemms = []
     for block_rv in sch.get_child_blocks(root):
         block = sch.get(block_rv)
-        reduces = [iv for iv in block.iter_vars if int(iv.iter_type) == _REDUCE]
+        reduces = [iv for iv in block.iter_vars if int(iv.iter_type) == REDUCE]
         if not reduces:
             continue
         macs = 1
@@ -217,12 +213,7 @@ def _schedule_gemm(sch, name, roles, config, notes):
 
     # 3. the epilogue chain, inlined into its last block
     out_buffer = sch.get(gemm).writes[0].source
-    chain = []
-    consumer = _single_consumer(sch, gemm)
-    while consumer is not None and _elementwise(sch.get(consumer)) and \
-            sch.get(consumer).name_hint != roles["stop"]:
-        chain.append(consumer)
-        consumer = _single_consumer(sch, consumer)
+    chain = pointwise_chain(sch, gemm, roles["stop"])
     for blk in chain[:-1]:
         sch.compute_inline(blk)
     final = chain[-1] if chain else None
@@ -270,11 +261,6 @@ def _schedule_gemm(sch, name, roles, config, notes):
             sch.compute_at(stage, j_o)
     sch.decompose_reduction(gemm, k_outer[0] if k_outer else k_o)
     notes.offloaded.append(plan)
-
-
-def _single_consumer(sch, block_rv):
-    consumers = sch.get_consumers(block_rv)
-    return consumers[0] if len(consumers) == 1 else None
 
 
 def _offloadable(block, acc_buffer) -> bool:

@@ -16,6 +16,15 @@ def test_example_runs(path):
 def test_demo_runs_and_is_exact(capsys):
     from accel.demo import main
 
-    assert main(["--batch", "16", "--hidden", "32", "48", "16"]) == 0
+    assert main(["--batch", "1", "--size", "8", "--channels", "3", "16", "32", "--classes", "4"]) == 0
     out = capsys.readouterr().out
     assert "100.0%" in out and "bit-exact vs numpy: yes" in out and "roofline" in out
+    assert "im2col on the CPU" in out and "im2col gather by strided, padded LOADs" in out
+
+
+def test_demo_nchw(capsys):
+    from accel.demo import main
+
+    assert main(["--batch", "1", "--size", "6", "--channels", "16", "16", "--layout", "NCHW"]) == 0
+    out = capsys.readouterr().out
+    assert "bit-exact vs numpy: yes" in out and "transposes the result from channels-last to NCHW" in out
