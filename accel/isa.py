@@ -18,7 +18,7 @@ from __future__ import annotations
 import enum
 import operator
 import struct
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from typing import Callable, ClassVar, Iterable, Sequence, Union
 
 import numpy as np

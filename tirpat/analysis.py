@@ -154,3 +154,63 @@ def row_major_strides(buffer) -> list | None:
     if acc is None and len(out) < len(shape):
         return None
     return list(reversed(out))
+
+
+def lanes(expr) -> int:
+    """The vector width of an expression (1 for a scalar)."""
+    dtype = getattr(expr.ty, "dtype", None)
+    return int(getattr(dtype, "lanes", 1) or 1)
+
+
+def visit_accesses(stmt, on_access, on_decl=None) -> None:
+    """Call ``on_access(buffer, indices, what, span)`` for every load (``what="a load of"``)
+    and store (``"a store to"``) in ``stmt``; ``span(index)`` gives the ``(lo, hi)`` an index
+    can take (Ramps and Broadcasts included), or None, from the enclosing loops, thread
+    extents and ``Bind``s. ``on_decl(buffer)`` sees every ``DeclBuffer``.
+
+    >>> visit_accesses(body, lambda buf, idx, what, span: print(what, buf.name, [span(i) for i in idx]))   # doctest: +SKIP
+    """
+    ana = sym.Analyzer()
+
+    def span(idx):
+        if isinstance(idx, tirx.Ramp):
+            ends = [idx.base, idx.base + idx.stride * (int(idx.lanes) - 1)]
+        elif isinstance(idx, tirx.Broadcast):
+            ends = [idx.value]
+        elif lanes(idx) != 1:
+            return None
+        else:
+            ends = [idx]
+        bounds = [ana.const_int_bound(e) for e in ends]
+        return min(b.min_value for b in bounds), max(b.max_value for b in bounds)
+
+    def on_for(f, vis):
+        ana.bind(f.loop_var, ir.Range.from_min_extent(f.min, f.extent))
+        return vis.default_visit(f)
+
+    def on_attr(a, vis):
+        if a.attr_key in ("thread_extent", "virtual_thread") and hasattr(a.node, "var"):
+            ana.bind(a.node.var, ir.Range.from_min_extent(0, a.value))
+        return vis.default_visit(a)
+
+    def on_bind(b, vis):
+        if lanes(b.var) == 1 and str(getattr(b.var.ty, "dtype", "")).startswith(("int", "uint")):
+            ana.bind(b.var, b.value)
+        return vis.default_visit(b)
+
+    def on_load(l, vis):
+        on_access(l.source, l.indices, "a load of", span)
+        return vis.default_visit(l)
+
+    def on_store(s, vis):
+        on_access(s.buffer, s.indices, "a store to", span)
+        return vis.default_visit(s)
+
+    def on_declare(d, vis):
+        if on_decl is not None:
+            on_decl(d.buffer)
+        return vis.default_visit(d)
+
+    tvm_ffi.structural_visit(stmt, [
+        (tirx.For, on_for), (tirx.AttrStmt, on_attr), (tirx.Bind, on_bind), (tirx.DeclBuffer, on_declare),
+        (ir.TensorLoad, on_load), (tirx.BufferStore, on_store)])

@@ -16,7 +16,7 @@ from tvm import ir, tirx
 
 from . import pattern as P
 from .canonical import canonicalize
-from .match import Failure, Match, explain_failure, find_all
+from .match import Failure, explain_failure, find_all
 
 
 @dataclass

@@ -12,7 +12,7 @@ whose deferred ``where`` predicates hold wins.
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Iterator
 
 import tvm_ffi
 from tvm import ir, tirx

@@ -21,10 +21,11 @@ strides and offset. A site where that cannot be done exactly is left alone, and
 from __future__ import annotations
 
 import tvm_ffi
-from tvm import ir, sym, tirx
+from tvm import ir, tirx
 
 from . import pattern as P
-from .analysis import const_int, defined_vars, dtype_of, fresh_var, key, rename_defs, simplify, substitute, uses_any
+from .analysis import (const_int, defined_vars, dtype_of, fresh_var, key, rename_defs, simplify,
+                       substitute, uses_any, visit_accesses)
 from .match import instantiate
 from .pipeline import lower
 
@@ -34,12 +35,6 @@ _VIEWS = "__views__"
 def _scope(buf) -> str:
     s = buf.scope()
     return "global" if s in ("", "global") else s
-
-
-def _lanes(expr) -> int:
-    """The vector width of an expression (1 for a scalar)."""
-    dtype = getattr(expr.ty, "dtype", None)
-    return int(getattr(dtype, "lanes", 1) or 1)
 
 
 def _dim_strides(buf) -> list:
@@ -441,56 +436,19 @@ class ModuleRule:
         cache = self.__dict__.setdefault("_outside_cache", {})
         if key(q) in cache:
             return cache[key(q)]
-        ana = sym.Analyzer()
         shape = [const_int(e) for e in q.shape]
         found: list = []
 
-        def bounds(idx):
-            if isinstance(idx, tirx.Ramp):
-                ends = [idx.base, idx.base + idx.stride * (int(idx.lanes) - 1)]
-            elif isinstance(idx, tirx.Broadcast):
-                ends = [idx.value]
-            elif _lanes(idx) != 1:
-                return None
-            else:
-                ends = [idx]
-            bs = [ana.const_int_bound(e) for e in ends]
-            return min(b.min_value for b in bs), max(b.max_value for b in bs)
-
-        def check(buf, indices, what):
+        def check(buf, indices, what, span):
             if found or not buf.same_as(q):
                 return
             for idx, extent in zip(indices, shape):
-                span = bounds(idx)
-                if span is None or extent is None or span[0] < 0 or span[1] >= extent:
+                bounds = span(idx)
+                if bounds is None or extent is None or bounds[0] < 0 or bounds[1] >= extent:
                     found.append(f"{what} {q.name}[{', '.join(str(i) for i in indices)}]")
                     return
 
-        def on_for(f, vis):
-            ana.bind(f.loop_var, ir.Range.from_min_extent(f.min, f.extent))
-            return vis.default_visit(f)
-
-        def on_attr(a, vis):
-            if a.attr_key in ("thread_extent", "virtual_thread") and hasattr(a.node, "var"):
-                ana.bind(a.node.var, ir.Range.from_min_extent(0, a.value))
-            return vis.default_visit(a)
-
-        def on_bind(b, vis):
-            if _lanes(b.var) == 1 and str(getattr(b.var.ty, "dtype", "")).startswith(("int", "uint")):
-                ana.bind(b.var, b.value)
-            return vis.default_visit(b)
-
-        def on_load(l, vis):
-            check(l.source, l.indices, "a load of")
-            return vis.default_visit(l)
-
-        def on_store(s, vis):
-            check(s.buffer, s.indices, "a store to")
-            return vis.default_visit(s)
-
-        tvm_ffi.structural_visit(self.replacement_func.body, [
-            (tirx.For, on_for), (tirx.AttrStmt, on_attr), (tirx.Bind, on_bind),
-            (ir.TensorLoad, on_load), (tirx.BufferStore, on_store)])
+        visit_accesses(self.replacement_func.body, check)
         cache[key(q)] = found[0] if found else None
         return cache[key(q)]
 

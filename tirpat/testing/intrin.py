@@ -18,9 +18,9 @@ import importlib
 import sys
 
 import tvm_ffi
-from tvm import ir, sym, tirx
+from tvm import ir, tirx
 
-from ..analysis import const_int, key
+from ..analysis import const_int, key, visit_accesses
 from ..pipeline import lower
 
 #: The submodules of ``tvm.s_tir.tensor_intrin`` that register intrinsics when imported.
@@ -148,24 +148,19 @@ def view_escapes(func) -> list:
     ``[0, size)``; on a strided view every index must be inside its dimension. Bounds come
     from the enclosing loops, thread extents and ``Bind``s of the replacement.
     """
-    ana = sym.Analyzer()
     views, bad = {}, []
 
-    def bounds(idx):
-        if isinstance(idx, tirx.Ramp):
-            ends = [idx.base, idx.base + idx.stride * (int(idx.lanes) - 1)]
-        else:
-            ends = [idx]
-        bs = [ana.const_int_bound(e) for e in ends]
-        return min(b.min_value for b in bs), max(b.max_value for b in bs)
-
-    def check(buf, indices, text):
+    def check(buf, indices, what, span):
         v = views.get(key(buf))
         if v is None:
             return
+        text = f"{what} {buf.name}{list(indices)}"
         shape = [const_int(s) for s in v.shape]
         strides = [const_int(s) for s in v.strides]
-        spans = [bounds(i) for i in indices]
+        spans = [span(i) for i in indices]
+        if None in spans:
+            bad.append(f"{text}: an index whose range is unknown")
+            return
         compact = None not in strides and strides == _row_major(shape)
         if compact:
             lo = sum(a * s for (a, _), s in zip(spans, strides))
@@ -181,34 +176,7 @@ def view_escapes(func) -> list:
                 bad.append(f"{text}: index {d} in [{lo}, {hi}], outside a strided view's extent {extent}")
                 return
 
-    def on_decl(d, vis):
-        views[key(d.buffer)] = d.buffer
-        return vis.default_visit(d)
-
-    def on_for(f, vis):
-        ana.bind(f.loop_var, ir.Range.from_min_extent(f.min, f.extent))
-        return vis.default_visit(f)
-
-    def on_attr(a, vis):
-        if a.attr_key in ("thread_extent", "virtual_thread") and hasattr(a.node, "var"):
-            ana.bind(a.node.var, ir.Range.from_min_extent(0, a.value))
-        return vis.default_visit(a)
-
-    def on_bind(b, vis):
-        ana.bind(b.var, b.value)
-        return vis.default_visit(b)
-
-    def on_load(l, vis):
-        check(l.source, l.indices, f"load {l.source.name}{list(l.indices)}")
-        return vis.default_visit(l)
-
-    def on_store(s, vis):
-        check(s.buffer, s.indices, f"store {s.buffer.name}{list(s.indices)}")
-        return vis.default_visit(s)
-
-    tvm_ffi.structural_visit(func.body, [(tirx.DeclBuffer, on_decl), (tirx.For, on_for), (tirx.AttrStmt, on_attr),
-                                         (tirx.Bind, on_bind), (ir.TensorLoad, on_load),
-                                         (tirx.BufferStore, on_store)])
+    visit_accesses(func.body, check, on_decl=lambda b: views.__setitem__(key(b), b))
     return bad
 
 
