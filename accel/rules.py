@@ -111,16 +111,26 @@ def _load(m):
     sram_ld = dst.strides[row] if row is not None else cols
     if rows > 1 and sram_ld < cols:
         return None
-    start = src.offset + pt * dram_ld + pl * (1 if col is not None else 0)
-    pad_value = 0 if c.pad_value is None else _int(c.pad_value)
-    if pad_value is None:
-        return None
+    unit = 1 if col is not None else 0
+    start = src.offset + pt * dram_ld + pl * unit
+    dst_start = dst.offset
+    partial = c.predicate is not None and c.pad_value is None
+    if partial:
+        # Only the guarded box is written: a smaller DMA, no padding.
+        dst_start = dst.offset + pt * sram_ld + pl * unit
+        pad_fields = (0, 0, 0, 0)
+        pad_value = 0
+    else:
+        pad_fields = (pt, pb, pl, pr)
+        pad_value = 0 if c.pad_value is None else _int(c.pad_value)
+        if pad_value is None:
+            return None
     loops = m.loops[:len(outer)]
 
     def make(shifts):
         return call("accel.load", src.buffer, start + shifts[0], int(mem),
-                     address(dst.buffer, dst.offset + shifts[1]), sram_ld,
-                     rows - pt - pb, cols - pl - pr, dram_ld, pt, pb, pl, pr, pad_value)
+                    address(dst.buffer, dst_start + shifts[1]), sram_ld,
+                    rows - pt - pb, cols - pl - pr, dram_ld, *pad_fields, pad_value)
 
     return _around(loops, [[src.strides[k] for k in outer], [dst.strides[k] for k in outer]], make)
 

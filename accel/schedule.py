@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tvm import ir, s_tir, tirx
+from tvm.s_tir.schedule import ScheduleError
 
 import tirpat as tp
 from accel.blocks import DATA_PAR, REDUCE, pointwise_chain
@@ -217,6 +218,8 @@ def _schedule_gemm(sch, name, roles, config, notes):
     for blk in chain[:-1]:
         sch.compute_inline(blk)
     final = chain[-1] if chain else None
+    if final is not None:
+        _inline_pointwise_producers(sch, final, out_buffer)
     if final is not None and not _offloadable(sch.get(final), out_buffer):
         notes.on_cpu.append((sch.get(final).name_hint, "the epilogue is not a chain of ALU operations "
                              "(add, max, min, multiply, shift by a constant, int32 operands)"))
@@ -259,8 +262,29 @@ def _schedule_gemm(sch, name, roles, config, notes):
                 continue
             stage = sch.cache_read(final, _read_index(sch.get(final), r.source), ACC)
             sch.compute_at(stage, j_o)
+            if len(r.source.shape) >= 2:
+                # ALU operands are tile-lane vectors: rows of the staged copy start aligned
+                sch.storage_align(stage, 0, len(r.source.shape) - 2, t, 0)
     sch.decompose_reduction(gemm, k_outer[0] if k_outer else k_o)
     notes.offloaded.append(plan)
+
+
+def _inline_pointwise_producers(sch, block_rv, keep) -> None:
+    """Inline the pointwise producers of an epilogue (a copy or cast of a bias, say) other
+    than the GEMM's own output, so that it reads their inputs and can be staged in ACC."""
+    changed = True
+    while changed:
+        changed = False
+        for producer in sch.get_producers(block_rv):
+            blk = sch.get(producer)
+            if blk.writes[0].source.same_as(keep) or any(int(iv.iter_type) != DATA_PAR for iv in blk.iter_vars):
+                continue
+            try:
+                sch.compute_inline(producer)
+            except ScheduleError:  # e.g. a producer with other consumers: leave it
+                continue
+            changed = True
+            break
 
 
 def _offloadable(block, acc_buffer) -> bool:

@@ -532,7 +532,21 @@ def _parse_copy_body(stmt):
     if isinstance(stmt, tirx.IfThenElse):
         then, other = stmt.then_case, stmt.else_case
         if other is None:
-            return "a guarded store without an else branch copies only part of its region"
+            # A partial copy (the tile at a ragged edge): only the guarded elements are written.
+            if not isinstance(then, tirx.BufferStore):
+                return f"expected a buffer store under the guard, found {type(then).__name__}"
+            predicate, stmt, value = stmt.condition, then, then.value
+            guarded = _guarded(value)
+            if guarded is not None:
+                return "a copy guarded twice"
+            cast = None
+            if isinstance(value, tirx.Cast):
+                cast, value = dtype_of(value), value.value
+            if not isinstance(value, ir.TensorLoad):
+                return f"expected the stored value to be a buffer load (optionally cast), found {_short(value)}"
+            if cast is not None and cast == str(stmt.buffer.dtype) and cast == str(value.source.dtype):
+                cast = None
+            return stmt, value, cast, predicate, None
         if not (isinstance(then, tirx.BufferStore) and isinstance(other, tirx.BufferStore)
                 and then.buffer.same_as(other.buffer)
                 and all(tvm_ffi.structural_equal(a, b) for a, b in zip(then.indices, other.indices))

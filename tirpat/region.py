@@ -61,7 +61,9 @@ class CopyRegion:
     ``extents`` has one int per loop (outermost first); ``cast`` is None or the dtype the
     value is cast to; a padded copy has ``predicate`` (its guard), ``pad_value`` and, when
     the guard is a conjunction of affine bounds, ``pad``: one ``(before, after)`` pair of
-    expressions per loop.
+    expressions per loop. A *partial* copy (a guarded store with no else, as at the ragged
+    edge of a tiled loop) has ``predicate`` and ``pad`` but ``pad_value`` None: the elements
+    outside the guard are left as they are.
 
     >>> m = tp.is_copy(name="c").match(nest)     # doctest: +SKIP
     >>> c = m["c"]; c.src.offset, c.dst.strides, c.extents, c.pad   # doctest: +SKIP

@@ -51,7 +51,7 @@ def _copy(dst, src, *fields):
     ext = [int(x) for x in fields[3:3 + n]]
     dst_st = [int(x) for x in fields[3 + n:3 + 2 * n]]
     src_st = [int(x) for x in fields[3 + 2 * n:3 + 3 * n]]
-    padded = int(fields[3 + 3 * n])
+    padded = int(fields[3 + 3 * n])  # 0: plain, 1: padded, 2: partial (outside the box untouched)
     dst_flat, src_flat = tensor_view(dst), tensor_view(src)
     out = _strided(dst_flat, dst_off, ext, dst_st, "copy destination")
     if not padded:
@@ -61,7 +61,8 @@ def _copy(dst, src, *fields):
     before = [int(x) for x in fields[5 + 3 * n:5 + 4 * n]]
     after = [int(x) for x in fields[5 + 4 * n:5 + 5 * n]]
     inner = [max(0, e - b - a) for e, b, a in zip(ext, before, after)]
-    out[...] = np.array(pad_value).astype(dst_flat.dtype)
+    if padded == 1:
+        out[...] = np.array(pad_value).astype(dst_flat.dtype)
     box = tuple(slice(b, b + i) for b, i in zip(before, inner))
     start = src_off + sum(b * s for b, s in zip(before, src_st))
     out[box] = _strided(src_flat, start, inner, src_st, "copy source").astype(dst_flat.dtype)
@@ -78,6 +79,8 @@ def _copy_call(m):
             *c.dst.strides, *c.src.strides]
     if c.predicate is None:
         args.append(0)
+    elif c.pad_value is None:
+        args += [2, 0, *[b for b, _ in c.pad], *[a for _, a in c.pad]]
     else:
         pad_value = c.pad_value if c.pad_value.ty.dtype == c.dst.buffer.dtype else tirx.Cast(
             str(c.dst.buffer.dtype), c.pad_value)

@@ -50,7 +50,8 @@ class CopyCase:
     """A copy nest ``dst[...] = src[...]`` and the region facts a matcher must recover.
 
     ``func`` takes ``(src, dst)``. Offsets and strides are in elements of the row-major
-    flattened buffers; ``pad`` is None or one ``(before, after)`` per loop.
+    flattened buffers; ``pad`` is None or one ``(before, after)`` per loop. A ``partial``
+    copy writes only inside the pad box (a guarded store with no else) instead of padding.
     """
 
     func: tirx.PrimFunc
@@ -58,6 +59,7 @@ class CopyCase:
     dst_shape: tuple
     src_dtype: str
     dst_dtype: str
+    partial: bool
     extents: tuple
     src_offset: int
     src_strides: tuple
@@ -82,7 +84,7 @@ class CopyCase:
             if inside:
                 s_ = self.src_offset + sum(t * s for t, s in zip(it, self.src_strides))
                 out[d] = np.array(flat[s_]).astype(self.dst_dtype)
-            else:
+            elif not self.partial:
                 out[d] = np.array(self.pad_value).astype(self.src_dtype).astype(self.dst_dtype)
         return out.reshape(self.dst_shape)
 
@@ -143,6 +145,8 @@ def copy_nests(draw, max_loops: int = 3, max_extent: int = 6, padding: bool = Tr
     dst = tirx.decl_buffer(dst_shape, dst_dtype, "dst")
     value = tirx.BufferLoad(src, src_index)
     pad_value = 0
+    partial = False
+    cond = None
     if pad is not None:
         pad_value = draw(st.integers(-3, 3))
         conds = []
@@ -156,12 +160,15 @@ def copy_nests(draw, max_loops: int = 3, max_extent: int = 6, padding: bool = Tr
             for c in conds[1:]:
                 cond = tirx.And(cond, c)
             pv = tirx.FloatImm(src_dtype, pad_value) if src_dtype.startswith("float") else tirx.IntImm(src_dtype, pad_value)
-            value = tirx.if_then_else(cond, value, pv)
+            partial = draw(st.booleans())
+            if not partial:
+                value = tirx.if_then_else(cond, value, pv)
         else:
             pad = None
     if dst_dtype != src_dtype:
         value = tirx.Cast(dst_dtype, value)
-    body = _nest(loop_vars, extents, tirx.BufferStore(dst, value, dst_index))
+    store = tirx.BufferStore(dst, value, dst_index)
+    body = _nest(loop_vars, extents, tirx.IfThenElse(cond, store, None) if partial else store)
 
     src_rm, dst_rm = _row_major(src_shape), _row_major(dst_shape)
     src_strides = tuple(sum(coef[d][k] * src_rm[d] for d in range(src_ndim)) for k in range(n))
@@ -170,7 +177,7 @@ def copy_nests(draw, max_loops: int = 3, max_extent: int = 6, padding: bool = Tr
     if pad is not None:
         src_offset -= sum(b * s for (b, _), s in zip(pad, src_strides))
     dst_offset = sum(dst_off[d] * dst_rm[d] for d in range(n))
-    return CopyCase(_func([src, dst], body), src_shape, dst_shape, src_dtype, dst_dtype,
+    return CopyCase(_func([src, dst], body), src_shape, dst_shape, src_dtype, dst_dtype, partial,
                     tuple(extents), src_offset, src_strides, dst_offset, dst_strides, pad, pad_value)
 
 
