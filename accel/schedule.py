@@ -10,8 +10,9 @@ them; a conv2d is first rewritten into a batched GEMM by :mod:`accel.conv`) the 
 3. inlines the elementwise epilogue chain (bias, ReLU/clip, requantise, cast) into one
    block and keeps the accumulator in ACC; an epilogue the ALU cannot do stays on the CPU;
 4. tiles to 16 x (16*bn) x (16*bk) blocks of tiles, stages A and the weight through INP and
-   WGT at the K loop and the accumulator through ACC at the N loop, and moves the zero-init
-   out of the reduction (GEMM reset).
+   WGT at the K loop (a weight that fits in half of WGT is loaded once and stays resident)
+   and the accumulator through ACC at the N loop, and moves the zero-init out of the
+   reduction (GEMM reset).
 
 Everything that is not offloaded stays as it is and is compiled for the CPU; each decision
 is recorded in :class:`Notes` for the build report.
@@ -24,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tvm import ir, s_tir, tirx
-from tvm.s_tir.schedule import ScheduleError
+from tvm.s_tir.schedule import ScheduleError as TVMScheduleError
 
 import tirpat as tp
 from accel.blocks import DATA_PAR, REDUCE, pointwise_chain
@@ -185,7 +186,6 @@ def _schedule_gemm(sch, name, roles, config, notes):
         k_all *= ext[r]
     plan = GemmPlan(name, m_, n_, k_all, batch, gather=roles["gather"])
     gemm = sch.get_sblock(name)
-    block = sch.get(gemm)
 
     # 1. operand layouts the DMA can read: [.., M, K] and [.., N, K]
     nb = len(roles["batch"])
@@ -238,7 +238,12 @@ def _schedule_gemm(sch, name, roles, config, notes):
     a_stage = sch.cache_read(gemm, 0, INP)
     b_stage = sch.cache_read(gemm, 1, WGT)
     sch.compute_at(a_stage, k_o)
-    sch.compute_at(b_stage, k_o)
+    w_elements = 1
+    for d in sch.get(b_stage).writes[0].source.shape:
+        w_elements *= _const(d)
+    if w_elements > config.wgt_elements // 2 or -(-m_ // t) * batch == 1:
+        sch.compute_at(b_stage, k_o)
+    # else the whole weight stays resident in WGT: one LOAD, reused by every row of tiles
     for stage in (a_stage, b_stage):
         # the padding (and a convolution's gather) becomes part of the LOAD
         inlined = True
@@ -281,7 +286,7 @@ def _inline_pointwise_producers(sch, block_rv, keep) -> None:
                 continue
             try:
                 sch.compute_inline(producer)
-            except ScheduleError:  # e.g. a producer with other consumers: leave it
+            except TVMScheduleError:  # e.g. a producer with other consumers: leave it
                 continue
             changed = True
             break
