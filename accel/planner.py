@@ -20,7 +20,7 @@ from tvm import ir, tirx
 
 from accel.config import Config
 from accel.isa import Mem
-from accel.rules import SCOPES, is_scratchpad
+from accel.rules import IN_PLACE, SCOPES, is_scratchpad
 
 
 @tvm_ffi.register_error
@@ -99,6 +99,7 @@ class _Planner:
         self.addr[buf.__chandle__()] = offset
 
     def on_seq(self, seq, mut):
+        _check_in_place(list(seq.seq), self.name)
         saved = dict(self.top)
         saved_live = {m: list(v) for m, v in self.live.items()}
         out = []
@@ -115,6 +116,8 @@ class _Planner:
     def on_stmt(self, node, mut):
         if isinstance(node, tirx.SeqStmt):
             return self.on_seq(node, mut)
+        if isinstance(node, tirx.AttrStmt) and node.attr_key == IN_PLACE:
+            return mut.mutate(node.body)
         if isinstance(node, tirx.AllocBuffer) and is_scratchpad(node.buffer):
             self.alloc(node.buffer)
             return tirx.Evaluate(tirx.IntImm("int32", 0))
@@ -154,6 +157,53 @@ class _Planner:
         return tvm_ffi.structural_mutate(body, [
             (tirx.Stmt, self.on_stmt), (ir.TensorLoad, self.on_load), (ir.Call, self.on_call),
             (ir.Type, lambda n, m: n)])
+
+
+# For each accel call, which operand addresses it reads: (argument index, reads, writes).
+_OPERANDS = {
+    "accel.load": lambda args: [(4, False, True)],
+    "accel.store": lambda args: [(3, True, False)],
+    "accel.gemm": lambda args: [(2, not _is_one(args[1]), True), (3, True, False), (4, True, False)],
+    "accel.alu": lambda args: [(3, True, True)] + ([] if _is_one(args[2]) else [(4, True, False)]),
+}
+
+
+def _is_one(e) -> bool:
+    return isinstance(e, tirx.IntImm) and e.value == 1
+
+
+def _scratch_uses(stmt) -> list:
+    """``(buffer, reads, writes)`` for every scratchpad operand of the accel calls in ``stmt``."""
+    uses = []
+
+    def on_call(c):
+        if not _is_accel_call(c):
+            return
+        roles = _OPERANDS.get(c.args[0].value)
+        for index, reads, writes in (roles(c.args) if roles else []):
+            ptr = c.args[index]
+            if isinstance(ptr, ir.Call) and ptr.op.name == "tirx.tvm_access_ptr":
+                data = ptr.args[1]
+                if isinstance(data, ir.Call) and data.op.name == "tirx.buffer_data":
+                    uses.append((data.args[0], reads, writes))
+
+    tvm_ffi.structural_walk(stmt, (ir.Call, on_call))
+    return uses
+
+
+def _check_in_place(stmts, name):
+    """An epilogue that overwrote an accumulator in place must be its last reader."""
+    for n, stmt in enumerate(stmts):
+        clobbered = []
+        tvm_ffi.structural_walk(stmt, (tirx.AttrStmt, lambda a: clobbered.append(a.node) if a.attr_key == IN_PLACE else None))
+        for buf in clobbered:
+            for later in stmts[n + 1:]:
+                uses = [(reads, writes) for b, reads, writes in _scratch_uses(later) if b.same_as(buf)]
+                if any(reads for reads, _ in uses):
+                    raise PlanError(f"{name}: an epilogue computed {buf.name} in place for its store, but "
+                                    f"{buf.name} is read again afterwards: {_snippet(later)}")
+                if uses:
+                    break
 
 
 def _host_buffers_of_calls(stmt) -> dict:

@@ -33,6 +33,8 @@ from accel.runtime import AUTO
 
 SCOPES = {"local.accel_inp": Mem.INP, "local.accel_wgt": Mem.WGT, "local.accel_acc": Mem.ACC}
 INP, WGT, ACC = "local.accel_inp", "local.accel_wgt", "local.accel_acc"
+#: AttrStmt key marking an epilogue that overwrites its accumulator in place.
+IN_PLACE = "accel.in_place_epilogue"
 
 
 def is_scratchpad(buffer) -> bool:
@@ -402,7 +404,12 @@ def _store(m, store, config):
                      sram_ld, rows, cols, dram_ld, int(mode))
 
     calls.append(_around(g.outer, [g.outer_strides(dst), g.outer_strides(acc)], make))
-    return calls[0] if len(calls) == 1 else tirx.SeqStmt(calls)
+    body = calls[0] if len(calls) == 1 else tirx.SeqStmt(calls)
+    if steps:
+        # The epilogue runs in place on the accumulator: the planner checks that nothing
+        # reads it again afterwards.
+        body = tirx.AttrStmt(acc.buffer, IN_PLACE, tirx.IntImm("int32", 0), body)
+    return body
 
 
 # ----------------------------------------------------------------------------- the rule set

@@ -104,3 +104,30 @@ def test_double_buffering_overlaps_loads_with_compute():
     busy = s.stats.busy
     # Serial execution would take at least the sum; overlap makes the run much shorter.
     assert s.stats.cycles < 0.8 * (busy["load"] + busy["gemm"] + busy["store"])
+
+
+@T.prim_func
+def two_stores(A: T.Buffer((16, 16), "int8"), W: T.Buffer((16, 16), "int8"),
+               relu: T.Buffer((16, 16), "int32"), raw: T.Buffer((16, 16), "int32")):
+    acc = T.alloc_buffer((16, 16), "int32", scope="local.accel_acc")
+    a = T.alloc_buffer((16, 16), "int8", scope="local.accel_inp")
+    w = T.alloc_buffer((16, 16), "int8", scope="local.accel_wgt")
+    for i, j in T.grid(16, 16):
+        acc[i, j] = 0
+    for i, k in T.grid(16, 16):
+        a[i, k] = A[i, k]
+    for j, k in T.grid(16, 16):
+        w[j, k] = W[j, k]
+    for i, j, k in T.grid(16, 16, 16):
+        acc[i, j] = acc[i, j] + T.Cast("int32", a[i, k]) * T.Cast("int32", w[j, k])
+    for i, j in T.grid(16, 16):
+        relu[i, j] = T.max(acc[i, j], 0)
+    for i, j in T.grid(16, 16):
+        raw[i, j] = acc[i, j]
+
+
+def test_an_in_place_epilogue_followed_by_another_reader_is_refused():
+    # The ReLU store runs its ALU on the accumulator itself; the second store would then
+    # read ReLU'd values: wrong code, so the pipeline refuses it.
+    with pytest.raises(accel.PlanError, match="computed acc.* in place .* read again"):
+        accel.build(two_stores)
