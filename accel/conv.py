@@ -6,7 +6,8 @@ weight and output, any stride, padding and dilation, groups = 1)::
     C[n, y, x, f] += X[n, y*sy + ry*dy, x*sx + rx*dx, c] * W[ry, rx, c, f]
 
 is a GEMM with M = output columns ``x``, N = output channels ``f`` and K = ``(ry, rx, c)``,
-batched over ``(n, y)``. :func:`normalise` turns it into that form with schedule primitives,
+batched over ``(n, y)`` (M is ``y`` or ``n`` instead when ``x`` has extent 1: TVM drops such
+an iter from ``x*sx + rx*dx``). :func:`normalise` turns it into that form with schedule primitives,
 so that the scheduler's GEMM path (padding, tiling, scratchpad staging, epilogues) applies:
 
 - **direct gather** (the default): K stays three loops, ``ry`` and ``rx`` outside the tile and
@@ -14,7 +15,8 @@ so that the scheduler's GEMM path (padding, tiling, scratchpad staging, epilogue
   ``i, k < 16``: a strided 2-D view of the channels-last input, so the im2col matrix is never
   built; the copy into INP becomes a strided, padded LOAD;
 - **im2col on the CPU**: when the channels are few (padding ``c`` to a whole tile would waste
-  most of every INP tile), K is fused into one loop and the CPU builds the im2col matrix.
+  more than an eighth of every INP tile, e.g. 3 channels of an RGB image), K is fused into
+  one loop and the CPU builds the im2col matrix.
 
 The input is read channels-last (an NCHW input is transposed on the CPU, together with its
 zero padding), the weights are reordered on the CPU to ``[ry, rx, F, C]`` (direct) or
@@ -29,6 +31,7 @@ its reason.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import tvm_ffi
 from tvm import ir, s_tir, sym, tirx
@@ -54,7 +57,6 @@ class Conv:
     block: str
     input: ir.Var
     weight: ir.Var
-    output: ir.Var
     pos: dict
     ext: dict
     in_dim: dict
@@ -147,7 +149,7 @@ def analyse(block, store, loads) -> tuple[Conv | None, str | None]:
         if not isinstance(e, tirx.IntImm):
             return None, f"dynamic shape: {e} is not a constant"
         ext[r] = int(e.value)
-    return Conv(block.name_hint, x_load.source, w_load.source, store.buffer,
+    return Conv(block.name_hint, x_load.source, w_load.source,
                 {r: pos[k] for r, k in roles.items()}, ext, in_dim,
                 {by_key[k]: d for d, k in enumerate(w_keys)},
                 {by_key[k]: d for d, k in enumerate(out)}), None
@@ -166,8 +168,8 @@ def direct_gather(conv: Conv, config: Config) -> bool:
     return conv.ext["ry"] * conv.ext["rx"] == 1 or (-(-c // t) * t - c) * 8 <= c
 
 
-def _permute(dims: dict, order) -> "callable":
-    """An index map ``*axes -> axes in the order of the roles ``order``."""
+def _permute(dims: dict, order) -> Callable:
+    """An index map ``*axes -> axes in the order of the roles in ``order``."""
     return lambda *ax: tuple(ax[dims[r]] for r in order)
 
 
@@ -256,7 +258,7 @@ def normalise(sch: s_tir.Schedule, conv: Conv, config: Config, notes) -> dict:
         sch.transform_layout(final, ("write", 0), to_nhwc)
         if chain:
             sch.transform_layout(blk, ("write", 0), to_nhwc)
-            sch.transform_block_layout(final, tirx.IndexMap.from_func(to_nhwc, ndim=4))
+            sch.transform_block_layout(final, tirx.IndexMap.from_func(to_nhwc, ndim=4, index_dtype="int32"))
         stop = sch.get(back).name_hint
         notes.on_cpu.append((stop, "transposes the result from channels-last to NCHW on the CPU "
                              "(a STORE row is a run of channels)"))
@@ -280,11 +282,11 @@ def normalise(sch: s_tir.Schedule, conv: Conv, config: Config, notes) -> dict:
     else:
         p = conv.pos
         fused = lambda get: (get("ry") * s_ + get("rx")) * c_ + get("c")  # noqa: E731
-        sch.transform_layout(re_block, ("write", 0), lambda *ax: tuple(
-            ax[dims[r]] if r in dims else 0 for r in rows if r in dims or r == m_role) +
-            (fused(lambda r: ax[dims[r]] if r in dims else 0),))
+        sch.transform_layout(re_block, ("write", 0), lambda *ax: tuple(ax[dims[r]] for r in rows if r in dims) +
+                             (fused(lambda r: ax[dims[r]] if r in dims else 0),))
         sch.transform_block_layout(blk, tirx.IndexMap.from_func(
-            lambda *it: tuple(it[p[r]] for r in rows + ["f"]) + (fused(lambda r: it[p[r]]),), ndim=7))
+            lambda *it: tuple(it[p[r]] for r in rows + ["f"]) + (fused(lambda r: it[p[r]]),),
+            ndim=7, index_dtype="int32"))
         for name in inline:        # the input's padding folds into the im2col gather
             sch.compute_inline(sch.get_sblock(name))
         inline = []
