@@ -59,6 +59,10 @@ def register_pipeline(name: str, rewriters, *, after: Sequence[tvm.transform.Pas
 
     if not isinstance(name, str) or not name:
         raise TypeError(f"register_pipeline: name must be a non-empty string, got {name!r}")
+    if name in _BUILTIN and name not in _OURS:
+        raise ValueError(f"register_pipeline: {name!r} is one of TVM's own pipelines; pick another name")
+    if isinstance(after, tvm.transform.Pass):
+        after = [after]
     rws = [rewriters] if isinstance(rewriters, Rewriter) else list(rewriters)
     for rw in rws:
         if not isinstance(rw, Rewriter):
@@ -74,8 +78,50 @@ def register_pipeline(name: str, rewriters, *, after: Sequence[tvm.transform.Pas
 
         @tvm.transform.module_pass(opt_level=0, name=f"tirpat.{name}.pipeline")
         def pipeline(mod, ctx):
-            return inner(front(mod))
+            mod = front(mod)
+            if not _hands_out_allocations(mod):
+                return inner(mod)
+            # StorageRewrite cannot see a buffer passed to a packed call: it would let two
+            # such allocations share memory. Keep them apart.
+            config = dict(ctx.config)
+            config["tirx.disable_storage_rewrite"] = True
+            with tvm.transform.PassContext(opt_level=ctx.opt_level, config=config,
+                                           required_pass=list(ctx.required_pass),
+                                           disabled_pass=list(ctx.disabled_pass)):
+                return inner(mod)
 
         return pipeline, finalize_host, finalize_device
 
     tvm.tirx.compilation_pipeline.register_tir_pipeline(name, factory)
+    _OURS.add(name)
+
+
+_BUILTIN = frozenset(tvm.tirx.compilation_pipeline.PIPELINE_MAP)
+_OURS: set = set()
+
+
+def _hands_out_allocations(mod) -> bool:
+    """True when a packed call receives (a pointer into) a buffer the function allocates."""
+    import tvm_ffi
+    from tvm import ir, tirx
+
+    for func in mod.functions.values():
+        if not isinstance(func, tirx.PrimFunc):
+            continue
+        allocated = set()
+        tvm_ffi.structural_walk(func.body, (tirx.AllocBuffer, lambda a: allocated.add(a.buffer.__chandle__())))
+        if not allocated:
+            continue
+        found = []
+
+        def in_call(c):
+            if c.op.name == "tirx.tvm_call_packed":
+                def on_var(v):
+                    if v.__chandle__() in allocated:
+                        found.append(v)
+                tvm_ffi.structural_walk(c, (ir.Var, on_var))
+
+        tvm_ffi.structural_walk(func.body, (ir.Call, in_call))
+        if found:
+            return True
+    return False

@@ -188,3 +188,39 @@ def test_pipeline_in_tvm_compile_rewrites_gemm_tiles(case):
     ex["main"](ta, tb, tc)
     np.testing.assert_array_equal(tc.numpy(), case.reference(a, b))
     assert len(calls) == (case.m // case.tile[0]) * (case.n // case.tile[1]) * (case.k // case.tile[2])
+
+
+@tvm.register_global_func("tests.tirpat.dma", override=True)
+def _dma(dst, src, n):
+    from tirpat.testing import tensor_view
+
+    tensor_view(dst)[:n] = tensor_view(src)[:n]
+
+
+def test_scratch_buffers_handed_to_calls_do_not_share_memory():
+    # Two cache_read buffers, each filled by a packed call: TVM's StorageRewrite would
+    # merge them (it cannot see inside the call), silently corrupting the result.
+    from tvm import s_tir
+
+    A = te.placeholder((16,), "int8", name="A")
+    B = te.placeholder((16,), "int8", name="B")
+    C = te.compute((16,), lambda i: A[i] + B[i], name="C")
+    sch = s_tir.Schedule(te.create_prim_func([A, B, C]))
+    sch.cache_read(sch.get_sblock("C"), 0, "local.sram")
+    sch.cache_read(sch.get_sblock("C"), 1, "local.sram")
+    copy = tp.is_copy(dst=tp.is_buffer(scope="local.sram"), name="c")
+    rw = tp.Rewriter.from_pattern(copy, lambda m: tirx.Evaluate(tirx.call_packed(
+        "tests.tirpat.dma", m["c"].dst.buffer, m["c"].src.buffer, *m["c"].extents)), name="dma")
+    tp.register_pipeline("tests_scratch", rw)
+    ex = tvm.compile(sch.mod, target="llvm", tir_pipeline="tests_scratch")
+    a, b = np.arange(16, dtype=np.int8), np.full(16, 100, np.int8)
+    c = tvm.runtime.tensor(np.zeros(16, np.int8))
+    ex["main"](tvm.runtime.tensor(a), tvm.runtime.tensor(b), c)
+    np.testing.assert_array_equal(c.numpy(), a + b)
+
+
+def test_register_pipeline_guards_tvm_pipelines_and_takes_one_after_pass():
+    rw = reference_copy_rule()
+    with pytest.raises(ValueError, match="one of TVM's own pipelines"):
+        tp.register_pipeline("default", rw)
+    tp.register_pipeline("tests_after_one", rw, after=tvm.tirx.transform.RemoveNoOp())
