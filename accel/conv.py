@@ -13,7 +13,8 @@ so that the scheduler's GEMM path (padding, tiling, scratchpad staging, epilogue
 - **direct gather** (the default): K stays three loops, ``ry`` and ``rx`` outside the tile and
   ``c`` tiled. One INP tile is then ``X[n, y*sy + ry*dy, (x0 + i)*sx + rx*dx, c0 + k]`` for
   ``i, k < 16``: a strided 2-D view of the channels-last input, so the im2col matrix is never
-  built; the copy into INP becomes a strided, padded LOAD;
+  built; the copy into INP becomes a strided LOAD, and the image border its padding (rows
+  of the tile outside the image, or the whole tile where ``y*sy + ry*dy`` is outside);
 - **im2col on the CPU**: when the channels are few (padding ``c`` to a whole tile would waste
   more than an eighth of every INP tile, e.g. 3 channels of an RGB image), K is fused into
   one loop and the CPU builds the im2col matrix.
@@ -62,6 +63,7 @@ class Conv:
     in_dim: dict
     w_dim: dict
     out_dim: dict
+    taps: dict       # "y"/"x": (stride, dilation, offset) of the input index y*s + ry*d + offset
 
     @property
     def channels_last_input(self) -> bool:
@@ -131,12 +133,13 @@ def analyse(block, store, loads) -> tuple[Conv | None, str | None]:
         elif len(vs) == 1 and red and int(coeffs[0]) == 1 and int(coeffs[1]) == 0 and "c" not in in_dim:
             in_dim["c"], roles["c"] = d, red[0]
         elif len(red) == 1 and len(par) == 1:
-            spatial.append((d, par[0], red[0]))
+            coef = dict(zip(vs, (int(c) for c in coeffs)))
+            spatial.append((d, par[0], red[0], (coef[par[0]], coef[red[0]], int(coeffs[-1]))))
         else:
             return not_conv
     if len(spatial) != 2 or set(in_dim) != {"n", "c"}:
         return not_conv
-    (dy, y, ry), (dx, x, rx) = spatial
+    (dy, y, ry, taps_y), (dx, x, rx, taps_x) = spatial
     in_dim.update(y=dy, x=dx)
     roles.update(y=y, x=x, ry=ry, rx=rx)
     if len(set(roles.values())) != 7 or set(w_keys) != {f, roles["c"], ry, rx} or \
@@ -152,7 +155,7 @@ def analyse(block, store, loads) -> tuple[Conv | None, str | None]:
     return Conv(block.name_hint, x_load.source, w_load.source,
                 {r: pos[k] for r, k in roles.items()}, ext, in_dim,
                 {by_key[k]: d for d, k in enumerate(w_keys)},
-                {by_key[k]: d for d, k in enumerate(out)}), None
+                {by_key[k]: d for d, k in enumerate(out)}, {"y": taps_y, "x": taps_x}), None
 
 
 def direct_gather(conv: Conv, config: Config) -> bool:
@@ -166,6 +169,47 @@ def direct_gather(conv: Conv, config: Config) -> bool:
     t = config.tile
     c = conv.ext["c"]
     return conv.ext["ry"] * conv.ext["rx"] == 1 or (-(-c // t) * t - c) * 8 <= c
+
+
+def _blank_pixels(conv: Conv, image: dict) -> bool:
+    """Whether an output pixel sees only the zero border: its input tile would be all padding
+    for TVM to fold to a constant, which no LOAD can express (``image`` maps ``y``/``x`` to
+    ``(border before, image size)`` in the padded input's coordinates)."""
+    for dim, r in (("y", "ry"), ("x", "rx")):
+        stride, dilation, offset = conv.taps[dim]
+        before, size = image[dim]
+        for o in range(conv.ext[dim]):
+            if all(not before <= o * stride + t * dilation + offset < before + size for t in range(conv.ext[r])):
+                return True
+    return False
+
+
+def _border(sch, producer, conv: Conv) -> dict | None:
+    """``(border before, image size)`` per spatial dim of a zero-padding block that reads the
+    image at ``index - border``; None if it is not such a block."""
+    block = sch.get(producer)
+    load = block.body.value
+    while not isinstance(load, ir.TensorLoad):
+        if not (isinstance(load, ir.Call) and load.op.name.endswith("if_then_else")):
+            return None
+        load = load.args[1]
+    out = {}
+    for dim in ("y", "x"):
+        e = load.indices[conv.in_dim[dim]]
+        vs = _vars_in(e)
+        coeffs = sym.detect_linear_equation(e, vs)
+        if len(vs) != 1 or len(coeffs) != 2 or int(coeffs[0]) != 1:
+            return None
+        out[dim] = (-int(coeffs[1]), int(load.source.shape[conv.in_dim[dim]]))
+    return out
+
+
+def _loads_can_pad(sch, producer, conv: Conv) -> bool:
+    """Whether the input's producer (a copy, or a zero padding) can fold into the LOADs."""
+    if _is_plain_copy(sch.get(producer)):
+        return True
+    border = _border(sch, producer, conv)
+    return border is not None and not _blank_pixels(conv, border)
 
 
 def _permute(dims: dict, order) -> Callable:
@@ -210,15 +254,17 @@ def normalise(sch: s_tir.Schedule, conv: Conv, config: Config, notes) -> dict:
     if not direct:
         if producer is not None:    # its padding folds into the im2col gather
             inline.append(sch.get(producer).name_hint)
-    elif producer is not None and _is_plain_copy(sch.get(producer)) and conv.channels_last_input:
-        inline.append(sch.get(producer).name_hint)      # the LOADs read the input itself
+    elif producer is not None and conv.channels_last_input and _loads_can_pad(sch, producer, conv):
+        # the LOADs read the input itself; its zero padding becomes the LOADs' padding
+        inline.append(sch.get(producer).name_hint)
     elif producer is not None:
         what = "zero-pads the input" if not _is_plain_copy(sch.get(producer)) else "copies the input"
         if not conv.channels_last_input:
             sch.transform_layout(producer, ("write", 0), _permute(conv.in_dim, cl))
             what += " and transposes it to channels-last on the CPU (a LOAD row is a run of channels)"
         else:
-            what += " on the CPU"
+            what += (" on the CPU (some output pixels see only the border: their INP tiles would be "
+                     "constants, not LOADs)")
         notes.on_cpu.append((sch.get(producer).name_hint, what))
     elif not conv.channels_last_input:
         stage = sch.cache_read(blk, _read_index(sch, blk, conv.input), "global")

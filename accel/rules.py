@@ -1,7 +1,8 @@
 """The tirpat rules that offload lowered TIR to accel, written with tirpat's public API.
 
 - ``load``: a copy nest from host memory into a scratchpad scope -> LOAD (2-D strided DMA,
-  padding from the copy's guard);
+  padding from the copy's guard; where the guard tests enclosing loops alone, as at a
+  convolution's image border, a LOAD of all padding);
 - ``gemm``: a nest of 16x16x16 tiles ``C += int32(A) * int32(W)`` on ACC/INP/WGT -> GEMM,
   up to two enclosing loops of tiles folded into its loop fields;
 - ``zero_init``: a nest storing 0 into ACC in whole tiles -> GEMM in its reset form;
@@ -90,10 +91,13 @@ def _load(m):
     mem = SCOPES[dst.buffer.scope()]
     if c.cast is not None or is_scratchpad(src.buffer):
         return None
-    if c.predicate is not None and c.pad is None:
-        return None
     n = len(c.extents)
-    pads = c.pad or tuple((0, 0) for _ in range(n))
+    pads, outside = c.pad, None
+    if c.predicate is not None and pads is None:
+        pads, outside = _split_guard(c.predicate, m.loops)
+        if pads is None:
+            return None
+    pads = pads or tuple((0, 0) for _ in range(n))
     ext = [_int(e) for e in c.extents]
     if any(e is None for e in ext):
         return None
@@ -109,6 +113,8 @@ def _load(m):
     rows = ext[row] if row is not None else 1
     pl, pr = pads[col] if col is not None else (0, 0)
     pt, pb = pads[row] if row is not None else (0, 0)
+    if outside is not None:     # bounds from an enclosing loop's offset may leave an empty box
+        pr, pb = tirx.min(pr, cols - pl), tirx.min(pb, rows - pt)
     dram_ld = src.strides[row] if row is not None else 0
     sram_ld = dst.strides[row] if row is not None else cols
     if rows > 1 and sram_ld < cols:
@@ -134,7 +140,45 @@ def _load(m):
                     address(dst.buffer, dst_start + shifts[1]), sram_ld,
                     rows - pt - pb, cols - pl - pr, dram_ld, *pad_fields, pad_value)
 
-    return _around(loops, [[src.strides[k] for k in outer], [dst.strides[k] for k in outer]], make)
+    def all_padding(shifts):
+        return call("accel.load", src.buffer, 0, int(mem), address(dst.buffer, dst.offset + shifts[1]),
+                    sram_ld, 0, cols, dram_ld, rows, 0, 0, 0, pad_value)
+
+    strides = [[src.strides[k] for k in outer], [dst.strides[k] for k in outer]]
+    load = _around(loops, strides, make)
+    if outside is None:
+        return load
+    # where the guard on enclosing loops fails, the block is all padding (or, for a partial
+    # copy, not written)
+    return tirx.IfThenElse(outside, load, None if partial else _around(loops, strides, all_padding))
+
+
+def _split_guard(predicate, loops):
+    """``(pads, outside)`` for a copy guard that also tests enclosing loops (a convolution's
+    image border along a tile's outer loops): the padding its bounds on the copy's own loops
+    give, and the conjunction of the bounds on enclosing loops alone. ``(None, None)`` when
+    there are no such bounds or the rest is not a box of affine bounds."""
+    own = {l.loop_var.__chandle__() for l in loops}
+    inner, outside, stack = [], [], [predicate]
+    while stack:
+        e = stack.pop()
+        if isinstance(e, tirx.And):
+            stack += [e.a, e.b]
+            continue
+        uses = []
+        tvm_ffi.structural_walk(e, (ir.Var, lambda v: uses.append(v) if v.__chandle__() in own else None))
+        (inner if uses else outside).append(e)
+    if not outside:
+        return None, None
+    pads = tp.padding(_all(inner), loops) if inner else tuple((0, 0) for _ in loops)
+    return (None, None) if pads is None else (pads, _all(outside))
+
+
+def _all(conds):
+    out = conds[0]
+    for c in conds[1:]:
+        out = tirx.And(out, c)
+    return out
 
 
 # ----------------------------------------------------------------------------- GEMM

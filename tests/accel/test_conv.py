@@ -126,6 +126,15 @@ def test_nhwc_gathers_by_strided_loads():
     assert [name for name, _ in ex.report.on_cpu] == ["W_global"]
 
 
+def test_nhwc_padding_is_done_by_the_loads():
+    func, inputs, reference = conv_workload("NHWC", 1, 16, 7, 7, 16, 3, 1, 2)
+    ex, s = run(func, inputs, reference)
+    assert [name for name, _ in ex.report.on_cpu] == ["W_global"]
+    text = s.disassembly()
+    assert "7x16 pad=(2, 7, 0, 0)" in text      # a row of the tile: 2 pixels of left border
+    assert "0x16 pad=(16, 0, 0, 0)" in text     # a kernel row above the image: all padding
+
+
 def test_padding_and_nchw_are_reported():
     func, inputs, reference = conv_workload("NCHW", 1, 32, 8, 8, 16, 3, 1, 1)
     ex, _ = run(func, inputs, reference)
