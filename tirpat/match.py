@@ -81,18 +81,29 @@ class Match:
     def region(self, buffer) -> Region:
         """The :class:`Region` of a buffer's accesses in the matched nest.
 
-        ``buffer`` is a buffer pattern, a capture name or the buffer itself.
+        ``buffer`` is a buffer pattern, a capture name or the buffer itself. With a pattern
+        or name, the accesses that pattern matched are used (two patterns may bind one
+        buffer at different indices, as in ``A[i, j] + A[j, i]``). A Region describes one
+        access pattern: accesses at different indices (a stencil) raise :class:`RegionError`.
         """
+        accesses = None
         if isinstance(buffer, (str, P.Pattern)):
             buf = self[buffer]
+            accesses = self._env.get(("__access__", buffer if isinstance(buffer, str) else _key_of(buffer)))
         else:
             buf = buffer
         if not tirx.is_buffer_var(buf):
             raise TypeError(f"region() needs a buffer, but {buffer!r} is bound to {buf!r}")
-        access = _first_access(self.node, buf)
-        if access is None:
+        if accesses is None:
+            accesses = _accesses(self.node, buf)
+        if not accesses:
             raise KeyError(f"buffer {buf.name} is not accessed in the matched node")
-        return access_region(buf, access, self.loops)
+        first = accesses[0]
+        for other in accesses[1:]:
+            if len(other) != len(first) or not all(tvm_ffi.structural_equal(x, y) for x, y in zip(first, other)):
+                raise RegionError(f"{buf.name} is accessed at different indices in the match "
+                                  f"({list(first)} and {list(other)}); a Region describes one access pattern")
+        return access_region(buf, first, self.loops)
 
     def __repr__(self):
         caps = ", ".join(f"{k}={_short(v)}" for k, v in self.captures.items())
@@ -106,20 +117,20 @@ def _short(v) -> str:
     return text[0] if len(text) == 1 else f"{type(v).__name__}(...)"
 
 
-def _first_access(node, buf):
-    """Indices of the first store to ``buf`` in ``node``, else of the first load."""
-    stores, loads = [], []
+def _accesses(node, buf) -> list:
+    """The index lists of every store to and load of ``buf`` in ``node``."""
+    found = []
 
     def on_store(s):
         if s.buffer.same_as(buf):
-            stores.append(s.indices)
+            found.append(s.indices)
 
     def on_load(l):
         if l.source.same_as(buf):
-            loads.append(l.indices)
+            found.append(l.indices)
 
     tvm_ffi.structural_walk(node, [(tirx.BufferStore, on_store), (ir.TensorLoad, on_load)])
-    return (stores or loads or [None])[0]
+    return found
 
 
 def _key_of(p: P.Pattern):
@@ -262,6 +273,13 @@ class _Matcher:
         yield from self._access(p, node, node.source, node.indices, env, nest, path)
 
     def _access(self, p, node, buf, indices, env, nest, path):
+        for e in self._access_indices(p, node, buf, indices, env, nest, path):
+            e = dict(e)
+            k = ("__access__", _key_of(p.buffer))
+            e[k] = e.get(k, ()) + (indices,)   # for Match.region: the accesses this pattern bound
+            yield e
+
+    def _access_indices(self, p, node, buf, indices, env, nest, path):
         if p.indices is None:
             for e in self.m(p.buffer, buf, env, nest, path + ("buffer",)):
                 e = self.bind(e, p, node, path)

@@ -300,3 +300,18 @@ def test_region_of_unaccessed_buffer_is_a_clear_error():
         m.region(Y)
     with pytest.raises(KeyError, match="not bound"):
         m["nope"]
+
+
+def test_region_follows_the_pattern_and_refuses_ambiguous_accesses():
+    i, j = var("i"), var("j")
+    A = tirx.decl_buffer((8, 8), "float32", "A")
+    C = tirx.decl_buffer((8, 8), "float32", "C")
+    body = tirx.BufferStore(C, tirx.BufferLoad(A, [i, j]) + tirx.BufferLoad(A, [j, i]), [i, j])
+    nest = tirx.For(i, 0, 8, 0, tirx.For(j, 0, 8, 0, body))
+    iv, jv = tp.is_var("i"), tp.is_var("j")
+    X, Y = tp.is_buffer("X"), tp.is_buffer("Y")
+    m = tp.is_nest([iv, jv], tp.is_store(tp.is_buffer("C"), [iv, jv], X[iv, jv] + Y[jv, iv])).match(nest)
+    assert m.region("X").strides == (8, 1)
+    assert m.region(Y).strides == (1, 8)     # the access Y matched, not A's first access
+    with pytest.raises(tp.RegionError, match="different indices"):
+        m.region(m["X"])                      # the buffer itself: two access patterns
