@@ -35,7 +35,6 @@ from accel.conv import normalise as normalise_conv
 from accel.rules import ACC, INP, WGT, epilogue_chain
 
 
-
 class ScheduleError(ValueError):
     """The workload cannot be compiled for accel (e.g. dynamic shapes)."""
 
