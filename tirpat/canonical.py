@@ -1,6 +1,7 @@
 """Canonical form of lowered TIR, so that cosmetic differences never make a match fail.
 
-- extent-1 loops are removed (their variable becomes the loop's ``min``);
+- extent-1 loops are removed (their variable becomes the loop's ``min``), and loops with a
+  constant step count their iterations from 0 with step 1;
 - index expressions and loop bounds are simplified (``i*4*4 + 0`` becomes ``i*16``);
 - constant sub-expressions of values are folded;
 - nested ``SeqStmt``s are flattened.
@@ -47,6 +48,16 @@ def _indices(indices):
 
 
 def _on_for(loop):
+    step = None if loop.step is None else const_int(loop.step)
+    if loop.step is not None and step != 1:
+        if step is None or step <= 0:
+            return loop   # a symbolic step: matchers refuse the loop (see match._stepped)
+        # for v in range(min, min + extent, step)  ->  for v' in range(ceil(extent / step)): v = min + v' * step
+        fresh = tirx.Var(loop.loop_var.name, loop.loop_var.ty)
+        body = substitute(loop.body, {key(loop.loop_var): loop.min + fresh * step})
+        count = simplify(tirx.floordiv(loop.extent + (step - 1), step))
+        loop = tirx.For(fresh, tirx.IntImm(str(loop.min.ty.dtype), 0), count, loop.kind, canonicalize(body),
+                        loop.thread_binding, loop.annotations)
     extent = const_int(loop.extent)
     if extent == 1:
         body = substitute(loop.body, {key(loop.loop_var): loop.min})

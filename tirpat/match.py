@@ -117,6 +117,11 @@ def _short(v) -> str:
     return text[0] if len(text) == 1 else f"{type(v).__name__}(...)"
 
 
+def _stepped(loop) -> bool:
+    """A loop whose step is not 1 (canonical form leaves only symbolic steps)."""
+    return loop.step is not None and const_int(loop.step) != 1
+
+
 def _accesses(node, buf) -> list:
     """The index lists of every store to and load of ``buf`` in ``node``."""
     found = []
@@ -454,7 +459,7 @@ class _Matcher:
     def _nest(self, p, node, env, nest, path):
         chain = []
         cur = node
-        while isinstance(cur, tirx.For) and (p.depth is None or len(chain) < p.depth):
+        while isinstance(cur, tirx.For) and not _stepped(cur) and (p.depth is None or len(chain) < p.depth):
             chain.append(cur)
             cur = cur.body
         if not chain:
@@ -517,6 +522,9 @@ class _Matcher:
         loops = []
         cur = node
         while isinstance(cur, tirx.For):
+            if _stepped(cur):
+                self.fail(path, p, cur, f"loop {cur.loop_var.name} has the symbolic step {cur.step}")
+                return
             loops.append(cur)
             cur = cur.body
         lpath = path + tuple(f"for {l.loop_var.name}" for l in loops)

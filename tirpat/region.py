@@ -13,7 +13,7 @@ from typing import Sequence
 
 from tvm import tirx
 
-from .analysis import const_int, key, linear_form, row_major_strides, simplify, substitute
+from .analysis import const_int, key, linear_form, row_major_strides, simplify, substitute, uses_any
 
 
 class RegionError(ValueError):
@@ -98,6 +98,13 @@ def access_region(buffer, indices: Sequence, loops: Sequence) -> Region:
     """
     loop_vars = [l.loop_var for l in loops]
     dim_strides = row_major_strides(buffer)
+    if dim_strides is None:
+        raise RegionError(f"buffer {buffer.name} has non-constant strides "
+                          f"{list(buffer.strides) or list(buffer.shape)}")
+    for n, l in enumerate(loops):
+        if uses_any(l.min, loop_vars[:n]) or uses_any(l.extent, loop_vars[:n]):
+            raise RegionError(f"the nest is not rectangular: loop {l.loop_var.name} runs over "
+                              f"[{l.min}, {l.min} + {l.extent}), which depends on an outer loop of the nest")
     origin = {key(l.loop_var): l.min for l in loops}
     strides = [0] * len(loops)
     base = []

@@ -128,3 +128,29 @@ def test_cast_is_reported(dtype):
     B = tirx.decl_buffer((8,), "int32", "B")
     nest = tirx.For(i, 0, 8, tirx.ForKind.SERIAL, tirx.BufferStore(B, tirx.Cast("int32", tirx.BufferLoad(A, [i])), [i]))
     assert tp.is_copy(name="c").match(nest)["c"].cast == "int32"
+
+
+def test_stepped_loops_are_counted_from_zero():
+    i = tirx.Var("i", "int32")
+    A = tirx.decl_buffer((16,), "int8", "A")
+    B = tirx.decl_buffer((16,), "int8", "B")
+    nest = tirx.For(i, 0, 16, tirx.ForKind.SERIAL, tirx.BufferStore(B, tirx.BufferLoad(A, [i]), [i]),
+                    None, None, tirx.IntImm("int32", 2))
+    c = tp.is_copy(name="c").match(nest)["c"]
+    assert c.extents == (8,) and c.src.strides == (2,) and c.dst.strides == (2,)
+    func = tirx.PrimFunc([A, B], nest).with_attr("global_symbol", "main")
+    a, b = np.arange(16, dtype=np.int8), np.zeros(16, np.int8)
+    np.testing.assert_array_equal(run(RW(func), [a, b])[1], run(func, [a, b])[1])
+
+
+def test_non_rectangular_nests_and_symbolic_strides_are_not_copies():
+    i, j = tirx.Var("i", "int32"), tirx.Var("j", "int32")
+    A = tirx.decl_buffer((8, 8), "int8", "A")
+    B = tirx.decl_buffer((8, 8), "int8", "B")
+    triangle = tirx.For(i, 0, 8, 0, tirx.For(j, 0, i, 0, tirx.BufferStore(B, tirx.BufferLoad(A, [i, j]), [i, j])))
+    assert tp.is_copy().match(triangle) is None
+    assert "not rectangular" in str(tp.explain(tp.is_copy(), triangle))
+    s = tirx.Var("s", "int32")
+    S = tirx.decl_buffer((4, 4), "int8", "S", strides=[s, 1])
+    single = tirx.BufferStore(B, tirx.BufferLoad(S, [1, 2]), [0, 0])
+    assert tp.is_copy().match(single) is None   # its offset could not be computed
