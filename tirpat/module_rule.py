@@ -20,6 +20,8 @@ strides and offset. A site where that cannot be done exactly is left alone, and
 
 from __future__ import annotations
 
+import inspect
+
 import tvm_ffi
 from tvm import ir, tirx
 
@@ -522,5 +524,12 @@ def rewriter(cls_or_mod):
         return Rewriter.from_module(cls_or_mod)
     if isinstance(cls_or_mod, type):
         funcs = {n: getattr(cls_or_mod, n, None) for n in ("pattern", "replacement")}
+        if any(inspect.isfunction(f) for f in funcs.values()):
+            # ``@T.prim_func`` methods under a class decorator named like ours are left
+            # unparsed by TVMScript (as for Relax's ``@R.rewriter``): parse the class as a module.
+            from tvm.script import ir as I
+
+            mod = I.ir_module(cls_or_mod)
+            funcs = {gv.name_hint: f for gv, f in mod.functions.items()}
         return Rewriter.from_module(funcs, name=cls_or_mod.__name__)
     raise TypeError(f"@tp.rewriter decorates a class or an IRModule, got {type(cls_or_mod).__name__}")

@@ -267,3 +267,36 @@ def test_bad_modules_raise_clear_errors():
         tp.Rewriter.from_module({"pattern": row_pattern, "replacement": gemm_desc})
     with pytest.raises(TypeError, match="decorates a class"):
         tp.rewriter(3)
+
+
+def test_decorator_on_a_class_of_tvmscript_methods():
+    @tp.rewriter
+    class RowAddMethods:
+        @T.prim_func(s_tir=True)
+        def pattern(a: T.handle, b: T.handle):
+            A = T.match_buffer(a, (8,), "int32", offset_factor=1)
+            B = T.match_buffer(b, (8,), "int32", offset_factor=1)
+            with T.sblock("root"):
+                T.reads(A[0:8])
+                T.writes(B[0:8])
+                for i in range(8):
+                    with T.sblock("row"):
+                        vi = T.axis.remap("S", [i])
+                        B[vi] = A[vi] + 1
+
+        @T.prim_func(s_tir=True)
+        def replacement(a: T.handle, b: T.handle):
+            A = T.match_buffer(a, (8,), "int32", offset_factor=1)
+            B = T.match_buffer(b, (8,), "int32", offset_factor=1)
+            with T.sblock("root"):
+                T.reads(A[0:8])
+                T.writes(B[0:8])
+                T.evaluate(T.call_packed("tests.module_rule.row_add", B, A, 8))
+
+    assert RowAddMethods.rules[0].name == "RowAddMethods"
+    f = _plus_one((2, 16), 8)
+    CALLS.clear()
+    a = np.arange(32, dtype="int32").reshape(2, 16)
+    out = run(RowAddMethods(f), [a, np.zeros_like(a)])[1]
+    np.testing.assert_array_equal(out, a + 1)
+    assert len(CALLS) == 4
