@@ -12,20 +12,22 @@ SHIFT = 6
 
 
 def reference_conv(x, w, layout, stride, padding, dilation):
-    """conv2d in int64, wrapped to int32 as the hardware does; x, w in ``layout`` (OIHW / HWIO)."""
+    """conv2d in int64, wrapped to int32 as the hardware does; x, w in ``layout`` (OIHW / HWIO).
+    ``stride``/``dilation`` are ints or (h, w); ``padding`` an int or (top, left, bottom, right)."""
+    (sh, sw), (dh, dw) = ((v, v) if isinstance(v, int) else v for v in (stride, dilation))
+    top, left, bottom, right = (padding,) * 4 if isinstance(padding, int) else padding
     x, w = x.astype(np.int64), w.astype(np.int64)
     if layout == "NCHW":
         x, w = x.transpose(0, 2, 3, 1), w.transpose(2, 3, 1, 0)
-    n, h, wd, _ = x.shape
     kh, kw, _, f = w.shape
-    xp = np.pad(x, ((0, 0), (padding, padding), (padding, padding), (0, 0)))
-    oh = (h + 2 * padding - dilation * (kh - 1) - 1) // stride + 1
-    ow = (wd + 2 * padding - dilation * (kw - 1) - 1) // stride + 1
-    out = np.zeros((n, oh, ow, f), np.int64)
+    xp = np.pad(x, ((0, 0), (top, bottom), (left, right), (0, 0)))
+    oh = (xp.shape[1] - dh * (kh - 1) - 1) // sh + 1
+    ow = (xp.shape[2] - dw * (kw - 1) - 1) // sw + 1
+    out = np.zeros((x.shape[0], oh, ow, f), np.int64)
     for i in range(kh):
         for j in range(kw):
-            y0, x0 = i * dilation, j * dilation
-            out += xp[:, y0:y0 + stride * (oh - 1) + 1:stride, x0:x0 + stride * (ow - 1) + 1:stride, :] @ w[i, j]
+            y0, x0 = i * dh, j * dw
+            out += xp[:, y0:y0 + sh * (oh - 1) + 1:sh, x0:x0 + sw * (ow - 1) + 1:sw, :] @ w[i, j]
     out = (out + 2**31) % 2**32 - 2**31
     return out.transpose(0, 3, 1, 2) if layout == "NCHW" else out
 
@@ -115,6 +117,29 @@ def test_epilogues_run_on_the_alu(layout, epilogue):
 def test_strides_and_dilation(stride, dilation):
     func, inputs, reference = conv_workload("NHWC", 2, 16, 13, 10, 20, 3, stride, 2, dilation)
     run(func, inputs, reference)
+
+
+@pytest.mark.parametrize("layout,h,w,c,kh,kw,stride,padding,dilation", [
+    ("NHWC", 9, 13, 32, 3, 1, (2, 1), (1, 0, 0, 0), (1, 2)),
+    ("NCHW", 9, 13, 32, 1, 3, (1, 3), (0, 2, 1, 1), (2, 1)),
+    ("NHWC", 12, 7, 3, 5, 3, (1, 2), (2, 1, 2, 1), (1, 1)),
+])
+def test_rectangular_kernels_and_asymmetric_padding(layout, h, w, c, kh, kw, stride, padding, dilation):
+    f = 24
+    if layout == "NCHW":
+        X, W = te.placeholder((2, c, h, w), "int8", name="X"), te.placeholder((f, c, kh, kw), "int8", name="W")
+        out = topi.nn.conv2d_nchw(X, W, stride, padding, dilation, out_dtype="int32")
+    else:
+        X, W = te.placeholder((2, h, w, c), "int8", name="X"), te.placeholder((kh, kw, c, f), "int8", name="W")
+        out = topi.nn.conv2d_nhwc(X, W, stride, padding, dilation, out_dtype="int32")
+    shapes = [[int(d) for d in t.shape] for t in (X, W, out)]
+
+    def inputs(rng):
+        return [rng.integers(-128, 128, s, dtype=np.int8) for s in shapes[:2]], np.zeros(shapes[2], np.int32)
+
+    ex, _ = run(te.create_prim_func([X, W, out]), inputs,
+                lambda x, wt: reference_conv(x, wt, layout, stride, padding, dilation))
+    assert ex.report.mac_share == 1.0
 
 
 def test_nhwc_gathers_by_strided_loads():
