@@ -9,7 +9,7 @@ For each layer the same run measures, with medians over repeats:
 - wall time of the compiled module on the simulator (CPU steps included) vs numpy computing
   the same convolution as a sum over kernel taps of int32 matrix products.
 
-    python benchmarks/bench_conv.py [--layout NHWC|NCHW] [--repeats 5]
+    python benchmarks/bench_conv.py [--layouts NHWC NCHW] [--repeats 5]
 """
 
 from __future__ import annotations
@@ -68,14 +68,14 @@ def median_time(fn, repeats: int) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--layout", choices=["NHWC", "NCHW"], default="NHWC")
+    ap.add_argument("--layouts", choices=["NHWC", "NCHW"], nargs="+", default=["NHWC", "NCHW"])
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
-    print(f"conv2d {args.layout}, batch 1, {SIZE}x{SIZE}, medians of {args.repeats}")
-    print(f"{'layer':>12} | {'cycles':>9} {'roofline':>9} {'share':>6} | {'run ms':>8} {'numpy ms':>9} {'ratio':>6}"
-          f" | gather")
-    for name, c, f, k, pad in LAYERS:
-        func, x_shape, w_shape, out_shape = conv(args.layout, c, f, k, pad)
+    print(f"conv2d, batch 1, {SIZE}x{SIZE}, medians of {args.repeats}")
+    print(f"{'layer':>12} {'layout':>6} | {'cycles':>9} {'roofline':>9} {'share':>6} | {'run ms':>8} {'numpy ms':>9} "
+          f"{'ratio':>6} | gather")
+    for (name, c, f, k, pad), layout in ((layer, layout) for layer in LAYERS for layout in args.layouts):
+        func, x_shape, w_shape, out_shape = conv(layout, c, f, k, pad)
         ex = accel.build(func)
         rng = np.random.default_rng(c * k)
         x = rng.integers(-128, 128, x_shape, dtype=np.int8)
@@ -89,14 +89,14 @@ def main() -> None:
                 ex(tx, tw, tout)
 
         run_s = median_time(run, args.repeats)
-        np_s = median_time(lambda: numpy_conv(args.layout, x, w, pad), args.repeats)
-        assert np.array_equal(tout.numpy(), numpy_conv(args.layout, x, w, pad))
+        np_s = median_time(lambda: numpy_conv(layout, x, w, pad), args.repeats)
+        assert np.array_equal(tout.numpy(), numpy_conv(layout, x, w, pad))
         check = accel.Session(record=False)
         with check:
             ex(tx, tw, tout)
         st = check.stats
         gather = ex.report.offloaded[0].gather
-        print(f"{name:>12} | {st.cycles:9d} {st.roofline_cycles:9d} {st.roofline_cycles / st.cycles:6.1%} | "
+        print(f"{name:>12} {layout:>6} | {st.cycles:9d} {st.roofline_cycles:9d} {st.roofline_cycles / st.cycles:6.1%} | "
               f"{run_s * 1e3:8.1f} {np_s * 1e3:9.1f} {run_s / np_s:6.2f} | {gather}")
 
 
