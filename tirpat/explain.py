@@ -46,6 +46,8 @@ class Explanation:
     target: str
     matches: list = field(default_factory=list)
     misses: list = field(default_factory=list)
+    label: str | None = None      #: what is explained, when not a single pattern (a Rewriter's rules)
+    hint: str | None = None       #: a likely cause worth saying first
 
     @property
     def matched(self) -> bool:
@@ -55,8 +57,13 @@ class Explanation:
         return self.matched
 
     def __str__(self):
+        text = self._text()
+        return text if self.hint is None else f"{text}\nhint: {self.hint}"
+
+    def _text(self):
+        what = self.label or repr(self.pattern)
         if self.matches:
-            lines = [f"{self.pattern!r} matches {self.target} {len(self.matches)} time(s):"]
+            lines = [f"{what} matches {self.target} {len(self.matches)} time(s):"]
             lines += [f"  {n + 1}. {m!r}" for n, m in enumerate(self.matches)]
             return "\n".join(lines)
         if not self.misses:
@@ -105,6 +112,7 @@ def explain(pattern: P.Pattern, node_or_func, *, limit: int = 3) -> Explanation:
             out.matches += part.matches
             out.misses += part.misses
         out.misses = sorted(out.misses, key=lambda m: m.failure.depth, reverse=True)[:limit]
+        out.label = "rule" + ("s " if len(pattern.rules) > 1 else " ") + ", ".join(repr(r.name) for r in pattern.rules)
         return out
     if not isinstance(pattern, P.Pattern):
         raise TypeError(f"explain expects a tirpat pattern first, got {type(pattern).__name__} {pattern!r}")
@@ -123,6 +131,8 @@ def explain(pattern: P.Pattern, node_or_func, *, limit: int = 3) -> Explanation:
         out = Explanation(pattern, str(name), matches=found)
         if not found:
             out.misses = _nearest_misses(pattern, canonicalize(node_or_func.body), limit)
+            if _has_blocks(node_or_func.body):
+                out.hint = "the function still has T.sblock blocks; patterns match lowered TIR: tp.lower(func) first"
         return out
     if not isinstance(node_or_func, (tirx.Stmt, ir.Expr)):
         raise TypeError(f"explain expects a PrimFunc, an IRModule, a Stmt or a PrimExpr, got {type(node_or_func).__name__}")
@@ -134,6 +144,14 @@ def explain(pattern: P.Pattern, node_or_func, *, limit: int = 3) -> Explanation:
     elif failure is not None:
         out.misses = [Miss((), node, failure)]
     return out
+
+
+def _has_blocks(body) -> bool:
+    from tvm import s_tir
+
+    found = []
+    tvm_ffi.structural_walk(body, (s_tir.SBlockRealize, found.append))
+    return bool(found)
 
 
 def _nearest_misses(pattern, body, limit):

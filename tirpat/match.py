@@ -195,7 +195,8 @@ class _Matcher:
             sub = Match(node, env, self.context)
             for pred in p.predicates:
                 if not pred(sub):
-                    self.trace and self.fail(path, p, node, f"the where() predicate {getattr(pred, '__name__', pred)} is false")
+                    self.trace and self.fail(path, p, node, f"the where() predicate {getattr(pred, '__name__', pred)} is false",
+                                             final=True)
                     return False
         return True
 
@@ -664,10 +665,14 @@ def match(pattern: P.Pattern, node, context: tuple = ()) -> Match | None:
 def find_all(pattern: P.Pattern, func_or_stmt) -> list:
     """Every non-overlapping match in pre-order (an outer match wins).
 
+    ``func_or_stmt`` is a PrimFunc, an IRModule (every PrimFunc) or a statement.
+
     >>> [m.region("A") for m in tp.find_all(tp.is_copy(src=tp.is_buffer("A")), func)]   # doctest: +SKIP
     """
     from .rewrite import Rewriter
 
+    if not isinstance(pattern, P.Pattern):
+        raise TypeError(f"find_all expects a tirpat pattern first, got {type(pattern).__name__} {pattern!r}")
     found = []
 
     def collect(m):
@@ -675,6 +680,11 @@ def find_all(pattern: P.Pattern, func_or_stmt) -> list:
         return None
 
     rw = Rewriter.from_pattern(pattern, collect, name="find_all")
+    if isinstance(func_or_stmt, ir.IRModule):
+        for func in func_or_stmt.functions.values():
+            if isinstance(func, tirx.PrimFunc):
+                rw._scan(func, stop_at_match=True)
+        return found
     rw._scan(func_or_stmt, stop_at_match=True)
     return found
 

@@ -101,7 +101,8 @@ class Rewriter:
     # -- construction ------------------------------------------------------------------
     @classmethod
     def from_pattern(cls, pattern: P.Pattern, callback: Callable[[Match], Any], name: str | None = None) -> "Rewriter":
-        """A one-rule rewriter: ``callback(match)`` returns the replacement, or None to decline.
+        """A one-rule rewriter: ``callback(match)`` returns the replacement (a Stmt, a list of
+        Stmts, or a PrimExpr for an expression pattern), or None to decline.
 
         >>> rw = tp.Rewriter.from_pattern(tp.is_copy(name="c"), lambda m: None, name="noop")
         """
@@ -206,7 +207,14 @@ class Rewriter:
                 m = _Matcher(tuple(loops)).run(rule.pattern, node)
                 if m is None:
                     continue
-                result = rule.callback(m)
+                try:
+                    result = rule.callback(m)
+                except Exception as err:  # noqa: BLE001 - re-raised with where it happened
+                    err.add_note(f"in the callback of rule {rule.name!r} at "
+                                 f"{' > '.join(l.loop_var.name for l in loops) or '<top>'} ({type(node).__name__})")
+                    raise
+                if isinstance(result, (list, tuple)) and result and all(isinstance(s, tirx.Stmt) for s in result):
+                    result = result[0] if len(result) == 1 else tirx.SeqStmt(list(result))
                 if stop_at_match:
                     self.report.add(Site(rule.name, tuple(l.loop_var.name for l in loops), node, func_name))
                     return node

@@ -47,3 +47,22 @@ def test_explain_reports_when_no_candidate_exists():
     text = str(tp.explain(tp.is_if(tp.wildcard(), tp.wildcard()), tp.lower(
         te.create_prim_func([te.placeholder((4,), name="X"), te.compute((4,), lambda i: 1.0, name="Y")]))))
     assert "no node of a kind" in text and "IfThenElse" in text
+
+
+def test_explain_hints_at_lowering_and_names_the_rules():
+    A = te.placeholder((8,), "float32", name="A")
+    f = te.create_prim_func([A, te.compute((8,), lambda i: A[i] * 2, name="B")])
+    text = str(tp.explain(tp.is_copy(), f))          # not lowered: still T.sblock blocks
+    assert "hint:" in text and "tp.lower" in text
+    rw = (tp.Rewriter.from_pattern(tp.is_copy(), lambda m: None, name="dma")
+          | tp.Rewriter.from_pattern(tp.is_nest(1, tp.wildcard()), lambda m: None, name="any_loop"))
+    text = str(tp.explain(rw, tp.lower(f)))
+    assert text.startswith("rules 'dma', 'any_loop' matches")
+
+
+def test_a_failing_where_is_the_reason_given():
+    i = tp.is_var("i")
+    p = tp.is_nest([i], tp.is_store(tp.is_buffer("B"), [i], tp.wildcard())).where(lambda m: False)
+    A = te.placeholder((8,), "float32", name="A")
+    f = tp.lower(te.create_prim_func([A, te.compute((8,), lambda k: A[k] * 2, name="B")]))
+    assert "where() predicate <lambda> is false" in str(tp.explain(p, f))

@@ -224,3 +224,27 @@ def test_register_pipeline_guards_tvm_pipelines_and_takes_one_after_pass():
     with pytest.raises(ValueError, match="one of TVM's own pipelines"):
         tp.register_pipeline("default", rw)
     tp.register_pipeline("tests_after_one", rw, after=tvm.tirx.transform.RemoveNoOp())
+
+
+def test_callback_errors_say_where_and_lists_become_sequences():
+    f = two_copies()
+
+    def boom(m):
+        raise ZeroDivisionError("bad tile")
+
+    with pytest.raises(ZeroDivisionError) as info:
+        tp.Rewriter.from_pattern(tp.is_copy(), boom, name="boom")(f)
+    assert any("rule 'boom'" in note for note in getattr(info.value, "__notes__", []))
+    two = lambda m: [counting_call(m), counting_call(m)]  # noqa: E731
+    rw = tp.Rewriter.from_pattern(tp.is_copy(), two, name="two")
+    new = rw(f)
+    COUNTER["n"] = 0
+    run(new, [np.zeros((8, 8), "float32"), np.zeros((8, 8), "float32")])
+    assert COUNTER["n"] == 4
+
+
+def test_find_all_takes_a_module():
+    mod = tvm.IRModule({"main": two_copies()})
+    assert len(tp.find_all(tp.is_copy(), mod)) == 2
+    with pytest.raises(TypeError, match="find_all expects a tirpat pattern"):
+        tp.find_all("x", mod)
