@@ -219,11 +219,12 @@ def _schedule_gemm(sch, name, roles, config, notes):
     final = chain[-1] if chain else None
     if final is not None:
         _inline_pointwise_producers(sch, final, out_buffer)
-    if final is not None and not _offloadable(sch.get(final), out_buffer):
+    steps = None if final is None else _epilogue_steps(sch.get(final), out_buffer)
+    if final is not None and steps is None:
         notes.on_cpu.append((sch.get(final).name_hint, "the epilogue is not a chain of ALU operations "
                              "(add, max, min, multiply, shift by a constant, int32 operands)"))
         final = None
-    plan.epilogue = [] if final is None else [sch.get(final).name_hint]
+    plan.epilogue = [sch.get(final).name_hint] if steps else []
 
     # 4. tile, stage through the scratchpads, move the init out
     loops = sch.get_loops(gemm)
@@ -291,16 +292,18 @@ def _inline_pointwise_producers(sch, block_rv, keep) -> None:
             break
 
 
-def _offloadable(block, acc_buffer) -> bool:
-    """Whether the inlined epilogue is an ALU chain on the accumulator with int32 operands."""
+def _epilogue_steps(block, acc_buffer):
+    """The ALU steps of an inlined epilogue on the accumulator with int32 operands (an empty
+    list for a plain write-back or cast), or None when the ALU cannot do it."""
     value = block.body.value
     out = block.body.buffer
     if str(out.dtype) == "int8":
         if not isinstance(value, tirx.Cast):
-            return False
+            return None
         value = value.value
     elif str(out.dtype) != "int32":
-        return False
+        return None
     is_spine = lambda load: load.source.same_as(acc_buffer)  # noqa: E731
     is_operand = lambda load: str(load.source.dtype) == "int32" and not load.source.same_as(acc_buffer)  # noqa: E731
-    return epilogue_chain(value, is_spine, is_operand) is not None
+    chain = epilogue_chain(value, is_spine, is_operand)
+    return None if chain is None else chain[1]
