@@ -197,9 +197,13 @@ class _ParamAccess(P.Pattern):
                     return
                 base = _minus(idx, want)
             if nest and uses_any(base, nest):
-                shown = idx if d < drop else want
-                mt.trace and mt.fail(path + (f"index {d}",), self, node,
-                        f"{target.name} index {d}: expected {shown} plus an offset free of the matched loops, found {idx}")
+                if mt.trace:
+                    reason = (f"{target.name} index {d}: {p.name} has {len(self.indices)} dimension(s), so "
+                              f"this leading dimension must stay fixed in the matched loops, found {idx}"
+                              if d < drop else
+                              f"{target.name} index {d}: expected {want} plus an offset free of the "
+                              f"matched loops, found {idx}")
+                    mt.fail(path + (f"index {d}",), self, node, reason)
                 return
             k = ("base", key(p), d)
             if k in env:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
+import tvm_ffi
 from tvm import ir, tirx
 
 # Root node kinds a pattern can match, used to index rules (tinygrad's UPat does the same).
@@ -52,9 +53,7 @@ class Pattern:
     # -- constraints -------------------------------------------------------------------
     def has_dtype(self, dtype: str) -> "Pattern":
         """Only match nodes of this dtype. ``tp.wildcard().has_dtype("int8")``"""
-        if not isinstance(dtype, str):
-            raise TypeError(f"has_dtype expects a dtype string such as 'int8', got {dtype!r}")
-        return _with(self, dtype=dtype)
+        return _with(self, dtype=_dtype(dtype, "has_dtype"))
 
     def where(self, pred: Callable[[Any], bool]) -> "Pattern":
         """Only match when ``pred(match)`` is true for the complete match.
@@ -67,9 +66,7 @@ class Pattern:
 
     def astype(self, dtype: str) -> "Pattern":
         """A ``Cast`` of this pattern to ``dtype``. ``A[i, k].astype("int32")``"""
-        if not isinstance(dtype, str):
-            raise TypeError(f"astype expects a dtype string, got {dtype!r}")
-        return CastPattern(self, dtype)
+        return CastPattern(self, _dtype(dtype, "astype"))
 
     def match(self, node: Any) -> "Any":
         """Match this pattern against a PrimExpr or a Stmt; return a Match or None.
@@ -147,6 +144,25 @@ class Pattern:
     def match_with(self, matcher, node, env: dict, nest: tuple, path: tuple):
         """Extension point for pattern kinds the matcher does not know: yield environments."""
         raise TypeError(f"{type(self).__name__} is not a pattern the matcher knows how to match")
+
+
+def _dtype(dtype, what: str) -> str:
+    if not isinstance(dtype, str):
+        raise TypeError(f"{what} expects a dtype string such as 'int8', got {dtype!r}")
+    try:
+        return str(tvm_ffi.dtype(dtype))
+    except ValueError:
+        raise ValueError(f"{what}: {dtype!r} is not a dtype (e.g. 'int8', 'float32', 'int32x4')") from None
+
+
+def _op_exists(name: str) -> bool:
+    for candidate in (name, f"tirx.{name}", f"prim.{name}"):
+        try:
+            ir.Op.get(candidate)
+            return True
+        except Exception:  # noqa: BLE001 - TVM reports an unknown op by raising
+            continue
+    return False
 
 
 def _with(pattern: Pattern, **changes) -> Pattern:
@@ -232,6 +248,8 @@ class BufferPattern(Pattern):
         for key, val in (("name_hint", name_hint), ("dtype", dtype), ("scope", scope)):
             if val is not None and not isinstance(val, str):
                 raise TypeError(f"is_buffer: {key} must be a string, got {val!r}")
+        if dtype is not None:
+            dtype = _dtype(dtype, "is_buffer")
         if ndim is not None and (isinstance(ndim, bool) or not isinstance(ndim, int) or ndim < 0):
             raise ValueError(f"is_buffer: ndim must be a non-negative int, got {ndim!r}")
         self.name_hint, self.dtype, self.scope, self.ndim = name_hint, dtype, scope, ndim
@@ -639,6 +657,8 @@ def is_call(op_name: str, *args: Pattern) -> Pattern:
     """
     if not isinstance(op_name, str):
         raise TypeError(f"is_call: op_name must be a string, got {op_name!r}")
+    if not _op_exists(op_name):
+        raise ValueError(f"is_call: there is no TIR op named {op_name!r} (e.g. 'tirx.exp' or 'exp')")
     return CallPattern(op_name, tuple(_expr(a, "is_call argument") for a in args))
 
 

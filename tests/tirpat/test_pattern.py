@@ -53,3 +53,14 @@ def test_bad_input_raises_a_clear_error(make, exc, text):
 def test_patterns_compare_by_identity():
     a, b = tp.is_var("i"), tp.is_var("i")
     assert a == a and a != b and len({a, b}) == 2
+
+
+@pytest.mark.parametrize("make, text", [
+    (lambda: tp.wildcard().astype("notadtype"), "is not a dtype"),
+    (lambda: tp.wildcard().has_dtype("int9x"), "is not a dtype"),
+    (lambda: tp.is_buffer(dtype="integer8"), "is not a dtype"),
+    (lambda: tp.is_call("no_such_op"), "no TIR op named"),
+])
+def test_typos_in_dtypes_and_op_names_are_caught(make, text):
+    with pytest.raises(ValueError, match=text):
+        make()
