@@ -721,6 +721,11 @@ def is_if(cond: Pattern, then_case: Pattern, else_case: Pattern | None = None) -
 def is_copy(dst: Pattern | None = None, src: Pattern | None = None, name: str | None = None) -> Pattern:
     """A copy nest ``dst[affine] = src[affine]``, bound as a :class:`CopyRegion` under ``name``.
 
+    The nest is every loop from the matched ``For`` down to the store. A single store also
+    matches (no loops, one element): inside a nest that is not a copy (say ``B[i // 2] =
+    A[i]``) each element is then a copy of its own, so a DMA rule may want to decline
+    ``extents == ()``.
+
     >>> tp.is_copy(dst=tp.is_buffer(scope="local.accel_inp"), name="load")
     is_copy(dst=is_buffer(scope='local.accel_inp'), src=is_buffer(), name='load')
     """
