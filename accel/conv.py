@@ -246,73 +246,13 @@ def normalise(sch: s_tir.Schedule, conv: Conv, config: Config, notes) -> dict:
     """
     direct = direct_gather(conv, config)
     blk = sch.get_sblock(conv.block)
-    inline, stop = [], None
-    cl = ("n", "y", "x", "c")
-
-    # The input, read channels-last: the LOADs gather from it (direct), or the CPU does.
-    producer = _producer(sch, blk, conv.input)
-    if not direct:
-        if producer is not None:    # its padding folds into the im2col gather
-            inline.append(sch.get(producer).name_hint)
-    elif producer is not None and conv.channels_last_input and _loads_can_pad(sch, producer, conv):
-        # the LOADs read the input itself; its zero padding becomes the LOADs' padding
-        inline.append(sch.get(producer).name_hint)
-    elif producer is not None:
-        what = "zero-pads the input" if not _is_plain_copy(sch.get(producer)) else "copies the input"
-        if not conv.channels_last_input:
-            sch.transform_layout(producer, ("write", 0), _permute(conv.in_dim, cl))
-            what += " and transposes it to channels-last on the CPU (a LOAD row is a run of channels)"
-        else:
-            what += (" on the CPU (some output pixels see only the border: their INP tiles would be "
-                     "constants, not LOADs)")
-        notes.on_cpu.append((sch.get(producer).name_hint, what))
-    elif not conv.channels_last_input:
-        stage = sch.cache_read(blk, _read_index(sch, blk, conv.input), "global")
-        sch.transform_layout(stage, ("write", 0), _permute(conv.in_dim, cl))
-        notes.on_cpu.append((sch.get(stage).name_hint, "transposes the input to channels-last on the "
-                             "CPU (a LOAD row is a run of channels)"))
-    # what the LOADs read: the input itself when its plain copy is inlined, else the CPU's copy
-    if inline:
-        source = sch.get(producer).reads[0].source.name
-    elif producer is not None:
-        source = sch.get(producer).name_hint
-    else:
-        source = sch.get(blk).reads[_input_read(sch, blk, conv.weight)].source.name
-
-    # The weights, as rows along K.
-    c_, s_ = conv.ext["c"], conv.ext["rx"]
-    w_stage = sch.cache_read(blk, _read_index(sch, blk, conv.weight), "global")
-    if direct:
-        sch.transform_layout(w_stage, ("write", 0), _permute(conv.w_dim, ("ry", "rx", "f", "c")))
-        layout = "[KH, KW, F, C]"
-    else:
-        d = conv.w_dim
-        sch.transform_layout(w_stage, ("write", 0), lambda *ax: (
-            ax[d["f"]], (ax[d["ry"]] * s_ + ax[d["rx"]]) * c_ + ax[d["c"]]))
-        layout = "[F, KH*KW*C]"
-    notes.on_cpu.append((sch.get(w_stage).name_hint, f"reorders the weights to {layout} on the CPU "
-                         "(the GEMM reads weight rows along K)"))
-
-    # The result, written channels-last; an NCHW result is transposed on the CPU.
-    if not conv.channels_last_output:
-        to_nhwc = _permute(conv.out_dim, ("n", "y", "x", "f"))
-        chain = pointwise_chain(sch, blk)
-        for b in chain[:-1]:
-            sch.compute_inline(b)
-        final = chain[-1] if chain else blk
-        back = sch.cache_write(final, 0, "global")
-        sch.transform_layout(final, ("write", 0), to_nhwc)
-        if chain:
-            sch.transform_layout(blk, ("write", 0), to_nhwc)
-            sch.transform_block_layout(final, tirx.IndexMap.from_func(to_nhwc, ndim=4, index_dtype="int32"))
-        stop = sch.get(back).name_hint
-        notes.on_cpu.append((stop, "transposes the result from channels-last to NCHW on the CPU "
-                             "(a STORE row is a run of channels)"))
+    inline, source = _input(sch, blk, conv, direct, notes)
+    w_buffer = _weights(sch, blk, conv, direct, notes)
+    stop = _output(sch, blk, conv, notes)
 
     # The im2col operand: a view of the input for the direct gather, a CPU buffer otherwise.
     keys = [_key(iv.var) for iv in sch.get(blk).iter_vars]
     role_of = {keys[conv.pos[r]]: r for r in conv.pos}
-    w_buffer = sch.get(w_stage).writes[0].source
     re_block = sch.reindex(blk, ("read", _input_read(sch, blk, w_buffer)))
     re_name = sch.get(re_block).name_hint
     re_buffer = sch.get(re_block).writes[0].source
@@ -326,16 +266,11 @@ def normalise(sch: s_tir.Schedule, conv: Conv, config: Config, notes) -> dict:
         inline.append(re_name)
         gather = f"im2col gather by strided, padded LOADs from {source}"
     else:
-        p = conv.pos
-        fused = lambda get: (get("ry") * s_ + get("rx")) * c_ + get("c")  # noqa: E731
-        sch.transform_layout(re_block, ("write", 0), lambda *ax: tuple(ax[dims[r]] for r in rows if r in dims) +
-                             (fused(lambda r: ax[dims[r]] if r in dims else 0),))
-        sch.transform_block_layout(blk, tirx.IndexMap.from_func(
-            lambda *it: tuple(it[p[r]] for r in rows + ["f"]) + (fused(lambda r: it[p[r]]),),
-            ndim=7, index_dtype="int32"))
+        _fuse_k(sch, blk, re_block, conv, dims, rows)
         for name in inline:        # the input's padding folds into the im2col gather
             sch.compute_inline(sch.get_sblock(name))
         inline = []
+        c_ = conv.ext["c"]
         waste = -(-c_ // config.tile) * config.tile - c_
         notes.on_cpu.append((re_name, f"builds the im2col matrix on the CPU: gathering {c_} input channels "
                              f"per kernel tap by LOAD would pad each INP row with {waste} zeros"))
@@ -353,6 +288,81 @@ def normalise(sch: s_tir.Schedule, conv: Conv, config: Config, notes) -> dict:
     return {"C": block.writes[0].source, "A": re_buffer, "B": w_buffer, "i": at[m_role], "j": at["f"],
             "k": k, "k_outer": k_outer, "batch": [at[r] for r in rows[:-1]], "ext": ext, "order": keys,
             "inline": inline, "stop": stop, "gather": gather}
+
+
+def _input(sch, blk, conv: Conv, direct: bool, notes) -> tuple[list, str]:
+    """Make the conv read its input channels-last; returns the producer blocks to inline into
+    the gather and the name of what the LOADs read."""
+    producer = _producer(sch, blk, conv.input)
+    cl = ("n", "y", "x", "c")
+    if producer is not None and (not direct or (conv.channels_last_input and _loads_can_pad(sch, producer, conv))):
+        # the gather (LOADs, or the CPU's im2col) reads the input itself, padding included
+        return [sch.get(producer).name_hint], sch.get(producer).reads[0].source.name
+    if producer is not None:
+        what = "zero-pads the input" if not _is_plain_copy(sch.get(producer)) else "copies the input"
+        if not conv.channels_last_input:
+            sch.transform_layout(producer, ("write", 0), _permute(conv.in_dim, cl))
+            what += " and transposes it to channels-last on the CPU (a LOAD row is a run of channels)"
+        else:
+            what += (" on the CPU (some output pixels see only the border: their INP tiles would be "
+                     "constants, not LOADs)")
+        notes.on_cpu.append((sch.get(producer).name_hint, what))
+        return [], sch.get(producer).name_hint
+    if direct and not conv.channels_last_input:
+        stage = sch.cache_read(blk, _read_index(sch, blk, conv.input), "global")
+        sch.transform_layout(stage, ("write", 0), _permute(conv.in_dim, cl))
+        notes.on_cpu.append((sch.get(stage).name_hint, "transposes the input to channels-last on the "
+                             "CPU (a LOAD row is a run of channels)"))
+        return [], sch.get(stage).name_hint
+    return [], conv.input.name
+
+
+def _weights(sch, blk, conv: Conv, direct: bool, notes) -> ir.Var:
+    """Reorder the weights on the CPU into rows along K; returns the reordered buffer."""
+    c_, s_, d = conv.ext["c"], conv.ext["rx"], conv.w_dim
+    stage = sch.cache_read(blk, _read_index(sch, blk, conv.weight), "global")
+    if direct:
+        sch.transform_layout(stage, ("write", 0), _permute(d, ("ry", "rx", "f", "c")))
+        layout = "[KH, KW, F, C]"
+    else:
+        sch.transform_layout(stage, ("write", 0), lambda *ax: (
+            ax[d["f"]], (ax[d["ry"]] * s_ + ax[d["rx"]]) * c_ + ax[d["c"]]))
+        layout = "[F, KH*KW*C]"
+    notes.on_cpu.append((sch.get(stage).name_hint, f"reorders the weights to {layout} on the CPU "
+                         "(the GEMM reads weight rows along K)"))
+    return sch.get(stage).writes[0].source
+
+
+def _output(sch, blk, conv: Conv, notes) -> str | None:
+    """Make the conv (and its epilogue) write channels-last; an NCHW result gets a CPU
+    transpose at the end, whose block name is returned (the epilogue chain stops there)."""
+    if conv.channels_last_output:
+        return None
+    to_nhwc = _permute(conv.out_dim, ("n", "y", "x", "f"))
+    chain = pointwise_chain(sch, blk)
+    for b in chain[:-1]:
+        sch.compute_inline(b)
+    final = chain[-1] if chain else blk
+    back = sch.cache_write(final, 0, "global")
+    sch.transform_layout(final, ("write", 0), to_nhwc)
+    if chain:
+        sch.transform_layout(blk, ("write", 0), to_nhwc)
+        sch.transform_block_layout(final, tirx.IndexMap.from_func(to_nhwc, ndim=4, index_dtype="int32"))
+    notes.on_cpu.append((sch.get(back).name_hint, "transposes the result from channels-last to NCHW on "
+                         "the CPU (a STORE row is a run of channels)"))
+    return sch.get(back).name_hint
+
+
+def _fuse_k(sch, blk, re_block, conv: Conv, dims: dict, rows: list) -> None:
+    """Lay the im2col buffer out as ``[rows.., K]`` and the conv block as ``(rows.., f, K)``
+    with ``K = (ry*KW + rx)*C + c`` (the order of the reordered weights)."""
+    c_, s_, p = conv.ext["c"], conv.ext["rx"], conv.pos
+    fused = lambda get: (get("ry") * s_ + get("rx")) * c_ + get("c")  # noqa: E731
+    sch.transform_layout(re_block, ("write", 0), lambda *ax: tuple(ax[dims[r]] for r in rows if r in dims) +
+                         (fused(lambda r: ax[dims[r]] if r in dims else 0),))
+    sch.transform_block_layout(blk, tirx.IndexMap.from_func(
+        lambda *it: tuple(it[p[r]] for r in rows + ["f"]) + (fused(lambda r: it[p[r]]),),
+        ndim=7, index_dtype="int32"))
 
 
 def _input_read(sch, blk, weight) -> int:
