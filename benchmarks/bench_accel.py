@@ -11,30 +11,19 @@ For each size the same run measures, with medians over repeats:
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import numpy as np
 import tvm
 from tvm import te, topi
 
 import accel
+from timing import median_time
 
 
 def dense(n):
     A = te.placeholder((n, n), "int8", name="A")
     W = te.placeholder((n, n), "int8", name="W")
     return te.create_prim_func([A, W, topi.nn.dense(A, W, out_dtype="int32")])
-
-
-def median_time(fn, repeats):
-    fn()  # warm up: first calls allocate, JIT-resolve and fault pages in
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
 
 
 def main():

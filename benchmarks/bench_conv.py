@@ -15,14 +15,13 @@ For each layer the same run measures, with medians over repeats:
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import numpy as np
 import tvm
 from tvm import te, topi
 
 import accel
+from timing import median_time
 
 LAYERS = [("3x3 64->64", 64, 64, 3, 1), ("1x1 256->64", 256, 64, 1, 0)]
 SIZE = 56
@@ -54,16 +53,6 @@ def numpy_conv(layout: str, x: np.ndarray, w: np.ndarray, pad: int) -> np.ndarra
         for j in range(kw):
             out += (xp[:, i:i + SIZE, j:j + SIZE, :].reshape(-1, c) @ w32[i, j]).reshape(out.shape)
     return out.transpose(0, 3, 1, 2) if layout == "NCHW" else out
-
-
-def median_time(fn, repeats: int) -> float:
-    fn()  # warm up: first calls allocate, JIT-resolve and fault pages in
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
 
 
 def main() -> None:

@@ -24,14 +24,13 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
 import argparse  # noqa: E402
-import statistics  # noqa: E402
-import time  # noqa: E402
 
 import numpy as np  # noqa: E402
 
 from accel import Config, Mem, Queue  # noqa: E402
 from accel.emitter import Emitter  # noqa: E402
 from accel.sim import Simulator  # noqa: E402
+from timing import median_times  # noqa: E402
 
 N = 512
 T = 16
@@ -103,18 +102,6 @@ def low_reuse_stream(em: Emitter, double_buffer: bool, block: int = 16) -> None:
     for _ in range(min(count, depth)):
         em.dep_pop(COMPUTE, LOAD)
         em.dep_pop(STORE, COMPUTE)
-
-
-def median_times(fns, repeat: int) -> list[float]:
-    """Median wall time of each function, measured interleaved so that load from other
-    processes hits all of them alike (multi-threaded BLAS suffers most from it)."""
-    times = [[] for _ in fns]
-    for _ in range(repeat):
-        for fn, out in zip(fns, times):
-            start = time.perf_counter()
-            fn()
-            out.append(time.perf_counter() - start)
-    return [statistics.median(t) for t in times]
 
 
 def main() -> None:

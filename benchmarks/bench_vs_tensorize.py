@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import statistics
 import time
 
 import numpy as np
@@ -39,6 +38,7 @@ from tvm import s_tir, te, topi
 from tvm.script import tirx as T
 
 import tirpat as tp
+from timing import median_time
 
 INTRIN = "tirpat_bench.gemm16"
 
@@ -134,16 +134,6 @@ def check(layers, sch, tiles, rw):
         np.testing.assert_array_equal(ts[-1].numpy(), want)
 
 
-def median_time(fn, repeats, setup=lambda: None):
-    times = []
-    for _ in range(repeats):
-        arg = setup()
-        t = time.perf_counter()
-        fn(arg)
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
-
-
 def main(repeats: int = 7, layers=(1, 4, 16)):
     s_tir.TensorIntrin.register(INTRIN, gemm16_desc, gemm16_impl, override=True)
     rw = tp.Rewriter.from_module({"pattern": gemm16_desc, "replacement": gemm16_impl}, name="gemm16")
@@ -151,11 +141,11 @@ def main(repeats: int = 7, layers=(1, 4, 16)):
     for n in layers:
         sch, tiles = mlp_schedule(n)
         check(n, sch, tiles, rw)
-        lower_t = median_time(lambda _: tp.lower(sch.mod), repeats)
+        lower_t = median_time(lambda: tp.lower(sch.mod), repeats)
         low = tp.lower(sch.mod)["main"]
         rw(low)  # warm up
         assert rw.report.counts == {"gemm16": n}, rw.report.counts
-        tp_t = median_time(lambda _: rw(low), repeats)
+        tp_t = median_time(lambda: rw(low), repeats)
 
         def tensorize_all(s):
             for ii in tiles:
