@@ -231,6 +231,13 @@ class _Matcher:
         env[k] = node
         return env
 
+    def bound(self, envs, p, node, path):
+        """Each environment of ``envs`` with ``p`` bound to ``node`` (where that is consistent)."""
+        for e in envs:
+            e = self.bind(e, p, node, path)
+            if e is not None:
+                yield e
+
     # -- expressions -------------------------------------------------------------------
     def _wildcard(self, p, node, env, nest, path):
         env = self.bind(env, p, node, path)
@@ -287,10 +294,7 @@ class _Matcher:
 
     def _access_indices(self, p, node, buf, indices, env, nest, path):
         if p.indices is None:
-            for e in self.m(p.buffer, buf, env, nest, path + ("buffer",)):
-                e = self.bind(e, p, node, path)
-                if e is not None:
-                    yield e
+            yield from self.bound(self.m(p.buffer, buf, env, nest, path + ("buffer",)), p, node, path)
             return
         if len(indices) != len(p.indices):
             self.trace and self.fail(path, p, node, f"expected {len(p.indices)} indices, found {len(indices)} in {_short(node)}")
@@ -301,10 +305,7 @@ class _Matcher:
                 envs = [e2 for e in envs for e2 in self._index(ip, idx, buf, d, e, nest, path + (f"index {d}",))]
                 if not envs:
                     break
-            for e in envs:
-                e = self.bind(e, p, node, path)
-                if e is not None:
-                    yield e
+            yield from self.bound(envs, p, node, path)
 
     def _index(self, p, idx, buf, dim, env, nest, path):
         """An index matches after affine normalisation, and inside a nest also as
@@ -380,10 +381,7 @@ class _Matcher:
         if dtype_of(node) != p.to_dtype:
             self.trace and self.fail(path, p, node, f"expected a cast to {p.to_dtype}, found a cast to {dtype_of(node)}")
             return
-        for e in self.m(p.value, node.value, env, nest, path + ("cast value",)):
-            e = self.bind(e, p, node, path)
-            if e is not None:
-                yield e
+        yield from self.bound(self.m(p.value, node.value, env, nest, path + ("cast value",)), p, node, path)
 
     def _call(self, p, node, env, nest, path):
         if not isinstance(node, ir.Call):
@@ -399,10 +397,7 @@ class _Matcher:
         envs = [env]
         for n, (ap, arg) in enumerate(zip(p.args, node.args)):
             envs = [e2 for e in envs for e2 in self.m(ap, arg, e, nest, path + (f"arg {n}",))]
-        for e in envs:
-            e = self.bind(e, p, node, path)
-            if e is not None:
-                yield e
+        yield from self.bound(envs, p, node, path)
 
     def _affine(self, p, node, env, nest, path):
         if isinstance(node, tirx.Stmt) or tirx.is_buffer_var(node) or not (dtype_of(node) or "").startswith(("int", "uint")):
