@@ -166,14 +166,6 @@ class _Matcher:
         self.context = context
         self.deepest: Failure | None = None
         self.trace = trace
-        self._dispatch = {
-            P.Wildcard: self._wildcard, P.VarPattern: self._var, P.ConstPattern: self._const,
-            P.BufferPattern: self._buffer, P.LoadPattern: self._load, P.BinOpPattern: self._binop,
-            P.CastPattern: self._cast, P.CallPattern: self._call, P.AffinePattern: self._affine,
-            P.AltPattern: self._alt, P.StorePattern: self._store, P.ForPattern: self._for,
-            P.NestPattern: self._nest, P.SeqPattern: self._seq, P.IfPattern: self._if,
-            P.CopyPattern: self._copy,
-        }
 
     # -- failure tracing ---------------------------------------------------------------
     def fail(self, path, p, node, reason, final=False):
@@ -208,8 +200,8 @@ class _Matcher:
             if found != p.dtype:
                 self.trace and self.fail(path, p, node, f"expected dtype {p.dtype}, found {found} in {_short(node)}")
                 return
-        handler = self._dispatch.get(type(p))
-        candidates = handler(p, node, env, nest, path) if handler else p.match_with(self, node, env, nest, path)
+        handler = _DISPATCH.get(type(p))
+        candidates = handler(self, p, node, env, nest, path) if handler else p.match_with(self, node, env, nest, path)
         for env2 in candidates:
             if p.predicates:
                 env2 = dict(env2)
@@ -546,6 +538,16 @@ class _Matcher:
                 e3 = self.bind(e2, p, region, path)
                 if e3 is not None:
                     yield self._push_loops(e3, loops)
+
+
+_DISPATCH = {
+    P.Wildcard: _Matcher._wildcard, P.VarPattern: _Matcher._var, P.ConstPattern: _Matcher._const,
+    P.BufferPattern: _Matcher._buffer, P.LoadPattern: _Matcher._load, P.BinOpPattern: _Matcher._binop,
+    P.CastPattern: _Matcher._cast, P.CallPattern: _Matcher._call, P.AffinePattern: _Matcher._affine,
+    P.AltPattern: _Matcher._alt, P.StorePattern: _Matcher._store, P.ForPattern: _Matcher._for,
+    P.NestPattern: _Matcher._nest, P.SeqPattern: _Matcher._seq, P.IfPattern: _Matcher._if,
+    P.CopyPattern: _Matcher._copy,
+}
 
 
 def _parse_copy_body(stmt):
