@@ -130,9 +130,7 @@ def fresh_var(var):
 
 
 def dtype_of(node) -> str | None:
-    """The dtype string of a PrimExpr or buffer, or None."""
-    if tirx.is_buffer_var(node):
-        return str(node.dtype)
+    """The dtype string of a PrimExpr or buffer (a buffer's type carries its element dtype), or None."""
     ty = getattr(node, "ty", None)
     dt = getattr(ty, "dtype", None)
     return None if dt is None else str(dt)
