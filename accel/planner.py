@@ -23,6 +23,9 @@ from accel.isa import Mem
 from accel.rules import IN_PLACE, SCOPES, is_scratchpad
 
 
+_ANALYZER = tvm.sym.Analyzer()
+
+
 @tvm_ffi.register_error
 class PlanError(ValueError):
     """The rewritten function cannot run on the accelerator; the message names the cause."""
@@ -144,7 +147,7 @@ class _Planner:
                     base = self.addr.get(buf.__chandle__())
                     if base is None:
                         raise PlanError(f"{self.name}: scratchpad buffer {buf.name} is used before it is allocated")
-                    return tvm.sym.Analyzer().simplify(base + node.args[2])
+                    return _ANALYZER.simplify(base + node.args[2])
         return mut.default_mutate(node)
 
     def on_load(self, node, mut):

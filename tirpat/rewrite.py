@@ -200,7 +200,9 @@ class Rewriter:
             raise TypeError(f"expected a PrimFunc or a Stmt, got {type(root).__name__}")
         root = canonicalize(root)
         loops: list = []
-        defined = {key(v) for v in vars_used(root)} | {key(v) for v in params}
+        # Variables in scope somewhere in the function, for checking replacements: only
+        # needed once a rule fires, so a scan that rewrites nothing does not walk for it.
+        defined: set = set()
 
         def try_rules(node, mut):
             for rule in self._rules_for(type(node)):
@@ -220,6 +222,9 @@ class Rewriter:
                     return node
                 if result is None:
                     continue
+                if not defined:
+                    defined.update(key(v) for v in vars_used(root))
+                    defined.update(key(v) for v in params)
                 result = self._check(rule, node, m, result, loops, defined)
                 self.report.add(Site(rule.name, tuple(l.loop_var.name for l in loops), node, func_name))
                 if m.span is not None and isinstance(node, tirx.SeqStmt):
