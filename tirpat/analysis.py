@@ -35,10 +35,6 @@ def const_int(expr) -> int | None:
     return int(expr.value) if isinstance(expr, tirx.IntImm) else None
 
 
-def is_zero(expr) -> bool:
-    return const_int(expr) == 0
-
-
 def vars_used(node) -> list:
     """Every free-standing variable used in ``node`` (loop vars, params, buffers)."""
     found = []
