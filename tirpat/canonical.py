@@ -1,7 +1,8 @@
 """Canonical form of lowered TIR, so that cosmetic differences never make a match fail.
 
-- extent-1 loops are removed (their variable becomes the loop's ``min``), and loops with a
-  constant step count their iterations from 0 with step 1;
+- extent-1 loops are removed (their variable becomes the loop's ``min``), and every loop
+  with a constant step counts its iterations from 0 with step 1 (the old ``min`` and step
+  move into the body's indices, so a match never drops an offset);
 - index expressions and loop bounds are simplified (``i*4*4 + 0`` becomes ``i*16``);
 - constant sub-expressions of values are folded;
 - nested ``SeqStmt``s are flattened.
@@ -49,23 +50,26 @@ def _indices(indices):
 
 def _on_for(loop):
     step = None if loop.step is None else const_int(loop.step)
-    if loop.step is not None and step != 1:
-        if step is None or step <= 0:
-            return loop   # a symbolic step: matchers refuse the loop (see match._stepped)
+    if loop.step is not None and (step is None or step <= 0):
+        return loop   # a symbolic step: matchers refuse the loop (see match._stepped)
+    start = const_int(loop.min)
+    if (step or 1) != 1 or start != 0:
         # for v in range(min, min + extent, step)  ->  for v' in range(ceil(extent / step)): v = min + v' * step
+        step = step or 1
         fresh = tirx.Var(loop.loop_var.name, loop.loop_var.ty)
-        body = substitute(loop.body, {key(loop.loop_var): loop.min + fresh * step})
-        count = simplify(tirx.floordiv(loop.extent + (step - 1), step))
+        value = fresh if step == 1 else fresh * step
+        body = substitute(loop.body, {key(loop.loop_var): value if start == 0 else loop.min + value})
+        count = _index(loop.extent) if step == 1 else simplify(tirx.floordiv(loop.extent + (step - 1), step))
         loop = tirx.For(fresh, tirx.IntImm(str(loop.min.ty.dtype), 0), count, loop.kind, canonicalize(body),
                         loop.thread_binding, loop.annotations)
     extent = const_int(loop.extent)
     if extent == 1:
         body = substitute(loop.body, {key(loop.loop_var): loop.min})
         return canonicalize(body)
-    new_min, new_extent = _index(loop.min), _index(loop.extent)
-    if new_min.same_as(loop.min) and new_extent.same_as(loop.extent):
+    new_extent = _index(loop.extent)
+    if new_extent.same_as(loop.extent):
         return loop
-    return tirx.For(loop.loop_var, new_min, new_extent, loop.kind, loop.body,
+    return tirx.For(loop.loop_var, loop.min, new_extent, loop.kind, loop.body,
                     loop.thread_binding, loop.annotations, loop.step)
 
 

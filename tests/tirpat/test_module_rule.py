@@ -88,6 +88,24 @@ def test_decorator_form_and_name():
     assert RowAdd.report.counts == {"RowAdd": 1}
 
 
+@given(st.integers(0, 16), st.sampled_from([None, 1]))
+def test_loop_start_becomes_the_view_offset(start, step):
+    """``for i in range(start, start + 8)`` touches A[start:start + 8]: the view starts there."""
+    rw = tp.Rewriter.from_module({"pattern": row_pattern, "replacement": row_replacement}, name="row")
+    A = tirx.decl_buffer((24,), "int32", "A")
+    B = tirx.decl_buffer((24,), "int32", "B")
+    i = tirx.Var("i", "int32")
+    store = tirx.BufferStore(B, tirx.BufferLoad(A, [i]) + 1, [i])
+    loop = tirx.For(i, start, 8, 0, store, step=None if step is None else tirx.IntImm("int32", step))
+    f = tirx.PrimFunc([A, B], loop).with_attr("global_symbol", "main")
+    new = rw(f)
+    assert rw.report.counts == {"row": 1}
+    a = np.arange(24, dtype="int32") * 5
+    want = np.full(24, -7, "int32")
+    want[start:start + 8] = a[start:start + 8] + 1
+    np.testing.assert_array_equal(run(new, [a, np.full(24, -7, "int32")])[1], want)
+
+
 def test_wrong_extent_or_dtype_does_not_match():
     rw = tp.Rewriter.from_module({"pattern": row_pattern, "replacement": row_replacement})
     f = _plus_one((2, 12), 4)  # tiles of 4, not 8
