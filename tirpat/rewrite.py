@@ -43,6 +43,13 @@ class Rule:
     name: str
     #: the callback returns new definitions on every call (no renaming needed per site)
     fresh_defs: bool = False
+    #: ``matcher(node, context, canonical) -> Match | None`` for a rule that matches raw
+    #: (uncanonicalised) TIR and canonicalises only the candidates it needs to; when every
+    #: rule of a Rewriter has one, a scan skips canonicalising the whole function
+    matcher: Callable | None = None
+    #: the rule guarantees well-formed replacements (checked when it was built and per
+    #: site by its matcher), so the per-site scope checks and verify_well_formed are skipped
+    self_checked: bool = False
 
     def __repr__(self):
         return f"Rule({self.name!r}, {self.pattern!r})"
@@ -97,6 +104,8 @@ class Rewriter:
         self.report = Report()
         self._by_type: dict = {}
         self._has_expr_rules = any(r.pattern.position == P.EXPR for r in self.rules)
+        self._raw = all(r.matcher is not None for r in self.rules)
+        self._unchecked_fired = False  # set by a scan in which a rule without self_checked fired
 
     # -- construction ------------------------------------------------------------------
     @classmethod
@@ -163,6 +172,8 @@ class Rewriter:
         if len(self.report.sites) == before:
             return func
         new = func.with_body(body)
+        if not self._unchecked_fired:
+            return new
         ok, detail = True, ""
         try:
             tirx.analysis.verify_well_formed(new, assert_mode=True)
@@ -198,89 +209,13 @@ class Rewriter:
             root = root.body
         if not isinstance(root, (tirx.Stmt, ir.Expr)):
             raise TypeError(f"expected a PrimFunc or a Stmt, got {type(root).__name__}")
-        root = canonicalize(root)
-        loops: list = []
-        # Variables in scope somewhere in the function, for checking replacements: only
-        # needed once a rule fires, so a scan that rewrites nothing does not walk for it.
-        defined: set = set()
-
-        def try_rules(node, mut):
-            for rule in self._rules_for(type(node)):
-                m = _Matcher(tuple(loops)).run(rule.pattern, node)
-                if m is None:
-                    continue
-                try:
-                    result = rule.callback(m)
-                except Exception as err:  # noqa: BLE001 - re-raised with where it happened
-                    err.add_note(f"in the callback of rule {rule.name!r} at "
-                                 f"{' > '.join(l.loop_var.name for l in loops) or '<top>'} ({type(node).__name__})")
-                    raise
-                if isinstance(result, (list, tuple)) and result and all(isinstance(s, tirx.Stmt) for s in result):
-                    result = result[0] if len(result) == 1 else tirx.SeqStmt(list(result))
-                if stop_at_match:
-                    self.report.add(Site(rule.name, tuple(l.loop_var.name for l in loops), node, func_name))
-                    return node
-                if result is None:
-                    continue
-                if not defined:
-                    defined.update(key(v) for v in vars_used(root))
-                    defined.update(key(v) for v in params)
-                result = self._check(rule, node, m, result, loops, defined)
-                self.report.add(Site(rule.name, tuple(l.loop_var.name for l in loops), node, func_name))
-                if m.span is not None and isinstance(node, tirx.SeqStmt):
-                    start, stop = m.span
-                    head = [mut.mutate(s) for s in node.seq[:start]]
-                    tail = list(node.seq[stop:])
-                    if tail:
-                        rest = mut.mutate(tail[0] if len(tail) == 1 else tirx.SeqStmt(tail))
-                        tail = list(rest.seq) if isinstance(rest, tirx.SeqStmt) else [rest]
-                    items = head + [result] + tail
-                    return items[0] if len(items) == 1 else tirx.SeqStmt(items)
-                return result
-            return None
-
-        # An exception must not cross the FFI boundary of structural_mutate: it would come
-        # back as a RuntimeError. Keep the first one and raise it once the walk returns.
-        failure: list = []
-
-        def guarded(node, mut):
-            if failure:
-                return None
-            try:
-                return try_rules(node, mut)
-            except Exception as err:  # noqa: BLE001 - re-raised unchanged below
-                failure.append(err)
-                return None
-
-        def on_stmt(node, mut):
-            if failure or isinstance(node, (tirx.AllocBuffer, tirx.DeclBuffer)):
-                return node
-            replaced = guarded(node, mut)
-            if replaced is not None:
-                return replaced
-            if isinstance(node, tirx.For):
-                loops.append(node)
-                try:
-                    return mut.default_mutate(node)
-                finally:
-                    loops.pop()
-            return mut.default_mutate(node)
-
-        def on_expr(node, mut):
-            if failure or isinstance(node, ir.Var):
-                return node
-            replaced = guarded(node, mut)
-            return replaced if replaced is not None else mut.default_mutate(node)
-
-        callbacks = [(tirx.Stmt, on_stmt), (ir.Type, lambda node, mut: node)]
+        if not self._raw:
+            root = canonicalize(root)
+        self._unchecked_fired = False
+        sites = _Sites(self, root, func_name, params, stop_at_match)
         if self._has_expr_rules:
-            callbacks.append((ir.Expr, on_expr))
-        else:
-            callbacks.append((ir.Expr, lambda node, mut: node))
-        result = tvm_ffi.structural_mutate(root, callbacks)
-        if failure:
-            raise failure[0]
-        return result
+            return sites.mutate(root)
+        return sites.walk(root)
 
     def _check(self, rule, node, m, result, loops, defined):
         site = f"{' > '.join(l.loop_var.name for l in loops) or '<top>'} ({type(node).__name__})"
@@ -308,6 +243,168 @@ class Rewriter:
                 raise RewriteError(f"rule {rule.name!r} at {site} returned a replacement that uses "
                                    f"{v.name!r}, which is not defined at that site")
         return result
+
+
+class _Sites:
+    """One scan: tries the rules at each node in pre-order and splices in replacements."""
+
+    def __init__(self, rw: Rewriter, root, func_name, params, stop_at_match):
+        self.rw, self.root, self.func_name, self.params = rw, root, func_name, params
+        self.stop_at_match = stop_at_match
+        self.canonical = not rw._raw
+        self.loops: list = []
+        # Variables in scope somewhere in the function, for checking replacements: only
+        # needed once a rule without its own checks fires.
+        self.defined: set = set()
+
+    def _where(self, node) -> str:
+        return f"{' > '.join(l.loop_var.name for l in self.loops) or '<top>'} ({type(node).__name__})"
+
+    def try_rules(self, node, visit):
+        """The replacement of ``node`` by the first rule that fires there, else None."""
+        rw = self.rw
+        for rule in rw._rules_for(type(node)):
+            if rule.matcher is not None:
+                m = rule.matcher(node, tuple(self.loops), self.canonical)
+            else:
+                m = _Matcher(tuple(self.loops)).run(rule.pattern, node)
+            if m is None:
+                continue
+            try:
+                result = rule.callback(m)
+            except Exception as err:  # noqa: BLE001 - re-raised with where it happened
+                err.add_note(f"in the callback of rule {rule.name!r} at {self._where(node)}")
+                raise
+            if self.stop_at_match:
+                rw.report.add(Site(rule.name, tuple(l.loop_var.name for l in self.loops), m.node, self.func_name))
+                return node
+            if isinstance(result, (list, tuple)) and result and all(isinstance(s, tirx.Stmt) for s in result):
+                result = result[0] if len(result) == 1 else tirx.SeqStmt(list(result))
+            if result is None:
+                continue
+            if not rule.self_checked:
+                if not self.defined:
+                    self.defined.update(key(v) for v in vars_used(self.root))
+                    self.defined.update(key(v) for v in self.params)
+                result = rw._check(rule, node, m, result, self.loops, self.defined)
+                rw._unchecked_fired = True
+            rw.report.add(Site(rule.name, tuple(l.loop_var.name for l in self.loops), m.node, self.func_name))
+            if m.span is not None and isinstance(m.node, tirx.SeqStmt):
+                start, stop = m.span
+                head = [visit(s) for s in m.node.seq[:start]]
+                tail = list(m.node.seq[stop:])
+                if tail:
+                    rest = visit(tail[0] if len(tail) == 1 else tirx.SeqStmt(tail))
+                    tail = list(rest.seq) if isinstance(rest, tirx.SeqStmt) else [rest]
+                items = head + [result] + tail
+                return items[0] if len(items) == 1 else tirx.SeqStmt(items)
+            return result
+        return None
+
+    # -- statements only: a Python walk that rebuilds just the path to each replacement --
+    def walk(self, node):
+        kind = type(node)
+        if kind is not tirx.AllocBuffer and kind is not tirx.DeclBuffer and self.rw._rules_for(kind):
+            replaced = self.try_rules(node, self.walk)
+            if replaced is not None:
+                return replaced
+        if kind is tirx.For:
+            self.loops.append(node)
+            try:
+                body = self.walk(node.body)
+            finally:
+                self.loops.pop()
+            if body.same_as(node.body):
+                return node
+            return tirx.For(node.loop_var, node.min, node.extent, node.kind, body, node.thread_binding,
+                            node.annotations, node.step)
+        if kind is tirx.SeqStmt:
+            old = node.seq
+            new = [self.walk(s) for s in old]
+            if all(a.same_as(b) for a, b in zip(new, old)):
+                return node
+            return tirx.SeqStmt(new)
+        if kind is tirx.IfThenElse:
+            then = self.walk(node.then_case)
+            other = None if node.else_case is None else self.walk(node.else_case)
+            if then.same_as(node.then_case) and (other is None or other.same_as(node.else_case)):
+                return node
+            return tirx.IfThenElse(node.condition, then, other)
+        return self._walk_fields(node)
+
+    def _walk_fields(self, node):
+        """Any other statement (AttrStmt, While, s_tir blocks): walk the statements in its fields."""
+        changed = {}
+        for f in _stmt_fields(type(node)):
+            child = getattr(node, f)
+            if isinstance(child, tirx.Stmt):
+                new = self.walk(child)
+                if not new.same_as(child):
+                    changed[key(child)] = new
+        if not changed:
+            return node
+
+        def swap(n, mut):
+            if n.same_as(node):
+                return mut.default_mutate(n)
+            return changed.get(key(n), n)
+
+        return tvm_ffi.structural_mutate(node, [(tirx.Stmt, swap)])
+
+    # -- with expression rules: every node, through structural_mutate -----------------------
+    def mutate(self, root):
+        # An exception must not cross the FFI boundary of structural_mutate: it would come
+        # back as a RuntimeError. Keep the first one and raise it once the walk returns.
+        failure: list = []
+
+        def guarded(node, mut):
+            if failure:
+                return None
+            try:
+                return self.try_rules(node, mut.mutate)
+            except Exception as err:  # noqa: BLE001 - re-raised unchanged below
+                failure.append(err)
+                return None
+
+        def on_stmt(node, mut):
+            if failure or isinstance(node, (tirx.AllocBuffer, tirx.DeclBuffer)):
+                return node
+            replaced = guarded(node, mut)
+            if replaced is not None:
+                return replaced
+            if isinstance(node, tirx.For):
+                self.loops.append(node)
+                try:
+                    return mut.default_mutate(node)
+                finally:
+                    self.loops.pop()
+            return mut.default_mutate(node)
+
+        def on_expr(node, mut):
+            if failure or isinstance(node, ir.Var):
+                return node
+            replaced = guarded(node, mut)
+            return replaced if replaced is not None else mut.default_mutate(node)
+
+        result = tvm_ffi.structural_mutate(root, [(tirx.Stmt, on_stmt), (ir.Type, lambda node, mut: node),
+                                                  (ir.Expr, on_expr)])
+        if failure:
+            raise failure[0]
+        return result
+
+
+_STMT_FIELDS: dict = {}
+
+
+def _stmt_fields(kind) -> tuple:
+    """The fields of a statement type that hold a nested statement (For and SeqStmt aside)."""
+    fields = _STMT_FIELDS.get(kind)
+    if fields is None:
+        info = getattr(kind, "__tvm_ffi_type_info__", None)
+        names = [f.name for f in info.fields] if info is not None else []
+        fields = tuple(n for n in names if n in ("body", "init", "block", "then_case", "else_case"))
+        _STMT_FIELDS[kind] = fields
+    return fields
 
 
 def _func_name(func) -> str | None:
