@@ -138,6 +138,14 @@ def _accesses(node, buf) -> list:
     return found
 
 
+def same_binding(old, node) -> bool:
+    """Whether a capture bound to ``old`` may bind ``node`` too: the same node, or an equal expression."""
+    if old.same_as(node):
+        return True
+    return (not tirx.is_buffer_var(old) and not isinstance(old, CopyRegion) and not tirx.is_buffer_var(node)
+            and tvm_ffi.structural_equal(old, node, map_free_vars=False))
+
+
 def _key_of(p: P.Pattern):
     return p.name if p.name is not None else p
 
@@ -213,9 +221,7 @@ class _Matcher:
         k = _key_of(p)
         old = env.get(k)
         if old is not None:
-            if old.same_as(node) or (not tirx.is_buffer_var(old) and not isinstance(old, CopyRegion)
-                                     and not tirx.is_buffer_var(node)
-                                     and tvm_ffi.structural_equal(old, node, map_free_vars=False)):
+            if same_binding(old, node):
                 return env
             self.trace and self.fail(path, p, node, f"{_label(p)} is already bound to {_short(old)}, found {_short(node)}")
             return None
@@ -439,6 +445,9 @@ class _Matcher:
     def _for(self, p, node, env, nest, path):
         if not isinstance(node, tirx.For):
             self.trace and self.fail(path, p, node, f"expected a for loop, found {type(node).__name__}")
+            return
+        if _stepped(node):
+            self.trace and self.fail(path, p, node, f"loop {node.loop_var.name} has the symbolic step {node.step}")
             return
         for e in self._loop(p.spec, node, env, nest, path + (f"loop {node.loop_var.name}",)):
             e = self._push_loops(self.bind(e, p, node, path) or e, [node])

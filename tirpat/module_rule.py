@@ -27,8 +27,10 @@ from tvm import ir, tirx
 
 from . import pattern as P
 from .analysis import (const_int, defined_vars, dtype_of, fresh_var, key, rename_defs, simplify,
-                       substitute, uses_any, visit_accesses)
-from .match import instantiate
+                       uses_any, uses_in_arith, vars_used, visit_accesses)
+from .canonical import canonicalize
+from .compiled import Compiled
+from .match import _LOOPS, Match, _Matcher, instantiate
 from .pipeline import lower
 
 _VIEWS = "__views__"
@@ -50,7 +52,7 @@ def _dim_strides(buf) -> list:
     return list(reversed(out))
 
 
-def _int32_strides(buf) -> list | None:
+def _int32_strides(buf, shape=None) -> list | None:
     """Python int strides of every dimension when all are int32 constants, else None."""
     declared = buf.strides
     if len(declared):
@@ -61,7 +63,7 @@ def _int32_strides(buf) -> list | None:
             out.append(st.value)
         return out
     out, acc = [], 1
-    for extent in reversed(list(buf.shape)):
+    for extent in reversed(list(buf.shape if shape is None else shape)):
         if not isinstance(extent, tirx.IntImm) or extent.ty.dtype != "int32":
             return None
         out.append(acc)
@@ -73,12 +75,89 @@ def _minus(idx, want):
     """``idx - want`` simplified; canonical ``base + want`` and ``want`` itself without a call."""
     if idx.same_as(want):
         return tirx.IntImm(dtype_of(idx), 0)
-    if isinstance(idx, tirx.Add) and dtype_of(idx) == dtype_of(want):
+    if type(idx) is tirx.Add:  # an Add's operands have its dtype, so either one is the base
         if idx.b.same_as(want):
             return idx.a
         if idx.a.same_as(want):
             return idx.b
     return simplify(idx - want)
+
+
+_INT32: dict = {}
+
+
+def _int32(value: int):
+    """A shared int32 constant (IR nodes are immutable, so sharing one is safe)."""
+    imm = _INT32.get(value)
+    if imm is None:
+        imm = _INT32.setdefault(value, tirx.IntImm("int32", value))
+    return imm
+
+
+class _Affine:
+    """``sum(coeff * var) + const`` with Python int coefficients: offsets without the simplifier.
+
+    ``_Affine.of(elem_offset, [(base, stride), ...])`` is None when a term is not integer
+    arithmetic on variables (then the simplifier does it)."""
+
+    def __init__(self, terms: dict, const: int, dtype: str):
+        self.terms, self.const, self.dtype = terms, const, dtype  # terms: key(var) -> [var, coeff]
+
+    @classmethod
+    def of(cls, start, scaled) -> "_Affine | None":
+        terms: dict = {}
+        const = 0
+        dtype = None
+        stack = [(start, 1)] + [(b, st) for b, st in scaled]
+        stack.reverse()  # popped in order, so the terms come out outermost dimension first
+        for top, _ in stack:
+            d = dtype_of(top)
+            if dtype is None:
+                dtype = d
+            elif d != dtype:
+                return None
+        while stack:
+            e, scale = stack.pop()
+            kind = type(e)
+            if kind is tirx.IntImm:
+                const += scale * e.value
+            elif kind is tirx.Var:
+                entry = terms.get(key(e))
+                if entry is None:
+                    terms[key(e)] = [e, scale]
+                else:
+                    entry[1] += scale
+            elif kind is tirx.Add or kind is tirx.Sub:
+                stack.append((e.b, scale if kind is tirx.Add else -scale))
+                stack.append((e.a, scale))
+            elif kind is tirx.Mul and type(e.b) is tirx.IntImm:
+                stack.append((e.a, scale * e.b.value))
+            elif kind is tirx.Mul and type(e.a) is tirx.IntImm:
+                stack.append((e.b, scale * e.a.value))
+            else:
+                return None
+        return cls(terms, const, dtype)
+
+    def multiple_of(self, factor: int) -> bool:
+        return self.const % factor == 0 and all(c % factor == 0 for _, c in self.terms.values())
+
+    def expr(self):
+        imm = _int32 if self.dtype == "int32" else (lambda v: tirx.IntImm(self.dtype, v))
+        out = None
+        for var, coeff in self.terms.values():
+            if coeff == 0:
+                continue
+            term = var if coeff == 1 else tirx.Mul(var, imm(coeff))
+            out = term if out is None else tirx.Add(out, term)
+        if out is None:
+            return imm(self.const)
+        return out if self.const == 0 else tirx.Add(out, imm(self.const))
+
+
+def _uses(expr, nest, keys) -> bool:
+    """``uses_any`` with the keys of ``nest`` at hand (indices are answered in Python)."""
+    small = uses_in_arith(expr, keys)
+    return uses_any(expr, nest) if small is None else small
 
 
 def _same_value(a, b) -> bool:
@@ -92,7 +171,9 @@ class _ParamInfo:
     """What bind_views needs of a (pattern, replacement) buffer parameter pair, computed once."""
 
     def __init__(self, p, q):
+        self.key = ("param", key(p))
         self.rank = len(p.shape)
+        self.shape, self.dtype, self.name = q.shape, q.dtype, q.name
         compact_buffer = tirx.decl_buffer(q.shape, q.dtype)
         self.compact = _dim_strides(compact_buffer)
         self.layout = compact_buffer.layout  # decl_buffer's default layout for q.shape
@@ -108,6 +189,9 @@ class _ParamInfo:
             self.declared = [None if isinstance(st, tirx.Var)
                              else (const_int(st) if const_int(st) is not None else st) for st in q.strides]
         self.elem_offset = None if isinstance(q.elem_offset, tirx.Var) else q.elem_offset
+        # the replacement's stride and offset variables, bound per site: (dimension, key)
+        self.stride_vars = [(d, key(st)) for d, st in enumerate(q.strides) if isinstance(st, tirx.Var)]
+        self.offset_var = key(q.elem_offset) if isinstance(q.elem_offset, tirx.Var) else None
 
 
 class _Shape(P.Pattern):
@@ -142,6 +226,26 @@ class _Shape(P.Pattern):
                 return
         yield from envs
 
+    def compile_with(self, cc):
+        kind = self.node_type
+        fields = [(name, cc.compile(want) if isinstance(want, P.Pattern) else None, want)
+                  for name, want in self.fields]
+
+        def fn(node, env, nest):
+            if type(node) is not kind:
+                return False
+            for name, compiled, want in fields:
+                found = getattr(node, name)
+                if compiled is not None:
+                    if not compiled(found, env, nest):
+                        return False
+                elif not (want is found or want == found if not isinstance(want, tvm_ffi.Object)
+                          else tvm_ffi.structural_equal(want, found)):
+                    return False
+            return True
+
+        return fn
+
 
 class _ParamAccess(P.Pattern):
     """A load or store of a pattern buffer parameter, bound to a region of a target buffer."""
@@ -152,6 +256,9 @@ class _ParamAccess(P.Pattern):
         self.value = value
         self.position = P.EXPR if value is None else P.STMT
         self.root_types = (ir.TensorLoad,) if value is None else (tirx.BufferStore,)
+        self._key = ("param", key(param))
+        self._dtype = str(param.dtype)
+        self._scope = _scope(param)
 
     def children(self):
         return self.indices + (() if self.value is None else (self.value,))
@@ -160,63 +267,83 @@ class _ParamAccess(P.Pattern):
         return f"{self.param.name}[{', '.join(map(repr, self.indices))}]"
 
     def match_with(self, mt, node, env, nest, path):
+        env = dict(env)
+        fail = (lambda where, reason: mt.fail(path + where, self, node, reason)) if mt.trace else None
+        if not self.bind(node, env, nest, fail):
+            return
+        if self.value is None:
+            yield env
+        else:
+            yield from mt.m(self.value, node.value, env, nest, path + ("value",))
+
+    def compile_with(self, cc):
+        value = None if self.value is None else cc.compile(self.value)
+
+        def fn(node, env, nest):
+            return self.bind(node, env, nest, None) and (value is None or value(node.value, env, nest))
+
+        return fn
+
+    def bind(self, node, env, nest, fail) -> bool:
+        """Bind the parameter to the accessed buffer and each dimension's offset, in ``env``
+        (in place); False when the access does not fit. ``fail(where, reason)`` is told why."""
+        p = self.param
         if self.value is None:
             if not isinstance(node, ir.TensorLoad):
-                mt.trace and mt.fail(path, self, node, f"expected a load of {self.param.name}, found {type(node).__name__}")
-                return
+                fail and fail((), f"expected a load of {p.name}, found {type(node).__name__}")
+                return False
             target, indices = node.source, node.indices
         else:
             if not isinstance(node, tirx.BufferStore):
-                mt.trace and mt.fail(path, self, node, f"expected a store to {self.param.name}, found {type(node).__name__}")
-                return
+                fail and fail((), f"expected a store to {p.name}, found {type(node).__name__}")
+                return False
             target, indices = node.buffer, node.indices
-        p = self.param
-        bound = env.get(("param", key(p)))
-        if bound is not None and not bound.same_as(target):
-            mt.trace and mt.fail(path, self, node, f"{p.name} is bound to {bound.name}, found {target.name}")
-            return
-        if str(target.dtype) != str(p.dtype):
-            mt.trace and mt.fail(path, self, node, f"{p.name} has dtype {p.dtype}, {target.name} has dtype {target.dtype}")
-            return
-        if _scope(target) != _scope(p):
-            mt.trace and mt.fail(path, self, node, f"{p.name} has scope {_scope(p)}, {target.name} has scope {_scope(target)}")
-            return
-        drop = len(indices) - len(self.indices)
+        bound = env.get(self._key)
+        if bound is None:
+            if dtype_of(target) != self._dtype:
+                fail and fail((), f"{p.name} has dtype {p.dtype}, {target.name} has dtype {target.dtype}")
+                return False
+            if _scope(target) != self._scope:
+                fail and fail((), f"{p.name} has scope {self._scope}, {target.name} has scope {_scope(target)}")
+                return False
+            env[self._key] = target
+        elif not bound.same_as(target):
+            fail and fail((), f"{p.name} is bound to {bound.name}, found {target.name}")
+            return False
+        ndim = len(indices)
+        drop = ndim - len(self.indices)
         if drop < 0:
-            mt.trace and mt.fail(path, self, node, f"{p.name} has {len(self.indices)} dimensions, {target.name} only {len(indices)}")
-            return
-        env = dict(env)
-        env[("param", key(p))] = target
-        for d, idx in enumerate(indices):
+            fail and fail((), f"{p.name} has {len(self.indices)} dimensions, {target.name} only {ndim}")
+            return False
+        inner = {key(v) for v in nest}
+        for d in range(ndim):
+            idx = indices[d]
             if d < drop:
                 base = idx
             else:
                 want = instantiate(self.indices[d - drop], env)
                 if want is None:
-                    mt.trace and mt.fail(path, self, node, f"cannot evaluate index {self.indices[d - drop]!r}")
-                    return
+                    fail and fail((), f"cannot evaluate index {self.indices[d - drop]!r}")
+                    return False
                 base = _minus(idx, want)
-            if nest and uses_any(base, nest):
-                if mt.trace:
-                    reason = (f"{target.name} index {d}: {p.name} has {len(self.indices)} dimension(s), so "
-                              f"this leading dimension must stay fixed in the matched loops, found {idx}"
-                              if d < drop else
-                              f"{target.name} index {d}: expected {want} plus an offset free of the "
-                              f"matched loops, found {idx}")
-                    mt.fail(path + (f"index {d}",), self, node, reason)
-                return
-            k = ("base", key(p), d)
-            if k in env:
-                if not _same_value(env[k], base):
-                    mt.trace and mt.fail(path + (f"index {d}",), self, node,
-                            f"{p.name} would bind two regions of {target.name}: offsets {env[k]} and {base} in dimension {d}")
-                    return
-            else:
+            if inner and _uses(base, nest, inner):
+                if fail:
+                    fail((f"index {d}",),
+                         f"{target.name} index {d}: {p.name} has {len(self.indices)} dimension(s), so "
+                         f"this leading dimension must stay fixed in the matched loops, found {idx}"
+                         if d < drop else
+                         f"{target.name} index {d}: expected {want} plus an offset free of the "
+                         f"matched loops, found {idx}")
+                return False
+            k = (self._key, d)
+            old = env.get(k)
+            if old is None:
                 env[k] = base
-        if self.value is None:
-            yield env
-        else:
-            yield from mt.m(self.value, node.value, env, nest, path + ("value",))
+            elif not _same_value(old, base):
+                fail and fail((f"index {d}",), f"{p.name} would bind two regions of {target.name}: "
+                                               f"offsets {old} and {base} in dimension {d}")
+                return False
+        return True
 
 
 class _ModuleRulePattern(P.Pattern):
@@ -236,12 +363,17 @@ class _ModuleRulePattern(P.Pattern):
         return f"from_module({self.rule.name!r}: {self.body!r})"
 
     def _quick_reject(self, node) -> bool:
-        """True when the outer loops' constant extents already rule a match out."""
+        """True when the outer loops' constant extents rule a match out, on raw TIR as on
+        canonical TIR (extent-1 loops are skipped; a stepped loop's count is not judged)."""
         for extent in self.extents:
+            while type(node) is tirx.For and type(node.extent) is tirx.IntImm and node.extent.value == 1:
+                node = node.body
             if type(node) is not tirx.For:
                 return True
+            if node.step is not None and const_int(node.step) != 1:
+                return False
             found = node.extent
-            if type(found) is not tirx.IntImm or found.value != extent:
+            if type(found) is tirx.IntImm and found.value != extent:
                 return True
             node = node.body
         return False
@@ -289,18 +421,72 @@ class ModuleRule:
                     raise ValueError(f"rule {self.name!r}: buffer {a.name} is {list(a.shape)} {a.dtype} in pattern "
                                      f"but {list(b.shape)} {b.dtype} in replacement")
         self.params = list(zip(pp, rp))
+        self._replacement_of = {key(p): key(q) for p, q in self.params}
         self._buffer_params = [(p, q, _ParamInfo(p, q)) for p, q in self.params if tirx.is_buffer_var(p)]
         # variables the replacement body defines itself (loops, Binds, ...): fresh ones per site
         self._body_defs = defined_vars(self.replacement_func.body)
         self._loop_vars: dict = {}
-        self._scalars = {key(p): P.Wildcard(f"{self.name}:{p.name}") for p in pp if not tirx.is_buffer_var(p)}
+        self._scalars = {key(p): P.Wildcard(f"{self.name}:{p.name}").has_dtype(dtype_of(p))
+                         for p in pp if not tirx.is_buffer_var(p)}
         self._buffers = {key(p): p for p in pp if tirx.is_buffer_var(p)}
-        body = self._stmt(self.pattern_func.body)
-        extents, loop = [], self.pattern_func.body
+        self._check_replacement()
+        # The pattern in canonical form, like the code it is matched against.
+        pattern_body = canonicalize(self.pattern_func.body)
+        body = self._stmt(pattern_body)
+        extents, loop = [], pattern_body
         while isinstance(loop, tirx.For) and isinstance(loop.extent, tirx.IntImm):
             extents.append(int(loop.extent.value))
             loop = loop.body
         self.pattern = _ModuleRulePattern(body, self, extents)
+        self._first = Compiled(body)
+
+    def _check_replacement(self):
+        """What makes every replacement well-formed, checked once here instead of per site:
+        the replacement is a well-formed function using nothing but its parameters."""
+        func = self.replacement_func
+        try:
+            tirx.analysis.verify_well_formed(func, assert_mode=True)
+        except Exception as err:  # noqa: BLE001 - the verifier reports through exceptions
+            raise ValueError(f"rule {self.name!r}: the replacement is ill-formed: "
+                             f"{str(err).strip().splitlines()[-1]}") from None
+        allowed = {key(v) for v in self._body_defs}
+        for q in func.params:
+            allowed.add(key(q))
+            if tirx.is_buffer_var(q):
+                for v in [q.data, q.elem_offset, *q.shape, *q.strides]:
+                    if isinstance(v, tirx.Var):
+                        allowed.add(key(v))
+        for v in vars_used(func.body):
+            if key(v) not in allowed:
+                raise ValueError(f"rule {self.name!r}: the replacement uses {v.name}, which is not a parameter")
+
+    # -- matching ------------------------------------------------------------------------
+    def match(self, node, context: tuple = (), canonical: bool = False) -> Match | None:
+        """The first match at ``node``, which may be raw TIR: matched as it is when it is
+        already in the canonical form of the pattern, else canonicalised and matched again."""
+        if self.pattern._quick_reject(node):
+            return None
+        m = self._match_at(node, context)
+        if m is None and not canonical:
+            again = canonicalize(node)
+            if not again.same_as(node) and not self.pattern._quick_reject(again):
+                m = self._match_at(again, context)
+        return m
+
+    def _match_at(self, node, context):
+        env: dict = {}
+        outcome = self._first(node, env)
+        if outcome:
+            views, _ = self.bind_views(env)
+            if views is not None:
+                env[_VIEWS] = views
+                return Match(node, env, context)
+            outcome = None if self._first.skipped else False
+        if outcome is False:
+            return None
+        # An option was left untried: the full search decides (on canonical TIR).
+        node = canonicalize(node)
+        return _Matcher(context).run(self.pattern, node)
 
     # -- pattern from the pattern function ----------------------------------------------
     def _stmt(self, s):
@@ -349,15 +535,23 @@ class ModuleRule:
     # -- preconditions and views --------------------------------------------------------
     def bind_views(self, env):
         """Per buffer parameter: the target, its view strides and offset; or (None, reason)."""
+        inner = [l.loop_var for l in env.get(_LOOPS, ())]
+        for p, wildcard in self._scalars.items():
+            value = env.get(wildcard.name)
+            if value is not None and inner and uses_any(value, inner):
+                return None, (f"scalar parameter {wildcard.name.split(':', 1)[-1]} is bound to {value}, "
+                              f"which uses a loop of the match (it is gone after the rewrite)")
         views = []
         for p, q, info in self._buffer_params:
-            target = env.get(("param", key(p)))
+            target = env.get(info.key)
             if target is None:
                 return None, f"pattern parameter {p.name} is never accessed, so it binds no region"
             shape = target.shape
-            drop = len(shape) - info.rank
-            base = [env[("base", key(p), d)] for d in range(len(shape))]
-            int_strides = _int32_strides(target)
+            ndim = len(shape)
+            drop = ndim - info.rank
+            base = [env[(info.key, d)] for d in range(ndim)]
+            int_strides = _int32_strides(target, shape)
+            affine = None
             if int_strides is None:  # symbolic or non-int32 strides: the general path
                 strides = _dim_strides(target)
                 offset = target.elem_offset
@@ -367,16 +561,19 @@ class ModuleRule:
                 is_compact = all(const_int(simplify(a - b)) == 0 for a, b in zip(view_strides, info.compact))
                 actual_ints = [const_int(st) for st in view_strides]
             else:
-                offset = target.elem_offset
-                for b, st in zip(base, int_strides):
-                    if not (isinstance(b, tirx.IntImm) and b.value == 0):
-                        offset = offset + (b if st == 1 else b * st)
+                affine = _Affine.of(target.elem_offset, [(b, st) for b, st in zip(base, int_strides)
+                                                         if not (type(b) is tirx.IntImm and b.value == 0)])
+                if affine is None:
+                    offset = target.elem_offset
+                    for b, st in zip(base, int_strides):
+                        offset = offset + b * st
                 actual_ints = int_strides[drop:]
-                view_strides = [tirx.IntImm("int32", st) for st in actual_ints]
+                view_strides = [_int32(st) for st in actual_ints]
                 is_compact = actual_ints == info.compact_ints
-            offset = simplify(offset)
+            offset = simplify(offset) if affine is None else affine.expr()
             for factor in info.factors:
-                if const_int(simplify(tirx.floormod(offset, factor))) != 0:
+                if not (affine is not None and affine.multiple_of(factor)) and \
+                        const_int(simplify(tirx.floormod(offset, factor))) != 0:
                     return None, (f"the region of {target.name} bound to {p.name} starts at element {offset}, "
                                   f"not provably a multiple of offset_factor {factor}")
             if info.declared is not None:
@@ -402,7 +599,7 @@ class ModuleRule:
                     and not self._scalar_only(q):
                 return None, (f"replacement parameter {q.name} assumes elem_offset {q.elem_offset}, but the region of "
                               f"{target.name} starts at element {offset}")
-            views.append((q, target, view_strides, offset, info.layout))
+            views.append((q, target, view_strides, offset, info))
         return views, None
 
     def _scalar_only(self, q) -> bool:
@@ -463,20 +660,20 @@ class ModuleRule:
         env = m._env
         mapping = {}
         decls = []
-        for q, target, strides, offset, layout in env[_VIEWS]:
-            view = tirx.decl_buffer(q.shape, q.dtype, q.name, data=target.data, strides=strides,
-                                    elem_offset=offset, scope=target.scope(), layout=layout)
+        for q, target, strides, offset, info in env[_VIEWS]:
+            data = target.data
+            view = tirx.decl_buffer(info.shape, info.dtype, info.name, data=data, strides=strides,
+                                    elem_offset=offset, scope=target.scope(), layout=info.layout)
             mapping[key(q)] = view
-            for declared, actual in zip(q.strides, strides):
-                if isinstance(declared, tirx.Var):
-                    mapping[key(declared)] = actual
-            if isinstance(q.elem_offset, tirx.Var):
-                mapping[key(q.elem_offset)] = offset
-            decls.append(tirx.DeclBuffer(view, data=target.data))
-        for p, q in self.params:
-            if not tirx.is_buffer_var(p):
-                mapping[key(q)] = env[self._scalars[key(p)].name]
-        body = substitute(self.replacement_func.body, mapping)
+            for d, k in info.stride_vars:
+                mapping[k] = strides[d]
+            if info.offset_var is not None:
+                mapping[info.offset_var] = offset
+            decls.append(tirx.DeclBuffer(view, data=data))
+        for p, wildcard in self._scalars.items():
+            mapping[self._replacement_of[p]] = env[wildcard.name]
+        # Only uses to replace: parameters are never defined inside the body.
+        body = tvm_ffi.structural_map(self.replacement_func.body, (ir.Var, lambda v: mapping.get(key(v), v)))
         if self._body_defs:
             body = rename_defs(body, {key(v): fresh_var(v) for v in self._body_defs})
         return tirx.SeqStmt(decls + [body]) if decls else body
@@ -508,7 +705,7 @@ def module_rule(mod, name=None):
     from .rewrite import Rule
 
     rule = ModuleRule(mod, name)
-    return Rule(rule.pattern, rule.replace, rule.name, fresh_defs=True)
+    return Rule(rule.pattern, rule.replace, rule.name, fresh_defs=True, matcher=rule.match, self_checked=True)
 
 
 def rewriter(cls_or_mod):
