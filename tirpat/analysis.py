@@ -42,8 +42,8 @@ def vars_used(node) -> list:
     return found
 
 
-def uses_any(node, variables: Iterable, keys: set | None = None) -> bool:
-    """True when ``node`` uses one of ``variables`` (``keys``: their ``key``s, if at hand)."""
+def uses_any(node, variables: Iterable) -> bool:
+    """True when ``node`` uses one of ``variables``."""
     if isinstance(node, (tirx.IntImm, tirx.FloatImm)):
         return False
     variables = list(variables)
@@ -52,7 +52,7 @@ def uses_any(node, variables: Iterable, keys: set | None = None) -> bool:
     if isinstance(node, ir.Expr) and not isinstance(node, tirx.Stmt) and not tirx.is_buffer_var(node):
         if isinstance(node, tirx.Var):
             return any(node.same_as(v) for v in variables)
-        small = uses_in_arith(node, keys if keys is not None else {key(v) for v in variables})
+        small = uses_in_arith(node, variables)
         if small is not None:
             return small
         # An expression's free variables, found in C++ (much faster than a Python walk):
@@ -66,7 +66,7 @@ def uses_any(node, variables: Iterable, keys: set | None = None) -> bool:
 _ARITH = (tirx.Add, tirx.Sub, tirx.Mul, tirx.FloorDiv, tirx.FloorMod)
 
 
-def uses_in_arith(expr, wanted: set, budget: int = 16) -> bool | None:
+def uses_in_arith(expr, variables: Sequence, budget: int = 16) -> bool | None:
     """``uses_any`` for a small tree of integer arithmetic on variables and constants (the
     usual index), answered in Python; None for anything else (left to the C++ analysis)."""
     stack = [expr]
@@ -76,8 +76,9 @@ def uses_in_arith(expr, wanted: set, budget: int = 16) -> bool | None:
         if kind is tirx.IntImm:
             continue
         if kind is tirx.Var:
-            if key(e) in wanted:
-                return True
+            for v in variables:
+                if e.same_as(v):
+                    return True
             continue
         budget -= 1
         if kind not in _ARITH or budget < 0:

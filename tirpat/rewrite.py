@@ -171,7 +171,10 @@ class Rewriter:
         body = self._scan(func.body, func_name=fname, params=func.params)
         if len(self.report.sites) == before:
             return func
-        new = func.with_body(body)
+        # The same PrimFunc with the new body. (PrimFunc's constructor, and so with_body,
+        # makes a pass over the whole body: that alone would make rewriting quadratic-ish.)
+        old_body = func.body
+        new = tvm_ffi.structural_mutate(func, [(tirx.Stmt, lambda node, mut: body if node.same_as(old_body) else node)])
         if not self._unchecked_fired:
             return new
         ok, detail = True, ""
@@ -319,7 +322,7 @@ class _Sites:
             return tirx.For(node.loop_var, node.min, node.extent, node.kind, body, node.thread_binding,
                             node.annotations, node.step)
         if kind is tirx.SeqStmt:
-            old = node.seq
+            old = node.seq[:]
             new = [self.walk(s) for s in old]
             if all(a.same_as(b) for a, b in zip(new, old)):
                 return node
