@@ -160,6 +160,20 @@ def dtype_of(node) -> str | None:
     return None if dt is None else str(dt)
 
 
+_PRIM_TYPES: dict = {}
+
+
+def dtype_is(node, dtype: str) -> bool:
+    """``dtype_of(node) == dtype``; TVM shares one PrimType per dtype, so mostly a pointer test."""
+    ref = _PRIM_TYPES.get(dtype)
+    if ref is None:
+        ref = _PRIM_TYPES.setdefault(dtype, ir.PrimType(dtype))
+    ty = getattr(node, "ty", None)
+    if ty is not None and ty.same_as(ref):
+        return True
+    return dtype_of(node) == dtype
+
+
 def row_major_strides(buffer) -> list | None:
     """Element strides of each buffer dimension as ints, or None when not constant."""
     if len(buffer.strides):

@@ -21,7 +21,7 @@ from typing import Callable
 from tvm import ir, tirx
 
 from . import pattern as P
-from .analysis import const_int, dtype_of
+from .analysis import const_int, dtype_is, dtype_of
 from .match import _LOOPS, _SPAN, same_binding
 from .match import _key_of
 
@@ -78,7 +78,7 @@ class Compiled:
             return fn
 
         def typed(node, env, nest):
-            return dtype_of(node) == want and fn(node, env, nest)
+            return dtype_is(node, want) and fn(node, env, nest)
 
         return typed
 

@@ -26,7 +26,7 @@ import tvm_ffi
 from tvm import ir, tirx
 
 from . import pattern as P
-from .analysis import (const_int, defined_vars, dtype_of, fresh_var, key, rename_defs, simplify,
+from .analysis import (const_int, defined_vars, dtype_is, dtype_of, fresh_var, key, rename_defs, simplify,
                        uses_any, uses_in_arith, vars_used, visit_accesses)
 from .canonical import canonicalize
 from .compiled import Compiled
@@ -60,13 +60,13 @@ def _int32_strides(buf, shape=None) -> list | None:
     if len(declared):
         out = []
         for st in declared:
-            if not isinstance(st, tirx.IntImm) or st.ty.dtype != "int32":
+            if not isinstance(st, tirx.IntImm) or not dtype_is(st, "int32"):
                 return None
             out.append(st.value)
         return out
     out, acc = [], 1
     for extent in reversed((buf.shape if shape is None else shape)[:]):
-        if not isinstance(extent, tirx.IntImm) or extent.ty.dtype != "int32":
+        if not isinstance(extent, tirx.IntImm) or not dtype_is(extent, "int32"):
             return None
         out.append(acc)
         acc *= extent.value
@@ -109,15 +109,12 @@ class _Affine:
     def of(cls, start, scaled) -> "_Affine | None":
         terms: dict = {}
         const = 0
-        dtype = None
+        dtype = dtype_of(start)
+        for b, _ in scaled:
+            if not dtype_is(b, dtype):
+                return None
         stack = [(start, 1)] + [(b, st) for b, st in scaled]
         stack.reverse()  # popped in order, so the terms come out outermost dimension first
-        for top, _ in stack:
-            d = dtype_of(top)
-            if dtype is None:
-                dtype = d
-            elif d != dtype:
-                return None
         while stack:
             e, scale = stack.pop()
             kind = type(e)

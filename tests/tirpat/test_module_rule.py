@@ -318,3 +318,14 @@ def test_decorator_on_a_class_of_tvmscript_methods():
     out = run(RowAddMethods(f), [a, np.zeros_like(a)])[1]
     np.testing.assert_array_equal(out, a + 1)
     assert len(CALLS) == 4
+
+
+def test_a_scalar_bound_to_a_matched_loop_is_refused():
+    """``A[i] * i`` fits ``A[vi] * s`` with ``s = i``, but ``i`` is gone after the rewrite."""
+    X = tirx.decl_buffer((16,), "int32", "X")
+    io, i = tirx.Var("io", "int32"), tirx.Var("i", "int32")
+    body = tirx.BufferStore(X, tirx.BufferLoad(X, [io * 8 + i]) * i, [io * 8 + i])
+    f = tirx.PrimFunc([X], tirx.For(io, 0, 2, 0, tirx.For(i, 0, 8, 0, body))).with_attr("global_symbol", "main")
+    rw = tp.Rewriter.from_module({"pattern": scale_pattern, "replacement": scale_replacement}, name="scale")
+    assert rw(f).same_as(f) and rw.report.counts == {}
+    assert "uses a loop of the match" in str(tp.explain(rw, f))
