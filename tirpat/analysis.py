@@ -49,12 +49,13 @@ def uses_any(node, variables: Iterable) -> bool:
     variables = list(variables)
     if not variables:
         return False
+    if type(node) in _ARITH:  # the usual index: answered in Python, without the checks below
+        small = _uses_in_arith(node, variables)
+        if small is not None:
+            return small
     if isinstance(node, ir.Expr) and not isinstance(node, tirx.Stmt) and not tirx.is_buffer_var(node):
         if isinstance(node, tirx.Var):
             return any(node.same_as(v) for v in variables)
-        small = uses_in_arith(node, variables)
-        if small is not None:
-            return small
         # An expression's free variables, found in C++ (much faster than a Python walk):
         # it uses one of ``variables`` iff declaring them defined leaves fewer free.
         undefined = tirx.analysis.undefined_vars
@@ -66,7 +67,7 @@ def uses_any(node, variables: Iterable) -> bool:
 _ARITH = (tirx.Add, tirx.Sub, tirx.Mul, tirx.FloorDiv, tirx.FloorMod)
 
 
-def uses_in_arith(expr, variables: Sequence, budget: int = 16) -> bool | None:
+def _uses_in_arith(expr, variables: Sequence, budget: int = 16) -> bool | None:
     """``uses_any`` for a small tree of integer arithmetic on variables and constants (the
     usual index), answered in Python; None for anything else (left to the C++ analysis)."""
     stack = [expr]

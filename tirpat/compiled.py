@@ -21,9 +21,8 @@ from typing import Callable
 from tvm import ir, tirx
 
 from . import pattern as P
-from .analysis import const_int, dtype_is, dtype_of
-from .match import _LOOPS, _SPAN, same_binding
-from .match import _key_of
+from .analysis import dtype_is, dtype_of
+from .match import _LOOPS, _SPAN, _key_of, _stepped, same_binding
 
 #: ``fn(node, env, nest) -> bool``; fills ``env`` in place (callers restore it on failure)
 Matcher = Callable[[object, dict, tuple], bool]
@@ -195,8 +194,8 @@ def _for(cc, p, root):
             return False
         # Canonical loops count from 0 in steps of 1; on raw TIR anything else is left to
         # the caller's canonical retry, so that an offset is never dropped.
-        step, start = node.step, node.min
-        if step is not None and const_int(step) != 1 or type(start) is not tirx.IntImm or start.value != 0:
+        start = node.min
+        if _stepped(node) or type(start) is not tirx.IntImm or start.value != 0:
             return False
         if spec.kind is not None and int(node.kind) != spec.kind:
             return False

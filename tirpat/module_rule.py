@@ -27,10 +27,10 @@ from tvm import ir, tirx
 
 from . import pattern as P
 from .analysis import (const_int, defined_vars, dtype_is, dtype_of, fresh_var, key, rename_defs, simplify,
-                       uses_any, uses_in_arith, vars_used, visit_accesses)
+                       uses_any, vars_used, visit_accesses)
 from .canonical import canonicalize
 from .compiled import Compiled
-from .match import _LOOPS, Match, _Matcher, instantiate
+from .match import _LOOPS, Match, _Matcher, _stepped, instantiate
 from .pipeline import lower
 
 _VIEWS = "__views__"
@@ -151,12 +151,6 @@ class _Affine:
         if out is None:
             return imm(self.const)
         return out if self.const == 0 else tirx.Add(out, imm(self.const))
-
-
-def _uses(expr, nest: tuple) -> bool:
-    """``uses_any(expr, nest)``, answered in Python for the usual index arithmetic."""
-    small = uses_in_arith(expr, nest)
-    return uses_any(expr, nest) if small is None else small
 
 
 def _same_value(a, b) -> bool:
@@ -323,10 +317,10 @@ class _ParamAccess(P.Pattern):
                 # a loop variable of the pattern (the common index) is a lookup
                 want = env.get(pattern) if type(pattern) is P.VarPattern else instantiate(pattern, env)
                 if want is None:
-                    fail and fail((), f"cannot evaluate index {self.indices[d - drop]!r}")
+                    fail and fail((), f"cannot evaluate index {pattern!r}")
                     return False
                 base = _minus(idx, want)
-            if nest and _uses(base, nest):
+            if nest and uses_any(base, nest):
                 if fail:
                     fail((f"index {d}",),
                          f"{target.name} index {d}: {p.name} has {len(self.indices)} dimension(s), so "
@@ -370,7 +364,7 @@ class _ModuleRulePattern(P.Pattern):
                 node = node.body
             if type(node) is not tirx.For:
                 return True
-            if node.step is not None and const_int(node.step) != 1:
+            if _stepped(node):
                 return False
             found = node.extent
             if type(found) is tirx.IntImm and found.value != extent:
@@ -466,14 +460,14 @@ class ModuleRule:
         already in the canonical form of the pattern, else canonicalised and matched again."""
         if self.pattern._quick_reject(node):
             return None
-        m = self._match_at(node, context)
+        m = self._match_at(node, context, canonical)
         if m is None and not canonical:
             again = canonicalize(node)
             if not again.same_as(node) and not self.pattern._quick_reject(again):
-                m = self._match_at(again, context)
+                m = self._match_at(again, context, True)
         return m
 
-    def _match_at(self, node, context):
+    def _match_at(self, node, context, canonical):
         env: dict = {}
         outcome = self._first(node, env)
         if outcome:
@@ -485,8 +479,7 @@ class ModuleRule:
         if outcome is False:
             return None
         # An option was left untried: the full search decides (on canonical TIR).
-        node = canonicalize(node)
-        return _Matcher(context).run(self.pattern, node)
+        return _Matcher(context).run(self.pattern, node if canonical else canonicalize(node))
 
     # -- pattern from the pattern function ----------------------------------------------
     def _stmt(self, s):

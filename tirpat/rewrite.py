@@ -220,8 +220,7 @@ class Rewriter:
             return sites.mutate(root)
         return sites.walk(root)
 
-    def _check(self, rule, node, m, result, loops, defined):
-        site = f"{' > '.join(l.loop_var.name for l in loops) or '<top>'} ({type(node).__name__})"
+    def _check(self, rule, node, result, site, defined):
         if isinstance(node, tirx.Stmt):
             if not isinstance(result, tirx.Stmt):
                 raise RewriteError(f"rule {rule.name!r} matched a statement at {site} but its callback "
@@ -263,6 +262,9 @@ class _Sites:
     def _where(self, node) -> str:
         return f"{' > '.join(l.loop_var.name for l in self.loops) or '<top>'} ({type(node).__name__})"
 
+    def _site(self, rule, m) -> Site:
+        return Site(rule.name, tuple(l.loop_var.name for l in self.loops), m.node, self.func_name)
+
     def try_rules(self, node, visit):
         """The replacement of ``node`` by the first rule that fires there, else None."""
         rw = self.rw
@@ -279,7 +281,7 @@ class _Sites:
                 err.add_note(f"in the callback of rule {rule.name!r} at {self._where(node)}")
                 raise
             if self.stop_at_match:
-                rw.report.add(Site(rule.name, tuple(l.loop_var.name for l in self.loops), m.node, self.func_name))
+                rw.report.add(self._site(rule, m))
                 return node
             if isinstance(result, (list, tuple)) and result and all(isinstance(s, tirx.Stmt) for s in result):
                 result = result[0] if len(result) == 1 else tirx.SeqStmt(list(result))
@@ -289,9 +291,9 @@ class _Sites:
                 if not self.defined:
                     self.defined.update(key(v) for v in vars_used(self.root))
                     self.defined.update(key(v) for v in self.params)
-                result = rw._check(rule, node, m, result, self.loops, self.defined)
+                result = rw._check(rule, node, result, self._where(node), self.defined)
                 rw._unchecked_fired = True
-            rw.report.add(Site(rule.name, tuple(l.loop_var.name for l in self.loops), m.node, self.func_name))
+            rw.report.add(self._site(rule, m))
             if m.span is not None and isinstance(m.node, tirx.SeqStmt):
                 start, stop = m.span
                 head = [visit(s) for s in m.node.seq[:start]]
