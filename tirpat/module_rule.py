@@ -30,10 +30,12 @@ from .analysis import (const_int, defined_vars, dtype_is, dtype_of, fresh_var, k
                        uses_any, vars_used, visit_accesses)
 from .canonical import canonicalize
 from .compiled import Compiled
+from .index_dtype import as_index, index_dtype_of, with_index_dtype
 from .match import _LOOPS, Match, _Matcher, _stepped, instantiate
 from .pipeline import lower
 
 _VIEWS = "__views__"
+_RULE = "__rule__"  # the ModuleRule (of the site's index type) that bound the views
 _BUFFER_TYPE = tvm_ffi.get_global_func("tirx.BufferType")
 _BUFFER_VAR = tvm_ffi.get_global_func("tirx.BufferVar")
 
@@ -54,19 +56,19 @@ def _dim_strides(buf) -> list:
     return list(reversed(out))
 
 
-def _int32_strides(buf, shape=None) -> list | None:
-    """Python int strides of every dimension when all are int32 constants, else None."""
+def _int_strides(buf, dtype: str, shape=None) -> list | None:
+    """Python int strides of every dimension when all are ``dtype`` constants, else None."""
     declared = buf.strides
     if len(declared):
         out = []
         for st in declared:
-            if not isinstance(st, tirx.IntImm) or not dtype_is(st, "int32"):
+            if not isinstance(st, tirx.IntImm) or not dtype_is(st, dtype):
                 return None
             out.append(st.value)
         return out
     out, acc = [], 1
     for extent in reversed((buf.shape if shape is None else shape)[:]):
-        if not isinstance(extent, tirx.IntImm) or not dtype_is(extent, "int32"):
+        if not isinstance(extent, tirx.IntImm) or not dtype_is(extent, dtype):
             return None
         out.append(acc)
         acc *= extent.value
@@ -85,14 +87,14 @@ def _minus(idx, want):
     return simplify(idx - want)
 
 
-_INT32: dict = {}
+_IMMS: dict = {}
 
 
-def _int32(value: int):
-    """A shared int32 constant (IR nodes are immutable, so sharing one is safe)."""
-    imm = _INT32.get(value)
+def _imm(dtype: str, value: int):
+    """A shared integer constant (IR nodes are immutable, so sharing one is safe)."""
+    imm = _IMMS.get((dtype, value))
     if imm is None:
-        imm = _INT32.setdefault(value, tirx.IntImm("int32", value))
+        imm = _IMMS.setdefault((dtype, value), tirx.IntImm(dtype, value))
     return imm
 
 
@@ -141,16 +143,16 @@ class _Affine:
         return self.const % factor == 0 and all(c % factor == 0 for _, c in self.terms.values())
 
     def expr(self):
-        imm = _int32 if self.dtype == "int32" else (lambda v: tirx.IntImm(self.dtype, v))
+        dtype = self.dtype
         out = None
         for var, coeff in self.terms.values():
             if coeff == 0:
                 continue
-            term = var if coeff == 1 else tirx.Mul(var, imm(coeff))
+            term = var if coeff == 1 else tirx.Mul(var, _imm(dtype, coeff))
             out = term if out is None else tirx.Add(out, term)
         if out is None:
-            return imm(self.const)
-        return out if self.const == 0 else tirx.Add(out, imm(self.const))
+            return _imm(dtype, self.const)
+        return out if self.const == 0 else tirx.Add(out, _imm(dtype, self.const))
 
 
 def _same_value(a, b) -> bool:
@@ -182,6 +184,7 @@ class _ParamInfo:
             self.declared = [None if isinstance(st, tirx.Var)
                              else (const_int(st) if const_int(st) is not None else st) for st in q.strides]
         self.elem_offset = None if isinstance(q.elem_offset, tirx.Var) else q.elem_offset
+        self.index_dtype = dtype_of(q.elem_offset)
         # the replacement's stride and offset variables, bound per site: (dimension, key)
         self.stride_vars = [(d, key(st)) for d, st in enumerate(q.strides) if isinstance(st, tirx.Var)]
         self.offset_var = key(q.elem_offset) if isinstance(q.elem_offset, tirx.Var) else None
@@ -376,13 +379,18 @@ class _ModuleRulePattern(P.Pattern):
         # A cheap pre-check on the loop extents; explain (tracing) takes the full path for its messages.
         if not mt.trace and self._quick_reject(node):
             return
-        for e in mt.m(self.body, node, env, nest, path):
-            views, reason = self.rule.bind_views(e)
+        rule = self.rule.for_index_dtype(index_dtype_of(node))
+        if isinstance(rule, str):
+            mt.trace and mt.fail(path, self, node, rule, final=True)
+            return
+        for e in mt.m(rule.pattern.body, node, env, nest, path):
+            views, reason = rule.bind_views(e)
             if views is None:
                 mt.trace and mt.fail(path + ("params",), self, node, reason, final=True)
                 continue
             e = dict(e)
             e[_VIEWS] = views
+            e[_RULE] = rule
             yield e
 
 
@@ -433,6 +441,23 @@ class ModuleRule:
             loop = loop.body
         self.pattern = _ModuleRulePattern(body, self, extents)
         self._first = Compiled(body)
+        # The rule for code indexed in another integer type (int64 from Relax, say), built
+        # on first use by converting both functions, as tensorize converts an intrinsic.
+        self.index_dtype = index_dtype_of(self.pattern_func.body)
+        self._variants: dict = {self.index_dtype: self}
+
+    def for_index_dtype(self, dtype: str) -> "ModuleRule | str":
+        """This rule for code whose indices are ``dtype``, or why there is none."""
+        rule = self._variants.get(dtype)
+        if rule is None:
+            try:
+                rule = ModuleRule({"pattern": with_index_dtype(self.pattern_func, dtype),
+                                   "replacement": with_index_dtype(self.replacement_func, dtype)}, self.name)
+                rule._variants = self._variants
+            except ValueError as err:
+                rule = f"the rule cannot be converted to {dtype} indices: {err}"
+            self._variants[dtype] = rule
+        return rule
 
     def _check_replacement(self):
         """What makes every replacement well-formed, checked once here instead of per site:
@@ -460,6 +485,10 @@ class ModuleRule:
         already in the canonical form of the pattern, else canonicalised and matched again."""
         if self.pattern._quick_reject(node):
             return None
+        dtype = index_dtype_of(node)
+        if dtype != self.index_dtype:
+            rule = self.for_index_dtype(dtype)
+            return None if isinstance(rule, str) else rule.match(node, context, canonical)
         m = self._match_at(node, context, canonical)
         if m is None and not canonical:
             again = canonicalize(node)
@@ -474,6 +503,7 @@ class ModuleRule:
             views, _ = self.bind_views(env)
             if views is not None:
                 env[_VIEWS] = views
+                env[_RULE] = self
                 return Match(node, env, context)
             outcome = None if self._first.skipped else False
         if outcome is False:
@@ -543,14 +573,16 @@ class ModuleRule:
             ndim = len(shape)
             drop = ndim - info.rank
             base = [env[(info.key, d)] for d in range(ndim)]
-            int_strides = _int32_strides(target, shape)
+            index_dtype = info.index_dtype
+            int_strides = _int_strides(target, index_dtype, shape)
             affine = None
-            if int_strides is None:  # symbolic or non-int32 strides: the general path
+            if int_strides is None:  # symbolic strides, or not in the view's index type: the general path
                 strides = _dim_strides(target)
                 offset = target.elem_offset
                 for b, st in zip(base, strides):
                     offset = offset + b * st
-                view_strides = [simplify(st) for st in strides[drop:]]
+                offset = as_index(index_dtype, offset)
+                view_strides = [as_index(index_dtype, simplify(st)) for st in strides[drop:]]
                 is_compact = all(const_int(simplify(a - b)) == 0 for a, b in zip(view_strides, info.compact))
                 actual_ints = [const_int(st) for st in view_strides]
             else:
@@ -561,9 +593,12 @@ class ModuleRule:
                     for b, st in zip(base, int_strides):
                         offset = offset + b * st
                 actual_ints = int_strides[drop:]
-                view_strides = [_int32(st) for st in actual_ints]
+                view_strides = [_imm(index_dtype, st) for st in actual_ints]
                 is_compact = actual_ints == info.compact_ints
-            offset = simplify(offset) if affine is None else affine.expr()
+            if affine is None:
+                offset = as_index(index_dtype, simplify(offset))
+            else:
+                offset = affine.expr() if affine.dtype == index_dtype else as_index(index_dtype, affine.expr())
             for factor in info.factors:
                 if not (affine is not None and affine.multiple_of(factor)) and \
                         const_int(simplify(tirx.floormod(offset, factor))) != 0:
@@ -651,6 +686,9 @@ class ModuleRule:
     def replace(self, m):
         """The replacement for one site: views of the bound regions, then the body."""
         env = m._env
+        owner = env[_RULE]
+        if owner is not self:
+            return owner.replace(m)
         mapping = {}
         decls = []
         for q, target, strides, offset, info in env[_VIEWS]:

@@ -148,6 +148,36 @@ def test_first_match_search_agrees_with_the_full_search(intrins):
     assert matched >= 132  # each intrinsic on its stacked target at least
 
 
+def test_every_intrinsic_rewrites_int64_code(intrins):
+    """Relax emits int64 loops and indices; TVM's descs are int32. Every registered
+    intrinsic, both layouts: the int64 target (checked to be the same program by TVM's own
+    ForceNarrowIndexToInt32) is rewritten at the same sites as the int32 one, into
+    well-formed code whose views are int64 throughout."""
+    from tvm import tirx
+    from tvm.s_tir import TensorIntrin
+
+    narrow = tirx.transform.ForceNarrowIndexToInt32()
+    for _, name in registered_intrins():
+        ti = TensorIntrin.get(name)
+        rw = _rule(ti, name)
+        for layout in ("stacked", "tiled"):
+            t32 = tile_target(ti.desc, layout=layout)
+            t64 = tile_target(ti.desc, layout=layout, index_dtype="int64")
+            assert "int64" in t64.script()
+            assert tvm_ffi.structural_equal(narrow(tvm.IRModule({"main": t64}))["main"].body, t32.body,
+                                            map_free_vars=True), (name, layout)
+            rw(t32)
+            want = dict(rw.report.counts)
+            new = rw(t64)
+            assert rw.report.counts == want, (name, layout, str(tp.explain(rw, t64)))
+            if want:
+                tirx.analysis.verify_well_formed(new, assert_mode=True)
+                views = []
+                tvm_ffi.structural_walk(new.body, (tirx.DeclBuffer, lambda d: views.append(d.buffer)))
+                assert views and all(str(e.ty.dtype) == "int64" for b in views
+                                     for e in [*b.shape, *b.strides, b.elem_offset]), (name, layout)
+
+
 @pytest.fixture
 def sum_and_copy():
     """``C[i] = s + t; D[i] = s``: the commutative + offers two bindings, and only the

@@ -436,3 +436,97 @@ def test_scalar_param_binds_the_zero_point(shape, zp, data):
     _EXECS[ck]["main"](tvm.runtime.tensor(a), tvm.runtime.tensor(b), c, zp)
     np.testing.assert_array_equal(c.numpy(), (a.astype("int32") - zp) @ b.astype("int32").T)
     assert CALLS == [zp] * ((m // 16) * (n // 16) * (k // 16))
+
+
+# --------------------------------------------------------------------------------------
+# int64 code from Relax: an int32 desc on a legalized R.matmul, through relax's build
+# --------------------------------------------------------------------------------------
+
+
+@T.prim_func(s_tir=True)
+def gemm16_kn_desc(a: T.handle, b: T.handle, c: T.handle):
+    A = T.match_buffer(a, (16, 16), "int8", offset_factor=1)
+    B = T.match_buffer(b, (16, 16), "int8", offset_factor=1)
+    C = T.match_buffer(c, (16, 16), "int32", offset_factor=1)
+    with T.sblock("root"):
+        T.reads(C[0:16, 0:16], A[0:16, 0:16], B[0:16, 0:16])
+        T.writes(C[0:16, 0:16])
+        for i, j, k in T.grid(16, 16, 16):
+            with T.sblock("update"):
+                vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+                C[vi, vj] = C[vi, vj] + T.Cast("int32", A[vi, vk]) * T.Cast("int32", B[vk, vj])
+
+
+@T.prim_func(s_tir=True)
+def gemm16_kn_impl(a: T.handle, b: T.handle, c: T.handle):
+    sa = T.int32()
+    sb = T.int32()
+    sc = T.int32()
+    A = T.match_buffer(a, (16, 16), "int8", offset_factor=1, strides=[sa, 1])
+    B = T.match_buffer(b, (16, 16), "int8", offset_factor=1, strides=[sb, 1])
+    C = T.match_buffer(c, (16, 16), "int32", offset_factor=1, strides=[sc, 1])
+    with T.sblock("root"):
+        T.reads(C[0:16, 0:16], A[0:16, 0:16], B[0:16, 0:16])
+        T.writes(C[0:16, 0:16])
+        T.evaluate(T.call_packed("tests.intrin_e2e.gemm16_kn", A, B, C, sa, sb, sc))
+
+
+@tvm.register_global_func("tests.intrin_e2e.gemm16_kn", override=True)
+def _gemm16_kn(a, b, c, sa, sb, sc):
+    av = tensor_view(a, (16, 16), (sa, 1)).astype("int32")
+    bv = tensor_view(b, (16, 16), (sb, 1)).astype("int32")
+    tensor_view(c, (16, 16), (sc, 1))[...] += av @ bv
+    CALLS.append((sa, sb, sc))
+
+
+def relax_matmul(m, n, k):
+    """``R.matmul(x, w, out_dtype="int32")`` (x: (m, k), w: (k, n), int8) legalized by
+    Relax (int64 loops and indices) and its PrimFunc tiled 16x16x16."""
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((m, k), "int8"))
+    w = relax.Var("w", relax.TensorType((k, n), "int8"))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.matmul(x, w, out_dtype="int32"))
+        bb.emit_func_output(out)
+    sch = s_tir.Schedule(relax.transform.LegalizeOps()(bb.get()))
+    sch.work_on("matmul")
+    blk = sch.get_sblock("matmul")
+    i, j, r = sch.get_loops(blk)
+    io, ii = sch.split(i, [None, 16])
+    jo, ji = sch.split(j, [None, 16])
+    ro, ri = sch.split(r, [None, 16])
+    sch.reorder(io, jo, ro, ii, ji, ri)
+    sch.decompose_reduction(blk, ro)
+    return sch.mod
+
+
+def _relax_exec(m, n, k):
+    ck = ("relax", m, n, k)
+    if ck not in _EXECS:
+        if "kn" not in _RULES:
+            _RULES["kn"] = tp.Rewriter.from_module({"pattern": gemm16_kn_desc, "replacement": gemm16_kn_impl},
+                                                   name="gemm16_kn")
+            tp.register_pipeline("tests.intrin_e2e.kn", _RULES["kn"])
+        _EXECS[ck] = tvm.compile(relax_matmul(m, n, k), target="llvm", tir_pipeline="tests.intrin_e2e.kn")
+    return _EXECS[ck]
+
+
+@given(st.sampled_from([16, 32]), st.sampled_from([16, 48]), st.sampled_from([16, 32]), st.data())
+def test_int32_desc_on_relax_int64_matmul_end_to_end(m, n, k, data):
+    """Relax indexes in int64, the desc in int32: the rule is converted (as tensorize
+    converts an intrinsic), fires once, and the VM's result is exact, one call per tile."""
+    from tvm import relax
+
+    low = tp.lower(relax_matmul(m, n, k))["matmul"]
+    assert "T.int64(16)" in low.script()
+    ex = _relax_exec(m, n, k)
+    assert _RULES["kn"].report.counts == {"gemm16_kn": 1}
+    x, w = _i8(data, m, k), _i8(data, k, n)
+    CALLS.clear()
+    out = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(w)).numpy()
+    np.testing.assert_array_equal(out, x.astype("int32") @ w.astype("int32"))
+    assert len(CALLS) == (m // 16) * (n // 16) * (k // 16)
+    assert set(CALLS) == {(k, n, n)}  # row strides of the x, w and output tiles, bound per site

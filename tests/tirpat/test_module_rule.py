@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 import tvm
+import tvm_ffi
 from hypothesis import given
 from hypothesis import strategies as st
 from tvm import s_tir, te, tirx
@@ -175,8 +176,8 @@ def _gemm4(a, b, c, sa, sb, sc):
     CALLS.append("gemm4")
 
 
-def tiled_matmul(m, n, k):
-    return testing.tiled_matmul(m, n, k, (4, 4, 4), decompose_init=True)
+def tiled_matmul(m, n, k, index_dtype="int32"):
+    return testing.tiled_matmul(m, n, k, (4, 4, 4), decompose_init=True, index_dtype=index_dtype)
 
 
 def _check(rw, f, m, n, k):
@@ -188,13 +189,23 @@ def _check(rw, f, m, n, k):
     np.testing.assert_array_equal(out, a.astype("int32") @ b.astype("int32").T)
 
 
-@given(st.sampled_from([4, 8, 12]), st.sampled_from([4, 8]), st.sampled_from([4, 8, 16]))
-def test_strided_replacement_binds_strides_and_offsets(m, n, k):
+@given(st.sampled_from([4, 8, 12]), st.sampled_from([4, 8]), st.sampled_from([4, 8, 16]),
+       st.sampled_from(["int32", "int64"]))
+def test_strided_replacement_binds_strides_and_offsets(m, n, k, index_dtype):
+    """Also on int64 code (as Relax emits): the int32 rule is converted, as tensorize does."""
     rw = tp.Rewriter.from_module({"pattern": gemm_desc, "replacement": gemm_impl_strided}, name="g")
-    f = tiled_matmul(m, n, k)
+    f = tiled_matmul(m, n, k, index_dtype)
     _check(rw, f, m, n, k)
     assert rw.report.counts == {"g": 1}
     assert len(CALLS) == (m // 4) * (n // 4) * (k // 4)
+    views = [s.buffer for s in _decls(rw(f))]
+    assert len(views) == 3 and all(str(e.ty.dtype) == index_dtype for b in views for e in [*b.shape, *b.strides])
+
+
+def _decls(func):
+    found = []
+    tvm_ffi.structural_walk(func.body, (tirx.DeclBuffer, found.append))
+    return found
 
 
 def test_compact_replacement_is_refused_on_a_strided_region():

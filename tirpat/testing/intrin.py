@@ -21,6 +21,7 @@ import tvm_ffi
 from tvm import ir, tirx
 
 from ..analysis import const_int, key, visit_accesses
+from ..index_dtype import with_index_dtype
 from ..pipeline import lower
 
 #: The submodules of ``tvm.s_tir.tensor_intrin`` that register intrinsics when imported.
@@ -70,7 +71,7 @@ def registered_intrins(modules=INTRIN_MODULES) -> list:
     return out
 
 
-def tile_target(desc, tiles: int = 2, layout: str = "tiled", name: str = "main"):
+def tile_target(desc, tiles: int = 2, layout: str = "tiled", name: str = "main", index_dtype: str = "int32"):
     """The lowered ``desc`` run on ``tiles`` tiles of bigger buffers, inside ``for t``.
 
     Every buffer parameter of shape ``S`` becomes a parameter of the same dtype and scope
@@ -79,8 +80,9 @@ def tile_target(desc, tiles: int = 2, layout: str = "tiled", name: str = "main")
     (``layout="stacked"``: the index gains a leading ``t``, so a tile is a compact
     sub-region one rank down). Scalar parameters stay as they are.
 
-    A symbolic extent (``vscale``) stays symbolic. Raises ValueError when the desc uses a
-    buffer other than through loads and stores.
+    A symbolic extent (``vscale``) stays symbolic. ``index_dtype="int64"`` gives the same
+    program with int64 loops and indices (as Relax emits them). Raises ValueError when the
+    desc uses a buffer other than through loads and stores.
     """
     if layout not in ("tiled", "stacked"):
         raise ValueError(f"layout must be 'tiled' or 'stacked', got {layout!r}")
@@ -137,7 +139,8 @@ def tile_target(desc, tiles: int = 2, layout: str = "tiled", name: str = "main")
     if left:
         raise ValueError(f"the desc uses buffer(s) {sorted(set(left))} other than through loads and stores")
     loop = tirx.For(t, tirx.IntImm("int32", 0), tirx.IntImm("int32", tiles), tirx.ForKind.SERIAL, body)
-    return tirx.PrimFunc(new_params, loop).with_attr("global_symbol", name)
+    func = tirx.PrimFunc(new_params, loop).with_attr("global_symbol", name)
+    return func if index_dtype == "int32" else with_index_dtype(func, index_dtype)
 
 
 def view_escapes(func) -> list:

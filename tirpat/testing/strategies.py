@@ -240,11 +240,12 @@ class TiledReductionCase:
 
 
 def tiled_matmul(m: int, n: int, k: int, tile=(16, 16, 16), *, decompose_init: bool = False,
-                 scopes: tuple | None = None) -> tirx.PrimFunc:
+                 scopes: tuple | None = None, index_dtype: str = "int32") -> tirx.PrimFunc:
     """A lowered int8 matmul ``C = A x B^T`` (int32 out) tiled ``for io, jo, ko: for ii, ji, ki``.
 
     ``decompose_init`` moves the zero-init out of the tile nest; ``scopes`` (three storage
-    scopes) stages A, B and C through scratch buffers at the tile loops.
+    scopes) stages A, B and C through scratch buffers at the tile loops; ``index_dtype``
+    is the type of its loops and indices (TVM's ``create_prim_func`` override).
 
     >>> f = tiled_matmul(64, 64, 64, scopes=("local.accel_inp", "local.accel_wgt", "local.accel_acc"))
     """
@@ -252,7 +253,7 @@ def tiled_matmul(m: int, n: int, k: int, tile=(16, 16, 16), *, decompose_init: b
     B = te.placeholder((n, k), "int8", name="B")
     r = te.reduce_axis((0, k), "k")
     C = te.compute((m, n), lambda i, j: te.sum(A[i, r].astype("int32") * B[j, r].astype("int32"), axis=r), name="C")
-    sch = s_tir.Schedule(te.create_prim_func([A, B, C]))
+    sch = s_tir.Schedule(te.create_prim_func([A, B, C], index_dtype_override=index_dtype))
     blk = sch.get_sblock("C")
     i, j, kk = sch.get_loops(blk)
     io, ii = sch.split(i, [None, tile[0]])
