@@ -16,9 +16,11 @@ the rule and record the outcome:
 
 Two layouts: ``tiled`` (shape ``2*S``, index ``t*S[d] + i``: strided sub-regions at an
 offset in every dimension) and ``stacked`` (shape ``(2,) + S``, index ``(t,) + i``: compact
-sub-regions one rank down). Run: ``python benchmarks/bench_intrin_coverage.py [--layout
-tiled|stacked|both] [--filter SUBSTRING] [--verbose]``. Importing the intrinsics takes
-about 15 s; the rest about 1 s.
+sub-regions one rank down); each also with int64 loops and indices (``/i64``, the index type
+Relax emits; the int32 desc is then converted to int64, as ``tensorize`` converts it). Run:
+``python benchmarks/bench_intrin_coverage.py [--layout tiled|stacked|both] [--index-dtype
+int32|int64|both] [--filter SUBSTRING] [--verbose]``. Importing the intrinsics takes about
+15 s; the rest about 2 s.
 """
 
 from __future__ import annotations
@@ -33,6 +35,11 @@ import tirpat as tp
 from tirpat.testing.intrin import registered_intrins, tile_target, view_escapes
 
 LAYOUTS = ("tiled", "stacked")
+INDEX_DTYPES = ("int32", "int64")
+
+
+def case_name(layout: str, index_dtype: str) -> str:
+    return layout if index_dtype == "int32" else f"{layout}/i64"
 
 
 def first_line(text: str) -> str:
@@ -49,14 +56,14 @@ def _error_line(err: Exception) -> str:
     return f"{type(err).__name__}: {lines[-1] if lines else ''}"
 
 
-def classify(name, desc, impl, layout):
-    """``(status, reason)`` for one intrinsic on one layout."""
+def classify(name, desc, impl, layout, index_dtype="int32"):
+    """``(status, reason)`` for one intrinsic on one layout and index type."""
     try:
         rw = tp.Rewriter.from_module({"pattern": desc, "replacement": impl}, name=name)
     except Exception as err:  # noqa: BLE001 - reported, not raised
         return "rule error", _error_line(err)
     try:
-        target = tile_target(desc, layout=layout)
+        target = tile_target(desc, layout=layout, index_dtype=index_dtype)
     except Exception as err:  # noqa: BLE001
         return "target error", _error_line(err)
     try:
@@ -87,10 +94,13 @@ def reason_group(reason: str) -> str:
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layout", choices=LAYOUTS + ("both",), default="both")
+    ap.add_argument("--index-dtype", choices=INDEX_DTYPES + ("both",), default="both")
     ap.add_argument("--filter", default="", help="only intrinsics whose name contains this")
     ap.add_argument("--verbose", action="store_true", help="print the target and explanation of failures")
     args = ap.parse_args(argv)
-    layouts = LAYOUTS if args.layout == "both" else (args.layout,)
+    cases = [(l, d) for d in (INDEX_DTYPES if args.index_dtype == "both" else (args.index_dtype,))
+             for l in (LAYOUTS if args.layout == "both" else (args.layout,))]
+    layouts = [case_name(l, d) for l, d in cases]
 
     from tvm.s_tir import TensorIntrin
 
@@ -101,14 +111,14 @@ def main(argv=None):
     t1 = time.perf_counter()
     for module, name in intrins:
         ti = TensorIntrin.get(name)
-        results = {layout: classify(name, ti.desc, ti.impl, layout) for layout in layouts}
+        results = {case_name(l, d): classify(name, ti.desc, ti.impl, l, d) for l, d in cases}
         rows.append((module, name, results))
         if args.verbose:
-            for layout, (status, reason) in results.items():
+            for (layout, dtype), (status, reason) in zip(cases, results.values()):
                 if status not in ("rewritten",):
-                    print(f"--- {name} [{layout}] {status}: {reason}")
+                    print(f"--- {name} [{case_name(layout, dtype)}] {status}: {reason}")
                     try:
-                        target = tile_target(ti.desc, layout=layout)
+                        target = tile_target(ti.desc, layout=layout, index_dtype=dtype)
                         print(target.script())
                         print(tp.explain(tp.Rewriter.from_module({"pattern": ti.desc, "replacement": ti.impl}, name),
                                          target))
