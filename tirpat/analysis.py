@@ -106,20 +106,48 @@ def linear_form(expr, variables: Sequence):
     return coeffs, simplify(terms[-1])
 
 
-def substitute(node, mapping: dict):
-    """Replace uses of variables (keys are ``key(var)``) by expressions.
+_MUTATE = tvm_ffi.get_global_func("ffi.StructuralMutate")
 
-    >>> substitute(stmt, {key(i): tirx.IntImm("int32", 0)})   # doctest: +SKIP
+
+def substitute(node, pairs: Sequence):
+    """``node`` with free variables replaced, ``pairs`` being ``[(var, value), ...]``.
+
+    The replacements are handed to the structural mutator's own variable remap, so the
+    walk and every substitution run in C++, with no call back into Python per use. The
+    variables must not be defined inside ``node``.
+
+    >>> substitute(body, [(n, tirx.IntImm("int32", 8))])     # doctest: +SKIP
     """
-    if not mapping:
+    if isinstance(pairs, dict):
+        raise TypeError("substitute takes [(var, value), ...] pairs, not a dict")
+    if not pairs:
         return node
+    seeded = []
 
-    def use(var, kind):
-        if kind == DefRegionKind.NONE:
-            return mapping.get(key(var), var)
-        return var
+    def at_root(value, mut):
+        if not seeded:
+            seeded.append(True)
+            for var, new in pairs:
+                mut.var_remap_set(var, new)
+        return mut.default_mutate(value)
 
-    return tvm_ffi.structural_map(node, with_def_region_kind=(ir.Var, use))
+    return _MUTATE(node, [(type(node).__tvm_ffi_type_info__.type_index, at_root, False)])
+
+
+def with_child(node, old, new):
+    """``node`` with its direct child ``old`` (a Stmt field, by identity) replaced by ``new``,
+    without the O(size) checks of the node's constructor (a PrimFunc's walks its body).
+
+    >>> with_child(func, func.body, new_body)     # doctest: +SKIP
+    """
+    def swap(value, mut):
+        return new if value.same_as(old) else value
+
+    def at_root(value, mut):
+        return mut.default_mutate(value) if value.same_as(node) else swap(value, mut)
+
+    return _MUTATE(node, [(type(node).__tvm_ffi_type_info__.type_index, at_root, False),
+                          (tirx.Stmt.__tvm_ffi_type_info__.type_index, swap, False)])
 
 
 def rename_defs(node, mapping: dict):

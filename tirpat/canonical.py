@@ -17,7 +17,7 @@ from __future__ import annotations
 import tvm_ffi
 from tvm import ir, tirx
 
-from .analysis import const_int, key, simplify, substitute
+from .analysis import const_int, simplify, substitute
 
 _CONST = (tirx.IntImm, tirx.FloatImm)
 _FOLDABLE = (tirx.Add, tirx.Sub, tirx.Mul, tirx.FloorDiv, tirx.FloorMod, tirx.Max, tirx.Min)
@@ -58,13 +58,13 @@ def _on_for(loop):
         step = step or 1
         fresh = tirx.Var(loop.loop_var.name, loop.loop_var.ty)
         value = fresh if step == 1 else fresh * step
-        body = substitute(loop.body, {key(loop.loop_var): value if start == 0 else loop.min + value})
+        body = substitute(loop.body, [(loop.loop_var, value if start == 0 else loop.min + value)])
         count = _index(loop.extent) if step == 1 else simplify(tirx.floordiv(loop.extent + (step - 1), step))
         loop = tirx.For(fresh, tirx.IntImm(str(loop.min.ty.dtype), 0), count, loop.kind, canonicalize(body),
                         loop.thread_binding, loop.annotations)
     extent = const_int(loop.extent)
     if extent == 1:
-        body = substitute(loop.body, {key(loop.loop_var): loop.min})
+        body = substitute(loop.body, [(loop.loop_var, loop.min)])
         return canonicalize(body)
     new_extent = _index(loop.extent)
     if new_extent.same_as(loop.extent):

@@ -76,7 +76,7 @@ class Match:
 
         >>> m.at_origin(m["first"])        # k_0 * 16 + k_1 == 0  ->  k_0 == 0   # doctest: +SKIP
         """
-        return simplify(substitute(expr, {key(l.loop_var): l.min for l in self.loops}))
+        return simplify(substitute(expr, [(l.loop_var, l.min) for l in self.loops]))
 
     def region(self, buffer) -> Region:
         """The :class:`Region` of a buffer's accesses in the matched nest.

@@ -26,8 +26,8 @@ import tvm_ffi
 from tvm import ir, tirx
 
 from . import pattern as P
-from .analysis import (const_int, defined_vars, dtype_is, dtype_of, fresh_var, key, rename_defs, simplify,
-                       uses_any, vars_used, visit_accesses)
+from .analysis import (const_int, defined_vars, dtype_is, dtype_of, fresh_var, key, rename_defs, substitute,
+                       simplify, uses_any, vars_used, visit_accesses)
 from .canonical import canonicalize
 from .compiled import Compiled
 from .index_dtype import as_index, index_dtype_of, with_index_dtype
@@ -186,8 +186,8 @@ class _ParamInfo:
         self.elem_offset = None if isinstance(q.elem_offset, tirx.Var) else q.elem_offset
         self.index_dtype = dtype_of(q.elem_offset)
         # the replacement's stride and offset variables, bound per site: (dimension, key)
-        self.stride_vars = [(d, key(st)) for d, st in enumerate(q.strides) if isinstance(st, tirx.Var)]
-        self.offset_var = key(q.elem_offset) if isinstance(q.elem_offset, tirx.Var) else None
+        self.stride_vars = [(d, st) for d, st in enumerate(q.strides) if isinstance(st, tirx.Var)]
+        self.offset_var = q.elem_offset if isinstance(q.elem_offset, tirx.Var) else None
 
 
 class _Shape(P.Pattern):
@@ -423,7 +423,7 @@ class ModuleRule:
                     raise ValueError(f"rule {self.name!r}: buffer {a.name} is {list(a.shape)} {a.dtype} in pattern "
                                      f"but {list(b.shape)} {b.dtype} in replacement")
         self.params = list(zip(pp, rp))
-        self._replacement_of = {key(p): key(q) for p, q in self.params}
+        self._replacement_of = {key(p): q for p, q in self.params}
         self._buffer_params = [(p, q, _ParamInfo(p, q)) for p, q in self.params if tirx.is_buffer_var(p)]
         # variables the replacement body defines itself (loops, Binds, ...): fresh ones per site
         self._body_defs = defined_vars(self.replacement_func.body)
@@ -689,7 +689,7 @@ class ModuleRule:
         owner = env[_RULE]
         if owner is not self:
             return owner.replace(m)
-        mapping = {}
+        pairs = []
         decls = []
         for q, target, strides, offset, info in env[_VIEWS]:
             data = target.data
@@ -697,16 +697,16 @@ class ModuleRule:
             # target's own pointer): a third of the cost of a site otherwise.
             view = _BUFFER_VAR(info.name, _BUFFER_TYPE(target.scope(), info.dtype, info.shape, strides, offset,
                                                        -1, 0, info.layout, (), None), None)
-            mapping[key(q)] = view
-            for d, k in info.stride_vars:
-                mapping[k] = strides[d]
+            pairs.append((q, view))
+            for d, var in info.stride_vars:
+                pairs.append((var, strides[d]))
             if info.offset_var is not None:
-                mapping[info.offset_var] = offset
+                pairs.append((info.offset_var, offset))
             decls.append(tirx.DeclBuffer(view, data=data))
         for p, wildcard in self._scalars.items():
-            mapping[self._replacement_of[p]] = env[wildcard.name]
+            pairs.append((self._replacement_of[p], env[wildcard.name]))
         # Only uses to replace: parameters are never defined inside the body.
-        body = tvm_ffi.structural_map(self.replacement_func.body, (ir.Var, lambda v: mapping.get(key(v), v)))
+        body = substitute(self.replacement_func.body, pairs)
         if self._body_defs:
             body = rename_defs(body, {key(v): fresh_var(v) for v in self._body_defs})
         return tirx.SeqStmt(decls + [body]) if decls else body

@@ -13,7 +13,7 @@ from typing import Sequence
 
 from tvm import tirx
 
-from .analysis import const_int, key, linear_form, row_major_strides, simplify, substitute, uses_any
+from .analysis import const_int, linear_form, row_major_strides, simplify, substitute, uses_any
 
 
 class RegionError(ValueError):
@@ -105,7 +105,7 @@ def access_region(buffer, indices: Sequence, loops: Sequence) -> Region:
         if uses_any(l.min, loop_vars[:n]) or uses_any(l.extent, loop_vars[:n]):
             raise RegionError(f"the nest is not rectangular: loop {l.loop_var.name} runs over "
                               f"[{l.min}, {l.min} + {l.extent}), which depends on an outer loop of the nest")
-    origin = {key(l.loop_var): l.min for l in loops}
+    origin = [(l.loop_var, l.min) for l in loops]
     strides = [0] * len(loops)
     base = []
     for dim, index in enumerate(indices):

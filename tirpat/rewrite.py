@@ -24,7 +24,7 @@ import tvm_ffi
 from tvm import ir, tirx
 
 from . import pattern as P
-from .analysis import defined_vars, dtype_of, fresh_var, key, rename_defs, vars_used
+from .analysis import defined_vars, dtype_of, fresh_var, key, rename_defs, vars_used, with_child
 from .canonical import canonicalize
 from .match import Match, _Matcher
 
@@ -173,8 +173,7 @@ class Rewriter:
             return func
         # The same PrimFunc with the new body. (PrimFunc's constructor, and so with_body,
         # makes a pass over the whole body: that alone would make rewriting quadratic-ish.)
-        old_body = func.body
-        new = tvm_ffi.structural_mutate(func, [(tirx.Stmt, lambda node, mut: body if node.same_as(old_body) else node)])
+        new = with_child(func, func.body, body)
         if not self._unchecked_fired:
             return new
         ok, detail = True, ""

@@ -116,9 +116,9 @@ def test_padding_depends_on_enclosing_loops():
 
 
 def _subst(expr, var, value):
-    from tirpat.analysis import key, substitute
+    from tirpat.analysis import substitute
 
-    return substitute(expr, {key(var): tirx.IntImm("int32", value)})
+    return substitute(expr, [(var, tirx.IntImm("int32", value))])
 
 
 @pytest.mark.parametrize("dtype", ["int8", "float32"])
