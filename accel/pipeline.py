@@ -163,6 +163,8 @@ def build(workload, config: Config | None = None) -> Executable:
         func = workload
     else:
         raise TypeError(f"accel.build takes a PrimFunc or an IRModule, got {type(workload).__name__}")
+    # Relax's legalized PrimFuncs are private (no global_symbol): the entry is "main" either way.
+    func = func.with_attr("global_symbol", "main")
     if _already_scheduled(func):
         mod, notes = ir.IRModule({"main": func}), Notes()
     else:

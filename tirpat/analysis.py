@@ -221,6 +221,19 @@ def row_major_strides(buffer) -> list | None:
     return list(reversed(out))
 
 
+def has_blocks(node) -> bool:
+    """True when ``node`` still has ``T.sblock`` blocks (s_tir form, not lowered).
+
+    >>> has_blocks(te.create_prim_func([A, B]).body), has_blocks(tp.lower(f).body)   # doctest: +SKIP
+    (True, False)
+    """
+    from tvm import s_tir
+
+    found = []
+    tvm_ffi.structural_walk(node, (s_tir.SBlockRealize, found.append))
+    return bool(found)
+
+
 def lanes(expr) -> int:
     """The vector width of an expression (1 for a scalar)."""
     dtype = getattr(expr.ty, "dtype", None)

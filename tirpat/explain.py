@@ -15,6 +15,7 @@ import tvm_ffi
 from tvm import ir, tirx
 
 from . import pattern as P
+from .analysis import has_blocks
 from .canonical import canonicalize
 from .match import Failure, explain_failure, find_all
 
@@ -131,7 +132,7 @@ def explain(pattern: P.Pattern, node_or_func, *, limit: int = 3) -> Explanation:
         out = Explanation(pattern, str(name), matches=found)
         if not found:
             out.misses = _nearest_misses(pattern, canonicalize(node_or_func.body), limit)
-            if _has_blocks(node_or_func.body):
+            if has_blocks(node_or_func.body):
                 out.hint = "the function still has T.sblock blocks; patterns match lowered TIR: tp.lower(func) first"
         return out
     if not isinstance(node_or_func, (tirx.Stmt, ir.Expr)):
@@ -144,14 +145,6 @@ def explain(pattern: P.Pattern, node_or_func, *, limit: int = 3) -> Explanation:
     elif failure is not None:
         out.misses = [Miss((), node, failure)]
     return out
-
-
-def _has_blocks(body) -> bool:
-    from tvm import s_tir
-
-    found = []
-    tvm_ffi.structural_walk(body, (s_tir.SBlockRealize, found.append))
-    return bool(found)
 
 
 def _nearest_misses(pattern, body, limit):

@@ -19,7 +19,7 @@ from __future__ import annotations
 import tvm_ffi
 from tvm import ir, tirx
 
-from .analysis import dtype_of, key, vars_used
+from .analysis import dtype_of, has_blocks, key, vars_used
 
 _BUFFER_TYPE = tvm_ffi.get_global_func("tirx.BufferType")
 _BUFFER_VAR = tvm_ffi.get_global_func("tirx.BufferVar")
@@ -53,15 +53,19 @@ def index_dtype_of(node) -> str:
 
 
 def with_index_dtype(func: tirx.PrimFunc, dtype: str) -> tirx.PrimFunc:
-    """``func`` with its index arithmetic in ``dtype`` (``"int32"`` or ``"int64"``).
+    """``func`` (lowered TIR) with its index arithmetic in ``dtype`` (``"int32"`` or ``"int64"``).
 
-    Raises ValueError when a constant index does not fit in ``dtype``.
+    Raises ValueError when a constant index does not fit in ``dtype``, or when ``func``
+    still has ``T.sblock`` blocks.
 
     >>> with_index_dtype(desc, "int64").params[0].shape      # doctest: +SKIP
     [T.int64(16), T.int64(16)]
     """
     if dtype not in _INDEX_TYPES:
         raise ValueError(f"index dtype must be one of {_INDEX_TYPES}, got {dtype!r}")
+    if has_blocks(func.body):
+        raise ValueError("with_index_dtype converts lowered TIR, and this function still has T.sblock blocks "
+                         "(their iteration variables would keep their type): tp.lower(func) first")
     mapping = {k: tirx.Var(v.name, dtype) for k, v in _index_vars(func, dtype).items()}
     callbacks = _callbacks(mapping, dtype)
     buffers = [p for p in func.params if tirx.is_buffer_var(p)]

@@ -13,7 +13,7 @@ from typing import Sequence
 
 from tvm import tirx
 
-from .analysis import const_int, linear_form, row_major_strides, simplify, substitute, uses_any
+from .analysis import const_int, dtype_of, linear_form, row_major_strides, simplify, substitute, uses_any
 
 
 class RegionError(ValueError):
@@ -176,11 +176,13 @@ def padding(predicate, loops: Sequence) -> tuple | None:
     pads = []
     for n, l in enumerate(loops):
         ext = l.extent
-        before = 0
-        for lo in lower[n]:
-            before = tirx.max(before, lo) if not isinstance(before, int) else tirx.max(lo, 0)
-        before = simplify(tirx.min(before, ext)) if not isinstance(before, int) else tirx.IntImm("int32", 0)
-        after = tirx.IntImm("int32", 0)
+        zero = tirx.IntImm(dtype_of(ext), 0)  # pads are in the loop's index type
+        before = zero
+        if lower[n]:
+            for lo in lower[n]:
+                before = tirx.max(before, lo)
+            before = simplify(tirx.min(before, ext))
+        after = zero
         for hi in upper[n]:
             after = tirx.max(after, ext - 1 - hi)
         after = simplify(tirx.min(after, ext))

@@ -160,3 +160,27 @@ def test_dynamic_shapes_are_rejected():
     B = te.placeholder((16, 16), "int8", name="B")
     with pytest.raises(ValueError, match="dynamic shape"):
         accel.build(te.create_prim_func([A, B, topi.nn.dense(A, B, out_dtype="int32")]))
+
+
+@given(st.sampled_from([16, 37]), st.sampled_from([48, 20]), st.sampled_from([64, 29]))
+def test_a_relax_legalized_matmul_builds_as_it_is(m, n, k):
+    """LegalizeOps gives a private PrimFunc with int64 indices: it builds and runs exactly."""
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((m, k), "int8"))
+    w = relax.Var("w", relax.TensorType((k, n), "int8"))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.matmul(x, w, out_dtype="int32"))
+        bb.emit_func_output(out)
+    func = relax.transform.LegalizeOps()(bb.get())["matmul"]
+    assert "global_symbol" not in (func.attrs or {}) and "T.int64" in func.script()
+
+    def inputs(rng):
+        return [rng.integers(-128, 128, (m, k), dtype="int8"), rng.integers(-128, 128, (k, n), dtype="int8")], \
+            np.zeros((m, n), "int32")
+
+    ex, _ = run(func, inputs, lambda a, b: a.astype("int32") @ b.astype("int32"), np.random.default_rng(m + n + k))
+    assert ex.report.mac_share == 1.0
+

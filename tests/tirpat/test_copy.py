@@ -3,9 +3,11 @@
 import numpy as np
 import pytest
 from hypothesis import given
+from hypothesis import strategies as st
 from tvm import tirx
 
 import tirpat as tp
+from tirpat.index_dtype import with_index_dtype
 from tirpat.testing import copy_nests, reference_copy_rule, run
 
 RW = reference_copy_rule()
@@ -16,10 +18,14 @@ def _kept(case):
     return [k for k, e in enumerate(case.extents) if e > 1]
 
 
-@given(copy_nests())
-def test_region_facts_are_recovered(case):
-    (m,) = tp.find_all(tp.is_copy(name="c"), case.func)
+@given(copy_nests(), st.sampled_from(["int32", "int64"]))
+def test_region_facts_are_recovered(case, index_dtype):
+    """Also with int64 loops and indices (Relax's): the same facts, in the index type."""
+    func = case.func if index_dtype == "int32" else with_index_dtype(case.func, index_dtype)
+    (m,) = tp.find_all(tp.is_copy(name="c"), func)
     c = m["c"]
+    exprs = [c.src.offset, c.dst.offset, *(e for pair in (c.pad or ()) for e in pair)]
+    assert all(str(e.ty.dtype) == index_dtype for e in exprs if not isinstance(e, int)), exprs
     keep = _kept(case)
     assert c.extents == tuple(case.extents[k] for k in keep)
     assert c.src.strides == tuple(case.src_strides[k] for k in keep)
