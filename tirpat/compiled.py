@@ -144,8 +144,14 @@ def _binop(cc, p, root):
         a, b = node.a, node.b
         if not commutative:
             return fa(a, env, nest) and fb(b, env, nest) and bind(env, k, node)
-        return first_of(cc, env, [lambda: fa(a, env, nest) and fb(b, env, nest) and bind(env, k, node),
-                                  lambda: fa(b, env, nest) and fb(a, env, nest) and bind(env, k, node)])
+        # first_of, unrolled: the commonest choice point, so without its lambdas
+        saved = dict(env)
+        if fa(a, env, nest) and fb(b, env, nest) and bind(env, k, node):
+            cc.skipped = True
+            return True
+        env.clear()
+        env.update(saved)
+        return fa(b, env, nest) and fb(a, env, nest) and bind(env, k, node)
 
     return fn
 

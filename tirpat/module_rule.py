@@ -57,9 +57,10 @@ def _dim_strides(buf) -> list:
 
 
 def _int_strides(buf, dtype: str, shape=None) -> list | None:
-    """Python int strides of every dimension when all are ``dtype`` constants, else None."""
-    declared = buf.strides
-    if len(declared):
+    """Python int strides of every dimension when all are ``dtype`` constants, else None.
+    ``buf`` is a buffer or its type; ``shape`` its shape when already at hand."""
+    declared = buf.strides[:]
+    if declared:
         out = []
         for st in declared:
             if not isinstance(st, tirx.IntImm) or not dtype_is(st, dtype):
@@ -67,7 +68,7 @@ def _int_strides(buf, dtype: str, shape=None) -> list | None:
             out.append(st.value)
         return out
     out, acc = [], 1
-    for extent in reversed((buf.shape if shape is None else shape)[:]):
+    for extent in reversed(buf.shape[:] if shape is None else shape):
         if not isinstance(extent, tirx.IntImm) or not dtype_is(extent, dtype):
             return None
         out.append(acc)
@@ -285,12 +286,12 @@ class _ParamAccess(P.Pattern):
         (in place); False when the access does not fit. ``fail(where, reason)`` is told why."""
         p = self.param
         if self.value is None:
-            if not isinstance(node, ir.TensorLoad):
+            if type(node) is not ir.TensorLoad:
                 fail and fail((), f"expected a load of {p.name}, found {type(node).__name__}")
                 return False
             target, indices = node.source, node.indices
         else:
-            if not isinstance(node, tirx.BufferStore):
+            if type(node) is not tirx.BufferStore:
                 fail and fail((), f"expected a store to {p.name}, found {type(node).__name__}")
                 return False
             target, indices = node.buffer, node.indices
@@ -558,7 +559,7 @@ class ModuleRule:
     # -- preconditions and views --------------------------------------------------------
     def bind_views(self, env):
         """Per buffer parameter: the target, its view strides and offset; or (None, reason)."""
-        inner = [l.loop_var for l in env.get(_LOOPS, ())]
+        inner = [l.loop_var for l in env.get(_LOOPS, ())] if self._scalars else ()
         for p, wildcard in self._scalars.items():
             value = env.get(wildcard.name)
             if value is not None and inner and uses_any(value, inner):
@@ -569,12 +570,13 @@ class ModuleRule:
             target = env.get(info.key)
             if target is None:
                 return None, f"pattern parameter {p.name} is never accessed, so it binds no region"
-            shape = target.shape
+            ty = target.ty  # the buffer's own fields (its properties are Python wrappers around these)
+            shape = ty.shape[:]
             ndim = len(shape)
             drop = ndim - info.rank
             base = [env[(info.key, d)] for d in range(ndim)]
             index_dtype = info.index_dtype
-            int_strides = _int_strides(target, index_dtype, shape)
+            int_strides = _int_strides(ty, index_dtype, shape)
             affine = None
             if int_strides is None:  # symbolic strides, or not in the view's index type: the general path
                 strides = _dim_strides(target)
@@ -586,7 +588,7 @@ class ModuleRule:
                 is_compact = all(const_int(simplify(a - b)) == 0 for a, b in zip(view_strides, info.compact))
                 actual_ints = [const_int(st) for st in view_strides]
             else:
-                affine = _Affine.of(target.elem_offset, [(b, st) for b, st in zip(base, int_strides)
+                affine = _Affine.of(ty.elem_offset, [(b, st) for b, st in zip(base, int_strides)
                                                          if not (type(b) is tirx.IntImm and b.value == 0)])
                 if affine is None:
                     offset = target.elem_offset
