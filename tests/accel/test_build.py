@@ -165,16 +165,9 @@ def test_dynamic_shapes_are_rejected():
 @given(st.sampled_from([16, 37]), st.sampled_from([48, 20]), st.sampled_from([64, 29]))
 def test_a_relax_legalized_matmul_builds_as_it_is(m, n, k):
     """LegalizeOps gives a private PrimFunc with int64 indices: it builds and runs exactly."""
-    from tvm import relax
+    from tirpat.testing import legalized_matmul
 
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((m, k), "int8"))
-    w = relax.Var("w", relax.TensorType((k, n), "int8"))
-    with bb.function("main", [x, w]):
-        with bb.dataflow():
-            out = bb.emit_output(relax.op.matmul(x, w, out_dtype="int32"))
-        bb.emit_func_output(out)
-    func = relax.transform.LegalizeOps()(bb.get())["matmul"]
+    func = legalized_matmul(m, n, k)["matmul"]
     assert "global_symbol" not in (func.attrs or {}) and "T.int64" in func.script()
 
     def inputs(rng):

@@ -482,16 +482,7 @@ def _gemm16_kn(a, b, c, sa, sb, sc):
 def relax_matmul(m, n, k):
     """``R.matmul(x, w, out_dtype="int32")`` (x: (m, k), w: (k, n), int8) legalized by
     Relax (int64 loops and indices) and its PrimFunc tiled 16x16x16."""
-    from tvm import relax
-
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((m, k), "int8"))
-    w = relax.Var("w", relax.TensorType((k, n), "int8"))
-    with bb.function("main", [x, w]):
-        with bb.dataflow():
-            out = bb.emit_output(relax.op.matmul(x, w, out_dtype="int32"))
-        bb.emit_func_output(out)
-    sch = s_tir.Schedule(relax.transform.LegalizeOps()(bb.get()))
+    sch = s_tir.Schedule(testing.legalized_matmul(m, n, k))
     sch.work_on("matmul")
     blk = sch.get_sblock("matmul")
     i, j, r = sch.get_loops(blk)

@@ -10,6 +10,7 @@ from .strategies import (
     TiledReductionCase,
     copy_nests,
     elementwise_nests,
+    legalized_matmul,
     random_array,
     tiled_matmul,
     tiled_reductions,
@@ -17,6 +18,6 @@ from .strategies import (
 
 __all__ = [
     "COPY_FUNC", "CopyCase", "ElementwiseCase", "TiledReductionCase", "copy_nests",
-    "elementwise_nests", "random_array", "reference_copy_rule", "run", "tensor_view",
+    "elementwise_nests", "legalized_matmul", "random_array", "reference_copy_rule", "run", "tensor_view",
     "tiled_matmul", "tiled_reductions",
 ]

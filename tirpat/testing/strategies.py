@@ -269,6 +269,25 @@ def tiled_matmul(m: int, n: int, k: int, tile=(16, 16, 16), *, decompose_init: b
     return lower(ir.IRModule({"main": sch.mod["main"]}))["main"]
 
 
+def legalized_matmul(m: int, n: int, k: int, dtype: str = "int8", out_dtype: str = "int32") -> ir.IRModule:
+    """Relax's ``R.matmul(x, w, out_dtype)`` (x: (m, k), w: (k, n)) after ``LegalizeOps``:
+    the module holds ``main`` and the private PrimFunc ``matmul``, indexed in int64, in
+    s_tir form (what Relax hands to a TIR pipeline).
+
+    >>> f = legalized_matmul(32, 48, 64)["matmul"]
+    """
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((m, k), dtype))
+    w = relax.Var("w", relax.TensorType((k, n), dtype))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.matmul(x, w, out_dtype=out_dtype))
+        bb.emit_func_output(out)
+    return relax.transform.LegalizeOps()(bb.get())
+
+
 @st.composite
 def tiled_reductions(draw, max_tiles: int = 3, tiles=(1, 2, 4, 8, 16)) -> TiledReductionCase:
     """Tiled int8 matmuls, lowered: ``for io, jo, ko: for ii, ji, ki: C += A*B``.
