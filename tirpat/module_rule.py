@@ -452,8 +452,13 @@ class ModuleRule:
         rule = self._variants.get(dtype)
         if rule is None:
             try:
-                rule = ModuleRule({"pattern": with_index_dtype(self.pattern_func, dtype),
-                                   "replacement": with_index_dtype(self.replacement_func, dtype)}, self.name)
+                pattern = with_index_dtype(self.pattern_func, dtype)
+                replacement = with_index_dtype(self.replacement_func, dtype)
+                for p, q in zip(pattern.params, replacement.params):
+                    if dtype_of(p) != dtype_of(q):  # an index in one function, a value in the other
+                        raise ValueError(f"scalar parameter {p.name} would be {dtype_of(p)} in the pattern "
+                                         f"but {dtype_of(q)} in the replacement")
+                rule = ModuleRule({"pattern": pattern, "replacement": replacement}, self.name)
                 rule._variants = self._variants
             except ValueError as err:
                 rule = f"the rule cannot be converted to {dtype} indices: {err}"

@@ -340,3 +340,43 @@ def test_a_scalar_bound_to_a_matched_loop_is_refused():
     rw = tp.Rewriter.from_module({"pattern": scale_pattern, "replacement": scale_replacement}, name="scale")
     assert rw(f).same_as(f) and rw.report.counts == {}
     assert "uses a loop of the match" in str(tp.explain(rw, f))
+
+
+@T.prim_func(s_tir=True)
+def gather_pattern(a: T.handle, b: T.handle, s: T.int32):
+    A = T.match_buffer(a, (8,), "int32", offset_factor=1)
+    B = T.match_buffer(b, (8,), "int32", offset_factor=1)
+    with T.sblock("root"):
+        for i in range(8):
+            with T.sblock("g"):
+                vi = T.axis.remap("S", [i])
+                B[vi] = A[vi] * s
+
+
+@T.prim_func(s_tir=True)
+def gather_replacement(a: T.handle, b: T.handle, s: T.int32):
+    """Also uses ``s`` as a loop bound (an index), so on int64 code it would have to be
+    int64 here and int32 (a value) in the pattern. (Matched, never run.)"""
+    A = T.match_buffer(a, (8,), "int32", offset_factor=1)
+    B = T.match_buffer(b, (8,), "int32", offset_factor=1)
+    with T.sblock("root"):
+        for i in range(8):
+            with T.sblock("g"):
+                vi = T.axis.remap("S", [i])
+                B[vi] = A[vi] * s
+        for r in range(T.max(s, 0)):
+            T.evaluate(T.call_extern("int32", "tirpat_test_trace", r))
+
+
+def test_a_scalar_typed_differently_after_conversion_refuses_int64_code():
+    rw = tp.Rewriter.from_module({"pattern": gather_pattern, "replacement": gather_replacement}, name="g")
+    for dtype, fires in (("int32", True), ("int64", False)):
+        A, B = (tirx.decl_buffer((tirx.IntImm(dtype, 8),), "int32", n) for n in "AB")
+        s = tirx.Var("s", "int32")
+        i = tirx.Var("i", dtype)
+        body = tirx.For(i, tirx.IntImm(dtype, 0), tirx.IntImm(dtype, 8), 0,
+                        tirx.BufferStore(B, tirx.BufferLoad(A, [i]) * s, [i]))
+        f = tirx.PrimFunc([A, B, s], body).with_attr("global_symbol", "main")
+        rw(f)
+        assert rw.report.counts == ({"g": 1} if fires else {}), dtype
+    assert "scalar parameter s would be int32 in the pattern but int64 in the replacement" in str(tp.explain(rw, f))
