@@ -360,6 +360,12 @@ class _ModuleRulePattern(P.Pattern):
     def _body_repr(self):
         return f"from_module({self.rule.name!r}: {self.body!r})"
 
+    def shadows(self, other) -> bool:
+        """True when this rule takes every site ``other`` could: the same pattern function,
+        and no where() predicate to leave some sites to it."""
+        return (isinstance(other, _ModuleRulePattern) and self.rule.where is None
+                and tvm_ffi.structural_equal(self.rule.pattern_func, other.rule.pattern_func, map_free_vars=True))
+
     def _quick_reject(self, node) -> bool:
         """True when the outer loops' constant extents rule a match out, on raw TIR as on
         canonical TIR (extent-1 loops are skipped; a stepped loop's count is not judged)."""
@@ -390,15 +396,21 @@ class _ModuleRulePattern(P.Pattern):
                 mt.trace and mt.fail(path + ("params",), self, node, reason, final=True)
                 continue
             e = dict(e)
-            e[_VIEWS] = views
-            e[_RULE] = rule
+            m = rule._complete(node, e, views, ())
+            if rule.where is not None and not rule.where(m):
+                mt.trace and mt.fail(path + ("where",), self, node, f"the rule's where() predicate "
+                                     f"{getattr(rule.where, '__name__', rule.where)} is false", final=True)
+                continue
             yield e
 
 
 class ModuleRule:
     """Builds the pattern from ``pattern`` and the replacement at each site."""
 
-    def __init__(self, mod, name):
+    def __init__(self, mod, name, where=None):
+        if where is not None and not callable(where):
+            raise TypeError(f"where expects a callable taking a Match, got {where!r}")
+        self.where = where
         if isinstance(mod, ir.IRModule):
             funcs = {gv.name_hint: f for gv, f in mod.functions.items()}
         elif isinstance(mod, dict):
@@ -431,6 +443,9 @@ class ModuleRule:
         self._loop_vars: dict = {}
         self._scalars = {key(p): P.Wildcard(f"{self.name}:{p.name}").has_dtype(dtype_of(p))
                          for p in pp if not tirx.is_buffer_var(p)}
+        # what a match shows under each parameter's name: m["A"] is the bound target buffer
+        self._named = [(p.name, ("param", key(p))) for p in pp if tirx.is_buffer_var(p)] + \
+                      [(p.name, self._scalars[key(p)].name) for p in pp if not tirx.is_buffer_var(p)]
         self._buffers = {key(p): p for p in pp if tirx.is_buffer_var(p)}
         self._check_replacement()
         # The pattern in canonical form, like the code it is matched against.
@@ -458,7 +473,7 @@ class ModuleRule:
                     if dtype_of(p) != dtype_of(q):  # an index in one function, a value in the other
                         raise ValueError(f"scalar parameter {p.name} would be {dtype_of(p)} in the pattern "
                                          f"but {dtype_of(q)} in the replacement")
-                rule = ModuleRule({"pattern": pattern, "replacement": replacement}, self.name)
+                rule = ModuleRule({"pattern": pattern, "replacement": replacement}, self.name, self.where)
                 rule._variants = self._variants
             except ValueError as err:
                 rule = f"the rule cannot be converted to {dtype} indices: {err}"
@@ -508,14 +523,21 @@ class ModuleRule:
         if outcome:
             views, _ = self.bind_views(env)
             if views is not None:
-                env[_VIEWS] = views
-                env[_RULE] = self
-                return Match(node, env, context)
+                m = self._complete(node, env, views, context)
+                if self.where is None or self.where(m):
+                    return m
             outcome = None if self._first.skipped else False
         if outcome is False:
             return None
         # An option was left untried: the full search decides (on canonical TIR).
         return _Matcher(context).run(self.pattern, node if canonical else canonicalize(node))
+
+    def _complete(self, node, env, views, context) -> Match:
+        env[_VIEWS] = views
+        env[_RULE] = self
+        for name, k in self._named:
+            env[name] = env.get(k)
+        return Match(node, env, context)
 
     # -- pattern from the pattern function ----------------------------------------------
     def _stmt(self, s):
@@ -740,17 +762,18 @@ class _EvaluatePattern(P.StmtPattern):
         yield from mt.m(self.value, node.value, env, nest, path + ("value",))
 
 
-def module_rule(mod, name=None):
+def module_rule(mod, name=None, where=None):
     """A :class:`~tirpat.rewrite.Rule` from an IRModule with ``pattern`` and ``replacement``."""
     from .rewrite import Rule
 
-    rule = ModuleRule(mod, name)
+    rule = ModuleRule(mod, name, where)
     return Rule(rule.pattern, rule.replace, rule.name, fresh_defs=True, matcher=rule.match, self_checked=True)
 
 
-def rewriter(cls_or_mod):
+def rewriter(cls_or_mod=None, *, where=None):
     """Class decorator: a class (or ``@I.ir_module``) with PrimFuncs ``pattern`` and
     ``replacement`` becomes a one-rule :class:`~tirpat.Rewriter` named after it.
+    ``@tp.rewriter(where=pred)`` also chooses its sites, as ``Rewriter.from_module`` does.
 
     >>> @tp.rewriter
     ... class CopyRow:
@@ -761,8 +784,10 @@ def rewriter(cls_or_mod):
     """
     from .rewrite import Rewriter
 
+    if cls_or_mod is None:
+        return lambda c: rewriter(c, where=where)
     if isinstance(cls_or_mod, ir.IRModule):
-        return Rewriter.from_module(cls_or_mod)
+        return Rewriter.from_module(cls_or_mod, where=where)
     if isinstance(cls_or_mod, type):
         funcs = {n: getattr(cls_or_mod, n, None) for n in ("pattern", "replacement")}
         if any(inspect.isfunction(f) for f in funcs.values()):
@@ -772,5 +797,5 @@ def rewriter(cls_or_mod):
 
             mod = I.ir_module(cls_or_mod)
             funcs = {gv.name_hint: f for gv, f in mod.functions.items()}
-        return Rewriter.from_module(funcs, name=cls_or_mod.__name__)
+        return Rewriter.from_module(funcs, name=cls_or_mod.__name__, where=where)
     raise TypeError(f"@tp.rewriter decorates a class or an IRModule, got {type(cls_or_mod).__name__}")

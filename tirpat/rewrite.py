@@ -16,6 +16,8 @@ wins, and a replacement is never re-scanned.
 
 from __future__ import annotations
 
+import warnings
+
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -101,6 +103,12 @@ class Rewriter:
         for r in self.rules:
             if not isinstance(r, Rule):
                 raise TypeError(f"Rewriter takes Rule objects, got {r!r}")
+        for n, earlier in enumerate(self.rules):
+            shadows = getattr(earlier.pattern, "shadows", None)
+            for later in self.rules[n + 1:] if shadows else ():
+                if shadows(later.pattern):
+                    warnings.warn(f"rule {later.name!r} never fires: rule {earlier.name!r} comes first and has the "
+                                  f"same pattern (give it a where= predicate to choose its sites)", stacklevel=3)
         self.report = Report()
         self._by_type: dict = {}
         self._has_expr_rules = any(r.pattern.position == P.EXPR for r in self.rules)
@@ -124,14 +132,19 @@ class Rewriter:
         return cls([Rule(pattern, callback, name or getattr(callback, "__name__", None) or repr(pattern))])
 
     @classmethod
-    def from_module(cls, mod, name: str | None = None) -> "Rewriter":
+    def from_module(cls, mod, name: str | None = None, *, where: Callable[[Match], bool] | None = None) -> "Rewriter":
         """A rule from an IRModule holding PrimFuncs ``pattern`` and ``replacement``.
 
         See :mod:`tirpat.module_rule` for the binding rules (TVM's ``match_buffer``).
+        ``where(m)`` chooses among the sites the pattern matches: in ``m``, each parameter's
+        name gives what it is bound to (``m["A"]``, the target buffer; ``m["s"]``, the
+        expression). Needed where two intrinsics share a desc (TVM's ldmatrix A and B loads).
+
+        >>> rw = tp.Rewriter.from_module(mod, "ld_b", where=lambda m: m["A"].name.startswith("B"))  # doctest: +SKIP
         """
         from .module_rule import module_rule
 
-        return cls([module_rule(mod, name)])
+        return cls([module_rule(mod, name, where)])
 
     def __or__(self, other: "Rewriter") -> "Rewriter":
         if not isinstance(other, Rewriter):

@@ -214,3 +214,71 @@ def test_a_skipped_choice_falls_back_to_the_full_search(sum_and_copy):
     ex["main"](c, d, 5, 7)
     np.testing.assert_array_equal(c.numpy(), np.full(8, 12))
     np.testing.assert_array_equal(d.numpy(), np.full(8, 7))
+
+
+def _mma_schedule_before_tensorize():
+    """TVM's own ldmatrix/mma schedule (``tvm.testing.tir.mma_schedule``, f16 x f16 -> f32),
+    stopped before its tensorize calls, which are returned as ``[(loop, intrin)]``."""
+    from tvm import s_tir, te
+    from tvm.s_tir.tensor_intrin import cuda
+    from tvm.testing.tir import mma_schedule
+
+    n = 4096
+    a = te.placeholder((n, n), "float16", name="A")
+    b = te.placeholder((n, n), "float16", name="B")
+    k = te.reduce_axis((0, n), name="k")
+    c = te.compute((n, n), lambda i, j: te.sum(a[i, k].astype("float32") * b[k, j].astype("float32"), axis=[k]),
+                   name="C")
+
+    def layout(i, j):
+        return (i // 16, j // 16, *cuda.shared_16x16_to_ldmatrix_32x8_layout(i % 16, j % 16))
+
+    calls = []
+    tensorize = s_tir.Schedule.tensorize
+    s_tir.Schedule.tensorize = lambda self, loop, intrin, *args, **kwargs: calls.append((loop, intrin))
+    try:
+        sch = mma_schedule(te.create_prim_func([a, b, c]), 16, "float16", False, [4, 8, 2, 4, 1], [1, 64, 2, 1, 2],
+                           [128, 2, 1], layout, layout, layout, cuda.LDMATRIX_f16_A_INTRIN,
+                           cuda.LDMATRIX_f16_B_INTRIN, cuda.MMA_f16f16f32_INTRIN, cuda.MMA_fill_16x16_f32_INTRIN,
+                           cuda.MMA_store_16x16_f32_global_INTRIN)
+    finally:
+        s_tir.Schedule.tensorize = tensorize
+    return sch, calls
+
+
+def _ldmatrix_trans_flags(func) -> list:
+    return re.findall(r"ldmatrix\((T\.bool\(\w+\))", func.script())
+
+
+def test_intrinsics_sharing_a_desc_are_told_apart_by_where(intrins):
+    """TVM's ldmatrix A and B loads have the same desc and different impls (B's loads
+    transposed): tensorize is told which goes where. Composed as they are, the first rule
+    takes both sites and says the second never fires; with where= each takes its own load
+    and the code has tensorize's ldmatrix flags."""
+    from tvm.s_tir import TensorIntrin
+    from tvm.s_tir.tensor_intrin import cuda
+
+    sch, calls = _mma_schedule_before_tensorize()
+    tensorized = sch.copy()
+    for loop, intrin in calls:
+        tensorized.tensorize(loop, intrin)
+    want = _ldmatrix_trans_flags(tensorized.mod["main"])
+    assert want == ["T.bool(False)", "T.bool(True)"]
+
+    low = tp.lower(sch.mod)["main"]
+    load_a, load_b = (TensorIntrin.get(n) for n in (cuda.LDMATRIX_f16_A_INTRIN, cuda.LDMATRIX_f16_B_INTRIN))
+    assert tvm_ffi.structural_equal(load_a.desc, load_b.desc)
+
+    def rule(ti, name, where=None):
+        return tp.Rewriter.from_module({"pattern": ti.desc, "replacement": ti.impl}, name, where=where)
+
+    with pytest.warns(UserWarning, match="rule 'load_b' never fires: rule 'load_a' comes first"):
+        blind = rule(load_a, "load_a") | rule(load_b, "load_b")
+    assert _ldmatrix_trans_flags(blind(low)) == ["T.bool(False)"] * 2
+    assert blind.report.counts == {"load_a": 2}
+
+    # the desc names its buffers "shared" and "warp": m["shared"] is the tile being loaded
+    told = rule(load_a, "load_a", where=lambda m: m["shared"].name.startswith("A")) | rule(load_b, "load_b")
+    assert _ldmatrix_trans_flags(told(low)) == want
+    assert told.report.counts == {"load_a": 1, "load_b": 1}
+    assert "where() predicate <lambda> is false" in str(tp.explain(rule(load_a, "a", where=lambda m: False), low))

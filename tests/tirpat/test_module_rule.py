@@ -89,6 +89,23 @@ def test_decorator_form_and_name():
     assert RowAdd.report.counts == {"RowAdd": 1}
 
 
+def test_where_sees_each_parameter_by_name():
+    """``m["A"]`` is the target buffer bound to the pattern's A; the predicate picks sites."""
+    seen = []
+
+    @tp.rewriter(where=lambda m: seen.append((m["A"].name, m["B"].name)) or m["A"].name == "C")
+    class RowAdd:
+        pattern = row_pattern
+        replacement = row_replacement
+
+    f = _plus_one((2, 16), 8)
+    assert RowAdd(f).same_as(f) and RowAdd.report.counts == {}
+    assert seen[0] == ("A", "B")
+    assert "where() predicate <lambda> is false" in str(tp.explain(RowAdd, f))
+    with pytest.raises(TypeError, match="where expects a callable"):
+        tp.Rewriter.from_module({"pattern": row_pattern, "replacement": row_replacement}, where=3)
+
+
 @given(st.integers(0, 16), st.sampled_from([None, 1]))
 def test_loop_start_becomes_the_view_offset(start, step):
     """``for i in range(start, start + 8)`` touches A[start:start + 8]: the view starts there."""
