@@ -128,6 +128,7 @@ class _Planner:
             if int(node.kind) == int(tirx.ForKind.PARALLEL) and _calls_accel(node):
                 raise PlanError(f"{self.name}: accelerator calls inside the parallel loop "
                                 f"'{node.loop_var.name}' are not supported (the stream is one sequence)")
+            _check_loop_carried(node, self.name)
             self.loops.append(node)
             try:
                 return mut.default_mutate(node)
@@ -176,7 +177,8 @@ def _is_one(e) -> bool:
 
 
 def _scratch_uses(stmt) -> list:
-    """``(buffer, reads, writes)`` for every scratchpad operand of the accel calls in ``stmt``."""
+    """``(buffer, reads, writes, offset)`` for every scratchpad operand of the accel calls in
+    ``stmt``, in program order (``offset``: the element offset into the buffer)."""
     uses = []
 
     def on_call(c):
@@ -188,10 +190,31 @@ def _scratch_uses(stmt) -> list:
             if isinstance(ptr, ir.Call) and ptr.op.name == "tirx.tvm_access_ptr":
                 data = ptr.args[1]
                 if isinstance(data, ir.Call) and data.op.name == "tirx.buffer_data":
-                    uses.append((data.args[0], reads, writes))
+                    uses.append((data.args[0], reads, writes, ptr.args[2]))
 
     tvm_ffi.structural_walk(stmt, (ir.Call, on_call))
     return uses
+
+
+def _uses_in_order(stmt, buf, conditional=False):
+    """``(reads, offset, conditional, stmt)`` for each use of ``buf`` by an accel call in
+    ``stmt``, in program order; ``conditional`` when under an ``if`` (or another statement
+    whose body may not run)."""
+    kind = type(stmt)
+    if kind is tirx.SeqStmt:
+        for s in stmt.seq:
+            yield from _uses_in_order(s, buf, conditional)
+    elif kind is tirx.For or kind is tirx.AttrStmt:
+        yield from _uses_in_order(stmt.body, buf, conditional)
+    elif kind is tirx.IfThenElse:
+        yield from _uses_in_order(stmt.then_case, buf, True)
+        if stmt.else_case is not None:
+            yield from _uses_in_order(stmt.else_case, buf, True)
+    else:
+        maybe = conditional or kind is not tirx.Evaluate
+        for b, reads, _, offset in _scratch_uses(stmt):
+            if b.same_as(buf):
+                yield reads, offset, maybe, stmt
 
 
 def _check_in_place(stmts, name):
@@ -201,12 +224,39 @@ def _check_in_place(stmts, name):
         tvm_ffi.structural_walk(stmt, (tirx.AttrStmt, lambda a: clobbered.append(a.node) if a.attr_key == IN_PLACE else None))
         for buf in clobbered:
             for later in stmts[n + 1:]:
-                uses = [(reads, writes) for b, reads, writes in _scratch_uses(later) if b.same_as(buf)]
+                uses = [(reads, writes) for b, reads, writes, _ in _scratch_uses(later) if b.same_as(buf)]
                 if any(reads for reads, _ in uses):
                     raise PlanError(f"{name}: an epilogue computed {buf.name} in place for its store, but "
                                     f"{buf.name} is read again afterwards: {_snippet(later)}")
                 if uses:
                     break
+
+
+def _check_loop_carried(loop, name):
+    """An epilogue that overwrote an accumulator in place inside ``loop``: the loop's next
+    iteration must not read that tile again (a GEMM accumulating on, say) before it is
+    written anew. A first read of another tile (one that moves with the loop) is fine."""
+    if isinstance(loop.extent, tirx.IntImm) and loop.extent.value == 1:
+        return
+    clobbered = []
+    tvm_ffi.structural_walk(loop.body, (tirx.AttrStmt, lambda a: clobbered.append(a.node) if a.attr_key == IN_PLACE else None))
+    for buf in clobbered:
+        for reads, offset, conditional, stmt in _uses_in_order(loop.body, buf):
+            if reads:
+                if not _uses_var(offset, loop.loop_var):
+                    raise PlanError(f"{name}: an epilogue computed {buf.name} in place for its store inside loop "
+                                    f"'{loop.loop_var.name}', but the loop's next iteration reads that {buf.name} "
+                                    f"tile again first: {_snippet(stmt)} (store the result after the loop "
+                                    f"instead, e.g. reverse_compute_at an outer loop)")
+                break
+            if not conditional:
+                break  # written anew first
+
+
+def _uses_var(expr, var) -> bool:
+    found = []
+    tvm_ffi.structural_walk(expr, (ir.Var, lambda v: found.append(v) if v.same_as(var) else None))
+    return bool(found)
 
 
 def _host_buffers_of_calls(stmt) -> dict:

@@ -131,3 +131,48 @@ def test_an_in_place_epilogue_followed_by_another_reader_is_refused():
     # read ReLU'd values: wrong code, so the pipeline refuses it.
     with pytest.raises(accel.PlanError, match="computed acc.* in place .* read again"):
         accel.build(two_stores)
+
+
+def _relu_matmul(store_at: str):
+    """``max(A x B^T, 0)`` tiled 16x16x16 through the accel scopes, its ReLU store placed by
+    ``reverse_compute_at`` at loop ``store_at`` ("jo": after the k loop; "ko": inside it)."""
+    from tvm import s_tir, te
+
+    A = te.placeholder((32, 32), "int8", name="A")
+    B = te.placeholder((32, 32), "int8", name="B")
+    r = te.reduce_axis((0, 32), "k")
+    C = te.compute((32, 32), lambda i, j: te.sum(A[i, r].astype("int32") * B[j, r].astype("int32"), axis=r), name="C")
+    D = te.compute((32, 32), lambda i, j: te.max(C[i, j], 0), name="D")
+    sch = s_tir.Schedule(te.create_prim_func([A, B, D]))
+    blk = sch.get_sblock("C")
+    i, j, k = sch.get_loops(blk)
+    io, ii = sch.split(i, [None, 16])
+    jo, ji = sch.split(j, [None, 16])
+    ko, ki = sch.split(k, [None, 16])
+    sch.reorder(io, jo, ko, ii, ji, ki)
+    sch.compute_at(sch.cache_read(blk, 0, "local.accel_inp"), ko)
+    sch.compute_at(sch.cache_read(blk, 1, "local.accel_wgt"), ko)
+    sch.reverse_compute_at(sch.cache_write(blk, 0, "local.accel_acc"), {"jo": jo, "ko": ko}[store_at])
+    sch.reverse_compute_inline(sch.get_sblock("D"))
+    sch.decompose_reduction(blk, ko)
+    return sch.mod
+
+
+def test_an_in_place_epilogue_inside_the_reduction_loop_is_refused():
+    """Storing ReLU(partial sums) inside the k loop is valid TIR (TVM's CPU build is right),
+    but the ALU would clobber the accumulator the next k step adds to: refused, by name."""
+    rng = np.random.default_rng(3)
+    a, b = rng.integers(-128, 128, (32, 32), dtype="int8"), rng.integers(-128, 128, (32, 32), dtype="int8")
+    want = np.maximum(a.astype("int32") @ b.astype("int32").T, 0)
+    for store_at in ("jo", "ko"):
+        ex = tvm.compile(_relu_matmul(store_at), target="llvm")
+        out = tvm.runtime.tensor(np.zeros((32, 32), "int32"))
+        ex["main"](tvm.runtime.tensor(a), tvm.runtime.tensor(b), out)
+        np.testing.assert_array_equal(out.numpy(), want)
+    ex = accel.build(_relu_matmul("jo"))
+    out = np.zeros((32, 32), "int32")
+    with accel.Session():
+        ex(a, b, out)
+    np.testing.assert_array_equal(out, want)
+    with pytest.raises(accel.PlanError, match="in place for its store inside loop 'k_0'.*next iteration reads"):
+        accel.build(_relu_matmul("ko"))
