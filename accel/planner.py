@@ -4,9 +4,11 @@
   copies used alternately (double buffering), so that the LOAD of the next tile can run
   while the GEMM reads the current one. The allocations disappear from the TIR;
 - ``buffer.access_ptr(...)`` operands of accel calls become those addresses;
-- a scratchpad access no rule rewrote, an accel call in a ``parallel`` loop, or CPU code
-  touching a buffer between the accel calls that use it and the sync are errors naming the
-  statement; scratchpad overflow names the buffer and by how much;
+- a scratchpad access no rule rewrote, an accel call in a ``parallel`` loop, CPU code
+  touching a buffer between the accel calls that use it and the sync, and an accumulator
+  read again after an epilogue overwrote it in place (later on, or in the next iteration of
+  an enclosing loop) are errors naming the statement; scratchpad overflow names the buffer
+  and by how much;
 - ``accel.sync()`` is inserted after each top-level statement that calls the accelerator.
 
 >>> mod = plan_pass(accel.Config())(mod)        # doctest: +SKIP
