@@ -198,25 +198,32 @@ def _scratch_uses(stmt) -> list:
     return uses
 
 
-def _uses_in_order(stmt, buf, conditional=False):
-    """``(reads, offset, conditional, stmt)`` for each use of ``buf`` by an accel call in
-    ``stmt``, in program order; ``conditional`` when under an ``if`` (or another statement
-    whose body may not run)."""
+def _uses_in_order(stmt, buf, first=(), conditional=False):
+    """``(reads, conditional, stmt)`` for each use of ``buf`` by an accel call in ``stmt``, in
+    program order, on the first iteration of the loops inside ``stmt`` (``first``: the
+    ``(var, min)`` of those entered so far); ``conditional`` when under an ``if`` that the
+    first iteration does not decide, or another statement whose body may not run."""
     kind = type(stmt)
     if kind is tirx.SeqStmt:
         for s in stmt.seq:
-            yield from _uses_in_order(s, buf, conditional)
-    elif kind is tirx.For or kind is tirx.AttrStmt:
-        yield from _uses_in_order(stmt.body, buf, conditional)
+            yield from _uses_in_order(s, buf, first, conditional)
+    elif kind is tirx.For:
+        yield from _uses_in_order(stmt.body, buf, first + ((stmt.loop_var, stmt.min),), conditional)
+    elif kind is tirx.AttrStmt:
+        yield from _uses_in_order(stmt.body, buf, first, conditional)
     elif kind is tirx.IfThenElse:
-        yield from _uses_in_order(stmt.then_case, buf, True)
-        if stmt.else_case is not None:
-            yield from _uses_in_order(stmt.else_case, buf, True)
+        at = {v.__chandle__(): m for v, m in first}
+        cond = _ANALYZER.simplify(tvm_ffi.structural_map(stmt.condition, (ir.Var, lambda v: at.get(v.__chandle__(), v))))
+        known = cond.value if isinstance(cond, tirx.IntImm) else None
+        if known != 0:
+            yield from _uses_in_order(stmt.then_case, buf, first, conditional or known is None)
+        if known != 1 and stmt.else_case is not None:
+            yield from _uses_in_order(stmt.else_case, buf, first, conditional or known is None)
     else:
         maybe = conditional or kind is not tirx.Evaluate
-        for b, reads, _, offset in _scratch_uses(stmt):
+        for b, reads, _, _ in _scratch_uses(stmt):
             if b.same_as(buf):
-                yield reads, offset, maybe, stmt
+                yield reads, maybe, stmt
 
 
 def _check_in_place(stmts, name):
@@ -236,29 +243,21 @@ def _check_in_place(stmts, name):
 
 def _check_loop_carried(loop, name):
     """An epilogue that overwrote an accumulator in place inside ``loop``: the loop's next
-    iteration must not read that tile again (a GEMM accumulating on, say) before it is
-    written anew. A first read of another tile (one that moves with the loop) is fine."""
+    iteration must write that accumulator anew before it reads it (a GEMM in reset form, a
+    LOAD), whichever part of it the read is of (conservative: regions are not compared)."""
     if isinstance(loop.extent, tirx.IntImm) and loop.extent.value == 1:
         return
     clobbered = []
     tvm_ffi.structural_walk(loop.body, (tirx.AttrStmt, lambda a: clobbered.append(a.node) if a.attr_key == IN_PLACE else None))
     for buf in clobbered:
-        for reads, offset, conditional, stmt in _uses_in_order(loop.body, buf):
+        for reads, conditional, stmt in _uses_in_order(loop.body, buf):
             if reads:
-                if not _uses_var(offset, loop.loop_var):
-                    raise PlanError(f"{name}: an epilogue computed {buf.name} in place for its store inside loop "
-                                    f"'{loop.loop_var.name}', but the loop's next iteration reads that {buf.name} "
-                                    f"tile again first: {_snippet(stmt)} (store the result after the loop "
-                                    f"instead, e.g. reverse_compute_at an outer loop)")
-                break
+                raise PlanError(f"{name}: an epilogue computed {buf.name} in place for its store inside loop "
+                                f"'{loop.loop_var.name}', but the loop's next iteration reads {buf.name} before "
+                                f"writing it anew: {_snippet(stmt)} (store the result after the loop that "
+                                f"accumulates instead, e.g. reverse_compute_at an outer loop)")
             if not conditional:
                 break  # written anew first
-
-
-def _uses_var(expr, var) -> bool:
-    found = []
-    tvm_ffi.structural_walk(expr, (ir.Var, lambda v: found.append(v) if v.same_as(var) else None))
-    return bool(found)
 
 
 def _host_buffers_of_calls(stmt) -> dict:

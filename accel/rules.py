@@ -342,11 +342,13 @@ def _grid(loops, regions, valid=None):
                  valid[k_rows][1] if k_rows is not None else 0, valid[k_cols][1] if k_cols is not None else 0)
 
 
-def _alu_calls(steps, spine, operands, loops, config):
+def _alu_calls(steps, spine, operands, loops, config, partial_ok):
     """ALU instructions applying ``steps`` in place on the ``spine`` region, or None.
 
     Columns are cut into ``tile``-lane vectors (``ext_in``), rows become ``ext_out``, loops
-    further out become For loops around the instruction.
+    further out become For loops around the instruction. ``partial_ok``: a last partial
+    vector may change the lanes after the region (an epilogue whose accumulator is dead
+    after its store, which the planner checks; not an ALU nest whose buffer is read on).
     """
     t = config.tile
     g = _grid(loops, [spine] + list(operands))
@@ -356,6 +358,8 @@ def _alu_calls(steps, spine, operands, loops, config):
     vectors = -(-inner // t)
     dso = g.row_stride[0]
     if inner % t:
+        if not partial_ok:
+            return None
         # A partial last vector also works on the padding after it: only where that padding
         # lies inside the spine's own rows and allocation (scratchpad buffers are planned in
         # whole vectors).
@@ -396,7 +400,7 @@ def _alu(m, store, config):
     spine, steps = chain
     if not steps or not spine.source.same_as(store.buffer) or not _same_indices(spine, store):
         return None
-    calls = _alu_calls(steps, m.region(store.buffer), _operand_regions(m, steps), m.loops, config)
+    calls = _alu_calls(steps, m.region(store.buffer), _operand_regions(m, steps), m.loops, config, partial_ok=False)
     if calls is None:
         return None
     return calls[0] if len(calls) == 1 else tirx.SeqStmt(calls)
@@ -433,7 +437,7 @@ def _store(m, store, config):
     dst = m.region(out)
     calls = []
     if steps:
-        alu = _alu_calls(steps, acc, _operand_regions(m, steps), loops, config)
+        alu = _alu_calls(steps, acc, _operand_regions(m, steps), loops, config, partial_ok=True)
         if alu is None:
             return None
         calls += alu
@@ -493,9 +497,21 @@ def rules(config: Config | None = None) -> tp.Rewriter:
     store = tp.is_nest(None, to_host) | tp.is_nest(None, guarded) | to_host | guarded
 
     return (
-        tp.Rewriter.from_pattern(copy_in, _load, name="accel.load")
-        | tp.Rewriter.from_pattern(gemm, lambda m: _gemm(m, config), name="accel.gemm")
-        | tp.Rewriter.from_pattern(zero, lambda m: _zero_init(m, config), name="accel.zero_init")
-        | tp.Rewriter.from_pattern(alu, lambda m: _alu(m, m[in_place], config), name="accel.alu")
-        | tp.Rewriter.from_pattern(store, lambda m: _store(m, m[to_host], config), name="accel.store")
+        tp.Rewriter.from_pattern(copy_in, _declining(_load), name="accel.load")
+        | tp.Rewriter.from_pattern(gemm, _declining(lambda m: _gemm(m, config)), name="accel.gemm")
+        | tp.Rewriter.from_pattern(zero, _declining(lambda m: _zero_init(m, config)), name="accel.zero_init")
+        | tp.Rewriter.from_pattern(alu, _declining(lambda m: _alu(m, m[in_place], config)), name="accel.alu")
+        | tp.Rewriter.from_pattern(store, _declining(lambda m: _store(m, m[to_host], config)), name="accel.store")
     )
+
+
+def _declining(callback):
+    """``callback``, declining the site (None) where an access is not an affine region:
+    the scratchpad access is then left unmatched and the planner names it."""
+    def run(m):
+        try:
+            return callback(m)
+        except tp.RegionError:
+            return None
+
+    return run

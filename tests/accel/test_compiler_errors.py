@@ -176,3 +176,54 @@ def test_an_in_place_epilogue_inside_the_reduction_loop_is_refused():
     np.testing.assert_array_equal(out, want)
     with pytest.raises(accel.PlanError, match="in place for its store inside loop 'k_0'.*next iteration reads"):
         accel.build(_relu_matmul("ko"))
+
+
+def _gemm_then(epilogue_cols: int, store_inside: bool):
+    """acc (16x32) = A x W^T in two column tiles (loop jo), then ``acc += 5`` on columns
+    ``0:epilogue_cols`` and a store of all 32 columns: as separate nests after the loop, or
+    (``store_inside``) one ``C = acc + 5`` store inside jo, over the whole accumulator."""
+
+    @T.prim_func
+    def func(A: T.Buffer((16, 16), "int8"), W: T.Buffer((32, 16), "int8"), C: T.Buffer((16, 32), "int32")):
+        acc = T.alloc_buffer((16, 32), "int32", scope="local.accel_acc")
+        a = T.alloc_buffer((16, 16), "int8", scope="local.accel_inp")
+        w = T.alloc_buffer((32, 16), "int8", scope="local.accel_wgt")
+        for i, j in T.grid(16, 32):
+            acc[i, j] = 0
+        for i, k in T.grid(16, 16):
+            a[i, k] = A[i, k]
+        for j, k in T.grid(32, 16):
+            w[j, k] = W[j, k]
+        for jo in range(2):
+            for i, j, k in T.grid(16, 16, 16):
+                acc[i, jo * 16 + j] = acc[i, jo * 16 + j] + T.Cast("int32", a[i, k]) * T.Cast("int32", w[jo * 16 + j, k])
+            if store_inside:
+                for i, j in T.grid(16, 32):
+                    C[i, j] = acc[i, j] + 5
+        if not store_inside:
+            for i, j in T.grid(16, epilogue_cols):
+                acc[i, j] = acc[i, j] + 5
+            for i, j in T.grid(16, 32):
+                C[i, j] = acc[i, j]
+
+    return func
+
+
+def test_an_alu_nest_on_part_of_a_vector_is_refused_not_widened():
+    """The ALU works on whole 16-lane vectors: on columns 0:20 it would also add 5 to
+    columns 20:32, which are stored afterwards. Columns 0:32 run; 0:20 is refused by name."""
+    rng = np.random.default_rng(4)
+    a, w = rng.integers(-128, 128, (16, 16), dtype="int8"), rng.integers(-128, 128, (32, 16), dtype="int8")
+    ex = accel.build(_gemm_then(32, False))
+    out = np.zeros((16, 32), "int32")
+    with accel.Session():
+        ex(a, w, out)
+    np.testing.assert_array_equal(out, a.astype("int32") @ w.astype("int32").T + 5)
+    with pytest.raises(accel.PlanError, match=r"no accel rule matched this access to scratchpad buffer acc.*\+ 5"):
+        accel.build(_gemm_then(20, False))
+
+
+def test_an_epilogue_over_tiles_the_loop_still_accumulates_is_refused():
+    """Inside jo the in-place +5 covers both tiles, and the next jo accumulates on tile 1."""
+    with pytest.raises(accel.PlanError, match="inside loop 'jo'.*reads acc before writing it anew"):
+        accel.build(_gemm_then(32, True))
