@@ -130,12 +130,14 @@ class _Planner:
             if int(node.kind) == int(tirx.ForKind.PARALLEL) and _calls_accel(node):
                 raise PlanError(f"{self.name}: accelerator calls inside the parallel loop "
                                 f"'{node.loop_var.name}' are not supported (the stream is one sequence)")
-            _check_loop_carried(node, self.name)
             self.loops.append(node)
             try:
-                return mut.default_mutate(node)
+                planned = mut.default_mutate(node)
             finally:
                 self.loops.pop()
+            # after the body: an access no rule matched inside it is the error to report first
+            _check_loop_carried(node, self.name)
+            return planned
         if isinstance(node, tirx.BufferStore) and is_scratchpad(node.buffer):
             raise PlanError(f"{self.name}: no accel rule matched this access to scratchpad buffer "
                             f"{node.buffer.name}, so it cannot run: {_snippet(node)}")
