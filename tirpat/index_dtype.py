@@ -154,7 +154,7 @@ def as_index(dtype: str, e):
     have = dtype_of(e)
     if have == dtype or have not in _INDEX_TYPES:
         return e
-    if type(e) is tirx.Cast and dtype_of(e.value) == dtype:  # converted back: the cast was exact
+    if type(e) is tirx.Cast and have == "int64" and dtype_of(e.value) == dtype:  # an exact widening, undone
         return e.value
     if type(e) is tirx.IntImm:
         lo, hi = _LIMITS[dtype]

@@ -52,3 +52,13 @@ def test_refusals_name_the_problem():
                     tirx.BufferStore(out, tirx.BufferLoad(big, [i + tirx.IntImm("int64", 5_000_000_000)]), [i]))
     with pytest.raises(ValueError, match="index constant [0-9]+ does not fit in int32"):
         with_index_dtype(tirx.PrimFunc([big, out], body), "int32")
+
+
+def test_as_index_undoes_only_an_exact_widening():
+    from tirpat.index_dtype import as_index
+
+    small, big = tirx.Var("small", "int32"), tirx.Var("big", "int64")
+    assert as_index("int32", tirx.Cast("int64", small)).same_as(small)
+    narrowed = tirx.Cast("int32", big)  # truncates: widening it again must keep the truncation
+    assert isinstance(as_index("int64", narrowed), tirx.Cast) and as_index("int64", narrowed).value.same_as(narrowed)
+    assert str(as_index("int64", tirx.IntImm("int32", 7)).ty.dtype) == "int64"
