@@ -16,6 +16,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import tvm
 import tvm_ffi
 from tvm import ir, tirx
@@ -104,7 +106,7 @@ class _Planner:
         self.addr[buf.__chandle__()] = offset
 
     def on_seq(self, seq, mut):
-        _check_in_place(list(seq.seq), self.name)
+        _check_in_place(list(seq.seq), self.name, self.config.tile)
         saved = dict(self.top)
         saved_live = {m: list(v) for m, v in self.live.items()}
         out = []
@@ -136,7 +138,7 @@ class _Planner:
             finally:
                 self.loops.pop()
             # after the body: an access no rule matched inside it is the error to report first
-            _check_loop_carried(node, self.name)
+            _check_loop_carried(node, self.name, self.config.tile)
             return planned
         if isinstance(node, tirx.BufferStore) and is_scratchpad(node.buffer):
             raise PlanError(f"{self.name}: no accel rule matched this access to scratchpad buffer "
@@ -200,66 +202,142 @@ def _scratch_uses(stmt) -> list:
     return uses
 
 
-def _uses_in_order(stmt, buf, first=(), conditional=False):
-    """``(reads, conditional, stmt)`` for each use of ``buf`` by an accel call in ``stmt``, in
-    program order, on the first iteration of the loops inside ``stmt`` (``first``: the
-    ``(var, min)`` of those entered so far); ``conditional`` when under an ``if`` that the
-    first iteration does not decide, or another statement whose body may not run."""
+def _uses_in_order(stmt, buf, tile, inner=(), conditional=False):
+    """``(reads, written, stmt)`` for each accel call using ``buf`` in ``stmt``, in program
+    order (loops inside ``stmt`` taken at their first iteration; ``inner``: the ``(var, min,
+    extent)`` of those entered so far). ``written``: the elements of ``buf`` the call surely
+    writes without reading, over all iterations of those loops (empty under an ``if`` the
+    first iteration leaves open, or in a loop that may not run)."""
     kind = type(stmt)
     if kind is tirx.SeqStmt:
         for s in stmt.seq:
-            yield from _uses_in_order(s, buf, first, conditional)
+            yield from _uses_in_order(s, buf, tile, inner, conditional)
     elif kind is tirx.For:
-        yield from _uses_in_order(stmt.body, buf, first + ((stmt.loop_var, stmt.min),), conditional)
+        runs = isinstance(stmt.extent, tirx.IntImm) and stmt.extent.value > 0
+        yield from _uses_in_order(stmt.body, buf, tile, inner + ((stmt.loop_var, stmt.min, stmt.extent),),
+                                  conditional or not runs)
     elif kind is tirx.AttrStmt:
-        yield from _uses_in_order(stmt.body, buf, first, conditional)
+        yield from _uses_in_order(stmt.body, buf, tile, inner, conditional)
     elif kind is tirx.IfThenElse:
-        at = {v.__chandle__(): m for v, m in first}
-        cond = _ANALYZER.simplify(tvm_ffi.structural_map(stmt.condition, (ir.Var, lambda v: at.get(v.__chandle__(), v))))
+        cond = _at(stmt.condition, [(v, m) for v, m, _ in inner])
         known = cond.value if isinstance(cond, tirx.IntImm) else None
         if known != 0:
-            yield from _uses_in_order(stmt.then_case, buf, first, conditional or known is None)
+            yield from _uses_in_order(stmt.then_case, buf, tile, inner, conditional or known is None)
         if known != 1 and stmt.else_case is not None:
-            yield from _uses_in_order(stmt.else_case, buf, first, conditional or known is None)
+            yield from _uses_in_order(stmt.else_case, buf, tile, inner, conditional or known is None)
     else:
-        maybe = conditional or kind is not tirx.Evaluate
-        for b, reads, _, _ in _scratch_uses(stmt):
-            if b.same_as(buf):
-                yield reads, maybe, stmt
+        certain = not conditional and kind is tirx.Evaluate
+        for c in _accel_calls(stmt):
+            uses = [(reads, offset) for b, reads, _, offset in _scratch_uses(c) if b.same_as(buf)]
+            if uses:
+                reads = any(r for r, _ in uses)
+                written = _written(c, uses[0][1], tile, inner) if certain and not reads else set()
+                yield reads, written, stmt
 
 
-def _check_in_place(stmts, name):
-    """An epilogue that overwrote an accumulator in place must be its last reader."""
+def _at(expr, values):
+    """``expr`` with each ``(var, value)`` substituted, simplified."""
+    at = {v.__chandle__(): m for v, m in values}
+    return _ANALYZER.simplify(tvm_ffi.structural_map(expr, (ir.Var, lambda v: at.get(v.__chandle__(), v))))
+
+
+def _int_at(arg, values) -> int | None:
+    if isinstance(arg, tirx.IntImm):
+        return arg.value
+    if not str(getattr(getattr(arg, "ty", None), "dtype", "")).startswith("int"):
+        return None
+    value = _at(arg, values)
+    return value.value if isinstance(value, tirx.IntImm) else None
+
+
+def _accel_calls(stmt) -> list:
+    found = []
+    tvm_ffi.structural_walk(stmt, (ir.Call, lambda c: found.append(c) if _is_accel_call(c) else None))
+    return found
+
+
+def _written(c, offset, tile, inner) -> set:
+    """The elements a GEMM in reset form or a LOAD writes from ``offset`` on, over every
+    iteration of the ``inner`` loops around it; empty when its arguments are not constant."""
+    extents = [_int_at(e, []) for _, _, e in inner]
+    if None in extents or any(e > 64 for e in extents):
+        return set()
+    out: set = set()
+    for point in itertools.product(*(range(e) for e in extents)):
+        values = [(v, m + p) for (v, m, _), p in zip(inner, point)]
+        vals = [_int_at(a, values) for a in c.args[1:]]
+        base = _int_at(offset, values)
+        op = c.args[0].value
+        if base is None:
+            return set()
+        if op == "accel.gemm" and vals[0] == 1 and None not in vals[4:11]:
+            ld, ext_out, ext_in, so, si = vals[4], vals[7], vals[8], vals[9], vals[10]
+            for o in range(ext_out):
+                for i in range(ext_in):
+                    for r in range(tile):
+                        start = base + o * so + i * si + r * ld
+                        out.update(range(start, start + tile))
+        elif op == "accel.load" and None not in vals[4:12]:
+            ld, rows, cols, pt, pb, pl, pr = vals[4], vals[5], vals[6], vals[8], vals[9], vals[10], vals[11]
+            for r in range(pt + rows + pb):
+                out.update(range(base + r * ld, base + r * ld + pl + cols + pr))
+        else:
+            return set()
+    return out
+
+
+def _elements(buf) -> set | None:
+    size = 1
+    for d in buf.shape:
+        if not isinstance(d, tirx.IntImm):
+            return None
+        size *= d.value
+    return set(range(size))
+
+
+def _first_unsafe_read(stmt, buf, tile):
+    """The statement that reads ``buf`` in ``stmt`` before all of it has been written anew, or None."""
+    everything = _elements(buf)
+    written: set = set()
+    for reads, new, at in _uses_in_order(stmt, buf, tile):
+        if reads:
+            return at
+        written |= new
+        if everything is not None and written >= everything:
+            return None
+    return None
+
+
+def _check_in_place(stmts, name, tile):
+    """An epilogue that overwrote an accumulator in place must be its last reader, until the
+    whole accumulator is written anew."""
     for n, stmt in enumerate(stmts):
         clobbered = []
         tvm_ffi.structural_walk(stmt, (tirx.AttrStmt, lambda a: clobbered.append(a.node) if a.attr_key == IN_PLACE else None))
         for buf in clobbered:
-            for later in stmts[n + 1:]:
-                uses = [(reads, writes) for b, reads, writes, _ in _scratch_uses(later) if b.same_as(buf)]
-                if any(reads for reads, _ in uses):
-                    raise PlanError(f"{name}: an epilogue computed {buf.name} in place for its store, but "
-                                    f"{buf.name} is read again afterwards: {_snippet(later)}")
-                if uses:
-                    break
+            rest = stmts[n + 1:]
+            later = None if not rest else _first_unsafe_read(rest[0] if len(rest) == 1 else tirx.SeqStmt(rest),
+                                                             buf, tile)
+            if later is not None:
+                raise PlanError(f"{name}: an epilogue computed {buf.name} in place for its store, but "
+                                f"{buf.name} is read again afterwards: {_snippet(later)}")
 
 
-def _check_loop_carried(loop, name):
+def _check_loop_carried(loop, name, tile):
     """An epilogue that overwrote an accumulator in place inside ``loop``: the loop's next
-    iteration must write that accumulator anew before it reads it (a GEMM in reset form, a
-    LOAD), whichever part of it the read is of (conservative: regions are not compared)."""
+    iteration must write the whole accumulator anew (GEMMs in reset form, LOADs) before
+    anything reads any part of it (conservative: the regions read are not compared)."""
     if isinstance(loop.extent, tirx.IntImm) and loop.extent.value == 1:
         return
     clobbered = []
     tvm_ffi.structural_walk(loop.body, (tirx.AttrStmt, lambda a: clobbered.append(a.node) if a.attr_key == IN_PLACE else None))
     for buf in clobbered:
-        for reads, conditional, stmt in _uses_in_order(loop.body, buf):
-            if reads:
-                raise PlanError(f"{name}: an epilogue computed {buf.name} in place for its store inside loop "
-                                f"'{loop.loop_var.name}', but the loop's next iteration reads {buf.name} before "
-                                f"writing it anew: {_snippet(stmt)} (store the result after the loop that "
-                                f"accumulates instead, e.g. reverse_compute_at an outer loop)")
-            if not conditional:
-                break  # written anew first
+        stmt = _first_unsafe_read(loop.body, buf, tile)
+        if stmt is not None:
+            raise PlanError(f"{name}: an epilogue computed {buf.name} in place for its store inside loop "
+                            f"'{loop.loop_var.name}', but the loop's next iteration reads {buf.name} before "
+                            f"writing it anew: {_snippet(stmt)} (store the result after the loop that "
+                            f"accumulates instead, e.g. reverse_compute_at an outer loop)")
 
 
 def _host_buffers_of_calls(stmt) -> dict:

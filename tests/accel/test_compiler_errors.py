@@ -227,3 +227,32 @@ def test_an_epilogue_over_tiles_the_loop_still_accumulates_is_refused():
     """Inside jo the in-place +5 covers both tiles, and the next jo accumulates on tile 1."""
     with pytest.raises(accel.PlanError, match="inside loop 'jo'.*reads acc before writing it anew"):
         accel.build(_gemm_then(32, True))
+
+
+@T.prim_func
+def reset_one_tile_per_round(A: T.Buffer((16, 16), "int8"), W: T.Buffer((32, 16), "int8"),
+                             C: T.Buffer((16, 32), "int32")):
+    acc = T.alloc_buffer((16, 32), "int32", scope="local.accel_acc")
+    a = T.alloc_buffer((16, 16), "int8", scope="local.accel_inp")
+    w = T.alloc_buffer((32, 16), "int8", scope="local.accel_wgt")
+    for i, j in T.grid(16, 32):
+        acc[i, j] = 0
+    for i, k in T.grid(16, 16):
+        a[i, k] = A[i, k]
+    for j, k in T.grid(32, 16):
+        w[j, k] = W[j, k]
+    for r in range(2):
+        for i, j in T.grid(16, 16):  # tile 0 is reset every round, tile 1 is not
+            acc[i, j] = 0
+        for i, j, k in T.grid(16, 16, 16):
+            acc[i, j] = acc[i, j] + T.Cast("int32", a[i, k]) * T.Cast("int32", w[j, k])
+        for i, j, k in T.grid(16, 16, 16):
+            acc[i, 16 + j] = acc[i, 16 + j] + T.Cast("int32", a[i, k]) * T.Cast("int32", w[16 + j, k])
+        for i, j in T.grid(16, 32):
+            C[i, j] = acc[i, j] + 5
+
+
+def test_a_reset_of_part_of_the_accumulator_does_not_count_as_writing_it_anew():
+    """The next round resets tile 0 only, then adds onto tile 1, which the +5 clobbered."""
+    with pytest.raises(accel.PlanError, match="inside loop 'r'.*reads acc before writing it anew"):
+        accel.build(reset_one_tile_per_round)
