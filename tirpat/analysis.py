@@ -131,7 +131,12 @@ def substitute(node, pairs: Sequence):
                 mut.var_remap_set(var, new)
         return mut.default_mutate(value)
 
-    return _MUTATE(node, [(type(node).__tvm_ffi_type_info__.type_index, at_root, False)])
+    try:
+        return _MUTATE(node, [(type(node).__tvm_ffi_type_info__.type_index, at_root, False)])
+    except TypeError as err:  # the remap also met a definition of one of the variables
+        names = ", ".join(str(v.name) for v, _ in pairs)
+        raise ValueError(f"substitute: one of the variables {names} is also defined inside the node "
+                         f"({str(err).strip().splitlines()[-1]})") from None
 
 
 def with_child(node, old, new):

@@ -30,33 +30,46 @@ _BINARY = (tirx.Add, tirx.Sub, tirx.Mul, tirx.Div, tirx.Mod, tirx.FloorDiv, tirx
 
 
 def index_dtype_of(node) -> str:
-    """The index type of a statement: its first loop variable's, else its first store's
-    first index's; ``"int32"`` when it has neither.
+    """The index type of a statement: that of its first loop variable or store index, in
+    program order; ``"int32"`` when it has neither.
 
     >>> index_dtype_of(func.body)      # doctest: +SKIP
     'int64'
     """
-    while True:
-        kind = type(node)
-        if kind is tirx.For:
-            return dtype_of(node.loop_var)
-        if kind is tirx.SeqStmt:
-            node = node.seq[0]
-        elif kind is tirx.IfThenElse:
-            node = node.then_case
-        elif kind is tirx.BufferStore:
-            indices = node.indices
-            found = dtype_of(indices[0]) if len(indices) else None
-            return found if found in _INDEX_TYPES else "int32"
-        else:
-            return "int32"
+    return _first_index_dtype(node) or "int32"
+
+
+def _first_index_dtype(node) -> str | None:
+    kind = type(node)
+    if kind is tirx.For:
+        return dtype_of(node.loop_var)
+    if kind is tirx.BufferStore:
+        for index in node.indices:
+            found = dtype_of(index)
+            if found in _INDEX_TYPES:
+                return found
+        return None
+    if kind is tirx.SeqStmt:
+        children = node.seq
+    elif kind is tirx.IfThenElse:
+        children = [node.then_case] if node.else_case is None else [node.then_case, node.else_case]
+    else:
+        body = getattr(node, "body", None)
+        children = [body] if isinstance(body, tirx.Stmt) else []
+    for child in children:
+        found = _first_index_dtype(child)
+        if found is not None:
+            return found
+    return None
 
 
 def with_index_dtype(func: tirx.PrimFunc, dtype: str) -> tirx.PrimFunc:
     """``func`` (lowered TIR) with its index arithmetic in ``dtype`` (``"int32"`` or ``"int64"``).
 
     Raises ValueError when a constant index does not fit in ``dtype``, or when ``func``
-    still has ``T.sblock`` blocks.
+    still has ``T.sblock`` blocks. Narrowing to int32 assumes that every index value fits
+    (as TVM's ``ForceNarrowIndexToInt32`` does); a value computed from a narrowed index is
+    then computed in int32 too, so module rules only ever widen.
 
     >>> with_index_dtype(desc, "int64").params[0].shape      # doctest: +SKIP
     [T.int64(16), T.int64(16)]

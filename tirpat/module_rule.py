@@ -363,8 +363,14 @@ class _ModuleRulePattern(P.Pattern):
     def shadows(self, other) -> bool:
         """True when this rule takes every site ``other`` could: the same pattern function,
         and no where() predicate to leave some sites to it."""
-        return (isinstance(other, _ModuleRulePattern) and self.rule.where is None
-                and tvm_ffi.structural_equal(self.rule.pattern_func, other.rule.pattern_func, map_free_vars=True))
+        if not isinstance(other, _ModuleRulePattern) or self.rule.where is not None:
+            return False
+        mine, theirs = self.rule, other.rule
+        # the same sites, and the same preconditions on them (the replacement's declarations)
+        return (tvm_ffi.structural_equal(mine.pattern_func, theirs.pattern_func, map_free_vars=True)
+                and len(mine.replacement_func.params) == len(theirs.replacement_func.params)
+                and all(tvm_ffi.structural_equal(a.ty, b.ty, map_free_vars=True)
+                        for a, b in zip(mine.replacement_func.params, theirs.replacement_func.params)))
 
     def _quick_reject(self, node) -> bool:
         """True when the outer loops' constant extents rule a match out, on raw TIR as on
@@ -396,7 +402,7 @@ class _ModuleRulePattern(P.Pattern):
                 mt.trace and mt.fail(path + ("params",), self, node, reason, final=True)
                 continue
             e = dict(e)
-            m = rule._complete(node, e, views, ())
+            m = rule._complete(node, e, views, mt.context)
             if rule.where is not None and not rule.where(m):
                 mt.trace and mt.fail(path + ("where",), self, node, f"the rule's where() predicate "
                                      f"{getattr(rule.where, '__name__', rule.where)} is false", final=True)
@@ -465,6 +471,11 @@ class ModuleRule:
     def for_index_dtype(self, dtype: str) -> "ModuleRule | str":
         """This rule for code whose indices are ``dtype``, or why there is none."""
         rule = self._variants.get(dtype)
+        if rule is None and dtype == "int32":
+            # Narrowing could overflow a value computed from an index (TVM narrows on the
+            # same assumption, ForceNarrowIndexToInt32): write such rules in int32.
+            rule = f"the rule indexes in {self.index_dtype} and is not narrowed to {dtype} indices"
+            self._variants[dtype] = rule
         if rule is None:
             try:
                 pattern = with_index_dtype(self.pattern_func, dtype)
@@ -474,9 +485,11 @@ class ModuleRule:
                         raise ValueError(f"scalar parameter {p.name} would be {dtype_of(p)} in the pattern "
                                          f"but {dtype_of(q)} in the replacement")
                 rule = ModuleRule({"pattern": pattern, "replacement": replacement}, self.name, self.where)
+                rule.index_dtype = dtype  # what it was made for, whatever its first statement shows
                 rule._variants = self._variants
-            except ValueError as err:
-                rule = f"the rule cannot be converted to {dtype} indices: {err}"
+            except Exception as err:  # noqa: BLE001 - a TVM error too: the site is then not rewritten, and explain says why
+                lines = str(err).strip().splitlines() or [type(err).__name__]
+                rule = f"the rule cannot be converted to {dtype} indices: {lines[-1]}"
             self._variants[dtype] = rule
         return rule
 
@@ -760,6 +773,14 @@ class _EvaluatePattern(P.StmtPattern):
             mt.trace and mt.fail(path, self, node, f"expected an evaluate, found {type(node).__name__}")
             return
         yield from mt.m(self.value, node.value, env, nest, path + ("value",))
+
+    def compile_with(self, cc):
+        value = cc.compile(self.value)
+
+        def fn(node, env, nest):
+            return type(node) is tirx.Evaluate and value(node.value, env, nest)
+
+        return fn
 
 
 def module_rule(mod, name=None, where=None):

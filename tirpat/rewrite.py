@@ -108,7 +108,8 @@ class Rewriter:
             for later in self.rules[n + 1:] if shadows else ():
                 if shadows(later.pattern):
                     warnings.warn(f"rule {later.name!r} never fires: rule {earlier.name!r} comes first and has the "
-                                  f"same pattern (give it a where= predicate to choose its sites)", stacklevel=3)
+                                  f"same pattern (give {earlier.name!r} a where= predicate to choose its sites)",
+                                  stacklevel=3)
         self.report = Report()
         self._by_type: dict = {}
         self._has_expr_rules = any(r.pattern.position == P.EXPR for r in self.rules)

@@ -397,3 +397,77 @@ def test_a_scalar_typed_differently_after_conversion_refuses_int64_code():
         rw(f)
         assert rw.report.counts == ({"g": 1} if fires else {}), dtype
     assert "scalar parameter s would be int32 in the pattern but int64 in the replacement" in str(tp.explain(rw, f))
+
+
+@T.prim_func(s_tir=True)
+def marked_copy_pattern(a: T.handle, b: T.handle):
+    A = T.match_buffer(a, (8,), "int32", offset_factor=1)
+    B = T.match_buffer(b, (8,), "int32", offset_factor=1)
+    with T.sblock("root"):
+        T.evaluate(T.call_extern("int32", "mark"))
+        for i in range(8):
+            with T.sblock("c"):
+                vi = T.axis.remap("S", [i])
+                B[vi] = A[vi]
+
+
+@T.prim_func(s_tir=True)
+def marked_copy_replacement(a: T.handle, b: T.handle):
+    A = T.match_buffer(a, (8,), "int32", offset_factor=1)
+    B = T.match_buffer(b, (8,), "int32", offset_factor=1)
+    with T.sblock("root"):
+        T.evaluate(T.call_extern("int32", "mark"))
+        for i in range(8):
+            with T.sblock("c"):
+                vi = T.axis.remap("S", [i])
+                B[vi] = A[vi] + 0 * B[vi]
+
+
+@pytest.mark.parametrize("dtype", ["int32", "int64"])
+def test_a_pattern_starting_with_an_evaluate_matches_in_either_index_type(dtype):
+    """The site's index type comes from its first loop, past the leading T.evaluate."""
+    rw = tp.Rewriter.from_module({"pattern": marked_copy_pattern, "replacement": marked_copy_replacement}, name="m")
+    A, B = (tirx.decl_buffer((tirx.IntImm(dtype, 8),), "int32", n) for n in "AB")
+    i = tirx.Var("i", dtype)
+    body = tirx.SeqStmt([tirx.Evaluate(tirx.call_extern("int32", "mark")),
+                         tirx.For(i, tirx.IntImm(dtype, 0), tirx.IntImm(dtype, 8), 0,
+                                  tirx.BufferStore(B, tirx.BufferLoad(A, [i]), [i]))])
+    rw(tirx.PrimFunc([A, B], body).with_attr("global_symbol", "main"))
+    assert rw.report.counts == {"m": 1}
+
+
+def test_where_sees_the_enclosing_loops_on_every_search_path():
+    """The full search (run after a skipped commutative choice) gives where() the same
+    context as the first-match search: a rule for top-level sites never fires in a nest."""
+    seen = []
+    rw = tp.Rewriter.from_module({"pattern": gemm_desc, "replacement": gemm_impl_strided}, name="g",
+                                 where=lambda m: seen.append(len(m.context)) or not m.context)
+    f = tiled_matmul(8, 8, 8)
+    assert rw(f).same_as(f) and rw.report.counts == {}
+    assert seen and set(seen) == {3}
+
+
+def test_same_pattern_with_other_replacement_declarations_is_not_called_dead():
+    """gemm_impl_compact refuses strided tiles that gemm_impl_strided takes: no warning."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        rw = (tp.Rewriter.from_module({"pattern": gemm_desc, "replacement": gemm_impl_compact}, name="compact")
+              | tp.Rewriter.from_module({"pattern": gemm_desc, "replacement": gemm_impl_strided}, name="strided"))
+    rw(tiled_matmul(8, 8, 8))
+    assert rw.report.counts == {"strided": 1}
+
+
+def test_an_int64_rule_is_not_narrowed_for_int32_code():
+    rw = tp.Rewriter.from_module({"pattern": tp.lower(te.create_prim_func(_row_add_te("int64"))),
+                                  "replacement": tp.lower(te.create_prim_func(_row_add_te("int64")))}, name="r64")
+    f = tp.lower(te.create_prim_func(_row_add_te("int32")))
+    assert rw(f).same_as(f) and rw.report.counts == {}
+    assert "indexes in int64 and is not narrowed to int32" in str(tp.explain(rw, f))
+
+
+def _row_add_te(dtype):
+    n = tirx.IntImm(dtype, 8)
+    A = te.placeholder((n,), "int32", name="A")
+    return [A, te.compute((n,), lambda i: A[i] + 1, name="B")]
