@@ -178,6 +178,17 @@ def test_an_in_place_epilogue_inside_the_reduction_loop_is_refused():
         accel.build(_relu_matmul("ko"))
 
 
+@T.macro
+def _zero_and_stage(A, W, acc, a, w):
+    """acc (16x32) = 0; A (16x16) and W (32x16) into their scratchpads."""
+    for i, j in T.grid(16, 32):
+        acc[i, j] = 0
+    for i, k in T.grid(16, 16):
+        a[i, k] = A[i, k]
+    for j, k in T.grid(32, 16):
+        w[j, k] = W[j, k]
+
+
 def _gemm_then(epilogue_cols: int, store_inside: bool):
     """acc (16x32) = A x W^T in two column tiles (loop jo), then ``acc += 5`` on columns
     ``0:epilogue_cols`` and a store of all 32 columns: as separate nests after the loop, or
@@ -188,12 +199,7 @@ def _gemm_then(epilogue_cols: int, store_inside: bool):
         acc = T.alloc_buffer((16, 32), "int32", scope="local.accel_acc")
         a = T.alloc_buffer((16, 16), "int8", scope="local.accel_inp")
         w = T.alloc_buffer((32, 16), "int8", scope="local.accel_wgt")
-        for i, j in T.grid(16, 32):
-            acc[i, j] = 0
-        for i, k in T.grid(16, 16):
-            a[i, k] = A[i, k]
-        for j, k in T.grid(32, 16):
-            w[j, k] = W[j, k]
+        _zero_and_stage(A, W, acc, a, w)
         for jo in range(2):
             for i, j, k in T.grid(16, 16, 16):
                 acc[i, jo * 16 + j] = acc[i, jo * 16 + j] + T.Cast("int32", a[i, k]) * T.Cast("int32", w[jo * 16 + j, k])
@@ -235,12 +241,7 @@ def reset_one_tile_per_round(A: T.Buffer((16, 16), "int8"), W: T.Buffer((32, 16)
     acc = T.alloc_buffer((16, 32), "int32", scope="local.accel_acc")
     a = T.alloc_buffer((16, 16), "int8", scope="local.accel_inp")
     w = T.alloc_buffer((32, 16), "int8", scope="local.accel_wgt")
-    for i, j in T.grid(16, 32):
-        acc[i, j] = 0
-    for i, k in T.grid(16, 16):
-        a[i, k] = A[i, k]
-    for j, k in T.grid(32, 16):
-        w[j, k] = W[j, k]
+    _zero_and_stage(A, W, acc, a, w)
     for r in range(2):
         for i, j in T.grid(16, 16):  # tile 0 is reset every round, tile 1 is not
             acc[i, j] = 0
