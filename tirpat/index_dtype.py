@@ -178,8 +178,12 @@ def as_index(dtype: str, e):
 
 
 def _same_type(a, b):
-    """Operands of one integer type: a constant takes the other side's, else the wider wins."""
+    """Operands of one integer type: a constant takes the other side's, else the wider wins
+    (vectors of the same width too)."""
     da, db = dtype_of(a), dtype_of(b)
+    if da != db and _vector_of_index(da) and _vector_of_index(db) and _lanes(da) == _lanes(db):
+        wide = f"int64x{_lanes(da)}"
+        return (a if da == wide else tirx.Cast(wide, a)), (b if db == wide else tirx.Cast(wide, b))
     if da == db or da not in _INDEX_TYPES or db not in _INDEX_TYPES:
         return a, b
     if type(a) is tirx.IntImm:
@@ -188,6 +192,14 @@ def _same_type(a, b):
         return a, as_index(da, b)
     wide = "int64"
     return as_index(wide, a), as_index(wide, b)
+
+
+def _vector_of_index(dtype) -> bool:
+    return dtype is not None and "x" in dtype and dtype.split("x")[0] in _INDEX_TYPES
+
+
+def _lanes(dtype) -> int:
+    return int(dtype.split("x")[1])
 
 
 def _callbacks(mapping, dtype):
@@ -206,6 +218,9 @@ def _callbacks(mapping, dtype):
     def on_select(e):
         t, f = _same_type(e.true_value, e.false_value)
         return tirx.Select(e.condition, t, f)
+
+    def on_broadcast(e):
+        return e if dtype_of(e).split("x")[0] == dtype_of(e.value) else tirx.Broadcast(e.value, e.lanes)
 
     def on_ramp(e):
         base, stride = _same_type(e.base, e.stride)
@@ -233,7 +248,7 @@ def _callbacks(mapping, dtype):
     def _index_of(i):
         return as_index(dtype, i) if _is_index(i) else i
 
-    return [(ir.Var, on_var), (_BINARY, on_binary), (tirx.Select, on_select), (tirx.Ramp, on_ramp),
+    return [(ir.Var, on_var), (_BINARY, on_binary), (tirx.Select, on_select), (tirx.Ramp, on_ramp), (tirx.Broadcast, on_broadcast),
             (ir.TensorLoad, on_load), (tirx.BufferStore, on_store), (tirx.For, on_for), (tirx.Bind, on_bind)]
 
 

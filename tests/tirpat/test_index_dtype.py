@@ -62,3 +62,19 @@ def test_as_index_undoes_only_an_exact_widening():
     narrowed = tirx.Cast("int32", big)  # truncates: widening it again must keep the truncation
     assert isinstance(as_index("int64", narrowed), tirx.Cast) and as_index("int64", narrowed).value.same_as(narrowed)
     assert str(as_index("int64", tirx.IntImm("int32", 7)).ty.dtype) == "int64"
+
+
+def test_vector_indices_take_the_new_type_lane_by_lane():
+    """``A[Broadcast(i*4, 4) + Ramp(0, 1, 4)]``: the Broadcast follows its int64 value and
+    the Ramp is cast to match, instead of keeping a stale int32x4 type."""
+    A, B = tirx.decl_buffer((32,), "int32", "A"), tirx.decl_buffer((32,), "int32", "B")
+    i = tirx.Var("i", "int32")
+    idx = tirx.Broadcast(i * 4, 4) + tirx.Ramp(tirx.IntImm("int32", 0), tirx.IntImm("int32", 1), 4)
+    body = tirx.For(i, 0, 8, 0, tirx.BufferStore(B, tirx.BufferLoad(A, [idx]),
+                                                 [tirx.Ramp(i * 4, 1, 4)]))
+    f = tirx.PrimFunc([A, B], body).with_attr("global_symbol", "main")
+    f64 = with_index_dtype(f, "int64")
+    load_index = f64.body.body.value.indices[0]
+    assert str(load_index.ty.dtype) == "int64x4" and str(load_index.a.ty.dtype) == "int64x4"
+    a = np.arange(32, dtype="int32") * 3
+    np.testing.assert_array_equal(run(f64, [a, np.zeros(32, "int32")])[1], run(f, [a, np.zeros(32, "int32")])[1])
