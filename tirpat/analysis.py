@@ -139,14 +139,15 @@ def substitute(node, pairs: Sequence):
                          f"({str(err).strip().splitlines()[-1]})") from None
 
 
-def with_child(node, old, new):
-    """``node`` with its direct child ``old`` (a Stmt field, by identity) replaced by ``new``,
-    without the O(size) checks of the node's constructor (a PrimFunc's walks its body).
+def with_children(node, replacements: dict):
+    """``node`` with direct Stmt children replaced, ``replacements`` mapping ``key(old)`` to
+    the new child, without the O(size) checks of the node's constructor (a PrimFunc's walks
+    its whole body).
 
-    >>> with_child(func, func.body, new_body)     # doctest: +SKIP
+    >>> with_children(func, {key(func.body): new_body})     # doctest: +SKIP
     """
     def swap(value, mut):
-        return new if value.same_as(old) else value
+        return replacements.get(key(value), value)
 
     def at_root(value, mut):
         return mut.default_mutate(value) if value.same_as(node) else swap(value, mut)

@@ -26,7 +26,7 @@ import tvm_ffi
 from tvm import ir, tirx
 
 from . import pattern as P
-from .analysis import defined_vars, dtype_of, fresh_var, key, rename_defs, vars_used, with_child
+from .analysis import defined_vars, dtype_of, fresh_var, key, rename_defs, vars_used, with_children
 from .canonical import canonicalize
 from .match import Match, _Matcher
 
@@ -187,7 +187,7 @@ class Rewriter:
             return func
         # The same PrimFunc with the new body. (PrimFunc's constructor, and so with_body,
         # makes a pass over the whole body: that alone would make rewriting quadratic-ish.)
-        new = with_child(func, func.body, body)
+        new = with_children(func, {key(func.body): body})
         if not self._unchecked_fired:
             return new
         ok, detail = True, ""
@@ -359,15 +359,7 @@ class _Sites:
                 new = self.walk(child)
                 if not new.same_as(child):
                     changed[key(child)] = new
-        if not changed:
-            return node
-
-        def swap(n, mut):
-            if n.same_as(node):
-                return mut.default_mutate(n)
-            return changed.get(key(n), n)
-
-        return tvm_ffi.structural_mutate(node, [(tirx.Stmt, swap)])
+        return with_children(node, changed) if changed else node
 
     # -- with expression rules: every node, through structural_mutate -----------------------
     def mutate(self, root):
