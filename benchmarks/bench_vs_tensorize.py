@@ -41,6 +41,7 @@ from tvm import s_tir, te, topi
 from tvm.script import tirx as T
 
 import tirpat as tp
+from tirpat.testing import tile_gemm
 from timing import median_time
 
 INTRIN = "tirpat_bench.gemm16"
@@ -102,11 +103,7 @@ def mlp_schedule(layers: int, batch: int = 64, width: int = 64):
     tiles = []
     for n in range(layers):
         blk = sch.get_sblock("T_matmul_NT" + (f"_{n}" if n else ""))
-        i, j, k = sch.get_loops(blk)
-        io, ii = sch.split(i, [None, 16])
-        jo, ji = sch.split(j, [None, 16])
-        ko, ki = sch.split(k, [None, 16])
-        sch.reorder(io, jo, ko, ii, ji, ki)
+        io, jo, ko, ii, ji, ki = tile_gemm(sch, blk)
         sch.decompose_reduction(blk, ko)
         tiles.append(ii)
     return sch, tiles

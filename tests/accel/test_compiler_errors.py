@@ -6,7 +6,7 @@ import tvm
 
 import accel
 from tvm.script import tirx as T
-from tirpat.testing import tiled_matmul
+from tirpat.testing import tile_gemm, tiled_matmul
 
 SCOPES = ("local.accel_inp", "local.accel_wgt", "local.accel_acc")
 
@@ -145,11 +145,7 @@ def _relu_matmul(store_at: str):
     D = te.compute((32, 32), lambda i, j: te.max(C[i, j], 0), name="D")
     sch = s_tir.Schedule(te.create_prim_func([A, B, D]))
     blk = sch.get_sblock("C")
-    i, j, k = sch.get_loops(blk)
-    io, ii = sch.split(i, [None, 16])
-    jo, ji = sch.split(j, [None, 16])
-    ko, ki = sch.split(k, [None, 16])
-    sch.reorder(io, jo, ko, ii, ji, ki)
+    _, jo, ko = tile_gemm(sch, blk)[:3]
     sch.compute_at(sch.cache_read(blk, 0, "local.accel_inp"), ko)
     sch.compute_at(sch.cache_read(blk, 1, "local.accel_wgt"), ko)
     sch.reverse_compute_at(sch.cache_write(blk, 0, "local.accel_acc"), {"jo": jo, "ko": ko}[store_at])

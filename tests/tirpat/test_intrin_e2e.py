@@ -409,12 +409,7 @@ def zero_point_matmul(m, n, k):
                    name="C")
     sch = s_tir.Schedule(te.create_prim_func([A, B, C, zp]))
     blk = sch.get_sblock("C")
-    i, j, kk = sch.get_loops(blk)
-    io, ii = sch.split(i, [None, 16])
-    jo, ji = sch.split(j, [None, 16])
-    ko, ki = sch.split(kk, [None, 16])
-    sch.reorder(io, jo, ko, ii, ji, ki)
-    sch.decompose_reduction(blk, ko)
+    sch.decompose_reduction(blk, testing.tile_gemm(sch, blk)[2])
     return tp.lower(sch.mod)["main"]
 
 
@@ -485,12 +480,7 @@ def relax_matmul(m, n, k):
     sch = s_tir.Schedule(testing.legalized_matmul(m, n, k))
     sch.work_on("matmul")
     blk = sch.get_sblock("matmul")
-    i, j, r = sch.get_loops(blk)
-    io, ii = sch.split(i, [None, 16])
-    jo, ji = sch.split(j, [None, 16])
-    ro, ri = sch.split(r, [None, 16])
-    sch.reorder(io, jo, ro, ii, ji, ri)
-    sch.decompose_reduction(blk, ro)
+    sch.decompose_reduction(blk, testing.tile_gemm(sch, blk)[2])
     return sch.mod
 
 

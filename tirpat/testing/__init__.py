@@ -12,6 +12,7 @@ from .strategies import (
     elementwise_nests,
     legalized_matmul,
     random_array,
+    tile_gemm,
     tiled_matmul,
     tiled_reductions,
 )
@@ -19,5 +20,5 @@ from .strategies import (
 __all__ = [
     "COPY_FUNC", "CopyCase", "ElementwiseCase", "TiledReductionCase", "copy_nests",
     "elementwise_nests", "legalized_matmul", "random_array", "reference_copy_rule", "run", "tensor_view",
-    "tiled_matmul", "tiled_reductions",
+    "tile_gemm", "tiled_matmul", "tiled_reductions",
 ]

@@ -239,6 +239,20 @@ class TiledReductionCase:
         return a.astype("int32") @ b.astype("int32").T
 
 
+def tile_gemm(sch, block, tile=(16, 16, 16)) -> tuple:
+    """Split the ``i, j, k`` loops of a GEMM block by ``tile`` and order them
+    ``io, jo, ko, ii, ji, ki`` (returned), so each tile is one inner nest.
+
+    >>> io, jo, ko, ii, ji, ki = tile_gemm(sch, sch.get_sblock("C"))      # doctest: +SKIP
+    """
+    i, j, k = sch.get_loops(block)
+    io, ii = sch.split(i, [None, tile[0]])
+    jo, ji = sch.split(j, [None, tile[1]])
+    ko, ki = sch.split(k, [None, tile[2]])
+    sch.reorder(io, jo, ko, ii, ji, ki)
+    return io, jo, ko, ii, ji, ki
+
+
 def tiled_matmul(m: int, n: int, k: int, tile=(16, 16, 16), *, decompose_init: bool = False,
                  scopes: tuple | None = None, index_dtype: str = "int32") -> tirx.PrimFunc:
     """A lowered int8 matmul ``C = A x B^T`` (int32 out) tiled ``for io, jo, ko: for ii, ji, ki``.
@@ -255,11 +269,7 @@ def tiled_matmul(m: int, n: int, k: int, tile=(16, 16, 16), *, decompose_init: b
     C = te.compute((m, n), lambda i, j: te.sum(A[i, r].astype("int32") * B[j, r].astype("int32"), axis=r), name="C")
     sch = s_tir.Schedule(te.create_prim_func([A, B, C], index_dtype_override=index_dtype))
     blk = sch.get_sblock("C")
-    i, j, kk = sch.get_loops(blk)
-    io, ii = sch.split(i, [None, tile[0]])
-    jo, ji = sch.split(j, [None, tile[1]])
-    ko, ki = sch.split(kk, [None, tile[2]])
-    sch.reorder(io, jo, ko, ii, ji, ki)
+    io, jo, ko, ii, ji, ki = tile_gemm(sch, blk, tile)
     if scopes is not None:
         sch.compute_at(sch.cache_read(blk, 0, scopes[0]), ko)
         sch.compute_at(sch.cache_read(blk, 1, scopes[1]), ko)
