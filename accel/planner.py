@@ -308,13 +308,18 @@ def _first_unsafe_read(stmt, buf, tile):
     return None
 
 
+def _clobbered(stmt) -> list:
+    """The accumulators an in-place epilogue in ``stmt`` overwrites."""
+    found = []
+    tvm_ffi.structural_walk(stmt, (tirx.AttrStmt, lambda a: found.append(a.node) if a.attr_key == IN_PLACE else None))
+    return found
+
+
 def _check_in_place(stmts, name, tile):
     """An epilogue that overwrote an accumulator in place must be its last reader, until the
     whole accumulator is written anew."""
     for n, stmt in enumerate(stmts):
-        clobbered = []
-        tvm_ffi.structural_walk(stmt, (tirx.AttrStmt, lambda a: clobbered.append(a.node) if a.attr_key == IN_PLACE else None))
-        for buf in clobbered:
+        for buf in _clobbered(stmt):
             rest = stmts[n + 1:]
             later = None if not rest else _first_unsafe_read(rest[0] if len(rest) == 1 else tirx.SeqStmt(rest),
                                                              buf, tile)
@@ -329,9 +334,7 @@ def _check_loop_carried(loop, name, tile):
     anything reads any part of it (conservative: the regions read are not compared)."""
     if isinstance(loop.extent, tirx.IntImm) and loop.extent.value == 1:
         return
-    clobbered = []
-    tvm_ffi.structural_walk(loop.body, (tirx.AttrStmt, lambda a: clobbered.append(a.node) if a.attr_key == IN_PLACE else None))
-    for buf in clobbered:
+    for buf in _clobbered(loop.body):
         stmt = _first_unsafe_read(loop.body, buf, tile)
         if stmt is not None:
             raise PlanError(f"{name}: an epilogue computed {buf.name} in place for its store inside loop "
