@@ -1,8 +1,8 @@
 """accel: a small simulated int8 NPU (Gemmini/VTA style) that tirpat offloads to.
 
-The hardware side: :class:`Config`, the ISA (:mod:`accel.isa`), the stream emitter
-(:mod:`accel.emitter`), the simulator and cycle model (:mod:`accel.sim`) and the runtime
-(:mod:`accel.runtime`), which registers the ``accel.*`` TVM global functions on import.
+The hardware side: :class:`Config`, the ISA (:mod:`accel.hw.isa`), the stream emitter
+(:mod:`accel.hw.emitter`), the simulator and cycle model (:mod:`accel.hw.sim`) and the runtime
+(:mod:`accel.hw.runtime`), which registers the ``accel.*`` TVM global functions on import.
 
 >>> import accel
 >>> with accel.Session() as s:
@@ -11,24 +11,43 @@ The hardware side: :class:`Config`, the ISA (:mod:`accel.isa`), the stream emitt
 1
 """
 
-from accel.config import Config
-from accel.errors import (
+from accel.hw.config import Config
+from accel.hw.errors import (
     AccelError, AlignmentError, DeadlockError, DecodeError, DmaRangeError, DtypeMismatchError,
     InstructionError, ScratchpadOverflowError, TokenError, UnknownSlotError,
 )
-from accel.isa import (
+from accel.hw.isa import (
     INSTRUCTION_BYTES, Alu, AluOp, Finish, Gemm, Instruction, Load, Mem, Opcode, Queue, Store,
     StoreMode, decode, disassemble, encode,
 )
-from accel.runtime import (
+from accel.hw.runtime import (
     AUTO, POP_NEXT, POP_PREV, PUSH_NEXT, PUSH_PREV, Session, current_session, default_session,
 )
-from accel.stats import Stats, Timeline
+from accel.hw.stats import Stats, Timeline
 
-# The compiler side (tirpat rules, scratchpad planner, scheduler, build) on top.
-from accel.rules import rules  # noqa: E402
-from accel.planner import PlanError, ScratchpadOverflow  # noqa: E402
-from accel.pipeline import Executable, Report, build, pipeline_name  # noqa: E402
+# The compiler side (tirpat rules, scratchpad planner, scheduler, build) is loaded on first
+# use, so that importing the hardware side alone never loads the compiler.
+_COMPILER = {
+    "rules": "accel.compiler.rules", "PlanError": "accel.compiler.planner",
+    "ScratchpadOverflow": "accel.compiler.planner", "Executable": "accel.compiler.build",
+    "Report": "accel.compiler.build", "build": "accel.compiler.build",
+    "pipeline_name": "accel.compiler.build",
+}
+
+
+def __getattr__(name: str):
+    module = _COMPILER.get(name)
+    if module is None:
+        raise AttributeError(f"module 'accel' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_COMPILER))
 
 __all__ = [
     "Config", "Session", "current_session", "default_session", "Stats", "Timeline",

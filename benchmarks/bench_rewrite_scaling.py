@@ -25,7 +25,7 @@ def body():
 
 def repeated(func, n):
     """n copies of the body, each with its own loop variables and scratch buffers."""
-    from tirpat.analysis import defined_vars, fresh_var, key, rename_defs
+    from tirpat.tir.analysis import defined_vars, fresh_var, key, rename_defs
 
     if n == 1:
         return func

@@ -28,8 +28,8 @@ import argparse  # noqa: E402
 import numpy as np  # noqa: E402
 
 from accel import Config, Mem, Queue  # noqa: E402
-from accel.emitter import Emitter  # noqa: E402
-from accel.sim import Simulator  # noqa: E402
+from accel.hw.emitter import Emitter  # noqa: E402
+from accel.hw.sim import Simulator  # noqa: E402
 from timing import median_times  # noqa: E402
 
 N = 512

@@ -14,9 +14,9 @@ from tvm import te, tirx
 
 import accel
 import tirpat as tp
-from accel.isa import AluOp, Mem, StoreMode
-from accel.planner import plan_pass
-from accel.rules import ACC, address, call
+from accel.hw.isa import AluOp, Mem, StoreMode
+from accel.compiler.planner import plan_pass
+from accel.compiler.rules import ACC, address, call
 
 i = tp.is_var("i")
 X, Y, OUT = (tp.is_buffer(name, dtype="int32", scope="global") for name in ("x", "y", "out"))

@@ -7,10 +7,12 @@
 >>> rw = tp.Rewriter.from_pattern(copy, lambda m: None)
 """
 
-from .explain import Explanation, explain
-from .match import Match, find_all, match
-from .module_rule import rewriter
-from .pattern import (
+import importlib
+
+from .tir.explain import Explanation, explain
+from .tir.match import Match, find_all, match
+from .tir.module_rule import rewriter
+from .tir.pattern import (
     Pattern,
     affine,
     is_buffer,
@@ -29,9 +31,9 @@ from .pattern import (
     min,
     wildcard,
 )
-from .pipeline import lower, lower_blocks, register_pipeline
-from .region import CopyRegion, Region, RegionError, padding
-from .rewrite import Report, RewriteError, Rewriter, Rule, Site
+from .tir.pipeline import lower, lower_blocks, register_pipeline
+from .tir.region import CopyRegion, Region, RegionError, padding
+from .tir.rewrite import Report, RewriteError, Rewriter, Rule, Site
 
 __all__ = [
     "CopyRegion", "Explanation", "Match", "Pattern", "Region", "RegionError", "Report",
@@ -40,3 +42,24 @@ __all__ = [
     "is_store", "is_var", "loop", "lower", "lower_blocks", "match", "max", "min", "padding",
     "register_pipeline", "rewriter", "wildcard",
 ]
+
+# The model level (backends, targets, whole-model builds) is imported on first use: the TIR
+# core and the device kit never need it, and a device runtime importing tirpat stays light.
+_MODEL = {
+    "Backend": "backend", "Option": "backend", "Phase": "backend", "register_backend": "backend",
+    "backends": "backend",
+}
+__all__ += sorted(_MODEL)
+
+
+def __getattr__(name: str):
+    module = _MODEL.get(name)
+    if module is None:
+        raise AttributeError(f"module 'tirpat' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"tirpat.model.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_MODEL))

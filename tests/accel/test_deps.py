@@ -7,10 +7,10 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from accel.deps import DependencyTracker
-from accel.emitter import Emitter
-from accel.isa import Mem, Queue
-from accel.sim import Simulator
+from accel.hw.tokens import DependencyTracker
+from accel.hw.emitter import Emitter
+from accel.hw.isa import Mem, Queue
+from accel.hw.sim import Simulator
 
 _spec = importlib.util.spec_from_file_location("accel_sim_strategies", pathlib.Path(__file__).with_name("test_sim.py"))
 sim_tests = importlib.util.module_from_spec(_spec)
@@ -46,7 +46,7 @@ def test_auto_tokens_make_any_stream_run_in_program_order(program):
 
 
 def test_double_buffered_loads_wait_for_the_gemm_two_steps_back():
-    from accel.isa import Gemm, Load
+    from accel.hw.isa import Gemm, Load
 
     em, deps = Emitter(), DependencyTracker(16)
 

@@ -5,8 +5,8 @@ import importlib
 
 import pytest
 
-MODULES = ["accel", "accel.config", "accel.errors", "accel.isa", "accel.emitter", "accel.sim",
-           "accel.stats", "accel.runtime"]
+MODULES = ["accel", "accel.hw.config", "accel.hw.errors", "accel.hw.isa", "accel.hw.emitter", "accel.hw.sim",
+           "accel.hw.stats", "accel.hw.runtime"]
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -4,8 +4,8 @@ import pytest
 from hypothesis import given, strategies as st
 
 import accel
-from accel.emitter import Emitter, nop, verify
-from accel.isa import AluOp, Finish, Mem, Queue
+from accel.hw.emitter import Emitter, nop, verify
+from accel.hw.isa import AluOp, Finish, Mem, Queue
 
 LOAD, COMPUTE, STORE = Queue.LOAD, Queue.COMPUTE, Queue.STORE
 EDGES = [(LOAD, COMPUTE), (COMPUTE, LOAD), (COMPUTE, STORE), (STORE, COMPUTE)]

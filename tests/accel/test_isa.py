@@ -4,8 +4,8 @@ import pytest
 from hypothesis import given, strategies as st
 
 import accel
-from accel import isa
-from accel.isa import Alu, AluOp, Finish, Gemm, Load, Mem, Queue, Store, StoreMode, queue_of
+from accel.hw import isa
+from accel.hw.isa import Alu, AluOp, Finish, Gemm, Load, Mem, Queue, Store, StoreMode, queue_of
 
 u32 = st.integers(0, 2**32 - 1)
 i32 = st.integers(-(2**31), 2**31 - 1)

@@ -6,8 +6,8 @@ import tvm
 from tvm.script import tirx as T
 
 import accel
-from accel import runtime
-from accel.isa import Mem
+from accel.hw import runtime
+from accel.hw.isa import Mem
 
 
 @T.prim_func

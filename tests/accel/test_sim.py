@@ -5,9 +5,9 @@ import pytest
 from hypothesis import given, strategies as st
 
 import accel
-from accel.emitter import Emitter
-from accel.isa import Alu, AluOp, Gemm, Load, Mem, Queue, Store, StoreMode
-from accel.sim import Simulator
+from accel.hw.emitter import Emitter
+from accel.hw.isa import Alu, AluOp, Gemm, Load, Mem, Queue, Store, StoreMode
+from accel.hw.sim import Simulator
 
 T = 16
 SMALL = accel.Config(inp_bytes=8 * 256, wgt_bytes=8 * 256, acc_bytes=8 * 1024)

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from tvm import tirx
 
 import tirpat as tp
-from tirpat.index_dtype import with_index_dtype
+from tirpat.tir.index_dtype import with_index_dtype
 from tirpat.testing import copy_nests, reference_copy_rule, run
 
 RW = reference_copy_rule()
@@ -122,7 +122,7 @@ def test_padding_depends_on_enclosing_loops():
 
 
 def _subst(expr, var, value):
-    from tirpat.analysis import substitute
+    from tirpat.tir.analysis import substitute
 
     return substitute(expr, [(var, tirx.IntImm("int32", value))])
 

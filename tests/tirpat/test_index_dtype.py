@@ -8,7 +8,7 @@ from hypothesis import given
 from tvm import te, tirx
 
 import tirpat as tp
-from tirpat.index_dtype import index_dtype_of, with_index_dtype
+from tirpat.tir.index_dtype import index_dtype_of, with_index_dtype
 from tirpat.testing import copy_nests, run
 
 NARROW = tirx.transform.ForceNarrowIndexToInt32()
@@ -55,7 +55,7 @@ def test_refusals_name_the_problem():
 
 
 def test_as_index_undoes_only_an_exact_widening():
-    from tirpat.index_dtype import as_index
+    from tirpat.tir.index_dtype import as_index
 
     small, big = tirx.Var("small", "int32"), tirx.Var("big", "int64")
     assert as_index("int32", tirx.Cast("int64", small)).same_as(small)

@@ -108,7 +108,7 @@ def _same(a, b) -> bool:
     if isinstance(a, tirx.For):
         return a.loop_var.same_as(b.loop_var) and _same(a.extent, b.extent)
     if isinstance(a, tvm.ir.Expr) and not isinstance(a, tirx.Stmt) and not tirx.is_buffer_var(a):
-        return tp.analysis.const_int(tp.analysis.simplify(a - b)) == 0
+        return tp.tir.analysis.const_int(tp.tir.analysis.simplify(a - b)) == 0
     return False
 
 
@@ -119,9 +119,9 @@ def test_first_match_search_agrees_with_the_full_search(intrins):
     The rewritten functions are well-formed (module rules skip the per-site verifier)."""
     from tvm.s_tir import TensorIntrin
 
-    from tirpat.canonical import canonicalize
-    from tirpat.match import _Matcher
-    from tirpat.module_rule import ModuleRule
+    from tirpat.tir.canonical import canonicalize
+    from tirpat.tir.match import _Matcher
+    from tirpat.tir.module_rule import ModuleRule
 
     matched = 0
     for _, name in registered_intrins():

@@ -20,9 +20,9 @@ import sys
 import tvm_ffi
 from tvm import ir, tirx
 
-from ..analysis import const_int, key, visit_accesses
-from ..index_dtype import with_index_dtype
-from ..pipeline import lower
+from ..tir.analysis import const_int, key, visit_accesses
+from ..tir.index_dtype import with_index_dtype
+from ..tir.pipeline import lower
 
 #: The submodules of ``tvm.s_tir.tensor_intrin`` that register intrinsics when imported.
 INTRIN_MODULES = ("x86", "arm_cpu", "cuda", "rocm", "metal", "hexagon", "riscv_cpu", "dot_product_common")

@@ -18,8 +18,8 @@ import numpy as np
 import tvm
 from tvm import tirx
 
-from ..pattern import is_copy
-from ..rewrite import Rewriter
+from ..tir.pattern import is_copy
+from ..tir.rewrite import Rewriter
 
 COPY_FUNC = "tirpat.testing.copy"
 

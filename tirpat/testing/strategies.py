@@ -18,7 +18,7 @@ import numpy as np
 from hypothesis import strategies as st
 from tvm import ir, s_tir, te, tirx
 
-from ..pipeline import lower
+from ..tir.pipeline import lower
 
 _INT = "int32"
 

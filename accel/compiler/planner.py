@@ -22,9 +22,9 @@ import tvm
 import tvm_ffi
 from tvm import ir, tirx
 
-from accel.config import Config
-from accel.isa import Mem
-from accel.rules import IN_PLACE, SCOPES, is_scratchpad
+from accel.hw.config import Config
+from accel.hw.isa import Mem
+from accel.compiler.rules import IN_PLACE, SCOPES, is_scratchpad
 
 
 _ANALYZER = tvm.sym.Analyzer()

@@ -37,8 +37,8 @@ from typing import Callable
 import tvm_ffi
 from tvm import ir, s_tir, sym, tirx
 
-from accel.blocks import DATA_PAR, REDUCE, pointwise_chain
-from accel.config import Config
+from accel.compiler.blocks import DATA_PAR, REDUCE, pointwise_chain
+from accel.hw.config import Config
 
 DEPTHWISE = ("a depthwise or grouped convolution: each output channel reads only its own group "
              "of input channels, which is not one matrix product")

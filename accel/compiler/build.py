@@ -1,9 +1,9 @@
 """The accel TIR pipeline and ``accel.build``.
 
 ``tvm.compile(mod, target="llvm", tir_pipeline="accel")`` runs accel's tirpat rules after
-block lowering and before flattening, then plans the scratchpads (:mod:`accel.planner`);
+block lowering and before flattening, then plans the scratchpads (:mod:`accel.compiler.planner`);
 whatever no rule matched stays on the CPU and is compiled by LLVM. :func:`build` also
-schedules unscheduled workloads first (:mod:`accel.schedule`).
+schedules unscheduled workloads first (:mod:`accel.compiler.schedule`).
 
 >>> ex = accel.build(te.create_prim_func([A, W, C]))      # doctest: +SKIP
 >>> with accel.Session() as s:                             # doctest: +SKIP
@@ -20,11 +20,11 @@ import tvm
 from tvm import ir, tirx
 
 import tirpat as tp
-from accel.config import Config
-from accel.planner import plan_pass
-from accel.runtime import take_error
-from accel.rules import rules
-from accel.schedule import Notes, schedule
+from accel.hw.config import Config
+from accel.compiler.planner import plan_pass
+from accel.hw.runtime import take_error
+from accel.compiler.rules import rules
+from accel.compiler.schedule import Notes, schedule
 
 _REGISTERED: dict = {}
 

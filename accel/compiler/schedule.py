@@ -1,7 +1,7 @@
 """Scheduling unscheduled workloads for accel with ``s_tir.Schedule``.
 
 For each int8 x int8 -> int32 GEMM block (dense, matmul, batch_matmul as TE/topi write
-them; a conv2d is first rewritten into a batched GEMM by :mod:`accel.conv`) the scheduler:
+them; a conv2d is first rewritten into a batched GEMM by :mod:`accel.compiler.conv`) the scheduler:
 
 1. transposes an operand on the CPU when its layout is not the one the DMA can read
    (the GEMM computes ``inp x wgt^T``: A must be ``[M, K]`` and the weight ``[N, K]``);
@@ -28,11 +28,11 @@ from tvm import ir, s_tir, tirx
 from tvm.s_tir.schedule import ScheduleError as TVMScheduleError
 
 import tirpat as tp
-from accel.blocks import DATA_PAR, REDUCE, pointwise_chain
-from accel.config import Config
-from accel.conv import analyse as analyse_conv
-from accel.conv import normalise as normalise_conv
-from accel.rules import ACC, INP, WGT, epilogue_chain
+from accel.compiler.blocks import DATA_PAR, REDUCE, pointwise_chain
+from accel.hw.config import Config
+from accel.compiler.conv import analyse as analyse_conv
+from accel.compiler.conv import normalise as normalise_conv
+from accel.compiler.rules import ACC, INP, WGT, epilogue_chain
 
 
 class ScheduleError(ValueError):

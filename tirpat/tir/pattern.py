@@ -9,7 +9,7 @@ of ``tvm.relax.dpl``::
     >>> A, B = tp.is_buffer("A"), tp.is_buffer("B")
     >>> copy = tp.is_nest([i, j], tp.is_store(B, [i, j], A[i, j]))
 
-The matcher lives in :mod:`tirpat.match`; this module only describes shapes.
+The matcher lives in :mod:`tirpat.tir.match`; this module only describes shapes.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ class AccelError(Exception):
 class DecodeError(AccelError, ValueError):
     """A byte stream is truncated or is not a valid encoding.
 
-    >>> from accel import isa
+    >>> from accel.hw import isa
     >>> try:
     ...     isa.decode(b"\\x00" * 3)
     ... except DecodeError as e:
@@ -45,7 +45,7 @@ class InstructionError(AccelError, ValueError):
         self.index = index
         self.instruction = instruction
         self.reason = reason
-        from accel.isa import disassemble  # the ISA imports this module
+        from accel.hw.isa import disassemble  # the ISA imports this module
 
         text = disassemble(instruction) if instruction is not None else "?"
         super().__init__(f"instruction #{index} `{text}`: {reason}")

@@ -23,7 +23,7 @@ from typing import Callable, ClassVar, Iterable, Sequence, Union
 
 import numpy as np
 
-from accel.errors import DecodeError
+from accel.hw.errors import DecodeError
 
 __all__ = [
     "INSTRUCTION_BYTES", "Opcode", "Queue", "Mem", "StoreMode", "AluOp", "Instruction",

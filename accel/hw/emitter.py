@@ -5,7 +5,7 @@ Tokens follow VTA's runtime: ``dep_push(a, b)`` makes the latest instruction of 
 instruction of queue ``b`` wait for one. Where a flag is already taken a NOP (an empty
 LOAD, GEMM or STORE) carries it.
 
->>> from accel.isa import Mem, Queue
+>>> from accel.hw.isa import Mem, Queue
 >>> em = Emitter()
 >>> _ = em.load(Mem.INP, 0, 16, slot=0, dram_offset=0, dram_ld=16, rows=16, cols=16)
 >>> em.dep_push(Queue.LOAD, Queue.COMPUTE); em.dep_pop(Queue.LOAD, Queue.COMPUTE)
@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from typing import Callable, Optional, Sequence
 
-from accel.errors import DeadlockError, InstructionError, TokenError
-from accel.isa import (
+from accel.hw.errors import DeadlockError, InstructionError, TokenError
+from accel.hw.isa import (
     Alu, AluOp, Finish, Gemm, Instruction, Load, Mem, Opcode, Queue, Store, StoreMode,
     disassemble, queue_of,
 )
@@ -58,7 +58,7 @@ def _direction(src: Queue, dst: Queue) -> tuple[str, str]:
 class Emitter:
     """Accumulates one instruction stream, validating each instruction as it is added.
 
-    ``validate(index, instruction)`` (e.g. :meth:`accel.sim.Simulator.check`) runs on
+    ``validate(index, instruction)`` (e.g. :meth:`accel.hw.sim.Simulator.check`) runs on
     every emitted instruction so that errors surface at the call that caused them.
 
     >>> em = Emitter()
@@ -109,7 +109,7 @@ class Emitter:
     def load(self, mem: Mem, sram_addr: int, sram_ld: int, *, slot: int, dram_offset: int,
              dram_ld: int, rows: int, cols: int, pad_top: int = 0, pad_bottom: int = 0,
              pad_left: int = 0, pad_right: int = 0, pad_value: int = 0, **flags: bool) -> int:
-        """Emit a LOAD (see :class:`accel.isa.Load`); returns its index."""
+        """Emit a LOAD (see :class:`accel.hw.isa.Load`); returns its index."""
         return self.emit(Load(mem=mem, sram_addr=sram_addr, sram_ld=sram_ld, slot=slot,
                               dram_offset=dram_offset, dram_ld=dram_ld, rows=rows, cols=cols,
                               pad_top=pad_top, pad_bottom=pad_bottom, pad_left=pad_left,
@@ -117,19 +117,19 @@ class Emitter:
 
     def store(self, sram_addr: int, sram_ld: int, *, slot: int, dram_offset: int, dram_ld: int,
               rows: int, cols: int, mode: StoreMode = StoreMode.INT32, **flags: bool) -> int:
-        """Emit a STORE (see :class:`accel.isa.Store`); returns its index."""
+        """Emit a STORE (see :class:`accel.hw.isa.Store`); returns its index."""
         return self.emit(Store(sram_addr=sram_addr, sram_ld=sram_ld, slot=slot,
                                dram_offset=dram_offset, dram_ld=dram_ld, rows=rows, cols=cols,
                                mode=mode, **flags))
 
     def gemm(self, acc_addr: int, inp_addr: int, wgt_addr: int, acc_ld: int, inp_ld: int,
              wgt_ld: int, **fields: int) -> int:
-        """Emit a GEMM (see :class:`accel.isa.Gemm`); loop fields and flags by keyword."""
+        """Emit a GEMM (see :class:`accel.hw.isa.Gemm`); loop fields and flags by keyword."""
         return self.emit(Gemm(acc_addr=acc_addr, inp_addr=inp_addr, wgt_addr=wgt_addr,
                               acc_ld=acc_ld, inp_ld=inp_ld, wgt_ld=wgt_ld, **fields))
 
     def alu(self, op: AluOp, dst_addr: int, **fields: int) -> int:
-        """Emit an ALU instruction (see :class:`accel.isa.Alu`); returns its index."""
+        """Emit an ALU instruction (see :class:`accel.hw.isa.Alu`); returns its index."""
         return self.emit(Alu(op=op, dst_addr=dst_addr, **fields))
 
     def dep_push(self, src: Queue, dst: Queue) -> None:
@@ -164,7 +164,7 @@ class Emitter:
     def finish(self) -> list[Instruction]:
         """Close the stream with FINISH, verify its tokens and return it; the emitter is emptied.
 
-        Raises :class:`accel.errors.TokenError` / :class:`DeadlockError` for a stream that
+        Raises :class:`accel.hw.errors.TokenError` / :class:`DeadlockError` for a stream that
         would hang; the emitter is emptied either way.
         """
         for queue in (Queue.LOAD, Queue.STORE):
@@ -194,7 +194,7 @@ def verify(stream: Sequence[Instruction]) -> None:
     ...              pop_prev=True), Finish()])
     Traceback (most recent call last):
       ...
-    accel.errors.DeadlockError: deadlock: instruction #0 `GEMM ACC[0 ld=16] += INP[0 ld=16] x WGT[0 ld=16]^T [pop_prev]` waits for a token from the LOAD queue that is never pushed
+    accel.hw.errors.DeadlockError: deadlock: instruction #0 `GEMM ACC[0 ld=16] += INP[0 ld=16] x WGT[0 ld=16]^T [pop_prev]` waits for a token from the LOAD queue that is never pushed
     """
     if not stream or stream[-1].opcode is not Opcode.FINISH:
         index = len(stream) - 1

@@ -16,8 +16,8 @@ write) and adds the fewest tokens that order them:
 Tokens are counted per channel, so pushes on a channel must come in the order of the
 pops that take them; choosing a pusher at or after every earlier one keeps that order.
 
->>> from accel.emitter import Emitter
->>> from accel.isa import Load, Gemm, Mem, Queue
+>>> from accel.hw.emitter import Emitter
+>>> from accel.hw.isa import Load, Gemm, Mem, Queue
 >>> em, deps = Emitter(), DependencyTracker(16)
 >>> _ = em.emit(deps.order(em, Load(mem=Mem.INP, sram_addr=0, sram_ld=16, slot=0, dram_offset=0,
 ...                                  dram_ld=16, rows=16, cols=16)))
@@ -30,8 +30,8 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from accel.emitter import nop
-from accel.isa import Alu, Gemm, Instruction, Load, Mem, Queue, Store, queue_of
+from accel.hw.emitter import nop
+from accel.hw.isa import Alu, Gemm, Instruction, Load, Mem, Queue, Store, queue_of
 
 _PUSH = {(Queue.LOAD, Queue.COMPUTE): "push_next", (Queue.COMPUTE, Queue.LOAD): "push_prev",
          (Queue.COMPUTE, Queue.STORE): "push_next", (Queue.STORE, Queue.COMPUTE): "push_prev"}

@@ -24,14 +24,14 @@ from typing import Any, Optional, Union
 
 import numpy as np
 
-from accel.config import Config
-from accel.deps import DependencyTracker
-from accel.emitter import Emitter
-from accel.isa import (
+from accel.hw.config import Config
+from accel.hw.tokens import DependencyTracker
+from accel.hw.emitter import Emitter
+from accel.hw.isa import (
     Alu, AluOp, Gemm, Instruction, Load, Mem, Queue, Store, StoreMode, disassemble, encode, make,
 )
-from accel.sim import Simulator
-from accel.stats import Stats
+from accel.hw.sim import Simulator
+from accel.hw.stats import Stats
 
 __all__ = [
     "Session", "current_session", "default_session", "POP_PREV", "POP_NEXT", "PUSH_PREV",
@@ -167,7 +167,7 @@ class Session:
              sram_ld: int, *, rows: int, cols: int, dram_ld: int, pad_top: int = 0,
              pad_bottom: int = 0, pad_left: int = 0, pad_right: int = 0, pad_value: int = 0,
              deps: int = 0) -> int:
-        """Emit a LOAD of ``host`` (see :class:`accel.isa.Load`); returns the stream index."""
+        """Emit a LOAD of ``host`` (see :class:`accel.hw.isa.Load`); returns the stream index."""
         return self._emit(Load, (mem, sram_addr, sram_ld, self.buffer(host), elem_offset, dram_ld,
                                  rows, cols, pad_top, pad_bottom, pad_left, pad_right,
                                  pad_value), deps)
@@ -175,7 +175,7 @@ class Session:
     def store(self, host: HostBuffer, elem_offset: int, sram_addr: int, sram_ld: int, *,
               rows: int, cols: int, dram_ld: int, mode: Union[StoreMode, int] = StoreMode.INT32,
               deps: int = 0) -> int:
-        """Emit a STORE into ``host`` (see :class:`accel.isa.Store`); returns the stream index."""
+        """Emit a STORE into ``host`` (see :class:`accel.hw.isa.Store`); returns the stream index."""
         return self._emit(Store, (sram_addr, sram_ld, self.buffer(host), elem_offset, dram_ld,
                                   rows, cols, mode), deps)
 
@@ -184,7 +184,7 @@ class Session:
              acc_stride_out: int = 0, acc_stride_in: int = 0, inp_stride_out: int = 0,
              inp_stride_in: int = 0, wgt_stride_out: int = 0, wgt_stride_in: int = 0,
              deps: int = 0) -> int:
-        """Emit a GEMM (see :class:`accel.isa.Gemm`); returns the stream index."""
+        """Emit a GEMM (see :class:`accel.hw.isa.Gemm`); returns the stream index."""
         return self._emit(Gemm, (reset, acc_addr, inp_addr, wgt_addr, acc_ld, inp_ld, wgt_ld,
                                  ext_out, ext_in, acc_stride_out, acc_stride_in, inp_stride_out,
                                  inp_stride_in, wgt_stride_out, wgt_stride_in), deps)
@@ -193,16 +193,16 @@ class Session:
             use_imm: bool = False, ext_out: int = 1, ext_in: int = 1, dst_stride_out: int = 0,
             dst_stride_in: int = 0, src_stride_out: int = 0, src_stride_in: int = 0,
             deps: int = 0) -> int:
-        """Emit an ALU instruction (see :class:`accel.isa.Alu`); returns the stream index."""
+        """Emit an ALU instruction (see :class:`accel.hw.isa.Alu`); returns the stream index."""
         return self._emit(Alu, (op, use_imm, dst_addr, src_addr, imm, ext_out, ext_in,
                                 dst_stride_out, dst_stride_in, src_stride_out, src_stride_in), deps)
 
     def dep_push(self, src: Union[Queue, int], dst: Union[Queue, int]) -> None:
-        """See :meth:`accel.emitter.Emitter.dep_push`."""
+        """See :meth:`accel.hw.emitter.Emitter.dep_push`."""
         self.emitter.dep_push(Queue(src), Queue(dst))
 
     def dep_pop(self, src: Union[Queue, int], dst: Union[Queue, int]) -> None:
-        """See :meth:`accel.emitter.Emitter.dep_pop`."""
+        """See :meth:`accel.hw.emitter.Emitter.dep_pop`."""
         self.emitter.dep_pop(Queue(src), Queue(dst))
 
     def sync(self) -> Stats:

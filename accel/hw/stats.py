@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple, Union
 
-from accel.config import Config
+from accel.hw.config import Config
 
 __all__ = ["UNITS", "Event", "Timeline", "Stats"]
 

@@ -784,7 +784,7 @@ class _EvaluatePattern(P.StmtPattern):
 
 
 def module_rule(mod, name=None, where=None):
-    """A :class:`~tirpat.rewrite.Rule` from an IRModule with ``pattern`` and ``replacement``."""
+    """A :class:`~tirpat.tir.rewrite.Rule` from an IRModule with ``pattern`` and ``replacement``."""
     from .rewrite import Rule
 
     rule = ModuleRule(mod, name, where)

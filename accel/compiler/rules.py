@@ -12,7 +12,7 @@
   a clip to [-128, 127] then cast saturates.
 
 Scratchpad operands are written as ``buffer.access_ptr(...)`` of the scratchpad buffer;
-:mod:`accel.pipeline` replaces them by planned addresses. Every emitted call passes
+:mod:`accel.compiler.planner` replaces them by planned addresses. Every emitted call passes
 ``deps = AUTO``: the runtime orders instructions with dependency tokens.
 
 >>> rw = accel.rules()
@@ -28,9 +28,9 @@ import tvm_ffi
 from tvm import ir, tirx
 
 import tirpat as tp
-from accel.config import Config
-from accel.isa import AluOp, Mem, StoreMode
-from accel.runtime import AUTO
+from accel.hw.config import Config
+from accel.hw.isa import AluOp, Mem, StoreMode
+from accel.hw.runtime import AUTO
 
 SCOPES = {"local.accel_inp": Mem.INP, "local.accel_wgt": Mem.WGT, "local.accel_acc": Mem.ACC}
 INP, WGT, ACC = "local.accel_inp", "local.accel_wgt", "local.accel_acc"

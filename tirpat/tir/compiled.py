@@ -1,6 +1,6 @@
 """Patterns compiled to plain closures that find the first match without generators.
 
-The matcher in :mod:`tirpat.match` enumerates every match with a generator per pattern
+The matcher in :mod:`tirpat.tir.match` enumerates every match with a generator per pattern
 node, which is what alternation and ``explain`` need, and which costs a few microseconds
 per node. Most patterns are deterministic but for a few choice points: the operand order
 of a commutative operator, the start of a run in a sequence. A compiled pattern takes the

@@ -7,8 +7,8 @@ instructions take effect in the order they start there, each atomically. Scratch
 persist between streams.
 
 >>> import numpy as np
->>> from accel.emitter import Emitter
->>> from accel.isa import Mem, StoreMode
+>>> from accel.hw.emitter import Emitter
+>>> from accel.hw.isa import Mem, StoreMode
 >>> a = np.arange(256, dtype=np.int8) % 7; w = np.eye(16, dtype=np.int8).ravel(); c = np.zeros(256, np.int8)
 >>> sim = Simulator(); em = Emitter(lambda i, ins: sim.check(i, ins, [a, w, c]))
 >>> _ = em.load(Mem.INP, 0, 16, slot=0, dram_offset=0, dram_ld=16, rows=16, cols=16)
@@ -28,16 +28,16 @@ from typing import Optional, Sequence
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from accel.config import Config
-from accel.emitter import verify
-from accel.errors import (
+from accel.hw.config import Config
+from accel.hw.emitter import verify
+from accel.hw.errors import (
     AlignmentError, DmaRangeError, DtypeMismatchError, InstructionError,
     ScratchpadOverflowError, UnknownSlotError,
 )
-from accel.isa import (
+from accel.hw.isa import (
     Alu, AluOp, Gemm, Instruction, Load, Mem, Opcode, Queue, Store, StoreMode, queue_of,
 )
-from accel.stats import Event, Stats
+from accel.hw.stats import Event, Stats
 
 __all__ = ["Simulator"]
 
@@ -99,12 +99,12 @@ class Simulator:
     def check(self, index: int, ins: Instruction, buffers: Buffers) -> None:
         """Raise an :class:`InstructionError` subclass if ``ins`` is invalid; never writes.
 
-        >>> from accel.isa import Gemm
+        >>> from accel.hw.isa import Gemm
         >>> Simulator().check(5, Gemm(acc_addr=8, inp_addr=0, wgt_addr=0, acc_ld=16,
         ...                           inp_ld=16, wgt_ld=16), [])
         Traceback (most recent call last):
           ...
-        accel.errors.AlignmentError: instruction #5 `GEMM ACC[8 ld=16] += INP[0 ld=16] x WGT[0 ld=16]^T`: acc_addr=8 is not a multiple of the tile width 16 (misaligned tile)
+        accel.hw.errors.AlignmentError: instruction #5 `GEMM ACC[8 ld=16] += INP[0 ld=16] x WGT[0 ld=16]^T`: acc_addr=8 is not a multiple of the tile width 16 (misaligned tile)
         """
         op = ins.opcode
         if op is Opcode.LOAD:
@@ -221,7 +221,7 @@ class Simulator:
     def cost(self, ins: Instruction) -> int:
         """Busy cycles of one instruction, issue overhead included.
 
-        >>> from accel.isa import Gemm
+        >>> from accel.hw.isa import Gemm
         >>> Simulator().cost(Gemm(acc_addr=0, inp_addr=0, wgt_addr=0, acc_ld=16, inp_ld=16,
         ...                       wgt_ld=16, ext_out=2, ext_in=4))
         132
@@ -252,7 +252,7 @@ class Simulator:
         several that could start, the earliest in program order wins. FINISH starts once
         the load and store queues have drained.
 
-        >>> from accel.isa import Finish
+        >>> from accel.hw.isa import Finish
         >>> Simulator().schedule([Finish()])
         [(0, 4)]
         """
@@ -321,9 +321,9 @@ class Simulator:
             stats: Optional[Stats] = None, *, verified: bool = False) -> Stats:
         """Check, schedule and execute a FINISH-terminated stream; returns (updated) stats.
 
-        Raises an :class:`accel.errors.AccelError` before anything is written if any
+        Raises an :class:`accel.hw.errors.AccelError` before anything is written if any
         instruction is invalid or the tokens deadlock. ``verified=True`` skips the token
-        check for a stream that :meth:`accel.emitter.Emitter.finish` just verified.
+        check for a stream that :meth:`accel.hw.emitter.Emitter.finish` just verified.
         """
         for index, ins in enumerate(stream):
             self.check(index, ins, buffers)

@@ -136,7 +136,7 @@ class Rewriter:
     def from_module(cls, mod, name: str | None = None, *, where: Callable[[Match], bool] | None = None) -> "Rewriter":
         """A rule from an IRModule holding PrimFuncs ``pattern`` and ``replacement``.
 
-        See :mod:`tirpat.module_rule` for the binding rules (TVM's ``match_buffer``).
+        See :mod:`tirpat.tir.module_rule` for the binding rules (TVM's ``match_buffer``).
         ``where(m)`` chooses among the sites the pattern matches: in ``m``, each parameter's
         name gives what it is bound to (``m["A"]``, the target buffer; ``m["s"]``, the
         expression). Needed where two intrinsics share a desc (TVM's ldmatrix A and B loads).

@@ -1,0 +1,57 @@
+"""The accel Backend: accel as one client of tirpat's Backend API.
+
+Its options are the fields of :class:`accel.Config` (``accel -tile=32`` in a target string);
+its hooks hand each level of the flow to the compiler (:mod:`accel.compiler`) and the
+device (:mod:`accel.hw`).
+
+>>> import tirpat as tp
+>>> tp.backends()["accel"].resolve({"tile": 32})["tile"]
+32
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import tirpat as tp
+from accel.hw.config import Config
+
+_HELP = {
+    "tile": "GEMM tile edge (a power of two); a GEMM step is one tile x tile x tile product",
+    "gemm_macs_per_cycle": "multiply-accumulates the GEMM array does per cycle",
+    "dma_bytes_per_cycle": "DMA bandwidth between host memory and the scratchpads",
+    "alu_lanes": "ALU lanes per cycle",
+    "issue_overhead": "fixed cycles per instruction",
+    "inp_bytes": "INP scratchpad size (int8)",
+    "wgt_bytes": "WGT scratchpad size (int8)",
+    "acc_bytes": "ACC scratchpad size (int32)",
+}
+
+
+def config_of(opts: dict) -> Config:
+    """The :class:`Config` that resolved backend options describe."""
+    return Config(**opts)
+
+
+class AccelBackend(tp.Backend):
+    """The bundled simulated int8 NPU."""
+
+    name = "accel"
+    options = {f.name: tp.Option(int, f.default, help=_HELP[f.name]) for f in dataclasses.fields(Config)}
+
+    def rules(self, opts: dict):
+        from accel.compiler.rules import rules
+
+        return rules(config_of(opts))
+
+    def passes(self, phase: tp.Phase, opts: dict) -> list:
+        if phase is tp.Phase.AFTER_REWRITE:
+            from accel.compiler.planner import plan_pass
+
+            return [plan_pass(config_of(opts))]
+        return []
+
+    def session(self, opts: dict):
+        from accel.hw.runtime import Session
+
+        return Session(config_of(opts))
