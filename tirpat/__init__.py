@@ -31,7 +31,7 @@ from .tir.pattern import (
     min,
     wildcard,
 )
-from .tir.pipeline import lower, lower_blocks, register_pipeline
+from .tir.pipeline import lower, lower_blocks, register_pipeline, tir_pipeline
 from .tir.region import CopyRegion, Region, RegionError, padding
 from .tir.rewrite import Report, RewriteError, Rewriter, Rule, Site
 
@@ -40,7 +40,7 @@ __all__ = [
     "RewriteError", "Rewriter", "Rule", "Site", "affine", "explain", "find_all", "is_buffer",
     "is_call", "is_const", "is_copy", "is_for", "is_if", "is_load", "is_nest", "is_seq",
     "is_store", "is_var", "loop", "lower", "lower_blocks", "match", "max", "min", "padding",
-    "register_pipeline", "rewriter", "wildcard",
+    "register_pipeline", "rewriter", "tir_pipeline", "wildcard",
 ]
 
 # The model level (backends, targets, whole-model builds) is imported on first use: the TIR

@@ -1,7 +1,12 @@
-"""Running rewriters inside ``tvm.compile``: a registered TIR pipeline.
+"""Running rewriters inside ``tvm.compile``: TVM's TIR pipeline with a rewrite stage.
 
-The rewriters run on lowered TIR, after block lowering and before ``FlattenBuffer``, where
-loop nests and multi-dimensional buffers are still visible.
+TVM's default TIR pipeline (``tvm.s_tir.pipeline.default_s_tir_pipeline``) first lowers
+schedulable TIR (``T.sblock``) to loop nests over multi-dimensional buffers, then flattens
+the buffers and runs the target passes. tirpat's rewrite stage belongs between the two:
+after ``LowerOpaqueBlock``, before ``FlattenBuffer``, where loop nests and buffer shapes are
+still visible. :func:`tir_pipeline` builds that pipeline with each of TVM's passes run once,
+in TVM's order (and with TVM's configuration switches), and the stage at that point;
+:func:`register_pipeline` registers one that runs rewriters there.
 
 >>> tp.register_pipeline("my_npu", rw)                          # doctest: +SKIP
 >>> ex = tvm.compile(mod, target="llvm", tir_pipeline="my_npu")  # doctest: +SKIP
@@ -9,12 +14,12 @@ loop nests and multi-dimensional buffers are still visible.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import tvm
-from tvm import s_tir
+from tvm import s_tir, tirx
 
-# TVM's s_tir pipeline up to (not including) FlattenBuffer; rerunning it later is harmless.
+# TVM 0.27's default s_tir pipeline up to, not including, FlattenBuffer: block lowering.
 _LOWER_PASSES = (
     "CanonicalizeLoop", "LowerCrossThreadReduction", "LowerInitBlock",
     "PlanAndUpdateBufferAllocationLocation", "ConvertBlocksToOpaque", "LiftThreadBinding",
@@ -24,9 +29,13 @@ _LOWER_PASSES = (
     "LowerOpaqueBlock",
 )
 
+#: What :func:`tir_pipeline` returns: the factory ``register_tir_pipeline`` takes.
+PipelineFactory = Callable[[], tuple]
+
 
 def lower_blocks() -> tvm.transform.Pass:
-    """The passes that turn s_tir (``T.sblock``) into lowered, not yet flattened TIR.
+    """The passes that turn s_tir (``T.sblock``) into lowered, not yet flattened TIR: TVM's
+    default pipeline up to ``FlattenBuffer``.
 
     >>> lowered = tp.lower_blocks()(tvm.IRModule({"main": te.create_prim_func([A, B])}))  # doctest: +SKIP
     """
@@ -36,7 +45,7 @@ def lower_blocks() -> tvm.transform.Pass:
 
 def lower(obj):
     """Lower a PrimFunc or IRModule to the form rewriters see; a PrimFunc in gives a PrimFunc."""
-    from tvm import ir, tirx
+    from tvm import ir
 
     if isinstance(obj, tirx.PrimFunc):
         mod = lower_blocks()(ir.IRModule({"main": obj}))
@@ -46,13 +55,92 @@ def lower(obj):
     raise TypeError(f"lower expects a PrimFunc or an IRModule, got {type(obj).__name__}")
 
 
+def _after_lowering(config, storage_rewrite: bool) -> list:
+    """TVM 0.27's default s_tir pipeline from ``FlattenBuffer`` on, as ``config`` selects it
+    (``default_s_tir_pipeline`` builds the same list inside a closure, so it cannot be split).
+    ``storage_rewrite=False`` leaves ``StorageRewrite`` out, as ``tirx.disable_storage_rewrite`` does."""
+    flag = lambda k: bool(config.get(k, False))  # noqa: E731
+    passes = [
+        tirx.transform.FlattenBuffer(), tirx.transform.BF16ComputeLegalize(), tirx.transform.NarrowDataType(32),
+        s_tir.transform.LoopPartition(), tirx.transform.VectorizeLoop(not flag("tirx.disable_vectorize")),
+        s_tir.transform.InjectVirtualThread(), s_tir.transform.InjectDoubleBuffer(),
+    ]
+    if storage_rewrite and not flag("tirx.disable_storage_rewrite"):
+        passes.append(tirx.transform.StorageRewrite())
+    if flag("tirx.use_async_copy"):
+        passes.append(s_tir.transform.LowerAsyncDMA())
+    passes += [s_tir.transform.HoistIfThenElse(), tirx.transform.UnrollLoop(),
+               s_tir.transform.RenormalizeSplitPattern(), tirx.transform.StmtSimplify(),
+               tirx.transform.RemoveNoOp(), s_tir.transform.RewriteUnsafeSelect()]
+    if flag("tirx.instrument_bound_checkers"):
+        passes.append(s_tir.transform.InstrumentBoundCheckers())
+    if flag("tirx.s_tir.ldg32"):
+        passes.append(s_tir.transform.InjectPTXLDG32(True))
+    if not flag("tirx.disable_cse_tir"):
+        passes.append(tirx.transform.CommonSubexprElim())
+    if flag("tirx.instrument_lwp"):
+        passes.append(s_tir.transform.InstrumentProfileIntrinsics())
+    passes += [tirx.transform.FP8ComputeLegalize(), s_tir.transform.VerifyVTCMLimit(),
+               s_tir.transform.LowerVtcmAlloc(), tirx.transform.VerifyMemory(), tirx.transform.AnnotateEntryFunc(),
+               s_tir.transform.ThreadSync("shared"), s_tir.transform.ThreadSync("shared.dyn"),
+               s_tir.transform.ThreadSync("warp"), s_tir.transform.InferFragment(),
+               s_tir.transform.LowerThreadAllreduce()]
+    if flag("tirx.use_async_copy"):
+        passes.append(s_tir.transform.InjectPTXAsyncCopy())
+    if flag("tirx.s_tir.ldg32"):
+        passes.append(s_tir.transform.InjectPTXLDG32())
+    passes += [s_tir.transform.MergeSharedMemoryAllocations(), tirx.transform.SplitHostDevice(),
+               tirx.transform.MakePackedAPI(), tirx.transform.FP8StorageLegalize(),
+               tirx.transform.BF16StorageLegalize()]
+    return passes
+
+
+def tir_pipeline(stage: tvm.transform.Pass, name: str = "tirpat") -> PipelineFactory:
+    """The factory ``tvm.tirx.compilation_pipeline.register_tir_pipeline`` takes: TVM's default
+    TIR pipeline with ``stage`` (a module pass) run once after block lowering, before
+    ``FlattenBuffer``. Every other pass is TVM's, run once, in TVM's order, with TVM's
+    configuration switches (``tirx.disable_vectorize``, ``tirx.use_async_copy``, ...) and
+    TVM's host and device finalisation.
+
+    When the stage hands a buffer the function allocates to a packed call (a scratchpad
+    filled by a DMA call, say), ``StorageRewrite`` is left out: it cannot see what the call
+    does with the buffer and would let two such allocations share memory.
+
+    >>> import tvm
+    >>> factory = tp.tir_pipeline(tvm.tirx.transform.RemoveNoOp())
+    >>> tvm.tirx.compilation_pipeline.register_tir_pipeline("doc.noop", factory)
+    >>> from tvm.script import tirx as T
+    >>> @T.prim_func
+    ... def double(A: T.Buffer((4,), "float32")):
+    ...     for i in range(4):
+    ...         A[i] = A[i] * T.float32(2)
+    >>> ex = tvm.compile(tvm.IRModule({"main": double}), target="llvm", tir_pipeline="doc.noop")
+    >>> a = tvm.runtime.tensor(np.arange(4, dtype="float32")); ex["main"](a); a.numpy()
+    array([0., 2., 4., 6.], dtype=float32)
+    """
+    if not isinstance(stage, tvm.transform.Pass):
+        raise TypeError(f"tir_pipeline: stage must be a tvm.transform.Pass, got {type(stage).__name__}")
+
+    def factory():
+        @tvm.transform.module_pass(opt_level=0, name=f"{name}.pipeline")
+        def pipeline(mod, ctx):
+            mod = lower_blocks()(mod)
+            mod = stage(mod)
+            return tvm.transform.Sequential(_after_lowering(ctx.config, not _hands_out_allocations(mod)))(mod)
+
+        return pipeline, s_tir.pipeline.finalize_host_passes, s_tir.pipeline.finalize_device_passes
+
+    return factory
+
+
 def register_pipeline(name: str, rewriters, *, after: Sequence[tvm.transform.Pass] = ()) -> None:
     """Register a TIR pipeline ``name`` that runs ``rewriters`` after block lowering.
 
     ``rewriters`` is a Rewriter (or a list of them, applied in order); ``after`` are extra
-    passes run right after them, still before flattening (a vendor's planning passes).
+    passes run right after them, still before flattening (a vendor's planning passes). The
+    rest is TVM's default pipeline (see :func:`tir_pipeline`).
 
-    >>> tp.register_pipeline("my_npu", rw)
+    >>> tp.register_pipeline("my_npu", rw)                          # doctest: +SKIP
     >>> tvm.compile(mod, target="llvm", tir_pipeline="my_npu")     # doctest: +SKIP
     """
     from .rewrite import Rewriter
@@ -70,29 +158,9 @@ def register_pipeline(name: str, rewriters, *, after: Sequence[tvm.transform.Pas
     for p in after:
         if not isinstance(p, tvm.transform.Pass):
             raise TypeError(f"register_pipeline: 'after' takes tvm.transform.Pass objects, got {p!r}")
-
-    def factory():
-        inner, finalize_host, finalize_device = s_tir.pipeline.default_s_tir_pipeline()
-        passes = [lower_blocks()] + [rw.as_pass(f"tirpat.{name}.{n}") for n, rw in enumerate(rws)] + list(after)
-        front = tvm.transform.Sequential(passes, name=f"tirpat.{name}")
-
-        @tvm.transform.module_pass(opt_level=0, name=f"tirpat.{name}.pipeline")
-        def pipeline(mod, ctx):
-            mod = front(mod)
-            if not _hands_out_allocations(mod):
-                return inner(mod)
-            # StorageRewrite cannot see a buffer passed to a packed call: it would let two
-            # such allocations share memory. Keep them apart.
-            config = dict(ctx.config)
-            config["tirx.disable_storage_rewrite"] = True
-            with tvm.transform.PassContext(opt_level=ctx.opt_level, config=config,
-                                           required_pass=list(ctx.required_pass),
-                                           disabled_pass=list(ctx.disabled_pass)):
-                return inner(mod)
-
-        return pipeline, finalize_host, finalize_device
-
-    tvm.tirx.compilation_pipeline.register_tir_pipeline(name, factory)
+    stage = tvm.transform.Sequential([rw.as_pass(f"tirpat.{name}.{n}") for n, rw in enumerate(rws)] + list(after),
+                                     name=f"tirpat.{name}")
+    tvm.tirx.compilation_pipeline.register_tir_pipeline(name, tir_pipeline(stage, f"tirpat.{name}"))
     _OURS.add(name)
 
 
@@ -103,7 +171,7 @@ _OURS: set = set()
 def _hands_out_allocations(mod) -> bool:
     """True when a packed call receives (a pointer into) a buffer the function allocates."""
     import tvm_ffi
-    from tvm import ir, tirx
+    from tvm import ir
 
     for func in mod.functions.values():
         if not isinstance(func, tirx.PrimFunc):
