@@ -337,9 +337,13 @@ def make(cls: type[Instruction], values: dict) -> Instruction:
         for name, kind, lo, hi in _spec(cls):
             if name not in unsigned:
                 value = fields_[name]
-                if not ((kind is bool and (value is True or value is False))
-                        or (kind is int and type(value) is int and lo <= value < hi)
-                        or type(value) is kind):
+                if kind is bool:
+                    ok = value is True or value is False
+                elif kind is int:  # a signed field: range-checked like every other one
+                    ok = type(value) is int and lo <= value < hi
+                else:
+                    ok = type(value) is kind
+                if not ok:
                     fields_[name] = ins._coerce(name, kind, lo, hi, value)
     else:
         ins.__post_init__()

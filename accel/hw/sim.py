@@ -23,6 +23,7 @@ persist between streams.
 
 from __future__ import annotations
 
+import math
 from typing import Optional, Sequence
 
 import numpy as np
@@ -64,6 +65,25 @@ def _disjoint(shape: Sequence[int], strides: Sequence[int]) -> bool:
             return False
         span += (extent - 1) * stride
     return True
+
+
+def _distinct_starts(ext_out: int, stride_out: int, ext_in: int, stride_in: int) -> bool:
+    """Whether ``o*stride_out + i*stride_in`` differ for all ``o < ext_out``, ``i < ext_in``
+    (strides >= 0), in O(1): no enumeration, whatever the extents.
+
+    Two steps collide iff ``do*stride_out == di*stride_in`` for some ``0 < do < ext_out``,
+    ``0 < di < ext_in``; the smallest such pair is ``(stride_in/g, stride_out/g)`` with
+    ``g = gcd(stride_out, stride_in)``.
+
+    >>> _distinct_starts(4, 16, 4, 64), _distinct_starts(4, 64, 8, 16), _distinct_starts(2**32 - 1, 0, 1, 0)
+    (True, False, False)
+    """
+    if ext_out <= 1 or ext_in <= 1:
+        return (ext_in <= 1 or stride_in != 0) and (ext_out <= 1 or stride_out != 0)
+    if stride_out == 0 or stride_in == 0:
+        return False
+    g = math.gcd(stride_out, stride_in)
+    return stride_in // g >= ext_out or stride_out // g >= ext_in
 
 
 _GEMM_ALIGNED = tuple(f"{p}_{f}" for p in ("acc", "inp", "wgt")
@@ -156,8 +176,11 @@ class Simulator:
     def _check_store(self, index: int, ins: Store, buffers: Buffers) -> None:
         if not (ins.rows and ins.cols):
             return
-        self._check_dram(index, ins, self._host(
-            index, ins, buffers, _INT32 if ins.mode is StoreMode.INT32 else _INT8))
+        buf = self._host(index, ins, buffers, _INT32 if ins.mode is StoreMode.INT32 else _INT8)
+        if not buf.flags.writeable:
+            raise InstructionError(index, ins, f"host buffer slot {ins.slot} is read-only: "
+                                               f"a STORE cannot write it")
+        self._check_dram(index, ins, buf)
         if ins.rows > 1 and ins.dram_ld < ins.cols:
             raise InstructionError(index, ins, f"dram_ld {ins.dram_ld} is smaller than cols "
                                                f"{ins.cols}: rows would overwrite each other")
@@ -209,13 +232,9 @@ class Simulator:
         if not a.use_imm:
             self._check_sram(index, a, Mem.ACC, a.src_addr + (eo - 1) * a.src_stride_out
                              + (ei - 1) * a.src_stride_in + t)
-        if eo > 1 or ei > 1:
-            shape, strides = (eo, ei), (a.dst_stride_out, a.dst_stride_in)
-            if not _disjoint(shape, strides):
-                # Vectors are tile-aligned, so they are either identical or disjoint.
-                starts = np.add.outer(np.arange(eo) * strides[0], np.arange(ei) * strides[1])
-                if np.unique(starts).size != starts.size:
-                    raise InstructionError(index, a, "ALU destination vectors overlap each other")
+        # Vectors are tile-aligned, so they are either identical or disjoint.
+        if not _distinct_starts(eo, a.dst_stride_out, ei, a.dst_stride_in):
+            raise InstructionError(index, a, "ALU destination vectors overlap each other")
 
     # ------------------------------------------------------------------ cycle model
     def cost(self, ins: Instruction) -> int:

@@ -1,5 +1,8 @@
 """ISA encoding: round trips, decode robustness, disassembly, Config validation."""
 
+import dataclasses
+
+import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
@@ -109,6 +112,35 @@ def test_fields_are_range_checked():
     with pytest.raises(ValueError, match="not valid on the store queue"):
         isa.encode(Store(sram_addr=0, sram_ld=0, slot=0, dram_offset=0, dram_ld=0, rows=0,
                          cols=0, push_next=True))
+
+
+def _all_fields(cls, **values):
+    """Every field of ``cls`` (the dict ``isa.make`` takes): defaults, then ``values``."""
+    base = {"mem": Mem.ACC, "op": AluOp.SHR, "mode": StoreMode.INT32, "use_imm": True, "reset": False}
+    out = {f.name: base.get(f.name, False if f.type == "bool" else 0) for f in dataclasses.fields(cls)}
+    out.update(values)
+    return out
+
+
+@pytest.mark.parametrize("cls, name", [(Alu, "imm"), (Load, "pad_value")])
+@pytest.mark.parametrize("value", [2**31, 2**32 + 2, -(2**31) - 1, 2**40])
+def test_signed_fields_are_range_checked_by_make(cls, name, value):
+    """make() is the runtime's constructor: a signed field outside int32 must not pass
+    (SHR #(2**32+2) ran as a shift by 31 and was recorded as SHR #2)."""
+    with pytest.raises(ValueError, match=f"{cls.__name__}.{name}={value} does not fit"):
+        isa.make(cls, _all_fields(cls, **{name: value}))
+    edge = 2**31 - 1 if value > 0 else -(2**31)
+    assert getattr(isa.make(cls, _all_fields(cls, **{name: edge})), name) == edge
+
+
+def test_signed_fields_are_range_checked_at_the_session():
+    s = accel.Session()
+    with pytest.raises(ValueError, match="Alu.imm=2147483648 does not fit"):
+        s.alu(AluOp.ADD, 0, imm=2**31, use_imm=True)
+    with pytest.raises(ValueError, match="Load.pad_value=4294967298 does not fit"):
+        s.load(np.zeros(16, np.int32), 0, Mem.ACC, 0, 16, rows=1, cols=1, dram_ld=1,
+               pad_right=1, pad_value=2**32 + 2)
+    assert len(s.emitter) == 0
 
 
 def test_acc_loads_go_to_the_compute_queue():

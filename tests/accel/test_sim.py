@@ -287,6 +287,11 @@ def test_blocked_gemm_covers_a_block_of_tiles_in_one_instruction():
 
 
 # ---------------------------------------------------------------------- errors
+def _read_only(a):
+    a.flags.writeable = False
+    return a
+
+
 def _session_with(host):
     s = accel.Session(SMALL)
     for h in host:
@@ -316,6 +321,10 @@ def _session_with(host):
      accel.DtypeMismatchError, "needs int32"),
     (lambda s, h: s.load(h[0], 0, Mem.INP, 0, 16, rows=1, cols=16, dram_ld=16, pad_value=200,
                          pad_left=1), accel.InstructionError, "pad_value 200 does not fit int8"),
+    (lambda s, h: s.store(_read_only(np.zeros(64, np.int32)), 0, 0, 16, rows=1, cols=16, dram_ld=16),
+     accel.InstructionError, "slot 5 is read-only"),
+    (lambda s, h: s.alu(AluOp.ADD, 0, use_imm=True, ext_out=2**32 - 1), accel.InstructionError,
+     "destination vectors overlap"),
 ])
 def test_errors_name_the_instruction_and_write_nothing(build, error, message):
     host = _host()
@@ -339,6 +348,46 @@ def test_a_decoded_stream_with_a_bad_instruction_runs_nothing():
     with pytest.raises(accel.DmaRangeError, match="instruction #1"):
         sim.run(stream, host)
     assert not sim.acc.any()
+
+
+def test_a_store_into_a_read_only_array_is_refused_before_anything_runs():
+    """The whole stream is checked first: the STORE before the bad one writes nothing."""
+    host = _host()
+    host.append(_read_only(np.zeros(64, np.int32)))
+    sim = Simulator(SMALL)
+    fence = dict(push_next=True)
+    stream = [Load(mem=Mem.ACC, sram_addr=0, sram_ld=16, slot=2, dram_offset=0, dram_ld=16,
+                   rows=1, cols=16, **fence),
+              Store(sram_addr=0, sram_ld=16, slot=4, dram_offset=0, dram_ld=16, rows=1, cols=16,
+                    pop_prev=True),
+              Store(sram_addr=0, sram_ld=16, slot=5, dram_offset=0, dram_ld=16, rows=1, cols=16),
+              accel.Finish()]
+    with pytest.raises(accel.InstructionError, match="instruction #2 .* slot 5 is read-only"):
+        sim.run(stream, host)
+    assert not host[4].any() and not sim.acc.any()
+
+
+@given(st.integers(0, 6), st.integers(0, 6), aligned(6), aligned(6))
+def test_alu_destination_overlap_check_is_exact(ext_out, ext_in, stride_out, stride_in):
+    """The O(1) check agrees with enumerating every destination vector."""
+    starts = [o * stride_out + i * stride_in for o in range(ext_out) for i in range(ext_in)]
+    alu = Alu(op=AluOp.ADD, dst_addr=0, use_imm=True, imm=1, ext_out=ext_out, ext_in=ext_in,
+              dst_stride_out=stride_out, dst_stride_in=stride_in)
+    if len(set(starts)) == len(starts):
+        Simulator(SMALL).check(0, alu, [])
+    else:
+        with pytest.raises(accel.InstructionError, match="destination vectors overlap"):
+            Simulator(SMALL).check(0, alu, [])
+
+
+@pytest.mark.parametrize("ext_out, ext_in", [(2**27, 1), (2**32 - 1, 1), (1, 2**32 - 1),
+                                             (2**32 - 1, 2**32 - 1)])
+def test_alu_resource_checks_do_not_depend_on_the_extents(ext_out, ext_in):
+    """One 64-byte instruction with a zero destination stride and a huge extent is refused
+    at once (it used to allocate ext_out x ext_in starts: GBs, or numpy's MemoryError)."""
+    alu = Alu(op=AluOp.ADD, dst_addr=0, use_imm=True, imm=1, ext_out=ext_out, ext_in=ext_in)
+    with pytest.raises(accel.InstructionError, match="destination vectors overlap"):
+        Simulator().check(0, alu, [])
 
 
 # ---------------------------------------------------------------------- cycle model
