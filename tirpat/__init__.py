@@ -47,7 +47,7 @@ __all__ = [
 # core and the device kit never need it, and a device runtime importing tirpat stays light.
 _MODEL = {
     "Backend": "backend", "Option": "backend", "Phase": "backend", "register_backend": "backend",
-    "backends": "backend",
+    "backends": "backend", "CompositeTarget": "target", "TargetError": "target", "parse_target": "target",
 }
 __all__ += sorted(_MODEL)
 
