@@ -21,7 +21,8 @@ from accel.hw.isa import (
     StoreMode, decode, disassemble, encode,
 )
 from accel.hw.runtime import (
-    AUTO, POP_NEXT, POP_PREV, PUSH_NEXT, PUSH_PREV, Session, current_session, default_session,
+    AUTO, POP_NEXT, POP_PREV, PUSH_NEXT, PUSH_PREV, ConfigMismatchError, Session, current_session,
+    default_session,
 )
 from accel.hw.stats import Stats, Timeline
 
@@ -56,5 +57,5 @@ __all__ = [
     "AUTO", "POP_PREV", "POP_NEXT", "PUSH_PREV", "PUSH_NEXT",
     "AccelError", "DecodeError", "InstructionError", "DmaRangeError", "ScratchpadOverflowError",
     "AlignmentError", "UnknownSlotError", "DtypeMismatchError", "TokenError", "DeadlockError",
-    "rules", "build", "pipeline_name", "Executable", "Report", "PlanError", "ScratchpadOverflow",
+    "ConfigMismatchError", "rules", "build", "pipeline_name", "Executable", "Report", "PlanError", "ScratchpadOverflow",
 ]

@@ -14,6 +14,7 @@ from tvm import te, tirx
 
 import accel
 import tirpat as tp
+from accel.hw import abi
 from accel.hw.isa import AluOp, Mem, StoreMode
 from accel.compiler.planner import plan_pass
 from accel.compiler.rules import ACC, address, call
@@ -30,13 +31,18 @@ def offload_add(m):
     regions = [m.region(name) for name in ("x", "y", "out")]
     a = tirx.decl_buffer((n,), "int32", "add_a", scope=ACC)
     b = tirx.decl_buffer((n,), "int32", "add_b", scope=ACC)
-    load = lambda r, buf: call("accel.load", r.buffer, r.offset, int(Mem.ACC), address(buf, 0), n,  # noqa: E731
-                               1, n, 0, 0, 0, 0, 0, 0)
+    def load(r, buf):
+        return call(abi.LOAD, host=r.buffer, elem_offset=r.offset, mem=int(Mem.ACC), sram_addr=address(buf, 0),
+                    sram_ld=n, rows=1, cols=n, dram_ld=0, pad_top=0, pad_bottom=0, pad_left=0, pad_right=0,
+                    pad_value=0)
+
     return tirx.SeqStmt([
         tirx.AllocBuffer(a), tirx.AllocBuffer(b),
         load(regions[0], a), load(regions[1], b),
-        call("accel.alu", int(AluOp.ADD), 0, address(a, 0), address(b, 0), 0, 1, n // 16, 0, 16, 0, 16),
-        call("accel.store", regions[2].buffer, regions[2].offset, address(a, 0), n, 1, n, n, int(StoreMode.INT32)),
+        call(abi.ALU, op=int(AluOp.ADD), use_imm=0, dst_addr=address(a, 0), src_addr=address(b, 0), imm=0,
+             ext_out=1, ext_in=n // 16, dst_stride_out=0, dst_stride_in=16, src_stride_out=0, src_stride_in=16),
+        call(abi.STORE, host=regions[2].buffer, elem_offset=regions[2].offset, sram_addr=address(a, 0),
+             sram_ld=n, rows=1, cols=n, dram_ld=n, mode=int(StoreMode.INT32)),
     ])
 
 

@@ -19,10 +19,12 @@ import numpy as np
 import tvm
 from tvm import ir, tirx
 
+from tirpat import device
+
 import tirpat as tp
 from accel.hw.config import Config
 from accel.compiler.planner import plan_pass
-from accel.hw.runtime import take_error
+from accel.hw.runtime import RUNTIME, session_for
 from accel.compiler.rules import rules
 from accel.compiler.schedule import Notes, schedule
 
@@ -82,14 +84,19 @@ class Report:
 class Executable:
     """A compiled workload: call it like ``tvm.compile``'s result (arrays or tensors).
 
-    Checks dtypes and shapes of the arguments before running; numpy arrays are converted
-    and written back, so ``ex(a, w, out)`` fills ``out``.
+    Checks dtypes and shapes of the arguments before running. Numpy arrays are copied in,
+    and copied back only where the run changed them, so ``ex(a, w, out)`` fills ``out``
+    and read-only or broadcast inputs are fine. It runs in the innermost ``with
+    accel.Session()``, which must have the Config it was built for, else in this
+    thread's default session for that Config; a failed call leaves nothing pending.
     """
 
-    def __init__(self, compiled, func: tirx.PrimFunc, report: Report, entry: str = "main"):
+    def __init__(self, compiled, func: tirx.PrimFunc, report: Report, entry: str = "main",
+                 config: Config | None = None):
         self.module = compiled
         self.report = report
         self.entry = entry
+        self.config = config or Config()
         self.params = [(p.name, tuple(int(d) for d in p.shape), str(p.dtype)) for p in func.params
                        if tirx.is_buffer_var(p)]
 
@@ -97,7 +104,7 @@ class Executable:
         if len(args) != len(self.params):
             raise TypeError(f"{self.entry} takes {len(self.params)} arguments "
                             f"({', '.join(n for n, _, _ in self.params)}), got {len(args)}")
-        tensors, write_back = [], []
+        tensors, copied = [], []
         for (name, shape, dtype), a in zip(self.params, args):
             got_shape, got_dtype = tuple(int(d) for d in a.shape), str(a.dtype)
             if got_dtype != dtype:
@@ -105,21 +112,28 @@ class Executable:
             if got_shape != shape:
                 raise ValueError(f"argument {name}: expected shape {shape}, got {got_shape}")
             if isinstance(a, np.ndarray):
-                t = tvm.runtime.tensor(np.ascontiguousarray(a))
+                src = np.ascontiguousarray(a)
+                t = tvm.runtime.tensor(src)
                 tensors.append(t)
-                write_back.append((a, t))
+                copied.append((name, a, src, t))
             else:
                 tensors.append(a)
-        take_error()
-        try:
-            self.module[self.entry](*tensors)
-        except Exception:
-            original = take_error()
-            if original is not None:
-                raise original from None
-            raise
-        for a, t in write_back:
-            a[...] = t.numpy()
+        session = session_for(self.config)
+        if RUNTIME.entered() is session:
+            device.invoke(self.module[self.entry], *tensors)
+        else:
+            with session:
+                device.invoke(self.module[self.entry], *tensors)
+        changed = [(name, a, out) for name, a, src, t in copied for out in [t.numpy()] if not _same_bits(out, src)]
+        for name, a, _ in changed:
+            if not a.flags.writeable:
+                raise ValueError(f"argument {name} is read-only, but {self.entry} writes it")
+        for _, a, out in changed:
+            a[...] = out
+
+
+def _same_bits(x: np.ndarray, y: np.ndarray) -> bool:
+    return np.array_equal(x.reshape(-1).view(np.uint8), y.reshape(-1).view(np.uint8))
 
 
 def _nest_volume(node) -> int:
@@ -179,4 +193,4 @@ def build(workload, config: Config | None = None) -> Executable:
         # (what stayed on the CPU in such code is not known as MACs).
         report.accel_macs = sum(_nest_volume(s.node) for s in report.sites if s.rule == "accel.gemm")
         report.total_macs = max(report.total_macs, report.accel_macs)
-    return Executable(compiled, mod["main"], report)
+    return Executable(compiled, mod["main"], report, config=config)

@@ -1,15 +1,12 @@
-"""Scratchpad planning: the pass that runs right after accel's rewrite rules.
+"""accel's scratchpad planning: tirpat's generic planner plus accel's in-place checks.
 
-- every buffer in a scratchpad scope gets an address; one allocated inside a loop gets two
-  copies used alternately (double buffering), so that the LOAD of the next tile can run
-  while the GEMM reads the current one. The allocations disappear from the TIR;
-- ``buffer.access_ptr(...)`` operands of accel calls become those addresses;
-- a scratchpad access no rule rewrote, an accel call in a ``parallel`` loop, CPU code
-  touching a buffer between the accel calls that use it and the sync, and an accumulator
-  read again after an epilogue overwrote it in place (later on, or in the next iteration of
-  an enclosing loop) are errors naming the statement; scratchpad overflow names the buffer
-  and by how much;
-- ``accel.sync()`` is inserted after each top-level statement that calls the accelerator.
+:class:`tirpat.device.ScratchpadPlanner` does the generic part for accel's three scopes
+(INP, WGT, ACC, in tile-aligned allocations): addresses, double buffering in loops,
+``access_ptr`` operands replaced, overflow and unmatched-access errors, ``accel.sync()``
+insertion. accel adds the checks of its in-place epilogues: an accumulator that an
+epilogue overwrote in place for its store must not be read again (later on, or in the
+next iteration of an enclosing loop) before it is written anew. The operand roles come
+from the runtime ABI (:mod:`accel.hw.abi`).
 
 >>> mod = plan_pass(accel.Config())(mod)        # doctest: +SKIP
 """
@@ -22,184 +19,63 @@ import tvm
 import tvm_ffi
 from tvm import ir, tirx
 
+from tirpat.device import PlanError, Scratchpad, ScratchpadOverflow, ScratchpadPlanner
+from tirpat.device.planner import describe
+from accel.hw import abi
 from accel.hw.config import Config
-from accel.hw.isa import Mem
-from accel.compiler.rules import IN_PLACE, SCOPES, is_scratchpad
+from accel.compiler.rules import ACC, IN_PLACE, INP, WGT
 
+__all__ = ["PlanError", "ScratchpadOverflow", "AccelPlanner", "plan", "plan_pass"]
 
 _ANALYZER = tvm.sym.Analyzer()
 
 
-@tvm_ffi.register_error
-class PlanError(ValueError):
-    """The rewritten function cannot run on the accelerator; the message names the cause."""
+class AccelPlanner(ScratchpadPlanner):
+    """The planner for one :class:`Config`: its scratchpads, and the in-place checks."""
+
+    def __init__(self, config: Config) -> None:
+        t = config.tile
+        super().__init__("accel", [
+            Scratchpad(INP, config.inp_elements, "int8", t, "INP"),
+            Scratchpad(WGT, config.wgt_elements, "int8", t, "WGT"),
+            Scratchpad(ACC, config.acc_elements, "int32", t, "ACC"),
+        ])
+        self.tile = t
+
+    def check_sequence(self, stmts: list, func_name: str) -> None:
+        _check_in_place(stmts, func_name, self.tile)
+
+    def check_loop(self, loop, func_name: str) -> None:
+        _check_loop_carried(loop, func_name, self.tile)
 
 
-@tvm_ffi.register_error
-class ScratchpadOverflow(PlanError):
-    """The live scratchpad buffers do not fit."""
+def _scratch_uses(stmt) -> list:
+    """``(buffer, reads, writes, offset)`` for every scratchpad operand of the accel calls in
+    ``stmt``, in program order (``offset``: the element offset into the buffer), with the
+    operand roles of the runtime ABI."""
+    uses = []
+
+    def on_call(c):
+        fn = abi.FUNCTIONS.get(c.args[0].value) if _is_accel_call(c) else None
+        for arg in fn.scratch if fn else ():
+            ptr = c.args[fn.index(arg.name) + 1]
+            if isinstance(ptr, ir.Call) and ptr.op.name == "tirx.tvm_access_ptr":
+                data = ptr.args[1]
+                if isinstance(data, ir.Call) and data.op.name == "tirx.buffer_data":
+                    reads = arg.reads and not (arg.unless and _is_nonzero(c.args[fn.index(arg.unless) + 1]))
+                    uses.append((data.args[0], reads, arg.writes, ptr.args[2]))
+
+    tvm_ffi.structural_walk(stmt, (ir.Call, on_call))
+    return uses
 
 
-def _capacity(config: Config, mem: Mem) -> int:
-    return {Mem.INP: config.inp_elements, Mem.WGT: config.wgt_elements, Mem.ACC: config.acc_elements}[mem]
+def _is_nonzero(e) -> bool:
+    return isinstance(e, tirx.IntImm) and e.value != 0
 
 
 def _is_accel_call(node) -> bool:
     return (isinstance(node, ir.Call) and node.op.name == "tirx.tvm_call_packed"
             and isinstance(node.args[0], ir.StringImm) and node.args[0].value.startswith("accel."))
-
-
-def _calls_accel(stmt) -> bool:
-    found = []
-
-    def on_call(c):
-        if _is_accel_call(c):
-            found.append(c)
-            return tvm_ffi.VisitInterrupt(c)
-        return None
-
-    return tvm_ffi.structural_walk(stmt, (ir.Call, on_call)) is not None
-
-
-def _snippet(stmt) -> str:
-    lines = [l for l in str(stmt).strip().splitlines() if l.strip() and not l.lstrip().startswith("#")]
-    lines = [l for l in lines if "T.Buffer(" not in l]
-    return (lines[-1] if lines else type(stmt).__name__).strip()
-
-
-class _Planner:
-    def __init__(self, config: Config, name: str):
-        self.config = config
-        self.name = name
-        self.loops: list = []
-        self.top = {m: 0 for m in Mem}
-        self.live: dict[Mem, list] = {m: [] for m in Mem}
-        self.addr: dict = {}
-
-    def alloc(self, buf):
-        mem = SCOPES[buf.scope()]
-        t = self.config.tile
-        size = 1
-        for d in buf.shape:
-            if not isinstance(d, tirx.IntImm):
-                raise PlanError(f"{self.name}: scratchpad buffer {buf.name} has the non-constant shape {list(buf.shape)}")
-            size *= int(d.value)
-        size = -(-size // t) * t
-        copies = 2 if self.loops else 1
-        base = self.top[mem]
-        end = base + copies * size
-        cap = _capacity(self.config, mem)
-        if end > cap:
-            item = 1 if mem is not Mem.ACC else 4
-            live = ", ".join(f"{b.name} ({n} x {s} elements)" for b, n, s in self.live[mem]) or "nothing else"
-            raise ScratchpadOverflow(
-                f"{self.name}: scratchpad {mem.name} overflows by {(end - cap) * item} bytes when allocating "
-                f"{buf.name} ({copies} x {size} elements; live: {live}; capacity {cap * item} bytes)")
-        self.top[mem] = end
-        self.live[mem].append((buf, copies, size))
-        offset = tirx.IntImm("int32", base)
-        if copies == 2:
-            it = tirx.IntImm("int32", 0)
-            for l in self.loops:
-                it = it * l.extent + (l.loop_var - l.min)
-            offset = offset + tirx.floormod(it, 2) * size
-        self.addr[buf.__chandle__()] = offset
-
-    def on_seq(self, seq, mut):
-        _check_in_place(list(seq.seq), self.name, self.config.tile)
-        saved = dict(self.top)
-        saved_live = {m: list(v) for m, v in self.live.items()}
-        out = []
-        for s in seq.seq:
-            if isinstance(s, tirx.AllocBuffer) and is_scratchpad(s.buffer):
-                self.alloc(s.buffer)
-                continue
-            out.append(mut.mutate(s))
-        self.top, self.live = saved, saved_live
-        if not out:
-            return tirx.Evaluate(tirx.IntImm("int32", 0))
-        return out[0] if len(out) == 1 else tirx.SeqStmt(out)
-
-    def on_stmt(self, node, mut):
-        if isinstance(node, tirx.SeqStmt):
-            return self.on_seq(node, mut)
-        if isinstance(node, tirx.AttrStmt) and node.attr_key == IN_PLACE:
-            return mut.mutate(node.body)
-        if isinstance(node, tirx.AllocBuffer) and is_scratchpad(node.buffer):
-            self.alloc(node.buffer)
-            return tirx.Evaluate(tirx.IntImm("int32", 0))
-        if isinstance(node, tirx.For):
-            if int(node.kind) == int(tirx.ForKind.PARALLEL) and _calls_accel(node):
-                raise PlanError(f"{self.name}: accelerator calls inside the parallel loop "
-                                f"'{node.loop_var.name}' are not supported (the stream is one sequence)")
-            self.loops.append(node)
-            try:
-                planned = mut.default_mutate(node)
-            finally:
-                self.loops.pop()
-            # after the body: an access no rule matched inside it is the error to report first
-            _check_loop_carried(node, self.name, self.config.tile)
-            return planned
-        if isinstance(node, tirx.BufferStore) and is_scratchpad(node.buffer):
-            raise PlanError(f"{self.name}: no accel rule matched this access to scratchpad buffer "
-                            f"{node.buffer.name}, so it cannot run: {_snippet(node)}")
-        return mut.default_mutate(node)
-
-    def on_call(self, node, mut):
-        if node.op.name == "tirx.tvm_access_ptr":
-            data = node.args[1]
-            if isinstance(data, ir.Call) and data.op.name == "tirx.buffer_data":
-                buf = data.args[0]
-                if is_scratchpad(buf):
-                    base = self.addr.get(buf.__chandle__())
-                    if base is None:
-                        raise PlanError(f"{self.name}: scratchpad buffer {buf.name} is used before it is allocated")
-                    return _ANALYZER.simplify(base + node.args[2])
-        return mut.default_mutate(node)
-
-    def on_load(self, node, mut):
-        if tirx.is_buffer_var(node.source) and is_scratchpad(node.source):
-            raise PlanError(f"{self.name}: no accel rule matched this read of scratchpad buffer "
-                            f"{node.source.name}, so it cannot run: {node}")
-        return mut.default_mutate(node)
-
-    def run(self, body):
-        return tvm_ffi.structural_mutate(body, [
-            (tirx.Stmt, self.on_stmt), (ir.TensorLoad, self.on_load), (ir.Call, self.on_call),
-            (ir.Type, lambda n, m: n)])
-
-
-# For each accel call, which operand addresses it reads: (argument index, reads, writes).
-_OPERANDS = {
-    "accel.load": lambda args: [(4, False, True)],
-    "accel.store": lambda args: [(3, True, False)],
-    "accel.gemm": lambda args: [(2, not _is_one(args[1]), True), (3, True, False), (4, True, False)],
-    "accel.alu": lambda args: [(3, True, True)] + ([] if _is_one(args[2]) else [(4, True, False)]),
-}
-
-
-def _is_one(e) -> bool:
-    return isinstance(e, tirx.IntImm) and e.value == 1
-
-
-def _scratch_uses(stmt) -> list:
-    """``(buffer, reads, writes, offset)`` for every scratchpad operand of the accel calls in
-    ``stmt``, in program order (``offset``: the element offset into the buffer)."""
-    uses = []
-
-    def on_call(c):
-        if not _is_accel_call(c):
-            return
-        roles = _OPERANDS.get(c.args[0].value)
-        for index, reads, writes in (roles(c.args) if roles else []):
-            ptr = c.args[index]
-            if isinstance(ptr, ir.Call) and ptr.op.name == "tirx.tvm_access_ptr":
-                data = ptr.args[1]
-                if isinstance(data, ir.Call) and data.op.name == "tirx.buffer_data":
-                    uses.append((data.args[0], reads, writes, ptr.args[2]))
-
-    tvm_ffi.structural_walk(stmt, (ir.Call, on_call))
-    return uses
 
 
 def _uses_in_order(stmt, buf, tile, inner=(), conditional=False):
@@ -262,27 +138,32 @@ def _written(c, offset, tile, inner) -> set:
     extents = [_int_at(e, []) for _, _, e in inner]
     if None in extents or any(e > 64 for e in extents):
         return set()
+    fn = abi.FUNCTIONS.get(c.args[0].value)
+    if fn not in (abi.GEMM, abi.LOAD):
+        return set()
     out: set = set()
     for point in itertools.product(*(range(e) for e in extents)):
         values = [(v, m + p) for (v, m, _), p in zip(inner, point)]
-        vals = [_int_at(a, values) for a in c.args[1:]]
+        v = {name: _int_at(a, values) for name, a in zip(fn.names, c.args[1:])}
         base = _int_at(offset, values)
-        op = c.args[0].value
         if base is None:
             return set()
-        if op == "accel.gemm" and vals[0] == 1 and None not in vals[4:11]:
-            ld, ext_out, ext_in, so, si = vals[4], vals[7], vals[8], vals[9], vals[10]
-            for o in range(ext_out):
-                for i in range(ext_in):
+        if fn is abi.GEMM:
+            need = ("reset", "acc_ld", "ext_out", "ext_in", "acc_stride_out", "acc_stride_in")
+            if None in (v[n] for n in need) or v["reset"] != 1:
+                return set()
+            for o in range(v["ext_out"]):
+                for i in range(v["ext_in"]):
                     for r in range(tile):
-                        start = base + o * so + i * si + r * ld
+                        start = base + o * v["acc_stride_out"] + i * v["acc_stride_in"] + r * v["acc_ld"]
                         out.update(range(start, start + tile))
-        elif op == "accel.load" and None not in vals[4:12]:
-            ld, rows, cols, pt, pb, pl, pr = vals[4], vals[5], vals[6], vals[8], vals[9], vals[10], vals[11]
-            for r in range(pt + rows + pb):
-                out.update(range(base + r * ld, base + r * ld + pl + cols + pr))
         else:
-            return set()
+            need = ("sram_ld", "rows", "cols", "pad_top", "pad_bottom", "pad_left", "pad_right")
+            if None in (v[n] for n in need):
+                return set()
+            ld, width = v["sram_ld"], v["pad_left"] + v["cols"] + v["pad_right"]
+            for r in range(v["pad_top"] + v["rows"] + v["pad_bottom"]):
+                out.update(range(base + r * ld, base + r * ld + width))
     return out
 
 
@@ -325,7 +206,7 @@ def _check_in_place(stmts, name, tile):
                                                              buf, tile)
             if later is not None:
                 raise PlanError(f"{name}: an epilogue computed {buf.name} in place for its store, but "
-                                f"{buf.name} is read again afterwards: {_snippet(later)}")
+                                f"{buf.name} is read again afterwards: {describe(later)}")
 
 
 def _check_loop_carried(loop, name, tile):
@@ -339,89 +220,15 @@ def _check_loop_carried(loop, name, tile):
         if stmt is not None:
             raise PlanError(f"{name}: an epilogue computed {buf.name} in place for its store inside loop "
                             f"'{loop.loop_var.name}', but the loop's next iteration reads {buf.name} before "
-                            f"writing it anew: {_snippet(stmt)} (store the result after the loop that "
+                            f"writing it anew: {describe(stmt)} (store the result after the loop that "
                             f"accumulates instead, e.g. reverse_compute_at an outer loop)")
-
-
-def _host_buffers_of_calls(stmt) -> dict:
-    found = {}
-
-    def on_call(c):
-        if _is_accel_call(c):
-            for v in _buffers_in(c):
-                found[v.__chandle__()] = v
-
-    tvm_ffi.structural_walk(stmt, (ir.Call, on_call))
-    return found
-
-
-def _buffers_in(node) -> list:
-    out = []
-
-    def on_var(v):
-        if tirx.is_buffer_var(v):
-            out.append(v)
-
-    tvm_ffi.structural_walk(node, (ir.Var, on_var))
-    return out
-
-
-def _check_cpu_hazards(stmt, name):
-    shared = _host_buffers_of_calls(stmt)
-    if not shared:
-        return
-
-    def check(buf, node):
-        if buf.__chandle__() in shared:
-            raise PlanError(f"{name}: CPU code touches {buf.name} between the accelerator calls that use "
-                            f"it and the next sync: {_snippet(node)}")
-
-    tvm_ffi.structural_walk(stmt, [(tirx.BufferStore, lambda s: check(s.buffer, s)),
-                                   (ir.TensorLoad, lambda l: check(l.source, l))])
-
-
-def _touches_memory(stmt) -> bool:
-    found = []
-    tvm_ffi.structural_walk(stmt, [(tirx.BufferStore, found.append), (ir.TensorLoad, found.append),
-                                   (ir.Call, lambda c: found.append(c) if not _is_accel_call(c) else None)])
-    return bool(found)
-
-
-def _with_syncs(body, name):
-    """Sync after each run of top-level statements that call the accelerator, before the
-    CPU code that follows it (the instructions only execute at the sync)."""
-    stmts = list(body.seq) if isinstance(body, tirx.SeqStmt) else [body]
-    out, group = [], []
-
-    def close():
-        if group:
-            _check_cpu_hazards(tirx.SeqStmt(group) if len(group) > 1 else group[0], name)
-            out.extend(group)
-            out.append(tirx.Evaluate(tirx.call_packed("accel.sync")))
-            group.clear()
-
-    for s in stmts:
-        if _calls_accel(s):
-            group.append(s)
-        elif group and not _touches_memory(s):
-            group.append(s)     # an allocation or a no-op does not need the results
-        else:
-            close()
-            out.append(s)
-    close()
-    return out[0] if len(out) == 1 else tirx.SeqStmt(out)
 
 
 def plan(func: tirx.PrimFunc, config: Config) -> tirx.PrimFunc:
     """Plan one PrimFunc (see the module docstring)."""
-    name = str(func.attrs["global_symbol"]) if func.attrs is not None and "global_symbol" in func.attrs else "main"
-    body = _Planner(config, name).run(func.body)
-    if not _calls_accel(body):
-        return func.with_body(body)
-    return func.with_body(_with_syncs(body, name))
+    return AccelPlanner(config).plan(func)
 
 
 def plan_pass(config: Config) -> tvm.transform.Pass:
     """:func:`plan` as a PrimFunc pass."""
-    return tirx.transform.prim_func_pass(lambda f, mod, ctx: plan(f, config), opt_level=0,
-                                         name="accel.PlanScratchpads")
+    return AccelPlanner(config).as_pass("accel.PlanScratchpads")

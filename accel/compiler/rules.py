@@ -28,6 +28,7 @@ import tvm_ffi
 from tvm import ir, tirx
 
 import tirpat as tp
+from accel.hw import abi
 from accel.hw.config import Config
 from accel.hw.isa import AluOp, Mem, StoreMode
 from accel.hw.runtime import AUTO
@@ -58,13 +59,27 @@ def address(buffer, offset):
     return buffer.access_ptr("rw", offset=offset)
 
 
-def call(name: str, *args) -> tirx.Stmt:
-    """A statement calling the runtime function ``name`` (``"accel.load"``, ...) with
-    ``args`` and ``deps = AUTO``; scratchpad operands are :func:`address` expressions.
+def call(fn: abi.Function, **args) -> tirx.Stmt:
+    """A statement calling the runtime function ``fn`` (:mod:`accel.hw.abi`) with its
+    arguments by name, every one but ``deps``, which is AUTO; scratchpad operands are
+    :func:`address` expressions.
 
-    >>> call("accel.alu", 3, 1, address(acc, 0), 0, 4, 1, 1, 0, 16, 0, 0)   # doctest: +SKIP
+    >>> call(abi.DEP_POP, src_queue=1, dst_queue=2)
+    T.call_packed("accel.dep_pop", 1, 2)
+    >>> call(abi.DEP_POP, src_queue=1)
+    Traceback (most recent call last):
+      ...
+    TypeError: accel.dep_pop: missing argument dst_queue
     """
-    return tirx.Evaluate(tirx.call_packed(name, *[_i32(a) for a in args], _i32(AUTO)))
+    names = [a.name for a in fn.args if a.role != "deps"]
+    for name in names:
+        if name not in args:
+            raise TypeError(f"{fn.name}: missing argument {name}")
+    extra = sorted(set(args) - set(names))
+    if extra:
+        raise TypeError(f"{fn.name}: no argument {extra[0]} (its arguments: {', '.join(names)})")
+    deps = [_i32(AUTO)] if len(names) < len(fn.args) else []
+    return tirx.Evaluate(tirx.call_packed(fn.name, *[_i32(args[n]) for n in names], *deps))
 
 
 def _around(loops, strides_per_operand, make_call):
@@ -136,13 +151,17 @@ def _load(m):
     loops = m.loops[:len(outer)]
 
     def make(shifts):
-        return call("accel.load", src.buffer, start + shifts[0], int(mem),
-                    address(dst.buffer, dst_start + shifts[1]), sram_ld,
-                    rows - pt - pb, cols - pl - pr, dram_ld, *pad_fields, pad_value)
+        return call(abi.LOAD, host=src.buffer, elem_offset=start + shifts[0], mem=int(mem),
+                    sram_addr=address(dst.buffer, dst_start + shifts[1]), sram_ld=sram_ld,
+                    rows=rows - pt - pb, cols=cols - pl - pr, dram_ld=dram_ld,
+                    **dict(zip(("pad_top", "pad_bottom", "pad_left", "pad_right"), pad_fields)),
+                    pad_value=pad_value)
 
     def all_padding(shifts):
-        return call("accel.load", src.buffer, 0, int(mem), address(dst.buffer, dst.offset + shifts[1]),
-                    sram_ld, 0, cols, dram_ld, rows, 0, 0, 0, pad_value)
+        return call(abi.LOAD, host=src.buffer, elem_offset=0, mem=int(mem),
+                    sram_addr=address(dst.buffer, dst.offset + shifts[1]), sram_ld=sram_ld, rows=0,
+                    cols=cols, dram_ld=dram_ld, pad_top=rows, pad_bottom=0, pad_left=0, pad_right=0,
+                    pad_value=pad_value)
 
     strides = [[src.strides[k] for k in outer], [dst.strides[k] for k in outer]]
     load = _around(loops, strides, make)
@@ -217,9 +236,11 @@ def _gemm(m, config):
         return None
 
     def make(shifts):
-        return call("accel.gemm", 0, address(rc.buffer, rc.offset + shifts[0]),
-                     address(ra.buffer, ra.offset + shifts[1]), address(rw.buffer, rw.offset + shifts[2]),
-                     acc_ld, inp_ld, wgt_ld, eo, ei, so[0], si[0], so[1], si[1], so[2], si[2])
+        return call(abi.GEMM, reset=0, acc_addr=address(rc.buffer, rc.offset + shifts[0]),
+                    inp_addr=address(ra.buffer, ra.offset + shifts[1]),
+                    wgt_addr=address(rw.buffer, rw.offset + shifts[2]), acc_ld=acc_ld, inp_ld=inp_ld,
+                    wgt_ld=wgt_ld, ext_out=eo, ext_in=ei, acc_stride_out=so[0], acc_stride_in=si[0],
+                    inp_stride_out=so[1], inp_stride_in=si[1], wgt_stride_out=so[2], wgt_stride_in=si[2])
 
     return _around(m.loops[:len(outer)], [[r.strides[k] for k in outer] for r in (rc, ra, rw)], make)
 
@@ -237,8 +258,10 @@ def _zero_init(m, config):
     outer = list(range(n - 2))
 
     def make(shifts):
-        return call("accel.gemm", 1, address(r.buffer, r.offset + shifts[0]), 0, 0, ld, t, t,
-                     rows // t, cols // t, t * ld, t, 0, 0, 0, 0)
+        return call(abi.GEMM, reset=1, acc_addr=address(r.buffer, r.offset + shifts[0]), inp_addr=0,
+                    wgt_addr=0, acc_ld=ld, inp_ld=t, wgt_ld=t, ext_out=rows // t, ext_in=cols // t,
+                    acc_stride_out=t * ld, acc_stride_in=t, inp_stride_out=0, inp_stride_in=0,
+                    wgt_stride_out=0, wgt_stride_in=0)
 
     return _around(m.loops[:len(outer)], [[r.strides[k] for k in outer]], make)
 
@@ -378,9 +401,10 @@ def _alu_calls(steps, spine, operands, loops, config, partial_ok):
 
         def make(shifts, step=step, operand=operand, sso=sso, ssi=ssi):
             src = 0 if operand is None else address(operand.buffer, operand.offset + shifts[1])
-            return call("accel.alu", int(step.op), int(operand is None),
-                         address(spine.buffer, spine.offset + shifts[0]), src,
-                         step.imm if operand is None else 0, ext_out, vectors, dso, t, sso, ssi)
+            return call(abi.ALU, op=int(step.op), use_imm=int(operand is None),
+                        dst_addr=address(spine.buffer, spine.offset + shifts[0]), src_addr=src,
+                        imm=step.imm if operand is None else 0, ext_out=ext_out, ext_in=vectors,
+                        dst_stride_out=dso, dst_stride_in=t, src_stride_out=sso, src_stride_in=ssi)
 
         calls.append(_around(g.outer, [g.outer_strides(spine), g.outer_strides(operand)], make))
     return calls
@@ -448,8 +472,9 @@ def _store(m, store, config):
     rows, cols = g.rows - g.rows_after, g.cols - g.cols_after
 
     def make(shifts):
-        return call("accel.store", out, dst.offset + shifts[0], address(acc.buffer, acc.offset + shifts[1]),
-                     sram_ld, rows, cols, dram_ld, int(mode))
+        return call(abi.STORE, host=out, elem_offset=dst.offset + shifts[0],
+                    sram_addr=address(acc.buffer, acc.offset + shifts[1]), sram_ld=sram_ld, rows=rows,
+                    cols=cols, dram_ld=dram_ld, mode=int(mode))
 
     calls.append(_around(g.outer, [g.outer_strides(dst), g.outer_strides(acc)], make))
     body = calls[0] if len(calls) == 1 else tirx.SeqStmt(calls)

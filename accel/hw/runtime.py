@@ -1,9 +1,10 @@
-"""The driver: sessions, the host buffer table, and the ``accel.*`` TVM global functions.
+"""The driver: accel's session and its ``accel.*`` runtime functions, on tirpat's device kit.
 
 Compiled PrimFuncs call ``T.call_packed("accel.load", A, ...)`` etc.; each call appends
 one instruction to the current session's stream, and ``accel.sync`` runs the stream on the
-simulator. Host buffers are used in place: the table holds zero-copy numpy views of them,
-addressed by slot. accel/ISA.md lists every function and argument.
+simulator. The functions and their arguments are declared once, in :mod:`accel.hw.abi`;
+sessions, the host buffer table, error relay and atomic calls come from
+:mod:`tirpat.device`. accel/ISA.md section 7 describes the ABI.
 
 >>> import numpy as np
 >>> a = np.arange(256, dtype=np.int32); out = np.zeros(256, np.int32)
@@ -18,24 +19,28 @@ True
 
 from __future__ import annotations
 
-import ctypes
-import threading
-from typing import Any, Optional, Union
+import dataclasses
+import operator
+from collections import deque
+from typing import Callable, Optional, Union
 
 import numpy as np
 
+from tirpat import device
+from accel.hw import abi
 from accel.hw.config import Config
-from accel.hw.tokens import DependencyTracker
 from accel.hw.emitter import Emitter
+from accel.hw.errors import AccelError
 from accel.hw.isa import (
-    Alu, AluOp, Gemm, Instruction, Load, Mem, Queue, Store, StoreMode, disassemble, encode, make,
+    AluOp, Instruction, Mem, Queue, StoreMode, disassemble, encode, make,
 )
 from accel.hw.sim import Simulator
 from accel.hw.stats import Stats
+from accel.hw.tokens import DependencyTracker
 
 __all__ = [
     "Session", "current_session", "default_session", "POP_PREV", "POP_NEXT", "PUSH_PREV",
-    "PUSH_NEXT", "AUTO", "GLOBAL_FUNCTIONS", "take_error",
+    "PUSH_NEXT", "AUTO", "RUNTIME", "ConfigMismatchError", "session_for",
 ]
 
 # The ``deps`` bit mask of every accel.* instruction call (the header's bits 4-7), or AUTO:
@@ -43,111 +48,90 @@ __all__ = [
 POP_PREV, POP_NEXT, PUSH_PREV, PUSH_NEXT = 1, 2, 4, 8
 AUTO = -1
 
-HostBuffer = Any  # a C-contiguous numpy array or a tvm.runtime.Tensor (DLTensor)
+HostBuffer = device.buffers.HostBuffer
 
-
-# Field order of the ``values`` tuples the runtime builds (the ABI's argument order).
-_ARGS = {
-    Load: ("mem", "sram_addr", "sram_ld", "slot", "dram_offset", "dram_ld", "rows", "cols",
-           "pad_top", "pad_bottom", "pad_left", "pad_right", "pad_value"),
-    Store: ("sram_addr", "sram_ld", "slot", "dram_offset", "dram_ld", "rows", "cols", "mode"),
-    Gemm: ("reset", "acc_addr", "inp_addr", "wgt_addr", "acc_ld", "inp_ld", "wgt_ld", "ext_out",
-           "ext_in", "acc_stride_out", "acc_stride_in", "inp_stride_out", "inp_stride_in",
-           "wgt_stride_out", "wgt_stride_in"),
-    Alu: ("op", "use_imm", "dst_addr", "src_addr", "imm", "ext_out", "ext_in", "dst_stride_out",
-          "dst_stride_in", "src_stride_out", "src_stride_in"),
-}
 _CACHE_LIMIT = 1 << 16
-
 _FLAGS = [{"pop_prev": bool(d & 1), "pop_next": bool(d & 2), "push_prev": bool(d & 4),
            "push_next": bool(d & 8)} for d in range(16)]
+# Instruction class -> the fields its ``values`` tuples hold, in the ABI's argument order.
+_FIELDS = {f.instruction: f.fields for f in abi.FUNCTIONS.values() if f.instruction}
 
 
-def _flags(deps: int) -> dict[str, bool]:
-    if 0 <= deps <= 15:
-        return _FLAGS[deps]
-    raise ValueError(f"deps must be a 4-bit mask of POP_PREV|POP_NEXT|PUSH_PREV|PUSH_NEXT, got {deps}")
+def _flags(deps) -> dict[str, bool]:
+    try:
+        mask = operator.index(deps)
+    except TypeError:
+        raise TypeError(f"deps must be AUTO (-1) or a 4-bit mask of POP_PREV|POP_NEXT|PUSH_PREV|PUSH_NEXT, "
+                        f"got {deps!r}") from None
+    if 0 <= mask <= 15:
+        return _FLAGS[mask]
+    raise ValueError(f"deps must be AUTO (-1) or a 4-bit mask of POP_PREV|POP_NEXT|PUSH_PREV|PUSH_NEXT, "
+                     f"got {deps}")
 
 
-class Session:
+class ConfigMismatchError(AccelError, ValueError):
+    """Code compiled for one :class:`Config` run in a session of another."""
+
+
+class Session(device.Session):
     """One simulated core: scratchpads, buffer table, the stream being built, and stats.
 
-    As a context manager it becomes the session that ``accel.*`` calls use, and syncs any
-    unfinished stream on a clean exit (an exception discards it). Host buffers must stay
-    alive until the sync that runs the instructions using them.
+    As a context manager it becomes the session that ``accel.*`` calls on this thread use,
+    and syncs any unfinished stream on a clean exit (an exception discards it). Host
+    buffers must stay alive until the sync that runs the instructions using them.
+    ``record`` keeps the synced streams for :meth:`stream`: all of them (True), none
+    (False), or the last ``n`` (an int; the default sessions keep the last one).
 
     >>> with Session(Config(acc_bytes=64 * 1024)) as s:
     ...     s.config.acc_elements
     16384
     """
 
-    def __init__(self, config: Optional[Config] = None, *, record: bool = True) -> None:
+    def __init__(self, config: Optional[Config] = None, *, record: Union[bool, int] = True) -> None:
+        super().__init__()
+        if not isinstance(config, (Config, type(None))):
+            raise TypeError(f"Session takes an accel.Config, got {type(config).__name__}")
         self.config = config or Config()
         self.simulator = Simulator(self.config)
         self.emitter = Emitter(self._validate)
-        self.deps = DependencyTracker(self.config.tile)
+        self.deps = DependencyTracker(self.config.tile, self.buffers.byte_range)
         self.stats = Stats(self.config)
-        self.record = record
-        self._recorded: list[Instruction] = []
-        self._table: list[Optional[np.ndarray]] = []
-        self._owned: dict[int, Any] = {}  # slot -> the numpy array it keeps alive
-        self._slots: dict[tuple, int] = {}
-        self._borrowed: list[tuple] = []  # keys of DLTensor views, dropped at sync
-        self._free: list[int] = []
+        if record is True or record is False:
+            self._streams = deque() if record else None
+        elif isinstance(record, int) and record >= 0:
+            self._streams = deque(maxlen=record)
+        else:
+            raise TypeError(f"record must be True, False or a number of streams, got {record!r}")
         self._cache: dict[tuple, Instruction] = {}
 
     def _validate(self, index: int, ins: Instruction) -> None:
-        self.simulator.check(index, ins, self._table)
+        self.simulator.check(index, ins, self.buffers.views)
 
-    # ------------------------------------------------------------------ buffer table
     def buffer(self, host: HostBuffer) -> int:
         """The buffer-table slot of a host buffer, registering it on first use.
 
         Numpy arrays are kept alive by the session; DLTensors passed by compiled code are
-        viewed in place and their slots are released at the next sync.
+        viewed in place and their slots are released at the end of the stream.
 
         >>> s = Session(); a = np.zeros((4, 4), np.int8)
-        >>> s.buffer(a) == s.buffer(a)
+        >>> s.buffer(a) == s.buffer(a.reshape(16))      # one slot per memory range
         True
         """
-        if isinstance(host, np.ndarray):
-            key = (host.__array_interface__["data"][0], host.shape, host.dtype.str)
-            slot = self._slots.get(key)
-            if slot is None:
-                if not host.flags.c_contiguous:
-                    raise ValueError(f"host buffer {host.shape} {host.dtype} is not C-contiguous")
-                slot = self._add(key, host.reshape(-1))
-                self._owned[slot] = host
-            return slot
-        key = (host.data_ptr(), tuple(host.shape), str(host.dtype))
-        slot = self._slots.get(key)
-        if slot is None:
-            slot = self._add(key, _view_tensor(host))
-            self._borrowed.append(key)
-        return slot
-
-    def _add(self, key: tuple, flat: np.ndarray) -> int:
-        if self._free:
-            slot = self._free.pop()
-            self._table[slot] = flat
-        else:
-            slot = len(self._table)
-            self._table.append(flat)
-        self._slots[key] = slot
-        return slot
+        return self.buffers.slot(host)
 
     # ------------------------------------------------------------------ instructions
     def _emit(self, cls: type[Instruction], values: tuple, deps: int) -> int:
-        """Emit ``cls`` built from ``values`` (its fields in ``_ARGS[cls]`` order) and flags.
+        """Emit ``cls`` built from ``values`` (its fields in ABI order) and flags.
 
         Compiled loops repeat the same calls, so validated instructions are cached by their
-        fields until the next sync (when slots may be reassigned); a hit allocates nothing.
+        fields until the stream ends (when slots may be reassigned); a hit allocates nothing.
         """
+        self.claim()
         key = (cls, deps, values)
         ins = self._cache.get(key)
         validated = ins is not None
         if ins is None:
-            fields = dict(zip(_ARGS[cls], values))
+            fields = dict(zip(_FIELDS[cls], values))
             fields.update(_flags(0 if deps == AUTO else deps))
             ins = make(cls, fields)
         if deps == AUTO:
@@ -168,16 +152,13 @@ class Session:
              pad_bottom: int = 0, pad_left: int = 0, pad_right: int = 0, pad_value: int = 0,
              deps: int = 0) -> int:
         """Emit a LOAD of ``host`` (see :class:`accel.hw.isa.Load`); returns the stream index."""
-        return self._emit(Load, (mem, sram_addr, sram_ld, self.buffer(host), elem_offset, dram_ld,
-                                 rows, cols, pad_top, pad_bottom, pad_left, pad_right,
-                                 pad_value), deps)
+        return _EMIT[abi.LOAD](self, *_in_order(abi.LOAD, locals()))
 
     def store(self, host: HostBuffer, elem_offset: int, sram_addr: int, sram_ld: int, *,
               rows: int, cols: int, dram_ld: int, mode: Union[StoreMode, int] = StoreMode.INT32,
               deps: int = 0) -> int:
         """Emit a STORE into ``host`` (see :class:`accel.hw.isa.Store`); returns the stream index."""
-        return self._emit(Store, (sram_addr, sram_ld, self.buffer(host), elem_offset, dram_ld,
-                                  rows, cols, mode), deps)
+        return _EMIT[abi.STORE](self, *_in_order(abi.STORE, locals()))
 
     def gemm(self, acc_addr: int, inp_addr: int, wgt_addr: int, acc_ld: int, inp_ld: int,
              wgt_ld: int, *, reset: bool = False, ext_out: int = 1, ext_in: int = 1,
@@ -185,25 +166,30 @@ class Session:
              inp_stride_in: int = 0, wgt_stride_out: int = 0, wgt_stride_in: int = 0,
              deps: int = 0) -> int:
         """Emit a GEMM (see :class:`accel.hw.isa.Gemm`); returns the stream index."""
-        return self._emit(Gemm, (reset, acc_addr, inp_addr, wgt_addr, acc_ld, inp_ld, wgt_ld,
-                                 ext_out, ext_in, acc_stride_out, acc_stride_in, inp_stride_out,
-                                 inp_stride_in, wgt_stride_out, wgt_stride_in), deps)
+        return _EMIT[abi.GEMM](self, *_in_order(abi.GEMM, locals()))
 
     def alu(self, op: Union[AluOp, int], dst_addr: int, *, src_addr: int = 0, imm: int = 0,
             use_imm: bool = False, ext_out: int = 1, ext_in: int = 1, dst_stride_out: int = 0,
             dst_stride_in: int = 0, src_stride_out: int = 0, src_stride_in: int = 0,
             deps: int = 0) -> int:
         """Emit an ALU instruction (see :class:`accel.hw.isa.Alu`); returns the stream index."""
-        return self._emit(Alu, (op, use_imm, dst_addr, src_addr, imm, ext_out, ext_in,
-                                dst_stride_out, dst_stride_in, src_stride_out, src_stride_in), deps)
+        return _EMIT[abi.ALU](self, *_in_order(abi.ALU, locals()))
 
     def dep_push(self, src: Union[Queue, int], dst: Union[Queue, int]) -> None:
         """See :meth:`accel.hw.emitter.Emitter.dep_push`."""
+        self.claim()
         self.emitter.dep_push(Queue(src), Queue(dst))
 
     def dep_pop(self, src: Union[Queue, int], dst: Union[Queue, int]) -> None:
         """See :meth:`accel.hw.emitter.Emitter.dep_pop`."""
+        self.claim()
         self.emitter.dep_pop(Queue(src), Queue(dst))
+
+    # ------------------------------------------------------------------ the stream
+    @property
+    def pending(self) -> int:
+        """Instructions emitted since the last sync."""
+        return len(self.emitter)
 
     def sync(self) -> Stats:
         """Close the pending stream with FINISH, run it, and return the cumulative stats.
@@ -214,35 +200,37 @@ class Session:
         >>> Session().sync().instructions["FINISH"]
         1
         """
+        return super().sync()
+
+    def execute(self) -> Stats:
+        """Run the pending stream (called by :meth:`sync`)."""
         try:
             stream = self.emitter.finish()
-            self.simulator.run(stream, self._table, self.stats, verified=True)
-            if self.record:
-                self._recorded.extend(stream)
+            self.simulator.run(stream, self.buffers.views, self.stats, verified=True)
+            if self._streams is not None:
+                self._streams.append(stream)
         finally:
             self._cache.clear()
             self.deps.reset()
-            for key in self._borrowed:
-                slot = self._slots.pop(key)
-                self._table[slot] = None
-                self._free.append(slot)
-            self._borrowed.clear()
         return self.stats
 
-    def discard(self) -> None:
-        """Drop the pending (unsynced) instructions."""
+    def drop(self) -> None:
+        """Forget the pending stream (called by :meth:`discard`)."""
         self.emitter = Emitter(self._validate)
         self.deps.reset()
         self._cache.clear()
 
     # ------------------------------------------------------------------ inspection
     def stream(self) -> bytes:
-        """The encoded instructions of every synced stream so far (each ends in FINISH)."""
-        return encode(self._recorded)
+        """The encoded instructions of the recorded synced streams (each ends in FINISH)."""
+        return encode(self._recorded())
 
     def disassembly(self) -> str:
         """:meth:`stream` as text, one instruction per line."""
-        return disassemble(self._recorded)
+        return disassemble(self._recorded())
+
+    def _recorded(self) -> list[Instruction]:
+        return [ins for stream in self._streams or () for ins in stream]
 
     def scratchpad(self, mem: Union[Mem, int]) -> np.ndarray:
         """A copy of a scratchpad's contents in its architectural dtype (int8 / int32).
@@ -254,146 +242,76 @@ class Session:
         data = self.simulator.memory(mem)
         return data.astype(np.int32 if mem is Mem.ACC else np.int8)
 
-    # ------------------------------------------------------------------ context
-    def __enter__(self) -> "Session":
-        _local_stack().append(self)
-        return self
 
-    def __exit__(self, exc_type, exc, tb) -> None:
-        stack = _local_stack()
-        stack.remove(self)
-        if exc_type is not None:
-            self.discard()
-        elif len(self.emitter):
-            self.sync()
+# ---------------------------------------------------------------------- runtime functions
+def _in_order(fn: abi.Function, given: dict) -> tuple:
+    """The arguments of a Session method, in the ABI's order (its parameters are named as
+    the ABI's arguments: a test checks it)."""
+    return tuple(given[name] for name in fn.names)
 
 
-def _view_tensor(t: Any) -> np.ndarray:
-    """A flat zero-copy numpy view of a borrowed DLTensor (``np.from_dlpack`` crashes on those)."""
-    strides = t.strides
-    shape = tuple(int(d) for d in t.shape)
-    if strides is not None:
-        expected, acc = [], 1
-        for d in reversed(shape):
-            expected.append(acc)
-            acc *= d
-        if tuple(strides) != tuple(reversed(expected)) and int(np.prod(shape)) > 1:
-            raise ValueError(f"host tensor {shape} with strides {tuple(strides)} is not compact")
-    dtype = np.dtype(str(t.dtype))
-    count = int(np.prod(shape))
-    if count == 0:
-        return np.zeros(0, dtype)
-    raw = (ctypes.c_char * (count * dtype.itemsize)).from_address(t.data_ptr())
-    return np.frombuffer(raw, dtype=dtype)
+def _instruction_call(fn: abi.Function) -> Callable:
+    """``run(session, *args)``: emit ``fn``'s instruction from its ABI arguments."""
+    cls, count = fn.instruction, len(fn.args)
+    host = fn.names.index(fn.host.name) if fn.host else None
+
+    def run(session: Session, *args) -> int:
+        if len(args) != count:
+            raise TypeError(f"{fn.name} takes {count} arguments ({', '.join(fn.names)}), got {len(args)}")
+        values = args[:-1]
+        if host is not None:
+            values = (*values[:host], session.buffers.slot(values[host]), *values[host + 1:])
+        return session._emit(cls, values, args[-1])
+
+    run.__name__ = fn.short
+    return run
 
 
-_state = threading.local()
-_default: Optional[Session] = None
+def _default(config: Optional[Config]) -> Session:
+    return Session(config, record=1)
 
 
-def _local_stack() -> list[Session]:
-    stack = getattr(_state, "stack", None)
-    if stack is None:
-        stack = _state.stack = []
-    return stack
+#: accel's runtime: the ``accel.*`` TVM global functions and the per-thread sessions.
+RUNTIME = device.Runtime("accel", Session, default=_default)
+_EMIT: dict = {}
+for _fn in abi.FUNCTIONS.values():
+    if _fn.instruction is not None:
+        _EMIT[_fn] = _instruction_call(_fn)
+        RUNTIME.function(_EMIT[_fn], name=_fn.short)
+RUNTIME.function(lambda s, src, dst: s.dep_push(src, dst), name="dep_push")
+RUNTIME.function(lambda s, src, dst: s.dep_pop(src, dst), name="dep_pop")
 
 
-def default_session() -> Session:
-    """The session used by ``accel.*`` calls made outside any ``with Session()``.
+def default_session(config: Optional[Config] = None) -> Session:
+    """This thread's session for ``accel.*`` calls made outside any ``with Session()``
+    (one per Config; each keeps only its last stream for :meth:`Session.stream`).
 
-    >>> default_session() is default_session()
+    >>> default_session() is default_session(Config())
     True
     """
-    global _default
-    if _default is None:
-        _default = Session()
-    return _default
+    return RUNTIME.default(None if config is None or config == Config() else config)
 
 
 def current_session() -> Session:
-    """The innermost active ``with Session()`` of this thread, else the default session."""
-    stack = getattr(_state, "stack", None)
-    return stack[-1] if stack else default_session()
+    """The innermost ``with Session()`` of this thread, else its default session."""
+    return RUNTIME.current()
 
 
-# ---------------------------------------------------------------------- TVM global functions
-# Positional twins of the Session methods: what compiled code calls through T.call_packed.
+def session_for(config: Config) -> Session:
+    """The session code compiled for ``config`` runs in on this thread: the innermost
+    ``with Session()`` (which must have that Config), else the default session of ``config``.
 
-def _abi_load(host, elem_offset, mem, sram_addr, sram_ld, rows, cols, dram_ld, pad_top,
-              pad_bottom, pad_left, pad_right, pad_value, deps):
-    s = current_session()
-    s._emit(Load, (mem, sram_addr, sram_ld, s.buffer(host), elem_offset, dram_ld, rows, cols,
-                   pad_top, pad_bottom, pad_left, pad_right, pad_value), deps)
-
-
-def _abi_store(host, elem_offset, sram_addr, sram_ld, rows, cols, dram_ld, mode, deps):
-    s = current_session()
-    s._emit(Store, (sram_addr, sram_ld, s.buffer(host), elem_offset, dram_ld, rows, cols, mode),
-            deps)
-
-
-def _abi_gemm(reset, acc_addr, inp_addr, wgt_addr, acc_ld, inp_ld, wgt_ld, ext_out, ext_in,
-              acc_stride_out, acc_stride_in, inp_stride_out, inp_stride_in, wgt_stride_out,
-              wgt_stride_in, deps):
-    current_session()._emit(Gemm, (reset, acc_addr, inp_addr, wgt_addr, acc_ld, inp_ld, wgt_ld,
-                                   ext_out, ext_in, acc_stride_out, acc_stride_in,
-                                   inp_stride_out, inp_stride_in, wgt_stride_out,
-                                   wgt_stride_in), deps)
-
-
-def _abi_alu(op, use_imm, dst_addr, src_addr, imm, ext_out, ext_in, dst_stride_out,
-             dst_stride_in, src_stride_out, src_stride_in, deps):
-    current_session()._emit(Alu, (op, use_imm, dst_addr, src_addr, imm, ext_out, ext_in,
-                                  dst_stride_out, dst_stride_in, src_stride_out, src_stride_in),
-                            deps)
-
-
-def _abi_dep_push(src, dst):
-    current_session().dep_push(src, dst)
-
-
-def _abi_dep_pop(src, dst):
-    current_session().dep_pop(src, dst)
-
-
-def _abi_sync():
-    current_session().sync()
-
-
-def _keep_error(fn):
-    """Remember an exception raised inside an ``accel.*`` call: crossing TVM's FFI turns it
-    into a RuntimeError, and :func:`take_error` lets the caller re-raise the original."""
-
-    def call(*args):
-        try:
-            return fn(*args)
-        except Exception as err:  # noqa: BLE001 - re-raised unchanged
-            _state.error = err
-            raise
-
-    call.__name__ = fn.__name__
-    return call
-
-
-def take_error() -> Optional[BaseException]:
-    """The exception the last failing ``accel.*`` call of this thread raised (then forgotten)."""
-    err = getattr(_state, "error", None)
-    _state.error = None
-    return err
-
-
-GLOBAL_FUNCTIONS = {
-    "accel.load": _abi_load, "accel.store": _abi_store, "accel.gemm": _abi_gemm,
-    "accel.alu": _abi_alu, "accel.dep_push": _abi_dep_push, "accel.dep_pop": _abi_dep_pop,
-    "accel.sync": _abi_sync,
-}
-
-
-def _register() -> None:
-    import tvm
-
-    for name, fn in GLOBAL_FUNCTIONS.items():
-        tvm.register_global_func(name, _keep_error(fn), override=True)
-
-
-_register()
+    >>> session_for(Config(tile=32)).config.tile
+    32
+    """
+    entered = RUNTIME.entered()
+    if entered is None:
+        return default_session(config)
+    if entered.config != config:
+        diff = [f.name for f in dataclasses.fields(Config) if getattr(config, f.name) != getattr(entered.config, f.name)]
+        built = ", ".join(f"{n}={getattr(config, n)}" for n in diff)
+        here = ", ".join(f"{n}={getattr(entered.config, n)}" for n in diff)
+        raise ConfigMismatchError(
+            f"this code was compiled for a Config with {built}, but the current session has {here}; "
+            f"run it in a Session of its own Config (or outside any session)")
+    return entered

@@ -51,10 +51,20 @@ def _span(addr: int, ld: int, rows: int, cols: int, loops=()) -> tuple[int, int]
     return lo, hi + (rows - 1) * ld + cols
 
 
-def footprint(ins: Instruction, tile: int) -> Iterator[tuple[tuple, int, int, bool]]:
+def _dram(ins, host) -> tuple[tuple, int, int]:
+    lo, hi = _span(ins.dram_offset, ins.dram_ld, ins.rows, ins.cols)
+    if host is None:
+        return ("dram", ins.slot), lo, hi
+    return ("host",), *host(ins.slot, lo, hi)
+
+
+def footprint(ins: Instruction, tile: int, host=None) -> Iterator[tuple[tuple, int, int, bool]]:
     """``(space, lo, hi, is_write)`` per memory range an instruction touches.
 
-    ``space`` is ``("sram", Mem)`` or ``("dram", slot)``. Ranges are conservative hulls.
+    ``space`` is ``("sram", Mem)`` or ``("dram", slot)`` with element ranges, or, given
+    ``host(slot, lo, hi) -> (start, end)`` (the buffer table's byte ranges), ``("host",)``
+    with address ranges, so that slots viewing the same memory are ordered. Ranges are
+    conservative hulls.
     """
     if isinstance(ins, Load):
         h = ins.pad_top + ins.rows + ins.pad_bottom
@@ -63,12 +73,12 @@ def footprint(ins: Instruction, tile: int) -> Iterator[tuple[tuple, int, int, bo
             return
         yield ("sram", ins.mem), *_span(ins.sram_addr, ins.sram_ld, h, w), True
         if ins.rows * ins.cols:
-            yield ("dram", ins.slot), *_span(ins.dram_offset, ins.dram_ld, ins.rows, ins.cols), False
+            yield *_dram(ins, host), False
     elif isinstance(ins, Store):
         if ins.rows * ins.cols == 0:
             return
         yield ("sram", Mem.ACC), *_span(ins.sram_addr, ins.sram_ld, ins.rows, ins.cols), False
-        yield ("dram", ins.slot), *_span(ins.dram_offset, ins.dram_ld, ins.rows, ins.cols), True
+        yield *_dram(ins, host), True
     elif isinstance(ins, Gemm):
         if ins.ext_out * ins.ext_in == 0:
             return
@@ -98,8 +108,9 @@ class DependencyTracker:
     has to look at writes, so read-only host inputs cost nothing to track.
     """
 
-    def __init__(self, tile: int) -> None:
+    def __init__(self, tile: int, host=None) -> None:
         self.tile = tile
+        self.host = host    # slot ranges -> host addresses (see footprint)
         self.reset()
 
     def reset(self) -> None:
@@ -119,7 +130,7 @@ class DependencyTracker:
             if dep[0] is not queue and dep[1] > needs.get(dep[0], -1):
                 needs[dep[0]] = dep[1]
 
-        for space, lo, hi, write in footprint(ins, self.tile):
+        for space, lo, hi, write in footprint(ins, self.tile, self.host):
             for (a, b), writer in self._writes.get(space, {}).items():
                 if a < hi and lo < b:
                     need(writer)
@@ -154,7 +165,7 @@ class DependencyTracker:
     def record(self, ins: Instruction, index: int) -> None:
         """Remember what the instruction at stream position ``index`` touched."""
         queue = queue_of(ins)
-        for space, lo, hi, write in footprint(ins, self.tile):
+        for space, lo, hi, write in footprint(ins, self.tile, self.host):
             if write:
                 # Accesses inside the new range are ordered before this write, so its
                 # record stands for them from now on.

@@ -6,6 +6,7 @@ import tvm
 
 import accel
 from tvm.script import tirx as T
+from tirpat import device
 from tirpat.testing import tile_gemm, tiled_matmul
 
 SCOPES = ("local.accel_inp", "local.accel_wgt", "local.accel_acc")
@@ -42,11 +43,22 @@ def test_accel_calls_in_a_parallel_loop_are_rejected():
 def test_runtime_errors_keep_their_type_through_compiled_code():
     func = tiled_matmul(32, 32, 32, (16, 16, 16), decompose_init=True, scopes=SCOPES)
     ex = accel.build(func)
-    a = np.zeros((32, 32), np.int8)
-    c = np.zeros((32, 32), np.int32)
+    a = tvm.runtime.tensor(np.zeros((32, 32), np.int8))
+    c = tvm.runtime.tensor(np.zeros((32, 32), np.int32))
     with pytest.raises(accel.ScratchpadOverflowError, match="INP"):
         with accel.Session(accel.Config(inp_bytes=256, wgt_bytes=256, acc_bytes=1024)):
-            ex(a, a, c)   # built for the default Config: the addresses do not fit this one
+            # the bare module, built for the default Config: its addresses do not fit this one
+            device.invoke(ex.module["main"], a, a, c)
+
+
+def test_an_executable_refuses_a_session_of_another_config():
+    ex = accel.build(tiled_matmul(32, 32, 32, (16, 16, 16), decompose_init=True, scopes=SCOPES))
+    a, c = np.zeros((32, 32), np.int8), np.zeros((32, 32), np.int32)
+    with pytest.raises(accel.ConfigMismatchError, match="compiled for a Config with inp_bytes=32768, "
+                                                        "wgt_bytes=262144, acc_bytes=131072, but the current "
+                                                        "session has inp_bytes=256"):
+        with accel.Session(accel.Config(inp_bytes=256, wgt_bytes=256, acc_bytes=1024)):
+            ex(a, a, c)
 
 
 def test_pipeline_is_registered_for_tvm_compile():

@@ -11,37 +11,17 @@ extents, cast and padding) was understood exactly — the property a DMA rule re
 
 from __future__ import annotations
 
-import ctypes
 from typing import Sequence
 
 import numpy as np
 import tvm
 from tvm import tirx
 
+from ..device.buffers import strided_view, tensor_view
 from ..tir.pattern import is_copy
 from ..tir.rewrite import Rewriter
 
 COPY_FUNC = "tirpat.testing.copy"
-
-
-def tensor_view(t) -> np.ndarray:
-    """A zero-copy, flat numpy view of a ``tvm.runtime.Tensor`` passed to a packed function."""
-    dt = np.dtype(str(t.dtype))
-    n = int(np.prod(t.shape)) if len(t.shape) else 1
-    buf = (ctypes.c_char * (n * dt.itemsize)).from_address(t.data_ptr())
-    return np.frombuffer(buf, dtype=dt)
-
-
-def _strided(flat: np.ndarray, offset: int, extents, strides, what: str) -> np.ndarray:
-    if any(e == 0 for e in extents):
-        return flat[:0].reshape([0] * len(extents))
-    lo = offset + sum(min(0, s) * (e - 1) for s, e in zip(strides, extents))
-    hi = offset + sum(max(0, s) * (e - 1) for s, e in zip(strides, extents))
-    if lo < 0 or hi >= flat.size:
-        raise IndexError(f"{what}: elements {lo}..{hi} are outside a buffer of {flat.size} elements")
-    return np.lib.stride_tricks.as_strided(
-        flat[offset:], shape=tuple(extents), strides=tuple(s * flat.itemsize for s in strides),
-        writeable=True)
 
 
 @tvm.register_global_func(COPY_FUNC, override=True)
@@ -53,9 +33,9 @@ def _copy(dst, src, *fields):
     src_st = [int(x) for x in fields[3 + 2 * n:3 + 3 * n]]
     padded = int(fields[3 + 3 * n])  # 0: plain, 1: padded, 2: partial (outside the box untouched)
     dst_flat, src_flat = tensor_view(dst), tensor_view(src)
-    out = _strided(dst_flat, dst_off, ext, dst_st, "copy destination")
+    out = strided_view(dst_flat, dst_off, ext, dst_st, what="copy destination")
     if not padded:
-        out[...] = _strided(src_flat, src_off, ext, src_st, "copy source").astype(dst_flat.dtype)
+        out[...] = strided_view(src_flat, src_off, ext, src_st, what="copy source").astype(dst_flat.dtype)
         return
     pad_value = fields[4 + 3 * n]
     before = [int(x) for x in fields[5 + 3 * n:5 + 4 * n]]
@@ -65,7 +45,7 @@ def _copy(dst, src, *fields):
         out[...] = np.array(pad_value).astype(dst_flat.dtype)
     box = tuple(slice(b, b + i) for b, i in zip(before, inner))
     start = src_off + sum(b * s for b, s in zip(before, src_st))
-    out[box] = _strided(src_flat, start, inner, src_st, "copy source").astype(dst_flat.dtype)
+    out[box] = strided_view(src_flat, start, inner, src_st, what="copy source").astype(dst_flat.dtype)
 
 
 def _copy_call(m):

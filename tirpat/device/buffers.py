@@ -1,0 +1,237 @@
+"""Host buffers as a device sees them: a table of slots with bounds-checked views.
+
+Instructions name host memory as ``(slot, element offset)``, never as raw pointers: that
+makes bounds checks, decoding and dependency tracking well defined. The table keeps one
+flat, zero-copy numpy view per slot. Numpy arrays handed to it are kept alive by the
+table; tensors that compiled code passes (borrowed DLTensors, whose memory the caller
+owns) are *borrowed* and their slots are released by :meth:`BufferTable.release_borrowed`,
+which a session calls at the end of every stream.
+
+>>> import numpy as np
+>>> table = BufferTable()
+>>> a = np.arange(12, dtype=np.int32)
+>>> slot = table.slot(a)
+>>> table.view(slot, 4, (2, 3)).tolist()          # rows of 3 from element 4
+[[4, 5, 6], [7, 8, 9]]
+>>> table.slot(a.reshape(3, 4)) == slot         # the same memory: the same slot
+True
+>>> table.view(slot, 8, (2, 3))
+Traceback (most recent call last):
+  ...
+tirpat.device.buffers.BoundsError: host buffer slot 0: elements [8, 14) are outside its 12 elements
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any, Optional, Sequence
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+__all__ = ["BufferTable", "BoundsError", "SlotError", "tensor_view", "strided_view", "is_tensor"]
+
+#: A C-contiguous numpy array, or a ``tvm.runtime.Tensor`` (a DLTensor from compiled code).
+HostBuffer = Any
+
+
+class BoundsError(IndexError):
+    """An access reaches outside the host buffer it names."""
+
+
+class SlotError(LookupError):
+    """A slot that is not (or no longer) in the buffer table."""
+
+
+def is_tensor(host: Any) -> bool:
+    """True for a DLTensor-like object (``tvm.runtime.Tensor``): ``data_ptr``, ``shape``, ``dtype``.
+
+    >>> is_tensor(np.zeros(3)), is_tensor([1, 2])
+    (False, False)
+    """
+    return not isinstance(host, np.ndarray) and all(hasattr(host, a) for a in ("data_ptr", "shape", "dtype"))
+
+
+def tensor_view(t: Any) -> np.ndarray:
+    """A flat, zero-copy numpy view of a compact ``tvm.runtime.Tensor``.
+
+    ``np.from_dlpack`` crashes on tensors passed from compiled code; this reads the data
+    pointer instead. A tensor with non-compact strides is refused (a flat view would
+    misread it).
+
+    >>> import tvm
+    >>> t = tvm.runtime.tensor(np.arange(6, dtype=np.int8).reshape(2, 3))
+    >>> tensor_view(t).tolist()
+    [0, 1, 2, 3, 4, 5]
+    """
+    shape = tuple(int(d) for d in t.shape)
+    strides = getattr(t, "strides", None)
+    if strides is not None and int(np.prod(shape)) > 1:
+        expected, acc = [], 1
+        for d in reversed(shape):
+            expected.append(acc)
+            acc *= d
+        if tuple(int(s) for s in strides) != tuple(reversed(expected)):
+            raise ValueError(f"host tensor {shape} with strides {tuple(strides)} is not compact")
+    dtype = np.dtype(str(t.dtype))
+    count = int(np.prod(shape))
+    if count == 0:
+        return np.zeros(0, dtype)
+    raw = (ctypes.c_char * (count * dtype.itemsize)).from_address(t.data_ptr())
+    return np.frombuffer(raw, dtype=dtype)
+
+
+def strided_view(flat: np.ndarray, offset: int, shape: Sequence[int], strides: Optional[Sequence[int]] = None,
+                 *, what: str = "buffer") -> np.ndarray:
+    """A view of ``flat`` at element ``offset`` with ``shape`` and element ``strides``
+    (row-major when omitted), after checking that every element it reaches is inside.
+
+    Raises :class:`BoundsError` naming ``what`` and the element range otherwise; strides
+    may be zero or negative.
+
+    >>> strided_view(np.arange(10), 1, (2, 2), (4, 1)).tolist()
+    [[1, 2], [5, 6]]
+    >>> strided_view(np.arange(10), 9, (2,), what="slot 3")
+    Traceback (most recent call last):
+      ...
+    tirpat.device.buffers.BoundsError: slot 3: elements [9, 11) are outside its 10 elements
+    """
+    shape = tuple(int(e) for e in shape)
+    if strides is None:
+        strides, acc = [], 1
+        for e in reversed(shape):
+            strides.append(acc)
+            acc *= e
+        strides = strides[::-1]
+    strides = tuple(int(s) for s in strides)
+    if len(strides) != len(shape):
+        raise ValueError(f"{what}: {len(shape)} extents but {len(strides)} strides")
+    if any(e < 0 for e in shape):
+        raise ValueError(f"{what}: negative extent in {shape}")
+    if 0 in shape:
+        return flat[:0].reshape(shape)
+    lo = offset + sum(min(0, s) * (e - 1) for s, e in zip(strides, shape))
+    hi = offset + sum(max(0, s) * (e - 1) for s, e in zip(strides, shape)) + 1
+    if lo < 0 or hi > flat.size:
+        raise BoundsError(f"{what}: elements [{lo}, {hi}) are outside its {flat.size} elements")
+    item = flat.itemsize
+    return as_strided(flat[offset:], shape=shape, strides=tuple(s * item for s in strides),
+                      writeable=flat.flags.writeable)
+
+
+class BufferTable:
+    """Host buffers by slot, each as a flat zero-copy numpy view (see the module doc).
+
+    ``views`` is the list a device's validator and executor index by slot (``None`` for
+    a free slot). A slot is found again from the memory it covers, ``(address, bytes,
+    dtype)``, so two numpy views of the same memory with different shapes share a slot;
+    views that overlap only in part get different slots, and :meth:`byte_range` tells a
+    dependency tracker which memory each touches.
+
+    >>> table = BufferTable(); b = np.zeros(4, np.int8)
+    >>> table.slot(b), len(table)
+    (0, 1)
+    """
+
+    def __init__(self) -> None:
+        self.views: list[Optional[np.ndarray]] = []
+        self._address: list[int] = []
+        self._keys: dict[tuple, int] = {}
+        self._key_of: dict[int, tuple] = {}
+        self._owned: dict[int, np.ndarray] = {}   # slot -> the numpy array it keeps alive
+        self._borrowed: list[int] = []
+        self._free: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self.views)
+
+    def slot(self, host: HostBuffer) -> int:
+        """The slot of ``host``, registering it on first use.
+
+        ``host`` is a C-contiguous numpy array (kept alive by the table) or a compact
+        ``tvm.runtime.Tensor`` (borrowed until :meth:`release_borrowed`). Anything else is a
+        ``TypeError`` naming what was given.
+
+        >>> BufferTable().slot([1, 2, 3])
+        Traceback (most recent call last):
+          ...
+        TypeError: a host buffer must be a numpy array or a tvm.runtime.Tensor, got list
+        """
+        if isinstance(host, np.ndarray):
+            address = host.__array_interface__["data"][0]
+            key = (address, host.nbytes, host.dtype.str)
+            slot = self._keys.get(key)
+            if slot is None:
+                if not host.flags.c_contiguous:
+                    raise ValueError(f"host buffer {host.shape} {host.dtype} is not C-contiguous")
+                slot = self._add(key, host.reshape(-1), address)
+                self._owned[slot] = host
+            return slot
+        if not is_tensor(host):
+            raise TypeError(f"a host buffer must be a numpy array or a tvm.runtime.Tensor, "
+                            f"got {type(host).__name__}")
+        address = host.data_ptr()
+        dtype = np.dtype(str(host.dtype))
+        key = (address, int(np.prod([int(d) for d in host.shape])) * dtype.itemsize, dtype.str)
+        slot = self._keys.get(key)
+        if slot is None:
+            slot = self._add(key, tensor_view(host), address)
+            self._borrowed.append(slot)
+        return slot
+
+    def _add(self, key: tuple, flat: np.ndarray, address: int) -> int:
+        if self._free:
+            slot = self._free.pop()
+            self.views[slot] = flat
+            self._address[slot] = address
+        else:
+            slot = len(self.views)
+            self.views.append(flat)
+            self._address.append(address)
+        self._keys[key] = slot
+        self._key_of[slot] = key
+        return slot
+
+    def __getitem__(self, slot: int) -> np.ndarray:
+        """The flat view of ``slot``; a :class:`SlotError` for a slot not in the table."""
+        flat = self.views[slot] if 0 <= slot < len(self.views) else None
+        if flat is None:
+            raise SlotError(f"buffer slot {slot} is not in the buffer table ({len(self.views)} slots)")
+        return flat
+
+    def view(self, slot: int, offset: int, shape: Sequence[int], strides: Optional[Sequence[int]] = None,
+             *, write: bool = False) -> np.ndarray:
+        """A bounds-checked view of ``slot`` (see :func:`strided_view`); ``write=True``
+        also requires the host buffer to be writable.
+
+        >>> t = BufferTable(); ro = np.zeros(4); ro.flags.writeable = False
+        >>> t.view(t.slot(ro), 0, (4,), write=True)
+        Traceback (most recent call last):
+          ...
+        ValueError: host buffer slot 0 is read-only
+        """
+        flat = self[slot]
+        if write and not flat.flags.writeable:
+            raise ValueError(f"host buffer slot {slot} is read-only")
+        return strided_view(flat, offset, shape, strides, what=f"host buffer slot {slot}")
+
+    def byte_range(self, slot: int, lo: int, hi: int) -> tuple[int, int]:
+        """The host addresses ``[start, end)`` of elements ``[lo, hi)`` of ``slot``: what a
+        dependency tracker compares, so aliasing slots are ordered by the memory they cover.
+
+        >>> t = BufferTable(); a = np.zeros(8, np.int32)
+        >>> s0, s1 = t.slot(a), t.slot(a[4:])
+        >>> t.byte_range(s0, 4, 8) == t.byte_range(s1, 0, 4)
+        True
+        """
+        item = self[slot].itemsize
+        base = self._address[slot]
+        return base + lo * item, base + hi * item
+
+    def release_borrowed(self) -> None:
+        """Free the slots of borrowed tensors (their memory may be gone after the call)."""
+        for slot in self._borrowed:
+            del self._keys[self._key_of.pop(slot)]
+            self.views[slot] = None
+            self._free.append(slot)
+        self._borrowed.clear()

@@ -1,0 +1,307 @@
+"""Scratchpad planning: from buffers in a backend's storage scopes to on-chip addresses.
+
+A backend's rules rewrite loop nests into calls of its runtime functions
+(``T.call_packed("<prefix>.op", ...)``) whose on-chip operands are written as
+``buffer.access_ptr(...)`` of buffers in the backend's scratchpad scopes. After them,
+:class:`ScratchpadPlanner` (as a pass, e.g. in ``tp.register_pipeline(..., after=[...])``):
+
+- gives every scratchpad buffer an address in its :class:`Scratchpad`, stack-like per
+  statement sequence; a buffer allocated inside a loop gets two copies used on alternate
+  iterations (double buffering), so the next tile's transfer can overlap the current
+  tile's compute. The allocations disappear from the TIR;
+- replaces the ``access_ptr`` operands by those addresses (element offsets);
+- raises :class:`ScratchpadOverflow` naming the scratchpad, the buffer, by how much it
+  overflows and what else is live; :class:`PlanError` for a scratchpad access no rule
+  rewrote (naming the statement), a runtime call in a ``parallel`` loop, and CPU code
+  touching a host buffer between the runtime calls that use it and their sync;
+- inserts ``<prefix>.sync()`` after each run of top-level statements that call the runtime.
+
+``AttrStmt`` markers whose key starts with ``<prefix>.`` are removed (rules use them to
+tell a subclass's checks something); :meth:`ScratchpadPlanner.check_sequence` and
+:meth:`ScratchpadPlanner.check_loop` are the hooks for a backend's own checks.
+
+>>> from tvm.script import tirx as T
+>>> @T.prim_func
+... def f(A: T.Buffer((64,), "int8")):
+...     for i in range(4):
+...         v = T.alloc_buffer((16,), "int8", scope="local.vec")
+...         T.call_packed("vec.load", v.access_ptr("w"), A.data, i * 16)
+>>> planner = ScratchpadPlanner("vec", [Scratchpad("local.vec", capacity=64, name="VREG")])
+>>> print(planner.plan(f).script())     # doctest: +ELLIPSIS
+# from tvm.script import tirx as T
+...
+    for i in range(4):
+        T.call_packed("vec.load", i % 2 * 16, A.data, i * 16)
+    T.call_packed("vec.sync")
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import numpy as np
+import tvm
+import tvm_ffi
+from tvm import ir, tirx
+
+__all__ = ["PlanError", "ScratchpadOverflow", "Scratchpad", "ScratchpadPlanner", "describe"]
+
+_ANALYZER = tvm.sym.Analyzer()
+
+
+@tvm_ffi.register_error
+class PlanError(ValueError):
+    """The rewritten function cannot run on the device; the message names the cause."""
+
+
+@tvm_ffi.register_error
+class ScratchpadOverflow(PlanError):
+    """The live scratchpad buffers do not fit."""
+
+
+@dataclass(frozen=True)
+class Scratchpad:
+    """An on-chip memory holding the buffers of one storage ``scope``.
+
+    ``capacity`` and ``align`` (the allocation granule: every buffer starts at a multiple
+    of it) are in elements of ``dtype``; ``name`` is what messages call it (the scope by
+    default).
+
+    >>> Scratchpad("local.accel_acc", capacity=32768, dtype="int32", align=16, name="ACC").itemsize
+    4
+    """
+
+    scope: str
+    capacity: int
+    dtype: str = "int8"
+    align: int = 1
+    name: Optional[str] = None
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes per element."""
+        return np.dtype(self.dtype).itemsize
+
+    @property
+    def label(self) -> str:
+        """The name messages use."""
+        return self.name or self.scope
+
+
+def describe(stmt) -> str:
+    """A statement as one line for an error message (the last line of its script)."""
+    lines = [l for l in str(stmt).strip().splitlines() if l.strip() and not l.lstrip().startswith("#")]
+    lines = [l for l in lines if "T.Buffer(" not in l]
+    return (lines[-1] if lines else type(stmt).__name__).strip()
+
+
+class ScratchpadPlanner:
+    """Plans the scratchpads of the backend whose runtime functions start with ``prefix.``
+    (see the module doc). ``double_buffer=False`` gives buffers allocated in loops a
+    single copy. Subclass and override :meth:`check_sequence` / :meth:`check_loop` for a
+    backend's own checks.
+    """
+
+    def __init__(self, prefix: str, scratchpads: Sequence[Scratchpad], *, double_buffer: bool = True) -> None:
+        self.prefix = prefix
+        self.scratchpads = {s.scope: s for s in scratchpads}
+        if len(self.scratchpads) != len(scratchpads):
+            raise ValueError("ScratchpadPlanner: two scratchpads share a storage scope")
+        self.double_buffer = double_buffer
+
+    # -- what a backend's checks use ----------------------------------------------------
+    def is_scratchpad(self, buffer) -> bool:
+        """True for a buffer in one of the planned scopes."""
+        return buffer.scope() in self.scratchpads
+
+    def is_runtime_call(self, node) -> bool:
+        """True for a ``T.call_packed("<prefix>.*", ...)`` call."""
+        return (isinstance(node, ir.Call) and node.op.name == "tirx.tvm_call_packed"
+                and isinstance(node.args[0], ir.StringImm) and node.args[0].value.startswith(self.prefix + "."))
+
+    def runtime_calls(self, stmt) -> list:
+        """The runtime calls in ``stmt``, in program order."""
+        found = []
+        tvm_ffi.structural_walk(stmt, (ir.Call, lambda c: found.append(c) if self.is_runtime_call(c) else None))
+        return found
+
+    def calls_runtime(self, stmt) -> bool:
+        """True when ``stmt`` calls the runtime anywhere."""
+        def on_call(c):
+            return tvm_ffi.VisitInterrupt(c) if self.is_runtime_call(c) else None
+
+        return tvm_ffi.structural_walk(stmt, (ir.Call, on_call)) is not None
+
+    def check_sequence(self, stmts: list, func_name: str) -> None:
+        """Hook: check one statement sequence before it is planned (raise PlanError)."""
+
+    def check_loop(self, loop, func_name: str) -> None:
+        """Hook: check a loop after its body was planned (raise PlanError)."""
+
+    # -- planning -----------------------------------------------------------------------
+    def plan(self, func: tirx.PrimFunc) -> tirx.PrimFunc:
+        """Plan one PrimFunc (see the module doc)."""
+        attrs = func.attrs
+        name = str(attrs["global_symbol"]) if attrs is not None and "global_symbol" in attrs else "main"
+        body = _FunctionPlan(self, name).run(func.body)
+        if not self.calls_runtime(body):
+            return func.with_body(body)
+        return func.with_body(self._with_syncs(body, name))
+
+    def as_pass(self, name: Optional[str] = None) -> tvm.transform.Pass:
+        """:meth:`plan` as a PrimFunc pass (named ``<prefix>.PlanScratchpads``)."""
+        return tirx.transform.prim_func_pass(lambda f, mod, ctx: self.plan(f), opt_level=0,
+                                             name=name or f"{self.prefix}.PlanScratchpads")
+
+    # -- syncs --------------------------------------------------------------------------
+    def _with_syncs(self, body, name):
+        """Sync after each run of top-level statements that call the runtime, before the
+        CPU code that follows it (the device's work only runs at the sync)."""
+        stmts = list(body.seq) if isinstance(body, tirx.SeqStmt) else [body]
+        out, group = [], []
+
+        def close():
+            if group:
+                self._check_cpu_hazards(tirx.SeqStmt(group) if len(group) > 1 else group[0], name)
+                out.extend(group)
+                out.append(tirx.Evaluate(tirx.call_packed(f"{self.prefix}.sync")))
+                group.clear()
+
+        for s in stmts:
+            if self.calls_runtime(s):
+                group.append(s)
+            elif group and not self._touches_memory(s):
+                group.append(s)     # an allocation or a no-op does not need the results
+            else:
+                close()
+                out.append(s)
+        close()
+        return out[0] if len(out) == 1 else tirx.SeqStmt(out)
+
+    def _check_cpu_hazards(self, stmt, name):
+        shared = {}
+        for c in self.runtime_calls(stmt):
+            tvm_ffi.structural_walk(c, (ir.Var, lambda v: shared.__setitem__(v.__chandle__(), v)
+                                        if tirx.is_buffer_var(v) else None))
+        if not shared:
+            return
+
+        def check(buf, node):
+            if buf.__chandle__() in shared:
+                raise PlanError(f"{name}: CPU code touches {buf.name} between the {self.prefix} calls that "
+                                f"use it and the next sync: {describe(node)}")
+
+        tvm_ffi.structural_walk(stmt, [(tirx.BufferStore, lambda s: check(s.buffer, s)),
+                                       (ir.TensorLoad, lambda l: check(l.source, l))])
+
+    def _touches_memory(self, stmt) -> bool:
+        found = []
+        tvm_ffi.structural_walk(stmt, [(tirx.BufferStore, found.append), (ir.TensorLoad, found.append),
+                                       (ir.Call, lambda c: found.append(c) if not self.is_runtime_call(c) else None)])
+        return bool(found)
+
+
+class _FunctionPlan:
+    """The addresses of one PrimFunc's scratchpad buffers, assigned while mutating it."""
+
+    def __init__(self, planner: ScratchpadPlanner, name: str):
+        self.planner = planner
+        self.name = name
+        self.loops: list = []
+        self.top = dict.fromkeys(planner.scratchpads, 0)
+        self.live: dict[str, list] = {scope: [] for scope in planner.scratchpads}
+        self.addr: dict = {}
+
+    def alloc(self, buf):
+        pad = self.planner.scratchpads[buf.scope()]
+        size = 1
+        for d in buf.shape:
+            if not isinstance(d, tirx.IntImm):
+                raise PlanError(f"{self.name}: scratchpad buffer {buf.name} has the non-constant shape "
+                                f"{list(buf.shape)}")
+            size *= int(d.value)
+        size = -(-size // pad.align) * pad.align
+        copies = 2 if self.loops and self.planner.double_buffer else 1
+        base = self.top[pad.scope]
+        end = base + copies * size
+        if end > pad.capacity:
+            item = pad.itemsize
+            live = ", ".join(f"{b.name} ({n} x {s} elements)" for b, n, s in self.live[pad.scope]) or "nothing else"
+            raise ScratchpadOverflow(
+                f"{self.name}: scratchpad {pad.label} overflows by {(end - pad.capacity) * item} bytes when "
+                f"allocating {buf.name} ({copies} x {size} elements; live: {live}; capacity "
+                f"{pad.capacity * item} bytes)")
+        self.top[pad.scope] = end
+        self.live[pad.scope].append((buf, copies, size))
+        offset = tirx.IntImm("int32", base)
+        if copies == 2:
+            it = tirx.IntImm("int32", 0)
+            for l in self.loops:
+                it = it * l.extent + (l.loop_var - l.min)
+            offset = offset + tirx.floormod(it, 2) * size
+        self.addr[buf.__chandle__()] = offset
+
+    def on_seq(self, seq, mut):
+        self.planner.check_sequence(list(seq.seq), self.name)
+        saved = dict(self.top)
+        saved_live = {m: list(v) for m, v in self.live.items()}
+        out = []
+        for s in seq.seq:
+            if isinstance(s, tirx.AllocBuffer) and self.planner.is_scratchpad(s.buffer):
+                self.alloc(s.buffer)
+                continue
+            out.append(mut.mutate(s))
+        self.top, self.live = saved, saved_live
+        if not out:
+            return tirx.Evaluate(tirx.IntImm("int32", 0))
+        return out[0] if len(out) == 1 else tirx.SeqStmt(out)
+
+    def on_stmt(self, node, mut):
+        planner = self.planner
+        if isinstance(node, tirx.SeqStmt):
+            return self.on_seq(node, mut)
+        if isinstance(node, tirx.AttrStmt) and str(node.attr_key).startswith(planner.prefix + "."):
+            return mut.mutate(node.body)
+        if isinstance(node, tirx.AllocBuffer) and planner.is_scratchpad(node.buffer):
+            self.alloc(node.buffer)
+            return tirx.Evaluate(tirx.IntImm("int32", 0))
+        if isinstance(node, tirx.For):
+            if int(node.kind) == int(tirx.ForKind.PARALLEL) and planner.calls_runtime(node):
+                raise PlanError(f"{self.name}: {planner.prefix} calls inside the parallel loop "
+                                f"'{node.loop_var.name}' are not supported (the stream is one sequence)")
+            self.loops.append(node)
+            try:
+                planned = mut.default_mutate(node)
+            finally:
+                self.loops.pop()
+            # after the body: an access no rule matched inside it is the error to report first
+            planner.check_loop(node, self.name)
+            return planned
+        if isinstance(node, tirx.BufferStore) and planner.is_scratchpad(node.buffer):
+            raise PlanError(f"{self.name}: no {planner.prefix} rule matched this access to scratchpad buffer "
+                            f"{node.buffer.name}, so it cannot run: {describe(node)}")
+        return mut.default_mutate(node)
+
+    def on_call(self, node, mut):
+        if node.op.name == "tirx.tvm_access_ptr":
+            data = node.args[1]
+            if isinstance(data, ir.Call) and data.op.name == "tirx.buffer_data":
+                buf = data.args[0]
+                if self.planner.is_scratchpad(buf):
+                    base = self.addr.get(buf.__chandle__())
+                    if base is None:
+                        raise PlanError(f"{self.name}: scratchpad buffer {buf.name} is used before it is allocated")
+                    return _ANALYZER.simplify(base + node.args[2])
+        return mut.default_mutate(node)
+
+    def on_load(self, node, mut):
+        if tirx.is_buffer_var(node.source) and self.planner.is_scratchpad(node.source):
+            raise PlanError(f"{self.name}: no {self.planner.prefix} rule matched this read of scratchpad buffer "
+                            f"{node.source.name}, so it cannot run: {node}")
+        return mut.default_mutate(node)
+
+    def run(self, body):
+        return tvm_ffi.structural_mutate(body, [
+            (tirx.Stmt, self.on_stmt), (ir.TensorLoad, self.on_load), (ir.Call, self.on_call),
+            (ir.Type, lambda n, m: n)])
