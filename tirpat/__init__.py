@@ -48,6 +48,8 @@ __all__ = [
 _MODEL = {
     "Backend": "backend", "Option": "backend", "Phase": "backend", "register_backend": "backend",
     "backends": "backend", "CompositeTarget": "target", "TargetError": "target", "parse_target": "target",
+    "quantize": "quantize", "CalibrationError": "quantize", "integerize": "integerize",
+    "IntegerizeWarning": "integerize",
 }
 __all__ += sorted(_MODEL)
 

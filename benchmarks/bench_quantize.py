@@ -1,0 +1,79 @@
+"""Accuracy of tp.quantize + tp.integerize on small CNNs, against onnxruntime.
+
+For each model (``tirpat.testing.onnx_cnn``: conv_relu, strided, residual), each repeat
+builds it with another weight seed, quantises it with ``tp.quantize`` (per tensor, or
+``--per-channel``), runs onnxruntime on the QDQ model (the reference) and the integerised
+Relax module compiled by ``tvm.compile`` for llvm, on the same random inputs, and reports
+medians over the repeats of:
+
+- the largest and the mean difference in output quantisation steps vs onnxruntime, and the
+  share of output elements within one step (targets: max <= 2, >= 99% within one);
+- top-1 agreement with the float model: ours, onnxruntime's int8 (the reference, same run),
+  and the ratio.
+
+    python benchmarks/bench_quantize.py [--repeats 5] [--inputs 200] [--per-channel]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import warnings
+
+import numpy as np
+import onnxruntime as ort
+import tvm
+from tvm import relax
+from tvm.relax.frontend.onnx import from_onnx
+
+import tirpat as tp
+from tirpat.testing import onnx_cnn
+
+
+def session(model) -> ort.InferenceSession:
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+
+
+def measure(name: str, seed: int, inputs: int, per_channel: bool) -> dict:
+    model = onnx_cnn.MODELS[name](seed=seed)
+    qdq = tp.quantize(model, onnx_cnn.calibration(model, 32, seed=seed + 100), per_channel=per_channel)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", tp.IntegerizeWarning)   # nothing may stay float
+        mod = tp.integerize()(from_onnx(qdq, keep_params_in_input=False))
+    vm = relax.VirtualMachine(tvm.compile(mod, "llvm"), tvm.cpu())
+    reference, float_model = session(qdq), session(model)
+    step = onnx_cnn.output_scale(qdq)
+    steps, ours_top1, ref_top1 = [], 0, 0
+    for x in onnx_cnn.calibration(model, inputs, seed=seed + 200)["x"]:
+        ours = vm["main"](tvm.runtime.tensor(x)).numpy()
+        ref = reference.run(None, {"x": x})[0]
+        label = float_model.run(None, {"x": x})[0].argmax()
+        steps.append(np.round(np.abs(ours.astype(np.float64) - ref) / step).ravel())
+        ours_top1 += int(ours.argmax() == label)
+        ref_top1 += int(ref.argmax() == label)
+    steps = np.concatenate(steps)
+    return {"max": steps.max(), "mean": steps.mean(), "within1": np.mean(steps <= 1),
+            "top1": ours_top1 / inputs, "ref_top1": ref_top1 / inputs}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=5, help="weight seeds per model (medians are quoted)")
+    ap.add_argument("--inputs", type=int, default=200, help="random inputs per seed")
+    ap.add_argument("--per-channel", action="store_true", help="per-output-channel weight scales")
+    args = ap.parse_args()
+    mode = "per channel" if args.per_channel else "per tensor"
+    print(f"int8 ({mode}) vs onnxruntime, medians over {args.repeats} seeds x {args.inputs} inputs")
+    print(f"{'model':>10} | {'max steps':>9} {'mean steps':>10} {'<=1 step':>8} | "
+          f"{'top-1 ours':>10} {'top-1 ort':>9} {'ratio':>6}")
+    for name in onnx_cnn.MODELS:
+        runs = [measure(name, seed, args.inputs, args.per_channel) for seed in range(args.repeats)]
+        med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+        worst = max(r["max"] for r in runs)
+        print(f"{name:>10} | {med['max']:>5.0f} ({worst:.0f}) {med['mean']:>10.4f} {med['within1']:>8.2%} | "
+              f"{med['top1']:>10.1%} {med['ref_top1']:>9.1%} {med['top1'] / med['ref_top1']:>6.3f}")
+    print("max steps: median (worst) over seeds")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,304 @@
+"""tp.integerize(): QDQ Relax -> integer arithmetic, checked against onnxruntime's run of the
+same QDQ model (quantised by the real onnxruntime here), with the fixed-point requantise
+checked against exact rational arithmetic."""
+
+import doctest
+import warnings
+from fractions import Fraction
+
+import numpy as np
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+
+import tvm  # noqa: E402
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+from tvm import relax  # noqa: E402
+from tvm.relax.dpl import is_op, wildcard  # noqa: E402
+from tvm.relax.frontend.onnx import from_onnx  # noqa: E402
+
+import tirpat as tp  # noqa: E402
+from tirpat.model import integerize as integerize_package  # noqa: E402
+from tirpat.model.integerize import IntegerizeWarning, Requantize, calls, fixed_point, requantize_pattern, rules  # noqa: E402
+from tirpat.testing import onnx_cnn  # noqa: E402
+
+
+# ----------------------------------------------------------------------------------------
+# the fixed-point requantise against exact arithmetic
+# ----------------------------------------------------------------------------------------
+def exact_round(value: Fraction, half_even: bool) -> int:
+    floor = value.numerator // value.denominator
+    rest = value - floor
+    if rest > Fraction(1, 2) or (rest == Fraction(1, 2) and (not half_even or floor % 2)):
+        return floor + 1
+    return floor
+
+
+@st.composite
+def requantise_cases(draw):
+    real = draw(st.floats(1e-6, 4.0))
+    bound = draw(st.integers(1, 2**31 - 1))
+    lo = draw(st.sampled_from([-128, 0, -20]))
+    hi = draw(st.sampled_from([127, 6, 100]))
+    accs = draw(st.lists(st.integers(-bound, bound), min_size=1, max_size=20))
+    return real, bound, lo, hi, np.array(accs + [bound, -bound], dtype=np.int64)
+
+
+@given(requantise_cases())
+def test_requantise_is_its_formula_and_never_overflows(case):
+    real, bound, lo, hi, accs = case
+    rq = Requantize.choose([real], [bound], lo, hi)
+    got = rq.apply([accs])                       # raises OverflowError on any int32 overflow
+    m = int(rq.multipliers[0])
+    for acc, y in zip(accs.tolist(), got.tolist()):
+        # the clamp never changes the result: the same formula on the unclamped accumulator
+        fixed = exact_round(Fraction(acc * m, 2**rq.shift), rq.half_even)
+        assert y == min(max(fixed, lo), hi)
+        # and the result is the correctly rounded real product up to the multiplier's error
+        exact = Fraction(acc) * Fraction(real)
+        err = abs(Fraction(acc) * (Fraction(m, 2**rq.shift) - Fraction(real)))
+        nearest = min(max(round(exact), lo), hi)
+        assert abs(y - nearest) <= 1
+        if abs(exact - exact.numerator // exact.denominator - Fraction(1, 2)) > err:
+            assert y == nearest or min(max(exact_round(exact, False), lo), hi) == y
+
+
+@given(st.floats(1e-3, 2.0), st.floats(1e-3, 2.0), st.lists(st.integers(-128, 127), min_size=2, max_size=40))
+def test_rescaled_add_within_half_a_step_of_exact(ma, mb, values):
+    a = np.array(values[::2], dtype=np.int64)
+    b = np.array(values[1::2][: len(a)] + [0] * (len(a) - len(values[1::2])), dtype=np.int64)
+    rq = Requantize.choose([ma, mb], [128, 128])
+    got = rq.apply([a, b]).astype(np.int64)
+    exact = a * ma + b * mb
+    assert np.all(np.abs(got - np.clip(exact, -128, 127)) <= 0.5 + 1e-4)
+
+
+@given(st.integers(0, 6), st.lists(st.integers(-128, 127), min_size=1, max_size=30))
+def test_dyadic_multipliers_round_half_to_even(log_count, means):
+    """A 2**k-element average that keeps its scale is exactly the sum / 2**k, ties to even."""
+    rq = Requantize.choose([1.0 / 2**log_count], [128 * 2**log_count])
+    assert rq.half_even or log_count == 0
+    sums = np.array(means, dtype=np.int64) * 2**log_count + np.arange(len(means)) % 2**log_count
+    assert np.array_equal(rq.apply([sums]), np.clip(np.round(sums / 2**log_count), -128, 127).astype(np.int8))
+
+
+def test_requantise_rejects_what_cannot_fit():
+    with pytest.raises(ValueError, match="positive and finite"):
+        Requantize.choose([0.0], [10])
+    with pytest.raises(ValueError, match="within int8"):
+        Requantize.choose([0.5], [10], lo=-200)
+    with pytest.raises(ValueError, match="one bound per multiplier"):
+        Requantize.choose([0.5, 0.5], [10])
+    with pytest.raises(ValueError, match="no shift"):
+        Requantize.choose([1e12], [2**30])
+
+
+@pytest.mark.parametrize("module", [integerize_package, fixed_point, rules])
+def test_docstring_examples(module):
+    assert doctest.testmod(module, extraglobs={"calls": calls}, optionflags=doctest.ELLIPSIS).failed == 0
+
+
+# ----------------------------------------------------------------------------------------
+# whole models against onnxruntime
+# ----------------------------------------------------------------------------------------
+class Compiled:
+    """A QDQ model: onnxruntime's session, and its integerised Relax module on llvm."""
+
+    def __init__(self, q):
+        self.q = q
+        self.session = ort.InferenceSession(q.SerializeToString(), providers=["CPUExecutionProvider"])
+        self.name = q.graph.input[0].name
+        with warnings.catch_warnings(record=True) as self.warnings:
+            warnings.simplefilter("always")
+            self.mod = tp.integerize()(from_onnx(q, keep_params_in_input=False))
+        self.vm = relax.VirtualMachine(tvm.compile(self.mod, "llvm"), tvm.cpu())
+        self.scale = onnx_cnn.output_scale(q)
+
+    def steps(self, inputs) -> np.ndarray:
+        """|ours - onnxruntime| in output quantisation steps, for every output element."""
+        diffs = []
+        for x in inputs:
+            ours = self.vm["main"](tvm.runtime.tensor(x)).numpy()
+            ref = self.session.run(None, {self.name: x})[0]
+            diffs.append(np.round(np.abs(ours.astype(np.float64) - ref) / self.scale).ravel())
+        return np.concatenate(diffs)
+
+
+def assert_accurate(compiled, inputs):
+    steps = compiled.steps(inputs)
+    assert steps.max() <= 2, f"max {steps.max()} steps"
+    assert np.mean(steps <= 1) >= 0.99, f"only {np.mean(steps <= 1):.2%} within one step"
+    return steps
+
+
+@pytest.fixture(scope="module", params=sorted(onnx_cnn.MODELS))
+def cnn(request):
+    model = onnx_cnn.MODELS[request.param](seed=0)
+    q = tp.quantize(model, onnx_cnn.calibration(model, 16))
+    return Compiled(q)
+
+
+def test_cnn_within_one_step_of_onnxruntime(cnn):
+    inputs = onnx_cnn.calibration(cnn.q, 40, seed=11)["x"]
+    assert_accurate(cnn, inputs)
+    assert not cnn.warnings
+
+
+def op_names(mod) -> list[str]:
+    return [str(c.op.name) for c in calls(mod["main"])]
+
+
+def test_cnn_is_integer_arithmetic(cnn):
+    ops = op_names(cnn.mod)
+    # the input's quantize and the output's dequantize stay; nothing else is float
+    assert ops.count("relax.quantize") == 1 and ops.count("relax.dequantize") == 1
+    assert ops[0] == "relax.quantize" and ops[-1] == "relax.dequantize"
+    for call in calls(cnn.mod["main"]):
+        if str(call.op.name) in ("relax.nn.conv2d", "relax.matmul"):
+            assert [str(a.ty.dtype) for a in call.args] == ["int8", "int8"] and str(call.ty.dtype) == "int32"
+    assert not {"relax.nn.relu", "relax.mean", "relax.nn.avg_pool2d"} & set(ops)
+
+
+def test_requantize_pattern_matches_every_epilogue(cnn):
+    gemm = is_op("relax.nn.conv2d")(wildcard(), wildcard()) | is_op("relax.matmul")(wildcard(), wildcard())
+    pattern = requantize_pattern(gemm | is_op("relax.add")(gemm, wildcard()))
+    found = []
+    relax.dpl.rewrite_call(pattern, lambda orig, m: found.append(orig) or orig, cnn.mod["main"])
+    gemms = [op for op in op_names(cnn.mod) if op in ("relax.nn.conv2d", "relax.matmul")]
+    assert len(found) == len(gemms)
+
+
+def test_relu_is_folded_into_the_requantise(cnn):
+    clips = [c for c in calls(cnn.mod["main"]) if str(c.op.name) == "relax.clip"]
+    assert all(str(c.args[0].ty.dtype) == "int32" for c in clips)      # no separate ReLU on int8
+    assert any(int(c.args[1].value) == 0 for c in clips)
+
+
+def test_per_channel_cnn_within_one_step():
+    model = onnx_cnn.residual(seed=4, channels=8)
+    compiled = Compiled(tp.quantize(model, onnx_cnn.calibration(model, 16), per_channel=True))
+    assert_accurate(compiled, onnx_cnn.calibration(model, 20, seed=5)["x"])
+    vectors = [c for c in calls(compiled.mod["main"]) if str(c.op.name) == "relax.multiply"
+               and c.args[1].ty.shape is not None and len(c.args[1].ty.shape) == 4]
+    assert vectors                                      # per-output-channel multipliers
+
+
+# ----------------------------------------------------------------------------------------
+# single operators, random configurations
+# ----------------------------------------------------------------------------------------
+def one_op_model(nodes, initialisers, in_shape, out_shape):
+    graph = helper.make_graph(nodes, "op", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(in_shape))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(out_shape))],
+                              [numpy_helper.from_array(v.astype(np.float32), k) for k, v in initialisers.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def run_reference(model):
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, {"x": np.zeros(onnx_cnn.input_shape(model), np.float32)})[0].shape
+
+
+@st.composite
+def conv_layers(draw):
+    cin, cout = draw(st.integers(1, 8)), draw(st.integers(1, 12))
+    k, stride = draw(st.sampled_from([1, 3])), draw(st.sampled_from([1, 2]))
+    size = draw(st.integers(k, 9))
+    pad = draw(st.integers(0, k // 2))
+    act = draw(st.sampled_from(["none", "Relu", "Clip"]))
+    per_channel = draw(st.booleans())
+    seed = draw(st.integers(0, 2**16))
+    return cin, cout, k, stride, size, pad, act, per_channel, seed
+
+
+@settings(max_examples=6)
+@given(conv_layers())
+def test_conv_layer_within_one_step(layer):
+    cin, cout, k, stride, size, pad, act, per_channel, seed = layer
+    rng = np.random.default_rng(seed)
+    inits = {"w": rng.normal(0, 0.5, (cout, cin, k, k)), "b": rng.normal(0, 0.3, cout)}
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c" if act != "none" else "y"], kernel_shape=[k, k],
+                              strides=[stride, stride], pads=[pad] * 4)]
+    if act == "Relu":
+        nodes.append(helper.make_node("Relu", ["c"], ["y"]))
+    elif act == "Clip":
+        inits.update(lo=np.array(0.0), hi=np.array(1.5))
+        nodes.append(helper.make_node("Clip", ["c", "lo", "hi"], ["y"]))
+    out = (size + 2 * pad - k) // stride + 1
+    model = one_op_model(nodes, inits, (1, cin, size, size), (1, cout, out, out))
+    data = rng.normal(size=(12, 1, cin, size, size)).astype(np.float32)
+    compiled = Compiled(tp.quantize(model, {"x": data[:8]}, per_channel=per_channel))
+    steps = compiled.steps(data[8:])
+    assert steps.max() <= 1
+    assert "relax.nn.conv2d" in op_names(compiled.mod) and "relax.nn.relu" not in op_names(compiled.mod)
+
+
+@settings(max_examples=4)
+@given(st.integers(1, 3), st.integers(2, 24), st.integers(1, 16), st.booleans(), st.booleans(), st.integers(0, 2**16))
+def test_matmul_layer_within_one_step(rows, k, n, gemm, per_channel, seed):
+    rng = np.random.default_rng(seed)
+    if gemm:   # Gemm with a transposed weight and a bias
+        inits = {"w": rng.normal(0, 0.5, (n, k)), "b": rng.normal(0, 0.3, n)}
+        node = helper.make_node("Gemm", ["x", "w", "b"], ["y"], transB=1)
+    else:      # MatMul with a [K, N] weight, no bias
+        inits = {"w": rng.normal(0, 0.5, (k, n))}
+        node = helper.make_node("MatMul", ["x", "w"], ["y"])
+    model = one_op_model([node], inits, (rows, k), (rows, n))
+    data = rng.normal(size=(12, rows, k)).astype(np.float32)
+    compiled = Compiled(tp.quantize(model, {"x": data[:8]}, per_channel=per_channel))
+    assert compiled.steps(data[8:]).max() <= 1
+    assert "relax.matmul" in op_names(compiled.mod)
+
+
+@pytest.mark.parametrize("pads, include", [([0, 0, 0, 0], 0), ([1, 1, 1, 1], 0), ([1, 0, 1, 0], 1)])
+def test_average_pool_with_padding(pads, include):
+    rng = np.random.default_rng(len(pads) + include)
+    # a 1x1 convolution first: onnxruntime quantises a pool only after a quantised operator
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], kernel_shape=[1, 1]),
+             helper.make_node("AveragePool", ["c"], ["y"], kernel_shape=[3, 3], strides=[2, 2], pads=pads,
+                              count_include_pad=include)]
+    model = one_op_model(nodes, {"w": rng.normal(size=(4, 4, 1, 1))}, (1, 4, 7, 7), (1, 4, None, None))
+    data = rng.normal(size=(10, 1, 4, 7, 7)).astype(np.float32)
+    compiled = Compiled(tp.quantize(model, {"x": data[:6]}))
+    assert compiled.steps(data[6:]).max() <= 1
+    assert "relax.nn.avg_pool2d" not in op_names(compiled.mod)
+
+
+def test_asymmetric_model_stays_float_with_a_warning(tmp_path):
+    """A uint8 asymmetric QDQ model (not tp.quantize's form) is left in float, said so, and
+    still computes what onnxruntime does."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    model = onnx_cnn.conv_relu(seed=1, channels=4)
+    data = onnx_cnn.calibration(model, 4)["x"]
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.it = iter({"x": d} for d in data)
+
+        def get_next(self):
+            return next(self.it, None)
+
+    onnx.save(model, str(tmp_path / "f.onnx"))
+    quantize_static(str(tmp_path / "f.onnx"), str(tmp_path / "q.onnx"), Reader(), quant_format=QuantFormat.QDQ,
+                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+    compiled = Compiled(onnx.load(str(tmp_path / "q.onnx")))
+    messages = [str(w.message) for w in compiled.warnings if issubclass(w.category, IntegerizeWarning)]
+    assert messages and "conv2d" in messages[0] and "uint8" in messages[0]
+    assert compiled.steps(data).max() <= 1
+
+
+def test_operator_without_integer_rule_is_named():
+    """A Sigmoid between QDQ pairs has no integer form: it stays float, and the warning says so."""
+    rng = np.random.default_rng(2)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], kernel_shape=[1, 1]),
+             helper.make_node("Sigmoid", ["c"], ["s"]),
+             helper.make_node("Conv", ["s", "v"], ["y"], kernel_shape=[1, 1])]
+    model = one_op_model(nodes, {"w": rng.normal(size=(4, 2, 1, 1)), "v": rng.normal(size=(3, 4, 1, 1))},
+                         (1, 2, 5, 5), (1, 3, 5, 5))
+    q = tp.quantize(model, {"x": rng.normal(size=(4, 1, 2, 5, 5)).astype(np.float32)})
+    with pytest.warns(IntegerizeWarning, match=r"in float, computed on the host: sigmoid \(no integer rule"):
+        mod = tp.integerize()(from_onnx(q, keep_params_in_input=False))
+    assert op_names(mod).count("relax.nn.conv2d") == 2 and "relax.sigmoid" in op_names(mod)

@@ -1,0 +1,100 @@
+"""``tp.integerize()``: a Relax pass from QDQ float to integer arithmetic.
+
+TVM's ONNX frontend imports a QDQ model (``tp.quantize``'s output) as float operators
+between ``R.dequantize`` and ``R.quantize``; compiled as it is, the model computes in
+float and an int8 accelerator has nothing to take. This pass rewrites every such site with
+``tvm.relax.dpl`` rules (:mod:`.rules`) into integer arithmetic: int8 x int8 -> int32
+conv2d and matmul with an int32 bias and a fixed-point requantise (:mod:`.fixed_point`)
+as the epilogue; ReLU and Clip folded into the requantise's bounds; residual adds, pooling
+and layout operators on the integers. The ``quantize`` of each input and the
+``dequantize`` of each output stay (on the host). A site that cannot be made exact stays in
+float and the pass warns, naming the operator and the reason.
+
+Weights, scales and zero points must be bound constants (``from_onnx(...,
+keep_params_in_input=False)``, the default, or ``relax.transform.BindParams``).
+
+>>> from tvm import relax
+>>> x = relax.Var("x", relax.TensorType((4,), "int8"))
+>>> bb = relax.BlockBuilder()
+>>> with bb.function("main", [x]):
+...     with bb.dataflow():
+...         d = bb.emit(relax.op.dequantize(x, relax.const(0.5), relax.const(0, "int8")))
+...         y = bb.emit_output(relax.op.quantize(relax.op.nn.relu(d), relax.const(0.25), relax.const(0, "int8")))
+...     _ = bb.emit_func_output(y)
+>>> mod = integerize()(bb.get())
+>>> [str(c.op.name) for c in calls(mod["main"])]      # y = clip(x * 2, 0, 127)
+['relax.astype', 'relax.multiply', 'relax.clip', 'relax.astype']
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import tvm
+from tvm import relax
+
+from .fixed_point import Requantize
+from .rules import Declined, Rule, all_rules, clip_fold_rule, emit_requantize, requantize_pattern
+
+__all__ = ["integerize", "IntegerizeWarning", "Requantize", "requantize_pattern", "emit_requantize", "calls",
+           "Rule", "Declined"]
+
+
+class IntegerizeWarning(UserWarning):
+    """Some QDQ sites stayed in float; the message names each with the reason."""
+
+
+def integerize() -> tvm.transform.Pass:
+    """The pass (a ``tvm.transform.Pass`` over a Relax ``IRModule``); see the module doc.
+
+    Rules run in order (convolutions and matmuls first, so that their ReLU and bias join
+    their epilogue), then a fold moves each remaining ReLU/Clip into the requantise before
+    it; unused bindings are removed.
+    """
+
+    @tvm.transform.module_pass(opt_level=0, name="tirpat.Integerize")
+    def _integerize(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        declined: dict = {}
+        for rule in [*all_rules(), clip_fold_rule()]:
+            mod = rule.rewriter(declined)(mod)
+        mod = relax.transform.DeadCodeElimination()(mod)
+        left = _float_sites(mod)
+        if left:
+            reasons = "; ".join(f"{name}: {why} ({n}x)" for (name, why), n in sorted(declined.items()))
+            warnings.warn(f"tp.integerize left {len(left)} quantised operator(s) in float, computed on the "
+                          f"host: {', '.join(sorted(set(left)))}"
+                          + (f"; declined: {reasons}" if reasons else " (no integer rule for them)"),
+                          IntegerizeWarning, stacklevel=2)
+        return mod
+
+    return _integerize
+
+
+def _float_sites(mod: tvm.IRModule) -> list[str]:
+    """Operators left between a dequantize and a quantize: computed in float."""
+    names = []
+    for func in mod.functions.values():
+        if not isinstance(func, relax.Function):
+            continue
+        dequantized = set()
+        for call_var, call in _bindings(func):
+            name = str(call.op.name)
+            if name == "relax.dequantize":
+                dequantized.add(call_var)
+            elif name != "relax.quantize" and any(isinstance(a, relax.Var) and a in dequantized for a in call.args):
+                names.append(name.removeprefix("relax."))
+    return names
+
+
+def _bindings(func: relax.Function):
+    """``(var, call)`` for each binding of an operator call in ``func``, in order."""
+    for block in func.body.blocks:
+        for binding in block.bindings:
+            value = binding.value
+            if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op):
+                yield binding.var, value
+
+
+def calls(func: relax.Function) -> list:
+    """The operator calls in ``func`` (bound values of its bindings), in order."""
+    return [call for _, call in _bindings(func)]

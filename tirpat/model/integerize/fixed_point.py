@@ -1,0 +1,156 @@
+"""Fixed-point requantisation: real multipliers as an int32 multiplier and a right shift.
+
+A requantise maps int32 accumulators ``acc`` (one per term: a convolution's sum, or the two
+int8 operands of a residual add) to int8 as
+
+    y = clip((sum_i clamp(acc_i) * m_i + 2**(s-1)) >> s, lo, hi)
+
+with only the operations an int8 accelerator's ALU has: add, max, min (the clamp and the
+clip), multiply by an immediate or a vector, arithmetic shift right. ``m_i = round(M_i *
+2**s)`` approximates the real multiplier ``M_i`` (``s_in * s_w / s_out`` for a convolution);
+``m_i`` is a scalar or a vector along one axis (per-channel weight scales).
+
+**Rounding.** ``(v + 2**(s-1)) >> s`` with an arithmetic shift is ``floor(v / 2**s + 1/2)``:
+round half up (toward +infinity). onnxruntime rounds half to even. The two differ only on
+exact ties, and ``v / 2**s`` can only tie where the real product does when every ``m_i`` is
+exactly ``M_i * 2**s`` (a dyadic multiplier, e.g. the 1/4 of a 2x2 average pool that keeps
+its scale); there ties are frequent, and rounding half up would bias the result upward by
+half a step on each. So exact multipliers round half to even, still with ALU operations
+only: with ``f = v >> s`` and ``p = f - 2 * (v >> (s+1))`` (the parity of ``f``),
+``(v + p + 2**(s-1) - 1) >> s``. Inexact ones round half up (two operations, not five).
+
+**No int32 overflow, by construction.** The shift is the largest ``s <= 31`` for which every
+intermediate provably fits int32 given ``bound``, the largest ``|acc_i|`` the producer can
+give (a convolution's is ``128 * sum|w| + |bias|`` per output channel). For a single term a
+*clamp* to ``[-A, A]`` first may make room for a larger ``s``: ``A`` is the smallest
+magnitude past which the result saturates to ``lo``/``hi`` anyway (``A*m > max(hi, -lo) *
+2**s``, and ``acc -> (acc*m + r) >> s`` is monotone), so clamping never changes ``y`` and
+bounds ``|acc * m|`` by about ``128 * 2**s`` whatever the reduction length. The clamp is
+emitted only when ``bound > A``.
+
+>>> rq = Requantize.choose([0.01], [10_000])
+>>> rq.shift, int(rq.multipliers[0]), rq.clamp is None
+(24, 167772, True)
+>>> rq.apply([np.array([0, 49, 51, -49, -51, 10_000])]).tolist()
+[0, 0, 1, 0, -1, 100]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+__all__ = ["Requantize", "INT32_MAX"]
+
+INT32_MAX = 2**31 - 1
+_MAX_SHIFT = 31
+
+
+@dataclass(frozen=True)
+class Requantize:
+    """The integer parameters of one requantise (see the module docstring).
+
+    ``multipliers`` has one int64 array per term (any shape that broadcasts against the
+    accumulators: ``()`` per tensor, ``(1, C, 1, 1)`` per channel), all with the same shift;
+    ``clamp`` is the accumulator clamp ``A`` (shaped like the multiplier, one term only) or
+    None; ``lo``/``hi`` are the output bounds (ReLU and Clip folded in); ``half_even``
+    selects rounding half to even (exact multipliers) over half up.
+    """
+
+    multipliers: tuple
+    shift: int
+    clamp: np.ndarray | None
+    lo: int
+    hi: int
+    half_even: bool = False
+
+    @classmethod
+    def choose(cls, real_multipliers: Sequence, bounds: Sequence, lo: int = -128, hi: int = 127) -> "Requantize":
+        """The most precise parameters for ``y = round(sum_i M_i * acc_i)`` clipped to [lo, hi],
+        given ``|acc_i| <= bounds[i]``; a ``ValueError`` if none fits int32.
+
+        ``real_multipliers[i]`` and ``bounds[i]`` are scalars or equal-length vectors (one
+        entry per channel). Multipliers must be positive and finite.
+
+        >>> rq = Requantize.choose([0.5, 0.25], [128, 128])     # exact: the smallest shift
+        >>> rq.shift, [int(m) for m in rq.multipliers], rq.half_even
+        (2, [2, 1], True)
+        >>> rq = Requantize.choose([0.004], [2**30])
+        >>> rq.shift, int(rq.clamp)
+        (23, 32001)
+        """
+        if not len(real_multipliers) or len(real_multipliers) != len(bounds):
+            raise ValueError("Requantize.choose: one bound per multiplier, at least one of each")
+        if not -128 <= lo <= hi <= 127:
+            raise ValueError(f"Requantize.choose: output bounds [{lo}, {hi}] are not within int8")
+        reals = [np.asarray(r, dtype=np.float64) for r in real_multipliers]
+        bnds = [np.asarray(b, dtype=np.int64) for b in bounds]
+        for r in reals:
+            if not np.all(np.isfinite(r)) or np.any(r <= 0):
+                raise ValueError(f"Requantize.choose: multipliers must be positive and finite, got {r}")
+        if any(np.any(b < 0) or np.any(b > INT32_MAX) for b in bnds):
+            raise ValueError("Requantize.choose: accumulator bounds must lie in [0, 2**31 - 1]")
+        fitting = [rq for rq in (cls._at_shift(s, reals, bnds, lo, hi) for s in range(_MAX_SHIFT + 1)) if rq]
+        if not fitting:
+            raise ValueError(f"Requantize.choose: no shift keeps int32 from overflowing for multipliers {reals} "
+                             f"and accumulator bounds {bnds}")
+        exact = [rq for rq in fitting if rq.half_even or (rq.shift == 0 and rq._exact(reals))]
+        # an exact multiplier at the smallest shift (fewest operations); else the most precise one
+        return exact[0] if exact else fitting[-1]
+
+    @classmethod
+    def _at_shift(cls, s: int, reals: list, bounds: list, lo: int, hi: int) -> "Requantize | None":
+        """The parameters with shift ``s``, or None if an intermediate could leave int32."""
+        scaled = [np.round(r * 2.0**s) for r in reals]
+        if any(np.any(m > INT32_MAX) for m in scaled):
+            return None
+        ms = tuple(m.astype(np.int64) for m in scaled)
+        rounding = (1 << (s - 1)) if s else 0
+        clamp = None
+        if np.any(sum(b * m for b, m in zip(bounds, ms)) + rounding > INT32_MAX):
+            if len(ms) > 1:
+                return None
+            # past A the result saturates: A*m > max(hi, -lo) * 2**s (m == 0: everything rounds to 0)
+            m = ms[0]
+            clamp = np.where(m > 0, (max(hi, -lo) << s) // np.maximum(m, 1) + 1, 0)
+            if np.any(np.minimum(bounds[0], clamp) * m + rounding > INT32_MAX):
+                return None
+        rq = cls(ms, s, clamp, int(lo), int(hi))
+        return cls(ms, s, clamp, int(lo), int(hi), half_even=s > 0 and rq._exact(reals))
+
+    def _exact(self, reals: list) -> bool:
+        return all(np.array_equal(m, r * 2.0**self.shift) for m, r in zip(self.multipliers, reals))
+
+    @property
+    def rounding(self) -> int:
+        """The constant added before the shift: ``2**(s-1)``, or 0 when ``s == 0``."""
+        return (1 << (self.shift - 1)) if self.shift else 0
+
+    def apply(self, accs: Sequence) -> np.ndarray:
+        """The int8 result for int accumulators ``accs`` (one array per term), evaluated the
+        way the integer program does. Raises ``OverflowError`` if an intermediate leaves
+        int32 (which :meth:`choose` rules out).
+
+        >>> Requantize.choose([0.5], [128]).apply([np.array([3, -3, 5, 255])]).tolist()
+        [2, -2, 2, 127]
+        """
+        total = 0
+        for n, (acc, m) in enumerate(zip(accs, self.multipliers)):
+            acc = np.asarray(acc, dtype=np.int64)
+            if self.clamp is not None and n == 0:
+                acc = np.minimum(np.maximum(acc, -self.clamp), self.clamp)
+            total = total + _checked(acc * m)
+        if self.half_even:
+            parity = (total >> self.shift) - 2 * (total >> (self.shift + 1))
+            v = _checked(total + parity + (self.rounding - 1)) >> self.shift
+        else:
+            v = _checked(total + self.rounding) >> self.shift
+        return np.clip(v, self.lo, self.hi).astype(np.int8)
+
+
+def _checked(v: np.ndarray) -> np.ndarray:
+    if np.any(v > INT32_MAX) or np.any(v < -INT32_MAX - 1):
+        raise OverflowError("requantise intermediate leaves int32")
+    return v

@@ -1,0 +1,547 @@
+"""The integerising rewrite rules: QDQ patterns of TVM's ONNX import -> integer Relax.
+
+Each rule is a ``tvm.relax.dpl`` pattern around one float operator that sits between
+``dequantize`` and ``quantize`` and a callback that builds its integer form:
+
+========================  ==================================================================
+float (QDQ)               integer
+========================  ==================================================================
+conv2d / matmul (+bias)   int8 x int8 -> int32, int32 bias add, requantise epilogue
+ (+ReLU/Clip)              (ReLU and Clip become the requantise's output bounds)
+add of two tensors        both rescaled to a common fixed-point scale in int32, added,
+                          requantised
+ReLU / Clip               ``clip`` on int8 (folded into the producer's requantise later)
+max_pool2d                ``max_pool2d`` on int8 (+ a requantise if the scale changes)
+avg_pool2d / mean         int32 window sums (a depthwise all-ones conv2d / ``sum``),
+                          requantised by ``1 / count``
+reshape, permute_dims,    the same op on int8 when the scale is kept
+ squeeze, expand_dims
+quantize(dequantize(x))   ``x``, or a requantise when the scales differ
+========================  ==================================================================
+
+A requantise is emitted by :func:`emit_requantize` as the ALU-only chain of
+:mod:`.fixed_point` (``maximum``/``minimum`` clamp if needed, ``multiply``, ``add``,
+``right_shift``, ``clip``, ``astype``) and matched by :func:`requantize_pattern`.
+
+A site a rule cannot make exact stays in float, and :class:`Declined` says why: the pass
+collects those reasons. The rules handle tp.quantize's form (symmetric int8: every zero
+point 0); an asymmetric or uint8 tensor is declined.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+from tvm import relax
+from tvm.relax.dpl import DFPattern, PatternMatchingRewriter, is_const, is_op, wildcard
+
+from .fixed_point import INT32_MAX, Requantize
+
+__all__ = ["Declined", "Rule", "all_rules", "emit_requantize", "requantize_pattern", "clip_fold_rule"]
+
+INT8_MIN, INT8_MAX = -128, 127
+#: |x| <= 128 for any int8 x: the bound used for an activation whose producer is unknown.
+INT8_MAGNITUDE = 128
+
+
+class Declined(Exception):
+    """A matched site that cannot be integerised exactly; the message says why."""
+
+
+@dataclass
+class Rule:
+    """One rewrite: a name (for reports), a DPL pattern and ``build(match) -> Expr``."""
+
+    name: str
+    pattern: DFPattern
+    build: Callable[["Match"], relax.Expr]
+
+    def rewriter(self, declined: dict) -> PatternMatchingRewriter:
+        """A ``PatternMatchingRewriter`` whose declines are recorded in ``declined``
+        (``{(rule name, reason): count}``)."""
+
+        def callback(orig, matches):
+            try:
+                return self.build(Match(orig, matches))
+            except Declined as why:
+                key = (self.name, str(why))
+                declined[key] = declined.get(key, 0) + 1
+                return orig
+
+        return PatternMatchingRewriter.from_pattern(self.pattern, callback)
+
+
+class Match:
+    """A match: the matched expression and the bound sub-expressions by pattern."""
+
+    def __init__(self, orig: relax.Expr, matches) -> None:
+        self.orig = orig
+        self._matches = matches
+
+    def __getitem__(self, pattern: DFPattern) -> relax.Expr:
+        return self._matches[pattern]
+
+    def get(self, pattern: DFPattern | None):
+        return None if pattern is None else self._matches.get(pattern)
+
+
+# ----------------------------------------------------------------------------------------
+# pattern building blocks
+# ----------------------------------------------------------------------------------------
+class Dequantized:
+    """``dequantize(x, scale, zero_point)``; ``const=True`` requires ``x`` to be a constant."""
+
+    def __init__(self, const: bool = False) -> None:
+        self.x = is_const() if const else wildcard()
+        self.scale, self.zero_point = is_const(), is_const()
+        self.pattern = is_op("relax.dequantize")(self.x, self.scale, self.zero_point)
+
+    def scales(self, m: Match) -> np.ndarray:
+        """The scale as float64 (0-d or 1-d); the zero point must be 0 and ``x`` int8/int32."""
+        dtype = _dtype(m[self.x])
+        if dtype not in ("int8", "int32"):
+            raise Declined(f"a dequantize of {dtype} (the integer form is for int8 tensors)")
+        _zero(m[self.zero_point], "a dequantize")
+        return _values(m[self.scale]).astype(np.float64)
+
+    def tensor_scale(self, m: Match) -> float:
+        """The per-tensor scale of an int8 activation."""
+        if _dtype(m[self.x]) != "int8":
+            raise Declined(f"an activation of {_dtype(m[self.x])} (the integer form is for int8)")
+        return _scalar(self.scales(m), "an activation's scale")
+
+    def axis(self, m: Match) -> int:
+        return int(m[self.pattern].attrs.axis)
+
+
+class Quantized:
+    """``quantize(body, scale, zero_point)`` to int8, per tensor."""
+
+    def __init__(self, body: DFPattern) -> None:
+        self.scale, self.zero_point = is_const(), is_const()
+        self.pattern = is_op("relax.quantize")(body, self.scale, self.zero_point)
+
+    def tensor_scale(self, m: Match) -> float:
+        call = m[self.pattern]
+        if str(call.attrs.out_dtype) != "int8":
+            raise Declined(f"a quantize to {call.attrs.out_dtype} (the integer form is for int8)")
+        _zero(m[self.zero_point], "a quantize")
+        return _scalar(_values(m[self.scale]).astype(np.float64), "an activation's scale")
+
+
+class Activation:
+    """An optional ReLU or Clip around ``body``: the output bounds it imposes."""
+
+    def __init__(self, body: DFPattern) -> None:
+        self.relu = is_op("relax.nn.relu")(body)
+        self.clip_lo, self.clip_hi = wildcard(), wildcard()
+        self.clip = is_op("relax.clip")(body, self.clip_lo, self.clip_hi)
+        self.pattern = self.relu | self.clip | body
+
+    def bounds(self, m: Match, scale: float) -> tuple[int, int]:
+        """``[lo, hi]`` in output steps: ``q(relu(v)) == clip(q(v), 0, 127)`` and
+        ``q(clip(v, a, b)) == clip(q(v), q(a), q(b))`` since rounding is monotone."""
+        if m.get(self.relu) is not None:
+            return 0, INT8_MAX
+        if m.get(self.clip) is not None:
+            lo, hi = _prim(m[self.clip_lo]), _prim(m[self.clip_hi])
+            return (_clip_int8(np.round(np.float32(lo) / np.float32(scale))),
+                    _clip_int8(np.round(np.float32(hi) / np.float32(scale))))
+        return INT8_MIN, INT8_MAX
+
+
+def _commutative(op: str, a: DFPattern, b: DFPattern) -> DFPattern:
+    return is_op(op)(a, b) | is_op(op)(b, a)
+
+
+# ----------------------------------------------------------------------------------------
+# value helpers
+# ----------------------------------------------------------------------------------------
+def _dtype(e: relax.Expr) -> str:
+    return str(e.ty.dtype)
+
+
+def _shape(e: relax.Expr) -> tuple[int, ...]:
+    shape = getattr(e.ty, "shape", None)
+    if shape is None:
+        raise Declined("a tensor of unknown rank")
+    try:
+        return tuple(int(d) for d in shape)
+    except TypeError:
+        raise Declined(f"a dynamic shape {shape}") from None
+
+
+def _values(c: relax.Expr) -> np.ndarray:
+    return c.value.numpy()
+
+
+def _scalar(v: np.ndarray, what: str) -> float:
+    if v.size != 1:
+        raise Declined(f"{what} is per-channel ({v.size} values); activations must be quantised per tensor")
+    return float(v.reshape(()))
+
+
+def _zero(zp: relax.Expr, what: str) -> None:
+    if np.any(_values(zp) != 0):
+        raise Declined(f"{what} with a non-zero zero point (the integer form is for symmetric quantisation)")
+
+
+def _prim(e: relax.Expr) -> float:
+    """The number in a constant scalar argument (an ``IntImm``/``FloatImm``, or a
+    ``PrimValue`` holding one)."""
+    value = getattr(e, "value", None)
+    value = getattr(value, "value", value)
+    if not isinstance(value, (int, float)):
+        raise Declined(f"a clip bound that is not a constant: {e}")
+    return float(value)
+
+
+def _clip_int8(v) -> int:
+    return int(np.clip(v, INT8_MIN, INT8_MAX))
+
+
+def _const(v, dtype: str) -> relax.Expr:
+    return relax.const(np.asarray(v).astype(dtype), dtype)
+
+
+def _along(v: np.ndarray, axis: int, ndim: int) -> np.ndarray:
+    """``v`` (0-d or one value per channel) shaped to broadcast along ``axis`` of an ndim tensor."""
+    v = np.asarray(v)
+    if v.ndim == 0 or v.size == 1:
+        return v.reshape(())
+    shape = [1] * ndim
+    shape[axis] = v.size
+    return v.reshape(shape)
+
+
+# ----------------------------------------------------------------------------------------
+# the requantise
+# ----------------------------------------------------------------------------------------
+def emit_requantize(accs: list[relax.Expr], rq: Requantize) -> relax.Expr:
+    """The int8 Relax expression of ``rq`` applied to the int32 accumulators ``accs``.
+
+    Constants keep the shapes of ``rq``'s arrays (0-d: an immediate after legalisation;
+    ``[1, C, 1, 1]`` or ``[C]``: a per-channel vector).
+    """
+    terms = []
+    for n, (acc, m) in enumerate(zip(accs, rq.multipliers)):
+        if n == 0 and rq.clamp is not None:
+            acc = relax.op.minimum(relax.op.maximum(acc, _const(-rq.clamp, "int32")), _const(rq.clamp, "int32"))
+        terms.append(acc if m.ndim == 0 and m == 1 else relax.op.multiply(acc, _const(m, "int32")))
+    v = terms[0]
+    for t in terms[1:]:
+        v = relax.op.add(v, t)
+    if rq.shift and rq.half_even:
+        floor = relax.op.right_shift(v, _const(rq.shift, "int32"))
+        half = relax.op.right_shift(v, _const(rq.shift + 1, "int32"))
+        parity = relax.op.add(floor, relax.op.multiply(half, _const(-2, "int32")))
+        v = relax.op.add(relax.op.add(v, parity), _const(rq.rounding - 1, "int32"))
+        v = relax.op.right_shift(v, _const(rq.shift, "int32"))
+    elif rq.shift:
+        v = relax.op.right_shift(relax.op.add(v, _const(rq.rounding, "int32")), _const(rq.shift, "int32"))
+    return relax.op.astype(relax.op.clip(v, rq.lo, rq.hi), "int8")
+
+
+def requantize_pattern(acc: DFPattern | None = None) -> DFPattern:
+    """The Relax form :func:`emit_requantize` gives for one accumulator: a pattern an int8
+    backend can append to its GEMM/conv patterns to take the whole epilogue.
+
+    >>> from tvm.relax.dpl import is_op, wildcard
+    >>> conv = is_op("relax.nn.conv2d")(wildcard(), wildcard())
+    >>> pattern = requantize_pattern(conv | is_op("relax.add")(conv, wildcard()))
+    """
+    acc = wildcard() if acc is None else acc
+    clamped = is_op("relax.minimum")(is_op("relax.maximum")(acc, is_const()), is_const())
+    scaled = is_op("relax.multiply")(clamped | acc, is_const()) | clamped | acc
+    half_up = is_op("relax.right_shift")(is_op("relax.add")(scaled, is_const()), is_const())
+    floor, half = is_op("relax.right_shift")(scaled, is_const()), is_op("relax.right_shift")(scaled, is_const())
+    parity = is_op("relax.add")(floor, is_op("relax.multiply")(half, is_const()))
+    half_even = is_op("relax.right_shift")(is_op("relax.add")(is_op("relax.add")(scaled, parity), is_const()),
+                                           is_const())
+    return is_op("relax.astype")(is_op("relax.clip")(half_up | half_even | scaled, wildcard(), wildcard()))
+
+
+def _requantize_int8(x: relax.Expr, in_scale: float, out_scale: float, lo: int, hi: int) -> relax.Expr:
+    """An int8 tensor at ``in_scale`` as int8 at ``out_scale``, clipped to [lo, hi]."""
+    if np.float32(in_scale) == np.float32(out_scale):
+        if (lo, hi) == (INT8_MIN, INT8_MAX):
+            return x
+        return relax.op.clip(x, lo, hi)
+    rq = Requantize.choose([in_scale / out_scale], [INT8_MAGNITUDE], lo, hi)
+    return emit_requantize([relax.op.astype(x, "int32")], rq)
+
+
+def _choose(reals, bounds, lo, hi) -> Requantize:
+    try:
+        return Requantize.choose(reals, bounds, lo, hi)
+    except ValueError as err:
+        raise Declined(str(err)) from None
+
+
+# ----------------------------------------------------------------------------------------
+# conv2d and matmul
+# ----------------------------------------------------------------------------------------
+class _Gemm:
+    """``q(act(op(dq(x), weight) [+ bias]))`` where ``weight`` is a dequantized constant."""
+
+    def __init__(self, op: str, transposed_weight: bool) -> None:
+        self.x = Dequantized()
+        self.w = Dequantized(const=True)
+        weight = self.w.pattern
+        self.permute = None
+        if transposed_weight:
+            self.permute = is_op("relax.permute_dims")(self.w.pattern)
+            weight = self.permute | self.w.pattern
+        self.op = is_op(op)(self.x.pattern, weight)
+        self.b = Dequantized(const=True)
+        self.reshape = is_op("relax.reshape")(self.b.pattern, wildcard())
+        self.biased = _commutative("relax.add", self.op, self.reshape | self.b.pattern)
+        self.act = Activation(self.biased | self.op)
+        self.q = Quantized(self.act.pattern)
+
+
+def _bias(m: Match, g: _Gemm, acc_scale: np.ndarray, channels: int, out_ndim: int, axis: int) -> np.ndarray | None:
+    """The int32 bias per output channel at the accumulator's scale, or None."""
+    if m.get(g.b.pattern) is None:
+        return None
+    b = _values(m[g.b.x]).astype(np.int64).reshape(-1)
+    shaped = m[g.reshape] if m.get(g.reshape) is not None else m[g.b.pattern]
+    shape = _shape(shaped)
+    expect = [1] * out_ndim
+    expect[axis] = channels
+    padded = [1] * (out_ndim - len(shape)) + list(shape)
+    if padded != expect and b.size != 1:
+        raise Declined(f"a bias of shape {list(shape)} that is not one value per output channel")
+    sb = g.b.scales(m)
+    acc = np.broadcast_to(acc_scale, (channels,)).astype(np.float32)
+    b = np.broadcast_to(b, (channels,))
+    sb = np.broadcast_to(sb, (channels,)).astype(np.float32)
+    if np.array_equal(sb, acc):   # onnxruntime quantises a bias at exactly s_x * s_w
+        return b
+    rescaled = np.round(b * (sb.astype(np.float64) / acc.astype(np.float64)))
+    if np.any(np.abs(rescaled) > INT32_MAX):
+        raise Declined("the bias does not fit int32 at the accumulator's scale")
+    return rescaled.astype(np.int64)
+
+
+def _finish_gemm(m: Match, g: _Gemm, acc: relax.Expr, w: np.ndarray, w_scale: np.ndarray,
+                 w_channel_axis: int, out_axis: int) -> relax.Expr:
+    """Bias, bounds and requantise shared by conv2d and matmul."""
+    sx, sy = g.x.tensor_scale(m), g.q.tensor_scale(m)
+    channels = w.shape[w_channel_axis]
+    if w_scale.size not in (1, channels):
+        raise Declined(f"{w_scale.size} weight scales for {channels} output channels")
+    out_ndim = len(_shape(m[g.op]))
+    out_axis %= out_ndim
+    acc_scale = np.float32(sx) * w_scale.astype(np.float32)       # what onnxruntime computes
+    bias = _bias(m, g, acc_scale, channels, out_ndim, out_axis)
+    magnitude = np.abs(np.moveaxis(w.astype(np.int64), w_channel_axis, 0)).reshape(channels, -1).sum(axis=1)
+    bound = INT8_MAGNITUDE * magnitude
+    if bias is not None:
+        bound = bound + np.abs(bias)
+        acc = relax.op.add(acc, _const(_along(bias if bias.size > 1 else bias.reshape(()), out_axis, out_ndim), "int32"))
+    if np.any(bound > INT32_MAX):
+        raise Declined("the int32 accumulator could overflow (the reduction is too long for int8 x int8 -> int32)")
+    lo, hi = g.act.bounds(m, sy)
+    real = acc_scale.astype(np.float64) / np.float64(np.float32(sy))
+    if real.size == 1:
+        rq = _choose([real.reshape(())], [bound.max()], lo, hi)
+    else:
+        rq = _choose([_along(real, out_axis, out_ndim)], [_along(bound, out_axis, out_ndim)], lo, hi)
+    return emit_requantize([acc], rq)
+
+
+def _per_channel_axis(m: Match, d: Dequantized, want: int, ndim: int, what: str) -> np.ndarray:
+    scales = d.scales(m)
+    if scales.size > 1 and d.axis(m) % ndim != want % ndim:
+        raise Declined(f"the {what}'s scales vary along axis {d.axis(m)}, not along its output channels")
+    return scales.reshape(-1) if scales.size > 1 else scales.reshape(())
+
+
+def _conv_rule() -> Rule:
+    g = _Gemm("relax.nn.conv2d", transposed_weight=False)
+
+    def build(m: Match) -> relax.Expr:
+        call = m[g.op]
+        attrs = call.attrs
+        w = _values(m[g.w.x])
+        if w.dtype != np.int8:
+            raise Declined(f"a {w.dtype} weight (the integer form is int8 x int8)")
+        kernel_layout, out_layout = str(attrs.kernel_layout), str(attrs.out_layout)
+        w_axis, out_axis = kernel_layout.index("O"), out_layout.index("C")
+        w_scale = _per_channel_axis(m, g.w, w_axis, w.ndim, "weight")
+        acc = relax.op.nn.conv2d(m[g.x.x], m[g.w.x], strides=attrs.strides, padding=attrs.padding,
+                                 dilation=attrs.dilation, groups=attrs.groups, data_layout=attrs.data_layout,
+                                 kernel_layout=kernel_layout, out_layout=out_layout, out_dtype="int32")
+        return _finish_gemm(m, g, acc, w, w_scale, w_axis, out_axis)
+
+    return Rule("conv2d", g.q.pattern, build)
+
+
+def _matmul_rule() -> Rule:
+    g = _Gemm("relax.matmul", transposed_weight=True)
+
+    def build(m: Match) -> relax.Expr:
+        w = _values(m[g.w.x])
+        if w.dtype != np.int8 or w.ndim != 2:
+            raise Declined(f"a {w.dtype} weight of rank {w.ndim} (the integer form is int8 x int8, 2-D weights)")
+        transposed = m.get(g.permute) is not None
+        if transposed and [int(a) for a in m[g.permute].attrs.axes] != [1, 0]:
+            raise Declined("a weight permutation that is not a transpose")
+        # the weight as [N, K]: the GEMM's natural layout (the matmul reads it transposed)
+        w_nk = w if transposed else w.T
+        w_scale = _per_channel_axis(m, g.w, 0 if transposed else 1, 2, "weight")
+        acc = relax.op.matmul(m[g.x.x], relax.op.permute_dims(_const(np.ascontiguousarray(w_nk), "int8")),
+                              out_dtype="int32")
+        return _finish_gemm(m, g, acc, w_nk, w_scale, 0, -1)
+
+    return Rule("matmul", g.q.pattern, build)
+
+
+# ----------------------------------------------------------------------------------------
+# elementwise: add, ReLU/Clip, rescale
+# ----------------------------------------------------------------------------------------
+def _add_rule() -> Rule:
+    a, b = Dequantized(), Dequantized()
+    add = is_op("relax.add")(a.pattern, b.pattern)
+    act = Activation(add)
+    q = Quantized(act.pattern)
+
+    def build(m: Match) -> relax.Expr:
+        sa, sb, sy = a.tensor_scale(m), b.tensor_scale(m), q.tensor_scale(m)
+        if _shape(m[a.x]) != _shape(m[add]) and _shape(m[b.x]) != _shape(m[add]):
+            raise Declined("an add whose operands both broadcast")
+        lo, hi = act.bounds(m, sy)
+        rq = _choose([sa / sy, sb / sy], [INT8_MAGNITUDE, INT8_MAGNITUDE], lo, hi)
+        return emit_requantize([relax.op.astype(m[a.x], "int32"), relax.op.astype(m[b.x], "int32")], rq)
+
+    return Rule("add", q.pattern, build)
+
+
+def _activation_rule() -> Rule:
+    x = Dequantized()
+    act = Activation(x.pattern)
+    q = Quantized(act.relu | act.clip)
+
+    def build(m: Match) -> relax.Expr:
+        sx, sy = x.tensor_scale(m), q.tensor_scale(m)
+        lo, hi = act.bounds(m, sy)
+        return _requantize_int8(m[x.x], sx, sy, lo, hi)
+
+    return Rule("relu/clip", q.pattern, build)
+
+
+def _rescale_rule() -> Rule:
+    x = Dequantized()
+    q = Quantized(x.pattern)
+
+    def build(m: Match) -> relax.Expr:
+        return _requantize_int8(m[x.x], x.tensor_scale(m), q.tensor_scale(m), INT8_MIN, INT8_MAX)
+
+    return Rule("rescale", q.pattern, build)
+
+
+def clip_fold_rule() -> Rule:
+    """``clip(astype(clip(v, lo, hi), int8), a, b)`` -> ``astype(clip(v, max(lo, a), min(hi, b)))``:
+    a ReLU or Clip on a requantised tensor becomes the requantise's bounds."""
+    v, lo, hi, a, b = wildcard(), wildcard(), wildcard(), wildcard(), wildcard()
+    inner = is_op("relax.clip")(v, lo, hi)
+    pattern = is_op("relax.clip")(is_op("relax.astype")(inner), a, b)
+
+    def build(m: Match) -> relax.Expr:
+        if _dtype(m.orig) != "int8" or _dtype(m[v]) != "int32":
+            raise Declined("not a clip of a requantised int8 tensor")
+        new_lo, new_hi = max(_prim(m[lo]), _prim(m[a])), min(_prim(m[hi]), _prim(m[b]))
+        if new_lo > new_hi:
+            raise Declined("empty clip range")
+        return relax.op.astype(relax.op.clip(m[v], int(new_lo), int(new_hi)), "int8")
+
+    return Rule("fold clip", pattern, build)
+
+
+# ----------------------------------------------------------------------------------------
+# pooling and layout
+# ----------------------------------------------------------------------------------------
+def _unary_rule(name: str, ops: tuple[str, ...], body: Callable) -> Rule:
+    """A rule for ``q(op(dq(x), ...))`` with ``op`` one of ``ops`` and per-tensor scales;
+    ``body(call, x, s_x, s_y)`` builds the integer form from the matched call."""
+    x = Dequantized()
+    op = None
+    for name_ in ops:
+        p = is_op(name_)(x.pattern) | is_op(name_)(x.pattern, wildcard())
+        op = p if op is None else op | p
+    q = Quantized(op)
+
+    def build(m: Match) -> relax.Expr:
+        return body(m[op], m[x.x], x.tensor_scale(m), q.tensor_scale(m))
+
+    return Rule(name, q.pattern, build)
+
+
+def _with_input(call: relax.Call, x: relax.Expr) -> relax.Call:
+    """``call`` with its first argument replaced by ``x``."""
+    return relax.Call(call.op, [x, *call.args[1:]], call.attrs)
+
+
+def _on_int8(call, x, sx, sy):
+    """The same operator on the int8 tensor: for operators that commute with quantize and
+    dequantize (a max, since both are monotone; reshapes and transposes, which only move
+    elements), followed by a rescale if the scale changes."""
+    return _requantize_int8(_with_input(call, x), sx, sy, INT8_MIN, INT8_MAX)
+
+
+def _mean(call, x, sx, sy):
+    attrs = call.attrs
+    shape = _shape(x)
+    axes = range(len(shape)) if attrs.axis is None else [int(a) % len(shape) for a in attrs.axis]
+    count = int(np.prod([shape[a] for a in axes]))
+    total = relax.op.sum(relax.op.astype(x, "int32"), axis=attrs.axis, keepdims=bool(attrs.keepdims))
+    return emit_requantize([total], _choose([sx / (sy * count)], [INT8_MAGNITUDE * count], INT8_MIN, INT8_MAX))
+
+
+def _window_counts(size, kernel, stride, pad_before, pad_after, include_pad) -> np.ndarray:
+    """How many elements each output position of a 1-D pooling window averages."""
+    out = (size + pad_before + pad_after - kernel) // stride + 1
+    start = np.arange(out) * stride - pad_before
+    if include_pad:
+        return np.full(out, kernel)
+    return np.minimum(start + kernel, size) - np.maximum(start, 0)
+
+
+def _avg_pool(call, x, sx, sy):
+    attrs = call.attrs
+    if str(attrs.layout) != "NCHW" or str(attrs.out_layout) != "NCHW":
+        raise Declined(f"an average pool in layout {attrs.layout} (the integer form is NCHW)")
+    if bool(attrs.ceil_mode) or any(int(d) != 1 for d in attrs.dilation):
+        raise Declined("an average pool with ceil_mode or dilation")
+    _, c, h, w = _shape(x)
+    (kh, kw), (sh, sw) = [int(k) for k in attrs.pool_size], [int(s) for s in attrs.strides]
+    top, left, bottom, right = [int(p) for p in attrs.padding]
+    include = bool(attrs.count_include_pad)
+    counts = np.outer(_window_counts(h, kh, sh, top, bottom, include),
+                      _window_counts(w, kw, sw, left, right, include))
+    # window sums: a depthwise conv2d with an all-ones kernel (zero padding is exact: zp == 0)
+    ones = _const(np.ones((c, 1, kh, kw)), "int8")
+    total = relax.op.nn.conv2d(x, ones, strides=[sh, sw], padding=[top, left, bottom, right], groups=c,
+                               out_dtype="int32")
+    if np.all(counts == counts.flat[0]):
+        real, bound = np.float64(sx / (sy * counts.flat[0])), INT8_MAGNITUDE * int(counts.flat[0])
+    else:   # one multiplier per output position
+        real = (sx / (sy * counts.astype(np.float64))).reshape(1, 1, *counts.shape)
+        bound = (INT8_MAGNITUDE * counts).reshape(1, 1, *counts.shape)
+    return emit_requantize([total], _choose([real], [bound], INT8_MIN, INT8_MAX))
+
+
+_LAYOUT_OPS = ("relax.reshape", "relax.permute_dims", "relax.squeeze", "relax.expand_dims", "relax.flatten")
+
+
+def all_rules() -> list[Rule]:
+    """Every integerising rule, most specific first."""
+    return [_conv_rule(), _matmul_rule(), _add_rule(),
+            _unary_rule("avg_pool2d", ("relax.nn.avg_pool2d",), _avg_pool),
+            _unary_rule("mean", ("relax.mean",), _mean),
+            _unary_rule("max_pool2d", ("relax.nn.max_pool2d",), _on_int8),
+            _unary_rule("layout", _LAYOUT_OPS, _on_int8),
+            _activation_rule(), _rescale_rule()]

@@ -1,0 +1,212 @@
+"""``tp.quantize``: a float ONNX model to int8 QDQ form, by onnxruntime's ``quantize_static``.
+
+The output is what an int8 accelerator needs and what ``tp.integerize()`` turns into integer
+arithmetic after TVM's ONNX import: QuantizeLinear/DequantizeLinear pairs around the float
+operators, int8 activations and weights, symmetric (every zero point 0), int32 biases at
+the scale ``s_input * s_weight``, per-tensor or per-output-channel weight scales.
+onnxruntime's pre-processing runs first (shape inference, and its basic graph
+optimisations, e.g. a BatchNormalization folded into the Conv before it).
+
+Calibration data fixes the activation scales (MinMax by default: the largest magnitude seen
+on each tensor). It is an ``.npz`` file, or a dict, keyed by input name, whose arrays have a
+leading axis of samples, each sample of the input's shape: ``[16, 1, 3, 16, 16]`` for 16
+samples of a ``[1, 3, 16, 16]`` input. Without it, seeded random normal inputs are used and a
+warning says that the scales then mean nothing for real data.
+
+>>> import numpy as np, onnx
+>>> from onnx import helper, numpy_helper, TensorProto
+>>> w = numpy_helper.from_array(np.eye(4, dtype=np.float32), "w")
+>>> graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "mm",
+...     [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+...     [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])], [w])
+>>> model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+>>> calib = {"x": np.linspace(-1, 1, 8, dtype=np.float32).reshape(2, 1, 4)}
+>>> q = quantize(model, calib)
+>>> sorted({n.op_type for n in q.graph.node})
+['DequantizeLinear', 'MatMul', 'QuantizeLinear']
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import tempfile
+import warnings
+from typing import Mapping, Union
+
+import numpy as np
+
+__all__ = ["quantize", "CalibrationError", "calibration_samples", "METHODS"]
+
+#: Calibration methods by name (onnxruntime's ``CalibrationMethod``).
+METHODS = ("minmax", "entropy", "percentile")
+#: Random calibration samples used when no calibration data is given.
+RANDOM_SAMPLES = 16
+
+ModelLike = Union[str, os.PathLike, "onnx.ModelProto"]  # noqa: F821 - onnx is optional
+Calibration = Union[str, os.PathLike, Mapping[str, np.ndarray], None]
+
+
+class CalibrationError(ValueError):
+    """Calibration data that does not fit the model (names, shapes, sample counts)."""
+
+
+def _require():
+    try:
+        import onnx
+        import onnxruntime.quantization as ortq
+    except ImportError as err:  # pragma: no cover - depends on the environment
+        raise ImportError(f"tp.quantize needs onnx and onnxruntime ({err.name} is missing): "
+                          "pip install 'tirpat[model]'") from err
+    return onnx, ortq
+
+
+def quantize(model: ModelLike, calibration: Calibration = None, *, per_channel: bool = False,
+             method: str = "minmax") -> "onnx.ModelProto":  # noqa: F821
+    """``model`` (a path or an ``onnx.ModelProto``) quantised to int8 QDQ form.
+
+    Parameters
+    ----------
+    model
+        A float ONNX model, as a path or a ``ModelProto``.
+    calibration
+        An ``.npz`` path or a dict ``{input name: array[samples, *input shape]}``; None
+        calibrates on seeded random inputs (with a warning: the scales are then meaningless).
+    per_channel
+        One weight scale per output channel (else one per tensor).
+    method
+        ``"minmax"`` (default), ``"entropy"`` or ``"percentile"``.
+
+    Returns the quantised ``onnx.ModelProto``. Raises ``FileNotFoundError`` for a missing
+    file, :class:`CalibrationError` for calibration data that does not fit the model and
+    ``ValueError`` for an unknown method.
+    """
+    onnx, ortq = _require()
+    if method not in METHODS:
+        raise ValueError(f"tp.quantize: unknown calibration method {method!r}; choose one of {', '.join(METHODS)}")
+    proto = _load(onnx, model)
+    inputs = _graph_inputs(onnx, proto)
+    if calibration is None:
+        samples = _random_samples(inputs)
+        warnings.warn(f"tp.quantize: no calibration data, so calibrating on {RANDOM_SAMPLES} seeded random "
+                      "inputs: the activation scales are then meaningless for real data. Pass calibration "
+                      "data (an .npz keyed by input name, leading axis of samples).", stacklevel=2)
+    else:
+        samples = calibration_samples(calibration, inputs)
+    with tempfile.TemporaryDirectory(prefix="tirpat-quantize-") as tmp:
+        source, pre, out = (pathlib.Path(tmp, n) for n in ("float.onnx", "pre.onnx", "int8.onnx"))
+        onnx.save(proto, str(source))     # onnxruntime's pre-processing may modify a ModelProto it is given
+        ortq.quant_pre_process(str(source), str(pre), skip_symbolic_shape=True)
+        ortq.quantize_static(
+            str(pre), str(out), _reader(ortq.CalibrationDataReader, samples),
+            quant_format=ortq.QuantFormat.QDQ, per_channel=per_channel,
+            activation_type=ortq.QuantType.QInt8, weight_type=ortq.QuantType.QInt8,
+            calibrate_method={"minmax": ortq.CalibrationMethod.MinMax, "entropy": ortq.CalibrationMethod.Entropy,
+                              "percentile": ortq.CalibrationMethod.Percentile}[method],
+            extra_options={"ActivationSymmetric": True, "WeightSymmetric": True},
+        )
+        return onnx.load(str(out))
+
+
+def _load(onnx, model):
+    if isinstance(model, onnx.ModelProto):
+        return model
+    if not isinstance(model, (str, os.PathLike)):
+        raise TypeError(f"tp.quantize: model must be a path or an onnx.ModelProto, got {type(model).__name__}")
+    path = pathlib.Path(model)
+    if not path.is_file():
+        raise FileNotFoundError(f"tp.quantize: no model file {str(path)!r}")
+    try:
+        return onnx.load(str(path))
+    except Exception as err:  # noqa: BLE001 - protobuf raises several kinds
+        raise ValueError(f"tp.quantize: {str(path)!r} is not an ONNX model ({err})") from err
+
+
+def _graph_inputs(onnx, proto) -> dict[str, tuple[tuple, np.dtype]]:
+    """``{name: (shape with None for symbolic dims, dtype)}`` of the real inputs."""
+    initialisers = {i.name for i in proto.graph.initializer}
+    inputs = {}
+    for value in proto.graph.input:
+        if value.name in initialisers:
+            continue
+        tensor = value.type.tensor_type
+        shape = tuple(d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim)
+        inputs[value.name] = (shape, np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type)))
+    return inputs
+
+
+def calibration_samples(calibration: Calibration, inputs: Mapping[str, tuple]) -> list[dict[str, np.ndarray]]:
+    """One feed dict per sample, from an ``.npz`` path or a dict of arrays with a leading
+    samples axis; checked against ``inputs`` (``{name: (shape, dtype)}``).
+
+    >>> calibration_samples({"x": np.zeros((2, 1, 3))}, {"x": ((1, 3), np.dtype("float32"))})[1]["x"].shape
+    (1, 3)
+    >>> calibration_samples({"y": np.zeros((2, 3))}, {"x": ((3,), np.dtype("float32"))})
+    Traceback (most recent call last):
+    tirpat.model.quantize.CalibrationError: calibration data has no array for input 'x' (it has 'y')
+    """
+    if isinstance(calibration, (str, os.PathLike)):
+        path = pathlib.Path(calibration)
+        if not path.is_file():
+            raise FileNotFoundError(f"no calibration file {str(path)!r}")
+        try:
+            with np.load(path, allow_pickle=False) as npz:
+                arrays = {k: npz[k] for k in npz.files}
+        except (OSError, ValueError) as err:
+            raise CalibrationError(f"{str(path)!r} is not an .npz file of arrays ({err})") from err
+    elif isinstance(calibration, Mapping):
+        arrays = {k: np.asarray(v) for k, v in calibration.items()}
+    else:
+        raise TypeError(f"calibration must be an .npz path or a dict of arrays, got {type(calibration).__name__}")
+    given = ", ".join(repr(k) for k in arrays) or "nothing"
+    for name in inputs:
+        if name not in arrays:
+            raise CalibrationError(f"calibration data has no array for input {name!r} (it has {given})")
+    extra = sorted(set(arrays) - set(inputs))
+    if extra:
+        raise CalibrationError(f"calibration data has arrays for unknown inputs {', '.join(map(repr, extra))} "
+                               f"(the model's inputs are {', '.join(map(repr, inputs))})")
+    counts = set()
+    for name, (shape, dtype) in inputs.items():
+        a = arrays[name]
+        if a.ndim != len(shape) + 1 or any(d is not None and d != n for d, n in zip(shape, a.shape[1:])):
+            want = "[samples, " + ", ".join("?" if d is None else str(d) for d in shape) + "]"
+            raise CalibrationError(f"calibration array {name!r} has shape {list(a.shape)}; the input needs {want} "
+                                   "(a leading axis of samples, each of the input's shape)")
+        if a.shape[0] == 0:
+            raise CalibrationError(f"calibration array {name!r} has no samples")
+        if not np.can_cast(a.dtype, dtype, casting="same_kind"):
+            raise CalibrationError(f"calibration array {name!r} is {a.dtype}; the input is {dtype}")
+        counts.add(a.shape[0])
+    if len(counts) > 1:
+        raise CalibrationError(f"calibration arrays have different numbers of samples: {sorted(counts)}")
+    n = counts.pop() if counts else 0
+    return [{name: arrays[name][i].astype(dtype) for name, (_, dtype) in inputs.items()} for i in range(n)]
+
+
+def _random_samples(inputs: Mapping[str, tuple]) -> list[dict[str, np.ndarray]]:
+    rng = np.random.default_rng(0)
+    for name, (shape, dtype) in inputs.items():
+        if any(d is None for d in shape):
+            raise CalibrationError(f"input {name!r} has a symbolic dimension; pass calibration data of real shapes")
+        if dtype.kind != "f":
+            raise CalibrationError(f"input {name!r} is {dtype}; random calibration is for float inputs, pass "
+                                   "calibration data")
+    return [{name: rng.standard_normal(shape).astype(dtype) for name, (shape, dtype) in inputs.items()}
+            for _ in range(RANDOM_SAMPLES)]
+
+
+def _reader(base, samples):
+    """An onnxruntime ``CalibrationDataReader`` over the feed dicts ``samples``."""
+
+    class Reader(base):
+        def __init__(self) -> None:
+            self._it = iter(samples)
+
+        def get_next(self):
+            return next(self._it, None)
+
+        def rewind(self) -> None:
+            self._it = iter(samples)
+
+    return Reader()
