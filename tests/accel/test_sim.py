@@ -1,13 +1,16 @@
 """Simulator: random programs against a plain numpy model, DMA, narrowing, errors, cycles."""
 
+import hashlib
+
 import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
 import accel
 from accel.hw.emitter import Emitter
-from accel.hw.isa import Alu, AluOp, Gemm, Load, Mem, Queue, Store, StoreMode
+from accel.hw.isa import Alu, AluOp, Gemm, Load, Mem, Opcode, Queue, Store, StoreMode, queue_of
 from accel.hw.sim import Simulator
+from accel.hw.tokens import DependencyTracker
 
 T = 16
 SMALL = accel.Config(inp_bytes=8 * 256, wgt_bytes=8 * 256, acc_bytes=8 * 1024)
@@ -443,3 +446,148 @@ def test_stats_fields_and_timeline(tmp_path):
     pytest.importorskip("matplotlib")
     path = stats.timeline.save_png(tmp_path / "timeline.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# ---------------------------------------------------------------------- cycle model pins
+def reference_cost(ins, c=SMALL):
+    """accel/ISA.md section 6, busy cycles plus issue overhead."""
+    if isinstance(ins, (Load, Store)):
+        wide = (isinstance(ins, Load) and ins.mem is Mem.ACC) or (
+            isinstance(ins, Store) and ins.mode is StoreMode.INT32)
+        busy = -(-ins.rows * ins.cols * (4 if wide else 1) // c.dma_bytes_per_cycle)
+    elif isinstance(ins, Gemm):
+        busy = ins.ext_out * ins.ext_in * (c.tile if ins.reset else c.tile_cycles)
+    elif isinstance(ins, Alu):
+        busy = ins.ext_out * ins.ext_in * -(-c.tile // c.alu_lanes)
+    else:
+        busy = 0
+    return busy + c.issue_overhead
+
+
+def reference_schedule(stream, c=SMALL):
+    """The event simulation of accel/ISA.md section 6, cycle by cycle: at each cycle the
+    queues' heads start, earliest in program order first, when the queue is idle, their
+    pops have tokens, the DMA engine is free (LOAD/STORE) and, for FINISH, the load and
+    store queues have drained; tokens and the DMA engine free up when an instruction ends."""
+    queues = {q: [i for i, ins in enumerate(stream) if queue_of(ins) is q] for q in Queue}
+    times, busy_until, tokens, dma_until, now = {}, {q: 0 for q in Queue}, {}, 0, 0
+    ending = {}  # cycle -> [index]
+    while len(times) < len(stream):
+        for i in ending.pop(now, []):
+            q = queue_of(stream[i])
+            for flag, other in (("push_prev", q - 1), ("push_next", q + 1)):
+                if getattr(stream[i], flag):
+                    tokens[(q, other)] = tokens.get((q, other), 0) + 1
+        started = True
+        while started:
+            started = False
+            heads = sorted(qs[0] for q, qs in queues.items() if qs and busy_until[q] <= now)
+            for i in heads:
+                ins, q = stream[i], queue_of(stream[i])
+                if ins.opcode is Opcode.FINISH and (
+                        queues[Queue.LOAD] or queues[Queue.STORE]
+                        or busy_until[Queue.LOAD] > now or busy_until[Queue.STORE] > now):
+                    continue
+                pops = [(q - 1, q)] * ins.pop_prev + [(q + 1, q)] * ins.pop_next
+                if any(not tokens.get(p) for p in pops):
+                    continue
+                dma = isinstance(ins, (Load, Store))
+                if dma and dma_until > now:
+                    continue
+                for p in pops:
+                    tokens[p] -= 1
+                end = now + reference_cost(ins)
+                times[i] = (now, end)
+                busy_until[q] = end
+                if dma:
+                    dma_until = end
+                ending.setdefault(end, []).append(i)
+                queues[q].pop(0)
+                started = True
+                break
+        now += 1
+    return [times[i] for i in range(len(stream))]
+
+
+def _auto_stream(program):
+    em, deps = Emitter(), DependencyTracker(16)
+    for ins in program:
+        deps.record(ins, em.emit(deps.order(em, ins)))
+    return em.finish()
+
+
+@st.composite
+def token_programs(draw):
+    """Instructions of every kind and size with explicit, balanced tokens between them."""
+    em = Emitter()
+    kinds = st.one_of(st.sampled_from([Mem.INP, Mem.WGT]).flatmap(dma), gemms(), alus(),
+                      dma(Mem.ACC), dma("store"))
+    edges = [(Queue.LOAD, Queue.COMPUTE), (Queue.COMPUTE, Queue.LOAD),
+             (Queue.COMPUTE, Queue.STORE), (Queue.STORE, Queue.COMPUTE)]
+    for step in draw(st.lists(st.one_of(kinds, st.sampled_from(edges)), max_size=25)):
+        if isinstance(step, tuple):
+            em.dep_push(*step)
+            em.dep_pop(*step)
+        else:
+            em.emit(step)
+    return em.finish()
+
+
+def _fenced(rounds):
+    em = Emitter()
+    _emit(rounds, em)
+    return em.finish()
+
+
+@given(st.one_of(token_programs(), programs().map(_fenced),
+                 st.lists(st.one_of(gemms(), alus(), dma(Mem.ACC), dma("store"),
+                                    st.sampled_from([Mem.INP, Mem.WGT]).flatmap(dma)),
+                          min_size=1, max_size=15).map(_auto_stream)))
+def test_schedule_equals_the_reference_event_simulation(stream):
+    assert Simulator(SMALL).schedule(stream) == reference_schedule(stream)
+
+
+def _pinned(stream):
+    """(cycles, digest of the encoded stream): what the pins below hold fixed."""
+    sim = Simulator(SMALL)
+    return max(end for _, end in sim.schedule(stream)), hashlib.sha256(accel.encode(stream)).hexdigest()[:16]
+
+
+def _conv_like(alu_epilogue):
+    """A compiled-code-like AUTO stream: a resident weight, per output block an ACC reset,
+    per tap a padded strided LOAD into alternating INP halves and a 2x2-tile GEMM, an
+    optional bias/requantise ALU epilogue, and a STORE."""
+    program = [Load(mem=Mem.WGT, sram_addr=0, sram_ld=32, slot=1, dram_offset=0, dram_ld=32,
+                    rows=64, cols=32)]
+    if alu_epilogue:
+        program.append(Load(mem=Mem.ACC, sram_addr=1024, sram_ld=32, slot=2, dram_offset=0,
+                            dram_ld=0, rows=1, cols=32))
+    for block in range(6):
+        acc = (block % 2) * 512
+        program.append(Gemm(acc_addr=acc, inp_addr=0, wgt_addr=0, acc_ld=32, inp_ld=32, wgt_ld=32,
+                            reset=True, ext_out=2, acc_stride_out=16))
+        for tap in range(3):
+            inp = (tap % 2) * 512
+            program.append(Load(mem=Mem.INP, sram_addr=inp, sram_ld=32, slot=0,
+                                dram_offset=block * 64 + tap * 8, dram_ld=32, rows=16 - (tap == 0),
+                                cols=32, pad_top=int(tap == 0)))
+            program.append(Gemm(acc_addr=acc, inp_addr=inp, wgt_addr=tap * 512, acc_ld=32,
+                                inp_ld=32, wgt_ld=32, ext_out=2, ext_in=2, acc_stride_out=16,
+                                inp_stride_in=16, wgt_stride_out=16 * 32, wgt_stride_in=16))
+        if alu_epilogue:
+            loop = dict(ext_out=16, ext_in=2, dst_stride_out=32, dst_stride_in=16)
+            program.append(Alu(op=AluOp.ADD, dst_addr=acc, src_addr=1024, src_stride_in=16, **loop))
+            program.append(Alu(op=AluOp.SHR, dst_addr=acc, use_imm=True, imm=7, **loop))
+        program.append(Store(sram_addr=acc, sram_ld=32, slot=3 if alu_epilogue else 4,
+                             dram_offset=block * 512, dram_ld=32, rows=16, cols=32,
+                             mode=StoreMode.SATURATE if alu_epilogue else StoreMode.INT32))
+    return _auto_stream(program)
+
+
+def test_cycle_counts_of_fixed_streams_are_pinned():
+    """Optimising the simulator, the token tracker or the verifier must not change a
+    stream's tokens or cycles: these numbers were recorded before any of that work."""
+    assert _pinned(_conv_like(False)) == (1552, "43dc3a0e94352016")
+    assert _pinned(_conv_like(True)) == (1930, "d065a633b31d19a7")
+    assert _gemm_stream(False)[0].cycles == 9584
+    assert _gemm_stream(True)[0].cycles == 9108
