@@ -22,11 +22,11 @@ from typing import Callable, Optional, Sequence
 
 from accel.hw.errors import DeadlockError, InstructionError, TokenError
 from accel.hw.isa import (
-    Alu, AluOp, Finish, Gemm, Instruction, Load, Mem, Opcode, Queue, Store, StoreMode,
-    disassemble, queue_of,
+    ALLOWED_FLAGS, Alu, AluOp, Finish, Gemm, Instruction, Load, Mem, Opcode, Queue, Store,
+    StoreMode, disassemble, queue_of,
 )
 
-__all__ = ["Emitter", "verify", "nop"]
+__all__ = ["Emitter", "verify", "nop", "CHANNELS", "POPS", "PUSHES"]
 
 Validator = Callable[[int, Instruction], None]
 
@@ -180,7 +180,31 @@ class Emitter:
         return stream
 
 
-_NEIGHBOURS = {"pop_prev": -1, "pop_next": +1, "push_prev": -1, "push_next": +1}
+# Token channels, (source queue, destination queue): 0 load->compute, 1 compute->load,
+# 2 compute->store, 3 store->compute.
+CHANNELS = ((Queue.LOAD, Queue.COMPUTE), (Queue.COMPUTE, Queue.LOAD),
+            (Queue.COMPUTE, Queue.STORE), (Queue.STORE, Queue.COMPUTE))
+_FLAG_STEP = (("pop_prev", -1), ("pop_next", +1), ("push_prev", -1), ("push_next", +1))
+
+
+def _channel_table(queue: Queue, pop: bool) -> tuple[tuple[int, ...], ...]:
+    """Per value of ``Instruction.flags``: the channels an instruction of ``queue`` takes
+    a token from (``pop``) or gives one to; a flag without a neighbour maps to nothing."""
+    table = []
+    for flags in range(16):
+        chans = []
+        for bit, (flag, step) in enumerate(_FLAG_STEP):
+            other = queue + step
+            if flags >> bit & 1 and flag.startswith("pop" if pop else "push") and 0 <= other <= 2:
+                chans.append(CHANNELS.index((other, queue) if pop else (queue, other)))
+        table.append(tuple(chans))
+    return tuple(table)
+
+
+#: POPS[queue][flags] / PUSHES[queue][flags]: the token channels (indices into CHANNELS)
+#: an instruction with those flags pops from / pushes to.
+POPS = tuple(_channel_table(q, True) for q in Queue)
+PUSHES = tuple(_channel_table(q, False) for q in Queue)
 
 
 def verify(stream: Sequence[Instruction]) -> None:
@@ -200,59 +224,54 @@ def verify(stream: Sequence[Instruction]) -> None:
         index = len(stream) - 1
         raise InstructionError(index, stream[-1] if stream else None,
                                "the stream must end with FINISH")
-    queues: dict[Queue, list[int]] = {q: [] for q in Queue}
+    last = len(stream) - 1
+    queues: tuple[list[int], ...] = ([], [], [])
+    pops, pushes = [()] * len(stream), [()] * len(stream)
     for index, ins in enumerate(stream):
-        if ins.opcode is Opcode.FINISH and index != len(stream) - 1:
+        if ins.opcode is Opcode.FINISH and index != last:
             raise InstructionError(index, ins, "FINISH must be the last instruction")
         queue = queue_of(ins)
-        for flag, step in _NEIGHBOURS.items():
-            if getattr(ins, flag) and not 0 <= queue + step <= 2:
-                raise InstructionError(index, ins, f"{flag} is not valid on the "
-                                                   f"{queue.name} queue (no neighbour there)")
+        flags = ins.flags
+        if flags & ~ALLOWED_FLAGS[queue]:
+            flag = next(f for bit, (f, step) in enumerate(_FLAG_STEP)
+                        if flags >> bit & 1 and not 0 <= queue + step <= 2)
+            raise InstructionError(index, ins, f"{flag} is not valid on the "
+                                               f"{queue.name} queue (no neighbour there)")
+        pops[index] = POPS[queue][flags]
+        pushes[index] = PUSHES[queue][flags]
         queues[queue].append(index)
-    # pushes[(src, dst)] lists the indices that pushed, in order; consumed counts pops.
-    pushes: dict[tuple[Queue, Queue], list[int]] = {}
-    consumed: dict[tuple[Queue, Queue], int] = {}
-    pos = {q: 0 for q in Queue}
-
-    def needs(index: int, queue: Queue) -> list[tuple[Queue, Queue]]:
-        ins = stream[index]
-        return [(Queue(queue + _NEIGHBOURS[f]), queue) for f in ("pop_prev", "pop_next")
-                if getattr(ins, f)]
-
-    def ready(index: int, queue: Queue) -> bool:
-        if stream[index].opcode is Opcode.FINISH and any(
-                pos[q] < len(queues[q]) for q in Queue if q is not Queue.COMPUTE):
-            return False
-        return all(len(pushes.get(ch, ())) > consumed.get(ch, 0) for ch in needs(index, queue))
-
+    # pushed[ch] lists the instructions that pushed on channel ch, in order; popped counts.
+    pushed: tuple[list[int], ...] = ([], [], [], [])
+    popped = [0, 0, 0, 0]
+    pos = [0, 0, 0]
+    size = [len(q) for q in queues]
     progress = True
     while progress:
         progress = False
-        for queue in Queue:
-            while pos[queue] < len(queues[queue]) and ready(queues[queue][pos[queue]], queue):
-                index = queues[queue][pos[queue]]
-                for ch in needs(index, queue):
-                    consumed[ch] = consumed.get(ch, 0) + 1
-                ins = stream[index]
-                for flag in ("push_prev", "push_next"):
-                    if getattr(ins, flag):
-                        pushes.setdefault((queue, Queue(queue + _NEIGHBOURS[flag])), []).append(index)
+        for queue in (0, 1, 2):
+            members = queues[queue]
+            while pos[queue] < size[queue]:
+                index = members[pos[queue]]
+                if index == last and (pos[0] < size[0] or pos[2] < size[2]):
+                    break   # FINISH waits for the load and store queues
+                if any(len(pushed[ch]) <= popped[ch] for ch in pops[index]):
+                    break
+                for ch in pops[index]:
+                    popped[ch] += 1
+                for ch in pushes[index]:
+                    pushed[ch].append(index)
                 pos[queue] += 1
                 progress = True
-    stuck = [queues[q][pos[q]] for q in Queue if pos[q] < len(queues[q])]
+    stuck = [queues[q][pos[q]] for q in (0, 1, 2) if pos[q] < size[q]]
     if stuck:
-        index = min(i for i in stuck if stream[i].opcode is not Opcode.FINISH) if len(stuck) > 1 \
-            else stuck[0]
-        queue = queue_of(stream[index])
-        missing = [ch for ch in needs(index, queue)
-                   if len(pushes.get(ch, ())) <= consumed.get(ch, 0)]
-        what = (" and ".join(f"a token from the {src.name} queue" for src, _ in missing)
+        index = min(i for i in stuck if i != last) if len(stuck) > 1 else stuck[0]
+        missing = [CHANNELS[ch][0] for ch in pops[index] if len(pushed[ch]) <= popped[ch]]
+        what = (" and ".join(f"a token from the {src.name} queue" for src in missing)
                 + " that is never pushed") if missing else "queues that never drain"
         raise DeadlockError(index, f"deadlock: instruction #{index} `{disassemble(stream[index])}` "
                                    f"waits for {what}")
-    for (src, dst), who in sorted(pushes.items()):
-        left = who[consumed.get((src, dst), 0):]
+    for ch, (src, dst) in enumerate(CHANNELS):
+        left = pushed[ch][popped[ch]:]
         if left:
             raise TokenError(left[0], (
                 f"unbalanced tokens: {len(left)} token(s) from the {src.name} to the {dst.name} "

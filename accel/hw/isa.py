@@ -28,7 +28,7 @@ from accel.hw.errors import DecodeError
 __all__ = [
     "INSTRUCTION_BYTES", "Opcode", "Queue", "Mem", "StoreMode", "AluOp", "Instruction",
     "Load", "Store", "Gemm", "Alu", "Finish", "FIELDS", "make", "queue_of", "encode", "decode",
-    "disassemble",
+    "disassemble", "ALLOWED_FLAGS",
 ]
 
 INSTRUCTION_BYTES = 64
@@ -312,9 +312,9 @@ _CLASSES: dict[Opcode, type[Instruction]] = {
 }
 _SIGNED_WORDS = {op: {i + 1 for i, n in enumerate(names) if n in _CLASSES[op]._signed}
                  for op, names in FIELDS.items()}
-# Which flags are meaningful per queue: the load queue has no previous neighbour, the
-# store queue no next one.
-_ALLOWED_FLAGS = {Queue.LOAD: 0b1010, Queue.COMPUTE: 0b1111, Queue.STORE: 0b0101}
+#: The dependency flags (``Instruction.flags`` bits) meaningful per queue: the load queue
+#: has no previous neighbour, the store queue no next one.
+ALLOWED_FLAGS = {Queue.LOAD: 0b1010, Queue.COMPUTE: 0b1111, Queue.STORE: 0b0101}
 
 
 def make(cls: type[Instruction], values: dict) -> Instruction:
@@ -395,7 +395,7 @@ def _func(ins: Instruction) -> int:
 
 
 def _encode_one(ins: Instruction) -> bytes:
-    allowed = _ALLOWED_FLAGS[queue_of(ins)]
+    allowed = ALLOWED_FLAGS[queue_of(ins)]
     if ins.flags & ~allowed:
         raise ValueError(f"{disassemble(ins)}: dependency flags not valid on the "
                          f"{queue_of(ins).name.lower()} queue")
@@ -470,7 +470,7 @@ def decode(data: Union[bytes, bytearray, memoryview]) -> list[Instruction]:
             value = row[w]
             kwargs[name] = value - _U32 if w in signed and value >= 2**31 else value
         ins = _CLASSES[op](**kwargs)
-        if flags & ~_ALLOWED_FLAGS[queue_of(ins)]:
+        if flags & ~ALLOWED_FLAGS[queue_of(ins)]:
             raise DecodeError(f"{at}: dependency flags {flags:#06b} not valid on the "
                               f"{queue_of(ins).name.lower()} queue")
         out.append(ins)

@@ -1,10 +1,17 @@
-"""Functional simulator and cycle model of the accel core.
+"""Functional simulator of the accel core.
 
 A stream runs in three steps: every instruction is checked against the Config and the
-buffer table (so a bad stream writes nothing), the cycle model schedules the three queues
-as an event simulation (tokens, one DMA engine shared by LOAD and STORE), and the
-instructions take effect in the order they start there, each atomically. Scratchpads
-persist between streams.
+buffer table (so a bad stream writes nothing), the cycle model (:mod:`accel.hw.cycles`)
+schedules the three queues, and the instructions take effect in the order they start
+there, each atomically. Scratchpads persist between streams.
+
+:meth:`Simulator.compile` turns a stream into a :class:`Program`: the checked stream, its
+:class:`~accel.hw.cycles.Timing` and, once it first executes, an execution plan (one
+prepared numpy call per instruction over views of the scratchpads and host buffers, made
+once). A compiled call emits the same stream every time, so a session runs its Program
+again: then the only check left is the buffer table's signature (the dtype, size and
+writability of every host buffer the stream touches), and host views are remade only
+for buffers whose memory moved. ``execute=False`` runs the cycle model alone (timing-only).
 
 >>> import numpy as np
 >>> from accel.hw.emitter import Emitter
@@ -24,25 +31,25 @@ persist between streams.
 from __future__ import annotations
 
 import math
-from typing import Optional, Sequence
+from functools import partial
+from typing import Callable, Optional, Sequence
 
 import numpy as np
-from numpy.lib.stride_tricks import as_strided
 
+from accel.hw import cycles
 from accel.hw.config import Config
 from accel.hw.emitter import verify
 from accel.hw.errors import (
     AlignmentError, DmaRangeError, DtypeMismatchError, InstructionError,
     ScratchpadOverflowError, UnknownSlotError,
 )
-from accel.hw.isa import (
-    Alu, AluOp, Gemm, Instruction, Load, Mem, Opcode, Queue, Store, StoreMode, queue_of,
-)
-from accel.hw.stats import Event, Stats
+from accel.hw.isa import Alu, AluOp, Gemm, Instruction, Load, Mem, Opcode, Store, StoreMode
+from accel.hw.stats import Stats
 
-__all__ = ["Simulator"]
+__all__ = ["Simulator", "Program"]
 
 Buffers = Sequence[Optional[np.ndarray]]
+Op = Callable[[], object]
 
 _INT8 = np.dtype(np.int8)
 _INT32 = np.dtype(np.int32)
@@ -52,9 +59,14 @@ _F32_EXACT_TERMS = 2**24 // 2**14
 
 
 def _view(base: np.ndarray, offset: int, shape: Sequence[int], strides: Sequence[int]) -> np.ndarray:
-    """A (bounds-checked elsewhere) strided view of a flat array, strides in elements."""
+    """A (bounds-checked elsewhere) strided view of a flat array, strides in elements.
+
+    ``np.ndarray`` over the base's buffer still refuses a view reaching outside it, and
+    costs a tenth of ``as_strided``.
+    """
     item = base.itemsize
-    return as_strided(base[offset:], shape=tuple(shape), strides=tuple(s * item for s in strides))
+    return np.ndarray(tuple(shape), base.dtype, buffer=base, offset=offset * item,
+                      strides=tuple(s * item for s in strides))
 
 
 def _disjoint(shape: Sequence[int], strides: Sequence[int]) -> bool:
@@ -110,6 +122,7 @@ class Simulator:
         self.wgt = np.zeros(c.wgt_elements, np.float32)
         self.acc = np.zeros(c.acc_elements, np.int32)
         self._sizes = {Mem.INP: c.inp_elements, Mem.WGT: c.wgt_elements, Mem.ACC: c.acc_elements}
+        self._temps: dict[tuple, np.ndarray] = {}
 
     def memory(self, mem: Mem) -> np.ndarray:
         """The backing array of a scratchpad (INP/WGT as exact float32, ACC as int32)."""
@@ -238,181 +251,133 @@ class Simulator:
 
     # ------------------------------------------------------------------ cycle model
     def cost(self, ins: Instruction) -> int:
-        """Busy cycles of one instruction, issue overhead included.
+        """Busy cycles of one instruction, issue overhead included (:func:`accel.hw.cycles.cost`).
 
         >>> from accel.hw.isa import Gemm
         >>> Simulator().cost(Gemm(acc_addr=0, inp_addr=0, wgt_addr=0, acc_ld=16, inp_ld=16,
         ...                       wgt_ld=16, ext_out=2, ext_in=4))
         132
         """
-        c = self.config
-        op = ins.opcode
-        if op is Opcode.LOAD or op is Opcode.STORE:
-            busy = -(-self._dram_bytes(ins) // c.dma_bytes_per_cycle)
-        elif op is Opcode.GEMM:
-            busy = ins.ext_out * ins.ext_in * (c.tile if ins.reset else c.tile_cycles)
-        elif op is Opcode.ALU:
-            busy = ins.ext_out * ins.ext_in * -(-c.tile // c.alu_lanes)
-        else:
-            busy = 0
-        return busy + c.issue_overhead
-
-    @staticmethod
-    def _dram_bytes(ins: Instruction) -> int:
-        if ins.opcode is Opcode.LOAD:
-            return ins.rows * ins.cols * (4 if ins.mem is Mem.ACC else 1)
-        return ins.rows * ins.cols * (4 if ins.mode is StoreMode.INT32 else 1)
+        return cycles.cost(ins, self.config)
 
     def schedule(self, stream: Sequence[Instruction]) -> list[tuple[int, int]]:
-        """(start, end) cycle of every instruction; the queues advance as an event simulation.
-
-        An instruction starts when its queue is idle, its pops have tokens (pushed when the
-        pushing instruction completed) and, for LOAD/STORE, the DMA engine is free; among
-        several that could start, the earliest in program order wins. FINISH starts once
-        the load and store queues have drained.
+        """(start, end) cycle of every instruction (:func:`accel.hw.cycles.schedule`).
 
         >>> from accel.hw.isa import Finish
         >>> Simulator().schedule([Finish()])
         [(0, 4)]
         """
-        queues: dict[Queue, list[int]] = {q: [] for q in Queue}
-        for i, ins in enumerate(stream):
-            queues[queue_of(ins)].append(i)
-        times: list[tuple[int, int]] = [(0, 0)] * len(stream)
-        pos = dict.fromkeys(Queue, 0)
-        running: dict[Queue, tuple[int, int]] = {}  # queue -> (end, index)
-        tokens: dict[tuple[Queue, Queue], int] = {}
-        dma_free_at = 0
-        now = 0
-        done = 0
-        while done < len(stream):
-            while True:
-                best = None
-                for q in Queue:
-                    if q in running or pos[q] >= len(queues[q]):
-                        continue
-                    i = queues[q][pos[q]]
-                    ins = stream[i]
-                    if ins.opcode is Opcode.FINISH and any(
-                            pos[o] < len(queues[o]) or o in running
-                            for o in (Queue.LOAD, Queue.STORE)):
-                        continue
-                    if ins.pop_prev and not tokens.get((Queue(q - 1), q)):
-                        continue
-                    if ins.pop_next and not tokens.get((Queue(q + 1), q)):
-                        continue
-                    if ins.opcode in (Opcode.LOAD, Opcode.STORE) and dma_free_at > now:
-                        continue
-                    if best is None or i < best[1]:
-                        best = (q, i)
-                if best is None:
-                    break
-                q, i = best
-                ins = stream[i]
-                if ins.pop_prev:
-                    tokens[(Queue(q - 1), q)] -= 1
-                if ins.pop_next:
-                    tokens[(Queue(q + 1), q)] -= 1
-                end = now + self.cost(ins)
-                if ins.opcode in (Opcode.LOAD, Opcode.STORE):
-                    dma_free_at = end
-                times[i] = (now, end)
-                running[q] = (end, i)
-                pos[q] += 1
-            if not running:
-                raise RuntimeError("the cycle model stalled on a stream that passed verify()")
-            now = min(end for end, _ in running.values())
-            for q, (end, i) in list(running.items()):
-                if end == now:
-                    ins = stream[i]
-                    if ins.push_prev:
-                        key = (q, Queue(q - 1))
-                        tokens[key] = tokens.get(key, 0) + 1
-                    if ins.push_next:
-                        key = (q, Queue(q + 1))
-                        tokens[key] = tokens.get(key, 0) + 1
-                    del running[q]
-                    done += 1
-        return times
+        timing = cycles.schedule(stream, self.config)
+        return list(zip(timing.start, timing.end))
 
-    # ------------------------------------------------------------------ execution
-    def run(self, stream: Sequence[Instruction], buffers: Buffers,
-            stats: Optional[Stats] = None, *, verified: bool = False) -> Stats:
+    # ------------------------------------------------------------------ running streams
+    def compile(self, stream: Sequence[Instruction], buffers: Buffers, *, verified: bool = False,
+                checked: bool = False) -> "Program":
+        """Check, verify and schedule a FINISH-terminated stream; nothing is written.
+
+        Raises an :class:`accel.hw.errors.AccelError` if any instruction is invalid or the
+        tokens deadlock. ``verified=True`` skips the token check for a stream that
+        :meth:`accel.hw.emitter.Emitter.finish` just verified, ``checked=True`` the
+        instruction checks for a stream whose every instruction was checked against this
+        buffer table as it was emitted (what a session does).
+        """
+        if not checked:
+            for index, ins in enumerate(stream):
+                self.check(index, ins, buffers)
+        if not verified:
+            verify(stream)
+        return Program(self, list(stream), cycles.schedule(stream, self.config))
+
+    def run(self, stream: Sequence[Instruction], buffers: Buffers, stats: Optional[Stats] = None,
+            *, verified: bool = False, checked: bool = False, execute: bool = True) -> Stats:
         """Check, schedule and execute a FINISH-terminated stream; returns (updated) stats.
 
         Raises an :class:`accel.hw.errors.AccelError` before anything is written if any
-        instruction is invalid or the tokens deadlock. ``verified=True`` skips the token
-        check for a stream that :meth:`accel.hw.emitter.Emitter.finish` just verified.
+        instruction is invalid or the tokens deadlock (``verified`` and ``checked`` as in
+        :meth:`compile`). ``execute=False`` only runs the cycle model: stats advance,
+        scratchpads and host buffers stay as they are.
         """
-        for index, ins in enumerate(stream):
-            self.check(index, ins, buffers)
-        if not verified:
-            verify(stream)
-        times = self.schedule(stream)
-        stats = stats if stats is not None else Stats(self.config)
-        base = stats.cycles
-        for i in sorted(range(len(stream)), key=lambda i: (times[i][0], i)):
-            self.execute(stream[i], buffers)
-        units = {Opcode.LOAD: "load", Opcode.STORE: "store", Opcode.GEMM: "gemm", Opcode.ALU: "alu"}
-        t = self.config.tile
-        for i, ins in enumerate(stream):
-            op = ins.opcode
-            stats.instructions[op.name] += 1
-            if op is Opcode.FINISH:
-                continue
-            start, end = times[i]
-            unit = units[op]
-            stats.busy[unit] += end - start
-            stats.timeline.events.append(Event(i, unit, op.name, base + start, base + end))
-            if op is Opcode.LOAD:
-                stats.bytes["dram_to_sram"] += self._dram_bytes(ins)
-            elif op is Opcode.STORE:
-                stats.bytes["sram_to_dram"] += self._dram_bytes(ins)
-            elif op is Opcode.GEMM and not ins.reset:
-                stats.macs += ins.ext_out * ins.ext_in * t**3
-        stats.cycles = base + max(end for _, end in times)
-        return stats
+        program = self.compile(stream, buffers, verified=verified, checked=checked)
+        return program.run(buffers, stats, execute=execute)
 
     def execute(self, ins: Instruction, buffers: Buffers) -> None:
         """Apply one already-checked instruction to the scratchpads / host buffers."""
+        op = self._op(ins, buffers)
+        if op is not None:
+            op()
+
+    # ------------------------------------------------------------------ instruction semantics
+    # Each instruction becomes a prepared call over views made once; running it again costs
+    # one numpy call or two. These builders are the simulator's only account of what the
+    # instructions do.
+    def _op(self, ins: Instruction, buffers: Buffers) -> Optional[Op]:
+        """The prepared call that applies ``ins`` (None when it changes nothing)."""
         op = ins.opcode
         if op is Opcode.LOAD:
-            self._load(ins, buffers)
-        elif op is Opcode.STORE:
-            self._store(ins, buffers)
-        elif op is Opcode.GEMM:
-            self._gemm(ins)
-        elif op is Opcode.ALU:
-            self._alu(ins)
+            return self._load(ins, buffers)
+        if op is Opcode.STORE:
+            return self._store(ins, buffers)
+        if op is Opcode.GEMM:
+            return self._gemm(ins)
+        if op is Opcode.ALU:
+            return self._alu(ins)
+        return None
 
-    def _load(self, ins: Load, buffers: Buffers) -> None:
+    def _scratch(self, shape: tuple, dtype) -> np.ndarray:
+        """A temporary shared by every prepared call of that shape (calls run one at a time)."""
+        key = (shape, dtype)
+        buf = self._temps.get(key)
+        if buf is None:
+            buf = self._temps[key] = np.empty(shape, dtype)
+        return buf
+
+    def _load(self, ins: Load, buffers: Buffers) -> Optional[Op]:
         height = ins.pad_top + ins.rows + ins.pad_bottom
         width = ins.pad_left + ins.cols + ins.pad_right
         if not (height and width):
-            return
+            return None
         block = _view(self.memory(ins.mem), ins.sram_addr, (height, width), (ins.sram_ld, 1))
-        if height != ins.rows or width != ins.cols:
-            block[...] = ins.pad_value
-        if ins.rows and ins.cols:
-            src = _view(buffers[ins.slot], ins.dram_offset, (ins.rows, ins.cols), (ins.dram_ld, 1))
-            block[ins.pad_top:ins.pad_top + ins.rows, ins.pad_left:ins.pad_left + ins.cols] = src
-
-    def _store(self, ins: Store, buffers: Buffers) -> None:
         if not (ins.rows and ins.cols):
-            return
-        src = _view(self.acc, ins.sram_addr, (ins.rows, ins.cols), (ins.sram_ld, 1))
-        dst = _view(buffers[ins.slot], ins.dram_offset, (ins.rows, ins.cols), (ins.dram_ld, 1))
-        if ins.mode is StoreMode.SATURATE:
-            src = np.clip(src, -128, 127)
-        # int32 -> int8 astype keeps the low byte: the wrap mode, and exact after clipping.
-        dst[...] = src.astype(dst.dtype, copy=False)
+            return partial(block.fill, ins.pad_value)
+        src = _view(buffers[ins.slot], ins.dram_offset, (ins.rows, ins.cols), (ins.dram_ld, 1))
+        if height == ins.rows and width == ins.cols:
+            return partial(np.copyto, block, src)
+        inner = block[ins.pad_top:ins.pad_top + ins.rows, ins.pad_left:ins.pad_left + ins.cols]
+        fill, value = block.fill, ins.pad_value
 
-    def _gemm(self, g: Gemm) -> None:
+        def padded_load() -> None:
+            fill(value)
+            np.copyto(inner, src)
+
+        return padded_load
+
+    def _store(self, ins: Store, buffers: Buffers) -> Optional[Op]:
+        if not (ins.rows and ins.cols):
+            return None
+        shape = (ins.rows, ins.cols)
+        src = _view(self.acc, ins.sram_addr, shape, (ins.sram_ld, 1))
+        dst = _view(buffers[ins.slot], ins.dram_offset, shape, (ins.dram_ld, 1))
+        # int32 -> int8 casts keep the low byte: the wrap mode, and exact after clipping.
+        if ins.mode is StoreMode.INT32:
+            return partial(np.copyto, dst, src)
+        if ins.mode is StoreMode.WRAP:
+            return partial(np.copyto, dst, src, casting="unsafe")
+        clipped = self._scratch(shape, np.int32)
+
+        def saturating_store() -> None:
+            np.clip(src, -128, 127, out=clipped)
+            np.copyto(dst, clipped, casting="unsafe")
+
+        return saturating_store
+
+    def _gemm(self, g: Gemm) -> Optional[Op]:
         t = self.config.tile
         if not (g.ext_out and g.ext_in):
-            return
-        if not g.reset and self._gemm_as_matmul(g):
-            return
+            return None
+        if not g.reset:
+            op = self._gemm_as_matmul(g)
+            if op is not None:
+                return op
         loops = [(g.ext_out, g.acc_stride_out, g.inp_stride_out, g.wgt_stride_out),
                  (g.ext_in, g.acc_stride_in, g.inp_stride_in, g.wgt_stride_in)]
         loops = [lp for lp in loops if lp[0] > 1]
@@ -421,14 +386,12 @@ class Simulator:
         acc_strides = [loops[k][1] for k in acc_dims] + [g.acc_ld, 1]
         acc = _view(self.acc, g.acc_addr, acc_shape, acc_strides)
         if g.reset:
-            acc[...] = 0
-            return
+            return partial(acc.fill, 0)
         inp_dims = [k for k, lp in enumerate(loops) if lp[2]]
         wgt_dims = [k for k, lp in enumerate(loops) if lp[3]]
         # Loops whose every stride is 0 repeat the same product: a multiplication, not a sum.
-        repeat = int(np.prod([lp[0] for lp in loops if not (lp[1] or lp[2] or lp[3])]))
-        terms = t * int(np.prod([lp[0] for k, lp in enumerate(loops)
-                                 if not lp[1] and (lp[2] or lp[3])]))
+        repeat = math.prod(lp[0] for lp in loops if not (lp[1] or lp[2] or lp[3]))
+        terms = t * math.prod(lp[0] for lp in loops if not lp[1] and (lp[2] or lp[3]))
         ftype = np.float32 if terms <= _F32_EXACT_TERMS else np.float64
         inp = _view(self.inp, g.inp_addr, [loops[k][0] for k in inp_dims] + [t, t],
                     [loops[k][2] for k in inp_dims] + [g.inp_ld, 1])
@@ -438,30 +401,35 @@ class Simulator:
         out_dims = [k for k in acc_dims if k in inp_dims or k in wgt_dims]
         spec = (f"{''.join(letters[k] for k in inp_dims)}rc,{''.join(letters[k] for k in wgt_dims)}nc"
                 f"->{''.join(letters[k] for k in out_dims)}rn")
-        prod = np.einsum(spec, inp.astype(ftype, copy=False), wgt.astype(ftype, copy=False),
-                         optimize=True)
-        if ftype is np.float32 and repeat == 1:
-            delta = prod.astype(np.int32)
-        else:  # exact integers beyond int32: reduce modulo 2**32 through int64
-            delta = prod.astype(np.int64)
-            if repeat > 1:
-                delta *= repeat
-            delta = delta.astype(np.int32)
         # Broadcast over acc loops that neither operand moves along.
-        delta = delta.reshape([loops[k][0] if k in out_dims else 1 for k in acc_dims] + [t, t])
+        delta_shape = [loops[k][0] if k in out_dims else 1 for k in acc_dims] + [t, t]
         if _disjoint(acc_shape, acc_strides):
-            acc += delta
+            accumulate = partial(np.add, acc, out=acc)
         else:  # overlapping acc tiles: accumulate every contribution element by element
             index = np.zeros(acc_shape, np.int64) + g.acc_addr
             for axis, (extent, stride) in enumerate(zip(acc_shape, acc_strides)):
                 shape = [1] * len(acc_shape)
                 shape[axis] = extent
                 index += (np.arange(extent) * stride).reshape(shape)
-            np.add.at(self.acc, index, np.broadcast_to(delta, acc_shape))
+            accumulate = lambda delta: np.add.at(self.acc, index, np.broadcast_to(delta, acc_shape))  # noqa: E731
 
-    def _gemm_as_matmul(self, g: Gemm) -> bool:
+        def blocked_gemm() -> None:
+            prod = np.einsum(spec, inp.astype(ftype, copy=False), wgt.astype(ftype, copy=False),
+                             optimize=True)
+            if ftype is np.float32 and repeat == 1:
+                delta = prod.astype(np.int32)
+            else:  # exact integers beyond int32: reduce modulo 2**32 through int64
+                delta = prod.astype(np.int64)
+                if repeat > 1:
+                    delta *= repeat
+                delta = delta.astype(np.int32)
+            accumulate(delta.reshape(delta_shape))
+
+        return blocked_gemm
+
+    def _gemm_as_matmul(self, g: Gemm) -> Optional[Op]:
         """The common case as one matrix product: each loop extends one of M, N or K by
-        adjacent tiles (what a blocked schedule emits). False when it does not apply."""
+        adjacent tiles (what a blocked schedule emits). None when it does not apply."""
         t = self.config.tile
         size = {"m": t, "n": t, "k": t}
         for ext, acc_s, inp_s, wgt_s in ((g.ext_out, g.acc_stride_out, g.inp_stride_out, g.wgt_stride_out),
@@ -475,36 +443,153 @@ class Simulator:
             elif wgt_s == 0 and acc_s == t * g.acc_ld and inp_s == t * g.inp_ld:
                 dim = "m"
             else:
-                return False
+                return None
             if size[dim] != t:
-                return False
+                return None
             size[dim] *= ext
         m, n, k = size["m"], size["n"], size["k"]
         if (m > t and g.acc_ld < n) or not _disjoint((m, n), (g.acc_ld, 1)):
-            return False
-        ftype = np.float32 if k <= _F32_EXACT_TERMS else np.float64
-        inp = _view(self.inp, g.inp_addr, (m, k), (g.inp_ld, 1)).astype(ftype)
-        wgt = _view(self.wgt, g.wgt_addr, (n, k), (g.wgt_ld, 1)).astype(ftype)
+            return None
+        inp = _view(self.inp, g.inp_addr, (m, k), (g.inp_ld, 1))
+        wgt_t = _view(self.wgt, g.wgt_addr, (n, k), (g.wgt_ld, 1)).T
         acc = _view(self.acc, g.acc_addr, (m, n), (g.acc_ld, 1))
-        prod = inp @ wgt.T
-        acc += prod.astype(np.int64).astype(np.int32) if ftype is np.float64 else prod.astype(np.int32)
-        return True
+        delta = self._scratch((m, n), np.int32)
+        if k <= _F32_EXACT_TERMS:
+            prod = self._scratch((m, n), np.float32)
 
-    def _alu(self, a: Alu) -> None:
+            def matmul() -> None:
+                np.matmul(inp, wgt_t, out=prod)
+                np.copyto(delta, prod, casting="unsafe")   # exact: integers below 2**24
+                np.add(acc, delta, out=acc)
+        else:
+            prod, wide = self._scratch((m, n), np.float64), self._scratch((m, n), np.int64)
+
+            def matmul() -> None:
+                np.matmul(inp, wgt_t, out=prod, dtype=np.float64)
+                np.copyto(wide, prod, casting="unsafe")   # exact below 2**53
+                np.copyto(delta, wide, casting="unsafe")  # modulo 2**32: int32 wrap-around
+                np.add(acc, delta, out=acc)
+
+        return matmul
+
+    def _alu(self, a: Alu) -> Optional[Op]:
         t = self.config.tile
         if not (a.ext_out and a.ext_in):
-            return
+            return None
         dst = _view(self.acc, a.dst_addr, (a.ext_out, a.ext_in, t), (a.dst_stride_out, a.dst_stride_in, 1))
-        if a.use_imm:
-            rhs = np.int32(min(max(a.imm, 0), 31) if a.op is AluOp.SHR else a.imm)
-        else:
-            rhs = _view(self.acc, a.src_addr, (a.ext_out, a.ext_in, t),
-                        (a.src_stride_out, a.src_stride_in, 1))
-            if a.op is AluOp.SHR:
-                rhs = np.clip(rhs, 0, 31)
+        ufunc = _ALU_UFUNCS[a.op]
         # ufuncs buffer overlapping operands, which gives the read-everything-first semantics.
-        _ALU_UFUNCS[a.op](dst, rhs, out=dst)
+        if a.use_imm:
+            return partial(ufunc, dst, np.int32(min(max(a.imm, 0), 31) if a.op is AluOp.SHR else a.imm),
+                           out=dst)
+        src = _view(self.acc, a.src_addr, (a.ext_out, a.ext_in, t), (a.src_stride_out, a.src_stride_in, 1))
+        if a.op is AluOp.SHR:
+            return lambda: ufunc(dst, np.clip(src, 0, 31), out=dst)
+        return partial(ufunc, dst, src, out=dst)
 
 
 _ALU_UFUNCS = {AluOp.ADD: np.add, AluOp.MAX: np.maximum, AluOp.MIN: np.minimum,
                AluOp.SHR: np.right_shift, AluOp.MUL: np.multiply}
+
+
+class Program:
+    """A checked, scheduled stream of one :class:`Simulator`, ready to run any number of times.
+
+    Besides the stream and its :class:`~accel.hw.cycles.Timing` it keeps the signature of
+    the buffer table it was checked against: per host slot the stream touches, the dtype,
+    the elements it reaches and whether it is written. Those are the only facts the
+    checks read from the buffer table, so a table with the same signature needs no
+    instruction checked again.
+
+    >>> from accel.hw.isa import Finish
+    >>> p = Simulator().compile([Finish()], [])
+    >>> p.run([]).cycles, p.run([]).cycles      # each run returns fresh stats
+    (4, 4)
+    """
+
+    def __init__(self, simulator: Simulator, stream: list[Instruction], timing: cycles.Timing) -> None:
+        self.simulator = simulator
+        self.stream = stream
+        self.timing = timing
+        self.signature = _signature(stream)
+        self._ops: Optional[list[tuple[int, int, Op]]] = None
+        self._hosts: dict[int, tuple[np.ndarray, int]] = {}  # slot -> (flat view, address) the calls use
+
+    def run(self, buffers: Buffers, stats: Optional[Stats] = None, *, execute: bool = True) -> Stats:
+        """Execute the stream on ``buffers`` (unless ``execute=False``) and account its
+        cycles in ``stats`` (new Stats when None), which are returned.
+
+        Raises the check's error, before anything is written, if the buffer table differs
+        from the one the stream was checked against in a way that matters.
+        """
+        sim = self.simulator
+        if not self._matches(buffers):
+            for index, ins in enumerate(self.stream):   # raises, naming the instruction
+                sim.check(index, ins, buffers)
+        if execute:
+            for _, _, op in self._prepare(buffers):
+                op()
+        stats = stats if stats is not None else Stats(sim.config)
+        stats.add(self.timing)
+        return stats
+
+    def _matches(self, buffers: Buffers) -> bool:
+        for slot, (dtype, end, written) in self.signature.items():
+            buf = buffers[slot] if slot < len(buffers) else None
+            if buf is None or buf.dtype != dtype or buf.size < end or (written and not buf.flags.writeable):
+                return False
+        return True
+
+    def _prepare(self, buffers: Buffers) -> list[tuple[int, int, Op]]:
+        """The prepared calls in execution order, as ``(stream index, host slot or -1,
+        call)``; the calls of a slot whose memory moved since the last run are remade."""
+        sim, stream = self.simulator, self.stream
+        if self._ops is None:
+            self._ops = []
+            for i in self.timing.order():
+                op = sim._op(stream[i], buffers)
+                if op is not None:
+                    self._ops.append((i, _slot_of(stream[i]), op))
+            self._hosts = {slot: (buffers[slot], _address(buffers[slot])) for slot in self.signature}
+            return self._ops
+        moved = set()
+        for slot, (flat, address) in self._hosts.items():
+            now = buffers[slot]
+            if now is not flat:
+                if _address(now) != address:
+                    moved.add(slot)
+                self._hosts[slot] = (now, _address(now))
+        if moved:
+            self._ops = [(i, slot, sim._op(stream[i], buffers) if slot in moved else op)
+                         for i, slot, op in self._ops]
+        return self._ops
+
+
+def _slot_of(ins: Instruction) -> int:
+    """The host slot an instruction reads or writes, -1 for none."""
+    if ins.opcode is Opcode.LOAD or ins.opcode is Opcode.STORE:
+        return ins.slot if ins.rows and ins.cols else -1
+    return -1
+
+
+def _address(flat: np.ndarray) -> int:
+    return flat.__array_interface__["data"][0]
+
+
+def _signature(stream: Sequence[Instruction]) -> dict[int, tuple[np.dtype, int, bool]]:
+    """Per host slot: (dtype, elements reached, written) over the whole stream."""
+    out: dict[int, tuple[np.dtype, int, bool]] = {}
+    for ins in stream:
+        slot = _slot_of(ins)
+        if slot < 0:
+            continue
+        if ins.opcode is Opcode.LOAD:
+            dtype, written = (_INT32 if ins.mem is Mem.ACC else _INT8), False
+        else:
+            dtype, written = (_INT32 if ins.mode is StoreMode.INT32 else _INT8), True
+        end = ins.dram_offset + (ins.rows - 1) * ins.dram_ld + ins.cols
+        seen = out.get(slot)
+        if seen is not None:
+            end, written = max(end, seen[1]), written or seen[2]
+        out[slot] = (dtype, end, written)
+    return out

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple, Union
+from typing import TYPE_CHECKING, Iterable, NamedTuple, Union
 
 from accel.hw.config import Config
+
+if TYPE_CHECKING:
+    from accel.hw.cycles import Timing
 
 __all__ = ["UNITS", "Event", "Timeline", "Stats"]
 
@@ -23,7 +26,6 @@ class Event(NamedTuple):
     end: int
 
 
-@dataclass
 class Timeline:
     """Per-unit busy intervals; ``str()`` is an ASCII chart, :meth:`save_png` a picture.
 
@@ -36,7 +38,25 @@ class Timeline:
     store |          |   0%
     """
 
-    events: list[Event] = field(default_factory=list)
+    def __init__(self, events: Iterable[Event] = ()) -> None:
+        self._events = list(events)
+        # Streams whose events are listed only when asked for: a session that runs the
+        # same stream thousands of times keeps one (timing, base) pair per run, not
+        # thousands of events.
+        self._streams: list[tuple["Timing", int]] = []
+
+    @property
+    def events(self) -> list[Event]:
+        """Every event so far, in stream order."""
+        if self._streams:
+            for timing, base in self._streams:
+                self._events.extend(timing.events(base))
+            self._streams.clear()
+        return self._events
+
+    def add(self, timing: "Timing", base: int) -> None:
+        """Append the events of a stream (a :class:`accel.hw.cycles.Timing`) starting at ``base``."""
+        self._streams.append((timing, base))
 
     @property
     def cycles(self) -> int:
@@ -112,6 +132,25 @@ class Stats:
     bytes: dict[str, int] = field(default_factory=lambda: {"dram_to_sram": 0, "sram_to_dram": 0})
     macs: int = 0
     timeline: Timeline = field(default_factory=Timeline)
+
+    def add(self, timing: "Timing") -> None:
+        """Account a stream that ran after everything before it (a :class:`accel.hw.cycles.Timing`).
+
+        >>> from accel.hw.cycles import schedule
+        >>> from accel.hw.isa import Finish
+        >>> s = Stats(Config()); s.add(schedule([Finish()], Config())); s.add(schedule([Finish()], Config()))
+        >>> s.cycles, s.instructions["FINISH"]
+        (8, 2)
+        """
+        for unit, busy in timing.busy.items():
+            self.busy[unit] += busy
+        for op, count in timing.instructions.items():
+            self.instructions[op] += count
+        for direction, count in timing.bytes.items():
+            self.bytes[direction] += count
+        self.macs += timing.macs
+        self.timeline.add(timing, self.cycles)
+        self.cycles += timing.cycles
 
     @property
     def utilization(self) -> dict[str, float]:

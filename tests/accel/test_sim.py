@@ -591,3 +591,75 @@ def test_cycle_counts_of_fixed_streams_are_pinned():
     assert _pinned(_conv_like(True)) == (1930, "d065a633b31d19a7")
     assert _gemm_stream(False)[0].cycles == 9584
     assert _gemm_stream(True)[0].cycles == 9108
+
+
+# ---------------------------------------------------------------------- programs (compiled streams)
+@given(programs())
+def test_a_program_runs_again_on_other_buffers_like_a_fresh_run(rounds):
+    """A compiled stream run twice, on two different sets of host arrays, does what running
+    the stream from scratch on each does; the prepared calls follow the arrays."""
+    stream = _fenced(rounds)
+    sim, fresh = Simulator(SMALL), Simulator(SMALL)
+    first, second = _host(), [h + 1 for h in _host()]
+    want_first, want_second = _host(), [h + 1 for h in _host()]
+    program = sim.compile(stream, first)
+    program.run(first)
+    fresh.run(stream, want_first)
+    second_before = [h.copy() for h in second]
+    program.run(second)
+    fresh.run(stream, want_second)
+    for got, want in zip(first + second, want_first + want_second):
+        np.testing.assert_array_equal(got, want)
+    for mem in Mem:
+        np.testing.assert_array_equal(sim.memory(mem), fresh.memory(mem))
+    if not any(isinstance(i, Store) and i.rows * i.cols for i in stream):
+        for got, before in zip(second, second_before):
+            np.testing.assert_array_equal(got, before)
+
+
+def test_a_program_rechecks_a_changed_buffer_table_before_writing_anything():
+    host = _host()
+    stream = [Load(mem=Mem.ACC, sram_addr=0, sram_ld=16, slot=2, dram_offset=0, dram_ld=16,
+                   rows=2, cols=16, push_next=True),
+              Store(sram_addr=0, sram_ld=16, slot=4, dram_offset=1000, dram_ld=16, rows=1, cols=16,
+                    pop_prev=True),
+              accel.Finish()]
+    sim = Simulator(SMALL)
+    program = sim.compile(stream, host)
+    program.run(host)
+    short = list(host)
+    short[4] = np.zeros(1010, np.int32)
+    with pytest.raises(accel.DmaRangeError, match=r"instruction #1 .*outside host buffer slot 4"):
+        program.run(short)
+    read_only = list(host)
+    read_only[4] = _read_only(np.zeros(1024, np.int32))
+    with pytest.raises(accel.InstructionError, match="instruction #1 .*slot 4 is read-only"):
+        program.run(read_only)
+    narrow = list(host)
+    narrow[2] = np.zeros(512, np.int8)
+    with pytest.raises(accel.DtypeMismatchError, match="instruction #0 .*slot 2 is int8"):
+        program.run(narrow)
+    assert not short[4].any()
+    bigger = list(host)
+    bigger[4] = np.zeros(4096, np.int32)
+    program.run(bigger)                     # a bigger buffer passes the same checks
+    np.testing.assert_array_equal(bigger[4][1000:1016], host[2][:16])
+
+
+def test_timing_only_runs_account_the_same_cycles_and_write_nothing():
+    stream = _conv_like(True)
+
+    def host():
+        rng = np.random.default_rng(5)
+        return [rng.integers(-128, 128, 2048, dtype=np.int8), rng.integers(-128, 128, 2048, dtype=np.int8),
+                rng.integers(-99, 99, 64, dtype=np.int32), np.zeros(4096, np.int8), np.zeros(4096, np.int32)]
+
+    timed_host, run_host = host(), host()
+    timed_sim, run_sim = Simulator(SMALL), Simulator(SMALL)
+    timed = timed_sim.run(stream, timed_host, execute=False)
+    executed = run_sim.run(stream, run_host)
+    assert run_host[3].any() and not timed_host[3].any()
+    assert not any(timed_sim.memory(m).any() for m in Mem)
+    assert (timed.cycles, timed.busy, timed.bytes, timed.macs, timed.instructions) == \
+        (executed.cycles, executed.busy, executed.bytes, executed.macs, executed.instructions)
+    assert timed.timeline.events == executed.timeline.events

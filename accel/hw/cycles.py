@@ -1,0 +1,189 @@
+"""The cycle model: what each instruction costs and when it runs (accel/ISA.md section 6).
+
+Busy cycles come from the :class:`~accel.hw.config.Config`; an event simulation advances
+the load, compute and store queues in parallel. The head of a queue starts when the queue
+is idle, its pops have tokens (a token exists from the end of the instruction that pushed
+it) and, for LOAD/STORE, the single DMA engine is free; among several heads that could
+start at once, the earliest in program order wins. FINISH starts once the load and store
+queues have drained.
+
+Functional execution is not needed to know the timing: :func:`schedule` alone is what a
+timing-only run (``Session(timing_only=True)``) costs.
+
+>>> from accel.hw.isa import Finish, Gemm
+>>> t = schedule([Gemm(acc_addr=0, inp_addr=0, wgt_addr=0, acc_ld=16, inp_ld=16, wgt_ld=16),
+...               Finish()], Config())
+>>> t.cycles, t.start, t.end, t.busy["gemm"], t.macs
+(24, [0, 20], [20, 24], 20, 4096)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+from accel.hw.config import Config
+from accel.hw.emitter import POPS, PUSHES, verify
+from accel.hw.errors import DeadlockError
+from accel.hw.isa import Instruction, Mem, Opcode, StoreMode
+from accel.hw.stats import UNITS, Event
+
+__all__ = ["cost", "Timing", "schedule"]
+
+_UNIT = {Opcode.LOAD: "load", Opcode.STORE: "store", Opcode.GEMM: "gemm", Opcode.ALU: "alu"}
+
+
+def _dram_bytes(ins: Instruction) -> int:
+    if ins.opcode is Opcode.LOAD:
+        return ins.rows * ins.cols * (4 if ins.mem is Mem.ACC else 1)
+    return ins.rows * ins.cols * (4 if ins.mode is StoreMode.INT32 else 1)
+
+
+def cost(ins: Instruction, config: Config) -> int:
+    """Busy cycles of one instruction, issue overhead included.
+
+    >>> from accel.hw.isa import Gemm
+    >>> cost(Gemm(acc_addr=0, inp_addr=0, wgt_addr=0, acc_ld=16, inp_ld=16, wgt_ld=16,
+    ...           ext_out=2, ext_in=4), Config())
+    132
+    """
+    op = ins.opcode
+    if op is Opcode.LOAD or op is Opcode.STORE:
+        busy = -(-_dram_bytes(ins) // config.dma_bytes_per_cycle)
+    elif op is Opcode.GEMM:
+        busy = ins.ext_out * ins.ext_in * (config.tile if ins.reset else config.tile_cycles)
+    elif op is Opcode.ALU:
+        busy = ins.ext_out * ins.ext_in * -(-config.tile // config.alu_lanes)
+    else:
+        busy = 0
+    return busy + config.issue_overhead
+
+
+@dataclass(frozen=True)
+class Timing:
+    """The cycle model's account of one stream: every instruction's ``[start, end)`` cycle
+    and the totals :class:`~accel.hw.stats.Stats` accumulates (busy cycles per unit,
+    instructions per opcode, DMA bytes per direction, MACs)."""
+
+    start: list[int]
+    end: list[int]
+    opcodes: list[Opcode]
+    cycles: int
+    busy: dict[str, int]
+    instructions: dict[str, int]
+    bytes: dict[str, int]
+    macs: int
+
+    def order(self) -> list[int]:
+        """Stream indices in the order the instructions take effect: by start cycle, then
+        program order (each instruction is atomic when it starts)."""
+        start = self.start
+        return sorted(range(len(start)), key=lambda i: (start[i], i))
+
+    def events(self, base: int = 0) -> Iterator[Event]:
+        """Timeline events of every instruction but FINISH, ``base`` cycles later."""
+        for i, op in enumerate(self.opcodes):
+            if op is not Opcode.FINISH:
+                yield Event(i, _UNIT[op], op.name, base + self.start[i], base + self.end[i])
+
+
+def schedule(stream: Sequence[Instruction], config: Config) -> Timing:
+    """Run the event simulation of a FINISH-terminated stream (see the module doc).
+
+    A stream whose tokens deadlock or are left unbalanced raises the error
+    :func:`accel.hw.emitter.verify` gives it.
+
+    >>> from accel.hw.isa import Finish
+    >>> schedule([Finish()], Config()).end
+    [4]
+    """
+    n = len(stream)
+    tile_macs = config.tile ** 3
+    queues: list[list[int]] = [[], [], []]
+    costs, pops, pushes, dma, finish = [0] * n, [()] * n, [()] * n, [False] * n, [False] * n
+    busy = dict.fromkeys(UNITS, 0)
+    counts = {op.name: 0 for op in Opcode}
+    traffic = {"dram_to_sram": 0, "sram_to_dram": 0}
+    macs = 0
+    opcodes = [ins.opcode for ins in stream]
+    for i, ins in enumerate(stream):
+        op = opcodes[i]
+        if op is Opcode.LOAD:
+            q = 1 if ins.mem is Mem.ACC else 0
+            traffic["dram_to_sram"] += _dram_bytes(ins)
+            dma[i] = True
+        elif op is Opcode.STORE:
+            q = 2
+            traffic["sram_to_dram"] += _dram_bytes(ins)
+            dma[i] = True
+        else:
+            q = 1
+            if op is Opcode.FINISH:
+                finish[i] = True
+            elif op is Opcode.GEMM and not ins.reset:
+                macs += ins.ext_out * ins.ext_in * tile_macs
+        c = costs[i] = cost(ins, config)
+        counts[op.name] += 1
+        if op is not Opcode.FINISH:
+            busy[_UNIT[op]] += c
+        flags = ins.flags
+        pops[i] = POPS[q][flags]
+        pushes[i] = PUSHES[q][flags]
+        queues[q].append(i)
+
+    start, end = [0] * n, [0] * n
+    pos = [0, 0, 0]
+    size = [len(qs) for qs in queues]
+    running = [-1, -1, -1]      # the instruction each queue runs, -1 when idle
+    ends = [0, 0, 0]
+    tokens = [0, 0, 0, 0]
+    dma_free_at = now = done = 0
+    while done < n:
+        while True:                 # start what can start now, earliest in program order first
+            best = best_q = -1
+            for q in (0, 1, 2):
+                if running[q] >= 0 or pos[q] == size[q]:
+                    continue
+                i = queues[q][pos[q]]
+                if best >= 0 and i > best:
+                    continue
+                if finish[i] and (pos[0] < size[0] or pos[2] < size[2]
+                                  or running[0] >= 0 or running[2] >= 0):
+                    continue
+                if dma[i] and dma_free_at > now:
+                    continue
+                ok = True
+                for ch in pops[i]:
+                    if not tokens[ch]:
+                        ok = False
+                if ok:
+                    best, best_q = i, q
+            if best < 0:
+                break
+            for ch in pops[best]:
+                tokens[ch] -= 1
+            start[best] = now
+            end[best] = ends[best_q] = now + costs[best]
+            if dma[best]:
+                dma_free_at = end[best]
+            running[best_q] = best
+            pos[best_q] += 1
+        busy_queues = [q for q in (0, 1, 2) if running[q] >= 0]
+        if not busy_queues:
+            _stalled(stream)
+        now = min(ends[q] for q in busy_queues)
+        for q in busy_queues:
+            if ends[q] == now:
+                for ch in pushes[running[q]]:
+                    tokens[ch] += 1
+                running[q] = -1
+                done += 1
+    if any(tokens):
+        _stalled(stream)
+    return Timing(start, end, opcodes, max(end, default=0), busy, counts, traffic, macs)
+
+
+def _stalled(stream: Sequence[Instruction]) -> None:
+    """Raise the verifier's error for a stream the event simulation cannot finish."""
+    verify(stream)
+    raise DeadlockError(len(stream) - 1, "the cycle model stalled on a stream that passed verify()")
