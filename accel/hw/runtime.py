@@ -252,16 +252,16 @@ def _in_order(fn: abi.Function, given: dict) -> tuple:
 
 def _instruction_call(fn: abi.Function) -> Callable:
     """``run(session, *args)``: emit ``fn``'s instruction from its ABI arguments."""
-    cls, count = fn.instruction, len(fn.args)
-    host = fn.names.index(fn.host.name) if fn.host else None
+    cls, count, host = fn.instruction, len(fn.args), fn.host is not None
+    if host and fn.args[0] is not fn.host:
+        raise ValueError(f"{fn.name}: the host buffer must be the first argument")
 
     def run(session: Session, *args) -> int:
         if len(args) != count:
             raise TypeError(f"{fn.name} takes {count} arguments ({', '.join(fn.names)}), got {len(args)}")
-        values = args[:-1]
-        if host is not None:
-            values = (*values[:host], session.buffers.slot(values[host]), *values[host + 1:])
-        return session._emit(cls, values, args[-1])
+        if not host:
+            return session._emit(cls, args[:-1], args[-1])
+        return session._emit(cls, (session.buffers.slot(args[0]),) + args[1:-1], args[-1])
 
     run.__name__ = fn.short
     return run

@@ -406,3 +406,21 @@ def test_bad_host_buffers_and_deps_are_clear_errors():
     with pytest.raises(ValueError, match="got 16"):
         s.load(np.zeros(3, np.int32), 0, Mem.ACC, 0, 16, rows=1, cols=3, dram_ld=3, deps=16)
     assert s.pending == 0
+
+
+def test_the_hardware_side_loads_neither_the_compiler_nor_the_model_level():
+    import json
+    import subprocess
+    import sys
+
+    probe = (
+        "import json, sys, tvm\n"
+        "before = set(tvm.tirx.compilation_pipeline.PIPELINE_MAP)\n"
+        "import accel.hw.runtime, accel.hw.abi, accel.hw.sim, accel.hw.tokens, tirpat.device\n"
+        "loaded = sorted(m for m in sys.modules if m.startswith(('accel.compiler', 'tirpat.model')))\n"
+        "new = sorted(set(tvm.tirx.compilation_pipeline.PIPELINE_MAP) - before)\n"
+        "print(json.dumps([loaded, new, sorted(accel.hw.runtime.RUNTIME.functions)]))\n")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
+    loaded, pipelines, functions = json.loads(out.stdout.strip().splitlines()[-1])
+    assert loaded == [] and pipelines == []
+    assert functions == sorted(f.short for f in abi.FUNCTIONS.values())

@@ -24,6 +24,7 @@ tirpat.device.buffers.BoundsError: host buffer slot 0: elements [8, 14) are outs
 from __future__ import annotations
 
 import ctypes
+import math
 from typing import Any, Optional, Sequence
 
 import numpy as np
@@ -33,6 +34,15 @@ __all__ = ["BufferTable", "BoundsError", "SlotError", "tensor_view", "strided_vi
 
 #: A C-contiguous numpy array, or a ``tvm.runtime.Tensor`` (a DLTensor from compiled code).
 HostBuffer = Any
+
+
+_DTYPES: dict = {}     # a tensor's dtype (as TVM names it) -> (itemsize, numpy's dtype string)
+
+
+def _dtype_key(dtype) -> tuple[int, str]:
+    np_dtype = np.dtype(str(dtype))
+    _DTYPES[dtype] = found = (np_dtype.itemsize, np_dtype.str)
+    return found
 
 
 class BoundsError(IndexError):
@@ -167,12 +177,14 @@ class BufferTable:
                 slot = self._add(key, host.reshape(-1), address)
                 self._owned[slot] = host
             return slot
-        if not is_tensor(host):
+        try:
+            address, shape, dtype = host.data_ptr(), host.shape, host.dtype
+        except AttributeError:
             raise TypeError(f"a host buffer must be a numpy array or a tvm.runtime.Tensor, "
-                            f"got {type(host).__name__}")
-        address = host.data_ptr()
-        dtype = np.dtype(str(host.dtype))
-        key = (address, int(np.prod([int(d) for d in host.shape])) * dtype.itemsize, dtype.str)
+                            f"got {type(host).__name__}") from None
+        # compiled code passes the same tensors call after call: keep this path cheap
+        size, kind = _DTYPES.get(dtype) or _dtype_key(dtype)
+        key = (address, math.prod(shape) * size, kind)
         slot = self._keys.get(key)
         if slot is None:
             slot = self._add(key, tensor_view(host), address)

@@ -43,6 +43,14 @@ _relay = threading.local()      # .error: the exception the last failing runtime
 _RUNTIMES: dict[str, "Runtime"] = {}
 
 
+class _PerThread(threading.local):
+    """One runtime's sessions on one thread: those entered (innermost last) and the defaults."""
+
+    def __init__(self) -> None:
+        self.stack: list = []
+        self.defaults: dict = {}
+
+
 class Session:
     """One device instance: its host :class:`~tirpat.device.BufferTable` (``buffers``) and
     the work pending since the last sync.
@@ -190,28 +198,23 @@ class Runtime:
         self.session_class = session
         self.functions: dict[str, Callable] = {}
         self._make_default = default or (lambda key: session() if key is None else session(key))
-        self._local = threading.local()
+        self._local = _PerThread()
         session.runtime = self
         _RUNTIMES[prefix] = self
         self.function(lambda s: s.sync(), name="sync")
 
     # -- sessions -----------------------------------------------------------------------
     def _stack(self) -> list:
-        stack = getattr(self._local, "stack", None)
-        if stack is None:
-            stack = self._local.stack = []
-        return stack
+        return self._local.stack
 
     def entered(self) -> Optional[Session]:
         """The innermost session entered with ``with`` on this thread, or None."""
-        stack = getattr(self._local, "stack", None)
+        stack = self._local.stack
         return stack[-1] if stack else None
 
     def default(self, key: Optional[Hashable] = None) -> Session:
         """This thread's default session (for ``key``), made on first use."""
-        defaults = getattr(self._local, "defaults", None)
-        if defaults is None:
-            defaults = self._local.defaults = {}
+        defaults = self._local.defaults
         session = defaults.get(key)
         if session is None:
             session = defaults[key] = self._make_default(key)
@@ -219,13 +222,11 @@ class Runtime:
 
     def current(self) -> Session:
         """The session a runtime function called on this thread now would use."""
-        stack = getattr(self._local, "stack", None)
-        return stack[-1] if stack else self.default()
+        local = self._local
+        return local.stack[-1] if local.stack else self.default()
 
     def _sessions_here(self) -> list:
-        found = list(getattr(self._local, "stack", ()))
-        found += list(getattr(self._local, "defaults", {}).values())
-        return found
+        return [*self._local.stack, *self._local.defaults.values()]
 
     # -- runtime functions --------------------------------------------------------------
     def function(self, fn: Optional[Callable] = None, *, name: Optional[str] = None):

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import numbers
 import threading
 import warnings
 from typing import Any, ClassVar, Mapping
@@ -89,9 +90,12 @@ class Option:
             if isinstance(value, bool):
                 return value
         elif kind is float:
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if isinstance(value, numbers.Real) and not isinstance(value, bool):
                 return float(value)
-        elif isinstance(value, kind) and not isinstance(value, bool):
+        elif kind is int:
+            if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+                return int(value)      # numpy integers too
+        elif isinstance(value, kind):
             return value
         raise TypeError(f"option {name!r} must be of type {self.type_name}, got {type(value).__name__} {value!r}")
 

@@ -1,0 +1,145 @@
+"""The generic scratchpad planner on a made-up backend with two scratchpads."""
+
+import pytest
+import tvm
+from tvm import tirx
+from tvm.script import tirx as T
+
+from tirpat.device import PlanError, Scratchpad, ScratchpadOverflow, ScratchpadPlanner
+
+PADS = [Scratchpad("local.pt_a", capacity=64, dtype="int8", align=16, name="A"),
+        Scratchpad("local.pt_b", capacity=32, dtype="int32", align=8, name="B")]
+
+
+def planner(**kw):
+    return ScratchpadPlanner("pt", PADS, **kw)
+
+
+def addresses(func, **kw):
+    p = planner(**kw)
+    return [str(c.args[1]) for c in p.runtime_calls(p.plan(func).body) if c.args[0].value == "pt.use"]
+
+
+@T.prim_func
+def stacked(X: T.Buffer((8,), "int32")):
+    a0 = T.alloc_buffer((10,), "int8", scope="local.pt_a")       # rounded up to 16
+    b0 = T.alloc_buffer((3,), "int32", scope="local.pt_b")       # rounded up to 8
+    T.call_packed("pt.use", a0.access_ptr("w", offset=2), X)
+    T.call_packed("pt.use", b0.access_ptr("w"), X)
+    for i in range(2):
+        a1 = T.alloc_buffer((16,), "int8", scope="local.pt_a")   # two copies: 16 + i % 2 * 16
+        T.call_packed("pt.use", a1.access_ptr("w"), X)
+    X[0] = 1
+
+
+def test_addresses_are_aligned_stacked_and_double_buffered_in_loops():
+    assert addresses(stacked) == ["2", "0", "i % 2 * 16 + 16"]
+    assert addresses(stacked, double_buffer=False) == ["2", "0", "16"]
+
+
+def test_syncs_go_after_the_runtime_calls_and_before_the_cpu_code():
+    p = planner()
+    body = p.plan(stacked).body
+    assert isinstance(body, tirx.SeqStmt)
+    names = [s.value.args[0].value if isinstance(s, tirx.Evaluate) else type(s).__name__ for s in body.seq]
+    assert names == ["pt.use", "pt.use", "For", "pt.sync", "BufferStore"]
+
+
+def test_functions_without_runtime_calls_are_left_alone():
+    @T.prim_func
+    def cpu(X: T.Buffer((8,), "int32")):
+        X[0] = 1
+
+    assert "sync" not in planner().plan(cpu).script()
+
+
+@T.prim_func
+def too_big(X: T.Buffer((8,), "int32")):
+    a0 = T.alloc_buffer((40,), "int8", scope="local.pt_a")
+    a1 = T.alloc_buffer((20,), "int8", scope="local.pt_a")
+    T.call_packed("pt.use", a0.access_ptr("w"), a1.access_ptr("w"), X)
+
+
+def test_overflow_names_the_scratchpad_the_buffer_and_what_else_is_live():
+    with pytest.raises(ScratchpadOverflow, match=r"too_big: scratchpad A overflows by 16 bytes when allocating "
+                                                 r"a1 \(1 x 32 elements; live: a0 \(1 x 48 elements\); capacity 64 bytes\)"):
+        planner().plan(too_big.with_attr("global_symbol", "too_big"))
+
+
+def test_buffers_freed_at_the_end_of_their_sequence_give_their_space_back():
+    @T.prim_func
+    def scoped(X: T.Buffer((8,), "int32")):
+        for i in range(3):
+            for j in range(1):
+                a = T.alloc_buffer((32,), "int8", scope="local.pt_a")
+                T.call_packed("pt.use", a.access_ptr("w"), X)
+            for k in range(1):
+                b = T.alloc_buffer((32,), "int8", scope="local.pt_a")
+                T.call_packed("pt.use", b.access_ptr("w"), X)
+
+    assert len(addresses(scoped)) == 2      # each takes 2 x 32 of 64 elements, one after the other
+
+
+@pytest.mark.parametrize("source, message", [
+    ("""
+@T.prim_func
+def f(X: T.Buffer((16,), "int8")):
+    a = T.alloc_buffer((16,), "int8", scope="local.pt_a")
+    for i in range(16):
+        a[i] = X[i]
+""", r"no pt rule matched this access to scratchpad buffer a, so it cannot run: a\[i\] = X\[i\]"),
+    ("""
+@T.prim_func
+def f(X: T.Buffer((16,), "int8")):
+    a = T.alloc_buffer((16,), "int8", scope="local.pt_a")
+    T.call_packed("pt.use", a.access_ptr("w"), X)
+    for i in range(16):
+        X[i] = a[i]
+""", r"no pt rule matched this read of scratchpad buffer a"),
+    ("""
+@T.prim_func
+def f(X: T.Buffer((16,), "int8")):
+    for i in T.parallel(4):
+        T.call_packed("pt.use", i, X)
+""", r"pt calls inside the parallel loop 'i' are not supported"),
+    ("""
+@T.prim_func
+def f(X: T.Buffer((16,), "int8")):
+    for i in range(2):
+        T.call_packed("pt.use", 0, X)
+        X[i] = T.int8(1)
+""", r"CPU code touches X between the pt calls that use it and the next sync: X\[i\] = T.int8\(1\)"),
+    ("""
+@T.prim_func
+def f(X: T.Buffer((16,), "int8"), n: T.int32):
+    a = T.alloc_buffer((n,), "int8", scope="local.pt_a")
+    T.call_packed("pt.use", a.access_ptr("w"), X)
+""", r"scratchpad buffer a has the non-constant shape"),
+], ids=["unmatched store", "unmatched load", "parallel", "cpu hazard", "dynamic shape"])
+def test_what_cannot_run_is_named(source, message):
+    with pytest.raises(PlanError, match=message):
+        planner().plan(tvm.script.from_source(source))
+
+
+def test_markers_are_removed_and_hooks_see_every_sequence_and_loop():
+    seen = []
+
+    class Checked(ScratchpadPlanner):
+        def check_sequence(self, stmts, func_name):
+            seen.append(("seq", len(stmts), func_name))
+
+        def check_loop(self, loop, func_name):
+            seen.append(("loop", loop.loop_var.name))
+
+    marked = stacked.with_body(tirx.AttrStmt(tirx.IntImm("int32", 0), "pt.marker", tirx.IntImm("int32", 1),
+                                             stacked.body))
+    planned = Checked("pt", PADS).plan(marked)
+    assert "pt.marker" not in planned.script()
+    assert seen == [("seq", 6, "stacked"), ("seq", 2, "stacked"), ("loop", "i")]
+
+
+def test_a_pass_plans_every_primfunc_of_a_module():
+    mod = planner().as_pass()(tvm.IRModule({"main": stacked}))
+    assert "alloc_buffer" not in mod["main"].script()
+    with pytest.raises(ValueError, match="two scratchpads share a storage scope"):
+        ScratchpadPlanner("pt", PADS + PADS[:1])

@@ -1,0 +1,257 @@
+"""Sessions and runtime functions: a small vector unit built from the kit alone runs compiled
+code; errors are relayed as themselves; failed calls are atomic; threads never share a
+session by accident and take turns when they share one on purpose."""
+
+import contextlib
+import threading
+
+import numpy as np
+import pytest
+import tvm
+from hypothesis import given
+from hypothesis import strategies as st
+from tvm.script import tirx as T
+
+import tirpat as tp
+from tirpat import device
+
+
+# -- a 16-lane int32 vector unit: its whole runtime --------------------------------------
+class VecSession(device.Session):
+    """A register file of 64 int32 elements; instructions run at sync."""
+
+    def __init__(self):
+        super().__init__()
+        self.regs = np.zeros(64, np.int32)
+
+    def reg(self, addr):
+        return device.strided_view(self.regs, addr, (16,), what="register file")
+
+
+VEC = device.Runtime("devtest_vec", VecSession)
+
+
+@VEC.function
+def load(s, addr, host, offset):
+    src, dst = s.buffers.view(s.buffers.slot(host), offset, (16,)), s.reg(addr)
+    s.enqueue(lambda: dst.__setitem__(Ellipsis, src))
+
+
+@VEC.function
+def add(s, dst, src):
+    d, a = s.reg(dst), s.reg(src)
+    s.enqueue(lambda: np.add(d, a, out=d))
+
+
+@VEC.function
+def store(s, host, offset, addr):
+    out, src = s.buffers.view(s.buffers.slot(host), offset, (16,), write=True), s.reg(addr)
+    s.enqueue(lambda: out.__setitem__(Ellipsis, src))
+
+
+class Refused(Exception):
+    """An exception TVM's FFI cannot rebuild (two constructor arguments)."""
+
+    def __init__(self, what, why):
+        super().__init__(f"{what}: {why}")
+        self.what = what
+
+
+@VEC.function
+def refuse(s, n):
+    raise Refused("refuse", f"n={n}")
+
+
+PLANNER = device.ScratchpadPlanner("devtest_vec", [device.Scratchpad("local.devtest_vec", 64, "int32", 16, "VREG")])
+tvm.tirx.compilation_pipeline.register_tir_pipeline("devtest_vec", tp.tir_pipeline(PLANNER.as_pass()))
+
+
+@T.prim_func
+def vadd(A: T.Buffer((64,), "int32"), B: T.Buffer((64,), "int32"), C: T.Buffer((64,), "int32")):
+    T.func_attr({"global_symbol": "main"})
+    for i in range(4):
+        va = T.alloc_buffer((16,), "int32", scope="local.devtest_vec")
+        vb = T.alloc_buffer((16,), "int32", scope="local.devtest_vec")
+        T.call_packed("devtest_vec.load", va.access_ptr("w"), A, i * 16)
+        T.call_packed("devtest_vec.load", vb.access_ptr("w"), B, i * 16)
+        T.call_packed("devtest_vec.add", va.access_ptr("rw"), vb.access_ptr("r"))
+        T.call_packed("devtest_vec.store", C, i * 16, va.access_ptr("r"))
+
+
+@T.prim_func
+def copy_then_fail(A: T.Buffer((64,), "int32"), C: T.Buffer((64,), "int32"), offset: T.int32):
+    T.func_attr({"global_symbol": "main"})
+    T.call_packed("devtest_vec.load", 0, A, 0)
+    T.call_packed("devtest_vec.store", C, 0, 0)
+    T.call_packed("devtest_vec.load", 16, A, offset)
+    T.call_packed("devtest_vec.sync")
+
+
+@T.prim_func
+def refusing(n: T.int32):
+    T.func_attr({"global_symbol": "main"})
+    T.call_packed("devtest_vec.refuse", n)
+
+
+_COMPILED = {}
+
+
+def compiled(func, pipeline="default"):
+    key = (func.script(), pipeline)
+    if key not in _COMPILED:
+        _COMPILED[key] = tvm.compile(tvm.IRModule({"main": func}), target="llvm", tir_pipeline=pipeline)["main"]
+    return _COMPILED[key]
+
+
+def tensors(*arrays):
+    return [tvm.runtime.tensor(np.ascontiguousarray(a)) for a in arrays]
+
+
+@given(st.lists(st.integers(-2**31, 2**31 - 1), min_size=128, max_size=128))
+def test_a_vector_unit_built_from_the_kit_runs_planned_compiled_code(values):
+    a, b = np.array(values[:64], np.int32), np.array(values[64:], np.int32)
+    ta, tb, tc = tensors(a, b, np.zeros(64, np.int32))
+    with VecSession() as s:
+        device.invoke(compiled(vadd, "devtest_vec"), ta, tb, tc)
+    np.testing.assert_array_equal(tc.numpy(), a + b)      # int32, wrapping like numpy
+    assert s.pending == 0 and all(v is None for v in s.buffers.views)
+
+
+def test_the_planner_double_buffers_the_vector_registers():
+    planned = PLANNER.plan(vadd)
+    calls = PLANNER.runtime_calls(planned.body)
+    register = {"load": 1, "add": 1, "store": 3}
+    addresses = [(c.args[0].value.split(".")[1], str(c.args[register[c.args[0].value.split(".")[1]]]))
+                 for c in calls if not c.args[0].value.endswith(".sync")]
+    assert addresses == [("load", "i % 2 * 16"), ("load", "i % 2 * 16 + 32"), ("add", "i % 2 * 16"),
+                         ("store", "i % 2 * 16")]
+    assert calls[-1].args[0].value == "devtest_vec.sync" and "alloc_buffer" not in planned.script()
+
+
+def test_an_exception_in_a_runtime_function_reaches_the_caller_as_itself():
+    with pytest.raises(Refused, match="refuse: n=3") as info:
+        device.invoke(compiled(refusing), 3)
+    assert info.value.what == "refuse"
+    with pytest.raises(RuntimeError, match="refuse: n=4"):   # without invoke, TVM's FFI rebuilds it
+        compiled(refusing)(4)
+    a = tvm.runtime.tensor(np.zeros(64, np.int32))
+    with pytest.raises(device.BoundsError, match=r"host buffer slot 0: elements \[60, 76\) are outside"):
+        device.invoke(compiled(copy_then_fail), a, a, 60)
+
+
+@pytest.mark.parametrize("entered", [False, True])
+def test_a_failed_call_leaves_nothing_pending(entered):
+    ta, tc = tensors(np.arange(64, dtype=np.int32), np.full(64, -1, np.int32))
+    s = VecSession() if entered else VEC.default()
+    with s if entered else contextlib.nullcontext():
+        with pytest.raises(Exception, match=r"elements \[100, 116\) are outside"):
+            compiled(copy_then_fail)(ta, tc, 100)              # a bare call, no invoke
+        assert s.pending == 0
+    s.sync()
+    assert (tc.numpy() == -1).all()                            # the STORE before the error never ran
+    compiled(copy_then_fail)(ta, tc, 0)
+    np.testing.assert_array_equal(tc.numpy()[:16], np.arange(16))
+
+
+def test_invoke_discards_the_pending_work_of_a_call_that_fails_outside_the_runtime():
+    a = np.arange(64, dtype=np.int32)
+    out = np.zeros(64, np.int32)
+
+    def call():
+        VEC.functions["load"](0, a, 0)
+        VEC.functions["store"](out, 0, 0)
+        raise KeyError("the host code failed after two instructions")
+
+    with VecSession() as s:
+        with pytest.raises(KeyError, match="host code failed"):
+            device.invoke(call)
+        assert s.pending == 0
+    assert not out.any()
+
+
+def test_each_thread_has_its_own_default_and_its_own_stack():
+    seen = {}
+    main_default = VEC.default()
+
+    def work(name):
+        seen[name] = (VEC.current(), VEC.entered())
+
+    with VecSession() as s:
+        t = threading.Thread(target=work, args=("thread",))
+        t.start()
+        t.join()
+        assert VEC.current() is s
+    thread_current, thread_entered = seen["thread"]
+    assert thread_entered is None and thread_current is not main_default and thread_current is not s
+    assert VEC.current() is main_default
+
+
+def test_threads_sharing_a_session_take_turns_per_stream():
+    s = VecSession()
+    log = []
+    a_started, b_trying = threading.Event(), threading.Event()
+
+    def first():
+        s.enqueue(lambda: log.append("a1"))
+        a_started.set()
+        b_trying.wait()
+        s.enqueue(lambda: log.append("a2"))
+        s.sync()
+
+    def second():
+        a_started.wait()
+        b_trying.set()
+        s.enqueue(lambda: log.append("b1"))     # waits until the first thread's stream is synced
+        s.sync()
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert log == ["a1", "a2", "b1"]
+
+
+def test_the_stream_of_a_thread_that_died_is_dropped_not_run():
+    s = VecSession()
+    log = []
+    t = threading.Thread(target=lambda: s.enqueue(lambda: log.append("orphan")))
+    t.start()
+    t.join()
+    s.enqueue(lambda: log.append("mine"))
+    s.sync()
+    assert log == ["mine"]
+
+
+def test_nested_sessions_and_exits():
+    outer, inner = VecSession(), VecSession()
+    log = []
+    with outer:
+        with inner:
+            assert VEC.current() is inner
+            inner.enqueue(lambda: log.append("inner"))
+        assert log == ["inner"] and VEC.current() is outer
+        with pytest.raises(ZeroDivisionError):
+            with outer:                      # entered twice: the inner exit discards
+                outer.enqueue(lambda: log.append("discarded"))
+                1 / 0
+        assert VEC.current() is outer and outer.pending == 0
+    assert log == ["inner"]
+
+
+def test_misuse_is_a_clear_error():
+    class Unbound(device.Session):
+        pass
+
+    with pytest.raises(TypeError, match="Unbound belongs to no tirpat.device.Runtime"):
+        with Unbound():
+            pass
+    with pytest.raises(ValueError, match="prefix must be an identifier"):
+        device.Runtime("vec.unit", Unbound)
+    with pytest.raises(TypeError, match="Session subclass"):
+        device.Runtime("devtest_other", object)
+    with pytest.raises(ValueError, match="already belongs to the runtime 'devtest_vec'"):
+        device.Runtime("devtest_other", VecSession)
+    with pytest.raises(ValueError, match="not a valid function name"):
+        VEC.function(lambda s: None, name="two words")
+    assert device.runtimes()["devtest_vec"] is VEC
