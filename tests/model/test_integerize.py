@@ -302,3 +302,26 @@ def test_operator_without_integer_rule_is_named():
     with pytest.warns(IntegerizeWarning, match=r"in float, computed on the host: sigmoid \(no integer rule"):
         mod = tp.integerize()(from_onnx(q, keep_params_in_input=False))
     assert op_names(mod).count("relax.nn.conv2d") == 2 and "relax.sigmoid" in op_names(mod)
+
+
+def test_concat_slice_and_global_max_pool():
+    """Concat of two branches at different scales, a slice and a global max pool stay integer."""
+    rng = np.random.default_rng(3)
+    inits = {"w": rng.normal(size=(4, 3, 1, 1)), "v": 3 * rng.normal(size=(5, 3, 3, 3)),
+             "starts": np.array([1]), "ends": np.array([8]), "axes": np.array([1])}
+    nodes = [helper.make_node("Conv", ["x", "w"], ["a"], kernel_shape=[1, 1]),
+             helper.make_node("Conv", ["x", "v"], ["b"], kernel_shape=[3, 3], pads=[1] * 4),
+             helper.make_node("Concat", ["a", "b"], ["c"], axis=1),
+             helper.make_node("Slice", ["c", "starts", "ends", "axes"], ["s"]),
+             helper.make_node("GlobalMaxPool", ["s"], ["g"]),
+             helper.make_node("Flatten", ["g"], ["f"]),
+             helper.make_node("Gemm", ["f", "u"], ["y"], transB=1)]
+    inits["u"] = rng.normal(size=(2, 7))
+    model = one_op_model(nodes, inits, (1, 3, 6, 6), (1, 2))
+    for t in model.graph.initializer[2:5]:      # Slice takes int64 indices
+        t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t).astype(np.int64), t.name))
+    data = rng.normal(size=(10, 1, 3, 6, 6)).astype(np.float32)
+    compiled = Compiled(tp.quantize(model, {"x": data[:6]}))
+    assert not compiled.warnings, [str(w.message) for w in compiled.warnings]
+    assert compiled.steps(data[6:]).max() <= 1
+    assert "relax.concat" in op_names(compiled.mod)

@@ -31,6 +31,7 @@ from __future__ import annotations
 import warnings
 
 import tvm
+import tvm_ffi
 from tvm import relax
 
 from .fixed_point import Requantize
@@ -38,6 +39,9 @@ from .rules import Declined, Rule, all_rules, clip_fold_rule, emit_requantize, r
 
 __all__ = ["integerize", "IntegerizeWarning", "Requantize", "requantize_pattern", "emit_requantize", "calls",
            "Rule", "Declined"]
+
+
+_MAX_ROUNDS = 4
 
 
 class IntegerizeWarning(UserWarning):
@@ -55,8 +59,16 @@ def integerize() -> tvm.transform.Pass:
     @tvm.transform.module_pass(opt_level=0, name="tirpat.Integerize")
     def _integerize(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         declined: dict = {}
-        for rule in [*all_rules(), clip_fold_rule()]:
-            mod = rule.rewriter(declined)(mod)
+        rewriters = [rule.rewriter(declined) for rule in [*all_rules(), clip_fold_rule()]]
+        # one rule's output can be another's input (a dequantize moved after a reshape meets
+        # an add): repeat until nothing changes
+        for _ in range(_MAX_ROUNDS):
+            before = mod
+            for rewrite in rewriters:
+                mod = rewrite(mod)
+            if tvm_ffi.structural_equal(before, mod):
+                break
+            declined.clear()       # a later round may make a declined site exact: report the last
         mod = relax.transform.DeadCodeElimination()(mod)
         left = _float_sites(mod)
         if left:

@@ -11,11 +11,13 @@ conv2d / matmul (+bias)   int8 x int8 -> int32, int32 bias add, requantise epilo
 add of two tensors        both rescaled to a common fixed-point scale in int32, added,
                           requantised
 ReLU / Clip               ``clip`` on int8 (folded into the producer's requantise later)
-max_pool2d                ``max_pool2d`` on int8 (+ a requantise if the scale changes)
+max_pool2d, max, min,     the same op on int8: the dequantize moves after them (they commute
+reshape, permute_dims,    with it), and ``q(dq(x))`` remains: a rescale
+squeeze, expand_dims,
+flatten, strided_slice
 avg_pool2d / mean         int32 window sums (a depthwise all-ones conv2d / ``sum``),
                           requantised by ``1 / count``
-reshape, permute_dims,    the same op on int8 when the scale is kept
- squeeze, expand_dims
+concat (2 to 8 inputs)    each input requantised to the output's scale, concatenated
 quantize(dequantize(x))   ``x``, or a requantise when the scales differ
 ========================  ==================================================================
 
@@ -35,7 +37,7 @@ from typing import Callable
 
 import numpy as np
 from tvm import relax
-from tvm.relax.dpl import DFPattern, PatternMatchingRewriter, is_const, is_op, wildcard
+from tvm.relax.dpl import DFPattern, PatternMatchingRewriter, is_const, is_op, is_tuple, wildcard
 
 from .fixed_point import INT32_MAX, Requantize
 
@@ -470,7 +472,7 @@ def _unary_rule(name: str, ops: tuple[str, ...], body: Callable) -> Rule:
     x = Dequantized()
     op = None
     for name_ in ops:
-        p = is_op(name_)(x.pattern) | is_op(name_)(x.pattern, wildcard())
+        p = is_op(name_)(x.pattern, varg_default_wildcard=True)
         op = p if op is None else op | p
     q = Quantized(op)
 
@@ -485,11 +487,6 @@ def _with_input(call: relax.Call, x: relax.Expr) -> relax.Call:
     return relax.Call(call.op, [x, *call.args[1:]], call.attrs)
 
 
-def _on_int8(call, x, sx, sy):
-    """The same operator on the int8 tensor: for operators that commute with quantize and
-    dequantize (a max, since both are monotone; reshapes and transposes, which only move
-    elements), followed by a rescale if the scale changes."""
-    return _requantize_int8(_with_input(call, x), sx, sy, INT8_MIN, INT8_MAX)
 
 
 def _mean(call, x, sx, sy):
@@ -534,7 +531,45 @@ def _avg_pool(call, x, sx, sy):
     return emit_requantize([total], _choose([real], [bound], INT8_MIN, INT8_MAX))
 
 
-_LAYOUT_OPS = ("relax.reshape", "relax.permute_dims", "relax.squeeze", "relax.expand_dims", "relax.flatten")
+#: Operators that commute with quantize and dequantize: maxima and element moves.
+_COMMUTING_OPS = ("relax.nn.max_pool2d", "relax.max", "relax.min", "relax.reshape", "relax.permute_dims",
+                  "relax.squeeze", "relax.expand_dims", "relax.flatten", "relax.strided_slice")
+
+
+def _dequantize_later_rule() -> Rule:
+    """``op(dq(x), ...)`` -> ``dq(op(x, ...))`` for an operator that commutes with the
+    dequantize (a maximum, since a positive scale is monotone; an operator that only moves
+    elements): the operator runs on int8, and a chain of them between a dequantize and a
+    quantize (a global max pool then a flatten) ends as ``q(dq(...))``, a rescale."""
+    x = Dequantized()
+    op = None
+    for name in _COMMUTING_OPS:
+        p = is_op(name)(x.pattern, varg_default_wildcard=True)
+        op = p if op is None else op | p
+    dequantize = x.pattern
+
+    def build(m: Match) -> relax.Expr:
+        x.tensor_scale(m)
+        dq = m[dequantize]
+        return relax.op.dequantize(_with_input(m[op], m[x.x]), dq.args[1], dq.args[2],
+                                   out_dtype=str(dq.attrs.out_dtype))
+
+    return Rule("dequantize later", op, build)
+
+
+def _concat_rule(arity: int) -> Rule:
+    """``q(concat(dq(x_1), ..., dq(x_n)))``: each input rescaled to the output's scale, then
+    concatenated as int8."""
+    xs = [Dequantized() for _ in range(arity)]
+    concat = is_op("relax.concat")(is_tuple([x.pattern for x in xs]))
+    q = Quantized(concat)
+
+    def build(m: Match) -> relax.Expr:
+        sy = q.tensor_scale(m)
+        parts = [_requantize_int8(m[x.x], x.tensor_scale(m), sy, INT8_MIN, INT8_MAX) for x in xs]
+        return relax.op.concat(parts, axis=m[concat].attrs.axis)
+
+    return Rule("concat", q.pattern, build)
 
 
 def all_rules() -> list[Rule]:
@@ -542,6 +577,5 @@ def all_rules() -> list[Rule]:
     return [_conv_rule(), _matmul_rule(), _add_rule(),
             _unary_rule("avg_pool2d", ("relax.nn.avg_pool2d",), _avg_pool),
             _unary_rule("mean", ("relax.mean",), _mean),
-            _unary_rule("max_pool2d", ("relax.nn.max_pool2d",), _on_int8),
-            _unary_rule("layout", _LAYOUT_OPS, _on_int8),
-            _activation_rule(), _rescale_rule()]
+            *[_concat_rule(n) for n in range(2, 9)],
+            _dequantize_later_rule(), _activation_rule(), _rescale_rule()]
