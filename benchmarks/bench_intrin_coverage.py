@@ -5,11 +5,11 @@ For every TensorIntrin registered by ``tvm.s_tir.tensor_intrin.*``: build
 the lowered desc on 2 tiles of bigger buffers (``tirpat.testing.intrin.tile_target``), apply
 the rule and record the outcome:
 
-- ``rewritten``: the rule fired, and every access the replacement makes through a bound view
-  stays inside the view's shape (so the real strides of the region apply);
-- ``UNSOUND``: the rule fired, but the replacement may read or write outside the bound
-  region through a view (``tirpat.testing.intrin.view_escapes``: a vector load running past
-  a row of a strided view, say); an independent check on the rewriter's output;
+- ``rewritten``: the rule fired, and every access the rewritten code makes stays inside the
+  tile the site works on;
+- ``UNSOUND``: the rule fired, but the rewritten code may read or write outside its tile
+  (``tirpat.testing.intrin.tile_escapes``: a vector load running past a row of a strided
+  tile, say); an independent check on the rewriter's output;
 - ``no match``: the reason is the nearest miss of ``tp.explain(rw, target)`` (its failure
   line; the explanation's first line only says "no match in main");
 - ``rule error`` / ``target error`` / ``rewrite error``: the exception text.
@@ -32,7 +32,7 @@ import sys
 import time
 
 import tirpat as tp
-from tirpat.testing.intrin import registered_intrins, tile_target, view_escapes
+from tirpat.testing.intrin import registered_intrins, tile_escapes, tile_target
 
 LAYOUTS = ("tiled", "stacked")
 INDEX_DTYPES = ("int32", "int64")
@@ -71,9 +71,9 @@ def classify(name, desc, impl, layout, index_dtype="int32"):
     except Exception as err:  # noqa: BLE001
         return "rewrite error", _error_line(err)
     if rw.report.counts.get(name):
-        bad = view_escapes(new)
+        bad = tile_escapes(new, layout)
         if bad:
-            return "UNSOUND", f"{len(bad)} access(es) outside a bound view, e.g. {bad[0]}"
+            return "UNSOUND", f"{len(bad)} access(es) outside the tile, e.g. {bad[0]}"
         return "rewritten", ""
     ex = tp.explain(rw, target)
     if ex.misses:

@@ -17,7 +17,7 @@ from tvm.script import tirx as T
 
 import tirpat as tp
 from tirpat.testing import run
-from tirpat.testing.intrin import registered_intrins, tile_target, view_escapes
+from tirpat.testing.intrin import registered_intrins, tile_escapes, tile_target
 
 # dot products whose impls read a whole tile with one vector load (B[0, Ramp(0, 1, 64)])
 SAMPLE = [
@@ -54,7 +54,7 @@ def test_desc_on_compact_tiles_is_rewritten(intrins, module, name):
     target = tile_target(intrins[1][name].desc, layout="stacked")
     new = rw(target)
     assert rw.report.counts == {name: 1}, str(tp.explain(rw, target))
-    assert view_escapes(new) == []
+    assert tile_escapes(new, "stacked") == []
     assert "for t in range(2)" in new.script()  # one site, inside the tile loop
 
 
@@ -91,7 +91,7 @@ def test_avx512_rewrite_computes_the_desc(intrins):
 
 
 def _comparable(env) -> dict:
-    """The bindings a rewrite uses: regions, offsets, scalars, loops and views."""
+    """The bindings a rewrite uses: regions, offsets, scalars and loops."""
     return {k: v for k, v in env.items() if isinstance(k, (str, tuple))}
 
 
@@ -145,6 +145,7 @@ def test_first_match_search_agrees_with_the_full_search(intrins):
             new = rw(target)
             if rw.report.counts:
                 tvm.tirx.analysis.verify_well_formed(new, assert_mode=True)
+                assert tile_escapes(new, layout) == [], (name, layout)
     assert matched >= 132  # each intrinsic on its stacked target at least
 
 
@@ -152,7 +153,7 @@ def test_every_intrinsic_rewrites_int64_code(intrins):
     """Relax emits int64 loops and indices; TVM's descs are int32. Every registered
     intrinsic, both layouts: the int64 target (checked to be the same program by TVM's own
     ForceNarrowIndexToInt32) is rewritten at the same sites as the int32 one, into
-    well-formed code whose views are int64 throughout."""
+    well-formed code whose indices and offsets are int64 throughout."""
     from tvm import tirx
     from tvm.s_tir import TensorIntrin
 
@@ -172,10 +173,28 @@ def test_every_intrinsic_rewrites_int64_code(intrins):
             assert rw.report.counts == want, (name, layout, str(tp.explain(rw, t64)))
             if want:
                 tirx.analysis.verify_well_formed(new, assert_mode=True)
-                views = []
-                tvm_ffi.structural_walk(new.body, (tirx.DeclBuffer, lambda d: views.append(d.buffer)))
-                assert views and all(str(e.ty.dtype) == "int64" for b in views
-                                     for e in [*b.shape, *b.strides, b.elem_offset]), (name, layout)
+                assert index_types(new) == {"int64"}, (name, layout)
+
+
+def index_types(func) -> set:
+    """The types of the arithmetic computed from the tile loop's variable (not through a
+    load): every index, offset and stride a rewrite derived from the site, wherever the
+    replacement passes it (loads and stores, ``tvm_access_ptr``, an intrinsic's arguments)."""
+    from tvm import tirx
+
+    t = func.body.loop_var
+    derived = {t.__chandle__()}
+    found = {str(t.ty.dtype)}
+    arith = (tirx.Add, tirx.Sub, tirx.Mul, tirx.FloorDiv, tirx.FloorMod, tirx.Min, tirx.Max, tirx.Cast)
+
+    def on_expr(e):  # post-order: the operands first
+        operands = [e.value] if isinstance(e, tirx.Cast) else [e.a, e.b]
+        if any(o.__chandle__() in derived for o in operands):
+            derived.add(e.__chandle__())
+            found.add(str(e.ty.dtype))
+
+    tvm_ffi.structural_walk(func.body.body, (arith, on_expr))
+    return found
 
 
 @pytest.fixture

@@ -204,10 +204,11 @@ def test_vnni_rank_reduction_binds_rows_and_packed_tiles(x86_intrins):
     rw = _vnni_rule(x86_intrins, "symbolic")
     low = tp.lower(vnni_dense(2, 32, 16, True))["main"]
     text = rw(low).script()
-    assert re.search(r'A = T\.decl_buffer\(\(4,\), "uint8", data=X\.data, strides=\(1,\), elem_offset=i0 \* 16 \+ k_0 \* 4\)',
-                     text), text
-    assert re.search(r'B = T\.decl_buffer\(\(16, 4\), "int8", data=PW\.data, strides=\(4, 1\), '
-                     r'elem_offset=i1_0 \* 256 \+ k_0 \* 64\)', text), text
+    # each parameter's DLTensor is made from the bound buffer's data at the region's offset
+    assert re.search(r'T\.tvm_stack_make_array\(X\.data, T\.tvm_stack_make_shape\(4\), 0, 1, T\.uint8\(0\), '
+                     r'i0 \* 16 \+ k_0 \* 4\)', text), text
+    assert re.search(r'T\.tvm_stack_make_array\(PW\.data, T\.tvm_stack_make_shape\(16, 4\), T\.tvm_stack_make_shape\(4, 1\), '
+                     r'2, T\.int8\(0\), i1_0 \* 256 \+ k_0 \* 64\)', text), text
     assert re.search(r'"tests\.intrin_e2e\.dot16x4", .*, 4\)$', text, re.M), text  # sb bound to 4
 
 

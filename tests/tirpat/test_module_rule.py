@@ -215,13 +215,17 @@ def test_strided_replacement_binds_strides_and_offsets(m, n, k, index_dtype):
     _check(rw, f, m, n, k)
     assert rw.report.counts == {"g": 1}
     assert len(CALLS) == (m // 4) * (n // 4) * (k // 4)
-    views = [s.buffer for s in _decls(rw(f))]
-    assert len(views) == 3 and all(str(e.ty.dtype) == index_dtype for b in views for e in [*b.shape, *b.strides])
+    # the DLTensors handed to the call: the bound buffers' data at the regions' offsets, with
+    # their row strides, both bound in the site's index type
+    arrays = _calls(rw(f), "tirx.tvm_stack_make_array")
+    assert len(arrays) == 3 and all(str(e.ty.dtype) == index_dtype for a in arrays
+                                    for e in [a.args[2].args[0], a.args[5]])
+    assert [a.args[0].args[0].name for a in arrays] == ["A", "B", "C"]
 
 
-def _decls(func):
+def _calls(func, op):
     found = []
-    tvm_ffi.structural_walk(func.body, (tirx.DeclBuffer, found.append))
+    tvm_ffi.structural_walk(func.body, (tvm.ir.Call, lambda c: found.append(c) if c.op.name == op else None))
     return found
 
 

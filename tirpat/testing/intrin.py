@@ -3,7 +3,8 @@
 :func:`registered_intrins` lists the TensorIntrins that ``tvm.s_tir.tensor_intrin`` registers
 (importing it costs about 15 s, once per process); :func:`tile_target` turns an intrinsic's
 ``desc`` into a function that computes it on tiles of bigger buffers, which is what a rule
-built from the desc/impl pair should find and replace.
+built from the desc/impl pair should find and replace; :func:`tile_escapes` checks that the
+rewritten accesses stay inside their tiles.
 
 >>> from tirpat.testing.intrin import registered_intrins, tile_target   # doctest: +SKIP
 >>> for module, name in registered_intrins():                          # doctest: +SKIP
@@ -20,7 +21,7 @@ import sys
 import tvm_ffi
 from tvm import ir, tirx
 
-from ..tir.analysis import const_int, key, visit_accesses
+from ..tir.analysis import const_int, key, simplify, visit_accesses
 from ..tir.index_dtype import with_index_dtype
 from ..tir.pipeline import lower
 
@@ -143,43 +144,69 @@ def tile_target(desc, tiles: int = 2, layout: str = "tiled", name: str = "main",
     return func if index_dtype == "int32" else with_index_dtype(func, index_dtype)
 
 
-def view_escapes(func) -> list:
-    """Accesses through a ``DeclBuffer`` view that may leave the bound region.
+def tile_escapes(func, layout: str = "tiled", tiles: int = 2) -> list:
+    """Accesses of a rewritten :func:`tile_target` function that may leave their tile.
 
-    The rewriter binds a replacement parameter to a view with the region's real strides and
-    offset. On a compact view an access is inside the region when its flat offset is in
-    ``[0, size)``; on a strided view every index must be inside its dimension. Bounds come
-    from the enclosing loops, thread extents and ``Bind``s of the replacement.
+    Each buffer parameter of ``func`` holds ``tiles`` tiles and iteration ``t`` of the outer
+    loop works on tile ``t``; whatever a replacement made of the desc, its accesses must stay
+    inside that tile. In the ``"tiled"`` layout a tile is strided, so every index must stay in
+    its dimension's part of the tile; in the ``"stacked"`` layout a tile is compact, so its
+    flat offset must stay inside the tile (a whole-tile vector load is fine). Bounds come from
+    the loops, thread extents and ``Bind``s inside the tile loop, with ``t`` left symbolic.
+    Buffers whose shape is symbolic (``vscale``) are not checked.
     """
-    views, bad = {}, []
+    if layout not in ("tiled", "stacked"):
+        raise ValueError(f"layout must be 'tiled' or 'stacked', got {layout!r}")
+    loop = func.body
+    if not isinstance(loop, tirx.For):
+        raise ValueError("expected a function made by tile_target (a loop over tiles at the top)")
+    t = loop.loop_var
+    tile_shapes = {}
+    for p in func.params:
+        if tirx.is_buffer_var(p):
+            shape = [const_int(e) for e in p.shape]
+            if None not in shape:
+                tile_shapes[key(p)] = [e // tiles for e in shape] if layout == "tiled" else shape[1:]
+    bad: list = []
+
+    def shifted(idx, start):
+        """``idx - start``, simplified, lane by lane for a Ramp or Broadcast."""
+        if isinstance(idx, tirx.Ramp):
+            return tirx.Ramp(simplify(idx.base - start), idx.stride, idx.lanes)
+        if isinstance(idx, tirx.Broadcast):
+            return tirx.Broadcast(simplify(idx.value - start), idx.lanes)
+        return simplify(idx - start)
 
     def check(buf, indices, what, span):
-        v = views.get(key(buf))
-        if v is None:
+        shape = tile_shapes.get(key(buf))
+        if shape is None:
             return
         text = f"{what} {buf.name}{list(indices)}"
-        shape = [const_int(s) for s in v.shape]
-        strides = [const_int(s) for s in v.strides]
-        spans = [span(i) for i in indices]
-        if None in spans:
-            bad.append(f"{text}: an index whose range is unknown")
-            return
-        compact = None not in strides and strides == _row_major(shape)
-        if compact:
-            lo = sum(a * s for (a, _), s in zip(spans, strides))
-            hi = sum(b * s for (_, b), s in zip(spans, strides))
+        indices = list(indices)
+        if layout == "stacked":
+            if const_int(simplify(indices[0] - t)) != 0:
+                bad.append(f"{text}: not in tile t")
+                return
+            lo = hi = 0
+            for idx, stride in zip(indices[1:], _row_major(shape)):
+                bounds = span(simplify(idx))
+                if bounds is None:
+                    bad.append(f"{text}: an index whose range is unknown")
+                    return
+                lo, hi = lo + bounds[0] * stride, hi + bounds[1] * stride
             size = 1
             for e in shape:
                 size *= e
             if not (0 <= lo and hi < size):
-                bad.append(f"{text}: flat offsets [{lo}, {hi}] outside the compact view of {size} elements")
+                bad.append(f"{text}: flat offsets [{lo}, {hi}] outside the tile's {size} elements")
             return
-        for d, ((lo, hi), extent) in enumerate(zip(spans, shape)):
-            if not (0 <= lo and extent is not None and hi < extent):
-                bad.append(f"{text}: index {d} in [{lo}, {hi}], outside a strided view's extent {extent}")
+        for d, (idx, extent) in enumerate(zip(indices, shape)):
+            bounds = span(shifted(idx, t * extent))
+            if bounds is None or not (0 <= bounds[0] and bounds[1] < extent):
+                bad.append(f"{text}: index {d} in {bounds} relative to the tile, outside its extent {extent}")
                 return
 
-    visit_accesses(func.body, check, on_decl=lambda b: views.__setitem__(key(b), b))
+    visit_accesses(loop.body, check)
     return bad
 
 
@@ -187,5 +214,5 @@ def _row_major(shape):
     out, acc = [], 1
     for e in reversed(shape):
         out.append(acc)
-        acc = acc * e if e is not None else None
+        acc *= e
     return list(reversed(out))

@@ -2,12 +2,19 @@
 
 This is the TensorIntrin (desc/impl) idea applied as a plain rewrite on lowered code. The
 pattern's buffer parameters bind to sub-regions of the target's buffers by TVM's
-``match_buffer`` rules: any offset (the region's base becomes the view's ``elem_offset``),
-leading extent-1 dimensions dropped, ``offset_factor`` as an alignment precondition,
-dtype and scope checked. Scalar parameters bind to expressions. The replacement sees its
-parameters rebased onto the bound regions as buffer views (``DeclBuffer``) with the real
-strides and offset. A site where that cannot be done exactly is left alone, and
+``match_buffer`` rules: any offset, leading extent-1 dimensions dropped, ``offset_factor``
+as an alignment precondition, dtype and scope checked. Scalar parameters bind to
+expressions. A site where that cannot be done exactly is left alone, and
 :func:`tirpat.explain` says why.
+
+The replacement's parameters are then inlined the way ``LowerMatchBuffer`` inlines the
+``match_buffer`` of a tensorized block: a load or store of a parameter becomes one of the
+bound buffer at the region's base plus the index (leading dimensions fixed at the base),
+its data pointer the bound buffer's, and its ``elem_offset`` and stride variables the
+region's offset and strides. No buffer view is left behind, so every later pass (virtual
+threads, warp memory, storage rewrite, shared-memory layout) sees the real accesses, as it
+sees those of ``Schedule.tensorize``'s output. Thread launches of the replacement merge with
+the kernel's (:mod:`tirpat.tir.threads`), as ``UnifyThreadBinding`` merges tensorize's.
 
 >>> @tp.rewriter
 ... class Gemm16:
@@ -33,11 +40,10 @@ from .compiled import Compiled
 from .index_dtype import as_index, index_dtype_of, with_index_dtype
 from .match import _LOOPS, Match, _Matcher, _stepped, instantiate
 from .pipeline import lower
+from .threads import ThreadLaunchError, launches_threads, merge_thread_launches
 
-_VIEWS = "__views__"
-_RULE = "__rule__"  # the ModuleRule (of the site's index type) that bound the views
-_BUFFER_TYPE = tvm_ffi.get_global_func("tirx.BufferType")
-_BUFFER_VAR = tvm_ffi.get_global_func("tirx.BufferVar")
+_BINDINGS = "__bindings__"
+_RULE = "__rule__"  # the ModuleRule (of the site's index type) that bound the parameters
 
 
 def _scope(buf) -> str:
@@ -164,15 +170,12 @@ def _same_value(a, b) -> bool:
 
 
 class _ParamInfo:
-    """What bind_views needs of a (pattern, replacement) buffer parameter pair, computed once."""
+    """What bind_params needs of a (pattern, replacement) buffer parameter pair, computed once."""
 
     def __init__(self, p, q):
         self.key = ("param", key(p))
         self.rank = len(p.shape)
-        self.shape, self.dtype, self.name = q.shape, q.dtype, q.name
-        compact_buffer = tirx.decl_buffer(q.shape, q.dtype)
-        self.compact = _dim_strides(compact_buffer)
-        self.layout = compact_buffer.layout  # decl_buffer's default layout for q.shape
+        self.compact = _dim_strides(tirx.decl_buffer(q.shape, q.dtype))
         self.compact_ints = [const_int(st) for st in self.compact]
         self.factors = []
         for b in (p, q):
@@ -397,12 +400,12 @@ class _ModuleRulePattern(P.Pattern):
             mt.trace and mt.fail(path, self, node, rule, final=True)
             return
         for e in mt.m(rule.pattern.body, node, env, nest, path):
-            views, reason = rule.bind_views(e)
-            if views is None:
+            bindings, reason = rule.bind_params(e)
+            if bindings is None:
                 mt.trace and mt.fail(path + ("params",), self, node, reason, final=True)
                 continue
             e = dict(e)
-            m = rule._complete(node, e, views, mt.context)
+            m = rule._complete(node, e, bindings, mt.context)
             if rule.where is not None and not rule.where(m):
                 mt.trace and mt.fail(path + ("where",), self, node, f"the rule's where() predicate "
                                      f"{getattr(rule.where, '__name__', rule.where)} is false", final=True)
@@ -512,6 +515,29 @@ class ModuleRule:
         for v in vars_used(func.body):
             if key(v) not in allowed:
                 raise ValueError(f"rule {self.name!r}: the replacement uses {v.name}, which is not a parameter")
+        # A buffer parameter is inlined into the region it binds: its loads and stores, its data
+        # pointer, offset and strides. Any other use (the buffer object itself) has no such form.
+        params = {key(q): q for q in func.params if tirx.is_buffer_var(q)}
+        uses, inlined = {}, {}
+
+        def on_var(v, kind):
+            if key(v) in params:
+                uses[key(v)] = uses.get(key(v), 0) + 1
+
+        def on_data(call):
+            if call.op.name == "tirx.buffer_data" and key(call.args[0]) in params:
+                inlined[key(call.args[0])] = inlined.get(key(call.args[0]), 0) + 1
+
+        tvm_ffi.structural_walk(func.body, (ir.Call, on_data), with_def_region_kind=(ir.Var, on_var))
+        accesses = _param_accesses(func.body, params)
+        for node in accesses:
+            k = key(node.source if isinstance(node, ir.TensorLoad) else node.buffer)
+            inlined[k] = inlined.get(k, 0) + 1
+        for k, n in uses.items():
+            if inlined.get(k, 0) != n:
+                raise ValueError(f"rule {self.name!r}: the replacement uses buffer parameter {params[k].name} other "
+                                 f"than through loads, stores and its data pointer, so it cannot be bound to a region")
+        self._accesses_params = bool(accesses)
 
     # -- matching ------------------------------------------------------------------------
     def match(self, node, context: tuple = (), canonical: bool = False) -> Match | None:
@@ -534,9 +560,9 @@ class ModuleRule:
         env: dict = {}
         outcome = self._first(node, env)
         if outcome:
-            views, _ = self.bind_views(env)
-            if views is not None:
-                m = self._complete(node, env, views, context)
+            bindings, _ = self.bind_params(env)
+            if bindings is not None:
+                m = self._complete(node, env, bindings, context)
                 if self.where is None or self.where(m):
                     return m
             outcome = None if self._first.skipped else False
@@ -545,8 +571,8 @@ class ModuleRule:
         # An option was left untried: the full search decides (on canonical TIR).
         return _Matcher(context).run(self.pattern, node if canonical else canonicalize(node))
 
-    def _complete(self, node, env, views, context) -> Match:
-        env[_VIEWS] = views
+    def _complete(self, node, env, bindings, context) -> Match:
+        env[_BINDINGS] = bindings
         env[_RULE] = self
         for name, k in self._named:
             env[name] = env.get(k)
@@ -596,16 +622,18 @@ class ModuleRule:
             return P.CallPattern(e.op.name, tuple(self._expr(a) for a in e.args)).has_dtype(dtype_of(e))
         return _Shape(e, self._expr)
 
-    # -- preconditions and views --------------------------------------------------------
-    def bind_views(self, env):
-        """Per buffer parameter: the target, its view strides and offset; or (None, reason)."""
+    # -- preconditions and bindings -----------------------------------------------------
+    def bind_params(self, env):
+        """Per buffer parameter: ``(q, target, strides, offset, base, info)``, the bound buffer,
+        the region's strides (of the parameter's dimensions), flat element offset and base
+        index (one per target dimension); or ``(None, reason)``."""
         inner = [l.loop_var for l in env.get(_LOOPS, ())] if self._scalars else ()
         for p, wildcard in self._scalars.items():
             value = env.get(wildcard.name)
             if value is not None and inner and uses_any(value, inner):
                 return None, (f"scalar parameter {wildcard.name.split(':', 1)[-1]} is bound to {value}, "
                               f"which uses a loop of the match (it is gone after the rewrite)")
-        views = []
+        bindings = []
         for p, q, info in self._buffer_params:
             target = env.get(info.key)
             if target is None:
@@ -669,8 +697,8 @@ class ModuleRule:
                     and not self._scalar_only(q):
                 return None, (f"replacement parameter {q.name} assumes elem_offset {q.elem_offset}, but the region of "
                               f"{target.name} starts at element {offset}")
-            views.append((q, target, view_strides, offset, info))
-        return views, None
+            bindings.append((q, target, view_strides, offset, base, info))
+        return bindings, None
 
     def _scalar_only(self, q) -> bool:
         """True when the replacement uses ``q`` through loads and stores alone."""
@@ -726,32 +754,73 @@ class ModuleRule:
         return cache[key(q)]
 
     def replace(self, m):
-        """The replacement for one site: views of the bound regions, then the body."""
+        """The replacement for one site: its body with the parameters inlined (see the module)."""
         env = m._env
         owner = env[_RULE]
         if owner is not self:
             return owner.replace(m)
-        pairs = []
-        decls = []
-        for q, target, strides, offset, info in env[_VIEWS]:
-            data = target.data
-            # What tirx.decl_buffer builds, minus its argument checks (``data`` is the
-            # target's own pointer): a third of the cost of a site otherwise.
-            view = _BUFFER_VAR(info.name, _BUFFER_TYPE(target.scope(), info.dtype, info.shape, strides, offset,
-                                                       -1, 0, info.layout, (), None), None)
-            pairs.append((q, view))
+        pairs, regions = [], {}
+        for q, target, strides, offset, base, info in env[_BINDINGS]:
+            regions[key(q)] = (target, base, len(base) - info.rank)
+            pairs.append((q, target))  # what is left of q after the accesses: its data pointer
             for d, var in info.stride_vars:
                 pairs.append((var, strides[d]))
             if info.offset_var is not None:
                 pairs.append((info.offset_var, offset))
-            decls.append(tirx.DeclBuffer(view, data=data))
         for p, wildcard in self._scalars.items():
             pairs.append((self._replacement_of[p], env[wildcard.name]))
+        body = self.replacement_func.body
+        if self._accesses_params:
+            body = _inline_accesses(body, regions)
         # Only uses to replace: parameters are never defined inside the body.
-        body = substitute(self.replacement_func.body, pairs)
+        body = substitute(body, pairs)
         if self._body_defs:
             body = rename_defs(body, {key(v): fresh_var(v) for v in self._body_defs})
-        return tirx.SeqStmt(decls + [body]) if decls else body
+        return body
+
+
+def _param_accesses(body, params: dict) -> list:
+    """The loads and stores of ``body`` whose buffer is one of ``params`` (keyed by ``key``)."""
+    found = []
+
+    def on_load(load):
+        if key(load.source) in params:
+            found.append(load)
+
+    def on_store(store):
+        if key(store.buffer) in params:
+            found.append(store)
+
+    tvm_ffi.structural_walk(body, [(ir.TensorLoad, on_load), (tirx.BufferStore, on_store)])
+    return found
+
+
+def _inline_accesses(body, regions: dict):
+    """``body`` with each load and store of a bound parameter made one of its target buffer
+    at the region's base plus the index, as ``LowerMatchBuffer`` does (``regions`` maps
+    ``key(param)`` to ``(target, base, dropped leading dimensions)``)."""
+
+    def at(base, drop, indices):
+        out = list(base[:drop])
+        for b, i in zip(base[drop:], indices):
+            out.append(i if type(b) is tirx.IntImm and b.value == 0 else b + i)
+        return out
+
+    def on_load(load):
+        region = regions.get(key(load.source))
+        if region is None:
+            return load
+        target, base, drop = region
+        return tirx.BufferLoad(target, at(base, drop, load.indices))
+
+    def on_store(store):
+        region = regions.get(key(store.buffer))
+        if region is None:
+            return store
+        target, base, drop = region
+        return tirx.BufferStore(target, store.value, at(base, drop, store.indices))
+
+    return tvm_ffi.structural_map(body, [(ir.TensorLoad, on_load), (tirx.BufferStore, on_store)])
 
 
 class _EvaluatePattern(P.StmtPattern):
@@ -785,10 +854,19 @@ class _EvaluatePattern(P.StmtPattern):
 
 def module_rule(mod, name=None, where=None):
     """A :class:`~tirpat.tir.rewrite.Rule` from an IRModule with ``pattern`` and ``replacement``."""
-    from .rewrite import Rule
+    from .rewrite import RewriteError, Rule
 
     rule = ModuleRule(mod, name, where)
-    return Rule(rule.pattern, rule.replace, rule.name, fresh_defs=True, matcher=rule.match, self_checked=True)
+    finish = None
+    if launches_threads(rule.replacement_func.body):
+        def finish(body):
+            try:
+                return merge_thread_launches(body)
+            except ThreadLaunchError as err:
+                raise RewriteError(f"rule {rule.name!r}: {err}") from None
+
+    return Rule(rule.pattern, rule.replace, rule.name, fresh_defs=True, matcher=rule.match, self_checked=True,
+                finish=finish)
 
 
 def rewriter(cls_or_mod=None, *, where=None):

@@ -52,6 +52,10 @@ class Rule:
     #: the rule guarantees well-formed replacements (checked when it was built and per
     #: site by its matcher), so the per-site scope checks and verify_well_formed are skipped
     self_checked: bool = False
+    #: ``finish(body) -> body``, run once on a function's (or statement's) rewritten body
+    #: when the rule fired in it: work that needs the whole function, not the site (merging
+    #: the thread launches a replacement brings in with its kernel's)
+    finish: Callable | None = None
 
     def __repr__(self):
         return f"Rule({self.name!r}, {self.pattern!r})"
@@ -229,9 +233,10 @@ class Rewriter:
             root = canonicalize(root)
         self._unchecked_fired = False
         sites = _Sites(self, root, func_name, params, stop_at_match)
-        if self._has_expr_rules:
-            return sites.mutate(root)
-        return sites.walk(root)
+        result = sites.mutate(root) if self._has_expr_rules else sites.walk(root)
+        for finish in sites.finishers:
+            result = finish(result)
+        return result
 
     def _check(self, rule, node, result, site, defined):
         if isinstance(node, tirx.Stmt):
@@ -271,6 +276,7 @@ class _Sites:
         # Variables in scope somewhere in the function, for checking replacements: only
         # needed once a rule without its own checks fires.
         self.defined: set = set()
+        self.finishers: list = []  # the finish() of each rule that fired, once
 
     def _where(self, node) -> str:
         return f"{' > '.join(l.loop_var.name for l in self.loops) or '<top>'} ({type(node).__name__})"
@@ -307,6 +313,8 @@ class _Sites:
                 result = rw._check(rule, node, result, self._where(node), self.defined)
                 rw._unchecked_fired = True
             rw.report.add(self._site(rule, m))
+            if rule.finish is not None and rule.finish not in self.finishers:
+                self.finishers.append(rule.finish)
             if m.span is not None and isinstance(m.node, tirx.SeqStmt):
                 start, stop = m.span
                 head = [visit(s) for s in m.node.seq[:start]]
