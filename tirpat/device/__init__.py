@@ -8,6 +8,22 @@
 - :mod:`~tirpat.device.planner`: scratchpad-address planning for a backend's storage
   scopes, with double buffering and sync insertion.
 
+A backend's runtime, in four steps (``tests/device/test_session.py`` builds a 16-lane
+vector unit this way in about forty lines):
+
+1. subclass :class:`Session` with the device's state (registers, scratchpads, a simulator);
+   keep the default pending work (:meth:`Session.enqueue` of closures run at sync) or
+   override ``pending`` / ``execute`` / ``drop`` for an instruction stream of your own;
+2. ``rt = Runtime("<prefix>", MySession)`` and decorate each runtime function with
+   ``@rt.function``: it gets the current session first, then the call's arguments (host
+   buffers as DLTensors: ``s.buffers.view(s.buffers.slot(t), offset, shape, strides)`` is
+   a checked zero-copy view). ``<prefix>.sync`` is already there;
+3. plan the device's storage scopes with :class:`ScratchpadPlanner` (one
+   :class:`Scratchpad` per scope) as a pass after your rules: it turns ``access_ptr``
+   operands into addresses and inserts ``<prefix>.sync()``;
+4. call compiled functions with :func:`invoke` inside ``with MySession():`` (or not: each
+   thread has a default session) to get runtime errors as themselves and atomic calls.
+
 >>> from tirpat import device
 >>> sorted(device.__all__)[:4]
 ['BoundsError', 'BufferTable', 'PlanError', 'Runtime']

@@ -250,7 +250,8 @@ class Runtime:
                 session.claim()
                 return fn(session, *args)
             except BaseException as err:
-                _relay.error = err
+                if getattr(_relay, "active", 0):     # kept only for an invoke() to raise
+                    _relay.error = err
                 if session.owned_here():
                     session.discard()
                 raise
@@ -290,6 +291,7 @@ def invoke(func: Callable, *args: Any) -> Any:
     tirpat.device.session.Boom: no
     """
     _relay.error = None
+    _relay.active = getattr(_relay, "active", 0) + 1
     try:
         return func(*args)
     except BaseException as err:
@@ -297,7 +299,9 @@ def invoke(func: Callable, *args: Any) -> Any:
             for session in runtime._sessions_here():
                 if session.owned_here():
                     session.discard()
-        original, _relay.error = getattr(_relay, "error", None), None
+        original, _relay.error = _relay.error, None
         if original is not None and original is not err:
-            raise original.with_traceback(original.__traceback__) from None
+            raise original from None
         raise
+    finally:
+        _relay.active -= 1
