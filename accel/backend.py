@@ -1,8 +1,8 @@
 """The accel Backend: accel as one client of tirpat's Backend API.
 
 Its options are the fields of :class:`accel.Config` (``accel -tile=32`` in a target string);
-its hooks hand each level of the flow to the compiler (:mod:`accel.compiler`) and the
-device (:mod:`accel.hw`).
+its hooks hand each level of the flow to the compiler (:mod:`accel.compiler`: graph
+patterns, the scheduler, tirpat rules, the scratchpad planner) and the device (:mod:`accel.hw`).
 
 >>> import tirpat as tp
 >>> tp.backends()["accel"].resolve({"tile": 32})["tile"]
@@ -38,6 +38,16 @@ class AccelBackend(tp.Backend):
 
     name = "accel"
     options = {f.name: tp.Option(int, f.default, help=_HELP[f.name]) for f in dataclasses.fields(Config)}
+
+    def patterns(self, opts: dict) -> list:
+        from accel.compiler.patterns import patterns
+
+        return patterns()
+
+    def schedule(self, func, opts: dict):
+        from accel.compiler.schedule import schedule_partition
+
+        return schedule_partition(func, config_of(opts))
 
     def rules(self, opts: dict):
         from accel.compiler.rules import rules

@@ -50,6 +50,10 @@ _MODEL = {
     "backends": "backend", "CompositeTarget": "target", "TargetError": "target", "parse_target": "target",
     "quantize": "quantize", "CalibrationError": "quantize", "integerize": "integerize",
     "IntegerizeWarning": "integerize",
+    "partition": "partition", "build": "build", "OffloadWarning": "build", "OffloadError": "build",
+    "CompiledModel": "compiled", "load": "compiled", "relax_pipeline": "pipeline",
+    "lower_partitions": "pipeline", "TIR_PIPELINE": "pipeline", "ModelReport": "report",
+    "SCHEDULE_NOTES": "report",
 }
 __all__ += sorted(_MODEL)
 

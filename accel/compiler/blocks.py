@@ -46,3 +46,22 @@ def pointwise_chain(sch: s_tir.Schedule, block_rv, stop: str | None = None) -> l
             return chain
         chain.append(consumers[0])
         last = consumers[0]
+
+
+#: The block annotation of meta_schedule's layout rewriting: Relax's ``SplitLayoutRewritePreproc``
+#: moves such a block into a function of its own, which ``FoldConstant`` runs at compile time
+#: on a constant weight.
+LAYOUT_STAGE = "meta_schedule.layout_rewrite_preproc"
+
+
+def mark_layout_stage(sch: s_tir.Schedule, stage) -> None:
+    """Mark ``stage`` (a root-level block re-laying out a function parameter, made by
+    ``cache_read`` + ``transform_layout``) as a layout stage, so that a Relax build
+    re-lays out a constant weight once, at compile time, instead of on every call.
+
+    >>> mark_layout_stage(sch, sch.cache_read(gemm, 1, "global"))   # doctest: +SKIP
+    """
+    block = sch.get(stage)
+    params = [p for p in sch.mod["main"].params if tirx.is_buffer_var(p)]
+    if len(block.reads) == 1 and any(block.reads[0].source.same_as(p) for p in params):
+        sch.annotate(stage, LAYOUT_STAGE, 1)

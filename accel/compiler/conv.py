@@ -37,7 +37,7 @@ from typing import Callable
 import tvm_ffi
 from tvm import ir, s_tir, sym, tirx
 
-from accel.compiler.blocks import DATA_PAR, REDUCE, pointwise_chain
+from accel.compiler.blocks import DATA_PAR, REDUCE, mark_layout_stage, pointwise_chain
 from accel.hw.config import Config
 
 DEPTHWISE = ("a depthwise or grouped convolution: each output channel reads only its own group "
@@ -328,6 +328,7 @@ def _weights(sch, blk, conv: Conv, direct: bool, notes) -> ir.Var:
         sch.transform_layout(stage, ("write", 0), lambda *ax: (
             ax[d["f"]], (ax[d["ry"]] * s_ + ax[d["rx"]]) * c_ + ax[d["c"]]))
         layout = "[F, KH*KW*C]"
+    mark_layout_stage(sch, stage)
     notes.on_cpu.append((sch.get(stage).name_hint, f"reorders the weights to {layout} on the CPU "
                          "(the GEMM reads weight rows along K)"))
     return sch.get(stage).writes[0].source

@@ -22,17 +22,20 @@ is recorded in :class:`Notes` for the build report.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
+import tvm_ffi
 from tvm import ir, s_tir, tirx
 from tvm.s_tir.schedule import ScheduleError as TVMScheduleError
 
 import tirpat as tp
-from accel.compiler.blocks import DATA_PAR, REDUCE, pointwise_chain
+from accel.compiler.blocks import DATA_PAR, REDUCE, mark_layout_stage, pointwise_chain
 from accel.hw.config import Config
 from accel.compiler.conv import analyse as analyse_conv
 from accel.compiler.conv import normalise as normalise_conv
 from accel.compiler.rules import ACC, INP, WGT, epilogue_chain
+from accel.hw.isa import AluOp
 
 
 class ScheduleError(ValueError):
@@ -48,8 +51,9 @@ class GemmPlan:
     n: int
     k: int
     batch: int
-    epilogue: list = field(default_factory=list)
+    epilogue: list = field(default_factory=list)    # what the ALU epilogue does, in words
     gather: str = ""        # how a convolution's im2col operand reaches INP
+    device_macs: int = 0    # the MACs the GEMM unit executes: M, N and K padded to whole tiles
 
     @property
     def macs(self) -> int:
@@ -67,6 +71,19 @@ class Notes:
     @property
     def offloaded_macs(self) -> int:
         return sum(g.macs for g in self.offloaded)
+
+    @property
+    def device_macs(self) -> int:
+        """The MACs the device executes, padding to whole tiles included."""
+        return sum(g.device_macs for g in self.offloaded)
+
+    def to_json(self) -> str:
+        """The notes in the form ``tp.SCHEDULE_NOTES`` takes (JSON text)."""
+        epilogue = []
+        for g in self.offloaded:
+            epilogue += [w for w in g.epilogue if w not in epilogue]
+        return json.dumps({"host_macs": self.total_macs - self.offloaded_macs, "device_macs": self.device_macs,
+                           "host_steps": [list(s) for s in self.on_cpu], "epilogue": epilogue})
 
 
 def _const(e) -> int:
@@ -157,8 +174,13 @@ def schedule(func: tirx.PrimFunc, config: Config) -> tuple[ir.IRModule, Notes]:
         for iv in block.iter_vars:
             macs *= _const(iv.dom.extent)
         notes.total_macs += macs
+        if _inline_operand_producers(sch, block_rv):
+            # a widening cast or a transpose of an operand in a block of its own (how
+            # TVM's ONNX importer and Relax's nn.Linear write them) is read in place
+            block = sch.get(block_rv)
         m = _GEMM_BODY.match(block.body)
-        roles, conv, why = None, None, "it is not an int8 x int8 -> int32 multiply-accumulate"
+        roles, conv = None, None
+        why = f"it is not an int8 x int8 -> int32 multiply-accumulate (found {_dtypes_found(block)})"
         if m is not None:
             roles, why = _analyse_gemm(block, m)
             if why == _NOT_PLAIN:
@@ -172,6 +194,43 @@ def schedule(func: tirx.PrimFunc, config: Config) -> tuple[ir.IRModule, Notes]:
             roles = normalise_conv(sch, conv, config, notes)
         _schedule_gemm(sch, name, roles, config, notes)
     return sch.mod, notes
+
+
+def _dtypes_found(block) -> str:
+    """The dtypes a reduction multiplies and accumulates into: ``float32 x float32 -> float32``."""
+    out = block.body.buffer if isinstance(block.body, tirx.BufferStore) else None
+    loads = []
+    if out is not None:
+        tvm_ffi.structural_walk(block.body.value, (ir.TensorLoad, lambda l: loads.append(l)
+                                                   if not l.source.same_as(out) else None))
+    ins = " x ".join(str(l.source.dtype) for l in loads) or "no operands"
+    return f"{ins} -> {out.dtype if out is not None else '?'}"
+
+
+def _inline_operand_producers(sch, block_rv) -> bool:
+    """Inline the producers of a reduction's operands that only cast or move one tensor
+    (``astype``, ``permute_dims``); True if one was inlined."""
+    inlined = False
+    for producer in sch.get_producers(block_rv):
+        blk = sch.get(producer)
+        body = blk.body
+        if not isinstance(body, tirx.BufferStore) or any(int(iv.iter_type) != DATA_PAR for iv in blk.iter_vars):
+            continue
+        value = body.value.value if isinstance(body.value, tirx.Cast) else body.value
+        if not isinstance(value, ir.TensorLoad) or not _permutes(value.indices, blk):
+            continue
+        try:
+            sch.compute_inline(producer)
+        except TVMScheduleError:
+            continue
+        inlined = True
+    return inlined
+
+
+def _permutes(indices, block) -> bool:
+    """Whether ``indices`` are the block's iter vars in some order (a copy or a transpose)."""
+    keys = sorted(iv.var.__chandle__() for iv in block.iter_vars)
+    return all(isinstance(e, tirx.Var) for e in indices) and sorted(e.__chandle__() for e in indices) == keys
 
 
 def _schedule_gemm(sch, name, roles, config, notes):
@@ -193,6 +252,7 @@ def _schedule_gemm(sch, name, roles, config, notes):
         if idx is not None and idx[nb:] != [want, roles["k"]]:
             stage = sch.cache_read(gemm, _read_index(sch.get(gemm), roles[key]), "global")
             sch.transform_layout(stage, ("write", 0), lambda *ax: (*ax[:nb], ax[nb + 1], ax[nb]))
+            mark_layout_stage(sch, stage)
             notes.on_cpu.append((sch.get(stage).name_hint, f"transposes {roles[key].name} on the CPU: "
                                  "the DMA reads rows, so this operand must be [.., rows, K]"))
             gemm = sch.get_sblock(name)
@@ -207,6 +267,9 @@ def _schedule_gemm(sch, name, roles, config, notes):
     target = {roles["i"]: t, roles["j"]: t * bn, roles["k"]: t * bk}
     order = roles["order"]
     padded = [-(-ext[v] // target[v]) * target[v] if v in target else ext[v] for v in order]
+    plan.device_macs = 1
+    for p in padded:
+        plan.device_macs *= p
     if any(p != ext[v] for p, v in zip(padded, order)):
         sch.pad_einsum(gemm, padded)
         gemm = sch.get_sblock(name)
@@ -224,7 +287,7 @@ def _schedule_gemm(sch, name, roles, config, notes):
         notes.on_cpu.append((sch.get(final).name_hint, "the epilogue is not a chain of ALU operations "
                              "(add, max, min, multiply, shift by a constant, int32 operands)"))
         final = None
-    plan.epilogue = [sch.get(final).name_hint] if steps else []
+    plan.epilogue = describe_epilogue(steps, str(sch.get(final).writes[0].source.dtype)) if steps else []
 
     # 4. tile, stage through the scratchpads, move the init out
     loops = sch.get_loops(gemm)
@@ -307,3 +370,41 @@ def _epilogue_steps(block, acc_buffer):
     is_operand = lambda load: str(load.source.dtype) == "int32" and not load.source.same_as(acc_buffer)  # noqa: E731
     chain = epilogue_chain(value, is_spine, is_operand)
     return None if chain is None else chain[1]
+
+
+def schedule_partition(func: tirx.PrimFunc, config: Config) -> tirx.PrimFunc:
+    """The accel Backend's ``schedule`` hook: one partition's legalized PrimFunc, scheduled,
+    with the scheduler's notes for the model report (``tp.SCHEDULE_NOTES``)."""
+    mod, notes = schedule(func, config)
+    return mod["main"].with_attr(tp.SCHEDULE_NOTES, notes.to_json())
+
+
+def describe_epilogue(steps, out_dtype: str) -> list:
+    """What an epilogue's ALU steps do, in words: ``bias``, ``ReLU``, ``clip``, ``requantise``,
+    ``saturate to int8`` or ``cast to int8`` (the narrowing STORE).
+
+    >>> describe_epilogue([_Step(AluOp.ADD, operand=b), _Step(AluOp.MAX, 0)], "int32")   # doctest: +SKIP
+    ['bias', 'ReLU']
+    """
+    words: list = []
+
+    def say(word):
+        if word not in words:
+            words.append(word)
+
+    shifts = any(s.op is AluOp.SHR for s in steps)
+    narrow = out_dtype == "int8"
+    for n, s in enumerate(steps):
+        if s.op is AluOp.ADD and s.operand is not None and not (shifts and words):
+            say("bias" if n == 0 else "add")
+        elif s.op in (AluOp.MUL, AluOp.SHR) or (s.op is AluOp.ADD and shifts):
+            say("requantise")
+        elif s.op is AluOp.MAX and s.imm == 0:
+            say("ReLU")
+        elif narrow and s.op in (AluOp.MIN, AluOp.MAX) and s.imm in (127, -128):
+            say("requantise" if shifts else "saturate to int8")
+        else:
+            say("clip")
+    if narrow and not any(w in words for w in ("requantise", "saturate to int8")):
+        say("cast to int8")
+    return words

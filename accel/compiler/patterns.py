@@ -1,0 +1,185 @@
+"""accel's graph-level patterns: what ``tp.partition`` hands to accel.
+
+Two compute cores, each followed by an epilogue chain of up to :data:`MAX_EPILOGUE` ALU
+operations:
+
+- ``accel.matmul``: ``matmul(a, b)`` with int8 operands and an int32 result: dense
+  (``b`` through ``permute_dims``, as ``nn.Linear`` writes it), matmul and batch matmul;
+- ``accel.conv2d``: ``conv2d(x, w)``, any data and kernel layout (NCHW/OIHW, NHWC/HWIO, ...),
+  groups = 1.
+
+An operand may be widened first (``astype(int8 -> int32)`` before an int32 matmul is the form
+TVM's ONNX importer gives ``MatMulInteger``). The epilogue operations are those the ALU
+runs on the accumulator: ``add``/``subtract``/``multiply``/``maximum``/``minimum``/
+``right_shift`` with an int32 tensor or scalar (bias, residual add, a per-tensor or
+per-channel requantise multiplier), ``relu``, ``clip``, and a final ``astype`` to int8 (a
+narrowing STORE). Longer chains are listed first, so the longest one wins.
+
+Each check returns True, or the reason it declines (``"float32 x float32 -> float32; accel
+takes int8 x int8 -> int32"``), which the build report gives for operators left on the host.
+A new epilogue operation is one more entry in :data:`EPILOGUE_OPS`.
+
+>>> [name for name, _, _, _ in patterns()][:2]
+['accel.matmul', 'accel.matmul']
+"""
+
+from __future__ import annotations
+
+from tvm import relax, tirx
+from tvm.relax.backend.utils import has_leaking_intermediate_variables
+from tvm.relax.dpl import is_op, wildcard
+
+__all__ = ["patterns", "check", "MAX_EPILOGUE", "EPILOGUE_OPS"]
+
+#: The longest epilogue chain matched (bias, ReLU and a requantise multiply/add/shift/clip/cast fit).
+MAX_EPILOGUE = 8
+
+#: Epilogue operations the ALU runs: op name -> number of operands besides the accumulator
+#: (``clip`` takes its bounds as two scalars).
+EPILOGUE_OPS = {
+    "relax.add": 1, "relax.subtract": 1, "relax.multiply": 1, "relax.maximum": 1, "relax.minimum": 1,
+    "relax.right_shift": 1, "relax.nn.relu": 0, "relax.clip": 2, "relax.astype": 0,
+}
+_COMMUTATIVE = {"relax.add", "relax.multiply", "relax.maximum", "relax.minimum"}
+
+
+def _widened(p):
+    """``p``, or ``astype(p)``: an int8 operand widened before an int32 product."""
+    return is_op("relax.astype")(p) | p
+
+
+def _operand():
+    return _widened(wildcard())
+
+
+def _weight():
+    w = wildcard()
+    return (is_op("relax.permute_dims")(_widened(w)) | _widened(is_op("relax.permute_dims")(w))
+            | _widened(w))
+
+
+def _epilogue(x):
+    """One epilogue operation applied to ``x`` (any operand order for commutative ones)."""
+    alternatives = None
+    for op, operands in EPILOGUE_OPS.items():
+        forms = [[x] + [wildcard() for _ in range(operands)]]
+        if op in _COMMUTATIVE:
+            forms.append([wildcard(), x])
+        for args in forms:
+            p = is_op(op)(*args)
+            alternatives = p if alternatives is None else alternatives | p
+    return alternatives
+
+
+def _cores():
+    return {
+        "matmul": is_op("relax.matmul")(_operand(), _weight()),
+        "conv2d": is_op("relax.nn.conv2d")(_operand(), _weight()),
+    }
+
+
+def patterns(max_epilogue: int = MAX_EPILOGUE) -> list:
+    """``[(name, pattern, annotations, check)]``, longest epilogue first."""
+    out = []
+    for name, core in _cores().items():
+        for length in range(max_epilogue, -1, -1):
+            root = core
+            for _ in range(length):
+                root = _epilogue(root)
+            out.append((f"accel.{name}", root, {"core": core}, check))
+    return out
+
+
+def _dtype(expr) -> str:
+    ty = expr.ty
+    return str(ty.dtype) if isinstance(ty, relax.TensorType) else type(ty).__name__
+
+
+def _source(expr, bound: dict):
+    """The tensor an operand reads, through a widening ``astype`` and a ``permute_dims``
+    (``bound``: the match's bindings, variable handle -> value)."""
+    while True:
+        expr = bound.get(expr.__chandle__(), expr)
+        if not (isinstance(expr, relax.Call) and expr.op.name in ("relax.astype", "relax.permute_dims")):
+            return expr
+        expr = expr.args[0]
+
+
+def _operand_calls(core, bound: dict) -> list:
+    """The ``astype``/``permute_dims`` calls between the core and its operands' tensors."""
+    out = []
+    for expr in core.args[:2]:
+        while True:
+            expr = bound.get(expr.__chandle__(), expr)
+            if not (isinstance(expr, relax.Call) and expr.op.name in ("relax.astype", "relax.permute_dims")):
+                break
+            out.append(expr)
+            expr = expr.args[0]
+    return out
+
+
+def _static(expr) -> bool:
+    ty = expr.ty
+    return isinstance(ty, relax.TensorType) and isinstance(ty.shape, relax.ShapeExpr) and all(
+        isinstance(d, tirx.IntImm) for d in ty.shape.values)
+
+
+def _check_core(core, bound: dict) -> str | None:
+    a, b = _source(core.args[0], bound), _source(core.args[1], bound)
+    found = f"{_dtype(a)} x {_dtype(b)} -> {_dtype(core)}"
+    if (_dtype(a), _dtype(b), _dtype(core)) != ("int8", "int8", "int32"):
+        return f"{found}; accel takes int8 x int8 -> int32"
+    for call in _operand_calls(core, bound):
+        if call.op.name == "relax.astype" and _dtype(call) not in ("int32", _dtype(call.args[0])):
+            return f"an operand is widened to {_dtype(call)}; accel multiplies int8 into int32"
+    if not all(_static(e) for e in (a, b, core)):
+        return "dynamic shapes; accel needs static shapes"
+    if core.op.name == "relax.nn.conv2d":
+        if int(core.attrs.groups) != 1:
+            return f"a grouped convolution (groups = {int(core.attrs.groups)}): not one matrix product"
+    else:
+        ra, rb = len(a.ty.shape.values), len(b.ty.shape.values)
+        if ra < 2 or rb < 2:
+            return "a matrix-vector product; accel multiplies matrices"
+        if rb > 2 and ra != rb:
+            return "the operands' batch dimensions differ"
+        if rb > 2 and [int(d) for d in a.ty.shape.values[:-2]] != [int(d) for d in b.ty.shape.values[:-2]]:
+            return "the operands' batch dimensions are broadcast"
+        if rb == 2 and ra > 2:
+            return "a weight shared across a batch of matrices (reshape the input to 2-D)"
+    return None
+
+
+def _check_epilogue(call, root) -> str | None:
+    name = call.op.name
+    if name == "relax.astype":
+        if call.same_as(root) and _dtype(call.args[0]) == "int32" and _dtype(call) == "int8":
+            return None
+        return f"astype to {_dtype(call)} inside the epilogue; accel keeps int32 until a final cast to int8"
+    for operand in call.args[1:]:
+        if isinstance(operand, (tirx.IntImm, tirx.FloatImm)):
+            continue
+        if _dtype(operand) != "int32":
+            return f"{name.removeprefix('relax.')} with a {_dtype(operand)} operand; the ALU takes int32"
+    if _dtype(call) != "int32":
+        return f"{name.removeprefix('relax.')} gives {_dtype(call)}; the ALU computes int32"
+    return None
+
+
+def check(ctx) -> bool | str:
+    """True when accel can run the match; else the reason (a string) it cannot."""
+    core = ctx.annotated_expr["core"]
+    bound = {var.__chandle__(): value for var, value in ctx.matched_bindings.items()}
+    why = _check_core(core, bound)
+    if why is not None:
+        return why
+    operand_calls = _operand_calls(core, bound)
+    for value in ctx.matched_bindings.values():
+        if isinstance(value, relax.Call) and not value.same_as(core) and \
+                not any(value.same_as(c) for c in operand_calls):
+            why = _check_epilogue(value, ctx.matched_expr)
+            if why is not None:
+                return why
+    if has_leaking_intermediate_variables(ctx):
+        return False
+    return True

@@ -1,0 +1,159 @@
+"""``tp.build``: a Relax model to a :class:`~tirpat.model.compiled.CompiledModel` for a composite target.
+
+A thin layer over ``tvm.compile`` with the public pipelines of :mod:`tirpat.model.pipeline`:
+partition for the target's backends, lower and schedule each partition, run each backend's
+rules on its own PrimFuncs only, and compile everything else with TVM's default pipelines
+for the host. It also writes the report, and says when less was offloaded than the
+backends could take.
+
+>>> model = tp.build(mod, "accel, llvm")      # doctest: +SKIP
+>>> y = model(x); print(model.report)         # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from typing import Mapping
+
+import numpy as np
+import tvm
+from tvm import ir, relax
+
+from .compiled import CompiledModel, Input
+from .partition import as_target, tagged
+from .pipeline import TIR_PIPELINE, Record, recording, relax_pipeline
+from .report import HostOp, Partition, ModelReport, epilogue_of, macs_of
+
+__all__ = ["build", "OffloadWarning", "OffloadError"]
+
+
+class OffloadWarning(UserWarning):
+    """A build offloaded nothing, or less than its backends could take; the message says why."""
+
+
+class OffloadError(ValueError):
+    """``strict=True``: what would have been an :class:`OffloadWarning`."""
+
+
+def build(mod: ir.IRModule, target, *, strict: bool = False, params: Mapping[str, np.ndarray] | None = None,
+          entry: str = "main") -> CompiledModel:
+    """Compile the Relax module ``mod`` for ``target`` (a ``tp.CompositeTarget`` or a string
+    such as ``"accel, llvm"``): partitions for the backends, the rest for the host.
+
+    ``params`` binds inputs of ``entry`` to constants (weights), so that their layout is
+    changed at compile time. When nothing is offloaded, or an operator a backend's patterns
+    cover is left on the host, an :class:`OffloadWarning` names the reason; ``strict=True``
+    raises :class:`OffloadError` instead.
+
+    >>> model = tp.build(mod, "accel, llvm", params={"w": w})     # doctest: +SKIP
+    """
+    if not isinstance(mod, ir.IRModule):
+        raise TypeError(f"tp.build takes a Relax IRModule, got {type(mod).__name__}")
+    if entry not in [gv.name_hint for gv in mod.functions]:
+        raise ValueError(f"the module has no function {entry!r}")
+    t = as_target(target)
+    if params:
+        mod = relax.transform.BindParams(entry, {k: tvm.runtime.tensor(np.asarray(v)) for k, v in params.items()})(mod)
+    inputs = _inputs(mod[entry])
+    record = Record()
+    with recording(record):
+        executable = tvm.compile(mod, t.host, relax_pipeline=relax_pipeline(t), tir_pipeline=TIR_PIPELINE)
+    report = _report(record, t)
+    _complain(report, t, strict)
+    return CompiledModel(executable, t.backends, t.host, inputs, report, entry)
+
+
+def _inputs(func: relax.Function) -> list:
+    out = []
+    for p in func.params:
+        ty = p.ty
+        if not isinstance(ty, relax.TensorType) or ty.shape is None:
+            raise TypeError(f"input {p.name}: tp.build takes tensor inputs, got {ty}")
+        shape = tuple(int(d.value) if isinstance(d, tvm.tirx.IntImm) else None for d in ty.shape.values)
+        out.append(Input(p.name, shape, str(ty.dtype)))
+    return out
+
+
+def _report(record: Record, target) -> ModelReport:
+    mod = record.partitioned
+    partitioner = record.partitioner
+    composite = {}
+    for gv, func in mod.functions.items():
+        if isinstance(func, relax.Function) and tagged(func) is not None:
+            composite[gv.name_hint] = func
+    report = ModelReport()
+    for gv, func in mod.functions.items():
+        if not isinstance(func, relax.Function) or gv.name_hint in composite:
+            continue
+        for block in func.body.blocks:
+            for binding in block.bindings:
+                call = binding.value
+                if not isinstance(call, relax.Call):
+                    continue
+                if isinstance(call.op, ir.GlobalVar) and call.op.name_hint in composite:
+                    continue
+                if not isinstance(call.op, ir.Op):
+                    continue
+                macs = macs_of(call)
+                report.total_macs += macs
+                report.on_host.append(HostOp(call.op.name, binding.var.name,
+                                             _reason(call.op.name, binding.var.name, partitioner, target), macs))
+    for name, (backend, pattern, calls) in record.partitions.items():
+        base = name.removesuffix("_prepacked")
+        macs = sum(macs_of(c) for c in calls)
+        report.total_macs += macs
+        notes = json.loads(record.notes.get(name, "{}"))
+        rules = record.rules.get(name, {})
+        core = next((n for n, c in enumerate(calls) if macs_of(c)), 0)
+        part = Partition(backend, base, pattern, [c.op.name for c in calls[core:]], macs,
+                         notes.get("epilogue") or epilogue_of(calls[core:]), rules,
+                         macs if not rules else int(notes.get("host_macs", 0)),
+                         notes.get("device_macs"), [_at_compile_time(s, record.folded.get(name, ()))
+                                                    for s in notes.get("host_steps", [])])
+        report.partitions.append(part)
+    return report
+
+
+def _at_compile_time(step, folded) -> list:
+    what, why = step
+    return [what, f"{why} (once, at compile time: a constant)" if what in folded else why]
+
+
+def _reason(op: str, var: str, partitioner, target) -> str:
+    declined = partitioner.declined.reasons.get(var)
+    if declined:
+        return "; ".join(f"{b}: {why}" for b, why in declined)
+    names = [b.name for b, _ in target.backends]
+    if not names:
+        return "the target has no backend"
+    takers = [b for b in names if op in partitioner.covered.get(b, ())]
+    if takers:
+        return f"not in a form the patterns of {', '.join(takers)} take"
+    return f"no backend of the target takes {op} ({', '.join(names)})"
+
+
+def _complain(report: ModelReport, target, strict: bool) -> None:
+    names = [b.name for b, _ in target.backends]
+    if not names:
+        return
+    problems = []
+    if not report.partitions:
+        found = [f"{h.var} = {h.op}: {h.reason}" for h in report.on_host if h.macs or "no backend" not in h.reason]
+        problems.append(f"nothing was offloaded to {', '.join(names)}" + (": " + "; ".join(found[:4]) if found else
+                                                                         " (no operator matched a pattern)"))
+    else:
+        for h in report.on_host:
+            if "no backend of the target" not in h.reason and h.reason != "the target has no backend":
+                problems.append(f"{h.var} = {h.op} stays on the host: {h.reason}")
+    for p in report.partitions:
+        if not p.rules:
+            problems.append(f"{p.function} ({p.pattern}) ran on the host: none of {p.backend}'s rules matched its code")
+        elif p.host_macs:
+            problems.append(f"{p.function} ({p.pattern}): {p.host_macs:,} of its {p.macs:,} MACs stay on the host")
+    if not problems:
+        return
+    message = "less was offloaded than the target's backends could take:\n  " + "\n  ".join(problems)
+    if strict:
+        raise OffloadError(message)
+    warnings.warn(message, OffloadWarning, stacklevel=3)

@@ -1,0 +1,164 @@
+"""A compiled model: call it on numpy arrays, read its report and device statistics, export it
+to one file and load it in another process.
+
+An exported model is a zip file holding the compiled library (``export_library``) and a JSON
+manifest: the backends with their options, the host target, the inputs and the report.
+:func:`load` finds the backends by name through the registry (entry points included), so
+a fresh process needs no import of the backend's package.
+
+>>> model = tp.build(mod, "accel, llvm")              # doctest: +SKIP
+>>> model.export("m.tirpat"); tp.load("m.tirpat")(x)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from .backend import lookup
+from .report import ModelReport
+
+__all__ = ["CompiledModel", "Input", "load", "FORMAT"]
+
+#: The export format's name and version, checked by :func:`load`.
+FORMAT = "tirpat-model/1"
+_LIBRARY, _MANIFEST = "model.so", "manifest.json"
+
+
+@dataclass(frozen=True)
+class Input:
+    """One input of a model's entry function: name, static shape and dtype."""
+
+    name: str
+    shape: tuple
+    dtype: str
+
+
+class CompiledModel:
+    """A model compiled by ``tp.build``: ``model(*arrays)`` runs it (numpy in, numpy out, a
+    tuple for several outputs) with the sessions of the backends it uses entered.
+
+    - ``report``: the offload report (``str()``, ``.to_json()``);
+    - ``stats``: the last call's device statistics by backend name (what each backend's
+      session exposes as ``.stats``; for accel an ``accel.Stats``);
+    - ``export(path)`` writes one file that :func:`load` reads back.
+    """
+
+    def __init__(self, executable, backends: list, host: tvm.target.Target, inputs: list,
+                 report: ModelReport, entry: str = "main") -> None:
+        self.executable = executable
+        self.backends = [(b, dict(o)) for b, o in backends]
+        self.host = host
+        self.inputs = list(inputs)
+        self.report = report
+        self.entry = entry
+        self.stats: dict = {}
+        self._vm = relax.VirtualMachine(executable, tvm.cpu())
+
+    def _check(self, args) -> list:
+        if len(args) != len(self.inputs):
+            names = ", ".join(i.name for i in self.inputs)
+            raise TypeError(f"the model takes {len(self.inputs)} inputs ({names}), got {len(args)}")
+        tensors = []
+        for spec, a in zip(self.inputs, args):
+            if isinstance(a, tvm.runtime.Tensor):
+                shape, dtype = tuple(int(d) for d in a.shape), str(a.dtype)
+            else:
+                a = np.asarray(a)
+                shape, dtype = a.shape, str(a.dtype)
+            if dtype != spec.dtype:
+                raise TypeError(f"input {spec.name}: expected dtype {spec.dtype}, got {dtype}")
+            if len(shape) != len(spec.shape) or any(s is not None and s != g for s, g in zip(spec.shape, shape)):
+                raise ValueError(f"input {spec.name}: expected shape {spec.shape}, got {shape}")
+            tensors.append(a if isinstance(a, tvm.runtime.Tensor) else tvm.runtime.tensor(np.ascontiguousarray(a)))
+        return tensors
+
+    def __call__(self, *args):
+        tensors = self._check(args)
+        sessions = {}
+        with contextlib.ExitStack() as stack:
+            for backend, opts in self.backends:
+                sessions[backend.name] = stack.enter_context(backend.session(opts))
+            out = self._vm[self.entry](*tensors)
+        self.stats = {name: s.stats for name, s in sessions.items() if getattr(s, "stats", None) is not None}
+        return _to_numpy(out)
+
+    # ------------------------------------------------------------------ export / load
+    def export(self, path) -> Path:
+        """Write the model to ``path`` (one file: the library and a manifest); returns the path."""
+        path = Path(path)
+        manifest = {
+            "format": FORMAT, "entry": self.entry, "host": dict(self.host.export()),
+            "backends": [{"name": b.name, "options": o} for b, o in self.backends],
+            "inputs": [{"name": i.name, "shape": list(i.shape), "dtype": i.dtype} for i in self.inputs],
+            "report": self.report.to_json(),
+        }
+        with tempfile.TemporaryDirectory() as tmp:
+            lib = os.path.join(tmp, _LIBRARY)
+            self.executable.export_library(lib)
+            with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
+                z.write(lib, _LIBRARY)
+                z.writestr(_MANIFEST, json.dumps(manifest, indent=1, default=_json_default))
+        return path
+
+    def __repr__(self) -> str:
+        names = ", ".join(b.name for b, _ in self.backends) or "no backend"
+        ins = ", ".join(f"{i.name}: {i.dtype}{list(i.shape)}" for i in self.inputs)
+        return f"<CompiledModel ({ins}) on {names} + {self.host.kind.name}>"
+
+
+def _json_default(value):
+    if isinstance(value, (tvm.ir.Array, list, tuple)):
+        return list(value)
+    if isinstance(value, tvm.ir.Map):
+        return dict(value)
+    return str(value)
+
+
+def _to_numpy(out):
+    if isinstance(out, tvm.runtime.Tensor):
+        return out.numpy()
+    if isinstance(out, (tvm.ir.Array, list, tuple)) or type(out).__name__ == "Array":
+        return tuple(_to_numpy(o) for o in out)
+    return out
+
+
+def load(path) -> CompiledModel:
+    """Load a model written by :meth:`CompiledModel.export`; its backends are found by name
+    in the registry (``tirpat.backends`` entry points included).
+
+    >>> model = tp.load("m.tirpat")          # doctest: +SKIP
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no model file {str(path)!r}")
+    try:
+        with zipfile.ZipFile(path) as z:
+            manifest = json.loads(z.read(_MANIFEST))
+            if manifest.get("format") != FORMAT:
+                raise ValueError(f"{path}: not a {FORMAT} file (format {manifest.get('format')!r})")
+            tmp = tempfile.mkdtemp(prefix="tirpat-")
+            lib = z.extract(_LIBRARY, tmp)
+    except (zipfile.BadZipFile, KeyError) as err:
+        raise ValueError(f"{path}: not a model exported by tirpat ({err})") from None
+    try:
+        executable = tvm.runtime.load_module(lib)
+    finally:        # the loaded library stays mapped: the file is no longer needed
+        os.remove(lib)
+        os.rmdir(os.path.dirname(lib))
+    backends = []
+    for entry in manifest["backends"]:
+        backend = lookup(entry["name"])
+        backends.append((backend, backend.resolve(entry["options"])))
+    inputs = [Input(i["name"], tuple(i["shape"]), i["dtype"]) for i in manifest["inputs"]]
+    return CompiledModel(executable, backends, tvm.target.Target(manifest["host"]), inputs,
+                         ModelReport.from_json(manifest["report"]), manifest["entry"])

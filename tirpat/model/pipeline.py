@@ -1,0 +1,288 @@
+"""The Relax and TIR pipelines of a whole-model build, public so that ``tvm.compile`` can use them.
+
+- :func:`relax_pipeline` partitions the model for the target's backends
+  (:mod:`tirpat.model.partition`), lowers each partition to one PrimFunc (``LegalizeOps``,
+  ``FuseTIR``), hands it to its backend's ``schedule`` and marks it opaque to TVM's fusion
+  (``op_pattern`` kOpaque, else ``FuseOps`` would merge it with its neighbours); a weight
+  layout stage the schedule marked (``meta_schedule.layout_rewrite_preproc``, as
+  meta_schedule's layout rewriting does) becomes a function of its own, which
+  ``FoldConstant`` evaluates at compile time when the weight is a constant. The rest of the
+  module then takes TVM's default pipeline for the host target.
+- :data:`TIR_PIPELINE` is one registered TIR pipeline for every target: it sees every
+  PrimFunc, and runs a backend's ``BEFORE_REWRITE`` passes, rules and ``AFTER_REWRITE``
+  passes only on the PrimFuncs tagged with that backend (:data:`~tirpat.model.partition.BACKEND_ATTR`,
+  options in :data:`~tirpat.model.partition.OPTIONS_ATTR`); the others take TVM's default TIR
+  pipeline alone.
+
+>>> t = "accel, llvm"
+>>> ex = tvm.compile(mod, "llvm", relax_pipeline=tp.relax_pipeline(t), tir_pipeline=tp.TIR_PIPELINE)  # doctest: +SKIP
+>>> with accel.Session():                                                    # doctest: +SKIP
+...     out = relax.VirtualMachine(ex, tvm.cpu())["main"](x)
+"""
+
+from __future__ import annotations
+
+import contextvars
+import threading
+from dataclasses import dataclass, field
+
+import numpy as np
+import tvm
+import tvm_ffi
+from tvm import ir, relax, s_tir, tirx
+
+from .backend import Phase, lookup
+from .partition import BACKEND_ATTR, OPTIONS_ATTR, Partitioner, as_target, options_text, tagged
+from .report import SCHEDULE_NOTES
+
+__all__ = ["relax_pipeline", "lower_partitions", "TIR_PIPELINE", "KOPAQUE"]
+
+#: The registered TIR pipeline name (``tvm.compile(..., tir_pipeline=tp.TIR_PIPELINE)``).
+TIR_PIPELINE = "tirpat.backends"
+#: TVM's ``OpPatternKind::kOpaque``: ``FuseOps`` fuses nothing into a PrimFunc with this ``op_pattern``.
+KOPAQUE = 8
+_PREPROC = "meta_schedule.layout_rewrite_preproc"
+
+
+@dataclass
+class Record:
+    """What the pipelines learn during one build, for its report."""
+
+    partitioned: object = None                        # the module right after partitioning
+    partitioner: object = None                        # the Partitioner (what its checks declined)
+    partitions: dict = field(default_factory=dict)    # PrimFunc name -> (backend, composite, relax ops)
+    notes: dict = field(default_factory=dict)         # PrimFunc name -> the schedule's notes
+    rules: dict = field(default_factory=dict)         # PrimFunc name -> {rule: sites}
+    folded: dict = field(default_factory=dict)        # PrimFunc name -> layout stages run at compile time
+
+
+_RECORD: contextvars.ContextVar = contextvars.ContextVar("tirpat_build_record", default=None)
+
+
+def recording(record: Record):
+    """A context in which the pipelines write what they do into ``record``."""
+    class _Ctx:
+        def __enter__(self):
+            self.token = _RECORD.set(record)
+            return record
+
+        def __exit__(self, *exc):
+            _RECORD.reset(self.token)
+
+    return _Ctx()
+
+
+def _single_primfunc(scheduled, name: str):
+    if isinstance(scheduled, tirx.PrimFunc):
+        return scheduled
+    if isinstance(scheduled, ir.IRModule):
+        funcs = [f for f in scheduled.functions.values() if isinstance(f, tirx.PrimFunc)]
+        if len(funcs) == 1:
+            return funcs[0]
+    raise TypeError(f"{name}.schedule must return a PrimFunc (or an IRModule with one), got {type(scheduled).__name__}")
+
+
+def lower_partitions() -> tvm.transform.Pass:
+    """Lower every tagged Relax partition to one PrimFunc, scheduled by its backend and
+    opaque to fusion; split off weight layout stages (see the module docstring).
+
+    >>> mod = tp.lower_partitions()(tp.partition(mod, "accel, llvm"))       # doctest: +SKIP
+    """
+
+    @tvm.transform.module_pass(opt_level=0, name="tirpat.LowerPartitions")
+    def run(mod: ir.IRModule, ctx) -> ir.IRModule:
+        tags = {}
+        for gv, func in mod.functions.items():
+            tag = tagged(func) if isinstance(func, relax.Function) else None
+            if tag is not None:
+                tags[gv.name_hint] = (tag, str(func.attrs["Composite"]), _ops_of(func))
+        if not tags:
+            return mod
+        mod = tvm.transform.Sequential([relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
+                                        relax.transform.FuseTIR(), relax.transform.DeadCodeElimination()])(mod)
+        mod = _inline_scalar_constants(mod, set(tags))
+        record = _RECORD.get()
+        for gv, func in list(mod.functions.items()):
+            entry = tags.get(gv.name_hint)
+            if entry is None or not isinstance(func, tirx.PrimFunc):
+                continue
+            (name, opts), composite, ops = entry
+            backend = lookup(name)
+            scheduled = _single_primfunc(backend.schedule(func, opts), name)
+            if func.attrs is None or "global_symbol" not in func.attrs:
+                scheduled = scheduled.without_attr("global_symbol")
+            scheduled = (scheduled.with_attr(BACKEND_ATTR, name).with_attr(OPTIONS_ATTR, options_text(opts))
+                         .with_attr("op_pattern", KOPAQUE))
+            mod[gv] = scheduled
+            if record is not None:
+                record.partitions[gv.name_hint] = (name, composite, ops)
+        mod, folded = _split_layout_stages(mod)
+        if record is not None:
+            record.folded.update(folded)
+            for gv, func in mod.functions.items():
+                if isinstance(func, tirx.PrimFunc) and tagged(func) is not None:
+                    base = gv.name_hint.removesuffix("_prepacked")
+                    if base in record.partitions:
+                        record.partitions[gv.name_hint] = record.partitions.pop(base)
+                        if func.attrs is not None and SCHEDULE_NOTES in func.attrs:
+                            record.notes[gv.name_hint] = str(func.attrs[SCHEDULE_NOTES])
+        return mod
+
+    return run
+
+
+def _inline_scalar_constants(mod: ir.IRModule, names: set) -> ir.IRModule:
+    """Scalar constants a partition is called with (a requantise's shift, a zero point) become
+    immediates in its PrimFunc, where a backend's rules can see their values."""
+    scalars: dict = {}      # PrimFunc name -> {param index: value}
+    for func in mod.functions.values():
+        for call in _calls(func, "relax.call_tir"):
+            callee, args = call.args[0], call.args[1]
+            if callee.name_hint not in names:
+                continue
+            for n, arg in enumerate(args.fields):
+                if isinstance(arg, ir.Constant) and not isinstance(arg, (tirx.IntImm, tirx.FloatImm)) \
+                        and int(np.prod(arg.value.shape)) == 1:
+                    scalars.setdefault(callee.name_hint, {})[n] = arg.value.numpy().reshape(-1)[0]
+    for gv, func in list(mod.functions.items()):
+        if gv.name_hint not in scalars or not isinstance(func, tirx.PrimFunc):
+            continue
+        values = {func.params[n].__chandle__(): (func.params[n], v) for n, v in scalars[gv.name_hint].items()}
+
+        def on_load(load, values=values):
+            found = values.get(load.source.__chandle__())
+            if found is None:
+                return load
+            buf, value = found
+            return tirx.const(value.item(), str(buf.dtype))
+
+        mod[gv] = func.with_body(tvm_ffi.structural_map(func.body, (ir.TensorLoad, on_load)))
+    return mod
+
+
+def _has_preproc(func) -> bool:
+    found = []
+
+    def on_block(b):
+        if _PREPROC in b.annotations:
+            found.append(b)
+
+    tvm_ffi.structural_walk(func.body, (s_tir.SBlock, on_block))
+    return bool(found)
+
+
+def _split_layout_stages(mod: ir.IRModule) -> tuple[ir.IRModule, dict]:
+    """Split marked weight layout stages off the tagged PrimFuncs (the stage functions are the
+    host's: untagged). Returns the module and, per partition, the stages whose weights are
+    constants, which ``FoldConstant`` will run at compile time."""
+    if not any(isinstance(f, tirx.PrimFunc) and tagged(f) is not None and _has_preproc(f)
+               for f in mod.functions.values()):
+        return mod, {}
+    mod = relax.transform.SplitLayoutRewritePreproc()(mod)
+    stages = {}
+    for gv, func in list(mod.functions.items()):
+        if isinstance(func, tirx.PrimFunc) and gv.name_hint.endswith("_weight_prepack"):
+            for key in (BACKEND_ATTR, OPTIONS_ATTR, SCHEDULE_NOTES, "op_pattern"):
+                func = func.without_attr(key)
+            mod[gv] = func
+            blocks = []
+            tvm_ffi.structural_walk(func.body, (s_tir.SBlock, lambda b: blocks.append(b.name_hint)
+                                                if b.name_hint != "root" else None))
+            stages[gv.name_hint] = blocks
+    folded: dict = {}
+    for func in mod.functions.values():
+        for call in _calls(func, "relax.call_tir"):
+            name = call.args[0].name_hint
+            if name in stages and all(isinstance(a, ir.Constant) for a in call.args[1].fields):
+                folded.setdefault(name.removesuffix("_weight_prepack") + "_prepacked", []).extend(stages[name])
+    return mod, folded
+
+
+def _calls(func, op_name: str) -> list:
+    """The calls of Relax operator ``op_name`` bound in ``func``'s blocks."""
+    out = []
+    if isinstance(func, relax.Function):
+        for block in func.body.blocks:
+            for binding in block.bindings:
+                call = binding.value
+                if isinstance(call, relax.Call) and isinstance(call.op, ir.Op) and call.op.name == op_name:
+                    out.append(call)
+    return out
+
+
+def _ops_of(func: relax.Function) -> list:
+    """The operator calls of a partition's body, in order."""
+    return [b.value for block in func.body.blocks for b in block.bindings
+            if isinstance(b.value, relax.Call) and isinstance(b.value.op, ir.Op)]
+
+
+def relax_pipeline(target) -> tvm.transform.Pass:
+    """The Relax pipeline of ``tp.build`` for ``target`` (a ``tp.CompositeTarget`` or a string):
+    partition, lower and schedule the partitions, then TVM's default pipeline for the host.
+    Use it with ``tir_pipeline=tp.TIR_PIPELINE``.
+
+    >>> ex = tvm.compile(mod, "llvm", relax_pipeline=tp.relax_pipeline("accel, llvm"),
+    ...                  tir_pipeline=tp.TIR_PIPELINE)                     # doctest: +SKIP
+    """
+    t = as_target(target)
+    partitioner = Partitioner(t)
+    host = relax.get_default_pipeline(t.host)
+
+    @tvm.transform.module_pass(opt_level=0, name="tirpat.Partition")
+    def part(mod, ctx):
+        mod = partitioner(mod)
+        record = _RECORD.get()
+        if record is not None:
+            record.partitioned, record.partitioner = mod, partitioner
+        return mod
+
+    return tvm.transform.Sequential([part, lower_partitions(), host], name="tirpat.relax_pipeline")
+
+
+# ----------------------------------------------------------------------------- TIR
+_LOCK = threading.Lock()
+_STAGES: dict = {}      # (backend, options text) -> (before passes, rewriter, after passes)
+
+
+def _stages(name: str, opts_text: str):
+    key = (name, opts_text)
+    with _LOCK:
+        found = _STAGES.get(key)
+        if found is None:
+            import json
+
+            backend = lookup(name)
+            opts = backend.resolve(json.loads(opts_text))
+            found = (list(backend.passes(Phase.BEFORE_REWRITE, opts) or []), backend.rules(opts),
+                     list(backend.passes(Phase.AFTER_REWRITE, opts) or []))
+            _STAGES[key] = found
+        return found
+
+
+@tvm.transform.module_pass(opt_level=0, name="tirpat.DispatchBackends")
+def _dispatch(mod: ir.IRModule, ctx) -> ir.IRModule:
+    """Each tagged PrimFunc through its backend's TIR phases and rules, alone in a module."""
+    record = _RECORD.get()
+    for gv, func in list(mod.functions.items()):
+        if not isinstance(func, tirx.PrimFunc) or func.attrs is None or BACKEND_ATTR not in func.attrs:
+            continue
+        before, rw, after = _stages(str(func.attrs[BACKEND_ATTR]), str(func.attrs.get(OPTIONS_ATTR, "{}")))
+        sub = tvm.transform.Sequential(before)(ir.IRModule({gv: func}))
+        counts = {}
+        if rw is not None:
+            sub = rw(sub)
+            counts = dict(rw.report.counts)
+        sub = tvm.transform.Sequential(after)(sub)
+        mod[gv] = sub[gv]
+        if record is not None:
+            record.rules[gv.name_hint] = counts
+    return mod
+
+
+def _register() -> None:
+    from tirpat.tir.pipeline import register_pipeline
+
+    register_pipeline(TIR_PIPELINE, [], after=[_dispatch])
+
+
+_register()

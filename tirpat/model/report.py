@@ -1,0 +1,224 @@
+"""The whole-model offload report: where each operator ran, and its multiply-accumulates.
+
+MACs are counted on the Relax graph, before any padding or tiling: ``matmul`` is the
+output's elements times the reduction length, a convolution the output's elements times
+its weight's elements per output channel. A backend may say, from its ``schedule`` hook,
+what it left for the CPU inside a partition and how many MACs its device really executes
+(tiles padded included) by setting the PrimFunc attribute :data:`SCHEDULE_NOTES` to JSON text
+``{"host_macs": int, "device_macs": int, "host_steps": [[what, why], ...],
+"epilogue": [str, ...]}`` (every key optional).
+
+>>> r = ModelReport(total_macs=100, partitions=[Partition("accel", "f", "accel.matmul", ["relax.matmul"], 100)])
+>>> r.to_json()["macs"]
+{'accel': 100, 'host': 0}
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+import tvm
+from tvm import relax, tirx
+
+__all__ = ["ModelReport", "Partition", "HostOp", "SCHEDULE_NOTES", "macs_of", "epilogue_of"]
+
+#: PrimFunc attribute a backend's schedule may set: JSON notes for the report (module docstring).
+SCHEDULE_NOTES = "tirpat.notes"
+
+_CONV = {"relax.nn.conv1d": "OIW", "relax.nn.conv2d": "OIHW", "relax.nn.conv3d": "OIDHW"}
+
+
+def _static_shape(expr) -> list | None:
+    ty = expr.ty
+    if not isinstance(ty, relax.TensorType) or ty.shape is None:
+        return None
+    shape = ty.shape
+    if not isinstance(shape, relax.ShapeExpr):
+        return None
+    dims = []
+    for d in shape.values:
+        if not isinstance(d, tirx.IntImm):
+            return None
+        dims.append(int(d.value))
+    return dims
+
+
+def _prod(dims) -> int:
+    out = 1
+    for d in dims:
+        out *= d
+    return out
+
+
+def macs_of(call) -> int:
+    """The multiply-accumulates of one Relax operator call (0 for operators that do none, and
+    for dynamic shapes).
+
+    >>> from tvm.script import relax as R
+    >>> x = relax.Var("x", R.Tensor((8, 64), "int8")); w = relax.Var("w", R.Tensor((64, 32), "int8"))
+    >>> macs_of(relax.op.matmul(x, w, out_dtype="int32"))
+    16384
+    """
+    if not isinstance(call, relax.Call) or not isinstance(call.op, tvm.ir.Op):
+        return 0
+    name = call.op.name
+    out = _static_shape(call)
+    if out is None:
+        return 0
+    if name == "relax.matmul":
+        a = _static_shape(call.args[0])
+        return 0 if a is None else _prod(out) * a[-1]
+    if name in _CONV:
+        w = _static_shape(call.args[1])
+        if w is None:
+            return 0
+        layout = str(call.attrs.kernel_layout)
+        return _prod(out) * _prod(w) // w[layout.index("O")]
+    return 0
+
+
+_REQUANT = {"relax.multiply", "relax.right_shift"}
+
+
+def _const_value(expr):
+    if isinstance(expr, (tirx.IntImm, tirx.FloatImm)):
+        return expr.value
+    if isinstance(expr, tvm.ir.Constant) and tuple(expr.value.shape) == ():
+        return expr.value.numpy().item()
+    return None
+
+
+def epilogue_of(calls: list) -> list:
+    """What the operators after a partition's matmul or convolution do, in words: ``bias``,
+    ``ReLU``, ``clip``, ``requantise``, ``residual add``, ``cast``.
+
+    ``calls`` are the partition's Relax calls in order, the compute operator first.
+    """
+    words: list = []
+
+    def say(word):
+        if word not in words:
+            words.append(word)
+
+    core = calls[0]
+    out_shape = _static_shape(core)
+    requant = any(c.op.name in _REQUANT for c in calls[1:])
+    for call in calls[1:]:
+        name = call.op.name
+        if name in ("relax.add", "relax.subtract"):
+            if requant and call is not calls[1] and _const_value(call.args[1]) is not None:
+                say("requantise")
+                continue
+            operand = _static_shape(call.args[1])
+            full = operand is not None and out_shape is not None and _prod(operand) == _prod(out_shape)
+            say("residual add" if full else "bias")
+        elif name == "relax.nn.relu":
+            say("ReLU")
+        elif name in _REQUANT:
+            say("requantise")
+        elif name in ("relax.clip", "relax.maximum", "relax.minimum"):
+            low = _const_value(call.args[1])
+            if requant:
+                say("requantise")
+                if low == 0:
+                    say("ReLU")
+            else:
+                say("ReLU" if low == 0 and name != "relax.minimum" else "clip")
+        elif name == "relax.astype":
+            if not (requant and str(call.ty.dtype) == "int8"):
+                say(f"cast to {call.ty.dtype}")
+        else:
+            say(name.removeprefix("relax."))
+    return words
+
+
+@dataclass
+class Partition:
+    """One operator group a backend took: its function, pattern, operators and MACs."""
+
+    backend: str
+    function: str
+    pattern: str
+    ops: list
+    macs: int
+    epilogue: list = field(default_factory=list)
+    rules: dict = field(default_factory=dict)       # TIR rule -> sites rewritten
+    host_macs: int = 0                              # MACs the backend left for the CPU
+    device_macs: int | None = None                  # MACs the device executes, padding included
+    on_host: list = field(default_factory=list)     # [what, why] steps the CPU does for it
+
+
+@dataclass
+class HostOp:
+    """One operator left for the host target, with the reason no backend took it."""
+
+    op: str
+    var: str
+    reason: str
+    macs: int = 0
+
+
+@dataclass
+class ModelReport:
+    """What ``tp.build`` did with each operator of a model; ``str()`` reads well,
+    :meth:`to_json` is a JSON-serialisable dict (``tirpat compile --report``)."""
+
+    total_macs: int = 0
+    partitions: list = field(default_factory=list)
+    on_host: list = field(default_factory=list)
+
+    @property
+    def macs(self) -> dict:
+        """MACs by backend name, ``"host"`` included; they sum to :attr:`total_macs`."""
+        out: dict = {}
+        for p in self.partitions:
+            out[p.backend] = out.get(p.backend, 0) + p.macs - p.host_macs
+        out["host"] = self.total_macs - sum(out.values())
+        return out
+
+    def to_json(self) -> dict:
+        """``total_macs``, ``macs`` (by backend, ``"host"`` included), ``partitions`` and ``on_host``."""
+        return {"total_macs": self.total_macs, "macs": self.macs,
+                "partitions": [asdict(p) for p in self.partitions],
+                "on_host": [asdict(h) for h in self.on_host]}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "ModelReport":
+        """The inverse of :meth:`to_json`."""
+        return cls(data["total_macs"], [Partition(**p) for p in data["partitions"]],
+                   [HostOp(**h) for h in data["on_host"]])
+
+    def __str__(self) -> str:
+        total = self.total_macs
+        share = lambda n: f"{100 * n / total:.1f}%" if total else "-"  # noqa: E731
+        lines = ["tirpat model report",
+                 f"  multiply-accumulates: {total:,}" + ("" if total else " (the model has no matmul or convolution)")]
+        for name, n in self.macs.items():
+            lines.append(f"    on {name}: {n:,} ({share(n)})")
+        for p in self.partitions:
+            what = " + ".join([_short(p.ops[0])] + p.epilogue) if p.ops else p.pattern
+            lines.append(f"  {p.backend}: {p.function} ({p.pattern}): {what}, {p.macs:,} MACs")
+            if p.device_macs is not None and p.device_macs != p.macs - p.host_macs:
+                lines.append(f"      the device executes {p.device_macs:,} MACs: the matrices are padded to whole tiles")
+            if not p.rules:
+                lines.append(f"      ran on the host: none of {p.backend}'s rules matched its code")
+            for what_cpu, why in p.on_host:
+                lines.append(f"      on the CPU: {what_cpu} {why}")
+        if self.on_host:
+            lines.append("  on the host:")
+            for h in self.on_host:
+                macs = f", {h.macs:,} MACs" if h.macs else ""
+                lines.append(f"    {h.var} = {_short(h.op)}{macs}: {h.reason}")
+        return "\n".join(lines)
+
+
+def _short(op: str) -> str:
+    return op.removeprefix("relax.").removeprefix("nn.")
+
+
+def notes_of(func) -> dict:
+    """The backend's :data:`SCHEDULE_NOTES` notes of a PrimFunc (empty when it set none)."""
+    if func.attrs is None or SCHEDULE_NOTES not in func.attrs:
+        return {}
+    return json.loads(str(func.attrs[SCHEDULE_NOTES]))
