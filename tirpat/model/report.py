@@ -57,7 +57,7 @@ def macs_of(call) -> int:
 
     >>> from tvm.script import relax as R
     >>> x = relax.Var("x", R.Tensor((8, 64), "int8")); w = relax.Var("w", R.Tensor((64, 32), "int8"))
-    >>> macs_of(relax.op.matmul(x, w, out_dtype="int32"))
+    >>> macs_of(relax.BlockBuilder().normalize(relax.op.matmul(x, w, out_dtype="int32")))
     16384
     """
     if not isinstance(call, relax.Call) or not isinstance(call.op, tvm.ir.Op):

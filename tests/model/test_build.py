@@ -1,0 +1,133 @@
+"""tp.build on Relax models: bit-exact against tvm.compile(mod, "llvm"), reports, warnings."""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import tirpat as tp
+from models import mlp, random_inputs, reference
+
+
+def assert_same(got, want):
+    if isinstance(want, tuple):
+        assert isinstance(got, tuple) and len(got) == len(want)
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(g, w)
+    else:
+        np.testing.assert_array_equal(got, want)
+
+
+@pytest.fixture(scope="module")
+def mlp_model():
+    mod = mlp(8, 64, 32, 10)
+    return mod, tp.build(mod, "accel, llvm")
+
+
+def test_mlp_runs_on_accel_bit_exact(mlp_model):
+    mod, model = mlp_model
+    args = random_inputs(mod, np.random.default_rng(0))
+    assert_same(model(*args), reference(mod, args))
+    report = model.report.to_json()
+    assert report["total_macs"] == 8 * 64 * 32 + 8 * 32 * 10
+    assert report["macs"] == {"accel": report["total_macs"], "host": 0}
+    assert [p["backend"] for p in report["partitions"]] == ["accel", "accel"]
+    assert {tuple(p["epilogue"]) for p in report["partitions"]} == {(), ("bias", "ReLU", "requantise")}
+    assert [h["op"] for h in report["on_host"]] == ["relax.sum"]
+    assert "no backend" in report["on_host"][0]["reason"]
+    json.dumps(report)
+    stats = model.stats["accel"]
+    assert stats.cycles > 0 and stats.instructions["GEMM"] >= 2
+    # the device's MAC count includes the padding to whole tiles, and the report says so
+    assert stats.macs > report["total_macs"]
+    assert "padded to whole tiles" in str(model.report)
+
+
+@settings(max_examples=6, deadline=None)
+@given(st.integers(1, 40), st.integers(1, 70), st.integers(1, 40), st.integers(1, 20))
+def test_mlp_shapes(batch, features, hidden, classes):
+    mod = mlp(batch, features, hidden, classes)
+    model = tp.build(mod, "accel, llvm")
+    args = random_inputs(mod, np.random.default_rng(batch * features))
+    assert_same(model(*args), reference(mod, args))
+    assert model.report.macs["host"] == 0
+
+
+def test_constant_weights_are_relaid_out_at_compile_time():
+    mod = mlp(8, 64, 32, 10)
+    rng = np.random.default_rng(1)
+    x, w, b, w2 = random_inputs(mod, rng)
+    model = tp.build(mod, "accel, llvm", params={"w": w, "w2": w2})
+    assert [i.name for i in model.inputs] == ["x", "b"]
+    assert_same(model(x, b), reference(mod, [x, w, b, w2]))
+    steps = [s for p in model.report.partitions for s in p.on_host]
+    assert steps and all("at compile time" in why for _, why in steps)
+
+
+def test_float_model_warns_and_strict_raises():
+    from tvm.script import ir as I, relax as R
+
+    @I.ir_module
+    class Float:
+        @R.function
+        def main(x: R.Tensor((4, 16), "float32"), w: R.Tensor((16, 8), "float32")):
+            with R.dataflow():
+                y = R.matmul(x, w)
+                R.output(y)
+            return y
+
+    with pytest.warns(tp.OffloadWarning, match=r"nothing was offloaded to accel.*float32 x float32 -> float32"):
+        model = tp.build(Float, "accel, llvm")
+    args = random_inputs(Float, np.random.default_rng(2))
+    np.testing.assert_allclose(model(*args), args[0] @ args[1], rtol=1e-5)
+    assert model.report.macs == {"host": 4 * 16 * 8}
+    assert "float32 x float32" in model.report.on_host[0].reason
+    with pytest.raises(tp.OffloadError, match="float32 x float32"):
+        tp.build(Float, "accel, llvm", strict=True)
+
+
+def test_wrong_inputs_are_named(mlp_model):
+    mod, model = mlp_model
+    args = random_inputs(mod, np.random.default_rng(3))
+    with pytest.raises(TypeError, match="input x: expected dtype int8, got int32"):
+        model(args[0].astype(np.int32), *args[1:])
+    with pytest.raises(ValueError, match=r"input w: expected shape \(64, 32\), got \(32, 64\)"):
+        model(args[0], args[1].T.copy(), *args[2:])
+    with pytest.raises(TypeError, match="takes 4 inputs"):
+        model(args[0])
+
+
+def test_export_and_load_in_a_fresh_process(mlp_model, tmp_path):
+    mod, model = mlp_model
+    args = random_inputs(mod, np.random.default_rng(4))
+    path = model.export(tmp_path / "mlp.tirpat")
+    np.savez(tmp_path / "in.npz", *args)
+    want = reference(mod, args)
+    script = textwrap.dedent(f"""
+        import numpy as np, tirpat as tp
+        model = tp.load({str(path)!r})
+        data = np.load({str(tmp_path / 'in.npz')!r})
+        out = model(*[data[f"arr_{{n}}"] for n in range(len(data.files))])
+        np.savez({str(tmp_path / 'out.npz')!r}, *out)
+        print(model.stats["accel"].cycles, model.report.to_json()["macs"]["accel"])
+    """)
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    cycles, macs = map(int, run.stdout.split())
+    assert cycles > 0 and macs == model.report.total_macs
+    got = np.load(tmp_path / "out.npz")
+    assert_same(tuple(got[f"arr_{n}"] for n in range(2)), want)
+
+
+def test_load_rejects_other_files(tmp_path):
+    bad = tmp_path / "bad.tirpat"
+    bad.write_text("not a model")
+    with pytest.raises(ValueError, match="not a model exported by tirpat"):
+        tp.load(bad)
+    with pytest.raises(FileNotFoundError):
+        tp.load(tmp_path / "missing.tirpat")

@@ -1,0 +1,20 @@
+"""The examples in the model level's docstrings (and accel's Backend hooks) run and are right."""
+
+import doctest
+import importlib
+
+import pytest
+import tvm
+from tvm import relax
+
+import tirpat as tp
+
+MODULES = ["tirpat.model.partition", "tirpat.model.report", "tirpat.model.pipeline", "tirpat.model.compiled",
+           "tirpat.model.build", "accel.compiler.patterns", "accel.backend"]
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_docstring_examples(name):
+    result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS,
+                             extraglobs={"tp": tp, "tvm": tvm, "relax": relax})
+    assert result.failed == 0
