@@ -25,6 +25,7 @@ from tvm import ir, relax
 from tvm.relax.dpl import pattern as dpl
 
 from .backend import Backend, Phase
+from .target import CompositeTarget, parse_target
 
 __all__ = ["partition", "Partitioner", "BACKEND_ATTR", "OPTIONS_ATTR", "tagged"]
 
@@ -178,41 +179,16 @@ def _calls_in(ctx) -> list:
 
 
 def as_target(target):
-    """A ``tp.CompositeTarget`` (returned as it is) or a target string, parsed.
+    """A ``tp.CompositeTarget`` (returned as it is) or a target string, parsed by ``tp.parse_target``.
 
     >>> [b.name for b, _ in as_target("accel, llvm").backends]
     ['accel']
     """
-    if hasattr(target, "backends") and hasattr(target, "host"):
+    if isinstance(target, str):
+        return parse_target(target)
+    if isinstance(target, CompositeTarget):
         return target
-    if not isinstance(target, str):
-        raise TypeError(f"a target is a tp.CompositeTarget or a string like 'accel, llvm', got {target!r}")
-    try:
-        from .target import parse_target
-    except ImportError:     # the command-line issue's parser has not landed yet
-        return _minimal_target(target)
-    return parse_target(target)
-
-
-@dataclass
-class _MinimalTarget:
-    backends: list
-    host: object
-
-
-def _minimal_target(text: str) -> _MinimalTarget:
-    """``name -opt=value, ..., host-kind``: enough for tests until ``tp.parse_target`` lands."""
-    from .backend import lookup
-
-    parts = [p.split() for p in text.split(",") if p.strip()]
-    if not parts:
-        raise ValueError(f"empty target {text!r}")
-    backends = []
-    for words in parts[:-1]:
-        opts = dict(w.lstrip("-").split("=", 1) if "=" in w else (w.lstrip("-"), "true") for w in words[1:])
-        backend = lookup(words[0])
-        backends.append((backend, backend.resolve(opts)))
-    return _MinimalTarget(backends, tvm.target.Target({"kind": parts[-1][0]}))
+    raise TypeError(f"a target is a tp.CompositeTarget or a string like 'accel, llvm', got {target!r}")
 
 
 def partition(mod: ir.IRModule, target) -> ir.IRModule:
