@@ -39,7 +39,7 @@ from tvm.target import Target, TargetKind
 
 from .backend import Backend, Option, backends
 
-__all__ = ["TargetError", "CompositeTarget", "TargetSpec", "parse_target", "tokenize"]
+__all__ = ["TargetError", "CompositeTarget", "TargetSpec", "parse_target", "tokenize", "host_options"]
 
 
 class TargetError(ValueError):
@@ -181,12 +181,18 @@ def _tvm_options(kind: str) -> dict[str, str]:
     return {k: v for k, v in TargetKind.options_from_name(kind).items() if k not in _TVM_RESERVED}
 
 
-def _tvm_type_name(type_name: str) -> str:
-    return "list of str (comma-separated)" if type_name == "Array<str>" else type_name
+def host_options(kind: str) -> dict[str, str]:
+    """The options a target string can give the TVM target ``kind``, with their types as a
+    user reads them (``int``, ``bool``, ``str``, ``list of str``; others cannot be given).
+
+    >>> host_options("llvm")["mattr"], host_options("llvm")["num-cores"]
+    ('list of str', 'int')
+    """
+    return {k: "list of str" if t == "Array<str>" else t for k, t in _tvm_options(kind).items()}
 
 
 def _describe_tvm_options(kind: str) -> str:
-    return ", ".join(f"{k}: {_tvm_type_name(t)}" for k, t in _tvm_options(kind).items())
+    return ", ".join(f"{k}: {t}" for k, t in host_options(kind).items())
 
 
 def _option_key(name: str, known: Iterable[str]) -> str | None:

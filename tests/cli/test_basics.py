@@ -1,0 +1,88 @@
+"""The command line's frame: commands, help with an example, usage errors, ``targets``."""
+
+import json
+import re
+
+import pytest
+
+import tirpat as tp
+from tirpat.cli import commands, main
+
+COMMANDS = sorted(commands())
+
+
+def test_the_design_commands_are_there():
+    assert {"targets", "compile", "run"} <= set(COMMANDS)
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_every_command_help_shows_an_example(capsys, name):
+    with pytest.raises(SystemExit) as exit:
+        main([name, "--help"])
+    out = capsys.readouterr().out
+    assert exit.value.code == 0 and "example:" in out
+    assert out.split("example:")[-1].strip().startswith(f"tirpat {name}"), out
+
+
+def test_top_level_help_lists_the_commands(tirpat, tmp_path):
+    result = tirpat("--help", cwd=tmp_path)
+    assert result.returncode == 0
+    for name in COMMANDS:
+        assert re.search(rf"^\s+{name}\s", result.stdout, re.M), result.stdout
+
+
+def test_no_command_is_a_usage_error(tirpat, tmp_path):
+    result = tirpat(cwd=tmp_path)
+    assert result.returncode == 2 and "usage: tirpat" in result.stderr
+
+
+def test_a_usage_error_exits_2_with_one_line(tirpat, error_line, tmp_path):
+    line = error_line(tirpat("compile", cwd=tmp_path), "the following arguments are required: MODEL, -t/--target",
+                      status=2)
+    assert line.startswith("tirpat compile: error:") and "see 'tirpat compile --help'" in line
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["frobnicate"], "invalid choice: 'frobnicate'"),
+    (["compile", "m.onnx", "-t"], "argument -t/--target: expected one argument"),
+    (["run", "m.tirpat", "--seed", "x"], "argument --seed: invalid int value: 'x'"),
+    (["targets", "--bogus"], "unrecognized arguments: --bogus"),
+])
+def test_usage_errors(capsys, args, fragment):
+    with pytest.raises(SystemExit) as exit:
+        main(args)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit.value.code == 2 and len(err) == 1 and fragment in err[0], err
+
+
+def test_python_dash_m_is_the_same_program(tirpat, tmp_path):
+    result = tirpat("targets", "--json", cwd=tmp_path, module=True)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == json.loads(tirpat("targets", "--json", cwd=tmp_path).stdout)
+
+
+def test_targets_lists_backends_with_options_types_and_defaults(tirpat, tmp_path):
+    result = tirpat("targets", cwd=tmp_path)
+    assert result.returncode == 0 and result.stderr == ""
+    accel = tp.backends()["accel"]
+    assert re.search(r"^accel\s", result.stdout, re.M)
+    for name, option in accel.options.items():
+        assert re.search(rf"-{name}=INT\s+.*\(default {option.default}\)", result.stdout), name
+    assert "llvm" in result.stdout.split("Hosts")[1]
+
+
+def test_targets_json_is_the_registry(tirpat, tmp_path):
+    listing = json.loads(tirpat("targets", "--json", cwd=tmp_path).stdout)
+    accel = next(b for b in listing["backends"] if b["name"] == "accel")
+    assert {o["name"]: (o["type"], o["default"]) for o in accel["options"]} == {
+        k: (o.type_name, o.default) for k, o in tp.backends()["accel"].options.items()}
+    assert "llvm" in listing["hosts"]
+
+
+def test_targets_of_one_name(tirpat, error_line, tmp_path):
+    llvm = tirpat("targets", "llvm", cwd=tmp_path)
+    assert llvm.returncode == 0
+    assert "-mattr=A,B,..." in llvm.stdout and "--fast-math" in llvm.stdout and "-num-cores=INT" in llvm.stdout
+    assert "-tile=INT" in tirpat("targets", "accel", cwd=tmp_path).stdout
+    error_line(tirpat("targets", "nosuch", cwd=tmp_path), "no backend or TVM target kind named 'nosuch'",
+               "registered backends: accel")

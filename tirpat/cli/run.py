@@ -1,0 +1,90 @@
+"""``tirpat run MODEL.tirpat``: run a compiled model on inputs, with device statistics."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import time
+from pathlib import Path
+
+from .command import Command, CommandError
+
+_DESCRIPTION = """\
+Runs a model written by 'tirpat compile' on the inputs in an .npz keyed by the model's
+input names (--inputs), or on seeded random inputs. Prints each output's dtype, shape and
+range and writes them with -o as output_0, output_1, ... With --profile it prints each
+backend's device statistics for the run (for accel: cycles, the share of the roofline
+reached, utilisation by unit); --timeline draws the device's timeline as a PNG."""
+
+
+def _arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", metavar="MODEL.tirpat", help="a model written by 'tirpat compile'")
+    parser.add_argument("--inputs", metavar="NPZ", help="inputs, an .npz keyed by input name (default: seeded random)")
+    parser.add_argument("--seed", type=int, default=0, help="the seed of the random inputs (default 0)")
+    parser.add_argument("-o", "--output", metavar="NPZ", help="write the outputs to this .npz (output_0, output_1, ...)")
+    parser.add_argument("--profile", action="store_true", help="print each backend's device statistics")
+    parser.add_argument("--timeline", metavar="PNG",
+                        help="draw the device timeline (needs the plot extra: pip install 'tirpat[plot]')")
+
+
+def _timeline_paths(path: Path, names: list[str]) -> dict[str, Path]:
+    """One PNG per backend with a timeline: ``path`` itself when there is one."""
+    if len(names) == 1:
+        return {names[0]: path}
+    return {name: path.with_name(f"{path.stem}.{name}{path.suffix}") for name in names}
+
+
+def _run(args: argparse.Namespace) -> int:
+    import tirpat as tp
+
+    from .arrays import describe_array, output_names, random_inputs, read_inputs, write_outputs
+
+    if args.timeline:
+        if importlib.util.find_spec("matplotlib") is None:
+            raise CommandError("--timeline needs matplotlib: pip install 'tirpat[plot]'")
+        if not Path(args.timeline).parent.is_dir():
+            raise CommandError(f"{args.timeline}: no such directory {str(Path(args.timeline).parent)!r}")
+    if not Path(args.model).is_file():
+        raise CommandError(f"{args.model}: no such file" if not Path(args.model).exists() else f"{args.model}: not a file")
+    model = tp.load(args.model)
+    if args.inputs:
+        arrays = read_inputs(args.inputs, model.inputs)
+    else:
+        arrays = random_inputs(model.inputs, args.seed)
+        shown = ", ".join(f"{spec.name}: {spec.dtype}{list(spec.shape)}" for spec in model.inputs)
+        print(f"inputs: seeded random (--seed {args.seed}): {shown}")
+    start = time.perf_counter()
+    result = model(*arrays)
+    seconds = time.perf_counter() - start
+    outputs = list(result) if isinstance(result, tuple) else [result]
+    for name, value in zip(output_names(len(outputs)), outputs):
+        print(describe_array(name, value))
+    if args.output:
+        write_outputs(args.output, outputs)
+        print(f"wrote {args.output}")
+    if args.profile:
+        print(f"\nwall time {1e3 * seconds:.1f} ms (host code and device simulation together)")
+        for name, stats in model.stats.items():
+            print(f"\n{name}:")
+            print(stats.summary() if hasattr(stats, "summary") else stats)
+        if not model.stats:
+            print("no backend of this model keeps device statistics")
+    if args.timeline:
+        drawn = [name for name, stats in model.stats.items() if hasattr(getattr(stats, "timeline", None), "save_png")]
+        if not drawn:
+            raise CommandError("--timeline: no backend of this model records a timeline "
+                               f"(backends: {', '.join(b.name for b, _ in model.backends) or 'none'})")
+        for name, path in _timeline_paths(Path(args.timeline), drawn).items():
+            model.stats[name].timeline.save_png(path, title=f"{name}: {Path(args.model).name}")
+            print(f"wrote {path}")
+    return 0
+
+
+COMMAND = Command(
+    name="run",
+    help="run a compiled model on inputs (.npz) or random data, with device statistics",
+    example="tirpat run mlp.tirpat --inputs in.npz -o out.npz --profile --timeline mlp.png",
+    arguments=_arguments,
+    run=_run,
+    description=_DESCRIPTION,
+)
