@@ -235,16 +235,19 @@ def _is_plain_copy(block) -> bool:
     return isinstance(block.body, tirx.BufferStore) and isinstance(block.body.value, ir.TensorLoad)
 
 
-def normalise(sch: s_tir.Schedule, conv: Conv, config: Config, notes) -> dict:
+def normalise(sch: s_tir.Schedule, conv: Conv, config: Config, notes, gather: str | None = None,
+              fuse_rows: bool = False) -> dict:
     """Rewrite the conv block of ``sch`` into batched-GEMM form (see the module docstring);
-    CPU steps go to ``notes.on_cpu``. Returns the GEMM roles for the scheduler: buffers
+    CPU steps go to ``notes.on_cpu``. ``gather`` is ``"direct"``, ``"im2col"`` or None
+    (:func:`direct_gather` decides). ``fuse_rows``: M is the output pixels of an image, rows
+    and columns fused (``y*W + x``), instead of one row's (the CPU's im2col only). Returns the GEMM roles for the scheduler: buffers
     ``C``/``A``/``B``, iter keys ``i``, ``j``, ``k``, ``k_outer``, ``batch``, extents ``ext``,
-    iter ``order``, blocks to ``inline`` into the INP copy, the chain ``stop`` block and a
-    ``gather`` note.
+    iter ``order``, blocks to ``inline`` into the INP copy, the chain ``stop`` block, the
+    ``method`` used and a ``gather`` note.
 
-    >>> roles = normalise(sch, conv, accel.Config(), notes)     # doctest: +SKIP
+    >>> roles = normalise(sch, conv, accel.Config(), notes, gather="im2col")     # doctest: +SKIP
     """
-    direct = direct_gather(conv, config)
+    direct = direct_gather(conv, config) if gather is None else gather == "direct"
     blk = sch.get_sblock(conv.block)
     inline, source = _input(sch, blk, conv, direct, notes)
     w_buffer = _weights(sch, blk, conv, direct, notes)
@@ -262,6 +265,10 @@ def normalise(sch: s_tir.Schedule, conv: Conv, config: Config, notes) -> dict:
     dims = {role_of[_key(r.min)]: n for n, r in enumerate(re_read.region)}
     m_role = next(r for r in ("x", "y", "n") if r in dims)
     rows = [r for r in ("n", "y", "x") if r != m_role] + [m_role]
+    fuse_rows = fuse_rows and not direct
+    if fuse_rows:
+        _pixels_as_rows(sch, blk, conv, stop)
+        rows, m_role = ["n", "m"], "m"
     if direct:
         inline.append(re_name)
         gather = f"im2col gather by strided, padded LOADs from {source}"
@@ -287,7 +294,8 @@ def normalise(sch: s_tir.Schedule, conv: Conv, config: Config, notes) -> dict:
         k, k_outer = at["k"], []
     return {"C": block.writes[0].source, "A": re_buffer, "B": w_buffer, "i": at[m_role], "j": at["f"],
             "k": k, "k_outer": k_outer, "batch": [at[r] for r in rows[:-1]], "ext": ext, "order": keys,
-            "inline": inline, "stop": stop, "gather": gather}
+            "inline": inline, "stop": stop, "gather": gather, "method": "direct" if direct else "im2col",
+            "pixels": "image" if fuse_rows else "row", "row_width": conv.ext["x"] if fuse_rows else None}
 
 
 def _input(sch, blk, conv: Conv, direct: bool, notes) -> tuple[list, str]:
@@ -356,14 +364,41 @@ def _output(sch, blk, conv: Conv, notes) -> str | None:
 
 def _fuse_k(sch, blk, re_block, conv: Conv, dims: dict, rows: list) -> None:
     """Lay the im2col buffer out as ``[rows.., K]`` and the conv block as ``(rows.., f, K)``
-    with ``K = (ry*KW + rx)*C + c`` (the order of the reordered weights)."""
-    c_, s_, p = conv.ext["c"], conv.ext["rx"], conv.pos
+    with ``K = (ry*KW + rx)*C + c`` (the order of the reordered weights); a row ``m`` is
+    the pixel ``y*W + x``."""
+    c_, s_, w_, p = conv.ext["c"], conv.ext["rx"], conv.ext["x"], conv.pos
     fused = lambda get: (get("ry") * s_ + get("rx")) * c_ + get("c")  # noqa: E731
-    sch.transform_layout(re_block, ("write", 0), lambda *ax: tuple(ax[dims[r]] for r in rows if r in dims) +
-                         (fused(lambda r: ax[dims[r]] if r in dims else 0),))
+    pixel = lambda get: get("y") * w_ + get("x")  # noqa: E731
+
+    def row(r, get):
+        return pixel(get) if r == "m" else get(r)
+
+    def present(r):
+        return r in dims or (r == "m" and ("y" in dims or "x" in dims))
+
+    def buffer_map(*ax):
+        get = lambda r: ax[dims[r]] if r in dims else 0  # noqa: E731
+        return tuple(row(r, get) for r in rows if present(r)) + (fused(get),)
+
+    sch.transform_layout(re_block, ("write", 0), buffer_map)
     sch.transform_block_layout(blk, tirx.IndexMap.from_func(
-        lambda *it: tuple(it[p[r]] for r in rows + ["f"]) + (fused(lambda r: it[p[r]]),),
+        lambda *it: tuple(row(r, lambda q: it[p[q]]) for r in rows + ["f"]) + (fused(lambda r: it[p[r]]),),
         ndim=7, index_dtype="int32"))
+
+
+def _pixels_as_rows(sch, blk, conv: Conv, stop: str | None) -> None:
+    """Lay the conv's result out as ``[n, y*W + x, f]`` (it is channels-last by now) and
+    make the last block of its epilogue (a copy back when there is none) iterate over
+    ``(n, y*W + x, f)``, writing the channels-last output at ``[n, m // W, m % W, f]``: the
+    same bytes, so its STOREs write the output directly."""
+    w_ = conv.ext["x"]
+    chain = pointwise_chain(sch, blk, stop)
+    for b in chain[:-1]:
+        sch.compute_inline(b)
+    final = chain[-1] if chain else sch.cache_write(blk, 0, "global")
+    sch.transform_layout(blk, ("write", 0), lambda n, y, x, f: (n, y * w_ + x, f))
+    sch.transform_block_layout(final, tirx.IndexMap.from_func(
+        lambda n, y, x, f: (n, y * w_ + x, f), ndim=4, index_dtype="int32"))
 
 
 def _input_read(sch, blk, weight) -> int:

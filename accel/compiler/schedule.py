@@ -17,13 +17,17 @@ them; a conv2d is first rewritten into a batched GEMM by :mod:`accel.compiler.co
 Everything that is not offloaded stays as it is and is compiled for the CPU; each decision
 is recorded in :class:`Notes` for the build report.
 
+The choices (block sizes, weight residency, the convolution's gather) are heuristics; a
+GEMM block annotated with :class:`Knobs` (``sch.annotate(block, "accel.bn", 4)``, what the
+tuner's design space does) takes the annotated ones instead.
+
 >>> mod, notes = schedule(te.create_prim_func([A, W, C]), accel.Config())   # doctest: +SKIP
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import tvm_ffi
 from tvm import ir, s_tir, tirx
@@ -42,6 +46,98 @@ class ScheduleError(ValueError):
     """The workload cannot be compiled for accel (e.g. dynamic shapes)."""
 
 
+#: Where the weight of a GEMM lives: reloaded into WGT for every block of K, or loaded once.
+WEIGHTS = ("streamed", "resident")
+#: How a convolution's im2col operand reaches INP (see :mod:`accel.compiler.conv`).
+GATHERS = ("direct", "im2col")
+#: What a convolution's M dimension runs over: the pixels of one output row, or of an image.
+PIXELS = ("row", "image")
+#: The most tiles per block along N and K the heuristic considers.
+BN_LIMIT, BK_LIMIT = 8, 32
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """The scheduler's choices for one GEMM block; a field left None is the heuristic's.
+
+    - ``bm``, ``bn``, ``bk``: tiles per block along M, N and K (at most the whole
+      dimension; a block is shrunk while it would overflow a scratchpad). An accumulator
+      block is ``bm x bn`` tiles (its epilogue runs as one ALU instruction per step), an
+      INP block ``bm x bk``; a GEMM instruction covers two of the three block loops;
+    - ``weights``: ``"streamed"`` (a block of weights is loaded into WGT for every block of
+      K) or ``"resident"`` (the whole weight is loaded once, if it fits in WGT);
+    - ``gather`` (convolutions): ``"direct"`` (strided LOADs from the input) or
+      ``"im2col"`` (the CPU builds the im2col matrix);
+    - ``pixels`` (convolutions, with ``im2col``): M runs over the pixels of one output
+      ``"row"`` (rows are batched) or over a whole ``"image"`` (rows fused: a narrow output
+      needs less padding to whole tiles).
+
+    Knobs travel as annotations on the GEMM block (``accel.bn`` = 4, ``accel.weights`` =
+    index into :data:`WEIGHTS`, ...), so that a meta_schedule design space can set them
+    from sampled values and a tuning record replays them.
+
+    >>> Knobs(bn=4, weights="resident").annotations()
+    {'accel.bn': 4, 'accel.weights': 1}
+    >>> Knobs.from_annotations({'accel.bk': 2, 'accel.gather': 1})
+    Knobs(bm=None, bn=None, bk=2, weights=None, gather='im2col', pixels=None)
+    """
+
+    bm: int | None = None
+    bn: int | None = None
+    bk: int | None = None
+    weights: str | None = None
+    gather: str | None = None
+    pixels: str | None = None
+
+    _CHOICES = {"weights": WEIGHTS, "gather": GATHERS, "pixels": PIXELS}
+
+    def __post_init__(self) -> None:
+        for name in ("bm", "bn", "bk"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise ValueError(f"Knobs.{name} must be a positive int or None, got {value!r}")
+        for name, choices in self._CHOICES.items():
+            value = getattr(self, name)
+            if value is not None and value not in choices:
+                raise ValueError(f"Knobs.{name} must be one of {choices} or None, got {value!r}")
+
+    def annotations(self) -> dict:
+        """The block annotations that carry these knobs (set fields only)."""
+        out = {}
+        for name in _FIELDS:
+            value = getattr(self, name)
+            if value is not None:
+                out[ANNOTATION + name] = self._CHOICES[name].index(value) if name in self._CHOICES else value
+        return out
+
+    @classmethod
+    def from_annotations(cls, annotations) -> "Knobs":
+        """The knobs a GEMM block's annotations set (others None)."""
+        fields = {}
+        for name in _FIELDS:
+            value = annotations.get(ANNOTATION + name)
+            if value is None:
+                continue
+            value = int(value)
+            if name in cls._CHOICES:
+                choices = cls._CHOICES[name]
+                if not 0 <= value < len(choices):
+                    raise ScheduleError(f"annotation {ANNOTATION + name} = {value} is not an index into {choices}")
+                value = choices[value]
+            fields[name] = value
+        return cls(**fields)
+
+    def annotate(self, sch: s_tir.Schedule, block_rv) -> None:
+        """Annotate ``block_rv`` of ``sch`` with these knobs."""
+        for key, value in self.annotations().items():
+            sch.annotate(block_rv, key, value)
+
+
+#: Prefix of the knob annotations on a GEMM block.
+ANNOTATION = "accel."
+_FIELDS = ("bm", "bn", "bk", "weights", "gather", "pixels")
+
+
 @dataclass
 class GemmPlan:
     """One offloaded GEMM block: its name, sizes and what was done to it."""
@@ -54,6 +150,7 @@ class GemmPlan:
     epilogue: list = field(default_factory=list)    # what the ALU epilogue does, in words
     gather: str = ""        # how a convolution's im2col operand reaches INP
     device_macs: int = 0    # the MACs the GEMM unit executes: M, N and K padded to whole tiles
+    knobs: Knobs = field(default_factory=Knobs)     # the choices made, every field set
 
     @property
     def macs(self) -> int:
@@ -135,7 +232,8 @@ def _analyse_gemm(block, m):
     ext = {key: _const(iv.dom.extent) for key, iv in iters.items()}
     return {"C": store.buffer, "A": a_load.source, "B": b_load.source, "a_idx": a_idx, "b_idx": b_idx,
             "i": i, "j": j, "k": k, "batch": batch, "ext": ext, "order": [iv.var.__chandle__() for iv in block.iter_vars],
-            "k_outer": [], "inline": [], "stop": None, "gather": ""}, None
+            "k_outer": [], "inline": [], "stop": None, "gather": "", "method": None, "pixels": None,
+            "row_width": None}, None
 
 
 def _read_index(block, buffer) -> int:
@@ -157,15 +255,39 @@ def _pick_block(tiles: int, limit: int) -> int:
 
 def schedule(func: tirx.PrimFunc, config: Config) -> tuple[ir.IRModule, Notes]:
     """Schedule every offloadable GEMM block of ``func``; see the module docstring."""
-    for p in func.params:
+    sch = s_tir.Schedule(ir.IRModule({"main": func}))
+    notes = schedule_in(sch, config)
+    return sch.mod, notes
+
+
+def schedule_in(sch: s_tir.Schedule, config: Config) -> Notes:
+    """:func:`schedule` on the ``main`` function of an existing ``sch`` (a tuner's design
+    space), recording the primitives in its trace; returns the :class:`Notes`."""
+    for p in sch.mod["main"].params:
         if tirx.is_buffer_var(p):
             for d in p.shape:
                 _const(d)
-    sch = s_tir.Schedule(ir.IRModule({"main": func}))
     notes = Notes()
-    root = sch.get_sblock("root")
     gemms = []
-    for block_rv in sch.get_child_blocks(root):
+    for name, roles, conv, block_rv in _find_gemms(sch, notes):
+        knobs = Knobs.from_annotations(sch.get(block_rv).annotations)
+        for key in knobs.annotations():
+            sch.unannotate(block_rv, key)
+        gemms.append((name, roles, conv, knobs))
+    for name, roles, conv, knobs in gemms:
+        if conv is not None:
+            roles = normalise_conv(sch, conv, config, notes, gather=knobs.gather,
+                                   fuse_rows=knobs.pixels == "image")
+        _schedule_gemm(sch, name, roles, config, notes, knobs)
+    return notes
+
+
+def _find_gemms(sch: s_tir.Schedule, notes: Notes) -> list:
+    """``(name, roles, conv, block_rv)`` for each offloadable GEMM block of ``main`` (a
+    convolution has ``conv`` set, ``roles`` None); the MACs of every reduction and why
+    each other one stays on the CPU go to ``notes``."""
+    found = []
+    for block_rv in sch.get_child_blocks(sch.get_sblock("root")):
         block = sch.get(block_rv)
         reduces = [iv for iv in block.iter_vars if int(iv.iter_type) == REDUCE]
         if not reduces:
@@ -188,12 +310,15 @@ def schedule(func: tirx.PrimFunc, config: Config) -> tuple[ir.IRModule, Notes]:
         if roles is None and conv is None:
             notes.on_cpu.append((block.name_hint, why))
         else:
-            gemms.append((block.name_hint, roles, conv))
-    for name, roles, conv in gemms:
-        if conv is not None:
-            roles = normalise_conv(sch, conv, config, notes)
-        _schedule_gemm(sch, name, roles, config, notes)
-    return sch.mod, notes
+            found.append((block.name_hint, roles, conv, block_rv))
+    return found
+
+
+def gemm_blocks(sch: s_tir.Schedule) -> list[tuple[str, bool]]:
+    """``(block name, is a convolution)`` for each GEMM block of ``main`` that
+    :func:`schedule_in` would offload, in program order (what a tuner annotates); ``sch``
+    is left as it is."""
+    return [(name, conv is not None) for name, _, conv, _ in _find_gemms(sch.copy(), Notes())]
 
 
 def _dtypes_found(block) -> str:
@@ -233,7 +358,37 @@ def _permutes(indices, block) -> bool:
     return all(isinstance(e, tirx.Var) for e in indices) and sorted(e.__chandle__() for e in indices) == keys
 
 
-def _schedule_gemm(sch, name, roles, config, notes):
+def _blocks(m_tiles: int, n_tiles: int, k_tiles: int, knobs: Knobs, config: Config) -> tuple[int, int, int]:
+    """Tiles per block along M, N and K: the knobs' (at most the whole dimension) or the
+    heuristic's (one row of tiles; along N and K the largest power of two that pads by at
+    most an eighth), halved while the blocks would overflow a double-buffered scratchpad
+    (N first in ACC, then K, then M)."""
+    t = config.tile
+    bm = min(knobs.bm, m_tiles) if knobs.bm is not None else 1
+    bn = min(knobs.bn, n_tiles) if knobs.bn is not None else _pick_block(n_tiles, BN_LIMIT)
+    bk = min(knobs.bk, k_tiles) if knobs.bk is not None else _pick_block(k_tiles, BK_LIMIT)
+    half = {"acc": config.acc_elements // 2, "inp": config.inp_elements // 2, "wgt": config.wgt_elements // 2}
+    while bm * bn > 1 and 2 * t * t * bm * bn > half["acc"]:
+        if bn > 1:
+            bn //= 2
+        else:
+            bm //= 2
+    while bk > 1 and (2 * t * t * bk * bm > half["inp"] or 2 * t * t * bk * bn > half["wgt"]):
+        bk //= 2
+    while bm > 1 and 2 * t * t * bk * bm > half["inp"]:
+        bm //= 2
+    return bm, bn, bk
+
+
+def _whole_rows(width: int, rows: int, pixels: int) -> bool:
+    """Whether blocks of ``rows`` pixels of an image ``width`` pixels wide (``pixels`` in
+    all) start at the start of an image row and hold whole rows, or lie within one row, or
+    are the whole image: then a block's pixel ``r`` is at row ``r // width``, column
+    ``r % width``, affine in ``r`` once the block's rows are split by the width."""
+    return rows % width == 0 or width % rows == 0 or rows >= pixels
+
+
+def _schedule_gemm(sch, name, roles, config, notes, knobs: Knobs):
     t = config.tile
     ext = roles["ext"]
     m_, n_, k_ = ext[roles["i"]], ext[roles["j"]], ext[roles["k"]]
@@ -258,13 +413,15 @@ def _schedule_gemm(sch, name, roles, config, notes):
             gemm = sch.get_sblock(name)
 
     # 2. blocks of tiles that fit the scratchpads (double-buffered), and padding to them
-    bn = _pick_block(-(-n_ // t), 8)
-    bk = _pick_block(-(-k_ // t), 32)
-    while bn > 1 and 2 * t * t * bn > config.acc_elements // 2:
-        bn //= 2
-    while bk > 1 and (2 * t * t * bk > config.inp_elements // 2 or 2 * t * t * bk * bn > config.wgt_elements // 2):
-        bk //= 2
-    target = {roles["i"]: t, roles["j"]: t * bn, roles["k"]: t * bk}
+    bm, bn, bk = _blocks(-(-m_ // t), -(-n_ // t), -(-k_ // t), knobs, config)
+    width = roles["row_width"]
+    if width is not None and not _whole_rows(width, t * bm, m_):
+        # the block of an image's pixels must hold whole image rows: the whole image, then
+        bm, bn, bk = _blocks(-(-m_ // t), -(-n_ // t), -(-k_ // t), replace(knobs, bm=-(-m_ // t)), config)
+        if not _whole_rows(width, t * bm, m_):
+            raise ScheduleError(f"{name}: a block of {t * bm} pixels cannot hold whole rows of {width} pixels "
+                                f"and the image's {m_} pixels do not fit one block: use pixels='row'")
+    target = {roles["i"]: t * bm, roles["j"]: t * bn, roles["k"]: t * bk}
     order = roles["order"]
     padded = [-(-ext[v] // target[v]) * target[v] if v in target else ext[v] for v in order]
     plan.device_macs = 1
@@ -292,19 +449,25 @@ def _schedule_gemm(sch, name, roles, config, notes):
     # 4. tile, stage through the scratchpads, move the init out
     loops = sch.get_loops(gemm)
     pos = {v: n for n, v in enumerate(order)}
-    i_o, i_i = sch.split(loops[pos[roles["i"]]], [None, t])
+    i_o, i_b, i_i = sch.split(loops[pos[roles["i"]]], [None, bm, t])
     j_o, j_b, j_i = sch.split(loops[pos[roles["j"]]], [None, bn, t])
     k_o, k_b, k_i = sch.split(loops[pos[roles["k"]]], [None, bk, t])
     batch_loops = [loops[pos[b]] for b in roles["batch"]]
     k_outer = [loops[pos[r]] for r in roles["k_outer"]]
-    sch.reorder(*batch_loops, i_o, j_o, *k_outer, k_o, k_b, j_b, i_i, j_i, k_i)
+    # a GEMM instruction folds the two innermost block loops (the third, if any, loops over it)
+    sch.reorder(*batch_loops, i_o, j_o, *k_outer, k_o, i_b, k_b, j_b, i_i, j_i, k_i)
     a_stage = sch.cache_read(gemm, 0, INP)
     b_stage = sch.cache_read(gemm, 1, WGT)
     sch.compute_at(a_stage, k_o)
     w_elements = 1
     for d in sch.get(b_stage).writes[0].source.shape:
         w_elements *= _const(d)
-    if w_elements > config.wgt_elements // 2 or -(-m_ // t) * batch == 1:
+    if knobs.weights is None:
+        # resident when it leaves half of WGT free and more than one row of tiles reuses it
+        resident = w_elements <= config.wgt_elements // 2 and -(-m_ // t) * batch > 1
+    else:
+        resident = knobs.weights == "resident" and w_elements <= config.wgt_elements
+    if not resident:
         sch.compute_at(b_stage, k_o)
     # else the whole weight stays resident in WGT: one LOAD, reused by every row of tiles
     for stage in (a_stage, b_stage):
@@ -324,6 +487,9 @@ def _schedule_gemm(sch, name, roles, config, notes):
     else:
         sch.set_scope(gemm, 0, ACC)
         sch.reverse_compute_at(final, j_o)
+        if width is not None and width < t * bm:
+            # rows of the block are pixels of whole image rows: stored one image row at a time
+            sch.split(sch.get_loops(final)[-2], [None, width])
         fblock = sch.get(final)
         for r in list(fblock.reads):
             if r.source.same_as(sch.get(gemm).writes[0].source):
@@ -334,6 +500,7 @@ def _schedule_gemm(sch, name, roles, config, notes):
                 # ALU operands are tile-lane vectors: rows of the staged copy start aligned
                 sch.storage_align(stage, 0, len(r.source.shape) - 2, t, 0)
     sch.decompose_reduction(gemm, k_outer[0] if k_outer else k_o)
+    plan.knobs = Knobs(bm, bn, bk, WEIGHTS[resident], roles["method"], roles["pixels"])
     notes.offloaded.append(plan)
 
 
