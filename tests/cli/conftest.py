@@ -92,3 +92,8 @@ def tirpat_here(capsys, monkeypatch, tmp_path):
 def script():
     """``(path of the tirpat console script, the environment to run it in)``."""
     return console_script(), environment()
+
+
+@pytest.fixture(scope="session")
+def repo_root():
+    return ROOT

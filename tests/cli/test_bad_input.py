@@ -7,7 +7,7 @@ TARGET = "accel, llvm"
 
 def onnx_model(path, op_type="Relu", domain=""):
     """A one-node float ONNX model ``y = op(x)`` written to ``path``."""
-    onnx = pytest.importorskip("onnx")
+    import onnx
     from onnx import TensorProto, helper
 
     node = helper.make_node(op_type, ["x"], ["y"], domain=domain)

@@ -47,6 +47,7 @@ def test_a_usage_error_exits_2_with_one_line(tirpat, error_line, tmp_path):
     (["compile", "m.onnx", "-t"], "argument -t/--target: expected one argument"),
     (["run", "m.tirpat", "--seed", "x"], "argument --seed: invalid int value: 'x'"),
     (["targets", "--bogus"], "unrecognized arguments: --bogus"),
+    (["compile", "m.onnx", "-t", "llvm", "--input-shapes", "x:[a]"], "argument --input-shapes: expected name:[d0,d1,...]"),
 ])
 def test_usage_errors(capsys, args, fragment):
     with pytest.raises(SystemExit) as exit:

@@ -44,6 +44,13 @@ def read_inputs(path: str | os.PathLike, inputs: Sequence) -> list[np.ndarray]:
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
         raise CommandError(f"{path}: not an .npz of arrays ({err}); the model takes {expected}") from err
     names = [s.name for s in inputs]
+    renamed: dict[str, str] = {}
+    for key in list(arrays):
+        name = key if key in names else _frontend_name(key)
+        if name in renamed:
+            raise CommandError(f"{path}: {renamed[name]!r} and {key!r} both give input {name!r}")
+        renamed[name] = key
+    arrays = {name: arrays[key] for name, key in renamed.items()}
     missing = [n for n in names if n not in arrays]
     extra = sorted(set(arrays) - set(names))
     if missing or extra:
@@ -62,6 +69,13 @@ def read_inputs(path: str | os.PathLike, inputs: Sequence) -> list[np.ndarray]:
                                f"the model takes {_spec_text(spec)}")
         out.append(a)
     return out
+
+
+def _frontend_name(name: str) -> str:
+    """The name TVM's ONNX frontend gives an input called ``name`` (``input.1`` -> ``input_1``,
+    ``0`` -> ``input_0``), so that ``--inputs`` may use the ONNX graph's own names."""
+    name = name.replace(".", "_")
+    return name if name[:1].isalpha() or name[:1] == "_" else f"input_{name}"
 
 
 def random_inputs(inputs: Sequence, seed: int = 0) -> list[np.ndarray]:

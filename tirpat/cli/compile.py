@@ -24,8 +24,20 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
                         help='composite target: backends in priority order, then the host, e.g. "accel -tile=16, llvm"')
     parser.add_argument("-o", "--output", metavar="OUT", help="the compiled model file (default: MODEL's name + .tirpat)")
     parser.add_argument("--report", metavar="JSON", help="also write the offload report as JSON")
+    parser.add_argument("--input-shapes", type=_shapes, metavar="SHAPES",
+                        help="fix an ONNX model's input shapes, e.g. \"x:[1,3,16,16] y:[8]\" (accelerators "
+                             "need static shapes)")
     parser.add_argument("--strict", action="store_true",
                         help="fail when less is offloaded than the backends could take (default: a warning)")
+
+
+def _shapes(text: str) -> dict:
+    from .model_file import parse_shapes
+
+    try:
+        return parse_shapes(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -33,6 +45,7 @@ def _run(args: argparse.Namespace) -> int:
 
     from .model_file import load_model
     from .progress import Progress, pass_names
+    from .tvm_noise import filtered_native_stderr
 
     target = tp.parse_target(args.target)          # a malformed target fails before any work
     output = Path(args.output) if args.output else Path(Path(args.model).stem + ".tirpat")
@@ -41,10 +54,10 @@ def _run(args: argparse.Namespace) -> int:
             raise CommandError(f"{path}: no such directory {str(Path(path).parent)!r}")
     with Progress() as progress:
         with progress.step(f"reading {args.model}"):
-            mod = load_model(args.model)
+            mod = load_model(args.model, args.input_shapes)
         with progress.step(f"compiling for {target}"), pass_names(progress):
             model = tp.build(mod, target, strict=args.strict)
-        with progress.step(f"writing {output}"):
+        with progress.step(f"writing {output}"), filtered_native_stderr():
             model.export(output)
     print(model.report)
     if args.report:

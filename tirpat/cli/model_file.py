@@ -1,7 +1,8 @@
 """MODEL on the command line: an ``.onnx`` file or a ``.py`` file defining a Relax ``IRModule``.
 
 - ``.onnx``: read with ``onnx`` and imported by TVM's Relax ONNX frontend, weights bound as
-  constants, input names kept as the ONNX graph has them (they key ``--inputs``).
+  constants. The frontend renames inputs that are not identifiers (``input.1`` becomes
+  ``input_1``); ``--inputs`` takes either name (:func:`tirpat.cli.arrays.read_inputs`).
 - ``.py``: run with ``runpy`` (TVMScript needs the file's own module while it executes, which
   ``importlib`` loading does not give); it must define an ``IRModule`` named ``Module`` with
   a Relax function ``main``.
@@ -14,19 +15,47 @@ Every failure is a :class:`~tirpat.cli.command.CommandError` naming the file.
 from __future__ import annotations
 
 import os
+import re
 import runpy
+import warnings
 from pathlib import Path
 
 from .command import CommandError
 
-__all__ = ["load_model", "ENTRY"]
+__all__ = ["load_model", "parse_shapes", "ENTRY"]
 
 #: The Relax function of MODEL that is compiled and run.
 ENTRY = "main"
 
 
-def load_model(path: str | os.PathLike):
-    """MODEL (``.onnx`` or ``.py``) as a Relax ``tvm.IRModule``."""
+def parse_shapes(text: str) -> dict[str, list[int]]:
+    """``--input-shapes`` as TVMC wrote it: ``name:[d0,d1,...]`` entries separated by spaces.
+
+    >>> parse_shapes("x:[1,3,16,16] input.1:[8]")
+    {'x': [1, 3, 16, 16], 'input.1': [8]}
+    """
+    shapes: dict[str, list[int]] = {}
+    rest = text.strip()
+    while rest:
+        m = _SHAPE.match(rest)
+        if m is None:
+            raise ValueError(f"expected name:[d0,d1,...] entries separated by spaces, got {rest!r}")
+        dims = (m.group(2) or "").replace(" ", "")
+        if m.group(1) in shapes:
+            raise ValueError(f"input {m.group(1)!r} is given twice")
+        shapes[m.group(1)] = [int(d) for d in dims.split(",")] if dims else []
+        rest = rest[m.end():].lstrip()
+    if not shapes:
+        raise ValueError("no shapes given")
+    return shapes
+
+
+_SHAPE = re.compile(r"([^\s:]+):\[\s*((?:\d+\s*,\s*)*\d+)?\s*\](?=\s|$)")
+
+
+def load_model(path: str | os.PathLike, shapes: dict[str, list[int]] | None = None):
+    """MODEL (``.onnx`` or ``.py``) as a Relax ``tvm.IRModule``; ``shapes`` fixes the shapes of
+    an ONNX model's inputs (by the graph's input names), as ``--input-shapes`` does."""
     path = Path(path)
     if not path.exists():
         raise CommandError(f"{path}: no such file")
@@ -35,8 +64,10 @@ def load_model(path: str | os.PathLike):
     if not os.access(path, os.R_OK):
         raise CommandError(f"{path}: permission denied")
     suffix = path.suffix.lower()
+    if shapes and suffix != ".onnx":
+        raise CommandError(f"{path}: --input-shapes is for .onnx models; a Relax module declares its shapes")
     if suffix == ".onnx":
-        mod = _from_onnx(path)
+        mod = _from_onnx(path, shapes)
     elif suffix == ".py":
         mod = _from_python(path)
     else:
@@ -44,7 +75,7 @@ def load_model(path: str | os.PathLike):
     return _check(mod, path)
 
 
-def _from_onnx(path: Path):
+def _from_onnx(path: Path, shapes: dict[str, list[int]] | None):
     try:
         import onnx
     except ImportError:
@@ -59,12 +90,38 @@ def _from_onnx(path: Path):
         raise CommandError(f"{path}: not an ONNX model ({_first_line(err)})") from err
     if not model.graph.node:
         raise CommandError(f"{path}: not an ONNX model (its graph has no nodes)")
+    initializers = {i.name for i in model.graph.initializer}
+    inputs = [i.name for i in model.graph.input if i.name not in initializers]
+    unknown = sorted(set(shapes or ()) - set(inputs))
+    if unknown:
+        raise CommandError(f"{path}: --input-shapes names {', '.join(unknown)}, but the model's inputs are "
+                           f"{', '.join(inputs)}")
+    dynamic = {i.name: _dims(i) for i in model.graph.input
+               if i.name in inputs and i.name not in (shapes or {}) and not all(isinstance(d, int) for d in _dims(i))}
+    if dynamic:
+        example = " ".join(f"{n}:[{','.join(str(d) if isinstance(d, int) else '1' for d in dims)}]"
+                           for n, dims in dynamic.items())
+        warnings.warn(f"{path}: input {', '.join(f'{n} [{_text(dims)}]' for n, dims in dynamic.items())} has dimensions not "
+                      f"fixed in the model; accelerators need static shapes: give them with --input-shapes, "
+                      f"e.g. --input-shapes \"{example}\"", stacklevel=2)
     try:
-        return from_onnx(model, keep_params_in_input=False, sanitize_input_names=False)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Renaming name", category=UserWarning)
+            return from_onnx(model, shape_dict=shapes, keep_params_in_input=False)
     except tvm.error.OpNotImplemented as err:
         raise CommandError(f"{path}: TVM cannot import this model: {_first_line(err)}") from err
     except Exception as err:  # noqa: BLE001 - the frontend raises many kinds; say which file and why
         raise CommandError(f"{path}: TVM's ONNX frontend failed: {type(err).__name__}: {_first_line(err)}") from err
+
+
+def _text(dims: list) -> str:
+    return ", ".join(map(str, dims))
+
+
+def _dims(value_info) -> list:
+    """An ONNX graph input's dimensions: ints, or the names (``?``) of those not fixed."""
+    return [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?")
+            for d in value_info.type.tensor_type.shape.dim]
 
 
 def _from_python(path: Path):

@@ -15,6 +15,7 @@ stderr is not a terminal (a pipe, a file, CI) it draws nothing at all.
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 from typing import Callable, Iterator
 
@@ -29,17 +30,21 @@ class Progress:
     def __init__(self, enabled: bool | None = None) -> None:
         self.enabled = sys.stderr.isatty() if enabled is None else enabled
         self._live = None
+        self._terminal = None
         self._task = None
 
     def __enter__(self) -> "Progress":
         if self.enabled:
             from rich.console import Console
-            from rich.progress import BarColumn, Progress as Live, SpinnerColumn, TextColumn, TimeElapsedColumn
+            from rich.progress import BarColumn, Progress as Live, SpinnerColumn, TextColumn
 
+            # A terminal of its own (a copy of fd 2): the display stays visible while a block
+            # captures fd 2 (tirpat.cli.tvm_noise).
+            self._terminal = os.fdopen(os.dup(sys.stderr.fileno()), "w")
             self._live = Live(SpinnerColumn(finished_text="[green]done"), TextColumn("{task.description}"),
                               BarColumn(bar_width=20), TextColumn("{task.fields[count]}"),
-                              TextColumn("[dim]{task.fields[detail]}"), TimeElapsedColumn(),
-                              console=Console(stderr=True))
+                              TextColumn("[dim]{task.fields[detail]}"), TextColumn("{task.elapsed:.1f} s"),
+                              console=Console(file=self._terminal), redirect_stderr=False)
             self._live.start()
         return self
 
@@ -47,6 +52,7 @@ class Progress:
         if self._live is not None:
             self._live.stop()
             self._live = None
+            self._terminal.close()
 
     @contextlib.contextmanager
     def step(self, description: str) -> Iterator[None]:

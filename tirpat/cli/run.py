@@ -38,6 +38,7 @@ def _run(args: argparse.Namespace) -> int:
     import tirpat as tp
 
     from .arrays import describe_array, output_names, random_inputs, read_inputs, write_outputs
+    from .tvm_noise import filtered_native_stderr
 
     if args.timeline:
         if importlib.util.find_spec("matplotlib") is None:
@@ -46,7 +47,8 @@ def _run(args: argparse.Namespace) -> int:
             raise CommandError(f"{args.timeline}: no such directory {str(Path(args.timeline).parent)!r}")
     if not Path(args.model).is_file():
         raise CommandError(f"{args.model}: no such file" if not Path(args.model).exists() else f"{args.model}: not a file")
-    model = tp.load(args.model)
+    with filtered_native_stderr():
+        model = tp.load(args.model)
     if args.inputs:
         arrays = read_inputs(args.inputs, model.inputs)
     else:

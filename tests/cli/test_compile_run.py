@@ -1,0 +1,201 @@
+"""``tirpat compile`` then ``tirpat run`` on the bundled model, checked against TVM on llvm alone."""
+
+import json
+import os
+import pty
+import runpy
+import select
+import subprocess
+import time
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+
+TARGET = "accel, llvm"
+
+
+def reference(model_file, *inputs):
+    """The module of ``model_file`` compiled by ``tvm.compile(mod, "llvm")`` and run on TVM's VM."""
+    mod = runpy.run_path(str(model_file))["Module"]
+    vm = relax.VirtualMachine(tvm.compile(mod, "llvm"), tvm.cpu())
+    out = vm["main"](*[tvm.runtime.tensor(a) for a in inputs])
+    return [out.numpy()] if isinstance(out, tvm.runtime.Tensor) else [o.numpy() for o in out]
+
+
+@pytest.fixture(scope="module")
+def compiled(tirpat, workdir, example_mlp):
+    result = tirpat("compile", example_mlp, "-t", TARGET, "-o", "mlp.tirpat", "--report", "mlp.json", cwd=workdir)
+    assert result.returncode == 0, result.stderr
+    return result
+
+
+def test_compile_prints_the_report_and_writes_it_as_json(compiled, workdir):
+    assert compiled.stderr == "", "a compile in a pipe prints no progress"
+    assert "accel" in compiled.stdout and "wrote mlp.tirpat and mlp.json" in compiled.stdout
+    report = json.loads((workdir / "mlp.json").read_text())
+    assert report["total_macs"] == 16 * 64 * 128 + 16 * 128 * 16
+    assert sum(report["macs"].values()) == report["total_macs"]
+    assert report["macs"]["accel"] == report["total_macs"]
+    assert [p["backend"] for p in report["partitions"]] == ["accel", "accel"]
+    assert (workdir / "mlp.tirpat").stat().st_size > 0
+
+
+def test_run_is_exact_against_tvm_on_llvm(compiled, tirpat, workdir, example_mlp):
+    x = np.random.default_rng(7).integers(-128, 128, (16, 64), dtype=np.int8)
+    np.savez(workdir / "in.npz", x=x)
+    result = tirpat("run", "mlp.tirpat", "--inputs", "in.npz", "-o", "out.npz", "--profile", cwd=workdir)
+    assert result.returncode == 0, result.stderr
+    with np.load(workdir / "out.npz") as out:
+        assert out.files == ["output_0"]
+        np.testing.assert_array_equal(out["output_0"], reference(example_mlp, x)[0])
+    assert "output_0: int32[16, 16]" in result.stdout
+    profile = result.stdout.split("wall time")[1]
+    assert "accel:" in profile and "cycles" in profile and "roofline" in profile
+    for unit in ("load", "gemm", "alu", "store"):
+        assert f"{unit} " in profile.split("utilisation:")[1]
+
+
+def test_run_without_inputs_feeds_seeded_random_ones(compiled, tirpat, workdir):
+    runs = [tirpat("run", "mlp.tirpat", *seed, "-o", f"r{i}.npz", cwd=workdir)
+            for i, seed in enumerate([[], [], ["--seed", "1"]])]
+    assert all(r.returncode == 0 for r in runs), [r.stderr for r in runs]
+    assert "seeded random (--seed 0): x: int8[16, 64]" in runs[0].stdout
+    outs = [np.load(workdir / f"r{i}.npz")["output_0"] for i in range(3)]
+    np.testing.assert_array_equal(outs[0], outs[1])
+    assert not np.array_equal(outs[0], outs[2])
+
+
+def test_timeline_png(compiled, tirpat, workdir):
+    result = tirpat("run", "mlp.tirpat", "--timeline", "t.png", cwd=workdir)
+    assert result.returncode == 0, result.stderr
+    assert (workdir / "t.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_timeline_without_matplotlib_says_which_extra(compiled, tirpat_here, workdir, monkeypatch):
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else find_spec(name, *a))
+    status, _, err = tirpat_here("run", workdir / "mlp.tirpat", "--timeline", "t.png")
+    assert status == 1 and err == "tirpat run: error: --timeline needs matplotlib: pip install 'tirpat[plot]'\n"
+
+
+@pytest.mark.parametrize("arrays, fragment", [
+    ({"x": np.zeros((4, 64), np.int8)}, "in.npz: input 'x' is int8[4, 64]; the model takes x: int8[16, 64]"),
+    ({"x": np.zeros((16, 64), np.float32)}, "in.npz: input 'x' is float32[16, 64]; the model takes x: int8[16, 64]"),
+    ({"y": np.zeros((16, 64), np.int8)}, "in.npz: no array for input x; the model has no input y"),
+])
+def test_wrong_inputs(compiled, tirpat, error_line, workdir, arrays, fragment):
+    np.savez(workdir / "in.npz", **arrays)
+    error_line(tirpat("run", "mlp.tirpat", "--inputs", "in.npz", cwd=workdir), f"tirpat run: error: {fragment}")
+
+
+def test_inputs_that_are_not_an_npz(compiled, tirpat_here, workdir):
+    (workdir / "bad.npz").write_text("no")
+    status, _, err = tirpat_here("run", workdir / "mlp.tirpat", "--inputs", workdir / "bad.npz")
+    assert status == 1 and "bad.npz: not an .npz of arrays" in err and err.count("\n") == 1, err
+
+
+def test_run_of_a_file_that_is_not_a_compiled_model(tirpat, error_line, tmp_path):
+    (tmp_path / "junk.tirpat").write_text("not a model")
+    error_line(tirpat("run", "junk.tirpat", cwd=tmp_path), "tirpat run: error: junk.tirpat", "not a model exported by tirpat")
+
+
+def test_target_options_reach_the_compiled_model(tirpat, tmp_path, example_mlp):
+    import tirpat as tp
+
+    result = tirpat("compile", example_mlp, "-t", "accel -tile=32, llvm -num-cores=1", "-o", "m.tirpat",
+                    cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    model = tp.load(tmp_path / "m.tirpat")
+    assert model.backends[0][1]["tile"] == 32 and model.host.export()["num-cores"] == 1
+    x = np.random.default_rng(3).integers(-128, 128, (16, 64), dtype=np.int8)
+    np.testing.assert_array_equal(model(x), reference(example_mlp, x)[0])
+
+
+def read_all(fd: int, seconds: float) -> str:
+    """Everything written to the pty ``fd`` until its writer closes it (bounded in time)."""
+    chunks, deadline = [], time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not select.select([fd], [], [], 1.0)[0]:
+            continue
+        try:
+            data = os.read(fd, 65536)
+        except OSError:             # EIO: the child closed its end
+            break
+        if not data:
+            break
+        chunks.append(data)
+    return b"".join(chunks).decode(errors="replace")
+
+
+def test_a_compile_on_a_terminal_shows_progress(script, tmp_path, example_mlp):
+    command, env = script
+    controller, terminal = pty.openpty()
+    proc = subprocess.Popen([command, "compile", str(example_mlp), "-t", TARGET, "-o", "m.tirpat"], cwd=tmp_path,
+                            env={**env, "TERM": "xterm", "COLUMNS": "160"}, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=terminal)
+    os.close(terminal)
+    try:
+        shown = read_all(controller, 600)
+        stdout = proc.communicate(timeout=60)[0].decode()
+    finally:
+        proc.kill()
+        os.close(controller)
+    assert proc.returncode == 0, shown
+    for step in ("reading", "compiling for accel, llvm", "writing m.tirpat"):
+        assert step in shown, shown
+    assert "accel" in stdout and "compiling for" not in stdout, "progress goes to the terminal, the report to stdout"
+
+
+def matmul_integer_model(path, rng, batch=16):
+    """An ONNX int8 layer as the importer meets it: MatMulInteger + bias + ReLU, input ``input.1``
+    (``batch`` rows, or a named dynamic dimension)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = rng.integers(-128, 128, (64, 32), dtype=np.int8)
+    b = rng.integers(-1000, 1000, (32,), dtype=np.int32)
+    nodes = [helper.make_node("MatMulInteger", ["input.1", "W"], ["acc"]),
+             helper.make_node("Add", ["acc", "B"], ["biased"]),
+             helper.make_node("Relu", ["biased"], ["y"])]
+    graph = helper.make_graph(nodes, "layer", [helper.make_tensor_value_info("input.1", TensorProto.INT8, [batch, 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.INT32, [batch, 32])],
+                              initializer=[numpy_helper.from_array(w, "W"), numpy_helper.from_array(b, "B")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(model, str(path))
+    return model
+
+
+def test_an_onnx_model_is_exact_against_onnxruntime(tirpat, tmp_path):
+    import onnxruntime as ort
+
+    rng = np.random.default_rng(11)
+    model = matmul_integer_model(tmp_path / "layer.onnx", rng)
+    x = rng.integers(-128, 128, (16, 64), dtype=np.int8)
+    np.savez(tmp_path / "in.npz", **{"input.1": x})      # the ONNX graph's own input name
+    compiled = tirpat("compile", "layer.onnx", "-t", TARGET, "--report", "r.json", cwd=tmp_path)
+    assert compiled.returncode == 0, compiled.stderr
+    assert json.loads((tmp_path / "r.json").read_text())["macs"]["accel"] == 16 * 64 * 32
+    result = tirpat("run", "layer.tirpat", "--inputs", "in.npz", "-o", "out.npz", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    expected = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"input.1": x})[0]
+    np.testing.assert_array_equal(np.load(tmp_path / "out.npz")["output_0"], expected)
+
+
+def test_input_shapes_fix_an_onnx_models_dynamic_batch(tirpat, tirpat_here, error_line, tmp_path):
+    matmul_integer_model(tmp_path / "layer.onnx", np.random.default_rng(5), batch="N")
+    status, _, err = tirpat_here("compile", "layer.onnx", "-t", TARGET, "-o", "dynamic.tirpat")
+    assert status == 0 and "input.1 [N, 64] has dimensions not fixed" in err, err
+    assert '--input-shapes "input.1:[1,64]"' in err
+    error_line(tirpat("compile", "layer.onnx", "-t", TARGET, "--input-shapes", "x:[16,64]", cwd=tmp_path),
+               "layer.onnx: --input-shapes names x, but the model's inputs are input.1")
+    result = tirpat("compile", "layer.onnx", "-t", TARGET, "--input-shapes", "input.1:[16,64]", "--report", "r.json",
+                    cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert json.loads((tmp_path / "r.json").read_text())["macs"]["accel"] == 16 * 64 * 32
+    ran = tirpat("run", "layer.tirpat", cwd=tmp_path)
+    assert ran.returncode == 0 and "input_1: int8[16, 64]" in ran.stdout, ran.stderr

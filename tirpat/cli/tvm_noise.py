@@ -1,0 +1,47 @@
+"""TVM 0.27's stray debug lines, kept off the user's terminal.
+
+Saving or loading any Relax VM executable makes TVM 0.27 log one ``Warning: Scope Saving:``
+(or ``Scope Loaded:``) line per memory scope (``src/runtime/vm/executable.cc``, a debug
+print left at warning level). They say nothing a user can act on, and they break "quiet in a
+pipe". :func:`filtered_native_stderr` captures the process's native stderr (file descriptor
+2, where TVM's C++ logging writes) while a block runs and passes every other line through
+once it ends.
+
+>>> with filtered_native_stderr():
+...     pass
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import sys
+import tempfile
+from typing import Iterator
+
+__all__ = ["filtered_native_stderr", "NOISE"]
+
+#: Lines of native stderr that are dropped.
+NOISE = re.compile(r"vm/executable\.cc:\d+: Warning: Scope (Saving|Loaded):")
+
+
+@contextlib.contextmanager
+def filtered_native_stderr() -> Iterator[None]:
+    """Run the block with fd 2 captured, then write what it printed, less :data:`NOISE`."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as capture:
+        os.dup2(capture.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            capture.seek(0)
+            kept = [line for line in capture.read().decode(errors="replace").splitlines(keepends=True)
+                    if not NOISE.search(line)]
+            if kept:
+                sys.stderr.write("".join(kept))
+                sys.stderr.flush()
