@@ -116,7 +116,7 @@ def test_bad_arguments(float_model, tmp_path):
         tp.quantize(float_model, tmp_path / "junk.npz")
     with pytest.raises(ValueError, match="unknown calibration method 'best'"):
         tp.quantize(float_model, method="best")
-    with pytest.raises(TypeError, match="model must be a path"):
+    with pytest.raises(TypeError, match="the model must be a path"):
         tp.quantize(42)
 
 

@@ -83,12 +83,12 @@ def quantize(model: ModelLike, calibration: Calibration = None, *, per_channel: 
     """
     onnx, ortq = _require()
     if method not in METHODS:
-        raise ValueError(f"tp.quantize: unknown calibration method {method!r}; choose one of {', '.join(METHODS)}")
+        raise ValueError(f"unknown calibration method {method!r}; choose one of {', '.join(METHODS)}")
     proto = _load(onnx, model)
     inputs = _graph_inputs(onnx, proto)
     if calibration is None:
         samples = _random_samples(inputs)
-        warnings.warn(f"tp.quantize: no calibration data, so calibrating on {RANDOM_SAMPLES} seeded random "
+        warnings.warn(f"no calibration data, so calibrating on {RANDOM_SAMPLES} seeded random "
                       "inputs: the activation scales are then meaningless for real data. Pass calibration "
                       "data (an .npz keyed by input name, leading axis of samples).", stacklevel=2)
     else:
@@ -112,14 +112,14 @@ def _load(onnx, model):
     if isinstance(model, onnx.ModelProto):
         return model
     if not isinstance(model, (str, os.PathLike)):
-        raise TypeError(f"tp.quantize: model must be a path or an onnx.ModelProto, got {type(model).__name__}")
+        raise TypeError(f"the model must be a path or an onnx.ModelProto, got {type(model).__name__}")
     path = pathlib.Path(model)
     if not path.is_file():
-        raise FileNotFoundError(f"tp.quantize: no model file {str(path)!r}")
+        raise FileNotFoundError(f"no model file {str(path)!r}")
     try:
         return onnx.load(str(path))
     except Exception as err:  # noqa: BLE001 - protobuf raises several kinds
-        raise ValueError(f"tp.quantize: {str(path)!r} is not an ONNX model ({err})") from err
+        raise ValueError(f"{str(path)!r} is not an ONNX model ({err})") from err
 
 
 def _graph_inputs(onnx, proto) -> dict[str, tuple[tuple, np.dtype]]:
