@@ -5,6 +5,7 @@
     tirpat targets                                  registered backends, options, types, defaults
     tirpat compile MODEL -t "accel, llvm" -o m.tirpat [--report r.json]
     tirpat run m.tirpat [--inputs in.npz] [-o out.npz] [--profile] [--timeline t.png]
+    tirpat quantize MODEL.onnx -o OUT.onnx [--calibration calib.npz] [--per-channel]
 
 Each command is one module of this package defining ``COMMAND``, a
 :class:`~tirpat.cli.command.Command`; :func:`main` finds every such module, so adding a

@@ -1,0 +1,62 @@
+"""``tirpat quantize``: the real console script on a float CNN; bad input is one line."""
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+pytest.importorskip("onnxruntime")
+
+from tirpat.cli import quantize as quantize_command  # noqa: E402
+from tirpat.model.quantize import METHODS  # noqa: E402
+from tirpat.testing import onnx_cnn  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def float_cnn(tmp_path_factory):
+    """A float CNN and its calibration data, written to files."""
+    where = tmp_path_factory.mktemp("float_cnn")
+    model = onnx_cnn.strided(seed=2, channels=8)
+    onnx.save(model, str(where / "cnn.onnx"))
+    np.savez(where / "calib.npz", **onnx_cnn.calibration(model, 8))
+    return where / "cnn.onnx", where / "calib.npz"
+
+
+def test_quantize_with_calibration(tirpat, float_cnn, tmp_path):
+    model, calib = float_cnn
+    result = tirpat("quantize", model, "-o", "int8.onnx", "--calibration", calib, "--per-channel", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    assert "wrote int8.onnx" in result.stdout and "per output channel" in result.stdout
+    q = onnx.load(str(tmp_path / "int8.onnx"))
+    assert {"QuantizeLinear", "DequantizeLinear", "Conv", "Gemm"} <= {n.op_type for n in q.graph.node}
+
+
+def test_quantize_without_calibration_warns(tirpat_here, float_cnn, tmp_path):
+    model, _ = float_cnn
+    status, out, err = tirpat_here("quantize", model)
+    assert status == 0
+    assert err.startswith("tirpat quantize: warning: no calibration data") and "meaningless" in err
+    assert len(err.strip().splitlines()) == 1
+    assert (model.parent / "cnn_int8.onnx").exists()        # the default name, beside MODEL
+
+
+def test_bad_input(tirpat, error_line, float_cnn, tmp_path):
+    model, calib = float_cnn
+    error_line(tirpat("quantize", "nope.onnx", cwd=tmp_path), "tirpat quantize: error: nope.onnx: no such file")
+    (tmp_path / "m.py").write_text("x = 1")
+    error_line(tirpat("quantize", "m.py", cwd=tmp_path), "m.py: tirpat quantize takes a float .onnx model")
+    np.savez(tmp_path / "wrong.npz", y=np.zeros((2, 1, 3, 16, 16), np.float32))
+    error_line(tirpat("quantize", model, "--calibration", "wrong.npz", "-o", "q.onnx", cwd=tmp_path),
+               "calibration data has no array for input 'x' (it has 'y')")
+    error_line(tirpat("quantize", model, "--calibration", "missing.npz", "-o", "q.onnx", cwd=tmp_path),
+               "no calibration file 'missing.npz'")
+    error_line(tirpat("quantize", model, "-o", "no/such/dir/q.onnx", "--calibration", calib, cwd=tmp_path),
+               "no such directory 'no/such/dir'")
+
+
+def test_usage_error(tirpat, error_line, float_cnn, tmp_path):
+    error_line(tirpat("quantize", float_cnn[0], "--method", "best", cwd=tmp_path), "invalid choice: 'best'", status=2)
+
+
+def test_methods_are_the_libraries():
+    assert quantize_command._METHODS == METHODS

@@ -1,0 +1,71 @@
+"""``tirpat quantize MODEL.onnx -o OUT.onnx [--calibration calib.npz] [--per-channel]``: a
+float ONNX model to int8 QDQ form (:func:`tirpat.quantize`)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from .command import Command, CommandError
+
+_DESCRIPTION = """\
+Quantises a float ONNX model to int8 with onnxruntime's quantize_static: QDQ form, int8
+activations and weights, symmetric (zero points 0), MinMax calibration by default.
+'tirpat compile' turns the result into integer arithmetic for an int8 backend (accel runs
+tirpat's integerize pass itself).
+
+Calibration data is an .npz keyed by input name whose arrays have a leading axis of
+samples, each of the input's shape (16 samples of a [1, 3, 16, 16] input: [16, 1, 3, 16,
+16]). Without --calibration, seeded random inputs are used and the scales are then
+meaningless for real data (a warning says so)."""
+
+_METHODS = ("minmax", "entropy", "percentile")     # tirpat.model.quantize.METHODS, without importing it
+
+
+def _arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", metavar="MODEL", help="a float .onnx model")
+    parser.add_argument("-o", "--output", metavar="OUT",
+                        help="the int8 .onnx model to write (default: MODEL's name + _int8.onnx)")
+    parser.add_argument("--calibration", metavar="NPZ",
+                        help="calibration data: an .npz keyed by input name, leading axis of samples")
+    parser.add_argument("--per-channel", action="store_true", help="one weight scale per output channel")
+    parser.add_argument("--method", choices=_METHODS, default="minmax", help="calibration method (default: minmax)")
+
+
+def _run(args: argparse.Namespace) -> int:
+    model = Path(args.model)
+    if not model.is_file():
+        raise CommandError(f"{model}: no such file" if not model.exists() else f"{model}: not a file")
+    if model.suffix.lower() != ".onnx":
+        raise CommandError(f"{model}: tirpat quantize takes a float .onnx model")
+    output = Path(args.output) if args.output else model.with_name(model.stem + "_int8.onnx")
+    if not output.parent.is_dir():
+        raise CommandError(f"{output}: no such directory {str(output.parent)!r}")
+    try:
+        import onnx
+
+        from tirpat.model.quantize import CalibrationError, quantize
+    except ImportError as err:
+        raise CommandError(f"tirpat quantize needs onnx and onnxruntime: pip install 'tirpat[model]' ({err})") from None
+    try:
+        qdq = quantize(model, args.calibration, per_channel=args.per_channel, method=args.method)
+    except (CalibrationError, FileNotFoundError, ValueError) as err:
+        raise CommandError(str(err)) from err
+    try:
+        onnx.save(qdq, str(output))
+    except OSError as err:
+        raise CommandError(f"{output}: cannot write the model ({err.strerror})") from err
+    quantised = sum(n.op_type == "QuantizeLinear" for n in qdq.graph.node)
+    scales = "per output channel" if args.per_channel else "per tensor"
+    print(f"wrote {output}: {quantised} tensors quantised to int8 (symmetric, weights {scales}, {args.method})")
+    return 0
+
+
+COMMAND = Command(
+    name="quantize",
+    help="quantise a float ONNX model to int8 (QDQ form, by onnxruntime)",
+    example="tirpat quantize cnn.onnx -o cnn_int8.onnx --calibration calib.npz --per-channel",
+    arguments=_arguments,
+    run=_run,
+    description=_DESCRIPTION,
+)
