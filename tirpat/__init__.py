@@ -9,37 +9,23 @@
 
 import importlib
 
+from .tir.copy import is_copy
+from .tir.engine import Match
 from .tir.explain import Explanation, explain
-from .tir.match import Match, find_all, match
-from .tir.module_rule import rewriter
-from .tir.pattern import (
-    Pattern,
-    affine,
-    is_buffer,
-    is_call,
-    is_const,
-    is_copy,
-    is_for,
-    is_if,
-    is_load,
-    is_nest,
-    is_seq,
-    is_store,
-    is_var,
-    loop,
-    max,
-    min,
-    wildcard,
-)
-from .tir.pipeline import lower, lower_blocks, register_pipeline, tir_pipeline
+from .tir.match import find_all, match
+from .tir.pattern import Pattern, affine, is_buffer, is_call, is_const, is_load, is_var, max, min, wildcard
+from .tir.lowering import lower, lower_blocks
+from .tir.pipeline import register_pipeline, tir_pipeline
 from .tir.region import CopyRegion, Region, RegionError, padding
-from .tir.rewrite import Report, RewriteError, Rewriter, Rule, Site
+from .tir.rewrite import Rewriter, Rewritten, rewriter
+from .tir.scan import Decline, Declined, Report, RewriteError, Rule, Site, decline
+from .tir.statement import is_for, is_if, is_nest, is_seq, is_store, loop
 
 __all__ = [
-    "CopyRegion", "Explanation", "Match", "Pattern", "Region", "RegionError", "Report",
-    "RewriteError", "Rewriter", "Rule", "Site", "affine", "explain", "find_all", "is_buffer",
-    "is_call", "is_const", "is_copy", "is_for", "is_if", "is_load", "is_nest", "is_seq",
-    "is_store", "is_var", "loop", "lower", "lower_blocks", "match", "max", "min", "padding",
+    "CopyRegion", "Decline", "Declined", "Explanation", "Match", "Pattern", "Region", "RegionError",
+    "Report", "RewriteError", "Rewriter", "Rewritten", "Rule", "Site", "affine", "decline", "explain",
+    "find_all", "is_buffer", "is_call", "is_const", "is_copy", "is_for", "is_if", "is_load", "is_nest",
+    "is_seq", "is_store", "is_var", "loop", "lower", "lower_blocks", "match", "max", "min", "padding",
     "register_pipeline", "rewriter", "tir_pipeline", "wildcard",
 ]
 

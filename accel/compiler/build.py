@@ -184,9 +184,9 @@ def build(workload, config: Config | None = None) -> Executable:
     else:
         mod, notes = schedule(func, config)
     name = pipeline_name(config)
-    rw = _REGISTERED[name]
-    compiled = tvm.compile(mod, target="llvm", tir_pipeline=name)
-    report = Report(dict(rw.report.counts), list(rw.report.sites), notes.total_macs,
+    with _REGISTERED[name].recording() as rewrites:  # this build's rewrites, whatever other threads build
+        compiled = tvm.compile(mod, target="llvm", tir_pipeline=name)
+    report = Report(dict(rewrites.counts), list(rewrites.sites), notes.total_macs,
                     notes.offloaded_macs, list(notes.offloaded), list(notes.on_cpu))
     if not notes.offloaded:
         # A workload scheduled by its author: count the MACs of the GEMM nests rewritten

@@ -45,9 +45,7 @@ class InstructionError(AccelError, ValueError):
         self.index = index
         self.instruction = instruction
         self.reason = reason
-        from accel.hw.isa import disassemble  # the ISA imports this module
-
-        text = disassemble(instruction) if instruction is not None else "?"
+        text = str(instruction) if instruction is not None else "?"  # an Instruction prints its disassembly
         super().__init__(f"instruction #{index} `{text}`: {reason}")
 
 

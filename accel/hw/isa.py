@@ -134,6 +134,14 @@ class Instruction:
             raise ValueError(f"{cls}.{name}={value} does not fit its 32-bit field [{lo}, {hi - 1}]")
         return int(value)
 
+    def __str__(self) -> str:
+        """The instruction's disassembly (what errors quote).
+
+        >>> str(Finish())
+        'FINISH'
+        """
+        return disassemble(self)
+
     @property
     def flags(self) -> int:
         """The four dependency flags as header bits 4-7 shifted down (bit 0 = pop_prev)."""

@@ -160,3 +160,77 @@ def test_non_rectangular_nests_and_symbolic_strides_are_not_copies():
     S = tirx.decl_buffer((4, 4), "int8", "S", strides=[s, 1])
     single = tirx.BufferStore(B, tirx.BufferLoad(S, [1, 2]), [0, 0])
     assert tp.is_copy().match(single) is None   # its offset could not be computed
+
+
+# -- views of one buffer's memory (issue 12, item 5) -------------------------------------
+def _views_copy(n, first, second, reverse, shift=0):
+    """``A``, 16 int32, with two views of its memory at element offsets ``first`` and
+    ``second``, and the nest ``V2[j + shift] = V1[i]`` over ``i < n`` (``j`` is ``i``, or
+    ``n - 1 - i`` reversed)."""
+    A = tirx.decl_buffer((16,), "int32", "A")
+    V1 = tirx.decl_buffer((n + shift,), "int32", "V1", data=A.data, elem_offset=first)
+    V2 = tirx.decl_buffer((n + shift,), "int32", "V2", data=A.data, elem_offset=second)
+    i = tirx.Var("i", "int32")
+    j = (n - 1 - i) if reverse else i
+    nest = tirx.For(i, 0, n, tirx.ForKind.SERIAL, tirx.BufferStore(V2, tirx.BufferLoad(V1, [i]), [j + shift]))
+    body = tirx.SeqStmt([tirx.DeclBuffer(V1, data=A.data), tirx.DeclBuffer(V2, data=A.data), nest])
+    return tirx.PrimFunc([A], body).with_attr("global_symbol", "main")
+
+
+def test_a_loop_carried_copy_between_views_is_not_a_copy():
+    """``V2[i + 1] = V1[i]``, two views of all of A: the loops spread A[0] over A[1..7], a
+    DMA of the region would shift A by one instead."""
+    func = _views_copy(7, 0, 0, reverse=False, shift=1)
+    # the store alone is still a copy, of one element (each iteration's, in order)
+    assert [m["c"].extents for m in tp.find_all(tp.is_copy(name="c"), func)] == [()]
+    a = np.arange(16, dtype="int32") + 5
+    want = a.copy()
+    want[1:8] = a[0]
+    np.testing.assert_array_equal(run(func, [a])[0], want)
+    np.testing.assert_array_equal(run(RW(func), [a])[0], want)
+    # reversed, not even one element is at a constant distance: explain names the overlap
+    text = str(tp.explain(tp.is_copy(), _views_copy(7, 0, 1, reverse=True)))
+    assert "not a plain copy: V2 and V1 are views of one buffer's memory, and the elements written overlap" in text
+
+
+@given(st.integers(1, 8), st.integers(0, 8), st.integers(0, 8), st.booleans())
+def test_copies_between_views_match_only_where_order_does_not_matter(n, first, second, reverse):
+    """A copy between two views of one buffer is a copy when the elements written and read
+    are disjoint; either way, rewriting into a DMA keeps what the program computes."""
+    func = _views_copy(n, first, second, reverse)
+    disjoint = first + n <= second or second + n <= first
+    found = [m["c"].extents for m in tp.find_all(tp.is_copy(name="c"), func)]
+    if n > 1:
+        assert ((n,) in found) == disjoint, found
+    new = RW(func)
+    a = np.random.default_rng(n).integers(-100, 100, 16).astype("int32")
+    np.testing.assert_array_equal(run(new, [a])[0], run(func, [a])[0])
+
+
+# -- vector stores (issue 12, item 9) ------------------------------------------------------
+def _vector_copy():
+    A = tirx.decl_buffer((16,), "int8", "A")
+    B = tirx.decl_buffer((16,), "int8", "B")
+    i = tirx.Var("i", "int32")
+    ramp = tirx.Ramp(i * 4, 1, 4)
+    nest = tirx.For(i, 0, 4, tirx.ForKind.SERIAL, tirx.BufferStore(B, tirx.BufferLoad(A, [ramp]), [ramp]))
+    return tirx.PrimFunc([A, B], nest).with_attr("global_symbol", "main")
+
+
+def test_a_vector_store_is_not_a_copy():
+    func = _vector_copy()
+    assert tp.find_all(tp.is_copy(), func) == []
+    assert "a vector store (4 lanes) to B" in str(tp.explain(tp.is_copy(), func))
+    new = RW(func)
+    assert RW.report.counts == {}
+    a = np.arange(16, dtype="int8")
+    np.testing.assert_array_equal(run(new, [a, np.zeros(16, "int8")])[1], a)
+
+
+def test_a_vector_passed_to_a_packed_call_is_a_rewrite_error():
+    """What TVM would reject deep inside tvm.compile ("Cannot pass vector type through
+    packed API") is a RewriteError naming the rule and the site."""
+    store = tp.is_store(tp.is_buffer("B"), None, tp.wildcard("v"))
+    rw = tp.Rewriter.from_pattern(store, lambda m: tirx.Evaluate(tirx.call_packed("f", m["v"])), name="vec")
+    with pytest.raises(tp.RewriteError, match=r"rule 'vec' at main: i \(BufferStore\) passes the vector"):
+        rw(_vector_copy())

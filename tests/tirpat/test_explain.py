@@ -57,7 +57,8 @@ def test_explain_hints_at_lowering_and_names_the_rules():
     rw = (tp.Rewriter.from_pattern(tp.is_copy(), lambda m: None, name="dma")
           | tp.Rewriter.from_pattern(tp.is_nest(1, tp.wildcard()), lambda m: None, name="any_loop"))
     text = str(tp.explain(rw, tp.lower(f)))
-    assert text.startswith("rules 'dma', 'any_loop' matches")
+    assert text.startswith("rules 'dma', 'any_loop' rewrite nothing in main: every match was declined")
+    assert "rule 'any_loop' at main: <top> (For i): declined (the callback returned None)" in text
 
 
 def test_a_failing_where_is_the_reason_given():

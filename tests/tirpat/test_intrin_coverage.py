@@ -90,9 +90,11 @@ def test_avx512_rewrite_computes_the_desc(intrins):
     np.testing.assert_array_equal(got, want)
 
 
-def _comparable(env) -> dict:
-    """The bindings a rewrite uses: regions, offsets, scalars and loops."""
-    return {k: v for k, v in env.items() if isinstance(k, (str, tuple))}
+def _comparable(m, pattern) -> dict:
+    """The bindings a rewrite uses: parameters by name, loops and the regions bound (buffer,
+    strides, offset and base)."""
+    regions = [(target, strides, offset, base) for _, target, strides, offset, base, _ in m[pattern].params]
+    return {**m.captures, "loops": m.loops, "regions": regions}
 
 
 def _same(a, b) -> bool:
@@ -112,15 +114,16 @@ def _same(a, b) -> bool:
     return False
 
 
-def test_first_match_search_agrees_with_the_full_search(intrins):
-    """Every registered intrinsic, both tile layouts, every loop of the target: the compiled
-    first-match search on raw TIR (what ``rw(func)`` runs) and the generator matcher on
-    canonical TIR (what ``explain`` runs) agree on whether it matches and on every binding.
-    The rewritten functions are well-formed (module rules skip the per-site verifier)."""
+def test_matching_raw_tir_agrees_with_explains_traced_search(intrins):
+    """Every registered intrinsic, both tile layouts, every loop of the target: the search
+    on raw TIR (what ``rw(func)`` runs, canonicalising only when it must) and the traced
+    search on canonical TIR (what ``explain`` runs) agree on whether it matches and on every
+    binding. The rewritten functions are well-formed (module rules skip the per-site
+    verifier)."""
     from tvm.s_tir import TensorIntrin
 
+    from tirpat.tir import engine
     from tirpat.tir.canonical import canonicalize
-    from tirpat.tir.match import _Matcher
     from tirpat.tir.module_rule import ModuleRule
 
     matched = 0
@@ -134,11 +137,12 @@ def test_first_match_search_agrees_with_the_full_search(intrins):
             tvm_ffi.structural_walk(target.body, (tvm.tirx.For, loops.append))
             for loop in loops:
                 fast = rule.match(loop)
-                full = _Matcher().run(rule.pattern, canonicalize(loop))
+                full = engine.first_match(engine.compiled(rule.pattern, trace=True), canonicalize(loop),
+                                          trace=engine.Trace())
                 assert (fast is None) == (full is None), (name, layout, loop.loop_var.name)
                 if fast is not None:
                     matched += 1
-                    a, b = _comparable(fast._env), _comparable(full._env)
+                    a, b = _comparable(fast, rule.pattern), _comparable(full, rule.pattern)
                     assert a.keys() == b.keys(), (name, layout)
                     for k in a:
                         assert _same(a[k], b[k]), (name, layout, k, a[k], b[k])

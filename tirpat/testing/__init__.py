@@ -5,20 +5,29 @@
 
 from .reference import COPY_FUNC, reference_copy_rule, run, tensor_view
 from .strategies import (
+    ELEMENTWISE_OPS,
+    REDUCTIONS,
+    UNARY_OPS,
+    Access,
     CopyCase,
     ElementwiseCase,
+    ReductionCase,
     TiledReductionCase,
+    UnaryCase,
     copy_nests,
     elementwise_nests,
     legalized_matmul,
     random_array,
+    reduction_nests,
     tile_gemm,
     tiled_matmul,
     tiled_reductions,
+    unary_nests,
 )
 
 __all__ = [
-    "COPY_FUNC", "CopyCase", "ElementwiseCase", "TiledReductionCase", "copy_nests",
-    "elementwise_nests", "legalized_matmul", "random_array", "reference_copy_rule", "run", "tensor_view",
-    "tile_gemm", "tiled_matmul", "tiled_reductions",
+    "COPY_FUNC", "ELEMENTWISE_OPS", "REDUCTIONS", "UNARY_OPS", "Access", "CopyCase", "ElementwiseCase",
+    "ReductionCase", "TiledReductionCase", "UnaryCase", "copy_nests", "elementwise_nests", "legalized_matmul",
+    "random_array", "reduction_nests", "reference_copy_rule", "run", "tensor_view", "tile_gemm", "tiled_matmul",
+    "tiled_reductions", "unary_nests",
 ]

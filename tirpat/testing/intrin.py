@@ -23,7 +23,7 @@ from tvm import ir, tirx
 
 from ..tir.analysis import const_int, key, simplify, visit_accesses
 from ..tir.index_dtype import with_index_dtype
-from ..tir.pipeline import lower
+from ..tir.lowering import lower
 
 #: The submodules of ``tvm.s_tir.tensor_intrin`` that register intrinsics when imported.
 INTRIN_MODULES = ("x86", "arm_cpu", "cuda", "rocm", "metal", "hexagon", "riscv_cpu", "dot_product_common")

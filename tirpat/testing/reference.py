@@ -5,8 +5,13 @@ function that performs the copy from the :class:`~tirpat.CopyRegion` alone. If a
 function gives the same outputs before and after this rule, the region (offsets, strides,
 extents, cast and padding) was understood exactly — the property a DMA rule relies on.
 
+>>> A = tvm.te.placeholder((4, 8), "int8", name="A")
+>>> func = tp.lower(tvm.te.create_prim_func([A, tvm.te.compute((8, 4), lambda i, j: A[j, i], name="B")]))
 >>> rw = reference_copy_rule()
->>> outs = run(rw(func), inputs)          # doctest: +SKIP
+>>> a = np.arange(32, dtype="int8").reshape(4, 8)
+>>> _, b = run(rw(func), [a, np.zeros((8, 4), "int8")])
+>>> rw.report.counts, bool((b == a.T).all())
+({'reference_copy': 1}, True)
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import tvm
 from tvm import tirx
 
 from ..device.buffers import strided_view, tensor_view
-from ..tir.pattern import is_copy
+from ..tir.copy import is_copy
 from ..tir.rewrite import Rewriter
 
 COPY_FUNC = "tirpat.testing.copy"
@@ -80,7 +85,10 @@ def reference_copy_rule(name: str = "reference_copy") -> Rewriter:
 def run(func_or_mod, arrays: Sequence[np.ndarray], target: str = "llvm", pipeline: str = "default") -> list:
     """Compile with ``tvm.compile`` and run on copies of ``arrays``; returns all of them after.
 
-    >>> outs = run(func, [a, np.zeros_like(b)])      # doctest: +SKIP
+    >>> A = tvm.te.placeholder((4,), "float32", name="A")
+    >>> func = tp.lower(tvm.te.create_prim_func([A, tvm.te.compute((4,), lambda i: A[i] * 2.0, name="B")]))
+    >>> run(func, [np.arange(4, dtype="float32"), np.zeros(4, "float32")])[1]
+    array([0., 2., 4., 6.], dtype=float32)
     """
     mod = func_or_mod if isinstance(func_or_mod, tvm.IRModule) else tvm.IRModule({"main": func_or_mod})
     ex = tvm.compile(mod, target=target, tir_pipeline=pipeline)

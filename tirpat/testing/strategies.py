@@ -18,7 +18,7 @@ import numpy as np
 from hypothesis import strategies as st
 from tvm import ir, s_tir, te, tirx
 
-from ..tir.pipeline import lower
+from ..tir.lowering import lower
 
 _INT = "int32"
 
@@ -102,8 +102,13 @@ def copy_nests(draw, max_loops: int = 3, max_extent: int = 6, padding: bool = Tr
                casts: bool = True) -> CopyCase:
     """Copy nests with random extents, offsets, strides, transposes, padding and casts.
 
-    >>> case = copy_nests().example()        # doctest: +SKIP
-    >>> case.func.script()                    # doctest: +SKIP
+    >>> from hypothesis import given
+    >>> @given(copy_nests(max_loops=2, padding=False, casts=False))
+    ... def test_strides(case):
+    ...     (m,) = tp.find_all(tp.is_copy(name="c"), case.func)
+    ...     kept = [k for k, e in enumerate(case.extents) if e > 1]   # lowering drops extent-1 loops
+    ...     assert m["c"].src.strides == tuple(case.src_strides[k] for k in kept)
+    >>> test_strides()
     """
     n = draw(st.integers(1, max_loops))
     extents = draw(st.lists(st.integers(1, max_extent), min_size=n, max_size=n))
@@ -181,44 +186,265 @@ def copy_nests(draw, max_loops: int = 3, max_extent: int = 6, padding: bool = Tr
                     tuple(extents), src_offset, src_strides, dst_offset, dst_strides, pad, pad_value)
 
 
-_ELEMENTWISE_OPS = ("add", "sub", "mul", "max", "min")
+#: the binary operators of :func:`elementwise_nests`, with their numpy reference
+ELEMENTWISE_OPS = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "max": np.maximum, "min": np.minimum}
+_TIR_BINARY = {"add": tirx.Add, "sub": tirx.Sub, "mul": tirx.Mul, "max": tirx.Max, "min": tirx.Min}
+
+
+@dataclass
+class Access:
+    """How a nest indexes one buffer: dimension ``d`` is ``offsets[d] + steps[d] * i_d``,
+    ``i_d`` the ``d``-th loop (so a step of 2 takes every other element, an offset starts
+    inside the buffer); ``shape`` is the buffer's, at least as big as that needs."""
+
+    shape: tuple
+    offsets: tuple
+    steps: tuple
+
+    def indices(self, loop_vars) -> list:
+        return [_imm(o) + v * s if s != 1 else (v if o == 0 else _imm(o) + v)
+                for v, o, s in zip(loop_vars, self.offsets, self.steps)]
+
+    def region(self) -> tuple:
+        """``(offset, strides)``: the flattened element offset of the first element accessed
+        and the element stride of each loop, as :meth:`tirpat.Match.region` gives them."""
+        rm = _row_major(self.shape)
+        return (sum(o * r for o, r in zip(self.offsets, rm)), tuple(s * r for s, r in zip(self.steps, rm)))
+
+    def window(self, array: np.ndarray, extents) -> np.ndarray:
+        """The elements of ``array`` the nest accesses, as a view shaped like the loops."""
+        return array[tuple(slice(o, o + s * (e - 1) + 1, s) for o, s, e in zip(self.offsets, self.steps, extents))]
+
+
+def _draw_access(draw, extents, strided: bool) -> Access:
+    offsets = tuple(draw(st.integers(0, 3)) if strided else 0 for _ in extents)
+    steps = tuple(draw(st.integers(1, 2)) if strided else 1 for _ in extents)
+    slack = tuple(draw(st.integers(0, 2)) if strided else 0 for _ in extents)
+    shape = tuple(o + s * (e - 1) + 1 + x for o, s, e, x in zip(offsets, steps, extents, slack))
+    return Access(shape, offsets, steps)
 
 
 @dataclass
 class ElementwiseCase:
-    """``out[idx] = op(a[idx], b[idx])`` over a nest; ``func`` takes ``(a, b, out)``."""
+    """``out[...] = op(a[...], b[...])`` over a nest of loops; ``func`` takes ``(a, b, out)``.
+
+    - ``shape``: the loop extents, outermost first (the iteration space);
+    - ``dtype``: the element type of all three buffers;
+    - ``op``: a key of :data:`ELEMENTWISE_OPS`;
+    - ``accesses``: ``{"a": Access, "b": Access, "out": Access}``, how each buffer is indexed
+      (its shape, and per dimension an offset and a step; all 0 and 1 unless ``strided``).
+
+    Elements of ``out`` the nest does not write keep their value.
+    """
 
     func: tirx.PrimFunc
     shape: tuple
     dtype: str
     op: str
+    accesses: dict
 
-    def inputs(self, rng):
-        return [random_array(rng, self.shape, self.dtype) for _ in range(3)]
+    def inputs(self, rng: np.random.Generator) -> list:
+        """Random ``[a, b, out]`` arrays for this case."""
+        return [random_array(rng, self.accesses[n].shape, self.dtype) for n in ("a", "b", "out")]
 
-    def reference(self, a, b):
-        f = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "max": np.maximum, "min": np.minimum}[self.op]
+    def reference(self, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """``out`` after the nest, computed with numpy."""
+        out = out.copy()
+        x, y = (self.accesses[n].window(v, self.shape) for n, v in (("a", a), ("b", b)))
         with np.errstate(over="ignore"):
-            return f(a, b).astype(self.dtype)
+            self.accesses["out"].window(out, self.shape)[...] = ELEMENTWISE_OPS[self.op](x, y).astype(self.dtype)
+        return out
+
+
+def _choices(what: str, values, known=None) -> list:
+    values = [values] if isinstance(values, str) else list(values or ())
+    if not values or (known is not None and not set(values) <= set(known)):
+        raise ValueError(f"{what} must be a non-empty list" + (f" of {sorted(known)}" if known else "")
+                         + f", got {values!r}")
+    return values
+
+
+def elementwise_nests(max_loops: int = 3, max_extent: int = 8, dtypes=("int8", "int32", "float32"),
+                      ops=tuple(ELEMENTWISE_OPS), strided: bool = False) -> st.SearchStrategy:
+    """Elementwise binary nests ``out[...] = op(a[...], b[...])`` over 1..``max_loops``
+    loops, of the ``dtypes`` and ``ops`` given; ``strided`` draws an offset and a step for
+    every dimension of every buffer (tiles of bigger buffers, every other element).
+
+    >>> from hypothesis import given
+    >>> @given(elementwise_nests(dtypes=["int8"], ops=["max"], strided=True))
+    ... def test_max_nests(case):
+    ...     (m,) = tp.find_all(tp.is_nest(None, tp.is_store(tp.is_buffer("out"), None, tp.wildcard())), case.func)
+    ...     assert (m.region("out").offset, m.region("out").strides) == case.accesses["out"].region()
+    >>> test_max_nests()
+    """
+    return _elementwise_nests(max_loops, max_extent, _choices("elementwise_nests: dtypes", dtypes),
+                              _choices("elementwise_nests: ops", ops, ELEMENTWISE_OPS), strided)
 
 
 @st.composite
-def elementwise_nests(draw, max_loops: int = 3, max_extent: int = 8) -> ElementwiseCase:
-    """Elementwise binary nests over 1..3 loops.
-
-    >>> elementwise_nests().example().op in ("add", "sub", "mul", "max", "min")   # doctest: +SKIP
-    True
-    """
+def _elementwise_nests(draw, max_loops, max_extent, dtypes, ops, strided) -> ElementwiseCase:
     n = draw(st.integers(1, max_loops))
     shape = tuple(draw(st.lists(st.integers(2, max_extent), min_size=n, max_size=n)))
-    dtype = draw(st.sampled_from(["int32", "float32"]))
-    op = draw(st.sampled_from(_ELEMENTWISE_OPS))
-    a, b, out = (tirx.decl_buffer(shape, dtype, name) for name in ("a", "b", "out"))
+    dtype = draw(st.sampled_from(list(dtypes)))
+    op = draw(st.sampled_from(list(ops)))
+    accesses = {name: _draw_access(draw, shape, strided) for name in ("a", "b", "out")}
+    a, b, out = (tirx.decl_buffer(accesses[name].shape, dtype, name) for name in ("a", "b", "out"))
     vs = [tirx.Var(f"i{k}", _INT) for k in range(n)]
-    la, lb = tirx.BufferLoad(a, vs), tirx.BufferLoad(b, vs)
-    value = {"add": tirx.Add, "sub": tirx.Sub, "mul": tirx.Mul, "max": tirx.Max, "min": tirx.Min}[op](la, lb)
+    la, lb = (tirx.BufferLoad(buf, accesses[name].indices(vs)) for buf, name in ((a, "a"), (b, "b")))
+    body = _nest(vs, shape, tirx.BufferStore(out, _TIR_BINARY[op](la, lb), accesses["out"].indices(vs)))
+    return ElementwiseCase(_func([a, b, out], body), shape, dtype, op, accesses)
+
+
+#: the unary operators of :func:`unary_nests` (``shr`` and ``neg`` on integers only, ``exp`` on floats)
+UNARY_OPS = ("relu", "clip", "neg", "shr", "cast", "exp")
+
+
+@dataclass
+class UnaryCase:
+    """``out[idx] = op(a[idx])`` over a nest of loops; ``func`` takes ``(a, out)``.
+
+    - ``shape``: the loop extents, also both buffers' shape;
+    - ``dtype``: the element type of ``a``; ``out_dtype`` that of ``out`` (they differ for ``cast``);
+    - ``op``: one of :data:`UNARY_OPS`: ``relu`` is ``max(x, 0)``, ``clip`` is
+      ``min(max(x, lo), hi)``, ``neg`` is ``0 - x``, ``shr`` is ``x >> s``, ``cast`` widens,
+      ``exp`` is ``T.exp(x)``;
+    - ``params``: the constants of the op (``{"lo": .., "hi": ..}`` for clip, ``{"shift": ..}`` for shr).
+    """
+
+    func: tirx.PrimFunc
+    shape: tuple
+    dtype: str
+    out_dtype: str
+    op: str
+    params: dict
+
+    def inputs(self, rng: np.random.Generator) -> list:
+        """Random ``[a, out]`` arrays for this case."""
+        return [random_array(rng, self.shape, self.dtype), random_array(rng, self.shape, self.out_dtype)]
+
+    def reference(self, a: np.ndarray) -> np.ndarray:
+        """``out`` after the nest, computed with numpy."""
+        p, x = self.params, a
+        with np.errstate(over="ignore"):
+            out = {"relu": lambda: np.maximum(x, 0), "clip": lambda: np.clip(x, p.get("lo"), p.get("hi")),
+                   "neg": lambda: np.negative(x), "shr": lambda: np.right_shift(x, p.get("shift")),
+                   "cast": lambda: x, "exp": lambda: np.exp(x)}[self.op]()
+        return np.asarray(out).astype(self.out_dtype)
+
+
+_WIDER = {"int8": ("int32", "float32"), "int32": ("float32",), "float32": ("float64",)}
+
+
+def unary_nests(max_loops: int = 3, max_extent: int = 8, dtypes=("int8", "int32", "float32"),
+                ops=UNARY_OPS) -> st.SearchStrategy:
+    """Elementwise unary nests ``out[idx] = op(a[idx])`` (an accelerator's activation and
+    requantisation steps), of the ``dtypes`` and ``ops`` given; an op that does not apply
+    to the dtype drawn (``shr`` on floats) is replaced by ``relu``.
+
+    >>> from hypothesis import given
+    >>> @given(unary_nests(ops=["relu"]))
+    ... def test_relu(case):
+    ...     relu = tp.is_store(tp.is_buffer("out"), None, tp.max(tp.is_load(tp.is_buffer("a"), None), 0))
+    ...     assert tp.find_all(tp.is_nest(None, relu), case.func)
+    >>> test_relu()
+    """
+    return _unary_nests(max_loops, max_extent, _choices("unary_nests: dtypes", dtypes, _WIDER),
+                        _choices("unary_nests: ops", ops, UNARY_OPS))
+
+
+@st.composite
+def _unary_nests(draw, max_loops, max_extent, dtypes, ops) -> UnaryCase:
+    n = draw(st.integers(1, max_loops))
+    shape = tuple(draw(st.lists(st.integers(2, max_extent), min_size=n, max_size=n)))
+    dtype = draw(st.sampled_from(list(dtypes)))
+    op = draw(st.sampled_from(list(ops)))
+    is_float = dtype.startswith("float")
+    if (op in ("shr", "neg") and is_float) or (op == "exp" and not is_float):
+        op = "relu"
+    out_dtype = draw(st.sampled_from(_WIDER[dtype])) if op == "cast" else dtype
+    a, out = tirx.decl_buffer(shape, dtype, "a"), tirx.decl_buffer(shape, out_dtype, "out")
+    vs = [tirx.Var(f"i{k}", _INT) for k in range(n)]
+    x = tirx.BufferLoad(a, vs)
+    const = (lambda v: tirx.FloatImm(dtype, float(v))) if is_float else (lambda v: tirx.IntImm(dtype, int(v)))
+    params: dict = {}
+    if op == "relu":
+        value = tirx.Max(x, const(0))
+    elif op == "clip":
+        lo = draw(st.integers(-100, 0))
+        params = {"lo": lo, "hi": lo + draw(st.integers(0, 100))}
+        value = tirx.Min(tirx.Max(x, const(params["lo"])), const(params["hi"]))
+    elif op == "neg":
+        value = tirx.Sub(const(0), x)
+    elif op == "shr":
+        params = {"shift": draw(st.integers(0, int(dtype[3:]) - 1))}
+        value = tirx.shift_right(x, const(params["shift"]))
+    elif op == "cast":
+        value = tirx.Cast(out_dtype, x)
+    else:
+        value = tirx.exp(x)
     body = _nest(vs, shape, tirx.BufferStore(out, value, vs))
-    return ElementwiseCase(_func([a, b, out], body), shape, dtype, op)
+    return UnaryCase(_func([a, out], body), shape, dtype, out_dtype, op, params)
+
+
+#: the reductions of :func:`reduction_nests`, with their numpy reference
+REDUCTIONS = {"sum": np.sum, "max": np.max, "min": np.min}
+
+
+@dataclass
+class ReductionCase:
+    """``out[i...] = reduce over k of a[i..., k]``, written with TE (``te.sum``/``te.max``/
+    ``te.min`` over a reduce axis) and lowered: the initialisation under ``if k == 0``
+    inside the loops, as TVM lowers it. ``func`` takes ``(a, out)``.
+
+    - ``shape``: the shape of ``a`` (the reduced axis last);
+    - ``dtype``: the element type of ``a``; ``acc_dtype`` that of ``out`` (int32 for int8 sums);
+    - ``op``: a key of :data:`REDUCTIONS`.
+    """
+
+    func: tirx.PrimFunc
+    shape: tuple
+    dtype: str
+    acc_dtype: str
+    op: str
+
+    def inputs(self, rng: np.random.Generator) -> list:
+        """Random ``[a, out]`` arrays for this case."""
+        return [random_array(rng, self.shape, self.dtype), random_array(rng, self.shape[:-1], self.acc_dtype)]
+
+    def reference(self, a: np.ndarray) -> np.ndarray:
+        """``out`` after the nest, computed with numpy."""
+        with np.errstate(over="ignore"):
+            return REDUCTIONS[self.op](a.astype(self.acc_dtype), axis=-1).astype(self.acc_dtype)
+
+
+def reduction_nests(max_loops: int = 3, max_extent: int = 8, dtypes=("int8", "int32", "float32"),
+                    ops=tuple(REDUCTIONS)) -> st.SearchStrategy:
+    """Reductions over the last axis of a 1..``max_loops``-D buffer (int8 sums accumulate in
+    int32), of the ``dtypes`` and ``ops`` given.
+
+    >>> from hypothesis import given
+    >>> @given(reduction_nests(ops=["sum"]))
+    ... def test_sums(case):
+    ...     assert tp.find_all(tp.is_nest(None, tp.wildcard()), case.func)
+    >>> test_sums()
+    """
+    return _reduction_nests(max_loops, max_extent, _choices("reduction_nests: dtypes", dtypes),
+                            _choices("reduction_nests: ops", ops, REDUCTIONS))
+
+
+@st.composite
+def _reduction_nests(draw, max_loops, max_extent, dtypes, ops) -> ReductionCase:
+    n = draw(st.integers(1, max_loops))
+    shape = tuple(draw(st.lists(st.integers(2, max_extent), min_size=n, max_size=n)))
+    dtype = draw(st.sampled_from(list(dtypes)))
+    op = draw(st.sampled_from(list(ops)))
+    acc = "int32" if dtype == "int8" and op == "sum" else dtype
+    A = te.placeholder(shape, dtype, name="a")
+    k = te.reduce_axis((0, shape[-1]), "k")
+    reduce = {"sum": te.sum, "max": te.max, "min": te.min}[op]
+    out = te.compute(shape[:-1], lambda *i: reduce(A[(*i, k)].astype(acc), axis=k), name="out")
+    func = lower(te.create_prim_func([A, out]))
+    return ReductionCase(func, shape, dtype, acc, op)
 
 
 @dataclass
@@ -243,7 +469,14 @@ def tile_gemm(sch, block, tile=(16, 16, 16)) -> tuple:
     """Split the ``i, j, k`` loops of a GEMM block by ``tile`` and order them
     ``io, jo, ko, ii, ji, ki`` (returned), so each tile is one inner nest.
 
-    >>> io, jo, ko, ii, ji, ki = tile_gemm(sch, sch.get_sblock("C"))      # doctest: +SKIP
+    >>> from tvm import s_tir, te
+    >>> A, B = te.placeholder((32, 32), "int8", name="A"), te.placeholder((32, 32), "int8", name="B")
+    >>> k = te.reduce_axis((0, 32), "k")
+    >>> C = te.compute((32, 32), lambda i, j: te.sum(A[i, k].astype("int32") * B[j, k].astype("int32"), axis=k), name="C")
+    >>> sch = s_tir.Schedule(te.create_prim_func([A, B, C]))
+    >>> loops = tile_gemm(sch, sch.get_sblock("C"))
+    >>> [int(sch.get(l).extent) for l in loops]
+    [2, 2, 2, 16, 16, 16]
     """
     i, j, k = sch.get_loops(block)
     io, ii = sch.split(i, [None, tile[0]])
@@ -302,8 +535,11 @@ def legalized_matmul(m: int, n: int, k: int, dtype: str = "int8", out_dtype: str
 def tiled_reductions(draw, max_tiles: int = 3, tiles=(1, 2, 4, 8, 16)) -> TiledReductionCase:
     """Tiled int8 matmuls, lowered: ``for io, jo, ko: for ii, ji, ki: C += A*B``.
 
-    >>> tiled_reductions().example().tile                 # doctest: +SKIP
-    (4, 8, 2)
+    >>> from hypothesis import given
+    >>> @given(tiled_reductions(tiles=(4, 8)))
+    ... def test_tiles(case):
+    ...     assert case.m % case.tile[0] == 0 and case.k % case.tile[2] == 0
+    >>> test_tiles()
     """
     tile = tuple(draw(st.sampled_from(tiles)) for _ in range(3))
     mt, nt, kt = (draw(st.integers(1, max_tiles)) for _ in range(3))

@@ -2,6 +2,11 @@
 
 Affine analysis is delegated to ``tvm.sym``; traversal and substitution to
 ``tvm_ffi.structural_*``. Nothing here knows about patterns.
+
+>>> from tvm import tirx
+>>> i, j, n = (tirx.Var(name, "int32") for name in "ijn")
+>>> linear_form(i * 16 + j + n, [i, j])
+([16, 1], n)
 """
 
 from __future__ import annotations
@@ -94,8 +99,9 @@ def linear_form(expr, variables: Sequence):
 
     Coefficients and base may be symbolic but are free of ``variables``.
 
-    >>> linear_form(i * 16 + j + n, [i, j])        # doctest: +SKIP
-    ([16, 1], n)
+    >>> i, j, n = (tirx.Var(name, "int32") for name in "ijn")
+    >>> linear_form(i * j, [i, j]) is None
+    True
     """
     if not variables:
         return [], expr
@@ -116,7 +122,11 @@ def substitute(node, pairs: Sequence):
     walk and every substitution run in C++, with no call back into Python per use. The
     variables must not be defined inside ``node``.
 
-    >>> substitute(body, [(n, tirx.IntImm("int32", 8))])     # doctest: +SKIP
+    >>> i, j, n = (tirx.Var(name, "int32") for name in "ijn")
+    >>> A = tirx.decl_buffer((8,), "int32", "A")
+    >>> print(substitute(tirx.BufferStore(A, n, [n]), [(n, tirx.IntImm("int32", 3))]))
+    A = T.Buffer((8,), "int32")
+    A[3] = 3
     """
     if isinstance(pairs, dict):
         raise TypeError("substitute takes [(var, value), ...] pairs, not a dict")
@@ -144,7 +154,11 @@ def with_children(node, replacements: dict):
     the new child, without the O(size) checks of the node's constructor (a PrimFunc's walks
     its whole body).
 
-    >>> with_children(func, {key(func.body): new_body})     # doctest: +SKIP
+    >>> i, j, n = (tirx.Var(name, "int32") for name in "ijn")
+    >>> A = tirx.decl_buffer((8,), "int32", "A")
+    >>> func = tirx.PrimFunc([A], tirx.BufferStore(A, n, [n]))
+    >>> print(with_children(func, {key(func.body): tirx.Evaluate(0)}).body)
+    T.evaluate(0)
     """
     def swap(value, mut):
         return replacements.get(key(value), value)
@@ -186,6 +200,17 @@ def fresh_var(var):
                                 data_alignment=b.data_alignment, offset_factor=b.offset_factor,
                                 layout="default" if layout is None else layout)
     return tirx.Var(var.name, var.ty)
+
+
+_TIR_TYPES = (ir.PrimType, ir.PointerType, tirx.BufferType)
+
+
+def is_tir(node) -> bool:
+    """True for a TIR statement or expression (a buffer included); False for a TE tensor, a
+    Relax expression or anything else."""
+    if isinstance(node, tirx.Stmt):
+        return True
+    return isinstance(node, ir.Expr) and isinstance(getattr(node, "ty", None), _TIR_TYPES)
 
 
 def dtype_of(node) -> str | None:
@@ -230,7 +255,10 @@ def row_major_strides(buffer) -> list | None:
 def has_blocks(node) -> bool:
     """True when ``node`` still has ``T.sblock`` blocks (s_tir form, not lowered).
 
-    >>> has_blocks(te.create_prim_func([A, B]).body), has_blocks(tp.lower(f).body)   # doctest: +SKIP
+    >>> from tvm import te
+    >>> X = te.placeholder((4,), name="X")
+    >>> f = te.create_prim_func([X, te.compute((4,), lambda k: X[k], name="Y")])
+    >>> has_blocks(f.body), has_blocks(tp.lower(f).body)
     (True, False)
     """
     from tvm import s_tir
@@ -252,7 +280,12 @@ def visit_accesses(stmt, on_access, on_decl=None) -> None:
     can take (Ramps and Broadcasts included), or None, from the enclosing loops, thread
     extents and ``Bind``s. ``on_decl(buffer)`` sees every ``DeclBuffer``.
 
-    >>> visit_accesses(body, lambda buf, idx, what, span: print(what, buf.name, [span(i) for i in idx]))   # doctest: +SKIP
+    >>> i, j, n = (tirx.Var(name, "int32") for name in "ijn")
+    >>> A = tirx.decl_buffer((8,), "int32", "A")
+    >>> nest = tirx.For(i, 0, 4, tirx.ForKind.SERIAL, tirx.BufferStore(A, tirx.BufferLoad(A, [i * 2]), [i + 1]))
+    >>> visit_accesses(nest, lambda buf, idx, what, span: print(what, buf.name, [span(x) for x in idx]))
+    a store to A [(1, 4)]
+    a load of A [(0, 6)]
     """
     ana = sym.Analyzer()
 

@@ -9,7 +9,16 @@
 
 The result is equivalent to the input; the input is never mutated.
 
->>> canonicalize(stmt)      # doctest: +SKIP
+>>> from tvm import tirx
+>>> i, u = tirx.Var("i", "int32"), tirx.Var("u", "int32")
+>>> A = tirx.decl_buffer((16,), "int32", "A")
+>>> store = tirx.BufferStore(A, tirx.BufferLoad(A, [i + u * 4]), [i * 1 + 0])
+>>> messy = tirx.For(i, 0, tirx.IntImm("int32", 4) * 4, tirx.ForKind.SERIAL,
+...                  tirx.For(u, 0, 1, tirx.ForKind.SERIAL, store))
+>>> print(canonicalize(messy))
+for i in range(16):
+    A = T.Buffer((16,), "int32")
+    A[i] = A[i]
 """
 
 from __future__ import annotations
@@ -48,10 +57,18 @@ def _indices(indices):
     return new if changed else None
 
 
+def is_canonical_loop(loop) -> bool:
+    """True for a loop in canonical form: from the constant 0 in steps of 1. (A loop with a
+    symbolic step stays as it is; patterns do not match it.)"""
+    start, step = loop.min, loop.step
+    return (type(start) is tirx.IntImm and start.value == 0
+            and (step is None or (type(step) is tirx.IntImm and step.value == 1)))
+
+
 def _on_for(loop):
     step = None if loop.step is None else const_int(loop.step)
     if loop.step is not None and (step is None or step <= 0):
-        return loop   # a symbolic step: matchers refuse the loop (see match._stepped)
+        return loop   # a symbolic step: patterns do not match the loop (is_canonical_loop)
     start = const_int(loop.min)
     if (step or 1) != 1 or start != 0:
         # for v in range(min, min + extent, step)  ->  for v' in range(ceil(extent / step)): v = min + v' * step

@@ -1,10 +1,16 @@
-"""Why a pattern does not match: the path to the first mismatching node, expected vs found.
+"""Why a pattern does not match: the path to the first mismatching node, expected vs found;
+and, for a rewriter, where its rules fired and which sites their callbacks declined, why.
 
->>> print(tp.explain(pattern, func))        # doctest: +SKIP
+>>> A = tvm.te.placeholder((8,), "float32", name="A")
+>>> func = tp.lower(tvm.te.create_prim_func([A, tvm.te.compute((8,), lambda i: A[i] * 2.0, name="B")]))
+>>> print(tp.explain(tp.is_copy(), func))
 no match in main; nearest misses:
-  1. at for i_0 > for j_0 > for k_0 (For i_1):
-     path: for i_1 > for j_1 > body > value > rhs > lhs
-     expected a cast to int32, found a cast to int16
+  1. at <top> (For i):
+     path: for i > body
+     expected the stored value to be a buffer load (optionally cast or padded), found A[i] * T.float32(2.0)
+  2. at for i (B[i] = A[i] * T.float32(2.0)):
+     path: body
+     expected the stored value to be a buffer load (optionally cast or padded), found A[i] * T.float32(2.0)
 """
 
 from __future__ import annotations
@@ -14,10 +20,13 @@ from dataclasses import dataclass, field
 import tvm_ffi
 from tvm import ir, tirx
 
-from . import pattern as P
-from .analysis import has_blocks
+from . import engine
+from .analysis import has_blocks, is_tir
 from .canonical import canonicalize
-from .match import Failure, explain_failure, find_all
+from .match import find_all
+from .pattern import STMT, Pattern
+from .region import Aliases
+from .rewrite import Rewriter
 
 
 @dataclass
@@ -26,13 +35,12 @@ class Miss:
 
     loops: tuple
     node: object
-    failure: Failure
+    failure: engine.Failure
 
     def __str__(self):
         where = " > ".join(f"for {n}" for n in self.loops) or "<top>"
         path = " > ".join(self.failure.path) or "<root>"
-        head = _head(self.node)
-        return f"at {where} ({head}):\n     path: {path}\n     {self.failure.reason}"
+        return f"at {where} ({_head(self.node)}):\n     path: {path}\n     {self.failure.reason}"
 
 
 @dataclass
@@ -40,15 +48,18 @@ class Explanation:
     """The result of :func:`explain`; ``str()`` is meant to be read by a person.
 
     ``matches`` lists the matches (empty when nothing matched); ``misses`` the nearest
-    misses, deepest first.
+    misses, deepest first. For a rewriter, ``sites`` are where its rules fired and
+    ``declined`` the sites their callbacks declined (:class:`~tirpat.tir.scan.Declined`).
     """
 
-    pattern: P.Pattern
+    pattern: object
     target: str
     matches: list = field(default_factory=list)
     misses: list = field(default_factory=list)
     label: str | None = None      #: what is explained, when not a single pattern (a Rewriter's rules)
     hint: str | None = None       #: a likely cause worth saying first
+    sites: list | None = None     #: for a rewriter: where its rules fired
+    declined: list = field(default_factory=list)
 
     @property
     def matched(self) -> bool:
@@ -58,7 +69,7 @@ class Explanation:
         return self.matched
 
     def __str__(self):
-        text = self._text()
+        text = self._text() if self.sites is None else self._rewriter_text()
         return text if self.hint is None else f"{text}\nhint: {self.hint}"
 
     def _text(self):
@@ -78,6 +89,20 @@ class Explanation:
         lines += [f"  {n + 1}. {miss}" for n, miss in enumerate(self.misses)]
         return "\n".join(lines)
 
+    def _rewriter_text(self):
+        lines = []
+        if self.sites:
+            lines.append(f"{self.label} rewrite {self.target} at {len(self.sites)} site(s):")
+            lines += [f"  {n + 1}. {s!r}" for n, s in enumerate(self.sites)]
+        elif self.declined:
+            lines.append(f"{self.label} rewrite nothing in {self.target}: every match was declined")
+        if self.declined:
+            lines.append(f"declined at {len(self.declined)} site(s):")
+            lines += [f"  {n + 1}. {d}" for n, d in enumerate(self.declined)]
+        if not self.sites and not self.declined:
+            lines.append(self._text())
+        return "\n".join(lines)
+
     __repr__ = __str__
 
 
@@ -90,84 +115,115 @@ def _head(node) -> str:
 
 def _kinds(p) -> str:
     if p.root_types is None:
-        return "any " + ("statement" if p.position == P.STMT else "expression")
+        return "any " + ("statement" if p.position == STMT else "expression")
     return ", ".join(t.__name__ for t in p.root_types)
 
 
-def explain(pattern: P.Pattern, node_or_func, *, limit: int = 3) -> Explanation:
+def _merge(parts, into: Explanation, limit: int) -> Explanation:
+    for part in parts:
+        into.matches += part.matches
+        into.misses += part.misses
+        into.hint = into.hint or part.hint
+    into.misses = sorted(into.misses, key=lambda m: m.failure.depth, reverse=True)[:limit]
+    return into
+
+
+def _refuse(node_or_func) -> TypeError:
+    kind = f"{type(node_or_func).__module__}.{type(node_or_func).__name__}"
+    advice = ""
+    if kind.startswith("tvm.te"):
+        advice = ": a TE tensor describes a computation; build its function with te.create_prim_func([...]) " \
+                 "and tp.lower it"
+    elif kind.startswith("tvm.relax") or type(getattr(node_or_func, "ty", None)).__module__.startswith("tvm.relax"):
+        advice = ": a Relax program; its operators become PrimFuncs with relax.transform.LegalizeOps()"
+    return TypeError(f"explain looks in a PrimFunc, an IRModule of PrimFuncs, a Stmt or a PrimExpr, got {kind}{advice}")
+
+
+def explain(pattern, node_or_func, *, limit: int = 3) -> Explanation:
     """Explain why ``pattern`` (or a Rewriter's rules) does (not) match a node, a PrimFunc
     or an IRModule.
 
     On a node: the deepest mismatch. On a function with no match: the ``limit`` nearest
-    misses (the candidates where matching got deepest).
+    misses (the candidates where matching got deepest). For a Rewriter on a function or a
+    statement, also where its rules fire and which sites their callbacks decline, and why
+    (the rules run on a copy; the input is not changed).
 
     >>> print(tp.explain(tp.is_const(1), tvm.tirx.IntImm("int32", 2)))
     no match: at <root>: expected the constant 1, found 2
     """
-    from .rewrite import Rewriter
-
     if isinstance(pattern, Rewriter):
-        parts = [explain(rule.pattern, node_or_func, limit=limit) for rule in pattern.rules]
-        out = parts[0]
-        for part in parts[1:]:
-            out.matches += part.matches
-            out.misses += part.misses
-        out.misses = sorted(out.misses, key=lambda m: m.failure.depth, reverse=True)[:limit]
-        out.label = "rule" + ("s " if len(pattern.rules) > 1 else " ") + ", ".join(repr(r.name) for r in pattern.rules)
-        return out
-    if not isinstance(pattern, P.Pattern):
+        return _explain_rewriter(pattern, node_or_func, limit)
+    if not isinstance(pattern, Pattern):
         raise TypeError(f"explain expects a tirpat pattern first, got {type(pattern).__name__} {pattern!r}")
     if isinstance(node_or_func, ir.IRModule):
-        funcs = [(gv.name_hint, f) for gv, f in node_or_func.functions.items() if isinstance(f, tirx.PrimFunc)]
-        parts = [explain(pattern, f, limit=limit) for _, f in funcs]
-        out = Explanation(pattern, "the module")
-        for part in parts:
-            out.matches += part.matches
-            out.misses += part.misses
-        out.misses = sorted(out.misses, key=lambda m: m.failure.depth, reverse=True)[:limit]
-        return out
+        funcs = [f for f in node_or_func.functions.values() if isinstance(f, tirx.PrimFunc)]
+        if not funcs:
+            others = ", ".join(gv.name_hint for gv in node_or_func.functions)
+            raise TypeError(f"explain: the module has no PrimFunc, only {others or 'nothing'} (a Relax module: its "
+                            f"operators become PrimFuncs with relax.transform.LegalizeOps())")
+        return _merge([explain(pattern, f, limit=limit) for f in funcs], Explanation(pattern, "the module"), limit)
     if isinstance(node_or_func, tirx.PrimFunc):
-        name = node_or_func.attrs["global_symbol"] if node_or_func.attrs and "global_symbol" in node_or_func.attrs else "the function"
+        attrs = node_or_func.attrs
+        name = str(attrs["global_symbol"]) if attrs is not None and "global_symbol" in attrs else "the function"
+        if has_blocks(node_or_func.body):
+            out = Explanation(pattern, name, hint="the function still has T.sblock blocks; patterns match lowered "
+                                                  "TIR: tp.lower(func) first")
+            out.misses = _nearest_misses(pattern, canonicalize(node_or_func.body), limit)
+            return out
         found = find_all(pattern, node_or_func)
-        out = Explanation(pattern, str(name), matches=found)
+        out = Explanation(pattern, name, matches=found)
         if not found:
             out.misses = _nearest_misses(pattern, canonicalize(node_or_func.body), limit)
-            if has_blocks(node_or_func.body):
-                out.hint = "the function still has T.sblock blocks; patterns match lowered TIR: tp.lower(func) first"
         return out
-    if not isinstance(node_or_func, (tirx.Stmt, ir.Expr)):
-        raise TypeError(f"explain expects a PrimFunc, an IRModule, a Stmt or a PrimExpr, got {type(node_or_func).__name__}")
+    if not is_tir(node_or_func):
+        raise _refuse(node_or_func)
     node = canonicalize(node_or_func)
-    m, failure = explain_failure(pattern, node)
+    trace = engine.Trace()
+    m = engine.first_match(engine.compiled(pattern, trace=True), node, trace=trace)
     out = Explanation(pattern, "the node")
     if m is not None:
         out.matches = [m]
-    elif failure is not None:
-        out.misses = [Miss((), node, failure)]
+    elif trace.deepest is not None:
+        out.misses = [Miss((), node, trace.deepest)]
+    return out
+
+
+def _explain_rewriter(rw: Rewriter, target, limit: int) -> Explanation:
+    parts = [explain(rule.pattern, target, limit=limit) for rule in rw.rules]
+    label = "rule" + ("s " if len(rw.rules) > 1 else " ") + ", ".join(repr(r.name) for r in rw.rules)
+    out = _merge(parts, Explanation(rw, parts[0].target, label=label), limit)
+    if isinstance(target, (tirx.PrimFunc, ir.IRModule, tirx.Stmt)) and out.hint is None:
+        report = rw.rewrite(target, record=False).report
+        out.sites, out.declined = list(report.sites), list(report.declined)
     return out
 
 
 def _nearest_misses(pattern, body, limit):
     misses = []
     loops = []
+    aliases = Aliases()
     roots = pattern.root_types
+    matcher = engine.compiled(pattern, trace=True)
 
     def consider(node):
         if roots is not None and not isinstance(node, roots):
             return
-        if roots is None and (pattern.position == P.STMT) != isinstance(node, tirx.Stmt):
+        if roots is None and (pattern.position == STMT) != isinstance(node, tirx.Stmt):
             return
-        _, failure = explain_failure(pattern, node, tuple(loops))
-        if failure is not None:
-            misses.append(Miss(tuple(l.loop_var.name for l in loops), node, failure))
+        trace = engine.Trace()
+        if engine.first_match(matcher, node, tuple(loops), aliases, trace=trace) is None and trace.deepest:
+            misses.append(Miss(tuple(l.loop_var.name for l in loops), node, trace.deepest))
 
     def on_stmt(node, v):
+        if isinstance(node, tirx.DeclBuffer):
+            aliases.declare(node)
+            return
         consider(node)
         if isinstance(node, tirx.For):
             loops.append(node)
             v.default_visit(node)
             loops.pop()
-        elif not isinstance(node, (tirx.AllocBuffer, tirx.DeclBuffer)):
+        elif not isinstance(node, tirx.AllocBuffer):
             v.default_visit(node)
 
     def on_expr(node, v):
@@ -176,10 +232,10 @@ def _nearest_misses(pattern, body, limit):
             v.default_visit(node)
 
     callbacks = [(tirx.Stmt, on_stmt), (ir.Type, lambda node, v: None)]
-    if pattern.position == P.EXPR:
-        callbacks.append((ir.Expr, on_expr))
-    else:
+    if pattern.position == STMT:
         callbacks.append((ir.Expr, lambda node, v: None))
+    else:
+        callbacks.append((ir.Expr, on_expr))
     tvm_ffi.structural_visit(body, callbacks)
     misses.sort(key=lambda m: m.failure.depth, reverse=True)
     return misses[:limit]

@@ -9,9 +9,13 @@ and offsets, and every integer scalar they use (through ``Bind`` too) take the n
 where such a value meets an unconverted one, constants are retyped and anything else is
 cast, as TVM's own operators do. Element types and other values are left alone.
 
->>> f64 = with_index_dtype(func, "int64")     # doctest: +SKIP
->>> index_dtype_of(f64.body)                  # doctest: +SKIP
-'int64'
+>>> from tvm import tirx
+>>> i = tirx.Var("i", "int32")
+>>> A = tirx.decl_buffer((8,), "int32", "A")
+>>> func = tirx.PrimFunc([A], tirx.For(i, 0, 4, tirx.ForKind.SERIAL, tirx.BufferStore(A, i, [i * 2])))
+>>> f64 = with_index_dtype(func, "int64")
+>>> index_dtype_of(func.body), index_dtype_of(f64.body)
+('int32', 'int64')
 """
 
 from __future__ import annotations
@@ -33,7 +37,8 @@ def index_dtype_of(node) -> str:
     """The index type of a statement: that of its first loop variable or store index, in
     program order; ``"int32"`` when it has neither.
 
-    >>> index_dtype_of(func.body)      # doctest: +SKIP
+    >>> A = tvm.tirx.decl_buffer((8,), "int32", "A")
+    >>> index_dtype_of(tvm.tirx.BufferStore(A, 0, [tvm.tirx.IntImm("int64", 3)]))
     'int64'
     """
     return _first_index_dtype(node) or "int32"
@@ -71,8 +76,9 @@ def with_index_dtype(func: tirx.PrimFunc, dtype: str) -> tirx.PrimFunc:
     (as TVM's ``ForceNarrowIndexToInt32`` does); a value computed from a narrowed index is
     then computed in int32 too, so module rules only ever widen.
 
-    >>> with_index_dtype(desc, "int64").params[0].shape      # doctest: +SKIP
-    [T.int64(16), T.int64(16)]
+    >>> A = tvm.tirx.decl_buffer((8,), "int32", "A")
+    >>> with_index_dtype(tvm.tirx.PrimFunc([A], tvm.tirx.Evaluate(0)), "int64").params[0].shape
+    (T.int64(8),)
     """
     if dtype not in _INDEX_TYPES:
         raise ValueError(f"index dtype must be one of {_INDEX_TYPES}, got {dtype!r}")
@@ -161,7 +167,7 @@ def _index_vars(func, dtype) -> dict:
 def as_index(dtype: str, e):
     """``e`` as a ``dtype`` index: constants retyped (when they fit), other integers cast.
 
-    >>> as_index("int64", tirx.IntImm("int32", 4))     # doctest: +SKIP
+    >>> as_index("int64", tvm.tirx.IntImm("int32", 4))
     T.int64(4)
     """
     have = dtype_of(e)

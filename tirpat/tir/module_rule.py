@@ -16,34 +16,41 @@ threads, warp memory, storage rewrite, shared-memory layout) sees the real acces
 sees those of ``Schedule.tensorize``'s output. Thread launches of the replacement merge with
 the kernel's (:mod:`tirpat.tir.threads`), as ``UnifyThreadBinding`` merges tensorize's.
 
->>> @tp.rewriter
-... class Gemm16:
+>>> copy8 = tvm.script.from_source('''
+... @I.ir_module
+... class Copy8:
 ...     @T.prim_func
-...     def pattern(A: T.Buffer((16, 16), "int8"), B: ..., C: ...): ...
+...     def pattern(A: T.Buffer((8,), "int8"), B: T.Buffer((8,), "int8")):
+...         for i in range(8):
+...             B[i] = A[i]
+...
 ...     @T.prim_func
-...     def replacement(A: T.Buffer((16, 16), "int8", strides=("sa", 1)), ...): ...
->>> mod = Gemm16(mod)          # doctest: +SKIP
+...     def replacement(A: T.Buffer((8,), "int8", offset_factor=1), B: T.Buffer((8,), "int8", offset_factor=1)):
+...         T.evaluate(T.call_packed("my.copy8", A.access_ptr("r"), B.access_ptr("w")))
+... ''')
+>>> rw = tp.Rewriter.from_module(copy8, "copy8")
+>>> A = tvm.te.placeholder((4, 8), "int8", name="A")
+>>> func = tp.lower(tvm.te.create_prim_func([A, tvm.te.compute((4, 8), lambda i, j: A[i, j], name="B")]))
+>>> rw.rewrite(func).report.sites      # one row of 8 per iteration of i
+[<copy8 at main: i: For j>]
 """
 
 from __future__ import annotations
 
-import inspect
-
 import tvm_ffi
 from tvm import ir, tirx
 
+from . import engine
 from . import pattern as P
 from .analysis import (const_int, defined_vars, dtype_is, dtype_of, fresh_var, key, rename_defs, substitute,
                        simplify, uses_any, vars_used, visit_accesses)
 from .canonical import canonicalize
-from .compiled import Compiled
+from .engine import Match
 from .index_dtype import as_index, index_dtype_of, with_index_dtype
-from .match import _LOOPS, Match, _Matcher, _stepped, instantiate
-from .pipeline import lower
+from .lowering import lower
+from .scan import RewriteError, Rule
+from .statement import ForPattern, IfPattern, SeqPattern, StmtPattern
 from .threads import ThreadLaunchError, launches_threads, merge_thread_launches
-
-_BINDINGS = "__bindings__"
-_RULE = "__rule__"  # the ModuleRule (of the site's index type) that bound the parameters
 
 
 def _scope(buf) -> str:
@@ -173,7 +180,6 @@ class _ParamInfo:
     """What bind_params needs of a (pattern, replacement) buffer parameter pair, computed once."""
 
     def __init__(self, p, q):
-        self.key = ("param", key(p))
         self.rank = len(p.shape)
         self.compact = _dim_strides(tirx.decl_buffer(q.shape, q.dtype))
         self.compact_ints = [const_int(st) for st in self.compact]
@@ -211,52 +217,47 @@ class _Shape(P.Pattern):
     def _body_repr(self):
         return f"{self.node_type.__name__}(...)"
 
-    def match_with(self, mt, node, env, nest, path):
-        if type(node) is not self.node_type:
-            mt.trace and mt.fail(path, self, node, f"expected a {self.node_type.__name__}, found {type(node).__name__}")
-            return
-        envs = [env]
-        for name, want in self.fields:
-            found = getattr(node, name)
-            if isinstance(want, P.Pattern):
-                envs = [e2 for e in envs for e2 in mt.m(want, found, e, nest, path + (name,))]
-            elif not (want is found or want == found if not isinstance(want, tvm_ffi.Object)
-                      else tvm_ffi.structural_equal(want, found)):
-                mt.trace and mt.fail(path, self, node, f"{self.node_type.__name__}.{name} differs")
-                return
-        yield from envs
-
-    def compile_with(self, cc):
-        kind = self.node_type
-        fields = [(name, cc.compile(want) if isinstance(want, P.Pattern) else None, want)
+    def compile(self, cc):
+        kind, fail = self.node_type, cc.failure(self)
+        fields = [(name, cc.compile(want, name) if isinstance(want, P.Pattern) else None, want)
                   for name, want in self.fields]
+        n = len(fields)
 
-        def fn(node, env, nest):
+        def match(node, b, nest, k):
             if type(node) is not kind:
-                return False
+                return fail and fail(b, node, nest, f"expected a {kind.__name__}, found {type(node).__name__}")
             for name, compiled, want in fields:
                 found = getattr(node, name)
-                if compiled is not None:
-                    if not compiled(found, env, nest):
-                        return False
-                elif not (want is found or want == found if not isinstance(want, tvm_ffi.Object)
-                          else tvm_ffi.structural_equal(want, found)):
-                    return False
-            return True
+                if compiled is None and not (want is found or want == found if not isinstance(want, tvm_ffi.Object)
+                                             else tvm_ffi.structural_equal(want, found)):
+                    return fail and fail(b, node, nest, f"{kind.__name__}.{name} differs")
 
-        return fn
+            def at(j):
+                while j < n and fields[j][1] is None:
+                    j += 1
+                if j == n:
+                    return k()
+                name, compiled, _ = fields[j]
+                return compiled(getattr(node, name), b, nest, lambda: at(j + 1))
+
+            return at(0)
+
+        return match
 
 
 class _ParamAccess(P.Pattern):
     """A load or store of a pattern buffer parameter, bound to a region of a target buffer."""
 
-    def __init__(self, param, indices, value=None):
+    binds_node = False  # binds the parameter's region instead
+
+    def __init__(self, param, info, indices, value=None):
         self.param = param
+        self.info = info  # the parameter's binding key
         self.indices = indices
         self.value = value
         self.position = P.EXPR if value is None else P.STMT
+        self.category = P.EXPRESSION if value is None else P.STATEMENT
         self.root_types = (ir.TensorLoad,) if value is None else (tirx.BufferStore,)
-        self._key = ("param", key(param))
         self._dtype = str(param.dtype)
         self._scope = _scope(param)
 
@@ -266,27 +267,22 @@ class _ParamAccess(P.Pattern):
     def _body_repr(self):
         return f"{self.param.name}[{', '.join(map(repr, self.indices))}]"
 
-    def match_with(self, mt, node, env, nest, path):
-        env = dict(env)
-        fail = (lambda where, reason: mt.fail(path + where, self, node, reason)) if mt.trace else None
-        if not self.bind(node, env, nest, fail):
-            return
-        if self.value is None:
-            yield env
-        else:
-            yield from mt.m(self.value, node.value, env, nest, path + ("value",))
+    def compile(self, cc):
+        value = None if self.value is None else cc.compile(self.value, "value")
+        failure = cc.failure(self)
 
-    def compile_with(self, cc):
-        value = None if self.value is None else cc.compile(self.value)
+        def match(node, b, nest, k):
+            fail = None if failure is None else (
+                lambda where, reason: failure(b, node, nest, reason, where))
+            if not self.bind(node, b, nest, fail):
+                return False
+            return k() if value is None else value(node.value, b, nest, k)
 
-        def fn(node, env, nest):
-            return self.bind(node, env, nest, None) and (value is None or value(node.value, env, nest))
+        return match
 
-        return fn
-
-    def bind(self, node, env, nest, fail) -> bool:
-        """Bind the parameter to the accessed buffer and each dimension's offset, in ``env``
-        (in place); False when the access does not fit. ``fail(where, reason)`` is told why."""
+    def bind(self, node, b, nest, fail) -> bool:
+        """Bind the parameter to the accessed buffer and each dimension's offset, in the
+        bindings ``b``; False when the access does not fit. ``fail(where, reason)`` is told why."""
         p = self.param
         if self.value is None:
             if type(node) is not ir.TensorLoad:
@@ -298,7 +294,8 @@ class _ParamAccess(P.Pattern):
                 fail and fail((), f"expected a store to {p.name}, found {type(node).__name__}")
                 return False
             target, indices = node.buffer, node.indices
-        bound = env.get(self._key)
+        info = self.info
+        bound = b.captures.get(info)
         if bound is None:
             if dtype_of(target) != self._dtype:
                 fail and fail((), f"{p.name} has dtype {p.dtype}, {target.name} has dtype {target.dtype}")
@@ -306,7 +303,7 @@ class _ParamAccess(P.Pattern):
             if _scope(target) != self._scope:
                 fail and fail((), f"{p.name} has scope {self._scope}, {target.name} has scope {_scope(target)}")
                 return False
-            env[self._key] = target
+            b.bind(info, target)
         elif not bound.same_as(target):
             fail and fail((), f"{p.name} is bound to {bound.name}, found {target.name}")
             return False
@@ -322,7 +319,7 @@ class _ParamAccess(P.Pattern):
             else:
                 pattern = self.indices[d - drop]
                 # a loop variable of the pattern (the common index) is a lookup
-                want = env.get(pattern) if type(pattern) is P.VarPattern else instantiate(pattern, env)
+                want = b.captures.get(pattern) if type(pattern) is P.VarPattern else pattern.instantiate(b.captures)
                 if want is None:
                     fail and fail((), f"cannot evaluate index {pattern!r}")
                     return False
@@ -336,10 +333,9 @@ class _ParamAccess(P.Pattern):
                          f"{target.name} index {d}: expected {want} plus an offset free of the "
                          f"matched loops, found {idx}")
                 return False
-            k = (self._key, d)
-            old = env.get(k)
+            old = b.bases.get((info, d))
             if old is None:
-                env[k] = base
+                b.bind_base((info, d), base)
             elif not _same_value(old, base):
                 fail and fail((f"index {d}",), f"{p.name} would bind two regions of {target.name}: "
                                                f"offsets {old} and {base} in dimension {d}")
@@ -347,8 +343,36 @@ class _ParamAccess(P.Pattern):
         return True
 
 
+def _stepped(loop) -> bool:
+    """A loop whose step is not 1 (canonical form leaves only symbolic steps)."""
+    return loop.step is not None and const_int(loop.step) != 1
+
+
+def _bind_only_what_is_read(p) -> None:
+    """A rule reads the bindings of its loop variables and scalar parameters (and binds its
+    buffer parameters itself): the other nodes of its pattern need not bind, which makes
+    matching cheaper."""
+    if p.name is None and not isinstance(p, P.VarPattern):
+        p.__dict__["binds_node"] = False
+    for child in p.children():
+        _bind_only_what_is_read(child)
+
+
+class Binding:
+    """What a module rule binds at a site (``m[rule.pattern]``): the rule for the site's
+    index type, and per buffer parameter the region it is bound to (see ``bind_params``)."""
+
+    def __init__(self, rule: "ModuleRule", params: list):
+        self.rule, self.params = rule, params
+
+    def __repr__(self):
+        return f"<{self.rule.name}: {', '.join(f'{q.name}={target.name}' for q, target, *_ in self.params)}>"
+
+
 class _ModuleRulePattern(P.Pattern):
     """The whole pattern function: its body, then the match_buffer preconditions."""
+
+    binds_node = False  # binds the site's Binding instead
 
     def __init__(self, body, rule, extents=()):
         self.body = body
@@ -391,26 +415,36 @@ class _ModuleRulePattern(P.Pattern):
             node = node.body
         return False
 
-    def match_with(self, mt, node, env, nest, path):
-        # A cheap pre-check on the loop extents; explain (tracing) takes the full path for its messages.
-        if not mt.trace and self._quick_reject(node):
-            return
-        rule = self.rule.for_index_dtype(index_dtype_of(node))
-        if isinstance(rule, str):
-            mt.trace and mt.fail(path, self, node, rule, final=True)
-            return
-        for e in mt.m(rule.pattern.body, node, env, nest, path):
-            bindings, reason = rule.bind_params(e)
-            if bindings is None:
-                mt.trace and mt.fail(path + ("params",), self, node, reason, final=True)
-                continue
-            e = dict(e)
-            m = rule._complete(node, e, bindings, mt.context)
-            if rule.where is not None and not rule.where(m):
-                mt.trace and mt.fail(path + ("where",), self, node, f"the rule's where() predicate "
-                                     f"{getattr(rule.where, '__name__', rule.where)} is false", final=True)
-                continue
-            yield e
+    def compile(self, cc):
+        trace, fail, own = cc.trace, cc.failure(self), self.key
+
+        def match(node, b, nest, k):
+            # (ModuleRule.match rejects most candidates by their loop extents before this.)
+            rule = self.rule.for_index_dtype(index_dtype_of(node))
+            if isinstance(rule, str):
+                return fail and fail(b, node, nest, rule, final=True)
+
+            def preconditions():
+                params, reason = rule.bind_params(b)
+                if params is None:
+                    return fail and fail(b, node, nest, reason, ("params",), final=True)
+                mark = b.mark()
+                b.bind(own, Binding(rule, params))
+                for name, k_ in rule.named:
+                    b.bind(name, b.captures.get(k_))
+                if rule.where is not None and not rule.where(b.match(node)):
+                    b.undo(mark)
+                    return fail and fail(b, node, nest, f"the rule's where() predicate "
+                                                       f"{getattr(rule.where, '__name__', rule.where)} is false",
+                                         ("where",), final=True)
+                if k():
+                    return True
+                b.undo(mark)
+                return False
+
+            return rule.body_matcher(trace)(node, b, nest, preconditions)
+
+        return match
 
 
 class ModuleRule:
@@ -447,29 +481,38 @@ class ModuleRule:
         self.params = list(zip(pp, rp))
         self._replacement_of = {key(p): q for p, q in self.params}
         self._buffer_params = [(p, q, _ParamInfo(p, q)) for p, q in self.params if tirx.is_buffer_var(p)]
+        self._infos = {key(p): info for p, _, info in self._buffer_params}
         # variables the replacement body defines itself (loops, Binds, ...): fresh ones per site
         self._body_defs = defined_vars(self.replacement_func.body)
         self._loop_vars: dict = {}
         self._scalars = {key(p): P.Wildcard(f"{self.name}:{p.name}").has_dtype(dtype_of(p))
                          for p in pp if not tirx.is_buffer_var(p)}
         # what a match shows under each parameter's name: m["A"] is the bound target buffer
-        self._named = [(p.name, ("param", key(p))) for p in pp if tirx.is_buffer_var(p)] + \
-                      [(p.name, self._scalars[key(p)].name) for p in pp if not tirx.is_buffer_var(p)]
+        self.named = [(p.name, self._infos[key(p)]) for p in pp if tirx.is_buffer_var(p)] + \
+                     [(p.name, self._scalars[key(p)].name) for p in pp if not tirx.is_buffer_var(p)]
         self._buffers = {key(p): p for p in pp if tirx.is_buffer_var(p)}
         self._check_replacement()
         # The pattern in canonical form, like the code it is matched against.
         pattern_body = canonicalize(self.pattern_func.body)
         body = self._stmt(pattern_body)
+        _bind_only_what_is_read(body)
         extents, loop = [], pattern_body
         while isinstance(loop, tirx.For) and isinstance(loop.extent, tirx.IntImm):
             extents.append(int(loop.extent.value))
             loop = loop.body
         self.pattern = _ModuleRulePattern(body, self, extents)
-        self._first = Compiled(body)
+        self._body_matchers: dict = {}
         # The rule for code indexed in another integer type (int64 from Relax, say), built
         # on first use by converting both functions, as tensorize converts an intrinsic.
         self.index_dtype = index_dtype_of(self.pattern_func.body)
         self._variants: dict = {self.index_dtype: self}
+
+    def body_matcher(self, trace: bool) -> engine.Matcher:
+        """The matcher of the pattern function's body (the preconditions are the caller's)."""
+        found = self._body_matchers.get(trace)
+        if found is None:
+            found = self._body_matchers[trace] = engine.compiled(self.pattern.body, trace)
+        return found
 
     def for_index_dtype(self, dtype: str) -> "ModuleRule | str":
         """This rule for code whose indices are ``dtype``, or why there is none."""
@@ -545,55 +588,31 @@ class ModuleRule:
         already in the canonical form of the pattern, else canonicalised and matched again."""
         if self.pattern._quick_reject(node):
             return None
-        dtype = index_dtype_of(node)
-        if dtype != self.index_dtype:
-            rule = self.for_index_dtype(dtype)
-            return None if isinstance(rule, str) else rule.match(node, context, canonical)
-        m = self._match_at(node, context, canonical)
+        matcher = engine.compiled(self.pattern)
+        m = engine.first_match(matcher, node, context)
         if m is None and not canonical:
             again = canonicalize(node)
             if not again.same_as(node) and not self.pattern._quick_reject(again):
-                m = self._match_at(again, context, True)
+                m = engine.first_match(matcher, again, context)
         return m
-
-    def _match_at(self, node, context, canonical):
-        env: dict = {}
-        outcome = self._first(node, env)
-        if outcome:
-            bindings, _ = self.bind_params(env)
-            if bindings is not None:
-                m = self._complete(node, env, bindings, context)
-                if self.where is None or self.where(m):
-                    return m
-            outcome = None if self._first.skipped else False
-        if outcome is False:
-            return None
-        # An option was left untried: the full search decides (on canonical TIR).
-        return _Matcher(context).run(self.pattern, node if canonical else canonicalize(node))
-
-    def _complete(self, node, env, bindings, context) -> Match:
-        env[_BINDINGS] = bindings
-        env[_RULE] = self
-        for name, k in self._named:
-            env[name] = env.get(k)
-        return Match(node, env, context)
 
     # -- pattern from the pattern function ----------------------------------------------
     def _stmt(self, s):
         if isinstance(s, tirx.For):
             var = P.VarPattern()
             self._loop_vars[key(s.loop_var)] = var
-            return P.ForPattern(self._stmt(s.body), var=var, extent=self._expr(s.extent))
+            return ForPattern(self._stmt(s.body), var=var, extent=self._expr(s.extent))
         if isinstance(s, tirx.SeqStmt):
-            return P.SeqPattern([self._stmt(x) for x in s.seq])
+            return SeqPattern([self._stmt(x) for x in s.seq])
         if isinstance(s, tirx.IfThenElse):
-            return P.IfPattern(self._expr(s.condition), self._stmt(s.then_case),
+            return IfPattern(self._expr(s.condition), self._stmt(s.then_case),
                                None if s.else_case is None else self._stmt(s.else_case))
         if isinstance(s, tirx.BufferStore):
             param = self._buffers.get(key(s.buffer))
             if param is None:
                 raise ValueError(f"rule {self.name!r}: the pattern stores to {s.buffer.name}, which is not a parameter")
-            return _ParamAccess(param, tuple(self._expr(i) for i in s.indices), self._expr(s.value))
+            return _ParamAccess(param, self._infos[key(param)], tuple(self._expr(i) for i in s.indices),
+                                self._expr(s.value))
         if isinstance(s, tirx.Evaluate):
             return _EvaluatePattern(self._expr(s.value))
         raise ValueError(f"rule {self.name!r}: a {type(s).__name__} in a pattern function is not supported")
@@ -612,37 +631,38 @@ class ModuleRule:
             param = self._buffers.get(key(e.source))
             if param is None:
                 raise ValueError(f"rule {self.name!r}: the pattern loads {e.source.name}, which is not a parameter")
-            return _ParamAccess(param, tuple(self._expr(i) for i in e.indices))
+            return _ParamAccess(param, self._infos[key(param)], tuple(self._expr(i) for i in e.indices))
         if isinstance(e, tirx.Cast):
             return P.CastPattern(self._expr(e.value), dtype_of(e))
-        for op, (cls, _) in P._BINOPS.items():
-            if type(e) is cls:
-                return P.BinOpPattern(op, self._expr(e.a), self._expr(e.b)).has_dtype(dtype_of(e))
+        op = P.binop_of(e)
+        if op is not None:
+            return P.BinOpPattern(op, self._expr(e.a), self._expr(e.b)).has_dtype(dtype_of(e))
         if isinstance(e, ir.Call):
             return P.CallPattern(e.op.name, tuple(self._expr(a) for a in e.args)).has_dtype(dtype_of(e))
         return _Shape(e, self._expr)
 
     # -- preconditions and bindings -----------------------------------------------------
-    def bind_params(self, env):
-        """Per buffer parameter: ``(q, target, strides, offset, base, info)``, the bound buffer,
-        the region's strides (of the parameter's dimensions), flat element offset and base
-        index (one per target dimension); or ``(None, reason)``."""
-        inner = [l.loop_var for l in env.get(_LOOPS, ())] if self._scalars else ()
+    def bind_params(self, bound):
+        """Per buffer parameter, from what the match has ``bound`` (its Bindings): ``(q, target,
+        strides, offset, base, info)``, the bound buffer, the region's strides (of the
+        parameter's dimensions), flat element offset and base index (one per target
+        dimension); or ``(None, reason)``."""
+        inner = [l.loop_var for l in bound.loops] if self._scalars else ()
         for p, wildcard in self._scalars.items():
-            value = env.get(wildcard.name)
+            value = bound.captures.get(wildcard.name)
             if value is not None and inner and uses_any(value, inner):
                 return None, (f"scalar parameter {wildcard.name.split(':', 1)[-1]} is bound to {value}, "
                               f"which uses a loop of the match (it is gone after the rewrite)")
-        bindings = []
+        params = []
         for p, q, info in self._buffer_params:
-            target = env.get(info.key)
+            target = bound.captures.get(info)
             if target is None:
                 return None, f"pattern parameter {p.name} is never accessed, so it binds no region"
             ty = target.ty  # the buffer's own fields (its properties are Python wrappers around these)
             shape = ty.shape[:]
             ndim = len(shape)
             drop = ndim - info.rank
-            base = [env[(info.key, d)] for d in range(ndim)]
+            base = [bound.bases[(info, d)] for d in range(ndim)]
             index_dtype = info.index_dtype
             int_strides = _int_strides(ty, index_dtype, shape)
             affine = None
@@ -697,8 +717,8 @@ class ModuleRule:
                     and not self._scalar_only(q):
                 return None, (f"replacement parameter {q.name} assumes elem_offset {q.elem_offset}, but the region of "
                               f"{target.name} starts at element {offset}")
-            bindings.append((q, target, view_strides, offset, base, info))
-        return bindings, None
+            params.append((q, target, view_strides, offset, base, info))
+        return params, None
 
     def _scalar_only(self, q) -> bool:
         """True when the replacement uses ``q`` through loads and stores alone."""
@@ -755,12 +775,13 @@ class ModuleRule:
 
     def replace(self, m):
         """The replacement for one site: its body with the parameters inlined (see the module)."""
-        env = m._env
-        owner = env[_RULE]
-        if owner is not self:
-            return owner.replace(m)
+        binding = m[self.pattern]
+        return binding.rule.replacement(m, binding.params)
+
+    def replacement(self, m, params):
+        """The replacement at the site ``m`` of this rule (of the site's index type)."""
         pairs, regions = [], {}
-        for q, target, strides, offset, base, info in env[_BINDINGS]:
+        for q, target, strides, offset, base, info in params:
             regions[key(q)] = (target, base, len(base) - info.rank)
             pairs.append((q, target))  # what is left of q after the accesses: its data pointer
             for d, var in info.stride_vars:
@@ -768,7 +789,7 @@ class ModuleRule:
             if info.offset_var is not None:
                 pairs.append((info.offset_var, offset))
         for p, wildcard in self._scalars.items():
-            pairs.append((self._replacement_of[p], env[wildcard.name]))
+            pairs.append((self._replacement_of[p], m[wildcard.name]))
         body = self.replacement_func.body
         if self._accesses_params:
             body = _inline_accesses(body, regions)
@@ -823,7 +844,7 @@ def _inline_accesses(body, regions: dict):
     return tvm_ffi.structural_map(body, [(ir.TensorLoad, on_load), (tirx.BufferStore, on_store)])
 
 
-class _EvaluatePattern(P.StmtPattern):
+class _EvaluatePattern(StmtPattern):
     """``T.evaluate(expr)`` in a pattern function."""
 
     root_types = (tirx.Evaluate,)
@@ -837,25 +858,19 @@ class _EvaluatePattern(P.StmtPattern):
     def _body_repr(self):
         return f"evaluate({self.value!r})"
 
-    def match_with(self, mt, node, env, nest, path):
-        if not isinstance(node, tirx.Evaluate):
-            mt.trace and mt.fail(path, self, node, f"expected an evaluate, found {type(node).__name__}")
-            return
-        yield from mt.m(self.value, node.value, env, nest, path + ("value",))
+    def compile(self, cc):
+        value, fail = cc.compile(self.value, "value"), cc.failure(self)
 
-    def compile_with(self, cc):
-        value = cc.compile(self.value)
+        def match(node, b, nest, k):
+            if type(node) is not tirx.Evaluate:
+                return fail and fail(b, node, nest, f"expected an evaluate, found {type(node).__name__}")
+            return value(node.value, b, nest, k)
 
-        def fn(node, env, nest):
-            return type(node) is tirx.Evaluate and value(node.value, env, nest)
-
-        return fn
+        return match
 
 
 def module_rule(mod, name=None, where=None):
-    """A :class:`~tirpat.tir.rewrite.Rule` from an IRModule with ``pattern`` and ``replacement``."""
-    from .rewrite import RewriteError, Rule
-
+    """A :class:`~tirpat.tir.scan.Rule` from an IRModule with ``pattern`` and ``replacement``."""
     rule = ModuleRule(mod, name, where)
     finish = None
     if launches_threads(rule.replacement_func.body):
@@ -868,33 +883,3 @@ def module_rule(mod, name=None, where=None):
     return Rule(rule.pattern, rule.replace, rule.name, fresh_defs=True, matcher=rule.match, self_checked=True,
                 finish=finish)
 
-
-def rewriter(cls_or_mod=None, *, where=None):
-    """Class decorator: a class (or ``@I.ir_module``) with PrimFuncs ``pattern`` and
-    ``replacement`` becomes a one-rule :class:`~tirpat.Rewriter` named after it.
-    ``@tp.rewriter(where=pred)`` also chooses its sites, as ``Rewriter.from_module`` does.
-
-    >>> @tp.rewriter
-    ... class CopyRow:
-    ...     pattern = pattern_func
-    ...     replacement = replacement_func
-    >>> CopyRow.rules[0].name
-    'CopyRow'
-    """
-    from .rewrite import Rewriter
-
-    if cls_or_mod is None:
-        return lambda c: rewriter(c, where=where)
-    if isinstance(cls_or_mod, ir.IRModule):
-        return Rewriter.from_module(cls_or_mod, where=where)
-    if isinstance(cls_or_mod, type):
-        funcs = {n: getattr(cls_or_mod, n, None) for n in ("pattern", "replacement")}
-        if any(inspect.isfunction(f) for f in funcs.values()):
-            # ``@T.prim_func`` methods under a class decorator named like ours are left
-            # unparsed by TVMScript (as for Relax's ``@R.rewriter``): parse the class as a module.
-            from tvm.script import ir as I
-
-            mod = I.ir_module(cls_or_mod)
-            funcs = {gv.name_hint: f for gv, f in mod.functions.items()}
-        return Rewriter.from_module(funcs, name=cls_or_mod.__name__, where=where)
-    raise TypeError(f"@tp.rewriter decorates a class or an IRModule, got {type(cls_or_mod).__name__}")

@@ -1,15 +1,18 @@
-"""Pattern nodes: small, immutable data describing the TIR a rule matches.
+"""Patterns: small, immutable data describing the TIR a rule matches, each kind with the one
+description of how it matches.
 
-Patterns are built with the constructors at the bottom of this module (``wildcard``,
-``is_var``, ``is_buffer``, ``is_nest``, ``is_copy``...) and Python operators, in the style
-of ``tvm.relax.dpl``::
+Patterns are built with constructors (``wildcard``, ``is_var``, ``is_buffer``... here;
+``is_store``, ``is_nest``... in :mod:`tirpat.tir.statement`; ``is_copy`` in
+:mod:`tirpat.tir.copy`) and Python operators, in the style of ``tvm.relax.dpl``:
 
-    >>> import tirpat as tp
-    >>> i, j = tp.is_var("i"), tp.is_var("j")
-    >>> A, B = tp.is_buffer("A"), tp.is_buffer("B")
-    >>> copy = tp.is_nest([i, j], tp.is_store(B, [i, j], A[i, j]))
+>>> import tirpat as tp
+>>> i, j = tp.is_var("i"), tp.is_var("j")
+>>> A, B = tp.is_buffer("A"), tp.is_buffer("B")
+>>> copy = tp.is_nest([i, j], tp.is_store(B, [i, j], A[i, j]))
 
-The matcher lives in :mod:`tirpat.tir.match`; this module only describes shapes.
+Each kind's ``compile(cc)`` method is its description for the engine
+(:mod:`tirpat.tir.engine`): the matcher that finding, rewriting and ``explain`` all run.
+This module holds the base class and the expression kinds.
 """
 
 from __future__ import annotations
@@ -19,17 +22,21 @@ from typing import Any, Callable, Sequence
 import tvm_ffi
 from tvm import ir, tirx
 
+from . import engine
+from .analysis import const_int, dtype_of, is_tir, key, linear_form, simplify, uses_any
+from .canonical import canonicalize
+from .engine import short
+
 # Root node kinds a pattern can match, used to index rules (tinygrad's UPat does the same).
 EXPR = "expr"
 STMT = "stmt"
 
-_FOR_KINDS = {
-    "serial": int(tirx.ForKind.SERIAL),
-    "parallel": int(tirx.ForKind.PARALLEL),
-    "vectorized": int(tirx.ForKind.VECTORIZED),
-    "unrolled": int(tirx.ForKind.UNROLLED),
-    "thread_binding": int(tirx.ForKind.THREAD_BINDING),
-}
+# What a capture name stands for; one name may not stand for two of these.
+BUFFER, EXPRESSION, STATEMENT, COPY = "a buffer", "an expression", "a statement", "a copy region"
+
+
+def _accept(node, b, nest, k):
+    return k()
 
 
 class Pattern:
@@ -39,8 +46,9 @@ class Pattern:
     constraints, and supports the operators ``+ - * // %``, ``|`` and ``.astype``.
 
     >>> p = tp.is_var("i") * 16 + tp.is_var("j")
-    >>> p.match(i_0 * 16 + j_0) is not None      # doctest: +SKIP
-    True
+    >>> i0, j0 = tvm.tirx.Var("i0", "int32"), tvm.tirx.Var("j0", "int32")
+    >>> p.match(i0 * 16 + j0)["j"].name
+    'j0'
     """
 
     name: str | None = None
@@ -49,34 +57,61 @@ class Pattern:
     #: TVM node classes the root of a match can be; ``None`` means any.
     root_types: tuple | None = None
     position: str = EXPR
+    #: what a capture name on this kind stands for (None: whatever its place takes)
+    category: str | None = EXPRESSION
+    #: the engine binds ``key`` to the matched node (a copy pattern binds its CopyRegion)
+    binds_node: bool = True
+    #: ``dtype`` is checked by the kind itself (a buffer's element type)
+    checks_dtype: bool = False
+
+    @property
+    def key(self):
+        """What the match is bound under: the capture name, or the pattern itself."""
+        return self.name if self.name is not None else self
 
     # -- constraints -------------------------------------------------------------------
     def has_dtype(self, dtype: str) -> "Pattern":
-        """Only match nodes of this dtype. ``tp.wildcard().has_dtype("int8")``"""
+        """Only match nodes of this dtype.
+
+        >>> tp.wildcard().has_dtype("int8")
+        wildcard().has_dtype('int8')
+        """
         return _with(self, dtype=_dtype(dtype, "has_dtype"))
 
     def where(self, pred: Callable[[Any], bool]) -> "Pattern":
-        """Only match when ``pred(match)`` is true for the complete match.
+        """Only match when ``pred(match)`` is true for the complete match (``match.node``
+        is the node this pattern matched).
 
-        >>> tp.is_const().where(lambda m: m.node.value > 0)      # doctest: +SKIP
+        >>> positive = tp.is_const().where(lambda m: m.node.value > 0)
+        >>> positive.match(tvm.tirx.IntImm("int32", 3)) is not None
+        True
         """
         if not callable(pred):
             raise TypeError(f"where expects a callable taking a Match, got {pred!r}")
         return _with(self, predicates=self.predicates + (pred,))
 
     def astype(self, dtype: str) -> "Pattern":
-        """A ``Cast`` of this pattern to ``dtype``. ``A[i, k].astype("int32")``"""
+        """A ``Cast`` of this pattern to ``dtype``.
+
+        >>> tp.is_buffer("A")[tp.is_var("i")].astype("int32")
+        is_buffer('A')[is_var('i')].astype('int32')
+        """
         return CastPattern(self, _dtype(dtype, "astype"))
 
-    def match(self, node: Any) -> "Any":
-        """Match this pattern against a PrimExpr or a Stmt; return a Match or None.
+    def match(self, node: Any, context: Sequence = ()) -> "engine.Match | None":
+        """Match this pattern against a PrimExpr or a Stmt (canonicalised first); a Match or
+        None. ``context`` are the For loops around ``node``, outermost first.
 
-        >>> tp.is_const(3).match(tvm.tirx.IntImm("int32", 3)) is not None   # doctest: +SKIP
+        >>> tp.is_const(3).match(tvm.tirx.IntImm("int32", 3)) is not None
         True
         """
-        from .match import match
+        if not is_tir(node):
+            raise TypeError(f"match expects a PrimExpr or a Stmt, got {type(node).__name__}")
+        return engine.first_match(engine.compiled(self), canonicalize(node), tuple(context))
 
-        return match(self, node)
+    def instantiate(self, captures: dict):
+        """The expression this pattern denotes once its captures are bound, else None."""
+        return None
 
     # -- operators ---------------------------------------------------------------------
     def __or__(self, other: "Pattern") -> "Pattern":
@@ -141,18 +176,61 @@ class Pattern:
         """The sub-patterns, for walking a pattern tree."""
         return ()
 
-    def match_with(self, matcher, node, env: dict, nest: tuple, path: tuple):
-        """Extension point for pattern kinds the matcher does not know: yield environments."""
-        raise TypeError(f"{type(self).__name__} is not a pattern the matcher knows how to match")
+    def compile(self, cc: "engine.Compiler") -> "engine.Matcher":
+        """This kind's description: the matcher for the engine (see :mod:`tirpat.tir.engine`)."""
+        raise TypeError(f"{type(self).__name__} does not describe how it matches (no compile method)")
+
+    # -- capture names -----------------------------------------------------------------
+    @property
+    def names(self) -> dict:
+        """``{capture name: (what it stands for, the pattern)}`` over this pattern's tree;
+        what a wildcard's name stands for is decided by the place it is used in."""
+        own = self.__dict__.get("_names")
+        if own is None:
+            own = {} if self.name is None else {self.name: (self.category, self)}
+        return own
+
+    def _collect_names(self, *places: tuple) -> None:
+        """Gather the capture names of sub-patterns, each ``(pattern, what its place takes)``,
+        and refuse one name standing for two kinds of node (found when the pattern is built,
+        not as a baffling mismatch later)."""
+        names = dict(self.names)
+        for child, place in places:
+            if not isinstance(child, Pattern):
+                continue
+            for name, (what, where) in child.names.items():
+                _add_name(names, name, what if what is not None else place, where)
+        self.__dict__["_names"] = names
+
+
+def _add_name(names: dict, name: str, what, where) -> None:
+    old = names.get(name)
+    if old is None or old[0] is None:
+        names[name] = (what, where)
+        return
+    if what is not None and old[0] != what:
+        raise ValueError(f"the capture name {name!r} stands for {old[0]} in {old[1]!r} and for {what} in {where!r}; "
+                         f"one name binds one node: use two names")
+
+
+#: element types TVM computes with: the integer and float widths it has kernels for
+_BITS = {"int": (1, 2, 4, 8, 16, 32, 64), "uint": (1, 2, 4, 8, 16, 32, 64), "float": (16, 32, 64),
+         "bfloat": (16,)}
+_CODES = {0: "int", 1: "uint", 2: "float", 4: "bfloat"}
 
 
 def _dtype(dtype, what: str) -> str:
     if not isinstance(dtype, str):
         raise TypeError(f"{what} expects a dtype string such as 'int8', got {dtype!r}")
     try:
-        return str(tvm_ffi.dtype(dtype))
+        parsed = tvm_ffi.dtype(dtype)
     except ValueError:
         raise ValueError(f"{what}: {dtype!r} is not a dtype (e.g. 'int8', 'float32', 'int32x4')") from None
+    family = _CODES.get(parsed.type_code)
+    if family is not None and parsed.bits not in _BITS[family]:
+        widths = ", ".join(map(str, _BITS[family]))
+        raise ValueError(f"{what}: {dtype!r} is not a dtype TVM computes with ({family} has {widths} bits)")
+    return str(parsed)
 
 
 def _op_exists(name: str) -> bool:
@@ -172,7 +250,8 @@ def _with(pattern: Pattern, **changes) -> Pattern:
     return clone
 
 
-def _check_name(name, what: str) -> str | None:
+def check_name(name, what: str) -> str | None:
+    """A capture name, checked to be a string (or None)."""
     if name is not None and not isinstance(name, str):
         raise TypeError(f"{what}: the capture name must be a string, got {name!r}")
     return name
@@ -189,23 +268,40 @@ def to_pattern(value: Any, what: str) -> Pattern:
     raise TypeError(f"{what}: expected a tirpat pattern (or an int/float constant), got {type(value).__name__} {value!r}")
 
 
-def _name_repr(ctor: str, name, **kw) -> str:
+def expression(p, what: str) -> Pattern:
+    """``p`` as an expression pattern (ints and floats become constants)."""
+    p = to_pattern(p, what)
+    if p.position != EXPR:
+        raise TypeError(f"{what}: expected an expression pattern, got the statement pattern {p!r}")
+    return p
+
+
+def name_repr(ctor: str, name, **kw) -> str:
+    """``ctor('name', key=value, ...)`` for reprs."""
     parts = [repr(name)] if name is not None else []
     parts += [f"{k}={v!r}" for k, v in kw.items() if v is not None]
     return f"{ctor}({', '.join(parts)})"
 
 
 # ---------------------------------------------------------------------------------------
-# expression patterns
+# expression kinds
 # ---------------------------------------------------------------------------------------
 class Wildcard(Pattern):
     """Any PrimExpr, or any Stmt in statement position."""
 
+    category = None
+
     def __init__(self, name=None):
-        self.name = _check_name(name, "wildcard")
+        self.name = check_name(name, "wildcard")
 
     def _body_repr(self):
-        return _name_repr("wildcard", self.name)
+        return name_repr("wildcard", self.name)
+
+    def instantiate(self, captures):
+        return captures.get(self.key)
+
+    def compile(self, cc):
+        return _accept
 
 
 class VarPattern(Pattern):
@@ -214,13 +310,28 @@ class VarPattern(Pattern):
     root_types = (tirx.Var,)
 
     def __init__(self, name=None, name_hint=None):
-        self.name = _check_name(name, "is_var")
+        self.name = check_name(name, "is_var")
         if name_hint is not None and not isinstance(name_hint, str):
             raise TypeError(f"is_var: name_hint must be a string, got {name_hint!r}")
         self.name_hint = name_hint
 
     def _body_repr(self):
-        return _name_repr("is_var", self.name, name_hint=self.name_hint)
+        return name_repr("is_var", self.name, name_hint=self.name_hint)
+
+    def instantiate(self, captures):
+        return captures.get(self.key)
+
+    def compile(self, cc):
+        hint, fail = self.name_hint, cc.failure(self)
+
+        def match(node, b, nest, k):
+            if not isinstance(node, tirx.Var) or tirx.is_buffer_var(node):
+                return fail and fail(b, node, nest, f"expected a variable, found {type(node).__name__} {short(node)}")
+            if hint is not None and node.name != hint:
+                return fail and fail(b, node, nest, f"expected a variable named {hint!r}, found {node.name!r}")
+            return k()
+
+        return match
 
 
 class ConstPattern(Pattern):
@@ -232,19 +343,36 @@ class ConstPattern(Pattern):
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
             raise TypeError(f"is_const: value must be an int or float, got {value!r}")
         self.value = value
-        self.name = _check_name(name, "is_const")
+        self.name = check_name(name, "is_const")
 
     def _body_repr(self):
         return "is_const()" if self.value is None else f"is_const({self.value!r})"
+
+    def instantiate(self, captures):
+        return captures.get(self.key) if self.value is None else self.value
+
+    def compile(self, cc):
+        value, fail = self.value, cc.failure(self)
+
+        def match(node, b, nest, k):
+            if not isinstance(node, (tirx.IntImm, tirx.FloatImm)):
+                return fail and fail(b, node, nest, f"expected a constant, found {type(node).__name__} {short(node)}")
+            if value is not None and node.value != value:
+                return fail and fail(b, node, nest, f"expected the constant {value}, found {node.value}")
+            return k()
+
+        return match
 
 
 class BufferPattern(Pattern):
     """A buffer (a ``tirx`` buffer Var). Index it to get a load pattern: ``A[i, j]``."""
 
     root_types = (tirx.Var,)
+    category = BUFFER
+    checks_dtype = True
 
     def __init__(self, name=None, name_hint=None, dtype=None, scope=None, ndim=None):
-        self.name = _check_name(name, "is_buffer")
+        self.name = check_name(name, "is_buffer")
         for key, val in (("name_hint", name_hint), ("dtype", dtype), ("scope", scope)):
             if val is not None and not isinstance(val, str):
                 raise TypeError(f"is_buffer: {key} must be a string, got {val!r}")
@@ -260,12 +388,35 @@ class BufferPattern(Pattern):
         return LoadPattern(self, indices)
 
     def __repr__(self):
-        text = _name_repr("is_buffer", self.name, name_hint=self.name_hint, dtype=self.dtype,
-                          scope=self.scope, ndim=self.ndim)
+        text = name_repr("is_buffer", self.name, name_hint=self.name_hint, dtype=self.dtype,
+                         scope=self.scope, ndim=self.ndim)
         return text + ".where(...)" * len(self.predicates)
 
+    def instantiate(self, captures):
+        return captures.get(self.key)
 
-def _index_list(indices, what):
+    def compile(self, cc):
+        wanted = [(what, want, field) for what, want, field in (
+            ("name_hint", self.name_hint, lambda buf: buf.name), ("dtype", self.dtype, lambda buf: str(buf.dtype)),
+            ("scope", self.scope, lambda buf: buf.scope()), ("ndim", self.ndim, lambda buf: len(buf.shape)),
+        ) if want is not None]
+        fail = cc.failure(self)
+
+        def match(node, b, nest, k):
+            if not tirx.is_buffer_var(node):
+                return fail and fail(b, node, nest, f"expected a buffer, found {type(node).__name__} {short(node)}")
+            for what, want, field in wanted:
+                found = field(node)
+                if want != found:
+                    return fail and fail(b, node, nest, f"expected a buffer with {what} {want!r}, found {node.name} "
+                                                        f"with {what} {found!r}")
+            return k()
+
+        return match
+
+
+def index_list(indices, what):
+    """Index patterns from a list (ints become constants); None means any indices."""
     if indices is None:
         return None  # any indices, any number of them
     if isinstance(indices, (Pattern, int)):
@@ -275,17 +426,23 @@ def _index_list(indices, what):
     return tuple(to_pattern(i, f"{what} index") for i in indices)
 
 
+def buffer_slot(buffer, what):
+    """``buffer`` checked to be a buffer pattern (or a wildcard or alternation of them)."""
+    if not isinstance(buffer, (BufferPattern, Wildcard, AltPattern)):
+        raise TypeError(f"{what}: the buffer must be a buffer pattern (tp.is_buffer), got {buffer!r}")
+    return buffer
+
+
 class LoadPattern(Pattern):
     """A ``BufferLoad`` (``ir.TensorLoad``) of a buffer pattern at index patterns."""
 
     root_types = (ir.TensorLoad,)
 
     def __init__(self, buffer, indices, name=None):
-        if not isinstance(buffer, (BufferPattern, Wildcard, AltPattern)):
-            raise TypeError(f"is_load: the buffer must be a buffer pattern (tp.is_buffer), got {buffer!r}")
-        self.buffer = buffer
-        self.indices = _index_list(indices, "is_load")
-        self.name = _check_name(name, "is_load")
+        self.buffer = buffer_slot(buffer, "is_load")
+        self.indices = index_list(indices, "is_load")
+        self.name = check_name(name, "is_load")
+        self._collect_names((self.buffer, BUFFER), *((i, EXPRESSION) for i in self.indices or ()))
 
     def children(self):
         return (self.buffer,) + (self.indices or ())
@@ -293,6 +450,105 @@ class LoadPattern(Pattern):
     def _body_repr(self):
         idx = "..." if self.indices is None else ", ".join(map(repr, self.indices))
         return f"{self.buffer!r}[{idx}]"
+
+    def compile(self, cc):
+        access, fail = compile_access(cc, self), cc.failure(self)
+
+        def match(node, b, nest, k):
+            if not isinstance(node, ir.TensorLoad):
+                return fail and fail(b, node, nest, f"expected a buffer load, found {type(node).__name__} {short(node)}")
+            return access(node.source, node.indices, b, nest, k)
+
+        return match
+
+
+def compile_access(cc, p):
+    """``access(buffer, indices, b, nest, k)`` for a load or store pattern ``p``: its buffer
+    and index patterns, the access recorded for :meth:`Match.region`."""
+    buffer, record = cc.compile(p.buffer, "buffer"), p.buffer.key
+    if p.indices is None:
+        def any_indices(buf, indices, b, nest, k):
+            b.push(b.accesses, (record, indices))
+            return buffer(buf, b, nest, k)
+
+        return any_indices
+    n = len(p.indices)
+    index = [compile_index(cc, ip, d) for d, ip in enumerate(p.indices)]
+    fail = cc.failure(p)
+
+    def access(buf, indices, b, nest, k):
+        if len(indices) != n:
+            return fail and fail(b, buf, nest, f"expected {n} indices, found {len(indices)} for {buf.name}")
+        b.push(b.accesses, (record, indices))
+        found = list(indices)
+
+        def at(d):
+            if d == n:
+                return k()
+            return index[d](found[d], buf, b, nest, lambda: at(d + 1))
+
+        return buffer(buf, b, nest, lambda: at(0))
+
+    return access
+
+
+def compile_index(cc, p, dim):
+    """``index(expr, buffer, b, nest, k)`` for index pattern ``p`` in dimension ``dim``.
+
+    An index matches after affine normalisation; inside a nest it also matches as ``base +
+    pattern`` where ``base`` does not use the nest's loop variables (a tile of a bigger
+    buffer), and every access of the tile must agree on that base.
+    """
+    step = f"index {dim}"
+    inner = cc.compile(p, step)
+    if isinstance(p, (Wildcard, AffinePattern)):
+        return lambda idx, buf, b, nest, k: inner(idx, b, nest, k)
+    fail = cc.failure(p)
+    base_key = p.key
+
+    def with_base(b, nest, buf, base, idx, k):
+        where = (key(buf), dim, base_key)
+        if b.bind_base(where, base):
+            return k()
+        return fail and fail(b, idx, nest, f"{buf.name} is accessed at two different offsets: "
+                                           f"{b.bases[where]} and {base}", (step,))
+
+    def index(idx, buf, b, nest, k):
+        expected = p.instantiate(b.captures)
+        if expected is not None:
+            diff = simplify(idx - expected)
+            if isinstance(diff, tirx.IntImm) and diff.value == 0:
+                return k()
+            if nest and not uses_any(diff, nest):
+                return with_base(b, nest, buf, diff, idx, k)
+            return fail and fail(b, idx, nest, f"expected index {expected}, found {idx}", (step,))
+        tried = []
+
+        def then():
+            tried.append(True)
+            return k()
+
+        mark = b.mark()
+        if inner(idx, b, nest, then):
+            return True
+        if tried or not nest:
+            return False
+        b.undo(mark)
+        form = linear_form(idx, nest)
+        if form is None or const_int(form[1]) == 0:
+            return False
+        coeffs, base = form
+        rest = None
+        for c, v in zip(coeffs, nest):
+            c = const_int(c)
+            if c != 0:
+                term = v if c == 1 else v * c
+                rest = term if rest is None else term + rest
+        if rest is None:
+            return False
+        return inner(simplify(rest), b, nest, lambda: with_base(b, nest, buf, base, idx, k))
+
+    return index
 
 
 _BINOPS = {
@@ -307,6 +563,14 @@ _BINOPS = {
 COMMUTATIVE = frozenset({"add", "mul", "max", "min"})
 
 
+def binop_of(node) -> str | None:
+    """The operator name (``"add"``, ``"mul"``...) of a binary arithmetic node, else None."""
+    for op, (cls, _) in _BINOPS.items():
+        if type(node) is cls:
+            return op
+    return None
+
+
 class BinOpPattern(Pattern):
     """A binary arithmetic node; ``+``, ``*``, ``max`` and ``min`` match either operand order."""
 
@@ -314,6 +578,7 @@ class BinOpPattern(Pattern):
         self.op = op
         self.root_types = (_BINOPS[op][0],)
         self.a, self.b = a, b
+        self._collect_names((a, EXPRESSION), (b, EXPRESSION))
 
     def children(self):
         return (self.a, self.b)
@@ -324,6 +589,37 @@ class BinOpPattern(Pattern):
             return f"tp.{sym}({self.a!r}, {self.b!r})"
         return f"({self.a!r} {sym} {self.b!r})"
 
+    def instantiate(self, captures):
+        a, b = self.a.instantiate(captures), self.b.instantiate(captures)
+        if a is None or b is None or (isinstance(a, (int, float)) and isinstance(b, (int, float))):
+            return None
+        if isinstance(a, (int, float)):
+            a = tirx.const(a, dtype_of(b))
+        if isinstance(b, (int, float)):
+            b = tirx.const(b, dtype_of(a))
+        if dtype_of(a) != dtype_of(b):
+            return None
+        return _BINOPS[self.op][0](a, b)
+
+    def compile(self, cc):
+        kind, sym = _BINOPS[self.op]
+        lhs, rhs = cc.compile(self.a, "lhs"), cc.compile(self.b, "rhs")
+        commutative, fail = self.op in COMMUTATIVE, cc.failure(self)
+
+        def match(node, b, nest, k):
+            if type(node) is not kind:
+                return fail and fail(b, node, nest, f"expected {sym!r}, found {type(node).__name__} {short(node)}")
+            x, y = node.a, node.b
+            mark = b.mark()
+            if lhs(x, b, nest, lambda: rhs(y, b, nest, k)):
+                return True
+            if not commutative:
+                return False
+            b.undo(mark)
+            return lhs(y, b, nest, lambda: rhs(x, b, nest, k))
+
+        return match
+
 
 class CastPattern(Pattern):
     """A ``Cast`` of a value pattern to a dtype."""
@@ -333,12 +629,25 @@ class CastPattern(Pattern):
     def __init__(self, value, dtype):
         self.value = value
         self.to_dtype = dtype
+        self._collect_names((value, EXPRESSION))
 
     def children(self):
         return (self.value,)
 
     def _body_repr(self):
         return f"{self.value!r}.astype({self.to_dtype!r})"
+
+    def compile(self, cc):
+        value, to, fail = cc.compile(self.value, "cast value"), self.to_dtype, cc.failure(self)
+
+        def match(node, b, nest, k):
+            if type(node) is not tirx.Cast:
+                return fail and fail(b, node, nest, f"expected a cast to {to}, found {type(node).__name__} {short(node)}")
+            if dtype_of(node) != to:
+                return fail and fail(b, node, nest, f"expected a cast to {to}, found a cast to {dtype_of(node)}")
+            return value(node.value, b, nest, k)
+
+        return match
 
 
 class CallPattern(Pattern):
@@ -349,6 +658,7 @@ class CallPattern(Pattern):
     def __init__(self, op_name, args):
         self.op_name = op_name
         self.args = args
+        self._collect_names(*((a, EXPRESSION) for a in args))
 
     def children(self):
         return self.args
@@ -356,19 +666,59 @@ class CallPattern(Pattern):
     def _body_repr(self):
         return f"is_call({', '.join([repr(self.op_name)] + [repr(a) for a in self.args])})"
 
+    def compile(self, cc):
+        name, fail = self.op_name, cc.failure(self)
+        args = [cc.compile(a, f"arg {n}") for n, a in enumerate(self.args)]
+        n = len(args)
+
+        def match(node, b, nest, k):
+            if not isinstance(node, ir.Call):
+                return fail and fail(b, node, nest, f"expected a call of {name}, found {type(node).__name__} {short(node)}")
+            op = getattr(node.op, "name", str(node.op))
+            if op != name and op.split(".", 1)[-1] != name:
+                return fail and fail(b, node, nest, f"expected a call of {name}, found a call of {op}")
+            found = list(node.args)
+            if len(found) != n:
+                return fail and fail(b, node, nest, f"expected {n} arguments to {op}, found {len(found)}")
+
+            def at(j):
+                return k() if j == n else args[j](found[j], b, nest, lambda: at(j + 1))
+
+            return at(0)
+
+        return match
+
 
 class AffinePattern(Pattern):
     """Any expression affine in the loop variables of its enclosing loops."""
 
     def __init__(self, name=None):
-        self.name = _check_name(name, "affine")
+        self.name = check_name(name, "affine")
 
     def _body_repr(self):
-        return _name_repr("affine", self.name)
+        return name_repr("affine", self.name)
+
+    def instantiate(self, captures):
+        return captures.get(self.key)
+
+    def compile(self, cc):
+        fail = cc.failure(self)
+
+        def match(node, b, nest, k):
+            if isinstance(node, tirx.Stmt) or tirx.is_buffer_var(node) or \
+                    not (dtype_of(node) or "").startswith(("int", "uint")):
+                return fail and fail(b, node, nest, f"expected an integer affine expression, found {short(node)}")
+            if linear_form(node, [l.loop_var for l in b.context] + list(nest)) is None:
+                return fail and fail(b, node, nest, f"expected an expression affine in the loop variables, found {node}")
+            return k()
+
+        return match
 
 
 class AltPattern(Pattern):
     """``p | q``: the first alternative that matches."""
+
+    category = None
 
     def __init__(self, left, right):
         self.left, self.right = left, right
@@ -379,6 +729,7 @@ class AltPattern(Pattern):
             self.root_types = None
         else:
             self.root_types = tuple(dict.fromkeys(left.root_types + right.root_types))
+        self._collect_names((left, None), (right, None))
 
     def children(self):
         return (self.left, self.right)
@@ -386,221 +737,23 @@ class AltPattern(Pattern):
     def _body_repr(self):
         return f"({self.left!r} | {self.right!r})"
 
+    def instantiate(self, captures):
+        return captures.get(self.key)
 
-# ---------------------------------------------------------------------------------------
-# statement patterns
-# ---------------------------------------------------------------------------------------
-class StmtPattern(Pattern):
-    position = STMT
+    def compile(self, cc):
+        left, right = cc.compile(self.left, "left of |"), cc.compile(self.right, "right of |")
+        fail = cc.failure(self)
 
-    def has_dtype(self, dtype):
-        raise TypeError(f"has_dtype applies to expression patterns, not to {self!r}")
+        def match(node, b, nest, k):
+            mark = b.mark()
+            if left(node, b, nest, k):
+                return True
+            b.undo(mark)
+            if right(node, b, nest, k):
+                return True
+            return fail and fail(b, node, nest, f"neither alternative of {self!r} matches {short(node)}")
 
-    def astype(self, dtype):
-        raise TypeError(f"astype applies to expression patterns, not to {self!r}")
-
-
-def _stmt(p, what):
-    if isinstance(p, Wildcard):
-        return p
-    if not isinstance(p, Pattern) or p.position != STMT:
-        raise TypeError(f"{what}: expected a statement pattern (is_store, is_for, is_nest, is_seq, is_copy, wildcard), got {p!r}")
-    return p
-
-
-def _expr(p, what):
-    p = to_pattern(p, what)
-    if p.position != EXPR:
-        raise TypeError(f"{what}: expected an expression pattern, got the statement pattern {p!r}")
-    return p
-
-
-class StorePattern(StmtPattern):
-    """A ``BufferStore``: ``buf[indices] = value``."""
-
-    root_types = (tirx.BufferStore,)
-
-    def __init__(self, buffer, indices, value, name=None):
-        if not isinstance(buffer, (BufferPattern, Wildcard, AltPattern)):
-            raise TypeError(f"is_store: the buffer must be a buffer pattern (tp.is_buffer), got {buffer!r}")
-        self.buffer = buffer
-        self.indices = _index_list(indices, "is_store")
-        self.value = _expr(value, "is_store value")
-        self.name = _check_name(name, "is_store")
-
-    def children(self):
-        return (self.buffer,) + (self.indices or ()) + (self.value,)
-
-    def _body_repr(self):
-        idx = "..." if self.indices is None else ", ".join(map(repr, self.indices))
-        return f"is_store({self.buffer!r}[{idx}], {self.value!r})"
-
-
-def _kind(kind, what):
-    if kind is None:
-        return None
-    if isinstance(kind, str):
-        if kind not in _FOR_KINDS:
-            raise ValueError(f"{what}: unknown loop kind {kind!r}; expected one of {sorted(_FOR_KINDS)}")
-        return _FOR_KINDS[kind]
-    try:
-        value = int(kind)
-    except (TypeError, ValueError):
-        raise TypeError(f"{what}: kind must be a string like 'serial' or a tirx.ForKind, got {kind!r}") from None
-    if value not in _FOR_KINDS.values():
-        raise ValueError(f"{what}: unknown loop kind {kind!r}")
-    return value
-
-
-def _extent(extent, what):
-    if extent is None:
-        return None
-    if isinstance(extent, bool):
-        raise TypeError(f"{what}: extent must be an int or a pattern, got {extent!r}")
-    if isinstance(extent, int):
-        if extent < 0:
-            raise ValueError(f"{what}: extent must be non-negative, got {extent}")
-        return ConstPattern(extent)
-    return _expr(extent, f"{what} extent")
-
-
-def _var(var, what):
-    if var is None:
-        return None
-    if isinstance(var, str):
-        return VarPattern(var)
-    if not isinstance(var, (VarPattern, Wildcard, AltPattern)):
-        raise TypeError(f"{what}: the loop variable must be a var pattern (tp.is_var), got {var!r}")
-    return var
-
-
-class LoopSpec:
-    """One loop of an ``is_nest``: its variable, extent and kind patterns.
-
-    >>> tp.loop(tp.is_var("i"), extent=16, kind="serial")   # doctest: +SKIP
-    """
-
-    def __init__(self, var=None, extent=None, kind=None):
-        self.var = _var(var, "loop")
-        self.extent = _extent(extent, "loop")
-        self.kind = _kind(kind, "loop")
-
-    def __repr__(self):
-        kind = None if self.kind is None else [k for k, v in _FOR_KINDS.items() if v == self.kind][0]
-        parts = [repr(self.var)] if self.var is not None else []
-        parts += [f"extent={self.extent!r}"] if self.extent is not None else []
-        parts += [f"kind={kind!r}"] if kind is not None else []
-        return f"loop({', '.join(parts)})"
-
-
-class ForPattern(StmtPattern):
-    """A single ``For`` loop with a body pattern."""
-
-    root_types = (tirx.For,)
-
-    def __init__(self, body, var=None, extent=None, kind=None, name=None):
-        self.body = _stmt(body, "is_for body")
-        self.spec = LoopSpec(var, extent, kind)
-        self.name = _check_name(name, "is_for")
-
-    def children(self):
-        return tuple(p for p in (self.spec.var, self.spec.extent, self.body) if p is not None)
-
-    def _body_repr(self):
-        return f"is_for({self.body!r}, {self.spec!r})"
-
-
-class NestPattern(StmtPattern):
-    """A perfect loop nest: ``loops`` is a depth, ``None`` (any depth >= 1) or loop specs."""
-
-    root_types = (tirx.For,)
-
-    def __init__(self, loops, body, name=None):
-        if loops is None:
-            self.depth, self.specs = None, None
-        elif isinstance(loops, bool) or isinstance(loops, float):
-            raise TypeError(f"is_nest: the depth must be an int, got {loops!r}")
-        elif isinstance(loops, int):
-            if loops < 1:
-                raise ValueError(f"is_nest: the depth must be at least 1, got {loops}")
-            self.depth, self.specs = loops, None
-        elif isinstance(loops, (list, tuple)):
-            if not loops:
-                raise ValueError("is_nest: the loop list is empty")
-            self.specs = tuple(l if isinstance(l, LoopSpec) else LoopSpec(var=l) for l in loops)
-            self.depth = len(self.specs)
-        else:
-            raise TypeError(f"is_nest: loops must be an int, None or a list of tp.loop/var patterns, got {loops!r}")
-        self.body = _stmt(body, "is_nest body")
-        self.name = _check_name(name, "is_nest")
-
-    def children(self):
-        out = []
-        for s in self.specs or ():
-            out += [p for p in (s.var, s.extent) if p is not None]
-        return tuple(out) + (self.body,)
-
-    def _body_repr(self):
-        loops = "None" if self.depth is None else (
-            str(self.depth) if self.specs is None else f"[{', '.join(map(repr, self.specs))}]")
-        return f"is_nest({loops}, {self.body!r})"
-
-
-class SeqPattern(StmtPattern):
-    """A contiguous run of statements inside a ``SeqStmt`` (or a single statement)."""
-
-    root_types = (tirx.SeqStmt,)
-
-    def __init__(self, stmts, name=None):
-        if not stmts:
-            raise ValueError("is_seq needs at least one statement pattern")
-        self.stmts = tuple(_stmt(s, "is_seq") for s in stmts)
-        self.name = _check_name(name, "is_seq")
-
-    def children(self):
-        return self.stmts
-
-    def _body_repr(self):
-        return f"is_seq({', '.join(map(repr, self.stmts))})"
-
-
-class IfPattern(StmtPattern):
-    """An ``IfThenElse`` statement."""
-
-    root_types = (tirx.IfThenElse,)
-
-    def __init__(self, cond, then_case, else_case=None, name=None):
-        self.cond = _expr(cond, "is_if condition")
-        self.then_case = _stmt(then_case, "is_if then")
-        self.else_case = None if else_case is None else _stmt(else_case, "is_if else")
-        self.name = _check_name(name, "is_if")
-
-    def children(self):
-        return tuple(p for p in (self.cond, self.then_case, self.else_case) if p is not None)
-
-    def _body_repr(self):
-        extra = "" if self.else_case is None else f", {self.else_case!r}"
-        return f"is_if({self.cond!r}, {self.then_case!r}{extra})"
-
-
-class CopyPattern(StmtPattern):
-    """A copy nest ``dst[affine] = src[affine]`` (possibly cast, possibly padded)."""
-
-    root_types = (tirx.For, tirx.BufferStore)
-
-    def __init__(self, dst=None, src=None, name=None):
-        for what, b in (("dst", dst), ("src", src)):
-            if b is not None and not isinstance(b, (BufferPattern, AltPattern)):
-                raise TypeError(f"is_copy: {what} must be a buffer pattern (tp.is_buffer), got {b!r}")
-        self.dst = dst or BufferPattern()
-        self.src = src or BufferPattern()
-        self.name = _check_name(name, "is_copy")
-
-    def children(self):
-        return (self.dst, self.src)
-
-    def _body_repr(self):
-        return f"is_copy(dst={self.dst!r}, src={self.src!r}{'' if self.name is None else f', name={self.name!r}'})"
+        return match
 
 
 # ---------------------------------------------------------------------------------------
@@ -625,7 +778,11 @@ def is_var(name: str | None = None, *, name_hint: str | None = None) -> Pattern:
 
 
 def is_const(value: int | float | None = None) -> Pattern:
-    """An integer or float immediate, of ``value`` if given. ``tp.is_const(0)``"""
+    """An integer or float immediate, of ``value`` if given.
+
+    >>> tp.is_const(0).match(tvm.tirx.IntImm("int8", 0)) is not None
+    True
+    """
     return ConstPattern(value)
 
 
@@ -659,74 +816,31 @@ def is_call(op_name: str, *args: Pattern) -> Pattern:
         raise TypeError(f"is_call: op_name must be a string, got {op_name!r}")
     if not _op_exists(op_name):
         raise ValueError(f"is_call: there is no TIR op named {op_name!r} (e.g. 'tirx.exp' or 'exp')")
-    return CallPattern(op_name, tuple(_expr(a, "is_call argument") for a in args))
+    return CallPattern(op_name, tuple(expression(a, "is_call argument") for a in args))
 
 
 def max(a: Pattern, b: Pattern) -> Pattern:  # noqa: A001 - mirrors tvm.tirx.max
-    """``T.max(a, b)``, matched in either operand order. ``tp.max(x, tp.is_const(0))``"""
-    return BinOpPattern("max", _expr(a, "max"), _expr(b, "max"))
+    """``T.max(a, b)``, matched in either operand order.
+
+    >>> tp.max(tp.wildcard("x"), 0)
+    tp.max(wildcard('x'), is_const(0))
+    """
+    return BinOpPattern("max", expression(a, "max"), expression(b, "max"))
 
 
 def min(a: Pattern, b: Pattern) -> Pattern:  # noqa: A001 - mirrors tvm.tirx.min
-    """``T.min(a, b)``, matched in either operand order. ``tp.min(x, tp.is_const(127))``"""
-    return BinOpPattern("min", _expr(a, "min"), _expr(b, "min"))
+    """``T.min(a, b)``, matched in either operand order.
+
+    >>> tp.min(tp.wildcard("x"), 127)
+    tp.min(wildcard('x'), is_const(127))
+    """
+    return BinOpPattern("min", expression(a, "min"), expression(b, "min"))
 
 
 def affine(name: str | None = None) -> Pattern:
-    """Any expression affine in the enclosing loop variables. ``A[tp.affine("r")]``"""
+    """Any expression affine in the enclosing loop variables.
+
+    >>> tp.is_buffer("A")[tp.affine("r")]
+    is_buffer('A')[affine('r')]
+    """
     return AffinePattern(name)
-
-
-def is_store(buf: Pattern, indices: Sequence[Pattern] | None, value: Pattern) -> Pattern:
-    """A buffer store ``buf[indices] = value``; ``indices=None`` takes any indices.
-
-    >>> tp.is_store(tp.is_buffer("C"), [tp.is_var("i")], tp.is_const(0))
-    is_store(is_buffer('C')[is_var('i')], is_const(0))
-    """
-    return StorePattern(buf, indices, value)
-
-
-def is_for(body: Pattern, *, var: Pattern | None = None, extent: int | Pattern | None = None,
-           kind: str | int | None = None) -> Pattern:
-    """One ``For`` loop. ``tp.is_for(tp.wildcard(), extent=16, kind="serial")``"""
-    return ForPattern(body, var, extent, kind)
-
-
-def loop(var: Pattern | None = None, *, extent: int | Pattern | None = None,
-         kind: str | int | None = None) -> LoopSpec:
-    """A loop spec for ``is_nest``. ``tp.loop(tp.is_var("i"), extent=16)``"""
-    return LoopSpec(var, extent, kind)
-
-
-def is_nest(loops: int | None | Sequence, body: Pattern) -> Pattern:
-    """A perfect nest of loops, counted from the matched ``For`` downwards.
-
-    >>> i, j = tp.is_var("i"), tp.is_var("j")
-    >>> tp.is_nest([i, j], tp.wildcard())
-    is_nest([loop(is_var('i')), loop(is_var('j'))], wildcard())
-    """
-    return NestPattern(loops, body)
-
-
-def is_seq(*stmts: Pattern) -> Pattern:
-    """A contiguous run of statements in a ``SeqStmt``. ``tp.is_seq(init, update)``"""
-    return SeqPattern(stmts)
-
-
-def is_if(cond: Pattern, then_case: Pattern, else_case: Pattern | None = None) -> Pattern:
-    """An ``if`` statement. ``tp.is_if(tp.wildcard(), tp.is_store(C, [i], tp.is_const(0)))``"""
-    return IfPattern(cond, then_case, else_case)
-
-
-def is_copy(dst: Pattern | None = None, src: Pattern | None = None, name: str | None = None) -> Pattern:
-    """A copy nest ``dst[affine] = src[affine]``, bound as a :class:`CopyRegion` under ``name``.
-
-    The nest is every loop from the matched ``For`` down to the store. A single store also
-    matches (no loops, one element): inside a nest that is not a copy (say ``B[i // 2] =
-    A[i]``) each element is then a copy of its own, so a DMA rule may want to decline
-    ``extents == ()``.
-
-    >>> tp.is_copy(dst=tp.is_buffer(scope="local.accel_inp"), name="load")
-    is_copy(dst=is_buffer(scope='local.accel_inp'), src=is_buffer(), name='load')
-    """
-    return CopyPattern(dst, src, name)

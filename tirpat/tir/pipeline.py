@@ -19,40 +19,11 @@ from typing import Callable, Sequence
 import tvm
 from tvm import s_tir, tirx
 
-# TVM 0.27's default s_tir pipeline up to, not including, FlattenBuffer: block lowering.
-_LOWER_PASSES = (
-    "CanonicalizeLoop", "LowerCrossThreadReduction", "LowerInitBlock",
-    "PlanAndUpdateBufferAllocationLocation", "ConvertBlocksToOpaque", "LiftThreadBinding",
-    "ManifestSharedMemoryLocalStage", "CompactBufferAllocation", "LowerAutoCopy",
-    "UnifyThreadBinding", "LowerMatchBuffer", "StmtSimplify", "InjectPermutedLayout",
-    "AnnotateIrregularLoop", "InjectSoftwarePipeline", "TransformMmaBufferLayout",
-    "LowerOpaqueBlock",
-)
+from .lowering import lower_blocks
+from .rewrite import Rewriter
 
 #: What :func:`tir_pipeline` returns: the factory ``register_tir_pipeline`` takes.
 PipelineFactory = Callable[[], tuple]
-
-
-def lower_blocks() -> tvm.transform.Pass:
-    """The passes that turn s_tir (``T.sblock``) into lowered, not yet flattened TIR: TVM's
-    default pipeline up to ``FlattenBuffer``.
-
-    >>> lowered = tp.lower_blocks()(tvm.IRModule({"main": te.create_prim_func([A, B])}))  # doctest: +SKIP
-    """
-    return tvm.transform.Sequential([getattr(s_tir.transform, name)() for name in _LOWER_PASSES],
-                                    name="tirpat.LowerBlocks")
-
-
-def lower(obj):
-    """Lower a PrimFunc or IRModule to the form rewriters see; a PrimFunc in gives a PrimFunc."""
-    from tvm import ir
-
-    if isinstance(obj, tirx.PrimFunc):
-        mod = lower_blocks()(ir.IRModule({"main": obj}))
-        return mod["main"]
-    if isinstance(obj, ir.IRModule):
-        return lower_blocks()(obj)
-    raise TypeError(f"lower expects a PrimFunc or an IRModule, got {type(obj).__name__}")
 
 
 def _after_lowering(config, storage_rewrite: bool) -> list:
@@ -143,8 +114,6 @@ def register_pipeline(name: str, rewriters, *, after: Sequence[tvm.transform.Pas
     >>> tp.register_pipeline("my_npu", rw)                          # doctest: +SKIP
     >>> tvm.compile(mod, target="llvm", tir_pipeline="my_npu")     # doctest: +SKIP
     """
-    from .rewrite import Rewriter
-
     if not isinstance(name, str) or not name:
         raise TypeError(f"register_pipeline: name must be a non-empty string, got {name!r}")
     if name in _BUILTIN and name not in _OURS:

@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from tvm import tirx
+from tvm import ir, tirx
 
-from .analysis import const_int, dtype_of, linear_form, row_major_strides, simplify, substitute, uses_any
+from .analysis import const_int, dtype_of, key, linear_form, row_major_strides, simplify, substitute, uses_any, vars_used
 
 
 class RegionError(ValueError):
@@ -28,9 +28,13 @@ class Region:
     of the nest's loop variables); ``strides`` has one int per nest loop (its element stride
     in the row-major flattened buffer); ``extents`` has one per nest loop.
 
-    >>> r = m.region("A")                  # doctest: +SKIP
-    >>> r.base, r.strides, r.offset        # doctest: +SKIP
-    ([i_0 * 16, k_0 * 16], (64, 1), i_0 * 1024 + k_0 * 16)
+    >>> from tvm import tirx
+    >>> io, i = tirx.Var("io", "int32"), tirx.Var("i", "int32")
+    >>> A, B = tirx.decl_buffer((8, 8), "int8", "A"), tirx.decl_buffer((4,), "int8", "B")
+    >>> nest = tirx.For(i, 0, 4, tirx.ForKind.SERIAL, tirx.BufferStore(B, tirx.BufferLoad(A, [io, i * 2 + 1]), [i]))
+    >>> r = tp.is_copy(name="c").match(nest)["c"].src
+    >>> r.base, r.strides, r.offset           # every other element of row io, from column 1
+    ((io, 1), (2,), io * 8 + 1)
     """
 
     buffer: object
@@ -65,8 +69,13 @@ class CopyRegion:
     edge of a tiled loop) has ``predicate`` and ``pad`` but ``pad_value`` None: the elements
     outside the guard are left as they are.
 
-    >>> m = tp.is_copy(name="c").match(nest)     # doctest: +SKIP
-    >>> c = m["c"]; c.src.offset, c.dst.strides, c.extents, c.pad   # doctest: +SKIP
+    >>> from tvm import tirx
+    >>> i = tirx.Var("i", "int32")
+    >>> A, B = tirx.decl_buffer((8,), "int8", "A"), tirx.decl_buffer((10,), "int8", "B")
+    >>> padded = tirx.if_then_else(tirx.And(1 <= i, i < 9), tirx.BufferLoad(A, [i - 1]), tirx.IntImm("int8", 0))
+    >>> c = tp.is_copy(name="c").match(tirx.For(i, 0, 10, tirx.ForKind.SERIAL, tirx.BufferStore(B, padded, [i])))["c"]
+    >>> c.extents, c.pad, c.pad_value, c.src.offset
+    ((10,), ((1, 1),), T.int8(0), -1)
     """
 
     dst: Region
@@ -133,8 +142,11 @@ def padding(predicate, loops: Sequence) -> tuple | None:
     a guard excludes, or None if it is not a conjunction of single-variable affine bounds on
     the loop variables. Useful for guarded (partial-tile) stores as well as padded copies.
 
-    >>> tp.padding(tp.is_copy(name="c").match(nest)["c"].predicate, m.loops)   # doctest: +SKIP
-    ((1, 3),)                       # 1 <= i and i < 11 over for i in range(14)
+    >>> from tvm import tirx
+    >>> i = tirx.Var("i", "int32")
+    >>> loop = tirx.For(i, 0, 14, tirx.ForKind.SERIAL, tirx.Evaluate(0))
+    >>> tp.padding(tirx.And(1 <= i, i < 11), [loop])      # i runs over [1, 11) of [0, 14)
+    ((1, 3),)
     """
     conjuncts = []
     stack = [predicate]
@@ -188,3 +200,92 @@ def padding(predicate, loops: Sequence) -> tuple | None:
         after = simplify(tirx.min(after, ext))
         pads.append((before, after))
     return tuple(pads)
+
+
+def footprint(region: Region) -> tuple | None:
+    """The ``(lowest, highest)`` element, relative to ``region.offset``, that a region with
+    constant extents touches; ``()`` when it touches none; None when an extent is symbolic."""
+    lo = hi = 0
+    for stride, extent in zip(region.strides, region.extents):
+        if not isinstance(extent, int):
+            return None
+        if extent == 0:
+            return ()
+        lo += min(0, stride * (extent - 1))
+        hi += max(0, stride * (extent - 1))
+    return lo, hi
+
+
+class Aliases:
+    """Which buffers share memory, learnt from the ``DeclBuffer`` statements passed so far.
+
+    A view declared over another buffer's data (``T.decl_buffer(..., data=A.data)``, printed
+    ``A.view(...)``) shares A's memory, its elements counted from the same pointer with its
+    own ``elem_offset``; so do two views of one handle. A view over other pointer arithmetic
+    is known only to share memory with the buffers and handles it uses. Any other buffer
+    owns its memory.
+
+    >>> from tvm import tirx
+    >>> A, B = tirx.decl_buffer((16,), "int32", "A"), tirx.decl_buffer((16,), "int32", "B")
+    >>> V = tirx.decl_buffer((8,), "int32", "V", data=A.data, elem_offset=8)
+    >>> aliases = Aliases()
+    >>> aliases.declare(tirx.DeclBuffer(V, data=A.data))
+    >>> aliases.shared(V, A), aliases.shared(V, B)
+    (True, False)
+    """
+
+    def __init__(self):
+        self._roots: dict = {}  # key(buffer) -> (frozenset of root keys, offsets comparable)
+
+    def declare(self, decl) -> None:
+        """Learn from one ``DeclBuffer``."""
+        data = decl.data
+        if data is None:
+            return
+        if isinstance(data, ir.Call) and getattr(data.op, "name", "") == "tirx.buffer_data":
+            root = self.root(data.args[0])
+        elif isinstance(data, tirx.Var) and not tirx.is_buffer_var(data):
+            root = (frozenset({key(data)}), True)
+        else:
+            roots: set = set()
+            for v in vars_used(data):
+                roots |= self.root(v)[0] if tirx.is_buffer_var(v) else {key(v)}
+            root = (frozenset(roots), False)
+        self._roots[key(decl.buffer)] = root
+
+    def root(self, buffer) -> tuple:
+        """``(roots, exact)``: the memory ``buffer`` lives in, and whether its ``elem_offset``
+        counts from that memory's start."""
+        found = self._roots.get(key(buffer))
+        return found if found is not None else (frozenset({key(buffer)}), True)
+
+    def shared(self, a, b) -> bool:
+        """True when buffers ``a`` and ``b`` may share memory."""
+        return bool(self.root(a)[0] & self.root(b)[0])
+
+    def overlap(self, written: Region, read: Region) -> str | None:
+        """Why the elements of ``written`` may be among those of ``read`` (then copying one to
+        the other is not a plain copy: the order of the elements matters), or None."""
+        a, b = written.buffer, read.buffer
+        (roots_a, exact_a), (roots_b, exact_b) = self.root(a), self.root(b)
+        if not roots_a & roots_b:
+            return None
+        what = f"{a.name} is both written and read" if a.same_as(b) else \
+            f"{a.name} and {b.name} are views of one buffer's memory"
+        if not (exact_a and exact_b):
+            return f"{what}, at offsets that are not known"
+        if str(a.dtype) != str(b.dtype):
+            return f"{what}, with different element types"
+        spans = footprint(written), footprint(read)
+        if () in spans:
+            return None
+        try:
+            distance = const_int(simplify((a.elem_offset + written.offset) - (b.elem_offset + read.offset)))
+        except RegionError as err:
+            return f"{what}: {err}"
+        if distance is None or None in spans:
+            return f"{what}, and the copy's regions are not at a constant distance from each other"
+        (lo_a, hi_a), (lo_b, hi_b) = spans
+        if distance + hi_a < lo_b or hi_b < distance + lo_a:
+            return None
+        return f"{what}, and the elements written overlap the elements read"

@@ -1,112 +1,60 @@
 """Rewriting: replace every match of a rule with vendor code.
 
 A :class:`Rewriter` is an ordered list of rules, each a ``(pattern, callback)`` pair,
-indexed by the node kinds their pattern's root can match, so that each IR node only tries
-the rules that could possibly match it. Rewriting is one pre-order pass: an outer match
-wins, and a replacement is never re-scanned.
+applied by one pre-order scan (:mod:`tirpat.tir.scan`): an outer match wins, and a
+replacement is never re-scanned. ``rw.rewrite(x)`` returns the result with its own
+:class:`Report`; ``rw(x)`` returns the result alone, and ``rw.report`` is the last call's
+report on the calling thread.
 
+>>> A = tvm.te.placeholder((8,), "int8", name="A")
+>>> func = tp.lower(tvm.te.create_prim_func([A, tvm.te.compute((8,), lambda i: A[i], name="B")]))
 >>> def to_call(m):
 ...     c = m["c"]
-...     return tvm.tirx.Evaluate(tvm.tirx.call_packed("my.dma", c.dst.buffer, c.src.buffer))
+...     return tvm.tirx.Evaluate(tvm.tirx.call_packed("my.dma", c.dst.buffer, c.src.buffer, *c.extents))
 >>> rw = tp.Rewriter.from_pattern(tp.is_copy(name="c"), to_call, name="dma")
->>> new_func = rw(func)                 # doctest: +SKIP
->>> rw.report.counts                    # doctest: +SKIP
-{'dma': 2}
+>>> new_func, report = rw.rewrite(func)
+>>> report.counts
+{'dma': 1}
 """
 
 from __future__ import annotations
 
+import contextlib
+import inspect
+import threading
 import warnings
-
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator, NamedTuple
 
 import tvm
-import tvm_ffi
 from tvm import ir, tirx
 
-from . import pattern as P
-from .analysis import defined_vars, dtype_of, fresh_var, key, rename_defs, vars_used, with_children
+from .analysis import key, with_children
 from .canonical import canonicalize
-from .match import Match, _Matcher
+from .engine import Match
+from .pattern import Pattern
+from .scan import Report, RewriteError, Rule, RuleIndex, Scan
 
 
-@tvm_ffi.register_error
-class RewriteError(Exception):
-    """A rule produced an ill-formed replacement; the message names the rule and the site."""
+class Rewritten(NamedTuple):
+    """What a rewriting call returns: the result (the same kind as its input) and its report."""
 
-
-@dataclass
-class Rule:
-    """One rewrite rule: a pattern, what to do with its matches, and a name for reports."""
-
-    pattern: P.Pattern
-    callback: Callable[[Match], Any]
-    name: str
-    #: the callback returns new definitions on every call (no renaming needed per site)
-    fresh_defs: bool = False
-    #: ``matcher(node, context, canonical) -> Match | None`` for a rule that matches raw
-    #: (uncanonicalised) TIR and canonicalises only the candidates it needs to; when every
-    #: rule of a Rewriter has one, a scan skips canonicalising the whole function
-    matcher: Callable | None = None
-    #: the rule guarantees well-formed replacements (checked when it was built and per
-    #: site by its matcher), so the per-site scope checks and verify_well_formed are skipped
-    self_checked: bool = False
-    #: ``finish(body) -> body``, run once on a function's (or statement's) rewritten body
-    #: when the rule fired in it: work that needs the whole function, not the site (merging
-    #: the thread launches a replacement brings in with its kernel's)
-    finish: Callable | None = None
-
-    def __repr__(self):
-        return f"Rule({self.name!r}, {self.pattern!r})"
-
-
-@dataclass
-class Site:
-    """Where a rule fired: the rule, the enclosing loops, and the matched node (before)."""
-
-    rule: str
-    loops: tuple
-    node: Any
-    func: str | None = None
-
-    def __repr__(self):
-        where = f"{self.func}: " if self.func else ""
-        loops = " > ".join(self.loops) or "<top>"
-        return f"<{self.rule} at {where}{loops}: {type(self.node).__name__}>"
-
-
-@dataclass
-class Report:
-    """What the last rewriting call did: ``counts`` per rule and every ``site``.
-
-    >>> rw(func); rw.report.counts, rw.report.sites[0]      # doctest: +SKIP
-    """
-
-    counts: dict = field(default_factory=dict)
-    sites: list = field(default_factory=list)
-
-    def add(self, site: Site):
-        self.counts[site.rule] = self.counts.get(site.rule, 0) + 1
-        self.sites.append(site)
-
-    def __str__(self):
-        lines = [f"{n:6d}  {rule}" for rule, n in self.counts.items()] or ["  (no rule fired)"]
-        return "rewrites per rule:\n" + "\n".join(lines)
+    result: Any
+    report: Report
 
 
 class Rewriter:
     """An ordered set of rules applied to PrimFuncs, IRModules or statements.
 
-    >>> rw = tp.Rewriter.from_pattern(pattern, callback) | other_rewriter   # doctest: +SKIP
-    >>> mod = rw(mod); print(rw.report)                                      # doctest: +SKIP
+    >>> copy = tp.Rewriter.from_pattern(tp.is_copy(), lambda m: None, name="copy")
+    >>> zero = tp.Rewriter.from_pattern(tp.is_nest(None, tp.is_store(tp.is_buffer(), None, tp.is_const(0))),
+    ...                                 lambda m: None, name="zero")
+    >>> copy | zero
+    Rewriter([copy, zero])
     """
 
     def __init__(self, rules):
-        self.rules = tuple(rules)
-        for r in self.rules:
-            if not isinstance(r, Rule):
-                raise TypeError(f"Rewriter takes Rule objects, got {r!r}")
+        self._index = RuleIndex(rules)
+        self.rules = self._index.rules
         for n, earlier in enumerate(self.rules):
             shadows = getattr(earlier.pattern, "shadows", None)
             for later in self.rules[n + 1:] if shadows else ():
@@ -114,21 +62,20 @@ class Rewriter:
                     warnings.warn(f"rule {later.name!r} never fires: rule {earlier.name!r} comes first and has the "
                                   f"same pattern (give {earlier.name!r} a where= predicate to choose its sites)",
                                   stacklevel=3)
-        self.report = Report()
-        self._by_type: dict = {}
-        self._has_expr_rules = any(r.pattern.position == P.EXPR for r in self.rules)
-        self._raw = all(r.matcher is not None for r in self.rules)
-        self._unchecked_fired = False  # set by a scan in which a rule without self_checked fired
+        self._local = threading.local()  # per thread: the last report, and open recordings
 
     # -- construction ------------------------------------------------------------------
     @classmethod
-    def from_pattern(cls, pattern: P.Pattern, callback: Callable[[Match], Any], name: str | None = None) -> "Rewriter":
+    def from_pattern(cls, pattern: Pattern, callback: Callable[[Match], Any], name: str | None = None) -> "Rewriter":
         """A one-rule rewriter: ``callback(match)`` returns the replacement (a Stmt, a list of
-        Stmts, or a PrimExpr for an expression pattern), or None to decline.
+        Stmts, or a PrimExpr for an expression pattern), or declines the site with None or
+        ``tp.decline("why")``.
 
-        >>> rw = tp.Rewriter.from_pattern(tp.is_copy(name="c"), lambda m: None, name="noop")
+        >>> rw = tp.Rewriter.from_pattern(tp.is_copy(name="c"), lambda m: tp.decline("not yet"), name="noop")
+        >>> rw.rules[0].name
+        'noop'
         """
-        if not isinstance(pattern, P.Pattern):
+        if not isinstance(pattern, Pattern):
             raise TypeError(f"from_pattern: expected a tirpat pattern, got {type(pattern).__name__} {pattern!r}")
         if not callable(callback):
             raise TypeError(f"from_pattern: the callback must be callable, got {callback!r}")
@@ -143,9 +90,23 @@ class Rewriter:
         See :mod:`tirpat.tir.module_rule` for the binding rules (TVM's ``match_buffer``).
         ``where(m)`` chooses among the sites the pattern matches: in ``m``, each parameter's
         name gives what it is bound to (``m["A"]``, the target buffer; ``m["s"]``, the
-        expression). Needed where two intrinsics share a desc (TVM's ldmatrix A and B loads).
+        expression). Needed where two intrinsics share a desc (TVM's ldmatrix A/B loads).
 
-        >>> rw = tp.Rewriter.from_module(mod, "ld_b", where=lambda m: m["A"].name.startswith("B"))  # doctest: +SKIP
+        >>> copy8 = tvm.script.from_source('''
+        ... @I.ir_module
+        ... class Copy8:
+        ...     @T.prim_func
+        ...     def pattern(A: T.Buffer((8,), "int8"), B: T.Buffer((8,), "int8")):
+        ...         for i in range(8):
+        ...             B[i] = A[i]
+        ...
+        ...     @T.prim_func
+        ...     def replacement(A: T.Buffer((8,), "int8", offset_factor=1), B: T.Buffer((8,), "int8", offset_factor=1)):
+        ...         T.evaluate(T.call_packed("my.copy8", A.access_ptr("r"), B.access_ptr("w")))
+        ... ''')
+        >>> only_b = tp.Rewriter.from_module(copy8, "copy8", where=lambda m: m["B"].name == "B")
+        >>> only_b.rules[0].name
+        'copy8'
         """
         from .module_rule import module_rule
 
@@ -160,269 +121,110 @@ class Rewriter:
         return f"Rewriter([{', '.join(r.name for r in self.rules)}])"
 
     def _rules_for(self, node_type) -> tuple:
-        rules = self._by_type.get(node_type)
-        if rules is None:
-            is_stmt = issubclass(node_type, tirx.Stmt)
-            rules = tuple(
-                r for r in self.rules
-                if (r.pattern.root_types is None and (r.pattern.position == P.STMT) == is_stmt
-                    or isinstance(r.pattern, P.Wildcard))
-                or (r.pattern.root_types is not None and issubclass(node_type, r.pattern.root_types))
-            )
-            self._by_type[node_type] = rules
-        return rules
+        return self._index.rules_for(node_type)
+
+    # -- reports -----------------------------------------------------------------------
+    @property
+    def report(self) -> Report:
+        """The report of this rewriter's last call on the calling thread (each thread sees
+        its own); an empty report before the first."""
+        return getattr(self._local, "report", None) or Report()
+
+    @contextlib.contextmanager
+    def recording(self) -> Iterator[Report]:
+        """Collect the reports of every call of this rewriter made on this thread inside the
+        block, its passes inside ``tvm.compile`` included, into one report. Safe when other
+        threads use the same rewriter meanwhile.
+
+        >>> A = tvm.te.placeholder((8,), "int8", name="A")
+        >>> func = tp.lower(tvm.te.create_prim_func([A, tvm.te.compute((8,), lambda i: A[i], name="B")]))
+        >>> rw = tp.Rewriter.from_pattern(tp.is_copy(), lambda m: tvm.tirx.Evaluate(0), name="dma")
+        >>> with rw.recording() as report:
+        ...     _ = rw(func)
+        ...     _ = rw(func)
+        >>> report.counts
+        {'dma': 2}
+        """
+        report = Report()
+        stack = self._local.__dict__.setdefault("recordings", [])
+        stack.append(report)
+        try:
+            yield report
+        finally:
+            stack.remove(report)
+
+    def _finish(self, report: Report) -> Report:
+        self._local.report = report
+        for recording in self._local.__dict__.get("recordings", ()):
+            recording.merge(report)
+        return report
 
     # -- application -------------------------------------------------------------------
-    def __call__(self, obj):
-        """Rewrite a PrimFunc, an IRModule or a Stmt; returns the same kind. Input untouched."""
-        self.report = Report()
+    def rewrite(self, obj, *, record: bool = True) -> Rewritten:
+        """Rewrite a PrimFunc, an IRModule or a Stmt: ``(result, report)``, the result of the
+        same kind as ``obj``. The input is never changed. ``record=False`` leaves
+        :attr:`report` and :meth:`recording` alone (``explain`` looks without recording)."""
+        report = Report()
         if isinstance(obj, ir.IRModule):
-            return self._rewrite_module(obj)
-        if isinstance(obj, tirx.PrimFunc):
-            return self._rewrite_func(obj, _func_name(obj))
-        if isinstance(obj, tirx.Stmt):
-            return self._scan(obj)
-        raise TypeError(f"a Rewriter applies to a PrimFunc, an IRModule or a Stmt, got {type(obj).__name__}")
+            result = self._rewrite_module(obj, report)
+        elif isinstance(obj, tirx.PrimFunc):
+            result = self._rewrite_func(obj, _func_name(obj), report)
+        elif isinstance(obj, tirx.Stmt):
+            result = Scan(self._index, report).run(self._prepare(obj))
+        else:
+            raise TypeError(f"a Rewriter applies to a PrimFunc, an IRModule or a Stmt, got {type(obj).__name__}")
+        return Rewritten(result, self._finish(report) if record else report)
 
-    def _rewrite_func(self, func, fname):
-        before = len(self.report.sites)
-        body = self._scan(func.body, func_name=fname, params=func.params)
-        if len(self.report.sites) == before:
+    def __call__(self, obj):
+        """``self.rewrite(obj).result``: the rewritten PrimFunc, IRModule or Stmt."""
+        return self.rewrite(obj).result
+
+    def as_pass(self, name: str = "tirpat.Rewrite") -> tvm.transform.Pass:
+        """This rewriter as a ``tvm.transform.Pass`` over the PrimFuncs of a module; its
+        report goes where a call's does (``rw.report``, :meth:`recording`).
+
+        >>> A = tvm.te.placeholder((8,), "int8", name="A")
+        >>> func = tp.lower(tvm.te.create_prim_func([A, tvm.te.compute((8,), lambda i: A[i], name="B")]))
+        >>> rw = tp.Rewriter.from_pattern(tp.is_copy(), lambda m: tvm.tirx.Evaluate(0), name="dma")
+        >>> mod = rw.as_pass()(tvm.IRModule({"main": func}))
+        >>> rw.report.counts
+        {'dma': 1}
+        """
+        @tvm.transform.module_pass(opt_level=0, name=name)
+        def transform(mod, ctx):
+            report = Report()
+            result = self._rewrite_module(mod, report)
+            self._finish(report)
+            return result
+
+        return transform
+
+    def _prepare(self, body):
+        return body if self._index.raw else canonicalize(body)
+
+    def _rewrite_func(self, func, fname, report):
+        before = len(report.sites)
+        scan = Scan(self._index, report, fname, func.params)
+        body = scan.run(self._prepare(func.body))
+        if len(report.sites) == before:
             return func
         # The same PrimFunc with the new body. (PrimFunc's constructor, and so with_body,
         # makes a pass over the whole body: that alone would make rewriting quadratic-ish.)
         new = with_children(func, {key(func.body): body})
-        if not self._unchecked_fired:
+        if not scan.unchecked_fired:
             return new
-        ok, detail = True, ""
         try:
             tirx.analysis.verify_well_formed(new, assert_mode=True)
         except Exception as err:  # noqa: BLE001 - the verifier reports through exceptions
-            ok, detail = False, ": " + str(err).strip().splitlines()[-1]
-        if not ok:
-            fired = sorted({s.rule for s in self.report.sites[before:]})
-            raise RewriteError(f"rewriting {fname} with rule(s) {fired} produced ill-formed TIR {detail}".rstrip())
+            fired = sorted({s.rule for s in report.sites[before:]})
+            detail = str(err).strip().splitlines()[-1]
+            raise RewriteError(f"rewriting {fname} with rule(s) {fired} produced ill-formed TIR: {detail}") from None
         return new
 
-    def as_pass(self, name: str = "tirpat.Rewrite") -> tvm.transform.Pass:
-        """This rewriter as a ``tvm.transform.Pass`` over the PrimFuncs of a module;
-        ``rw.report`` then describes the last module it ran on.
-
-        >>> mod = rw.as_pass()(mod)                 # doctest: +SKIP
-        """
-        @tvm.transform.module_pass(opt_level=0, name=name)
-        def transform(mod, ctx):
-            self.report = Report()
-            return self._rewrite_module(mod)
-
-        return transform
-
-    def _rewrite_module(self, mod):
-        funcs = {gv: self._rewrite_func(f, gv.name_hint) if isinstance(f, tirx.PrimFunc) else f
+    def _rewrite_module(self, mod, report):
+        funcs = {gv: self._rewrite_func(f, gv.name_hint, report) if isinstance(f, tirx.PrimFunc) else f
                  for gv, f in mod.functions.items()}
         return ir.IRModule(funcs, attrs=mod.attrs)
-
-    # -- the single pre-order pass -----------------------------------------------------
-    def _scan(self, root, func_name=None, stop_at_match=False, params=()):
-        if isinstance(root, tirx.PrimFunc):
-            func_name, params = _func_name(root), root.params
-            root = root.body
-        if not isinstance(root, (tirx.Stmt, ir.Expr)):
-            raise TypeError(f"expected a PrimFunc or a Stmt, got {type(root).__name__}")
-        if not self._raw:
-            root = canonicalize(root)
-        self._unchecked_fired = False
-        sites = _Sites(self, root, func_name, params, stop_at_match)
-        result = sites.mutate(root) if self._has_expr_rules else sites.walk(root)
-        for finish in sites.finishers:
-            result = finish(result)
-        return result
-
-    def _check(self, rule, node, result, site, defined):
-        if isinstance(node, tirx.Stmt):
-            if not isinstance(result, tirx.Stmt):
-                raise RewriteError(f"rule {rule.name!r} matched a statement at {site} but its callback "
-                                   f"returned {type(result).__name__} {result!r}; expected a tirx.Stmt")
-        else:
-            if not isinstance(result, ir.Expr) or isinstance(result, tirx.Stmt) or tirx.is_buffer_var(result):
-                raise RewriteError(f"rule {rule.name!r} matched an expression at {site} but its callback "
-                                   f"returned {type(result).__name__} {result!r}; expected a PrimExpr")
-            if dtype_of(result) != dtype_of(node):
-                raise RewriteError(f"rule {rule.name!r} at {site} replaced a {dtype_of(node)} expression "
-                                   f"with a {dtype_of(result)} one")
-        # Every inserted copy gets its own variables, so one replacement can be used twice.
-        own = defined_vars(result)
-        if own and not rule.fresh_defs:
-            result = rename_defs(result, {key(v): fresh_var(v) for v in own})
-            own = defined_vars(result)
-        own_keys = {key(v) for v in own}
-        local = {key(v) for v in defined_vars(node)} if isinstance(node, tirx.Stmt) else set()
-        for v in vars_used(result):
-            k = key(v)
-            if (k not in defined or k in local) and k not in own_keys:
-                raise RewriteError(f"rule {rule.name!r} at {site} returned a replacement that uses "
-                                   f"{v.name!r}, which is not defined at that site")
-        return result
-
-
-class _Sites:
-    """One scan: tries the rules at each node in pre-order and splices in replacements."""
-
-    def __init__(self, rw: Rewriter, root, func_name, params, stop_at_match):
-        self.rw, self.root, self.func_name, self.params = rw, root, func_name, params
-        self.stop_at_match = stop_at_match
-        self.canonical = not rw._raw
-        self.loops: list = []
-        # Variables in scope somewhere in the function, for checking replacements: only
-        # needed once a rule without its own checks fires.
-        self.defined: set = set()
-        self.finishers: list = []  # the finish() of each rule that fired, once
-
-    def _where(self, node) -> str:
-        return f"{' > '.join(l.loop_var.name for l in self.loops) or '<top>'} ({type(node).__name__})"
-
-    def _site(self, rule, m) -> Site:
-        return Site(rule.name, tuple(l.loop_var.name for l in self.loops), m.node, self.func_name)
-
-    def try_rules(self, node, visit):
-        """The replacement of ``node`` by the first rule that fires there, else None."""
-        rw = self.rw
-        for rule in rw._rules_for(type(node)):
-            if rule.matcher is not None:
-                m = rule.matcher(node, tuple(self.loops), self.canonical)
-            else:
-                m = _Matcher(tuple(self.loops)).run(rule.pattern, node)
-            if m is None:
-                continue
-            try:
-                result = rule.callback(m)
-            except Exception as err:  # noqa: BLE001 - re-raised with where it happened
-                err.add_note(f"in the callback of rule {rule.name!r} at {self._where(node)}")
-                raise
-            if self.stop_at_match:
-                rw.report.add(self._site(rule, m))
-                return node
-            if isinstance(result, (list, tuple)) and result and all(isinstance(s, tirx.Stmt) for s in result):
-                result = result[0] if len(result) == 1 else tirx.SeqStmt(list(result))
-            if result is None:
-                continue
-            if not rule.self_checked:
-                if not self.defined:
-                    self.defined.update(key(v) for v in vars_used(self.root))
-                    self.defined.update(key(v) for v in self.params)
-                result = rw._check(rule, node, result, self._where(node), self.defined)
-                rw._unchecked_fired = True
-            rw.report.add(self._site(rule, m))
-            if rule.finish is not None and rule.finish not in self.finishers:
-                self.finishers.append(rule.finish)
-            if m.span is not None and isinstance(m.node, tirx.SeqStmt):
-                start, stop = m.span
-                head = [visit(s) for s in m.node.seq[:start]]
-                tail = list(m.node.seq[stop:])
-                if tail:
-                    rest = visit(tail[0] if len(tail) == 1 else tirx.SeqStmt(tail))
-                    tail = list(rest.seq) if isinstance(rest, tirx.SeqStmt) else [rest]
-                items = head + [result] + tail
-                return items[0] if len(items) == 1 else tirx.SeqStmt(items)
-            return result
-        return None
-
-    # -- statements only: a Python walk that rebuilds just the path to each replacement --
-    def walk(self, node):
-        kind = type(node)
-        if kind is not tirx.AllocBuffer and kind is not tirx.DeclBuffer and self.rw._rules_for(kind):
-            replaced = self.try_rules(node, self.walk)
-            if replaced is not None:
-                return replaced
-        if kind is tirx.For:
-            self.loops.append(node)
-            try:
-                body = self.walk(node.body)
-            finally:
-                self.loops.pop()
-            if body.same_as(node.body):
-                return node
-            return tirx.For(node.loop_var, node.min, node.extent, node.kind, body, node.thread_binding,
-                            node.annotations, node.step)
-        if kind is tirx.SeqStmt:
-            old = node.seq[:]
-            new = [self.walk(s) for s in old]
-            if all(a.same_as(b) for a, b in zip(new, old)):
-                return node
-            return tirx.SeqStmt(new)
-        if kind is tirx.IfThenElse:
-            then = self.walk(node.then_case)
-            other = None if node.else_case is None else self.walk(node.else_case)
-            if then.same_as(node.then_case) and (other is None or other.same_as(node.else_case)):
-                return node
-            return tirx.IfThenElse(node.condition, then, other)
-        return self._walk_fields(node)
-
-    def _walk_fields(self, node):
-        """Any other statement (AttrStmt, While, s_tir blocks): walk the statements in its fields."""
-        changed = {}
-        for f in _stmt_fields(type(node)):
-            child = getattr(node, f)
-            if isinstance(child, tirx.Stmt):
-                new = self.walk(child)
-                if not new.same_as(child):
-                    changed[key(child)] = new
-        return with_children(node, changed) if changed else node
-
-    # -- with expression rules: every node, through structural_mutate -----------------------
-    def mutate(self, root):
-        # An exception must not cross the FFI boundary of structural_mutate: it would come
-        # back as a RuntimeError. Keep the first one and raise it once the walk returns.
-        failure: list = []
-
-        def guarded(node, mut):
-            if failure:
-                return None
-            try:
-                return self.try_rules(node, mut.mutate)
-            except Exception as err:  # noqa: BLE001 - re-raised unchanged below
-                failure.append(err)
-                return None
-
-        def on_stmt(node, mut):
-            if failure or isinstance(node, (tirx.AllocBuffer, tirx.DeclBuffer)):
-                return node
-            replaced = guarded(node, mut)
-            if replaced is not None:
-                return replaced
-            if isinstance(node, tirx.For):
-                self.loops.append(node)
-                try:
-                    return mut.default_mutate(node)
-                finally:
-                    self.loops.pop()
-            return mut.default_mutate(node)
-
-        def on_expr(node, mut):
-            if failure or isinstance(node, ir.Var):
-                return node
-            replaced = guarded(node, mut)
-            return replaced if replaced is not None else mut.default_mutate(node)
-
-        result = tvm_ffi.structural_mutate(root, [(tirx.Stmt, on_stmt), (ir.Type, lambda node, mut: node),
-                                                  (ir.Expr, on_expr)])
-        if failure:
-            raise failure[0]
-        return result
-
-
-_STMT_FIELDS: dict = {}
-
-
-def _stmt_fields(kind) -> tuple:
-    """The fields of a statement type that hold a nested statement (For and SeqStmt aside)."""
-    fields = _STMT_FIELDS.get(kind)
-    if fields is None:
-        info = getattr(kind, "__tvm_ffi_type_info__", None)
-        names = [f.name for f in info.fields] if info is not None else []
-        fields = tuple(n for n in names if n in ("body", "init", "block", "then_case", "else_case"))
-        _STMT_FIELDS[kind] = fields
-    return fields
 
 
 def _func_name(func) -> str | None:
@@ -430,3 +232,44 @@ def _func_name(func) -> str | None:
     if attrs is not None and "global_symbol" in attrs:
         return str(attrs["global_symbol"])
     return None
+
+
+def rewriter(cls_or_mod=None, *, where=None):
+    """Class decorator: a class (or ``@I.ir_module``) with PrimFuncs ``pattern`` and
+    ``replacement`` becomes a one-rule :class:`~tirpat.Rewriter` named after it.
+    ``@tp.rewriter(where=pred)`` also chooses its sites, as ``Rewriter.from_module`` does.
+
+    >>> copy8 = tvm.script.from_source('''
+    ... @I.ir_module
+    ... class Copy8:
+    ...     @T.prim_func
+    ...     def pattern(A: T.Buffer((8,), "int8"), B: T.Buffer((8,), "int8")):
+    ...         for i in range(8):
+    ...             B[i] = A[i]
+    ...
+    ...     @T.prim_func
+    ...     def replacement(A: T.Buffer((8,), "int8", offset_factor=1), B: T.Buffer((8,), "int8", offset_factor=1)):
+    ...         T.evaluate(T.call_packed("my.copy8", A.access_ptr("r"), B.access_ptr("w")))
+    ... ''')
+    >>> @tp.rewriter
+    ... class CopyRow:
+    ...     pattern = copy8["pattern"]
+    ...     replacement = copy8["replacement"]
+    >>> CopyRow.rules[0].name
+    'CopyRow'
+    """
+    if cls_or_mod is None:
+        return lambda c: rewriter(c, where=where)
+    if isinstance(cls_or_mod, ir.IRModule):
+        return Rewriter.from_module(cls_or_mod, where=where)
+    if isinstance(cls_or_mod, type):
+        funcs = {n: getattr(cls_or_mod, n, None) for n in ("pattern", "replacement")}
+        if any(inspect.isfunction(f) for f in funcs.values()):
+            # ``@T.prim_func`` methods under a class decorator named like ours are left
+            # unparsed by TVMScript (as for Relax's ``@R.rewriter``): parse the class as a module.
+            from tvm.script import ir as I
+
+            mod = I.ir_module(cls_or_mod)
+            funcs = {gv.name_hint: f for gv, f in mod.functions.items()}
+        return Rewriter.from_module(funcs, name=cls_or_mod.__name__, where=where)
+    raise TypeError(f"@tp.rewriter decorates a class or an IRModule, got {type(cls_or_mod).__name__}")
