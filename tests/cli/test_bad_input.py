@@ -81,6 +81,28 @@ def test_an_op_tvm_cannot_import(tirpat, error_line, tmp_path):
                "m.onnx: TVM cannot import this model", "FrobnicateTensor")
 
 
+def test_an_op_tvm_cannot_compile(tirpat, error_line, tmp_path):
+    (tmp_path / "m.py").write_text(FMA_MODULE)
+    error_line(tirpat("compile", "m.py", "-t", TARGET, cwd=tmp_path), "tirpat compile: error: ", "R.ewise_fma(x, y, z)")
+    assert not (tmp_path / "m.tirpat").exists()
+
+
+# relax.ewise_fma has no legalization: TVM's VM codegen refuses it, and no backend takes it.
+FMA_MODULE = """
+from tvm.script import ir as I
+from tvm.script import relax as R
+
+@I.ir_module
+class Module:
+    @R.function
+    def main(x: R.Tensor((4, 4), "float32"), y: R.Tensor((4, 4), "float32"), z: R.Tensor((4, 4), "float32")):
+        with R.dataflow():
+            w = R.ewise_fma(x, y, z)
+            R.output(w)
+        return w
+"""
+
+
 def test_output_in_a_missing_directory(tirpat, error_line, example_mlp, tmp_path):
     error_line(tirpat("compile", example_mlp, "-t", TARGET, "-o", "no/such/dir/m.tirpat", cwd=tmp_path),
                "no/such/dir/m.tirpat: no such directory")

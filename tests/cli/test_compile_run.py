@@ -20,8 +20,12 @@ def reference(model_file, *inputs):
     """The module of ``model_file`` compiled by ``tvm.compile(mod, "llvm")`` and run on TVM's VM."""
     mod = runpy.run_path(str(model_file))["Module"]
     vm = relax.VirtualMachine(tvm.compile(mod, "llvm"), tvm.cpu())
-    out = vm["main"](*[tvm.runtime.tensor(a) for a in inputs])
-    return [out.numpy()] if isinstance(out, tvm.runtime.Tensor) else [o.numpy() for o in out]
+    return flatten(vm["main"](*[tvm.runtime.tensor(a) for a in inputs]))
+
+
+def flatten(out) -> list:
+    """A VM result (a tensor or nested tuples of them) as numpy arrays in order."""
+    return [out.numpy()] if isinstance(out, tvm.runtime.Tensor) else [a for o in out for a in flatten(o)]
 
 
 @pytest.fixture(scope="module")
@@ -199,3 +203,37 @@ def test_input_shapes_fix_an_onnx_models_dynamic_batch(tirpat, tirpat_here, erro
     assert json.loads((tmp_path / "r.json").read_text())["macs"]["accel"] == 16 * 64 * 32
     ran = tirpat("run", "layer.tirpat", cwd=tmp_path)
     assert ran.returncode == 0 and "input_1: int8[16, 64]" in ran.stdout, ran.stderr
+
+
+TWO_OUTPUTS = """
+from tvm.script import ir as I
+from tvm.script import relax as R
+
+@I.ir_module
+class Module:
+    @R.function
+    def main(a: R.Tensor((3, 4), "float32"), b: R.Tensor((4,), "float32")):
+        with R.dataflow():
+            s = R.add(a, b)
+            m = R.multiply(a, b)
+            out = (s, (m, R.sum(s)))
+            R.output(out)
+        return out
+"""
+
+
+def test_outputs_are_written_in_order_on_a_host_only_target(tirpat, tmp_path):
+    (tmp_path / "two.py").write_text(TWO_OUTPUTS)
+    rng = np.random.default_rng(2)
+    a, b = rng.standard_normal((3, 4), np.float32), rng.standard_normal(4, np.float32)
+    np.savez(tmp_path / "in.npz", a=a, b=b)
+    compiled = tirpat("compile", "two.py", "-t", "llvm", cwd=tmp_path)
+    assert compiled.returncode == 0 and compiled.stderr == "", compiled.stderr
+    result = tirpat("run", "two.tirpat", "--inputs", "in.npz", "-o", "out.npz", "--profile", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "no backend of this model keeps device statistics" in result.stdout
+    with np.load(tmp_path / "out.npz") as out:
+        assert out.files == ["output_0", "output_1", "output_2"]
+        expected = reference(tmp_path / "two.py", a, b)
+        for name, want in zip(out.files, expected):
+            np.testing.assert_allclose(out[name], want, rtol=1e-6)

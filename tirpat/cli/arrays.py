@@ -21,7 +21,7 @@ import numpy as np
 
 from .command import CommandError
 
-__all__ = ["read_inputs", "random_inputs", "write_outputs", "output_names", "describe_array"]
+__all__ = ["read_inputs", "random_inputs", "write_outputs", "flat_outputs", "output_names", "describe_array"]
 
 
 def _spec_text(spec) -> str:
@@ -98,6 +98,17 @@ def random_inputs(inputs: Sequence, seed: int = 0) -> list[np.ndarray]:
         else:
             raise CommandError(f"input {_spec_text(spec)}: no random values for dtype {dtype}: give --inputs")
     return out
+
+
+def flat_outputs(result) -> list[np.ndarray]:
+    """A model's result as its list of output arrays, nested tuples flattened in order.
+
+    >>> [a.tolist() for a in flat_outputs((np.zeros(2), (np.ones(1), 3)))]
+    [[0.0, 0.0], [1.0], 3]
+    """
+    if isinstance(result, (tuple, list)):
+        return [a for item in result for a in flat_outputs(item)]
+    return [np.asarray(result)]
 
 
 def output_names(count: int) -> list[str]:

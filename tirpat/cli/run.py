@@ -37,7 +37,7 @@ def _timeline_paths(path: Path, names: list[str]) -> dict[str, Path]:
 def _run(args: argparse.Namespace) -> int:
     import tirpat as tp
 
-    from .arrays import describe_array, output_names, random_inputs, read_inputs, write_outputs
+    from .arrays import describe_array, flat_outputs, output_names, random_inputs, read_inputs, write_outputs
     from .tvm_noise import filtered_native_stderr
 
     if args.timeline:
@@ -58,7 +58,7 @@ def _run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     result = model(*arrays)
     seconds = time.perf_counter() - start
-    outputs = list(result) if isinstance(result, tuple) else [result]
+    outputs = flat_outputs(result)
     for name, value in zip(output_names(len(outputs)), outputs):
         print(describe_array(name, value))
     if args.output:
