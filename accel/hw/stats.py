@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, NamedTuple, Union
+from typing import TYPE_CHECKING, Iterable, NamedTuple, Sequence, Union
 
 from accel.hw.config import Config
 
@@ -86,8 +86,12 @@ class Timeline:
     def __str__(self) -> str:
         return self.text()
 
-    def save_png(self, path: Union[str, Path], title: str = "accel timeline") -> Path:
+    def save_png(self, path: Union[str, Path], title: str = "accel timeline",
+                 layers: Sequence[tuple[str, int, int]] = ()) -> Path:
         """Draw the timeline as a Gantt chart PNG (needs the ``plot`` extra: matplotlib).
+
+        ``layers`` labels it: ``(label, start cycle, end cycle)`` spans (a model's layers, in
+        the order they ran) become a numbered row above the units, with a key under the chart.
 
         >>> Timeline().save_png("/tmp/empty_timeline.png").name  # doctest: +SKIP
         'empty_timeline.png'
@@ -100,15 +104,24 @@ class Timeline:
         except ImportError as e:
             raise ImportError("Timeline.save_png needs matplotlib: pip install 'tirpat[plot]'") from e
         colors = {"load": "tab:blue", "gemm": "tab:red", "alu": "tab:orange", "store": "tab:green"}
-        fig, ax = plt.subplots(figsize=(10, 2.6))
+        rows = list(reversed(UNITS)) + (["layer"] if layers else [])
+        key = [f"{n + 1}: {label} ({end - start} cycles)" for n, (label, start, end) in enumerate(layers)]
+        chart_inches, key_inches = 0.5 * len(rows) + 1.1, 0.18 * len(key) + (0.2 if key else 0)
+        fig, ax = plt.subplots(figsize=(10, chart_inches + key_inches))
         for row, unit in enumerate(reversed(UNITS)):
             spans = [(e.start, e.end - e.start) for e in self.events if e.unit == unit]
             ax.broken_barh(spans, (row - 0.4, 0.8), color=colors[unit])
-        ax.set_yticks(range(len(UNITS)), list(reversed(UNITS)))
+        for n, (label, start, end) in enumerate(layers):
+            ax.broken_barh([(start, end - start)], (len(UNITS) - 0.4, 0.8), color="0.55" if n % 2 else "0.75")
+            ax.text((start + end) / 2, len(UNITS), str(n + 1), ha="center", va="center", fontsize=8)
+            ax.axvline(start, color="0.5", linestyle=":", linewidth=0.8)
+        ax.set_yticks(range(len(rows)), rows)
         ax.set_xlabel("cycle")
-        ax.set_xlim(0, max(self.cycles, 1))
+        ax.set_xlim(0, max(self.cycles, *(end for _, _, end in layers), 1))
         ax.set_title(title)
-        fig.tight_layout()
+        if key:
+            fig.text(0.01, 0.02, "\n".join(key), fontsize=8, va="bottom", family="monospace")
+        fig.tight_layout(rect=(0, key_inches / (chart_inches + key_inches), 1, 1))
         path = Path(path)
         fig.savefig(path, dpi=100)
         plt.close(fig)

@@ -117,6 +117,8 @@ def test_target_options_reach_the_compiled_model(tirpat, tmp_path, example_mlp):
     assert model.backends[0][1]["tile"] == 32 and model.host.export()["num-cores"] == 1
     x = np.random.default_rng(3).integers(-128, 128, (16, 64), dtype=np.int8)
     np.testing.assert_array_equal(model(x), reference(example_mlp, x)[0])
+    stats = model.stats["accel"]
+    assert stats.config.tile == 32 and stats.macs % (32 * 32 * 32) == 0, "the device ran with 32 x 32 x 32 tiles"
 
 
 def read_all(fd: int, seconds: float) -> str:
