@@ -195,7 +195,11 @@ _TIR_BINARY = {"add": tirx.Add, "sub": tirx.Sub, "mul": tirx.Mul, "max": tirx.Ma
 class Access:
     """How a nest indexes one buffer: dimension ``d`` is ``offsets[d] + steps[d] * i_d``,
     ``i_d`` the ``d``-th loop (so a step of 2 takes every other element, an offset starts
-    inside the buffer); ``shape`` is the buffer's, at least as big as that needs."""
+    inside the buffer); ``shape`` is the buffer's, at least as big as that needs.
+
+    >>> Access(shape=(4, 10), offsets=(1, 2), steps=(1, 2)).region()    # rows 1.., every other column from 2
+    (12, (10, 2))
+    """
 
     shape: tuple
     offsets: tuple

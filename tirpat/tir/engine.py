@@ -398,9 +398,10 @@ def first_match(matcher: Matcher, node, context: tuple = (), aliases=None,
     """Run a compiled pattern on ``node``: the first complete match, or None. A match is
     complete when the deferred ``where`` predicates hold; otherwise the search backtracks to
     the next option. ``context`` are the For loops around ``node``, ``aliases`` the buffer
-    views known there, ``trace`` the recorder of a traced matcher's failures.
+    views known there, ``trace`` the recorder of a traced matcher's failures (a fresh one
+    when not given).
     """
-    b = Bindings(context, aliases, trace)
+    b = Bindings(context, aliases, trace if trace is not None else Trace())
     found: list = []
 
     def complete():
@@ -409,10 +410,9 @@ def first_match(matcher: Matcher, node, context: tuple = (), aliases=None,
             sub = Match(at, m._captures, m._loops, m._span, m._accesses, context)
             for pred in p.predicates:
                 if not pred(sub):
-                    if trace is not None:
-                        trace.record(Failure(tuple(f"for {v.name}" for v in nest) + path, p, at,
-                                             f"the where() predicate {getattr(pred, '__name__', pred)} is false",
-                                             final=True))
+                    b.trace.record(Failure(tuple(f"for {v.name}" for v in nest) + path, p, at,
+                                           f"the where() predicate {getattr(pred, '__name__', pred)} is false",
+                                           final=True))
                     return False
         found.append(m)
         return True

@@ -570,6 +570,7 @@ class ModuleRule:
             loop = loop.body
         self.pattern = _ModuleRulePattern(body, self, extents)
         self._body_matchers: dict = {}
+        self._matcher = None  # the whole pattern's, compiled on first use
         # The rule for code indexed in another integer type (int64 from Relax, say), built
         # on first use by converting both functions, as tensorize converts an intrinsic.
         self.index_dtype = index_dtype_of(self.pattern_func.body)
@@ -656,7 +657,9 @@ class ModuleRule:
         already in the canonical form of the pattern, else canonicalised and matched again."""
         if self.pattern._quick_reject(node):
             return None
-        matcher = engine.compiled(self.pattern)
+        matcher = self._matcher
+        if matcher is None:
+            matcher = self._matcher = engine.compiled(self.pattern)
         m = engine.first_match(matcher, node, context)
         if m is None and not canonical:
             again = canonicalize(node)

@@ -279,10 +279,7 @@ class Aliases:
         spans = footprint(written), footprint(read)
         if () in spans:
             return None
-        try:
-            distance = const_int(simplify((a.elem_offset + written.offset) - (b.elem_offset + read.offset)))
-        except RegionError as err:
-            return f"{what}: {err}"
+        distance = const_int(simplify((a.elem_offset + written.offset) - (b.elem_offset + read.offset)))
         if distance is None or None in spans:
             return f"{what}, and the copy's regions are not at a constant distance from each other"
         (lo_a, hi_a), (lo_b, hi_b) = spans

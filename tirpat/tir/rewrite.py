@@ -36,7 +36,14 @@ from .scan import Report, RewriteError, Rule, RuleIndex, Scan
 
 
 class Rewritten(NamedTuple):
-    """What a rewriting call returns: the result (the same kind as its input) and its report."""
+    """What a rewriting call returns: the result (the same kind as its input) and its report.
+
+    >>> rw = tp.Rewriter.from_pattern(tp.is_const(2), lambda m: m.node, name="keep")
+    >>> x = tvm.tirx.Var("x", "int32")
+    >>> result, report = rw.rewrite(tvm.tirx.Evaluate(x * 2))
+    >>> report.counts
+    {'keep': 1}
+    """
 
     result: Any
     report: Report
