@@ -3,7 +3,8 @@
 A backend is a subclass of :class:`Backend` (UMA's ``UMABackend`` porcelain, for Relax and
 TIR): a ``name``, typed :class:`Option`\\ s, and optional hooks for each level of the flow:
 graph patterns for partitioning, a schedule for one partition's PrimFunc, tirpat rules,
-passes at each :class:`Phase`, and the session that compiled code calls into. Every hook
+passes at each :class:`Phase`, the session that compiled code calls into, and for
+``tp.tune`` a design space of a partition's schedule and a measure of its cost. Every hook
 is optional; a backend with only a ``name`` registers and offloads nothing.
 
 >>> import tirpat as tp
@@ -29,6 +30,7 @@ import contextlib
 import enum
 import numbers
 import threading
+import time
 import warnings
 from typing import Any, ClassVar, Mapping
 
@@ -207,6 +209,31 @@ class Backend:
     def session(self, opts: dict):
         """A context manager: the device that compiled code calls while it is entered."""
         return contextlib.nullcontext()
+
+    # -- tuning hooks (optional too; see tirpat.model.tune) ------------------------------
+    def tune_space(self, func, opts: dict):
+        """The design space of one partition's legalized PrimFunc for ``tp.tune``: a
+        ``tvm.s_tir.meta_schedule.SpaceGenerator`` (``tp.knob_space`` makes one from
+        knobs), or None when there is nothing to tune.
+
+        A tuning record is applied by replaying the design-space part of its trace on the
+        partition (the sampled decisions, e.g. knob annotations) and handing the result to
+        :meth:`schedule`, so ``schedule`` must do what the space's post-processors do.
+        """
+        return None
+
+    def measure(self, run, opts: dict) -> float:
+        """The cost of ``run()`` (one call of compiled code) on this backend's device, lower
+        is better: by default the wall-clock seconds it takes inside :meth:`session`; a
+        simulated device returns its cycles.
+
+        >>> tp.Backend().measure(lambda: None, {}) >= 0
+        True
+        """
+        with self.session(opts):
+            start = time.perf_counter()
+            run()
+            return time.perf_counter() - start
 
     def __repr__(self) -> str:
         return f"<Backend {self.name!r}>"
