@@ -65,3 +65,16 @@ class AccelBackend(tp.Backend):
         from accel.hw.runtime import Session
 
         return Session(config_of(opts))
+
+    def tune_space(self, func, opts: dict):
+        from accel.compiler.tuning import tuning_space
+
+        return tuning_space(func, config_of(opts))
+
+    def measure(self, run, opts: dict) -> float:
+        """Simulated cycles of ``run()``."""
+        from accel.hw.runtime import Session
+
+        with Session(config_of(opts)) as session:
+            run()
+        return float(session.stats.cycles)

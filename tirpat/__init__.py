@@ -39,7 +39,8 @@ _MODEL = {
     "partition": "partition", "build": "build", "OffloadWarning": "build", "OffloadError": "build",
     "CompiledModel": "compiled", "load": "compiled", "relax_pipeline": "pipeline",
     "lower_partitions": "pipeline", "TIR_PIPELINE": "pipeline", "ModelReport": "report",
-    "SCHEDULE_NOTES": "report",
+    "SCHEDULE_NOTES": "report", "partition_functions": "pipeline", "Records": "records",
+    "tune": "tune", "TuneResult": "tune", "Knob": "tune", "knob_space": "tune",
 }
 __all__ += sorted(_MODEL)
 

@@ -314,11 +314,11 @@ def _find_gemms(sch: s_tir.Schedule, notes: Notes) -> list:
     return found
 
 
-def gemm_blocks(sch: s_tir.Schedule) -> list[tuple[str, bool]]:
-    """``(block name, is a convolution)`` for each GEMM block of ``main`` that
-    :func:`schedule_in` would offload, in program order (what a tuner annotates); ``sch``
-    is left as it is."""
-    return [(name, conv is not None) for name, _, conv, _ in _find_gemms(sch.copy(), Notes())]
+def gemm_blocks(sch: s_tir.Schedule) -> list[tuple[str, object]]:
+    """``(block name, Conv or None)`` for each GEMM block of ``main`` that :func:`schedule_in`
+    would offload, in program order (what a tuner annotates; a convolution comes with its
+    :class:`accel.compiler.conv.Conv`); ``sch`` is left as it is."""
+    return [(name, conv) for name, _, conv, _ in _find_gemms(sch.copy(), Notes())]
 
 
 def _dtypes_found(block) -> str:

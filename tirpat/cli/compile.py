@@ -15,7 +15,9 @@ compiles the rest. Prints the offload report: the partitions with their backend,
 and MACs, and each operator left on the host with the reason.
 
 MODEL is an .onnx file (TVM's Relax ONNX frontend) or a .py file defining a Relax
-IRModule named Module. 'tirpat targets' lists the backends and their options."""
+IRModule named Module. 'tirpat targets' lists the backends and their options. With
+--records DIR (written by 'tirpat tune'), each partition with a tuning record is scheduled
+by its best one."""
 
 
 def _arguments(parser: argparse.ArgumentParser) -> None:
@@ -24,11 +26,18 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
                         help='composite target: backends in priority order, then the host, e.g. "accel -tile=16, llvm"')
     parser.add_argument("-o", "--output", metavar="OUT", help="the compiled model file (default: MODEL's name + .tirpat)")
     parser.add_argument("--report", metavar="JSON", help="also write the offload report as JSON")
+    parser.add_argument("--records", metavar="DIR",
+                        help="tuning records ('tirpat tune' writes them): each partition gets its best schedule")
+    shapes_argument(parser)
+    parser.add_argument("--strict", action="store_true",
+                        help="fail when less is offloaded than the backends could take (default: a warning)")
+
+
+def shapes_argument(parser: argparse.ArgumentParser) -> None:
+    """``--input-shapes``, shared by the commands that read a MODEL."""
     parser.add_argument("--input-shapes", type=_shapes, metavar="SHAPES",
                         help="fix an ONNX model's input shapes, e.g. \"x:[1,3,16,16] y:[8]\" (accelerators "
                              "need static shapes)")
-    parser.add_argument("--strict", action="store_true",
-                        help="fail when less is offloaded than the backends could take (default: a warning)")
 
 
 def _shapes(text: str) -> dict:
@@ -52,11 +61,12 @@ def _run(args: argparse.Namespace) -> int:
     for path in (output, args.report):
         if path is not None and not Path(path).parent.is_dir():
             raise CommandError(f"{path}: no such directory {str(Path(path).parent)!r}")
+    records = tp.Records(args.records) if args.records else None     # a wrong directory fails first too
     with Progress() as progress:
         with progress.step(f"reading {args.model}"):
             mod = load_model(args.model, args.input_shapes)
         with progress.step(f"compiling for {target}"), pass_names(progress):
-            model = tp.build(mod, target, strict=args.strict)
+            model = tp.build(mod, target, strict=args.strict, records=records)
         with progress.step(f"writing {output}"), filtered_native_stderr():
             model.export(output)
     print(model.report)

@@ -37,31 +37,39 @@ class OffloadError(ValueError):
 
 
 def build(mod: ir.IRModule, target, *, strict: bool = False, params: Mapping[str, np.ndarray] | None = None,
-          entry: str = "main") -> CompiledModel:
+          entry: str = "main", records=None) -> CompiledModel:
     """Compile the Relax module ``mod`` for ``target`` (a ``tp.CompositeTarget`` or a string
     such as ``"accel, llvm"``): partitions for the backends, the rest for the host.
 
     ``params`` binds inputs of ``entry`` to constants (weights), so that their layout is
     changed at compile time. When nothing is offloaded, or an operator a backend's patterns
     cover is left on the host, an :class:`OffloadWarning` names the reason; ``strict=True``
-    raises :class:`OffloadError` instead.
+    raises :class:`OffloadError` instead. ``records`` (a directory ``tp.tune`` wrote, or a
+    ``tp.Records``) schedules each partition that has a tuning record with its best one.
 
     >>> model = tp.build(mod, "accel, llvm", params={"w": w})     # doctest: +SKIP
+    >>> model = tp.build(mod, "accel, llvm", records="records/")  # doctest: +SKIP
     """
     if not isinstance(mod, ir.IRModule):
         raise TypeError(f"tp.build takes a Relax IRModule, got {type(mod).__name__}")
     if entry not in [gv.name_hint for gv in mod.functions]:
         raise ValueError(f"the module has no function {entry!r}")
     t = as_target(target)
-    if params:
-        mod = relax.transform.BindParams(entry, {k: tvm.runtime.tensor(np.asarray(v)) for k, v in params.items()})(mod)
+    mod = bind_params(mod, params, entry)
     inputs = _inputs(mod[entry])
     record = Record()
     with recording(record):
-        executable = tvm.compile(mod, t.host, relax_pipeline=relax_pipeline(t), tir_pipeline=TIR_PIPELINE)
+        executable = tvm.compile(mod, t.host, relax_pipeline=relax_pipeline(t, records), tir_pipeline=TIR_PIPELINE)
     report = _report(record, t)
     _complain(report, t, strict)
     return CompiledModel(executable, t.backends, t.host, inputs, report, entry)
+
+
+def bind_params(mod: ir.IRModule, params: Mapping[str, np.ndarray] | None, entry: str = "main") -> ir.IRModule:
+    """``mod`` with the inputs of ``entry`` named in ``params`` bound to constants."""
+    if not params:
+        return mod
+    return relax.transform.BindParams(entry, {k: tvm.runtime.tensor(np.asarray(v)) for k, v in params.items()})(mod)
 
 
 def _inputs(func: relax.Function) -> list:

@@ -35,7 +35,7 @@ from .backend import Phase, lookup
 from .partition import BACKEND_ATTR, OPTIONS_ATTR, Partitioner, as_target, options_text, tagged
 from .report import SCHEDULE_NOTES
 
-__all__ = ["relax_pipeline", "lower_partitions", "TIR_PIPELINE", "KOPAQUE"]
+__all__ = ["relax_pipeline", "lower_partitions", "partition_functions", "TIR_PIPELINE", "KOPAQUE"]
 
 #: The registered TIR pipeline name (``tvm.compile(..., tir_pipeline=tp.TIR_PIPELINE)``).
 TIR_PIPELINE = "tirpat.backends"
@@ -82,25 +82,53 @@ def _single_primfunc(scheduled, name: str):
     raise TypeError(f"{name}.schedule must return a PrimFunc (or an IRModule with one), got {type(scheduled).__name__}")
 
 
-def lower_partitions() -> tvm.transform.Pass:
+def _legalized(mod: ir.IRModule) -> tuple[ir.IRModule, dict]:
+    """Each tagged Relax partition legalized into one PrimFunc of the same name (what the
+    backend's ``schedule`` gets), and the tags: name -> ((backend, opts), composite, ops)."""
+    tags = {}
+    for gv, func in mod.functions.items():
+        tag = tagged(func) if isinstance(func, relax.Function) else None
+        if tag is not None:
+            tags[gv.name_hint] = (tag, str(func.attrs["Composite"]), _ops_of(func))
+    if not tags:
+        return mod, tags
+    mod = tvm.transform.Sequential([relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
+                                    relax.transform.FuseTIR(), relax.transform.DeadCodeElimination()])(mod)
+    return _inline_scalar_constants(mod, set(tags)), tags
+
+
+def partition_functions(mod: ir.IRModule, target) -> list:
+    """``[(name, backend name, options, PrimFunc)]``: every partition of the Relax module
+    ``mod`` for ``target``, legalized as its backend's ``schedule`` receives it (what
+    ``tp.tune`` tunes).
+
+    >>> [name for name, *_ in tp.partition_functions(mod, "accel, llvm")]   # doctest: +SKIP
+    ['fused_relax_matmul_relax_add']
+    """
+    mod, tags = _legalized(Partitioner(as_target(target))(mod))
+    return [(gv.name_hint, *tags[gv.name_hint][0], func) for gv, func in mod.functions.items()
+            if gv.name_hint in tags and isinstance(func, tirx.PrimFunc)]
+
+
+def lower_partitions(records=None) -> tvm.transform.Pass:
     """Lower every tagged Relax partition to one PrimFunc, scheduled by its backend and
     opaque to fusion; split off weight layout stages (see the module docstring).
 
+    ``records`` (a ``tp.Records`` or its directory) are tuning records: a partition with
+    one reaches its backend's ``schedule`` with the best record's decisions applied.
+
     >>> mod = tp.lower_partitions()(tp.partition(mod, "accel, llvm"))       # doctest: +SKIP
     """
+    if records is not None:
+        from .records import Records
+
+        records = records if isinstance(records, Records) else Records(records)
 
     @tvm.transform.module_pass(opt_level=0, name="tirpat.LowerPartitions")
     def run(mod: ir.IRModule, ctx) -> ir.IRModule:
-        tags = {}
-        for gv, func in mod.functions.items():
-            tag = tagged(func) if isinstance(func, relax.Function) else None
-            if tag is not None:
-                tags[gv.name_hint] = (tag, str(func.attrs["Composite"]), _ops_of(func))
+        mod, tags = _legalized(mod)
         if not tags:
             return mod
-        mod = tvm.transform.Sequential([relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
-                                        relax.transform.FuseTIR(), relax.transform.DeadCodeElimination()])(mod)
-        mod = _inline_scalar_constants(mod, set(tags))
         record = _RECORD.get()
         for gv, func in list(mod.functions.items()):
             entry = tags.get(gv.name_hint)
@@ -108,6 +136,8 @@ def lower_partitions() -> tvm.transform.Pass:
                 continue
             (name, opts), composite, ops = entry
             backend = lookup(name)
+            if records is not None:
+                func = records.apply(func, name, opts)
             scheduled = _single_primfunc(backend.schedule(func, opts), name)
             if func.attrs is None or "global_symbol" not in func.attrs:
                 scheduled = scheduled.without_attr("global_symbol")
@@ -216,10 +246,11 @@ def _ops_of(func: relax.Function) -> list:
             if isinstance(b.value, relax.Call) and isinstance(b.value.op, ir.Op)]
 
 
-def relax_pipeline(target) -> tvm.transform.Pass:
+def relax_pipeline(target, records=None) -> tvm.transform.Pass:
     """The Relax pipeline of ``tp.build`` for ``target`` (a ``tp.CompositeTarget`` or a string):
-    partition, lower and schedule the partitions, then TVM's default pipeline for the host.
-    Use it with ``tir_pipeline=tp.TIR_PIPELINE``.
+    partition, lower and schedule the partitions (with the best of the tuning ``records``,
+    if given), then TVM's default pipeline for the host. Use it with
+    ``tir_pipeline=tp.TIR_PIPELINE``.
 
     >>> ex = tvm.compile(mod, "llvm", relax_pipeline=tp.relax_pipeline("accel, llvm"),
     ...                  tir_pipeline=tp.TIR_PIPELINE)                     # doctest: +SKIP
@@ -236,7 +267,7 @@ def relax_pipeline(target) -> tvm.transform.Pass:
             record.partitioned, record.partitioner = mod, partitioner
         return mod
 
-    return tvm.transform.Sequential([part, lower_partitions(), host], name="tirpat.relax_pipeline")
+    return tvm.transform.Sequential([part, lower_partitions(records), host], name="tirpat.relax_pipeline")
 
 
 # ----------------------------------------------------------------------------- TIR

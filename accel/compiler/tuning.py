@@ -1,0 +1,76 @@
+"""accel's tuning space: the scheduler's knobs (:class:`accel.compiler.schedule.Knobs`) as a
+meta_schedule design space for ``tp.tune``.
+
+For each GEMM block the space offers:
+
+- ``bm``, ``bn``, ``bk``: tiles per block along M, N and K, powers of two and the whole
+  dimension, up to 8, 8 and 32 tiles (the scheduler shrinks a block that would overflow a
+  scratchpad);
+- ``weights``: streamed or resident;
+- for a convolution, ``gather`` (direct LOADs or the CPU's im2col) and ``pixels`` (M over
+  one output row or the whole image).
+
+The heuristic's choice of every knob is the design space's decision, so the heuristic's
+schedule is always a candidate. The post-processor is the scheduler itself
+(:func:`accel.compiler.schedule.schedule_in`), reading the knobs back from the annotations,
+which is what the accel Backend's ``schedule`` does with a tuning record's annotations.
+
+>>> space = tuning_space(te.create_prim_func([A, W, C]), accel.Config())   # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from tvm import ir, s_tir, tirx
+
+import tirpat as tp
+from accel.compiler.schedule import (
+    ANNOTATION, BK_LIMIT, BN_LIMIT, GATHERS, PIXELS, WEIGHTS, gemm_blocks, schedule_in,
+)
+from accel.hw.config import Config
+
+#: The most tiles per block along M the space offers.
+BM_LIMIT = 8
+
+
+def _sizes(tiles: int, limit: int, heuristic: int) -> tuple:
+    """Block sizes for a dimension of ``tiles`` tiles: powers of two and the whole dimension
+    up to ``limit``, and the heuristic's."""
+    sizes = {1 << n for n in range(limit.bit_length()) if (1 << n) <= min(tiles, limit)}
+    if tiles <= limit:
+        sizes.add(tiles)
+    sizes.add(heuristic)
+    return tuple(sorted(sizes))
+
+
+def knobs(sch: s_tir.Schedule, config: Config) -> list:
+    """The knobs (``tp.Knob``) of every GEMM block of ``sch``'s ``main``, each defaulting to
+    the heuristic's choice (found by scheduling a copy of ``sch``)."""
+    blocks = gemm_blocks(sch)
+    if not blocks:
+        return []
+    chosen = {plan.block: plan for plan in schedule_in(sch.copy(), config).offloaded}
+    t = config.tile
+    out = []
+    for name, conv in blocks:
+        plan = chosen[name]
+        k = plan.knobs
+        if conv is None:
+            m, kk = plan.m, plan.k
+        else:       # the largest M and K over the gathers and pixel groupings
+            m = max(plan.m, conv.ext["y"] * conv.ext["x"])
+            kk = conv.ext["ry"] * conv.ext["rx"] * conv.ext["c"]
+        out += [tp.Knob(name, ANNOTATION + "bm", _sizes(-(-m // t), BM_LIMIT, k.bm), k.bm),
+                tp.Knob(name, ANNOTATION + "bn", _sizes(-(-plan.n // t), BN_LIMIT, k.bn), k.bn),
+                tp.Knob(name, ANNOTATION + "bk", _sizes(-(-kk // t), BK_LIMIT, k.bk), k.bk),
+                tp.Knob(name, ANNOTATION + "weights", tuple(range(len(WEIGHTS))), WEIGHTS.index(k.weights))]
+        if conv is not None:
+            out += [tp.Knob(name, ANNOTATION + "gather", tuple(range(len(GATHERS))), GATHERS.index(k.gather)),
+                    tp.Knob(name, ANNOTATION + "pixels", tuple(range(len(PIXELS))), PIXELS.index(k.pixels))]
+    return out
+
+
+def tuning_space(func: tirx.PrimFunc, config: Config):
+    """The design space of ``func`` (a ``tp.knob_space``), or None when it has no GEMM block."""
+    if not gemm_blocks(s_tir.Schedule(ir.IRModule({"main": func}))):
+        return None
+    return tp.knob_space(lambda sch: knobs(sch, config), lambda sch: schedule_in(sch, config))

@@ -1,0 +1,202 @@
+"""tp.tune in this process: knob spaces whose sampled values reach the schedule, the heuristic
+measured first and never beaten by a worse record, bit-exactness as the gate (a wrong but
+cheap schedule is an error, never the best), records applied by tp.build and accel."""
+
+import json
+
+import numpy as np
+import pytest
+import tvm
+from tvm import ir, s_tir, te, tirx, topi
+
+import accel
+import tirpat as tp
+import tirpat.model.backend as backend_module
+from accel.compiler.schedule import Knobs
+from tirpat.model.tune import MutateKnob
+from tirpat.model.tune.artifact import NotBitExact, measure, pack, reference
+
+
+def conv_layer(size=16, c=32, f=64, stride=2):
+    """3x3 conv2d + bias + ReLU + requantise, NHWC: an 8x8 output, whose rows of 8 pixels
+    the heuristic pads to 16-row tiles."""
+    x = te.placeholder((2, size, size, c), "int8", name="x")
+    w = te.placeholder((3, 3, c, f), "int8", name="w")
+    b = te.placeholder((f,), "int32", name="b")
+    conv = topi.nn.conv2d_nhwc(x, w, stride, 1, 1, out_dtype="int32")
+    acc = topi.nn.relu(te.compute(conv.shape, lambda *i: conv(*i) + b[i[3]], name="bias"))
+    out = te.compute(acc.shape, lambda *i: te.max(te.min((acc(*i) + 128) >> 8, 127), -128).astype("int8"),
+                     name="requant")
+    return te.create_prim_func([x, w, b, out])
+
+
+def cycles_and_output(func, seed=3):
+    ex = accel.build(func)
+    rng = np.random.default_rng(seed)
+    args = [rng.integers(-128, 128, shape).astype(dtype) for _, shape, dtype in ex.params]
+    with accel.Session() as session:
+        ex(*args)
+    return session.stats.cycles, args[-1], ex.report
+
+
+@pytest.fixture(scope="module")
+def tuned_conv(tmp_path_factory):
+    """The conv layer tuned with the default strategy (evolutionary search, XGBoost model)."""
+    func = conv_layer()
+    before = func.script()
+    records = tmp_path_factory.mktemp("records")
+    result = tp.tune(func, "accel, llvm", trials=20, records=records, batch=8, seed=1)
+    assert func.script() == before, "tp.tune changed its input"
+    return func, records, result
+
+
+def test_the_heuristic_is_measured_first_and_never_beaten_by_a_worse_record(tuned_conv):
+    func, _, result = tuned_conv
+    [task] = result.tasks
+    heuristic_cycles, _, _ = cycles_and_output(func)
+    assert task.heuristic == heuristic_cycles
+    assert task.best <= task.heuristic
+    assert task.trials >= 20 and task.failures == 0
+    # an image's 64 pixels in one M block instead of 8-pixel rows padded to 16
+    assert task.gain > 0.25
+    assert "trials in" in str(result) and "main" in str(result)
+
+
+def test_records_schedule_the_best_and_stay_bit_exact(tuned_conv):
+    func, records, result = tuned_conv
+    opts = tp.backends()["accel"].resolve()
+    applied = tp.Records(records).apply(func, "accel", opts)
+    tuned_cycles, tuned_out, report = cycles_and_output(applied)
+    untuned_cycles, untuned_out, _ = cycles_and_output(func)
+    assert tuned_cycles == result.tasks[0].best < untuned_cycles
+    np.testing.assert_array_equal(tuned_out, untuned_out)
+    assert report.offloaded[0].knobs != Knobs()
+    # records of other options do not apply
+    other = tp.Records(records).apply(func, "accel", {**opts, "acc_bytes": 64 * 1024})
+    assert other.same_as(func)
+
+
+def test_records_must_exist(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no tuning records in"):
+        tp.Records(tmp_path / "nowhere")
+
+
+def test_a_relax_model_is_tuned_per_partition_and_built_with_its_records(tmp_path):
+    from models import mlp, random_inputs, reference as vm_reference
+
+    mod = mlp(batch=16, features=64, hidden=48, classes=10)
+    result = tp.tune(mod, "accel, llvm", trials=6, records=tmp_path, strategy="replay-trace", batch=2)
+    assert len(result.tasks) == 2 and all(t.best <= t.heuristic for t in result.tasks)
+    assert sum(t.trials for t in result.tasks) >= 6
+    args = random_inputs(mod, np.random.default_rng(0))
+    model = tp.build(mod, "accel, llvm", records=tmp_path)
+    for got, want in zip(model(*args), vm_reference(mod, args)):
+        np.testing.assert_array_equal(got, want)
+
+
+# --------------------------------------------------------------------------- knob spaces
+def doubling():
+    a = te.placeholder((64,), "int32", name="A")
+    return te.create_prim_func([a, te.compute((64,), lambda i: a[i] * 2, name="B")])
+
+
+def test_knobs_are_sampled_values_the_schedule_uses():
+    seen = []
+    space = tp.knob_space(lambda sch: [tp.Knob("B", "toy.variant", (0, 1, 2), default=1)],
+                          lambda sch: seen.append(int(sch.get(sch.get_sblock("B")).annotations["toy.variant"])))
+    mod = ir.IRModule({"main": doubling()})
+    [design] = space.generate_design_space(mod)
+    trace = design.trace
+    assert "sample_categorical" in str(trace) and "ann_val=v0" in str(trace)    # the ExprRV, not an int
+    assert int(trace.decisions[trace.insts[0]]) == 1                          # the default
+    mutated = MutateKnob().apply(trace)
+    sch = s_tir.Schedule(mod)
+    mutated.apply_to_schedule(sch, remove_postproc=True)
+    assert int(sch.get(sch.get_sblock("B")).annotations["toy.variant"]) in (0, 2)
+
+
+def test_knobs_are_checked():
+    with pytest.raises(ValueError, match="default 3 is not one of"):
+        tp.Knob("B", "k", (1, 2), default=3)
+    with pytest.raises(TypeError, match="values must be ints"):
+        tp.Knob("B", "k", (1, "2"), default=1)
+
+
+# --------------------------------------------------------------------------- bit-exactness
+TICKS = []
+
+
+class Cheater(tp.Backend):
+    """A backend whose knob's second value computes one element less, and costs less: a
+    wrong schedule that would win on cost alone."""
+
+    name = "tune-test-cheater"
+
+    def tune_space(self, func, opts):
+        return tp.knob_space(lambda sch: [tp.Knob("B", "cheat", (0, 1), default=0)], self._schedule)
+
+    @staticmethod
+    def _schedule(sch):
+        block = sch.get_sblock("B")
+        variant = int(sch.get(block).annotations.get("cheat", 0))
+        if "cheat" in sch.get(block).annotations:
+            sch.unannotate(block, "cheat")
+        sch.annotate(sch.get_loops(block)[0], "cheat", variant)
+
+    def schedule(self, func, opts):
+        sch = s_tir.Schedule(ir.IRModule({"main": func}))
+        self._schedule(sch)
+        return sch.mod["main"]
+
+    def rules(self, opts):
+        def rewrite(m):
+            loop = m.node
+            if "cheat" not in loop.annotations:
+                return None
+            cheat = int(loop.annotations["cheat"])
+            tick = tirx.Evaluate(tirx.call_packed("tune_test.tick"))
+            body = tirx.For(loop.loop_var, loop.min, loop.extent - cheat, loop.kind, loop.body)
+            return tirx.SeqStmt([tick, body] if cheat else [tick, tick, body])
+
+        return tp.Rewriter.from_pattern(tp.is_for(tp.wildcard()), rewrite, name="cheater")
+
+    def measure(self, run, opts):
+        TICKS.clear()
+        run()
+        return float(len(TICKS))
+
+
+@pytest.fixture
+def cheater(monkeypatch):
+    tp.backends()
+    monkeypatch.setattr(backend_module, "_REGISTRY", dict(backend_module._REGISTRY))
+    tp.register_backend(Cheater)
+    tvm.register_global_func("tune_test.tick", lambda: TICKS.append(1), override=True)
+
+
+def test_a_wrong_schedule_is_an_error_and_never_the_best(cheater, tmp_path):
+    func = doubling()
+    result = tp.tune(func, "tune-test-cheater, llvm", trials=8, records=tmp_path, strategy="replay-trace",
+                     batch=4, seed=2)
+    [task] = result.tasks
+    assert task.failures >= 1 and "NotBitExact: buffer B: 1 of 64 elements" in task.first_failure
+    assert task.heuristic == task.best == 2.0
+    records = json.loads("[" + ",".join((tmp_path / "database_tuning_record.json").read_text().split("\n")[:-1]) + "]")
+    assert any(r[1][1][0] >= 1e9 for r in records)          # the cheat is recorded as an error
+    opts = tp.backends()["tune-test-cheater"].resolve()
+    best = tp.Records(tmp_path).best(func, "tune-test-cheater", opts)
+    assert "decision=0" in str(best.trace) and float(best.run_secs[0]) == 2.0
+
+
+def test_an_artifact_that_is_not_bit_exact_says_which_buffer(cheater, tmp_path):
+    from tirpat.model.records import workload
+
+    opts = {}
+    key = workload(doubling(), "tune-test-cheater", opts)
+    sch = s_tir.Schedule(key)
+    sch.annotate(sch.get_sblock("B"), "cheat", 1)
+    Cheater._schedule(sch)
+    host = tvm.target.Target("llvm")
+    path = pack(tmp_path / "cheat.tptune", sch.mod, host, reference(key, host, seed=0))
+    with pytest.raises(NotBitExact, match=r"buffer B: 1 of 64 elements differ from the reference \(first at \[63\]"):
+        measure(path)

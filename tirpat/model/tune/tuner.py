@@ -1,0 +1,351 @@
+"""``tp.tune``: TVM's meta_schedule searching each partition's schedule with its backend's
+design space, on its backend's measure.
+
+For a Relax module, every partition the target's backends take is a task (the same
+legalized PrimFunc ``tp.build`` hands to the backend's ``schedule``); for a PrimFunc or a
+module of PrimFuncs, each PrimFunc is a task of the first backend of the target that has a
+design space for it. Per task:
+
+- the design space is the backend's :meth:`~tirpat.Backend.tune_space`;
+- the first candidate measured is the design space itself with its post-processing: the
+  backend's own (heuristic) schedule, so the best record is never worse than it;
+- then meta_schedule's search strategy (evolutionary search with an XGBoost cost model by
+  default) proposes candidates; each is compiled for the host through the backends' TIR
+  pipeline, run on the backend's device and checked bit for bit against the workload
+  compiled by TVM alone (:mod:`tirpat.model.tune.artifact`), its cost the backend's
+  :meth:`~tirpat.Backend.measure` (accel: simulated cycles);
+- every measurement goes to the records directory, meta_schedule's JSON database, which
+  ``tp.build(..., records=DIR)`` and ``tirpat compile --records DIR`` apply.
+
+Measurements run in this process, or on TVM RPC servers behind a tracker
+(``rpc="HOST:PORT:KEY"``, servers started with ``tirpat rpc-server``).
+
+>>> result = tp.tune(mod, "accel, llvm", trials=64, records="records/")      # doctest: +SKIP
+>>> print(result)                                                            # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Mapping
+
+import numpy as np
+import tvm
+from tvm import ir, relax, tirx
+from tvm.ir.utils import derived_object
+from tvm.s_tir.meta_schedule import TuneContext
+from tvm.s_tir.meta_schedule.arg_info import ArgInfo
+from tvm.s_tir.meta_schedule.logging import get_logging_func
+from tvm.s_tir.meta_schedule.measure_callback import MeasureCallback, PyMeasureCallback
+from tvm.s_tir.meta_schedule.search_strategy import (
+    EvolutionarySearch, MeasureCandidate, PySearchStrategy, SearchStrategy,
+)
+from tvm.s_tir.meta_schedule.tune import tune_tasks
+
+from ..backend import Backend, lookup
+from ..build import bind_params
+from ..partition import as_target
+from ..pipeline import partition_functions
+from ..records import Records, workload
+from .artifact import Reference, reference
+from .rpc import RPC, rpc_runner
+from .runners import Builder, Candidates, LocalRunner
+
+__all__ = ["tune", "TuneResult", "TaskResult", "Progress"]
+
+
+@dataclass
+class _Task:
+    name: str
+    backend: Backend
+    options: dict
+    workload: ir.IRModule
+    space: object
+    reference: Reference
+    data: bytes
+    heuristic: object = None        # the module of the backend's own schedule, once handed out
+
+
+@dataclass
+class TaskResult:
+    """One task's outcome: trials measured, failures (candidates that did not compile, run
+    or match the reference), the cost of the backend's own schedule and the best cost."""
+
+    name: str
+    backend: str
+    trials: int = 0
+    failures: int = 0
+    heuristic: float | None = None
+    best: float | None = None
+    first_failure: str = ""
+
+    @property
+    def gain(self) -> float | None:
+        """How much cheaper the best candidate is than the heuristic's (0.2 = 20%)."""
+        if self.heuristic is None or self.best is None or self.heuristic <= 0:
+            return None
+        return 1.0 - self.best / self.heuristic
+
+
+@dataclass
+class TuneResult:
+    """What :func:`tune` did, per task; ``str()`` is a table."""
+
+    records: Path
+    tasks: list = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def trials(self) -> int:
+        return sum(t.trials for t in self.tasks)
+
+    def __str__(self) -> str:
+        def cost(v):
+            return "-" if v is None else f"{v:,.0f}" if v >= 100 else f"{v:.3g}"
+
+        rows = [("task", "backend", "trials", "failed", "heuristic", "best", "gain")]
+        for t in self.tasks:
+            gain = "-" if t.gain is None else f"{100 * t.gain:.1f}%"
+            rows.append((t.name, t.backend, str(t.trials), str(t.failures), cost(t.heuristic), cost(t.best), gain))
+        widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
+        lines = ["  ".join(v.ljust(w) if c < 2 else v.rjust(w) for c, (v, w) in enumerate(zip(r, widths)))
+                 for r in rows]
+        lines.append(f"{self.trials} trials in {self.seconds:.1f} s; records in {self.records}")
+        firsts = [f"  {t.name}: {t.first_failure}" for t in self.tasks if t.first_failure]
+        if firsts:
+            lines += ["first failure per task:"] + firsts
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Handed to ``tune(..., progress=)`` after every batch of measurements."""
+
+    trials: int
+    total: int
+    task: TaskResult
+
+
+def _tasks(mod, target, params) -> list:
+    """``[(name, backend, opts, PrimFunc)]`` to tune (see the module docstring)."""
+    if isinstance(mod, tirx.PrimFunc):
+        mod = ir.IRModule({"main": mod})
+    if not isinstance(mod, ir.IRModule):
+        raise TypeError(f"tp.tune takes a Relax IRModule, a PrimFunc or an IRModule of PrimFuncs, "
+                        f"got {type(mod).__name__}")
+    if any(isinstance(f, relax.Function) for f in mod.functions.values()):
+        mod = bind_params(mod, params)
+        return [(name, lookup(backend), opts, func) for name, backend, opts, func in partition_functions(mod, target)]
+    if params:
+        raise ValueError("params binds inputs of a Relax function; this module has only PrimFuncs")
+    out = []
+    for gv, func in mod.functions.items():
+        if not isinstance(func, tirx.PrimFunc):
+            continue
+        for backend, opts in target.backends:
+            if backend.tune_space(func, opts) is not None:
+                out.append((gv.name_hint, backend, opts, func))
+                break
+    return out
+
+
+def _context(task: _Task, strategy, host, seed: int, logger: logging.Logger) -> TuneContext:
+    """The task's TuneContext, made as ``TuneContext(...)`` makes it but without importing
+    every registered tensor intrinsic first (about 14 s), which TVM's built-in schedule rules
+    need and knob spaces do not."""
+    ctx = TuneContext.__new__(TuneContext)
+    ctx.__init_handle_by_constructor__(
+        tvm.get_global_func("s_tir.meta_schedule.TuneContext"), task.workload, host, task.space, strategy,
+        task.name, 1, seed, get_logging_func(logger))
+    tvm.get_global_func("s_tir.meta_schedule.TuneContextInitialize")(ctx)
+    return ctx
+
+
+@derived_object
+class _HeuristicFirst(PySearchStrategy):
+    """A search strategy that measures the design space itself first (the backend's own
+    schedule), then hands over to ``inner``; every candidate goes into ``candidates`` for
+    the builder."""
+
+    def __init__(self, inner: SearchStrategy, task: _Task, candidates: Candidates) -> None:
+        super().__init__()
+        self.inner, self.task, self.candidates = inner, task, candidates
+        self.postprocs, self.first, self.measuring_first, self.inner_done = [], None, False, False
+
+    def _initialize_with_tune_context(self, context) -> None:
+        self.postprocs = list(context.space_generator.postprocs or [])
+        self.inner._initialize_with_tune_context(context)
+
+    def pre_tuning(self, max_trials, num_trials_per_iter, design_spaces, database=None, cost_model=None):
+        sch = design_spaces[0].copy()
+        sch.enter_postproc()
+        self.first = sch if all(p.apply(sch) for p in self.postprocs) else None
+        inner_trials = max_trials - (self.first is not None)
+        self.inner.pre_tuning(max(inner_trials, 0), num_trials_per_iter, design_spaces, database, cost_model)
+        self.inner_done = inner_trials <= 0
+
+    def post_tuning(self) -> None:
+        self.inner.post_tuning()
+
+    def generate_measure_candidates(self):
+        if self.first is not None:
+            sch, self.first, self.measuring_first = self.first, None, True
+            self.task.heuristic = sch.mod
+            found = [MeasureCandidate(sch, ArgInfo.from_entry_func(sch.mod, remove_preproc=True))]
+        elif self.inner_done:
+            return None
+        else:
+            found = self.inner.generate_measure_candidates()
+            if found is None:
+                return None
+        for candidate in found:
+            self.candidates.add(candidate.sch.mod, self.task)
+        return found
+
+    def notify_runner_results(self, measure_candidates, results) -> None:
+        if self.measuring_first:
+            self.measuring_first = False
+            return
+        self.inner.notify_runner_results(measure_candidates, results)
+
+    def clone(self):
+        return _HeuristicFirst(self.inner.clone(), self.task, self.candidates)
+
+
+@derived_object
+class _Report(PyMeasureCallback):
+    """Counts trials per task and hands :class:`Progress` to the caller's callback."""
+
+    def __init__(self, tasks: list, results: list, total: int, progress: Callable[[Progress], None] | None) -> None:
+        super().__init__()
+        self.tasks, self.results, self.total, self.progress = tasks, results, total, progress
+
+    def apply(self, task_scheduler, task_id, measure_candidates, builder_results, runner_results) -> None:
+        task = self.results[task_id]
+        heuristic = self.tasks[task_id].heuristic
+        for candidate, built, ran in zip(measure_candidates, builder_results, runner_results):
+            task.trials += 1
+            error = built.error_msg or ran.error_msg
+            if error:
+                task.failures += 1
+                task.first_failure = task.first_failure or error.strip().splitlines()[-1]
+                continue
+            cost = float(np.mean([float(s) for s in ran.run_secs]))
+            if heuristic is not None and candidate.sch.mod.same_as(heuristic):
+                task.heuristic = cost
+            task.best = cost if task.best is None else min(task.best, cost)
+        if self.progress is not None:
+            self.progress(Progress(sum(t.trials for t in self.results), self.total, task))
+
+
+def _need(modules: list) -> None:
+    """meta_schedule imports these where it uses them, deep in a run: fail first, saying how."""
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ModuleNotFoundError(f"tuning needs {', '.join(missing)}: pip install 'tirpat[tune]'")
+
+
+def _strategy(strategy, batch: int):
+    if not isinstance(strategy, str):
+        return strategy
+    if strategy == "evolutionary":
+        # knob spaces are small and every replay runs the backend's scheduler: a small
+        # population, few generations
+        population = max(2 * batch, 32)
+        return EvolutionarySearch(population_size=population, init_measured_ratio=0.2,
+                                  init_min_unmeasured=min(population, 16), genetic_num_iters=2,
+                                  genetic_mutate_prob=0.85, eps_greedy=0.05)
+    if strategy in ("replay-trace", "replay-func"):
+        return SearchStrategy.create(strategy)
+    raise ValueError(f"unknown search strategy {strategy!r} (evolutionary, replay-trace, replay-func, "
+                     f"or a meta_schedule SearchStrategy)")
+
+
+def _log(records: Path) -> tuple[logging.Logger, Callable[[], None]]:
+    """A logger writing to ``records/logs/tune.log``; meta_schedule's own log goes there too
+    while tuning (it would print to the console otherwise). Returns it and the undo."""
+    (records / "logs").mkdir(exist_ok=True)
+    handler = logging.FileHandler(records / "logs" / "tune.log")
+    handler.setFormatter(logging.Formatter("%(asctime)s [%(levelname)s] %(name)s: %(message)s"))
+    logger = logging.getLogger("tirpat.tune")
+    ms = logging.getLogger("tvm.s_tir.meta_schedule")
+    saved = (logger.level, logger.propagate, ms.level, ms.propagate)
+    for lg in (logger, ms):
+        lg.addHandler(handler)
+        lg.setLevel(logging.INFO)
+        lg.propagate = False
+
+    def undo():
+        for lg in (logger, ms):
+            lg.removeHandler(handler)
+        logger.setLevel(saved[0])
+        logger.propagate = saved[1]
+        ms.setLevel(saved[2])
+        ms.propagate = saved[3]
+        handler.close()
+
+    return logger, undo
+
+
+def tune(mod, target, *, trials: int, records, rpc=None, params: Mapping[str, np.ndarray] | None = None,
+         strategy="evolutionary", cost_model: str = "xgb", batch: int = 16, seed: int = 0,
+         timeout: float = 60.0, progress: Callable[[Progress], None] | None = None) -> TuneResult:
+    """Tune the partitions of ``mod`` for ``target`` with ``trials`` measurements in all;
+    write the records to the directory ``records`` (see the module docstring).
+
+    - ``rpc``: None (measure here), or ``"HOST:PORT:KEY"`` / a ``tirpat.model.tune.RPC``:
+      a tracker and the key of ``tirpat rpc-server``\\ s, measuring as many candidates at
+      once as servers are registered;
+    - ``params``: as for ``tp.build`` (bound weights change the partitions);
+    - ``strategy``: ``"evolutionary"`` (meta_schedule's evolutionary search with
+      ``cost_model``: ``"xgb"``, ``"random"`` or a ``CostModel``), ``"replay-trace"``
+      (random decisions), or a meta_schedule ``SearchStrategy``; ``batch`` candidates are
+      proposed at a time;
+    - ``timeout``: seconds one measurement on an RPC server may take;
+    - ``progress(Progress)`` is called after every batch.
+
+    Raises ``ValueError`` when nothing in ``mod`` is tunable for ``target``.
+
+    >>> result = tp.tune(mod, "accel, llvm", trials=32, records="records/")     # doctest: +SKIP
+    >>> model = tp.build(mod, "accel, llvm", records="records/")                # doctest: +SKIP
+    """
+    if not isinstance(trials, int) or isinstance(trials, bool) or trials < 1:
+        raise ValueError(f"trials must be a positive int, got {trials!r}")
+    _need(["psutil", "cloudpickle"] + (["xgboost"] if strategy == "evolutionary" and cost_model == "xgb" else []))
+    start = time.perf_counter()
+    t = as_target(target)
+    found = _tasks(mod, t, params)
+    if not found:
+        names = ", ".join(b.name for b, _ in t.backends) or "none"
+        raise ValueError(f"nothing to tune: no partition of the model has a design space in the target's "
+                         f"backends ({names})")
+    store = Records(records, create=True)
+    tasks = []
+    for name, backend, opts, func in found:
+        key = workload(func, backend.name, opts)
+        ref = reference(key, t.host, seed)
+        tasks.append(_Task(name, backend, opts, key, backend.tune_space(func, opts), ref, ref.data()))
+    where = RPC.parse(rpc) if isinstance(rpc, str) else rpc
+    runner = LocalRunner() if where is None else rpc_runner(where, timeout)
+    candidates = Candidates()
+    results = [TaskResult(task.name, task.backend.name) for task in tasks]
+    logger, undo_log = _log(store.path)
+    workdir = tempfile.mkdtemp(prefix="tirpat-tune-")
+    try:
+        contexts = [_context(task, _HeuristicFirst(_strategy(strategy, batch), task, candidates), t.host,
+                             seed + n + 1, logger.getChild(task.name)) for n, task in enumerate(tasks)]
+        callbacks = MeasureCallback.create("default") + [_Report(tasks, results, trials, progress)]
+        tune_tasks(tasks=contexts, task_weights=[1.0] * len(contexts), work_dir=str(store.path),
+                   max_trials_global=trials, num_trials_per_iter=batch, builder=Builder(candidates, workdir),
+                   runner=runner, database=store.database, cost_model=cost_model, measure_callbacks=callbacks,
+                   task_scheduler="gradient" if len(tasks) > 1 else "round-robin")
+    finally:
+        undo_log()
+        shutil.rmtree(workdir, ignore_errors=True)
+    return TuneResult(store.path, results, time.perf_counter() - start)
