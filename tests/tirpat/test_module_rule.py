@@ -403,6 +403,26 @@ def test_a_scalar_typed_differently_after_conversion_refuses_int64_code():
     assert "scalar parameter s would be int32 in the pattern but int64 in the replacement" in str(tp.explain(rw, f))
 
 
+def test_a_scalar_bound_to_a_loop_extent_is_widened_in_the_replacement_too():
+    """A vector length: a loop extent in the pattern (an index), a call argument in the
+    replacement (a value). On int64 code it is bound to an int64 extent, so the replacement
+    takes it as int64 as well."""
+    n, i = tirx.Var("n", "int32"), tirx.Var("i", "int32")
+    a, b = (tirx.decl_buffer((16,), "int8", name) for name in "ab")
+    pattern = tirx.PrimFunc([a, b, n], tirx.For(i, 0, n, 0, tirx.BufferStore(b, a[i], [i])))
+    replacement = pattern.with_body(tirx.Evaluate(tirx.call_extern("int32", "copy_n", a.data, b.data, n)))
+    rw = tp.Rewriter.from_module({"pattern": pattern, "replacement": replacement}, name="copy_n")
+    for dtype in ("int32", "int64"):
+        A, B = (tirx.decl_buffer((tirx.IntImm(dtype, 16),), "int8", name) for name in "AB")
+        j, m = tirx.Var("j", dtype), tirx.Var("m", dtype)
+        f = tirx.PrimFunc([A, B, m], tirx.For(j, tirx.IntImm(dtype, 0), tirx.min(m, tirx.IntImm(dtype, 16)), 0,
+                                              tirx.BufferStore(B, A[j], [j]))).with_attr("global_symbol", "main")
+        call = rw(f).body
+        assert rw.report.counts == {"copy_n": 1}, dtype
+        length = call.value.args[-1]
+        assert str(length.ty.dtype) == dtype and "m" in str(length), (dtype, length)
+
+
 @T.prim_func(s_tir=True)
 def marked_copy_pattern(a: T.handle, b: T.handle):
     A = T.match_buffer(a, (8,), "int32", offset_factor=1)

@@ -20,6 +20,8 @@ cast, as TVM's own operators do. Element types and other values are left alone.
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import tvm_ffi
 from tvm import ir, tirx
 
@@ -68,8 +70,9 @@ def _first_index_dtype(node) -> str | None:
     return None
 
 
-def with_index_dtype(func: tirx.PrimFunc, dtype: str) -> tirx.PrimFunc:
-    """``func`` (lowered TIR) with its index arithmetic in ``dtype`` (``"int32"`` or ``"int64"``).
+def with_index_dtype(func: tirx.PrimFunc, dtype: str, also: Sequence = ()) -> tirx.PrimFunc:
+    """``func`` (lowered TIR) with its index arithmetic in ``dtype`` (``"int32"`` or ``"int64"``);
+    the integer scalar parameters in ``also`` take ``dtype`` too, wherever they are used.
 
     Raises ValueError when a constant index does not fit in ``dtype``, or when ``func``
     still has ``T.sblock`` blocks. Narrowing to int32 assumes that every index value fits
@@ -85,7 +88,8 @@ def with_index_dtype(func: tirx.PrimFunc, dtype: str) -> tirx.PrimFunc:
     if has_blocks(func.body):
         raise ValueError("with_index_dtype converts lowered TIR, and this function still has T.sblock blocks "
                          "(their iteration variables would keep their type): tp.lower(func) first")
-    mapping = {k: tirx.Var(v.name, dtype) for k, v in _index_vars(func, dtype).items()}
+    converted = {**_index_vars(func, dtype), **{key(v): v for v in also if _is_index(v) and dtype_of(v) != dtype}}
+    mapping = {k: tirx.Var(v.name, dtype) for k, v in converted.items()}
     callbacks = _callbacks(mapping, dtype)
     buffers = [p for p in func.params if tirx.is_buffer_var(p)]
     tvm_ffi.structural_walk(func.body, [((tirx.DeclBuffer, tirx.AllocBuffer), lambda s: buffers.append(s.buffer))])

@@ -526,7 +526,11 @@ class ModuleRule:
         if rule is None:
             try:
                 pattern = with_index_dtype(self.pattern_func, dtype)
-                replacement = with_index_dtype(self.replacement_func, dtype)
+                # a scalar the pattern uses as an index (a vector length bound to a loop extent)
+                # is bound to an index of the code: the replacement takes it in that type too
+                widened = [q for p, p2, q in zip(self.pattern_func.params, pattern.params, self.replacement_func.params)
+                           if not tirx.is_buffer_var(p) and dtype_of(p) != dtype_of(p2)]
+                replacement = with_index_dtype(self.replacement_func, dtype, widened)
                 for p, q in zip(pattern.params, replacement.params):
                     if dtype_of(p) != dtype_of(q):  # an index in one function, a value in the other
                         raise ValueError(f"scalar parameter {p.name} would be {dtype_of(p)} in the pattern "
