@@ -115,7 +115,14 @@ def f(X: T.Buffer((16,), "int8"), n: T.int32):
     a = T.alloc_buffer((n,), "int8", scope="local.pt_a")
     T.call_packed("pt.use", a.access_ptr("w"), X)
 """, r"scratchpad buffer a has the non-constant shape"),
-], ids=["unmatched store", "unmatched load", "parallel", "cpu hazard", "dynamic shape"])
+    ("""
+@T.prim_func
+def f(X: T.Buffer((16,), "int8")):
+    a = T.alloc_buffer((16,), "int8", scope="local.pt_a")
+    T.call_packed("pt.use", a.access_ptr("w"), X)
+    T.call_packed("pt.use", 0, a)
+""", r"scratchpad buffer a is used as host memory; only operands written a.access_ptr\(...\) get"),
+], ids=["unmatched store", "unmatched load", "parallel", "cpu hazard", "dynamic shape", "as host memory"])
 def test_what_cannot_run_is_named(source, message):
     with pytest.raises(PlanError, match=message):
         planner().plan(tvm.script.from_source(source))

@@ -12,8 +12,9 @@ A backend's rules rewrite loop nests into calls of its runtime functions
 - replaces the ``access_ptr`` operands by those addresses (element offsets);
 - raises :class:`ScratchpadOverflow` naming the scratchpad, the buffer, by how much it
   overflows and what else is live; :class:`PlanError` for a scratchpad access no rule
-  rewrote (naming the statement), a runtime call in a ``parallel`` loop, and CPU code
-  touching a host buffer between the runtime calls that use it and their sync;
+  rewrote (naming the statement), a scratchpad buffer handed on as host memory (not
+  through ``access_ptr``), a runtime call in a ``parallel`` loop, and CPU code touching a
+  host buffer between the runtime calls that use it and their sync;
 - inserts ``<prefix>.sync()`` after each run of top-level statements that call the runtime.
 
 ``AttrStmt`` markers whose key starts with ``<prefix>.`` are removed (rules use them to
@@ -293,6 +294,10 @@ class _FunctionPlan:
                     if base is None:
                         raise PlanError(f"{self.name}: scratchpad buffer {buf.name} is used before it is allocated")
                     return _ANALYZER.simplify(base + node.args[2])
+        elif node.op.name == "tirx.buffer_data" and self.planner.is_scratchpad(node.args[0]):
+            # any other use of its memory (a DLTensor of it, say) would reach for host memory
+            raise PlanError(f"{self.name}: scratchpad buffer {node.args[0].name} is used as host memory; only "
+                            f"operands written {node.args[0].name}.access_ptr(...) get a scratchpad address")
         return mut.default_mutate(node)
 
     def on_load(self, node, mut):
