@@ -1,0 +1,210 @@
+"""vecunit's compiler side: which operators it takes, how it schedules them, its rules.
+
+- :func:`patterns`: chains of int8 elementwise operators (add, subtract, maximum,
+  minimum, ReLU, clip; operands of the result's shape or scalar constants) and max
+  pooling, each with a check that says why it declines;
+- :func:`schedule`: the output's last axis (longer than 1) is cut into vectors of ``lanes``, every
+  intermediate lives in registers, every input is loaded into registers where it is
+  needed (a pooling window row by row, its padding folded into the load);
+- :data:`LANE_GUARDS`: the guard of a partial vector becomes the vector length;
+- :func:`rules`: host <-> register copies become ``vld``/``vst``, and every ALU
+  instruction's program (:mod:`vecunit.isa`) becomes that instruction;
+- :func:`planner`: register addresses, and the sync.
+"""
+
+import functools
+import operator
+
+import tvm
+import tvm_ffi
+from tvm import ir, relax, s_tir, tirx
+from tvm.relax.backend.utils import has_leaking_intermediate_variables
+from tvm.relax.dpl import is_op, wildcard
+
+import tirpat as tp
+from tirpat import device
+
+from .isa import INSTRUCTIONS, VRF
+
+__all__ = ["patterns", "schedule", "LANE_GUARDS", "rules", "planner"]
+
+#: The elementwise operators vecunit computes: how many operands each takes besides the
+#: chain's value (a tensor of its shape or a scalar constant; clip's bounds are immediates).
+ELEMENTWISE = {"relax.add": 1, "relax.subtract": 1, "relax.maximum": 1, "relax.minimum": 1,
+               "relax.nn.relu": 0, "relax.clip": 2}
+#: The longest chain of elementwise operators taken as one partition.
+MAX_CHAIN = 4
+
+
+# -- graph level ----------------------------------------------------------------------
+def _then(x):
+    """One elementwise operator applied to ``x`` (either side of a binary one)."""
+    forms = [is_op(op)(*args) for op, others in ELEMENTWISE.items()
+             for args in [[x, *(wildcard() for _ in range(others))]] + ([[wildcard(), x]] if others == 1 else [])]
+    return functools.reduce(operator.or_, forms)
+
+
+def _static_int8(expr) -> bool:
+    """An int8 tensor of static shape with more than one element (a vector to work on)."""
+    ty = expr.ty
+    return (isinstance(ty, relax.TensorType) and str(ty.dtype) == "int8" and isinstance(ty.shape, relax.ShapeExpr)
+            and all(isinstance(d, tirx.IntImm) for d in ty.shape.values) and max(_shape(expr), default=1) > 1)
+
+
+def _shape(expr) -> list:
+    return [int(d) for d in expr.ty.shape.values]
+
+
+def check_elementwise(ctx):
+    """True, or why vecunit cannot run this chain."""
+    for call in [v for v in ctx.matched_bindings.values() if isinstance(v, relax.Call)]:
+        op = call.op.name.removeprefix("relax.")
+        if not _static_int8(call):
+            return f"{op} gives {call.ty}; vecunit computes int8 vectors of static shape"
+        tensors = [a for a in call.args if isinstance(a.ty, relax.TensorType)]
+        constant = [isinstance(a, ir.Constant) and not a.ty.shape.values for a in tensors]
+        if any(not c and not (_static_int8(a) and _shape(a) == _shape(call)) for a, c in zip(tensors, constant)):
+            return f"{op} of {', '.join(str(a.ty) for a in tensors)}: no broadcasting on vecunit"
+        if constant[0] and op in ("subtract", "maximum", "minimum"):
+            return f"{op} of a constant and a tensor: vecunit's immediate comes second"
+    return not has_leaking_intermediate_variables(ctx)
+
+
+def check_pool(ctx):
+    """True, or why vecunit cannot run this pooling."""
+    pool = ctx.matched_expr
+    if not _static_int8(pool):
+        return f"max pooling of {pool.args[0].ty}; vecunit pools int8 vectors of static shape"
+    return True
+
+
+def patterns() -> list:
+    """``[(name, pattern, check)]``: max pooling, then chains, the longest first."""
+    out = [("vecunit.max_pool2d", is_op("relax.nn.max_pool2d")(wildcard()), check_pool)]
+    chain = wildcard()
+    for _ in range(MAX_CHAIN):
+        chain = _then(chain)
+        out.insert(1, ("vecunit.elementwise", chain, check_elementwise))
+    return out
+
+
+# -- schedule -------------------------------------------------------------------------
+def schedule(func: tirx.PrimFunc, lanes: int) -> tirx.PrimFunc:
+    """Vectors of ``lanes`` along the output's last axis longer than 1, every value in registers."""
+    sch = s_tir.Schedule(func)
+    *producers, out = sch.get_child_blocks(sch.get_sblock("root"))
+    result = sch.get(out).writes[0].source
+    rank, axis = len(result.shape), max(k for k, d in enumerate(result.shape) if int(d) > 1)
+
+    def in_registers(blk, lane_dim=axis):   # the lanes' dimension last: a register is a row
+        sch.set_scope(blk, 0, VRF)
+        sch.transform_layout(blk, ("write", 0), lambda *v: [*v[:lane_dim], *v[lane_dim + 1:], v[lane_dim]])
+
+    window = len(sch.get_loops(out)) > rank          # pooling: the loops past the output's
+    if window:      # the window element by element, so that each window position loads a strided row
+        k = [r.source.same_as(result) for r in sch.get(out).reads].index(False)
+        producers, padding = [sch.reindex(out, ("read", k))], producers
+        lane_var = sch.get(out).iter_vars[axis].var
+        window_dim = [r.min.same_as(lane_var) for r in sch.get(out).reads[k].region].index(True)
+        for p in padding:
+            sch.compute_inline(p)                     # the padding becomes part of the load
+    loops = sch.get_loops(out)
+    tile, lane = sch.split(loops[axis], [None, lanes])
+    sch.reorder(tile, *loops[axis + 1:], lane)       # a pooling's window loops go between
+    sch.reverse_compute_at(sch.cache_write(out, 0, VRF), tile)
+    in_registers(out)
+    for blk in reversed(producers):                   # a chain's intermediates, a pooling's window
+        in_registers(blk, window_dim if window else axis)
+        sch.compute_at(blk, loops[-1] if window else tile)
+    if window:
+        sch.decompose_reduction(out, loops[rank])
+        return sch.mod["main"]
+    for blk in [*producers, out]:
+        for k, region in enumerate(sch.get(blk).reads):    # (a scalar constant is an immediate now)
+            if region.source.scope() != VRF and len(region.source.shape) > 0:
+                load = sch.cache_read(blk, k, VRF)
+                in_registers(load)
+                sch.compute_at(load, tile)
+    return sch.mod["main"]
+
+
+def _lane_guard(m):
+    """``for i in range(e): if i + base < end: S``  ->  ``for i in range(min(e, end - base)): S``."""
+    loop, cond = m.node, m["guard"]
+    coeffs = tvm.sym.detect_linear_equation(cond.a - cond.b, [loop.loop_var]) if isinstance(cond, tirx.LT) else []
+    if len(coeffs) != 2 or not all(isinstance(e, tirx.IntImm) and e.value == v for e, v in ((coeffs[0], 1), (loop.min, 0))):
+        return None
+    n = tvm.sym.Analyzer().simplify(tirx.min(loop.extent, -coeffs[1]))
+    return tirx.For(loop.loop_var, loop.min, n, loop.kind, m["body"])
+
+
+#: A BEFORE_REWRITE pass: a partial vector's guard becomes its loop's extent, the vector length.
+LANE_GUARDS = tp.Rewriter.from_pattern(
+    tp.is_for(tp.is_if(tp.wildcard("guard"), tp.wildcard("body"))), _lane_guard, name="vecunit.lane_guard").as_pass()
+
+
+# -- rules ----------------------------------------------------------------------------
+def _call(name: str, *args) -> tirx.Stmt:
+    return tirx.Evaluate(tirx.call_packed(f"vecunit.{name}", *args))
+
+
+def _register(region, mode: str):
+    return region.buffer.access_ptr(mode, offset=region.offset)
+
+
+def _vld(m):
+    c = m["load"]
+    if len(c.extents) != 1 or c.dst.strides[0] != 1 or c.cast is not None or c.src.buffer.scope() == VRF:
+        return None                 # (a register to register copy is a vmov)
+    n, front, back = c.extents[0], 0, 0
+    if c.predicate is not None:     # bounds on the lane (the padding) and on the row (all or nothing)
+        conjuncts = _conjuncts(c.predicate)
+        on_lane = [e for e in conjuncts if _uses(e, m.loops[0].loop_var)]
+        pads = tp.padding(functools.reduce(tirx.And, on_lane), m.loops) if on_lane else [(0, 0)]
+        if pads is None:
+            return None
+        (front, back), row = pads[0], [e for e in conjuncts if not _uses(e, m.loops[0].loop_var)]
+        if row:
+            inside = functools.reduce(tirx.And, row)
+            front, back = tirx.if_then_else(inside, front, n), tirx.if_then_else(inside, back, 0)
+    pad = c.pad_value if c.pad_value is not None else 0
+    return _call("vld", _register(c.dst, "w"), c.src.buffer, c.src.offset, c.src.strides[0], n, front, back, pad)
+
+
+def _conjuncts(e) -> list:
+    return [*_conjuncts(e.a), *_conjuncts(e.b)] if isinstance(e, tirx.And) else [e]
+
+
+def _uses(expr, var) -> bool:
+    return tvm_ffi.structural_walk(expr, (ir.Var, lambda v: tvm_ffi.VisitInterrupt(v) if v.same_as(var) else None)) \
+        is not None
+
+
+def _vst(m):
+    c = m["store"]
+    if len(c.extents) != 1 or c.src.strides[0] != 1 or c.cast or c.predicate is not None or c.dst.buffer.scope() == VRF:
+        return None
+    return _call("vst", c.dst.buffer, c.dst.offset, c.dst.strides[0], _register(c.src, "r"), c.extents[0])
+
+
+def _alu_rule(ins, lanes: int) -> tp.Rewriter:
+    pattern = ins.program(lanes)
+    d, *rest = pattern.params
+    regs = [d.access_ptr("w"), *(r.access_ptr("r") for r in rest[:len(ins.regs)])]
+    replacement = pattern.with_body(_call(ins.name, *regs, *rest[len(ins.regs):]))
+    return tp.Rewriter.from_module(tvm.IRModule({"pattern": pattern, "replacement": replacement}),
+                                   name=f"vecunit.{ins.name}")
+
+
+@functools.cache
+def rules(lanes: int) -> tp.Rewriter:
+    """The rule set for vectors of ``lanes``: loads, stores, then every ALU instruction."""
+    load = tp.Rewriter.from_pattern(tp.is_copy(dst=tp.is_buffer(scope=VRF), name="load"), _vld, name="vecunit.vld")
+    store = tp.Rewriter.from_pattern(tp.is_copy(src=tp.is_buffer(scope=VRF), name="store"), _vst, name="vecunit.vst")
+    return functools.reduce(operator.or_, [load, store, *(_alu_rule(i, lanes) for i in INSTRUCTIONS.values())])
+
+
+def planner(lanes: int, regs: int) -> device.ScratchpadPlanner:
+    """Register addresses (a register is ``lanes`` aligned elements) and the syncs."""
+    return device.ScratchpadPlanner("vecunit", [device.Scratchpad(VRF, regs * lanes, "int8", lanes, "VRF")],
+                                    double_buffer=False)
