@@ -55,6 +55,9 @@ class AccelBackend(tp.Backend):
         return rules(config_of(opts))
 
     def passes(self, phase: tp.Phase, opts: dict) -> list:
+        if phase is tp.Phase.PRE_PARTITION:
+            # a quantised (QDQ) model becomes the integer arithmetic accel's patterns take
+            return [tp.integerize()]
         if phase is tp.Phase.AFTER_REWRITE:
             from accel.compiler.planner import plan_pass
 

@@ -1,0 +1,72 @@
+"""Quantised models on accel: ``tp.build(QDQ model, "accel, llvm")`` integerises them (accel's
+PRE_PARTITION pass), offloads at least 90% of the MACs, names every host operator with its
+reason, and is bit-exact against the same integer module compiled for llvm alone, and so
+within one output step of onnxruntime."""
+
+import warnings
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+
+import tvm  # noqa: E402
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+from tvm import relax  # noqa: E402
+from tvm.relax.frontend.onnx import from_onnx  # noqa: E402
+
+import tirpat as tp  # noqa: E402
+from tirpat.testing import onnx_cnn  # noqa: E402
+
+
+def mlp(seed: int = 0):
+    """Gemm + ReLU + Gemm on a batch of 16."""
+    rng = np.random.default_rng(seed)
+    inits = {"w1": rng.normal(0, 0.2, (64, 32)), "b1": rng.normal(0, 0.1, 64),
+             "w2": rng.normal(0, 0.2, (10, 64)), "b2": rng.normal(0, 0.1, 10)}
+    nodes = [helper.make_node("Gemm", ["x", "w1", "b1"], ["h"], transB=1), helper.make_node("Relu", ["h"], ["r"]),
+             helper.make_node("Gemm", ["r", "w2", "b2"], ["y"], transB=1)]
+    graph = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [16, 32])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [16, 10])],
+                              [numpy_helper.from_array(v.astype(np.float32), k) for k, v in inits.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+MODELS = {"mlp": mlp}
+
+
+@pytest.fixture(scope="module", params=[(name, False) for name in sorted(MODELS)],
+                ids=lambda p: p[0] + ("-per-channel" if p[1] else ""))
+def built(request):
+    name, per_channel = request.param
+    model = MODELS[name](seed=1)
+    qdq = tp.quantize(model, onnx_cnn.calibration(model, 16), per_channel=per_channel)
+    mod = from_onnx(qdq, keep_params_in_input=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tp.OffloadWarning)     # the report names what stays on the host
+        compiled = tp.build(mod, "accel, llvm")
+    reference = relax.VirtualMachine(tvm.compile(tp.integerize()(mod), "llvm"), tvm.cpu())
+    return qdq, compiled, reference
+
+
+def test_bit_exact_against_llvm_and_within_a_step_of_onnxruntime(built):
+    qdq, compiled, reference = built
+    session = ort.InferenceSession(qdq.SerializeToString(), providers=["CPUExecutionProvider"])
+    step = onnx_cnn.output_scale(qdq)
+    for x in onnx_cnn.calibration(qdq, 4, seed=9)["x"]:
+        ours = compiled(x)
+        assert np.array_equal(ours, reference["main"](tvm.runtime.tensor(x)).numpy())
+        assert np.abs(ours - session.run(None, {"x": x})[0]).max() <= 1.5 * step
+    assert compiled.stats["accel"].macs > 0          # it ran on the simulated device
+
+
+def test_macs_on_accel_and_host_ops_named(built):
+    _, compiled, _ = built
+    report = compiled.report.to_json()
+    assert sum(report["macs"].values()) == report["total_macs"]
+    assert report["macs"]["accel"] >= 0.9 * report["total_macs"], report["macs"]
+    assert report["on_host"] and all(h["op"] and h["reason"] for h in report["on_host"])
+    host_ops = {h["op"] for h in report["on_host"]}
+    assert {"relax.quantize", "relax.dequantize"} <= host_ops          # the input's and the output's
+    assert not {"relax.nn.conv2d", "relax.matmul"} & host_ops
