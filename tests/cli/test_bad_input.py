@@ -118,3 +118,8 @@ def test_debug_shows_the_traceback(tirpat, tmp_path):
 
 def test_run_of_a_missing_model(tirpat, error_line, tmp_path):
     error_line(tirpat("run", "m.tirpat", cwd=tmp_path), "tirpat run: error: m.tirpat: no such file")
+
+
+def test_a_device_target_before_the_host_is_refused(tirpat_here, example_mlp):
+    status, _, err = tirpat_here("compile", example_mlp, "-t", "accel, c, llvm")
+    assert status == 1 and "'c' before 'llvm' is not supported" in err and err.count("\n") == 1, err

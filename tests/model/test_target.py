@@ -190,6 +190,7 @@ def test_constructed_from_python():
     assert tp.CompositeTarget(host={"kind": "llvm", "mattr": ["+a"]}).host.export()["mattr"][0] == "+a"
     assert tp.CompositeTarget(host=Target({"kind": "c"})).host.kind.name == "c"
     assert tp.parse_target(t) is t
+    assert len({t, tp.parse_target(str(t)), tp.parse_target("accel, llvm")}) == 2, "equal targets hash alike"
     with pytest.raises(tp.TargetError, match="no backend named 'nosuch'"):
         tp.CompositeTarget(["nosuch"])
     with pytest.raises(tp.TargetError, match="'accel' is given twice"):

@@ -30,6 +30,7 @@ everything no backend takes.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Union
@@ -324,7 +325,7 @@ class CompositeTarget:
         return f"CompositeTarget({str(self)!r})"
 
     def _key(self) -> tuple:
-        tvm_targets = tuple(_json(t) for t in (self.device, self.host) if t is not None)
+        tvm_targets = tuple(json.dumps(_json(t), sort_keys=True) for t in (self.device, self.host) if t is not None)
         return (tuple((b.name, tuple(sorted(o.items()))) for b, o in self.backends), tvm_targets)
 
     def __eq__(self, other: object) -> bool:
