@@ -36,6 +36,12 @@ tvm.tirx.compilation_pipeline.register_tir_pipeline(
     "tests.pipeline.identity", tp.tir_pipeline(tvm.transform.Sequential([], name=STAGE), name="tests.identity"))
 
 
+EARLY = "tests.pipeline.early"
+tvm.tirx.compilation_pipeline.register_tir_pipeline(
+    "tests.pipeline.with_early", tp.tir_pipeline(tvm.transform.Sequential([], name=STAGE), name="tests.early",
+                                                 early=tvm.transform.Sequential([], name=EARLY)))
+
+
 def passes_run(pipeline_name, config):
     log = PassLog()
     with tvm.transform.PassContext(opt_level=3, instruments=[log], config=config):
@@ -56,6 +62,16 @@ def test_each_tvm_pass_runs_once_in_tvm_order_with_the_stage_before_flattening(c
     assert ours.index(STAGE) == ours.index("s_tir.LowerOpaqueBlock") + 1
     assert ours.index("tirx.FlattenBuffer") > ours.index(STAGE)
     assert ours.count("s_tir.CompactBufferAllocation") == 1
+
+
+def test_the_early_stage_runs_before_the_layout_passes():
+    ours = passes_run("tests.pipeline.with_early", {})
+    tvms = passes_run("default", {})
+    wrappers = {"_pipeline", "tests.early.pipeline", "tirpat.LowerBlocks.early", "tirpat.LowerBlocks.late", STAGE, EARLY,
+                "sequential"}
+    assert [n for n in ours if n not in wrappers] == [n for n in tvms if n not in wrappers]
+    assert ours.index("s_tir.LowerMatchBuffer") < ours.index(EARLY) < ours.index("s_tir.InjectPermutedLayout")
+    assert ours.index("s_tir.InjectSoftwarePipeline") < ours.index("s_tir.LowerOpaqueBlock") < ours.index(STAGE)
 
 
 def test_register_pipeline_runs_rewriters_once_in_the_stage():
@@ -79,8 +95,12 @@ def test_register_pipeline_runs_rewriters_once_in_the_stage():
 
 
 def test_tir_pipeline_takes_a_pass():
-    with pytest.raises(TypeError, match="tvm.transform.Pass"):
+    with pytest.raises(TypeError, match="stage must be a tvm.transform.Pass"):
         tp.tir_pipeline(lambda mod: mod)
+    with pytest.raises(TypeError, match="early must be a tvm.transform.Pass"):
+        tp.tir_pipeline(tvm.transform.Sequential([]), early="rules")
+    with pytest.raises(TypeError, match="expected Rewriter objects"):
+        tp.register_pipeline("tests.pipeline.bad_early", [], early=[tvm.transform.Sequential([])])
 
 
 def test_docstring_examples():

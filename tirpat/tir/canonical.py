@@ -5,7 +5,10 @@
   move into the body's indices, so a match never drops an offset);
 - index expressions and loop bounds are simplified (``i*4*4 + 0`` becomes ``i*16``);
 - constant sub-expressions of values are folded;
-- nested ``SeqStmt``s are flattened.
+- nested ``SeqStmt``s are flattened;
+- an opaque block that only groups statements (after ``ConvertBlocksToOpaque``: no block
+  variables, always executed, nothing allocated, matched or initialised in it) is replaced
+  by its body, so that a nest matched before ``LowerOpaqueBlock`` reads like lowered TIR.
 
 The result is equivalent to the input; the input is never mutated.
 
@@ -24,7 +27,7 @@ for i in range(16):
 from __future__ import annotations
 
 import tvm_ffi
-from tvm import ir, tirx
+from tvm import ir, s_tir, tirx
 
 from .analysis import const_int, simplify, substitute
 
@@ -114,6 +117,14 @@ def _on_load(load):
     return load if new is None else tirx.BufferLoad(load.source, new)
 
 
+def _on_block(realize):
+    block = realize.block
+    if len(realize.iter_values) or const_int(realize.predicate) != 1 or len(block.iter_vars) \
+            or len(block.alloc_buffers) or len(block.match_buffers) or block.init is not None:
+        return realize
+    return block.body
+
+
 def _on_binop(e):
     if isinstance(e.a, _CONST) and isinstance(e.b, _CONST):
         return simplify(e)
@@ -125,6 +136,7 @@ def _on_cast(e):
 
 
 _CALLBACKS = [
+    (s_tir.SBlockRealize, _on_block),
     (tirx.For, _on_for),
     (tirx.SeqStmt, _on_seq),
     (tirx.BufferStore, _on_store),

@@ -23,17 +23,27 @@ _LOWER_PASSES = (
 )
 
 
-def lower_blocks() -> tvm.transform.Pass:
+#: The first pass of block lowering after the early rewrite stage (see :mod:`tirpat.tir.pipeline`):
+#: from here on TVM rewrites layouts and software pipelines, then removes the blocks.
+LATE_LOWERING = "InjectPermutedLayout"
+
+
+def lower_blocks(part: str = "all") -> tvm.transform.Pass:
     """The passes that turn s_tir (``T.sblock``) into lowered, not yet flattened TIR: TVM's
-    default pipeline up to ``FlattenBuffer``.
+    default pipeline up to ``FlattenBuffer``. ``part="early"`` gives the passes before
+    :data:`LATE_LOWERING`, ``part="late"`` the rest.
 
     >>> A = tvm.te.placeholder((4,), "float32", name="A")
     >>> mod = tvm.IRModule({"main": tvm.te.create_prim_func([A, tvm.te.compute((4,), lambda i: A[i], name="B")])})
     >>> "sblock" in tp.lower_blocks()(mod).script()
     False
     """
-    return tvm.transform.Sequential([getattr(s_tir.transform, name)() for name in _LOWER_PASSES],
-                                    name="tirpat.LowerBlocks")
+    split = _LOWER_PASSES.index(LATE_LOWERING)
+    names = {"all": _LOWER_PASSES, "early": _LOWER_PASSES[:split], "late": _LOWER_PASSES[split:]}.get(part)
+    if names is None:
+        raise ValueError(f"lower_blocks: part must be 'all', 'early' or 'late', got {part!r}")
+    label = "tirpat.LowerBlocks" if part == "all" else f"tirpat.LowerBlocks.{part}"
+    return tvm.transform.Sequential([getattr(s_tir.transform, name)() for name in names], name=label)
 
 
 def lower(obj):

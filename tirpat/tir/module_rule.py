@@ -37,8 +37,10 @@ the kernel's (:mod:`tirpat.tir.threads`), as ``UnifyThreadBinding`` merges tenso
 
 from __future__ import annotations
 
+import math
+
 import tvm_ffi
-from tvm import ir, tirx
+from tvm import ir, sym, tirx
 
 from . import engine
 from . import pattern as P
@@ -167,6 +169,70 @@ class _Affine:
         if out is None:
             return _imm(dtype, self.const)
         return out if self.const == 0 else tirx.Add(out, _imm(dtype, self.const))
+
+
+def _offset_within_loops(idx, want, loops, nest):
+    """``idx - want`` (``idx`` when ``want`` is None) as an expression free of the ``nest``
+    variables, using the ranges of the matched ``loops``; None when it depends on them.
+
+    An index written after ``CompactBufferAllocation`` or a layout transform can be affine
+    in the nest only given its loops' bounds: ``(k0*8 + k1*4 + i) % 16 * 16`` is
+    ``(k0*8 + k1*4) % 16 * 16 + i*16`` when ``0 <= i < 4``. Each ``floormod`` and
+    ``floordiv`` by a constant is split first (:func:`_split_loop_part`), then the
+    difference is simplified with the loops bound.
+    """
+    ana = sym.Analyzer()
+    for loop in loops:
+        ana.bind(loop.loop_var, ir.Range.from_min_extent(loop.min, loop.extent))
+    idx = _split_loop_part(idx, nest, ana)
+    diff = ana.simplify(idx if want is None else idx - want)
+    return None if uses_any(diff, nest) else diff
+
+
+def _split_loop_part(expr, nest, ana):
+    """``expr`` with ``floormod(S + A, c)`` rewritten to ``floormod(S, c) + A`` and
+    ``floordiv(S + A, c)`` to ``floordiv(S, c)``, where ``A`` holds the terms that use the
+    ``nest`` variables, wherever that is exact: ``S`` is ``r`` modulo ``M = gcd(c, the
+    stride TVM's modular analysis finds for S)`` and ``r + A`` stays in ``[0, M)`` (``A``'s
+    bounds from ``ana``)."""
+    if type(expr) not in (tirx.FloorMod, tirx.FloorDiv, tirx.Add, tirx.Sub, tirx.Mul):
+        return expr
+
+    def on(node):
+        if type(node) not in (tirx.FloorMod, tirx.FloorDiv) or type(node.b) is not tirx.IntImm or node.b.value <= 0:
+            return node
+        terms, const = [], 0
+        stack = [(node.a, 1)]
+        while stack:  # the terms of the sum, with their signs
+            e, sign = stack.pop()
+            if type(e) is tirx.Add or type(e) is tirx.Sub:
+                stack.append((e.a, sign))
+                stack.append((e.b, sign if type(e) is tirx.Add else -sign))
+            else:
+                terms.append(e if sign > 0 else -e)
+        fixed = [t for t in terms if not uses_any(t, nest)]
+        moving = [t for t in terms if uses_any(t, nest)]
+        if not fixed or not moving:
+            return node
+        S, A = fixed[0], moving[0]
+        for t in fixed[1:]:
+            S = S + t
+        for t in moving[1:]:
+            A = A + t
+        c = node.b.value
+        mod = ana.modular_set(S)
+        M = math.gcd(int(mod.coeff), c)
+        if M <= 1:
+            return node
+        r = int(mod.base) % M
+        bound = ana.const_int_bound(A)
+        if not (0 <= r + bound.min_value and r + bound.max_value < M):
+            return node
+        if type(node) is tirx.FloorMod:
+            return tirx.floormod(S, node.b) + A
+        return tirx.floordiv(S, node.b)
+
+    return tvm_ffi.structural_map(expr, [(tirx.FloorMod, on), (tirx.FloorDiv, on)])
 
 
 def _same_value(a, b) -> bool:
@@ -325,6 +391,8 @@ class _ParamAccess(P.Pattern):
                     return False
                 base = _minus(idx, want)
             if nest and uses_any(base, nest):
+                base = _offset_within_loops(idx, None if d < drop else want, b.loops, nest)
+            if base is None:
                 if fail:
                     fail((f"index {d}",),
                          f"{target.name} index {d}: {p.name} has {len(self.indices)} dimension(s), so "

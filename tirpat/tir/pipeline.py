@@ -8,6 +8,18 @@ still visible. :func:`tir_pipeline` builds that pipeline with each of TVM's pass
 in TVM's order (and with TVM's configuration switches), and the stage at that point;
 :func:`register_pipeline` registers one that runs rewriters there.
 
+An *early* stage can run rules before block lowering ends: after ``LowerMatchBuffer`` and
+``StmtSimplify``, before ``InjectPermutedLayout``, ``InjectSoftwarePipeline``,
+``TransformMmaBufferLayout`` and ``LowerOpaqueBlock``. That is where ``Schedule.tensorize``'s
+output meets those passes, and the only place for rules on buffers that TVM lowers only once
+an intrinsic owns them: ``TransformMmaBufferLayout`` refuses an ``m16n8k8.matrixA/B/C``
+buffer accessed by plain loads and stores, and the permuted-layout and software-pipeline
+passes rewrite plain accesses (XOR-swizzled indices, versioned buffers) where they leave
+an intrinsic's pointer arguments to be rewritten. Early rules see opaque blocks (matched
+through, see :mod:`tirpat.tir.canonical`) and thread-bound loops instead of launches; nests
+whose buffers were already compacted by ``CompactBufferAllocation`` are matched as they
+are then.
+
 >>> tp.register_pipeline("my_npu", rw)                          # doctest: +SKIP
 >>> ex = tvm.compile(mod, target="llvm", tir_pipeline="my_npu")  # doctest: +SKIP
 """
@@ -66,12 +78,14 @@ def _after_lowering(config, storage_rewrite: bool) -> list:
     return passes
 
 
-def tir_pipeline(stage: tvm.transform.Pass, name: str = "tirpat") -> PipelineFactory:
+def tir_pipeline(stage: tvm.transform.Pass, name: str = "tirpat", *,
+                 early: tvm.transform.Pass | None = None) -> PipelineFactory:
     """The factory ``tvm.tirx.compilation_pipeline.register_tir_pipeline`` takes: TVM's default
     TIR pipeline with ``stage`` (a module pass) run once after block lowering, before
     ``FlattenBuffer``. Every other pass is TVM's, run once, in TVM's order, with TVM's
     configuration switches (``tirx.disable_vectorize``, ``tirx.use_async_copy``, ...) and
-    TVM's host and device finalisation.
+    TVM's host and device finalisation. ``early`` (a module pass, optional) runs at the early
+    point (see the module docstring): before ``InjectPermutedLayout``.
 
     When the stage hands a buffer the function allocates to a packed call (a scratchpad
     filled by a DMA call, say), ``StorageRewrite`` is left out: it cannot see what the call
@@ -91,11 +105,18 @@ def tir_pipeline(stage: tvm.transform.Pass, name: str = "tirpat") -> PipelineFac
     """
     if not isinstance(stage, tvm.transform.Pass):
         raise TypeError(f"tir_pipeline: stage must be a tvm.transform.Pass, got {type(stage).__name__}")
+    if early is not None and not isinstance(early, tvm.transform.Pass):
+        raise TypeError(f"tir_pipeline: early must be a tvm.transform.Pass, got {type(early).__name__}")
 
     def factory():
         @tvm.transform.module_pass(opt_level=0, name=f"{name}.pipeline")
         def pipeline(mod, ctx):
-            mod = lower_blocks()(mod)
+            if early is None:
+                mod = lower_blocks()(mod)
+            else:
+                mod = lower_blocks("early")(mod)
+                mod = early(mod)
+                mod = lower_blocks("late")(mod)
             mod = stage(mod)
             return tvm.transform.Sequential(_after_lowering(ctx.config, not _hands_out_allocations(mod)))(mod)
 
@@ -104,12 +125,14 @@ def tir_pipeline(stage: tvm.transform.Pass, name: str = "tirpat") -> PipelineFac
     return factory
 
 
-def register_pipeline(name: str, rewriters, *, after: Sequence[tvm.transform.Pass] = ()) -> None:
+def register_pipeline(name: str, rewriters, *, after: Sequence[tvm.transform.Pass] = (), early=()) -> None:
     """Register a TIR pipeline ``name`` that runs ``rewriters`` after block lowering.
 
     ``rewriters`` is a Rewriter (or a list of them, applied in order); ``after`` are extra
-    passes run right after them, still before flattening (a vendor's planning passes). The
-    rest is TVM's default pipeline (see :func:`tir_pipeline`).
+    passes run right after them, still before flattening (a vendor's planning passes).
+    ``early`` are Rewriters run at the early point, before TVM's layout and software-pipeline
+    passes (for intrinsics on ``m16n8k8.matrix*`` buffers, say). The rest is TVM's default
+    pipeline (see :func:`tir_pipeline`).
 
     >>> tp.register_pipeline("my_npu", rw)                          # doctest: +SKIP
     >>> tvm.compile(mod, target="llvm", tir_pipeline="my_npu")     # doctest: +SKIP
@@ -121,7 +144,8 @@ def register_pipeline(name: str, rewriters, *, after: Sequence[tvm.transform.Pas
     if isinstance(after, tvm.transform.Pass):
         after = [after]
     rws = [rewriters] if isinstance(rewriters, Rewriter) else list(rewriters)
-    for rw in rws:
+    early_rws = [early] if isinstance(early, Rewriter) else list(early)
+    for rw in rws + early_rws:
         if not isinstance(rw, Rewriter):
             raise TypeError(f"register_pipeline: expected Rewriter objects, got {type(rw).__name__}")
     for p in after:
@@ -129,7 +153,11 @@ def register_pipeline(name: str, rewriters, *, after: Sequence[tvm.transform.Pas
             raise TypeError(f"register_pipeline: 'after' takes tvm.transform.Pass objects, got {p!r}")
     stage = tvm.transform.Sequential([rw.as_pass(f"tirpat.{name}.{n}") for n, rw in enumerate(rws)] + list(after),
                                      name=f"tirpat.{name}")
-    tvm.tirx.compilation_pipeline.register_tir_pipeline(name, tir_pipeline(stage, f"tirpat.{name}"))
+    early_stage = None
+    if early_rws:
+        early_stage = tvm.transform.Sequential([rw.as_pass(f"tirpat.{name}.early{n}") for n, rw in enumerate(early_rws)],
+                                               name=f"tirpat.{name}.early")
+    tvm.tirx.compilation_pipeline.register_tir_pipeline(name, tir_pipeline(stage, f"tirpat.{name}", early=early_stage))
     _OURS.add(name)
 
 

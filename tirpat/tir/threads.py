@@ -15,7 +15,7 @@ same kernel merge into it. Outside any kernel a launch starts one and stays wher
 from __future__ import annotations
 
 import tvm_ffi
-from tvm import tirx
+from tvm import ir, tirx
 
 from .analysis import const_int, dtype_of, simplify, substitute
 
@@ -27,19 +27,36 @@ class ThreadLaunchError(ValueError):
 
 
 def launches_threads(stmt) -> bool:
-    """True when ``stmt`` launches threads (a ``thread_extent`` attribute on an IterVar)."""
+    """True when ``stmt`` launches threads (a ``thread_extent`` attribute, or a loop bound
+    to a thread)."""
     found = []
 
-    def on_attr(node):
-        if _launch(node):
+    def on_stmt(node):
+        if _launch(node) is not None:
             found.append(node)
 
-    tvm_ffi.structural_walk(stmt, (tirx.AttrStmt, on_attr))
+    tvm_ffi.structural_walk(stmt, ((tirx.AttrStmt, tirx.For), on_stmt))
     return bool(found)
 
 
-def _launch(node) -> bool:
-    return type(node) is tirx.AttrStmt and node.attr_key == _THREAD_EXTENT and isinstance(node.node, tirx.IterVar)
+def _launch(node):
+    """``(tag, variable, extent)`` of a thread launch: ``AttrStmt(thread_extent)`` in lowered
+    TIR, a thread-bound loop before ``LowerOpaqueBlock``; else None."""
+    kind = type(node)
+    if kind is tirx.AttrStmt and node.attr_key == _THREAD_EXTENT and isinstance(node.node, tirx.IterVar):
+        return node.node.thread_tag, node.node.var, node.value
+    if kind is tirx.For and int(node.kind) == int(tirx.ForKind.THREAD_BINDING) and node.thread_binding is not None \
+            and const_int(node.min) == 0:
+        return node.thread_binding.thread_tag, node.loop_var, node.extent
+    return None
+
+
+def _relaunch(launch, body, tag, var, extent):
+    """``launch`` (an AttrStmt or a thread-bound loop) around ``body``."""
+    if type(launch) is tirx.AttrStmt:
+        return tirx.AttrStmt(launch.node, _THREAD_EXTENT, launch.value, body)
+    return tirx.For(launch.loop_var, launch.min, launch.extent, launch.kind, body, launch.thread_binding,
+                    launch.annotations, launch.step)
 
 
 def merge_thread_launches(stmt):
@@ -55,47 +72,58 @@ def merge_thread_launches(stmt):
 
         def merge(launch) -> bool:
             """True when ``launch``'s tag is launched already: its variable becomes that one."""
-            tag = launch.node.thread_tag
+            tag, var, extent = _launch(launch)
             if tag not in launched:
+                launched[tag] = (var, extent)
                 return False
-            var, extent = launched[tag]
-            if not _same(extent, launch.value):
+            known, known_extent = launched[tag]
+            if not _same(known_extent, extent):
                 failure.append(ThreadLaunchError(
-                    f"{tag} is launched with {launch.value} threads inside a kernel that launches it with "
-                    f"{extent}: all launches of {tag} in a kernel must have the same extent"))
-            renames.append((launch.node.var, _as(var, launch.node.var)))
+                    f"{tag} is launched with {extent} threads inside a kernel that launches it with "
+                    f"{known_extent}: all launches of {tag} in a kernel must have the same extent"))
+            renames.append((var, _as(known, var)))
             return True
 
         node = root
-        while _launch(node):  # the launches directly nested at the kernel's top
+        while _launch(node) is not None:  # the launches directly nested at the kernel's top
             if not merge(node):
                 kept.append(node)
-                launched[node.node.thread_tag] = (node.node.var, node.value)
             node = node.body
 
-        def inner(launch, mut):
-            if failure or not _launch(launch):
-                return mut.default_mutate(launch)
-            if not merge(launch):
-                launched[launch.node.thread_tag] = (launch.node.var, launch.value)
-                moved.append(launch)
-            return mut.mutate(launch.body)
+        def inner(stmt, mut):
+            if failure or _launch(stmt) is None:
+                return mut.default_mutate(stmt)
+            if not merge(stmt):
+                moved.append(stmt)
+            return mut.mutate(stmt.body)
 
-        body = tvm_ffi.structural_mutate(node, [(tirx.AttrStmt, inner)])
+        body = tvm_ffi.structural_mutate(node, [((tirx.AttrStmt, tirx.For), inner)])
         if not renames and not moved:
             return root
         if renames:
             body = substitute(body, renames)
-        for launch in reversed(kept + moved):
-            body = tirx.AttrStmt(launch.node, _THREAD_EXTENT, launch.value, body)
+        # Moved launches take the form of the kernel's own (loops before LowerOpaqueBlock).
+        form = kept[-1]
+        for launch in reversed(moved):
+            tag, var, extent = _launch(launch)
+            if type(form) is tirx.For and type(launch) is not tirx.For:
+                body = tirx.For(var, tirx.IntImm(dtype_of(var), 0), extent, tirx.ForKind.THREAD_BINDING, body,
+                                tirx.IterVar(ir.Range.from_min_extent(0, extent), var, 1, tag))
+            elif type(form) is tirx.AttrStmt and type(launch) is not tirx.AttrStmt:
+                body = tirx.AttrStmt(tirx.IterVar(ir.Range.from_min_extent(0, extent), var, 1, tag),
+                                     _THREAD_EXTENT, extent, body)
+            else:
+                body = _relaunch(launch, body, tag, var, extent)
+        for launch in reversed(kept):
+            body = _relaunch(launch, body, *_launch(launch))
         return body
 
     def outer(node, mut):
-        if failure or not _launch(node):
+        if failure or _launch(node) is None:
             return mut.default_mutate(node)
         return kernel(node)
 
-    result = tvm_ffi.structural_mutate(stmt, [(tirx.AttrStmt, outer)])
+    result = tvm_ffi.structural_mutate(stmt, [((tirx.AttrStmt, tirx.For), outer)])
     if failure:
         raise failure[0]
     return result
