@@ -6,6 +6,11 @@
 built from the desc/impl pair should find and replace; :func:`tile_escapes` checks that the
 rewritten accesses stay inside their tiles.
 
+:func:`replay` runs a schedule written for ``Schedule.tensorize`` twice: once as written, and
+once with its ``tensorize`` calls recorded instead of applied (:func:`recorded_tensorize`),
+which gives the same schedule without them and, from the calls, the ``from_module`` rules
+that should do tensorize's work on it (:func:`rules_for`).
+
 >>> from tirpat.testing.intrin import registered_intrins, tile_target   # doctest: +SKIP
 >>> for module, name in registered_intrins():                          # doctest: +SKIP
 ...     ti = tvm.s_tir.TensorIntrin.get(name)
@@ -15,13 +20,17 @@ rewritten accesses stay inside their tiles.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import sys
+from dataclasses import dataclass, field
+from typing import Callable
 
 import tvm_ffi
 from tvm import ir, tirx
 
 from ..tir.analysis import const_int, key, simplify, visit_accesses
+from ..tir.rewrite import Rewriter
 from ..tir.index_dtype import with_index_dtype
 from ..tir.lowering import lower
 
@@ -216,3 +225,117 @@ def _row_major(shape):
         out.append(acc)
         acc *= e
     return list(reversed(out))
+
+
+@dataclass(frozen=True)
+class TensorizeCall:
+    """One ``Schedule.tensorize`` call: the intrinsic, the buffers written by the blocks it
+    was asked to tensorize, and TVM's error when tensorize refused it (else None)."""
+
+    intrin: str
+    writes: frozenset
+    refused: str | None = None
+
+
+@contextlib.contextmanager
+def recorded_tensorize():
+    """Within the ``with`` block, ``Schedule.tensorize`` records its calls (a list of
+    :class:`TensorizeCall`, the value of the ``with``) instead of applying them.
+
+    A call is first tried on a copy of the schedule: when tensorize refuses it, the refusal
+    is recorded and tensorize's error raised, so a schedule that falls back on another
+    intrinsic (as dlight's do) takes the same path it takes with tensorize.
+
+    >>> with recorded_tensorize() as calls:     # doctest: +SKIP
+    ...     plain = my_schedule().mod           # the schedule, minus its tensorize calls
+    """
+    from tvm import s_tir
+
+    calls: list = []
+    tensorize = s_tir.Schedule.tensorize
+
+    def record(sch, block_or_loop, tensor_intrin, preserve_unit_iters=True):
+        writes = frozenset(_written(sch.get(block_or_loop)))
+        try:
+            tensorize(sch.copy(), block_or_loop, tensor_intrin, preserve_unit_iters)
+        except Exception as err:  # noqa: BLE001 - recorded, then raised as tensorize raised it
+            lines = [l.strip() for l in str(err).strip().splitlines() if l.strip()]
+            calls.append(TensorizeCall(tensor_intrin, writes, lines[-1] if lines else type(err).__name__))
+            raise
+        calls.append(TensorizeCall(tensor_intrin, writes))
+
+    s_tir.Schedule.tensorize = record
+    try:
+        yield calls
+    finally:
+        s_tir.Schedule.tensorize = tensorize
+
+
+def _written(stmt) -> set:
+    """The buffers written by the s_tir blocks in (or at) ``stmt``."""
+    from tvm import s_tir
+
+    names: set = set()
+
+    def on_block(block):
+        names.update(w.source.name for w in block.writes)
+
+    tvm_ffi.structural_walk(stmt, (s_tir.SBlock, on_block))
+    return names
+
+
+def stores_only_to(names) -> Callable:
+    """A ``where=`` predicate: the site stores to some of ``names`` and to nothing else."""
+    names = frozenset(names)
+
+    def where(m) -> bool:
+        stored = set()
+        tvm_ffi.structural_walk(m.node, (tirx.BufferStore, lambda st: stored.add(st.buffer.name)))
+        return bool(stored) and stored <= names
+
+    return where
+
+
+def rules_for(calls) -> Rewriter | None:
+    """The ``from_module`` rules that do the work of ``calls``: one per intrinsic (its desc
+    as the pattern, its impl as the replacement), in the order of the calls, each taking
+    only sites that store to the buffers tensorize was pointed at (two intrinsics can share
+    a desc: ldmatrix's A and B loads). None when there is no call."""
+    from tvm.s_tir import TensorIntrin
+
+    writes: dict = {}
+    for call in calls:
+        writes.setdefault(call.intrin, set()).update(call.writes)
+    rules = None
+    for name, names in writes.items():
+        intrin = TensorIntrin.get(name)
+        rule = Rewriter.from_module({"pattern": intrin.desc, "replacement": intrin.impl}, name=name,
+                                    where=stores_only_to(names))
+        rules = rule if rules is None else rules | rule
+    return rules
+
+
+@dataclass
+class Replay:
+    """A schedule built with its ``tensorize`` calls and without them, and the rules for them."""
+
+    calls: list                     #: the :class:`TensorizeCall` s, in order
+    tensorized: ir.IRModule         #: the schedule as written
+    plain: ir.IRModule              #: the same schedule, with no tensorize call applied
+    rules: Rewriter | None = field(default=None)   #: :func:`rules_for` the calls
+
+
+def replay(schedule: Callable) -> Replay:
+    """Run ``schedule()`` (it returns a ``Schedule``, or anything with a ``.mod``, or an
+    IRModule) with and without its ``tensorize`` calls.
+
+    >>> r = replay(lambda: my_tensorized_schedule())                      # doctest: +SKIP
+    >>> tp.register_pipeline("peer", r.rules)                             # doctest: +SKIP
+    >>> tvm.compile(r.plain, target, tir_pipeline="peer")                 # doctest: +SKIP
+    """
+    def module(result):
+        return result if isinstance(result, ir.IRModule) else result.mod
+
+    with recorded_tensorize() as calls:
+        plain = module(schedule())
+    return Replay(list(calls), module(schedule()), plain, rules_for(calls))

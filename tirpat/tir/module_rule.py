@@ -37,6 +37,7 @@ the kernel's (:mod:`tirpat.tir.threads`), as ``UnifyThreadBinding`` merges tenso
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import tvm_ffi
@@ -171,7 +172,7 @@ class _Affine:
         return out if self.const == 0 else tirx.Add(out, _imm(dtype, self.const))
 
 
-def _offset_within_loops(idx, want, loops, nest):
+def _offset_within_loops(idx, want, loops, nest, context=()):
     """``idx - want`` (``idx`` when ``want`` is None) as an expression free of the ``nest``
     variables, using the ranges of the matched ``loops``; None when it depends on them.
 
@@ -179,14 +180,48 @@ def _offset_within_loops(idx, want, loops, nest):
     in the nest only given its loops' bounds: ``(k0*8 + k1*4 + i) % 16 * 16`` is
     ``(k0*8 + k1*4) % 16 * 16 + i*16`` when ``0 <= i < 4``. Each ``floormod`` and
     ``floordiv`` by a constant is split first (:func:`_split_loop_part`), then the
-    difference is simplified with the loops bound.
+    difference is simplified with the loops bound. An offset that uses only the enclosing
+    (``context``) loops and takes one value over all their iterations is that value
+    (TVM's simplifier cannot see that ``(k0*8) % 16 * 16 - max(0, k0*128 - k0 // 2 * 256)``
+    is 0; counting through the iterations can, when there are few of them).
     """
     ana = sym.Analyzer()
     for loop in loops:
         ana.bind(loop.loop_var, ir.Range.from_min_extent(loop.min, loop.extent))
     idx = _split_loop_part(idx, nest, ana)
     diff = ana.simplify(idx if want is None else idx - want)
-    return None if uses_any(diff, nest) else diff
+    if uses_any(diff, nest):
+        return None
+    value = _single_value(diff, context)
+    return diff if value is None else tirx.IntImm(dtype_of(diff), value)
+
+
+_MAX_POINTS = 1024  # iterations counted through by _single_value
+
+
+def _single_value(expr, loops) -> int | None:
+    """The one value ``expr`` takes over every iteration of ``loops`` (constant bounds,
+    at most ``_MAX_POINTS`` iterations, and the only variables ``expr`` uses), else None."""
+    if type(expr) is tirx.IntImm:
+        return None
+    used = {key(v) for v in vars_used(expr)}
+    ranges = []
+    for loop in loops:
+        if key(loop.loop_var) in used:
+            lo, n = const_int(loop.min), const_int(loop.extent)
+            if lo is None or n is None or _stepped(loop):
+                return None
+            ranges.append((loop.loop_var, range(lo, lo + n)))
+            used.discard(key(loop.loop_var))
+    if used or not ranges or math.prod(len(r) for _, r in ranges) > _MAX_POINTS:
+        return None
+    value = None
+    for point in itertools.product(*(r for _, r in ranges)):
+        at = const_int(substitute(expr, [(v, tirx.IntImm(dtype_of(v), x)) for (v, _), x in zip(ranges, point)]))
+        if at is None or value is not None and at != value:
+            return None
+        value = at
+    return value
 
 
 def _split_loop_part(expr, nest, ana):
@@ -357,7 +392,7 @@ class _ParamAccess(P.Pattern):
             target, indices = node.source, node.indices
         else:
             if type(node) is not tirx.BufferStore:
-                fail and fail((), f"expected a store to {p.name}, found {type(node).__name__}")
+                fail and fail((), _not_a_store(p, node))
                 return False
             target, indices = node.buffer, node.indices
         info = self.info
@@ -391,7 +426,7 @@ class _ParamAccess(P.Pattern):
                     return False
                 base = _minus(idx, want)
             if nest and uses_any(base, nest):
-                base = _offset_within_loops(idx, None if d < drop else want, b.loops, nest)
+                base = _offset_within_loops(idx, None if d < drop else want, b.loops, nest, b.context)
             if base is None:
                 if fail:
                     fail((f"index {d}",),
@@ -409,6 +444,22 @@ class _ParamAccess(P.Pattern):
                                                f"offsets {old} and {base} in dimension {d}")
                 return False
         return True
+
+
+def _not_a_store(param, node) -> str:
+    """Why ``node`` is not the store to ``param`` a pattern expects; the allocations TVM's
+    block lowering moves into a loop are named, since they are why a tile is missed there."""
+    found = f"expected a store to {param.name}, found {type(node).__name__}"
+    stmts = node.seq if type(node) is tirx.SeqStmt else [node]
+    allocated = [s.buffer.name for s in stmts if type(s) is tirx.AllocBuffer]
+    if not allocated:
+        return found
+    names = ", ".join(allocated)
+    return (f"{found}: {names} {'is' if len(allocated) == 1 else 'are'} allocated inside this loop, where "
+            f"TVM's block lowering (PlanAndUpdateBufferAllocationLocation, CompactBufferAllocation) moved "
+            f"{'it' if len(allocated) == 1 else 'them'} and kept one iteration's region, so a tile spanning "
+            f"iterations cannot be bound here (Schedule.tensorize binds it before block lowering; allocating at "
+            f"an outer loop, with compute_at or cache_read, keeps the tile)")
 
 
 def _stepped(loop) -> bool:

@@ -112,7 +112,7 @@ def tir_pipeline(stage: tvm.transform.Pass, name: str = "tirpat", *,
         @tvm.transform.module_pass(opt_level=0, name=f"{name}.pipeline")
         def pipeline(mod, ctx):
             if early is None:
-                mod = lower_blocks()(mod)
+                mod = _lower_or_explain(mod)
             else:
                 mod = lower_blocks("early")(mod)
                 mod = early(mod)
@@ -123,6 +123,22 @@ def tir_pipeline(stage: tvm.transform.Pass, name: str = "tirpat", *,
         return pipeline, s_tir.pipeline.finalize_host_passes, s_tir.pipeline.finalize_device_passes
 
     return factory
+
+
+def _lower_or_explain(mod):
+    """TVM's block lowering; when it fails, the error also says where rules could run instead."""
+    try:
+        return lower_blocks()(mod)
+    except Exception as err:  # noqa: BLE001 - re-raised, with a note
+        note = ("tirpat: TVM's block lowering failed before the rewrite stage, so no rule ran. Rules that make "
+                "a function lowerable (intrinsics on buffers in scopes TVM lowers only when an intrinsic "
+                "accesses them, such as m16n8k8.matrixA/B/C) belong in the early stage: "
+                "tp.register_pipeline(name, rules, early=[...]).")
+        try:
+            again = type(err)(f"{str(err).strip()}\n{note}")
+        except Exception:  # noqa: BLE001 - an error type that takes other arguments
+            again = RuntimeError(f"{str(err).strip()}\n{note}")
+        raise again from err
 
 
 def register_pipeline(name: str, rewriters, *, after: Sequence[tvm.transform.Pass] = (), early=()) -> None:
