@@ -1,4 +1,5 @@
-"""Every Python code block in the README and docs/ runs."""
+"""Every Python code block in the README and docs/ runs; a block that quotes a file
+(fenced ```python file=PATH) is still in that file, verbatim."""
 
 import pathlib
 import re
@@ -15,3 +16,9 @@ def test_python_blocks_run(path):
     namespace: dict = {}
     for block in blocks:
         exec(compile(block, str(path), "exec"), namespace)  # noqa: S102 - documentation examples
+
+
+@pytest.mark.parametrize("path", DOCS, ids=lambda p: p.name)
+def test_quoted_blocks_are_still_in_their_files(path):
+    for name, block in re.findall(r"```python file=(\S+)\n(.*?)```", path.read_text(), re.S):
+        assert block in (ROOT / name).read_text(), f"{path.name} quotes {name}, which no longer has: {block[:200]}"

@@ -6,6 +6,8 @@
 {'lanes': 32, 'regs': 32}
 """
 
+from tvm import tirx
+
 import tirpat as tp
 
 from . import compiler
@@ -21,21 +23,21 @@ class VecUnitBackend(tp.Backend):
     options = {"lanes": tp.Option(int, 16, help="int8 lanes per vector register"),
                "regs": tp.Option(int, 32, help="vector registers")}
 
-    def patterns(self, opts):
+    def patterns(self, opts: dict) -> list:
         return compiler.patterns()
 
-    def schedule(self, func, opts):
+    def schedule(self, func: tirx.PrimFunc, opts: dict) -> tirx.PrimFunc:
         return compiler.schedule(func, opts["lanes"])
 
-    def rules(self, opts):
+    def rules(self, opts: dict) -> tp.Rewriter:
         return compiler.rules(opts["lanes"])
 
-    def passes(self, phase, opts):
+    def passes(self, phase: tp.Phase, opts: dict) -> list:
         if phase is tp.Phase.BEFORE_REWRITE:
             return [compiler.LANE_GUARDS]
         if phase is tp.Phase.AFTER_REWRITE:
             return [compiler.planner(**opts).as_pass()]
         return []
 
-    def session(self, opts):
+    def session(self, opts: dict) -> VecUnit:
         return VecUnit(**opts)

@@ -154,15 +154,15 @@ def _register(region, mode: str):
 
 def _vld(m):
     c = m["load"]
-    if len(c.extents) != 1 or c.dst.strides[0] != 1 or c.cast is not None or c.src.buffer.scope() == VRF:
-        return None                 # (a register to register copy is a vmov)
+    if len(c.extents) != 1 or c.dst.strides[0] != 1 or c.cast or c.src.buffer.scope() == VRF:
+        return tp.decline("vld loads one strided host row, as it is, into consecutive lanes")
     n, front, back = c.extents[0], 0, 0
     if c.predicate is not None:     # bounds on the lane (the padding) and on the row (all or nothing)
         conjuncts = _conjuncts(c.predicate)
         on_lane = [e for e in conjuncts if _uses(e, m.loops[0].loop_var)]
         pads = tp.padding(functools.reduce(tirx.And, on_lane), m.loops) if on_lane else [(0, 0)]
         if pads is None:
-            return None
+            return tp.decline(f"the guard {c.predicate} is not a bound on the lanes and the row")
         (front, back), row = pads[0], [e for e in conjuncts if not _uses(e, m.loops[0].loop_var)]
         if row:
             inside = functools.reduce(tirx.And, row)
@@ -183,7 +183,7 @@ def _uses(expr, var) -> bool:
 def _vst(m):
     c = m["store"]
     if len(c.extents) != 1 or c.src.strides[0] != 1 or c.cast or c.predicate is not None or c.dst.buffer.scope() == VRF:
-        return None
+        return tp.decline("vst stores consecutive lanes, as they are, to one strided host row")
     return _call("vst", c.dst.buffer, c.dst.offset, c.dst.strides[0], _register(c.src, "r"), c.extents[0])
 
 
@@ -196,7 +196,6 @@ def _alu_rule(ins, lanes: int) -> tp.Rewriter:
                                    name=f"vecunit.{ins.name}")
 
 
-@functools.cache
 def rules(lanes: int) -> tp.Rewriter:
     """The rule set for vectors of ``lanes``: loads, stores, then every ALU instruction."""
     load = tp.Rewriter.from_pattern(tp.is_copy(dst=tp.is_buffer(scope=VRF), name="load"), _vld, name="vecunit.vld")
