@@ -6,22 +6,34 @@ Layers (batch 1, 56x56, stride 1, topi ``conv2d_nhwc`` or ``conv2d_nchw``, int32
 
 For each layer the same run measures, with medians over repeats:
 - cycles of the cycle model vs ``roofline_cycles`` (``roofline_cycles / cycles``);
-- wall time of the compiled module on the simulator (CPU steps included) vs numpy computing
-  the same convolution as a sum over kernel taps of int32 matrix products.
+- wall time of the compiled module on the simulator (CPU steps included; the session
+  replays the stream it built on the first call) vs numpy computing the same convolution
+  as a sum over kernel taps of int32 matrix products (target: ratio <= 1), and vs the same
+  sum in float64 BLAS, exact for int8 data of these sizes and so the practical limit
+  (moonshot: <= 2).
+
+BLAS runs single-threaded on both sides (set before numpy loads; override with
+OPENBLAS_NUM_THREADS): a multi-threaded OpenBLAS slows down by an order of magnitude when
+another process competes for the cores, which made every ratio depend on unrelated load.
 
     python benchmarks/bench_conv.py [--layouts NHWC NCHW] [--repeats 5]
 """
 
 from __future__ import annotations
 
-import argparse
+import os
 
-import numpy as np
-import tvm
-from tvm import te, topi
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
 
-import accel
-from timing import median_time
+import argparse  # noqa: E402
+
+import numpy as np  # noqa: E402
+import tvm  # noqa: E402
+from tvm import te, topi  # noqa: E402
+
+import accel  # noqa: E402
+from timing import median_times  # noqa: E402
 
 LAYERS = [("3x3 64->64", 64, 64, 3, 1), ("1x1 256->64", 256, 64, 1, 0)]
 SIZE = 56
@@ -41,18 +53,20 @@ def conv(layout: str, c: int, f: int, k: int, pad: int):
     return te.create_prim_func([X, W, out]), shape(X), shape(W), shape(out)
 
 
-def numpy_conv(layout: str, x: np.ndarray, w: np.ndarray, pad: int) -> np.ndarray:
-    """The reference: channels-last taps, one int32 matrix product per kernel tap."""
+def numpy_conv(layout: str, x: np.ndarray, w: np.ndarray, pad: int, dtype=np.int32) -> np.ndarray:
+    """The reference: channels-last taps, one matrix product per kernel tap, in ``dtype``
+    (int32: numpy's own loops; float64: BLAS), as int32."""
     if layout == "NCHW":
         x, w = x.transpose(0, 2, 3, 1), w.transpose(2, 3, 1, 0)
-    xp = np.pad(x.astype(np.int32), ((0, 0), (pad, pad), (pad, pad), (0, 0)))
+    xp = np.pad(x.astype(dtype), ((0, 0), (pad, pad), (pad, pad), (0, 0)))
     kh, kw, c, f = w.shape
-    out = np.zeros((x.shape[0], SIZE, SIZE, f), np.int32)
-    w32 = w.astype(np.int32)
+    out = np.zeros((x.shape[0], SIZE, SIZE, f), dtype)
+    wd = w.astype(dtype)
     for i in range(kh):
         for j in range(kw):
-            out += (xp[:, i:i + SIZE, j:j + SIZE, :].reshape(-1, c) @ w32[i, j]).reshape(out.shape)
-    return out.transpose(0, 3, 1, 2) if layout == "NCHW" else out
+            out += (xp[:, i:i + SIZE, j:j + SIZE, :].reshape(-1, c) @ wd[i, j]).reshape(out.shape)
+    out = out.transpose(0, 3, 1, 2) if layout == "NCHW" else out
+    return out.astype(np.int32)
 
 
 def main() -> None:
@@ -60,9 +74,10 @@ def main() -> None:
     ap.add_argument("--layouts", choices=["NHWC", "NCHW"], nargs="+", default=["NHWC", "NCHW"])
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
-    print(f"conv2d, batch 1, {SIZE}x{SIZE}, medians of {args.repeats}")
-    print(f"{'layer':>12} {'layout':>6} | {'cycles':>9} {'roofline':>9} {'share':>6} | {'run ms':>8} {'numpy ms':>9} "
-          f"{'ratio':>6} | gather")
+    print(f"conv2d, batch 1, {SIZE}x{SIZE}, medians of {args.repeats}, "
+          f"BLAS threads {os.environ['OPENBLAS_NUM_THREADS']}")
+    print(f"{'layer':>12} {'layout':>6} | {'cycles':>9} {'roofline':>9} {'share':>6} | {'run ms':>8} "
+          f"{'numpy ms':>9} {'BLAS ms':>8} | {'/numpy':>6} {'/BLAS':>6} | gather")
     for (name, c, f, k, pad), layout in ((layer, layout) for layer in LAYERS for layout in args.layouts):
         func, x_shape, w_shape, out_shape = conv(layout, c, f, k, pad)
         ex = accel.build(func)
@@ -77,16 +92,20 @@ def main() -> None:
             with session:
                 ex(tx, tw, tout)
 
-        run_s = median_time(run, args.repeats)
-        np_s = median_time(lambda: numpy_conv(layout, x, w, pad), args.repeats)
-        assert np.array_equal(tout.numpy(), numpy_conv(layout, x, w, pad))
+        run()  # the first call builds the stream; the timed ones replay it
+        run_s, np_s, blas_s = median_times(
+            [run, lambda: numpy_conv(layout, x, w, pad), lambda: numpy_conv(layout, x, w, pad, np.float64)],
+            args.repeats)
+        want = numpy_conv(layout, x, w, pad)
+        assert np.array_equal(tout.numpy(), want) and np.array_equal(numpy_conv(layout, x, w, pad, np.float64), want)
         check = accel.Session(record=False)
         with check:
             ex(tx, tw, tout)
         st = check.stats
         gather = ex.report.offloaded[0].gather
         print(f"{name:>12} {layout:>6} | {st.cycles:9d} {st.roofline_cycles:9d} {st.roofline_cycles / st.cycles:6.1%} | "
-              f"{run_s * 1e3:8.1f} {np_s * 1e3:9.1f} {run_s / np_s:6.2f} | {gather}")
+              f"{run_s * 1e3:8.1f} {np_s * 1e3:9.1f} {blas_s * 1e3:8.1f} | {run_s / np_s:6.2f} {run_s / blas_s:6.2f} | "
+              f"{gather}")
 
 
 if __name__ == "__main__":

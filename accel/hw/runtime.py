@@ -20,7 +20,6 @@ True
 from __future__ import annotations
 
 import dataclasses
-import operator
 from collections import deque
 from typing import Callable, Optional, Union
 
@@ -32,9 +31,10 @@ from accel.hw.config import Config
 from accel.hw.emitter import Emitter
 from accel.hw.errors import AccelError
 from accel.hw.isa import (
-    AluOp, Instruction, Mem, Queue, StoreMode, disassemble, encode, make,
+    AluOp, Instruction, Mem, Queue, StoreMode, disassemble, encode,
 )
 from accel.hw.sim import Simulator
+from accel.hw.stream import AUTO, StreamBuilder
 from accel.hw.stats import Stats
 from accel.hw.tokens import DependencyTracker
 
@@ -46,27 +46,11 @@ __all__ = [
 # The ``deps`` bit mask of every accel.* instruction call (the header's bits 4-7), or AUTO:
 # let the driver's dependency tracker add the tokens (what compiled code uses).
 POP_PREV, POP_NEXT, PUSH_PREV, PUSH_NEXT = 1, 2, 4, 8
-AUTO = -1
 
 HostBuffer = device.buffers.HostBuffer
 
-_CACHE_LIMIT = 1 << 16
-_FLAGS = [{"pop_prev": bool(d & 1), "pop_next": bool(d & 2), "push_prev": bool(d & 4),
-           "push_next": bool(d & 8)} for d in range(16)]
 # Instruction class -> the fields its ``values`` tuples hold, in the ABI's argument order.
 _FIELDS = {f.instruction: f.fields for f in abi.FUNCTIONS.values() if f.instruction}
-
-
-def _flags(deps) -> dict[str, bool]:
-    try:
-        mask = operator.index(deps)
-    except TypeError:
-        raise TypeError(f"deps must be AUTO (-1) or a 4-bit mask of POP_PREV|POP_NEXT|PUSH_PREV|PUSH_NEXT, "
-                        f"got {deps!r}") from None
-    if 0 <= mask <= 15:
-        return _FLAGS[mask]
-    raise ValueError(f"deps must be AUTO (-1) or a 4-bit mask of POP_PREV|POP_NEXT|PUSH_PREV|PUSH_NEXT, "
-                     f"got {deps}")
 
 
 class ConfigMismatchError(AccelError, ValueError):
@@ -87,14 +71,17 @@ class Session(device.Session):
     16384
     """
 
-    def __init__(self, config: Optional[Config] = None, *, record: Union[bool, int] = True) -> None:
+    def __init__(self, config: Optional[Config] = None, *, record: Union[bool, int] = True,
+                 timing_only: bool = False) -> None:
         super().__init__()
         if not isinstance(config, (Config, type(None))):
             raise TypeError(f"Session takes an accel.Config, got {type(config).__name__}")
         self.config = config or Config()
         self.simulator = Simulator(self.config)
-        self.emitter = Emitter(self._validate)
-        self.deps = DependencyTracker(self.config.tile, self.buffers.byte_range)
+        self.builder = StreamBuilder(self.simulator,
+                                     DependencyTracker(self.config.tile, self.buffers.byte_range),
+                                     lambda: self.buffers.views, _FIELDS)
+        self.timing_only = timing_only
         self.stats = Stats(self.config)
         if record is True or record is False:
             self._streams = deque() if record else None
@@ -102,10 +89,6 @@ class Session(device.Session):
             self._streams = deque(maxlen=record)
         else:
             raise TypeError(f"record must be True, False or a number of streams, got {record!r}")
-        self._cache: dict[tuple, Instruction] = {}
-
-    def _validate(self, index: int, ins: Instruction) -> None:
-        self.simulator.check(index, ins, self.buffers.views)
 
     def buffer(self, host: HostBuffer) -> int:
         """The buffer-table slot of a host buffer, registering it on first use.
@@ -121,31 +104,10 @@ class Session(device.Session):
 
     # ------------------------------------------------------------------ instructions
     def _emit(self, cls: type[Instruction], values: tuple, deps: int) -> int:
-        """Emit ``cls`` built from ``values`` (its fields in ABI order) and flags.
-
-        Compiled loops repeat the same calls, so validated instructions are cached by their
-        fields until the stream ends (when slots may be reassigned); a hit allocates nothing.
-        """
+        """Emit ``cls`` built from ``values`` (its fields in ABI order) and flags; the
+        :class:`~accel.hw.stream.StreamBuilder` replays a stream it has built before."""
         self.claim()
-        key = (cls, deps, values)
-        ins = self._cache.get(key)
-        validated = ins is not None
-        if ins is None:
-            fields = dict(zip(_FIELDS[cls], values))
-            fields.update(_flags(0 if deps == AUTO else deps))
-            ins = make(cls, fields)
-        if deps == AUTO:
-            if not validated:
-                self._validate(len(self.emitter), ins)
-            index = self.emitter.emit(self.deps.order(self.emitter, ins), validated=True)
-            self.deps.record(ins, index)
-        else:
-            index = self.emitter.emit(ins, validated=validated)
-        if not validated:
-            if len(self._cache) >= _CACHE_LIMIT:
-                self._cache.clear()
-            self._cache[key] = ins
-        return index
+        return self.builder.instruction(cls, values, deps)
 
     def load(self, host: HostBuffer, elem_offset: int, mem: Union[Mem, int], sram_addr: int,
              sram_ld: int, *, rows: int, cols: int, dram_ld: int, pad_top: int = 0,
@@ -178,18 +140,23 @@ class Session(device.Session):
     def dep_push(self, src: Union[Queue, int], dst: Union[Queue, int]) -> None:
         """See :meth:`accel.hw.emitter.Emitter.dep_push`."""
         self.claim()
-        self.emitter.dep_push(Queue(src), Queue(dst))
+        self.builder.dep_push(Queue(src), Queue(dst))
 
     def dep_pop(self, src: Union[Queue, int], dst: Union[Queue, int]) -> None:
         """See :meth:`accel.hw.emitter.Emitter.dep_pop`."""
         self.claim()
-        self.emitter.dep_pop(Queue(src), Queue(dst))
+        self.builder.dep_pop(Queue(src), Queue(dst))
 
     # ------------------------------------------------------------------ the stream
     @property
     def pending(self) -> int:
-        """Instructions emitted since the last sync."""
-        return len(self.emitter)
+        """Calls (instructions, token pushes and pops) made since the last sync."""
+        return len(self.builder)
+
+    @property
+    def emitter(self) -> Emitter:
+        """The emitter of the stream being built (empty while a recorded stream is replayed)."""
+        return self.builder.emitter
 
     def sync(self) -> Stats:
         """Close the pending stream with FINISH, run it, and return the cumulative stats.
@@ -203,22 +170,17 @@ class Session(device.Session):
         return super().sync()
 
     def execute(self) -> Stats:
-        """Run the pending stream (called by :meth:`sync`)."""
-        try:
-            stream = self.emitter.finish()
-            self.simulator.run(stream, self.buffers.views, self.stats, verified=True)
-            if self._streams is not None:
-                self._streams.append(stream)
-        finally:
-            self._cache.clear()
-            self.deps.reset()
+        """Run the pending stream (called by :meth:`sync`); a timing-only session runs
+        the cycle model alone."""
+        program = self.builder.finish()
+        program.run(self.buffers.views, self.stats, execute=not self.timing_only)
+        if self._streams is not None:
+            self._streams.append(program.stream)
         return self.stats
 
     def drop(self) -> None:
         """Forget the pending stream (called by :meth:`discard`)."""
-        self.emitter = Emitter(self._validate)
-        self.deps.reset()
-        self._cache.clear()
+        self.builder.drop()
 
     # ------------------------------------------------------------------ inspection
     def stream(self) -> bytes:

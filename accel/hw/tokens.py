@@ -19,8 +19,9 @@ pops that take them; choosing a pusher at or after every earlier one keeps that 
 >>> from accel.hw.emitter import Emitter
 >>> from accel.hw.isa import Load, Gemm, Mem, Queue
 >>> em, deps = Emitter(), DependencyTracker(16)
->>> _ = em.emit(deps.order(em, Load(mem=Mem.INP, sram_addr=0, sram_ld=16, slot=0, dram_offset=0,
-...                                  dram_ld=16, rows=16, cols=16)))
+>>> load = Load(mem=Mem.INP, sram_addr=0, sram_ld=16, slot=0, dram_offset=0, dram_ld=16,
+...             rows=16, cols=16)
+>>> deps.record(load, em.emit(deps.order(em, load)))
 >>> g = deps.order(em, Gemm(acc_addr=0, inp_addr=0, wgt_addr=0, acc_ld=16, inp_ld=16, wgt_ld=16))
 >>> g.pop_prev, em.instructions[0].push_next
 (True, True)
@@ -28,6 +29,7 @@ pops that take them; choosing a pusher at or after every earlier one keeps that 
 
 from __future__ import annotations
 
+from bisect import bisect_left, insort
 from typing import Iterator
 
 from accel.hw.emitter import nop
@@ -100,6 +102,53 @@ def footprint(ins: Instruction, tile: int, host=None) -> Iterator[tuple[tuple, i
                                             ((ins.ext_out, ins.src_stride_out), (ins.ext_in, ins.src_stride_in))), False
 
 
+class _Ranges:
+    """Ranges ``[lo, hi)`` of one memory space with a value each, found by overlap.
+
+    Kept sorted by ``lo``; every range is at most ``widest`` long, so the ranges that
+    overlap ``[lo, hi)`` start in ``[lo - widest, hi)``: two bisections, not a scan of all
+    of them (a stream's host reads are thousands of distinct ranges).
+
+    >>> r = _Ranges(); r.put(0, 16, "a"); r.put(32, 48, "b"); r.put(8, 40, "c")
+    >>> sorted(v for _, _, v in r.overlapping(20, 33)), r.remove_inside(0, 40), len(r.keys)
+    (['b', 'c'], None, 1)
+    """
+
+    __slots__ = ("keys", "values", "widest")
+
+    def __init__(self) -> None:
+        self.keys: list[tuple[int, int]] = []
+        self.values: dict[tuple[int, int], object] = {}
+        self.widest = 0
+
+    def overlapping(self, lo: int, hi: int) -> Iterator[tuple[int, int, object]]:
+        keys, values = self.keys, self.values
+        for k in range(bisect_left(keys, (lo - self.widest,)), bisect_left(keys, (hi,))):
+            key = keys[k]
+            if key[1] > lo:
+                yield key[0], key[1], values[key]
+
+    def get(self, lo: int, hi: int):
+        return self.values.get((lo, hi))
+
+    def put(self, lo: int, hi: int, value) -> None:
+        key = (lo, hi)
+        if key not in self.values:
+            insort(self.keys, key)
+            self.widest = max(self.widest, hi - lo)
+        self.values[key] = value
+
+    def remove_inside(self, lo: int, hi: int) -> None:
+        """Drop every range that lies within ``[lo, hi)``."""
+        keys = self.keys
+        first, last = bisect_left(keys, (lo,)), bisect_left(keys, (hi,))
+        inside = [key for key in keys[first:last] if key[1] <= hi]
+        if inside:
+            keys[first:last] = [key for key in keys[first:last] if key[1] > hi]
+            for key in inside:
+                del self.values[key]
+
+
 class DependencyTracker:
     """Adds the dependency tokens a stream needs, one instruction at a time (see module doc).
 
@@ -115,30 +164,32 @@ class DependencyTracker:
 
     def reset(self) -> None:
         """Forget everything (a new stream starts)."""
-        self._writes: dict[tuple, dict[tuple[int, int], tuple]] = {}
-        self._reads: dict[tuple, dict[tuple[int, int], dict]] = {}
+        self._writes: dict[tuple, _Ranges] = {}
+        self._reads: dict[tuple, _Ranges] = {}    # values: {queue: (queue, index)}
         # ordered[consumer][producer]: highest producer index the consumer already waits for
         self._ordered = {q: {p: -1 for p in Queue} for q in Queue}
+        self._last: tuple = (None, ())               # (instruction, its footprint) for record()
 
     def order(self, em, ins: Instruction) -> Instruction:
         """Add tokens so that ``ins`` runs after every conflicting earlier instruction;
         returns ``ins`` with its pop flags set (the pushes go onto earlier instructions)."""
         queue = queue_of(ins)
         needs: dict[Queue, int] = {}
-
-        def need(dep):
-            if dep[0] is not queue and dep[1] > needs.get(dep[0], -1):
-                needs[dep[0]] = dep[1]
-
-        for space, lo, hi, write in footprint(ins, self.tile, self.host):
-            for (a, b), writer in self._writes.get(space, {}).items():
-                if a < hi and lo < b:
-                    need(writer)
+        accesses = list(footprint(ins, self.tile, self.host))
+        self._last = (ins, accesses)
+        deps = []
+        for space, lo, hi, write in accesses:
+            writes = self._writes.get(space)
+            if writes is not None:
+                deps += [writer for _, _, writer in writes.overlapping(lo, hi)]
             if write:
-                for (a, b), readers in self._reads.get(space, {}).items():
-                    if a < hi and lo < b:
-                        for dep in readers.values():
-                            need(dep)
+                reads = self._reads.get(space)
+                if reads is not None:
+                    for _, _, readers in reads.overlapping(lo, hi):
+                        deps += readers.values()
+        for producer, index in deps:
+            if producer is not queue and index > needs.get(producer, -1):
+                needs[producer] = index
         pops = {}
         # LOAD <-> STORE are not neighbours: a compute NOP takes the token and passes one
         # on; the consumer then only depends on that NOP (the latest compute instruction).
@@ -165,20 +216,30 @@ class DependencyTracker:
     def record(self, ins: Instruction, index: int) -> None:
         """Remember what the instruction at stream position ``index`` touched."""
         queue = queue_of(ins)
-        for space, lo, hi, write in footprint(ins, self.tile, self.host):
+        last, accesses = self._last
+        if last is not ins:
+            accesses = footprint(ins, self.tile, self.host)
+        for space, lo, hi, write in accesses:
             if write:
                 # Accesses inside the new range are ordered before this write, so its
                 # record stands for them from now on.
-                writes = self._writes.setdefault(space, {})
-                for r in [r for r in writes if lo <= r[0] and r[1] <= hi]:
-                    del writes[r]
-                writes[(lo, hi)] = (queue, index)
+                writes = self._writes.get(space)
+                if writes is None:
+                    writes = self._writes[space] = _Ranges()
+                writes.remove_inside(lo, hi)
+                writes.put(lo, hi, (queue, index))
                 reads = self._reads.get(space)
-                if reads:
-                    for r in [r for r in reads if lo <= r[0] and r[1] <= hi]:
-                        del reads[r]
+                if reads is not None:
+                    reads.remove_inside(lo, hi)
             else:
-                self._reads.setdefault(space, {}).setdefault((lo, hi), {})[queue] = (queue, index)
+                reads = self._reads.get(space)
+                if reads is None:
+                    reads = self._reads[space] = _Ranges()
+                readers = reads.get(lo, hi)
+                if readers is None:
+                    reads.put(lo, hi, {queue: (queue, index)})
+                else:
+                    readers[queue] = (queue, index)
 
     def _push(self, em, src: Queue, dst: Queue, index: int) -> int:
         """Make the first instruction of ``src`` at or after ``index`` with a free push flag

@@ -7,6 +7,7 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
+from accel.hw import tokens
 from accel.hw.tokens import DependencyTracker
 from accel.hw.emitter import Emitter
 from accel.hw.isa import Mem, Queue
@@ -67,3 +68,41 @@ def test_double_buffered_loads_wait_for_the_gemm_two_steps_back():
     assert stream[loads[2]].pop_next          # slot 0: after GEMM 0
     pushers = [i for i, ins in enumerate(stream) if isinstance(ins, Gemm) and ins.push_prev]
     assert pushers == gemms[:2]
+
+
+class _Scan:
+    """The tracker's range index written as a plain scan of every range: the reference."""
+
+    def __init__(self):
+        self.values = {}
+
+    def overlapping(self, lo, hi):
+        return [(a, b, v) for (a, b), v in self.values.items() if a < hi and lo < b]
+
+    def get(self, lo, hi):
+        return self.values.get((lo, hi))
+
+    def put(self, lo, hi, value):
+        self.values[(lo, hi)] = value
+
+    def remove_inside(self, lo, hi):
+        for key in [k for k in self.values if lo <= k[0] and k[1] <= hi]:
+            del self.values[key]
+
+
+@given(interleaved(), st.booleans())
+def test_the_range_index_finds_what_a_scan_of_every_range_finds(program, aliased):
+    """Same tokens, instruction for instruction, as with a linear scan of the ranges (host
+    slots as their own spaces, or all in one address space where slots 0 and 1 overlap)."""
+    host = (lambda slot, lo, hi: (lo + 100 * (slot > 1), hi + 100 * (slot > 1))) if aliased else None
+    streams = []
+    for ranges in (tokens._Ranges, _Scan):
+        tokens_ranges, tokens._Ranges = tokens._Ranges, ranges
+        try:
+            em, deps = Emitter(), DependencyTracker(16, host)
+            for ins in program:
+                deps.record(ins, em.emit(deps.order(em, ins)))
+            streams.append(em.finish())
+        finally:
+            tokens._Ranges = tokens_ranges
+    assert streams[0] == streams[1]

@@ -140,7 +140,7 @@ def test_signed_fields_are_range_checked_at_the_session():
     with pytest.raises(ValueError, match="Load.pad_value=4294967298 does not fit"):
         s.load(np.zeros(16, np.int32), 0, Mem.ACC, 0, 16, rows=1, cols=1, dram_ld=1,
                pad_right=1, pad_value=2**32 + 2)
-    assert len(s.emitter) == 0
+    assert s.pending == 0
 
 
 def test_acc_loads_go_to_the_compute_queue():

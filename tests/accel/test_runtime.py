@@ -172,9 +172,8 @@ def test_repeated_calls_reuse_validated_instructions_until_sync():
     with accel.Session() as s:
         for _ in range(3):
             s.load(a, 0, Mem.INP, 0, 16, rows=16, cols=16, dram_ld=16)
-        assert len(s._cache) == 1
         assert s.emitter.instructions[0] is s.emitter.instructions[2]
-    assert not s._cache and s.stats.instructions["LOAD"] == 3
+    assert s.stats.instructions["LOAD"] == 3
 
 
 # ---------------------------------------------------------------------- the ABI, declared once
@@ -211,7 +210,7 @@ def test_a_failed_call_leaves_nothing_pending_and_writes_nothing(failing):
     """Item 1: the STORE emitted before the failing LOAD never runs, in a Session or not."""
     a = tvm.runtime.tensor(np.arange(256, dtype=np.int32))
     c = tvm.runtime.tensor(np.full(256, -7, np.int32))
-    with pytest.raises(accel.DmaRangeError, match="slot0"):
+    with pytest.raises(accel.DmaRangeError, match=r"<- slot\d+\[1000000 "):
         device.invoke(failing, a, c, 10**6)
     assert runtime.default_session().pending == 0
     runtime.default_session().sync()     # the next sync: nothing of the failed call runs

@@ -223,6 +223,30 @@ def test_the_stream_of_a_thread_that_died_is_dropped_not_run():
     assert log == ["mine"]
 
 
+def test_a_thread_waiting_for_an_owner_that_dies_takes_over():
+    s = VecSession()
+    log = []
+    owner_has_it, waiter_started = threading.Event(), threading.Event()
+
+    def owner():
+        s.enqueue(lambda: log.append("orphan"))
+        owner_has_it.set()
+        waiter_started.wait()          # then it ends without syncing
+
+    def waiter():
+        owner_has_it.wait()
+        waiter_started.set()
+        s.enqueue(lambda: log.append("mine"))
+        s.sync()
+
+    threads = [threading.Thread(target=owner), threading.Thread(target=waiter)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not any(t.is_alive() for t in threads) and log == ["mine"]
+
+
 def test_nested_sessions_and_exits():
     outer, inner = VecSession(), VecSession()
     log = []

@@ -247,3 +247,6 @@ class BufferTable:
             self.views[slot] = None
             self._free.append(slot)
         self._borrowed.clear()
+        # Lowest slot first: a compiled call that registers its tensors in the same order
+        # every time gets the same slots every time (a device can then replay its stream).
+        self._free.sort(reverse=True)

@@ -41,6 +41,7 @@ __all__ = ["Session", "Runtime", "invoke", "runtimes"]
 
 _relay = threading.local()      # .error: the exception the last failing runtime function raised
 _RUNTIMES: dict[str, "Runtime"] = {}
+_OWNER_POLL_SECONDS = 0.05
 
 
 class _PerThread(threading.local):
@@ -138,7 +139,8 @@ class Session:
                     self.drop()
                     self.buffers.release_borrowed()
                     break
-                self._free.wait()
+                # an owner that dies mid-stream notifies nobody: look again now and then
+                self._free.wait(timeout=_OWNER_POLL_SECONDS)
             self._owner, self._owner_thread = me, threading.current_thread()
 
     def owned_here(self) -> bool:

@@ -1,0 +1,162 @@
+"""Stream builder: a session replays a stream it built before, and the result is always the
+stream the calls describe (compared with fresh sessions that build every stream)."""
+
+import importlib.util
+import pathlib
+
+import numpy as np
+import pytest
+import tvm
+from hypothesis import given, strategies as st
+
+import accel
+from accel.hw import runtime
+from accel.hw.isa import Mem, Queue
+from accel.hw.stream import AUTO
+
+_spec = importlib.util.spec_from_file_location("accel_sim_strategies", pathlib.Path(__file__).with_name("test_sim.py"))
+sim_tests = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(sim_tests)
+
+EDGES = [(Queue.LOAD, Queue.COMPUTE), (Queue.COMPUTE, Queue.LOAD), (Queue.COMPUTE, Queue.STORE),
+         (Queue.STORE, Queue.COMPUTE)]
+instructions = st.one_of(st.sampled_from([Mem.INP, Mem.WGT]).flatmap(sim_tests.dma), sim_tests.gemms(),
+                         sim_tests.alus(), sim_tests.dma(Mem.ACC), sim_tests.dma("store"))
+
+
+@st.composite
+def call_lists(draw):
+    """Calls as compiled code makes them: instructions with automatic tokens, or with
+    explicit tokens (flags of their own, and dep_push/dep_pop pairs)."""
+    if draw(st.booleans()):
+        return [("ins", ins, AUTO) for ins in draw(st.lists(instructions, min_size=1, max_size=10))]
+    steps = draw(st.lists(st.one_of(instructions.map(lambda i: ("ins", i, 0)),
+                                    st.sampled_from(EDGES).map(lambda e: ("dep", e, None))), max_size=14))
+    # The explicit program stays in program order: every step is fenced on all queues.
+    out = []
+    for step in steps:
+        out.append(step)
+        if step[0] == "ins":
+            for edge in EDGES:
+                out.append(("dep", edge, None))
+    return out
+
+
+def _play(session, calls, host):
+    for slot, h in enumerate(host):
+        assert session.buffer(h) == slot
+    for kind, what, deps in calls:
+        if kind == "dep":
+            session.dep_push(*what)
+            session.dep_pop(*what)
+        else:
+            values = tuple(getattr(what, f) for f in runtime._FIELDS[type(what)])
+            session._emit(type(what), values, deps)
+    return session.sync()
+
+
+def _fresh(calls, host):
+    s = accel.Session(sim_tests.SMALL)
+    stats = _play(s, calls, host)
+    return s.stream(), stats.cycles
+
+
+@given(call_lists(), call_lists(), st.integers(0, 12))
+def test_replayed_streams_equal_freshly_built_ones(calls, other, cut):
+    """The same calls three times, then a stream that follows them for a while and
+    diverges, then one that stops early: each gives the stream, cycles and memory a
+    fresh session gives."""
+    host, want = sim_tests._host(), sim_tests._host()
+    s = accel.Session(sim_tests.SMALL)
+    ref = accel.Session(sim_tests.SMALL)
+    ref.builder.keep = 0            # builds every stream
+    streams = [calls, calls, calls, calls[:cut] + other, calls[:cut], calls]
+    recorded = cycles = 0
+    for program in streams:
+        stats = _play(s, program, host)
+        _play(ref, program, want)
+        for got, exp in zip(host, want):
+            np.testing.assert_array_equal(got, exp)
+        for mem in Mem:
+            np.testing.assert_array_equal(s.scratchpad(mem), ref.scratchpad(mem))
+        fresh_stream, fresh_cycles = _fresh(program, sim_tests._host())
+        assert s.stream()[recorded:] == fresh_stream
+        assert stats.cycles - cycles == fresh_cycles
+        recorded, cycles = len(s.stream()), stats.cycles
+    assert s.builder.replays >= (2 if calls else 0) and ref.builder.replays == 0
+
+
+def test_a_replay_follows_the_buffer_table_it_runs_on():
+    """Borrowed tensors get the same slots call after call: a replayed stream reads and
+    writes this call's tensors, refuses one that became too small before writing
+    anything, and orders slots that now share memory as a fresh build does."""
+    def calls(s, x, y, out):
+        s.load(x, 0, Mem.ACC, 0, 16, rows=4, cols=16, dram_ld=16, deps=AUTO)
+        s.alu(accel.AluOp.ADD, 0, src_addr=0, ext_out=4, dst_stride_out=16, src_stride_out=16, deps=AUTO)
+        s.store(out, 0, 0, 16, rows=4, cols=16, dram_ld=16, deps=AUTO)
+        s.load(y, 0, Mem.ACC, 64, 16, rows=4, cols=16, dram_ld=16, deps=AUTO)
+        s.store(out, 64, 64, 16, rows=4, cols=16, dram_ld=16, deps=AUTO)
+        return s.sync()
+
+    s = accel.Session()
+    for seed in range(3):
+        x = np.random.default_rng(seed).integers(-99, 99, 64, dtype=np.int32)
+        tx, ty = tvm.runtime.tensor(x), tvm.runtime.tensor(x + 1)
+        tout = tvm.runtime.tensor(np.zeros(128, np.int32))
+        calls(s, tx, ty, tout)
+        np.testing.assert_array_equal(tout.numpy(), np.concatenate([2 * x, x + 1]))
+    assert s.builder.replays == 2
+
+    # the LOAD from y now reads what the first STORE wrote: a fresh build orders them
+    tout = tvm.runtime.tensor(np.zeros(128, np.int32))
+    ty = tout._create_view((64,), "int32", 0)
+    x = np.arange(64, dtype=np.int32)
+    calls(s, tvm.runtime.tensor(x), ty, tout)
+    fresh = accel.Session()
+    fout = tvm.runtime.tensor(np.zeros(128, np.int32))
+    calls(fresh, tvm.runtime.tensor(x), fout._create_view((64,), "int32", 0), fout)
+    np.testing.assert_array_equal(tout.numpy(), fout.numpy())
+    np.testing.assert_array_equal(tout.numpy()[64:], 2 * x)
+    assert s.stream()[-len(fresh.stream()):] == fresh.stream()
+
+    small = tvm.runtime.tensor(np.zeros(100, np.int32))
+    with pytest.raises(accel.DmaRangeError, match="outside host buffer slot"):
+        calls(s, tvm.runtime.tensor(x), tvm.runtime.tensor(x), small)
+    assert not small.numpy().any() and s.pending == 0
+
+
+@pytest.fixture(scope="module")
+def dense():
+    from tvm import te, topi
+
+    A = te.placeholder((48, 64), "int8", name="A")
+    W = te.placeholder((32, 64), "int8", name="W")
+    return accel.build(te.create_prim_func([A, W, topi.nn.dense(A, W, out_dtype="int32")]))
+
+
+def test_a_compiled_call_is_built_once_and_replayed(dense):
+    rng = np.random.default_rng(0)
+    with accel.Session() as s:
+        for _ in range(4):
+            a = rng.integers(-128, 128, (48, 64), dtype=np.int8)
+            w = rng.integers(-128, 128, (32, 64), dtype=np.int8)
+            out = np.zeros((48, 32), np.int32)
+            dense(a, w, out)
+            np.testing.assert_array_equal(out, a.astype(np.int32) @ w.astype(np.int32).T)
+    assert s.builder.replays >= 2
+
+
+def test_a_timing_only_session_counts_the_same_cycles_and_computes_nothing(dense):
+    a = np.ones((48, 64), np.int8)
+    w = np.ones((32, 64), np.int8)
+    out = np.zeros((48, 32), np.int32)
+    with accel.Session(timing_only=True) as timed:
+        dense(a, w, out)
+        dense(a, w, out)
+    assert not out.any()
+    with accel.Session() as executed:
+        dense(a, w, out)
+        dense(a, w, out)
+    assert (out == 64).all()
+    assert (timed.stats.cycles, timed.stats.busy, timed.stats.macs) == \
+        (executed.stats.cycles, executed.stats.busy, executed.stats.macs)
