@@ -38,7 +38,7 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from accel.hw import cycles
+from accel.hw import cycles, fused
 from accel.hw.config import Config
 from accel.hw.emitter import verify
 from accel.hw.errors import (
@@ -538,6 +538,8 @@ class Program:
         self.signature = _signature(stream)
         self._ops: Optional[list[tuple[int, int, Op]]] = None
         self._hosts: dict[int, tuple[np.ndarray, int]] = {}  # slot -> (flat view, address) the calls use
+        self._runs = 0
+        self._fused = None      # the batched plan (accel.hw.fused), made at the second run; False: none
 
     def run(self, buffers: Buffers, stats: Optional[Stats] = None, *, execute: bool = True) -> Stats:
         """Execute the stream on ``buffers`` (unless ``execute=False``) and account its
@@ -551,11 +553,21 @@ class Program:
             for index, ins in enumerate(self.stream):   # raises, naming the instruction
                 sim.check(index, ins, buffers)
         if execute:
-            for _, _, op in self._prepare(buffers):
-                op()
+            self._execute(buffers)
         stats = stats if stats is not None else Stats(sim.config)
         stats.add(self.timing)
         return stats
+
+    def _execute(self, buffers: Buffers) -> None:
+        """Run the batched plan when the stream has one (from its second run on: a stream
+        run once is not worth the analysis), else the prepared calls one by one."""
+        self._runs += 1
+        if self._fused is None and self._runs > 1:
+            self._fused = fused.fuse(self.simulator, self.stream, self.timing.order(), buffers) or False
+        if self._fused and self._fused.run(buffers, self.simulator):
+            return
+        for _, _, op in self._prepare(buffers):
+            op()
 
     def _matches(self, buffers: Buffers) -> bool:
         for slot, (dtype, end, written) in self.signature.items():

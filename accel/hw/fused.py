@@ -1,0 +1,441 @@
+"""A stream's dataflow, executed in a few batched numpy calls instead of one per instruction.
+
+Most instructions of a compiled stream move tiles: a LOAD copies host data (or padding)
+into INP or WGT, GEMMs multiply tiles the LOADs brought and add the products into
+accumulators that a reset zeroed (or a LOAD filled), ALU instructions rework finished
+accumulators, a STORE copies them out. Followed symbolically once, in execution order,
+every scratchpad element is known to hold either one host element or pad value (INP,
+WGT) or one *accumulator value* (ACC). Accumulator values are numbered like SSA values:
+a reset, an ACC LOAD or an ALU instruction makes new ones, a GEMM adds products to the
+current ones, a STORE or an ALU reads them. Then the whole stream is:
+
+1. gather the operand tiles of every GEMM straight from the host buffers (one fancy
+   index per group of products, see below);
+2. multiply: the products that go into one accumulator tile form a row of tiles of the
+   input times a row of tiles of the weight, concatenated along K; accumulator tiles
+   whose input rows are the same and whose weight rows are the same are blocks of one
+   matrix product (a convolution's whole im2col GEMM is a single BLAS call), exact in
+   float32 up to 1024 terms and in float64 beyond;
+3. ALU instructions, batched by dependency level and operation;
+4. STOREs, batched per host buffer;
+5. the scratchpads' final contents, as instruction-by-instruction execution leaves them.
+
+:func:`fuse` returns None for a stream this does not cover, and the
+:class:`~accel.hw.sim.Program` keeps executing it instruction by instruction: a LOAD that
+reads host memory the stream stored earlier, a product added to an accumulator value
+that was already read (a STORE or ALU in between), a GEMM step mixing scratchpad
+contents in ways no tile describes. Products are exact and int32 addition wraps, so the
+order in which products are summed does not change any value.
+
+>>> import numpy as np
+>>> from accel.hw.sim import Simulator
+>>> from accel.hw.isa import Gemm, Load, Mem, Store, Finish
+>>> a = np.arange(256, dtype=np.int8) % 5; w = np.eye(16, dtype=np.int8).ravel(); c = np.zeros(256, np.int32)
+>>> stream = [Load(mem=Mem.INP, sram_addr=0, sram_ld=16, slot=0, dram_offset=0, dram_ld=16, rows=16, cols=16),
+...           Load(mem=Mem.WGT, sram_addr=0, sram_ld=16, slot=1, dram_offset=0, dram_ld=16, rows=16, cols=16),
+...           Gemm(acc_addr=0, inp_addr=0, wgt_addr=0, acc_ld=16, inp_ld=16, wgt_ld=16, reset=True),
+...           Gemm(acc_addr=0, inp_addr=0, wgt_addr=0, acc_ld=16, inp_ld=16, wgt_ld=16),
+...           Store(sram_addr=0, sram_ld=16, slot=2, dram_offset=0, dram_ld=16, rows=16, cols=16), Finish()]
+>>> sim = Simulator(); plan = fuse(sim, stream, range(len(stream)), [a, w, c])
+>>> plan.run([a, w, c]), bool((c == a).all()), plan.matmuls
+(True, True, 1)
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import numpy as np
+
+from accel.hw.isa import Alu, AluOp, Gemm, Instruction, Load, Mem, Opcode, Store, StoreMode
+
+__all__ = ["fuse", "FusedPlan"]
+
+Buffers = Sequence[Optional[np.ndarray]]
+
+# int8 x int8 products are at most 2**14: float32 sums up to 1024 of them exactly.
+_F32_EXACT_TERMS = 2**24 // 2**14
+_UFUNCS = {AluOp.ADD: np.add, AluOp.MAX: np.maximum, AluOp.MIN: np.minimum,
+           AluOp.SHR: np.right_shift, AluOp.MUL: np.multiply}
+
+
+def _block(addr: int, ld: int, rows: int, cols: int) -> np.ndarray:
+    """Element indices of a ``rows x cols`` block at ``addr`` with row stride ``ld``."""
+    return addr + np.arange(rows)[:, None] * ld + np.arange(cols)[None, :]
+
+
+def _steps(addr: int, ext_out: int, stride_out: int, ext_in: int, stride_in: int) -> np.ndarray:
+    """Start address of every ``(o, i)`` step of a GEMM or ALU loop, flattened."""
+    return (addr + np.arange(ext_out)[:, None] * stride_out
+            + np.arange(ext_in)[None, :] * stride_in).reshape(-1)
+
+
+class _Sources:
+    """Where loaded values come from, as indices into one vector that the plan assembles
+    at run time: the scratchpad elements from before the stream that are read (codes
+    below ``lead``, which :meth:`keep` picks), then every host buffer read, whole, then
+    the pad values (negative codes until then)."""
+
+    def __init__(self, lead: int, buffers: Buffers) -> None:
+        self.lead = lead
+        self.size = lead
+        self.buffers = buffers
+        self.slots: dict[int, int] = {}         # slot -> start of its elements
+        self.pads: dict[int, int] = {}          # pad value -> code (negative)
+        self.kept = np.arange(0)                # the codes below ``lead`` that are read
+
+    def keep(self, codes: np.ndarray) -> None:
+        """Keep, of the leading codes, those in ``codes`` (call once, before resolving)."""
+        self.kept = np.unique(codes[(codes >= 0) & (codes < self.lead)])
+
+    def host(self, slot: int) -> int:
+        start = self.slots.get(slot)
+        if start is None:
+            start = self.slots[slot] = self.size
+            self.size += self.buffers[slot].size
+        return start
+
+    def pad(self, value: int) -> int:
+        return self.pads.setdefault(value, -1 - len(self.pads))
+
+    def resolve(self, codes: np.ndarray) -> np.ndarray:
+        """Codes to vector indices: kept leading codes, host buffers, then pads."""
+        index = codes.astype(np.intp)
+        shift = self.kept.size - self.lead
+        pads = index < 0
+        index[pads] = self.size + shift - 1 - index[pads]
+        early = ~pads & (index < self.lead)
+        index[early] = np.searchsorted(self.kept, index[early])
+        index[~pads & ~early] += shift
+        return index
+
+    def pad_values(self, dtype) -> np.ndarray:
+        return np.array(sorted(self.pads, key=lambda v: -self.pads[v]), dtype=dtype)
+
+
+class _Builder:
+    """Follows a stream in execution order (see the module doc); ``add`` returns False for
+    an instruction the fused plan cannot take."""
+
+    def __init__(self, sim, buffers: Buffers) -> None:
+        c = sim.config
+        self.tile = c.tile
+        self.buffers = buffers
+        self.inp_n, self.wgt_n, self.acc_n = c.inp_elements, c.wgt_elements, c.acc_elements
+        self.f = _Sources(self.inp_n + self.wgt_n, buffers)    # float operands: INP, WGT, int8 host data
+        self.i = _Sources(0, buffers)                          # int32 host data for ACC LOADs
+        self.inp = np.arange(self.inp_n)                       # INP element -> source code
+        self.wgt = self.inp_n + np.arange(self.wgt_n)
+        self.acc = np.arange(self.acc_n)                       # ACC element -> value number
+        self.values = self.acc_n                               # value numbers handed out
+        self.sealed = np.zeros(self.acc_n, bool)               # read by a STORE or ALU
+        self.level = np.zeros(self.acc_n, np.int32)            # ALU depth that made the value
+        self.acc_loads: list[tuple[np.ndarray, np.ndarray]] = []
+        self.tiles: dict[bytes, list] = {}                     # accumulator tile -> [values, x ids, w ids]
+        self.tiles_at: dict[int, np.ndarray] = {}
+        self.x_ids: dict[bytes, int] = {}
+        self.w_ids: dict[bytes, int] = {}
+        self.x_tiles: list[np.ndarray] = []
+        self.w_tiles: list[np.ndarray] = []
+        self.alus: list[tuple] = []
+        self.stores: list[tuple[int, StoreMode, np.ndarray, np.ndarray]] = []
+        self.stored: dict[int, list[tuple[int, int]]] = {}    # host slot -> element ranges stored
+
+    def _new(self, count: int) -> np.ndarray:
+        values = np.arange(self.values, self.values + count)
+        self.values += count
+        if self.values > self.sealed.size:
+            grow = max(self.values, 2 * self.sealed.size)
+            self.sealed = np.concatenate([self.sealed, np.zeros(grow - self.sealed.size, bool)])
+            self.level = np.concatenate([self.level, np.zeros(grow - self.level.size, np.int32)])
+        return values
+
+    def add(self, ins: Instruction) -> bool:
+        op = ins.opcode
+        if op is Opcode.LOAD:
+            return self._load(ins)
+        if op is Opcode.STORE:
+            return self._store(ins)
+        if op is Opcode.GEMM:
+            return self._gemm(ins)
+        if op is Opcode.ALU:
+            return self._alu(ins)
+        return True
+
+    def _tile(self, ld: int) -> np.ndarray:
+        """Element offsets of a tile with row stride ``ld``."""
+        offsets = self.tiles_at.get(ld)
+        if offsets is None:
+            offsets = self.tiles_at[ld] = _block(0, ld, self.tile, self.tile)
+        return offsets
+
+    def _host_range(self, ins) -> tuple[int, int]:
+        return ins.dram_offset, ins.dram_offset + (ins.rows - 1) * ins.dram_ld + ins.cols
+
+    def _load(self, ins: Load) -> bool:
+        height = ins.pad_top + ins.rows + ins.pad_bottom
+        width = ins.pad_left + ins.cols + ins.pad_right
+        if not (height and width):
+            return True
+        acc = ins.mem is Mem.ACC
+        sources = self.i if acc else self.f
+        codes = np.full((height, width), sources.pad(ins.pad_value), np.int64)
+        if ins.rows and ins.cols:
+            lo, hi = self._host_range(ins)
+            if any(a < hi and lo < b for a, b in self.stored.get(ins.slot, ())):
+                return False        # reads what this stream stored: order matters
+            codes[ins.pad_top:ins.pad_top + ins.rows, ins.pad_left:ins.pad_left + ins.cols] = \
+                sources.host(ins.slot) + _block(ins.dram_offset, ins.dram_ld, ins.rows, ins.cols)
+        elements = _block(ins.sram_addr, ins.sram_ld, height, width).reshape(-1)
+        codes = codes.reshape(-1)
+        if acc:
+            values = self._new(elements.size)
+            self.acc[elements] = values
+            self.acc_loads.append((values, codes))
+        else:
+            (self.inp if ins.mem is Mem.INP else self.wgt)[elements] = codes
+        return True
+
+    def _gemm(self, g: Gemm) -> bool:
+        if not (g.ext_out and g.ext_in):
+            return True
+        acc_tiles = (_steps(g.acc_addr, g.ext_out, g.acc_stride_out, g.ext_in, g.acc_stride_in)[:, None, None]
+                     + self._tile(g.acc_ld))
+        if g.reset:
+            # new values start at zero (an element of overlapping tiles just gets one of them)
+            self.acc[acc_tiles.reshape(-1)] = self._new(acc_tiles.size)
+            return True
+        values = self.acc[acc_tiles]
+        if self.sealed[values].any() or self.level[values].any():
+            return False        # adds to a value already read, or made by an ALU
+        x = self.inp[_steps(g.inp_addr, g.ext_out, g.inp_stride_out, g.ext_in, g.inp_stride_in)[:, None, None]
+                     + self._tile(g.inp_ld)]
+        w = self.wgt[_steps(g.wgt_addr, g.ext_out, g.wgt_stride_out, g.ext_in, g.wgt_stride_in)[:, None, None]
+                     + self._tile(g.wgt_ld)]
+        for step in range(values.shape[0]):
+            key = values[step].tobytes()
+            entry = self.tiles.get(key)
+            if entry is None:
+                entry = self.tiles[key] = [values[step], [], []]
+            entry[1].append(_intern(self.x_ids, self.x_tiles, x[step]))
+            entry[2].append(_intern(self.w_ids, self.w_tiles, w[step]))
+        return True
+
+    def _alu(self, a: Alu) -> bool:
+        if not (a.ext_out and a.ext_in):
+            return True
+        lanes = np.arange(self.tile)
+        dst = (_steps(a.dst_addr, a.ext_out, a.dst_stride_out, a.ext_in, a.dst_stride_in)[:, None] + lanes).reshape(-1)
+        old = self.acc[dst]
+        src = None
+        reads = old
+        if not a.use_imm:
+            src = self.acc[(_steps(a.src_addr, a.ext_out, a.src_stride_out, a.ext_in, a.src_stride_in)[:, None]
+                            + lanes).reshape(-1)]
+            reads = np.concatenate([old, src])
+        self.sealed[reads] = True
+        level = int(self.level[reads].max()) + 1
+        new = self._new(dst.size)
+        self.level[new] = level
+        self.acc[dst] = new
+        imm = (min(max(a.imm, 0), 31) if a.op is AluOp.SHR else a.imm) if a.use_imm else None
+        self.alus.append((level, a.op, imm, new, old, src))
+        return True
+
+    def _store(self, s: Store) -> bool:
+        if not (s.rows and s.cols):
+            return True
+        values = self.acc[_block(s.sram_addr, s.sram_ld, s.rows, s.cols).reshape(-1)]
+        self.sealed[values] = True
+        self.stores.append((s.slot, s.mode, _block(s.dram_offset, s.dram_ld, s.rows, s.cols).reshape(-1), values))
+        self.stored.setdefault(s.slot, []).append(self._host_range(s))
+        return True
+
+    # ------------------------------------------------------------------ the plan
+    def plan(self) -> "FusedPlan":
+        t = self.tile
+        products = []
+        # Accumulator tiles with the same rows of input tiles share a block row, those with
+        # the same rows of weight tiles a block column; rows that meet the same columns
+        # are one matrix product.
+        rows: dict[tuple, int] = {}
+        cols: dict[tuple, int] = {}
+        meets: dict[int, list[tuple[int, np.ndarray]]] = {}
+        for values, xs, ws in self.tiles.values():
+            r = rows.setdefault(tuple(xs), len(rows))
+            c = cols.setdefault(tuple(ws), len(cols))
+            meets.setdefault(r, []).append((c, values))
+        row_keys, col_keys = list(rows), list(cols)
+        if self.x_tiles:
+            self.f.keep(np.concatenate([np.stack(self.x_tiles).reshape(-1), np.stack(self.w_tiles).reshape(-1)]))
+        blocks: dict[tuple, list[int]] = {}
+        for r, targets in meets.items():
+            blocks.setdefault(tuple(sorted({c for c, _ in targets})), []).append(r)
+        for block_cols, block_rows in blocks.items():
+            terms = len(row_keys[block_rows[0]]) * t
+            x = np.concatenate([np.concatenate([self.x_tiles[i] for i in row_keys[r]], axis=1)
+                                for r in block_rows])                  # [R*t, J*t]
+            w = np.concatenate([np.concatenate([self.w_tiles[i] for i in col_keys[c]], axis=1)
+                                for c in block_cols])                  # [C*t, J*t]
+            where = {c: k for k, c in enumerate(block_cols)}
+            sel_r, sel_c, targets = [], [], []
+            for k, r in enumerate(block_rows):
+                for c, values in meets[r]:
+                    sel_r.append(k)
+                    sel_c.append(where[c])
+                    targets.append(values)
+            targets = np.stack(targets)                                # [N, t, t]
+            unique = _distinct(targets, self.values)
+            grid = None
+            if unique and len(targets) == len(block_rows) * len(block_cols) and \
+                    sel_r == sorted(sel_r) and all(sel_c[k] == k % len(block_cols) for k in range(len(sel_c))):
+                # every row meets every column once, in order: add the product as it comes
+                grid = targets.reshape(len(block_rows), len(block_cols), t, t).transpose(0, 2, 1, 3) \
+                    .reshape(len(block_rows) * t, len(block_cols) * t).astype(np.intp)
+            products.append(_Product(self.f.resolve(x), self.f.resolve(w),
+                                     np.float32 if terms <= _F32_EXACT_TERMS else np.float64,
+                                     grid, np.array(sel_r), np.array(sel_c), targets.astype(np.intp), unique, t))
+        alus = []
+        for level in sorted({a[0] for a in self.alus}):
+            groups: dict[tuple, list] = {}
+            for lv, op, imm, new, old, src in self.alus:
+                if lv == level:
+                    groups.setdefault((op, imm), []).append((new, old, src))
+            for (op, imm), members in groups.items():
+                cat = lambda k: np.concatenate([m[k] for m in members]).astype(np.intp)  # noqa: E731
+                alus.append((_UFUNCS[op], op is AluOp.SHR, imm, cat(0), cat(1), None if imm is not None else cat(2)))
+        stores = []
+        for slot in dict.fromkeys(s[0] for s in self.stores):
+            mine = [s for s in self.stores if s[0] == slot]
+            dst = np.concatenate([s[2] for s in mine])
+            src = np.concatenate([s[3] for s in mine])
+            mode = np.concatenate([np.full(s[2].size, int(s[1]), np.int8) for s in mine])
+            if not _distinct(dst, self.buffers[slot].size):
+                # a later STORE to the same host element wins: keep the last of each run
+                by_element = np.argsort(dst, kind="stable")
+                last = np.ones(dst.size, bool)
+                last[:-1] = dst[by_element[1:]] != dst[by_element[:-1]]
+                keep = np.sort(by_element[last])
+                dst, src, mode = dst[keep], src[keep], mode[keep]
+            for m in sorted(set(mode.tolist())):
+                pick = mode == m
+                stores.append((slot, StoreMode(m), dst[pick].astype(np.intp), src[pick].astype(np.intp)))
+        acc_loads = None
+        if self.acc_loads:
+            acc_loads = (np.concatenate([v for v, _ in self.acc_loads]).astype(np.intp),
+                         self.i.resolve(np.concatenate([c for _, c in self.acc_loads])))
+        inp_at = np.flatnonzero(self.inp != np.arange(self.inp_n))
+        wgt_at = np.flatnonzero(self.wgt != self.inp_n + np.arange(self.wgt_n))
+        acc_at = np.arange(self.acc_n)      # products may land on values from before the stream
+        return FusedPlan(
+            self, products, alus, stores, acc_loads,
+            (inp_at, self.f.resolve(self.inp[inp_at])), (wgt_at, self.f.resolve(self.wgt[wgt_at])),
+            (acc_at, self.acc[acc_at].astype(np.intp)))
+
+
+def _distinct(index: np.ndarray, bound: int) -> bool:
+    """Whether the indices (all below ``bound``) are pairwise different, in O(bound)."""
+    seen = np.zeros(bound, bool)
+    seen[index.reshape(-1)] = True
+    return int(np.count_nonzero(seen)) == index.size
+
+
+def _intern(ids: dict, tiles: list, tile: np.ndarray) -> int:
+    key = tile.tobytes()
+    k = ids.get(key)
+    if k is None:
+        k = ids[key] = len(tiles)
+        tiles.append(tile)
+    return k
+
+
+class _Product:
+    """One block matrix product: gather, multiply exactly, add into accumulator values."""
+
+    __slots__ = ("x", "w", "ftype", "grid", "sel_r", "sel_c", "targets", "unique", "tile")
+
+    def __init__(self, x, w, ftype, grid, sel_r, sel_c, targets, unique, tile) -> None:
+        self.x, self.w, self.ftype, self.grid = x, w, ftype, grid
+        self.sel_r, self.sel_c, self.targets, self.unique, self.tile = sel_r, sel_c, targets, unique, tile
+
+    def run(self, source: np.ndarray, values: np.ndarray) -> None:
+        x, w = source[self.x], source[self.w]
+        if self.ftype is np.float32:
+            product = np.matmul(x, w.T).astype(np.int32)        # exact: integers below 2**24
+        else:
+            product = np.matmul(x.astype(np.float64), w.T.astype(np.float64)).astype(np.int64).astype(np.int32)
+        if self.grid is not None:
+            values[self.grid] += product
+            return
+        t = self.tile
+        blocks = product.reshape(product.shape[0] // t, t, product.shape[1] // t, t)[self.sel_r, :, self.sel_c, :]
+        if self.unique:
+            values[self.targets] += blocks
+        else:
+            np.add.at(values, self.targets, blocks)
+
+
+class FusedPlan:
+    """The batched execution of one stream (see the module doc); built by :func:`fuse`."""
+
+    def __init__(self, b: _Builder, products, alus, stores, acc_loads, inp_final, wgt_final, acc_final) -> None:
+        self.inp_n, self.wgt_n, self.acc_n, self.values = b.inp_n, b.wgt_n, b.acc_n, b.values
+        self.f_slots, self.i_slots = dict(b.f.slots), dict(b.i.slots)
+        kept = b.f.kept
+        self.inp_kept, self.wgt_kept = kept[kept < b.inp_n], kept[kept >= b.inp_n] - b.inp_n
+        self.f_pads, self.i_pads = b.f.pad_values(np.float32), b.i.pad_values(np.int32)
+        self.sizes = {slot: b.buffers[slot].size for slot in (*b.f.slots, *b.i.slots, *(s[0] for s in b.stores))}
+        self.products, self.alus, self.stores, self.acc_loads = products, alus, stores, acc_loads
+        self.inp_final, self.wgt_final, self.acc_final = inp_final, wgt_final, acc_final
+        self.matmuls = len(products)
+
+    def run(self, buffers: Buffers, sim=None) -> bool:
+        """Execute on ``buffers`` (and ``sim``'s scratchpads; the builder's by default).
+        False, with nothing done, when the host buffers are not laid out as the plan
+        assumes (other sizes, or a buffer read that shares memory with one written)."""
+        sim = sim or self._sim
+        for slot, size in self.sizes.items():
+            if buffers[slot].size != size:
+                return False
+        # Every read happens before every write here: a buffer read must not share memory
+        # with another one written (the same slot was checked when the plan was made).
+        written = {s[0] for s in self.stores}
+        if any(r != w and np.may_share_memory(buffers[r], buffers[w])
+               for r in (*self.f_slots, *self.i_slots) for w in written):
+            return False
+        source = np.concatenate([sim.inp[self.inp_kept], sim.wgt[self.wgt_kept],
+                                 *(buffers[s] for s in self.f_slots), self.f_pads])
+        values = np.zeros(self.values, np.int32)
+        values[:self.acc_n] = sim.acc
+        if self.acc_loads is not None:
+            ints = np.concatenate([*(buffers[s] for s in self.i_slots), self.i_pads])
+            values[self.acc_loads[0]] = ints[self.acc_loads[1]]
+        for product in self.products:
+            product.run(source, values)
+        for ufunc, shr, imm, new, old, src in self.alus:
+            rhs = np.int32(imm) if imm is not None else (np.clip(values[src], 0, 31) if shr else values[src])
+            values[new] = ufunc(values[old], rhs)
+        for slot, mode, dst, src in self.stores:
+            out = values[src]
+            if mode is StoreMode.SATURATE:
+                out = np.clip(out, -128, 127)
+            buffers[slot][dst] = out.astype(buffers[slot].dtype)     # int8: keeps the low byte
+        at, src = self.inp_final
+        sim.inp[at] = source[src]
+        at, src = self.wgt_final
+        sim.wgt[at] = source[src]
+        at, src = self.acc_final
+        sim.acc[at] = values[src]
+        return True
+
+
+def fuse(sim, stream: Sequence[Instruction], order: Sequence[int], buffers: Buffers) -> Optional[FusedPlan]:
+    """The fused plan of a checked stream executed in ``order`` on ``sim`` with these host
+    buffers, or None when the stream does something it does not cover (module doc)."""
+    builder = _Builder(sim, buffers)
+    for i in order:
+        if not builder.add(stream[i]):
+            return None
+    plan = builder.plan()
+    plan._sim = sim
+    return plan

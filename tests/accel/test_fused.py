@@ -1,0 +1,87 @@
+"""The batched (fused) execution of a stream does exactly what executing it instruction by
+instruction does: host buffers and all three scratchpads, on random streams."""
+
+import importlib.util
+import pathlib
+
+import numpy as np
+from hypothesis import given, strategies as st
+
+from accel.hw import fused
+from accel.hw.emitter import Emitter
+from accel.hw.isa import Alu, AluOp, Finish, Gemm, Load, Mem, Store
+from accel.hw.sim import Simulator
+from accel.hw.tokens import DependencyTracker
+
+_here = pathlib.Path(__file__).parent
+
+
+def _load(name):
+    spec = importlib.util.spec_from_file_location(f"accel_{name}_strategies", _here / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+sim_tests, deps_tests = _load("test_sim"), _load("test_deps")
+
+
+def _auto(program):
+    em, deps = Emitter(), DependencyTracker(16)
+    for ins in program:
+        deps.record(ins, em.emit(deps.order(em, ins)))
+    return em.finish()
+
+
+def _both(stream):
+    """(fused plan or None, the fused simulator and host, the reference simulator and host)."""
+    sim, ref = Simulator(sim_tests.SMALL), Simulator(sim_tests.SMALL)
+    host, want = sim_tests._host(), sim_tests._host()
+    for s in (sim, ref):   # scratchpads hold data from before the stream
+        s.acc[:] = np.arange(s.acc.size) * 7919
+        s.inp[:] = np.arange(s.inp.size) % 255 - 127
+    plan = fused.fuse(sim, stream, sim.compile(stream, host).timing.order(), host)
+    return plan, (sim, host), (ref, want)
+
+
+@given(st.one_of(sim_tests.programs().map(sim_tests._fenced), deps_tests.interleaved().map(_auto)))
+def test_fused_execution_equals_instruction_by_instruction(stream):
+    plan, (sim, host), (ref, want) = _both(stream)
+    if plan is None:
+        return
+    assert plan.run(host, sim)
+    ref.run(stream, want)
+    for got, exp in zip(host, want):
+        np.testing.assert_array_equal(got, exp)
+    for mem in Mem:
+        np.testing.assert_array_equal(sim.memory(mem), ref.memory(mem))
+
+
+def _gemm(**fields):
+    return Gemm(acc_addr=0, inp_addr=0, wgt_addr=0, acc_ld=16, inp_ld=16, wgt_ld=16, **fields)
+
+
+def test_streams_the_fused_plan_does_not_cover_run_one_by_one():
+    store = Store(sram_addr=0, sram_ld=16, slot=4, dram_offset=0, dram_ld=16, rows=1, cols=16, push_prev=True)
+    read_back = Load(mem=Mem.ACC, sram_addr=0, sram_ld=16, slot=4, dram_offset=0, dram_ld=16, rows=1,
+                     cols=16, pop_next=True)
+    assert _both([store, read_back, Finish()])[0] is None          # reads what it stored
+    shift = Alu(op=AluOp.SHR, dst_addr=0, use_imm=True, imm=1)
+    assert _both([_gemm(), shift, _gemm(), Finish()])[0] is None  # adds to what an ALU made
+    plan, (sim, host), (ref, want) = _both([_gemm(reset=True), _gemm(), shift, Finish()])
+    assert plan is not None and plan.matmuls == 1
+
+
+def test_a_blocked_product_is_one_matrix_multiplication():
+    """Four accumulator tiles, each the sum of two products, meet as one 32x32x32 product."""
+    stream = [Gemm(acc_addr=0, inp_addr=0, wgt_addr=0, acc_ld=32, inp_ld=16, wgt_ld=16, reset=True,
+                   ext_out=2, ext_in=2, acc_stride_out=16 * 32, acc_stride_in=16)]
+    for m in range(2):
+        stream.append(Gemm(acc_addr=m * 16 * 32, inp_addr=m * 16 * 32, wgt_addr=0, acc_ld=32, inp_ld=32,
+                           wgt_ld=32, ext_out=2, ext_in=2, acc_stride_out=16, wgt_stride_out=16 * 32,
+                           inp_stride_in=16, wgt_stride_in=16))
+    plan, (sim, host), (ref, want) = _both(stream + [Finish()])
+    assert plan.matmuls == 1 and plan.products[0].grid is not None
+    assert plan.run(host, sim)
+    ref.run(stream + [Finish()], want)
+    np.testing.assert_array_equal(sim.acc, ref.acc)
