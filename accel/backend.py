@@ -56,8 +56,11 @@ class AccelBackend(tp.Backend):
 
     def passes(self, phase: tp.Phase, opts: dict) -> list:
         if phase is tp.Phase.PRE_PARTITION:
-            # a quantised (QDQ) model becomes the integer arithmetic accel's patterns take
-            return [tp.integerize()]
+            from accel.compiler.patterns import narrow_constant_operands
+
+            # a quantised (QDQ) model becomes the integer arithmetic accel's patterns take;
+            # int32 weights that fit int8 are stored as int8
+            return [tp.integerize(), narrow_constant_operands()]
         if phase is tp.Phase.AFTER_REWRITE:
             from accel.compiler.planner import plan_pass
 

@@ -295,7 +295,8 @@ def normalise(sch: s_tir.Schedule, conv: Conv, config: Config, notes, gather: st
     return {"C": block.writes[0].source, "A": re_buffer, "B": w_buffer, "i": at[m_role], "j": at["f"],
             "k": k, "k_outer": k_outer, "batch": [at[r] for r in rows[:-1]], "ext": ext, "order": keys,
             "inline": inline, "stop": stop, "gather": gather, "method": "direct" if direct else "im2col",
-            "pixels": "image" if fuse_rows else "row", "row_width": conv.ext["x"] if fuse_rows else None}
+            "pixels": "image" if fuse_rows else "row", "row_width": conv.ext["x"] if fuse_rows else None,
+            "operand_layout": None if conv.channels_last_output else _permute(conv.out_dim, ("n", "y", "x", "f"))}
 
 
 def _input(sch, blk, conv: Conv, direct: bool, notes) -> tuple[list, str]:

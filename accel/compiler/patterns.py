@@ -25,7 +25,8 @@ A new epilogue operation is one more entry in :data:`EPILOGUE_OPS`.
 
 from __future__ import annotations
 
-from tvm import relax, tirx
+import numpy as np
+from tvm import ir, relax, tirx
 from tvm.relax.backend.utils import has_leaking_intermediate_variables
 from tvm.relax.dpl import is_op, wildcard
 
@@ -44,8 +45,8 @@ _COMMUTATIVE = {"relax.add", "relax.multiply", "relax.maximum", "relax.minimum"}
 
 
 def _widened(p):
-    """``p``, or ``astype(p)``: an int8 operand widened before an int32 product."""
-    return is_op("relax.astype")(p) | p
+    """``p``, or ``astype(p)`` from int8 to int32: an int8 operand widened before an int32 product."""
+    return is_op("relax.astype")(p.has_dtype("int8")).has_dtype("int32") | p
 
 
 def _operand():
@@ -67,6 +68,8 @@ def _epilogue(x):
             forms.append([wildcard(), x])
         for args in forms:
             p = is_op(op)(*args)
+            if op == "relax.astype":
+                p = p.has_dtype("int8")     # the narrowing STORE ends an epilogue
             alternatives = p if alternatives is None else alternatives | p
     return alternatives
 
@@ -150,7 +153,29 @@ def _check_core(core, bound: dict) -> str | None:
     return None
 
 
-def _check_epilogue(call, root) -> str | None:
+def _channel_axis(core) -> int:
+    """The output axis a GEMM's columns run along: the last for a matmul, C for a conv2d."""
+    if core.op.name == "relax.nn.conv2d":
+        layout = str(core.attrs.out_layout or core.attrs.data_layout)
+        return layout.index("C")
+    return len(core.ty.shape.values) - 1
+
+
+def _operand_fits(operand, core) -> bool:
+    """Whether a tensor operand of an epilogue varies along the accumulator's columns as
+    the ALU reads it: per channel or per element, not broadcast across the channels (a
+    one-element tensor that is a constant is an immediate)."""
+    if isinstance(operand, ir.Constant) and int(np.prod(operand.value.shape)) == 1:
+        return True
+    if not _static(operand):
+        return False
+    shape = [int(d) for d in operand.ty.shape.values]
+    out = [int(d) for d in core.ty.shape.values]
+    axis = _channel_axis(core) - (len(out) - len(shape))
+    return axis >= 0 and shape[axis] == out[_channel_axis(core)]
+
+
+def _check_epilogue(call, root, core) -> str | None:
     name = call.op.name
     if name == "relax.astype":
         if call.same_as(root) and _dtype(call.args[0]) == "int32" and _dtype(call) == "int8":
@@ -161,6 +186,9 @@ def _check_epilogue(call, root) -> str | None:
             continue
         if _dtype(operand) != "int32":
             return f"{name.removeprefix('relax.')} with a {_dtype(operand)} operand; the ALU takes int32"
+        if not _operand_fits(operand, core):
+            return (f"{name.removeprefix('relax.')} with an operand broadcast across the channels; the ALU "
+                    "takes per-channel or per-element operands, or constant scalars")
     if _dtype(call) != "int32":
         return f"{name.removeprefix('relax.')} gives {_dtype(call)}; the ALU computes int32"
     return None
@@ -177,9 +205,39 @@ def check(ctx) -> bool | str:
     for value in ctx.matched_bindings.values():
         if isinstance(value, relax.Call) and not value.same_as(core) and \
                 not any(value.same_as(c) for c in operand_calls):
-            why = _check_epilogue(value, ctx.matched_expr)
+            why = _check_epilogue(value, ctx.matched_expr, core)
             if why is not None:
                 return why
     if has_leaking_intermediate_variables(ctx):
         return False
     return True
+
+
+def narrow_constant_operands() -> "tvm.transform.Pass":
+    """A Relax pass: an int32 constant operand of an int32 matmul or conv2d whose values all
+    fit in int8 (a widened weight that constant folding turned into int32) becomes the int8
+    constant widened by ``astype``, the form accel's patterns take; the weight is stored as int8.
+    """
+    import tvm
+    from tvm.relax.dpl import is_const, rewrite_call
+
+    const = is_const()
+    core = is_op("relax.matmul")(wildcard(), const) | is_op("relax.nn.conv2d")(wildcard(), const)
+
+    def narrow(call, matches):
+        weight = matches[const]
+        values = weight.value.numpy()
+        if str(values.dtype) != "int32" or _dtype(call) != "int32" or values.size == 0 or \
+                values.min() < -128 or values.max() > 127:
+            return call
+        narrowed = relax.op.astype(relax.const(values.astype("int8")), "int32")
+        return relax.Call(call.op, [call.args[0], narrowed], call.attrs)
+
+    @tvm.transform.module_pass(opt_level=0, name="accel.NarrowConstantOperands")
+    def run(mod, ctx):
+        for gv, func in list(mod.functions.items()):
+            if isinstance(func, relax.Function):
+                mod[gv] = rewrite_call(core, narrow, func)
+        return mod
+
+    return run

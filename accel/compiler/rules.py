@@ -301,6 +301,10 @@ def epilogue_chain(e, is_spine, is_operand):
     if isinstance(e, tirx.RShift) and _int(e.b) is not None:
         inner = epilogue_chain(e.a, is_spine, is_operand)
         return None if inner is None else (inner[0], inner[1] + [_Step(AluOp.SHR, _int(e.b))])
+    if isinstance(e, tirx.Add):
+        factored = _factored(e, is_spine, is_operand)
+        if factored is not None:
+            return factored
     op = _OPS.get(type(e))
     if op is None:
         return None
@@ -312,6 +316,30 @@ def epilogue_chain(e, is_spine, is_operand):
             return inner[0], inner[1] + [_Step(op, _int(other))]
         if isinstance(other, ir.TensorLoad) and is_operand(other) and not other.source.same_as(inner[0].source):
             return inner[0], inner[1] + [_Step(op, operand=other)]
+    return None
+
+
+def _scaled(e):
+    """``(x, c)`` if ``e`` is ``x * c`` with ``c`` a constant, else None."""
+    if isinstance(e, tirx.Mul):
+        for x, c in ((e.a, e.b), (e.b, e.a)):
+            if _int(c) is not None:
+                return x, _int(c)
+    return None
+
+
+def _factored(e, is_spine, is_operand):
+    """``x*c + y*c`` as ``(x + y) * c`` (equal in int32's wrap-around arithmetic): the form
+    TVM's simplifier leaves when it inlines a bias add into a requantise multiply."""
+    for left, right in ((e.a, e.b), (e.b, e.a)):
+        lhs, rhs = _scaled(left), _scaled(right)
+        if lhs is None or rhs is None or lhs[1] != rhs[1] or not (-_IMM_MAX <= lhs[1] < _IMM_MAX):
+            continue
+        inner = epilogue_chain(lhs[0], is_spine, is_operand)
+        other = rhs[0]
+        if inner is not None and isinstance(other, ir.TensorLoad) and is_operand(other) \
+                and not other.source.same_as(inner[0].source):
+            return inner[0], inner[1] + [_Step(AluOp.ADD, operand=other), _Step(AluOp.MUL, lhs[1])]
     return None
 
 

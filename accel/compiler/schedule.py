@@ -233,7 +233,7 @@ def _analyse_gemm(block, m):
     return {"C": store.buffer, "A": a_load.source, "B": b_load.source, "a_idx": a_idx, "b_idx": b_idx,
             "i": i, "j": j, "k": k, "batch": batch, "ext": ext, "order": [iv.var.__chandle__() for iv in block.iter_vars],
             "k_outer": [], "inline": [], "stop": None, "gather": "", "method": None, "pixels": None,
-            "row_width": None}, None
+            "row_width": None, "operand_layout": None}, None
 
 
 def _read_index(block, buffer) -> int:
@@ -495,10 +495,16 @@ def _schedule_gemm(sch, name, roles, config, notes, knobs: Knobs):
             if r.source.same_as(sch.get(gemm).writes[0].source):
                 continue
             stage = sch.cache_read(final, _read_index(sch.get(final), r.source), ACC)
+            if roles["operand_layout"] is not None and len(r.source.shape) == len(out_buffer.shape):
+                # an operand in the layout of an NCHW result (a residual, a [1, F, 1, 1]
+                # bias) is staged channels-last, like the accumulator it is applied to
+                sch.transform_layout(stage, ("write", 0), roles["operand_layout"])
             sch.compute_at(stage, j_o)
-            if len(r.source.shape) >= 2:
+            wide = [d for d, e in enumerate(r.source.shape) if _const(e) > 1]
+            if len(wide) >= 2:
                 # ALU operands are tile-lane vectors: rows of the staged copy start aligned
-                sch.storage_align(stage, 0, len(r.source.shape) - 2, t, 0)
+                # (a [1, F, 1, 1] bias has one row: its channels stay contiguous)
+                sch.storage_align(stage, 0, wide[-2], t, 0)
     sch.decompose_reduction(gemm, k_outer[0] if k_outer else k_o)
     plan.knobs = Knobs(bm, bn, bk, WEIGHTS[resident], roles["method"], roles["pixels"])
     notes.offloaded.append(plan)
@@ -561,9 +567,11 @@ def describe_epilogue(steps, out_dtype: str) -> list:
 
     shifts = any(s.op is AluOp.SHR for s in steps)
     narrow = out_dtype == "int8"
-    for n, s in enumerate(steps):
-        if s.op is AluOp.ADD and s.operand is not None and not (shifts and words):
-            say("bias" if n == 0 else "add")
+    for s in steps:
+        if s.op is AluOp.ADD and s.operand is not None:
+            # a bias varies along one dimension (the channels); a residual along several
+            wide = sum(1 for e in s.operand.source.shape if int(e) > 1)
+            say("bias" if wide <= 1 else "residual add")
         elif s.op in (AluOp.MUL, AluOp.SHR) or (s.op is AluOp.ADD and shifts):
             say("requantise")
         elif s.op is AluOp.MAX and s.imm == 0:

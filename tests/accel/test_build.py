@@ -177,3 +177,25 @@ def test_a_relax_legalized_matmul_builds_as_it_is(m, n, k):
     ex, _ = run(func, inputs, lambda a, b: a.astype("int32") @ b.astype("int32"), np.random.default_rng(m + n + k))
     assert ex.report.mac_share == 1.0
 
+
+
+def test_relax_nchw_conv_with_bias_and_requantise():
+    """The Relax-legalized NCHW conv2d + [1, F, 1, 1] bias + requantise with the ReLU folded
+    into the clip (shared/repros/nchw_conv_bias_requant.py) runs on accel, bit-exact."""
+    import pathlib
+
+    path = pathlib.Path("/work/shared/repros/nchw_conv_bias_requant.py")
+    if not path.exists():
+        pytest.skip("the shared reproducers are not here")
+    func = tvm.script.from_source(path.read_text())
+    ex = accel.build(func)
+    assert ex.report.mac_share == 1.0 and ex.report.offloaded[0].epilogue == ["bias", "requantise", "ReLU"]
+    rng = np.random.default_rng(0)
+    args = [rng.integers(-128, 128, (1, 3, 8, 8), dtype=np.int8), rng.integers(-128, 128, (8, 3, 3, 3), dtype=np.int8),
+            rng.integers(-3000, 3000, (1, 8, 1, 1), dtype=np.int32)]
+    out, want = np.zeros((1, 8, 8, 8), np.int8), tvm.runtime.tensor(np.zeros((1, 8, 8, 8), np.int8))
+    with accel.Session():
+        ex(*args, out)
+    ref = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), "llvm")
+    ref["main"](*[tvm.runtime.tensor(a) for a in args], want)
+    np.testing.assert_array_equal(out, want.numpy())

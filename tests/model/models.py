@@ -54,3 +54,100 @@ def reference(mod: tvm.IRModule, args: list):
     if isinstance(out, tvm.runtime.Tensor):
         return out.numpy()
     return tuple(o.numpy() for o in out)
+
+
+def cnn(size: int = 8, channels: int = 8, classes: int = 10, layout: str = "NCHW", shift: int = 10) -> tvm.IRModule:
+    """A ResNet-style int8 CNN: a 3x3 conv + bias + ReLU + requantise (ReLU folded into the
+    clip), a residual block (3x3 conv + bias, plus the block's input, ReLU, requantise), a
+    flatten and a dense head. Weights [F, C, 3, 3] (OIHW) for NCHW, [3, 3, C, F] (HWIO) for NHWC."""
+    nchw = layout == "NCHW"
+    act = (1, 3, size, size) if nchw else (1, size, size, 3)
+    hidden = (1, channels, size, size) if nchw else (1, size, size, channels)
+    w1s = (channels, 3, 3, 3) if nchw else (3, 3, 3, channels)
+    w2s = (channels, channels, 3, 3) if nchw else (3, 3, channels, channels)
+    bias = (1, channels, 1, 1) if nchw else (1, 1, 1, channels)
+    kernel = "OIHW" if nchw else "HWIO"
+    flat = channels * size * size
+    half = 1 << (shift - 1)
+
+    @I.ir_module
+    class Module:
+        @R.function
+        def main(x: R.Tensor(act, "int8"), w1: R.Tensor(w1s, "int8"), b1: R.Tensor(bias, "int32"),
+                 w2: R.Tensor(w2s, "int8"), b2: R.Tensor(bias, "int32"), wd: R.Tensor((classes, flat), "int8")):
+            with R.dataflow():
+                c1 = R.nn.conv2d(x, w1, padding=1, data_layout=layout, kernel_layout=kernel, out_dtype="int32")
+                a1 = R.astype(R.clip(R.right_shift(R.add(R.multiply(R.add(c1, b1), R.const(3, "int32")),
+                                                          R.const(half, "int32")), R.const(shift, "int32")), 0, 127),
+                              "int8")
+                c2 = R.nn.conv2d(a1, w2, padding=1, data_layout=layout, kernel_layout=kernel, out_dtype="int32")
+                r = R.nn.relu(R.add(R.add(c2, b2), R.astype(a1, "int32")))
+                a2 = R.astype(R.clip(R.right_shift(R.add(r, R.const(half, "int32")), R.const(shift, "int32")),
+                                     -128, 127), "int8")
+                f = R.reshape(a2, (1, flat))
+                o = R.matmul(f, R.permute_dims(wd), out_dtype="int32")
+                R.output(o)
+            return o
+
+    return Module
+
+
+def batch_matmul(batch: int, m: int, n: int, k: int) -> tvm.IRModule:
+    """A batched int8 matmul with a bias and a saturating requantise."""
+
+    @I.ir_module
+    class Module:
+        @R.function
+        def main(a: R.Tensor((batch, m, k), "int8"), b: R.Tensor((batch, k, n), "int8"), bias: R.Tensor((n,), "int32")):
+            with R.dataflow():
+                y = R.add(R.matmul(a, b, out_dtype="int32"), bias)
+                q = R.astype(R.clip(R.right_shift(y, R.const(6, "int32")), -128, 127), "int8")
+                R.output(q)
+            return q
+
+    return Module
+
+
+def nn_mlp(features: int = 48, hidden: int = 32, classes: int = 10, batch: int = 4) -> tvm.IRModule:
+    """An MLP written with relax.frontend.nn: int8 Linear layers with int32 results (no bias),
+    a ReLU between them, narrowed to int8 by a cast."""
+    from tvm.relax.frontend import nn
+
+    class MLP(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1 = nn.Linear(features, hidden, bias=False, dtype="int8", out_dtype="int32")
+            self.fc2 = nn.Linear(hidden, classes, bias=False, dtype="int8", out_dtype="int32")
+
+        def forward(self, x: nn.Tensor):
+            h = nn.op.astype(nn.op.minimum(nn.op.relu(self.fc1(x)), nn.op.full((1,), 127, "int32")), "int8")
+            return self.fc2(h)
+
+    mod, _ = MLP().export_tvm({"forward": {"x": nn.spec.Tensor((batch, features), "int8")}})
+    return mod
+
+
+def onnx_mlp(batch: int, features: int, hidden: int, classes: int, seed: int = 0):
+    """An int8 ONNX MLP with MatMulInteger layers (weights as initializers): MatMulInteger +
+    bias + Relu + Cast to int8 (wrapping), then a MatMulInteger head."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    w1 = rng.integers(-128, 128, (features, hidden), dtype=np.int8)
+    b1 = rng.integers(-2000, 2000, (hidden,), dtype=np.int32)
+    w2 = rng.integers(-128, 128, (hidden, classes), dtype=np.int8)
+    nodes = [
+        helper.make_node("MatMulInteger", ["x", "w1"], ["y"]),
+        helper.make_node("Add", ["y", "b1"], ["z"]),
+        helper.make_node("Relu", ["z"], ["r"]),
+        helper.make_node("Cast", ["r"], ["h"], to=TensorProto.INT8),
+        helper.make_node("MatMulInteger", ["h", "w2"], ["out"]),
+    ]
+    inits = [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(b1, "b1"),
+             numpy_helper.from_array(w2, "w2")]
+    graph = helper.make_graph(nodes, "int8_mlp", [helper.make_tensor_value_info("x", TensorProto.INT8, [batch, features])],
+                              [helper.make_tensor_value_info("out", TensorProto.INT32, [batch, classes])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    onnx.checker.check_model(model)
+    return model

@@ -131,3 +131,88 @@ def test_load_rejects_other_files(tmp_path):
         tp.load(bad)
     with pytest.raises(FileNotFoundError):
         tp.load(tmp_path / "missing.tirpat")
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_resnet_style_cnn_bit_exact(layout):
+    """conv + bias + requantise (ReLU folded into the clip), a residual block, a dense head."""
+    from models import cnn
+
+    mod = cnn(layout=layout)
+    model = tp.build(mod, "accel, llvm")
+    args = random_inputs(mod, np.random.default_rng(5))
+    assert_same(model(*args), reference(mod, args))
+    report = model.report.to_json()
+    assert report["macs"]["host"] == 0 and report["macs"]["accel"] == report["total_macs"]
+    epilogues = sorted(tuple(p["epilogue"]) for p in report["partitions"])
+    assert epilogues == [(), ("bias", "requantise", "ReLU"), ("bias", "residual add", "ReLU", "requantise")]
+
+
+@settings(max_examples=4, deadline=None)
+@given(st.integers(1, 3), st.integers(1, 40), st.integers(1, 40), st.integers(1, 40))
+def test_batch_matmul(batch, m, n, k):
+    from models import batch_matmul
+
+    mod = batch_matmul(batch, m, n, k)
+    model = tp.build(mod, "accel, llvm")
+    args = random_inputs(mod, np.random.default_rng(m * n * k))
+    assert_same(model(*args), reference(mod, args))
+    assert model.report.macs == {"accel": batch * m * n * k, "host": 0}
+
+
+def test_relax_frontend_nn_module():
+    from models import nn_mlp
+
+    mod = nn_mlp()
+    model = tp.build(mod, "accel, llvm", entry="forward")
+    args = random_inputs(mod, np.random.default_rng(6), "forward")
+    vm_ref = __import__("tvm").relax.VirtualMachine(__import__("tvm").compile(mod, "llvm"), __import__("tvm").cpu())
+    want = vm_ref["forward"](*[__import__("tvm").runtime.tensor(a) for a in args]).numpy()
+    np.testing.assert_array_equal(model(*args), want)
+    assert model.report.macs["host"] == 0
+    assert any(p.epilogue == ["ReLU", "saturate to int8"] for p in model.report.partitions)
+
+
+def test_onnx_matmulinteger_mlp_runs_on_accel():
+    from tvm.relax.frontend.onnx import from_onnx
+    from models import onnx_mlp
+
+    mod = from_onnx(onnx_mlp(8, 64, 48, 10))
+    model = tp.build(mod, "accel, llvm", strict=True)
+    args = random_inputs(mod, np.random.default_rng(7))
+    assert_same(model(*args), reference(mod, args))
+    assert model.report.macs == {"accel": 8 * 64 * 48 + 8 * 48 * 10, "host": 0}
+    # the int8 weights were transposed once, at compile time, not on every call
+    steps = [why for p in model.report.partitions for _, why in p.on_host]
+    assert steps and all("at compile time" in why for why in steps)
+
+
+def test_ops_no_backend_takes_run_on_the_host_and_say_so():
+    from tvm.script import ir as I, relax as R
+
+    @I.ir_module
+    class Mixed:
+        @R.function
+        def main(x: R.Tensor((16, 32), "int8"), w: R.Tensor((32, 16), "int8")):
+            with R.dataflow():
+                y = R.matmul(x, w, out_dtype="int32")
+                f = R.astype(y, "float32")
+                e = R.exp(R.multiply(f, R.const(0.001, "float32")))
+                R.output(e)
+            return e
+
+    model = tp.build(Mixed, "accel, llvm")
+    args = random_inputs(Mixed, np.random.default_rng(8))
+    np.testing.assert_allclose(model(*args), reference(Mixed, args), rtol=1e-6)
+    host = {h.op: h.reason for h in model.report.on_host}
+    assert "relax.exp" in host and "no backend of the target takes relax.exp" in host["relax.exp"]
+    assert model.report.macs == {"accel": 16 * 32 * 16, "host": 0}
+    assert "on the host:" in str(model.report) and "exp" in str(model.report)
+
+
+def test_partition_tags_each_group_with_its_backend():
+    mod = mlp(8, 64, 32, 10)
+    parts = tp.partition(mod, tp.parse_target("accel -tile=16, llvm"))
+    tagged = [f for f in parts.functions.values() if (f.attrs or {}).get("tirpat.backend") == "accel"]
+    assert len(tagged) == 2
+    assert all(json.loads(str(f.attrs["tirpat.options"]))["tile"] == 16 for f in tagged)

@@ -64,7 +64,7 @@ def build(mod: ir.IRModule, target, *, strict: bool = False, params: Mapping[str
     with recording(record):
         executable = tvm.compile(mod, t.host, relax_pipeline=relax_pipeline(t, records), tir_pipeline=TIR_PIPELINE)
     report = _report(record, t)
-    _complain(report, t, strict)
+    _complain(report, t, set(record.partitioner.declined.reasons), strict)
     return CompiledModel(executable, t.backends, t.host, inputs, report, entry)
 
 
@@ -144,7 +144,7 @@ def _reason(op: str, var: str, partitioner, target) -> str:
     return f"no backend of the target takes {op} ({', '.join(names)})"
 
 
-def _complain(report: ModelReport, target, strict: bool) -> None:
+def _complain(report: ModelReport, target, declined: set, strict: bool) -> None:
     names = [b.name for b, _ in target.backends]
     if not names:
         return
@@ -155,7 +155,7 @@ def _complain(report: ModelReport, target, strict: bool) -> None:
                                                                          " (no operator matched a pattern)"))
     else:
         for h in report.on_host:
-            if "no backend of the target" not in h.reason and h.reason != "the target has no backend":
+            if h.macs or h.var in declined:
                 problems.append(f"{h.var} = {h.op} stays on the host: {h.reason}")
     for p in report.partitions:
         if not p.rules:

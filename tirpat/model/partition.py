@@ -161,6 +161,9 @@ class Partitioner:
     def __call__(self, mod: ir.IRModule) -> ir.IRModule:
         if not isinstance(mod, ir.IRModule):
             raise TypeError(f"partition takes a Relax IRModule, got {type(mod).__name__}")
+        # constants computed from constants (a broadcast scalar, a transposed weight) become
+        # plain constants first: what the backends' patterns and checks see
+        mod = relax.transform.FoldConstant()(relax.transform.ConvertToDataflow()(mod))
         mod = tvm.transform.Sequential(self.phase(Phase.PRE_PARTITION))(mod)
         mod = self.fuse(mod)
         return tvm.transform.Sequential(self.phase(Phase.POST_PARTITION))(mod)
