@@ -216,3 +216,24 @@ def test_partition_tags_each_group_with_its_backend():
     tagged = [f for f in parts.functions.values() if (f.attrs or {}).get("tirpat.backend") == "accel"]
     assert len(tagged) == 2
     assert all(json.loads(str(f.attrs["tirpat.options"]))["tile"] == 16 for f in tagged)
+
+
+def test_model_demo_runs_and_labels_layers(capsys):
+    from accel.demo import main
+
+    assert main(["--model", "--size", "8", "--channels", "16", "--blocks", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "bit-exact vs tvm.compile(mod, 'llvm'): yes" in out
+    assert "on accel: " in out and "(100.0%)" in out
+    assert "layer |" in out and "conv2d + bias + residual add" in out
+
+
+def test_layers_cover_the_device_cycles():
+    from accel.demo import resnet_model
+
+    model = tp.build(resnet_model(8, 16, 1), "accel, llvm")
+    model(np.zeros((1, 8, 8, 3), np.int8))
+    layers = model.layers
+    assert [l.what.split(" + ")[0] for l in layers] == ["conv2d", "conv2d", "conv2d", "matmul"]
+    assert layers[0].start == 0 and layers[-1].end == model.stats["accel"].cycles
+    assert all(a.end == b.start for a, b in zip(layers, layers[1:]))

@@ -94,6 +94,7 @@ def _report(record: Record, target) -> ModelReport:
         if isinstance(func, relax.Function) and tagged(func) is not None:
             composite[gv.name_hint] = func
     report = ModelReport()
+    calls = []      # (composite function name) per call, in program order
     for gv, func in mod.functions.items():
         if not isinstance(func, relax.Function) or gv.name_hint in composite:
             continue
@@ -103,6 +104,7 @@ def _report(record: Record, target) -> ModelReport:
                 if not isinstance(call, relax.Call):
                     continue
                 if isinstance(call.op, ir.GlobalVar) and call.op.name_hint in composite:
+                    calls.append(call.op.name_hint)
                     continue
                 if not isinstance(call.op, ir.Op):
                     continue
@@ -110,15 +112,19 @@ def _report(record: Record, target) -> ModelReport:
                 report.total_macs += macs
                 report.on_host.append(HostOp(call.op.name, binding.var.name,
                                              _reason(call.op.name, binding.var.name, partitioner, target), macs))
-    for name, (backend, pattern, calls) in record.partitions.items():
-        base = name.removesuffix("_prepacked")
-        macs = sum(macs_of(c) for c in calls)
+    lowered = {name.removesuffix("_prepacked"): name for name in record.partitions}
+    for base in calls:      # one entry per call: a partition function may be called more than once
+        name = lowered.get(base)
+        if name is None:
+            continue
+        backend, pattern, ops = record.partitions[name]
+        macs = sum(macs_of(c) for c in ops)
         report.total_macs += macs
         notes = json.loads(record.notes.get(name, "{}"))
         rules = record.rules.get(name, {})
-        core = next((n for n, c in enumerate(calls) if macs_of(c)), 0)
-        part = Partition(backend, base, pattern, [c.op.name for c in calls[core:]], macs,
-                         notes.get("epilogue") or epilogue_of(calls[core:]), rules,
+        core = next((n for n, c in enumerate(ops) if macs_of(c)), 0)
+        part = Partition(backend, base, pattern, [c.op.name for c in ops[core:]], macs,
+                         notes.get("epilogue") or epilogue_of(ops[core:]), rules,
                          macs if not rules else int(notes.get("host_macs", 0)),
                          notes.get("device_macs"), [_at_compile_time(s, record.folded.get(name, ()))
                                                     for s in notes.get("host_steps", [])])

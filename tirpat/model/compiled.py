@@ -25,9 +25,10 @@ import tvm
 from tvm import relax
 
 from .backend import lookup
+from .pipeline import marks
 from .report import ModelReport
 
-__all__ = ["CompiledModel", "Input", "load", "FORMAT"]
+__all__ = ["CompiledModel", "Input", "Layer", "load", "FORMAT"]
 
 #: The export format's name and version, checked by :func:`load`.
 FORMAT = "tirpat-model/1"
@@ -50,6 +51,8 @@ class CompiledModel:
     - ``report``: the offload report (``str()``, ``.to_json()``);
     - ``stats``: the last call's device statistics by backend name (what each backend's
       session exposes as ``.stats``; for accel an ``accel.Stats``);
+    - ``layers``: the last call's offloaded partitions in the order they ran, each a
+      :class:`Layer` with its span of device cycles (a timeline labelled by layer);
     - ``export(path)`` writes one file that :func:`load` reads back.
     """
 
@@ -62,7 +65,8 @@ class CompiledModel:
         self.report = report
         self.entry = entry
         self.stats: dict = {}
-        self._vm = relax.VirtualMachine(executable, tvm.cpu())
+        self.layers: list = []
+        self._vm = None         # made on the first call: building one costs as much as a small compile
 
     def _check(self, args) -> list:
         if len(args) != len(self.inputs):
@@ -85,12 +89,34 @@ class CompiledModel:
     def __call__(self, *args):
         tensors = self._check(args)
         sessions = {}
+        started = []        # (partition, {backend: cycles so far}) as each partition starts
+
+        def cycles_now() -> dict:
+            return {n: getattr(s.stats, "cycles", 0) for n, s in sessions.items() if getattr(s, "stats", None)}
+
         with contextlib.ExitStack() as stack:
             for backend, opts in self.backends:
                 sessions[backend.name] = stack.enter_context(backend.session(opts))
-            out = self._vm[self.entry](*tensors)
+            if self._vm is None:
+                self._vm = relax.VirtualMachine(self.executable, tvm.cpu())
+            with marks(lambda name: started.append((name, cycles_now()))):
+                out = self._vm[self.entry](*tensors)
         self.stats = {name: s.stats for name, s in sessions.items() if getattr(s, "stats", None) is not None}
+        self.layers = self._layers(started, cycles_now())
         return _to_numpy(out)
+
+    def _layers(self, started: list, end: dict) -> list:
+        owner = {p.function: p for p in self.report.partitions}
+        out = []
+        for n, (name, at) in enumerate(started):
+            base = name.removesuffix("_prepacked")
+            part = owner.get(base)
+            if part is None or part.backend not in at:
+                continue
+            nxt = next((c for _, c in started[n + 1:] if part.backend in c), end)
+            out.append(Layer(base, part.backend, " + ".join(_layer_words(part)), at[part.backend],
+                             nxt.get(part.backend, at[part.backend])))
+        return out
 
     # ------------------------------------------------------------------ export / load
     def export(self, path) -> Path:
@@ -114,6 +140,26 @@ class CompiledModel:
         names = ", ".join(b.name for b, _ in self.backends) or "no backend"
         ins = ", ".join(f"{i.name}: {i.dtype}{list(i.shape)}" for i in self.inputs)
         return f"<CompiledModel ({ins}) on {names} + {self.host.kind.name}>"
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One run of an offloaded partition: its function, backend, what it computes, and the
+    device cycles it took (``start``/``end`` on the backend's cumulative cycle count)."""
+
+    function: str
+    backend: str
+    what: str
+    start: int
+    end: int
+
+    @property
+    def cycles(self) -> int:
+        return self.end - self.start
+
+
+def _layer_words(part) -> list:
+    return [part.ops[0].removeprefix("relax.").removeprefix("nn.")] + list(part.epilogue) if part.ops else [part.pattern]
 
 
 def _json_default(value):

@@ -56,6 +56,36 @@ class Record:
     folded: dict = field(default_factory=dict)        # PrimFunc name -> layout stages run at compile time
 
 
+#: The runtime function every offloaded PrimFunc calls first with its name (see :func:`marks`).
+PARTITION_MARKER = "tirpat.partition_begin"
+_MARKS = threading.local()
+
+
+def _on_partition(name) -> None:
+    sink = getattr(_MARKS, "sink", None)
+    if sink is not None:
+        sink(str(name))
+
+
+tvm.register_global_func(PARTITION_MARKER, _on_partition, override=True)
+
+
+class marks:
+    """While entered, ``sink(name)`` is called each time an offloaded partition starts to run
+    (in this thread): how a compiled model tells which layer the device's work belongs to."""
+
+    def __init__(self, sink) -> None:
+        self.sink = sink
+
+    def __enter__(self):
+        self.saved = getattr(_MARKS, "sink", None)
+        _MARKS.sink = self.sink
+        return self
+
+    def __exit__(self, *exc):
+        _MARKS.sink = self.saved
+
+
 _RECORD: contextvars.ContextVar = contextvars.ContextVar("tirpat_build_record", default=None)
 
 
@@ -220,12 +250,40 @@ def _split_layout_stages(mod: ir.IRModule) -> tuple[ir.IRModule, dict]:
                                                 if b.name_hint != "root" else None))
             stages[gv.name_hint] = blocks
     folded: dict = {}
+    constant_calls = []
     for func in mod.functions.values():
         for call in _calls(func, "relax.call_tir"):
             name = call.args[0].name_hint
             if name in stages and all(isinstance(a, ir.Constant) for a in call.args[1].fields):
                 folded.setdefault(name.removesuffix("_weight_prepack") + "_prepacked", []).extend(stages[name])
+                constant_calls.append(call)
+    if constant_calls:
+        mod = _run_at_compile_time(mod, constant_calls)
     return mod, folded
+
+
+def _run_at_compile_time(mod: ir.IRModule, calls: list) -> ir.IRModule:
+    """Replace each ``call_tir`` of ``calls`` (all arguments constants) by its result: the
+    functions are compiled for the CPU together, once (``FoldConstant`` would compile each alone)."""
+    from tvm.relax.dpl import is_op, rewrite_call, wildcard
+
+    names = sorted({c.args[0].name_hint for c in calls})
+    lib = tvm.compile(ir.IRModule({n: mod[n].with_attr("global_symbol", n) for n in names}), "llvm")
+    results = {}
+    for call in calls:
+        out = tvm.runtime.empty([int(d) for d in call.ty.shape.values], str(call.ty.dtype))
+        lib[call.args[0].name_hint](*[a.value for a in call.args[1].fields], out)
+        results[tvm_ffi.structural_hash(call)] = (call, relax.const(out.numpy()))
+
+    def fold(call, _):
+        found = results.get(tvm_ffi.structural_hash(call))
+        return found[1] if found is not None and tvm_ffi.structural_equal(found[0], call) else call
+
+    pattern = is_op("relax.call_tir")(wildcard(), wildcard())
+    for gv, func in list(mod.functions.items()):
+        if isinstance(func, relax.Function):
+            mod[gv] = rewrite_call(pattern, fold, func)
+    return relax.transform.DeadCodeElimination()(mod)
 
 
 def _calls(func, op_name: str) -> list:
@@ -304,7 +362,10 @@ def _dispatch(mod: ir.IRModule, ctx) -> ir.IRModule:
             sub = rw(sub)
             counts = dict(rw.report.counts)
         sub = tvm.transform.Sequential(after)(sub)
-        mod[gv] = sub[gv]
+        done = sub[gv]
+        # a marker first, so that a run can tell which partition the device's work belongs to
+        marker = tirx.Evaluate(tirx.call_packed(PARTITION_MARKER, gv.name_hint))
+        mod[gv] = done.with_body(tirx.SeqStmt([marker, done.body]))
         if record is not None:
             record.rules[gv.name_hint] = counts
     return mod
