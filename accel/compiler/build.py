@@ -13,6 +13,7 @@ schedules unscheduled workloads first (:mod:`accel.compiler.schedule`).
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -67,8 +68,12 @@ class Report:
         return 1.0 if self.total_macs == 0 else self.accel_macs / self.total_macs
 
     def __str__(self):
-        lines = ["accel offload report",
-                 f"  MACs on accel: {self.accel_macs} of {self.total_macs} ({100 * self.mac_share:.1f}%)"]
+        macs = (f"  MACs on accel: {self.accel_macs} of {self.total_macs} ({100 * self.mac_share:.1f}%)"
+                if self.total_macs else "  MACs on accel: none (the workload has no multiply-accumulate)")
+        lines = ["accel offload report", macs]
+        device = sum(g.device_macs for g in self.offloaded)
+        if device > self.accel_macs:
+            lines.append(f"  the device executes {device} MACs: M, N and K are padded to whole tiles")
         for g in self.offloaded:
             epi = f" + epilogue {', '.join(g.epilogue)}" if g.epilogue else ""
             gather = f"; {g.gather}" if g.gather else ""
@@ -157,13 +162,16 @@ def _already_scheduled(func: tirx.PrimFunc) -> bool:
     return bool(found)
 
 
-def build(workload, config: Config | None = None) -> Executable:
+def build(workload, config: Config | None = None, *, strict: bool = False) -> Executable:
     """Schedule (if needed) and compile a workload for accel + the llvm host.
 
     ``workload`` is a PrimFunc or an IRModule with one PrimFunc, e.g. from
     ``te.create_prim_func`` on topi's ``nn.dense``/``nn.matmul``/``nn.batch_matmul`` with
     int8 inputs and int32 outputs, with fused bias / ReLU / requantise epilogues. A
     workload that already uses the ``local.accel_*`` scopes is only run through the pipeline.
+    When nothing, or only part of the multiply-accumulates, is offloaded, a
+    ``tp.OffloadWarning`` names the reason (the dtypes found, say); ``strict=True`` raises
+    ``tp.OffloadError`` instead.
 
     >>> ex = accel.build(te.create_prim_func([A, W, C]))     # doctest: +SKIP
     """
@@ -193,4 +201,21 @@ def build(workload, config: Config | None = None) -> Executable:
         # (what stayed on the CPU in such code is not known as MACs).
         report.accel_macs = sum(_nest_volume(s.node) for s in report.sites if s.rule == "accel.gemm")
         report.total_macs = max(report.total_macs, report.accel_macs)
+    _complain(report, strict)
     return Executable(compiled, mod["main"], report, config=config)
+
+
+def _complain(report: Report, strict: bool) -> None:
+    """Warn (or raise, ``strict``) when less than the workload's MACs went to accel."""
+    if report.total_macs and report.accel_macs >= report.total_macs:
+        return
+    if not report.total_macs:
+        message = "accel.build: nothing was offloaded: the workload has no multiply-accumulate"
+    else:
+        why = "; ".join(f"{name}: {reason}" for name, reason in report.on_cpu if "multiply-accumulate" in reason
+                        or "matrix" in reason or "convolution" in reason) or "see the report"
+        message = (f"accel.build: {report.total_macs - report.accel_macs} of {report.total_macs} MACs stay on "
+                   f"the CPU: {why}")
+    if strict:
+        raise tp.OffloadError(message)
+    warnings.warn(message, tp.OffloadWarning, stacklevel=3)

@@ -127,7 +127,8 @@ def test_non_gemm_reductions_stay_on_the_cpu_with_a_reason():
     A = te.placeholder((16, 16), "int8", name="A")
     k = te.reduce_axis((0, 16), "k")
     S = te.compute((16,), lambda i: te.sum(A[i, k].astype("int32"), axis=k), name="rowsum")
-    ex = accel.build(te.create_prim_func([A, S]))
+    with pytest.warns(UserWarning, match="rowsum: it is not an int8 x int8 -> int32 multiply-accumulate"):
+        ex = accel.build(te.create_prim_func([A, S]))
     assert ex.report.mac_share == 0.0 and ex.report.on_cpu[0][0] == "rowsum"
     a = np.arange(256, dtype=np.int8).reshape(16, 16)
     out = np.zeros(16, np.int32)
@@ -199,3 +200,34 @@ def test_relax_nchw_conv_with_bias_and_requantise():
     ref = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), "llvm")
     ref["main"](*[tvm.runtime.tensor(a) for a in args], want)
     np.testing.assert_array_equal(out, want.numpy())
+
+
+@pytest.mark.parametrize("a_dtype, b_dtype, out_dtype", [("float32", "float32", "float32"),
+                                                          ("uint8", "int8", "int32"), ("int16", "int16", "int32")])
+def test_what_accel_cannot_take_warns_with_the_dtypes(a_dtype, b_dtype, out_dtype):
+    import tirpat as tp
+
+    A = te.placeholder((16, 16), a_dtype, name="A")
+    B = te.placeholder((16, 16), b_dtype, name="B")
+    func = te.create_prim_func([A, B, topi.nn.dense(A, B, out_dtype=out_dtype)])
+    with pytest.warns(tp.OffloadWarning, match=f"found {a_dtype} x {b_dtype} -> {out_dtype}"):
+        accel.build(func)
+    with pytest.raises(tp.OffloadError, match="stay on the CPU"):
+        accel.build(func, strict=True)
+
+
+def test_no_multiply_accumulate_is_not_100_percent():
+    import tirpat as tp
+
+    A = te.placeholder((16, 16), "int8", name="A")
+    B = te.compute((16, 16), lambda i, j: A[i, j] + 1, name="B")
+    with pytest.warns(tp.OffloadWarning, match="no multiply-accumulate"):
+        ex = accel.build(te.create_prim_func([A, B]))
+    assert "100.0%" not in str(ex.report) and "no multiply-accumulate" in str(ex.report)
+
+
+def test_report_says_when_the_device_macs_include_padding():
+    func, inputs, reference = workload("dense", 20, 24, 40, "none")
+    ex, s = run(func, inputs, reference, np.random.default_rng(3))
+    assert s.stats.macs > ex.report.total_macs
+    assert f"the device executes {s.stats.macs} MACs" in str(ex.report)

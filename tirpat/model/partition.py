@@ -161,12 +161,33 @@ class Partitioner:
     def __call__(self, mod: ir.IRModule) -> ir.IRModule:
         if not isinstance(mod, ir.IRModule):
             raise TypeError(f"partition takes a Relax IRModule, got {type(mod).__name__}")
-        # constants computed from constants (a broadcast scalar, a transposed weight) become
-        # plain constants first: what the backends' patterns and checks see
-        mod = relax.transform.FoldConstant()(relax.transform.ConvertToDataflow()(mod))
+        # constants computed from constants (a filled broadcast scalar) become plain constants
+        # first: what the backends' patterns and checks see. Only then: FoldConstant compiles
+        # each such call for the CPU, and a cast or transpose of a weight is the patterns' own.
+        mod = relax.transform.ConvertToDataflow()(mod)
+        if _has_foldable_calls(mod):
+            mod = relax.transform.FoldConstant()(mod)
         mod = tvm.transform.Sequential(self.phase(Phase.PRE_PARTITION))(mod)
         mod = self.fuse(mod)
         return tvm.transform.Sequential(self.phase(Phase.POST_PARTITION))(mod)
+
+
+_LAYOUT_OPS = {"relax.astype", "relax.permute_dims", "relax.reshape"}
+
+
+def _has_foldable_calls(mod: ir.IRModule) -> bool:
+    """Whether a call other than a cast, transpose or reshape has only constant inputs."""
+    for func in mod.functions.values():
+        if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
+            continue
+        for block in func.body.blocks:
+            for binding in block.bindings:
+                call = binding.value
+                if isinstance(call, relax.Call) and isinstance(call.op, ir.Op) and call.op.name not in _LAYOUT_OPS \
+                        and all(isinstance(a, ir.Constant) or not isinstance(a, relax.Var) for a in call.args) \
+                        and any(isinstance(a, ir.Constant) for a in call.args):
+                    return True
+    return False
 
 
 def _calls_in(ctx) -> list:
