@@ -161,13 +161,14 @@ class Partitioner:
     def __call__(self, mod: ir.IRModule) -> ir.IRModule:
         if not isinstance(mod, ir.IRModule):
             raise TypeError(f"partition takes a Relax IRModule, got {type(mod).__name__}")
-        # constants computed from constants (a filled broadcast scalar) become plain constants
-        # first: what the backends' patterns and checks see. Only then: FoldConstant compiles
-        # each such call for the CPU, and a cast or transpose of a weight is the patterns' own.
         mod = relax.transform.ConvertToDataflow()(mod)
+        mod = tvm.transform.Sequential(self.phase(Phase.PRE_PARTITION))(mod)
+        # constants computed from constants (a filled broadcast scalar) become plain constants,
+        # after the backends' own passes (which may look for a dequantised weight) and before
+        # their patterns. Only where needed: FoldConstant compiles each such call for the CPU,
+        # and a cast or transpose of a weight is the patterns' own.
         if _has_foldable_calls(mod):
             mod = relax.transform.FoldConstant()(mod)
-        mod = tvm.transform.Sequential(self.phase(Phase.PRE_PARTITION))(mod)
         mod = self.fuse(mod)
         return tvm.transform.Sequential(self.phase(Phase.POST_PARTITION))(mod)
 
