@@ -104,18 +104,20 @@ def _load(m):
     c = m["copy"]
     dst, src = c.dst, c.src
     mem = SCOPES[dst.buffer.scope()]
-    if c.cast is not None or is_scratchpad(src.buffer):
-        return None
+    if c.cast is not None:
+        raise _Unsupported(f"the copy casts to {c.cast}: a LOAD moves bytes unchanged")
+    if is_scratchpad(src.buffer):
+        raise _Unsupported(f"the source {src.buffer.name} is itself a scratchpad buffer")
     n = len(c.extents)
     pads, outside = c.pad, None
     if c.predicate is not None and pads is None:
         pads, outside = _split_guard(c.predicate, m.loops)
         if pads is None:
-            return None
+            raise _Unsupported(f"the copy's guard {c.predicate} is not a box of affine bounds")
     pads = pads or tuple((0, 0) for _ in range(n))
     ext = [_int(e) for e in c.extents]
     if any(e is None for e in ext):
-        return None
+        raise _Unsupported(f"the copy's extents {list(c.extents)} are not constants")
     # The innermost loop is the DMA row when both sides are contiguous along it.
     inner = n > 0 and dst.strides[-1] == 1 and src.strides[-1] == 1
     col = n - 1 if inner else None
@@ -123,7 +125,7 @@ def _load(m):
     outer = list(range(row if row is not None else (col if col is not None else 0)))
     for k in outer:
         if not (_int(pads[k][0]) == 0 and _int(pads[k][1]) == 0):
-            return None
+            raise _Unsupported(f"padding along loop {m.loops[k].loop_var.name}, outside the 2-D DMA box")
     cols = ext[col] if col is not None else 1
     rows = ext[row] if row is not None else 1
     pl, pr = pads[col] if col is not None else (0, 0)
@@ -133,7 +135,7 @@ def _load(m):
     dram_ld = src.strides[row] if row is not None else 0
     sram_ld = dst.strides[row] if row is not None else cols
     if rows > 1 and sram_ld < cols:
-        return None
+        raise _Unsupported(f"the scratchpad rows overlap (row stride {sram_ld} < {cols} columns)")
     unit = 1 if col is not None else 0
     start = src.offset + pt * dram_ld + pl * unit
     dst_start = dst.offset
@@ -147,7 +149,7 @@ def _load(m):
         pad_fields = (pt, pb, pl, pr)
         pad_value = 0 if c.pad_value is None else _int(c.pad_value)
         if pad_value is None:
-            return None
+            raise _Unsupported(f"the pad value {c.pad_value} is not an integer constant")
     loops = m.loops[:len(outer)]
 
     def make(shifts):
@@ -206,11 +208,11 @@ def _gemm(m, config):
     rc, ra, rw = m.region("C"), m.region("A"), m.region("W")
     n = len(m.loops)
     if n < 3:
-        return None
+        raise _Unsupported(f"a GEMM tile needs 3 loops (m, n, k), found {n}")
     roles = {}
     for k in range(n - 3, n):
         if _int(m.loops[k].extent) != t:
-            return None
+            raise _Unsupported(f"loop {m.loops[k].loop_var.name} has extent {m.loops[k].extent}, not the tile {t}")
         sig = (rc.strides[k], ra.strides[k], rw.strides[k])
         if sig[0] == 0 and sig[1] == 1 and sig[2] == 1:
             roles["k"] = k
@@ -219,7 +221,8 @@ def _gemm(m, config):
         elif sig[0] != 0 and sig[2] == 0 and sig[1] != 0:
             roles["m"] = k
     if len(roles) != 3:
-        return None
+        raise _Unsupported("the innermost three loops are not a tile's m, n and k "
+                           "(C[m, n] += A[m, k] * W[n, k], each contiguous in its last index)")
     acc_ld, inp_ld, wgt_ld = rc.strides[roles["m"]], ra.strides[roles["m"]], rw.strides[roles["n"]]
     blocks = list(range(max(0, n - 5), n - 3))  # folded into ext_out / ext_in
     outer = list(range(0, max(0, n - 5)))
@@ -227,13 +230,13 @@ def _gemm(m, config):
     for k in blocks:
         strides = (rc.strides[k], ra.strides[k], rw.strides[k])
         if any(s % t for s in strides):
-            return None
+            raise _Unsupported(f"loop {m.loops[k].loop_var.name} steps by {strides}, not whole tiles")
         fields.append((_int(m.loops[k].extent), strides))
     while len(fields) < 2:
         fields.insert(0, (1, (0, 0, 0)))
     (eo, so), (ei, si) = fields
     if eo is None or ei is None:
-        return None
+        raise _Unsupported("the block loops folded into the GEMM have symbolic extents")
 
     def make(shifts):
         return call(abi.GEMM, reset=0, acc_addr=address(rc.buffer, rc.offset + shifts[0]),
@@ -250,11 +253,11 @@ def _zero_init(m, config):
     r = m.region("C")
     n = len(m.loops)
     if n < 2:
-        return None
+        raise _Unsupported("a reset covers whole tiles: it needs at least 2 loops")
     rows, cols = _int(m.loops[n - 2].extent), _int(m.loops[n - 1].extent)
     ld = r.strides[n - 2]
     if rows is None or cols is None or rows % t or cols % t or r.strides[n - 1] != 1 or ld % t or ld < cols:
-        return None
+        raise _Unsupported(f"the zeroed region ({rows} x {cols}, row stride {ld}) is not whole {t} x {t} tiles")
     outer = list(range(n - 2))
 
     def make(shifts):
@@ -404,13 +407,15 @@ def _alu_calls(steps, spine, operands, loops, config, partial_ok):
     t = config.tile
     g = _grid(loops, [spine] + list(operands))
     inner, ext_out = _int(g.cols), _int(g.rows)
-    if inner is None or ext_out is None or not g.col_ok:
-        return None
+    if inner is None or ext_out is None:
+        raise _Unsupported("the elementwise nest has symbolic extents")
+    if not g.col_ok:
+        raise _Unsupported("an operand is not contiguous along the innermost loop")
     vectors = -(-inner // t)
     dso = g.row_stride[0]
     if inner % t:
         if not partial_ok:
-            return None
+            raise _Unsupported(f"{inner} columns are not whole {t}-lane vectors, and the lanes after them are read on")
         # A partial last vector also works on the padding after it: only where that padding
         # lies inside the spine's own rows and allocation (scratchpad buffers are planned in
         # whole vectors).
@@ -420,11 +425,11 @@ def _alu_calls(steps, spine, operands, loops, config, partial_ok):
             size *= _int(d)
         if base is None or (ext_out > 1 and dso < vectors * t) or \
                 base + (ext_out - 1) * dso + vectors * t > -(-size // t) * t:
-            return None
+            raise _Unsupported(f"the last partial vector would write past the rows of {spine.buffer.name}")
     calls = []
     for step, operand, sso in zip(steps, operands, g.row_stride[1:]):
         if dso % t or sso % t or (ext_out > 1 and dso == 0):
-            return None
+            raise _Unsupported(f"row strides {dso}, {sso} are not whole {t}-lane vectors")
         ssi = 0 if operand is None else t
 
         def make(shifts, step=step, operand=operand, sso=sso, ssi=ssi):
@@ -448,34 +453,32 @@ def _operand_regions(m, steps):
 def _alu(m, store, config):
     chain = _chain(store.value)
     if chain is None:
-        return None
+        raise _Unsupported(f"{store.value} is not a chain of ALU operations (add, max, min, mul, "
+                           "shift right) on one accumulator value")
     spine, steps = chain
     if not steps or not spine.source.same_as(store.buffer) or not _same_indices(spine, store):
-        return None
+        raise _Unsupported("not an in-place update of the accumulator element it reads")
     calls = _alu_calls(steps, m.region(store.buffer), _operand_regions(m, steps), m.loops, config, partial_ok=False)
-    if calls is None:
-        return None
     return calls[0] if len(calls) == 1 else tirx.SeqStmt(calls)
 
 
 def _store(m, store, config):
     out = store.buffer
-    if is_scratchpad(out):
-        return None
     value = store.value
     mode = StoreMode.INT32
     if str(out.dtype) == "int8":
         if not isinstance(value, tirx.Cast):
-            return None
+            raise _Unsupported(f"an int8 store of {value} without a narrowing cast")
         value = value.value
         clipped = _clip(value)
         mode = StoreMode.WRAP if clipped is None else StoreMode.SATURATE
         value = value if clipped is None else clipped
     elif str(out.dtype) != "int32":
-        return None
+        raise _Unsupported(f"{out.name} is {out.dtype}: a STORE writes int8 or int32")
     chain = _chain(value)
     if chain is None:
-        return None
+        raise _Unsupported(f"{value} is not a chain of ALU operations (add, max, min, mul, shift right) "
+                           "on one accumulator value")
     spine, steps = chain
     loops = m.loops
     n = len(loops)
@@ -484,18 +487,17 @@ def _store(m, store, config):
     if guard is not None:
         valid = tp.padding(guard, loops)
         if valid is None or any(_int(b) != 0 for b, _ in valid):
-            return None
+            raise _Unsupported(f"the guard {guard} is not an upper bound on the nest's loops")
     acc = m.region(spine.source)
     dst = m.region(out)
     calls = []
     if steps:
-        alu = _alu_calls(steps, acc, _operand_regions(m, steps), loops, config, partial_ok=True)
-        if alu is None:
-            return None
-        calls += alu
+        calls += _alu_calls(steps, acc, _operand_regions(m, steps), loops, config, partial_ok=True)
     g = _grid(loops, [acc, dst], valid)
-    if not g.col_ok or any(_int(valid[k][1]) != 0 for k in range(len(g.outer))):
-        return None
+    if not g.col_ok:
+        raise _Unsupported(f"{out.name} or the accumulator is not contiguous along the innermost loop")
+    if any(_int(valid[k][1]) != 0 for k in range(len(g.outer))):
+        raise _Unsupported("the guard bounds a loop outside the 2-D DMA box")
     sram_ld, dram_ld = g.row_stride
     rows, cols = g.rows - g.rows_after, g.cols - g.cols_after
 
@@ -545,7 +547,8 @@ def rules(config: Config | None = None) -> tp.Rewriter:
     in_place = tp.is_store(_scratch("C", ACC), None, tp.wildcard())
     alu = tp.is_nest(None, in_place) | in_place
 
-    to_host = tp.is_store(tp.is_buffer("out"), None, tp.wildcard())
+    host = tp.is_buffer("out").where(lambda m: not is_scratchpad(m["out"]))
+    to_host = tp.is_store(host, None, tp.wildcard())
     guarded = tp.is_if(tp.wildcard("guard"), to_host)
     store = tp.is_nest(None, to_host) | tp.is_nest(None, guarded) | to_host | guarded
 
@@ -558,13 +561,20 @@ def rules(config: Config | None = None) -> tp.Rewriter:
     )
 
 
+class _Unsupported(Exception):
+    """A site a rule matched but cannot offload; the message says why."""
+
+
 def _declining(callback):
-    """``callback``, declining the site (None) where an access is not an affine region:
-    the scratchpad access is then left unmatched and the planner names it."""
+    """``callback``, declining the site with its reason (listed by the rewrite report and by
+    ``tp.explain``) where it cannot be offloaded; the scratchpad access is then left
+    unmatched and the planner names it."""
     def run(m):
         try:
             return callback(m)
-        except tp.RegionError:
-            return None
+        except _Unsupported as why:
+            return tp.decline(str(why))
+        except tp.RegionError as err:
+            return tp.decline(f"an access is not an affine region: {err}")
 
     return run

@@ -265,3 +265,15 @@ def test_a_reset_of_part_of_the_accumulator_does_not_count_as_writing_it_anew():
     """The next round resets tile 0 only, then adds onto tile 1, which the +5 clobbered."""
     with pytest.raises(accel.PlanError, match="inside loop 'r'.*reads acc before writing it anew"):
         accel.build(reset_one_tile_per_round)
+
+
+def test_a_site_a_rule_cannot_offload_is_declined_with_its_reason():
+    """The report and tp.explain say why accel left a matched site alone."""
+    import tirpat as tp
+
+    func = _gemm_then(20, False)
+    _, report = accel.rules().rewrite(func)
+    why = "20 columns are not whole 16-lane vectors, and the lanes after them are read on"
+    assert {d.rule for d in report.declined if why in d.reason} == {"accel.alu"}
+    assert all(d.rule == "accel.alu" for d in report.declined)
+    assert why in str(tp.explain(accel.rules(), func))
