@@ -199,26 +199,38 @@ class _Builder:
     def _gemm(self, g: Gemm) -> bool:
         if not (g.ext_out and g.ext_in):
             return True
-        acc_tiles = (_steps(g.acc_addr, g.ext_out, g.acc_stride_out, g.ext_in, g.acc_stride_in)[:, None, None]
-                     + self._tile(g.acc_ld))
+        acc_steps = _steps(g.acc_addr, g.ext_out, g.acc_stride_out, g.ext_in, g.acc_stride_in)
         if g.reset:
             # new values start at zero (an element of overlapping tiles just gets one of them)
-            self.acc[acc_tiles.reshape(-1)] = self._new(acc_tiles.size)
+            elements = (acc_steps[:, None, None] + self._tile(g.acc_ld)).reshape(-1)
+            self.acc[elements] = self._new(elements.size)
             return True
-        values = self.acc[acc_tiles]
-        if self.sealed[values].any() or self.level[values].any():
-            return False        # adds to a value already read, or made by an ALU
-        x = self.inp[_steps(g.inp_addr, g.ext_out, g.inp_stride_out, g.ext_in, g.inp_stride_in)[:, None, None]
-                     + self._tile(g.inp_ld)]
-        w = self.wgt[_steps(g.wgt_addr, g.ext_out, g.wgt_stride_out, g.ext_in, g.wgt_stride_in)[:, None, None]
-                     + self._tile(g.wgt_ld)]
-        for step in range(values.shape[0]):
-            key = values[step].tobytes()
-            entry = self.tiles.get(key)
+        # Steps at the same address see the same tile: look each address up once.
+        acc_tile, inp_tile, wgt_tile = self._tile(g.acc_ld), self._tile(g.inp_ld), self._tile(g.wgt_ld)
+        targets: dict[int, list] = {}
+        xs: dict[int, int] = {}
+        ws: dict[int, int] = {}
+        for a, x, w in zip(acc_steps.tolist(),
+                           _steps(g.inp_addr, g.ext_out, g.inp_stride_out, g.ext_in, g.inp_stride_in).tolist(),
+                           _steps(g.wgt_addr, g.ext_out, g.wgt_stride_out, g.ext_in, g.wgt_stride_in).tolist()):
+            entry = targets.get(a)
             if entry is None:
-                entry = self.tiles[key] = [values[step], [], []]
-            entry[1].append(_intern(self.x_ids, self.x_tiles, x[step]))
-            entry[2].append(_intern(self.w_ids, self.w_tiles, w[step]))
+                values = self.acc[a + acc_tile]
+                if self.sealed[values].any() or self.level[values].any():
+                    return False        # adds to a value already read, or made by an ALU
+                key = values.tobytes()
+                entry = self.tiles.get(key)
+                if entry is None:
+                    entry = self.tiles[key] = [values, [], []]
+                targets[a] = entry
+            xid = xs.get(x)
+            if xid is None:
+                xid = xs[x] = _intern(self.x_ids, self.x_tiles, self.inp[x + inp_tile])
+            wid = ws.get(w)
+            if wid is None:
+                wid = ws[w] = _intern(self.w_ids, self.w_tiles, self.wgt[w + wgt_tile])
+            entry[1].append(xid)
+            entry[2].append(wid)
         return True
 
     def _alu(self, a: Alu) -> bool:

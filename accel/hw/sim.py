@@ -106,6 +106,7 @@ _GEMM_OPERANDS = (("acc", Mem.ACC), ("inp", Mem.INP), ("wgt", Mem.WGT))
 _ALU_ALIGNED = tuple(f"{p}_{f}" for p in ("dst", "src") for f in ("addr", "stride_out", "stride_in"))
 
 
+_RUNS_BEFORE_FUSING = 2
 _MISSING = object()
 _PREPARED_LIMIT = 1 << 14
 _FLAG_NAMES = frozenset(("pop_prev", "pop_next", "push_prev", "push_next"))
@@ -539,7 +540,7 @@ class Program:
         self._ops: Optional[list[tuple[int, int, Op]]] = None
         self._hosts: dict[int, tuple[np.ndarray, int]] = {}  # slot -> (flat view, address) the calls use
         self._runs = 0
-        self._fused = None      # the batched plan (accel.hw.fused), made at the second run; False: none
+        self._fused = None      # the batched plan (accel.hw.fused), made at the third run; False: none
 
     def run(self, buffers: Buffers, stats: Optional[Stats] = None, *, execute: bool = True) -> Stats:
         """Execute the stream on ``buffers`` (unless ``execute=False``) and account its
@@ -559,10 +560,10 @@ class Program:
         return stats
 
     def _execute(self, buffers: Buffers) -> None:
-        """Run the batched plan when the stream has one (from its second run on: a stream
-        run once is not worth the analysis), else the prepared calls one by one."""
+        """Run the batched plan when the stream has one (from its third run on: following
+        a stream symbolically costs a few runs' worth), else the prepared calls one by one."""
         self._runs += 1
-        if self._fused is None and self._runs > 1:
+        if self._fused is None and self._runs > _RUNS_BEFORE_FUSING:
             self._fused = fused.fuse(self.simulator, self.stream, self.timing.order(), buffers) or False
         if self._fused and self._fused.run(buffers, self.simulator):
             return

@@ -144,6 +144,7 @@ def test_a_compiled_call_is_built_once_and_replayed(dense):
             dense(a, w, out)
             np.testing.assert_array_equal(out, a.astype(np.int32) @ w.astype(np.int32).T)
     assert s.builder.replays >= 2
+    assert s.builder._recordings[0].program._fused     # the later calls ran the batched plan
 
 
 def test_a_timing_only_session_counts_the_same_cycles_and_computes_nothing(dense):
