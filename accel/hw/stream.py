@@ -110,7 +110,14 @@ class StreamBuilder:
         """Add an instruction of ``cls`` with these field ``values`` (ordered as
         ``fields[cls]``) and ``deps`` (a 4-bit flag mask or :data:`AUTO`); returns its
         index in the stream. Raises the check's error for an invalid instruction."""
-        return self._call((cls, deps, values))
+        call = (cls, deps, values)
+        rec = self._following
+        if rec is not None:     # the common case of a replay, spelt out: one comparison
+            at = self._at
+            if at < len(rec.calls) and rec.calls[at] == call:
+                self._at = at + 1
+                return rec.results[at]
+        return self._call(call)
 
     def dep_push(self, src: Queue, dst: Queue) -> None:
         """See :meth:`accel.hw.emitter.Emitter.dep_push`."""
