@@ -25,6 +25,8 @@ A new epilogue operation is one more entry in :data:`EPILOGUE_OPS`.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 from tvm import ir, relax, tirx
 from tvm.relax.backend.utils import has_leaking_intermediate_variables
@@ -83,14 +85,20 @@ def _cores():
 
 def patterns(max_epilogue: int = MAX_EPILOGUE) -> list:
     """``[(name, pattern, annotations, check)]``, longest epilogue first."""
+    return list(_patterns(max_epilogue))
+
+
+@functools.lru_cache(maxsize=None)
+def _patterns(max_epilogue: int) -> tuple:
+    # built once per process (patterns are immutable); the chain of length n + 1 is one more
+    # epilogue around the chain of length n, so the patterns share their sub-patterns
     out = []
     for name, core in _cores().items():
-        for length in range(max_epilogue, -1, -1):
-            root = core
-            for _ in range(length):
-                root = _epilogue(root)
-            out.append((f"accel.{name}", root, {"core": core}, check))
-    return out
+        chains = [core]
+        for _ in range(max_epilogue):
+            chains.append(_epilogue(chains[-1]))
+        out += [(f"accel.{name}", root, {"core": core}, check) for root in reversed(chains)]
+    return tuple(out)
 
 
 def _dtype(expr) -> str:

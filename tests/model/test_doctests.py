@@ -9,8 +9,8 @@ from tvm import relax
 
 import tirpat as tp
 
-MODULES = ["tirpat.model.partition", "tirpat.model.report", "tirpat.model.pipeline", "tirpat.model.compiled",
-           "tirpat.model.build", "accel.compiler.patterns", "accel.backend"]
+MODULES = ["tirpat.model.partition", "tirpat.model.report", "tirpat.model.pipeline", "tirpat.model.prepack",
+           "tirpat.model.compiled", "tirpat.model.build", "accel.compiler.patterns", "accel.backend"]
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -64,9 +64,9 @@ class _Declined:
             seen.append((backend, reason))
 
 
-def _op_names(pattern) -> set:
-    """The Relax operator names a DPL pattern mentions."""
-    names, stack, seen = set(), [pattern], set()
+def _op_names(patterns: list) -> set:
+    """The Relax operator names the DPL ``patterns`` mention (each shared sub-pattern seen once)."""
+    names, stack, seen = set(), list(patterns), set()
     while stack:
         p = stack.pop()
         if p.__chandle__() in seen:
@@ -104,7 +104,7 @@ class Partitioner:
     def _patterns(self) -> list:
         out = []
         for backend, opts in self.target.backends:
-            covered = self.covered.setdefault(backend.name, set())
+            mine = []
             for entry in backend.patterns(opts) or []:
                 if isinstance(entry, relax.transform.FusionPattern):
                     name, pat, annotations, check = entry.name, entry.pattern, dict(entry.annotation_patterns), entry.check
@@ -119,8 +119,9 @@ class Partitioner:
                         annotations, check = check, None
                 if not name.startswith(backend.name + "."):
                     name = f"{backend.name}.{name}"
-                covered |= _op_names(pat)
-                out.append(relax.transform.FusionPattern(name, pat, annotations, self._checked(backend, check)))
+                mine.append(relax.transform.FusionPattern(name, pat, annotations, self._checked(backend, check)))
+            self.covered.setdefault(backend.name, set()).update(_op_names([p.pattern for p in mine]))
+            out += mine
         return out
 
     def _checked(self, backend: Backend, check):

@@ -5,8 +5,8 @@
   ``FuseTIR``), hands it to its backend's ``schedule`` and marks it opaque to TVM's fusion
   (``op_pattern`` kOpaque, else ``FuseOps`` would merge it with its neighbours); a weight
   layout stage the schedule marked (``meta_schedule.layout_rewrite_preproc``, as
-  meta_schedule's layout rewriting does) becomes a function of its own, which
-  ``FoldConstant`` evaluates at compile time when the weight is a constant. The rest of the
+  meta_schedule's layout rewriting does) becomes a function of its own, which runs at
+  compile time when the weight is a constant (:mod:`tirpat.model.prepack`). The rest of the
   module then takes TVM's default pipeline for the host target.
 - :data:`TIR_PIPELINE` is one registered TIR pipeline for every target: it sees every
   PrimFunc, and runs a backend's ``BEFORE_REWRITE`` passes, rules and ``AFTER_REWRITE``
@@ -29,11 +29,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import tvm
 import tvm_ffi
-from tvm import ir, relax, s_tir, tirx
+from tvm import ir, relax, tirx
 
 from .backend import Phase, lookup
 from .partition import BACKEND_ATTR, OPTIONS_ATTR, Partitioner, as_target, options_text, tagged
+from .prepack import calls, split_layout_stages
 from .report import SCHEDULE_NOTES
+from ..tir.pipeline import tir_pipeline
 
 __all__ = ["relax_pipeline", "lower_partitions", "partition_functions", "TIR_PIPELINE", "KOPAQUE"]
 
@@ -41,7 +43,6 @@ __all__ = ["relax_pipeline", "lower_partitions", "partition_functions", "TIR_PIP
 TIR_PIPELINE = "tirpat.backends"
 #: TVM's ``OpPatternKind::kOpaque``: ``FuseOps`` fuses nothing into a PrimFunc with this ``op_pattern``.
 KOPAQUE = 8
-_PREPROC = "meta_schedule.layout_rewrite_preproc"
 
 
 @dataclass
@@ -176,7 +177,7 @@ def lower_partitions(records=None) -> tvm.transform.Pass:
             mod[gv] = scheduled
             if record is not None:
                 record.partitions[gv.name_hint] = (name, composite, ops)
-        mod, folded = _split_layout_stages(mod)
+        mod, folded = split_layout_stages(mod)
         if record is not None:
             record.folded.update(folded)
             for gv, func in mod.functions.items():
@@ -196,7 +197,7 @@ def _inline_scalar_constants(mod: ir.IRModule, names: set) -> ir.IRModule:
     immediates in its PrimFunc, where a backend's rules can see their values."""
     scalars: dict = {}      # PrimFunc name -> {param index: value}
     for func in mod.functions.values():
-        for call in _calls(func, "relax.call_tir"):
+        for call in calls(func, "relax.call_tir"):
             callee, args = call.args[0], call.args[1]
             if callee.name_hint not in names:
                 continue
@@ -218,84 +219,6 @@ def _inline_scalar_constants(mod: ir.IRModule, names: set) -> ir.IRModule:
 
         mod[gv] = func.with_body(tvm_ffi.structural_map(func.body, (ir.TensorLoad, on_load)))
     return mod
-
-
-def _has_preproc(func) -> bool:
-    found = []
-
-    def on_block(b):
-        if _PREPROC in b.annotations:
-            found.append(b)
-
-    tvm_ffi.structural_walk(func.body, (s_tir.SBlock, on_block))
-    return bool(found)
-
-
-def _split_layout_stages(mod: ir.IRModule) -> tuple[ir.IRModule, dict]:
-    """Split marked weight layout stages off the tagged PrimFuncs (the stage functions are the
-    host's: untagged). Returns the module and, per partition, the stages whose weights are
-    constants, which ``FoldConstant`` will run at compile time."""
-    if not any(isinstance(f, tirx.PrimFunc) and tagged(f) is not None and _has_preproc(f)
-               for f in mod.functions.values()):
-        return mod, {}
-    mod = relax.transform.SplitLayoutRewritePreproc()(mod)
-    stages = {}
-    for gv, func in list(mod.functions.items()):
-        if isinstance(func, tirx.PrimFunc) and gv.name_hint.endswith("_weight_prepack"):
-            for key in (BACKEND_ATTR, OPTIONS_ATTR, SCHEDULE_NOTES, "op_pattern"):
-                func = func.without_attr(key)
-            mod[gv] = func
-            blocks = []
-            tvm_ffi.structural_walk(func.body, (s_tir.SBlock, lambda b: blocks.append(b.name_hint)
-                                                if b.name_hint != "root" else None))
-            stages[gv.name_hint] = blocks
-    folded: dict = {}
-    constant_calls = []
-    for func in mod.functions.values():
-        for call in _calls(func, "relax.call_tir"):
-            name = call.args[0].name_hint
-            if name in stages and all(isinstance(a, ir.Constant) for a in call.args[1].fields):
-                folded.setdefault(name.removesuffix("_weight_prepack") + "_prepacked", []).extend(stages[name])
-                constant_calls.append(call)
-    if constant_calls:
-        mod = _run_at_compile_time(mod, constant_calls)
-    return mod, folded
-
-
-def _run_at_compile_time(mod: ir.IRModule, calls: list) -> ir.IRModule:
-    """Replace each ``call_tir`` of ``calls`` (all arguments constants) by its result: the
-    functions are compiled for the CPU together, once (``FoldConstant`` would compile each alone)."""
-    from tvm.relax.dpl import is_op, rewrite_call, wildcard
-
-    names = sorted({c.args[0].name_hint for c in calls})
-    lib = tvm.compile(ir.IRModule({n: mod[n].with_attr("global_symbol", n) for n in names}), "llvm")
-    results = {}
-    for call in calls:
-        out = tvm.runtime.empty([int(d) for d in call.ty.shape.values], str(call.ty.dtype))
-        lib[call.args[0].name_hint](*[a.value for a in call.args[1].fields], out)
-        results[tvm_ffi.structural_hash(call)] = (call, relax.const(out.numpy()))
-
-    def fold(call, _):
-        found = results.get(tvm_ffi.structural_hash(call))
-        return found[1] if found is not None and tvm_ffi.structural_equal(found[0], call) else call
-
-    pattern = is_op("relax.call_tir")(wildcard(), wildcard())
-    for gv, func in list(mod.functions.items()):
-        if isinstance(func, relax.Function):
-            mod[gv] = rewrite_call(pattern, fold, func)
-    return relax.transform.DeadCodeElimination()(mod)
-
-
-def _calls(func, op_name: str) -> list:
-    """The calls of Relax operator ``op_name`` bound in ``func``'s blocks."""
-    out = []
-    if isinstance(func, relax.Function):
-        for block in func.body.blocks:
-            for binding in block.bindings:
-                call = binding.value
-                if isinstance(call, relax.Call) and isinstance(call.op, ir.Op) and call.op.name == op_name:
-                    out.append(call)
-    return out
 
 
 def _ops_of(func: relax.Function) -> list:
@@ -371,10 +294,5 @@ def _dispatch(mod: ir.IRModule, ctx) -> ir.IRModule:
     return mod
 
 
-def _register() -> None:
-    from tirpat.tir.pipeline import register_pipeline
-
-    register_pipeline(TIR_PIPELINE, [], after=[_dispatch])
-
-
-_register()
+# TVM's default TIR pipeline with the dispatch as its rewrite stage (after block lowering)
+tvm.tirx.compilation_pipeline.register_tir_pipeline(TIR_PIPELINE, tir_pipeline(_dispatch, TIR_PIPELINE))
