@@ -271,7 +271,7 @@ def normalise(sch: s_tir.Schedule, conv: Conv, config: Config, notes, gather: st
         rows, m_role = ["n", "m"], "m"
     if direct:
         inline.append(re_name)
-        gather = f"im2col gather by strided, padded LOADs from {source}"
+        note = f"im2col gather by strided, padded LOADs from {source}"
     else:
         _fuse_k(sch, blk, re_block, conv, dims, rows)
         for name in inline:        # the input's padding folds into the im2col gather
@@ -279,9 +279,10 @@ def normalise(sch: s_tir.Schedule, conv: Conv, config: Config, notes, gather: st
         inline = []
         c_ = conv.ext["c"]
         waste = -(-c_ // config.tile) * config.tile - c_
-        notes.on_cpu.append((re_name, f"builds the im2col matrix on the CPU: gathering {c_} input channels "
-                             f"per kernel tap by LOAD would pad each INP row with {waste} zeros"))
-        gather = f"im2col on the CPU ({re_name})"
+        why = ("the accel.gather knob chose it" if gather is not None else
+               f"gathering {c_} input channels per kernel tap by LOAD would pad each INP row with {waste} zeros")
+        notes.on_cpu.append((re_name, f"builds the im2col matrix on the CPU: {why}"))
+        note = f"im2col on the CPU ({re_name})"
 
     block = sch.get(blk)
     keys = [_key(iv.var) for iv in block.iter_vars]
@@ -294,7 +295,7 @@ def normalise(sch: s_tir.Schedule, conv: Conv, config: Config, notes, gather: st
         k, k_outer = at["k"], []
     return {"C": block.writes[0].source, "A": re_buffer, "B": w_buffer, "i": at[m_role], "j": at["f"],
             "k": k, "k_outer": k_outer, "batch": [at[r] for r in rows[:-1]], "ext": ext, "order": keys,
-            "inline": inline, "stop": stop, "gather": gather, "method": "direct" if direct else "im2col",
+            "inline": inline, "stop": stop, "gather": note, "method": "direct" if direct else "im2col",
             "pixels": "image" if fuse_rows else "row", "row_width": conv.ext["x"] if fuse_rows else None,
             "operand_layout": None if conv.channels_last_output else _permute(conv.out_dim, ("n", "y", "x", "f"))}
 

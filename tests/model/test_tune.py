@@ -200,3 +200,15 @@ def test_an_artifact_that_is_not_bit_exact_says_which_buffer(cheater, tmp_path):
     path = pack(tmp_path / "cheat.tptune", sch.mod, host, reference(key, host, seed=0))
     with pytest.raises(NotBitExact, match=r"buffer B: 1 of 64 elements differ from the reference \(first at \[63\]"):
         measure(path)
+
+
+@pytest.mark.parametrize("name", ["tirpat.model.tune.space", "tirpat.model.tune.rpc", "tirpat.model.tune.artifact",
+                                  "tirpat.model.tune.runners", "tirpat.model.tune.tuner", "tirpat.model.records",
+                                  "accel.compiler.tuning", "accel.compiler.schedule"])
+def test_docstring_examples(name):
+    import doctest
+    import importlib
+
+    result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS,
+                             extraglobs={"tp": tp, "tvm": tvm})
+    assert result.failed == 0

@@ -150,3 +150,50 @@ def test_usage_errors_and_help(tmp_path):
     missing = tirpat("compile", MLP, "-t", "accel, llvm", "--records", tmp_path / "none", cwd=tmp_path)
     assert missing.returncode == 1 and "no tuning records in" in missing.stderr
     assert len(missing.stderr.strip().splitlines()) == 1, missing.stderr
+
+
+# --------------------------------------------------------------------------- the README
+README_SECTION = "## Tune a model"
+
+
+def shown(line: str) -> "re.Pattern":
+    """A line the README shows as a regex: any number may be another, any run of blanks another."""
+    import re
+
+    parts = re.split(r"(-?\d[\d,.]*%?|\s+)", line.strip())
+    out = []
+    for part in parts:
+        if not part:
+            continue
+        out.append(r"-?\d[\d,.]*%?" if re.fullmatch(r"-?\d[\d,.]*%?", part) else
+                   r"\s+" if part.isspace() else re.escape(part))
+    return re.compile("".join(out))
+
+
+def test_the_readme_tuning_commands_work_as_shown(tmp_path):
+    import re
+    import shlex
+    import shutil
+
+    section = (ROOT / "README.md").read_text().split(README_SECTION, 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```bash\n(.*?)```", section, re.S)
+    commands = [shlex.split(line) for line in blocks[0].splitlines() if line.strip()]
+    assert [c[:2] for c in commands] == [["tirpat", "tune"], ["tirpat", "compile"], ["tirpat", "run"]]
+    shutil.copytree(ROOT / "examples" / "models", tmp_path / "examples" / "models")
+    outputs = []
+    for command in commands:
+        result = tirpat(*command[1:], cwd=tmp_path)
+        assert result.returncode == 0 and result.stderr == "", (command, result.stderr)
+        outputs.append(result.stdout)
+    texts = re.findall(r"```text\n(.*?)```", section, re.S)
+    for text, output in ((texts[0], outputs[0]), (texts[1], outputs[2])):
+        lines = iter(output.splitlines())
+        for line in filter(str.strip, text.splitlines()):
+            pattern = shown(line)
+            assert any(pattern.fullmatch(candidate.strip()) for candidate in lines), (line, output)
+    # the tuned model is faster than the untuned one by what the table says, about
+    untuned = tirpat("compile", "examples/models/cnn_int8.py", "-t", "accel, llvm", "-o", "plain.tirpat", cwd=tmp_path)
+    assert untuned.returncode == 0, untuned.stderr
+    cycles = [int(re.search(r"^(\d+) cycles", tirpat("run", name, "--profile", cwd=tmp_path).stdout, re.M).group(1))
+              for name in ("plain.tirpat", "cnn.tirpat")]
+    assert cycles[1] < 0.8 * cycles[0]

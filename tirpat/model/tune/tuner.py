@@ -109,10 +109,14 @@ class TuneResult:
         def cost(v):
             return "-" if v is None else f"{v:,.0f}" if v >= 100 else f"{v:.3g}"
 
+        def short(name, width=48):
+            return name if len(name) <= width else name[:width // 2 - 2] + "..." + name[-(width // 2 - 1):]
+
         rows = [("task", "backend", "trials", "failed", "heuristic", "best", "gain")]
         for t in self.tasks:
             gain = "-" if t.gain is None else f"{100 * t.gain:.1f}%"
-            rows.append((t.name, t.backend, str(t.trials), str(t.failures), cost(t.heuristic), cost(t.best), gain))
+            rows.append((short(t.name), t.backend, str(t.trials), str(t.failures), cost(t.heuristic), cost(t.best),
+                         gain))
         widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
         lines = ["  ".join(v.ljust(w) if c < 2 else v.rjust(w) for c, (v, w) in enumerate(zip(r, widths)))
                  for r in rows]
@@ -194,25 +198,23 @@ class _HeuristicFirst(PySearchStrategy):
         self.inner.post_tuning()
 
     def generate_measure_candidates(self):
-        if self.first is not None:
+        found = [] if self.inner_done else list(self.inner.generate_measure_candidates() or [])
+        if self.first is not None:      # in the first batch, ahead of the strategy's own
             sch, self.first, self.measuring_first = self.first, None, True
             self.task.heuristic = sch.mod
-            found = [MeasureCandidate(sch, ArgInfo.from_entry_func(sch.mod, remove_preproc=True))]
-        elif self.inner_done:
+            found.insert(0, MeasureCandidate(sch, ArgInfo.from_entry_func(sch.mod, remove_preproc=True)))
+        if not found:
             return None
-        else:
-            found = self.inner.generate_measure_candidates()
-            if found is None:
-                return None
         for candidate in found:
             self.candidates.add(candidate.sch.mod, self.task)
         return found
 
     def notify_runner_results(self, measure_candidates, results) -> None:
-        if self.measuring_first:
+        if self.measuring_first:        # the strategy hears of its own candidates only
             self.measuring_first = False
-            return
-        self.inner.notify_runner_results(measure_candidates, results)
+            measure_candidates, results = measure_candidates[1:], results[1:]
+        if not self.inner_done:
+            self.inner.notify_runner_results(measure_candidates, results)
 
     def clone(self):
         return _HeuristicFirst(self.inner.clone(), self.task, self.candidates)
