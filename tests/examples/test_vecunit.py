@@ -317,6 +317,15 @@ def test_too_few_registers_is_a_clear_compile_error():
         tp.build(mod, "vecunit -regs=2, llvm")
 
 
+def test_a_device_error_in_a_model_call_arrives_as_itself(monkeypatch):
+    model = tp.build(_chain_model((4, 20), [("relu",)]), "vecunit, llvm")
+    narrow = vecunit.VecUnit(lanes=4)          # a device narrower than the code was compiled for
+    monkeypatch.setattr(vecunit.VecUnitBackend, "session", lambda self, opts: narrow)
+    with pytest.raises(VecUnitError, match="vld: vector length 16 is outside \\[0, 4\\]"):
+        model(np.zeros((4, 20), np.int8))
+    assert narrow.pending == 0
+
+
 def test_export_and_load():
     mod = _chain_model((3, 40), [("subtract", 5, False), ("clip", -20, 30)])
     model = tp.build(mod, "vecunit -lanes=8, llvm")

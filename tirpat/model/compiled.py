@@ -24,6 +24,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from ..device import invoke
 from .backend import lookup
 from .pipeline import marks
 from .report import ModelReport
@@ -46,7 +47,8 @@ class Input:
 
 class CompiledModel:
     """A model compiled by ``tp.build``: ``model(*arrays)`` runs it (numpy in, numpy out, a
-    tuple for several outputs) with the sessions of the backends it uses entered.
+    tuple for several outputs) with the sessions of the backends it uses entered; an error a
+    backend's runtime raises reaches the caller as itself, and leaves nothing pending.
 
     - ``report``: the offload report (``str()``, ``.to_json()``);
     - ``stats``: the last call's device statistics by backend name (what each backend's
@@ -100,7 +102,7 @@ class CompiledModel:
             if self._vm is None:
                 self._vm = relax.VirtualMachine(self.executable, tvm.cpu())
             with marks(lambda name: started.append((name, cycles_now()))):
-                out = self._vm[self.entry](*tensors)
+                out = invoke(self._vm[self.entry], *tensors)     # a device's error arrives as itself
         self.stats = {name: s.stats for name, s in sessions.items() if getattr(s, "stats", None) is not None}
         self.layers = self._layers(started, cycles_now())
         return _to_numpy(out)
