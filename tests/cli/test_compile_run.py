@@ -3,6 +3,7 @@
 import json
 import os
 import pty
+import re
 import runpy
 import select
 import subprocess
@@ -59,6 +60,10 @@ def test_run_is_exact_against_tvm_on_llvm(compiled, tirpat, workdir, example_mlp
     assert "accel:" in profile and "cycles" in profile and "roofline" in profile
     for unit in ("load", "gemm", "alu", "store"):
         assert f"{unit} " in profile.split("utilisation:")[1]
+    layers = re.findall(r"^\s+\d+\s+(\S.*?)\s+(\d+)$", profile, re.M)
+    assert [what for what, _ in layers] == ["matmul + bias + ReLU + requantise", "matmul + bias"]
+    total = int(re.search(r"^(\d+) cycles", profile, re.M).group(1))
+    assert sum(int(cycles) for _, cycles in layers) == total, "the layers cover the device's cycles"
 
 
 def test_run_without_inputs_feeds_seeded_random_ones(compiled, tirpat, workdir):
@@ -71,10 +76,14 @@ def test_run_without_inputs_feeds_seeded_random_ones(compiled, tirpat, workdir):
     assert not np.array_equal(outs[0], outs[2])
 
 
-def test_timeline_png(compiled, tirpat, workdir):
+def test_timeline_png_labelled_by_layer(compiled, tirpat, workdir):
+    import matplotlib.image
+
     result = tirpat("run", "mlp.tirpat", "--timeline", "t.png", cwd=workdir)
     assert result.returncode == 0, result.stderr
     assert (workdir / "t.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # accel's four unit rows, the layer row and a two-line key (Timeline.save_png's layout, 100 dpi)
+    assert matplotlib.image.imread(workdir / "t.png").shape[0] == round(100 * (0.5 * 5 + 1.1 + 0.18 * 2 + 0.2))
 
 
 def test_timeline_without_matplotlib_says_which_extra(compiled, tirpat_here, workdir, monkeypatch):

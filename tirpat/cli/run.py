@@ -1,4 +1,9 @@
-"""``tirpat run MODEL.tirpat``: run a compiled model on inputs, with device statistics."""
+"""``tirpat run MODEL.tirpat``: run a compiled model on inputs, with device statistics.
+
+What a backend's statistics (``model.stats[name]``) offer is used when present: ``summary()``
+for ``--profile``, and ``timeline.save_png(path, title=..., layers=[(label, start, end)])``
+for ``--timeline`` (accel's :class:`accel.Stats` has both).
+"""
 
 from __future__ import annotations
 
@@ -14,7 +19,8 @@ Runs a model written by 'tirpat compile' on the inputs in an .npz keyed by the m
 input names (--inputs), or on seeded random inputs. Prints each output's dtype, shape and
 range and writes them with -o as output_0, output_1, ... With --profile it prints each
 backend's device statistics for the run (for accel: cycles, the share of the roofline
-reached, utilisation by unit); --timeline draws the device's timeline as a PNG."""
+reached, utilisation by unit, the cycles of each layer); --timeline draws the device's
+timeline as a PNG labelled by layer."""
 
 
 def _arguments(parser: argparse.ArgumentParser) -> None:
@@ -32,6 +38,11 @@ def _timeline_paths(path: Path, names: list[str]) -> dict[str, Path]:
     if len(names) == 1:
         return {names[0]: path}
     return {name: path.with_name(f"{path.stem}.{name}{path.suffix}") for name in names}
+
+
+def _layers(model, backend: str) -> list[tuple[str, int, int]]:
+    """The last call's layers on ``backend``: ``(what it computes, start cycle, end cycle)``."""
+    return [(layer.what, layer.start, layer.end) for layer in model.layers if layer.backend == backend]
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -69,6 +80,12 @@ def _run(args: argparse.Namespace) -> int:
         for name, stats in model.stats.items():
             print(f"\n{name}:")
             print(stats.summary() if hasattr(stats, "summary") else stats)
+            layers = _layers(model, name)
+            if layers:
+                width = max(len(what) for what, _, _ in layers)
+                print(f"  {'layer':<{width + 4}}  cycles")
+                for n, (what, start, end) in enumerate(layers):
+                    print(f"  {n + 1:>2}  {what:<{width}}  {end - start:>6}")
         if not model.stats:
             print("no backend of this model keeps device statistics")
     if args.timeline:
@@ -77,7 +94,8 @@ def _run(args: argparse.Namespace) -> int:
             raise CommandError("--timeline: no backend of this model records a timeline "
                                f"(backends: {', '.join(b.name for b, _ in model.backends) or 'none'})")
         for name, path in _timeline_paths(Path(args.timeline), drawn).items():
-            model.stats[name].timeline.save_png(path, title=f"{name}: {Path(args.model).name}")
+            model.stats[name].timeline.save_png(path, title=f"{name}: {Path(args.model).name}",
+                                                layers=_layers(model, name))
             print(f"wrote {path}")
     return 0
 
