@@ -15,9 +15,10 @@ def readme_section(root):
 
 
 def shown_line_pattern(line: str) -> re.Pattern:
-    """The README line as a regex: every number may be another number."""
+    """The README line as a regex: every number may be another number, and the spaces that
+    align columns may be more or fewer."""
     parts = re.split(r"-?\d[\d,.]*", line.strip())
-    return re.compile(r"-?\d[\d,.]*".join(re.escape(p) for p in parts))
+    return re.compile(r"-?\d[\d,.]*".join(r"\s+".join(map(re.escape, re.split(r"\s+", p))) for p in parts))
 
 
 def assert_shows(shown: str, actual: str) -> None:
@@ -50,3 +51,4 @@ def test_readme_commands_work_as_shown(tirpat, repo_root, tmp_path):
 def test_numbers_in_shown_lines_are_wildcards():
     assert shown_line_pattern("1641 cycles, roofline 640 (39%)").fullmatch("1,702 cycles, roofline 641 (38%)")
     assert not shown_line_pattern("on accel: 100 (100.0%)").fullmatch("on host: 100 (100.0%)")
+    assert shown_line_pattern("2  matmul + bias     253").fullmatch("2  matmul + bias    1253")
