@@ -2,14 +2,17 @@
 
 For each model (``tirpat.testing.onnx_cnn``: conv_relu, strided, residual), each repeat
 builds it with another weight seed, quantises it with ``tp.quantize`` (per tensor, or
-``--per-channel``), runs onnxruntime on the QDQ model (the reference) and the integerised
-Relax module compiled by ``tvm.compile`` for llvm, on the same random inputs, and reports
-medians over the repeats of:
+``--per-channel``) and runs, on the same random inputs, onnxruntime on the QDQ model (the
+reference), the integerised Relax module compiled by ``tvm.compile`` for llvm, and the QDQ
+model built by ``tp.build(..., "accel, llvm")`` (accel integerises it itself) on the
+simulator. It reports medians over the repeats of:
 
 - the largest and the mean difference in output quantisation steps vs onnxruntime, and the
   share of output elements within one step (targets: max <= 2, >= 99% within one);
 - top-1 agreement with the float model: ours, onnxruntime's int8 (the reference, same run),
-  and the ratio.
+  and the ratio;
+- the share of the model's MACs on accel (target >= 90%) and whether accel's outputs equal
+  llvm's bit for bit on every input.
 
     python benchmarks/bench_quantize.py [--repeats 5] [--inputs 200] [--per-channel]
 """
@@ -41,11 +44,16 @@ def measure(name: str, seed: int, inputs: int, per_channel: bool) -> dict:
         warnings.simplefilter("error", tp.IntegerizeWarning)   # nothing may stay float
         mod = tp.integerize()(from_onnx(qdq, keep_params_in_input=False))
     vm = relax.VirtualMachine(tvm.compile(mod, "llvm"), tvm.cpu())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tp.OffloadWarning)     # the report says what stays on the host
+        on_accel = tp.build(from_onnx(qdq, keep_params_in_input=False), "accel, llvm")
+    macs = on_accel.report.to_json()
     reference, float_model = session(qdq), session(model)
     step = onnx_cnn.output_scale(qdq)
-    steps, ours_top1, ref_top1 = [], 0, 0
+    steps, ours_top1, ref_top1, exact = [], 0, 0, True
     for x in onnx_cnn.calibration(model, inputs, seed=seed + 200)["x"]:
         ours = vm["main"](tvm.runtime.tensor(x)).numpy()
+        exact &= bool(np.array_equal(on_accel(x), ours))
         ref = reference.run(None, {"x": x})[0]
         label = float_model.run(None, {"x": x})[0].argmax()
         steps.append(np.round(np.abs(ours.astype(np.float64) - ref) / step).ravel())
@@ -53,7 +61,8 @@ def measure(name: str, seed: int, inputs: int, per_channel: bool) -> dict:
         ref_top1 += int(ref.argmax() == label)
     steps = np.concatenate(steps)
     return {"max": steps.max(), "mean": steps.mean(), "within1": np.mean(steps <= 1),
-            "top1": ours_top1 / inputs, "ref_top1": ref_top1 / inputs}
+            "top1": ours_top1 / inputs, "ref_top1": ref_top1 / inputs,
+            "accel": macs["macs"].get("accel", 0) / macs["total_macs"], "exact": exact}
 
 
 def main() -> None:
@@ -65,13 +74,15 @@ def main() -> None:
     mode = "per channel" if args.per_channel else "per tensor"
     print(f"int8 ({mode}) vs onnxruntime, medians over {args.repeats} seeds x {args.inputs} inputs")
     print(f"{'model':>10} | {'max steps':>9} {'mean steps':>10} {'<=1 step':>8} | "
-          f"{'top-1 ours':>10} {'top-1 ort':>9} {'ratio':>6}")
+          f"{'top-1 ours':>10} {'top-1 ort':>9} {'ratio':>6} | {'MACs on accel':>13} {'accel == llvm':>13}")
     for name in onnx_cnn.MODELS:
         runs = [measure(name, seed, args.inputs, args.per_channel) for seed in range(args.repeats)]
-        med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+        med = {k: statistics.median(r[k] for r in runs) for k in runs[0] if k != "exact"}
         worst = max(r["max"] for r in runs)
+        exact = "yes" if all(r["exact"] for r in runs) else "NO"
         print(f"{name:>10} | {med['max']:>5.0f} ({worst:.0f}) {med['mean']:>10.4f} {med['within1']:>8.2%} | "
-              f"{med['top1']:>10.1%} {med['ref_top1']:>9.1%} {med['top1'] / med['ref_top1']:>6.3f}")
+              f"{med['top1']:>10.1%} {med['ref_top1']:>9.1%} {med['top1'] / med['ref_top1']:>6.3f} | "
+              f"{med['accel']:>13.1%} {exact:>13}")
     print("max steps: median (worst) over seeds")
 
 

@@ -60,3 +60,20 @@ def test_usage_error(tirpat, error_line, float_cnn, tmp_path):
 
 def test_methods_are_the_libraries():
     assert quantize_command._METHODS == METHODS
+
+
+def test_readme_flow_quantize_compile_run(tirpat, float_cnn, tmp_path):
+    """The README's flow: quantise a float CNN, compile it for accel (which integerises it),
+    run it; the MACs go to accel and the output is the float model's shape."""
+    import json
+
+    model, calib = float_cnn
+    assert tirpat("quantize", model, "-o", "q.onnx", "--calibration", calib, cwd=tmp_path).returncode == 0
+    compiled = tirpat("compile", "q.onnx", "-t", "accel, llvm", "-o", "q.tirpat", "--report", "r.json", cwd=tmp_path)
+    assert compiled.returncode == 0, compiled.stderr
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["macs"]["accel"] >= 0.9 * report["total_macs"]
+    ran = tirpat("run", "q.tirpat", "-o", "out.npz", "--profile", cwd=tmp_path)
+    assert ran.returncode == 0, ran.stderr
+    assert np.load(tmp_path / "out.npz")["output_0"].shape == (1, 10)
+    assert "accel:" in ran.stdout and "cycles" in ran.stdout

@@ -325,3 +325,25 @@ def test_concat_slice_and_global_max_pool():
     assert not compiled.warnings, [str(w.message) for w in compiled.warnings]
     assert compiled.steps(data[6:]).max() <= 1
     assert "relax.concat" in op_names(compiled.mod)
+
+
+def test_mean_keeping_its_scale_rounds_ties_to_even():
+    """A mean over 6 elements at an unchanged scale is exactly round-half-even(sum / 6):
+    ties (a sum of 3 mod 6) are frequent, and rounding them all one way would bias it."""
+    x = relax.Var("x", relax.TensorType((64, 2, 2, 3), "int8"))
+    bb = relax.BlockBuilder()
+    scale, zero = relax.const(0.05, "float32"), relax.const(0, "int8")
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            d = bb.emit(relax.op.dequantize(x, scale, zero))
+            y = bb.emit_output(relax.op.quantize(relax.op.mean(d, axis=[2, 3], keepdims=True), scale, zero))
+        bb.emit_func_output(y)
+    mod = tp.integerize()(bb.get())
+    assert "relax.dequantize" not in op_names(mod)
+    vm = relax.VirtualMachine(tvm.compile(mod, "llvm"), tvm.cpu())
+    data = np.random.default_rng(0).integers(-128, 128, (64, 2, 2, 3)).astype(np.int8)
+    data[:8] = [[[[3, 0, 0], [0, 0, 0]]] * 2] * 8          # sums of 3: ties at 0.5
+    sums = data.astype(np.int64).sum(axis=(2, 3), keepdims=True)
+    got = vm["main"](tvm.runtime.tensor(data)).numpy()
+    assert np.array_equal(got, np.round(sums / 6).astype(np.int8))
+    assert np.all(got[:8] == 0)

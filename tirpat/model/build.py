@@ -63,8 +63,8 @@ def build(mod: ir.IRModule, target, *, strict: bool = False, params: Mapping[str
     record = Record()
     with recording(record):
         executable = tvm.compile(mod, t.host, relax_pipeline=relax_pipeline(t, records), tir_pipeline=TIR_PIPELINE)
-    report = _report(record, t)
-    _complain(report, t, set(record.partitioner.declined.reasons), strict)
+    report, declined = _report(record, t)
+    _complain(report, t, declined, strict)
     return CompiledModel(executable, t.backends, t.host, inputs, report, entry)
 
 
@@ -86,7 +86,8 @@ def _inputs(func: relax.Function) -> list:
     return out
 
 
-def _report(record: Record, target) -> ModelReport:
+def _report(record: Record, target) -> tuple[ModelReport, list]:
+    """The report, and the host operators a backend's check declined."""
     mod = record.partitioned
     partitioner = record.partitioner
     composite = {}
@@ -94,6 +95,7 @@ def _report(record: Record, target) -> ModelReport:
         if isinstance(func, relax.Function) and tagged(func) is not None:
             composite[gv.name_hint] = func
     report = ModelReport()
+    declined = []
     calls = []      # (composite function name) per call, in program order
     for gv, func in mod.functions.items():
         if not isinstance(func, relax.Function) or gv.name_hint in composite:
@@ -110,8 +112,11 @@ def _report(record: Record, target) -> ModelReport:
                     continue
                 macs = macs_of(call)
                 report.total_macs += macs
-                report.on_host.append(HostOp(call.op.name, binding.var.name,
-                                             _reason(call.op.name, binding.var.name, partitioner, target), macs))
+                host = HostOp(call.op.name, binding.var.name, _reason(call.op.name, binding.var, partitioner, target),
+                              macs)
+                report.on_host.append(host)
+                if partitioner.declined.of(binding.var):
+                    declined.append(host)
     lowered = {name.removesuffix("_prepacked"): name for name in record.partitions}
     for base in calls:      # one entry per call: a partition function may be called more than once
         name = lowered.get(base)
@@ -129,7 +134,7 @@ def _report(record: Record, target) -> ModelReport:
                          notes.get("device_macs"), [_at_compile_time(s, record.folded.get(name, ()))
                                                     for s in notes.get("host_steps", [])])
         report.partitions.append(part)
-    return report
+    return report, declined
 
 
 def _at_compile_time(step, folded) -> list:
@@ -137,8 +142,8 @@ def _at_compile_time(step, folded) -> list:
     return [what, f"{why} (once, at compile time: a constant)" if what in folded else why]
 
 
-def _reason(op: str, var: str, partitioner, target) -> str:
-    declined = partitioner.declined.reasons.get(var)
+def _reason(op: str, var: relax.Var, partitioner, target) -> str:
+    declined = partitioner.declined.of(var)
     if declined:
         return "; ".join(f"{b}: {why}" for b, why in declined)
     names = [b.name for b, _ in target.backends]
@@ -150,7 +155,7 @@ def _reason(op: str, var: str, partitioner, target) -> str:
     return f"no backend of the target takes {op} ({', '.join(names)})"
 
 
-def _complain(report: ModelReport, target, declined: set, strict: bool) -> None:
+def _complain(report: ModelReport, target, declined: list, strict: bool) -> None:
     names = [b.name for b, _ in target.backends]
     if not names:
         return
@@ -161,7 +166,7 @@ def _complain(report: ModelReport, target, declined: set, strict: bool) -> None:
                                                                          " (no operator matched a pattern)"))
     else:
         for h in report.on_host:
-            if h.macs or h.var in declined:
+            if h.macs or any(h is d for d in declined):
                 problems.append(f"{h.var} = {h.op} stays on the host: {h.reason}")
     for p in report.partitions:
         if not p.rules:

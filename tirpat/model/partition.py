@@ -54,14 +54,20 @@ def options_text(opts: dict) -> str:
 
 @dataclass
 class _Declined:
-    """Why a backend's check declined an operator: the first reason per bound variable."""
+    """Why a backend's check declined an operator: the first reason per backend, by bound
+    variable (the variable itself: names repeat in a Relax function, e.g. after a rewrite)."""
 
-    reasons: dict = field(default_factory=dict)     # var name -> [(backend, reason)]
+    reasons: dict = field(default_factory=dict)     # var handle -> (var, [(backend, reason)])
 
-    def add(self, var_name: str, backend: str, reason: str) -> None:
-        seen = self.reasons.setdefault(var_name, [])
+    def add(self, var: relax.Var, backend: str, reason: str) -> None:
+        _, seen = self.reasons.setdefault(var.__chandle__(), (var, []))   # the var is kept: its handle stays its own
         if all(b != backend for b, _ in seen):
             seen.append((backend, reason))
+
+    def of(self, var: relax.Var) -> list:
+        """``[(backend, reason)]`` for ``var``, empty if no check declined it."""
+        entry = self.reasons.get(var.__chandle__())
+        return entry[1] if entry is not None else []
 
 
 def _op_names(patterns: list) -> set:
@@ -135,7 +141,7 @@ class Partitioner:
                 for call in _calls_in(ctx):
                     var = ctx.value_to_bound_var.get(call)
                     if var is not None:
-                        declined.add(var.name, backend.name, verdict)
+                        declined.add(var, backend.name, verdict)
                 return False
             return bool(verdict)
 

@@ -15,8 +15,8 @@ max_pool2d, max, min,     the same op on int8: the dequantize moves after them (
 reshape, permute_dims,    with it), and ``q(dq(x))`` remains: a rescale
 squeeze, expand_dims,
 flatten, strided_slice
-avg_pool2d / mean         int32 window sums (a depthwise all-ones conv2d / ``sum``),
-                          requantised by ``1 / count``
+avg_pool2d / mean         int32 window sums (``sum`` over a reshape for disjoint windows, else
+                          a depthwise all-ones conv2d), requantised by ``1 / count``
 concat (2 to 8 inputs)    each input requantised to the output's scale, concatenated
 quantize(dequantize(x))   ``x``, or a requantise when the scales differ
 ========================  ==================================================================
@@ -495,7 +495,28 @@ def _mean(call, x, sx, sy):
     axes = range(len(shape)) if attrs.axis is None else [int(a) % len(shape) for a in attrs.axis]
     count = int(np.prod([shape[a] for a in axes]))
     total = relax.op.sum(relax.op.astype(x, "int32"), axis=attrs.axis, keepdims=bool(attrs.keepdims))
-    return emit_requantize([total], _choose([sx / (sy * count)], [INT8_MAGNITUDE * count], INT8_MIN, INT8_MAX))
+    return _average(total, np.array(count), sx, sy)
+
+
+def _average(total: relax.Expr, counts: np.ndarray, sx: float, sy: float) -> relax.Expr:
+    """int8 ``round(total * sx / (sy * counts))`` for int32 window sums ``total`` (``counts``
+    broadcasts against it).
+
+    When the scale is kept (``sx == sy``, as onnxruntime quantises pools) the mean of
+    integers ties often (a sum of 3 over 6 elements): it is computed exactly, rounding half
+    to even, as ``q + clip(2r + (q & 1) - count, 0, 1)`` with ``q, r`` the floor quotient and
+    remainder (``q & 1`` as ``q - 2 * (q >> 1)``); the fixed-point requantise's inexact
+    ``1 / count`` would round every tie the same way. Otherwise a requantise."""
+    if np.float32(sx) != np.float32(sy):
+        real = sx / (sy * counts.astype(np.float64))
+        return emit_requantize([total], _choose([real], [INT8_MAGNITUDE * counts], INT8_MIN, INT8_MAX))
+    count = _const(counts, "int32")
+    q = relax.op.floor_divide(total, count)
+    r = relax.op.subtract(total, relax.op.multiply(q, count))
+    parity = relax.op.subtract(q, relax.op.multiply(relax.op.right_shift(q, _const(1, "int32")), _const(2, "int32")))
+    beyond_half = relax.op.subtract(relax.op.add(relax.op.multiply(r, _const(2, "int32")), parity), count)
+    rounded = relax.op.add(q, relax.op.clip(beyond_half, 0, 1))
+    return relax.op.astype(rounded, "int8")      # a mean of int8 values is within int8
 
 
 def _window_counts(size, kernel, stride, pad_before, pad_after, include_pad) -> np.ndarray:
@@ -513,22 +534,24 @@ def _avg_pool(call, x, sx, sy):
         raise Declined(f"an average pool in layout {attrs.layout} (the integer form is NCHW)")
     if bool(attrs.ceil_mode) or any(int(d) != 1 for d in attrs.dilation):
         raise Declined("an average pool with ceil_mode or dilation")
-    _, c, h, w = _shape(x)
+    n, c, h, w = _shape(x)
     (kh, kw), (sh, sw) = [int(k) for k in attrs.pool_size], [int(s) for s in attrs.strides]
     top, left, bottom, right = [int(p) for p in attrs.padding]
     include = bool(attrs.count_include_pad)
     counts = np.outer(_window_counts(h, kh, sh, top, bottom, include),
                       _window_counts(w, kw, sw, left, right, include))
-    # window sums: a depthwise conv2d with an all-ones kernel (zero padding is exact: zp == 0)
-    ones = _const(np.ones((c, 1, kh, kw)), "int8")
-    total = relax.op.nn.conv2d(x, ones, strides=[sh, sw], padding=[top, left, bottom, right], groups=c,
-                               out_dtype="int32")
-    if np.all(counts == counts.flat[0]):
-        real, bound = np.float64(sx / (sy * counts.flat[0])), INT8_MAGNITUDE * int(counts.flat[0])
-    else:   # one multiplier per output position
-        real = (sx / (sy * counts.astype(np.float64))).reshape(1, 1, *counts.shape)
-        bound = (INT8_MAGNITUDE * counts).reshape(1, 1, *counts.shape)
-    return emit_requantize([total], _choose([real], [bound], INT8_MIN, INT8_MAX))
+    if (sh, sw) == (kh, kw) and not any((top, left, bottom, right)) and h % kh == 0 and w % kw == 0:
+        # disjoint windows tiling the input: sums over the axes of a reshape (adds, no multiplies)
+        tiles = relax.op.reshape(relax.op.astype(x, "int32"), [n, c, h // kh, kh, w // kw, kw])
+        total = relax.op.sum(tiles, axis=[3, 5])
+    else:
+        # window sums: a depthwise conv2d with an all-ones kernel (zero padding is exact: zp == 0)
+        ones = _const(np.ones((c, 1, kh, kw)), "int8")
+        total = relax.op.nn.conv2d(x, ones, strides=[sh, sw], padding=[top, left, bottom, right], groups=c,
+                                   out_dtype="int32")
+    # one count per output position, or one for all
+    return _average(total, counts.reshape(1, 1, *counts.shape) if np.any(counts != counts.flat[0])
+                    else np.array(counts.flat[0]), sx, sy)
 
 
 #: Operators that commute with quantize and dequantize: maxima and element moves.
