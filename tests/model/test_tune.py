@@ -212,3 +212,21 @@ def test_docstring_examples(name):
     result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS,
                              extraglobs={"tp": tp, "tvm": tvm})
     assert result.failed == 0
+
+
+class Plain(tp.Backend):
+    """A backend with no design space: its partitions are not tuned."""
+
+    name = "tune-test-plain"
+
+
+def test_a_primfunc_goes_to_the_first_backend_with_a_design_space(cheater, tmp_path):
+    tp.register_backend(Plain)
+    a = te.placeholder((32, 64), "int8", name="a")
+    w = te.placeholder((16, 64), "int8", name="w")
+    func = te.create_prim_func([a, w, topi.nn.dense(a, w, out_dtype="int32")])
+    result = tp.tune(func, "tune-test-plain, accel, llvm", trials=2, records=tmp_path, strategy="replay-trace",
+                     batch=1)
+    assert [(t.backend, t.failures) for t in result.tasks] == [("accel", 0)]
+    with pytest.raises(ValueError, match="nothing to tune.*tune-test-plain"):
+        tp.tune(func, "tune-test-plain, llvm", trials=2, records=tmp_path)

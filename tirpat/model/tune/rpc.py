@@ -115,14 +115,16 @@ def _measure_there(session, remote_path: str, device, evaluator_config, repeated
 
 def rpc_runner(where: RPC, timeout: float = 60.0, workers: int | None = None) -> RPCRunner:
     """meta_schedule's ``RPCRunner`` measuring artifacts on the servers behind ``where``,
-    ``workers`` at a time (default: as many as are registered), each within ``timeout``
-    seconds."""
+    ``workers`` requests at a time, each within ``timeout`` seconds. By default one more
+    than there are servers: a request waits at the tracker, so that a server that finishes
+    a candidate starts the next at once."""
     if workers is None:
-        workers = where.servers()
-        if workers == 0:
+        servers = where.servers()
+        if servers == 0:
             raise ConnectionError(f"no RPC server is registered with the tracker {where.host}:{where.port} "
                                   f"under the key {where.key!r} (start one: tirpat rpc-server --tracker "
                                   f"{where.host}:{where.port} --key {where.key})")
+        workers = servers + 1
     config = RPCConfig(tracker_host=where.host, tracker_port=where.port, tracker_key=where.key,
                        session_timeout_sec=int(max(1, round(timeout))))
     return RPCRunner(config, f_upload_module=_upload, f_alloc_argument=_no_arguments,

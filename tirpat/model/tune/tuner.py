@@ -137,25 +137,29 @@ class Progress:
 
 
 def _tasks(mod, target, params) -> list:
-    """``[(name, backend, opts, PrimFunc)]`` to tune (see the module docstring)."""
+    """``[(name, backend, opts, PrimFunc, design space)]`` to tune (see the module
+    docstring); a partition whose backend has no design space for it is not tuned."""
     if isinstance(mod, tirx.PrimFunc):
         mod = ir.IRModule({"main": mod})
     if not isinstance(mod, ir.IRModule):
         raise TypeError(f"tp.tune takes a Relax IRModule, a PrimFunc or an IRModule of PrimFuncs, "
                         f"got {type(mod).__name__}")
     if any(isinstance(f, relax.Function) for f in mod.functions.values()):
-        mod = bind_params(mod, params)
-        return [(name, lookup(backend), opts, func) for name, backend, opts, func in partition_functions(mod, target)]
-    if params:
+        found = [(name, lookup(backend), opts, func)
+                 for name, backend, opts, func in partition_functions(bind_params(mod, params), target)]
+    elif params:
         raise ValueError("params binds inputs of a Relax function; this module has only PrimFuncs")
-    out = []
-    for gv, func in mod.functions.items():
-        if not isinstance(func, tirx.PrimFunc):
+    else:       # each PrimFunc is offered to the target's backends in priority order
+        found = [(gv.name_hint, backend, opts, func) for gv, func in mod.functions.items()
+                 if isinstance(func, tirx.PrimFunc) for backend, opts in target.backends]
+    out, taken = [], set()
+    for name, backend, opts, func in found:
+        if name in taken:
             continue
-        for backend, opts in target.backends:
-            if backend.tune_space(func, opts) is not None:
-                out.append((gv.name_hint, backend, opts, func))
-                break
+        space = backend.tune_space(func, opts)
+        if space is not None:
+            out.append((name, backend, opts, func, space))
+            taken.add(name)
     return out
 
 
@@ -257,11 +261,11 @@ def _strategy(strategy, batch: int):
     if not isinstance(strategy, str):
         return strategy
     if strategy == "evolutionary":
-        # knob spaces are small and every replay runs the backend's scheduler: a small
-        # population, few generations
-        population = max(2 * batch, 32)
+        # knob spaces are small and every candidate the search looks at runs the backend's
+        # scheduler (its post-processor): a population of one batch, one generation
+        population = max(batch, 16)
         return EvolutionarySearch(population_size=population, init_measured_ratio=0.2,
-                                  init_min_unmeasured=min(population, 16), genetic_num_iters=2,
+                                  init_min_unmeasured=population // 2, genetic_num_iters=1,
                                   genetic_mutate_prob=0.85, eps_greedy=0.05)
     if strategy in ("replay-trace", "replay-func"):
         return SearchStrategy.create(strategy)
@@ -329,10 +333,10 @@ def tune(mod, target, *, trials: int, records, rpc=None, params: Mapping[str, np
                          f"backends ({names})")
     store = Records(records, create=True)
     tasks = []
-    for name, backend, opts, func in found:
+    for name, backend, opts, func, space in found:
         key = workload(func, backend.name, opts)
         ref = reference(key, t.host, seed)
-        tasks.append(_Task(name, backend, opts, key, backend.tune_space(func, opts), ref, ref.data()))
+        tasks.append(_Task(name, backend, opts, key, space, ref, ref.data()))
     where = RPC.parse(rpc) if isinstance(rpc, str) else rpc
     runner = LocalRunner() if where is None else rpc_runner(where, timeout)
     candidates = Candidates()
