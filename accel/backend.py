@@ -61,6 +61,10 @@ class AccelBackend(tp.Backend):
             # a quantised (QDQ) model becomes the integer arithmetic accel's patterns take;
             # int32 weights that fit int8 are stored as int8
             return [tp.integerize(), narrow_constant_operands()]
+        if phase is tp.Phase.POST_PARTITION:
+            from accel.compiler.patterns import accumulator_first
+
+            return [accumulator_first()]
         if phase is tp.Phase.AFTER_REWRITE:
             from accel.compiler.planner import plan_pass
 

@@ -43,7 +43,11 @@ EPILOGUE_OPS = {
     "relax.add": 1, "relax.subtract": 1, "relax.multiply": 1, "relax.maximum": 1, "relax.minimum": 1,
     "relax.right_shift": 1, "relax.nn.relu": 0, "relax.clip": 2, "relax.astype": 0,
 }
-_COMMUTATIVE = {"relax.add", "relax.multiply", "relax.maximum", "relax.minimum"}
+#: Commutative operations matched with the accumulator on either side. Relax's pattern
+#: matcher already tries both operand orders of ``add`` and ``multiply``; a second pattern
+#: for those would only double the matching work at every level of the chain.
+_SWAPPED = {"relax.maximum", "relax.minimum"}
+_COMMUTATIVE = {"relax.add", "relax.multiply"} | _SWAPPED
 
 
 def _widened(p):
@@ -66,7 +70,7 @@ def _epilogue(x):
     alternatives = None
     for op, operands in EPILOGUE_OPS.items():
         forms = [[x] + [wildcard() for _ in range(operands)]]
-        if op in _COMMUTATIVE:
+        if op in _SWAPPED:
             forms.append([wildcard(), x])
         for args in forms:
             p = is_op(op)(*args)
@@ -183,14 +187,15 @@ def _operand_fits(operand, core) -> bool:
     return axis >= 0 and shape[axis] == out[_channel_axis(core)]
 
 
-def _check_epilogue(call, root, core) -> str | None:
+def _check_epilogue(call, root, core, bound: dict) -> str | None:
     name = call.op.name
     if name == "relax.astype":
         if call.same_as(root) and _dtype(call.args[0]) == "int32" and _dtype(call) == "int8":
             return None
         return f"astype to {_dtype(call)} inside the epilogue; accel keeps int32 until a final cast to int8"
-    for operand in call.args[1:]:
-        if isinstance(operand, (tirx.IntImm, tirx.FloatImm)):
+    # the accumulator is the operand the match computes; the others come from outside, on either side
+    for operand in call.args:
+        if operand.__chandle__() in bound or isinstance(operand, (tirx.IntImm, tirx.FloatImm)):
             continue
         if _dtype(operand) != "int32":
             return f"{name.removeprefix('relax.')} with a {_dtype(operand)} operand; the ALU takes int32"
@@ -213,7 +218,7 @@ def check(ctx) -> bool | str:
     for value in ctx.matched_bindings.values():
         if isinstance(value, relax.Call) and not value.same_as(core) and \
                 not any(value.same_as(c) for c in operand_calls):
-            why = _check_epilogue(value, ctx.matched_expr, core)
+            why = _check_epilogue(value, ctx.matched_expr, core, bound)
             if why is not None:
                 return why
     if has_leaking_intermediate_variables(ctx):
@@ -246,6 +251,39 @@ def narrow_constant_operands() -> "tvm.transform.Pass":
         for gv, func in list(mod.functions.items()):
             if isinstance(func, relax.Function):
                 mod[gv] = rewrite_call(core, narrow, func)
+        return mod
+
+    return run
+
+
+def accumulator_first() -> "tvm.transform.Pass":
+    """A Relax pass: in accel's partitions, a commutative epilogue operation with the
+    accumulator as its second operand (``add(bias, acc)``, which the patterns match too)
+    takes it first (``add(acc, bias)``), the order the ALU's rules read."""
+    import tvm
+    from tvm.relax.dpl import rewrite_call
+
+    pattern = None
+    for op in _COMMUTATIVE:
+        p = is_op(op)(wildcard(), wildcard())
+        pattern = p if pattern is None else pattern | p
+
+    @tvm.transform.module_pass(opt_level=0, name="accel.AccumulatorFirst")
+    def run(mod, ctx):
+        for gv, func in list(mod.functions.items()):
+            if not isinstance(func, relax.Function) or func.attrs is None or \
+                    not str(func.attrs.get("Composite", "")).startswith("accel."):
+                continue
+            inputs = {p.__chandle__() for p in func.params}
+
+            def from_outside(e) -> bool:
+                return isinstance(e, ir.Constant) or e.__chandle__() in inputs
+
+            def swap(call, _):
+                a, b = call.args
+                return relax.Call(call.op, [b, a], call.attrs) if from_outside(a) and not from_outside(b) else call
+
+            mod[gv] = rewrite_call(pattern, swap, func)
         return mod
 
     return run

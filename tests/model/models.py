@@ -32,6 +32,24 @@ def mlp(batch: int, features: int, hidden: int, classes: int, shift: int = 8) ->
     return Module
 
 
+def epilogue_operand(op: str, operand_shape: tuple, left: bool) -> tvm.IRModule:
+    """An int8 matmul [20, 24] x [24, 40] -> int32 and one binary ``R.<op>`` with an int32
+    operand of ``operand_shape``, on the left (``op(b, y)``) or the right (``op(y, b)``)."""
+    fn = getattr(R, op)
+
+    @I.ir_module
+    class Module:
+        @R.function
+        def main(x: R.Tensor((20, 24), "int8"), w: R.Tensor((24, 40), "int8"), b: R.Tensor(operand_shape, "int32")):
+            with R.dataflow():
+                y = R.matmul(x, w, out_dtype="int32")
+                z = fn(b, y) if left else fn(y, b)
+                R.output(z)
+            return z
+
+    return Module
+
+
 def random_inputs(mod: tvm.IRModule, rng: np.random.Generator, fn: str = "main") -> list:
     """Random arrays for every parameter of ``fn``: int8 in full range, int32 as biases."""
     out = []

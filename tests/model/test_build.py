@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tirpat as tp
-from models import mlp, random_inputs, reference
+from models import epilogue_operand, mlp, random_inputs, reference
 
 
 def assert_same(got, want):
@@ -208,6 +208,20 @@ def test_ops_no_backend_takes_run_on_the_host_and_say_so():
     assert "relax.exp" in host and "no backend of the target takes relax.exp" in host["relax.exp"]
     assert model.report.macs == {"accel": 16 * 32 * 16, "host": 0}
     assert "on the host:" in str(model.report) and "exp" in str(model.report)
+
+
+@pytest.mark.parametrize("op", ["add", "multiply", "maximum", "minimum"])
+@pytest.mark.parametrize("left", [False, True])
+def test_an_epilogue_operand_on_either_side(op, left):
+    """bias + acc runs on accel as acc + bias does; an operand broadcast across the channels is
+    declined on either side, with the reason."""
+    mod = epilogue_operand(op, (40,), left)
+    model = tp.build(mod, "accel, llvm", strict=True)
+    args = random_inputs(mod, np.random.default_rng(3))
+    assert_same(model(*args), reference(mod, args))
+    assert model.report.macs["host"] == 0 and len(model.report.partitions[0].ops) == 2
+    with pytest.raises(tp.OffloadError, match="broadcast across the channels"):
+        tp.build(epilogue_operand(op, (20, 1), left), "accel, llvm", strict=True)
 
 
 def test_partition_tags_each_group_with_its_backend():
