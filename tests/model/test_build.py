@@ -4,6 +4,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import warnings
 
 import numpy as np
 import pytest
@@ -81,7 +82,8 @@ def test_float_model_warns_and_strict_raises():
                 R.output(y)
             return y
 
-    with pytest.warns(tp.OffloadWarning, match=r"nothing was offloaded to accel.*float32 x float32 -> float32"):
+    with pytest.warns(tp.OffloadWarning, match=r"(?s)nothing was offloaded to accel:\n  y = relax.matmul: "
+                      r"accel: float32 x float32 -> float32.*quantise it first: `tirpat quantize"):
         model = tp.build(Float, "accel, llvm")
     args = random_inputs(Float, np.random.default_rng(2))
     np.testing.assert_allclose(model(*args), args[0] @ args[1], rtol=1e-5)
@@ -89,6 +91,90 @@ def test_float_model_warns_and_strict_raises():
     assert "float32 x float32" in model.report.on_host[0].reason
     with pytest.raises(tp.OffloadError, match="float32 x float32"):
         tp.build(Float, "accel, llvm", strict=True)
+
+
+def test_params_must_name_an_input_and_match_it(mlp_model):
+    mod, _ = mlp_model
+    x, w, b, w2 = random_inputs(mod, np.random.default_rng(4))
+    with pytest.raises(ValueError, match=r"has no input 'nope' \(its inputs: x, w, b, w2\)"):
+        tp.build(mod, "accel, llvm", params={"nope": w})
+    with pytest.raises(TypeError, match=r"params\['w'\]: the model's input w is int8, got int32"):
+        tp.build(mod, "accel, llvm", params={"w": w.astype(np.int32)})
+    with pytest.raises(ValueError, match=r"params\['w'\]: the model's input w has shape \(64, 32\), got \(32, 64\)"):
+        tp.build(mod, "accel, llvm", params={"w": w.T})
+
+
+def test_a_scalar_input():
+    """A 0-d input reaches the VM as 0-d (np.ascontiguousarray made it 1-d)."""
+    from tvm.script import ir as I, relax as R
+
+    @I.ir_module
+    class Scalar:
+        @R.function
+        def main(x: R.Tensor((16, 16), "int8"), w: R.Tensor((16, 16), "int8"), s: R.Tensor((), "int32")):
+            with R.dataflow():
+                y = R.right_shift(R.matmul(x, w, out_dtype="int32"), s)
+                R.output(y)
+            return y
+
+    x, w = random_inputs(Scalar, np.random.default_rng(5))[:2]
+    args = [x, w, np.array(3, np.int32)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tp.OffloadWarning)     # the scalar shift stays on the host
+        for target in ("llvm", "accel, llvm"):
+            assert_same(tp.build(Scalar, target)(*args), reference(Scalar, args))
+
+
+def test_symbolic_shapes_leave_the_macs_unknown():
+    from tvm.script import ir as I, relax as R
+
+    @I.ir_module
+    class Dynamic:
+        @R.function
+        def main(x: R.Tensor(("n", 16), "float32"), w: R.Tensor((16, 8), "float32")):
+            with R.dataflow():
+                y = R.matmul(x, w)
+                R.output(y)
+            return y
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tp.OffloadWarning)
+        report = tp.build(Dynamic, "accel, llvm").report
+    assert report.to_json()["uncounted"] == 1 and report.total_macs == 0
+    assert "multiply-accumulates: unknown (1 matmul or convolution operators have symbolic shapes" in str(report)
+    assert "no matmul" not in str(report)
+    assert tp.ModelReport.from_json(report.to_json()) == report
+
+
+def test_a_declined_reason_stays_with_its_operator():
+    """FuseOpsByPattern tries conv + add, then the conv alone: the conv's reason is not the add's,
+    nor is a uint8 matmul's the reason of the adds after it; the warning lists one per line."""
+    from tvm.script import ir as I, relax as R
+
+    @I.ir_module
+    class Declined:
+        @R.function
+        def main(x: R.Tensor((1, 16, 8, 8), "int8"), w: R.Tensor((16, 1, 3, 3), "int8"),
+                 r: R.Tensor((1, 16, 8, 8), "int32"), a: R.Tensor((8, 32), "uint8"), b: R.Tensor((32, 16), "uint8"),
+                 c: R.Tensor((8, 16), "int32")):
+            with R.dataflow():
+                d = R.nn.conv2d(x, w, padding=1, groups=16, out_dtype="int32")      # depthwise: accel declines
+                e = R.add(d, r)
+                u = R.matmul(a, b, out_dtype="int32")                               # uint8: accel declines
+                s = R.add(R.add(u, c), c)
+                R.output(e, s)
+            return (e, s)
+
+    with pytest.raises(tp.OffloadError) as error:
+        tp.build(Declined, "accel, llvm", strict=True)
+    lines = str(error.value).splitlines()
+    assert lines[0] == "nothing was offloaded to accel:"
+    assert [line.split(":")[0].strip() for line in lines[1:]] == ["d = relax.nn.conv2d", "u = relax.matmul"]
+    with pytest.warns(tp.OffloadWarning):
+        report = tp.build(Declined, "accel, llvm").report
+    reasons = {h.var: h.reason for h in report.on_host}
+    assert "grouped convolution" in reasons["d"] and "uint8 x uint8" in reasons["u"]
+    assert all("accel:" not in reasons[v] for v in reasons if v not in ("d", "u"))
 
 
 def test_wrong_inputs_are_named(mlp_model):

@@ -23,7 +23,7 @@ from tvm import ir, relax
 from .compiled import CompiledModel, Input
 from .partition import as_target, tagged
 from .pipeline import TIR_PIPELINE, Record, recording, relax_pipeline
-from .report import HostOp, Partition, ModelReport, epilogue_of, macs_of
+from .report import HostOp, Partition, ModelReport, epilogue_of, macs_known, macs_of
 
 __all__ = ["build", "OffloadWarning", "OffloadError"]
 
@@ -63,16 +63,46 @@ def build(mod: ir.IRModule, target, *, strict: bool = False, params: Mapping[str
     record = Record()
     with recording(record):
         executable = tvm.compile(mod, t.host, relax_pipeline=relax_pipeline(t, records), tir_pipeline=TIR_PIPELINE)
-    report, declined = _report(record, t)
-    _complain(report, t, declined, strict)
+    report, declined, in_float = _report(record, t)
+    _complain(report, t, declined, strict, in_float)
     return CompiledModel(executable, t.backends, t.host, inputs, report, entry)
 
 
 def bind_params(mod: ir.IRModule, params: Mapping[str, np.ndarray] | None, entry: str = "main") -> ir.IRModule:
-    """``mod`` with the inputs of ``entry`` named in ``params`` bound to constants."""
+    """``mod`` with the inputs of ``entry`` named in ``params`` bound to constants.
+
+    Each value must have its input's dtype and shape (a symbolic dimension takes any size):
+    a constant of another dtype would retype the model, so cast it yourself (``w.astype``).
+
+    >>> bind_params(mod, {"w": np.zeros((64, 32), np.int32)})    # doctest: +SKIP
+    Traceback (most recent call last):
+    TypeError: params['w']: the model's input w is int8, got int32 (cast it: params={'w': w.astype('int8')})
+    """
     if not params:
         return mod
-    return relax.transform.BindParams(entry, {k: tvm.runtime.tensor(np.asarray(v)) for k, v in params.items()})(mod)
+    inputs = {p.name: p for p in mod[entry].params}
+    bound = {}
+    for name, value in params.items():
+        if name not in inputs:
+            raise ValueError(f"params: the model's {entry} has no input {name!r} (its inputs: {', '.join(inputs)})")
+        bound[name] = tvm.runtime.tensor(_param_value(name, np.asarray(value), inputs[name].ty))
+    return relax.transform.BindParams(entry, bound)(mod)
+
+
+def _param_value(name: str, value: np.ndarray, ty) -> np.ndarray:
+    """``value`` checked against the type of the input it binds."""
+    if not isinstance(ty, relax.TensorType):
+        raise TypeError(f"params[{name!r}]: the model's input {name} is not a tensor ({ty})")
+    dtype = str(ty.dtype)        # '' when the model leaves it open
+    if dtype and str(value.dtype) != dtype:
+        raise TypeError(f"params[{name!r}]: the model's input {name} is {dtype}, got {value.dtype} "
+                        f"(cast it: params={{{name!r}: {name}.astype({dtype!r})}})")
+    if isinstance(ty.shape, relax.ShapeExpr):
+        want = [int(d.value) if isinstance(d, tvm.tirx.IntImm) else None for d in ty.shape.values]
+        if len(want) != value.ndim or any(w is not None and w != g for w, g in zip(want, value.shape)):
+            shown = tuple(w if w is not None else "?" for w in want)
+            raise ValueError(f"params[{name!r}]: the model's input {name} has shape {shown}, got {value.shape}")
+    return value
 
 
 def _inputs(func: relax.Function) -> list:
@@ -86,8 +116,9 @@ def _inputs(func: relax.Function) -> list:
     return out
 
 
-def _report(record: Record, target) -> tuple[ModelReport, list]:
-    """The report, and the host operators a backend's check declined."""
+def _report(record: Record, target) -> tuple[ModelReport, list, bool]:
+    """The report, the host operators a backend's check declined, and whether a matmul or
+    convolution on the host computes in floating point."""
     mod = record.partitioned
     partitioner = record.partitioner
     composite = {}
@@ -96,6 +127,7 @@ def _report(record: Record, target) -> tuple[ModelReport, list]:
             composite[gv.name_hint] = func
     report = ModelReport()
     declined = []
+    in_float = False
     calls = []      # (composite function name) per call, in program order
     for gv, func in mod.functions.items():
         if not isinstance(func, relax.Function) or gv.name_hint in composite:
@@ -112,6 +144,9 @@ def _report(record: Record, target) -> tuple[ModelReport, list]:
                     continue
                 macs = macs_of(call)
                 report.total_macs += macs
+                report.uncounted += not macs_known(call)
+                if macs or not macs_known(call):
+                    in_float |= "float" in str(getattr(call.ty, "dtype", ""))
                 host = HostOp(call.op.name, binding.var.name, _reason(call.op.name, binding.var, partitioner, target),
                               macs)
                 report.on_host.append(host)
@@ -125,6 +160,7 @@ def _report(record: Record, target) -> tuple[ModelReport, list]:
         backend, pattern, ops = record.partitions[name]
         macs = sum(macs_of(c) for c in ops)
         report.total_macs += macs
+        report.uncounted += sum(not macs_known(c) for c in ops)
         notes = json.loads(record.notes.get(name, "{}"))
         rules = record.rules.get(name, {})
         core = next((n for n, c in enumerate(ops) if macs_of(c)), 0)
@@ -134,7 +170,7 @@ def _report(record: Record, target) -> tuple[ModelReport, list]:
                          notes.get("device_macs"), [_at_compile_time(s, record.folded.get(name, ()))
                                                     for s in notes.get("host_steps", [])])
         report.partitions.append(part)
-    return report, declined
+    return report, declined, in_float
 
 
 def _at_compile_time(step, folded) -> list:
@@ -155,27 +191,36 @@ def _reason(op: str, var: relax.Var, partitioner, target) -> str:
     return f"no backend of the target takes {op} ({', '.join(names)})"
 
 
-def _complain(report: ModelReport, target, declined: list, strict: bool) -> None:
+def _complain(report: ModelReport, target, declined: list, strict: bool, in_float: bool) -> None:
+    """Warn (or raise, ``strict``) when nothing was offloaded, or operators with MACs, or that
+    a backend's check declined, stay on the host; one line per operator."""
     names = [b.name for b, _ in target.backends]
     if not names:
         return
-    problems = []
+    problems = [f"{h.var} = {h.op}: {h.reason}" for h in report.on_host
+                if h.macs or any(h is d for d in declined)]
     if not report.partitions:
-        found = [f"{h.var} = {h.op}: {h.reason}" for h in report.on_host if h.macs or "no backend" not in h.reason]
-        problems.append(f"nothing was offloaded to {', '.join(names)}" + (": " + "; ".join(found[:4]) if found else
-                                                                         " (no operator matched a pattern)"))
+        head = f"nothing was offloaded to {', '.join(names)}" + (":" if problems else " (no operator matched a pattern)")
     else:
-        for h in report.on_host:
-            if h.macs or any(h is d for d in declined):
-                problems.append(f"{h.var} = {h.op} stays on the host: {h.reason}")
+        head = f"part of the model stays on the host, not on {', '.join(names)}:"
     for p in report.partitions:
         if not p.rules:
             problems.append(f"{p.function} ({p.pattern}) ran on the host: none of {p.backend}'s rules matched its code")
         elif p.host_macs:
             problems.append(f"{p.function} ({p.pattern}): {p.host_macs:,} of its {p.macs:,} MACs stay on the host")
-    if not problems:
+    if not problems and report.partitions:
         return
-    message = "less was offloaded than the target's backends could take:\n  " + "\n  ".join(problems)
+    shown = problems[:_MAX_LINES] + ([f"... and {len(problems) - _MAX_LINES} more (the build's report lists "
+                                      "every operator on the host)"] if len(problems) > _MAX_LINES else [])
+    message = "\n  ".join([head] + shown)
+    if not report.partitions and in_float:
+        message += ("\nthe model's matmuls and convolutions compute in floating point; for an integer "
+                    "accelerator, quantise it first: `tirpat quantize model.onnx` (or tp.quantize, then "
+                    "tp.integerize; the README's 'Quantise a float model')")
     if strict:
         raise OffloadError(message)
     warnings.warn(message, OffloadWarning, stacklevel=3)
+
+
+#: the most operators an OffloadWarning lists (the report has them all)
+_MAX_LINES = 12

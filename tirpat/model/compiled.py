@@ -85,7 +85,8 @@ class CompiledModel:
                 raise TypeError(f"input {spec.name}: expected dtype {spec.dtype}, got {dtype}")
             if len(shape) != len(spec.shape) or any(s is not None and s != g for s, g in zip(spec.shape, shape)):
                 raise ValueError(f"input {spec.name}: expected shape {spec.shape}, got {shape}")
-            tensors.append(a if isinstance(a, tvm.runtime.Tensor) else tvm.runtime.tensor(np.ascontiguousarray(a)))
+            # np.require, not np.ascontiguousarray: that one makes a 0-d (scalar) input 1-d
+            tensors.append(a if isinstance(a, tvm.runtime.Tensor) else tvm.runtime.tensor(np.require(a, requirements="C")))
         return tensors
 
     def __call__(self, *args):

@@ -55,19 +55,38 @@ def options_text(opts: dict) -> str:
 @dataclass
 class _Declined:
     """Why a backend's check declined an operator: the first reason per backend, by bound
-    variable (the variable itself: names repeat in a Relax function, e.g. after a rewrite)."""
+    variable (the variable itself: names repeat in a Relax function, e.g. after a rewrite).
 
-    reasons: dict = field(default_factory=dict)     # var handle -> (var, [(backend, reason)])
+    A declined match gives its reason to its operators unless a smaller match of the same
+    backend was declined for the same reason: FuseOpsByPattern tries conv + add, then the
+    conv alone, and a grouped conv's reason is not the add's.
+    """
 
-    def add(self, var: relax.Var, backend: str, reason: str) -> None:
-        _, seen = self.reasons.setdefault(var.__chandle__(), (var, []))   # the var is kept: its handle stays its own
-        if all(b != backend for b, _ in seen):
-            seen.append((backend, reason))
+    matches: list = field(default_factory=list)     # (backend, reason, {var handle: var}) per declined match
+    _blamed: dict | None = None                     # var handle -> [(backend, reason)], made on first use
+
+    def add(self, variables: list, backend: str, reason: str) -> None:
+        # the vars are kept: their handles stay their own
+        self.matches.append((backend, reason, {v.__chandle__(): v for v in variables}))
+        self._blamed = None
 
     def of(self, var: relax.Var) -> list:
         """``[(backend, reason)]`` for ``var``, empty if no check declined it."""
-        entry = self.reasons.get(var.__chandle__())
-        return entry[1] if entry is not None else []
+        if self._blamed is None:
+            self._blamed = self._blame()
+        return self._blamed.get(var.__chandle__(), [])
+
+    def _blame(self) -> dict:
+        out: dict = {}
+        for backend, reason, match in self.matches:
+            if any(b == backend and r == reason and smaller.keys() < match.keys()
+                   for b, r, smaller in self.matches):
+                continue        # the smaller match gives the reason to its own operators
+            for handle in match:
+                seen = out.setdefault(handle, [])
+                if all(b != backend for b, _ in seen):
+                    seen.append((backend, reason))
+        return out
 
 
 def _op_names(patterns: list) -> set:
@@ -138,10 +157,8 @@ class Partitioner:
         def run(ctx) -> bool:
             verdict = check(ctx)
             if isinstance(verdict, str):
-                for call in _calls_in(ctx):
-                    var = ctx.value_to_bound_var.get(call)
-                    if var is not None:
-                        declined.add(var, backend.name, verdict)
+                bound = [ctx.value_to_bound_var.get(call) for call in _calls_in(ctx)]
+                declined.add([v for v in bound if v is not None], backend.name, verdict)
                 return False
             return bool(verdict)
 

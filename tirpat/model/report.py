@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 import tvm
 from tvm import relax, tirx
 
-__all__ = ["ModelReport", "Partition", "HostOp", "SCHEDULE_NOTES", "macs_of", "epilogue_of"]
+__all__ = ["ModelReport", "Partition", "HostOp", "SCHEDULE_NOTES", "macs_of", "macs_known", "epilogue_of"]
 
 #: PrimFunc attribute a backend's schedule may set: JSON notes for the report (module docstring).
 SCHEDULE_NOTES = "tirpat.notes"
@@ -76,6 +76,28 @@ def macs_of(call) -> int:
         layout = str(call.attrs.kernel_layout)
         return _prod(out) * _prod(w) // w[layout.index("O")]
     return 0
+
+
+def macs_known(call) -> bool:
+    """Whether :func:`macs_of` counts ``call``: False for a matmul or convolution with a
+    symbolic shape (its multiply-accumulates depend on the input's size).
+
+    >>> from tvm.script import relax as R
+    >>> n = tirx.Var("n", "int64")
+    >>> x = relax.Var("x", R.Tensor((n, 64), "int8")); w = relax.Var("w", R.Tensor((64, 32), "int8"))
+    >>> macs_known(relax.BlockBuilder().normalize(relax.op.matmul(x, w, out_dtype="int32")))
+    False
+    """
+    if not isinstance(call, relax.Call) or not isinstance(call.op, tvm.ir.Op):
+        return True
+    name = call.op.name
+    if name == "relax.matmul":
+        operand = call.args[0]
+    elif name in _CONV:
+        operand = call.args[1]
+    else:
+        return True
+    return _static_shape(call) is not None and _static_shape(operand) is not None
 
 
 _REQUANT = {"relax.multiply", "relax.right_shift"}
@@ -167,6 +189,8 @@ class ModelReport:
     total_macs: int = 0
     partitions: list = field(default_factory=list)
     on_host: list = field(default_factory=list)
+    #: matmuls and convolutions with symbolic shapes: their MACs are not in :attr:`total_macs`
+    uncounted: int = 0
 
     @property
     def macs(self) -> dict:
@@ -178,22 +202,27 @@ class ModelReport:
         return out
 
     def to_json(self) -> dict:
-        """``total_macs``, ``macs`` (by backend, ``"host"`` included), ``partitions`` and ``on_host``."""
+        """``total_macs``, ``macs`` (by backend, ``"host"`` included), ``partitions``,
+        ``on_host`` and ``uncounted`` (operators whose MACs depend on symbolic shapes)."""
         return {"total_macs": self.total_macs, "macs": self.macs,
                 "partitions": [asdict(p) for p in self.partitions],
-                "on_host": [asdict(h) for h in self.on_host]}
+                "on_host": [asdict(h) for h in self.on_host], "uncounted": self.uncounted}
 
     @classmethod
     def from_json(cls, data: dict) -> "ModelReport":
         """The inverse of :meth:`to_json`."""
         return cls(data["total_macs"], [Partition(**p) for p in data["partitions"]],
-                   [HostOp(**h) for h in data["on_host"]])
+                   [HostOp(**h) for h in data["on_host"]], data.get("uncounted", 0))
 
     def __str__(self) -> str:
         total = self.total_macs
         share = lambda n: f"{100 * n / total:.1f}%" if total else "-"  # noqa: E731
-        lines = ["tirpat model report",
-                 f"  multiply-accumulates: {total:,}" + ("" if total else " (the model has no matmul or convolution)")]
+        if self.uncounted:
+            count = (f"{total:,} counted" if total else "unknown") + \
+                f" ({self.uncounted} matmul or convolution operators have symbolic shapes: their MACs depend on the input)"
+        else:
+            count = f"{total:,}" + ("" if total else " (the model has no matmul or convolution)")
+        lines = ["tirpat model report", f"  multiply-accumulates: {count}"]
         for name, n in self.macs.items():
             lines.append(f"    on {name}: {n:,} ({share(n)})")
         for p in self.partitions:
