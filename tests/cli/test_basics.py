@@ -4,6 +4,7 @@ import json
 import re
 
 import pytest
+import tvm
 
 import tirpat as tp
 from tirpat.cli import commands, main
@@ -69,7 +70,10 @@ def test_targets_lists_backends_with_options_types_and_defaults(tirpat, tmp_path
     assert re.search(r"^accel\s", result.stdout, re.M)
     for name, option in accel.options.items():
         assert re.search(rf"-{name}=INT\s+.*\(default {option.default}\)", result.stdout), name
-    assert "llvm" in result.stdout.split("Hosts")[1]
+    host, others = result.stdout.split("Host (", 1)[1].split("cannot be the host here:")
+    assert host.splitlines()[0].endswith(": llvm"), "only a host tirpat can build and run here is offered"
+    assert re.search(r"^  c: TVM's C source generator", others, re.M)
+    assert re.search(r"^  cuda, .*opencl.*: a GPU: it runs the kernels a host launches", others, re.M)
 
 
 def test_targets_json_is_the_registry(tirpat, tmp_path):
@@ -77,7 +81,8 @@ def test_targets_json_is_the_registry(tirpat, tmp_path):
     accel = next(b for b in listing["backends"] if b["name"] == "accel")
     assert {o["name"]: (o["type"], o["default"]) for o in accel["options"]} == {
         k: (o.type_name, o.default) for k, o in tp.backends()["accel"].options.items()}
-    assert "llvm" in listing["hosts"]
+    assert listing["hosts"] == ["llvm"]
+    assert set(listing["not_hosts"]) | {"llvm"} == set(tvm.target.Target.list_kinds())
 
 
 def test_targets_of_one_name(tirpat, error_line, tmp_path):
@@ -85,5 +90,8 @@ def test_targets_of_one_name(tirpat, error_line, tmp_path):
     assert llvm.returncode == 0
     assert "-mattr=A,B,..." in llvm.stdout and "--fast-math" in llvm.stdout and "-num-cores=INT" in llvm.stdout
     assert "-tile=INT" in tirpat("targets", "accel", cwd=tmp_path).stdout
+    cuda = tirpat("targets", "cuda", cwd=tmp_path)
+    assert cuda.returncode == 0 and cuda.stdout.strip() == ("cuda  TVM target kind 'cuda': cannot be the host "
+                                                            "here: a GPU: it runs the kernels a host launches, it is not one")
     error_line(tirpat("targets", "nosuch", cwd=tmp_path), "no backend or TVM target kind named 'nosuch'",
                "registered backends: accel")

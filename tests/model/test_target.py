@@ -94,7 +94,7 @@ def test_the_design_example():
     t = tp.parse_target("accel -tile=16, target-test-unit, llvm -mcpu=sapphirerapids -mattr=+avx512f,+avx512vnni")
     assert [b.name for b, _ in t.backends] == ["accel", "target-test-unit"]
     assert t.backends[0][1]["tile"] == 16 and t.backends[1][1] == Unit().resolve()
-    assert isinstance(t.host, Target) and t.device is None and t.tvm_target is t.host
+    assert isinstance(t.host, Target)
     host = t.host.export()
     assert host["kind"] == "llvm" and host["mcpu"] == "sapphirerapids"
     assert list(host["mattr"]) == ["+avx512f", "+avx512vnni"]
@@ -126,17 +126,52 @@ def test_a_backend_name_that_is_also_a_tvm_kind_is_the_backend(monkeypatch):
     assert [b.name for b, _ in t.backends] == ["c"] and t.host.kind.name == "llvm"
 
 
-def test_two_tvm_kinds_are_a_device_and_the_host():
-    t = tp.parse_target("accel, c, llvm -mcpu=skylake")
-    assert t.device.kind.name == "c" and t.host.kind.name == "llvm"
-    assert t.tvm_target.kind.name == "c" and t.tvm_target.host.kind.name == "llvm"
-    assert str(t) == "accel, c, llvm -mcpu=skylake"
+@pytest.mark.parametrize("text, meant", [
+    ("accel, llvm, cuda", "did you mean 'accel, llvm'?"),
+    ("accel, llvm -mattr=+avx2, cuda", "did you mean 'accel, llvm -mattr=+avx2'?"),
+    ("accel, c, llvm -mcpu=skylake", "did you mean 'accel, llvm -mcpu=skylake'?"),
+])
+def test_two_tvm_kinds_are_refused_saying_what_tvmc_meant(text, meant):
+    """TVMC read 'device, host'; tirpat's devices are backends, so a second kind is a mistake
+    (often a typo), never silently a host for something else."""
+    with pytest.raises(tp.TargetError) as err:
+        tp.parse_target(text)
+    device, host = [s.name for s in tokenize(text)][-2:]
+    message = str(err.value)
+    assert f"'{device}' and '{host}' are TVM target kinds; a composite target names one, last: the host" in message
+    assert f"TVMC read two as a device ('{device}') and its host ('{host}'); tirpat does not" in message
+    assert message.endswith(meant)
+
+
+@pytest.mark.parametrize("host, why", [
+    ("cuda", "a GPU: it runs the kernels a host launches, it is not one"),
+    ("opencl", "a GPU"),
+    ("c", "TVM's C source generator has no Relax pipeline"),
+    ("hexagon", "a Hexagon DSP"),
+    ("composite", "not a CPU target that runs the model's host code here"),
+])
+def test_a_host_that_cannot_build_and_run_here_is_refused(host, why):
+    with pytest.raises(tp.TargetError) as err:
+        tp.parse_target(f"accel, {host}")
+    assert f"target 'accel, {host}': '{host}' cannot be the host" in str(err.value)
+    assert why in str(err.value) and str(err.value).endswith("hosts here: llvm")
+    for given in (host, {"kind": host}):           # from Python as well
+        with pytest.raises(tp.TargetError, match=f"'{host}' cannot be the host"):
+            tp.CompositeTarget(["accel"], host=given)
+    with pytest.raises(tp.TargetError, match="'c' cannot be the host"):
+        tp.CompositeTarget(host=Target({"kind": "c"}))
+
+
+def test_host_kinds_covers_every_tvm_kind():
+    kinds = target_module.host_kinds()
+    assert set(kinds) == set(Target.list_kinds())
+    assert [k for k, why in kinds.items() if why is None] == ["llvm"]
 
 
 @pytest.mark.parametrize("text, message", [
     ("llvm, llvm", "'llvm' is given twice"),
     ("accel, accel, llvm", "'accel' is given twice"),
-    ("c, opencl, llvm", "at most two TVM target kinds"),
+    ("c, opencl, llvm", "'c', 'opencl' and 'llvm' are TVM target kinds; a composite target names one"),
     ("invalidtarget", "unknown target 'invalidtarget'; registered backends: accel, "),
     ("accel", "the last target must be a TVM target kind"),
     ("accel -tile=x, llvm", "option 'tile' must be of type int, got 'x'"),
@@ -188,7 +223,6 @@ def test_constructed_from_python():
     assert str(t) == "accel -tile=32, target-test-unit, target-test-other, llvm -mcpu=skylake"
     assert t == tp.parse_target(str(t))
     assert tp.CompositeTarget(host={"kind": "llvm", "mattr": ["+a"]}).host.export()["mattr"][0] == "+a"
-    assert tp.CompositeTarget(host=Target({"kind": "c"})).host.kind.name == "c"
     assert tp.parse_target(t) is t
     assert len({t, tp.parse_target(str(t)), tp.parse_target("accel, llvm")}) == 2, "equal targets hash alike"
     with pytest.raises(tp.TargetError, match="no backend named 'nosuch'"):

@@ -11,7 +11,9 @@ from .command import Command, CommandError
 _DESCRIPTION = """\
 Lists what a composite target string (-t) can name: the registered backends, in priority
 order before the host, each with its options (-name=value, --flag for a bool), and the TVM
-target kinds that can be the host, the last target."""
+target kind that is the host, the last target: it compiles what no backend takes and runs
+the model on this machine's CPU. TVM's other kinds are listed with the reason they cannot
+be the host here (a GPU runs kernels a host launches; 'c' emits C source)."""
 
 
 def _arguments(parser: argparse.ArgumentParser) -> None:
@@ -26,10 +28,13 @@ def _backend_entry(backend) -> dict:
                         for k, o in backend.options.items()]}
 
 
-def _tvm_entry(kind: str) -> dict:
+def _tvm_entry(kind: str, why_not: str | None) -> dict:
     from tirpat.model.target import host_options
 
-    return {"name": kind, "kind": "tvm", "summary": f"TVM target kind {kind!r} (a host)",
+    if why_not is not None:
+        return {"name": kind, "kind": "tvm", "host": False, "options": [],
+                "summary": f"TVM target kind {kind!r}: cannot be the host here: {why_not}"}
+    return {"name": kind, "kind": "tvm", "host": True, "summary": f"TVM target kind {kind!r} (a host)",
             "options": [{"name": k, "type": t, "default": None, "help": ""} for k, t in host_options(kind).items()]}
 
 
@@ -39,6 +44,8 @@ _PLACEHOLDER = {"int": "=INT", "float": "=FLOAT", "str": "=TEXT", "list of str":
 
 def _format(entry: dict) -> str:
     lines = [f"{entry['name']}  {entry['summary']}".rstrip()]
+    if entry.get("host") is False:
+        return lines[0]
     if not entry["options"]:
         lines.append("  (no options)")
     rows = []
@@ -61,23 +68,25 @@ def _format(entry: dict) -> str:
 
 def _run(args: argparse.Namespace) -> int:
     import tirpat as tp
-    from tvm.target import Target
+    from tirpat.model.target import host_kinds
 
     registered = tp.backends()
-    kinds = sorted(Target.list_kinds())
+    kinds = host_kinds()
+    hosts = [kind for kind, why in kinds.items() if why is None]
     if args.name is not None:
         if args.name in registered:
             entry = _backend_entry(registered[args.name])
         elif args.name in kinds:
-            entry = _tvm_entry(args.name)
+            entry = _tvm_entry(args.name, kinds[args.name])
         else:
             raise CommandError(f"no backend or TVM target kind named {args.name!r}; registered backends: "
                                f"{', '.join(sorted(registered)) or 'none'}; TVM target kinds: {', '.join(kinds)}")
         print(json.dumps(entry, indent=1) if args.json else _format(entry))
         return 0
     entries = [_backend_entry(b) for _, b in sorted(registered.items())]
+    not_hosts = {kind: why for kind, why in kinds.items() if why is not None}
     if args.json:
-        print(json.dumps({"backends": entries, "hosts": kinds}, indent=1))
+        print(json.dumps({"backends": entries, "hosts": hosts, "not_hosts": not_hosts}, indent=1))
         return 0
     print("Backends (name them before the host, highest priority first):\n")
     for entry in entries:
@@ -85,8 +94,14 @@ def _run(args: argparse.Namespace) -> int:
     if not entries:
         print("  (none registered: a backend package registers itself through the "
               "'tirpat.backends' entry point)\n")
-    print(f"Hosts (the last target, compiles what no backend takes): {', '.join(kinds)}")
-    print("  'tirpat targets llvm' lists a host's options.")
+    print(f"Host (the last target: compiles what no backend takes, runs the model here): {', '.join(hosts) or 'none'}")
+    print(f"  'tirpat targets {hosts[0] if hosts else 'llvm'}' lists its options.")
+    print("Other TVM target kinds, which cannot be the host here:")
+    by_reason: dict[str, list[str]] = {}
+    for kind, why in not_hosts.items():
+        by_reason.setdefault(why, []).append(kind)
+    for why, names in by_reason.items():
+        print(f"  {', '.join(names)}: {why}")
     example = next(iter(sorted(registered)), None)
     print(f"\nExample: -t \"{example + ', ' if example else ''}llvm -mcpu=skylake -mattr=+avx2,+fma\"")
     return 0
@@ -94,7 +109,7 @@ def _run(args: argparse.Namespace) -> int:
 
 COMMAND = Command(
     name="targets",
-    help="list the registered backends, their options, types and defaults",
+    help="list the registered backends (options, types, defaults) and the host",
     example='tirpat targets            # then: tirpat targets accel; tirpat targets llvm',
     arguments=_arguments,
     run=_run,

@@ -55,9 +55,6 @@ def build(mod: ir.IRModule, target, *, strict: bool = False, params: Mapping[str
     if entry not in [gv.name_hint for gv in mod.functions]:
         raise ValueError(f"the module has no function {entry!r}")
     t = as_target(target)
-    if t.device is not None:      # a CompositeTarget allows TVMC's device + host pair; this build does not
-        raise ValueError(f"tp.build compiles what no backend takes for one TVM target, the host; "
-                         f"{t.device.kind.name!r} before {t.host.kind.name!r} is not supported")
     mod = bind_params(mod, params, entry)
     inputs = _inputs(mod[entry])
     record = Record()

@@ -14,10 +14,15 @@ everything no backend takes.
 - Backend options are typed by the backend's :class:`~tirpat.Option`\\ s, host options by
   TVM's ``TargetKind.options_from_name`` (``Array<str>`` options take a comma-separated
   list). ``-`` and ``_`` are interchangeable in option names.
+- The host is the one TVM target kind, last: it compiles the model's code around the
+  backends' partitions and runs it, in this process, on this CPU. :func:`host_kinds` says
+  which kinds can be the host here (``llvm``) and why the others cannot (a GPU such as
+  ``cuda`` only runs kernels a host launches; ``c`` emits C source). TVMC's ``device,
+  host`` pair of two TVM kinds has no meaning here: tirpat's devices are its backends.
 - Errors are :class:`TargetError`: an empty target, a duplicate, an unknown name (the
   message lists the registered backends), an unknown option (it lists the known ones with
-  their types), a value of the wrong type, more than two TVM target kinds, or no TVM kind
-  last.
+  their types), a value of the wrong type, a TVM kind anywhere but last, or a last target
+  that cannot be the host here.
 
 >>> t = tp.parse_target("accel -tile=32, llvm -mcpu=skylake -mattr=+avx2,+fma")
 >>> [(b.name, opts["tile"]) for b, opts in t.backends]
@@ -36,11 +41,12 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Union
 
 import tvm_ffi
+from tvm import runtime
 from tvm.target import Target, TargetKind
 
 from .backend import Backend, Option, backends
 
-__all__ = ["TargetError", "CompositeTarget", "TargetSpec", "parse_target", "tokenize", "host_options"]
+__all__ = ["TargetError", "CompositeTarget", "TargetSpec", "parse_target", "tokenize", "host_options", "host_kinds"]
 
 
 class TargetError(ValueError):
@@ -258,6 +264,49 @@ def _resolve(backend: Backend, options: Mapping[str, Any]) -> dict:
         raise TargetError(f"backend {backend.name!r}: {err}") from None
 
 
+# -- hosts ----------------------------------------------------------------------------------
+
+# The host compiles the code around the backends' partitions (TVM's Relax VM program and its
+# kernels) and runs it in this process: it must be a CPU that TVM generates code for here.
+_GPU = "a GPU: it runs the kernels a host launches, it is not one"
+_NOT_HOST = {
+    "c": "TVM's C source generator has no Relax pipeline, and its output needs a C compiler to run",
+    "hexagon": "a Hexagon DSP: its code is cross-compiled and runs on that device over RPC",
+    **dict.fromkeys(("cuda", "nvptx", "rocm", "metal", "opencl", "vulkan", "webgpu"), _GPU),
+}
+_NOT_A_PROCESSOR = "not a CPU target that runs the model's host code here"
+
+
+def host_kinds() -> dict[str, str | None]:
+    """Every TVM target kind, with None when it can be the host here, else why it cannot.
+
+    The host (the last target) compiles what no backend takes and runs the whole model in
+    this process, on this machine's CPU: with TVM's LLVM code generator, ``llvm``.
+
+    >>> kinds = host_kinds()
+    >>> [kind for kind, why in kinds.items() if why is None]
+    ['llvm']
+    >>> kinds["cuda"]
+    'a GPU: it runs the kernels a host launches, it is not one'
+    """
+    found = {}
+    for kind in sorted(Target.list_kinds()):
+        if kind == "llvm":
+            found[kind] = None if runtime.enabled("llvm") else "this TVM was built without LLVM"
+        else:
+            found[kind] = _NOT_HOST.get(kind, _NOT_A_PROCESSOR)
+    return found
+
+
+def _check_host(kind: str) -> None:
+    kinds = host_kinds()
+    why = kinds.get(kind, _NOT_A_PROCESSOR)
+    if why is not None:
+        usable = ", ".join(k for k, reason in kinds.items() if reason is None) or "none"
+        raise TargetError(f"{kind!r} cannot be the host, the last target, which compiles what no backend takes "
+                          f"and runs the model here: {why}; hosts here: {usable}")
+
+
 # -- the composite target -------------------------------------------------------------------
 
 BackendLike = Union[str, Backend, type]
@@ -267,9 +316,8 @@ class CompositeTarget:
     """Backends in priority order and the TVM host target that compiles the rest.
 
     ``backends`` is ``[(Backend, opts)]``, earliest first, each ``opts`` every declared
-    option typed with defaults filled in; ``host`` is a ``tvm.target.Target``; ``device`` is
-    None, or a second TVM target kind given before the host (``"opencl, llvm"``: the host
-    then runs the code around the device's kernels, as TVMC's target/target-host pair did).
+    option typed with defaults filled in; ``host`` is a ``tvm.target.Target`` of a kind that
+    can be the host here (:func:`host_kinds`).
 
     Built by :func:`parse_target` or from Python: each backend is a registered name, a
     Backend (instance or class), or a ``(backend, options)`` pair; the host is a TVM kind
@@ -282,8 +330,7 @@ class CompositeTarget:
     True
     """
 
-    def __init__(self, backends: Iterable[Union[BackendLike, tuple]] = (), host: Any = "llvm",
-                 device: Any = None) -> None:
+    def __init__(self, backends: Iterable[Union[BackendLike, tuple]] = (), host: Any = "llvm") -> None:
         self.backends: list[tuple[Backend, dict]] = []
         for entry in backends:
             backend, options = entry if isinstance(entry, tuple) else (entry, {})
@@ -293,16 +340,7 @@ class CompositeTarget:
             if any(b.name == backend.name for b, _ in self.backends):
                 raise TargetError(f"backend {backend.name!r} is given twice")
             self.backends.append((backend, _resolve(backend, options)))
-        self.host: Target = _as_tvm_target(host, "host")
-        self.device: Target | None = None if device is None else _as_tvm_target(device, "device")
-        if self.device is not None and self.device.kind.name == self.host.kind.name:
-            raise TargetError(f"TVM target {self.host.kind.name!r} is given twice")
-
-    @property
-    def tvm_target(self) -> Target:
-        """What ``tvm.compile`` gets for the code no backend takes: the host, or the device
-        with the host attached."""
-        return self.host if self.device is None else Target(self.device.export(), host=self.host.export())
+        self.host: Target = _as_host(host)
 
     def options(self, name: str) -> dict:
         """The resolved options of the backend called ``name``.
@@ -318,15 +356,14 @@ class CompositeTarget:
     def __str__(self) -> str:
         pieces = [_format(b.name, {k: v for k, v in opts.items() if v != b.options[k].default})
                   for b, opts in self.backends]
-        pieces += [_format_tvm(t) for t in (self.device, self.host) if t is not None]
-        return ", ".join(pieces)
+        return ", ".join([*pieces, _format_tvm(self.host)])
 
     def __repr__(self) -> str:
         return f"CompositeTarget({str(self)!r})"
 
     def _key(self) -> tuple:
-        tvm_targets = tuple(json.dumps(_json(t), sort_keys=True) for t in (self.device, self.host) if t is not None)
-        return (tuple((b.name, tuple(sorted(o.items()))) for b, o in self.backends), tvm_targets)
+        return (tuple((b.name, tuple(sorted(o.items()))) for b, o in self.backends),
+                json.dumps(_json(self.host), sort_keys=True))
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, CompositeTarget) and self._key() == other._key()
@@ -370,18 +407,34 @@ def _from_specs(text: str, specs: list[TargetSpec], registered: dict[str, Backen
             raise TargetError(f"target {text!r}: unknown target {spec.name!r}; registered backends: "
                               f"{', '.join(sorted(registered)) or 'none'}; TVM target kinds: {', '.join(sorted(kinds))}")
     # A backend's name wins over a TVM kind of the same name, as TVMC's codegens did.
-    tvm_specs = [s for s in specs if s.name not in registered]
     last = specs[-1]
     if last.name in registered:
         raise TargetError(f"target {text!r}: the last target must be a TVM target kind (the host, e.g. llvm), "
                           f"not the backend {last.name!r}; add ', llvm'")
-    if len(tvm_specs) > 2:
-        raise TargetError(f"target {text!r}: at most two TVM target kinds (a device and the host), got "
-                          f"{', '.join(s.name for s in tvm_specs)}")
+    tvm_specs = [s for s in specs if s.name not in registered]
+    if len(tvm_specs) > 1:
+        raise TargetError(f"target {text!r}: {_several_kinds(tvm_specs, specs, registered)}")
+    try:
+        _check_host(last.name)
+    except TargetError as err:
+        raise TargetError(f"target {text!r}: {err}") from None
     backend_specs = [(registered[s.name], s.options) for s in specs if s.name in registered]
-    host = _host_target(last.name, last.options)
-    device = _host_target(tvm_specs[0].name, tvm_specs[0].options) if len(tvm_specs) == 2 else None
-    return CompositeTarget(backend_specs, host=host, device=device)
+    return CompositeTarget(backend_specs, host=_host_target(last.name, last.options))
+
+
+def _several_kinds(tvm_specs: list[TargetSpec], specs: list[TargetSpec], registered: Mapping) -> str:
+    """Why a target string may name one TVM kind only, with the string it probably meant."""
+    *others, host = [repr(s.name) for s in tvm_specs]
+    text = (f"{', '.join(others)} and {host} are TVM target kinds; a composite target names one, last: the "
+            f"host, which compiles what no backend takes and runs the model")
+    if len(tvm_specs) == 2:
+        text += (f". TVMC read two as a device ({others[0]}) and its host ({host}); tirpat does not: a device "
+                 f"is a backend, named before the host")
+    hosts = [s for s in tvm_specs if host_kinds().get(s.name) is None]
+    if len(hosts) == 1:
+        meant = ", ".join(s.raw for s in specs if s.name in registered or s is hosts[0])
+        text += f"; did you mean {meant!r}?"
+    return text
 
 
 def _comma_hint(specs: list[TargetSpec], names: set[str]) -> str:
@@ -410,26 +463,29 @@ def _backend(backend: BackendLike) -> Backend:
     raise TargetError(f"a backend is a registered name, a tp.Backend or a (backend, options) pair, got {backend!r}")
 
 
-def _as_tvm_target(value: Any, role: str) -> Target:
+def _as_host(value: Any) -> Target:
+    """The host given from Python as a ``Target``, a JSON-form dict or a target piece."""
     if isinstance(value, Target):
+        _check_host(value.kind.name)
         return value
     if isinstance(value, Mapping):
         value = dict(value)
         kind = value.pop("kind", None)
         if not isinstance(kind, str):
-            raise TargetError(f"a {role} target dict needs a 'kind', got {value!r}")
-        return _host_target(_tvm_kind(kind, role), value)
+            raise TargetError(f"a host target dict needs a 'kind', got {value!r}")
+        return _host_target(_host_kind(kind), value)
     if isinstance(value, str):
         specs = tokenize(value)
         if len(specs) != 1:
-            raise TargetError(f"the {role} is one TVM target, got {value!r}")
-        return _host_target(_tvm_kind(specs[0].name, role), specs[0].options)
-    raise TargetError(f"the {role} is a TVM target kind name, a target dict or a tvm.target.Target, got {value!r}")
+            raise TargetError(f"the host is one TVM target, got {value!r}")
+        return _host_target(_host_kind(specs[0].name), specs[0].options)
+    raise TargetError(f"the host is a TVM target kind name, a target dict or a tvm.target.Target, got {value!r}")
 
 
-def _tvm_kind(kind: str, role: str) -> str:
+def _host_kind(kind: str) -> str:
     if kind not in Target.list_kinds():
-        raise TargetError(f"the {role} must be a TVM target kind ({', '.join(sorted(Target.list_kinds()))}), got {kind!r}")
+        raise TargetError(f"the host must be a TVM target kind ({', '.join(sorted(Target.list_kinds()))}), got {kind!r}")
+    _check_host(kind)
     return kind
 
 
