@@ -11,7 +11,8 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))] if (ROOT / "d
 
 
 @pytest.mark.parametrize("path", DOCS, ids=lambda p: p.name)
-def test_python_blocks_run(path):
+def test_python_blocks_run(path, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)         # what an example writes (model.export("resnet.tirpat")) lands here
     blocks = re.findall(r"```python\n(.*?)```", path.read_text(), re.S)
     namespace: dict = {}
     for block in blocks:

@@ -7,8 +7,6 @@
 >>> rw = tp.Rewriter.from_pattern(copy, lambda m: None)
 """
 
-import importlib
-
 from .tir.copy import is_copy
 from .tir.engine import Match
 from .tir.explain import Explanation, explain
@@ -49,7 +47,9 @@ def __getattr__(name: str):
     module = _MODEL.get(name)
     if module is None:
         raise AttributeError(f"module 'tirpat' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"tirpat.model.{module}"), name)
+    from importlib import import_module     # here, not at the top: it would be a public name of tirpat
+
+    value = getattr(import_module(f"tirpat.model.{module}"), name)
     globals()[name] = value
     return value
 

@@ -123,7 +123,7 @@ class Timeline:
             fig.text(0.01, 0.02, "\n".join(key), fontsize=8, va="bottom", family="monospace")
         fig.tight_layout(rect=(0, key_inches / (chart_inches + key_inches), 1, 1))
         path = Path(path)
-        fig.savefig(path, dpi=100)
+        fig.savefig(path, dpi=100, format="png")       # a PNG at exactly this path, whatever its suffix
         plt.close(fig)
         return path
 

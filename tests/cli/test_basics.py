@@ -46,7 +46,7 @@ def test_a_usage_error_exits_2_with_one_line(tirpat, error_line, tmp_path):
 @pytest.mark.parametrize("args, fragment", [
     (["frobnicate"], "invalid choice: 'frobnicate'"),
     (["compile", "m.onnx", "-t"], "argument -t/--target: expected one argument"),
-    (["run", "m.tirpat", "--seed", "x"], "argument --seed: invalid int value: 'x'"),
+    (["run", "m.tirpat", "--seed", "x"], "argument --seed: expected a non-negative integer, got 'x'"),
     (["targets", "--bogus"], "unrecognized arguments: --bogus"),
     (["compile", "m.onnx", "-t", "llvm", "--input-shapes", "x:[a]"], "argument --input-shapes: expected name:[d0,d1,...]"),
 ])

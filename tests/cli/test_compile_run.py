@@ -86,6 +86,46 @@ def test_timeline_png_labelled_by_layer(compiled, tirpat, workdir):
     assert matplotlib.image.imread(workdir / "t.png").shape[0] == round(100 * (0.5 * 5 + 1.1 + 0.18 * 2 + 0.2))
 
 
+def test_timeline_writes_exactly_the_path_given(compiled, tirpat, workdir):
+    """A name without .png used to get one added (tl.png) while the command said "wrote tl"."""
+    result = tirpat("run", "mlp.tirpat", "--timeline", "tl", cwd=workdir)
+    assert result.returncode == 0 and result.stdout.rstrip().endswith("wrote tl"), result.stderr
+    assert (workdir / "tl").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and not (workdir / "tl.png").exists()
+
+
+def test_a_negative_seed_is_a_usage_error_naming_it(compiled, tirpat_here, workdir):
+    status, out, err = tirpat_here("run", workdir / "mlp.tirpat", "--seed", "-1")
+    assert status == 2 and out == "" and err.count("\n") == 1, err
+    assert "tirpat run: error: argument --seed: expected a non-negative integer, got '-1'" in err
+
+
+def test_a_model_whose_backend_is_not_registered_here(tirpat, error_line, tmp_path):
+    """Exported with a backend this process registered (not installed): running it elsewhere
+    names the backend and how to get it, without a KeyError's quotes."""
+    import warnings
+
+    import tirpat as tp
+
+    class Ghost(tp.Backend):
+        name = "ghost"
+
+    mod = runpy.run_path(_write(tmp_path / "two.py", TWO_OUTPUTS))["Module"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tp.OffloadWarning)      # a backend that offloads nothing
+        tp.build(mod, tp.CompositeTarget([Ghost()], host="llvm")).export(tmp_path / "g.tirpat")
+    line = error_line(tirpat("run", "g.tirpat", cwd=tmp_path),
+                      "tirpat run: error: g.tirpat was compiled for a backend this process lacks: no backend named "
+                      "'ghost' is registered (registered: accel): install the package that provides it (an installed "
+                      "backend registers itself through the 'tirpat.backends' entry point), or register it with "
+                      "tp.register_backend first")
+    assert '"' not in line
+
+
+def _write(path, text: str) -> str:
+    path.write_text(text)
+    return str(path)
+
+
 def test_timeline_without_matplotlib_says_which_extra(compiled, tirpat_here, workdir, monkeypatch):
     import importlib.util
 

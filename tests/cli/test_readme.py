@@ -52,3 +52,12 @@ def test_numbers_in_shown_lines_are_wildcards():
     assert shown_line_pattern("1641 cycles, roofline 640 (39%)").fullmatch("1,702 cycles, roofline 641 (38%)")
     assert not shown_line_pattern("on accel: 100 (100.0%)").fullmatch("on host: 100 (100.0%)")
     assert shown_line_pattern("2  matmul + bias     253").fullmatch("2  matmul + bias    1253")
+
+
+def test_the_section_names_every_command(repo_root):
+    """A new user reads only this section and --help: every command is at least named here."""
+    from tirpat.cli import commands
+
+    section = readme_section(repo_root)
+    missing = [name for name in commands() if f"tirpat {name}" not in section]
+    assert missing == [], f"the README's command-line section never mentions {missing}"

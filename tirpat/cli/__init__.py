@@ -120,13 +120,21 @@ def describe(err: BaseException) -> str:
     'bad thing'
     >>> describe(FileNotFoundError(2, "No such file or directory", "m.onnx"))
     'm.onnx: No such file or directory'
+    >>> describe(KeyError("no backend named 'x'"))
+    "no backend named 'x'"
+    >>> import struct
+    >>> describe(struct.error("argument out of range"))
+    'struct.error: argument out of range'
     """
     if isinstance(err, OSError) and err.filename is not None and err.strerror:
         return f"{err.filename}: {err.strerror}"
-    text = " ".join(line.strip() for line in str(err).splitlines() if line.strip()) or repr(err)
+    message = err.args[0] if type(err) is KeyError and len(err.args) == 1 and isinstance(err.args[0], str) else err
+    text = " ".join(line.strip() for line in str(message).splitlines() if line.strip()) or repr(err)
     kind = type(err)
     if not isinstance(err, CommandError) and kind.__module__ != "builtins" and not kind.__name__.endswith("TargetError"):
-        text = f"{kind.__name__}: {text}"
+        # a bare "error" (struct.error, zlib.error) says which module it came from
+        name = f"{kind.__module__}.{kind.__name__}" if kind.__name__.lower() == "error" else kind.__name__
+        text = f"{name}: {text}"
     if len(text) > _LIMIT:
         text = text[:_LIMIT] + " ... (--debug shows all of it)"
     return text

@@ -44,9 +44,10 @@ def read_inputs(path: str | os.PathLike, inputs: Sequence) -> list[np.ndarray]:
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
         raise CommandError(f"{path}: not an .npz of arrays ({err}); the model takes {expected}") from err
     names = [s.name for s in inputs]
+    spelled = {_frontend_name(n): n for n in names}     # "input.1" and "input_1" are one input
     renamed: dict[str, str] = {}
     for key in list(arrays):
-        name = key if key in names else _frontend_name(key)
+        name = key if key in names else spelled.get(_frontend_name(key), _frontend_name(key))
         if name in renamed:
             raise CommandError(f"{path}: {renamed[name]!r} and {key!r} both give input {name!r}")
         renamed[name] = key
@@ -73,7 +74,8 @@ def read_inputs(path: str | os.PathLike, inputs: Sequence) -> list[np.ndarray]:
 
 def _frontend_name(name: str) -> str:
     """The name TVM's ONNX frontend gives an input called ``name`` (``input.1`` -> ``input_1``,
-    ``0`` -> ``input_0``), so that ``--inputs`` may use the ONNX graph's own names."""
+    ``0`` -> ``input_0``), so that ``--inputs`` may use the ONNX graph's own names (and, for a
+    Relax input called ``fc1.weight``, the name its printed form shows, ``fc1_weight``)."""
     name = name.replace(".", "_")
     return name if name[:1].isalpha() or name[:1] == "_" else f"input_{name}"
 

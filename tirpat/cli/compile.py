@@ -4,18 +4,23 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 from .command import Command, CommandError
+from .model_file import ENTRY
 
 _DESCRIPTION = """\
 Compiles MODEL for a composite target: the backends named in -t take the operators their
-patterns match (an earlier backend wins an overlap), the last target, a TVM target kind,
+patterns match (an earlier backend wins an overlap), the last target, the host (llvm),
 compiles the rest. Prints the offload report: the partitions with their backend, operators
 and MACs, and each operator left on the host with the reason.
 
 MODEL is an .onnx file (TVM's Relax ONNX frontend) or a .py file defining a Relax
-IRModule named Module. 'tirpat targets' lists the backends and their options. With
+IRModule named Module; its Relax function main is compiled, or the one --entry names.
+The compiled model goes next to MODEL (sub/m.onnx -> sub/m.tirpat, as 'tirpat quantize'
+writes sub/m_int8.onnx) unless -o says where; an existing file is replaced only if its name
+ends in .tirpat. 'tirpat targets' lists the backends, their options and the host. With
 --records DIR (written by 'tirpat tune'), each partition with a tuning record is scheduled
 by its best one."""
 
@@ -24,10 +29,14 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", metavar="MODEL", help="an .onnx file, or a .py file defining a Relax IRModule `Module`")
     parser.add_argument("-t", "--target", required=True, metavar="TARGET",
                         help='composite target: backends in priority order, then the host, e.g. "accel -tile=16, llvm"')
-    parser.add_argument("-o", "--output", metavar="OUT", help="the compiled model file (default: MODEL's name + .tirpat)")
+    parser.add_argument("-o", "--output", metavar="OUT",
+                        help="the compiled model file (default: next to MODEL, its name with .tirpat)")
     parser.add_argument("--report", metavar="JSON", help="also write the offload report as JSON")
     parser.add_argument("--records", metavar="DIR",
                         help="tuning records ('tirpat tune' writes them): each partition gets its best schedule")
+    parser.add_argument("--entry", default=ENTRY, metavar="NAME",
+                        help=f"the Relax function to compile (default {ENTRY}; relax.frontend.nn's export_tvm "
+                             "names it after the method, e.g. forward)")
     shapes_argument(parser)
     parser.add_argument("--strict", action="store_true",
                         help="fail when less is offloaded than the backends could take (default: a warning)")
@@ -36,8 +45,8 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
 def shapes_argument(parser: argparse.ArgumentParser) -> None:
     """``--input-shapes``, shared by the commands that read a MODEL."""
     parser.add_argument("--input-shapes", type=_shapes, metavar="SHAPES",
-                        help="fix an ONNX model's input shapes, e.g. \"x:[1,3,16,16] y:[8]\" (accelerators "
-                             "need static shapes)")
+                        help="set the dimensions an ONNX model's inputs leave open, e.g. \"x:[1,3,16,16] y:[8]\" "
+                             "(accelerators need static shapes; a dimension the model fixes must be given as it is)")
 
 
 def _shapes(text: str) -> dict:
@@ -52,31 +61,59 @@ def _shapes(text: str) -> dict:
 def _run(args: argparse.Namespace) -> int:
     import tirpat as tp
 
-    from .model_file import load_model
+    from .model_file import load_model, readable
     from .progress import Progress, pass_names
-    from .tvm_noise import filtered_native_stderr
 
-    target = tp.parse_target(args.target)          # a malformed target fails before any work
-    output = Path(args.output) if args.output else Path(Path(args.model).stem + ".tirpat")
-    for path in (output, args.report):
-        if path is not None and not Path(path).parent.is_dir():
-            raise CommandError(f"{path}: no such directory {str(Path(path).parent)!r}")
-    records = tp.Records(args.records) if args.records else None     # a wrong directory fails first too
+    target = tp.parse_target(args.target)          # malformed arguments fail before any work
+    model_path = readable(args.model)
+    output = Path(args.output) if args.output else model_path.with_suffix(".tirpat")
+    report = Path(args.report) if args.report else None
+    _check_output(output, "-o", model_path)
+    if report is not None:
+        _check_output(report, "--report", model_path)
+        if report.resolve() == output.resolve():
+            raise CommandError(f"{report}: --report and -o name the same file")
+    records = tp.Records(args.records) if args.records else None
     with Progress() as progress:
         with progress.step(f"reading {args.model}"):
-            mod = load_model(args.model, args.input_shapes)
+            mod = load_model(model_path, args.input_shapes, args.entry)
         with progress.step(f"compiling for {target}"), pass_names(progress):
-            model = tp.build(mod, target, strict=args.strict, records=records)
-        with progress.step(f"writing {output}"), filtered_native_stderr():
+            model = tp.build(mod, target, strict=args.strict, records=records, entry=args.entry)
+        with progress.step(f"writing {output}"):
             model.export(output)
     print(model.report)
-    if args.report:
+    if report is not None:
         try:
-            Path(args.report).write_text(json.dumps(model.report.to_json(), indent=1) + "\n")
+            report.write_text(json.dumps(model.report.to_json(), indent=1) + "\n")
         except OSError as err:
-            raise CommandError(f"{args.report}: cannot write the report ({err.strerror})") from err
-    print(f"\nwrote {output}" + (f" and {args.report}" if args.report else ""))
+            raise CommandError(f"{report}: cannot write the report ({err.strerror})") from err
+    print(f"\nwrote {output}" + (f" and {report}" if report else ""))
     return 0
+
+
+def _check_output(path: Path, option: str, model: Path) -> None:
+    """Fail before compiling when ``path`` cannot take what ``option`` writes: a missing or
+    read-only directory, a directory in its place, MODEL itself, or (for the compiled model,
+    a zip archive) a device or an existing file whose name does not end in .tirpat."""
+    parent = path.parent
+    if not parent.is_dir():
+        raise CommandError(f"{path}: no such directory {str(parent)!r}")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise CommandError(f"{path}: cannot write in {str(parent)!r} (permission denied); choose another {option}")
+    if not path.exists():
+        return
+    if path.is_dir():
+        raise CommandError(f"{path}: is a directory; {option} names the file to write")
+    if not path.is_file():
+        if option != "-o":          # a JSON report streams: /dev/stdout takes it
+            return
+        raise CommandError(f"{path}: not a regular file, so -o cannot write there: a .tirpat is a zip archive, "
+                           f"written and read back")
+    if path.resolve() == model.resolve():
+        raise CommandError(f"{path}: {option} names MODEL itself; choose another {option}")
+    if option == "-o" and path.suffix != ".tirpat":
+        raise CommandError(f"{path}: exists and its name does not end in .tirpat; not replacing it "
+                           f"(remove it, or choose another -o)")
 
 
 COMMAND = Command(

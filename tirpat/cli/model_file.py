@@ -5,7 +5,11 @@
   ``input_1``); ``--inputs`` takes either name (:func:`tirpat.cli.arrays.read_inputs`).
 - ``.py``: run with ``runpy`` (TVMScript needs the file's own module while it executes, which
   ``importlib`` loading does not give); it must define an ``IRModule`` named ``Module`` with
-  a Relax function ``main``.
+  a Relax function ``main`` (or the one ``--entry`` names: ``relax.frontend.nn`` exports
+  call theirs ``forward``).
+- ``--input-shapes`` sets the dimensions an ONNX model leaves open (``N``, ``?``); one that
+  contradicts a dimension the model fixes, a wrong rank, or two values for one named
+  dimension is an error before TVM imports anything.
 
 Every failure is a :class:`~tirpat.cli.command.CommandError` naming the file.
 
@@ -22,17 +26,22 @@ from pathlib import Path
 
 from .command import CommandError
 
-__all__ = ["load_model", "parse_shapes", "ENTRY"]
+__all__ = ["load_model", "parse_shapes", "readable", "ENTRY"]
 
-#: The Relax function of MODEL that is compiled and run.
+#: The Relax function of MODEL that is compiled and run, unless ``--entry`` names another.
 ENTRY = "main"
 
 
 def parse_shapes(text: str) -> dict[str, list[int]]:
-    """``--input-shapes`` as TVMC wrote it: ``name:[d0,d1,...]`` entries separated by spaces.
+    """``--input-shapes`` as TVMC wrote it: ``name:[d0,d1,...]`` entries separated by spaces,
+    each dimension a positive integer.
 
     >>> parse_shapes("x:[1,3,16,16] input.1:[8]")
     {'x': [1, 3, 16, 16], 'input.1': [8]}
+    >>> parse_shapes("x:[1,0]")
+    Traceback (most recent call last):
+    ...
+    ValueError: x:[1,0]: dimension 1 of x is 0; a dimension is a positive integer
     """
     shapes: dict[str, list[int]] = {}
     rest = text.strip()
@@ -40,29 +49,27 @@ def parse_shapes(text: str) -> dict[str, list[int]]:
         m = _SHAPE.match(rest)
         if m is None:
             raise ValueError(f"expected name:[d0,d1,...] entries separated by spaces, got {rest!r}")
-        dims = (m.group(2) or "").replace(" ", "")
-        if m.group(1) in shapes:
-            raise ValueError(f"input {m.group(1)!r} is given twice")
-        shapes[m.group(1)] = [int(d) for d in dims.split(",")] if dims else []
+        name, dims = m.group(1), (m.group(2) or "").replace(" ", "")
+        if name in shapes:
+            raise ValueError(f"input {name!r} is given twice")
+        shapes[name] = [int(d) for d in dims.split(",")] if dims else []
+        for axis, dim in enumerate(shapes[name]):
+            if dim < 1:
+                raise ValueError(f"{m.group(0)}: dimension {axis} of {name} is {dim}; a dimension is a positive integer")
         rest = rest[m.end():].lstrip()
     if not shapes:
         raise ValueError("no shapes given")
     return shapes
 
 
-_SHAPE = re.compile(r"([^\s:]+):\[\s*((?:\d+\s*,\s*)*\d+)?\s*\](?=\s|$)")
+_SHAPE = re.compile(r"([^\s:]+):\[\s*((?:[-+]?\d+\s*,\s*)*[-+]?\d+)?\s*\](?=\s|$)")
 
 
-def load_model(path: str | os.PathLike, shapes: dict[str, list[int]] | None = None):
-    """MODEL (``.onnx`` or ``.py``) as a Relax ``tvm.IRModule``; ``shapes`` fixes the shapes of
-    an ONNX model's inputs (by the graph's input names), as ``--input-shapes`` does."""
-    path = Path(path)
-    if not path.exists():
-        raise CommandError(f"{path}: no such file")
-    if not path.is_file():
-        raise CommandError(f"{path}: not a file")
-    if not os.access(path, os.R_OK):
-        raise CommandError(f"{path}: permission denied")
+def load_model(path: str | os.PathLike, shapes: dict[str, list[int]] | None = None, entry: str = ENTRY):
+    """MODEL (``.onnx`` or ``.py``) as a Relax ``tvm.IRModule`` with the Relax function
+    ``entry``; ``shapes`` sets the open dimensions of an ONNX model's inputs (by the graph's
+    input names), as ``--input-shapes`` does."""
+    path = readable(path)
     suffix = path.suffix.lower()
     if shapes and suffix != ".onnx":
         raise CommandError(f"{path}: --input-shapes is for .onnx models; a Relax module declares its shapes")
@@ -72,7 +79,19 @@ def load_model(path: str | os.PathLike, shapes: dict[str, list[int]] | None = No
         mod = _from_python(path)
     else:
         raise CommandError(f"{path}: a model is an .onnx file or a .py file defining a Relax IRModule named Module")
-    return _check(mod, path)
+    return _check(mod, path, entry)
+
+
+def readable(path: str | os.PathLike) -> Path:
+    """``path`` as a ``Path`` if it is a file this process can read, else a CommandError."""
+    path = Path(path)
+    if not path.exists():
+        raise CommandError(f"{path}: no such file")
+    if not path.is_file():
+        raise CommandError(f"{path}: not a file")
+    if not os.access(path, os.R_OK):
+        raise CommandError(f"{path}: permission denied")
+    return path
 
 
 def _from_onnx(path: Path, shapes: dict[str, list[int]] | None):
@@ -96,8 +115,10 @@ def _from_onnx(path: Path, shapes: dict[str, list[int]] | None):
     if unknown:
         raise CommandError(f"{path}: --input-shapes names {', '.join(unknown)}, but the model's inputs are "
                            f"{', '.join(inputs)}")
-    dynamic = {i.name: _dims(i) for i in model.graph.input
-               if i.name in inputs and i.name not in (shapes or {}) and not all(isinstance(d, int) for d in _dims(i))}
+    declared = {i.name: i for i in model.graph.input if i.name in inputs}
+    _check_shapes(path, shapes or {}, declared)
+    dynamic = {name: _dims(i) for name, i in declared.items()
+               if name not in (shapes or {}) and not all(isinstance(d, int) for d in _dims(i))}
     if dynamic:
         example = " ".join(f"{n}:[{','.join(str(d) if isinstance(d, int) else '1' for d in dims)}]"
                            for n, dims in dynamic.items())
@@ -114,13 +135,40 @@ def _from_onnx(path: Path, shapes: dict[str, list[int]] | None):
         raise CommandError(f"{path}: TVM's ONNX frontend failed: {type(err).__name__}: {_first_line(err)}") from err
 
 
+def _check_shapes(path: Path, shapes: dict[str, list[int]], declared: dict) -> None:
+    """``--input-shapes`` may set only what the model leaves open: the rank and every fixed
+    dimension must agree, and a named dimension (``N``) takes one value wherever it appears."""
+    named: dict[str, tuple[int, str]] = {}         # dimension name -> (value, where it was given)
+    for name, dims in shapes.items():
+        info = declared[name]
+        if not info.type.tensor_type.HasField("shape"):
+            continue                                # the model declares no shape: any is taken
+        model = _dims(info)
+        given = f"--input-shapes {name}:[{','.join(map(str, dims))}]"
+        if len(dims) != len(model):
+            raise CommandError(f"{path}: {given} has {len(dims)} dimension{'s' * (len(dims) != 1)}; the model's "
+                               f"input {name} has {len(model)}: [{_text(model)}]")
+        for axis, (fixed, dim) in enumerate(zip(model, dims)):
+            if isinstance(fixed, int) and fixed != dim:
+                open_axes = [str(a) for a, d in enumerate(model) if not isinstance(d, int)]
+                settable = (f"only its open dimension{'s' * (len(open_axes) > 1)} ({', '.join(open_axes)}) can be set"
+                            if open_axes else f"{name}'s shape is fixed: leave it out of --input-shapes")
+                raise CommandError(f"{path}: {given} contradicts the model: dimension {axis} of input {name} is "
+                                   f"{fixed} in the model, {dim} given ([{_text(model)}]: {settable})")
+            if isinstance(fixed, str) and fixed != "?":
+                value, where = named.setdefault(fixed, (dim, f"{name} dimension {axis}"))
+                if value != dim:
+                    raise CommandError(f"{path}: --input-shapes gives the model's dimension {fixed!r} two values: "
+                                       f"{value} ({where}) and {dim} ({name} dimension {axis})")
+
+
 def _text(dims: list) -> str:
     return ", ".join(map(str, dims))
 
 
 def _dims(value_info) -> list:
     """An ONNX graph input's dimensions: ints, or the names (``?``) of those not fixed."""
-    return [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?")
+    return [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else (d.dim_param or "?")
             for d in value_info.type.tensor_type.shape.dim]
 
 
@@ -136,15 +184,17 @@ def _from_python(path: Path):
     return namespace["Module"]
 
 
-def _check(mod, path: Path):
+def _check(mod, path: Path, entry: str):
     import tvm
     from tvm import relax
 
     if not isinstance(mod, tvm.IRModule):
         raise CommandError(f"{path}: Module is a {type(mod).__name__}, not a tvm.IRModule")
-    func = next((f for gv, f in mod.functions.items() if gv.name_hint == ENTRY), None)
-    if not isinstance(func, relax.Function):
-        raise CommandError(f"{path}: the IRModule has no Relax function {ENTRY!r} to compile")
+    functions = sorted(gv.name_hint for gv, f in mod.functions.items() if isinstance(f, relax.Function))
+    if entry not in functions:
+        found = (f"its Relax functions are {', '.join(functions)}: name one with --entry" if functions
+                 else "it has no Relax function at all (a model is a Relax function; PrimFuncs alone are not)")
+        raise CommandError(f"{path}: the IRModule has no Relax function {entry!r} to compile; {found}")
     return mod
 
 

@@ -39,7 +39,7 @@ class Progress:
             from rich.progress import BarColumn, Progress as Live, SpinnerColumn, TextColumn
 
             # A terminal of its own (a copy of fd 2): the display stays visible while a block
-            # captures fd 2 (tirpat.cli.tvm_noise).
+            # captures fd 2 (tirpat.model.tvm_noise).
             self._terminal = os.fdopen(os.dup(sys.stderr.fileno()), "w")
             self._live = Live(SpinnerColumn(finished_text="[green]done"), TextColumn("{task.description}"),
                               BarColumn(bar_width=20), TextColumn("{task.fields[count]}"),

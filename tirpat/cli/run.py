@@ -26,11 +26,23 @@ timeline as a PNG labelled by layer."""
 def _arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", metavar="MODEL.tirpat", help="a model written by 'tirpat compile'")
     parser.add_argument("--inputs", metavar="NPZ", help="inputs, an .npz keyed by input name (default: seeded random)")
-    parser.add_argument("--seed", type=int, default=0, help="the seed of the random inputs (default 0)")
+    parser.add_argument("--seed", type=_seed, default=0, help="the seed of the random inputs (default 0)")
     parser.add_argument("-o", "--output", metavar="NPZ", help="write the outputs to this .npz (output_0, output_1, ...)")
     parser.add_argument("--profile", action="store_true", help="print each backend's device statistics")
     parser.add_argument("--timeline", metavar="PNG",
-                        help="draw the device timeline (needs the plot extra: pip install 'tirpat[plot]')")
+                        help="draw the device timeline as a PNG at exactly this path (needs the plot extra: "
+                             "pip install 'tirpat[plot]')")
+
+
+def _seed(text: str) -> int:
+    """A seed of numpy's generator: a non-negative integer."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}")
+    return value
 
 
 def _timeline_paths(path: Path, names: list[str]) -> dict[str, Path]:
@@ -47,9 +59,9 @@ def _layers(model, backend: str) -> list[tuple[str, int, int]]:
 
 def _run(args: argparse.Namespace) -> int:
     import tirpat as tp
+    from tirpat.model.backend import BackendNotFound
 
     from .arrays import describe_array, flat_outputs, output_names, random_inputs, read_inputs, write_outputs
-    from .tvm_noise import filtered_native_stderr
 
     if args.timeline:
         if importlib.util.find_spec("matplotlib") is None:
@@ -58,8 +70,10 @@ def _run(args: argparse.Namespace) -> int:
             raise CommandError(f"{args.timeline}: no such directory {str(Path(args.timeline).parent)!r}")
     if not Path(args.model).is_file():
         raise CommandError(f"{args.model}: no such file" if not Path(args.model).exists() else f"{args.model}: not a file")
-    with filtered_native_stderr():
+    try:
         model = tp.load(args.model)
+    except BackendNotFound as err:         # the message says which backend and how to get it
+        raise CommandError(str(err)) from err
     if args.inputs:
         arrays = read_inputs(args.inputs, model.inputs)
     else:

@@ -10,9 +10,10 @@ from .command import Command, CommandError
 _DESCRIPTION = """\
 Tunes the schedule of every partition of MODEL that a backend of the target takes, with
 TVM's meta_schedule: the backend's design space (for accel: block sizes, weight residency,
-the convolution's gather and pixel grouping), its own schedule measured first, then
---trials measurements in all, each checked bit for bit against the model compiled by TVM
-alone (a wrong schedule is an error, never a winner). The cost is the backend's measure
+the convolution's gather and pixel grouping). --trials counts every measurement, the
+backend's own schedule (measured first, so the best is never worse) among them; each is
+checked bit for bit against the model compiled by TVM alone (a wrong schedule is an error,
+never a winner). The cost is the backend's measure
 (for accel: simulated cycles). Records go to the --records directory, meta_schedule's JSON
 database: 'tirpat compile --records DIR' and tp.build(..., records=DIR) apply the best
 schedule of each partition. Tuning again with the same directory adds to it.
@@ -30,7 +31,7 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-t", "--target", required=True, metavar="TARGET",
                         help='composite target: backends in priority order, then the host, e.g. "accel, llvm"')
     parser.add_argument("--trials", type=_positive, required=True, metavar="N",
-                        help="measurements in all, over every partition")
+                        help="measurements in all, over every partition, the backend's own schedule included")
     parser.add_argument("--records", required=True, metavar="DIR", help="the tuning records directory (made if missing)")
     parser.add_argument("--rpc", metavar="HOST:PORT:KEY",
                         help="measure on the RPC servers a tracker knows under KEY (default: in this process)")

@@ -34,7 +34,8 @@ import time
 import warnings
 from typing import Any, ClassVar, Mapping
 
-__all__ = ["Option", "Phase", "Backend", "register_backend", "backends", "lookup", "ENTRY_POINT_GROUP"]
+__all__ = ["Option", "Phase", "Backend", "register_backend", "backends", "lookup", "BackendNotFound",
+           "ENTRY_POINT_GROUP"]
 
 #: The entry-point group scanned by :func:`backends` for pip-installed backends.
 ENTRY_POINT_GROUP = "tirpat.backends"
@@ -287,12 +288,29 @@ def backends() -> dict[str, Backend]:
         return dict(_REGISTRY)
 
 
+class BackendNotFound(KeyError):
+    """No backend of that name is registered: a ``KeyError`` whose message reads as written
+    (a plain ``KeyError`` shows its message quoted)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
 def lookup(name: str) -> Backend:
-    """The registered backend called ``name``; a ``KeyError`` lists the registered ones."""
+    """The registered backend called ``name``; :class:`BackendNotFound` (a ``KeyError``)
+    lists the registered ones and says how a backend gets registered.
+
+    >>> lookup("nosuch")
+    Traceback (most recent call last):
+    ...
+    tirpat.model.backend.BackendNotFound: no backend named 'nosuch' is registered (registered: ...): ...
+    """
     found = backends().get(name)
     if found is None:
         known = ", ".join(sorted(_REGISTRY)) or "none"
-        raise KeyError(f"no backend named {name!r} is registered (registered: {known})")
+        raise BackendNotFound(f"no backend named {name!r} is registered (registered: {known}): install the package "
+                              f"that provides it (an installed backend registers itself through the "
+                              f"{ENTRY_POINT_GROUP!r} entry point), or register it with tp.register_backend first")
     return found
 
 

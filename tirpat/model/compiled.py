@@ -25,9 +25,10 @@ import tvm
 from tvm import relax
 
 from ..device import invoke
-from .backend import lookup
+from .backend import BackendNotFound, lookup
 from .pipeline import marks
 from .report import ModelReport
+from .tvm_noise import filtered_native_stderr
 
 __all__ = ["CompiledModel", "Input", "Layer", "load", "FORMAT"]
 
@@ -73,7 +74,8 @@ class CompiledModel:
     def _check(self, args) -> list:
         if len(args) != len(self.inputs):
             names = ", ".join(i.name for i in self.inputs)
-            raise TypeError(f"the model takes {len(self.inputs)} inputs ({names}), got {len(args)}")
+            count = f"{len(self.inputs)} input{'s' * (len(self.inputs) != 1)}"
+            raise TypeError(f"the model takes {count} ({names}), got {len(args)}")
         tensors = []
         for spec, a in zip(self.inputs, args):
             if isinstance(a, tvm.runtime.Tensor):
@@ -125,6 +127,8 @@ class CompiledModel:
     def export(self, path) -> Path:
         """Write the model to ``path`` (one file: the library and a manifest); returns the path."""
         path = Path(path)
+        if path.exists() and not path.is_file():        # a zip archive is written with seeks: not to a device
+            raise ValueError(f"{path}: not a regular file, so a model cannot be written there")
         manifest = {
             "format": FORMAT, "entry": self.entry, "host": dict(self.host.export()),
             "backends": [{"name": b.name, "options": o} for b, o in self.backends],
@@ -133,7 +137,8 @@ class CompiledModel:
         }
         with tempfile.TemporaryDirectory() as tmp:
             lib = os.path.join(tmp, _LIBRARY)
-            self.executable.export_library(lib)
+            with filtered_native_stderr():      # TVM logs a line per memory scope it saves
+                self.executable.export_library(lib)
             with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
                 z.write(lib, _LIBRARY)
                 z.writestr(_MANIFEST, json.dumps(manifest, indent=1, default=_json_default))
@@ -200,13 +205,17 @@ def load(path) -> CompiledModel:
     except (zipfile.BadZipFile, KeyError) as err:
         raise ValueError(f"{path}: not a model exported by tirpat ({err})") from None
     try:
-        executable = tvm.runtime.load_module(lib)
+        with filtered_native_stderr():          # and one per scope it loads
+            executable = tvm.runtime.load_module(lib)
     finally:        # the loaded library stays mapped: the file is no longer needed
         os.remove(lib)
         os.rmdir(os.path.dirname(lib))
     backends = []
     for entry in manifest["backends"]:
-        backend = lookup(entry["name"])
+        try:
+            backend = lookup(entry["name"])
+        except BackendNotFound as err:
+            raise BackendNotFound(f"{path} was compiled for a backend this process lacks: {err}") from None
         backends.append((backend, backend.resolve(entry["options"])))
     inputs = [Input(i["name"], tuple(i["shape"]), i["dtype"]) for i in manifest["inputs"]]
     return CompiledModel(executable, backends, tvm.target.Target(manifest["host"]), inputs,
