@@ -54,6 +54,43 @@ def test_bad_input(tirpat, error_line, float_cnn, tmp_path):
                "no such directory 'no/such/dir'")
 
 
+def test_refuses_a_quantised_model(tirpat, error_line, float_cnn, tmp_path):
+    """Quantising a QDQ model again wrote an invalid ONNX (duplicate node names), exit 0."""
+    import tirpat as tp
+
+    model, calib = float_cnn
+    onnx.save(tp.quantize(str(model), str(calib)), str(tmp_path / "q.onnx"))
+    error_line(tirpat("quantize", "q.onnx", "-o", "again.onnx", "--calibration", calib, cwd=tmp_path),
+               "tirpat quantize: error: the model is already quantised: it has DequantizeLinear (e.g. '",
+               "QuantizeLinear", "quantise the float model it came from")
+    assert not (tmp_path / "again.onnx").exists()
+
+
+def test_calibration_values_and_dtypes(tirpat, error_line, float_cnn, tmp_path):
+    """NaN, infinite and integer calibration data are refused naming the input; data that is
+    zero everywhere is quantised with a warning naming the input."""
+    model, calib = float_cnn
+    x = np.load(calib)["x"]
+    cases = {"nan.npz": np.full_like(x, np.nan), "inf.npz": np.where(x > 2, np.inf, x),
+             "int.npz": np.round(x).astype(np.int8), "f64.npz": x.astype(np.float64)}
+    for name, data in cases.items():
+        np.savez(tmp_path / name, x=data)
+    error_line(tirpat("quantize", model, "--calibration", "nan.npz", "-o", "q.onnx", cwd=tmp_path),
+               f"calibration array 'x' has {x.size} NaN values (of {x.size}); calibration needs finite data")
+    error_line(tirpat("quantize", model, "--calibration", "inf.npz", "-o", "q.onnx", cwd=tmp_path),
+               f"calibration array 'x' has {int((x > 2).sum())} infinite value")
+    error_line(tirpat("quantize", model, "--calibration", "int.npz", "-o", "q.onnx", cwd=tmp_path),
+               "calibration array 'x' is int8; the input is float32")
+    error_line(tirpat("quantize", model, "--calibration", "f64.npz", "-o", "q.onnx", cwd=tmp_path),
+               "calibration array 'x' is float64; the input is float32")
+    assert not (tmp_path / "q.onnx").exists()
+    np.savez(tmp_path / "zero.npz", x=np.zeros_like(x))
+    zero = tirpat("quantize", model, "--calibration", "zero.npz", "-o", "q.onnx", cwd=tmp_path)
+    assert zero.returncode == 0, zero.stderr
+    assert zero.stderr.startswith("tirpat quantize: warning: calibration data for input 'x' is zero on every sample")
+    assert len(zero.stderr.strip().splitlines()) == 1
+
+
 def test_usage_error(tirpat, error_line, float_cnn, tmp_path):
     error_line(tirpat("quantize", float_cnn[0], "--method", "best", cwd=tmp_path), "invalid choice: 'best'", status=2)
 

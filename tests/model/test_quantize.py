@@ -97,10 +97,31 @@ def test_input_model_unchanged_and_path_accepted(float_model, tmp_path):
     ({"x": np.zeros((1, 3, 16, 16), np.float32)}, r"shape \[1, 3, 16, 16\]; the input needs \[samples, 1, 3, 16, 16\]"),
     ({"x": np.zeros((0, 1, 3, 16, 16), np.float32)}, "no samples"),
     ({"x": np.zeros((2, 1, 3, 16, 16), np.complex64)}, "complex64"),
+    ({"x": np.ones((2, 1, 3, 16, 16), np.int8)}, "'x' is int8; the input is float32"),       # no silent conversion
+    ({"x": np.ones((2, 1, 3, 16, 16), np.float64)}, "'x' is float64; the input is float32"),
+    ({"x": np.full((2, 1, 3, 16, 16), np.nan, np.float32)}, r"'x' has 1536 NaN values \(of 1536\)"),
+    ({"x": np.ones((2, 1, 3, 16, 16), np.float32) * np.array([np.nan, -np.inf] + [1] * 14, np.float32)},
+     r"'x' has 96 NaN and 96 infinite values \(of 1536\)"),
 ])
 def test_bad_calibration(float_model, calibration, message):
     with pytest.raises(CalibrationError, match=message):
         tp.quantize(float_model, calibration)
+
+
+def test_zero_calibration_warns(float_model):
+    with pytest.warns(UserWarning, match="calibration data for input 'x' is zero on every sample"):
+        tp.quantize(float_model, {"x": np.zeros((2, 1, 3, 16, 16), np.float32)})
+
+
+def test_refuses_a_quantised_model(float_model):
+    """Quantising again would wrap the QDQ pairs in more: onnxruntime writes duplicate node names."""
+    q = tp.quantize(float_model, onnx_cnn.calibration(float_model, 2))
+    with pytest.raises(ValueError, match=r"already quantised: it has DequantizeLinear \(e.g. '.*'\), QuantizeLinear"):
+        tp.quantize(q, onnx_cnn.calibration(float_model, 2))
+    conv = onnx.helper.make_node("QLinearConv", list("abcdefgh"), ["y"], name="qc")
+    integer_only = onnx.helper.make_model(onnx.helper.make_graph([conv], "g", [], []))
+    with pytest.raises(ValueError, match=r"it has QLinearConv \(e.g. 'qc'\)"):
+        tp.quantize(integer_only)
 
 
 def test_bad_arguments(float_model, tmp_path):
@@ -123,4 +144,4 @@ def test_bad_arguments(float_model, tmp_path):
 def test_samples_must_agree():
     inputs = {"a": ((2,), np.dtype("float32")), "b": ((2,), np.dtype("float32"))}
     with pytest.raises(CalibrationError, match=r"different numbers of samples: \[2, 3\]"):
-        quantize_module.calibration_samples({"a": np.zeros((2, 2)), "b": np.zeros((3, 2))}, inputs)
+        quantize_module.calibration_samples({"a": np.ones((2, 2), np.float32), "b": np.ones((3, 2), np.float32)}, inputs)

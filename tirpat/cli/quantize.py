@@ -16,8 +16,10 @@ tirpat's integerize pass itself).
 
 Calibration data is an .npz keyed by input name whose arrays have a leading axis of
 samples, each of the input's shape (16 samples of a [1, 3, 16, 16] input: [16, 1, 3, 16,
-16]). Without --calibration, seeded random inputs are used and the scales are then
-meaningless for real data (a warning says so)."""
+16]), of the input's dtype (no silent conversion, as 'tirpat run --inputs') and finite.
+Without --calibration, seeded random inputs are used and the scales are then meaningless
+for real data (a warning says so). A model already quantised (QDQ pairs, QLinear* or
+*Integer operators) is refused: compile it as it is."""
 
 _METHODS = ("minmax", "entropy", "percentile")     # tirpat.model.quantize.METHODS, without importing it
 

@@ -10,7 +10,8 @@ optimisations, e.g. a BatchNormalization folded into the Conv before it).
 Calibration data fixes the activation scales (MinMax by default: the largest magnitude seen
 on each tensor). It is an ``.npz`` file, or a dict, keyed by input name, whose arrays have a
 leading axis of samples, each sample of the input's shape: ``[16, 1, 3, 16, 16]`` for 16
-samples of a ``[1, 3, 16, 16]`` input. Without it, seeded random normal inputs are used and a
+samples of a ``[1, 3, 16, 16]`` input, of the input's dtype (no silent conversion) and
+finite. Without it, seeded random normal inputs are used and a
 warning says that the scales then mean nothing for real data.
 
 >>> import numpy as np, onnx
@@ -48,7 +49,14 @@ Calibration = Union[str, os.PathLike, Mapping[str, np.ndarray], None]
 
 
 class CalibrationError(ValueError):
-    """Calibration data that does not fit the model (names, shapes, sample counts)."""
+    """Calibration data that does not fit the model (names, shapes, dtypes, sample counts,
+    NaN or infinite values)."""
+
+
+#: Operators that only a model already quantised holds (QDQ pairs, or ONNX's and
+#: onnxruntime's integer operators).
+_QUANTISED_OPS = frozenset({"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "QLinearConv",
+                           "QLinearMatMul", "QGemm", "ConvInteger", "MatMulInteger", "DynamicQuantizeMatMul"})
 
 
 def _require():
@@ -78,13 +86,16 @@ def quantize(model: ModelLike, calibration: Calibration = None, *, per_channel: 
         ``"minmax"`` (default), ``"entropy"`` or ``"percentile"``.
 
     Returns the quantised ``onnx.ModelProto``. Raises ``FileNotFoundError`` for a missing
-    file, :class:`CalibrationError` for calibration data that does not fit the model and
-    ``ValueError`` for an unknown method.
+    file, :class:`CalibrationError` for calibration data that does not fit the model (or
+    holds NaN or infinite values), ``ValueError`` for a model that is already quantised and
+    for an unknown method. Warns when an input's calibration data is zero everywhere (its
+    scale would mean nothing).
     """
     onnx, ortq = _require()
     if method not in METHODS:
         raise ValueError(f"unknown calibration method {method!r}; choose one of {', '.join(METHODS)}")
     proto = _load(onnx, model)
+    _refuse_quantised(proto)
     inputs = _graph_inputs(onnx, proto)
     if calibration is None:
         samples = _random_samples(inputs)
@@ -122,6 +133,20 @@ def _load(onnx, model):
         raise ValueError(f"{str(path)!r} is not an ONNX model ({err})") from err
 
 
+def _refuse_quantised(proto) -> None:
+    """A ``ValueError`` for a model that already holds quantised operators: quantising it
+    again would wrap its QDQ pairs in more (onnxruntime then writes nodes with duplicate
+    names, an invalid model)."""
+    found: dict[str, str] = {}
+    for node in proto.graph.node:
+        if node.op_type in _QUANTISED_OPS or node.op_type.startswith("QLinear"):
+            found.setdefault(node.op_type, node.name or node.output[0])
+    if found:
+        ops = ", ".join(f"{op} (e.g. {name!r})" for op, name in sorted(found.items()))
+        raise ValueError(f"the model is already quantised: it has {ops}; quantise the float model it came "
+                         "from, or compile this one as it is")
+
+
 def _graph_inputs(onnx, proto) -> dict[str, tuple[tuple, np.dtype]]:
     """``{name: (shape with None for symbolic dims, dtype)}`` of the real inputs."""
     initialisers = {i.name for i in proto.graph.initializer}
@@ -139,8 +164,9 @@ def calibration_samples(calibration: Calibration, inputs: Mapping[str, tuple]) -
     """One feed dict per sample, from an ``.npz`` path or a dict of arrays with a leading
     samples axis; checked against ``inputs`` (``{name: (shape, dtype)}``).
 
-    >>> calibration_samples({"x": np.zeros((2, 1, 3))}, {"x": ((1, 3), np.dtype("float32"))})[1]["x"].shape
-    (1, 3)
+    >>> samples = calibration_samples({"x": np.ones((2, 1, 3), np.float32)}, {"x": ((1, 3), np.dtype("float32"))})
+    >>> len(samples), samples[1]["x"].shape
+    (2, (1, 3))
     >>> calibration_samples({"y": np.zeros((2, 3))}, {"x": ((3,), np.dtype("float32"))})
     Traceback (most recent call last):
     tirpat.model.quantize.CalibrationError: calibration data has no array for input 'x' (it has 'y')
@@ -175,13 +201,31 @@ def calibration_samples(calibration: Calibration, inputs: Mapping[str, tuple]) -
                                    "(a leading axis of samples, each of the input's shape)")
         if a.shape[0] == 0:
             raise CalibrationError(f"calibration array {name!r} has no samples")
-        if not np.can_cast(a.dtype, dtype, casting="same_kind"):
-            raise CalibrationError(f"calibration array {name!r} is {a.dtype}; the input is {dtype}")
+        if a.dtype != dtype:     # as ``tirpat run --inputs``: no silent conversion
+            raise CalibrationError(f"calibration array {name!r} is {a.dtype}; the input is {dtype} "
+                                   f"(convert the data, e.g. array.astype(np.{dtype.name}))")
+        if dtype.kind == "f":
+            _check_finite(name, a)
         counts.add(a.shape[0])
     if len(counts) > 1:
         raise CalibrationError(f"calibration arrays have different numbers of samples: {sorted(counts)}")
+    zero = [name for name, (_, dtype) in inputs.items() if dtype.kind == "f" and not np.any(arrays[name])]
+    if zero:
+        warnings.warn(f"calibration data for input {', '.join(map(repr, zero))} is zero on every sample: "
+                      "its quantisation scale (and those of the tensors computed from it) then mean "
+                      "nothing for real data. Calibrate on samples of real inputs.", stacklevel=3)
     n = counts.pop() if counts else 0
-    return [{name: arrays[name][i].astype(dtype) for name, (_, dtype) in inputs.items()} for i in range(n)]
+    return [{name: arrays[name][i] for name in inputs} for i in range(n)]
+
+
+def _check_finite(name: str, array: np.ndarray) -> None:
+    """A :class:`CalibrationError` naming ``name`` and counting its NaN and infinite values
+    (MinMax calibration would turn them into NaN or infinite scales)."""
+    nan, inf = int(np.isnan(array).sum()), int(np.isinf(array).sum())
+    if nan or inf:
+        counts = " and ".join(f"{n} {what}" for n, what in ((nan, "NaN"), (inf, "infinite")) if n)
+        raise CalibrationError(f"calibration array {name!r} has {counts} value{'s' if nan + inf > 1 else ''} "
+                               f"(of {array.size}); calibration needs finite data")
 
 
 def _random_samples(inputs: Mapping[str, tuple]) -> list[dict[str, np.ndarray]]:
