@@ -213,7 +213,8 @@ def _complain(report: Report, strict: bool) -> None:
         message = "accel.build: nothing was offloaded: the workload has no multiply-accumulate"
     else:
         why = "; ".join(f"{name}: {reason}" for name, reason in report.on_cpu if "multiply-accumulate" in reason
-                        or "matrix" in reason or "convolution" in reason) or "see the report"
+                        or "matrix" in reason or "convolution" in reason or "not offloaded" in reason) \
+            or "see the report"
         message = (f"accel.build: {report.total_macs - report.accel_macs} of {report.total_macs} MACs stay on "
                    f"the CPU: {why}")
     if strict:

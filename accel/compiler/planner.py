@@ -42,6 +42,13 @@ class AccelPlanner(ScratchpadPlanner):
         ])
         self.tile = t
 
+    def plan(self, func: tirx.PrimFunc) -> tirx.PrimFunc:
+        """Plan one PrimFunc; a refusal says first, in a model's terms, what cannot run."""
+        try:
+            return super().plan(func)
+        except PlanError as err:
+            raise type(err)(_for_users(func, str(err))) from None
+
     def check_sequence(self, stmts: list, func_name: str) -> None:
         _check_in_place(stmts, func_name, self.tile)
 
@@ -222,6 +229,24 @@ def _check_loop_carried(loop, name, tile):
                             f"'{loop.loop_var.name}', but the loop's next iteration reads {buf.name} before "
                             f"writing it anew: {describe(stmt)} (store the result after the loop that "
                             f"accumulates instead, e.g. reverse_compute_at an outer loop)")
+
+
+def _for_users(func: tirx.PrimFunc, detail: str) -> str:
+    """A planner refusal as its user reads it: which part of the model (the operators of a
+    ``tp.build`` partition) accel cannot run and what to do, then the technical ``detail``."""
+    attrs = func.attrs
+    name = str(attrs["global_symbol"]) if attrs is not None and "global_symbol" in attrs else "main"
+    base = name.removesuffix("_prepacked")
+    if base.startswith("fused_relax_"):    # a Relax partition, named after its operators
+        ops = [op.strip("_") for op in base.removeprefix("fused_").split("relax_") if op.strip("_")]
+        what = " + ".join("relax." + op.replace("nn_", "nn.", 1) for op in ops) + f" (partition {base})"
+    else:
+        what = f"the function {name!r}"
+    why = ("its scratchpad buffers do not fit the accel Config of the target" if "overflows" in detail
+           else "accel's compiler produced code for it that the device cannot run")
+    return (f"accel cannot run {what}: {why}. This is a limit of accel's compiler, not an error in the model; "
+            f"the model was not built. To run it, compile it for the host alone (target \"llvm\"), or report "
+            f"it to accel's developers with this message. Detail: {detail}")
 
 
 def plan(func: tirx.PrimFunc, config: Config) -> tirx.PrimFunc:

@@ -274,11 +274,18 @@ def schedule_in(sch: s_tir.Schedule, config: Config) -> Notes:
         for key in knobs.annotations():
             sch.unannotate(block_rv, key)
         gemms.append((name, roles, conv, knobs))
+    reserved: dict = {}     # scratchpad elements the GEMMs scheduled so far keep for the whole function
     for name, roles, conv, knobs in gemms:
-        if conv is not None:
-            roles = normalise_conv(sch, conv, config, notes, gather=knobs.gather,
-                                   fuse_rows=knobs.pixels == "image")
-        _schedule_gemm(sch, name, roles, config, notes, knobs)
+        cpu_steps = len(notes.on_cpu)
+        try:
+            if conv is not None:
+                roles = normalise_conv(sch, conv, config, notes, gather=knobs.gather,
+                                       fuse_rows=knobs.pixels == "image")
+            _schedule_gemm(sch, name, roles, config, notes, knobs, reserved)
+        except DoesNotFit as why:
+            # the steps taken so far (layouts, the epilogue inlined) are valid code for the CPU
+            del notes.on_cpu[cpu_steps:]
+            notes.on_cpu.append((name, f"is not offloaded: {why}"))
     return notes
 
 
@@ -358,26 +365,144 @@ def _permutes(indices, block) -> bool:
     return all(isinstance(e, tirx.Var) for e in indices) and sorted(e.__chandle__() for e in indices) == keys
 
 
-def _blocks(m_tiles: int, n_tiles: int, k_tiles: int, knobs: Knobs, config: Config) -> tuple[int, int, int]:
-    """Tiles per block along M, N and K: the knobs' (at most the whole dimension) or the
-    heuristic's (one row of tiles; along N and K the largest power of two that pads by at
-    most an eighth), halved while the blocks would overflow a double-buffered scratchpad
-    (N first in ACC, then K, then M)."""
+class DoesNotFit(ScheduleError):
+    """Even a GEMM's smallest blocks overflow a scratchpad of the Config: it stays on the CPU."""
+
+
+@dataclass(frozen=True)
+class Extents:
+    """What a GEMM's scratchpad footprint depends on besides its blocks: tiles along M, N
+    and K, the iterations of the loops around a block of output tiles (``outer``: the
+    batch) and around a block of K (``k_outer``: a convolution's kernel taps), the weight's
+    elements per element of its N x K matrix (``weight_copies``: a batch of weights, the
+    taps), and per operand the epilogue reads from ACC whether it is narrow (a bias: along
+    one dimension at most) or as large as the accumulator (a residual)."""
+
+    m_tiles: int
+    n_tiles: int
+    k_tiles: int
+    outer: int = 1
+    k_outer: int = 1
+    weight_copies: int = 1
+    operands: tuple = ()
+
+
+def footprint(e: Extents, t: int, bm: int, bn: int, bk: int, resident: bool) -> dict:
+    """The elements of each scratchpad (by scope) a GEMM's blocks occupy at most, as the
+    planner lays them out: a buffer allocated inside a loop that runs more than once is
+    double-buffered; a resident weight is allocated once, outside the loops.
+
+    >>> footprint(Extents(4, 4, 4), 16, 1, 2, 2, False) == {INP: 1024, WGT: 2048, ACC: 1024}
+    True
+    """
+    acc_copies, k_copies = _copies(e, bm, bn, bk)
+    blocks_n, blocks_k = -(-e.n_tiles // bn), -(-e.k_tiles // bk)
+    acc = t * t * bm * bn
+    operands = sum(t * max(bm, bn) if narrow else acc for narrow in e.operands)
+    weight = (e.weight_copies * blocks_n * bn * blocks_k * bk * t * t) if resident else k_copies * t * t * bn * bk
+    return {INP: k_copies * t * t * bm * bk, WGT: weight, ACC: acc_copies * (acc + operands)}
+
+
+def _copies(e: Extents, bm: int, bn: int, bk: int) -> tuple[int, int]:
+    """Copies of the buffers allocated per block of output tiles (ACC) and per block of K
+    (INP, a streamed weight): two when their loops run more than once."""
+    acc_iters = e.outer * -(-e.m_tiles // bm) * -(-e.n_tiles // bn)
+    k_iters = acc_iters * e.k_outer * -(-e.k_tiles // bk)
+    return (2 if acc_iters > 1 else 1), (2 if k_iters > 1 else 1)
+
+
+_CAPACITY = {INP: ("inp_elements", "inp_bytes", 1, "INP"), WGT: ("wgt_elements", "wgt_bytes", 1, "WGT"),
+             ACC: ("acc_elements", "acc_bytes", 4, "ACC")}
+
+
+def _blocks(e: Extents, knobs: Knobs, config: Config, reserved: dict | None = None,
+            whole_m: bool = False) -> tuple[int, int, int, bool]:
+    """``(bm, bn, bk, resident)``: tiles per block along M, N and K and the weight's residency.
+
+    The knobs' choices (blocks at most the whole dimension), else the heuristic's: one row
+    of tiles; along N and K the largest power of two that pads by at most an eighth, halved
+    while a double-buffered block would take more than half of its scratchpad (N first in
+    ACC, then K, then M); the weight resident when it takes at most half of WGT and more
+    than one row of tiles reuses it. Then, whatever was chosen, blocks are halved until
+    every scratchpad holds its :func:`footprint` (ACC: N, then M; INP: K, then M; WGT: K,
+    then N), the other residency tried when one cannot fit. ``reserved``: elements of each
+    scratchpad already taken for the whole function (an earlier GEMM's resident weight);
+    ``whole_m``: M is one block (whole image rows). Raises :class:`DoesNotFit` when even
+    the smallest blocks overflow a scratchpad.
+
+    >>> _blocks(Extents(1, 8, 4), Knobs(), Config())
+    (1, 8, 4, False)
+    >>> _blocks(Extents(1, 8, 4), Knobs(), Config(wgt_bytes=2048))
+    (1, 4, 1, False)
+    """
     t = config.tile
-    bm = min(knobs.bm, m_tiles) if knobs.bm is not None else 1
-    bn = min(knobs.bn, n_tiles) if knobs.bn is not None else _pick_block(n_tiles, BN_LIMIT)
-    bk = min(knobs.bk, k_tiles) if knobs.bk is not None else _pick_block(k_tiles, BK_LIMIT)
+    reserved = reserved or {}
+    bm = e.m_tiles if whole_m else (min(knobs.bm, e.m_tiles) if knobs.bm is not None else 1)
+    bn = min(knobs.bn, e.n_tiles) if knobs.bn is not None else _pick_block(e.n_tiles, BN_LIMIT)
+    bk = min(knobs.bk, e.k_tiles) if knobs.bk is not None else _pick_block(e.k_tiles, BK_LIMIT)
     half = {"acc": config.acc_elements // 2, "inp": config.inp_elements // 2, "wgt": config.wgt_elements // 2}
-    while bm * bn > 1 and 2 * t * t * bm * bn > half["acc"]:
+    while bm * bn > 1 and 2 * t * t * bm * bn > half["acc"] and not (whole_m and bn == 1):
         if bn > 1:
             bn //= 2
         else:
             bm //= 2
     while bk > 1 and (2 * t * t * bk * bm > half["inp"] or 2 * t * t * bk * bn > half["wgt"]):
         bk //= 2
-    while bm > 1 and 2 * t * t * bk * bm > half["inp"]:
+    while bm > 1 and not whole_m and 2 * t * t * bk * bm > half["inp"]:
         bm //= 2
-    return bm, bn, bk
+    if knobs.weights is None:
+        weight = footprint(e, t, bm, bn, bk, True)[WGT]
+        resident = weight <= config.wgt_elements // 2 and e.m_tiles * e.outer > 1
+    else:
+        resident = knobs.weights == "resident"
+    first = None
+    for residency in (resident, not resident):
+        fitted, why = _shrink(e, config, reserved, whole_m, bm, bn, bk, residency)
+        if fitted is not None:
+            return fitted
+        first = first or why
+    raise DoesNotFit(first)
+
+
+def _shrink(e: Extents, config: Config, reserved: dict, whole_m: bool, bm: int, bn: int, bk: int,
+            resident: bool):
+    """``((bm, bn, bk, resident), None)`` with blocks halved until they fit, or ``(None, why)``."""
+    t = config.tile
+    halve = {ACC: ("bn", "bm"), INP: ("bk", "bm"), WGT: ("bk", "bn")}
+    sizes = {"bm": bm, "bn": bn, "bk": bk}
+    while True:
+        need = footprint(e, t, sizes["bm"], sizes["bn"], sizes["bk"], resident)
+        over = [scope for scope in (ACC, INP, WGT) if need[scope] > _free(config, reserved, scope)]
+        if not over:
+            return (sizes["bm"], sizes["bn"], sizes["bk"], resident), None
+        scope = over[0]
+        knob = next((k for k in halve[scope] if sizes[k] > 1 and not (k == "bm" and whole_m)), None)
+        if knob is None or (scope == WGT and resident):
+            return None, _overflow(e, config, reserved, scope, need[scope], resident)
+        sizes[knob] //= 2
+
+
+def _free(config: Config, reserved: dict, scope: str) -> int:
+    return getattr(config, _CAPACITY[scope][0]) - reserved.get(scope, 0)
+
+
+def _overflow(e: Extents, config: Config, reserved: dict, scope: str, need: int, resident: bool) -> str:
+    """Why a GEMM's smallest blocks do not fit ``scope``, in the terms of the Config."""
+    _, option, item, label = _CAPACITY[scope]
+    t = config.tile
+    added = sorted({"a bias" if narrow else "a residual" for narrow in e.operands})
+    what = {INP: f"one {t}x{t} int8 input tile",
+            WGT: "the whole weight, loaded once" if resident else f"one {t}x{t} int8 weight tile",
+            ACC: f"one {t}x{t} int32 accumulator tile" + (f" and what its epilogue adds ({', '.join(added)})"
+                                                          if added else "")}[scope]
+    acc_copies, k_copies = _copies(e, 1, 1, 1)
+    if (acc_copies if scope == ACC else 1 if scope == WGT and resident else k_copies) == 2:
+        what += ", twice (double-buffered: the next block loads while this one computes)"
+    kept = reserved.get(scope, 0) * item
+    taken = f" and {kept} bytes hold what the GEMMs before it keep there" if kept else ""
+    return (f"even its smallest blocks do not fit accel's {label} scratchpad: {what} take {need * item} bytes"
+            f"{taken}, the target's Config has {getattr(config, option)} ({option}; "
+            f"{need * item + kept} would do)")
 
 
 def _whole_rows(width: int, rows: int, pixels: int) -> bool:
@@ -388,7 +513,7 @@ def _whole_rows(width: int, rows: int, pixels: int) -> bool:
     return rows % width == 0 or width % rows == 0 or rows >= pixels
 
 
-def _schedule_gemm(sch, name, roles, config, notes, knobs: Knobs):
+def _schedule_gemm(sch, name, roles, config, notes, knobs: Knobs, reserved: dict):
     t = config.tile
     ext = roles["ext"]
     m_, n_, k_ = ext[roles["i"]], ext[roles["j"]], ext[roles["k"]]
@@ -412,15 +537,23 @@ def _schedule_gemm(sch, name, roles, config, notes, knobs: Knobs):
                                  "the DMA reads rows, so this operand must be [.., rows, K]"))
             gemm = sch.get_sblock(name)
 
-    # 2. blocks of tiles that fit the scratchpads (double-buffered), and padding to them
-    bm, bn, bk = _blocks(-(-m_ // t), -(-n_ // t), -(-k_ // t), knobs, config)
+    # 2. the epilogue chain, inlined into its last block; what it reads from ACC takes room there
+    final, steps, out_buffer = _epilogue(sch, gemm, roles["stop"])
+    operands = {} if steps is None else _operands(sch.get(final), out_buffer)
+    shape = Extents(-(-m_ // t), -(-n_ // t), -(-k_ // t), batch, k_all // k_, _elements(roles["B"]) // (n_ * k_),
+                    tuple(operands.values()))
+
+    # 3. blocks of tiles that fit the scratchpads, and padding to them
+    bm, bn, bk, resident = _blocks(shape, knobs, config, reserved)
     width = roles["row_width"]
     if width is not None and not _whole_rows(width, t * bm, m_):
         # the block of an image's pixels must hold whole image rows: the whole image, then
-        bm, bn, bk = _blocks(-(-m_ // t), -(-n_ // t), -(-k_ // t), replace(knobs, bm=-(-m_ // t)), config)
-        if not _whole_rows(width, t * bm, m_):
-            raise ScheduleError(f"{name}: a block of {t * bm} pixels cannot hold whole rows of {width} pixels "
-                                f"and the image's {m_} pixels do not fit one block: use pixels='row'")
+        try:
+            bm, bn, bk, resident = _blocks(shape, knobs, config, reserved, whole_m=True)
+        except DoesNotFit as why:
+            raise ScheduleError(f"{name}: a block of {t * bm} pixels cannot hold whole rows of {width} pixels, "
+                                f"and the image's {m_} pixels in one block do not fit: {why}; use pixels='row'") \
+                from None
     target = {roles["i"]: t * bm, roles["j"]: t * bn, roles["k"]: t * bk}
     order = roles["order"]
     padded = [-(-ext[v] // target[v]) * target[v] if v in target else ext[v] for v in order]
@@ -430,21 +563,20 @@ def _schedule_gemm(sch, name, roles, config, notes, knobs: Knobs):
     if any(p != ext[v] for p, v in zip(padded, order)):
         sch.pad_einsum(gemm, padded)
         gemm = sch.get_sblock(name)
-
-    # 3. the epilogue chain, inlined into its last block
-    out_buffer = sch.get(gemm).writes[0].source
-    chain = pointwise_chain(sch, gemm, roles["stop"])
-    for blk in chain[:-1]:
-        sch.compute_inline(blk)
-    final = chain[-1] if chain else None
-    if final is not None:
-        _inline_pointwise_producers(sch, final, out_buffer)
-    steps = None if final is None else _epilogue_steps(sch.get(final), out_buffer)
+        # the copy out of the padded result joins the epilogue
+        final, steps, out_buffer = _epilogue(sch, gemm, roles["stop"])
     if final is not None and steps is None:
         notes.on_cpu.append((sch.get(final).name_hint, "the epilogue is not a chain of ALU operations "
                              "(add, max, min, multiply, shift by a constant, int32 operands)"))
         final = None
     plan.epilogue = describe_epilogue(steps, str(sch.get(final).writes[0].source.dtype)) if steps else []
+    acc_copies, k_copies = _copies(shape, bm, bn, bk)
+    need = footprint(shape, t, bm, bn, bk, resident)
+    # what stays allocated for the rest of the function, where the next GEMM cannot use it:
+    # a resident weight, and buffers no loop of their own holds
+    for scope, kept in ((ACC, acc_copies == 1), (INP, k_copies == 1), (WGT, resident or k_copies == 1)):
+        if kept:
+            reserved[scope] = reserved.get(scope, 0) + need[scope]
 
     # 4. tile, stage through the scratchpads, move the init out
     loops = sch.get_loops(gemm)
@@ -459,14 +591,6 @@ def _schedule_gemm(sch, name, roles, config, notes, knobs: Knobs):
     a_stage = sch.cache_read(gemm, 0, INP)
     b_stage = sch.cache_read(gemm, 1, WGT)
     sch.compute_at(a_stage, k_o)
-    w_elements = 1
-    for d in sch.get(b_stage).writes[0].source.shape:
-        w_elements *= _const(d)
-    if knobs.weights is None:
-        # resident when it leaves half of WGT free and more than one row of tiles reuses it
-        resident = w_elements <= config.wgt_elements // 2 and -(-m_ // t) * batch > 1
-    else:
-        resident = knobs.weights == "resident" and w_elements <= config.wgt_elements
     if not resident:
         sch.compute_at(b_stage, k_o)
     # else the whole weight stays resident in WGT: one LOAD, reused by every row of tiles
@@ -500,14 +624,63 @@ def _schedule_gemm(sch, name, roles, config, notes, knobs: Knobs):
                 # bias) is staged channels-last, like the accumulator it is applied to
                 sch.transform_layout(stage, ("write", 0), roles["operand_layout"])
             sch.compute_at(stage, j_o)
-            wide = [d for d, e in enumerate(r.source.shape) if _const(e) > 1]
-            if len(wide) >= 2:
+            ndim = len(sch.get(stage).writes[0].source.shape)
+            if not _operands(fblock, sch.get(gemm).writes[0].source)[r.source.__chandle__()] and ndim >= 2:
                 # ALU operands are tile-lane vectors: rows of the staged copy start aligned
-                # (a [1, F, 1, 1] bias has one row: its channels stay contiguous)
-                sch.storage_align(stage, 0, wide[-2], t, 0)
+                # (a bias, along the channels alone, is one row: it stays contiguous)
+                sch.storage_align(stage, 0, ndim - 2, t, 0)
     sch.decompose_reduction(gemm, k_outer[0] if k_outer else k_o)
     plan.knobs = Knobs(bm, bn, bk, WEIGHTS[resident], roles["method"], roles["pixels"])
     notes.offloaded.append(plan)
+
+
+def _epilogue(sch, gemm, stop):
+    """``(final, steps, out)``: the GEMM's chain of pointwise consumers (up to the block
+    named ``stop``) inlined into its last block ``final`` (None when there is none), the
+    ALU steps it takes (None when the ALU cannot run it) and the buffer the GEMM writes."""
+    out = sch.get(gemm).writes[0].source
+    chain = pointwise_chain(sch, gemm, stop)
+    for blk in chain[:-1]:
+        sch.compute_inline(blk)
+    final = chain[-1] if chain else None
+    if final is None:
+        return None, None, out
+    _inline_pointwise_producers(sch, final, out)
+    block = sch.get(final)
+    if None in _operands(block, out).values():
+        return final, None, out
+    return final, _epilogue_steps(block, out), out
+
+
+def _operands(block, acc_buffer) -> dict:
+    """For each buffer an epilogue ``block`` reads besides the accumulator: True if it
+    varies along the output's last dimension alone (a bias: one ALU vector per block of
+    channels, whatever the row), False if along rows too (a residual: staged like the
+    accumulator), None if along rows but not along that dimension (the ALU's lanes run
+    along it: it cannot combine such an operand)."""
+    store = block.body
+    last = store.indices[-1]
+    one_lane = _const(store.buffer.shape[-1]) == 1      # an output one element wide: any operand is a column
+    kinds: dict = {}
+
+    def on_load(load):
+        if load.source.same_as(acc_buffer):
+            return
+        wide = [e for e, d in zip(load.indices, load.source.shape) if _const(d) > 1]
+        along_last = [isinstance(e, tirx.Var) and isinstance(last, tirx.Var) and e.same_as(last) for e in wide]
+        kind = all(along_last) if not wide or one_lane or along_last[-1] else None
+        key = load.source.__chandle__()
+        kinds[key] = None if kinds.get(key, kind) is None or kind is None else kinds.get(key, kind) and kind
+
+    tvm_ffi.structural_walk(store.value, (ir.TensorLoad, on_load))
+    return kinds
+
+
+def _elements(buffer) -> int:
+    size = 1
+    for d in buffer.shape:
+        size *= _const(d)
+    return size
 
 
 def _inline_pointwise_producers(sch, block_rv, keep) -> None:
@@ -574,6 +747,8 @@ def describe_epilogue(steps, out_dtype: str) -> list:
             say("bias" if wide <= 1 else "residual add")
         elif s.op in (AluOp.MUL, AluOp.SHR) or (s.op is AluOp.ADD and shifts):
             say("requantise")
+        elif s.op is AluOp.ADD:
+            say("bias")         # a constant one (a bias of one channel, folded into the code)
         elif s.op is AluOp.MAX and s.imm == 0:
             say("ReLU")
         elif narrow and s.op in (AluOp.MIN, AluOp.MAX) and s.imm in (127, -128):

@@ -150,3 +150,16 @@ def test_a_pass_plans_every_primfunc_of_a_module():
     assert "alloc_buffer" not in mod["main"].script()
     with pytest.raises(ValueError, match="two scratchpads share a storage scope"):
         ScratchpadPlanner("pt", PADS + PADS[:1])
+
+
+def test_a_strided_buffer_takes_its_rows_strides_not_its_shape():
+    # 2 rows of 3 at a row stride of 16 span 19 elements (rows padded for alignment, as
+    # storage_align leaves them): the next buffer starts after them, not after 6
+    @T.prim_func
+    def strided(X: T.Buffer((8,), "int32")):
+        a0 = T.alloc_buffer((2, 3), "int8", strides=(16, 1), scope="local.pt_a")
+        a1 = T.alloc_buffer((16,), "int8", scope="local.pt_a")
+        T.call_packed("pt.use", a0.access_ptr("w"), X)
+        T.call_packed("pt.use", a1.access_ptr("w"), X)
+
+    assert addresses(strided) == ["0", "32"]

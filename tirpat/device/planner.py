@@ -203,6 +203,18 @@ class ScratchpadPlanner:
         return bool(found)
 
 
+def _footprint(buf) -> int | None:
+    """The elements ``buf`` spans: its shape's product, or with strides (rows padded for
+    alignment, say) one past its last element; None when they are not constants."""
+    dims = [int(d.value) if isinstance(d, tirx.IntImm) else None for d in buf.shape]
+    strides = [int(s.value) if isinstance(s, tirx.IntImm) else None for s in buf.strides]
+    if None in dims or None in strides:
+        return None
+    if not strides or 0 in dims:
+        return int(np.prod(dims, dtype=np.int64))
+    return 1 + sum((d - 1) * s for d, s in zip(dims, strides))
+
+
 class _FunctionPlan:
     """The addresses of one PrimFunc's scratchpad buffers, assigned while mutating it."""
 
@@ -216,12 +228,10 @@ class _FunctionPlan:
 
     def alloc(self, buf):
         pad = self.planner.scratchpads[buf.scope()]
-        size = 1
-        for d in buf.shape:
-            if not isinstance(d, tirx.IntImm):
-                raise PlanError(f"{self.name}: scratchpad buffer {buf.name} has the non-constant shape "
-                                f"{list(buf.shape)}")
-            size *= int(d.value)
+        size = _footprint(buf)
+        if size is None:
+            raise PlanError(f"{self.name}: scratchpad buffer {buf.name} has the non-constant shape "
+                            f"{list(buf.shape)}" + (f" or strides {list(buf.strides)}" if buf.strides else ""))
         size = -(-size // pad.align) * pad.align
         copies = 2 if self.loops and self.planner.double_buffer else 1
         base = self.top[pad.scope]

@@ -202,7 +202,9 @@ def _complain(report: ModelReport, target, declined: list, strict: bool, in_floa
         head = f"part of the model stays on the host, not on {', '.join(names)}:"
     for p in report.partitions:
         if not p.rules:
-            problems.append(f"{p.function} ({p.pattern}) ran on the host: none of {p.backend}'s rules matched its code")
+            said = "; ".join(f"{what} {why}" for what, why in p.on_host)     # the backend's schedule says why
+            problems.append(f"{p.function} ({p.pattern}) ran on the host: "
+                            + (said or f"none of {p.backend}'s rules matched its code"))
         elif p.host_macs:
             problems.append(f"{p.function} ({p.pattern}): {p.host_macs:,} of its {p.macs:,} MACs stay on the host")
     if not problems and report.partitions:

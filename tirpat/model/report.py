@@ -230,7 +230,7 @@ class ModelReport:
             lines.append(f"  {p.backend}: {p.function} ({p.pattern}): {what}, {p.macs:,} MACs")
             if p.device_macs is not None and p.device_macs != p.macs - p.host_macs:
                 lines.append(f"      the device executes {p.device_macs:,} MACs: the matrices are padded to whole tiles")
-            if not p.rules:
+            if not p.rules and not p.on_host:     # else the backend's own reasons follow
                 lines.append(f"      ran on the host: none of {p.backend}'s rules matched its code")
             for what_cpu, why in p.on_host:
                 lines.append(f"      on the CPU: {what_cpu} {why}")
