@@ -104,7 +104,11 @@ def resnet_model(size: int = 16, channels: int = 16, blocks: int = 2, classes: i
                  layout: str = "NHWC", shift: int = 10, seed: int = 0):
     """A ResNet-style int8 CNN as a Relax module with its weights as constants: a 3x3 stem
     conv, ``blocks`` residual blocks (two 3x3 convs, the block's input added to the second),
-    each conv with a bias, ReLU and a requantise to int8, then a flatten and a dense head.
+    each conv with a bias, ReLU and a requantise to int8, then the classifier: one dense layer
+    applied to every pixel (a [pixels, channels] x [channels, classes] matmul, which accel
+    runs in whole tiles; a flattened image is one row, padded to a tile's height) and the
+    logits summed over the pixels on the host (global sum pooling: the sum of the pixels'
+    logits is the logits of the pooled features), giving [1, classes] int32.
 
     >>> mod = resnet_model(8, 16, 1)            # doctest: +SKIP
     """
@@ -136,9 +140,12 @@ def resnet_model(size: int = 16, channels: int = 16, blocks: int = 2, classes: i
             h = conv(x, 3)
             for _ in range(blocks):
                 h = conv(conv(h, channels), channels, residual=h)
-            flat = bb.emit(relax.op.reshape(h, (1, channels * size * size)))
-            wd = const((classes, channels * size * size), "int8", -128, 128)
-            out = bb.emit_output(relax.op.matmul(flat, relax.op.permute_dims(wd), out_dtype="int32"))
+            if nchw:
+                h = bb.emit(relax.op.permute_dims(h, [0, 2, 3, 1]))
+            pixels = bb.emit(relax.op.reshape(h, (size * size, channels)))
+            wd = const((channels, classes), "int8", -128, 128)
+            per_pixel = bb.emit(relax.op.matmul(pixels, wd, out_dtype="int32"))
+            out = bb.emit_output(relax.op.sum(per_pixel, axis=[0], keepdims=True))
         bb.emit_func_output(out)
     return bb.get()
 
@@ -176,7 +183,8 @@ def model_demo(args) -> int:
     exact = np.array_equal(out, want)
     stats = model.stats["accel"]
     print(f"ResNet-style int8 CNN as a Relax module: {args.size}x{args.size} {args.layout}, a stem conv and "
-          f"{args.blocks} residual blocks of {args.channels[-1]} channels, a dense head to {args.classes} logits")
+          f"{args.blocks} residual blocks of {args.channels[-1]} channels, a per-pixel dense head to {args.classes} "
+          "logits summed over the pixels")
     print(model.report)
     print(f"compiled by tp.build in {compile_s:.2f} s, ran in {run_s * 1e3:.1f} ms on the simulator")
     print(stats.summary())
@@ -188,21 +196,35 @@ def model_demo(args) -> int:
     return 0 if exact else 1
 
 
+def _at_least(least: int):
+    """An argparse type: an integer of at least ``least`` (a batch, a size, a count)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < least:
+            raise argparse.ArgumentTypeError(f"expected an integer of at least {least}, got {text!r}")
+        return value
+
+    return parse
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the demo; returns 0 when the accelerator's result equals numpy's."""
     ap = argparse.ArgumentParser(prog="python -m accel", description=__doc__.splitlines()[0])
-    ap.add_argument("--batch", type=int, default=2, help="images per batch (default 2)")
-    ap.add_argument("--size", type=int, default=32, help="image height and width (default 32)")
-    ap.add_argument("--channels", type=int, nargs="+", default=[3, 16, 32, 64],
+    ap.add_argument("--batch", type=_at_least(1), default=2, help="images per batch (default 2)")
+    ap.add_argument("--size", type=_at_least(1), default=32, help="image height and width (default 32)")
+    ap.add_argument("--channels", type=_at_least(1), nargs="+", default=[3, 16, 32, 64],
                     help="channels per layer, input first (default 3 16 32 64)")
-    ap.add_argument("--classes", type=int, default=10, help="outputs of the dense head (default 10)")
+    ap.add_argument("--classes", type=_at_least(1), default=10, help="outputs of the dense head (default 10)")
     ap.add_argument("--layout", choices=["NHWC", "NCHW"], default="NHWC", help="activation layout (default NHWC)")
     ap.add_argument("--timeline", metavar="PNG", help="also write the timeline as a PNG (needs matplotlib)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--model", action="store_true",
                     help="the model demo: a ResNet-style Relax CNN through tp.build (uses --size, the last "
                          "of --channels, --blocks, --classes, --layout)")
-    ap.add_argument("--blocks", type=int, default=2, help="residual blocks of the --model CNN (default 2)")
+    ap.add_argument("--blocks", type=_at_least(0), default=2, help="residual blocks of the --model CNN (default 2)")
     args = ap.parse_args(argv)
     if args.model:
         return model_demo(args)

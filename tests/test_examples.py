@@ -28,3 +28,15 @@ def test_demo_nchw(capsys):
     assert main(["--batch", "1", "--size", "6", "--channels", "16", "16", "--layout", "NCHW"]) == 0
     out = capsys.readouterr().out
     assert "bit-exact vs numpy: yes" in out and "transposes the result from channels-last to NCHW" in out
+
+
+@pytest.mark.parametrize("argv", [["--batch", "0"], ["--classes", "0"], ["--channels", "3", "-1"], ["--size", "x"],
+                                  ["--blocks", "-1"]])
+def test_demo_refuses_bad_counts_in_one_line(argv, capsys):
+    from accel.demo import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert f"error: argument {argv[0]}: expected an integer of at least" in err and "Traceback" not in err

@@ -337,3 +337,16 @@ def test_layers_cover_the_device_cycles():
     assert [l.what.split(" + ")[0] for l in layers] == ["conv2d", "conv2d", "conv2d", "matmul"]
     assert layers[0].start == 0 and layers[-1].end == model.stats["accel"].cycles
     assert all(a.end == b.start for a, b in zip(layers, layers[1:]))
+
+
+def test_the_demo_models_head_is_a_gemm_accel_runs_in_whole_tiles():
+    # a flattened image as one row of a dense head was padded to a tile's height (25x the
+    # MACs); the head is one dense layer per pixel, its logits summed on the host
+    from accel.demo import resnet_model
+
+    mod = resnet_model(size=8, channels=16, blocks=0, classes=16)
+    model = tp.build(mod, "accel, llvm", strict=True)
+    args = random_inputs(mod, np.random.default_rng(2))
+    assert_same(model(*args), reference(mod, args))
+    (head,) = [p for p in model.report.partitions if p.pattern == "accel.matmul"]
+    assert head.macs == 8 * 8 * 16 * 16 and head.device_macs == head.macs
