@@ -177,6 +177,25 @@ def test_a_declined_reason_stays_with_its_operator():
     assert all("accel:" not in reasons[v] for v in reasons if v not in ("d", "u"))
 
 
+def test_host_op_names_are_those_the_partitioned_module_prints():
+    """A rewrite repeats names (lv5 five times); the report numbers them as TVMScript prints them."""
+    import tvm
+    from tvm import relax
+    from tvm.script import relax as R
+
+    ty = R.Tensor((4, 4), "int32")
+    x, a, b, c = relax.Var("x", ty), relax.DataflowVar("t", ty), relax.DataflowVar("t", ty), relax.Var("t", ty)
+    bindings = [relax.VarBinding(a, relax.op.add(x, x)), relax.VarBinding(b, relax.op.multiply(a, a)),
+                relax.VarBinding(c, relax.op.subtract(b, x))]      # BlockBuilder would rename them t1, t2
+    func = relax.Function([x], relax.SeqExpr([relax.DataflowBlock(bindings)], c), ty)
+    mod = relax.transform.Normalize()(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}))
+    with pytest.warns(tp.OffloadWarning, match="nothing was offloaded to accel"):
+        report = tp.build(mod, "accel, llvm").report
+    assert [h.var for h in report.on_host] == ["t", "t_1", "t_2"]
+    script = tp.partition(mod, "accel, llvm")["main"].script()
+    assert all(f"{h.var}: R.Tensor" in script for h in report.on_host)
+
+
 def test_wrong_inputs_are_named(mlp_model):
     mod, model = mlp_model
     args = random_inputs(mod, np.random.default_rng(3))
@@ -186,6 +205,14 @@ def test_wrong_inputs_are_named(mlp_model):
         model(args[0], args[1].T.copy(), *args[2:])
     with pytest.raises(TypeError, match="takes 4 inputs"):
         model(args[0])
+    x, w, b, w2 = args
+    assert_same(model(x, w2=w2, b=b, w=w), model(*args))
+    with pytest.raises(TypeError, match=r"has no input 'y' \(its inputs: x, w, b, w2\)"):
+        model(x, w, b, y=w2)
+    with pytest.raises(TypeError, match="input 'x' given twice"):
+        model(x, w, b, x=x)
+    with pytest.raises(TypeError, match="missing input w2"):
+        model(x, w=w, b=b)
 
 
 def test_export_and_load_in_a_fresh_process(mlp_model, tmp_path):

@@ -129,6 +129,7 @@ def _report(record: Record, target) -> tuple[ModelReport, list, bool]:
     for gv, func in mod.functions.items():
         if not isinstance(func, relax.Function) or gv.name_hint in composite:
             continue
+        names = _printed_names(func)
         for block in func.body.blocks:
             for binding in block.bindings:
                 call = binding.value
@@ -144,7 +145,7 @@ def _report(record: Record, target) -> tuple[ModelReport, list, bool]:
                 report.uncounted += not macs_known(call)
                 if macs or not macs_known(call):
                     in_float |= "float" in str(getattr(call.ty, "dtype", ""))
-                host = HostOp(call.op.name, binding.var.name, _reason(call.op.name, binding.var, partitioner, target),
+                host = HostOp(call.op.name, names[binding.var.__chandle__()], _reason(call.op.name, binding.var, partitioner, target),
                               macs)
                 report.on_host.append(host)
                 if partitioner.declined.of(binding.var):
@@ -168,6 +169,22 @@ def _report(record: Record, target) -> tuple[ModelReport, list, bool]:
                                                     for s in notes.get("host_steps", [])])
         report.partitions.append(part)
     return report, declined, in_float
+
+
+def _printed_names(func: relax.Function) -> dict:
+    """Each variable's name as ``func.show()`` prints it (var handle -> name): a repeated name
+    (a rewrite's ``lv5``) gets ``_1``, ``_2``, ... in order of definition, as TVMScript's
+    printer does, so that the report's names are found in ``tp.partition(mod, target).show()``."""
+    out, used = {}, set()
+    defined = list(func.params) + [b.var for block in func.body.blocks for b in block.bindings]
+    for var in defined:
+        name, k = var.name, 0
+        while name in used:
+            k += 1
+            name = f"{var.name}_{k}"
+        used.add(name)
+        out[var.__chandle__()] = name
+    return out
 
 
 def _at_compile_time(step, folded) -> list:

@@ -47,9 +47,10 @@ class Input:
 
 
 class CompiledModel:
-    """A model compiled by ``tp.build``: ``model(*arrays)`` runs it (numpy in, numpy out, a
-    tuple for several outputs) with the sessions of the backends it uses entered; an error a
-    backend's runtime raises reaches the caller as itself, and leaves nothing pending.
+    """A model compiled by ``tp.build``: ``model(*arrays)``, or by input name ``model(x=...)``,
+    runs it (numpy in, numpy out, a tuple for several outputs) with the sessions of the
+    backends it uses entered; an error a backend's runtime raises reaches the caller as
+    itself, and leaves nothing pending.
 
     - ``report``: the offload report (``str()``, ``.to_json()``);
     - ``stats``: the last call's device statistics by backend name (what each backend's
@@ -91,8 +92,23 @@ class CompiledModel:
             tensors.append(a if isinstance(a, tvm.runtime.Tensor) else tvm.runtime.tensor(np.require(a, requirements="C")))
         return tensors
 
-    def __call__(self, *args):
-        tensors = self._check(args)
+    def _by_name(self, args: tuple, kwargs: dict) -> tuple:
+        """The positional arguments, with those given by input name (``model(x=...)``) in place."""
+        names = [i.name for i in self.inputs]
+        unknown = [k for k in kwargs if k not in names]
+        if unknown:
+            raise TypeError(f"the model has no input {unknown[0]!r} (its inputs: {', '.join(names)})")
+        twice = [k for k in kwargs if names.index(k) < len(args)]
+        if twice:
+            raise TypeError(f"input {twice[0]!r} given twice, by position and by name")
+        missing = [n for n in names[len(args):] if n not in kwargs]
+        if missing:
+            raise TypeError(f"missing input {', '.join(missing)} (the model's inputs: {', '.join(names)})")
+        return tuple(args) + tuple(kwargs[n] for n in names[len(args):])
+
+    def __call__(self, *args, **kwargs):
+        """Run the model on its inputs, by position or by name (``model(x, w=w)``)."""
+        tensors = self._check(self._by_name(args, kwargs) if kwargs else args)
         sessions = {}
         started = []        # (partition, {backend: cycles so far}) as each partition starts
 

@@ -173,7 +173,8 @@ class Partition:
 
 @dataclass
 class HostOp:
-    """One operator left for the host target, with the reason no backend took it."""
+    """One operator left for the host target, with the reason no backend took it; ``var`` is
+    the name it is bound to as ``tp.partition(mod, target).show()`` prints it."""
 
     op: str
     var: str
