@@ -16,7 +16,8 @@ tirpat's integerize pass itself).
 
 Calibration data is an .npz keyed by input name whose arrays have a leading axis of
 samples, each of the input's shape (16 samples of a [1, 3, 16, 16] input: [16, 1, 3, 16,
-16]), of the input's dtype (no silent conversion, as 'tirpat run --inputs') and finite.
+16]), finite, of the input's dtype (float64 serves a float32 input; integers for a float
+input are refused).
 Without --calibration, seeded random inputs are used and the scales are then meaningless
 for real data (a warning says so). A model already quantised (QDQ pairs, QLinear* or
 *Integer operators) is refused: compile it as it is."""

@@ -10,8 +10,8 @@ optimisations, e.g. a BatchNormalization folded into the Conv before it).
 Calibration data fixes the activation scales (MinMax by default: the largest magnitude seen
 on each tensor). It is an ``.npz`` file, or a dict, keyed by input name, whose arrays have a
 leading axis of samples, each sample of the input's shape: ``[16, 1, 3, 16, 16]`` for 16
-samples of a ``[1, 3, 16, 16]`` input, of the input's dtype (no silent conversion) and
-finite. Without it, seeded random normal inputs are used and a
+samples of a ``[1, 3, 16, 16]`` input, of the input's dtype (a float array of another width is
+converted, integers for a float input are refused) and finite. Without it, seeded random normal inputs are used and a
 warning says that the scales then mean nothing for real data.
 
 >>> import numpy as np, onnx
@@ -201,7 +201,9 @@ def calibration_samples(calibration: Calibration, inputs: Mapping[str, tuple]) -
                                    "(a leading axis of samples, each of the input's shape)")
         if a.shape[0] == 0:
             raise CalibrationError(f"calibration array {name!r} has no samples")
-        if a.dtype != dtype:     # as ``tirpat run --inputs``: no silent conversion
+        if a.dtype.kind == dtype.kind == "f":   # statistics: a float64 array (numpy's default) serves
+            a = arrays[name] = a.astype(dtype)  # a float32 input; out of its range becomes inf, refused below
+        if a.dtype != dtype:     # integers for a float input (or the reverse): no silent conversion
             raise CalibrationError(f"calibration array {name!r} is {a.dtype}; the input is {dtype} "
                                    f"(convert the data, e.g. array.astype(np.{dtype.name}))")
         if dtype.kind == "f":
