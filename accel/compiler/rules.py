@@ -109,12 +109,11 @@ def _load(m):
     if is_scratchpad(src.buffer):
         raise _Unsupported(f"the source {src.buffer.name} is itself a scratchpad buffer")
     n = len(c.extents)
-    pads, outside = c.pad, None
-    if c.predicate is not None and pads is None:
-        pads, outside = _split_guard(c.predicate, m.loops)
+    pads, outside = tuple((0, 0) for _ in range(n)), None
+    if c.predicate is not None:     # bounds on the copy's loops, and on enclosing loops alone
+        pads, outside = tp.split_guard(c.predicate, m.loops) or (None, None)
         if pads is None:
             raise _Unsupported(f"the copy's guard {c.predicate} is not a box of affine bounds")
-    pads = pads or tuple((0, 0) for _ in range(n))
     ext = [_int(e) for e in c.extents]
     if any(e is None for e in ext):
         raise _Unsupported(f"the copy's extents {list(c.extents)} are not constants")
@@ -172,34 +171,6 @@ def _load(m):
     # where the guard on enclosing loops fails, the block is all padding (or, for a partial
     # copy, not written)
     return tirx.IfThenElse(outside, load, None if partial else _around(loops, strides, all_padding))
-
-
-def _split_guard(predicate, loops):
-    """``(pads, outside)`` for a copy guard that also tests enclosing loops (a convolution's
-    image border along a tile's outer loops): the padding its bounds on the copy's own loops
-    give, and the conjunction of the bounds on enclosing loops alone. ``(None, None)`` when
-    there are no such bounds or the rest is not a box of affine bounds."""
-    own = {l.loop_var.__chandle__() for l in loops}
-    inner, outside, stack = [], [], [predicate]
-    while stack:
-        e = stack.pop()
-        if isinstance(e, tirx.And):
-            stack += [e.a, e.b]
-            continue
-        uses = []
-        tvm_ffi.structural_walk(e, (ir.Var, lambda v: uses.append(v) if v.__chandle__() in own else None))
-        (inner if uses else outside).append(e)
-    if not outside:
-        return None, None
-    pads = tp.padding(_all(inner), loops) if inner else tuple((0, 0) for _ in loops)
-    return (None, None) if pads is None else (pads, _all(outside))
-
-
-def _all(conds):
-    out = conds[0]
-    for c in conds[1:]:
-        out = tirx.And(out, c)
-    return out
 
 
 # ----------------------------------------------------------------------------- GEMM

@@ -121,6 +121,32 @@ def test_padding_depends_on_enclosing_loops():
         assert tuple(got) == expect
 
 
+@given(st.integers(2, 5), st.integers(2, 6), st.integers(0, 2), st.integers(0, 1), st.booleans())
+def test_a_guard_on_enclosing_loops_excludes_the_whole_copy_where_it_fails(rows, width, top, left, partial):
+    """A pooling window's row in the padding: part of the guard tests only the enclosing
+    loop. The pads still describe the copy (where that part fails, every iteration is
+    excluded), so a DMA driven by them alone (the reference rule) computes what the loops do."""
+    r, i = tirx.Var("r", "int32"), tirx.Var("i", "int32")
+    A = tirx.decl_buffer((rows, width), "int8", "A")
+    T = tirx.decl_buffer((rows, width), "int8", "T")
+    guard = tirx.And(tirx.IntImm("int32", top) <= r, tirx.IntImm("int32", left) <= i)
+    load = tirx.BufferLoad(A, [r - top, i - left])
+    store = (tirx.IfThenElse(guard, tirx.BufferStore(T, load, [r, i]), None) if partial else
+             tirx.BufferStore(T, tirx.if_then_else(guard, load, tirx.IntImm("int8", -7)), [r, i]))
+    touch = tirx.BufferStore(T, tirx.BufferLoad(T, [r, 0]), [r, 0])     # (an update, so the copy is the row alone)
+    row = tirx.SeqStmt([tirx.For(i, 0, width, 0, store), touch])
+    func = tirx.PrimFunc([A, T], tirx.For(r, 0, rows, 0, row)).with_attr("global_symbol", "main")
+    (m,) = tp.find_all(tp.is_copy(name="c"), func)
+    assert [l.loop_var.name for l in m.loops] == ["i"] and m["c"].pad is not None
+    pads, outer = tp.split_guard(m["c"].predicate, m.loops)
+    assert [(int(b), int(a)) for b, a in pads] == [(left, 0)] and "r" in str(outer)
+    new = RW(func)
+    assert RW.report.counts == {"reference_copy": 1}
+    rng = np.random.default_rng(rows * width)
+    a, t = rng.integers(-100, 100, (rows, width)).astype("int8"), np.full((rows, width), 5, "int8")
+    np.testing.assert_array_equal(run(new, [a, t])[1], run(func, [a, t])[1])
+
+
 def _subst(expr, var, value):
     from tirpat.tir.analysis import substitute
 

@@ -93,7 +93,7 @@ def test_avx512_rewrite_computes_the_desc(intrins):
 def _comparable(m, pattern) -> dict:
     """The bindings a rewrite uses: parameters by name, loops and the regions bound (buffer,
     strides, offset and base)."""
-    regions = [(target, strides, offset, base) for _, target, strides, offset, base, _ in m[pattern].params]
+    regions = [(target, strides, offset, base) for _, target, strides, offset, base, *_ in m[pattern].params]
     return {**m.captures, "loops": m.loops, "regions": regions}
 
 

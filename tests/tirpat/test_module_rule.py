@@ -78,6 +78,51 @@ def test_rank_reduction_and_offsets(rows, tiles):
     assert len(CALLS) == rows * tiles
 
 
+@tvm.register_global_func("tests.module_rule.strided_add", override=True)
+def _strided_add(dst, src, dst_stride, src_stride):
+    strided_view(dst, (8,), (dst_stride,))[...] = strided_view(src, (8,), (src_stride,)) + 1
+    CALLS.append(8)
+
+
+@T.prim_func(s_tir=True)
+def strided_row_replacement(a: T.handle, b: T.handle):
+    sa = T.int32()
+    sb = T.int32()
+    A = T.match_buffer(a, (8,), "int32", offset_factor=1, strides=[sa])
+    B = T.match_buffer(b, (8,), "int32", offset_factor=1, strides=[sb])
+    with T.sblock("root"):
+        T.reads(A[0:8])
+        T.writes(B[0:8])
+        T.evaluate(T.call_packed("tests.module_rule.strided_add", B, A, sb, sa))
+
+
+@given(st.integers(0, 2), st.lists(st.integers(1, 3), max_size=2), st.booleans())
+def test_fixed_dimensions_on_either_side_of_the_row_are_dropped(leading, trailing, strided):
+    """A (8,) pattern buffer binds ``B[.., j, ..]`` whatever dimensions fixed in the loop
+    surround ``j`` (TVM's match_buffer drops leading ones only). Trailing ones of extent 1
+    leave the region compact; wider ones make it a strided column, which only a replacement
+    declaring strides takes."""
+    shape = (2,) * leading + (16,) + tuple(trailing)
+    A = te.placeholder(shape, "int32", name="A")
+    B = te.compute(shape, lambda *idx: A[idx] + 1, name="B")
+    sch = s_tir.Schedule(te.create_prim_func([A, B]))
+    loops = sch.get_loops(sch.get_sblock("B"))
+    jo, ji = sch.split(loops[leading], [None, 8])
+    sch.reorder(*loops[:leading], jo, *loops[leading + 1:], ji)
+    f = tp.lower(sch.mod)["main"]
+    rw = tp.Rewriter.from_module({"pattern": row_pattern,
+                                  "replacement": strided_row_replacement if strided else row_replacement}, name="row")
+    new = rw(f)
+    compact = all(t == 1 for t in trailing)
+    assert rw.report.counts == ({"row": 1} if strided or compact else {})
+    if not rw.report.counts:
+        assert "not compact" in str(tp.explain(rw, f))
+    a = np.arange(np.prod(shape), dtype="int32").reshape(shape) * 3
+    CALLS.clear()
+    np.testing.assert_array_equal(run(new, [a, np.zeros_like(a)])[1], a + 1)
+    assert len(CALLS) == (a.size // 8 if rw.report.counts else 0)
+
+
 def test_decorator_form_and_name():
     @tp.rewriter
     class RowAdd:
@@ -495,3 +540,52 @@ def _row_add_te(dtype):
     n = tirx.IntImm(dtype, 8)
     A = te.placeholder((n,), "int32", name="A")
     return [A, te.compute((n,), lambda i: A[i] + 1, name="B")]
+
+
+# -- guards: the partial last tile of a split ----------------------------------------------
+@tvm.register_global_func("tests.module_rule.add_n", override=True)
+def _add_n(dst, src, n):
+    """``dst[i] = src[i] + 1`` for the lanes ``i < n`` of 8 (a vector length, RISC-V V's ``vl``)."""
+    n = min(max(int(n), 0), 8)
+    strided_view(dst, (8,), (1,))[:n] = strided_view(src, (8,), (1,))[:n] + 1
+    CALLS.append(n)
+
+
+GUARDED = tvm.script.from_source("""
+@I.ir_module
+class Guarded:
+    @T.prim_func
+    def up_to_n(A: T.Buffer((8,), "int32"), B: T.Buffer((8,), "int32"), n: T.int32):
+        for i in range(n):
+            B[i] = A[i] + 1
+
+    @T.prim_func
+    def guarded(A: T.Buffer((8,), "int32"), B: T.Buffer((8,), "int32"), n: T.int32):
+        for i in range(8):
+            if i < n:
+                B[i] = A[i] + 1
+
+    @T.prim_func
+    def call(A: T.Buffer((8,), "int32", offset_factor=1), B: T.Buffer((8,), "int32", offset_factor=1), n: T.int32):
+        T.evaluate(T.call_packed("tests.module_rule.add_n", B, A, n))
+""")
+
+
+@given(st.integers(1, 40), st.sampled_from(["up_to_n", "guarded"]))
+def test_a_guard_on_the_tile_binds_the_vector_length(length, form):
+    """A split leaves ``for i in range(8): if 8*o + i < L: ...`` for the last, partial tile.
+    Relative to the tile that guard is ``i < L - 8*o``: it matches a pattern's guard
+    ``i < n`` (``n`` bound to ``L - 8*o``, the tile base moved across, as indices do) and a
+    pattern loop ``for i in range(n)`` (``n`` bound to ``min(8, L - 8*o)``)."""
+    rw = tp.Rewriter.from_module({"pattern": GUARDED[form], "replacement": GUARDED["call"]}, name=form)
+    f = _plus_one((length,), 8)
+    new = rw(f)
+    # the guarded pattern is not a tile without its guard (every length a multiple of 8)
+    assert rw.report.counts == ({} if form == "guarded" and length % 8 == 0 else {form: 1})
+    CALLS.clear()
+    a = np.arange(length, dtype="int32") * 7
+    np.testing.assert_array_equal(run(new, [a, np.zeros_like(a)])[1], a + 1)
+    if rw.report.counts:
+        assert sorted(CALLS) == sorted([8] * (length // 8) + ([length % 8] if length % 8 else []))
+    if form == "up_to_n" and length % 8 and length > 8:    # the bound vector length, never past the tile
+        assert "T.min(8, " in new.script()

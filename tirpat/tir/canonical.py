@@ -68,6 +68,11 @@ def is_canonical_loop(loop) -> bool:
             and (step is None or (type(step) is tirx.IntImm and step.value == 1)))
 
 
+def stepped(loop) -> bool:
+    """True for a loop whose step is not 1 (canonical form leaves only symbolic steps)."""
+    return loop.step is not None and const_int(loop.step) != 1
+
+
 def _on_for(loop):
     step = None if loop.step is None else const_int(loop.step)
     if loop.step is not None and (step is None or step <= 0):

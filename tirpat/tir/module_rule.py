@@ -2,14 +2,17 @@
 
 This is the TensorIntrin (desc/impl) idea applied as a plain rewrite on lowered code. The
 pattern's buffer parameters bind to sub-regions of the target's buffers by TVM's
-``match_buffer`` rules: any offset, leading extent-1 dimensions dropped, ``offset_factor``
-as an alignment precondition, dtype and scope checked. Scalar parameters bind to
-expressions. A site where that cannot be done exactly is left alone, and
-:func:`tirpat.explain` says why.
+``match_buffer`` rules: any offset, dimensions where the region has extent 1 dropped,
+``offset_factor`` as an alignment precondition, dtype and scope checked. TVM drops only
+leading dimensions; any dimension fixed in the matched loops can go, as long as the
+parameter's dimensions keep their order (a ``(16,)`` parameter binds ``A[0, i, 0]`` of a
+``(1, 16, 1)`` buffer, or a column, whose stride its declared strides must then allow),
+leading ones tried first. Scalar parameters bind to expressions. A site where that cannot
+be done exactly is left alone, and :func:`tirpat.explain` says why.
 
 The replacement's parameters are then inlined the way ``LowerMatchBuffer`` inlines the
 ``match_buffer`` of a tensorized block: a load or store of a parameter becomes one of the
-bound buffer at the region's base plus the index (leading dimensions fixed at the base),
+bound buffer at the region's base plus the index (the dropped dimensions fixed at the base),
 its data pointer the bound buffer's, and its ``elem_offset`` and stride variables the
 region's offset and strides. No buffer view is left behind, so every later pass (virtual
 threads, warp memory, storage rewrite, shared-memory layout) sees the real accesses, as it
@@ -38,19 +41,19 @@ the kernel's (:mod:`tirpat.tir.threads`), as ``UnifyThreadBinding`` merges tenso
 from __future__ import annotations
 
 import itertools
-import math
 
 import tvm_ffi
-from tvm import ir, sym, tirx
+from tvm import ir, tirx
 
 from . import engine
 from . import pattern as P
-from .analysis import (const_int, defined_vars, dtype_is, dtype_of, fresh_var, key, rename_defs, substitute,
-                       simplify, uses_any, vars_used, visit_accesses)
-from .canonical import canonicalize
+from .analysis import (const_int, defined_vars, dtype_is, dtype_of, fresh_var, key, linear_form, rename_defs,
+                       substitute, simplify, uses_any, vars_used, visit_accesses)
+from .canonical import canonicalize, stepped
 from .engine import Match
 from .index_dtype import as_index, index_dtype_of, with_index_dtype
 from .lowering import lower
+from .region import tile_base
 from .scan import RewriteError, Rule
 from .statement import ForPattern, IfPattern, SeqPattern, StmtPattern
 from .threads import ThreadLaunchError, launches_threads, merge_thread_launches
@@ -90,18 +93,6 @@ def _int_strides(buf, dtype: str, shape=None) -> list | None:
         out.append(acc)
         acc *= extent.value
     return out[::-1]
-
-
-def _minus(idx, want):
-    """``idx - want`` simplified; canonical ``base + want`` and ``want`` itself without a call."""
-    if idx.same_as(want):
-        return tirx.IntImm(dtype_of(idx), 0)
-    if type(idx) is tirx.Add:  # an Add's operands have its dtype, so either one is the base
-        if idx.b.same_as(want):
-            return idx.a
-        if idx.a.same_as(want):
-            return idx.b
-    return simplify(idx - want)
 
 
 _IMMS: dict = {}
@@ -172,104 +163,6 @@ class _Affine:
         return out if self.const == 0 else tirx.Add(out, _imm(dtype, self.const))
 
 
-def _offset_within_loops(idx, want, loops, nest, context=()):
-    """``idx - want`` (``idx`` when ``want`` is None) as an expression free of the ``nest``
-    variables, using the ranges of the matched ``loops``; None when it depends on them.
-
-    An index written after ``CompactBufferAllocation`` or a layout transform can be affine
-    in the nest only given its loops' bounds: ``(k0*8 + k1*4 + i) % 16 * 16`` is
-    ``(k0*8 + k1*4) % 16 * 16 + i*16`` when ``0 <= i < 4``. Each ``floormod`` and
-    ``floordiv`` by a constant is split first (:func:`_split_loop_part`), then the
-    difference is simplified with the loops bound. An offset that uses only the enclosing
-    (``context``) loops and takes one value over all their iterations is that value
-    (TVM's simplifier cannot see that ``(k0*8) % 16 * 16 - max(0, k0*128 - k0 // 2 * 256)``
-    is 0; counting through the iterations can, when there are few of them).
-    """
-    ana = sym.Analyzer()
-    for loop in loops:
-        ana.bind(loop.loop_var, ir.Range.from_min_extent(loop.min, loop.extent))
-    idx = _split_loop_part(idx, nest, ana)
-    diff = ana.simplify(idx if want is None else idx - want)
-    if uses_any(diff, nest):
-        return None
-    value = _single_value(diff, context)
-    return diff if value is None else tirx.IntImm(dtype_of(diff), value)
-
-
-_MAX_POINTS = 1024  # iterations counted through by _single_value
-
-
-def _single_value(expr, loops) -> int | None:
-    """The one value ``expr`` takes over every iteration of ``loops`` (constant bounds,
-    at most ``_MAX_POINTS`` iterations, and the only variables ``expr`` uses), else None."""
-    if type(expr) is tirx.IntImm:
-        return None
-    used = {key(v) for v in vars_used(expr)}
-    ranges = []
-    for loop in loops:
-        if key(loop.loop_var) in used:
-            lo, n = const_int(loop.min), const_int(loop.extent)
-            if lo is None or n is None or _stepped(loop):
-                return None
-            ranges.append((loop.loop_var, range(lo, lo + n)))
-            used.discard(key(loop.loop_var))
-    if used or not ranges or math.prod(len(r) for _, r in ranges) > _MAX_POINTS:
-        return None
-    value = None
-    for point in itertools.product(*(r for _, r in ranges)):
-        at = const_int(substitute(expr, [(v, tirx.IntImm(dtype_of(v), x)) for (v, _), x in zip(ranges, point)]))
-        if at is None or value is not None and at != value:
-            return None
-        value = at
-    return value
-
-
-def _split_loop_part(expr, nest, ana):
-    """``expr`` with ``floormod(S + A, c)`` rewritten to ``floormod(S, c) + A`` and
-    ``floordiv(S + A, c)`` to ``floordiv(S, c)``, where ``A`` holds the terms that use the
-    ``nest`` variables, wherever that is exact: ``S`` is ``r`` modulo ``M = gcd(c, the
-    stride TVM's modular analysis finds for S)`` and ``r + A`` stays in ``[0, M)`` (``A``'s
-    bounds from ``ana``)."""
-    if type(expr) not in (tirx.FloorMod, tirx.FloorDiv, tirx.Add, tirx.Sub, tirx.Mul):
-        return expr
-
-    def on(node):
-        if type(node) not in (tirx.FloorMod, tirx.FloorDiv) or type(node.b) is not tirx.IntImm or node.b.value <= 0:
-            return node
-        terms, const = [], 0
-        stack = [(node.a, 1)]
-        while stack:  # the terms of the sum, with their signs
-            e, sign = stack.pop()
-            if type(e) is tirx.Add or type(e) is tirx.Sub:
-                stack.append((e.a, sign))
-                stack.append((e.b, sign if type(e) is tirx.Add else -sign))
-            else:
-                terms.append(e if sign > 0 else -e)
-        fixed = [t for t in terms if not uses_any(t, nest)]
-        moving = [t for t in terms if uses_any(t, nest)]
-        if not fixed or not moving:
-            return node
-        S, A = fixed[0], moving[0]
-        for t in fixed[1:]:
-            S = S + t
-        for t in moving[1:]:
-            A = A + t
-        c = node.b.value
-        mod = ana.modular_set(S)
-        M = math.gcd(int(mod.coeff), c)
-        if M <= 1:
-            return node
-        r = int(mod.base) % M
-        bound = ana.const_int_bound(A)
-        if not (0 <= r + bound.min_value and r + bound.max_value < M):
-            return node
-        if type(node) is tirx.FloorMod:
-            return tirx.floormod(S, node.b) + A
-        return tirx.floordiv(S, node.b)
-
-    return tvm_ffi.structural_map(expr, [(tirx.FloorMod, on), (tirx.FloorDiv, on)])
-
-
 def _same_value(a, b) -> bool:
     """``a == b`` for all values of their variables (structurally equal, or a zero difference)."""
     if a.same_as(b) or tvm_ffi.structural_equal(a, b, map_free_vars=False):
@@ -299,6 +192,28 @@ class _ParamInfo:
         # the replacement's stride and offset variables, bound per site: (dimension, key)
         self.stride_vars = [(d, st) for d, st in enumerate(q.strides) if isinstance(st, tirx.Var)]
         self.offset_var = q.elem_offset if isinstance(q.elem_offset, tirx.Var) else None
+        self._alignments: dict = {}
+        self._positions: dict = {}
+
+    def alignments(self, ndim: int) -> tuple:
+        """The ways the parameter's dimensions can sit among a target's ``ndim``: tuples of
+        the target dimensions they bind to, in order; the other dimensions must stay fixed
+        in the matched loops (the region has extent 1 there). TVM's ``match_buffer`` comes
+        first (the last ones: leading dimensions dropped), then trailing or inner ones
+        dropped (a ``(16,)`` parameter binds ``A[0, i, 0]`` of a ``(1, 16, 1)`` buffer)."""
+        found = self._alignments.get(ndim)
+        if found is None:
+            found = self._alignments[ndim] = tuple(
+                tuple(d for d in range(ndim) if d not in dropped)
+                for dropped in itertools.combinations(range(ndim), ndim - self.rank)) if ndim >= self.rank else ()
+        return found
+
+    def positions(self, ndim: int, dims: tuple) -> list:
+        """Per target dimension, the parameter dimension bound to it, or None (fixed)."""
+        found = self._positions.get((ndim, dims))
+        if found is None:
+            found = self._positions[ndim, dims] = [dims.index(d) if d in dims else None for d in range(ndim)]
+        return found
 
 
 class _Shape(P.Pattern):
@@ -346,6 +261,49 @@ class _Shape(P.Pattern):
         return match
 
 
+_COMPARISONS = (tirx.LT, tirx.LE, tirx.GT, tirx.GE, tirx.EQ, tirx.NE)
+
+
+class _Compare(P.Pattern):
+    """A comparison in a pattern function (a guard), with the tile base semantics of
+    indices: inside a matched nest, a side that matches ``base + x`` in the target, ``base``
+    free of the nest's loops, matches as ``x``, the base moved to the other side (the truth
+    of the comparison is the same). So ``i < n`` matches ``16*o + i < 50``, binding ``n`` to
+    ``50 - 16*o``: the guard relative to the tile."""
+
+    def __init__(self, kind, a, b):
+        self.kind, self.a, self.b = kind, a, b
+        self.root_types = (kind,)
+
+    def children(self):
+        return (self.a, self.b)
+
+    def _body_repr(self):
+        return f"{self.kind.__name__}({self.a!r}, {self.b!r})"
+
+    def compile(self, cc):
+        kind, fail = self.kind, cc.failure(self)
+        lhs, rhs = cc.compile(self.a, "lhs"), cc.compile(self.b, "rhs")
+
+        def match(node, b, nest, k):
+            if type(node) is not kind:
+                return fail and fail(b, node, nest, f"expected a {kind.__name__}, found {type(node).__name__}")
+            mark = b.mark()
+            if lhs(node.a, b, nest, lambda: rhs(node.b, b, nest, k)):
+                return True
+            for side in (node.a, node.b) if nest else ():
+                form = linear_form(side, nest)
+                if form is None or const_int(form[1]) == 0:
+                    continue
+                b.undo(mark)
+                x, y = simplify(node.a - form[1]), simplify(node.b - form[1])
+                if lhs(x, b, nest, lambda: rhs(y, b, nest, k)):
+                    return True
+            return False
+
+        return match
+
+
 class _ParamAccess(P.Pattern):
     """A load or store of a pattern buffer parameter, bound to a region of a target buffer."""
 
@@ -371,68 +329,85 @@ class _ParamAccess(P.Pattern):
     def compile(self, cc):
         value = None if self.value is None else cc.compile(self.value, "value")
         failure = cc.failure(self)
+        dims_key = (self.info, "dims")
 
         def match(node, b, nest, k):
             fail = None if failure is None else (
                 lambda where, reason: failure(b, node, nest, reason, where))
-            if not self.bind(node, b, nest, fail):
+            target = self.bind_buffer(node, b, fail)
+            if target is None:
                 return False
-            return k() if value is None else value(node.value, b, nest, k)
+            indices = node.indices
+            chosen = b.captures.get(dims_key)  # how an earlier access of the parameter sat in the target
+            options = self.info.alignments(len(indices)) if chosen is None else (chosen,)
+            if not options:
+                return fail and fail((), f"{self.param.name} has {len(self.indices)} dimensions, "
+                                         f"{target.name} only {len(indices)}")
+            last = len(options) - 1
+            for n, dims in enumerate(options):
+                mark = b.mark()
+                if self.bind_indices(target, indices[:], dims, b, nest, fail):
+                    if chosen is None:
+                        b.bind(dims_key, dims)
+                    if k() if value is None else value(node.value, b, nest, k):
+                        return True
+                if n == last:
+                    return False
+                b.undo(mark)
+            return False
 
         return match
 
-    def bind(self, node, b, nest, fail) -> bool:
-        """Bind the parameter to the accessed buffer and each dimension's offset, in the
-        bindings ``b``; False when the access does not fit. ``fail(where, reason)`` is told why."""
+    def bind_buffer(self, node, b, fail):
+        """Bind the parameter to the accessed buffer (dtype and scope checked): the buffer,
+        or None when ``node`` is not an access that fits. ``fail(where, reason)`` is told why."""
         p = self.param
         if self.value is None:
             if type(node) is not ir.TensorLoad:
                 fail and fail((), f"expected a load of {p.name}, found {type(node).__name__}")
-                return False
-            target, indices = node.source, node.indices
+                return None
+            target = node.source
         else:
             if type(node) is not tirx.BufferStore:
                 fail and fail((), _not_a_store(p, node))
-                return False
-            target, indices = node.buffer, node.indices
-        info = self.info
-        bound = b.captures.get(info)
+                return None
+            target = node.buffer
+        bound = b.captures.get(self.info)
         if bound is None:
             if dtype_of(target) != self._dtype:
                 fail and fail((), f"{p.name} has dtype {p.dtype}, {target.name} has dtype {target.dtype}")
-                return False
+                return None
             if _scope(target) != self._scope:
                 fail and fail((), f"{p.name} has scope {self._scope}, {target.name} has scope {_scope(target)}")
-                return False
-            b.bind(info, target)
+                return None
+            b.bind(self.info, target)
         elif not bound.same_as(target):
             fail and fail((), f"{p.name} is bound to {bound.name}, found {target.name}")
-            return False
-        indices = indices[:]
-        ndim = len(indices)
-        drop = ndim - len(self.indices)
-        if drop < 0:
-            fail and fail((), f"{p.name} has {len(self.indices)} dimensions, {target.name} only {ndim}")
-            return False
+            return None
+        return target
+
+    def bind_indices(self, target, indices, dims, b, nest, fail) -> bool:
+        """Bind each dimension's offset (the tile base), with the parameter's dimensions at
+        the target's dimensions ``dims``; the other target dimensions must stay fixed in the
+        matched loops. False when the access does not fit that way."""
+        p, info, where = self.param, self.info, self.info.positions(len(indices), dims)
         for d, idx in enumerate(indices):
-            if d < drop:
-                base = idx
-            else:
-                pattern = self.indices[d - drop]
+            j = where[d]
+            want = None
+            if j is not None:
+                pattern = self.indices[j]
                 # a loop variable of the pattern (the common index) is a lookup
                 want = b.captures.get(pattern) if type(pattern) is P.VarPattern else pattern.instantiate(b.captures)
                 if want is None:
                     fail and fail((), f"cannot evaluate index {pattern!r}")
                     return False
-                base = _minus(idx, want)
-            if nest and uses_any(base, nest):
-                base = _offset_within_loops(idx, None if d < drop else want, b.loops, nest, b.context)
+            base = tile_base(idx, want, b.loops, nest, b.context)
             if base is None:
                 if fail:
                     fail((f"index {d}",),
                          f"{target.name} index {d}: {p.name} has {len(self.indices)} dimension(s), so "
-                         f"this leading dimension must stay fixed in the matched loops, found {idx}"
-                         if d < drop else
+                         f"this dimension must stay fixed in the matched loops, found {idx}"
+                         if j is None else
                          f"{target.name} index {d}: expected {want} plus an offset free of the "
                          f"matched loops, found {idx}")
                 return False
@@ -460,11 +435,6 @@ def _not_a_store(param, node) -> str:
             f"{'it' if len(allocated) == 1 else 'them'} and kept one iteration's region, so a tile spanning "
             f"iterations cannot be bound here (Schedule.tensorize binds it before block lowering; allocating at "
             f"an outer loop, with compute_at or cache_read, keeps the tile)")
-
-
-def _stepped(loop) -> bool:
-    """A loop whose step is not 1 (canonical form leaves only symbolic steps)."""
-    return loop.step is not None and const_int(loop.step) != 1
 
 
 def _bind_only_what_is_read(p) -> None:
@@ -526,7 +496,7 @@ class _ModuleRulePattern(P.Pattern):
                 node = node.body
             if type(node) is not tirx.For:
                 return True
-            if _stepped(node):
+            if stepped(node):
                 return False
             found = node.extent
             if type(found) is tirx.IntImm and found.value != extent:
@@ -760,6 +730,8 @@ class ModuleRule:
             return _ParamAccess(param, self._infos[key(param)], tuple(self._expr(i) for i in e.indices))
         if isinstance(e, tirx.Cast):
             return P.CastPattern(self._expr(e.value), dtype_of(e))
+        if isinstance(e, _COMPARISONS):
+            return _Compare(type(e), self._expr(e.a), self._expr(e.b))
         op = P.binop_of(e)
         if op is not None:
             return P.BinOpPattern(op, self._expr(e.a), self._expr(e.b)).has_dtype(dtype_of(e))
@@ -770,9 +742,9 @@ class ModuleRule:
     # -- preconditions and bindings -----------------------------------------------------
     def bind_params(self, bound):
         """Per buffer parameter, from what the match has ``bound`` (its Bindings): ``(q, target,
-        strides, offset, base, info)``, the bound buffer, the region's strides (of the
-        parameter's dimensions), flat element offset and base index (one per target
-        dimension); or ``(None, reason)``."""
+        strides, offset, base, dims, info)``, the bound buffer, the region's strides (of the
+        parameter's dimensions), flat element offset, base index (one per target dimension)
+        and the target dimensions the parameter's bind to; or ``(None, reason)``."""
         inner = [l.loop_var for l in bound.loops] if self._scalars else ()
         for p, wildcard in self._scalars.items():
             value = bound.captures.get(wildcard.name)
@@ -786,9 +758,8 @@ class ModuleRule:
                 return None, f"pattern parameter {p.name} is never accessed, so it binds no region"
             ty = target.ty  # the buffer's own fields (its properties are Python wrappers around these)
             shape = ty.shape[:]
-            ndim = len(shape)
-            drop = ndim - info.rank
-            base = [bound.bases[(info, d)] for d in range(ndim)]
+            dims = bound.captures[(info, "dims")]
+            base = [bound.bases[(info, d)] for d in range(len(shape))]
             index_dtype = info.index_dtype
             int_strides = _int_strides(ty, index_dtype, shape)
             affine = None
@@ -798,7 +769,7 @@ class ModuleRule:
                 for b, st in zip(base, strides):
                     offset = offset + b * st
                 offset = as_index(index_dtype, offset)
-                view_strides = [as_index(index_dtype, simplify(st)) for st in strides[drop:]]
+                view_strides = [as_index(index_dtype, simplify(strides[d])) for d in dims]
                 is_compact = all(const_int(simplify(a - b)) == 0 for a, b in zip(view_strides, info.compact))
                 actual_ints = [const_int(st) for st in view_strides]
             else:
@@ -808,7 +779,7 @@ class ModuleRule:
                     offset = target.elem_offset
                     for b, st in zip(base, int_strides):
                         offset = offset + b * st
-                actual_ints = int_strides[drop:]
+                actual_ints = [int_strides[d] for d in dims]
                 view_strides = [_imm(index_dtype, st) for st in actual_ints]
                 is_compact = actual_ints == info.compact_ints
             if affine is None:
@@ -843,7 +814,7 @@ class ModuleRule:
                     and not self._scalar_only(q):
                 return None, (f"replacement parameter {q.name} assumes elem_offset {q.elem_offset}, but the region of "
                               f"{target.name} starts at element {offset}")
-            params.append((q, target, view_strides, offset, base, info))
+            params.append((q, target, view_strides, offset, base, dims, info))
         return params, None
 
     def _scalar_only(self, q) -> bool:
@@ -907,8 +878,8 @@ class ModuleRule:
     def replacement(self, m, params):
         """The replacement at the site ``m`` of this rule (of the site's index type)."""
         pairs, regions = [], {}
-        for q, target, strides, offset, base, info in params:
-            regions[key(q)] = (target, base, len(base) - info.rank)
+        for q, target, strides, offset, base, dims, info in params:
+            regions[key(q)] = (target, base, dims)
             pairs.append((q, target))  # what is left of q after the accesses: its data pointer
             for d, var in info.stride_vars:
                 pairs.append((var, strides[d]))
@@ -945,27 +916,28 @@ def _param_accesses(body, params: dict) -> list:
 def _inline_accesses(body, regions: dict):
     """``body`` with each load and store of a bound parameter made one of its target buffer
     at the region's base plus the index, as ``LowerMatchBuffer`` does (``regions`` maps
-    ``key(param)`` to ``(target, base, dropped leading dimensions)``)."""
+    ``key(param)`` to ``(target, base, the target dimensions of the parameter's)``)."""
 
-    def at(base, drop, indices):
-        out = list(base[:drop])
-        for b, i in zip(base[drop:], indices):
-            out.append(i if type(b) is tirx.IntImm and b.value == 0 else b + i)
+    def at(base, dims, indices):
+        out = list(base)
+        for d, i in zip(dims, indices):
+            b = base[d]
+            out[d] = i if type(b) is tirx.IntImm and b.value == 0 else b + i
         return out
 
     def on_load(load):
         region = regions.get(key(load.source))
         if region is None:
             return load
-        target, base, drop = region
-        return tirx.BufferLoad(target, at(base, drop, load.indices))
+        target, base, dims = region
+        return tirx.BufferLoad(target, at(base, dims, load.indices))
 
     def on_store(store):
         region = regions.get(key(store.buffer))
         if region is None:
             return store
-        target, base, drop = region
-        return tirx.BufferStore(target, store.value, at(base, drop, store.indices))
+        target, base, dims = region
+        return tirx.BufferStore(target, store.value, at(base, dims, store.indices))
 
     return tvm_ffi.structural_map(body, [(ir.TensorLoad, on_load), (tirx.BufferStore, on_store)])
 

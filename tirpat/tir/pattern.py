@@ -23,9 +23,10 @@ import tvm_ffi
 from tvm import ir, tirx
 
 from . import engine
-from .analysis import const_int, dtype_of, is_tir, key, linear_form, simplify, uses_any
+from .analysis import const_int, dtype_of, is_tir, key, linear_form, simplify
 from .canonical import canonicalize
 from .engine import short
+from .region import tile_base
 
 # Root node kinds a pattern can match, used to index rules (tinygrad's UPat does the same).
 EXPR = "expr"
@@ -515,12 +516,14 @@ def compile_index(cc, p, dim):
 
     def index(idx, buf, b, nest, k):
         expected = p.instantiate(b.captures)
+        if isinstance(expected, int):
+            expected = tirx.const(expected, dtype_of(idx))
         if expected is not None:
-            diff = simplify(idx - expected)
-            if isinstance(diff, tirx.IntImm) and diff.value == 0:
+            base = tile_base(idx, expected, b.loops, nest, b.context)
+            if base is not None and const_int(base) == 0:
                 return k()
-            if nest and not uses_any(diff, nest):
-                return with_base(b, nest, buf, diff, idx, k)
+            if nest and base is not None:
+                return with_base(b, nest, buf, base, idx, k)
             return fail and fail(b, idx, nest, f"expected index {expected}, found {idx}", (step,))
         tried = []
 

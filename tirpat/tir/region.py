@@ -8,12 +8,16 @@ padding — everything a DMA engine needs.
 
 from __future__ import annotations
 
+import itertools
+import math
 from dataclasses import dataclass
 from typing import Sequence
 
-from tvm import ir, tirx
+import tvm_ffi
+from tvm import ir, sym, tirx
 
 from .analysis import const_int, dtype_of, key, linear_form, row_major_strides, simplify, substitute, uses_any, vars_used
+from .canonical import stepped
 
 
 class RegionError(ValueError):
@@ -65,9 +69,11 @@ class CopyRegion:
     ``extents`` has one int per loop (outermost first); ``cast`` is None or the dtype the
     value is cast to; a padded copy has ``predicate`` (its guard), ``pad_value`` and, when
     the guard is a conjunction of affine bounds, ``pad``: one ``(before, after)`` pair of
-    expressions per loop. A *partial* copy (a guarded store with no else, as at the ragged
-    edge of a tiled loop) has ``predicate`` and ``pad`` but ``pad_value`` None: the elements
-    outside the guard are left as they are.
+    expressions per loop (:func:`padding`; a condition on enclosing loops alone, as on a
+    pooling window's row, excludes every iteration where it fails, and
+    :func:`split_guard` keeps it apart). A *partial* copy (a guarded store with no else, as
+    at the ragged edge of a tiled loop) has ``predicate`` and ``pad`` but ``pad_value``
+    None: the elements outside the guard are left as they are.
 
     >>> from tvm import tirx
     >>> i = tirx.Var("i", "int32")
@@ -137,48 +143,179 @@ def access_region(buffer, indices: Sequence, loops: Sequence) -> Region:
     return Region(buffer, tuple(base), tuple(strides), tuple(_extent_value(l) for l in loops))
 
 
+# ---------------------------------------------------------------------------------------
+# tile bases: an index as a base free of the nest's loops plus what the pattern expects
+# ---------------------------------------------------------------------------------------
+def tile_base(idx, want, loops: Sequence, nest: Sequence, context: Sequence = ()):
+    """``idx - want`` (``idx`` itself when ``want`` is None) as an expression free of the
+    ``nest`` variables: the base of a tile, ``idx == base + want``; None when it depends on
+    them. ``loops`` are the matched For nodes (their ranges), ``context`` the enclosing ones.
+
+    An index written after ``CompactBufferAllocation`` or a layout transform can be affine
+    in the nest only given its loops' bounds: ``(k0*8 + k1*4 + i) % 16 * 16`` is
+    ``(k0*8 + k1*4) % 16 * 16 + i*16`` when ``0 <= i < 4``. Each ``floormod`` and
+    ``floordiv`` by a constant is split first (:func:`split_loop_part`), then the
+    difference is simplified with the loops bound. A base that uses only the enclosing
+    (``context``) loops and takes one value over all their iterations is that value
+    (TVM's simplifier cannot see that ``(k0*8) % 16 * 16 - max(0, k0*128 - k0 // 2 * 256)``
+    is 0; counting through the iterations can, when there are few of them).
+
+    >>> ko, i = tirx.Var("ko", "int32"), tirx.Var("i", "int32")
+    >>> loop = tirx.For(i, 0, 4, tirx.ForKind.SERIAL, tirx.Evaluate(0))
+    >>> tile_base(ko * 16 + i, i, [loop], [i]), tile_base((ko * 8 + i) % 16, i, [loop], [i])
+    (ko * 16, ko % 2 * 8)
+    """
+    base = idx if want is None else _minus(idx, want)
+    if not nest or not uses_any(base, nest):
+        return base
+    ana = sym.Analyzer()
+    for loop in loops:
+        ana.bind(loop.loop_var, ir.Range.from_min_extent(loop.min, loop.extent))
+    idx = split_loop_part(idx, nest, ana)
+    diff = ana.simplify(idx if want is None else idx - want)
+    if uses_any(diff, nest):
+        return None
+    value = _single_value(diff, context)
+    return diff if value is None else tirx.IntImm(dtype_of(diff), value)
+
+
+def _minus(idx, want):
+    """``idx - want`` simplified; canonical ``base + want`` and ``want`` itself without a call."""
+    if idx.same_as(want):
+        return tirx.IntImm(dtype_of(idx), 0)
+    if type(idx) is tirx.Add:  # an Add's operands have its dtype, so either one is the base
+        if idx.b.same_as(want):
+            return idx.a
+        if idx.a.same_as(want):
+            return idx.b
+    return simplify(idx - want)
+
+
+_MAX_POINTS = 1024  # iterations counted through by _single_value
+
+
+def _single_value(expr, loops) -> int | None:
+    """The one value ``expr`` takes over every iteration of ``loops`` (constant bounds,
+    at most ``_MAX_POINTS`` iterations, and the only variables ``expr`` uses), else None."""
+    if type(expr) is tirx.IntImm:
+        return None
+    used = {key(v) for v in vars_used(expr)}
+    ranges = []
+    for loop in loops:
+        if key(loop.loop_var) in used:
+            lo, n = const_int(loop.min), const_int(loop.extent)
+            if lo is None or n is None or stepped(loop):
+                return None
+            ranges.append((loop.loop_var, range(lo, lo + n)))
+            used.discard(key(loop.loop_var))
+    if used or not ranges or math.prod(len(r) for _, r in ranges) > _MAX_POINTS:
+        return None
+    value = None
+    for point in itertools.product(*(r for _, r in ranges)):
+        at = const_int(substitute(expr, [(v, tirx.IntImm(dtype_of(v), x)) for (v, _), x in zip(ranges, point)]))
+        if at is None or value is not None and at != value:
+            return None
+        value = at
+    return value
+
+
+def split_loop_part(expr, nest, ana):
+    """``expr`` with ``floormod(S + A, c)`` rewritten to ``floormod(S, c) + A`` and
+    ``floordiv(S + A, c)`` to ``floordiv(S, c)``, where ``A`` holds the terms that use the
+    ``nest`` variables, wherever that is exact: ``S`` is ``r`` modulo ``M = gcd(c, the
+    stride TVM's modular analysis finds for S)`` and ``r + A`` stays in ``[0, M)`` (``A``'s
+    bounds from the analyzer ``ana``)."""
+    if type(expr) not in (tirx.FloorMod, tirx.FloorDiv, tirx.Add, tirx.Sub, tirx.Mul):
+        return expr
+
+    def on(node):
+        if type(node) not in (tirx.FloorMod, tirx.FloorDiv) or type(node.b) is not tirx.IntImm or node.b.value <= 0:
+            return node
+        terms = []
+        stack = [(node.a, 1)]
+        while stack:  # the terms of the sum, with their signs
+            e, sign = stack.pop()
+            if type(e) is tirx.Add or type(e) is tirx.Sub:
+                stack.append((e.a, sign))
+                stack.append((e.b, sign if type(e) is tirx.Add else -sign))
+            else:
+                terms.append(e if sign > 0 else -e)
+        fixed = [t for t in terms if not uses_any(t, nest)]
+        moving = [t for t in terms if uses_any(t, nest)]
+        if not fixed or not moving:
+            return node
+        S, A = fixed[0], moving[0]
+        for t in fixed[1:]:
+            S = S + t
+        for t in moving[1:]:
+            A = A + t
+        c = node.b.value
+        mod = ana.modular_set(S)
+        M = math.gcd(int(mod.coeff), c)
+        if M <= 1:
+            return node
+        r = int(mod.base) % M
+        bound = ana.const_int_bound(A)
+        if not (0 <= r + bound.min_value and r + bound.max_value < M):
+            return node
+        if type(node) is tirx.FloorMod:
+            return tirx.floormod(S, node.b) + A
+        return tirx.floordiv(S, node.b)
+
+    return tvm_ffi.structural_map(expr, [(tirx.FloorMod, on), (tirx.FloorDiv, on)])
+
+
 def padding(predicate, loops: Sequence) -> tuple | None:
     """Per-loop ``(before, after)``: how many leading and trailing iterations of each loop
     a guard excludes, or None if it is not a conjunction of single-variable affine bounds on
-    the loop variables. Useful for guarded (partial-tile) stores as well as padded copies.
+    the loop variables and conditions on enclosing loops alone. Useful for guarded
+    (partial-tile) stores as well as padded copies. A condition on enclosing loops alone
+    excludes everything where it is false (a pooling window's row that lies in the padding):
+    every loop's ``before`` is then its extent (:func:`split_guard` keeps it apart).
 
     >>> from tvm import tirx
-    >>> i = tirx.Var("i", "int32")
+    >>> r, i = tirx.Var("r", "int32"), tirx.Var("i", "int32")
     >>> loop = tirx.For(i, 0, 14, tirx.ForKind.SERIAL, tirx.Evaluate(0))
     >>> tp.padding(tirx.And(1 <= i, i < 11), [loop])      # i runs over [1, 11) of [0, 14)
     ((1, 3),)
+    >>> tp.padding(tirx.And(r >= 1, i < 11), [loop])      # nothing at all unless r >= 1
+    ((T.if_then_else(1 <= r, 0, 14), T.if_then_else(1 <= r, 3, 0)),)
     """
-    conjuncts = []
-    stack = [predicate]
-    while stack:
-        e = stack.pop()
-        if isinstance(e, tirx.And):
-            stack += [e.a, e.b]
-        else:
-            conjuncts.append(e)
+    split = split_guard(predicate, loops)
+    if split is None:
+        return None
+    pads, outer = split
+    if outer is None:
+        return pads
+    return tuple((simplify(tirx.if_then_else(outer, before, l.extent)),
+                  simplify(tirx.if_then_else(outer, after, tirx.IntImm(dtype_of(after), 0))))
+                 for (before, after), l in zip(pads, loops))
+
+
+def split_guard(predicate, loops: Sequence) -> tuple | None:
+    """``(pads, outer)``: the per-loop ``(before, after)`` that the guard's bounds on the
+    loop variables give (see :func:`padding`), and the conjunction of its conjuncts that use
+    none of them, a condition on enclosing loops (None when there is none). None when a
+    conjunct that uses the loop variables is not a single-variable affine bound.
+
+    >>> from tvm import tirx
+    >>> r, i = tirx.Var("r", "int32"), tirx.Var("i", "int32")
+    >>> loop = tirx.For(i, 0, 14, tirx.ForKind.SERIAL, tirx.Evaluate(0))
+    >>> tp.split_guard(tirx.And(r >= 1, i < 11), [loop])   # where r >= 1, i runs over [0, 11)
+    (((0, 3),), r >= 1)
+    """
     loop_vars = [l.loop_var for l in loops]
     lower = [[] for _ in loops]
     upper = [[] for _ in loops]
-    for c in conjuncts:
-        # Bring every comparison to "expr >= 0" or "expr > 0" with integer arithmetic.
-        if isinstance(c, tirx.LE):
-            expr = c.b - c.a
-        elif isinstance(c, tirx.LT):
-            expr = c.b - c.a - 1
-        elif isinstance(c, tirx.GE):
-            expr = c.a - c.b
-        elif isinstance(c, tirx.GT):
-            expr = c.a - c.b - 1
-        else:
+    outer = []
+    for c in conjuncts(predicate):
+        if not uses_any(c, loop_vars):
+            outer.append(c)
+            continue
+        bound = loop_bound(c, loop_vars)
+        if bound is None:
             return None
-        form = linear_form(expr, loop_vars)
-        if form is None:
-            return None
-        coeffs, rest = form
-        nonzero = [(n, const_int(k)) for n, k in enumerate(coeffs) if const_int(k) != 0]
-        if len(nonzero) != 1 or nonzero[0][1] is None:
-            return None
-        n, a = nonzero[0]
+        n, a, rest = bound
         # a*v + rest >= 0 with v = min + t, t in [0, extent)
         rest = rest + a * loops[n].min
         if a > 0:   # t >= ceil(-rest / a)
@@ -199,7 +336,103 @@ def padding(predicate, loops: Sequence) -> tuple | None:
             after = tirx.max(after, ext - 1 - hi)
         after = simplify(tirx.min(after, ext))
         pads.append((before, after))
-    return tuple(pads)
+    return tuple(pads), conjunction(outer)
+
+
+def guards_in_extents(node, levels: Sequence[int], ranges: Sequence = ()):
+    """The perfect nest from the For ``node`` with the upper bounds that guard its innermost
+    body, on the variables of its loops at ``levels`` (0 is ``node``), moved into those
+    loops' extents; None when there are none. ``for i in range(16): if 16*o + i < 50: S``
+    (the last, partial tile a ``split`` leaves) is ``for i in range(min(16, 50 - 16*o)): S``.
+    The For nodes ``ranges`` (the enclosing loops) bound the simplification of the extents.
+
+    >>> from tvm import tirx
+    >>> o, i = tirx.Var("o", "int32"), tirx.Var("i", "int32")
+    >>> A = tirx.decl_buffer((50,), "int8", "A")
+    >>> guarded = tirx.IfThenElse(o * 16 + i < 50, tirx.BufferStore(A, tirx.IntImm("int8", 0), [o * 16 + i]), None)
+    >>> outer = tirx.For(o, 0, 4, tirx.ForKind.SERIAL, tirx.For(i, 0, 16, tirx.ForKind.SERIAL, guarded))
+    >>> print(guards_in_extents(outer.body, [0], [outer]).extent)
+    T.min(16, 50 - o * 16)
+    """
+    chain, cur = [], node
+    while type(cur) is tirx.For:
+        chain.append(cur)
+        cur = cur.body
+    if type(cur) is not tirx.IfThenElse or cur.else_case is not None:
+        return None
+    loop_vars = [l.loop_var for l in chain]
+    ends: dict = {}
+    kept = []
+    for c in conjuncts(cur.condition):
+        bound = loop_bound(c, loop_vars)
+        if bound is not None and bound[0] in levels and bound[1] < 0 and not stepped(chain[bound[0]]):
+            n, a, rest = bound   # a*v + rest >= 0, v = min + t: t < floor((rest + a*min) / -a) + 1
+            ends.setdefault(n, []).append(tirx.floordiv(rest + a * chain[n].min, -a) + 1)
+        else:
+            kept.append(c)
+    if not ends:
+        return None
+    ana = sym.Analyzer()
+    for loop in ranges:
+        ana.bind(loop.loop_var, ir.Range.from_min_extent(loop.min, loop.extent))
+    body = cur.then_case if not kept else tirx.IfThenElse(conjunction(kept), cur.then_case, None)
+    for n in reversed(range(len(chain))):
+        loop = chain[n]
+        extent = loop.extent
+        if n in ends:
+            for end in ends[n]:
+                extent = tirx.min(extent, end)
+            extent = ana.simplify(tirx.max(extent, tirx.IntImm(dtype_of(extent), 0)))
+        body = tirx.For(loop.loop_var, loop.min, extent, loop.kind, body, loop.thread_binding, loop.annotations,
+                        loop.step)
+    return body
+
+
+def loop_bound(cond, loop_vars: Sequence) -> tuple | None:
+    """A comparison as a bound on one of ``loop_vars``: ``(n, a, rest)`` meaning
+    ``a * loop_vars[n] + rest >= 0`` (``a`` a nonzero int, ``rest`` free of ``loop_vars``),
+    or None when it is not one (not a comparison, not affine, several variables).
+
+    >>> from tvm import tirx
+    >>> o, i = tirx.Var("o", "int32"), tirx.Var("i", "int32")
+    >>> loop_bound(o * 16 + i < 50, [i])            # -i + (49 - 16*o) >= 0
+    (0, -1, 49 - o * 16)
+    """
+    # Bring the comparison to "expr >= 0" with integer arithmetic.
+    if isinstance(cond, tirx.LE):
+        expr = cond.b - cond.a
+    elif isinstance(cond, tirx.LT):
+        expr = cond.b - cond.a - 1
+    elif isinstance(cond, tirx.GE):
+        expr = cond.a - cond.b
+    elif isinstance(cond, tirx.GT):
+        expr = cond.a - cond.b - 1
+    else:
+        return None
+    form = linear_form(expr, loop_vars)
+    if form is None:
+        return None
+    coeffs, rest = form
+    nonzero = [(n, const_int(k)) for n, k in enumerate(coeffs) if const_int(k) != 0]
+    if len(nonzero) != 1 or nonzero[0][1] is None:
+        return None
+    n, a = nonzero[0]
+    return n, a, rest
+
+
+def conjuncts(predicate) -> list:
+    """The conditions of ``a and b and ...``, in order (the predicate itself if not an ``and``)."""
+    if isinstance(predicate, tirx.And):
+        return conjuncts(predicate.a) + conjuncts(predicate.b)
+    return [predicate]
+
+
+def conjunction(conditions: Sequence):
+    """``c0 and c1 and ...``; None for no conditions."""
+    out = None
+    for c in conditions:
+        out = c if out is None else tirx.And(out, c)
+    return out
 
 
 def footprint(region: Region) -> tuple | None:

@@ -15,6 +15,7 @@ from typing import Sequence
 from tvm import tirx
 
 from .canonical import is_canonical_loop
+from .region import guards_in_extents
 from .pattern import (BUFFER, EXPRESSION, STATEMENT, STMT, AltPattern, ConstPattern, Pattern, VarPattern, Wildcard,
                       buffer_slot, check_name, compile_access, expression, index_list)
 
@@ -146,6 +147,13 @@ class LoopSpec:
         parts += [f"kind={kind!r}"] if kind is not None else []
         return f"loop({', '.join(parts)})"
 
+    @property
+    def folds_guards(self) -> bool:
+        """True when the extent is matched as an expression (not a constant): then a loop
+        whose body is guarded by upper bounds on its variable also matches, as the loop of
+        the smaller extent (:func:`~tirpat.tir.region.guards_in_extents`)."""
+        return self.extent is not None and not isinstance(self.extent, ConstPattern)
+
     def places(self) -> tuple:
         """``(pattern, what it stands for)`` of the variable and extent, for capture names."""
         return tuple((p, EXPRESSION) for p in (self.var, self.extent) if p is not None)
@@ -188,15 +196,26 @@ class ForPattern(StmtPattern):
 
     def compile(self, cc):
         spec, body, fail = self.spec.compile(cc, self), cc.compile(self.body, "body"), cc.failure(self)
+        fold = self.spec.folds_guards
+
+        def plain(node, b, nest, k):
+            b.push(b.loops, node)
+            inner = nest + (node.loop_var,)
+            return spec(node, b, nest, lambda: body(node.body, b, inner, k))
 
         def match(node, b, nest, k):
             if type(node) is not tirx.For:
                 return fail and fail(b, node, nest, f"expected a for loop, found {type(node).__name__}")
             if not is_canonical_loop(node):
                 return fail and fail(b, node, nest, loop_failure(node))
-            b.push(b.loops, node)
-            inner = nest + (node.loop_var,)
-            return spec(node, b, nest, lambda: body(node.body, b, inner, k))
+            if not fold:
+                return plain(node, b, nest, k)
+            mark = b.mark()
+            if plain(node, b, nest, k):
+                return True
+            b.undo(mark)
+            folded = guards_in_extents(node, (0,), b.context + tuple(b.loops))
+            return folded is not None and plain(folded, b, nest, k)
 
         return match
 
@@ -240,9 +259,10 @@ class NestPattern(StmtPattern):
     def compile(self, cc):
         depth, fail = self.depth, cc.failure(self)
         specs = None if self.specs is None else [s.compile(cc, self) for s in self.specs]
+        folding = tuple(n for n, s in enumerate(self.specs or ()) if s.folds_guards)
         body = cc.compile(self.body, "body")
 
-        def match(node, b, nest, k):
+        def plain(node, b, nest, k):
             chain = []
             cur = node
             while type(cur) is tirx.For and is_canonical_loop(cur) and (depth is None or len(chain) < depth):
@@ -273,7 +293,17 @@ class NestPattern(StmtPattern):
                 b.undo(mark)
             return False
 
-        return match
+        def match(node, b, nest, k):
+            mark = b.mark()
+            if plain(node, b, nest, k):
+                return True
+            if type(node) is not tirx.For:
+                return False
+            b.undo(mark)
+            folded = guards_in_extents(node, folding, b.context + tuple(b.loops))
+            return folded is not None and plain(folded, b, nest, k)
+
+        return match if folding else plain
 
 
 class SeqPattern(StmtPattern):
