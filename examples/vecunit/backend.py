@@ -33,11 +33,7 @@ class VecUnitBackend(tp.Backend):
         return compiler.rules(opts["lanes"])
 
     def passes(self, phase: tp.Phase, opts: dict) -> list:
-        if phase is tp.Phase.BEFORE_REWRITE:
-            return [compiler.LANE_GUARDS]
-        if phase is tp.Phase.AFTER_REWRITE:
-            return [compiler.planner(**opts).as_pass()]
-        return []
+        return [compiler.planner(**opts).as_pass()] if phase is tp.Phase.AFTER_REWRITE else []
 
     def session(self, opts: dict) -> VecUnit:
         return VecUnit(**opts)

@@ -6,9 +6,9 @@
 - :func:`schedule`: the output's last axis (longer than 1) is cut into vectors of ``lanes``, every
   intermediate lives in registers, every input is loaded into registers where it is
   needed (a pooling window row by row, its padding folded into the load);
-- :data:`LANE_GUARDS`: the guard of a partial vector becomes the vector length;
 - :func:`rules`: host <-> register copies become ``vld``/``vst``, and every ALU
-  instruction's program (:mod:`vecunit.isa`) becomes that instruction;
+  instruction's program (:mod:`vecunit.isa`) becomes that instruction (a partial last
+  vector's guard is its vector length);
 - :func:`planner`: register addresses, and the sync.
 """
 
@@ -16,7 +16,6 @@ import functools
 import operator
 
 import tvm
-import tvm_ffi
 from tvm import ir, relax, s_tir, tirx
 from tvm.relax.backend.utils import has_leaking_intermediate_variables
 from tvm.relax.dpl import is_op, wildcard
@@ -26,7 +25,7 @@ from tirpat import device
 
 from .isa import INSTRUCTIONS, VRF
 
-__all__ = ["patterns", "schedule", "LANE_GUARDS", "rules", "planner"]
+__all__ = ["patterns", "schedule", "rules", "planner"]
 
 #: The elementwise operators vecunit computes: how many operands each takes besides the
 #: chain's value (a tensor of its shape or a scalar constant; clip's bounds are immediates).
@@ -95,52 +94,27 @@ def schedule(func: tirx.PrimFunc, lanes: int) -> tirx.PrimFunc:
     *producers, out = sch.get_child_blocks(sch.get_sblock("root"))
     result = sch.get(out).writes[0].source
     rank, axis = len(result.shape), max(k for k, d in enumerate(result.shape) if int(d) > 1)
-
-    def in_registers(blk, lane_dim=axis):   # the lanes' dimension last: a register is a row
-        sch.set_scope(blk, 0, VRF)
-        sch.transform_layout(blk, ("write", 0), lambda *v: [*v[:lane_dim], *v[lane_dim + 1:], v[lane_dim]])
-
     window = len(sch.get_loops(out)) > rank          # pooling: the loops past the output's
     if window:      # the window element by element, so that each window position loads a strided row
         k = [r.source.same_as(result) for r in sch.get(out).reads].index(False)
         producers, padding = [sch.reindex(out, ("read", k))], producers
-        lane_var = sch.get(out).iter_vars[axis].var
-        window_dim = [r.min.same_as(lane_var) for r in sch.get(out).reads[k].region].index(True)
         for p in padding:
             sch.compute_inline(p)                     # the padding becomes part of the load
     loops = sch.get_loops(out)
     tile, lane = sch.split(loops[axis], [None, lanes])
     sch.reorder(tile, *loops[axis + 1:], lane)       # a pooling's window loops go between
     sch.reverse_compute_at(sch.cache_write(out, 0, VRF), tile)
-    in_registers(out)
     for blk in reversed(producers):                   # a chain's intermediates, a pooling's window
-        in_registers(blk, window_dim if window else axis)
+        sch.set_scope(blk, 0, VRF)
         sch.compute_at(blk, loops[-1] if window else tile)
     if window:
         sch.decompose_reduction(out, loops[rank])
         return sch.mod["main"]
     for blk in [*producers, out]:
-        for k, region in enumerate(sch.get(blk).reads):    # (a scalar constant is an immediate now)
-            if region.source.scope() != VRF and len(region.source.shape) > 0:
-                load = sch.cache_read(blk, k, VRF)
-                in_registers(load)
-                sch.compute_at(load, tile)
+        for k, region in enumerate(sch.get(blk).reads):
+            if region.source.scope() != VRF:
+                sch.compute_at(sch.cache_read(blk, k, VRF), tile)
     return sch.mod["main"]
-
-
-def _lane_guard(m):
-    """``for i in range(e): if i + base < end: S``  ->  ``for i in range(min(e, end - base)): S``."""
-    loop, cond = m.node, m["guard"]
-    coeffs = tvm.sym.detect_linear_equation(cond.a - cond.b, [loop.loop_var]) if isinstance(cond, tirx.LT) else []
-    if len(coeffs) != 2 or not all(isinstance(e, tirx.IntImm) and e.value == v for e, v in ((coeffs[0], 1), (loop.min, 0))):
-        return None
-    n = tvm.sym.Analyzer().simplify(tirx.min(loop.extent, -coeffs[1]))
-    return tirx.For(loop.loop_var, loop.min, n, loop.kind, m["body"])
-
-
-#: A BEFORE_REWRITE pass: a partial vector's guard becomes its loop's extent, the vector length.
-LANE_GUARDS = tp.Rewriter.from_pattern(
-    tp.is_for(tp.is_if(tp.wildcard("guard"), tp.wildcard("body"))), _lane_guard, name="vecunit.lane_guard").as_pass()
 
 
 # -- rules ----------------------------------------------------------------------------
@@ -152,39 +126,32 @@ def _register(region, mode: str):
     return region.buffer.access_ptr(mode, offset=region.offset)
 
 
+def _vector(c):
+    """``(n, front, back)`` of a one-loop copy (its vector length and padded lanes), or None.
+    The last vector of a row is a partial copy: lanes ``[0, n - back)``, a shorter vector."""
+    if len(c.extents) != 1 or c.cast or (c.predicate is not None and c.pad is None):
+        return None
+    (front, back), = c.pad or [(0, 0)]
+    if c.predicate is None or c.pad_value is not None:
+        return c.extents[0], front, back
+    return (c.extents[0] - back, 0, 0) if isinstance(front, tirx.IntImm) and front.value == 0 else None
+
+
 def _vld(m):
     c = m["load"]
-    if len(c.extents) != 1 or c.dst.strides[0] != 1 or c.cast or c.src.buffer.scope() == VRF:
+    vector = _vector(c)
+    if vector is None or c.dst.strides[0] != 1 or c.src.buffer.scope() == VRF:
         return tp.decline("vld loads one strided host row, as it is, into consecutive lanes")
-    n, front, back = c.extents[0], 0, 0
-    if c.predicate is not None:     # bounds on the lane (the padding) and on the row (all or nothing)
-        conjuncts = _conjuncts(c.predicate)
-        on_lane = [e for e in conjuncts if _uses(e, m.loops[0].loop_var)]
-        pads = tp.padding(functools.reduce(tirx.And, on_lane), m.loops) if on_lane else [(0, 0)]
-        if pads is None:
-            return tp.decline(f"the guard {c.predicate} is not a bound on the lanes and the row")
-        (front, back), row = pads[0], [e for e in conjuncts if not _uses(e, m.loops[0].loop_var)]
-        if row:
-            inside = functools.reduce(tirx.And, row)
-            front, back = tirx.if_then_else(inside, front, n), tirx.if_then_else(inside, back, 0)
     pad = c.pad_value if c.pad_value is not None else 0
-    return _call("vld", _register(c.dst, "w"), c.src.buffer, c.src.offset, c.src.strides[0], n, front, back, pad)
-
-
-def _conjuncts(e) -> list:
-    return [*_conjuncts(e.a), *_conjuncts(e.b)] if isinstance(e, tirx.And) else [e]
-
-
-def _uses(expr, var) -> bool:
-    return tvm_ffi.structural_walk(expr, (ir.Var, lambda v: tvm_ffi.VisitInterrupt(v) if v.same_as(var) else None)) \
-        is not None
+    return _call("vld", _register(c.dst, "w"), c.src.buffer, c.src.offset, c.src.strides[0], *vector, pad)
 
 
 def _vst(m):
     c = m["store"]
-    if len(c.extents) != 1 or c.src.strides[0] != 1 or c.cast or c.predicate is not None or c.dst.buffer.scope() == VRF:
+    vector = _vector(c)
+    if vector is None or c.pad_value is not None or c.src.strides[0] != 1 or c.dst.buffer.scope() == VRF:
         return tp.decline("vst stores consecutive lanes, as they are, to one strided host row")
-    return _call("vst", c.dst.buffer, c.dst.offset, c.dst.strides[0], _register(c.src, "r"), c.extents[0])
+    return _call("vst", c.dst.buffer, c.dst.offset, c.dst.strides[0], _register(c.src, "r"), vector[0])
 
 
 def _alu_rule(ins, lanes: int) -> tp.Rewriter:

@@ -104,6 +104,33 @@ def test_the_registry_takes_classes_and_instances_and_refuses_clashes():
         backend_module.lookup("nosuch")
 
 
+def test_a_scalar_constant_reaches_the_schedule_as_an_immediate_no_block_reads():
+    """``x - 5``: the 5 is a 0-d constant Relax passes to the partition; the backend's
+    schedule sees ``x[i, j] - 5`` and blocks that read ``x`` alone (a read of the inlined
+    parameter would send a schedule's cache_read after a buffer nothing uses)."""
+    from tvm import relax, s_tir
+    from tvm.relax.dpl import is_op, wildcard
+
+    class Subtract(tp.Backend):
+        name = "backend-test-subtract"
+
+        def patterns(self, opts):
+            return [("backend-test-subtract.subtract", is_op("relax.subtract")(wildcard(), wildcard()))]
+
+    tp.register_backend(Subtract)
+    x = relax.Var("x", relax.TensorType((3, 20), "int8"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.subtract(x, relax.const(5, "int8")))
+        bb.emit_func_output(out)
+    (_, name, _, func), = tp.partition_functions(bb.get(), "backend-test-subtract, llvm")
+    assert name == "backend-test-subtract" and "x[v_ax0, v_ax1] - T.int8(5)" in func.script()
+    sch = s_tir.Schedule(func)
+    (block,) = [b for b in sch.get_child_blocks(sch.get_sblock("root"))]
+    assert [r.source.name for r in sch.get(block).reads] == ["x"]
+
+
 _DISCOVER = textwrap.dedent("""
     import json, warnings
     with warnings.catch_warnings(record=True) as caught:

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import tvm
 import tvm_ffi
-from tvm import ir, relax, tirx
+from tvm import ir, relax, s_tir, tirx
 
 from .backend import Phase, lookup
 from .partition import BACKEND_ATTR, OPTIONS_ATTR, Partitioner, as_target, options_text, tagged
@@ -194,7 +194,8 @@ def lower_partitions(records=None) -> tvm.transform.Pass:
 
 def _inline_scalar_constants(mod: ir.IRModule, names: set) -> ir.IRModule:
     """Scalar constants a partition is called with (a requantise's shift, a zero point) become
-    immediates in its PrimFunc, where a backend's rules can see their values."""
+    immediates in its PrimFunc, where a backend's rules can see their values; the blocks no
+    longer list them among what they read (a schedule sees no read of them)."""
     scalars: dict = {}      # PrimFunc name -> {param index: value}
     for func in mod.functions.values():
         for call in calls(func, "relax.call_tir"):
@@ -217,7 +218,15 @@ def _inline_scalar_constants(mod: ir.IRModule, names: set) -> ir.IRModule:
             buf, value = found
             return tirx.const(value.item(), str(buf.dtype))
 
-        mod[gv] = func.with_body(tvm_ffi.structural_map(func.body, (ir.TensorLoad, on_load)))
+        def on_block(block, values=values):
+            reads = [r for r in block.reads if r.source.__chandle__() not in values]
+            if len(reads) == len(block.reads):
+                return block
+            return s_tir.SBlock(block.iter_vars, reads, block.writes, block.name_hint, block.body, block.init,
+                                block.alloc_buffers, block.match_buffers, block.annotations)
+
+        inlined = tvm_ffi.structural_map(func.body, [(ir.TensorLoad, on_load), (s_tir.SBlock, on_block)])
+        mod[gv] = func.with_body(inlined)
     return mod
 
 

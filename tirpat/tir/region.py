@@ -16,7 +16,8 @@ from typing import Sequence
 import tvm_ffi
 from tvm import ir, sym, tirx
 
-from .analysis import const_int, dtype_of, key, linear_form, row_major_strides, simplify, substitute, uses_any, vars_used
+from .analysis import (const_int, dtype_of, key, linear_form, row_major_strides, simplify, substitute, uses_any,
+                       vars_used)
 from .canonical import stepped
 
 
