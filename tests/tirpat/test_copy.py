@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+import tvm
 from tvm import tirx
 
 import tirpat as tp
@@ -145,6 +146,42 @@ def test_a_guard_on_enclosing_loops_excludes_the_whole_copy_where_it_fails(rows,
     rng = np.random.default_rng(rows * width)
     a, t = rng.integers(-100, 100, (rows, width)).astype("int8"), np.full((rows, width), 5, "int8")
     np.testing.assert_array_equal(run(new, [a, t])[1], run(func, [a, t])[1])
+
+
+@given(st.integers(2, 4), st.integers(5, 20), st.sampled_from([4, 8]), st.integers(0, 1))
+def test_a_padded_copy_in_a_split_s_partial_tile_has_the_tile_s_extent(rows, width, lanes, top):
+    """``for i in range(lanes): if lanes*o + i < width: T[r, lanes*o + i] = if_then_else(...)``
+    (a pooling row loaded by the vectors of a split) is guarded twice: the tile's guard
+    becomes the extent ``min(lanes, width - lanes*o)``, the row's padding stays the copy's,
+    the offsets follow the tile."""
+    r, o, i = (tirx.Var(n, "int32") for n in "roi")
+    A = tirx.decl_buffer((rows, width), "int8", "A")
+    T = tirx.decl_buffer((rows, width), "int8", "T")
+    col = o * lanes + i
+    value = tirx.if_then_else(tirx.IntImm("int32", top) <= r, tirx.BufferLoad(A, [r - top, col]), tirx.IntImm("int8", -7))
+    store = tirx.IfThenElse(col < width, tirx.BufferStore(T, value, [r, col]), None)
+    touch = tirx.BufferStore(T, tirx.BufferLoad(T, [r, 0]), [r, 0])     # (an update, so the copy is the tile alone)
+    tile = tirx.SeqStmt([tirx.For(i, 0, lanes, 0, store), touch])
+    nest = tirx.For(r, 0, rows, 0, tirx.For(o, 0, (width + lanes - 1) // lanes, 0, tile))
+    func = tirx.PrimFunc([A, T], nest).with_attr("global_symbol", "main")
+    (m,) = tp.find_all(tp.is_copy(name="c"), func)
+    c = m["c"]
+    assert [l.loop_var.name for l in m.loops] == ["i"] and c.pad is not None and c.pad_value is not None
+    assert type(m.loops[0].body) is not tirx.IfThenElse      # the tile's guard is the loop's extent now
+    for row in range(rows):
+        for tile in range((width + lanes - 1) // lanes):
+            at = [(r, row), (o, tile)]
+            extent, ((before, after),) = _value(c.extents[0], at), [[_value(e, at) for e in p] for p in c.pad]
+            assert extent == min(lanes, width - lanes * tile)
+            assert (before, after) == ((0, 0) if row >= top else (extent, 0))
+            assert _value(c.src.offset, at) == (row - top) * width + lanes * tile
+
+
+def _value(expr, at) -> int:
+    """``expr`` (an int or a PrimExpr) with the ``(var, int)`` pairs ``at`` substituted."""
+    for var, v in at:
+        expr = expr if isinstance(expr, int) else _subst(expr, var, v)
+    return int(tvm.sym.Analyzer().simplify(expr)) if not isinstance(expr, int) else expr
 
 
 def _subst(expr, var, value):

@@ -3,7 +3,10 @@
 The nest is every loop from the matched ``For`` down to the store ``dst[affine] =
 src[affine]``; the value may be cast, and padded (``if_then_else``/``Select`` with a
 constant, or an ``if``/``else`` storing a constant) or partial (an ``if`` with no
-``else``). The match binds a :class:`~tirpat.tir.region.CopyRegion`.
+``else``). A padded copy in the partial tile a ``split`` leaves (``if 8*o + i < 9:
+dst[i] = if_then_else(...)``) is guarded twice: the tile's guard becomes the loops'
+extents (``range(min(8, 9 - 8*o))``) and the padding stays the copy's. The match binds a
+:class:`~tirpat.tir.region.CopyRegion`.
 
 A store whose value is a load of the same buffer is an in-place update, not a copy. And a
 copy is refused where the order of its elements matters, so that a DMA doing all of it at
@@ -27,7 +30,7 @@ from tvm import ir, tirx
 from .analysis import dtype_of, lanes, simplify
 from .engine import short
 from .pattern import BUFFER, COPY, AltPattern, BufferPattern, Pattern, check_name
-from .region import Aliases, CopyRegion, RegionError, access_region, padding
+from .region import Aliases, CopyRegion, RegionError, access_region, guards_in_extents, padding
 from .statement import StmtPattern, loop_failure
 
 _NO_VIEWS = Aliases()  # outside a scan: no views known, a buffer shares memory only with itself
@@ -58,7 +61,7 @@ class CopyPattern(StmtPattern):
     def compile(self, cc):
         dst, src, fail, key = cc.compile(self.dst, "dst"), cc.compile(self.src, "src"), cc.failure(self), self.key
 
-        def match(node, b, nest, k):
+        def match(node, b, nest, k, folded=False):
             loops = []
             cur = node
             while type(cur) is tirx.For:
@@ -70,6 +73,10 @@ class CopyPattern(StmtPattern):
             steps = tuple(f"for {l.loop_var.name}" for l in loops)
             parsed = parse_copy_body(cur)
             if isinstance(parsed, str):
+                if loops and not folded and type(cur) is tirx.IfThenElse and cur.else_case is None:
+                    unguarded = guards_in_extents(node, range(len(loops)), b.context + tuple(b.loops))
+                    if unguarded is not None and match(unguarded, b, nest, k, folded=True):
+                        return True
                 return fail and fail(b, cur, nest, parsed, steps + ("body",))
             store, load, cast, predicate, pad_value = parsed
             if store.buffer.same_as(load.source):

@@ -272,7 +272,8 @@ def padding(predicate, loops: Sequence) -> tuple | None:
     the loop variables and conditions on enclosing loops alone. Useful for guarded
     (partial-tile) stores as well as padded copies. A condition on enclosing loops alone
     excludes everything where it is false (a pooling window's row that lies in the padding):
-    every loop's ``before`` is then its extent (:func:`split_guard` keeps it apart).
+    every loop's ``before`` is then its extent (:func:`split_guard` keeps it apart); with no
+    loops there is no extent to say that by, and the result is None.
 
     >>> from tvm import tirx
     >>> r, i = tirx.Var("r", "int32"), tirx.Var("i", "int32")
@@ -288,6 +289,8 @@ def padding(predicate, loops: Sequence) -> tuple | None:
     pads, outer = split
     if outer is None:
         return pads
+    if not loops:
+        return None
     return tuple((simplify(tirx.if_then_else(outer, before, l.extent)),
                   simplify(tirx.if_then_else(outer, after, tirx.IntImm(dtype_of(after), 0))))
                  for (before, after), l in zip(pads, loops))
