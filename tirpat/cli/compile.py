@@ -39,7 +39,7 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
                              "names it after the method, e.g. forward)")
     shapes_argument(parser)
     parser.add_argument("--strict", action="store_true",
-                        help="fail when less is offloaded than the backends could take (default: a warning)")
+                        help="fail when nothing is offloaded, or a matmul, a convolution or an operator a backend declined stays on the host (default: a warning naming each)")
 
 
 def shapes_argument(parser: argparse.ArgumentParser) -> None:

@@ -29,7 +29,8 @@ __all__ = ["build", "OffloadWarning", "OffloadError"]
 
 
 class OffloadWarning(UserWarning):
-    """A build offloaded nothing, or less than its backends could take; the message says why."""
+    """A build offloaded nothing, or left on the host a matmul, a convolution or an operator a
+    backend declined; the message says why."""
 
 
 class OffloadError(ValueError):
