@@ -95,8 +95,8 @@ def tuning_table(trials: int) -> bool:
         result = tp.tune(mod, TARGET, trials=trials, records=records, params=weights)
         before, layers_before, macs = run_model(mod, weights, x, want)
         after, layers_after, _ = run_model(mod, weights, x, want, records)
-    print(f"demo CNN, {result.trials} trials ({trials} asked) in {result.seconds:.0f} s; simulated cycles of the "
-          "model built by tp.build without and with the records, bit-exact")
+    print(f"demo CNN, {result.summary}; simulated cycles of the model built by tp.build without and with the "
+          "records, bit-exact")
     rows = [(f"{lb.what} -> {shapes[lb.function]}", lb.cycles, la.cycles) for lb, la in zip(layers_before, layers_after)]
     width = max(len(r[0]) for r in rows) + 2
     print(f"{'layer':<{width}} {'heuristic':>10} {'tuned':>10} {'ratio':>7}")

@@ -87,11 +87,28 @@ def test_a_relax_model_is_tuned_per_partition_and_built_with_its_records(tmp_pat
     mod = mlp(batch=16, features=64, hidden=48, classes=10)
     result = tp.tune(mod, "accel, llvm", trials=6, records=tmp_path, strategy="replay-trace", batch=2)
     assert len(result.tasks) == 2 and all(t.best <= t.heuristic for t in result.tasks)
-    assert sum(t.trials for t in result.tasks) >= 6
+    # the budget is the budget, each layer's share in proportion to its operations (16x64x48
+    # and 16x48x10 MACs: 1 + 4 * 0.86 and 1 + 4 * 0.14 trials, rounded)
+    assert [t.trials for t in result.tasks] == [t.budget for t in result.tasks]
+    assert sorted(t.trials for t in result.tasks) == [2, 4]
+    assert result.summary.startswith("6 trials in")
     args = random_inputs(mod, np.random.default_rng(0))
     model = tp.build(mod, "accel, llvm", records=tmp_path)
     for got, want in zip(model(*args), vm_reference(mod, args)):
         np.testing.assert_array_equal(got, want)
+
+
+def test_a_budget_below_one_trial_per_partition_measures_each_partitions_own_schedule(tmp_path):
+    from models import mlp
+
+    mod = mlp(batch=8, features=32, hidden=16, classes=4)
+    with pytest.warns(UserWarning, match=r"1 trial\(s\) asked for 2 tasks: tuning 2, one per task"):
+        result = tp.tune(mod, "accel, llvm", trials=1, records=tmp_path, strategy="replay-trace")
+    assert [(t.trials, t.heuristic is not None) for t in result.tasks] == [(1, True), (1, True)]
+    assert (result.trials, result.asked) == (2, 1) and "(1 asked; raised to one per task" in result.summary
+    opts = tp.backends()["accel"].resolve()
+    for _, _, _, func in tp.partition_functions(mod, "accel, llvm"):       # every partition has its record
+        assert tp.Records(tmp_path).best(func, "accel", opts) is not None
 
 
 # --------------------------------------------------------------------------- knob spaces

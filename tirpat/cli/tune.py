@@ -10,8 +10,10 @@ from .command import Command, CommandError
 _DESCRIPTION = """\
 Tunes the schedule of every partition of MODEL that a backend of the target takes, with
 TVM's meta_schedule: the backend's design space (for accel: block sizes, weight residency,
-the convolution's gather and pixel grouping). --trials counts every measurement, the
-backend's own schedule (measured first, so the best is never worse) among them; each is
+the convolution's gather and pixel grouping). --trials counts every measurement: each
+partition first gets its backend's own schedule measured (so the best is never worse and
+every partition has a record; with fewer trials than partitions, one each and a warning),
+the rest is shared in proportion to the partitions' operations (TVM's estimate); each is
 checked bit for bit against the model compiled by TVM alone (a wrong schedule is an error,
 never a winner). The cost is the backend's measure
 (for accel: simulated cycles). Records go to the --records directory, meta_schedule's JSON
@@ -31,7 +33,8 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-t", "--target", required=True, metavar="TARGET",
                         help='composite target: backends in priority order, then the host, e.g. "accel, llvm"')
     parser.add_argument("--trials", type=_positive, required=True, metavar="N",
-                        help="measurements in all, over every partition, the backend's own schedule included")
+                        help="measurements in all: each partition's own schedule (one per partition, at least), "
+                             "the rest shared in proportion to the partitions' operations")
     parser.add_argument("--records", required=True, metavar="DIR", help="the tuning records directory (made if missing)")
     parser.add_argument("--rpc", metavar="HOST:PORT:KEY",
                         help="measure on the RPC servers a tracker knows under KEY (default: in this process)")
@@ -80,11 +83,12 @@ def _run(args: argparse.Namespace) -> int:
         with progress.step(f"reading {args.model}"):
             mod = load_model(args.model, args.input_shapes)
         with progress.step(f"tuning for {target}" + (f" on the servers of {args.rpc}" if where else "")):
-            advance = progress.bar("trials", total=args.trials)
-            done = 0
+            advance, done = None, 0
 
             def report(p) -> None:
-                nonlocal done
+                nonlocal advance, done
+                if advance is None:         # the budget tune settled on (one trial per task at least)
+                    advance = progress.bar("trials", total=p.total)
                 advance(p.trials - done)
                 done = p.trials
                 best = "-" if p.task.best is None else f"{p.task.best:,.0f}"

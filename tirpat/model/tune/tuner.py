@@ -4,7 +4,15 @@ design space, on its backend's measure.
 For a Relax module, every partition the target's backends take is a task (the same
 legalized PrimFunc ``tp.build`` hands to the backend's ``schedule``); for a PrimFunc or a
 module of PrimFuncs, each PrimFunc is a task of the first backend of the target that has a
-design space for it. Per task:
+design space for it.
+
+The trial budget is split before tuning starts: every task gets one trial for the
+backend's own schedule, the rest goes to the tasks in proportion to their work (TVM's
+estimate of the workload's operations, largest remainders rounding), so that every
+partition has a record and the big layers get the search. A budget smaller than the number
+of tasks is raised to one trial per task, with a warning. The tasks take turns, a batch
+each (meta_schedule's round-robin scheduler): while one task's batch is being measured
+(on RPC servers), the next task's is searched for and packed. Per task:
 
 - the design space is the backend's :meth:`~tirpat.Backend.tune_space`;
 - the first candidate measured is the design space itself with its post-processing: the
@@ -31,13 +39,14 @@ import logging
 import shutil
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping
 
 import numpy as np
 import tvm
-from tvm import ir, relax, tirx
+from tvm import ir, relax, s_tir, tirx
 from tvm.ir.utils import derived_object
 from tvm.s_tir.meta_schedule import TuneContext
 from tvm.s_tir.meta_schedule.arg_info import ArgInfo
@@ -69,6 +78,7 @@ class _Task:
     space: object
     reference: Reference
     data: bytes
+    budget: int = 1                 # trials, the backend's own schedule among them
     heuristic: object = None        # the module of the backend's own schedule, once handed out
 
 
@@ -79,6 +89,7 @@ class TaskResult:
 
     name: str
     backend: str
+    budget: int = 0
     trials: int = 0
     failures: int = 0
     heuristic: float | None = None
@@ -95,15 +106,42 @@ class TaskResult:
 
 @dataclass
 class TuneResult:
-    """What :func:`tune` did, per task; ``str()`` is a table."""
+    """What :func:`tune` did, per task; ``str()`` is a table. ``asked`` is the trial budget
+    the caller gave, :attr:`budget` what the tasks were given (more when there are more
+    tasks than trials asked), :attr:`trials` what was measured (less when a search ran out
+    of new candidates)."""
 
     records: Path
     tasks: list = field(default_factory=list)
     seconds: float = 0.0
+    asked: int = 0
 
     @property
     def trials(self) -> int:
         return sum(t.trials for t in self.tasks)
+
+    @property
+    def budget(self) -> int:
+        return sum(t.budget for t in self.tasks)
+
+    @property
+    def summary(self) -> str:
+        """``"N trials in S s"``, and why N is not the number asked when it is not.
+
+        >>> print(TuneResult(Path("r"), [TaskResult("a", "accel", budget=1, trials=1),
+        ...                              TaskResult("b", "accel", budget=1, trials=1)], 2.0, asked=1).summary)
+        2 trials in 2.0 s (1 asked; raised to one per task: each task's own schedule is measured)
+        >>> print(TuneResult(Path("r"), [TaskResult("a", "accel", budget=8, trials=5)], 2.0, asked=8).summary)
+        5 trials in 2.0 s (8 asked; the search found no more new candidates for a)
+        """
+        text = f"{self.trials} trials in {self.seconds:.1f} s"
+        why = []
+        if self.budget != self.asked:
+            why.append("raised to one per task: each task's own schedule is measured")
+        short = [t.name for t in self.tasks if t.trials < t.budget]
+        if short:
+            why.append(f"the search found no more new candidates for {', '.join(short)}")
+        return f"{text} ({self.asked} asked; {'; '.join(why)})" if why else text
 
     def __str__(self) -> str:
         def cost(v):
@@ -120,7 +158,7 @@ class TuneResult:
         widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
         lines = ["  ".join(v.ljust(w) if c < 2 else v.rjust(w) for c, (v, w) in enumerate(zip(r, widths)))
                  for r in rows]
-        lines.append(f"{self.trials} trials in {self.seconds:.1f} s; records in {self.records}")
+        lines.append(f"{self.summary}; records in {self.records}")
         firsts = [f"  {t.name}: {t.first_failure}" for t in self.tasks if t.first_failure]
         if firsts:
             lines += ["first failure per task:"] + firsts
@@ -163,6 +201,26 @@ def _tasks(mod, target, params) -> list:
     return out
 
 
+def _budgets(trials: int, work: list) -> list:
+    """Each task's trials: one for the backend's own schedule, the rest of ``trials`` in
+    proportion to ``work`` (largest remainders); at least one each.
+
+    >>> _budgets(10, [1.0, 3.0])
+    [3, 7]
+    >>> _budgets(4, [100.0, 1.0, 1.0])
+    [2, 1, 1]
+    >>> _budgets(1, [5.0, 5.0])
+    [1, 1]
+    """
+    rest = max(trials - len(work), 0)
+    shares = [rest * w / sum(work) for w in work]
+    budgets = [1 + int(s) for s in shares]
+    left = rest - sum(int(s) for s in shares)
+    for i in sorted(range(len(work)), key=lambda i: int(shares[i]) - shares[i])[:left]:
+        budgets[i] += 1
+    return budgets
+
+
 def _context(task: _Task, strategy, host, seed: int, logger: logging.Logger) -> TuneContext:
     """The task's TuneContext, made as ``TuneContext(...)`` makes it but without importing
     every registered tensor intrinsic first (about 14 s), which TVM's built-in schedule rules
@@ -178,8 +236,8 @@ def _context(task: _Task, strategy, host, seed: int, logger: logging.Logger) -> 
 @derived_object
 class _HeuristicFirst(PySearchStrategy):
     """A search strategy that measures the design space itself first (the backend's own
-    schedule), then hands over to ``inner``; every candidate goes into ``candidates`` for
-    the builder."""
+    schedule), then hands over to ``inner`` for the rest of the task's budget (whatever the
+    task scheduler says); every candidate goes into ``candidates`` for the builder."""
 
     def __init__(self, inner: SearchStrategy, task: _Task, candidates: Candidates) -> None:
         super().__init__()
@@ -194,8 +252,12 @@ class _HeuristicFirst(PySearchStrategy):
         sch = design_spaces[0].copy()
         sch.enter_postproc()
         self.first = sch if all(p.apply(sch) for p in self.postprocs) else None
-        inner_trials = max_trials - (self.first is not None)
-        self.inner.pre_tuning(max(inner_trials, 0), num_trials_per_iter, design_spaces, database, cost_model)
+        inner_trials = self.task.budget - (self.first is not None)
+        # the budget in batches of about num_trials_per_iter, none much smaller: each batch's
+        # search costs the same whatever its size, a batch of 2 after two of 16 as much as one
+        batches = max(1, round(inner_trials / num_trials_per_iter))
+        self.inner.pre_tuning(max(inner_trials, 0), max(1, -(-inner_trials // batches)), design_spaces, database,
+                              cost_model)
         self.inner_done = inner_trials <= 0
 
     def post_tuning(self) -> None:
@@ -316,6 +378,10 @@ def tune(mod, target, *, trials: int, records, rpc=None, params: Mapping[str, np
     - ``timeout``: seconds one measurement on an RPC server may take;
     - ``progress(Progress)`` is called after every batch.
 
+    Every task (partition) gets a trial for the backend's own schedule, and the rest of
+    ``trials`` in proportion to its work (TVM's estimate of its operations); with fewer
+    ``trials`` than tasks, one each (a ``UserWarning`` says so, ``TuneResult.summary`` too).
+
     Raises ``ValueError`` when nothing in ``mod`` is tunable for ``target``.
 
     >>> result = tp.tune(mod, "accel, llvm", trials=32, records="records/")     # doctest: +SKIP
@@ -332,26 +398,34 @@ def tune(mod, target, *, trials: int, records, rpc=None, params: Mapping[str, np
         raise ValueError(f"nothing to tune: no partition of the model has a design space in the target's "
                          f"backends ({names})")
     store = Records(records, create=True)
+    if trials < len(found):
+        warnings.warn(f"{trials} trial(s) asked for {len(found)} tasks: tuning {len(found)}, one per task (the "
+                      f"backend's own schedule of each partition)", stacklevel=2)
     tasks = []
     for name, backend, opts, func, space in found:
         key = workload(func, backend.name, opts)
         ref = reference(key, t.host, seed)
         tasks.append(_Task(name, backend, opts, key, space, ref, ref.data()))
+    for task, budget in zip(tasks, _budgets(trials, [max(1.0, s_tir.analysis.estimate_tir_flops(task.workload))
+                                                     for task in tasks])):
+        task.budget = budget
     where = RPC.parse(rpc) if isinstance(rpc, str) else rpc
     runner = LocalRunner() if where is None else rpc_runner(where, timeout)
     candidates = Candidates()
-    results = [TaskResult(task.name, task.backend.name) for task in tasks]
+    results = [TaskResult(task.name, task.backend.name, task.budget) for task in tasks]
     logger, undo_log = _log(store.path)
     workdir = tempfile.mkdtemp(prefix="tirpat-tune-")
     try:
         contexts = [_context(task, _HeuristicFirst(_strategy(strategy, batch), task, candidates), t.host,
                              seed + n + 1, logger.getChild(task.name)) for n, task in enumerate(tasks)]
-        callbacks = MeasureCallback.create("default") + [_Report(tasks, results, trials, progress)]
+        budget = sum(task.budget for task in tasks)
+        callbacks = MeasureCallback.create("default") + [_Report(tasks, results, budget, progress)]
         tune_tasks(tasks=contexts, task_weights=[1.0] * len(contexts), work_dir=str(store.path),
-                   max_trials_global=trials, num_trials_per_iter=batch, builder=Builder(candidates, workdir),
-                   runner=runner, database=store.database, cost_model=cost_model, measure_callbacks=callbacks,
-                   task_scheduler="gradient" if len(tasks) > 1 else "round-robin")
+                   max_trials_global=budget, max_trials_per_task=max(task.budget for task in tasks),
+                   num_trials_per_iter=batch, builder=Builder(candidates, workdir), runner=runner,
+                   database=store.database, cost_model=cost_model, measure_callbacks=callbacks,
+                   task_scheduler="round-robin")
     finally:
         undo_log()
         shutil.rmtree(workdir, ignore_errors=True)
-    return TuneResult(store.path, results, time.perf_counter() - start)
+    return TuneResult(store.path, results, time.perf_counter() - start, trials)
