@@ -39,6 +39,20 @@ class AccelBackend(tp.Backend):
     name = "accel"
     options = {f.name: tp.Option(int, f.default, help=_HELP[f.name]) for f in dataclasses.fields(Config)}
 
+    def check_options(self, opts: dict) -> None:
+        """What :class:`Config` refuses (a tile that is not a power of two, a scratchpad that
+        cannot hold one tile), in the options' names: Config's fields are the options.
+
+        >>> tp.parse_target("accel -tile=7, llvm")
+        Traceback (most recent call last):
+        ...
+        tirpat.model.target.TargetError: accel -tile=7: tile must be a power of two, got 7
+        """
+        try:
+            config_of(opts)
+        except ValueError as err:
+            raise ValueError(str(err).replace(f"{Config.__name__}.", "")) from None
+
     def patterns(self, opts: dict) -> list:
         from accel.compiler.patterns import patterns
 

@@ -75,6 +75,16 @@ def test_malformed_target_variants(tirpat_here, example_mlp, target, fragment):
     assert err.startswith("tirpat compile: error: ") and fragment in err, err
 
 
+@pytest.mark.parametrize("target, fragment", [
+    ("accel, llvm -mcpu=notacpu", "tirpat compile: error: option 'mcpu' of 'llvm': LLVM knows no CPU 'notacpu'"),
+    ("accel -tile=7, llvm", "tirpat compile: error: accel -tile=7: tile must be a power of two, got 7"),
+])
+def test_a_value_the_host_or_a_backend_cannot_take(tirpat, error_line, example_mlp, tmp_path, target, fragment):
+    """TVM used to log a timestamped error for -mcpu and go on; -tile=7 named Config.tile, mid-compile."""
+    error_line(tirpat("compile", example_mlp, "-t", target, cwd=tmp_path), fragment)
+    assert not list(tmp_path.iterdir()), "nothing is written for a bad target"
+
+
 def test_an_op_tvm_cannot_import(tirpat, error_line, tmp_path):
     onnx_model(tmp_path / "m.onnx", "FrobnicateTensor", domain="com.example")
     error_line(tirpat("compile", "m.onnx", "-t", TARGET, cwd=tmp_path),

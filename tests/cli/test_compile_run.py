@@ -151,6 +151,52 @@ def test_inputs_that_are_not_an_npz(compiled, tirpat_here, workdir):
     assert status == 1 and "bad.npz: not an .npz of arrays" in err and err.count("\n") == 1, err
 
 
+def test_run_never_replaces_a_file_of_another_kind(compiled, tirpat, error_line, workdir):
+    """It used to turn keep.py into an .npz (-o) or a PNG (--timeline)."""
+    (workdir / "keep.py").write_text("x = 1\n")
+    error_line(tirpat("run", "mlp.tirpat", "-o", "keep.py", cwd=workdir),
+               "tirpat run: error: keep.py: exists and its name does not end in .npz; not replacing it "
+               "(remove it, or choose another -o)")
+    error_line(tirpat("run", "mlp.tirpat", "--timeline", "keep.py", cwd=workdir),
+               "tirpat run: error: keep.py: exists and its name does not end in .png; not replacing it")
+    assert (workdir / "keep.py").read_text() == "x = 1\n"
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["-o", "mlp.tirpat"], "mlp.tirpat: -o names MODEL itself; choose another -o"),
+    (["--inputs", "in_keep.npz", "-o", "in_keep.npz"], "in_keep.npz: -o names --inputs itself"),
+    (["--timeline", "mlp.tirpat"], "mlp.tirpat: --timeline names MODEL itself"),
+    (["-o", "same.npz", "--timeline", "same.npz"], "same.npz: --timeline and -o name the same file"),
+    (["-o", "."], ".: is a directory; -o names the file to write"),
+])
+def test_run_outputs_are_checked_before_running(compiled, tirpat_here, workdir, args, fragment):
+    np.savez(workdir / "in_keep.npz", x=np.zeros((16, 64), np.int8))
+    before = {p.name: p.stat().st_mtime_ns for p in workdir.iterdir()}
+    status, out, err = tirpat_here("run", workdir / "mlp.tirpat", *[workdir / a if a.endswith(("npz", "tirpat")) else a
+                                                                    for a in args])
+    assert status == 1 and out == "" and err.count("\n") == 1 and fragment in err, err
+    assert {p.name: p.stat().st_mtime_ns for p in workdir.iterdir()} == before, "nothing is written"
+
+
+def test_run_of_a_model_not_yet_compiled_says_compile_it(tirpat, error_line, example_mlp, tmp_path):
+    (tmp_path / "m.py").write_text(example_mlp.read_text())
+    error_line(tirpat("run", "m.py", cwd=tmp_path),
+               "tirpat run: error: m.py: a model to compile, not one 'tirpat compile' wrote; compile it first: "
+               "tirpat compile m.py -t TARGET (it writes m.tirpat)")
+
+
+def test_inputs_never_suggest_unpickling(compiled, tirpat, tirpat_here, error_line, workdir):
+    """numpy's advice to pass allow_pickle= is not for a user who gave the wrong file."""
+    (workdir / "model.onnx").write_bytes(b"\x08\x07\x12\x04onnx" * 8)
+    line = error_line(tirpat("run", "mlp.tirpat", "--inputs", "model.onnx", cwd=workdir),
+                      "tirpat run: error: model.onnx: not an .npz of arrays (neither a zip archive of .npy arrays "
+                      "nor an .npy file); the model takes x: int8[16, 64]")
+    assert "pickle" not in line
+    np.savez(workdir / "objects.npz", x=np.array([{"a": 1}], dtype=object))
+    status, _, err = tirpat_here("run", workdir / "mlp.tirpat", "--inputs", workdir / "objects.npz")
+    assert status == 1 and "it holds arrays of Python objects, which are not loaded" in err and "allow_pickle" not in err
+
+
 def test_run_of_a_file_that_is_not_a_compiled_model(tirpat, error_line, tmp_path):
     (tmp_path / "junk.tirpat").write_text("not a model")
     error_line(tirpat("run", "junk.tirpat", cwd=tmp_path), "tirpat run: error: junk.tirpat", "not a model exported by tirpat")

@@ -7,7 +7,7 @@ import pytest
 
 import tirpat as tp
 
-MODULES = ["tirpat.cli", "tirpat.cli.command", "tirpat.cli.arrays", "tirpat.cli.progress"]
+MODULES = ["tirpat.cli", "tirpat.cli.command", "tirpat.cli.arrays", "tirpat.cli.progress", "tirpat.cli.output_file"]
 
 
 @pytest.mark.parametrize("name", MODULES)

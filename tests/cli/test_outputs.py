@@ -1,6 +1,7 @@
 """Where ``tirpat compile`` writes, checked before any work: next to MODEL by default (as
 ``tirpat quantize`` does), never onto a device, a directory, MODEL itself or a file that is
-not a .tirpat; and ``--entry`` for a Relax function other than ``main``."""
+not a .tirpat (--report: .json); and ``--entry`` for a Relax function other than ``main``.
+``run`` and ``quantize`` outputs: in test_compile_run.py and test_quantize.py."""
 
 import shutil
 
@@ -41,6 +42,7 @@ def test_a_device_as_output_is_named_before_compiling(tirpat, error_line, exampl
     (["-o", "somedir"], "somedir: is a directory; -o names the file to write"),
     (["--report", "somedir"], "somedir: is a directory; --report names the file to write"),
     (["--report", "m.py"], "m.py: --report names MODEL itself"),
+    (["--report", "notes.txt"], "notes.txt: exists and its name does not end in .json; not replacing it"),
     (["-o", "x.tirpat", "--report", "x.tirpat"], "x.tirpat: --report and -o name the same file"),
 ])
 def test_outputs_are_checked_before_compiling(tirpat_here, example_mlp, tmp_path, args, fragment):

@@ -54,6 +54,39 @@ def test_bad_input(tirpat, error_line, float_cnn, tmp_path):
                "no such directory 'no/such/dir'")
 
 
+def test_quantize_never_replaces_its_input_or_another_kind_of_file(tirpat, error_line, float_cnn, tmp_path):
+    """``tirpat quantize m.onnx -o m.onnx`` used to replace the float model by its QDQ form."""
+    model, calib = float_cnn
+    (tmp_path / "m.onnx").write_bytes(model.read_bytes())
+    (tmp_path / "keep.json").write_text("{}")
+    error_line(tirpat("quantize", "m.onnx", "-o", "m.onnx", "--calibration", calib, cwd=tmp_path),
+               "tirpat quantize: error: m.onnx: -o names MODEL itself; choose another -o")
+    error_line(tirpat("quantize", "m.onnx", "-o", "keep.json", "--calibration", calib, cwd=tmp_path),
+               "keep.json: exists and its name does not end in .onnx; not replacing it")
+    error_line(tirpat("quantize", "m.onnx", "-o", calib, "--calibration", calib, cwd=tmp_path),
+               "-o names --calibration itself")
+    assert (tmp_path / "m.onnx").read_bytes() == model.read_bytes()
+    assert (tmp_path / "keep.json").read_text() == "{}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["keep.json", "m.onnx"]
+
+
+def test_the_generator_says_what_it_wrote(tmp_path, script):
+    import subprocess
+    import sys
+
+    _, env = script
+    result = subprocess.run([sys.executable, "-m", "tirpat.testing.onnx_cnn", "residual", "cnn.onnx",
+                             "--calibration", "calib"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [
+        "wrote cnn.onnx: the residual CNN, float32, seed 0",
+        "wrote calib: calibration data for 'tirpat quantize --calibration'"]
+    assert onnx.load(str(tmp_path / "cnn.onnx")).graph.node
+    with np.load(tmp_path / "calib") as data:       # exactly the path given
+        assert data.files
+
+
 def test_refuses_a_quantised_model(tirpat, error_line, float_cnn, tmp_path):
     """Quantising a QDQ model again wrote an invalid ONNX (duplicate node names), exit 0."""
     import tirpat as tp

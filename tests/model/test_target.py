@@ -244,7 +244,7 @@ unit_options = st.fixed_dictionaries({}, optional={
     "mode": st.sampled_from(["wrap", "saturate"]),
 })
 host_options = st.fixed_dictionaries({}, optional={
-    "mcpu": st.sampled_from(["skylake", "sapphirerapids", "cortex-a72"]),
+    "mcpu": st.sampled_from(["skylake", "sapphirerapids", "x86-64"]),
     "mattr": st.lists(st.sampled_from(["+avx2", "+fma", "-sse4.1", "+neon"]), min_size=1, max_size=3, unique=True),
     "num-cores": st.integers(1, 64),
     "fast-math": st.booleans(),
@@ -264,3 +264,41 @@ def test_printing_round_trips(unit, host, unit_first):
 def test_docstring_examples():
     result = doctest.testmod(target_module, extraglobs={"tp": tp}, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0
+
+
+# -- values each of the right type that the host or a backend cannot take -------------------------
+
+def test_an_mcpu_llvm_does_not_know_is_refused():
+    """TVM takes any -mcpu, logs an error line and generates code for a generic CPU."""
+    from tvm.target import codegen
+
+    with pytest.raises(tp.TargetError, match=r"option 'mcpu' of 'llvm': LLVM knows no CPU 'notacpu' for "):
+        tp.parse_target("accel, llvm -mcpu=notacpu")
+    with pytest.raises(tp.TargetError, match=r"did you mean 'skylake-avx512'"):
+        tp.parse_target("llvm -mtriple=x86_64-linux-gnu -mcpu=skylake-avx")
+    assert tp.parse_target(f"llvm -mcpu={codegen.llvm_get_system_cpu()}").host.export()["mcpu"]
+    assert tp.parse_target("llvm -mcpu=native").host.export()["mcpu"] == "native"
+    assert tp.parse_target("llvm -mtriple=aarch64-linux-gnu -mcpu=cortex-a72").host.export()["mcpu"] == "cortex-a72"
+
+
+class Checked(tp.Backend):
+    """A backend whose options must agree: lanes a multiple of width."""
+
+    name = "target-test-checked"
+    options = {"lanes": tp.Option(int, 16), "width": tp.Option(int, 4)}
+
+    def check_options(self, opts):
+        if opts["lanes"] % opts["width"]:
+            raise ValueError(f"Device.lanes={opts['lanes']} is not a multiple of width={opts['width']}")
+
+
+def test_check_options_errors_name_the_options_given():
+    with pytest.raises(tp.TargetError, match=r"^target-test-checked -lanes=6: Device.lanes=6 is not a multiple"):
+        tp.CompositeTarget([(Checked(), {"lanes": 6})])
+    with pytest.raises(tp.TargetError, match=r"^target-test-checked -lanes=6 -width=4: "):
+        tp.CompositeTarget([(Checked(), {"lanes": 6, "width": 4})])
+    with pytest.raises(tp.TargetError, match=r"^accel -tile=7: tile must be a power of two, got 7$"):
+        tp.parse_target("accel -tile=7, llvm")
+    with pytest.raises(tp.TargetError, match=r"^accel -acc_bytes=100: acc_bytes=100 must be a multiple of 64 bytes"):
+        tp.parse_target("accel -acc-bytes=100, llvm")
+    assert tp.CompositeTarget([(Checked(), {"lanes": 8})]).options("target-test-checked")["lanes"] == 8

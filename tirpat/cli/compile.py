@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 
 from .command import Command, CommandError
 from .model_file import ENTRY
+from .output_file import check_output
 
 _DESCRIPTION = """\
 Compiles MODEL for a composite target: the backends named in -t take the operators their
@@ -20,7 +20,7 @@ MODEL is an .onnx file (TVM's Relax ONNX frontend) or a .py file defining a Rela
 IRModule named Module; its Relax function main is compiled, or the one --entry names.
 The compiled model goes next to MODEL (sub/m.onnx -> sub/m.tirpat, as 'tirpat quantize'
 writes sub/m_int8.onnx) unless -o says where; an existing file is replaced only if its name
-ends in .tirpat. 'tirpat targets' lists the backends, their options and the host. With
+ends in .tirpat (--report: .json). 'tirpat targets' lists the backends, their options and the host. With
 --records DIR (written by 'tirpat tune'), each partition with a tuning record is scheduled
 by its best one."""
 
@@ -68,11 +68,10 @@ def _run(args: argparse.Namespace) -> int:
     model_path = readable(args.model)
     output = Path(args.output) if args.output else model_path.with_suffix(".tirpat")
     report = Path(args.report) if args.report else None
-    _check_output(output, "-o", model_path)
-    if report is not None:
-        _check_output(report, "--report", model_path)
-        if report.resolve() == output.resolve():
-            raise CommandError(f"{report}: --report and -o name the same file")
+    check_output(output, "-o", ".tirpat", {"MODEL": model_path}, stream=False,
+                 why="a .tirpat is a zip archive, written and read back")
+    if report is not None:          # a JSON report streams: /dev/stdout takes it
+        check_output(report, "--report", ".json", {"MODEL": model_path}, {"-o": output})
     records = tp.Records(args.records) if args.records else None
     with Progress() as progress:
         with progress.step(f"reading {args.model}"):
@@ -89,31 +88,6 @@ def _run(args: argparse.Namespace) -> int:
             raise CommandError(f"{report}: cannot write the report ({err.strerror})") from err
     print(f"\nwrote {output}" + (f" and {report}" if report else ""))
     return 0
-
-
-def _check_output(path: Path, option: str, model: Path) -> None:
-    """Fail before compiling when ``path`` cannot take what ``option`` writes: a missing or
-    read-only directory, a directory in its place, MODEL itself, or (for the compiled model,
-    a zip archive) a device or an existing file whose name does not end in .tirpat."""
-    parent = path.parent
-    if not parent.is_dir():
-        raise CommandError(f"{path}: no such directory {str(parent)!r}")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise CommandError(f"{path}: cannot write in {str(parent)!r} (permission denied); choose another {option}")
-    if not path.exists():
-        return
-    if path.is_dir():
-        raise CommandError(f"{path}: is a directory; {option} names the file to write")
-    if not path.is_file():
-        if option != "-o":          # a JSON report streams: /dev/stdout takes it
-            return
-        raise CommandError(f"{path}: not a regular file, so -o cannot write there: a .tirpat is a zip archive, "
-                           f"written and read back")
-    if path.resolve() == model.resolve():
-        raise CommandError(f"{path}: {option} names MODEL itself; choose another {option}")
-    if option == "-o" and path.suffix != ".tirpat":
-        raise CommandError(f"{path}: exists and its name does not end in .tirpat; not replacing it "
-                           f"(remove it, or choose another -o)")
 
 
 COMMAND = Command(

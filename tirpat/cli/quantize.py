@@ -7,6 +7,7 @@ import argparse
 from pathlib import Path
 
 from .command import Command, CommandError
+from .output_file import check_output
 
 _DESCRIPTION = """\
 Quantises a float ONNX model to int8 with onnxruntime's quantize_static: QDQ form, int8
@@ -20,7 +21,8 @@ samples, each of the input's shape (16 samples of a [1, 3, 16, 16] input: [16, 1
 input are refused).
 Without --calibration, seeded random inputs are used and the scales are then meaningless
 for real data (a warning says so). A model already quantised (QDQ pairs, QLinear* or
-*Integer operators) is refused: compile it as it is."""
+*Integer operators) is refused: compile it as it is. An existing OUT is replaced only if its
+name ends in .onnx and it is not MODEL."""
 
 _METHODS = ("minmax", "entropy", "percentile")     # tirpat.model.quantize.METHODS, without importing it
 
@@ -28,7 +30,8 @@ _METHODS = ("minmax", "entropy", "percentile")     # tirpat.model.quantize.METHO
 def _arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", metavar="MODEL", help="a float .onnx model")
     parser.add_argument("-o", "--output", metavar="OUT",
-                        help="the int8 .onnx model to write (default: MODEL's name + _int8.onnx)")
+                        help="the int8 .onnx model to write (default: MODEL's name + _int8.onnx); "
+                             "an existing file is replaced only if it is an .onnx other than MODEL")
     parser.add_argument("--calibration", metavar="NPZ",
                         help="calibration data: an .npz keyed by input name, leading axis of samples")
     parser.add_argument("--per-channel", action="store_true", help="one weight scale per output channel")
@@ -42,8 +45,7 @@ def _run(args: argparse.Namespace) -> int:
     if model.suffix.lower() != ".onnx":
         raise CommandError(f"{model}: tirpat quantize takes a float .onnx model")
     output = Path(args.output) if args.output else model.with_name(model.stem + "_int8.onnx")
-    if not output.parent.is_dir():
-        raise CommandError(f"{output}: no such directory {str(output.parent)!r}")
+    check_output(output, "-o", ".onnx", {"MODEL": model, "--calibration": args.calibration})
     try:
         import onnx
 

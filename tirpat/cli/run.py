@@ -10,9 +10,12 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import time
+import zipfile
 from pathlib import Path
 
 from .command import Command, CommandError
+from .model_file import readable
+from .output_file import check_output
 
 _DESCRIPTION = """\
 Runs a model written by 'tirpat compile' on the inputs in an .npz keyed by the model's
@@ -20,7 +23,8 @@ input names (--inputs), or on seeded random inputs. Prints each output's dtype, 
 range and writes them with -o as output_0, output_1, ... With --profile it prints each
 backend's device statistics for the run (for accel: cycles, the share of the roofline
 reached, utilisation by unit, the cycles of each layer); --timeline draws the device's
-timeline as a PNG labelled by layer."""
+timeline as a PNG labelled by layer. An existing file is replaced only if its name ends in
+.npz (-o) or .png (--timeline) and it is not an input."""
 
 
 def _arguments(parser: argparse.ArgumentParser) -> None:
@@ -63,13 +67,17 @@ def _run(args: argparse.Namespace) -> int:
 
     from .arrays import describe_array, flat_outputs, output_names, random_inputs, read_inputs, write_outputs
 
+    model_path = readable(args.model)
+    inputs = {"MODEL": model_path, "--inputs": args.inputs}
+    if args.output:
+        check_output(args.output, "-o", ".npz", inputs)
     if args.timeline:
         if importlib.util.find_spec("matplotlib") is None:
             raise CommandError("--timeline needs matplotlib: pip install 'tirpat[plot]'")
-        if not Path(args.timeline).parent.is_dir():
-            raise CommandError(f"{args.timeline}: no such directory {str(Path(args.timeline).parent)!r}")
-    if not Path(args.model).is_file():
-        raise CommandError(f"{args.model}: no such file" if not Path(args.model).exists() else f"{args.model}: not a file")
+        check_output(args.timeline, "--timeline", ".png", inputs, {"-o": args.output})
+    if model_path.suffix.lower() in (".py", ".onnx") and not zipfile.is_zipfile(model_path):
+        raise CommandError(f"{model_path}: a model to compile, not one 'tirpat compile' wrote; compile it first: "
+                           f"tirpat compile {model_path} -t TARGET (it writes {model_path.with_suffix('.tirpat')})")
     try:
         model = tp.load(args.model)
     except BackendNotFound as err:         # the message says which backend and how to get it

@@ -181,6 +181,25 @@ class Backend:
         return {key: opt.convert(given[key], key) if key in given else opt.default
                 for key, opt in self.options.items()}
 
+    def check_options(self, opts: dict) -> None:
+        """Refuse resolved options that each have the right type but that the device cannot
+        take, alone or together (a tile that is not a power of two, a scratchpad smaller than
+        one tile): raise ``ValueError`` saying why, using the options' names. A target is
+        checked when it is parsed, before anything compiles; the error then starts with
+        the options it names as the target string gave them (``accel -tile=7: ...``).
+
+        >>> class Lanes(tp.Backend):
+        ...     name = "lanes"
+        ...     options = {"lanes": tp.Option(int, 16)}
+        ...     def check_options(self, opts):
+        ...         if opts["lanes"] % 4:
+        ...             raise ValueError(f"lanes must be a multiple of 4, got {opts['lanes']}")
+        >>> tp.CompositeTarget([(Lanes(), {"lanes": 6})])
+        Traceback (most recent call last):
+        ...
+        tirpat.model.target.TargetError: lanes -lanes=6: lanes must be a multiple of 4, got 6
+        """
+
     def describe_options(self) -> str:
         """The options as ``name: type = default`` for messages and ``tirpat targets``."""
         if not self.options:

@@ -21,8 +21,9 @@ everything no backend takes.
   host`` pair of two TVM kinds has no meaning here: tirpat's devices are its backends.
 - Errors are :class:`TargetError`: an empty target, a duplicate, an unknown name (the
   message lists the registered backends), an unknown option (it lists the known ones with
-  their types), a value of the wrong type, a TVM kind anywhere but last, or a last target
-  that cannot be the host here.
+  their types), a value of the wrong type or one the backend's ``check_options`` refuses
+  (the message starts with the option as given: ``accel -tile=7: ...``), an ``-mcpu`` LLVM
+  does not know, a TVM kind anywhere but last, or a last target that cannot be the host here.
 
 >>> t = tp.parse_target("accel -tile=32, llvm -mcpu=skylake -mattr=+avx2,+fma")
 >>> [(b.name, opts["tile"]) for b, opts in t.backends]
@@ -35,6 +36,7 @@ everything no backend takes.
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 from dataclasses import dataclass, field
@@ -240,9 +242,36 @@ def _host_target(kind: str, options: Mapping[str, Any]) -> Target:
             raise TargetError(f"TVM target {kind!r} has no option {name!r}; its options are {_describe_tvm_options(kind)}")
         config[key] = _convert_tvm(kind, key, value, known[key])
     try:
-        return Target(config)
+        target = Target(config)
     except Exception as err:  # noqa: BLE001 - TVM reports bad values as ValueError or TVMError
         raise TargetError(f"TVM rejects the target {kind!r}: {_first_line(err)}") from None
+    if kind == "llvm" and "mcpu" in config:
+        _check_llvm_cpu(config["mcpu"], config.get("mtriple"))
+    return target
+
+
+def _check_llvm_cpu(cpu: str, triple: str | None) -> None:
+    """An -mcpu LLVM does not know is an error: TVM takes it, logs an error line and
+    generates code for a generic CPU.
+
+    >>> _check_llvm_cpu("x86-64", "x86_64-linux-gnu")
+    >>> _check_llvm_cpu("skylake-avx", "x86_64-linux-gnu")
+    Traceback (most recent call last):
+    ...
+    tirpat.model.target.TargetError: option 'mcpu' of 'llvm': LLVM knows no CPU 'skylake-avx' for x86_64-linux-gnu (did you mean 'skylake-avx512', ...
+    """
+    from tvm.target import codegen
+
+    if cpu == "native":             # TVM's own name for the CPU it runs on
+        return
+    triple = triple or codegen.llvm_get_system_triple()
+    if codegen.llvm_is_valid_cpu(cpu, triple):
+        return
+    known = list(codegen.llvm_get_cpu_archlist(Target({"kind": "llvm", "mtriple": triple})))
+    close = difflib.get_close_matches(cpu, known, n=3)
+    hint = f"did you mean {', '.join(map(repr, close))}? " if close else ""
+    raise TargetError(f"option 'mcpu' of 'llvm': LLVM knows no CPU {cpu!r} for {triple} ({hint}this machine's is "
+                      f"{codegen.llvm_get_system_cpu()!r}; -mcpu=native means it)")
 
 
 def _first_line(err: Exception) -> str:
@@ -259,9 +288,16 @@ def _resolve(backend: Backend, options: Mapping[str, Any]) -> dict:
                               f"its options are {backend.describe_options()}")
         given[key] = value
     try:
-        return backend.resolve(given)
+        opts = backend.resolve(given)
     except (TypeError, ValueError) as err:
         raise TargetError(f"backend {backend.name!r}: {err}") from None
+    try:
+        backend.check_options(opts)
+    except ValueError as err:
+        # name the options the message speaks of as the target string gave them
+        named = [f"-{key}={given[key]}" for key in given if re.search(rf"\b{re.escape(key)}\b", str(err))]
+        raise TargetError(f"{backend.name} {' '.join(named)}: {err}" if named else f"backend {backend.name!r}: {err}") from None
+    return opts
 
 
 # -- hosts ----------------------------------------------------------------------------------

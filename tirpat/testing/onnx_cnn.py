@@ -164,8 +164,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     model = MODELS[args.name](seed=args.seed)
     onnx.save(model, args.out)
+    print(f"wrote {args.out}: the {args.name} CNN, float32, seed {args.seed}")
     if args.calibration:
-        np.savez(args.calibration, **calibration(model, seed=args.seed + 1))
+        with open(args.calibration, "wb") as f:         # exactly that path (np.savez appends .npz)
+            np.savez(f, **calibration(model, seed=args.seed + 1))
+        print(f"wrote {args.calibration}: calibration data for 'tirpat quantize --calibration'")
     return 0
 
 
