@@ -193,6 +193,10 @@ def _check_epilogue(call, root, core, bound: dict) -> str | None:
         if call.same_as(root) and _dtype(call.args[0]) == "int32" and _dtype(call) == "int8":
             return None
         return f"astype to {_dtype(call)} inside the epilogue; accel keeps int32 until a final cast to int8"
+    if name == "relax.clip" and all(isinstance(b, tirx.IntImm) for b in call.args[1:]) \
+            and call.args[1].value > call.args[2].value:
+        return (f"clip with its lower bound {call.args[1].value} above its upper bound {call.args[2].value} "
+                "(every output is a constant); accel's ALU clips to a range with lo <= hi")
     # the accumulator is the operand the match computes; the others come from outside, on either side
     for operand in call.args:
         if operand.__chandle__() in bound or isinstance(operand, (tirx.IntImm, tirx.FloatImm)):

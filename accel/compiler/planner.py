@@ -244,9 +244,9 @@ def _for_users(func: tirx.PrimFunc, detail: str) -> str:
         what = f"the function {name!r}"
     why = ("its scratchpad buffers do not fit the accel Config of the target" if "overflows" in detail
            else "accel's compiler produced code for it that the device cannot run")
-    return (f"accel cannot run {what}: {why}. This is a limit of accel's compiler, not an error in the model; "
-            f"the model was not built. To run it, compile it for the host alone (target \"llvm\"), or report "
-            f"it to accel's developers with this message. Detail: {detail}")
+    return (f"accel cannot run {what}: {why}. This is a limit of accel's compiler, not an error in the model: "
+            f"tp.build runs this partition on the host instead; please report it to accel's developers with "
+            f"this message. Detail: {detail}")
 
 
 def plan(func: tirx.PrimFunc, config: Config) -> tirx.PrimFunc:

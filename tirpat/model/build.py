@@ -163,11 +163,15 @@ def _report(record: Record, target) -> tuple[ModelReport, list, bool]:
         notes = json.loads(record.notes.get(name, "{}"))
         rules = record.rules.get(name, {})
         core = next((n for n, c in enumerate(ops) if macs_of(c)), 0)
+        fallback = record.failed.get(name) or record.failed.get(base)
+        if fallback:        # what the backend's schedule planned did not happen
+            rules, notes = {}, {"epilogue": notes.get("epilogue")}
         part = Partition(backend, base, pattern, [c.op.name for c in ops[core:]], macs,
                          notes.get("epilogue") or epilogue_of(ops[core:]), rules,
                          macs if not rules else int(notes.get("host_macs", 0)),
                          notes.get("device_macs"), [_at_compile_time(s, record.folded.get(name, ()))
-                                                    for s in notes.get("host_steps", [])])
+                                                    for s in notes.get("host_steps", [])],
+                         fallback, name in record.from_records)
         report.partitions.append(part)
     return report, declined, in_float
 
@@ -219,7 +223,9 @@ def _complain(report: ModelReport, target, declined: list, strict: bool, in_floa
     else:
         head = f"part of the model stays on the host, not on {', '.join(names)}:"
     for p in report.partitions:
-        if not p.rules:
+        if p.fallback:
+            problems.append(f"{p.function} ({p.pattern}) ran on the host: {p.fallback}")
+        elif not p.rules:
             said = "; ".join(f"{what} {why}" for what, why in p.on_host)     # the backend's schedule says why
             problems.append(f"{p.function} ({p.pattern}) ran on the host: "
                             + (said or f"none of {p.backend}'s rules matched its code"))

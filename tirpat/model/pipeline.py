@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextvars
 import threading
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -55,6 +56,8 @@ class Record:
     notes: dict = field(default_factory=dict)         # PrimFunc name -> the schedule's notes
     rules: dict = field(default_factory=dict)         # PrimFunc name -> {rule: sites}
     folded: dict = field(default_factory=dict)        # PrimFunc name -> layout stages run at compile time
+    failed: dict = field(default_factory=dict)        # PrimFunc name -> why its backend could not lower it
+    from_records: set = field(default_factory=set)    # PrimFunc names scheduled from a tuning record
 
 
 #: The runtime function every offloaded PrimFunc calls first with its name (see :func:`marks`).
@@ -167,16 +170,24 @@ def lower_partitions(records=None) -> tvm.transform.Pass:
                 continue
             (name, opts), composite, ops = entry
             backend = lookup(name)
+            if record is not None:
+                record.partitions[gv.name_hint] = (name, composite, ops)
             if records is not None:
-                func = records.apply(func, name, opts)
-            scheduled = _single_primfunc(backend.schedule(func, opts), name)
+                tuned = records.apply(func, name, opts)
+                if record is not None and not tuned.same_as(func):
+                    record.from_records.add(gv.name_hint)
+                func = tuned
+            try:
+                scheduled = _single_primfunc(backend.schedule(func, opts), name)
+            except Exception as err:  # noqa: BLE001 - the partition runs on the host; the report says why
+                _fell_back(record, gv.name_hint, name, "its schedule", err)
+                mod[gv] = func.with_attr("op_pattern", KOPAQUE)
+                continue
             if func.attrs is None or "global_symbol" not in func.attrs:
                 scheduled = scheduled.without_attr("global_symbol")
             scheduled = (scheduled.with_attr(BACKEND_ATTR, name).with_attr(OPTIONS_ATTR, options_text(opts))
                          .with_attr("op_pattern", KOPAQUE))
             mod[gv] = scheduled
-            if record is not None:
-                record.partitions[gv.name_hint] = (name, composite, ops)
         mod, folded = split_layout_stages(mod)
         if record is not None:
             record.folded.update(folded)
@@ -185,6 +196,8 @@ def lower_partitions(records=None) -> tvm.transform.Pass:
                     base = gv.name_hint.removesuffix("_prepacked")
                     if base in record.partitions:
                         record.partitions[gv.name_hint] = record.partitions.pop(base)
+                        if base in record.from_records:
+                            record.from_records.add(gv.name_hint)
                         if func.attrs is not None and SCHEDULE_NOTES in func.attrs:
                             record.notes[gv.name_hint] = str(func.attrs[SCHEDULE_NOTES])
         return mod
@@ -287,20 +300,38 @@ def _dispatch(mod: ir.IRModule, ctx) -> ir.IRModule:
     for gv, func in list(mod.functions.items()):
         if not isinstance(func, tirx.PrimFunc) or func.attrs is None or BACKEND_ATTR not in func.attrs:
             continue
-        before, rw, after = _stages(str(func.attrs[BACKEND_ATTR]), str(func.attrs.get(OPTIONS_ATTR, "{}")))
-        sub = tvm.transform.Sequential(before)(ir.IRModule({gv: func}))
-        counts = {}
-        if rw is not None:
-            sub = rw(sub)
-            counts = dict(rw.report.counts)
-        sub = tvm.transform.Sequential(after)(sub)
-        done = sub[gv]
+        backend = str(func.attrs[BACKEND_ATTR])
+        before, rw, after = _stages(backend, str(func.attrs.get(OPTIONS_ATTR, "{}")))
+        try:
+            sub = tvm.transform.Sequential(before)(ir.IRModule({gv: func}))
+            counts = {}
+            if rw is not None:
+                sub = rw(sub)
+                counts = dict(rw.report.counts)
+            sub = tvm.transform.Sequential(after)(sub)
+            done = sub[gv]
+        except Exception as err:  # noqa: BLE001 - the partition runs on the host; the report says why
+            # the scheduled PrimFunc computes what the partition computes (a schedule only
+            # reorders it; its scratchpad buffers are local memory to the CPU): TVM lowers it
+            _fell_back(record, gv.name_hint, backend, "its TIR passes or rules", err)
+            mod[gv] = func.without_attr(BACKEND_ATTR)
+            continue
         # a marker first, so that a run can tell which partition the device's work belongs to
         marker = tirx.Evaluate(tirx.call_packed(PARTITION_MARKER, gv.name_hint))
         mod[gv] = done.with_body(tirx.SeqStmt([marker, done.body]))
         if record is not None:
             record.rules[gv.name_hint] = counts
     return mod
+
+
+def _fell_back(record, function: str, backend: str, stage: str, err: Exception) -> None:
+    """Note that ``backend`` could not lower the partition ``function`` (its ``stage`` raised
+    ``err``), which therefore runs on the host: in the build's record, else as a warning."""
+    why = f"{backend} could not lower it ({stage} raised {type(err).__name__}: {str(err).strip()})"
+    if record is not None:
+        record.failed[function] = why
+    else:
+        warnings.warn(f"{function} runs on the host: {why}", UserWarning, stacklevel=2)
 
 
 # TVM's default TIR pipeline with the dispatch as its rewrite stage (after block lowering)

@@ -169,6 +169,8 @@ class Partition:
     host_macs: int = 0                              # MACs the backend left for the CPU
     device_macs: int | None = None                  # MACs the device executes, padding included
     on_host: list = field(default_factory=list)     # [what, why] steps the CPU does for it
+    fallback: str | None = None                     # why its backend could not lower it (it ran on the host)
+    from_records: bool = False                      # scheduled from a tuning record
 
 
 @dataclass
@@ -229,6 +231,11 @@ class ModelReport:
         for p in self.partitions:
             what = " + ".join([_short(p.ops[0])] + p.epilogue) if p.ops else p.pattern
             lines.append(f"  {p.backend}: {p.function} ({p.pattern}): {what}, {p.macs:,} MACs")
+            if p.fallback:
+                lines.append(f"      ran on the host: {p.fallback}")
+                continue
+            if p.from_records:
+                lines.append("      scheduled from a tuning record")
             if p.device_macs is not None and p.device_macs != p.macs - p.host_macs:
                 lines.append(f"      the device executes {p.device_macs:,} MACs: the matrices are padded to whole tiles")
             if not p.rules and not p.on_host:     # else the backend's own reasons follow

@@ -1,0 +1,112 @@
+"""A partition its backend cannot lower runs on the host; the build never fails for it."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tvm import relax
+from tvm.script import ir as I, relax as R
+
+import tirpat as tp
+import tirpat.model.backend as backend_module
+from models import mlp, random_inputs, reference
+
+
+@I.ir_module
+class InvertedClip:
+    """matmul + bias + shift, then a clip whose bounds are inverted (every output is 10)."""
+
+    @R.function
+    def main(x: R.Tensor((5, 33), "int8"), w: R.Tensor((33, 19), "int8"), b: R.Tensor((19,), "int32")):
+        with R.dataflow():
+            h = R.add(R.matmul(x, w, out_dtype="int32"), b)
+            h = R.right_shift(h, R.const(6, "int32"))
+            y = R.astype(R.clip(h, 10, -10), "int8")
+            R.output(y)
+        return y
+
+
+@pytest.fixture(scope="module")
+def inverted_clip():
+    with pytest.warns(tp.OffloadWarning, match=r"lv\d+ = relax.clip: accel: clip with its lower bound 10 above "
+                      r"its upper bound -10"):
+        return tp.build(InvertedClip, "accel, llvm")
+
+
+@settings(max_examples=5, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1))
+def test_accel_declines_a_clip_with_inverted_bounds_and_the_rest_stays_on_accel(inverted_clip, seed):
+    args = random_inputs(InvertedClip, np.random.default_rng(seed))
+    np.testing.assert_array_equal(inverted_clip(*args), reference(InvertedClip, args))
+    (part,) = inverted_clip.report.partitions
+    assert part.fallback is None and part.rules and part.ops[-1] == "relax.right_shift"
+
+
+def test_a_partition_its_backend_cannot_lower_falls_back_to_the_host(monkeypatch):
+    """Without accel's check, the clip joins the partition and accel's planner refuses it
+    (PlanError): that partition runs on the host, TVM's lowering of the same PrimFunc."""
+    import accel.compiler.patterns as patterns
+
+    monkeypatch.setattr(patterns, "_check_epilogue", lambda *a: None)
+    with pytest.warns(tp.OffloadWarning, match=r"(?s)fused_relax_matmul\S*_relax_clip\S* \(accel.matmul\) ran on the "
+                      r"host: accel could not lower it \(its TIR passes or rules raised PlanError: .*no accel rule"):
+        model = tp.build(InvertedClip, "accel, llvm")
+    (part,) = model.report.partitions
+    assert part.fallback.startswith("accel could not lower it") and part.rules == {} and part.host_macs == part.macs
+    assert model.report.macs == {"accel": 0, "host": 5 * 33 * 19}
+    assert "ran on the host: accel could not lower it" in str(model.report)
+    for seed in range(3):
+        args = random_inputs(InvertedClip, np.random.default_rng(seed))
+        np.testing.assert_array_equal(model(*args), reference(InvertedClip, args))
+    with pytest.raises(tp.OffloadError, match="could not lower it"):
+        tp.build(InvertedClip, "accel, llvm", strict=True)
+
+
+def test_a_fallen_back_partition_computes_what_the_model_computes(monkeypatch):
+    """The planner refuses every partition of an MLP: each runs on the host, bit-exact."""
+    from accel.compiler.planner import AccelPlanner
+    from tirpat.device import PlanError
+
+    def refuse(self, stmts, func_name):
+        raise PlanError(f"{func_name}: refused by the test")
+
+    monkeypatch.setattr(AccelPlanner, "check_sequence", refuse)
+    mod = mlp(6, 40, 24, 10)
+    with pytest.warns(tp.OffloadWarning, match="refused by the test"):
+        model = tp.build(mod, "accel, llvm")
+    assert model.report.partitions and all(p.fallback for p in model.report.partitions)
+    assert model.report.macs["accel"] == 0
+    for seed in range(3):
+        args = random_inputs(mod, np.random.default_rng(seed))
+        for got, want in zip(model(*args), reference(mod, args), strict=True):
+            np.testing.assert_array_equal(got, want)
+
+
+def test_a_schedule_that_raises_leaves_its_partition_on_the_host(monkeypatch):
+    from tvm.relax.dpl import is_op, wildcard
+
+    monkeypatch.setattr(backend_module, "_REGISTRY", dict(backend_module._REGISTRY))
+
+    class Broken(tp.Backend):
+        name = "fallback-test-broken"
+
+        def patterns(self, opts):
+            return [("fallback-test-broken.matmul", is_op("relax.matmul")(wildcard(), wildcard()))]
+
+        def schedule(self, func, opts):
+            raise ValueError("this backend cannot schedule anything")
+
+    tp.register_backend(Broken)
+    x = relax.Var("x", relax.TensorType((3, 20), "int32"))
+    w = relax.Var("w", relax.TensorType((20, 7), "int32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.matmul(x, w))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    with pytest.warns(tp.OffloadWarning, match=r"ran on the host: fallback-test-broken could not lower it \(its "
+                      r"schedule raised ValueError: this backend cannot schedule anything\)"):
+        model = tp.build(mod, "fallback-test-broken, llvm")
+    args = random_inputs(mod, np.random.default_rng(0))
+    np.testing.assert_array_equal(model(*args), reference(mod, args))
