@@ -108,7 +108,8 @@ def tuning_table(trials: int) -> bool:
     share = lambda roof, stats: f"{100 * roof / stats.cycles:.1f}%"  # noqa: E731
     print(f"{'roofline share (device MACs)':<{width}} {share(before.roofline_cycles, before):>10} "
           f"{share(after.roofline_cycles, after):>10}   padding to whole tiles counted")
-    print(f"{'roofline share (model MACs)':<{width}} {share(macs / peak, before):>10} {share(macs / peak, after):>10}"
+    print(f"{'roofline share (model MACs)':<{width}} {share(before.mac_bound_cycles(macs), before):>10} "
+          f"{share(after.mac_bound_cycles(macs), after):>10}"
           f"   the model's {macs:,} MACs at {peak} a cycle")
     gain = 1 - after.cycles / before.cycles
     print(f"total: {100 * gain:.1f}% fewer cycles (target >= 15%); layers slower than the heuristic: "

@@ -177,9 +177,35 @@ class Stats:
         return max(-(-self.macs // c.gemm_macs_per_cycle),
                    -(-sum(self.bytes.values()) // c.dma_bytes_per_cycle))
 
-    def summary(self) -> str:
-        """A few readable lines: cycles, roofline fraction and per-unit utilisation."""
+    def mac_bound_cycles(self, macs: int) -> int:
+        """The cycles ``macs`` multiply-accumulates take at the GEMM array's peak.
+
+        >>> Stats(Config()).mac_bound_cycles(2_437_120)
+        9520
+        """
+        return -(-macs // self.config.gemm_macs_per_cycle)
+
+    def summary(self, model_macs: int | None = None) -> str:
+        """A few readable lines: cycles, roofline fraction and per-unit utilisation.
+
+        ``model_macs``, the model's own MACs that ran here (its report's count), makes the
+        headline the share of the roofline for those; the roofline of the MACs the device
+        executed (padding to whole tiles included, so a schedule that pads more can look
+        better on it) follows on the next line.
+
+        >>> s = Stats(Config()); s.macs = 4096; s.cycles = 32
+        >>> print(s.summary(model_macs=2048))
+        32 cycles, roofline 8 (25%) for the model's 2048 MACs at 256 a cycle
+        device: 4096 MACs executed (padding to whole tiles included), roofline 16 (50%), 0 DMA bytes
+        utilisation: load 0%  gemm 0%  alu 0%  store 0%
+        """
         util = "  ".join(f"{u} {100 * v:.0f}%" for u, v in self.utilization.items())
-        roof = self.roofline_cycles / self.cycles if self.cycles else 0.0
-        return (f"{self.cycles} cycles, roofline {self.roofline_cycles} ({100 * roof:.0f}%), "
-                f"{self.macs} MACs, {sum(self.bytes.values())} DMA bytes\nutilisation: {util}")
+        share = lambda roof: f"{roof} ({100 * roof / self.cycles if self.cycles else 0:.0f}%)"  # noqa: E731
+        dma = f"{sum(self.bytes.values())} DMA bytes"
+        if model_macs is None:
+            return (f"{self.cycles} cycles, roofline {share(self.roofline_cycles)}, {self.macs} MACs, {dma}\n"
+                    f"utilisation: {util}")
+        return (f"{self.cycles} cycles, roofline {share(self.mac_bound_cycles(model_macs))} for the model's "
+                f"{model_macs} MACs at {self.config.gemm_macs_per_cycle} a cycle\n"
+                f"device: {self.macs} MACs executed (padding to whole tiles included), roofline "
+                f"{share(self.roofline_cycles)}, {dma}\nutilisation: {util}")

@@ -1,8 +1,9 @@
 """``tirpat run MODEL.tirpat``: run a compiled model on inputs, with device statistics.
 
-What a backend's statistics (``model.stats[name]``) offer is used when present: ``summary()``
-for ``--profile``, and ``timeline.save_png(path, title=..., layers=[(label, start, end)])``
-for ``--timeline`` (accel's :class:`accel.Stats` has both).
+What a backend's statistics (``model.stats[name]``) offer is used when present:
+``summary(model_macs=...)`` (given the model's own MACs that ran on that backend, as the
+report counts them) for ``--profile``, and
+``timeline.save_png(path, title=..., layers=[(label, start, end)])`` for ``--timeline`` (accel's :class:`accel.Stats` has both).
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ Runs a model written by 'tirpat compile' on the inputs in an .npz keyed by the m
 input names (--inputs), or on seeded random inputs. Prints each output's dtype, shape and
 range and writes them with -o as output_0, output_1, ... With --profile it prints each
 backend's device statistics for the run (for accel: cycles, the share of the roofline
-reached, utilisation by unit, the cycles of each layer); --timeline draws the device's
+reached for the model's own MACs and for the MACs the device executed, padding to whole
+tiles included, utilisation by unit, the cycles of each layer); --timeline draws the device's
 timeline as a PNG labelled by layer. An existing file is replaced only if its name ends in
 .npz (-o) or .png (--timeline) and it is not an input."""
 
@@ -101,7 +103,7 @@ def _run(args: argparse.Namespace) -> int:
         print(f"\nwall time {1e3 * seconds:.1f} ms (host code and device simulation together)")
         for name, stats in model.stats.items():
             print(f"\n{name}:")
-            print(stats.summary() if hasattr(stats, "summary") else stats)
+            print(stats.summary(model_macs=model.report.macs.get(name, 0)) if hasattr(stats, "summary") else stats)
             layers = _layers(model, name)
             if layers:
                 width = max(len(what) for what, _, _ in layers)

@@ -23,7 +23,7 @@ from tvm import ir, relax
 from .compiled import CompiledModel, Input
 from .partition import as_target, tagged
 from .pipeline import TIR_PIPELINE, Record, recording, relax_pipeline
-from .report import HostOp, Partition, ModelReport, epilogue_of, macs_known, macs_of
+from .report import HostOp, Partition, ModelReport, epilogue_of, macs_known, macs_of, records_line
 
 __all__ = ["build", "OffloadWarning", "OffloadError"]
 
@@ -63,6 +63,8 @@ def build(mod: ir.IRModule, target, *, strict: bool = False, params: Mapping[str
         executable = tvm.compile(mod, t.host, relax_pipeline=relax_pipeline(t, records), tir_pipeline=TIR_PIPELINE)
     report, declined, in_float = _report(record, t)
     _complain(report, t, declined, strict, in_float)
+    if report.records is not None and not report.records["applied"]:
+        warnings.warn(f"no partition was scheduled from the {records_line(report.records)}", UserWarning, stacklevel=2)
     return CompiledModel(executable, t.backends, t.host, inputs, report, entry)
 
 
@@ -173,6 +175,11 @@ def _report(record: Record, target) -> tuple[ModelReport, list, bool]:
                                                     for s in notes.get("host_steps", [])],
                          fallback, name in record.from_records)
         report.partitions.append(part)
+    if record.records is not None:
+        report.records = {"path": str(record.records.path), "applied": sum(p.from_records for p in report.partitions),
+                          "partitions": len(report.partitions),
+                          "misses": {p.function: record.record_misses[p.function] for p in report.partitions
+                                     if p.function in record.record_misses}}
     return report, declined, in_float
 
 

@@ -58,6 +58,8 @@ class Record:
     folded: dict = field(default_factory=dict)        # PrimFunc name -> layout stages run at compile time
     failed: dict = field(default_factory=dict)        # PrimFunc name -> why its backend could not lower it
     from_records: set = field(default_factory=set)    # PrimFunc names scheduled from a tuning record
+    records: object = None                            # the tuning records given, if any
+    record_misses: dict = field(default_factory=dict)  # PrimFunc name -> why no record applied
 
 
 #: The runtime function every offloaded PrimFunc calls first with its name (see :func:`marks`).
@@ -174,8 +176,12 @@ def lower_partitions(records=None) -> tvm.transform.Pass:
                 record.partitions[gv.name_hint] = (name, composite, ops)
             if records is not None:
                 tuned = records.apply(func, name, opts)
-                if record is not None and not tuned.same_as(func):
-                    record.from_records.add(gv.name_hint)
+                if record is not None:
+                    record.records = records
+                    if tuned.same_as(func):
+                        record.record_misses[gv.name_hint] = records.why_none(func, name, opts)
+                    else:
+                        record.from_records.add(gv.name_hint)
                 func = tuned
             try:
                 scheduled = _single_primfunc(backend.schedule(func, opts), name)

@@ -13,8 +13,10 @@ backend's ``schedule`` hook then schedules the result as it schedules any partit
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import tvm_ffi
 from tvm import ir, s_tir, tirx
 
 from .partition import BACKEND_ATTR, OPTIONS_ATTR, options_text
@@ -30,6 +32,10 @@ def workload(func: tirx.PrimFunc, backend: str, opts: dict) -> ir.IRModule:
     if func.attrs is not None and "global_symbol" in func.attrs:
         func = func.without_attr("global_symbol")
     return ir.IRModule({"main": func.with_attr(BACKEND_ATTR, backend).with_attr(OPTIONS_ATTR, options_text(opts))})
+
+
+def _plain(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    return func.without_attr(BACKEND_ATTR).without_attr(OPTIONS_ATTR)
 
 
 class Records:
@@ -60,6 +66,22 @@ class Records:
             if record.run_secs:
                 return record
         return None
+
+    def why_none(self, func: tirx.PrimFunc, backend: str, opts: dict) -> str:
+        """Why :meth:`best` finds no record of the partition, in words: its computation has
+        records tuned with other backend options, or none at all."""
+        key = workload(func, backend, opts)
+        if self.database.has_workload(key):
+            return "its records have no successful measurement"
+        plain = _plain(key["main"])
+        for entry in self.database.get_all_tuning_records():
+            other = entry.workload.mod["main"]
+            if str(other.attrs.get(BACKEND_ATTR, "")) == backend and tvm_ffi.structural_equal(_plain(other), plain):
+                theirs, ours = json.loads(str(other.attrs[OPTIONS_ATTR])), json.loads(options_text(opts))
+                differ = sorted(k for k in theirs.keys() | ours.keys() if theirs.get(k) != ours.get(k))
+                said = lambda o: " ".join(f"-{k}={o.get(k)}" for k in differ)  # noqa: E731
+                return f"its records were tuned for {backend} {said(theirs)}, this build is for {backend} {said(ours)}"
+        return "no record of this computation (not tuned, or the records are another model's)"
 
     def apply(self, func: tirx.PrimFunc, backend: str, opts: dict) -> tirx.PrimFunc:
         """``func`` with the design-space decisions of its best record replayed (``func``

@@ -194,6 +194,9 @@ class ModelReport:
     on_host: list = field(default_factory=list)
     #: matmuls and convolutions with symbolic shapes: their MACs are not in :attr:`total_macs`
     uncounted: int = 0
+    #: tuning records given to the build: ``{"path", "applied", "partitions", "misses"}``
+    #: (partitions scheduled from a record, of how many; ``misses``: partition -> why none)
+    records: dict | None = None
 
     @property
     def macs(self) -> dict:
@@ -206,16 +209,18 @@ class ModelReport:
 
     def to_json(self) -> dict:
         """``total_macs``, ``macs`` (by backend, ``"host"`` included), ``partitions``,
-        ``on_host`` and ``uncounted`` (operators whose MACs depend on symbolic shapes)."""
+        ``on_host``, ``uncounted`` (operators whose MACs depend on symbolic shapes) and
+        ``records`` (None when the build had no tuning records)."""
         return {"total_macs": self.total_macs, "macs": self.macs,
                 "partitions": [asdict(p) for p in self.partitions],
-                "on_host": [asdict(h) for h in self.on_host], "uncounted": self.uncounted}
+                "on_host": [asdict(h) for h in self.on_host], "uncounted": self.uncounted,
+                "records": self.records}
 
     @classmethod
     def from_json(cls, data: dict) -> "ModelReport":
         """The inverse of :meth:`to_json`."""
         return cls(data["total_macs"], [Partition(**p) for p in data["partitions"]],
-                   [HostOp(**h) for h in data["on_host"]], data.get("uncounted", 0))
+                   [HostOp(**h) for h in data["on_host"]], data.get("uncounted", 0), data.get("records"))
 
     def __str__(self) -> str:
         total = self.total_macs
@@ -228,6 +233,8 @@ class ModelReport:
         lines = ["tirpat model report", f"  multiply-accumulates: {count}"]
         for name, n in self.macs.items():
             lines.append(f"    on {name}: {n:,} ({share(n)})")
+        if self.records is not None:
+            lines.append(f"  {records_line(self.records)}")
         for p in self.partitions:
             what = " + ".join([_short(p.ops[0])] + p.epilogue) if p.ops else p.pattern
             lines.append(f"  {p.backend}: {p.function} ({p.pattern}): {what}, {p.macs:,} MACs")
@@ -248,6 +255,13 @@ class ModelReport:
                 macs = f", {h.macs:,} MACs" if h.macs else ""
                 lines.append(f"    {h.var} = {_short(h.op)}{macs}: {h.reason}")
         return "\n".join(lines)
+
+
+def records_line(records: dict) -> str:
+    """How many partitions the build scheduled from its tuning records, and why the others not."""
+    line = (f"tuning records {records['path']}: {records['applied']} of {records['partitions']} partitions "
+            "scheduled from a record")
+    return "\n    ".join([line] + [f"{name}: {why}" for name, why in records["misses"].items()])
 
 
 def _short(op: str) -> str:
