@@ -57,3 +57,26 @@ def test_the_profile_headline_is_the_share_of_the_models_own_macs():
                     f"{macs} MACs at {stats.config.gemm_macs_per_cycle} a cycle")
     assert device.startswith(f"device: {stats.macs} MACs executed (padding to whole tiles included), "
                              f"roofline {stats.roofline_cycles} ")
+
+
+def test_symbolic_shapes_point_at_sizes_not_at_quantisation():
+    """Nothing is offloaded from a model with an open batch: the hint is to fix its shapes
+    (the model may well be quantised already); a float model of static shapes is told to quantise."""
+    from tvm import relax, tirx
+
+    def model(batch):
+        x = relax.Var("x", relax.TensorType((batch, 16), "float32"))
+        w = relax.Var("w", relax.TensorType((16, 8), "float32"))
+        bb = relax.BlockBuilder()
+        with bb.function("main", [x, w]):
+            with bb.dataflow():
+                out = bb.emit_output(relax.op.matmul(x, w))
+            bb.emit_func_output(out)
+        return bb.get()
+
+    with pytest.warns(tp.OffloadWarning) as caught:
+        tp.build(model(tirx.Var("n", "int64")), "accel, llvm")
+    said = "\n".join(str(w.message) for w in caught)
+    assert "the model's shapes are symbolic" in said and "--input-shapes" in said and "quantise it first" not in said
+    with pytest.warns(tp.OffloadWarning, match="quantise it first"):
+        tp.build(model(4), "accel, llvm")

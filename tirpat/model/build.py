@@ -127,7 +127,7 @@ def _report(record: Record, target) -> tuple[ModelReport, list, bool]:
             composite[gv.name_hint] = func
     report = ModelReport()
     declined = []
-    in_float = False
+    in_float = quantised = False
     calls = []      # (composite function name) per call, in program order
     for gv, func in mod.functions.items():
         if not isinstance(func, relax.Function) or gv.name_hint in composite:
@@ -148,6 +148,7 @@ def _report(record: Record, target) -> tuple[ModelReport, list, bool]:
                 report.uncounted += not macs_known(call)
                 if macs or not macs_known(call):
                     in_float |= "float" in str(getattr(call.ty, "dtype", ""))
+                quantised |= call.op.name in _QDQ
                 host = HostOp(call.op.name, names[binding.var.__chandle__()], _reason(call.op.name, binding.var, partitioner, target),
                               macs)
                 report.on_host.append(host)
@@ -180,7 +181,8 @@ def _report(record: Record, target) -> tuple[ModelReport, list, bool]:
                           "partitions": len(report.partitions),
                           "misses": {p.function: record.record_misses[p.function] for p in report.partitions
                                      if p.function in record.record_misses}}
-    return report, declined, in_float
+    # a float matmul in a quantised (QDQ) model: the QDQ pattern was not made integer arithmetic
+    return report, declined, in_float and not quantised
 
 
 def _printed_names(func: relax.Function) -> dict:
@@ -243,7 +245,11 @@ def _complain(report: ModelReport, target, declined: list, strict: bool, in_floa
     shown = problems[:_MAX_LINES] + ([f"... and {len(problems) - _MAX_LINES} more (the build's report lists "
                                       "every operator on the host)"] if len(problems) > _MAX_LINES else [])
     message = "\n  ".join([head] + shown)
-    if not report.partitions and in_float:
+    if not report.partitions and report.uncounted:
+        message += ("\nthe model's shapes are symbolic (a dimension such as its batch is left open); give them "
+                    "sizes (`tirpat compile --input-shapes`, or bind them in the model) so that the backends "
+                    "can take its matmuls and convolutions")
+    elif not report.partitions and in_float:
         message += ("\nthe model's matmuls and convolutions compute in floating point; for an integer "
                     "accelerator, quantise it first: `tirpat quantize model.onnx` (or tp.quantize, then "
                     "tp.integerize; the README's 'Quantise a float model')")
@@ -251,6 +257,9 @@ def _complain(report: ModelReport, target, declined: list, strict: bool, in_floa
         raise OffloadError(message)
     warnings.warn(message, OffloadWarning, stacklevel=3)
 
+
+#: Relax's quantise and dequantise: a model with them is quantised already (QDQ)
+_QDQ = frozenset({"relax.quantize", "relax.dequantize"})
 
 #: the most operators an OffloadWarning lists (the report has them all)
 _MAX_LINES = 12
