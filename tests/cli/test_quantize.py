@@ -145,3 +145,20 @@ def test_readme_flow_quantize_compile_run(tirpat, float_cnn, tmp_path):
     assert ran.returncode == 0, ran.stderr
     assert np.load(tmp_path / "out.npz")["output_0"].shape == (1, 10)
     assert "accel:" in ran.stdout and "cycles" in ran.stdout
+
+
+def test_calibration_that_is_not_an_npz_never_suggests_unpickling(tirpat, error_line, float_cnn, tmp_path):
+    """numpy's advice to pass allow_pickle= is not for a user who gave the wrong file."""
+    model, _ = float_cnn
+    (tmp_path / "bad.onnx").write_bytes(model.read_bytes())
+    np.save(tmp_path / "one.npy", np.zeros((2, 1, 3, 16, 16), np.float32))
+    np.savez(tmp_path / "objects.npz", x=np.array([{"a": 1}], dtype=object))
+    for calibration, why in [("bad.onnx", "not an .npz of arrays (neither a zip archive of .npy arrays nor an .npy file)"),
+                             ("one.npy", "a single .npy array of shape [2, 1, 3, 16, 16], not an .npz of named arrays"),
+                             ("objects.npz", "not an .npz of arrays (it holds arrays of Python objects, which are "
+                                             "not loaded)")]:
+        line = error_line(tirpat("quantize", model, "--calibration", calibration, "-o", "q.onnx", cwd=tmp_path),
+                          f"tirpat quantize: error: '{calibration}': {why}; calibration data is an .npz keyed by "
+                          "input name")
+        assert "pickle" not in line
+    assert not (tmp_path / "q.onnx").exists()

@@ -330,15 +330,7 @@ def test_concat_slice_and_global_max_pool():
 def test_mean_keeping_its_scale_rounds_ties_to_even():
     """A mean over 6 elements at an unchanged scale is exactly round-half-even(sum / 6):
     ties (a sum of 3 mod 6) are frequent, and rounding them all one way would bias it."""
-    x = relax.Var("x", relax.TensorType((64, 2, 2, 3), "int8"))
-    bb = relax.BlockBuilder()
-    scale, zero = relax.const(0.05, "float32"), relax.const(0, "int8")
-    with bb.function("main", [x]):
-        with bb.dataflow():
-            d = bb.emit(relax.op.dequantize(x, scale, zero))
-            y = bb.emit_output(relax.op.quantize(relax.op.mean(d, axis=[2, 3], keepdims=True), scale, zero))
-        bb.emit_func_output(y)
-    mod = tp.integerize()(bb.get())
+    mod = tp.integerize()(mean_of((64, 2, 2, 3), [2, 3]))
     assert "relax.dequantize" not in op_names(mod)
     vm = relax.VirtualMachine(tvm.compile(mod, "llvm"), tvm.cpu())
     data = np.random.default_rng(0).integers(-128, 128, (64, 2, 2, 3)).astype(np.int8)
@@ -347,3 +339,31 @@ def test_mean_keeping_its_scale_rounds_ties_to_even():
     got = vm["main"](tvm.runtime.tensor(data)).numpy()
     assert np.array_equal(got, np.round(sums / 6).astype(np.int8))
     assert np.all(got[:8] == 0)
+
+
+def mean_of(shape, axis):
+    """``q(mean(dq(x), axis))`` on an int8 ``x`` of ``shape`` (dims may be symbolic)."""
+    x = relax.Var("x", relax.TensorType(shape, "int8"))
+    bb = relax.BlockBuilder()
+    scale, zero = relax.const(0.05, "float32"), relax.const(0, "int8")
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            d = bb.emit(relax.op.dequantize(x, scale, zero))
+            y = bb.emit_output(relax.op.quantize(relax.op.mean(d, axis=axis, keepdims=True), scale, zero))
+        bb.emit_func_output(y)
+    return bb.get()
+
+
+def test_symbolic_dimensions_only_where_the_arithmetic_needs_them():
+    """A mean over static axes integerises whatever the batch (checked at two batch sizes);
+    one over a symbolic axis cannot divide by a known count, and the warning says so."""
+    n, h = tvm.tirx.Var("n", "int64"), tvm.tirx.Var("h", "int64")
+    mod = tp.integerize()(mean_of((n, 2, 2, 3), [2, 3]))
+    assert "relax.dequantize" not in op_names(mod)
+    vm = relax.VirtualMachine(tvm.compile(mod, "llvm"), tvm.cpu())
+    for batch in (1, 5):
+        data = np.random.default_rng(batch).integers(-128, 128, (batch, 2, 2, 3)).astype(np.int8)
+        sums = data.astype(np.int64).sum(axis=(2, 3), keepdims=True)
+        assert np.array_equal(vm["main"](tvm.runtime.tensor(data)).numpy(), np.round(sums / 6).astype(np.int8))
+    with pytest.warns(IntegerizeWarning, match=r"mean: a mean over a dynamic dimension \(h in"):
+        tp.integerize()(mean_of((n, 2, h, 3), [2, 3]))

@@ -10,6 +10,7 @@ onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 
 import tirpat as tp  # noqa: E402
+from tirpat.model import npz as npz_module  # noqa: E402
 from tirpat.model import quantize as quantize_module  # noqa: E402
 from tirpat.model.quantize import CalibrationError  # noqa: E402
 from tirpat.testing import onnx_cnn  # noqa: E402
@@ -28,7 +29,7 @@ def dequantize_nodes(model):
     return [n for n in model.graph.node if n.op_type == "DequantizeLinear"]
 
 
-@pytest.mark.parametrize("module", [quantize_module, onnx_cnn])
+@pytest.mark.parametrize("module", [quantize_module, npz_module, onnx_cnn])
 def test_docstring_examples(module):
     assert doctest.testmod(module, optionflags=doctest.ELLIPSIS).failed == 0
 
@@ -139,8 +140,14 @@ def test_bad_arguments(float_model, tmp_path):
     with pytest.raises(ValueError, match="not an ONNX model"):
         tp.quantize(tmp_path / "junk.onnx")
     (tmp_path / "junk.npz").write_bytes(b"not an npz")
-    with pytest.raises(CalibrationError, match="not an .npz"):
+    with pytest.raises(CalibrationError, match=r"'.*junk.npz': not an .npz of arrays \(neither a zip archive of "
+                                               r"\.npy arrays nor an \.npy file\); calibration data is an \.npz"
+                                               " keyed by input name") as raised:
         tp.quantize(float_model, tmp_path / "junk.npz")
+    assert "pickle" not in str(raised.value)
+    np.save(tmp_path / "one.npy", np.zeros((2, 1, 3, 16, 16), np.float32))
+    with pytest.raises(CalibrationError, match=r"a single \.npy array of shape \[2, 1, 3, 16, 16\], not an \.npz"):
+        tp.quantize(float_model, tmp_path / "one.npy")
     with pytest.raises(ValueError, match="unknown calibration method 'best'"):
         tp.quantize(float_model, method="best")
     with pytest.raises(TypeError, match="the model must be a path"):

@@ -104,3 +104,42 @@ def test_host_reasons_are_the_operators_own(built):
         assert "grouped" not in h["reason"], h
     if grouped:
         assert "grouped" in on_host[grouped[0]]["reason"]
+
+
+def open_batch(model):
+    """``model`` with its batch dimension left open (``N``), as exporters often write it."""
+    for value in (model.graph.input[0], model.graph.output[0]):
+        value.type.tensor_type.shape.dim[0].dim_param = "N"
+    return model
+
+
+@pytest.mark.parametrize("name", ["residual", "smoothed"])
+def test_symbolic_batch_is_integerised_and_accel_says_why_it_stays_on_the_host(name):
+    """A batch left open changes none of the integer arithmetic (the weights and the pooled
+    dimensions set it): the model integerises completely, runs for any batch within a step of
+    onnxruntime; accel needs static shapes, so its convolutions and matmuls stay on the host,
+    each named with that reason, bit-exact against the integer module on llvm."""
+    model = open_batch(MODELS[name](seed=1))
+    qdq = tp.quantize(model, onnx_cnn.calibration(MODELS[name](seed=1), 16))
+    mod = from_onnx(qdq, keep_params_in_input=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", tp.IntegerizeWarning)       # nothing left in float
+        integer = tp.integerize()(mod)
+    ops = [str(c.op.name) for c in tp.model.integerize.calls(integer["main"])]
+    assert ops.count("relax.quantize") == 1 and ops.count("relax.dequantize") == 1
+    reference = relax.VirtualMachine(tvm.compile(integer, "llvm"), tvm.cpu())
+    with pytest.warns(tp.OffloadWarning, match="input-shapes"):
+        compiled = tp.build(mod, "accel, llvm")
+    on_host = compiled.report.to_json()["on_host"]
+    gemms = [h for h in on_host if h["op"] in ("relax.nn.conv2d", "relax.matmul")]
+    assert len(gemms) == ops.count("relax.nn.conv2d") + ops.count("relax.matmul")
+    assert all("accel needs static shapes" in h["reason"] for h in gemms), gemms
+    session = ort.InferenceSession(qdq.SerializeToString(), providers=["CPUExecutionProvider"])
+    step = onnx_cnn.output_scale(qdq)
+    shape = onnx_cnn.input_shape(MODELS[name](seed=1))[1:]
+    for batch in (1, 3):
+        x = np.random.default_rng(batch).standard_normal((batch, *shape)).astype(np.float32)
+        ours = reference["main"](tvm.runtime.tensor(x)).numpy()
+        assert ours.shape[0] == batch
+        assert np.array_equal(compiled(x), ours)
+        assert np.abs(ours - session.run(None, {"x": x})[0]).max() <= 1.5 * step

@@ -14,10 +14,11 @@ random inputs without it, outputs written as ``output_0``, ``output_1``, ... in 
 from __future__ import annotations
 
 import os
-import zipfile
 from typing import Sequence
 
 import numpy as np
+
+from tirpat.model.npz import NotAnNpzError, load_npz
 
 from .command import CommandError
 
@@ -34,15 +35,11 @@ def read_inputs(path: str | os.PathLike, inputs: Sequence) -> list[np.ndarray]:
     its name, shape and dtype (no silent conversion: a wrong one is an error naming it)."""
     expected = ", ".join(_spec_text(s) for s in inputs)
     try:
-        loaded = np.load(path, allow_pickle=False)
-        if isinstance(loaded, np.ndarray):
-            raise CommandError(f"{path}: a single .npy array, not an .npz keyed by input name ({expected})")
-        with loaded:
-            arrays = {k: loaded[k] for k in loaded.files}
+        arrays = load_npz(path)
     except FileNotFoundError:
         raise CommandError(f"{path}: no such file") from None
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
-        raise CommandError(f"{path}: not an .npz of arrays ({_why_not_npz(path, err)}); the model takes {expected}") from err
+    except NotAnNpzError as err:
+        raise CommandError(f"{path}: {err}; the model takes {expected}") from err
     names = [s.name for s in inputs]
     spelled = {_frontend_name(n): n for n in names}     # "input.1" and "input_1" are one input
     renamed: dict[str, str] = {}
@@ -70,17 +67,6 @@ def read_inputs(path: str | os.PathLike, inputs: Sequence) -> list[np.ndarray]:
                                f"the model takes {_spec_text(spec)}")
         out.append(a)
     return out
-
-
-def _why_not_npz(path: str | os.PathLike, err: Exception) -> str:
-    """Why numpy could not read ``path`` as arrays, without numpy's advice to unpickle it:
-    numpy falls back to pickle for a file that is neither an .npz nor an .npy, and an .npz
-    of Python objects needs pickle too; neither is ever loaded here."""
-    if "allow_pickle" not in str(err):
-        return str(err)
-    if zipfile.is_zipfile(path):
-        return "it holds arrays of Python objects, which are not loaded"
-    return "neither a zip archive of .npy arrays nor an .npy file"
 
 
 def _frontend_name(name: str) -> str:

@@ -37,6 +37,8 @@ from typing import Mapping, Union
 
 import numpy as np
 
+from .npz import NotAnNpzError, load_npz
+
 __all__ = ["quantize", "CalibrationError", "calibration_samples", "METHODS"]
 
 #: Calibration methods by name (onnxruntime's ``CalibrationMethod``).
@@ -176,10 +178,9 @@ def calibration_samples(calibration: Calibration, inputs: Mapping[str, tuple]) -
         if not path.is_file():
             raise FileNotFoundError(f"no calibration file {str(path)!r}")
         try:
-            with np.load(path, allow_pickle=False) as npz:
-                arrays = {k: npz[k] for k in npz.files}
-        except (OSError, ValueError) as err:
-            raise CalibrationError(f"{str(path)!r} is not an .npz file of arrays ({err})") from err
+            arrays = load_npz(path)
+        except NotAnNpzError as err:
+            raise CalibrationError(f"{str(path)!r}: {err}; calibration data is an .npz keyed by input name") from err
     elif isinstance(calibration, Mapping):
         arrays = {k: np.asarray(v) for k, v in calibration.items()}
     else:

@@ -36,7 +36,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
-from tvm import relax
+import tvm_ffi
+from tvm import relax, tirx
 from tvm.relax.dpl import DFPattern, PatternMatchingRewriter, is_const, is_op, is_tuple, wildcard
 
 from .fixed_point import INT32_MAX, Requantize
@@ -165,14 +166,28 @@ def _dtype(e: relax.Expr) -> str:
     return str(e.ty.dtype)
 
 
-def _shape(e: relax.Expr) -> tuple[int, ...]:
+def _dims(e: relax.Expr) -> tuple:
+    """The tensor's dimensions: an ``int`` where static, the ``PrimExpr`` where symbolic (a
+    batch ``N``). The integer arithmetic depends on the weights and on the dimensions an
+    operator reduces or counts, never on the others: each rule asks :func:`_static` for those."""
     shape = getattr(e.ty, "shape", None)
-    if shape is None:
-        raise Declined("a tensor of unknown rank")
-    try:
-        return tuple(int(d) for d in shape)
-    except TypeError:
-        raise Declined(f"a dynamic shape {shape}") from None
+    values = getattr(shape, "values", None)
+    if values is None:
+        raise Declined("a tensor of unknown rank" if shape is None else f"a tensor whose shape {shape} is unknown")
+    return tuple(int(d) if isinstance(d, tirx.IntImm) else d for d in values)
+
+
+def _static(dims: tuple, axes, what: str) -> list[int]:
+    """``dims`` at ``axes``, which must be static for ``what``'s integer form."""
+    dynamic = [str(dims[a]) for a in axes if not isinstance(dims[a], int)]
+    if dynamic:
+        raise Declined(f"{what} over a dynamic dimension ({', '.join(dynamic)} in {list(map(str, dims))}); "
+                       "give the model's inputs static sizes")
+    return [dims[a] for a in axes]
+
+
+def _same_dims(a: tuple, b: tuple) -> bool:
+    return tvm_ffi.structural_equal(list(a), list(b))
 
 
 def _values(c: relax.Expr) -> np.ndarray:
@@ -310,11 +325,11 @@ def _bias(m: Match, g: _Gemm, acc_scale: np.ndarray, channels: int, out_ndim: in
         return None
     b = _values(m[g.b.x]).astype(np.int64).reshape(-1)
     shaped = m[g.reshape] if m.get(g.reshape) is not None else m[g.b.pattern]
-    shape = _shape(shaped)
+    shape = _dims(shaped)
     expect = [1] * out_ndim
     expect[axis] = channels
     padded = [1] * (out_ndim - len(shape)) + list(shape)
-    if padded != expect and b.size != 1:
+    if not _same_dims(padded, expect) and b.size != 1:
         raise Declined(f"a bias of shape {list(shape)} that is not one value per output channel")
     sb = g.b.scales(m)
     acc = np.broadcast_to(acc_scale, (channels,)).astype(np.float32)
@@ -335,7 +350,7 @@ def _finish_gemm(m: Match, g: _Gemm, acc: relax.Expr, w: np.ndarray, w_scale: np
     channels = w.shape[w_channel_axis]
     if w_scale.size not in (1, channels):
         raise Declined(f"{w_scale.size} weight scales for {channels} output channels")
-    out_ndim = len(_shape(m[g.op]))
+    out_ndim = len(_dims(m[g.op]))
     out_axis %= out_ndim
     acc_scale = np.float32(sx) * w_scale.astype(np.float32)       # what onnxruntime computes
     bias = _bias(m, g, acc_scale, channels, out_ndim, out_axis)
@@ -413,7 +428,8 @@ def _add_rule() -> Rule:
 
     def build(m: Match) -> relax.Expr:
         sa, sb, sy = a.tensor_scale(m), b.tensor_scale(m), q.tensor_scale(m)
-        if _shape(m[a.x]) != _shape(m[add]) and _shape(m[b.x]) != _shape(m[add]):
+        out = _dims(m[add])
+        if not _same_dims(_dims(m[a.x]), out) and not _same_dims(_dims(m[b.x]), out):
             raise Declined("an add whose operands both broadcast")
         lo, hi = act.bounds(m, sy)
         rq = _choose([sa / sy, sb / sy], [INT8_MAGNITUDE, INT8_MAGNITUDE], lo, hi)
@@ -491,9 +507,9 @@ def _with_input(call: relax.Call, x: relax.Expr) -> relax.Call:
 
 def _mean(call, x, sx, sy):
     attrs = call.attrs
-    shape = _shape(x)
-    axes = range(len(shape)) if attrs.axis is None else [int(a) % len(shape) for a in attrs.axis]
-    count = int(np.prod([shape[a] for a in axes]))
+    dims = _dims(x)
+    axes = range(len(dims)) if attrs.axis is None else [int(a) % len(dims) for a in attrs.axis]
+    count = int(np.prod(_static(dims, axes, "a mean")))
     total = relax.op.sum(relax.op.astype(x, "int32"), axis=attrs.axis, keepdims=bool(attrs.keepdims))
     return _average(total, np.array(count), sx, sy)
 
@@ -534,7 +550,9 @@ def _avg_pool(call, x, sx, sy):
         raise Declined(f"an average pool in layout {attrs.layout} (the integer form is NCHW)")
     if bool(attrs.ceil_mode) or any(int(d) != 1 for d in attrs.dilation):
         raise Declined("an average pool with ceil_mode or dilation")
-    n, c, h, w = _shape(x)
+    dims = _dims(x)
+    n, c = dims[:2]                   # may be symbolic: they only carry the windows
+    h, w = _static(dims, (2, 3), "an average pool")
     (kh, kw), (sh, sw) = [int(k) for k in attrs.pool_size], [int(s) for s in attrs.strides]
     top, left, bottom, right = [int(p) for p in attrs.padding]
     include = bool(attrs.count_include_pad)
@@ -546,6 +564,7 @@ def _avg_pool(call, x, sx, sy):
         total = relax.op.sum(tiles, axis=[3, 5])
     else:
         # window sums: a depthwise conv2d with an all-ones kernel (zero padding is exact: zp == 0)
+        (c,) = _static(dims, (1,), "an overlapping average pool (a depthwise convolution)")
         ones = _const(np.ones((c, 1, kh, kw)), "int8")
         total = relax.op.nn.conv2d(x, ones, strides=[sh, sw], padding=[top, left, bottom, right], groups=c,
                                    out_dtype="int32")
