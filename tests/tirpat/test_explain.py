@@ -67,3 +67,60 @@ def test_a_failing_where_is_the_reason_given():
     A = te.placeholder((8,), "float32", name="A")
     f = tp.lower(te.create_prim_func([A, te.compute((8,), lambda k: A[k] * 2, name="B")]))
     assert "where() predicate <lambda> is false" in str(tp.explain(p, f))
+
+
+def doubled(n=4):
+    A = te.placeholder((n,), "float32", name="A")
+    return tp.lower(te.create_prim_func([A, te.compute((n,), lambda i: A[i] * 2.0, name="B")]))
+
+
+def never(m):
+    return None
+
+
+def test_a_rule_set_names_each_rules_miss_and_ranks_the_furthest_first():
+    i = tp.is_var("i")
+    early = tp.Rewriter.from_pattern(tp.is_for(tp.wildcard(), extent=99), never, name="early")
+    scale = tp.Rewriter.from_pattern(tp.is_nest([i], tp.is_store(tp.is_buffer("B"), [i],
+                                                                 tp.is_load(tp.is_buffer("A"), [i]) * 3.0)),
+                                     never, name="scale")
+    ex = tp.explain(early | scale, doubled())
+    text = str(ex)
+    assert [m.rule for m in ex.misses] == ["scale", "early"]
+    assert text.index("rule 'scale':") < text.index("rule 'early':")
+    assert "expected the constant 3" in text and "expected the constant 99, found 4" in text
+
+
+def test_a_rule_set_keeps_the_one_relevant_rule_and_tells_shared_misses_once():
+    copies = [tp.Rewriter.from_pattern(tp.is_copy(), never, name=f"dma{n}") for n in range(3)]
+    wide = tp.Rewriter.from_pattern(tp.is_for(tp.wildcard(), extent=8), never, name="wide")
+    ex = tp.explain(copies[0] | copies[1] | copies[2] | wide, doubled())
+    text = str(ex)
+    # the copy rules got deeper, and all three together are still not allowed to push `wide` out
+    assert "rules 'dma0', 'dma1', 'dma2':" in text
+    assert "  rule 'wide':\n    1. at <top> (For i):\n       path: extent\n       expected the constant 8, found 4" in text
+    assert text.count("expected the stored value to be a buffer load") == 2   # two sites, not 2 x 3 rules
+    assert [m.rule for m in ex.misses].count("wide") == 1
+
+
+def test_the_guides_explain_output_is_what_explain_prints():
+    import contextlib
+    import io
+    import pathlib
+    import re
+    import sys
+
+    import tvm
+
+    root = pathlib.Path(__file__).resolve().parents[2]
+    guide = (root / "docs" / "bring-your-own-accelerator.md").read_text()
+    code, quoted = re.search(r"```python\n(PRODUCT = .*?)```\s*```text\n(.*?)```", guide, re.S).groups()
+    sys.path.insert(0, str(root / "examples"))
+    try:
+        from vecunit import compiler
+    finally:
+        sys.path.remove(str(root / "examples"))
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(code, {"tvm": tvm, "tp": tp, "compiler": compiler})  # noqa: S102 - the guide's own example
+    assert printed.getvalue() == quoted

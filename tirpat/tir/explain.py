@@ -31,16 +31,26 @@ from .rewrite import Rewriter
 
 @dataclass
 class Miss:
-    """One site where the pattern came close: its enclosing loops and the failure."""
+    """One site where the pattern came close: its enclosing loops, the failure and, when a
+    Rewriter is explained, the name of the rule whose pattern it is."""
 
     loops: tuple
     node: object
     failure: engine.Failure
+    rule: str | None = None
 
     def __str__(self):
+        return self._text("     ")
+
+    def _text(self, indent: str) -> str:
         where = " > ".join(f"for {n}" for n in self.loops) or "<top>"
         path = " > ".join(self.failure.path) or "<root>"
-        return f"at {where} ({_head(self.node)}):\n     path: {path}\n     {self.failure.reason}"
+        return f"at {where} ({_head(self.node)}):\n{indent}path: {path}\n{indent}{self.failure.reason}"
+
+    @property
+    def key(self) -> tuple:
+        """What a person reads of this miss (its rule aside): two misses with one key are one."""
+        return self.loops, _head(self.node), self.failure.path, self.failure.reason
 
 
 @dataclass
@@ -48,8 +58,10 @@ class Explanation:
     """The result of :func:`explain`; ``str()`` is meant to be read by a person.
 
     ``matches`` lists the matches (empty when nothing matched); ``misses`` the nearest
-    misses, deepest first. For a rewriter, ``sites`` are where its rules fired and
-    ``declined`` the sites their callbacks declined (:class:`~tirpat.tir.scan.Declined`).
+    misses, deepest first. For a rewriter, ``misses`` holds each rule's nearest misses
+    (:attr:`Miss.rule` names it), rule by rule, the rule whose pattern got deepest first;
+    ``sites`` are where its rules fired and ``declined`` the sites their callbacks declined
+    (:class:`~tirpat.tir.scan.Declined`).
     """
 
     pattern: object
@@ -81,12 +93,19 @@ class Explanation:
         if not self.misses:
             return (f"no match in {self.target}: no node of a kind the pattern's root can match "
                     f"({_kinds(self.pattern)})")
-        if len(self.misses) == 1 and not self.misses[0].loops and self.target == "the node":
+        if len(self.misses) == 1 and not self.misses[0].loops and self.target == "the node" \
+                and self.misses[0].rule is None:
             f = self.misses[0].failure
             path = " > ".join(f.path) or "<root>"
             return f"no match: at {path}: {f.reason}"
-        lines = [f"no match in {self.target}; nearest misses:"]
-        lines += [f"  {n + 1}. {miss}" for n, miss in enumerate(self.misses)]
+        if self.misses[0].rule is None:
+            lines = [f"no match in {self.target}; nearest misses:"]
+            lines += [f"  {n + 1}. {miss}" for n, miss in enumerate(self.misses)]
+            return "\n".join(lines)
+        lines = [f"no match in {self.target}; nearest misses of each rule, the rule that got furthest first:"]
+        for rules, misses in _by_rule(self.misses):
+            lines.append(("  rule " if len(rules) == 1 else "  rules ") + ", ".join(map(repr, rules)) + ":")
+            lines += [f"    {n + 1}. {miss._text('       ')}" for n, miss in enumerate(misses)]
         return "\n".join(lines)
 
     def _rewriter_text(self):
@@ -119,12 +138,34 @@ def _kinds(p) -> str:
     return ", ".join(t.__name__ for t in p.root_types)
 
 
+def _nearest(misses, limit: int) -> list:
+    """The ``limit`` deepest of ``misses``, each told once (ties keep their order)."""
+    seen, out = set(), []
+    for miss in sorted(misses, key=lambda m: m.failure.depth, reverse=True):
+        if miss.key not in seen:
+            seen.add(miss.key)
+            out.append(miss)
+    return out[:limit]
+
+
+def _by_rule(misses) -> list:
+    """``[(rule names, their misses)]`` in the order of ``misses``; rules whose misses read
+    the same (as when several copy rules all refuse one computation) share one entry."""
+    groups: dict = {}
+    for miss in misses:
+        groups.setdefault(miss.rule, []).append(miss)
+    merged: dict = {}
+    for rule, group in groups.items():
+        merged.setdefault(tuple(m.key for m in group), ([], group))[0].append(rule)
+    return list(merged.values())
+
+
 def _merge(parts, into: Explanation, limit: int) -> Explanation:
     for part in parts:
         into.matches += part.matches
         into.misses += part.misses
         into.hint = into.hint or part.hint
-    into.misses = sorted(into.misses, key=lambda m: m.failure.depth, reverse=True)[:limit]
+    into.misses = _nearest(into.misses, limit)
     return into
 
 
@@ -144,9 +185,11 @@ def explain(pattern, node_or_func, *, limit: int = 3) -> Explanation:
     or an IRModule.
 
     On a node: the deepest mismatch. On a function with no match: the ``limit`` nearest
-    misses (the candidates where matching got deepest). For a Rewriter on a function or a
-    statement, also where its rules fire and which sites their callbacks decline, and why
-    (the rules run on a copy; the input is not changed).
+    misses (the candidates where matching got deepest), each told once. For a Rewriter, each
+    rule's ``limit`` nearest misses under its name (rules whose misses read the same share
+    one entry), the rule that got deepest first; on a function or a statement, also where
+    its rules fire and which sites their callbacks decline, and why (the rules run on a
+    copy; the input is not changed).
 
     >>> print(tp.explain(tp.is_const(1), tvm.tirx.IntImm("int32", 2)))
     no match: at <root>: expected the constant 1, found 2
@@ -189,9 +232,17 @@ def explain(pattern, node_or_func, *, limit: int = 3) -> Explanation:
 
 
 def _explain_rewriter(rw: Rewriter, target, limit: int) -> Explanation:
+    # Each rule keeps its own nearest misses: a rule that fails early on every site (a copy
+    # rule on a computation) must not push out the one rule the site was written for.
     parts = [explain(rule.pattern, target, limit=limit) for rule in rw.rules]
     label = "rule" + ("s " if len(rw.rules) > 1 else " ") + ", ".join(repr(r.name) for r in rw.rules)
-    out = _merge(parts, Explanation(rw, parts[0].target, label=label), limit)
+    out = Explanation(rw, parts[0].target, label=label)
+    for rule, part in zip(rw.rules, parts):
+        out.matches += part.matches
+        out.hint = out.hint or part.hint
+        part.misses = [Miss(m.loops, m.node, m.failure, rule.name) for m in part.misses]
+    ranked = sorted((p for p in parts if p.misses), key=lambda p: p.misses[0].failure.depth, reverse=True)
+    out.misses = [miss for part in ranked for miss in part.misses]
     if isinstance(target, (tirx.PrimFunc, ir.IRModule, tirx.Stmt)) and out.hint is None:
         report = rw.rewrite(target, record=False).report
         out.sites, out.declined = list(report.sites), list(report.declined)
@@ -237,5 +288,4 @@ def _nearest_misses(pattern, body, limit):
     else:
         callbacks.append((ir.Expr, on_expr))
     tvm_ffi.structural_visit(body, callbacks)
-    misses.sort(key=lambda m: m.failure.depth, reverse=True)
-    return misses[:limit]
+    return _nearest(misses, limit)
