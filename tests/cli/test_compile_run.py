@@ -99,19 +99,27 @@ def test_a_negative_seed_is_a_usage_error_naming_it(compiled, tirpat_here, workd
     assert "tirpat run: error: argument --seed: expected a non-negative integer, got '-1'" in err
 
 
-def test_a_model_whose_backend_is_not_registered_here(tirpat, error_line, tmp_path):
+def test_a_model_whose_backend_is_not_registered_here(tirpat, error_line, tmp_path, monkeypatch):
     """Exported with a backend this process registered (not installed): running it elsewhere
     names the backend and how to get it, without a KeyError's quotes."""
     import warnings
 
-    import tirpat as tp
+    from tvm.relax.dpl import is_op, wildcard
 
-    class Ghost(tp.Backend):
+    import tirpat as tp
+    import tirpat.model.backend as backend_module
+
+    class Ghost(tp.Backend):        # takes the add (its code stays TVM's: the backend has no rules)
         name = "ghost"
 
+        def patterns(self, opts):
+            return [("ghost.add", is_op("relax.add")(wildcard(), wildcard()))]
+
+    monkeypatch.setattr(backend_module, "_REGISTRY", dict(backend_module._REGISTRY))
+    tp.register_backend(Ghost)
     mod = runpy.run_path(_write(tmp_path / "two.py", TWO_OUTPUTS))["Module"]
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", tp.OffloadWarning)      # a backend that offloads nothing
+        warnings.simplefilter("ignore", tp.OffloadWarning)      # none of its rules matched
         tp.build(mod, tp.CompositeTarget([Ghost()], host="llvm")).export(tmp_path / "g.tirpat")
     line = error_line(tirpat("run", "g.tirpat", cwd=tmp_path),
                       "tirpat run: error: g.tirpat was compiled for a backend this process lacks: no backend named "

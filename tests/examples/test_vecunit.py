@@ -6,6 +6,7 @@ import ast
 import doctest
 import io
 import pathlib
+import re
 import tokenize
 
 import numpy as np
@@ -310,7 +311,7 @@ def test_what_vecunit_declines_stays_on_the_host_with_the_reason():
     np.testing.assert_array_equal(model(*args), _compiled_reference(mod, args))
 
 
-def test_too_few_registers_leave_the_partition_on_the_host_and_say_so():
+def test_too_few_registers_leave_the_partition_on_the_host_and_say_so(tmp_path, monkeypatch):
     shape = (4, 20)
     mod = _chain_model(shape, [("add", "input", False), ("maximum", "input", False), ("relu",)])
     with pytest.warns(tp.OffloadWarning, match="vecunit could not lower it .*ScratchpadOverflow: .*scratchpad VRF "
@@ -321,6 +322,29 @@ def test_too_few_registers_leave_the_partition_on_the_host_and_say_so():
     np.testing.assert_array_equal(model(*args), _compiled_reference(mod, args))
     with pytest.raises(tp.OffloadError, match="ScratchpadOverflow"):
         tp.build(mod, "vecunit -regs=2, llvm", strict=True)
+    # reported as on the host, and the model needs no vecunit to run: none of its code is in it
+    (part,) = model.report.partitions
+    text = str(model.report)
+    assert f"vecunit: {part.function}" not in text
+    assert re.search(rf"  on the host:\n    {part.function} \(vecunit.elementwise\): add \+ .*, 0 MACs: vecunit could "
+                     r"not lower it \(its TIR passes or rules raised ScratchpadOverflow", text), text
+    assert model.backends == [] and model.stats == {}
+    assert model.profile().startswith(f"vecunit: nothing ran on it (its partition {part.function} ran on the host: "
+                                      "vecunit could not lower it")
+    path = model.export(tmp_path / "fell_back.tirpat")
+    monkeypatch.setattr(tp.model.backend, "_REGISTRY", {k: v for k, v in tp.backends().items() if k != "vecunit"})
+    loaded = tp.load(path)
+    np.testing.assert_array_equal(loaded(*args), _compiled_reference(mod, args))
+    assert loaded.profile() == model.profile()
+
+
+def test_the_profile_of_statistics_without_a_summary_lists_their_fields():
+    model = tp.build(_chain_model((4, 20), [("relu",)]), "vecunit, llvm")
+    assert model.profile() == "vecunit: nothing ran yet (call the model first)"
+    model(np.zeros((4, 20), np.int8))
+    # 4 rows of 20 elements: two 16-lane vectors a row (16 + 4 lanes used of 32)
+    assert model.profile() == ("vecunit:\n  instructions: vld 8, vmaxi 8, vst 8\n  active_lanes: 240\n"
+                               "  issued_lanes: 384\n  bytes: load 80, store 80")
 
 
 def test_a_device_error_in_a_model_call_arrives_as_itself(monkeypatch):

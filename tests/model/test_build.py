@@ -175,6 +175,9 @@ def test_a_declined_reason_stays_with_its_operator():
     reasons = {h.var: h.reason for h in report.on_host}
     assert "grouped convolution" in reasons["d"] and "uint8 x uint8" in reasons["u"]
     assert all("accel:" not in reasons[v] for v in reasons if v not in ("d", "u"))
+    # the adds were part of the matches accel declined: they say so and point to the operator to blame
+    assert reasons["e"] == "part of accel.conv2d, which accel declined: see d"
+    assert [reasons[v] for v in reasons if v not in ("d", "e", "u")] == ["part of accel.matmul, which accel declined: see u"] * 2
 
 
 def test_host_op_names_are_those_the_partitioned_module_prints():

@@ -1,9 +1,9 @@
 """``tirpat run MODEL.tirpat``: run a compiled model on inputs, with device statistics.
 
-What a backend's statistics (``model.stats[name]``) offer is used when present:
-``summary(model_macs=...)`` (given the model's own MACs that ran on that backend, as the
-report counts them) for ``--profile``, and
-``timeline.save_png(path, title=..., layers=[(label, start, end)])`` for ``--timeline`` (accel's :class:`accel.Stats` has both).
+``--profile`` prints ``model.profile()``; ``--timeline`` draws with what a backend's
+statistics (``model.stats[name]``) offer, ``timeline.save_png(path, title=...,
+layers=[(label, start, end)])`` (accel's :class:`accel.Stats` has it; see
+:func:`tirpat.model.compiled.describe_stats` for the rest of that protocol).
 """
 
 from __future__ import annotations
@@ -101,17 +101,7 @@ def _run(args: argparse.Namespace) -> int:
         print(f"wrote {args.output}")
     if args.profile:
         print(f"\nwall time {1e3 * seconds:.1f} ms (host code and device simulation together)")
-        for name, stats in model.stats.items():
-            print(f"\n{name}:")
-            print(stats.summary(model_macs=model.report.macs.get(name, 0)) if hasattr(stats, "summary") else stats)
-            layers = _layers(model, name)
-            if layers:
-                width = max(len(what) for what, _, _ in layers)
-                print(f"  {'layer':<{width + 4}}  cycles")
-                for n, (what, start, end) in enumerate(layers):
-                    print(f"  {n + 1:>2}  {what:<{width}}  {end - start:>6}")
-        if not model.stats:
-            print("no backend of this model keeps device statistics")
+        print(f"\n{model.profile()}")
     if args.timeline:
         drawn = [name for name, stats in model.stats.items() if hasattr(getattr(stats, "timeline", None), "save_png")]
         if not drawn:

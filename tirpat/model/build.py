@@ -65,7 +65,9 @@ def build(mod: ir.IRModule, target, *, strict: bool = False, params: Mapping[str
     _complain(report, t, declined, strict, in_float)
     if report.records is not None and not report.records["applied"]:
         warnings.warn(f"no partition was scheduled from the {records_line(report.records)}", UserWarning, stacklevel=2)
-    return CompiledModel(executable, t.backends, t.host, inputs, report, entry)
+    # a backend whose partitions all fell back to the host has no code in the model: not needed to run it
+    used = [(b, opts) for b, opts in t.backends if any(p.backend == b.name and not p.fallback for p in report.partitions)]
+    return CompiledModel(executable, used, t.host, inputs, report, entry)
 
 
 def bind_params(mod: ir.IRModule, params: Mapping[str, np.ndarray] | None, entry: str = "main") -> ir.IRModule:
@@ -125,7 +127,7 @@ def _report(record: Record, target) -> tuple[ModelReport, list, bool]:
     for gv, func in mod.functions.items():
         if isinstance(func, relax.Function) and tagged(func) is not None:
             composite[gv.name_hint] = func
-    report = ModelReport()
+    report = ModelReport(backends=[b.name for b, _ in target.backends])
     declined = []
     in_float = quantised = False
     calls = []      # (composite function name) per call, in program order
@@ -149,8 +151,8 @@ def _report(record: Record, target) -> tuple[ModelReport, list, bool]:
                 if macs or not macs_known(call):
                     in_float |= "float" in str(getattr(call.ty, "dtype", ""))
                 quantised |= call.op.name in _QDQ
-                host = HostOp(call.op.name, names[binding.var.__chandle__()], _reason(call.op.name, binding.var, partitioner, target),
-                              macs)
+                host = HostOp(call.op.name, names[binding.var.__chandle__()],
+                              _reason(call.op.name, binding.var, partitioner, target, names), macs)
                 report.on_host.append(host)
                 if partitioner.declined.of(binding.var):
                     declined.append(host)
@@ -206,10 +208,14 @@ def _at_compile_time(step, folded) -> list:
     return [what, f"{why} (once, at compile time: a constant)" if what in folded else why]
 
 
-def _reason(op: str, var: relax.Var, partitioner, target) -> str:
-    declined = partitioner.declined.of(var)
+def _reason(op: str, var: relax.Var, partitioner, target, names: dict) -> str:
+    """Why no backend took ``var``'s operator ``op``; ``names``: printed names by var handle."""
+    declined = [f"{b}: {why}" for b, why in partitioner.declined.of(var)]
+    # in a chain a check declined for another operator's reason: point to that operator
+    declined += [f"part of {pattern}, which {b} declined: see {', '.join(names.get(v.__chandle__(), v.name) for v in owners)}"
+                 for b, pattern, owners in partitioner.declined.part_of(var)]
     if declined:
-        return "; ".join(f"{b}: {why}" for b, why in declined)
+        return "; ".join(declined)
     names = [b.name for b, _ in target.backends]
     if not names:
         return "the target has no backend"

@@ -13,12 +13,14 @@ a fresh process needs no import of the backend's package.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Mapping
 
 import numpy as np
 import tvm
@@ -30,7 +32,7 @@ from .pipeline import marks
 from .report import ModelReport
 from .tvm_noise import filtered_native_stderr
 
-__all__ = ["CompiledModel", "Input", "Layer", "load", "FORMAT"]
+__all__ = ["CompiledModel", "Input", "Layer", "load", "describe_stats", "FORMAT"]
 
 #: The export format's name and version, checked by :func:`load`.
 FORMAT = "tirpat-model/1"
@@ -54,7 +56,9 @@ class CompiledModel:
 
     - ``report``: the offload report (``str()``, ``.to_json()``);
     - ``stats``: the last call's device statistics by backend name (what each backend's
-      session exposes as ``.stats``; for accel an ``accel.Stats``);
+      session exposes as ``.stats``; for accel an ``accel.Stats``; see :func:`describe_stats`);
+    - ``profile()``: those statistics as text, a section per backend of the target
+      (``tirpat run --profile`` prints it);
     - ``layers``: the last call's offloaded partitions in the order they ran, each a
       :class:`Layer` with its span of device cycles (a timeline labelled by layer);
     - ``export(path)`` writes one file that :func:`load` reads back.
@@ -113,7 +117,8 @@ class CompiledModel:
         started = []        # (partition, {backend: cycles so far}) as each partition starts
 
         def cycles_now() -> dict:
-            return {n: getattr(s.stats, "cycles", 0) for n, s in sessions.items() if getattr(s, "stats", None)}
+            # layers are measured on the statistics that count cycles (describe_stats)
+            return {n: s.stats.cycles for n, s in sessions.items() if hasattr(getattr(s, "stats", None), "cycles")}
 
         with contextlib.ExitStack() as stack:
             for backend, opts in self.backends:
@@ -125,6 +130,33 @@ class CompiledModel:
         self.stats = {name: s.stats for name, s in sessions.items() if getattr(s, "stats", None) is not None}
         self.layers = self._layers(started, cycles_now())
         return _to_numpy(out)
+
+    def profile(self) -> str:
+        """The last call's device statistics, a section per backend of the target: what
+        :func:`describe_stats` makes of its session's ``.stats``, and the cycles of each
+        layer when the statistics count cycles; a backend that ran nothing says why."""
+        used = {b.name for b, _ in self.backends}
+        sections = []
+        for name in self.report.backends or list(used):
+            if name not in used:
+                sections.append(f"{name}: nothing ran on it ({self._idle(name)})")
+            elif self._vm is None:
+                sections.append(f"{name}: nothing ran yet (call the model first)")
+            elif name not in self.stats:
+                sections.append(f"{name}: its session keeps no device statistics (.stats)")
+            else:
+                model_macs = self.report.macs.get(name, 0)
+                sections.append("\n".join([f"{name}:", describe_stats(self.stats[name], model_macs)]
+                                          + _layer_table([l for l in self.layers if l.backend == name])))
+        return "\n\n".join(sections) or "no backend of this model keeps device statistics"
+
+    def _idle(self, backend: str) -> str:
+        """Why ``backend``, a backend of the target, has no code in the model."""
+        fell_back = [p for p in self.report.partitions if p.backend == backend]
+        if not fell_back:
+            return "it took no operator of the model"
+        more = f"; {len(fell_back) - 1} more likewise, the report says why" if len(fell_back) > 1 else ""
+        return f"its partition {fell_back[0].function} ran on the host: {fell_back[0].fallback}{more}"
 
     def _layers(self, started: list, end: dict) -> list:
         owner = {p.function: p for p in self.report.partitions}
@@ -180,6 +212,60 @@ class Layer:
     @property
     def cycles(self) -> int:
         return self.end - self.start
+
+
+def describe_stats(stats, model_macs: int = 0) -> str:
+    """A backend's device statistics (its session's ``.stats``) as text, for
+    :meth:`CompiledModel.profile` and ``tirpat run --profile``.
+
+    The statistics object may offer, each optional:
+
+    - ``summary(model_macs=...) -> str``: the text itself, given the model's own MACs that
+      ran on the backend as the report counts them (accel: cycles, roofline, utilisation);
+    - ``cycles``: the device's cycle count since the session began; with it each
+      offloaded partition's cycles are measured (``model.layers``, the profile's layer table);
+    - ``timeline.save_png(path, title=..., layers=[(label, start, end)])``: ``--timeline``.
+
+    Without ``summary``, a mapping (a ``collections.Counter``) or a dataclass prints one line
+    per entry or field, a mapping inside one on a line of its own; anything else its ``str()``.
+
+    >>> from collections import Counter
+    >>> print(describe_stats(Counter({"gemv": 12, "ld_wgt": 4})))
+      gemv: 12
+      ld_wgt: 4
+    >>> print(describe_stats(Counter()))
+      nothing counted
+    >>> from dataclasses import dataclass, field
+    >>> @dataclass
+    ... class Stats:
+    ...     instructions: Counter = field(default_factory=Counter)
+    ...     bytes_moved: int = 0
+    >>> print(describe_stats(Stats(Counter(vld=3, vadd=1), 48)))
+      instructions: vld 3, vadd 1
+      bytes_moved: 48
+    """
+    if callable(getattr(stats, "summary", None)):
+        return stats.summary(model_macs=model_macs)
+    if isinstance(stats, Mapping):
+        entries = dict(stats)
+    elif dataclasses.is_dataclass(stats) and not isinstance(stats, type):
+        entries = {f.name: getattr(stats, f.name) for f in dataclasses.fields(stats)}
+    else:
+        return str(stats)
+    if not entries:
+        return "  nothing counted"
+    return "\n".join(f"  {key}: " + (", ".join(f"{k} {v}" for k, v in value.items()) or "none"
+                                      if isinstance(value, Mapping) else str(value))
+                     for key, value in entries.items())
+
+
+def _layer_table(layers: list) -> list:
+    """Lines of a table of ``layers``' cycles (none when there are none)."""
+    if not layers:
+        return []
+    width = max(len(layer.what) for layer in layers)
+    return [f"  {'layer':<{width + 4}}  cycles"] + [f"  {n + 1:>2}  {layer.what:<{width}}  {layer.cycles:>6}"
+                                                     for n, layer in enumerate(layers)]
 
 
 def _layer_words(part) -> list:

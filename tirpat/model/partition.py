@@ -59,34 +59,52 @@ class _Declined:
 
     A declined match gives its reason to its operators unless a smaller match of the same
     backend was declined for the same reason: FuseOpsByPattern tries conv + add, then the
-    conv alone, and a grouped conv's reason is not the add's.
+    conv alone, and a grouped conv's reason is not the add's. The add was part of the
+    declined conv + add all the same: :meth:`part_of` says so, naming the operators whose
+    reason it is.
     """
 
-    matches: list = field(default_factory=list)     # (backend, reason, {var handle: var}) per declined match
-    _blamed: dict | None = None                     # var handle -> [(backend, reason)], made on first use
+    matches: list = field(default_factory=list)     # (backend, reason, pattern, {var handle: var}) per declined match
+    _blamed: tuple | None = None                    # (direct, part of), made on first use
 
-    def add(self, variables: list, backend: str, reason: str) -> None:
+    def add(self, variables: list, backend: str, reason: str, pattern: str = "") -> None:
         # the vars are kept: their handles stay their own
-        self.matches.append((backend, reason, {v.__chandle__(): v for v in variables}))
+        self.matches.append((backend, reason, pattern, {v.__chandle__(): v for v in variables}))
         self._blamed = None
 
     def of(self, var: relax.Var) -> list:
         """``[(backend, reason)]`` for ``var``, empty if no check declined it."""
-        if self._blamed is None:
-            self._blamed = self._blame()
-        return self._blamed.get(var.__chandle__(), [])
+        return self._blame()[0].get(var.__chandle__(), [])
 
-    def _blame(self) -> dict:
-        out: dict = {}
-        for backend, reason, match in self.matches:
-            if any(b == backend and r == reason and smaller.keys() < match.keys()
-                   for b, r, smaller in self.matches):
-                continue        # the smaller match gives the reason to its own operators
+    def part_of(self, var: relax.Var) -> list:
+        """``[(backend, pattern, owners)]``: the declined matches ``var`` was part of whose
+        reason is that of other operators (``owners``, the variables the check declined),
+        for the backends that gave ``var`` no reason of its own."""
+        return self._blame()[1].get(var.__chandle__(), [])
+
+    def _blame(self) -> tuple:
+        if self._blamed is not None:
+            return self._blamed
+        direct: dict = {}
+        part_of: dict = {}
+        for backend, reason, pattern, match in self.matches:
+            smaller = [m for b, r, _, m in self.matches if b == backend and r == reason and m.keys() < match.keys()]
+            if smaller:     # the smallest gives the reason to its own operators
+                owners = min(smaller, key=len)
+                for handle in match.keys() - owners.keys():
+                    seen = part_of.setdefault(handle, {})
+                    if backend not in seen or len(match) > seen[backend][0]:     # the whole chain it was in
+                        seen[backend] = (len(match), pattern, list(owners.values()))
+                continue
             for handle in match:
-                seen = out.setdefault(handle, [])
+                seen = direct.setdefault(handle, [])
                 if all(b != backend for b, _ in seen):
                     seen.append((backend, reason))
-        return out
+        pointers = {handle: [(b, pattern, owners) for b, (_, pattern, owners) in seen.items()
+                             if all(b != mine for mine, _ in direct.get(handle, ()))]     # its own reason says more
+                    for handle, seen in part_of.items()}
+        self._blamed = (direct, pointers)
+        return self._blamed
 
 
 def _op_names(patterns: list) -> set:
@@ -144,12 +162,12 @@ class Partitioner:
                         annotations, check = check, None
                 if not name.startswith(backend.name + "."):
                     name = f"{backend.name}.{name}"
-                mine.append(relax.transform.FusionPattern(name, pat, annotations, self._checked(backend, check)))
+                mine.append(relax.transform.FusionPattern(name, pat, annotations, self._checked(backend, name, check)))
             self.covered.setdefault(backend.name, set()).update(_op_names([p.pattern for p in mine]))
             out += mine
         return out
 
-    def _checked(self, backend: Backend, check):
+    def _checked(self, backend: Backend, pattern: str, check):
         if check is None:
             return None
         declined = self.declined
@@ -158,7 +176,7 @@ class Partitioner:
             verdict = check(ctx)
             if isinstance(verdict, str):
                 bound = [ctx.value_to_bound_var.get(call) for call in _calls_in(ctx)]
-                declined.add([v for v in bound if v is not None], backend.name, verdict)
+                declined.add([v for v in bound if v is not None], backend.name, verdict, pattern)
                 return False
             return bool(verdict)
 

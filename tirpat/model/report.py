@@ -197,30 +197,35 @@ class ModelReport:
     #: tuning records given to the build: ``{"path", "applied", "partitions", "misses"}``
     #: (partitions scheduled from a record, of how many; ``misses``: partition -> why none)
     records: dict | None = None
+    #: the target's backends, in priority order (those that took nothing included)
+    backends: list = field(default_factory=list)
 
     @property
     def macs(self) -> dict:
-        """MACs by backend name, ``"host"`` included; they sum to :attr:`total_macs`."""
+        """MACs by backend name, ``"host"`` included; they sum to :attr:`total_macs`. A
+        partition that fell back to the host counts for the host."""
         out: dict = {}
         for p in self.partitions:
-            out[p.backend] = out.get(p.backend, 0) + p.macs - p.host_macs
+            out[p.backend] = out.get(p.backend, 0) + (0 if p.fallback else p.macs - p.host_macs)
         out["host"] = self.total_macs - sum(out.values())
         return out
 
     def to_json(self) -> dict:
         """``total_macs``, ``macs`` (by backend, ``"host"`` included), ``partitions``,
         ``on_host``, ``uncounted`` (operators whose MACs depend on symbolic shapes) and
-        ``records`` (None when the build had no tuning records)."""
+        ``records`` (None when the build had no tuning records) and ``backends`` (the target's)."""
         return {"total_macs": self.total_macs, "macs": self.macs,
                 "partitions": [asdict(p) for p in self.partitions],
                 "on_host": [asdict(h) for h in self.on_host], "uncounted": self.uncounted,
-                "records": self.records}
+                "records": self.records, "backends": self.backends}
 
     @classmethod
     def from_json(cls, data: dict) -> "ModelReport":
         """The inverse of :meth:`to_json`."""
-        return cls(data["total_macs"], [Partition(**p) for p in data["partitions"]],
-                   [HostOp(**h) for h in data["on_host"]], data.get("uncounted", 0), data.get("records"))
+        partitions = [Partition(**p) for p in data["partitions"]]
+        backends = data.get("backends") or list(dict.fromkeys(p.backend for p in partitions))
+        return cls(data["total_macs"], partitions, [HostOp(**h) for h in data["on_host"]],
+                   data.get("uncounted", 0), data.get("records"), backends)
 
     def __str__(self) -> str:
         total = self.total_macs
@@ -235,12 +240,11 @@ class ModelReport:
             lines.append(f"    on {name}: {n:,} ({share(n)})")
         if self.records is not None:
             lines.append(f"  {records_line(self.records)}")
+        fell_back = [p for p in self.partitions if p.fallback]
         for p in self.partitions:
-            what = " + ".join([_short(p.ops[0])] + p.epilogue) if p.ops else p.pattern
-            lines.append(f"  {p.backend}: {p.function} ({p.pattern}): {what}, {p.macs:,} MACs")
             if p.fallback:
-                lines.append(f"      ran on the host: {p.fallback}")
-                continue
+                continue        # listed with the host's operators
+            lines.append(f"  {p.backend}: {p.function} ({p.pattern}): {_what(p)}, {p.macs:,} MACs")
             if p.from_records:
                 lines.append("      scheduled from a tuning record")
             if p.device_macs is not None and p.device_macs != p.macs - p.host_macs:
@@ -249,11 +253,13 @@ class ModelReport:
                 lines.append(f"      ran on the host: none of {p.backend}'s rules matched its code")
             for what_cpu, why in p.on_host:
                 lines.append(f"      on the CPU: {what_cpu} {why}")
-        if self.on_host:
+        if self.on_host or fell_back:
             lines.append("  on the host:")
-            for h in self.on_host:
-                macs = f", {h.macs:,} MACs" if h.macs else ""
-                lines.append(f"    {h.var} = {_short(h.op)}{macs}: {h.reason}")
+        for p in fell_back:
+            lines.append(f"    {p.function} ({p.pattern}): {_what(p)}, {p.macs:,} MACs: {p.fallback}")
+        for h in self.on_host:
+            macs = f", {h.macs:,} MACs" if h.macs else ""
+            lines.append(f"    {h.var} = {_short(h.op)}{macs}: {h.reason}")
         return "\n".join(lines)
 
 
@@ -262,6 +268,11 @@ def records_line(records: dict) -> str:
     line = (f"tuning records {records['path']}: {records['applied']} of {records['partitions']} partitions "
             "scheduled from a record")
     return "\n    ".join([line] + [f"{name}: {why}" for name, why in records["misses"].items()])
+
+
+def _what(p: Partition) -> str:
+    """What a partition computes, in words: ``matmul + bias + ReLU``."""
+    return " + ".join([_short(p.ops[0])] + p.epilogue) if p.ops else p.pattern
 
 
 def _short(op: str) -> str:
