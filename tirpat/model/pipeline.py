@@ -312,8 +312,8 @@ def _dispatch(mod: ir.IRModule, ctx) -> ir.IRModule:
             sub = tvm.transform.Sequential(before)(ir.IRModule({gv: func}))
             counts = {}
             if rw is not None:
-                sub = rw(sub)
-                counts = dict(rw.report.counts)
+                sub, report = rw.rewrite(sub)
+                counts = dict(report.counts)
             sub = tvm.transform.Sequential(after)(sub)
             done = sub[gv]
         except Exception as err:  # noqa: BLE001 - the partition runs on the host; the report says why
