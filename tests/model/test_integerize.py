@@ -12,7 +12,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
+pytest.importorskip("onnxruntime")
 
 import tvm  # noqa: E402
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
@@ -24,6 +24,7 @@ import tirpat as tp  # noqa: E402
 from tirpat.model import integerize as integerize_package  # noqa: E402
 from tirpat.model.integerize import IntegerizeWarning, Requantize, calls, fixed_point, requantize_pattern, rules  # noqa: E402
 from tirpat.testing import onnx_cnn  # noqa: E402
+from tirpat.testing.ort_session import exact_session  # noqa: E402
 
 
 # ----------------------------------------------------------------------------------------
@@ -105,11 +106,11 @@ def test_docstring_examples(module):
 # whole models against onnxruntime
 # ----------------------------------------------------------------------------------------
 class Compiled:
-    """A QDQ model: onnxruntime's session, and its integerised Relax module on llvm."""
+    """A QDQ model: onnxruntime's exact QDQ execution, and its integerised Relax module on llvm."""
 
     def __init__(self, q):
         self.q = q
-        self.session = ort.InferenceSession(q.SerializeToString(), providers=["CPUExecutionProvider"])
+        self.session = exact_session(q)
         self.name = q.graph.input[0].name
         with warnings.catch_warnings(record=True) as self.warnings:
             warnings.simplefilter("always")
@@ -194,11 +195,6 @@ def one_op_model(nodes, initialisers, in_shape, out_shape):
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(out_shape))],
                               [numpy_helper.from_array(v.astype(np.float32), k) for k, v in initialisers.items()])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-
-
-def run_reference(model):
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    return session.run(None, {"x": np.zeros(onnx_cnn.input_shape(model), np.float32)})[0].shape
 
 
 @st.composite

@@ -1,7 +1,7 @@
 """Quantised models on accel: ``tp.build(QDQ model, "accel, llvm")`` integerises them (accel's
 PRE_PARTITION pass), offloads at least 90% of the MACs, names every host operator with its
 reason, and is bit-exact against the same integer module compiled for llvm alone, and so
-within one output step of onnxruntime."""
+within one output step of onnxruntime's exact QDQ execution."""
 
 import warnings
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
+pytest.importorskip("onnxruntime")
 
 import tvm  # noqa: E402
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
@@ -18,6 +18,7 @@ from tvm.relax.frontend.onnx import from_onnx  # noqa: E402
 
 import tirpat as tp  # noqa: E402
 from tirpat.testing import onnx_cnn  # noqa: E402
+from tirpat.testing.ort_session import exact_session  # noqa: E402
 
 
 def mlp(seed: int = 0):
@@ -71,7 +72,7 @@ def built(request):
 
 def test_bit_exact_against_llvm_and_within_a_step_of_onnxruntime(built):
     qdq, compiled, reference = built
-    session = ort.InferenceSession(qdq.SerializeToString(), providers=["CPUExecutionProvider"])
+    session = exact_session(qdq)
     step = onnx_cnn.output_scale(qdq)
     for x in onnx_cnn.calibration(qdq, 4, seed=9)["x"]:
         ours = compiled(x)
@@ -134,7 +135,7 @@ def test_symbolic_batch_is_integerised_and_accel_says_why_it_stays_on_the_host(n
     gemms = [h for h in on_host if h["op"] in ("relax.nn.conv2d", "relax.matmul")]
     assert len(gemms) == ops.count("relax.nn.conv2d") + ops.count("relax.matmul")
     assert all("accel needs static shapes" in h["reason"] for h in gemms), gemms
-    session = ort.InferenceSession(qdq.SerializeToString(), providers=["CPUExecutionProvider"])
+    session = exact_session(qdq)
     step = onnx_cnn.output_scale(qdq)
     shape = onnx_cnn.input_shape(MODELS[name](seed=1))[1:]
     for batch in (1, 3):
