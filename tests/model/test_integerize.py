@@ -108,14 +108,18 @@ def test_docstring_examples(module):
 class Compiled:
     """A QDQ model: onnxruntime's exact QDQ execution, and its integerised Relax module on llvm."""
 
-    def __init__(self, q):
+    def __init__(self, q, made=None):
+        """``made``: the model already integerised and compiled (the session's ``quantised_cnn``)."""
         self.q = q
         self.session = exact_session(q)
         self.name = q.graph.input[0].name
-        with warnings.catch_warnings(record=True) as self.warnings:
-            warnings.simplefilter("always")
-            self.mod = tp.integerize()(from_onnx(q, keep_params_in_input=False))
-        self.vm = relax.VirtualMachine(tvm.compile(self.mod, "llvm"), tvm.cpu())
+        if made is not None:
+            self.mod, self.warnings, self.vm = made.integer, made.warnings, made.vm
+        else:
+            with warnings.catch_warnings(record=True) as self.warnings:
+                warnings.simplefilter("always")
+                self.mod = tp.integerize()(from_onnx(q, keep_params_in_input=False))
+            self.vm = relax.VirtualMachine(tvm.compile(self.mod, "llvm"), tvm.cpu())
         self.scale = onnx_cnn.output_scale(q)
 
     def steps(self, inputs) -> np.ndarray:
@@ -136,10 +140,9 @@ def assert_accurate(compiled, inputs):
 
 
 @pytest.fixture(scope="module", params=sorted(onnx_cnn.MODELS))
-def cnn(request):
-    model = onnx_cnn.MODELS[request.param](seed=0)
-    q = tp.quantize(model, onnx_cnn.calibration(model, 16))
-    return Compiled(q)
+def cnn(request, quantised_cnn):
+    made = quantised_cnn(request.param, seed=1)         # the models test_quantize_accel builds for accel
+    return Compiled(made.qdq, made)
 
 
 def test_cnn_within_one_step_of_onnxruntime(cnn):

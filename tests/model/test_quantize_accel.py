@@ -58,15 +58,18 @@ MODELS = {"mlp": mlp, "smoothed": smoothed, **onnx_cnn.MODELS}
 
 @pytest.fixture(scope="module", params=[(name, False) for name in sorted(MODELS)] + [("residual", True)],
                 ids=lambda p: p[0] + ("-per-channel" if p[1] else ""))
-def built(request):
+def built(request, quantised_cnn):
     name, per_channel = request.param
-    model = MODELS[name](seed=1)
-    qdq = tp.quantize(model, onnx_cnn.calibration(model, 16), per_channel=per_channel)
-    mod = from_onnx(qdq, keep_params_in_input=False)
+    if name in onnx_cnn.MODELS:       # quantised, integerised and on llvm once for the session
+        qdq, mod, _, _, reference = quantised_cnn(name, seed=1, per_channel=per_channel)
+    else:
+        model = MODELS[name](seed=1)
+        qdq = tp.quantize(model, onnx_cnn.calibration(model, 16), per_channel=per_channel)
+        mod = from_onnx(qdq, keep_params_in_input=False)
+        reference = relax.VirtualMachine(tvm.compile(tp.integerize()(mod), "llvm"), tvm.cpu())
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", tp.OffloadWarning)     # the report names what stays on the host
         compiled = tp.build(mod, "accel, llvm")
-    reference = relax.VirtualMachine(tvm.compile(tp.integerize()(mod), "llvm"), tvm.cpu())
     return qdq, compiled, reference
 
 
