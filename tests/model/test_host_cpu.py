@@ -77,6 +77,11 @@ def test_tp_load_refuses_a_model_for_features_the_host_lacks(plain_cpu, tmp_path
     model.export(tmp_path / "m.tirpat")
     with pytest.raises(tp.TargetError, match=r"m\.tirpat \(compiled for llvm -mattr=\+avx2\) needs avx, avx2"):
         tp.load(tmp_path / "m.tirpat")
+    # nor is the model tp.build returned run here: its first call is refused
+    x = np.zeros((16, 64), np.int8)
+    with pytest.raises(tp.TargetError, match=r"^the model \(compiled for llvm -mattr=\+avx2\) needs avx, avx2, .*; "
+                                             r"export it and run it on a machine that has them$"):
+        model(x)
 
 
 def test_a_model_for_this_cpu_loads_and_runs(tmp_path):

@@ -111,6 +111,7 @@ class CompiledModel:
     def __call__(self, *args, **kwargs):
         """Run the model on its inputs, by position or by name (``model(x, w=w)``)."""
         tensors = self._check(self._by_name(args, kwargs) if kwargs else args)
+        self._check_host()
         sessions = {}
         started = []        # (partition, {backend: cycles so far}) as each partition starts
 
@@ -128,6 +129,15 @@ class CompiledModel:
         self.stats = {name: s.stats for name, s in sessions.items() if getattr(s, "stats", None) is not None}
         self.layers = self._layers(started, cycles_now())
         return _to_numpy(out)
+
+    def _check_host(self) -> None:
+        """Before the first call, a ``TargetError`` when the model was compiled for CPU
+        features this machine lacks (``tp.build`` compiles for any CPU, to export): its code
+        would stop the process with an illegal instruction."""
+        if not getattr(self, "_host_runs_here", False):
+            check_runs_here(self.host, what=f"the model (compiled for {describe_host(self.host)})",
+                            hint="export it and run it on a machine that has them")
+            self._host_runs_here = True
 
     def profile(self) -> str:
         """The last call's device statistics, a section per backend of the target: what
