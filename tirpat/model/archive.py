@@ -11,7 +11,7 @@ The check finds a damaged or edited file, not a hostile one: whoever writes a ``
 can write its manifest too, and loading the library runs its native code (as loading any
 shared library does). Load only ``.tirpat`` files you trust.
 
->>> import json, tempfile, pathlib
+>>> import tempfile, pathlib
 >>> here = pathlib.Path(tempfile.mkdtemp())
 >>> (here / "lib.so").write_bytes(b"not really a library")
 20
