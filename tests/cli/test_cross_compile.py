@@ -1,5 +1,6 @@
 """``tirpat compile`` refuses a host ``-mcpu``/``-mattr`` this CPU cannot run unless
-``--cross-compile``, and ``tirpat run`` refuses a model compiled for one: it died by SIGILL.
+``--cross-compile`` (nor does ``tirpat tune`` measure here for one), and ``tirpat run``
+refuses a model compiled for one: it died by SIGILL.
 
 The CPU is made a plain x86-64 one by replacing
 :func:`tirpat.model.host_cpu.host_features`, so the cases hold on any CPU."""
@@ -45,3 +46,13 @@ def test_compile_refuses_and_cross_compile_allows(plain_cpu, tirpat_here, tmp_pa
 def test_compile_help_states_cross_compile(tirpat_here):
     status, out, _ = tirpat_here("compile", "--help")
     assert status == 0 and "--cross-compile" in out and "compile for another machine's CPU" in " ".join(out.split())
+
+
+def test_tune_here_refuses_features_this_cpu_lacks(plain_cpu, tirpat_here, tmp_path):
+    """Tuning without --rpc measures the candidates here."""
+    (tmp_path / "m.py").write_text(MLP.read_text())
+    status, out, err = tirpat_here("tune", "m.py", "-t", "accel, llvm -mattr=+avx2", "--trials", "1", "--records", "r")
+    assert (status, out) == (1, "")
+    assert err.startswith(f"tirpat tune: error: target 'accel, llvm -mattr=+avx2' needs {AVX2}, which this CPU")
+    assert err.endswith("; tune on RPC servers whose CPU has them (--rpc)\n") and err.count("\n") == 1
+    assert not (tmp_path / "r").exists()

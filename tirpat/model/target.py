@@ -27,7 +27,7 @@ everything no backend takes.
 - Whether this machine's CPU has the features the host's ``-mcpu`` and ``-mattr`` ask for
   is not the parser's business (a target may describe another machine): what runs a
   model here checks it (:mod:`tirpat.model.host_cpu`: ``tirpat compile`` unless
-  ``--cross-compile``, ``tp.load``, a model's first call).
+  ``--cross-compile``, ``tirpat tune`` without ``--rpc``, ``tp.load``, a model's first call).
 
 >>> t = tp.parse_target("accel -tile=32, llvm -mcpu=skylake -mattr=+avx2,+fma")
 >>> [(b.name, opts["tile"]) for b, opts in t.backends]
