@@ -90,8 +90,8 @@ def quantize(model: ModelLike, calibration: Calibration = None, *, per_channel: 
 
     Returns the quantised ``onnx.ModelProto``. Raises ``FileNotFoundError`` for a missing
     file, :class:`CalibrationError` for calibration data that does not fit the model (or
-    holds NaN or infinite values), ``ValueError`` for a model that is already quantised and
-    for an unknown method. Warns when an input's calibration data is zero everywhere (its
+    holds NaN or infinite values), ``ValueError`` for a model that is already quantised, for
+    one onnxruntime cannot load (with its reason) and for an unknown method. Warns when an input's calibration data is zero everywhere (its
     scale would mean nothing).
     """
     onnx, ortq = _require()
