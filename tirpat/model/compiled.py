@@ -36,7 +36,6 @@ from .tvm_noise import filtered_native_stderr
 __all__ = ["CompiledModel", "Input", "Layer", "load", "describe_stats", "FORMAT"]
 
 
-
 @dataclass(frozen=True)
 class Input:
     """One input of a model's entry function: name, static shape and dtype."""
