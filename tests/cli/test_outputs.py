@@ -56,6 +56,43 @@ def test_outputs_are_checked_before_compiling(tirpat_here, example_mlp, tmp_path
     assert (tmp_path / "notes.txt").read_text() == "keep me"
 
 
+@pytest.mark.parametrize("link", ["hard", "symbolic"])
+@pytest.mark.parametrize("option, name", [("-o", "out.tirpat"), ("--report", "rep.json")])
+def test_an_output_that_is_model_under_another_name_is_refused(tirpat_here, example_mlp, tmp_path, link, option,
+                                                               name):
+    """A hard link to MODEL named like the output: compile replaced MODEL's contents with the
+    report (the check compared paths after symlinks, not the files)."""
+    shutil.copy(example_mlp, tmp_path / "m.py")
+    (tmp_path / name).hardlink_to(tmp_path / "m.py") if link == "hard" else (tmp_path / name).symlink_to("m.py")
+    before = (tmp_path / "m.py").read_bytes()
+    status, out, err = tirpat_here("compile", "m.py", "-t", TARGET, option, name)
+    assert (status, out) == (1, "") and err == f"tirpat compile: error: {name}: {option} names MODEL itself; " \
+                                              f"choose another {option}\n"
+    assert (tmp_path / "m.py").read_bytes() == before
+
+
+def test_two_outputs_that_are_one_file_are_refused(tirpat_here, example_mlp, tmp_path):
+    shutil.copy(example_mlp, tmp_path / "m.py")
+    (tmp_path / "x.tirpat").write_bytes(b"an old model")
+    (tmp_path / "x.json").hardlink_to(tmp_path / "x.tirpat")
+    status, out, err = tirpat_here("compile", "m.py", "-t", TARGET, "-o", "x.tirpat", "--report", "x.json")
+    assert status == 1 and "x.json: --report and -o name the same file" in err, err
+    assert (tmp_path / "x.tirpat").read_bytes() == b"an old model"
+
+
+def test_run_output_that_is_its_inputs_under_another_name_is_refused(tmp_path):
+    """The check is shared by every command: ``run -o`` a hard link to ``--inputs``."""
+    from tirpat.cli.command import CommandError
+    from tirpat.cli.output_file import check_output
+
+    np.savez(tmp_path / "in.npz", x=np.zeros(3))
+    (tmp_path / "out.npz").hardlink_to(tmp_path / "in.npz")
+    with pytest.raises(CommandError, match="out.npz: -o names --inputs itself"):
+        check_output(tmp_path / "out.npz", "-o", ".npz", {"MODEL": tmp_path / "m.tirpat", "--inputs": tmp_path / "in.npz"})
+    (tmp_path / "other.npz").write_bytes((tmp_path / "in.npz").read_bytes())      # equal contents, another file
+    check_output(tmp_path / "other.npz", "-o", ".npz", {"--inputs": tmp_path / "in.npz"})
+
+
 NN_MODULE = """
 from tvm.relax.frontend import nn
 

@@ -162,3 +162,45 @@ def test_calibration_that_is_not_an_npz_never_suggests_unpickling(tirpat, error_
                           "input name")
         assert "pickle" not in line
     assert not (tmp_path / "q.onnx").exists()
+
+
+def _unloadable_models() -> dict:
+    """Float models onnxruntime cannot load: an operator of a domain it does not know, and
+    an opset newer than it supports."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.ones((8, 4), np.float32), "w")
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])
+    custom = helper.make_graph([helper.make_node("FooBar", ["x", "w"], ["y"], domain="com.example")],
+                               "g", [x], [y], [w])
+    matmul = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g", [x], [y], [w])
+    return {"custom.onnx": helper.make_model(custom, opset_imports=[helper.make_opsetid("", 17),
+                                                                    helper.make_opsetid("com.example", 1)]),
+            "future.onnx": helper.make_model(matmul, opset_imports=[helper.make_opsetid("", 99)])}
+
+
+def test_a_model_onnxruntime_cannot_load_is_one_line(tirpat, error_line, tmp_path):
+    """onnxruntime's pre-processing printed a traceback for these (and went on)."""
+    for name, model in _unloadable_models().items():
+        onnx.save(model, str(tmp_path / name))
+    error_line(tirpat("quantize", "custom.onnx", "-o", "q.onnx", cwd=tmp_path),
+               "tirpat quantize: error: onnxruntime, which quantises the model, cannot load it: ",
+               "com.example:FooBar(-1) is not a registered function/op")
+    line = error_line(tirpat("quantize", "future.onnx", "-o", "q.onnx", cwd=tmp_path),
+                      "cannot load it: ONNX Runtime only *guarantees* support", "Opset 99")
+    assert "onnxruntime_src" not in line and "[ONNXRuntimeError]" not in line
+    assert not (tmp_path / "q.onnx").exists()
+
+
+def test_tp_quantize_says_onnxruntime_cannot_load_the_model_before_calibrating():
+    """In Python a ValueError, and no warning about random calibration for a model that is
+    refused anyway."""
+    import warnings
+
+    import tirpat as tp
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(ValueError, match=r"cannot load it: Fatal error: com\.example:FooBar"):
+            tp.quantize(_unloadable_models()["custom.onnx"])

@@ -22,7 +22,8 @@ The compiled model goes next to MODEL (sub/m.onnx -> sub/m.tirpat, as 'tirpat qu
 writes sub/m_int8.onnx) unless -o says where; an existing file is replaced only if its name
 ends in .tirpat (--report: .json). 'tirpat targets' lists the backends, their options and the host. With
 --records DIR (written by 'tirpat tune'), each partition with a tuning record is scheduled
-by its best one."""
+by its best one. The host's -mcpu and -mattr must be ones this CPU runs, unless
+--cross-compile says the model is for another machine."""
 
 
 def _arguments(parser: argparse.ArgumentParser) -> None:
@@ -38,6 +39,10 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"the Relax function to compile (default {ENTRY}; relax.frontend.nn's export_tvm "
                              "names it after the method, e.g. forward)")
     shapes_argument(parser)
+    parser.add_argument("--cross-compile", action="store_true",
+                        help="compile for another machine's CPU: the host's -mcpu and -mattr may then name features "
+                             "this CPU lacks (the model runs only where they are; by default they are refused, "
+                             "as its code would stop here with an illegal instruction)")
     parser.add_argument("--strict", action="store_true",
                         help="fail when nothing is offloaded, or a matmul, a convolution or an operator a backend declined stays on the host (default: a warning naming each)")
 
@@ -65,6 +70,11 @@ def _run(args: argparse.Namespace) -> int:
     from .progress import Progress, pass_names
 
     target = tp.parse_target(args.target)          # malformed arguments fail before any work
+    if not args.cross_compile:                     # 'tirpat run' runs the model here
+        from tirpat.model.host_cpu import check_runs_here
+
+        check_runs_here(target.host, what=f"target {args.target!r}",
+                        hint="give --cross-compile to compile it for another machine")
     model_path = readable(args.model)
     output = Path(args.output) if args.output else model_path.with_suffix(".tirpat")
     report = Path(args.report) if args.report else None

@@ -3,8 +3,9 @@
 
 A path may be written when its directory exists and is writable and nothing is there, or a
 file of the option's own kind (``.tirpat``, ``.onnx``, ``.npz``, ``.png``, ``.json``) that is
-not one of the command's inputs. Anything else (a directory, MODEL itself, a ``.py`` the
-user wrote) is a :class:`~tirpat.cli.command.CommandError`: one line, exit status 1.
+not one of the command's inputs. Anything else (a directory, MODEL itself under any name,
+a symlink or a hard link to it included, a ``.py`` the user wrote) is a
+:class:`~tirpat.cli.command.CommandError`: one line, exit status 1.
 
 >>> import tempfile, pathlib
 >>> here = pathlib.Path(tempfile.mkdtemp())
@@ -47,7 +48,7 @@ def check_output(path: str | os.PathLike, option: str, suffix: str, inputs: Mapp
     if not os.access(parent, os.W_OK | os.X_OK):
         raise CommandError(f"{path}: cannot write in {str(parent)!r} (permission denied); choose another {option}")
     for name, other in (outputs or {}).items():
-        if other is not None and Path(other).resolve() == path.resolve():
+        if other is not None and _same_file(path, Path(other)):
             raise CommandError(f"{path}: {option} and {name} name the same file")
     if not path.exists():
         return
@@ -58,8 +59,19 @@ def check_output(path: str | os.PathLike, option: str, suffix: str, inputs: Mapp
             return
         raise CommandError(f"{path}: not a regular file, so {option} cannot write there" + (f": {why}" if why else ""))
     for name, source in (inputs or {}).items():
-        if source is not None and Path(source).exists() and path.resolve() == Path(source).resolve():
+        if source is not None and Path(source).exists() and _same_file(path, Path(source)):
             raise CommandError(f"{path}: {option} names {name} itself; choose another {option}")
     if path.suffix.lower() != suffix:
         raise CommandError(f"{path}: exists and its name does not end in {suffix}; not replacing it "
                            f"(remove it, or choose another {option})")
+
+
+def _same_file(path: Path, other: Path) -> bool:
+    """Whether ``path`` and ``other`` name one file: one path after symlinks, or, both
+    existing, one file under two names (a hard link: the same device and inode)."""
+    if path.resolve() == other.resolve():
+        return True
+    try:
+        return os.path.samefile(path, other)
+    except OSError:             # one does not exist (yet): two names, two files
+        return False

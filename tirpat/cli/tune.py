@@ -77,6 +77,11 @@ def _run(args: argparse.Namespace) -> int:
             where = RPC.parse(args.rpc)
         except ValueError as err:
             raise CommandError(str(err)) from None
+    if where is None:               # the candidates are measured on this CPU
+        from tirpat.model.host_cpu import check_runs_here
+
+        check_runs_here(target.host, what=f"target {args.target!r}",
+                        hint="tune on RPC servers whose CPU has them (--rpc)")
     if Path(args.records).exists() and not Path(args.records).is_dir():
         raise CommandError(f"{args.records}: not a directory")
     with Progress() as progress:

@@ -14,10 +14,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import os
 import tempfile
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
@@ -27,16 +25,15 @@ import tvm
 from tvm import relax
 
 from ..device import invoke
+from .archive import FORMAT, LIBRARY, read_archive, write_archive
 from .backend import BackendNotFound, lookup
+from .host_cpu import check_runs_here
+from .host_cpu import describe as describe_host
 from .pipeline import marks
 from .report import ModelReport
 from .tvm_noise import filtered_native_stderr
 
 __all__ = ["CompiledModel", "Input", "Layer", "load", "describe_stats", "FORMAT"]
-
-#: The export format's name and version, checked by :func:`load`.
-FORMAT = "tirpat-model/1"
-_LIBRARY, _MANIFEST = "model.so", "manifest.json"
 
 
 @dataclass(frozen=True)
@@ -113,6 +110,7 @@ class CompiledModel:
     def __call__(self, *args, **kwargs):
         """Run the model on its inputs, by position or by name (``model(x, w=w)``)."""
         tensors = self._check(self._by_name(args, kwargs) if kwargs else args)
+        self._check_host()
         sessions = {}
         started = []        # (partition, {backend: cycles so far}) as each partition starts
 
@@ -130,6 +128,15 @@ class CompiledModel:
         self.stats = {name: s.stats for name, s in sessions.items() if getattr(s, "stats", None) is not None}
         self.layers = self._layers(started, cycles_now())
         return _to_numpy(out)
+
+    def _check_host(self) -> None:
+        """Before the first call, a ``TargetError`` when the model was compiled for CPU
+        features this machine lacks (``tp.build`` compiles for any CPU, to export): its code
+        would stop the process with an illegal instruction."""
+        if not getattr(self, "_host_runs_here", False):
+            check_runs_here(self.host, what=f"the model (compiled for {describe_host(self.host)})",
+                            hint="export it and run it on a machine that has them")
+            self._host_runs_here = True
 
     def profile(self) -> str:
         """The last call's device statistics, a section per backend of the target: what
@@ -184,12 +191,10 @@ class CompiledModel:
             "report": self.report.to_json(),
         }
         with tempfile.TemporaryDirectory() as tmp:
-            lib = os.path.join(tmp, _LIBRARY)
+            lib = os.path.join(tmp, LIBRARY)
             with filtered_native_stderr():      # TVM logs a line per memory scope it saves
                 self.executable.export_library(lib)
-            with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
-                z.write(lib, _LIBRARY)
-                z.writestr(_MANIFEST, json.dumps(manifest, indent=1, default=_json_default))
+            write_archive(path, lib, manifest, default=_json_default)
         return path
 
     def __repr__(self) -> str:
@@ -292,33 +297,51 @@ def load(path) -> CompiledModel:
     """Load a model written by :meth:`CompiledModel.export`; its backends are found by name
     in the registry (``tirpat.backends`` entry points included).
 
+    Loading a ``.tirpat`` runs native code, like loading any shared library: the file holds
+    the compiled library, and loading it runs its initialisers. Load only files you trust.
+    The file is checked first (:func:`tirpat.model.archive.read_archive`: a ``ValueError``
+    names a damaged or edited one: a manifest key missing, the library truncated or not the
+    one the manifest records) and so is this CPU (a :class:`~tirpat.TargetError` when the
+    model was compiled for features it lacks, whose code would stop with an illegal
+    instruction).
+
     >>> model = tp.load("m.tirpat")          # doctest: +SKIP
     """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no model file {str(path)!r}")
-    try:
-        with zipfile.ZipFile(path) as z:
-            manifest = json.loads(z.read(_MANIFEST))
-            if manifest.get("format") != FORMAT:
-                raise ValueError(f"{path}: not a {FORMAT} file (format {manifest.get('format')!r})")
-            tmp = tempfile.mkdtemp(prefix="tirpat-")
-            lib = z.extract(_LIBRARY, tmp)
-    except (zipfile.BadZipFile, KeyError) as err:
-        raise ValueError(f"{path}: not a model exported by tirpat ({err})") from None
-    try:
-        with filtered_native_stderr():          # and one per scope it loads
-            executable = tvm.runtime.load_module(lib)
-    finally:        # the loaded library stays mapped: the file is no longer needed
-        os.remove(lib)
-        os.rmdir(os.path.dirname(lib))
-    backends = []
-    for entry in manifest["backends"]:
+    with read_archive(path) as (manifest, lib):
+        host = _host(path, manifest["host"])
+        check_runs_here(host, what=f"{path} (compiled for {describe_host(host)})",
+                        hint="run it on the machine it was compiled for, or compile it again for this one")
+        try:        # every part of the manifest is read before the library is loaded
+            entries = [(entry["name"], entry["options"]) for entry in manifest["backends"]]
+            inputs = [Input(i["name"], tuple(i["shape"]), i["dtype"]) for i in manifest["inputs"]]
+            report = ModelReport.from_json(manifest["report"])
+        except (KeyError, TypeError, ValueError) as err:
+            raise ValueError(f"{path}: its manifest is malformed ({type(err).__name__}: {err})") from None
         try:
-            backend = lookup(entry["name"])
+            with filtered_native_stderr():          # and one per scope it loads
+                executable = tvm.runtime.load_module(lib)
+        except RuntimeError as err:         # TVM's errors; the dynamic loader's reason follows the path
+            reason = _last_line(err).rsplit(f"{lib}: ", 1)[-1].replace(lib, LIBRARY)
+            raise ValueError(f"{path}: its {LIBRARY} cannot be loaded ({reason})") from None
+    # the loaded library stays mapped: its file, removed with its directory, is no longer needed
+    backends = []
+    for name, options in entries:
+        try:
+            backend = lookup(name)
         except BackendNotFound as err:
             raise BackendNotFound(f"{path} was compiled for a backend this process lacks: {err}") from None
-        backends.append((backend, backend.resolve(entry["options"])))
-    inputs = [Input(i["name"], tuple(i["shape"]), i["dtype"]) for i in manifest["inputs"]]
-    return CompiledModel(executable, backends, tvm.target.Target(manifest["host"]), inputs,
-                         ModelReport.from_json(manifest["report"]), manifest["entry"])
+        backends.append((backend, backend.resolve(options)))
+    return CompiledModel(executable, backends, host, inputs, report, manifest["entry"])
+
+
+def _host(path, config: dict) -> tvm.target.Target:
+    """The host target a manifest records."""
+    try:
+        return tvm.target.Target(config)
+    except Exception as err:  # noqa: BLE001 - TVM reports a bad config as ValueError or TVMError
+        raise ValueError(f"{path}: its manifest's host target is not one TVM takes ({_last_line(err)})") from None
+
+
+def _last_line(err: Exception) -> str:
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return lines[-1] if lines else type(err).__name__

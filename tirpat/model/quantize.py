@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import re
 import tempfile
 import warnings
 from typing import Mapping, Union
@@ -89,8 +90,8 @@ def quantize(model: ModelLike, calibration: Calibration = None, *, per_channel: 
 
     Returns the quantised ``onnx.ModelProto``. Raises ``FileNotFoundError`` for a missing
     file, :class:`CalibrationError` for calibration data that does not fit the model (or
-    holds NaN or infinite values), ``ValueError`` for a model that is already quantised and
-    for an unknown method. Warns when an input's calibration data is zero everywhere (its
+    holds NaN or infinite values), ``ValueError`` for a model that is already quantised, for
+    one onnxruntime cannot load (with its reason) and for an unknown method. Warns when an input's calibration data is zero everywhere (its
     scale would mean nothing).
     """
     onnx, ortq = _require()
@@ -99,16 +100,17 @@ def quantize(model: ModelLike, calibration: Calibration = None, *, per_channel: 
     proto = _load(onnx, model)
     _refuse_quantised(proto)
     inputs = _graph_inputs(onnx, proto)
-    if calibration is None:
-        samples = _random_samples(inputs)
-        warnings.warn(f"no calibration data, so calibrating on {RANDOM_SAMPLES} seeded random "
-                      "inputs: the activation scales are then meaningless for real data. Pass calibration "
-                      "data (an .npz keyed by input name, leading axis of samples).", stacklevel=2)
-    else:
-        samples = calibration_samples(calibration, inputs)
     with tempfile.TemporaryDirectory(prefix="tirpat-quantize-") as tmp:
         source, pre, out = (pathlib.Path(tmp, n) for n in ("float.onnx", "pre.onnx", "int8.onnx"))
         onnx.save(proto, str(source))     # onnxruntime's pre-processing may modify a ModelProto it is given
+        _check_runnable(source)
+        if calibration is None:
+            samples = _random_samples(inputs)
+            warnings.warn(f"no calibration data, so calibrating on {RANDOM_SAMPLES} seeded random "
+                          "inputs: the activation scales are then meaningless for real data. Pass calibration "
+                          "data (an .npz keyed by input name, leading axis of samples).", stacklevel=2)
+        else:
+            samples = calibration_samples(calibration, inputs)
         ortq.quant_pre_process(str(source), str(pre), skip_symbolic_shape=True)
         ortq.quantize_static(
             str(pre), str(out), _reader(ortq.CalibrationDataReader, samples),
@@ -133,6 +135,27 @@ def _load(onnx, model):
         return onnx.load(str(path))
     except Exception as err:  # noqa: BLE001 - protobuf raises several kinds
         raise ValueError(f"{str(path)!r} is not an ONNX model ({err})") from err
+
+
+def _check_runnable(path: pathlib.Path) -> None:
+    """A ``ValueError`` with onnxruntime's reason when it cannot load the model at ``path``
+    (an operator of a domain it does not know, an opset newer than it supports): it runs the
+    model to calibrate it. The session is made as ``quant_pre_process`` makes its own (basic
+    graph optimisations), because that one, when it fails, prints a traceback and goes on."""
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    options.log_severity_level = 4          # its reason is in the exception; no log lines besides
+    try:
+        onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    except Exception as err:  # noqa: BLE001 - onnxruntime raises its own exception kinds
+        # its message starts "[ONNXRuntimeError] : 1 : FAIL : Load model from /tmp/... failed:"
+        # and may go on with the C++ source line and function that raised it
+        reason = re.sub(r"^\[ONNXRuntimeError\] : \d+ : \w+ : (Load model from .* failed: ?)?", "",
+                        " ".join(str(err).split()))
+        reason = re.sub(r"^/\S+:\d+ [^(]*\([^)]*\)\s*", "", reason)
+        raise ValueError(f"onnxruntime, which quantises the model, cannot load it: {reason}") from err
 
 
 def _refuse_quantised(proto) -> None:

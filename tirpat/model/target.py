@@ -24,6 +24,10 @@ everything no backend takes.
   their types), a value of the wrong type or one the backend's ``check_options`` refuses
   (the message starts with the option as given: ``accel -tile=7: ...``), an ``-mcpu`` LLVM
   does not know, a TVM kind anywhere but last, or a last target that cannot be the host here.
+- Whether this machine's CPU has the features the host's ``-mcpu`` and ``-mattr`` ask for
+  is not the parser's business (a target may describe another machine): what runs a
+  model here checks it (:mod:`tirpat.model.host_cpu`: ``tirpat compile`` unless
+  ``--cross-compile``, ``tirpat tune`` without ``--rpc``, ``tp.load``, a model's first call).
 
 >>> t = tp.parse_target("accel -tile=32, llvm -mcpu=skylake -mattr=+avx2,+fma")
 >>> [(b.name, opts["tile"]) for b, opts in t.backends]
