@@ -32,6 +32,7 @@ from accel.hw import abi
 from accel.hw.config import Config
 from accel.hw.isa import AluOp, Mem, StoreMode
 from accel.hw.runtime import AUTO
+from accel.compiler.wrapping import is_kept
 
 SCOPES = {"local.accel_inp": Mem.INP, "local.accel_wgt": Mem.WGT, "local.accel_acc": Mem.ACC}
 INP, WGT, ACC = "local.accel_inp", "local.accel_wgt", "local.accel_acc"
@@ -267,11 +268,13 @@ def epilogue_chain(e, is_spine, is_operand):
     """
     if isinstance(e, ir.TensorLoad) and is_spine(e):
         return e, []
+    if is_kept(e):      # an operation the scheduler kept from the simplifier: the ALU wraps as it does
+        return epilogue_chain(e.args[0], is_spine, is_operand)
     if isinstance(e, tirx.Cast) and str(e.ty.dtype) == "int32" and str(e.value.ty.dtype) == "int32":
         return epilogue_chain(e.value, is_spine, is_operand)
     if isinstance(e, tirx.Sub) and _int(e.b) is not None:
         inner = epilogue_chain(e.a, is_spine, is_operand)
-        return None if inner is None else (inner[0], inner[1] + [_Step(AluOp.ADD, -_int(e.b))])
+        return None if inner is None else (inner[0], inner[1] + [_Step(AluOp.ADD, _wrap32(-_int(e.b)))])
     if isinstance(e, tirx.RShift) and _int(e.b) is not None:
         inner = epilogue_chain(e.a, is_spine, is_operand)
         return None if inner is None else (inner[0], inner[1] + [_Step(AluOp.SHR, _int(e.b))])
@@ -293,8 +296,16 @@ def epilogue_chain(e, is_spine, is_operand):
     return None
 
 
+def _wrap32(v: int) -> int:
+    """``v`` modulo 2**32 as an int32 (``x - c`` is ``x + (-c)`` in wrapping arithmetic,
+    also for ``c = -2**31``)."""
+    return (v + 2**31) % 2**32 - 2**31
+
+
 def _scaled(e):
     """``(x, c)`` if ``e`` is ``x * c`` with ``c`` a constant, else None."""
+    if is_kept(e):
+        e = e.args[0]
     if isinstance(e, tirx.Mul):
         for x, c in ((e.a, e.b), (e.b, e.a)):
             if _int(c) is not None:

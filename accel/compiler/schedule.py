@@ -39,6 +39,7 @@ from accel.hw.config import Config
 from accel.compiler.conv import analyse as analyse_conv
 from accel.compiler.conv import normalise as normalise_conv
 from accel.compiler.rules import ACC, INP, WGT, epilogue_chain
+from accel.compiler.wrapping import keep
 from accel.hw.isa import AluOp
 
 
@@ -646,10 +647,25 @@ def _epilogue(sch, gemm, stop):
     if final is None:
         return None, None, out
     _inline_pointwise_producers(sch, final, out)
+    _keep_int32_arithmetic(sch, final)
     block = sch.get(final)
     if None in _operands(block, out).values():
         return final, None, out
     return final, _epilogue_steps(block, out), out
+
+
+def _keep_int32_arithmetic(sch, block_rv) -> None:
+    """Wrap the int32 arithmetic of the inlined epilogue ``block_rv`` so that TVM's
+    simplifier, which assumes signed arithmetic never overflows, keeps computing each
+    operation as its own block did (see :mod:`accel.compiler.wrapping`)."""
+    block = sch.get(block_rv)
+    store = block.body
+    value = keep(store.value)
+    if value.same_as(store.value):
+        return
+    kept = tvm_ffi.structural_map(block, (tirx.BufferStore, lambda s: tirx.BufferStore(s.buffer, value, s.indices)
+                                          if s.same_as(store) else s))
+    sch.state.replace(sch.get_sref(block_rv), kept, {block: kept})
 
 
 def _operands(block, acc_buffer) -> dict:
