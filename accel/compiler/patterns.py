@@ -197,6 +197,12 @@ def _check_epilogue(call, root, core, bound: dict) -> str | None:
             and call.args[1].value > call.args[2].value:
         return (f"clip with its lower bound {call.args[1].value} above its upper bound {call.args[2].value} "
                 "(every output is a constant); accel's ALU clips to a range with lo <= hi")
+    if name == "relax.right_shift" and isinstance(call.args[1], ir.Constant):
+        amounts = call.args[1].value.numpy()
+        if amounts.size and (amounts.min() < 0 or amounts.max() > 31):
+            bad = int(amounts.min()) if amounts.min() < 0 else int(amounts.max())
+            return (f"right_shift by {bad}; an int32 shift is defined for 0 to 31 (TVM refuses the "
+                    "constant for the CPU too, and accel's SHR would clip it)")
     # the accumulator is the operand the match computes; the others come from outside, on either side
     for operand in call.args:
         if operand.__chandle__() in bound or isinstance(operand, (tirx.IntImm, tirx.FloatImm)):
