@@ -32,7 +32,7 @@ from accel.hw import abi
 from accel.hw.config import Config
 from accel.hw.isa import AluOp, Mem, StoreMode
 from accel.hw.runtime import AUTO
-from accel.compiler.wrapping import is_kept
+from accel.compiler.wrapping import strip
 
 SCOPES = {"local.accel_inp": Mem.INP, "local.accel_wgt": Mem.WGT, "local.accel_acc": Mem.ACC}
 INP, WGT, ACC = "local.accel_inp", "local.accel_wgt", "local.accel_acc"
@@ -268,8 +268,6 @@ def epilogue_chain(e, is_spine, is_operand):
     """
     if isinstance(e, ir.TensorLoad) and is_spine(e):
         return e, []
-    if is_kept(e):      # an operation the scheduler kept from the simplifier: the ALU wraps as it does
-        return epilogue_chain(e.args[0], is_spine, is_operand)
     if isinstance(e, tirx.Cast) and str(e.ty.dtype) == "int32" and str(e.value.ty.dtype) == "int32":
         return epilogue_chain(e.value, is_spine, is_operand)
     if isinstance(e, tirx.Sub) and _int(e.b) is not None:
@@ -304,8 +302,6 @@ def _wrap32(v: int) -> int:
 
 def _scaled(e):
     """``(x, c)`` if ``e`` is ``x * c`` with ``c`` a constant, else None."""
-    if is_kept(e):
-        e = e.args[0]
     if isinstance(e, tirx.Mul):
         for x, c in ((e.a, e.b), (e.b, e.a)):
             if _int(c) is not None:
@@ -433,7 +429,7 @@ def _operand_regions(m, steps):
 
 
 def _alu(m, store, config):
-    chain = _chain(store.value)
+    chain = _chain(strip(store.value))
     if chain is None:
         raise _Unsupported(f"{store.value} is not a chain of ALU operations (add, max, min, mul, "
                            "shift right) on one accumulator value")
@@ -446,7 +442,7 @@ def _alu(m, store, config):
 
 def _store(m, store, config):
     out = store.buffer
-    value = store.value
+    value = strip(store.value)      # the operations the scheduler kept from the simplifier, as the ALU runs them
     mode = StoreMode.INT32
     if str(out.dtype) == "int8":
         if not isinstance(value, tirx.Cast):

@@ -39,7 +39,7 @@ from accel.hw.config import Config
 from accel.compiler.conv import analyse as analyse_conv
 from accel.compiler.conv import normalise as normalise_conv
 from accel.compiler.rules import ACC, INP, WGT, epilogue_chain
-from accel.compiler.wrapping import keep
+from accel.compiler import wrapping
 from accel.hw.isa import AluOp
 
 
@@ -660,7 +660,7 @@ def _keep_int32_arithmetic(sch, block_rv) -> None:
     operation as its own block did (see :mod:`accel.compiler.wrapping`)."""
     block = sch.get(block_rv)
     store = block.body
-    value = keep(store.value)
+    value = wrapping.keep(store.value)
     if value.same_as(store.value):
         return
     kept = tvm_ffi.structural_map(block, (tirx.BufferStore, lambda s: tirx.BufferStore(s.buffer, value, s.indices)
@@ -720,7 +720,7 @@ def _inline_pointwise_producers(sch, block_rv, keep) -> None:
 def _epilogue_steps(block, acc_buffer):
     """The ALU steps of an inlined epilogue on the accumulator with int32 operands (an empty
     list for a plain write-back or cast), or None when the ALU cannot do it."""
-    value = block.body.value
+    value = wrapping.strip(block.body.value)
     out = block.body.buffer
     if str(out.dtype) == "int8":
         if not isinstance(value, tirx.Cast):

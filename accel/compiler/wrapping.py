@@ -8,18 +8,22 @@ overflows: it drops ``max(max(x, 0) * 861094, -772)``'s outer ``max`` (the produ
 non-negative, yet wraps to a negative number), and folds ``(x + c1) * c2`` into
 ``x * c2 + c1 * c2`` even where ``c1 * c2`` is not an int32 (the build then fails).
 
-:func:`keep` wraps every int32 add, subtract and multiply of an inlined epilogue in a
+:func:`keep` wraps the result of every int32 operation of an inlined epilogue in a
 same-type ``reinterpret``, an identity the simplifier neither folds nor bounds, so that it
-can no longer reason across the operations; the llvm code of a reinterpret to the same type
-is the value itself. :func:`strip` takes the wrappers off again where the rules read the
-epilogue as ALU steps.
+can no longer reason across the operations (nor fold ``max(min(x, -5), 0)`` to ``0`` from
+bounds, which leaves no accumulator to run the ALU on); the llvm code of a reinterpret to
+the same type is the value itself. What it still folds within one operation (``x * 0``,
+``min(x, -2**31)``, ``max(x, 2**31 - 1)``: constants whatever the accumulator) accel's
+pattern check declines. :func:`strip` takes the wrappers off again where the rules read
+the epilogue as ALU steps.
 
 >>> x = tirx.Var("x", "int32")
 >>> kept = keep(tirx.Max(tirx.Max(x, 0) * 861094, -772))
 >>> kept
-T.max(T.reinterpret("int32", T.max(x, 0) * 861094), -772)
->>> tvm.sym.Analyzer().simplify(kept)        # the max stays
-T.max(T.reinterpret("int32", T.max(x, 0) * 861094), -772)
+T.reinterpret("int32", T.max(T.reinterpret("int32", T.reinterpret("int32", T.max(x, 0)) * 861094), -772))
+>>> from tvm import sym
+>>> sym.Analyzer().simplify(kept) .same_as(kept)        # the outer max stays
+True
 >>> strip(kept)
 T.max(T.max(x, 0) * 861094, -772)
 """
@@ -32,7 +36,8 @@ from tvm import ir, tirx
 __all__ = ["keep", "strip", "is_kept"]
 
 _REINTERPRET = ir.Op.get("tirx.reinterpret")
-_ARITHMETIC = (tirx.Add, tirx.Sub, tirx.Mul)
+#: The int32 operations of an epilogue: each one's result is kept.
+_OPERATIONS = (tirx.Add, tirx.Sub, tirx.Mul, tirx.Max, tirx.Min, tirx.RShift, tirx.LShift)
 
 
 def is_kept(e) -> bool:
@@ -42,8 +47,7 @@ def is_kept(e) -> bool:
 
 
 def keep(value):
-    """``value`` (an epilogue's stored value) with each int32 add, subtract and multiply
-    wrapped, except in the indices of the loads it reads (addresses, not values of the
+    """``value`` (an epilogue's stored value) with each int32 operation's result wrapped, except in the indices of the loads it reads (addresses, not values of the
     epilogue); wrappers already there are not doubled."""
     def wrap(e):
         return tirx.call_intrin("int32", "tirx.reinterpret", e) if str(e.ty.dtype) == "int32" else e
@@ -51,7 +55,7 @@ def keep(value):
     def plain_indices(load):
         return tirx.BufferLoad(load.source, [strip(i) for i in load.indices])
 
-    return tvm_ffi.structural_map(strip(value), [(t, wrap) for t in _ARITHMETIC] + [(ir.TensorLoad, plain_indices)])
+    return tvm_ffi.structural_map(strip(value), [(t, wrap) for t in _OPERATIONS] + [(ir.TensorLoad, plain_indices)])
 
 
 def strip(value):
