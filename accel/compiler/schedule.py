@@ -636,22 +636,34 @@ def _schedule_gemm(sch, name, roles, config, notes, knobs: Knobs, reserved: dict
 
 
 def _epilogue(sch, gemm, stop):
-    """``(final, steps, out)``: the GEMM's chain of pointwise consumers (up to the block
-    named ``stop``) inlined into its last block ``final`` (None when there is none), the
-    ALU steps it takes (None when the ALU cannot run it) and the buffer the GEMM writes."""
+    """``(final, steps, out)``: the last block ``final`` of the GEMM's chain of pointwise
+    consumers (up to the block named ``stop``; None when there is none), the ALU steps the
+    chain takes, inlined into ``final`` (None when the ALU cannot run it: the chain is then
+    left as it is) and the buffer the GEMM writes."""
     out = sch.get(gemm).writes[0].source
     chain = pointwise_chain(sch, gemm, stop)
+    if not chain:
+        return None, None, out
+    # Tried on a copy first: an epilogue the ALU cannot run stays on the CPU as the separate
+    # blocks Relax made. Inlined into one loop, LLVM would see the whole chain and, its int32
+    # arithmetic being "no signed wrap", drop a max after a product it takes as non-negative.
+    trial = sch.copy()
+    if _inline_epilogue(trial, chain, out) is None:
+        return chain[-1], None, out
+    return chain[-1], _inline_epilogue(sch, chain, out), out
+
+
+def _inline_epilogue(sch, chain, out):
+    """Inline ``chain`` into its last block; the ALU steps it takes, or None."""
     for blk in chain[:-1]:
         sch.compute_inline(blk)
-    final = chain[-1] if chain else None
-    if final is None:
-        return None, None, out
+    final = chain[-1]
     _inline_pointwise_producers(sch, final, out)
     _keep_int32_arithmetic(sch, final)
     block = sch.get(final)
     if None in _operands(block, out).values():
-        return final, None, out
-    return final, _epilogue_steps(block, out), out
+        return None
+    return _epilogue_steps(block, out)
 
 
 def _keep_int32_arithmetic(sch, block_rv) -> None:

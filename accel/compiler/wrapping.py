@@ -17,13 +17,14 @@ the same type is the value itself. What it still folds within one operation (``x
 pattern check declines. :func:`strip` takes the wrappers off again where the rules read
 the epilogue as ALU steps.
 
->>> x = tirx.Var("x", "int32")
->>> kept = keep(tirx.Max(tirx.Max(x, 0) * 861094, -772))
->>> kept
-T.reinterpret("int32", T.max(T.reinterpret("int32", T.reinterpret("int32", T.max(x, 0)) * 861094), -772))
 >>> from tvm import sym
->>> sym.Analyzer().simplify(kept) .same_as(kept)        # the outer max stays
-True
+>>> x = tirx.Var("x", "int32")
+>>> epilogue = tirx.Max(tirx.Max(x, 0) * 861094, -772)
+>>> sym.Analyzer().simplify(epilogue)                   # wrong once the product wraps
+T.max(x, 0) * 861094
+>>> kept = keep(epilogue)
+>>> sym.Analyzer().simplify(kept)                       # unchanged
+T.reinterpret("int32", T.max(T.reinterpret("int32", T.reinterpret("int32", T.max(x, 0)) * 861094), -772))
 >>> strip(kept)
 T.max(T.max(x, 0) * 861094, -772)
 """
@@ -47,13 +48,15 @@ def is_kept(e) -> bool:
 
 
 def keep(value):
-    """``value`` (an epilogue's stored value) with each int32 operation's result wrapped, except in the indices of the loads it reads (addresses, not values of the
-    epilogue); wrappers already there are not doubled."""
+    """``value`` (an epilogue's stored value) with each int32 operation's result wrapped,
+    except in the indices of the loads it reads (addresses, not values of the epilogue);
+    wrappers already there are not doubled."""
     def wrap(e):
         return tirx.call_intrin("int32", "tirx.reinterpret", e) if str(e.ty.dtype) == "int32" else e
 
     def plain_indices(load):
-        return tirx.BufferLoad(load.source, [strip(i) for i in load.indices])
+        indices = [strip(i) for i in load.indices]
+        return load if all(a.same_as(b) for a, b in zip(indices, load.indices)) else tirx.BufferLoad(load.source, indices)
 
     return tvm_ffi.structural_map(strip(value), [(t, wrap) for t in _OPERATIONS] + [(ir.TensorLoad, plain_indices)])
 

@@ -66,7 +66,8 @@ def _model(kind, m, n, k, steps, tail, left, seed):
                     y = bb.emit(relax.op.clip(y, *operand))
                     continue
                 if operand == "channel":
-                    other = relax.const(rng.integers(-2**31, 2**31, (n,), dtype=np.int64).astype(np.int32))
+                    lo, hi = (0, 32) if op == "right_shift" else (-2**31, 2**31)
+                    other = relax.const(rng.integers(lo, hi, (n,), dtype=np.int64).astype(np.int32))
                 elif operand == "residual":
                     other = params[1]
                 else:
@@ -157,6 +158,19 @@ def test_conv2d_epilogues_wrap_like_llvm(m, n, k, steps, tail, left, seed):
 ])
 def test_epilogues_the_simplifier_would_change(steps):
     _assert_bit_exact_on_accel(_model("matmul", 16, 16, 32, steps, None, [False] * 4, 0))
+
+
+def test_an_epilogue_the_alu_cannot_run_stays_on_the_cpu_as_llvm_computes_it():
+    # a shift by a per-channel amount is no ALU step: the whole chain runs on the CPU,
+    # unfused (fused into one loop, LLVM would drop the max after the wrapping product)
+    steps = [("relu", None), ("multiply", 861094), ("maximum", -772), ("right_shift", "channel")]
+    mod = _model("matmul", 16, 16, 32, steps, None, [False] * 4, 0)
+    x = _inputs(mod, 1)
+    want = relax.VirtualMachine(tvm.compile(mod, "llvm"), tvm.cpu())["main"](*[tvm.runtime.tensor(a) for a in x])
+    model = tp.build(mod, "accel, llvm", strict=True)
+    part = model.report.to_json()["partitions"][0]
+    assert part["backend"] == "accel" and any("epilogue" in why for _, why in part["on_host"]), part
+    np.testing.assert_array_equal(model(*x), want.numpy())
 
 
 def test_a_shift_outside_int32s_width_is_declined_with_the_reason():
