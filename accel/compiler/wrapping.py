@@ -56,7 +56,9 @@ def keep(value):
 
     def plain_indices(load):
         indices = [strip(i) for i in load.indices]
-        return load if all(a.same_as(b) for a, b in zip(indices, load.indices)) else tirx.BufferLoad(load.source, indices)
+        if all(a.same_as(b) for a, b in zip(indices, load.indices)):
+            return load
+        return tirx.BufferLoad(load.source, indices)
 
     return tvm_ffi.structural_map(strip(value), [(t, wrap) for t in _OPERATIONS] + [(ir.TensorLoad, plain_indices)])
 
