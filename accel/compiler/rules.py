@@ -429,9 +429,10 @@ def _operand_regions(m, steps):
 
 
 def _alu(m, store, config):
-    chain = _chain(strip(store.value))
+    value = strip(store.value)      # the operations the scheduler kept from the simplifier, as the ALU runs them
+    chain = _chain(value)
     if chain is None:
-        raise _Unsupported(f"{store.value} is not a chain of ALU operations (add, max, min, mul, "
+        raise _Unsupported(f"{value} is not a chain of ALU operations (add, max, min, mul, "
                            "shift right) on one accumulator value")
     spine, steps = chain
     if not steps or not spine.source.same_as(store.buffer) or not _same_indices(spine, store):

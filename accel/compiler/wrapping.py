@@ -1,8 +1,10 @@
 """An inlined epilogue computes what its unfused operations compute, int32 overflow included.
 
 Relax lowers each epilogue operation (bias add, ReLU, requantise multiply, ...) to a block of
-its own, and TVM's llvm code computes every one of them in wrapping int32 arithmetic, as
-accel's ALU does. The scheduler inlines those blocks into one expression, which TVM's
+its own, and TVM's llvm code computes each of them, one loop apiece, in wrapping int32
+arithmetic, as accel's ALU does (LLVM's "no signed wrap" flags matter only where it sees
+several operations at once, or a sum with -2**31, which accel's patterns decline). The
+scheduler inlines the blocks of a chain the ALU runs into one expression, which TVM's
 simplifier then rewrites assuming, as it does for every signed type, that no sum or product
 overflows: it drops ``max(max(x, 0) * 861094, -772)``'s outer ``max`` (the product "is"
 non-negative, yet wraps to a negative number), and folds ``(x + c1) * c2`` into
