@@ -43,6 +43,14 @@ EPILOGUE_OPS = {
     "relax.add": 1, "relax.subtract": 1, "relax.multiply": 1, "relax.maximum": 1, "relax.minimum": 1,
     "relax.right_shift": 1, "relax.nn.relu": 0, "relax.clip": 2, "relax.astype": 0,
 }
+_INT32_MIN, _INT32_MAX = -2**31, 2**31 - 1
+#: Operations with a scalar that make the result a constant (``x * 0``, ``min(x, -2**31)``,
+#: ``max(x, 2**31 - 1)``): TVM's simplifier folds them, and no accumulator is left to read.
+_CONSTANT_RESULT = {("relax.multiply", 0), ("relax.minimum", _INT32_MIN), ("relax.maximum", _INT32_MAX)}
+#: Operations with a scalar whose wrap-around TVM's llvm code does not compute: it marks int32
+#: arithmetic "no signed wrap", and LLVM turns ``x + -2**31`` into ``x | -2**31``, which differs
+#: from the wrapped sum for every negative x. Left to the host, they give the llvm result.
+_NOT_WRAPPED_BY_LLVM = {("relax.add", _INT32_MIN), ("relax.subtract", _INT32_MIN)}
 #: Commutative operations matched with the accumulator on either side. Relax's pattern
 #: matcher already tries both operand orders of ``add`` and ``multiply``; a second pattern
 #: for those would only double the matching work at every level of the chain.
@@ -187,16 +195,44 @@ def _operand_fits(operand, core) -> bool:
     return axis >= 0 and shape[axis] == out[_channel_axis(core)]
 
 
+def _tensor_constant(expr):
+    """The values of a Relax tensor constant (a numpy array), else None (a scalar
+    ``IntImm`` such as a clip bound is not one)."""
+    if isinstance(expr, ir.Constant) and hasattr(expr.value, "numpy"):
+        return expr.value.numpy()
+    return None
+
+
 def _check_epilogue(call, root, core, bound: dict) -> str | None:
     name = call.op.name
     if name == "relax.astype":
         if call.same_as(root) and _dtype(call.args[0]) == "int32" and _dtype(call) == "int8":
             return None
         return f"astype to {_dtype(call)} inside the epilogue; accel keeps int32 until a final cast to int8"
-    if name == "relax.clip" and all(isinstance(b, tirx.IntImm) for b in call.args[1:]) \
-            and call.args[1].value > call.args[2].value:
-        return (f"clip with its lower bound {call.args[1].value} above its upper bound {call.args[2].value} "
-                "(every output is a constant); accel's ALU clips to a range with lo <= hi")
+    if name == "relax.clip" and all(isinstance(b, tirx.IntImm) for b in call.args[1:]):
+        lo, hi = call.args[1].value, call.args[2].value
+        if lo > hi:
+            return (f"clip with its lower bound {lo} above its upper bound {hi} "
+                    "(every output is a constant); accel's ALU clips to a range with lo <= hi")
+        if hi <= _INT32_MIN or lo >= _INT32_MAX:
+            return (f"clip(x, {lo}, {hi}) is a constant whatever the accumulator x "
+                    "(TVM folds it away, leaving the ALU nothing to work on)")
+    for operand in call.args:
+        values = _tensor_constant(operand)
+        if values is not None and values.size == 1:
+            value = int(values.reshape(-1)[0])
+            if (name, value) in _CONSTANT_RESULT:
+                return (f"{name.removeprefix('relax.')}(x, {value}) is a constant whatever the accumulator x "
+                        "(TVM folds it away, leaving the ALU nothing to work on)")
+            if (name, value) in _NOT_WRAPPED_BY_LLVM:
+                return (f"{name.removeprefix('relax.')}(x, {value}) overflows int32, and TVM's llvm code "
+                        "(no-signed-wrap arithmetic) does not wrap it as accel's ALU does")
+    amounts = _tensor_constant(call.args[1]) if name == "relax.right_shift" else None
+    if amounts is not None:
+        if amounts.size and (amounts.min() < 0 or amounts.max() > 31):
+            bad = int(amounts.min()) if amounts.min() < 0 else int(amounts.max())
+            return (f"right_shift by {bad}; an int32 shift is defined for 0 to 31 (TVM refuses the "
+                    "constant for the CPU too, and accel's SHR would clip it)")
     # the accumulator is the operand the match computes; the others come from outside, on either side
     for operand in call.args:
         if operand.__chandle__() in bound or isinstance(operand, (tirx.IntImm, tirx.FloatImm)):

@@ -32,6 +32,7 @@ from accel.hw import abi
 from accel.hw.config import Config
 from accel.hw.isa import AluOp, Mem, StoreMode
 from accel.hw.runtime import AUTO
+from accel.compiler.wrapping import strip
 
 SCOPES = {"local.accel_inp": Mem.INP, "local.accel_wgt": Mem.WGT, "local.accel_acc": Mem.ACC}
 INP, WGT, ACC = "local.accel_inp", "local.accel_wgt", "local.accel_acc"
@@ -271,7 +272,7 @@ def epilogue_chain(e, is_spine, is_operand):
         return epilogue_chain(e.value, is_spine, is_operand)
     if isinstance(e, tirx.Sub) and _int(e.b) is not None:
         inner = epilogue_chain(e.a, is_spine, is_operand)
-        return None if inner is None else (inner[0], inner[1] + [_Step(AluOp.ADD, -_int(e.b))])
+        return None if inner is None else (inner[0], inner[1] + [_Step(AluOp.ADD, _wrap32(-_int(e.b)))])
     if isinstance(e, tirx.RShift) and _int(e.b) is not None:
         inner = epilogue_chain(e.a, is_spine, is_operand)
         return None if inner is None else (inner[0], inner[1] + [_Step(AluOp.SHR, _int(e.b))])
@@ -291,6 +292,12 @@ def epilogue_chain(e, is_spine, is_operand):
         if isinstance(other, ir.TensorLoad) and is_operand(other) and not other.source.same_as(inner[0].source):
             return inner[0], inner[1] + [_Step(op, operand=other)]
     return None
+
+
+def _wrap32(v: int) -> int:
+    """``v`` modulo 2**32 as an int32 (``x - c`` is ``x + (-c)`` in wrapping arithmetic,
+    also for ``c = -2**31``)."""
+    return (v + 2**31) % 2**32 - 2**31
 
 
 def _scaled(e):
@@ -422,9 +429,10 @@ def _operand_regions(m, steps):
 
 
 def _alu(m, store, config):
-    chain = _chain(store.value)
+    value = strip(store.value)      # the operations the scheduler kept from the simplifier, as the ALU runs them
+    chain = _chain(value)
     if chain is None:
-        raise _Unsupported(f"{store.value} is not a chain of ALU operations (add, max, min, mul, "
+        raise _Unsupported(f"{value} is not a chain of ALU operations (add, max, min, mul, "
                            "shift right) on one accumulator value")
     spine, steps = chain
     if not steps or not spine.source.same_as(store.buffer) or not _same_indices(spine, store):
@@ -435,7 +443,7 @@ def _alu(m, store, config):
 
 def _store(m, store, config):
     out = store.buffer
-    value = store.value
+    value = strip(store.value)      # the operations the scheduler kept from the simplifier, as the ALU runs them
     mode = StoreMode.INT32
     if str(out.dtype) == "int8":
         if not isinstance(value, tirx.Cast):

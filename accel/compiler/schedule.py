@@ -39,6 +39,7 @@ from accel.hw.config import Config
 from accel.compiler.conv import analyse as analyse_conv
 from accel.compiler.conv import normalise as normalise_conv
 from accel.compiler.rules import ACC, INP, WGT, epilogue_chain
+from accel.compiler import wrapping
 from accel.hw.isa import AluOp
 
 
@@ -635,21 +636,48 @@ def _schedule_gemm(sch, name, roles, config, notes, knobs: Knobs, reserved: dict
 
 
 def _epilogue(sch, gemm, stop):
-    """``(final, steps, out)``: the GEMM's chain of pointwise consumers (up to the block
-    named ``stop``) inlined into its last block ``final`` (None when there is none), the
-    ALU steps it takes (None when the ALU cannot run it) and the buffer the GEMM writes."""
+    """``(final, steps, out)``: the last block ``final`` of the GEMM's chain of pointwise
+    consumers (up to the block named ``stop``; None when there is none), the ALU steps the
+    chain takes, inlined into ``final`` (None when the ALU cannot run it: the chain is then
+    left as it is) and the buffer the GEMM writes."""
     out = sch.get(gemm).writes[0].source
     chain = pointwise_chain(sch, gemm, stop)
+    if not chain:
+        return None, None, out
+    # Tried on a copy first: an epilogue the ALU cannot run stays on the CPU as the separate
+    # blocks Relax made. Inlined into one loop, LLVM would see the whole chain and, its int32
+    # arithmetic being "no signed wrap", drop a max after a product it takes as non-negative.
+    trial = sch.copy()
+    if _inline_epilogue(trial, chain, out) is None:
+        return chain[-1], None, out
+    return chain[-1], _inline_epilogue(sch, chain, out), out
+
+
+def _inline_epilogue(sch, chain, out):
+    """Inline ``chain`` into its last block; the ALU steps it takes, or None."""
     for blk in chain[:-1]:
         sch.compute_inline(blk)
-    final = chain[-1] if chain else None
-    if final is None:
-        return None, None, out
+    final = chain[-1]
     _inline_pointwise_producers(sch, final, out)
+    _keep_int32_arithmetic(sch, final)
     block = sch.get(final)
     if None in _operands(block, out).values():
-        return final, None, out
-    return final, _epilogue_steps(block, out), out
+        return None
+    return _epilogue_steps(block, out)
+
+
+def _keep_int32_arithmetic(sch, block_rv) -> None:
+    """Wrap the int32 arithmetic of the inlined epilogue ``block_rv`` so that TVM's
+    simplifier, which assumes signed arithmetic never overflows, keeps computing each
+    operation as its own block did (see :mod:`accel.compiler.wrapping`)."""
+    block = sch.get(block_rv)
+    store = block.body
+    value = wrapping.keep(store.value)
+    if value.same_as(store.value):
+        return
+    kept = tvm_ffi.structural_map(block, (tirx.BufferStore, lambda s: tirx.BufferStore(s.buffer, value, s.indices)
+                                          if s.same_as(store) else s))
+    sch.state.replace(sch.get_sref(block_rv), kept, {block: kept})
 
 
 def _operands(block, acc_buffer) -> dict:
@@ -704,7 +732,7 @@ def _inline_pointwise_producers(sch, block_rv, keep) -> None:
 def _epilogue_steps(block, acc_buffer):
     """The ALU steps of an inlined epilogue on the accumulator with int32 operands (an empty
     list for a plain write-back or cast), or None when the ALU cannot do it."""
-    value = block.body.value
+    value = wrapping.strip(block.body.value)
     out = block.body.buffer
     if str(out.dtype) == "int8":
         if not isinstance(value, tirx.Cast):

@@ -85,3 +85,39 @@ def test_a_blocked_product_is_one_matrix_multiplication():
     assert plan.run(host, sim)
     ref.run(stream + [Finish()], want)
     np.testing.assert_array_equal(sim.acc, ref.acc)
+
+
+
+_INT32 = st.integers(-2**31, 2**31 - 1)
+_NUMPY = {AluOp.ADD: np.add, AluOp.MUL: np.multiply, AluOp.MAX: np.maximum, AluOp.MIN: np.minimum,
+          AluOp.SHR: lambda a, s: a >> np.clip(s, 0, 31)}
+
+
+@given(st.lists(st.tuples(st.sampled_from(list(AluOp)), st.one_of(st.none(), _INT32)), min_size=1, max_size=6),
+       st.sampled_from([1, 7919, 2**16 + 1, 2**31 - 1]))
+def test_fused_epilogues_wrap_int32_like_the_reference(steps, scale):
+    """A GEMM into accumulators that held values before, times ``scale``, then an epilogue of
+    ALU steps with any int32 immediate or a bias row (None) as operand, so sums and products
+    wrap and shifts go past [0, 31]: the fused plan, the reference simulator and int64
+    numpy reduced modulo 2**32 after every step give the same accumulators and stores."""
+    steps = [(AluOp.MUL, scale)] + steps
+    tile = dict(dst_addr=0, ext_out=16, dst_stride_out=16, src_addr=1024)     # src: one row, broadcast
+    stream = [_gemm()] + [Alu(op=op, use_imm=imm is not None, imm=imm or 0, push_next=n == len(steps) - 1, **tile)
+                          for n, (op, imm) in enumerate(steps)]
+    stream += [Store(sram_addr=0, sram_ld=16, slot=4, dram_offset=0, dram_ld=16, rows=16, cols=16, pop_prev=True),
+               Finish()]
+    plan, (sim, host), (ref, want) = _both(stream)
+    for s in (sim, ref):
+        s.memory(Mem.WGT)[:256] = np.arange(256) % 251 - 125
+        s.acc[1024:1040] = np.linspace(-2**31, 2**31 - 1, 16).astype(np.int64).astype(np.int32)
+    start = sim.acc.astype(np.int64)
+    x, w = (sim.memory(m)[:256].astype(np.int64).reshape(16, 16) for m in (Mem.INP, Mem.WGT))
+    assert plan is not None and plan.run(host, sim)
+    ref.run(stream, want)
+    np.testing.assert_array_equal(sim.acc, ref.acc)
+    np.testing.assert_array_equal(host[4], want[4])
+    acc = sim_tests.wrap32(start[:256].reshape(16, 16) + x @ w.T)
+    for op, imm in steps:
+        acc = sim_tests.wrap32(_NUMPY[op](acc, start[1024:1040] if imm is None else np.int64(imm)))
+    np.testing.assert_array_equal(ref.acc[:256].reshape(16, 16), acc)
+    np.testing.assert_array_equal(host[4][:256].reshape(16, 16), acc)

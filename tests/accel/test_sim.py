@@ -151,7 +151,9 @@ def gemms(draw):
 def alus(draw):
     op = draw(st.sampled_from(list(AluOp)))
     use_imm = draw(st.booleans())
-    imm = draw(st.integers(-40, 40) if op is not AluOp.MUL else st.integers(-3, 3))
+    # small values, and any int32: products and sums that wrap, shifts outside [0, 31]
+    imm = draw(st.one_of(st.integers(-40, 40) if op is not AluOp.MUL else st.integers(-3, 3),
+                         st.integers(-2**31, 2**31 - 1)))
     ext = [draw(st.integers(0, 4)), draw(st.integers(1, 4))]
     fields = {}
     for p in ("dst", "src"):
