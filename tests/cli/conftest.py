@@ -97,3 +97,18 @@ def script():
 @pytest.fixture(scope="session")
 def repo_root():
     return ROOT
+
+
+@pytest.fixture
+def tirpat_inline(tirpat_here):
+    """``tirpat_inline(*args, cwd=tmp_path)``: :func:`tirpat.cli.main` in this process, in the
+    current directory (the test's ``tmp_path``, or where the test chdir'ed), as a
+    ``CompletedProcess`` like the console script's: for the variations of a case the console
+    script covers (each subprocess starts Python and imports TVM again, about a second of CPU)."""
+
+    def run(*args, cwd):
+        assert pathlib.Path(cwd).resolve() == pathlib.Path.cwd().resolve(), "tirpat_inline runs in the cwd"
+        status, out, err = tirpat_here(*args)
+        return subprocess.CompletedProcess(["tirpat", *map(str, args)], status, out, err)
+
+    return run

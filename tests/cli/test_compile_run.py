@@ -148,9 +148,11 @@ def test_timeline_without_matplotlib_says_which_extra(compiled, tirpat_here, wor
     ({"x": np.zeros((16, 64), np.float32)}, "in.npz: input 'x' is float32[16, 64]; the model takes x: int8[16, 64]"),
     ({"y": np.zeros((16, 64), np.int8)}, "in.npz: no array for input x; the model has no input y"),
 ])
-def test_wrong_inputs(compiled, tirpat, error_line, workdir, arrays, fragment):
+def test_wrong_inputs(compiled, tirpat_inline, error_line, workdir, monkeypatch, arrays, fragment):
+    """In this process (the console script says the same: test_inputs_never_suggest_unpickling)."""
     np.savez(workdir / "in.npz", **arrays)
-    error_line(tirpat("run", "mlp.tirpat", "--inputs", "in.npz", cwd=workdir), f"tirpat run: error: {fragment}")
+    monkeypatch.chdir(workdir)
+    error_line(tirpat_inline("run", "mlp.tirpat", "--inputs", "in.npz", cwd=workdir), f"tirpat run: error: {fragment}")
 
 
 def test_inputs_that_are_not_an_npz(compiled, tirpat_here, workdir):

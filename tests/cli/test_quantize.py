@@ -40,30 +40,31 @@ def test_quantize_without_calibration_warns(tirpat_here, float_cnn, tmp_path):
     assert (model.parent / "cnn_int8.onnx").exists()        # the default name, beside MODEL
 
 
-def test_bad_input(tirpat, error_line, float_cnn, tmp_path):
+def test_bad_input(tirpat, tirpat_inline, error_line, float_cnn, tmp_path):
     model, calib = float_cnn
     error_line(tirpat("quantize", "nope.onnx", cwd=tmp_path), "tirpat quantize: error: nope.onnx: no such file")
     (tmp_path / "m.py").write_text("x = 1")
-    error_line(tirpat("quantize", "m.py", cwd=tmp_path), "m.py: tirpat quantize takes a float .onnx model")
+    error_line(tirpat_inline("quantize", "m.py", cwd=tmp_path), "m.py: tirpat quantize takes a float .onnx model")
     np.savez(tmp_path / "wrong.npz", y=np.zeros((2, 1, 3, 16, 16), np.float32))
-    error_line(tirpat("quantize", model, "--calibration", "wrong.npz", "-o", "q.onnx", cwd=tmp_path),
+    error_line(tirpat_inline("quantize", model, "--calibration", "wrong.npz", "-o", "q.onnx", cwd=tmp_path),
                "calibration data has no array for input 'x' (it has 'y')")
-    error_line(tirpat("quantize", model, "--calibration", "missing.npz", "-o", "q.onnx", cwd=tmp_path),
+    error_line(tirpat_inline("quantize", model, "--calibration", "missing.npz", "-o", "q.onnx", cwd=tmp_path),
                "no calibration file 'missing.npz'")
-    error_line(tirpat("quantize", model, "-o", "no/such/dir/q.onnx", "--calibration", calib, cwd=tmp_path),
+    error_line(tirpat_inline("quantize", model, "-o", "no/such/dir/q.onnx", "--calibration", calib, cwd=tmp_path),
                "no such directory 'no/such/dir'")
 
 
-def test_quantize_never_replaces_its_input_or_another_kind_of_file(tirpat, error_line, float_cnn, tmp_path):
+def test_quantize_never_replaces_its_input_or_another_kind_of_file(tirpat, tirpat_inline, error_line, float_cnn,
+                                                                   tmp_path):
     """``tirpat quantize m.onnx -o m.onnx`` used to replace the float model by its QDQ form."""
     model, calib = float_cnn
     (tmp_path / "m.onnx").write_bytes(model.read_bytes())
     (tmp_path / "keep.json").write_text("{}")
     error_line(tirpat("quantize", "m.onnx", "-o", "m.onnx", "--calibration", calib, cwd=tmp_path),
                "tirpat quantize: error: m.onnx: -o names MODEL itself; choose another -o")
-    error_line(tirpat("quantize", "m.onnx", "-o", "keep.json", "--calibration", calib, cwd=tmp_path),
+    error_line(tirpat_inline("quantize", "m.onnx", "-o", "keep.json", "--calibration", calib, cwd=tmp_path),
                "keep.json: exists and its name does not end in .onnx; not replacing it")
-    error_line(tirpat("quantize", "m.onnx", "-o", calib, "--calibration", calib, cwd=tmp_path),
+    error_line(tirpat_inline("quantize", "m.onnx", "-o", calib, "--calibration", calib, cwd=tmp_path),
                "-o names --calibration itself")
     assert (tmp_path / "m.onnx").read_bytes() == model.read_bytes()
     assert (tmp_path / "keep.json").read_text() == "{}"
@@ -99,7 +100,7 @@ def test_refuses_a_quantised_model(tirpat, error_line, float_cnn, tmp_path):
     assert not (tmp_path / "again.onnx").exists()
 
 
-def test_calibration_values_and_dtypes(tirpat, error_line, float_cnn, tmp_path):
+def test_calibration_values_and_dtypes(tirpat, tirpat_inline, error_line, float_cnn, tmp_path):
     """NaN, infinite and integer calibration data are refused naming the input; data that is
     zero everywhere is quantised with a warning naming the input."""
     model, calib = float_cnn
@@ -110,9 +111,9 @@ def test_calibration_values_and_dtypes(tirpat, error_line, float_cnn, tmp_path):
         np.savez(tmp_path / name, x=data)
     error_line(tirpat("quantize", model, "--calibration", "nan.npz", "-o", "q.onnx", cwd=tmp_path),
                f"calibration array 'x' has {x.size} NaN values (of {x.size}); calibration needs finite data")
-    error_line(tirpat("quantize", model, "--calibration", "inf.npz", "-o", "q.onnx", cwd=tmp_path),
+    error_line(tirpat_inline("quantize", model, "--calibration", "inf.npz", "-o", "q.onnx", cwd=tmp_path),
                f"calibration array 'x' has {int((x > 2).sum())} infinite value")
-    error_line(tirpat("quantize", model, "--calibration", "int.npz", "-o", "q.onnx", cwd=tmp_path),
+    error_line(tirpat_inline("quantize", model, "--calibration", "int.npz", "-o", "q.onnx", cwd=tmp_path),
                "calibration array 'x' is int8; the input is float32")
     assert not (tmp_path / "q.onnx").exists()
     np.savez(tmp_path / "zero.npz", x=np.zeros_like(x))
@@ -147,7 +148,8 @@ def test_readme_flow_quantize_compile_run(tirpat, float_cnn, tmp_path):
     assert "accel:" in ran.stdout and "cycles" in ran.stdout
 
 
-def test_calibration_that_is_not_an_npz_never_suggests_unpickling(tirpat, error_line, float_cnn, tmp_path):
+def test_calibration_that_is_not_an_npz_never_suggests_unpickling(tirpat, tirpat_inline, error_line, float_cnn,
+                                                                   tmp_path):
     """numpy's advice to pass allow_pickle= is not for a user who gave the wrong file."""
     model, _ = float_cnn
     (tmp_path / "bad.onnx").write_bytes(model.read_bytes())
@@ -157,7 +159,8 @@ def test_calibration_that_is_not_an_npz_never_suggests_unpickling(tirpat, error_
                              ("one.npy", "a single .npy array of shape [2, 1, 3, 16, 16], not an .npz of named arrays"),
                              ("objects.npz", "not an .npz of arrays (it holds arrays of Python objects, which are "
                                              "not loaded)")]:
-        line = error_line(tirpat("quantize", model, "--calibration", calibration, "-o", "q.onnx", cwd=tmp_path),
+        run = tirpat if calibration == "bad.onnx" else tirpat_inline     # the console script once
+        line = error_line(run("quantize", model, "--calibration", calibration, "-o", "q.onnx", cwd=tmp_path),
                           f"tirpat quantize: error: '{calibration}': {why}; calibration data is an .npz keyed by "
                           "input name")
         assert "pickle" not in line

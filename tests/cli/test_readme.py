@@ -63,7 +63,7 @@ def test_the_section_names_every_command(repo_root):
     assert missing == [], f"the README's command-line section never mentions {missing}"
 
 
-def test_readme_states_the_exit_statuses_the_commands_give(tirpat, repo_root, example_mlp, tmp_path):
+def test_readme_states_the_exit_statuses_the_commands_give(tirpat, tirpat_inline, repo_root, example_mlp, tmp_path):
     """The README's rule (1: a problem with the input; 2: a usage error) for the cases it names."""
     text = " ".join(readme_section(repo_root).split())
     assert "Exit status 1 is a problem with the input" in text and "exit status 2 is a usage error" in text
@@ -71,11 +71,12 @@ def test_readme_states_the_exit_statuses_the_commands_give(tirpat, repo_root, ex
     usage = [["compile", example_mlp, "-t", "accel, llvm", "--input-shapes", "x:[a,3]"],
              ["run", "m.tirpat", "--seed", "-5"],
              ["tune", example_mlp, "-t", "accel, llvm", "--trials", "0", "--records", "r"]]
-    for args in usage:
-        result = tirpat(*args, cwd=tmp_path)
+    for n, args in enumerate(usage):
+        result = (tirpat if n == 0 else tirpat_inline)(*args, cwd=tmp_path)     # the console script once
         assert result.returncode == 2 and len(result.stderr.splitlines()) == 1, (args, result.stderr)
     (tmp_path / "notes.txt").write_text("keep me")
-    for args in [["compile", "missing.py", "-t", "accel, llvm"], ["compile", example_mlp, "-t", "accel -tile=7, llvm"],
-                 ["compile", example_mlp, "-t", "accel, llvm", "-o", "notes.txt"]]:
-        result = tirpat(*args, cwd=tmp_path)
+    for n, args in enumerate([["compile", "missing.py", "-t", "accel, llvm"],
+                              ["compile", example_mlp, "-t", "accel -tile=7, llvm"],
+                              ["compile", example_mlp, "-t", "accel, llvm", "-o", "notes.txt"]]):
+        result = (tirpat if n == 0 else tirpat_inline)(*args, cwd=tmp_path)
         assert result.returncode == 1 and len(result.stderr.splitlines()) == 1, (args, result.stderr)
