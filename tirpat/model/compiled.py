@@ -17,6 +17,7 @@ import dataclasses
 import json
 import os
 import tempfile
+import threading
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,6 +63,12 @@ class CompiledModel:
     - ``layers``: the last call's offloaded partitions in the order they ran, each a
       :class:`Layer` with its span of device cycles (a timeline labelled by layer);
     - ``export(path)`` writes one file that :func:`load` reads back.
+
+    **Threads.** A model may be called from several threads at once: each thread runs it
+    on a Relax VM of its own (made on the thread's first call) and in sessions of its own,
+    so concurrent calls compute what the same calls made one after another compute.
+    ``stats`` and ``layers`` describe the calling thread's last call (or, on a thread that
+    has made none, the last call to finish on any thread).
     """
 
     def __init__(self, executable, backends: list, host: tvm.target.Target, inputs: list,
@@ -72,9 +79,32 @@ class CompiledModel:
         self.inputs = list(inputs)
         self.report = report
         self.entry = entry
-        self.stats: dict = {}
-        self.layers: list = []
-        self._vm = None         # made on the first call: building one costs as much as a small compile
+        # A relax.VirtualMachine keeps its registers and frames in itself: one VM called from
+        # two threads corrupts both calls (wrong results, InternalErrors, crashes). Each thread
+        # makes its own on its first call (building one costs as much as a small compile).
+        self._here = threading.local()      # .vm, and .last: this thread's last (stats, layers)
+        self._last = None                   # the last call to finish on any thread: (stats, layers)
+
+    @property
+    def stats(self) -> dict:
+        """The last call's device statistics by backend name (see the class docstring)."""
+        last = self._last_call()
+        return last[0] if last is not None else {}
+
+    @property
+    def layers(self) -> list:
+        """The last call's offloaded partitions in the order they ran (see the class docstring)."""
+        last = self._last_call()
+        return last[1] if last is not None else []
+
+    def _last_call(self):
+        return getattr(self._here, "last", None) or self._last
+
+    def _vm(self):
+        vm = getattr(self._here, "vm", None)
+        if vm is None:
+            vm = self._here.vm = relax.VirtualMachine(self.executable, tvm.cpu())
+        return vm
 
     def _check(self, args) -> list:
         if len(args) != len(self.inputs):
@@ -123,12 +153,12 @@ class CompiledModel:
         with contextlib.ExitStack() as stack:
             for backend, opts in self.backends:
                 sessions[backend.name] = stack.enter_context(backend.session(opts))
-            if self._vm is None:
-                self._vm = relax.VirtualMachine(self.executable, tvm.cpu())
+            vm = self._vm()
             with marks(lambda name: started.append((name, cycles_now()))):
-                out = invoke(self._vm[self.entry], *tensors)     # a device's error arrives as itself
-        self.stats = {name: s.stats for name, s in sessions.items() if getattr(s, "stats", None) is not None}
-        self.layers = self._layers(started, cycles_now())
+                out = invoke(vm[self.entry], *tensors)     # a device's error arrives as itself
+        stats = {name: s.stats for name, s in sessions.items() if getattr(s, "stats", None) is not None}
+        # one tuple, assigned at once: a reader on another thread never sees half of two calls
+        self._here.last = self._last = (stats, self._layers(started, cycles_now()))
         return _to_numpy(out)
 
     def profile(self) -> str:
@@ -140,7 +170,7 @@ class CompiledModel:
         for name in self.report.backends or list(used):
             if name not in used:
                 sections.append(f"{name}: nothing ran on it ({self._idle(name)})")
-            elif self._vm is None:
+            elif self._last_call() is None:
                 sections.append(f"{name}: nothing ran yet (call the model first)")
             elif name not in self.stats:
                 sections.append(f"{name}: its session keeps no device statistics (.stats)")
