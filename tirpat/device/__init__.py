@@ -26,15 +26,15 @@ vector unit this way in about forty lines):
 
 >>> from tirpat import device
 >>> sorted(device.__all__)[:4]
-['BoundsError', 'BufferTable', 'PlanError', 'Runtime']
+['BoundsError', 'BufferTable', 'OptionsMismatch', 'PlanError']
 """
 
 from .buffers import BoundsError, BufferTable, SlotError, is_tensor, strided_view, tensor_view
 from .planner import PlanError, Scratchpad, ScratchpadOverflow, ScratchpadPlanner
-from .session import Runtime, Session, invoke, runtimes
+from .session import OptionsMismatch, Runtime, Session, invoke, runtimes
 
 __all__ = [
-    "BoundsError", "BufferTable", "PlanError", "Runtime", "Scratchpad", "ScratchpadOverflow",
+    "BoundsError", "BufferTable", "OptionsMismatch", "PlanError", "Runtime", "Scratchpad", "ScratchpadOverflow",
     "ScratchpadPlanner", "Session", "SlotError", "invoke", "is_tensor", "runtimes", "strided_view",
     "tensor_view",
 ]

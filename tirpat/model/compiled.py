@@ -27,6 +27,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from .. import device
 from ..device import invoke
 from .backend import BackendNotFound, lookup
 from .pipeline import marks
@@ -82,6 +83,8 @@ class CompiledModel:
         # A relax.VirtualMachine keeps its registers and frames in itself: one VM called from
         # two threads corrupts both calls (wrong results, InternalErrors, crashes). Each thread
         # makes its own on its first call (building one costs as much as a small compile).
+        #: The file :func:`load` read the model from (None for a model ``tp.build`` made).
+        self.source = None
         self._here = threading.local()      # .vm, and .last: this thread's last (stats, layers)
         self._last = None                   # the last call to finish on any thread: (stats, layers)
 
@@ -152,14 +155,33 @@ class CompiledModel:
 
         with contextlib.ExitStack() as stack:
             for backend, opts in self.backends:
-                sessions[backend.name] = stack.enter_context(backend.session(opts))
+                session = sessions[backend.name] = stack.enter_context(backend.session(opts))
+                if isinstance(session, device.Session) and session.options is None:
+                    session.options = dict(opts)    # the backend made it for opts: it says so
             vm = self._vm()
             with marks(lambda name: started.append((name, cycles_now()))):
-                out = invoke(vm[self.entry], *tensors)     # a device's error arrives as itself
+                try:
+                    out = invoke(vm[self.entry], *tensors)     # a device's error arrives as itself
+                except device.OptionsMismatch as err:
+                    raise self._options_mismatch(err) from None
         stats = {name: s.stats for name, s in sessions.items() if getattr(s, "stats", None) is not None}
         # one tuple, assigned at once: a reader on another thread never sees half of two calls
         self._here.last = self._last = (stats, self._layers(started, cycles_now()))
         return _to_numpy(out)
+
+    def _options_mismatch(self, err: "device.OptionsMismatch") -> "device.OptionsMismatch":
+        """``err`` (the code refused a session made with the model's own backend options) as
+        what it means for the model: its options are not those its code was compiled for."""
+        if err.said is None:
+            return err
+        text = lambda opts: ", ".join(f"{k}={v}" for k, v in opts.items())  # noqa: E731
+        if self.source is None:
+            return device.OptionsMismatch(f"this model's {err.runtime} options say {text(err.said)}, but its code "
+                                          f"was compiled for {text(err.built)}", err.built, err.said, err.runtime)
+        return device.OptionsMismatch(
+            f"{self.source}: its manifest gives {err.runtime} {text(err.said)}, but its library was compiled for "
+            f"{text(err.built)}: the manifest was edited, or belongs to another library",
+            err.built, err.said, err.runtime)
 
     def profile(self) -> str:
         """The last call's device statistics, a section per backend of the target: what
@@ -350,5 +372,7 @@ def load(path) -> CompiledModel:
             raise BackendNotFound(f"{path} was compiled for a backend this process lacks: {err}") from None
         backends.append((backend, backend.resolve(entry["options"])))
     inputs = [Input(i["name"], tuple(i["shape"]), i["dtype"]) for i in manifest["inputs"]]
-    return CompiledModel(executable, backends, tvm.target.Target(manifest["host"]), inputs,
-                         ModelReport.from_json(manifest["report"]), manifest["entry"])
+    model = CompiledModel(executable, backends, tvm.target.Target(manifest["host"]), inputs,
+                          ModelReport.from_json(manifest["report"]), manifest["entry"])
+    model.source = path     # its code checks the manifest's backend options when it runs
+    return model
