@@ -185,11 +185,11 @@ class Session:
 
     def _from_call(self, frame) -> None:
         """Compiled code called from Python ``frame`` is about to add to the stream (this
-        thread owns it): what
-        compiled code made from another call left pending is a failed call's (compiled code
-        syncs before it returns), so it is discarded. A call is its frame and instruction; a
-        Python function that compiled code calls back and that calls compiled code in turn
-        is part of the outer call (its frame's callers include the outer call's)."""
+        thread owns it): what compiled code made from another call left pending is a failed
+        call's (compiled code syncs before it returns), so it is discarded. A call is its
+        frame and instruction; a Python function that compiled code calls back and that
+        calls compiled code in turn is part of the outer call (its frame's callers include
+        the outer call's)."""
         site = (id(frame), frame.f_lasti)
         if self._site == site:
             return
@@ -315,10 +315,13 @@ class Runtime:
                 raise
 
         def from_compiled(*args):
-            # compiled code (the caller of this TVM global) is called from the nearest Python frame
+            # the compiled code calling this TVM global was called from the nearest Python
+            # frame (none on a thread that native code started: calls cannot be told apart)
             session = current()
-            session.claim()
-            session._from_call(sys._getframe(1))
+            caller = sys._getframe().f_back
+            if caller is not None:
+                session.claim()
+                session._from_call(caller)
             return call(*args)
 
         call.__name__ = call.__qualname__ = from_compiled.__name__ = f"{self.prefix}.{short}"
