@@ -20,8 +20,8 @@ calling thread's current session first. Three promises hold for every backend:
   what compiled code left pending when another compiled call reaches the session is a
   failed call's, and is discarded unrun. A call is told apart by the Python frame and
   instruction that made it; calls made again and again from one line (a loop) are told
-  apart by :meth:`Runtime.begin`, which code built by tirpat's pipelines calls as each
-  offloaded function starts.
+  apart by :meth:`Runtime.begin`, which code the planner planned (``<prefix>.begin()``)
+  and code built by tirpat's model pipelines call as each function starts.
 - **options.** A session may say which backend options it runs code for
   (:attr:`Session.options`); :meth:`Runtime.begin` refuses code built for other options
   with :class:`OptionsMismatch` (device code built for a 32-wide tile computes garbage
@@ -194,14 +194,19 @@ class Session:
         if self._site == site:
             return
         if self._site is not None:
-            caller = frame.f_back
-            while caller is not None and (id(caller), caller.f_lasti) != self._site:
-                caller = caller.f_back
-            if caller is not None:
+            if self._called_back(frame):
                 return          # a nested call: the stream is the outer call's
             self.discard()
             self.claim()
         self._site = site
+
+    def _called_back(self, frame) -> bool:
+        """True when compiled code called from Python ``frame`` runs inside the call that made
+        the pending work: ``frame`` belongs to a Python function that call's compiled code called."""
+        caller = frame.f_back if frame is not None else None
+        while caller is not None and (id(caller), caller.f_lasti) != self._site:
+            caller = caller.f_back
+        return caller is not None
 
     # -- context ------------------------------------------------------------------------
     def __enter__(self):
@@ -234,7 +239,9 @@ class Runtime:
 
     ``session`` is the backend's :class:`Session` subclass; ``default(key)`` makes the
     per-thread default sessions (``session()``, or ``session(key)`` for a keyed one, e.g.
-    one per hardware configuration). ``<prefix>.sync`` is registered from the start.
+    one per hardware configuration). ``<prefix>.sync`` is registered from the start, and so is
+    the TVM global ``<prefix>.begin`` (:meth:`begin` without options), which the
+    :class:`~tirpat.device.ScratchpadPlanner` puts first in each function it plans.
 
     >>> rt = Runtime("doc_rt", type("DocSession", (Session,), {}))
     >>> sorted(rt.functions)
@@ -260,6 +267,11 @@ class Runtime:
         session.runtime = self
         _RUNTIMES[prefix] = self
         self.function(lambda s: s.sync(), name="sync")
+        import tvm
+
+        # not a runtime function (those add to the stream first): compiled code calls it first
+        tvm.register_global_func(f"{prefix}.begin", lambda: self.begin(caller=sys._getframe().f_back) and None,
+                                 override=True)
 
     # -- sessions -----------------------------------------------------------------------
     def _stack(self) -> list:
@@ -332,12 +344,15 @@ class Runtime:
         self.functions[short] = call
         return fn
 
-    def begin(self, options: Optional[Mapping[str, Any]] = None, code: str = "this code") -> Session:
+    def begin(self, options: Optional[Mapping[str, Any]] = None, code: str = "this code", *,
+              caller=None) -> Session:
         """Compiled code starts its device work on this thread's current session (returned):
-        work compiled code left pending there is a failed call's, and is discarded unrun; and
-        when the code carries the backend ``options`` it was built for, the session must say
-        the same values for the options it names (:attr:`Session.options`), else
-        :class:`OptionsMismatch` names the differences (``code`` names the code).
+        work compiled code left pending there is a failed call's, and is discarded unrun
+        (unless ``caller``, the Python frame the compiled code was called from, is a Python
+        function that the call which made that work called back); and when the code carries
+        the backend ``options`` it was built for, the session must say the same values for
+        the options it names (:attr:`Session.options`), else :class:`OptionsMismatch` names
+        the differences (``code`` names the code).
 
         >>> class Lanes(Session):
         ...     options = {"lanes": 16}
@@ -351,7 +366,7 @@ class Runtime:
         session = self.current()
         if session._site is not None:
             session.claim()
-            if session._site is not None:
+            if session._site is not None and not session._called_back(caller):
                 session.discard()
         if options:         # code built for a backend without options runs anywhere
             self._check_options(session, options, code)
