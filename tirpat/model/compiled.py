@@ -80,11 +80,11 @@ class CompiledModel:
         self.inputs = list(inputs)
         self.report = report
         self.entry = entry
+        #: The file :func:`load` read the model from (None for a model ``tp.build`` made).
+        self.source = None
         # A relax.VirtualMachine keeps its registers and frames in itself: one VM called from
         # two threads corrupts both calls (wrong results, InternalErrors, crashes). Each thread
         # makes its own on its first call (building one costs as much as a small compile).
-        #: The file :func:`load` read the model from (None for a model ``tp.build`` made).
-        self.source = None
         self._here = threading.local()      # .vm, and .last: this thread's last (stats, layers)
         self._last = None                   # the last call to finish on any thread: (stats, layers)
 

@@ -86,7 +86,7 @@ def _on_partition(name, backend: str = "", options: str = "", runtimes: str = ""
         for prefix in str(runtimes).split(","):
             runtime = known.get(prefix)
             if runtime is not None:
-                runtime.begin(built, f"the partition {name}", caller=sys._getframe().f_back)
+                runtime.begin(built, f"the {backend} partition {name}", caller=sys._getframe().f_back)
     sink = getattr(_MARKS, "sink", None)
     if sink is not None:
         sink(str(name))
