@@ -102,6 +102,16 @@ class Session(device.Session):
         """
         return self.buffers.slot(host)
 
+    @property
+    def options(self) -> dict:
+        """The backend options this session runs code for: its Config's fields (code that
+        tirpat built for other ones refuses to run here, see :meth:`tirpat.device.Runtime.begin`).
+
+        >>> Session(Config(tile=32)).options["tile"]
+        32
+        """
+        return dataclasses.asdict(self.config)
+
     # ------------------------------------------------------------------ instructions
     def _emit(self, cls: type[Instruction], values: tuple, deps: int) -> int:
         """Emit ``cls`` built from ``values`` (its fields in ABI order) and flags; the

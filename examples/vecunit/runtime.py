@@ -54,6 +54,7 @@ class VecUnit(device.Session):
 
     def __init__(self, lanes: int = 16, regs: int = 32) -> None:
         super().__init__()
+        self.options = {"lanes": lanes, "regs": regs}     # code built for other options refuses to run here
         self.lanes = lanes
         self.vrf = np.zeros(regs * lanes, np.int8)
         self.stats = Stats()

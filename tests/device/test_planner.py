@@ -37,12 +37,12 @@ def test_addresses_are_aligned_stacked_and_double_buffered_in_loops():
     assert addresses(stacked, double_buffer=False) == ["2", "0", "16"]
 
 
-def test_syncs_go_after_the_runtime_calls_and_before_the_cpu_code():
+def test_syncs_go_after_the_runtime_calls_and_before_the_cpu_code_and_begin_first():
     p = planner()
     body = p.plan(stacked).body
     assert isinstance(body, tirx.SeqStmt)
     names = [s.value.args[0].value if isinstance(s, tirx.Evaluate) else type(s).__name__ for s in body.seq]
-    assert names == ["pt.use", "pt.use", "For", "pt.sync", "BufferStore"]
+    assert names == ["pt.begin", "pt.use", "pt.use", "For", "pt.sync", "BufferStore"]
 
 
 def test_functions_without_runtime_calls_are_left_alone():

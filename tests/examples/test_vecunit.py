@@ -350,10 +350,40 @@ def test_the_profile_of_statistics_without_a_summary_lists_their_fields():
 def test_a_device_error_in_a_model_call_arrives_as_itself(monkeypatch):
     model = tp.build(_chain_model((4, 20), [("relu",)]), "vecunit, llvm")
     narrow = vecunit.VecUnit(lanes=4)          # a device narrower than the code was compiled for
+    narrow.options = {"lanes": 16, "regs": 32}  # that says it is not: only the device can tell
     monkeypatch.setattr(vecunit.VecUnitBackend, "session", lambda self, opts: narrow)
     with pytest.raises(VecUnitError, match="vld: vector length 16 is outside \\[0, 4\\]"):
         model(np.zeros((4, 20), np.int8))
     assert narrow.pending == 0
+
+
+def test_code_built_for_other_options_refuses_the_session(monkeypatch):
+    """The options travel with the code: a session made for other lanes (or that does not
+    say which) is refused before the device does anything, called directly or in a model."""
+    mod = _chain_model((4, 20), [("relu",)])
+    x = np.zeros((4, 20), np.int8)
+    executable = tvm.compile(mod, "llvm", relax_pipeline=tp.relax_pipeline("vecunit -lanes=8, llvm"),
+                             tir_pipeline=tp.TIR_PIPELINE)
+    run = relax.VirtualMachine(executable, tvm.cpu())["main"]
+    with VecUnit(lanes=8) as s:
+        run(tvm.runtime.tensor(x))
+    assert s.stats.instructions["vld"] > 0
+    with VecUnit() as s:
+        with pytest.raises(device.OptionsMismatch, match="built for vecunit with lanes=8, but the current vecunit "
+                                                         "session \\(VecUnit\\) has lanes=16"):
+            run(tvm.runtime.tensor(x))
+    assert s.stats.instructions == {}
+    with pytest.raises(device.OptionsMismatch, match="this thread's default vecunit session"):
+        run(tvm.runtime.tensor(x))
+    silent = VecUnit(lanes=8)
+    silent.options = None
+    with silent, pytest.raises(device.OptionsMismatch, match="does not say which options it runs"):
+        run(tvm.runtime.tensor(x))
+    model = tp.build(mod, "vecunit -lanes=8, llvm")
+    monkeypatch.setattr(vecunit.VecUnitBackend, "session", lambda self, opts: VecUnit(lanes=16))
+    with pytest.raises(device.OptionsMismatch, match="this model's vecunit options say lanes=16, but its code "
+                                                     "was compiled for lanes=8"):
+        model(x)
 
 
 def test_export_and_load():

@@ -4,7 +4,7 @@
   bounds-checked strided views, byte ranges for aliasing), ``tensor_view``;
 - :mod:`~tirpat.device.session`: sessions (per-thread current and default sessions,
   one owner per pending stream), runtime functions registered under a backend's prefix
-  with error relay, and atomic calls (:func:`invoke`);
+  with error relay, atomic calls (:func:`invoke`) and the options check;
 - :mod:`~tirpat.device.planner`: scratchpad-address planning for a backend's storage
   scopes, with double buffering and sync insertion.
 
@@ -14,6 +14,8 @@ vector unit this way in about forty lines):
 1. subclass :class:`Session` with the device's state (registers, scratchpads, a simulator);
    keep the default pending work (:meth:`Session.enqueue` of closures run at sync) or
    override ``pending`` / ``execute`` / ``drop`` for an instruction stream of your own;
+   set ``options`` to the backend options the session runs code for (code tirpat built
+   for other ones refuses to run in it: :class:`OptionsMismatch`);
 2. ``rt = Runtime("<prefix>", MySession)`` and decorate each runtime function with
    ``@rt.function``: it gets the current session first, then the call's arguments (host
    buffers as DLTensors: ``s.buffers.view(s.buffers.slot(t), offset, shape, strides)`` is
@@ -26,15 +28,15 @@ vector unit this way in about forty lines):
 
 >>> from tirpat import device
 >>> sorted(device.__all__)[:4]
-['BoundsError', 'BufferTable', 'PlanError', 'Runtime']
+['BoundsError', 'BufferTable', 'OptionsMismatch', 'PlanError']
 """
 
 from .buffers import BoundsError, BufferTable, SlotError, is_tensor, strided_view, tensor_view
 from .planner import PlanError, Scratchpad, ScratchpadOverflow, ScratchpadPlanner
-from .session import Runtime, Session, invoke, runtimes
+from .session import OptionsMismatch, Runtime, Session, invoke, runtimes
 
 __all__ = [
-    "BoundsError", "BufferTable", "PlanError", "Runtime", "Scratchpad", "ScratchpadOverflow",
+    "BoundsError", "BufferTable", "OptionsMismatch", "PlanError", "Runtime", "Scratchpad", "ScratchpadOverflow",
     "ScratchpadPlanner", "Session", "SlotError", "invoke", "is_tensor", "runtimes", "strided_view",
     "tensor_view",
 ]

@@ -15,7 +15,9 @@ A backend's rules rewrite loop nests into calls of its runtime functions
   rewrote (naming the statement), a scratchpad buffer handed on as host memory (not
   through ``access_ptr``), a runtime call in a ``parallel`` loop, and CPU code touching a
   host buffer between the runtime calls that use it and their sync;
-- inserts ``<prefix>.sync()`` after each run of top-level statements that call the runtime.
+- inserts ``<prefix>.sync()`` after each run of top-level statements that call the runtime,
+  and ``<prefix>.begin()`` first (see :meth:`tirpat.device.Runtime.begin`: what a call that
+  failed in host code left pending is discarded, even when calls come from one line).
 
 ``AttrStmt`` markers whose key starts with ``<prefix>.`` are removed (rules use them to
 tell a subclass's checks something); :meth:`ScratchpadPlanner.check_sequence` and
@@ -148,7 +150,9 @@ class ScratchpadPlanner:
         body = _FunctionPlan(self, name).run(func.body)
         if not self.calls_runtime(body):
             return func.with_body(body)
-        return func.with_body(self._with_syncs(body, name))
+        synced = self._with_syncs(body, name)
+        begin = tirx.Evaluate(tirx.call_packed(f"{self.prefix}.begin"))
+        return func.with_body(tirx.SeqStmt([begin, *(synced.seq if isinstance(synced, tirx.SeqStmt) else [synced])]))
 
     def as_pass(self, name: Optional[str] = None) -> tvm.transform.Pass:
         """:meth:`plan` as a PrimFunc pass (named ``<prefix>.PlanScratchpads``)."""

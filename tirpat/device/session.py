@@ -14,7 +14,18 @@ calling thread's current session first. Three promises hold for every backend:
   ``RuntimeError``).
 - **atomic calls.** A runtime function that raises discards its session's pending work,
   and :func:`invoke` does the same for whatever else fails inside the call: nothing of a
-  failed call stays pending to run later against memory that is gone.
+  failed call stays pending to run later against memory that is gone. Compiled code
+  called directly (no :func:`invoke`) that fails in host code after some runtime calls
+  cannot tell the runtime so; compiled code syncs its device work before it returns, so
+  what compiled code left pending when another compiled call reaches the session is a
+  failed call's, and is discarded unrun. A call is told apart by the Python frame and
+  instruction that made it; calls made again and again from one line (a loop) are told
+  apart by :meth:`Runtime.begin`, which code the planner planned (``<prefix>.begin()``)
+  and code built by tirpat's model pipelines call as each function starts.
+- **options.** A session may say which backend options it runs code for
+  (:attr:`Session.options`); :meth:`Runtime.begin` refuses code built for other options
+  with :class:`OptionsMismatch` (device code built for a 32-wide tile computes garbage
+  on a 16-wide one).
 
 >>> import numpy as np
 >>> class Counter(Session):
@@ -32,16 +43,33 @@ calling thread's current session first. Three promises hold for every backend:
 
 from __future__ import annotations
 
+import sys
 import threading
-from typing import Any, Callable, ClassVar, Hashable, Optional
+from typing import Any, Callable, ClassVar, Hashable, Mapping, Optional
+
+import tvm_ffi
 
 from .buffers import BufferTable
 
-__all__ = ["Session", "Runtime", "invoke", "runtimes"]
+__all__ = ["Session", "Runtime", "invoke", "runtimes", "OptionsMismatch"]
 
 _relay = threading.local()      # .error: the exception the last failing runtime function raised
 _RUNTIMES: dict[str, "Runtime"] = {}
 _OWNER_POLL_SECONDS = 0.05
+
+
+@tvm_ffi.register_error
+class OptionsMismatch(ValueError):
+    """Code built for some backend options runs in a session made for others (registered
+    with TVM's FFI, so it reaches the caller as its class through any compiled code, and
+    through :func:`invoke` as itself). ``built`` and ``said`` are the differing options as
+    the code and the session give them (``said`` is None for a session that says nothing),
+    ``runtime`` the prefix of the session's runtime."""
+
+    def __init__(self, message: str, built: Optional[dict] = None, said: Optional[dict] = None,
+                 runtime: str = "") -> None:
+        super().__init__(message)
+        self.built, self.said, self.runtime = built, said, runtime
 
 
 class _PerThread(threading.local):
@@ -71,10 +99,17 @@ class Session:
 
     #: The runtime this session class belongs to (set by :class:`Runtime`).
     runtime: ClassVar[Optional["Runtime"]] = None
+    #: The backend options this session runs code built for (a mapping of option names to
+    #: values), or None when it does not say. A subclass derives it from its state (accel
+    #: from its Config); a session a Backend's ``session(opts)`` made says ``opts`` when the
+    #: model level enters it. Code that carries its options refuses to run in a session
+    #: that says other values for any option it names, or says nothing.
+    options: Optional[Mapping[str, Any]] = None
 
     def __init__(self) -> None:
         self.buffers = BufferTable()
         self._work: list[Callable[[], None]] = []
+        self._site: Optional[tuple] = None         # the call compiled code's pending work came from
         self._owner: Optional[int] = None            # thread ident owning the pending stream
         self._owner_thread: Optional[threading.Thread] = None
         self._free = threading.Condition(threading.Lock())
@@ -122,6 +157,7 @@ class Session:
 
     def _end_stream(self) -> None:
         self.buffers.release_borrowed()
+        self._site = None
         with self._free:
             self._owner = self._owner_thread = None
             self._free.notify_all()
@@ -146,6 +182,31 @@ class Session:
     def owned_here(self) -> bool:
         """True when the calling thread owns this session's pending stream."""
         return self._owner == threading.get_ident()
+
+    def _from_call(self, frame) -> None:
+        """Compiled code called from Python ``frame`` is about to add to the stream (this
+        thread owns it): what compiled code made from another call left pending is a failed
+        call's (compiled code syncs before it returns), so it is discarded. A call is its
+        frame and instruction; a Python function that compiled code calls back and that
+        calls compiled code in turn is part of the outer call (its frame's callers include
+        the outer call's)."""
+        site = (id(frame), frame.f_lasti)
+        if self._site == site:
+            return
+        if self._site is not None:
+            if self._called_back(frame):
+                return          # a nested call: the stream is the outer call's
+            self.discard()
+            self.claim()
+        self._site = site
+
+    def _called_back(self, frame) -> bool:
+        """True when compiled code called from Python ``frame`` runs inside the call that made
+        the pending work: ``frame`` belongs to a Python function that call's compiled code called."""
+        caller = frame.f_back if frame is not None else None
+        while caller is not None and (id(caller), caller.f_lasti) != self._site:
+            caller = caller.f_back
+        return caller is not None
 
     # -- context ------------------------------------------------------------------------
     def __enter__(self):
@@ -178,7 +239,9 @@ class Runtime:
 
     ``session`` is the backend's :class:`Session` subclass; ``default(key)`` makes the
     per-thread default sessions (``session()``, or ``session(key)`` for a keyed one, e.g.
-    one per hardware configuration). ``<prefix>.sync`` is registered from the start.
+    one per hardware configuration). ``<prefix>.sync`` is registered from the start, and so is
+    the TVM global ``<prefix>.begin`` (:meth:`begin` without options), which the
+    :class:`~tirpat.device.ScratchpadPlanner` puts first in each function it plans.
 
     >>> rt = Runtime("doc_rt", type("DocSession", (Session,), {}))
     >>> sorted(rt.functions)
@@ -204,6 +267,11 @@ class Runtime:
         session.runtime = self
         _RUNTIMES[prefix] = self
         self.function(lambda s: s.sync(), name="sync")
+        import tvm
+
+        # not a runtime function (those add to the stream first): compiled code calls it first
+        tvm.register_global_func(f"{prefix}.begin", lambda: self.begin(caller=sys._getframe().f_back) and None,
+                                 override=True)
 
     # -- sessions -----------------------------------------------------------------------
     def _stack(self) -> list:
@@ -258,16 +326,79 @@ class Runtime:
                     session.discard()
                 raise
 
-        call.__name__ = call.__qualname__ = f"{self.prefix}.{short}"
-        call.__doc__ = fn.__doc__
+        def from_compiled(*args):
+            # the compiled code calling this TVM global was called from the nearest Python
+            # frame (none on a thread that native code started: calls cannot be told apart)
+            session = current()
+            caller = sys._getframe().f_back
+            if caller is not None:
+                session.claim()
+                session._from_call(caller)
+            return call(*args)
+
+        call.__name__ = call.__qualname__ = from_compiled.__name__ = f"{self.prefix}.{short}"
+        call.__doc__ = from_compiled.__doc__ = fn.__doc__
         import tvm
 
-        tvm.register_global_func(call.__name__, call, override=True)
+        tvm.register_global_func(call.__name__, from_compiled, override=True)
         self.functions[short] = call
         return fn
 
+    def begin(self, options: Optional[Mapping[str, Any]] = None, code: str = "this code", *,
+              caller=None) -> Session:
+        """Compiled code starts its device work on this thread's current session (returned):
+        work compiled code left pending there is a failed call's, and is discarded unrun
+        (unless ``caller``, the Python frame the compiled code was called from, is a Python
+        function that the call which made that work called back); and when the code carries
+        the backend ``options`` it was built for, the session must say the same values for
+        the options it names (:attr:`Session.options`), else :class:`OptionsMismatch` names
+        the differences (``code`` names the code).
+
+        >>> class Lanes(Session):
+        ...     options = {"lanes": 16}
+        >>> rt = Runtime("doc_begin", Lanes)
+        >>> with Lanes():
+        ...     rt.begin({"lanes": 8}, "vadd")
+        Traceback (most recent call last):
+          ...
+        tirpat.device.session.OptionsMismatch: vadd was built for doc_begin with lanes=8, but the current doc_begin session (Lanes) has lanes=16; run it in a session made for its options
+        """
+        session = self.current()
+        if session._site is not None:
+            session.claim()
+            if session._site is not None and not session._called_back(caller):
+                session.discard()
+        if options:         # code built for a backend without options runs anywhere
+            self._check_options(session, options, code)
+        return session
+
+    def _check_options(self, session: Session, built: Mapping[str, Any], code: str) -> None:
+        which = (f"the current {self.prefix} session ({type(session).__name__})" if self.entered() is session else
+                 f"this thread's default {self.prefix} session ({type(session).__name__}, outside any `with`)")
+        said = session.options
+        if said is None:
+            err = OptionsMismatch(
+                f"{code} was built for {self.prefix} with {_options_text(built)}, but {which} does not say which "
+                f"options it runs (its .options is None); run it in a session made for its options", dict(built),
+                runtime=self.prefix)
+        else:
+            differ = [k for k in said if k in built and said[k] != built[k]]
+            if not differ:
+                return
+            err = OptionsMismatch(
+                f"{code} was built for {self.prefix} with {_options_text(built, differ)}, but {which} has "
+                f"{_options_text(said, differ)}; run it in a session made for its options",
+                {k: built[k] for k in differ}, {k: said[k] for k in differ}, self.prefix)
+        if getattr(_relay, "active", 0):        # for invoke() to raise as itself
+            _relay.error = err
+        raise err
+
     def __repr__(self) -> str:
         return f"<Runtime {self.prefix!r}: {', '.join(sorted(self.functions))}>"
+
+
+def _options_text(options: Mapping[str, Any], keys=None) -> str:
+    return ", ".join(f"{k}={options[k]}" for k in (options if keys is None else keys))
 
 
 def runtimes() -> dict[str, Runtime]:

@@ -16,6 +16,7 @@ import contextlib
 import dataclasses
 import os
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
@@ -24,6 +25,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from .. import device
 from ..device import invoke
 from .archive import FORMAT, LIBRARY, read_archive, write_archive
 from .backend import BackendNotFound, lookup
@@ -59,6 +61,12 @@ class CompiledModel:
     - ``layers``: the last call's offloaded partitions in the order they ran, each a
       :class:`Layer` with its span of device cycles (a timeline labelled by layer);
     - ``export(path)`` writes one file that :func:`load` reads back.
+
+    **Threads.** A model may be called from several threads at once: each thread runs it
+    on a Relax VM of its own (made on the thread's first call) and in sessions of its own,
+    so concurrent calls compute what the same calls made one after another compute.
+    ``stats`` and ``layers`` describe the calling thread's last call (or, on a thread that
+    has made none, the last call to finish on any thread).
     """
 
     def __init__(self, executable, backends: list, host: tvm.target.Target, inputs: list,
@@ -69,9 +77,34 @@ class CompiledModel:
         self.inputs = list(inputs)
         self.report = report
         self.entry = entry
-        self.stats: dict = {}
-        self.layers: list = []
-        self._vm = None         # made on the first call: building one costs as much as a small compile
+        #: The file :func:`load` read the model from (None for a model ``tp.build`` made).
+        self.source = None
+        # A relax.VirtualMachine keeps its registers and frames in itself: one VM called from
+        # two threads corrupts both calls (wrong results, InternalErrors, crashes). Each thread
+        # makes its own on its first call (building one costs as much as a small compile).
+        self._here = threading.local()      # .vm, and .last: this thread's last (stats, layers)
+        self._last = None                   # the last call to finish on any thread: (stats, layers)
+
+    @property
+    def stats(self) -> dict:
+        """The last call's device statistics by backend name (see the class docstring)."""
+        last = self._last_call()
+        return last[0] if last is not None else {}
+
+    @property
+    def layers(self) -> list:
+        """The last call's offloaded partitions in the order they ran (see the class docstring)."""
+        last = self._last_call()
+        return last[1] if last is not None else []
+
+    def _last_call(self):
+        return getattr(self._here, "last", None) or self._last
+
+    def _vm(self):
+        vm = getattr(self._here, "vm", None)
+        if vm is None:
+            vm = self._here.vm = relax.VirtualMachine(self.executable, tvm.cpu())
+        return vm
 
     def _check(self, args) -> list:
         if len(args) != len(self.inputs):
@@ -120,13 +153,18 @@ class CompiledModel:
 
         with contextlib.ExitStack() as stack:
             for backend, opts in self.backends:
-                sessions[backend.name] = stack.enter_context(backend.session(opts))
-            if self._vm is None:
-                self._vm = relax.VirtualMachine(self.executable, tvm.cpu())
+                session = sessions[backend.name] = stack.enter_context(backend.session(opts))
+                if isinstance(session, device.Session) and session.options is None:
+                    session.options = dict(opts)    # the backend made it for opts: it says so
+            vm = self._vm()
             with marks(lambda name: started.append((name, cycles_now()))):
-                out = invoke(self._vm[self.entry], *tensors)     # a device's error arrives as itself
-        self.stats = {name: s.stats for name, s in sessions.items() if getattr(s, "stats", None) is not None}
-        self.layers = self._layers(started, cycles_now())
+                try:
+                    out = invoke(vm[self.entry], *tensors)     # a device's error arrives as itself
+                except device.OptionsMismatch as err:
+                    raise self._options_mismatch(err) from None
+        stats = {name: s.stats for name, s in sessions.items() if getattr(s, "stats", None) is not None}
+        # one tuple, assigned at once: a reader on another thread never sees half of two calls
+        self._here.last = self._last = (stats, self._layers(started, cycles_now()))
         return _to_numpy(out)
 
     def _check_host(self) -> None:
@@ -138,6 +176,20 @@ class CompiledModel:
                             hint="export it and run it on a machine that has them")
             self._host_runs_here = True
 
+    def _options_mismatch(self, err: "device.OptionsMismatch") -> "device.OptionsMismatch":
+        """``err`` (the code refused a session made with the model's own backend options) as
+        what it means for the model: its options are not those its code was compiled for."""
+        if err.said is None:
+            return err
+        text = lambda opts: ", ".join(f"{k}={v}" for k, v in opts.items())  # noqa: E731
+        if self.source is None:
+            return device.OptionsMismatch(f"this model's {err.runtime} options say {text(err.said)}, but its code "
+                                          f"was compiled for {text(err.built)}", err.built, err.said, err.runtime)
+        return device.OptionsMismatch(
+            f"{self.source}: its manifest gives {err.runtime} {text(err.said)}, but its library was compiled for "
+            f"{text(err.built)}: the manifest was edited, or belongs to another library",
+            err.built, err.said, err.runtime)
+
     def profile(self) -> str:
         """The last call's device statistics, a section per backend of the target: what
         :func:`describe_stats` makes of its session's ``.stats``, and the cycles of each
@@ -147,7 +199,7 @@ class CompiledModel:
         for name in self.report.backends or list(used):
             if name not in used:
                 sections.append(f"{name}: nothing ran on it ({self._idle(name)})")
-            elif self._vm is None:
+            elif self._last_call() is None:
                 sections.append(f"{name}: nothing ran yet (call the model first)")
             elif name not in self.stats:
                 sections.append(f"{name}: its session keeps no device statistics (.stats)")
@@ -331,7 +383,9 @@ def load(path) -> CompiledModel:
         except BackendNotFound as err:
             raise BackendNotFound(f"{path} was compiled for a backend this process lacks: {err}") from None
         backends.append((backend, backend.resolve(options)))
-    return CompiledModel(executable, backends, host, inputs, report, manifest["entry"])
+    model = CompiledModel(executable, backends, host, inputs, report, manifest["entry"])
+    model.source = path     # its code checks the manifest's backend options when it runs
+    return model
 
 
 def _host(path, config: dict) -> tvm.target.Target:

@@ -14,6 +14,10 @@
   options in :data:`~tirpat.model.partition.OPTIONS_ATTR`); the others take TVM's default TIR
   pipeline alone.
 
+Each offloaded PrimFunc starts with a call of :data:`PARTITION_MARKER` that carries its backend
+options: the device runtimes it calls refuse a session made for other ones
+(:meth:`tirpat.device.Runtime.begin`), so the code runs only under the options it was built for.
+
 >>> t = "accel, llvm"
 >>> ex = tvm.compile(mod, "llvm", relax_pipeline=tp.relax_pipeline(t), tir_pipeline=tp.TIR_PIPELINE)  # doctest: +SKIP
 >>> with accel.Session():                                                    # doctest: +SKIP
@@ -23,6 +27,9 @@
 from __future__ import annotations
 
 import contextvars
+import functools
+import json
+import sys
 import threading
 import warnings
 from dataclasses import dataclass, field
@@ -32,6 +39,7 @@ import tvm
 import tvm_ffi
 from tvm import ir, relax, s_tir, tirx
 
+from .. import device
 from .backend import Phase, lookup
 from .partition import BACKEND_ATTR, OPTIONS_ATTR, Partitioner, as_target, options_text, tagged
 from .prepack import calls, split_layout_stages
@@ -62,15 +70,46 @@ class Record:
     record_misses: dict = field(default_factory=dict)  # PrimFunc name -> why no record applied
 
 
-#: The runtime function every offloaded PrimFunc calls first with its name (see :func:`marks`).
+#: The runtime function every offloaded PrimFunc calls first, with its name, its backend, the
+#: backend options it was built for (JSON) and the prefixes of the device runtimes it calls
+#: (comma-separated): see :func:`marks` and :func:`_on_partition`.
 PARTITION_MARKER = "tirpat.partition_begin"
 _MARKS = threading.local()
 
 
-def _on_partition(name) -> None:
+def _on_partition(name, backend: str = "", options: str = "", runtimes: str = "") -> None:
+    """An offloaded partition starts: each device runtime it calls begins its work (a failed
+    call's leftovers are discarded, a session of other options refuses the code: the options
+    travel with the code, whatever ran it) and the sink of :class:`marks`, if any, hears it."""
+    if runtimes:
+        built, known = _options(options), device.runtimes()
+        for prefix in str(runtimes).split(","):
+            runtime = known.get(prefix)
+            if runtime is not None:
+                runtime.begin(built, f"the {backend} partition {name}", caller=sys._getframe().f_back)
     sink = getattr(_MARKS, "sink", None)
     if sink is not None:
         sink(str(name))
+
+
+@functools.lru_cache(maxsize=256)
+def _options(text: str) -> dict:
+    return json.loads(text) if text else {}
+
+
+def _runtime_prefixes(func: tirx.PrimFunc) -> str:
+    """The prefixes of the runtime functions ``func`` calls (``accel`` of ``accel.load``),
+    comma-separated; those of device runtimes (:func:`tirpat.device.runtimes`) count when it runs."""
+    found: dict = {}
+
+    def on_call(call):
+        if call.op.name == "tirx.tvm_call_packed" and isinstance(call.args[0], ir.StringImm):
+            prefix = call.args[0].value.split(".", 1)[0]
+            if prefix != "tirpat":
+                found[prefix] = None
+
+    tvm_ffi.structural_walk(func.body, (ir.Call, on_call))
+    return ",".join(found)
 
 
 tvm.register_global_func(PARTITION_MARKER, _on_partition, override=True)
@@ -289,8 +328,6 @@ def _stages(name: str, opts_text: str):
     with _LOCK:
         found = _STAGES.get(key)
         if found is None:
-            import json
-
             backend = lookup(name)
             opts = backend.resolve(json.loads(opts_text))
             found = (list(backend.passes(Phase.BEFORE_REWRITE, opts) or []), backend.rules(opts),
@@ -323,7 +360,9 @@ def _dispatch(mod: ir.IRModule, ctx) -> ir.IRModule:
             mod[gv] = func.without_attr(BACKEND_ATTR)
             continue
         # a marker first, so that a run can tell which partition the device's work belongs to
-        marker = tirx.Evaluate(tirx.call_packed(PARTITION_MARKER, gv.name_hint))
+        # and what the code was built for, checked against the sessions that run it
+        marker = tirx.Evaluate(tirx.call_packed(PARTITION_MARKER, gv.name_hint, backend,
+                                                str(func.attrs.get(OPTIONS_ATTR, "{}")), _runtime_prefixes(done)))
         mod[gv] = done.with_body(tirx.SeqStmt([marker, done.body]))
         if record is not None:
             record.rules[gv.name_hint] = counts
