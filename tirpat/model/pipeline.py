@@ -2,7 +2,9 @@
 
 - :func:`relax_pipeline` partitions the model for the target's backends
   (:mod:`tirpat.model.partition`), lowers each partition to one PrimFunc (``LegalizeOps``,
-  ``FuseTIR``), hands it to its backend's ``schedule`` and marks it opaque to TVM's fusion
+  ``FuseTIR``; the scalar constants a call passes become immediates, in a PrimFunc of its own
+  for each distinct set of them when one PrimFunc serves several calls), hands it to its
+  backend's ``schedule`` and marks it opaque to TVM's fusion
   (``op_pattern`` kOpaque, else ``FuseOps`` would merge it with its neighbours); a weight
   layout stage the schedule marked (``meta_schedule.layout_rewrite_preproc``, as
   meta_schedule's layout rewriting does) becomes a function of its own, which runs at
