@@ -248,17 +248,16 @@ def _inline_scalar_constants(mod: ir.IRModule, tags: dict) -> tuple[ir.IRModule,
         for n, key in enumerate(keys):
             if n == 0:
                 keys[key] = gv
-                builder.update_func(gv, _with_immediates(func, dict(key)))
+                builder.update_func(gv, _with_immediates(func, key))
             else:
-                copy = builder.add_func(_with_immediates(func, dict(key)), f"{name}_s{n}")
+                copy = builder.add_func(_with_immediates(func, key), f"{name}_s{n}")
                 if func.attrs is not None and "global_symbol" in func.attrs:     # one symbol per copy
                     builder.update_func(copy, builder.get()[copy].with_attr("global_symbol", copy.name_hint))
                 keys[key] = copy
                 tags[copy.name_hint] = tags[name]
     mod = builder.get()
-    # each site calls the copy made for its scalars
 
-    def repoint(call, _):
+    def repoint(call, _):       # each site calls the copy made for its scalars
         keys = variants.get(call.args[0].name_hint)
         if keys is None:
             return call
@@ -273,18 +272,21 @@ def _inline_scalar_constants(mod: ir.IRModule, tags: dict) -> tuple[ir.IRModule,
 
 
 def _scalar_key(call) -> tuple:
-    """The scalar constants a ``call_tir`` passes: ``((param index, value), ...)``."""
+    """The scalar constants a ``call_tir`` passes: ``((param index, dtype, bytes), ...)`` (bytes,
+    not values, so that a NaN equals itself and -0.0 differs from 0.0)."""
     key = []
     for n, arg in enumerate(call.args[1].fields):
         if isinstance(arg, ir.Constant) and not isinstance(arg, (tirx.IntImm, tirx.FloatImm)) \
                 and int(np.prod(arg.value.shape)) == 1:
-            key.append((n, arg.value.numpy().reshape(-1)[0].item()))
+            value = arg.value.numpy().reshape(-1)
+            key.append((n, str(value.dtype), value.tobytes()))
     return tuple(key)
 
 
-def _with_immediates(func: tirx.PrimFunc, scalars: dict) -> tirx.PrimFunc:
-    """``func`` with its parameters ``scalars`` names (index -> value) read as immediates."""
-    values = {func.params[n].__chandle__(): (func.params[n], v) for n, v in scalars.items()}
+def _with_immediates(func: tirx.PrimFunc, key: tuple) -> tirx.PrimFunc:
+    """``func`` with the parameters a :func:`_scalar_key` names read as immediates."""
+    values = {func.params[n].__chandle__(): (func.params[n], np.frombuffer(raw, dtype)[0].item())
+              for n, dtype, raw in key}
 
     def on_load(load):
         found = values.get(load.source.__chandle__())
