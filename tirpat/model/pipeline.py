@@ -2,7 +2,9 @@
 
 - :func:`relax_pipeline` partitions the model for the target's backends
   (:mod:`tirpat.model.partition`), lowers each partition to one PrimFunc (``LegalizeOps``,
-  ``FuseTIR``), hands it to its backend's ``schedule`` and marks it opaque to TVM's fusion
+  ``FuseTIR``; the scalar constants a call passes become immediates, in a PrimFunc of its own
+  for each distinct set of them when one PrimFunc serves several calls), hands it to its
+  backend's ``schedule`` and marks it opaque to TVM's fusion
   (``op_pattern`` kOpaque, else ``FuseOps`` would merge it with its neighbours); a weight
   layout stage the schedule marked (``meta_schedule.layout_rewrite_preproc``, as
   meta_schedule's layout rewriting does) becomes a function of its own, which runs at
@@ -42,7 +44,7 @@ from tvm import ir, relax, s_tir, tirx
 from .. import device
 from .backend import Phase, lookup
 from .partition import BACKEND_ATTR, OPTIONS_ATTR, Partitioner, as_target, options_text, tagged
-from .prepack import calls, split_layout_stages
+from .prepack import split_layout_stages
 from .report import SCHEDULE_NOTES
 from ..tir.pipeline import tir_pipeline
 
@@ -169,7 +171,7 @@ def _legalized(mod: ir.IRModule) -> tuple[ir.IRModule, dict]:
         return mod, tags
     mod = tvm.transform.Sequential([relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
                                     relax.transform.FuseTIR(), relax.transform.DeadCodeElimination()])(mod)
-    return _inline_scalar_constants(mod, set(tags)), tags
+    return _inline_scalar_constants(mod, tags)
 
 
 def partition_functions(mod: ir.IRModule, target) -> list:
@@ -250,42 +252,96 @@ def lower_partitions(records=None) -> tvm.transform.Pass:
     return run
 
 
-def _inline_scalar_constants(mod: ir.IRModule, names: set) -> ir.IRModule:
+def _inline_scalar_constants(mod: ir.IRModule, tags: dict) -> tuple[ir.IRModule, dict]:
     """Scalar constants a partition is called with (a requantise's shift, a zero point) become
     immediates in its PrimFunc, where a backend's rules can see their values; the blocks no
-    longer list them among what they read (a schedule sees no read of them)."""
-    scalars: dict = {}      # PrimFunc name -> {param index: value}
-    for func in mod.functions.values():
-        for call in calls(func, "relax.call_tir"):
-            callee, args = call.args[0], call.args[1]
-            if callee.name_hint not in names:
-                continue
-            for n, arg in enumerate(args.fields):
-                if isinstance(arg, ir.Constant) and not isinstance(arg, (tirx.IntImm, tirx.FloatImm)) \
-                        and int(np.prod(arg.value.shape)) == 1:
-                    scalars.setdefault(callee.name_hint, {})[n] = arg.value.numpy().reshape(-1)[0]
-    for gv, func in list(mod.functions.items()):
-        if gv.name_hint not in scalars or not isinstance(func, tirx.PrimFunc):
-            continue
-        values = {func.params[n].__chandle__(): (func.params[n], v) for n, v in scalars[gv.name_hint].items()}
+    longer list them among what they read (a schedule sees no read of them).
 
-        def on_load(load, values=values):
-            found = values.get(load.source.__chandle__())
-            if found is None:
-                return load
-            buf, value = found
-            return tirx.const(value.item(), str(buf.dtype))
+    ``FuseTIR`` gives structurally equal partitions one PrimFunc, called at several sites with
+    different constants (two convolutions of one shape, each with its own requantise). A
+    PrimFunc whose sites pass different scalars is therefore copied, one copy per distinct set
+    of scalar values (``<name>_s1``, ``<name>_s2``, ...; the first set keeps the name), and each
+    site calls its own copy: immediates baked into a shared PrimFunc would give every site the
+    values of one. Returns the module and ``tags`` with an entry for each copy."""
+    from tvm.relax.dpl import is_op, rewrite_call, wildcard
 
-        def on_block(block, values=values):
-            reads = [r for r in block.reads if r.source.__chandle__() not in values]
-            if len(reads) == len(block.reads):
-                return block
-            return s_tir.SBlock(block.iter_vars, reads, block.writes, block.name_hint, block.body, block.init,
-                                block.alloc_buffers, block.match_buffers, block.annotations)
+    pattern = is_op("relax.call_tir")(wildcard(), wildcard())
+    variants: dict = {}     # PrimFunc name -> {scalar key: GlobalVar}, in order of first use
 
-        inlined = tvm_ffi.structural_map(func.body, [(ir.TensorLoad, on_load), (s_tir.SBlock, on_block)])
-        mod[gv] = func.with_body(inlined)
-    return mod
+    def note(call, _):
+        if call.args[0].name_hint in tags:
+            variants.setdefault(call.args[0].name_hint, {}).setdefault(_scalar_key(call), None)
+        return call
+
+    relax_funcs = [(gv, f) for gv, f in mod.functions.items() if isinstance(f, relax.Function)]
+    for _, func in relax_funcs:
+        rewrite_call(pattern, note, func)       # the same walk as the one that repoints below
+    variants = {name: keys for name, keys in variants.items() if any(keys)}
+    if not variants:
+        return mod, tags
+    tags = dict(tags)
+    builder = relax.BlockBuilder(mod)        # its add_func gives a new GlobalVar its type and a free name
+    for name, keys in variants.items():
+        gv = mod.get_global_var(name)
+        func = mod[gv]
+        for n, key in enumerate(keys):
+            if n == 0:
+                keys[key] = gv
+                builder.update_func(gv, _with_immediates(func, key))
+            else:
+                copy = builder.add_func(_with_immediates(func, key), f"{name}_s{n}")
+                if func.attrs is not None and "global_symbol" in func.attrs:     # one symbol per copy
+                    builder.update_func(copy, builder.get()[copy].with_attr("global_symbol", copy.name_hint))
+                keys[key] = copy
+                tags[copy.name_hint] = tags[name]
+    mod = builder.get()
+
+    def repoint(call, _):       # each site calls the copy made for its scalars
+        keys = variants.get(call.args[0].name_hint)
+        if keys is None:
+            return call
+        target = keys[_scalar_key(call)]
+        if target.same_as(call.args[0]):
+            return call
+        return relax.Call(call.op, [target, *call.args[1:]], call.attrs, call.ty_args)
+
+    for gv, _ in relax_funcs:
+        mod[gv] = rewrite_call(pattern, repoint, mod[gv])
+    return mod, tags
+
+
+def _scalar_key(call) -> tuple:
+    """The scalar constants a ``call_tir`` passes: ``((param index, dtype, bytes), ...)`` (bytes,
+    not values, so that a NaN equals itself and -0.0 differs from 0.0)."""
+    key = []
+    for n, arg in enumerate(call.args[1].fields):
+        if isinstance(arg, ir.Constant) and not isinstance(arg, (tirx.IntImm, tirx.FloatImm)) \
+                and int(np.prod(arg.value.shape)) == 1:
+            value = arg.value.numpy().reshape(-1)
+            key.append((n, str(value.dtype), value.tobytes()))
+    return tuple(key)
+
+
+def _with_immediates(func: tirx.PrimFunc, key: tuple) -> tirx.PrimFunc:
+    """``func`` with the parameters a :func:`_scalar_key` names read as immediates."""
+    values = {func.params[n].__chandle__(): (func.params[n], np.frombuffer(raw, dtype)[0].item())
+              for n, dtype, raw in key}
+
+    def on_load(load):
+        found = values.get(load.source.__chandle__())
+        if found is None:
+            return load
+        buf, value = found
+        return tirx.const(value, str(buf.dtype))
+
+    def on_block(block):
+        reads = [r for r in block.reads if r.source.__chandle__() not in values]
+        if len(reads) == len(block.reads):
+            return block
+        return s_tir.SBlock(block.iter_vars, reads, block.writes, block.name_hint, block.body, block.init,
+                            block.alloc_buffers, block.match_buffers, block.annotations)
+
+    return func.with_body(tvm_ffi.structural_map(func.body, [(ir.TensorLoad, on_load), (s_tir.SBlock, on_block)]))
 
 
 def _ops_of(func: relax.Function) -> list:

@@ -1,0 +1,126 @@
+"""Whole real models on accel against llvm, bit for bit (PaddleOCR, from ../shared/realmodels).
+
+For one float ONNX model fetched by ``fetch.sh`` (default ``ppocr_v2_cls.onnx``), this
+fixes its input dimensions, lets onnxruntime's basic graph optimisation fold the computed
+Reshape shapes TVM's ONNX frontend cannot import, quantises it with ``tp.quantize`` (per
+tensor) on drawn text-line images (shapes and text, normalised as the model expects), then
+builds the integerised module twice: ``tvm.compile(tp.integerize()(mod), "llvm")`` and
+``tp.build(mod, "accel, llvm")``. It prints, per image, whether the two outputs are equal
+and the largest difference, then how many images agree bit for bit.
+
+    python benchmarks/bench_real_bitexact.py [--model ppocrv5_det] [--size 160] [--images 20]
+
+Needs onnx, onnxruntime and pillow; the models are not part of the project.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import tvm
+from tvm import relax
+
+import tirpat as tp
+from tirpat.cli.model_file import load_model
+
+CACHE = Path(os.environ.get("TIRPAT_REALMODELS", Path.home() / ".cache" / "tirpat-realmodels"))
+#: per model: the input's height and width by default, and its normalisation (mean, std)
+MODELS = {"cls": ((48, 192), (0.5, 0.5)), "det": ((160, 160), ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))),
+          "rec": ((48, 320), (0.5, 0.5))}
+
+
+def kind(name: str) -> str:
+    return next(k for k in MODELS if k in name)
+
+
+def fixed_dims(src: Path, shape: tuple, out: Path) -> None:
+    """``src`` with input ``shape`` and onnxruntime's basic optimisation applied, saved to ``out``."""
+    m = onnx.load(str(src))
+    dims = m.graph.input[0].type.tensor_type.shape.dim
+    for d, v in zip(dims, shape):
+        d.Clear()
+        d.dim_value = v
+    del m.graph.value_info[:]          # shapes inferred for a symbolic input: let ORT infer them again
+    for o in m.graph.output:
+        o.type.tensor_type.shape.Clear()
+    raw = out.with_suffix(".raw.onnx")
+    onnx.save(m, str(raw))
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    so.optimized_model_filepath = str(out)
+    so.log_severity_level = 3            # the cleared output shapes are inferred again: no warning
+    ort.InferenceSession(str(raw), so, providers=["CPUExecutionProvider"])
+
+
+def images(n: int, hw: tuple, norm: tuple, seed: int) -> np.ndarray:
+    """``n`` drawn images [n, 1, 3, H, W]: light backgrounds, bars, dark text, half rotated."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    rng = np.random.default_rng(seed)
+    h, w = hw
+    mean, std = (np.asarray(v, np.float32) for v in norm)
+    font = ImageFont.load_default()
+    out = []
+    for k in range(n):
+        img = Image.new("RGB", (w, h), tuple(int(c) for c in rng.integers(180, 256, 3)))
+        draw = ImageDraw.Draw(img)
+        for _ in range(3):
+            x0, y0 = int(rng.integers(0, w - 8)), int(rng.integers(0, h - 4))
+            draw.rectangle([x0, y0, x0 + int(rng.integers(2, 30)), y0 + int(rng.integers(2, 8))],
+                           fill=tuple(int(c) for c in rng.integers(100, 220, 3)))
+        for _ in range(max(1, h // 40)):
+            draw.text((int(rng.integers(0, max(1, w - 80))), int(rng.integers(0, max(1, h - 14)))),
+                      f"text {int(rng.integers(1000))}", fill=tuple(int(c) for c in rng.integers(0, 80, 3)), font=font)
+        if k % 2:
+            img = img.rotate(180)
+        a = (np.asarray(img, np.float32) / 255.0 - mean) / std
+        out.append(a.transpose(2, 0, 1)[None])
+    return np.stack(out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="ppocr_v2_cls", help="a model name in the cache (without .onnx)")
+    ap.add_argument("--size", type=int, nargs=2, metavar=("H", "W"), help="input height and width")
+    ap.add_argument("--images", type=int, default=20)
+    ap.add_argument("--calibration", type=int, default=16, help="calibration images")
+    args = ap.parse_args()
+    hw, norm = MODELS[kind(args.model)]
+    hw = tuple(args.size) if args.size else hw
+    with tempfile.TemporaryDirectory() as tmp:
+        fixed = Path(tmp) / "fixed.onnx"
+        fixed_dims(CACHE / f"{args.model}.onnx", (1, 3, *hw), fixed)
+        calib = Path(tmp) / "calib.npz"
+        np.savez(calib, **{onnx.load(str(fixed)).graph.input[0].name: images(args.calibration, hw, norm, 0)})
+        quantised = Path(tmp) / "int8.onnx"
+        onnx.save(tp.quantize(str(fixed), str(calib)), str(quantised))
+        mod = load_model(quantised)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        t = time.time()
+        vm = relax.VirtualMachine(tvm.compile(tp.integerize()(mod), "llvm"), tvm.cpu())
+        print(f"llvm build {time.time() - t:.0f} s", flush=True)
+        t = time.time()
+        model = tp.build(mod, "accel, llvm")
+        print(f"accel build {time.time() - t:.0f} s", flush=True)
+    same = 0
+    for k, x in enumerate(images(args.images, hw, norm, 1)):
+        want = vm["main"](tvm.runtime.tensor(x)).numpy()
+        got = model(x)
+        ok = bool(np.array_equal(want, got))
+        same += ok
+        print(f"image {k}: {'bit-exact' if ok else 'differs'}, max |accel - llvm| {float(np.abs(want - got).max()):.4g}",
+              flush=True)
+    print(f"{args.model}: {same} of {args.images} images bit-exact with llvm")
+
+
+if __name__ == "__main__":
+    main()
