@@ -58,24 +58,28 @@ def main(argv=None) -> int:
     disagreements = collections.defaultdict(list)     # kind -> [(seed, overflow, differing, size)]
     failures = collections.defaultdict(list)          # error -> [(seed, overflow)]
     started = time.time()
-    for n in range(args.models):
-        seed = args.start + n
-        overflow = {"yes": True, "no": False}.get(args.overflow, n % 2 == 1)
-        model = random_int8_model(seed, overflow=overflow)
-        result = compare_with_llvm(model, args.target)
-        counts["models"] += 1
-        counts[result.outcome] += 1
-        if result.outcome != "failed":
-            counts["built"] += 1
-            if any(backend != "host" and macs for backend, macs in result.macs.items()):
-                counts["offloaded"] += 1
-        if result.outcome == "disagreed":
-            disagreements[_kind(model)].append((seed, overflow, result.differing, result.size))
-        elif result.outcome == "failed":
-            failures[result.error].append((seed, overflow))
-        if (n + 1) % 25 == 0:
-            print(f"  {n + 1} models, {time.time() - started:.0f} s: {counts['bit-exact']} bit-exact, "
-                  f"{counts['disagreed']} disagreed, {counts['failed']} failed", file=sys.stderr, flush=True)
+    try:
+        for n in range(args.models):
+            seed = args.start + n
+            overflow = {"yes": True, "no": False}.get(args.overflow, n % 2 == 1)
+            model = random_int8_model(seed, overflow=overflow)
+            result = compare_with_llvm(model, args.target)
+            counts["models"] += 1
+            counts[result.outcome] += 1
+            if result.outcome != "failed":
+                counts["built"] += 1
+                if any(backend != "host" and macs for backend, macs in result.macs.items()):
+                    counts["offloaded"] += 1
+            if result.outcome == "disagreed":
+                disagreements[_kind(model)].append((seed, overflow, result.differing, result.size))
+            elif result.outcome == "failed":
+                failures[result.error].append((seed, overflow))
+            if (n + 1) % 25 == 0:
+                print(f"  {n + 1} models, {time.time() - started:.0f} s: {counts['bit-exact']} bit-exact, "
+                      f"{counts['disagreed']} disagreed, {counts['failed']} failed", file=sys.stderr, flush=True)
+    except KeyboardInterrupt:         # Ctrl-C: the table of the models run so far
+        print(f"interrupted after {counts['models']} models", file=sys.stderr)
+        args.models = counts["models"]
 
     print(f"differential corpus: seeds {args.start}..{args.start + args.models - 1}, tp.build(mod, "
           f"{args.target!r}) vs tvm.compile(mod, 'llvm'), overflow={args.overflow}")

@@ -17,7 +17,7 @@ The model and its inputs depend on the seed alone, so a seed reproduces a findin
 ``tp.build`` and with ``tvm.compile(mod, "llvm")`` and says whether they agree bit for bit.
 
 >>> model = random_int8_model(7, overflow=False)
->>> model.mod["main"].params[0].ty.dtype
+>>> str(model.mod["main"].params[0].ty.dtype)
 'int8'
 >>> model.inputs().dtype == np.int8 and model.inputs().shape == model.input_shape
 True
