@@ -74,6 +74,10 @@ def main(argv=None) -> int:
                 disagreements[_kind(model)].append((seed, overflow, result.differing, result.size))
             elif result.outcome == "failed":
                 failures[result.error].append((seed, overflow))
+            if result.outcome != "bit-exact":      # as found: a long run may be stopped
+                print(f"  seed {seed} (--overflow {'yes' if overflow else 'no'}): {result.outcome}, {_kind(model)}: "
+                      f"{result.error or f'{result.differing}/{result.size} elements, first {result.example}'}",
+                      file=sys.stderr, flush=True)
             if (n + 1) % 25 == 0:
                 print(f"  {n + 1} models, {time.time() - started:.0f} s: {counts['bit-exact']} bit-exact, "
                       f"{counts['disagreed']} disagreed, {counts['failed']} failed", file=sys.stderr, flush=True)

@@ -384,7 +384,9 @@ def random_int8_model(seed: int, *, overflow: bool = True, max_layers: int = 5) 
 
 def int8_models(overflow: bool = True, max_layers: int = 5) -> st.SearchStrategy:
     """A hypothesis strategy of :class:`Int8Model` (drawn by seed: a failure prints its seed,
-    and ``random_int8_model(seed, overflow=...)`` rebuilds it)."""
+    and ``random_int8_model(seed, overflow=...)`` rebuilds it). A seed does not shrink to a
+    simpler model: leave out hypothesis's shrink phase
+    (``settings(phases=(Phase.explicit, Phase.reuse, Phase.generate))``)."""
     return st.integers(0, 2**32 - 1).map(lambda seed: random_int8_model(seed, overflow=overflow,
                                                                          max_layers=max_layers))
 
