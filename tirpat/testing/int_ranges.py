@@ -9,12 +9,13 @@ output channel times that channel's multiplier) is bounded per channel, as
 bound leaves their dtype: for ``tp.integerize``'s output there must be none.
 
 Covered: the operators ``tp.integerize`` emits (int8 x int8 -> int32 ``conv2d`` and
-``matmul`` with constant weights, ``add``/``subtract``/``multiply`` , ``right_shift``,
+``matmul`` with constant weights, ``add``/``subtract``/``multiply``, ``right_shift``,
 ``floor_divide`` by a positive constant, ``maximum``/``minimum``/``clip``/``relu``, ``sum``,
 ``astype``, ``quantize``, the operators that move or select int8 elements), and the
 half-to-even rounding's parity ``(v >> s) - 2 * (v >> (s + 1))``, which is 0 or 1 (an
 interval analysis that did not know it would see ``|v| / 2**s`` of slack). Anything else on
-integers raises ``NotImplementedError`` naming it: an unbounded value is never passed over.
+integers raises ``NotImplementedError`` naming it: an unbounded value is never passed over;
+a right shift by the bit width or more (undefined for LLVM) raises ``ValueError``.
 
 >>> from tvm import relax
 >>> x = relax.Var("x", relax.TensorType((4,), "int8"))
@@ -195,6 +196,8 @@ def _call(call: relax.Call, env: dict, defs: dict) -> Range:
         x, s = _arg(args[0], env), _arg(args[1], env)
         if not (np.all(s.lo == s.hi) and np.all(s.lo >= 0)):
             raise NotImplementedError("a right shift by a non-constant or negative amount")
+        if np.any(s.lo >= 8 * np.dtype(_dtype(call)).itemsize):
+            raise ValueError(f"a right shift of {_dtype(call)} by {max(s.lo.ravel())}: undefined (LLVM's poison)")
         shift = np.vectorize(lambda v, k: v >> k, otypes=[object])
         return Range(shift(x.lo, s.lo), shift(x.hi, s.lo))
     if op == "relax.floor_divide":
