@@ -83,7 +83,6 @@ class _Interval:
         return _I32_MIN <= self.lo and self.hi <= _I32_MAX
 
 
-_INT8 = _Interval(-128, 127)
 _FULL = _Interval(_I32_MIN, _I32_MAX)
 
 
@@ -255,14 +254,15 @@ class _Builder:
             acc = self.bb.emit(relax.op.nn.conv2d(x, _const(wt, "int8"), strides=[sh, sw], padding=pad,
                                                   dilation=[dh, dw], groups=groups, out_dtype="int32"))
             bound = 128 * int(np.abs(wt.astype(np.int64)).reshape(cout, -1).sum(axis=1).max())
-            skip = self._skip(self.shape(acc), x) if plan.residual else None
+            skip = self._skip(self.shape(acc)) if plan.residual else None
             x, consts = self.epilogue(acc, _Interval(-bound, bound), plan, 1, skip)
             site_consts.append(consts + ("" if skip is not None or not plan.residual else " (no skip)"))
         self.layers.append(head + "".join(f"\n    site {i}: {s}" for i, s in enumerate(site_consts)))
         return x
 
-    def _skip(self, shape: tuple, x: relax.Expr) -> relax.Expr | None:
-        same = self.same_shape((shape[0], *shape[1:]))
+    def _skip(self, shape: tuple) -> relax.Expr | None:
+        """An earlier int8 tensor of ``shape`` to add in an epilogue, or None."""
+        same = self.same_shape(shape)
         return same[int(self.rng.integers(len(same)))] if same else None
 
     def matmul(self, x: relax.Expr, repeat: int) -> relax.Expr:
@@ -283,7 +283,7 @@ class _Builder:
             acc = self.bb.emit(relax.op.matmul(x, weight, out_dtype="int32"))
             w_nk = wt if dense else wt.T
             bound = 128 * int(np.abs(w_nk.astype(np.int64)).sum(axis=1).max())
-            skip = self._skip(self.shape(acc), x) if plan.residual else None
+            skip = self._skip(self.shape(acc)) if plan.residual else None
             x, consts = self.epilogue(acc, _Interval(-bound, bound), plan, len(shape) - 1, skip)
             site_consts.append(consts)
         self.layers.append(head + "".join(f"\n    site {i}: {s}" for i, s in enumerate(site_consts)))
