@@ -11,6 +11,7 @@ int32 intermediates that wrap), each with reproducer seeds; failures by their er
     nice python benchmarks/differential_corpus.py [--models 300] [--start 0] [--target "accel, llvm"]
         [--overflow both|yes|no] [--show 3]
 
+Ctrl-C (or SIGTERM) stops after the model being built and prints the table so far.
 A reproducer: ``random_int8_model(SEED, overflow=...)`` and ``compare_with_llvm`` on it
 (``--seed SEED --overflow yes|no`` prints that model's layers and the first differing element).
 Not run by CI (a few hundred models take a while); the test suite runs the same generator
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import signal
 import sys
 import time
 import warnings
@@ -57,33 +59,36 @@ def main(argv=None) -> int:
     counts = collections.Counter()
     disagreements = collections.defaultdict(list)     # kind -> [(seed, overflow, differing, size)]
     failures = collections.defaultdict(list)          # error -> [(seed, overflow)]
+    stop: list = []       # Ctrl-C or SIGTERM: finish the current model, then print the table so far
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda sig, _frame: stop.append(sig))
     started = time.time()
-    try:
-        for n in range(args.models):
-            seed = args.start + n
-            overflow = {"yes": True, "no": False}.get(args.overflow, n % 2 == 1)
-            model = random_int8_model(seed, overflow=overflow)
-            result = compare_with_llvm(model, args.target)
-            counts["models"] += 1
-            counts[result.outcome] += 1
-            if result.outcome != "failed":
-                counts["built"] += 1
-                if any(backend != "host" and macs for backend, macs in result.macs.items()):
-                    counts["offloaded"] += 1
-            if result.outcome == "disagreed":
-                disagreements[_kind(model)].append((seed, overflow, result.differing, result.size))
-            elif result.outcome == "failed":
-                failures[result.error].append((seed, overflow))
-            if result.outcome != "bit-exact":      # as found: a long run may be stopped
-                print(f"  seed {seed} (--overflow {'yes' if overflow else 'no'}): {result.outcome}, {_kind(model)}: "
-                      f"{result.error or f'{result.differing}/{result.size} elements, first {result.example}'}",
-                      file=sys.stderr, flush=True)
-            if (n + 1) % 25 == 0:
-                print(f"  {n + 1} models, {time.time() - started:.0f} s: {counts['bit-exact']} bit-exact, "
-                      f"{counts['disagreed']} disagreed, {counts['failed']} failed", file=sys.stderr, flush=True)
-    except KeyboardInterrupt:         # Ctrl-C: the table of the models run so far
-        print(f"interrupted after {counts['models']} models", file=sys.stderr)
-        args.models = counts["models"]
+    for n in range(args.models):
+        if stop:
+            print(f"stopped after {counts['models']} models", file=sys.stderr)
+            break
+        seed = args.start + n
+        overflow = {"yes": True, "no": False}.get(args.overflow, n % 2 == 1)
+        model = random_int8_model(seed, overflow=overflow)
+        result = compare_with_llvm(model, args.target)
+        counts["models"] += 1
+        counts[result.outcome] += 1
+        if result.outcome != "failed":
+            counts["built"] += 1
+            if any(backend != "host" and macs for backend, macs in result.macs.items()):
+                counts["offloaded"] += 1
+        if result.outcome == "disagreed":
+            disagreements[_kind(model)].append((seed, overflow, result.differing, result.size))
+        elif result.outcome == "failed":
+            failures[result.error].append((seed, overflow))
+        if result.outcome != "bit-exact":      # as found: a long run may be stopped
+            print(f"  seed {seed} (--overflow {'yes' if overflow else 'no'}): {result.outcome}, {_kind(model)}: "
+                  f"{result.error or f'{result.differing}/{result.size} elements, first {result.example}'}",
+                  file=sys.stderr, flush=True)
+        if (n + 1) % 25 == 0:
+            print(f"  {n + 1} models, {time.time() - started:.0f} s: {counts['bit-exact']} bit-exact, "
+                  f"{counts['disagreed']} disagreed, {counts['failed']} failed", file=sys.stderr, flush=True)
+    args.models = counts["models"]
 
     print(f"differential corpus: seeds {args.start}..{args.start + args.models - 1}, tp.build(mod, "
           f"{args.target!r}) vs tvm.compile(mod, 'llvm'), overflow={args.overflow}")
