@@ -10,6 +10,15 @@ and layout operators on the integers. The ``quantize`` of each input and the
 ``dequantize`` of each output stay (on the host). A site that cannot be made exact stays in
 float and the pass warns, naming the operator and the reason.
 
+**No intermediate leaves int32.** Every multiplier and shift is chosen from the ranges of
+what it multiplies: int8 activations (``|x| <= 128``), a conv2d/matmul accumulator bounded
+per output channel by ``128 * sum|w| + |bias|``, a pool's window sum by ``128 * count``. A
+requantise takes the most precise shift for which the worst-case sum of its terms (one for a
+convolution, two for a residual add) plus the rounding stays at most ``2**31 - 1``, after a
+clamp where the output saturates anyway (:mod:`.fixed_point`); a site where nothing fits stays
+in float, with the warning. ``tirpat.testing.int_ranges.int32_overflows`` checks a module for
+it by interval analysis.
+
 Weights, scales and zero points must be bound constants (``from_onnx(...,
 keep_params_in_input=False)``, the default, or ``relax.transform.BindParams``).
 

@@ -17,7 +17,8 @@ exactly ``M_i * 2**s`` (a dyadic multiplier, e.g. the 1/4 of a 2x2 average pool 
 its scale); there ties are frequent, and rounding half up would bias the result upward by
 half a step on each. So exact multipliers round half to even, still with ALU operations
 only: with ``f = v >> s`` and ``p = f - 2 * (v >> (s+1))`` (the parity of ``f``),
-``(v + p + 2**(s-1) - 1) >> s``. Inexact ones round half up (two operations, not five).
+``(v + p + 2**(s-1) - 1) >> s``. Inexact ones round half up (two operations, not five), and
+so does the largest shift, 31 (the parity's ``v >> 32`` would be undefined for int32).
 
 **No int32 overflow, by construction.** The shift is the largest ``s <= 31`` for which every
 intermediate provably fits int32 given ``bound``, the largest ``|acc_i|`` the producer can
@@ -118,7 +119,9 @@ class Requantize:
             if np.any(np.minimum(bounds[0], clamp) * m + rounding > INT32_MAX):
                 return None
         rq = cls(ms, s, clamp, int(lo), int(hi))
-        return cls(ms, s, clamp, int(lo), int(hi), half_even=s > 0 and rq._exact(reals))
+        # the parity reads v >> (s + 1): at s = 31 that is a shift by 32, undefined for int32
+        # (LLVM's poison), so the largest shift rounds half up (ties: |v| = 2**30 only)
+        return cls(ms, s, clamp, int(lo), int(hi), half_even=0 < s < _MAX_SHIFT and rq._exact(reals))
 
     def _exact(self, reals: list) -> bool:
         return all(np.array_equal(m, r * 2.0**self.shift) for m, r in zip(self.multipliers, reals))

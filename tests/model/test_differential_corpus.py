@@ -1,0 +1,55 @@
+"""The differential corpus: random int8 models (``tirpat.testing.int8_models``) built with
+``tp.build(mod, "accel, llvm")`` compute bit for bit what ``tvm.compile(mod, "llvm")``
+computes, and accel takes work from them. ``benchmarks/differential_corpus.py`` runs the
+same generator on hundreds of seeds."""
+
+import warnings
+
+import pytest
+from hypothesis import Phase, given, note, settings
+
+from tirpat.testing.int8_models import compare_with_llvm, int8_models, random_int8_model
+
+
+@pytest.fixture(autouse=True)
+def _quiet():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")      # offload warnings: operators left on the host are expected
+        yield
+
+
+# a model is drawn by its seed, which does not shrink to a simpler model: no shrink phase
+# (each step would be one more build)
+NO_SHRINK = (Phase.explicit, Phase.reuse, Phase.generate)
+
+
+def assert_bit_exact(model):
+    result = compare_with_llvm(model, "accel, llvm")
+    assert result.outcome == "bit-exact", f"{result}\n{model.describe()}"
+    return result
+
+
+@settings(max_examples=15, phases=NO_SHRINK)
+@given(int8_models(overflow=False))
+def test_models_without_overflow_are_bit_exact(model):
+    note(model.describe())
+    assert_bit_exact(model)
+
+
+@settings(max_examples=10, phases=NO_SHRINK)
+@given(int8_models(overflow=True))
+def test_models_whose_epilogues_pass_int32_are_bit_exact(model):
+    """Products that wrap and narrowing casts that truncate: accel computes llvm's wrapping
+    int32 arithmetic (or declines the chain)."""
+    note(model.describe())
+    assert_bit_exact(model)
+
+
+# seeds whose models hold a layer repeated at several sites with different constants, one
+# of them with epilogues that wrap: the offload is checked where it is known to happen
+@pytest.mark.parametrize("seed, overflow", [(1, False), (8, False), (5, True), (7, True)])
+def test_partitions_called_at_several_sites_run_on_accel(seed, overflow):
+    model = random_int8_model(seed, overflow=overflow)
+    assert model.sites > 1
+    result = assert_bit_exact(model)
+    assert result.macs.get("accel", 0) > 0, result

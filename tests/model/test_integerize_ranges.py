@@ -1,0 +1,241 @@
+"""tp.integerize never overflows int32: an interval analysis of the integerised module
+(``tirpat.testing.int_ranges``) bounds every int32 intermediate of the requantise, the
+residual add and the pooling arithmetic for worst-case int8 inputs, on QDQ models whose
+scales hypothesis draws (ratios from 1e-6 to 1e6 included); the same modules, compiled for
+llvm, stay within one output step of onnxruntime's exact QDQ execution (graph optimisation
+at ORT_ENABLE_BASIC: no fused int8 kernels)."""
+
+import doctest
+import warnings
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+
+import tvm  # noqa: E402
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+from tvm import relax  # noqa: E402
+from tvm.relax.frontend.onnx import from_onnx  # noqa: E402
+
+import tirpat as tp  # noqa: E402
+from tirpat.model.integerize import IntegerizeWarning, Requantize, calls, emit_requantize  # noqa: E402
+from tirpat.testing import int8_models, int_ranges  # noqa: E402
+from tirpat.testing.int_ranges import int32_overflows  # noqa: E402
+
+
+def test_docstring_examples():
+    for module in (int_ranges, int8_models):
+        result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+        assert result.failed == 0 and result.attempted > 0
+
+
+# ----------------------------------------------------------------------------------------
+# the analysis itself
+# ----------------------------------------------------------------------------------------
+@settings(max_examples=25)
+@given(st.integers(0, 2**32 - 1))
+def test_analysis_agrees_with_the_generator(seed):
+    """Models generated without overflow have none; where the analysis finds one, the
+    generator made a product or a narrowing that may wrap (it bounds each layer's input by
+    all of int8, the analysis by what the layer before can give: it may find less)."""
+    safe = int8_models.random_int8_model(seed, overflow=False)
+    assert int32_overflows(safe.mod["main"]) == [], safe.describe()
+    risky = int8_models.random_int8_model(seed, overflow=True)
+    assert risky.wraps or not int32_overflows(risky.mod["main"]), risky.describe()
+
+
+@pytest.mark.parametrize("seed", [5, 21, 132430])
+def test_analysis_finds_the_products_that_wrap(seed):
+    model = int8_models.random_int8_model(seed, overflow=True)
+    found = int32_overflows(model.mod["main"])
+    assert model.wraps and "relax.multiply" in {op for _, op, _, _ in found}, (found, model.describe())
+
+
+def test_analysis_bounds_what_llvm_computes():
+    """The bounds hold: llvm's results on extreme inputs lie within them, for every binding."""
+    model = int8_models.random_int8_model(3, overflow=False)
+    func = model.mod["main"]
+    ranges = int_ranges.int_ranges(func)
+    out = ranges[func.body.body]
+    vm = relax.VirtualMachine(tvm.compile(model.mod, "llvm"), tvm.cpu())
+    for x in (np.full(model.input_shape, -128, np.int8), np.full(model.input_shape, 127, np.int8), model.inputs()):
+        y = vm["main"](tvm.runtime.tensor(x)).numpy().astype(np.int64)
+        assert np.all(y >= out.lo.astype(np.int64)) and np.all(y <= out.hi.astype(np.int64))
+
+
+@pytest.mark.parametrize("real", [2.0**-31, 3 * 2.0**-31, 2.0**-30, 0.75, 1e-9])
+def test_requantise_shifts_stay_below_32(real):
+    """An exact multiplier first exact at the largest shift rounds half up: the parity of
+    rounding half to even would read v >> 32 (undefined for int32)."""
+    rq = Requantize.choose([real], [2**30 - 1])
+    x = relax.Var("acc", relax.TensorType((5,), "int32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit_output(emit_requantize([x], rq))
+        bb.emit_func_output(y)
+    func = bb.get()["main"]
+    assert int32_overflows(func, {"acc": (-(2**30) + 1, 2**30 - 1)}) == []     # ValueError for a shift >= 32
+    acc = np.array([-(2**30) + 1, -12345, 0, 2**29 + 3, 2**30 - 1], np.int32)
+    vm = relax.VirtualMachine(tvm.compile(bb.get(), "llvm"), tvm.cpu())
+    got = vm["main"](tvm.runtime.tensor(acc)).numpy()
+    np.testing.assert_array_equal(got, rq.apply([acc]))
+    assert np.all(np.abs(got - np.clip(np.round(acc * real), -128, 127)) <= 1)
+
+
+# ----------------------------------------------------------------------------------------
+# integerised QDQ operators, with the scales drawn
+# ----------------------------------------------------------------------------------------
+def session(model) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def qdq(name: str, scale: float, out: str) -> list:
+    """QuantizeLinear then DequantizeLinear of ``name`` at ``scale`` (int8, zero point 0)."""
+    return [helper.make_node("QuantizeLinear", [name, f"{out}_s", f"{out}_z"], [f"{out}_q"]),
+            helper.make_node("DequantizeLinear", [f"{out}_q", f"{out}_s", f"{out}_z"], [out])]
+
+
+def qdq_inits(out: str, scale: float) -> list:
+    return [numpy_helper.from_array(np.array(scale, np.float32), f"{out}_s"),
+            numpy_helper.from_array(np.array(0, np.int8), f"{out}_z")]
+
+
+def graph_model(nodes, inits, inputs: dict, out_shape) -> onnx.ModelProto:
+    graph = helper.make_graph(nodes, "op", [helper.make_tensor_value_info(k, TensorProto.FLOAT, list(v))
+                                            for k, v in inputs.items()],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(out_shape))], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def scale(draw, around: float = 1.0, spread: float = 6.0) -> float:
+    """A scale 10**u times ``around``, ``u`` in [-spread, spread]: extreme ratios included."""
+    return float(np.float32(around * 10.0 ** draw(st.floats(-spread, spread))))
+
+
+def integerised(model):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        mod = tp.integerize()(from_onnx(model, keep_params_in_input=False))
+    declined = [w for w in caught if issubclass(w.category, IntegerizeWarning)]
+    return mod, declined
+
+
+def check(model, inputs: dict, out_scale: float, integer_op: str):
+    """No int32 intermediate can overflow for any int8 values; within one output step of
+    onnxruntime; the operator is integer arithmetic unless integerize said why not."""
+    mod, declined = integerised(model)
+    func = mod["main"]
+    assert int32_overflows(func) == []
+    ops = [str(c.op.name) for c in calls(func)]
+    assert declined or integer_op in ops and ops.count("relax.dequantize") == 1, (ops, declined)
+    ref = session(model).run(None, inputs)[0]
+    vm = relax.VirtualMachine(tvm.compile(mod, "llvm"), tvm.cpu())
+    ours = vm["main"](*[tvm.runtime.tensor(v) for v in inputs.values()]).numpy()
+    steps = np.round(np.abs(ours.astype(np.float64) - ref.astype(np.float64)) / np.float64(np.float32(out_scale)))
+    assert steps.max() <= 1, f"{steps.max()} steps"
+    return ops
+
+
+def extremes(rng, shape, s: float) -> np.ndarray:
+    """Float inputs that quantise to every int8 value, the extremes and saturation included."""
+    q = rng.integers(-140, 141, shape).astype(np.float64)
+    q.flat[:2] = [-1000, 1000][: q.size]
+    return (q * s).astype(np.float32)
+
+
+@st.composite
+def conv_sites(draw):
+    cin, cout = draw(st.integers(1, 6)), draw(st.integers(1, 6))
+    k = draw(st.sampled_from([1, 3]))
+    sx = scale(draw, 1.0, 3.0)
+    per_channel = draw(st.booleans())
+    sw = [scale(draw, 1e-2, 3.0) for _ in range(cout if per_channel else 1)]
+    sy = scale(draw, sx * sw[0] * k * k * cin * 64)        # around the accumulator's scale: ratios to 1e+-6
+    relu = draw(st.booleans())
+    return cin, cout, k, sx, sw, sy, relu, draw(st.integers(0, 2**16))
+
+
+@settings(max_examples=10)
+@given(conv_sites())
+def test_conv_requantise_never_overflows(site):
+    cin, cout, k, sx, sw, sy, relu, seed = site
+    rng = np.random.default_rng(seed)
+    w = rng.integers(-128, 128, (cout, cin, k, k)).astype(np.int8)
+    w.flat[0] = -128                                   # the worst case is in the weights
+    sw = np.array(sw, np.float32)
+    sb = (np.float32(sx) * sw).astype(np.float32)
+    b = rng.integers(-(2**20), 2**20, cout).astype(np.int32)
+    axis = {"axis": 0} if sw.size > 1 else {}
+    nodes = qdq("x", sx, "xd") + [
+        helper.make_node("DequantizeLinear", ["w_q", "w_s", "w_z"], ["w"], **axis),
+        helper.make_node("DequantizeLinear", ["b_q", "b_s", "b_z"], ["b"], **axis),
+        helper.make_node("Conv", ["xd", "w", "b"], ["c"], kernel_shape=[k, k], pads=[k // 2] * 4)]
+    if relu:
+        nodes.append(helper.make_node("Relu", ["c"], ["r"]))
+    nodes += qdq("r" if relu else "c", sy, "y")
+    inits = qdq_inits("xd", sx) + qdq_inits("y", sy) + [
+        numpy_helper.from_array(w, "w_q"), numpy_helper.from_array(sw.reshape(-1) if sw.size > 1 else sw.reshape(()), "w_s"),
+        numpy_helper.from_array(np.zeros(sw.shape if sw.size > 1 else (), np.int8), "w_z"),
+        numpy_helper.from_array(b, "b_q"), numpy_helper.from_array(sb.reshape(-1) if sb.size > 1 else sb.reshape(()), "b_s"),
+        numpy_helper.from_array(np.zeros(sb.shape if sb.size > 1 else (), np.int32), "b_z")]
+    model = graph_model(nodes, inits, {"x": (1, cin, 5, 5)}, (1, cout, 5, 5))
+    check(model, {"x": extremes(rng, (1, cin, 5, 5), sx)}, sy, "relax.nn.conv2d")
+
+
+@st.composite
+def add_sites(draw):
+    sa = scale(draw, 1.0, 3.0)
+    sb = scale(draw, sa)
+    sy = scale(draw, max(sa, sb), 3.0)
+    return sa, sb, sy, draw(st.booleans()), draw(st.integers(0, 2**16))
+
+
+@settings(max_examples=10)
+@given(add_sites())
+def test_residual_add_never_overflows(site):
+    """Both operands rescaled to a common fixed point, summed in int32: the sum of the two
+    worst-case terms and the rounding stays within int32 whatever the scale ratios."""
+    sa, sb, sy, relu, seed = site
+    rng = np.random.default_rng(seed)
+    nodes = qdq("a", sa, "ad") + qdq("b", sb, "bd") + [helper.make_node("Add", ["ad", "bd"], ["s"])]
+    if relu:
+        nodes.append(helper.make_node("Relu", ["s"], ["r"]))
+    nodes += qdq("r" if relu else "s", sy, "y")
+    model = graph_model(nodes, qdq_inits("ad", sa) + qdq_inits("bd", sb) + qdq_inits("y", sy),
+                        {"a": (2, 3, 4), "b": (2, 3, 4)}, (2, 3, 4))
+    inputs = {"a": extremes(rng, (2, 3, 4), sa), "b": extremes(rng, (2, 3, 4), sb)}
+    inputs["b"].flat[:2] = inputs["b"].flat[1::-1].copy()     # -128 + 127 and 127 + -128 as well as equal signs
+    check(model, inputs, sy, "relax.add")
+
+
+@st.composite
+def pool_sites(draw):
+    k = draw(st.integers(2, 4))
+    stride = draw(st.integers(1, k))
+    pad = draw(st.integers(0, k - 1))
+    sx = scale(draw, 1.0, 3.0)
+    same = draw(st.booleans())
+    sy = sx if same else scale(draw, sx)
+    return k, stride, pad, sx, sy, draw(st.booleans()), draw(st.integers(0, 2**16))
+
+
+@settings(max_examples=8)
+@given(pool_sites())
+def test_average_pool_never_overflows(site):
+    k, stride, pad, sx, sy, include, seed = site
+    rng = np.random.default_rng(seed)
+    size = 8
+    out = (size + 2 * pad - k) // stride + 1
+    nodes = qdq("x", sx, "xd") + [helper.make_node("AveragePool", ["xd"], ["p"], kernel_shape=[k, k],
+                                                   strides=[stride, stride], pads=[pad] * 4,
+                                                   count_include_pad=int(include))] + qdq("p", sy, "y")
+    model = graph_model(nodes, qdq_inits("xd", sx) + qdq_inits("y", sy), {"x": (1, 2, size, size)}, (1, 2, out, out))
+    check(model, {"x": extremes(rng, (1, 2, size, size), sx)}, sy, "relax.sum" if (k == stride and not pad
+          and size % k == 0) else "relax.nn.conv2d")
