@@ -51,7 +51,7 @@ from typing import Mapping, Sequence, Union
 
 from .tvm_noise import filtered_native_stderr
 
-__all__ = ["import_onnx", "preprocess_onnx", "OnnxImportError", "tvm_failure"]
+__all__ = ["import_onnx", "preprocess_onnx", "declare_inputs", "OnnxImportError", "tvm_failure"]
 
 ModelLike = Union[str, os.PathLike, "onnx.ModelProto"]  # noqa: F821 - onnx is optional
 
@@ -96,9 +96,9 @@ def import_onnx(model: ModelLike, input_shapes: Mapping[str, Sequence[int]] | No
         try:
             proto = preprocess_onnx(proto, shapes, source=name)
         except OnnxImportError as err:      # TVM may still take it (an operator onnxruntime lacks)
-            skipped, proto = str(err), _declare(proto, shapes, copy=True)
+            skipped, proto = str(err), declare_inputs(proto, shapes, copy=True)
     else:
-        proto = _declare(proto, shapes, copy=True)
+        proto = declare_inputs(proto, shapes, copy=True)
     shown = io.StringIO()       # the frontend prints the failing operator's inputs to stdout
     # a failed frontend's builder logs "BlockBuilder destroyed with remaining blocks!" when it
     # is freed (with `err`, or at exit, after the error): freed here, with that line dropped
@@ -149,7 +149,7 @@ def preprocess_onnx(model: "onnx.ModelProto", input_shapes: Mapping[str, Sequenc
     import onnx
     import onnxruntime as ort
 
-    declared = _declare(model, dict(input_shapes or {}), copy=True)
+    declared = declare_inputs(model, dict(input_shapes or {}), copy=True)
     del declared.graph.value_info[:]    # annotations of the open dims; re-inferred below
     with tempfile.TemporaryDirectory(prefix="tirpat-onnx-") as tmp:
         given, optimised = pathlib.Path(tmp, "given.onnx"), pathlib.Path(tmp, "basic.onnx")
@@ -202,9 +202,10 @@ def _check_names(proto, shapes: dict[str, list[int]], name: str) -> None:
             raise ValueError(f"{name}: input_shapes gives {key} the shape {dims}; a dimension is a positive integer")
 
 
-def _declare(model, shapes: dict[str, list[int]], *, copy: bool):
-    """``model`` (copied when ``copy``) with the inputs' given dims fixed and every open
-    dimension declared by name (``-1`` or ``0`` becomes ``<input>_<axis>``)."""
+def declare_inputs(model, shapes: Mapping[str, Sequence[int]], *, copy: bool = True):
+    """``model`` (a copy unless ``copy`` is False) with the inputs' dims in ``shapes`` fixed
+    and every other open dimension declared by name (``-1`` or ``0`` becomes
+    ``<input>_<axis>``; ONNX has no ``-1`` dimension, and onnxruntime would take it as a size)."""
     if copy:
         model = type(model).FromString(model.SerializeToString())
     for name, value in _inputs(model).items():
