@@ -116,6 +116,7 @@ def test_float_outputs_are_not_dequantised():
     ({"exclude": ["nope"]}, "no node named 'nope' in the model"),
     ({"exclude": ["bn"]}, "no node named 'bn' in the model (after onnxruntime's pre-processing"),
     ({"exclude_op_types": ["LSTM"]}, "the model has no 'LSTM' node to keep in float"),
+    ({"exclude_op_types": ["Cast"]}, "onnxruntime does not quantise 'Cast' nodes"),
     ({"float_outputs": ["z"]}, "'z' is not an output of the model (its outputs are 'y')"),
 ])
 def test_what_to_keep_in_float_must_be_in_the_model(keep, message):

@@ -185,6 +185,11 @@ def _kept_in_float(ortq, pre, exclude, exclude_op_types, float_outputs) -> tuple
     if not exclude_op_types:
         return excluded, None
     quantisable = set(ortq.registry.QDQRegistry) | set(ortq.registry.QLinearOpsRegistry)
+    inert = [t for t in exclude_op_types if t not in quantisable]
+    if inert:
+        raise ValueError(f"onnxruntime does not quantise {', '.join(map(repr, inert))} nodes (they stay in float "
+                         "as they are); to keep a tensor they compute in float, exclude the node that computes "
+                         "it, or name the output with float_outputs")
     op_types = sorted(quantisable - set(exclude_op_types))
     return excluded, op_types
 
