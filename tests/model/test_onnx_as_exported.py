@@ -123,3 +123,12 @@ def test_what_to_keep_in_float_must_be_in_the_model(keep, message):
     with pytest.raises(ValueError) as caught:
         tp.quantize(exported(13), calibration(), **keep)
     assert message in str(caught.value)
+
+
+@pytest.mark.parametrize("name", ["tirpat.model.onnx_import", "tirpat.testing.onnx_exported"])
+def test_docstring_examples(name):
+    import doctest
+    import importlib
+
+    result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    assert result.failed == 0 and result.attempted > 0
