@@ -132,3 +132,21 @@ def test_docstring_examples(name):
 
     result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
     assert result.failed == 0 and result.attempted > 0
+
+
+def test_a_model_onnxruntime_cannot_load_is_imported_as_it_is_with_a_warning(monkeypatch):
+    """An operator onnxruntime lacks need not stop TVM: the step is skipped, and the user told."""
+    from tirpat.model.onnx_import import import_onnx
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("[ONNXRuntimeError] : 1 : FAIL : no kernel for Frobnicate")
+
+    from tirpat.testing.onnx_cnn import residual
+
+    monkeypatch.setattr(ort, "InferenceSession", refuse)
+    model = residual(seed=0)          # no shapes computed in the graph: TVM's frontend takes it as it is
+    with pytest.warns(UserWarning, match="the model: onnxruntime cannot load the model to pre-process it: "
+                                         r"\[ONNXRuntimeError\] : 1 : FAIL : no kernel for Frobnicate; imported "
+                                         "without pre-processing"):
+        mod = import_onnx(model)
+    assert "main" in [gv.name_hint for gv in mod.functions]

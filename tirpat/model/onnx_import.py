@@ -162,8 +162,7 @@ def preprocess_onnx(model: "onnx.ModelProto", input_shapes: Mapping[str, Sequenc
             ort.InferenceSession(str(given), options, providers=["CPUExecutionProvider"])
         except Exception as err:  # noqa: BLE001 - onnxruntime raises its own kinds
             raise OnnxImportError(f"{source}: onnxruntime cannot load the model to pre-process it: "
-                                  f"{_first_line(err)} (--no-preprocess, or preprocess=False, hands it to "
-                                  "TVM as it is)") from None
+                                  f"{_first_line(err)}") from None
         result = onnx.load(str(optimised))
     return onnx.shape_inference.infer_shapes(result)
 
