@@ -36,13 +36,16 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import contextlib
 import shutil
+import signal
 import tempfile
+import threading
 import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Callable, Iterator, Mapping
 
 import numpy as np
 import tvm
@@ -63,7 +66,7 @@ from ..partition import as_target
 from ..pipeline import partition_functions
 from ..records import Records, workload
 from .artifact import Reference, reference
-from .rpc import RPC, rpc_runner
+from .rpc import CONNECT_TIMEOUT, RPC, rpc_runner
 from .runners import Builder, Candidates, LocalRunner
 
 __all__ = ["tune", "TuneResult", "TaskResult", "Progress"]
@@ -361,9 +364,36 @@ def _log(records: Path) -> tuple[logging.Logger, Callable[[], None]]:
     return logger, undo
 
 
+@contextlib.contextmanager
+def _interruptible() -> Iterator[None]:
+    """Let Ctrl-C through meta_schedule: it hands an exception raised in a Python callback
+    (where SIGINT's ``KeyboardInterrupt`` is raised, mostly) on as ``RuntimeError('')``,
+    so a SIGINT that came while the block ran makes its exception a ``KeyboardInterrupt``."""
+    previous = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or not callable(previous):
+        yield
+        return
+    came = []
+
+    def noted(signum, frame):
+        came.append(signum)
+        previous(signum, frame)
+
+    signal.signal(signal.SIGINT, noted)
+    try:
+        yield
+    except Exception:
+        if came:
+            raise KeyboardInterrupt from None
+        raise
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def tune(mod, target, *, trials: int, records, rpc=None, params: Mapping[str, np.ndarray] | None = None,
          strategy="evolutionary", cost_model: str = "xgb", batch: int = 16, seed: int = 0,
-         timeout: float = 60.0, progress: Callable[[Progress], None] | None = None) -> TuneResult:
+         timeout: float = 60.0, connect_timeout: float = CONNECT_TIMEOUT,
+         progress: Callable[[Progress], None] | None = None) -> TuneResult:
     """Tune the partitions of ``mod`` for ``target`` with ``trials`` measurements in all;
     write the records to the directory ``records`` (see the module docstring).
 
@@ -375,14 +405,19 @@ def tune(mod, target, *, trials: int, records, rpc=None, params: Mapping[str, np
       ``cost_model``: ``"xgb"``, ``"random"`` or a ``CostModel``), ``"replay-trace"``
       (random decisions), or a meta_schedule ``SearchStrategy``; ``batch`` candidates are
       proposed at a time;
-    - ``timeout``: seconds one measurement on an RPC server may take;
+    - ``timeout``: seconds one measurement on an RPC server may take; ``connect_timeout``:
+      seconds to reach the tracker and for a server to answer the handshake. A server that
+      misses a limit is dropped with a warning (its candidate is measured on another); with
+      no server left, ``ConnectionError`` (:mod:`tirpat.model.tune.rpc`);
     - ``progress(Progress)`` is called after every batch.
 
     Every task (partition) gets a trial for the backend's own schedule, and the rest of
     ``trials`` in proportion to its work (TVM's estimate of its operations); with fewer
     ``trials`` than tasks, one each (a ``UserWarning`` says so, ``TuneResult.summary`` too).
 
-    Raises ``ValueError`` when nothing in ``mod`` is tunable for ``target``.
+    Raises ``ValueError`` when nothing in ``mod`` is tunable for ``target``. A
+    ``KeyboardInterrupt`` (Ctrl-C) stops the tune within a measurement and leaves the
+    records measured so far, which ``tp.build(..., records=)`` applies.
 
     >>> result = tp.tune(mod, "accel, llvm", trials=32, records="records/")     # doctest: +SKIP
     >>> model = tp.build(mod, "accel, llvm", records="records/")                # doctest: +SKIP
@@ -410,7 +445,7 @@ def tune(mod, target, *, trials: int, records, rpc=None, params: Mapping[str, np
                                                      for task in tasks])):
         task.budget = budget
     where = RPC.parse(rpc) if isinstance(rpc, str) else rpc
-    runner = LocalRunner() if where is None else rpc_runner(where, timeout)
+    runner = LocalRunner() if where is None else rpc_runner(where, timeout, connect_timeout=connect_timeout)
     candidates = Candidates()
     results = [TaskResult(task.name, task.backend.name, task.budget) for task in tasks]
     logger, undo_log = _log(store.path)
@@ -420,12 +455,22 @@ def tune(mod, target, *, trials: int, records, rpc=None, params: Mapping[str, np
                              seed + n + 1, logger.getChild(task.name)) for n, task in enumerate(tasks)]
         budget = sum(task.budget for task in tasks)
         callbacks = MeasureCallback.create("default") + [_Report(tasks, results, budget, progress)]
-        tune_tasks(tasks=contexts, task_weights=[1.0] * len(contexts), work_dir=str(store.path),
-                   max_trials_global=budget, max_trials_per_task=max(task.budget for task in tasks),
-                   num_trials_per_iter=batch, builder=Builder(candidates, workdir), runner=runner,
-                   database=store.database, cost_model=cost_model, measure_callbacks=callbacks,
-                   task_scheduler="round-robin")
+        with _interruptible():
+            try:
+                tune_tasks(tasks=contexts, task_weights=[1.0] * len(contexts), work_dir=str(store.path),
+                           max_trials_global=budget, max_trials_per_task=max(task.budget for task in tasks),
+                           num_trials_per_iter=batch, builder=Builder(candidates, workdir), runner=runner,
+                           database=store.database, cost_model=cost_model, measure_callbacks=callbacks,
+                           task_scheduler="round-robin")
+            except RuntimeError:
+                # meta_schedule hands an exception raised in the runner on as a bare RuntimeError
+                failure = getattr(runner, "failure", None)
+                if failure is not None:
+                    raise failure from None
+                raise
     finally:
+        if where is not None:
+            runner.close()
         undo_log()
         shutil.rmtree(workdir, ignore_errors=True)
     return TuneResult(store.path, results, time.perf_counter() - start, trials)
