@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-import contextlib
 import shutil
 import signal
 import tempfile
@@ -45,7 +44,7 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator, Mapping
+from typing import Callable, Mapping
 
 import numpy as np
 import tvm
@@ -291,13 +290,16 @@ class _HeuristicFirst(PySearchStrategy):
 
 @derived_object
 class _Report(PyMeasureCallback):
-    """Counts trials per task and hands :class:`Progress` to the caller's callback."""
+    """Counts trials per task and hands :class:`Progress` to the caller's callback;
+    ``check()`` first (it raises to stop the tune)."""
 
-    def __init__(self, tasks: list, results: list, total: int, progress: Callable[[Progress], None] | None) -> None:
+    def __init__(self, tasks: list, results: list, total: int, progress: Callable[[Progress], None] | None,
+                 check: Callable[[], None]) -> None:
         super().__init__()
-        self.tasks, self.results, self.total, self.progress = tasks, results, total, progress
+        self.tasks, self.results, self.total, self.progress, self.check = tasks, results, total, progress, check
 
     def apply(self, task_scheduler, task_id, measure_candidates, builder_results, runner_results) -> None:
+        self.check()
         task = self.results[task_id]
         heuristic = self.tasks[task_id].heuristic
         for candidate, built, ran in zip(measure_candidates, builder_results, runner_results):
@@ -364,30 +366,40 @@ def _log(records: Path) -> tuple[logging.Logger, Callable[[], None]]:
     return logger, undo
 
 
-@contextlib.contextmanager
-def _interruptible() -> Iterator[None]:
-    """Let Ctrl-C through meta_schedule: it hands an exception raised in a Python callback
-    (where SIGINT's ``KeyboardInterrupt`` is raised, mostly) on as ``RuntimeError('')``,
-    so a SIGINT that came while the block ran makes its exception a ``KeyboardInterrupt``."""
-    previous = signal.getsignal(signal.SIGINT)
-    if threading.current_thread() is not threading.main_thread() or not callable(previous):
-        yield
-        return
-    came = []
+class _Interrupts:
+    """Ctrl-C through meta_schedule. While entered (in the main thread), a SIGINT is noted
+    and handed to the previous handler (``KeyboardInterrupt`` wherever Python runs). But
+    meta_schedule hands an exception raised in a callback on as ``RuntimeError('')``, and a
+    measurement's error handling may keep it as the candidate's error; so :meth:`check`
+    (called before each local measurement and after each batch) raises
+    ``KeyboardInterrupt`` again once SIGINT came, and so does leaving the block (with
+    another exception, or none: a SIGINT every check missed still stops the caller)."""
 
-    def noted(signum, frame):
-        came.append(signum)
-        previous(signum, frame)
+    def __init__(self) -> None:
+        self.came = False
+        self._previous = None
 
-    signal.signal(signal.SIGINT, noted)
-    try:
-        yield
-    except Exception:
-        if came:
+    def check(self) -> None:
+        if self.came:
+            raise KeyboardInterrupt
+
+    def _noted(self, signum, frame) -> None:
+        self.came = True
+        self._previous(signum, frame)
+
+    def __enter__(self) -> "_Interrupts":
+        previous = signal.getsignal(signal.SIGINT)
+        if threading.current_thread() is threading.main_thread() and callable(previous):
+            self._previous = previous
+            signal.signal(signal.SIGINT, self._noted)
+        return self
+
+    def __exit__(self, kind, err, tb) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+            self._previous = None
+        if self.came and (kind is None or issubclass(kind, Exception)):
             raise KeyboardInterrupt from None
-        raise
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
 
 def tune(mod, target, *, trials: int, records, rpc=None, params: Mapping[str, np.ndarray] | None = None,
@@ -445,7 +457,9 @@ def tune(mod, target, *, trials: int, records, rpc=None, params: Mapping[str, np
                                                      for task in tasks])):
         task.budget = budget
     where = RPC.parse(rpc) if isinstance(rpc, str) else rpc
-    runner = LocalRunner() if where is None else rpc_runner(where, timeout, connect_timeout=connect_timeout)
+    interrupts = _Interrupts()
+    runner = (LocalRunner(before_each=interrupts.check) if where is None else
+              rpc_runner(where, timeout, connect_timeout=connect_timeout))
     candidates = Candidates()
     results = [TaskResult(task.name, task.backend.name, task.budget) for task in tasks]
     logger, undo_log = _log(store.path)
@@ -454,8 +468,9 @@ def tune(mod, target, *, trials: int, records, rpc=None, params: Mapping[str, np
         contexts = [_context(task, _HeuristicFirst(_strategy(strategy, batch), task, candidates), t.host,
                              seed + n + 1, logger.getChild(task.name)) for n, task in enumerate(tasks)]
         budget = sum(task.budget for task in tasks)
-        callbacks = MeasureCallback.create("default") + [_Report(tasks, results, budget, progress)]
-        with _interruptible():
+        callbacks = MeasureCallback.create("default") + [_Report(tasks, results, budget, progress,
+                                                                 interrupts.check)]
+        with interrupts:
             try:
                 tune_tasks(tasks=contexts, task_weights=[1.0] * len(contexts), work_dir=str(store.path),
                            max_trials_global=budget, max_trials_per_task=max(task.budget for task in tasks),
