@@ -143,8 +143,16 @@ class Silent:
         self.sock.close()
 
 
+def free_servers(cluster: Cluster) -> int:
+    from tvm import rpc
+
+    return rpc.connect_tracker(cluster.host, cluster.port).summary()["queue_info"].get(KEY, {}).get("free", 0)
+
+
 def popen_workers() -> set:
-    return {p.pid for p in psutil.Process().children(recursive=True) if "tvm.exec.popen_worker" in " ".join(p.cmdline())}
+    """The TVM worker processes this process started (meta_schedule's runners' among them)."""
+    return {p.pid for p in psutil.Process().children(recursive=True)
+            if "tvm.exec.popen_worker" in " ".join(p.cmdline())}
 
 
 def test_a_server_started_before_its_tracker_registers_once_the_tracker_is_up(tracker):
@@ -203,11 +211,15 @@ def test_ctrl_c_stops_a_tune_at_once_and_its_records_compile(tracker, tmp_path):
         out, err = tune.communicate(timeout=120)
     finally:
         stop(tune)
-    assert tune.returncode == 130, (out, err)
+    # 130, or killed by SIGINT: CPython ends so when it has seen a KeyboardInterrupt go
+    # unhandled somewhere (it then may, though tirpat returns 130); a shell's $? is 130 either way
+    assert tune.returncode in (130, -signal.SIGINT), (tune.returncode, out, err)
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("tirpat tune: interrupted; ") and str(records) in lines[0], err
     with pytest.raises(ProcessLookupError):
         os.killpg(tune.pid, 0)      # its measuring workers went with it
+    # both servers serve on (TVM's stops listening when a client goes away mid-session)
+    wait_for("both servers free again", lambda: free_servers(tracker) >= 2)
     from tirpat.cli import main
 
     assert main(["compile", str(MLP), "-t", "accel, llvm", "--records", str(records), "-o",

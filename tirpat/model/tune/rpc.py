@@ -29,9 +29,12 @@ RPC(host='127.0.0.1', port=9190, key='accel')
 from __future__ import annotations
 
 import functools
+import os
 import re
+import shutil
 import socket
 import struct
+import sys
 import threading
 import time
 import warnings
@@ -137,6 +140,50 @@ def register_measure() -> None:
     _warm_up()
 
 
+def _first_line(err: BaseException) -> str:
+    lines = str(err).strip().splitlines()
+    return lines[-1] if lines else type(err).__name__
+
+
+def _survive_failed_sessions() -> None:
+    """Keep this process's TVM server serving when a session fails. TVM's stops listening
+    for good (while it stays registered) when a session's process exits with an error: the
+    client went away mid-measurement (a tune stopped by Ctrl-C, a worker killed at a time
+    limit) or the code it ran crashed; and it prints a traceback for each. Here a session
+    that ends so is one line in the server's output, and its directory is removed as TVM
+    removes it after any session."""
+    from tvm.rpc import server as tvm_server
+
+    serve_loop, serving = tvm_server._serve_loop, tvm_server._serving
+
+    def serve_loop_quietly(sock, load_library, work_path) -> None:       # in the session's process
+        try:
+            serve_loop(sock, load_library, work_path)
+        except Exception as err:  # noqa: BLE001 - the connection broke: nobody to tell but the log
+            print(f"tirpat rpc-server: a session ended early: {_first_line(err)}", file=sys.stderr, flush=True)
+
+    def serving_on(sock, addr, opts, load_library) -> None:
+        cwd = os.getcwd()
+        try:
+            serving(sock, addr, opts, load_library)
+        except RuntimeError as err:     # TVM's check of the session process's exit code
+            work = os.getcwd()          # TVM's serving raised in the session's directory
+            os.chdir(cwd)
+            if work != cwd:
+                shutil.rmtree(work, ignore_errors=True)
+            sock.close()
+            print(f"tirpat rpc-server: a session from {addr[0]} failed: {_first_line(err)}", file=sys.stderr,
+                  flush=True)
+
+    tvm_server._serve_loop, tvm_server._serving = serve_loop_quietly, serving_on
+
+
+def _init_server() -> None:
+    """A tirpat server's initialisation, in the server's process."""
+    register_measure()
+    _survive_failed_sessions()
+
+
 def serve(tracker: tuple, key: str, host: str = "127.0.0.1", port: int = 9091,
           port_end: int = 9199) -> tvm_rpc.Server:
     """Start a TVM RPC server on ``host`` (first free port in ``[port, port_end)``) that
@@ -148,7 +195,7 @@ def serve(tracker: tuple, key: str, host: str = "127.0.0.1", port: int = 9091,
     >>> server = serve(("127.0.0.1", 9190), "accel")     # doctest: +SKIP
     """
     return tvm_rpc.Server(host=host, port=port, port_end=port_end, tracker_addr=tuple(tracker), key=key,
-                          silent=True, server_init_callback=register_measure)
+                          silent=True, server_init_callback=_init_server)
 
 
 # ----------------------------------------------------------------- on the measuring worker
@@ -210,7 +257,7 @@ def _connect(config: RPCConfig, connect_timeout: float, request_timeout: float) 
 def _upload(session: _Session, local_path: str, remote_path: str) -> str:
     """RPCRunner's upload step: the artifact is the whole candidate; returns its path there."""
     session.within("the upload", session.upload, local_path, remote_path)
-    return session.within("the upload", session.get_function("tvm.rpc.server.workpath"), remote_path)
+    return session.within("the upload", lambda: session.get_function("tvm.rpc.server.workpath")(remote_path))
 
 
 def _no_arguments(session, device, args_info, alloc_repeat) -> list:
@@ -314,22 +361,29 @@ class _Runner(PyRunner):
     def run(self, runner_inputs) -> list:
         return [_Measurement(self, ri) for ri in runner_inputs]
 
-    def _left(self) -> set:
+    def _check_left(self) -> None:
+        """Fail when the tracker knows no server under the key but the dropped ones."""
         try:
-            return self.where.registered(self.connect_timeout) - set(self.dropped)
+            left = self.where.registered(self.connect_timeout) - set(self.dropped)
         except ConnectionError as err:
-            self._fail(str(err))
-
-    def _fail(self, message: str):
+            left, lost = None, str(err)
+        if left:
+            return
+        where = f"the tracker {self.where.host}:{self.where.port}"
+        if left is None:
+            message = lost
+        elif self.dropped:
+            message = f"no RPC server under the key {self.where.key!r} at {where} answers: " + \
+                "; ".join(f"{s} {w}" for s, w in self.dropped.items())
+        else:
+            message = f"no RPC server is registered with {where} under the key {self.where.key!r} any more"
         self.failure = ConnectionError(message)
         raise self.failure
 
     def drop(self, server: str, why: str) -> None:
         """Measure no more on ``server``; warn, or fail when no server is left."""
         self.dropped[server] = why
-        if not self._left():
-            self._fail(f"no RPC server under the key {self.where.key!r} at the tracker {self.where.host}:"
-                       f"{self.where.port} answers: " + "; ".join(f"{s} {w}" for s, w in self.dropped.items()))
+        self._check_left()
         warnings.warn(f"the RPC server {server} {why}: dropped, measuring on the other servers", stacklevel=2)
 
     def check(self) -> None:
@@ -338,10 +392,7 @@ class _Runner(PyRunner):
         for measurement in list(self.measurements):
             measurement.poll()
         if time.monotonic() - self._asked >= self.connect_timeout:
-            if not self._left():
-                self._fail(f"no RPC server is registered with the tracker {self.where.host}:{self.where.port} "
-                           f"under the key {self.where.key!r} any more" +
-                           "".join(f"; {s} {w}" for s, w in self.dropped.items()))
+            self._check_left()
             self._asked = time.monotonic()
 
     def close(self) -> None:
