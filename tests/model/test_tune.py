@@ -111,6 +111,32 @@ def test_a_budget_below_one_trial_per_partition_measures_each_partitions_own_sch
         assert tp.Records(tmp_path).best(func, "accel", opts) is not None
 
 
+def test_ctrl_c_stops_a_tune_with_keyboard_interrupt_and_the_records_so_far_apply(tmp_path):
+    """SIGINT during tp.tune (sent by the progress callback after the first batch, so that
+    it is raised inside a callback meta_schedule calls) is a KeyboardInterrupt, not the
+    RuntimeError('') meta_schedule makes of it; the records measured so far apply."""
+    import os
+    import signal
+
+    from models import mlp
+
+    mod = mlp(batch=8, features=32, hidden=16, classes=4)
+    handler, seen = signal.getsignal(signal.SIGINT), []
+
+    def interrupt(progress):
+        seen.append(progress.trials)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    with pytest.raises(KeyboardInterrupt):
+        tp.tune(mod, "accel, llvm", trials=8, records=tmp_path, strategy="replay-trace", batch=2, progress=interrupt)
+    assert len(seen) == 1 and signal.getsignal(signal.SIGINT) is handler
+    opts = tp.backends()["accel"].resolve()
+    records = tp.Records(tmp_path)
+    assert sum(records.best(func, "accel", opts) is not None
+               for _, _, _, func in tp.partition_functions(mod, "accel, llvm")) == 1
+    tp.build(mod, "accel, llvm", records=tmp_path)
+
+
 # --------------------------------------------------------------------------- knob spaces
 def doubling():
     a = te.placeholder((64,), "int32", name="A")

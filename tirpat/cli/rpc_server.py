@@ -11,6 +11,8 @@ Starts a TVM RPC server that registers with the tracker at HOST:PORT under KEY a
 measures the candidates 'tirpat tune --rpc HOST:PORT:KEY' sends: each is a compiled
 library with its test inputs, run on the backend's device of this machine (for accel: the
 simulator) and checked against the reference. Runs until interrupted (Ctrl-C or SIGTERM).
+A tracker that is not up yet is waited for (--wait seconds, 60 by default, as TVM's own
+server does).
 
 WARNING: a TVM RPC server runs any code it is sent. It binds to 127.0.0.1 unless --host
 says otherwise; give --host an address only machines you trust can reach.
@@ -28,6 +30,8 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=9091, help="first port to try (default 9091)")
     parser.add_argument("--port-end", type=int, default=None, metavar="PORT",
                         help="try ports up to this one, exclusive (default: PORT + 100)")
+    parser.add_argument("--wait", type=float, default=60.0, metavar="S",
+                        help="seconds to wait for the tracker to come up (default 60)")
 
 
 def _address(text: str) -> tuple:
@@ -37,6 +41,26 @@ def _address(text: str) -> tuple:
     return host, int(port)
 
 
+def _wait_for_tracker(where, seconds: float) -> None:
+    """Return once the tracker answers (saying once that it is waited for), or fail after
+    ``seconds``: a server started with its tracker may come up a moment before it."""
+    import time
+
+    deadline = time.monotonic() + seconds
+    said = False
+    while True:
+        try:
+            where.servers(limit=max(1.0, min(10.0, seconds)))
+            return
+        except ConnectionError as err:
+            if time.monotonic() >= deadline:
+                raise CommandError(f"{err} (waited {seconds:g} s)") from None
+            if not said:
+                print(f"waiting for the RPC tracker at {where.host}:{where.port} (up to {seconds:g} s)", flush=True)
+                said = True
+            time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+
+
 def _run(args: argparse.Namespace) -> int:
     import signal
     import threading
@@ -44,13 +68,10 @@ def _run(args: argparse.Namespace) -> int:
     from tirpat.model.tune import RPC, serve
 
     host, port = args.tracker
-    try:
-        RPC(host, port, args.key).servers()         # the tracker must be there before the server waits on it
-    except ConnectionError as err:
-        raise CommandError(str(err)) from None
     port_end = args.port_end if args.port_end is not None else args.port + 100
     if port_end <= args.port:
         raise CommandError(f"--port-end {port_end} must be greater than --port {args.port}")
+    _wait_for_tracker(RPC(host, port, args.key), args.wait)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

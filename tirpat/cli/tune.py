@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from .command import Command, CommandError
@@ -22,6 +23,11 @@ schedule of each partition. Tuning again with the same directory adds to it.
 
 With --rpc HOST:PORT:KEY the candidates are measured on the TVM RPC servers registered
 with that tracker under KEY ('tirpat rpc-server'), as many at once as there are servers.
+A server that does not answer the handshake within --connect-timeout seconds, or a request
+within --timeout plus that, is dropped with a warning and its candidate measured on another;
+with no server left the tune stops with an error.
+
+Ctrl-C stops the tune; the records measured so far stay in DIR and compile.
 
 MODEL is an .onnx file or a .py file defining a Relax IRModule named Module."""
 
@@ -44,8 +50,10 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
                         help="meta_schedule's evolutionary search with an XGBoost cost model (default), "
                              "or random decisions")
     parser.add_argument("--seed", type=int, default=0, help="seed of the search and of the test inputs (default 0)")
-    parser.add_argument("--timeout", type=float, default=60.0, metavar="S",
+    parser.add_argument("--timeout", type=_seconds, default=60.0, metavar="S",
                         help="seconds one measurement on an RPC server may take (default 60)")
+    parser.add_argument("--connect-timeout", type=_seconds, default=10.0, metavar="S",
+                        help="seconds to reach the RPC tracker and for a server to answer the handshake (default 10)")
     shapes_argument(parser)
     preprocess_argument(parser)
 
@@ -58,6 +66,25 @@ def _positive(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
     return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value
+
+
+def _measured(records: Path) -> int:
+    """How many measurements the records directory holds (a line each)."""
+    try:
+        with open(records / "database_tuning_record.json", "rb") as f:
+            return sum(1 for line in f if line.strip())
+    except FileNotFoundError:
+        return 0
 
 
 def _short(name: str, width: int = 40) -> str:
@@ -103,9 +130,15 @@ def _run(args: argparse.Namespace) -> int:
             try:
                 result = tp.tune(mod, target, trials=args.trials, records=args.records, rpc=where,
                                  strategy=args.strategy, batch=args.batch, seed=args.seed, timeout=args.timeout,
-                                 progress=report)
+                                 connect_timeout=args.connect_timeout, progress=report)
             except ConnectionError as err:
                 raise CommandError(str(err)) from None
+            except KeyboardInterrupt:       # said once the progress display is gone
+                result = None
+    if result is None:
+        print(f"tirpat tune: interrupted; {_measured(Path(args.records))} record(s) in {args.records} "
+              f"('tirpat compile --records {args.records}' applies them)", file=sys.stderr)
+        return 130
     print(result)
     return 0
 

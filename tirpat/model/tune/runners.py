@@ -17,6 +17,7 @@ import itertools
 import os
 import tempfile
 import threading
+from typing import Callable
 
 from tvm.ir.utils import derived_object
 from tvm.s_tir.meta_schedule.builder import BuilderResult, PyBuilder
@@ -100,7 +101,17 @@ def run_one(path: str) -> RunnerResult:
 
 @derived_object
 class LocalRunner(PyRunner):
-    """Measure artifacts in this process, one after the other."""
+    """Measure artifacts in this process, one after the other; ``before_each()`` is called
+    before each (it raises to stop the tune: a measurement keeps any exception as the
+    candidate's error)."""
+
+    def __init__(self, before_each: Callable[[], None] = lambda: None) -> None:
+        super().__init__()
+        self.before_each = before_each
 
     def run(self, runner_inputs):
-        return [_Done(run_one(str(ri.artifact_path))) for ri in runner_inputs]
+        done = []
+        for ri in runner_inputs:
+            self.before_each()
+            done.append(_Done(run_one(str(ri.artifact_path))))
+        return done

@@ -37,7 +37,9 @@ from __future__ import annotations
 import importlib.util
 import logging
 import shutil
+import signal
 import tempfile
+import threading
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -63,7 +65,7 @@ from ..partition import as_target
 from ..pipeline import partition_functions
 from ..records import Records, workload
 from .artifact import Reference, reference
-from .rpc import RPC, rpc_runner
+from .rpc import CONNECT_TIMEOUT, RPC, rpc_runner
 from .runners import Builder, Candidates, LocalRunner
 
 __all__ = ["tune", "TuneResult", "TaskResult", "Progress"]
@@ -288,13 +290,16 @@ class _HeuristicFirst(PySearchStrategy):
 
 @derived_object
 class _Report(PyMeasureCallback):
-    """Counts trials per task and hands :class:`Progress` to the caller's callback."""
+    """Counts trials per task and hands :class:`Progress` to the caller's callback;
+    ``check()`` first (it raises to stop the tune)."""
 
-    def __init__(self, tasks: list, results: list, total: int, progress: Callable[[Progress], None] | None) -> None:
+    def __init__(self, tasks: list, results: list, total: int, progress: Callable[[Progress], None] | None,
+                 check: Callable[[], None]) -> None:
         super().__init__()
-        self.tasks, self.results, self.total, self.progress = tasks, results, total, progress
+        self.tasks, self.results, self.total, self.progress, self.check = tasks, results, total, progress, check
 
     def apply(self, task_scheduler, task_id, measure_candidates, builder_results, runner_results) -> None:
+        self.check()
         task = self.results[task_id]
         heuristic = self.tasks[task_id].heuristic
         for candidate, built, ran in zip(measure_candidates, builder_results, runner_results):
@@ -361,9 +366,46 @@ def _log(records: Path) -> tuple[logging.Logger, Callable[[], None]]:
     return logger, undo
 
 
+class _Interrupts:
+    """Ctrl-C through meta_schedule. While entered (in the main thread), a SIGINT is noted
+    and handed to the previous handler (``KeyboardInterrupt`` wherever Python runs). But
+    meta_schedule hands an exception raised in a callback on as ``RuntimeError('')``, and a
+    measurement's error handling may keep it as the candidate's error; so :meth:`check`
+    (called before each local measurement and after each batch) raises
+    ``KeyboardInterrupt`` again once SIGINT came, and so does leaving the block (with
+    another exception, or none: a SIGINT every check missed still stops the caller)."""
+
+    def __init__(self) -> None:
+        self.came = False
+        self._previous = None
+
+    def check(self) -> None:
+        if self.came:
+            raise KeyboardInterrupt
+
+    def _noted(self, signum, frame) -> None:
+        self.came = True
+        self._previous(signum, frame)
+
+    def __enter__(self) -> "_Interrupts":
+        previous = signal.getsignal(signal.SIGINT)
+        if threading.current_thread() is threading.main_thread() and callable(previous):
+            self._previous = previous
+            signal.signal(signal.SIGINT, self._noted)
+        return self
+
+    def __exit__(self, kind, err, tb) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+            self._previous = None
+        if self.came and (kind is None or issubclass(kind, Exception)):
+            raise KeyboardInterrupt from None
+
+
 def tune(mod, target, *, trials: int, records, rpc=None, params: Mapping[str, np.ndarray] | None = None,
          strategy="evolutionary", cost_model: str = "xgb", batch: int = 16, seed: int = 0,
-         timeout: float = 60.0, progress: Callable[[Progress], None] | None = None) -> TuneResult:
+         timeout: float = 60.0, connect_timeout: float = CONNECT_TIMEOUT,
+         progress: Callable[[Progress], None] | None = None) -> TuneResult:
     """Tune the partitions of ``mod`` for ``target`` with ``trials`` measurements in all;
     write the records to the directory ``records`` (see the module docstring).
 
@@ -375,14 +417,19 @@ def tune(mod, target, *, trials: int, records, rpc=None, params: Mapping[str, np
       ``cost_model``: ``"xgb"``, ``"random"`` or a ``CostModel``), ``"replay-trace"``
       (random decisions), or a meta_schedule ``SearchStrategy``; ``batch`` candidates are
       proposed at a time;
-    - ``timeout``: seconds one measurement on an RPC server may take;
+    - ``timeout``: seconds one measurement on an RPC server may take; ``connect_timeout``:
+      seconds to reach the tracker and for a server to answer the handshake. A server that
+      misses a limit is dropped with a warning (its candidate is measured on another); with
+      no server left, ``ConnectionError`` (:mod:`tirpat.model.tune.rpc`);
     - ``progress(Progress)`` is called after every batch.
 
     Every task (partition) gets a trial for the backend's own schedule, and the rest of
     ``trials`` in proportion to its work (TVM's estimate of its operations); with fewer
     ``trials`` than tasks, one each (a ``UserWarning`` says so, ``TuneResult.summary`` too).
 
-    Raises ``ValueError`` when nothing in ``mod`` is tunable for ``target``.
+    Raises ``ValueError`` when nothing in ``mod`` is tunable for ``target``. A
+    ``KeyboardInterrupt`` (Ctrl-C) stops the tune within a measurement and leaves the
+    records measured so far, which ``tp.build(..., records=)`` applies.
 
     >>> result = tp.tune(mod, "accel, llvm", trials=32, records="records/")     # doctest: +SKIP
     >>> model = tp.build(mod, "accel, llvm", records="records/")                # doctest: +SKIP
@@ -410,7 +457,9 @@ def tune(mod, target, *, trials: int, records, rpc=None, params: Mapping[str, np
                                                      for task in tasks])):
         task.budget = budget
     where = RPC.parse(rpc) if isinstance(rpc, str) else rpc
-    runner = LocalRunner() if where is None else rpc_runner(where, timeout)
+    interrupts = _Interrupts()
+    runner = (LocalRunner(before_each=interrupts.check) if where is None else
+              rpc_runner(where, timeout, connect_timeout=connect_timeout))
     candidates = Candidates()
     results = [TaskResult(task.name, task.backend.name, task.budget) for task in tasks]
     logger, undo_log = _log(store.path)
@@ -419,13 +468,24 @@ def tune(mod, target, *, trials: int, records, rpc=None, params: Mapping[str, np
         contexts = [_context(task, _HeuristicFirst(_strategy(strategy, batch), task, candidates), t.host,
                              seed + n + 1, logger.getChild(task.name)) for n, task in enumerate(tasks)]
         budget = sum(task.budget for task in tasks)
-        callbacks = MeasureCallback.create("default") + [_Report(tasks, results, budget, progress)]
-        tune_tasks(tasks=contexts, task_weights=[1.0] * len(contexts), work_dir=str(store.path),
-                   max_trials_global=budget, max_trials_per_task=max(task.budget for task in tasks),
-                   num_trials_per_iter=batch, builder=Builder(candidates, workdir), runner=runner,
-                   database=store.database, cost_model=cost_model, measure_callbacks=callbacks,
-                   task_scheduler="round-robin")
+        callbacks = MeasureCallback.create("default") + [_Report(tasks, results, budget, progress,
+                                                                 interrupts.check)]
+        with interrupts:
+            try:
+                tune_tasks(tasks=contexts, task_weights=[1.0] * len(contexts), work_dir=str(store.path),
+                           max_trials_global=budget, max_trials_per_task=max(task.budget for task in tasks),
+                           num_trials_per_iter=batch, builder=Builder(candidates, workdir), runner=runner,
+                           database=store.database, cost_model=cost_model, measure_callbacks=callbacks,
+                           task_scheduler="round-robin")
+            except RuntimeError:
+                # meta_schedule hands an exception raised in the runner on as a bare RuntimeError
+                failure = getattr(runner, "failure", None)
+                if failure is not None:
+                    raise failure from None
+                raise
     finally:
+        if where is not None:
+            runner.close()
         undo_log()
         shutil.rmtree(workdir, ignore_errors=True)
     return TuneResult(store.path, results, time.perf_counter() - start, trials)
