@@ -30,6 +30,7 @@ from tvm import relax
 
 import tirpat as tp
 from tirpat.cli.model_file import load_model
+from tirpat.model.onnx_import import preprocess_onnx
 
 CACHE = Path(os.environ.get("TIRPAT_REALMODELS", Path.home() / ".cache" / "tirpat-realmodels"))
 #: per model: the input's height and width by default, and its normalisation (mean, std)
@@ -42,22 +43,9 @@ def kind(name: str) -> str:
 
 
 def fixed_dims(src: Path, shape: tuple, out: Path) -> None:
-    """``src`` with input ``shape`` and onnxruntime's basic optimisation applied, saved to ``out``."""
+    """``src`` with input ``shape``, pre-processed as ``tirpat compile`` does, saved to ``out``."""
     m = onnx.load(str(src))
-    dims = m.graph.input[0].type.tensor_type.shape.dim
-    for d, v in zip(dims, shape):
-        d.Clear()
-        d.dim_value = v
-    del m.graph.value_info[:]          # shapes inferred for a symbolic input: let ORT infer them again
-    for o in m.graph.output:
-        o.type.tensor_type.shape.Clear()
-    raw = out.with_suffix(".raw.onnx")
-    onnx.save(m, str(raw))
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-    so.optimized_model_filepath = str(out)
-    so.log_severity_level = 3            # the cleared output shapes are inferred again: no warning
-    ort.InferenceSession(str(raw), so, providers=["CPUExecutionProvider"])
+    onnx.save(preprocess_onnx(m, {m.graph.input[0].name: shape}, source=str(src)), str(out))
 
 
 def images(n: int, hw: tuple, norm: tuple, seed: int) -> np.ndarray:

@@ -10,9 +10,9 @@ import pytest
 pytest.importorskip("onnxruntime")
 
 import onnx  # noqa: E402
-import onnxruntime as ort  # noqa: E402
 
 from tirpat.testing.onnx_exported import exported  # noqa: E402
+from tirpat.testing.ort_session import exact_session  # noqa: E402
 
 SHAPE = [2, 3, 8, 8]
 SHAPES = "x:[2,3,8,8]"
@@ -27,9 +27,7 @@ def model_dir(tmp_path_factory):
 
 
 def onnxruntime_basic(path, x):
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    return exact_session(path).run(None, {"x": x})[0]
 
 
 def test_compile_and_run_give_onnxruntimes_result(tirpat, model_dir):

@@ -25,6 +25,7 @@ import tirpat as tp  # noqa: E402
 from tirpat.model.integerize import IntegerizeWarning, Requantize, calls, emit_requantize  # noqa: E402
 from tirpat.testing import int8_models, int_ranges  # noqa: E402
 from tirpat.testing.int_ranges import int32_overflows  # noqa: E402
+from tirpat.testing.ort_session import exact_session  # noqa: E402
 
 
 def test_docstring_examples():
@@ -90,10 +91,8 @@ def test_requantise_shifts_stay_below_32(real):
 # ----------------------------------------------------------------------------------------
 # integerised QDQ operators, with the scales drawn
 # ----------------------------------------------------------------------------------------
-def session(model) -> ort.InferenceSession:
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+def session(model):
+    return exact_session(model)
 
 
 def qdq(name: str, scale: float, out: str) -> list:

@@ -14,16 +14,14 @@ import onnxruntime as ort  # noqa: E402
 import tirpat as tp  # noqa: E402
 from tirpat.model.onnx_import import OnnxImportError  # noqa: E402
 from tirpat.testing.onnx_exported import exported  # noqa: E402
+from tirpat.testing.ort_session import exact_session  # noqa: E402
 
 SHAPE = (2, 3, 8, 8)
 
 
 def reference(model, x):
     """onnxruntime's run of ``model`` at ORT_ENABLE_BASIC (the optimisation tirpat's pre-processing runs)."""
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    return session.run(None, {"x": x})[0]
+    return exact_session(model).run(None, {"x": x})[0]
 
 
 def sample(seed=0):
