@@ -147,7 +147,8 @@ def _report(record: Record, target) -> tuple[ModelReport, list, bool]:
                     continue
                 macs = macs_of(call)
                 report.total_macs += macs
-                report.uncounted += not macs_known(call)
+                if not macs_known(call):
+                    report.uncounted_ops.append(f"{call.op.name} ({names[binding.var.__chandle__()]})")
                 if macs or not macs_known(call):
                     in_float |= "float" in str(getattr(call.ty, "dtype", ""))
                 quantised |= call.op.name in _QDQ
@@ -164,7 +165,7 @@ def _report(record: Record, target) -> tuple[ModelReport, list, bool]:
         backend, pattern, ops = record.partitions[name]
         macs = sum(macs_of(c) for c in ops)
         report.total_macs += macs
-        report.uncounted += sum(not macs_known(c) for c in ops)
+        report.uncounted_ops += [f"{c.op.name} (in {base})" for c in ops if not macs_known(c)]
         notes = json.loads(record.notes.get(name, "{}"))
         rules = record.rules.get(name, {})
         core = next((n for n, c in enumerate(ops) if macs_of(c)), 0)
