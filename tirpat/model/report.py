@@ -300,9 +300,16 @@ class ModelReport:
           (text(verbose=True), tirpat compile --verbose: every call and operator)
         """
         lines = ["tirpat model report", *self._totals()]
+        every = self._every()
         if self.records is not None:
-            lines.append(f"  {records_line(self.records, None if verbose else _SHOWN)}")
-        return "\n".join(lines + (self._every() if verbose else self._summary()))
+            lines += f"  {records_line(self.records, None if verbose else _SHOWN // 2)}".splitlines()
+        if verbose:
+            return "\n".join(lines + every)
+        summary = self._summary(SUMMARY_LINES - len(lines))
+        # a summary that leaves something out says where to find it
+        complete = sorted(summary) == sorted(every) and len(self.uncounted_ops) <= _SHOWN // 2 and \
+            (self.records is None or len(self.records["misses"]) <= _SHOWN // 2)
+        return "\n".join(lines + summary + [_VERBOSE] * (not complete))
 
     def _totals(self) -> list:
         total = self.total_macs
@@ -314,10 +321,12 @@ class ModelReport:
             count = f"{total:,}" + ("" if total else " (the model has no matmul or convolution)")
         lines = [f"  multiply-accumulates: {count}"]
         lines += [f"    on {name}: {n:,} ({share(n)})" for name, n in self.macs.items()]
-        if self.uncounted:
-            names = _counted(_short(op) for op in self.uncounted_ops)
+        if self.uncounted:       # "relax.einsum (lv6)": the kinds, then where the first few are
+            kinds = _counted(_short(op.split(" (")[0]) for op in self.uncounted_ops)
+            where = [op.split(" (", 1)[1].rstrip(")") for op in self.uncounted_ops if " (" in op]
+            at = ", ".join(where[:_SHOWN // 2]) + (", ..." if len(where) > _SHOWN // 2 else "")
             lines.append(f"  uncounted: {self.uncounted} operator{'s' * (self.uncounted > 1)}: "
-                         + ", ".join(names[:_SHOWN]) + (f", ... and {len(names) - _SHOWN} more" if len(names) > _SHOWN else ""))
+                         + ", ".join(kinds) + (f" (at {at})" if at else ""))
         return lines
 
     def _every(self) -> list:
@@ -336,62 +345,71 @@ class ModelReport:
         lines += [f"    {_item(h.macs, f'{h.var} = {_short(h.op)}', h.reason)}" for h in self.on_host]
         return lines
 
-    def _summary(self) -> list:
-        """The partitions grouped by what they compute, the host's operators by reason."""
-        lines, more = [], False
+    def _summary(self, room: int) -> list:
+        """The partitions grouped by what they compute, the host's operators by reason, in at
+        most ``room`` lines."""
+        host = self._host_summary()
         groups: dict = {}
         for p in self.partitions:
             if not p.fallback:
                 groups.setdefault((p.backend, p.pattern, _what(p)), []).append(p)
-        for key, parts in _biggest(groups, lambda ps: sum(p.macs for p in ps), _GROUPS):
-            if parts is None:
-                lines.append(f"  ... and {key} more kinds of partition")
-                more = True
-                continue
-            (backend, pattern, what), functions = key, list(dict.fromkeys(p.function for p in parts))
-            name = f"{functions[0]} ({pattern})" if len(functions) == 1 else f"{pattern} ({len(functions)} functions)"
-            calls = f", {len(parts)} calls" if len(parts) > 1 else ""
-            lines.append(f"  {backend}: {name}: {what}{calls}, {sum(p.macs for p in parts):,} MACs")
-            notes = list(dict.fromkeys(n for p in parts for n in _notes(p)))
-            if any(p.device_macs is not None and p.device_macs != p.macs - p.host_macs for p in parts):
-                device = sum(p.macs - p.host_macs if p.device_macs is None else p.device_macs for p in parts)
-                notes.insert(0, f"the device executes {device:,} MACs: the matrices are padded to whole tiles")
-            lines += [f"      {n}" for n in notes[:_NOTES]]
-            if len(notes) > _NOTES:
-                lines.append(f"      ... and {len(notes) - _NOTES} more notes")
-                more = True
+        shown = [self._group_lines(key, parts) for key, parts in
+                 sorted(groups.items(), key=lambda kv: sum(p.macs for p in kv[1]), reverse=True)]
+        room -= len(host) + 1       # and a line to point to the verbose text
+        lines = []
+        for n, group in enumerate(shown):
+            # the last kind that fits leaves a line to say how many more there are
+            if len(lines) + len(group) > room - (n + 1 < len(shown)):
+                lines.append(f"  ... and {len(shown) - n} more kinds of partition")
+                break
+            lines += group
+        return lines + host
+
+    @staticmethod
+    def _group_lines(key: tuple, parts: list) -> list:
+        """A kind of partition: its backend, pattern, what it computes, calls, MACs, notes."""
+        (backend, pattern, what), functions = key, list(dict.fromkeys(p.function for p in parts))
+        name = f"{functions[0]} ({pattern})" if len(functions) == 1 else f"{pattern} ({len(functions)} functions)"
+        calls = f", {len(parts)} calls" if len(parts) > 1 else ""
+        notes = _group_notes(parts)
+        if len(notes) > _NOTES:
+            notes = notes[:_NOTES - 1] + [f"... and {len(notes) - _NOTES + 1} more notes"]
+        return [f"  {backend}: {name}: {what}{calls}, {sum(p.macs for p in parts):,} MACs"] + [f"      {n}" for n in notes]
+
+    def _host_summary(self) -> list:
+        """The host's items as they are when few, else grouped by reason and the largest."""
         # (MACs, what, why) of each item on the host: partitions that fell back, operators
         items = [(p.macs, f"{p.function} ({p.pattern}): {_what(p)}", p.fallback) for p in self.partitions if p.fallback]
         items += [(h.macs, f"{h.var} = {_short(h.op)}", h.reason) for h in self.on_host]
         if len(items) <= _SHOWN:        # few enough to list as they are, the most MACs first
-            lines += ["  on the host:"] * bool(items)
-            lines += [f"    {_item(*i)}" for i in sorted(items, key=lambda i: -i[0])]
-            return lines + [_VERBOSE] * (more or any(len(ps) > 1 for ps in groups.values()))
-        lines.append(f"  on the host: {len(items)} operators, {sum(i[0] for i in items):,} MACs")
+            return ["  on the host:"] * bool(items) + [f"    {_item(*i)}" for i in sorted(items, key=lambda i: -i[0])]
+        lines = [f"  on the host: {len(items)} operators, {sum(i[0] for i in items):,} MACs"]
         by_reason: dict = {}
         for p in self.partitions:
             if p.fallback:
                 by_reason.setdefault(p.fallback, []).append((p.ops[0] if p.ops else p.pattern, p.macs))
         for h in self.on_host:
             by_reason.setdefault(_SEE.sub("", h.reason), []).append((h.op, h.macs))
-        for reason, ops in _biggest(by_reason, lambda ops: (sum(m for _, m in ops), len(ops)), _GROUPS):
-            if ops is None:
-                lines.append(f"    ... and {reason} more reasons")
-                continue
+        ranked = sorted(by_reason.items(), key=lambda kv: (sum(m for _, m in kv[1]), len(kv[1])), reverse=True)
+        for reason, ops in ranked[:_GROUPS - 1 if len(ranked) > _GROUPS else _GROUPS]:
             macs = sum(m for _, m in ops)
             kinds = _counted(_short(op) for op, _ in ops)
             what = f"{len(ops)} operators ({', '.join(kinds)})" if len(kinds) > 1 else f"{len(ops)} x {_short(ops[0][0])}"
             lines.append(f"    {_item(macs, what, reason)}")
+        if len(ranked) > _GROUPS:
+            lines.append(f"    ... and {len(ranked) - _GROUPS + 1} more reasons")
         largest = sorted((i for i in items if i[0]), key=lambda i: -i[0])[:_LARGEST]
         if largest:
             lines.append("  the largest on the host:")
             lines += [f"    {what}, {macs:,} MACs" for macs, what, _ in largest]
-        return lines + [_VERBOSE]
+        return lines
 
 
-#: the most items a summary lists in one place (host items as they are, uncounted operators),
-#: kinds of partition or host reasons, notes under one kind of partition, and largest host
-#: operators: together the summary stays under 60 lines
+#: a summary's most lines
+SUMMARY_LINES = 60
+
+#: the most items a summary lists in one place (host items as they are, uncounted operators,
+#: tuning-record misses), host reasons, lines under one kind of partition, largest host items
 _SHOWN, _GROUPS, _NOTES, _LARGEST = 8, 10, 2, 5
 
 _VERBOSE = "  (text(verbose=True), tirpat compile --verbose: every call and operator)"
@@ -400,17 +418,17 @@ _VERBOSE = "  (text(verbose=True), tirpat compile --verbose: every call and oper
 _SEE = re.compile(r": see [^;]*")
 
 
+def _group_notes(parts: list) -> list:
+    """The notes under a kind of partition: the device's padded MACs, then each partition's."""
+    notes = list(dict.fromkeys(n for p in parts for n in _notes(p)))
+    if any(p.device_macs is not None and p.device_macs != p.macs - p.host_macs for p in parts):
+        device = sum(p.macs - p.host_macs if p.device_macs is None else p.device_macs for p in parts)
+        notes.insert(0, f"the device executes {device:,} MACs: the matrices are padded to whole tiles")
+    return notes
+
+
 def _item(macs: int, what: str, why: str) -> str:
     return f"{what}{f', {macs:,} MACs' if macs else ''}: {why}"
-
-
-def _biggest(groups: dict, size, limit: int) -> list:
-    """``groups``' items, the biggest first (``size`` of a value; equal sizes keep their
-    order), at most ``limit``: past it, the last is ``(how many more, None)``."""
-    ranked = sorted(groups.items(), key=lambda kv: size(kv[1]), reverse=True)
-    if len(ranked) <= limit:
-        return ranked
-    return ranked[:limit - 1] + [(len(ranked) - limit + 1, None)]
 
 
 def _counted(names) -> list:
