@@ -290,7 +290,7 @@ class ModelReport:
           multiply-accumulates: 300
             on accel: 200 (66.7%)
             on host: 100 (33.3%)
-          accel: f (accel.matmul): matmul, 2 calls, 200 MACs
+          accel: accel.matmul: matmul, 2 calls, 200 MACs
           on the host: 11 operators, 100 MACs
             2 x matmul, 100 MACs: float
             9 x exp: no backend takes exp
@@ -305,9 +305,9 @@ class ModelReport:
             lines += f"  {records_line(self.records, None if verbose else _SHOWN // 2)}".splitlines()
         if verbose:
             return "\n".join(lines + every)
-        summary = self._summary(SUMMARY_LINES - len(lines))
-        # a summary that leaves something out says where to find it
-        complete = sorted(summary) == sorted(every) and len(self.uncounted_ops) <= _SHOWN // 2 and \
+        summary, complete = self._summary(SUMMARY_LINES - len(lines))
+        # a summary that leaves something out (but the functions' names) says where to find it
+        complete &= len(self.uncounted_ops) <= _SHOWN // 2 and \
             (self.records is None or len(self.records["misses"]) <= _SHOWN // 2)
         return "\n".join(lines + summary + [_VERBOSE] * (not complete))
 
@@ -345,9 +345,9 @@ class ModelReport:
         lines += [f"    {_item(h.macs, f'{h.var} = {_short(h.op)}', h.reason)}" for h in self.on_host]
         return lines
 
-    def _summary(self, room: int) -> list:
+    def _summary(self, room: int) -> tuple[list, bool]:
         """The partitions grouped by what they compute, the host's operators by reason, in at
-        most ``room`` lines."""
+        most ``room`` lines; and whether they say all the verbose text does (but its names)."""
         host = self._host_summary()
         groups: dict = {}
         for p in self.partitions:
@@ -363,18 +363,20 @@ class ModelReport:
                 lines.append(f"  ... and {len(shown) - n} more kinds of partition")
                 break
             lines += group
-        return lines + host
+        complete = len(lines) == sum(map(len, shown)) and all(
+            len(ps) == 1 and len(_group_notes(ps)) <= _NOTES for ps in groups.values())
+        return lines + host, complete and host[:1] in ([], ["  on the host:"])
 
     @staticmethod
     def _group_lines(key: tuple, parts: list) -> list:
-        """A kind of partition: its backend, pattern, what it computes, calls, MACs, notes."""
-        (backend, pattern, what), functions = key, list(dict.fromkeys(p.function for p in parts))
-        name = f"{functions[0]} ({pattern})" if len(functions) == 1 else f"{pattern} ({len(functions)} functions)"
+        """A kind of partition: its backend, pattern, what it computes, calls, MACs, notes (its
+        functions, by the names TVM's fusion gives them, are in the verbose text)."""
+        backend, pattern, what = key
         calls = f", {len(parts)} calls" if len(parts) > 1 else ""
         notes = _group_notes(parts)
         if len(notes) > _NOTES:
             notes = notes[:_NOTES - 1] + [f"... and {len(notes) - _NOTES + 1} more notes"]
-        return [f"  {backend}: {name}: {what}{calls}, {sum(p.macs for p in parts):,} MACs"] + [f"      {n}" for n in notes]
+        return [f"  {backend}: {pattern}: {what}{calls}, {sum(p.macs for p in parts):,} MACs"] + [f"      {n}" for n in notes]
 
     def _host_summary(self) -> list:
         """The host's items as they are when few, else grouped by reason and the largest."""
