@@ -338,10 +338,11 @@ class ModelReport:
                 if p.device_macs is not None and p.device_macs != p.macs - p.host_macs:
                     lines.append(f"      the device executes {p.device_macs:,} MACs: the matrices are padded to whole tiles")
                 lines += [f"      {note}" for note in _notes(p)]
+                lines += [f"      on the CPU: {what_cpu} {why}" for what_cpu, why in p.on_host]
         fell_back = [p for p in self.partitions if p.fallback]
         if self.on_host or fell_back:
             lines.append("  on the host:")
-        lines += [f"    {p.function} ({p.pattern}): {_what(p)}, {p.macs:,} MACs: {p.fallback}" for p in fell_back]
+        lines += [f"    {_item(p.macs, f'{p.function} ({p.pattern}): {_what(p)}', p.fallback, True)}" for p in fell_back]
         lines += [f"    {_item(h.macs, f'{h.var} = {_short(h.op)}', h.reason)}" for h in self.on_host]
         return lines
 
@@ -380,9 +381,9 @@ class ModelReport:
 
     def _host_summary(self) -> list:
         """The host's items as they are when few, else grouped by reason and the largest."""
-        # (MACs, what, why) of each item on the host: partitions that fell back, operators
-        items = [(p.macs, f"{p.function} ({p.pattern}): {_what(p)}", p.fallback) for p in self.partitions if p.fallback]
-        items += [(h.macs, f"{h.var} = {_short(h.op)}", h.reason) for h in self.on_host]
+        # (MACs, what, why, whether to say 0 MACs) of each host item: partitions that fell back, operators
+        items = [(p.macs, f"{p.function} ({p.pattern}): {_what(p)}", p.fallback, True) for p in self.partitions if p.fallback]
+        items += [(h.macs, f"{h.var} = {_short(h.op)}", h.reason, False) for h in self.on_host]
         if len(items) <= _SHOWN:        # few enough to list as they are, the most MACs first
             return ["  on the host:"] * bool(items) + [f"    {_item(*i)}" for i in sorted(items, key=lambda i: -i[0])]
         lines = [f"  on the host: {len(items)} operators, {sum(i[0] for i in items):,} MACs"]
@@ -403,7 +404,7 @@ class ModelReport:
         largest = sorted((i for i in items if i[0]), key=lambda i: -i[0])[:_LARGEST]
         if largest:
             lines.append("  the largest on the host:")
-            lines += [f"    {what}, {macs:,} MACs" for macs, what, _ in largest]
+            lines += [f"    {what}, {macs:,} MACs" for macs, what, _, _ in largest]
         return lines
 
 
@@ -412,7 +413,7 @@ SUMMARY_LINES = 60
 
 #: the most items a summary lists in one place (host items as they are, uncounted operators,
 #: tuning-record misses), host reasons, lines under one kind of partition, largest host items
-_SHOWN, _GROUPS, _NOTES, _LARGEST = 8, 10, 2, 5
+_SHOWN, _GROUPS, _NOTES, _LARGEST = 8, 10, 4, 5
 
 _VERBOSE = "  (text(verbose=True), tirpat compile --verbose: every call and operator)"
 
@@ -421,16 +422,33 @@ _SEE = re.compile(r": see [^;]*")
 
 
 def _group_notes(parts: list) -> list:
-    """The notes under a kind of partition: the device's padded MACs, then each partition's."""
+    """The notes under a kind of partition: the device's padded MACs, then its partitions'
+    (what the CPU does for them once per reason, with how many of the calls need it)."""
     notes = list(dict.fromkeys(n for p in parts for n in _notes(p)))
+    steps: dict = {}         # why -> [the first step's what, how many calls]
+    for p in parts:
+        for what_cpu, why in p.on_host:
+            steps.setdefault(why, [what_cpu, 0])[1] += 1
+    for why, (what_cpu, calls) in sorted(steps.items(), key=lambda kv: -kv[1][1]):
+        notes.append(f"on the CPU{f' ({calls} calls)' if len(parts) > 1 else ''}: {what_cpu} {why}")
     if any(p.device_macs is not None and p.device_macs != p.macs - p.host_macs for p in parts):
         device = sum(p.macs - p.host_macs if p.device_macs is None else p.device_macs for p in parts)
         notes.insert(0, f"the device executes {device:,} MACs: the matrices are padded to whole tiles")
     return notes
 
 
-def _item(macs: int, what: str, why: str) -> str:
-    return f"{what}{f', {macs:,} MACs' if macs else ''}: {why}"
+def _notes(p: Partition) -> list:
+    """What the lines under a partition say, but its padding and CPU steps: its schedule,
+    or that it ran on the host."""
+    notes = ["scheduled from a tuning record"] * p.from_records
+    if not p.rules and not p.on_host:     # else the backend's own reasons follow
+        notes.append(f"ran on the host: none of {p.backend}'s rules matched its code")
+    return notes
+
+
+def _item(macs: int, what: str, why: str, zero: bool = False) -> str:
+    """A line of the host's: ``what, MACs: why`` (no MACs if none, unless ``zero``)."""
+    return f"{what}{f', {macs:,} MACs' if macs or zero else ''}: {why}"
 
 
 def _counted(names) -> list:
@@ -439,14 +457,6 @@ def _counted(names) -> list:
     for n in names:
         counts[n] = counts.get(n, 0) + 1
     return [f"{n} {k}" if k > 1 else n for n, k in sorted(counts.items(), key=lambda kv: -kv[1])]
-
-
-def _notes(p: Partition) -> list:
-    """What the lines under a partition say, but its padding: its schedule, what the CPU does."""
-    notes = ["scheduled from a tuning record"] * p.from_records
-    if not p.rules and not p.on_host:     # else the backend's own reasons follow
-        notes.append(f"ran on the host: none of {p.backend}'s rules matched its code")
-    return notes + [f"on the CPU: {what_cpu} {why}" for what_cpu, why in p.on_host]
 
 
 def records_line(records: dict, most: int | None = None) -> str:
