@@ -430,7 +430,8 @@ def _group_notes(parts: list) -> list:
         for what_cpu, why in p.on_host:
             steps.setdefault(why, [what_cpu, 0])[1] += 1
     for why, (what_cpu, calls) in sorted(steps.items(), key=lambda kv: -kv[1][1]):
-        notes.append(f"on the CPU{f' ({calls} calls)' if len(parts) > 1 else ''}: {what_cpu} {why}")
+        share = "" if len(parts) == 1 else " (each call)" if calls == len(parts) else f" ({calls} of {len(parts)} calls)"
+        notes.append(f"on the CPU{share}: {what_cpu} {why}")
     if any(p.device_macs is not None and p.device_macs != p.macs - p.host_macs for p in parts):
         device = sum(p.macs - p.host_macs if p.device_macs is None else p.device_macs for p in parts)
         notes.insert(0, f"the device executes {device:,} MACs: the matrices are padded to whole tiles")
