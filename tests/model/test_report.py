@@ -140,3 +140,73 @@ def test_the_summary_stays_short_whatever_it_lists():
     assert "\n    lv99 = matmul, 99 MACs\n" in text     # the largest first
     assert text.endswith("(text(verbose=True), tirpat compile --verbose: every call and operator)")
     assert len(report.text(verbose=True).splitlines()) > 200
+
+
+def _call(op, *shapes, **attrs):
+    """A normalised Relax call of ``op`` on float32 tensors of ``shapes``."""
+    from tvm import relax
+    from tvm.script import relax as R
+
+    args = [relax.Var(f"a{n}", R.Tensor(shape, "float32")) for n, shape in enumerate(shapes)]
+    return relax.BlockBuilder().normalize(op(*args, **attrs))
+
+
+def _macs_cases():
+    from tvm import relax
+
+    nn = relax.op.nn
+    # independent counts: a MAC for each (output element, reduction index) or, transposed,
+    # each (input element, output channel, kernel tap) pair
+    return [
+        (nn.conv1d, [(2, 6, 10), (4, 3, 3)], {"groups": 2}, 2 * 4 * 8 * 3 * 3),
+        (nn.conv2d, [(1, 4, 7, 7), (8, 4, 3, 3)], {"strides": 2}, 8 * 3 * 3 * 4 * 3 * 3),
+        (nn.conv3d, [(1, 2, 4, 4, 4), (3, 2, 1, 1, 1)], {}, 3 * 64 * 2),
+        (nn.conv1d_transpose, [(1, 4, 5), (4, 3, 2)], {"strides": 2}, 4 * 5 * 3 * 2),
+        (nn.conv2d_transpose, [(2, 6, 3, 3), (6, 2, 4, 4)], {"strides": 2, "groups": 3}, 2 * 6 * 9 * 2 * 16),
+        (nn.conv3d_transpose, [(1, 2, 2, 2, 2), (2, 5, 3, 3, 3)], {}, 2 * 8 * 5 * 27),
+        (relax.op.matmul, [(3, 5, 7), (7, 2)], {}, 3 * 5 * 2 * 7),
+        (relax.op.outer, [(5,), (6,)], {}, 30),
+        (nn.attention, [(1, 7, 2, 8), (1, 9, 2, 8), (1, 9, 2, 6)], {}, 2 * 7 * 9 * 8 + 2 * 7 * 9 * 6),
+    ]
+
+
+@pytest.mark.parametrize("case", range(9))
+def test_every_operator_that_multiplies_and_accumulates_is_counted(case):
+    from tirpat.model.report import MAC_OPS, macs_known, macs_of
+
+    op, shapes, attrs, expected = _macs_cases()[case]
+    call = _call(op, *shapes, **attrs)
+    assert call.op.name in MAC_OPS and macs_known(call) and macs_of(call) == expected
+
+
+def test_einsum_is_counted_and_one_with_an_ellipsis_is_named_uncounted():
+    from tvm import relax
+
+    from tirpat.model.report import macs_known, macs_of
+
+    def einsum(*shapes, subscripts):
+        return _call(lambda *a: relax.op.einsum(list(a), subscripts), *shapes)
+
+    assert macs_of(einsum((2, 3, 4), (4, 5), subscripts="abc,cd->abd")) == 2 * 3 * 4 * 5
+    ellipsis = einsum((2, 3, 4), (4, 5), subscripts="...c,cd->...d")
+    assert not macs_known(ellipsis) and macs_of(ellipsis) == 0
+
+
+def test_a_symbolic_transposed_convolution_is_named_uncounted():
+    from tvm import relax, tirx
+    from tvm.script import relax as R
+
+    n = tirx.Var("n", "int64")
+    x, w = relax.Var("x", R.Tensor((n, 4, 5, 5), "float32")), relax.Var("w", R.Tensor((4, 2, 3, 3), "float32"))
+    y = relax.Var("y", R.Tensor((1, 4, 5, 5), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x, w, y]):
+        with bb.dataflow():
+            up = bb.emit(relax.op.nn.conv2d_transpose(x, w))
+            fixed = bb.emit(relax.op.nn.conv2d(y, relax.op.permute_dims(w, [1, 0, 2, 3])))
+            out = bb.emit_output(relax.Tuple([up, fixed]))
+        bb.emit_func_output(out)
+    report = tp.build(bb.get(), "llvm").report
+    assert report.total_macs == 2 * 3 * 3 * 4 * 3 * 3 and report.uncounted_ops == ["relax.nn.conv2d_transpose (lv)"]
+    assert "  uncounted: 1 operator: conv2d_transpose (at lv)" in str(report)
+    assert report.to_json()["uncounted"] == 1
