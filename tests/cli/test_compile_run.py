@@ -47,6 +47,16 @@ def test_compile_prints_the_report_and_writes_it_as_json(compiled, workdir):
     assert (workdir / "mlp.tirpat").stat().st_size > 0
 
 
+def test_compile_verbose_prints_every_partition_call(compiled, tirpat_here, workdir, example_mlp):
+    """The default report names partitions by pattern; --verbose by function, one line a call, as the JSON."""
+    status, out, err = tirpat_here("compile", example_mlp, "-t", TARGET, "-o", workdir / "verbose.tirpat", "--verbose")
+    assert status == 0, err
+    functions = [p["function"] for p in json.loads((workdir / "mlp.json").read_text())["partitions"]]
+    assert [line.split(" (")[0] for line in out.splitlines() if line.startswith("  accel: ")] == \
+        [f"  accel: {name}" for name in functions]
+    assert not any(name in compiled.stdout for name in functions), compiled.stdout
+
+
 def test_run_is_exact_against_tvm_on_llvm(compiled, tirpat, workdir, example_mlp):
     x = np.random.default_rng(7).integers(-128, 128, (16, 64), dtype=np.int8)
     np.savez(workdir / "in.npz", x=x)
