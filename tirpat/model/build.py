@@ -249,8 +249,9 @@ def _complain(report: ModelReport, target, declined: list, strict: bool, in_floa
             problems.append(f"{p.function} ({p.pattern}): {p.host_macs:,} of its {p.macs:,} MACs stay on the host")
     if not problems and report.partitions:
         return
-    shown = problems[:_MAX_LINES] + ([f"... and {len(problems) - _MAX_LINES} more (the build's report lists "
-                                      "every operator on the host)"] if len(problems) > _MAX_LINES else [])
+    shown = problems[:_MAX_LINES] + ([f"... and {len(problems) - _MAX_LINES} more (the build's report lists every "
+                                      "operator on the host: report.text(verbose=True), tirpat compile --verbose)"]
+                                     if len(problems) > _MAX_LINES else [])
     message = "\n  ".join([head] + shown)
     if not report.partitions and report.uncounted:
         message += ("\nthe model's shapes are symbolic (a dimension such as its batch is left open); give them "

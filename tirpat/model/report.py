@@ -300,11 +300,10 @@ class ModelReport:
           (text(verbose=True), tirpat compile --verbose: every call and operator)
         """
         lines = ["tirpat model report", *self._totals()]
-        every = self._every()
         if self.records is not None:
             lines += f"  {records_line(self.records, None if verbose else _SHOWN // 2)}".splitlines()
         if verbose:
-            return "\n".join(lines + every)
+            return "\n".join(lines + self._every())
         summary, complete = self._summary(SUMMARY_LINES - len(lines))
         # a summary that leaves something out (but the functions' names) says where to find it
         complete &= len(self.uncounted_ops) <= _SHOWN // 2 and \
