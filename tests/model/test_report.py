@@ -210,3 +210,33 @@ def test_a_symbolic_transposed_convolution_is_named_uncounted():
     assert report.total_macs == 2 * 3 * 3 * 4 * 3 * 3 and report.uncounted_ops == ["relax.nn.conv2d_transpose (lv)"]
     assert "  uncounted: 1 operator: conv2d_transpose (at lv)" in str(report)
     assert report.to_json()["uncounted"] == 1
+
+
+def test_a_call_tir_that_multiplies_and_accumulates_is_counted():
+    """A frontend's emit_te gives a call_tir: its reductions that multiply count, a symbolic one
+    is named uncounted, one that only adds (a sum) counts nothing."""
+    from tvm import relax, te, tirx
+    from tvm.script import relax as R
+
+    def matmul(a, b):
+        k = te.reduce_axis((0, a.shape[1]), "k")
+        return te.compute((a.shape[0], b.shape[1]), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="C")
+
+    def total(a):
+        k = te.reduce_axis((0, a.shape[1]), "k")
+        return te.compute((a.shape[0],), lambda i: te.sum(a[i, k], axis=k), name="S")
+
+    n = tirx.Var("n", "int64")
+    x, w = relax.Var("x", R.Tensor((4, 8), "float32")), relax.Var("w", R.Tensor((8, 5), "float32"))
+    v = relax.Var("v", R.Tensor((n, 8), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x, w, v]):
+        with bb.dataflow():
+            y = bb.emit_te(matmul, x, w)
+            s = bb.emit_te(total, x)
+            d = bb.emit_te(matmul, v, w)
+            out = bb.emit_output(relax.Tuple([y, s, d]))
+        bb.emit_func_output(out)
+    report = tp.build(bb.get(), "llvm").report
+    assert report.total_macs == 4 * 5 * 8 and [h.macs for h in report.on_host] == [4 * 5 * 8, 0, 0]
+    assert report.uncounted_ops == [f"relax.call_tir ({report.on_host[2].var})"]

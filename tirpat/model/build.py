@@ -145,11 +145,11 @@ def _report(record: Record, target) -> tuple[ModelReport, list, bool]:
                     continue
                 if not isinstance(call.op, ir.Op):
                     continue
-                macs = macs_of(call)
+                macs = macs_of(call, mod)
                 report.total_macs += macs
-                if not macs_known(call):
+                if not macs_known(call, mod):
                     report.uncounted_ops.append(f"{call.op.name} ({names[binding.var.__chandle__()]})")
-                if macs or not macs_known(call):
+                if macs or not macs_known(call, mod):
                     in_float |= "float" in str(getattr(call.ty, "dtype", ""))
                 quantised |= call.op.name in _QDQ
                 host = HostOp(call.op.name, names[binding.var.__chandle__()],

@@ -52,7 +52,7 @@ def _prod(dims) -> int:
     return out
 
 
-def macs_of(call) -> int:
+def macs_of(call, mod: tvm.IRModule | None = None) -> int:
     """The multiply-accumulates of one Relax operator call (0 for operators that do none, and
     for those :func:`macs_known` says it cannot count).
 
@@ -61,7 +61,8 @@ def macs_of(call) -> int:
     (each input element is multiplied into a whole kernel window, as ONNX counts
     ConvTranspose); ``matmul`` the output's elements times the reduction length; ``einsum``
     the product of every index's size; ``outer`` the output's elements; ``attention`` its two
-    products, queries x keys and scores x values.
+    products, queries x keys and scores x values. A ``call_tir`` of a PrimFunc of ``mod``
+    (a frontend's ``emit_te``) counts each reduction that multiplies: its iteration space.
 
     >>> from tvm.script import relax as R
     >>> x = relax.Var("x", R.Tensor((8, 64), "int8")); w = relax.Var("w", R.Tensor((64, 32), "int8"))
@@ -71,13 +72,11 @@ def macs_of(call) -> int:
     >>> macs_of(relax.BlockBuilder().normalize(relax.op.nn.conv2d_transpose(x, w)))  # 4*5*5 inputs x 2*3*3
     1800
     """
-    if not isinstance(call, relax.Call) or not isinstance(call.op, tvm.ir.Op) or call.op.name not in MAC_OPS:
-        return 0
-    count = _count(call)
+    count = _count(call, mod)
     return 0 if count is None else count
 
 
-def macs_known(call) -> bool:
+def macs_known(call, mod: tvm.IRModule | None = None) -> bool:
     """Whether :func:`macs_of` counts ``call``: False for an operator that multiplies and
     accumulates (:data:`MAC_OPS`) whose count it cannot know, such as a matmul or a
     convolution with a symbolic shape (its multiply-accumulates depend on the input's size).
@@ -88,9 +87,7 @@ def macs_known(call) -> bool:
     >>> macs_known(relax.BlockBuilder().normalize(relax.op.matmul(x, w, out_dtype="int32")))
     False
     """
-    if not isinstance(call, relax.Call) or not isinstance(call.op, tvm.ir.Op) or call.op.name not in MAC_OPS:
-        return True
-    return _count(call) is not None
+    return _count(call, mod) is not None
 
 
 #: the Relax operators that multiply and accumulate: each is counted, or reported as uncounted
@@ -102,9 +99,15 @@ MAC_OPS = frozenset({
 _TRANSPOSED = {"relax.nn.conv1d_transpose", "relax.nn.conv2d_transpose", "relax.nn.conv3d_transpose"}
 
 
-def _count(call) -> int | None:
-    """The MACs of a :data:`MAC_OPS` call, or None when its shapes (or kind) leave them unknown."""
+def _count(call, mod) -> int | None:
+    """The MACs of a call (0 if it does none), or None when its shapes (or kind) leave them unknown."""
+    if not isinstance(call, relax.Call) or not isinstance(call.op, tvm.ir.Op):
+        return 0
     name = call.op.name
+    if name == "relax.call_tir" and mod is not None and call.args[0] in mod.functions:
+        return _tir_macs(mod[call.args[0]])
+    if name not in MAC_OPS:
+        return 0
     out = _static_shape(call)
     args = call.args[0].fields if name == "relax.einsum" else call.args
     shapes = [_static_shape(a) for a in args]
@@ -132,6 +135,28 @@ def _count(call) -> int | None:
         (b, s, n, h), (_, s_kv, _, _), (_, _, _, h_v) = shapes[:3]
         return b * n * s * s_kv * (h + h_v)
     return None         # attention_var_len: its lengths are run-time values
+
+
+def _tir_macs(func) -> int | None:
+    """The multiply-accumulates of a PrimFunc's reductions that multiply (``C += A * B``
+    blocks, as ``te.compute`` writes them): each one's iteration space, None if symbolic."""
+    from tvm_ffi import structural_walk
+
+    total = 0
+
+    def block(node):
+        nonlocal total
+        if total is None or type(node).__name__ != "SBlock" or node.init is None:
+            return
+        products = []
+        structural_walk(node.body, (tirx.Mul, products.append))
+        if not products:
+            return
+        extents = [iv.dom.extent for iv in node.iter_vars]
+        total = _prod(int(e.value) for e in extents) + total if all(isinstance(e, tirx.IntImm) for e in extents) else None
+
+    structural_walk(func.body, block)
+    return total
 
 
 _REQUANT = {"relax.multiply", "relax.right_shift"}
