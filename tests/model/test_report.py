@@ -240,3 +240,9 @@ def test_a_call_tir_that_multiplies_and_accumulates_is_counted():
     report = tp.build(bb.get(), "llvm").report
     assert report.total_macs == 4 * 5 * 8 and [h.macs for h in report.on_host] == [4 * 5 * 8, 0, 0]
     assert report.uncounted_ops == [f"relax.call_tir ({report.on_host[2].var})"]
+
+
+def test_verbose_names_every_uncounted_operator():
+    report = ModelReport(0, [], [], [f"relax.matmul (lv{n})" for n in range(6)])
+    assert "uncounted: 6 operators: matmul 6 (at lv0, lv1, lv2, lv3, ...)" in str(report)
+    assert f"uncounted: 6 operators: matmul 6 (at {', '.join(f'lv{n}' for n in range(6))})" in report.text(verbose=True)

@@ -324,7 +324,7 @@ class ModelReport:
             lv1 = matmul, 50 MACs
           (text(verbose=True), tirpat compile --verbose: every call and operator)
         """
-        lines = ["tirpat model report", *self._totals()]
+        lines = ["tirpat model report", *self._totals(None if verbose else _SHOWN // 2)]
         if self.records is not None:
             lines += f"  {records_line(self.records, None if verbose else _SHOWN // 2)}".splitlines()
         if verbose:
@@ -335,7 +335,8 @@ class ModelReport:
             (self.records is None or len(self.records["misses"]) <= _SHOWN // 2)
         return "\n".join(lines + summary + [_VERBOSE] * (not complete))
 
-    def _totals(self) -> list:
+    def _totals(self, most: int | None) -> list:
+        """The MACs and their shares; the uncounted operators, where the first ``most`` are."""
         total = self.total_macs
         share = lambda n: f"{100 * n / total:.1f}%" if total else "-"  # noqa: E731
         if self.uncounted:
@@ -348,7 +349,7 @@ class ModelReport:
         if self.uncounted:       # "relax.einsum (lv6)": the kinds, then where the first few are
             kinds = _counted(_short(op.split(" (")[0]) for op in self.uncounted_ops)
             where = [op.split(" (", 1)[1].rstrip(")") for op in self.uncounted_ops if " (" in op]
-            at = ", ".join(where[:_SHOWN // 2]) + (", ..." if len(where) > _SHOWN // 2 else "")
+            at = ", ".join(where[:most]) + (", ..." if most is not None and len(where) > most else "")
             lines.append(f"  uncounted: {self.uncounted} operator{'s' * (self.uncounted > 1)}: "
                          + ", ".join(kinds) + (f" (at {at})" if at else ""))
         return lines
