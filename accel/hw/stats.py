@@ -27,7 +27,8 @@ class Event(NamedTuple):
 
 
 class Timeline:
-    """Per-unit busy intervals; ``str()`` is an ASCII chart, :meth:`save_png` a picture.
+    """Per-unit busy intervals; ``str()`` is an ASCII chart, :meth:`save_png` a picture;
+    ``tirpat.device.trace`` writes it as trace-event JSON (its ``events`` and ``units``).
 
     >>> t = Timeline([Event(0, "load", "LOAD", 0, 50), Event(1, "gemm", "GEMM", 50, 100)])
     >>> print(t.text(width=10))
@@ -37,6 +38,9 @@ class Timeline:
     alu   |          |   0%
     store |          |   0%
     """
+
+    #: the units, in the order charts and traces show them
+    units = UNITS
 
     def __init__(self, events: Iterable[Event] = ()) -> None:
         self._events = list(events)

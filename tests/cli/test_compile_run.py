@@ -47,6 +47,16 @@ def test_compile_prints_the_report_and_writes_it_as_json(compiled, workdir):
     assert (workdir / "mlp.tirpat").stat().st_size > 0
 
 
+def test_compile_verbose_prints_every_partition_call(compiled, tirpat_here, workdir, example_mlp):
+    """The default report names partitions by pattern; --verbose by function, one line a call, as the JSON."""
+    status, out, err = tirpat_here("compile", example_mlp, "-t", TARGET, "-o", workdir / "verbose.tirpat", "--verbose")
+    assert status == 0, err
+    functions = [p["function"] for p in json.loads((workdir / "mlp.json").read_text())["partitions"]]
+    assert [line.split(" (")[0] for line in out.splitlines() if line.startswith("  accel: ")] == \
+        [f"  accel: {name}" for name in functions]
+    assert not any(name in compiled.stdout for name in functions), compiled.stdout
+
+
 def test_run_is_exact_against_tvm_on_llvm(compiled, tirpat, workdir, example_mlp):
     x = np.random.default_rng(7).integers(-128, 128, (16, 64), dtype=np.int8)
     np.savez(workdir / "in.npz", x=x)
@@ -84,6 +94,33 @@ def test_timeline_png_labelled_by_layer(compiled, tirpat, workdir):
     assert (workdir / "t.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # accel's four unit rows, the layer row and a two-line key (Timeline.save_png's layout, 100 dpi)
     assert matplotlib.image.imread(workdir / "t.png").shape[0] == round(100 * (0.5 * 5 + 1.1 + 0.18 * 2 + 0.2))
+
+
+def test_timeline_json_is_a_trace_with_a_track_per_unit_and_layer(compiled, tirpat_here, workdir):
+    """Chrome/Perfetto trace events: each unit's busy cycles are the device's (accel.Stats.busy),
+    the layer events are the model's layers and cover the device's cycles."""
+    import tirpat as tp
+
+    status, out, err = tirpat_here("run", workdir / "mlp.tirpat", "--timeline", workdir / "t.json")
+    assert status == 0 and out.rstrip().endswith(f"wrote {workdir / 't.json'}"), err
+    trace = json.loads((workdir / "t.json").read_text())
+    meta = {(e["name"], e["tid"]): e["args"] for e in trace["traceEvents"] if e["ph"] == "M"}
+    assert meta[("process_name", 0)] == {"name": "accel: mlp.tirpat"}
+    tracks = {tid: args["name"] for (name, tid), args in meta.items() if name == "thread_name"}
+    assert tracks == {0: "layers", 1: "load", 2: "gemm", 3: "alu", 4: "store"}
+    events = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert all(e["pid"] == 1 and e["dur"] >= 0 for e in events)
+    # the same model run here gives the device's own statistics to compare with
+    model = tp.load(workdir / "mlp.tirpat")
+    model(*[np.random.default_rng(0).integers(-128, 128, spec.shape, dtype=np.int8) for spec in model.inputs])
+    stats = model.stats["accel"]
+    busy = {tracks[tid]: sum(e["dur"] for e in events if e["tid"] == tid) for tid in range(1, 5)}
+    assert busy == stats.busy and all(busy.values())
+    layers = [(e["name"], e["ts"], e["ts"] + e["dur"]) for e in events if e["tid"] == 0]
+    assert layers == [(layer.what, layer.start, layer.end) for layer in model.layers]
+    assert layers[0][1] == 0 and layers[-1][2] == stats.cycles
+    assert all(a[2] == b[1] for a, b in zip(layers, layers[1:])), "the layers follow one another"
+    assert max(e["ts"] + e["dur"] for e in events) == stats.cycles
 
 
 def test_timeline_writes_exactly_the_path_given(compiled, tirpat, workdir):
@@ -143,7 +180,8 @@ def test_timeline_without_matplotlib_says_which_extra(compiled, tirpat_here, wor
     find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else find_spec(name, *a))
     status, _, err = tirpat_here("run", workdir / "mlp.tirpat", "--timeline", "t.png")
-    assert status == 1 and err == "tirpat run: error: --timeline needs matplotlib: pip install 'tirpat[plot]'\n"
+    assert status == 1 and err == ("tirpat run: error: --timeline needs matplotlib: pip install 'tirpat[plot]' "
+                                   "(or name a .json file for a trace-event timeline)\n")
 
 
 @pytest.mark.parametrize("arrays, fragment", [
@@ -305,7 +343,7 @@ def test_input_shapes_fix_an_onnx_models_dynamic_batch(tirpat, tirpat_here, erro
     matmul_integer_model(tmp_path / "layer.onnx", np.random.default_rng(5), batch="N")
     status, _, err = tirpat_here("compile", "layer.onnx", "-t", TARGET, "-o", "dynamic.tirpat")
     assert status == 0 and "input.1 [N, 64] has dimensions not fixed" in err, err
-    assert '--input-shapes "input.1:[1,64]"' in err
+    assert '--input-shapes "input.1:[N,64]" with a size for each name' in err
     error_line(tirpat("compile", "layer.onnx", "-t", TARGET, "--input-shapes", "x:[16,64]", cwd=tmp_path),
                "layer.onnx: --input-shapes names x, but the model's inputs are input.1")
     result = tirpat("compile", "layer.onnx", "-t", TARGET, "--input-shapes", "input.1:[16,64]", "--report", "r.json",

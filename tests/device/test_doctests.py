@@ -5,7 +5,8 @@ import importlib
 
 import pytest
 
-MODULES = ["tirpat.device", "tirpat.device.buffers", "tirpat.device.session", "tirpat.device.planner"]
+MODULES = ["tirpat.device", "tirpat.device.buffers", "tirpat.device.session", "tirpat.device.planner",
+           "tirpat.device.trace"]
 
 
 @pytest.mark.parametrize("name", MODULES)

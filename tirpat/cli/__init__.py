@@ -3,8 +3,8 @@
 ::
 
     tirpat targets                                  registered backends, options, types, defaults
-    tirpat compile MODEL -t "accel, llvm" -o m.tirpat [--report r.json] [--records DIR]
-    tirpat run m.tirpat [--inputs in.npz] [-o out.npz] [--profile] [--timeline t.png]
+    tirpat compile MODEL -t "accel, llvm" -o m.tirpat [--report r.json] [--verbose] [--records DIR]
+    tirpat run m.tirpat [--inputs in.npz] [-o out.npz] [--profile] [--timeline t.png|t.json]
     tirpat quantize MODEL.onnx -o OUT.onnx [--calibration calib.npz] [--per-channel]
     tirpat tune MODEL -t "accel, llvm" --trials N --records DIR [--rpc HOST:PORT:KEY]
     tirpat rpc-server --tracker HOST:PORT --key KEY [--host 127.0.0.1]

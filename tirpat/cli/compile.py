@@ -13,8 +13,9 @@ from .output_file import check_output
 _DESCRIPTION = """\
 Compiles MODEL for a composite target: the backends named in -t take the operators their
 patterns match (an earlier backend wins an overlap), the last target, the host (llvm),
-compiles the rest. Prints the offload report: the partitions with their backend, operators
-and MACs, and each operator left on the host with the reason.
+compiles the rest. Prints the offload report: MACs by backend, the partitions grouped by
+pattern with their calls and MACs, the operators left on the host grouped by reason, the
+largest first (--verbose: every partition call and host operator, as --report's JSON has).
 
 MODEL is an .onnx file (TVM's Relax ONNX frontend) or a .py file defining a Relax
 IRModule named Module; its Relax function main is compiled, or the one --entry names.
@@ -36,7 +37,9 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
                         help='composite target: backends in priority order, then the host, e.g. "accel -tile=16, llvm"')
     parser.add_argument("-o", "--output", metavar="OUT",
                         help="the compiled model file (default: next to MODEL, its name with .tirpat)")
-    parser.add_argument("--report", metavar="JSON", help="also write the offload report as JSON")
+    parser.add_argument("--report", metavar="JSON", help="also write the offload report as JSON (every operator)")
+    parser.add_argument("--verbose", action="store_true",
+                        help="print every partition call and host operator, not the summary")
     parser.add_argument("--records", metavar="DIR",
                         help="tuning records ('tirpat tune' writes them): each partition gets its best schedule")
     parser.add_argument("--entry", default=ENTRY, metavar="NAME",
@@ -111,7 +114,7 @@ def _run(args: argparse.Namespace) -> int:
                 raise CommandError(str(failure)) from err
         with progress.step(f"writing {output}"):
             model.export(output)
-    print(model.report)
+    print(model.report.text(verbose=args.verbose))
     if report is not None:
         try:
             report.write_text(json.dumps(model.report.to_json(), indent=1) + "\n")

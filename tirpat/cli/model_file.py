@@ -124,11 +124,11 @@ def _from_onnx(path: Path, shapes: dict[str, list[int]] | None, preprocess: bool
     dynamic = {name: _dims(i) for name, i in declared.items()
                if name not in (shapes or {}) and not all(isinstance(d, int) for d in _dims(i))}
     if dynamic:
-        example = " ".join(f"{n}:[{','.join(str(d) if isinstance(d, int) else '1' for d in dims)}]"
+        example = " ".join(f"{n}:[{','.join(_placeholder(d, axis) for axis, d in enumerate(dims))}]"
                            for n, dims in dynamic.items())
         warnings.warn(f"{path}: input {', '.join(f'{n} [{_text(dims)}]' for n, dims in dynamic.items())} has dimensions not "
                       f"fixed in the model; accelerators need static shapes: give them with --input-shapes, "
-                      f"e.g. --input-shapes \"{example}\"", stacklevel=2)
+                      f"--input-shapes \"{example}\" with a size for each name", stacklevel=2)
     try:
         return import_onnx(model, shapes, preprocess=preprocess, source=path)
     except OnnxImportError as err:
@@ -164,6 +164,18 @@ def _check_shapes(path: Path, shapes: dict[str, list[int]], declared: dict) -> N
 
 def _text(dims: list) -> str:
     return ", ".join(map(str, dims))
+
+
+def _placeholder(dim, axis: int) -> str:
+    """A dimension as ``--input-shapes`` would take it: its size, or for an open one a name to
+    replace by one: the model's (``N``), or ``D<axis>`` for an unnamed or long one.
+
+    >>> [_placeholder(d, axis) for axis, d in enumerate(["p2o.DynamicDimension.0", 3, "?", "W"])]
+    ['D0', '3', 'D2', 'W']
+    """
+    if isinstance(dim, int):
+        return str(dim)
+    return dim if dim.isidentifier() and len(dim) <= 8 else f"D{axis}"
 
 
 def _dims(value_info) -> list:

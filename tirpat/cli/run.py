@@ -3,7 +3,8 @@
 ``--profile`` prints ``model.profile()``; ``--timeline`` draws with what a backend's
 statistics (``model.stats[name]``) offer, ``timeline.save_png(path, title=...,
 layers=[(label, start, end)])`` (accel's :class:`accel.Stats` has it; see
-:func:`tirpat.model.compiled.describe_stats` for the rest of that protocol).
+:func:`tirpat.model.compiled.describe_stats` for the rest of that protocol), or, for a
+``.json`` path, writes the timelines' events as trace-event JSON (:mod:`tirpat.device.trace`).
 """
 
 from __future__ import annotations
@@ -25,8 +26,10 @@ range and writes them with -o as output_0, output_1, ... With --profile it print
 backend's device statistics for the run (for accel: cycles, the share of the roofline
 reached for the model's own MACs and for the MACs the device executed, padding to whole
 tiles included, utilisation by unit, the cycles of each layer); --timeline draws the device's
-timeline as a PNG labelled by layer. An existing file is replaced only if its name ends in
-.npz (-o) or .png (--timeline) and it is not an input."""
+timeline as a PNG labelled by layer or, for a name ending in .json, writes it as Chrome/Perfetto
+trace-event JSON (ui.perfetto.dev, chrome://tracing: a track per device unit and one of the
+layers; one microsecond there is one device cycle). An existing file is replaced only if its
+name ends in .npz (-o) or .png or .json (--timeline) and it is not an input."""
 
 
 def _arguments(parser: argparse.ArgumentParser) -> None:
@@ -35,9 +38,10 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=_seed, default=0, help="the seed of the random inputs (default 0)")
     parser.add_argument("-o", "--output", metavar="NPZ", help="write the outputs to this .npz (output_0, output_1, ...)")
     parser.add_argument("--profile", action="store_true", help="print each backend's device statistics")
-    parser.add_argument("--timeline", metavar="PNG",
+    parser.add_argument("--timeline", metavar="PNG|JSON",
                         help="draw the device timeline as a PNG at exactly this path (needs the plot extra: "
-                             "pip install 'tirpat[plot]')")
+                             "pip install 'tirpat[plot]'), or write it as trace-event JSON for ui.perfetto.dev "
+                             "if the name ends in .json")
 
 
 def _seed(text: str) -> int:
@@ -73,10 +77,12 @@ def _run(args: argparse.Namespace) -> int:
     inputs = {"MODEL": model_path, "--inputs": args.inputs}
     if args.output:
         check_output(args.output, "-o", ".npz", inputs)
+    trace = args.timeline is not None and Path(args.timeline).suffix.lower() == ".json"
     if args.timeline:
-        if importlib.util.find_spec("matplotlib") is None:
-            raise CommandError("--timeline needs matplotlib: pip install 'tirpat[plot]'")
-        check_output(args.timeline, "--timeline", ".png", inputs, {"-o": args.output})
+        if not trace and importlib.util.find_spec("matplotlib") is None:
+            raise CommandError("--timeline needs matplotlib: pip install 'tirpat[plot]' (or name a .json "
+                               "file for a trace-event timeline)")
+        check_output(args.timeline, "--timeline", ".json" if trace else ".png", inputs, {"-o": args.output})
     if model_path.suffix.lower() in (".py", ".onnx") and not zipfile.is_zipfile(model_path):
         raise CommandError(f"{model_path}: a model to compile, not one 'tirpat compile' wrote; compile it first: "
                            f"tirpat compile {model_path} -t TARGET (it writes {model_path.with_suffix('.tirpat')})")
@@ -103,10 +109,18 @@ def _run(args: argparse.Namespace) -> int:
         print(f"\nwall time {1e3 * seconds:.1f} ms (host code and device simulation together)")
         print(f"\n{model.profile()}")
     if args.timeline:
-        drawn = [name for name, stats in model.stats.items() if hasattr(getattr(stats, "timeline", None), "save_png")]
+        from tirpat.device.trace import has_timeline, save_trace
+
+        drawn = [name for name, stats in model.stats.items()
+                 if (has_timeline(stats) if trace else hasattr(getattr(stats, "timeline", None), "save_png"))]
         if not drawn:
             raise CommandError("--timeline: no backend of this model records a timeline "
                                f"(backends: {', '.join(b.name for b, _ in model.backends) or 'none'})")
+        if trace:       # one file: a process per backend
+            path = save_trace(args.timeline, {name: model.stats[name].timeline for name in drawn},
+                              {name: _layers(model, name) for name in drawn}, title=Path(args.model).name)
+            print(f"wrote {path}")
+            return 0
         for name, path in _timeline_paths(Path(args.timeline), drawn).items():
             model.stats[name].timeline.save_png(path, title=f"{name}: {Path(args.model).name}",
                                                 layers=_layers(model, name))

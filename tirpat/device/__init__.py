@@ -6,7 +6,10 @@
   one owner per pending stream), runtime functions registered under a backend's prefix
   with error relay, atomic calls (:func:`invoke`) and the options check;
 - :mod:`~tirpat.device.planner`: scratchpad-address planning for a backend's storage
-  scopes, with double buffering and sync insertion.
+  scopes, with double buffering and sync insertion;
+- :mod:`~tirpat.device.trace`: a session's timeline (its statistics' ``timeline.events``,
+  each with ``unit``, ``start``, ``end``) as Chrome/Perfetto trace-event JSON
+  (``tirpat run --timeline t.json``).
 
 A backend's runtime, in four steps (``tests/device/test_session.py`` builds a 16-lane
 vector unit this way in about forty lines):
@@ -34,9 +37,10 @@ vector unit this way in about forty lines):
 from .buffers import BoundsError, BufferTable, SlotError, is_tensor, strided_view, tensor_view
 from .planner import PlanError, Scratchpad, ScratchpadOverflow, ScratchpadPlanner
 from .session import OptionsMismatch, Runtime, Session, invoke, runtimes
+from .trace import save_trace, trace_events
 
 __all__ = [
     "BoundsError", "BufferTable", "OptionsMismatch", "PlanError", "Runtime", "Scratchpad", "ScratchpadOverflow",
-    "ScratchpadPlanner", "Session", "SlotError", "invoke", "is_tensor", "runtimes", "strided_view",
-    "tensor_view",
+    "ScratchpadPlanner", "Session", "SlotError", "invoke", "is_tensor", "runtimes", "save_trace", "strided_view",
+    "tensor_view", "trace_events",
 ]

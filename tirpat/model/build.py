@@ -179,10 +179,11 @@ def _report(record: Record, target) -> tuple[ModelReport, list, bool]:
                     continue
                 if not isinstance(call.op, ir.Op):
                     continue
-                macs = macs_of(call)
+                macs = macs_of(call, mod)
                 report.total_macs += macs
-                report.uncounted += not macs_known(call)
-                if macs or not macs_known(call):
+                if not macs_known(call, mod):
+                    report.uncounted_ops.append(f"{call.op.name} ({names[binding.var.__chandle__()]})")
+                if macs or not macs_known(call, mod):
                     in_float |= "float" in str(getattr(call.ty, "dtype", ""))
                 quantised |= call.op.name in _QDQ
                 host = HostOp(call.op.name, names[binding.var.__chandle__()],
@@ -198,7 +199,7 @@ def _report(record: Record, target) -> tuple[ModelReport, list, bool]:
         backend, pattern, ops = record.partitions[name]
         macs = sum(macs_of(c) for c in ops)
         report.total_macs += macs
-        report.uncounted += sum(not macs_known(c) for c in ops)
+        report.uncounted_ops += [f"{c.op.name} (in {base})" for c in ops if not macs_known(c)]
         notes = json.loads(record.notes.get(name, "{}"))
         rules = record.rules.get(name, {})
         core = next((n for n, c in enumerate(ops) if macs_of(c)), 0)
@@ -282,8 +283,9 @@ def _complain(report: ModelReport, target, declined: list, strict: bool, in_floa
             problems.append(f"{p.function} ({p.pattern}): {p.host_macs:,} of its {p.macs:,} MACs stay on the host")
     if not problems and report.partitions:
         return
-    shown = problems[:_MAX_LINES] + ([f"... and {len(problems) - _MAX_LINES} more (the build's report lists "
-                                      "every operator on the host)"] if len(problems) > _MAX_LINES else [])
+    shown = problems[:_MAX_LINES] + ([f"... and {len(problems) - _MAX_LINES} more (the build's report lists every "
+                                      "operator on the host: report.text(verbose=True), tirpat compile --verbose)"]
+                                     if len(problems) > _MAX_LINES else [])
     message = "\n  ".join([head] + shown)
     if not report.partitions and report.uncounted:
         message += ("\nthe model's shapes are symbolic (a dimension such as its batch is left open); give them "

@@ -281,7 +281,8 @@ def describe_stats(stats, model_macs: int = 0) -> str:
       ran on the backend as the report counts them (accel: cycles, roofline, utilisation);
     - ``cycles``: the device's cycle count since the session began; with it each
       offloaded partition's cycles are measured (``model.layers``, the profile's layer table);
-    - ``timeline.save_png(path, title=..., layers=[(label, start, end)])``: ``--timeline``.
+    - ``timeline.save_png(path, title=..., layers=[(label, start, end)])``: ``--timeline``;
+      ``timeline.events`` (``unit``, ``start``, ``end``): ``--timeline t.json`` (:mod:`tirpat.device.trace`).
 
     Without ``summary``, a mapping (a ``collections.Counter``) or a dataclass prints one line
     per entry or field, a mapping inside one on a line of its own; anything else its ``str()``.

@@ -16,12 +16,13 @@ what it left for the CPU inside a partition and how many MACs its device really 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass, field
 
 import tvm
 from tvm import relax, tirx
 
-__all__ = ["ModelReport", "Partition", "HostOp", "SCHEDULE_NOTES", "macs_of", "macs_known", "epilogue_of"]
+__all__ = ["ModelReport", "Partition", "HostOp", "SCHEDULE_NOTES", "macs_of", "macs_known", "epilogue_of", "MAC_OPS"]
 
 #: PrimFunc attribute a backend's schedule may set: JSON notes for the report (module docstring).
 SCHEDULE_NOTES = "tirpat.notes"
@@ -51,36 +52,34 @@ def _prod(dims) -> int:
     return out
 
 
-def macs_of(call) -> int:
+def macs_of(call, mod: tvm.IRModule | None = None) -> int:
     """The multiply-accumulates of one Relax operator call (0 for operators that do none, and
-    for dynamic shapes).
+    for those :func:`macs_known` says it cannot count).
+
+    A convolution is its output's elements times its weight's elements per output channel; a
+    transposed convolution its input's elements times its weight's elements per input channel
+    (each input element is multiplied into a whole kernel window, as ONNX counts
+    ConvTranspose); ``matmul`` the output's elements times the reduction length; ``einsum``
+    the product of every index's size; ``outer`` the output's elements; ``attention`` its two
+    products, queries x keys and scores x values. A ``call_tir`` of a PrimFunc of ``mod``
+    (a frontend's ``emit_te``) counts each reduction that multiplies: its iteration space.
 
     >>> from tvm.script import relax as R
     >>> x = relax.Var("x", R.Tensor((8, 64), "int8")); w = relax.Var("w", R.Tensor((64, 32), "int8"))
     >>> macs_of(relax.BlockBuilder().normalize(relax.op.matmul(x, w, out_dtype="int32")))
     16384
+    >>> x = relax.Var("x", R.Tensor((1, 4, 5, 5), "float32")); w = relax.Var("w", R.Tensor((4, 2, 3, 3), "float32"))
+    >>> macs_of(relax.BlockBuilder().normalize(relax.op.nn.conv2d_transpose(x, w)))  # 4*5*5 inputs x 2*3*3
+    1800
     """
-    if not isinstance(call, relax.Call) or not isinstance(call.op, tvm.ir.Op):
-        return 0
-    name = call.op.name
-    out = _static_shape(call)
-    if out is None:
-        return 0
-    if name == "relax.matmul":
-        a = _static_shape(call.args[0])
-        return 0 if a is None else _prod(out) * a[-1]
-    if name in _CONV:
-        w = _static_shape(call.args[1])
-        if w is None:
-            return 0
-        layout = str(call.attrs.kernel_layout)
-        return _prod(out) * _prod(w) // w[layout.index("O")]
-    return 0
+    count = _count(call, mod)
+    return 0 if count is None else count
 
 
-def macs_known(call) -> bool:
-    """Whether :func:`macs_of` counts ``call``: False for a matmul or convolution with a
-    symbolic shape (its multiply-accumulates depend on the input's size).
+def macs_known(call, mod: tvm.IRModule | None = None) -> bool:
+    """Whether :func:`macs_of` counts ``call``: False for an operator that multiplies and
+    accumulates (:data:`MAC_OPS`) whose count it cannot know, such as a matmul or a
+    convolution with a symbolic shape (its multiply-accumulates depend on the input's size).
 
     >>> from tvm.script import relax as R
     >>> n = tirx.Var("n", "int64")
@@ -88,16 +87,76 @@ def macs_known(call) -> bool:
     >>> macs_known(relax.BlockBuilder().normalize(relax.op.matmul(x, w, out_dtype="int32")))
     False
     """
+    return _count(call, mod) is not None
+
+
+#: the Relax operators that multiply and accumulate: each is counted, or reported as uncounted
+MAC_OPS = frozenset({
+    "relax.matmul", "relax.einsum", "relax.outer", "relax.nn.conv1d", "relax.nn.conv2d", "relax.nn.conv3d",
+    "relax.nn.conv1d_transpose", "relax.nn.conv2d_transpose", "relax.nn.conv3d_transpose",
+    "relax.nn.attention", "relax.nn.attention_bias", "relax.nn.attention_var_len"})
+
+_TRANSPOSED = {"relax.nn.conv1d_transpose", "relax.nn.conv2d_transpose", "relax.nn.conv3d_transpose"}
+
+
+def _count(call, mod) -> int | None:
+    """The MACs of a call (0 if it does none), or None when its shapes (or kind) leave them unknown."""
     if not isinstance(call, relax.Call) or not isinstance(call.op, tvm.ir.Op):
-        return True
+        return 0
     name = call.op.name
+    if name == "relax.call_tir" and mod is not None and call.args[0] in mod.functions:
+        return _tir_macs(mod[call.args[0]])
+    if name not in MAC_OPS:
+        return 0
+    out = _static_shape(call)
+    args = call.args[0].fields if name == "relax.einsum" else call.args
+    shapes = [_static_shape(a) for a in args]
+    if out is None or any(s is None for s in shapes[:3]):
+        return None
     if name == "relax.matmul":
-        operand = call.args[0]
-    elif name in _CONV:
-        operand = call.args[1]
-    else:
-        return True
-    return _static_shape(call) is not None and _static_shape(operand) is not None
+        return _prod(out) * shapes[0][-1]
+    if name == "relax.outer":
+        return _prod(out)
+    if name in _CONV or name in _TRANSPOSED:
+        w = shapes[1]
+        if name in _CONV:
+            return _prod(out) * _prod(w) // w[str(call.attrs.kernel_layout).index("O")]
+        return _prod(shapes[0]) * _prod(w) // w[str(call.attrs.kernel_layout).index("I")]
+    if name == "relax.einsum":
+        if len(shapes) < 2:
+            return 0        # a sum or a transpose: no multiplication
+        sizes = {}
+        for subscripts, shape in zip(str(call.attrs.subscripts).split("->")[0].split(","), shapes):
+            if "." in subscripts or len(subscripts) != len(shape):
+                return None         # an ellipsis: left to the uncounted list rather than guessed
+            sizes.update(zip(subscripts, shape))
+        return _prod(sizes.values()) * (len(shapes) - 1)
+    if name in ("relax.nn.attention", "relax.nn.attention_bias"):
+        (b, s, n, h), (_, s_kv, _, _), (_, _, _, h_v) = shapes[:3]
+        return b * n * s * s_kv * (h + h_v)
+    return None         # attention_var_len: its lengths are run-time values
+
+
+def _tir_macs(func) -> int | None:
+    """The multiply-accumulates of a PrimFunc's reductions that multiply (``C += A * B``
+    blocks, as ``te.compute`` writes them): each one's iteration space, None if symbolic."""
+    from tvm_ffi import structural_walk
+
+    total = 0
+
+    def block(node):
+        nonlocal total
+        if total is None or type(node).__name__ != "SBlock" or node.init is None:
+            return
+        products = []
+        structural_walk(node.body, (tirx.Mul, products.append))
+        if not products:
+            return
+        extents = [iv.dom.extent for iv in node.iter_vars]
+        total = _prod(int(e.value) for e in extents) + total if all(isinstance(e, tirx.IntImm) for e in extents) else None
+
+    structural_walk(func.body, block)
+    return total
 
 
 _REQUANT = {"relax.multiply", "relax.right_shift"}
@@ -186,19 +245,27 @@ class HostOp:
 
 @dataclass
 class ModelReport:
-    """What ``tp.build`` did with each operator of a model; ``str()`` reads well,
-    :meth:`to_json` is a JSON-serialisable dict (``tirpat compile --report``)."""
+    """What ``tp.build`` did with each operator of a model: :meth:`text` is a summary that fits
+    on a screen whatever the model's size (``str()``), ``text(verbose=True)`` every partition
+    call and host operator; :meth:`to_json` a JSON-serialisable dict of them all
+    (``tirpat compile --report``)."""
 
     total_macs: int = 0
     partitions: list = field(default_factory=list)
     on_host: list = field(default_factory=list)
-    #: matmuls and convolutions with symbolic shapes: their MACs are not in :attr:`total_macs`
-    uncounted: int = 0
+    #: the operators that multiply and accumulate whose MACs are not in :attr:`total_macs`
+    #: (symbolic shapes), each as ``"relax.nn.conv2d_transpose (lv12)"``: the operator and where
+    uncounted_ops: list = field(default_factory=list)
     #: tuning records given to the build: ``{"path", "applied", "partitions", "misses"}``
     #: (partitions scheduled from a record, of how many; ``misses``: partition -> why none)
     records: dict | None = None
     #: the target's backends, in priority order (those that took nothing included)
     backends: list = field(default_factory=list)
+
+    @property
+    def uncounted(self) -> int:
+        """How many operators that multiply and accumulate are not in :attr:`total_macs`."""
+        return len(self.uncounted_ops)
 
     @property
     def macs(self) -> dict:
@@ -211,23 +278,65 @@ class ModelReport:
         return out
 
     def to_json(self) -> dict:
-        """``total_macs``, ``macs`` (by backend, ``"host"`` included), ``partitions``,
-        ``on_host``, ``uncounted`` (operators whose MACs depend on symbolic shapes) and
-        ``records`` (None when the build had no tuning records) and ``backends`` (the target's)."""
+        """``total_macs``, ``macs`` (by backend, ``"host"`` included), ``partitions`` (one per
+        call), ``on_host`` (every operator), ``uncounted`` (how many operators' MACs depend on
+        symbolic shapes) and ``uncounted_ops`` (which), ``records`` (None when the build had
+        no tuning records) and ``backends`` (the target's)."""
         return {"total_macs": self.total_macs, "macs": self.macs,
                 "partitions": [asdict(p) for p in self.partitions],
                 "on_host": [asdict(h) for h in self.on_host], "uncounted": self.uncounted,
-                "records": self.records, "backends": self.backends}
+                "uncounted_ops": list(self.uncounted_ops), "records": self.records, "backends": self.backends}
 
     @classmethod
     def from_json(cls, data: dict) -> "ModelReport":
         """The inverse of :meth:`to_json`."""
         partitions = [Partition(**p) for p in data["partitions"]]
         backends = data.get("backends") or list(dict.fromkeys(p.backend for p in partitions))
+        uncounted = data.get("uncounted_ops", ["an operator"] * data.get("uncounted", 0))
         return cls(data["total_macs"], partitions, [HostOp(**h) for h in data["on_host"]],
-                   data.get("uncounted", 0), data.get("records"), backends)
+                   uncounted, data.get("records"), backends)
 
     def __str__(self) -> str:
+        return self.text()
+
+    def text(self, verbose: bool = False) -> str:
+        """The report as text: a summary (the default; at most about 60 lines), or with
+        ``verbose`` every partition call and every operator left on the host.
+
+        The summary groups the partitions by backend, pattern and what they compute (with
+        their calls and MACs), and the host's operators by reason (with their count and MACs,
+        the most MACs first), then names the largest items left on the host.
+
+        >>> part = Partition("accel", "f", "accel.matmul", ["relax.matmul"], 100, rules={"gemm": 1})
+        >>> host = [HostOp("relax.matmul", f"lv{n}", "float", 50) for n in range(2)]
+        >>> r = ModelReport(300, [part, part], host + [HostOp("relax.exp", f"e{n}", "no backend takes exp") for n in range(9)])
+        >>> print(r.text())
+        tirpat model report
+          multiply-accumulates: 300
+            on accel: 200 (66.7%)
+            on host: 100 (33.3%)
+          accel: accel.matmul: matmul, 2 calls, 200 MACs
+          on the host: 11 operators, 100 MACs
+            2 x matmul, 100 MACs: float
+            9 x exp: no backend takes exp
+          the largest on the host:
+            lv0 = matmul, 50 MACs
+            lv1 = matmul, 50 MACs
+          (text(verbose=True), tirpat compile --verbose: every call and operator)
+        """
+        lines = ["tirpat model report", *self._totals(None if verbose else _SHOWN // 2)]
+        if self.records is not None:
+            lines += f"  {records_line(self.records, None if verbose else _SHOWN // 2)}".splitlines()
+        if verbose:
+            return "\n".join(lines + self._every())
+        summary, complete = self._summary(SUMMARY_LINES - len(lines))
+        # a summary that leaves something out (but the functions' names) says where to find it
+        complete &= len(self.uncounted_ops) <= _SHOWN // 2 and \
+            (self.records is None or len(self.records["misses"]) <= _SHOWN // 2)
+        return "\n".join(lines + summary + [_VERBOSE] * (not complete))
+
+    def _totals(self, most: int | None) -> list:
+        """The MACs and their shares; the uncounted operators, where the first ``most`` are."""
         total = self.total_macs
         share = lambda n: f"{100 * n / total:.1f}%" if total else "-"  # noqa: E731
         if self.uncounted:
@@ -235,39 +344,156 @@ class ModelReport:
                 f" ({self.uncounted} matmul or convolution operators have symbolic shapes: their MACs depend on the input)"
         else:
             count = f"{total:,}" + ("" if total else " (the model has no matmul or convolution)")
-        lines = ["tirpat model report", f"  multiply-accumulates: {count}"]
-        for name, n in self.macs.items():
-            lines.append(f"    on {name}: {n:,} ({share(n)})")
-        if self.records is not None:
-            lines.append(f"  {records_line(self.records)}")
-        fell_back = [p for p in self.partitions if p.fallback]
+        lines = [f"  multiply-accumulates: {count}"]
+        lines += [f"    on {name}: {n:,} ({share(n)})" for name, n in self.macs.items()]
+        if self.uncounted:       # "relax.einsum (lv6)": the kinds, then where the first few are
+            kinds = _counted(_short(op.split(" (")[0]) for op in self.uncounted_ops)
+            where = [op.split(" (", 1)[1].rstrip(")") for op in self.uncounted_ops if " (" in op]
+            at = ", ".join(where[:most]) + (", ..." if most is not None and len(where) > most else "")
+            lines.append(f"  uncounted: {self.uncounted} operator{'s' * (self.uncounted > 1)}: "
+                         + ", ".join(kinds) + (f" (at {at})" if at else ""))
+        return lines
+
+    def _every(self) -> list:
+        """Every partition call and host operator, in program order."""
+        lines = []
         for p in self.partitions:
-            if p.fallback:
-                continue        # listed with the host's operators
-            lines.append(f"  {p.backend}: {p.function} ({p.pattern}): {_what(p)}, {p.macs:,} MACs")
-            if p.from_records:
-                lines.append("      scheduled from a tuning record")
-            if p.device_macs is not None and p.device_macs != p.macs - p.host_macs:
-                lines.append(f"      the device executes {p.device_macs:,} MACs: the matrices are padded to whole tiles")
-            if not p.rules and not p.on_host:     # else the backend's own reasons follow
-                lines.append(f"      ran on the host: none of {p.backend}'s rules matched its code")
-            for what_cpu, why in p.on_host:
-                lines.append(f"      on the CPU: {what_cpu} {why}")
+            if not p.fallback:          # else listed with the host's operators
+                lines.append(f"  {p.backend}: {p.function} ({p.pattern}): {_what(p)}, {p.macs:,} MACs")
+                if p.device_macs is not None and p.device_macs != p.macs - p.host_macs:
+                    lines.append(f"      the device executes {p.device_macs:,} MACs: the matrices are padded to whole tiles")
+                lines += [f"      {note}" for note in _notes(p)]
+                lines += [f"      on the CPU: {what_cpu} {why}" for what_cpu, why in p.on_host]
+        fell_back = [p for p in self.partitions if p.fallback]
         if self.on_host or fell_back:
             lines.append("  on the host:")
-        for p in fell_back:
-            lines.append(f"    {p.function} ({p.pattern}): {_what(p)}, {p.macs:,} MACs: {p.fallback}")
+        lines += [f"    {_item(p.macs, f'{p.function} ({p.pattern}): {_what(p)}', p.fallback, True)}" for p in fell_back]
+        lines += [f"    {_item(h.macs, f'{h.var} = {_short(h.op)}', h.reason)}" for h in self.on_host]
+        return lines
+
+    def _summary(self, room: int) -> tuple[list, bool]:
+        """The partitions grouped by what they compute, the host's operators by reason, in at
+        most ``room`` lines; and whether they say all the verbose text does (but its names)."""
+        host = self._host_summary()
+        groups: dict = {}
+        for p in self.partitions:
+            if not p.fallback:
+                groups.setdefault((p.backend, p.pattern, _what(p)), []).append(p)
+        shown = [self._group_lines(key, parts) for key, parts in
+                 sorted(groups.items(), key=lambda kv: sum(p.macs for p in kv[1]), reverse=True)]
+        room -= len(host) + 1       # and a line to point to the verbose text
+        lines = []
+        for n, group in enumerate(shown):
+            # the last kind that fits leaves a line to say how many more there are
+            if len(lines) + len(group) > room - (n + 1 < len(shown)):
+                lines.append(f"  ... and {len(shown) - n} more kinds of partition")
+                break
+            lines += group
+        complete = len(lines) == sum(map(len, shown)) and all(
+            len(ps) == 1 and len(_group_notes(ps)) <= _NOTES for ps in groups.values())
+        return lines + host, complete and host[:1] in ([], ["  on the host:"])
+
+    @staticmethod
+    def _group_lines(key: tuple, parts: list) -> list:
+        """A kind of partition: its backend, pattern, what it computes, calls, MACs, notes (its
+        functions, by the names TVM's fusion gives them, are in the verbose text)."""
+        backend, pattern, what = key
+        calls = f", {len(parts)} calls" if len(parts) > 1 else ""
+        notes = _group_notes(parts)
+        if len(notes) > _NOTES:
+            notes = notes[:_NOTES - 1] + [f"... and {len(notes) - _NOTES + 1} more notes"]
+        return [f"  {backend}: {pattern}: {what}{calls}, {sum(p.macs for p in parts):,} MACs"] + [f"      {n}" for n in notes]
+
+    def _host_summary(self) -> list:
+        """The host's items as they are when few, else grouped by reason and the largest."""
+        # (MACs, what, why, whether to say 0 MACs) of each host item: partitions that fell back, operators
+        items = [(p.macs, f"{p.function} ({p.pattern}): {_what(p)}", p.fallback, True) for p in self.partitions if p.fallback]
+        items += [(h.macs, f"{h.var} = {_short(h.op)}", h.reason, False) for h in self.on_host]
+        if len(items) <= _SHOWN:        # few enough to list as they are, the most MACs first
+            return ["  on the host:"] * bool(items) + [f"    {_item(*i)}" for i in sorted(items, key=lambda i: -i[0])]
+        lines = [f"  on the host: {len(items)} operators, {sum(i[0] for i in items):,} MACs"]
+        by_reason: dict = {}
+        for p in self.partitions:
+            if p.fallback:
+                by_reason.setdefault(p.fallback, []).append((p.ops[0] if p.ops else p.pattern, p.macs))
         for h in self.on_host:
-            macs = f", {h.macs:,} MACs" if h.macs else ""
-            lines.append(f"    {h.var} = {_short(h.op)}{macs}: {h.reason}")
-        return "\n".join(lines)
+            by_reason.setdefault(_SEE.sub("", h.reason), []).append((h.op, h.macs))
+        ranked = sorted(by_reason.items(), key=lambda kv: (sum(m for _, m in kv[1]), len(kv[1])), reverse=True)
+        for reason, ops in ranked[:_GROUPS - 1 if len(ranked) > _GROUPS else _GROUPS]:
+            macs = sum(m for _, m in ops)
+            kinds = _counted(_short(op) for op, _ in ops)
+            what = f"{len(ops)} operators ({', '.join(kinds)})" if len(kinds) > 1 else f"{len(ops)} x {_short(ops[0][0])}"
+            lines.append(f"    {_item(macs, what, reason)}")
+        if len(ranked) > _GROUPS:
+            lines.append(f"    ... and {len(ranked) - _GROUPS + 1} more reasons")
+        largest = sorted((i for i in items if i[0]), key=lambda i: -i[0])[:_LARGEST]
+        if largest:
+            lines.append("  the largest on the host:")
+            lines += [f"    {what}, {macs:,} MACs" for macs, what, _, _ in largest]
+        return lines
 
 
-def records_line(records: dict) -> str:
-    """How many partitions the build scheduled from its tuning records, and why the others not."""
+#: a summary's most lines
+SUMMARY_LINES = 60
+
+#: the most items a summary lists in one place (host items as they are, uncounted operators,
+#: tuning-record misses), host reasons, lines under one kind of partition, largest host items
+_SHOWN, _GROUPS, _NOTES, _LARGEST = 8, 10, 4, 5
+
+_VERBOSE = "  (text(verbose=True), tirpat compile --verbose: every call and operator)"
+
+#: the pointer in a host operator's reason to the operator whose check declined it
+_SEE = re.compile(r": see [^;]*")
+
+
+def _group_notes(parts: list) -> list:
+    """The notes under a kind of partition: the device's padded MACs, then its partitions'
+    (what the CPU does for them once per reason, with how many of the calls need it)."""
+    notes = list(dict.fromkeys(n for p in parts for n in _notes(p)))
+    steps: dict = {}         # why -> [the first step's what, how many calls]
+    for p in parts:
+        for what_cpu, why in p.on_host:
+            steps.setdefault(why, [what_cpu, 0])[1] += 1
+    for why, (what_cpu, calls) in sorted(steps.items(), key=lambda kv: -kv[1][1]):
+        share = "" if len(parts) == 1 else " (each call)" if calls == len(parts) else f" ({calls} of {len(parts)} calls)"
+        notes.append(f"on the CPU{share}: {what_cpu} {why}")
+    if any(p.device_macs is not None and p.device_macs != p.macs - p.host_macs for p in parts):
+        device = sum(p.macs - p.host_macs if p.device_macs is None else p.device_macs for p in parts)
+        notes.insert(0, f"the device executes {device:,} MACs: the matrices are padded to whole tiles")
+    return notes
+
+
+def _notes(p: Partition) -> list:
+    """What the lines under a partition say, but its padding and CPU steps: its schedule,
+    or that it ran on the host."""
+    notes = ["scheduled from a tuning record"] * p.from_records
+    if not p.rules and not p.on_host:     # else the backend's own reasons follow
+        notes.append(f"ran on the host: none of {p.backend}'s rules matched its code")
+    return notes
+
+
+def _item(macs: int, what: str, why: str, zero: bool = False) -> str:
+    """A line of the host's: ``what, MACs: why`` (no MACs if none, unless ``zero``)."""
+    return f"{what}{f', {macs:,} MACs' if macs or zero else ''}: {why}"
+
+
+def _counted(names) -> list:
+    """Names with how often each occurs, the most frequent first: ``["add 3", "exp"]``."""
+    counts: dict = {}
+    for n in names:
+        counts[n] = counts.get(n, 0) + 1
+    return [f"{n} {k}" if k > 1 else n for n, k in sorted(counts.items(), key=lambda kv: -kv[1])]
+
+
+def records_line(records: dict, most: int | None = None) -> str:
+    """How many partitions the build scheduled from its tuning records, and why the others not
+    (the first ``most`` of them, all by default)."""
     line = (f"tuning records {records['path']}: {records['applied']} of {records['partitions']} partitions "
             "scheduled from a record")
-    return "\n    ".join([line] + [f"{name}: {why}" for name, why in records["misses"].items()])
+    misses = [f"{name}: {why}" for name, why in records["misses"].items()]
+    if most is not None and len(misses) > most:
+        misses = misses[:most - 1] + [f"... and {len(misses) - most + 1} more without a record"]
+    return "\n    ".join([line] + misses)
 
 
 def _what(p: Partition) -> str:
