@@ -141,12 +141,18 @@ def _accel_calls(stmt) -> list:
 
 def _written(c, offset, tile, inner) -> set:
     """The elements a GEMM in reset form or a LOAD writes from ``offset`` on, over every
-    iteration of the ``inner`` loops around it; empty when its arguments are not constant."""
-    extents = [_int_at(e, []) for _, _, e in inner]
-    if None in extents or any(e > 64 for e in extents):
-        return set()
+    iteration of the ``inner`` loops around it; empty when its arguments are not constant.
+
+    Only the loops whose variables the call uses are enumerated: the others repeat the same
+    call, however many times (a reset of one accumulator tile inside a loop over the 525
+    column blocks of an 8400-pixel image row writes the same tile each time)."""
     fn = abi.FUNCTIONS.get(c.args[0].value)
     if fn not in (abi.GEMM, abi.LOAD):
+        return set()
+    used = _var_handles(c) | _var_handles(offset)
+    inner = [loop for loop in inner if loop[0].__chandle__() in used]
+    extents = [_int_at(e, []) for _, _, e in inner]
+    if None in extents or any(e > 64 for e in extents):
         return set()
     out: set = set()
     for point in itertools.product(*(range(e) for e in extents)):
@@ -172,6 +178,13 @@ def _written(c, offset, tile, inner) -> set:
             for r in range(v["pad_top"] + v["rows"] + v["pad_bottom"]):
                 out.update(range(base + r * ld, base + r * ld + width))
     return out
+
+
+def _var_handles(expr) -> set:
+    """The handles of the variables ``expr`` uses."""
+    found: set = set()
+    tvm_ffi.structural_walk(expr, (ir.Var, lambda v: found.add(v.__chandle__())))
+    return found
 
 
 def _elements(buf) -> set | None:
