@@ -93,7 +93,8 @@ def test_an_op_tvm_cannot_import(tirpat, error_line, tmp_path):
 
 def test_an_op_tvm_cannot_compile(tirpat, error_line, tmp_path):
     (tmp_path / "m.py").write_text(FMA_MODULE)
-    error_line(tirpat("compile", "m.py", "-t", TARGET, cwd=tmp_path), "tirpat compile: error: ", "R.ewise_fma(x, y, z)")
+    error_line(tirpat("compile", "m.py", "-t", TARGET, cwd=tmp_path),
+               "tirpat compile: error: m.py: TVM failed to compile it: ", "R.ewise_fma(x, y, z)")
     assert not (tmp_path / "m.tirpat").exists()
 
 

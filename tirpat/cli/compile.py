@@ -18,6 +18,10 @@ and MACs, and each operator left on the host with the reason.
 
 MODEL is an .onnx file (TVM's Relax ONNX frontend) or a .py file defining a Relax
 IRModule named Module; its Relax function main is compiled, or the one --entry names.
+An ONNX model is pre-processed first (--no-preprocess skips it): the dims --input-shapes
+gives are fixed, onnxruntime's basic graph optimisation computes the shapes the graph
+computes (Shape/Gather/Concat feeding a Reshape) and folds BatchNormalization, and onnx's
+shape inference annotates the result.
 The compiled model goes next to MODEL (sub/m.onnx -> sub/m.tirpat, as 'tirpat quantize'
 writes sub/m_int8.onnx) unless -o says where; an existing file is replaced only if its name
 ends in .tirpat (--report: .json). 'tirpat targets' lists the backends, their options and the host. With
@@ -43,6 +47,7 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
                         help="compile for another machine's CPU: the host's -mcpu and -mattr may then name features "
                              "this CPU lacks (the model runs only where they are; by default they are refused, "
                              "as its code would stop here with an illegal instruction)")
+    preprocess_argument(parser)
     parser.add_argument("--strict", action="store_true",
                         help="fail when nothing is offloaded, or a matmul, a convolution or an operator a backend declined stays on the host (default: a warning naming each)")
 
@@ -52,6 +57,14 @@ def shapes_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--input-shapes", type=_shapes, metavar="SHAPES",
                         help="set the dimensions an ONNX model's inputs leave open, e.g. \"x:[1,3,16,16] y:[8]\" "
                              "(accelerators need static shapes; a dimension the model fixes must be given as it is)")
+
+
+def preprocess_argument(parser: argparse.ArgumentParser) -> None:
+    """``--no-preprocess``, shared by the commands that read a MODEL."""
+    parser.add_argument("--no-preprocess", dest="preprocess", action="store_false",
+                        help="hand an ONNX model to TVM's frontend as it is (default: first fix the input dims, "
+                             "run onnxruntime's basic graph optimisation, which computes the shapes the graph "
+                             "computes and folds BatchNormalization, and onnx's shape inference)")
 
 
 def _shapes(text: str) -> dict:
@@ -65,6 +78,8 @@ def _shapes(text: str) -> dict:
 
 def _run(args: argparse.Namespace) -> int:
     import tirpat as tp
+
+    from tirpat.model.onnx_import import tvm_failure
 
     from .model_file import load_model, readable
     from .progress import Progress, pass_names
@@ -85,9 +100,15 @@ def _run(args: argparse.Namespace) -> int:
     records = tp.Records(args.records) if args.records else None
     with Progress() as progress:
         with progress.step(f"reading {args.model}"):
-            mod = load_model(model_path, args.input_shapes, args.entry)
+            mod = load_model(model_path, args.input_shapes, args.entry, preprocess=args.preprocess)
         with progress.step(f"compiling for {target}"), pass_names(progress):
-            model = tp.build(mod, target, strict=args.strict, records=records, entry=args.entry)
+            try:
+                model = tp.build(mod, target, strict=args.strict, records=records, entry=args.entry)
+            except Exception as err:  # noqa: BLE001 - one raised inside TVM gets the file's name
+                failure = tvm_failure(err, model_path)
+                if failure is None:
+                    raise
+                raise CommandError(str(failure)) from err
         with progress.step(f"writing {output}"):
             model.export(output)
     print(model.report)

@@ -1,6 +1,8 @@
 """MODEL on the command line: an ``.onnx`` file or a ``.py`` file defining a Relax ``IRModule``.
 
-- ``.onnx``: read with ``onnx`` and imported by TVM's Relax ONNX frontend, weights bound as
+- ``.onnx``: read with ``onnx``, pre-processed (the given input dims fixed, onnxruntime's
+  basic graph optimisation, onnx's shape inference: :mod:`tirpat.model.onnx_import`; off with
+  ``--no-preprocess``) and imported by TVM's Relax ONNX frontend, weights bound as
   constants. The frontend renames inputs that are not identifiers (``input.1`` becomes
   ``input_1``); ``--inputs`` takes either name (:func:`tirpat.cli.arrays.read_inputs`).
 - ``.py``: run with ``runpy`` (TVMScript needs the file's own module while it executes, which
@@ -65,16 +67,18 @@ def parse_shapes(text: str) -> dict[str, list[int]]:
 _SHAPE = re.compile(r"([^\s:]+):\[\s*((?:[-+]?\d+\s*,\s*)*[-+]?\d+)?\s*\](?=\s|$)")
 
 
-def load_model(path: str | os.PathLike, shapes: dict[str, list[int]] | None = None, entry: str = ENTRY):
+def load_model(path: str | os.PathLike, shapes: dict[str, list[int]] | None = None, entry: str = ENTRY, *,
+               preprocess: bool = True):
     """MODEL (``.onnx`` or ``.py``) as a Relax ``tvm.IRModule`` with the Relax function
     ``entry``; ``shapes`` sets the open dimensions of an ONNX model's inputs (by the graph's
-    input names), as ``--input-shapes`` does."""
+    input names), as ``--input-shapes`` does; ``preprocess=False`` (``--no-preprocess``)
+    hands an ONNX model to TVM's frontend as it is."""
     path = readable(path)
     suffix = path.suffix.lower()
     if shapes and suffix != ".onnx":
         raise CommandError(f"{path}: --input-shapes is for .onnx models; a Relax module declares its shapes")
     if suffix == ".onnx":
-        mod = _from_onnx(path, shapes)
+        mod = _from_onnx(path, shapes, preprocess)
     elif suffix == ".py":
         mod = _from_python(path)
     else:
@@ -94,14 +98,14 @@ def readable(path: str | os.PathLike) -> Path:
     return path
 
 
-def _from_onnx(path: Path, shapes: dict[str, list[int]] | None):
+def _from_onnx(path: Path, shapes: dict[str, list[int]] | None, preprocess: bool):
     try:
         import onnx
     except ImportError:
         raise CommandError(f"{path}: reading ONNX models needs the onnx package: pip install 'tirpat[model]'") from None
-    import tvm
     from google.protobuf.message import DecodeError
-    from tvm.relax.frontend.onnx import from_onnx
+
+    from tirpat.model.onnx_import import OnnxImportError, import_onnx
 
     try:
         model = onnx.load(str(path))
@@ -126,13 +130,9 @@ def _from_onnx(path: Path, shapes: dict[str, list[int]] | None):
                       f"fixed in the model; accelerators need static shapes: give them with --input-shapes, "
                       f"e.g. --input-shapes \"{example}\"", stacklevel=2)
     try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="Renaming name", category=UserWarning)
-            return from_onnx(model, shape_dict=shapes, keep_params_in_input=False)
-    except tvm.error.OpNotImplemented as err:
-        raise CommandError(f"{path}: TVM cannot import this model: {_first_line(err)}") from err
-    except Exception as err:  # noqa: BLE001 - the frontend raises many kinds; say which file and why
-        raise CommandError(f"{path}: TVM's ONNX frontend failed: {type(err).__name__}: {_first_line(err)}") from err
+        return import_onnx(model, shapes, preprocess=preprocess, source=path)
+    except OnnxImportError as err:
+        raise CommandError(str(err)) from err
 
 
 def _check_shapes(path: Path, shapes: dict[str, list[int]], declared: dict) -> None:

@@ -20,9 +20,14 @@ samples, each of the input's shape (16 samples of a [1, 3, 16, 16] input: [16, 1
 16]), finite, of the input's dtype (float64 serves a float32 input; integers for a float
 input are refused).
 Without --calibration, seeded random inputs are used and the scales are then meaningless
-for real data (a warning says so). A model already quantised (QDQ pairs, QLinear* or
-*Integer operators) is refused: compile it as it is. An existing OUT is replaced only if its
-name ends in .onnx and it is not MODEL."""
+for real data (a warning says so). An open input dimension (a name, ? or -1) takes the
+calibration data's size. --per-channel upgrades a model older than opset 13 with onnx's
+version converter (DequantizeLinear's axis needs it), so the output loads in onnxruntime.
+--exclude, --exclude-op-types and --float-outputs keep nodes in float: by name, by
+operator type, or the nodes that produce the named graph outputs (e.g. a detector's head,
+whose boxes and scores one int8 scale cannot both hold). A model already quantised (QDQ
+pairs, QLinear* or *Integer operators) is refused: compile it as it is. An existing OUT
+is replaced only if its name ends in .onnx and it is not MODEL."""
 
 _METHODS = ("minmax", "entropy", "percentile")     # tirpat.model.quantize.METHODS, without importing it
 
@@ -36,6 +41,12 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
                         help="calibration data: an .npz keyed by input name, leading axis of samples")
     parser.add_argument("--per-channel", action="store_true", help="one weight scale per output channel")
     parser.add_argument("--method", choices=_METHODS, default="minmax", help="calibration method (default: minmax)")
+    parser.add_argument("--exclude", nargs="+", action="extend", default=[], metavar="NODE",
+                        help="keep these nodes (by name) in float")
+    parser.add_argument("--exclude-op-types", nargs="+", action="extend", default=[], metavar="OP",
+                        help="keep every node of these operator types (e.g. Concat Sigmoid) in float")
+    parser.add_argument("--float-outputs", nargs="+", action="extend", default=[], metavar="NAME",
+                        help="keep these graph outputs in float: the nodes that produce them are not quantised")
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -53,7 +64,9 @@ def _run(args: argparse.Namespace) -> int:
     except ImportError as err:
         raise CommandError(f"tirpat quantize needs onnx and onnxruntime: pip install 'tirpat[model]' ({err})") from None
     try:
-        qdq = quantize(model, args.calibration, per_channel=args.per_channel, method=args.method)
+        qdq = quantize(model, args.calibration, per_channel=args.per_channel, method=args.method,
+                       exclude=args.exclude, exclude_op_types=args.exclude_op_types,
+                       float_outputs=args.float_outputs)
     except (CalibrationError, FileNotFoundError, ValueError) as err:
         raise CommandError(str(err)) from err
     try:

@@ -27,7 +27,7 @@ MODEL is an .onnx file or a .py file defining a Relax IRModule named Module."""
 
 
 def _arguments(parser: argparse.ArgumentParser) -> None:
-    from .compile import shapes_argument
+    from .compile import preprocess_argument, shapes_argument
 
     parser.add_argument("model", metavar="MODEL", help="an .onnx file, or a .py file defining a Relax IRModule `Module`")
     parser.add_argument("-t", "--target", required=True, metavar="TARGET",
@@ -47,6 +47,7 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=60.0, metavar="S",
                         help="seconds one measurement on an RPC server may take (default 60)")
     shapes_argument(parser)
+    preprocess_argument(parser)
 
 
 def _positive(text: str) -> int:
@@ -86,7 +87,7 @@ def _run(args: argparse.Namespace) -> int:
         raise CommandError(f"{args.records}: not a directory")
     with Progress() as progress:
         with progress.step(f"reading {args.model}"):
-            mod = load_model(args.model, args.input_shapes)
+            mod = load_model(args.model, args.input_shapes, preprocess=args.preprocess)
         with progress.step(f"tuning for {target}" + (f" on the servers of {args.rpc}" if where else "")):
             advance, done = None, 0
 

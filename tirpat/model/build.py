@@ -13,8 +13,9 @@ backends could take.
 from __future__ import annotations
 
 import json
+import os
 import warnings
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import numpy as np
 import tvm
@@ -38,9 +39,16 @@ class OffloadError(ValueError):
 
 
 def build(mod: ir.IRModule, target, *, strict: bool = False, params: Mapping[str, np.ndarray] | None = None,
-          entry: str = "main", records=None) -> CompiledModel:
+          entry: str = "main", records=None, input_shapes: Mapping[str, Sequence[int]] | None = None,
+          preprocess: bool = True) -> CompiledModel:
     """Compile the Relax module ``mod`` for ``target`` (a ``tp.CompositeTarget`` or a string
     such as ``"accel, llvm"``): partitions for the backends, the rest for the host.
+
+    ``mod`` may also be an ONNX model (an ``onnx.ModelProto``, or the path of an ``.onnx``
+    file), float or QDQ, as exported: it is imported by
+    :func:`tirpat.model.onnx_import.import_onnx`, with ``input_shapes`` (``{input: dims}``)
+    fixing the dimensions it leaves open and ``preprocess`` (default True) running
+    onnxruntime's basic graph optimisation first; an error TVM raises compiling it names it.
 
     ``params`` binds inputs of ``entry`` to constants (weights), so that their layout is
     changed at compile time. When nothing is offloaded, or an operator a backend's patterns
@@ -50,7 +58,13 @@ def build(mod: ir.IRModule, target, *, strict: bool = False, params: Mapping[str
 
     >>> model = tp.build(mod, "accel, llvm", params={"w": w})     # doctest: +SKIP
     >>> model = tp.build(mod, "accel, llvm", records="records/")  # doctest: +SKIP
+    >>> model = tp.build("det.onnx", "accel, llvm", input_shapes={"x": [1, 3, 320, 320]})  # doctest: +SKIP
     """
+    if _is_onnx(mod):
+        return _build_onnx(mod, target, input_shapes, preprocess, strict=strict, params=params, entry=entry,
+                           records=records)
+    if input_shapes is not None:
+        raise TypeError("input_shapes is for ONNX models; a Relax module declares its shapes")
     if not isinstance(mod, ir.IRModule):
         raise TypeError(f"tp.build takes a Relax IRModule, got {type(mod).__name__}")
     if entry not in [gv.name_hint for gv in mod.functions]:
@@ -68,6 +82,26 @@ def build(mod: ir.IRModule, target, *, strict: bool = False, params: Mapping[str
     # a backend whose partitions all fell back to the host has no code in the model: not needed to run it
     used = [(b, opts) for b, opts in t.backends if any(p.backend == b.name and not p.fallback for p in report.partitions)]
     return CompiledModel(executable, used, t.host, inputs, report, entry)
+
+
+def _is_onnx(model) -> bool:
+    if isinstance(model, (str, os.PathLike)):
+        return str(model).lower().endswith(".onnx")
+    return type(model).__name__ == "ModelProto" and type(model).__module__.startswith("onnx")
+
+
+def _build_onnx(model, target, input_shapes, preprocess: bool, **options) -> CompiledModel:
+    from .onnx_import import import_onnx, tvm_failure
+
+    source = str(model) if isinstance(model, (str, os.PathLike)) else "the ONNX model"
+    mod = import_onnx(model, input_shapes, preprocess=preprocess, source=source)
+    try:
+        return build(mod, target, **options)
+    except Exception as err:  # noqa: BLE001 - one raised inside TVM gets the model's name
+        failure = tvm_failure(err, source)
+        if failure is None:
+            raise
+        raise failure from err
 
 
 def bind_params(mod: ir.IRModule, params: Mapping[str, np.ndarray] | None, entry: str = "main") -> ir.IRModule:

@@ -5,7 +5,14 @@ arithmetic after TVM's ONNX import: QuantizeLinear/DequantizeLinear pairs around
 operators, int8 activations and weights, symmetric (every zero point 0), int32 biases at
 the scale ``s_input * s_weight``, per-tensor or per-output-channel weight scales.
 onnxruntime's pre-processing runs first (shape inference, and its basic graph
-optimisations, e.g. a BatchNormalization folded into the Conv before it).
+optimisations, e.g. a BatchNormalization folded into the Conv before it). An open input
+dimension (a name, ``?`` or Paddle's ``-1``) takes the calibration data's size. Per-channel
+weight scales need DequantizeLinear's ``axis`` (opset 13): a model of an older opset is
+upgraded by onnx's version converter first, so that the output loads in onnxruntime.
+
+Nodes can be kept in float: by name (``exclude``), by operator type (``exclude_op_types``),
+or as the producers of chosen graph outputs (``float_outputs``: a detector's head whose
+boxes and scores share a tensor, whose scores one int8 scale would zero).
 
 Calibration data fixes the activation scales (MinMax by default: the largest magnitude seen
 on each tensor). It is an ``.npz`` file, or a dict, keyed by input name, whose arrays have a
@@ -34,11 +41,12 @@ import pathlib
 import re
 import tempfile
 import warnings
-from typing import Mapping, Union
+from typing import Mapping, Sequence, Union
 
 import numpy as np
 
 from .npz import NotAnNpzError, load_npz
+from .onnx_import import declare_inputs
 
 __all__ = ["quantize", "CalibrationError", "calibration_samples", "METHODS"]
 
@@ -72,8 +80,13 @@ def _require():
     return onnx, ortq
 
 
+#: The opset DequantizeLinear's ``axis`` (per-channel scales) needs.
+PER_CHANNEL_OPSET = 13
+
+
 def quantize(model: ModelLike, calibration: Calibration = None, *, per_channel: bool = False,
-             method: str = "minmax") -> "onnx.ModelProto":  # noqa: F821
+             method: str = "minmax", exclude: Sequence[str] = (), exclude_op_types: Sequence[str] = (),
+             float_outputs: Sequence[str] = ()) -> "onnx.ModelProto":  # noqa: F821
     """``model`` (a path or an ``onnx.ModelProto``) quantised to int8 QDQ form.
 
     Parameters
@@ -87,11 +100,19 @@ def quantize(model: ModelLike, calibration: Calibration = None, *, per_channel: 
         One weight scale per output channel (else one per tensor).
     method
         ``"minmax"`` (default), ``"entropy"`` or ``"percentile"``.
+    exclude
+        Names of nodes to keep in float (onnxruntime's ``nodes_to_exclude``).
+    exclude_op_types
+        Operator types to keep in float (left out of onnxruntime's ``op_types_to_quantize``).
+    float_outputs
+        Graph outputs to keep in float: the nodes that produce them are not quantised.
 
     Returns the quantised ``onnx.ModelProto``. Raises ``FileNotFoundError`` for a missing
     file, :class:`CalibrationError` for calibration data that does not fit the model (or
     holds NaN or infinite values), ``ValueError`` for a model that is already quantised, for
-    one onnxruntime cannot load (with its reason) and for an unknown method. Warns when an input's calibration data is zero everywhere (its
+    one onnxruntime cannot load (with its reason), for an unknown method, and for a node,
+    operator type or output to keep in float that the model does not have (after onnxruntime's
+    pre-processing, which may fuse nodes). Warns when an input's calibration data is zero everywhere (its
     scale would mean nothing).
     """
     onnx, ortq = _require()
@@ -100,6 +121,9 @@ def quantize(model: ModelLike, calibration: Calibration = None, *, per_channel: 
     proto = _load(onnx, model)
     _refuse_quantised(proto)
     inputs = _graph_inputs(onnx, proto)
+    proto = declare_inputs(proto, {})      # Paddle's -1 is an open dimension, not a size
+    if per_channel:
+        proto = _upgrade(onnx, proto, PER_CHANNEL_OPSET)
     with tempfile.TemporaryDirectory(prefix="tirpat-quantize-") as tmp:
         source, pre, out = (pathlib.Path(tmp, n) for n in ("float.onnx", "pre.onnx", "int8.onnx"))
         onnx.save(proto, str(source))     # onnxruntime's pre-processing may modify a ModelProto it is given
@@ -112,15 +136,65 @@ def quantize(model: ModelLike, calibration: Calibration = None, *, per_channel: 
         else:
             samples = calibration_samples(calibration, inputs)
         ortq.quant_pre_process(str(source), str(pre), skip_symbolic_shape=True)
+        excluded, op_types = _kept_in_float(ortq, onnx.load(str(pre)), exclude, exclude_op_types, float_outputs)
         ortq.quantize_static(
             str(pre), str(out), _reader(ortq.CalibrationDataReader, samples),
             quant_format=ortq.QuantFormat.QDQ, per_channel=per_channel,
             activation_type=ortq.QuantType.QInt8, weight_type=ortq.QuantType.QInt8,
             calibrate_method={"minmax": ortq.CalibrationMethod.MinMax, "entropy": ortq.CalibrationMethod.Entropy,
                               "percentile": ortq.CalibrationMethod.Percentile}[method],
+            nodes_to_exclude=excluded, op_types_to_quantize=op_types,
             extra_options={"ActivationSymmetric": True, "WeightSymmetric": True},
         )
         return onnx.load(str(out))
+
+
+def _upgrade(onnx, proto, opset: int):
+    """``proto`` converted to ``opset`` by onnx's version converter if its default-domain
+    opset is older (per-channel DequantizeLinear needs ``axis``, which came with opset 13)."""
+    current = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), opset)
+    if current >= opset:
+        return proto
+    from onnx import version_converter
+
+    try:
+        return version_converter.convert_version(proto, opset)
+    except Exception as err:  # noqa: BLE001 - the converter raises several kinds
+        raise ValueError(f"per-channel scales need opset {opset} (DequantizeLinear's axis); onnx's version "
+                         f"converter cannot upgrade the model from opset {current}: {err}") from err
+
+
+def _kept_in_float(ortq, pre, exclude, exclude_op_types, float_outputs) -> tuple[list[str], list[str] | None]:
+    """onnxruntime's ``nodes_to_exclude`` and ``op_types_to_quantize`` (None: its default,
+    every type it quantises) for the nodes, operator types and graph outputs to keep in
+    float, checked against the pre-processed model ``pre``."""
+    names = {n.name for n in pre.graph.node}
+    unknown = [n for n in exclude if n not in names]
+    if unknown:
+        raise ValueError(f"no node named {', '.join(map(repr, unknown))} in the model (after onnxruntime's "
+                         "pre-processing, which may fuse nodes: e.g. a BatchNormalization into its Conv)")
+    types = {n.op_type for n in pre.graph.node}
+    absent = [t for t in exclude_op_types if t not in types]
+    if absent:
+        raise ValueError(f"the model has no {', '.join(map(repr, absent))} node to keep in float (its operator "
+                         f"types are {', '.join(sorted(types))})")
+    outputs = [o.name for o in pre.graph.output]
+    missing = [o for o in float_outputs if o not in outputs]
+    if missing:
+        raise ValueError(f"{', '.join(map(repr, missing))} is not an output of the model (its outputs are "
+                         f"{', '.join(map(repr, outputs))})")
+    producers = [n.name for n in pre.graph.node if any(o in float_outputs for o in n.output)]
+    excluded = list(dict.fromkeys([*exclude, *producers]))
+    if not exclude_op_types:
+        return excluded, None
+    quantisable = set(ortq.registry.QDQRegistry) | set(ortq.registry.QLinearOpsRegistry)
+    inert = [t for t in exclude_op_types if t not in quantisable]
+    if inert:
+        raise ValueError(f"onnxruntime does not quantise {', '.join(map(repr, inert))} nodes (they stay in float "
+                         "as they are); to keep a tensor they compute in float, exclude the node that computes "
+                         "it, or name the output with float_outputs")
+    op_types = sorted(quantisable - set(exclude_op_types))
+    return excluded, op_types
 
 
 def _load(onnx, model):
@@ -173,14 +247,14 @@ def _refuse_quantised(proto) -> None:
 
 
 def _graph_inputs(onnx, proto) -> dict[str, tuple[tuple, np.dtype]]:
-    """``{name: (shape with None for symbolic dims, dtype)}`` of the real inputs."""
+    """``{name: (shape with None for open dims: named, ``?`` or ``-1``, dtype)}`` of the real inputs."""
     initialisers = {i.name for i in proto.graph.initializer}
     inputs = {}
     for value in proto.graph.input:
         if value.name in initialisers:
             continue
         tensor = value.type.tensor_type
-        shape = tuple(d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim)
+        shape = tuple(d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None for d in tensor.shape.dim)
         inputs[value.name] = (shape, np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type)))
     return inputs
 

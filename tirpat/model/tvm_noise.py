@@ -2,10 +2,12 @@
 
 Saving or loading any Relax VM executable makes TVM 0.27 log one ``Warning: Scope Saving:``
 (or ``Scope Loaded:``) line per memory scope (``src/runtime/vm/executable.cc``, a debug
-print left at warning level). They say nothing a user can act on, and they break "quiet in a
-pipe". :func:`filtered_native_stderr` captures the process's native stderr (file descriptor
-2, where TVM's C++ logging writes) while a block runs and passes every other line through
-once it ends.
+print left at warning level), and a Relax frontend that failed leaves a ``BlockBuilder
+destroyed with remaining blocks!`` warning for when it is freed. They say nothing a user can
+act on, and they break "quiet in a pipe" (and "the error is the last line").
+:func:`filtered_native_stderr` captures the process's native stderr (file descriptor 2,
+where TVM's C++ logging writes) while a block runs and passes every other line through once
+it ends.
 
 >>> with filtered_native_stderr():
 ...     pass
@@ -23,7 +25,8 @@ from typing import Iterator
 __all__ = ["filtered_native_stderr", "NOISE"]
 
 #: Lines of native stderr that are dropped.
-NOISE = re.compile(r"vm/executable\.cc:\d+: Warning: Scope (Saving|Loaded):")
+NOISE = re.compile(r"vm/executable\.cc:\d+: Warning: Scope (Saving|Loaded):"
+                   r"|block_builder\.cc:\d+: Warning: BlockBuilder destroyed with remaining blocks!")
 
 
 @contextlib.contextmanager
