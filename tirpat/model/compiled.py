@@ -16,6 +16,7 @@ import contextlib
 import dataclasses
 import os
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
@@ -24,7 +25,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from ..device import invoke
+from ..device import Session, invoke
 from .archive import FORMAT, LIBRARY, read_archive, write_archive
 from .backend import BackendNotFound, lookup
 from .host_cpu import check_runs_here
@@ -72,6 +73,9 @@ class CompiledModel:
         self.stats: dict = {}
         self.layers: list = []
         self._vm = None         # made on the first call: building one costs as much as a small compile
+        # backend sessions kept between calls ({backend: session}, one set per concurrent call)
+        self._idle: list[dict] = []
+        self._idle_lock = threading.Lock()
 
     def _check(self, args) -> list:
         if len(args) != len(self.inputs):
@@ -118,16 +122,33 @@ class CompiledModel:
             # layers are measured on the statistics that count cycles (describe_stats)
             return {n: s.stats.cycles for n, s in sessions.items() if hasattr(getattr(s, "stats", None), "cycles")}
 
+        kept = self._take_sessions()
         with contextlib.ExitStack() as stack:
             for backend, opts in self.backends:
-                sessions[backend.name] = stack.enter_context(backend.session(opts))
+                session = kept.get(backend.name)
+                if session is None:
+                    session = backend.session(opts)
+                    if isinstance(session, Session):    # re-enterable: kept for the next call
+                        kept[backend.name] = session
+                else:
+                    session.begin_run()
+                sessions[backend.name] = stack.enter_context(session)
             if self._vm is None:
                 self._vm = relax.VirtualMachine(self.executable, tvm.cpu())
             with marks(lambda name: started.append((name, cycles_now()))):
                 out = invoke(self._vm[self.entry], *tensors)     # a device's error arrives as itself
+        with self._idle_lock:       # only after a call that succeeded: a failed one starts afresh next time
+            self._idle.append(kept)
         self.stats = {name: s.stats for name, s in sessions.items() if getattr(s, "stats", None) is not None}
         self.layers = self._layers(started, cycles_now())
         return _to_numpy(out)
+
+    def _take_sessions(self) -> dict:
+        """The backend sessions an earlier call left (a device that remembers the streams it
+        ran replays them instead of building them again), or none; concurrent calls each
+        take their own."""
+        with self._idle_lock:
+            return self._idle.pop() if self._idle else {}
 
     def _check_host(self) -> None:
         """Before the first call, a ``TargetError`` when the model was compiled for CPU
