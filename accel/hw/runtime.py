@@ -43,6 +43,10 @@ __all__ = [
     "PUSH_NEXT", "AUTO", "RUNTIME", "ConfigMismatchError", "session_for",
 ]
 
+#: Streams a session's builder remembers to replay: a call of a compiled model syncs once per
+#: offloaded partition call, and a model that keeps its session replays them all next call.
+KEPT_STREAMS = 1024
+
 # The ``deps`` bit mask of every accel.* instruction call (the header's bits 4-7), or AUTO:
 # let the driver's dependency tracker add the tokens (what compiled code uses).
 POP_PREV, POP_NEXT, PUSH_PREV, PUSH_NEXT = 1, 2, 4, 8
@@ -80,7 +84,7 @@ class Session(device.Session):
         self.simulator = Simulator(self.config)
         self.builder = StreamBuilder(self.simulator,
                                      DependencyTracker(self.config.tile, self.buffers.byte_range),
-                                     lambda: self.buffers.views, _FIELDS)
+                                     lambda: self.buffers.views, _FIELDS, keep=KEPT_STREAMS)
         self.timing_only = timing_only
         self.stats = Stats(self.config)
         if record is True or record is False:
@@ -89,6 +93,14 @@ class Session(device.Session):
             self._streams = deque(maxlen=record)
         else:
             raise TypeError(f"record must be True, False or a number of streams, got {record!r}")
+
+    def begin_run(self) -> None:
+        """A new call of a compiled model that keeps this session: its statistics start from
+        zero and the streams recorded for :meth:`stream` are forgotten; the streams the
+        builder recorded stay, so that the call's streams are replayed, not built again."""
+        self.stats = Stats(self.config)
+        if self._streams is not None:
+            self._streams.clear()
 
     def buffer(self, host: HostBuffer) -> int:
         """The buffer-table slot of a host buffer, registering it on first use.

@@ -135,6 +135,11 @@ class Session:
         self.claim()
         self._work.append(op)
 
+    def begin_run(self) -> None:
+        """Called before each call of a compiled model (``tp.build``'s) that keeps this session
+        from its previous call: forget what describes one call (its statistics), keep what
+        makes the next one cheaper (streams built before). The default does nothing."""
+
     # -- stream boundaries ---------------------------------------------------------------
     def sync(self) -> Any:
         """Run the pending work; the borrowed buffer slots are released either way.

@@ -26,7 +26,7 @@ import tvm
 from tvm import relax
 
 from .. import device
-from ..device import invoke
+from ..device import Session, invoke
 from .archive import FORMAT, LIBRARY, read_archive, write_archive
 from .backend import BackendNotFound, lookup
 from .host_cpu import check_runs_here
@@ -84,6 +84,9 @@ class CompiledModel:
         # makes its own on its first call (building one costs as much as a small compile).
         self._here = threading.local()      # .vm, and .last: this thread's last (stats, layers)
         self._last = None                   # the last call to finish on any thread: (stats, layers)
+        # backend sessions kept between calls ({backend: session}, one set per concurrent call)
+        self._idle: list[dict] = []
+        self._idle_lock = threading.Lock()
 
     @property
     def stats(self) -> dict:
@@ -151,9 +154,17 @@ class CompiledModel:
             # layers are measured on the statistics that count cycles (describe_stats)
             return {n: s.stats.cycles for n, s in sessions.items() if hasattr(getattr(s, "stats", None), "cycles")}
 
+        kept = self._take_sessions()
         with contextlib.ExitStack() as stack:
             for backend, opts in self.backends:
-                session = sessions[backend.name] = stack.enter_context(backend.session(opts))
+                session = kept.get(backend.name)
+                if session is None:
+                    session = backend.session(opts)
+                    if isinstance(session, Session):    # re-enterable: kept for the next call
+                        kept[backend.name] = session
+                else:
+                    session.begin_run()
+                sessions[backend.name] = stack.enter_context(session)
                 if isinstance(session, device.Session) and session.options is None:
                     session.options = dict(opts)    # the backend made it for opts: it says so
             vm = self._vm()
@@ -162,10 +173,19 @@ class CompiledModel:
                     out = invoke(vm[self.entry], *tensors)     # a device's error arrives as itself
                 except device.OptionsMismatch as err:
                     raise self._options_mismatch(err) from None
+        with self._idle_lock:       # only after a call that succeeded: a failed one starts afresh next time
+            self._idle.append(kept)
         stats = {name: s.stats for name, s in sessions.items() if getattr(s, "stats", None) is not None}
         # one tuple, assigned at once: a reader on another thread never sees half of two calls
         self._here.last = self._last = (stats, self._layers(started, cycles_now()))
         return _to_numpy(out)
+
+    def _take_sessions(self) -> dict:
+        """The backend sessions an earlier call left (a device that remembers the streams it
+        ran replays them instead of building them again), or none; concurrent calls each
+        take their own."""
+        with self._idle_lock:
+            return self._idle.pop() if self._idle else {}
 
     def _check_host(self) -> None:
         """Before the first call, a ``TargetError`` when the model was compiled for CPU

@@ -1,0 +1,200 @@
+"""Real int8 models (PaddleOCR, ``../shared/realmodels/fetch.sh``): compile time and call wall
+time of tirpat against TVM and onnxruntime, and the simulated device's cycles.
+
+Each model is quantised per tensor by ``tp.quantize`` on a few structured calibration
+images (dark text-like bars and boxes on a light background, normalised as the model's own
+pre-processing does; random noise calibrates badly), imported once (``import_onnx``), then:
+
+- compile: ``tp.build(mod, "accel, llvm")`` against ``tvm.compile(tp.integerize()(mod),
+  "llvm")`` of the same module (the module tp.build compiles for the host once accel's
+  ``PRE_PARTITION`` phase has integerised it), the reference's VM creation listed apart
+  (tp.build makes its VM on the first call, which counts it);
+- calls: the first call and the median of later calls of the compiled model against
+  onnxruntime's default session on the int8 model with one thread (``intra_op_num_threads=1``;
+  the speed reference: what a CPU does with the same int8 model), each with its ratio;
+- device: simulated cycles, the roofline share of the model's own MACs on accel (the cycles
+  those MACs take at the GEMM array's peak over the cycles simulated) and the share of the
+  model's MACs on accel; ``diff``: the largest absolute difference of the output from the
+  ``tvm.compile`` reference's;
+- ``--tune``: the cycles after ``tp.tune`` with 64 trials (slow: off by default).
+
+Models are read from ``$TIRPAT_REALMODELS`` or ``~/.cache/tirpat-realmodels``; a model that is
+not there is skipped with a message. Compile times are of one build each (a real model takes
+tens of seconds); call times are medians of ``--repeats``.
+
+    python benchmarks/bench_real_models.py [--models ppocr_v2_cls ppocrv5_det ...] [--repeats 5] [--tune]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+
+import numpy as np
+import tvm
+from tvm import relax
+
+import tirpat as tp
+from tirpat.model.onnx_import import import_onnx
+
+#: model -> its input's shape here (detectors at H = W = 320, recognisers at W = 320) and its normalisation
+MODELS = {
+    "ppocr_v2_cls": ([1, 3, 48, 192], "half"),
+    "ppocrv5_cls": ([1, 3, 48, 192], "half"),
+    "ppocrv6_det_small": ([1, 3, 320, 320], "imagenet"),
+    "ppocrv5_det": ([1, 3, 320, 320], "imagenet"),
+    "ppocrv6_rec_small": ([1, 3, 48, 320], "half"),
+    "ppocrv5_rec": ([1, 3, 48, 320], "half"),
+}
+SAMPLES = 4
+TUNE_TRIALS = 64
+_MEAN = np.array([0.485, 0.456, 0.406], np.float32).reshape(1, 3, 1, 1)
+_STD = np.array([0.229, 0.224, 0.225], np.float32).reshape(1, 3, 1, 1)
+
+
+def models_dir() -> pathlib.Path:
+    return pathlib.Path(os.environ.get("TIRPAT_REALMODELS") or pathlib.Path.home() / ".cache" / "tirpat-realmodels")
+
+
+def image(shape, norm: str, rng: np.random.Generator) -> np.ndarray:
+    """One structured input: a light background with dark bars (lines of 'text', broken into
+    words) and a box, in RGB / 255, normalised as the model's pre-processing does."""
+    _, c, h, w = shape
+    img = np.full((h, w, c), rng.uniform(0.75, 1.0, c), np.float32)
+    img += np.linspace(0, rng.uniform(-0.15, 0.15), w, dtype=np.float32)[None, :, None]       # uneven lighting
+    lines = max(1, h // 24)
+    for line in range(lines):
+        top = line * h // lines + rng.integers(2, max(3, h // lines // 4))
+        height = max(2, h // lines // 2)
+        x = int(rng.integers(0, w // 10))
+        while x < w - 8:
+            word = int(rng.integers(w // 20 + 2, w // 5 + 3))
+            img[top:top + height, x:min(w, x + word)] = rng.uniform(0.0, 0.3, c)
+            x += word + int(rng.integers(3, w // 20 + 4))
+    y0, x0 = int(rng.integers(0, h // 2)), int(rng.integers(0, w // 2))
+    img[y0:y0 + h // 4, x0:x0 + 2] = img[y0:y0 + h // 4, x0 + w // 4:x0 + w // 4 + 2] = 0.1        # a box's sides
+    img = np.clip(img + rng.normal(0, 0.02, img.shape).astype(np.float32), 0, 1)
+    x = img.transpose(2, 0, 1)[None]
+    x = (x - 0.5) / 0.5 if norm == "half" else (x - _MEAN) / _STD
+    return np.ascontiguousarray(x, np.float32)
+
+
+def median_wall(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def timed(fn):
+    start = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - start
+
+
+def measure(name: str, path: pathlib.Path, shape, norm: str, repeats: int, tune: bool, work: pathlib.Path) -> dict:
+    import onnx
+    import onnxruntime as ort
+
+    rng = np.random.default_rng(0)
+    input_name = onnx.load(str(path), load_external_data=False).graph.input[0].name
+    calib = np.stack([image(shape, norm, rng) for _ in range(SAMPLES)])
+    x = image(shape, norm, np.random.default_rng(1))
+    qpath = work / f"{name}_int8.onnx"
+    onnx.save(tp.quantize(path, {input_name: calib}), str(qpath))
+    mod = import_onnx(qpath, {input_name: shape})
+    row = {"model": name}
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tp.OffloadWarning)      # a real model leaves operators on the host
+        model, row["build"] = timed(lambda: tp.build(mod, "accel, llvm"))
+        integer = tp.integerize()(mod)
+        ex, row["tvm"] = timed(lambda: tvm.compile(integer, "llvm"))
+    vm, row["vm"] = timed(lambda: relax.VirtualMachine(ex, tvm.cpu()))
+    ref = vm["main"](tvm.runtime.tensor(x)).numpy()
+
+    out, row["first"] = timed(lambda: model(x))
+    row["later"] = median_wall(lambda: model(x), repeats)
+    out = model(x)
+    row["diff"] = float(np.max(np.abs(np.asarray(out, np.float64) - ref)))
+    stats = model.stats["accel"]
+    row["cycles"] = stats.cycles
+    accel_macs = model.report.macs.get("accel", 0)
+    row["roofline"] = stats.mac_bound_cycles(accel_macs) / max(stats.cycles, 1)
+    row["on_accel"] = accel_macs / max(model.report.total_macs, 1)
+    row["macs"] = model.report.total_macs
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    session = ort.InferenceSession(str(qpath), options, providers=["CPUExecutionProvider"])
+    _, row["ort_first"] = timed(lambda: session.run(None, {input_name: x}))
+    row["ort_later"] = median_wall(lambda: session.run(None, {input_name: x}), repeats)
+
+    if tune:
+        records = work / f"{name}_records"
+        tp.tune(mod, "accel, llvm", trials=TUNE_TRIALS, records=str(records))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", tp.OffloadWarning)
+            tuned = tp.build(mod, "accel, llvm", records=str(records))
+        tuned(x)
+        row["tuned"] = tuned.stats["accel"].cycles
+    return row
+
+
+def table(rows: list, tune: bool) -> str:
+    head = (f"{'model':<18} {'MACs':>6} {'build s':>8} {'tvm s':>7} {'+VM s':>6} {'ratio':>6} "
+            f"{'1st ms':>8} {'ort 1st':>8} {'ratio':>6} {'later ms':>9} {'ort ms':>7} {'ratio':>6} "
+            f"{'cycles':>10} {'roofl':>6} {'accel':>6} {'diff':>8}" + (f" {'tuned gain':>10}" if tune else ""))
+    lines = [head]
+    for r in rows:
+        line = (f"{r['model']:<18} {r['macs'] / 1e6:>5.0f}M {r['build']:>8.1f} {r['tvm']:>7.1f} {r['vm']:>6.1f} "
+                f"{r['build'] / r['tvm']:>5.1f}x {r['first'] * 1e3:>8.0f} {r['ort_first'] * 1e3:>8.1f} "
+                f"{r['first'] / r['ort_first']:>5.0f}x {r['later'] * 1e3:>9.0f} {r['ort_later'] * 1e3:>7.1f} "
+                f"{r['later'] / r['ort_later']:>5.0f}x {r['cycles']:>10,} {100 * r['roofline']:>5.0f}% "
+                f"{100 * r['on_accel']:>5.0f}% {r['diff']:>8.2g}")
+        if tune:
+            line += f" {100 * (1 - r['tuned'] / r['cycles']):>9.1f}%"
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS), metavar="NAME",
+                    help=f"models to measure (default all: {', '.join(MODELS)})")
+    ap.add_argument("--repeats", type=int, default=5, help="calls measured after the first (median; default 5)")
+    ap.add_argument("--tune", action="store_true", help=f"also tune with {TUNE_TRIALS} trials and report the gain")
+    args = ap.parse_args(argv)
+
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bench-real-") as tmp:
+        for name in args.models:
+            path = models_dir() / f"{name}.onnx"
+            if not path.is_file():
+                print(f"{name}: skipped, {path} not found (fetch the models with ../shared/realmodels/fetch.sh DIR "
+                      "and set TIRPAT_REALMODELS=DIR)", file=sys.stderr)
+                continue
+            shape, norm = MODELS[name]
+            rows.append(measure(name, path, shape, norm, args.repeats, args.tune, pathlib.Path(tmp)))
+            print(f"{name}: done", file=sys.stderr, flush=True)
+    if not rows:
+        print("no model found: nothing measured", file=sys.stderr)
+        return 1
+    print(f"int8 per-tensor models; compile: one build each (tp.build(mod, \"accel, llvm\") vs "
+          f"tvm.compile(integerised mod, \"llvm\"), its VM creation apart);\ncalls: first, and median of "
+          f"{args.repeats} later, vs onnxruntime int8 default session, 1 thread (the speed reference); "
+          "roofl: roofline share of the model's MACs on accel; diff: max |output - tvm.compile's|\n")
+    print(table(rows, args.tune))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,66 @@
+"""A compiled model keeps its backend sessions between calls: accel replays the streams it
+built on the first call instead of building them again, with the same outputs, cycles and
+layers as a model called once, and statistics of one call each."""
+
+import threading
+
+import numpy as np
+import pytest
+
+import tirpat as tp
+from models import cnn, random_inputs, reference
+
+
+@pytest.fixture(scope="module")
+def built():
+    mod = cnn(8, 8, 10)
+    return mod, tp.build(mod, "accel, llvm")
+
+
+def replays(model) -> int:
+    """Streams the sessions the model keeps have replayed so far."""
+    return sum(s.builder.replays for kept in model._idle for s in kept.values())
+
+
+def once(mod, args):
+    """Outputs, cycles and layer cycles of a model that is called once."""
+    fresh = tp.build(mod, "accel, llvm")
+    out = fresh(*args)
+    return out, fresh.stats["accel"].cycles, [(layer.function, layer.cycles) for layer in fresh.layers]
+
+
+def test_later_calls_replay_with_the_same_results(built):
+    mod, model = built
+    rng = np.random.default_rng(0)
+    first, other = random_inputs(mod, rng), random_inputs(mod, rng)
+    want_out, want_cycles, want_layers = once(mod, first)
+    np.testing.assert_array_equal(want_out, reference(mod, first))
+    before = replays(model)
+    for args in (first, other, first):
+        out = model(*args)
+        np.testing.assert_array_equal(out, reference(mod, args))
+        # statistics of this call alone, not accumulated over the calls the session saw
+        assert model.stats["accel"].cycles == want_cycles
+        assert [(layer.function, layer.cycles) for layer in model.layers] == want_layers
+    assert replays(model) > before            # the streams of the first call were replayed
+
+
+def test_concurrent_calls_take_sessions_of_their_own(built):
+    mod, model = built
+    inputs = [random_inputs(mod, np.random.default_rng(seed)) for seed in range(4)]
+    want = [reference(mod, args) for args in inputs]
+    got = [None] * len(inputs)
+
+    def run(k):
+        got[k] = model(*inputs[k])
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(len(inputs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+    sessions = [s for kept in model._idle for s in kept.values()]
+    assert len(sessions) == len({id(s) for s in sessions})     # no session kept twice
+
