@@ -19,7 +19,7 @@ def built():
 
 def replays(model) -> int:
     """Streams the sessions the model keeps have replayed so far."""
-    return sum(s.builder.replays for kept in model._idle for s in kept.values())
+    return sum(s.builder.replays for kept in model._kept_sessions for s in kept.values())
 
 
 def once(mod, args):
@@ -61,6 +61,6 @@ def test_concurrent_calls_take_sessions_of_their_own(built):
         t.join(timeout=120)
     for g, w in zip(got, want):
         np.testing.assert_array_equal(g, w)
-    sessions = [s for kept in model._idle for s in kept.values()]
+    sessions = [s for kept in model._kept_sessions for s in kept.values()]
     assert len(sessions) == len({id(s) for s in sessions})     # no session kept twice
 

@@ -85,8 +85,8 @@ class CompiledModel:
         self._here = threading.local()      # .vm, and .last: this thread's last (stats, layers)
         self._last = None                   # the last call to finish on any thread: (stats, layers)
         # backend sessions kept between calls ({backend: session}, one set per concurrent call)
-        self._idle: list[dict] = []
-        self._idle_lock = threading.Lock()
+        self._kept_sessions: list[dict] = []
+        self._kept_lock = threading.Lock()
 
     @property
     def stats(self) -> dict:
@@ -173,8 +173,8 @@ class CompiledModel:
                     out = invoke(vm[self.entry], *tensors)     # a device's error arrives as itself
                 except device.OptionsMismatch as err:
                     raise self._options_mismatch(err) from None
-        with self._idle_lock:       # only after a call that succeeded: a failed one starts afresh next time
-            self._idle.append(kept)
+        with self._kept_lock:       # only after a call that succeeded: a failed one starts afresh next time
+            self._kept_sessions.append(kept)
         stats = {name: s.stats for name, s in sessions.items() if getattr(s, "stats", None) is not None}
         # one tuple, assigned at once: a reader on another thread never sees half of two calls
         self._here.last = self._last = (stats, self._layers(started, cycles_now()))
@@ -184,8 +184,8 @@ class CompiledModel:
         """The backend sessions an earlier call left (a device that remembers the streams it
         ran replays them instead of building them again), or none; concurrent calls each
         take their own."""
-        with self._idle_lock:
-            return self._idle.pop() if self._idle else {}
+        with self._kept_lock:
+            return self._kept_sessions.pop() if self._kept_sessions else {}
 
     def _check_host(self) -> None:
         """Before the first call, a ``TargetError`` when the model was compiled for CPU
