@@ -6,7 +6,9 @@ Each rule is a ``tvm.relax.dpl`` pattern around one float operator that sits bet
 ========================  ==================================================================
 float (QDQ)               integer
 ========================  ==================================================================
-conv2d / matmul (+bias)   int8 x int8 -> int32, int32 bias add, requantise epilogue
+conv2d / matmul (+bias)   int8 x int8 -> int32, int32 bias add (the input's zero point's
+                          term folded in; a padded conv pads with that zero point first),
+                          requantise epilogue
  (+ReLU/Clip)              (ReLU and Clip become the requantise's output bounds)
 add of two tensors        both rescaled to a common fixed-point scale in int32, added,
                           requantised
@@ -16,9 +18,12 @@ reshape, permute_dims,    with it), and ``q(dq(x))`` remains: a rescale
 squeeze, expand_dims,
 flatten, strided_slice
 avg_pool2d / mean         int32 window sums (``sum`` over a reshape for disjoint windows, else
-                          a depthwise all-ones conv2d), requantised by ``1 / count``
+                          a depthwise all-ones conv2d) less ``z_x`` per element present,
+                          requantised by ``1 / count``
 concat (2 to 8 inputs)    each input requantised to the output's scale, concatenated
-quantize(dequantize(x))   ``x``, or a requantise when the scales differ
+quantize(dequantize(x))   ``x``, or a requantise when the scales differ (an add when only
+                          the zero points do)
+dequantize of uint8       dequantize of int8 ``x - 128`` with zero point ``z - 128``
 ========================  ==================================================================
 
 A requantise is emitted by :func:`emit_requantize` as the ALU-only chain of
@@ -26,8 +31,12 @@ A requantise is emitted by :func:`emit_requantize` as the ALU-only chain of
 ``right_shift``, ``clip``, ``astype``) and matched by :func:`requantize_pattern`.
 
 A site a rule cannot make exact stays in float, and :class:`Declined` says why: the pass
-collects those reasons. The rules handle tp.quantize's form (symmetric int8: every zero
-point 0); an asymmetric or uint8 tensor is declined.
+collects those reasons. Activations may have zero points (tp.quantize's symmetric int8 has
+0, onnxruntime's default uint8 or asymmetric int8 do not): a first rule shifts uint8 tensors
+to int8 (``x - 128``, ``z - 128``); each rule then takes the zero points exactly (a
+conv2d/matmul's input one in its bias, a padded conv padding with it, the output one in the
+requantise's rounding constant, an average's as ``z_x`` times the elements present). A
+weight or bias with a non-zero zero point is declined.
 """
 
 from __future__ import annotations
