@@ -5,6 +5,7 @@ run, no int32 overflow by interval analysis, bit-exact on accel against llvm, an
 MACs on accel as the symmetric form (``tp.quantize``'s) puts there."""
 
 import warnings
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -91,11 +92,27 @@ def asymmetric(request, tmp_path_factory):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         integer = tp.integerize()(mod)
-    return model, calibration, qdq, mod, integer, caught
+    vm = relax.VirtualMachine(tvm.compile(integer, "llvm"), tvm.cpu())
+    return SimpleNamespace(name=name, model=model, calibration=calibration, qdq=qdq, mod=mod, integer=integer,
+                           warnings=caught, vm=vm)
+
+
+@pytest.fixture(scope="module")
+def symmetric_macs():
+    """``symmetric_macs(name, model, calibration)``: (MACs on accel, total) of ``tp.quantize``'s
+    symmetric form, built once per model."""
+    made = {}
+
+    def get(name, model, calibration):
+        if name not in made:
+            made[name] = accel_macs(from_onnx(tp.quantize(model, calibration), keep_params_in_input=False))[:2]
+        return made[name]
+
+    return get
 
 
 def test_integer_arithmetic_without_a_warning(asymmetric):
-    _, _, qdq, _, integer, caught = asymmetric
+    qdq, integer, caught = asymmetric.qdq, asymmetric.integer, asymmetric.warnings
     assert not [str(w.message) for w in caught if issubclass(w.category, IntegerizeWarning)]
     ops = [str(c.op.name) for c in calls(integer["main"])]
     # the input's quantize and the output's dequantize stay; everything between is integer
@@ -108,8 +125,7 @@ def test_integer_arithmetic_without_a_warning(asymmetric):
 
 
 def test_within_one_step_of_onnxruntime(asymmetric):
-    model, _, qdq, _, integer, _ = asymmetric
-    vm = relax.VirtualMachine(tvm.compile(integer, "llvm"), tvm.cpu())
+    model, qdq, vm = asymmetric.model, asymmetric.qdq, asymmetric.vm
     session, step = exact_session(qdq), onnx_cnn.output_scale(qdq)
     steps = []
     for x in onnx_cnn.calibration(model, 12, seed=7)["x"]:
@@ -120,18 +136,14 @@ def test_within_one_step_of_onnxruntime(asymmetric):
 
 
 def test_no_int32_overflow(asymmetric):
-    *_, integer, _ = asymmetric
-    assert int32_overflows(integer["main"]) == []
+    assert int32_overflows(asymmetric.integer["main"]) == []
 
 
-def test_accel_bit_exact_and_as_many_macs_as_the_symmetric_form(asymmetric):
-    model, calibration, _, mod, integer, _ = asymmetric
-    on_accel, total, compiled = accel_macs(mod)
-    reference = relax.VirtualMachine(tvm.compile(integer, "llvm"), tvm.cpu())
-    for x in onnx_cnn.calibration(model, 3, seed=5)["x"]:
-        assert np.array_equal(compiled(x), reference["main"](tvm.runtime.tensor(x)).numpy())
-    symmetric = from_onnx(tp.quantize(model, calibration), keep_params_in_input=False)
-    sym_accel, sym_total, _ = accel_macs(symmetric)
+def test_accel_bit_exact_and_as_many_macs_as_the_symmetric_form(asymmetric, symmetric_macs):
+    on_accel, total, compiled = accel_macs(asymmetric.mod)
+    for x in onnx_cnn.calibration(asymmetric.model, 3, seed=5)["x"]:
+        assert np.array_equal(compiled(x), asymmetric.vm["main"](tvm.runtime.tensor(x)).numpy())
+    sym_accel, sym_total = symmetric_macs(asymmetric.name, asymmetric.model, asymmetric.calibration)
     assert total == sym_total and on_accel == sym_accel > 0, (on_accel, sym_accel, total)
 
 
