@@ -291,30 +291,6 @@ def test_average_pool_with_padding(pads, include):
     assert "relax.nn.avg_pool2d" not in op_names(compiled.mod)
 
 
-def test_weight_zero_point_stays_float_with_a_warning(tmp_path):
-    """uint8 weights (a non-zero weight zero point, which the integer form does not take) are
-    left in float, said so, and still compute what onnxruntime does."""
-    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
-
-    model = onnx_cnn.conv_relu(seed=1, channels=4)
-    data = onnx_cnn.calibration(model, 4)["x"]
-
-    class Reader(CalibrationDataReader):
-        def __init__(self):
-            self.it = iter({"x": d} for d in data)
-
-        def get_next(self):
-            return next(self.it, None)
-
-    onnx.save(model, str(tmp_path / "f.onnx"))
-    quantize_static(str(tmp_path / "f.onnx"), str(tmp_path / "q.onnx"), Reader(), quant_format=QuantFormat.QDQ,
-                    activation_type=QuantType.QUInt8, weight_type=QuantType.QUInt8)
-    compiled = Compiled(onnx.load(str(tmp_path / "q.onnx")))
-    messages = [str(w.message) for w in compiled.warnings if issubclass(w.category, IntegerizeWarning)]
-    assert messages and "conv2d" in messages[0] and "a weight with a non-zero zero point" in messages[0]
-    assert compiled.steps(data).max() <= 1
-
-
 def test_operator_without_integer_rule_is_named():
     """A Sigmoid between QDQ pairs has no integer form: it stays float, and the warning says so."""
     rng = np.random.default_rng(2)

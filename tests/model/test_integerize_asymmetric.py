@@ -57,9 +57,10 @@ MODELS = {**onnx_cnn.MODELS, "pooled": pooled}
 FORMS = {"uint8": (QuantType.QUInt8, {}), "int8-asymmetric": (QuantType.QInt8, {"ActivationSymmetric": False})}
 
 
-def ort_quantize(model, data: np.ndarray, activation_type, extra_options: dict, tmp: str):
+def ort_quantize(model, data: np.ndarray, activation_type, extra_options: dict, tmp: str,
+                 weight_type=QuantType.QInt8):
     """onnxruntime's ``quantize_static`` with its defaults but for ``activation_type`` (QDQ,
-    per tensor, int8 weights, MinMax calibration)."""
+    per tensor, int8 weights unless ``weight_type`` says otherwise, MinMax calibration)."""
 
     class Reader(CalibrationDataReader):
         def __init__(self):
@@ -70,7 +71,7 @@ def ort_quantize(model, data: np.ndarray, activation_type, extra_options: dict, 
 
     onnx.save(model, f"{tmp}/f.onnx")
     quantize_static(f"{tmp}/f.onnx", f"{tmp}/q.onnx", Reader(), quant_format=QuantFormat.QDQ,
-                    activation_type=activation_type, weight_type=QuantType.QInt8, extra_options=extra_options)
+                    activation_type=activation_type, weight_type=weight_type, extra_options=extra_options)
     return onnx.load(f"{tmp}/q.onnx")
 
 
@@ -167,3 +168,29 @@ def test_padded_convolution_reads_the_zero_point_at_its_borders(pad, tmp_path):
     for x in data[6:]:
         diff = np.abs(vm["main"](tvm.runtime.tensor(x)).numpy() - session.run(None, {"x": x})[0]) / step
         assert np.round(diff).max() <= 1, np.round(diff)
+
+
+@pytest.mark.parametrize("name", ["conv_relu", "pooled"])
+def test_weight_zero_points_are_exact(name, tmp_path):
+    """uint8 weights have zero points (as have weights onnxruntime's default finds in
+    ``Constant`` nodes and quantises as activations, Paddle's export): the ``- z_w * sum x``
+    term is an all-ones convolution (a sum for a matmul), exact and within int32."""
+    model = MODELS[name](seed=5)
+    data = onnx_cnn.calibration(model, 14, seed=2)["x"]
+    qdq = ort_quantize(model, data[:8], QuantType.QUInt8, {}, str(tmp_path), weight_type=QuantType.QUInt8)
+    weights = [numpy_helper.to_array(i) for i in qdq.graph.initializer if i.name.endswith("_zero_point")]
+    assert any(z.dtype == np.uint8 and z.any() for z in weights)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        integer = tp.integerize()(from_onnx(qdq, keep_params_in_input=False))
+    assert not [str(w.message) for w in caught if issubclass(w.category, IntegerizeWarning)]
+    assert int32_overflows(integer["main"]) == []
+    # the weight zero points' window sums: more reductions than the model's own
+    ops = [str(c.op.name) for c in calls(integer["main"])]
+    own = sum(n.op_type in ("Conv", "MatMul", "Gemm", "AveragePool") for n in model.graph.node)
+    assert ops.count("relax.nn.conv2d") + ops.count("relax.sum") > own
+    vm = relax.VirtualMachine(tvm.compile(integer, "llvm"), tvm.cpu())
+    session, step = exact_session(qdq), onnx_cnn.output_scale(qdq)
+    for x in data[8:]:
+        diff = np.abs(vm["main"](tvm.runtime.tensor(x)).numpy() - session.run(None, {"x": x})[0]) / step
+        assert np.round(diff).max() <= 1, np.round(diff).max()

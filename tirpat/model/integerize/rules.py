@@ -112,12 +112,11 @@ class Dequantized:
         self.pattern = is_op("relax.dequantize")(self.x, self.scale, self.zero_point)
 
     def scales(self, m: Match) -> np.ndarray:
-        """A weight's or bias's scale as float64 (0-d or 1-d); the zero point must be 0 and
-        ``x`` int8/int32."""
+        """A weight's or bias's scale as float64 (0-d or 1-d); ``x`` must be int8/int32 (the
+        caller takes the zero point)."""
         dtype = _dtype(m[self.x])
         if dtype not in ("int8", "int32"):
             raise Declined(f"a dequantize of {dtype} (the integer form is for int8 tensors)")
-        _zero(m[self.zero_point], "a weight or bias")
         return _values(m[self.scale]).astype(np.float64)
 
     def activation(self, m: Match) -> tuple[float, int]:
@@ -216,8 +215,15 @@ def _scalar(v: np.ndarray, what: str) -> float:
 
 def _zero(zp: relax.Expr, what: str) -> None:
     if np.any(_values(zp) != 0):
-        raise Declined(f"{what} with a non-zero zero point (the integer form takes zero points on activations "
-                       "only, not on weights or biases)")
+        raise Declined(f"{what} with a non-zero zero point")
+
+
+def _weight_zero_point(zp: relax.Expr) -> int:
+    """A weight's zero point: one integer (per tensor, or the same for every channel)."""
+    values = _values(zp).astype(np.int64).reshape(-1)
+    if np.any(values != values[0]):
+        raise Declined("a weight with zero points that differ by channel (the integer form takes one)")
+    return int(values[0])
 
 
 def _zero_point(zp: relax.Expr) -> int:
@@ -373,13 +379,19 @@ def _bias(m: Match, g: _Gemm, acc_scale: np.ndarray, channels: int, out_ndim: in
 
 
 def _finish_gemm(m: Match, g: _Gemm, acc: relax.Expr, w: np.ndarray, w_scale: np.ndarray,
-                 w_channel_axis: int, out_axis: int) -> relax.Expr:
+                 w_channel_axis: int, out_axis: int, window_sums: Callable[[], relax.Expr]) -> relax.Expr:
     """Bias, bounds and requantise shared by conv2d and matmul.
 
-    The input's zero point joins the bias: ``sum w * (x - z_x) = sum w * x - z_x * sum w``
-    per output channel (``acc`` must read ``z_x`` wherever the float model reads 0: a padded
-    convolution pads its input with ``z_x``, see :func:`_conv_rule`)."""
+    The zero points join the bias: over a window of ``K`` products,
+    ``sum (w - z_w)(x - z_x) = sum w x - z_w sum x - z_x sum w + K z_w z_x``, so per output
+    channel the bias takes ``- z_x * (sum w - K z_w)`` (``acc`` must read ``z_x`` wherever the
+    float model reads 0: a padded convolution pads its input with ``z_x``, see
+    :func:`_conv_rule`). A weight zero point ``z_w`` (onnxruntime's default quantises weights
+    it finds in ``Constant`` nodes as uint8 activations) also needs ``sum x`` per window:
+    ``window_sums()`` gives it, added as ``- z_w * sum x`` (a reduction ``1 / C_out`` the
+    size of the operator's own)."""
     (sx, zx), (sy, zy) = g.x.activation(m), g.q.activation(m)
+    zw = _weight_zero_point(m[g.w.zero_point])
     channels = w.shape[w_channel_axis]
     if w_scale.size not in (1, channels):
         raise Declined(f"{w_scale.size} weight scales for {channels} output channels")
@@ -388,15 +400,19 @@ def _finish_gemm(m: Match, g: _Gemm, acc: relax.Expr, w: np.ndarray, w_scale: np
     acc_scale = np.float32(sx) * w_scale.astype(np.float32)       # what onnxruntime computes
     bias = _bias(m, g, acc_scale, channels, out_ndim, out_axis)
     per_channel = np.moveaxis(w.astype(np.int64), w_channel_axis, 0).reshape(channels, -1)
+    window = per_channel.shape[1]
     if zx:
         bias = (np.zeros(channels, np.int64) if bias is None else np.broadcast_to(bias, (channels,))) \
-            - zx * per_channel.sum(axis=1)
+            - zx * (per_channel.sum(axis=1) - window * zw)
         if np.all(bias == bias[0]):
             bias = bias[:1]
     bound = INT8_MAGNITUDE * np.abs(per_channel).sum(axis=1)
     if bias is not None:
         bound = bound + np.abs(bias)
         acc = relax.op.add(acc, _const(_along(bias if bias.size > 1 else bias.reshape(()), out_axis, out_ndim), "int32"))
+    if zw:
+        bound = bound + abs(zw) * INT8_MAGNITUDE * window
+        acc = relax.op.add(acc, relax.op.multiply(window_sums(), _const(-zw, "int32")))
     if np.any(bound > INT32_MAX):
         raise Declined("the int32 accumulator could overflow (the reduction is too long for int8 x int8 -> int32)")
     lo, hi = g.act.bounds(m, sy, zy)
@@ -426,7 +442,6 @@ def _conv_rule() -> Rule:
             raise Declined(f"a {w.dtype} weight (the integer form is int8 x int8)")
         kernel_layout, out_layout = str(attrs.kernel_layout), str(attrs.out_layout)
         w_axis, out_axis = kernel_layout.index("O"), out_layout.index("C")
-        _zero(m[g.w.zero_point], "a weight")
         w_scale = _per_channel_axis(m, g.w, w_axis, w.ndim, "weight")
         x, padding = m[g.x.x], [int(p) for p in attrs.padding]
         _, zx = g.x.activation(m)
@@ -442,7 +457,20 @@ def _conv_rule() -> Rule:
         acc = relax.op.nn.conv2d(x, m[g.w.x], strides=attrs.strides, padding=padding,
                                  dilation=attrs.dilation, groups=attrs.groups, data_layout=attrs.data_layout,
                                  kernel_layout=kernel_layout, out_layout=out_layout, out_dtype="int32")
-        return _finish_gemm(m, g, acc, w, w_scale, w_axis, out_axis)
+        def window_sums() -> relax.Expr:
+            # sum x over each window of each group: an all-ones convolution with one output
+            # channel per group, which broadcasts against the output's channels when there
+            # is one group or one output channel per group
+            groups, channels = int(attrs.groups), w.shape[w_axis]
+            if (str(attrs.data_layout), kernel_layout, out_layout) != ("NCHW", "OIHW", "NCHW") \
+                    or groups not in (1, channels):
+                raise Declined("a weight zero point on a convolution that is not NCHW/OIHW with one group or "
+                               "one output channel per group")
+            ones = _const(np.ones((groups, *w.shape[1:])), "int8")
+            return relax.op.nn.conv2d(x, ones, strides=attrs.strides, padding=padding, dilation=attrs.dilation,
+                                      groups=groups, out_dtype="int32")
+
+        return _finish_gemm(m, g, acc, w, w_scale, w_axis, out_axis, window_sums)
 
     return Rule("conv2d", g.q.pattern, build)
 
@@ -459,11 +487,13 @@ def _matmul_rule() -> Rule:
             raise Declined("a weight permutation that is not a transpose")
         # the weight as [N, K]: the GEMM's natural layout (the matmul reads it transposed)
         w_nk = w if transposed else w.T
-        _zero(m[g.w.zero_point], "a weight")
         w_scale = _per_channel_axis(m, g.w, 0 if transposed else 1, 2, "weight")
         acc = relax.op.matmul(m[g.x.x], relax.op.permute_dims(_const(np.ascontiguousarray(w_nk), "int8")),
                               out_dtype="int32")
-        return _finish_gemm(m, g, acc, w_nk, w_scale, 0, -1)
+        def window_sums() -> relax.Expr:
+            return relax.op.sum(relax.op.astype(m[g.x.x], "int32"), axis=[-1], keepdims=True)
+
+        return _finish_gemm(m, g, acc, w_nk, w_scale, 0, -1, window_sums)
 
     return Rule("matmul", g.q.pattern, build)
 
