@@ -100,14 +100,14 @@ def asymmetric(request, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def symmetric_macs():
-    """``symmetric_macs(name, model, calibration)``: (MACs on accel, total) of ``tp.quantize``'s
-    symmetric form, built once per model."""
+    """``symmetric_macs(key, model, calibration)``: (MACs on accel, total) of ``tp.quantize``'s
+    symmetric form, built once per key."""
     made = {}
 
-    def get(name, model, calibration):
-        if name not in made:
-            made[name] = accel_macs(from_onnx(tp.quantize(model, calibration), keep_params_in_input=False))[:2]
-        return made[name]
+    def get(key, model, calibration):
+        if key not in made:
+            made[key] = accel_macs(from_onnx(tp.quantize(model, calibration), keep_params_in_input=False))[:2]
+        return made[key]
 
     return get
 
@@ -171,7 +171,7 @@ def test_padded_convolution_reads_the_zero_point_at_its_borders(pad, tmp_path):
 
 
 @pytest.mark.parametrize("name", ["conv_relu", "pooled"])
-def test_weight_zero_points_are_exact(name, tmp_path):
+def test_weight_zero_points_are_exact(name, tmp_path, symmetric_macs):
     """uint8 weights have zero points (as have weights onnxruntime's default finds in
     ``Constant`` nodes and quantises as activations, Paddle's export): the ``- z_w * sum x``
     term is an all-ones convolution (a sum for a matmul), exact and within int32."""
@@ -191,6 +191,12 @@ def test_weight_zero_points_are_exact(name, tmp_path):
     assert ops.count("relax.nn.conv2d") + ops.count("relax.sum") > own
     vm = relax.VirtualMachine(tvm.compile(integer, "llvm"), tvm.cpu())
     session, step = exact_session(qdq), onnx_cnn.output_scale(qdq)
+    on_accel, total, compiled = accel_macs(from_onnx(qdq, keep_params_in_input=False))
+    sym_accel, sym_total = symmetric_macs((name, 5), model, {"x": data[:8]})
+    # the window sums add MACs (the all-ones convolutions); the model's own are all on accel
+    assert total > sym_total and on_accel >= sym_accel, (on_accel, sym_accel, total, sym_total)
     for x in data[8:]:
-        diff = np.abs(vm["main"](tvm.runtime.tensor(x)).numpy() - session.run(None, {"x": x})[0]) / step
+        ours = vm["main"](tvm.runtime.tensor(x)).numpy()
+        assert np.array_equal(compiled(x), ours)
+        diff = np.abs(ours - session.run(None, {"x": x})[0]) / step
         assert np.round(diff).max() <= 1, np.round(diff).max()

@@ -407,12 +407,19 @@ def _finish_gemm(m: Match, g: _Gemm, acc: relax.Expr, w: np.ndarray, w_scale: np
         if np.all(bias == bias[0]):
             bias = bias[:1]
     bound = INT8_MAGNITUDE * np.abs(per_channel).sum(axis=1)
+    term = None if bias is None else _const(_along(bias if bias.size > 1 else bias.reshape(()), out_axis, out_ndim),
+                                            "int32")
     if bias is not None:
         bound = bound + np.abs(bias)
-        acc = relax.op.add(acc, _const(_along(bias if bias.size > 1 else bias.reshape(()), out_axis, out_ndim), "int32"))
     if zw:
+        # the weight zero point's term and the bias as one operand of the output's shape: one
+        # add on the accumulator, per element (an int8 backend's epilogue takes it)
         bound = bound + abs(zw) * INT8_MAGNITUDE * window
-        acc = relax.op.add(acc, relax.op.multiply(window_sums(), _const(-zw, "int32")))
+        sums = relax.op.multiply(window_sums(), _const(-zw, "int32"))
+        term = sums if term is None else relax.op.add(sums, term)
+        term = relax.op.broadcast_to(term, list(_dims(m[g.op])))
+    if term is not None:
+        acc = relax.op.add(acc, term)
     if np.any(bound > INT32_MAX):
         raise Declined("the int32 accumulator could overflow (the reduction is too long for int8 x int8 -> int32)")
     lo, hi = g.act.bounds(m, sy, zy)
