@@ -16,8 +16,9 @@ shifted to int8 (``x - 128`` with the zero point ``z - 128``: the same real valu
 conv2d/matmul folds its input's zero point into its bias (``- z_x * sum w`` per output
 channel; a padded conv pads its integer input with ``z_x``, which is what the float model's
 0.0 padding is), a residual add's input zero points become one constant, and every output
-zero point joins its requantise's rounding constant (:mod:`.fixed_point`). Weights and
-biases must have zero points of 0 (int8 weights, as onnxruntime makes them).
+zero point joins its requantise's rounding constant (:mod:`.fixed_point`). A weight zero
+point (uint8 weights) adds ``- z_w * sum x`` per window: an all-ones convolution (a sum for
+a matmul). A bias must have a zero point of 0.
 
 **No intermediate leaves int32.** Every multiplier and shift is chosen from the ranges of
 what it multiplies: int8 activations (``|x| <= 128``), a conv2d/matmul accumulator bounded

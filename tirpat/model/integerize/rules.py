@@ -35,8 +35,9 @@ collects those reasons. Activations may have zero points (tp.quantize's symmetri
 0, onnxruntime's default uint8 or asymmetric int8 do not): a first rule shifts uint8 tensors
 to int8 (``x - 128``, ``z - 128``); each rule then takes the zero points exactly (a
 conv2d/matmul's input one in its bias, a padded conv padding with it, the output one in the
-requantise's rounding constant, an average's as ``z_x`` times the elements present). A
-weight or bias with a non-zero zero point is declined.
+requantise's rounding constant, an average's as ``z_x`` times the elements present, a
+weight's as an all-ones convolution's window sums). Weight zero points that differ by
+channel, and a bias's that is not 0, are declined.
 """
 
 from __future__ import annotations
