@@ -52,7 +52,21 @@ def pooled(seed: int = 0):
     return _graph(nodes, inits, (1, 3, 8, 8), (1, 10), "pooled")
 
 
-MODELS = {**onnx_cnn.MODELS, "pooled": pooled}
+def depthwise(seed: int = 0):
+    """Conv + ReLU, a strided 3x3 depthwise Conv (padded) + ReLU, a 1x1 Conv."""
+    rng = np.random.default_rng(seed)
+    inits = {"w1": rng.normal(0, 0.4, (8, 3, 3, 3)), "w2": rng.normal(0, 0.4, (8, 1, 3, 3)),
+             "b2": rng.normal(0, 0.2, 8), "w3": rng.normal(0, 0.4, (4, 8, 1, 1))}
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["a"], kernel_shape=[3, 3], pads=[1] * 4),
+             helper.make_node("Relu", ["a"], ["r"]),
+             helper.make_node("Conv", ["r", "w2", "b2"], ["d"], kernel_shape=[3, 3], pads=[1] * 4, strides=[2, 2],
+                              group=8),
+             helper.make_node("Relu", ["d"], ["s"]),
+             helper.make_node("Conv", ["s", "w3"], ["y"], kernel_shape=[1, 1])]
+    return _graph(nodes, inits, (1, 3, 8, 8), (1, 4, 4, 4), "depthwise")
+
+
+MODELS = {**onnx_cnn.MODELS, "pooled": pooled, "depthwise": depthwise}
 #: onnxruntime's default (uint8 activations) and asymmetric int8 activations
 FORMS = {"uint8": (QuantType.QUInt8, {}), "int8-asymmetric": (QuantType.QInt8, {"ActivationSymmetric": False})}
 
@@ -170,7 +184,7 @@ def test_padded_convolution_reads_the_zero_point_at_its_borders(pad, tmp_path):
         assert np.round(diff).max() <= 1, np.round(diff)
 
 
-@pytest.mark.parametrize("name", ["conv_relu", "pooled"])
+@pytest.mark.parametrize("name", ["conv_relu", "pooled", "depthwise"])
 def test_weight_zero_points_are_exact(name, tmp_path, symmetric_macs):
     """uint8 weights have zero points (as have weights onnxruntime's default finds in
     ``Constant`` nodes and quantises as activations, Paddle's export): the ``- z_w * sum x``
