@@ -474,9 +474,21 @@ def _conv_rule() -> Rule:
                     or groups not in (1, channels):
                 raise Declined("a weight zero point on a convolution that is not NCHW/OIHW with one group or "
                                "one output channel per group")
-            ones = _const(np.ones((groups, *w.shape[1:])), "int8")
-            return relax.op.nn.conv2d(x, ones, strides=attrs.strides, padding=padding, dilation=attrs.dilation,
-                                      groups=groups, out_dtype="int32")
+            kh, kw = w.shape[2:]
+            if groups == 1 or w.shape[1] != 1 or kh == 1 or kw == 1:
+                ones = _const(np.ones((groups, *w.shape[1:])), "int8")
+                return relax.op.nn.conv2d(x, ones, strides=attrs.strides, padding=padding, dilation=attrs.dilation,
+                                          groups=groups, out_dtype="int32")
+            # one channel per group (depthwise): a box sum, separable into a column sum and a
+            # row sum (kh + kw additions per output, not kh * kw)
+            (sh, sw), (dh, dw) = [int(v) for v in attrs.strides], [int(v) for v in attrs.dilation]
+            top, left, bottom, right = padding
+            columns = relax.op.nn.conv2d(x, _const(np.ones((groups, 1, kh, 1)), "int8"), strides=[sh, 1],
+                                         padding=[top, 0, bottom, 0], dilation=[dh, 1], groups=groups,
+                                         out_dtype="int32")
+            return relax.op.nn.conv2d(columns, _const(np.ones((groups, 1, 1, kw)), "int32"), strides=[1, sw],
+                                      padding=[0, left, 0, right], dilation=[1, dw], groups=groups,
+                                      out_dtype="int32")
 
         return _finish_gemm(m, g, acc, w, w_scale, w_axis, out_axis, window_sums)
 
