@@ -184,6 +184,11 @@ def _call(call: relax.Call, env: dict, defs: dict) -> Range:
         return Range(min(p.lo for p in parts), max(p.hi for p in parts))
     if op in _WITHIN:
         return _arg(args[0], env).overall()
+    if op == "relax.nn.pad":
+        if str(call.attrs.pad_mode) != "constant":
+            raise NotImplementedError(f"a {call.attrs.pad_mode} pad")
+        x, value = _arg(args[0], env).overall(), int(call.attrs.pad_value)
+        return Range(min(x.lo, value), max(x.hi, value))
     if op == "relax.add":
         if _parity(call, defs):
             return Range(0, 1)

@@ -10,9 +10,20 @@ and layout operators on the integers. The ``quantize`` of each input and the
 ``dequantize`` of each output stay (on the host). A site that cannot be made exact stays in
 float and the pass warns, naming the operator and the reason.
 
+**Zero points.** Activations may be asymmetric (onnxruntime's default ``quantize_static``:
+uint8 with zero points; int8 with ``ActivationSymmetric=False``): a uint8 tensor is first
+shifted to int8 (``x - 128`` with the zero point ``z - 128``: the same real values), a
+conv2d/matmul folds its input's zero point into its bias (``- z_x * sum w`` per output
+channel; a padded conv pads its integer input with ``z_x``, which is what the float model's
+0.0 padding is), a residual add's input zero points become one constant, and every output
+zero point joins its requantise's rounding constant (:mod:`.fixed_point`). A weight zero
+point (uint8 weights) adds ``- z_w * sum x`` per window: an all-ones convolution (a sum for
+a matmul). A bias must have a zero point of 0.
+
 **No intermediate leaves int32.** Every multiplier and shift is chosen from the ranges of
 what it multiplies: int8 activations (``|x| <= 128``), a conv2d/matmul accumulator bounded
-per output channel by ``128 * sum|w| + |bias|``, a pool's window sum by ``128 * count``. A
+per output channel by ``128 * sum|w| + |bias|`` (the bias with the zero point's term), a
+pool's window sum by ``128 * count`` (plus ``|z_x| * count``). A
 requantise takes the most precise shift for which the worst-case sum of its terms (one for a
 convolution, two for a residual add) plus the rounding stays at most ``2**31 - 1``, after a
 clamp where the output saturates anyway (:mod:`.fixed_point`); a site where nothing fits stays

@@ -3,12 +3,19 @@
 A requantise maps int32 accumulators ``acc`` (one per term: a convolution's sum, or the two
 int8 operands of a residual add) to int8 as
 
-    y = clip((sum_i clamp(acc_i) * m_i + 2**(s-1)) >> s, lo, hi)
+    y = clip(((sum_i clamp(acc_i) * m_i + offset + 2**(s-1)) >> s) + z_y, lo, hi)
 
 with only the operations an int8 accelerator's ALU has: add, max, min (the clamp and the
 clip), multiply by an immediate or a vector, arithmetic shift right. ``m_i = round(M_i *
 2**s)`` approximates the real multiplier ``M_i`` (``s_in * s_w / s_out`` for a convolution);
 ``m_i`` is a scalar or a vector along one axis (per-channel weight scales).
+
+**Zero points.** Asymmetric tensors carry ``x = s * (q - z)``. An input zero point ``z_i``
+contributes ``offset = -sum_i z_i * m_i``, an exact integer added before the rounding
+(a convolution folds its input's zero point into its bias instead, leaving no offset). The
+output zero point ``z_y`` is added after the shift, but ``(v >> s) + z_y == (v + z_y *
+2**s) >> s`` exactly, so it joins the rounding constant: no extra operation. A requantise
+with a zero point takes a shift of at least 1, so that this constant exists.
 
 **Rounding.** ``(v + 2**(s-1)) >> s`` with an arithmetic shift is ``floor(v / 2**s + 1/2)``:
 round half up (toward +infinity). onnxruntime rounds half to even. The two differ only on
@@ -22,10 +29,11 @@ so does the largest shift, 31 (the parity's ``v >> 32`` would be undefined for i
 
 **No int32 overflow, by construction.** The shift is the largest ``s <= 31`` for which every
 intermediate provably fits int32 given ``bound``, the largest ``|acc_i|`` the producer can
-give (a convolution's is ``128 * sum|w| + |bias|`` per output channel). For a single term a
+give (a convolution's is ``128 * sum|w| + |bias|`` per output channel), with ``|offset|`` and
+``|z_y| * 2**s`` counted in. For a single term a
 *clamp* to ``[-A, A]`` first may make room for a larger ``s``: ``A`` is the smallest
-magnitude past which the result saturates to ``lo``/``hi`` anyway (``A*m > max(hi, -lo) *
-2**s``, and ``acc -> (acc*m + r) >> s`` is monotone), so clamping never changes ``y`` and
+magnitude past which the result saturates to ``lo``/``hi`` anyway (``A*m > max(hi - z_y,
+z_y - lo) * 2**s``, and ``acc -> (acc*m + r) >> s`` is monotone), so clamping never changes ``y`` and
 bounds ``|acc * m|`` by about ``128 * 2**s`` whatever the reduction length. The clamp is
 emitted only when ``bound > A``.
 
@@ -57,7 +65,9 @@ class Requantize:
     accumulators: ``()`` per tensor, ``(1, C, 1, 1)`` per channel), all with the same shift;
     ``clamp`` is the accumulator clamp ``A`` (shaped like the multiplier, one term only) or
     None; ``lo``/``hi`` are the output bounds (ReLU and Clip folded in); ``half_even``
-    selects rounding half to even (exact multipliers) over half up.
+    selects rounding half to even (exact multipliers) over half up; ``offset`` (int64, 0-d or
+    shaped like a multiplier) is the input zero points' term added before the rounding and
+    ``zero_point`` the output's.
     """
 
     multipliers: tuple
@@ -66,14 +76,19 @@ class Requantize:
     lo: int
     hi: int
     half_even: bool = False
+    offset: np.ndarray = np.int64(0)
+    zero_point: int = 0
 
     @classmethod
-    def choose(cls, real_multipliers: Sequence, bounds: Sequence, lo: int = -128, hi: int = 127) -> "Requantize":
-        """The most precise parameters for ``y = round(sum_i M_i * acc_i)`` clipped to [lo, hi],
-        given ``|acc_i| <= bounds[i]``; a ``ValueError`` if none fits int32.
+    def choose(cls, real_multipliers: Sequence, bounds: Sequence, lo: int = -128, hi: int = 127,
+               input_zero_points: Sequence | None = None, zero_point: int = 0) -> "Requantize":
+        """The most precise parameters for ``y = round(sum_i M_i * (acc_i - z_i)) + z_y``
+        clipped to [lo, hi], given ``|acc_i| <= bounds[i]``; a ``ValueError`` if none fits int32.
 
         ``real_multipliers[i]`` and ``bounds[i]`` are scalars or equal-length vectors (one
-        entry per channel). Multipliers must be positive and finite.
+        entry per channel). Multipliers must be positive and finite. ``input_zero_points``
+        (``z_i``, integers; all 0 by default) and ``zero_point`` (``z_y``) are the tensors'
+        zero points.
 
         >>> rq = Requantize.choose([0.5, 0.25], [128, 128])     # exact: the smallest shift
         >>> rq.shift, [int(m) for m in rq.multipliers], rq.half_even
@@ -81,6 +96,9 @@ class Requantize:
         >>> rq = Requantize.choose([0.004], [2**30])
         >>> rq.shift, int(rq.clamp)
         (23, 32001)
+        >>> rq = Requantize.choose([0.5, 0.25], [128, 128], input_zero_points=[3, -4], zero_point=-128)
+        >>> rq.shift, int(rq.offset), rq.apply([np.array([3, 5]), np.array([-4, 0])]).tolist()
+        (2, -2, [-128, -126])
         """
         if not len(real_multipliers) or len(real_multipliers) != len(bounds):
             raise ValueError("Requantize.choose: one bound per multiplier, at least one of each")
@@ -93,7 +111,13 @@ class Requantize:
                 raise ValueError(f"Requantize.choose: multipliers must be positive and finite, got {r}")
         if any(np.any(b < 0) or np.any(b > INT32_MAX) for b in bnds):
             raise ValueError("Requantize.choose: accumulator bounds must lie in [0, 2**31 - 1]")
-        fitting = [rq for rq in (cls._at_shift(s, reals, bnds, lo, hi) for s in range(_MAX_SHIFT + 1)) if rq]
+        zps = [0] * len(reals) if input_zero_points is None else [int(z) for z in input_zero_points]
+        if len(zps) != len(reals) or not -128 <= zero_point <= 127:
+            raise ValueError("Requantize.choose: one input zero point per multiplier, and an int8 output zero point")
+        # a zero point needs the rounding constant to join: a shift of at least 1
+        first = 1 if any(zps) or zero_point else 0
+        fitting = [rq for rq in (cls._at_shift(s, reals, bnds, lo, hi, zps, int(zero_point))
+                                 for s in range(first, _MAX_SHIFT + 1)) if rq]
         if not fitting:
             raise ValueError(f"Requantize.choose: no shift keeps int32 from overflowing for multipliers {reals} "
                              f"and accumulator bounds {bnds}")
@@ -102,26 +126,30 @@ class Requantize:
         return exact[0] if exact else fitting[-1]
 
     @classmethod
-    def _at_shift(cls, s: int, reals: list, bounds: list, lo: int, hi: int) -> "Requantize | None":
+    def _at_shift(cls, s: int, reals: list, bounds: list, lo: int, hi: int, zps: list,
+                  zy: int) -> "Requantize | None":
         """The parameters with shift ``s``, or None if an intermediate could leave int32."""
         scaled = [np.round(r * 2.0**s) for r in reals]
         if any(np.any(m > INT32_MAX) for m in scaled):
             return None
         ms = tuple(m.astype(np.int64) for m in scaled)
-        rounding = (1 << (s - 1)) if s else 0
+        offset = np.asarray(-sum(z * m for z, m in zip(zps, ms)), dtype=np.int64)
+        # the constants added: the offset, the rounding and the output zero point (times 2**s)
+        constants = np.abs(offset) + ((1 << (s - 1)) if s else 0) + (abs(zy) << s)
         clamp = None
-        if np.any(sum(b * m for b, m in zip(bounds, ms)) + rounding > INT32_MAX):
-            if len(ms) > 1:
+        if np.any(sum(b * m for b, m in zip(bounds, ms)) + constants > INT32_MAX):
+            if len(ms) > 1 or np.any(offset != 0):
                 return None
-            # past A the result saturates: A*m > max(hi, -lo) * 2**s (m == 0: everything rounds to 0)
+            # past A the result saturates: A*m > max(hi - zy, zy - lo) * 2**s (m == 0: everything rounds to 0)
             m = ms[0]
-            clamp = np.where(m > 0, (max(hi, -lo) << s) // np.maximum(m, 1) + 1, 0)
-            if np.any(np.minimum(bounds[0], clamp) * m + rounding > INT32_MAX):
+            clamp = np.where(m > 0, (max(hi - zy, zy - lo) << s) // np.maximum(m, 1) + 1, 0)
+            if np.any(np.minimum(bounds[0], clamp) * m + constants > INT32_MAX):
                 return None
-        rq = cls(ms, s, clamp, int(lo), int(hi))
+        rq = cls(ms, s, clamp, int(lo), int(hi), offset=offset, zero_point=zy)
         # the parity reads v >> (s + 1): at s = 31 that is a shift by 32, undefined for int32
         # (LLVM's poison), so the largest shift rounds half up (ties: |v| = 2**30 only)
-        return cls(ms, s, clamp, int(lo), int(hi), half_even=0 < s < _MAX_SHIFT and rq._exact(reals))
+        return cls(ms, s, clamp, int(lo), int(hi), half_even=0 < s < _MAX_SHIFT and rq._exact(reals),
+                   offset=offset, zero_point=zy)
 
     def _exact(self, reals: list) -> bool:
         return all(np.array_equal(m, r * 2.0**self.shift) for m, r in zip(self.multipliers, reals))
@@ -130,6 +158,12 @@ class Requantize:
     def rounding(self) -> int:
         """The constant added before the shift: ``2**(s-1)``, or 0 when ``s == 0``."""
         return (1 << (self.shift - 1)) if self.shift else 0
+
+    @property
+    def constant(self) -> int:
+        """The constant added before the final shift: the rounding (``2**(s-1)``, or
+        ``2**(s-1) - 1`` after a half-to-even parity) plus the output zero point times ``2**s``."""
+        return self.rounding - (1 if self.half_even else 0) + (self.zero_point << self.shift)
 
     def apply(self, accs: Sequence) -> np.ndarray:
         """The int8 result for int accumulators ``accs`` (one array per term), evaluated the
@@ -145,11 +179,12 @@ class Requantize:
             if self.clamp is not None and n == 0:
                 acc = np.minimum(np.maximum(acc, -self.clamp), self.clamp)
             total = total + _checked(acc * m)
+        total = _checked(total + self.offset)
         if self.half_even:
             parity = (total >> self.shift) - 2 * (total >> (self.shift + 1))
-            v = _checked(total + parity + (self.rounding - 1)) >> self.shift
+            v = _checked(total + parity + self.constant) >> self.shift
         else:
-            v = _checked(total + self.rounding) >> self.shift
+            v = _checked(total + self.constant) >> self.shift
         return np.clip(v, self.lo, self.hi).astype(np.int8)
 
 

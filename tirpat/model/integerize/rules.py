@@ -6,7 +6,9 @@ Each rule is a ``tvm.relax.dpl`` pattern around one float operator that sits bet
 ========================  ==================================================================
 float (QDQ)               integer
 ========================  ==================================================================
-conv2d / matmul (+bias)   int8 x int8 -> int32, int32 bias add, requantise epilogue
+conv2d / matmul (+bias)   int8 x int8 -> int32, int32 bias add (the input's zero point's
+                          term folded in; a padded conv pads with that zero point first),
+                          requantise epilogue
  (+ReLU/Clip)              (ReLU and Clip become the requantise's output bounds)
 add of two tensors        both rescaled to a common fixed-point scale in int32, added,
                           requantised
@@ -16,9 +18,12 @@ reshape, permute_dims,    with it), and ``q(dq(x))`` remains: a rescale
 squeeze, expand_dims,
 flatten, strided_slice
 avg_pool2d / mean         int32 window sums (``sum`` over a reshape for disjoint windows, else
-                          a depthwise all-ones conv2d), requantised by ``1 / count``
+                          a depthwise all-ones conv2d) less ``z_x`` per element present,
+                          requantised by ``1 / count``
 concat (2 to 8 inputs)    each input requantised to the output's scale, concatenated
-quantize(dequantize(x))   ``x``, or a requantise when the scales differ
+quantize(dequantize(x))   ``x``, or a requantise when the scales differ (an add when only
+                          the zero points do)
+dequantize of uint8       dequantize of int8 ``x - 128`` with zero point ``z - 128``
 ========================  ==================================================================
 
 A requantise is emitted by :func:`emit_requantize` as the ALU-only chain of
@@ -26,8 +31,13 @@ A requantise is emitted by :func:`emit_requantize` as the ALU-only chain of
 ``right_shift``, ``clip``, ``astype``) and matched by :func:`requantize_pattern`.
 
 A site a rule cannot make exact stays in float, and :class:`Declined` says why: the pass
-collects those reasons. The rules handle tp.quantize's form (symmetric int8: every zero
-point 0); an asymmetric or uint8 tensor is declined.
+collects those reasons. Activations may have zero points (tp.quantize's symmetric int8 has
+0, onnxruntime's default uint8 or asymmetric int8 do not): a first rule shifts uint8 tensors
+to int8 (``x - 128``, ``z - 128``); each rule then takes the zero points exactly (a
+conv2d/matmul's input one in its bias, a padded conv padding with it, the output one in the
+requantise's rounding constant, an average's as ``z_x`` times the elements present, a
+weight's as an all-ones convolution's window sums). Weight zero points that differ by
+channel, and a bias's that is not 0, are declined.
 """
 
 from __future__ import annotations
@@ -36,6 +46,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
+import tvm
 import tvm_ffi
 from tvm import relax, tirx
 from tvm.relax.dpl import DFPattern, PatternMatchingRewriter, is_const, is_op, is_tuple, wildcard
@@ -102,18 +113,20 @@ class Dequantized:
         self.pattern = is_op("relax.dequantize")(self.x, self.scale, self.zero_point)
 
     def scales(self, m: Match) -> np.ndarray:
-        """The scale as float64 (0-d or 1-d); the zero point must be 0 and ``x`` int8/int32."""
+        """A weight's or bias's scale as float64 (0-d or 1-d); ``x`` must be int8/int32 (the
+        caller takes the zero point)."""
         dtype = _dtype(m[self.x])
         if dtype not in ("int8", "int32"):
             raise Declined(f"a dequantize of {dtype} (the integer form is for int8 tensors)")
-        _zero(m[self.zero_point], "a dequantize")
         return _values(m[self.scale]).astype(np.float64)
 
-    def tensor_scale(self, m: Match) -> float:
-        """The per-tensor scale of an int8 activation."""
+    def activation(self, m: Match) -> tuple[float, int]:
+        """The per-tensor scale and zero point of an int8 activation (a uint8 one has been
+        shifted to int8 by :func:`_uint8_rule`)."""
         if _dtype(m[self.x]) != "int8":
             raise Declined(f"an activation of {_dtype(m[self.x])} (the integer form is for int8)")
-        return _scalar(self.scales(m), "an activation's scale")
+        scale = _scalar(_values(m[self.scale]).astype(np.float64), "an activation's scale")
+        return scale, _zero_point(m[self.zero_point])
 
     def axis(self, m: Match) -> int:
         return int(m[self.pattern].attrs.axis)
@@ -126,12 +139,13 @@ class Quantized:
         self.scale, self.zero_point = is_const(), is_const()
         self.pattern = is_op("relax.quantize")(body, self.scale, self.zero_point)
 
-    def tensor_scale(self, m: Match) -> float:
+    def activation(self, m: Match) -> tuple[float, int]:
+        """The per-tensor scale and zero point of the int8 result."""
         call = m[self.pattern]
         if str(call.attrs.out_dtype) != "int8":
             raise Declined(f"a quantize to {call.attrs.out_dtype} (the integer form is for int8)")
-        _zero(m[self.zero_point], "a quantize")
-        return _scalar(_values(m[self.scale]).astype(np.float64), "an activation's scale")
+        scale = _scalar(_values(m[self.scale]).astype(np.float64), "an activation's scale")
+        return scale, _zero_point(m[self.zero_point])
 
 
 class Activation:
@@ -143,15 +157,15 @@ class Activation:
         self.clip = is_op("relax.clip")(body, self.clip_lo, self.clip_hi)
         self.pattern = self.relu | self.clip | body
 
-    def bounds(self, m: Match, scale: float) -> tuple[int, int]:
-        """``[lo, hi]`` in output steps: ``q(relu(v)) == clip(q(v), 0, 127)`` and
+    def bounds(self, m: Match, scale: float, zero_point: int) -> tuple[int, int]:
+        """``[lo, hi]`` in output steps: ``q(relu(v)) == clip(q(v), z, 127)`` and
         ``q(clip(v, a, b)) == clip(q(v), q(a), q(b))`` since rounding is monotone."""
         if m.get(self.relu) is not None:
-            return 0, INT8_MAX
+            return _clip_int8(zero_point), INT8_MAX
         if m.get(self.clip) is not None:
             lo, hi = _prim(m[self.clip_lo]), _prim(m[self.clip_hi])
-            return (_clip_int8(np.round(np.float32(lo) / np.float32(scale))),
-                    _clip_int8(np.round(np.float32(hi) / np.float32(scale))))
+            return (_clip_int8(np.round(np.float32(lo) / np.float32(scale)) + zero_point),
+                    _clip_int8(np.round(np.float32(hi) / np.float32(scale)) + zero_point))
         return INT8_MIN, INT8_MAX
 
 
@@ -202,7 +216,20 @@ def _scalar(v: np.ndarray, what: str) -> float:
 
 def _zero(zp: relax.Expr, what: str) -> None:
     if np.any(_values(zp) != 0):
-        raise Declined(f"{what} with a non-zero zero point (the integer form is for symmetric quantisation)")
+        raise Declined(f"{what} with a non-zero zero point")
+
+
+def _weight_zero_point(zp: relax.Expr) -> int:
+    """A weight's zero point: one integer (per tensor, or the same for every channel)."""
+    values = _values(zp).astype(np.int64).reshape(-1)
+    if np.any(values != values[0]):
+        raise Declined("a weight with zero points that differ by channel (the integer form takes one)")
+    return int(values[0])
+
+
+def _zero_point(zp: relax.Expr) -> int:
+    """An activation's zero point: one integer."""
+    return int(round(_scalar(_values(zp), "an activation's zero point")))
 
 
 def _prim(e: relax.Expr) -> float:
@@ -250,14 +277,17 @@ def emit_requantize(accs: list[relax.Expr], rq: Requantize) -> relax.Expr:
     v = terms[0]
     for t in terms[1:]:
         v = relax.op.add(v, t)
+    offset = np.asarray(rq.offset)
     if rq.shift and rq.half_even:
+        if np.any(offset != 0):          # before the parity, which reads the true value
+            v = relax.op.add(v, _const(offset, "int32"))
         floor = relax.op.right_shift(v, _const(rq.shift, "int32"))
         half = relax.op.right_shift(v, _const(rq.shift + 1, "int32"))
         parity = relax.op.add(floor, relax.op.multiply(half, _const(-2, "int32")))
-        v = relax.op.add(relax.op.add(v, parity), _const(rq.rounding - 1, "int32"))
+        v = relax.op.add(relax.op.add(v, parity), _const(rq.constant, "int32"))
         v = relax.op.right_shift(v, _const(rq.shift, "int32"))
     elif rq.shift:
-        v = relax.op.right_shift(relax.op.add(v, _const(rq.rounding, "int32")), _const(rq.shift, "int32"))
+        v = relax.op.right_shift(relax.op.add(v, _const(offset + rq.constant, "int32")), _const(rq.shift, "int32"))
     return relax.op.astype(relax.op.clip(v, rq.lo, rq.hi), "int8")
 
 
@@ -280,19 +310,24 @@ def requantize_pattern(acc: DFPattern | None = None) -> DFPattern:
     return is_op("relax.astype")(is_op("relax.clip")(half_up | half_even | scaled, wildcard(), wildcard()))
 
 
-def _requantize_int8(x: relax.Expr, in_scale: float, out_scale: float, lo: int, hi: int) -> relax.Expr:
-    """An int8 tensor at ``in_scale`` as int8 at ``out_scale``, clipped to [lo, hi]."""
+def _requantize_int8(x: relax.Expr, source: tuple[float, int], target: tuple[float, int], lo: int,
+                     hi: int) -> relax.Expr:
+    """An int8 tensor at ``source`` (scale, zero point) as int8 at ``target``, clipped to [lo, hi]."""
+    (in_scale, zx), (out_scale, zy) = source, target
     if np.float32(in_scale) == np.float32(out_scale):
+        if zx != zy:        # the same scale: a shift of the integers by the zero points' difference
+            moved = relax.op.add(relax.op.astype(x, "int32"), _const(zy - zx, "int32"))
+            return relax.op.astype(relax.op.clip(moved, lo, hi), "int8")
         if (lo, hi) == (INT8_MIN, INT8_MAX):
             return x
         return relax.op.clip(x, lo, hi)
-    rq = Requantize.choose([in_scale / out_scale], [INT8_MAGNITUDE], lo, hi)
+    rq = Requantize.choose([in_scale / out_scale], [INT8_MAGNITUDE], lo, hi, [zx], zy)
     return emit_requantize([relax.op.astype(x, "int32")], rq)
 
 
-def _choose(reals, bounds, lo, hi) -> Requantize:
+def _choose(reals, bounds, lo, hi, input_zero_points=None, zero_point: int = 0) -> Requantize:
     try:
-        return Requantize.choose(reals, bounds, lo, hi)
+        return Requantize.choose(reals, bounds, lo, hi, input_zero_points, zero_point)
     except ValueError as err:
         raise Declined(str(err)) from None
 
@@ -323,6 +358,7 @@ def _bias(m: Match, g: _Gemm, acc_scale: np.ndarray, channels: int, out_ndim: in
     """The int32 bias per output channel at the accumulator's scale, or None."""
     if m.get(g.b.pattern) is None:
         return None
+    _zero(m[g.b.zero_point], "a bias")
     b = _values(m[g.b.x]).astype(np.int64).reshape(-1)
     shaped = m[g.reshape] if m.get(g.reshape) is not None else m[g.b.pattern]
     shape = _dims(shaped)
@@ -344,9 +380,19 @@ def _bias(m: Match, g: _Gemm, acc_scale: np.ndarray, channels: int, out_ndim: in
 
 
 def _finish_gemm(m: Match, g: _Gemm, acc: relax.Expr, w: np.ndarray, w_scale: np.ndarray,
-                 w_channel_axis: int, out_axis: int) -> relax.Expr:
-    """Bias, bounds and requantise shared by conv2d and matmul."""
-    sx, sy = g.x.tensor_scale(m), g.q.tensor_scale(m)
+                 w_channel_axis: int, out_axis: int, window_sums: Callable[[], relax.Expr]) -> relax.Expr:
+    """Bias, bounds and requantise shared by conv2d and matmul.
+
+    The zero points join the bias: over a window of ``K`` products,
+    ``sum (w - z_w)(x - z_x) = sum w x - z_w sum x - z_x sum w + K z_w z_x``, so per output
+    channel the bias takes ``- z_x * (sum w - K z_w)`` (``acc`` must read ``z_x`` wherever the
+    float model reads 0: a padded convolution pads its input with ``z_x``, see
+    :func:`_conv_rule`). A weight zero point ``z_w`` (onnxruntime's default quantises weights
+    it finds in ``Constant`` nodes as uint8 activations) also needs ``sum x`` per window:
+    ``window_sums()`` gives it, added as ``- z_w * sum x`` (a reduction ``1 / C_out`` the
+    size of the operator's own)."""
+    (sx, zx), (sy, zy) = g.x.activation(m), g.q.activation(m)
+    zw = _weight_zero_point(m[g.w.zero_point])
     channels = w.shape[w_channel_axis]
     if w_scale.size not in (1, channels):
         raise Declined(f"{w_scale.size} weight scales for {channels} output channels")
@@ -354,19 +400,35 @@ def _finish_gemm(m: Match, g: _Gemm, acc: relax.Expr, w: np.ndarray, w_scale: np
     out_axis %= out_ndim
     acc_scale = np.float32(sx) * w_scale.astype(np.float32)       # what onnxruntime computes
     bias = _bias(m, g, acc_scale, channels, out_ndim, out_axis)
-    magnitude = np.abs(np.moveaxis(w.astype(np.int64), w_channel_axis, 0)).reshape(channels, -1).sum(axis=1)
-    bound = INT8_MAGNITUDE * magnitude
+    per_channel = np.moveaxis(w.astype(np.int64), w_channel_axis, 0).reshape(channels, -1)
+    window = per_channel.shape[1]
+    if zx:
+        bias = (np.zeros(channels, np.int64) if bias is None else np.broadcast_to(bias, (channels,))) \
+            - zx * (per_channel.sum(axis=1) - window * zw)
+        if np.all(bias == bias[0]):
+            bias = bias[:1]
+    bound = INT8_MAGNITUDE * np.abs(per_channel).sum(axis=1)
+    term = None if bias is None else _const(_along(bias if bias.size > 1 else bias.reshape(()), out_axis, out_ndim),
+                                            "int32")
     if bias is not None:
         bound = bound + np.abs(bias)
-        acc = relax.op.add(acc, _const(_along(bias if bias.size > 1 else bias.reshape(()), out_axis, out_ndim), "int32"))
+    if zw:
+        # the weight zero point's term and the bias as one operand of the output's shape: one
+        # add on the accumulator, per element (an int8 backend's epilogue takes it)
+        bound = bound + abs(zw) * INT8_MAGNITUDE * window
+        sums = relax.op.multiply(window_sums(), _const(-zw, "int32"))
+        term = sums if term is None else relax.op.add(sums, term)
+        term = relax.op.broadcast_to(term, list(_dims(m[g.op])))
+    if term is not None:
+        acc = relax.op.add(acc, term)
     if np.any(bound > INT32_MAX):
         raise Declined("the int32 accumulator could overflow (the reduction is too long for int8 x int8 -> int32)")
-    lo, hi = g.act.bounds(m, sy)
+    lo, hi = g.act.bounds(m, sy, zy)
     real = acc_scale.astype(np.float64) / np.float64(np.float32(sy))
     if real.size == 1:
-        rq = _choose([real.reshape(())], [bound.max()], lo, hi)
+        rq = _choose([real.reshape(())], [bound.max()], lo, hi, zero_point=zy)
     else:
-        rq = _choose([_along(real, out_axis, out_ndim)], [_along(bound, out_axis, out_ndim)], lo, hi)
+        rq = _choose([_along(real, out_axis, out_ndim)], [_along(bound, out_axis, out_ndim)], lo, hi, zero_point=zy)
     return emit_requantize([acc], rq)
 
 
@@ -389,10 +451,46 @@ def _conv_rule() -> Rule:
         kernel_layout, out_layout = str(attrs.kernel_layout), str(attrs.out_layout)
         w_axis, out_axis = kernel_layout.index("O"), out_layout.index("C")
         w_scale = _per_channel_axis(m, g.w, w_axis, w.ndim, "weight")
-        acc = relax.op.nn.conv2d(m[g.x.x], m[g.w.x], strides=attrs.strides, padding=attrs.padding,
+        x, padding = m[g.x.x], [int(p) for p in attrs.padding]
+        _, zx = g.x.activation(m)
+        if zx and any(padding):
+            # the float model pads with 0.0, i.e. with z_x in the integers: pad so, then the
+            # zero point's term is the same at every position and joins the bias
+            data_layout = str(attrs.data_layout)
+            top, left, bottom, right = padding
+            widths = [0] * (2 * len(data_layout))
+            widths[2 * data_layout.index("H"):2 * data_layout.index("H") + 2] = [top, bottom]
+            widths[2 * data_layout.index("W"):2 * data_layout.index("W") + 2] = [left, right]
+            x, padding = relax.op.nn.pad(x, widths, pad_value=float(zx)), [0, 0, 0, 0]
+        acc = relax.op.nn.conv2d(x, m[g.w.x], strides=attrs.strides, padding=padding,
                                  dilation=attrs.dilation, groups=attrs.groups, data_layout=attrs.data_layout,
                                  kernel_layout=kernel_layout, out_layout=out_layout, out_dtype="int32")
-        return _finish_gemm(m, g, acc, w, w_scale, w_axis, out_axis)
+        def window_sums() -> relax.Expr:
+            # sum x over each window of each group: an all-ones convolution with one output
+            # channel per group, which broadcasts against the output's channels when there
+            # is one group or one output channel per group
+            groups, channels = int(attrs.groups), w.shape[w_axis]
+            if (str(attrs.data_layout), kernel_layout, out_layout) != ("NCHW", "OIHW", "NCHW") \
+                    or groups not in (1, channels):
+                raise Declined("a weight zero point on a convolution that is not NCHW/OIHW with one group or "
+                               "one output channel per group")
+            kh, kw = w.shape[2:]
+            if groups == 1 or w.shape[1] != 1 or kh == 1 or kw == 1:
+                ones = _const(np.ones((groups, *w.shape[1:])), "int8")
+                return relax.op.nn.conv2d(x, ones, strides=attrs.strides, padding=padding, dilation=attrs.dilation,
+                                          groups=groups, out_dtype="int32")
+            # one channel per group (depthwise): a box sum, separable into a column sum and a
+            # row sum (kh + kw additions per output, not kh * kw)
+            (sh, sw), (dh, dw) = [int(v) for v in attrs.strides], [int(v) for v in attrs.dilation]
+            top, left, bottom, right = padding
+            columns = relax.op.nn.conv2d(x, _const(np.ones((groups, 1, kh, 1)), "int8"), strides=[sh, 1],
+                                         padding=[top, 0, bottom, 0], dilation=[dh, 1], groups=groups,
+                                         out_dtype="int32")
+            return relax.op.nn.conv2d(columns, _const(np.ones((groups, 1, 1, kw)), "int32"), strides=[1, sw],
+                                      padding=[0, left, 0, right], dilation=[1, dw], groups=groups,
+                                      out_dtype="int32")
+
+        return _finish_gemm(m, g, acc, w, w_scale, w_axis, out_axis, window_sums)
 
     return Rule("conv2d", g.q.pattern, build)
 
@@ -412,7 +510,10 @@ def _matmul_rule() -> Rule:
         w_scale = _per_channel_axis(m, g.w, 0 if transposed else 1, 2, "weight")
         acc = relax.op.matmul(m[g.x.x], relax.op.permute_dims(_const(np.ascontiguousarray(w_nk), "int8")),
                               out_dtype="int32")
-        return _finish_gemm(m, g, acc, w_nk, w_scale, 0, -1)
+        def window_sums() -> relax.Expr:
+            return relax.op.sum(relax.op.astype(m[g.x.x], "int32"), axis=[-1], keepdims=True)
+
+        return _finish_gemm(m, g, acc, w_nk, w_scale, 0, -1, window_sums)
 
     return Rule("matmul", g.q.pattern, build)
 
@@ -427,12 +528,12 @@ def _add_rule() -> Rule:
     q = Quantized(act.pattern)
 
     def build(m: Match) -> relax.Expr:
-        sa, sb, sy = a.tensor_scale(m), b.tensor_scale(m), q.tensor_scale(m)
+        (sa, za), (sb, zb), (sy, zy) = a.activation(m), b.activation(m), q.activation(m)
         out = _dims(m[add])
         if not _same_dims(_dims(m[a.x]), out) and not _same_dims(_dims(m[b.x]), out):
             raise Declined("an add whose operands both broadcast")
-        lo, hi = act.bounds(m, sy)
-        rq = _choose([sa / sy, sb / sy], [INT8_MAGNITUDE, INT8_MAGNITUDE], lo, hi)
+        lo, hi = act.bounds(m, sy, zy)
+        rq = _choose([sa / sy, sb / sy], [INT8_MAGNITUDE, INT8_MAGNITUDE], lo, hi, [za, zb], zy)
         return emit_requantize([relax.op.astype(m[a.x], "int32"), relax.op.astype(m[b.x], "int32")], rq)
 
     return Rule("add", q.pattern, build)
@@ -444,8 +545,8 @@ def _activation_rule() -> Rule:
     q = Quantized(act.relu | act.clip)
 
     def build(m: Match) -> relax.Expr:
-        sx, sy = x.tensor_scale(m), q.tensor_scale(m)
-        lo, hi = act.bounds(m, sy)
+        sx, sy = x.activation(m), q.activation(m)
+        lo, hi = act.bounds(m, *sy)
         return _requantize_int8(m[x.x], sx, sy, lo, hi)
 
     return Rule("relu/clip", q.pattern, build)
@@ -456,7 +557,7 @@ def _rescale_rule() -> Rule:
     q = Quantized(x.pattern)
 
     def build(m: Match) -> relax.Expr:
-        return _requantize_int8(m[x.x], x.tensor_scale(m), q.tensor_scale(m), INT8_MIN, INT8_MAX)
+        return _requantize_int8(m[x.x], x.activation(m), q.activation(m), INT8_MIN, INT8_MAX)
 
     return Rule("rescale", q.pattern, build)
 
@@ -484,7 +585,7 @@ def clip_fold_rule() -> Rule:
 # ----------------------------------------------------------------------------------------
 def _unary_rule(name: str, ops: tuple[str, ...], body: Callable) -> Rule:
     """A rule for ``q(op(dq(x), ...))`` with ``op`` one of ``ops`` and per-tensor scales;
-    ``body(call, x, s_x, s_y)`` builds the integer form from the matched call."""
+    ``body(call, x, (s_x, z_x), (s_y, z_y))`` builds the integer form from the matched call."""
     x = Dequantized()
     op = None
     for name_ in ops:
@@ -493,7 +594,7 @@ def _unary_rule(name: str, ops: tuple[str, ...], body: Callable) -> Rule:
     q = Quantized(op)
 
     def build(m: Match) -> relax.Expr:
-        return body(m[op], m[x.x], x.tensor_scale(m), q.tensor_scale(m))
+        return body(m[op], m[x.x], x.activation(m), q.activation(m))
 
     return Rule(name, q.pattern, build)
 
@@ -511,27 +612,37 @@ def _mean(call, x, sx, sy):
     axes = range(len(dims)) if attrs.axis is None else [int(a) % len(dims) for a in attrs.axis]
     count = int(np.prod(_static(dims, axes, "a mean")))
     total = relax.op.sum(relax.op.astype(x, "int32"), axis=attrs.axis, keepdims=bool(attrs.keepdims))
-    return _average(total, np.array(count), sx, sy)
+    return _average(total, np.array(count), np.array(count), count, sx, sy)
 
 
-def _average(total: relax.Expr, counts: np.ndarray, sx: float, sy: float) -> relax.Expr:
-    """int8 ``round(total * sx / (sy * counts))`` for int32 window sums ``total`` (``counts``
-    broadcasts against it).
+def _average(total: relax.Expr, counts: np.ndarray, present: np.ndarray, window: int, source: tuple[float, int],
+             target: tuple[float, int]) -> relax.Expr:
+    """int8 ``round((total - z_x * present) * s_x / (s_y * counts)) + z_y`` for int32 window
+    sums ``total`` of ``present`` input elements each (padding reads 0; ``counts`` and
+    ``present`` broadcast against ``total``): the mean of ``x - z_x``. ``window`` is the
+    number of terms each sum adds (the kernel's size): the bound of ``|total|`` everywhere, as
+    an interval analysis of the window sum finds it, border windows included.
 
     When the scale is kept (``sx == sy``, as onnxruntime quantises pools) the mean of
     integers ties often (a sum of 3 over 6 elements): it is computed exactly, rounding half
     to even, as ``q + clip(2r + (q & 1) - count, 0, 1)`` with ``q, r`` the floor quotient and
     remainder (``q & 1`` as ``q - 2 * (q >> 1)``); the fixed-point requantise's inexact
     ``1 / count`` would round every tie the same way. Otherwise a requantise."""
+    (sx, zx), (sy, zy) = source, target
+    if zx:
+        total = relax.op.add(total, _const(-zx * present, "int32"))
     if np.float32(sx) != np.float32(sy):
         real = sx / (sy * counts.astype(np.float64))
-        return emit_requantize([total], _choose([real], [INT8_MAGNITUDE * counts], INT8_MIN, INT8_MAX))
+        bound = INT8_MAGNITUDE * window + abs(zx) * present
+        return emit_requantize([total], _choose([real], [bound], INT8_MIN, INT8_MAX, zero_point=zy))
     count = _const(counts, "int32")
     q = relax.op.floor_divide(total, count)
     r = relax.op.subtract(total, relax.op.multiply(q, count))
     parity = relax.op.subtract(q, relax.op.multiply(relax.op.right_shift(q, _const(1, "int32")), _const(2, "int32")))
     beyond_half = relax.op.subtract(relax.op.add(relax.op.multiply(r, _const(2, "int32")), parity), count)
     rounded = relax.op.add(q, relax.op.clip(beyond_half, 0, 1))
+    if zy:
+        rounded = relax.op.add(rounded, _const(zy, "int32"))
     # a mean of int8 values is within int8 (q = 127 never rounds up), but no bound on q and
     # on the rounding apart shows it: the clip states it, so the narrowing provably never wraps
     return relax.op.astype(relax.op.clip(rounded, INT8_MIN, INT8_MAX), "int8")
@@ -560,19 +671,23 @@ def _avg_pool(call, x, sx, sy):
     include = bool(attrs.count_include_pad)
     counts = np.outer(_window_counts(h, kh, sh, top, bottom, include),
                       _window_counts(w, kw, sw, left, right, include))
+    present = np.outer(_window_counts(h, kh, sh, top, bottom, False), _window_counts(w, kw, sw, left, right, False))
     if (sh, sw) == (kh, kw) and not any((top, left, bottom, right)) and h % kh == 0 and w % kw == 0:
         # disjoint windows tiling the input: sums over the axes of a reshape (adds, no multiplies)
         tiles = relax.op.reshape(relax.op.astype(x, "int32"), [n, c, h // kh, kh, w // kw, kw])
         total = relax.op.sum(tiles, axis=[3, 5])
     else:
-        # window sums: a depthwise conv2d with an all-ones kernel (zero padding is exact: zp == 0)
+        # window sums: a depthwise conv2d with an all-ones kernel (its zero padding adds
+        # nothing; the zero point's term counts the elements present)
         (c,) = _static(dims, (1,), "an overlapping average pool (a depthwise convolution)")
         ones = _const(np.ones((c, 1, kh, kw)), "int8")
         total = relax.op.nn.conv2d(x, ones, strides=[sh, sw], padding=[top, left, bottom, right], groups=c,
                                    out_dtype="int32")
     # one count per output position, or one for all
-    return _average(total, counts.reshape(1, 1, *counts.shape) if np.any(counts != counts.flat[0])
-                    else np.array(counts.flat[0]), sx, sy)
+    def positions(v):
+        return v.reshape(1, 1, *v.shape) if np.any(v != v.flat[0]) else np.array(v.flat[0])
+
+    return _average(total, positions(counts), positions(present), kh * kw, sx, sy)
 
 
 #: Operators that commute with quantize and dequantize: maxima and element moves.
@@ -593,7 +708,7 @@ def _dequantize_later_rule() -> Rule:
     dequantize = x.pattern
 
     def build(m: Match) -> relax.Expr:
-        x.tensor_scale(m)
+        x.activation(m)            # any zero point: a positive scale keeps the order
         dq = m[dequantize]
         return relax.op.dequantize(_with_input(m[op], m[x.x]), dq.args[1], dq.args[2],
                                    out_dtype=str(dq.attrs.out_dtype))
@@ -609,16 +724,48 @@ def _concat_rule(arity: int) -> Rule:
     q = Quantized(concat)
 
     def build(m: Match) -> relax.Expr:
-        sy = q.tensor_scale(m)
-        parts = [_requantize_int8(m[x.x], x.tensor_scale(m), sy, INT8_MIN, INT8_MAX) for x in xs]
+        sy = q.activation(m)
+        parts = [_requantize_int8(m[x.x], x.activation(m), sy, INT8_MIN, INT8_MAX) for x in xs]
         return relax.op.concat(parts, axis=m[concat].attrs.axis)
 
     return Rule("concat", q.pattern, build)
 
 
+def _uint8_rule() -> Rule:
+    """``dq(x_u8, s, z)`` -> ``dq(x_i8, s, z - 128)`` with ``x_i8 = x_u8 - 128``: the same
+    real values (``s * (x - z)``), now on int8, the operand type of the integer rules. A
+    uint8 ``quantize`` feeding it (the QDQ pair of an activation) becomes an int8 quantize
+    with the zero point ``z - 128``: ``clip(round(v / s) + z, 0, 255) - 128`` is
+    ``clip(round(v / s) + z - 128, -128, 127)``. A constant is shifted here; any other uint8
+    tensor (a uint8 model input) by ``astype`` and ``subtract`` on the host."""
+    x = wildcard()
+    dequantize = is_op("relax.dequantize")(x, is_const(), is_const())
+
+    def build(m: Match) -> relax.Expr:
+        dq = m[dequantize]
+        source = m[x]
+        if _dtype(source) != "uint8":
+            return dq
+        zp = _values(dq.args[2]).astype(np.int64)
+        if isinstance(source, tvm.ir.Constant):
+            shifted = _const(_values(source).astype(np.int64) - 128, "int8")
+        elif (isinstance(source, relax.Call) and isinstance(source.op, tvm.ir.Op)
+              and str(source.op.name) == "relax.quantize" and isinstance(source.args[2], tvm.ir.Constant)):
+            q_zp = _values(source.args[2]).astype(np.int64) - 128
+            shifted = relax.op.quantize(source.args[0], source.args[1], _const(q_zp, "int8"),
+                                        axis=int(source.attrs.axis), out_dtype="int8")
+        else:
+            shifted = relax.op.astype(relax.op.subtract(relax.op.astype(source, "int32"), _const(128, "int32")),
+                                      "int8")
+        return relax.op.dequantize(shifted, dq.args[1], _const(zp - 128, "int8"), axis=int(dq.attrs.axis),
+                                   out_dtype=str(dq.attrs.out_dtype))
+
+    return Rule("uint8 to int8", dequantize, build)
+
+
 def all_rules() -> list[Rule]:
-    """Every integerising rule, most specific first."""
-    return [_conv_rule(), _matmul_rule(), _add_rule(),
+    """Every integerising rule, most specific first (the shift of uint8 tensors to int8 before all)."""
+    return [_uint8_rule(), _conv_rule(), _matmul_rule(), _add_rule(),
             _unary_rule("avg_pool2d", ("relax.nn.avg_pool2d",), _avg_pool),
             _unary_rule("mean", ("relax.mean",), _mean),
             *[_concat_rule(n) for n in range(2, 9)],
