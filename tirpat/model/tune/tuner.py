@@ -88,7 +88,6 @@ class _Task:
     data: bytes
     budget: int = 0                 # trials, the backend's own schedule among them; 0: not searched
     heuristic: object = None        # the module of the backend's own schedule, once handed out
-    copies: tuple = ()              # the names of the structurally identical partitions it stands for
 
 
 @dataclass
@@ -498,15 +497,16 @@ def tune(mod, target, *, trials: int, records, rpc=None, params: Mapping[str, np
         raise ValueError(f"nothing to tune: no partition of the model has a design space in the target's "
                          f"backends ({names})")
     store = Records(records, create=True)
-    tasks = []
-    for (name, backend, opts, _, space), key, copies in _identical(found):
-        ref = reference(key, t.host, seed)
-        tasks.append(_Task(name, backend, opts, key, space, ref, ref.data(), copies=tuple(copies)))
-    work = [max(1.0, s_tir.analysis.estimate_tir_flops(task.workload)) * (1 + len(task.copies)) for task in tasks]
-    for task, budget in zip(tasks, _budgets(trials, work)):
-        task.budget = budget
-    results = [TaskResult(task.name, task.backend.name, task.budget, task.copies) for task in tasks]
-    searched = [n for n, task in enumerate(tasks) if task.budget > 0]
+    groups = _identical(found)
+    budgets = _budgets(trials, [max(1.0, s_tir.analysis.estimate_tir_flops(key)) * (1 + len(copies))
+                                for _, key, copies in groups])
+    results, tasks = [], []
+    for ((name, backend, opts, _, space), key, copies), budget in zip(groups, budgets):
+        results.append(TaskResult(name, backend.name, budget, tuple(copies)))
+        if budget:          # the reference (TVM's own build of the workload) of the searched tasks only
+            ref = reference(key, t.host, seed)
+            tasks.append(_Task(name, backend, opts, key, space, ref, ref.data(), budget))
+    searched = [r for r in results if r.budget]
     where = RPC.parse(rpc) if isinstance(rpc, str) else rpc
     interrupts = _Interrupts()
     runner = (LocalRunner(before_each=interrupts.check) if where is None else
@@ -515,11 +515,10 @@ def tune(mod, target, *, trials: int, records, rpc=None, params: Mapping[str, np
     logger, undo_log = _log(store.path)
     workdir = tempfile.mkdtemp(prefix="tirpat-tune-")
     try:
-        contexts = [_context(tasks[n], _HeuristicFirst(_strategy(strategy, batch), tasks[n], candidates), t.host,
-                             seed + n + 1, logger.getChild(tasks[n].name)) for n in searched]
+        contexts = [_context(task, _HeuristicFirst(_strategy(strategy, batch), task, candidates), t.host,
+                             seed + n + 1, logger.getChild(task.name)) for n, task in enumerate(tasks)]
         budget = sum(task.budget for task in tasks)
-        callbacks = MeasureCallback.create("default") + [_Report([tasks[n] for n in searched],
-                                                                 [results[n] for n in searched], budget, progress,
+        callbacks = MeasureCallback.create("default") + [_Report(tasks, searched, budget, progress,
                                                                  interrupts.check)]
         with interrupts:
             try:
