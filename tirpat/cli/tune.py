@@ -16,12 +16,12 @@ once; its records serve each. --trials counts every measurement and is never exc
 tasks of most operations (TVM's estimate) are searched, 4 trials each at least, the first
 their backend's own schedule (so the best is never worse), the rest shared in proportion
 to their operations; with fewer trials than 4 per task, the tasks left over keep their
-backend's own schedule, and the summary names the tasks searched and those left. Every
-candidate is checked bit for bit against the model compiled by TVM alone (a wrong schedule
-is an error, never a winner). The cost is the backend's measure (for accel: simulated
-cycles). Records go to the --records directory, meta_schedule's JSON database: 'tirpat
-compile --records DIR' and tp.build(..., records=DIR) apply the best schedule of each
-partition. Tuning again with the same directory adds to it.
+backend's own schedule (0 trials in the table), and the summary names the tasks searched.
+Every candidate is checked bit for bit against the model compiled by TVM alone (a wrong
+schedule is an error, never a winner). The cost is the backend's measure (for accel:
+simulated cycles). Records go to the --records directory, meta_schedule's JSON database:
+'tirpat compile --records DIR' and tp.build(..., records=DIR) apply the best schedule of
+each partition. Tuning again with the same directory adds to it.
 
 With --rpc HOST:PORT:KEY the candidates are measured on the TVM RPC servers registered
 with that tracker under KEY ('tirpat rpc-server'), as many at once as there are servers.

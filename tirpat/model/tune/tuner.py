@@ -16,7 +16,7 @@ estimate of the workload's operations, times the number of identical copies); th
 least (its backend's own schedule, then candidates of the search), the rest of the budget
 going to the searched tasks in proportion to their work (largest remainders rounding).
 The other tasks are not measured: they keep their backend's own schedule, as they would
-untuned, and the summary names them. The tasks take turns, a batch
+untuned (0 trials in the table); the summary names the tasks searched. The tasks take turns, a batch
 each (meta_schedule's round-robin scheduler): while one task's batch is being measured
 (on RPC servers), the next task's is searched for and packed. Per task:
 
@@ -141,17 +141,18 @@ class TuneResult:
 
         >>> print(TuneResult(Path("r"), [TaskResult("a", "accel", budget=2, trials=2),
         ...                              TaskResult("b", "accel")], 2.0, asked=2).summary)
-        2 trials in 2.0 s (searched 1 of 2 tasks, the most work first: a; left at their backend's own schedule: b)
+        2 trials in 2.0 s (searched 1 of 2 tasks, the most work first: a; the other 1 left at their backend's own schedule: b)
         >>> print(TuneResult(Path("r"), [TaskResult("a", "accel", budget=8, trials=5)], 2.0, asked=8).summary)
         5 trials in 2.0 s (8 asked; the search found no more new candidates for a)
         """
         text = f"{self.trials} trials in {self.seconds:.1f} s"
         why = []
-        searched = [t.name for t in self.tasks if t.budget > 0]
-        left = [t.name for t in self.tasks if t.budget == 0]
-        if left:
+        searched = [_short(t.name) for t in self.tasks if t.budget > 0]
+        left = [_short(t.name) for t in self.tasks if t.budget == 0]
+        if left:        # names as the table shows them; a long list of those left is the table's 0s
+            which = f": {', '.join(left)}" if len(left) <= 3 else " (0 trials above)"
             why.append(f"searched {len(searched)} of {len(self.tasks)} tasks, the most work first: "
-                       f"{', '.join(searched)}; left at their backend's own schedule: {', '.join(left)}")
+                       f"{', '.join(searched)}; the other {len(left)} left at their backend's own schedule{which}")
         short = [t.name for t in self.tasks if t.trials < t.budget]
         if short:
             why.insert(0, f"{self.asked} asked")
@@ -162,13 +163,10 @@ class TuneResult:
         def cost(v):
             return "-" if v is None else f"{v:,.0f}" if v >= 100 else f"{v:.3g}"
 
-        def short(name, width=48):
-            return name if len(name) <= width else name[:width // 2 - 2] + "..." + name[-(width // 2 - 1):]
-
         rows = [("task", "backend", "trials", "failed", "heuristic", "best", "gain")]
         for t in self.tasks:
             gain = "-" if t.gain is None else f"{100 * t.gain:.1f}%"
-            name = short(t.name) + (f" (+{len(t.copies)} identical)" if t.copies else "")
+            name = _short(t.name) + (f" (+{len(t.copies)} identical)" if t.copies else "")
             rows.append((name, t.backend, str(t.trials), str(t.failures), cost(t.heuristic), cost(t.best),
                          gain))
         widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
@@ -182,6 +180,11 @@ class TuneResult:
         if same:
             lines += ["identical partitions, tuned once (the records serve each):"] + same
         return "\n".join(lines)
+
+
+def _short(name: str, width: int = 48) -> str:
+    """``name`` in at most ``width`` characters, its middle elided (partition names run long)."""
+    return name if len(name) <= width else name[:width // 2 - 2] + "..." + name[-(width // 2 - 1):]
 
 
 @dataclass(frozen=True)
@@ -476,7 +479,7 @@ def tune(mod, target, *, trials: int, records, rpc=None, params: Mapping[str, np
     Identical partitions are one task. The tasks of most work (TVM's estimate of their
     operations) are searched, ``SEARCH`` (4) trials each at least, the backend's own
     schedule first, the rest of ``trials`` in proportion to their work; the others keep
-    their backend's own schedule (``TuneResult.summary`` names them). ``trials`` is never
+    their backend's own schedule (0 trials in the table; ``TuneResult.summary`` names the tasks searched). ``trials`` is never
     exceeded.
 
     Raises ``ValueError`` when nothing in ``mod`` is tunable for ``target``. A
