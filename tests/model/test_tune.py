@@ -90,7 +90,7 @@ def test_a_relax_model_is_tuned_per_partition_and_built_with_its_records(tmp_pat
     # the budget is the budget: 4 trials each (a search), the one left over to the layer of
     # most operations (16x64x48 MACs against 16x48x10)
     assert [t.trials for t in result.tasks] == [t.budget for t in result.tasks]
-    by_work = sorted(result.tasks, key=lambda t: -flops(tirpat_workload(mod, t.name)))
+    by_work = sorted(result.tasks, key=lambda t: -flops(partition_function(mod, t.name)))
     assert [t.trials for t in by_work] == [5, 4]
     assert result.summary.startswith("9 trials in") and "searched" not in result.summary
     args = random_inputs(mod, np.random.default_rng(0))
@@ -100,10 +100,12 @@ def test_a_relax_model_is_tuned_per_partition_and_built_with_its_records(tmp_pat
 
 
 def flops(func):
+    """TVM's estimate of a PrimFunc's operations (what tp.tune ranks its tasks by)."""
     return s_tir.analysis.estimate_tir_flops(ir.IRModule({"main": func}))
 
 
-def tirpat_workload(mod, name):
+def partition_function(mod, name):
+    """The legalized PrimFunc of ``mod``'s partition ``name`` for "accel, llvm"."""
     [func] = [f for n, _, _, f in tp.partition_functions(mod, "accel, llvm") if n == name]
     return func
 
@@ -127,8 +129,8 @@ def test_a_budget_below_the_tasks_searches_those_of_most_work_and_measures_no_mo
             f"schedule: {shown[small]}") in result.summary
     opts = tp.backends()["accel"].resolve()
     records = tp.Records(tmp_path)
-    assert records.best(tirpat_workload(mod, big), "accel", opts) is not None
-    assert records.best(tirpat_workload(mod, small), "accel", opts) is None
+    assert records.best(partition_function(mod, big), "accel", opts) is not None
+    assert records.best(partition_function(mod, small), "accel", opts) is None
     args = random_inputs(mod, np.random.default_rng(1))           # the unsearched partition builds as untuned
     for got, want in zip(tp.build(mod, "accel, llvm", records=tmp_path)(*args), vm_reference(mod, args)):
         np.testing.assert_array_equal(got, want)
