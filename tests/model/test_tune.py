@@ -85,30 +85,113 @@ def test_a_relax_model_is_tuned_per_partition_and_built_with_its_records(tmp_pat
     from models import mlp, random_inputs, reference as vm_reference
 
     mod = mlp(batch=16, features=64, hidden=48, classes=10)
-    result = tp.tune(mod, "accel, llvm", trials=6, records=tmp_path, strategy="replay-trace", batch=2)
+    result = tp.tune(mod, "accel, llvm", trials=9, records=tmp_path, strategy="replay-trace", batch=2)
     assert len(result.tasks) == 2 and all(t.best <= t.heuristic for t in result.tasks)
-    # the budget is the budget, each layer's share in proportion to its operations (16x64x48
-    # and 16x48x10 MACs: 1 + 4 * 0.86 and 1 + 4 * 0.14 trials, rounded)
+    # the budget is the budget: 4 trials each (a search), the one left over to the layer of
+    # most operations (16x64x48 MACs against 16x48x10)
     assert [t.trials for t in result.tasks] == [t.budget for t in result.tasks]
-    assert sorted(t.trials for t in result.tasks) == [2, 4]
-    assert result.summary.startswith("6 trials in")
+    by_work = sorted(result.tasks, key=lambda t: -flops(partition_function(mod, t.name)))
+    assert [t.trials for t in by_work] == [5, 4]
+    assert result.summary.startswith("9 trials in") and "searched" not in result.summary
     args = random_inputs(mod, np.random.default_rng(0))
     model = tp.build(mod, "accel, llvm", records=tmp_path)
     for got, want in zip(model(*args), vm_reference(mod, args)):
         np.testing.assert_array_equal(got, want)
 
 
-def test_a_budget_below_one_trial_per_partition_measures_each_partitions_own_schedule(tmp_path):
-    from models import mlp
+def flops(func):
+    """TVM's estimate of a PrimFunc's operations (what tp.tune ranks its tasks by)."""
+    return s_tir.analysis.estimate_tir_flops(ir.IRModule({"main": func}))
+
+
+def partition_function(mod, name):
+    """The legalized PrimFunc of ``mod``'s partition ``name`` for "accel, llvm"."""
+    [func] = [f for n, _, _, f in tp.partition_functions(mod, "accel, llvm") if n == name]
+    return func
+
+
+def test_a_budget_below_the_tasks_searches_those_of_most_work_and_measures_no_more(tmp_path):
+    """Fewer trials than tasks: the budget is not raised (it used to be, to one heuristic
+    trial per task); the task of most operations gets all of it, a search, not only its
+    heuristic; the other keeps its backend's own schedule, and the summary says so."""
+    from models import mlp, random_inputs, reference as vm_reference
 
     mod = mlp(batch=8, features=32, hidden=16, classes=4)
-    with pytest.warns(UserWarning, match=r"1 trial\(s\) asked for 2 tasks: tuning 2, one per task"):
-        result = tp.tune(mod, "accel, llvm", trials=1, records=tmp_path, strategy="replay-trace")
-    assert [(t.trials, t.heuristic is not None) for t in result.tasks] == [(1, True), (1, True)]
-    assert (result.trials, result.asked) == (2, 1) and "(1 asked; raised to one per task" in result.summary
+    [(big, *_), (small, *_)] = sorted(tp.partition_functions(mod, "accel, llvm"),
+                                      key=lambda p: -flops(p[3]))
+    result = tp.tune(mod, "accel, llvm", trials=3, records=tmp_path, strategy="replay-trace", batch=2)
+    assert result.trials == result.budget == result.asked == 3
+    tasks = {t.name: t for t in result.tasks}
+    assert (tasks[big].trials, tasks[big].heuristic is not None) == (3, True)
+    assert (tasks[small].budget, tasks[small].trials, tasks[small].heuristic) == (0, 0, None)
+    shown = {name: row.split()[0] for name, row in zip([t.name for t in result.tasks], str(result).splitlines()[1:])}
+    assert (f"searched 1 of 2 tasks, the most work first: {shown[big]}; the other 1 left at their backend's own "
+            f"schedule: {shown[small]}") in result.summary
     opts = tp.backends()["accel"].resolve()
-    for _, _, _, func in tp.partition_functions(mod, "accel, llvm"):       # every partition has its record
-        assert tp.Records(tmp_path).best(func, "accel", opts) is not None
+    records = tp.Records(tmp_path)
+    assert records.best(partition_function(mod, big), "accel", opts) is not None
+    assert records.best(partition_function(mod, small), "accel", opts) is None
+    args = random_inputs(mod, np.random.default_rng(1))           # the unsearched partition builds as untuned
+    for got, want in zip(tp.build(mod, "accel, llvm", records=tmp_path)(*args), vm_reference(mod, args)):
+        np.testing.assert_array_equal(got, want)
+
+
+def dense(m=16, k=32, n=16):
+    a = te.placeholder((m, k), "int8", name="a")
+    w = te.placeholder((n, k), "int8", name="w")
+    return te.create_prim_func([a, w, topi.nn.dense(a, w, out_dtype="int32")])
+
+
+def test_identical_partitions_are_one_task_whose_record_serves_each(tmp_path):
+    """Two functions of the same structure under different names (and a third of another
+    shape) are two tasks; the record of the shared one applies to both names."""
+    mod = ir.IRModule({"first": dense().with_attr("global_symbol", "first"),
+                       "second": dense().with_attr("global_symbol", "second"),
+                       "other": dense(n=32).with_attr("global_symbol", "other")})
+    result = tp.tune(mod, "accel, llvm", trials=8, records=tmp_path, strategy="replay-trace", batch=2)
+    assert [(t.name, t.copies, t.trials) for t in sorted(result.tasks, key=lambda t: t.name)] == [
+        ("first", ("second",), 4), ("other", (), 4)]
+    assert "first (+1 identical)" in str(result) and "  first: second" in str(result)
+    opts = tp.backends()["accel"].resolve()
+    records = tp.Records(tmp_path)
+    for name in ("first", "second"):
+        func = mod[name]
+        assert records.best(func, "accel", opts) is not None
+        applied = records.apply(func, "accel", opts)
+        assert not applied.same_as(func)
+        np.testing.assert_array_equal(cycles_and_output(applied)[1], cycles_and_output(func)[1])
+
+
+def test_a_model_with_two_identical_layers_tunes_the_layer_once(tmp_path):
+    """Two layers of the same shapes and constants: one task (one partition function, called
+    twice), its record applied at both call sites of the build."""
+    from models import random_inputs, reference as vm_reference
+    from tvm.script import ir as I
+    from tvm.script import relax as R
+
+    @I.ir_module
+    class Twin:
+        @R.function
+        def main(x: R.Tensor((8, 32), "int8"), w1: R.Tensor((32, 32), "int8"), b1: R.Tensor((32,), "int32"),
+                 w2: R.Tensor((32, 32), "int8"), b2: R.Tensor((32,), "int32"), w3: R.Tensor((32, 16), "int8")):
+            with R.dataflow():
+                r1 = R.nn.relu(R.add(R.matmul(x, w1, out_dtype="int32"), b1))
+                q1 = R.astype(R.clip(R.right_shift(R.add(r1, R.const(128, "int32")), R.const(8, "int32")),
+                                     -128, 127), "int8")
+                r2 = R.nn.relu(R.add(R.matmul(q1, w2, out_dtype="int32"), b2))
+                q2 = R.astype(R.clip(R.right_shift(R.add(r2, R.const(128, "int32")), R.const(8, "int32")),
+                                     -128, 127), "int8")
+                o = R.matmul(q2, w3, out_dtype="int32")
+                R.output(o)
+            return o
+
+    result = tp.tune(Twin, "accel, llvm", trials=8, records=tmp_path, strategy="replay-trace", batch=2)
+    assert len(result.tasks) == 2 and result.trials == 8
+    opts = tp.backends()["accel"].resolve()
+    records = tp.Records(tmp_path)
+    assert all(records.best(f, "accel", opts) is not None for *_, f in tp.partition_functions(Twin, "accel, llvm"))
+    args = random_inputs(Twin, np.random.default_rng(2))
+    np.testing.assert_array_equal(tp.build(Twin, "accel, llvm", records=tmp_path)(*args), vm_reference(Twin, args))
 
 
 def test_ctrl_c_stops_a_tune_with_keyboard_interrupt_and_the_records_so_far_apply(tmp_path):

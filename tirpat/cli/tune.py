@@ -11,15 +11,17 @@ from .command import Command, CommandError
 _DESCRIPTION = """\
 Tunes the schedule of every partition of MODEL that a backend of the target takes, with
 TVM's meta_schedule: the backend's design space (for accel: block sizes, weight residency,
-the convolution's gather and pixel grouping). --trials counts every measurement: each
-partition first gets its backend's own schedule measured (so the best is never worse and
-every partition has a record; with fewer trials than partitions, one each and a warning),
-the rest is shared in proportion to the partitions' operations (TVM's estimate); each is
-checked bit for bit against the model compiled by TVM alone (a wrong schedule is an error,
-never a winner). The cost is the backend's measure
-(for accel: simulated cycles). Records go to the --records directory, meta_schedule's JSON
-database: 'tirpat compile --records DIR' and tp.build(..., records=DIR) apply the best
-schedule of each partition. Tuning again with the same directory adds to it.
+the convolution's gather and pixel grouping). Identical partitions are one task, tuned
+once; its records serve each. --trials counts every measurement and is never exceeded: the
+tasks of most operations (TVM's estimate) are searched, 4 trials each at least, the first
+their backend's own schedule (so the best is never worse), the rest shared in proportion
+to their operations; with fewer trials than 4 per task, the tasks left over keep their
+backend's own schedule (0 trials in the table), and the summary names the tasks searched.
+Every candidate is checked bit for bit against the model compiled by TVM alone (a wrong
+schedule is an error, never a winner). The cost is the backend's measure (for accel:
+simulated cycles). Records go to the --records directory, meta_schedule's JSON database:
+'tirpat compile --records DIR' and tp.build(..., records=DIR) apply the best schedule of
+each partition. Tuning again with the same directory adds to it.
 
 With --rpc HOST:PORT:KEY the candidates are measured on the TVM RPC servers registered
 with that tracker under KEY ('tirpat rpc-server'), as many at once as there are servers.
@@ -39,8 +41,9 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-t", "--target", required=True, metavar="TARGET",
                         help='composite target: backends in priority order, then the host, e.g. "accel, llvm"')
     parser.add_argument("--trials", type=_positive, required=True, metavar="N",
-                        help="measurements in all: each partition's own schedule (one per partition, at least), "
-                             "the rest shared in proportion to the partitions' operations")
+                        help="measurements in all, never exceeded: 4 at least to each task searched, the tasks of "
+                             "most operations first, the rest in proportion to their operations; tasks left over "
+                             "keep their backend's own schedule")
     parser.add_argument("--records", required=True, metavar="DIR", help="the tuning records directory (made if missing)")
     parser.add_argument("--rpc", metavar="HOST:PORT:KEY",
                         help="measure on the RPC servers a tracker knows under KEY (default: in this process)")
@@ -120,7 +123,7 @@ def _run(args: argparse.Namespace) -> int:
 
             def report(p) -> None:
                 nonlocal advance, done
-                if advance is None:         # the budget tune settled on (one trial per task at least)
+                if advance is None:         # the budget of the searched tasks: --trials
                     advance = progress.bar("trials", total=p.total)
                 advance(p.trials - done)
                 done = p.trials

@@ -6,11 +6,17 @@ legalized PrimFunc ``tp.build`` hands to the backend's ``schedule``); for a Prim
 module of PrimFuncs, each PrimFunc is a task of the first backend of the target that has a
 design space for it.
 
-The trial budget is split before tuning starts: every task gets one trial for the
-backend's own schedule, the rest goes to the tasks in proportion to their work (TVM's
-estimate of the workload's operations, largest remainders rounding), so that every
-partition has a record and the big layers get the search. A budget smaller than the number
-of tasks is raised to one trial per task, with a warning. The tasks take turns, a batch
+Partitions whose functions are structurally identical (whatever their names: the
+workload key leaves the name out) are one task, tuned once; its records apply to every copy,
+since ``tp.build`` looks records up by the same structural key.
+
+The trial budget is split before tuning starts. The tasks are ranked by their work (TVM's
+estimate of the workload's operations, times the number of identical copies); the first
+``trials // SEARCH`` of them (at least one) are searched, each with ``SEARCH`` trials at
+least (its backend's own schedule, then candidates of the search), the rest of the budget
+going to the searched tasks in proportion to their work (largest remainders rounding).
+The other tasks are not measured: they keep their backend's own schedule, as they would
+untuned (0 trials in the table); the summary names the tasks searched. The tasks take turns, a batch
 each (meta_schedule's round-robin scheduler): while one task's batch is being measured
 (on RPC servers), the next task's is searched for and packed. Per task:
 
@@ -41,13 +47,13 @@ import signal
 import tempfile
 import threading
 import time
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping
 
 import numpy as np
 import tvm
+import tvm_ffi
 from tvm import ir, relax, s_tir, tirx
 from tvm.ir.utils import derived_object
 from tvm.s_tir.meta_schedule import TuneContext
@@ -80,18 +86,21 @@ class _Task:
     space: object
     reference: Reference
     data: bytes
-    budget: int = 1                 # trials, the backend's own schedule among them
+    budget: int = 0                 # trials, the backend's own schedule among them; 0: not searched
     heuristic: object = None        # the module of the backend's own schedule, once handed out
 
 
 @dataclass
 class TaskResult:
     """One task's outcome: trials measured, failures (candidates that did not compile, run
-    or match the reference), the cost of the backend's own schedule and the best cost."""
+    or match the reference), the cost of the backend's own schedule and the best cost.
+    ``budget`` 0: the task was not searched (its backend's own schedule stays); ``copies``
+    are the partitions identical to ``name`` that its records serve too."""
 
     name: str
     backend: str
     budget: int = 0
+    copies: tuple = ()
     trials: int = 0
     failures: int = 0
     heuristic: float | None = None
@@ -109,9 +118,8 @@ class TaskResult:
 @dataclass
 class TuneResult:
     """What :func:`tune` did, per task; ``str()`` is a table. ``asked`` is the trial budget
-    the caller gave, :attr:`budget` what the tasks were given (more when there are more
-    tasks than trials asked), :attr:`trials` what was measured (less when a search ran out
-    of new candidates)."""
+    the caller gave, :attr:`budget` what the searched tasks were given (the same),
+    :attr:`trials` what was measured (less when a search ran out of new candidates)."""
 
     records: Path
     tasks: list = field(default_factory=list)
@@ -128,34 +136,38 @@ class TuneResult:
 
     @property
     def summary(self) -> str:
-        """``"N trials in S s"``, and why N is not the number asked when it is not.
+        """``"N trials in S s"``, which tasks were searched when not all were, and why N is
+        not the number asked when it is not.
 
-        >>> print(TuneResult(Path("r"), [TaskResult("a", "accel", budget=1, trials=1),
-        ...                              TaskResult("b", "accel", budget=1, trials=1)], 2.0, asked=1).summary)
-        2 trials in 2.0 s (1 asked; raised to one per task: each task's own schedule is measured)
+        >>> print(TuneResult(Path("r"), [TaskResult("a", "accel", budget=2, trials=2),
+        ...                              TaskResult("b", "accel")], 2.0, asked=2).summary)
+        2 trials in 2.0 s (searched 1 of 2 tasks, the most work first: a; the other 1 left at their backend's own schedule: b)
         >>> print(TuneResult(Path("r"), [TaskResult("a", "accel", budget=8, trials=5)], 2.0, asked=8).summary)
         5 trials in 2.0 s (8 asked; the search found no more new candidates for a)
         """
         text = f"{self.trials} trials in {self.seconds:.1f} s"
         why = []
-        if self.budget != self.asked:
-            why.append("raised to one per task: each task's own schedule is measured")
+        searched = [_short(t.name) for t in self.tasks if t.budget > 0]
+        left = [_short(t.name) for t in self.tasks if t.budget == 0]
+        if left:        # names as the table shows them; a long list of those left is the table's 0s
+            which = f": {', '.join(left)}" if len(left) <= 3 else " (0 trials above)"
+            why.append(f"searched {len(searched)} of {len(self.tasks)} tasks, the most work first: "
+                       f"{', '.join(searched)}; the other {len(left)} left at their backend's own schedule{which}")
         short = [t.name for t in self.tasks if t.trials < t.budget]
         if short:
+            why.insert(0, f"{self.asked} asked")
             why.append(f"the search found no more new candidates for {', '.join(short)}")
-        return f"{text} ({self.asked} asked; {'; '.join(why)})" if why else text
+        return f"{text} ({'; '.join(why)})" if why else text
 
     def __str__(self) -> str:
         def cost(v):
             return "-" if v is None else f"{v:,.0f}" if v >= 100 else f"{v:.3g}"
 
-        def short(name, width=48):
-            return name if len(name) <= width else name[:width // 2 - 2] + "..." + name[-(width // 2 - 1):]
-
         rows = [("task", "backend", "trials", "failed", "heuristic", "best", "gain")]
         for t in self.tasks:
             gain = "-" if t.gain is None else f"{100 * t.gain:.1f}%"
-            rows.append((short(t.name), t.backend, str(t.trials), str(t.failures), cost(t.heuristic), cost(t.best),
+            name = _short(t.name) + (f" (+{len(t.copies)} identical)" if t.copies else "")
+            rows.append((name, t.backend, str(t.trials), str(t.failures), cost(t.heuristic), cost(t.best),
                          gain))
         widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
         lines = ["  ".join(v.ljust(w) if c < 2 else v.rjust(w) for c, (v, w) in enumerate(zip(r, widths)))
@@ -164,7 +176,15 @@ class TuneResult:
         firsts = [f"  {t.name}: {t.first_failure}" for t in self.tasks if t.first_failure]
         if firsts:
             lines += ["first failure per task:"] + firsts
+        same = [f"  {t.name}: {', '.join(t.copies)}" for t in self.tasks if t.copies]
+        if same:
+            lines += ["identical partitions, tuned once (the records serve each):"] + same
         return "\n".join(lines)
+
+
+def _short(name: str, width: int = 48) -> str:
+    """``name`` in at most ``width`` characters, its middle elided (partition names run long)."""
+    return name if len(name) <= width else name[:width // 2 - 2] + "..." + name[-(width // 2 - 1):]
 
 
 @dataclass(frozen=True)
@@ -203,24 +223,57 @@ def _tasks(mod, target, params) -> list:
     return out
 
 
-def _budgets(trials: int, work: list) -> list:
-    """Each task's trials: one for the backend's own schedule, the rest of ``trials`` in
-    proportion to ``work`` (largest remainders); at least one each.
+SEARCH = 4
+"""The fewest trials a searched task gets: its backend's own schedule and three candidates
+of the search (a search of one candidate is a guess)."""
 
-    >>> _budgets(10, [1.0, 3.0])
-    [3, 7]
-    >>> _budgets(4, [100.0, 1.0, 1.0])
-    [2, 1, 1]
-    >>> _budgets(1, [5.0, 5.0])
-    [1, 1]
+
+def _budgets(trials: int, work: list, least: int = SEARCH) -> list:
+    """Each task's trials (see the module docstring): the ``trials // least`` tasks of
+    most ``work`` (at least one) get ``least`` each and the rest of ``trials`` in
+    proportion to their work (largest remainders); the others 0.
+
+    >>> _budgets(12, [1.0, 3.0])
+    [5, 7]
+    >>> _budgets(9, [1.0, 100.0, 5.0])
+    [0, 5, 4]
+    >>> _budgets(2, [5.0, 6.0])
+    [0, 2]
     """
-    rest = max(trials - len(work), 0)
-    shares = [rest * w / sum(work) for w in work]
-    budgets = [1 + int(s) for s in shares]
-    left = rest - sum(int(s) for s in shares)
-    for i in sorted(range(len(work)), key=lambda i: int(shares[i]) - shares[i])[:left]:
+    order = sorted(range(len(work)), key=lambda i: -work[i])
+    chosen = order[:max(1, min(len(work), trials // least))]
+    budgets = [0] * len(work)
+    if trials < least:
+        budgets[chosen[0]] = trials
+        return budgets
+    rest = trials - least * len(chosen)
+    total = sum(work[i] for i in chosen)
+    shares = {i: rest * work[i] / total for i in chosen}
+    for i in chosen:
+        budgets[i] = least + int(shares[i])
+    left = rest - sum(int(s) for s in shares.values())
+    for i in sorted(chosen, key=lambda i: int(shares[i]) - shares[i])[:left]:
         budgets[i] += 1
     return budgets
+
+
+def _identical(found: list) -> list:
+    """``found`` (``[(name, backend, opts, PrimFunc, space)]``) grouped by the structure of
+    the partition's workload key (names aside): ``[(entry, workload, [other names])]``."""
+    groups: dict = {}
+    out = []
+    for entry in found:
+        name, backend, opts, func, _ = entry
+        key = workload(func, backend.name, opts)
+        for group in groups.setdefault(tvm_ffi.structural_hash(key), []):
+            if tvm_ffi.structural_equal(group[1], key):
+                group[2].append(name)
+                break
+        else:
+            group = (entry, key, [])
+            groups[tvm_ffi.structural_hash(key)].append(group)
+            out.append(group)
+    return out
 
 
 def _context(task: _Task, strategy, host, seed: int, logger: logging.Logger) -> TuneContext:
@@ -423,9 +476,11 @@ def tune(mod, target, *, trials: int, records, rpc=None, params: Mapping[str, np
       no server left, ``ConnectionError`` (:mod:`tirpat.model.tune.rpc`);
     - ``progress(Progress)`` is called after every batch.
 
-    Every task (partition) gets a trial for the backend's own schedule, and the rest of
-    ``trials`` in proportion to its work (TVM's estimate of its operations); with fewer
-    ``trials`` than tasks, one each (a ``UserWarning`` says so, ``TuneResult.summary`` too).
+    Identical partitions are one task. The tasks of most work (TVM's estimate of their
+    operations) are searched, ``SEARCH`` (4) trials each at least, the backend's own
+    schedule first, the rest of ``trials`` in proportion to their work; the others keep
+    their backend's own schedule (0 trials in the table; ``TuneResult.summary`` names the tasks searched). ``trials`` is never
+    exceeded.
 
     Raises ``ValueError`` when nothing in ``mod`` is tunable for ``target``. A
     ``KeyboardInterrupt`` (Ctrl-C) stops the tune within a measurement and leaves the
@@ -445,30 +500,28 @@ def tune(mod, target, *, trials: int, records, rpc=None, params: Mapping[str, np
         raise ValueError(f"nothing to tune: no partition of the model has a design space in the target's "
                          f"backends ({names})")
     store = Records(records, create=True)
-    if trials < len(found):
-        warnings.warn(f"{trials} trial(s) asked for {len(found)} tasks: tuning {len(found)}, one per task (the "
-                      f"backend's own schedule of each partition)", stacklevel=2)
-    tasks = []
-    for name, backend, opts, func, space in found:
-        key = workload(func, backend.name, opts)
-        ref = reference(key, t.host, seed)
-        tasks.append(_Task(name, backend, opts, key, space, ref, ref.data()))
-    for task, budget in zip(tasks, _budgets(trials, [max(1.0, s_tir.analysis.estimate_tir_flops(task.workload))
-                                                     for task in tasks])):
-        task.budget = budget
+    groups = _identical(found)
+    budgets = _budgets(trials, [max(1.0, s_tir.analysis.estimate_tir_flops(key)) * (1 + len(copies))
+                                for _, key, copies in groups])
+    results, tasks = [], []
+    for ((name, backend, opts, _, space), key, copies), budget in zip(groups, budgets):
+        results.append(TaskResult(name, backend.name, budget, tuple(copies)))
+        if budget:          # the reference (TVM's own build of the workload) of the searched tasks only
+            ref = reference(key, t.host, seed)
+            tasks.append(_Task(name, backend, opts, key, space, ref, ref.data(), budget))
+    searched = [r for r in results if r.budget]
     where = RPC.parse(rpc) if isinstance(rpc, str) else rpc
     interrupts = _Interrupts()
     runner = (LocalRunner(before_each=interrupts.check) if where is None else
               rpc_runner(where, timeout, connect_timeout=connect_timeout))
     candidates = Candidates()
-    results = [TaskResult(task.name, task.backend.name, task.budget) for task in tasks]
     logger, undo_log = _log(store.path)
     workdir = tempfile.mkdtemp(prefix="tirpat-tune-")
     try:
         contexts = [_context(task, _HeuristicFirst(_strategy(strategy, batch), task, candidates), t.host,
                              seed + n + 1, logger.getChild(task.name)) for n, task in enumerate(tasks)]
         budget = sum(task.budget for task in tasks)
-        callbacks = MeasureCallback.create("default") + [_Report(tasks, results, budget, progress,
+        callbacks = MeasureCallback.create("default") + [_Report(tasks, searched, budget, progress,
                                                                  interrupts.check)]
         with interrupts:
             try:
