@@ -42,6 +42,7 @@ from tvm import relax
 
 import tirpat as tp
 from tirpat.model.onnx_import import import_onnx
+from tirpat.testing.ort_session import fused_session
 
 #: model -> its input's shape here (detectors at H = W = 320, recognisers at W = 320) and its normalisation
 MODELS = {
@@ -132,9 +133,7 @@ def measure(name: str, path: pathlib.Path, shape, norm: str, repeats: int, tune:
     row["on_accel"] = accel_macs / max(model.report.total_macs, 1)
     row["macs"] = model.report.total_macs
 
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    session = ort.InferenceSession(str(qpath), options, providers=["CPUExecutionProvider"])
+    session = fused_session(qpath, threads=1)      # onnxruntime's int8 kernels: the speed reference
     _, row["ort_first"] = timed(lambda: session.run(None, {input_name: x}))
     row["ort_later"] = median_wall(lambda: session.run(None, {input_name: x}), repeats)
 
