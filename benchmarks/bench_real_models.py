@@ -103,7 +103,6 @@ def timed(fn):
 
 def measure(name: str, path: pathlib.Path, shape, norm: str, repeats: int, tune: bool, work: pathlib.Path) -> dict:
     import onnx
-    import onnxruntime as ort
 
     rng = np.random.default_rng(0)
     input_name = onnx.load(str(path), load_external_data=False).graph.input[0].name
