@@ -1,5 +1,6 @@
 import os
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 # Compiling with TVM takes tens of milliseconds, so the default 200 ms deadline is meaningless here.
@@ -16,3 +17,16 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow],
 )
 settings.load_profile("ci" if os.environ.get("CI") else os.environ.get("HYPOTHESIS_PROFILE", "dev"))
+
+
+@pytest.fixture
+def plain_cpu(monkeypatch):
+    """This CPU, as tirpat's host check sees it, has only the features of LLVM's generic x86-64
+    (tests of -mcpu/-mattr refusals that must not depend on the machine's CPU)."""
+    from tvm.target import Target
+
+    from tirpat.model import host_cpu
+
+    generic = frozenset(host_cpu.features(Target({"kind": "llvm", "mtriple": "x86_64-linux-gnu"})))
+    monkeypatch.setattr(host_cpu, "host_features", lambda: generic)
+    return generic

@@ -8,7 +8,7 @@ The CPU is made a plain x86-64 one by replacing
 import pathlib
 
 import pytest
-from tvm.target import Target, codegen
+from tvm.target import codegen
 
 from tirpat.model import host_cpu
 
@@ -16,13 +16,6 @@ MLP = pathlib.Path(__file__).resolve().parents[2] / "examples" / "models" / "mlp
 # what -mattr=+avx2 needs beyond a plain x86-64 CPU
 AVX2 = "avx, avx2, sse3, sse4.1, sse4.2, ssse3"
 
-
-@pytest.fixture
-def plain_cpu(monkeypatch):
-    """This CPU, as the check sees it, has only the features of LLVM's generic x86-64."""
-    generic = frozenset(host_cpu.features(Target({"kind": "llvm", "mtriple": "x86_64-linux-gnu"})))
-    monkeypatch.setattr(host_cpu, "host_features", lambda: generic)
-    return generic
 
 
 def test_compile_refuses_and_cross_compile_allows(plain_cpu, tirpat_here, tmp_path):

@@ -20,13 +20,6 @@ MLP = ROOT / "examples" / "models" / "mlp_int8.py"
 AVX2 = "avx, avx2, sse3, sse4.1, sse4.2, ssse3"
 
 
-@pytest.fixture
-def plain_cpu(monkeypatch):
-    """This CPU, as the check sees it, has only the features of LLVM's generic x86-64."""
-    generic = frozenset(host_cpu.features(Target({"kind": "llvm", "mtriple": "x86_64-linux-gnu"})))
-    monkeypatch.setattr(host_cpu, "host_features", lambda: generic)
-    return generic
-
 
 def _other_arch() -> str:
     return "aarch64-linux-gnu" if not codegen.llvm_get_system_triple().startswith("aarch64") else "x86_64-linux-gnu"

@@ -26,7 +26,7 @@ import tvm
 from tvm import relax
 
 from .. import device
-from ..device import Session, invoke
+from ..device import invoke
 from .archive import FORMAT, LIBRARY, read_archive, write_archive
 from .backend import BackendNotFound, lookup
 from .host_cpu import check_runs_here
@@ -160,7 +160,7 @@ class CompiledModel:
                 session = kept.get(backend.name)
                 if session is None:
                     session = backend.session(opts)
-                    if isinstance(session, Session):    # re-enterable: kept for the next call
+                    if isinstance(session, device.Session):    # re-enterable: kept for the next call
                         kept[backend.name] = session
                 else:
                     session.begin_run()
