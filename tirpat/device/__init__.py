@@ -31,16 +31,18 @@ vector unit this way in about forty lines):
 
 >>> from tirpat import device
 >>> sorted(device.__all__)[:4]
-['BoundsError', 'BufferTable', 'OptionsMismatch', 'PlanError']
+['BoundsError', 'BufferTable', 'Instruction', 'Memory']
 """
 
 from .buffers import BoundsError, BufferTable, SlotError, is_tensor, strided_view, tensor_view
-from .planner import PlanError, Scratchpad, ScratchpadOverflow, ScratchpadPlanner
+from .instr import Instruction, Operand, instr
+from .memory import Memory
+from .planner import PlanError, ScratchpadOverflow, ScratchpadPlanner
 from .session import OptionsMismatch, Runtime, Session, invoke, runtimes
 from .trace import save_trace, trace_events
 
 __all__ = [
-    "BoundsError", "BufferTable", "OptionsMismatch", "PlanError", "Runtime", "Scratchpad", "ScratchpadOverflow",
-    "ScratchpadPlanner", "Session", "SlotError", "invoke", "is_tensor", "runtimes", "save_trace", "strided_view",
-    "tensor_view", "trace_events",
+    "BoundsError", "BufferTable", "Instruction", "Memory", "Operand", "OptionsMismatch", "PlanError", "Runtime",
+    "ScratchpadOverflow", "ScratchpadPlanner", "Session", "SlotError", "instr", "invoke", "is_tensor", "runtimes",
+    "save_trace", "strided_view", "tensor_view", "trace_events",
 ]
