@@ -355,7 +355,8 @@ class Runtime:
         declared ``instructions`` (:func:`~tirpat.device.instr`; several when one function
         backs them, told apart by their fixed arguments). The call's positional arguments
         reach ``fn`` by name, in the declared order, so it is never written twice: ``fn``'s
-        parameters after the session must be exactly the declared arguments, else TypeError.
+        parameters after the session must be exactly the declared arguments (or some of
+        them and ``**rest`` for the others), else TypeError.
 
         >>> from tvm.script import tirx as T
         >>> from tirpat.device import instr
@@ -393,11 +394,14 @@ class Runtime:
 
         def register(fn: Callable) -> Callable:
             params = list(inspect.signature(fn).parameters.values())
-            given = [p.name for p in params[1:]]
-            if not params or any(p.kind not in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) for p in params[1:]):
+            named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+            given = [p.name for p in params[1:] if p.kind in named]
+            rest = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params[1:])
+            if not params or any(p.kind not in (*named, inspect.Parameter.VAR_KEYWORD) for p in params[1:]):
                 raise TypeError(f"{fn.__name__} implements {first.runtime_name}: it takes the session, then the "
                                 f"arguments {', '.join(names)} as named parameters")
-            lacks, extra = [n for n in names if n not in given], [n for n in given if n not in names]
+            lacks = [] if rest else [n for n in names if n not in given]
+            extra = [n for n in given if n not in names]
             if lacks or extra:
                 raise TypeError(f"{fn.__name__} implements {first.runtime_name}({', '.join(names)}): " + "; ".join(
                     ([f"it lacks {', '.join(lacks)}"] if lacks else []) +
