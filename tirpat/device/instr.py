@@ -196,7 +196,8 @@ class Instruction:
         try:
             check, reason = requirement
         except (TypeError, ValueError):
-            raise TypeError(f"instruction {self.name}: a precondition is (check, reason), got {requirement!r}") from None
+            raise TypeError(f"instruction {self.name}: a precondition is (check, reason), "
+                            f"got {requirement!r}") from None
         if not callable(check) or not isinstance(reason, str):
             raise TypeError(f"instruction {self.name}: a precondition is (callable, reason string), "
                             f"got {requirement!r}")

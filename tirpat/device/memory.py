@@ -53,9 +53,11 @@ class Memory:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise ValueError(f"Memory: the name must be a non-empty string, got {self.name!r}")
-        if not isinstance(self.scope, str) or self.scope.split(".")[0] not in ("local", "global") or "." not in self.scope:
+        kind, _, tag = self.scope.partition(".") if isinstance(self.scope, str) else ("", "", "")
+        if kind not in ("local", "global") or not tag:
             # TVM accepts only "local.<tag>" and "global.<tag>" for a storage scope of its own
-            raise ValueError(f"Memory {self.name}: the scope must be 'local.<tag>' or 'global.<tag>', got {self.scope!r}")
+            raise ValueError(f"Memory {self.name}: the scope must be 'local.<tag>' or 'global.<tag>', "
+                             f"got {self.scope!r}")
         np.dtype(self.dtype)      # a clear TypeError for a dtype numpy does not know
         for field, value in (("capacity", self.capacity), ("align", self.align)):
             if not (isinstance(value, (int, str)) or callable(value)) or isinstance(value, bool):
