@@ -292,3 +292,41 @@ def test_the_planner_checks_declared_operands_against_their_memories():
         planner.plan(tirx.PrimFunc([], tirx.SeqStmt([tirx.AllocBuffer(x), tirx.AllocBuffer(y), wrong]))
                      .with_attr("global_symbol", "wrong"))
     assert planner.instruction_of(gemm_reset.call(**{o.name: 0 for o in gemm.operands}).value) is gemm_reset
+
+
+# -- a fixed argument in the program's place ------------------------------------------------
+@tp.instr("dt.narrow", memories=[ACC], fixed={"mode": 1, "deps": -1})
+def narrow_store(tile: int = TILE):
+    """A store whose runtime function takes its mode in the middle and a flag word last:
+    both fixed, both kept where the program declares them."""
+    @T.prim_func
+    def program(out: T.Buffer((tile,), "int8"), mode: T.int32, src: T.Buffer((tile,), "int32", scope="local.dt_acc"),
+                shift: T.int32, deps: T.int32):
+        for i in range(tile):
+            out[i] = T.Cast("int8", T.if_then_else(mode == 1, src[i] >> shift, src[i]))
+    return program
+
+
+def test_a_fixed_scalar_parameter_keeps_its_place_and_specialises_the_program():
+    assert narrow_store.arguments == ("out", "mode", "src", "shift", "deps")
+    assert [o.name for o in narrow_store.operands] == ["out", "src", "shift"]
+    assert repr(narrow_store) == "<instruction narrow_store: dt.narrow(out, mode=1, src, shift, deps=-1)>"
+    # the reference runs the program with mode fixed to 1: the shift applies
+    got = narrow_store.reference(out=np.zeros(TILE, "int8"), src=np.array([256, 512, -1024, 7], "int32"), shift=8)
+    assert got["out"].tolist() == [1, 2, -4, 0]
+    out, src = tirx.decl_buffer((TILE,), "int8", "o"), ACC.buffer((TILE,), "s")
+    call = packed_calls(narrow_store.call(out=out, src=src, shift=3))[0]
+    assert [a.value for a in (call.args[2], call.args[5])] == [1, -1]
+    assert narrow_store.is_call(call)
+    assert narrow_store.arguments_of(call)["shift"].value == 3
+    other = packed_calls(tirx.Evaluate(tirx.call_packed("dt.narrow", out, 2, src.access_ptr("r"), 3, -1)))[0]
+    assert not narrow_store.is_call(other)       # another mode: another instruction
+
+
+def test_a_fixed_buffer_parameter_is_refused():
+    @T.prim_func
+    def program(x: T.Buffer((4,), "int8", scope="local.dt_inp")):
+        x[0] = T.int8(0)
+
+    with pytest.raises(TypeError, match="fixed argument x is a buffer parameter"):
+        tp.instr("dt.fixbuf", memories=[INP], fixed={"x": 1})(lambda tile=4: program)

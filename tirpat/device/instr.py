@@ -184,6 +184,9 @@ class Instruction:
             raise TypeError(f"instruction {self.name}: fixed arguments are integers, got {self.fixed!r}")
         self._programs: dict = {}
         self._executables: dict = {}
+        # A fixed argument the program also takes as a scalar parameter keeps that place in
+        # the runtime's argument order; the program is specialised to its value.
+        self._order: Optional[tuple[str, ...]] = None
         self.operands = _operands(self.name, self.program(), self.memories)
         names = [o.name for o in self.operands]
         clash = set(names) & (set(self.params) | set(self.fixed)) or set(self.params) & set(self.fixed)
@@ -216,8 +219,9 @@ class Instruction:
 
     @property
     def arguments(self) -> tuple[str, ...]:
-        """The runtime function's arguments in call order: the fixed ones, then the operands."""
-        return (*self.fixed, *(o.name for o in self.operands))
+        """The runtime function's arguments in call order: the fixed ones the program does not
+        take, then the program's parameters (a fixed one among them in its place)."""
+        return (*(k for k in self.fixed if k not in self._order), *self._order)
 
     @property
     def memory_operands(self) -> tuple[Operand, ...]:
@@ -241,12 +245,32 @@ class Instruction:
             if not isinstance(found, tirx.PrimFunc):
                 raise TypeError(f"instruction {self.name}: the declaration returns {type(found).__name__}, "
                                 f"not a PrimFunc")
-            found = found.with_attr("global_symbol", self.name)
+            order = tuple(p.name for p in found.params)
+            if self._order is None:
+                self._order = order
+            elif order != self._order:
+                raise ValueError(f"instruction {self.name}: the program for {full} has the parameters "
+                                 f"{order}, the one for the defaults {self._order}")
+            found = self._specialise(found).with_attr("global_symbol", self.name)
             if self._programs and _operands(self.name, found, self.memories) != self.operands:
                 raise ValueError(f"instruction {self.name}: the program for {full} has other operands than the "
                                  f"one for the defaults {self.defaults}")
             self._programs[key] = found
         return found
+
+    def _specialise(self, func: tirx.PrimFunc) -> tirx.PrimFunc:
+        """``func`` with its fixed scalar parameters replaced by their values."""
+        bound = {}
+        for p in func.params:
+            if p.name in self.fixed:
+                if tirx.is_buffer_var(p):
+                    raise TypeError(f"instruction {self.name}: fixed argument {p.name} is a buffer parameter; "
+                                    f"a fixed argument is an integer")
+                bound[p.__chandle__()] = tirx.IntImm(str(p.ty.dtype), int(self.fixed[p.name]))
+        if not bound:
+            return func
+        body = tvm_ffi.structural_map(func.body, (ir.Var, lambda v: bound.get(v.__chandle__(), v)))
+        return tirx.PrimFunc([p for p in func.params if p.__chandle__() not in bound], body)
 
     def check(self, **values: Any) -> Optional[str]:
         """The reason of the first precondition ``values`` (operands and parameters by name)
@@ -273,7 +297,8 @@ class Instruction:
                 ([f"misses operand(s) {', '.join(missing)}"] if missing else []) +
                 ([f"has no operand(s) {', '.join(unknown)}"] if unknown else [])) +
                 f" (operands: {', '.join(o.name for o in self.operands)})")
-        args = [*self.fixed.values(), *(self._argument(o, operands[o.name]) for o in self.operands)]
+        by_name = self.operand(None)
+        args = [self.fixed[n] if n in self.fixed else self._argument(by_name[n], operands[n]) for n in self.arguments]
         return tirx.Evaluate(tirx.call_packed(self.runtime_name, *args))
 
     def _argument(self, op: Operand, value):
@@ -319,7 +344,8 @@ class Instruction:
                 and isinstance(call.args[0], ir.StringImm) and call.args[0].value == self.runtime_name
                 and len(call.args) == 1 + len(self.arguments)):
             return False
-        return all(isinstance(a, tirx.IntImm) and a.value == v for a, v in zip(call.args[1:], self.fixed.values()))
+        given = dict(zip(self.arguments, call.args[1:]))
+        return all(isinstance(given[k], tirx.IntImm) and given[k].value == v for k, v in self.fixed.items())
 
     def arguments_of(self, call) -> dict:
         """``{argument name: expression}`` of a call of this instruction (see :meth:`is_call`)."""
@@ -367,8 +393,8 @@ class Instruction:
         return {op.name: a.numpy() for op, a in zip(self.operands, args) if op.kind != "scalar" and op.writes}
 
     def __repr__(self) -> str:
-        fixed = "".join(f"{k}={v}, " for k, v in self.fixed.items())
-        return f"<instruction {self.name}: {self.runtime_name}({fixed}{', '.join(o.name for o in self.operands)})>"
+        args = ", ".join(f"{n}={self.fixed[n]}" if n in self.fixed else n for n in self.arguments)
+        return f"<instruction {self.name}: {self.runtime_name}({args})>"
 
 
 def instr(runtime_name: str, *, memories: Sequence[Memory] = (), fixed: Optional[Mapping[str, int]] = None,
@@ -379,8 +405,9 @@ def instr(runtime_name: str, *, memories: Sequence[Memory] = (), fixed: Optional
 
     ``runtime_name`` is the runtime function's (``"<prefix>.<function>"``); ``memories``
     the memories its buffer operands may live in (by scope); ``fixed`` runtime arguments
-    with constant values, passed first (so one runtime function backs several
-    instructions, e.g. an ALU's opcode); ``requires`` its preconditions as ``(check,
+    with constant values (so one runtime function backs several instructions, e.g. an ALU's
+    opcode): passed first, or, when the program takes a scalar parameter of that name, in its
+    place (the program is specialised to the value); ``requires`` its preconditions as ``(check,
     reason)`` pairs; ``name`` its name (the function's by default).
 
     >>> instr("no_prefix")(lambda: None)
