@@ -24,6 +24,7 @@ from tirpat import device
 
 import tirpat as tp
 from accel.hw.config import Config
+from accel.hw.instructions import SCOPES
 from accel.compiler.planner import plan_pass
 from accel.hw.runtime import RUNTIME, session_for
 from accel.compiler.rules import rules
@@ -155,7 +156,7 @@ def _already_scheduled(func: tirx.PrimFunc) -> bool:
     found = []
 
     def on_var(v):
-        if tirx.is_buffer_var(v) and v.scope().startswith("local.accel_"):
+        if tirx.is_buffer_var(v) and v.scope() in SCOPES:
             found.append(v)
 
     tvm_ffi.structural_walk(func, (ir.Var, on_var))
@@ -168,7 +169,7 @@ def build(workload, config: Config | None = None, *, strict: bool = False) -> Ex
     ``workload`` is a PrimFunc or an IRModule with one PrimFunc, e.g. from
     ``te.create_prim_func`` on topi's ``nn.dense``/``nn.matmul``/``nn.batch_matmul`` with
     int8 inputs and int32 outputs, with fused bias / ReLU / requantise epilogues. A
-    workload that already uses the ``local.accel_*`` scopes is only run through the pipeline.
+    workload that already uses accel's scratchpad scopes is only run through the pipeline.
     When nothing, or only part of the multiply-accumulates, is offloaded, a
     ``tp.OffloadWarning`` names the reason (the dtypes found, say); ``strict=True`` raises
     ``tp.OffloadError`` instead.

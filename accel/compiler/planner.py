@@ -5,25 +5,27 @@
 ``access_ptr`` operands replaced, overflow and unmatched-access errors, ``accel.sync()``
 insertion. accel adds the checks of its in-place epilogues: an accumulator that an
 epilogue overwrote in place for its store must not be read again (later on, or in the
-next iteration of an enclosing loop) before it is written anew. The operand roles come
-from the runtime ABI (:mod:`accel.hw.abi`).
+next iteration of an enclosing loop) before it is written anew. The memories, and which call
+arguments are scratchpad addresses with which roles, come from the declarations
+(:mod:`accel.hw.instructions`).
 
 >>> mod = plan_pass(accel.Config())(mod)        # doctest: +SKIP
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import tvm
 import tvm_ffi
 from tvm import ir, tirx
 
-from tirpat.device import Memory, PlanError, ScratchpadOverflow, ScratchpadPlanner
+from tirpat.device import PlanError, ScratchpadOverflow, ScratchpadPlanner
 from tirpat.device.planner import describe
-from accel.hw import abi
+from accel.hw import instructions
 from accel.hw.config import Config
-from accel.compiler.rules import ACC, IN_PLACE, INP, WGT
+from accel.compiler.rules import IN_PLACE
 
 __all__ = ["PlanError", "ScratchpadOverflow", "AccelPlanner", "plan", "plan_pass"]
 
@@ -34,13 +36,9 @@ class AccelPlanner(ScratchpadPlanner):
     """The planner for one :class:`Config`: its scratchpads, and the in-place checks."""
 
     def __init__(self, config: Config) -> None:
-        t = config.tile
-        super().__init__("accel", [
-            Memory("INP", INP, "int8", config.inp_elements, t),
-            Memory("WGT", WGT, "int8", config.wgt_elements, t),
-            Memory("ACC", ACC, "int32", config.acc_elements, t),
-        ])
-        self.tile = t
+        super().__init__("accel", list(instructions.MEMORIES.values()), dataclasses.asdict(config),
+                         instructions=instructions.INSTRUCTIONS.values())
+        self.tile = config.tile
 
     def plan(self, func: tirx.PrimFunc) -> tirx.PrimFunc:
         """Plan one PrimFunc; a refusal says first, in a model's terms, what cannot run."""
@@ -59,25 +57,23 @@ class AccelPlanner(ScratchpadPlanner):
 def _scratch_uses(stmt) -> list:
     """``(buffer, reads, writes, offset)`` for every scratchpad operand of the accel calls in
     ``stmt``, in program order (``offset``: the element offset into the buffer), with the
-    operand roles of the runtime ABI."""
+    operand roles of the declared instructions."""
     uses = []
 
     def on_call(c):
-        fn = abi.FUNCTIONS.get(c.args[0].value) if _is_accel_call(c) else None
-        for arg in fn.scratch if fn else ():
-            ptr = c.args[fn.index(arg.name) + 1]
+        ins = instructions.instruction_of(c)
+        if ins is None:
+            return
+        args = ins.arguments_of(c)
+        for op in ins.memory_operands:
+            ptr = args[op.name]
             if isinstance(ptr, ir.Call) and ptr.op.name == "tirx.tvm_access_ptr":
                 data = ptr.args[1]
                 if isinstance(data, ir.Call) and data.op.name == "tirx.buffer_data":
-                    reads = arg.reads and not (arg.unless and _is_nonzero(c.args[fn.index(arg.unless) + 1]))
-                    uses.append((data.args[0], reads, arg.writes, ptr.args[2]))
+                    uses.append((data.args[0], op.reads, op.writes, ptr.args[2]))
 
     tvm_ffi.structural_walk(stmt, (ir.Call, on_call))
     return uses
-
-
-def _is_nonzero(e) -> bool:
-    return isinstance(e, tirx.IntImm) and e.value != 0
 
 
 def _is_accel_call(node) -> bool:
@@ -146,8 +142,8 @@ def _written(c, offset, tile, inner) -> set:
     Only the loops whose variables the call uses are enumerated: the others repeat the same
     call, however many times (a reset of one accumulator tile inside a loop over the 525
     column blocks of an 8400-pixel image row writes the same tile each time)."""
-    fn = abi.FUNCTIONS.get(c.args[0].value)
-    if fn not in (abi.GEMM, abi.LOAD):
+    ins = instructions.instruction_of(c)
+    if ins is not instructions.GEMM_RESET and ins not in instructions.LOAD.values():
         return set()
     used = _var_handles(c) | _var_handles(offset)
     inner = [loop for loop in inner if loop[0].__chandle__() in used]
@@ -157,13 +153,13 @@ def _written(c, offset, tile, inner) -> set:
     out: set = set()
     for point in itertools.product(*(range(e) for e in extents)):
         values = [(v, m + p) for (v, m, _), p in zip(inner, point)]
-        v = {name: _int_at(a, values) for name, a in zip(fn.names, c.args[1:])}
+        v = {name: _int_at(a, values) for name, a in zip(ins.arguments, c.args[1:])}
         base = _int_at(offset, values)
         if base is None:
             return set()
-        if fn is abi.GEMM:
-            need = ("reset", "acc_ld", "ext_out", "ext_in", "acc_stride_out", "acc_stride_in")
-            if None in (v[n] for n in need) or v["reset"] != 1:
+        if ins is instructions.GEMM_RESET:
+            need = ("acc_ld", "ext_out", "ext_in", "acc_stride_out", "acc_stride_in")
+            if None in (v[n] for n in need):
                 return set()
             for o in range(v["ext_out"]):
                 for i in range(v["ext_in"]):

@@ -40,7 +40,7 @@ from accel.compiler.conv import analyse as analyse_conv
 from accel.compiler.conv import normalise as normalise_conv
 from accel.compiler.rules import ACC, INP, WGT, epilogue_chain
 from accel.compiler import wrapping
-from accel.hw.isa import AluOp
+from accel.hw.instructions import MEMORIES, AluOp, capacity_option
 
 
 class ScheduleError(ValueError):
@@ -390,30 +390,41 @@ class Extents:
 
 def footprint(e: Extents, t: int, bm: int, bn: int, bk: int, resident: bool) -> dict:
     """The elements of each scratchpad (by scope) a GEMM's blocks occupy at most, as the
-    planner lays them out: a buffer allocated inside a loop that runs more than once is
-    double-buffered; a resident weight is allocated once, outside the loops.
+    planner lays them out: what each scratchpad's :meth:`~tirpat.device.Memory.footprint`
+    says for its buffers (a buffer allocated inside a loop that runs more than once is
+    double-buffered; a resident weight is allocated once, outside the loops).
 
     >>> footprint(Extents(4, 4, 4), 16, 1, 2, 2, False) == {INP: 1024, WGT: 2048, ACC: 1024}
     True
     """
-    acc_copies, k_copies = _copies(e, bm, bn, bk)
+    acc_repeated, k_repeated = _repeated(e, bm, bn, bk)
     blocks_n, blocks_k = -(-e.n_tiles // bn), -(-e.k_tiles // bk)
-    acc = t * t * bm * bn
-    operands = sum(t * max(bm, bn) if narrow else acc for narrow in e.operands)
-    weight = (e.weight_copies * blocks_n * bn * blocks_k * bk * t * t) if resident else k_copies * t * t * bn * bk
-    return {INP: k_copies * t * t * bm * bk, WGT: weight, ACC: acc_copies * (acc + operands)}
+    options = {"tile": t}
+    inp, wgt, acc = (_MEMORY[scope] for scope in (INP, WGT, ACC))
+    weight = (wgt.footprint(e.weight_copies * blocks_n * bn * blocks_k * bk * t * t, repeated=False, options=options)
+              if resident else wgt.footprint(t * t * bn * bk, repeated=k_repeated, options=options))
+    operands = [t * max(bm, bn) if narrow else t * t * bm * bn for narrow in e.operands]
+    return {INP: inp.footprint(t * t * bm * bk, repeated=k_repeated, options=options), WGT: weight,
+            ACC: sum(acc.footprint(n, repeated=acc_repeated, options=options) for n in (t * t * bm * bn, *operands))}
+
+
+def _repeated(e: Extents, bm: int, bn: int, bk: int) -> tuple[bool, bool]:
+    """Whether the loops around a block of output tiles (ACC's buffers) and around a block
+    of K (INP's, a streamed weight's) run more than once."""
+    acc_iters = e.outer * -(-e.m_tiles // bm) * -(-e.n_tiles // bn)
+    k_iters = acc_iters * e.k_outer * -(-e.k_tiles // bk)
+    return acc_iters > 1, k_iters > 1
 
 
 def _copies(e: Extents, bm: int, bn: int, bk: int) -> tuple[int, int]:
     """Copies of the buffers allocated per block of output tiles (ACC) and per block of K
-    (INP, a streamed weight): two when their loops run more than once."""
-    acc_iters = e.outer * -(-e.m_tiles // bm) * -(-e.n_tiles // bn)
-    k_iters = acc_iters * e.k_outer * -(-e.k_tiles // bk)
-    return (2 if acc_iters > 1 else 1), (2 if k_iters > 1 else 1)
+    (INP, a streamed weight), as their scratchpads keep them."""
+    acc_repeated, k_repeated = _repeated(e, bm, bn, bk)
+    return _MEMORY[ACC].copies(repeated=acc_repeated), _MEMORY[INP].copies(repeated=k_repeated)
 
 
-_CAPACITY = {INP: ("inp_elements", "inp_bytes", 1, "INP"), WGT: ("wgt_elements", "wgt_bytes", 1, "WGT"),
-             ACC: ("acc_elements", "acc_bytes", 4, "ACC")}
+#: Each scratchpad's declaration by scope.
+_MEMORY = {m.scope: m for m in MEMORIES.values()}
 
 
 def _blocks(e: Extents, knobs: Knobs, config: Config, reserved: dict | None = None,
@@ -484,12 +495,13 @@ def _shrink(e: Extents, config: Config, reserved: dict, whole_m: bool, bm: int, 
 
 
 def _free(config: Config, reserved: dict, scope: str) -> int:
-    return getattr(config, _CAPACITY[scope][0]) - reserved.get(scope, 0)
+    return _MEMORY[scope].capacity_of(config.__dict__) - reserved.get(scope, 0)
 
 
 def _overflow(e: Extents, config: Config, reserved: dict, scope: str, need: int, resident: bool) -> str:
     """Why a GEMM's smallest blocks do not fit ``scope``, in the terms of the Config."""
-    _, option, item, label = _CAPACITY[scope]
+    memory = _MEMORY[scope]
+    option, item, label = capacity_option(memory), memory.itemsize, memory.name
     t = config.tile
     added = sorted({"a bias" if narrow else "a residual" for narrow in e.operands})
     what = {INP: f"one {t}x{t} int8 input tile",

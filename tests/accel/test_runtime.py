@@ -10,7 +10,7 @@ from tvm import te, topi
 from tvm.script import tirx as T
 
 import accel
-from accel.hw import abi, runtime
+from accel.hw import instructions, runtime
 from accel.hw.isa import AluOp, Mem, StoreMode
 from tirpat import device
 
@@ -177,26 +177,26 @@ def test_repeated_calls_reuse_validated_instructions_until_sync():
 
 
 # ---------------------------------------------------------------------- the ABI, declared once
-def test_every_abi_function_is_registered_with_tvm():
-    assert set(runtime.RUNTIME.functions) == {f.short for f in abi.FUNCTIONS.values()}
-    for name in abi.FUNCTIONS:
+def test_every_declared_function_is_registered_with_tvm():
+    names = {*instructions.FUNCTIONS, *instructions.OTHER_FUNCTIONS}
+    assert set(runtime.RUNTIME.functions) == {n.split(".")[1] for n in names}
+    for name in names:
         assert tvm.get_global_func(name) is not None
 
 
-@pytest.mark.parametrize("fn", [f for f in abi.FUNCTIONS.values() if f.instruction], ids=lambda f: f.name)
-def test_session_methods_take_the_abi_arguments(fn):
+@pytest.mark.parametrize("name", list(instructions.FUNCTIONS))
+def test_session_methods_take_the_declared_arguments(name):
     import inspect
 
-    params = inspect.signature(getattr(accel.Session, fn.short)).parameters
-    assert set(params) - {"self"} == set(fn.names)
-    assert set(fn.fields) - {"slot", "dram_offset"} <= set(fn.instruction.__dataclass_fields__)
+    params = inspect.signature(getattr(accel.Session, name.split(".")[1])).parameters
+    assert set(params) - {"self"} == set(instructions.FUNCTIONS[name][0].arguments)
 
 
 def test_isa_md_lists_the_abi_as_declared():
     import pathlib
 
     text = (pathlib.Path(accel.__file__).parent / "ISA.md").read_text()
-    assert abi.markdown_table() in text
+    assert instructions.markdown_table() in text
 
 
 def test_a_call_with_the_wrong_number_of_arguments_is_a_clear_error():
@@ -415,11 +415,11 @@ def test_the_hardware_side_loads_neither_the_compiler_nor_the_model_level():
     probe = (
         "import json, sys, tvm\n"
         "before = set(tvm.tirx.compilation_pipeline.PIPELINE_MAP)\n"
-        "import accel.hw.runtime, accel.hw.abi, accel.hw.sim, accel.hw.tokens, tirpat.device\n"
+        "import accel.hw.runtime, accel.hw.instructions, accel.hw.sim, accel.hw.tokens, tirpat.device\n"
         "loaded = sorted(m for m in sys.modules if m.startswith(('accel.compiler', 'tirpat.model')))\n"
         "new = sorted(set(tvm.tirx.compilation_pipeline.PIPELINE_MAP) - before)\n"
         "print(json.dumps([loaded, new, sorted(accel.hw.runtime.RUNTIME.functions)]))\n")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
     loaded, pipelines, functions = json.loads(out.stdout.strip().splitlines()[-1])
     assert loaded == [] and pipelines == []
-    assert functions == sorted(f.short for f in abi.FUNCTIONS.values())
+    assert functions == sorted(n.split(".")[1] for n in (*instructions.FUNCTIONS, *instructions.OTHER_FUNCTIONS))

@@ -203,6 +203,19 @@ def test_implement_refuses_what_does_not_match_the_declaration():
         RT.functions["gemm"](1, 2)
 
 
+def test_a_generic_implementation_gets_the_arguments_in_the_declared_order():
+    seen = []
+
+    @RT.implement(gemm, gemm_reset)
+    def generic(s, *args):
+        seen.append(dict(zip(gemm.arguments, args)))      # the order read off the declaration
+
+    RT.functions["gemm"](*range(len(gemm.arguments)))
+    assert seen == [dict(zip(gemm.arguments, range(len(gemm.arguments))))]
+    with pytest.raises(TypeError, match="dt.gemm takes 12 arguments \\(reset, acc, inp, wgt, .*\\), got 3"):
+        RT.functions["gemm"](1, 2, 3)
+
+
 # -- the reference semantics --------------------------------------------------------------
 @settings(max_examples=30, deadline=None)
 @given(st.integers(0, 4), st.integers(0, 4), st.integers(0, 3), st.integers(0, 3), st.integers(-128, 127))

@@ -356,7 +356,10 @@ class Runtime:
         backs them, told apart by their fixed arguments). The call's positional arguments
         reach ``fn`` by name, in the declared order, so it is never written twice: ``fn``'s
         parameters after the session must be exactly the declared arguments (or some of
-        them and ``**rest`` for the others), else TypeError.
+        them and ``**rest`` for the others), else TypeError. A generic function, one that
+        reads the order off the declarations (:attr:`~tirpat.device.Instruction.arguments`)
+        instead of naming the arguments, takes ``(session, *args)`` and gets them as called,
+        with no per-call binding (a runtime's hot path).
 
         >>> from tvm.script import tirx as T
         >>> from tirpat.device import instr
@@ -394,6 +397,16 @@ class Runtime:
 
         def register(fn: Callable) -> Callable:
             params = list(inspect.signature(fn).parameters.values())
+            if len(params) == 2 and params[1].kind is inspect.Parameter.VAR_POSITIONAL:
+                def in_order(session, *args):
+                    if len(args) != len(names):
+                        raise TypeError(f"{first.runtime_name} takes {len(names)} arguments ({', '.join(names)}), "
+                                        f"got {len(args)}")
+                    return fn(session, *args)
+
+                in_order.__doc__ = fn.__doc__
+                self.function(in_order, name=short)
+                return fn
             named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
             given = [p.name for p in params[1:] if p.kind in named]
             rest = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params[1:])
