@@ -299,7 +299,7 @@ def _alu(op: AluOp, use_imm: bool) -> device.Instruction:
     requires = [_aligned("dst_addr", "dst_stride_out", "dst_stride_in") if use_imm else
                 _aligned("dst_addr", "dst_stride_out", "dst_stride_in", "src_addr", "src_stride_out", "src_stride_in"),
                 (lambda ext_out, dst_stride_out, ext_in, dst_stride_in:
-                 distinct_starts(ext_out, dst_stride_out, ext_in, dst_stride_in),
+                 not (ext_out and ext_in) or distinct_starts(ext_out, dst_stride_out, ext_in, dst_stride_in),
                  "ALU destination vectors overlap each other")]
     lo_hi = OPERAND_RANGE.get(op)
 
