@@ -197,6 +197,7 @@ class Instruction:
                              f"got {runtime_name!r}")
         self.runtime_name = runtime_name
         self.semantics = semantics
+        memories = tuple(memories)
         self.memories = {m.scope: m for m in memories}
         if any(not isinstance(m, Memory) for m in memories) or len(self.memories) != len(memories):
             raise TypeError(f"instruction {self.name}: memories must be Memory objects with distinct scopes")
@@ -210,6 +211,7 @@ class Instruction:
         self.fixed = dict(fixed or {})
         if any(not isinstance(v, (int, np.integer)) or isinstance(v, bool) for v in self.fixed.values()):
             raise TypeError(f"instruction {self.name}: fixed arguments are integers, got {self.fixed!r}")
+        self.fixed = {k: int(v) for k, v in self.fixed.items()}
         self._programs: dict = {}
         self._executables: dict = {}
         self.operands = _operands(self.name, self.program(), self.memories)
