@@ -259,10 +259,10 @@ def _instruction_call(name: str) -> Callable:
     """``run(session, *args)``: emit ``accel.<name>``'s instruction from its arguments, in
     their declared order (the host buffer first, if any, ``deps`` last)."""
     forms = instructions.FUNCTIONS[f"accel.{name}"]
-    cls, kinds = _CLASSES[name], [forms[0].operand(a).kind if a in forms[0].operand(None) else "int"
-                                  for a in forms[0].arguments]
-    host = "host" in kinds
-    if host and kinds.index("host") != 0:
+    cls, kinds = _CLASSES[name], {o.name: o.kind for o in forms[0].operands}
+    hosts = [k for k, a in enumerate(forms[0].arguments) if kinds.get(a) == "host"]
+    host = bool(hosts)
+    if hosts not in ([], [0]):
         raise ValueError(f"accel.{name}: the host buffer must be the first argument")
 
     def run(session: Session, *args) -> int:

@@ -100,9 +100,10 @@ def vst(s: VecUnit, host, offset, stride, src, n):
 
 def _alu(ins: device.Instruction) -> None:
     """Run ALU instruction ``ins`` as its declared program, compiled for the host."""
+    regs = [o.name for o in ins.memory_operands]
+
     @RUNTIME.implement(ins)
     def run(s: VecUnit, **operands):
-        regs = [o.name for o in ins.memory_operands]
         views = dict(zip(regs, s.issue(ins.name, operands["n"], *(operands[r] for r in regs))))
         args = [tvm_ffi.from_dlpack(views[o.name]) if o.name in views else operands[o.name] for o in ins.operands]
         program = ins.executable(lanes=s.lanes)

@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 import numpy as np
 import tvm
@@ -71,13 +71,25 @@ _MODES = {"read": "r", "write": "w", "accumulate": "rw", "unused": "r"}
 class Operand:
     """One operand of an instruction (see the module doc): its ``name``, ``kind``
     (``memory``, ``host`` or ``scalar``), ``role`` (``read``, ``write``, ``accumulate``,
-    ``unused``), ``dtype``, and for a memory operand its :class:`Memory`."""
+    ``unused``), ``dtype``, and for a memory operand its :class:`Memory`.
+
+    >>> acc = Operand("acc", "memory", "accumulate", "int32", Memory("ACC", "local.doc_acc", "int32", 64))
+    >>> acc.reads, acc.writes, acc.mode
+    (True, True, 'rw')
+    """
 
     name: str
     kind: str
     role: str
     dtype: str
     memory: Optional[Memory] = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("memory", "host", "scalar") or self.role not in _MODES:
+            raise ValueError(f"operand {self.name}: kind {self.kind!r} / role {self.role!r}; kinds are memory, host, "
+                             f"scalar and roles {', '.join(_MODES)}")
+        if (self.kind == "memory") != (self.memory is not None):
+            raise ValueError(f"operand {self.name}: a memory operand, and only one, names its Memory")
 
     @property
     def reads(self) -> bool:
@@ -158,7 +170,23 @@ def _with_offset(p) -> tirx.Buffer:
 
 
 class Instruction:
-    """One declared instruction (see the module doc); made by :func:`instr`."""
+    """One declared instruction (see the module doc); made by :func:`instr`.
+
+    ``name``, ``runtime_name``, ``fixed`` (constant runtime arguments), ``params`` (what
+    the program depends on) with their ``defaults``, ``operands`` and ``requires`` (the
+    preconditions) are what was declared; the methods derive the rest.
+
+    >>> from tvm.script import tirx as T
+    >>> @instr("doc_ins.neg", fixed={"op": 2})
+    ... def neg():
+    ...     @T.prim_func
+    ...     def program(x: T.Buffer((4,), "int32"), n: T.int32):
+    ...         for i in range(n):
+    ...             x[i] = 0 - x[i]
+    ...     return program
+    >>> neg
+    <instruction neg: doc_ins.neg(op=2, x, n)>
+    """
 
     def __init__(self, semantics: Callable[..., tirx.PrimFunc], runtime_name: str, memories: Sequence[Memory],
                  fixed: Mapping[str, int], requires: Iterable[Requirement], name: Optional[str]) -> None:
@@ -169,6 +197,7 @@ class Instruction:
                              f"got {runtime_name!r}")
         self.runtime_name = runtime_name
         self.semantics = semantics
+        memories = tuple(memories)
         self.memories = {m.scope: m for m in memories}
         if any(not isinstance(m, Memory) for m in memories) or len(self.memories) != len(memories):
             raise TypeError(f"instruction {self.name}: memories must be Memory objects with distinct scopes")
@@ -182,6 +211,7 @@ class Instruction:
         self.fixed = dict(fixed or {})
         if any(not isinstance(v, (int, np.integer)) or isinstance(v, bool) for v in self.fixed.values()):
             raise TypeError(f"instruction {self.name}: fixed arguments are integers, got {self.fixed!r}")
+        self.fixed = {k: int(v) for k, v in self.fixed.items()}
         self._programs: dict = {}
         self._executables: dict = {}
         # A fixed argument the program also takes as a scalar parameter keeps that place in
@@ -205,17 +235,20 @@ class Instruction:
             raise TypeError(f"instruction {self.name}: a precondition is (callable, reason string), "
                             f"got {requirement!r}")
         wants = tuple(inspect.signature(check).parameters)
-        unknown = [w for w in wants if w not in self.operand(None) and w not in self.params]
+        unknown = [w for w in wants if w not in {o.name for o in self.operands} and w not in self.params]
         if unknown:
             raise TypeError(f"instruction {self.name}: precondition {reason!r} takes {', '.join(unknown)}, which "
                             f"is neither an operand nor a parameter")
         return check, reason, wants
 
     # -- the declaration -------------------------------------------------------------------
-    def operand(self, name: Optional[str]) -> Union[Operand, dict]:
-        """The operand called ``name`` (all of them by name for None)."""
-        by_name = {o.name: o for o in self.operands}
-        return by_name if name is None else by_name[name]
+    def operand(self, name: str) -> Operand:
+        """The operand called ``name``."""
+        found = next((o for o in self.operands if o.name == name), None)
+        if found is None:
+            raise KeyError(f"instruction {self.name} has no operand {name!r} (operands: "
+                           f"{', '.join(o.name for o in self.operands)})")
+        return found
 
     @property
     def arguments(self) -> tuple[str, ...]:
@@ -252,6 +285,7 @@ class Instruction:
                 raise ValueError(f"instruction {self.name}: the program for {full} has the parameters "
                                  f"{order}, the one for the defaults {self._order}")
             found = self._specialise(found).with_attr("global_symbol", self.name)
+            # the first program built (the defaults') declares the operands; the others must agree
             if self._programs and _operands(self.name, found, self.memories) != self.operands:
                 raise ValueError(f"instruction {self.name}: the program for {full} has other operands than the "
                                  f"one for the defaults {self.defaults}")
@@ -297,7 +331,7 @@ class Instruction:
                 ([f"misses operand(s) {', '.join(missing)}"] if missing else []) +
                 ([f"has no operand(s) {', '.join(unknown)}"] if unknown else [])) +
                 f" (operands: {', '.join(o.name for o in self.operands)})")
-        by_name = self.operand(None)
+        by_name = {o.name: o for o in self.operands}
         args = [self.fixed[n] if n in self.fixed else self._argument(by_name[n], operands[n]) for n in self.arguments]
         return tirx.Evaluate(tirx.call_packed(self.runtime_name, *args))
 

@@ -49,6 +49,7 @@ import tvm
 import tvm_ffi
 from tvm import ir, tirx
 
+from .instr import Instruction
 from .memory import Memory
 
 __all__ = ["PlanError", "ScratchpadOverflow", "ScratchpadPlanner", "describe"]
@@ -84,7 +85,7 @@ class ScratchpadPlanner:
     """
 
     def __init__(self, prefix: str, memories: Sequence[Memory], options: Optional[Mapping[str, Any]] = None,
-                 *, instructions: Sequence = ()) -> None:
+                 *, instructions: Sequence[Instruction] = ()) -> None:
         if any(not isinstance(m, Memory) for m in memories):
             raise TypeError(f"ScratchpadPlanner: memories must be tirpat.device.Memory, got {list(memories)!r}")
         self.prefix = prefix
@@ -106,7 +107,7 @@ class ScratchpadPlanner:
         """True for a buffer in one of the planned scopes."""
         return buffer.scope() in self.memories
 
-    def instruction_of(self, call):
+    def instruction_of(self, call) -> Optional[Instruction]:
         """The declared instruction a runtime call is (by its name and fixed arguments), or None."""
         return next((ins for ins in self.instructions if ins.is_call(call)), None)
 

@@ -46,11 +46,14 @@ from __future__ import annotations
 import inspect
 import sys
 import threading
-from typing import Any, Callable, ClassVar, Hashable, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Hashable, Mapping, Optional
 
 import tvm_ffi
 
 from .buffers import BufferTable
+
+if TYPE_CHECKING:
+    from .instr import Instruction
 
 __all__ = ["Session", "Runtime", "invoke", "runtimes", "OptionsMismatch"]
 
@@ -350,7 +353,7 @@ class Runtime:
         self.functions[short] = call
         return fn
 
-    def implement(self, *instructions) -> Callable[[Callable], Callable]:
+    def implement(self, *instructions: "Instruction") -> Callable[[Callable], Callable]:
         """Decorator: register ``fn(session, **arguments)`` as the runtime function of the
         declared ``instructions`` (:func:`~tirpat.device.instr`; several when one function
         backs them, told apart by their fixed arguments). The call's positional arguments
