@@ -157,6 +157,16 @@ class GemmPlan:
     def macs(self) -> int:
         return self.batch * self.m * self.n * self.k
 
+    def describe(self) -> str:
+        """One line for the report: the block, its sizes, its epilogue and gather.
+
+        >>> GemmPlan("dense", 64, 32, 16, 1, ["bias", "ReLU"]).describe()
+        'offloaded dense: 1x64x32x16 + epilogue bias, ReLU'
+        """
+        epi = f" + epilogue {', '.join(self.epilogue)}" if self.epilogue else ""
+        gather = f"; {self.gather}" if self.gather else ""
+        return f"offloaded {self.block}: {self.batch}x{self.m}x{self.n}x{self.k}{epi}{gather}"
+
 
 @dataclass
 class Notes:
@@ -181,7 +191,8 @@ class Notes:
         for g in self.offloaded:
             epilogue += [w for w in g.epilogue if w not in epilogue]
         return json.dumps({"host_macs": self.total_macs - self.offloaded_macs, "device_macs": self.device_macs,
-                           "host_steps": [list(s) for s in self.on_cpu], "epilogue": epilogue})
+                           "host_steps": [list(s) for s in self.on_cpu], "epilogue": epilogue,
+                           "details": [g.describe() for g in self.offloaded]})
 
 
 def _const(e) -> int:
@@ -783,9 +794,24 @@ def _epilogue_steps(block, acc_buffer):
 
 def schedule_partition(func: tirx.PrimFunc, config: Config) -> tirx.PrimFunc:
     """The accel Backend's ``schedule`` hook: one partition's legalized PrimFunc, scheduled,
-    with the scheduler's notes for the model report (``tp.SCHEDULE_NOTES``)."""
+    with the scheduler's notes for the model report (``tp.SCHEDULE_NOTES``). A function that
+    already uses accel's scratchpads is its author's schedule: it is left as it is."""
+    if already_scheduled(func):
+        return func
     mod, notes = schedule(func, config)
     return mod["main"].with_attr(tp.SCHEDULE_NOTES, notes.to_json())
+
+
+def already_scheduled(func: tirx.PrimFunc) -> bool:
+    """Whether ``func`` allocates any of accel's scratchpads (``local.accel_*`` scopes)."""
+    found = []
+
+    def on_var(v):
+        if tirx.is_buffer_var(v) and v.scope().startswith("local.accel_"):
+            found.append(v)
+
+    tvm_ffi.structural_walk(func, (ir.Var, on_var))
+    return bool(found)
 
 
 def describe_epilogue(steps, out_dtype: str) -> list:

@@ -12,7 +12,7 @@ from tvm import ir, s_tir, te, tirx, topi
 import accel
 import tirpat as tp
 import tirpat.model.backend as backend_module
-from accel.compiler.schedule import Knobs
+from accel.compiler.schedule import Knobs, schedule
 from tirpat.model.tune import MutateKnob
 from tirpat.model.tune.artifact import NotBitExact, measure, pack, reference
 
@@ -36,7 +36,7 @@ def cycles_and_output(func, seed=3):
     args = [rng.integers(-128, 128, shape).astype(dtype) for _, shape, dtype in ex.params]
     with accel.Session() as session:
         ex(*args)
-    return session.stats.cycles, args[-1], ex.report
+    return session.stats.cycles, args[-1], schedule(func, accel.Config())[1]     # the scheduler's notes
 
 
 @pytest.fixture(scope="module")
