@@ -27,7 +27,7 @@ tuner's design space does) takes the annotated ones instead.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import tvm_ffi
 from tvm import ir, s_tir, tirx
