@@ -73,8 +73,9 @@ def test_what_a_tir_workload_cannot_take_is_refused_by_name():
     func = dense(8, 8, 8)
     with pytest.raises(TypeError, match="params is for Relax models, not a TIR workload"):
         tp.build(func, "accel, llvm", params={"A": np.zeros((8, 8), np.int8)})
-    with pytest.raises(TypeError, match="records is for Relax models"):
-        tp.build(func, "accel, llvm", records="somewhere")
+    with pytest.raises(TypeError, match="tp.build takes a Relax IRModule, a PrimFunc or an IRModule of "
+                                        "PrimFuncs, got str"):
+        tp.build("dense", "accel, llvm")
 
 
 def test_a_backend_error_lowering_it_is_raised_not_fallen_back():

@@ -25,7 +25,7 @@ from tvm import ir, relax, tirx
 from .compiled import CompiledModel, Input
 from .kernel import CompiledKernel
 from .partition import as_target, tagged
-from .pipeline import TIR_PIPELINE, Record, recording, relax_pipeline, schedule_for
+from .pipeline import TIR_PIPELINE, Record, recording, relax_pipeline, schedule_for, with_records
 from .report import (HostOp, Partition, ModelReport, epilogue_of, macs_known, macs_of, notes_of, primfunc_macs,
                      records_line)
 
@@ -51,8 +51,9 @@ def build(mod: ir.IRModule, target, *, strict: bool = False, params: Mapping[str
     is ``main``) or an IRModule of PrimFuncs only. It has no operators to partition: each
     PrimFunc goes whole to the target's first backend (its ``schedule`` hook, rules and
     passes, as a partition would), or to the host when the target has none; an error the
-    backend raises lowering it is raised (there is no partition to fall back). The result
-    is a :class:`~tirpat.model.kernel.CompiledKernel`, called with the entry's buffers.
+    backend raises lowering it is raised (there is no partition to fall back); ``records``
+    apply to it as to a partition (``tp.tune`` tunes a PrimFunc too). The result is a
+    :class:`~tirpat.model.kernel.CompiledKernel`, called with the entry's buffers.
 
     ``mod`` may also be an ONNX model (an ``onnx.ModelProto``, or the path of an ``.onnx``
     file), float or QDQ, as exported: it is imported by
@@ -76,11 +77,12 @@ def build(mod: ir.IRModule, target, *, strict: bool = False, params: Mapping[str
     if input_shapes is not None:
         raise TypeError("input_shapes is for ONNX models; a Relax module declares its shapes")
     if _is_tir(mod):
-        if params or records is not None:
-            raise TypeError(f"{'params' if params else 'records'} is for Relax models, not a TIR workload")
-        return _build_tir(mod, target, strict, entry)
+        if params:
+            raise TypeError("params is for Relax models, not a TIR workload")
+        return _build_tir(mod, target, strict, entry, records)
     if not isinstance(mod, ir.IRModule):
-        raise TypeError(f"tp.build takes a Relax IRModule, got {type(mod).__name__}")
+        raise TypeError(f"tp.build takes a Relax IRModule, a PrimFunc or an IRModule of PrimFuncs, "
+                        f"got {type(mod).__name__}")
     if entry not in [gv.name_hint for gv in mod.functions]:
         raise ValueError(f"the module has no function {entry!r}")
     t = as_target(target)
@@ -106,9 +108,13 @@ def _is_tir(workload) -> bool:
         all(isinstance(f, tirx.PrimFunc) for f in workload.functions.values())
 
 
-def _build_tir(workload, target, strict: bool, entry: str) -> CompiledKernel:
+def _build_tir(workload, target, strict: bool, entry: str, records) -> CompiledKernel:
     """A TIR workload through the backends' schedule, rules and passes (see :func:`build`)."""
     t = as_target(target)
+    if records is not None:
+        from .records import Records
+
+        records = records if isinstance(records, Records) else Records(records)
     if isinstance(workload, tirx.PrimFunc):
         workload = ir.IRModule({"main": workload})
     if entry not in [gv.name_hint for gv in workload.functions]:
@@ -121,6 +127,8 @@ def _build_tir(workload, target, strict: bool, entry: str) -> CompiledKernel:
         if t.backends:
             backend, opts = t.backends[0]
             record.partitions[name] = (backend.name, _TIR, [])
+            if records is not None:
+                func = with_records(records, func, backend.name, opts, name, record)
             func = schedule_for(func, backend.name, opts, name, record)
             record.notes[name] = json.dumps(notes_of(func))
         lowered[name] = func
@@ -142,8 +150,14 @@ def _build_tir(workload, target, strict: bool, entry: str) -> CompiledKernel:
         report.partitions.append(Partition(backend, name, _TIR, [], macs or 0, notes.get("epilogue") or [], rules,
                                            host, notes.get("device_macs"),
                                            [list(step) for step in notes.get("host_steps", [])],
+                                           from_records=name in record.from_records,
                                            details=list(notes.get("details", []))))
+    if records is not None:
+        report.records = {"path": str(records.path), "applied": len(record.from_records),
+                          "partitions": len(report.partitions), "misses": dict(record.record_misses)}
     _complain(report, t, [], strict, False)
+    if report.records is not None and not report.records["applied"]:
+        warnings.warn(f"no function was scheduled from the {records_line(report.records)}", UserWarning, stacklevel=3)
     used = [(b, opts) for b, opts in t.backends if any(p.backend == b.name for p in report.partitions)]
     return CompiledKernel(executable, given[entry], used, report, entry)
 

@@ -48,7 +48,8 @@ from .prepack import split_layout_stages
 from .report import SCHEDULE_NOTES
 from ..tir.pipeline import tir_pipeline
 
-__all__ = ["relax_pipeline", "lower_partitions", "partition_functions", "schedule_for", "TIR_PIPELINE", "KOPAQUE"]
+__all__ = ["relax_pipeline", "lower_partitions", "partition_functions", "schedule_for", "with_records", "TIR_PIPELINE",
+           "KOPAQUE"]
 
 #: The registered TIR pipeline name (``tvm.compile(..., tir_pipeline=tp.TIR_PIPELINE)``).
 TIR_PIPELINE = "tirpat.backends"
@@ -218,14 +219,7 @@ def lower_partitions(records=None) -> tvm.transform.Pass:
             if record is not None:
                 record.partitions[gv.name_hint] = (name, composite, ops)
             if records is not None:
-                tuned = records.apply(func, name, opts)
-                if record is not None:
-                    record.records = records
-                    if tuned.same_as(func):
-                        record.record_misses[gv.name_hint] = records.why_none(func, name, opts)
-                    else:
-                        record.from_records.add(gv.name_hint)
-                func = tuned
+                func = with_records(records, func, name, opts, gv.name_hint, record)
             scheduled = schedule_for(func, name, opts, gv.name_hint, record)
             mod[gv] = func.with_attr("op_pattern", KOPAQUE) if scheduled is None else scheduled
         mod, folded = split_layout_stages(mod)
@@ -243,6 +237,24 @@ def lower_partitions(records=None) -> tvm.transform.Pass:
         return mod
 
     return run
+
+
+def with_records(records, func: tirx.PrimFunc, backend: str, opts: dict, function: str,
+                 record: Record | None = None) -> tirx.PrimFunc:
+    """``func`` with the decisions of the best of the tuning ``records`` (a ``tp.Records``) for
+    ``backend`` and ``opts`` applied, or as it is when none applies; ``record`` notes which
+    (the partition ``function``) and why not.
+
+    >>> func = with_records(tp.Records("records/"), func, "accel", opts, "main")   # doctest: +SKIP
+    """
+    tuned = records.apply(func, backend, opts)
+    if record is not None:
+        record.records = records
+        if tuned.same_as(func):
+            record.record_misses[function] = records.why_none(func, backend, opts)
+        else:
+            record.from_records.add(function)
+    return tuned
 
 
 def schedule_for(func: tirx.PrimFunc, backend: str, opts: dict, function: str, record: Record | None = None):
