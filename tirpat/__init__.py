@@ -37,7 +37,7 @@ _MODEL = {
     "quantize": "quantize", "CalibrationError": "quantize", "integerize": "integerize",
     "IntegerizeWarning": "integerize",
     "partition": "partition", "build": "build", "OffloadWarning": "build", "OffloadError": "build",
-    "CompiledModel": "compiled", "load": "compiled", "relax_pipeline": "pipeline",
+    "CompiledModel": "compiled", "CompiledKernel": "kernel", "load": "compiled", "relax_pipeline": "pipeline",
     "lower_partitions": "pipeline", "TIR_PIPELINE": "pipeline", "ModelReport": "report",
     "SCHEDULE_NOTES": "report", "partition_functions": "pipeline", "Records": "records",
     "tune": "tune", "TuneResult": "tune", "Knob": "tune", "knob_space": "tune",
