@@ -73,3 +73,14 @@ class Config:
     def tile_cycles(self) -> int:
         """Cycles the GEMM array needs for one tile step."""
         return -(-self.tile**3 // self.gemm_macs_per_cycle)
+
+    @property
+    def dwmac_cycles(self) -> int:
+        """Cycles the GEMM array needs for one DWMAC step (``tile x tile`` MACs): as many as a
+        GEMM step, since both read one INP row of ``tile`` elements a cycle; in the
+        per-channel mode each row gives ``tile`` MACs (one per lane), not ``tile**2``.
+
+        >>> Config().dwmac_cycles, Config(gemm_macs_per_cycle=1024).dwmac_cycles
+        (16, 4)
+        """
+        return self.tile_cycles
