@@ -224,6 +224,49 @@ def test_the_planner_reads_roles_off_the_declarations():
     assert roles(tirx.Evaluate(0)) == []
 
 
+@st.composite
+def loads(draw):
+    mem = draw(st.sampled_from(list(Mem)))
+    rows, cols = draw(st.integers(0, 4)), draw(st.integers(0, 20))
+    top, bottom, left, right = (draw(st.integers(0, 2)) for _ in range(4))
+    return LOAD[mem], dict(elem_offset=draw(st.integers(0, 50)), sram_addr=draw(st.integers(0, 60)),
+                           sram_ld=left + cols + right + draw(st.integers(0, 3)), rows=rows, cols=cols,
+                           dram_ld=draw(st.integers(0, 30)), pad_top=top, pad_bottom=bottom, pad_left=left,
+                           pad_right=right, pad_value=draw(st.integers(-128, 127)))
+
+
+@settings(max_examples=60)
+@given(st.one_of(loads(), gemms(), alus()), st.integers(0, 1000))
+def test_the_dependency_tokens_cover_what_the_declared_program_writes(case, seed):
+    """accel.hw.tokens.footprint (the AUTO tokens' memory ranges) holds every scratchpad
+    element the declared program writes: found as those that differ from what they held,
+    run from two different contents."""
+    from accel.hw.tokens import footprint
+
+    ins, args = case
+    sim = _simulator(seed)
+    host = [np.random.default_rng(seed).integers(-128, 128, 400).astype(
+        ins.operand("host").dtype if "host" in ins.arguments else "int8")]
+    encoded = _check(sim, ins, args, host)
+    assume(encoded is not None)
+    hulls = {space[1]: (lo, hi) for space, lo, hi, write in footprint(encoded, T) if write and space[0] == "sram"}
+    for op in ins.memory_operands:
+        if not op.writes:
+            continue
+        mem = Mem[op.memory.name]
+        start, written = args[op.name], np.zeros(SIZE[mem], bool)
+        for shift in (0, 1):
+            before = {o.name: (_scratch(sim, Mem[o.memory.name]) + shift).astype(o.dtype)[args[o.name]:]
+                      for o in ins.memory_operands}
+            after = ins.reference(**{**args, **before, **({"host": host[0]} if "host" in ins.arguments else {})},
+                                  tile=T)[op.name]
+            written[start:] |= after != before[op.name]
+        where = np.flatnonzero(written)
+        if where.size:
+            lo, hi = hulls[mem]
+            assert lo <= where.min() and where.max() < hi
+
+
 # -- DWMAC, the per-channel multiply-accumulate ---------------------------------------------------
 @st.composite
 def dwmacs(draw):
