@@ -45,8 +45,9 @@ GROUPED = ("a grouped convolution with several input channels per group: accel r
 @dataclass
 class Depthwise(Conv):
     """A recognised depthwise conv2d block: :class:`~accel.compiler.conv.Conv`'s roles, with
-    ``c`` the reduction over the group's one input channel (extent 1) and the input's
-    channel dimension indexed by ``f + c``.
+    ``c`` the reduction over the group's one input channel (extent 1; absent from ``pos``
+    when the weight is indexed by the constant 0 there instead) and the input's channel
+    dimension indexed by ``f + c`` (or ``f``).
 
     >>> dw.ext                                        # doctest: +SKIP
     {'n': 1, 'f': 24, 'y': 5, 'x': 5, 'c': 1, 'ry': 3, 'rx': 3}
@@ -92,15 +93,19 @@ def analyse(block, store, loads) -> tuple[Depthwise | None, str | None]:
         return not_dw
     x_load = compound[0]
     w_load = loads[1] if x_load is loads[0] else loads[0]
-    w_keys = plain(w_load.indices)
-    if w_keys is None or len(w_keys) != 4:
+    # the weight's group-input-channel index: a reduction of extent 1, or the constant 0 (topi's
+    # depthwise_conv2d writes W[f, 0, ry, rx])
+    zero = [d for d, e in enumerate(w_load.indices) if isinstance(e, tirx.IntImm) and e.value == 0]
+    w_keys = plain([e for d, e in enumerate(w_load.indices) if d not in zero[:1]])
+    if w_keys is None or len(w_keys) + len(zero[:1]) != 4:
         return not_dw
     roles, in_dim, spatial = {}, {}, []
     for d, e in enumerate(x_load.indices):
         vs = {_key(v): v for v in _vars_in(e) if _key(v) in pos}
         coeffs = sym.detect_linear_equation(e, list(vs.values()))
         if len(coeffs) != len(vs) + 1 or not vs:
-            return None, f"its input index {e} is not affine"
+            return None, (f"its input index {e} is not affine (a grouped convolution with several channels per "
+                          "group reads channel f // n * n + c): accel runs depthwise ones")
         coef = dict(zip(vs, (int(c) for c in coeffs)))
         red = [k for k in vs if kind[k] == REDUCE]
         par = [k for k in vs if kind[k] == DATA_PAR]
@@ -118,15 +123,15 @@ def analyse(block, store, loads) -> tuple[Depthwise | None, str | None]:
             return not_dw
     if len(spatial) != 2 or set(in_dim) != {"n", "c"}:
         return not_dw
-    if "c" not in roles:
+    if ("c" in roles) == bool(zero):
         return not_dw
     (dy, y, ry, taps_y), (dx, x, rx, taps_x) = spatial
     in_dim.update(y=dy, x=dx)
     roles.update(y=y, x=x, ry=ry, rx=rx)
-    if len(set(roles.values())) != 7 or set(w_keys) != {roles[r] for r in ("f", "c", "ry", "rx")} or \
-            set(out) != {roles[r] for r in ("n", "y", "x", "f")}:
+    if len(set(roles.values())) != len(roles) or set(w_keys) != {roles[r] for r in ("f", "c", "ry", "rx") if r in roles} \
+            or set(out) != {roles[r] for r in ("n", "y", "x", "f")}:
         return not_dw
-    ext = {}
+    ext = {"c": 1}
     for r, k in roles.items():
         e = iters[pos[k]].dom.extent
         if not isinstance(e, tirx.IntImm):
@@ -135,9 +140,12 @@ def analyse(block, store, loads) -> tuple[Depthwise | None, str | None]:
     if ext["c"] != 1:
         return None, GROUPED
     by_key = {k: r for r, k in roles.items()}
+    w_dims = [d for d in range(4) if d not in zero[:1]]
+    w_dim = {by_key[k]: d for d, k in zip(w_dims, w_keys)}
+    if zero:
+        w_dim["c"] = zero[0]
     return Depthwise(block.name_hint, x_load.source, w_load.source, {r: pos[k] for r, k in roles.items()}, ext,
-                     in_dim, {by_key[k]: d for d, k in enumerate(w_keys)},
-                     {by_key[k]: d for d, k in enumerate(out)}, {"y": taps_y, "x": taps_x}), None
+                     in_dim, w_dim, {by_key[k]: d for d, k in enumerate(out)}, {"y": taps_y, "x": taps_x}), None
 
 
 def normalise(sch: s_tir.Schedule, dw: Depthwise, notes) -> View:

@@ -619,7 +619,8 @@ def _schedule_depthwise(sch: s_tir.Schedule, name: str, dw: depthwise.Depthwise,
     at = {r: loops[dw.pos[r]] for r in dw.pos}
     x_o, x_i = sch.split(at["x"], [None, t])
     f_o, f_i = sch.split(at["f"], [None, t])
-    sch.reorder(at["n"], at["y"], x_o, f_o, at["c"], at["ry"], at["rx"], x_i, f_i)
+    reduction = [at[r] for r in ("c", "ry", "rx") if r in at]
+    sch.reorder(at["n"], at["y"], x_o, f_o, *reduction, x_i, f_i)
     block = sch.get(blk)
     weight_read = next(n for n, r in enumerate(block.reads) if len(r.source.shape) == 4 and
                        r.source.name.startswith(view.weight.name))
@@ -634,7 +635,7 @@ def _schedule_depthwise(sch: s_tir.Schedule, name: str, dw: depthwise.Depthwise,
         sch.set_scope(blk, 0, ACC)
         sch.reverse_compute_at(final, f_o)
         _stage_epilogue_operands(sch, blk, final, out_buffer, f_o, t, view.operand_layout)
-    sch.decompose_reduction(blk, at["c"])
+    sch.decompose_reduction(blk, reduction[0])
     reserved[WGT] = reserved.get(WGT, 0) + need[WGT]
     plan.knobs = Knobs(1, 1, 1, "resident", "direct", "row")
     notes.offloaded.append(plan)
