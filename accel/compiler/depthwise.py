@@ -153,7 +153,7 @@ def normalise(sch: s_tir.Schedule, dw: Depthwise, notes) -> View:
     go to ``notes.on_cpu``. Returns the :class:`View` the scheduler tiles.
 
     >>> view = normalise(sch, dw, notes)       # doctest: +SKIP
-    >>> view.dims
+    >>> view.dims                              # doctest: +SKIP
     ('n', 'y', 'ry', 'rx', 'x', 'f')
     """
     blk = sch.get_sblock(dw.block)

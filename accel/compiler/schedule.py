@@ -1,7 +1,9 @@
 """Scheduling unscheduled workloads for accel with ``s_tir.Schedule``.
 
 For each int8 x int8 -> int32 GEMM block (dense, matmul, batch_matmul as TE/topi write
-them; a conv2d is first rewritten into a batched GEMM by :mod:`accel.compiler.conv`) the scheduler:
+them; a conv2d is first rewritten into a batched GEMM by :mod:`accel.compiler.conv`; a
+depthwise conv2d is laid out by :mod:`accel.compiler.depthwise` and tiled for DWMAC, one
+16 x 16 tile of output pixels x channels per instruction, by ``_schedule_depthwise``) the scheduler:
 
 1. transposes an operand on the CPU when its layout is not the one the DMA can read
    (the GEMM computes ``inp x wgt^T``: A must be ``[M, K]`` and the weight ``[N, K]``);
@@ -343,8 +345,10 @@ def _find_gemms(sch: s_tir.Schedule, notes: Notes) -> list:
 def gemm_blocks(sch: s_tir.Schedule) -> list[tuple[str, object]]:
     """``(block name, Conv or None)`` for each GEMM block of ``main`` that :func:`schedule_in`
     would offload, in program order (what a tuner annotates; a convolution comes with its
-    :class:`accel.compiler.conv.Conv`); ``sch`` is left as it is."""
-    return [(name, conv) for name, _, conv, _ in _find_gemms(sch.copy(), Notes())]
+    :class:`accel.compiler.conv.Conv`); ``sch`` is left as it is. A depthwise convolution is
+    no GEMM block: its schedule has no knobs to tune."""
+    return [(name, conv) for name, _, conv, _ in _find_gemms(sch.copy(), Notes())
+            if not isinstance(conv, depthwise.Depthwise)]
 
 
 def _dtypes_found(block) -> str:
