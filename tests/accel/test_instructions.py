@@ -236,8 +236,9 @@ def loads(draw):
 @given(st.one_of(loads(), gemms(), alus()), st.integers(0, 1000))
 def test_the_dependency_tokens_cover_what_the_declared_program_writes(case, seed):
     """accel.hw.tokens.footprint (the AUTO tokens' memory ranges) holds every scratchpad
-    element the declared program writes: found as those that differ from what they held,
-    run from two different contents."""
+    element the declared program writes (found as those that differ from what they held,
+    run from two different contents), and what the planner reads off the program
+    (``elements_written``) for a LOAD or a GEMM reset is exactly those."""
     from accel.hw.tokens import footprint
 
     ins, args = case
@@ -262,3 +263,6 @@ def test_the_dependency_tokens_cover_what_the_declared_program_writes(case, seed
         if where.size:
             lo, hi = hulls[mem]
             assert lo <= where.min() and where.max() < hi
+        if op.role == "write":      # what the planner asks: every element written, each stored anew
+            scalars = {o.name: args[o.name] for o in ins.operands if o.kind == "scalar"}
+            np.testing.assert_array_equal(where, ins.elements_written(op.name, **scalars, tile=T) + start)
