@@ -192,8 +192,12 @@ def build(workload, config: Config | None = None, *, strict: bool = False) -> Ex
     else:
         mod, notes = schedule(func, config)
     name = pipeline_name(config)
-    with _REGISTERED[name].recording() as rewrites:  # this build's rewrites, whatever other threads build
-        compiled = tvm.compile(mod, target="llvm", tir_pipeline=name)
+    # the pipeline of `name`, filling this build's report (whatever other threads build)
+    rewrites = tp.Report()
+    stage = tvm.transform.Sequential([_REGISTERED[name].as_pass(f"tirpat.{name}.0", report=rewrites),
+                                      plan_pass(config)], name=f"tirpat.{name}")
+    with tp.registered(tp.tir_pipeline(stage, f"tirpat.{name}"), name) as scoped:
+        compiled = tvm.compile(mod, target="llvm", tir_pipeline=scoped)
     report = Report(dict(rewrites.counts), list(rewrites.sites), notes.total_macs,
                     notes.offloaded_macs, list(notes.offloaded), list(notes.on_cpu))
     if not notes.offloaded:

@@ -240,13 +240,12 @@ class CompiledModel:
     def _layers(self, started: list, end: dict) -> list:
         owner = {p.function: p for p in self.report.partitions}
         out = []
-        for n, (name, at) in enumerate(started):
-            base = name.removesuffix("_prepacked")
-            part = owner.get(base)
+        for n, (name, at) in enumerate(started):      # the marker names the partition, not a copy of it
+            part = owner.get(name)
             if part is None or part.backend not in at:
                 continue
             nxt = next((c for _, c in started[n + 1:] if part.backend in c), end)
-            out.append(Layer(base, part.backend, " + ".join(_layer_words(part)), at[part.backend],
+            out.append(Layer(name, part.backend, " + ".join(_layer_words(part)), at[part.backend],
                              nxt.get(part.backend, at[part.backend])))
         return out
 
