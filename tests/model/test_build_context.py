@@ -52,11 +52,12 @@ def lockstep(monkeypatch):
 @pytest.mark.filterwarnings("ignore:part of the model stays on the host")
 def test_two_threads_building_at_once_each_get_their_own_record(lockstep):
     shapes = {"a": (3, 20, 7), "b": (5, 11, 4)}
+    mods = {key: _matmul(*shape) for key, shape in shapes.items()}    # (a BlockBuilder is not for threads)
     built, errors = {}, []
 
     def build(key):
         try:
-            built[key] = tp.build(_matmul(*shapes[key]), f"{lockstep}, llvm")
+            built[key] = tp.build(mods[key], f"{lockstep}, llvm")
         except Exception as err:  # noqa: BLE001 - reported by the assertion below
             errors.append(err)
 
@@ -71,9 +72,8 @@ def test_two_threads_building_at_once_each_get_their_own_record(lockstep):
         (part,) = report.partitions         # its own partition only, not the other build's
         assert part.backend == lockstep and part.fallback is None and part.macs == m * k * n
         assert sum(report.macs.values()) == m * k * n       # (on the host: the backend has no rules)
-        mod = _matmul(m, k, n)
-        args = random_inputs(mod, np.random.default_rng(0))
-        np.testing.assert_array_equal(built[key](*args), reference(mod, args))
+        args = random_inputs(mods[key], np.random.default_rng(0))
+        np.testing.assert_array_equal(built[key](*args), reference(mods[key], args))
     # each build's TIR pipeline was registered for it alone, and is gone
     assert not [n for n in tvm.tirx.compilation_pipeline.PIPELINE_MAP if n.startswith(f"{tp.TIR_PIPELINE}.")]
 

@@ -77,24 +77,27 @@ class Record:
 
 #: The runtime function every offloaded PrimFunc calls first, with its name, its backend, the
 #: backend options it was built for (JSON) and the prefixes of the device runtimes it calls
-#: (comma-separated): see :func:`marks` and :func:`_on_partition`.
+#: (comma-separated): see :func:`_on_partition`.
 PARTITION_MARKER = "tirpat.partition_begin"
-_MARKS = threading.local()
 
 
 def _on_partition(name, backend: str = "", options: str = "", runtimes: str = "") -> None:
-    """An offloaded partition starts: each device runtime it calls begins its work (a failed
-    call's leftovers are discarded, a session of other options refuses the code: the options
-    travel with the code, whatever ran it) and the sink of :class:`marks`, if any, hears it."""
-    if runtimes:
-        built, known = _options(options), device.runtimes()
-        for prefix in str(runtimes).split(","):
-            runtime = known.get(prefix)
-            if runtime is not None:
-                runtime.begin(built, f"the {backend} partition {name}", caller=sys._getframe().f_back)
-    sink = getattr(_MARKS, "sink", None)
-    if sink is not None:
-        sink(str(name))
+    """An offloaded partition starts: each device runtime it calls begins its work on its
+    current session (a failed call's leftovers are discarded, a session of other options
+    refuses the code: the options travel with the code, whatever ran it), and a session's
+    :attr:`~tirpat.device.Session.on_partition` listener hears the partition's name, once."""
+    if not runtimes:
+        return
+    built, known, heard = _options(options), device.runtimes(), []
+    for prefix in str(runtimes).split(","):
+        runtime = known.get(prefix)
+        if runtime is not None:
+            session = runtime.begin(built, f"the {backend} partition {name}", caller=sys._getframe().f_back)
+            listener = session.on_partition
+            if listener is not None and not any(listener is h for h in heard):
+                heard.append(listener)
+    for listener in heard:
+        listener(str(name))
 
 
 @functools.lru_cache(maxsize=256)
@@ -118,22 +121,6 @@ def _runtime_prefixes(func: tirx.PrimFunc) -> str:
 
 
 tvm.register_global_func(PARTITION_MARKER, _on_partition, override=True)
-
-
-class marks:
-    """While entered, ``sink(name)`` is called each time an offloaded partition starts to run
-    (in this thread): how a compiled model tells which layer the device's work belongs to."""
-
-    def __init__(self, sink) -> None:
-        self.sink = sink
-
-    def __enter__(self):
-        self.saved = getattr(_MARKS, "sink", None)
-        _MARKS.sink = self.sink
-        return self
-
-    def __exit__(self, *exc):
-        _MARKS.sink = self.saved
 
 
 def _single_primfunc(scheduled, name: str):

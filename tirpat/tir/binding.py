@@ -137,7 +137,14 @@ class ParamInfo:
 
 
 class ParamAccess(P.Pattern):
-    """A load or store of a pattern buffer parameter, bound to a region of a target buffer."""
+    """A load (``value`` None) or store of a pattern buffer parameter, with the patterns of its
+    indices (and stored value), bound to a region of a target buffer: ``info`` is the
+    parameter's :class:`ParamInfo`.
+
+    >>> A = tirx.decl_buffer((8,), "int8", "A")
+    >>> ParamAccess(A, ParamInfo(A, A, tirx.Evaluate(0)), (P.VarPattern(),))
+    A[is_var()]
+    """
 
     binds_node = False  # binds the parameter's region instead
 
@@ -255,7 +262,11 @@ class ParamAccess(P.Pattern):
 
 def not_a_store(param, node) -> str:
     """Why ``node`` is not the store to ``param`` a pattern expects; the allocations TVM's
-    block lowering moves into a loop are named, since they are why a tile is missed there."""
+    block lowering moves into a loop are named, since they are why a tile is missed there.
+
+    >>> not_a_store(tirx.decl_buffer((4,), "int8", "B"), tirx.Evaluate(0))
+    'expected a store to B, found Evaluate'
+    """
     found = f"expected a store to {param.name}, found {type(node).__name__}"
     stmts = node.seq if type(node) is tirx.SeqStmt else [node]
     allocated = [s.buffer.name for s in stmts if type(s) is tirx.AllocBuffer]

@@ -27,7 +27,18 @@ from .analysis import defined_vars, fresh_var, key, rename_defs, substitute, var
 
 class Inliner:
     """A rule's ``replacement`` PrimFunc, checked once (``ValueError`` naming the rule when it
-    cannot be inlined), then instantiated at each site by :meth:`at`."""
+    cannot be inlined), then instantiated at each site by :meth:`at`.
+
+    >>> A, i = tirx.decl_buffer((8,), "int8", "A"), tirx.Var("i", "int32")
+    >>> store = tirx.BufferStore(A, tirx.IntImm("int8", 0), [i])
+    >>> zero = tirx.PrimFunc([A], tirx.For(i, 0, 8, tirx.ForKind.SERIAL, store))
+    >>> Inliner(zero, "zero").body_defs      # made fresh at each site
+    [i]
+    >>> Inliner(zero.with_body(tirx.Evaluate(tirx.Var("n", "int32"))), "bad")
+    Traceback (most recent call last):
+      ...
+    ValueError: rule 'bad': the replacement is ill-formed: ...
+    """
 
     def __init__(self, func: tirx.PrimFunc, rule: str):
         self.func = func
