@@ -314,9 +314,8 @@ def test_two_threads_rewriting_with_one_rewriter_each_get_their_own_report():
 
 
 def test_a_pass_handed_a_report_collects_its_compiles_rewrites_whatever_other_threads_compile():
-    """What accel.build does: the report of the rewrites its own tvm.compile ran (the pass is
-    handed it, in a pipeline registered for that compile), while another build runs the same
-    rewriter in another thread."""
+    """The report of the rewrites one ``tvm.compile`` ran (the pass is handed it, in a pipeline
+    registered for that compile), while another build runs the same rewriter in another thread."""
     import threading
 
     rw = _lockstep_rule(threading.Barrier(2))
