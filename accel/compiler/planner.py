@@ -23,6 +23,7 @@ from tvm import ir, tirx
 
 from tirpat.device import PlanError, ScratchpadOverflow, ScratchpadPlanner
 from tirpat.device.planner import describe
+from tirpat.model.partition import origin_of
 from accel.hw import instructions
 from accel.hw.config import Config
 from accel.compiler.rules import IN_PLACE
@@ -246,13 +247,14 @@ def _check_loop_carried(loop, name, tile):
 def _for_users(func: tirx.PrimFunc, detail: str) -> str:
     """A planner refusal as its user reads it: which part of the model (the operators of a
     ``tp.build`` partition) accel cannot run and what to do, then the technical ``detail``."""
-    attrs = func.attrs
-    name = str(attrs["global_symbol"]) if attrs is not None and "global_symbol" in attrs else "main"
-    base = name.removesuffix("_prepacked")
-    if base.startswith("fused_relax_"):    # a Relax partition, named after its operators
-        ops = [op.strip("_") for op in base.removeprefix("fused_").split("relax_") if op.strip("_")]
-        what = " + ".join("relax." + op.replace("nn_", "nn.", 1) for op in ops) + f" (partition {base})"
+    origin = origin_of(func)        # what tp.build says the PrimFunc computes
+    if origin is not None and origin.ops:
+        what = " + ".join(origin.ops) + f" (partition {origin.name})"
+    elif origin is not None:
+        what = f"the partition {origin.name}"
     else:
+        attrs = func.attrs
+        name = str(attrs["global_symbol"]) if attrs is not None and "global_symbol" in attrs else "main"
         what = f"the function {name!r}"
     why = ("its scratchpad buffers do not fit the accel Config of the target" if "overflows" in detail
            else "accel's compiler produced code for it that the device cannot run")
