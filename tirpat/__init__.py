@@ -15,7 +15,7 @@ from .tir.explain import Explanation, explain
 from .tir.match import find_all, match
 from .tir.pattern import Pattern, affine, is_buffer, is_call, is_const, is_load, is_var, max, min, wildcard
 from .tir.lowering import lower, lower_blocks
-from .tir.pipeline import register_pipeline, tir_pipeline
+from .tir.pipeline import register_pipeline, registered, tir_pipeline
 from .tir.region import CopyRegion, Region, RegionError, padding, split_guard
 from .tir.rewrite import Rewriter, Rewritten, rewriter
 from .tir.scan import Decline, Declined, Report, RewriteError, Rule, Site, decline
@@ -26,7 +26,7 @@ __all__ = [
     "Report", "RewriteError", "Rewriter", "Rewritten", "Rule", "Site", "affine", "decline", "explain",
     "find_all", "instr", "is_buffer", "is_call", "is_const", "is_copy", "is_for", "is_if", "is_load", "is_nest",
     "is_seq", "is_store", "is_var", "loop", "lower", "lower_blocks", "match", "max", "min", "padding",
-    "register_pipeline", "rewriter", "split_guard", "tir_pipeline", "wildcard",
+    "register_pipeline", "registered", "rewriter", "split_guard", "tir_pipeline", "wildcard",
 ]
 
 # The model level (backends, targets, whole-model builds) is imported on first use: the TIR

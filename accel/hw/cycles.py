@@ -24,15 +24,16 @@ from typing import Sequence
 from accel.hw.config import Config
 from accel.hw.emitter import POPS, PUSHES, verify
 from accel.hw.errors import DeadlockError
-from accel.hw.isa import Instruction, Mem, Opcode, StoreMode
+from accel.hw.instructions import LOAD_HOST_DTYPE, STORE_HOST_DTYPE
+from accel.hw.isa import Instruction, Mem, Opcode
 from accel.hw.timing import UNIT_OF, UNITS, Timing
 
 __all__ = ["cost", "Timing", "schedule"]
 
 def _dram_bytes(ins: Instruction) -> int:
     if ins.opcode is Opcode.LOAD:
-        return ins.rows * ins.cols * (4 if ins.mem is Mem.ACC else 1)
-    return ins.rows * ins.cols * (4 if ins.mode is StoreMode.INT32 else 1)
+        return ins.rows * ins.cols * LOAD_HOST_DTYPE[ins.mem].itemsize
+    return ins.rows * ins.cols * STORE_HOST_DTYPE[ins.mode].itemsize
 
 
 def cost(ins: Instruction, config: Config) -> int:

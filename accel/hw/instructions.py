@@ -57,7 +57,7 @@ from tvm import ir, tirx
 from tirpat import device
 
 __all__ = ["INP", "WGT", "ACC", "MEMORIES", "SCOPES", "Mem", "StoreMode", "AluOp", "AUTO", "OPERAND_RANGE",
-           "ALU_UFUNCS", "alu_operand", "LOAD", "STORE", "GEMM", "GEMM_RESET", "ALU", "INSTRUCTIONS", "FUNCTIONS", "OTHER_FUNCTIONS",
+           "ALU_UFUNCS", "alu_operand", "LOAD", "STORE", "GEMM", "GEMM_RESET", "ALU", "LOAD_HOST_DTYPE", "STORE_HOST_DTYPE", "INSTRUCTIONS", "FUNCTIONS", "OTHER_FUNCTIONS",
            "FIELD_OF", "capacity_option", "distinct_starts", "instruction_of", "markdown_table"]
 
 #: The tile width a declaration's program is built for when none is given (Config's default).
@@ -331,6 +331,11 @@ def _alu(op: AluOp, use_imm: bool) -> device.Instruction:
 
 #: The ALU instructions by ``(op, use_imm)``.
 ALU: dict = {(op, use_imm): _alu(op, use_imm) for op in AluOp for use_imm in (False, True)}
+
+#: The host buffer's dtype of each LOAD (by :class:`Mem`) and STORE (by :class:`StoreMode`):
+#: what the DMA moves, as the declarations say (the simulator's dtype checks, the cycle model's bytes).
+LOAD_HOST_DTYPE = {mem: np.dtype(ins.operand("host").dtype) for mem, ins in LOAD.items()}
+STORE_HOST_DTYPE = {mode: np.dtype(ins.operand("host").dtype) for mode, ins in STORE.items()}
 
 #: Every instruction by name.
 INSTRUCTIONS: dict = {i.name: i for i in (*LOAD.values(), *STORE.values(), GEMM, GEMM_RESET, *ALU.values())}

@@ -45,7 +45,9 @@ from accel.hw.errors import (
     AlignmentError, DmaRangeError, DtypeMismatchError, InstructionError,
     ScratchpadOverflowError, UnknownSlotError,
 )
-from accel.hw.instructions import ALU_UFUNCS, OPERAND_RANGE, alu_operand, distinct_starts
+from accel.hw.instructions import (
+    ALU_UFUNCS, LOAD_HOST_DTYPE, OPERAND_RANGE, STORE_HOST_DTYPE, alu_operand, distinct_starts,
+)
 from accel.hw.isa import Alu, Dwmac, Gemm, Instruction, Load, Mem, Opcode, Store, StoreMode
 from accel.hw.stats import Stats
 
@@ -54,8 +56,6 @@ __all__ = ["Simulator", "Program"]
 Buffers = Sequence[Optional[np.ndarray]]
 Op = Callable[[], object]
 
-_INT8 = np.dtype(np.int8)
-_INT32 = np.dtype(np.int32)
 # int8 x int8 products are at most 2**14; float32 sums them exactly while the total
 # stays within its 24-bit mantissa, float64 within 53 bits.
 _F32_EXACT_TERMS = 2**24 // 2**14
@@ -182,7 +182,7 @@ class Simulator:
         if not acc and not -128 <= ins.pad_value <= 127:
             raise InstructionError(index, ins, f"pad_value {ins.pad_value} does not fit int8")
         if ins.rows and ins.cols:
-            self._check_dram(index, ins, self._host(index, ins, buffers, _INT32 if acc else _INT8))
+            self._check_dram(index, ins, self._host(index, ins, buffers, LOAD_HOST_DTYPE[ins.mem]))
         height = ins.pad_top + ins.rows + ins.pad_bottom
         width = ins.pad_left + ins.cols + ins.pad_right
         if height and width:
@@ -194,7 +194,7 @@ class Simulator:
     def _check_store(self, index: int, ins: Store, buffers: Buffers) -> None:
         if not (ins.rows and ins.cols):
             return
-        buf = self._host(index, ins, buffers, _INT32 if ins.mode is StoreMode.INT32 else _INT8)
+        buf = self._host(index, ins, buffers, STORE_HOST_DTYPE[ins.mode])
         if not buf.flags.writeable:
             raise InstructionError(index, ins, f"host buffer slot {ins.slot} is read-only: "
                                                f"a STORE cannot write it")
@@ -646,9 +646,9 @@ def _signature(stream: Sequence[Instruction]) -> dict[int, tuple[np.dtype, int, 
         if slot < 0:
             continue
         if ins.opcode is Opcode.LOAD:
-            dtype, written = (_INT32 if ins.mem is Mem.ACC else _INT8), False
+            dtype, written = LOAD_HOST_DTYPE[ins.mem], False
         else:
-            dtype, written = (_INT32 if ins.mode is StoreMode.INT32 else _INT8), True
+            dtype, written = STORE_HOST_DTYPE[ins.mode], True
         end = ins.dram_offset + (ins.rows - 1) * ins.dram_ld + ins.cols
         seen = out.get(slot)
         if seen is not None:

@@ -31,6 +31,19 @@ def test_an_unmatched_scratchpad_access_names_the_statement():
         accel.build(func)
 
 
+def test_a_refusal_names_the_partition_and_operators_its_primfunc_says_it_computes():
+    """The planner reads the partition from the function's tirpat.partition attribute, not from
+    its name: under an arbitrary name the user still reads which operators accel cannot run."""
+    from tirpat.model.partition import PARTITION_ATTR, PartitionOrigin
+
+    func = tiled_matmul(16, 16, 16, (8, 8, 8), decompose_init=True, scopes=SCOPES)
+    origin = PartitionOrigin("layer_7", ("relax.matmul", "relax.add"))
+    with pytest.raises(accel.PlanError, match=r"^accel cannot run relax\.matmul \+ relax\.add \(partition layer_7\): "):
+        accel.build(func.with_attr(PARTITION_ATTR, origin.attr()))
+    with pytest.raises(accel.PlanError, match=r"^accel cannot run the function 'main': "):
+        accel.build(func)
+
+
 def test_accel_calls_in_a_parallel_loop_are_rejected():
     func = tiled_matmul(32, 32, 32, (16, 16, 16), decompose_init=True, scopes=SCOPES)
     outer = func.body

@@ -239,8 +239,9 @@ def loads(draw):
 @given(st.one_of(loads(), gemms(), alus()), st.integers(0, 1000))
 def test_the_dependency_tokens_cover_what_the_declared_program_writes(case, seed):
     """accel.hw.tokens.footprint (the AUTO tokens' memory ranges) holds every scratchpad
-    element the declared program writes: found as those that differ from what they held,
-    run from two different contents."""
+    element the declared program writes (found as those that differ from what they held,
+    run from two different contents), and what the planner reads off the program
+    (``elements_written``) for a LOAD or a GEMM reset is exactly those."""
     from accel.hw.tokens import footprint
 
     ins, args = case
@@ -265,6 +266,9 @@ def test_the_dependency_tokens_cover_what_the_declared_program_writes(case, seed
         if where.size:
             lo, hi = hulls[mem]
             assert lo <= where.min() and where.max() < hi
+        if op.role == "write":      # what the planner asks: every element written, each stored anew
+            scalars = {o.name: args[o.name] for o in ins.operands if o.kind == "scalar"}
+            np.testing.assert_array_equal(where, ins.elements_written(op.name, **scalars, tile=T) + start)
 
 
 # -- DWMAC, the per-channel multiply-accumulate ---------------------------------------------------
@@ -333,3 +337,9 @@ def test_a_depthwise_convolution_through_the_session():
     padded = np.pad(image[1:1 + k].astype(np.int32), ((0, 0), (1, 1), (0, 0)))
     want = sum(padded[i, j:j + s * ow:s] * kernel[i, j] for i in range(k) for j in range(k))
     np.testing.assert_array_equal(out, want)
+
+
+@settings(max_examples=40)
+@given(dwmacs(), st.integers(0, 1000))
+def test_the_dependency_tokens_cover_what_dwmac_writes(args, seed):
+    test_the_dependency_tokens_cover_what_the_declared_program_writes.hypothesis.inner_test((DWMAC, args), seed)

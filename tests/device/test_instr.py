@@ -343,3 +343,46 @@ def test_a_fixed_buffer_parameter_is_refused():
 
     with pytest.raises(TypeError, match="fixed argument x is a buffer parameter"):
         tp.instr("dt.fixbuf", memories=[INP], fixed={"x": 1})(lambda tile=4: program)
+
+
+# -- what a planner asks: the elements an instruction writes -------------------------------------
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 4), st.integers(0, 4), st.integers(0, 3), st.integers(0, 3))
+def test_elements_written_are_the_stores_of_the_program(rows, cols, top, left):
+    rows, cols = min(rows, TILE - top), min(cols, TILE - left)
+    got = load.elements_written("dst", rows=rows, cols=cols, pad_top=top, pad_left=left, ld=7)
+    # the LOAD-like program stores its whole tile (the padding too), flattened row-major
+    assert got.tolist() == list(range(TILE * TILE))
+    acc = gemm_reset.elements_written("acc", ext_out=2, ext_in=rows, acc_so=32, acc_si=cols * 16)
+    want = sorted({o * 32 + t * cols * 16 + k for o in range(2) for t in range(rows) for k in range(TILE * TILE)})
+    assert acc.tolist() == want
+
+
+@tp.instr("dt.maybe", memories=[INP])
+def maybe(tile: int = 8):
+    @T.prim_func
+    def program(y: T.Buffer((tile,), "int8", scope="local.dt_inp"), n: T.int32, k: T.int32):
+        for i in range(n):
+            y[i * 2] = T.int8(1)
+            if i < k:
+                y[i * 2 + 1] = T.int8(2)          # only maybe: not surely written
+    return program
+
+
+@tp.instr("dt.masked", memories=[INP])
+def masked(tile: int = 8):
+    @T.prim_func
+    def program(y: T.Buffer((tile,), "int8", scope="local.dt_inp"), n: T.int32):
+        for i in range(n):
+            y[T.bitwise_and(i, 3)] = T.int8(3)
+    return program
+
+
+def test_elements_written_leave_out_conditional_stores_and_refuse_what_they_cannot_evaluate():
+    assert maybe.elements_written("y", n=3, k=2).tolist() == [0, 2, 4]
+    with pytest.raises(ValueError, match="elements_written\\(\\) evaluates integer arithmetic"):
+        masked.elements_written("y", n=3)
+    with pytest.raises(ValueError, match="'n' is not a buffer operand \\(buffer operands: y\\)"):
+        maybe.elements_written("n", n=3)
+    with pytest.raises(ValueError, match="needs the value of ext_out"):
+        gemm_reset.elements_written("acc", ext_in=1, acc_so=0, acc_si=0)

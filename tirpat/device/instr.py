@@ -146,6 +146,50 @@ def _operands(name: str, func: tirx.PrimFunc, memories: Mapping[str, Memory]) ->
     return tuple(out)
 
 
+def _stores_into(name: str, body: tirx.Stmt, target) -> list:
+    """``[(loops, indices)]``: each unconditional store into buffer ``target`` in ``body``,
+    with the ``(var, min, extent)`` of the loops around it, outermost first."""
+    found: list = []
+
+    def visit(stmt, loops):
+        if isinstance(stmt, tirx.For):
+            visit(stmt.body, loops + ((stmt.loop_var, stmt.min, stmt.extent),))
+        elif isinstance(stmt, tirx.SeqStmt):
+            for s in stmt.seq:
+                visit(s, loops)
+        elif isinstance(stmt, tirx.BufferStore) and stmt.buffer.same_as(target):
+            found.append((loops, stmt.indices))
+        elif isinstance(stmt, tirx.AttrStmt):
+            visit(stmt.body, loops)
+        # anything else stores nothing surely (an IfThenElse only maybe)
+
+    visit(body, ())
+    return found
+
+
+_ARITHMETIC = {tirx.Add: np.add, tirx.Sub: np.subtract, tirx.Mul: np.multiply, tirx.FloorDiv: np.floor_divide,
+               tirx.FloorMod: np.mod, tirx.Min: np.minimum, tirx.Max: np.maximum}
+
+
+def _evaluate(name: str, expr, env: Mapping):
+    """Integer ``expr`` with its variables' values (ints or numpy arrays) from ``env`` by handle."""
+    kind = type(expr)
+    if kind is int:
+        return expr
+    if kind is tirx.IntImm:
+        return expr.value
+    if isinstance(expr, ir.Var):
+        value = env.get(expr.__chandle__())
+        if value is None:
+            raise ValueError(f"instruction {name}: elements_written() needs the value of {expr.name}")
+        return value
+    if kind in _ARITHMETIC:
+        return _ARITHMETIC[kind](_evaluate(name, expr.a, env), _evaluate(name, expr.b, env))
+    if kind is tirx.Cast and str(expr.dtype).startswith("int"):
+        return _evaluate(name, expr.value, env)
+    raise ValueError(f"instruction {name}: elements_written() evaluates integer arithmetic, not {expr}")
+
+
 def _holds(verdict) -> bool:
     """A precondition's verdict as a bool: on TIR values (a rule's bound operands) it is a
     TIR condition, which holds when the analyzer proves it."""
@@ -214,6 +258,7 @@ class Instruction:
         self.fixed = {k: int(v) for k, v in self.fixed.items()}
         self._programs: dict = {}
         self._executables: dict = {}
+        self._stores: dict = {}
         # A fixed argument the program also takes as a scalar parameter keeps that place in
         # the runtime's argument order; the program is specialised to its value.
         self._order: Optional[tuple[str, ...]] = None
@@ -386,6 +431,55 @@ class Instruction:
         if not self.is_call(call):
             raise ValueError(f"instruction {self.name}: {call} is not a call of it")
         return dict(zip(self.arguments, call.args[1:]))
+
+    # -- what a planner asks ----------------------------------------------------------------
+    def elements_written(self, operand: str, **values: Any) -> np.ndarray:
+        """The elements of buffer operand ``operand`` (offsets from where it starts) that
+        the program surely stores to, for the scalar operands and parameters ``values`` by
+        name, sorted, each once: read off the program's loop nests (stores under a condition
+        are left out), whose bounds and store indices are integer arithmetic of loop
+        variables and scalars. A planner asks it what an instruction writes.
+
+        >>> from tvm.script import tirx as T
+        >>> @instr("doc.every_other")
+        ... def every_other():
+        ...     @T.prim_func
+        ...     def program(d: T.Buffer((16,), "int8"), n: T.int32, step: T.int32):
+        ...         for i in range(n):
+        ...             d[i * step] = T.int8(0)
+        ...     return program
+        >>> every_other.elements_written("d", n=3, step=2).tolist()
+        [0, 2, 4]
+        """
+        if not any(o.name == operand and o.kind != "scalar" for o in self.operands):
+            raise ValueError(f"instruction {self.name}: {operand!r} is not a buffer operand (buffer operands: "
+                             f"{', '.join(o.name for o in self.operands if o.kind != 'scalar')})")
+        params = {k: v for k, v in values.items() if k in self.params}
+        key = (operand, tuple(sorted(params.items())))
+        stores = self._stores.get(key)
+        func = self.program(**params)
+        if stores is None:
+            target = next(p for p in func.params if p.name == operand)
+            stores = self._stores[key] = _stores_into(self.name, func.body, target)
+        env = {p.__chandle__(): int(values[p.name]) for p in func.params
+               if not tirx.is_buffer_var(p) and p.name in values}
+        target = next(p for p in func.params if p.name == operand)
+        strides = list(target.strides) or [None] * len(target.shape)
+        if not target.strides:      # row-major: each dimension's stride the product of those after it
+            for k in reversed(range(len(strides))):
+                strides[k] = 1 if k == len(strides) - 1 else strides[k + 1] * target.shape[k + 1]
+        chunks = []
+        for loops, indices in stores:
+            grid, shape = {}, []
+            for axis, (var, lo, extent) in enumerate(loops):
+                start, count = (int(_evaluate(self.name, e, env)) for e in (lo, extent))
+                grid[var.__chandle__()] = (np.arange(max(count, 0), dtype=np.int64) + start).reshape(
+                    [1] * axis + [-1] + [1] * (len(loops) - axis - 1))
+                shape.append(max(count, 0))
+            at = {**env, **grid}
+            flat = sum(_evaluate(self.name, i, at) * _evaluate(self.name, st, env) for i, st in zip(indices, strides))
+            chunks.append(np.broadcast_to(flat, shape).ravel())
+        return np.unique(np.concatenate(chunks)) if chunks else np.zeros(0, np.int64)
 
     # -- the reference semantics -----------------------------------------------------------
     def executable(self, **params: Any) -> tvm_ffi.Function:

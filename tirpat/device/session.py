@@ -109,6 +109,10 @@ class Session:
     #: model level enters it. Code that carries its options refuses to run in a session
     #: that says other values for any option it names, or says nothing.
     options: Optional[Mapping[str, Any]] = None
+    #: Called with a partition's name each time compiled code of ``tp.build`` starts an
+    #: offloaded partition that works on this session, or None; the compiled model that
+    #: entered the session sets it for one call (which layer the device's work belongs to).
+    on_partition: Optional[Callable[[str], None]] = None
 
     def __init__(self) -> None:
         self.buffers = BufferTable()

@@ -25,7 +25,7 @@ from tvm import ir, relax, tirx
 from .compiled import CompiledModel, Input
 from .kernel import CompiledKernel
 from .partition import as_target, tagged
-from .pipeline import TIR_PIPELINE, Record, recording, relax_pipeline, schedule_for, with_records
+from .pipeline import Record, relax_pipeline, schedule_for, tir_pipeline_for, with_records
 from .report import (HostOp, Partition, ModelReport, epilogue_of, macs_known, macs_of, notes_of, primfunc_macs,
                      records_line)
 
@@ -88,9 +88,10 @@ def build(mod: ir.IRModule, target, *, strict: bool = False, params: Mapping[str
     t = as_target(target)
     mod = bind_params(mod, params, entry)
     inputs = _inputs(mod[entry])
-    record = Record()
-    with recording(record):
-        executable = tvm.compile(mod, t.host, relax_pipeline=relax_pipeline(t, records), tir_pipeline=TIR_PIPELINE)
+    record = Record()       # this build's: handed to the pipelines, whatever other threads build
+    with tir_pipeline_for(record) as tir:
+        executable = tvm.compile(mod, t.host, relax_pipeline=relax_pipeline(t, records, record=record),
+                                 tir_pipeline=tir)
     report, declined, in_float = _report(record, t)
     _complain(report, t, declined, strict, in_float)
     if report.records is not None and not report.records["applied"]:
@@ -132,8 +133,8 @@ def _build_tir(workload, target, strict: bool, entry: str, records) -> CompiledK
             func = schedule_for(func, backend.name, opts, name, record)
             record.notes[name] = json.dumps(notes_of(func))
         lowered[name] = func
-    with recording(record):
-        executable = tvm.compile(ir.IRModule(lowered), t.host, tir_pipeline=TIR_PIPELINE)
+    with tir_pipeline_for(record) as tir:
+        executable = tvm.compile(ir.IRModule(lowered), t.host, tir_pipeline=tir)
     report = ModelReport(backends=[b.name for b, _ in t.backends])
     for name, func in given.items():
         macs = primfunc_macs(func)
@@ -273,22 +274,20 @@ def _report(record: Record, target) -> tuple[ModelReport, list, bool]:
                 report.on_host.append(host)
                 if partitioner.declined.of(binding.var):
                     declined.append(host)
-    lowered = {name.removesuffix("_prepacked"): name for name in record.partitions}
-    for base in calls:      # one entry per call: a partition function may be called more than once
-        name = lowered.get(base)
-        if name is None:
+    for name in calls:      # one entry per call: a partition function may be called more than once
+        if name not in record.partitions:
             continue
         backend, pattern, ops = record.partitions[name]
         macs = sum(macs_of(c) for c in ops)
         report.total_macs += macs
-        report.uncounted_ops += [f"{c.op.name} (in {base})" for c in ops if not macs_known(c)]
+        report.uncounted_ops += [f"{c.op.name} (in {name})" for c in ops if not macs_known(c)]
         notes = json.loads(record.notes.get(name, "{}"))
         rules = record.rules.get(name, {})
         core = next((n for n, c in enumerate(ops) if macs_of(c)), 0)
-        fallback = record.failed.get(name) or record.failed.get(base)
+        fallback = record.failed.get(name)
         if fallback:        # what the backend's schedule planned did not happen
             rules, notes = {}, {"epilogue": notes.get("epilogue")}
-        part = Partition(backend, base, pattern, [c.op.name for c in ops[core:]], macs,
+        part = Partition(backend, name, pattern, [c.op.name for c in ops[core:]], macs,
                          notes.get("epilogue") or epilogue_of(ops[core:]), rules,
                          macs if not rules else int(notes.get("host_macs", 0)),
                          notes.get("device_macs"), [_at_compile_time(s, record.folded.get(name, ()))
