@@ -311,7 +311,9 @@ def test_dwmac_encoding_cycles_and_disassembly():
     # ISA.md section 6: a step costs a GEMM step's cycles and gives tile x tile MACs
     from accel.hw import cycles
     timing = cycles.schedule([d.with_flags(pop_prev=False), isa.Finish()], CONFIG)
-    assert cycles.cost(d, CONFIG) == 9 * CONFIG.tile_cycles + CONFIG.issue_overhead
+    assert cycles.cost(d, CONFIG) == 9 * CONFIG.tile_cycles + CONFIG.issue_overhead    # 16 MACs a cycle
+    fast = accel.Config(dwmac_macs_per_cycle=T * T)     # a lane array fed a whole tile a cycle
+    assert cycles.cost(d, fast) == 9 + fast.issue_overhead
     assert timing.macs == 9 * T * T and timing.busy["gemm"] == cycles.cost(d, CONFIG)
 
 
