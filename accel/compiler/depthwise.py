@@ -13,7 +13,8 @@ convolution normaliser's layout steps (:mod:`accel.compiler.conv`):
 
 - the input is read channels-last (an NCHW input transposed on the CPU with its zero padding;
   a channels-last one read in place, the image border as the LOADs' padding), through a
-  re-indexed view ``[n, y, rc, ry, rx, x, f]`` whose INP tile for one tap ``(ry, rx)`` is
+  re-indexed view ``[n, y, rc, ry, rx, x, f]`` (``[n, rc, ry, rx, y, f]`` for an output one
+  pixel wide: its tiles' pixels run down the column) whose INP tile for one tap ``(ry, rx)`` is
   ``X[n, y*sy + ry*dy, (x0 + p)*sx + rx*dx, f0 + c]``: 16 rows of 16 channels, one strided LOAD;
 - the weights are reordered on the CPU to ``[KH, KW, C, 1]``, a row of channels per tap;
 - an NCHW result is written channels-last by the accelerator and transposed on the CPU.
@@ -34,9 +35,10 @@ from tvm import ir, s_tir, sym, tirx
 from accel.compiler.blocks import DATA_PAR, REDUCE, mark_layout_stage
 from accel.compiler.conv import Conv, _input, _input_read, _key, _output, _permute, _read_index, _vars_in
 
-#: The order of the re-indexed input view's dimensions (those it has): a tap's INP tile is
-#: the last two, pixels by channels.
-VIEW_ORDER = ("n", "y", "c", "ry", "rx", "x", "f")
+#: The order of the re-indexed input view's dimensions (those it has), the pixels' (``x``, or
+#: ``y`` for an output one pixel wide) moved last but the channels: a tap's INP tile is the
+#: last two, pixels by channels.
+VIEW_ORDER = ("n", "y", "x", "c", "ry", "rx", "f")
 
 GROUPED = ("a grouped convolution with several input channels per group: accel runs depthwise "
            "ones (one input and one output channel per group)")
@@ -148,6 +150,17 @@ def analyse(block, store, loads) -> tuple[Depthwise | None, str | None]:
                      in_dim, w_dim, {by_key[k]: d for d, k in enumerate(out)}, {"y": taps_y, "x": taps_x}), None
 
 
+def pixels(dw: Depthwise) -> str | None:
+    """The output dimension a DWMAC tile's rows run along: ``x``, or ``y`` when the output
+    is one pixel wide (TVM drops an extent-1 iter from the input's index); None when it is
+    one pixel in all (no tile of pixels to gather).
+
+    >>> pixels(dw)                                # doctest: +SKIP
+    'x'
+    """
+    return "x" if dw.ext["x"] > 1 else "y" if dw.ext["y"] > 1 else None
+
+
 def normalise(sch: s_tir.Schedule, dw: Depthwise, notes) -> View:
     """Lay the depthwise block of ``sch`` out for DWMAC (see the module docstring); CPU steps
     go to ``notes.on_cpu``. Returns the :class:`View` the scheduler tiles.
@@ -167,7 +180,8 @@ def normalise(sch: s_tir.Schedule, dw: Depthwise, notes) -> View:
     read = sch.get(blk).reads[_read_index(sch, blk, view_buffer)]
     # TVM leaves out of the view the iters of extent 1 that it dropped from the input's indices
     dims = {role_of[_key(r.min)]: n for n, r in enumerate(read.region)}
-    order = tuple(r for r in VIEW_ORDER if r in dims)
+    pix = pixels(dw)
+    order = tuple(r for r in VIEW_ORDER if r in dims and r not in (pix, "f")) + (pix, "f")
     sch.transform_layout(view, ("write", 0), _permute(dims, order))
     return View(sch.get(view).writes[0].source, weight, order, (*inline, sch.get(view).name_hint), stop, source,
                 None if dw.channels_last_output else _permute(dw.out_dim, ("n", "y", "x", "f")))

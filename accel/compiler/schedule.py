@@ -587,11 +587,15 @@ def _schedule_depthwise(sch: s_tir.Schedule, name: str, dw: depthwise.Depthwise,
     epilogue (and its operands) through ACC, as a GEMM's."""
     t = config.tile
     e = dw.ext
+    pix = depthwise.pixels(dw)
+    if pix is None:
+        raise DoesNotFit("its output is one pixel: no tile of pixels x channels to gather")
+    other = "y" if pix == "x" else "x"
     taps = e["ry"] * e["rx"]
-    x_pad, f_pad = -(-e["x"] // t) * t, -(-e["f"] // t) * t
+    x_pad, f_pad = -(-e[pix] // t) * t, -(-e["f"] // t) * t
     # what the tiles occupy, as the planner lays them out: checked before anything changes
     options = {"tile": t}
-    outer = e["n"] * e["y"] * (x_pad // t) * (f_pad // t) > 1
+    outer = e["n"] * e[other] * (x_pad // t) * (f_pad // t) > 1
     need = {INP: _MEMORY[INP].footprint(taps * t * t, repeated=outer, options=options),
             WGT: _MEMORY[WGT].footprint(taps * f_pad, repeated=False, options=options),
             ACC: _MEMORY[ACC].footprint(2 * t * t, repeated=outer, options=options)}   # a residual at most
@@ -601,16 +605,14 @@ def _schedule_depthwise(sch: s_tir.Schedule, name: str, dw: depthwise.Depthwise,
                              f"bytes, the target's Config has {getattr(config, capacity_option(_MEMORY[scope]))} "
                              f"({capacity_option(_MEMORY[scope])})")
     view = depthwise.normalise(sch, dw, notes)
-    if "x" not in view.dims or "f" not in view.dims:
-        raise DoesNotFit("its output is one pixel wide or has one channel: no pixels x channels tile to gather")
-    plan = GemmPlan(name, e["x"], e["f"], taps, e["n"] * e["y"],
+    plan = GemmPlan(name, e[pix], e["f"], taps, e["n"] * e[other],
                     gather=f"per-channel DWMAC; each kernel tap's input tile by a strided, padded LOAD from "
                            f"{view.source}")
     blk = sch.get_sblock(name)
     keys = [iv.var.__chandle__() for iv in sch.get(blk).iter_vars]
-    padded = [x_pad if k == keys[dw.pos["x"]] else f_pad if k == keys[dw.pos["f"]] else
+    padded = [x_pad if k == keys[dw.pos[pix]] else f_pad if k == keys[dw.pos["f"]] else
               int(iv.dom.extent.value) for k, iv in zip(keys, sch.get(blk).iter_vars)]
-    plan.device_macs = e["n"] * e["y"] * x_pad * f_pad * taps
+    plan.device_macs = e["n"] * e[other] * x_pad * f_pad * taps
     if padded != [int(iv.dom.extent.value) for iv in sch.get(blk).iter_vars]:
         sch.pad_einsum(blk, padded)
     final, steps, out_buffer = _epilogue(sch, blk, view.stop)
@@ -621,10 +623,10 @@ def _schedule_depthwise(sch: s_tir.Schedule, name: str, dw: depthwise.Depthwise,
     plan.epilogue = describe_epilogue(steps, str(sch.get(final).writes[0].source.dtype)) if steps else []
     loops = sch.get_loops(blk)
     at = {r: loops[dw.pos[r]] for r in dw.pos}
-    x_o, x_i = sch.split(at["x"], [None, t])
+    x_o, x_i = sch.split(at[pix], [None, t])
     f_o, f_i = sch.split(at["f"], [None, t])
     reduction = [at[r] for r in ("c", "ry", "rx") if r in at]
-    sch.reorder(at["n"], at["y"], x_o, f_o, *reduction, x_i, f_i)
+    sch.reorder(at["n"], at[other], x_o, f_o, *reduction, x_i, f_i)
     block = sch.get(blk)
     weight_read = next(n for n, r in enumerate(block.reads) if len(r.source.shape) == 4 and
                        r.source.name.startswith(view.weight.name))
