@@ -56,6 +56,7 @@ from tvm import relax
 
 from .fixed_point import Requantize
 from .rules import Declined, Rule, all_rules, clip_fold_rule, emit_requantize, requantize_pattern
+from .tables import TableRule
 
 __all__ = ["integerize", "IntegerizeWarning", "Requantize", "requantize_pattern", "emit_requantize", "calls",
            "Rule", "Declined"]
@@ -79,7 +80,7 @@ def integerize() -> tvm.transform.Pass:
     @tvm.transform.module_pass(opt_level=0, name="tirpat.Integerize")
     def _integerize(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         declined: dict = {}
-        rewriters = [rule.rewriter(declined) for rule in [*all_rules(), clip_fold_rule()]]
+        rewriters = [rule.rewriter(declined) for rule in [*all_rules(), TableRule(), clip_fold_rule()]]
         # one rule's output can be another's input (a dequantize moved after a reshape meets
         # an add): repeat until nothing changes
         for _ in range(_MAX_ROUNDS):

@@ -10,13 +10,15 @@ conv2d / matmul (+bias)   int8 x int8 -> int32, int32 bias add (the input's zero
                           term folded in; a padded conv pads with that zero point first),
                           requantise epilogue
  (+ReLU/Clip)              (ReLU and Clip become the requantise's output bounds)
-add of two tensors        both rescaled to a common fixed-point scale in int32, added,
-                          requantised
+add / subtract of two     both rescaled to a common fixed-point scale in int32, added (a
+tensors                   subtrahend negated), requantised
+multiply of two tensors   the int32 product of the centred operands, requantised
 ReLU / Clip               ``clip`` on int8 (folded into the producer's requantise later)
 max_pool2d, max, min,     the same op on int8: the dequantize moves after them (they commute
 reshape, permute_dims,    with it), and ``q(dq(x))`` remains: a rescale
 squeeze, expand_dims,
-flatten, strided_slice
+flatten, strided_slice,
+nearest resize2d
 avg_pool2d / mean         int32 window sums (``sum`` over a reshape for disjoint windows, else
                           a depthwise all-ones conv2d) less ``z_x`` per element present,
                           requantised by ``1 / count``
@@ -24,6 +26,8 @@ concat (2 to 8 inputs)    each input requantised to the output's scale, concaten
 quantize(dequantize(x))   ``x``, or a requantise when the scales differ (an add when only
                           the zero points do)
 dequantize of uint8       dequantize of int8 ``x - 128`` with zero point ``z - 128``
+any other element-wise    a 256-entry int8 table computed at compile time, ``take(table,
+function of one tensor    x + 128)`` (:mod:`.tables`: sigmoid, HardSwish, GELU's erf, tanh...)
 ========================  ==================================================================
 
 A requantise is emitted by :func:`emit_requantize` as the ALU-only chain of
@@ -522,21 +526,60 @@ def _matmul_rule() -> Rule:
 # elementwise: add, ReLU/Clip, rescale
 # ----------------------------------------------------------------------------------------
 def _add_rule() -> Rule:
+    """``q(act(dq(a) + dq(b)))`` or ``-``: both operands rescaled to a common fixed-point scale
+    in int32 and summed (a subtrahend negated first: ``-b`` is ``b`` at the negated zero point,
+    so every multiplier stays positive), requantised."""
     a, b = Dequantized(), Dequantized()
     add = is_op("relax.add")(a.pattern, b.pattern)
-    act = Activation(add)
+    subtract = is_op("relax.subtract")(a.pattern, b.pattern)
+    act = Activation(add | subtract)
     q = Quantized(act.pattern)
 
     def build(m: Match) -> relax.Expr:
         (sa, za), (sb, zb), (sy, zy) = a.activation(m), b.activation(m), q.activation(m)
-        out = _dims(m[add])
+        call = m.get(add) if m.get(add) is not None else m[subtract]
+        out = _dims(call)
         if not _same_dims(_dims(m[a.x]), out) and not _same_dims(_dims(m[b.x]), out):
-            raise Declined("an add whose operands both broadcast")
+            raise Declined(f"{_op_word(call)} whose operands both broadcast")
         lo, hi = act.bounds(m, sy, zy)
+        second = relax.op.astype(m[b.x], "int32")
+        if m.get(add) is None:
+            second, zb = relax.op.negative(second), -zb
         rq = _choose([sa / sy, sb / sy], [INT8_MAGNITUDE, INT8_MAGNITUDE], lo, hi, [za, zb], zy)
-        return emit_requantize([relax.op.astype(m[a.x], "int32"), relax.op.astype(m[b.x], "int32")], rq)
+        return emit_requantize([relax.op.astype(m[a.x], "int32"), second], rq)
 
     return Rule("add", q.pattern, build)
+
+
+def _op_word(call: relax.Call) -> str:
+    return {"relax.add": "an add", "relax.subtract": "a subtract", "relax.multiply": "a multiply"}[str(call.op.name)]
+
+
+def _multiply_rule() -> Rule:
+    """``q(act(dq(a) * dq(b)))`` of two int8 tensors (a squeeze-excitation's scaling, HardSwish's
+    ``x * hardsigmoid(x)``, an affine constant): the int32 product ``(a - z_a)(b - z_b)``
+    (at most ``(128 + |z_a|)(128 + |z_b|)``, far within int32) requantised by ``s_a s_b / s_y``."""
+    a, b = Dequantized(), Dequantized()
+    multiply = is_op("relax.multiply")(a.pattern, b.pattern)
+    act = Activation(multiply)
+    q = Quantized(act.pattern)
+
+    def build(m: Match) -> relax.Expr:
+        (sa, za), (sb, zb), (sy, zy) = a.activation(m), b.activation(m), q.activation(m)
+        out = _dims(m[multiply])
+        if not _same_dims(_dims(m[a.x]), out) and not _same_dims(_dims(m[b.x]), out):
+            raise Declined("a multiply whose operands both broadcast")
+        lo, hi = act.bounds(m, sy, zy)
+
+        def centred(x: relax.Expr, z: int) -> relax.Expr:
+            x = relax.op.astype(x, "int32")
+            return relax.op.subtract(x, _const(z, "int32")) if z else x
+
+        product = relax.op.multiply(centred(m[a.x], za), centred(m[b.x], zb))
+        bound = (INT8_MAGNITUDE + abs(za)) * (INT8_MAGNITUDE + abs(zb))
+        return emit_requantize([product], _choose([sa * sb / sy], [bound], lo, hi, zero_point=zy))
+
+    return Rule("multiply", q.pattern, build)
 
 
 def _activation_rule() -> Rule:
@@ -690,9 +733,24 @@ def _avg_pool(call, x, sx, sy):
     return _average(total, positions(counts), positions(present), kh * kw, sx, sy)
 
 
-#: Operators that commute with quantize and dequantize: maxima and element moves.
+#: Operators that commute with quantize and dequantize: maxima and element moves (a resize
+#: only when it picks the nearest element: see :func:`_moves_elements`).
 _COMMUTING_OPS = ("relax.nn.max_pool2d", "relax.max", "relax.min", "relax.reshape", "relax.permute_dims",
-                  "relax.squeeze", "relax.expand_dims", "relax.flatten", "relax.strided_slice")
+                  "relax.squeeze", "relax.expand_dims", "relax.flatten", "relax.strided_slice",
+                  "relax.image.resize2d")
+
+
+def _moves_elements(call: relax.Call) -> None:
+    """A ``Declined`` unless ``call`` (one of :data:`_COMMUTING_OPS`) gives each output element
+    one input element's value: a resize must be nearest-neighbour, and not crop (its
+    ``tf_crop_and_resize`` writes ``extrapolation_value`` outside the input)."""
+    if str(call.op.name) != "relax.image.resize2d":
+        return
+    method, mode = str(call.attrs.method), str(call.attrs.coordinate_transformation_mode)
+    if method != "nearest_neighbor":
+        raise Declined(f"a {method} resize (interpolation: only a nearest one moves elements)")
+    if mode == "tf_crop_and_resize":
+        raise Declined("a resize that crops (it writes its extrapolation value outside the input)")
 
 
 def _dequantize_later_rule() -> Rule:
@@ -709,6 +767,7 @@ def _dequantize_later_rule() -> Rule:
 
     def build(m: Match) -> relax.Expr:
         x.activation(m)            # any zero point: a positive scale keeps the order
+        _moves_elements(m[op])
         dq = m[dequantize]
         return relax.op.dequantize(_with_input(m[op], m[x.x]), dq.args[1], dq.args[2],
                                    out_dtype=str(dq.attrs.out_dtype))
@@ -765,7 +824,7 @@ def _uint8_rule() -> Rule:
 
 def all_rules() -> list[Rule]:
     """Every integerising rule, most specific first (the shift of uint8 tensors to int8 before all)."""
-    return [_uint8_rule(), _conv_rule(), _matmul_rule(), _add_rule(),
+    return [_uint8_rule(), _conv_rule(), _matmul_rule(), _add_rule(), _multiply_rule(),
             _unary_rule("avg_pool2d", ("relax.nn.avg_pool2d",), _avg_pool),
             _unary_rule("mean", ("relax.mean",), _mean),
             *[_concat_rule(n) for n in range(2, 9)],

@@ -1,0 +1,269 @@
+"""Unary functions of one int8 tensor as a 256-entry lookup table.
+
+A QDQ model computes an activation such as sigmoid, HardSwish's ``clip(x/6 + 1/2, 0, 1)``,
+GELU's ``erf(x / sqrt 2)``, tanh or exp as ``quantize(f(dequantize(x)))``, ``f`` a chain of
+element-wise float operators whose other operands are constants. Whatever ``f`` is, the result
+is a function of the int8 ``x`` alone, which takes 256 values: it is a table, computed here at
+compile time, and the site becomes ``take(table, x + 128)`` between int8 tensors (an int8
+accelerator's lookup table, loaded once).
+
+The table is what onnxruntime's exact QDQ execution computes for the same chain: the
+dequantize as float32 ``(x - z_x) * s_x``, each operator in float32 (the transcendental ones
+evaluated in float64 and rounded to float32: the exact function, where onnxruntime's
+vectorised approximations may differ in the last bit), the quantize as ``round_half_even(v /
+s_y) + z_y`` saturated to int8. Arithmetic operators (add, multiply, divide, clip, max, min)
+are bit-exact with onnxruntime; a transcendental one can differ by one step only where its
+value lies within an ulp of a rounding tie.
+
+A site is taken when the float region under the ``quantize`` reads one dequantized tensor
+(any number of times, e.g. ``x * sigmoid(x)``) through operators of :data:`EVALUATED` (and
+``call_tir`` of the TE ``maximum``/``minimum``... that TVM's ONNX frontend emits for a Clip
+whose bounds are not constants) with constant scalars. It declines, saying why, when the
+region reads two tensors, a constant varies by element, or the function is NaN somewhere.
+
+>>> x = np.arange(-128, 128).astype(np.int8)
+>>> table = quantized_table(lambda v: np.maximum(v, np.float32(0)), (0.1, 0), (0.1, 0))
+>>> bool(np.array_equal(table, np.maximum(x, 0)))
+True
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Callable
+
+import numpy as np
+import tvm
+from tvm import relax
+from tvm.relax.expr_functor import PyExprMutator, mutator
+
+from .rules import INT8_MAX, INT8_MIN, Declined, _const, _prim, _same_dims, _dims
+
+__all__ = ["TableRule", "quantized_table", "EVALUATED"]
+
+_f32 = np.float32
+
+
+def _exact(fn: Callable) -> Callable:
+    """``fn`` evaluated in float64, the result rounded to float32 (the exact function)."""
+    return lambda x: fn(np.asarray(x, np.float64)).astype(_f32)
+
+
+_erf = np.vectorize(math.erf, otypes=[np.float64])
+
+
+def _sigmoid(x):
+    with np.errstate(over="ignore"):
+        return 1.0 / (1.0 + np.exp(-x))
+
+
+#: Relax operator -> its float32 numpy evaluation, on numpy arrays (a table's 256 inputs, or
+#: constant scalars). Arithmetic in float32, as onnxruntime computes it.
+EVALUATED: dict[str, Callable] = {
+    "relax.add": lambda a, b: _f32(a) + _f32(b),
+    "relax.subtract": lambda a, b: _f32(a) - _f32(b),
+    "relax.multiply": lambda a, b: _f32(a) * _f32(b),
+    "relax.divide": lambda a, b: _f32(a) / _f32(b),
+    "relax.maximum": lambda a, b: np.maximum(_f32(a), _f32(b)),
+    "relax.minimum": lambda a, b: np.minimum(_f32(a), _f32(b)),
+    "relax.power": _exact(lambda a, b: np.power(a, np.asarray(b, np.float64))),
+    "relax.negative": lambda a: -_f32(a),
+    "relax.abs": lambda a: np.abs(_f32(a)),
+    "relax.square": lambda a: _f32(a) * _f32(a),
+    "relax.floor": lambda a: np.floor(_f32(a)),
+    "relax.ceil": lambda a: np.ceil(_f32(a)),
+    "relax.nn.relu": lambda a: np.maximum(_f32(a), _f32(0)),
+    "relax.sigmoid": _exact(_sigmoid),
+    "relax.tanh": _exact(np.tanh),
+    "relax.exp": _exact(np.exp),
+    "relax.log": _exact(np.log),
+    "relax.sqrt": _exact(np.sqrt),
+    "relax.rsqrt": _exact(lambda a: 1.0 / np.sqrt(a)),
+    "relax.erf": _exact(_erf),
+    "relax.nn.silu": _exact(lambda a: a * _sigmoid(a)),
+    "relax.nn.gelu": _exact(lambda a: 0.5 * a * (1.0 + _erf(a / math.sqrt(2.0)))),
+    "relax.nn.gelu_tanh": _exact(lambda a: 0.5 * a * (1.0 + np.tanh(math.sqrt(2.0 / math.pi)
+                                                                      * (a + 0.044715 * a**3)))),
+    "relax.isnan": lambda a: np.isnan(_f32(a)),
+    "relax.where": lambda c, a, b: np.where(c, _f32(a), _f32(b)),
+}
+
+#: TE element-wise functions TVM's frontend emits as ``call_tir`` (``cls.maximum1``...)
+_TE_NAMES = re.compile(r"^(add|subtract|multiply|divide|maximum|minimum)\d*$")
+
+
+def quantized_table(fn: Callable[[np.ndarray], np.ndarray], source: tuple[float, int],
+                    target: tuple[float, int]) -> np.ndarray:
+    """The int8 table ``t[x + 128] = q(fn(dq(x)))`` for every int8 ``x``: ``dq`` is float32 ``(x -
+    z_x) * s_x`` at ``source = (s_x, z_x)``, ``q`` rounds ``v / s_y`` half to even and adds
+    ``z_y`` at ``target``, saturating. ``fn`` takes and gives float32 arrays. A ``Declined`` if
+    ``fn`` is NaN at some input.
+
+    >>> quantized_table(lambda v: v * np.float32(2), (0.5, 0), (0.5, 0))[[0, 127, 128, 129, 255]].tolist()
+    [-128, -128, 0, 2, 127]
+    """
+    (sx, zx), (sy, zy) = source, target
+    x = np.arange(INT8_MIN, INT8_MAX + 1, dtype=np.int32)
+    v = np.broadcast_to(np.asarray(fn(_f32(x - zx) * _f32(sx)), _f32), x.shape)
+    if np.any(np.isnan(v)):
+        raise Declined(f"the function is NaN at input(s) {x[np.isnan(v)][:4].tolist()}")
+    with np.errstate(over="ignore", invalid="ignore"):
+        steps = np.rint(v / _f32(sy)).astype(np.float64) + zy
+    return np.clip(steps, INT8_MIN, INT8_MAX).astype(np.int8)
+
+
+class _NotATable(Exception):
+    """The quantize's input is not an element-wise function of a dequantized tensor (another
+    rule's site, or float computation the pass does not touch): skipped without a word."""
+
+
+class _Region:
+    """The float region under one ``quantize``: evaluates it on the 256 values of its one
+    dequantized int8 input (``leaf``), following variables through ``bindings``."""
+
+    def __init__(self, bindings: dict, mod: tvm.IRModule) -> None:
+        self.bindings, self.mod = bindings, mod
+        self.leaf = self.source = None
+        self.memo: dict = {}
+        self.ops = 0
+
+    def value(self, e: relax.Expr):
+        key = e
+        if key in self.memo:
+            return self.memo[key]
+        if isinstance(e, relax.Var):
+            if e not in self.bindings:
+                raise _NotATable()
+            out = self.value(self.bindings[e])
+        elif isinstance(e, tvm.ir.Constant):
+            out = _scalar_constant(e)
+        elif isinstance(e, relax.Call):
+            out = self.call(e)
+        else:
+            raise _NotATable()
+        self.memo[key] = out
+        return out
+
+    def call(self, call: relax.Call):
+        if isinstance(call.op, tvm.ir.Op) and str(call.op.name) == "relax.dequantize":
+            return self.dequantize(call)
+        if isinstance(call.op, tvm.ir.Op) and str(call.op.name) == "relax.call_tir":
+            callee, args = call.args[0], call.args[1]
+            match = _TE_NAMES.match(callee.name_hint) if isinstance(callee, relax.GlobalVar) else None
+            if match is None or not isinstance(args, relax.Tuple) or len(args.fields) != 2:
+                raise _NotATable()
+            name, operands = f"relax.{match.group(1)}", list(args.fields)
+        elif isinstance(call.op, tvm.ir.Op):
+            name, operands = str(call.op.name), list(call.args)
+        else:
+            raise _NotATable()
+        if name == "relax.clip":
+            self.ops += 1
+            lo, hi = _f32(_prim(operands[1])), _f32(_prim(operands[2]))
+            return np.minimum(np.maximum(_f32(self.value(operands[0])), lo), hi)
+        if name == "relax.astype":
+            if str(call.attrs.dtype) != "float32":
+                raise _NotATable()
+            return _f32(self.value(operands[0]))
+        fn = EVALUATED.get(name)
+        if fn is None:
+            raise _NotATable()
+        self.ops += 1
+        return fn(*[self.value(a) for a in operands])
+
+    def dequantize(self, call: relax.Call):
+        x, scale, zero_point = call.args
+        if not isinstance(scale, tvm.ir.Constant) or not isinstance(zero_point, tvm.ir.Constant):
+            raise _NotATable()
+        s, z = _scalar_constant(scale), _scalar_constant(zero_point)
+        if isinstance(x, tvm.ir.Constant):
+            return _f32(np.int64(_scalar_constant(x)) - z) * _f32(s)
+        if self.leaf is not None and not x.same_as(self.leaf):
+            raise Declined("the float region reads two tensors (a function of two int8 tensors is not one table)")
+        if str(x.ty.dtype) != "int8":
+            raise Declined(f"a dequantize of {x.ty.dtype} (the table is indexed by int8)")
+        self.leaf, self.source = x, (float(s), int(z))
+        return _f32(np.arange(INT8_MIN, INT8_MAX + 1) - int(z)) * _f32(s)
+
+
+def _scalar_constant(c: tvm.ir.Constant):
+    """The one value of a constant (a scalar, or the same value everywhere)."""
+    v = c.value.numpy()
+    if v.size == 0 or np.any(v != v.reshape(-1)[0]):
+        raise Declined(f"a constant of {v.size} different values (one table per element)")
+    return v.reshape(-1)[0]
+
+
+class TableRule:
+    """``quantize(f(dequantize(x)))`` -> ``take(table, x + 128)`` (the module docstring).
+
+    Not a DPL pattern: ``f`` is any chain, so the rule follows the bindings itself. Like
+    :class:`~.rules.Rule` it has a ``name`` and ``rewriter(declined)``.
+    """
+
+    name = "table"
+
+    def rewriter(self, declined: dict) -> Callable[[tvm.IRModule], tvm.IRModule]:
+        """A module -> module rewrite whose declines are counted in ``declined``."""
+
+        def rewrite(mod: tvm.IRModule) -> tvm.IRModule:
+            return _TableMutator(mod, declined).rewrite()
+
+        return rewrite
+
+
+@mutator
+class _TableMutator(PyExprMutator):
+    def __init__(self, mod: tvm.IRModule, declined: dict) -> None:
+        super().__init__(mod)
+        self.mod, self.declined, self.plans = mod, declined, {}
+
+    def rewrite(self) -> tvm.IRModule:
+        """The module with every table site rewritten (the same module if there is none)."""
+        functions = {gv: f for gv, f in self.mod.functions.items() if isinstance(f, relax.Function)}
+        bindings = {b.var: b.value for f in functions.values() for block in f.body.blocks for b in block.bindings
+                    if isinstance(b, relax.VarBinding)}
+        for var, value in bindings.items():
+            if not (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op)
+                    and str(value.op.name) == "relax.quantize"):
+                continue
+            try:
+                self.plans[var] = self.plan(value, bindings)
+            except _NotATable:
+                pass
+            except Declined as why:
+                key = (TableRule.name, str(why))
+                self.declined[key] = self.declined.get(key, 0) + 1
+        if not self.plans:
+            return self.mod
+        for gv, func in functions.items():
+            self.builder_.update_func(gv, self.visit_expr(func))
+        return self.builder_.get()
+
+    def plan(self, q: relax.Call, bindings: dict) -> tuple[relax.Var, np.ndarray]:
+        """The int8 input and the table for the quantize ``q``."""
+        body, scale, zero_point = q.args
+        if (str(q.attrs.out_dtype) != "int8" or not isinstance(scale, tvm.ir.Constant)
+                or not isinstance(zero_point, tvm.ir.Constant)):
+            raise _NotATable()
+        region = _Region(bindings, self.mod)
+        out = region.value(body)
+        if region.leaf is None or region.ops == 0:
+            raise _NotATable()              # constants only, or a bare rescale: other rules' sites
+        if not _same_dims(_dims(region.leaf), _dims(q)):
+            raise Declined("the function broadcasts its input to another shape")
+        target = (float(_scalar_constant(scale)), int(_scalar_constant(zero_point)))
+        table = quantized_table(lambda _: out, region.source, target)
+        return region.leaf, table
+
+    def visit_var_binding_(self, binding: relax.VarBinding) -> None:
+        plan = self.plans.get(binding.var)
+        if plan is None:
+            super().visit_var_binding_(binding)
+            return
+        x, table = plan
+        index = self.builder_.emit(relax.op.add(relax.op.astype(self.visit_expr(x), "int32"), _const(128, "int32")))
+        take = self.builder_.normalize(relax.op.take(_const(table, "int8"), index, axis=0))
+        # the quantize's own variable keeps its name and type: its users need no change
+        self.builder_.emit_normalized(relax.VarBinding(binding.var, take))
