@@ -42,7 +42,7 @@ _LIMITS = {"int8": (-(2**7), 2**7 - 1), "uint8": (0, 2**8 - 1), "int16": (-(2**1
 #: input's overall range.
 _WITHIN = {"relax.reshape", "relax.permute_dims", "relax.squeeze", "relax.expand_dims", "relax.flatten",
            "relax.strided_slice", "relax.nn.max_pool2d", "relax.max", "relax.min", "relax.broadcast_to",
-           "relax.take"}
+           "relax.take", "relax.image.resize2d"}
 
 
 class Range:
@@ -195,6 +195,8 @@ def _call(call: relax.Call, env: dict, defs: dict) -> Range:
         return _arg(args[0], env) + _arg(args[1], env)
     if op == "relax.subtract":
         return _arg(args[0], env) + -_arg(args[1], env)
+    if op == "relax.negative":
+        return -_arg(args[0], env)
     if op == "relax.multiply":
         return _arg(args[0], env) * _arg(args[1], env)
     if op == "relax.right_shift":
