@@ -268,3 +268,33 @@ def test_linear_resize_is_declined_with_its_reason():
     _, declined = declined_site([helper.make_node("Resize", ["ad", "", "scales"], ["f"], mode="linear")],
                                 [scales], {"a": shape})
     assert len(declined) == 1 and "a linear resize (interpolation" in declined[0]
+
+
+@settings(max_examples=6)
+@given(st.integers(1, 3), st.integers(1, 3), st.booleans(), st.integers(-50, 50), st.integers(0, 2**16))
+def test_split_transpose_reshape_concat_stay_int8(first, second, rescale, zx, seed):
+    """A split, a transpose, a reshape and a concat only move elements: at one scale they run
+    on int8 and the result is bit-exact; where a part's scale differs it is requantised
+    (within one step)."""
+    channels = first + second
+    shape = (1, channels, 4, 6)
+    sx = 0.04
+    sb = 0.055 if rescale else sx
+    xq, xi = qdq("x", "xd", sx, zx)
+    aq, ai = qdq("a", "ad", sx, zx)
+    bq, bi = qdq("t", "td", sb, zx)
+    yq, yi = qdq("c", "y", sx, zx)
+    sizes = numpy_helper.from_array(np.array([first, second], np.int64), "sizes")
+    flat = numpy_helper.from_array(np.array([1, second, 4, 6], np.int64), "flat")
+    body = [helper.make_node("Split", ["xd", "sizes"], ["a", "b"], axis=1),
+            helper.make_node("Transpose", ["b"], ["bt"], perm=[0, 1, 3, 2]),
+            helper.make_node("Reshape", ["bt", "flat"], ["t"])]
+    body2 = [helper.make_node("Concat", ["ad", "td"], ["c"], axis=1)]
+    model = graph(xq + body + aq + bq + body2 + yq, xi + [sizes, flat] + ai + bi + yi, {"x": shape}, shape)
+    mod, declined = integerised(model)
+    assert not declined
+    ops = op_names(mod)
+    assert {"relax.split", "relax.permute_dims", "relax.reshape", "relax.concat"} <= set(ops)
+    integer_between(mod)
+    diff = steps(model, mod, {"x": every_int8(shape, sx, zx, np.random.default_rng(seed))}, sx)
+    assert diff.max() <= (1 if rescale else 0)

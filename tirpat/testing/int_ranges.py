@@ -111,7 +111,17 @@ def int_ranges(func: relax.Function, inputs: dict | None = None) -> dict:
                 env[binding.var] = env[value]
             elif isinstance(value, relax.Call) and isinstance(value.op, ir.Op) and _dtype(binding.var) in _LIMITS:
                 env[binding.var] = _call(value, env, defs)
+            elif isinstance(value, relax.TupleGetItem) and _dtype(binding.var) in _LIMITS:
+                env[binding.var] = _part(value, env, defs)
     return env
+
+
+def _part(item: relax.TupleGetItem, env: dict, defs: dict) -> Range:
+    """A part of a split: within its input's range."""
+    source = defs.get(item.tuple_value)
+    if isinstance(source, relax.Call) and isinstance(source.op, ir.Op) and str(source.op.name) == "relax.split":
+        return _arg(source.args[0], env).overall()
+    raise NotImplementedError(f"an item of a tuple that is not a split's: {item}")
 
 
 def int32_overflows(func: relax.Function, inputs: dict | None = None) -> list:

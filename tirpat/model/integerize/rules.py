@@ -775,6 +775,34 @@ def _dequantize_later_rule() -> Rule:
     return Rule("dequantize later", op, build)
 
 
+def _split_rule() -> Rule:
+    """``split(dq(x))`` -> ``(dq(split(x)[0]), dq(split(x)[1]), ...)``: a split moves elements, so
+    each part is the int8 part dequantized (its quantize then meets it as a rescale). The
+    tuple's items are resolved by :class:`_Canonicalised`."""
+    x = Dequantized()
+    split = is_op("relax.split")(x.pattern)
+
+    def build(m: Match) -> relax.Expr:
+        x.activation(m)
+        call, dq = m[split], m[x.pattern]
+        parts = relax.Call(call.op, [m[x.x]], call.attrs)
+        count = len(call.ty.fields)
+        return relax.Tuple([relax.op.dequantize(relax.TupleGetItem(parts, i), dq.args[1], dq.args[2],
+                                                axis=int(dq.attrs.axis), out_dtype=str(dq.attrs.out_dtype))
+                            for i in range(count)])
+
+    return _Canonicalised("split", split, build)
+
+
+class _Canonicalised(Rule):
+    """A rule whose result is a tuple: after it, ``CanonicalizeBindings`` resolves each
+    ``t[i]`` of that tuple to its item, so that the item's users match the other rules."""
+
+    def rewriter(self, declined: dict) -> Callable[[tvm.IRModule], tvm.IRModule]:
+        rewrite = super().rewriter(declined)
+        return lambda mod: relax.transform.CanonicalizeBindings()(rewrite(mod))
+
+
 def _concat_rule(arity: int) -> Rule:
     """``q(concat(dq(x_1), ..., dq(x_n)))``: each input rescaled to the output's scale, then
     concatenated as int8."""
@@ -827,5 +855,5 @@ def all_rules() -> list[Rule]:
     return [_uint8_rule(), _conv_rule(), _matmul_rule(), _add_rule(), _multiply_rule(),
             _unary_rule("avg_pool2d", ("relax.nn.avg_pool2d",), _avg_pool),
             _unary_rule("mean", ("relax.mean",), _mean),
-            *[_concat_rule(n) for n in range(2, 9)],
+            *[_concat_rule(n) for n in range(2, 9)], _split_rule(),
             _dequantize_later_rule(), _activation_rule(), _rescale_rule()]
