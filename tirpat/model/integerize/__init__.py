@@ -5,8 +5,10 @@ between ``R.dequantize`` and ``R.quantize``; compiled as it is, the model comput
 float and an int8 accelerator has nothing to take. This pass rewrites every such site with
 ``tvm.relax.dpl`` rules (:mod:`.rules`) into integer arithmetic: int8 x int8 -> int32
 conv2d and matmul with an int32 bias and a fixed-point requantise (:mod:`.fixed_point`)
-as the epilogue; ReLU and Clip folded into the requantise's bounds; residual adds, pooling
-and layout operators on the integers. The ``quantize`` of each input and the
+as the epilogue; ReLU and Clip folded into the requantise's bounds; adds, subtractions and
+products of two quantised tensors, pooling, resizes and layout operators on the integers;
+any other element-wise function of one quantised tensor (an activation) as a 256-entry
+table (:mod:`.tables`). The ``quantize`` of each input and the
 ``dequantize`` of each output stay (on the host). A site that cannot be made exact stays in
 float and the pass warns, naming the operator and the reason.
 

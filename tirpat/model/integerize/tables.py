@@ -12,8 +12,8 @@ dequantize as float32 ``(x - z_x) * s_x``, each operator in float32 (the transce
 evaluated in float64 and rounded to float32: the exact function, where onnxruntime's
 vectorised approximations may differ in the last bit), the quantize as ``round_half_even(v /
 s_y) + z_y`` saturated to int8. Arithmetic operators (add, multiply, divide, clip, max, min)
-are bit-exact with onnxruntime; a transcendental one can differ by one step only where its
-value lies within an ulp of a rounding tie.
+are bit-exact with onnxruntime; a transcendental one can differ by one step, only where its
+value lies within onnxruntime's approximation error of a rounding tie.
 
 A site is taken when the float region under the ``quantize`` reads one dequantized tensor
 (any number of times, e.g. ``x * sigmoid(x)``) through operators of :data:`EVALUATED` (and
@@ -105,11 +105,11 @@ def quantized_table(fn: Callable[[np.ndarray], np.ndarray], source: tuple[float,
     """
     (sx, zx), (sy, zy) = source, target
     x = np.arange(INT8_MIN, INT8_MAX + 1, dtype=np.int32)
-    v = np.broadcast_to(np.asarray(fn(_f32(x - zx) * _f32(sx)), _f32), x.shape)
+    with np.errstate(all="ignore"):         # a NaN is declined below; an infinity saturates
+        v = np.broadcast_to(np.asarray(fn(_f32(x - zx) * _f32(sx)), _f32), x.shape)
+        steps = np.rint(v / _f32(sy)).astype(np.float64) + zy
     if np.any(np.isnan(v)):
         raise Declined(f"the function is NaN at input(s) {x[np.isnan(v)][:4].tolist()}")
-    with np.errstate(over="ignore", invalid="ignore"):
-        steps = np.rint(v / _f32(sy)).astype(np.float64) + zy
     return np.clip(steps, INT8_MIN, INT8_MAX).astype(np.int8)
 
 
@@ -122,16 +122,15 @@ class _Region:
     """The float region under one ``quantize``: evaluates it on the 256 values of its one
     dequantized int8 input (``leaf``), following variables through ``bindings``."""
 
-    def __init__(self, bindings: dict, mod: tvm.IRModule) -> None:
-        self.bindings, self.mod = bindings, mod
+    def __init__(self, bindings: dict) -> None:
+        self.bindings = bindings
         self.leaf = self.source = None
         self.memo: dict = {}
         self.ops = 0
 
     def value(self, e: relax.Expr):
-        key = e
-        if key in self.memo:
-            return self.memo[key]
+        if e in self.memo:
+            return self.memo[e]
         if isinstance(e, relax.Var):
             if e not in self.bindings:
                 raise _NotATable()
@@ -142,7 +141,7 @@ class _Region:
             out = self.call(e)
         else:
             raise _NotATable()
-        self.memo[key] = out
+        self.memo[e] = out
         return out
 
     def call(self, call: relax.Call):
@@ -247,8 +246,9 @@ class _TableMutator(PyExprMutator):
         if (str(q.attrs.out_dtype) != "int8" or not isinstance(scale, tvm.ir.Constant)
                 or not isinstance(zero_point, tvm.ir.Constant)):
             raise _NotATable()
-        region = _Region(bindings, self.mod)
-        out = region.value(body)
+        region = _Region(bindings)
+        with np.errstate(all="ignore"):     # NaN and infinities: judged on the table
+            out = region.value(body)
         if region.leaf is None or region.ops == 0:
             raise _NotATable()              # constants only, or a bare rescale: other rules' sites
         if not _same_dims(_dims(region.leaf), _dims(q)):
@@ -264,7 +264,7 @@ class _TableMutator(PyExprMutator):
             return
         x, table = plan
         index = self.builder_.emit(relax.op.add(relax.op.astype(self.visit_expr(x), "int32"), _const(128, "int32")))
+        # mode "clip": the index is within [0, 255] anyway, and "fast" makes TOPI warn at each legalisation
         take = self.builder_.normalize(relax.op.take(_const(table, "int8"), index, axis=0, mode="clip"))
-        # "clip": the index is in [0, 255] anyway, and "fast" makes TOPI warn at every legalisation
         # the quantize's own variable keeps its name and type: its users need no change
         self.builder_.emit_normalized(relax.VarBinding(binding.var, take))
