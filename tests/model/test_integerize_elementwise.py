@@ -234,6 +234,29 @@ def test_two_quantised_tensors_within_one_step(site):
     assert steps(model, mod, inputs, sy).max() <= 1
 
 
+@settings(max_examples=10)
+@given(st.sampled_from(["Mul", "Sub", "Add"]), st.integers(-128, 127), st.floats(0.001, 0.2), st.booleans(),
+       st.booleans(), st.integers(-40, 40), st.integers(0, 2**16))
+def test_a_quantised_constant_operand_is_a_table(op, c, sc, left, relu, zx, seed):
+    """``dq(x) op dq(c)`` with a quantised scalar constant (onnxruntime quantises a Mul's or an
+    Add's constant operand so) is a function of ``x`` alone: a table, bit-exact with onnxruntime."""
+    shape = (1, 3, 5, 7)
+    sx, sy = 0.03, 0.05
+    xq, xi = qdq("x", "xd", sx, zx)
+    consts = [numpy_helper.from_array(np.array([c], np.int8), "c_q"), numpy_helper.from_array(np.array(sc, np.float32), "c_s"),
+              numpy_helper.from_array(np.array(0, np.int8), "c_z")]
+    body = [helper.make_node("DequantizeLinear", ["c_q", "c_s", "c_z"], ["cd"]),
+            helper.make_node(op, ["cd", "xd"] if left else ["xd", "cd"], ["r" if relu else "f"])]
+    if relu:
+        body.append(helper.make_node("Relu", ["r"], ["f"]))
+    yq, yi = qdq("f", "y", sy, 0)
+    model = graph(xq + body + yq, xi + consts + yi, {"x": shape}, shape)
+    mod, declined = integerised(model)
+    assert not declined and "relax.take" in op_names(mod)
+    integer_between(mod)
+    assert steps(model, mod, {"x": every_int8(shape, sx, zx, np.random.default_rng(seed))}, sy).max() == 0
+
+
 # ----------------------------------------------------------------------------------------
 # element moves on int8
 # ----------------------------------------------------------------------------------------

@@ -57,7 +57,8 @@ from tvm.relax.dpl import DFPattern, PatternMatchingRewriter, is_const, is_op, i
 
 from .fixed_point import INT32_MAX, Requantize
 
-__all__ = ["Declined", "Rule", "all_rules", "emit_requantize", "requantize_pattern", "clip_fold_rule"]
+__all__ = ["Declined", "Rule", "all_rules", "emit_requantize", "requantize_pattern", "clip_fold_rule", "emit_table",
+           "quantized_table"]
 
 INT8_MIN, INT8_MAX = -128, 127
 #: |x| <= 128 for any int8 x: the bound used for an activation whose producer is unknown.
@@ -171,6 +172,14 @@ class Activation:
             return (_clip_int8(np.round(np.float32(lo) / np.float32(scale)) + zero_point),
                     _clip_int8(np.round(np.float32(hi) / np.float32(scale)) + zero_point))
         return INT8_MIN, INT8_MAX
+
+    def apply(self, m: Match, v: np.ndarray) -> np.ndarray:
+        """The ReLU or Clip on float32 values ``v``, as onnxruntime computes it."""
+        if m.get(self.relu) is not None:
+            return np.maximum(v, np.float32(0))
+        if m.get(self.clip) is not None:
+            return np.minimum(np.maximum(v, np.float32(_prim(m[self.clip_lo]))), np.float32(_prim(m[self.clip_hi])))
+        return v
 
 
 def _commutative(op: str, a: DFPattern, b: DFPattern) -> DFPattern:
@@ -327,6 +336,61 @@ def _requantize_int8(x: relax.Expr, source: tuple[float, int], target: tuple[flo
         return relax.op.clip(x, lo, hi)
     rq = Requantize.choose([in_scale / out_scale], [INT8_MAGNITUDE], lo, hi, [zx], zy)
     return emit_requantize([relax.op.astype(x, "int32")], rq)
+
+
+def quantized_table(fn: Callable[[np.ndarray], np.ndarray], source: tuple[float, int],
+                    target: tuple[float, int]) -> np.ndarray:
+    """The int8 table ``t[x + 128] = q(fn(dq(x)))`` for every int8 ``x``: ``dq`` is float32 ``(x -
+    z_x) * s_x`` at ``source = (s_x, z_x)``, ``q`` rounds ``v / s_y`` half to even and adds
+    ``z_y`` at ``target``, saturating. ``fn`` takes and gives float32 arrays. A ``Declined`` if
+    ``fn`` is NaN at some input.
+
+    >>> quantized_table(lambda v: v * np.float32(2), (0.5, 0), (0.5, 0))[[0, 127, 128, 129, 255]].tolist()
+    [-128, -2, 0, 2, 127]
+    """
+    (sx, zx), (sy, zy) = source, target
+    x = np.arange(INT8_MIN, INT8_MAX + 1, dtype=np.int32)
+    with np.errstate(all="ignore"):         # a NaN is declined below; an infinity saturates
+        v = np.broadcast_to(np.asarray(fn(np.float32(x - zx) * np.float32(sx)), np.float32), x.shape)
+        steps = np.rint(v / np.float32(sy)).astype(np.float64) + zy
+    if np.any(np.isnan(v)):
+        raise Declined(f"the function is NaN at input(s) {x[np.isnan(v)][:4].tolist()}")
+    return np.clip(steps, INT8_MIN, INT8_MAX).astype(np.int8)
+
+
+def emit_table(x: relax.Expr, table: np.ndarray) -> relax.Expr:
+    """The int8 ``table[x + 128]`` for an int8 tensor ``x`` (a 256-entry lookup)."""
+    index = relax.op.add(relax.op.astype(x, "int32"), _const(128, "int32"))
+    # mode "clip": the index is within [0, 255] anyway, and "fast" makes TOPI warn at each legalisation
+    return relax.op.take(_const(table, "int8"), index, axis=0, mode="clip")
+
+
+def _uniform(x: relax.Expr) -> bool:
+    """Whether ``x`` is a constant with one value (a scalar, or the same everywhere)."""
+    if not isinstance(x, tvm.ir.Constant):
+        return False
+    v = _values(x)
+    return v.size > 0 and bool(np.all(v == v.reshape(-1)[0]))
+
+
+def _with_constant(m: "Match", a: "Dequantized", b: "Dequantized", call: relax.Call, act: "Activation",
+                   q: "Quantized", fn: Callable) -> relax.Expr | None:
+    """The table of ``q(act(fn(dq(x), c)))`` when one operand of ``call`` is a dequantized
+    constant ``c`` with one value and the other, ``x``, has the result's shape (``fn(v, c)``
+    with the operands in the call's order); else None. Exact where the float operator is, as
+    onnxruntime computes it, where a fixed-point rescale of the constant would not be."""
+    out = _dims(call)
+    for var, const in ((a, b), (b, a)):
+        if _uniform(m[const.x]) and not _uniform(m[var.x]) and _same_dims(_dims(m[var.x]), out):
+            scale, zero_point = const.activation(m)
+            c = (np.float32(int(_values(m[const.x]).reshape(-1)[0]) - zero_point)) * np.float32(scale)
+            first = var is a
+
+            def f(v, c=c, first=first):
+                return act.apply(m, fn(v, c) if first else fn(c, v))
+
+            return emit_table(m[var.x], quantized_table(f, var.activation(m), q.activation(m)))
+    return None
 
 
 def _choose(reals, bounds, lo, hi, input_zero_points=None, zero_point: int = 0) -> Requantize:
@@ -538,6 +602,9 @@ def _add_rule() -> Rule:
     def build(m: Match) -> relax.Expr:
         (sa, za), (sb, zb), (sy, zy) = a.activation(m), b.activation(m), q.activation(m)
         call = m.get(add) if m.get(add) is not None else m[subtract]
+        table = _with_constant(m, a, b, call, act, q, np.add if m.get(add) is not None else np.subtract)
+        if table is not None:
+            return table
         out = _dims(call)
         if not _same_dims(_dims(m[a.x]), out) and not _same_dims(_dims(m[b.x]), out):
             raise Declined(f"{_op_word(call)} whose operands both broadcast")
@@ -566,6 +633,9 @@ def _multiply_rule() -> Rule:
 
     def build(m: Match) -> relax.Expr:
         (sa, za), (sb, zb), (sy, zy) = a.activation(m), b.activation(m), q.activation(m)
+        table = _with_constant(m, a, b, m[multiply], act, q, np.multiply)
+        if table is not None:
+            return table
         out = _dims(m[multiply])
         if not _same_dims(_dims(m[a.x]), out) and not _same_dims(_dims(m[b.x]), out):
             raise Declined("a multiply whose operands both broadcast")

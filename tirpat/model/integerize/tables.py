@@ -38,7 +38,7 @@ import tvm
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from .rules import INT8_MAX, INT8_MIN, Declined, _const, _prim, _same_dims, _dims
+from .rules import INT8_MAX, INT8_MIN, Declined, _dims, _prim, _same_dims, emit_table, quantized_table
 
 __all__ = ["TableRule", "quantized_table", "EVALUATED"]
 
@@ -91,26 +91,6 @@ EVALUATED: dict[str, Callable] = {
 
 #: TE element-wise functions TVM's frontend emits as ``call_tir`` (``cls.maximum1``...)
 _TE_NAMES = re.compile(r"^(add|subtract|multiply|divide|maximum|minimum)\d*$")
-
-
-def quantized_table(fn: Callable[[np.ndarray], np.ndarray], source: tuple[float, int],
-                    target: tuple[float, int]) -> np.ndarray:
-    """The int8 table ``t[x + 128] = q(fn(dq(x)))`` for every int8 ``x``: ``dq`` is float32 ``(x -
-    z_x) * s_x`` at ``source = (s_x, z_x)``, ``q`` rounds ``v / s_y`` half to even and adds
-    ``z_y`` at ``target``, saturating. ``fn`` takes and gives float32 arrays. A ``Declined`` if
-    ``fn`` is NaN at some input.
-
-    >>> quantized_table(lambda v: v * np.float32(2), (0.5, 0), (0.5, 0))[[0, 127, 128, 129, 255]].tolist()
-    [-128, -2, 0, 2, 127]
-    """
-    (sx, zx), (sy, zy) = source, target
-    x = np.arange(INT8_MIN, INT8_MAX + 1, dtype=np.int32)
-    with np.errstate(all="ignore"):         # a NaN is declined below; an infinity saturates
-        v = np.broadcast_to(np.asarray(fn(_f32(x - zx) * _f32(sx)), _f32), x.shape)
-        steps = np.rint(v / _f32(sy)).astype(np.float64) + zy
-    if np.any(np.isnan(v)):
-        raise Declined(f"the function is NaN at input(s) {x[np.isnan(v)][:4].tolist()}")
-    return np.clip(steps, INT8_MIN, INT8_MAX).astype(np.int8)
 
 
 class _NotATable(Exception):
@@ -263,8 +243,6 @@ class _TableMutator(PyExprMutator):
             super().visit_var_binding_(binding)
             return
         x, table = plan
-        index = self.builder_.emit(relax.op.add(relax.op.astype(self.visit_expr(x), "int32"), _const(128, "int32")))
-        # mode "clip": the index is within [0, 255] anyway, and "fast" makes TOPI warn at each legalisation
-        take = self.builder_.normalize(relax.op.take(_const(table, "int8"), index, axis=0, mode="clip"))
+        take = self.builder_.normalize(emit_table(self.visit_expr(x), table))
         # the quantize's own variable keeps its name and type: its users need no change
         self.builder_.emit_normalized(relax.VarBinding(binding.var, take))
