@@ -23,13 +23,14 @@ from tvm import relax  # noqa: E402
 from tvm.relax.frontend.onnx import from_onnx  # noqa: E402
 
 import tirpat as tp  # noqa: E402
-from tirpat.model.integerize import IntegerizeWarning, calls, tables  # noqa: E402
+from tirpat.model.integerize import IntegerizeWarning, calls, pads, tables  # noqa: E402
 from tirpat.testing.int_ranges import int32_overflows  # noqa: E402
 from tirpat.testing.ort_session import exact_session  # noqa: E402
 
 
-def test_docstring_examples():
-    assert doctest.testmod(tables, extraglobs={"np": np}).failed == 0
+@pytest.mark.parametrize("module", [tables, pads])
+def test_docstring_examples(module):
+    assert doctest.testmod(module, extraglobs={"np": np}).failed == 0
 
 
 # ----------------------------------------------------------------------------------------
@@ -321,3 +322,52 @@ def test_split_transpose_reshape_concat_stay_int8(first, second, rescale, zx, se
     integer_between(mod)
     diff = steps(model, mod, {"x": every_int8(shape, sx, zx, np.random.default_rng(seed))}, sx)
     assert diff.max() <= (1 if rescale else 0)
+
+
+@settings(max_examples=6)
+@given(st.lists(st.integers(0, 2), min_size=4, max_size=4), st.integers(-30, 30), st.integers(0, 2**16))
+def test_a_pad_before_a_convolution_pads_the_int8_tensor(pads, zx, seed):
+    """An ONNX Pad (imported as a TOPI call_tir) with 0.0 before a Conv: the int8 tensor is
+    padded with its zero point, and the convolution is integer, within one step."""
+    rng = np.random.default_rng(seed)
+    shape = (1, 3, 6, 5)
+    top, left, bottom, right = pads
+    out = (1, 4, 6 + top + bottom - 1, 5 + left + right - 1)
+    sx, sw, sy = 0.03, 0.02, 0.01
+    w = rng.integers(-127, 128, (4, 3, 2, 2)).astype(np.int8)
+    xq, xi = qdq("x", "xd", sx, zx)
+    yq, yi = qdq("c", "y", sy, 0)
+    inits = [numpy_helper.from_array(np.array([0, 0, top, left, 0, 0, bottom, right], np.int64), "pads"),
+             numpy_helper.from_array(w, "w_q"), numpy_helper.from_array(np.array(sw, np.float32), "w_s"),
+             numpy_helper.from_array(np.array(0, np.int8), "w_z")]
+    body = [helper.make_node("Pad", ["xd", "pads"], ["p"]),
+            helper.make_node("DequantizeLinear", ["w_q", "w_s", "w_z"], ["w"]),
+            helper.make_node("Conv", ["p", "w"], ["c"], kernel_shape=[2, 2])]
+    model = graph(xq + body + yq, xi + inits + yi, {"x": shape}, out)
+    mod, declined = integerised(model)
+    assert not declined
+    convs = [c for c in calls(mod["main"]) if str(c.op.name) == "relax.nn.conv2d"]
+    assert len(convs) == 1 and str(convs[0].args[0].ty.dtype) == "int8"
+    integer_between(mod)
+    assert steps(model, mod, {"x": every_int8(shape, sx, zx, rng)}, sy).max() <= 1
+
+
+def test_pad_of_reads_widths_and_value():
+    x = np.arange(1.0, 13.0).reshape(3, 4)
+    assert padded_pad_of(x, [(2, 0), (1, 3)], 0.0) == ([2, 1], [0, 3], 0.0)
+    assert padded_pad_of(x, [(0, 1), (0, 0)], -2.5) == ([0, 0], [1, 0], -2.5)
+    assert pads.pad_of(x, np.flip(x)) is None                            # moved, not padded
+    assert pads.pad_of(x, np.pad(x, 1, mode="edge")) is None             # not one constant
+
+
+def padded_pad_of(x, widths, value):
+    """:func:`pads.pad_of` of ``x`` padded by numpy."""
+    return pads.pad_of(x, np.pad(x, widths, constant_values=value))
+
+
+def test_a_pad_with_a_value_off_the_scale_is_declined():
+    shape = (1, 2, 4, 4)
+    inits = [numpy_helper.from_array(np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64), "pads"),
+             numpy_helper.from_array(np.array(0.013, np.float32), "value")]
+    _, declined = declined_site([helper.make_node("Pad", ["ad", "pads", "value"], ["f"])], inits, {"a": shape})
+    assert len(declined) == 1 and "pad: a pad with 0.013" in declined[0] and "not a value of the int8" in declined[0]
