@@ -19,7 +19,7 @@ import tvm
 import tvm_ffi
 from tvm import ir, tirx
 
-from tirpat.device import PlanError, Scratchpad, ScratchpadOverflow, ScratchpadPlanner
+from tirpat.device import Memory, PlanError, ScratchpadOverflow, ScratchpadPlanner
 from tirpat.device.planner import describe
 from accel.hw import abi
 from accel.hw.config import Config
@@ -36,9 +36,9 @@ class AccelPlanner(ScratchpadPlanner):
     def __init__(self, config: Config) -> None:
         t = config.tile
         super().__init__("accel", [
-            Scratchpad(INP, config.inp_elements, "int8", t, "INP"),
-            Scratchpad(WGT, config.wgt_elements, "int8", t, "WGT"),
-            Scratchpad(ACC, config.acc_elements, "int32", t, "ACC"),
+            Memory("INP", INP, "int8", config.inp_elements, t),
+            Memory("WGT", WGT, "int8", config.wgt_elements, t),
+            Memory("ACC", ACC, "int32", config.acc_elements, t),
         ])
         self.tile = t
 

@@ -327,7 +327,8 @@ def test_threads_sharing_one_session_take_turns(compiled):
 
 
 def test_an_executable_carries_its_config():
-    """Item 3: built for tile=32 and run outside any session, it runs on a tile=32 core."""
+    """Item 3: built for tile=32 and run outside any session, it runs on a tile=32 core (a
+    session of its own)."""
     config = accel.Config(tile=32)
     ex = accel.build(dense(48, 40, 72), config)
     rng = np.random.default_rng(7)
@@ -335,9 +336,9 @@ def test_an_executable_carries_its_config():
     c = np.zeros((48, 40), np.int32)
     ex(a, b, c)
     np.testing.assert_array_equal(c, a.astype(np.int32) @ b.astype(np.int32).T)
-    assert accel.default_session(config).stats.macs > 0
-    with pytest.raises(accel.ConfigMismatchError, match="compiled for a Config with tile=32, but the "
-                                                        "current session has tile=16"):
+    assert ex.sessions["accel"].config == config and ex.sessions["accel"].stats.macs > 0
+    with pytest.raises(device.OptionsMismatch, match="built for accel with tile=32, but the current accel "
+                                                     r"session \(Session\) has tile=16"):
         with accel.Session():
             ex(a, b, c)
 
@@ -384,9 +385,9 @@ def test_default_sessions_keep_only_their_last_stream(dense64):
     a, b, _ = _operands(9)
     for _ in range(3):
         dense64(a, b, np.zeros((64, 64), np.int32))
-    one = accel.decode(accel.default_session().stream())
+    one = accel.decode(dense64.sessions["accel"].stream())
     dense64(a, b, np.zeros((64, 64), np.int32))
-    assert len(accel.decode(accel.default_session().stream())) == len(one)
+    assert len(accel.decode(dense64.sessions["accel"].stream())) == len(one)
     with accel.Session(record=2) as s:
         for _ in range(3):
             dense64(a, b, np.zeros((64, 64), np.int32))

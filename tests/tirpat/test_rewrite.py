@@ -314,7 +314,7 @@ def test_two_threads_rewriting_with_one_rewriter_each_see_their_own_report():
 
 
 def test_recording_collects_one_threads_rewrites_inside_tvm_compile():
-    """What accel.build uses: the report of the rewrites its own tvm.compile ran, while
+    """The report of the rewrites one ``tvm.compile`` with a registered pipeline ran, while
     another build runs the same pipeline in another thread."""
     import threading
 

@@ -48,7 +48,8 @@ from .prepack import split_layout_stages
 from .report import SCHEDULE_NOTES
 from ..tir.pipeline import tir_pipeline
 
-__all__ = ["relax_pipeline", "lower_partitions", "partition_functions", "TIR_PIPELINE", "KOPAQUE"]
+__all__ = ["relax_pipeline", "lower_partitions", "partition_functions", "schedule_for", "with_records", "TIR_PIPELINE",
+           "KOPAQUE"]
 
 #: The registered TIR pipeline name (``tvm.compile(..., tir_pipeline=tp.TIR_PIPELINE)``).
 TIR_PIPELINE = "tirpat.backends"
@@ -70,6 +71,9 @@ class Record:
     from_records: set = field(default_factory=set)    # PrimFunc names scheduled from a tuning record
     records: object = None                            # the tuning records given, if any
     record_misses: dict = field(default_factory=dict)  # PrimFunc name -> why no record applied
+    #: a partition its backend cannot lower runs on the host (a model's); False: the error is
+    #: raised (a TIR workload, whose functions the user handed to the target themselves)
+    fall_back: bool = True
 
 
 #: The runtime function every offloaded PrimFunc calls first, with its name, its backend, the
@@ -212,29 +216,12 @@ def lower_partitions(records=None) -> tvm.transform.Pass:
             if entry is None or not isinstance(func, tirx.PrimFunc):
                 continue
             (name, opts), composite, ops = entry
-            backend = lookup(name)
             if record is not None:
                 record.partitions[gv.name_hint] = (name, composite, ops)
             if records is not None:
-                tuned = records.apply(func, name, opts)
-                if record is not None:
-                    record.records = records
-                    if tuned.same_as(func):
-                        record.record_misses[gv.name_hint] = records.why_none(func, name, opts)
-                    else:
-                        record.from_records.add(gv.name_hint)
-                func = tuned
-            try:
-                scheduled = _single_primfunc(backend.schedule(func, opts), name)
-            except Exception as err:  # noqa: BLE001 - the partition runs on the host; the report says why
-                _fell_back(record, gv.name_hint, name, "its schedule", err)
-                mod[gv] = func.with_attr("op_pattern", KOPAQUE)
-                continue
-            if func.attrs is None or "global_symbol" not in func.attrs:
-                scheduled = scheduled.without_attr("global_symbol")
-            scheduled = (scheduled.with_attr(BACKEND_ATTR, name).with_attr(OPTIONS_ATTR, options_text(opts))
-                         .with_attr("op_pattern", KOPAQUE))
-            mod[gv] = scheduled
+                func = with_records(records, func, name, opts, gv.name_hint, record)
+            scheduled = schedule_for(func, name, opts, gv.name_hint, record)
+            mod[gv] = func.with_attr("op_pattern", KOPAQUE) if scheduled is None else scheduled
         mod, folded = split_layout_stages(mod)
         if record is not None:
             record.folded.update(folded)
@@ -250,6 +237,47 @@ def lower_partitions(records=None) -> tvm.transform.Pass:
         return mod
 
     return run
+
+
+def with_records(records, func: tirx.PrimFunc, backend: str, opts: dict, function: str,
+                 record: Record | None = None) -> tirx.PrimFunc:
+    """``func`` with the decisions of the best of the tuning ``records`` (a ``tp.Records``) for
+    ``backend`` and ``opts`` applied, or as it is when none applies; ``record`` notes which
+    (the partition ``function``) and why not.
+
+    >>> func = with_records(tp.Records("records/"), func, "accel", opts, "main")   # doctest: +SKIP
+    """
+    tuned = records.apply(func, backend, opts)
+    if record is not None:
+        record.records = records
+        if tuned.same_as(func):
+            record.record_misses[function] = records.why_none(func, backend, opts)
+        else:
+            record.from_records.add(function)
+    return tuned
+
+
+def schedule_for(func: tirx.PrimFunc, backend: str, opts: dict, function: str, record: Record | None = None):
+    """``func`` scheduled by ``backend`` (its ``schedule`` hook, with the resolved ``opts``),
+    tagged for the TIR pipeline's dispatch and opaque to fusion; None when the schedule
+    raised (the partition ``function`` runs on the host, ``record`` says why), unless
+    ``record.fall_back`` is False (then it raises).
+
+    >>> f = schedule_for(func, "accel", tp.backends()["accel"].resolve({}), "main")      # doctest: +SKIP
+    >>> f.attrs[BACKEND_ATTR]                                                            # doctest: +SKIP
+    'accel'
+    """
+    try:
+        scheduled = _single_primfunc(lookup(backend).schedule(func, opts), backend)
+    except Exception as err:  # noqa: BLE001 - the partition runs on the host; the report says why
+        if record is not None and not record.fall_back:
+            raise
+        _fell_back(record, function, backend, "its schedule", err)
+        return None
+    if func.attrs is None or "global_symbol" not in func.attrs:
+        scheduled = scheduled.without_attr("global_symbol")
+    return (scheduled.with_attr(BACKEND_ATTR, backend).with_attr(OPTIONS_ATTR, options_text(opts))
+            .with_attr("op_pattern", KOPAQUE))
 
 
 def _inline_scalar_constants(mod: ir.IRModule, tags: dict) -> tuple[ir.IRModule, dict]:
@@ -410,6 +438,8 @@ def _dispatch(mod: ir.IRModule, ctx) -> ir.IRModule:
             sub = tvm.transform.Sequential(after)(sub)
             done = sub[gv]
         except Exception as err:  # noqa: BLE001 - the partition runs on the host; the report says why
+            if record is not None and not record.fall_back:
+                raise
             # the scheduled PrimFunc computes what the partition computes (a schedule only
             # reorders it; its scratchpad buffers are local memory to the CPU): TVM lowers it
             _fell_back(record, gv.name_hint, backend, "its TIR passes or rules", err)

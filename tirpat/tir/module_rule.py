@@ -54,7 +54,7 @@ from .engine import Match
 from .index_dtype import as_index, index_dtype_of, with_index_dtype
 from .lowering import lower
 from .region import tile_base
-from .scan import RewriteError, Rule
+from .scan import Decline, RewriteError, Rule
 from .statement import ForPattern, IfPattern, SeqPattern, StmtPattern
 from .threads import ThreadLaunchError, launches_threads, merge_thread_launches
 
@@ -521,11 +521,12 @@ class _ModuleRulePattern(P.Pattern):
                 b.bind(own, Binding(rule, params))
                 for name, k_ in rule.named:
                     b.bind(name, b.captures.get(k_))
-                if rule.where is not None and not rule.where(b.match(node)):
+                verdict = True if rule.where is None else rule.where(b.match(node))
+                if isinstance(verdict, Decline) or not verdict:
                     b.undo(mark)
-                    return fail and fail(b, node, nest, f"the rule's where() predicate "
-                                                       f"{getattr(rule.where, '__name__', rule.where)} is false",
-                                         ("where",), final=True)
+                    reason = verdict.reason if isinstance(verdict, Decline) else (
+                        f"the rule's where() predicate {getattr(rule.where, '__name__', rule.where)} is false")
+                    return fail and fail(b, node, nest, reason, ("where",), final=True)
                 if k():
                     return True
                 b.undo(mark)

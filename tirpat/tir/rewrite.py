@@ -91,13 +91,14 @@ class Rewriter:
         return cls([Rule(pattern, callback, name or getattr(callback, "__name__", None) or repr(pattern))])
 
     @classmethod
-    def from_module(cls, mod, name: str | None = None, *, where: Callable[[Match], bool] | None = None) -> "Rewriter":
+    def from_module(cls, mod, name: str | None = None, *, where: Callable[[Match], object] | None = None) -> "Rewriter":
         """A rule from an IRModule holding PrimFuncs ``pattern`` and ``replacement``.
 
         See :mod:`tirpat.tir.module_rule` for the binding rules (TVM's ``match_buffer``).
         ``where(m)`` chooses among the sites the pattern matches: in ``m``, each parameter's
         name gives what it is bound to (``m["A"]``, the target buffer; ``m["s"]``, the
         expression). Needed where two intrinsics share a desc (TVM's ldmatrix A/B loads).
+        ``where`` may return :func:`tirpat.decline` (a reason) instead of False.
 
         >>> copy8 = tvm.script.from_source('''
         ... @I.ir_module
