@@ -49,7 +49,8 @@ def graph(body: list, inits: list, inputs: dict, out_shape, opset: int = 17) -> 
     """A model of ``body``; ``inputs`` maps each float input's name to its shape."""
     g = helper.make_graph(body, "g", [helper.make_tensor_value_info(k, TensorProto.FLOAT, list(v))
                                       for k, v in inputs.items()],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None if out_shape is None else list(out_shape))],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT,
+                                                         None if out_shape is None else list(out_shape))],
                           inits)
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
 
@@ -179,12 +180,12 @@ def test_a_table_declines_with_its_reason():
     """A function of two tensors and a constant that varies by element are no table: the
     site stays float, and the warning says why."""
     shape = (1, 4, 3, 3)
-    _, declined = declined_site([helper.make_node("Sigmoid", ["ad"], ["s"]), helper.make_node("Mul", ["s", "bd"], ["f"])],
-                                [], {"a": shape, "b": shape})
+    body = [helper.make_node("Sigmoid", ["ad"], ["s"]), helper.make_node("Mul", ["s", "bd"], ["f"])]
+    _, declined = declined_site(body, [], {"a": shape, "b": shape})
     assert len(declined) == 1 and "table: the float region reads two tensors" in declined[0]
     ramp = numpy_helper.from_array(np.arange(4, dtype=np.float32).reshape(1, 4, 1, 1), "ramp")
-    _, declined = declined_site([helper.make_node("Mul", ["ad", "ramp"], ["m"]), helper.make_node("Tanh", ["m"], ["f"])],
-                                [ramp], {"a": shape})
+    body = [helper.make_node("Mul", ["ad", "ramp"], ["m"]), helper.make_node("Tanh", ["m"], ["f"])]
+    _, declined = declined_site(body, [ramp], {"a": shape})
     assert len(declined) == 1 and "a constant of 4 different values" in declined[0]
 
 
@@ -244,7 +245,8 @@ def test_a_quantised_constant_operand_is_a_table(op, c, sc, left, relu, zx, seed
     shape = (1, 3, 5, 7)
     sx, sy = 0.03, 0.05
     xq, xi = qdq("x", "xd", sx, zx)
-    consts = [numpy_helper.from_array(np.array([c], np.int8), "c_q"), numpy_helper.from_array(np.array(sc, np.float32), "c_s"),
+    consts = [numpy_helper.from_array(np.array([c], np.int8), "c_q"),
+              numpy_helper.from_array(np.array(sc, np.float32), "c_s"),
               numpy_helper.from_array(np.array(0, np.int8), "c_z")]
     body = [helper.make_node("DequantizeLinear", ["c_q", "c_s", "c_z"], ["cd"]),
             helper.make_node(op, ["cd", "xd"] if left else ["xd", "cd"], ["r" if relu else "f"])]

@@ -22,7 +22,7 @@ import tvm
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from .rules import INT8_MAX, INT8_MIN, Declined, _dims
+from .rules import INT8_MAX, INT8_MIN, Declined, dims_of
 
 __all__ = ["PadRule", "pad_of"]
 
@@ -55,7 +55,11 @@ def pad_of(x: np.ndarray, y: np.ndarray) -> tuple[list[int], list[int], float] |
 
 class PadRule:
     """``call_tir(pad, dq(x))`` -> ``dq(nn.pad(x))`` (the module docstring). Like
-    :class:`~.rules.Rule` it has a ``name`` and ``rewriter(declined)``."""
+    :class:`~.rules.Rule` it has a ``name`` and ``rewriter(declined)``.
+    >>> rule = PadRule()
+    >>> rule.name, callable(rule.rewriter({}))
+    ('pad', True)
+    """
 
     name = "pad"
 
@@ -107,7 +111,7 @@ class _PadMutator(PyExprMutator):
         x = dq.args[0]
         if str(x.ty.dtype) != "int8":
             raise Declined(f"a pad of a dequantized {x.ty.dtype} tensor (the integer form is for int8)")
-        in_dims, out_dims = _dims(dq), _dims(call)
+        in_dims, out_dims = dims_of(dq), dims_of(call)
         if not all(isinstance(d, int) for d in (*in_dims, *out_dims)):
             raise Declined("a pad of a tensor with dynamic dimensions")
         scale, zero_point = (c.value.numpy().astype(np.float64).reshape(-1) for c in dq.args[1:])

@@ -58,7 +58,7 @@ from tvm.relax.dpl import DFPattern, PatternMatchingRewriter, is_const, is_op, i
 from .fixed_point import INT32_MAX, Requantize
 
 __all__ = ["Declined", "Rule", "all_rules", "emit_requantize", "requantize_pattern", "clip_fold_rule", "emit_table",
-           "quantized_table"]
+           "quantized_table", "dims_of", "same_dims", "prim_number"]
 
 INT8_MIN, INT8_MAX = -128, 127
 #: |x| <= 128 for any int8 x: the bound used for an activation whose producer is unknown.
@@ -168,7 +168,7 @@ class Activation:
         if m.get(self.relu) is not None:
             return _clip_int8(zero_point), INT8_MAX
         if m.get(self.clip) is not None:
-            lo, hi = _prim(m[self.clip_lo]), _prim(m[self.clip_hi])
+            lo, hi = prim_number(m[self.clip_lo]), prim_number(m[self.clip_hi])
             return (_clip_int8(np.round(np.float32(lo) / np.float32(scale)) + zero_point),
                     _clip_int8(np.round(np.float32(hi) / np.float32(scale)) + zero_point))
         return INT8_MIN, INT8_MAX
@@ -178,7 +178,8 @@ class Activation:
         if m.get(self.relu) is not None:
             return np.maximum(v, np.float32(0))
         if m.get(self.clip) is not None:
-            return np.minimum(np.maximum(v, np.float32(_prim(m[self.clip_lo]))), np.float32(_prim(m[self.clip_hi])))
+            lo, hi = np.float32(prim_number(m[self.clip_lo])), np.float32(prim_number(m[self.clip_hi]))
+            return np.minimum(np.maximum(v, lo), hi)
         return v
 
 
@@ -193,10 +194,14 @@ def _dtype(e: relax.Expr) -> str:
     return str(e.ty.dtype)
 
 
-def _dims(e: relax.Expr) -> tuple:
+def dims_of(e: relax.Expr) -> tuple:
     """The tensor's dimensions: an ``int`` where static, the ``PrimExpr`` where symbolic (a
     batch ``N``). The integer arithmetic depends on the weights and on the dimensions an
-    operator reduces or counts, never on the others: each rule asks :func:`_static` for those."""
+    operator reduces or counts, never on the others: each rule asks :func:`_static` for those.
+
+    >>> dims_of(relax.Var("x", relax.TensorType((tirx.Var("n", "int64"), 3), "int8")))
+    (n, 3)
+    """
     shape = getattr(e.ty, "shape", None)
     values = getattr(shape, "values", None)
     if values is None:
@@ -213,7 +218,12 @@ def _static(dims: tuple, axes, what: str) -> list[int]:
     return [dims[a] for a in axes]
 
 
-def _same_dims(a: tuple, b: tuple) -> bool:
+def same_dims(a: tuple, b: tuple) -> bool:
+    """Whether two :func:`dims_of` tuples are the same dimensions (symbolic ones included).
+
+    >>> same_dims((1, 4), (1, 4)), same_dims((1, 4), (4, 1))
+    (True, False)
+    """
     return tvm_ffi.structural_equal(list(a), list(b))
 
 
@@ -245,9 +255,13 @@ def _zero_point(zp: relax.Expr) -> int:
     return int(round(_scalar(_values(zp), "an activation's zero point")))
 
 
-def _prim(e: relax.Expr) -> float:
+def prim_number(e: relax.Expr) -> float:
     """The number in a constant scalar argument (an ``IntImm``/``FloatImm``, or a
-    ``PrimValue`` holding one)."""
+    ``PrimValue`` holding one); a ``Declined`` otherwise.
+
+    >>> prim_number(tirx.FloatImm("float32", 6.0))
+    6.0
+    """
     value = getattr(e, "value", None)
     value = getattr(value, "value", value)
     if not isinstance(value, (int, float)):
@@ -359,7 +373,12 @@ def quantized_table(fn: Callable[[np.ndarray], np.ndarray], source: tuple[float,
 
 
 def emit_table(x: relax.Expr, table: np.ndarray) -> relax.Expr:
-    """The int8 ``table[x + 128]`` for an int8 tensor ``x`` (a 256-entry lookup)."""
+    """The int8 ``table[x + 128]`` for an int8 tensor ``x`` (a 256-entry lookup).
+
+    >>> x = relax.Var("x", relax.TensorType((4,), "int8"))
+    >>> str(emit_table(x, np.zeros(256, np.int8)).op.name)
+    'relax.take'
+    """
     index = relax.op.add(relax.op.astype(x, "int32"), _const(128, "int32"))
     # mode "clip": the index is within [0, 255] anyway, and "fast" makes TOPI warn at each legalisation
     return relax.op.take(_const(table, "int8"), index, axis=0, mode="clip")
@@ -379,9 +398,9 @@ def _with_constant(m: "Match", a: "Dequantized", b: "Dequantized", call: relax.C
     constant ``c`` with one value and the other, ``x``, has the result's shape (``fn(v, c)``
     with the operands in the call's order); else None. Exact where the float operator is, as
     onnxruntime computes it, where a fixed-point rescale of the constant would not be."""
-    out = _dims(call)
+    out = dims_of(call)
     for var, const in ((a, b), (b, a)):
-        if _uniform(m[const.x]) and not _uniform(m[var.x]) and _same_dims(_dims(m[var.x]), out):
+        if _uniform(m[const.x]) and not _uniform(m[var.x]) and same_dims(dims_of(m[var.x]), out):
             scale, zero_point = const.activation(m)
             c = (np.float32(int(_values(m[const.x]).reshape(-1)[0]) - zero_point)) * np.float32(scale)
             first = var is a
@@ -429,11 +448,11 @@ def _bias(m: Match, g: _Gemm, acc_scale: np.ndarray, channels: int, out_ndim: in
     _zero(m[g.b.zero_point], "a bias")
     b = _values(m[g.b.x]).astype(np.int64).reshape(-1)
     shaped = m[g.reshape] if m.get(g.reshape) is not None else m[g.b.pattern]
-    shape = _dims(shaped)
+    shape = dims_of(shaped)
     expect = [1] * out_ndim
     expect[axis] = channels
     padded = [1] * (out_ndim - len(shape)) + list(shape)
-    if not _same_dims(padded, expect) and b.size != 1:
+    if not same_dims(padded, expect) and b.size != 1:
         raise Declined(f"a bias of shape {list(shape)} that is not one value per output channel")
     sb = g.b.scales(m)
     acc = np.broadcast_to(acc_scale, (channels,)).astype(np.float32)
@@ -464,7 +483,7 @@ def _finish_gemm(m: Match, g: _Gemm, acc: relax.Expr, w: np.ndarray, w_scale: np
     channels = w.shape[w_channel_axis]
     if w_scale.size not in (1, channels):
         raise Declined(f"{w_scale.size} weight scales for {channels} output channels")
-    out_ndim = len(_dims(m[g.op]))
+    out_ndim = len(dims_of(m[g.op]))
     out_axis %= out_ndim
     acc_scale = np.float32(sx) * w_scale.astype(np.float32)       # what onnxruntime computes
     bias = _bias(m, g, acc_scale, channels, out_ndim, out_axis)
@@ -486,7 +505,7 @@ def _finish_gemm(m: Match, g: _Gemm, acc: relax.Expr, w: np.ndarray, w_scale: np
         bound = bound + abs(zw) * INT8_MAGNITUDE * window
         sums = relax.op.multiply(window_sums(), _const(-zw, "int32"))
         term = sums if term is None else relax.op.add(sums, term)
-        term = relax.op.broadcast_to(term, list(_dims(m[g.op])))
+        term = relax.op.broadcast_to(term, list(dims_of(m[g.op])))
     if term is not None:
         acc = relax.op.add(acc, term)
     if np.any(bound > INT32_MAX):
@@ -605,8 +624,8 @@ def _add_rule() -> Rule:
         table = _with_constant(m, a, b, call, act, q, np.add if m.get(add) is not None else np.subtract)
         if table is not None:
             return table
-        out = _dims(call)
-        if not _same_dims(_dims(m[a.x]), out) and not _same_dims(_dims(m[b.x]), out):
+        out = dims_of(call)
+        if not same_dims(dims_of(m[a.x]), out) and not same_dims(dims_of(m[b.x]), out):
             raise Declined(f"{_op_word(call)} whose operands both broadcast")
         lo, hi = act.bounds(m, sy, zy)
         second = relax.op.astype(m[b.x], "int32")
@@ -636,8 +655,8 @@ def _multiply_rule() -> Rule:
         table = _with_constant(m, a, b, m[multiply], act, q, np.multiply)
         if table is not None:
             return table
-        out = _dims(m[multiply])
-        if not _same_dims(_dims(m[a.x]), out) and not _same_dims(_dims(m[b.x]), out):
+        out = dims_of(m[multiply])
+        if not same_dims(dims_of(m[a.x]), out) and not same_dims(dims_of(m[b.x]), out):
             raise Declined("a multiply whose operands both broadcast")
         lo, hi = act.bounds(m, sy, zy)
 
@@ -685,7 +704,7 @@ def clip_fold_rule() -> Rule:
     def build(m: Match) -> relax.Expr:
         if _dtype(m.orig) != "int8" or _dtype(m[v]) != "int32":
             raise Declined("not a clip of a requantised int8 tensor")
-        new_lo, new_hi = max(_prim(m[lo]), _prim(m[a])), min(_prim(m[hi]), _prim(m[b]))
+        new_lo, new_hi = max(prim_number(m[lo]), prim_number(m[a])), min(prim_number(m[hi]), prim_number(m[b]))
         if new_lo > new_hi:
             raise Declined("empty clip range")
         return relax.op.astype(relax.op.clip(m[v], int(new_lo), int(new_hi)), "int8")
@@ -721,7 +740,7 @@ def _with_input(call: relax.Call, x: relax.Expr) -> relax.Call:
 
 def _mean(call, x, sx, sy):
     attrs = call.attrs
-    dims = _dims(x)
+    dims = dims_of(x)
     axes = range(len(dims)) if attrs.axis is None else [int(a) % len(dims) for a in attrs.axis]
     count = int(np.prod(_static(dims, axes, "a mean")))
     total = relax.op.sum(relax.op.astype(x, "int32"), axis=attrs.axis, keepdims=bool(attrs.keepdims))
@@ -776,7 +795,7 @@ def _avg_pool(call, x, sx, sy):
         raise Declined(f"an average pool in layout {attrs.layout} (the integer form is NCHW)")
     if bool(attrs.ceil_mode) or any(int(d) != 1 for d in attrs.dilation):
         raise Declined("an average pool with ceil_mode or dilation")
-    dims = _dims(x)
+    dims = dims_of(x)
     n, c = dims[:2]                   # may be symbolic: they only carry the windows
     h, w = _static(dims, (2, 3), "an average pool")
     (kh, kw), (sh, sw) = [int(k) for k in attrs.pool_size], [int(s) for s in attrs.strides]

@@ -38,7 +38,7 @@ import tvm
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from .rules import INT8_MAX, INT8_MIN, Declined, _dims, _prim, _same_dims, emit_table, quantized_table
+from .rules import INT8_MAX, INT8_MIN, Declined, dims_of, prim_number, same_dims, emit_table, quantized_table
 
 __all__ = ["TableRule", "quantized_table", "EVALUATED"]
 
@@ -139,7 +139,7 @@ class _Region:
             raise _NotATable()
         if name == "relax.clip":
             self.ops += 1
-            lo, hi = _f32(_prim(operands[1])), _f32(_prim(operands[2]))
+            lo, hi = _f32(prim_number(operands[1])), _f32(prim_number(operands[2]))
             return np.minimum(np.maximum(_f32(self.value(operands[0])), lo), hi)
         if name == "relax.astype":
             if str(call.attrs.dtype) != "float32":
@@ -179,6 +179,10 @@ class TableRule:
 
     Not a DPL pattern: ``f`` is any chain, so the rule follows the bindings itself. Like
     :class:`~.rules.Rule` it has a ``name`` and ``rewriter(declined)``.
+
+    >>> rule = TableRule()
+    >>> rule.name, callable(rule.rewriter({}))
+    ('table', True)
     """
 
     name = "table"
@@ -231,7 +235,7 @@ class _TableMutator(PyExprMutator):
             out = region.value(body)
         if region.leaf is None or region.ops == 0:
             raise _NotATable()              # constants only, or a bare rescale: other rules' sites
-        if not _same_dims(_dims(region.leaf), _dims(q)):
+        if not same_dims(dims_of(region.leaf), dims_of(q)):
             raise Declined("the function broadcasts its input to another shape")
         target = (float(_scalar_constant(scale)), int(_scalar_constant(zero_point)))
         table = quantized_table(lambda _: out, region.source, target)
