@@ -162,6 +162,8 @@ class _Region:
             raise Declined("the float region reads two tensors (a function of two int8 tensors is not one table)")
         if str(x.ty.dtype) != "int8":
             raise Declined(f"a dequantize of {x.ty.dtype} (the table is indexed by int8)")
+        if self.source is not None and self.source != (float(s), int(z)):
+            raise Declined("the float region dequantizes its tensor at two scales")
         self.leaf, self.source = x, (float(s), int(z))
         return _f32(np.arange(INT8_MIN, INT8_MAX + 1) - int(z)) * _f32(s)
 
