@@ -373,3 +373,38 @@ def test_a_pad_with_a_value_off_the_scale_is_declined():
              numpy_helper.from_array(np.array(0.013, np.float32), "value")]
     _, declined = declined_site([helper.make_node("Pad", ["ad", "pads", "value"], ["f"])], inits, {"a": shape})
     assert len(declined) == 1 and "pad: a pad with 0.013" in declined[0] and "not a value of the int8" in declined[0]
+
+
+@settings(max_examples=6)
+@given(st.sampled_from(["Div", "Sigmoid", "HardSigmoid"]), st.integers(-40, 40), st.booleans(), st.integers(0, 2**16))
+def test_a_max_pool_after_a_monotone_function_pools_the_int8_input(name, zx, transpose, seed):
+    """``q(max_pool(f(dq(x))))`` (PaddleOCR's classifier divides by 6, then pools): a monotone
+    ``f`` commutes with the maximum, so the pool (and any element move) runs on int8 and the
+    table after it; the result is onnxruntime's, within one step (exactly for arithmetic ``f``)."""
+    shape = (1, 3, 6, 8)
+    sx, sy = 0.04, 0.011
+    xq, xi = qdq("x", "xd", sx, zx)
+    body, inits, exact = activation_nodes(name)
+    body = body + [helper.make_node("MaxPool", ["f"], ["p"], kernel_shape=[2, 2], strides=[2, 2])]
+    last = "p"
+    if transpose:
+        body.append(helper.make_node("Transpose", ["p"], ["t"], perm=[0, 1, 3, 2]))
+        last = "t"
+    yq, yi = qdq(last, "y", sy, 0)
+    out = (1, 3, 4, 3) if transpose else (1, 3, 3, 4)
+    model = graph(xq + body + yq, xi + inits + yi, {"x": shape}, out)
+    mod, declined = integerised(model)
+    assert not declined
+    pools = [c for c in calls(mod["main"]) if str(c.op.name) == "relax.nn.max_pool2d"]
+    assert len(pools) == 1 and str(pools[0].args[0].ty.dtype) == "int8" and "relax.take" in op_names(mod)
+    integer_between(mod)
+    diff = steps(model, mod, {"x": every_int8(shape, sx, zx, np.random.default_rng(seed))}, sy)
+    assert diff.max() <= (0 if exact else 1)
+
+
+def test_a_max_pool_after_a_function_that_is_not_monotone_is_declined():
+    shape = (1, 2, 4, 4)
+    body = [helper.make_node("Mul", ["ad", "ad"], ["s"]),
+            helper.make_node("MaxPool", ["s"], ["f"], kernel_shape=[2, 2], strides=[2, 2])]
+    _, declined = declined_site(body, [], {"a": shape})
+    assert len(declined) == 1 and "a maximum of a function that is not monotone" in declined[0]

@@ -58,7 +58,7 @@ from tvm.relax.dpl import DFPattern, PatternMatchingRewriter, is_const, is_op, i
 from .fixed_point import INT32_MAX, Requantize
 
 __all__ = ["Declined", "Rule", "all_rules", "emit_requantize", "requantize_pattern", "clip_fold_rule", "emit_table",
-           "quantized_table", "dims_of", "same_dims", "prim_number"]
+           "quantized_table", "dims_of", "same_dims", "prim_number", "COMMUTING_OPS", "MAXIMA", "moves_elements"]
 
 INT8_MIN, INT8_MAX = -128, 127
 #: |x| <= 128 for any int8 x: the bound used for an activation whose producer is unknown.
@@ -823,16 +823,29 @@ def _avg_pool(call, x, sx, sy):
 
 
 #: Operators that commute with quantize and dequantize: maxima and element moves (a resize
-#: only when it picks the nearest element: see :func:`_moves_elements`).
-_COMMUTING_OPS = ("relax.nn.max_pool2d", "relax.max", "relax.min", "relax.reshape", "relax.permute_dims",
+#: only when it picks the nearest element: see :func:`moves_elements`).
+COMMUTING_OPS = ("relax.nn.max_pool2d", "relax.max", "relax.min", "relax.reshape", "relax.permute_dims",
                   "relax.squeeze", "relax.expand_dims", "relax.flatten", "relax.strided_slice",
                   "relax.image.resize2d")
 
 
-def _moves_elements(call: relax.Call) -> None:
-    """A ``Declined`` unless ``call`` (one of :data:`_COMMUTING_OPS`) gives each output element
-    one input element's value: a resize must be nearest-neighbour, and not crop (its
-    ``tf_crop_and_resize`` writes ``extrapolation_value`` outside the input)."""
+#: Those of :data:`COMMUTING_OPS` that take maxima or minima: they commute with a function only
+#: if it is monotone (non-decreasing).
+MAXIMA = ("relax.nn.max_pool2d", "relax.max", "relax.min")
+
+
+def moves_elements(call: relax.Call) -> None:
+    """A ``Declined`` unless ``call`` (one of :data:`COMMUTING_OPS`) gives each output element
+    one input element's value (or a maximum or minimum of them): a resize must be
+    nearest-neighbour, and not crop (its ``tf_crop_and_resize`` writes ``extrapolation_value``
+    outside the input).
+
+    >>> x = relax.Var("x", relax.TensorType((1, 1, 2, 2), "int8"))
+    >>> moves_elements(relax.op.image.resize2d(x, (4, 4), method="linear"))
+    Traceback (most recent call last):
+    ...
+    tirpat.model.integerize.rules.Declined: a linear resize (interpolation: only a nearest one moves elements)
+    """
     if str(call.op.name) != "relax.image.resize2d":
         return
     method, mode = str(call.attrs.method), str(call.attrs.coordinate_transformation_mode)
@@ -849,14 +862,14 @@ def _dequantize_later_rule() -> Rule:
     quantize (a global max pool then a flatten) ends as ``q(dq(...))``, a rescale."""
     x = Dequantized()
     op = None
-    for name in _COMMUTING_OPS:
+    for name in COMMUTING_OPS:
         p = is_op(name)(x.pattern, varg_default_wildcard=True)
         op = p if op is None else op | p
     dequantize = x.pattern
 
     def build(m: Match) -> relax.Expr:
         x.activation(m)            # any zero point: a positive scale keeps the order
-        _moves_elements(m[op])
+        moves_elements(m[op])
         dq = m[dequantize]
         return relax.op.dequantize(_with_input(m[op], m[x.x]), dq.args[1], dq.args[2],
                                    out_dtype=str(dq.attrs.out_dtype))

@@ -38,7 +38,8 @@ import tvm
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from .rules import INT8_MAX, INT8_MIN, Declined, dims_of, prim_number, same_dims, emit_table, quantized_table
+from .rules import (COMMUTING_OPS, INT8_MAX, INT8_MIN, MAXIMA, Declined, dims_of, emit_table, moves_elements,
+                    prim_number, quantized_table, same_dims)
 
 __all__ = ["TableRule", "quantized_table", "EVALUATED"]
 
@@ -226,29 +227,46 @@ class _TableMutator(PyExprMutator):
             self.builder_.update_func(gv, self.visit_expr(func))
         return self.builder_.get()
 
-    def plan(self, q: relax.Call, bindings: dict) -> tuple[relax.Var, np.ndarray]:
-        """The int8 input and the table for the quantize ``q``."""
+    def plan(self, q: relax.Call, bindings: dict) -> tuple[relax.Var, np.ndarray, list]:
+        """The int8 input, the table and the moves (outermost first) for the quantize ``q``."""
         body, scale, zero_point = q.args
         if (str(q.attrs.out_dtype) != "int8" or not isinstance(scale, tvm.ir.Constant)
                 or not isinstance(zero_point, tvm.ir.Constant)):
             raise _NotATable()
+        # element moves and maxima over the function's values (a max pool after a division):
+        # they commute with it (maxima if it is monotone), so they run on the int8 input first
+        moves = []
+        while True:
+            call = bindings.get(body, body)
+            if not (isinstance(call, relax.Call) and isinstance(call.op, tvm.ir.Op)
+                    and str(call.op.name) in COMMUTING_OPS):
+                break
+            moves.append(call)
+            body = call.args[0]
         region = _Region(bindings)
         with np.errstate(all="ignore"):     # NaN and infinities: judged on the table
             out = region.value(body)
         if region.leaf is None or region.ops == 0:
             raise _NotATable()              # constants only, or a bare rescale: other rules' sites
-        if not same_dims(dims_of(region.leaf), dims_of(q)):
+        if not same_dims(dims_of(region.leaf), dims_of(moves[-1].args[0] if moves else q)):
             raise Declined("the function broadcasts its input to another shape")
+        for call in moves:
+            moves_elements(call)
+        if any(str(c.op.name) in MAXIMA for c in moves) and np.any(np.diff(np.broadcast_to(out, (256,))) < 0):
+            raise Declined("a maximum of a function that is not monotone (they do not commute)")
         target = (float(_scalar_constant(scale)), int(_scalar_constant(zero_point)))
         table = quantized_table(lambda _: out, region.source, target)
-        return region.leaf, table
+        return region.leaf, table, moves
 
     def visit_var_binding_(self, binding: relax.VarBinding) -> None:
         plan = self.plans.get(binding.var)
         if plan is None:
             super().visit_var_binding_(binding)
             return
-        x, table = plan
-        take = self.builder_.normalize(emit_table(self.visit_expr(x), table))
+        x, table, moves = plan
+        x = self.visit_expr(x)
+        for call in reversed(moves):
+            x = self.builder_.emit(relax.Call(call.op, [x, *call.args[1:]], call.attrs))
+        take = self.builder_.normalize(emit_table(x, table))
         # the quantize's own variable keeps its name and type: its users need no change
         self.builder_.emit_normalized(relax.VarBinding(binding.var, take))
