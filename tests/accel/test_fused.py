@@ -81,7 +81,7 @@ def test_a_blocked_product_is_one_matrix_multiplication():
                            wgt_ld=32, ext_out=2, ext_in=2, acc_stride_out=16, wgt_stride_out=16 * 32,
                            inp_stride_in=16, wgt_stride_in=16))
     plan, (sim, host), (ref, want) = _both(stream + [Finish()])
-    assert plan.matmuls == 1 and plan.products[0].grid is not None
+    assert plan.matmuls == 1 and isinstance(plan.products[0].grid, fused._Span)   # adds into a view
     assert plan.run(host, sim)
     ref.run(stream + [Finish()], want)
     np.testing.assert_array_equal(sim.acc, ref.acc)
@@ -113,6 +113,9 @@ def test_fused_epilogues_wrap_int32_like_the_reference(steps, scale):
     start = sim.acc.astype(np.int64)
     x, w = (sim.memory(m)[:256].astype(np.int64).reshape(16, 16) for m in (Mem.INP, Mem.WGT))
     assert plan is not None and plan.run(host, sim)
+    # each ALU step writes its results as one view (the values are numbered for it), and reads
+    # the step before's the same way
+    assert all(isinstance(new, fused._Span) and isinstance(old, fused._Span) for _, _, _, new, old, _ in plan.alus)
     ref.run(stream, want)
     np.testing.assert_array_equal(sim.acc, ref.acc)
     np.testing.assert_array_equal(host[4], want[4])
