@@ -400,9 +400,14 @@ def _layout(acc_n: int, count: int, products: list, alus: list, acc_loads) -> tu
     def claim(index: np.ndarray) -> None:
         nonlocal nxt
         flat = np.asarray(index).reshape(-1)
-        if flat.size and (renumber[flat] < 0).all() and np.unique(flat).size == flat.size:
-            renumber[flat] = np.arange(nxt, nxt + flat.size)
+        if not flat.size or (renumber[flat] >= 0).any():
+            return
+        run = np.arange(nxt, nxt + flat.size)
+        renumber[flat] = run
+        if (renumber[flat] == run).all():
             nxt += flat.size
+        else:       # a value twice in ``index``: it cannot be a run (O(n), unlike np.unique)
+            renumber[flat] = -1
 
     for p in products:
         claim(p.grid if p.grid is not None else p.targets)
