@@ -317,7 +317,7 @@ class Runtime:
         short = name or fn.__name__
         if not short.isidentifier():
             raise ValueError(f"Runtime.function: {short!r} is not a valid function name")
-        current = self.current
+        current, local, default = self.current, self._local, self.default
         get_ident, getframe = threading.get_ident, sys._getframe
 
         def failed(session: Session, err: BaseException) -> None:
@@ -338,8 +338,10 @@ class Runtime:
         def from_compiled(*args):
             # Compiled code calls this once per device instruction (hundreds of thousands
             # per model call), so the common case (this thread owns the stream, the same
-            # call goes on) tests two fields instead of calling claim() and _from_call().
-            session = current()
+            # call goes on) tests two fields instead of calling claim() and _from_call(), and
+            # finds the current session inline (what current() does)
+            stack = local.stack
+            session = stack[-1] if stack else default()
             if session._owner != get_ident():
                 session.claim()
             # the compiled code calling this TVM global was called from the nearest Python
