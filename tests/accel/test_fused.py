@@ -124,3 +124,23 @@ def test_fused_epilogues_wrap_int32_like_the_reference(steps, scale):
         acc = sim_tests.wrap32(_NUMPY[op](acc, start[1024:1040] if imm is None else np.int64(imm)))
     np.testing.assert_array_equal(ref.acc[:256].reshape(16, 16), acc)
     np.testing.assert_array_equal(host[4][:256].reshape(16, 16), acc)
+
+
+@given(st.integers(0, 7), st.integers(1, 4), st.booleans())
+def test_products_added_into_accumulators_from_before_the_stream_stay_there(acc_tile, k_tiles, stored):
+    """A GEMM without a reset adds into what ACC held before the stream (nothing gives the
+    tile a new value): the plan writes back only the ACC elements that changed, and those
+    include it, so the scratchpad ends as instruction-by-instruction execution leaves it."""
+    stream = [Gemm(acc_addr=acc_tile * 256, inp_addr=0, wgt_addr=0, acc_ld=16, inp_ld=16, wgt_ld=16,
+                   ext_out=k_tiles, inp_stride_out=256, wgt_stride_out=256, push_next=stored)]
+    if stored:
+        stream.append(Store(sram_addr=acc_tile * 256, sram_ld=16, slot=4, dram_offset=0, dram_ld=16, rows=16,
+                            cols=16, pop_prev=True))
+    plan, (sim, host), (ref, want) = _both(stream + [Finish()])
+    assert plan is not None and plan.run(host, sim)
+    ref.run(stream + [Finish()], want)
+    assert plan.acc_final[0].size == 256            # the one tile, not all of ACC
+    for mem in Mem:
+        np.testing.assert_array_equal(sim.memory(mem), ref.memory(mem))
+    for got, exp in zip(host, want):
+        np.testing.assert_array_equal(got, exp)
