@@ -18,7 +18,13 @@ current ones, a STORE or an ALU reads them. Then the whole stream is:
    float32 up to 1024 terms and in float64 beyond;
 3. ALU instructions, batched by dependency level and operation;
 4. STOREs, batched per host buffer;
-5. the scratchpads' final contents, as instruction-by-instruction execution leaves them.
+5. the scratchpads' final contents, as instruction-by-instruction execution leaves them
+   (of ACC, the elements the stream changed).
+
+The value numbers are the plan's own, so they are laid out for these steps: what one
+product adds into, and what one ALU batch writes and the batch before it wrote, are runs
+of consecutive numbers, which numpy reads and writes as views instead of gathering and
+scattering element by element.
 
 :func:`fuse` returns None for a stream this does not cover, and the
 :class:`~accel.hw.sim.Program` keeps executing it instruction by instruction: a LOAD that
