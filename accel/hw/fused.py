@@ -53,7 +53,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from accel.hw.isa import Alu, AluOp, Gemm, Instruction, Load, Mem, Opcode, Store, StoreMode
+from accel.hw.instructions import ALU_UFUNCS, alu_operand
+from accel.hw.isa import Alu, Gemm, Instruction, Load, Mem, Opcode, Store, StoreMode
 
 __all__ = ["fuse", "FusedPlan"]
 
@@ -61,8 +62,6 @@ Buffers = Sequence[Optional[np.ndarray]]
 
 # int8 x int8 products are at most 2**14: float32 sums up to 1024 of them exactly.
 _F32_EXACT_TERMS = 2**24 // 2**14
-_UFUNCS = {AluOp.ADD: np.add, AluOp.MAX: np.maximum, AluOp.MIN: np.minimum,
-           AluOp.SHR: np.right_shift, AluOp.MUL: np.multiply}
 
 
 def _block(addr: int, ld: int, rows: int, cols: int) -> np.ndarray:
@@ -256,7 +255,7 @@ class _Builder:
         new = self._new(dst.size)
         self.level[new] = level
         self.acc[dst] = new
-        imm = (min(max(a.imm, 0), 31) if a.op is AluOp.SHR else a.imm) if a.use_imm else None
+        imm = alu_operand(a.op, a.imm) if a.use_imm else None
         self.alus.append((level, a.op, imm, new, old, src))
         return True
 
@@ -321,7 +320,7 @@ class _Builder:
                     groups.setdefault((op, imm), []).append((new, old, src))
             for (op, imm), members in groups.items():
                 cat = lambda k: np.concatenate([m[k] for m in members]).astype(np.intp)  # noqa: E731
-                alus.append((_UFUNCS[op], op is AluOp.SHR, imm, cat(0), cat(1), None if imm is not None else cat(2)))
+                alus.append((ALU_UFUNCS[op], op, imm, cat(0), cat(1), None if imm is not None else cat(2)))
         stores = []
         for slot in dict.fromkeys(s[0] for s in self.stores):
             mine = [s for s in self.stores if s[0] == slot]
@@ -357,8 +356,8 @@ class _Builder:
         # products add into start at zero.
         renumber, zeroed = _layout(self.acc_n, self.values, products, alus, acc_loads)
         products = [p.renumbered(renumber) for p in products]
-        alus = [(ufunc, shr, imm, _run_of(renumber[new]), _run_of(renumber[old]),
-                 None if src is None else _run_of(renumber[src])) for ufunc, shr, imm, new, old, src in alus]
+        alus = [(ufunc, op, imm, _run_of(renumber[new]), _run_of(renumber[old]),
+                 None if src is None else _run_of(renumber[src])) for ufunc, op, imm, new, old, src in alus]
         stores = [(slot, mode, dst, _run_of(renumber[src])) for slot, mode, dst, src in stores]
         if acc_loads is not None:
             acc_loads = (_run_of(renumber[acc_loads[0]]), acc_loads[1])
@@ -546,8 +545,8 @@ class FusedPlan:
             _put(values, self.acc_loads[0], ints[self.acc_loads[1]])
         for product in self.products:
             product.run(source, values)
-        for ufunc, shr, imm, new, old, src in self.alus:
-            rhs = np.int32(imm) if imm is not None else (np.clip(_at(values, src), 0, 31) if shr else _at(values, src))
+        for ufunc, op, imm, new, old, src in self.alus:
+            rhs = np.int32(imm) if imm is not None else alu_operand(op, _at(values, src))
             if isinstance(new, _Span):
                 ufunc(_at(values, old), rhs, out=new.of(values))    # new values never overlap the operands
             else:
