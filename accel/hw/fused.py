@@ -537,10 +537,16 @@ class _PerChannel:
     accumulator values and the source vector), summed exactly per accumulator value."""
 
     __slots__ = ("targets", "inverse", "x", "w")
+    grid = None     # no block of a matrix product: the values it adds into are ``targets``
 
-    def __init__(self, targets: np.ndarray, x: np.ndarray, w: np.ndarray) -> None:
-        self.targets, self.inverse = np.unique(targets, return_inverse=True)
-        self.x, self.w = x, w
+    def __init__(self, targets: np.ndarray, x: np.ndarray, w: np.ndarray, inverse: np.ndarray | None = None) -> None:
+        if inverse is None:
+            targets, inverse = np.unique(targets, return_inverse=True)
+        self.targets, self.inverse, self.x, self.w = targets, inverse, x, w
+
+    def renumbered(self, renumber: np.ndarray) -> "_PerChannel":
+        """These products adding into the values ``renumber`` maps their targets to."""
+        return _PerChannel(renumber[self.targets], self.x, self.w, self.inverse)
 
     def run(self, source: np.ndarray, values: np.ndarray) -> None:
         products = source[self.x] * source[self.w]      # int8 x int8 in float32: exact
