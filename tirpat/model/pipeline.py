@@ -9,7 +9,8 @@
   layout stage the schedule marked (``meta_schedule.layout_rewrite_preproc``, as
   meta_schedule's layout rewriting does) becomes a function of its own, which runs at
   compile time when the weight is a constant (:mod:`tirpat.model.prepack`). The rest of the
-  module then takes TVM's default pipeline for the host target.
+  module then takes TVM's default pipeline for the host target, and the host's fused
+  functions get their elementwise steps inlined (:mod:`tirpat.model.host_inline`).
 - :data:`TIR_PIPELINE` is one registered TIR pipeline for every target: it sees every
   PrimFunc, and runs a backend's ``BEFORE_REWRITE`` passes, rules and ``AFTER_REWRITE``
   passes only on the PrimFuncs tagged with that backend (:data:`~tirpat.model.partition.BACKEND_ATTR`,
@@ -43,6 +44,7 @@ from tvm import ir, relax, s_tir, tirx
 
 from .. import device
 from .backend import Phase, lookup
+from .host_inline import inline_elementwise
 from .partition import BACKEND_ATTR, OPTIONS_ATTR, Partitioner, as_target, options_text, tagged
 from .prepack import split_layout_stages
 from .report import SCHEDULE_NOTES
@@ -371,7 +373,10 @@ def relax_pipeline(target, records=None) -> tvm.transform.Pass:
             record.partitioned, record.partitioner = mod, partitioner
         return mod
 
-    return tvm.transform.Sequential([part, lower_partitions(records), host], name="tirpat.relax_pipeline")
+    # the host's fused functions with their elementwise steps inlined: LLVM takes a fused
+    # requantise chain of 30 loop nests many times longer than one nest (tirpat.model.host_inline)
+    return tvm.transform.Sequential([part, lower_partitions(records), host, inline_elementwise()],
+                                    name="tirpat.relax_pipeline")
 
 
 # ----------------------------------------------------------------------------- TIR
