@@ -161,9 +161,10 @@ def _single_primfunc(scheduled, name: str):
     raise TypeError(f"{name}.schedule must return a PrimFunc (or an IRModule with one), got {type(scheduled).__name__}")
 
 
-def _legalized(mod: ir.IRModule) -> tuple[ir.IRModule, dict]:
+def _legalized(mod: ir.IRModule, bases: dict | None = None) -> tuple[ir.IRModule, dict]:
     """Each tagged Relax partition legalized into one PrimFunc of the same name (what the
-    backend's ``schedule`` gets), and the tags: name -> ((backend, opts), composite, ops)."""
+    backend's ``schedule`` gets), and the tags: name -> ((backend, opts), composite, ops).
+    ``bases``, if given, is filled as :func:`_inline_scalar_constants` says."""
     tags = {}
     for gv, func in mod.functions.items():
         tag = tagged(func) if isinstance(func, relax.Function) else None
@@ -173,18 +174,22 @@ def _legalized(mod: ir.IRModule) -> tuple[ir.IRModule, dict]:
         return mod, tags
     mod = tvm.transform.Sequential([relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
                                     relax.transform.FuseTIR(), relax.transform.DeadCodeElimination()])(mod)
-    return _inline_scalar_constants(mod, tags)
+    return _inline_scalar_constants(mod, tags, bases)
 
 
-def partition_functions(mod: ir.IRModule, target) -> list:
+def partition_functions(mod: ir.IRModule, target, *, bases: dict | None = None) -> list:
     """``[(name, backend name, options, PrimFunc)]``: every partition of the Relax module
     ``mod`` for ``target``, legalized as its backend's ``schedule`` receives it (what
     ``tp.tune`` tunes).
 
+    ``bases``, if given (a dict), is filled with ``{copy: partition}`` for the copies of a
+    partition that one call site's scalar constants made (``<name>_s1``, ...: the same
+    computation but for those immediates).
+
     >>> [name for name, *_ in tp.partition_functions(mod, "accel, llvm")]   # doctest: +SKIP
     ['fused_relax_matmul_relax_add']
     """
-    mod, tags = _legalized(Partitioner(as_target(target))(mod))
+    mod, tags = _legalized(Partitioner(as_target(target))(mod), bases)
     return [(gv.name_hint, *tags[gv.name_hint][0], func) for gv, func in mod.functions.items()
             if gv.name_hint in tags and isinstance(func, tirx.PrimFunc)]
 
@@ -254,7 +259,7 @@ def lower_partitions(records=None) -> tvm.transform.Pass:
     return run
 
 
-def _inline_scalar_constants(mod: ir.IRModule, tags: dict) -> tuple[ir.IRModule, dict]:
+def _inline_scalar_constants(mod: ir.IRModule, tags: dict, bases: dict | None = None) -> tuple[ir.IRModule, dict]:
     """Scalar constants a partition is called with (a requantise's shift, a zero point) become
     immediates in its PrimFunc, where a backend's rules can see their values; the blocks no
     longer list them among what they read (a schedule sees no read of them).
@@ -264,7 +269,8 @@ def _inline_scalar_constants(mod: ir.IRModule, tags: dict) -> tuple[ir.IRModule,
     PrimFunc whose sites pass different scalars is therefore copied, one copy per distinct set
     of scalar values (``<name>_s1``, ``<name>_s2``, ...; the first set keeps the name), and each
     site calls its own copy: immediates baked into a shared PrimFunc would give every site the
-    values of one. Returns the module and ``tags`` with an entry for each copy."""
+    values of one. Returns the module and ``tags`` with an entry for each copy; ``bases``, if
+    given, gets ``{copy name: name}``."""
     from tvm.relax.dpl import is_op, rewrite_call, wildcard
 
     pattern = is_op("relax.call_tir")(wildcard(), wildcard())
@@ -296,6 +302,8 @@ def _inline_scalar_constants(mod: ir.IRModule, tags: dict) -> tuple[ir.IRModule,
                     builder.update_func(copy, builder.get()[copy].with_attr("global_symbol", copy.name_hint))
                 keys[key] = copy
                 tags[copy.name_hint] = tags[name]
+                if bases is not None:
+                    bases[copy.name_hint] = name
     mod = builder.get()
 
     def repoint(call, _):       # each site calls the copy made for its scalars
