@@ -418,20 +418,3 @@ def test_priors_are_checked_and_give_the_likeliest_value():
     with pytest.raises(ValueError, match="one positive weight per value"):
         tp.Knob("B", "k", (1, 2), default=1, prior=(1, 0))
 
-
-def test_after_the_first_two_the_search_climbs_from_the_best(tmp_path):
-    """The heuristic and the priors' likeliest candidate, then the neighbours of the better of
-    the two: each the same but for one knob, one value up or down."""
-    from tirpat.model.tune.tuner import _decisions
-
-    func = conv_layer()
-    tp.tune(func, "accel, llvm", trials=4, records=tmp_path, seed=1, batch=8)
-    records = list(tp.Records(tmp_path).database.get_all_tuning_records())
-    assert len(records) == 4
-    decided = [_decisions(r.trace) for r in records]
-    costs = [float(r.run_secs[0]) for r in records]
-    best = decided[0] if costs[0] <= costs[1] else decided[1]
-    for neighbour in decided[2:]:
-        moved = [(a, b) for a, b in zip(neighbour, best) if a != b]
-        assert len(moved) == 1 and abs(moved[0][0] - moved[0][1]) == 1, (best, neighbour)
-    assert len(set(decided)) == 4

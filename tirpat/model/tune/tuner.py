@@ -334,25 +334,17 @@ def _likeliest_trace(trace):
     return None if changed.same_as(trace) else changed
 
 
-def _decisions(trace) -> tuple:
-    """The categorical decisions of ``trace``, in order (what tells two candidates apart)."""
-    return tuple(int(trace.decisions[inst]) for inst in trace.insts if inst.kind.name == "SampleCategorical")
-
-
 @derived_object
 class _HeuristicFirst(PySearchStrategy):
-    """A search strategy for a small budget. It measures the design space itself first (the
-    backend's own schedule) and, if the knobs' priors make another one likeliest, that one;
-    then it climbs: each batch is the unmeasured neighbours of the best candidate measured so
-    far (one knob one value up, or else down), until the best has none left; then ``inner``
-    searches for the rest of the task's budget. Every candidate goes into ``candidates`` for
-    the builder."""
+    """A search strategy that measures the design space itself first (the backend's own
+    schedule), then, if the knobs' priors make another one likeliest, that one, then hands
+    over to ``inner`` for the rest of the task's budget (whatever the task scheduler says);
+    every candidate goes into ``candidates`` for the builder."""
 
     def __init__(self, inner: SearchStrategy, task: _Task, candidates: Candidates) -> None:
         super().__init__()
         self.inner, self.task, self.candidates = inner, task, candidates
-        self.postprocs, self.pending, self.own, self.seen = [], [], [], set()
-        self.best, self.left, self.per_batch, self.inner_args, self.inner_started = None, 0, 1, None, False
+        self.postprocs, self.first, self.measuring_first, self.inner_done = [], [], 0, False
 
     def _initialize_with_tune_context(self, context) -> None:
         self.postprocs = list(context.space_generator.postprocs or [])
@@ -362,89 +354,45 @@ class _HeuristicFirst(PySearchStrategy):
         sch.enter_postproc()
         return sch if all(p.apply(sch) for p in self.postprocs) else None
 
-    def _schedule(self, trace):
-        """The task's workload scheduled by ``trace`` and post-processed, or None (a
-        combination the backend's schedule cannot do)."""
-        sch = s_tir.Schedule(self.task.workload)
-        trace.apply_to_schedule(sch, remove_postproc=True)
-        return self._postprocessed(sch)
-
     def pre_tuning(self, max_trials, num_trials_per_iter, design_spaces, database=None, cost_model=None):
-        space = design_spaces[0]
-        heuristic = self._postprocessed(space.copy())
+        heuristic = self._postprocessed(design_spaces[0].copy())
+        self.first = [heuristic] if heuristic is not None else []
         self.task.heuristic = heuristic.mod if heuristic is not None else None
-        firsts = [(space.trace, heuristic)]
-        likely = _likeliest_trace(space.trace)
-        if likely is not None:
-            firsts.append((likely, self._schedule(likely)))
-        self.seen = {_decisions(trace) for trace, _ in firsts}
-        self.pending = [(trace, sch) for trace, sch in firsts if sch is not None]
-        self.left, self.per_batch = self.task.budget, num_trials_per_iter
-        self.inner_args = (design_spaces, database, cost_model)
+        likely = _likeliest_trace(design_spaces[0].trace)
+        if likely is not None and self.task.budget > len(self.first):
+            sch = s_tir.Schedule(self.task.workload)
+            likely.apply_to_schedule(sch, remove_postproc=True)
+            sch = self._postprocessed(sch)
+            if sch is not None:
+                self.first.append(sch)
+        inner_trials = self.task.budget - len(self.first)
+        # the budget in batches of about num_trials_per_iter, none much smaller: each batch's
+        # search costs the same whatever its size, a batch of 2 after two of 16 as much as one
+        batches = max(1, round(inner_trials / num_trials_per_iter))
+        self.inner.pre_tuning(max(inner_trials, 0), max(1, -(-inner_trials // batches)), design_spaces, database,
+                              cost_model)
+        self.inner_done = inner_trials <= 0
 
     def post_tuning(self) -> None:
-        if self.inner_started:
-            self.inner.post_tuning()
-
-    def _neighbours(self, count: int) -> list:
-        """Up to ``count`` unmeasured neighbours of the best candidate, scheduled: every knob
-        one value up first (the larger choices), then one value down."""
-        trace, out = self.best[1], []
-        insts = [i for i in trace.insts if i.kind.name == "SampleCategorical" and len(i.attrs[0]) > 1]
-        for step in (1, -1):
-            for inst in insts:
-                decision = int(trace.decisions[inst]) + step
-                if not 0 <= decision < len(inst.attrs[0]):
-                    continue
-                moved = trace.with_decision(inst, decision, remove_postproc=True)
-                if _decisions(moved) in self.seen:
-                    continue
-                self.seen.add(_decisions(moved))
-                sch = self._schedule(moved)
-                if sch is not None:
-                    out.append((moved, sch))
-                    if len(out) == count:
-                        return out
-        return out
-
-    def _start_inner(self) -> None:
-        design_spaces, database, cost_model = self.inner_args
-        # the budget in batches of about per_batch, none much smaller: each batch's search
-        # costs the same whatever its size, a batch of 2 after two of 16 as much as one
-        batches = max(1, round(self.left / self.per_batch))
-        self.inner.pre_tuning(self.left, max(1, -(-self.left // batches)), design_spaces, database, cost_model)
-        self.inner_started = True
+        self.inner.post_tuning()
 
     def generate_measure_candidates(self):
-        if self.left <= 0:
-            return None
-        if not self.pending and not self.inner_started and self.best is not None:
-            self.pending = self._neighbours(min(self.per_batch, self.left))
-        if self.pending:
-            batch, self.pending = self.pending[:self.left], []
-            self.own = [trace for trace, _ in batch]
-            found = [MeasureCandidate(sch, ArgInfo.from_entry_func(sch.mod, remove_preproc=True)) for _, sch in batch]
-        else:
-            if not self.inner_started:
-                self._start_inner()
-            self.own = []
-            found = list(self.inner.generate_measure_candidates() or [])[:self.left]
+        found = [] if self.inner_done else list(self.inner.generate_measure_candidates() or [])
+        if self.first:      # in the first batch, ahead of the strategy's own
+            firsts, self.first, self.measuring_first = self.first, [], len(self.first)
+            found[:0] = [MeasureCandidate(sch, ArgInfo.from_entry_func(sch.mod, remove_preproc=True))
+                         for sch in firsts]
         if not found:
             return None
-        self.left -= len(found)
         for candidate in found:
             self.candidates.add(candidate.sch.mod, self.task)
         return found
 
     def notify_runner_results(self, measure_candidates, results) -> None:
-        if self.own:        # the climb's own candidates: the best so far moves
-            for trace, result in zip(self.own, results):
-                if result.error_msg is None and result.run_secs:
-                    cost = float(np.mean([float(s) for s in result.run_secs]))
-                    if self.best is None or cost < self.best[0]:
-                        self.best = (cost, trace)
-            self.own = []
-        elif self.inner_started:
+        if self.measuring_first:        # the strategy hears of its own candidates only
+            n, self.measuring_first = self.measuring_first, 0
+            measure_candidates, results = measure_candidates[n:], results[n:]
+        if not self.inner_done:
             self.inner.notify_runner_results(measure_candidates, results)
 
     def clone(self):
