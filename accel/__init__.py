@@ -30,9 +30,8 @@ from accel.hw.stats import Stats, Timeline
 # use, so that importing the hardware side alone never loads the compiler.
 _COMPILER = {
     "rules": "accel.compiler.rules", "PlanError": "accel.compiler.planner",
-    "ScratchpadOverflow": "accel.compiler.planner", "Executable": "accel.compiler.build",
-    "Report": "accel.compiler.build", "build": "accel.compiler.build",
-    "pipeline_name": "accel.compiler.build",
+    "ScratchpadOverflow": "accel.compiler.planner", "build": "accel.compiler.build",
+    "pipeline_name": "accel.compiler.build", "target": "accel.compiler.build",
 }
 
 
@@ -57,5 +56,5 @@ __all__ = [
     "AUTO", "POP_PREV", "POP_NEXT", "PUSH_PREV", "PUSH_NEXT",
     "AccelError", "DecodeError", "InstructionError", "DmaRangeError", "ScratchpadOverflowError",
     "AlignmentError", "UnknownSlotError", "DtypeMismatchError", "TokenError", "DeadlockError",
-    "ConfigMismatchError", "rules", "build", "pipeline_name", "Executable", "Report", "PlanError", "ScratchpadOverflow",
+    "ConfigMismatchError", "rules", "build", "pipeline_name", "target", "PlanError", "ScratchpadOverflow",
 ]

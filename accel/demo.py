@@ -244,7 +244,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     convs = " -> ".join(map(str, args.channels))
     print(f"int8 CNN, batch {args.batch}, {args.size}x{args.size} {args.layout}, channels {convs}: "
           f"3x3 conv2d + bias + ReLU + requantise per layer, dense head to {args.classes} logits")
-    print(ex.report)
+    print(ex.report.text(verbose=True))        # every GEMM it offloaded and every step left on the CPU
     print(f"compiled in {compile_s:.2f} s, ran in {run_s * 1e3:.1f} ms on the simulator")
     print(f"cycles {stats.cycles}, roofline {stats.roofline_cycles} "
           f"({100 * stats.roofline_cycles / max(stats.cycles, 1):.1f}% of the roofline), "

@@ -14,10 +14,9 @@ from tvm import te, tirx
 
 import accel
 import tirpat as tp
-from accel.hw import abi
-from accel.hw.isa import AluOp, Mem, StoreMode
+from accel.hw.instructions import ALU, LOAD, STORE, AluOp, Mem, StoreMode
 from accel.compiler.planner import plan_pass
-from accel.compiler.rules import ACC, address, call
+from accel.compiler.rules import ACC, address
 
 i = tp.is_var("i")
 X, Y, OUT = (tp.is_buffer(name, dtype="int32", scope="global") for name in ("x", "y", "out"))
@@ -32,17 +31,17 @@ def offload_add(m):
     a = tirx.decl_buffer((n,), "int32", "add_a", scope=ACC)
     b = tirx.decl_buffer((n,), "int32", "add_b", scope=ACC)
     def load(r, buf):
-        return call(abi.LOAD, host=r.buffer, elem_offset=r.offset, mem=int(Mem.ACC), sram_addr=address(buf, 0),
-                    sram_ld=n, rows=1, cols=n, dram_ld=0, pad_top=0, pad_bottom=0, pad_left=0, pad_right=0,
-                    pad_value=0)
+        return LOAD[Mem.ACC].call(host=r.buffer, elem_offset=r.offset, sram_addr=address(buf, 0), sram_ld=n,
+                                  rows=1, cols=n, dram_ld=0, pad_top=0, pad_bottom=0, pad_left=0, pad_right=0,
+                                  pad_value=0)
 
     return tirx.SeqStmt([
         tirx.AllocBuffer(a), tirx.AllocBuffer(b),
         load(regions[0], a), load(regions[1], b),
-        call(abi.ALU, op=int(AluOp.ADD), use_imm=0, dst_addr=address(a, 0), src_addr=address(b, 0), imm=0,
-             ext_out=1, ext_in=n // 16, dst_stride_out=0, dst_stride_in=16, src_stride_out=0, src_stride_in=16),
-        call(abi.STORE, host=regions[2].buffer, elem_offset=regions[2].offset, sram_addr=address(a, 0),
-             sram_ld=n, rows=1, cols=n, dram_ld=n, mode=int(StoreMode.INT32)),
+        ALU[AluOp.ADD, False].call(dst_addr=address(a, 0), src_addr=address(b, 0), imm=0, ext_out=1,
+                                   ext_in=n // 16, dst_stride_out=0, dst_stride_in=16, src_stride_out=0, src_stride_in=16),
+        STORE[StoreMode.INT32].call(host=regions[2].buffer, elem_offset=regions[2].offset,
+                                    sram_addr=address(a, 0), sram_ld=n, rows=1, cols=n, dram_ld=n),
     ])
 
 

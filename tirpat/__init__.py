@@ -7,24 +7,26 @@
 >>> rw = tp.Rewriter.from_pattern(copy, lambda m: None)
 """
 
+from .device.instr import instr
+from .device.memory import Memory
 from .tir.copy import is_copy
 from .tir.engine import Match
 from .tir.explain import Explanation, explain
 from .tir.match import find_all, match
 from .tir.pattern import Pattern, affine, is_buffer, is_call, is_const, is_load, is_var, max, min, wildcard
 from .tir.lowering import lower, lower_blocks
-from .tir.pipeline import register_pipeline, tir_pipeline
+from .tir.pipeline import register_pipeline, registered, tir_pipeline
 from .tir.region import CopyRegion, Region, RegionError, padding, split_guard
 from .tir.rewrite import Rewriter, Rewritten, rewriter
 from .tir.scan import Decline, Declined, Report, RewriteError, Rule, Site, decline
 from .tir.statement import is_for, is_if, is_nest, is_seq, is_store, loop
 
 __all__ = [
-    "CopyRegion", "Decline", "Declined", "Explanation", "Match", "Pattern", "Region", "RegionError",
+    "CopyRegion", "Decline", "Declined", "Explanation", "Match", "Memory", "Pattern", "Region", "RegionError",
     "Report", "RewriteError", "Rewriter", "Rewritten", "Rule", "Site", "affine", "decline", "explain",
-    "find_all", "is_buffer", "is_call", "is_const", "is_copy", "is_for", "is_if", "is_load", "is_nest",
+    "find_all", "instr", "is_buffer", "is_call", "is_const", "is_copy", "is_for", "is_if", "is_load", "is_nest",
     "is_seq", "is_store", "is_var", "loop", "lower", "lower_blocks", "match", "max", "min", "padding",
-    "register_pipeline", "rewriter", "split_guard", "tir_pipeline", "wildcard",
+    "register_pipeline", "registered", "rewriter", "split_guard", "tir_pipeline", "wildcard",
 ]
 
 # The model level (backends, targets, whole-model builds) is imported on first use: the TIR
@@ -35,7 +37,7 @@ _MODEL = {
     "quantize": "quantize", "CalibrationError": "quantize", "integerize": "integerize",
     "IntegerizeWarning": "integerize",
     "partition": "partition", "build": "build", "OffloadWarning": "build", "OffloadError": "build",
-    "CompiledModel": "compiled", "load": "compiled", "relax_pipeline": "pipeline",
+    "CompiledModel": "compiled", "CompiledKernel": "kernel", "load": "compiled", "relax_pipeline": "pipeline",
     "lower_partitions": "pipeline", "TIR_PIPELINE": "pipeline", "ModelReport": "report",
     "SCHEDULE_NOTES": "report", "partition_functions": "pipeline", "Records": "records",
     "tune": "tune", "TuneResult": "tune", "Knob": "tune", "knob_space": "tune",

@@ -6,9 +6,70 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from typing import Callable, Mapping
+
 from tvm import s_tir, tirx
 
 DATA_PAR, REDUCE = 0, 2     # tirx.IterVar kinds
+
+
+@dataclass(frozen=True)
+class GemmAnalysis:
+    """A block read as a batched GEMM, ``out[batch.., m, n] += inp[batch.., m, k] * weight[batch.., n, k]``:
+    what the scheduler needs to tile it and stage it through the scratchpads.
+
+    Iteration variables are named by key (the handle of the block's iter var, as
+    ``iv.var.__chandle__()`` gives it): ``m``, ``n`` and ``k`` the GEMM's dimensions,
+    ``batch`` the loops around it, ``k_outer`` further reductions around K (a direct
+    convolution's kernel taps), ``extents`` each key's extent and ``order`` the block's
+    iter vars in order. ``inp_index`` and ``weight_index`` are the keys that index the
+    operands as the block reads them (None: already ``[.., rows, K]``, as a normalised
+    convolution reads them); the scheduler transposes an operand whose keys are out of order.
+
+    A normalised convolution (:func:`accel.compiler.conv.normalise`) also sets: ``inline``,
+    the producers folded into the INP copy; ``stop``, the block its epilogue ends before;
+    ``gather``, how its im2col operand reaches INP (in words, for the report); ``method``
+    and ``pixels``, the knob values it used; ``row_width``, the image's width when M runs
+    over whole images' pixels; ``operand_layout``, the index map staging an epilogue operand
+    in the layout of an NCHW result channels-last.
+
+    >>> g = GemmAnalysis(out=None, inp=None, weight=None, m=1, n=2, k=3, extents={1: 8, 2: 32, 3: 64, 4: 3},
+    ...                  order=(4, 1, 2, 3), batch=(4,))
+    >>> g.sizes
+    (8, 32, 64, 3)
+    """
+
+    out: tirx.Buffer
+    inp: tirx.Buffer
+    weight: tirx.Buffer
+    m: int
+    n: int
+    k: int
+    extents: Mapping[int, int]
+    order: tuple
+    batch: tuple = ()
+    k_outer: tuple = ()
+    inp_index: tuple | None = None
+    weight_index: tuple | None = None
+    inline: tuple = ()
+    stop: str | None = None
+    gather: str = ""
+    method: str | None = None
+    pixels: str | None = None
+    row_width: int | None = None
+    operand_layout: Callable | None = field(default=None, compare=False)
+
+    @property
+    def sizes(self) -> tuple[int, int, int, int]:
+        """``(M, N, K, batch)``: K counts every reduction (the kernel taps too), batch every
+        loop around the GEMM."""
+        k_all, batch = self.extents[self.k], 1
+        for key in self.k_outer:
+            k_all *= self.extents[key]
+        for key in self.batch:
+            batch *= self.extents[key]
+        return self.extents[self.m], self.extents[self.n], k_all, batch
 
 
 def pointwise(block, buffer) -> bool:

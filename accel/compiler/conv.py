@@ -26,7 +26,7 @@ channels-last by the accelerator and transposed on the CPU. Every CPU step is re
 its reason.
 
 >>> conv, why = analyse(block, store, (x_load, w_load))    # doctest: +SKIP
->>> roles = normalise(sch, conv, config, notes)             # doctest: +SKIP
+>>> gemm = normalise(sch, conv, config, notes)             # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from typing import Callable
 import tvm_ffi
 from tvm import ir, s_tir, sym, tirx
 
-from accel.compiler.blocks import DATA_PAR, REDUCE, mark_layout_stage, pointwise_chain
+from accel.compiler.blocks import DATA_PAR, REDUCE, GemmAnalysis, mark_layout_stage, pointwise_chain
 from accel.hw.config import Config
 
 DEPTHWISE = ("a depthwise or grouped convolution: each output channel reads only its own group "
@@ -236,16 +236,14 @@ def _is_plain_copy(block) -> bool:
 
 
 def normalise(sch: s_tir.Schedule, conv: Conv, config: Config, notes, gather: str | None = None,
-              fuse_rows: bool = False) -> dict:
+              fuse_rows: bool = False) -> GemmAnalysis:
     """Rewrite the conv block of ``sch`` into batched-GEMM form (see the module docstring);
     CPU steps go to ``notes.on_cpu``. ``gather`` is ``"direct"``, ``"im2col"`` or None
     (:func:`direct_gather` decides). ``fuse_rows``: M is the output pixels of an image, rows
-    and columns fused (``y*W + x``), instead of one row's (the CPU's im2col only). Returns the GEMM roles for the scheduler: buffers
-    ``C``/``A``/``B``, iter keys ``i``, ``j``, ``k``, ``k_outer``, ``batch``, extents ``ext``,
-    iter ``order``, blocks to ``inline`` into the INP copy, the chain ``stop`` block, the
-    ``method`` used and a ``gather`` note.
+    and columns fused (``y*W + x``), instead of one row's (the CPU's im2col only). Returns
+    the GEMM the scheduler tiles, with the convolution's extras set (see :class:`GemmAnalysis`).
 
-    >>> roles = normalise(sch, conv, accel.Config(), notes, gather="im2col")     # doctest: +SKIP
+    >>> gemm = normalise(sch, conv, accel.Config(), notes, gather="im2col")     # doctest: +SKIP
     """
     direct = direct_gather(conv, config) if gather is None else gather == "direct"
     blk = sch.get_sblock(conv.block)
@@ -293,11 +291,12 @@ def normalise(sch: s_tir.Schedule, conv: Conv, config: Config, notes, gather: st
     else:
         at = dict(zip(rows + ["f", "k"], keys))
         k, k_outer = at["k"], []
-    return {"C": block.writes[0].source, "A": re_buffer, "B": w_buffer, "i": at[m_role], "j": at["f"],
-            "k": k, "k_outer": k_outer, "batch": [at[r] for r in rows[:-1]], "ext": ext, "order": keys,
-            "inline": inline, "stop": stop, "gather": note, "method": "direct" if direct else "im2col",
-            "pixels": "image" if fuse_rows else "row", "row_width": conv.ext["x"] if fuse_rows else None,
-            "operand_layout": None if conv.channels_last_output else _permute(conv.out_dim, ("n", "y", "x", "f"))}
+    return GemmAnalysis(
+        out=block.writes[0].source, inp=re_buffer, weight=w_buffer, m=at[m_role], n=at["f"], k=k,
+        extents=ext, order=tuple(keys), batch=tuple(at[r] for r in rows[:-1]), k_outer=tuple(k_outer),
+        inline=tuple(inline), stop=stop, gather=note, method="direct" if direct else "im2col",
+        pixels="image" if fuse_rows else "row", row_width=conv.ext["x"] if fuse_rows else None,
+        operand_layout=None if conv.channels_last_output else _permute(conv.out_dim, ("n", "y", "x", "f")))
 
 
 def _input(sch, blk, conv: Conv, direct: bool, notes) -> tuple[list, str]:

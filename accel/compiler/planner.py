@@ -5,25 +5,28 @@
 ``access_ptr`` operands replaced, overflow and unmatched-access errors, ``accel.sync()``
 insertion. accel adds the checks of its in-place epilogues: an accumulator that an
 epilogue overwrote in place for its store must not be read again (later on, or in the
-next iteration of an enclosing loop) before it is written anew. The operand roles come
-from the runtime ABI (:mod:`accel.hw.abi`).
+next iteration of an enclosing loop) before it is written anew. The memories, and which call
+arguments are scratchpad addresses with which roles, come from the declarations
+(:mod:`accel.hw.instructions`).
 
 >>> mod = plan_pass(accel.Config())(mod)        # doctest: +SKIP
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import tvm
 import tvm_ffi
 from tvm import ir, tirx
 
-from tirpat.device import PlanError, Scratchpad, ScratchpadOverflow, ScratchpadPlanner
+from tirpat.device import PlanError, ScratchpadOverflow, ScratchpadPlanner
 from tirpat.device.planner import describe
-from accel.hw import abi
+from tirpat.model.partition import origin_of
+from accel.hw import instructions
 from accel.hw.config import Config
-from accel.compiler.rules import ACC, IN_PLACE, INP, WGT
+from accel.compiler.rules import IN_PLACE
 
 __all__ = ["PlanError", "ScratchpadOverflow", "AccelPlanner", "plan", "plan_pass"]
 
@@ -34,13 +37,9 @@ class AccelPlanner(ScratchpadPlanner):
     """The planner for one :class:`Config`: its scratchpads, and the in-place checks."""
 
     def __init__(self, config: Config) -> None:
-        t = config.tile
-        super().__init__("accel", [
-            Scratchpad(INP, config.inp_elements, "int8", t, "INP"),
-            Scratchpad(WGT, config.wgt_elements, "int8", t, "WGT"),
-            Scratchpad(ACC, config.acc_elements, "int32", t, "ACC"),
-        ])
-        self.tile = t
+        super().__init__("accel", list(instructions.MEMORIES.values()), dataclasses.asdict(config),
+                         instructions=instructions.INSTRUCTIONS.values())
+        self.tile = config.tile
 
     def plan(self, func: tirx.PrimFunc) -> tirx.PrimFunc:
         """Plan one PrimFunc; a refusal says first, in a model's terms, what cannot run."""
@@ -59,25 +58,21 @@ class AccelPlanner(ScratchpadPlanner):
 def _scratch_uses(stmt) -> list:
     """``(buffer, reads, writes, offset)`` for every scratchpad operand of the accel calls in
     ``stmt``, in program order (``offset``: the element offset into the buffer), with the
-    operand roles of the runtime ABI."""
+    operand roles of the declared instructions."""
     uses = []
 
     def on_call(c):
-        fn = abi.FUNCTIONS.get(c.args[0].value) if _is_accel_call(c) else None
-        for arg in fn.scratch if fn else ():
-            ptr = c.args[fn.index(arg.name) + 1]
-            if isinstance(ptr, ir.Call) and ptr.op.name == "tirx.tvm_access_ptr":
-                data = ptr.args[1]
-                if isinstance(data, ir.Call) and data.op.name == "tirx.buffer_data":
-                    reads = arg.reads and not (arg.unless and _is_nonzero(c.args[fn.index(arg.unless) + 1]))
-                    uses.append((data.args[0], reads, arg.writes, ptr.args[2]))
+        ins = instructions.instruction_of(c)
+        if ins is None:
+            return
+        args = ins.arguments_of(c)
+        for op in ins.memory_operands:
+            buf = _ptr_buffer(args[op.name])
+            if buf is not None:
+                uses.append((buf, op.reads, op.writes, args[op.name].args[2]))
 
     tvm_ffi.structural_walk(stmt, (ir.Call, on_call))
     return uses
-
-
-def _is_nonzero(e) -> bool:
-    return isinstance(e, tirx.IntImm) and e.value != 0
 
 
 def _is_accel_call(node) -> bool:
@@ -111,10 +106,10 @@ def _uses_in_order(stmt, buf, tile, inner=(), conditional=False):
     else:
         certain = not conditional and kind is tirx.Evaluate
         for c in _accel_calls(stmt):
-            uses = [(reads, offset) for b, reads, _, offset in _scratch_uses(c) if b.same_as(buf)]
+            uses = [reads for b, reads, _, _ in _scratch_uses(c) if b.same_as(buf)]
             if uses:
-                reads = any(r for r, _ in uses)
-                written = _written(c, uses[0][1], tile, inner) if certain and not reads else set()
+                reads = any(uses)
+                written = _written(c, buf, tile, inner) if certain and not reads else set()
                 yield reads, written, stmt
 
 
@@ -139,45 +134,50 @@ def _accel_calls(stmt) -> list:
     return found
 
 
-def _written(c, offset, tile, inner) -> set:
-    """The elements a GEMM in reset form or a LOAD writes from ``offset`` on, over every
-    iteration of the ``inner`` loops around it; empty when its arguments are not constant.
+def _written(c, buf, tile, inner) -> set:
+    """The elements of ``buf`` that call ``c`` writes without reading (its operand of role
+    ``write`` there: a LOAD's destination, a GEMM reset's accumulator), over every iteration
+    of the ``inner`` loops around it, as the instruction's declaration says
+    (:meth:`~tirpat.device.Instruction.elements_written`); empty when they are not constant.
 
     Only the loops whose variables the call uses are enumerated: the others repeat the same
     call, however many times (a reset of one accumulator tile inside a loop over the 525
     column blocks of an 8400-pixel image row writes the same tile each time)."""
-    fn = abi.FUNCTIONS.get(c.args[0].value)
-    if fn not in (abi.GEMM, abi.LOAD):
+    ins = instructions.instruction_of(c)
+    args = ins.arguments_of(c) if ins is not None else {}
+    op = next((o for o in (ins.memory_operands if ins is not None else ()) if o.role == "write"
+               and _ptr_buffer(args[o.name]) is not None and _ptr_buffer(args[o.name]).same_as(buf)), None)
+    if op is None:
         return set()
-    used = _var_handles(c) | _var_handles(offset)
+    offset = args[op.name].args[2]
+    used = _var_handles(c)
     inner = [loop for loop in inner if loop[0].__chandle__() in used]
     extents = [_int_at(e, []) for _, _, e in inner]
     if None in extents or any(e > 64 for e in extents):
         return set()
+    scalars = [o.name for o in ins.operands if o.kind == "scalar"]
     out: set = set()
     for point in itertools.product(*(range(e) for e in extents)):
         values = [(v, m + p) for (v, m, _), p in zip(inner, point)]
-        v = {name: _int_at(a, values) for name, a in zip(fn.names, c.args[1:])}
+        known = {n: v for n in scalars for v in [_int_at(args[n], values)] if v is not None}
         base = _int_at(offset, values)
         if base is None:
             return set()
-        if fn is abi.GEMM:
-            need = ("reset", "acc_ld", "ext_out", "ext_in", "acc_stride_out", "acc_stride_in")
-            if None in (v[n] for n in need) or v["reset"] != 1:
-                return set()
-            for o in range(v["ext_out"]):
-                for i in range(v["ext_in"]):
-                    for r in range(tile):
-                        start = base + o * v["acc_stride_out"] + i * v["acc_stride_in"] + r * v["acc_ld"]
-                        out.update(range(start, start + tile))
-        else:
-            need = ("sram_ld", "rows", "cols", "pad_top", "pad_bottom", "pad_left", "pad_right")
-            if None in (v[n] for n in need):
-                return set()
-            ld, width = v["sram_ld"], v["pad_left"] + v["cols"] + v["pad_right"]
-            for r in range(v["pad_top"] + v["rows"] + v["pad_bottom"]):
-                out.update(range(base + r * ld, base + r * ld + width))
+        try:
+            elements = ins.elements_written(op.name, **known, tile=tile)
+        except ValueError:      # it depends on an argument that is not constant here
+            return set()
+        out.update((elements + base).tolist())
     return out
+
+
+def _ptr_buffer(arg):
+    """The buffer of an ``access_ptr`` argument, else None."""
+    if isinstance(arg, ir.Call) and arg.op.name == "tirx.tvm_access_ptr":
+        data = arg.args[1]
+        if isinstance(data, ir.Call) and data.op.name == "tirx.buffer_data":
+            return data.args[0]
+    return None
 
 
 def _var_handles(expr) -> set:
@@ -247,13 +247,14 @@ def _check_loop_carried(loop, name, tile):
 def _for_users(func: tirx.PrimFunc, detail: str) -> str:
     """A planner refusal as its user reads it: which part of the model (the operators of a
     ``tp.build`` partition) accel cannot run and what to do, then the technical ``detail``."""
-    attrs = func.attrs
-    name = str(attrs["global_symbol"]) if attrs is not None and "global_symbol" in attrs else "main"
-    base = name.removesuffix("_prepacked")
-    if base.startswith("fused_relax_"):    # a Relax partition, named after its operators
-        ops = [op.strip("_") for op in base.removeprefix("fused_").split("relax_") if op.strip("_")]
-        what = " + ".join("relax." + op.replace("nn_", "nn.", 1) for op in ops) + f" (partition {base})"
+    origin = origin_of(func)        # what tp.build says the PrimFunc computes
+    if origin is not None and origin.ops:
+        what = " + ".join(origin.ops) + f" (partition {origin.name})"
+    elif origin is not None:
+        what = f"the partition {origin.name}"
     else:
+        attrs = func.attrs
+        name = str(attrs["global_symbol"]) if attrs is not None and "global_symbol" in attrs else "main"
         what = f"the function {name!r}"
     why = ("its scratchpad buffers do not fit the accel Config of the target" if "overflows" in detail
            else "accel's compiler produced code for it that the device cannot run")

@@ -11,9 +11,11 @@
   and a narrowing cast -> ALU (in place, on the accumulator) then STORE; a plain cast wraps,
   a clip to [-128, 127] then cast saturates.
 
-Scratchpad operands are written as ``buffer.access_ptr(...)`` of the scratchpad buffer;
-:mod:`accel.compiler.planner` replaces them by planned addresses. Every emitted call passes
-``deps = AUTO``: the runtime orders instructions with dependency tokens.
+Each rule emits the declared instructions' calls (:mod:`accel.hw.instructions`, arguments by
+name); a scratchpad operand is a :class:`Region` of a scratchpad buffer, passed as its
+``access_ptr`` (of the operand's declared role), which :mod:`accel.compiler.planner`
+replaces by the planned address. The declarations fix ``deps = AUTO``: the runtime orders
+instructions with dependency tokens.
 
 >>> rw = accel.rules()
 >>> [r.name for r in rw.rules]
@@ -28,14 +30,13 @@ import tvm_ffi
 from tvm import ir, tirx
 
 import tirpat as tp
-from accel.hw import abi
+from accel.hw import instructions
 from accel.hw.config import Config
-from accel.hw.isa import AluOp, Mem, StoreMode
-from accel.hw.runtime import AUTO
+from accel.hw.instructions import ALU, GEMM, GEMM_RESET, LOAD, SCOPES, STORE, AluOp, StoreMode
 from accel.compiler.wrapping import strip
 
-SCOPES = {"local.accel_inp": Mem.INP, "local.accel_wgt": Mem.WGT, "local.accel_acc": Mem.ACC}
-INP, WGT, ACC = "local.accel_inp", "local.accel_wgt", "local.accel_acc"
+#: The scratchpads' storage scopes (their declarations are :mod:`accel.hw.instructions`').
+INP, WGT, ACC = instructions.INP.scope, instructions.WGT.scope, instructions.ACC.scope
 #: AttrStmt key marking an epilogue that overwrites its accumulator in place.
 IN_PLACE = "accel.in_place_epilogue"
 
@@ -51,36 +52,17 @@ def _int(e):
     return int(e.value) if isinstance(e, tirx.IntImm) else None
 
 
-def _i32(v):
-    return tirx.IntImm("int32", v) if isinstance(v, int) else v
+@dataclass(frozen=True)
+class Region:
+    """A scratchpad operand: ``buffer[offset:]`` (the planner resolves its address)."""
+
+    buffer: tirx.Buffer
+    offset: object
 
 
-def address(buffer, offset):
-    """The scratchpad address of ``buffer[offset]``; the pipeline resolves it."""
-    return buffer.access_ptr("rw", offset=offset)
-
-
-def call(fn: abi.Function, **args) -> tirx.Stmt:
-    """A statement calling the runtime function ``fn`` (:mod:`accel.hw.abi`) with its
-    arguments by name, every one but ``deps``, which is AUTO; scratchpad operands are
-    :func:`address` expressions.
-
-    >>> call(abi.DEP_POP, src_queue=1, dst_queue=2)
-    T.call_packed("accel.dep_pop", 1, 2)
-    >>> call(abi.DEP_POP, src_queue=1)
-    Traceback (most recent call last):
-      ...
-    TypeError: accel.dep_pop: missing argument dst_queue
-    """
-    names = [a.name for a in fn.args if a.role != "deps"]
-    for name in names:
-        if name not in args:
-            raise TypeError(f"{fn.name}: missing argument {name}")
-    extra = sorted(set(args) - set(names))
-    if extra:
-        raise TypeError(f"{fn.name}: no argument {extra[0]} (its arguments: {', '.join(names)})")
-    deps = [_i32(AUTO)] if len(names) < len(fn.args) else []
-    return tirx.Evaluate(tirx.call_packed(fn.name, *[_i32(args[n]) for n in names], *deps))
+def address(buffer, offset) -> Region:
+    """The scratchpad operand starting at ``buffer[offset]``, for a declared instruction's call."""
+    return Region(buffer, offset)
 
 
 def _around(loops, strides_per_operand, make_call):
@@ -153,14 +135,14 @@ def _load(m):
     loops = m.loops[:len(outer)]
 
     def make(shifts):
-        return call(abi.LOAD, host=src.buffer, elem_offset=start + shifts[0], mem=int(mem),
+        return LOAD[mem].call(host=src.buffer, elem_offset=start + shifts[0],
                     sram_addr=address(dst.buffer, dst_start + shifts[1]), sram_ld=sram_ld,
                     rows=rows - pt - pb, cols=cols - pl - pr, dram_ld=dram_ld,
                     **dict(zip(("pad_top", "pad_bottom", "pad_left", "pad_right"), pad_fields)),
                     pad_value=pad_value)
 
     def all_padding(shifts):
-        return call(abi.LOAD, host=src.buffer, elem_offset=0, mem=int(mem),
+        return LOAD[mem].call(host=src.buffer, elem_offset=0,
                     sram_addr=address(dst.buffer, dst.offset + shifts[1]), sram_ld=sram_ld, rows=0,
                     cols=cols, dram_ld=dram_ld, pad_top=rows, pad_bottom=0, pad_left=0, pad_right=0,
                     pad_value=pad_value)
@@ -211,7 +193,7 @@ def _gemm(m, config):
         raise _Unsupported("the block loops folded into the GEMM have symbolic extents")
 
     def make(shifts):
-        return call(abi.GEMM, reset=0, acc_addr=address(rc.buffer, rc.offset + shifts[0]),
+        return GEMM.call(acc_addr=address(rc.buffer, rc.offset + shifts[0]),
                     inp_addr=address(ra.buffer, ra.offset + shifts[1]),
                     wgt_addr=address(rw.buffer, rw.offset + shifts[2]), acc_ld=acc_ld, inp_ld=inp_ld,
                     wgt_ld=wgt_ld, ext_out=eo, ext_in=ei, acc_stride_out=so[0], acc_stride_in=si[0],
@@ -233,7 +215,7 @@ def _zero_init(m, config):
     outer = list(range(n - 2))
 
     def make(shifts):
-        return call(abi.GEMM, reset=1, acc_addr=address(r.buffer, r.offset + shifts[0]), inp_addr=0,
+        return GEMM_RESET.call(acc_addr=address(r.buffer, r.offset + shifts[0]), inp_addr=0,
                     wgt_addr=0, acc_ld=ld, inp_ld=t, wgt_ld=t, ext_out=rows // t, ext_in=cols // t,
                     acc_stride_out=t * ld, acc_stride_in=t, inp_stride_out=0, inp_stride_in=0,
                     wgt_stride_out=0, wgt_stride_in=0)
@@ -412,7 +394,7 @@ def _alu_calls(steps, spine, operands, loops, config, partial_ok):
 
         def make(shifts, step=step, operand=operand, sso=sso, ssi=ssi):
             src = 0 if operand is None else address(operand.buffer, operand.offset + shifts[1])
-            return call(abi.ALU, op=int(step.op), use_imm=int(operand is None),
+            return ALU[step.op, operand is None].call(
                         dst_addr=address(spine.buffer, spine.offset + shifts[0]), src_addr=src,
                         imm=step.imm if operand is None else 0, ext_out=ext_out, ext_in=vectors,
                         dst_stride_out=dso, dst_stride_in=t, src_stride_out=sso, src_stride_in=ssi)
@@ -481,9 +463,9 @@ def _store(m, store, config):
     rows, cols = g.rows - g.rows_after, g.cols - g.cols_after
 
     def make(shifts):
-        return call(abi.STORE, host=out, elem_offset=dst.offset + shifts[0],
+        return STORE[mode].call(host=out, elem_offset=dst.offset + shifts[0],
                     sram_addr=address(acc.buffer, acc.offset + shifts[1]), sram_ld=sram_ld, rows=rows,
-                    cols=cols, dram_ld=dram_ld, mode=int(mode))
+                    cols=cols, dram_ld=dram_ld)
 
     calls.append(_around(g.outer, [g.outer_strides(dst), g.outer_strides(acc)], make))
     body = calls[0] if len(calls) == 1 else tirx.SeqStmt(calls)

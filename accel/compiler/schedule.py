@@ -27,20 +27,20 @@ tuner's design space does) takes the annotated ones instead.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import tvm_ffi
 from tvm import ir, s_tir, tirx
 from tvm.s_tir.schedule import ScheduleError as TVMScheduleError
 
 import tirpat as tp
-from accel.compiler.blocks import DATA_PAR, REDUCE, mark_layout_stage, pointwise_chain
+from accel.compiler.blocks import DATA_PAR, REDUCE, GemmAnalysis, mark_layout_stage, pointwise_chain
 from accel.hw.config import Config
 from accel.compiler.conv import analyse as analyse_conv
 from accel.compiler.conv import normalise as normalise_conv
 from accel.compiler.rules import ACC, INP, WGT, epilogue_chain
 from accel.compiler import wrapping
-from accel.hw.isa import AluOp
+from accel.hw.instructions import MEMORIES, SCOPES, AluOp, capacity_option
 
 
 class ScheduleError(ValueError):
@@ -157,6 +157,16 @@ class GemmPlan:
     def macs(self) -> int:
         return self.batch * self.m * self.n * self.k
 
+    def describe(self) -> str:
+        """One line for the report: the block, its sizes, its epilogue and gather.
+
+        >>> GemmPlan("dense", 64, 32, 16, 1, ["bias", "ReLU"]).describe()
+        'offloaded dense: 1x64x32x16 + epilogue bias, ReLU'
+        """
+        epi = f" + epilogue {', '.join(self.epilogue)}" if self.epilogue else ""
+        gather = f"; {self.gather}" if self.gather else ""
+        return f"offloaded {self.block}: {self.batch}x{self.m}x{self.n}x{self.k}{epi}{gather}"
+
 
 @dataclass
 class Notes:
@@ -181,7 +191,8 @@ class Notes:
         for g in self.offloaded:
             epilogue += [w for w in g.epilogue if w not in epilogue]
         return json.dumps({"host_macs": self.total_macs - self.offloaded_macs, "device_macs": self.device_macs,
-                           "host_steps": [list(s) for s in self.on_cpu], "epilogue": epilogue})
+                           "host_steps": [list(s) for s in self.on_cpu], "epilogue": epilogue,
+                           "details": [g.describe() for g in self.offloaded]})
 
 
 def _const(e) -> int:
@@ -211,8 +222,9 @@ def _plain_vars(indices, by_key):
 _NOT_PLAIN = "its indices are not plain loop variables"
 
 
-def _analyse_gemm(block, m):
-    """(roles, why_not): roles maps 'C', 'A', 'B' to (buffer, index keys) and 'i','j','k','batch'."""
+def _analyse_gemm(block, m) -> tuple[GemmAnalysis | None, str | None]:
+    """``(the GEMM, None)`` when the matched multiply-accumulate ``block`` is a batched
+    matrix product of plain loop variables, else ``(None, why not)``."""
     iters = {iv.var.__chandle__(): iv for iv in block.iter_vars}
     store, a_load, b_load = m[_GEMM_BODY], m[_X_LOAD], m[_Y_LOAD]
     c_idx = _plain_vars(store.indices, iters)
@@ -230,11 +242,10 @@ def _analyse_gemm(block, m):
     if set(a_idx) != {*batch, i, k} or set(b_idx) != {*batch, j, k} or len(a_idx) != len(batch) + 2 \
             or len(b_idx) != len(batch) + 2 or a_idx[:len(batch)] != batch or b_idx[:len(batch)] != batch:
         return None, "its operands are not [batch.., M, K] and [batch.., N, K] matrices in some order"
-    ext = {key: _const(iv.dom.extent) for key, iv in iters.items()}
-    return {"C": store.buffer, "A": a_load.source, "B": b_load.source, "a_idx": a_idx, "b_idx": b_idx,
-            "i": i, "j": j, "k": k, "batch": batch, "ext": ext, "order": [iv.var.__chandle__() for iv in block.iter_vars],
-            "k_outer": [], "inline": [], "stop": None, "gather": "", "method": None, "pixels": None,
-            "row_width": None, "operand_layout": None}, None
+    return GemmAnalysis(out=store.buffer, inp=a_load.source, weight=b_load.source, m=i, n=j, k=k,
+                        extents={key: _const(iv.dom.extent) for key, iv in iters.items()},
+                        order=tuple(iv.var.__chandle__() for iv in block.iter_vars), batch=tuple(batch),
+                        inp_index=tuple(a_idx), weight_index=tuple(b_idx)), None
 
 
 def _read_index(block, buffer) -> int:
@@ -270,19 +281,19 @@ def schedule_in(sch: s_tir.Schedule, config: Config) -> Notes:
                 _const(d)
     notes = Notes()
     gemms = []
-    for name, roles, conv, block_rv in _find_gemms(sch, notes):
+    for name, gemm, conv, block_rv in _find_gemms(sch, notes):
         knobs = Knobs.from_annotations(sch.get(block_rv).annotations)
         for key in knobs.annotations():
             sch.unannotate(block_rv, key)
-        gemms.append((name, roles, conv, knobs))
+        gemms.append((name, gemm, conv, knobs))
     reserved: dict = {}     # scratchpad elements the GEMMs scheduled so far keep for the whole function
-    for name, roles, conv, knobs in gemms:
+    for name, gemm, conv, knobs in gemms:
         cpu_steps = len(notes.on_cpu)
         try:
             if conv is not None:
-                roles = normalise_conv(sch, conv, config, notes, gather=knobs.gather,
-                                       fuse_rows=knobs.pixels == "image")
-            _schedule_gemm(sch, name, roles, config, notes, knobs, reserved)
+                gemm = normalise_conv(sch, conv, config, notes, gather=knobs.gather,
+                                      fuse_rows=knobs.pixels == "image")
+            _schedule_gemm(sch, name, gemm, config, notes, knobs, reserved)
         except DoesNotFit as why:
             # the steps taken so far (layouts, the epilogue inlined) are valid code for the CPU
             del notes.on_cpu[cpu_steps:]
@@ -291,8 +302,8 @@ def schedule_in(sch: s_tir.Schedule, config: Config) -> Notes:
 
 
 def _find_gemms(sch: s_tir.Schedule, notes: Notes) -> list:
-    """``(name, roles, conv, block_rv)`` for each offloadable GEMM block of ``main`` (a
-    convolution has ``conv`` set, ``roles`` None); the MACs of every reduction and why
+    """``(name, gemm, conv, block_rv)`` for each offloadable GEMM block of ``main`` (a
+    :class:`GemmAnalysis`, or for a convolution ``conv`` set and ``gemm`` None); the MACs of every reduction and why
     each other one stays on the CPU go to ``notes``."""
     found = []
     for block_rv in sch.get_child_blocks(sch.get_sblock("root")):
@@ -309,16 +320,16 @@ def _find_gemms(sch: s_tir.Schedule, notes: Notes) -> list:
             # TVM's ONNX importer and Relax's nn.Linear write them) is read in place
             block = sch.get(block_rv)
         m = _GEMM_BODY.match(block.body)
-        roles, conv = None, None
+        gemm, conv = None, None
         why = f"it is not an int8 x int8 -> int32 multiply-accumulate (found {_dtypes_found(block)})"
         if m is not None:
-            roles, why = _analyse_gemm(block, m)
+            gemm, why = _analyse_gemm(block, m)
             if why == _NOT_PLAIN:
                 conv, why = analyse_conv(block, m[_GEMM_BODY], (m[_X_LOAD], m[_Y_LOAD]))
-        if roles is None and conv is None:
+        if gemm is None and conv is None:
             notes.on_cpu.append((block.name_hint, why))
         else:
-            found.append((block.name_hint, roles, conv, block_rv))
+            found.append((block.name_hint, gemm, conv, block_rv))
     return found
 
 
@@ -390,30 +401,41 @@ class Extents:
 
 def footprint(e: Extents, t: int, bm: int, bn: int, bk: int, resident: bool) -> dict:
     """The elements of each scratchpad (by scope) a GEMM's blocks occupy at most, as the
-    planner lays them out: a buffer allocated inside a loop that runs more than once is
-    double-buffered; a resident weight is allocated once, outside the loops.
+    planner lays them out: what each scratchpad's :meth:`~tirpat.device.Memory.footprint`
+    says for its buffers (a buffer allocated inside a loop that runs more than once is
+    double-buffered; a resident weight is allocated once, outside the loops).
 
     >>> footprint(Extents(4, 4, 4), 16, 1, 2, 2, False) == {INP: 1024, WGT: 2048, ACC: 1024}
     True
     """
-    acc_copies, k_copies = _copies(e, bm, bn, bk)
+    acc_repeated, k_repeated = _repeated(e, bm, bn, bk)
     blocks_n, blocks_k = -(-e.n_tiles // bn), -(-e.k_tiles // bk)
-    acc = t * t * bm * bn
-    operands = sum(t * max(bm, bn) if narrow else acc for narrow in e.operands)
-    weight = (e.weight_copies * blocks_n * bn * blocks_k * bk * t * t) if resident else k_copies * t * t * bn * bk
-    return {INP: k_copies * t * t * bm * bk, WGT: weight, ACC: acc_copies * (acc + operands)}
+    options = {"tile": t}
+    inp, wgt, acc = (_MEMORY[scope] for scope in (INP, WGT, ACC))
+    weight = (wgt.footprint(e.weight_copies * blocks_n * bn * blocks_k * bk * t * t, repeated=False, options=options)
+              if resident else wgt.footprint(t * t * bn * bk, repeated=k_repeated, options=options))
+    operands = [t * max(bm, bn) if narrow else t * t * bm * bn for narrow in e.operands]
+    return {INP: inp.footprint(t * t * bm * bk, repeated=k_repeated, options=options), WGT: weight,
+            ACC: sum(acc.footprint(n, repeated=acc_repeated, options=options) for n in (t * t * bm * bn, *operands))}
+
+
+def _repeated(e: Extents, bm: int, bn: int, bk: int) -> tuple[bool, bool]:
+    """Whether the loops around a block of output tiles (ACC's buffers) and around a block
+    of K (INP's, a streamed weight's) run more than once."""
+    acc_iters = e.outer * -(-e.m_tiles // bm) * -(-e.n_tiles // bn)
+    k_iters = acc_iters * e.k_outer * -(-e.k_tiles // bk)
+    return acc_iters > 1, k_iters > 1
 
 
 def _copies(e: Extents, bm: int, bn: int, bk: int) -> tuple[int, int]:
     """Copies of the buffers allocated per block of output tiles (ACC) and per block of K
-    (INP, a streamed weight): two when their loops run more than once."""
-    acc_iters = e.outer * -(-e.m_tiles // bm) * -(-e.n_tiles // bn)
-    k_iters = acc_iters * e.k_outer * -(-e.k_tiles // bk)
-    return (2 if acc_iters > 1 else 1), (2 if k_iters > 1 else 1)
+    (INP, a streamed weight), as their scratchpads keep them."""
+    acc_repeated, k_repeated = _repeated(e, bm, bn, bk)
+    return _MEMORY[ACC].copies(repeated=acc_repeated), _MEMORY[INP].copies(repeated=k_repeated)
 
 
-_CAPACITY = {INP: ("inp_elements", "inp_bytes", 1, "INP"), WGT: ("wgt_elements", "wgt_bytes", 1, "WGT"),
-             ACC: ("acc_elements", "acc_bytes", 4, "ACC")}
+#: Each scratchpad's declaration by scope.
+_MEMORY = {m.scope: m for m in MEMORIES.values()}
 
 
 def _blocks(e: Extents, knobs: Knobs, config: Config, reserved: dict | None = None,
@@ -484,12 +506,13 @@ def _shrink(e: Extents, config: Config, reserved: dict, whole_m: bool, bm: int, 
 
 
 def _free(config: Config, reserved: dict, scope: str) -> int:
-    return getattr(config, _CAPACITY[scope][0]) - reserved.get(scope, 0)
+    return _MEMORY[scope].capacity_of(config.__dict__) - reserved.get(scope, 0)
 
 
 def _overflow(e: Extents, config: Config, reserved: dict, scope: str, need: int, resident: bool) -> str:
     """Why a GEMM's smallest blocks do not fit ``scope``, in the terms of the Config."""
-    _, option, item, label = _CAPACITY[scope]
+    memory = _MEMORY[scope]
+    option, item, label = capacity_option(memory), memory.itemsize, memory.name
     t = config.tile
     added = sorted({"a bias" if narrow else "a residual" for narrow in e.operands})
     what = {INP: f"one {t}x{t} int8 input tile",
@@ -514,79 +537,105 @@ def _whole_rows(width: int, rows: int, pixels: int) -> bool:
     return rows % width == 0 or width % rows == 0 or rows >= pixels
 
 
-def _schedule_gemm(sch, name, roles, config, notes, knobs: Knobs, reserved: dict):
+def _schedule_gemm(sch: s_tir.Schedule, name: str, g: GemmAnalysis, config: Config, notes: Notes, knobs: Knobs,
+                   reserved: dict) -> None:
+    """Schedule the GEMM block ``name`` for accel (the module docstring's four steps) and
+    add its :class:`GemmPlan` to ``notes``; ``reserved``: what earlier GEMMs keep of each
+    scratchpad, to which this one's adds."""
     t = config.tile
-    ext = roles["ext"]
-    m_, n_, k_ = ext[roles["i"]], ext[roles["j"]], ext[roles["k"]]
-    batch, k_all = 1, k_
-    for b in roles["batch"]:
-        batch *= ext[b]
-    for r in roles["k_outer"]:
-        k_all *= ext[r]
-    plan = GemmPlan(name, m_, n_, k_all, batch, gather=roles["gather"])
-    gemm = sch.get_sblock(name)
-
-    # 1. operand layouts the DMA can read: [.., M, K] and [.., N, K]
-    nb = len(roles["batch"])
-    for key, want, idx_key in (("A", roles["i"], "a_idx"), ("B", roles["j"], "b_idx")):
-        idx = roles.get(idx_key)     # None: already in GEMM layout (a normalised convolution)
-        if idx is not None and idx[nb:] != [want, roles["k"]]:
-            stage = sch.cache_read(gemm, _read_index(sch.get(gemm), roles[key]), "global")
-            sch.transform_layout(stage, ("write", 0), lambda *ax: (*ax[:nb], ax[nb + 1], ax[nb]))
-            mark_layout_stage(sch, stage)
-            notes.on_cpu.append((sch.get(stage).name_hint, f"transposes {roles[key].name} on the CPU: "
-                                 "the DMA reads rows, so this operand must be [.., rows, K]"))
-            gemm = sch.get_sblock(name)
-
-    # 2. the epilogue chain, inlined into its last block; what it reads from ACC takes room there
-    final, steps, out_buffer = _epilogue(sch, gemm, roles["stop"])
+    m_, n_, k_all, batch = g.sizes
+    plan = GemmPlan(name, m_, n_, k_all, batch, gather=g.gather)
+    _dma_layouts(sch, name, g, notes)
+    final, steps, out_buffer = _epilogue(sch, sch.get_sblock(name), g.stop)
     operands = {} if steps is None else _operands(sch.get(final), out_buffer)
-    shape = Extents(-(-m_ // t), -(-n_ // t), -(-k_ // t), batch, k_all // k_, _elements(roles["B"]) // (n_ * k_),
+    k_ = g.extents[g.k]
+    shape = Extents(-(-m_ // t), -(-n_ // t), -(-k_ // t), batch, k_all // k_, _elements(g.weight) // (n_ * k_),
                     tuple(operands.values()))
-
-    # 3. blocks of tiles that fit the scratchpads, and padding to them
-    bm, bn, bk, resident = _blocks(shape, knobs, config, reserved)
-    width = roles["row_width"]
-    if width is not None and not _whole_rows(width, t * bm, m_):
-        # the block of an image's pixels must hold whole image rows: the whole image, then
-        try:
-            bm, bn, bk, resident = _blocks(shape, knobs, config, reserved, whole_m=True)
-        except DoesNotFit as why:
-            raise ScheduleError(f"{name}: a block of {t * bm} pixels cannot hold whole rows of {width} pixels, "
-                                f"and the image's {m_} pixels in one block do not fit: {why}; use pixels='row'") \
-                from None
-    target = {roles["i"]: t * bm, roles["j"]: t * bn, roles["k"]: t * bk}
-    order = roles["order"]
-    padded = [-(-ext[v] // target[v]) * target[v] if v in target else ext[v] for v in order]
-    plan.device_macs = 1
-    for p in padded:
-        plan.device_macs *= p
-    if any(p != ext[v] for p, v in zip(padded, order)):
-        sch.pad_einsum(gemm, padded)
-        gemm = sch.get_sblock(name)
-        # the copy out of the padded result joins the epilogue
-        final, steps, out_buffer = _epilogue(sch, gemm, roles["stop"])
+    bm, bn, bk, resident = _fitting_blocks(name, g, shape, knobs, config, reserved)
+    plan.device_macs, padded = _pad_to_blocks(sch, name, g, (t * bm, t * bn, t * bk))
+    if padded:      # the copy out of the padded result joins the epilogue
+        final, steps, out_buffer = _epilogue(sch, sch.get_sblock(name), g.stop)
     if final is not None and steps is None:
         notes.on_cpu.append((sch.get(final).name_hint, "the epilogue is not a chain of ALU operations "
                              "(add, max, min, multiply, shift by a constant, int32 operands)"))
         final = None
     plan.epilogue = describe_epilogue(steps, str(sch.get(final).writes[0].source.dtype)) if steps else []
+    _reserve(reserved, shape, t, bm, bn, bk, resident)
+    _tile_and_stage(sch, name, g, final, out_buffer, t, (bm, bn, bk), resident)
+    plan.knobs = Knobs(bm, bn, bk, WEIGHTS[resident], g.method, g.pixels)
+    notes.offloaded.append(plan)
+
+
+def _dma_layouts(sch: s_tir.Schedule, name: str, g: GemmAnalysis, notes: Notes) -> None:
+    """Step 1: transpose on the CPU an operand the DMA cannot read (it reads rows: the input
+    must be ``[.., M, K]``, the weight ``[.., N, K]``)."""
+    nb = len(g.batch)
+    for buffer, want, index in ((g.inp, g.m, g.inp_index), (g.weight, g.n, g.weight_index)):
+        if index is None or list(index[nb:]) == [want, g.k]:
+            continue
+        gemm = sch.get_sblock(name)
+        stage = sch.cache_read(gemm, _read_index(sch.get(gemm), buffer), "global")
+        sch.transform_layout(stage, ("write", 0), lambda *ax: (*ax[:nb], ax[nb + 1], ax[nb]))
+        mark_layout_stage(sch, stage)
+        notes.on_cpu.append((sch.get(stage).name_hint, f"transposes {buffer.name} on the CPU: "
+                             "the DMA reads rows, so this operand must be [.., rows, K]"))
+
+
+def _fitting_blocks(name: str, g: GemmAnalysis, shape: Extents, knobs: Knobs, config: Config,
+                    reserved: dict) -> tuple[int, int, int, bool]:
+    """Step 3: ``(bm, bn, bk, resident)`` that fit the scratchpads (:func:`_blocks`); a block
+    of an image's pixels holds whole image rows, else is the whole image."""
+    t = config.tile
+    bm, bn, bk, resident = _blocks(shape, knobs, config, reserved)
+    width, pixels = g.row_width, g.extents[g.m]
+    if width is None or _whole_rows(width, t * bm, pixels):
+        return bm, bn, bk, resident
+    try:
+        return _blocks(shape, knobs, config, reserved, whole_m=True)
+    except DoesNotFit as why:
+        raise ScheduleError(f"{name}: a block of {t * bm} pixels cannot hold whole rows of {width} pixels, "
+                            f"and the image's {pixels} pixels in one block do not fit: {why}; use pixels='row'") \
+            from None
+
+
+def _pad_to_blocks(sch: s_tir.Schedule, name: str, g: GemmAnalysis, block: tuple[int, int, int]) -> tuple[int, bool]:
+    """Pad M, N and K to whole blocks of ``block`` elements (``pad_einsum``); returns the MACs
+    the device then executes and whether anything was padded."""
+    target = dict(zip((g.m, g.n, g.k), block))
+    padded = [-(-g.extents[v] // target[v]) * target[v] if v in target else g.extents[v] for v in g.order]
+    device_macs = 1
+    for p in padded:
+        device_macs *= p
+    if all(p == g.extents[v] for p, v in zip(padded, g.order)):
+        return device_macs, False
+    sch.pad_einsum(sch.get_sblock(name), padded)
+    return device_macs, True
+
+
+def _reserve(reserved: dict, shape: Extents, t: int, bm: int, bn: int, bk: int, resident: bool) -> None:
+    """Add to ``reserved`` what stays allocated for the rest of the function, where the next
+    GEMM cannot use it: a resident weight, and buffers no loop of their own holds."""
     acc_copies, k_copies = _copies(shape, bm, bn, bk)
     need = footprint(shape, t, bm, bn, bk, resident)
-    # what stays allocated for the rest of the function, where the next GEMM cannot use it:
-    # a resident weight, and buffers no loop of their own holds
     for scope, kept in ((ACC, acc_copies == 1), (INP, k_copies == 1), (WGT, resident or k_copies == 1)):
         if kept:
             reserved[scope] = reserved.get(scope, 0) + need[scope]
 
-    # 4. tile, stage through the scratchpads, move the init out
+
+def _tile_and_stage(sch: s_tir.Schedule, name: str, g: GemmAnalysis, final, out_buffer, t: int,
+                    blocks: tuple[int, int, int], resident: bool) -> None:
+    """Step 4: tile to blocks of tiles, stage the operands through INP and WGT at the K loop
+    and the accumulator (with the epilogue's operands) through ACC at the N loop, and move
+    the zero-init out of the reduction."""
+    bm, bn, bk = blocks
+    gemm = sch.get_sblock(name)
     loops = sch.get_loops(gemm)
-    pos = {v: n for n, v in enumerate(order)}
-    i_o, i_b, i_i = sch.split(loops[pos[roles["i"]]], [None, bm, t])
-    j_o, j_b, j_i = sch.split(loops[pos[roles["j"]]], [None, bn, t])
-    k_o, k_b, k_i = sch.split(loops[pos[roles["k"]]], [None, bk, t])
-    batch_loops = [loops[pos[b]] for b in roles["batch"]]
-    k_outer = [loops[pos[r]] for r in roles["k_outer"]]
+    pos = {v: n for n, v in enumerate(g.order)}
+    i_o, i_b, i_i = sch.split(loops[pos[g.m]], [None, bm, t])
+    j_o, j_b, j_i = sch.split(loops[pos[g.n]], [None, bn, t])
+    k_o, k_b, k_i = sch.split(loops[pos[g.k]], [None, bk, t])
+    batch_loops = [loops[pos[b]] for b in g.batch]
+    k_outer = [loops[pos[r]] for r in g.k_outer]
     # a GEMM instruction folds the two innermost block loops (the third, if any, loops over it)
     sch.reorder(*batch_loops, i_o, j_o, *k_outer, k_o, i_b, k_b, j_b, i_i, j_i, k_i)
     a_stage = sch.cache_read(gemm, 0, INP)
@@ -596,43 +645,52 @@ def _schedule_gemm(sch, name, roles, config, notes, knobs: Knobs, reserved: dict
         sch.compute_at(b_stage, k_o)
     # else the whole weight stays resident in WGT: one LOAD, reused by every row of tiles
     for stage in (a_stage, b_stage):
-        # the padding (and a convolution's gather) becomes part of the LOAD
-        inlined = True
-        while inlined:
-            inlined = False
-            for producer in sch.get_producers(stage):
-                name = sch.get(producer).name_hint
-                if name.endswith("_pad") or name in roles["inline"]:
-                    sch.compute_inline(producer)
-                    inlined = True
-                    break
+        _inline_into_load(sch, stage, g.inline)
     if final is None:
         writeback = sch.cache_write(gemm, 0, ACC)
         sch.reverse_compute_at(writeback, j_o)
     else:
         sch.set_scope(gemm, 0, ACC)
         sch.reverse_compute_at(final, j_o)
-        if width is not None and width < t * bm:
+        if g.row_width is not None and g.row_width < t * bm:
             # rows of the block are pixels of whole image rows: stored one image row at a time
-            sch.split(sch.get_loops(final)[-2], [None, width])
-        fblock = sch.get(final)
-        for r in list(fblock.reads):
-            if r.source.same_as(sch.get(gemm).writes[0].source):
-                continue
-            stage = sch.cache_read(final, _read_index(sch.get(final), r.source), ACC)
-            if roles["operand_layout"] is not None and len(r.source.shape) == len(out_buffer.shape):
-                # an operand in the layout of an NCHW result (a residual, a [1, F, 1, 1]
-                # bias) is staged channels-last, like the accumulator it is applied to
-                sch.transform_layout(stage, ("write", 0), roles["operand_layout"])
-            sch.compute_at(stage, j_o)
-            ndim = len(sch.get(stage).writes[0].source.shape)
-            if not _operands(fblock, sch.get(gemm).writes[0].source)[r.source.__chandle__()] and ndim >= 2:
-                # ALU operands are tile-lane vectors: rows of the staged copy start aligned
-                # (a bias, along the channels alone, is one row: it stays contiguous)
-                sch.storage_align(stage, 0, ndim - 2, t, 0)
+            sch.split(sch.get_loops(final)[-2], [None, g.row_width])
+        _stage_epilogue_operands(sch, gemm, final, out_buffer, j_o, t, g.operand_layout)
     sch.decompose_reduction(gemm, k_outer[0] if k_outer else k_o)
-    plan.knobs = Knobs(bm, bn, bk, WEIGHTS[resident], roles["method"], roles["pixels"])
-    notes.offloaded.append(plan)
+
+
+def _inline_into_load(sch: s_tir.Schedule, stage, inline: tuple) -> None:
+    """The padding (and a convolution's gather, the producers named in ``inline``) of a
+    scratchpad copy ``stage`` becomes part of its LOAD."""
+    inlined = True
+    while inlined:
+        inlined = False
+        for producer in sch.get_producers(stage):
+            name = sch.get(producer).name_hint
+            if name.endswith("_pad") or name in inline:
+                sch.compute_inline(producer)
+                inlined = True
+                break
+
+
+def _stage_epilogue_operands(sch: s_tir.Schedule, gemm, final, out_buffer, j_o, t: int, operand_layout) -> None:
+    """Stage each operand the epilogue ``final`` reads besides the accumulator (a bias, a
+    residual) through ACC at the N loop ``j_o``."""
+    fblock = sch.get(final)
+    for r in list(fblock.reads):
+        if r.source.same_as(sch.get(gemm).writes[0].source):
+            continue
+        stage = sch.cache_read(final, _read_index(sch.get(final), r.source), ACC)
+        if operand_layout is not None and len(r.source.shape) == len(out_buffer.shape):
+            # an operand in the layout of an NCHW result (a residual, a [1, F, 1, 1]
+            # bias) is staged channels-last, like the accumulator it is applied to
+            sch.transform_layout(stage, ("write", 0), operand_layout)
+        sch.compute_at(stage, j_o)
+        ndim = len(sch.get(stage).writes[0].source.shape)
+        if not _operands(fblock, sch.get(gemm).writes[0].source)[r.source.__chandle__()] and ndim >= 2:
+            # ALU operands are tile-lane vectors: rows of the staged copy start aligned
+            # (a bias, along the channels alone, is one row: it stays contiguous)
+            sch.storage_align(stage, 0, ndim - 2, t, 0)
 
 
 def _epilogue(sch, gemm, stop):
@@ -748,9 +806,24 @@ def _epilogue_steps(block, acc_buffer):
 
 def schedule_partition(func: tirx.PrimFunc, config: Config) -> tirx.PrimFunc:
     """The accel Backend's ``schedule`` hook: one partition's legalized PrimFunc, scheduled,
-    with the scheduler's notes for the model report (``tp.SCHEDULE_NOTES``)."""
+    with the scheduler's notes for the model report (``tp.SCHEDULE_NOTES``). A function that
+    already uses accel's scratchpads is its author's schedule: it is left as it is."""
+    if already_scheduled(func):
+        return func
     mod, notes = schedule(func, config)
     return mod["main"].with_attr(tp.SCHEDULE_NOTES, notes.to_json())
+
+
+def already_scheduled(func: tirx.PrimFunc) -> bool:
+    """Whether ``func`` allocates any of accel's scratchpads (their declared scopes)."""
+    found = []
+
+    def on_var(v):
+        if tirx.is_buffer_var(v) and v.scope() in SCOPES:
+            found.append(v)
+
+    tvm_ffi.structural_walk(func, (ir.Var, on_var))
+    return bool(found)
 
 
 def describe_epilogue(steps, out_dtype: str) -> list:

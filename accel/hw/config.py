@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from accel.hw.instructions import ACC, INP, WGT, capacity_option
+
 __all__ = ["Config"]
 
 
@@ -41,7 +43,8 @@ class Config:
             raise ValueError(f"Config.tile must be a power of two, got {self.tile}")
         # A scratchpad must hold at least one whole tile and a whole number of SRAM rows,
         # and every element address must fit the ISA's 32-bit address fields.
-        for name, itemsize in (("inp_bytes", 1), ("wgt_bytes", 1), ("acc_bytes", 4)):
+        for memory in (INP, WGT, ACC):
+            name, itemsize = capacity_option(memory), memory.itemsize
             size = getattr(self, name)
             row = self.tile * itemsize
             if size % row or size < self.tile * row:
@@ -53,18 +56,18 @@ class Config:
 
     @property
     def inp_elements(self) -> int:
-        """INP capacity in int8 elements."""
-        return self.inp_bytes
+        """INP capacity in int8 elements (:data:`accel.hw.instructions.INP`'s for this Config)."""
+        return INP.capacity_of(self.__dict__)
 
     @property
     def wgt_elements(self) -> int:
         """WGT capacity in int8 elements."""
-        return self.wgt_bytes
+        return WGT.capacity_of(self.__dict__)
 
     @property
     def acc_elements(self) -> int:
         """ACC capacity in int32 elements."""
-        return self.acc_bytes // 4
+        return ACC.capacity_of(self.__dict__)
 
     @property
     def tile_cycles(self) -> int:

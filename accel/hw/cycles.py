@@ -19,24 +19,21 @@ timing-only run (``Session(timing_only=True)``) costs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Sequence
 
 from accel.hw.config import Config
 from accel.hw.emitter import POPS, PUSHES, verify
 from accel.hw.errors import DeadlockError
-from accel.hw.isa import Instruction, Mem, Opcode, StoreMode
-from accel.hw.stats import UNITS, Event
+from accel.hw.instructions import LOAD_HOST_DTYPE, STORE_HOST_DTYPE
+from accel.hw.isa import Instruction, Mem, Opcode
+from accel.hw.timing import UNIT_OF, UNITS, Timing
 
 __all__ = ["cost", "Timing", "schedule"]
 
-_UNIT = {Opcode.LOAD: "load", Opcode.STORE: "store", Opcode.GEMM: "gemm", Opcode.ALU: "alu"}
-
-
 def _dram_bytes(ins: Instruction) -> int:
     if ins.opcode is Opcode.LOAD:
-        return ins.rows * ins.cols * (4 if ins.mem is Mem.ACC else 1)
-    return ins.rows * ins.cols * (4 if ins.mode is StoreMode.INT32 else 1)
+        return ins.rows * ins.cols * LOAD_HOST_DTYPE[ins.mem].itemsize
+    return ins.rows * ins.cols * STORE_HOST_DTYPE[ins.mode].itemsize
 
 
 def cost(ins: Instruction, config: Config) -> int:
@@ -57,34 +54,6 @@ def cost(ins: Instruction, config: Config) -> int:
     else:
         busy = 0
     return busy + config.issue_overhead
-
-
-@dataclass(frozen=True)
-class Timing:
-    """The cycle model's account of one stream: every instruction's ``[start, end)`` cycle
-    and the totals :class:`~accel.hw.stats.Stats` accumulates (busy cycles per unit,
-    instructions per opcode, DMA bytes per direction, MACs)."""
-
-    start: list[int]
-    end: list[int]
-    opcodes: list[Opcode]
-    cycles: int
-    busy: dict[str, int]
-    instructions: dict[str, int]
-    bytes: dict[str, int]
-    macs: int
-
-    def order(self) -> list[int]:
-        """Stream indices in the order the instructions take effect: by start cycle, then
-        program order (each instruction is atomic when it starts)."""
-        start = self.start
-        return sorted(range(len(start)), key=lambda i: (start[i], i))
-
-    def events(self, base: int = 0) -> Iterator[Event]:
-        """Timeline events of every instruction but FINISH, ``base`` cycles later."""
-        for i, op in enumerate(self.opcodes):
-            if op is not Opcode.FINISH:
-                yield Event(i, _UNIT[op], op.name, base + self.start[i], base + self.end[i])
 
 
 def schedule(stream: Sequence[Instruction], config: Config) -> Timing:
@@ -125,7 +94,7 @@ def schedule(stream: Sequence[Instruction], config: Config) -> Timing:
         c = costs[i] = cost(ins, config)
         counts[op.name] += 1
         if op is not Opcode.FINISH:
-            busy[_UNIT[op]] += c
+            busy[UNIT_OF[op]] += c
         flags = ins.flags
         pops[i] = POPS[q][flags]
         pushes[i] = PUSHES[q][flags]

@@ -47,7 +47,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from accel.hw.isa import Alu, AluOp, Gemm, Instruction, Load, Mem, Opcode, Store, StoreMode
+from accel.hw.instructions import ALU_UFUNCS, alu_operand
+from accel.hw.isa import Alu, Gemm, Instruction, Load, Mem, Opcode, Store, StoreMode
 
 __all__ = ["fuse", "FusedPlan"]
 
@@ -55,8 +56,6 @@ Buffers = Sequence[Optional[np.ndarray]]
 
 # int8 x int8 products are at most 2**14: float32 sums up to 1024 of them exactly.
 _F32_EXACT_TERMS = 2**24 // 2**14
-_UFUNCS = {AluOp.ADD: np.add, AluOp.MAX: np.maximum, AluOp.MIN: np.minimum,
-           AluOp.SHR: np.right_shift, AluOp.MUL: np.multiply}
 
 
 def _block(addr: int, ld: int, rows: int, cols: int) -> np.ndarray:
@@ -250,7 +249,7 @@ class _Builder:
         new = self._new(dst.size)
         self.level[new] = level
         self.acc[dst] = new
-        imm = (min(max(a.imm, 0), 31) if a.op is AluOp.SHR else a.imm) if a.use_imm else None
+        imm = alu_operand(a.op, a.imm) if a.use_imm else None
         self.alus.append((level, a.op, imm, new, old, src))
         return True
 
@@ -315,7 +314,7 @@ class _Builder:
                     groups.setdefault((op, imm), []).append((new, old, src))
             for (op, imm), members in groups.items():
                 cat = lambda k: np.concatenate([m[k] for m in members]).astype(np.intp)  # noqa: E731
-                alus.append((_UFUNCS[op], op is AluOp.SHR, imm, cat(0), cat(1), None if imm is not None else cat(2)))
+                alus.append((ALU_UFUNCS[op], op, imm, cat(0), cat(1), None if imm is not None else cat(2)))
         stores = []
         for slot in dict.fromkeys(s[0] for s in self.stores):
             mine = [s for s in self.stores if s[0] == slot]
@@ -424,8 +423,8 @@ class FusedPlan:
             values[self.acc_loads[0]] = ints[self.acc_loads[1]]
         for product in self.products:
             product.run(source, values)
-        for ufunc, shr, imm, new, old, src in self.alus:
-            rhs = np.int32(imm) if imm is not None else (np.clip(values[src], 0, 31) if shr else values[src])
+        for ufunc, op, imm, new, old, src in self.alus:
+            rhs = np.int32(imm) if imm is not None else alu_operand(op, values[src])
             values[new] = ufunc(values[old], rhs)
         for slot, mode, dst, src in self.stores:
             out = values[src]

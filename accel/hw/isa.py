@@ -24,6 +24,7 @@ from typing import Callable, ClassVar, Iterable, Sequence, Union
 import numpy as np
 
 from accel.hw.errors import DecodeError
+from accel.hw.instructions import AluOp, Mem, StoreMode
 
 __all__ = [
     "INSTRUCTION_BYTES", "Opcode", "Queue", "Mem", "StoreMode", "AluOp", "Instruction",
@@ -56,32 +57,6 @@ class Queue(enum.IntEnum):
     LOAD = 0
     COMPUTE = 1
     STORE = 2
-
-
-class Mem(enum.IntEnum):
-    """Scratchpad ids (LOAD's ``func`` byte). INP and WGT hold int8, ACC int32."""
-
-    INP = 1
-    WGT = 2
-    ACC = 3
-
-
-class StoreMode(enum.IntEnum):
-    """How STORE writes int32 ACC values: as int32, or narrowed to int8."""
-
-    INT32 = 0
-    WRAP = 1  # keep the low 8 bits, as a TIR Cast / numpy astype does
-    SATURATE = 2  # clip to [-128, 127] first
-
-
-class AluOp(enum.IntEnum):
-    """ALU operations on int32 ACC vectors (wrap-around arithmetic)."""
-
-    ADD = 0
-    MAX = 1
-    MIN = 2
-    SHR = 3  # arithmetic shift right; amounts are clipped to [0, 31]
-    MUL = 4
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -303,21 +278,17 @@ class Finish(Instruction):
     opcode: ClassVar[Opcode] = Opcode.FINISH
 
 
-# Operand words 1.. in this order; the header's func byte holds the remaining field(s).
-FIELDS: dict[Opcode, tuple[str, ...]] = {
-    Opcode.LOAD: ("sram_addr", "sram_ld", "slot", "dram_offset", "dram_ld", "rows", "cols",
-                  "pad_top", "pad_bottom", "pad_left", "pad_right", "pad_value"),
-    Opcode.STORE: ("sram_addr", "sram_ld", "slot", "dram_offset", "dram_ld", "rows", "cols"),
-    Opcode.GEMM: ("acc_addr", "inp_addr", "wgt_addr", "acc_ld", "inp_ld", "wgt_ld",
-                  "ext_out", "ext_in", "acc_stride_out", "acc_stride_in", "inp_stride_out",
-                  "inp_stride_in", "wgt_stride_out", "wgt_stride_in"),
-    Opcode.ALU: ("dst_addr", "src_addr", "imm", "ext_out", "ext_in", "dst_stride_out",
-                 "dst_stride_in", "src_stride_out", "src_stride_in"),
-    Opcode.FINISH: (),
-}
 _CLASSES: dict[Opcode, type[Instruction]] = {
     Opcode.LOAD: Load, Opcode.STORE: Store, Opcode.GEMM: Gemm, Opcode.ALU: Alu, Opcode.FINISH: Finish,
 }
+#: The fields the header's func byte holds (see ``_func``), per opcode.
+_FUNC_FIELDS = {Opcode.LOAD: ("mem",), Opcode.STORE: ("mode",), Opcode.GEMM: ("reset",), Opcode.ALU: ("op", "use_imm"),
+                Opcode.FINISH: ()}
+#: Operand words 1.. in this order: the class's fields as declared, but the dependency
+#: flags and the func byte's fields (so the dataclass is the one operand list).
+FIELDS: dict[Opcode, tuple[str, ...]] = {
+    op: tuple(f.name for f in fields(cls) if f.name not in _FLAG_NAMES and f.name not in _FUNC_FIELDS[op])
+    for op, cls in _CLASSES.items()}
 _SIGNED_WORDS = {op: {i + 1 for i, n in enumerate(names) if n in _CLASSES[op]._signed}
                  for op, names in FIELDS.items()}
 #: The dependency flags (``Instruction.flags`` bits) meaningful per queue: the load queue

@@ -2,7 +2,8 @@
 
 Compiled PrimFuncs call ``T.call_packed("accel.load", A, ...)`` etc.; each call appends
 one instruction to the current session's stream, and ``accel.sync`` runs the stream on the
-simulator. The functions and their arguments are declared once, in :mod:`accel.hw.abi`;
+simulator. The instructions and their arguments are declared once, in
+:mod:`accel.hw.instructions`, and each function takes the arguments in their declared order;
 sessions, the host buffer table, error relay and atomic calls come from
 :mod:`tirpat.device`. accel/ISA.md section 7 describes the ABI.
 
@@ -26,12 +27,12 @@ from typing import Callable, Optional, Union
 import numpy as np
 
 from tirpat import device
-from accel.hw import abi
+from accel.hw import instructions
 from accel.hw.config import Config
 from accel.hw.emitter import Emitter
 from accel.hw.errors import AccelError
 from accel.hw.isa import (
-    AluOp, Instruction, Mem, Queue, StoreMode, disassemble, encode,
+    Alu, AluOp, Gemm, Instruction, Load, Mem, Queue, Store, StoreMode, disassemble, encode,
 )
 from accel.hw.sim import Simulator
 from accel.hw.stream import AUTO, StreamBuilder
@@ -53,8 +54,28 @@ POP_PREV, POP_NEXT, PUSH_PREV, PUSH_NEXT = 1, 2, 4, 8
 
 HostBuffer = device.buffers.HostBuffer
 
-# Instruction class -> the fields its ``values`` tuples hold, in the ABI's argument order.
-_FIELDS = {f.instruction: f.fields for f in abi.FUNCTIONS.values() if f.instruction}
+#: The instruction class each ``accel.<name>`` function emits, by ``<name>``.
+_CLASSES = {cls.opcode.name.lower(): cls for cls in (Load, Store, Gemm, Alu)}
+_FLAGS = frozenset(("pop_prev", "pop_next", "push_prev", "push_next"))
+
+
+def _fields(name: str) -> tuple:
+    """The fields of the instruction ``accel.<name>`` emits, in its arguments' declared order
+    (all but ``deps``, which sets the flags); checked against the instruction class, so the
+    operand list is written once."""
+    cls, arguments = _CLASSES[name], instructions.FUNCTIONS[f"accel.{name}"][0].arguments
+    if arguments[-1] != "deps":
+        raise TypeError(f"accel.{name}: deps must be the last argument, got {arguments}")
+    fields = tuple(instructions.FIELD_OF.get(a, a) for a in arguments[:-1])
+    want = {f.name for f in dataclasses.fields(cls)} - _FLAGS
+    if set(fields) != want or len(fields) != len(want):
+        raise TypeError(f"accel.{name}'s declared arguments set the fields {sorted(fields)}, but {cls.__name__} "
+                        f"has {sorted(want)}")
+    return fields
+
+
+# Instruction class -> the fields its ``values`` tuples hold, in the declared argument order.
+_FIELDS = {_CLASSES[name]: _fields(name) for name in _CLASSES}
 
 
 class ConfigMismatchError(AccelError, ValueError):
@@ -136,13 +157,13 @@ class Session(device.Session):
              pad_bottom: int = 0, pad_left: int = 0, pad_right: int = 0, pad_value: int = 0,
              deps: int = 0) -> int:
         """Emit a LOAD of ``host`` (see :class:`accel.hw.isa.Load`); returns the stream index."""
-        return _EMIT[abi.LOAD](self, *_in_order(abi.LOAD, locals()))
+        return _EMIT["load"](self, *_in_order("load", locals()))
 
     def store(self, host: HostBuffer, elem_offset: int, sram_addr: int, sram_ld: int, *,
               rows: int, cols: int, dram_ld: int, mode: Union[StoreMode, int] = StoreMode.INT32,
               deps: int = 0) -> int:
         """Emit a STORE into ``host`` (see :class:`accel.hw.isa.Store`); returns the stream index."""
-        return _EMIT[abi.STORE](self, *_in_order(abi.STORE, locals()))
+        return _EMIT["store"](self, *_in_order("store", locals()))
 
     def gemm(self, acc_addr: int, inp_addr: int, wgt_addr: int, acc_ld: int, inp_ld: int,
              wgt_ld: int, *, reset: bool = False, ext_out: int = 1, ext_in: int = 1,
@@ -150,14 +171,14 @@ class Session(device.Session):
              inp_stride_in: int = 0, wgt_stride_out: int = 0, wgt_stride_in: int = 0,
              deps: int = 0) -> int:
         """Emit a GEMM (see :class:`accel.hw.isa.Gemm`); returns the stream index."""
-        return _EMIT[abi.GEMM](self, *_in_order(abi.GEMM, locals()))
+        return _EMIT["gemm"](self, *_in_order("gemm", locals()))
 
     def alu(self, op: Union[AluOp, int], dst_addr: int, *, src_addr: int = 0, imm: int = 0,
             use_imm: bool = False, ext_out: int = 1, ext_in: int = 1, dst_stride_out: int = 0,
             dst_stride_in: int = 0, src_stride_out: int = 0, src_stride_in: int = 0,
             deps: int = 0) -> int:
         """Emit an ALU instruction (see :class:`accel.hw.isa.Alu`); returns the stream index."""
-        return _EMIT[abi.ALU](self, *_in_order(abi.ALU, locals()))
+        return _EMIT["alu"](self, *_in_order("alu", locals()))
 
     def dep_push(self, src: Union[Queue, int], dst: Union[Queue, int]) -> None:
         """See :meth:`accel.hw.emitter.Emitter.dep_push`."""
@@ -228,26 +249,28 @@ class Session(device.Session):
 
 
 # ---------------------------------------------------------------------- runtime functions
-def _in_order(fn: abi.Function, given: dict) -> tuple:
-    """The arguments of a Session method, in the ABI's order (its parameters are named as
-    the ABI's arguments: a test checks it)."""
-    return tuple(given[name] for name in fn.names)
+def _in_order(name: str, given: dict) -> tuple:
+    """The arguments of a Session method, in the declared order of ``accel.<name>``'s (its
+    parameters are named as the declared arguments: a test checks it)."""
+    return tuple(given[a] for a in instructions.FUNCTIONS[f"accel.{name}"][0].arguments)
 
 
-def _instruction_call(fn: abi.Function) -> Callable:
-    """``run(session, *args)``: emit ``fn``'s instruction from its ABI arguments."""
-    cls, count, host = fn.instruction, len(fn.args), fn.host is not None
-    if host and fn.args[0] is not fn.host:
-        raise ValueError(f"{fn.name}: the host buffer must be the first argument")
+def _instruction_call(name: str) -> Callable:
+    """``run(session, *args)``: emit ``accel.<name>``'s instruction from its arguments, in
+    their declared order (the host buffer first, if any, ``deps`` last)."""
+    forms = instructions.FUNCTIONS[f"accel.{name}"]
+    cls, kinds = _CLASSES[name], {o.name: o.kind for o in forms[0].operands}
+    hosts = [k for k, a in enumerate(forms[0].arguments) if kinds.get(a) == "host"]
+    host = bool(hosts)
+    if hosts not in ([], [0]):
+        raise ValueError(f"accel.{name}: the host buffer must be the first argument")
 
     def run(session: Session, *args) -> int:
-        if len(args) != count:
-            raise TypeError(f"{fn.name} takes {count} arguments ({', '.join(fn.names)}), got {len(args)}")
         if not host:
             return session._emit(cls, args[:-1], args[-1])
         return session._emit(cls, (session.buffers.slot(args[0]),) + args[1:-1], args[-1])
 
-    run.__name__ = fn.short
+    run.__name__ = name
     return run
 
 
@@ -258,10 +281,9 @@ def _default(config: Optional[Config]) -> Session:
 #: accel's runtime: the ``accel.*`` TVM global functions and the per-thread sessions.
 RUNTIME = device.Runtime("accel", Session, default=_default)
 _EMIT: dict = {}
-for _fn in abi.FUNCTIONS.values():
-    if _fn.instruction is not None:
-        _EMIT[_fn] = _instruction_call(_fn)
-        RUNTIME.function(_EMIT[_fn], name=_fn.short)
+for _name in _CLASSES:
+    _EMIT[_name] = _instruction_call(_name)
+    RUNTIME.implement(*instructions.FUNCTIONS[f"accel.{_name}"])(_EMIT[_name])
 RUNTIME.function(lambda s, src, dst: s.dep_push(src, dst), name="dep_push")
 RUNTIME.function(lambda s, src, dst: s.dep_pop(src, dst), name="dep_pop")
 

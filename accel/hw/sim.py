@@ -45,7 +45,10 @@ from accel.hw.errors import (
     AlignmentError, DmaRangeError, DtypeMismatchError, InstructionError,
     ScratchpadOverflowError, UnknownSlotError,
 )
-from accel.hw.isa import Alu, AluOp, Gemm, Instruction, Load, Mem, Opcode, Store, StoreMode
+from accel.hw.instructions import (
+    ALU_UFUNCS, LOAD_HOST_DTYPE, OPERAND_RANGE, STORE_HOST_DTYPE, alu_operand, distinct_starts,
+)
+from accel.hw.isa import Alu, Gemm, Instruction, Load, Mem, Opcode, Store, StoreMode
 from accel.hw.stats import Stats
 
 __all__ = ["Simulator", "Program"]
@@ -53,8 +56,6 @@ __all__ = ["Simulator", "Program"]
 Buffers = Sequence[Optional[np.ndarray]]
 Op = Callable[[], object]
 
-_INT8 = np.dtype(np.int8)
-_INT32 = np.dtype(np.int32)
 # int8 x int8 products are at most 2**14; float32 sums them exactly while the total
 # stays within its 24-bit mantissa, float64 within 53 bits.
 _F32_EXACT_TERMS = 2**24 // 2**14
@@ -79,25 +80,6 @@ def _disjoint(shape: Sequence[int], strides: Sequence[int]) -> bool:
             return False
         span += (extent - 1) * stride
     return True
-
-
-def _distinct_starts(ext_out: int, stride_out: int, ext_in: int, stride_in: int) -> bool:
-    """Whether ``o*stride_out + i*stride_in`` differ for all ``o < ext_out``, ``i < ext_in``
-    (strides >= 0), in O(1): no enumeration, whatever the extents.
-
-    Two steps collide iff ``do*stride_out == di*stride_in`` for some ``0 < do < ext_out``,
-    ``0 < di < ext_in``; the smallest such pair is ``(stride_in/g, stride_out/g)`` with
-    ``g = gcd(stride_out, stride_in)``.
-
-    >>> _distinct_starts(4, 16, 4, 64), _distinct_starts(4, 64, 8, 16), _distinct_starts(2**32 - 1, 0, 1, 0)
-    (True, False, False)
-    """
-    if ext_out <= 1 or ext_in <= 1:
-        return (ext_in <= 1 or stride_in != 0) and (ext_out <= 1 or stride_out != 0)
-    if stride_out == 0 or stride_in == 0:
-        return False
-    g = math.gcd(stride_out, stride_in)
-    return stride_in // g >= ext_out or stride_out // g >= ext_in
 
 
 _GEMM_ALIGNED = tuple(f"{p}_{f}" for p in ("acc", "inp", "wgt")
@@ -196,7 +178,7 @@ class Simulator:
         if not acc and not -128 <= ins.pad_value <= 127:
             raise InstructionError(index, ins, f"pad_value {ins.pad_value} does not fit int8")
         if ins.rows and ins.cols:
-            self._check_dram(index, ins, self._host(index, ins, buffers, _INT32 if acc else _INT8))
+            self._check_dram(index, ins, self._host(index, ins, buffers, LOAD_HOST_DTYPE[ins.mem]))
         height = ins.pad_top + ins.rows + ins.pad_bottom
         width = ins.pad_left + ins.cols + ins.pad_right
         if height and width:
@@ -208,7 +190,7 @@ class Simulator:
     def _check_store(self, index: int, ins: Store, buffers: Buffers) -> None:
         if not (ins.rows and ins.cols):
             return
-        buf = self._host(index, ins, buffers, _INT32 if ins.mode is StoreMode.INT32 else _INT8)
+        buf = self._host(index, ins, buffers, STORE_HOST_DTYPE[ins.mode])
         if not buf.flags.writeable:
             raise InstructionError(index, ins, f"host buffer slot {ins.slot} is read-only: "
                                                f"a STORE cannot write it")
@@ -265,7 +247,7 @@ class Simulator:
             self._check_sram(index, a, Mem.ACC, a.src_addr + (eo - 1) * a.src_stride_out
                              + (ei - 1) * a.src_stride_in + t)
         # Vectors are tile-aligned, so they are either identical or disjoint.
-        if not _distinct_starts(eo, a.dst_stride_out, ei, a.dst_stride_in):
+        if not distinct_starts(eo, a.dst_stride_out, ei, a.dst_stride_in):
             raise InstructionError(index, a, "ALU destination vectors overlap each other")
 
     # ------------------------------------------------------------------ cycle model
@@ -502,19 +484,14 @@ class Simulator:
         if not (a.ext_out and a.ext_in):
             return None
         dst = _view(self.acc, a.dst_addr, (a.ext_out, a.ext_in, t), (a.dst_stride_out, a.dst_stride_in, 1))
-        ufunc = _ALU_UFUNCS[a.op]
+        ufunc, op = ALU_UFUNCS[a.op], a.op
         # ufuncs buffer overlapping operands, which gives the read-everything-first semantics.
         if a.use_imm:
-            return partial(ufunc, dst, np.int32(min(max(a.imm, 0), 31) if a.op is AluOp.SHR else a.imm),
-                           out=dst)
+            return partial(ufunc, dst, np.int32(alu_operand(op, a.imm)), out=dst)
         src = _view(self.acc, a.src_addr, (a.ext_out, a.ext_in, t), (a.src_stride_out, a.src_stride_in, 1))
-        if a.op is AluOp.SHR:
-            return lambda: ufunc(dst, np.clip(src, 0, 31), out=dst)
+        if op in OPERAND_RANGE:
+            return lambda: ufunc(dst, alu_operand(op, src), out=dst)
         return partial(ufunc, dst, src, out=dst)
-
-
-_ALU_UFUNCS = {AluOp.ADD: np.add, AluOp.MAX: np.maximum, AluOp.MIN: np.minimum,
-               AluOp.SHR: np.right_shift, AluOp.MUL: np.multiply}
 
 
 class Program:
@@ -621,9 +598,9 @@ def _signature(stream: Sequence[Instruction]) -> dict[int, tuple[np.dtype, int, 
         if slot < 0:
             continue
         if ins.opcode is Opcode.LOAD:
-            dtype, written = (_INT32 if ins.mem is Mem.ACC else _INT8), False
+            dtype, written = LOAD_HOST_DTYPE[ins.mem], False
         else:
-            dtype, written = (_INT32 if ins.mode is StoreMode.INT32 else _INT8), True
+            dtype, written = STORE_HOST_DTYPE[ins.mode], True
         end = ins.dram_offset + (ins.rows - 1) * ins.dram_ld + ins.cols
         seen = out.get(slot)
         if seen is not None:

@@ -4,27 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, NamedTuple, Sequence, Union
+from typing import Iterable, Sequence, Union
 
 from accel.hw.config import Config
-
-if TYPE_CHECKING:
-    from accel.hw.cycles import Timing
+from accel.hw.timing import UNITS, Event, Timing
 
 __all__ = ["UNITS", "Event", "Timeline", "Stats"]
-
-UNITS = ("load", "gemm", "alu", "store")
-
-
-class Event(NamedTuple):
-    """One instruction's execution: stream ``index``, the unit it kept busy, [start, end)."""
-
-    index: int
-    unit: str
-    opcode: str
-    start: int
-    end: int
-
 
 class Timeline:
     """Per-unit busy intervals; ``str()`` is an ASCII chart, :meth:`save_png` a picture;
@@ -47,7 +32,7 @@ class Timeline:
         # Streams whose events are listed only when asked for: a session that runs the
         # same stream thousands of times keeps one (timing, base) pair per run, not
         # thousands of events.
-        self._streams: list[tuple["Timing", int]] = []
+        self._streams: list[tuple[Timing, int]] = []
 
     @property
     def events(self) -> list[Event]:
@@ -58,8 +43,8 @@ class Timeline:
             self._streams.clear()
         return self._events
 
-    def add(self, timing: "Timing", base: int) -> None:
-        """Append the events of a stream (a :class:`accel.hw.cycles.Timing`) starting at ``base``."""
+    def add(self, timing: Timing, base: int) -> None:
+        """Append the events of a stream (a :class:`accel.hw.timing.Timing`) starting at ``base``."""
         self._streams.append((timing, base))
 
     @property
@@ -150,8 +135,8 @@ class Stats:
     macs: int = 0
     timeline: Timeline = field(default_factory=Timeline)
 
-    def add(self, timing: "Timing") -> None:
-        """Account a stream that ran after everything before it (a :class:`accel.hw.cycles.Timing`).
+    def add(self, timing: Timing) -> None:
+        """Account a stream that ran after everything before it (a :class:`accel.hw.timing.Timing`).
 
         >>> from accel.hw.cycles import schedule
         >>> from accel.hw.isa import Finish

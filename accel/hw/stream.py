@@ -38,6 +38,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 
 from accel.hw.emitter import Emitter
+from accel.hw.instructions import AUTO
 from accel.hw.isa import Instruction, Queue, make
 from accel.hw.sim import Program, Simulator
 from accel.hw.tokens import DependencyTracker
@@ -45,7 +46,6 @@ from accel.hw.tokens import DependencyTracker
 __all__ = ["StreamBuilder", "AUTO"]
 
 #: ``deps`` value asking the dependency tracker for the tokens (what compiled code uses).
-AUTO = -1
 
 _FLAGS = [{"pop_prev": bool(d & 1), "pop_next": bool(d & 2), "push_prev": bool(d & 4),
            "push_next": bool(d & 8)} for d in range(16)]

@@ -11,8 +11,8 @@ planning); :mod:`vecunit.backend` ties them to tirpat's Backend API.
 """
 
 from .backend import VecUnitBackend
-from .isa import INSTRUCTIONS, VRF, Imm, Instruction, Reg, instr
+from .isa import ALU, INSTRUCTIONS, VRF, Imm, Reg, alu
 from .runtime import RUNTIME, Stats, VecUnit, VecUnitError
 
-__all__ = ["VecUnitBackend", "INSTRUCTIONS", "VRF", "Imm", "Instruction", "Reg", "instr", "RUNTIME", "Stats",
+__all__ = ["VecUnitBackend", "ALU", "INSTRUCTIONS", "VRF", "Imm", "Reg", "alu", "RUNTIME", "Stats",
            "VecUnit", "VecUnitError"]

@@ -15,7 +15,6 @@
 import functools
 import operator
 
-import tvm
 from tvm import ir, relax, s_tir, tirx
 from tvm.relax.backend.utils import has_leaking_intermediate_variables
 from tvm.relax.dpl import is_op, wildcard
@@ -23,7 +22,7 @@ from tvm.relax.dpl import is_op, wildcard
 import tirpat as tp
 from tirpat import device
 
-from .isa import INSTRUCTIONS, VRF
+from .isa import ALU, INSTRUCTIONS, VRF, vld, vst
 
 __all__ = ["patterns", "schedule", "rules", "planner"]
 
@@ -103,29 +102,21 @@ def schedule(func: tirx.PrimFunc, lanes: int) -> tirx.PrimFunc:
     loops = sch.get_loops(out)
     tile, lane = sch.split(loops[axis], [None, lanes])
     sch.reorder(tile, *loops[axis + 1:], lane)       # a pooling's window loops go between
-    sch.reverse_compute_at(sch.cache_write(out, 0, VRF), tile)
+    sch.reverse_compute_at(sch.cache_write(out, 0, VRF.scope), tile)
     for blk in reversed(producers):                   # a chain's intermediates, a pooling's window
-        sch.set_scope(blk, 0, VRF)
+        sch.set_scope(blk, 0, VRF.scope)
         sch.compute_at(blk, loops[-1] if window else tile)
     if window:
         sch.decompose_reduction(out, loops[rank])
         return sch.mod["main"]
     for blk in [*producers, out]:
         for k, region in enumerate(sch.get(blk).reads):
-            if region.source.scope() != VRF:
-                sch.compute_at(sch.cache_read(blk, k, VRF), tile)
+            if region.source.scope() != VRF.scope:
+                sch.compute_at(sch.cache_read(blk, k, VRF.scope), tile)
     return sch.mod["main"]
 
 
 # -- rules ----------------------------------------------------------------------------
-def _call(name: str, *args) -> tirx.Stmt:
-    return tirx.Evaluate(tirx.call_packed(f"vecunit.{name}", *args))
-
-
-def _register(region, mode: str):
-    return region.buffer.access_ptr(mode, offset=region.offset)
-
-
 def _vector(c):
     """``(n, front, back)`` of a one-loop copy (its vector length and padded lanes), or None.
     The last vector of a row is a partial copy: lanes ``[0, n - back)``, a shorter vector."""
@@ -140,37 +131,31 @@ def _vector(c):
 def _vld(m):
     c = m["load"]
     vector = _vector(c)
-    if vector is None or c.dst.strides[0] != 1 or c.src.buffer.scope() == VRF:
+    if vector is None or c.dst.strides[0] != 1 or c.src.buffer.scope() == VRF.scope:
         return tp.decline("vld loads one strided host row, as it is, into consecutive lanes")
-    pad = c.pad_value if c.pad_value is not None else 0
-    return _call("vld", _register(c.dst, "w"), c.src.buffer, c.src.offset, c.src.strides[0], *vector, pad)
+    n, front, back = vector
+    return vld.call(d=c.dst, host=c.src.buffer, offset=c.src.offset, stride=c.src.strides[0], n=n, front=front,
+                    back=back, pad=c.pad_value if c.pad_value is not None else 0)
 
 
 def _vst(m):
     c = m["store"]
     vector = _vector(c)
-    if vector is None or c.pad_value is not None or c.src.strides[0] != 1 or c.dst.buffer.scope() == VRF:
+    if vector is None or c.pad_value is not None or c.src.strides[0] != 1 or c.dst.buffer.scope() == VRF.scope:
         return tp.decline("vst stores consecutive lanes, as they are, to one strided host row")
-    return _call("vst", c.dst.buffer, c.dst.offset, c.dst.strides[0], _register(c.src, "r"), vector[0])
-
-
-def _alu_rule(ins, lanes: int) -> tp.Rewriter:
-    pattern = ins.program(lanes)
-    d, *rest = pattern.params
-    regs = [d.access_ptr("w"), *(r.access_ptr("r") for r in rest[:len(ins.regs)])]
-    replacement = pattern.with_body(_call(ins.name, *regs, *rest[len(ins.regs):]))
-    return tp.Rewriter.from_module(tvm.IRModule({"pattern": pattern, "replacement": replacement}),
-                                   name=f"vecunit.{ins.name}")
+    return vst.call(host=c.dst.buffer, offset=c.dst.offset, stride=c.dst.strides[0], src=c.src, n=vector[0])
 
 
 def rules(lanes: int) -> tp.Rewriter:
     """The rule set for vectors of ``lanes``: loads, stores, then every ALU instruction."""
-    load = tp.Rewriter.from_pattern(tp.is_copy(dst=tp.is_buffer(scope=VRF), name="load"), _vld, name="vecunit.vld")
-    store = tp.Rewriter.from_pattern(tp.is_copy(src=tp.is_buffer(scope=VRF), name="store"), _vst, name="vecunit.vst")
-    return functools.reduce(operator.or_, [load, store, *(_alu_rule(i, lanes) for i in INSTRUCTIONS.values())])
+    reg = tp.is_buffer(scope=VRF.scope)
+    load = tp.Rewriter.from_pattern(tp.is_copy(dst=reg, name="load"), _vld, name="vecunit.vld")
+    store = tp.Rewriter.from_pattern(tp.is_copy(src=reg, name="store"), _vst, name="vecunit.vst")
+    return functools.reduce(operator.or_, [load, store, *(i.rule(lanes=lanes) for i in ALU.values())])
 
 
 def planner(lanes: int, regs: int) -> device.ScratchpadPlanner:
-    """Register addresses (a register is ``lanes`` aligned elements) and the syncs."""
-    return device.ScratchpadPlanner("vecunit", [device.Scratchpad(VRF, regs * lanes, "int8", lanes, "VRF")],
-                                    double_buffer=False)
+    """Register addresses (a register is ``lanes`` aligned elements), checked against the
+    instructions' declared operands, and the syncs."""
+    return device.ScratchpadPlanner("vecunit", [VRF], {"lanes": lanes, "regs": regs},
+                                    instructions=INSTRUCTIONS.values())

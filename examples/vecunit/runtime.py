@@ -15,17 +15,15 @@ sessions per thread, error relay, atomic calls) is tirpat's device kit.
 ([0, 0, 0, 0, 1, 2], {'vld': 1, 'vmaxi': 1, 'vst': 1})
 """
 
-import functools
 from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
-import tvm
 import tvm_ffi
 
 from tirpat import device
 
-from .isa import INSTRUCTIONS
+from . import isa
 
 __all__ = ["VecUnit", "VecUnitError", "Stats", "RUNTIME"]
 
@@ -76,7 +74,7 @@ class VecUnit(device.Session):
 RUNTIME = device.Runtime("vecunit", VecUnit)
 
 
-@RUNTIME.function
+@RUNTIME.implement(isa.vld)
 def vld(s: VecUnit, d, host, offset, stride, n, front, back, pad):
     """Lanes ``[front, n - back)`` of register ``d`` from ``host``, the others ``pad``."""
     reg, = s.issue("vld", n, d)
@@ -91,7 +89,7 @@ def vld(s: VecUnit, d, host, offset, stride, n, front, back, pad):
     s.enqueue(run)
 
 
-@RUNTIME.function
+@RUNTIME.implement(isa.vst)
 def vst(s: VecUnit, host, offset, stride, src, n):
     """Lanes ``[0, n)`` of register ``src`` to ``host``."""
     reg, = s.issue("vst", n, src)
@@ -100,21 +98,17 @@ def vst(s: VecUnit, host, offset, stride, src, n):
     s.enqueue(lambda: dst.__setitem__(Ellipsis, reg[:n]))
 
 
-@functools.cache
-def executable(name: str, lanes: int):
-    """The program of ALU instruction ``name`` compiled for the host: what the simulator runs."""
-    return tvm.compile(tvm.IRModule({name: INSTRUCTIONS[name].program(lanes, scope="")}), "llvm")[name]
+def _alu(ins: device.Instruction) -> None:
+    """Run ALU instruction ``ins`` as its declared program, compiled for the host."""
+    regs = [o.name for o in ins.memory_operands]
 
-
-def _alu(name: str, regs: int):
-    def run(s: VecUnit, *operands):
-        views = s.issue(name, operands[-1], *operands[:1 + regs])
-        program = executable(name, s.lanes)
-        args = [*map(tvm_ffi.from_dlpack, views), *operands[1 + regs:]]
+    @RUNTIME.implement(ins)
+    def run(s: VecUnit, **operands):
+        views = dict(zip(regs, s.issue(ins.name, operands["n"], *(operands[r] for r in regs))))
+        args = [tvm_ffi.from_dlpack(views[o.name]) if o.name in views else operands[o.name] for o in ins.operands]
+        program = ins.executable(lanes=s.lanes)
         s.enqueue(lambda: program(*args))
-    run.__doc__ = f"ALU instruction {name} (see vecunit.isa)"
-    return run
 
 
-for _ins in INSTRUCTIONS.values():
-    RUNTIME.function(_alu(_ins.name, len(_ins.regs)), name=_ins.name)
+for _ins in isa.ALU.values():
+    _alu(_ins)

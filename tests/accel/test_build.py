@@ -94,17 +94,17 @@ def test_build_and_run_is_bit_exact(kind, m, n, k, epilogue):
         m, n, k = (max(1, x // 3) for x in (m, n, k))
     func, inputs, reference = workload(kind, m, n, k, epilogue)
     ex, s = run(func, inputs, reference, np.random.default_rng(m * n + k))
-    assert ex.report.mac_share == 1.0
-    assert ex.report.counts["accel.gemm"] >= 1 and s.stats.instructions["GEMM"] >= 1
+    assert ex.report.share("accel") == 1.0
+    assert ex.report.partitions[0].rules["accel.gemm"] >= 1 and s.stats.instructions["GEMM"] >= 1
 
 
 @pytest.mark.parametrize("epilogue", EPILOGUES)
 def test_multiples_of_16_offload_fully(epilogue):
     func, inputs, reference = workload("dense", 32, 48, 64, epilogue)
     ex, s = run(func, inputs, reference, np.random.default_rng(0))
-    assert ex.report.mac_share == 1.0
+    assert ex.report.share("accel") == 1.0
     assert "100.0%" in str(ex.report)
-    assert ex.report.on_cpu == []
+    assert ex.report.partitions[0].on_host == []
     if epilogue != "none":
         assert s.stats.instructions["ALU"] > 0
 
@@ -121,16 +121,16 @@ def test_saturating_epilogue_uses_the_saturate_store():
 def test_matmul_transposes_on_the_cpu_and_says_so():
     func, inputs, reference = workload("matmul", 20, 24, 40, "none")
     ex, _ = run(func, inputs, reference, np.random.default_rng(2))
-    assert any("transposes B" in why for _, why in ex.report.on_cpu)
+    assert any("transposes B" in why for _, why in ex.report.partitions[0].on_host)
 
 
 def test_non_gemm_reductions_stay_on_the_cpu_with_a_reason():
     A = te.placeholder((16, 16), "int8", name="A")
     k = te.reduce_axis((0, 16), "k")
     S = te.compute((16,), lambda i: te.sum(A[i, k].astype("int32"), axis=k), name="rowsum")
-    with pytest.warns(UserWarning, match="rowsum: it is not an int8 x int8 -> int32 multiply-accumulate"):
+    with pytest.warns(UserWarning, match="rowsum it is not an int8 x int8 -> int32 multiply-accumulate"):
         ex = accel.build(te.create_prim_func([A, S]))
-    assert ex.report.mac_share == 0.0 and ex.report.on_cpu[0][0] == "rowsum"
+    assert ex.report.share("accel") == 0.0 and ex.report.partitions[0].on_host[0][0] == "rowsum"
     a = np.arange(256, dtype=np.int8).reshape(16, 16)
     out = np.zeros(16, np.int32)
     ex(a, out)
@@ -182,7 +182,7 @@ def test_a_relax_legalized_matmul_builds_as_it_is(m, n, k):
             np.zeros((m, n), "int32")
 
     ex, _ = run(func, inputs, lambda a, b: a.astype("int32") @ b.astype("int32"), np.random.default_rng(m + n + k))
-    assert ex.report.mac_share == 1.0
+    assert ex.report.share("accel") == 1.0
 
 
 
@@ -196,7 +196,7 @@ def test_relax_nchw_conv_with_bias_and_requantise():
         pytest.skip("the shared reproducers are not here")
     func = tvm.script.from_source(path.read_text())
     ex = accel.build(func)
-    assert ex.report.mac_share == 1.0 and ex.report.offloaded[0].epilogue == ["bias", "requantise", "ReLU"]
+    assert ex.report.share("accel") == 1.0 and ex.report.partitions[0].epilogue == ["bias", "requantise", "ReLU"]
     rng = np.random.default_rng(0)
     args = [rng.integers(-128, 128, (1, 3, 8, 8), dtype=np.int8), rng.integers(-128, 128, (8, 3, 3, 3), dtype=np.int8),
             rng.integers(-3000, 3000, (1, 8, 1, 1), dtype=np.int32)]
@@ -218,7 +218,7 @@ def test_what_accel_cannot_take_warns_with_the_dtypes(a_dtype, b_dtype, out_dtyp
     func = te.create_prim_func([A, B, topi.nn.dense(A, B, out_dtype=out_dtype)])
     with pytest.warns(tp.OffloadWarning, match=f"found {a_dtype} x {b_dtype} -> {out_dtype}"):
         accel.build(func)
-    with pytest.raises(tp.OffloadError, match="stay on the CPU"):
+    with pytest.raises(tp.OffloadError, match="stays on the host"):
         accel.build(func, strict=True)
 
 
@@ -227,13 +227,13 @@ def test_no_multiply_accumulate_is_not_100_percent():
 
     A = te.placeholder((16, 16), "int8", name="A")
     B = te.compute((16, 16), lambda i, j: A[i, j] + 1, name="B")
-    with pytest.warns(tp.OffloadWarning, match="no multiply-accumulate"):
+    with pytest.warns(tp.OffloadWarning, match="none of accel's rules matched its code"):
         ex = accel.build(te.create_prim_func([A, B]))
-    assert "100.0%" not in str(ex.report) and "no multiply-accumulate" in str(ex.report)
+    assert "100.0%" not in str(ex.report) and "no matmul or convolution" in str(ex.report)
 
 
 def test_report_says_when_the_device_macs_include_padding():
     func, inputs, reference = workload("dense", 20, 24, 40, "none")
     ex, s = run(func, inputs, reference, np.random.default_rng(3))
     assert s.stats.macs > ex.report.total_macs
-    assert f"the device executes {s.stats.macs} MACs" in str(ex.report)
+    assert f"the device executes {s.stats.macs:,} MACs" in str(ex.report)

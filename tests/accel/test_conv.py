@@ -96,7 +96,7 @@ def test_conv2d_is_bit_exact(layout, c, f, size, k, stride, padding, batch, epil
         k = size + 2 * padding      # the kernel must fit the padded input
     func, inputs, reference = conv_workload(layout, batch, c, size, size, f, k, stride, padding, epilogue=epilogue)
     ex, s = run(func, inputs, reference, seed=c * 100 + size)
-    assert ex.report.mac_share == 1.0
+    assert ex.report.share("accel") == 1.0
     assert s.stats.instructions["GEMM"] >= 1
 
 
@@ -108,7 +108,7 @@ def test_epilogues_run_on_the_alu(layout, epilogue):
     assert "100.0%" in str(ex.report)
     if epilogue != "none":
         assert s.stats.instructions["ALU"] > 0
-        assert ex.report.offloaded[0].epilogue
+        assert ex.report.partitions[0].epilogue
     if epilogue == "requant":   # the clip is a saturating STORE or ALU MAX/MIN, then a narrowing STORE
         assert "SATURATE" in s.disassembly() or ("MIN" in s.disassembly() and "WRAP" in s.disassembly())
 
@@ -139,22 +139,22 @@ def test_rectangular_kernels_and_asymmetric_padding(layout, h, w, c, kh, kw, str
 
     ex, _ = run(te.create_prim_func([X, W, out]), inputs,
                 lambda x, wt: reference_conv(x, wt, layout, stride, padding, dilation))
-    assert ex.report.mac_share == 1.0
+    assert ex.report.share("accel") == 1.0
 
 
 def test_nhwc_gathers_by_strided_loads():
     func, inputs, reference = conv_workload("NHWC", 1, 64, 12, 12, 32, 1, 2, 0)
     ex, _ = run(func, inputs, reference)
-    text = str(ex.report)
+    text = ex.report.text(verbose=True)
     assert "im2col gather by strided, padded LOADs from X" in text
     # 1x1, no padding, channels-last: only the weight reorder is left on the CPU
-    assert [name for name, _ in ex.report.on_cpu] == ["W_global"]
+    assert [name for name, _ in ex.report.partitions[0].on_host] == ["W_global"]
 
 
 def test_nhwc_padding_is_done_by_the_loads():
     func, inputs, reference = conv_workload("NHWC", 1, 16, 7, 7, 16, 3, 1, 2)
     ex, s = run(func, inputs, reference)
-    assert [name for name, _ in ex.report.on_cpu] == ["W_global"]
+    assert [name for name, _ in ex.report.partitions[0].on_host] == ["W_global"]
     text = s.disassembly()
     assert "7x16 pad=(2, 7, 0, 0)" in text      # a row of the tile: 2 pixels of left border
     assert "0x16 pad=(16, 0, 0, 0)" in text     # a kernel row above the image: all padding
@@ -163,7 +163,7 @@ def test_nhwc_padding_is_done_by_the_loads():
 def test_padding_and_nchw_are_reported():
     func, inputs, reference = conv_workload("NCHW", 1, 32, 8, 8, 16, 3, 1, 1)
     ex, _ = run(func, inputs, reference)
-    why = dict(ex.report.on_cpu)
+    why = dict(ex.report.partitions[0].on_host)
     assert "zero-pads the input and transposes it to channels-last" in why["pad_temp"]
     assert "transposes the result from channels-last to NCHW" in why["conv2d_nchw_global"]
     assert "[KH, KW, F, C]" in why["W_global"]
@@ -172,8 +172,8 @@ def test_padding_and_nchw_are_reported():
 def test_few_channels_build_im2col_on_the_cpu():
     func, inputs, reference = conv_workload("NHWC", 1, 3, 16, 16, 16, 3, 1, 1)
     ex, _ = run(func, inputs, reference)
-    assert "im2col on the CPU" in str(ex.report)
-    assert any("builds the im2col matrix on the CPU" in why for _, why in ex.report.on_cpu)
+    assert "im2col on the CPU" in ex.report.text(verbose=True)
+    assert any("builds the im2col matrix on the CPU" in why for _, why in ex.report.partitions[0].on_host)
 
 
 def test_depthwise_and_grouped_convs_stay_on_the_cpu():
@@ -184,8 +184,8 @@ def test_depthwise_and_grouped_convs_stay_on_the_cpu():
                      lambda X, W: topi.nn.group_conv2d_nchw(X, W, 1, 1, 1, 2, out_dtype="int32"))):
         out = conv(X, W)
         ex = accel.build(te.create_prim_func([X, W, out]))
-        assert ex.report.mac_share == 0.0
-        assert "depthwise or grouped convolution" in ex.report.on_cpu[0][1]
+        assert ex.report.share("accel") == 0.0
+        assert "depthwise or grouped convolution" in ex.report.partitions[0].on_host[0][1]
         x = np.random.default_rng(0).integers(-128, 128, (1, 8, 10, 10), dtype=np.int8)
         w = np.random.default_rng(1).integers(-128, 128, [int(d) for d in W.shape], dtype=np.int8)
         got = np.zeros([int(d) for d in out.shape], np.int32)

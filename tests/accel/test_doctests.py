@@ -6,8 +6,8 @@ import importlib
 import pytest
 
 MODULES = ["accel", "accel.hw.config", "accel.hw.errors", "accel.hw.isa", "accel.hw.emitter", "accel.hw.tokens",
-           "accel.hw.cycles", "accel.hw.sim", "accel.hw.fused", "accel.hw.stream", "accel.hw.stats", "accel.hw.runtime", "accel.hw.abi",
-           "accel.compiler.schedule", "accel.compiler.wrapping"]
+           "accel.hw.timing", "accel.hw.cycles", "accel.hw.sim", "accel.hw.fused", "accel.hw.stream", "accel.hw.stats", "accel.hw.runtime", "accel.hw.instructions",
+           "accel.compiler.blocks", "accel.compiler.schedule", "accel.compiler.wrapping", "accel.compiler.build"]
 
 
 @pytest.mark.parametrize("name", MODULES)

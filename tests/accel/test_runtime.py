@@ -10,7 +10,7 @@ from tvm import te, topi
 from tvm.script import tirx as T
 
 import accel
-from accel.hw import abi, runtime
+from accel.hw import instructions, runtime
 from accel.hw.isa import AluOp, Mem, StoreMode
 from tirpat import device
 
@@ -177,26 +177,26 @@ def test_repeated_calls_reuse_validated_instructions_until_sync():
 
 
 # ---------------------------------------------------------------------- the ABI, declared once
-def test_every_abi_function_is_registered_with_tvm():
-    assert set(runtime.RUNTIME.functions) == {f.short for f in abi.FUNCTIONS.values()}
-    for name in abi.FUNCTIONS:
+def test_every_declared_function_is_registered_with_tvm():
+    names = {*instructions.FUNCTIONS, *instructions.OTHER_FUNCTIONS}
+    assert set(runtime.RUNTIME.functions) == {n.split(".")[1] for n in names}
+    for name in names:
         assert tvm.get_global_func(name) is not None
 
 
-@pytest.mark.parametrize("fn", [f for f in abi.FUNCTIONS.values() if f.instruction], ids=lambda f: f.name)
-def test_session_methods_take_the_abi_arguments(fn):
+@pytest.mark.parametrize("name", list(instructions.FUNCTIONS))
+def test_session_methods_take_the_declared_arguments(name):
     import inspect
 
-    params = inspect.signature(getattr(accel.Session, fn.short)).parameters
-    assert set(params) - {"self"} == set(fn.names)
-    assert set(fn.fields) - {"slot", "dram_offset"} <= set(fn.instruction.__dataclass_fields__)
+    params = inspect.signature(getattr(accel.Session, name.split(".")[1])).parameters
+    assert set(params) - {"self"} == set(instructions.FUNCTIONS[name][0].arguments)
 
 
 def test_isa_md_lists_the_abi_as_declared():
     import pathlib
 
     text = (pathlib.Path(accel.__file__).parent / "ISA.md").read_text()
-    assert abi.markdown_table() in text
+    assert instructions.markdown_table() in text
 
 
 def test_a_call_with_the_wrong_number_of_arguments_is_a_clear_error():
@@ -327,7 +327,8 @@ def test_threads_sharing_one_session_take_turns(compiled):
 
 
 def test_an_executable_carries_its_config():
-    """Item 3: built for tile=32 and run outside any session, it runs on a tile=32 core."""
+    """Item 3: built for tile=32 and run outside any session, it runs on a tile=32 core (a
+    session of its own)."""
     config = accel.Config(tile=32)
     ex = accel.build(dense(48, 40, 72), config)
     rng = np.random.default_rng(7)
@@ -335,9 +336,9 @@ def test_an_executable_carries_its_config():
     c = np.zeros((48, 40), np.int32)
     ex(a, b, c)
     np.testing.assert_array_equal(c, a.astype(np.int32) @ b.astype(np.int32).T)
-    assert accel.default_session(config).stats.macs > 0
-    with pytest.raises(accel.ConfigMismatchError, match="compiled for a Config with tile=32, but the "
-                                                        "current session has tile=16"):
+    assert ex.sessions["accel"].config == config and ex.sessions["accel"].stats.macs > 0
+    with pytest.raises(device.OptionsMismatch, match="built for accel with tile=32, but the current accel "
+                                                     r"session \(Session\) has tile=16"):
         with accel.Session():
             ex(a, b, c)
 
@@ -384,9 +385,9 @@ def test_default_sessions_keep_only_their_last_stream(dense64):
     a, b, _ = _operands(9)
     for _ in range(3):
         dense64(a, b, np.zeros((64, 64), np.int32))
-    one = accel.decode(accel.default_session().stream())
+    one = accel.decode(dense64.sessions["accel"].stream())
     dense64(a, b, np.zeros((64, 64), np.int32))
-    assert len(accel.decode(accel.default_session().stream())) == len(one)
+    assert len(accel.decode(dense64.sessions["accel"].stream())) == len(one)
     with accel.Session(record=2) as s:
         for _ in range(3):
             dense64(a, b, np.zeros((64, 64), np.int32))
@@ -415,11 +416,11 @@ def test_the_hardware_side_loads_neither_the_compiler_nor_the_model_level():
     probe = (
         "import json, sys, tvm\n"
         "before = set(tvm.tirx.compilation_pipeline.PIPELINE_MAP)\n"
-        "import accel.hw.runtime, accel.hw.abi, accel.hw.sim, accel.hw.tokens, tirpat.device\n"
+        "import accel.hw.runtime, accel.hw.instructions, accel.hw.sim, accel.hw.tokens, tirpat.device\n"
         "loaded = sorted(m for m in sys.modules if m.startswith(('accel.compiler', 'tirpat.model')))\n"
         "new = sorted(set(tvm.tirx.compilation_pipeline.PIPELINE_MAP) - before)\n"
         "print(json.dumps([loaded, new, sorted(accel.hw.runtime.RUNTIME.functions)]))\n")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
     loaded, pipelines, functions = json.loads(out.stdout.strip().splitlines()[-1])
     assert loaded == [] and pipelines == []
-    assert functions == sorted(f.short for f in abi.FUNCTIONS.values())
+    assert functions == sorted(n.split(".")[1] for n in (*instructions.FUNCTIONS, *instructions.OTHER_FUNCTIONS))

@@ -63,9 +63,9 @@ def test_every_accepted_config_compiles_and_runs_bit_exact(config, kind, m, n, k
         ex(*args, out)
     np.testing.assert_array_equal(out, reference(*args))
     if roomy(config):
-        assert ex.report.mac_share == 1.0, str(ex.report)
-    elif ex.report.mac_share < 1.0:
-        assert any("smallest blocks do not fit accel's" in why for _, why in ex.report.on_cpu), str(ex.report)
+        assert ex.report.share("accel") == 1.0, str(ex.report)
+    elif ex.report.share("accel") < 1.0:
+        assert any("smallest blocks do not fit accel's" in why for _, why in ex.report.partitions[0].on_host), str(ex.report)
 
 
 def test_a_gemm_that_does_not_fit_stays_on_the_cpu_and_says_which_option():
@@ -73,7 +73,7 @@ def test_a_gemm_that_does_not_fit_stays_on_the_cpu_and_says_which_option():
     config = accel.Config(acc_bytes=1024)       # one 16x16 int32 tile, no room for its bias
     with pytest.warns(tp.OffloadWarning, match=r"ACC scratchpad: .* the target's Config has 1024 \(acc_bytes"):
         ex = accel.build(func, config)
-    assert ex.report.mac_share == 0.0
+    assert ex.report.share("accel") == 0.0
     args, out = inputs(np.random.default_rng(0))
     ex(*args, out)
     np.testing.assert_array_equal(out, reference(*args))

@@ -81,4 +81,4 @@ def test_accel_build_equals_the_cpu_build(make):
     with accel.Session():
         ex(*args, got)
     np.testing.assert_array_equal(got, expect.numpy())
-    assert ex.report.mac_share == 1.0
+    assert ex.report.share("accel") == 1.0

@@ -6,7 +6,7 @@ import importlib
 import pytest
 
 MODULES = ["tirpat.device", "tirpat.device.buffers", "tirpat.device.session", "tirpat.device.planner",
-           "tirpat.device.trace"]
+           "tirpat.device.trace", "tirpat.device.memory", "tirpat.device.instr"]
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -1,18 +1,20 @@
 """The generic scratchpad planner on a made-up backend with two scratchpads."""
 
+import dataclasses
+
 import pytest
 import tvm
 from tvm import tirx
 from tvm.script import tirx as T
 
-from tirpat.device import PlanError, Scratchpad, ScratchpadOverflow, ScratchpadPlanner
+from tirpat.device import Memory, PlanError, ScratchpadOverflow, ScratchpadPlanner
 
-PADS = [Scratchpad("local.pt_a", capacity=64, dtype="int8", align=16, name="A"),
-        Scratchpad("local.pt_b", capacity=32, dtype="int32", align=8, name="B")]
+PADS = [Memory("A", "local.pt_a", "int8", capacity=64, align=16),
+        Memory("B", "local.pt_b", "int32", capacity=32, align=8)]
 
 
-def planner(**kw):
-    return ScratchpadPlanner("pt", PADS, **kw)
+def planner(double_buffer=True):
+    return ScratchpadPlanner("pt", [dataclasses.replace(m, double_buffer=double_buffer) for m in PADS])
 
 
 def addresses(func, **kw):
@@ -148,7 +150,7 @@ def test_markers_are_removed_and_hooks_see_every_sequence_and_loop():
 def test_a_pass_plans_every_primfunc_of_a_module():
     mod = planner().as_pass()(tvm.IRModule({"main": stacked}))
     assert "alloc_buffer" not in mod["main"].script()
-    with pytest.raises(ValueError, match="two scratchpads share a storage scope"):
+    with pytest.raises(ValueError, match="two memories share a storage scope"):
         ScratchpadPlanner("pt", PADS + PADS[:1])
 
 

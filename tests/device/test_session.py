@@ -62,7 +62,7 @@ def refuse(s, n):
     raise Refused("refuse", f"n={n}")
 
 
-PLANNER = device.ScratchpadPlanner("devtest_vec", [device.Scratchpad("local.devtest_vec", 64, "int32", 16, "VREG")])
+PLANNER = device.ScratchpadPlanner("devtest_vec", [device.Memory("VREG", "local.devtest_vec", "int32", 64, 16)])
 tvm.tirx.compilation_pipeline.register_tir_pipeline("devtest_vec", tp.tir_pipeline(PLANNER.as_pass()))
 
 

@@ -20,7 +20,7 @@ import tirpat as tp
 from tirpat import device
 
 import vecunit
-from vecunit import INSTRUCTIONS, RUNTIME, VecUnit, VecUnitError
+from vecunit import ALU, INSTRUCTIONS, RUNTIME, VecUnit, VecUnitError
 from vecunit import compiler, isa, runtime
 
 PACKAGE = pathlib.Path(vecunit.__file__).parent
@@ -45,27 +45,38 @@ REFERENCE = {   # each instruction's meaning, stated independently of vecunit.is
 int8s = st.integers(-128, 127)
 
 
-def test_every_instruction_has_a_reference():
-    assert sorted(REFERENCE) == sorted(INSTRUCTIONS)
+def test_every_alu_instruction_has_a_reference():
+    assert sorted(REFERENCE) == sorted(ALU) and sorted(INSTRUCTIONS) == sorted([*ALU, "vld", "vst"])
+
+
+def _sources_and_immediates(ins):
+    """The register sources and the immediates of ALU instruction ``ins``, by declaration."""
+    return ([o.name for o in ins.memory_operands if o.name != "d"],
+            [o.name for o in ins.operands if o.kind == "scalar" and o.name != "n"])
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.sampled_from(sorted(INSTRUCTIONS)), st.sampled_from([4, 8, 16]), st.data())
+@given(st.sampled_from(sorted(ALU)), st.sampled_from([4, 8, 16]), st.data())
 def test_each_instruction_does_what_numpy_does(name, lanes, data):
-    ins = INSTRUCTIONS[name]
+    ins = ALU[name]
+    srcs, imm_names = _sources_and_immediates(ins)
     n = data.draw(st.integers(0, lanes), label="n")
     regs = data.draw(st.lists(st.lists(int8s, min_size=lanes, max_size=lanes), min_size=4, max_size=4))
-    imms = data.draw(st.lists(int8s, min_size=len(ins.imms), max_size=len(ins.imms)))
+    imms = data.draw(st.lists(int8s, min_size=len(imm_names), max_size=len(imm_names)))
     with VecUnit(lanes=lanes, regs=4) as s:
         s.vrf[:] = np.array(regs, np.int8).reshape(-1)
         before = s.vrf.copy()
         # destination r0, sources r1, r2 (a source may also be the destination)
-        RUNTIME.functions[name](0, *[lanes * (k + 1) for k in range(len(ins.regs))], *imms, n)
-    srcs = [before[lanes * (k + 1):lanes * (k + 2)][:n] for k in range(len(ins.regs))]
+        RUNTIME.functions[name](0, *[lanes * (k + 1) for k in range(len(srcs))], *imms, n)
+    srcs = [before[lanes * (k + 1):lanes * (k + 2)][:n] for k in range(len(srcs))]
     expect = before.copy()
     expect[:n] = REFERENCE[name](*srcs, *imms)
     np.testing.assert_array_equal(s.vrf, expect)       # lanes past n and other registers untouched
     assert s.stats.instructions == {name: 1} and s.stats.active_lanes == n
+    # the declared program, run as the reference, says the same
+    values = {"d": before[:lanes], **{r: before[lanes * (k + 1):lanes * (k + 2)] for k, r in enumerate(
+        _sources_and_immediates(ins)[0])}, **dict(zip(imm_names, imms)), "n": n}
+    np.testing.assert_array_equal(ins.reference(lanes=lanes, **values)["d"], expect[:lanes])
 
 
 @settings(max_examples=40, deadline=None)
@@ -93,6 +104,12 @@ def test_loads_and_stores_move_strided_padded_rows(n, data):
     lanes = [pad] * front + [int(host[i]) for i in inside] + [pad] * back
     assert s.vrf[8:8 + n].tolist() == lanes and s.vrf[8 + n:].tolist() == [99] * (8 - n)
     assert out[3:3 + 2 * n:2].tolist() == lanes and not out[4::2].any()
+    # the simulator's loads and stores do what the declared programs do
+    loaded = INSTRUCTIONS["vld"].reference(lanes=8, d=np.full(8, 99, np.int8), host=host, offset=offset,
+                                           stride=stride, n=n, front=front, back=back, pad=pad)["d"]
+    np.testing.assert_array_equal(loaded, s.vrf[8:])
+    stored = INSTRUCTIONS["vst"].reference(lanes=8, host=np.zeros(20, np.int8), offset=3, stride=2, src=loaded, n=n)
+    np.testing.assert_array_equal(stored["host"], out)
 
 
 def test_malformed_instructions_are_refused_before_anything_runs():

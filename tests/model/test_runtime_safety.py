@@ -23,6 +23,8 @@ def test_threads_calling_one_model_get_what_single_threaded_calls_get(mlp_model)
     mod, model = mlp_model
     inputs = [random_inputs(mod, np.random.default_rng(seed)) for seed in range(4)]
     want = [model(*args) for args in inputs]
+    layers = [(layer.function, layer.backend) for layer in model.layers]
+    assert [backend for _, backend in layers] == ["accel", "accel"]
     for args, w in zip(inputs, want):
         for got, ref in zip(w, reference(mod, args)):
             np.testing.assert_array_equal(got, ref)
@@ -38,6 +40,8 @@ def test_threads_calling_one_model_get_what_single_threaded_calls_get(mlp_model)
                 results[k].append(all(np.array_equal(g, w) for g, w in zip(out, want[k])))
                 stats = model.stats["accel"]        # this thread's last call: a whole one
                 assert stats.cycles > 0
+                # its partitions, heard by the sessions this call entered: not another thread's too
+                assert [(layer.function, layer.backend) for layer in model.layers] == layers
         except BaseException as err:  # noqa: BLE001 - reported below, with its thread
             errors.append((k, repr(err)))
 

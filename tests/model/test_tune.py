@@ -12,7 +12,7 @@ from tvm import ir, s_tir, te, tirx, topi
 import accel
 import tirpat as tp
 import tirpat.model.backend as backend_module
-from accel.compiler.schedule import Knobs
+from accel.compiler.schedule import Knobs, schedule
 from tirpat.model.tune import MutateKnob
 from tirpat.model.tune.artifact import NotBitExact, measure, pack, reference
 
@@ -36,7 +36,7 @@ def cycles_and_output(func, seed=3):
     args = [rng.integers(-128, 128, shape).astype(dtype) for _, shape, dtype in ex.params]
     with accel.Session() as session:
         ex(*args)
-    return session.stats.cycles, args[-1], ex.report
+    return session.stats.cycles, args[-1], schedule(func, accel.Config())[1]     # the scheduler's notes
 
 
 @pytest.fixture(scope="module")
@@ -60,6 +60,19 @@ def test_the_heuristic_is_measured_first_and_never_beaten_by_a_worse_record(tune
     # an image's 64 pixels in one M block instead of 8-pixel rows padded to 16
     assert task.gain > 0.25
     assert "trials in" in str(result) and "main" in str(result)
+
+
+def test_tp_build_of_the_primfunc_applies_its_records(tuned_conv):
+    """tp.tune tuned the PrimFunc; tp.build of it with the records schedules it as the best trial."""
+    func, records, result = tuned_conv
+    kernel = tp.build(func, "accel, llvm", records=records)
+    assert kernel.report.records["applied"] == 1 and kernel.report.partitions[0].from_records
+    assert "scheduled from a tuning record" in kernel.report.text(verbose=True)
+    rng = np.random.default_rng(3)
+    args = [rng.integers(-128, 128, shape).astype(dtype) for _, shape, dtype in kernel.params]
+    with accel.Session() as session:
+        kernel(*args)
+    assert session.stats.cycles == result.tasks[0].best
 
 
 def test_records_schedule_the_best_and_stay_bit_exact(tuned_conv):

@@ -11,8 +11,8 @@ import tvm
 import tirpat as tp
 
 MODULES = ["tirpat"] + [f"tirpat.tir.{m}" for m in (
-    "analysis", "canonical", "copy", "engine", "explain", "index_dtype", "lowering", "match", "module_rule",
-    "pattern", "region", "rewrite", "scan", "statement")] + ["tirpat.testing", "tirpat.testing.reference",
+    "analysis", "binding", "canonical", "copy", "engine", "explain", "index_dtype", "inlining", "lowering", "match",
+    "module_rule", "pattern", "region", "rewrite", "scan", "script_pattern", "statement")] + ["tirpat.testing", "tirpat.testing.reference",
                                                               "tirpat.testing.strategies"]
 
 

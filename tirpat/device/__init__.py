@@ -5,13 +5,18 @@
 - :mod:`~tirpat.device.session`: sessions (per-thread current and default sessions,
   one owner per pending stream), runtime functions registered under a backend's prefix
   with error relay, atomic calls (:func:`invoke`) and the options check;
-- :mod:`~tirpat.device.planner`: scratchpad-address planning for a backend's storage
-  scopes, with double buffering and sync insertion;
+- :mod:`~tirpat.device.memory`: :class:`Memory`, an on-chip memory declared once (scope,
+  dtype, capacity, alignment, buffering), which owns the allocation rule (``footprint``);
+- :mod:`~tirpat.device.instr`: :func:`instr`, an instruction declared once as the TIR
+  program it computes, from which its rule, its call, the runtime's argument order and its
+  reference semantics follow;
+- :mod:`~tirpat.device.planner`: scratchpad-address planning for a backend's memories,
+  with double buffering and sync insertion;
 - :mod:`~tirpat.device.trace`: a session's timeline (its statistics' ``timeline.events``,
   each with ``unit``, ``start``, ``end``) as Chrome/Perfetto trace-event JSON
   (``tirpat run --timeline t.json``).
 
-A backend's runtime, in four steps (``tests/device/test_session.py`` builds a 16-lane
+A backend's runtime, in five steps (``tests/device/test_session.py`` builds a 16-lane
 vector unit this way in about forty lines):
 
 1. subclass :class:`Session` with the device's state (registers, scratchpads, a simulator);
@@ -19,28 +24,33 @@ vector unit this way in about forty lines):
    override ``pending`` / ``execute`` / ``drop`` for an instruction stream of your own;
    set ``options`` to the backend options the session runs code for (code tirpat built
    for other ones refuses to run in it: :class:`OptionsMismatch`);
-2. ``rt = Runtime("<prefix>", MySession)`` and decorate each runtime function with
-   ``@rt.function``: it gets the current session first, then the call's arguments (host
-   buffers as DLTensors: ``s.buffers.view(s.buffers.slot(t), offset, shape, strides)`` is
-   a checked zero-copy view). ``<prefix>.sync`` is already there;
-3. plan the device's storage scopes with :class:`ScratchpadPlanner` (one
-   :class:`Scratchpad` per scope) as a pass after your rules: it turns ``access_ptr``
+2. declare its memories (:class:`Memory`) and instructions (:func:`instr`);
+3. ``rt = Runtime("<prefix>", MySession)`` and implement each instruction with
+   ``@rt.implement(ins)`` (or a function without a declaration with ``@rt.function``): it
+   gets the current session first, then the call's arguments by name (host buffers as
+   DLTensors: ``s.buffers.view(s.buffers.slot(t), offset, shape, strides)`` is a checked
+   zero-copy view; never ``np.from_dlpack``, which crashes on them). ``<prefix>.sync`` is
+   already there;
+4. plan the device's memories with :class:`ScratchpadPlanner` as a pass after your rules
+   (the instructions' rules, ``ins.rule()``, and your own): it turns ``access_ptr``
    operands into addresses and inserts ``<prefix>.sync()``;
-4. call compiled functions with :func:`invoke` inside ``with MySession():`` (or not: each
+5. call compiled functions with :func:`invoke` inside ``with MySession():`` (or not: each
    thread has a default session) to get runtime errors as themselves and atomic calls.
 
 >>> from tirpat import device
 >>> sorted(device.__all__)[:4]
-['BoundsError', 'BufferTable', 'OptionsMismatch', 'PlanError']
+['BoundsError', 'BufferTable', 'Instruction', 'Memory']
 """
 
 from .buffers import BoundsError, BufferTable, SlotError, is_tensor, strided_view, tensor_view
-from .planner import PlanError, Scratchpad, ScratchpadOverflow, ScratchpadPlanner
+from .instr import Instruction, Operand, instr
+from .memory import Memory
+from .planner import PlanError, ScratchpadOverflow, ScratchpadPlanner
 from .session import OptionsMismatch, Runtime, Session, invoke, runtimes
 from .trace import save_trace, trace_events
 
 __all__ = [
-    "BoundsError", "BufferTable", "OptionsMismatch", "PlanError", "Runtime", "Scratchpad", "ScratchpadOverflow",
-    "ScratchpadPlanner", "Session", "SlotError", "invoke", "is_tensor", "runtimes", "save_trace", "strided_view",
-    "tensor_view", "trace_events",
+    "BoundsError", "BufferTable", "Instruction", "Memory", "Operand", "OptionsMismatch", "PlanError", "Runtime",
+    "ScratchpadOverflow", "ScratchpadPlanner", "Session", "SlotError", "instr", "invoke", "is_tensor", "runtimes",
+    "save_trace", "strided_view", "tensor_view", "trace_events",
 ]

@@ -5,10 +5,12 @@ A backend's rules rewrite loop nests into calls of its runtime functions
 ``buffer.access_ptr(...)`` of buffers in the backend's scratchpad scopes. After them,
 :class:`ScratchpadPlanner` (as a pass, e.g. in ``tp.register_pipeline(..., after=[...])``):
 
-- gives every scratchpad buffer an address in its :class:`Scratchpad`, stack-like per
-  statement sequence; a buffer allocated inside a loop gets two copies used on alternate
-  iterations (double buffering), so the next tile's transfer can overlap the current
-  tile's compute. The allocations disappear from the TIR;
+- gives every scratchpad buffer an address in its :class:`~tirpat.device.Memory`, stack-like
+  per statement sequence, taking the memory's
+  :meth:`~tirpat.device.Memory.footprint` (a double-buffering memory gives a buffer
+  allocated inside a loop that runs more than once two copies used on alternate
+  iterations, so the next tile's transfer can overlap the current tile's compute). The
+  allocations disappear from the TIR;
 - replaces the ``access_ptr`` operands by those addresses (element offsets);
 - raises :class:`ScratchpadOverflow` naming the scratchpad, the buffer, by how much it
   overflows and what else is live; :class:`PlanError` for a scratchpad access no rule
@@ -29,7 +31,7 @@ tell a subclass's checks something); :meth:`ScratchpadPlanner.check_sequence` an
 ...     for i in range(4):
 ...         v = T.alloc_buffer((16,), "int8", scope="local.vec")
 ...         T.call_packed("vec.load", v.access_ptr("w"), A.data, i * 16)
->>> planner = ScratchpadPlanner("vec", [Scratchpad("local.vec", capacity=64, name="VREG")])
+>>> planner = ScratchpadPlanner("vec", [Memory("VREG", "local.vec", capacity=64)])
 >>> print(planner.plan(f).script())     # doctest: +ELLIPSIS
 # from tvm.script import tirx as T
 ...
@@ -40,15 +42,17 @@ tell a subclass's checks something); :meth:`ScratchpadPlanner.check_sequence` an
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 import tvm
 import tvm_ffi
 from tvm import ir, tirx
 
-__all__ = ["PlanError", "ScratchpadOverflow", "Scratchpad", "ScratchpadPlanner", "describe"]
+from .instr import Instruction
+from .memory import Memory
+
+__all__ = ["PlanError", "ScratchpadOverflow", "ScratchpadPlanner", "describe"]
 
 _ANALYZER = tvm.sym.Analyzer()
 
@@ -63,35 +67,6 @@ class ScratchpadOverflow(PlanError):
     """The live scratchpad buffers do not fit."""
 
 
-@dataclass(frozen=True)
-class Scratchpad:
-    """An on-chip memory holding the buffers of one storage ``scope``.
-
-    ``capacity`` and ``align`` (the allocation granule: every buffer starts at a multiple
-    of it) are in elements of ``dtype``; ``name`` is what messages call it (the scope by
-    default).
-
-    >>> Scratchpad("local.accel_acc", capacity=32768, dtype="int32", align=16, name="ACC").itemsize
-    4
-    """
-
-    scope: str
-    capacity: int
-    dtype: str = "int8"
-    align: int = 1
-    name: Optional[str] = None
-
-    @property
-    def itemsize(self) -> int:
-        """Bytes per element."""
-        return np.dtype(self.dtype).itemsize
-
-    @property
-    def label(self) -> str:
-        """The name messages use."""
-        return self.name or self.scope
-
-
 def describe(stmt) -> str:
     """A statement as one line for an error message (the last line of its script)."""
     lines = [l for l in str(stmt).strip().splitlines() if l.strip() and not l.lstrip().startswith("#")]
@@ -100,23 +75,41 @@ def describe(stmt) -> str:
 
 
 class ScratchpadPlanner:
-    """Plans the scratchpads of the backend whose runtime functions start with ``prefix.``
-    (see the module doc). ``double_buffer=False`` gives buffers allocated in loops a
-    single copy. Subclass and override :meth:`check_sequence` / :meth:`check_loop` for a
-    backend's own checks.
+    """Plans the ``memories`` (one :class:`~tirpat.device.Memory` per storage scope) of the
+    backend whose runtime functions start with ``prefix.``, for the backend ``options`` their
+    capacities and alignments depend on (see the module doc). Each memory's
+    :meth:`~tirpat.device.Memory.footprint` is what a buffer takes. ``instructions``, the
+    backend's :func:`~tirpat.device.instr` declarations, say which call arguments are
+    addresses in which memory: a buffer of another memory there is a :class:`PlanError`.
+    Subclass and override :meth:`check_sequence` / :meth:`check_loop` for a backend's own checks.
     """
 
-    def __init__(self, prefix: str, scratchpads: Sequence[Scratchpad], *, double_buffer: bool = True) -> None:
+    def __init__(self, prefix: str, memories: Sequence[Memory], options: Optional[Mapping[str, Any]] = None,
+                 *, instructions: Sequence[Instruction] = ()) -> None:
+        if any(not isinstance(m, Memory) for m in memories):
+            raise TypeError(f"ScratchpadPlanner: memories must be tirpat.device.Memory, got {list(memories)!r}")
         self.prefix = prefix
-        self.scratchpads = {s.scope: s for s in scratchpads}
-        if len(self.scratchpads) != len(scratchpads):
-            raise ValueError("ScratchpadPlanner: two scratchpads share a storage scope")
-        self.double_buffer = double_buffer
+        self.memories = {m.scope: m.bind(options) for m in memories}
+        if len(self.memories) != len(memories):
+            raise ValueError("ScratchpadPlanner: two memories share a storage scope")
+        self.instructions = tuple(instructions)
+        for ins in self.instructions:
+            if not ins.runtime_name.startswith(prefix + "."):
+                raise ValueError(f"ScratchpadPlanner: instruction {ins.name} calls {ins.runtime_name}, "
+                                 f"not a {prefix}.* function")
+            for op in ins.memory_operands:
+                if op.memory.scope not in self.memories:
+                    raise ValueError(f"ScratchpadPlanner: instruction {ins.name} uses memory {op.memory.name}, "
+                                     f"which is not one of the planned memories")
 
     # -- what a backend's checks use ----------------------------------------------------
     def is_scratchpad(self, buffer) -> bool:
         """True for a buffer in one of the planned scopes."""
-        return buffer.scope() in self.scratchpads
+        return buffer.scope() in self.memories
+
+    def instruction_of(self, call) -> Optional[Instruction]:
+        """The declared instruction a runtime call is (by its name and fixed arguments), or None."""
+        return next((ins for ins in self.instructions if ins.is_call(call)), None)
 
     def is_runtime_call(self, node) -> bool:
         """True for a ``T.call_packed("<prefix>.*", ...)`` call."""
@@ -219,6 +212,15 @@ def _footprint(buf) -> int | None:
     return 1 + sum((d - 1) * s for d, s in zip(dims, strides))
 
 
+def _access_ptr_buffer(arg):
+    """The buffer of an ``access_ptr`` argument, else None."""
+    if isinstance(arg, ir.Call) and arg.op.name == "tirx.tvm_access_ptr":
+        data = arg.args[1]
+        if isinstance(data, ir.Call) and data.op.name == "tirx.buffer_data":
+            return data.args[0]
+    return None
+
+
 class _FunctionPlan:
     """The addresses of one PrimFunc's scratchpad buffers, assigned while mutating it."""
 
@@ -226,29 +228,31 @@ class _FunctionPlan:
         self.planner = planner
         self.name = name
         self.loops: list = []
-        self.top = dict.fromkeys(planner.scratchpads, 0)
-        self.live: dict[str, list] = {scope: [] for scope in planner.scratchpads}
+        self.top = dict.fromkeys(planner.memories, 0)
+        self.live: dict[str, list] = {scope: [] for scope in planner.memories}
         self.addr: dict = {}
 
     def alloc(self, buf):
-        pad = self.planner.scratchpads[buf.scope()]
+        mem = self.planner.memories[buf.scope()]
         size = _footprint(buf)
         if size is None:
             raise PlanError(f"{self.name}: scratchpad buffer {buf.name} has the non-constant shape "
                             f"{list(buf.shape)}" + (f" or strides {list(buf.strides)}" if buf.strides else ""))
-        size = -(-size // pad.align) * pad.align
-        copies = 2 if self.loops and self.planner.double_buffer else 1
-        base = self.top[pad.scope]
-        end = base + copies * size
-        if end > pad.capacity:
-            item = pad.itemsize
-            live = ", ".join(f"{b.name} ({n} x {s} elements)" for b, n, s in self.live[pad.scope]) or "nothing else"
+        # the loops around the allocation run more than once unless every extent is a constant 1
+        repeated = any(not (isinstance(l.extent, tirx.IntImm) and l.extent.value == 1) for l in self.loops)
+        total = mem.footprint(size, repeated=repeated)
+        copies, size = mem.copies(repeated=repeated), total // mem.copies(repeated=repeated)
+        base = self.top[mem.scope]
+        end = base + total
+        if end > mem.capacity:
+            item = mem.itemsize
+            live = ", ".join(f"{b.name} ({n} x {s} elements)" for b, n, s in self.live[mem.scope]) or "nothing else"
             raise ScratchpadOverflow(
-                f"{self.name}: scratchpad {pad.label} overflows by {(end - pad.capacity) * item} bytes when "
+                f"{self.name}: scratchpad {mem.name} overflows by {(end - mem.capacity) * item} bytes when "
                 f"allocating {buf.name} ({copies} x {size} elements; live: {live}; capacity "
-                f"{pad.capacity * item} bytes)")
-        self.top[pad.scope] = end
-        self.live[pad.scope].append((buf, copies, size))
+                f"{mem.capacity * item} bytes)")
+        self.top[mem.scope] = end
+        self.live[mem.scope].append((buf, copies, size))
         offset = tirx.IntImm("int32", base)
         if copies == 2:
             it = tirx.IntImm("int32", 0)
@@ -298,16 +302,32 @@ class _FunctionPlan:
                             f"{node.buffer.name}, so it cannot run: {describe(node)}")
         return mut.default_mutate(node)
 
+    def check_operands(self, ins, call):
+        """A declared instruction's call: each scratchpad buffer passed where its memory is."""
+        args = ins.arguments_of(call)
+        for op in ins.operands:
+            buf = _access_ptr_buffer(args[op.name])
+            if buf is None or not self.planner.is_scratchpad(buf):
+                continue
+            if op.kind != "memory":
+                raise PlanError(f"{self.name}: {ins.name} takes {op.name} as a {op.kind} operand, but gets the "
+                                f"address of scratchpad buffer {buf.name}: {describe(tirx.Evaluate(call))}")
+            if buf.scope() != op.memory.scope:
+                raise PlanError(f"{self.name}: {ins.name} takes {op.name} in {op.memory.name}, but gets "
+                                f"{buf.name} of {self.planner.memories[buf.scope()].name}: "
+                                f"{describe(tirx.Evaluate(call))}")
+
     def on_call(self, node, mut):
-        if node.op.name == "tirx.tvm_access_ptr":
-            data = node.args[1]
-            if isinstance(data, ir.Call) and data.op.name == "tirx.buffer_data":
-                buf = data.args[0]
-                if self.planner.is_scratchpad(buf):
-                    base = self.addr.get(buf.__chandle__())
-                    if base is None:
-                        raise PlanError(f"{self.name}: scratchpad buffer {buf.name} is used before it is allocated")
-                    return _ANALYZER.simplify(base + node.args[2])
+        ins = self.planner.instruction_of(node) if self.planner.is_runtime_call(node) else None
+        if ins is not None:
+            self.check_operands(ins, node)
+        buf = _access_ptr_buffer(node)
+        if buf is not None:
+            if self.planner.is_scratchpad(buf):
+                base = self.addr.get(buf.__chandle__())
+                if base is None:
+                    raise PlanError(f"{self.name}: scratchpad buffer {buf.name} is used before it is allocated")
+                return _ANALYZER.simplify(base + node.args[2])
         elif node.op.name == "tirx.buffer_data" and self.planner.is_scratchpad(node.args[0]):
             # any other use of its memory (a DLTensor of it, say) would reach for host memory
             raise PlanError(f"{self.name}: scratchpad buffer {node.args[0].name} is used as host memory; only "

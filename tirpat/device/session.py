@@ -43,13 +43,17 @@ calling thread's current session first. Three promises hold for every backend:
 
 from __future__ import annotations
 
+import inspect
 import sys
 import threading
-from typing import Any, Callable, ClassVar, Hashable, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Hashable, Mapping, Optional
 
 import tvm_ffi
 
 from .buffers import BufferTable
+
+if TYPE_CHECKING:
+    from .instr import Instruction
 
 __all__ = ["Session", "Runtime", "invoke", "runtimes", "OptionsMismatch"]
 
@@ -105,6 +109,10 @@ class Session:
     #: model level enters it. Code that carries its options refuses to run in a session
     #: that says other values for any option it names, or says nothing.
     options: Optional[Mapping[str, Any]] = None
+    #: Called with a partition's name each time compiled code of ``tp.build`` starts an
+    #: offloaded partition that works on this session, or None; the compiled model that
+    #: entered the session sets it for one call (which layer the device's work belongs to).
+    on_partition: Optional[Callable[[str], None]] = None
 
     def __init__(self) -> None:
         self.buffers = BufferTable()
@@ -348,6 +356,88 @@ class Runtime:
         tvm.register_global_func(call.__name__, from_compiled, override=True)
         self.functions[short] = call
         return fn
+
+    def implement(self, *instructions: "Instruction") -> Callable[[Callable], Callable]:
+        """Decorator: register ``fn(session, **arguments)`` as the runtime function of the
+        declared ``instructions`` (:func:`~tirpat.device.instr`; several when one function
+        backs them, told apart by their fixed arguments). The call's positional arguments
+        reach ``fn`` by name, in the declared order, so it is never written twice: ``fn``'s
+        parameters after the session must be exactly the declared arguments (or some of
+        them and ``**rest`` for the others), else TypeError. A generic function, one that
+        reads the order off the declarations (:attr:`~tirpat.device.Instruction.arguments`)
+        instead of naming the arguments, takes ``(session, *args)`` and gets them as called,
+        with no per-call binding (a runtime's hot path).
+
+        >>> from tvm.script import tirx as T
+        >>> from tirpat.device import instr
+        >>> @instr("doc_impl.fill")
+        ... def fill():
+        ...     @T.prim_func
+        ...     def program(out: T.Buffer((4,), "int8"), value: T.int8):
+        ...         for i in range(4):
+        ...             out[i] = value
+        ...     return program
+        >>> rt = Runtime("doc_impl", type("FillSession", (Session,), {}))
+        >>> @rt.implement(fill)
+        ... def _(s, value, out):
+        ...     print(f"fill {out} with {value}")
+        >>> rt.functions["fill"]("buffer", 7)
+        fill buffer with 7
+        >>> @rt.implement(fill)
+        ... def _(s, out, valeu): pass
+        Traceback (most recent call last):
+          ...
+        TypeError: _ implements doc_impl.fill(out, value): it lacks value; it has valeu, which fill does not declare
+        """
+        if not instructions:
+            raise TypeError("Runtime.implement: name at least one declared instruction")
+        first = instructions[0]
+        names = first.arguments
+        for ins in instructions:
+            if ins.runtime_name != first.runtime_name or ins.arguments != names:
+                raise TypeError(f"Runtime.implement: {first.name} calls {first.runtime_name}({', '.join(names)}) but "
+                                f"{ins.name} calls {ins.runtime_name}({', '.join(ins.arguments)}); one function "
+                                f"implements instructions of one runtime name and argument list")
+        prefix, short = first.runtime_name.split(".")
+        if prefix != self.prefix:
+            raise ValueError(f"Runtime.implement: {first.runtime_name} is not a {self.prefix}.* function")
+
+        def register(fn: Callable) -> Callable:
+            params = list(inspect.signature(fn).parameters.values())
+            if len(params) == 2 and params[1].kind is inspect.Parameter.VAR_POSITIONAL:
+                def in_order(session, *args):
+                    if len(args) != len(names):
+                        raise TypeError(f"{first.runtime_name} takes {len(names)} arguments ({', '.join(names)}), "
+                                        f"got {len(args)}")
+                    return fn(session, *args)
+
+                in_order.__doc__ = fn.__doc__
+                self.function(in_order, name=short)
+                return fn
+            named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+            given = [p.name for p in params[1:] if p.kind in named]
+            rest = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params[1:])
+            if not params or any(p.kind not in (*named, inspect.Parameter.VAR_KEYWORD) for p in params[1:]):
+                raise TypeError(f"{fn.__name__} implements {first.runtime_name}: it takes the session, then the "
+                                f"arguments {', '.join(names)} as named parameters")
+            lacks = [] if rest else [n for n in names if n not in given]
+            extra = [n for n in given if n not in names]
+            if lacks or extra:
+                raise TypeError(f"{fn.__name__} implements {first.runtime_name}({', '.join(names)}): " + "; ".join(
+                    ([f"it lacks {', '.join(lacks)}"] if lacks else []) +
+                    ([f"it has {', '.join(extra)}, which {first.name} does not declare"] if extra else [])))
+
+            def by_name(session, *args):
+                if len(args) != len(names):
+                    raise TypeError(f"{first.runtime_name} takes {len(names)} arguments ({', '.join(names)}), "
+                                    f"got {len(args)}")
+                return fn(session, **dict(zip(names, args)))
+
+            by_name.__doc__ = fn.__doc__
+            self.function(by_name, name=short)
+            return fn
+
+        return register
 
     def begin(self, options: Optional[Mapping[str, Any]] = None, code: str = "this code", *,
               caller=None) -> Session:

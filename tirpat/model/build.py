@@ -1,4 +1,5 @@
-"""``tp.build``: a Relax model to a :class:`~tirpat.model.compiled.CompiledModel` for a composite target.
+"""``tp.build``: a Relax model to a :class:`~tirpat.model.compiled.CompiledModel` for a composite
+target, or a TIR workload (a PrimFunc) to a :class:`~tirpat.model.kernel.CompiledKernel`.
 
 A thin layer over ``tvm.compile`` with the public pipelines of :mod:`tirpat.model.pipeline`:
 partition for the target's backends, lower and schedule each partition, run each backend's
@@ -19,12 +20,14 @@ from typing import Mapping, Sequence
 
 import numpy as np
 import tvm
-from tvm import ir, relax
+from tvm import ir, relax, tirx
 
 from .compiled import CompiledModel, Input
+from .kernel import CompiledKernel
 from .partition import as_target, tagged
-from .pipeline import TIR_PIPELINE, Record, recording, relax_pipeline
-from .report import HostOp, Partition, ModelReport, epilogue_of, macs_known, macs_of, records_line
+from .pipeline import Record, relax_pipeline, schedule_for, tir_pipeline_for, with_records
+from .report import (HostOp, Partition, ModelReport, epilogue_of, macs_known, macs_of, notes_of, primfunc_macs,
+                     records_line)
 
 __all__ = ["build", "OffloadWarning", "OffloadError"]
 
@@ -40,9 +43,17 @@ class OffloadError(ValueError):
 
 def build(mod: ir.IRModule, target, *, strict: bool = False, params: Mapping[str, np.ndarray] | None = None,
           entry: str = "main", records=None, input_shapes: Mapping[str, Sequence[int]] | None = None,
-          preprocess: bool = True) -> CompiledModel:
+          preprocess: bool = True) -> CompiledModel | CompiledKernel:
     """Compile the Relax module ``mod`` for ``target`` (a ``tp.CompositeTarget`` or a string
     such as ``"accel, llvm"``): partitions for the backends, the rest for the host.
+
+    ``mod`` may also be a TIR workload, as ``tvm.compile`` takes one: a PrimFunc (its entry
+    is ``main``) or an IRModule of PrimFuncs only. It has no operators to partition: each
+    PrimFunc goes whole to the target's first backend (its ``schedule`` hook, rules and
+    passes, as a partition would), or to the host when the target has none; an error the
+    backend raises lowering it is raised (there is no partition to fall back); ``records``
+    apply to it as to a partition (``tp.tune`` tunes a PrimFunc too). The result is a
+    :class:`~tirpat.model.kernel.CompiledKernel`, called with the entry's buffers.
 
     ``mod`` may also be an ONNX model (an ``onnx.ModelProto``, or the path of an ``.onnx``
     file), float or QDQ, as exported: it is imported by
@@ -65,16 +76,22 @@ def build(mod: ir.IRModule, target, *, strict: bool = False, params: Mapping[str
                            records=records)
     if input_shapes is not None:
         raise TypeError("input_shapes is for ONNX models; a Relax module declares its shapes")
+    if _is_tir(mod):
+        if params:
+            raise TypeError("params is for Relax models, not a TIR workload")
+        return _build_tir(mod, target, strict, entry, records)
     if not isinstance(mod, ir.IRModule):
-        raise TypeError(f"tp.build takes a Relax IRModule, got {type(mod).__name__}")
+        raise TypeError(f"tp.build takes a Relax IRModule, a PrimFunc or an IRModule of PrimFuncs, "
+                        f"got {type(mod).__name__}")
     if entry not in [gv.name_hint for gv in mod.functions]:
         raise ValueError(f"the module has no function {entry!r}")
     t = as_target(target)
     mod = bind_params(mod, params, entry)
     inputs = _inputs(mod[entry])
-    record = Record()
-    with recording(record):
-        executable = tvm.compile(mod, t.host, relax_pipeline=relax_pipeline(t, records), tir_pipeline=TIR_PIPELINE)
+    record = Record()       # this build's: handed to the pipelines, whatever other threads build
+    with tir_pipeline_for(record) as tir:
+        executable = tvm.compile(mod, t.host, relax_pipeline=relax_pipeline(t, records, record=record),
+                                 tir_pipeline=tir)
     report, declined, in_float = _report(record, t)
     _complain(report, t, declined, strict, in_float)
     if report.records is not None and not report.records["applied"]:
@@ -82,6 +99,72 @@ def build(mod: ir.IRModule, target, *, strict: bool = False, params: Mapping[str
     # a backend whose partitions all fell back to the host has no code in the model: not needed to run it
     used = [(b, opts) for b, opts in t.backends if any(p.backend == b.name and not p.fallback for p in report.partitions)]
     return CompiledModel(executable, used, t.host, inputs, report, entry)
+
+
+def _is_tir(workload) -> bool:
+    """Whether ``workload`` is a PrimFunc, or an IRModule of PrimFuncs only."""
+    if isinstance(workload, tirx.PrimFunc):
+        return True
+    return isinstance(workload, ir.IRModule) and len(workload.functions) > 0 and \
+        all(isinstance(f, tirx.PrimFunc) for f in workload.functions.values())
+
+
+def _build_tir(workload, target, strict: bool, entry: str, records) -> CompiledKernel:
+    """A TIR workload through the backends' schedule, rules and passes (see :func:`build`)."""
+    t = as_target(target)
+    if records is not None:
+        from .records import Records
+
+        records = records if isinstance(records, Records) else Records(records)
+    if isinstance(workload, tirx.PrimFunc):
+        workload = ir.IRModule({"main": workload})
+    if entry not in [gv.name_hint for gv in workload.functions]:
+        raise ValueError(f"the workload has no function {entry!r}")
+    # each function is exported under its own name (Relax's legalized PrimFuncs have none)
+    given = {gv.name_hint: f.with_attr("global_symbol", gv.name_hint) for gv, f in workload.functions.items()}
+    record = Record(fall_back=False)
+    lowered = {}
+    for name, func in given.items():
+        if t.backends:
+            backend, opts = t.backends[0]
+            record.partitions[name] = (backend.name, _TIR, [])
+            if records is not None:
+                func = with_records(records, func, backend.name, opts, name, record)
+            func = schedule_for(func, backend.name, opts, name, record)
+            record.notes[name] = json.dumps(notes_of(func))
+        lowered[name] = func
+    with tir_pipeline_for(record) as tir:
+        executable = tvm.compile(ir.IRModule(lowered), t.host, tir_pipeline=tir)
+    report = ModelReport(backends=[b.name for b, _ in t.backends])
+    for name, func in given.items():
+        macs = primfunc_macs(func)
+        if macs is None:
+            report.uncounted_ops.append(f"{_TIR} ({name})")
+        report.total_macs += macs or 0
+        if name not in record.partitions:
+            report.on_host.append(HostOp(_TIR, name, "the target has no backend", macs or 0))
+            continue
+        backend = record.partitions[name][0]
+        notes, rules = json.loads(record.notes[name]), record.rules.get(name, {})
+        # MACs the schedule left for the CPU, of those the report counts (a sum is no MAC)
+        host = min(int(notes.get("host_macs", 0)), macs or 0) if rules else macs or 0
+        report.partitions.append(Partition(backend, name, _TIR, [], macs or 0, notes.get("epilogue") or [], rules,
+                                           host, notes.get("device_macs"),
+                                           [list(step) for step in notes.get("host_steps", [])],
+                                           from_records=name in record.from_records,
+                                           details=list(notes.get("details", []))))
+    if records is not None:
+        report.records = {"path": str(records.path), "applied": len(record.from_records),
+                          "partitions": len(report.partitions), "misses": dict(record.record_misses)}
+    _complain(report, t, [], strict, False)
+    if report.records is not None and not report.records["applied"]:
+        warnings.warn(f"no function was scheduled from the {records_line(report.records)}", UserWarning, stacklevel=3)
+    used = [(b, opts) for b, opts in t.backends if any(p.backend == b.name for p in report.partitions)]
+    return CompiledKernel(executable, given[entry], used, report, entry)
+
+
+#: the pattern (and operator) name of a TIR workload's function in the report
+_TIR = "tir"
 
 
 def _is_onnx(model) -> bool:
@@ -191,22 +274,20 @@ def _report(record: Record, target) -> tuple[ModelReport, list, bool]:
                 report.on_host.append(host)
                 if partitioner.declined.of(binding.var):
                     declined.append(host)
-    lowered = {name.removesuffix("_prepacked"): name for name in record.partitions}
-    for base in calls:      # one entry per call: a partition function may be called more than once
-        name = lowered.get(base)
-        if name is None:
+    for name in calls:      # one entry per call: a partition function may be called more than once
+        if name not in record.partitions:
             continue
         backend, pattern, ops = record.partitions[name]
         macs = sum(macs_of(c) for c in ops)
         report.total_macs += macs
-        report.uncounted_ops += [f"{c.op.name} (in {base})" for c in ops if not macs_known(c)]
+        report.uncounted_ops += [f"{c.op.name} (in {name})" for c in ops if not macs_known(c)]
         notes = json.loads(record.notes.get(name, "{}"))
         rules = record.rules.get(name, {})
         core = next((n for n, c in enumerate(ops) if macs_of(c)), 0)
-        fallback = record.failed.get(name) or record.failed.get(base)
+        fallback = record.failed.get(name)
         if fallback:        # what the backend's schedule planned did not happen
             rules, notes = {}, {"epilogue": notes.get("epilogue")}
-        part = Partition(backend, base, pattern, [c.op.name for c in ops[core:]], macs,
+        part = Partition(backend, name, pattern, [c.op.name for c in ops[core:]], macs,
                          notes.get("epilogue") or epilogue_of(ops[core:]), rules,
                          macs if not rules else int(notes.get("host_macs", 0)),
                          notes.get("device_macs"), [_at_compile_time(s, record.folded.get(name, ()))

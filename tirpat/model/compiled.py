@@ -31,7 +31,7 @@ from .archive import FORMAT, LIBRARY, read_archive, write_archive
 from .backend import BackendNotFound, lookup
 from .host_cpu import check_runs_here
 from .host_cpu import describe as describe_host
-from .pipeline import marks
+from . import pipeline  # noqa: F401 - registers PARTITION_MARKER, the runtime function compiled code calls first
 from .report import ModelReport
 from .tvm_noise import filtered_native_stderr
 
@@ -168,11 +168,17 @@ class CompiledModel:
                 if isinstance(session, device.Session) and session.options is None:
                     session.options = dict(opts)    # the backend made it for opts: it says so
             vm = self._vm()
-            with marks(lambda name: started.append((name, cycles_now()))):
-                try:
-                    out = invoke(vm[self.entry], *tensors)     # a device's error arrives as itself
-                except device.OptionsMismatch as err:
-                    raise self._options_mismatch(err) from None
+            # the sessions this call entered hear each partition start: which layer the device's work is
+            listening = [s for s in sessions.values() if isinstance(s, device.Session)]
+            for session in listening:
+                session.on_partition = lambda name: started.append((name, cycles_now()))
+            try:
+                out = invoke(vm[self.entry], *tensors)     # a device's error arrives as itself
+            except device.OptionsMismatch as err:
+                raise self._options_mismatch(err) from None
+            finally:
+                for session in listening:
+                    session.on_partition = None
         with self._kept_lock:       # only after a call that succeeded: a failed one starts afresh next time
             self._kept_sessions.append(kept)
         stats = {name: s.stats for name, s in sessions.items() if getattr(s, "stats", None) is not None}
@@ -240,13 +246,12 @@ class CompiledModel:
     def _layers(self, started: list, end: dict) -> list:
         owner = {p.function: p for p in self.report.partitions}
         out = []
-        for n, (name, at) in enumerate(started):
-            base = name.removesuffix("_prepacked")
-            part = owner.get(base)
+        for n, (name, at) in enumerate(started):      # the marker names the partition, not a copy of it
+            part = owner.get(name)
             if part is None or part.backend not in at:
                 continue
             nxt = next((c for _, c in started[n + 1:] if part.backend in c), end)
-            out.append(Layer(base, part.backend, " + ".join(_layer_words(part)), at[part.backend],
+            out.append(Layer(name, part.backend, " + ".join(_layer_words(part)), at[part.backend],
                              nxt.get(part.backend, at[part.backend])))
         return out
 

@@ -27,12 +27,50 @@ from tvm.relax.dpl import pattern as dpl
 from .backend import Backend, Phase
 from .target import CompositeTarget, parse_target
 
-__all__ = ["partition", "Partitioner", "BACKEND_ATTR", "OPTIONS_ATTR", "tagged"]
+__all__ = ["partition", "Partitioner", "BACKEND_ATTR", "OPTIONS_ATTR", "PARTITION_ATTR", "PartitionOrigin", "tagged",
+           "origin_of"]
 
 #: Function attribute naming the backend a partition (Relax function or PrimFunc) belongs to.
 BACKEND_ATTR = "tirpat.backend"
 #: Function attribute holding that backend's resolved options, as JSON text.
 OPTIONS_ATTR = "tirpat.options"
+
+
+#: PrimFunc attribute naming the Relax partition a PrimFunc computes, for what a backend tells
+#: its users and the build report: ``{"name": the partition's function name, "ops": [the Relax
+#: operators it computes, in order]}``. Copies TVM makes of the PrimFunc (the prepacked one of a
+#: weight layout stage, the stage itself) keep it, so no layer parses another's function names.
+PARTITION_ATTR = "tirpat.partition"
+
+
+@dataclass(frozen=True)
+class PartitionOrigin:
+    """The Relax partition a PrimFunc computes (its :data:`PARTITION_ATTR`)."""
+
+    name: str           # the partition's function name, as the build report calls it
+    ops: tuple          # the Relax operators it computes, in order ("relax.matmul", ...)
+
+    def attr(self) -> dict:
+        """The value of :data:`PARTITION_ATTR` for this origin."""
+        return {"name": self.name, "ops": list(self.ops)}
+
+
+def origin_of(func) -> PartitionOrigin | None:
+    """The Relax partition the PrimFunc ``func`` computes, from its :data:`PARTITION_ATTR`;
+    None for a function not lowered from a partition (a hand-written PrimFunc).
+
+    >>> from tvm import tirx
+    >>> func = tirx.PrimFunc([], tirx.Evaluate(0))
+    >>> origin_of(func.with_attr(PARTITION_ATTR, PartitionOrigin("part3", ("relax.matmul",)).attr()))
+    PartitionOrigin(name='part3', ops=('relax.matmul',))
+    >>> origin_of(func) is None
+    True
+    """
+    attrs = func.attrs
+    if attrs is None or PARTITION_ATTR not in attrs:
+        return None
+    value = attrs[PARTITION_ATTR]
+    return PartitionOrigin(str(value["name"]), tuple(str(op) for op in value["ops"]))
 
 
 def tagged(func) -> tuple[str, dict] | None:

@@ -29,7 +29,6 @@ options: the device runtimes it calls refuse a session made for other ones
 
 from __future__ import annotations
 
-import contextvars
 import functools
 import json
 import sys
@@ -45,12 +44,14 @@ from tvm import ir, relax, s_tir, tirx
 from .. import device
 from .backend import Phase, lookup
 from .host_inline import inline_elementwise
-from .partition import BACKEND_ATTR, OPTIONS_ATTR, Partitioner, as_target, options_text, tagged
+from .partition import (BACKEND_ATTR, OPTIONS_ATTR, PARTITION_ATTR, PartitionOrigin, Partitioner, as_target,
+                        options_text, origin_of, tagged)
 from .prepack import split_layout_stages
 from .report import SCHEDULE_NOTES
-from ..tir.pipeline import tir_pipeline
+from ..tir.pipeline import registered, tir_pipeline
 
-__all__ = ["relax_pipeline", "lower_partitions", "partition_functions", "TIR_PIPELINE", "KOPAQUE"]
+__all__ = ["relax_pipeline", "lower_partitions", "partition_functions", "schedule_for", "with_records", "TIR_PIPELINE",
+           "KOPAQUE"]
 
 #: The registered TIR pipeline name (``tvm.compile(..., tir_pipeline=tp.TIR_PIPELINE)``).
 TIR_PIPELINE = "tirpat.backends"
@@ -60,40 +61,49 @@ KOPAQUE = 8
 
 @dataclass
 class Record:
-    """What the pipelines learn during one build, for its report."""
+    """What the pipelines learn during one build, for its report: handed to them explicitly
+    (``relax_pipeline(..., record=)``, :func:`tir_pipeline_for`), so concurrent builds each
+    fill their own. Keyed by partition: the name of the PrimFunc a Relax partition was lowered
+    to, which its copies carry (:data:`~tirpat.model.partition.PARTITION_ATTR`)."""
 
     partitioned: object = None                        # the module right after partitioning
     partitioner: object = None                        # the Partitioner (what its checks declined)
-    partitions: dict = field(default_factory=dict)    # PrimFunc name -> (backend, composite, relax ops)
-    notes: dict = field(default_factory=dict)         # PrimFunc name -> the schedule's notes
-    rules: dict = field(default_factory=dict)         # PrimFunc name -> {rule: sites}
-    folded: dict = field(default_factory=dict)        # PrimFunc name -> layout stages run at compile time
-    failed: dict = field(default_factory=dict)        # PrimFunc name -> why its backend could not lower it
-    from_records: set = field(default_factory=set)    # PrimFunc names scheduled from a tuning record
+    partitions: dict = field(default_factory=dict)    # partition -> (backend, composite, relax ops)
+    notes: dict = field(default_factory=dict)         # partition -> the schedule's notes
+    rules: dict = field(default_factory=dict)         # partition -> {rule: sites}
+    folded: dict = field(default_factory=dict)        # partition -> layout stages run at compile time
+    failed: dict = field(default_factory=dict)        # partition -> why its backend could not lower it
+    from_records: set = field(default_factory=set)    # partitions scheduled from a tuning record
     records: object = None                            # the tuning records given, if any
-    record_misses: dict = field(default_factory=dict)  # PrimFunc name -> why no record applied
+    record_misses: dict = field(default_factory=dict)  # partition -> why no record applied
+    #: a partition its backend cannot lower runs on the host (a model's); False: the error is
+    #: raised (a TIR workload, whose functions the user handed to the target themselves)
+    fall_back: bool = True
 
 
 #: The runtime function every offloaded PrimFunc calls first, with its name, its backend, the
 #: backend options it was built for (JSON) and the prefixes of the device runtimes it calls
-#: (comma-separated): see :func:`marks` and :func:`_on_partition`.
+#: (comma-separated): see :func:`_on_partition`.
 PARTITION_MARKER = "tirpat.partition_begin"
-_MARKS = threading.local()
 
 
 def _on_partition(name, backend: str = "", options: str = "", runtimes: str = "") -> None:
-    """An offloaded partition starts: each device runtime it calls begins its work (a failed
-    call's leftovers are discarded, a session of other options refuses the code: the options
-    travel with the code, whatever ran it) and the sink of :class:`marks`, if any, hears it."""
-    if runtimes:
-        built, known = _options(options), device.runtimes()
-        for prefix in str(runtimes).split(","):
-            runtime = known.get(prefix)
-            if runtime is not None:
-                runtime.begin(built, f"the {backend} partition {name}", caller=sys._getframe().f_back)
-    sink = getattr(_MARKS, "sink", None)
-    if sink is not None:
-        sink(str(name))
+    """An offloaded partition starts: each device runtime it calls begins its work on its
+    current session (a failed call's leftovers are discarded, a session of other options
+    refuses the code: the options travel with the code, whatever ran it), and a session's
+    :attr:`~tirpat.device.Session.on_partition` listener hears the partition's name, once."""
+    if not runtimes:
+        return
+    built, known, heard = _options(options), device.runtimes(), []
+    for prefix in str(runtimes).split(","):
+        runtime = known.get(prefix)
+        if runtime is not None:
+            session = runtime.begin(built, f"the {backend} partition {name}", caller=sys._getframe().f_back)
+            listener = session.on_partition
+            if listener is not None and not any(listener is h for h in heard):
+                heard.append(listener)
+    for listener in heard:
+        listener(str(name))
 
 
 @functools.lru_cache(maxsize=256)
@@ -117,38 +127,6 @@ def _runtime_prefixes(func: tirx.PrimFunc) -> str:
 
 
 tvm.register_global_func(PARTITION_MARKER, _on_partition, override=True)
-
-
-class marks:
-    """While entered, ``sink(name)`` is called each time an offloaded partition starts to run
-    (in this thread): how a compiled model tells which layer the device's work belongs to."""
-
-    def __init__(self, sink) -> None:
-        self.sink = sink
-
-    def __enter__(self):
-        self.saved = getattr(_MARKS, "sink", None)
-        _MARKS.sink = self.sink
-        return self
-
-    def __exit__(self, *exc):
-        _MARKS.sink = self.saved
-
-
-_RECORD: contextvars.ContextVar = contextvars.ContextVar("tirpat_build_record", default=None)
-
-
-def recording(record: Record):
-    """A context in which the pipelines write what they do into ``record``."""
-    class _Ctx:
-        def __enter__(self):
-            self.token = _RECORD.set(record)
-            return record
-
-        def __exit__(self, *exc):
-            _RECORD.reset(self.token)
-
-    return _Ctx()
 
 
 def _single_primfunc(scheduled, name: str):
@@ -194,12 +172,15 @@ def partition_functions(mod: ir.IRModule, target, *, bases: dict | None = None) 
             if gv.name_hint in tags and isinstance(func, tirx.PrimFunc)]
 
 
-def lower_partitions(records=None) -> tvm.transform.Pass:
+def lower_partitions(records=None, *, record: Record | None = None) -> tvm.transform.Pass:
     """Lower every tagged Relax partition to one PrimFunc, scheduled by its backend and
-    opaque to fusion; split off weight layout stages (see the module docstring).
+    opaque to fusion; split off weight layout stages (see the module docstring). Each
+    PrimFunc says which partition it computes (:data:`~tirpat.model.partition.PARTITION_ATTR`).
 
     ``records`` (a ``tp.Records`` or its directory) are tuning records: a partition with
     one reaches its backend's ``schedule`` with the best record's decisions applied.
+    ``record``: a build's :class:`Record`, which the pass fills (else a partition its backend
+    cannot lower is a warning).
 
     >>> mod = tp.lower_partitions()(tp.partition(mod, "accel, llvm"))       # doctest: +SKIP
     """
@@ -213,50 +194,72 @@ def lower_partitions(records=None) -> tvm.transform.Pass:
         mod, tags = _legalized(mod)
         if not tags:
             return mod
-        record = _RECORD.get()
         for gv, func in list(mod.functions.items()):
             entry = tags.get(gv.name_hint)
             if entry is None or not isinstance(func, tirx.PrimFunc):
                 continue
             (name, opts), composite, ops = entry
-            backend = lookup(name)
             if record is not None:
                 record.partitions[gv.name_hint] = (name, composite, ops)
             if records is not None:
-                tuned = records.apply(func, name, opts)
-                if record is not None:
-                    record.records = records
-                    if tuned.same_as(func):
-                        record.record_misses[gv.name_hint] = records.why_none(func, name, opts)
-                    else:
-                        record.from_records.add(gv.name_hint)
-                func = tuned
-            try:
-                scheduled = _single_primfunc(backend.schedule(func, opts), name)
-            except Exception as err:  # noqa: BLE001 - the partition runs on the host; the report says why
-                _fell_back(record, gv.name_hint, name, "its schedule", err)
-                mod[gv] = func.with_attr("op_pattern", KOPAQUE)
-                continue
-            if func.attrs is None or "global_symbol" not in func.attrs:
-                scheduled = scheduled.without_attr("global_symbol")
-            scheduled = (scheduled.with_attr(BACKEND_ATTR, name).with_attr(OPTIONS_ATTR, options_text(opts))
-                         .with_attr("op_pattern", KOPAQUE))
-            mod[gv] = scheduled
+                func = with_records(records, func, name, opts, gv.name_hint, record)
+            origin = PartitionOrigin(gv.name_hint, tuple(str(c.op.name) for c in ops))
+            scheduled = schedule_for(func, name, opts, gv.name_hint, record, origin)
+            mod[gv] = func.with_attr("op_pattern", KOPAQUE) if scheduled is None else scheduled
         mod, folded = split_layout_stages(mod)
         if record is not None:
             record.folded.update(folded)
-            for gv, func in mod.functions.items():
-                if isinstance(func, tirx.PrimFunc) and tagged(func) is not None:
-                    base = gv.name_hint.removesuffix("_prepacked")
-                    if base in record.partitions:
-                        record.partitions[gv.name_hint] = record.partitions.pop(base)
-                        if base in record.from_records:
-                            record.from_records.add(gv.name_hint)
-                        if func.attrs is not None and SCHEDULE_NOTES in func.attrs:
-                            record.notes[gv.name_hint] = str(func.attrs[SCHEDULE_NOTES])
+            for func in mod.functions.values():
+                origin = origin_of(func) if isinstance(func, tirx.PrimFunc) and tagged(func) is not None else None
+                if origin is not None and origin.name in record.partitions and SCHEDULE_NOTES in func.attrs:
+                    record.notes[origin.name] = str(func.attrs[SCHEDULE_NOTES])
         return mod
 
     return run
+
+
+def with_records(records, func: tirx.PrimFunc, backend: str, opts: dict, function: str,
+                 record: Record | None = None) -> tirx.PrimFunc:
+    """``func`` with the decisions of the best of the tuning ``records`` (a ``tp.Records``) for
+    ``backend`` and ``opts`` applied, or as it is when none applies; ``record`` notes which
+    (the partition ``function``) and why not.
+
+    >>> func = with_records(tp.Records("records/"), func, "accel", opts, "main")   # doctest: +SKIP
+    """
+    tuned = records.apply(func, backend, opts)
+    if record is not None:
+        record.records = records
+        if tuned.same_as(func):
+            record.record_misses[function] = records.why_none(func, backend, opts)
+        else:
+            record.from_records.add(function)
+    return tuned
+
+
+def schedule_for(func: tirx.PrimFunc, backend: str, opts: dict, function: str, record: Record | None = None,
+                 origin: PartitionOrigin | None = None):
+    """``func`` scheduled by ``backend`` (its ``schedule`` hook, with the resolved ``opts``),
+    tagged for the TIR pipeline's dispatch and opaque to fusion; None when the schedule
+    raised (the partition ``function`` runs on the host, ``record`` says why), unless
+    ``record.fall_back`` is False (then it raises). ``origin``: the Relax partition it
+    computes, for :data:`~tirpat.model.partition.PARTITION_ATTR` (none for a TIR workload).
+
+    >>> f = schedule_for(func, "accel", tp.backends()["accel"].resolve({}), "main")      # doctest: +SKIP
+    >>> f.attrs[BACKEND_ATTR]                                                            # doctest: +SKIP
+    'accel'
+    """
+    try:
+        scheduled = _single_primfunc(lookup(backend).schedule(func, opts), backend)
+    except Exception as err:  # noqa: BLE001 - the partition runs on the host; the report says why
+        if record is not None and not record.fall_back:
+            raise
+        _fell_back(record, function, backend, "its schedule", err)
+        return None
+    if func.attrs is None or "global_symbol" not in func.attrs:
+        scheduled = scheduled.without_attr("global_symbol")
+    scheduled = (scheduled.with_attr(BACKEND_ATTR, backend).with_attr(OPTIONS_ATTR, options_text(opts))
+                 .with_attr("op_pattern", KOPAQUE))
+    return scheduled if origin is None else scheduled.with_attr(PARTITION_ATTR, origin.attr())
 
 
 def _inline_scalar_constants(mod: ir.IRModule, tags: dict, bases: dict | None = None) -> tuple[ir.IRModule, dict]:
@@ -360,11 +363,12 @@ def _ops_of(func: relax.Function) -> list:
             if isinstance(b.value, relax.Call) and isinstance(b.value.op, ir.Op)]
 
 
-def relax_pipeline(target, records=None) -> tvm.transform.Pass:
+def relax_pipeline(target, records=None, *, record: Record | None = None) -> tvm.transform.Pass:
     """The Relax pipeline of ``tp.build`` for ``target`` (a ``tp.CompositeTarget`` or a string):
     partition, lower and schedule the partitions (with the best of the tuning ``records``,
     if given), then TVM's default pipeline for the host. Use it with
-    ``tir_pipeline=tp.TIR_PIPELINE``.
+    ``tir_pipeline=tp.TIR_PIPELINE``; ``record``, a build's :class:`Record`, is filled with
+    what the pipeline does (``tp.build``'s report).
 
     >>> ex = tvm.compile(mod, "llvm", relax_pipeline=tp.relax_pipeline("accel, llvm"),
     ...                  tir_pipeline=tp.TIR_PIPELINE)                     # doctest: +SKIP
@@ -376,14 +380,13 @@ def relax_pipeline(target, records=None) -> tvm.transform.Pass:
     @tvm.transform.module_pass(opt_level=0, name="tirpat.Partition")
     def part(mod, ctx):
         mod = partitioner(mod)
-        record = _RECORD.get()
         if record is not None:
             record.partitioned, record.partitioner = mod, partitioner
         return mod
 
     # the host's fused functions with their elementwise steps inlined: LLVM takes a fused
     # requantise chain of 30 loop nests many times longer than one nest (tirpat.model.host_inline)
-    return tvm.transform.Sequential([part, lower_partitions(records), host, inline_elementwise()],
+    return tvm.transform.Sequential([part, lower_partitions(records, record=record), host, inline_elementwise()],
                                     name="tirpat.relax_pipeline")
 
 
@@ -405,37 +408,47 @@ def _stages(name: str, opts_text: str):
         return found
 
 
-@tvm.transform.module_pass(opt_level=0, name="tirpat.DispatchBackends")
-def _dispatch(mod: ir.IRModule, ctx) -> ir.IRModule:
-    """Each tagged PrimFunc through its backend's TIR phases and rules, alone in a module."""
-    record = _RECORD.get()
-    for gv, func in list(mod.functions.items()):
-        if not isinstance(func, tirx.PrimFunc) or func.attrs is None or BACKEND_ATTR not in func.attrs:
-            continue
-        backend = str(func.attrs[BACKEND_ATTR])
-        before, rw, after = _stages(backend, str(func.attrs.get(OPTIONS_ATTR, "{}")))
-        try:
-            sub = tvm.transform.Sequential(before)(ir.IRModule({gv: func}))
-            counts = {}
-            if rw is not None:
-                sub, report = rw.rewrite(sub)
-                counts = dict(report.counts)
-            sub = tvm.transform.Sequential(after)(sub)
-            done = sub[gv]
-        except Exception as err:  # noqa: BLE001 - the partition runs on the host; the report says why
-            # the scheduled PrimFunc computes what the partition computes (a schedule only
-            # reorders it; its scratchpad buffers are local memory to the CPU): TVM lowers it
-            _fell_back(record, gv.name_hint, backend, "its TIR passes or rules", err)
-            mod[gv] = func.without_attr(BACKEND_ATTR)
-            continue
-        # a marker first, so that a run can tell which partition the device's work belongs to
-        # and what the code was built for, checked against the sessions that run it
-        marker = tirx.Evaluate(tirx.call_packed(PARTITION_MARKER, gv.name_hint, backend,
-                                                str(func.attrs.get(OPTIONS_ATTR, "{}")), _runtime_prefixes(done)))
-        mod[gv] = done.with_body(tirx.SeqStmt([marker, done.body]))
-        if record is not None:
-            record.rules[gv.name_hint] = counts
-    return mod
+def _dispatch(record: Record | None) -> tvm.transform.Pass:
+    """Each tagged PrimFunc through its backend's TIR phases and rules, alone in a module;
+    what happens goes into ``record``, by partition."""
+    @tvm.transform.module_pass(opt_level=0, name="tirpat.DispatchBackends")
+    def dispatch(mod: ir.IRModule, ctx) -> ir.IRModule:
+        for gv, func in list(mod.functions.items()):
+            if isinstance(func, tirx.PrimFunc) and func.attrs is not None and BACKEND_ATTR in func.attrs:
+                mod[gv] = _dispatch_one(gv, func, record)
+        return mod
+
+    return dispatch
+
+
+def _dispatch_one(gv: ir.GlobalVar, func: tirx.PrimFunc, record: Record | None) -> tirx.PrimFunc:
+    """One tagged PrimFunc lowered by its backend (else untagged, for the host)."""
+    origin = origin_of(func)
+    partition = gv.name_hint if origin is None else origin.name    # hand-written code: its own name
+    backend = str(func.attrs[BACKEND_ATTR])
+    before, rw, after = _stages(backend, str(func.attrs.get(OPTIONS_ATTR, "{}")))
+    try:
+        sub = tvm.transform.Sequential(before)(ir.IRModule({gv: func}))
+        counts = {}
+        if rw is not None:
+            sub, report = rw.rewrite(sub)
+            counts = dict(report.counts)
+        sub = tvm.transform.Sequential(after)(sub)
+        done = sub[gv]
+    except Exception as err:  # noqa: BLE001 - the partition runs on the host; the report says why
+        if record is not None and not record.fall_back:
+            raise
+        # the scheduled PrimFunc computes what the partition computes (a schedule only
+        # reorders it; its scratchpad buffers are local memory to the CPU): TVM lowers it
+        _fell_back(record, partition, backend, "its TIR passes or rules", err)
+        return func.without_attr(BACKEND_ATTR)
+    # a marker first, so that a run can tell which partition the device's work belongs to
+    # and what the code was built for, checked against the sessions that run it
+    marker = tirx.Evaluate(tirx.call_packed(PARTITION_MARKER, partition, backend,
+                                            str(func.attrs.get(OPTIONS_ATTR, "{}")), _runtime_prefixes(done)))
+    if record is not None:
+        record.rules[partition] = counts
+    return done.with_body(tirx.SeqStmt([marker, done.body]))
 
 
 def _fell_back(record, function: str, backend: str, stage: str, err: Exception) -> None:
@@ -448,5 +461,22 @@ def _fell_back(record, function: str, backend: str, stage: str, err: Exception) 
         warnings.warn(f"{function} runs on the host: {why}", UserWarning, stacklevel=2)
 
 
-# TVM's default TIR pipeline with the dispatch as its rewrite stage (after block lowering)
-tvm.tirx.compilation_pipeline.register_tir_pipeline(TIR_PIPELINE, tir_pipeline(_dispatch, TIR_PIPELINE))
+def tir_pipeline_for(record: Record):
+    """A context giving the name of a TIR pipeline, registered while inside, that is
+    :data:`TIR_PIPELINE` filling ``record``: ``tvm.compile`` takes a TIR pipeline by name only,
+    so a build's record reaches the dispatch through a pipeline of its own (concurrent builds
+    each register theirs, :func:`tirpat.registered`).
+
+    >>> record = Record()
+    >>> with tir_pipeline_for(record) as name:
+    ...     name in tvm.tirx.compilation_pipeline.PIPELINE_MAP
+    True
+    >>> name in tvm.tirx.compilation_pipeline.PIPELINE_MAP
+    False
+    """
+    return registered(tir_pipeline(_dispatch(record), TIR_PIPELINE), TIR_PIPELINE)
+
+
+# TVM's default TIR pipeline with the dispatch as its rewrite stage (after block lowering); no
+# build's record: a partition its backend cannot lower is a warning
+tvm.tirx.compilation_pipeline.register_tir_pipeline(TIR_PIPELINE, tir_pipeline(_dispatch(None), TIR_PIPELINE))

@@ -22,7 +22,7 @@ import tvm
 import tvm_ffi
 from tvm import ir, relax, s_tir, tirx
 
-from .partition import BACKEND_ATTR, OPTIONS_ATTR, tagged
+from .partition import BACKEND_ATTR, OPTIONS_ATTR, PARTITION_ATTR, PartitionOrigin, origin_of, tagged
 from .report import SCHEDULE_NOTES
 
 __all__ = ["split_layout_stages", "evaluate", "Unsupported", "calls", "PREPROC"]
@@ -53,30 +53,40 @@ def split_layout_stages(mod: ir.IRModule) -> tuple[ir.IRModule, dict]:
     """Split marked weight layout stages off the tagged PrimFuncs of ``mod`` (the stage
     functions are the host's: untagged) and run those whose weights are constants.
 
-    Returns the module and, per partition (``<name>_prepacked``), the names of the stage
-    blocks that ran at compile time.
+    Returns the module and, per partition (the name its
+    :data:`~tirpat.model.partition.PARTITION_ATTR` gives, else the tagged function's), the
+    names of the stage blocks that ran at compile time.
     """
     if not any(isinstance(f, tirx.PrimFunc) and tagged(f) is not None and _has_preproc(f)
                for f in mod.functions.values()):
         return mod, {}
-    mod = relax.transform.SplitLayoutRewritePreproc()(mod)
-    stages = {}
     for gv, func in list(mod.functions.items()):
+        if isinstance(func, tirx.PrimFunc) and tagged(func) is not None and origin_of(func) is None \
+                and _has_preproc(func):
+            # the pass copies a function's attributes to the two it splits it into: so each
+            # stage knows its partition
+            mod[gv] = func.with_attr(PARTITION_ATTR, PartitionOrigin(gv.name_hint, ()).attr())
+    mod = relax.transform.SplitLayoutRewritePreproc()(mod)
+    stages = {}     # stage function -> (its partition, its blocks)
+    for gv, func in list(mod.functions.items()):
+        # the pass names the stage function it makes <partition function>_weight_prepack
         if isinstance(func, tirx.PrimFunc) and gv.name_hint.endswith("_weight_prepack"):
-            for key in (BACKEND_ATTR, OPTIONS_ATTR, SCHEDULE_NOTES, "op_pattern"):
-                func = func.without_attr(key)
+            partition = origin_of(func).name
+            for key in (BACKEND_ATTR, OPTIONS_ATTR, PARTITION_ATTR, SCHEDULE_NOTES, "op_pattern"):
+                func = func.without_attr(key)     # host code
             mod[gv] = func
             blocks = []
             tvm_ffi.structural_walk(func.body, (s_tir.SBlock, lambda b: blocks.append(b.name_hint)
                                                 if b.name_hint != "root" else None))
-            stages[gv.name_hint] = blocks
+            stages[gv.name_hint] = (partition, blocks)
     folded: dict = {}
     constant_calls = []
     for func in mod.functions.values():
         for call in calls(func, "relax.call_tir"):
             name = call.args[0].name_hint
             if name in stages and all(isinstance(a, ir.Constant) for a in call.args[1].fields):
-                folded.setdefault(name.removesuffix("_weight_prepack") + "_prepacked", []).extend(stages[name])
+                partition, blocks = stages[name]
+                folded.setdefault(partition, []).extend(blocks)
                 constant_calls.append(call)
     if constant_calls:
         mod = _run_at_compile_time(mod, constant_calls)

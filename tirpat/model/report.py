@@ -6,7 +6,8 @@ its weight's elements per output channel. A backend may say, from its ``schedule
 what it left for the CPU inside a partition and how many MACs its device really executes
 (tiles padded included) by setting the PrimFunc attribute :data:`SCHEDULE_NOTES` to JSON text
 ``{"host_macs": int, "device_macs": int, "host_steps": [[what, why], ...],
-"epilogue": [str, ...]}`` (every key optional).
+"epilogue": [str, ...], "details": [str, ...]}`` (every key optional; ``details`` are lines
+the report shows under the partition, what the backend offloaded in its own words).
 
 >>> r = ModelReport(total_macs=100, partitions=[Partition("accel", "f", "accel.matmul", ["relax.matmul"], 100)])
 >>> r.to_json()["macs"]
@@ -22,7 +23,8 @@ from dataclasses import asdict, dataclass, field
 import tvm
 from tvm import relax, tirx
 
-__all__ = ["ModelReport", "Partition", "HostOp", "SCHEDULE_NOTES", "macs_of", "macs_known", "epilogue_of", "MAC_OPS"]
+__all__ = ["ModelReport", "Partition", "HostOp", "SCHEDULE_NOTES", "macs_of", "macs_known", "primfunc_macs", "epilogue_of",
+           "MAC_OPS"]
 
 #: PrimFunc attribute a backend's schedule may set: JSON notes for the report (module docstring).
 SCHEDULE_NOTES = "tirpat.notes"
@@ -105,7 +107,7 @@ def _count(call, mod) -> int | None:
         return 0
     name = call.op.name
     if name == "relax.call_tir" and mod is not None and call.args[0] in mod.functions:
-        return _tir_macs(mod[call.args[0]])
+        return primfunc_macs(mod[call.args[0]])
     if name not in MAC_OPS:
         return 0
     out = _static_shape(call)
@@ -137,9 +139,16 @@ def _count(call, mod) -> int | None:
     return None         # attention_var_len: its lengths are run-time values
 
 
-def _tir_macs(func) -> int | None:
+def primfunc_macs(func: tirx.PrimFunc) -> int | None:
     """The multiply-accumulates of a PrimFunc's reductions that multiply (``C += A * B``
-    blocks, as ``te.compute`` writes them): each one's iteration space, None if symbolic."""
+    blocks, as ``te.compute`` writes them): each one's iteration space, None if symbolic.
+
+    >>> from tvm import te
+    >>> A = te.placeholder((8, 64), "int8"); W = te.placeholder((32, 64), "int8"); k = te.reduce_axis((0, 64))
+    >>> C = te.compute((8, 32), lambda i, j: te.sum(A[i, k].astype("int32") * W[j, k].astype("int32"), axis=k))
+    >>> primfunc_macs(te.create_prim_func([A, W, C]))
+    16384
+    """
     from tvm_ffi import structural_walk
 
     total = 0
@@ -230,6 +239,7 @@ class Partition:
     on_host: list = field(default_factory=list)     # [what, why] steps the CPU does for it
     fallback: str | None = None                     # why its backend could not lower it (it ran on the host)
     from_records: bool = False                      # scheduled from a tuning record
+    details: list = field(default_factory=list)     # lines the backend's schedule says about what it offloaded
 
 
 @dataclass
@@ -276,6 +286,14 @@ class ModelReport:
             out[p.backend] = out.get(p.backend, 0) + (0 if p.fallback else p.macs - p.host_macs)
         out["host"] = self.total_macs - sum(out.values())
         return out
+
+    def share(self, backend: str) -> float:
+        """The fraction of :attr:`total_macs` that ran on ``backend`` (0.0 when there are none).
+
+        >>> ModelReport(total_macs=100, partitions=[Partition("accel", "f", "accel.matmul", ["relax.matmul"], 75)]).share("accel")
+        0.75
+        """
+        return self.macs.get(backend, 0) / self.total_macs if self.total_macs else 0.0
 
     def to_json(self) -> dict:
         """``total_macs``, ``macs`` (by backend, ``"host"`` included), ``partitions`` (one per
@@ -363,6 +381,7 @@ class ModelReport:
                 if p.device_macs is not None and p.device_macs != p.macs - p.host_macs:
                     lines.append(f"      the device executes {p.device_macs:,} MACs: the matrices are padded to whole tiles")
                 lines += [f"      {note}" for note in _notes(p)]
+                lines += [f"      {line}" for line in p.details]
                 lines += [f"      on the CPU: {what_cpu} {why}" for what_cpu, why in p.on_host]
         fell_back = [p for p in self.partitions if p.fallback]
         if self.on_host or fell_back:
@@ -449,7 +468,7 @@ _SEE = re.compile(r": see [^;]*")
 def _group_notes(parts: list) -> list:
     """The notes under a kind of partition: the device's padded MACs, then its partitions'
     (what the CPU does for them once per reason, with how many of the calls need it)."""
-    notes = list(dict.fromkeys(n for p in parts for n in _notes(p)))
+    notes = list(dict.fromkeys(n for p in parts for n in [*_notes(p), *p.details]))
     steps: dict = {}         # why -> [the first step's what, how many calls]
     for p in parts:
         for what_cpu, why in p.on_host:
@@ -497,8 +516,9 @@ def records_line(records: dict, most: int | None = None) -> str:
 
 
 def _what(p: Partition) -> str:
-    """What a partition computes, in words: ``matmul + bias + ReLU``."""
-    return " + ".join([_short(p.ops[0])] + p.epilogue) if p.ops else p.pattern
+    """What a partition computes, in words: ``matmul + bias + ReLU`` (a TIR workload's function,
+    which has no operators: its name)."""
+    return " + ".join([_short(p.ops[0]) if p.ops else p.function] + p.epilogue)
 
 
 def _short(op: str) -> str:

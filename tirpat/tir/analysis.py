@@ -234,22 +234,157 @@ def dtype_is(node, dtype: str) -> bool:
     return dtype_of(node) == dtype
 
 
-def row_major_strides(buffer) -> list | None:
-    """Element strides of each buffer dimension as ints, or None when not constant."""
+def dim_strides(buffer) -> list:
+    """The element stride of every dimension of ``buffer``, as expressions: its declared
+    strides, else row-major ones.
+
+    >>> print(dim_strides(tirx.decl_buffer((4, 8), "int32", "A")))
+    [8, 1]
+    """
     if len(buffer.strides):
-        out = [const_int(s) for s in buffer.strides]
-        return None if any(s is None for s in out) else out
-    shape = [const_int(s) for s in buffer.shape]
-    out, acc = [], 1
-    for extent in reversed(shape):
+        return list(buffer.strides)
+    out, acc = [], tirx.IntImm("int32", 1)
+    for extent in reversed(list(buffer.shape)):
         out.append(acc)
-        if extent is None:
-            acc = None
-            break
-        acc *= extent
-    if acc is None and len(out) < len(shape):
-        return None
+        acc = simplify(acc * extent)
     return list(reversed(out))
+
+
+def int_strides(buffer, dtype: str | None = None, shape=None) -> list | None:
+    """The element stride of every dimension of ``buffer`` (a buffer or its type) as Python
+    ints (declared, else row-major), or None when one is not a constant.
+
+    Without ``dtype`` each stride is simplified to a constant, and the outermost extent
+    (which no stride depends on) may be symbolic. With ``dtype`` the buffer must be indexed
+    in that integer type: every stride and extent an ``IntImm`` of it, read without the
+    simplifier (the matcher's fast path). ``shape``: the buffer's shape when already at hand.
+
+    >>> n = tirx.Var("n", "int32")
+    >>> A = tirx.decl_buffer((n, 8), "int32", "A")
+    >>> int_strides(A), int_strides(A, "int32")
+    ([8, 1], None)
+    """
+    declared = buffer.strides[:]
+    if declared:
+        if dtype is None:
+            out = [const_int(s) for s in declared]
+            return None if any(s is None for s in out) else out
+        out = []
+        for st in declared:
+            if not isinstance(st, tirx.IntImm) or not dtype_is(st, dtype):
+                return None
+            out.append(st.value)
+        return out
+    extents = list(buffer.shape[:] if shape is None else shape)
+    out, acc = [], 1
+    for n, extent in enumerate(reversed(extents)):
+        out.append(acc)
+        if dtype is None:
+            value = const_int(extent)
+            if value is None:  # only the outermost extent may be symbolic
+                return out[::-1] if n == len(extents) - 1 else None
+        elif not isinstance(extent, tirx.IntImm) or not dtype_is(extent, dtype):
+            return None
+        else:
+            value = extent.value
+        acc *= value
+    return out[::-1]
+
+
+_IMMS: dict = {}
+
+
+def imm(dtype: str, value: int):
+    """A shared integer constant (IR nodes are immutable, so sharing one is safe).
+
+    >>> imm("int32", 3).same_as(imm("int32", 3))
+    True
+    """
+    found = _IMMS.get((dtype, value))
+    if found is None:
+        found = _IMMS.setdefault((dtype, value), tirx.IntImm(dtype, value))
+    return found
+
+
+class Affine:
+    """``sum(coeff * var) + const`` with Python int coefficients: offsets without the
+    simplifier (:func:`linear_form` asks TVM's, for symbolic coefficients too).
+
+    ``Affine.of(start, [(index, stride), ...])`` is ``start + sum(index * stride)``, or None
+    when a term is not integer arithmetic on variables and constants, or not of ``start``'s
+    dtype (then the simplifier does it).
+
+    >>> i, j, n = (tirx.Var(name, "int32") for name in "ijn")
+    >>> a = Affine.of(n * 4, [(i + 1, 8), (j, 1)])
+    >>> print(a.expr())
+    n * 4 + i * 8 + j + 8
+    >>> a.multiple_of(4), Affine.of(n * 4, [(i * 2, 2)]).multiple_of(4)
+    (False, True)
+    """
+
+    def __init__(self, terms: dict, const: int, dtype: str):
+        self.terms, self.const, self.dtype = terms, const, dtype  # terms: key(var) -> [var, coeff]
+
+    @classmethod
+    def of(cls, start, scaled) -> "Affine | None":
+        terms: dict = {}
+        const = 0
+        dtype = dtype_of(start)
+        for b, _ in scaled:
+            if not dtype_is(b, dtype):
+                return None
+        stack = [(start, 1)] + [(b, st) for b, st in scaled]
+        stack.reverse()  # popped in order, so the terms come out outermost dimension first
+        while stack:
+            e, scale = stack.pop()
+            kind = type(e)
+            if kind is tirx.IntImm:
+                const += scale * e.value
+            elif kind is tirx.Var:
+                entry = terms.get(key(e))
+                if entry is None:
+                    terms[key(e)] = [e, scale]
+                else:
+                    entry[1] += scale
+            elif kind is tirx.Add or kind is tirx.Sub:
+                stack.append((e.b, scale if kind is tirx.Add else -scale))
+                stack.append((e.a, scale))
+            elif kind is tirx.Mul and type(e.b) is tirx.IntImm:
+                stack.append((e.a, scale * e.b.value))
+            elif kind is tirx.Mul and type(e.a) is tirx.IntImm:
+                stack.append((e.b, scale * e.a.value))
+            else:
+                return None
+        return cls(terms, const, dtype)
+
+    def multiple_of(self, factor: int) -> bool:
+        """True when every value is a multiple of ``factor`` (each coefficient and the constant are)."""
+        return self.const % factor == 0 and all(c % factor == 0 for _, c in self.terms.values())
+
+    def expr(self):
+        """The sum as a PrimExpr (terms with a zero coefficient left out)."""
+        dtype = self.dtype
+        out = None
+        for var, coeff in self.terms.values():
+            if coeff == 0:
+                continue
+            term = var if coeff == 1 else tirx.Mul(var, imm(dtype, coeff))
+            out = term if out is None else tirx.Add(out, term)
+        if out is None:
+            return imm(dtype, self.const)
+        return out if self.const == 0 else tirx.Add(out, imm(dtype, self.const))
+
+
+def same_value(a, b) -> bool:
+    """``a == b`` for all values of their variables (structurally equal, or a zero difference).
+
+    >>> i = tirx.Var("i", "int32")
+    >>> same_value(i * 2 + i, i * 3), same_value(i, i + 1)
+    (True, False)
+    """
+    if a.same_as(b) or tvm_ffi.structural_equal(a, b, map_free_vars=False):
+        return True
+    return const_int(simplify(a - b)) == 0
 
 
 def has_blocks(node) -> bool:

@@ -6,7 +6,9 @@ the buffers and runs the target passes. tirpat's rewrite stage belongs between t
 after ``LowerOpaqueBlock``, before ``FlattenBuffer``, where loop nests and buffer shapes are
 still visible. :func:`tir_pipeline` builds that pipeline with each of TVM's passes run once,
 in TVM's order (and with TVM's configuration switches), and the stage at that point;
-:func:`register_pipeline` registers one that runs rewriters there.
+:func:`register_pipeline` registers one that runs rewriters there. ``tvm.compile`` takes a
+TIR pipeline by name only: :func:`registered` gives one compile a pipeline of its own (one
+that fills that compile's report, say).
 
 An *early* stage can run rules before block lowering ends: after ``LowerMatchBuffer`` and
 ``StmtSimplify``, before ``InjectPermutedLayout``, ``InjectSoftwarePipeline``,
@@ -26,7 +28,9 @@ are then.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+import contextlib
+import uuid
+from typing import Callable, Iterator, Sequence
 
 import tvm
 from tvm import s_tir, tirx
@@ -175,6 +179,31 @@ def register_pipeline(name: str, rewriters, *, after: Sequence[tvm.transform.Pas
                                                name=f"tirpat.{name}.early")
     tvm.tirx.compilation_pipeline.register_tir_pipeline(name, tir_pipeline(stage, f"tirpat.{name}", early=early_stage))
     _OURS.add(name)
+
+
+@contextlib.contextmanager
+def registered(factory: PipelineFactory, name: str = "tirpat.scoped") -> Iterator[str]:
+    """While inside, ``factory`` (from :func:`tir_pipeline`) is a registered TIR pipeline under
+    a fresh name (``name`` and a unique suffix), which it yields; on exit it is unregistered.
+    How a compile's own context reaches its passes (a report to fill, a build's record):
+    ``tvm.compile`` takes a TIR pipeline by name only, so a pass cannot be handed it otherwise.
+
+    >>> A = tvm.te.placeholder((8,), "int8", name="A")
+    >>> func = tvm.te.create_prim_func([A, tvm.te.compute((8,), lambda i: A[i], name="B")])
+    >>> rw = tp.Rewriter.from_pattern(tp.is_copy(), lambda m: None, name="copy")
+    >>> mine = tp.Report()
+    >>> with tp.registered(tp.tir_pipeline(rw.as_pass(report=mine))) as pipeline:
+    ...     ex = tvm.compile(tvm.IRModule({"main": func}), target="llvm", tir_pipeline=pipeline)
+    >>> mine.counts, pipeline in tvm.tirx.compilation_pipeline.PIPELINE_MAP
+    ({'copy': 1}, False)
+    """
+    unique = f"{name}.{uuid.uuid4().hex}"
+    tvm.tirx.compilation_pipeline.register_tir_pipeline(unique, factory)
+    try:
+        yield unique
+    finally:
+        # TVM has no unregister: its registry is this dict
+        tvm.tirx.compilation_pipeline.PIPELINE_MAP.pop(unique, None)
 
 
 _BUILTIN = frozenset(tvm.tirx.compilation_pipeline.PIPELINE_MAP)

@@ -16,7 +16,7 @@ from typing import Sequence
 import tvm_ffi
 from tvm import ir, sym, tirx
 
-from .analysis import (const_int, dtype_of, key, linear_form, row_major_strides, simplify, substitute, uses_any,
+from .analysis import (const_int, dtype_of, key, linear_form, int_strides, simplify, substitute, uses_any,
                        vars_used)
 from .canonical import stepped
 
@@ -50,7 +50,7 @@ class Region:
     @property
     def offset(self):
         """The flattened element offset of ``base`` (row-major, or the buffer's strides)."""
-        dim_strides = row_major_strides(self.buffer)
+        dim_strides = int_strides(self.buffer)
         if dim_strides is None:
             raise RegionError(f"buffer {self.buffer.name} has non-constant strides")
         total = 0
@@ -113,7 +113,7 @@ def access_region(buffer, indices: Sequence, loops: Sequence) -> Region:
     stride is not an integer constant.
     """
     loop_vars = [l.loop_var for l in loops]
-    dim_strides = row_major_strides(buffer)
+    dim_strides = int_strides(buffer)
     if dim_strides is None:
         raise RegionError(f"buffer {buffer.name} has non-constant strides "
                           f"{list(buffer.strides) or list(buffer.shape)}")

@@ -4,7 +4,8 @@ A :class:`Rewriter` is an ordered list of rules, each a ``(pattern, callback)`` 
 applied by one pre-order scan (:mod:`tirpat.tir.scan`): an outer match wins, and a
 replacement is never re-scanned. ``rw.rewrite(x)`` returns the result with its own
 :class:`Report`; ``rw(x)`` returns the result alone, and ``rw.report`` is the last call's
-report on the calling thread.
+report. A rewriter keeps no other state: a pass that runs it inside ``tvm.compile`` is handed
+the report to fill (``rw.as_pass(report=...)``), so concurrent builds each get their own.
 
 >>> A = tvm.te.placeholder((8,), "int8", name="A")
 >>> func = tp.lower(tvm.te.create_prim_func([A, tvm.te.compute((8,), lambda i: A[i], name="B")]))
@@ -19,11 +20,9 @@ report on the calling thread.
 
 from __future__ import annotations
 
-import contextlib
 import inspect
-import threading
 import warnings
-from typing import Any, Callable, Iterator, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import tvm
 from tvm import ir, tirx
@@ -69,7 +68,7 @@ class Rewriter:
                     warnings.warn(f"rule {later.name!r} never fires: rule {earlier.name!r} comes first and has the "
                                   f"same pattern (give {earlier.name!r} a where= predicate to choose its sites)",
                                   stacklevel=3)
-        self._local = threading.local()  # per thread: the last report, and open recordings
+        self._last: Report | None = None
 
     # -- construction ------------------------------------------------------------------
     @classmethod
@@ -91,13 +90,14 @@ class Rewriter:
         return cls([Rule(pattern, callback, name or getattr(callback, "__name__", None) or repr(pattern))])
 
     @classmethod
-    def from_module(cls, mod, name: str | None = None, *, where: Callable[[Match], bool] | None = None) -> "Rewriter":
+    def from_module(cls, mod, name: str | None = None, *, where: Callable[[Match], object] | None = None) -> "Rewriter":
         """A rule from an IRModule holding PrimFuncs ``pattern`` and ``replacement``.
 
         See :mod:`tirpat.tir.module_rule` for the binding rules (TVM's ``match_buffer``).
         ``where(m)`` chooses among the sites the pattern matches: in ``m``, each parameter's
         name gives what it is bound to (``m["A"]``, the target buffer; ``m["s"]``, the
         expression). Needed where two intrinsics share a desc (TVM's ldmatrix A/B loads).
+        ``where`` may return :func:`tirpat.decline` (a reason) instead of False.
 
         >>> copy8 = tvm.script.from_source('''
         ... @I.ir_module
@@ -133,44 +133,16 @@ class Rewriter:
     # -- reports -----------------------------------------------------------------------
     @property
     def report(self) -> Report:
-        """The report of this rewriter's last call on the calling thread (each thread sees
-        its own); an empty report before the first."""
-        return getattr(self._local, "report", None) or Report()
-
-    @contextlib.contextmanager
-    def recording(self) -> Iterator[Report]:
-        """Collect the reports of every call of this rewriter made on this thread inside the
-        block, its passes inside ``tvm.compile`` included, into one report. Safe when other
-        threads use the same rewriter meanwhile.
-
-        >>> A = tvm.te.placeholder((8,), "int8", name="A")
-        >>> func = tp.lower(tvm.te.create_prim_func([A, tvm.te.compute((8,), lambda i: A[i], name="B")]))
-        >>> rw = tp.Rewriter.from_pattern(tp.is_copy(), lambda m: tvm.tirx.Evaluate(0), name="dma")
-        >>> with rw.recording() as report:
-        ...     _ = rw(func)
-        ...     _ = rw(func)
-        >>> report.counts
-        {'dma': 2}
-        """
-        report = Report()
-        stack = self._local.__dict__.setdefault("recordings", [])
-        stack.append(report)
-        try:
-            yield report
-        finally:
-            stack.remove(report)
-
-    def _finish(self, report: Report) -> Report:
-        self._local.report = report
-        for recording in self._local.__dict__.get("recordings", ()):
-            recording.merge(report)
-        return report
+        """The report of this rewriter's last call (an empty report before the first). With
+        several threads rewriting at once it is whichever finished last: there, use the report
+        :meth:`rewrite` returns, or the one handed to :meth:`as_pass`."""
+        return self._last or Report()
 
     # -- application -------------------------------------------------------------------
     def rewrite(self, obj, *, record: bool = True) -> Rewritten:
         """Rewrite a PrimFunc, an IRModule or a Stmt: ``(result, report)``, the result of the
         same kind as ``obj``. The input is never changed. ``record=False`` leaves
-        :attr:`report` and :meth:`recording` alone (``explain`` looks without recording)."""
+        :attr:`report` alone (``explain`` looks without recording)."""
         report = Report()
         if isinstance(obj, ir.IRModule):
             result = self._rewrite_module(obj, report)
@@ -180,28 +152,34 @@ class Rewriter:
             result = Scan(self._index, report).run(self._prepare(obj))
         else:
             raise TypeError(f"a Rewriter applies to a PrimFunc, an IRModule or a Stmt, got {type(obj).__name__}")
-        return Rewritten(result, self._finish(report) if record else report)
+        if record:
+            self._last = report
+        return Rewritten(result, report)
 
     def __call__(self, obj):
         """``self.rewrite(obj).result``: the rewritten PrimFunc, IRModule or Stmt."""
         return self.rewrite(obj).result
 
-    def as_pass(self, name: str = "tirpat.Rewrite") -> tvm.transform.Pass:
-        """This rewriter as a ``tvm.transform.Pass`` over the PrimFuncs of a module; its
-        report goes where a call's does (``rw.report``, :meth:`recording`).
+    def as_pass(self, name: str = "tirpat.Rewrite", *, report: Report | None = None) -> tvm.transform.Pass:
+        """This rewriter as a ``tvm.transform.Pass`` over the PrimFuncs of a module. Each run's
+        report becomes :attr:`report`, and is added to ``report`` when one is given: the pass's
+        own record, whatever else runs the rewriter meanwhile (inside ``tvm.compile`` too, with
+        :func:`tirpat.registered`).
 
         >>> A = tvm.te.placeholder((8,), "int8", name="A")
         >>> func = tp.lower(tvm.te.create_prim_func([A, tvm.te.compute((8,), lambda i: A[i], name="B")]))
         >>> rw = tp.Rewriter.from_pattern(tp.is_copy(), lambda m: tvm.tirx.Evaluate(0), name="dma")
-        >>> mod = rw.as_pass()(tvm.IRModule({"main": func}))
-        >>> rw.report.counts
-        {'dma': 1}
+        >>> mine = tp.Report()
+        >>> stage = rw.as_pass(report=mine)
+        >>> _ = stage(tvm.IRModule({"main": func})), stage(tvm.IRModule({"main": func}))
+        >>> rw.report.counts, mine.counts
+        ({'dma': 1}, {'dma': 2})
         """
         @tvm.transform.module_pass(opt_level=0, name=name)
         def transform(mod, ctx):
-            report = Report()
-            result = self._rewrite_module(mod, report)
-            self._finish(report)
+            result, found = self.rewrite(mod)
+            if report is not None:
+                report.merge(found)
             return result
 
         return transform

@@ -1,0 +1,375 @@
+"""accel's scratchpads and instructions, each declared once (:mod:`tirpat.device`).
+
+The three scratchpads are :class:`tirpat.device.Memory` objects: :data:`INP` and
+:data:`WGT` hold int8, :data:`ACC` int32; each holds ``<name>_bytes`` of the
+:class:`~accel.hw.config.Config` (its options), allocates whole tiles and double-buffers
+what a loop allocates. :class:`Mem` (LOAD's memory id) is read off them.
+
+Every instruction is the TIR program it computes on flat scratchpads and host buffers
+(:func:`tirpat.device.instr`); the program's parameters are the runtime function's
+arguments, in order. Instructions that share a runtime function differ in a fixed argument:
+
+- ``accel.load``: :data:`LOAD`, one per memory (``mem`` fixed): a 2-D strided DMA from
+  host memory with padding, ``rows x cols`` elements at ``elem_offset + r*dram_ld + c``
+  into a ``(pad_top+rows+pad_bottom) x (pad_left+cols+pad_right)`` block at
+  ``sram_addr + r*sram_ld + c``, the border ``pad_value``;
+- ``accel.store``: :data:`STORE`, one per :class:`StoreMode` (``mode`` fixed): ``rows x
+  cols`` ACC elements to host memory, as int32, wrapped to int8, or saturated to int8;
+- ``accel.gemm``: :data:`GEMM` (``reset=0``) ``acc += inp @ wgt.T`` on ``tile x tile``
+  tiles at ``X_addr + o*X_stride_out + i*X_stride_in`` (row stride ``X_ld``) for each step
+  ``(o, i)`` of two loop levels, and :data:`GEMM_RESET` (``reset=1``) ``acc = 0`` there;
+- ``accel.alu``: :data:`ALU`, one per :class:`AluOp` and operand kind (``op``, ``use_imm``
+  fixed): ``dst = op(dst, imm or src)`` on ``tile``-lane int32 ACC vectors over two loop
+  levels, every read before any write, wrapping like int32 arithmetic; a shift amount is
+  clipped to :data:`OPERAND_RANGE`.
+
+Every call also takes ``deps`` last: compiled code passes :data:`AUTO` (the driver adds
+the dependency tokens), which is fixed in the declarations. From these come the
+runtime's argument order (:mod:`accel.hw.runtime`), the compiler's calls
+(:mod:`accel.compiler.rules`), the planner's scratchpad operands and roles, ISA.md
+section 7's table (:func:`markdown_table`), and the reference semantics the simulator's
+fast paths are tested against (:data:`ALU_UFUNCS` is their one table of ALU arithmetic).
+
+>>> LOAD[Mem.ACC].arguments[:4]
+('host', 'elem_offset', 'mem', 'sram_addr')
+>>> [(o.name, o.role) for o in GEMM_RESET.memory_operands]
+[('acc_addr', 'write'), ('inp_addr', 'unused'), ('wgt_addr', 'unused')]
+>>> import numpy as np
+>>> ALU[AluOp.SHR, True].reference(dst_addr=np.array([-64, 64], "int32"), src_addr=np.zeros(2, "int32"), imm=40,
+...     ext_out=1, ext_in=1, dst_stride_out=0, dst_stride_in=0, src_stride_out=0, src_stride_in=0,
+...     tile=2)["dst_addr"].tolist()
+[-1, 0]
+"""
+
+from __future__ import annotations
+
+import enum
+import inspect
+import math
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+from tvm import ir, tirx
+
+from tirpat import device
+
+__all__ = ["INP", "WGT", "ACC", "MEMORIES", "SCOPES", "Mem", "StoreMode", "AluOp", "AUTO", "OPERAND_RANGE",
+           "ALU_UFUNCS", "alu_operand", "LOAD", "STORE", "GEMM", "GEMM_RESET", "ALU", "LOAD_HOST_DTYPE", "STORE_HOST_DTYPE", "INSTRUCTIONS", "FUNCTIONS", "OTHER_FUNCTIONS",
+           "FIELD_OF", "capacity_option", "distinct_starts", "instruction_of", "markdown_table"]
+
+#: The tile width a declaration's program is built for when none is given (Config's default).
+TILE = 16
+#: ``deps`` of compiled code's calls: let the driver add the dependency tokens.
+AUTO = -1
+
+
+def capacity_option(memory: device.Memory) -> str:
+    """The Config field (a backend option) that sizes ``memory``, in bytes.
+
+    >>> capacity_option(ACC)
+    'acc_bytes'
+    """
+    return f"{memory.name.lower()}_bytes"
+
+
+def _scratchpad(name: str, dtype: str) -> device.Memory:
+    memory = device.Memory(name, f"local.accel_{name.lower()}", dtype,
+                           capacity=lambda options: options[capacity_option(memory)] // memory.itemsize,
+                           align="tile", double_buffer=True)
+    return memory
+
+
+#: The scratchpads: capacity the Config's ``<name>_bytes``, whole tiles, double-buffered in loops.
+INP, WGT, ACC = _scratchpad("INP", "int8"), _scratchpad("WGT", "int8"), _scratchpad("ACC", "int32")
+#: Scratchpad ids (LOAD's ``func`` byte), in the order of :data:`MEMORIES`, from 1.
+Mem = enum.IntEnum("Mem", [(m.name, k) for k, m in enumerate((INP, WGT, ACC), start=1)], module=__name__)
+Mem.__doc__ = "Scratchpad ids (LOAD's ``func`` byte): INP and WGT hold int8, ACC int32."
+#: Each scratchpad's declaration by id.
+MEMORIES: dict = {Mem[m.name]: m for m in (INP, WGT, ACC)}
+#: Each scratchpad's id by storage scope.
+SCOPES: dict = {m.scope: mem for mem, m in MEMORIES.items()}
+
+
+class StoreMode(enum.IntEnum):
+    """How STORE writes int32 ACC values: as int32, or narrowed to int8."""
+
+    INT32 = 0
+    WRAP = 1  # keep the low 8 bits, as a TIR Cast / numpy astype does
+    SATURATE = 2  # clip to [-128, 127] first
+
+
+class AluOp(enum.IntEnum):
+    """ALU operations on int32 ACC vectors (wrap-around arithmetic)."""
+
+    ADD = 0
+    MAX = 1
+    MIN = 2
+    SHR = 3  # arithmetic shift right; amounts are clipped to OPERAND_RANGE[SHR]
+    MUL = 4
+
+
+#: The range an ALU op's second operand is clipped to before use (a shift of an int32 by 0 to 31).
+OPERAND_RANGE = {AluOp.SHR: (0, 31)}
+#: Each ALU op as a numpy ufunc on int32 (what the simulator's fast paths run; the operand
+#: clipped to :data:`OPERAND_RANGE` first): tests compare it with the declared programs.
+ALU_UFUNCS = {AluOp.ADD: np.add, AluOp.MAX: np.maximum, AluOp.MIN: np.minimum, AluOp.SHR: np.right_shift,
+              AluOp.MUL: np.multiply}
+
+
+def alu_operand(op: AluOp, value):
+    """The second operand of ALU ``op`` as the op uses it: clipped to its
+    :data:`OPERAND_RANGE`, if it has one (an int, or an int32 array).
+
+    >>> alu_operand(AluOp.SHR, 40), alu_operand(AluOp.ADD, 40), alu_operand(AluOp.SHR, np.array([-1, 3])).tolist()
+    (31, 40, [0, 3])
+    """
+    bounds = OPERAND_RANGE.get(op)
+    if bounds is None:
+        return value
+    return np.clip(value, *bounds) if isinstance(value, np.ndarray) else min(max(value, bounds[0]), bounds[1])
+
+
+_ALU_TIR: dict[AluOp, Callable] = {AluOp.ADD: lambda a, b: a + b, AluOp.MAX: tirx.max, AluOp.MIN: tirx.min,
+                                   AluOp.SHR: tirx.shift_right, AluOp.MUL: lambda a, b: a * b}
+
+#: The instruction field a runtime argument sets, where their names differ (the others
+#: set the field of their name; ``deps`` sets the dependency flags).
+FIELD_OF = {"host": "slot", "elem_offset": "dram_offset"}
+
+
+# -- building the programs ------------------------------------------------------------------
+def _scalars(names: str) -> list:
+    return [tirx.Var(n, "int32") for n in names.split()]
+
+
+def _flat(name: str, dtype: str, memory: Optional[device.Memory] = None) -> tirx.Buffer:
+    """A flat buffer ``name`` of any size: a scratchpad region from its address, or a host buffer."""
+    return tirx.decl_buffer((tirx.Var(f"{name}_size", "int32"),), dtype, name,
+                            scope=memory.scope if memory else "")
+
+
+def _grid(names: str, extents: Sequence, body: Callable) -> tirx.Stmt:
+    """``for a in range(e0): for b ...: body(a, b, ...)``, the loop variables ``names``."""
+    loop_vars = [tirx.Var(n, "int32") for n in names.split()[:len(extents)]]
+    stmt = body(*loop_vars)
+    for v, e in reversed(list(zip(loop_vars, extents))):
+        stmt = tirx.For(v, tirx.const(0, "int32"), e, tirx.ForKind.SERIAL, stmt)
+    return stmt
+
+
+def _between(x, lo, n):
+    return tirx.all(lo <= x, x < lo + n)
+
+
+def _fits(value, dtype: str) -> bool:
+    info = np.iinfo(dtype)
+    return info.min <= value <= info.max
+
+
+def _aligned(*names: str) -> tuple:
+    """The precondition that every one of the ``names`` is a multiple of ``tile``."""
+    def check(**values) -> bool:
+        return all(values[n] % values["tile"] == 0 for n in names)
+
+    # the device kit reads a precondition's operands off its signature
+    check.__signature__ = inspect.Signature([inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY)
+                                             for n in (*names, "tile")])
+    return check, ", ".join(f"{n}={{{n}}}" for n in names) + " must be multiples of the tile {tile}"
+
+
+# -- LOAD -----------------------------------------------------------------------------------
+def _load(mem: Mem) -> device.Instruction:
+    memory = MEMORIES[mem]
+    requires = [(lambda rows, cols, pad_top, pad_bottom, pad_left, pad_right, sram_ld:
+                 pad_top + rows + pad_bottom <= 1 or sram_ld >= pad_left + cols + pad_right,
+                 "sram_ld {sram_ld} is smaller than the block width: rows would overlap")]
+    if memory.dtype != "int32":
+        requires.append((lambda pad_value: _fits(pad_value, memory.dtype), "pad_value {pad_value} does not fit int8"))
+
+    @device.instr("accel.load", memories=[memory], fixed={"mem": int(mem), "deps": AUTO}, requires=requires,
+                  name=f"load_{memory.name.lower()}")
+    def program(tile: int = TILE) -> tirx.PrimFunc:
+        host, sram = _flat("host", memory.dtype), _flat("sram_addr", memory.dtype, memory)
+        (elem_offset, mem_, sram_ld, rows, cols, dram_ld, pad_top, pad_bottom, pad_left, pad_right, pad_value,
+         deps) = _scalars("elem_offset mem sram_ld rows cols dram_ld pad_top pad_bottom pad_left pad_right "
+                          "pad_value deps")
+
+        def element(r, c):
+            inside = tirx.all(_between(r, pad_top, rows), _between(c, pad_left, cols))
+            value = tirx.if_then_else(inside, host[elem_offset + (r - pad_top) * dram_ld + c - pad_left],
+                                      tirx.Cast(memory.dtype, pad_value))
+            return tirx.BufferStore(sram, value, [r * sram_ld + c])
+
+        body = _grid("r c", [pad_top + rows + pad_bottom, pad_left + cols + pad_right], element)
+        return tirx.PrimFunc([host, elem_offset, mem_, sram, sram_ld, rows, cols, dram_ld, pad_top, pad_bottom,
+                              pad_left, pad_right, pad_value, deps], body)
+
+    return program
+
+
+#: LOAD into each scratchpad, by :class:`Mem`.
+LOAD: dict = {mem: _load(mem) for mem in Mem}
+
+
+# -- STORE ----------------------------------------------------------------------------------
+_NARROW = {StoreMode.INT32: ("int32", lambda v: v), StoreMode.WRAP: ("int8", lambda v: tirx.Cast("int8", v)),
+           StoreMode.SATURATE: ("int8", lambda v: tirx.Cast("int8", tirx.max(tirx.min(v, 127), -128)))}
+
+
+def _store(mode: StoreMode) -> device.Instruction:
+    dtype, narrow = _NARROW[mode]
+
+    @device.instr("accel.store", memories=[ACC], fixed={"mode": int(mode), "deps": AUTO},
+                  requires=[(lambda rows, cols, dram_ld: rows <= 1 or dram_ld >= cols,
+                             "dram_ld {dram_ld} is smaller than cols {cols}: rows would overwrite each other")],
+                  name=f"store_{mode.name.lower()}")
+    def program(tile: int = TILE) -> tirx.PrimFunc:
+        host, sram = _flat("host", dtype), _flat("sram_addr", "int32", ACC)
+        elem_offset, sram_ld, rows, cols, dram_ld, mode_, deps = _scalars(
+            "elem_offset sram_ld rows cols dram_ld mode deps")
+        body = _grid("r c", [rows, cols], lambda r, c: tirx.BufferStore(host, narrow(sram[r * sram_ld + c]),
+                                                                 [elem_offset + r * dram_ld + c]))
+        return tirx.PrimFunc([host, elem_offset, sram, sram_ld, rows, cols, dram_ld, mode_, deps], body)
+
+    return program
+
+
+#: STORE in each mode, by :class:`StoreMode`.
+STORE: dict = {mode: _store(mode) for mode in StoreMode}
+
+
+# -- GEMM -----------------------------------------------------------------------------------
+def _gemm(reset: int) -> device.Instruction:
+    operands = ("acc",) if reset else ("acc", "inp", "wgt")
+    requires = [_aligned(*(f"{p}_{f}" for p in operands for f in ("addr", "ld", "stride_out", "stride_in")))]
+    requires.append((lambda acc_ld, tile: acc_ld >= tile, "acc_ld={acc_ld} is smaller than the tile width {tile}"))
+    if not reset:
+        requires += [(lambda inp_ld, tile: inp_ld >= tile, "inp_ld={inp_ld} is smaller than the tile width {tile}"),
+                     (lambda wgt_ld, tile: wgt_ld >= tile, "wgt_ld={wgt_ld} is smaller than the tile width {tile}")]
+
+    @device.instr("accel.gemm", memories=[INP, WGT, ACC], fixed={"reset": reset, "deps": AUTO}, requires=requires,
+                  name="gemm_reset" if reset else "gemm")
+    def program(tile: int = TILE) -> tirx.PrimFunc:
+        acc, inp, wgt = _flat("acc_addr", "int32", ACC), _flat("inp_addr", "int8", INP), _flat("wgt_addr", "int8", WGT)
+        (reset_, acc_ld, inp_ld, wgt_ld, ext_out, ext_in, acc_so, acc_si, inp_so, inp_si, wgt_so, wgt_si,
+         deps) = _scalars("reset acc_ld inp_ld wgt_ld ext_out ext_in acc_stride_out acc_stride_in inp_stride_out "
+                          "inp_stride_in wgt_stride_out wgt_stride_in deps")
+
+        def step(o, i, r, c, k=None):
+            at = acc_so * o + acc_si * i + r * acc_ld + c
+            if reset:
+                return tirx.BufferStore(acc, tirx.const(0, "int32"), [at])
+            product = (tirx.Cast("int32", inp[inp_so * o + inp_si * i + r * inp_ld + k])
+                       * tirx.Cast("int32", wgt[wgt_so * o + wgt_si * i + c * wgt_ld + k]))
+            return tirx.BufferStore(acc, acc[at] + product, [at])
+
+        body = _grid("o i r c k", [ext_out, ext_in, tile, tile] + ([] if reset else [tile]), step)
+        return tirx.PrimFunc([reset_, acc, inp, wgt, acc_ld, inp_ld, wgt_ld, ext_out, ext_in, acc_so, acc_si, inp_so,
+                              inp_si, wgt_so, wgt_si, deps], body)
+
+    return program
+
+
+#: GEMM accumulating, and in reset form.
+GEMM, GEMM_RESET = _gemm(0), _gemm(1)
+
+
+# -- ALU ------------------------------------------------------------------------------------
+def distinct_starts(ext_out: int, stride_out: int, ext_in: int, stride_in: int) -> bool:
+    """Whether ``o*stride_out + i*stride_in`` differ for all ``o < ext_out``, ``i < ext_in``
+    (strides >= 0), in O(1): no enumeration, whatever the extents (ALU's destination
+    vectors must, and the simulator checks it with this function).
+
+    Two steps collide iff ``do*stride_out == di*stride_in`` for some ``0 < do < ext_out``,
+    ``0 < di < ext_in``; the smallest such pair is ``(stride_in/g, stride_out/g)`` with
+    ``g = gcd(stride_out, stride_in)``.
+
+    >>> distinct_starts(4, 16, 4, 64), distinct_starts(4, 64, 8, 16), distinct_starts(2**32 - 1, 0, 1, 0)
+    (True, False, False)
+    """
+    if ext_out <= 1 or ext_in <= 1:
+        return (ext_in <= 1 or stride_in != 0) and (ext_out <= 1 or stride_out != 0)
+    if stride_out == 0 or stride_in == 0:
+        return False
+    g = math.gcd(stride_out, stride_in)
+    return stride_in // g >= ext_out or stride_out // g >= ext_in
+
+
+def _alu(op: AluOp, use_imm: bool) -> device.Instruction:
+    requires = [_aligned("dst_addr", "dst_stride_out", "dst_stride_in") if use_imm else
+                _aligned("dst_addr", "dst_stride_out", "dst_stride_in", "src_addr", "src_stride_out", "src_stride_in"),
+                (lambda ext_out, dst_stride_out, ext_in, dst_stride_in:
+                 not (ext_out and ext_in) or distinct_starts(ext_out, dst_stride_out, ext_in, dst_stride_in),
+                 "ALU destination vectors overlap each other")]
+    lo_hi = OPERAND_RANGE.get(op)
+
+    @device.instr("accel.alu", memories=[ACC], fixed={"op": int(op), "use_imm": int(use_imm), "deps": AUTO},
+                  requires=requires, name=f"alu_{op.name.lower()}{'_imm' if use_imm else ''}")
+    def program(tile: int = TILE) -> tirx.PrimFunc:
+        dst, src = _flat("dst_addr", "int32", ACC), _flat("src_addr", "int32", ACC)
+        op_, use_imm_, imm, ext_out, ext_in, dso, dsi, sso, ssi, deps = _scalars(
+            "op use_imm imm ext_out ext_in dst_stride_out dst_stride_in src_stride_out src_stride_in deps")
+        # every result is computed before any is written (a source vector may be another step's destination)
+        before = tirx.decl_buffer((ext_out, ext_in, tile), "int32", "before")
+
+        def compute(o, i, lane):
+            b = imm if use_imm else src[sso * o + ssi * i + lane]
+            if lo_hi:
+                b = tirx.max(tirx.min(b, lo_hi[1]), lo_hi[0])
+            return tirx.BufferStore(before, _ALU_TIR[op](dst[dso * o + dsi * i + lane], b), [o, i, lane])
+
+        write = _grid("o i lane", [ext_out, ext_in, tile], lambda o, i, lane: tirx.BufferStore(
+            dst, before[o, i, lane], [dso * o + dsi * i + lane]))
+        body = tirx.SeqStmt([tirx.AllocBuffer(before), _grid("o i lane", [ext_out, ext_in, tile], compute), write])
+        return tirx.PrimFunc([op_, use_imm_, dst, src, imm, ext_out, ext_in, dso, dsi, sso, ssi, deps], body)
+
+    return program
+
+
+#: The ALU instructions by ``(op, use_imm)``.
+ALU: dict = {(op, use_imm): _alu(op, use_imm) for op in AluOp for use_imm in (False, True)}
+
+#: The host buffer's dtype of each LOAD (by :class:`Mem`) and STORE (by :class:`StoreMode`):
+#: what the DMA moves, as the declarations say (the simulator's dtype checks, the cycle model's bytes).
+LOAD_HOST_DTYPE = {mem: np.dtype(ins.operand("host").dtype) for mem, ins in LOAD.items()}
+STORE_HOST_DTYPE = {mode: np.dtype(ins.operand("host").dtype) for mode, ins in STORE.items()}
+
+#: Every instruction by name.
+INSTRUCTIONS: dict = {i.name: i for i in (*LOAD.values(), *STORE.values(), GEMM, GEMM_RESET, *ALU.values())}
+#: The instructions each runtime function backs, by its TVM global name (in ISA.md's order).
+FUNCTIONS: dict = {}
+for _ins in INSTRUCTIONS.values():
+    FUNCTIONS.setdefault(_ins.runtime_name, []).append(_ins)
+#: The runtime functions that emit no instruction: ``(arguments, what it does)`` by name.
+OTHER_FUNCTIONS = {
+    "accel.dep_push": (("src_queue", "dst_queue"), "the latest instruction of `src_queue` pushes a token to its "
+                       "neighbour `dst_queue` (a NOP carries it if there is none, or if its flag is taken)"),
+    "accel.dep_pop": (("src_queue", "dst_queue"), "the next instruction of `dst_queue` pops a token from "
+                      "`src_queue` (pending pops left at sync go on FINISH or on NOPs)"),
+    "accel.sync": ((), "append FINISH, verify tokens, run the stream, release borrowed slots"),
+}
+
+
+def instruction_of(call: ir.Expr) -> Optional[device.Instruction]:
+    """The declared instruction a ``T.call_packed`` calls (by runtime name and fixed
+    arguments), or None for anything else.
+
+    >>> instruction_of(GEMM_RESET.call(**{o.name: 0 for o in GEMM_RESET.operands}).value).name
+    'gemm_reset'
+    """
+    if not (isinstance(call, ir.Call) and call.op.name == "tirx.tvm_call_packed"
+            and isinstance(call.args[0], ir.StringImm)):
+        return None
+    return next((i for i in FUNCTIONS.get(call.args[0].value, ()) if i.is_call(call)), None)
+
+
+def markdown_table() -> str:
+    """ISA.md section 7's table of the runtime functions, as declared here.
+
+    >>> print(markdown_table().splitlines()[2])
+    | `accel.load` | `(host, elem_offset, mem, sram_addr, sram_ld, rows, cols, dram_ld, pad_top, pad_bottom, pad_left, pad_right, pad_value, deps)` |
+    """
+    rows = ["| function | arguments |", "|---|---|"]
+    rows += [f"| `{name}` | `({', '.join(forms[0].arguments)})` |" for name, forms in FUNCTIONS.items()]
+    rows += [f"| `{name}` | `({', '.join(args)})`: {doc} |" for name, (args, doc) in OTHER_FUNCTIONS.items()]
+    return "\n".join(rows)

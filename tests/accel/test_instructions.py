@@ -1,0 +1,268 @@
+"""The simulator's fast paths against the declared semantics (accel/hw/instructions.py):
+random LOAD, STORE, GEMM and ALU instructions run through the simulator (instruction by
+instruction, and batched by accel.hw.fused where it applies) and through the declaration's
+program (``Instruction.reference``, compiled for the host), compared bit for bit; a failing
+declared precondition is an instruction the simulator refuses; and everything the other
+layers know of an instruction (encoding fields, runtime argument order, planner roles,
+ISA.md's table) is read off the declaration."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+import accel
+from accel.hw import fused, instructions, isa
+from accel.hw.errors import AccelError, InstructionError
+from accel.hw.instructions import ALU, GEMM, GEMM_RESET, LOAD, STORE, AluOp, Mem, StoreMode
+from accel.hw.sim import Simulator
+
+T = 16
+CONFIG = accel.Config(inp_bytes=8 * 256, wgt_bytes=8 * 256, acc_bytes=8 * 1024)
+SIZE = {Mem.INP: CONFIG.inp_elements, Mem.WGT: CONFIG.wgt_elements, Mem.ACC: CONFIG.acc_elements}
+FIELD_OF = instructions.FIELD_OF
+INT32 = st.integers(-2**31, 2**31 - 1)
+
+
+def _simulator(seed: int) -> Simulator:
+    """A simulator whose scratchpads hold random data (extreme int32 values included)."""
+    rng = np.random.default_rng(seed)
+    sim = Simulator(CONFIG)
+    sim.inp[:] = rng.integers(-128, 128, sim.inp.size)
+    sim.wgt[:] = rng.integers(-128, 128, sim.wgt.size)
+    sim.acc[:] = rng.choice([-2**31, 2**31 - 1, 0, -1, 1, *rng.integers(-2**31, 2**31, 64)], sim.acc.size)
+    return sim
+
+
+def _scratch(sim: Simulator, mem: Mem) -> np.ndarray:
+    """A scratchpad's contents in its architectural dtype."""
+    return sim.memory(mem).astype(instructions.MEMORIES[mem].dtype)
+
+
+def _encoded(ins: instructions.device.Instruction, args: dict) -> isa.Instruction:
+    """The ISA instruction a call of ``ins`` with ``args`` (by name; ``host`` slot 0) emits."""
+    cls = {"load": isa.Load, "store": isa.Store, "gemm": isa.Gemm, "alu": isa.Alu}[ins.runtime_name.split(".")[1]]
+    values = {**args, **{k: v for k, v in ins.fixed.items() if k != "deps"}, "host": 0}
+    return cls(**{FIELD_OF.get(k, k): v for k, v in values.items() if FIELD_OF.get(k, k) in cls.__dataclass_fields__})
+
+
+def _check(sim, ins, args, host):
+    """The declared precondition's verdict; when it fails the simulator must refuse too."""
+    encoded = _encoded(ins, args)
+    reason = ins.check(**args, tile=T)
+    if reason is not None:
+        with pytest.raises(InstructionError):
+            sim.check(0, encoded, host)
+        return None
+    try:
+        sim.check(0, encoded, host)
+    except AccelError:
+        return None          # out of a scratchpad's or host buffer's range: no precondition says so
+    return encoded
+
+
+@settings(max_examples=60)
+@given(st.sampled_from(list(Mem)), st.integers(0, 5), st.integers(0, 40), st.integers(0, 3), st.integers(0, 3),
+       st.integers(0, 3), st.integers(0, 3), st.integers(0, 60), st.integers(0, 50), st.integers(-3, 3),
+       st.integers(-200, 200), st.integers(0, 100))
+def test_load_is_its_declared_program(mem, rows, cols, top, bottom, left, right, sram_addr, dram_ld, ld_slack,
+                                      pad_value, elem_offset):
+    ins = LOAD[mem]
+    sim = _simulator(rows + cols)
+    host = [np.random.default_rng(cols).integers(-2**31, 2**31, 400).astype(ins.operand("host").dtype)]
+    width = left + cols + right
+    args = dict(elem_offset=elem_offset, sram_addr=sram_addr, sram_ld=max(width + ld_slack, 0), rows=rows, cols=cols,
+                dram_ld=dram_ld, pad_top=top, pad_bottom=bottom, pad_left=left, pad_right=right, pad_value=pad_value)
+    encoded = _check(sim, ins, args, host)
+    assume(encoded is not None)
+    before = _scratch(sim, mem)
+    want = ins.reference(**{**args, "host": host[0], "sram_addr": before[sram_addr:]}, tile=T)["sram_addr"]
+    sim.execute(encoded, host)
+    np.testing.assert_array_equal(_scratch(sim, mem), np.concatenate([before[:sram_addr], want]))
+
+
+@settings(max_examples=60)
+@given(st.sampled_from(list(StoreMode)), st.integers(0, 5), st.integers(0, 40), st.integers(0, 60),
+       st.integers(0, 3), st.integers(0, 50), st.integers(0, 100))
+def test_store_is_its_declared_program(mode, rows, cols, sram_addr, ld_slack, dram_ld, elem_offset):
+    ins = STORE[mode]
+    sim = _simulator(rows * 7 + cols)
+    host = [np.zeros(400, ins.operand("host").dtype)]
+    args = dict(elem_offset=elem_offset, sram_addr=sram_addr, sram_ld=cols + ld_slack, rows=rows, cols=cols,
+                dram_ld=dram_ld)
+    encoded = _check(sim, ins, args, host)
+    assume(encoded is not None)
+    acc = _scratch(sim, Mem.ACC)
+    want = ins.reference(**{**args, "host": host[0], "sram_addr": acc[sram_addr:]}, tile=T)["host"]
+    sim.execute(encoded, host)
+    np.testing.assert_array_equal(host[0], want)
+
+
+def _perturbed(draw, args: dict, names) -> dict:
+    """``args``, and one time in four one of the ``names`` off the tile grid (what the
+    hardware refuses: the declared precondition must say so too)."""
+    if draw(st.integers(0, 3)) == 0:
+        name = draw(st.sampled_from(names))
+        args[name] += draw(st.integers(1, T - 1))
+    return args
+
+
+@st.composite
+def gemms(draw):
+    reset = draw(st.booleans())
+    ins = GEMM_RESET if reset else GEMM
+    args = {"ext_out": draw(st.integers(0, 3)), "ext_in": draw(st.integers(0, 3))}
+    for p in ("acc", "inp", "wgt"):
+        args[f"{p}_addr"] = draw(st.integers(0, 8)) * T
+        args[f"{p}_ld"] = draw(st.integers(1, 3)) * T
+        args[f"{p}_stride_out"], args[f"{p}_stride_in"] = draw(st.integers(0, 6)) * T, draw(st.integers(0, 6)) * T
+    return ins, _perturbed(draw, args, [a for a in args if "ext" not in a])
+
+
+@settings(max_examples=60)
+@given(gemms(), st.integers(0, 1000))
+def test_gemm_is_its_declared_program(gemm, seed):
+    ins, args = gemm
+    sim = _simulator(seed)
+    encoded = _check(sim, ins, args, [])
+    assume(encoded is not None)
+    acc, inp, wgt = (_scratch(sim, m) for m in (Mem.ACC, Mem.INP, Mem.WGT))
+    a = args["acc_addr"]
+    want = ins.reference(**{**args, "acc_addr": acc[a:], "inp_addr": inp[args["inp_addr"]:],
+                            "wgt_addr": wgt[args["wgt_addr"]:]}, tile=T)["acc_addr"]
+    _fused_too(sim, encoded, [], lambda s: np.testing.assert_array_equal(_scratch(s, Mem.ACC)[a:], want))
+
+
+@st.composite
+def alus(draw):
+    op, use_imm = draw(st.sampled_from(list(AluOp))), draw(st.booleans())
+    imm = draw(st.one_of(INT32, st.integers(-3, 40)))
+    args = {"imm": imm, "ext_out": draw(st.integers(0, 3)), "ext_in": draw(st.integers(0, 3)),
+            "dst_addr": draw(st.integers(0, 8)) * T, "src_addr": draw(st.integers(0, 8)) * T}
+    for name in ("dst_stride_out", "dst_stride_in", "src_stride_out", "src_stride_in"):
+        args[name] = draw(st.integers(0, 4)) * T
+    return ALU[op, use_imm], _perturbed(draw, args, [a for a in args if "addr" in a or "stride" in a])
+
+
+@settings(max_examples=100)
+@given(alus(), st.integers(0, 1000))
+def test_alu_is_its_declared_program(alu, seed):
+    ins, args = alu
+    sim = _simulator(seed)
+    if ins.fixed["op"] == AluOp.SHR and not ins.fixed["use_imm"]:   # shift amounts around [0, 31] and beyond
+        sim.acc[:] = np.random.default_rng(seed).integers(-3, 40, sim.acc.size) * (1 + (seed % 2) * 2**20)
+    encoded = _check(sim, ins, args, [])
+    assume(encoded is not None)
+    acc = _scratch(sim, Mem.ACC)
+    d, s = args["dst_addr"], args["src_addr"]
+    # the source is another view of ACC: its values before the instruction (every read comes first)
+    want = ins.reference(**{**args, "dst_addr": acc[d:], "src_addr": acc[s:].copy()}, tile=T)["dst_addr"]
+    _fused_too(sim, encoded, [], lambda sim_: np.testing.assert_array_equal(_scratch(sim_, Mem.ACC)[d:], want))
+
+
+def _fused_too(sim, encoded, host, compare):
+    """Run ``encoded`` on a copy of ``sim`` instruction by instruction and, where the batched
+    path takes it, on another copy batched; ``compare`` each simulator afterwards."""
+    stream = [encoded, isa.Finish()]
+    batched = Simulator(CONFIG)
+    for mem in Mem:
+        batched.memory(mem)[:] = sim.memory(mem)
+    plan = fused.fuse(batched, stream, batched.compile(stream, host).timing.order(), host)
+    sim.execute(encoded, host)
+    compare(sim)
+    if plan:
+        assert plan.run(host, batched)
+        compare(batched)
+
+
+# -- what the other layers read off the declarations ------------------------------------------
+def test_the_encoding_fields_are_the_declared_arguments():
+    for name, forms in instructions.FUNCTIONS.items():
+        cls = {"load": isa.Load, "store": isa.Store, "gemm": isa.Gemm, "alu": isa.Alu}[name.split(".")[1]]
+        fields = {f.name for f in dataclasses.fields(cls)} - {"pop_prev", "pop_next", "push_prev", "push_next"}
+        assert {FIELD_OF.get(a, a) for a in forms[0].arguments if a != "deps"} == fields
+        assert set(isa.FIELDS[cls.opcode]) < fields     # the words: all but the header's func byte
+
+
+def test_the_scratchpads_are_declared_once():
+    from accel.compiler import rules, schedule
+    from accel.compiler.planner import AccelPlanner
+
+    assert list(Mem) == [Mem.INP, Mem.WGT, Mem.ACC] and isa.Mem is Mem
+    assert rules.SCOPES == {m.scope: mem for mem, m in instructions.MEMORIES.items()}
+    planner = AccelPlanner(CONFIG)
+    assert {s: m.capacity for s, m in planner.memories.items()} == {
+        instructions.INP.scope: CONFIG.inp_elements, instructions.WGT.scope: CONFIG.wgt_elements,
+        instructions.ACC.scope: CONFIG.acc_elements}
+    assert CONFIG.acc_elements == CONFIG.acc_bytes // 4
+    # the scheduler's footprint is the memories' (a looped buffer twice, rounded to tiles)
+    need = schedule.footprint(schedule.Extents(4, 4, 4, operands=(True,)), T, 1, 2, 2, False)
+    assert need[rules.ACC] == instructions.ACC.footprint(T * T * 2, repeated=True, options={"tile": T}) + \
+        instructions.ACC.footprint(T * 2, repeated=True, options={"tile": T})
+
+
+def test_the_planner_reads_roles_off_the_declarations():
+    from tvm import tirx
+
+    from accel.compiler.planner import _scratch_uses
+    from accel.compiler.rules import address
+
+    acc, inp = instructions.ACC.buffer((256,), "acc"), instructions.INP.buffer((256,), "inp")
+    wgt = instructions.WGT.buffer((256,), "wgt")
+    zero = dict(acc_ld=T, inp_ld=T, wgt_ld=T, ext_out=1, ext_in=1, acc_stride_out=0, acc_stride_in=0,
+                inp_stride_out=0, inp_stride_in=0, wgt_stride_out=0, wgt_stride_in=0)
+    gemm = GEMM.call(acc_addr=address(acc, 0), inp_addr=address(inp, 0), wgt_addr=address(wgt, 0), **zero)
+    reset = GEMM_RESET.call(acc_addr=address(acc, 0), inp_addr=address(inp, 0), wgt_addr=address(wgt, 0), **zero)
+    roles = lambda stmt: [(b.name, r, w) for b, r, w, _ in _scratch_uses(stmt)]  # noqa: E731
+    assert roles(gemm) == [("acc", True, True), ("inp", True, False), ("wgt", True, False)]
+    assert roles(reset) == [("acc", False, True), ("inp", False, False), ("wgt", False, False)]   # reads nothing
+    assert roles(tirx.Evaluate(0)) == []
+
+
+@st.composite
+def loads(draw):
+    mem = draw(st.sampled_from(list(Mem)))
+    rows, cols = draw(st.integers(0, 4)), draw(st.integers(0, 20))
+    top, bottom, left, right = (draw(st.integers(0, 2)) for _ in range(4))
+    return LOAD[mem], dict(elem_offset=draw(st.integers(0, 50)), sram_addr=draw(st.integers(0, 60)),
+                           sram_ld=left + cols + right + draw(st.integers(0, 3)), rows=rows, cols=cols,
+                           dram_ld=draw(st.integers(0, 30)), pad_top=top, pad_bottom=bottom, pad_left=left,
+                           pad_right=right, pad_value=draw(st.integers(-128, 127)))
+
+
+@settings(max_examples=60)
+@given(st.one_of(loads(), gemms(), alus()), st.integers(0, 1000))
+def test_the_dependency_tokens_cover_what_the_declared_program_writes(case, seed):
+    """accel.hw.tokens.footprint (the AUTO tokens' memory ranges) holds every scratchpad
+    element the declared program writes (found as those that differ from what they held,
+    run from two different contents), and what the planner reads off the program
+    (``elements_written``) for a LOAD or a GEMM reset is exactly those."""
+    from accel.hw.tokens import footprint
+
+    ins, args = case
+    sim = _simulator(seed)
+    host = [np.random.default_rng(seed).integers(-128, 128, 400).astype(
+        ins.operand("host").dtype if "host" in ins.arguments else "int8")]
+    encoded = _check(sim, ins, args, host)
+    assume(encoded is not None)
+    hulls = {space[1]: (lo, hi) for space, lo, hi, write in footprint(encoded, T) if write and space[0] == "sram"}
+    for op in ins.memory_operands:
+        if not op.writes:
+            continue
+        mem = Mem[op.memory.name]
+        start, written = args[op.name], np.zeros(SIZE[mem], bool)
+        for shift in (0, 1):
+            before = {o.name: (_scratch(sim, Mem[o.memory.name]) + shift).astype(o.dtype)[args[o.name]:]
+                      for o in ins.memory_operands}
+            after = ins.reference(**{**args, **before, **({"host": host[0]} if "host" in ins.arguments else {})},
+                                  tile=T)[op.name]
+            written[start:] |= after != before[op.name]
+        where = np.flatnonzero(written)
+        if where.size:
+            lo, hi = hulls[mem]
+            assert lo <= where.min() and where.max() < hi
+        if op.role == "write":      # what the planner asks: every element written, each stored anew
+            scalars = {o.name: args[o.name] for o in ins.operands if o.kind == "scalar"}
+            np.testing.assert_array_equal(where, ins.elements_written(op.name, **scalars, tile=T) + start)
