@@ -4,7 +4,7 @@ meta_schedule design space for ``tp.tune``.
 For each GEMM block the space offers:
 
 - ``bm``, ``bn``, ``bk``: tiles per block along M, N and K, powers of two and the whole
-  dimension, up to 8, 8 and 32 tiles (the scheduler shrinks a block that would overflow a
+  dimension, up to 32, 8 and 32 tiles (the scheduler shrinks a block that would overflow a
   scratchpad);
 - ``weights``: streamed or resident;
 - for a convolution, ``gather`` (direct LOADs or the CPU's im2col) and ``pixels`` (M over
@@ -34,7 +34,7 @@ from accel.compiler.schedule import (
 from accel.hw.config import Config
 
 #: The most tiles per block along M the space offers.
-BM_LIMIT = 8
+BM_LIMIT = 32
 
 
 def _sizes(tiles: int, limit: int, heuristic: int) -> tuple:
