@@ -28,7 +28,7 @@ from .backend import Backend, Phase
 from .target import CompositeTarget, parse_target
 
 __all__ = ["partition", "Partitioner", "BACKEND_ATTR", "OPTIONS_ATTR", "PARTITION_ATTR", "PartitionOrigin", "tagged",
-           "origin_of"]
+           "origin_of", "fold_constant_calls"]
 
 #: Function attribute naming the backend a partition (Relax function or PrimFunc) belongs to.
 BACKEND_ATTR = "tirpat.backend"
@@ -245,8 +245,8 @@ class Partitioner:
         mod = tvm.transform.Sequential(self.phase(Phase.PRE_PARTITION))(mod)
         # constants computed from constants (a filled broadcast scalar) become plain constants,
         # after the backends' own passes (which may look for a dequantised weight) and before
-        # their patterns. Only where needed: FoldConstant compiles each such call for the CPU,
-        # and a cast or transpose of a weight is the patterns' own.
+        # their patterns. Only where needed: folding compiles such calls for the CPU (once, in
+        # fold_constant_calls), and a cast or transpose of a weight is the patterns' own.
         if _has_foldable_calls(mod):
             mod = fold_constant_calls(mod)
         mod = self.fuse(mod)
