@@ -431,9 +431,10 @@ def code_lines(path: pathlib.Path) -> int:
     return len(lines - docstrings)
 
 
-def test_the_package_is_at_most_300_lines_of_code():
+def test_the_package_is_smaller_than_before_its_declarations():
+    # 265 code lines before vecunit's instructions and register file were declared with tp.instr / tp.Memory
     total = sum(code_lines(p) for p in PACKAGE.glob("*.py"))
-    assert 100 < total <= 300, total
+    assert 100 < total < 265, total
 
 
 def test_the_hardware_side_imports_no_compiler_code():

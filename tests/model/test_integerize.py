@@ -292,17 +292,18 @@ def test_average_pool_with_padding(pads, include):
 
 
 def test_operator_without_integer_rule_is_named():
-    """A Sigmoid between QDQ pairs has no integer form: it stays float, and the warning says so."""
+    """A Softmax between QDQ pairs (not element-wise: no table) has no integer form: it stays float,
+    and the warning says so."""
     rng = np.random.default_rng(2)
     nodes = [helper.make_node("Conv", ["x", "w"], ["c"], kernel_shape=[1, 1]),
-             helper.make_node("Sigmoid", ["c"], ["s"]),
+             helper.make_node("Softmax", ["c"], ["s"], axis=1),
              helper.make_node("Conv", ["s", "v"], ["y"], kernel_shape=[1, 1])]
     model = one_op_model(nodes, {"w": rng.normal(size=(4, 2, 1, 1)), "v": rng.normal(size=(3, 4, 1, 1))},
                          (1, 2, 5, 5), (1, 3, 5, 5))
     q = tp.quantize(model, {"x": rng.normal(size=(4, 1, 2, 5, 5)).astype(np.float32)})
-    with pytest.warns(IntegerizeWarning, match=r"in float, computed on the host: sigmoid \(no integer rule"):
+    with pytest.warns(IntegerizeWarning, match=r"in float, computed on the host: nn.softmax \(no integer rule"):
         mod = tp.integerize()(from_onnx(q, keep_params_in_input=False))
-    assert op_names(mod).count("relax.nn.conv2d") == 2 and "relax.sigmoid" in op_names(mod)
+    assert op_names(mod).count("relax.nn.conv2d") == 2 and "relax.nn.softmax" in op_names(mod)
 
 
 def test_concat_slice_and_global_max_pool():

@@ -24,7 +24,7 @@ import tvm
 from tvm import relax, tirx
 
 __all__ = ["ModelReport", "Partition", "HostOp", "SCHEDULE_NOTES", "macs_of", "macs_known", "primfunc_macs", "epilogue_of",
-           "MAC_OPS"]
+           "MAC_OPS", "OperatorShare", "operator_share"]
 
 #: PrimFunc attribute a backend's schedule may set: JSON notes for the report (module docstring).
 SCHEDULE_NOTES = "tirpat.notes"
@@ -530,3 +530,60 @@ def notes_of(func) -> dict:
     if func.attrs is None or SCHEDULE_NOTES not in func.attrs:
         return {}
     return json.loads(str(func.attrs[SCHEDULE_NOTES]))
+
+
+_INTEGER_DTYPES = ("int8", "uint8", "int16", "int32", "int64", "bool")
+
+
+@dataclass(frozen=True)
+class OperatorShare:
+    """How many of a module's operator calls are integer arithmetic: ``integer`` of ``total``
+    calls have an integer result and only integer tensor operands; ``other`` counts the rest
+    by operator (the float ones, quantize and dequantize included)."""
+
+    total: int
+    integer: int
+    other: dict
+
+    @property
+    def share(self) -> float:
+        """``integer / total`` (1.0 for a module without operators)."""
+        return self.integer / self.total if self.total else 1.0
+
+    def __str__(self) -> str:
+        rest = ", ".join(_counted(n for n, k in self.other.items() for _ in range(k)))
+        return f"{self.integer} of {self.total} operators integer ({100 * self.share:.1f}%)" + (
+            f"; not: {rest}" if rest else "")
+
+
+def operator_share(mod: tvm.IRModule) -> OperatorShare:
+    """The :class:`OperatorShare` of the operator calls in ``mod``'s Relax functions (what
+    ``tp.integerize`` turns from float into integer arithmetic; ``call_tir`` counts by its result).
+
+    >>> x = relax.Var("x", relax.TensorType((4,), "int8"))
+    >>> bb = relax.BlockBuilder()
+    >>> with bb.function("main", [x]):
+    ...     with bb.dataflow():
+    ...         y = bb.emit(relax.op.astype(x, "int32"))
+    ...         z = bb.emit_output(relax.op.astype(y, "float32"))
+    ...     _ = bb.emit_func_output(z)
+    >>> print(operator_share(bb.get()))
+    1 of 2 operators integer (50.0%); not: astype
+    """
+    total, integer, other = 0, 0, {}
+    for func in mod.functions.values():
+        if not isinstance(func, relax.Function):
+            continue
+        for block in func.body.blocks:
+            for binding in block.bindings:
+                call = binding.value
+                if not isinstance(call, relax.Call) or not isinstance(call.op, tvm.ir.Op):
+                    continue
+                total += 1
+                tensors = [call, *(a for a in call.args if isinstance(getattr(a, "ty", None), relax.TensorType))]
+                if isinstance(call.ty, relax.TensorType) and all(str(t.ty.dtype) in _INTEGER_DTYPES for t in tensors):
+                    integer += 1
+                else:
+                    name = str(call.op.name).removeprefix("relax.")
+                    other[name] = other.get(name, 0) + 1
+    return OperatorShare(total, integer, other)

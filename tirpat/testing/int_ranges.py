@@ -42,7 +42,7 @@ _LIMITS = {"int8": (-(2**7), 2**7 - 1), "uint8": (0, 2**8 - 1), "int16": (-(2**1
 #: input's overall range.
 _WITHIN = {"relax.reshape", "relax.permute_dims", "relax.squeeze", "relax.expand_dims", "relax.flatten",
            "relax.strided_slice", "relax.nn.max_pool2d", "relax.max", "relax.min", "relax.broadcast_to",
-           "relax.take"}
+           "relax.take", "relax.image.resize2d"}
 
 
 class Range:
@@ -111,7 +111,17 @@ def int_ranges(func: relax.Function, inputs: dict | None = None) -> dict:
                 env[binding.var] = env[value]
             elif isinstance(value, relax.Call) and isinstance(value.op, ir.Op) and _dtype(binding.var) in _LIMITS:
                 env[binding.var] = _call(value, env, defs)
+            elif isinstance(value, relax.TupleGetItem) and _dtype(binding.var) in _LIMITS:
+                env[binding.var] = _part(value, env, defs)
     return env
+
+
+def _part(item: relax.TupleGetItem, env: dict, defs: dict) -> Range:
+    """A part of a split: within its input's range."""
+    source = defs.get(item.tuple_value)
+    if isinstance(source, relax.Call) and isinstance(source.op, ir.Op) and str(source.op.name) == "relax.split":
+        return _arg(source.args[0], env).overall()
+    raise NotImplementedError(f"an item of a tuple that is not a split's: {item}")
 
 
 def int32_overflows(func: relax.Function, inputs: dict | None = None) -> list:
@@ -195,6 +205,8 @@ def _call(call: relax.Call, env: dict, defs: dict) -> Range:
         return _arg(args[0], env) + _arg(args[1], env)
     if op == "relax.subtract":
         return _arg(args[0], env) + -_arg(args[1], env)
+    if op == "relax.negative":
+        return -_arg(args[0], env)
     if op == "relax.multiply":
         return _arg(args[0], env) * _arg(args[1], env)
     if op == "relax.right_shift":

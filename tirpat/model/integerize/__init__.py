@@ -5,8 +5,10 @@ between ``R.dequantize`` and ``R.quantize``; compiled as it is, the model comput
 float and an int8 accelerator has nothing to take. This pass rewrites every such site with
 ``tvm.relax.dpl`` rules (:mod:`.rules`) into integer arithmetic: int8 x int8 -> int32
 conv2d and matmul with an int32 bias and a fixed-point requantise (:mod:`.fixed_point`)
-as the epilogue; ReLU and Clip folded into the requantise's bounds; residual adds, pooling
-and layout operators on the integers. The ``quantize`` of each input and the
+as the epilogue; ReLU and Clip folded into the requantise's bounds; adds, subtractions and
+products of two quantised tensors, pooling, resizes and layout operators on the integers;
+any other element-wise function of one quantised tensor (an activation) as a 256-entry
+table (:mod:`.tables`). The ``quantize`` of each input and the
 ``dequantize`` of each output stay (on the host). A site that cannot be made exact stays in
 float and the pass warns, naming the operator and the reason.
 
@@ -56,6 +58,8 @@ from tvm import relax
 
 from .fixed_point import Requantize
 from .rules import Declined, Rule, all_rules, clip_fold_rule, emit_requantize, requantize_pattern
+from .pads import PadRule
+from .tables import TableRule
 
 __all__ = ["integerize", "IntegerizeWarning", "Requantize", "requantize_pattern", "emit_requantize", "calls",
            "Rule", "Declined"]
@@ -79,7 +83,7 @@ def integerize() -> tvm.transform.Pass:
     @tvm.transform.module_pass(opt_level=0, name="tirpat.Integerize")
     def _integerize(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         declined: dict = {}
-        rewriters = [rule.rewriter(declined) for rule in [*all_rules(), clip_fold_rule()]]
+        rewriters = [rule.rewriter(declined) for rule in [*all_rules(), TableRule(), PadRule(), clip_fold_rule()]]
         # one rule's output can be another's input (a dequantize moved after a reshape meets
         # an add): repeat until nothing changes
         for _ in range(_MAX_ROUNDS):
@@ -110,10 +114,14 @@ def _float_sites(mod: tvm.IRModule) -> list[str]:
             continue
         dequantized = set()
         for call_var, call in _bindings(func):
-            name = str(call.op.name)
+            name, args = str(call.op.name), list(call.args)
+            if name == "relax.call_tir":      # a TE function the frontend emitted: named by its callee
+                packed = call.args[1]
+                name = f"call_tir {call.args[0].name_hint}"
+                args = list(packed.fields) if isinstance(packed, relax.Tuple) else [packed]
             if name == "relax.dequantize":
                 dequantized.add(call_var)
-            elif name != "relax.quantize" and any(isinstance(a, relax.Var) and a in dequantized for a in call.args):
+            elif name != "relax.quantize" and any(isinstance(a, relax.Var) and a in dequantized for a in args):
                 names.append(name.removeprefix("relax."))
     return names
 

@@ -10,13 +10,15 @@ conv2d / matmul (+bias)   int8 x int8 -> int32, int32 bias add (the input's zero
                           term folded in; a padded conv pads with that zero point first),
                           requantise epilogue
  (+ReLU/Clip)              (ReLU and Clip become the requantise's output bounds)
-add of two tensors        both rescaled to a common fixed-point scale in int32, added,
-                          requantised
+add / subtract of two     both rescaled to a common fixed-point scale in int32, added (a
+tensors                   subtrahend negated), requantised
+multiply of two tensors   the int32 product of the centred operands, requantised
 ReLU / Clip               ``clip`` on int8 (folded into the producer's requantise later)
 max_pool2d, max, min,     the same op on int8: the dequantize moves after them (they commute
 reshape, permute_dims,    with it), and ``q(dq(x))`` remains: a rescale
 squeeze, expand_dims,
-flatten, strided_slice
+flatten, strided_slice,
+nearest resize2d
 avg_pool2d / mean         int32 window sums (``sum`` over a reshape for disjoint windows, else
                           a depthwise all-ones conv2d) less ``z_x`` per element present,
                           requantised by ``1 / count``
@@ -24,6 +26,8 @@ concat (2 to 8 inputs)    each input requantised to the output's scale, concaten
 quantize(dequantize(x))   ``x``, or a requantise when the scales differ (an add when only
                           the zero points do)
 dequantize of uint8       dequantize of int8 ``x - 128`` with zero point ``z - 128``
+any other element-wise    a 256-entry int8 table computed at compile time, ``take(table,
+function of one tensor    x + 128)`` (:mod:`.tables`: sigmoid, HardSwish, GELU's erf, tanh...)
 ========================  ==================================================================
 
 A requantise is emitted by :func:`emit_requantize` as the ALU-only chain of
@@ -53,7 +57,8 @@ from tvm.relax.dpl import DFPattern, PatternMatchingRewriter, is_const, is_op, i
 
 from .fixed_point import INT32_MAX, Requantize
 
-__all__ = ["Declined", "Rule", "all_rules", "emit_requantize", "requantize_pattern", "clip_fold_rule"]
+__all__ = ["Declined", "Rule", "all_rules", "emit_requantize", "requantize_pattern", "clip_fold_rule", "emit_table",
+           "quantized_table", "dims_of", "same_dims", "prim_number", "COMMUTING_OPS", "MAXIMA", "moves_elements"]
 
 INT8_MIN, INT8_MAX = -128, 127
 #: |x| <= 128 for any int8 x: the bound used for an activation whose producer is unknown.
@@ -163,10 +168,19 @@ class Activation:
         if m.get(self.relu) is not None:
             return _clip_int8(zero_point), INT8_MAX
         if m.get(self.clip) is not None:
-            lo, hi = _prim(m[self.clip_lo]), _prim(m[self.clip_hi])
+            lo, hi = prim_number(m[self.clip_lo]), prim_number(m[self.clip_hi])
             return (_clip_int8(np.round(np.float32(lo) / np.float32(scale)) + zero_point),
                     _clip_int8(np.round(np.float32(hi) / np.float32(scale)) + zero_point))
         return INT8_MIN, INT8_MAX
+
+    def apply(self, m: Match, v: np.ndarray) -> np.ndarray:
+        """The ReLU or Clip on float32 values ``v``, as onnxruntime computes it."""
+        if m.get(self.relu) is not None:
+            return np.maximum(v, np.float32(0))
+        if m.get(self.clip) is not None:
+            lo, hi = np.float32(prim_number(m[self.clip_lo])), np.float32(prim_number(m[self.clip_hi]))
+            return np.minimum(np.maximum(v, lo), hi)
+        return v
 
 
 def _commutative(op: str, a: DFPattern, b: DFPattern) -> DFPattern:
@@ -180,10 +194,14 @@ def _dtype(e: relax.Expr) -> str:
     return str(e.ty.dtype)
 
 
-def _dims(e: relax.Expr) -> tuple:
+def dims_of(e: relax.Expr) -> tuple:
     """The tensor's dimensions: an ``int`` where static, the ``PrimExpr`` where symbolic (a
     batch ``N``). The integer arithmetic depends on the weights and on the dimensions an
-    operator reduces or counts, never on the others: each rule asks :func:`_static` for those."""
+    operator reduces or counts, never on the others: each rule asks :func:`_static` for those.
+
+    >>> dims_of(relax.Var("x", relax.TensorType((tirx.Var("n", "int64"), 3), "int8")))
+    (n, 3)
+    """
     shape = getattr(e.ty, "shape", None)
     values = getattr(shape, "values", None)
     if values is None:
@@ -200,7 +218,12 @@ def _static(dims: tuple, axes, what: str) -> list[int]:
     return [dims[a] for a in axes]
 
 
-def _same_dims(a: tuple, b: tuple) -> bool:
+def same_dims(a: tuple, b: tuple) -> bool:
+    """Whether two :func:`dims_of` tuples are the same dimensions (symbolic ones included).
+
+    >>> same_dims((1, 4), (1, 4)), same_dims((1, 4), (4, 1))
+    (True, False)
+    """
     return tvm_ffi.structural_equal(list(a), list(b))
 
 
@@ -232,9 +255,13 @@ def _zero_point(zp: relax.Expr) -> int:
     return int(round(_scalar(_values(zp), "an activation's zero point")))
 
 
-def _prim(e: relax.Expr) -> float:
+def prim_number(e: relax.Expr) -> float:
     """The number in a constant scalar argument (an ``IntImm``/``FloatImm``, or a
-    ``PrimValue`` holding one)."""
+    ``PrimValue`` holding one); a ``Declined`` otherwise.
+
+    >>> prim_number(tirx.FloatImm("float32", 6.0))
+    6.0
+    """
     value = getattr(e, "value", None)
     value = getattr(value, "value", value)
     if not isinstance(value, (int, float)):
@@ -325,6 +352,66 @@ def _requantize_int8(x: relax.Expr, source: tuple[float, int], target: tuple[flo
     return emit_requantize([relax.op.astype(x, "int32")], rq)
 
 
+def quantized_table(fn: Callable[[np.ndarray], np.ndarray], source: tuple[float, int],
+                    target: tuple[float, int]) -> np.ndarray:
+    """The int8 table ``t[x + 128] = q(fn(dq(x)))`` for every int8 ``x``: ``dq`` is float32 ``(x -
+    z_x) * s_x`` at ``source = (s_x, z_x)``, ``q`` rounds ``v / s_y`` half to even and adds
+    ``z_y`` at ``target``, saturating. ``fn`` takes and gives float32 arrays. A ``Declined`` if
+    ``fn`` is NaN at some input.
+
+    >>> quantized_table(lambda v: v * np.float32(2), (0.5, 0), (0.5, 0))[[0, 127, 128, 129, 255]].tolist()
+    [-128, -2, 0, 2, 127]
+    """
+    (sx, zx), (sy, zy) = source, target
+    x = np.arange(INT8_MIN, INT8_MAX + 1, dtype=np.int32)
+    with np.errstate(all="ignore"):         # a NaN is declined below; an infinity saturates
+        v = np.broadcast_to(np.asarray(fn(np.float32(x - zx) * np.float32(sx)), np.float32), x.shape)
+        steps = np.rint(v / np.float32(sy)).astype(np.float64) + zy
+    if np.any(np.isnan(v)):
+        raise Declined(f"the function is NaN at input(s) {x[np.isnan(v)][:4].tolist()}")
+    return np.clip(steps, INT8_MIN, INT8_MAX).astype(np.int8)
+
+
+def emit_table(x: relax.Expr, table: np.ndarray) -> relax.Expr:
+    """The int8 ``table[x + 128]`` for an int8 tensor ``x`` (a 256-entry lookup).
+
+    >>> x = relax.Var("x", relax.TensorType((4,), "int8"))
+    >>> str(emit_table(x, np.zeros(256, np.int8)).op.name)
+    'relax.take'
+    """
+    index = relax.op.add(relax.op.astype(x, "int32"), _const(128, "int32"))
+    # mode "clip": the index is within [0, 255] anyway, and "fast" makes TOPI warn at each legalisation
+    return relax.op.take(_const(table, "int8"), index, axis=0, mode="clip")
+
+
+def _uniform(x: relax.Expr) -> bool:
+    """Whether ``x`` is a constant with one value (a scalar, or the same everywhere)."""
+    if not isinstance(x, tvm.ir.Constant):
+        return False
+    v = _values(x)
+    return v.size > 0 and bool(np.all(v == v.reshape(-1)[0]))
+
+
+def _with_constant(m: "Match", a: "Dequantized", b: "Dequantized", call: relax.Call, act: "Activation",
+                   q: "Quantized", fn: Callable) -> relax.Expr | None:
+    """The table of ``q(act(fn(dq(x), c)))`` when one operand of ``call`` is a dequantized
+    constant ``c`` with one value and the other, ``x``, has the result's shape (``fn(v, c)``
+    with the operands in the call's order); else None. Exact where the float operator is, as
+    onnxruntime computes it, where a fixed-point rescale of the constant would not be."""
+    out = dims_of(call)
+    for var, const in ((a, b), (b, a)):
+        if _uniform(m[const.x]) and not _uniform(m[var.x]) and same_dims(dims_of(m[var.x]), out):
+            scale, zero_point = const.activation(m)
+            c = (np.float32(int(_values(m[const.x]).reshape(-1)[0]) - zero_point)) * np.float32(scale)
+            first = var is a
+
+            def f(v, c=c, first=first):
+                return act.apply(m, fn(v, c) if first else fn(c, v))
+
+            return emit_table(m[var.x], quantized_table(f, var.activation(m), q.activation(m)))
+    return None
+
+
 def _choose(reals, bounds, lo, hi, input_zero_points=None, zero_point: int = 0) -> Requantize:
     try:
         return Requantize.choose(reals, bounds, lo, hi, input_zero_points, zero_point)
@@ -361,11 +448,11 @@ def _bias(m: Match, g: _Gemm, acc_scale: np.ndarray, channels: int, out_ndim: in
     _zero(m[g.b.zero_point], "a bias")
     b = _values(m[g.b.x]).astype(np.int64).reshape(-1)
     shaped = m[g.reshape] if m.get(g.reshape) is not None else m[g.b.pattern]
-    shape = _dims(shaped)
+    shape = dims_of(shaped)
     expect = [1] * out_ndim
     expect[axis] = channels
     padded = [1] * (out_ndim - len(shape)) + list(shape)
-    if not _same_dims(padded, expect) and b.size != 1:
+    if not same_dims(padded, expect) and b.size != 1:
         raise Declined(f"a bias of shape {list(shape)} that is not one value per output channel")
     sb = g.b.scales(m)
     acc = np.broadcast_to(acc_scale, (channels,)).astype(np.float32)
@@ -396,7 +483,7 @@ def _finish_gemm(m: Match, g: _Gemm, acc: relax.Expr, w: np.ndarray, w_scale: np
     channels = w.shape[w_channel_axis]
     if w_scale.size not in (1, channels):
         raise Declined(f"{w_scale.size} weight scales for {channels} output channels")
-    out_ndim = len(_dims(m[g.op]))
+    out_ndim = len(dims_of(m[g.op]))
     out_axis %= out_ndim
     acc_scale = np.float32(sx) * w_scale.astype(np.float32)       # what onnxruntime computes
     bias = _bias(m, g, acc_scale, channels, out_ndim, out_axis)
@@ -418,7 +505,7 @@ def _finish_gemm(m: Match, g: _Gemm, acc: relax.Expr, w: np.ndarray, w_scale: np
         bound = bound + abs(zw) * INT8_MAGNITUDE * window
         sums = relax.op.multiply(window_sums(), _const(-zw, "int32"))
         term = sums if term is None else relax.op.add(sums, term)
-        term = relax.op.broadcast_to(term, list(_dims(m[g.op])))
+        term = relax.op.broadcast_to(term, list(dims_of(m[g.op])))
     if term is not None:
         acc = relax.op.add(acc, term)
     if np.any(bound > INT32_MAX):
@@ -522,21 +609,66 @@ def _matmul_rule() -> Rule:
 # elementwise: add, ReLU/Clip, rescale
 # ----------------------------------------------------------------------------------------
 def _add_rule() -> Rule:
+    """``q(act(dq(a) + dq(b)))`` or ``-``: both operands rescaled to a common fixed-point scale
+    in int32 and summed (a subtrahend negated first: ``-b`` is ``b`` at the negated zero point,
+    so every multiplier stays positive), requantised."""
     a, b = Dequantized(), Dequantized()
     add = is_op("relax.add")(a.pattern, b.pattern)
-    act = Activation(add)
+    subtract = is_op("relax.subtract")(a.pattern, b.pattern)
+    act = Activation(add | subtract)
     q = Quantized(act.pattern)
 
     def build(m: Match) -> relax.Expr:
         (sa, za), (sb, zb), (sy, zy) = a.activation(m), b.activation(m), q.activation(m)
-        out = _dims(m[add])
-        if not _same_dims(_dims(m[a.x]), out) and not _same_dims(_dims(m[b.x]), out):
-            raise Declined("an add whose operands both broadcast")
+        call = m.get(add) if m.get(add) is not None else m[subtract]
+        table = _with_constant(m, a, b, call, act, q, np.add if m.get(add) is not None else np.subtract)
+        if table is not None:
+            return table
+        out = dims_of(call)
+        if not same_dims(dims_of(m[a.x]), out) and not same_dims(dims_of(m[b.x]), out):
+            raise Declined(f"{_op_word(call)} whose operands both broadcast")
         lo, hi = act.bounds(m, sy, zy)
+        second = relax.op.astype(m[b.x], "int32")
+        if m.get(add) is None:
+            second, zb = relax.op.negative(second), -zb
         rq = _choose([sa / sy, sb / sy], [INT8_MAGNITUDE, INT8_MAGNITUDE], lo, hi, [za, zb], zy)
-        return emit_requantize([relax.op.astype(m[a.x], "int32"), relax.op.astype(m[b.x], "int32")], rq)
+        return emit_requantize([relax.op.astype(m[a.x], "int32"), second], rq)
 
     return Rule("add", q.pattern, build)
+
+
+def _op_word(call: relax.Call) -> str:
+    return {"relax.add": "an add", "relax.subtract": "a subtract", "relax.multiply": "a multiply"}[str(call.op.name)]
+
+
+def _multiply_rule() -> Rule:
+    """``q(act(dq(a) * dq(b)))`` of two int8 tensors (a squeeze-excitation's scaling, HardSwish's
+    ``x * hardsigmoid(x)``, an affine constant): the int32 product ``(a - z_a)(b - z_b)``
+    (at most ``(128 + |z_a|)(128 + |z_b|)``, far within int32) requantised by ``s_a s_b / s_y``."""
+    a, b = Dequantized(), Dequantized()
+    multiply = is_op("relax.multiply")(a.pattern, b.pattern)
+    act = Activation(multiply)
+    q = Quantized(act.pattern)
+
+    def build(m: Match) -> relax.Expr:
+        (sa, za), (sb, zb), (sy, zy) = a.activation(m), b.activation(m), q.activation(m)
+        table = _with_constant(m, a, b, m[multiply], act, q, np.multiply)
+        if table is not None:
+            return table
+        out = dims_of(m[multiply])
+        if not same_dims(dims_of(m[a.x]), out) and not same_dims(dims_of(m[b.x]), out):
+            raise Declined("a multiply whose operands both broadcast")
+        lo, hi = act.bounds(m, sy, zy)
+
+        def centred(x: relax.Expr, z: int) -> relax.Expr:
+            x = relax.op.astype(x, "int32")
+            return relax.op.subtract(x, _const(z, "int32")) if z else x
+
+        product = relax.op.multiply(centred(m[a.x], za), centred(m[b.x], zb))
+        bound = (INT8_MAGNITUDE + abs(za)) * (INT8_MAGNITUDE + abs(zb))
+        return emit_requantize([product], _choose([sa * sb / sy], [bound], lo, hi, zero_point=zy))
+
+    return Rule("multiply", q.pattern, build)
 
 
 def _activation_rule() -> Rule:
@@ -572,7 +704,7 @@ def clip_fold_rule() -> Rule:
     def build(m: Match) -> relax.Expr:
         if _dtype(m.orig) != "int8" or _dtype(m[v]) != "int32":
             raise Declined("not a clip of a requantised int8 tensor")
-        new_lo, new_hi = max(_prim(m[lo]), _prim(m[a])), min(_prim(m[hi]), _prim(m[b]))
+        new_lo, new_hi = max(prim_number(m[lo]), prim_number(m[a])), min(prim_number(m[hi]), prim_number(m[b]))
         if new_lo > new_hi:
             raise Declined("empty clip range")
         return relax.op.astype(relax.op.clip(m[v], int(new_lo), int(new_hi)), "int8")
@@ -608,7 +740,7 @@ def _with_input(call: relax.Call, x: relax.Expr) -> relax.Call:
 
 def _mean(call, x, sx, sy):
     attrs = call.attrs
-    dims = _dims(x)
+    dims = dims_of(x)
     axes = range(len(dims)) if attrs.axis is None else [int(a) % len(dims) for a in attrs.axis]
     count = int(np.prod(_static(dims, axes, "a mean")))
     total = relax.op.sum(relax.op.astype(x, "int32"), axis=attrs.axis, keepdims=bool(attrs.keepdims))
@@ -663,7 +795,7 @@ def _avg_pool(call, x, sx, sy):
         raise Declined(f"an average pool in layout {attrs.layout} (the integer form is NCHW)")
     if bool(attrs.ceil_mode) or any(int(d) != 1 for d in attrs.dilation):
         raise Declined("an average pool with ceil_mode or dilation")
-    dims = _dims(x)
+    dims = dims_of(x)
     n, c = dims[:2]                   # may be symbolic: they only carry the windows
     h, w = _static(dims, (2, 3), "an average pool")
     (kh, kw), (sh, sw) = [int(k) for k in attrs.pool_size], [int(s) for s in attrs.strides]
@@ -690,9 +822,37 @@ def _avg_pool(call, x, sx, sy):
     return _average(total, positions(counts), positions(present), kh * kw, sx, sy)
 
 
-#: Operators that commute with quantize and dequantize: maxima and element moves.
-_COMMUTING_OPS = ("relax.nn.max_pool2d", "relax.max", "relax.min", "relax.reshape", "relax.permute_dims",
-                  "relax.squeeze", "relax.expand_dims", "relax.flatten", "relax.strided_slice")
+#: Operators that commute with quantize and dequantize: maxima and element moves (a resize
+#: only when it picks the nearest element: see :func:`moves_elements`).
+COMMUTING_OPS = ("relax.nn.max_pool2d", "relax.max", "relax.min", "relax.reshape", "relax.permute_dims",
+                  "relax.squeeze", "relax.expand_dims", "relax.flatten", "relax.strided_slice",
+                  "relax.image.resize2d")
+
+
+#: Those of :data:`COMMUTING_OPS` that take maxima or minima: they commute with a function only
+#: if it is monotone (non-decreasing).
+MAXIMA = ("relax.nn.max_pool2d", "relax.max", "relax.min")
+
+
+def moves_elements(call: relax.Call) -> None:
+    """A ``Declined`` unless ``call`` (one of :data:`COMMUTING_OPS`) gives each output element
+    one input element's value (or a maximum or minimum of them): a resize must be
+    nearest-neighbour, and not crop (its ``tf_crop_and_resize`` writes ``extrapolation_value``
+    outside the input).
+
+    >>> x = relax.Var("x", relax.TensorType((1, 1, 2, 2), "int8"))
+    >>> moves_elements(relax.op.image.resize2d(x, (4, 4), method="linear"))
+    Traceback (most recent call last):
+    ...
+    tirpat.model.integerize.rules.Declined: a linear resize (interpolation: only a nearest one moves elements)
+    """
+    if str(call.op.name) != "relax.image.resize2d":
+        return
+    method, mode = str(call.attrs.method), str(call.attrs.coordinate_transformation_mode)
+    if method != "nearest_neighbor":
+        raise Declined(f"a {method} resize (interpolation: only a nearest one moves elements)")
+    if mode == "tf_crop_and_resize":
+        raise Declined("a resize that crops (it writes its extrapolation value outside the input)")
 
 
 def _dequantize_later_rule() -> Rule:
@@ -702,18 +862,47 @@ def _dequantize_later_rule() -> Rule:
     quantize (a global max pool then a flatten) ends as ``q(dq(...))``, a rescale."""
     x = Dequantized()
     op = None
-    for name in _COMMUTING_OPS:
+    for name in COMMUTING_OPS:
         p = is_op(name)(x.pattern, varg_default_wildcard=True)
         op = p if op is None else op | p
     dequantize = x.pattern
 
     def build(m: Match) -> relax.Expr:
         x.activation(m)            # any zero point: a positive scale keeps the order
+        moves_elements(m[op])
         dq = m[dequantize]
         return relax.op.dequantize(_with_input(m[op], m[x.x]), dq.args[1], dq.args[2],
                                    out_dtype=str(dq.attrs.out_dtype))
 
     return Rule("dequantize later", op, build)
+
+
+def _split_rule() -> Rule:
+    """``split(dq(x))`` -> ``(dq(split(x)[0]), dq(split(x)[1]), ...)``: a split moves elements, so
+    each part is the int8 part dequantized (its quantize then meets it as a rescale). The
+    tuple's items are resolved by :class:`_Canonicalised`."""
+    x = Dequantized()
+    split = is_op("relax.split")(x.pattern)
+
+    def build(m: Match) -> relax.Expr:
+        x.activation(m)
+        call, dq = m[split], m[x.pattern]
+        parts = relax.Call(call.op, [m[x.x]], call.attrs)
+        count = len(call.ty.fields)
+        return relax.Tuple([relax.op.dequantize(relax.TupleGetItem(parts, i), dq.args[1], dq.args[2],
+                                                axis=int(dq.attrs.axis), out_dtype=str(dq.attrs.out_dtype))
+                            for i in range(count)])
+
+    return _Canonicalised("split", split, build)
+
+
+class _Canonicalised(Rule):
+    """A rule whose result is a tuple: after it, ``CanonicalizeBindings`` resolves each
+    ``t[i]`` of that tuple to its item, so that the item's users match the other rules."""
+
+    def rewriter(self, declined: dict) -> Callable[[tvm.IRModule], tvm.IRModule]:
+        rewrite = super().rewriter(declined)
+        return lambda mod: relax.transform.CanonicalizeBindings()(rewrite(mod))
 
 
 def _concat_rule(arity: int) -> Rule:
@@ -765,8 +954,8 @@ def _uint8_rule() -> Rule:
 
 def all_rules() -> list[Rule]:
     """Every integerising rule, most specific first (the shift of uint8 tensors to int8 before all)."""
-    return [_uint8_rule(), _conv_rule(), _matmul_rule(), _add_rule(),
+    return [_uint8_rule(), _conv_rule(), _matmul_rule(), _add_rule(), _multiply_rule(),
             _unary_rule("avg_pool2d", ("relax.nn.avg_pool2d",), _avg_pool),
             _unary_rule("mean", ("relax.mean",), _mean),
-            *[_concat_rule(n) for n in range(2, 9)],
+            *[_concat_rule(n) for n in range(2, 9)], _split_rule(),
             _dequantize_later_rule(), _activation_rule(), _rescale_rule()]

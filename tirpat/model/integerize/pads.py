@@ -1,0 +1,149 @@
+"""A constant Pad of a dequantized tensor, as TVM's ONNX frontend imports it, on the int8 tensor.
+
+The frontend imports ONNX ``Pad`` (a Conv's asymmetric padding, as Paddle exports it) as a
+``call_tir`` of TOPI's ``pad``, not as ``relax.nn.pad``, so neither the pad widths nor the
+value are operator attributes. A pad only moves elements and writes a constant ``c``, so
+``pad(dq(x), c) == dq(pad(x, q(c)))`` whenever ``c`` is exactly a quantised value (``0.0`` is:
+it is ``z_x``); the convolution after it then meets ``dq`` directly and becomes integer. The
+widths and ``c`` are read by running the PrimFunc once at compile time on distinct values
+(a function that is not exactly a constant pad of its input is left alone).
+
+>>> pad_of(np.arange(1.0, 7.0).reshape(1, 2, 3), np.pad(np.arange(1.0, 7.0).reshape(1, 2, 3), [(0, 0), (1, 0), (0, 2)]))
+([0, 1, 0], [0, 0, 2], 0.0)
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Callable
+
+import numpy as np
+import tvm
+from tvm import relax
+from tvm.relax.expr_functor import PyExprMutator, mutator
+
+from .rules import INT8_MAX, INT8_MIN, Declined, dims_of
+
+__all__ = ["PadRule", "pad_of"]
+
+#: The PrimFunc names TVM's frontend gives TOPI's pad (``pad``, ``pad1``...)
+_PAD_NAME = re.compile(r"^pad\d*$")
+
+
+def pad_of(x: np.ndarray, y: np.ndarray) -> tuple[list[int], list[int], float] | None:
+    """``(before, after, value)`` if ``y`` is ``x`` padded with one constant (``x``'s values
+    distinct from it), else None."""
+    if y.ndim != x.ndim or any(b < a for a, b in zip(x.shape, y.shape)):
+        return None
+    corner = np.argwhere(y == x.flat[0])
+    if len(corner) != 1:
+        return None
+    before = [int(i) for i in corner[0]]
+    after = [int(b - a - s) for a, b, s in zip(x.shape, y.shape, before)]
+    if min(after) < 0:
+        return None
+    inner = tuple(slice(s, s + n) for s, n in zip(before, x.shape))
+    if not np.array_equal(y[inner], x):
+        return None
+    rest = np.ones(y.shape, bool)
+    rest[inner] = False
+    values = np.unique(y[rest])
+    if values.size > 1:
+        return None
+    return before, after, float(values[0]) if values.size else 0.0
+
+
+class PadRule:
+    """``call_tir(pad, dq(x))`` -> ``dq(nn.pad(x))`` (the module docstring). Like
+    :class:`~.rules.Rule` it has a ``name`` and ``rewriter(declined)``.
+    >>> rule = PadRule()
+    >>> rule.name, callable(rule.rewriter({}))
+    ('pad', True)
+    """
+
+    name = "pad"
+
+    def rewriter(self, declined: dict) -> Callable[[tvm.IRModule], tvm.IRModule]:
+        """A module -> module rewrite whose declines are counted in ``declined``."""
+        return lambda mod: _PadMutator(mod, declined).rewrite()
+
+
+@mutator
+class _PadMutator(PyExprMutator):
+    def __init__(self, mod: tvm.IRModule, declined: dict) -> None:
+        super().__init__(mod)
+        self.mod, self.declined, self.plans = mod, declined, {}
+
+    def rewrite(self) -> tvm.IRModule:
+        functions = {gv: f for gv, f in self.mod.functions.items() if isinstance(f, relax.Function)}
+        bindings = {b.var: b.value for f in functions.values() for block in f.body.blocks for b in block.bindings
+                    if isinstance(b, relax.VarBinding)}
+        for var, value in bindings.items():
+            dq = self._pad_of_dequantize(value, bindings)
+            if dq is None:
+                continue
+            try:
+                self.plans[var] = self.plan(value, dq)
+            except Declined as why:
+                key = (PadRule.name, str(why))
+                self.declined[key] = self.declined.get(key, 0) + 1
+        if not self.plans:
+            return self.mod
+        for gv, func in functions.items():
+            self.builder_.update_func(gv, self.visit_expr(func))
+        return self.builder_.get()
+
+    def _pad_of_dequantize(self, value, bindings: dict) -> relax.Call | None:
+        """The dequantize a ``call_tir`` of a pad reads, if ``value`` is one."""
+        if not (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op)
+                and str(value.op.name) == "relax.call_tir" and isinstance(value.args[0], relax.GlobalVar)
+                and _PAD_NAME.match(value.args[0].name_hint) and isinstance(value.args[1], relax.Tuple)
+                and len(value.args[1].fields) == 1):
+            return None
+        source = value.args[1].fields[0]
+        dq = bindings.get(source, source)
+        if (isinstance(dq, relax.Call) and isinstance(dq.op, tvm.ir.Op) and str(dq.op.name) == "relax.dequantize"
+                and all(isinstance(a, tvm.ir.Constant) for a in dq.args[1:])):
+            return dq
+        return None
+
+    def plan(self, call: relax.Call, dq: relax.Call) -> tuple:
+        x = dq.args[0]
+        if str(x.ty.dtype) != "int8":
+            raise Declined(f"a pad of a dequantized {x.ty.dtype} tensor (the integer form is for int8)")
+        in_dims, out_dims = dims_of(dq), dims_of(call)
+        if not all(isinstance(d, int) for d in (*in_dims, *out_dims)):
+            raise Declined("a pad of a tensor with dynamic dimensions")
+        scale, zero_point = (c.value.numpy().astype(np.float64).reshape(-1) for c in dq.args[1:])
+        if scale.size != 1 or zero_point.size != 1:
+            raise Declined("a pad of a per-channel quantised tensor")
+        found = _run(self.mod[call.args[0]], in_dims, out_dims)
+        if found is None:
+            raise Declined(f"a call of {call.args[0].name_hint} that is not a constant pad of its input")
+        before, after, value = found
+        steps = np.float32(value) / np.float32(scale[0])
+        if steps != np.round(steps) or not INT8_MIN <= steps + zero_point[0] <= INT8_MAX:
+            raise Declined(f"a pad with {value}, not a value of the int8 tensor's scale")
+        return x, [w for pair in zip(before, after) for w in pair], float(steps + zero_point[0]), dq
+
+    def visit_var_binding_(self, binding: relax.VarBinding) -> None:
+        plan = self.plans.get(binding.var)
+        if plan is None:
+            super().visit_var_binding_(binding)
+            return
+        x, widths, value, dq = plan
+        padded = self.builder_.emit(relax.op.nn.pad(self.visit_expr(x), widths, pad_value=value))
+        new = relax.op.dequantize(padded, dq.args[1], dq.args[2], axis=int(dq.attrs.axis),
+                                  out_dtype=str(dq.attrs.out_dtype))
+        # the pad's variable keeps its name and type: its users need no change
+        self.builder_.emit_normalized(relax.VarBinding(binding.var, self.builder_.normalize(new)))
+
+
+def _run(func: tvm.tirx.PrimFunc, in_dims: tuple, out_dims: tuple):
+    """:func:`pad_of` for ``func`` run once on llvm with distinct inputs (1, 2, 3, ...)."""
+    x = np.arange(1, int(np.prod(in_dims)) + 1, dtype=np.float32).reshape(in_dims)
+    y = np.zeros(out_dims, np.float32)
+    built = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), "llvm")
+    out = tvm.runtime.tensor(y)
+    built["main"](tvm.runtime.tensor(x), out)
+    return pad_of(x, out.numpy())
