@@ -99,16 +99,16 @@ def test_backend_and_scheduled_functions_are_left_alone():
     from tvm.script import tirx as T
 
     @T.prim_func(s_tir=True)
-    def two_steps(a: T.Buffer((8,), "int32"), c: T.Buffer((8,), "int32")):
-        b = T.sblock_alloc_buffer((8,), "int32")
+    def two_steps(a: T.Buffer((8,), "float32"), c: T.Buffer((8,), "float32")):
+        b = T.sblock_alloc_buffer((8,), "float32")
         for i in range(8):
             with T.sblock("b"):
                 v = T.axis.spatial(8, i)
-                b[v] = a[v] * 2
+                b[v] = a[v] * T.float32(2)
         for i in range(8):
             with T.sblock("c"):
                 v = T.axis.spatial(8, i)
-                c[v] = b[v] + 1
+                c[v] = b[v] + T.float32(1)
 
     tagged = two_steps.with_attr(BACKEND_ATTR, "accel")
     scheduled = two_steps.with_attr("tirx.is_scheduled", True)
@@ -118,3 +118,35 @@ def test_backend_and_scheduled_functions_are_left_alone():
     assert out["plain"].script().count("T.sblock(") == 1 + 1         # the root and one block
     with pytest.raises(TypeError, match="PrimFunc"):
         inline_function(mod)
+
+
+def test_an_integer_step_that_may_wrap_stays_a_loop_nest_of_its_own():
+    """A product that may overflow int32 is stored before the max after it reads it (inlined,
+    llvm's no-signed-wrap reasoning could drop the max); a max or a cast is inlined."""
+    from tvm.script import tirx as T
+
+    @T.prim_func(s_tir=True)
+    def chain(a: T.Buffer((8,), "int32"), c: T.Buffer((8,), "int8")):
+        b = T.sblock_alloc_buffer((8,), "int32")
+        r = T.sblock_alloc_buffer((8,), "int32")
+        m = T.sblock_alloc_buffer((8,), "int32")
+        for i in range(8):
+            with T.sblock("relu"):
+                v = T.axis.spatial(8, i)
+                r[v] = T.max(a[v], 0)
+        for i in range(8):
+            with T.sblock("scale"):
+                v = T.axis.spatial(8, i)
+                b[v] = r[v] * 861094
+        for i in range(8):
+            with T.sblock("floor"):
+                v = T.axis.spatial(8, i)
+                m[v] = T.max(b[v], -772)
+        for i in range(8):
+            with T.sblock("narrow"):
+                v = T.axis.spatial(8, i)
+                c[v] = T.Cast("int8", T.min(m[v], 127))
+
+    text = inline_function(chain).script()
+    assert 'T.sblock("scale")' in text and 'T.sblock("relu")' not in text       # relu inlined into scale
+    assert text.count("T.sblock(") == 1 + 2 and "b[v] = " in text       # the product is stored

@@ -11,7 +11,13 @@ the intermediate tensors.
 
 Inlining moves expressions, never changes them: each step still rounds to its own dtype
 (a float product is not contracted with a following add, see
-``tests/model/test_host_inline.py``), so the results equal those of the code left as it was.
+``tests/model/test_host_inline.py``). A step whose signed integer sum, difference, product
+or left shift may overflow stays a loop nest of its own, and no step is inlined after it:
+llvm's code marks those operations "no signed wrap", and an optimiser that sees the next
+operation in the same expression may use that (drop a ``max`` after a product that wraps),
+where a step per loop nest, as TVM leaves it, computes in wrapping int32 arithmetic. So the
+results equal those of the code left as it was, overflow included
+(``tests/model/test_differential_corpus.py``).
 
 >>> mod = inline_elementwise()(mod)          # doctest: +SKIP
 """
@@ -19,6 +25,7 @@ Inlining moves expressions, never changes them: each step still rounds to its ow
 from __future__ import annotations
 
 import tvm
+import tvm_ffi
 from tvm import ir, s_tir, tirx
 
 from .partition import BACKEND_ATTR
@@ -35,16 +42,16 @@ def inline_function(func: tirx.PrimFunc) -> tirx.PrimFunc:
 
     >>> from tvm.script import tirx as T
     >>> @T.prim_func(s_tir=True)
-    ... def f(a: T.Buffer((8,), "int32"), c: T.Buffer((8,), "int32")):
-    ...     b = T.sblock_alloc_buffer((8,), "int32")
+    ... def f(a: T.Buffer((8,), "float32"), c: T.Buffer((8,), "float32")):
+    ...     b = T.sblock_alloc_buffer((8,), "float32")
     ...     for i in range(8):
     ...         with T.sblock("b"):
     ...             v = T.axis.spatial(8, i)
-    ...             b[v] = a[v] * 2
+    ...             b[v] = a[v] * T.float32(2)
     ...     for i in range(8):
     ...         with T.sblock("c"):
     ...             v = T.axis.spatial(8, i)
-    ...             c[v] = b[v] + 1
+    ...             c[v] = b[v] + T.float32(1)
     >>> len(inline_function(f).script().split("T.sblock(")) - 1     # one block left (and the root)
     2
     """
@@ -57,7 +64,7 @@ def inline_function(func: tirx.PrimFunc) -> tirx.PrimFunc:
         return func
     left = []
     for block in blocks:        # producers into their consumers
-        if not _elementwise(sch, block):
+        if not _elementwise(sch, block) or _may_wrap(sch, block):
             left.append(block)
             continue
         try:
@@ -65,13 +72,38 @@ def inline_function(func: tirx.PrimFunc) -> tirx.PrimFunc:
         except Exception:  # noqa: BLE001 - TVM says why not in the exception; the block stays
             left.append(block)
     for block in reversed(left):    # an epilogue into its producer (e.g. the last cast of a chain)
-        if not _elementwise(sch, block):
+        if not _elementwise(sch, block) or any(_may_wrap(sch, p) for p in sch.get_producers(block)):
             continue
         try:
             sch.reverse_compute_inline(block)
         except Exception:  # noqa: BLE001 - as above
             pass
     return sch.mod["main"]
+
+
+#: the signed integer operations that may overflow (a max, min or right shift cannot)
+_WRAPPING = (tirx.Add, tirx.Sub, tirx.Mul, tirx.LShift)
+
+
+def _may_wrap(sch: s_tir.Schedule, block) -> bool:
+    """Whether ``block`` stores the result of a signed integer operation that may overflow
+    (indices aside)."""
+    found = []
+
+    def look(node):
+        if isinstance(node, ir.TensorLoad):
+            return tvm_ffi.WalkResult.SKIP         # its indices are addresses
+        if isinstance(node, _WRAPPING) and str(node.ty.dtype).startswith("int"):
+            found.append(node)
+            return tvm_ffi.VisitInterrupt(node)
+        return None
+
+    def on_store(store):
+        tvm_ffi.structural_walk(store.value, look, order="pre")
+        return tvm_ffi.VisitInterrupt(store) if found else None
+
+    tvm_ffi.structural_walk(sch.get(block).body, (tirx.BufferStore, on_store))
+    return bool(found)
 
 
 def _elementwise(sch: s_tir.Schedule, block) -> bool:
