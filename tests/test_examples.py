@@ -40,3 +40,15 @@ def test_demo_refuses_bad_counts_in_one_line(argv, capsys):
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert f"error: argument {argv[0]}: expected an integer of at least" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("model", [[], ["--model"]])
+def test_demo_refuses_a_timeline_it_cannot_write_before_compiling(model, tmp_path, capsys):
+    from accel.demo import main
+
+    assert main([*model, "--timeline", str(tmp_path / "no" / "t.png")]) == 1
+    captured = capsys.readouterr()
+    assert captured.err == f"python -m accel: error: --timeline {tmp_path / 'no' / 't.png'}: no such directory " \
+                           f"'{tmp_path / 'no'}'\n"
+    assert captured.out == ""           # refused before any compile
+    assert main(["--timeline", str(tmp_path)]) == 1 and "is a directory" in capsys.readouterr().err
