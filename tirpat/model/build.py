@@ -81,8 +81,10 @@ def build(mod: ir.IRModule, target, *, strict: bool = False, params: Mapping[str
             raise TypeError("params is for Relax models, not a TIR workload")
         return _build_tir(mod, target, strict, entry, records)
     if not isinstance(mod, ir.IRModule):
-        raise TypeError(f"tp.build takes a Relax IRModule, a PrimFunc or an IRModule of PrimFuncs, "
-                        f"got {type(mod).__name__}")
+        given = f"{mod!r}, a path that is not an .onnx file" if isinstance(mod, (str, os.PathLike)) \
+            else type(mod).__name__
+        raise TypeError(f"tp.build takes a Relax IRModule, a PrimFunc or an IRModule of PrimFuncs, or an ONNX "
+                        f"model (an onnx.ModelProto or the path of an .onnx file), got {given}")
     if entry not in [gv.name_hint for gv in mod.functions]:
         raise ValueError(f"the module has no function {entry!r}")
     t = as_target(target)
