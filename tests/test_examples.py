@@ -1,6 +1,7 @@
 """Every example runs and checks its own result."""
 
 import pathlib
+import re
 import runpy
 
 import pytest
@@ -20,6 +21,9 @@ def test_demo_runs_and_is_exact(capsys):
     out = capsys.readouterr().out
     assert "100.0%" in out and "bit-exact vs numpy: yes" in out and "roofline" in out
     assert "im2col on the CPU" in out and "im2col gather by strided, padded LOADs" in out
+    # three convolutions and a dense: no one epilogue in the headline, each GEMM's in its line
+    assert re.search(r"^  accel: main \(tir\): main, [\d,]+ MACs$", out, re.M), out
+    assert "offloaded T_matmul_NT: 1x1x4x512 + epilogue bias" in out
 
 
 def test_demo_nchw(capsys):
