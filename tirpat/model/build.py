@@ -376,7 +376,7 @@ def _complain(report: ModelReport, target, declined: list, strict: bool, in_floa
                     "can take its matmuls and convolutions")
     elif not report.partitions and in_float:
         message += ("\nthe model's matmuls and convolutions compute in floating point; for an integer "
-                    "accelerator, quantise it first: `tirpat quantize model.onnx` (or tp.quantize, then "
+                    "accelerator, quantise it first: `tirpat quantize model.onnx --calibration calib.npz` (or tp.quantize, then "
                     "tp.integerize; the README's 'Quantise a float model')")
     if strict:
         raise OffloadError(message)
