@@ -361,7 +361,8 @@ def _complain(report: ModelReport, target, declined: list, strict: bool, in_floa
         elif not p.rules:
             said = "; ".join(f"{what} {why}" for what, why in p.on_host)     # the backend's schedule says why
             problems.append(f"{p.function} ({p.pattern}) ran on the host: "
-                            + (said or f"none of {p.backend}'s rules matched its code"))
+                            + (said or f"none of {p.backend}'s rules matched its code (tp.explain(rules, func) "
+                                       "on its scheduled, tp.lower'ed PrimFunc says why)"))
         elif p.host_macs:
             problems.append(f"{p.function} ({p.pattern}): {p.host_macs:,} of its {p.macs:,} MACs stay on the host")
     if not problems and report.partitions:
