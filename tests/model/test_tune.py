@@ -431,3 +431,16 @@ def test_priors_are_checked_and_give_the_likeliest_value():
     with pytest.raises(ValueError, match="one positive weight per value"):
         tp.Knob("B", "k", (1, 2), default=1, prior=(1, 0))
 
+
+def test_the_table_tells_apart_tasks_whose_names_differ_only_in_the_middle(tmp_path):
+    """A real model's partitions (ppocr's convolutions) differ in the middle of long names:
+    elided alike, two rows would read the same; those are shown whole, in the summary too."""
+    from tirpat.model.tune.tuner import TaskResult, TuneResult
+
+    a, b = (f"fused_relax_nn_conv2d_relax_{op}_relax_multiply_relax_right_shift_relax_clip_relax_astype"
+            for op in ("add", "subtract"))
+    result = TuneResult(tmp_path, [TaskResult(a, "accel", budget=4, trials=4), TaskResult(b, "accel"),
+                                   TaskResult("fused_small", "accel")], 1.0, asked=4)
+    rows = str(result).splitlines()[1:4]
+    assert [r.split()[0] for r in rows] == [a, b, "fused_small"]
+    assert f"the most work first: {a}; the other 2 left at their backend's own schedule: {b}, fused_small" in str(result)

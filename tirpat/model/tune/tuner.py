@@ -45,6 +45,7 @@ Measurements run in this process, or on TVM RPC servers behind a tracker
 
 from __future__ import annotations
 
+import collections
 import importlib.util
 import logging
 import shutil
@@ -154,8 +155,9 @@ class TuneResult:
         """
         text = f"{self.trials} trials in {self.seconds:.1f} s"
         why = []
-        searched = [_short(t.name) for t in self.tasks if t.budget > 0]
-        left = [_short(t.name) for t in self.tasks if t.budget == 0]
+        shown = _shown_names([t.name for t in self.tasks])
+        searched = [shown[t.name] for t in self.tasks if t.budget > 0]
+        left = [shown[t.name] for t in self.tasks if t.budget == 0]
         if left:        # names as the table shows them; a long list of those left is the table's 0s
             which = f": {', '.join(left)}" if len(left) <= 3 else " (0 trials above)"
             why.append(f"searched {len(searched)} of {len(self.tasks)} tasks, the most work first: "
@@ -171,9 +173,10 @@ class TuneResult:
             return "-" if v is None else f"{v:,.0f}" if v >= 100 else f"{v:.3g}"
 
         rows = [("task", "backend", "trials", "failed", "heuristic", "best", "gain")]
+        shown = _shown_names([t.name for t in self.tasks])
         for t in self.tasks:
             gain = "-" if t.gain is None else f"{100 * t.gain:.1f}%"
-            name = _short(t.name) + (f" (+{len(t.copies)} identical)" if t.copies else "")
+            name = shown[t.name] + (f" (+{len(t.copies)} identical)" if t.copies else "")
             rows.append((name, t.backend, str(t.trials), str(t.failures), cost(t.heuristic), cost(t.best),
                          gain))
         widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
@@ -192,6 +195,19 @@ class TuneResult:
 def _short(name: str, width: int = 48) -> str:
     """``name`` in at most ``width`` characters, its middle elided (partition names run long)."""
     return name if len(name) <= width else name[:width // 2 - 2] + "..." + name[-(width // 2 - 1):]
+
+
+def _shown_names(names: list) -> dict:
+    """``{name: what the table shows}``: :func:`_short` unless two names would read the same
+    (partitions that differ only in the middle of their names), which are shown whole.
+
+    >>> a, b, c = ("conv_" + x * 30 + op + x * 30 for x, op in (("x", "_add_"), ("x", "_sub_"), ("y", "")))
+    >>> [_shown_names([a, b, c])[n] == n for n in (a, b, c)]       # a and b would both read conv_xxx...xxx
+    [True, True, False]
+    """
+    short = {name: _short(name) for name in names}
+    seen = collections.Counter(short.values())
+    return {name: s if seen[s] == 1 else name for name, s in short.items()}
 
 
 @dataclass(frozen=True)
