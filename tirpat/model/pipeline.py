@@ -191,7 +191,8 @@ def lower_partitions(records=None, *, record: Record | None = None) -> tvm.trans
 
     @tvm.transform.module_pass(opt_level=0, name="tirpat.LowerPartitions")
     def run(mod: ir.IRModule, ctx) -> ir.IRModule:
-        mod, tags = _legalized(mod)
+        bases: dict = {}        # a call site's copy -> the partition it computes
+        mod, tags = _legalized(mod, bases)
         if not tags:
             return mod
         for gv, func in list(mod.functions.items()):
@@ -203,7 +204,8 @@ def lower_partitions(records=None, *, record: Record | None = None) -> tvm.trans
                 record.partitions[gv.name_hint] = (name, composite, ops)
             if records is not None:
                 func = with_records(records, func, name, opts, gv.name_hint, record)
-            origin = PartitionOrigin(gv.name_hint, tuple(str(c.op.name) for c in ops))
+            # a copy for other scalar constants is the same partition: its layer is named as the partition
+            origin = PartitionOrigin(bases.get(gv.name_hint, gv.name_hint), tuple(str(c.op.name) for c in ops))
             scheduled = schedule_for(func, name, opts, gv.name_hint, record, origin)
             mod[gv] = func.with_attr("op_pattern", KOPAQUE) if scheduled is None else scheduled
         mod, folded = split_layout_stages(mod)
