@@ -15,7 +15,10 @@ alone, and prints the model report, each layer's cycles and a timeline labelled 
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import sys
 import time
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
@@ -210,6 +213,22 @@ def _at_least(least: int):
     return parse
 
 
+def _timeline_problem(path: Path) -> str | None:
+    """Why a timeline PNG cannot be written at ``path``, or None.
+
+    >>> _timeline_problem(Path("/no/such/dir/t.png"))
+    "no such directory '/no/such/dir'"
+    """
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        return f"no such directory '{parent}'"
+    if path.is_dir():
+        return "is a directory"
+    if importlib.util.find_spec("matplotlib") is None:
+        return "drawing a PNG needs matplotlib: pip install 'tirpat[plot]'"
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the demo; returns 0 when the accelerator's result equals numpy's."""
     ap = argparse.ArgumentParser(prog="python -m accel", description=__doc__.splitlines()[0])
@@ -220,12 +239,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--classes", type=_at_least(1), default=10, help="outputs of the dense head (default 10)")
     ap.add_argument("--layout", choices=["NHWC", "NCHW"], default="NHWC", help="activation layout (default NHWC)")
     ap.add_argument("--timeline", metavar="PNG", help="also write the timeline as a PNG (needs matplotlib)")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0, help="seed of the random inputs and weights (default 0)")
     ap.add_argument("--model", action="store_true",
                     help="the model demo: a ResNet-style Relax CNN through tp.build (uses --size, the last "
                          "of --channels, --blocks, --classes, --layout)")
     ap.add_argument("--blocks", type=_at_least(0), default=2, help="residual blocks of the --model CNN (default 2)")
     args = ap.parse_args(argv)
+    if args.timeline:       # checked before the compile, not found by matplotlib after it
+        problem = _timeline_problem(Path(args.timeline))
+        if problem:
+            print(f"{ap.prog}: error: --timeline {args.timeline}: {problem}", file=sys.stderr)
+            return 1
     if args.model:
         return model_demo(args)
 

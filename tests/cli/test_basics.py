@@ -47,7 +47,8 @@ def test_a_usage_error_exits_2_with_one_line(tirpat, error_line, tmp_path):
     (["frobnicate"], "invalid choice: 'frobnicate'"),
     (["compile", "m.onnx", "-t"], "argument -t/--target: expected one argument"),
     (["run", "m.tirpat", "--seed", "x"], "argument --seed: expected a non-negative integer, got 'x'"),
-    (["targets", "--bogus"], "unrecognized arguments: --bogus"),
+    (["targets", "--bogus"], "tirpat targets: error: unrecognized arguments: --bogus (see 'tirpat targets --help')"),
+    (["run", "m.tirpat", "extra.npz"], "tirpat run: error: unrecognized arguments: extra.npz (see 'tirpat run --help')"),
     (["compile", "m.onnx", "-t", "llvm", "--input-shapes", "x:[a]"], "argument --input-shapes: expected name:[d0,d1,...]"),
 ])
 def test_usage_errors(capsys, args, fragment):

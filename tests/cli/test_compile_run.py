@@ -343,7 +343,7 @@ def test_input_shapes_fix_an_onnx_models_dynamic_batch(tirpat, tirpat_here, erro
     matmul_integer_model(tmp_path / "layer.onnx", np.random.default_rng(5), batch="N")
     status, _, err = tirpat_here("compile", "layer.onnx", "-t", TARGET, "-o", "dynamic.tirpat")
     assert status == 0 and "input.1 [N, 64] has dimensions not fixed" in err, err
-    assert '--input-shapes "input.1:[N,64]" with a size for each name' in err
+    assert 'give them with --input-shapes "input.1:[N,64]", a number in place of each name' in err
     error_line(tirpat("compile", "layer.onnx", "-t", TARGET, "--input-shapes", "x:[16,64]", cwd=tmp_path),
                "layer.onnx: --input-shapes names x, but the model's inputs are input.1")
     result = tirpat("compile", "layer.onnx", "-t", TARGET, "--input-shapes", "input.1:[16,64]", "--report", "r.json",

@@ -88,6 +88,19 @@ def test_the_generator_says_what_it_wrote(tmp_path, script):
         assert data.files
 
 
+@pytest.mark.parametrize("args, problem", [(["nowhere/cnn.onnx"], "nowhere/cnn.onnx: no such directory 'nowhere'"),
+                                           (["cnn.onnx", "--calibration", "nowhere/c.npz"],
+                                            "nowhere/c.npz: no such directory 'nowhere'"),
+                                           (["."], ".: is a directory")])
+def test_the_generator_refuses_a_path_it_cannot_write_in_one_line(args, problem, tmp_path, monkeypatch, capsys):
+    from tirpat.testing.onnx_cnn import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["residual", *args]) == 1
+    assert capsys.readouterr().err == f"python -m tirpat.testing.onnx_cnn: error: {problem}\n"
+    assert list(tmp_path.iterdir()) == []        # refused before writing anything
+
+
 def test_refuses_a_quantised_model(tirpat, error_line, float_cnn, tmp_path):
     """Quantising a QDQ model again wrote an invalid ONNX (duplicate node names), exit 0."""
     import tirpat as tp

@@ -12,7 +12,7 @@ import tvm
 import tvm_ffi
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tvm import ir, tirx
+from tvm import ir, te, tirx
 from tvm.script import tirx as T
 
 import tirpat as tp
@@ -170,6 +170,43 @@ def test_a_failing_precondition_declines_with_its_reason():
     assert "dt.axpy" not in axpy.rule()(target).script()
     assert "n=n is longer than a tile" in str(tp.explain(axpy.rule(), target))
     assert axpy.check(n=3, tile=8) is None and axpy.check(n=9, tile=8) == "n=9 is longer than a tile"
+
+
+@tp.instr("dh.relu")
+def host_relu():
+    """A ReLU over host memory, its buffers as long as its vector length ``n`` (symbolic)."""
+    n = tirx.Var("n", "int32")
+    dst, src, i = tirx.decl_buffer((n,), "int8", "dst"), tirx.decl_buffer((n,), "int8", "src"), tirx.Var("i", "int32")
+    return tirx.PrimFunc([dst, src, n], tirx.For(i, 0, n, tirx.ForKind.SERIAL,
+                                                 tirx.BufferStore(dst, tirx.max(src[i], tirx.const(0, "int8")), [i])))
+
+
+HOST_RT = device.Runtime("dh", type("DhSession", (device.Session,), {}))
+
+
+@HOST_RT.implement(host_relu)
+def _host_relu(s, dst, src, n):
+    d, x = device.tensor_view(dst)[:n], device.tensor_view(src)[:n]
+    s.enqueue(lambda: d.__setitem__(Ellipsis, np.maximum(x, 0)))
+
+
+@settings(max_examples=10, deadline=None)
+@given(st.integers(1, 4), st.integers(2, 24))     # a 1 x 1 has no loop left to match
+def test_a_host_buffer_rule_of_symbolic_length_rewrites_int64_code(rows, cols):
+    """Relax's int64 loops: the int32 rule is converted, its buffers' layouts with their
+    shapes (else the converted rule referred to its old ``n`` and matched nothing)."""
+    X = te.placeholder((tirx.IntImm("int64", rows), tirx.IntImm("int64", cols)), "int8", name="X")
+    Y = te.compute(X.shape, lambda i, j: te.max(X[i, j], tirx.const(0, "int8")), name="Y")
+    mine = tp.Report()
+    with tp.registered(tp.tir_pipeline(host_relu.rule().as_pass(report=mine))) as pipeline:
+        relu = tvm.compile(tvm.IRModule({"main": te.create_prim_func([X, Y])}), target="llvm",
+                           tir_pipeline=pipeline)["main"]
+    assert mine.counts == {"dh.relu": 1}
+    x = tvm.runtime.tensor(np.random.default_rng(rows * 100 + cols).integers(-128, 128, (rows, cols), dtype=np.int8))
+    y = tvm.runtime.tensor(np.zeros((rows, cols), np.int8))
+    with HOST_RT.session_class():     # no planner, no sync in the code: the work runs at the exit,
+        relu(x, y)                    # so x must outlive the call
+    np.testing.assert_array_equal(y.numpy(), np.maximum(x.numpy(), 0))
 
 
 # -- the runtime's side -------------------------------------------------------------------

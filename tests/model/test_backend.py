@@ -98,6 +98,10 @@ def test_the_registry_takes_classes_and_instances_and_refuses_clashes():
         tp.register_backend(type("Spaced", (tp.Backend,), {"name": "two words"}))
     with pytest.raises(ValueError, match="must be a target-string name"):
         tp.register_backend(type("Nameless", (tp.Backend,), {}))
+    # a backend named llvm would make every "..., llvm" a target with no host
+    with pytest.raises(ValueError, match="Shadow.name 'llvm' is a TVM target kind; a backend needs a name of its own"):
+        tp.register_backend(type("Shadow", (tp.Backend,), {"name": "llvm"}))
+    assert "llvm" not in tp.backends() and tp.parse_target("llvm").host.kind.name == "llvm"
     with pytest.raises(TypeError, match="takes a tp.Backend subclass or instance"):
         tp.register_backend(object)
     with pytest.raises(KeyError, match="no backend named 'nosuch' is registered"):

@@ -83,7 +83,8 @@ def test_float_model_warns_and_strict_raises():
             return y
 
     with pytest.warns(tp.OffloadWarning, match=r"(?s)nothing was offloaded to accel:\n  y = relax.matmul: "
-                      r"accel: float32 x float32 -> float32.*quantise it first: `tirpat quantize"):
+                      r"accel: float32 x float32 -> float32.*quantise it first: "
+                      r"`tirpat quantize model.onnx --calibration calib.npz`"):  # as typed, quantize wants data
         model = tp.build(Float, "accel, llvm")
     args = random_inputs(Float, np.random.default_rng(2))
     np.testing.assert_allclose(model(*args), args[0] @ args[1], rtol=1e-5)

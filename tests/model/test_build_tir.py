@@ -74,8 +74,11 @@ def test_what_a_tir_workload_cannot_take_is_refused_by_name():
     with pytest.raises(TypeError, match="params is for Relax models, not a TIR workload"):
         tp.build(func, "accel, llvm", params={"A": np.zeros((8, 8), np.int8)})
     with pytest.raises(TypeError, match="tp.build takes a Relax IRModule, a PrimFunc or an IRModule of "
-                                        "PrimFuncs, got str"):
-        tp.build("dense", "accel, llvm")
+                                        r"PrimFuncs, or an ONNX model \(an onnx.ModelProto or the path of an .onnx "
+                                        r"file\), got 'm.py', a path that is not an .onnx file"):
+        tp.build("m.py", "accel, llvm")
+    with pytest.raises(TypeError, match=r"\.onnx file\), got NoneType"):
+        tp.build(None, "accel, llvm")
 
 
 def test_a_backend_error_lowering_it_is_raised_not_fallen_back():

@@ -76,3 +76,13 @@ def test_sites_get_one_primfunc_per_distinct_set_of_scalars():
     immediates = sorted((" * 3\n" in f.script(), " >> 9\n" in f.script(), " * 5\n" in f.script(),
                          " >> 11\n" in f.script()) for *_, f in funcs)
     assert immediates == [(False, False, True, True), (True, True, False, False)]
+
+
+def test_every_call_site_is_a_layer_of_the_profile():
+    """A site's copy (other constants) is the partition it computes: a call lists each site
+    as a layer, named as the report names it, the copy's included."""
+    mod = bind_params(chain([(3, 9, 0), (5, 11, 0), (3, 9, 0)]), weights(3, 0))
+    compiled = tp.build(mod, "accel, llvm")
+    compiled(np.random.default_rng(1).integers(-128, 128, (16, 32), dtype=np.int8))
+    assert [layer.function for layer in compiled.layers] == [p.function for p in compiled.report.partitions]
+    assert len(compiled.layers) == 3 and all(layer.cycles > 0 for layer in compiled.layers)

@@ -10,7 +10,8 @@ from tvm import relax
 import tirpat as tp
 
 MODULES = ["tirpat.model.partition", "tirpat.model.report", "tirpat.model.pipeline", "tirpat.model.prepack",
-           "tirpat.model.compiled", "tirpat.model.kernel", "tirpat.model.build", "tirpat.model.host_cpu", "tirpat.model.archive", "accel.compiler.patterns", "accel.backend"]
+           "tirpat.model.compiled", "tirpat.model.kernel", "tirpat.model.build", "tirpat.model.host_cpu",
+           "tirpat.model.host_inline", "tirpat.model.archive", "accel.compiler.patterns", "accel.backend"]
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -369,3 +369,22 @@ def test_symbolic_dimensions_only_where_the_arithmetic_needs_them():
         assert np.array_equal(vm["main"](tvm.runtime.tensor(data)).numpy(), np.round(sums / 6).astype(np.int8))
     with pytest.warns(IntegerizeWarning, match=r"mean: a mean over a dynamic dimension \(h in"):
         tp.integerize()(mean_of((n, 2, h, 3), [2, 3]))
+
+
+
+def test_the_warning_lists_a_few_sites_and_counts_the_rest():
+    """A model with open sizes declines every mean, each reason naming its own dimension:
+    the warning lists four and says how many more, rather than growing with the model."""
+    bb, scale, zero = relax.BlockBuilder(), relax.const(0.05, "float32"), relax.const(0, "int8")
+    xs = [relax.Var(f"x{k}", relax.TensorType((1, 2, tvm.tirx.Var(f"h{k}", "int64"), 3), "int8")) for k in range(7)]
+    with bb.function("main", xs):
+        with bb.dataflow():
+            ys = [bb.emit(relax.op.quantize(relax.op.mean(relax.op.dequantize(x, scale, zero), axis=[2, 3],
+                                                          keepdims=True), scale, zero)) for x in xs]
+            out = bb.emit_output(relax.Tuple(ys))
+        bb.emit_func_output(out)
+    with pytest.warns(IntegerizeWarning) as caught:
+        tp.integerize()(bb.get())
+    text = str(caught[0].message)
+    assert text.startswith("tp.integerize left 7 quantised operator(s) in float")
+    assert text.count("over a dynamic dimension") == 4 and "... and 3 more" in text

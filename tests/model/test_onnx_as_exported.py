@@ -113,6 +113,7 @@ def test_float_outputs_are_not_dequantised():
 @pytest.mark.parametrize("keep, message", [
     ({"exclude": ["nope"]}, "no node named 'nope' in the model"),
     ({"exclude": ["bn"]}, "no node named 'bn' in the model (after onnxruntime's pre-processing"),
+    ({"exclude": ["fc1"]}, "did you mean 'fc'? its nodes are "),        # the README: an error lists what it has
     ({"exclude_op_types": ["LSTM"]}, "the model has no 'LSTM' node to keep in float"),
     ({"exclude_op_types": ["Cast"]}, "onnxruntime does not quantise 'Cast' nodes"),
     ({"float_outputs": ["z"]}, "'z' is not an output of the model (its outputs are 'y')"),

@@ -369,3 +369,78 @@ def test_a_primfunc_goes_to_the_first_backend_with_a_design_space(cheater, tmp_p
     assert [(t.backend, t.failures) for t in result.tasks] == [("accel", 0)]
     with pytest.raises(ValueError, match="nothing to tune.*tune-test-plain"):
         tp.tune(func, "tune-test-plain, llvm", trials=2, records=tmp_path)
+
+
+# --------------------------------------------------------------------------- call sites and priors
+def test_copies_for_call_sites_are_one_task_and_no_layer_gets_slower(tmp_path):
+    """Three layers of one shape, the middle one with other requantise constants: two
+    partition functions (``<name>`` and ``<name>_s1``) and one task, tuned once; its best
+    record is written for both, so all three call sites are built from records, bit-exact,
+    and none takes more cycles than untuned."""
+    from models import reference as vm_reference
+    from test_call_sites import chain, weights
+
+    from tirpat.model.build import bind_params
+
+    mod = bind_params(chain([(3, 9, 0), (5, 11, 0), (3, 9, 0)]), weights(3, 0))
+    bases: dict = {}
+    names = [name for name, *_ in tp.partition_functions(mod, "accel, llvm", bases=bases)]
+    assert len(names) == 2 and list(bases.items()) == [(f"{names[0]}_s1", names[0])]
+    result = tp.tune(mod, "accel, llvm", trials=6, records=tmp_path, strategy="replay-trace", batch=3, seed=2)
+    [task] = result.tasks
+    assert task.copies == (f"{names[0]}_s1",) and task.trials == 6
+    x = np.random.default_rng(5).integers(-128, 128, (16, 32), dtype=np.int8)
+    untuned, tuned = tp.build(mod, "accel, llvm"), tp.build(mod, "accel, llvm", records=tmp_path)
+    assert tuned.report.records["applied"] == len(tuned.report.partitions) == 3
+    np.testing.assert_array_equal(tuned(x), vm_reference(mod, [x]))
+    untuned(x)
+    before, after = [l.cycles for l in untuned.layers], [l.cycles for l in tuned.layers]
+    assert len(before) == len(after) == 3
+    assert all(a <= b for a, b in zip(after, before)), (before, after)
+    assert tuned.stats["accel"].cycles <= untuned.stats["accel"].cycles
+    assert task.best <= task.heuristic
+
+
+def test_a_prior_makes_its_likeliest_values_the_second_candidate(tmp_path):
+    """accel's knobs favour a large M block and a resident weight: with a budget of two, the
+    heuristic and then those values are measured."""
+    func = conv_layer()
+    result = tp.tune(func, "accel, llvm", trials=2, records=tmp_path, seed=1)
+    assert result.trials == 2
+    db = tp.Records(tmp_path).database
+    from accel.compiler.schedule import gemm_blocks
+
+    knobs = []
+    for record in db.get_all_tuning_records():
+        sch = s_tir.Schedule(ir.IRModule({"main": func}))
+        record.trace.apply_to_schedule(sch, remove_postproc=True)
+        [(block, _)] = gemm_blocks(sch)
+        knobs.append(Knobs.from_annotations(sch.get(sch.get_sblock(block)).annotations))
+    heuristic = [k for k in knobs if k.bm == 1]
+    likely = [k for k in knobs if k.bm != 1]
+    assert len(heuristic) == 1 and len(likely) == 1
+    assert likely[0].bm > 1 and likely[0].weights == "resident"
+
+
+def test_priors_are_checked_and_give_the_likeliest_value():
+    assert tp.Knob("B", "k", (1, 2, 4), default=1, prior=(1, 2, 3)).likely == 2
+    assert tp.Knob("B", "k", (1, 2, 4), default=2, prior=(1, 1, 1)).likely == 1     # no preference: the default
+    assert tp.Knob("B", "k", (1, 2), default=1).probabilities == [0.5, 0.5]
+    with pytest.raises(ValueError, match="one positive weight per value"):
+        tp.Knob("B", "k", (1, 2), default=1, prior=(1,))
+    with pytest.raises(ValueError, match="one positive weight per value"):
+        tp.Knob("B", "k", (1, 2), default=1, prior=(1, 0))
+
+
+def test_the_table_tells_apart_tasks_whose_names_differ_only_in_the_middle(tmp_path):
+    """A real model's partitions (ppocr's convolutions) differ in the middle of long names:
+    elided alike, two rows would read the same; those are shown whole, in the summary too."""
+    from tirpat.model.tune.tuner import TaskResult, TuneResult
+
+    a, b = (f"fused_relax_nn_conv2d_relax_{op}_relax_multiply_relax_right_shift_relax_clip_relax_astype"
+            for op in ("add", "subtract"))
+    result = TuneResult(tmp_path, [TaskResult(a, "accel", budget=4, trials=4), TaskResult(b, "accel"),
+                                   TaskResult("fused_small", "accel")], 1.0, asked=4)
+    rows = str(result).splitlines()[1:4]
+    assert [r.split()[0] for r in rows] == [a, b, "fused_small"]
+    assert f"the most work first: {a}; the other 2 left at their backend's own schedule: {b}, fused_small" in str(result)

@@ -249,6 +249,7 @@ def test_no_server_under_the_key_is_one_line(tracker, tmp_path):
 
 @pytest.mark.parametrize("args, fragment", [
     (["--rpc", "localhost:9190"], "an RPC address is HOST:PORT:KEY"),
+    (["--rpc", "127.0.0.1:99999:accel"], "an RPC address's PORT is 1 to 65535, got '127.0.0.1:99999:accel'"),
     (["--rpc", "127.0.0.1:{dead}:accel"], "cannot reach the RPC tracker at 127.0.0.1:"),
     (["-t", "nosuch, llvm"], "unknown target 'nosuch'"),
 ])
@@ -266,6 +267,8 @@ def test_bad_tune_input_is_one_line(tmp_path, args, fragment):
 def test_usage_errors_and_help(tmp_path):
     bad = tirpat("tune", MLP, "-t", "accel, llvm", "--trials", 0, "--records", "r", cwd=tmp_path)
     assert bad.returncode == 2 and "expected a positive integer" in bad.stderr
+    bad = tirpat("rpc-server", "--tracker", "127.0.0.1:99999", "--key", "k", cwd=tmp_path)
+    assert bad.returncode == 2 and "expected HOST:PORT (PORT 1 to 65535), got '127.0.0.1:99999'" in bad.stderr
     helped = tirpat("rpc-server", "--help", cwd=tmp_path)
     assert helped.returncode == 0 and "runs any code it is sent" in helped.stdout
     assert "127.0.0.1" in helped.stdout and "example:" in helped.stdout

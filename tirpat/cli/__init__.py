@@ -65,6 +65,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
     sub = parser.add_subparsers(title="commands", metavar="COMMAND", parser_class=_Parser)
+    parser.commands = {}        # each command's parser, to report a usage error in its name
     for command in commands().values():
         p = sub.add_parser(command.name, help=command.help, description=command.description or command.help,
                            epilog=f"example:\n  {command.example}", formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -72,6 +73,7 @@ def _parser() -> argparse.ArgumentParser:
                        help="show the traceback of an error")
         command.arguments(p)
         p.set_defaults(command=command)
+        parser.commands[command.name] = p
     return parser
 
 
@@ -87,8 +89,10 @@ def _version() -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``tirpat`` command line with ``argv`` (default ``sys.argv[1:]``); the exit status."""
     parser = _parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
     command: Command | None = getattr(args, "command", None)
+    if extra:       # argparse reports these as the top-level parser's: say the command's name and help
+        (parser.commands[command.name] if command else parser).error(f"unrecognized arguments: {' '.join(extra)}")
     if command is None:
         parser.print_help(sys.stderr)
         return 2

@@ -127,8 +127,8 @@ def _from_onnx(path: Path, shapes: dict[str, list[int]] | None, preprocess: bool
         example = " ".join(f"{n}:[{','.join(_placeholder(d, axis) for axis, d in enumerate(dims))}]"
                            for n, dims in dynamic.items())
         warnings.warn(f"{path}: input {', '.join(f'{n} [{_text(dims)}]' for n, dims in dynamic.items())} has dimensions not "
-                      f"fixed in the model; accelerators need static shapes: give them with --input-shapes, "
-                      f"--input-shapes \"{example}\" with a size for each name", stacklevel=2)
+                      f"fixed in the model; accelerators need static shapes: give them with "
+                      f"--input-shapes \"{example}\", a number in place of each name", stacklevel=2)
     try:
         return import_onnx(model, shapes, preprocess=preprocess, source=path)
     except OnnxImportError as err:

@@ -36,8 +36,8 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
 
 def _address(text: str) -> tuple:
     host, _, port = text.rpartition(":")
-    if not host or not port.isdigit():
-        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT (PORT 1 to 65535), got {text!r}")
     return host, int(port)
 
 

@@ -283,6 +283,11 @@ def register_backend(backend: type[Backend] | Backend) -> None:
     if not isinstance(name, str) or not name or not _valid_name(name):
         raise ValueError(f"{type(instance).__name__}.name must be a target-string name (letters, digits, "
                          f"'_' and '-', not starting with '-'), got {name!r}")
+    from tvm.target import Target
+
+    if name in Target.list_kinds():     # "name, llvm" would then read as two backends, no host
+        raise ValueError(f"{type(instance).__name__}.name {name!r} is a TVM target kind; a backend needs a name "
+                         "of its own")
     with _LOCK:
         old = _REGISTRY.get(name)
         if old is not None and type(old) is not type(instance):

@@ -81,8 +81,10 @@ def build(mod: ir.IRModule, target, *, strict: bool = False, params: Mapping[str
             raise TypeError("params is for Relax models, not a TIR workload")
         return _build_tir(mod, target, strict, entry, records)
     if not isinstance(mod, ir.IRModule):
-        raise TypeError(f"tp.build takes a Relax IRModule, a PrimFunc or an IRModule of PrimFuncs, "
-                        f"got {type(mod).__name__}")
+        given = f"{mod!r}, a path that is not an .onnx file" if isinstance(mod, (str, os.PathLike)) \
+            else type(mod).__name__
+        raise TypeError(f"tp.build takes a Relax IRModule, a PrimFunc or an IRModule of PrimFuncs, or an ONNX "
+                        f"model (an onnx.ModelProto or the path of an .onnx file), got {given}")
     if entry not in [gv.name_hint for gv in mod.functions]:
         raise ValueError(f"the module has no function {entry!r}")
     t = as_target(target)
@@ -359,7 +361,8 @@ def _complain(report: ModelReport, target, declined: list, strict: bool, in_floa
         elif not p.rules:
             said = "; ".join(f"{what} {why}" for what, why in p.on_host)     # the backend's schedule says why
             problems.append(f"{p.function} ({p.pattern}) ran on the host: "
-                            + (said or f"none of {p.backend}'s rules matched its code"))
+                            + (said or f"none of {p.backend}'s rules matched its code (tp.explain(rules, func) "
+                                       "on its scheduled, tp.lower'ed PrimFunc says why)"))
         elif p.host_macs:
             problems.append(f"{p.function} ({p.pattern}): {p.host_macs:,} of its {p.macs:,} MACs stay on the host")
     if not problems and report.partitions:
@@ -374,7 +377,7 @@ def _complain(report: ModelReport, target, declined: list, strict: bool, in_floa
                     "can take its matmuls and convolutions")
     elif not report.partitions and in_float:
         message += ("\nthe model's matmuls and convolutions compute in floating point; for an integer "
-                    "accelerator, quantise it first: `tirpat quantize model.onnx` (or tp.quantize, then "
+                    "accelerator, quantise it first: `tirpat quantize model.onnx --calibration calib.npz` (or tp.quantize, then "
                     "tp.integerize; the README's 'Quantise a float model')")
     if strict:
         raise OffloadError(message)

@@ -9,7 +9,8 @@
   layout stage the schedule marked (``meta_schedule.layout_rewrite_preproc``, as
   meta_schedule's layout rewriting does) becomes a function of its own, which runs at
   compile time when the weight is a constant (:mod:`tirpat.model.prepack`). The rest of the
-  module then takes TVM's default pipeline for the host target.
+  module then takes TVM's default pipeline for the host target, and the host's fused
+  functions get their elementwise steps inlined (:mod:`tirpat.model.host_inline`).
 - :data:`TIR_PIPELINE` is one registered TIR pipeline for every target: it sees every
   PrimFunc, and runs a backend's ``BEFORE_REWRITE`` passes, rules and ``AFTER_REWRITE``
   passes only on the PrimFuncs tagged with that backend (:data:`~tirpat.model.partition.BACKEND_ATTR`,
@@ -42,6 +43,7 @@ from tvm import ir, relax, s_tir, tirx
 
 from .. import device
 from .backend import Phase, lookup
+from .host_inline import inline_elementwise
 from .partition import (BACKEND_ATTR, OPTIONS_ATTR, PARTITION_ATTR, PartitionOrigin, Partitioner, as_target,
                         options_text, origin_of, tagged)
 from .prepack import split_layout_stages
@@ -137,9 +139,10 @@ def _single_primfunc(scheduled, name: str):
     raise TypeError(f"{name}.schedule must return a PrimFunc (or an IRModule with one), got {type(scheduled).__name__}")
 
 
-def _legalized(mod: ir.IRModule) -> tuple[ir.IRModule, dict]:
+def _legalized(mod: ir.IRModule, bases: dict | None = None) -> tuple[ir.IRModule, dict]:
     """Each tagged Relax partition legalized into one PrimFunc of the same name (what the
-    backend's ``schedule`` gets), and the tags: name -> ((backend, opts), composite, ops)."""
+    backend's ``schedule`` gets), and the tags: name -> ((backend, opts), composite, ops).
+    ``bases``, if given, is filled as :func:`_inline_scalar_constants` says."""
     tags = {}
     for gv, func in mod.functions.items():
         tag = tagged(func) if isinstance(func, relax.Function) else None
@@ -149,18 +152,22 @@ def _legalized(mod: ir.IRModule) -> tuple[ir.IRModule, dict]:
         return mod, tags
     mod = tvm.transform.Sequential([relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
                                     relax.transform.FuseTIR(), relax.transform.DeadCodeElimination()])(mod)
-    return _inline_scalar_constants(mod, tags)
+    return _inline_scalar_constants(mod, tags, bases)
 
 
-def partition_functions(mod: ir.IRModule, target) -> list:
+def partition_functions(mod: ir.IRModule, target, *, bases: dict | None = None) -> list:
     """``[(name, backend name, options, PrimFunc)]``: every partition of the Relax module
     ``mod`` for ``target``, legalized as its backend's ``schedule`` receives it (what
     ``tp.tune`` tunes).
 
+    ``bases``, if given (a dict), is filled with ``{copy: partition}`` for the copies of a
+    partition that one call site's scalar constants made (``<name>_s1``, ...: the same
+    computation but for those immediates).
+
     >>> [name for name, *_ in tp.partition_functions(mod, "accel, llvm")]   # doctest: +SKIP
     ['fused_relax_matmul_relax_add']
     """
-    mod, tags = _legalized(Partitioner(as_target(target))(mod))
+    mod, tags = _legalized(Partitioner(as_target(target))(mod), bases)
     return [(gv.name_hint, *tags[gv.name_hint][0], func) for gv, func in mod.functions.items()
             if gv.name_hint in tags and isinstance(func, tirx.PrimFunc)]
 
@@ -184,7 +191,8 @@ def lower_partitions(records=None, *, record: Record | None = None) -> tvm.trans
 
     @tvm.transform.module_pass(opt_level=0, name="tirpat.LowerPartitions")
     def run(mod: ir.IRModule, ctx) -> ir.IRModule:
-        mod, tags = _legalized(mod)
+        bases: dict = {}        # a call site's copy -> the partition it computes
+        mod, tags = _legalized(mod, bases)
         if not tags:
             return mod
         for gv, func in list(mod.functions.items()):
@@ -196,7 +204,8 @@ def lower_partitions(records=None, *, record: Record | None = None) -> tvm.trans
                 record.partitions[gv.name_hint] = (name, composite, ops)
             if records is not None:
                 func = with_records(records, func, name, opts, gv.name_hint, record)
-            origin = PartitionOrigin(gv.name_hint, tuple(str(c.op.name) for c in ops))
+            # a copy for other scalar constants is the same partition: its layer is named as the partition
+            origin = PartitionOrigin(bases.get(gv.name_hint, gv.name_hint), tuple(str(c.op.name) for c in ops))
             scheduled = schedule_for(func, name, opts, gv.name_hint, record, origin)
             mod[gv] = func.with_attr("op_pattern", KOPAQUE) if scheduled is None else scheduled
         mod, folded = split_layout_stages(mod)
@@ -255,7 +264,7 @@ def schedule_for(func: tirx.PrimFunc, backend: str, opts: dict, function: str, r
     return scheduled if origin is None else scheduled.with_attr(PARTITION_ATTR, origin.attr())
 
 
-def _inline_scalar_constants(mod: ir.IRModule, tags: dict) -> tuple[ir.IRModule, dict]:
+def _inline_scalar_constants(mod: ir.IRModule, tags: dict, bases: dict | None = None) -> tuple[ir.IRModule, dict]:
     """Scalar constants a partition is called with (a requantise's shift, a zero point) become
     immediates in its PrimFunc, where a backend's rules can see their values; the blocks no
     longer list them among what they read (a schedule sees no read of them).
@@ -265,7 +274,8 @@ def _inline_scalar_constants(mod: ir.IRModule, tags: dict) -> tuple[ir.IRModule,
     PrimFunc whose sites pass different scalars is therefore copied, one copy per distinct set
     of scalar values (``<name>_s1``, ``<name>_s2``, ...; the first set keeps the name), and each
     site calls its own copy: immediates baked into a shared PrimFunc would give every site the
-    values of one. Returns the module and ``tags`` with an entry for each copy."""
+    values of one. Returns the module and ``tags`` with an entry for each copy; ``bases``, if
+    given, gets ``{copy name: name}``."""
     from tvm.relax.dpl import is_op, rewrite_call, wildcard
 
     pattern = is_op("relax.call_tir")(wildcard(), wildcard())
@@ -297,6 +307,8 @@ def _inline_scalar_constants(mod: ir.IRModule, tags: dict) -> tuple[ir.IRModule,
                     builder.update_func(copy, builder.get()[copy].with_attr("global_symbol", copy.name_hint))
                 keys[key] = copy
                 tags[copy.name_hint] = tags[name]
+                if bases is not None:
+                    bases[copy.name_hint] = name
     mod = builder.get()
 
     def repoint(call, _):       # each site calls the copy made for its scalars
@@ -374,7 +386,9 @@ def relax_pipeline(target, records=None, *, record: Record | None = None) -> tvm
             record.partitioned, record.partitioner = mod, partitioner
         return mod
 
-    return tvm.transform.Sequential([part, lower_partitions(records, record=record), host],
+    # the host's fused functions with their elementwise steps inlined: LLVM takes a fused
+    # requantise chain of 30 loop nests many times longer than one nest (tirpat.model.host_inline)
+    return tvm.transform.Sequential([part, lower_partitions(records, record=record), host, inline_elementwise()],
                                     name="tirpat.relax_pipeline")
 
 

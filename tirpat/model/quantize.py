@@ -36,6 +36,7 @@ warning says that the scales then mean nothing for real data.
 
 from __future__ import annotations
 
+import difflib
 import os
 import pathlib
 import re
@@ -164,15 +165,25 @@ def _upgrade(onnx, proto, opset: int):
                          f"converter cannot upgrade the model from opset {current}: {err}") from err
 
 
+#: the most node names an error lists (a real model has hundreds)
+_NODES_LISTED = 8
+
+
 def _kept_in_float(ortq, pre, exclude, exclude_op_types, float_outputs) -> tuple[list[str], list[str] | None]:
     """onnxruntime's ``nodes_to_exclude`` and ``op_types_to_quantize`` (None: its default,
     every type it quantises) for the nodes, operator types and graph outputs to keep in
     float, checked against the pre-processed model ``pre``."""
-    names = {n.name for n in pre.graph.node}
+    order = [n.name for n in pre.graph.node]
+    names = set(order)
     unknown = [n for n in exclude if n not in names]
     if unknown:
+        near = sorted({m for n in unknown for m in difflib.get_close_matches(n, order, n=3)})
+        listed = ", ".join(map(repr, order[:_NODES_LISTED])) + (f", ... ({len(order)} in all)"
+                                                               if len(order) > _NODES_LISTED else "")
         raise ValueError(f"no node named {', '.join(map(repr, unknown))} in the model (after onnxruntime's "
-                         "pre-processing, which may fuse nodes: e.g. a BatchNormalization into its Conv)")
+                         "pre-processing, which may fuse nodes: e.g. a BatchNormalization into its Conv); "
+                         + (f"did you mean {', '.join(map(repr, near))}? " if near else "")
+                         + f"its nodes are {listed}")
     types = {n.op_type for n in pre.graph.node}
     absent = [t for t in exclude_op_types if t not in types]
     if absent:

@@ -14,6 +14,7 @@ He-initialised so that activations keep their magnitude through the layers. Need
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Callable
 
@@ -160,8 +161,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("name", choices=sorted(MODELS))
     parser.add_argument("out", help="the .onnx file to write")
     parser.add_argument("--calibration", help="also write seeded calibration data (.npz) here")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="seed of the weights (the calibration data's is seed + 1)")
     args = parser.parse_args(argv)
+    for path in filter(None, (args.out, args.calibration)):     # before writing either: one line, not a traceback
+        folder = os.path.dirname(path) or "."
+        if not os.path.isdir(folder) or os.path.isdir(path):
+            print(f"{parser.prog}: error: {path}: " + ("is a directory" if os.path.isdir(path)
+                                                        else f"no such directory '{folder}'"), file=sys.stderr)
+            return 1
     model = MODELS[args.name](seed=args.seed)
     onnx.save(model, args.out)
     print(f"wrote {args.out}: the {args.name} CNN, float32, seed {args.seed}")

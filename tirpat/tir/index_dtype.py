@@ -104,8 +104,11 @@ def with_index_dtype(func: tirx.PrimFunc, dtype: str, also: Sequence = ()) -> ti
         shape = [index(e) for e in ty.shape]
         strides = [index(e) for e in ty.strides]
         offset = index(ty.elem_offset)
+        # the layout spells the shape out again (a symbolic extent is the shape's variable):
+        # kept as it was, it would hold the unconverted variable, which no parameter defines
+        layout = None if ty.layout is None else tvm_ffi.structural_map(ty.layout, callbacks)
         mapping[key(b)] = _BUFFER_VAR(b.name, _BUFFER_TYPE(ty.storage_scope, ty.dtype, shape, strides, offset,
-                                                           ty.data_alignment, ty.offset_factor, ty.layout,
+                                                           ty.data_alignment, ty.offset_factor, layout,
                                                            ty.allocated_addr, None), None)
     params = [mapping.get(key(p), p) for p in func.params]
     body = tvm_ffi.structural_map(func.body, callbacks)

@@ -66,6 +66,9 @@ __all__ = ["integerize", "IntegerizeWarning", "Requantize", "requantize_pattern"
 
 
 _MAX_ROUNDS = 4
+#: the most operators and reasons one warning lists: a model with open input sizes declines
+#: every site, each reason naming its own shapes, and a warning must stay readable
+_MOST_LISTED = 4
 
 
 class IntegerizeWarning(UserWarning):
@@ -96,14 +99,25 @@ def integerize() -> tvm.transform.Pass:
         mod = relax.transform.DeadCodeElimination()(mod)
         left = _float_sites(mod)
         if left:
-            reasons = "; ".join(f"{name}: {why} ({n}x)" for (name, why), n in sorted(declined.items()))
+            reasons = "; ".join(_some([f"{name}: {why} ({n}x)" for (name, why), n in sorted(declined.items())]))
             warnings.warn(f"tp.integerize left {len(left)} quantised operator(s) in float, computed on the "
-                          f"host: {', '.join(sorted(set(left)))}"
+                          f"host: {', '.join(_some(sorted(set(left))))}"
                           + (f"; declined: {reasons}" if reasons else " (no integer rule for them)"),
                           IntegerizeWarning, stacklevel=2)
         return mod
 
     return _integerize
+
+
+def _some(items: list) -> list:
+    """At most :data:`_MOST_LISTED` of ``items``, the last saying how many more there are.
+
+    >>> _some(["a", "b", "c", "d", "e", "f"])
+    ['a', 'b', 'c', 'd', '... and 2 more']
+    """
+    if len(items) <= _MOST_LISTED + 1:
+        return items
+    return items[:_MOST_LISTED] + [f"... and {len(items) - _MOST_LISTED} more"]
 
 
 def _float_sites(mod: tvm.IRModule) -> list[str]:

@@ -100,6 +100,8 @@ class RPC:
         parts = text.rsplit(":", 2)
         if len(parts) != 3 or not all(parts) or not parts[1].isdigit():
             raise ValueError(f"an RPC address is HOST:PORT:KEY (e.g. 127.0.0.1:9190:accel), got {text!r}")
+        if not 0 < int(parts[1]) < 65536:       # else the socket's own error reads as a refused connection
+            raise ValueError(f"an RPC address's PORT is 1 to 65535, got {text!r}")
         return cls(parts[0], int(parts[1]), parts[2])
 
     def registered(self, limit: float = CONNECT_TIMEOUT) -> set:

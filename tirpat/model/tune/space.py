@@ -29,7 +29,7 @@ from tvm.s_tir.meta_schedule.mutator import PyMutator
 from tvm.s_tir.meta_schedule.postproc import PyPostproc
 from tvm.s_tir.meta_schedule.space_generator import ScheduleFn
 
-__all__ = ["Knob", "knob_space", "MutateKnob"]
+__all__ = ["Knob", "knob_space", "MutateKnob", "likeliest"]
 
 
 @dataclass(frozen=True)
@@ -37,14 +37,22 @@ class Knob:
     """One choice of a backend's schedule: block ``block`` gets annotation ``key`` set to one
     of ``values`` (ints); ``default`` is the value the backend picks by itself.
 
+    ``prior`` (optional, one positive weight per value) says which values the backend
+    expects to pay more often: the search draws values in these proportions (uniformly
+    without it), and the first candidate after the backend's own schedule takes each
+    knob's most likely value (:attr:`likely`; the default where there is no prior).
+
     >>> tp.Knob("conv", "accel.bn", (1, 2, 4), default=2).decision
     1
+    >>> tp.Knob("conv", "accel.bm", (1, 2, 4), default=1, prior=(1, 2, 3)).likely
+    2
     """
 
     block: str
     key: str
     values: tuple
     default: int
+    prior: tuple | None = None
 
     def __post_init__(self) -> None:
         values = tuple(self.values)
@@ -56,11 +64,42 @@ class Knob:
         if self.default not in values:
             raise ValueError(f"Knob {self.key!r} of block {self.block!r}: the default {self.default!r} "
                              f"is not one of {values!r}")
+        if self.prior is not None:
+            prior = tuple(float(p) for p in self.prior)
+            if len(prior) != len(values) or not all(p > 0 for p in prior):
+                raise ValueError(f"Knob {self.key!r} of block {self.block!r}: the prior must be one positive "
+                                 f"weight per value ({len(values)}), got {self.prior!r}")
+            object.__setattr__(self, "prior", prior)
 
     @property
     def decision(self) -> int:
         """The index of :attr:`default` in :attr:`values` (the design space's decision)."""
         return self.values.index(self.default)
+
+    @property
+    def probabilities(self) -> list:
+        """The chance the search draws each value with (:attr:`prior` normalised, or uniform)."""
+        weights = self.prior or (1.0,) * len(self.values)
+        return [w / sum(weights) for w in weights]
+
+    @property
+    def likely(self) -> int:
+        """The index of the most likely value under :attr:`prior` (the first of equals), or
+        :attr:`decision` when all values are as likely."""
+        return likeliest(self.probabilities, self.decision)
+
+
+def likeliest(probabilities: Sequence[float], decision: int) -> int:
+    """The index of the largest of ``probabilities`` (the first of equals), or ``decision``
+    when they are all equal (a uniform draw prefers nothing).
+
+    >>> likeliest([0.2, 0.5, 0.3], 0), likeliest([0.5, 0.5], 1)
+    (1, 1)
+    """
+    probabilities = list(probabilities)
+    if max(probabilities) == min(probabilities):
+        return decision
+    return probabilities.index(max(probabilities))
 
 
 def knob_space(knobs: Callable[[s_tir.Schedule], Sequence[Knob]],
@@ -78,8 +117,7 @@ def knob_space(knobs: Callable[[s_tir.Schedule], Sequence[Knob]],
         for knob in knobs(sch):
             if len(knob.values) < 2:
                 continue
-            uniform = [1.0 / len(knob.values)] * len(knob.values)
-            value = sch.sample_categorical(list(knob.values), uniform, decision=knob.decision)
+            value = sch.sample_categorical(list(knob.values), knob.probabilities, decision=knob.decision)
             sch.annotate(sch.get_sblock(knob.block), knob.key, value)
 
     return ScheduleFn(sample, sch_rules=[], postprocs=[_Schedule(schedule)], mutator_probs={MutateKnob(): 1.0})

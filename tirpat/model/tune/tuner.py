@@ -8,7 +8,10 @@ design space for it.
 
 Partitions whose functions are structurally identical (whatever their names: the
 workload key leaves the name out) are one task, tuned once; its records apply to every copy,
-since ``tp.build`` looks records up by the same structural key.
+since ``tp.build`` looks records up by the same structural key. So are the copies of a
+partition that differ only in a call site's scalar constants (``<name>_s1``, ...: a
+requantise's multiplier and shift as immediates; the schedule and its instructions do not
+depend on those values): the task's best record is written for each copy too.
 
 The trial budget is split before tuning starts. The tasks are ranked by their work (TVM's
 estimate of the workload's operations, times the number of identical copies); the first
@@ -22,7 +25,9 @@ each (meta_schedule's round-robin scheduler): while one task's batch is being me
 
 - the design space is the backend's :meth:`~tirpat.Backend.tune_space`;
 - the first candidate measured is the design space itself with its post-processing: the
-  backend's own (heuristic) schedule, so the best record is never worse than it;
+  backend's own (heuristic) schedule, so the best record is never worse than it; the
+  second, when the knobs have priors (``tp.Knob(prior=)``), takes each knob's most likely
+  value (:attr:`~tirpat.model.tune.space.Knob.likely`);
 - then meta_schedule's search strategy (evolutionary search with an XGBoost cost model by
   default) proposes candidates; each is compiled for the host through the backends' TIR
   pipeline, run on the backend's device and checked bit for bit against the workload
@@ -40,6 +45,7 @@ Measurements run in this process, or on TVM RPC servers behind a tracker
 
 from __future__ import annotations
 
+import collections
 import importlib.util
 import logging
 import shutil
@@ -57,6 +63,7 @@ import tvm_ffi
 from tvm import ir, relax, s_tir, tirx
 from tvm.ir.utils import derived_object
 from tvm.s_tir.meta_schedule import TuneContext
+from tvm.s_tir.meta_schedule.database import TuningRecord
 from tvm.s_tir.meta_schedule.arg_info import ArgInfo
 from tvm.s_tir.meta_schedule.logging import get_logging_func
 from tvm.s_tir.meta_schedule.measure_callback import MeasureCallback, PyMeasureCallback
@@ -73,6 +80,7 @@ from ..records import Records, workload
 from .artifact import Reference, reference
 from .rpc import CONNECT_TIMEOUT, RPC, rpc_runner
 from .runners import Builder, Candidates, LocalRunner
+from .space import likeliest
 
 __all__ = ["tune", "TuneResult", "TaskResult", "Progress"]
 
@@ -147,8 +155,9 @@ class TuneResult:
         """
         text = f"{self.trials} trials in {self.seconds:.1f} s"
         why = []
-        searched = [_short(t.name) for t in self.tasks if t.budget > 0]
-        left = [_short(t.name) for t in self.tasks if t.budget == 0]
+        shown = _shown_names([t.name for t in self.tasks])
+        searched = [shown[t.name] for t in self.tasks if t.budget > 0]
+        left = [shown[t.name] for t in self.tasks if t.budget == 0]
         if left:        # names as the table shows them; a long list of those left is the table's 0s
             which = f": {', '.join(left)}" if len(left) <= 3 else " (0 trials above)"
             why.append(f"searched {len(searched)} of {len(self.tasks)} tasks, the most work first: "
@@ -164,9 +173,10 @@ class TuneResult:
             return "-" if v is None else f"{v:,.0f}" if v >= 100 else f"{v:.3g}"
 
         rows = [("task", "backend", "trials", "failed", "heuristic", "best", "gain")]
+        shown = _shown_names([t.name for t in self.tasks])
         for t in self.tasks:
             gain = "-" if t.gain is None else f"{100 * t.gain:.1f}%"
-            name = _short(t.name) + (f" (+{len(t.copies)} identical)" if t.copies else "")
+            name = shown[t.name] + (f" (+{len(t.copies)} identical)" if t.copies else "")
             rows.append((name, t.backend, str(t.trials), str(t.failures), cost(t.heuristic), cost(t.best),
                          gain))
         widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
@@ -187,6 +197,19 @@ def _short(name: str, width: int = 48) -> str:
     return name if len(name) <= width else name[:width // 2 - 2] + "..." + name[-(width // 2 - 1):]
 
 
+def _shown_names(names: list) -> dict:
+    """``{name: what the table shows}``: :func:`_short` unless two names would read the same
+    (partitions that differ only in the middle of their names), which are shown whole.
+
+    >>> a, b, c = ("conv_" + x * 30 + op + x * 30 for x, op in (("x", "_add_"), ("x", "_sub_"), ("y", "")))
+    >>> [_shown_names([a, b, c])[n] == n for n in (a, b, c)]       # a and b would both read conv_xxx...xxx
+    [True, True, False]
+    """
+    short = {name: _short(name) for name in names}
+    seen = collections.Counter(short.values())
+    return {name: s if seen[s] == 1 else name for name, s in short.items()}
+
+
 @dataclass(frozen=True)
 class Progress:
     """Handed to ``tune(..., progress=)`` after every batch of measurements."""
@@ -196,17 +219,20 @@ class Progress:
     task: TaskResult
 
 
-def _tasks(mod, target, params) -> list:
+def _tasks(mod, target, params) -> tuple[list, dict]:
     """``[(name, backend, opts, PrimFunc, design space)]`` to tune (see the module
-    docstring); a partition whose backend has no design space for it is not tuned."""
+    docstring), and ``{copy: partition}`` for the copies made for a call site's scalar
+    constants (``tp.partition_functions``' ``bases``); a partition whose backend has no
+    design space for it is not tuned."""
     if isinstance(mod, tirx.PrimFunc):
         mod = ir.IRModule({"main": mod})
     if not isinstance(mod, ir.IRModule):
         raise TypeError(f"tp.tune takes a Relax IRModule, a PrimFunc or an IRModule of PrimFuncs, "
                         f"got {type(mod).__name__}")
+    bases: dict = {}
     if any(isinstance(f, relax.Function) for f in mod.functions.values()):
         found = [(name, lookup(backend), opts, func)
-                 for name, backend, opts, func in partition_functions(bind_params(mod, params), target)]
+                 for name, backend, opts, func in partition_functions(bind_params(mod, params), target, bases=bases)]
     elif params:
         raise ValueError("params binds inputs of a Relax function; this module has only PrimFuncs")
     else:       # each PrimFunc is offered to the target's backends in priority order
@@ -220,7 +246,7 @@ def _tasks(mod, target, params) -> list:
         if space is not None:
             out.append((name, backend, opts, func, space))
             taken.add(name)
-    return out
+    return out, bases
 
 
 SEARCH = 4
@@ -257,23 +283,45 @@ def _budgets(trials: int, work: list, least: int = SEARCH) -> list:
     return budgets
 
 
-def _identical(found: list) -> list:
+def _identical(found: list, bases: Mapping[str, str] | None = None) -> list:
     """``found`` (``[(name, backend, opts, PrimFunc, space)]``) grouped by the structure of
-    the partition's workload key (names aside): ``[(entry, workload, [other names])]``."""
-    groups: dict = {}
+    the partition's workload key (names aside), a copy made for a call site's constants
+    (``bases``: copy -> partition) with its partition: ``[(entry, workload, [other names],
+    [the workload keys of those others whose key is not the group's])]``, the first entry
+    met leading its group (its workload is the task's)."""
+    keys = {entry[0]: workload(entry[3], entry[1].name, entry[2]) for entry in found}
+    families: dict = {}     # hash of a family's key -> [(family key, group)]
     out = []
     for entry in found:
-        name, backend, opts, func, _ = entry
-        key = workload(func, backend.name, opts)
-        for group in groups.setdefault(tvm_ffi.structural_hash(key), []):
-            if tvm_ffi.structural_equal(group[1], key):
+        name = entry[0]
+        own = keys[name]
+        family = keys.get((bases or {}).get(name, name), own)     # a site's copy goes with its partition
+        for known, group in families.setdefault(tvm_ffi.structural_hash(family), []):
+            if tvm_ffi.structural_equal(known, family):
                 group[2].append(name)
+                if not tvm_ffi.structural_equal(own, group[1]):
+                    group[3].append(own)
                 break
         else:
-            group = (entry, key, [])
-            groups[tvm_ffi.structural_hash(key)].append(group)
+            group = (entry, own, [], [])
+            families[tvm_ffi.structural_hash(family)].append((family, group))
             out.append(group)
     return out
+
+
+def _share_records(database, groups: list) -> None:
+    """Each task's best record written for the copies of its partition made for other call
+    sites' constants (their keys differ by those immediates only, and so would their
+    records' measurements: the schedule does not depend on the values)."""
+    for _, key, _, sites in groups:
+        if not sites or not database.has_workload(key):
+            continue
+        best = [r for r in database.get_top_k(database.commit_workload(key), 1) if r.run_secs]
+        if not best:
+            continue
+        for site in sites:
+            database.commit_tuning_record(TuningRecord(best[0].trace, database.commit_workload(site),
+                                                       best[0].run_secs, best[0].target, best[0].args_info))
 
 
 def _context(task: _Task, strategy, host, seed: int, logger: logging.Logger) -> TuneContext:
@@ -288,26 +336,52 @@ def _context(task: _Task, strategy, host, seed: int, logger: logging.Logger) -> 
     return ctx
 
 
+def _likeliest_trace(trace):
+    """``trace`` with each categorical decision set to its likeliest value
+    (:func:`~tirpat.model.tune.space.likeliest`), or None when that changes nothing."""
+    changed = trace
+    for inst in trace.insts:
+        if inst.kind.name != "SampleCategorical":
+            continue
+        decision = int(trace.decisions[inst])
+        likely = likeliest([float(p) for p in inst.attrs[1]], decision)
+        if likely != decision:
+            changed = changed.with_decision(inst, likely, remove_postproc=True)
+    return None if changed.same_as(trace) else changed
+
+
 @derived_object
 class _HeuristicFirst(PySearchStrategy):
     """A search strategy that measures the design space itself first (the backend's own
-    schedule), then hands over to ``inner`` for the rest of the task's budget (whatever the
-    task scheduler says); every candidate goes into ``candidates`` for the builder."""
+    schedule), then, if the knobs' priors make another one likeliest, that one, then hands
+    over to ``inner`` for the rest of the task's budget (whatever the task scheduler says);
+    every candidate goes into ``candidates`` for the builder."""
 
     def __init__(self, inner: SearchStrategy, task: _Task, candidates: Candidates) -> None:
         super().__init__()
         self.inner, self.task, self.candidates = inner, task, candidates
-        self.postprocs, self.first, self.measuring_first, self.inner_done = [], None, False, False
+        self.postprocs, self.first, self.measuring_first, self.inner_done = [], [], 0, False
 
     def _initialize_with_tune_context(self, context) -> None:
         self.postprocs = list(context.space_generator.postprocs or [])
         self.inner._initialize_with_tune_context(context)
 
-    def pre_tuning(self, max_trials, num_trials_per_iter, design_spaces, database=None, cost_model=None):
-        sch = design_spaces[0].copy()
+    def _postprocessed(self, sch):
         sch.enter_postproc()
-        self.first = sch if all(p.apply(sch) for p in self.postprocs) else None
-        inner_trials = self.task.budget - (self.first is not None)
+        return sch if all(p.apply(sch) for p in self.postprocs) else None
+
+    def pre_tuning(self, max_trials, num_trials_per_iter, design_spaces, database=None, cost_model=None):
+        heuristic = self._postprocessed(design_spaces[0].copy())
+        self.first = [heuristic] if heuristic is not None else []
+        self.task.heuristic = heuristic.mod if heuristic is not None else None
+        likely = _likeliest_trace(design_spaces[0].trace)
+        if likely is not None and self.task.budget > len(self.first):
+            sch = s_tir.Schedule(self.task.workload)
+            likely.apply_to_schedule(sch, remove_postproc=True)
+            sch = self._postprocessed(sch)
+            if sch is not None:
+                self.first.append(sch)
+        inner_trials = self.task.budget - len(self.first)
         # the budget in batches of about num_trials_per_iter, none much smaller: each batch's
         # search costs the same whatever its size, a batch of 2 after two of 16 as much as one
         batches = max(1, round(inner_trials / num_trials_per_iter))
@@ -320,10 +394,10 @@ class _HeuristicFirst(PySearchStrategy):
 
     def generate_measure_candidates(self):
         found = [] if self.inner_done else list(self.inner.generate_measure_candidates() or [])
-        if self.first is not None:      # in the first batch, ahead of the strategy's own
-            sch, self.first, self.measuring_first = self.first, None, True
-            self.task.heuristic = sch.mod
-            found.insert(0, MeasureCandidate(sch, ArgInfo.from_entry_func(sch.mod, remove_preproc=True)))
+        if self.first:      # in the first batch, ahead of the strategy's own
+            firsts, self.first, self.measuring_first = self.first, [], len(self.first)
+            found[:0] = [MeasureCandidate(sch, ArgInfo.from_entry_func(sch.mod, remove_preproc=True))
+                         for sch in firsts]
         if not found:
             return None
         for candidate in found:
@@ -332,8 +406,8 @@ class _HeuristicFirst(PySearchStrategy):
 
     def notify_runner_results(self, measure_candidates, results) -> None:
         if self.measuring_first:        # the strategy hears of its own candidates only
-            self.measuring_first = False
-            measure_candidates, results = measure_candidates[1:], results[1:]
+            n, self.measuring_first = self.measuring_first, 0
+            measure_candidates, results = measure_candidates[n:], results[n:]
         if not self.inner_done:
             self.inner.notify_runner_results(measure_candidates, results)
 
@@ -494,17 +568,17 @@ def tune(mod, target, *, trials: int, records, rpc=None, params: Mapping[str, np
     _need(["psutil", "cloudpickle"] + (["xgboost"] if strategy == "evolutionary" and cost_model == "xgb" else []))
     start = time.perf_counter()
     t = as_target(target)
-    found = _tasks(mod, t, params)
+    found, bases = _tasks(mod, t, params)
     if not found:
         names = ", ".join(b.name for b, _ in t.backends) or "none"
         raise ValueError(f"nothing to tune: no partition of the model has a design space in the target's "
                          f"backends ({names})")
     store = Records(records, create=True)
-    groups = _identical(found)
+    groups = _identical(found, bases)
     budgets = _budgets(trials, [max(1.0, s_tir.analysis.estimate_tir_flops(key)) * (1 + len(copies))
-                                for _, key, copies in groups])
+                                for _, key, copies, _ in groups])
     results, tasks = [], []
-    for ((name, backend, opts, _, space), key, copies), budget in zip(groups, budgets):
+    for ((name, backend, opts, _, space), key, copies, _), budget in zip(groups, budgets):
         results.append(TaskResult(name, backend.name, budget, tuple(copies)))
         if budget:          # the reference (TVM's own build of the workload) of the searched tasks only
             ref = reference(key, t.host, seed)
@@ -536,6 +610,7 @@ def tune(mod, target, *, trials: int, records, rpc=None, params: Mapping[str, np
                 if failure is not None:
                     raise failure from None
                 raise
+        _share_records(store.database, [g for g, b in zip(groups, budgets) if b])
     finally:
         if where is not None:
             runner.close()

@@ -1,0 +1,139 @@
+"""Host PrimFuncs with their elementwise steps inlined: one loop nest per fused group, not one per operator.
+
+TVM's default Relax pipeline for a CPU (``relax.get_default_pipeline``) fuses an operator
+with the elementwise steps around it (``FuseOps``, ``FuseTIR``) but leaves every step its own
+loop nest writing a full intermediate tensor. An integerised model's requantise chains are 20
+to 30 such steps (dequantise, multiply, round, clip, shift, cast, ...), and LLVM's optimiser
+is superlinear in a function's size: on the PaddleOCR v5 recogniser the host functions took
+54 s of LLVM as fused and 6 s with all their steps inlined, and TVM's own
+``tvm.compile(mod, "llvm")``, which does not fuse, took 21 s; with the integer steps that
+may wrap kept apart (below), ``tp.build`` of it takes 13 s and ``tvm.compile`` 10 s. Inlined
+steps also compute without the intermediate tensors.
+
+Inlining moves expressions, never changes them: each step still rounds to its own dtype
+(a float product is not contracted with a following add, see
+``tests/model/test_host_inline.py``). A step whose signed integer sum, difference, product
+or left shift may overflow stays a loop nest of its own, and no step is inlined after it:
+llvm's code marks those operations "no signed wrap", and an optimiser that sees the next
+operation in the same expression may use that (drop a ``max`` after a product that wraps),
+where a step per loop nest, as TVM leaves it, computes in wrapping int32 arithmetic. So the
+results equal those of the code left as it was, overflow included
+(``tests/model/test_differential_corpus.py``).
+
+>>> mod = inline_elementwise()(mod)          # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import tvm
+import tvm_ffi
+from tvm import ir, s_tir, tirx
+
+from .partition import BACKEND_ATTR
+
+__all__ = ["inline_elementwise", "inline_function"]
+
+
+def inline_function(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """``func`` (a PrimFunc in block form) with each elementwise block that writes an
+    intermediate buffer inlined into its consumers, and each elementwise block that only
+    reads another block's result inlined into that producer where TVM's schedule allows it
+    (``compute_inline``, then ``reverse_compute_inline``); a block that cannot be inlined
+    stays as it was. A function without blocks is returned as it is.
+
+    >>> from tvm.script import tirx as T
+    >>> @T.prim_func(s_tir=True)
+    ... def f(a: T.Buffer((8,), "float32"), c: T.Buffer((8,), "float32")):
+    ...     b = T.sblock_alloc_buffer((8,), "float32")
+    ...     for i in range(8):
+    ...         with T.sblock("b"):
+    ...             v = T.axis.spatial(8, i)
+    ...             b[v] = a[v] * T.float32(2)
+    ...     for i in range(8):
+    ...         with T.sblock("c"):
+    ...             v = T.axis.spatial(8, i)
+    ...             c[v] = b[v] + T.float32(1)
+    >>> len(inline_function(f).script().split("T.sblock(")) - 1     # one block left (and the root)
+    2
+    """
+    if not isinstance(func, tirx.PrimFunc):
+        raise TypeError(f"inline_function takes a PrimFunc, got {type(func).__name__}")
+    try:
+        sch = s_tir.Schedule(ir.IRModule({"main": func}))
+        blocks = sch.get_child_blocks(sch.get_sblock("root"))
+    except Exception:  # noqa: BLE001 - no root block: already lowered, nothing to inline
+        return func
+    left = []
+    for block in blocks:        # producers into their consumers
+        if not _elementwise(sch, block) or _may_wrap(sch, block):
+            left.append(block)
+            continue
+        try:
+            sch.compute_inline(block)
+        except Exception:  # noqa: BLE001 - TVM says why not in the exception; the block stays
+            left.append(block)
+    for block in reversed(left):    # an epilogue into its producer (e.g. the last cast of a chain)
+        if not _elementwise(sch, block) or any(_may_wrap(sch, p) for p in sch.get_producers(block)):
+            continue
+        try:
+            sch.reverse_compute_inline(block)
+        except Exception:  # noqa: BLE001 - as above
+            pass
+    return sch.mod["main"]
+
+
+#: the signed integer operations that may overflow (a max, min or right shift cannot)
+_WRAPPING = (tirx.Add, tirx.Sub, tirx.Mul, tirx.LShift)
+
+
+def _may_wrap(sch: s_tir.Schedule, block) -> bool:
+    """Whether ``block`` stores the result of a signed integer operation that may overflow
+    (indices aside)."""
+    found = []
+
+    def look(node):
+        if isinstance(node, ir.TensorLoad):
+            return tvm_ffi.WalkResult.SKIP         # its indices are addresses
+        if isinstance(node, _WRAPPING) and str(node.ty.dtype).startswith("int"):
+            found.append(node)
+            return tvm_ffi.VisitInterrupt(node)
+        return None
+
+    def on_store(store):
+        tvm_ffi.structural_walk(store.value, look, order="pre")
+        return tvm_ffi.VisitInterrupt(store) if found else None
+
+    tvm_ffi.structural_walk(sch.get(block).body, (tirx.BufferStore, on_store))
+    return bool(found)
+
+
+def _elementwise(sch: s_tir.Schedule, block) -> bool:
+    """Whether ``block`` has only spatial iterators and no init (not a reduction)."""
+    stmt = sch.get(block)
+    return stmt.init is None and all(int(iv.iter_type) == tirx.IterVar.DataPar for iv in stmt.iter_vars)
+
+
+def inline_elementwise() -> tvm.transform.Pass:
+    """A module pass: :func:`inline_function` on every PrimFunc that no backend took (those
+    tagged with :data:`~tirpat.model.partition.BACKEND_ATTR` are their backend's) and that no
+    schedule has scheduled already (``tirx.is_scheduled``).
+
+    >>> mod = inline_elementwise()(mod)          # doctest: +SKIP
+    """
+    @tvm.transform.module_pass(opt_level=0, name="tirpat.InlineElementwise")
+    def run(mod: ir.IRModule, ctx) -> ir.IRModule:
+        updates = {}
+        for gv, func in mod.functions.items():
+            if not isinstance(func, tirx.PrimFunc):
+                continue
+            attrs = func.attrs if func.attrs is not None else {}
+            if BACKEND_ATTR in attrs or bool(attrs.get("tirx.is_scheduled", False)):
+                continue
+            done = inline_function(func)
+            if not done.same_as(func):
+                updates[gv] = done
+        for gv, func in updates.items():
+            mod[gv] = func
+        return mod
+
+    return run
