@@ -25,6 +25,7 @@ _HELP = {
     "inp_bytes": "INP scratchpad size (int8)",
     "wgt_bytes": "WGT scratchpad size (int8)",
     "acc_bytes": "ACC scratchpad size (int32)",
+    "dwmac_macs_per_cycle": "multiply-accumulates the GEMM array does per cycle in DWMAC's per-channel mode",
 }
 
 

@@ -6,7 +6,8 @@ operations:
 - ``accel.matmul``: ``matmul(a, b)`` with int8 operands and an int32 result: dense
   (``b`` through ``permute_dims``, as ``nn.Linear`` writes it), matmul and batch matmul;
 - ``accel.conv2d``: ``conv2d(x, w)``, any data and kernel layout (NCHW/OIHW, NHWC/HWIO, ...),
-  groups = 1.
+  groups = 1 (GEMM), or groups = channels with one output channel per group (a depthwise
+  convolution: DWMAC, see :mod:`accel.compiler.depthwise`).
 
 An operand may be widened first (``astype(int8 -> int32)`` before an int32 matmul is the form
 TVM's ONNX importer gives ``MatMulInteger``). The epilogue operations are those the ALU
@@ -158,8 +159,9 @@ def _check_core(core, bound: dict) -> str | None:
     if not all(_static(e) for e in (a, b, core)):
         return "dynamic shapes; accel needs static shapes"
     if core.op.name == "relax.nn.conv2d":
-        if int(core.attrs.groups) != 1:
-            return f"a grouped convolution (groups = {int(core.attrs.groups)}): not one matrix product"
+        groups = int(core.attrs.groups)
+        if groups != 1:
+            return _check_depthwise(core, a, b, groups)
     else:
         ra, rb = len(a.ty.shape.values), len(b.ty.shape.values)
         if ra < 2 or rb < 2:
@@ -171,6 +173,20 @@ def _check_core(core, bound: dict) -> str | None:
         if rb == 2 and ra > 2:
             return "a weight shared across a batch of matrices (reshape the input to 2-D)"
     return None
+
+
+def _check_depthwise(core, data, weight, groups: int) -> str | None:
+    """None for a depthwise convolution (one input and one output channel per group: DWMAC's
+    per-channel multiply-accumulate), else why a grouped one stays on the host."""
+    layout = str(core.attrs.data_layout)
+    kernel = str(core.attrs.kernel_layout)
+    channels = int(data.ty.shape.values[layout.index("C")])
+    per_group_in = int(weight.ty.shape.values[kernel.index("I")])
+    out = int(weight.ty.shape.values[kernel.index("O")])
+    if groups == channels and per_group_in == 1 and out == channels:
+        return None
+    return (f"a grouped convolution (groups = {groups}, {per_group_in} input and {out // groups} output channels "
+            "per group): accel runs depthwise ones (one of each per group), a grouped one is not one matrix product")
 
 
 def _channel_axis(core) -> int:

@@ -4,7 +4,8 @@
   padding from the copy's guard; where the guard tests enclosing loops alone, as at a
   convolution's image border, a LOAD of all padding);
 - ``gemm``: a nest of 16x16x16 tiles ``C += int32(A) * int32(W)`` on ACC/INP/WGT -> GEMM,
-  up to two enclosing loops of tiles folded into its loop fields;
+  up to two enclosing loops of tiles folded into its loop fields; a nest of 16x16 tiles
+  ``C[p, c] += int32(A[p, c]) * int32(W[c])`` (a depthwise convolution) -> DWMAC, likewise;
 - ``zero_init``: a nest storing 0 into ACC in whole tiles -> GEMM in its reset form;
 - ``alu``: an in-place elementwise nest on ACC (bias add, ReLU/clip, requantise) -> ALU;
 - ``store``: a nest writing host memory from ACC, possibly through an elementwise epilogue
@@ -32,7 +33,7 @@ from tvm import ir, tirx
 import tirpat as tp
 from accel.hw import instructions
 from accel.hw.config import Config
-from accel.hw.instructions import ALU, GEMM, GEMM_RESET, LOAD, SCOPES, STORE, AluOp, StoreMode
+from accel.hw.instructions import ALU, DWMAC, GEMM, GEMM_RESET, LOAD, SCOPES, STORE, AluOp, StoreMode
 from accel.compiler.wrapping import strip
 
 #: The scratchpads' storage scopes (their declarations are :mod:`accel.hw.instructions`').
@@ -161,6 +162,8 @@ def _gemm(m, config):
     t = config.tile
     rc, ra, rw = m.region("C"), m.region("A"), m.region("W")
     n = len(m.loops)
+    if _per_channel(m.loops, (rc, ra, rw), t):
+        return _dwmac(m.loops, (rc, ra, rw), t)
     if n < 3:
         raise _Unsupported(f"a GEMM tile needs 3 loops (m, n, k), found {n}")
     roles = {}
@@ -200,6 +203,47 @@ def _gemm(m, config):
                     inp_stride_out=so[1], inp_stride_in=si[1], wgt_stride_out=so[2], wgt_stride_in=si[2])
 
     return _around(m.loops[:len(outer)], [[r.strides[k] for k in outer] for r in (rc, ra, rw)], make)
+
+
+def _per_channel(loops, regions, t) -> bool:
+    """Whether the innermost two loops are a DWMAC tile: ``C[p, c] += A[p, c] * W[c]``, the
+    channels ``c`` innermost and contiguous everywhere, the weight the same for every pixel ``p``."""
+    if len(loops) < 2 or any(_int(l.extent) != t for l in loops[-2:]):
+        return False
+    rc, ra, rw = regions
+    k = len(loops) - 1
+    return (rc.strides[k], ra.strides[k], rw.strides[k]) == (1, 1, 1) and \
+        rc.strides[k - 1] != 0 and ra.strides[k - 1] != 0 and rw.strides[k - 1] == 0
+
+
+def _dwmac(loops, regions, t):
+    """The per-channel multiply-accumulate nest as DWMAC calls: up to two loops around the tile
+    (a kernel's taps) folded into its loop fields, any further ones looping over it."""
+    rc, ra, rw = regions
+    n = len(loops)
+    blocks = list(range(max(0, n - 4), n - 2))
+    outer = list(range(0, max(0, n - 4)))
+    fields = []
+    for k in blocks:
+        strides = (rc.strides[k], ra.strides[k], rw.strides[k])
+        if any(s % t for s in strides):
+            raise _Unsupported(f"loop {loops[k].loop_var.name} steps by {strides}, not whole tiles")
+        fields.append((_int(loops[k].extent), strides))
+    while len(fields) < 2:
+        fields.insert(0, (1, (0, 0, 0)))
+    (eo, so), (ei, si) = fields
+    if eo is None or ei is None:
+        raise _Unsupported("the loops folded into the DWMAC have symbolic extents")
+
+    def make(shifts):
+        return DWMAC.call(acc_addr=address(rc.buffer, rc.offset + shifts[0]),
+                          inp_addr=address(ra.buffer, ra.offset + shifts[1]),
+                          wgt_addr=address(rw.buffer, rw.offset + shifts[2]), acc_ld=rc.strides[n - 2],
+                          inp_ld=ra.strides[n - 2], ext_out=eo, ext_in=ei, acc_stride_out=so[0],
+                          acc_stride_in=si[0], inp_stride_out=so[1], inp_stride_in=si[1], wgt_stride_out=so[2],
+                          wgt_stride_in=si[2])
+
+    return _around(loops[:len(outer)], [[r.strides[k] for k in outer] for r in (rc, ra, rw)], make)
 
 
 def _zero_init(m, config):

@@ -1,7 +1,9 @@
 """Scheduling unscheduled workloads for accel with ``s_tir.Schedule``.
 
 For each int8 x int8 -> int32 GEMM block (dense, matmul, batch_matmul as TE/topi write
-them; a conv2d is first rewritten into a batched GEMM by :mod:`accel.compiler.conv`) the scheduler:
+them; a conv2d is first rewritten into a batched GEMM by :mod:`accel.compiler.conv`; a
+depthwise conv2d is laid out by :mod:`accel.compiler.depthwise` and tiled for DWMAC, one
+16 x 16 tile of output pixels x channels per instruction, by ``_schedule_depthwise``) the scheduler:
 
 1. transposes an operand on the CPU when its layout is not the one the DMA can read
    (the GEMM computes ``inp x wgt^T``: A must be ``[M, K]`` and the weight ``[N, K]``);
@@ -36,6 +38,8 @@ from tvm.s_tir.schedule import ScheduleError as TVMScheduleError
 import tirpat as tp
 from accel.compiler.blocks import DATA_PAR, REDUCE, GemmAnalysis, mark_layout_stage, pointwise_chain
 from accel.hw.config import Config
+from accel.compiler import depthwise
+from accel.compiler.conv import DEPTHWISE
 from accel.compiler.conv import analyse as analyse_conv
 from accel.compiler.conv import normalise as normalise_conv
 from accel.compiler.rules import ACC, INP, WGT, epilogue_chain
@@ -290,6 +294,9 @@ def schedule_in(sch: s_tir.Schedule, config: Config) -> Notes:
     for name, gemm, conv, knobs in gemms:
         cpu_steps = len(notes.on_cpu)
         try:
+            if isinstance(conv, depthwise.Depthwise):
+                _schedule_depthwise(sch, name, conv, config, notes, reserved)
+                continue
             if conv is not None:
                 gemm = normalise_conv(sch, conv, config, notes, gather=knobs.gather,
                                       fuse_rows=knobs.pixels == "image")
@@ -326,6 +333,8 @@ def _find_gemms(sch: s_tir.Schedule, notes: Notes) -> list:
             gemm, why = _analyse_gemm(block, m)
             if why == _NOT_PLAIN:
                 conv, why = analyse_conv(block, m[_GEMM_BODY], (m[_X_LOAD], m[_Y_LOAD]))
+            if why == DEPTHWISE:
+                conv, why = depthwise.analyse(block, m[_GEMM_BODY], (m[_X_LOAD], m[_Y_LOAD]))
         if gemm is None and conv is None:
             notes.on_cpu.append((block.name_hint, why))
         else:
@@ -336,8 +345,10 @@ def _find_gemms(sch: s_tir.Schedule, notes: Notes) -> list:
 def gemm_blocks(sch: s_tir.Schedule) -> list[tuple[str, object]]:
     """``(block name, Conv or None)`` for each GEMM block of ``main`` that :func:`schedule_in`
     would offload, in program order (what a tuner annotates; a convolution comes with its
-    :class:`accel.compiler.conv.Conv`); ``sch`` is left as it is."""
-    return [(name, conv) for name, _, conv, _ in _find_gemms(sch.copy(), Notes())]
+    :class:`accel.compiler.conv.Conv`); ``sch`` is left as it is. A depthwise convolution is
+    no GEMM block: its schedule has no knobs to tune."""
+    return [(name, conv) for name, _, conv, _ in _find_gemms(sch.copy(), Notes())
+            if not isinstance(conv, depthwise.Depthwise)]
 
 
 def _dtypes_found(block) -> str:
@@ -563,6 +574,76 @@ def _schedule_gemm(sch: s_tir.Schedule, name: str, g: GemmAnalysis, config: Conf
     _reserve(reserved, shape, t, bm, bn, bk, resident)
     _tile_and_stage(sch, name, g, final, out_buffer, t, (bm, bn, bk), resident)
     plan.knobs = Knobs(bm, bn, bk, WEIGHTS[resident], g.method, g.pixels)
+    notes.offloaded.append(plan)
+
+
+def _schedule_depthwise(sch: s_tir.Schedule, name: str, dw: depthwise.Depthwise, config: Config, notes: Notes,
+                        reserved: dict) -> None:
+    """Schedule the depthwise convolution block ``name`` for DWMAC and add its plan to ``notes``:
+    lay it out (:func:`accel.compiler.depthwise.normalise`), pad the output pixels ``x`` and
+    channels ``f`` to whole tiles, tile to one 16 x 16 output tile per DWMAC (its loop levels
+    the kernel's taps), stage each tile's input taps through INP (one strided LOAD per tap,
+    double-buffered), the whole weight once through WGT, and the accumulator with the
+    epilogue (and its operands) through ACC, as a GEMM's."""
+    t = config.tile
+    e = dw.ext
+    pix = depthwise.pixels(dw)
+    if pix is None:
+        raise DoesNotFit("its output is one pixel: no tile of pixels x channels to gather")
+    other = "y" if pix == "x" else "x"
+    taps = e["ry"] * e["rx"]
+    x_pad, f_pad = -(-e[pix] // t) * t, -(-e["f"] // t) * t
+    # what the tiles occupy, as the planner lays them out: checked before anything changes
+    options = {"tile": t}
+    outer = e["n"] * e[other] * (x_pad // t) * (f_pad // t) > 1
+    need = {INP: _MEMORY[INP].footprint(taps * t * t, repeated=outer, options=options),
+            WGT: _MEMORY[WGT].footprint(taps * f_pad, repeated=False, options=options),
+            ACC: _MEMORY[ACC].footprint(2 * t * t, repeated=outer, options=options)}   # a residual at most
+    for scope, n in need.items():
+        if n > _free(config, reserved, scope):
+            raise DoesNotFit(f"one depthwise tile's {_MEMORY[scope].name} buffers take {n * _MEMORY[scope].itemsize} "
+                             f"bytes, the target's Config has {getattr(config, capacity_option(_MEMORY[scope]))} "
+                             f"({capacity_option(_MEMORY[scope])})")
+    view = depthwise.normalise(sch, dw, notes)
+    plan = GemmPlan(name, e[pix], e["f"], taps, e["n"] * e[other],
+                    gather=f"per-channel DWMAC; each kernel tap's input tile by a strided, padded LOAD from "
+                           f"{view.source}")
+    blk = sch.get_sblock(name)
+    keys = [iv.var.__chandle__() for iv in sch.get(blk).iter_vars]
+    padded = [x_pad if k == keys[dw.pos[pix]] else f_pad if k == keys[dw.pos["f"]] else
+              int(iv.dom.extent.value) for k, iv in zip(keys, sch.get(blk).iter_vars)]
+    plan.device_macs = e["n"] * e[other] * x_pad * f_pad * taps
+    if padded != [int(iv.dom.extent.value) for iv in sch.get(blk).iter_vars]:
+        sch.pad_einsum(blk, padded)
+    final, steps, out_buffer = _epilogue(sch, blk, view.stop)
+    if final is not None and steps is None:
+        notes.on_cpu.append((sch.get(final).name_hint, "the epilogue is not a chain of ALU operations "
+                             "(add, max, min, multiply, shift by a constant, int32 operands)"))
+        final = None
+    plan.epilogue = describe_epilogue(steps, str(sch.get(final).writes[0].source.dtype)) if steps else []
+    loops = sch.get_loops(blk)
+    at = {r: loops[dw.pos[r]] for r in dw.pos}
+    x_o, x_i = sch.split(at[pix], [None, t])
+    f_o, f_i = sch.split(at["f"], [None, t])
+    reduction = [at[r] for r in ("c", "ry", "rx") if r in at]
+    sch.reorder(at["n"], at[other], x_o, f_o, *reduction, x_i, f_i)
+    block = sch.get(blk)
+    weight_read = next(n for n, r in enumerate(block.reads) if len(r.source.shape) == 4 and
+                       r.source.name.startswith(view.weight.name))
+    a_stage = sch.cache_read(blk, 1 - weight_read, INP)
+    b_stage = sch.cache_read(blk, weight_read, WGT)     # the whole weight, loaded once
+    sch.compute_at(a_stage, f_o)
+    for stage in (a_stage, b_stage):
+        _inline_into_load(sch, stage, view.inline)
+    if final is None:
+        sch.reverse_compute_at(sch.cache_write(blk, 0, ACC), f_o)
+    else:
+        sch.set_scope(blk, 0, ACC)
+        sch.reverse_compute_at(final, f_o)
+        _stage_epilogue_operands(sch, blk, final, out_buffer, f_o, t, view.operand_layout)
+    sch.decompose_reduction(blk, reduction[0])
+    reserved[WGT] = reserved.get(WGT, 0) + need[WGT]
+    plan.knobs = Knobs(1, 1, 1, "resident", "direct", "row")
     notes.offloaded.append(plan)
 
 

@@ -30,10 +30,11 @@ class Config:
     inp_bytes: int = 32 * 1024
     wgt_bytes: int = 256 * 1024
     acc_bytes: int = 128 * 1024
+    dwmac_macs_per_cycle: int = 16
 
     def __post_init__(self) -> None:
         for name in ("tile", "gemm_macs_per_cycle", "dma_bytes_per_cycle", "alu_lanes",
-                     "inp_bytes", "wgt_bytes", "acc_bytes"):
+                     "inp_bytes", "wgt_bytes", "acc_bytes", "dwmac_macs_per_cycle"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"Config.{name} must be a positive int, got {value!r}")
@@ -73,3 +74,14 @@ class Config:
     def tile_cycles(self) -> int:
         """Cycles the GEMM array needs for one tile step."""
         return -(-self.tile**3 // self.gemm_macs_per_cycle)
+
+    @property
+    def dwmac_cycles(self) -> int:
+        """Cycles the GEMM array needs for one DWMAC step (``tile x tile`` MACs) at
+        ``dwmac_macs_per_cycle``: by default ``tile`` a cycle, one per lane, as many cycles as a
+        GEMM step takes, since both read one INP row of ``tile`` elements a cycle.
+
+        >>> Config().dwmac_cycles, Config(dwmac_macs_per_cycle=256).dwmac_cycles
+        (16, 1)
+        """
+        return -(-self.tile**2 // self.dwmac_macs_per_cycle)

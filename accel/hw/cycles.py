@@ -51,6 +51,8 @@ def cost(ins: Instruction, config: Config) -> int:
         busy = ins.ext_out * ins.ext_in * (config.tile if ins.reset else config.tile_cycles)
     elif op is Opcode.ALU:
         busy = ins.ext_out * ins.ext_in * -(-config.tile // config.alu_lanes)
+    elif op is Opcode.DWMAC:
+        busy = ins.ext_out * ins.ext_in * config.dwmac_cycles
     else:
         busy = 0
     return busy + config.issue_overhead
@@ -91,6 +93,8 @@ def schedule(stream: Sequence[Instruction], config: Config) -> Timing:
                 finish[i] = True
             elif op is Opcode.GEMM and not ins.reset:
                 macs += ins.ext_out * ins.ext_in * tile_macs
+            elif op is Opcode.DWMAC:
+                macs += ins.ext_out * ins.ext_in * config.tile ** 2
         c = costs[i] = cost(ins, config)
         counts[op.name] += 1
         if op is not Opcode.FINISH:

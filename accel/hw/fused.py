@@ -48,7 +48,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from accel.hw.instructions import ALU_UFUNCS, alu_operand
-from accel.hw.isa import Alu, Gemm, Instruction, Load, Mem, Opcode, Store, StoreMode
+from accel.hw.isa import Alu, Dwmac, Gemm, Instruction, Load, Mem, Opcode, Store, StoreMode
 
 __all__ = ["fuse", "FusedPlan"]
 
@@ -137,6 +137,7 @@ class _Builder:
         self.x_tiles: list[np.ndarray] = []
         self.w_tiles: list[np.ndarray] = []
         self.alus: list[tuple] = []
+        self.dwmacs: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []   # (acc values, inp codes, wgt codes)
         self.stores: list[tuple[int, StoreMode, np.ndarray, np.ndarray]] = []
         self.stored: dict[int, list[tuple[int, int]]] = {}    # host slot -> element ranges stored
 
@@ -159,6 +160,8 @@ class _Builder:
             return self._gemm(ins)
         if op is Opcode.ALU:
             return self._alu(ins)
+        if op is Opcode.DWMAC:
+            return self._dwmac(ins)
         return True
 
     def _tile(self, ld: int) -> np.ndarray:
@@ -232,6 +235,24 @@ class _Builder:
             entry[2].append(wid)
         return True
 
+    def _dwmac(self, d: Dwmac) -> bool:
+        if not (d.ext_out and d.ext_in):
+            return True
+        t = self.tile
+        lanes = np.arange(t)
+        acc = (_steps(d.acc_addr, d.ext_out, d.acc_stride_out, d.ext_in, d.acc_stride_in)[:, None, None]
+               + self._tile(d.acc_ld)).reshape(-1)
+        values = self.acc[acc]
+        if self.sealed[values].any() or self.level[values].any():
+            return False        # adds to a value already read, or made by an ALU
+        x = self.inp[(_steps(d.inp_addr, d.ext_out, d.inp_stride_out, d.ext_in, d.inp_stride_in)[:, None, None]
+                      + self._tile(d.inp_ld)).reshape(-1)]
+        # the weight row of each step, the same for every pixel of the tile
+        w = self.wgt[np.broadcast_to((_steps(d.wgt_addr, d.ext_out, d.wgt_stride_out, d.ext_in, d.wgt_stride_in)
+                                      [:, None, None] + lanes), (d.ext_out * d.ext_in, t, t)).reshape(-1)]
+        self.dwmacs.append((values, x, w))
+        return True
+
     def _alu(self, a: Alu) -> bool:
         if not (a.ext_out and a.ext_in):
             return True
@@ -277,8 +298,10 @@ class _Builder:
             c = cols.setdefault(tuple(ws), len(cols))
             meets.setdefault(r, []).append((c, values))
         row_keys, col_keys = list(rows), list(cols)
-        if self.x_tiles:
-            self.f.keep(np.concatenate([np.stack(self.x_tiles).reshape(-1), np.stack(self.w_tiles).reshape(-1)]))
+        read = [np.stack(tiles).reshape(-1) for tiles in (self.x_tiles, self.w_tiles) if tiles]
+        read += [codes for _, x, w in self.dwmacs for codes in (x, w)]
+        if read:
+            self.f.keep(np.concatenate(read))
         blocks: dict[tuple, list[int]] = {}
         for r, targets in meets.items():
             blocks.setdefault(tuple(sorted({c for c, _ in targets})), []).append(r)
@@ -306,6 +329,9 @@ class _Builder:
             products.append(_Product(self.f.resolve(x), self.f.resolve(w),
                                      np.float32 if terms <= _F32_EXACT_TERMS else np.float64,
                                      grid, np.array(sel_r), np.array(sel_c), targets.astype(np.intp), unique, t))
+        if self.dwmacs:
+            targets, x, w = (np.concatenate(part) for part in zip(*self.dwmacs))
+            products.append(_PerChannel(targets.astype(np.intp), self.f.resolve(x), self.f.resolve(w)))
         alus = []
         for level in sorted({a[0] for a in self.alus}):
             groups: dict[tuple, list] = {}
@@ -384,6 +410,23 @@ class _Product:
             values[self.targets] += blocks
         else:
             np.add.at(values, self.targets, blocks)
+
+
+class _PerChannel:
+    """Every DWMAC product of the stream: ``targets[k] += x[k] * w[k]`` (indices into the
+    accumulator values and the source vector), summed exactly per accumulator value."""
+
+    __slots__ = ("targets", "inverse", "x", "w")
+
+    def __init__(self, targets: np.ndarray, x: np.ndarray, w: np.ndarray) -> None:
+        self.targets, self.inverse = np.unique(targets, return_inverse=True)
+        self.x, self.w = x, w
+
+    def run(self, source: np.ndarray, values: np.ndarray) -> None:
+        products = source[self.x] * source[self.w]      # int8 x int8 in float32: exact
+        # float64 sums are exact below 2**53, i.e. for up to 2**39 products per value
+        sums = np.bincount(self.inverse, weights=products, minlength=self.targets.size)
+        values[self.targets] += sums.astype(np.int64).astype(np.int32)     # modulo 2**32, as int32 wraps
 
 
 class FusedPlan:

@@ -21,7 +21,10 @@ arguments, in order. Instructions that share a runtime function differ in a fixe
 - ``accel.alu``: :data:`ALU`, one per :class:`AluOp` and operand kind (``op``, ``use_imm``
   fixed): ``dst = op(dst, imm or src)`` on ``tile``-lane int32 ACC vectors over two loop
   levels, every read before any write, wrapping like int32 arithmetic; a shift amount is
-  clipped to :data:`OPERAND_RANGE`.
+  clipped to :data:`OPERAND_RANGE`;
+- ``accel.dwmac``: :data:`DWMAC` ``acc[p, c] += inp[p, c] * wgt[c]`` on ``tile x tile``
+  tiles of pixels x channels and a weight row per step ``(o, i)`` of two loop levels (a
+  depthwise convolution's kernel taps), declared in the last section.
 
 Every call also takes ``deps`` last: compiled code passes :data:`AUTO` (the driver adds
 the dependency tokens), which is fixed in the declarations. From these come the
@@ -373,3 +376,39 @@ def markdown_table() -> str:
     rows += [f"| `{name}` | `({', '.join(forms[0].arguments)})` |" for name, forms in FUNCTIONS.items()]
     rows += [f"| `{name}` | `({', '.join(args)})`: {doc} |" for name, (args, doc) in OTHER_FUNCTIONS.items()]
     return "\n".join(rows)
+
+
+# -- DWMAC: the per-channel multiply-accumulate (depthwise convolution) -------------------------
+def _dwmac() -> device.Instruction:
+    requires = [_aligned(*(f"{p}_{f}" for p in ("acc", "inp") for f in ("addr", "ld", "stride_out", "stride_in")),
+                         "wgt_addr", "wgt_stride_out", "wgt_stride_in"),
+                (lambda acc_ld, tile: acc_ld >= tile, "acc_ld={acc_ld} is smaller than the tile width {tile}"),
+                (lambda inp_ld, tile: inp_ld >= tile, "inp_ld={inp_ld} is smaller than the tile width {tile}")]
+
+    @device.instr("accel.dwmac", memories=[INP, WGT, ACC], fixed={"deps": AUTO}, requires=requires, name="dwmac")
+    def program(tile: int = TILE) -> tirx.PrimFunc:
+        acc, inp, wgt = _flat("acc_addr", "int32", ACC), _flat("inp_addr", "int8", INP), _flat("wgt_addr", "int8", WGT)
+        (acc_ld, inp_ld, ext_out, ext_in, acc_so, acc_si, inp_so, inp_si, wgt_so, wgt_si, deps) = _scalars(
+            "acc_ld inp_ld ext_out ext_in acc_stride_out acc_stride_in inp_stride_out inp_stride_in wgt_stride_out "
+            "wgt_stride_in deps")
+
+        def step(o, i, p, c):
+            # pixel p, channel c: one lane per channel, the weight row broadcast over the pixels
+            at = acc_so * o + acc_si * i + p * acc_ld + c
+            product = (tirx.Cast("int32", inp[inp_so * o + inp_si * i + p * inp_ld + c])
+                       * tirx.Cast("int32", wgt[wgt_so * o + wgt_si * i + c]))
+            return tirx.BufferStore(acc, acc[at] + product, [at])
+
+        body = _grid("o i p c", [ext_out, ext_in, tile, tile], step)
+        return tirx.PrimFunc([acc, inp, wgt, acc_ld, inp_ld, ext_out, ext_in, acc_so, acc_si, inp_so, inp_si,
+                              wgt_so, wgt_si, deps], body)
+
+    return program
+
+
+#: ``acc[p, c] += inp[p, c] * wgt[c]`` on a ``tile x tile`` tile of pixels x channels per step
+#: ``(o, i)`` of two loop levels (e.g. the kernel's rows and columns): a depthwise convolution.
+DWMAC = _dwmac()
+INSTRUCTIONS[DWMAC.name] = DWMAC
+FUNCTIONS[DWMAC.runtime_name] = [DWMAC]
+__all__ += ["DWMAC"]

@@ -28,7 +28,7 @@ from accel.hw.instructions import AluOp, Mem, StoreMode
 
 __all__ = [
     "INSTRUCTION_BYTES", "Opcode", "Queue", "Mem", "StoreMode", "AluOp", "Instruction",
-    "Load", "Store", "Gemm", "Alu", "Finish", "FIELDS", "make", "queue_of", "encode", "decode",
+    "Load", "Store", "Gemm", "Alu", "Finish", "Dwmac", "FIELDS", "make", "queue_of", "encode", "decode",
     "disassemble", "ALLOWED_FLAGS",
 ]
 
@@ -45,6 +45,7 @@ class Opcode(enum.IntEnum):
     GEMM = 2
     ALU = 3
     FINISH = 4
+    DWMAC = 5
 
 
 class Queue(enum.IntEnum):
@@ -268,6 +269,38 @@ class Alu(Instruction):
 
 
 @dataclass(frozen=True, kw_only=True)
+class Dwmac(Instruction):
+    """``acc[p, c] += inp[p, c] * wgt[c]`` on a tile of ``tile`` pixels (rows) x ``tile``
+    channels (lanes), over two loop levels: the per-channel multiply-accumulate of a
+    depthwise convolution (one weight row per kernel tap, broadcast over the pixels).
+
+    Step ``(o, i)`` uses the ACC and INP tiles at ``X_addr + o*X_stride_out + i*X_stride_in``
+    (row stride ``X_ld``) and the ``tile`` weights at ``wgt_addr + o*wgt_stride_out +
+    i*wgt_stride_in``. Addresses are elements.
+
+    >>> Dwmac(acc_addr=0, inp_addr=0, wgt_addr=0, acc_ld=16, inp_ld=32, ext_out=3, ext_in=3,
+    ...       inp_stride_out=512, inp_stride_in=16, wgt_stride_out=48, wgt_stride_in=16).ext_in
+    3
+    """
+
+    acc_addr: int
+    inp_addr: int
+    wgt_addr: int
+    acc_ld: int
+    inp_ld: int
+    ext_out: int = 1
+    ext_in: int = 1
+    acc_stride_out: int = 0
+    acc_stride_in: int = 0
+    inp_stride_out: int = 0
+    inp_stride_in: int = 0
+    wgt_stride_out: int = 0
+    wgt_stride_in: int = 0
+
+    opcode: ClassVar[Opcode] = Opcode.DWMAC
+
+
+@dataclass(frozen=True, kw_only=True)
 class Finish(Instruction):
     """End of stream: a compute-queue barrier that completes when every queue has drained.
 
@@ -280,10 +313,11 @@ class Finish(Instruction):
 
 _CLASSES: dict[Opcode, type[Instruction]] = {
     Opcode.LOAD: Load, Opcode.STORE: Store, Opcode.GEMM: Gemm, Opcode.ALU: Alu, Opcode.FINISH: Finish,
+    Opcode.DWMAC: Dwmac,
 }
 #: The fields the header's func byte holds (see ``_func``), per opcode.
 _FUNC_FIELDS = {Opcode.LOAD: ("mem",), Opcode.STORE: ("mode",), Opcode.GEMM: ("reset",), Opcode.ALU: ("op", "use_imm"),
-                Opcode.FINISH: ()}
+                Opcode.FINISH: (), Opcode.DWMAC: ()}
 #: Operand words 1.. in this order: the class's fields as declared, but the dependency
 #: flags and the func byte's fields (so the dataclass is the one operand list).
 FIELDS: dict[Opcode, tuple[str, ...]] = {
@@ -500,6 +534,9 @@ def disassemble(ins: Union[Instruction, Sequence[Instruction], bytes]) -> str:
         src = f"#{ins.imm}" if ins.use_imm else f"ACC[{ins.src_addr}]"
         loops = _loops(ins, "dst") if ins.use_imm else _loops(ins, "dst", "src")
         text = f"ALU {ins.op.name} ACC[{ins.dst_addr}] {sym} {src}{loops}"
+    elif op is Opcode.DWMAC:
+        text = (f"DWMAC ACC[{ins.acc_addr} ld={ins.acc_ld}] += INP[{ins.inp_addr} ld={ins.inp_ld}] "
+                f"* WGT[{ins.wgt_addr}]{_loops(ins, 'acc', 'inp', 'wgt')}")
     else:
         text = "FINISH"
     return text + _flags_text(ins)

@@ -32,7 +32,7 @@ from accel.hw.config import Config
 from accel.hw.emitter import Emitter
 from accel.hw.errors import AccelError
 from accel.hw.isa import (
-    Alu, AluOp, Gemm, Instruction, Load, Mem, Queue, Store, StoreMode, disassemble, encode,
+    Alu, AluOp, Dwmac, Gemm, Instruction, Load, Mem, Queue, Store, StoreMode, disassemble, encode,
 )
 from accel.hw.sim import Simulator
 from accel.hw.stream import AUTO, StreamBuilder
@@ -55,7 +55,7 @@ POP_PREV, POP_NEXT, PUSH_PREV, PUSH_NEXT = 1, 2, 4, 8
 HostBuffer = device.buffers.HostBuffer
 
 #: The instruction class each ``accel.<name>`` function emits, by ``<name>``.
-_CLASSES = {cls.opcode.name.lower(): cls for cls in (Load, Store, Gemm, Alu)}
+_CLASSES = {cls.opcode.name.lower(): cls for cls in (Load, Store, Gemm, Alu, Dwmac)}
 _FLAGS = frozenset(("pop_prev", "pop_next", "push_prev", "push_next"))
 
 
@@ -179,6 +179,13 @@ class Session(device.Session):
             deps: int = 0) -> int:
         """Emit an ALU instruction (see :class:`accel.hw.isa.Alu`); returns the stream index."""
         return _EMIT["alu"](self, *_in_order("alu", locals()))
+
+    def dwmac(self, acc_addr: int, inp_addr: int, wgt_addr: int, acc_ld: int, inp_ld: int, *,
+              ext_out: int = 1, ext_in: int = 1, acc_stride_out: int = 0, acc_stride_in: int = 0,
+              inp_stride_out: int = 0, inp_stride_in: int = 0, wgt_stride_out: int = 0,
+              wgt_stride_in: int = 0, deps: int = 0) -> int:
+        """Emit a DWMAC (see :class:`accel.hw.isa.Dwmac`); returns the stream index."""
+        return _EMIT["dwmac"](self, *_in_order("dwmac", locals()))
 
     def dep_push(self, src: Union[Queue, int], dst: Union[Queue, int]) -> None:
         """See :meth:`accel.hw.emitter.Emitter.dep_push`."""

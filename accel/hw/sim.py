@@ -48,7 +48,7 @@ from accel.hw.errors import (
 from accel.hw.instructions import (
     ALU_UFUNCS, LOAD_HOST_DTYPE, OPERAND_RANGE, STORE_HOST_DTYPE, alu_operand, distinct_starts,
 )
-from accel.hw.isa import Alu, Gemm, Instruction, Load, Mem, Opcode, Store, StoreMode
+from accel.hw.isa import Alu, Dwmac, Gemm, Instruction, Load, Mem, Opcode, Store, StoreMode
 from accel.hw.stats import Stats
 
 __all__ = ["Simulator", "Program"]
@@ -85,6 +85,8 @@ def _disjoint(shape: Sequence[int], strides: Sequence[int]) -> bool:
 _GEMM_ALIGNED = tuple(f"{p}_{f}" for p in ("acc", "inp", "wgt")
                       for f in ("addr", "ld", "stride_out", "stride_in"))
 _GEMM_OPERANDS = (("acc", Mem.ACC), ("inp", Mem.INP), ("wgt", Mem.WGT))
+_DWMAC_ALIGNED = ("acc_addr", "acc_ld", "acc_stride_out", "acc_stride_in", "inp_addr", "inp_ld",
+                  "inp_stride_out", "inp_stride_in", "wgt_addr", "wgt_stride_out", "wgt_stride_in")
 _ALU_ALIGNED = tuple(f"{p}_{f}" for p in ("dst", "src") for f in ("addr", "stride_out", "stride_in"))
 
 
@@ -149,6 +151,8 @@ class Simulator:
             self._check_gemm(index, ins)
         elif op is Opcode.ALU:
             self._check_alu(index, ins)
+        elif op is Opcode.DWMAC:
+            self._check_dwmac(index, ins)
 
     def _host(self, index: int, ins: Instruction, buffers: Buffers, dtype: np.dtype) -> np.ndarray:
         slot = ins.slot
@@ -230,6 +234,21 @@ class Simulator:
             end = (values[p + "_addr"] + (eo - 1) * values[p + "_stride_out"]
                    + (ei - 1) * values[p + "_stride_in"] + (t - 1) * ld + t)
             self._check_sram(index, g, mem, end)
+
+    def _check_dwmac(self, index: int, d: Dwmac) -> None:
+        t = self.config.tile
+        if (d.acc_addr | d.acc_ld | d.acc_stride_out | d.acc_stride_in | d.inp_addr | d.inp_ld | d.inp_stride_out
+                | d.inp_stride_in | d.wgt_addr | d.wgt_stride_out | d.wgt_stride_in) & (t - 1):
+            raise self._misaligned(index, d, _DWMAC_ALIGNED)
+        eo, ei = d.ext_out, d.ext_in
+        if not (eo and ei):
+            return
+        for p, mem, ld in (("acc", Mem.ACC, d.acc_ld), ("inp", Mem.INP, d.inp_ld), ("wgt", Mem.WGT, None)):
+            if ld is not None and ld < t:
+                raise AlignmentError(index, d, f"{p}_ld={ld} is smaller than the tile width {t}")
+            values = d.__dict__
+            self._check_sram(index, d, mem, values[p + "_addr"] + (eo - 1) * values[p + "_stride_out"]
+                             + (ei - 1) * values[p + "_stride_in"] + (t - 1) * (ld or 0) + t)
 
     def _check_alu(self, index: int, a: Alu) -> None:
         t = self.config.tile
@@ -327,7 +346,8 @@ class Simulator:
         if prepared is _MISSING:
             if len(self._prepared) >= _PREPARED_LIMIT:
                 self._prepared.clear()
-            prepared = self._prepared[key] = self._gemm(ins) if op is Opcode.GEMM else self._alu(ins)
+            prepared = self._prepared[key] = (self._gemm(ins) if op is Opcode.GEMM else
+                                              self._dwmac(ins) if op is Opcode.DWMAC else self._alu(ins))
         return prepared
 
     def _scratch(self, shape: tuple, dtype) -> np.ndarray:
@@ -478,6 +498,34 @@ class Simulator:
                 np.add(acc, delta, out=acc)
 
         return matmul
+
+    def _dwmac(self, d: Dwmac) -> Optional[Op]:
+        t = self.config.tile
+        if not (d.ext_out and d.ext_in):
+            return None
+        loops = (d.ext_out, d.ext_in)
+        inp = _view(self.inp, d.inp_addr, (*loops, t, t), (d.inp_stride_out, d.inp_stride_in, d.inp_ld, 1))
+        wgt = _view(self.wgt, d.wgt_addr, (*loops, 1, t), (d.wgt_stride_out, d.wgt_stride_in, 0, 1))
+        # Loops along which the accumulator stays put are sums: reduce them first (exact in
+        # float64 for any extent the 32-bit fields allow, then modulo 2**32 like int32).
+        reduce = tuple(k for k, s in enumerate((d.acc_stride_out, d.acc_stride_in)) if s == 0)
+        shape = [e for k, e in enumerate(loops) if k not in reduce] + [t, t]
+        strides = [s for k, s in enumerate((d.acc_stride_out, d.acc_stride_in)) if k not in reduce] + [d.acc_ld, 1]
+        acc = _view(self.acc, d.acc_addr, shape, strides)
+        if _disjoint(shape, strides):
+            accumulate = partial(np.add, acc, out=acc)
+        else:  # overlapping accumulator tiles: every contribution, element by element
+            index = np.zeros(shape, np.int64) + d.acc_addr
+            for axis, (extent, stride) in enumerate(zip(shape, strides)):
+                index += (np.arange(extent) * stride).reshape([extent if k == axis else 1 for k in range(len(shape))])
+            accumulate = lambda delta: np.add.at(self.acc, index, delta)  # noqa: E731
+
+        def per_channel_mac() -> None:
+            prod = np.multiply(inp, wgt, dtype=np.float64)      # int8 x int8: exact
+            delta = prod.sum(axis=reduce) if reduce else prod
+            accumulate(delta.astype(np.int64).astype(np.int32))
+
+        return per_channel_mac
 
     def _alu(self, a: Alu) -> Optional[Op]:
         t = self.config.tile

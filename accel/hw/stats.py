@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Iterable, Sequence, Union
 
 from accel.hw.config import Config
+from accel.hw.isa import Opcode
 from accel.hw.timing import UNITS, Event, Timing
 
 __all__ = ["UNITS", "Event", "Timeline", "Stats"]
@@ -130,7 +131,7 @@ class Stats:
     cycles: int = 0
     busy: dict[str, int] = field(default_factory=lambda: dict.fromkeys(UNITS, 0))
     instructions: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
-        ("LOAD", "STORE", "GEMM", "ALU", "FINISH"), 0))
+        (op.name for op in Opcode), 0))
     bytes: dict[str, int] = field(default_factory=lambda: {"dram_to_sram": 0, "sram_to_dram": 0})
     macs: int = 0
     timeline: Timeline = field(default_factory=Timeline)

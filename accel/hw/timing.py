@@ -30,8 +30,8 @@ class Event(NamedTuple):
     end: int
 
 
-#: the unit each opcode keeps busy (FINISH keeps none)
-UNIT_OF = {Opcode.LOAD: "load", Opcode.STORE: "store", Opcode.GEMM: "gemm", Opcode.ALU: "alu"}
+#: the unit each opcode keeps busy (FINISH keeps none; DWMAC runs on the GEMM array)
+UNIT_OF = {Opcode.LOAD: "load", Opcode.STORE: "store", Opcode.GEMM: "gemm", Opcode.ALU: "alu", Opcode.DWMAC: "gemm"}
 
 
 @dataclass(frozen=True)

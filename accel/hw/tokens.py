@@ -33,7 +33,7 @@ from bisect import bisect_left, insort
 from typing import Iterator
 
 from accel.hw.emitter import nop
-from accel.hw.isa import Alu, Gemm, Instruction, Load, Mem, Queue, Store, queue_of
+from accel.hw.isa import Alu, Dwmac, Gemm, Instruction, Load, Mem, Queue, Store, queue_of
 
 _PUSH = {(Queue.LOAD, Queue.COMPUTE): "push_next", (Queue.COMPUTE, Queue.LOAD): "push_prev",
          (Queue.COMPUTE, Queue.STORE): "push_next", (Queue.STORE, Queue.COMPUTE): "push_prev"}
@@ -92,6 +92,16 @@ def footprint(ins: Instruction, tile: int, host=None) -> Iterator[tuple[tuple, i
                                             loops(ins.inp_stride_out, ins.inp_stride_in)), False
             yield ("sram", Mem.WGT), *_span(ins.wgt_addr, ins.wgt_ld, tile, tile,
                                             loops(ins.wgt_stride_out, ins.wgt_stride_in)), False
+    elif isinstance(ins, Dwmac):
+        if ins.ext_out * ins.ext_in == 0:
+            return
+        loops = lambda a, b: ((ins.ext_out, a), (ins.ext_in, b))  # noqa: E731
+        yield ("sram", Mem.ACC), *_span(ins.acc_addr, ins.acc_ld, tile, tile,
+                                        loops(ins.acc_stride_out, ins.acc_stride_in)), True
+        yield ("sram", Mem.INP), *_span(ins.inp_addr, ins.inp_ld, tile, tile,
+                                        loops(ins.inp_stride_out, ins.inp_stride_in)), False
+        yield ("sram", Mem.WGT), *_span(ins.wgt_addr, 0, 1, tile,
+                                        loops(ins.wgt_stride_out, ins.wgt_stride_in)), False
     elif isinstance(ins, Alu):
         if ins.ext_out * ins.ext_in == 0:
             return

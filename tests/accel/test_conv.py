@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 from tvm import te, topi
 
 import accel
+import tirpat as tp
 
 SHIFT = 6
 
@@ -176,20 +177,27 @@ def test_few_channels_build_im2col_on_the_cpu():
     assert any("builds the im2col matrix on the CPU" in why for _, why in ex.report.partitions[0].on_host)
 
 
-def test_depthwise_and_grouped_convs_stay_on_the_cpu():
+def test_depthwise_convs_run_on_dwmac_and_grouped_ones_stay_on_the_cpu():
     X = te.placeholder((1, 8, 10, 10), "int8", name="X")
     for W, conv in ((te.placeholder((8, 1, 3, 3), "int8", name="W"),
                      lambda X, W: topi.nn.depthwise_conv2d_nchw(X, W, 1, 1, 1, out_dtype="int32")),
                     (te.placeholder((8, 4, 3, 3), "int8", name="W"),
                      lambda X, W: topi.nn.group_conv2d_nchw(X, W, 1, 1, 1, 2, out_dtype="int32"))):
         out = conv(X, W)
-        ex = accel.build(te.create_prim_func([X, W, out]))
-        assert ex.report.share("accel") == 0.0
-        assert "depthwise or grouped convolution" in ex.report.partitions[0].on_host[0][1]
+        depthwise = int(W.shape[1]) == 1
+        if depthwise:
+            ex = accel.build(te.create_prim_func([X, W, out]))
+            assert ex.report.share("accel") == 1.0
+        else:
+            with pytest.warns(tp.OffloadWarning, match="a grouped convolution with several channels per group"):
+                ex = accel.build(te.create_prim_func([X, W, out]))
+            assert ex.report.share("accel") == 0.0
         x = np.random.default_rng(0).integers(-128, 128, (1, 8, 10, 10), dtype=np.int8)
         w = np.random.default_rng(1).integers(-128, 128, [int(d) for d in W.shape], dtype=np.int8)
         got = np.zeros([int(d) for d in out.shape], np.int32)
-        ex(x, w, got)
+        with accel.Session() as s:
+            ex(x, w, got)
+        assert s.stats.instructions["DWMAC"] == (10 if depthwise else 0)    # 10 rows of 16 pixels x 16 channels
         groups = 8 // int(W.shape[1])
         want = np.concatenate([
             reference_conv(x[:, g * (8 // groups):(g + 1) * (8 // groups)], w[g * (8 // groups):(g + 1) * (8 // groups)],

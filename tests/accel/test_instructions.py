@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 import accel
 from accel.hw import fused, instructions, isa
 from accel.hw.errors import AccelError, InstructionError
-from accel.hw.instructions import ALU, GEMM, GEMM_RESET, LOAD, STORE, AluOp, Mem, StoreMode
+from accel.hw.instructions import ALU, DWMAC, GEMM, GEMM_RESET, LOAD, STORE, AluOp, Mem, StoreMode
 from accel.hw.sim import Simulator
 
 T = 16
@@ -24,6 +24,8 @@ CONFIG = accel.Config(inp_bytes=8 * 256, wgt_bytes=8 * 256, acc_bytes=8 * 1024)
 SIZE = {Mem.INP: CONFIG.inp_elements, Mem.WGT: CONFIG.wgt_elements, Mem.ACC: CONFIG.acc_elements}
 FIELD_OF = instructions.FIELD_OF
 INT32 = st.integers(-2**31, 2**31 - 1)
+#: The ISA class each runtime function ``accel.<name>`` emits.
+CLASSES = {"load": isa.Load, "store": isa.Store, "gemm": isa.Gemm, "alu": isa.Alu, "dwmac": isa.Dwmac}
 
 
 def _simulator(seed: int) -> Simulator:
@@ -43,7 +45,7 @@ def _scratch(sim: Simulator, mem: Mem) -> np.ndarray:
 
 def _encoded(ins: instructions.device.Instruction, args: dict) -> isa.Instruction:
     """The ISA instruction a call of ``ins`` with ``args`` (by name; ``host`` slot 0) emits."""
-    cls = {"load": isa.Load, "store": isa.Store, "gemm": isa.Gemm, "alu": isa.Alu}[ins.runtime_name.split(".")[1]]
+    cls = CLASSES[ins.runtime_name.split(".")[1]]
     values = {**args, **{k: v for k, v in ins.fixed.items() if k != "deps"}, "host": 0}
     return cls(**{FIELD_OF.get(k, k): v for k, v in values.items() if FIELD_OF.get(k, k) in cls.__dataclass_fields__})
 
@@ -180,10 +182,11 @@ def _fused_too(sim, encoded, host, compare):
 # -- what the other layers read off the declarations ------------------------------------------
 def test_the_encoding_fields_are_the_declared_arguments():
     for name, forms in instructions.FUNCTIONS.items():
-        cls = {"load": isa.Load, "store": isa.Store, "gemm": isa.Gemm, "alu": isa.Alu}[name.split(".")[1]]
+        cls = CLASSES[name.split(".")[1]]
         fields = {f.name for f in dataclasses.fields(cls)} - {"pop_prev", "pop_next", "push_prev", "push_next"}
         assert {FIELD_OF.get(a, a) for a in forms[0].arguments if a != "deps"} == fields
-        assert set(isa.FIELDS[cls.opcode]) < fields     # the words: all but the header's func byte
+        # the words: all but the header's func byte (DWMAC has no func field)
+        assert set(isa.FIELDS[cls.opcode]) <= fields
 
 
 def test_the_scratchpads_are_declared_once():
@@ -266,3 +269,79 @@ def test_the_dependency_tokens_cover_what_the_declared_program_writes(case, seed
         if op.role == "write":      # what the planner asks: every element written, each stored anew
             scalars = {o.name: args[o.name] for o in ins.operands if o.kind == "scalar"}
             np.testing.assert_array_equal(where, ins.elements_written(op.name, **scalars, tile=T) + start)
+
+
+# -- DWMAC, the per-channel multiply-accumulate ---------------------------------------------------
+@st.composite
+def dwmacs(draw):
+    args = {"ext_out": draw(st.integers(0, 5)), "ext_in": draw(st.integers(0, 5))}
+    for p in ("acc", "inp", "wgt"):
+        args[f"{p}_addr"] = draw(st.integers(0, 8)) * T
+        # a stride of 0 on ACC is a reduction (the kernel's taps); on INP or WGT a broadcast
+        args[f"{p}_stride_out"], args[f"{p}_stride_in"] = draw(st.integers(0, 6)) * T, draw(st.integers(0, 4)) * T
+    args["acc_ld"], args["inp_ld"] = draw(st.integers(1, 3)) * T, draw(st.integers(1, 3)) * T
+    return _perturbed(draw, args, [a for a in args if "ext" not in a])
+
+
+@settings(max_examples=80)
+@given(dwmacs(), st.integers(0, 1000))
+def test_dwmac_is_its_declared_program(args, seed):
+    sim = _simulator(seed)
+    encoded = _check(sim, DWMAC, args, [])
+    assume(encoded is not None)
+    acc, inp, wgt = (_scratch(sim, m) for m in (Mem.ACC, Mem.INP, Mem.WGT))
+    a = args["acc_addr"]
+    want = DWMAC.reference(**{**args, "acc_addr": acc[a:], "inp_addr": inp[args["inp_addr"]:],
+                              "wgt_addr": wgt[args["wgt_addr"]:]}, tile=T)["acc_addr"]
+    _fused_too(sim, encoded, [], lambda s: np.testing.assert_array_equal(_scratch(s, Mem.ACC)[a:], want))
+
+
+def test_dwmac_encoding_cycles_and_disassembly():
+    d = isa.Dwmac(acc_addr=32, inp_addr=0, wgt_addr=16, acc_ld=16, inp_ld=32, ext_out=3, ext_in=3,
+                  inp_stride_out=512, inp_stride_in=16, wgt_stride_out=48, wgt_stride_in=16, pop_prev=True)
+    data = isa.encode(d)
+    words = np.frombuffer(data, "<u4")
+    assert words[0] == isa.Opcode.DWMAC | 1 << 4 and words[1:14].tolist() == [
+        32, 0, 16, 16, 32, 3, 3, 0, 0, 512, 16, 48, 16] and not words[14:].any()
+    assert isa.decode(data) == [d]
+    assert isa.disassemble(d) == ("DWMAC ACC[32 ld=16] += INP[0 ld=32] * WGT[16] loop 3x3 "
+                                  "(acc+0/0 inp+512/16 wgt+48/16) [pop_prev]")
+    with pytest.raises(accel.DecodeError, match="invalid func"):
+        isa.decode(bytes([isa.Opcode.DWMAC, 1]) + data[2:])
+    # ISA.md section 6: a step costs a GEMM step's cycles and gives tile x tile MACs
+    from accel.hw import cycles
+    timing = cycles.schedule([d.with_flags(pop_prev=False), isa.Finish()], CONFIG)
+    assert cycles.cost(d, CONFIG) == 9 * CONFIG.tile_cycles + CONFIG.issue_overhead    # 16 MACs a cycle
+    fast = accel.Config(dwmac_macs_per_cycle=T * T)     # a lane array fed a whole tile a cycle
+    assert cycles.cost(d, fast) == 9 + fast.issue_overhead
+    assert timing.macs == 9 * T * T and timing.busy["gemm"] == cycles.cost(d, CONFIG)
+
+
+def test_a_depthwise_convolution_through_the_session():
+    """A 3x3 stride-2 depthwise convolution of a padded 16-channel image, one DWMAC per strip
+    of 16 output pixels, through accel.Session (automatic tokens), equals numpy's."""
+    rng = np.random.default_rng(0)
+    h, w, c, k, s = 5, 33, 16, 3, 2
+    image = rng.integers(-128, 128, (h, w, c)).astype(np.int8)
+    kernel = rng.integers(-128, 128, (k, k, c)).astype(np.int8)
+    wp = w + 2                                   # padding 1 on the left and right
+    ow = (wp - k) // s + 1
+    out = np.zeros((ow, c), np.int32)
+    with accel.Session() as sess:       # the last strip's pixels past the row read INP beyond it
+        sess.load(image.reshape(-1), w * c, Mem.INP, 0, wp * c, rows=k, cols=w * c, dram_ld=w * c,
+                  pad_left=c, pad_right=c, deps=accel.AUTO)   # input rows 1..3 feed output row 1
+        sess.load(kernel.reshape(-1), 0, Mem.WGT, 0, c, rows=k * k, cols=c, dram_ld=c, deps=accel.AUTO)
+        for x0 in range(0, ow, T):
+            sess.gemm(x0 * c, 0, 0, c, T, T, reset=True, deps=accel.AUTO)
+            sess.dwmac(x0 * c, x0 * s * c, 0, c, s * c, ext_out=k, ext_in=k, inp_stride_out=wp * c,
+                       inp_stride_in=c, wgt_stride_out=k * c, wgt_stride_in=c, deps=accel.AUTO)
+        sess.store(out.reshape(-1), 0, 0, c, rows=ow, cols=c, dram_ld=c, deps=accel.AUTO)
+    padded = np.pad(image[1:1 + k].astype(np.int32), ((0, 0), (1, 1), (0, 0)))
+    want = sum(padded[i, j:j + s * ow:s] * kernel[i, j] for i in range(k) for j in range(k))
+    np.testing.assert_array_equal(out, want)
+
+
+@settings(max_examples=40)
+@given(dwmacs(), st.integers(0, 1000))
+def test_the_dependency_tokens_cover_what_dwmac_writes(args, seed):
+    test_the_dependency_tokens_cover_what_the_declared_program_writes.hypothesis.inner_test((DWMAC, args), seed)

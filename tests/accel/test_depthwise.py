@@ -1,0 +1,111 @@
+"""Depthwise convolutions on accel's DWMAC, from Relax: ``relax.nn.conv2d`` with groups =
+channels (NCHW/OIHW and NHWC/HWIO; kernels 3x3 and 5x5, strides 1 and 2, any padding) with
+the dense convolutions' fused epilogue (bias, ReLU, requantise to int8) built by
+``tp.build(..., "accel, llvm")``, bit-exact against ``tvm.compile(..., "llvm")`` of the same
+module; every multiply-accumulate on accel, one DWMAC per 16 x 16 output tile; what stays on
+the host says why (a grouped convolution that is not depthwise)."""
+
+import warnings
+
+import numpy as np
+import pytest
+import tvm
+from hypothesis import given
+from hypothesis import strategies as st
+from tvm import relax
+
+import tirpat as tp
+
+SHIFT = 7
+
+
+def depthwise_module(layout: str, c: int, h: int, w: int, k: int, stride: int, padding, epilogue: str,
+                     groups: int | None = None, per_group_out: int = 1) -> tvm.IRModule:
+    """``main(x, w[, bias])``: an int8 depthwise conv2d (int32 result) and its epilogue:
+    ``none``, ``bias``, ``bias_relu`` or ``requant`` (bias, ReLU, rounding shift, clip, cast to int8)."""
+    groups = groups or c
+    f = groups * per_group_out
+    cin = c // groups
+    bb = relax.BlockBuilder()
+    if layout == "NCHW":
+        x = relax.Var("x", relax.TensorType((1, c, h, w), "int8"))
+        wt = relax.Var("w", relax.TensorType((f, cin, k, k), "int8"))
+        kernel, bias_shape = "OIHW", (1, f, 1, 1)
+    else:
+        x = relax.Var("x", relax.TensorType((1, h, w, c), "int8"))
+        wt = relax.Var("w", relax.TensorType((k, k, cin, f), "int8"))
+        kernel, bias_shape = "HWIO", (1, 1, 1, f)
+    params = [x, wt]
+    if epilogue != "none":
+        params.append(relax.Var("bias", relax.TensorType(bias_shape, "int32")))
+    with bb.function("main", params):
+        with bb.dataflow():
+            out = bb.emit(relax.op.nn.conv2d(x, wt, strides=stride, padding=padding, groups=groups,
+                                             data_layout=layout, kernel_layout=kernel, out_dtype="int32"))
+            if epilogue != "none":
+                out = bb.emit(relax.op.add(out, params[2]))
+            if epilogue in ("bias_relu", "requant"):
+                out = bb.emit(relax.op.nn.relu(out))
+            if epilogue == "requant":
+                out = bb.emit(relax.op.right_shift(relax.op.add(out, relax.const(1 << (SHIFT - 1), "int32")),
+                                                   relax.const(SHIFT, "int32")))
+                out = bb.emit(relax.op.astype(relax.op.clip(out, -128, 127), "int8"))
+            out = bb.emit_output(out)
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def _inputs(mod: tvm.IRModule, rng) -> list:
+    out = []
+    for p in mod["main"].params:
+        shape = [int(d) for d in p.ty.shape.values]
+        dtype = str(p.ty.dtype)
+        out.append(rng.integers(-128, 128, shape, dtype=np.int8) if dtype == "int8" else
+                   rng.integers(-5000, 5000, shape, dtype=np.int32))
+    return out
+
+
+def _build_and_compare(mod: tvm.IRModule, seed: int):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = tp.build(mod, "accel, llvm")
+    vm = relax.VirtualMachine(tvm.compile(mod, "llvm"), tvm.cpu())
+    args = _inputs(mod, np.random.default_rng(seed))
+    got = model(*args)
+    want = vm["main"](*[tvm.runtime.tensor(a) for a in args]).numpy()
+    np.testing.assert_array_equal(got, want)
+    return model, model.stats.get("accel")
+
+
+@given(st.sampled_from(["NCHW", "NHWC"]), st.sampled_from([8, 16, 24, 40]), st.integers(1, 12),
+       st.integers(1, 21), st.sampled_from([3, 5]), st.sampled_from([1, 2]), st.integers(0, 2),
+       st.sampled_from(["none", "bias", "bias_relu", "requant"]), st.integers(0, 1000))
+def test_depthwise_conv_on_accel_is_bit_exact_with_llvm(layout, c, h, w, k, stride, pad, epilogue, seed):
+    pad = min(pad, k // 2)
+    h, w = h + max(0, k - h - 2 * pad), w + max(0, k - w - 2 * pad)     # the kernel fits the padded image
+    mod = depthwise_module(layout, c, h, w, k, stride, pad, epilogue)
+    model, stats = _build_and_compare(mod, seed)
+    oh, ow = (h + 2 * pad - k) // stride + 1, (w + 2 * pad - k) // stride + 1
+    if oh == ow == 1:       # one output pixel: no tile of pixels to gather, the host computes it
+        assert model.report.share("accel") == 0.0 and "its output is one pixel" in model.report.text(verbose=True)
+        return
+    assert model.report.share("accel") == 1.0 and stats is not None
+    tiles = (oh * -(-ow // 16) if ow > 1 else -(-oh // 16)) * -(-c // 16)     # one pixel wide: down the column
+    assert stats.instructions["DWMAC"] == tiles and stats.macs == tiles * k * k * 256
+
+
+def test_asymmetric_padding_and_the_report():
+    mod = depthwise_module("NHWC", 24, 9, 30, 3, 2, (0, 1, 1, 0), "requant")
+    model, stats = _build_and_compare(mod, 1)
+    text = model.report.text(verbose=True)
+    assert "DWMAC reads a row of channels per kernel tap" in text and model.report.share("accel") == 1.0
+
+
+def test_a_grouped_convolution_stays_on_the_host_and_says_why():
+    mod = depthwise_module("NCHW", 16, 8, 8, 3, 1, 1, "none", groups=4)
+    with pytest.warns(tp.OffloadWarning, match="a grouped convolution \\(groups = 4, 4 input and 1 output"):
+        model = tp.build(mod, "accel, llvm")
+    assert model.report.share("accel") == 0.0
+    mod = depthwise_module("NHWC", 8, 8, 8, 3, 1, 1, "none", per_group_out=2)
+    with pytest.warns(tp.OffloadWarning, match="1 input and 2 output channels per group"):
+        tp.build(mod, "accel, llvm")
