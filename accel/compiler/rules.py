@@ -342,7 +342,7 @@ def _bounded(e, op, bound: int):
 
 def table_lookup(e):
     """``(table load, x)`` if ``e`` is ``table[x + 128]`` with a 1-D int8 table of 256
-    entries and ``x`` an int32 clipped to [-128, 127] (cast to int8 and back, or not, and the
+    entries and ``x`` an int32 clipped to bounds inside [-128, 127] (cast to int8 and back, or not, and the
     index clamped to [0, 255] or not: how TOPI lowers integerize's ``take(table, x + 128)``),
     else None. The clip makes the casts and the clamp identities: accel's LUT computes it.
 
@@ -368,9 +368,22 @@ def table_lookup(e):
         x = x.value
     if isinstance(x, tirx.Cast) and str(x.ty.dtype) == "int8":
         x = x.value
-    if x is None or str(x.ty.dtype) != "int32" or _clip(x) is None:
+    if x is None or str(x.ty.dtype) != "int32" or not _within_int8(x):
         return None
     return e, x
+
+
+def _within_int8(e) -> bool:
+    """Whether ``e`` is a clip (a max of a min, or a min of a max, with constants) to bounds
+    inside [-128, 127]."""
+    for outer, inner in ((tirx.Max, tirx.Min), (tirx.Min, tirx.Max)):
+        if isinstance(e, outer):
+            for a, b in ((e.a, e.b), (e.b, e.a)):
+                if _int(b) is not None and isinstance(a, inner):
+                    for _, c in ((a.a, a.b), (a.b, a.a)):
+                        if _int(c) is not None and -128 <= min(_int(b), _int(c)) and max(_int(b), _int(c)) <= 127:
+                            return True
+    return False
 
 
 def _wrap32(v: int) -> int:
