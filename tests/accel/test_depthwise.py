@@ -1,5 +1,6 @@
 """Depthwise convolutions on accel's DWMAC, from Relax: ``relax.nn.conv2d`` with groups =
-channels (NCHW/OIHW and NHWC/HWIO; kernels 3x3 and 5x5, strides 1 and 2, any padding) with
+channels (NCHW/OIHW and NHWC/HWIO; kernels 3x3 and 5x5, strides 1 and 2, dilations 1 and 2,
+any padding) with
 the dense convolutions' fused epilogue (bias, ReLU, requantise to int8) built by
 ``tp.build(..., "accel, llvm")``, bit-exact against ``tvm.compile(..., "llvm")`` of the same
 module; every multiply-accumulate on accel, one DWMAC per 16 x 16 output tile; what stays on
@@ -20,7 +21,7 @@ SHIFT = 7
 
 
 def depthwise_module(layout: str, c: int, h: int, w: int, k: int, stride: int, padding, epilogue: str,
-                     groups: int | None = None, per_group_out: int = 1) -> tvm.IRModule:
+                     groups: int | None = None, per_group_out: int = 1, dilation: int = 1) -> tvm.IRModule:
     """``main(x, w[, bias])``: an int8 depthwise conv2d (int32 result) and its epilogue:
     ``none``, ``bias``, ``bias_relu`` or ``requant`` (bias, ReLU, rounding shift, clip, cast to int8)."""
     groups = groups or c
@@ -40,7 +41,7 @@ def depthwise_module(layout: str, c: int, h: int, w: int, k: int, stride: int, p
         params.append(relax.Var("bias", relax.TensorType(bias_shape, "int32")))
     with bb.function("main", params):
         with bb.dataflow():
-            out = bb.emit(relax.op.nn.conv2d(x, wt, strides=stride, padding=padding, groups=groups,
+            out = bb.emit(relax.op.nn.conv2d(x, wt, strides=stride, padding=padding, dilation=dilation, groups=groups,
                                              data_layout=layout, kernel_layout=kernel, out_dtype="int32"))
             if epilogue != "none":
                 out = bb.emit(relax.op.add(out, params[2]))
@@ -79,13 +80,14 @@ def _build_and_compare(mod: tvm.IRModule, seed: int):
 
 @given(st.sampled_from(["NCHW", "NHWC"]), st.sampled_from([8, 16, 24, 40]), st.integers(1, 12),
        st.integers(1, 21), st.sampled_from([3, 5]), st.sampled_from([1, 2]), st.integers(0, 2),
-       st.sampled_from(["none", "bias", "bias_relu", "requant"]), st.integers(0, 1000))
-def test_depthwise_conv_on_accel_is_bit_exact_with_llvm(layout, c, h, w, k, stride, pad, epilogue, seed):
+       st.sampled_from(["none", "bias", "bias_relu", "requant"]), st.integers(0, 1000), st.sampled_from([1, 1, 2]))
+def test_depthwise_conv_on_accel_is_bit_exact_with_llvm(layout, c, h, w, k, stride, pad, epilogue, seed, dilation):
     pad = min(pad, k // 2)
-    h, w = h + max(0, k - h - 2 * pad), w + max(0, k - w - 2 * pad)     # the kernel fits the padded image
-    mod = depthwise_module(layout, c, h, w, k, stride, pad, epilogue)
+    span = (k - 1) * dilation + 1
+    h, w = h + max(0, span - h - 2 * pad), w + max(0, span - w - 2 * pad)     # the kernel fits the padded image
+    mod = depthwise_module(layout, c, h, w, k, stride, pad, epilogue, dilation=dilation)
     model, stats = _build_and_compare(mod, seed)
-    oh, ow = (h + 2 * pad - k) // stride + 1, (w + 2 * pad - k) // stride + 1
+    oh, ow = (h + 2 * pad - span) // stride + 1, (w + 2 * pad - span) // stride + 1
     if oh == ow == 1:       # one output pixel: no tile of pixels to gather, the host computes it
         assert model.report.share("accel") == 0.0 and "its output is one pixel" in model.report.text(verbose=True)
         return
