@@ -293,6 +293,7 @@ def schedule_in(sch: s_tir.Schedule, config: Config) -> Notes:
     reserved: dict = {}     # scratchpad elements the GEMMs scheduled so far keep for the whole function
     for name, gemm, conv, knobs in gemms:
         cpu_steps = len(notes.on_cpu)
+        kept = dict(reserved)
         try:
             if isinstance(conv, depthwise.Depthwise):
                 _schedule_depthwise(sch, name, conv, config, notes, reserved)
@@ -305,6 +306,8 @@ def schedule_in(sch: s_tir.Schedule, config: Config) -> Notes:
             # the steps taken so far (layouts, the epilogue inlined) are valid code for the CPU
             del notes.on_cpu[cpu_steps:]
             notes.on_cpu.append((name, f"is not offloaded: {why}"))
+            reserved.clear()
+            reserved.update(kept)       # what it reserved (a LUT's table, say) is not kept
     return notes
 
 
