@@ -130,8 +130,9 @@ def analyse(block, store, loads) -> tuple[Depthwise | None, str | None]:
     (dy, y, ry, taps_y), (dx, x, rx, taps_x) = spatial
     in_dim.update(y=dy, x=dx)
     roles.update(y=y, x=x, ry=ry, rx=rx)
-    if len(set(roles.values())) != len(roles) or set(w_keys) != {roles[r] for r in ("f", "c", "ry", "rx") if r in roles} \
-            or set(out) != {roles[r] for r in ("n", "y", "x", "f")}:
+    weight_roles = {roles[r] for r in ("f", "c", "ry", "rx") if r in roles}
+    if len(set(roles.values())) != len(roles) or set(w_keys) != weight_roles or \
+            set(out) != {roles[r] for r in ("n", "y", "x", "f")}:
         return not_dw
     ext = {"c": 1}
     for r, k in roles.items():

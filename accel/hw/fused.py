@@ -18,7 +18,13 @@ current ones, a STORE or an ALU reads them. Then the whole stream is:
    float32 up to 1024 terms and in float64 beyond;
 3. ALU and LUT instructions, batched by dependency level and operation (a LUT by table);
 4. STOREs, batched per host buffer;
-5. the scratchpads' final contents, as instruction-by-instruction execution leaves them.
+5. the scratchpads' final contents, as instruction-by-instruction execution leaves them
+   (of ACC, the elements the stream changed).
+
+The value numbers are the plan's own, so they are laid out for these steps: what one
+product adds into, and what one ALU batch writes and the batch before it wrote, are runs
+of consecutive numbers, which numpy reads and writes as views instead of gathering and
+scattering element by element.
 
 :func:`fuse` returns None for a stream this does not cover, and the
 :class:`~accel.hw.sim.Program` keeps executing it instruction by instruction: a LOAD that
@@ -386,11 +392,111 @@ class _Builder:
                          self.i.resolve(np.concatenate([c for _, c in self.acc_loads])))
         inp_at = np.flatnonzero(self.inp != np.arange(self.inp_n))
         wgt_at = np.flatnonzero(self.wgt != self.inp_n + np.arange(self.wgt_n))
-        acc_at = np.arange(self.acc_n)      # products may land on values from before the stream
-        return FusedPlan(
+        # ACC elements that end the stream with another value than they began with: those
+        # given a new value, and those whose value from before the stream products add into
+        # (a stream's reset tiles are a small part of ACC: 2% for the PaddleOCR classifier)
+        changed = self.acc != np.arange(self.acc_n)
+        for p in products:
+            added = np.asarray(p.grid if p.grid is not None else p.targets).reshape(-1)
+            changed[added[added < self.acc_n]] = True
+        acc_at = np.flatnonzero(changed)
+        # Value numbers are the plan's own: renumber them so that what one numpy call writes
+        # is a contiguous run (a view, not a gather and a scatter), and only the values that
+        # products add into start at zero.
+        renumber, zeroed = _layout(self.acc_n, self.values, products, alus, acc_loads)
+        products = [p.renumbered(renumber) for p in products]
+        alus = [(ufunc, op, imm, _run_of(renumber[new]), _run_of(renumber[old]),
+                 None if src is None else _run_of(renumber[src])) for ufunc, op, imm, new, old, src in alus]
+        stores = [(slot, mode, dst, _run_of(renumber[src])) for slot, mode, dst, src in stores]
+        if acc_loads is not None:
+            acc_loads = (_run_of(renumber[acc_loads[0]]), acc_loads[1])
+        plan = FusedPlan(
             self, products, alus, stores, acc_loads,
             (inp_at, self.f.resolve(self.inp[inp_at])), (wgt_at, self.f.resolve(self.wgt[wgt_at])),
-            (acc_at, self.acc[acc_at].astype(np.intp)))
+            (acc_at, _run_of(renumber[self.acc[acc_at]])))
+        plan.zeroed = zeroed
+        return plan
+
+
+class _Span:
+    """Value numbers ``start, start + 1, ...`` laid out as ``shape``: indexes the values
+    as a view."""
+
+    __slots__ = ("start", "stop", "shape")
+
+    def __init__(self, start: int, shape: tuple) -> None:
+        self.start, self.shape = start, shape
+        self.stop = start + int(np.prod(shape, dtype=np.int64))
+
+    def of(self, values: np.ndarray) -> np.ndarray:
+        return values[self.start:self.stop].reshape(self.shape)
+
+
+def _run_of(index: np.ndarray):
+    """``index`` as a :class:`_Span` when it numbers consecutive values in order, else itself."""
+    index = np.asarray(index, np.intp)
+    if index.size and index.reshape(-1)[0] + index.size - 1 == index.reshape(-1)[-1] and \
+            (index.size == 1 or bool((np.diff(index.reshape(-1)) == 1).all())):
+        return _Span(int(index.reshape(-1)[0]), index.shape)
+    return index
+
+
+def _at(values: np.ndarray, index) -> np.ndarray:
+    """``values[index]``: a view for a :class:`_Span`, a gather otherwise."""
+    return index.of(values) if isinstance(index, _Span) else values[index]
+
+
+def _layout(acc_n: int, count: int, products: list, alus: list, acc_loads) -> tuple:
+    """New value numbers (``renumber[old] = new``): the scratchpad's ``acc_n`` values from
+    before the stream keep theirs; then the values products add into, each product's
+    targets in the order it adds them; then the other values that start at zero (resets
+    nothing adds into); then the values that are written before they are read (ACC LOADs,
+    ALU results), each ALU group's in the order it writes them. Returns ``(renumber, zeroed)``:
+    values ``[acc_n, zeroed)`` start at zero, ``[zeroed, count)`` are written before they
+    are read."""
+    renumber = np.full(count, -1, np.intp)
+    renumber[:acc_n] = np.arange(acc_n)
+    nxt = acc_n
+
+    def claim(index: np.ndarray) -> None:
+        nonlocal nxt
+        flat = np.asarray(index).reshape(-1)
+        if not flat.size or (renumber[flat] >= 0).any():
+            return
+        run = np.arange(nxt, nxt + flat.size)
+        renumber[flat] = run
+        if (renumber[flat] == run).all():
+            nxt += flat.size
+        else:       # a value twice in ``index``: it cannot be a run (O(n), unlike np.unique)
+            renumber[flat] = -1
+
+    for p in products:
+        claim(p.grid if p.grid is not None else p.targets)
+    written = np.zeros(count, bool)
+    for _, _, _, new, _, _ in alus:
+        written[new] = True
+    if acc_loads is not None:
+        written[acc_loads[0]] = True
+    written[:acc_n] = False
+    rest = np.flatnonzero((renumber < 0) & ~written)
+    renumber[rest] = np.arange(nxt, nxt + rest.size)
+    nxt += rest.size
+    zeroed = nxt
+    for _, _, _, new, _, _ in alus:
+        claim(new)
+    if acc_loads is not None:
+        claim(acc_loads[0])
+    rest = np.flatnonzero(renumber < 0)     # written values a claim did not take (repeats)
+    renumber[rest] = np.arange(nxt, nxt + rest.size)
+    return renumber, zeroed
+
+
+def _put(values: np.ndarray, index, data: np.ndarray) -> None:
+    """``values[index] = data`` (into a view for a :class:`_Span`)."""
+    if isinstance(index, _Span):
+        index.of(values)[...] = data
+    else:
+        values[index] = data
 
 
 def _distinct(index: np.ndarray, bound: int) -> bool:
@@ -418,6 +524,13 @@ class _Product:
         self.x, self.w, self.ftype, self.grid = x, w, ftype, grid
         self.sel_r, self.sel_c, self.targets, self.unique, self.tile = sel_r, sel_c, targets, unique, tile
 
+    def renumbered(self, renumber: np.ndarray) -> "_Product":
+        """This product adding into the values ``renumber`` maps its targets to."""
+        grid = None if self.grid is None else _run_of(renumber[self.grid])
+        targets = renumber[self.targets]
+        return _Product(self.x, self.w, self.ftype, grid, self.sel_r, self.sel_c,
+                        _run_of(targets) if self.unique else targets, self.unique, self.tile)
+
     def run(self, source: np.ndarray, values: np.ndarray) -> None:
         x, w = source[self.x], source[self.w]
         if self.ftype is np.float32:
@@ -425,11 +538,18 @@ class _Product:
         else:
             product = np.matmul(x.astype(np.float64), w.T.astype(np.float64)).astype(np.int64).astype(np.int32)
         if self.grid is not None:
-            values[self.grid] += product
+            if isinstance(self.grid, _Span):
+                target = self.grid.of(values)
+                target += product
+            else:
+                values[self.grid] += product
             return
         t = self.tile
         blocks = product.reshape(product.shape[0] // t, t, product.shape[1] // t, t)[self.sel_r, :, self.sel_c, :]
-        if self.unique:
+        if isinstance(self.targets, _Span):
+            target = self.targets.of(values)
+            target += blocks
+        elif self.unique:
             values[self.targets] += blocks
         else:
             np.add.at(values, self.targets, blocks)
@@ -440,10 +560,16 @@ class _PerChannel:
     accumulator values and the source vector), summed exactly per accumulator value."""
 
     __slots__ = ("targets", "inverse", "x", "w")
+    grid = None     # no block of a matrix product: the values it adds into are ``targets``
 
-    def __init__(self, targets: np.ndarray, x: np.ndarray, w: np.ndarray) -> None:
-        self.targets, self.inverse = np.unique(targets, return_inverse=True)
-        self.x, self.w = x, w
+    def __init__(self, targets: np.ndarray, x: np.ndarray, w: np.ndarray, inverse: np.ndarray | None = None) -> None:
+        if inverse is None:
+            targets, inverse = np.unique(targets, return_inverse=True)
+        self.targets, self.inverse, self.x, self.w = targets, inverse, x, w
+
+    def renumbered(self, renumber: np.ndarray) -> "_PerChannel":
+        """These products adding into the values ``renumber`` maps their targets to."""
+        return _PerChannel(renumber[self.targets], self.x, self.w, self.inverse)
 
     def run(self, source: np.ndarray, values: np.ndarray) -> None:
         products = source[self.x] * source[self.w]      # int8 x int8 in float32: exact
@@ -482,21 +608,26 @@ class FusedPlan:
             return False
         source = np.concatenate([sim.inp[self.inp_kept], sim.wgt[self.wgt_kept],
                                  *(buffers[s] for s in self.f_slots), self.f_pads])
-        values = np.zeros(self.values, np.int32)
+        # values written before they are read (see _layout) need no zeroing
+        values = np.empty(self.values, np.int32)
         values[:self.acc_n] = sim.acc
+        values[self.acc_n:self.zeroed] = 0
         if self.acc_loads is not None:
             ints = np.concatenate([*(buffers[s] for s in self.i_slots), self.i_pads])
-            values[self.acc_loads[0]] = ints[self.acc_loads[1]]
+            _put(values, self.acc_loads[0], ints[self.acc_loads[1]])
         for product in self.products:
             product.run(source, values)
         for ufunc, op, imm, new, old, src in self.alus:
             if ufunc is None:       # a LUT, ``imm`` its table's entries in ``source``
-                values[new] = source[imm][np.clip(values[old], -128, 127) + 128]
+                _put(values, new, source[imm][np.clip(_at(values, old), -128, 127) + 128])
                 continue
-            rhs = np.int32(imm) if imm is not None else alu_operand(op, values[src])
-            values[new] = ufunc(values[old], rhs)
+            rhs = np.int32(imm) if imm is not None else alu_operand(op, _at(values, src))
+            if isinstance(new, _Span):
+                ufunc(_at(values, old), rhs, out=new.of(values))    # new values never overlap the operands
+            else:
+                values[new] = ufunc(_at(values, old), rhs)
         for slot, mode, dst, src in self.stores:
-            out = values[src]
+            out = _at(values, src)
             if mode is StoreMode.SATURATE:
                 out = np.clip(out, -128, 127)
             buffers[slot][dst] = out.astype(buffers[slot].dtype)     # int8: keeps the low byte
@@ -505,7 +636,7 @@ class FusedPlan:
         at, src = self.wgt_final
         sim.wgt[at] = source[src]
         at, src = self.acc_final
-        sim.acc[at] = values[src]
+        sim.acc[at] = _at(values, src)
         return True
 
 

@@ -148,8 +148,9 @@ class Session(device.Session):
     # ------------------------------------------------------------------ instructions
     def _emit(self, cls: type[Instruction], values: tuple, deps: int) -> int:
         """Emit ``cls`` built from ``values`` (its fields in ABI order) and flags; the
-        :class:`~accel.hw.stream.StreamBuilder` replays a stream it has built before."""
-        self.claim()
+        :class:`~accel.hw.stream.StreamBuilder` replays a stream it has built before. The
+        caller has claimed the stream (a runtime function's wrapper, or the methods below:
+        compiled code makes this call once per instruction, so it is not claimed twice)."""
         return self.builder.instruction(cls, values, deps)
 
     def load(self, host: HostBuffer, elem_offset: int, mem: Union[Mem, int], sram_addr: int,
@@ -157,12 +158,14 @@ class Session(device.Session):
              pad_bottom: int = 0, pad_left: int = 0, pad_right: int = 0, pad_value: int = 0,
              deps: int = 0) -> int:
         """Emit a LOAD of ``host`` (see :class:`accel.hw.isa.Load`); returns the stream index."""
+        self.claim()
         return _EMIT["load"](self, *_in_order("load", locals()))
 
     def store(self, host: HostBuffer, elem_offset: int, sram_addr: int, sram_ld: int, *,
               rows: int, cols: int, dram_ld: int, mode: Union[StoreMode, int] = StoreMode.INT32,
               deps: int = 0) -> int:
         """Emit a STORE into ``host`` (see :class:`accel.hw.isa.Store`); returns the stream index."""
+        self.claim()
         return _EMIT["store"](self, *_in_order("store", locals()))
 
     def gemm(self, acc_addr: int, inp_addr: int, wgt_addr: int, acc_ld: int, inp_ld: int,
@@ -171,6 +174,7 @@ class Session(device.Session):
              inp_stride_in: int = 0, wgt_stride_out: int = 0, wgt_stride_in: int = 0,
              deps: int = 0) -> int:
         """Emit a GEMM (see :class:`accel.hw.isa.Gemm`); returns the stream index."""
+        self.claim()
         return _EMIT["gemm"](self, *_in_order("gemm", locals()))
 
     def alu(self, op: Union[AluOp, int], dst_addr: int, *, src_addr: int = 0, imm: int = 0,
@@ -178,6 +182,7 @@ class Session(device.Session):
             dst_stride_in: int = 0, src_stride_out: int = 0, src_stride_in: int = 0,
             deps: int = 0) -> int:
         """Emit an ALU instruction (see :class:`accel.hw.isa.Alu`); returns the stream index."""
+        self.claim()
         return _EMIT["alu"](self, *_in_order("alu", locals()))
 
     def dwmac(self, acc_addr: int, inp_addr: int, wgt_addr: int, acc_ld: int, inp_ld: int, *,

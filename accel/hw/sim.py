@@ -37,6 +37,7 @@ from functools import partial
 from typing import Callable, Optional, Sequence
 
 import numpy as np
+from threadpoolctl import ThreadpoolController
 
 from accel.hw import cycles, fused
 from accel.hw.config import Config
@@ -92,6 +93,12 @@ _ALU_ALIGNED = tuple(f"{p}_{f}" for p in ("dst", "src") for f in ("addr", "strid
 
 
 _RUNS_BEFORE_FUSING = 2
+# The simulator's matrix products are a stream's blocks (tens to a few hundred rows): a
+# multi-threaded BLAS splits them across cores and then waits for every thread, which on
+# a busy machine costs 20-50x the product itself (the PaddleOCR classifier's 43 streams:
+# 105 ms of matmul with OpenBLAS's 2 threads on 2 shared cores, 5 ms with one). So a run
+# limits BLAS to one thread, restoring the caller's setting afterwards.
+_BLAS = ThreadpoolController()
 _MISSING = object()
 _PREPARED_LIMIT = 1 << 14
 _FLAG_NAMES = frozenset(("pop_prev", "pop_next", "push_prev", "push_next"))
@@ -610,7 +617,8 @@ class Program:
             for index, ins in enumerate(self.stream):   # raises, naming the instruction
                 sim.check(index, ins, buffers)
         if execute:
-            self._execute(buffers)
+            with _BLAS.limit(limits=1, user_api="blas"):
+                self._execute(buffers)
         stats = stats if stats is not None else Stats(sim.config)
         stats.add(self.timing)
         return stats

@@ -81,7 +81,7 @@ def test_a_blocked_product_is_one_matrix_multiplication():
                            wgt_ld=32, ext_out=2, ext_in=2, acc_stride_out=16, wgt_stride_out=16 * 32,
                            inp_stride_in=16, wgt_stride_in=16))
     plan, (sim, host), (ref, want) = _both(stream + [Finish()])
-    assert plan.matmuls == 1 and plan.products[0].grid is not None
+    assert plan.matmuls == 1 and isinstance(plan.products[0].grid, fused._Span)   # adds into a view
     assert plan.run(host, sim)
     ref.run(stream + [Finish()], want)
     np.testing.assert_array_equal(sim.acc, ref.acc)
@@ -113,6 +113,9 @@ def test_fused_epilogues_wrap_int32_like_the_reference(steps, scale):
     start = sim.acc.astype(np.int64)
     x, w = (sim.memory(m)[:256].astype(np.int64).reshape(16, 16) for m in (Mem.INP, Mem.WGT))
     assert plan is not None and plan.run(host, sim)
+    # each ALU step writes its results as one view (the values are numbered for it), and reads
+    # the step before's the same way
+    assert all(isinstance(new, fused._Span) and isinstance(old, fused._Span) for _, _, _, new, old, _ in plan.alus)
     ref.run(stream, want)
     np.testing.assert_array_equal(sim.acc, ref.acc)
     np.testing.assert_array_equal(host[4], want[4])
@@ -121,3 +124,23 @@ def test_fused_epilogues_wrap_int32_like_the_reference(steps, scale):
         acc = sim_tests.wrap32(_NUMPY[op](acc, start[1024:1040] if imm is None else np.int64(imm)))
     np.testing.assert_array_equal(ref.acc[:256].reshape(16, 16), acc)
     np.testing.assert_array_equal(host[4][:256].reshape(16, 16), acc)
+
+
+@given(st.integers(0, 7), st.integers(1, 4), st.booleans())
+def test_products_added_into_accumulators_from_before_the_stream_stay_there(acc_tile, k_tiles, stored):
+    """A GEMM without a reset adds into what ACC held before the stream (nothing gives the
+    tile a new value): the plan writes back only the ACC elements that changed, and those
+    include it, so the scratchpad ends as instruction-by-instruction execution leaves it."""
+    stream = [Gemm(acc_addr=acc_tile * 256, inp_addr=0, wgt_addr=0, acc_ld=16, inp_ld=16, wgt_ld=16,
+                   ext_out=k_tiles, inp_stride_out=256, wgt_stride_out=256, push_next=stored)]
+    if stored:
+        stream.append(Store(sram_addr=acc_tile * 256, sram_ld=16, slot=4, dram_offset=0, dram_ld=16, rows=16,
+                            cols=16, pop_prev=True))
+    plan, (sim, host), (ref, want) = _both(stream + [Finish()])
+    assert plan is not None and plan.run(host, sim)
+    ref.run(stream + [Finish()], want)
+    assert plan.acc_final[0].size == 256            # the one tile, not all of ACC
+    for mem in Mem:
+        np.testing.assert_array_equal(sim.memory(mem), ref.memory(mem))
+    for got, exp in zip(host, want):
+        np.testing.assert_array_equal(got, exp)

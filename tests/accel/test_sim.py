@@ -291,6 +291,40 @@ def test_blocked_gemm_covers_a_block_of_tiles_in_one_instruction():
     assert s.stats.macs == 64 * 32 * 128
 
 
+def test_products_run_on_one_blas_thread_and_the_callers_setting_comes_back(monkeypatch):
+    # a multi-threaded BLAS on a stream's small blocks waits for its threads (20-50x slower on
+    # a busy machine): both execution paths, per instruction and fused, run on one thread
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    from accel.hw import fused
+    seen = []
+    real_matmul = np.matmul
+
+    def matmul(*args, **kwargs):
+        seen.append({i["num_threads"] for i in threadpoolctl.threadpool_info() if i["user_api"] == "blas"})
+        return real_matmul(*args, **kwargs)
+
+    monkeypatch.setattr(np, "matmul", matmul)
+    a = np.ones((32, 32), np.int8)
+    c = np.zeros((32, 32), np.int32)
+    with threadpoolctl.threadpool_limits(limits=2, user_api="blas"):
+        before = [i["num_threads"] for i in threadpoolctl.threadpool_info() if i["user_api"] == "blas"]
+        s = accel.Session()
+        for _ in range(4):      # instruction by instruction, then (third run on) the fused plan
+            with s:
+                s.load(a, 0, Mem.INP, 0, 32, rows=32, cols=32, dram_ld=32)
+                s.load(a, 0, Mem.WGT, 0, 32, rows=32, cols=32, dram_ld=32, deps=accel.PUSH_NEXT)
+                s.gemm(0, 0, 0, 32, 32, 32, reset=True)
+                s.gemm(0, 0, 0, 32, 32, 32, ext_out=2, acc_stride_out=0, inp_stride_out=16,
+                       wgt_stride_out=16, deps=accel.POP_PREV)
+                s.dep_push(Queue.COMPUTE, Queue.STORE); s.dep_pop(Queue.COMPUTE, Queue.STORE)
+                s.store(c, 0, 0, 32, rows=16, cols=16, dram_ld=32)
+            np.testing.assert_array_equal(c[:16, :16], 32)
+        after = [i["num_threads"] for i in threadpoolctl.threadpool_info() if i["user_api"] == "blas"]
+    assert seen and all(threads <= {1} for threads in seen)
+    assert before and after == before
+    assert any(isinstance(p, fused.FusedPlan) for p in [s.builder._recordings[0].program._fused])
+
+
 # ---------------------------------------------------------------------- errors
 def _read_only(a):
     a.flags.writeable = False

@@ -325,7 +325,14 @@ class Runtime:
         short = name or fn.__name__
         if not short.isidentifier():
             raise ValueError(f"Runtime.function: {short!r} is not a valid function name")
-        current = self.current
+        current, local, default = self.current, self._local, self.default
+        get_ident, getframe = threading.get_ident, sys._getframe
+
+        def failed(session: Session, err: BaseException) -> None:
+            if getattr(_relay, "active", 0):     # kept only for an invoke() to raise
+                _relay.error = err
+            if session.owned_here():
+                session.discard()
 
         def call(*args):
             session = current()
@@ -333,21 +340,28 @@ class Runtime:
                 session.claim()
                 return fn(session, *args)
             except BaseException as err:
-                if getattr(_relay, "active", 0):     # kept only for an invoke() to raise
-                    _relay.error = err
-                if session.owned_here():
-                    session.discard()
+                failed(session, err)
                 raise
 
         def from_compiled(*args):
+            # Compiled code calls this once per device instruction (hundreds of thousands
+            # per model call), so the common case (this thread owns the stream, the same
+            # call goes on) tests two fields instead of calling claim() and _from_call(), and
+            # finds the current session inline (what current() does)
+            stack = local.stack
+            session = stack[-1] if stack else default()
+            if session._owner != get_ident():
+                session.claim()
             # the compiled code calling this TVM global was called from the nearest Python
             # frame (none on a thread that native code started: calls cannot be told apart)
-            session = current()
-            caller = sys._getframe().f_back
-            if caller is not None:
-                session.claim()
+            caller = getframe().f_back
+            if caller is not None and session._site != (id(caller), caller.f_lasti):
                 session._from_call(caller)
-            return call(*args)
+            try:
+                return fn(session, *args)
+            except BaseException as err:
+                failed(session, err)
+                raise
 
         call.__name__ = call.__qualname__ = from_compiled.__name__ = f"{self.prefix}.{short}"
         call.__doc__ = from_compiled.__doc__ = fn.__doc__
