@@ -29,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import tvm
 import tvm_ffi
 from tvm import ir, tirx
 
@@ -342,7 +343,7 @@ def _bounded(e, op, bound: int):
 
 def table_lookup(e):
     """``(table load, x)`` if ``e`` is ``table[x + 128]`` with a 1-D int8 table of 256
-    entries and ``x`` an int32 clipped to bounds inside [-128, 127] (cast to int8 and back, or not, and the
+    entries and ``x`` an int32 provably inside [-128, 127], e.g. clipped there (cast to int8 and back, or not, and the
     index clamped to [0, 255] or not: how TOPI lowers integerize's ``take(table, x + 128)``),
     else None. The clip makes the casts and the clamp identities: accel's LUT computes it.
 
@@ -374,16 +375,11 @@ def table_lookup(e):
 
 
 def _within_int8(e) -> bool:
-    """Whether ``e`` is a clip (a max of a min, or a min of a max, with constants) to bounds
-    inside [-128, 127]."""
-    for outer, inner in ((tirx.Max, tirx.Min), (tirx.Min, tirx.Max)):
-        if isinstance(e, outer):
-            for a, b in ((e.a, e.b), (e.b, e.a)):
-                if _int(b) is not None and isinstance(a, inner):
-                    for _, c in ((a.a, a.b), (a.b, a.a)):
-                        if _int(c) is not None and -128 <= min(_int(b), _int(c)) and max(_int(b), _int(c)) <= 127:
-                            return True
-    return False
+    """Whether ``e`` provably lies in [-128, 127]: a clip to bounds inside int8, or what is
+    left of one where TVM's simplifier dropped the end the requantise cannot reach (the
+    analyzer bounds the mathematical value, so a bound inside int8 also rules out a wrap)."""
+    bound = tvm.sym.Analyzer().const_int_bound(e)
+    return -128 <= bound.min_value and bound.max_value <= 127
 
 
 def _wrap32(v: int) -> int:

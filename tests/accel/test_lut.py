@@ -21,10 +21,12 @@ TABLES = st.one_of(
 )
 
 
-def _model(kind, m, n, k, table, shift, bias, seed, clip=(-128, 127), depthwise=False):
+def _model(kind, m, n, k, table, shift, bias, seed, clip=(-128, 127), depthwise=False, clamp=None):
     """An int8 matmul ([m, k] x [n, k]^T) or 3x3 NHWC conv2d (an m x m image, k to n channels;
     depthwise: k = n channels, one per group), a per-channel bias, a requantise by ``shift``
-    with ``clip`` before the cast to int8, then ``table`` looked up as integerize emits it."""
+    with ``clip`` before the cast to int8, then ``table`` looked up as integerize emits it;
+    ``clamp = (bound, multiplier)``: the accumulator clamped to +-bound and multiplied first,
+    as integerize's fixed-point requantise writes it."""
     rng = np.random.default_rng(seed)
     x_shape = (m, k) if kind == "matmul" else (1, m, m, k)
     x = relax.Var("x", relax.TensorType(x_shape, "int8"))
@@ -40,6 +42,10 @@ def _model(kind, m, n, k, table, shift, bias, seed, clip=(-128, 127), depthwise=
                                                groups=n if depthwise else 1, out_dtype="int32"))
             if bias:
                 y = bb.emit(relax.op.add(y, relax.const(rng.integers(-2**12, 2**12, (n,), dtype=np.int32))))
+            if clamp is not None:
+                y = bb.emit(relax.op.minimum(relax.op.maximum(y, relax.const(np.int32(-clamp[0]))),
+                                             relax.const(np.int32(clamp[0]))))
+                y = bb.emit(relax.op.multiply(y, relax.const(np.int32(clamp[1]))))
             y = bb.emit(relax.op.add(y, relax.const(np.int32(1 << (shift - 1)))))
             y = bb.emit(relax.op.right_shift(y, relax.const(np.int32(shift))))
             if clip is not None:
@@ -99,6 +105,13 @@ def test_a_narrower_clip_before_the_table_is_taken_too():
     # ReLU6-like bounds inside int8: the LUT's index is still the int8 value
     table = np.arange(256).astype(np.uint8).astype(np.int8)
     _assert_on_accel_bit_exact(_model("matmul", 16, 16, 32, table, 6, False, 0, clip=(0, 96)))
+
+
+def test_a_clip_whose_lower_end_the_simplifier_drops_is_taken_too():
+    # the clamp and multiplier of PP-OCR's first convolution: the shifted value cannot go
+    # below -128, so TVM keeps only min(x, 127) of the clip; the LUT's index is still x + 128
+    table = np.random.default_rng(3).integers(-128, 128, 256).astype(np.int8)
+    _assert_on_accel_bit_exact(_model("conv2d", 6, 16, 3, table, 23, True, 0, clamp=(21276, 50469)))
 
 
 def test_a_table_after_a_wrapping_cast_stays_on_the_host_with_the_reason():
