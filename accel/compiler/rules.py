@@ -325,6 +325,16 @@ def epilogue_chain(e, is_spine, is_operand):
     return None
 
 
+def table_step(table) -> _Step:
+    """The epilogue step that looks the accumulator up in ``table`` (a 256-entry int8 buffer
+    in WGT): accel's LUT.
+
+    >>> table_step(None).op is None
+    True
+    """
+    return _Step(None, table=table)
+
+
 def _widening(e) -> bool:
     """Whether ``e`` is a cast to int32 or int64 of an integer that it keeps as it is."""
     return isinstance(e, tirx.Cast) and str(e.ty.dtype) in ("int32", "int64") and \
@@ -562,7 +572,7 @@ def _store(m, store, config):
                            "on one accumulator value")
     spine, steps = chain
     if lookup is not None:
-        steps = steps + [_Step(None, table=table)]
+        steps = steps + [table_step(table)]
     loops = m.loops
     n = len(loops)
     guard = m.get("guard")

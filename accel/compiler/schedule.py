@@ -42,7 +42,7 @@ from accel.compiler import depthwise
 from accel.compiler.conv import DEPTHWISE
 from accel.compiler.conv import analyse as analyse_conv
 from accel.compiler.conv import normalise as normalise_conv
-from accel.compiler.rules import ACC, INP, WGT, _Step, epilogue_chain, table_lookup
+from accel.compiler.rules import ACC, INP, WGT, epilogue_chain, table_lookup, table_step
 from accel.compiler import wrapping
 from accel.hw.instructions import LUT_ENTRIES, MEMORIES, SCOPES, AluOp, capacity_option
 
@@ -898,7 +898,7 @@ def _epilogue_steps(block, acc_buffer):
     chain = epilogue_chain(value, is_spine, is_operand)
     if chain is None:
         return None
-    return chain[1] + ([_Step(None, table=lookup[0].source)] if lookup is not None else [])
+    return chain[1] + ([table_step(lookup[0].source)] if lookup is not None else [])
 
 
 def _table(block):
