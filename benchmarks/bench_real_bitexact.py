@@ -5,8 +5,10 @@ fixes its input dimensions, lets onnxruntime's basic graph optimisation fold the
 Reshape shapes TVM's ONNX frontend cannot import, quantises it with ``tp.quantize`` (per
 tensor) on drawn text-line images (shapes and text, normalised as the model expects), then
 builds the integerised module twice: ``tvm.compile(tp.integerize()(mod), "llvm")`` and
-``tp.build(mod, "accel, llvm")``. It prints, per image, whether the two outputs are equal
-and the largest difference, then how many images agree bit for bit.
+``tp.build(mod, "accel, llvm")``. It prints what runs where (operators in accel's partitions
+and on the host, the table lookups each side, the MAC share), per image whether the two
+outputs are equal and the largest difference, then how many images agree bit for bit and
+accel's cycles per image.
 
     python benchmarks/bench_real_bitexact.py [--model ppocrv5_det] [--size 160] [--images 20]
 
@@ -99,15 +101,30 @@ def main() -> None:
         t = time.time()
         model = tp.build(mod, "accel, llvm")
         print(f"accel build {time.time() - t:.0f} s", flush=True)
-    same = 0
+    print(placement(model.report.to_json()), flush=True)
+    same = cycles = 0
     for k, x in enumerate(images(args.images, hw, norm, 1)):
         want = vm["main"](tvm.runtime.tensor(x)).numpy()
         got = model(x)
+        cycles += model.stats["accel"].cycles      # the last call's
         ok = bool(np.array_equal(want, got))
         same += ok
         print(f"image {k}: {'bit-exact' if ok else 'differs'}, max |accel - llvm| {float(np.abs(want - got).max()):.4g}",
               flush=True)
-    print(f"{args.model}: {same} of {args.images} images bit-exact with llvm")
+    print(f"{args.model}: {same} of {args.images} images bit-exact with llvm; accel "
+          f"{cycles / args.images:,.0f} cycles an image")
+
+
+def placement(report: dict) -> str:
+    """What runs where, from a model's build report: operators in accel's partitions and on
+    the host, table lookups (``relax.take``) each side, and accel's share of the MACs."""
+    on_accel = [op for p in report["partitions"] if p["backend"] == "accel" for op in p["ops"]]
+    host = [h["op"] for h in report["on_host"]]
+    macs = report["macs"]
+    total = sum(macs.values()) or 1
+    return (f"operators: {len(on_accel)} in accel partitions ({on_accel.count('relax.take')} table lookups), "
+            f"{len(host)} on the host ({host.count('relax.take')} table lookups); "
+            f"MACs on accel {macs.get('accel', 0):,} of {total:,} ({macs.get('accel', 0) / total:.1%})")
 
 
 if __name__ == "__main__":

@@ -14,7 +14,10 @@ TVM's ONNX importer gives ``MatMulInteger``). The epilogue operations are those 
 runs on the accumulator: ``add``/``subtract``/``multiply``/``maximum``/``minimum``/
 ``right_shift`` with an int32 tensor or scalar (bias, residual add, a per-tensor or
 per-channel requantise multiplier), ``relu``, ``clip``, and a final ``astype`` to int8 (a
-narrowing STORE). Longer chains are listed first, so the longest one wins.
+narrowing STORE). Longer chains are listed first, so the longest one wins. A chain that ends
+in a clip to int8 and the cast may go on into a table lookup, ``take(table, astype(x, int32) +
+128)`` with a 256-entry int8 constant table (how :mod:`tirpat.model.integerize` writes sigmoid,
+HardSwish, GELU, ... after a requantise): accel's LUT instruction, see :func:`table`.
 
 Each check returns True, or the reason it declines (``"float32 x float32 -> float32; accel
 takes int8 x int8 -> int32"``), which the build report gives for operators left on the host.
@@ -31,9 +34,9 @@ import functools
 import numpy as np
 from tvm import ir, relax, tirx
 from tvm.relax.backend.utils import has_leaking_intermediate_variables
-from tvm.relax.dpl import is_op, wildcard
+from tvm.relax.dpl import is_const, is_op, wildcard
 
-__all__ = ["patterns", "check", "MAX_EPILOGUE", "EPILOGUE_OPS"]
+__all__ = ["patterns", "check", "table", "MAX_EPILOGUE", "EPILOGUE_OPS", "TABLE_ENTRIES"]
 
 #: The longest epilogue chain matched (bias, ReLU and a requantise multiply/add/shift/clip/cast fit).
 MAX_EPILOGUE = 8
@@ -45,6 +48,8 @@ EPILOGUE_OPS = {
     "relax.right_shift": 1, "relax.nn.relu": 0, "relax.clip": 2, "relax.astype": 0,
 }
 _INT32_MIN, _INT32_MAX = -2**31, 2**31 - 1
+#: Entries of a table lookup's int8 table: entry ``k`` is the result for the int8 value ``k - 128``.
+TABLE_ENTRIES = 256
 #: Operations with a scalar that make the result a constant (``x * 0``, ``min(x, -2**31)``,
 #: ``max(x, 2**31 - 1)``): TVM's simplifier folds them, and no accumulator is left to read.
 _CONSTANT_RESULT = {("relax.multiply", 0), ("relax.minimum", _INT32_MIN), ("relax.maximum", _INT32_MAX)}
@@ -89,6 +94,17 @@ def _epilogue(x):
     return alternatives
 
 
+def table(x):
+    """The pattern of a table lookup of an int8 ``x``: ``take(table, astype(x, int32) + 128)``
+    with a constant table (:func:`tirpat.model.integerize.rules.emit_table`'s form).
+
+    >>> type(table(wildcard())).__name__
+    'CallPattern'
+    """
+    index = is_op("relax.add")(is_op("relax.astype")(x).has_dtype("int32"), is_const())
+    return is_op("relax.take")(is_const(), index)
+
+
 def _cores():
     return {
         "matmul": is_op("relax.matmul")(_operand(), _weight()),
@@ -110,6 +126,8 @@ def _patterns(max_epilogue: int) -> tuple:
         chains = [core]
         for _ in range(max_epilogue):
             chains.append(_epilogue(chains[-1]))
+        # a table lookup after the chain is longer still: those first
+        out += [(f"accel.{name}", table(root), {"core": core}, check) for root in reversed(chains)]
         out += [(f"accel.{name}", root, {"core": core}, check) for root in reversed(chains)]
     return tuple(out)
 
@@ -263,6 +281,40 @@ def _check_epilogue(call, root, core, bound: dict) -> str | None:
     return None
 
 
+def _table_calls(root, bound: dict) -> tuple[list, object]:
+    """``(calls, narrow)``: when ``root`` is a table lookup, its ``take``, index ``add`` and
+    widening ``astype`` and the expression they look up (the chain's narrowing cast); else
+    ``([], root)``."""
+    if not (isinstance(root, relax.Call) and root.op.name == "relax.take"):
+        return [], root
+    add = bound.get(root.args[1].__chandle__(), root.args[1])
+    widen = bound.get(add.args[0].__chandle__(), add.args[0])
+    return [root, add, widen], bound.get(widen.args[0].__chandle__(), widen.args[0])
+
+
+def _check_table(calls, narrow, bound: dict) -> str | None:
+    """None when the table lookup ``calls`` (take, add, astype) is what accel's LUT computes:
+    a 256-entry int8 table indexed by ``x + 128`` for an int8 ``x`` that the chain clipped to
+    [-128, 127] before its cast (the LUT clamps its index; a wrapping cast would differ)."""
+    take, add, widen = calls
+    values = _tensor_constant(take.args[0])
+    if values is None or str(values.dtype) != "int8" or values.shape != (TABLE_ENTRIES,) or \
+            int(take.attrs.axis) != 0:
+        return f"a take from a {_dtype(take.args[0])} table that is not {TABLE_ENTRIES} int8 entries along axis 0"
+    offset = _tensor_constant(add.args[1])
+    if offset is None or offset.size != 1 or int(offset.reshape(-1)[0]) != 128 or _dtype(add) != "int32":
+        return "a table index that is not x + 128 in int32"
+    if not (isinstance(narrow, relax.Call) and narrow.op.name == "relax.astype" and _dtype(narrow) == "int8"):
+        return "a table lookup of a value the chain does not cast to int8"
+    clipped = bound.get(narrow.args[0].__chandle__(), narrow.args[0])
+    if not (isinstance(clipped, relax.Call) and clipped.op.name == "relax.clip" and
+            all(isinstance(b, tirx.IntImm) for b in clipped.args[1:]) and
+            clipped.args[1].value >= -128 and clipped.args[2].value <= 127):
+        return ("a table lookup after a cast to int8 that wraps (no clip to [-128, 127] before it); accel's LUT "
+                "clamps its index")
+    return None
+
+
 def check(ctx) -> bool | str:
     """True when accel can run the match; else the reason (a string) it cannot."""
     core = ctx.annotated_expr["core"]
@@ -271,10 +323,15 @@ def check(ctx) -> bool | str:
     if why is not None:
         return why
     operand_calls = _operand_calls(core, bound)
+    tables, narrow = _table_calls(ctx.matched_expr, bound)
+    if tables:
+        why = _check_table(tables, narrow, bound)
+        if why is not None:
+            return why
     for value in ctx.matched_bindings.values():
         if isinstance(value, relax.Call) and not value.same_as(core) and \
-                not any(value.same_as(c) for c in operand_calls):
-            why = _check_epilogue(value, ctx.matched_expr, core, bound)
+                not any(value.same_as(c) for c in operand_calls + tables):
+            why = _check_epilogue(value, narrow, core, bound)
             if why is not None:
                 return why
     if has_leaking_intermediate_variables(ctx):

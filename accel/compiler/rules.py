@@ -10,7 +10,8 @@
 - ``alu``: an in-place elementwise nest on ACC (bias add, ReLU/clip, requantise) -> ALU;
 - ``store``: a nest writing host memory from ACC, possibly through an elementwise epilogue
   and a narrowing cast -> ALU (in place, on the accumulator) then STORE; a plain cast wraps,
-  a clip to [-128, 127] then cast saturates.
+  a clip to [-128, 127] then cast saturates; a clip to int8 then a lookup in a 256-entry int8
+  table staged in WGT (:func:`table_lookup`) -> the ALU's clip, LUT, then a STORE.
 
 Each rule emits the declared instructions' calls (:mod:`accel.hw.instructions`, arguments by
 name); a scratchpad operand is a :class:`Region` of a scratchpad buffer, passed as its
@@ -27,13 +28,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+import tvm
 import tvm_ffi
 from tvm import ir, tirx
 
 import tirpat as tp
 from accel.hw import instructions
 from accel.hw.config import Config
-from accel.hw.instructions import ALU, DWMAC, GEMM, GEMM_RESET, LOAD, SCOPES, STORE, AluOp, StoreMode
+from accel.hw.instructions import ALU, DWMAC, GEMM, GEMM_RESET, LOAD, LUT, LUT_ENTRIES, SCOPES, STORE, AluOp, StoreMode
 from accel.compiler.wrapping import strip
 
 #: The scratchpads' storage scopes (their declarations are :mod:`accel.hw.instructions`').
@@ -274,11 +277,13 @@ _IMM_MAX = 2**31
 
 @dataclass
 class _Step:
-    """One ALU instruction of an epilogue: ``spine = op(spine, imm or operand)``."""
+    """One instruction of an epilogue: ALU ``spine = op(spine, imm or operand)``, or, with
+    ``op`` None, LUT ``spine = table[spine + 128]``."""
 
-    op: AluOp
+    op: AluOp | None
     imm: int | None = None
     operand: object = None      # an ACC load
+    table: object = None        # a LUT's table buffer (256 int8 entries)
 
 
 def _acc_load(e):
@@ -318,6 +323,73 @@ def epilogue_chain(e, is_spine, is_operand):
         if isinstance(other, ir.TensorLoad) and is_operand(other) and not other.source.same_as(inner[0].source):
             return inner[0], inner[1] + [_Step(op, operand=other)]
     return None
+
+
+def table_step(table) -> _Step:
+    """The epilogue step that looks the accumulator up in ``table`` (a 256-entry int8 buffer
+    in WGT): accel's LUT.
+
+    >>> table_step(None).op is None
+    True
+    """
+    return _Step(None, table=table)
+
+
+def _widening(e) -> bool:
+    """Whether ``e`` is a cast to int32 or int64 of an integer that it keeps as it is."""
+    return isinstance(e, tirx.Cast) and str(e.ty.dtype) in ("int32", "int64") and \
+        str(e.value.ty.dtype) in ("int8", "int32", "int64") and \
+        np.dtype(str(e.value.ty.dtype)).itemsize <= np.dtype(str(e.ty.dtype)).itemsize
+
+
+def _bounded(e, op, bound: int):
+    """The other operand of ``e`` if ``e`` is ``op(x, bound)`` in either order, else None."""
+    if isinstance(e, op):
+        for x, c in ((e.a, e.b), (e.b, e.a)):
+            if _int(c) == bound:
+                return x
+    return None
+
+
+def table_lookup(e):
+    """``(table load, x)`` if ``e`` is ``table[x + 128]`` with a 1-D int8 table of 256
+    entries and ``x`` an int32 provably inside [-128, 127], e.g. clipped there (cast to int8 and back, or not, and the
+    index clamped to [0, 255] or not: how TOPI lowers integerize's ``take(table, x + 128)``),
+    else None. The clip makes the casts and the clamp identities: accel's LUT computes it.
+
+    >>> table_lookup(T[T.min(T.max(0, T.Cast("int32", T.Cast("int8", clip)) + 128), 255)])   # doctest: +SKIP
+    (T[...], clip)
+    """
+    if not (isinstance(e, ir.TensorLoad) and str(e.source.dtype) == "int8" and len(e.indices) == 1
+            and len(e.source.shape) == 1 and _int(e.source.shape[0]) == LUT_ENTRIES):
+        return None
+    index = e.indices[0]
+    while True:
+        inner = _bounded(index, tirx.Min, LUT_ENTRIES - 1)
+        inner = inner if inner is not None else _bounded(index, tirx.Max, 0)
+        if inner is None and _widening(index):
+            inner = index.value
+        if inner is None:
+            break
+        index = inner
+    x = _bounded(index, tirx.Add, 128)
+    if x is None and isinstance(index, tirx.Sub) and _int(index.b) == -128:
+        x = index.a
+    while x is not None and _widening(x):
+        x = x.value
+    if isinstance(x, tirx.Cast) and str(x.ty.dtype) == "int8":
+        x = x.value
+    if x is None or str(x.ty.dtype) != "int32" or not _within_int8(x):
+        return None
+    return e, x
+
+
+def _within_int8(e) -> bool:
+    """Whether ``e`` provably lies in [-128, 127]: a clip to bounds inside int8, or what is
+    left of one where TVM's simplifier dropped the end the requantise cannot reach (the
+    analyzer bounds the mathematical value, so a bound inside int8 also rules out a wrap)."""
+    bound = tvm.sym.Analyzer().const_int_bound(e)
+    return -128 <= bound.min_value and bound.max_value <= 127
 
 
 def _wrap32(v: int) -> int:
@@ -434,6 +506,13 @@ def _alu_calls(steps, spine, operands, loops, config, partial_ok):
     for step, operand, sso in zip(steps, operands, g.row_stride[1:]):
         if dso % t or sso % t or (ext_out > 1 and dso == 0):
             raise _Unsupported(f"row strides {dso}, {sso} are not whole {t}-lane vectors")
+        if step.op is None:     # a table lookup: the whole table, staged in WGT once
+            def lookup(shifts, table=step.table):
+                return LUT.call(dst_addr=address(spine.buffer, spine.offset + shifts[0]), lut_addr=address(table, 0),
+                                ext_out=ext_out, ext_in=vectors, dst_stride_out=dso, dst_stride_in=t)
+
+            calls.append(_around(g.outer, [g.outer_strides(spine), g.outer_strides(None)], lookup))
+            continue
         ssi = 0 if operand is None else t
 
         def make(shifts, step=step, operand=operand, sso=sso, ssi=ssi):
@@ -471,7 +550,14 @@ def _store(m, store, config):
     out = store.buffer
     value = strip(store.value)      # the operations the scheduler kept from the simplifier, as the ALU runs them
     mode = StoreMode.INT32
-    if str(out.dtype) == "int8":
+    lookup = table_lookup(value) if str(out.dtype) == "int8" else None
+    if lookup is not None:
+        # the clip stays an ALU step (MAX, MIN), the LUT leaves int8 values: a plain STORE
+        table, value = lookup[0].source, lookup[1]
+        if table.scope() != WGT:
+            raise _Unsupported(f"the table {table.name} of a lookup is not staged in WGT")
+        mode = StoreMode.WRAP
+    elif str(out.dtype) == "int8":
         if not isinstance(value, tirx.Cast):
             raise _Unsupported(f"an int8 store of {value} without a narrowing cast")
         value = value.value
@@ -485,6 +571,8 @@ def _store(m, store, config):
         raise _Unsupported(f"{value} is not a chain of ALU operations (add, max, min, mul, shift right) "
                            "on one accumulator value")
     spine, steps = chain
+    if lookup is not None:
+        steps = steps + [table_step(table)]
     loops = m.loops
     n = len(loops)
     guard = m.get("guard")

@@ -42,9 +42,9 @@ from accel.compiler import depthwise
 from accel.compiler.conv import DEPTHWISE
 from accel.compiler.conv import analyse as analyse_conv
 from accel.compiler.conv import normalise as normalise_conv
-from accel.compiler.rules import ACC, INP, WGT, epilogue_chain
+from accel.compiler.rules import ACC, INP, WGT, epilogue_chain, table_lookup, table_step
 from accel.compiler import wrapping
-from accel.hw.instructions import MEMORIES, SCOPES, AluOp, capacity_option
+from accel.hw.instructions import LUT_ENTRIES, MEMORIES, SCOPES, AluOp, capacity_option
 
 
 class ScheduleError(ValueError):
@@ -293,6 +293,7 @@ def schedule_in(sch: s_tir.Schedule, config: Config) -> Notes:
     reserved: dict = {}     # scratchpad elements the GEMMs scheduled so far keep for the whole function
     for name, gemm, conv, knobs in gemms:
         cpu_steps = len(notes.on_cpu)
+        kept = dict(reserved)
         try:
             if isinstance(conv, depthwise.Depthwise):
                 _schedule_depthwise(sch, name, conv, config, notes, reserved)
@@ -305,6 +306,8 @@ def schedule_in(sch: s_tir.Schedule, config: Config) -> Notes:
             # the steps taken so far (layouts, the epilogue inlined) are valid code for the CPU
             del notes.on_cpu[cpu_steps:]
             notes.on_cpu.append((name, f"is not offloaded: {why}"))
+            reserved.clear()
+            reserved.update(kept)       # what it reserved (a LUT's table, say) is not kept
     return notes
 
 
@@ -558,6 +561,7 @@ def _schedule_gemm(sch: s_tir.Schedule, name: str, g: GemmAnalysis, config: Conf
     plan = GemmPlan(name, m_, n_, k_all, batch, gather=g.gather)
     _dma_layouts(sch, name, g, notes)
     final, steps, out_buffer = _epilogue(sch, sch.get_sblock(name), g.stop)
+    _reserve_table(reserved, steps, t)
     operands = {} if steps is None else _operands(sch.get(final), out_buffer)
     k_ = g.extents[g.k]
     shape = Extents(-(-m_ // t), -(-n_ // t), -(-k_ // t), batch, k_all // k_, _elements(g.weight) // (n_ * k_),
@@ -616,6 +620,7 @@ def _schedule_depthwise(sch: s_tir.Schedule, name: str, dw: depthwise.Depthwise,
     if padded != [int(iv.dom.extent.value) for iv in sch.get(blk).iter_vars]:
         sch.pad_einsum(blk, padded)
     final, steps, out_buffer = _epilogue(sch, blk, view.stop)
+    _reserve_table(reserved, steps, t)
     if final is not None and steps is None:
         notes.on_cpu.append((sch.get(final).name_hint, "the epilogue is not a chain of ALU operations "
                              "(add, max, min, multiply, shift by a constant, int32 operands)"))
@@ -758,8 +763,13 @@ def _stage_epilogue_operands(sch: s_tir.Schedule, gemm, final, out_buffer, j_o, 
     """Stage each operand the epilogue ``final`` reads besides the accumulator (a bias, a
     residual) through ACC at the N loop ``j_o``."""
     fblock = sch.get(final)
+    table = _table(fblock)
     for r in list(fblock.reads):
         if r.source.same_as(sch.get(gemm).writes[0].source):
+            continue
+        if table is not None and r.source.same_as(table):
+            # a LUT's table: loaded into WGT once, before the loops, like a resident weight
+            sch.cache_read(final, _read_index(sch.get(final), r.source), WGT)
             continue
         stage = sch.cache_read(final, _read_index(sch.get(final), r.source), ACC)
         if operand_layout is not None and len(r.source.shape) == len(out_buffer.shape):
@@ -829,10 +839,11 @@ def _operands(block, acc_buffer) -> dict:
     last = store.indices[-1]
     one_lane = _const(store.buffer.shape[-1]) == 1      # an output one element wide: any operand is a column
     kinds: dict = {}
+    table = _table(block)
 
     def on_load(load):
-        if load.source.same_as(acc_buffer):
-            return
+        if load.source.same_as(acc_buffer) or (table is not None and load.source.same_as(table)):
+            return      # the accumulator, or a LUT's table (staged in WGT, not an ALU operand)
         wide = [e for e, d in zip(load.indices, load.source.shape) if _const(d) > 1]
         along_last = [isinstance(e, tirx.Var) and isinstance(last, tirx.Var) and e.same_as(last) for e in wide]
         kind = all(along_last) if not wide or one_lane or along_last[-1] else None
@@ -873,7 +884,10 @@ def _epilogue_steps(block, acc_buffer):
     list for a plain write-back or cast), or None when the ALU cannot do it."""
     value = wrapping.strip(block.body.value)
     out = block.body.buffer
-    if str(out.dtype) == "int8":
+    lookup = table_lookup(value) if str(out.dtype) == "int8" else None
+    if lookup is not None:
+        value = lookup[1]       # clipped to int8: the ALU clips, then the LUT looks up
+    elif str(out.dtype) == "int8":
         if not isinstance(value, tirx.Cast):
             return None
         value = value.value
@@ -882,7 +896,26 @@ def _epilogue_steps(block, acc_buffer):
     is_spine = lambda load: load.source.same_as(acc_buffer)  # noqa: E731
     is_operand = lambda load: str(load.source.dtype) == "int32" and not load.source.same_as(acc_buffer)  # noqa: E731
     chain = epilogue_chain(value, is_spine, is_operand)
-    return None if chain is None else chain[1]
+    if chain is None:
+        return None
+    return chain[1] + ([table_step(lookup[0].source)] if lookup is not None else [])
+
+
+def _table(block):
+    """The table buffer an inlined epilogue ``block`` looks its result up in, or None."""
+    store = block.body
+    if str(store.buffer.dtype) != "int8":
+        return None
+    lookup = table_lookup(wrapping.strip(store.value))
+    return None if lookup is None else lookup[0].source
+
+
+def _reserve_table(reserved: dict, steps, t: int) -> None:
+    """Count the table of an epilogue's LUT step in what WGT keeps for the whole function
+    (staged once, before the GEMM's loops)."""
+    if steps and any(s.op is None for s in steps):
+        reserved[WGT] = reserved.get(WGT, 0) + _MEMORY[WGT].footprint(LUT_ENTRIES, repeated=False,
+                                                                     options={"tile": t})
 
 
 def schedule_partition(func: tirx.PrimFunc, config: Config) -> tirx.PrimFunc:
@@ -909,7 +942,7 @@ def already_scheduled(func: tirx.PrimFunc) -> bool:
 
 def describe_epilogue(steps, out_dtype: str) -> list:
     """What an epilogue's ALU steps do, in words: ``bias``, ``ReLU``, ``clip``, ``requantise``,
-    ``saturate to int8`` or ``cast to int8`` (the narrowing STORE).
+    ``saturate to int8``, ``cast to int8`` (the narrowing STORE) or ``table`` (a LUT).
 
     >>> describe_epilogue([_Step(AluOp.ADD, operand=b), _Step(AluOp.MAX, 0)], "int32")   # doctest: +SKIP
     ['bias', 'ReLU']
@@ -923,7 +956,9 @@ def describe_epilogue(steps, out_dtype: str) -> list:
     shifts = any(s.op is AluOp.SHR for s in steps)
     narrow = out_dtype == "int8"
     for s in steps:
-        if s.op is AluOp.ADD and s.operand is not None:
+        if s.op is None:
+            say("table")
+        elif s.op is AluOp.ADD and s.operand is not None:
             # a bias varies along one dimension (the channels); a residual along several
             wide = sum(1 for e in s.operand.source.shape if int(e) > 1)
             say("bias" if wide <= 1 else "residual add")

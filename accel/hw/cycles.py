@@ -49,7 +49,7 @@ def cost(ins: Instruction, config: Config) -> int:
         busy = -(-_dram_bytes(ins) // config.dma_bytes_per_cycle)
     elif op is Opcode.GEMM:
         busy = ins.ext_out * ins.ext_in * (config.tile if ins.reset else config.tile_cycles)
-    elif op is Opcode.ALU:
+    elif op is Opcode.ALU or op is Opcode.LUT:     # a LUT step reads alu_lanes table entries a cycle
         busy = ins.ext_out * ins.ext_in * -(-config.tile // config.alu_lanes)
     elif op is Opcode.DWMAC:
         busy = ins.ext_out * ins.ext_in * config.dwmac_cycles

@@ -16,7 +16,7 @@ current ones, a STORE or an ALU reads them. Then the whole stream is:
    whose input rows are the same and whose weight rows are the same are blocks of one
    matrix product (a convolution's whole im2col GEMM is a single BLAS call), exact in
    float32 up to 1024 terms and in float64 beyond;
-3. ALU instructions, batched by dependency level and operation;
+3. ALU and LUT instructions, batched by dependency level and operation (a LUT by table);
 4. STOREs, batched per host buffer;
 5. the scratchpads' final contents, as instruction-by-instruction execution leaves them
    (of ACC, the elements the stream changed).
@@ -53,8 +53,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from accel.hw.instructions import ALU_UFUNCS, alu_operand
-from accel.hw.isa import Alu, Dwmac, Gemm, Instruction, Load, Mem, Opcode, Store, StoreMode
+from accel.hw.instructions import ALU_UFUNCS, LUT_ENTRIES, alu_operand
+from accel.hw.isa import Alu, Dwmac, Gemm, Instruction, Load, Lut, Mem, Opcode, Store, StoreMode
 
 __all__ = ["fuse", "FusedPlan"]
 
@@ -143,6 +143,8 @@ class _Builder:
         self.x_tiles: list[np.ndarray] = []
         self.w_tiles: list[np.ndarray] = []
         self.alus: list[tuple] = []
+        self.tables: dict[bytes, int] = {}                     # a LUT's table (WGT source codes) -> its number
+        self.table_codes: list[np.ndarray] = []
         self.dwmacs: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []   # (acc values, inp codes, wgt codes)
         self.stores: list[tuple[int, StoreMode, np.ndarray, np.ndarray]] = []
         self.stored: dict[int, list[tuple[int, int]]] = {}    # host slot -> element ranges stored
@@ -168,6 +170,8 @@ class _Builder:
             return self._alu(ins)
         if op is Opcode.DWMAC:
             return self._dwmac(ins)
+        if op is Opcode.LUT:
+            return self._lut(ins)
         return True
 
     def _tile(self, ld: int) -> np.ndarray:
@@ -280,6 +284,22 @@ class _Builder:
         self.alus.append((level, a.op, imm, new, old, src))
         return True
 
+    def _lut(self, u: Lut) -> bool:
+        if not (u.ext_out and u.ext_in):
+            return True
+        dst = (_steps(u.dst_addr, u.ext_out, u.dst_stride_out, u.ext_in, u.dst_stride_in)[:, None]
+               + np.arange(self.tile)).reshape(-1)
+        old = self.acc[dst]
+        self.sealed[old] = True
+        level = int(self.level[old].max()) + 1
+        new = self._new(dst.size)
+        self.level[new] = level
+        self.acc[dst] = new
+        # the table's entries as WGT holds them now (a later LOAD may overwrite them)
+        table = _intern(self.tables, self.table_codes, self.wgt[u.lut_addr:u.lut_addr + LUT_ENTRIES].copy())
+        self.alus.append((level, None, table, new, old, None))     # op None: a lookup in table number ``table``
+        return True
+
     def _store(self, s: Store) -> bool:
         if not (s.rows and s.cols):
             return True
@@ -305,7 +325,7 @@ class _Builder:
             meets.setdefault(r, []).append((c, values))
         row_keys, col_keys = list(rows), list(cols)
         read = [np.stack(tiles).reshape(-1) for tiles in (self.x_tiles, self.w_tiles) if tiles]
-        read += [codes for _, x, w in self.dwmacs for codes in (x, w)]
+        read += [codes for _, x, w in self.dwmacs for codes in (x, w)] + self.table_codes
         if read:
             self.f.keep(np.concatenate(read))
         blocks: dict[tuple, list[int]] = {}
@@ -346,7 +366,10 @@ class _Builder:
                     groups.setdefault((op, imm), []).append((new, old, src))
             for (op, imm), members in groups.items():
                 cat = lambda k: np.concatenate([m[k] for m in members]).astype(np.intp)  # noqa: E731
-                alus.append((ALU_UFUNCS[op], op, imm, cat(0), cat(1), None if imm is not None else cat(2)))
+                if op is None:      # a LUT: its table's entries, as indices into the float sources
+                    alus.append((None, None, self.f.resolve(self.table_codes[imm]), cat(0), cat(1), None))
+                else:
+                    alus.append((ALU_UFUNCS[op], op, imm, cat(0), cat(1), None if imm is not None else cat(2)))
         stores = []
         for slot in dict.fromkeys(s[0] for s in self.stores):
             mine = [s for s in self.stores if s[0] == slot]
@@ -595,6 +618,9 @@ class FusedPlan:
         for product in self.products:
             product.run(source, values)
         for ufunc, op, imm, new, old, src in self.alus:
+            if ufunc is None:       # a LUT, ``imm`` its table's entries in ``source``
+                _put(values, new, source[imm][np.clip(_at(values, old), -128, 127) + 128])
+                continue
             rhs = np.int32(imm) if imm is not None else alu_operand(op, _at(values, src))
             if isinstance(new, _Span):
                 ufunc(_at(values, old), rhs, out=new.of(values))    # new values never overlap the operands

@@ -24,7 +24,11 @@ arguments, in order. Instructions that share a runtime function differ in a fixe
   clipped to :data:`OPERAND_RANGE`;
 - ``accel.dwmac``: :data:`DWMAC` ``acc[p, c] += inp[p, c] * wgt[c]`` on ``tile x tile``
   tiles of pixels x channels and a weight row per step ``(o, i)`` of two loop levels (a
-  depthwise convolution's kernel taps), declared in the last section.
+  depthwise convolution's kernel taps), declared in the last section;
+- ``accel.lut``: :data:`LUT` ``acc[d] = table[clip(acc[d], -128, 127) + 128]`` lane-wise on
+  ``tile``-lane ACC vectors over two loop levels, the 256-entry int8 table read from WGT
+  (loaded there by DMA like a weight): a table activation after a requantise, declared
+  after DWMAC.
 
 Every call also takes ``deps`` last: compiled code passes :data:`AUTO` (the driver adds
 the dependency tokens), which is fixed in the declarations. From these come the
@@ -412,3 +416,40 @@ DWMAC = _dwmac()
 INSTRUCTIONS[DWMAC.name] = DWMAC
 FUNCTIONS[DWMAC.runtime_name] = [DWMAC]
 __all__ += ["DWMAC"]
+
+
+# -- LUT: a 256-entry int8 table applied lane-wise to ACC vectors (table activations) ------------
+#: Entries of a LUT table: one per int8 value, the value ``v`` at index ``v + 128``.
+LUT_ENTRIES = 256
+
+
+def _lut() -> device.Instruction:
+    requires = [_aligned("dst_addr", "dst_stride_out", "dst_stride_in", "lut_addr"),
+                (lambda ext_out, dst_stride_out, ext_in, dst_stride_in:
+                 not (ext_out and ext_in) or distinct_starts(ext_out, dst_stride_out, ext_in, dst_stride_in),
+                 "LUT destination vectors overlap each other")]
+
+    @device.instr("accel.lut", memories=[WGT, ACC], fixed={"deps": AUTO}, requires=requires, name="lut")
+    def program(tile: int = TILE) -> tirx.PrimFunc:
+        dst, table = _flat("dst_addr", "int32", ACC), _flat("lut_addr", "int8", WGT)
+        ext_out, ext_in, dso, dsi, deps = _scalars("ext_out ext_in dst_stride_out dst_stride_in deps")
+
+        def step(o, i, lane):
+            at = dso * o + dsi * i + lane
+            # The table covers int8 inputs; a value outside [-128, 127] reads the entry of the
+            # end it passes (the index is clamped), so no value reads outside the table.
+            index = tirx.max(tirx.min(dst[at], 127), -128) + 128
+            return tirx.BufferStore(dst, tirx.Cast("int32", table[index]), [at])
+
+        body = _grid("o i lane", [ext_out, ext_in, tile], step)
+        return tirx.PrimFunc([dst, table, ext_out, ext_in, dso, dsi, deps], body)
+
+    return program
+
+
+#: ``acc[d] = table[clip(acc[d], -128, 127) + 128]`` on each lane of ``tile``-lane ACC vectors at
+#: ``dst_addr + o*dst_stride_out + i*dst_stride_in``, the 256 int8 entries at WGT ``lut_addr``.
+LUT = _lut()
+INSTRUCTIONS[LUT.name] = LUT
+FUNCTIONS[LUT.runtime_name] = [LUT]
+__all__ += ["LUT", "LUT_ENTRIES"]

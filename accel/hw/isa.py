@@ -28,7 +28,7 @@ from accel.hw.instructions import AluOp, Mem, StoreMode
 
 __all__ = [
     "INSTRUCTION_BYTES", "Opcode", "Queue", "Mem", "StoreMode", "AluOp", "Instruction",
-    "Load", "Store", "Gemm", "Alu", "Finish", "Dwmac", "FIELDS", "make", "queue_of", "encode", "decode",
+    "Load", "Store", "Gemm", "Alu", "Finish", "Dwmac", "Lut", "FIELDS", "make", "queue_of", "encode", "decode",
     "disassemble", "ALLOWED_FLAGS",
 ]
 
@@ -46,6 +46,7 @@ class Opcode(enum.IntEnum):
     ALU = 3
     FINISH = 4
     DWMAC = 5
+    LUT = 6
 
 
 class Queue(enum.IntEnum):
@@ -301,6 +302,27 @@ class Dwmac(Instruction):
 
 
 @dataclass(frozen=True, kw_only=True)
+class Lut(Instruction):
+    """``acc[d] = wgt[lut_addr + clip(acc[d], -128, 127) + 128]`` on each lane of the
+    ``tile``-lane ACC vectors at ``dst_addr + o*dst_stride_out + i*dst_stride_in``, over two
+    loop levels: a 256-entry int8 table (in WGT, loaded by DMA) applied after a requantise.
+    A value outside int8 reads the entry of the end it passes. Addresses are elements.
+
+    >>> Lut(dst_addr=32, lut_addr=256, ext_out=4, dst_stride_out=16).ext_out
+    4
+    """
+
+    dst_addr: int
+    lut_addr: int
+    ext_out: int = 1
+    ext_in: int = 1
+    dst_stride_out: int = 0
+    dst_stride_in: int = 0
+
+    opcode: ClassVar[Opcode] = Opcode.LUT
+
+
+@dataclass(frozen=True, kw_only=True)
 class Finish(Instruction):
     """End of stream: a compute-queue barrier that completes when every queue has drained.
 
@@ -313,11 +335,11 @@ class Finish(Instruction):
 
 _CLASSES: dict[Opcode, type[Instruction]] = {
     Opcode.LOAD: Load, Opcode.STORE: Store, Opcode.GEMM: Gemm, Opcode.ALU: Alu, Opcode.FINISH: Finish,
-    Opcode.DWMAC: Dwmac,
+    Opcode.DWMAC: Dwmac, Opcode.LUT: Lut,
 }
 #: The fields the header's func byte holds (see ``_func``), per opcode.
 _FUNC_FIELDS = {Opcode.LOAD: ("mem",), Opcode.STORE: ("mode",), Opcode.GEMM: ("reset",), Opcode.ALU: ("op", "use_imm"),
-                Opcode.FINISH: (), Opcode.DWMAC: ()}
+                Opcode.FINISH: (), Opcode.DWMAC: (), Opcode.LUT: ()}
 #: Operand words 1.. in this order: the class's fields as declared, but the dependency
 #: flags and the func byte's fields (so the dataclass is the one operand list).
 FIELDS: dict[Opcode, tuple[str, ...]] = {
@@ -537,6 +559,8 @@ def disassemble(ins: Union[Instruction, Sequence[Instruction], bytes]) -> str:
     elif op is Opcode.DWMAC:
         text = (f"DWMAC ACC[{ins.acc_addr} ld={ins.acc_ld}] += INP[{ins.inp_addr} ld={ins.inp_ld}] "
                 f"* WGT[{ins.wgt_addr}]{_loops(ins, 'acc', 'inp', 'wgt')}")
+    elif op is Opcode.LUT:
+        text = f"LUT ACC[{ins.dst_addr}] = WGT[{ins.lut_addr} + ACC[{ins.dst_addr}] + 128]{_loops(ins, 'dst')}"
     else:
         text = "FINISH"
     return text + _flags_text(ins)

@@ -32,7 +32,7 @@ from accel.hw.config import Config
 from accel.hw.emitter import Emitter
 from accel.hw.errors import AccelError
 from accel.hw.isa import (
-    Alu, AluOp, Dwmac, Gemm, Instruction, Load, Mem, Queue, Store, StoreMode, disassemble, encode,
+    Alu, AluOp, Dwmac, Gemm, Instruction, Load, Lut, Mem, Queue, Store, StoreMode, disassemble, encode,
 )
 from accel.hw.sim import Simulator
 from accel.hw.stream import AUTO, StreamBuilder
@@ -55,7 +55,7 @@ POP_PREV, POP_NEXT, PUSH_PREV, PUSH_NEXT = 1, 2, 4, 8
 HostBuffer = device.buffers.HostBuffer
 
 #: The instruction class each ``accel.<name>`` function emits, by ``<name>``.
-_CLASSES = {cls.opcode.name.lower(): cls for cls in (Load, Store, Gemm, Alu, Dwmac)}
+_CLASSES = {cls.opcode.name.lower(): cls for cls in (Load, Store, Gemm, Alu, Dwmac, Lut)}
 _FLAGS = frozenset(("pop_prev", "pop_next", "push_prev", "push_next"))
 
 
@@ -191,6 +191,11 @@ class Session(device.Session):
               wgt_stride_in: int = 0, deps: int = 0) -> int:
         """Emit a DWMAC (see :class:`accel.hw.isa.Dwmac`); returns the stream index."""
         return _EMIT["dwmac"](self, *_in_order("dwmac", locals()))
+
+    def lut(self, dst_addr: int, lut_addr: int, *, ext_out: int = 1, ext_in: int = 1, dst_stride_out: int = 0,
+            dst_stride_in: int = 0, deps: int = 0) -> int:
+        """Emit a LUT (see :class:`accel.hw.isa.Lut`); returns the stream index."""
+        return _EMIT["lut"](self, *_in_order("lut", locals()))
 
     def dep_push(self, src: Union[Queue, int], dst: Union[Queue, int]) -> None:
         """See :meth:`accel.hw.emitter.Emitter.dep_push`."""

@@ -47,9 +47,9 @@ from accel.hw.errors import (
     ScratchpadOverflowError, UnknownSlotError,
 )
 from accel.hw.instructions import (
-    ALU_UFUNCS, LOAD_HOST_DTYPE, OPERAND_RANGE, STORE_HOST_DTYPE, alu_operand, distinct_starts,
+    ALU_UFUNCS, LOAD_HOST_DTYPE, LUT_ENTRIES, OPERAND_RANGE, STORE_HOST_DTYPE, alu_operand, distinct_starts,
 )
-from accel.hw.isa import Alu, Dwmac, Gemm, Instruction, Load, Mem, Opcode, Store, StoreMode
+from accel.hw.isa import Alu, Dwmac, Gemm, Instruction, Load, Lut, Mem, Opcode, Store, StoreMode
 from accel.hw.stats import Stats
 
 __all__ = ["Simulator", "Program"]
@@ -88,6 +88,7 @@ _GEMM_ALIGNED = tuple(f"{p}_{f}" for p in ("acc", "inp", "wgt")
 _GEMM_OPERANDS = (("acc", Mem.ACC), ("inp", Mem.INP), ("wgt", Mem.WGT))
 _DWMAC_ALIGNED = ("acc_addr", "acc_ld", "acc_stride_out", "acc_stride_in", "inp_addr", "inp_ld",
                   "inp_stride_out", "inp_stride_in", "wgt_addr", "wgt_stride_out", "wgt_stride_in")
+_LUT_ALIGNED = ("dst_addr", "dst_stride_out", "dst_stride_in", "lut_addr")
 _ALU_ALIGNED = tuple(f"{p}_{f}" for p in ("dst", "src") for f in ("addr", "stride_out", "stride_in"))
 
 
@@ -160,6 +161,8 @@ class Simulator:
             self._check_alu(index, ins)
         elif op is Opcode.DWMAC:
             self._check_dwmac(index, ins)
+        elif op is Opcode.LUT:
+            self._check_lut(index, ins)
 
     def _host(self, index: int, ins: Instruction, buffers: Buffers, dtype: np.dtype) -> np.ndarray:
         slot = ins.slot
@@ -276,6 +279,18 @@ class Simulator:
         if not distinct_starts(eo, a.dst_stride_out, ei, a.dst_stride_in):
             raise InstructionError(index, a, "ALU destination vectors overlap each other")
 
+    def _check_lut(self, index: int, u: Lut) -> None:
+        t = self.config.tile
+        if (u.dst_addr | u.dst_stride_out | u.dst_stride_in | u.lut_addr) & (t - 1):
+            raise self._misaligned(index, u, _LUT_ALIGNED)
+        eo, ei = u.ext_out, u.ext_in
+        if not (eo and ei):
+            return
+        self._check_sram(index, u, Mem.ACC, u.dst_addr + (eo - 1) * u.dst_stride_out + (ei - 1) * u.dst_stride_in + t)
+        self._check_sram(index, u, Mem.WGT, u.lut_addr + LUT_ENTRIES)
+        if not distinct_starts(eo, u.dst_stride_out, ei, u.dst_stride_in):
+            raise InstructionError(index, u, "LUT destination vectors overlap each other")
+
     # ------------------------------------------------------------------ cycle model
     def cost(self, ins: Instruction) -> int:
         """Busy cycles of one instruction, issue overhead included (:func:`accel.hw.cycles.cost`).
@@ -354,7 +369,8 @@ class Simulator:
             if len(self._prepared) >= _PREPARED_LIMIT:
                 self._prepared.clear()
             prepared = self._prepared[key] = (self._gemm(ins) if op is Opcode.GEMM else
-                                              self._dwmac(ins) if op is Opcode.DWMAC else self._alu(ins))
+                                              self._dwmac(ins) if op is Opcode.DWMAC else
+                                              self._lut(ins) if op is Opcode.LUT else self._alu(ins))
         return prepared
 
     def _scratch(self, shape: tuple, dtype) -> np.ndarray:
@@ -533,6 +549,21 @@ class Simulator:
             accumulate(delta.astype(np.int64).astype(np.int32))
 
         return per_channel_mac
+
+    def _lut(self, u: Lut) -> Optional[Op]:
+        t = self.config.tile
+        if not (u.ext_out and u.ext_in):
+            return None
+        dst = _view(self.acc, u.dst_addr, (u.ext_out, u.ext_in, t), (u.dst_stride_out, u.dst_stride_in, 1))
+        table = self.wgt[u.lut_addr:u.lut_addr + LUT_ENTRIES]
+        index = self._scratch(dst.shape, np.int32)
+
+        def lookup() -> None:
+            np.clip(dst, -128, 127, out=index)
+            np.add(index, 128, out=index)
+            np.copyto(dst, table[index], casting="unsafe")    # WGT's float32 holds int8 exactly
+
+        return lookup
 
     def _alu(self, a: Alu) -> Optional[Op]:
         t = self.config.tile

@@ -30,8 +30,10 @@ class Event(NamedTuple):
     end: int
 
 
-#: the unit each opcode keeps busy (FINISH keeps none; DWMAC runs on the GEMM array)
-UNIT_OF = {Opcode.LOAD: "load", Opcode.STORE: "store", Opcode.GEMM: "gemm", Opcode.ALU: "alu", Opcode.DWMAC: "gemm"}
+#: the unit each opcode keeps busy (FINISH keeps none; DWMAC runs on the GEMM array,
+#: LUT on the ALU)
+UNIT_OF = {Opcode.LOAD: "load", Opcode.STORE: "store", Opcode.GEMM: "gemm", Opcode.ALU: "alu", Opcode.DWMAC: "gemm",
+           Opcode.LUT: "alu"}
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,8 @@ from bisect import bisect_left, insort
 from typing import Iterator
 
 from accel.hw.emitter import nop
-from accel.hw.isa import Alu, Dwmac, Gemm, Instruction, Load, Mem, Queue, Store, queue_of
+from accel.hw.instructions import LUT_ENTRIES
+from accel.hw.isa import Alu, Dwmac, Gemm, Instruction, Load, Lut, Mem, Queue, Store, queue_of
 
 _PUSH = {(Queue.LOAD, Queue.COMPUTE): "push_next", (Queue.COMPUTE, Queue.LOAD): "push_prev",
          (Queue.COMPUTE, Queue.STORE): "push_next", (Queue.STORE, Queue.COMPUTE): "push_prev"}
@@ -102,6 +103,12 @@ def footprint(ins: Instruction, tile: int, host=None) -> Iterator[tuple[tuple, i
                                         loops(ins.inp_stride_out, ins.inp_stride_in)), False
         yield ("sram", Mem.WGT), *_span(ins.wgt_addr, 0, 1, tile,
                                         loops(ins.wgt_stride_out, ins.wgt_stride_in)), False
+    elif isinstance(ins, Lut):
+        if ins.ext_out * ins.ext_in == 0:
+            return
+        yield ("sram", Mem.ACC), *_span(ins.dst_addr, 0, 1, tile,
+                                        ((ins.ext_out, ins.dst_stride_out), (ins.ext_in, ins.dst_stride_in))), True
+        yield ("sram", Mem.WGT), ins.lut_addr, ins.lut_addr + LUT_ENTRIES, False
     elif isinstance(ins, Alu):
         if ins.ext_out * ins.ext_in == 0:
             return

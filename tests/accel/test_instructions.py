@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 import accel
 from accel.hw import fused, instructions, isa
 from accel.hw.errors import AccelError, InstructionError
-from accel.hw.instructions import ALU, DWMAC, GEMM, GEMM_RESET, LOAD, STORE, AluOp, Mem, StoreMode
+from accel.hw.instructions import ALU, DWMAC, GEMM, GEMM_RESET, LOAD, LUT, STORE, AluOp, Mem, StoreMode
 from accel.hw.sim import Simulator
 
 T = 16
@@ -25,7 +25,8 @@ SIZE = {Mem.INP: CONFIG.inp_elements, Mem.WGT: CONFIG.wgt_elements, Mem.ACC: CON
 FIELD_OF = instructions.FIELD_OF
 INT32 = st.integers(-2**31, 2**31 - 1)
 #: The ISA class each runtime function ``accel.<name>`` emits.
-CLASSES = {"load": isa.Load, "store": isa.Store, "gemm": isa.Gemm, "alu": isa.Alu, "dwmac": isa.Dwmac}
+CLASSES = {"load": isa.Load, "store": isa.Store, "gemm": isa.Gemm, "alu": isa.Alu, "dwmac": isa.Dwmac,
+           "lut": isa.Lut}
 
 
 def _simulator(seed: int) -> Simulator:
@@ -345,3 +346,73 @@ def test_a_depthwise_convolution_through_the_session():
 @given(dwmacs(), st.integers(0, 1000))
 def test_the_dependency_tokens_cover_what_dwmac_writes(args, seed):
     test_the_dependency_tokens_cover_what_the_declared_program_writes.hypothesis.inner_test((DWMAC, args), seed)
+
+
+# -- LUT, the 256-entry int8 table on ACC vectors -------------------------------------------------
+@st.composite
+def luts(draw):
+    args = {"ext_out": draw(st.integers(0, 4)), "ext_in": draw(st.integers(0, 4)),
+            "dst_addr": draw(st.integers(0, 8)) * T, "lut_addr": draw(st.integers(0, 8)) * T,
+            "dst_stride_out": draw(st.integers(0, 6)) * T, "dst_stride_in": draw(st.integers(0, 4)) * T}
+    return _perturbed(draw, args, [a for a in args if "ext" not in a])
+
+
+@settings(max_examples=80)
+@given(luts(), st.integers(0, 1000), st.booleans())
+def test_lut_is_its_declared_program(args, seed, in_range):
+    """Values in int8 (what a requantise leaves) index the table; any others, the clamped end."""
+    sim = _simulator(seed)
+    if in_range:
+        sim.acc[:] = np.random.default_rng(seed).integers(-130, 130, sim.acc.size)
+    encoded = _check(sim, LUT, args, [])
+    assume(encoded is not None)
+    acc, wgt = _scratch(sim, Mem.ACC), _scratch(sim, Mem.WGT)
+    d = args["dst_addr"]
+    want = LUT.reference(**{**args, "dst_addr": acc[d:], "lut_addr": wgt[args["lut_addr"]:]}, tile=T)["dst_addr"]
+    _fused_too(sim, encoded, [], lambda s: np.testing.assert_array_equal(_scratch(s, Mem.ACC)[d:], want))
+
+
+def test_lut_encoding_cycles_and_disassembly():
+    u = isa.Lut(dst_addr=32, lut_addr=256, ext_out=4, ext_in=2, dst_stride_out=64, dst_stride_in=16, push_next=True)
+    data = isa.encode(u)
+    words = np.frombuffer(data, "<u4")
+    assert words[0] == isa.Opcode.LUT | 8 << 4 and words[1:7].tolist() == [32, 256, 4, 2, 64, 16]
+    assert not words[7:].any() and isa.decode(data) == [u]
+    assert isa.disassemble(u) == "LUT ACC[32] = WGT[256 + ACC[32] + 128] loop 4x2 (dst+64/16) [push_next]"
+    with pytest.raises(accel.DecodeError, match="invalid func"):
+        isa.decode(bytes([isa.Opcode.LUT, 1]) + data[2:])
+    # ISA.md section 6: like an ALU op, alu_lanes lanes a cycle, on the ALU unit
+    from accel.hw import cycles
+    assert cycles.cost(u, CONFIG) == 8 * -(-T // CONFIG.alu_lanes) + CONFIG.issue_overhead
+    timing = cycles.schedule([u.with_flags(push_next=False), isa.Finish()], CONFIG)
+    assert timing.busy["alu"] == cycles.cost(u, CONFIG) and timing.macs == 0
+    sim = Simulator(CONFIG)
+    with pytest.raises(accel.hw.errors.ScratchpadOverflowError):     # the table must fit WGT
+        sim.check(0, isa.Lut(dst_addr=0, lut_addr=CONFIG.wgt_elements - T), [])
+    with pytest.raises(InstructionError, match="overlap"):
+        sim.check(0, isa.Lut(dst_addr=0, lut_addr=0, ext_out=2), [])
+
+
+def test_a_requantise_then_table_through_the_session():
+    """Requantise int32 accumulators (ADD, SHR, MAX, MIN), apply a HardSwish-like table loaded
+    into WGT by DMA, store int8: through accel.Session (automatic tokens), equal to numpy's."""
+    rng = np.random.default_rng(1)
+    acc = rng.integers(-2**16, 2**16, (4, T)).astype(np.int32)
+    x = np.arange(-128, 128)
+    table = np.clip(x * np.clip(x + 48, 0, 96) // 96, -128, 127).astype(np.int8)
+    out = np.zeros((4, T), np.int8)
+    with accel.Session(CONFIG) as sess:
+        sess.load(acc.reshape(-1), 0, Mem.ACC, 0, T, rows=4, cols=T, dram_ld=T, deps=accel.AUTO)
+        sess.load(table, 0, Mem.WGT, 2 * T, 256, rows=1, cols=256, dram_ld=256, deps=accel.AUTO)
+        for op, imm in ((AluOp.ADD, 1 << 7), (AluOp.SHR, 8), (AluOp.MAX, -128), (AluOp.MIN, 127)):
+            sess.alu(op, 0, imm=imm, use_imm=True, ext_out=4, dst_stride_out=T, deps=accel.AUTO)
+        sess.lut(0, 2 * T, ext_out=4, dst_stride_out=T, deps=accel.AUTO)
+        sess.store(out.reshape(-1), 0, 0, T, rows=4, cols=T, dram_ld=T, mode=StoreMode.WRAP, deps=accel.AUTO)
+    np.testing.assert_array_equal(out, table[np.clip((acc + 128) >> 8, -128, 127) + 128])
+    assert sess.stats.instructions["LUT"] == 1
+
+
+@settings(max_examples=40)
+@given(luts(), st.integers(0, 1000))
+def test_the_dependency_tokens_cover_what_lut_writes(args, seed):
+    test_the_dependency_tokens_cover_what_the_declared_program_writes.hypothesis.inner_test((LUT, args), seed)

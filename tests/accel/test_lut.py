@@ -1,0 +1,127 @@
+"""Table activations on accel: a conv2d or matmul partition whose requantise is followed by
+integerize's table lookup (``take(table, astype(x, int32) + 128)``, what sigmoid, HardSwish,
+GELU, ... become) runs the lookup as accel's LUT instruction, bit for bit what
+``tvm.compile(mod, "llvm")`` computes; a lookup accel cannot run stays on the host and says why."""
+
+import numpy as np
+import pytest
+import tvm
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tvm import relax
+
+import tirpat as tp
+from tirpat.model.integerize.rules import emit_table
+
+#: 256 int8 entries: random, or a function of the int8 input (HardSwish- and sigmoid-like)
+TABLES = st.one_of(
+    st.integers(0, 2**32 - 1).map(lambda s: np.random.default_rng(s).integers(-128, 128, 256).astype(np.int8)),
+    st.just(np.clip((x := np.arange(-128, 128)) * np.clip(x + 48, 0, 96) // 96, -128, 127).astype(np.int8)),
+    st.just(np.round(255 / (1 + np.exp(-np.arange(-128, 128) / 16)) - 128).astype(np.int8)),
+)
+
+
+def _model(kind, m, n, k, table, shift, bias, seed, clip=(-128, 127), depthwise=False, clamp=None):
+    """An int8 matmul ([m, k] x [n, k]^T) or 3x3 NHWC conv2d (an m x m image, k to n channels;
+    depthwise: k = n channels, one per group), a per-channel bias, a requantise by ``shift``
+    with ``clip`` before the cast to int8, then ``table`` looked up as integerize emits it;
+    ``clamp = (bound, multiplier)``: the accumulator clamped to +-bound and multiplied first,
+    as integerize's fixed-point requantise writes it."""
+    rng = np.random.default_rng(seed)
+    x_shape = (m, k) if kind == "matmul" else (1, m, m, k)
+    x = relax.Var("x", relax.TensorType(x_shape, "int8"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            if kind == "matmul":
+                w = relax.const(rng.integers(-128, 128, (n, k), dtype=np.int8))
+                y = bb.emit(relax.op.matmul(x, relax.op.permute_dims(w), out_dtype="int32"))
+            else:
+                w = relax.const(rng.integers(-128, 128, (3, 3, 1 if depthwise else k, n), dtype=np.int8))
+                y = bb.emit(relax.op.nn.conv2d(x, w, padding=1, data_layout="NHWC", kernel_layout="HWIO",
+                                               groups=n if depthwise else 1, out_dtype="int32"))
+            if bias:
+                y = bb.emit(relax.op.add(y, relax.const(rng.integers(-2**12, 2**12, (n,), dtype=np.int32))))
+            if clamp is not None:
+                y = bb.emit(relax.op.minimum(relax.op.maximum(y, relax.const(np.int32(-clamp[0]))),
+                                             relax.const(np.int32(clamp[0]))))
+                y = bb.emit(relax.op.multiply(y, relax.const(np.int32(clamp[1]))))
+            y = bb.emit(relax.op.add(y, relax.const(np.int32(1 << (shift - 1)))))
+            y = bb.emit(relax.op.right_shift(y, relax.const(np.int32(shift))))
+            if clip is not None:
+                y = bb.emit(relax.op.clip(y, *clip))
+            y = bb.emit(relax.op.astype(y, "int8"))
+            out = bb.emit_output(bb.emit(emit_table(y, table)))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def _run(mod, seed=1):
+    """The model built for accel, its output and llvm's; run three times, so that the
+    simulator's batched plan (made at the third run of a stream) runs too, and each agrees."""
+    shape = [int(d) for d in mod["main"].params[0].ty.shape.values]
+    x = np.random.default_rng(seed).integers(-128, 128, shape).astype(np.int8)
+    want = relax.VirtualMachine(tvm.compile(mod, "llvm"), tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+    model = tp.build(mod, "accel, llvm")
+    got = [model(x) for _ in range(3)]
+    for again in got[1:]:
+        np.testing.assert_array_equal(again, got[0])
+    return model, got[0], want
+
+
+def _assert_on_accel_bit_exact(mod):
+    model, got, want = _run(mod)
+    report = model.report.to_json()
+    assert report["macs"]["host"] == 0 and len(report["partitions"]) == 1, report
+    part = report["partitions"][0]
+    assert part["backend"] == "accel" and "relax.take" in part["ops"] and part["fallback"] is None, part
+    assert "table" in part["epilogue"] and all("epilogue" not in why for _, why in part["on_host"]), part
+    assert model.stats["accel"].instructions["LUT"] >= 1
+    assert got.dtype == want.dtype == np.int8
+    np.testing.assert_array_equal(got, want)
+
+
+@settings(max_examples=6, deadline=None)
+@given(st.integers(1, 40), st.integers(1, 40), st.integers(1, 48), TABLES, st.integers(1, 14), st.booleans(),
+       st.integers(0, 2**16))
+def test_matmul_then_table_is_bit_exact_on_accel(m, n, k, table, shift, bias, seed):
+    _assert_on_accel_bit_exact(_model("matmul", m, n, k, table, shift, bias, seed))
+
+
+@settings(max_examples=3, deadline=None)
+@given(st.integers(2, 9), st.integers(1, 20), st.integers(1, 12), TABLES, st.integers(4, 14), st.booleans(),
+       st.integers(0, 2**16))
+def test_conv2d_then_table_is_bit_exact_on_accel(m, n, k, table, shift, bias, seed):
+    _assert_on_accel_bit_exact(_model("conv2d", m, n, k, table, shift, bias, seed))
+
+
+@settings(max_examples=2, deadline=None)
+@given(st.integers(3, 9), st.integers(1, 20), TABLES, st.integers(2, 10), st.integers(0, 2**16))
+def test_depthwise_conv2d_then_table_is_bit_exact_on_accel(m, n, table, shift, seed):
+    _assert_on_accel_bit_exact(_model("conv2d", m, n, n, table, shift, True, seed, depthwise=True))
+
+
+def test_a_narrower_clip_before_the_table_is_taken_too():
+    # ReLU6-like bounds inside int8: the LUT's index is still the int8 value
+    table = np.arange(256).astype(np.uint8).astype(np.int8)
+    _assert_on_accel_bit_exact(_model("matmul", 16, 16, 32, table, 6, False, 0, clip=(0, 96)))
+
+
+def test_a_clip_whose_lower_end_the_simplifier_drops_is_taken_too():
+    # the clamp and multiplier of PP-OCR's first convolution: the shifted value cannot go
+    # below -128, so TVM keeps only min(x, 127) of the clip; the LUT's index is still x + 128
+    table = np.random.default_rng(3).integers(-128, 128, 256).astype(np.int8)
+    _assert_on_accel_bit_exact(_model("conv2d", 6, 16, 3, table, 23, True, 0, clamp=(21276, 50469)))
+
+
+def test_a_table_after_a_wrapping_cast_stays_on_the_host_with_the_reason():
+    # without a clip the int8 cast wraps, and accel's LUT clamps its index: not the same
+    mod = _model("matmul", 16, 16, 32, np.arange(256).astype(np.uint8).astype(np.int8), 2, False, 0, clip=None)
+    model, got, want = _run(mod)
+    np.testing.assert_array_equal(got, want)
+    report = model.report.to_json()
+    part = report["partitions"][0]
+    assert part["backend"] == "accel" and "relax.take" not in part["ops"], part
+    assert model.stats["accel"].instructions["LUT"] == 0
+    why = {h["op"]: h["reason"] for h in report["on_host"]}
+    assert "a table lookup after a cast to int8 that wraps" in why["relax.take"], report["on_host"]
