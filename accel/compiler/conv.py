@@ -74,13 +74,15 @@ class Conv:
         return [self.out_dim[r] for r in ("n", "y", "x", "f")] == [0, 1, 2, 3]
 
 
-def _vars_in(e) -> list:
+def vars_in(e) -> list:
+    """The scalar variables (not buffer handles) that ``e`` uses, in the order met."""
     found = []
     tvm_ffi.structural_walk(e, (ir.Var, lambda v: found.append(v) if not tirx.is_buffer_var(v) else None))
     return found
 
 
-def _key(v) -> int:
+def var_key(v) -> int:
+    """A variable's identity as a dict key (TVM objects compare structurally otherwise)."""
     return v.__chandle__()
 
 
@@ -92,24 +94,24 @@ def analyse(block, store, loads) -> tuple[Conv | None, str | None]:
     {'n': 1, 'f': 16, 'y': 5, 'x': 5, 'c': 8, 'ry': 3, 'rx': 3}
     """
     iters = list(block.iter_vars)
-    pos = {_key(iv.var): n for n, iv in enumerate(iters)}
-    kind = {_key(iv.var): int(iv.iter_type) for iv in iters}
+    pos = {var_key(iv.var): n for n, iv in enumerate(iters)}
+    kind = {var_key(iv.var): int(iv.iter_type) for iv in iters}
     not_conv = (None, "it is not a 2-D convolution (input [N, H, W, C] in some order, weight "
                       "[KH, KW, C, F] in some order)")
 
     def plain(indices):
-        keys = [_key(e) if isinstance(e, tirx.Var) else None for e in indices]
+        keys = [var_key(e) if isinstance(e, tirx.Var) else None for e in indices]
         return keys if all(k in pos for k in keys) else None
 
     out = plain(store.indices)
     # the input is the operand indexed by sums of loop variables (y*s + ry*d)
-    compound = [l for l in loads if any(len(_vars_in(e)) > 1 for e in l.indices)]
+    compound = [l for l in loads if any(len(vars_in(e)) > 1 for e in l.indices)]
     if out is None or len(out) != 4 or len(compound) != 1:
         return not_conv
     x_load = compound[0]
     w_load = loads[1] if x_load is loads[0] else loads[0]
-    shared = {_key(v) for e in w_load.indices for v in _vars_in(e)} & \
-        {_key(v) for e in x_load.indices for v in _vars_in(e)}
+    shared = {var_key(v) for e in w_load.indices for v in vars_in(e)} & \
+        {var_key(v) for e in x_load.indices for v in vars_in(e)}
     if any(kind.get(k) == DATA_PAR for k in shared):
         return None, DEPTHWISE
     w_keys = plain(w_load.indices)
@@ -122,7 +124,7 @@ def analyse(block, store, loads) -> tuple[Conv | None, str | None]:
     roles = {"f": f}
     in_dim, spatial = {}, []
     for d, e in enumerate(x_load.indices):
-        vs = {_key(v): v for v in _vars_in(e) if _key(v) in pos}
+        vs = {var_key(v): v for v in vars_in(e) if var_key(v) in pos}
         coeffs = sym.detect_linear_equation(e, list(vs.values()))
         if len(coeffs) != len(vs) + 1:
             return None, f"its input index {e} is not affine"
@@ -196,7 +198,7 @@ def _border(sch, producer, conv: Conv) -> dict | None:
     out = {}
     for dim in ("y", "x"):
         e = load.indices[conv.in_dim[dim]]
-        vs = _vars_in(e)
+        vs = vars_in(e)
         coeffs = sym.detect_linear_equation(e, vs)
         if len(vs) != 1 or len(coeffs) != 2 or int(coeffs[0]) != 1:
             return None
@@ -212,7 +214,7 @@ def _loads_can_pad(sch, producer, conv: Conv) -> bool:
     return border is not None and not _blank_pixels(conv, border)
 
 
-def _permute(dims: dict, order) -> Callable:
+def permute(dims: dict, order) -> Callable:
     """An index map ``*axes -> axes in the order of the roles in ``order``."""
     return lambda *ax: tuple(ax[dims[r]] for r in order)
 
@@ -224,7 +226,8 @@ def _producer(sch, block_rv, buffer):
     return None
 
 
-def _read_index(sch, block_rv, buffer) -> int:
+def read_index(sch, block_rv, buffer) -> int:
+    """The position of ``buffer`` among the block's reads."""
     for n, r in enumerate(sch.get(block_rv).reads):
         if r.source.same_as(buffer):
             return n
@@ -247,20 +250,20 @@ def normalise(sch: s_tir.Schedule, conv: Conv, config: Config, notes, gather: st
     """
     direct = direct_gather(conv, config) if gather is None else gather == "direct"
     blk = sch.get_sblock(conv.block)
-    inline, source = _input(sch, blk, conv, direct, notes)
+    inline, source = gather_input(sch, blk, conv, direct, notes)
     w_buffer = _weights(sch, blk, conv, direct, notes)
-    stop = _output(sch, blk, conv, notes)
+    stop = output_channels_last(sch, blk, conv, notes)
 
     # The im2col operand: a view of the input for the direct gather, a CPU buffer otherwise.
-    keys = [_key(iv.var) for iv in sch.get(blk).iter_vars]
+    keys = [var_key(iv.var) for iv in sch.get(blk).iter_vars]
     role_of = {keys[conv.pos[r]]: r for r in conv.pos}
-    re_block = sch.reindex(blk, ("read", _input_read(sch, blk, w_buffer)))
+    re_block = sch.reindex(blk, ("read", input_read(sch, blk, w_buffer)))
     re_name = sch.get(re_block).name_hint
     re_buffer = sch.get(re_block).writes[0].source
-    re_read = sch.get(blk).reads[_read_index(sch, blk, re_buffer)]
+    re_read = sch.get(blk).reads[read_index(sch, blk, re_buffer)]
     # TVM drops an extent-1 iter from an index like y*s + ry, so the reindexed buffer may lack
     # a dimension; M must be one it has (the batch index is never dropped)
-    dims = {role_of[_key(r.min)]: n for n, r in enumerate(re_read.region)}
+    dims = {role_of[var_key(r.min)]: n for n, r in enumerate(re_read.region)}
     m_role = next(r for r in ("x", "y", "n") if r in dims)
     rows = [r for r in ("n", "y", "x") if r != m_role] + [m_role]
     fuse_rows = fuse_rows and not direct
@@ -283,7 +286,7 @@ def normalise(sch: s_tir.Schedule, conv: Conv, config: Config, notes, gather: st
         note = f"im2col on the CPU ({re_name})"
 
     block = sch.get(blk)
-    keys = [_key(iv.var) for iv in block.iter_vars]
+    keys = [var_key(iv.var) for iv in block.iter_vars]
     ext = {k: int(iv.dom.extent.value) for k, iv in zip(keys, block.iter_vars)}
     if direct:
         at = {r: keys[conv.pos[r]] for r in conv.pos}
@@ -296,10 +299,10 @@ def normalise(sch: s_tir.Schedule, conv: Conv, config: Config, notes, gather: st
         extents=ext, order=tuple(keys), batch=tuple(at[r] for r in rows[:-1]), k_outer=tuple(k_outer),
         inline=tuple(inline), stop=stop, gather=note, method="direct" if direct else "im2col",
         pixels="image" if fuse_rows else "row", row_width=conv.ext["x"] if fuse_rows else None,
-        operand_layout=None if conv.channels_last_output else _permute(conv.out_dim, ("n", "y", "x", "f")))
+        operand_layout=None if conv.channels_last_output else permute(conv.out_dim, ("n", "y", "x", "f")))
 
 
-def _input(sch, blk, conv: Conv, direct: bool, notes) -> tuple[list, str]:
+def gather_input(sch, blk, conv: Conv, direct: bool, notes) -> tuple[list, str]:
     """Make the conv read its input channels-last; returns the producer blocks to inline into
     the gather and the name of what the LOADs read."""
     producer = _producer(sch, blk, conv.input)
@@ -310,7 +313,7 @@ def _input(sch, blk, conv: Conv, direct: bool, notes) -> tuple[list, str]:
     if producer is not None:
         what = "zero-pads the input" if not _is_plain_copy(sch.get(producer)) else "copies the input"
         if not conv.channels_last_input:
-            sch.transform_layout(producer, ("write", 0), _permute(conv.in_dim, cl))
+            sch.transform_layout(producer, ("write", 0), permute(conv.in_dim, cl))
             what += " and transposes it to channels-last on the CPU (a LOAD row is a run of channels)"
         else:
             what += (" on the CPU (some output pixels see only the border: their INP tiles would be "
@@ -318,8 +321,8 @@ def _input(sch, blk, conv: Conv, direct: bool, notes) -> tuple[list, str]:
         notes.on_cpu.append((sch.get(producer).name_hint, what))
         return [], sch.get(producer).name_hint
     if direct and not conv.channels_last_input:
-        stage = sch.cache_read(blk, _read_index(sch, blk, conv.input), "global")
-        sch.transform_layout(stage, ("write", 0), _permute(conv.in_dim, cl))
+        stage = sch.cache_read(blk, read_index(sch, blk, conv.input), "global")
+        sch.transform_layout(stage, ("write", 0), permute(conv.in_dim, cl))
         notes.on_cpu.append((sch.get(stage).name_hint, "transposes the input to channels-last on the "
                              "CPU (a LOAD row is a run of channels)"))
         return [], sch.get(stage).name_hint
@@ -329,9 +332,9 @@ def _input(sch, blk, conv: Conv, direct: bool, notes) -> tuple[list, str]:
 def _weights(sch, blk, conv: Conv, direct: bool, notes) -> ir.Var:
     """Reorder the weights on the CPU into rows along K; returns the reordered buffer."""
     c_, s_, d = conv.ext["c"], conv.ext["rx"], conv.w_dim
-    stage = sch.cache_read(blk, _read_index(sch, blk, conv.weight), "global")
+    stage = sch.cache_read(blk, read_index(sch, blk, conv.weight), "global")
     if direct:
-        sch.transform_layout(stage, ("write", 0), _permute(d, ("ry", "rx", "f", "c")))
+        sch.transform_layout(stage, ("write", 0), permute(d, ("ry", "rx", "f", "c")))
         layout = "[KH, KW, F, C]"
     else:
         sch.transform_layout(stage, ("write", 0), lambda *ax: (
@@ -343,12 +346,12 @@ def _weights(sch, blk, conv: Conv, direct: bool, notes) -> ir.Var:
     return sch.get(stage).writes[0].source
 
 
-def _output(sch, blk, conv: Conv, notes) -> str | None:
+def output_channels_last(sch, blk, conv: Conv, notes) -> str | None:
     """Make the conv (and its epilogue) write channels-last; an NCHW result gets a CPU
     transpose at the end, whose block name is returned (the epilogue chain stops there)."""
     if conv.channels_last_output:
         return None
-    to_nhwc = _permute(conv.out_dim, ("n", "y", "x", "f"))
+    to_nhwc = permute(conv.out_dim, ("n", "y", "x", "f"))
     chain = pointwise_chain(sch, blk)
     for b in chain[:-1]:
         sch.compute_inline(b)
@@ -402,7 +405,7 @@ def _pixels_as_rows(sch, blk, conv: Conv, stop: str | None) -> None:
         lambda n, y, x, f: (n, y * w_ + x, f), ndim=4, index_dtype="int32"))
 
 
-def _input_read(sch, blk, weight) -> int:
+def input_read(sch, blk, weight) -> int:
     """The read of the conv block that is its input: the one that is not ``weight``."""
     for n, r in enumerate(sch.get(blk).reads):
         if not r.source.same_as(weight):

@@ -33,7 +33,8 @@ from dataclasses import dataclass
 from tvm import ir, s_tir, sym, tirx
 
 from accel.compiler.blocks import DATA_PAR, REDUCE, mark_layout_stage
-from accel.compiler.conv import Conv, _input, _input_read, _key, _output, _permute, _read_index, _vars_in
+from accel.compiler.conv import (Conv, gather_input, input_read, output_channels_last, permute, read_index, var_key,
+                                  vars_in)
 
 #: The order of the re-indexed input view's dimensions (those it has), the pixels' (``x``, or
 #: ``y`` for an output one pixel wide) moved last but the channels: a tap's INP tile is the
@@ -80,17 +81,17 @@ def analyse(block, store, loads) -> tuple[Depthwise | None, str | None]:
     {'n': 1, 'f': 24, 'y': 5, 'x': 5, 'c': 1, 'ry': 3, 'rx': 3}
     """
     iters = list(block.iter_vars)
-    pos = {_key(iv.var): n for n, iv in enumerate(iters)}
-    kind = {_key(iv.var): int(iv.iter_type) for iv in iters}
+    pos = {var_key(iv.var): n for n, iv in enumerate(iters)}
+    kind = {var_key(iv.var): int(iv.iter_type) for iv in iters}
     not_dw = (None, "it is not a depthwise 2-D convolution (input [N, H, W, C] in some order read at channel "
                     "f + c, weight [KH, KW, 1, F] in some order)")
 
     def plain(indices):
-        keys = [_key(e) if isinstance(e, tirx.Var) else None for e in indices]
+        keys = [var_key(e) if isinstance(e, tirx.Var) else None for e in indices]
         return keys if all(k in pos for k in keys) and len(set(keys)) == len(keys) else None
 
     out = plain(store.indices)
-    compound = [l for l in loads if any(len(_vars_in(e)) > 1 for e in l.indices)]
+    compound = [l for l in loads if any(len(vars_in(e)) > 1 for e in l.indices)]
     if out is None or len(out) != 4 or len(compound) != 1:
         return not_dw
     x_load = compound[0]
@@ -103,7 +104,7 @@ def analyse(block, store, loads) -> tuple[Depthwise | None, str | None]:
         return not_dw
     roles, in_dim, spatial = {}, {}, []
     for d, e in enumerate(x_load.indices):
-        vs = {_key(v): v for v in _vars_in(e) if _key(v) in pos}
+        vs = {var_key(v): v for v in vars_in(e) if var_key(v) in pos}
         coeffs = sym.detect_linear_equation(e, list(vs.values()))
         if len(coeffs) != len(vs) + 1 or not vs:
             return None, (f"its input index {e} is not affine (a grouped convolution with several channels per "
@@ -171,27 +172,27 @@ def normalise(sch: s_tir.Schedule, dw: Depthwise, notes) -> View:
     ('n', 'y', 'ry', 'rx', 'x', 'f')
     """
     blk = sch.get_sblock(dw.block)
-    inline, source = _input(sch, blk, dw, True, notes)
+    inline, source = gather_input(sch, blk, dw, True, notes)
     weight = _weights(sch, blk, dw, notes)
-    stop = _output(sch, blk, dw, notes)
-    keys = [_key(iv.var) for iv in sch.get(blk).iter_vars]
+    stop = output_channels_last(sch, blk, dw, notes)
+    keys = [var_key(iv.var) for iv in sch.get(blk).iter_vars]
     role_of = {keys[dw.pos[r]]: r for r in dw.pos}
-    view = sch.reindex(blk, ("read", _input_read(sch, blk, weight)))
+    view = sch.reindex(blk, ("read", input_read(sch, blk, weight)))
     view_buffer = sch.get(view).writes[0].source
-    read = sch.get(blk).reads[_read_index(sch, blk, view_buffer)]
+    read = sch.get(blk).reads[read_index(sch, blk, view_buffer)]
     # TVM leaves out of the view the iters of extent 1 that it dropped from the input's indices
-    dims = {role_of[_key(r.min)]: n for n, r in enumerate(read.region)}
+    dims = {role_of[var_key(r.min)]: n for n, r in enumerate(read.region)}
     pix = pixels(dw)
     order = tuple(r for r in VIEW_ORDER if r in dims and r not in (pix, "f")) + (pix, "f")
-    sch.transform_layout(view, ("write", 0), _permute(dims, order))
+    sch.transform_layout(view, ("write", 0), permute(dims, order))
     return View(sch.get(view).writes[0].source, weight, order, (*inline, sch.get(view).name_hint), stop, source,
-                None if dw.channels_last_output else _permute(dw.out_dim, ("n", "y", "x", "f")))
+                None if dw.channels_last_output else permute(dw.out_dim, ("n", "y", "x", "f")))
 
 
 def _weights(sch, blk, dw: Depthwise, notes) -> ir.Var:
     """Reorder the weights on the CPU to ``[KH, KW, C, 1]``; returns the reordered buffer."""
-    stage = sch.cache_read(blk, _read_index(sch, blk, dw.weight), "global")
-    sch.transform_layout(stage, ("write", 0), _permute(dw.w_dim, ("ry", "rx", "f", "c")))
+    stage = sch.cache_read(blk, read_index(sch, blk, dw.weight), "global")
+    sch.transform_layout(stage, ("write", 0), permute(dw.w_dim, ("ry", "rx", "f", "c")))
     mark_layout_stage(sch, stage)
     notes.on_cpu.append((sch.get(stage).name_hint, "reorders the weights to [KH, KW, C] on the CPU (DWMAC "
                          "reads a row of channels per kernel tap)"))
