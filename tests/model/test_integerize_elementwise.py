@@ -408,3 +408,49 @@ def test_a_max_pool_after_a_function_that_is_not_monotone_is_declined():
             helper.make_node("MaxPool", ["s"], ["f"], kernel_shape=[2, 2], strides=[2, 2])]
     _, declined = declined_site(body, [], {"a": shape})
     assert len(declined) == 1 and "a maximum of a function that is not monotone" in declined[0]
+
+
+# ----------------------------------------------------------------------------------------
+# a function of x quantised inside: x * q(HardSigmoid(x)), MobileNetV3's HardSwish
+# ----------------------------------------------------------------------------------------
+@settings(max_examples=12)
+@given(st.sampled_from(["HardSigmoid", "Sigmoid"]), st.floats(-1.5, 1.5), st.integers(-40, 40),
+       st.floats(-1.5, 1.5), st.integers(-40, 40), st.integers(-40, 40), st.booleans(), st.integers(0, 2**16))
+def test_x_times_a_quantised_table_of_x_is_one_table(name, lsx, zx, lsy, zh, zy, mul_first, seed):
+    """``q(dq(x) * dq(q(g(dq(x)))))`` (a QDQ export of HardSwish or SiLU: the gate is quantised
+    before the multiply) is a function of the int8 ``x`` alone: one ``take``, no product of two
+    tensors, equal to onnxruntime's exact run (its HardSigmoid is float32 arithmetic; its
+    sigmoid an approximation, within one step)."""
+    shape = (1, 4, 8, 9)
+    sx, sy = float(np.float32(0.05 * 10**lsx)), float(np.float32(0.02 * 10**lsy))
+    xq, xi = qdq("x", "xd", sx, zx)
+    gate, _, exact = activation_nodes(name)
+    hq, hi = qdq("f", "hd", 1 / 255 if name == "HardSigmoid" else 1 / 250, zh)
+    operands = ["xd", "hd"] if mul_first else ["hd", "xd"]
+    mul = [helper.make_node("Mul", operands, ["m"])]
+    yq, yi = qdq("m", "y", sy, zy)
+    model = graph(xq + gate + hq + mul + yq, xi + hi + yi, {"x": shape}, shape)
+    mod, declined = integerised(model)
+    assert not declined
+    ops = op_names(mod)
+    assert ops.count("relax.take") == 1 and "relax.multiply" not in ops, ops
+    integer_between(mod)
+    diff = steps(model, mod, {"x": every_int8(shape, sx, zx, np.random.default_rng(seed))}, sy)
+    if exact:
+        assert diff.max() == 0, f"{int((diff > 0).sum())} elements differ"
+    else:
+        assert diff.max() <= 1 and np.mean(diff == 0) >= 0.97, (diff.max(), np.mean(diff == 0))
+
+
+def test_a_quantised_gate_of_another_tensor_stays_a_product():
+    """``dq(a) * dq(q(HardSigmoid(dq(b))))`` reads two tensors: no table, the product of two
+    int8 tensors, and no warning (the table rule that runs first declines in silence)."""
+    shape = (1, 2, 4, 4)
+    gate, _, _ = activation_nodes("HardSigmoid")
+    gate = [helper.make_node("HardSigmoid", ["bd"], ["g"], alpha=1 / 6, beta=0.5)]
+    gq, gi = qdq("g", "gd", 1 / 255, 0)
+    body = gate + gq + [helper.make_node("Mul", ["ad", "gd"], ["f"])]
+    mod, declined = declined_site(body, gi, {"a": shape, "b": shape})
+    assert not declined
+    ops = op_names(mod)
+    assert ops.count("relax.take") == 1 and "relax.multiply" in ops, ops

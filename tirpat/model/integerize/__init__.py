@@ -78,15 +78,16 @@ class IntegerizeWarning(UserWarning):
 def integerize() -> tvm.transform.Pass:
     """The pass (a ``tvm.transform.Pass`` over a Relax ``IRModule``); see the module doc.
 
-    Rules run in order (convolutions and matmuls first, so that their ReLU and bias join
-    their epilogue), then a fold moves each remaining ReLU/Clip into the requantise before
+    Rules run in order (a function of one int8 tensor quantised inside, such as HardSwish's
+    ``x * q(HardSigmoid(x))``, first, so that it is one table and not a product; then
+    convolutions and matmuls, so that their ReLU and bias join their epilogue), then a fold moves each remaining ReLU/Clip into the requantise before
     it; unused bindings are removed.
     """
 
     @tvm.transform.module_pass(opt_level=0, name="tirpat.Integerize")
     def _integerize(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         declined: dict = {}
-        rewriters = [rule.rewriter(declined) for rule in [*all_rules(), TableRule(), PadRule(), clip_fold_rule()]]
+        rewriters = [rule.rewriter(declined) for rule in [TableRule(nested_only=True), *all_rules(), TableRule(), PadRule(), clip_fold_rule()]]
         # one rule's output can be another's input (a dequantize moved after a reshape meets
         # an add): repeat until nothing changes
         for _ in range(_MAX_ROUNDS):

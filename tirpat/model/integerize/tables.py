@@ -18,7 +18,10 @@ value lies within onnxruntime's approximation error of a rounding tie.
 A site is taken when the float region under the ``quantize`` reads one dequantized tensor
 (any number of times, e.g. ``x * sigmoid(x)``) through operators of :data:`EVALUATED` (and
 ``call_tir`` of the TE ``maximum``/``minimum``... that TVM's ONNX frontend emits for a Clip
-whose bounds are not constants) with constant scalars. It declines, saying why, when the
+whose bounds are not constants) with constant scalars, and through a ``quantize`` then
+``dequantize`` of such a function of the same tensor (HardSwish exported as ``x *
+HardSigmoid(x)`` quantises the gate before the multiply; the chain, each quantize rounded as
+onnxruntime rounds it, is still one table). It declines, saying why, when the
 region reads two tensors, a constant varies by element, or the function is NaN somewhere.
 
 >>> x = np.arange(-128, 128).astype(np.int8)
@@ -108,6 +111,8 @@ class _Region:
         self.leaf = self.source = None
         self.memo: dict = {}
         self.ops = 0
+        #: quantizes inside the region (each followed by a dequantize): folded into the table
+        self.nested = 0
 
     def value(self, e: relax.Expr):
         if e in self.memo:
@@ -159,6 +164,9 @@ class _Region:
         s, z = _scalar_constant(scale), _scalar_constant(zero_point)
         if isinstance(x, tvm.ir.Constant):
             return _f32(np.int64(_scalar_constant(x)) - z) * _f32(s)
+        inner = self.requantized(x)
+        if inner is not None:
+            return _f32(inner - int(z)) * _f32(s)
         if self.leaf is not None and not x.same_as(self.leaf):
             raise Declined("the float region reads two tensors (a function of two int8 tensors is not one table)")
         if str(x.ty.dtype) != "int8":
@@ -167,6 +175,32 @@ class _Region:
             raise Declined("the float region dequantizes its tensor at two scales")
         self.leaf, self.source = x, (float(s), int(z))
         return _f32(np.arange(INT8_MIN, INT8_MAX + 1) - int(z)) * _f32(s)
+
+
+    def requantized(self, x: relax.Expr) -> np.ndarray | None:
+        """The int8 values of ``x`` when it is itself ``quantize(g(dequantize(leaf)))``, ``g``
+        element-wise, as onnxruntime computes it (HardSwish exported as ``x *
+        HardSigmoid(x)`` quantises the HardSigmoid before the multiply): the whole chain is
+        still a function of the one int8 leaf, i.e. one table. None when ``x`` is not such a
+        quantize (then ``x`` is the leaf candidate); the region's state is left as it was."""
+        q = self.bindings.get(x) if isinstance(x, relax.Var) else None
+        if not (isinstance(q, relax.Call) and isinstance(q.op, tvm.ir.Op) and str(q.op.name) == "relax.quantize"
+                and str(q.attrs.out_dtype) == "int8" and all(isinstance(a, tvm.ir.Constant) for a in q.args[1:])):
+            return None
+        saved = (self.leaf, self.source, dict(self.memo), self.ops, self.nested)
+        try:
+            v = _f32(self.value(q.args[0]))
+            if np.any(np.isnan(v)):
+                raise Declined("NaN inside")
+        except (_NotATable, Declined):
+            v = None                # e.g. a convolution's output, or two tensors: x is an int8 leaf
+        # a 0-d value is a constant's (every function of the leaf has its 256 values)
+        if v is None or np.ndim(v) == 0:
+            self.leaf, self.source, self.memo, self.ops, self.nested = saved
+            return None
+        self.nested += 1
+        s, z = _f32(_scalar_constant(q.args[1])), int(_scalar_constant(q.args[2]))
+        return np.clip(np.rint(v / s).astype(np.float64) + z, INT8_MIN, INT8_MAX).astype(np.int64)
 
 
 def _scalar_constant(c: tvm.ir.Constant):
@@ -183,6 +217,11 @@ class TableRule:
     Not a DPL pattern: ``f`` is any chain, so the rule follows the bindings itself. Like
     :class:`~.rules.Rule` it has a ``name`` and ``rewriter(declined)``.
 
+    With ``nested_only`` it takes only the sites whose chain quantizes and dequantizes inside
+    (HardSwish as ``x * HardSigmoid(x)``) and declines nothing: run before the rules of two
+    quantised tensors, which would otherwise make the multiply a fixed-point product of ``x``
+    and a table of ``x`` (two operators, one step from onnxruntime) instead of one table.
+
     >>> rule = TableRule()
     >>> rule.name, callable(rule.rewriter({}))
     ('table', True)
@@ -190,20 +229,23 @@ class TableRule:
 
     name = "table"
 
+    def __init__(self, nested_only: bool = False) -> None:
+        self.nested_only = nested_only
+
     def rewriter(self, declined: dict) -> Callable[[tvm.IRModule], tvm.IRModule]:
         """A module -> module rewrite whose declines are counted in ``declined``."""
 
         def rewrite(mod: tvm.IRModule) -> tvm.IRModule:
-            return _TableMutator(mod, declined).rewrite()
+            return _TableMutator(mod, declined, self.nested_only).rewrite()
 
         return rewrite
 
 
 @mutator
 class _TableMutator(PyExprMutator):
-    def __init__(self, mod: tvm.IRModule, declined: dict) -> None:
+    def __init__(self, mod: tvm.IRModule, declined: dict, nested_only: bool) -> None:
         super().__init__(mod)
-        self.mod, self.declined, self.plans = mod, declined, {}
+        self.mod, self.declined, self.plans, self.nested_only = mod, declined, {}, nested_only
 
     def rewrite(self) -> tvm.IRModule:
         """The module with every table site rewritten (the same module if there is none)."""
@@ -219,6 +261,8 @@ class _TableMutator(PyExprMutator):
             except _NotATable:
                 pass
             except Declined as why:
+                if self.nested_only:        # the other rules may take the site
+                    continue
                 key = (TableRule.name, str(why))
                 self.declined[key] = self.declined.get(key, 0) + 1
         if not self.plans:
@@ -246,7 +290,7 @@ class _TableMutator(PyExprMutator):
         region = _Region(bindings)
         with np.errstate(all="ignore"):     # NaN and infinities: judged on the table
             out = region.value(body)
-        if region.leaf is None or region.ops == 0:
+        if region.leaf is None or region.ops == 0 or (self.nested_only and region.nested == 0):
             raise _NotATable()              # constants only, or a bare rescale: other rules' sites
         if not same_dims(dims_of(region.leaf), dims_of(moves[-1].args[0] if moves else q)):
             raise Declined("the function broadcasts its input to another shape")
