@@ -278,7 +278,9 @@ class _TableMutator(PyExprMutator):
                 or not isinstance(zero_point, tvm.ir.Constant)):
             raise _NotATable()
         # element moves and maxima over the function's values (a max pool after a division):
-        # they commute with it (maxima if it is monotone), so they run on the int8 input first
+        # they commute with it (maxima if it is monotone), so they run on the table's int8
+        # output: the lookup follows its producer (a convolution's requantise, which accel's
+        # LUT takes in the convolution's partition) and the moves stay between int8 tensors
         moves = []
         while True:
             call = bindings.get(body, body)
@@ -308,9 +310,8 @@ class _TableMutator(PyExprMutator):
             super().visit_var_binding_(binding)
             return
         x, table, moves = plan
-        x = self.visit_expr(x)
+        value = emit_table(self.visit_expr(x), table)
         for call in reversed(moves):
-            x = self.builder_.emit(relax.Call(call.op, [x, *call.args[1:]], call.attrs))
-        take = self.builder_.normalize(emit_table(x, table))
+            value = relax.Call(call.op, [self.builder_.emit(value), *call.args[1:]], call.attrs)
         # the quantize's own variable keeps its name and type: its users need no change
-        self.builder_.emit_normalized(relax.VarBinding(binding.var, take))
+        self.builder_.emit_normalized(relax.VarBinding(binding.var, self.builder_.normalize(value)))
