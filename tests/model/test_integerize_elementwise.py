@@ -455,3 +455,42 @@ def test_a_quantised_gate_of_another_tensor_stays_a_product():
     assert not declined
     ops = op_names(mod)
     assert ops.count("relax.take") == 1 and "relax.multiply" in ops, ops
+
+
+@settings(max_examples=8)
+@given(st.integers(0, 2**16), st.floats(0.01, 0.2), st.integers(-30, 30), st.booleans())
+def test_a_table_of_a_table_is_one_table(seed, s, z, shared):
+    """``q(g(dq(take(t, x + 128))))``: a table after an earlier rule's table lookup is one
+    lookup of ``x`` with the composed table, the same integers as the two lookups (llvm runs
+    the module before and after); when the first lookup has another user, both stay (folding
+    would only read ``x`` twice)."""
+    rng = np.random.default_rng(seed)
+    first = rng.integers(-128, 128, 256).astype(np.int8)
+    x = relax.Var("x", relax.TensorType((2, 128), "int8"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            t = bb.emit(tables.emit_table(x, first))
+            d = bb.emit(relax.op.dequantize(t, relax.const(s, "float32"), relax.const(z, "int8")))
+            g = bb.emit(relax.op.clip(relax.op.add(relax.op.multiply(d, relax.const(1 / 6, "float32")),
+                                                   relax.const(0.5, "float32")), 0, 1))
+            y = bb.emit(relax.op.quantize(g, relax.const(1 / 255, "float32"), relax.const(-128, "int8")))
+            out = bb.emit_output(relax.Tuple([y, t]) if shared else y)
+        bb.emit_func_output(out)
+    before = bb.get()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", IntegerizeWarning)
+        after = tp.integerize()(before)
+    takes = [c for c in calls(after["main"]) if str(c.op.name) == "relax.take"]
+    assert len(takes) == (2 if shared else 1)
+    params = after["main"].params
+    reads_of_x = [c for c in calls(after["main"]) if any(a.same_as(params[0]) for a in c.args)]
+    assert len(reads_of_x) == 1, reads_of_x
+    if not shared:
+        assert "relax.dequantize" not in op_names(after)
+    xs = np.arange(-128, 128).astype(np.int8).reshape(2, 128)
+    run = lambda mod: relax.VirtualMachine(tvm.compile(mod, "llvm"), tvm.cpu())["main"](tvm.runtime.tensor(xs))  # noqa: E731
+    want, got = run(before), run(after)
+    if shared:
+        want, got = want[0], got[0]
+    assert np.array_equal(want.numpy(), got.numpy())

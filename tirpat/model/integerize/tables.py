@@ -21,7 +21,8 @@ A site is taken when the float region under the ``quantize`` reads one dequantiz
 whose bounds are not constants) with constant scalars, and through a ``quantize`` then
 ``dequantize`` of such a function of the same tensor (HardSwish exported as ``x *
 HardSigmoid(x)`` quantises the gate before the multiply; the chain, each quantize rounded as
-onnxruntime rounds it, is still one table). It declines, saying why, when the
+onnxruntime rounds it, is still one table) or through another rule's table lookup read only
+there (a table of a table is one table). It declines, saying why, when the
 region reads two tensors, a constant varies by element, or the function is NaN somewhere.
 
 >>> x = np.arange(-128, 128).astype(np.int8)
@@ -106,8 +107,11 @@ class _Region:
     """The float region under one ``quantize``: evaluates it on the 256 values of its one
     dequantized int8 input (``leaf``), following variables through ``bindings``."""
 
-    def __init__(self, bindings: dict) -> None:
+    def __init__(self, bindings: dict, single_use: frozenset = frozenset()) -> None:
         self.bindings = bindings
+        #: variables read once: a table lookup among them is folded into the table (one with
+        #: other users stays, and folding it would only add a second lookup of its input)
+        self.single_use = single_use
         self.leaf = self.source = None
         self.memo: dict = {}
         self.ops = 0
@@ -184,6 +188,9 @@ class _Region:
         still a function of the one int8 leaf, i.e. one table. None when ``x`` is not such a
         quantize (then ``x`` is the leaf candidate); the region's state is left as it was."""
         q = self.bindings.get(x) if isinstance(x, relax.Var) else None
+        lookup = _lookup(q, self.bindings) if x in self.single_use else None
+        if lookup is not None:
+            return self.looked_up(*lookup)
         if not (isinstance(q, relax.Call) and isinstance(q.op, tvm.ir.Op) and str(q.op.name) == "relax.quantize"
                 and str(q.attrs.out_dtype) == "int8" and all(isinstance(a, tvm.ir.Constant) for a in q.args[1:])):
             return None
@@ -201,6 +208,41 @@ class _Region:
         self.nested += 1
         s, z = _f32(_scalar_constant(q.args[1])), int(_scalar_constant(q.args[2]))
         return np.clip(np.rint(v / s).astype(np.float64) + z, INT8_MIN, INT8_MAX).astype(np.int64)
+
+
+    def looked_up(self, table: np.ndarray, y: relax.Expr) -> np.ndarray | None:
+        """The int8 values of ``table[y + 128]`` (an earlier rule's table, e.g. of an add of a
+        constant) when ``y`` is the leaf or a function of it: a table of a table is one table.
+        None if ``y`` cannot be (it is another tensor than the leaf)."""
+        inner = self.requantized(y)
+        if inner is None:
+            if self.leaf is not None and not y.same_as(self.leaf):
+                return None
+            self.leaf, inner = y, np.arange(INT8_MIN, INT8_MAX + 1)
+        self.nested += 1
+        self.ops += 1
+        return table[inner + 128].astype(np.int64)
+
+def _lookup(call, bindings: dict) -> tuple[np.ndarray, relax.Expr] | None:
+    """``(table, y)`` if ``call`` is :func:`~.rules.emit_table`'s ``take(table, astype(y,
+    int32) + 128)`` of an int8 ``y``, else None."""
+    def bound(e):
+        return bindings.get(e, e) if isinstance(e, relax.Var) else e
+
+    def op(e, name):
+        return isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op) and str(e.op.name) == name
+
+    if not (op(call, "relax.take") and isinstance(call.args[0], tvm.ir.Constant)):
+        return None
+    table = call.args[0].value.numpy()
+    index = bound(call.args[1])
+    if not (table.dtype == np.int8 and table.shape == (256,) and op(index, "relax.add")
+            and isinstance(index.args[1], tvm.ir.Constant) and int(index.args[1].value.numpy()) == 128):
+        return None
+    cast = bound(index.args[0])
+    if not (op(cast, "relax.astype") and str(cast.args[0].ty.dtype) == "int8"):
+        return None
+    return table, cast.args[0]
 
 
 def _scalar_constant(c: tvm.ir.Constant):
@@ -252,12 +294,17 @@ class _TableMutator(PyExprMutator):
         functions = {gv: f for gv, f in self.mod.functions.items() if isinstance(f, relax.Function)}
         bindings = {b.var: b.value for f in functions.values() for block in f.body.blocks for b in block.bindings
                     if isinstance(b, relax.VarBinding)}
+        uses: dict = {}
+        for f in functions.values():
+            relax.analysis.post_order_visit(f.body, lambda e: uses.__setitem__(e, uses.get(e, 0) + 1)
+                                            if isinstance(e, relax.Var) else None)
+        single_use = frozenset(v for v, n in uses.items() if n == 1)
         for var, value in bindings.items():
             if not (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op)
                     and str(value.op.name) == "relax.quantize"):
                 continue
             try:
-                self.plans[var] = self.plan(value, bindings)
+                self.plans[var] = self.plan(value, bindings, single_use)
             except _NotATable:
                 pass
             except Declined as why:
@@ -271,7 +318,7 @@ class _TableMutator(PyExprMutator):
             self.builder_.update_func(gv, self.visit_expr(func))
         return self.builder_.get()
 
-    def plan(self, q: relax.Call, bindings: dict) -> tuple[relax.Var, np.ndarray, list]:
+    def plan(self, q: relax.Call, bindings: dict, single_use: frozenset) -> tuple[relax.Var, np.ndarray, list]:
         """The int8 input, the table and the moves (outermost first) for the quantize ``q``."""
         body, scale, zero_point = q.args
         if (str(q.attrs.out_dtype) != "int8" or not isinstance(scale, tvm.ir.Constant)
@@ -289,7 +336,7 @@ class _TableMutator(PyExprMutator):
                 break
             moves.append(call)
             body = call.args[0]
-        region = _Region(bindings)
+        region = _Region(bindings, single_use)
         with np.errstate(all="ignore"):     # NaN and infinities: judged on the table
             out = region.value(body)
         if region.leaf is None or region.ops == 0 or (self.nested_only and region.nested == 0):
@@ -301,7 +348,9 @@ class _TableMutator(PyExprMutator):
         if any(str(c.op.name) in MAXIMA for c in moves) and np.any(np.diff(np.broadcast_to(out, (256,))) < 0):
             raise Declined("a maximum of a function that is not monotone (they do not commute)")
         target = (float(_scalar_constant(scale)), int(_scalar_constant(zero_point)))
-        table = quantized_table(lambda _: out, region.source, target)
+        # the source scale only places dq(x), which the region has computed: none if the leaf
+        # is only read through a table lookup
+        table = quantized_table(lambda _: out, region.source or (1.0, 0), target)
         return region.leaf, table, moves
 
     def visit_var_binding_(self, binding: relax.VarBinding) -> None:
