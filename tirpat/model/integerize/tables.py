@@ -180,7 +180,6 @@ class _Region:
         self.leaf, self.source = x, (float(s), int(z))
         return _f32(np.arange(INT8_MIN, INT8_MAX + 1) - int(z)) * _f32(s)
 
-
     def requantized(self, x: relax.Expr) -> np.ndarray | None:
         """The int8 values of ``x`` when it is itself ``quantize(g(dequantize(leaf)))``, ``g``
         element-wise, as onnxruntime computes it (HardSwish exported as ``x *
@@ -222,6 +221,7 @@ class _Region:
         self.nested += 1
         self.ops += 1
         return table[inner + 128].astype(np.int64)
+
 
 def _lookup(call, bindings: dict) -> tuple[np.ndarray, relax.Expr] | None:
     """``(table, y)`` if ``call`` is :func:`~.rules.emit_table`'s ``take(table, astype(y,
