@@ -184,8 +184,9 @@ class _Region:
         """The int8 values of ``x`` when it is itself ``quantize(g(dequantize(leaf)))``, ``g``
         element-wise, as onnxruntime computes it (HardSwish exported as ``x *
         HardSigmoid(x)`` quantises the HardSigmoid before the multiply): the whole chain is
-        still a function of the one int8 leaf, i.e. one table. None when ``x`` is not such a
-        quantize (then ``x`` is the leaf candidate); the region's state is left as it was."""
+        still a function of the one int8 leaf, i.e. one table; likewise when ``x`` is a table
+        lookup read only here (:meth:`looked_up`). None when ``x`` is neither (then ``x`` is the
+        leaf candidate); the region's state is left as it was."""
         q = self.bindings.get(x) if isinstance(x, relax.Var) else None
         lookup = _lookup(q, self.bindings) if x in self.single_use else None
         if lookup is not None:
