@@ -619,7 +619,7 @@ def _same_indices(a, b) -> bool:
 def rules(config: Config | None = None) -> tp.Rewriter:
     """accel's rewrite rules as one tirpat Rewriter (ordered: load, gemm, zero_init, alu, store).
 
-    >>> [r.name for r in accel.rules().rules][:2]
+    >>> [r.name for r in rules().rules][:2]
     ['accel.load', 'accel.gemm']
     """
     config = config or Config()
