@@ -75,7 +75,7 @@ class Conv:
         return [self.out_dim[r] for r in ("n", "y", "x", "f")] == [0, 1, 2, 3]
 
 
-def vars_in(e: tirx.PrimExpr) -> list[tirx.Var]:
+def vars_in(e: ir.Expr) -> list[ir.Var]:
     """The scalar variables (not buffer handles) that ``e`` uses, in the order met.
 
     >>> y, ry = tirx.Var("y", "int32"), tirx.Var("ry", "int32")
@@ -87,7 +87,7 @@ def vars_in(e: tirx.PrimExpr) -> list[tirx.Var]:
     return found
 
 
-def var_key(v: tirx.Var) -> int:
+def var_key(v: ir.Var) -> int:
     """A variable's identity as a dict key (TVM objects compare structurally otherwise).
 
     >>> v = tirx.Var("y", "int32")

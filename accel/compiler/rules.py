@@ -65,7 +65,7 @@ class Region:
     offset: object
 
 
-def address(buffer, offset) -> Region:
+def address(buffer: tirx.Buffer, offset: ir.Expr | int) -> Region:
     """The scratchpad operand starting at ``buffer[offset]``, for a declared instruction's call."""
     return Region(buffer, offset)
 
@@ -321,7 +321,7 @@ def epilogue_chain(e, is_spine, is_operand):
     return None
 
 
-def table_step(table) -> _Step:
+def table_step(table: tirx.Buffer | None) -> _Step:
     """The epilogue step that looks the accumulator up in ``table`` (a 256-entry int8 buffer
     in WGT): accel's LUT.
 
@@ -347,7 +347,7 @@ def _bounded(e, op, bound: int):
     return None
 
 
-def table_lookup(e):
+def table_lookup(e: ir.Expr) -> tuple[ir.Expr, ir.Expr] | None:
     """``(table load, x)`` if ``e`` is ``table[x + 128]`` with a 1-D int8 table of 256
     entries and ``x`` an int32 provably inside [-128, 127], e.g. clipped there (cast to int8 and back, or not, and the
     index clamped to [0, 255] or not: how TOPI lowers integerize's ``take(table, x + 128)``),
