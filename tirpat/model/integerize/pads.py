@@ -56,6 +56,7 @@ def pad_of(x: np.ndarray, y: np.ndarray) -> tuple[list[int], list[int], float] |
 class PadRule:
     """``call_tir(pad, dq(x))`` -> ``dq(nn.pad(x))`` (the module docstring). Like
     :class:`~.rules.Rule` it has a ``name`` and ``rewriter(declined)``.
+
     >>> rule = PadRule()
     >>> rule.name, callable(rule.rewriter({}))
     ('pad', True)

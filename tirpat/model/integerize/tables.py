@@ -192,11 +192,7 @@ class TableRule:
 
     def rewriter(self, declined: dict) -> Callable[[tvm.IRModule], tvm.IRModule]:
         """A module -> module rewrite whose declines are counted in ``declined``."""
-
-        def rewrite(mod: tvm.IRModule) -> tvm.IRModule:
-            return _TableMutator(mod, declined).rewrite()
-
-        return rewrite
+        return lambda mod: _TableMutator(mod, declined).rewrite()
 
 
 @mutator
