@@ -1,6 +1,7 @@
 """accel: a small simulated int8 NPU (Gemmini/VTA style) that tirpat offloads to.
 
-The hardware side: :class:`Config`, the ISA (:mod:`accel.hw.isa`), the stream emitter
+The hardware side: :class:`Config`, the scratchpads and instructions declared once
+(:mod:`accel.hw.instructions`), the ISA's encoding (:mod:`accel.hw.isa`), the stream emitter
 (:mod:`accel.hw.emitter`), the simulator and cycle model (:mod:`accel.hw.sim`) and the runtime
 (:mod:`accel.hw.runtime`), which registers the ``accel.*`` TVM global functions on import.
 

@@ -58,7 +58,7 @@ def target(config: Config | None = None) -> str:
     return f"accel{opts}, llvm"
 
 
-def build(workload, config: Config | None = None, *, strict: bool = False) -> tp.CompiledKernel:
+def build(workload: tirx.PrimFunc | ir.IRModule, config: Config | None = None, *, strict: bool = False) -> tp.CompiledKernel:
     """Schedule (if needed) and compile a TIR workload for accel + the llvm host: ``tp.build``
     of ``workload`` for :func:`target` of ``config``.
 

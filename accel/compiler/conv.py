@@ -36,6 +36,7 @@ from typing import Callable
 
 import tvm_ffi
 from tvm import ir, s_tir, sym, tirx
+from tvm.s_tir.schedule import SBlockRV
 
 from accel.compiler.blocks import DATA_PAR, REDUCE, GemmAnalysis, mark_layout_stage, pointwise_chain
 from accel.hw.config import Config
@@ -74,15 +75,25 @@ class Conv:
         return [self.out_dim[r] for r in ("n", "y", "x", "f")] == [0, 1, 2, 3]
 
 
-def vars_in(e) -> list:
-    """The scalar variables (not buffer handles) that ``e`` uses, in the order met."""
+def vars_in(e: ir.Expr) -> list[ir.Var]:
+    """The scalar variables (not buffer handles) that ``e`` uses, in the order met.
+
+    >>> y, ry = tirx.Var("y", "int32"), tirx.Var("ry", "int32")
+    >>> [v.name for v in vars_in(y * 2 + ry)]
+    ['y', 'ry']
+    """
     found = []
     tvm_ffi.structural_walk(e, (ir.Var, lambda v: found.append(v) if not tirx.is_buffer_var(v) else None))
     return found
 
 
-def var_key(v) -> int:
-    """A variable's identity as a dict key (TVM objects compare structurally otherwise)."""
+def var_key(v: ir.Var) -> int:
+    """A variable's identity as a dict key (TVM objects compare structurally otherwise).
+
+    >>> v = tirx.Var("y", "int32")
+    >>> var_key(v) == var_key(v) != var_key(tirx.Var("y", "int32"))
+    True
+    """
     return v.__chandle__()
 
 
@@ -214,8 +225,13 @@ def _loads_can_pad(sch, producer, conv: Conv) -> bool:
     return border is not None and not _blank_pixels(conv, border)
 
 
-def permute(dims: dict, order) -> Callable:
-    """An index map ``*axes -> axes in the order of the roles in ``order``."""
+def permute(dims: dict[str, int], order: tuple[str, ...]) -> Callable:
+    """An index map ``*axes -> axes`` in the order of the roles in ``order`` (``dims``: each
+    role's position among the axes).
+
+    >>> permute({"n": 0, "c": 1, "y": 2, "x": 3}, ("n", "y", "x", "c"))("N", "C", "Y", "X")
+    ('N', 'Y', 'X', 'C')
+    """
     return lambda *ax: tuple(ax[dims[r]] for r in order)
 
 
@@ -226,7 +242,7 @@ def _producer(sch, block_rv, buffer):
     return None
 
 
-def read_index(sch, block_rv, buffer) -> int:
+def read_index(sch: s_tir.Schedule, block_rv: SBlockRV, buffer: ir.Var) -> int:
     """The position of ``buffer`` among the block's reads."""
     for n, r in enumerate(sch.get(block_rv).reads):
         if r.source.same_as(buffer):
@@ -302,7 +318,7 @@ def normalise(sch: s_tir.Schedule, conv: Conv, config: Config, notes, gather: st
         operand_layout=None if conv.channels_last_output else permute(conv.out_dim, ("n", "y", "x", "f")))
 
 
-def gather_input(sch, blk, conv: Conv, direct: bool, notes) -> tuple[list, str]:
+def gather_input(sch: s_tir.Schedule, blk: SBlockRV, conv: Conv, direct: bool, notes) -> tuple[list, str]:
     """Make the conv read its input channels-last; returns the producer blocks to inline into
     the gather and the name of what the LOADs read."""
     producer = _producer(sch, blk, conv.input)
@@ -346,7 +362,7 @@ def _weights(sch, blk, conv: Conv, direct: bool, notes) -> ir.Var:
     return sch.get(stage).writes[0].source
 
 
-def output_channels_last(sch, blk, conv: Conv, notes) -> str | None:
+def output_channels_last(sch: s_tir.Schedule, blk: SBlockRV, conv: Conv, notes) -> str | None:
     """Make the conv (and its epilogue) write channels-last; an NCHW result gets a CPU
     transpose at the end, whose block name is returned (the epilogue chain stops there)."""
     if conv.channels_last_output:
@@ -405,7 +421,7 @@ def _pixels_as_rows(sch, blk, conv: Conv, stop: str | None) -> None:
         lambda n, y, x, f: (n, y * w_ + x, f), ndim=4, index_dtype="int32"))
 
 
-def input_read(sch, blk, weight) -> int:
+def input_read(sch: s_tir.Schedule, blk: SBlockRV, weight: ir.Var) -> int:
     """The read of the conv block that is its input: the one that is not ``weight``."""
     for n, r in enumerate(sch.get(blk).reads):
         if not r.source.same_as(weight):

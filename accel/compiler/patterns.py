@@ -34,7 +34,7 @@ import functools
 import numpy as np
 from tvm import ir, relax, tirx
 from tvm.relax.backend.utils import has_leaking_intermediate_variables
-from tvm.relax.dpl import is_const, is_op, wildcard
+from tvm.relax.dpl import DFPattern, is_const, is_op, wildcard
 
 __all__ = ["patterns", "check", "table", "MAX_EPILOGUE", "EPILOGUE_OPS", "TABLE_ENTRIES"]
 
@@ -94,7 +94,7 @@ def _epilogue(x):
     return alternatives
 
 
-def table(x):
+def table(x: DFPattern) -> DFPattern:
     """The pattern of a table lookup of an int8 ``x``: ``take(table, astype(x, int32) + 128)``
     with a constant table (:func:`tirpat.model.integerize.rules.emit_table`'s form).
 

@@ -22,7 +22,7 @@ import tvm_ffi
 from tvm import ir, tirx
 
 from tirpat.device import PlanError, ScratchpadOverflow, ScratchpadPlanner
-from tirpat.device.planner import describe
+from tirpat.device.planner import access_ptr_buffer, describe
 from tirpat.model.partition import origin_of
 from accel.hw import instructions
 from accel.hw.config import Config
@@ -67,7 +67,7 @@ def _scratch_uses(stmt) -> list:
             return
         args = ins.arguments_of(c)
         for op in ins.memory_operands:
-            buf = _ptr_buffer(args[op.name])
+            buf = access_ptr_buffer(args[op.name])
             if buf is not None:
                 uses.append((buf, op.reads, op.writes, args[op.name].args[2]))
 
@@ -146,7 +146,7 @@ def _written(c, buf, tile, inner) -> set:
     ins = instructions.instruction_of(c)
     args = ins.arguments_of(c) if ins is not None else {}
     op = next((o for o in (ins.memory_operands if ins is not None else ()) if o.role == "write"
-               and _ptr_buffer(args[o.name]) is not None and _ptr_buffer(args[o.name]).same_as(buf)), None)
+               and access_ptr_buffer(args[o.name]) is not None and access_ptr_buffer(args[o.name]).same_as(buf)), None)
     if op is None:
         return set()
     offset = args[op.name].args[2]
@@ -169,15 +169,6 @@ def _written(c, buf, tile, inner) -> set:
             return set()
         out.update((elements + base).tolist())
     return out
-
-
-def _ptr_buffer(arg):
-    """The buffer of an ``access_ptr`` argument, else None."""
-    if isinstance(arg, ir.Call) and arg.op.name == "tirx.tvm_access_ptr":
-        data = arg.args[1]
-        if isinstance(data, ir.Call) and data.op.name == "tirx.buffer_data":
-            return data.args[0]
-    return None
 
 
 def _var_handles(expr) -> set:

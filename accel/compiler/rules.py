@@ -19,6 +19,7 @@ name); a scratchpad operand is a :class:`Region` of a scratchpad buffer, passed 
 replaces by the planned address. The declarations fix ``deps = AUTO``: the runtime orders
 instructions with dependency tokens.
 
+>>> import accel
 >>> rw = accel.rules()
 >>> [r.name for r in rw.rules]
 ['accel.load', 'accel.gemm', 'accel.zero_init', 'accel.alu', 'accel.store']
@@ -64,7 +65,7 @@ class Region:
     offset: object
 
 
-def address(buffer, offset) -> Region:
+def address(buffer: tirx.Buffer, offset: ir.Expr | int) -> Region:
     """The scratchpad operand starting at ``buffer[offset]``, for a declared instruction's call."""
     return Region(buffer, offset)
 
@@ -160,6 +161,25 @@ def _load(m):
     return tirx.IfThenElse(outside, load, None if partial else _around(loops, strides, all_padding))
 
 
+def _loop_fields(loops, regions, tile_start: int, t: int, what: str):
+    """``(outer, (ext_out, strides_out), (ext_in, strides_in))`` for a tile instruction whose tile
+    loops start at ``tile_start``: the (up to) two loops just outside the tile fold into the
+    instruction's loop fields, the ones outside those (``outer``, indices) loop over it. The
+    strides are ``(acc, inp, wgt)`` ones, read from ``regions``."""
+    blocks = list(range(max(0, tile_start - 2), tile_start))
+    fields = []
+    for k in blocks:
+        strides = tuple(r.strides[k] for r in regions)
+        if any(s % t for s in strides):
+            raise _Unsupported(f"loop {loops[k].loop_var.name} steps by {strides}, not whole tiles")
+        fields.append((_int(loops[k].extent), strides))
+    while len(fields) < 2:
+        fields.insert(0, (1, (0, 0, 0)))
+    if any(e is None for e, _ in fields):
+        raise _Unsupported(f"the loops folded into the {what} have symbolic extents")
+    return list(range(0, max(0, tile_start - 2))), fields[0], fields[1]
+
+
 # ----------------------------------------------------------------------------- GEMM
 def _gemm(m, config):
     t = config.tile
@@ -184,19 +204,7 @@ def _gemm(m, config):
         raise _Unsupported("the innermost three loops are not a tile's m, n and k "
                            "(C[m, n] += A[m, k] * W[n, k], each contiguous in its last index)")
     acc_ld, inp_ld, wgt_ld = rc.strides[roles["m"]], ra.strides[roles["m"]], rw.strides[roles["n"]]
-    blocks = list(range(max(0, n - 5), n - 3))  # folded into ext_out / ext_in
-    outer = list(range(0, max(0, n - 5)))
-    fields = []
-    for k in blocks:
-        strides = (rc.strides[k], ra.strides[k], rw.strides[k])
-        if any(s % t for s in strides):
-            raise _Unsupported(f"loop {m.loops[k].loop_var.name} steps by {strides}, not whole tiles")
-        fields.append((_int(m.loops[k].extent), strides))
-    while len(fields) < 2:
-        fields.insert(0, (1, (0, 0, 0)))
-    (eo, so), (ei, si) = fields
-    if eo is None or ei is None:
-        raise _Unsupported("the block loops folded into the GEMM have symbolic extents")
+    outer, (eo, so), (ei, si) = _loop_fields(m.loops, (rc, ra, rw), n - 3, t, "GEMM")
 
     def make(shifts):
         return GEMM.call(acc_addr=address(rc.buffer, rc.offset + shifts[0]),
@@ -224,19 +232,7 @@ def _dwmac(loops, regions, t):
     (a kernel's taps) folded into its loop fields, any further ones looping over it."""
     rc, ra, rw = regions
     n = len(loops)
-    blocks = list(range(max(0, n - 4), n - 2))
-    outer = list(range(0, max(0, n - 4)))
-    fields = []
-    for k in blocks:
-        strides = (rc.strides[k], ra.strides[k], rw.strides[k])
-        if any(s % t for s in strides):
-            raise _Unsupported(f"loop {loops[k].loop_var.name} steps by {strides}, not whole tiles")
-        fields.append((_int(loops[k].extent), strides))
-    while len(fields) < 2:
-        fields.insert(0, (1, (0, 0, 0)))
-    (eo, so), (ei, si) = fields
-    if eo is None or ei is None:
-        raise _Unsupported("the loops folded into the DWMAC have symbolic extents")
+    outer, (eo, so), (ei, si) = _loop_fields(loops, regions, n - 2, t, "DWMAC")
 
     def make(shifts):
         return DWMAC.call(acc_addr=address(rc.buffer, rc.offset + shifts[0]),
@@ -325,7 +321,7 @@ def epilogue_chain(e, is_spine, is_operand):
     return None
 
 
-def table_step(table) -> _Step:
+def table_step(table: tirx.Buffer | None) -> _Step:
     """The epilogue step that looks the accumulator up in ``table`` (a 256-entry int8 buffer
     in WGT): accel's LUT.
 
@@ -351,7 +347,7 @@ def _bounded(e, op, bound: int):
     return None
 
 
-def table_lookup(e):
+def table_lookup(e: ir.Expr) -> tuple[ir.Expr, ir.Expr] | None:
     """``(table load, x)`` if ``e`` is ``table[x + 128]`` with a 1-D int8 table of 256
     entries and ``x`` an int32 provably inside [-128, 127], e.g. clipped there (cast to int8 and back, or not, and the
     index clamped to [0, 255] or not: how TOPI lowers integerize's ``take(table, x + 128)``),
@@ -623,7 +619,7 @@ def _same_indices(a, b) -> bool:
 def rules(config: Config | None = None) -> tp.Rewriter:
     """accel's rewrite rules as one tirpat Rewriter (ordered: load, gemm, zero_init, alu, store).
 
-    >>> [r.name for r in accel.rules().rules][:2]
+    >>> [r.name for r in rules().rules][:2]
     ['accel.load', 'accel.gemm']
     """
     config = config or Config()

@@ -123,7 +123,7 @@ ALU_UFUNCS = {AluOp.ADD: np.add, AluOp.MAX: np.maximum, AluOp.MIN: np.minimum, A
               AluOp.MUL: np.multiply}
 
 
-def alu_operand(op: AluOp, value):
+def alu_operand(op: AluOp, value: int | np.ndarray) -> int | np.ndarray:
     """The second operand of ALU ``op`` as the op uses it: clipped to its
     :data:`OPERAND_RANGE`, if it has one (an int, or an int32 array).
 

@@ -82,27 +82,19 @@ def footprint(ins: Instruction, tile: int, host=None) -> Iterator[tuple[tuple, i
             return
         yield ("sram", Mem.ACC), *_span(ins.sram_addr, ins.sram_ld, ins.rows, ins.cols), False
         yield *_dram(ins, host), True
-    elif isinstance(ins, Gemm):
+    elif isinstance(ins, (Gemm, Dwmac)):
         if ins.ext_out * ins.ext_in == 0:
             return
         loops = lambda a, b: ((ins.ext_out, a), (ins.ext_in, b))  # noqa: E731
         yield ("sram", Mem.ACC), *_span(ins.acc_addr, ins.acc_ld, tile, tile,
                                         loops(ins.acc_stride_out, ins.acc_stride_in)), True
-        if not ins.reset:
+        if isinstance(ins, Dwmac) or not ins.reset:
             yield ("sram", Mem.INP), *_span(ins.inp_addr, ins.inp_ld, tile, tile,
                                             loops(ins.inp_stride_out, ins.inp_stride_in)), False
-            yield ("sram", Mem.WGT), *_span(ins.wgt_addr, ins.wgt_ld, tile, tile,
+            # a GEMM reads a tile x tile weight tile, a DWMAC one weight row (a weight per channel)
+            rows, ld = (1, 0) if isinstance(ins, Dwmac) else (tile, ins.wgt_ld)
+            yield ("sram", Mem.WGT), *_span(ins.wgt_addr, ld, rows, tile,
                                             loops(ins.wgt_stride_out, ins.wgt_stride_in)), False
-    elif isinstance(ins, Dwmac):
-        if ins.ext_out * ins.ext_in == 0:
-            return
-        loops = lambda a, b: ((ins.ext_out, a), (ins.ext_in, b))  # noqa: E731
-        yield ("sram", Mem.ACC), *_span(ins.acc_addr, ins.acc_ld, tile, tile,
-                                        loops(ins.acc_stride_out, ins.acc_stride_in)), True
-        yield ("sram", Mem.INP), *_span(ins.inp_addr, ins.inp_ld, tile, tile,
-                                        loops(ins.inp_stride_out, ins.inp_stride_in)), False
-        yield ("sram", Mem.WGT), *_span(ins.wgt_addr, 0, 1, tile,
-                                        loops(ins.wgt_stride_out, ins.wgt_stride_in)), False
     elif isinstance(ins, Lut):
         if ins.ext_out * ins.ext_in == 0:
             return

@@ -52,7 +52,7 @@ from tvm import ir, tirx
 from .instr import Instruction
 from .memory import Memory
 
-__all__ = ["PlanError", "ScratchpadOverflow", "ScratchpadPlanner", "describe"]
+__all__ = ["PlanError", "ScratchpadOverflow", "ScratchpadPlanner", "access_ptr_buffer", "describe"]
 
 _ANALYZER = tvm.sym.Analyzer()
 
@@ -212,8 +212,14 @@ def _footprint(buf) -> int | None:
     return 1 + sum((d - 1) * s for d, s in zip(dims, strides))
 
 
-def _access_ptr_buffer(arg):
-    """The buffer of an ``access_ptr`` argument, else None."""
+def access_ptr_buffer(arg: ir.Expr) -> ir.Var | None:
+    """The buffer of an ``access_ptr`` argument (how a declared instruction's call passes a
+    memory operand), else None.
+
+    >>> buf = tirx.decl_buffer((16,), "int8", "A")
+    >>> access_ptr_buffer(buf.access_ptr("r")).same_as(buf), access_ptr_buffer(tirx.const(1))
+    (True, None)
+    """
     if isinstance(arg, ir.Call) and arg.op.name == "tirx.tvm_access_ptr":
         data = arg.args[1]
         if isinstance(data, ir.Call) and data.op.name == "tirx.buffer_data":
@@ -306,7 +312,7 @@ class _FunctionPlan:
         """A declared instruction's call: each scratchpad buffer passed where its memory is."""
         args = ins.arguments_of(call)
         for op in ins.operands:
-            buf = _access_ptr_buffer(args[op.name])
+            buf = access_ptr_buffer(args[op.name])
             if buf is None or not self.planner.is_scratchpad(buf):
                 continue
             if op.kind != "memory":
@@ -321,7 +327,7 @@ class _FunctionPlan:
         ins = self.planner.instruction_of(node) if self.planner.is_runtime_call(node) else None
         if ins is not None:
             self.check_operands(ins, node)
-        buf = _access_ptr_buffer(node)
+        buf = access_ptr_buffer(node)
         if buf is not None:
             if self.planner.is_scratchpad(buf):
                 base = self.addr.get(buf.__chandle__())

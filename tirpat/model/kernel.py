@@ -32,6 +32,14 @@ class CompiledKernel:
     options the kernel was built with), else in a session of the kernel's own for this
     thread (``backend.session(options)``, kept between calls); a failed call leaves nothing
     pending.
+
+    >>> import numpy as np
+    >>> from tvm import te
+    >>> A = te.placeholder((4,), "int32", name="A")
+    >>> kernel = tp.build(te.create_prim_func([A, te.compute((4,), lambda i: A[i] * 2, name="B")]), "llvm")
+    >>> out = np.zeros(4, np.int32)
+    >>> kernel(np.arange(4, dtype=np.int32), out); out.tolist(), kernel.params[1]
+    ([0, 2, 4, 6], ('B', (4,), 'int32'))
     """
 
     def __init__(self, module, func: tirx.PrimFunc, backends: list, report: ModelReport, entry: str = "main") -> None:
@@ -44,7 +52,7 @@ class CompiledKernel:
                        if tirx.is_buffer_var(p)]
         self._here = threading.local()      # .sessions: this thread's own {backend name: session}
 
-    def __call__(self, *args):
+    def __call__(self, *args) -> None:
         """Run the entry on ``args`` (one per buffer argument, outputs included)."""
         if len(args) != len(self.params):
             raise TypeError(f"{self.entry} takes {len(self.params)} arguments "

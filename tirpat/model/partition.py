@@ -55,7 +55,7 @@ class PartitionOrigin:
         return {"name": self.name, "ops": list(self.ops)}
 
 
-def origin_of(func) -> PartitionOrigin | None:
+def origin_of(func: tvm.tirx.PrimFunc) -> PartitionOrigin | None:
     """The Relax partition the PrimFunc ``func`` computes, from its :data:`PARTITION_ATTR`;
     None for a function not lowered from a partition (a hand-written PrimFunc).
 

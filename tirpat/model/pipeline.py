@@ -239,7 +239,7 @@ def with_records(records, func: tirx.PrimFunc, backend: str, opts: dict, functio
 
 
 def schedule_for(func: tirx.PrimFunc, backend: str, opts: dict, function: str, record: Record | None = None,
-                 origin: PartitionOrigin | None = None):
+                 origin: PartitionOrigin | None = None) -> tirx.PrimFunc | None:
     """``func`` scheduled by ``backend`` (its ``schedule`` hook, with the resolved ``opts``),
     tagged for the TIR pipeline's dispatch and opaque to fusion; None when the schedule
     raised (the partition ``function`` runs on the host, ``record`` says why), unless

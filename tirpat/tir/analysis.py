@@ -234,7 +234,7 @@ def dtype_is(node, dtype: str) -> bool:
     return dtype_of(node) == dtype
 
 
-def dim_strides(buffer) -> list:
+def dim_strides(buffer: tirx.Buffer) -> list[ir.Expr]:
     """The element stride of every dimension of ``buffer``, as expressions: its declared
     strides, else row-major ones.
 
@@ -294,7 +294,7 @@ def int_strides(buffer, dtype: str | None = None, shape=None) -> list | None:
 _IMMS: dict = {}
 
 
-def imm(dtype: str, value: int):
+def imm(dtype: str, value: int) -> tirx.IntImm:
     """A shared integer constant (IR nodes are immutable, so sharing one is safe).
 
     >>> imm("int32", 3).same_as(imm("int32", 3))
@@ -375,7 +375,7 @@ class Affine:
         return out if self.const == 0 else tirx.Add(out, imm(dtype, self.const))
 
 
-def same_value(a, b) -> bool:
+def same_value(a: ir.Expr, b: ir.Expr) -> bool:
     """``a == b`` for all values of their variables (structurally equal, or a zero difference).
 
     >>> i = tirx.Var("i", "int32")

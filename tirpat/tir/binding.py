@@ -30,7 +30,7 @@ from .index_dtype import as_index
 from .region import tile_base
 
 
-def scope_of(buf) -> str:
+def scope_of(buf: tirx.Buffer) -> str:
     """The storage scope of a buffer, ``"global"`` for the default one.
 
     >>> scope_of(tirx.decl_buffer((4,), "int8", "A")), scope_of(tirx.decl_buffer((4,), "int8", "S", scope="shared"))
@@ -260,7 +260,7 @@ class ParamAccess(P.Pattern):
         return True
 
 
-def not_a_store(param, node) -> str:
+def not_a_store(param: tirx.Buffer, node: tirx.Stmt) -> str:
     """Why ``node`` is not the store to ``param`` a pattern expects; the allocations TVM's
     block lowering moves into a loop are named, since they are why a tile is missed there.
 

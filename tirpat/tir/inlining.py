@@ -111,7 +111,7 @@ class Inliner:
         self.accesses_params = bool(accesses)
 
 
-def param_accesses(body, params: dict) -> list:
+def param_accesses(body: tirx.Stmt, params: dict) -> list:
     """The loads and stores of ``body`` whose buffer is one of ``params`` (keyed by ``key``)."""
     found = []
 
@@ -127,7 +127,7 @@ def param_accesses(body, params: dict) -> list:
     return found
 
 
-def inline_accesses(body, regions: dict):
+def inline_accesses(body: tirx.Stmt, regions: dict) -> tirx.Stmt:
     """``body`` with each load and store of a bound parameter made one of its target buffer
     at the region's base plus the index, as ``LowerMatchBuffer`` does (``regions`` maps
     ``key(param)`` to ``(target, base, the target dimensions of the parameter's)``)."""

@@ -25,7 +25,7 @@ from .binding import ParamAccess
 from .statement import ForPattern, IfPattern, SeqPattern, StmtPattern
 
 
-def pattern_of(body, rule: str, buffers: dict, infos: dict, scalars: dict) -> P.Pattern:
+def pattern_of(body: tirx.Stmt, rule: str, buffers: dict, infos: dict, scalars: dict) -> P.Pattern:
     """The pattern of a pattern function's (canonical) ``body`` for the rule named ``rule``:
     ``buffers`` maps ``key(param)`` to each buffer parameter and ``infos`` to its
     :class:`~tirpat.tir.binding.ParamInfo`, ``scalars`` each scalar parameter's key to its

@@ -22,7 +22,7 @@ import tvm
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from .rules import INT8_MAX, INT8_MIN, Declined, dims_of
+from .rules import INT8_MAX, INT8_MIN, Declined, dims_of, rewrite_sites
 
 __all__ = ["PadRule", "pad_of"]
 
@@ -56,6 +56,7 @@ def pad_of(x: np.ndarray, y: np.ndarray) -> tuple[list[int], list[int], float] |
 class PadRule:
     """``call_tir(pad, dq(x))`` -> ``dq(nn.pad(x))`` (the module docstring). Like
     :class:`~.rules.Rule` it has a ``name`` and ``rewriter(declined)``.
+
     >>> rule = PadRule()
     >>> rule.name, callable(rule.rewriter({}))
     ('pad', True)
@@ -75,23 +76,11 @@ class _PadMutator(PyExprMutator):
         self.mod, self.declined, self.plans = mod, declined, {}
 
     def rewrite(self) -> tvm.IRModule:
-        functions = {gv: f for gv, f in self.mod.functions.items() if isinstance(f, relax.Function)}
-        bindings = {b.var: b.value for f in functions.values() for block in f.body.blocks for b in block.bindings
-                    if isinstance(b, relax.VarBinding)}
-        for var, value in bindings.items():
-            dq = self._pad_of_dequantize(value, bindings)
-            if dq is None:
-                continue
-            try:
-                self.plans[var] = self.plan(value, dq)
-            except Declined as why:
-                key = (PadRule.name, str(why))
-                self.declined[key] = self.declined.get(key, 0) + 1
-        if not self.plans:
-            return self.mod
-        for gv, func in functions.items():
-            self.builder_.update_func(gv, self.visit_expr(func))
-        return self.builder_.get()
+        return rewrite_sites(self, self.mod, PadRule.name, self.declined, self._site)
+
+    def _site(self, value: relax.Expr, bindings: dict) -> tuple | None:
+        dq = self._pad_of_dequantize(value, bindings)
+        return None if dq is None else self.plan(value, dq)
 
     def _pad_of_dequantize(self, value, bindings: dict) -> relax.Call | None:
         """The dequantize a ``call_tir`` of a pad reads, if ``value`` is one."""

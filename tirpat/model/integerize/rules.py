@@ -54,10 +54,11 @@ import tvm
 import tvm_ffi
 from tvm import relax, tirx
 from tvm.relax.dpl import DFPattern, PatternMatchingRewriter, is_const, is_op, is_tuple, wildcard
+from tvm.relax.expr_functor import PyExprMutator
 
 from .fixed_point import INT32_MAX, Requantize
 
-__all__ = ["Declined", "Rule", "all_rules", "emit_requantize", "requantize_pattern", "clip_fold_rule", "emit_table",
+__all__ = ["Declined", "Rule", "all_rules", "rewrite_sites", "emit_requantize", "requantize_pattern", "clip_fold_rule", "emit_table",
            "quantized_table", "dims_of", "same_dims", "prim_number", "COMMUTING_OPS", "MAXIMA", "moves_elements"]
 
 INT8_MIN, INT8_MAX = -128, 127
@@ -85,11 +86,47 @@ class Rule:
             try:
                 return self.build(Match(orig, matches))
             except Declined as why:
-                key = (self.name, str(why))
-                declined[key] = declined.get(key, 0) + 1
+                _count(declined, self.name, why)
                 return orig
 
         return PatternMatchingRewriter.from_pattern(self.pattern, callback)
+
+
+def _count(declined: dict, name: str, why: Declined) -> None:
+    key = (name, str(why))
+    declined[key] = declined.get(key, 0) + 1
+
+
+def rewrite_sites(mutator: PyExprMutator, mod: tvm.IRModule, name: str, declined: dict,
+                  plan: Callable[[relax.Expr, dict], object]) -> tvm.IRModule:
+    """``mod`` with its Relax functions rewritten by ``mutator`` where ``plan(value, bindings)``
+    planned a site: the plans go to ``mutator.plans`` (keyed by the bound variable) for its
+    ``visit_var_binding_`` to read. ``plan`` returns None for a value that is not a site and
+    raises :class:`Declined` for one it cannot rewrite (counted in ``declined`` under ``name``).
+    With no site the same ``mod`` comes back, unvisited.
+
+    >>> mod = tvm.IRModule()
+    >>> rewrite_sites(None, mod, "none", {}, lambda value, bindings: None) is mod
+    True
+    """
+    functions = {gv: f for gv, f in mod.functions.items() if isinstance(f, relax.Function)}
+    bindings = {b.var: b.value for f in functions.values() for block in f.body.blocks for b in block.bindings
+                if isinstance(b, relax.VarBinding)}
+    plans = {}
+    for var, value in bindings.items():
+        try:
+            found = plan(value, bindings)
+        except Declined as why:
+            _count(declined, name, why)
+            continue
+        if found is not None:
+            plans[var] = found
+    if not plans:
+        return mod
+    mutator.plans.update(plans)
+    for gv, func in functions.items():
+        mutator.builder_.update_func(gv, mutator.visit_expr(func))
+    return mutator.builder_.get()
 
 
 class Match:

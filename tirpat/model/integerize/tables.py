@@ -43,7 +43,7 @@ from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from .rules import (COMMUTING_OPS, INT8_MAX, INT8_MIN, MAXIMA, Declined, dims_of, emit_table, moves_elements,
-                    prim_number, quantized_table, same_dims)
+                    prim_number, quantized_table, rewrite_sites, same_dims)
 
 __all__ = ["TableRule", "quantized_table", "EVALUATED"]
 
@@ -277,11 +277,7 @@ class TableRule:
 
     def rewriter(self, declined: dict) -> Callable[[tvm.IRModule], tvm.IRModule]:
         """A module -> module rewrite whose declines are counted in ``declined``."""
-
-        def rewrite(mod: tvm.IRModule) -> tvm.IRModule:
-            return _TableMutator(mod, declined, self.nested_only).rewrite()
-
-        return rewrite
+        return lambda mod: _TableMutator(mod, declined, self.nested_only).rewrite()
 
 
 @mutator
@@ -292,32 +288,26 @@ class _TableMutator(PyExprMutator):
 
     def rewrite(self) -> tvm.IRModule:
         """The module with every table site rewritten (the same module if there is none)."""
-        functions = {gv: f for gv, f in self.mod.functions.items() if isinstance(f, relax.Function)}
-        bindings = {b.var: b.value for f in functions.values() for block in f.body.blocks for b in block.bindings
-                    if isinstance(b, relax.VarBinding)}
         uses: dict = {}
-        for f in functions.values():
-            relax.analysis.post_order_visit(f.body, lambda e: uses.__setitem__(e, uses.get(e, 0) + 1)
-                                            if isinstance(e, relax.Var) else None)
-        single_use = frozenset(v for v, n in uses.items() if n == 1)
-        for var, value in bindings.items():
-            if not (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op)
-                    and str(value.op.name) == "relax.quantize"):
-                continue
-            try:
-                self.plans[var] = self.plan(value, bindings, single_use)
-            except _NotATable:
-                pass
-            except Declined as why:
-                if self.nested_only:        # the other rules may take the site
-                    continue
-                key = (TableRule.name, str(why))
-                self.declined[key] = self.declined.get(key, 0) + 1
-        if not self.plans:
-            return self.mod
-        for gv, func in functions.items():
-            self.builder_.update_func(gv, self.visit_expr(func))
-        return self.builder_.get()
+        for f in self.mod.functions.values():
+            if isinstance(f, relax.Function):
+                relax.analysis.post_order_visit(f.body, lambda e: uses.__setitem__(e, uses.get(e, 0) + 1)
+                                                if isinstance(e, relax.Var) else None)
+        self.single_use = frozenset(v for v, n in uses.items() if n == 1)
+        return rewrite_sites(self, self.mod, TableRule.name, self.declined, self._site)
+
+    def _site(self, value: relax.Expr, bindings: dict) -> tuple | None:
+        if not (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op)
+                and str(value.op.name) == "relax.quantize"):
+            return None
+        try:
+            return self.plan(value, bindings, self.single_use)
+        except _NotATable:
+            return None
+        except Declined:
+            if self.nested_only:            # the other rules may take the site: not a decline
+                return None
+            raise
 
     def plan(self, q: relax.Call, bindings: dict, single_use: frozenset) -> tuple[relax.Var, np.ndarray, list]:
         """The int8 input, the table and the moves (outermost first) for the quantize ``q``."""
