@@ -14,6 +14,23 @@ from tvm import s_tir, tirx
 DATA_PAR, REDUCE = 0, 2     # tirx.IterVar kinds
 
 
+class ScheduleError(ValueError):
+    """The workload cannot be compiled for accel (e.g. dynamic shapes)."""
+
+
+def read_index(sch: s_tir.Schedule, block_rv, buffer) -> int:
+    """The position of ``buffer`` among the reads of the block ``block_rv``.
+
+    >>> read_index(sch, sch.get_sblock("conv2d_nchw"), weight)     # doctest: +SKIP
+    1
+    """
+    block = sch.get(block_rv)
+    for n, r in enumerate(block.reads):
+        if r.source.same_as(buffer):
+            return n
+    raise ScheduleError(f"block {block.name_hint} does not read {buffer.name}")
+
+
 @dataclass(frozen=True)
 class GemmAnalysis:
     """A block read as a batched GEMM, ``out[batch.., m, n] += inp[batch.., m, k] * weight[batch.., n, k]``:

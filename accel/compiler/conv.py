@@ -38,7 +38,7 @@ import tvm_ffi
 from tvm import ir, s_tir, sym, tirx
 from tvm.s_tir.schedule import SBlockRV
 
-from accel.compiler.blocks import DATA_PAR, REDUCE, GemmAnalysis, mark_layout_stage, pointwise_chain
+from accel.compiler.blocks import DATA_PAR, REDUCE, GemmAnalysis, mark_layout_stage, pointwise_chain, read_index
 from accel.hw.config import Config
 
 DEPTHWISE = ("a depthwise or grouped convolution: each output channel reads only its own group "
@@ -240,14 +240,6 @@ def _producer(sch, block_rv, buffer):
         if any(w.source.same_as(buffer) for w in sch.get(p).writes):
             return p
     return None
-
-
-def read_index(sch: s_tir.Schedule, block_rv: SBlockRV, buffer: ir.Var) -> int:
-    """The position of ``buffer`` among the block's reads."""
-    for n, r in enumerate(sch.get(block_rv).reads):
-        if r.source.same_as(buffer):
-            return n
-    raise ValueError(f"{sch.get(block_rv).name_hint} does not read {buffer.name}")
 
 
 def _is_plain_copy(block) -> bool:

@@ -32,9 +32,8 @@ from dataclasses import dataclass
 
 from tvm import ir, s_tir, sym, tirx
 
-from accel.compiler.blocks import DATA_PAR, REDUCE, mark_layout_stage
-from accel.compiler.conv import (Conv, gather_input, input_read, output_channels_last, permute, read_index, var_key,
-                                  vars_in)
+from accel.compiler.blocks import DATA_PAR, REDUCE, mark_layout_stage, read_index
+from accel.compiler.conv import (Conv, gather_input, input_read, output_channels_last, permute, var_key, vars_in)
 
 #: The order of the re-indexed input view's dimensions (those it has), the pixels' (``x``, or
 #: ``y`` for an output one pixel wide) moved last but the channels: a tap's INP tile is the

@@ -36,7 +36,8 @@ from tvm import ir, s_tir, tirx
 from tvm.s_tir.schedule import ScheduleError as TVMScheduleError
 
 import tirpat as tp
-from accel.compiler.blocks import DATA_PAR, REDUCE, GemmAnalysis, mark_layout_stage, pointwise_chain
+from accel.compiler.blocks import (DATA_PAR, REDUCE, GemmAnalysis, ScheduleError, mark_layout_stage, pointwise_chain,
+                                    read_index)
 from accel.hw.config import Config
 from accel.compiler import depthwise
 from accel.compiler.conv import DEPTHWISE
@@ -45,10 +46,6 @@ from accel.compiler.conv import normalise as normalise_conv
 from accel.compiler.rules import ACC, INP, WGT, epilogue_chain, table_lookup, table_step
 from accel.compiler import wrapping
 from accel.hw.instructions import LUT_ENTRIES, MEMORIES, SCOPES, AluOp, capacity_option
-
-
-class ScheduleError(ValueError):
-    """The workload cannot be compiled for accel (e.g. dynamic shapes)."""
 
 
 #: Where the weight of a GEMM lives: reloaded into WGT for every block of K, or loaded once.
@@ -250,13 +247,6 @@ def _analyse_gemm(block, m) -> tuple[GemmAnalysis | None, str | None]:
                         extents={key: _const(iv.dom.extent) for key, iv in iters.items()},
                         order=tuple(iv.var.__chandle__() for iv in block.iter_vars), batch=tuple(batch),
                         inp_index=tuple(a_idx), weight_index=tuple(b_idx)), None
-
-
-def _read_index(block, buffer) -> int:
-    for n, r in enumerate(block.reads):
-        if r.source.same_as(buffer):
-            return n
-    raise ScheduleError(f"block {block.name_hint} does not read {buffer.name}")
 
 
 def _pick_block(tiles: int, limit: int) -> int:
@@ -660,7 +650,7 @@ def _dma_layouts(sch: s_tir.Schedule, name: str, g: GemmAnalysis, notes: Notes) 
         if index is None or list(index[nb:]) == [want, g.k]:
             continue
         gemm = sch.get_sblock(name)
-        stage = sch.cache_read(gemm, _read_index(sch.get(gemm), buffer), "global")
+        stage = sch.cache_read(gemm, read_index(sch, gemm, buffer), "global")
         sch.transform_layout(stage, ("write", 0), lambda *ax: (*ax[:nb], ax[nb + 1], ax[nb]))
         mark_layout_stage(sch, stage)
         notes.on_cpu.append((sch.get(stage).name_hint, f"transposes {buffer.name} on the CPU: "
@@ -769,9 +759,9 @@ def _stage_epilogue_operands(sch: s_tir.Schedule, gemm, final, out_buffer, j_o, 
             continue
         if table is not None and r.source.same_as(table):
             # a LUT's table: loaded into WGT once, before the loops, like a resident weight
-            sch.cache_read(final, _read_index(sch.get(final), r.source), WGT)
+            sch.cache_read(final, read_index(sch, final, r.source), WGT)
             continue
-        stage = sch.cache_read(final, _read_index(sch.get(final), r.source), ACC)
+        stage = sch.cache_read(final, read_index(sch, final, r.source), ACC)
         if operand_layout is not None and len(r.source.shape) == len(out_buffer.shape):
             # an operand in the layout of an NCHW result (a residual, a [1, F, 1, 1]
             # bias) is staged channels-last, like the accumulator it is applied to
