@@ -146,6 +146,9 @@ class _Builder:
         self.tables: dict[bytes, int] = {}                     # a LUT's table (WGT source codes) -> its number
         self.table_codes: list[np.ndarray] = []
         self.dwmacs: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []   # (acc values, inp codes, wgt codes)
+        # DWMACs whose steps all add into one tile, by step count: (values [t, t], inp codes
+        # [steps, t, t], wgt codes [steps, t])
+        self.tap_sums: dict[int, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
         self.stores: list[tuple[int, StoreMode, np.ndarray, np.ndarray]] = []
         self.stored: dict[int, list[tuple[int, int]]] = {}    # host slot -> element ranges stored
 
@@ -250,17 +253,21 @@ class _Builder:
             return True
         t = self.tile
         lanes = np.arange(t)
-        acc = (_steps(d.acc_addr, d.ext_out, d.acc_stride_out, d.ext_in, d.acc_stride_in)[:, None, None]
-               + self._tile(d.acc_ld)).reshape(-1)
+        acc_steps = _steps(d.acc_addr, d.ext_out, d.acc_stride_out, d.ext_in, d.acc_stride_in)
+        one_tile = bool((acc_steps == acc_steps[0]).all())
+        acc = ((acc_steps[:1] if one_tile else acc_steps)[:, None, None] + self._tile(d.acc_ld)).reshape(-1)
         values = self.acc[acc]
         if self.sealed[values].any() or self.level[values].any():
             return False        # adds to a value already read, or made by an ALU
-        x = self.inp[(_steps(d.inp_addr, d.ext_out, d.inp_stride_out, d.ext_in, d.inp_stride_in)[:, None, None]
-                      + self._tile(d.inp_ld)).reshape(-1)]
-        # the weight row of each step, the same for every pixel of the tile
-        w = self.wgt[np.broadcast_to((_steps(d.wgt_addr, d.ext_out, d.wgt_stride_out, d.ext_in, d.wgt_stride_in)
-                                      [:, None, None] + lanes), (d.ext_out * d.ext_in, t, t)).reshape(-1)]
-        self.dwmacs.append((values, x, w))
+        x = self.inp[_steps(d.inp_addr, d.ext_out, d.inp_stride_out, d.ext_in, d.inp_stride_in)[:, None, None]
+                     + self._tile(d.inp_ld)]                                          # [steps, t, t]
+        w = self.wgt[_steps(d.wgt_addr, d.ext_out, d.wgt_stride_out, d.ext_in, d.wgt_stride_in)[:, None]
+                     + lanes]                                                         # [steps, t]: a row per step
+        if one_tile:
+            # every step adds into the same tile (a depthwise kernel's taps): a sum over steps
+            self.tap_sums.setdefault(len(acc_steps), []).append((values.reshape(t, t), x, w))
+        else:
+            self.dwmacs.append((values, x.reshape(-1), np.broadcast_to(w[:, None, :], x.shape).reshape(-1)))
         return True
 
     def _alu(self, a: Alu) -> bool:
@@ -326,6 +333,7 @@ class _Builder:
         row_keys, col_keys = list(rows), list(cols)
         read = [np.stack(tiles).reshape(-1) for tiles in (self.x_tiles, self.w_tiles) if tiles]
         read += [codes for _, x, w in self.dwmacs for codes in (x, w)] + self.table_codes
+        read += [codes.reshape(-1) for group in self.tap_sums.values() for _, x, w in group for codes in (x, w)]
         if read:
             self.f.keep(np.concatenate(read))
         blocks: dict[tuple, list[int]] = {}
@@ -355,6 +363,11 @@ class _Builder:
             products.append(_Product(self.f.resolve(x), self.f.resolve(w),
                                      np.float32 if terms <= _F32_EXACT_TERMS else np.float64,
                                      grid, np.array(sel_r), np.array(sel_c), targets.astype(np.intp), unique, t))
+        for steps, group in self.tap_sums.items():
+            targets, x, w = (np.stack(part) for part in zip(*group))
+            products.append(_TapSum(targets.astype(np.intp), self.f.resolve(x), self.f.resolve(w),
+                                    np.float32 if steps <= _F32_EXACT_TERMS else np.float64,
+                                    _distinct(targets, self.values)))
         if self.dwmacs:
             targets, x, w = (np.concatenate(part) for part in zip(*self.dwmacs))
             products.append(_PerChannel(targets.astype(np.intp), self.f.resolve(x), self.f.resolve(w)))
@@ -443,7 +456,7 @@ def _run_of(index: np.ndarray):
 
 def _at(values: np.ndarray, index) -> np.ndarray:
     """``values[index]``: a view for a :class:`_Span`, a gather otherwise."""
-    return index.of(values) if isinstance(index, _Span) else values[index]
+    return index.of(values) if isinstance(index, _Span) else np.take(values, index)
 
 
 def _layout(acc_n: int, count: int, products: list, alus: list, acc_loads) -> tuple:
@@ -532,7 +545,7 @@ class _Product:
                         _run_of(targets) if self.unique else targets, self.unique, self.tile)
 
     def run(self, source: np.ndarray, values: np.ndarray) -> None:
-        x, w = source[self.x], source[self.w]
+        x, w = np.take(source, self.x), np.take(source, self.w)
         if self.ftype is np.float32:
             product = np.matmul(x, w.T).astype(np.int32)        # exact: integers below 2**24
         else:
@@ -578,6 +591,40 @@ class _PerChannel:
         values[self.targets] += sums.astype(np.int64).astype(np.int32)     # modulo 2**32, as int32 wraps
 
 
+class _TapSum:
+    """DWMACs that each add all their steps into one tile (a depthwise kernel's taps):
+    ``targets[d] += sum_s x[d, s] * w[d, s][None, :]``, ``x`` ``[D, steps, t, t]`` and ``w``
+    ``[D, steps, t]`` indices into the source vector, one multiply and one sum for all of them."""
+
+    __slots__ = ("targets", "x", "w", "ftype", "unique")
+    grid = None     # the values it adds into are ``targets``
+
+    def __init__(self, targets, x: np.ndarray, w: np.ndarray, ftype, unique: bool) -> None:
+        self.targets, self.x, self.w, self.ftype, self.unique = targets, x, w, ftype, unique
+
+    def renumbered(self, renumber: np.ndarray) -> "_TapSum":
+        """These products adding into the values ``renumber`` maps their targets to."""
+        targets = renumber[self.targets]
+        return _TapSum(_run_of(targets) if self.unique else targets, self.x, self.w, self.ftype, self.unique)
+
+    def run(self, source: np.ndarray, values: np.ndarray) -> None:
+        # int8 x int8 products are exact in float32, and so are sums of up to 1024 of them
+        # (below 2**24); more are summed in float64 (exact below 2**53), then reduced modulo
+        # 2**32 as int32 wraps
+        x, w = np.take(source, self.x), np.take(source, self.w)
+        if self.ftype is np.float32:
+            sums = np.einsum("dspc,dsc->dpc", x, w).astype(np.int32)
+        else:
+            sums = np.einsum("dspc,dsc->dpc", x, w, dtype=np.float64).astype(np.int64).astype(np.int32)
+        if isinstance(self.targets, _Span):
+            target = self.targets.of(values)
+            target += sums
+        elif self.unique:
+            values[self.targets] += sums
+        else:                                   # several DWMACs add into one tile
+            np.add.at(values, self.targets, sums)
+
+
 class FusedPlan:
     """The batched execution of one stream (see the module doc); built by :func:`fuse`."""
 
@@ -591,6 +638,7 @@ class FusedPlan:
         self.products, self.alus, self.stores, self.acc_loads = products, alus, stores, acc_loads
         self.inp_final, self.wgt_final, self.acc_final = inp_final, wgt_final, acc_final
         self.matmuls = len(products)
+        self._scratch: Optional[np.ndarray] = None
 
     def run(self, buffers: Buffers, sim=None) -> bool:
         """Execute on ``buffers`` (and ``sim``'s scratchpads; the builder's by default).
@@ -608,8 +656,12 @@ class FusedPlan:
             return False
         source = np.concatenate([sim.inp[self.inp_kept], sim.wgt[self.wgt_kept],
                                  *(buffers[s] for s in self.f_slots), self.f_pads])
-        # values written before they are read (see _layout) need no zeroing
-        values = np.empty(self.values, np.int32)
+        # values written before they are read (see _layout) need no zeroing; the vector is
+        # kept between runs (tens of MB for a large stream: fresh pages would cost more than
+        # the arithmetic), so a plan runs one call at a time, as its simulator does
+        values = self._scratch
+        if values is None:
+            values = self._scratch = np.empty(self.values, np.int32)
         values[:self.acc_n] = sim.acc
         values[self.acc_n:self.zeroed] = 0
         if self.acc_loads is not None:
