@@ -49,6 +49,7 @@ order in which products are summed does not change any value.
 
 from __future__ import annotations
 
+import functools
 from typing import Optional, Sequence
 
 import numpy as np
@@ -66,13 +67,38 @@ _F32_EXACT_TERMS = 2**24 // 2**14
 
 def _block(addr: int, ld: int, rows: int, cols: int) -> np.ndarray:
     """Element indices of a ``rows x cols`` block at ``addr`` with row stride ``ld``."""
-    return addr + np.arange(rows)[:, None] * ld + np.arange(cols)[None, :]
+    return addr + _block_offsets(ld, rows, cols)
 
 
 def _steps(addr: int, ext_out: int, stride_out: int, ext_in: int, stride_in: int) -> np.ndarray:
     """Start address of every ``(o, i)`` step of a GEMM or ALU loop, flattened."""
-    return (addr + np.arange(ext_out)[:, None] * stride_out
-            + np.arange(ext_in)[None, :] * stride_in).reshape(-1)
+    return addr + _step_offsets(ext_out, stride_out, ext_in, stride_in)
+
+
+def _vectors(addr: int, ext_out: int, stride_out: int, ext_in: int, stride_in: int, lanes: int) -> np.ndarray:
+    """Element indices of the ``lanes``-wide vector of every ``(o, i)`` step, flattened."""
+    return addr + _vector_offsets(ext_out, stride_out, ext_in, stride_in, lanes)
+
+
+# A stream repeats a few shapes thousands of times: their offsets are made once (read-only).
+@functools.lru_cache(maxsize=1024)
+def _block_offsets(ld: int, rows: int, cols: int) -> np.ndarray:
+    return _frozen(np.arange(rows)[:, None] * ld + np.arange(cols)[None, :])
+
+
+@functools.lru_cache(maxsize=1024)
+def _step_offsets(ext_out: int, stride_out: int, ext_in: int, stride_in: int) -> np.ndarray:
+    return _frozen((np.arange(ext_out)[:, None] * stride_out + np.arange(ext_in)[None, :] * stride_in).reshape(-1))
+
+
+@functools.lru_cache(maxsize=1024)
+def _vector_offsets(ext_out: int, stride_out: int, ext_in: int, stride_in: int, lanes: int) -> np.ndarray:
+    return _frozen((_step_offsets(ext_out, stride_out, ext_in, stride_in)[:, None] + np.arange(lanes)).reshape(-1))
+
+
+def _frozen(a: np.ndarray) -> np.ndarray:
+    a.flags.writeable = False
+    return a
 
 
 class _Sources:
@@ -153,7 +179,7 @@ class _Builder:
         self.stored: dict[int, list[tuple[int, int]]] = {}    # host slot -> element ranges stored
 
     def _new(self, count: int) -> np.ndarray:
-        values = np.arange(self.values, self.values + count)
+        values = self.values + _block_offsets(0, 1, count).reshape(-1)     # a fresh arange, made once per size
         self.values += count
         if self.values > self.sealed.size:
             grow = max(self.values, 2 * self.sealed.size)
@@ -194,13 +220,16 @@ class _Builder:
             return True
         acc = ins.mem is Mem.ACC
         sources = self.i if acc else self.f
-        codes = np.full((height, width), sources.pad(ins.pad_value), np.int64)
         if ins.rows and ins.cols:
             lo, hi = self._host_range(ins)
             if any(a < hi and lo < b for a, b in self.stored.get(ins.slot, ())):
                 return False        # reads what this stream stored: order matters
-            codes[ins.pad_top:ins.pad_top + ins.rows, ins.pad_left:ins.pad_left + ins.cols] = \
-                sources.host(ins.slot) + _block(ins.dram_offset, ins.dram_ld, ins.rows, ins.cols)
+            codes = sources.host(ins.slot) + _block(ins.dram_offset, ins.dram_ld, ins.rows, ins.cols)
+            if ins.rows != height or ins.cols != width:
+                inner, codes = codes, np.full((height, width), sources.pad(ins.pad_value), np.int64)
+                codes[ins.pad_top:ins.pad_top + ins.rows, ins.pad_left:ins.pad_left + ins.cols] = inner
+        else:
+            codes = np.full((height, width), sources.pad(ins.pad_value), np.int64)
         elements = _block(ins.sram_addr, ins.sram_ld, height, width).reshape(-1)
         codes = codes.reshape(-1)
         if acc:
@@ -273,14 +302,12 @@ class _Builder:
     def _alu(self, a: Alu) -> bool:
         if not (a.ext_out and a.ext_in):
             return True
-        lanes = np.arange(self.tile)
-        dst = (_steps(a.dst_addr, a.ext_out, a.dst_stride_out, a.ext_in, a.dst_stride_in)[:, None] + lanes).reshape(-1)
+        dst = _vectors(a.dst_addr, a.ext_out, a.dst_stride_out, a.ext_in, a.dst_stride_in, self.tile)
         old = self.acc[dst]
         src = None
         reads = old
         if not a.use_imm:
-            src = self.acc[(_steps(a.src_addr, a.ext_out, a.src_stride_out, a.ext_in, a.src_stride_in)[:, None]
-                            + lanes).reshape(-1)]
+            src = self.acc[_vectors(a.src_addr, a.ext_out, a.src_stride_out, a.ext_in, a.src_stride_in, self.tile)]
             reads = np.concatenate([old, src])
         self.sealed[reads] = True
         level = int(self.level[reads].max()) + 1
@@ -294,8 +321,7 @@ class _Builder:
     def _lut(self, u: Lut) -> bool:
         if not (u.ext_out and u.ext_in):
             return True
-        dst = (_steps(u.dst_addr, u.ext_out, u.dst_stride_out, u.ext_in, u.dst_stride_in)[:, None]
-               + np.arange(self.tile)).reshape(-1)
+        dst = _vectors(u.dst_addr, u.ext_out, u.dst_stride_out, u.ext_in, u.dst_stride_in, self.tile)
         old = self.acc[dst]
         self.sealed[old] = True
         level = int(self.level[old].max()) + 1
