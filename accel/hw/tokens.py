@@ -119,7 +119,7 @@ class _Ranges:
     of them (a stream's host reads are thousands of distinct ranges).
 
     >>> r = _Ranges(); r.put(0, 16, "a"); r.put(32, 48, "b"); r.put(8, 40, "c")
-    >>> sorted(v for _, _, v in r.overlapping(20, 33)), r.remove_inside(0, 40), len(r.keys)
+    >>> sorted(r.values_overlapping(20, 33)), r.remove_inside(0, 40), len(r.keys)
     (['b', 'c'], None, 1)
     """
 
@@ -130,12 +130,11 @@ class _Ranges:
         self.values: dict[tuple[int, int], object] = {}
         self.widest = 0
 
-    def overlapping(self, lo: int, hi: int) -> Iterator[tuple[int, int, object]]:
+    def values_overlapping(self, lo: int, hi: int) -> list:
+        """The values of the ranges that overlap ``[lo, hi)``."""
         keys, values = self.keys, self.values
-        for k in range(bisect_left(keys, (lo - self.widest,)), bisect_left(keys, (hi,))):
-            key = keys[k]
-            if key[1] > lo:
-                yield key[0], key[1], values[key]
+        return [values[key] for key in keys[bisect_left(keys, (lo - self.widest,)):bisect_left(keys, (hi,))]
+                if key[1] > lo]
 
     def get(self, lo: int, hi: int):
         return self.values.get((lo, hi))
@@ -151,9 +150,12 @@ class _Ranges:
         """Drop every range that lies within ``[lo, hi)``."""
         keys = self.keys
         first, last = bisect_left(keys, (lo,)), bisect_left(keys, (hi,))
-        inside = [key for key in keys[first:last] if key[1] <= hi]
+        if first == last:
+            return
+        window = keys[first:last]
+        inside = [key for key in window if key[1] <= hi]
         if inside:
-            keys[first:last] = [key for key in keys[first:last] if key[1] > hi]
+            keys[first:last] = [key for key in window if key[1] > hi]
             for key in inside:
                 del self.values[key]
 
@@ -186,19 +188,19 @@ class DependencyTracker:
         needs: dict[Queue, int] = {}
         accesses = list(footprint(ins, self.tile, self.host))
         self._last = (ins, accesses)
-        deps = []
         for space, lo, hi, write in accesses:
             writes = self._writes.get(space)
             if writes is not None:
-                deps += [writer for _, _, writer in writes.overlapping(lo, hi)]
+                for producer, index in writes.values_overlapping(lo, hi):
+                    if producer is not queue and index > needs.get(producer, -1):
+                        needs[producer] = index
             if write:
                 reads = self._reads.get(space)
                 if reads is not None:
-                    for _, _, readers in reads.overlapping(lo, hi):
-                        deps += readers.values()
-        for producer, index in deps:
-            if producer is not queue and index > needs.get(producer, -1):
-                needs[producer] = index
+                    for readers in reads.values_overlapping(lo, hi):
+                        for producer, index in readers.values():
+                            if producer is not queue and index > needs.get(producer, -1):
+                                needs[producer] = index
         pops = {}
         # LOAD <-> STORE are not neighbours: a compute NOP takes the token and passes one
         # on; the consumer then only depends on that NOP (the latest compute instruction).
