@@ -446,7 +446,8 @@ class _Builder:
         products = [p.renumbered(renumber) for p in products]
         alus = [(ufunc, op, imm, _run_of(renumber[new]), _run_of(renumber[old]),
                  None if src is None else _run_of(renumber[src])) for ufunc, op, imm, new, old, src in alus]
-        stores = [(slot, mode, dst, _run_of(renumber[src])) for slot, mode, dst, src in stores]
+        # a STORE of whole rows writes consecutive host elements: a slice, not a scatter
+        stores = [(slot, mode, _run_of(dst), _run_of(renumber[src])) for slot, mode, dst, src in stores]
         if acc_loads is not None:
             acc_loads = (_run_of(renumber[acc_loads[0]]), acc_loads[1])
         plan = FusedPlan(
@@ -708,7 +709,7 @@ class FusedPlan:
             out = _at(values, src)
             if mode is StoreMode.SATURATE:
                 out = np.clip(out, -128, 127)
-            buffers[slot][dst] = out.astype(buffers[slot].dtype)     # int8: keeps the low byte
+            _put(buffers[slot], dst, out.astype(buffers[slot].dtype))     # int8: keeps the low byte
         at, src = self.inp_final
         sim.inp[at] = source[src]
         at, src = self.wgt_final
