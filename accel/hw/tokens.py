@@ -179,7 +179,7 @@ class DependencyTracker:
         self._reads: dict[tuple, _Ranges] = {}    # values: {queue: (queue, index)}
         # ordered[consumer][producer]: highest producer index the consumer already waits for
         self._ordered = {q: {p: -1 for p in Queue} for q in Queue}
-        self._last: tuple = (None, ())               # (instruction, its footprint) for record()
+        self._last: tuple = (None, None, ())         # (instruction, its queue, its footprint) for record()
 
     def order(self, em, ins: Instruction) -> Instruction:
         """Add tokens so that ``ins`` runs after every conflicting earlier instruction;
@@ -187,7 +187,7 @@ class DependencyTracker:
         queue = queue_of(ins)
         needs: dict[Queue, int] = {}
         accesses = list(footprint(ins, self.tile, self.host))
-        self._last = (ins, accesses)
+        self._last = (ins, queue, accesses)
         for space, lo, hi, write in accesses:
             writes = self._writes.get(space)
             if writes is not None:
@@ -226,10 +226,9 @@ class DependencyTracker:
 
     def record(self, ins: Instruction, index: int) -> None:
         """Remember what the instruction at stream position ``index`` touched."""
-        queue = queue_of(ins)
-        last, accesses = self._last
+        last, queue, accesses = self._last
         if last is not ins:
-            accesses = footprint(ins, self.tile, self.host)
+            queue, accesses = queue_of(ins), footprint(ins, self.tile, self.host)
         for space, lo, hi, write in accesses:
             if write:
                 # Accesses inside the new range are ordered before this write, so its
