@@ -15,7 +15,9 @@ current ones, a STORE or an ALU reads them. Then the whole stream is:
    input times a row of tiles of the weight, concatenated along K; accumulator tiles
    whose input rows are the same and whose weight rows are the same are blocks of one
    matrix product (a convolution's whole im2col GEMM is a single BLAS call), exact in
-   float32 up to 1024 terms and in float64 beyond;
+   float32 up to 1024 terms and in float64 beyond; DWMACs whose steps all add into one
+   tile (a depthwise kernel's taps) are one gather and one sum over the taps per step
+   count, the others one weighted bincount;
 3. ALU and LUT instructions, batched by dependency level and operation (a LUT by table);
 4. STOREs, batched per host buffer;
 5. the scratchpads' final contents, as instruction-by-instruction execution leaves them
