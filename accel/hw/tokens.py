@@ -30,11 +30,10 @@ pops that take them; choosing a pusher at or after every earlier one keeps that 
 from __future__ import annotations
 
 from bisect import bisect_left, insort
-from typing import Iterator
 
 from accel.hw.emitter import nop
 from accel.hw.instructions import LUT_ENTRIES
-from accel.hw.isa import Alu, Dwmac, Gemm, Instruction, Load, Lut, Mem, Queue, Store, queue_of
+from accel.hw.isa import Alu, Instruction, Load, Lut, Mem, Opcode, Queue, Store, queue_of
 
 _PUSH = {(Queue.LOAD, Queue.COMPUTE): "push_next", (Queue.COMPUTE, Queue.LOAD): "push_prev",
          (Queue.COMPUTE, Queue.STORE): "push_next", (Queue.STORE, Queue.COMPUTE): "push_prev"}
@@ -61,54 +60,82 @@ def _dram(ins, host) -> tuple[tuple, int, int]:
     return ("host",), *host(ins.slot, lo, hi)
 
 
-def footprint(ins: Instruction, tile: int, host=None) -> Iterator[tuple[tuple, int, int, bool]]:
+def footprint(ins: Instruction, tile: int, host=None) -> list[tuple[tuple, int, int, bool]]:
     """``(space, lo, hi, is_write)`` per memory range an instruction touches.
 
     ``space`` is ``("sram", Mem)`` or ``("dram", slot)`` with element ranges, or, given
     ``host(slot, lo, hi) -> (start, end)`` (the buffer table's byte ranges), ``("host",)``
     with address ranges, so that slots viewing the same memory are ordered. Ranges are
     conservative hulls.
+
+    >>> from accel.hw.isa import AluOp
+    >>> alu = Alu(op=AluOp.ADD, dst_addr=32, src_addr=0, ext_out=2, dst_stride_out=16)
+    >>> [(space[1].name, lo, hi, write) for space, lo, hi, write in footprint(alu, 16)]
+    [('ACC', 32, 64, True), ('ACC', 0, 16, False)]
     """
-    if isinstance(ins, Load):
-        h = ins.pad_top + ins.rows + ins.pad_bottom
-        w = ins.pad_left + ins.cols + ins.pad_right
-        if h * w == 0:
-            return
-        yield ("sram", ins.mem), *_span(ins.sram_addr, ins.sram_ld, h, w), True
-        if ins.rows * ins.cols:
-            yield *_dram(ins, host), False
-    elif isinstance(ins, Store):
-        if ins.rows * ins.cols == 0:
-            return
-        yield ("sram", Mem.ACC), *_span(ins.sram_addr, ins.sram_ld, ins.rows, ins.cols), False
-        yield *_dram(ins, host), True
-    elif isinstance(ins, (Gemm, Dwmac)):
-        if ins.ext_out * ins.ext_in == 0:
-            return
-        loops = lambda a, b: ((ins.ext_out, a), (ins.ext_in, b))  # noqa: E731
-        yield ("sram", Mem.ACC), *_span(ins.acc_addr, ins.acc_ld, tile, tile,
-                                        loops(ins.acc_stride_out, ins.acc_stride_in)), True
-        if isinstance(ins, Dwmac) or not ins.reset:
-            yield ("sram", Mem.INP), *_span(ins.inp_addr, ins.inp_ld, tile, tile,
-                                            loops(ins.inp_stride_out, ins.inp_stride_in)), False
-            # a GEMM reads a tile x tile weight tile, a DWMAC one weight row (a weight per channel)
-            rows, ld = (1, 0) if isinstance(ins, Dwmac) else (tile, ins.wgt_ld)
-            yield ("sram", Mem.WGT), *_span(ins.wgt_addr, ld, rows, tile,
-                                            loops(ins.wgt_stride_out, ins.wgt_stride_in)), False
-    elif isinstance(ins, Lut):
-        if ins.ext_out * ins.ext_in == 0:
-            return
-        yield ("sram", Mem.ACC), *_span(ins.dst_addr, 0, 1, tile,
-                                        ((ins.ext_out, ins.dst_stride_out), (ins.ext_in, ins.dst_stride_in))), True
-        yield ("sram", Mem.WGT), ins.lut_addr, ins.lut_addr + LUT_ENTRIES, False
-    elif isinstance(ins, Alu):
-        if ins.ext_out * ins.ext_in == 0:
-            return
-        yield ("sram", Mem.ACC), *_span(ins.dst_addr, 0, 1, tile,
-                                        ((ins.ext_out, ins.dst_stride_out), (ins.ext_in, ins.dst_stride_in))), True
-        if not ins.use_imm:
-            yield ("sram", Mem.ACC), *_span(ins.src_addr, 0, 1, tile,
-                                            ((ins.ext_out, ins.src_stride_out), (ins.ext_in, ins.src_stride_in))), False
+    return _FOOTPRINTS[ins.opcode](ins, tile, host)
+
+
+def _load_footprint(ins: Load, tile: int, host) -> list:
+    h = ins.pad_top + ins.rows + ins.pad_bottom
+    w = ins.pad_left + ins.cols + ins.pad_right
+    if h * w == 0:
+        return []
+    out = [(_SRAM[ins.mem], *_span(ins.sram_addr, ins.sram_ld, h, w), True)]
+    if ins.rows * ins.cols:
+        out.append((*_dram(ins, host), False))
+    return out
+
+
+def _store_footprint(ins: Store, tile: int, host) -> list:
+    if ins.rows * ins.cols == 0:
+        return []
+    return [(_SRAM[Mem.ACC], *_span(ins.sram_addr, ins.sram_ld, ins.rows, ins.cols), False),
+            (*_dram(ins, host), True)]
+
+
+def _mac_footprint(ins, tile: int, host) -> list:
+    """GEMM and DWMAC: ACC written, INP and WGT read (not by a GEMM reset)."""
+    if ins.ext_out * ins.ext_in == 0:
+        return []
+    loops = lambda a, b: ((ins.ext_out, a), (ins.ext_in, b))  # noqa: E731
+    out = [(_SRAM[Mem.ACC], *_span(ins.acc_addr, ins.acc_ld, tile, tile,
+                                   loops(ins.acc_stride_out, ins.acc_stride_in)), True)]
+    dwmac = ins.opcode is Opcode.DWMAC
+    if dwmac or not ins.reset:
+        out.append((_SRAM[Mem.INP], *_span(ins.inp_addr, ins.inp_ld, tile, tile,
+                                           loops(ins.inp_stride_out, ins.inp_stride_in)), False))
+        # a GEMM reads a tile x tile weight tile, a DWMAC one weight row (a weight per channel)
+        rows, ld = (1, 0) if dwmac else (tile, ins.wgt_ld)
+        out.append((_SRAM[Mem.WGT], *_span(ins.wgt_addr, ld, rows, tile,
+                                           loops(ins.wgt_stride_out, ins.wgt_stride_in)), False))
+    return out
+
+
+def _lut_footprint(ins: Lut, tile: int, host) -> list:
+    if ins.ext_out * ins.ext_in == 0:
+        return []
+    return [(_SRAM[Mem.ACC], *_span(ins.dst_addr, 0, 1, tile,
+                                    ((ins.ext_out, ins.dst_stride_out), (ins.ext_in, ins.dst_stride_in))), True),
+            (_SRAM[Mem.WGT], ins.lut_addr, ins.lut_addr + LUT_ENTRIES, False)]
+
+
+def _alu_footprint(ins: Alu, tile: int, host) -> list:
+    if ins.ext_out * ins.ext_in == 0:
+        return []
+    out = [(_SRAM[Mem.ACC], *_span(ins.dst_addr, 0, 1, tile,
+                                   ((ins.ext_out, ins.dst_stride_out), (ins.ext_in, ins.dst_stride_in))), True)]
+    if not ins.use_imm:
+        out.append((_SRAM[Mem.ACC], *_span(ins.src_addr, 0, 1, tile,
+                                           ((ins.ext_out, ins.src_stride_out), (ins.ext_in, ins.src_stride_in))),
+                    False))
+    return out
+
+
+_SRAM = {mem: ("sram", mem) for mem in Mem}
+_FOOTPRINTS = {Opcode.LOAD: _load_footprint, Opcode.STORE: _store_footprint, Opcode.GEMM: _mac_footprint,
+               Opcode.DWMAC: _mac_footprint, Opcode.LUT: _lut_footprint, Opcode.ALU: _alu_footprint,
+               Opcode.FINISH: lambda ins, tile, host: []}
 
 
 class _Ranges:
@@ -186,7 +213,7 @@ class DependencyTracker:
         returns ``ins`` with its pop flags set (the pushes go onto earlier instructions)."""
         queue = queue_of(ins)
         needs: dict[Queue, int] = {}
-        accesses = list(footprint(ins, self.tile, self.host))
+        accesses = footprint(ins, self.tile, self.host)
         self._last = (ins, queue, accesses)
         for space, lo, hi, write in accesses:
             writes = self._writes.get(space)
