@@ -224,3 +224,21 @@ def test_a_depthwise_kernel_is_one_sum_over_its_taps():
         declared = DWMAC.reference(acc_addr=np.zeros(256, np.int32), inp_addr=inp[d.inp_addr:].astype(np.int8),
                                    wgt_addr=wgt[d.wgt_addr:].astype(np.int8), **scalars, tile=16)["acc_addr"]
         np.testing.assert_array_equal(sim.acc[d.acc_addr:d.acc_addr + 256], declared)
+
+
+def test_more_taps_than_float32_sums_exactly_are_summed_in_float64_and_wrap():
+    """A DWMAC of 33 x 34 steps into one tile (past the 1024 products float32 sums exactly):
+    the tap sum is taken in float64 and added into accumulators near -2**31 modulo 2**32."""
+    d = Dwmac(acc_addr=0, inp_addr=0, wgt_addr=0, acc_ld=16, inp_ld=16, ext_out=33, ext_in=34)
+    plan, (sim, host), (ref, want) = _both([d, Finish()])
+    for s in (sim, ref):
+        s.inp[:256] = np.where(np.arange(256) % 3, -127, -128)
+        s.wgt[:16] = 127
+        s.acc[:256] = -2**31 + np.arange(256)
+    taps = [p for p in plan.products if isinstance(p, fused._TapSum)]
+    assert len(taps) == 1 and taps[0].ftype is np.float64
+    assert plan.run(host, sim)
+    ref.run([d, Finish()], want)
+    np.testing.assert_array_equal(sim.acc, ref.acc)
+    exact = -2**31 + np.arange(256) + 33 * 34 * 127 * np.where(np.arange(256) % 3, -127, -128)
+    np.testing.assert_array_equal(sim.acc[:256], sim_tests.wrap32(exact))
