@@ -91,7 +91,7 @@ def build(mod: ir.IRModule, target, *, strict: bool = False, params: Mapping[str
     mod = bind_params(mod, params, entry)
     inputs = _inputs(mod[entry])
     record = Record()       # this build's: handed to the pipelines, whatever other threads build
-    with tir_pipeline_for(record) as tir, _without_argument_asserts():
+    with tir_pipeline_for(record) as tir:
         executable = tvm.compile(mod, t.host, relax_pipeline=relax_pipeline(t, records, record=record),
                                  tir_pipeline=tir)
     report, declined, in_float = _report(record, t)
@@ -101,18 +101,6 @@ def build(mod: ir.IRModule, target, *, strict: bool = False, params: Mapping[str
     # a backend whose partitions all fell back to the host has no code in the model: not needed to run it
     used = [(b, opts) for b, opts in t.backends if any(p.backend == b.name and not p.fallback for p in report.partitions)]
     return CompiledModel(executable, used, t.host, inputs, report, entry)
-
-
-def _without_argument_asserts() -> tvm.transform.PassContext:
-    """The current PassContext with TIR's asserts left out of the host code
-    (``tirx.disable_assert``). In a Relax model they are the packed-call checks of every
-    kernel's arguments, which the VM made itself after checking the model's inputs
-    (``CompiledModel`` and the VM's own ``match_cast``): 40% of the LLVM IR of the
-    PaddleOCR classifier, JIT-compiled at the first call (5.9 -> 3.2 s of CPU)."""
-    current = tvm.transform.PassContext.current()
-    return tvm.transform.PassContext(opt_level=current.opt_level, required_pass=list(current.required_pass),
-                                     disabled_pass=list(current.disabled_pass), instruments=list(current.instruments),
-                                     config={**dict(current.config), "tirx.disable_assert": True})
 
 
 def _is_tir(workload) -> bool:
