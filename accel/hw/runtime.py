@@ -108,6 +108,7 @@ class Session(device.Session):
                                      lambda: self.buffers.views, _FIELDS, keep=KEPT_STREAMS)
         self.timing_only = timing_only
         self.stats = Stats(self.config)
+        self._ran = None        # the Program the last sync ran, for stored_stream
         if record is True or record is False:
             self._streams = deque() if record else None
         elif isinstance(record, int) and record >= 0:
@@ -232,8 +233,22 @@ class Session(device.Session):
     def execute(self) -> Stats:
         """Run the pending stream (called by :meth:`sync`); a timing-only session runs
         the cycle model alone."""
+        self._ran = None
         program = self.builder.finish()
-        program.run(self.buffers.views, self.stats, execute=not self.timing_only)
+        self.run_stored(program, self.buffers.views)
+        self._ran = program
+        return self.stats
+
+    def stored_stream(self) -> Optional[tuple]:
+        """The Program the last sync ran and the host slots it uses: what
+        :meth:`~tirpat.device.Session.replay` keeps for a static group of compiled code."""
+        program, self._ran = self._ran, None
+        return None if program is None else (program, sorted(program.signature))
+
+    def run_stored(self, program, views) -> Stats:
+        """Run ``program`` on the host ``views`` (by slot), as a sync does: its cycles are
+        counted in :attr:`stats` and its stream recorded for :meth:`stream`."""
+        program.run(views, self.stats, execute=not self.timing_only)
         if self._streams is not None:
             self._streams.append(program.stream)
         return self.stats
