@@ -335,3 +335,28 @@ def test_a_non_static_group_runs_its_calls_every_time():
             device.invoke(fn, ta, tc, n)
             np.testing.assert_array_equal(tc.numpy()[:16 * n], a[:16 * n])
     assert s.replayed == 0 and s.calls == 2 * (2 + 4 + 4)
+
+
+@T.prim_func
+def computed_arguments(A: T.Buffer((64,), "int32"), C: T.Buffer((64,), "int32")):
+    T.func_attr({"global_symbol": "main"})
+    T.call_packed("devtest_replay.load", 0, A, 0)
+    W = T.alloc_buffer((32,), "int32")      # inside the group: allocated before the replay call
+    for i in range(2):
+        T.call_packed("devtest_replay.store", W, T.if_then_else(i == 0, 16, 0), T.min(i * 16, 0))
+        T.call_packed("devtest_replay.load", (i + 1) << 4, W, T.max((1 - i) * 16, 0) >> 0)
+    T.call_packed("devtest_replay.add", 16, 32)
+    T.call_packed("devtest_replay.store", C, 0, 16)
+
+
+def test_arguments_computed_from_loop_variables_and_allocations_in_the_group_replay():
+    planned = PLANNER.plan(computed_arguments)
+    assert [type(s).__name__ for s in planned.body.seq] == ["Evaluate", "AllocBuffer", "IfThenElse"]
+    fn = compiled(computed_arguments)
+    with Stream() as s:
+        for seed in range(3):
+            a = np.random.default_rng(seed).integers(-1000, 1000, 64, dtype=np.int32)
+            ta, tc = tensors(a, np.zeros(64, np.int32))
+            device.invoke(fn, ta, tc)
+            np.testing.assert_array_equal(tc.numpy()[:16], 2 * a[:16])
+    assert (s.replayed, s.calls) == (2, 7)

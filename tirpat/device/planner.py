@@ -241,12 +241,13 @@ class ScratchpadPlanner:
         return bool(found)
 
 
-_BINARY = (tirx.Add, tirx.Sub, tirx.Mul, tirx.Div, tirx.Mod, tirx.FloorDiv, tirx.FloorMod, tirx.Min, tirx.Max,
-           tirx.EQ, tirx.NE, tirx.LT, tirx.LE, tirx.GT, tirx.GE, tirx.And, tirx.Or)
+_BINARY = tuple(getattr(tirx, n) for n in (
+    "Add", "Sub", "Mul", "Div", "Mod", "FloorDiv", "FloorMod", "Min", "Max", "EQ", "NE", "LT", "LE", "GT", "GE",
+    "And", "Or", "LShift", "RShift", "BitwiseAnd", "BitwiseOr", "BitwiseXor"))
+_UNARY = (tirx.Not, tirx.BitwiseNot)
 # calls that compute a value from their arguments alone (a host buffer's DLTensor among them)
-_PURE_CALLS = frozenset(f"tirx.{n}" for n in (
-    "tvm_stack_make_array", "tvm_stack_make_shape", "buffer_data", "if_then_else", "likely", "shift_left",
-    "shift_right", "bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not"))
+_PURE_CALLS = frozenset(("tirx.tvm_stack_make_array", "tirx.tvm_stack_make_shape", "tirx.buffer_data",
+                         "prim.if_then_else", "prim.likely"))
 
 
 class _Static:
@@ -295,7 +296,7 @@ class _Static:
             return handle in self.bound
         if isinstance(e, _BINARY):
             return self.expr(e.a) and self.expr(e.b)
-        if isinstance(e, tirx.Not):
+        if isinstance(e, _UNARY):
             return self.expr(e.a)
         if isinstance(e, tirx.Cast):
             return self.expr(e.value)
