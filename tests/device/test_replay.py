@@ -201,8 +201,10 @@ def test_aliasing_dtype_and_size_changes_run_the_calls():
         assert group(s, shared, shared, [shared, shared]) and (shared[16:] == 2 * np.arange(16) + 16).all()
         a3, c3 = a + 2, np.zeros(32, np.int32)
         assert group(s, a3, c3, [a3, c3]) and (c3[16:] == a3[:16] + a3[16:]).all()
-        # another dtype or size: the calls run (and check what they are given)
-        for other in (np.zeros(32, np.int64), np.zeros(48, np.int32)):
+        # another dtype, size or writability: the calls run (and check what they are given)
+        read_only = np.zeros(32, np.int32)
+        read_only.flags.writeable = False
+        for other in (np.zeros(32, np.int64), np.zeros(48, np.int32), read_only):
             assert fns["replay"]("g:0", a, other) == 0
             s.discard()
     assert s.replayed == 3

@@ -174,8 +174,8 @@ class Session:
         session ran the group's stream instead (the stream ended as at a sync), False when
         the calls must run (their sync then stores the stream for ``key``).
 
-        A stored stream runs again when each host has the dtype and size it had and the
-        hosts overlap as they did (which slots share memory, and at what distance, orders a
+        A stored stream runs again when each host has the dtype, size and writability it had
+        and the hosts overlap as they did (which slots share memory, and at what distance, orders a
         stream's instructions); each slot's view is then rebuilt at its place in this call's
         hosts. Otherwise, with work pending, or for a device without :meth:`stored_stream`,
         the calls run.
@@ -187,7 +187,9 @@ class Session:
         if self.pending or not self.kept_replays or type(self).stored_stream is Session.stored_stream:
             return False
         spans = [host_span(h) for h in hosts]
-        form = tuple((n, dtype) for _, n, dtype in spans)
+        # a read-only numpy host is told apart: a stream stored for a writable one may write it
+        form = tuple((n, dtype, not isinstance(h, np.ndarray) or h.flags.writeable)
+                     for (_, n, dtype), h in zip(spans, hosts))
         overlaps = _overlaps(spans)
         for stored in self._replays.get(key, ()):
             if stored.form == form and stored.overlaps == overlaps:
@@ -604,7 +606,7 @@ _VARIANTS = 4      # stored streams per group key (one per hosts layout seen)
 
 
 class _Stored:
-    """A static group's stored stream: the dtype and size of each host (``form``), which
+    """A static group's stored stream: the size, dtype and writability of each host (``form``), which
     hosts overlap at what distance (``overlaps``), and per slot the stream uses, where in
     which host its memory lies: ``(slot, host, byte offset, bytes, dtype)``."""
 
