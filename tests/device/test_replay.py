@@ -362,3 +362,32 @@ def test_arguments_computed_from_loop_variables_and_allocations_in_the_group_rep
             device.invoke(fn, ta, tc)
             np.testing.assert_array_equal(tc.numpy()[:16], 2 * a[:16])
     assert (s.replayed, s.calls) == (2, 7)
+
+
+class Broken(Exception):
+    """What a device raises while running a stored stream."""
+
+
+def test_an_error_in_a_replayed_stream_reaches_the_caller_as_itself():
+    fn = compiled(vadd)
+    a = np.arange(64, dtype=np.int32)
+
+    class Failing(Stream):
+        fail = False
+
+        def run_stored(self, ops, views):
+            if self.fail:
+                raise Broken("the device stopped")
+            super().run_stored(ops, views)
+
+    with Failing() as s:
+        device.invoke(fn, *tensors(a, a, np.zeros(64, np.int32)))
+        s.fail = True
+        with pytest.raises(Broken, match="the device stopped"):
+            device.invoke(fn, *tensors(a, a, np.zeros(64, np.int32)))
+        assert s.pending == 0 and not s.owned_here() and all(v is None for v in s.buffers.views)
+        s.fail = False
+        ta, tb, tc = tensors(a, a, np.zeros(64, np.int32))
+        device.invoke(fn, ta, tb, tc)
+        np.testing.assert_array_equal(tc.numpy(), 2 * a)
+    assert s.replayed == 1 and s.calls == 16
