@@ -241,13 +241,23 @@ class Session(device.Session):
 
     def stored_stream(self) -> Optional[tuple]:
         """The Program the last sync ran and the host slots it uses: what
-        :meth:`~tirpat.device.Session.replay` keeps for a static group of compiled code."""
+        :meth:`~tirpat.device.Session.replay` keeps for a static group of compiled code.
+
+        >>> s = Session(); _ = s.sync()
+        >>> program, slots = s.stored_stream(); slots, s.stored_stream()
+        ([], None)
+        """
         program, self._ran = self._ran, None
         return None if program is None else (program, sorted(program.signature))
 
     def run_stored(self, program, views) -> Stats:
         """Run ``program`` on the host ``views`` (by slot), as a sync does: its cycles are
-        counted in :attr:`stats` and its stream recorded for :meth:`stream`."""
+        counted in :attr:`stats` and its stream recorded for :meth:`stream`.
+
+        >>> s = Session(); _ = s.sync(); program, _ = s.stored_stream()
+        >>> s.run_stored(program, []).instructions["FINISH"], s.disassembly().count("FINISH")
+        (2, 2)
+        """
         program.run(views, self.stats, execute=not self.timing_only)
         if self._streams is not None:
             self._streams.append(program.stream)

@@ -159,13 +159,23 @@ class Session:
     def stored_stream(self) -> Optional[tuple[Any, Sequence[int]]]:
         """Hook: the stream the last :meth:`execute` ran, as something :meth:`run_stored` can
         run again, and the buffer-table slots it uses; None (the default) when the device
-        cannot run a stream again, so every group makes its calls."""
+        cannot run a stream again, so every group makes its calls.
+
+        >>> Session().stored_stream() is None
+        True
+        """
         return None
 
     def run_stored(self, stream: Any, views: Sequence[Optional[np.ndarray]]) -> Any:
         """Hook: run a :meth:`stored_stream` again, as :meth:`execute` would have (statistics
         included), on ``views``: per buffer-table slot the stream uses, the flat view of this
-        call's host memory (``None`` elsewhere)."""
+        call's host memory (``None`` elsewhere).
+
+        >>> Session().run_stored((), [])
+        Traceback (most recent call last):
+          ...
+        NotImplementedError: Session stores streams but does not say how to run them
+        """
         raise NotImplementedError(f"{type(self).__name__} stores streams but does not say how to run them")
 
     def replay(self, key: str, hosts: Sequence[HostBuffer]) -> bool:
