@@ -2,7 +2,9 @@
 
 Compiled PrimFuncs call ``T.call_packed("accel.load", A, ...)`` etc.; each call appends
 one instruction to the current session's stream, and ``accel.sync`` runs the stream on the
-simulator. The instructions and their arguments are declared once, in
+simulator. Code the planner made asks ``accel.replay`` first, for each static run of calls: the
+session runs the Program it stored for that run on the call's host buffers, in that one callback
+(:meth:`tirpat.device.Session.replay`). The instructions and their arguments are declared once, in
 :mod:`accel.hw.instructions`, and each function takes the arguments in their declared order;
 sessions, the host buffer table, error relay and atomic calls come from
 :mod:`tirpat.device`. accel/ISA.md section 7 describes the ABI.

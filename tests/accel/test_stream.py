@@ -1,5 +1,7 @@
 """Stream builder: a session replays a stream it built before, and the result is always the
-stream the calls describe (compared with fresh sessions that build every stream)."""
+stream the calls describe (compared with fresh sessions that build every stream); compiled
+code's static groups replay their stored Program in one callback, with the same results,
+cycles, statistics and recorded stream as calls that run every instruction."""
 
 import importlib.util
 import pathlib
