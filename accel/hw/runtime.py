@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import dataclasses
 from collections import deque
-from typing import Callable, Optional, Union
+from types import MappingProxyType
+from typing import Any, Callable, Mapping, Optional, Union
 
 import numpy as np
 
@@ -111,6 +112,7 @@ class Session(device.Session):
         self.timing_only = timing_only
         self.stats = Stats(self.config)
         self._ran = None        # the Program the last sync ran, for stored_stream
+        self._options: tuple = (None, None)     # (the Config, its options)
         if record is True or record is False:
             self._streams = deque() if record else None
         elif isinstance(record, int) and record >= 0:
@@ -139,14 +141,19 @@ class Session(device.Session):
         return self.buffers.slot(host)
 
     @property
-    def options(self) -> dict:
-        """The backend options this session runs code for: its Config's fields (code that
-        tirpat built for other ones refuses to run here, see :meth:`tirpat.device.Runtime.begin`).
+    def options(self) -> Mapping[str, Any]:
+        """The backend options this session runs code for: its Config's fields, read-only (code
+        that tirpat built for other ones refuses to run here, see
+        :meth:`tirpat.device.Runtime.begin`, which asks at the start of every offloaded call:
+        they are derived once per Config).
 
         >>> Session(Config(tile=32)).options["tile"]
         32
         """
-        return dataclasses.asdict(self.config)
+        config, options = self._options
+        if config is not self.config:
+            self._options = config, options = self.config, MappingProxyType(dataclasses.asdict(self.config))
+        return options
 
     # ------------------------------------------------------------------ instructions
     def _emit(self, cls: type[Instruction], values: tuple, deps: int) -> int:
