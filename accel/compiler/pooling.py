@@ -191,13 +191,16 @@ def _plan(value, bindings: dict, uses: dict, var: relax.Var):
             return None
         n, c, h, w = dims
         kh, kw = split[3], split[5]
-        if split != (n, c, h // kh, kh, w // kw, kw) or h % kh or w % kw:
+        if split != (n, c, h // kh, kh, w // kw, kw) or h % kh or w % kw or kh * kw == 1:
             return None
+        if (kh, kw) == (h, w):      # one window: a global sum (DWMAC needs a tile of output pixels)
+            return _Global(x, dims, _chain(var, _static_dims(value), bindings, uses))
         return _Windows(x, c, (kh, kw))
     x = _widened_int8(value.args[0], bindings)
     dims = None if x is None else _static_dims(x)
     out = _static_dims(value)
-    if dims is None or out is None or len(dims) != 4 or _axes(value, 4) != [2, 3]:
+    if dims is None or out is None or len(dims) != 4 or _axes(value, 4) != [2, 3] or dims[2] * dims[3] == 1:
+        # a sum of one value is only its widening (a product by the one 1 would fold away)
         return None
     return _Global(x, dims, _chain(var, out, bindings, uses))
 
@@ -211,19 +214,23 @@ class _SumsMutator(PyExprMutator):
         self.moved: dict = {}       # a chain variable -> (its plan, the moved value so far)
 
     def rewrite(self) -> tvm.IRModule:
-        functions = {gv: f for gv, f in self.mod.functions.items() if isinstance(f, relax.Function)}
-        for func in functions.values():
+        sites = {}
+        for gv, func in self.mod.functions.items():
+            if not isinstance(func, relax.Function):
+                continue
             bindings = {b.var: b.value for block in func.body.blocks for b in block.bindings
                         if isinstance(b, relax.VarBinding)}
             uses = _uses(func)
-            for var, value in bindings.items():
-                plan = _plan(value, bindings, uses, var)
-                if plan is not None:
-                    self.plans[var] = plan
-        if not self.plans:
+            plans = {var: _plan(value, bindings, uses, var) for var, value in bindings.items()}
+            plans = {var: plan for var, plan in plans.items() if plan is not None}
+            if plans:
+                self.plans.update(plans)
+                sites[gv] = func
+        if not sites:
             return self.mod
-        for gv, func in functions.items():
-            self.builder_.update_func(gv, self.visit_expr(func))
+        for gv, func in sites.items():
+            # the widening casts only the sums read are left unused: removed
+            self.builder_.update_func(gv, relax.analysis.remove_all_unused(self.visit_expr(func)))
         return self.builder_.get()
 
     def visit_var_binding_(self, binding: relax.VarBinding) -> None:
