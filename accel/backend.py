@@ -60,9 +60,11 @@ class AccelBackend(tp.Backend):
         return patterns()
 
     def schedule(self, func, opts: dict):
+        from accel.compiler.pooling import schedule_max_pool
         from accel.compiler.schedule import schedule_partition
 
-        return schedule_partition(func, config_of(opts))
+        pool = schedule_max_pool(func, config_of(opts))
+        return pool if pool is not None else schedule_partition(func, config_of(opts))
 
     def rules(self, opts: dict):
         from accel.compiler.rules import rules

@@ -298,3 +298,217 @@ def sums_as_convolutions() -> tvm.transform.Pass:
         return _SumsMutator(mod).rewrite()
 
     return run
+
+
+# -- max pooling: LOADs into ACC, ALU MAX over the window ----------------------------------------
+#: The partition pattern's name for a max pool.
+MAX_POOL = "accel.pool"
+
+
+def patterns() -> list:
+    """``[(name, pattern, annotations, check)]`` of accel's pooling core: an int8
+    ``max_pool2d``, which :func:`schedule_max_pool` runs on the ALU.
+
+    >>> [name for name, *_ in patterns()]
+    ['accel.pool']
+    """
+    from tvm.relax.dpl import is_op, wildcard
+
+    core = is_op("relax.nn.max_pool2d")(wildcard())
+    return [(MAX_POOL, core, {"core": core}, check_max_pool)]
+
+
+def max_pool_declines(call: relax.Call) -> str | None:
+    """Why accel cannot run the ``max_pool2d`` ``call``, or None when it can.
+
+    >>> x = relax.Var("x", relax.TensorType((1, 8, 6, 6), "float32"))
+    >>> max_pool_declines(relax.op.nn.max_pool2d(x, [2, 2], [2, 2]))
+    'a max pool of float32; accel pools int8 tensors'
+    """
+    attrs = call.attrs
+    x = call.args[0]
+    if _dtype(x) != "int8" or _dtype(call) != "int8":
+        return f"a max pool of {_dtype(x)}; accel pools int8 tensors"
+    if str(attrs.layout) not in ("NCHW", "NHWC") or str(attrs.out_layout) != str(attrs.layout):
+        return f"a max pool in layout {attrs.layout} -> {attrs.out_layout}; accel pools NCHW or NHWC"
+    if any(int(d) != 1 for d in attrs.dilation):
+        return "a dilated max pool; accel's window is a run of adjacent pixels"
+    if bool(attrs.ceil_mode):
+        return "a max pool with ceil_mode"
+    if _static_dims(x) is None or _static_dims(call) is None:
+        return "dynamic shapes; accel needs static shapes"
+    return None
+
+
+def check_max_pool(ctx) -> bool | str:
+    """The partition check of :func:`patterns`: True, or the reason accel declines."""
+    why = max_pool_declines(ctx.annotated_expr["core"])
+    return True if why is None else why
+
+
+@dataclass(frozen=True)
+class MaxPool:
+    """A max pool as its legalized PrimFunc computes it: the input's ``layout`` and
+    ``dims`` (N, C, H, W), the window, strides and padding (top, left, bottom, right), the
+    output's spatial size."""
+
+    layout: str
+    dims: tuple
+    window: tuple
+    strides: tuple
+    padding: tuple
+    out: tuple
+
+
+def analyse_max_pool(func: tirx.PrimFunc) -> MaxPool | None:
+    """The :class:`MaxPool` that the legalized PrimFunc ``func`` (TOPI's ``pool2d``: an
+    optional ``-128`` padding block, then a ``max`` reduction over the window) computes, or
+    None if it is not one.
+
+    >>> analyse_max_pool(legalized_max_pool)            # doctest: +SKIP
+    MaxPool(layout='NCHW', dims=(1, 24, 10, 10), window=(3, 3), strides=(2, 2), padding=(1, 1, 0, 1), out=(5, 5))
+    """
+    from tvm import s_tir
+
+    params = [p for p in func.params if tirx.is_buffer_var(p)]
+    if len(params) != 2 or str(params[0].dtype) != "int8" or str(params[1].dtype) != "int8":
+        return None
+    x, out = params
+    sch = s_tir.Schedule(ir.IRModule({"main": func}))
+    blocks = [sch.get(b) for b in sch.get_child_blocks(sch.get_sblock("root"))]
+    pool = [b for b in blocks if b.writes and b.writes[0].source.same_as(out)]
+    if len(pool) != 1 or not isinstance(pool[0].body, tirx.BufferStore) or \
+            not isinstance(pool[0].body.value, tirx.Max):
+        return None
+    pool = pool[0]
+    reduce = [iv.var for iv in pool.iter_vars if int(iv.iter_type) == 2]
+    value = pool.body.value
+    load = next((e for e in (value.a, value.b) if isinstance(e, ir.TensorLoad) and not e.source.same_as(out)), None)
+    if load is None or len(reduce) != 2 or len(load.indices) != 4:
+        return None
+    spatial, strides, window = [], [], []
+    for d, e in enumerate(load.indices):
+        red = [r for r in reduce if _uses_var(e, r)]
+        if not red:
+            continue
+        outer = [iv.var for iv in pool.iter_vars if int(iv.iter_type) == 0 and _uses_var(e, iv.var)]
+        coeffs = tvm.sym.detect_linear_equation(e, [*outer, red[0]])
+        if len(outer) != 1 or len(red) != 1 or len(coeffs) != 3 or int(coeffs[1]) != 1 or int(coeffs[2]) != 0:
+            return None
+        spatial.append(d)
+        strides.append(int(coeffs[0]))
+        extent = next(iv.dom.extent for iv in pool.iter_vars if iv.var.same_as(red[0]))
+        window.append(int(extent))
+    layout = {(2, 3): "NCHW", (1, 2): "NHWC"}.get(tuple(spatial))
+    if layout is None:
+        return None
+    xd = [int(d) for d in x.shape]
+    od = [int(d) for d in out.shape]
+    dims = (xd[0], xd[1], xd[2], xd[3]) if layout == "NCHW" else (xd[0], xd[3], xd[1], xd[2])
+    before = [0, 0]
+    if not load.source.same_as(x):      # TOPI's padding block: pad_temp[..] = if_then_else(.., x[.. - before], -128)
+        pad = next((b for b in blocks if b.writes and b.writes[0].source.same_as(load.source)), None)
+        reads = [r for r in (pad.reads if pad is not None else []) if r.source.same_as(x)]
+        if len(reads) != 1:
+            return None
+        for k, d in enumerate(spatial):
+            e = reads[0].region[d].min
+            coeffs = tvm.sym.detect_linear_equation(e, list(_vars(e)))
+            if len(coeffs) != 2:
+                return None
+            before[k] = -int(coeffs[-1])
+    padded = [int(load.source.shape[d]) for d in spatial]
+    size = dims[2:]
+    after = [padded[k] - size[k] - before[k] for k in range(2)]
+    return MaxPool(layout, dims, tuple(window), tuple(strides), (before[0], before[1], after[0], after[1]),
+                   tuple(od[d] for d in spatial))
+
+
+def _uses_var(e, var) -> bool:
+    return any(v.same_as(var) for v in _vars(e))
+
+
+def _vars(e) -> list:
+    import tvm_ffi
+
+    found = []
+    tvm_ffi.structural_walk(e, (tirx.Var, lambda v: found.append(v) if not any(v.same_as(f) for f in found) else None))
+    return found
+
+
+def schedule_max_pool(func: tirx.PrimFunc, config) -> tirx.PrimFunc | None:
+    """``func`` (a legalized int8 max pool, :func:`analyse_max_pool`) scheduled for accel, or
+    None if it is not one.
+
+    The window's maximum is the ALU's ``MAX`` on ACC vectors of 16 channels, one pixel each:
+
+    - the CPU widens the input to int32 channels-last, plus 128 (so every value is at least 0,
+      the accumulator's reset value, and the border, which the pool pads with -128, is 0);
+    - per output row and tile of 16 pixels x 16 channels, GEMM's reset zeroes the ACC tile; per
+      window row a LOAD brings the input pixels the tile's windows cover into ACC (the border and
+      the channels beyond the last by the LOAD's padding, a row outside the image as all
+      padding), and per window column one ALU ``MAX`` takes the tile's pixels from it (source
+      row stride: the stride);
+    - the ALU subtracts the 128 again and a STORE writes the tile as int8 (channels-last; an
+      NCHW result is transposed on the CPU).
+
+    >>> schedule_max_pool(legalized_max_pool, accel.Config())      # doctest: +SKIP
+    """
+    import json
+
+    from tvm import s_tir, te
+
+    from accel.compiler.rules import ACC
+    import tirpat as tp
+
+    pool = analyse_max_pool(func)
+    if pool is None:
+        return None
+    t = config.tile
+    n, c, h, w = pool.dims
+    kh, kw = pool.window
+    sh, sw = pool.strides
+    top, left, _, _ = pool.padding
+    oh, ow = pool.out
+    ow_p, c_p = -(-ow // t) * t, -(-c // t) * t
+    shape = (n, c, h, w) if pool.layout == "NCHW" else (n, h, w, c)
+    x = te.placeholder(shape, "int8", "x")
+    if pool.layout == "NCHW":
+        wide = te.compute((n, h, w, c), lambda b, i, j, k: x[b, k, i, j].astype("int32") + 128, name="widened")
+    else:
+        wide = te.compute((n, h, w, c), lambda b, i, j, k: x[b, i, j, k].astype("int32") + 128, name="widened")
+    rows, cols = (oh - 1) * sh + kh, (ow_p - 1) * sw + kw
+    padded = te.compute((n, rows, cols, c_p), lambda b, i, j, k: tirx.if_then_else(
+        tirx.all(i >= top, i < h + top, j >= left, j < w + left, k < c), wide[b, i - top, j - left, k], 0),
+        name="padded")
+    ry, rx = te.reduce_axis((0, kh), "ry"), te.reduce_axis((0, kw), "rx")
+    # a maximum whose identity is 0 (every widened value is >= 0): the ALU tile's reset
+    largest = te.comm_reducer(lambda a, b: tirx.max(a, b), lambda dtype: tirx.const(0, dtype), name="max_from_0")
+    pooled = te.compute((n, oh, ow_p, c_p), lambda b, i, j, k: largest(padded[b, i * sh + ry, j * sw + rx, k],
+                                                                       axis=[ry, rx]), name="pooled")
+    narrow = te.compute((n, oh, ow, c), lambda b, i, j, k: (pooled[b, i, j, k] - 128).astype("int8"), name="narrow")
+    result = narrow if pool.layout == "NHWC" else te.compute(
+        (n, c, oh, ow), lambda b, k, i, j: narrow[b, i, j, k], name="transposed")
+    sch = s_tir.Schedule(te.create_prim_func([x, result]))
+    blk = sch.get_sblock("pooled")
+    b_, i_, j_, k_, ry_, rx_ = sch.get_loops(blk)
+    j_o, j_i = sch.split(j_, [None, t])
+    k_o, k_i = sch.split(k_, [None, t])
+    sch.reorder(b_, i_, j_o, k_o, ry_, rx_, j_i, k_i)
+    sch.set_scope(blk, 0, ACC)
+    strip = sch.cache_read(blk, 0, ACC)
+    sch.compute_at(strip, ry_)
+    sch.compute_inline(sch.get_sblock("padded"))
+    sch.reverse_compute_at(sch.get_sblock("narrow"), k_o)
+    sch.decompose_reduction(blk, ry_)
+    scheduled = sch.mod["main"]
+    for key, value in (func.attrs or {}).items():
+        scheduled = scheduled.with_attr(key, value)
+    steps = [["widened", "widens the input to int32 channels-last (+128) on the CPU: LOAD into ACC moves int32"]]
+    if pool.layout == "NCHW":
+        steps.append(["transposed", "transposes the result from channels-last to NCHW on the CPU (a STORE row is "
+                                    "a run of channels)"])
+    notes = {"host_macs": 0, "device_macs": 0, "host_steps": steps, "epilogue": [],
+             "details": [f"offloaded max pool {kh}x{kw} stride {sh}x{sw} padding {list(pool.padding)}: ALU MAX on "
+                         "ACC tiles of 16 pixels x 16 channels, a LOAD per window row"]}
+    return scheduled.with_attr(tp.SCHEDULE_NOTES, json.dumps(notes))
