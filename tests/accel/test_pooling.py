@@ -1,4 +1,10 @@
-"""Average pooling on accel (:mod:`accel.compiler.pooling`): integerize's global sums
+"""Pooling on accel (:mod:`accel.compiler.pooling`).
+
+Max pooling: an int8 ``max_pool2d`` (NCHW and NHWC, any window, stride and padding) runs on
+the ALU (``MAX`` over ACC tiles, the border as the LOADs' padding), bit-exact against llvm over
+three calls; one the ALU cannot run stays on the host and says why.
+
+Average pooling: integerize's global sums
 ``sum(astype(x, int32), axis=[2, 3])`` and disjoint-window sums ``sum(reshape(astype(x, int32),
 [n, c, h/kh, kh, w/kw, kw]), axis=[3, 5])`` of an int8 tensor, with the rescale after them, run
 on accel as convolutions with a weight of ones (a GEMM with one output column; DWMAC),
@@ -185,6 +191,75 @@ def test_quantised_average_pools_end_on_accel():
         compiled = tp.build(mod, "accel, llvm")
     host = _host_ops(compiled)
     assert "relax.sum" not in host and "relax.nn.conv2d" not in host, host
+    rng = np.random.default_rng(4)
+    for _ in range(3):
+        x = rng.standard_normal((1, 3, 16, 16)).astype(np.float32)
+        np.testing.assert_array_equal(compiled(x), reference["main"](tvm.runtime.tensor(x)).numpy())
+
+
+def max_pool_module(layout: str, c: int, h: int, w: int, window, strides, padding, dilation=(1, 1),
+                    dtype: str = "int8") -> tvm.IRModule:
+    """``main(x)``: a ``max_pool2d`` of ``x`` ([1, c, h, w] or [1, h, w, c])."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, c, h, w) if layout == "NCHW" else (1, h, w, c), dtype))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.nn.max_pool2d(x, pool_size=window, strides=strides, padding=padding,
+                                                        dilation=dilation, layout=layout))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+@given(st.sampled_from(["NCHW", "NHWC"]), st.integers(1, 40), st.integers(1, 20), st.integers(1, 20),
+       st.integers(1, 4), st.integers(1, 4), st.integers(1, 3), st.integers(1, 3),
+       st.lists(st.integers(0, 3), min_size=4, max_size=4), st.integers(0, 1000))
+def test_max_pool_runs_on_the_alu_bit_exact(layout, c, h, w, kh, kw, sh, sw, pads, seed):
+    top, left, bottom, right = [min(p, k - 1) for p, k in zip(pads, (kh, kw, kh, kw))]
+    h, w = max(h, kh - top - bottom), max(w, kw - left - right)     # at least one window
+    mod = max_pool_module(layout, c, h, w, (kh, kw), (sh, sw), (top, left, bottom, right))
+    model = _build_and_compare(mod, seed)
+    assert _host_ops(model) == []
+    (partition,) = model.report.partitions
+    assert partition.pattern == "accel.pool"
+    oh, ow = (h + top + bottom - kh) // sh + 1, (w + left + right - kw) // sw + 1
+    tiles = oh * -(-ow // 16) * -(-c // 16)
+    counts = model.stats["accel"].instructions
+    # per tile of 16 pixels x 16 channels: a reset, a LOAD per window row, a MAX per window
+    # element and the subtraction of the offset, a STORE
+    assert (counts["GEMM"], counts["LOAD"], counts["ALU"], counts["STORE"]) == \
+        (tiles, tiles * kh, tiles * (kh * kw + 1), tiles)
+
+
+@pytest.mark.parametrize("dtype, dilation, why", [
+    ("float32", (1, 1), "a max pool of float32; accel pools int8 tensors"),
+    ("int8", (2, 1), "a dilated max pool"),
+])
+def test_a_max_pool_accel_cannot_run_stays_on_the_host_and_says_why(dtype, dilation, why):
+    mod = max_pool_module("NCHW", 8, 8, 8, (2, 2), (2, 2), (0, 0, 0, 0), dilation, dtype)
+    with pytest.warns(tp.OffloadWarning, match=why):
+        model = tp.build(mod, "accel, llvm")
+    assert _host_ops(model) == ["relax.nn.max_pool2d"]
+    assert why in model.report.to_json()["on_host"][0]["reason"]
+
+
+def test_quantised_max_pool_ends_on_accel():
+    """onnx_cnn's strided model (two stride-2 convolutions, a 2x2 MaxPool, Gemm) quantised per
+    tensor: the max pool runs on accel between int8 tensors, bit-exact against llvm of the
+    integerised module."""
+    pytest.importorskip("onnx")
+    pytest.importorskip("onnxruntime")
+    from tvm.relax.frontend.onnx import from_onnx
+
+    from tirpat.testing import onnx_cnn
+
+    model = onnx_cnn.strided(seed=1)
+    mod = from_onnx(tp.quantize(model, onnx_cnn.calibration(model, 16)), keep_params_in_input=False)
+    reference = relax.VirtualMachine(tvm.compile(tp.integerize()(mod), "llvm"), tvm.cpu())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tp.OffloadWarning)
+        compiled = tp.build(mod, "accel, llvm")
+    assert "relax.nn.max_pool2d" not in _host_ops(compiled)
+    assert "accel.pool" in [p.pattern for p in compiled.report.partitions]
     rng = np.random.default_rng(4)
     for _ in range(3):
         x = rng.standard_normal((1, 3, 16, 16)).astype(np.float32)
