@@ -1,6 +1,13 @@
-"""Average pooling on accel: window sums as convolutions with a weight of ones.
+"""Pooling on accel: max pools on the ALU, average pools' window sums as convolutions with a
+weight of ones.
 
-:func:`tirpat.model.integerize` writes an int8 average pool as int32 window sums and a
+**Max pooling** (the partition core ``accel.pool``, :func:`patterns`): an int8 ``max_pool2d``
+(NCHW or NHWC, any window, stride and padding, dilation 1) is scheduled by
+:func:`schedule_max_pool` onto ALU ``MAX`` over ACC tiles of 16 pixels x 16 channels, one LOAD
+per window row (the -128 border as the LOADs' padding); one the ALU cannot run (float, a
+dilation, another layout) stays on the host with the reason (:func:`max_pool_declines`).
+
+**Average pooling**: :func:`tirpat.model.integerize` writes an int8 average pool as int32 window sums and a
 fixed-point rescale (a requantise: ``maximum``/``minimum``/``multiply``/``add``/
 ``right_shift``/``clip``/``astype``):
 
@@ -56,7 +63,8 @@ import tvm
 from tvm import ir, relax, tirx
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-__all__ = ["sums_as_convolutions", "CHAIN_OPS"]
+__all__ = ["sums_as_convolutions", "CHAIN_OPS", "MAX_POOL", "patterns", "max_pool_declines", "check_max_pool",
+           "MaxPool", "analyse_max_pool", "schedule_max_pool"]
 
 #: Element-wise operations that follow a global sum in its rescale and move with it onto the
 #: convolution's result: each keeps the sum's shape, its other operands constants (a scalar,
@@ -447,7 +455,7 @@ def schedule_max_pool(func: tirx.PrimFunc, config) -> tirx.PrimFunc | None:
     - per output row and tile of 16 pixels x 16 channels, GEMM's reset zeroes the ACC tile; per
       window row a LOAD brings the input pixels the tile's windows cover into ACC (the border and
       the channels beyond the last by the LOAD's padding, a row outside the image as all
-      padding), and per window column one ALU ``MAX`` takes the tile's pixels from it (source
+      padding), and per window element one ALU ``MAX`` takes the tile's pixels from it (source
       row stride: the stride);
     - the ALU subtracts the 128 again and a STORE writes the tile as int8 (channels-last; an
       NCHW result is transposed on the CPU).
