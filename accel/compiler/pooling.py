@@ -23,13 +23,15 @@ compute exactly into int32, as they compute a convolution. :func:`sums_as_convol
 pass, run after integerize) rewrites the first two forms so that accel's existing partition
 cores take them with their epilogue chain (the rescale and the narrowing STORE):
 
-- the global sum of ``x [N, C, H, W]`` becomes a 1 x 1 convolution of ``x`` viewed as the
-  channels-last image ``[N, 1, C, H*W]`` (one pixel per channel, its H*W values the pixel's
-  input channels, read in place: each DMA row is a run of one channel's values) with a
-  ``[1, 1, H*W, 1]`` weight of ones: a GEMM with M = C, K = H*W and one output column. Its result
-  ``[N, 1, C, 1]`` holds the sums in the order of ``[N, C, 1, 1]``: the epilogue chain after the
-  sum moves with it (its constant operands re-laid the same way) and one reshape (a view)
-  restores the sum's shape after the chain;
+- the global sum of ``x [N, C, H, W]`` becomes a convolution of ``x`` read as a channels-last
+  image ``[N, C, H, W]`` (C rows of one pixel, its H values of W channels each, read in place:
+  each DMA row is a run of one channel's values) with a ``[1, H, W, 1]`` weight of ones: a GEMM
+  with M = C, K = H*W and one output column, whose result ``[N, C, 1, 1]`` is the sum's. With
+  H = 1 the kernel would be 1 x 1, whose GEMM takes one pixel a row: ``x`` is then viewed as
+  ``[N, 1, C, W]`` (C pixels of one row) with a ``[1, 1, W, 1]`` weight, whose result ``[N, 1,
+  C, 1]`` holds the sums in the order of ``[N, C, 1, 1]``; the epilogue chain after the sum moves
+  with it (its constant operands re-laid the same way) and one reshape (a view) restores the
+  sum's shape after the chain (also for a sum that drops the pooled dimensions);
 - the window sums become a depthwise convolution (``groups = C``) with a ``[C, 1, kh, kw]``
   kernel of ones and strides ``(kh, kw)``: DWMAC, one 16 x 16 tile of pixels x channels per
   instruction, its loop levels the window's taps.
@@ -51,7 +53,7 @@ the ALU's own rate.
 ...     _ = bb.emit_func_output(s)
 >>> mod = sums_as_convolutions()(bb.get())
 >>> [str(b.value.op.name) for b in mod["main"].body.blocks[0].bindings]
-['relax.reshape', 'relax.nn.conv2d', 'relax.reshape']
+['relax.nn.conv2d']
 """
 
 from __future__ import annotations
@@ -113,6 +115,12 @@ class _Global:
     x: relax.Expr
     dims: tuple
     chain: tuple
+
+    @property
+    def result(self) -> tuple:
+        """The shape of the convolution's result (see the module docstring)."""
+        n, c, h, _ = self.dims
+        return (n, c, 1, 1) if h > 1 else (n, 1, c, 1)
 
 
 @dataclass(frozen=True)
@@ -202,7 +210,7 @@ def _plan(value, bindings: dict, uses: dict, var: relax.Var):
         if split != (n, c, h // kh, kh, w // kw, kw) or h % kh or w % kw or kh * kw == 1:
             return None
         if (kh, kw) == (h, w):      # one window: a global sum (DWMAC needs a tile of output pixels)
-            return _Global(x, dims, _chain(var, _static_dims(value), bindings, uses))
+            return _global(x, dims, var, _static_dims(value), bindings, uses)
         return _Windows(x, c, (kh, kw))
     x = _widened_int8(value.args[0], bindings)
     dims = None if x is None else _static_dims(x)
@@ -210,7 +218,14 @@ def _plan(value, bindings: dict, uses: dict, var: relax.Var):
     if dims is None or out is None or len(dims) != 4 or _axes(value, 4) != [2, 3] or dims[2] * dims[3] == 1:
         # a sum of one value is only its widening (a product by the one 1 would fold away)
         return None
-    return _Global(x, dims, _chain(var, out, bindings, uses))
+    return _global(x, dims, var, out, bindings, uses)
+
+
+def _global(x, dims: tuple, var: relax.Var, out: tuple, bindings: dict, uses: dict) -> _Global:
+    """The plan for a global sum of ``x`` bound to ``var`` (of shape ``out``): the chain after it
+    moves onto the convolution's result when that has another shape."""
+    plan = _Global(x, dims, (var,))
+    return plan if plan.result == out else _Global(x, dims, _chain(var, out, bindings, uses))
 
 
 @mutator
@@ -253,17 +268,23 @@ class _SumsMutator(PyExprMutator):
             return
         if isinstance(plan, _Global):
             n, c, h, w = plan.dims
-            image = self.builder_.emit(relax.op.reshape(self.visit_expr(plan.x), [n, 1, c, h * w]))
-            ones = relax.const(np.ones((1, 1, h * w, 1), "int8"))
+            image = self.visit_expr(plan.x)
+            if h == 1:
+                image = self.builder_.emit(relax.op.reshape(image, [n, 1, c, w]))
+            ones = relax.const(np.ones((1, h, w, 1) if h > 1 else (1, 1, w, 1), "int8"))
             value = relax.op.nn.conv2d(image, ones, data_layout="NHWC", kernel_layout="HWIO", out_dtype="int32")
-            self._moved(binding, plan, value)
+            if plan.result == _static_dims(binding.var):
+                # the sum's variable keeps its name and type: its users need no change
+                self.builder_.emit_normalized(relax.VarBinding(binding.var, self.builder_.normalize(value)))
+            else:
+                self._moved(binding, plan, value)
             return
         if binding.var in self.moved:
             plan, current = self.moved.pop(binding.var)
             call = binding.value
             shape = [int(d) for d in _static_dims(call)]
-            args = [current if a.same_as(plan.chain[plan.chain.index(binding.var) - 1]) else _relaid(a, shape)
-                    for a in call.args]
+            args = [current if a.same_as(plan.chain[plan.chain.index(binding.var) - 1]) else
+                    _relaid(a, shape, plan.result) for a in call.args]
             self._moved(binding, plan, relax.Call(call.op, args, call.attrs))
             return
         super().visit_var_binding_(binding)
@@ -281,15 +302,14 @@ class _SumsMutator(PyExprMutator):
         self.moved[after] = (plan, self.builder_.emit(value))
 
 
-def _relaid(arg, shape: list):
-    """A constant operand of the chain, re-laid from the sum's shape onto the convolution's
-    ``[N, 1, C, 1]``: a per-channel constant broadcast to the sum's shape and reshaped (a
-    scalar, or clip's bounds, stay as they are)."""
+def _relaid(arg, shape: list, result: tuple):
+    """A constant operand of the chain, re-laid from the sum's ``shape`` onto the convolution's
+    ``result``: a per-channel constant broadcast to the sum's shape and reshaped (a scalar, or
+    clip's bounds, stay as they are)."""
     values = _tensor(arg)
     if values is None or values.size == 1:
         return arg
-    n, c = shape[0], shape[1]
-    return relax.const(np.ascontiguousarray(np.broadcast_to(values, shape).reshape(n, 1, c, 1)))
+    return relax.const(np.ascontiguousarray(np.broadcast_to(values, shape).reshape(result)))
 
 
 def sums_as_convolutions() -> tvm.transform.Pass:
