@@ -36,12 +36,13 @@ cores take them with their epilogue chain (the rescale and the narrowing STORE):
   kernel of ones and strides ``(kh, kw)``: DWMAC, one 16 x 16 tile of pixels x channels per
   instruction, its loop levels the window's taps.
 
-Why not the ALU: accel's ALU adds 16-lane vectors of ACC, but ACC is loaded from int32 host
-data only (LOAD into ACC moves int32; an int8 tensor reaches ACC through a multiply-accumulate),
-and its lanes never combine with each other, so a sum along a row of the NCHW tensor (H*W values
-of one channel) would need a transposition first. The MAC units do both in one step, at 16
-useful additions per cycle for a global sum (one output column of the 16 the GEMM array computes),
-the ALU's own rate.
+Why not the ALU, as for a maximum: accel's ALU adds 16-lane vectors of ACC, but ACC is loaded
+from int32 host data only (LOAD into ACC moves int32; an int8 tensor reaches ACC through a
+multiply-accumulate, or widened by the CPU, as a max pool's input is), and its lanes never
+combine with each other, so a sum along a row of the NCHW tensor (H*W values of one channel)
+would need a transposition first. The MAC units read the int8 tensor in place and do both in
+one step, at 16 useful additions per cycle for a global sum (one output column of the 16 the
+GEMM array computes), the ALU's own rate.
 
 >>> import tvm
 >>> from tvm import relax
@@ -399,7 +400,8 @@ def analyse_max_pool(func: tirx.PrimFunc) -> MaxPool | None:
     from tvm import s_tir
 
     params = [p for p in func.params if tirx.is_buffer_var(p)]
-    if len(params) != 2 or str(params[0].dtype) != "int8" or str(params[1].dtype) != "int8":
+    if len(params) != 2 or any(str(p.dtype) != "int8" or len(p.shape) != 4 or
+                               not all(isinstance(d, tirx.IntImm) for d in p.shape) for p in params):
         return None
     x, out = params
     sch = s_tir.Schedule(ir.IRModule({"main": func}))
