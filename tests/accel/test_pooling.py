@@ -17,7 +17,7 @@ import warnings
 import numpy as np
 import pytest
 import tvm
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from tvm import relax
 
@@ -94,6 +94,7 @@ def _host_ops(model) -> list[str]:
     return [h["op"] for h in model.report.to_json()["on_host"]]
 
 
+@settings(max_examples=15)   # each example builds and runs a model
 @given(st.integers(1, 70), st.integers(1, 12), st.integers(1, 40), st.booleans(), st.booleans(), st.booleans(),
        st.integers(0, 1000))
 def test_global_sum_and_rescale_run_on_accel_bit_exact(c, h, w, keepdims, per_channel, shared, seed):
@@ -117,6 +118,7 @@ def test_global_sum_and_rescale_run_on_accel_bit_exact(c, h, w, keepdims, per_ch
     assert stats.instructions["GEMM"] > 0
 
 
+@settings(max_examples=12)
 @given(st.integers(1, 40), st.integers(1, 5), st.integers(1, 12), st.sampled_from([1, 2, 3]),
        st.sampled_from([1, 2, 4]), st.integers(0, 1000))
 def test_disjoint_window_sums_run_on_dwmac_bit_exact(c, rows, cols, kh, kw, seed):
@@ -221,6 +223,7 @@ def max_pool_module(layout: str, c: int, h: int, w: int, window, strides, paddin
     return bb.get()
 
 
+@settings(max_examples=20)
 @given(st.sampled_from(["NCHW", "NHWC"]), st.integers(1, 40), st.integers(1, 20), st.integers(1, 20),
        st.integers(1, 4), st.integers(1, 4), st.integers(1, 3), st.integers(1, 3),
        st.lists(st.integers(0, 3), min_size=4, max_size=4), st.integers(0, 1000))
