@@ -504,9 +504,9 @@ def schedule_max_pool(func: tirx.PrimFunc, config) -> tirx.PrimFunc | None:
     shape = (n, c, h, w) if pool.layout == "NCHW" else (n, h, w, c)
     x = te.placeholder(shape, "int8", "x")
     if pool.layout == "NCHW":
-        wide = te.compute((n, h, w, c), lambda b, i, j, k: x[b, k, i, j].astype("int32") + 128, name="widened")
+        wide = te.compute((n, h, w, c), lambda b, i, j, k: x[b, k, i, j].astype("int32") + 128, name="x_int32")
     else:
-        wide = te.compute((n, h, w, c), lambda b, i, j, k: x[b, i, j, k].astype("int32") + 128, name="widened")
+        wide = te.compute((n, h, w, c), lambda b, i, j, k: x[b, i, j, k].astype("int32") + 128, name="x_int32")
     rows, cols = (oh - 1) * sh + kh, (ow_p - 1) * sw + kw
     padded = te.compute((n, rows, cols, c_p), lambda b, i, j, k: tirx.if_then_else(
         tirx.all(i >= top, i < h + top, j >= left, j < w + left, k < c), wide[b, i - top, j - left, k], 0),
@@ -534,7 +534,7 @@ def schedule_max_pool(func: tirx.PrimFunc, config) -> tirx.PrimFunc | None:
     scheduled = sch.mod["main"]
     for key, value in (func.attrs or {}).items():
         scheduled = scheduled.with_attr(key, value)
-    steps = [["widened", "widens the input to int32 channels-last (+128) on the CPU: LOAD into ACC moves int32"]]
+    steps = [["x_int32", "widens the input to int32 channels-last (+128) on the CPU: LOAD into ACC moves int32"]]
     if pool.layout == "NCHW":
         steps.append(["transposed", "transposes the result from channels-last to NCHW on the CPU (a STORE row is "
                                     "a run of channels)"])
