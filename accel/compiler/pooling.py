@@ -59,12 +59,19 @@ GEMM array computes), the ALU's own rate.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 import numpy as np
 import tvm
-from tvm import ir, relax, tirx
+import tvm_ffi
+from tvm import ir, relax, s_tir, te, tirx
+from tvm.relax.dpl import is_op, wildcard
 from tvm.relax.expr_functor import PyExprMutator, mutator
+
+import tirpat as tp
+from accel.compiler.blocks import DATA_PAR, REDUCE
+from accel.compiler.rules import ACC
 
 __all__ = ["sums_as_convolutions", "CHAIN_OPS", "MAX_POOL", "patterns", "max_pool_declines", "check_max_pool",
            "MaxPool", "analyse_max_pool", "schedule_max_pool"]
@@ -341,8 +348,6 @@ def patterns() -> list:
     >>> [name for name, *_ in patterns()]
     ['accel.pool']
     """
-    from tvm.relax.dpl import is_op, wildcard
-
     core = is_op("relax.nn.max_pool2d")(wildcard())
     return [(MAX_POOL, core, {"core": core}, check_max_pool)]
 
@@ -397,8 +402,6 @@ def analyse_max_pool(func: tirx.PrimFunc) -> MaxPool | None:
     >>> analyse_max_pool(legalized_max_pool)            # doctest: +SKIP
     MaxPool(layout='NCHW', dims=(1, 24, 10, 10), window=(3, 3), strides=(2, 2), padding=(1, 1, 0, 1), out=(5, 5))
     """
-    from tvm import s_tir
-
     params = [p for p in func.params if tirx.is_buffer_var(p)]
     if len(params) != 2 or any(str(p.dtype) != "int8" or len(p.shape) != 4 or
                                not all(isinstance(d, tirx.IntImm) for d in p.shape) for p in params):
@@ -411,7 +414,7 @@ def analyse_max_pool(func: tirx.PrimFunc) -> MaxPool | None:
             not isinstance(pool[0].body.value, tirx.Max):
         return None
     pool = pool[0]
-    reduce = [iv.var for iv in pool.iter_vars if int(iv.iter_type) == 2]
+    reduce = [iv.var for iv in pool.iter_vars if int(iv.iter_type) == REDUCE]
     value = pool.body.value
     load = next((e for e in (value.a, value.b) if isinstance(e, ir.TensorLoad) and not e.source.same_as(out)), None)
     if load is None or len(reduce) != 2 or len(load.indices) != 4:
@@ -421,7 +424,7 @@ def analyse_max_pool(func: tirx.PrimFunc) -> MaxPool | None:
         red = [r for r in reduce if _uses_var(e, r)]
         if not red:
             continue
-        outer = [iv.var for iv in pool.iter_vars if int(iv.iter_type) == 0 and _uses_var(e, iv.var)]
+        outer = [iv.var for iv in pool.iter_vars if int(iv.iter_type) == DATA_PAR and _uses_var(e, iv.var)]
         coeffs = tvm.sym.detect_linear_equation(e, [*outer, red[0]])
         if len(outer) != 1 or len(red) != 1 or len(coeffs) != 3 or int(coeffs[1]) != 1 or int(coeffs[2]) != 0:
             return None
@@ -459,8 +462,6 @@ def _uses_var(e, var) -> bool:
 
 
 def _vars(e) -> list:
-    import tvm_ffi
-
     found = []
     tvm_ffi.structural_walk(e, (tirx.Var, lambda v: found.append(v) if not any(v.same_as(f) for f in found) else None))
     return found
@@ -484,13 +485,6 @@ def schedule_max_pool(func: tirx.PrimFunc, config) -> tirx.PrimFunc | None:
 
     >>> schedule_max_pool(legalized_max_pool, accel.Config())      # doctest: +SKIP
     """
-    import json
-
-    from tvm import s_tir, te
-
-    from accel.compiler.rules import ACC
-    import tirpat as tp
-
     pool = analyse_max_pool(func)
     if pool is None:
         return None
