@@ -75,8 +75,17 @@ class IntegerizeWarning(UserWarning):
     """Some QDQ sites stayed in float; the message names each with the reason."""
 
 
-def integerize() -> tvm.transform.Pass:
+def integerize(precise: bool = False) -> tvm.transform.Pass:
     """The pass (a ``tvm.transform.Pass`` over a Relax ``IRModule``); see the module doc.
+
+    ``precise`` writes each requantise whose multiplier is inexact in :mod:`.fixed_point`'s
+    precise form: a multiplier of up to 48 bits as two int32 products, within ``2**-23`` of a
+    step of the real product where one product is within ``2**-9`` for a long convolution,
+    so that the result is onnxruntime's exact QDQ result but where that lies within float32's
+    error of a rounding tie (ppocr_v2_cls: 100% of outputs within one step instead of 25%).
+    It reads each accumulator twice, so an accelerator whose epilogue is a chain of ALU
+    operations on one accumulator (accel's) leaves it on the host: accel's pipeline uses the
+    default, one product.
 
     Rules run in order (a function of one int8 tensor quantised inside, such as HardSwish's
     ``x * q(HardSigmoid(x))``, first, so that it is one table and not a product; then
@@ -87,7 +96,8 @@ def integerize() -> tvm.transform.Pass:
     @tvm.transform.module_pass(opt_level=0, name="tirpat.Integerize")
     def _integerize(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         declined: dict = {}
-        rewriters = [rule.rewriter(declined) for rule in [TableRule(nested_only=True), *all_rules(), TableRule(), PadRule(), clip_fold_rule()]]
+        rules = [TableRule(nested_only=True), *all_rules(precise), TableRule(), PadRule(), clip_fold_rule()]
+        rewriters = [rule.rewriter(declined) for rule in rules]
         # one rule's output can be another's input (a dequantize moved after a reshape meets
         # an add): repeat until nothing changes
         for _ in range(_MAX_ROUNDS):
