@@ -80,9 +80,10 @@ def integerize(precise: bool = False) -> tvm.transform.Pass:
 
     ``precise`` writes each requantise whose multiplier is inexact in :mod:`.fixed_point`'s
     precise form: a multiplier of up to 48 bits as two int32 products, within ``2**-23`` of a
-    step of the real product where one product is within ``2**-9`` for a long convolution,
-    so that the result is onnxruntime's exact QDQ result but where that lies within float32's
-    error of a rounding tie (ppocr_v2_cls: 100% of outputs within one step instead of 25%).
+    step of the real product where one product is off by up to 0.004 step on a long
+    convolution, so that the result is onnxruntime's exact QDQ result but where that lies
+    within float32's error of a rounding tie (ppocr_v2_cls: all outputs equal to onnxruntime's
+    instead of 25% within one step).
     It reads each accumulator twice, so an accelerator whose epilogue is a chain of ALU
     operations on one accumulator (accel's) leaves it on the host: accel's pipeline uses the
     default, one product.
