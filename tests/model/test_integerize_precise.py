@@ -192,7 +192,7 @@ def assert_bit_exact(q, inputs):
     assert not int32_overflows(mod["main"])
     vm = relax.VirtualMachine(tvm.compile(mod, "llvm"), tvm.cpu())
     scale, zero = (float(layer.init[n]) for n in layer.quantize.input[1:])
-    near_ties = 0
+    near_ties = elements = 0
     for x in inputs:
         ref, real = layer.run(x)
         ours = np.rint(vm["main"](tvm.runtime.tensor(x)).numpy().astype(np.float64) / scale).astype(np.int64) + zero
@@ -200,7 +200,8 @@ def assert_bit_exact(q, inputs):
         assert np.all((ours == ref) | near), f"{np.count_nonzero((ours != ref) & ~near)} elements off onnxruntime"
         assert np.all(np.abs(ours - ref) <= 1)
         assert np.array_equal(ref[~near], np.clip(np.rint(real[~near]), -128, 127))   # the reference is real
-        near_ties += np.count_nonzero(near)
+        near_ties, elements = near_ties + np.count_nonzero(near), elements + near.size
+    assert near_ties <= max(2, elements // 100)          # the exemption is for the few near a tie
     return mod
 
 
