@@ -29,7 +29,8 @@ pool's window sum by ``128 * count`` (plus ``|z_x| * count``). A
 requantise takes the most precise shift for which the worst-case sum of its terms (one for a
 convolution, two for a residual add) plus the rounding stays at most ``2**31 - 1``, after a
 clamp where the output saturates anyway (:mod:`.fixed_point`); a site where nothing fits stays
-in float, with the warning. ``tirpat.testing.int_ranges.int32_overflows`` checks a module for
+in float, with the warning. ``integerize(precise=True)`` takes a longer multiplier as two int32
+products, each within the same bounds. ``tirpat.testing.int_ranges.int32_overflows`` checks a module for
 it by interval analysis.
 
 Weights, scales and zero points must be bound constants (``from_onnx(...,
