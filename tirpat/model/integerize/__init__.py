@@ -80,11 +80,11 @@ def integerize(precise: bool = False) -> tvm.transform.Pass:
     """The pass (a ``tvm.transform.Pass`` over a Relax ``IRModule``); see the module doc.
 
     ``precise`` writes each requantise whose multiplier is inexact in :mod:`.fixed_point`'s
-    precise form: a multiplier of up to 48 bits as two int32 products, within ``2**-23`` of a
-    step of the real product where one product is off by up to 0.004 step on a long
-    convolution, so that the result is onnxruntime's exact QDQ result but where that lies
-    within float32's error of a rounding tie (ppocr_v2_cls: all outputs equal to onnxruntime's
-    instead of 25% within one step).
+    precise form: a multiplier of up to 48 bits as two int32 products. On a first convolution
+    (accumulators up to 146,000) the result is then within ``2**-23`` of a step of the real
+    product, where one product is off by up to 0.004 step, and so it is onnxruntime's exact QDQ
+    result but where that lies within float32's error of a rounding tie (ppocr_v2_cls: all
+    outputs equal to onnxruntime's, instead of 25% within one step).
     It reads each accumulator twice, so an accelerator whose epilogue is a chain of ALU
     operations on one accumulator (accel's) leaves it on the host: accel's pipeline uses the
     default, one product.
