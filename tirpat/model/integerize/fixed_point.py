@@ -202,7 +202,10 @@ class Requantize:
         """The precise form with shift ``s`` (the largest ``k`` its low products allow), or None
         if no ``k`` keeps every intermediate within int32, or if the multiplier is exact at
         ``s`` with a tie in reach (the precise form rounds half up; onnxruntime to even)."""
-        ms = tuple(np.round(r * 2.0**s).astype(np.int64) for r in reals)
+        scaled = [np.round(r * 2.0**s) for r in reals]
+        if any(np.any(m > INT32_MAX * 2.0**_MAX_SHIFT) for m in scaled):
+            return None             # the high part m >> k (k <= 31) could not fit int32 (nor m int64)
+        ms = tuple(m.astype(np.int64) for m in scaled)
         offset = np.asarray(-sum(z * m for z, m in zip(zps, ms)), dtype=np.int64)
         bounds = list(bounds)
         clamp = None
