@@ -60,9 +60,11 @@ class AccelBackend(tp.Backend):
         return patterns()
 
     def schedule(self, func, opts: dict):
+        from accel.compiler.pooling import schedule_max_pool
         from accel.compiler.schedule import schedule_partition
 
-        return schedule_partition(func, config_of(opts))
+        pool = schedule_max_pool(func, config_of(opts))
+        return pool if pool is not None else schedule_partition(func, config_of(opts))
 
     def rules(self, opts: dict):
         from accel.compiler.rules import rules
@@ -72,10 +74,12 @@ class AccelBackend(tp.Backend):
     def passes(self, phase: tp.Phase, opts: dict) -> list:
         if phase is tp.Phase.PRE_PARTITION:
             from accel.compiler.patterns import narrow_constant_operands
+            from accel.compiler.pooling import sums_as_convolutions
 
             # a quantised (QDQ) model becomes the integer arithmetic accel's patterns take;
-            # int32 weights that fit int8 are stored as int8
-            return [tp.integerize(), narrow_constant_operands()]
+            # int32 weights that fit int8 are stored as int8; an average pool's window sums
+            # become convolutions with a weight of ones (accel's MAC units sum int8 exactly)
+            return [tp.integerize(), narrow_constant_operands(), sums_as_convolutions()]
         if phase is tp.Phase.POST_PARTITION:
             from accel.compiler.patterns import accumulator_first
 

@@ -10,10 +10,18 @@ operators that are not, and ``tp.integerize``'s warning (what stayed in float, a
 ``--agreement MODEL ...`` it also compiles those models for llvm and compares the output with
 ``exact_session`` (ORT_ENABLE_BASIC) on ``--images`` other images: the fraction of output
 elements within one quantisation step of the output's scale, exactly equal, and the largest
-difference in steps.
+difference in steps. ``--precise`` integerises with ``tp.integerize(precise=True)`` (each
+inexact requantise as two int32 products: see ``tirpat.model.integerize.fixed_point``).
+
+``--layers MODEL ...`` finds where the integerised module departs from onnxruntime, layer by
+layer: every int8 tensor of the QDQ model (each QuantizeLinear's output) becomes an output,
+and its consumers read it from a new input instead, fed with onnxruntime's value of it. Each
+layer then computes from onnxruntime's own inputs, and a difference is that layer's, not one
+carried from an earlier layer and amplified. Printed: the layers whose int8 result differs,
+with the operator, the share of elements and the largest difference in steps.
 
     python benchmarks/bench_integer_ops.py [--models ppocr_v2_cls ...] [--agreement ppocr_v2_cls ppocrv5_det]
-                                           [--images 8]
+                                           [--layers ppocr_v2_cls] [--images 8] [--precise]
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ import warnings
 import numpy as np
 import onnx
 import tvm
+from onnx import TensorProto, helper
 from tvm import relax
 
 import tirpat as tp
@@ -39,7 +48,7 @@ from tirpat.testing.ort_session import exact_session
 CALIBRATION = 4
 
 
-def integerised(name: str, work: pathlib.Path) -> tuple[pathlib.Path, tvm.IRModule, list]:
+def integerised(name: str, work: pathlib.Path, precise: bool = False) -> tuple[pathlib.Path, tvm.IRModule, list]:
     """The quantised model's path, its integerised module and integerize's warnings."""
     shape, norm = MODELS[name]
     path = models_dir() / f"{name}.onnx"
@@ -54,7 +63,7 @@ def integerised(name: str, work: pathlib.Path) -> tuple[pathlib.Path, tvm.IRModu
     mod = import_onnx(qpath, {input_name: shape})
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        mod = tp.integerize()(mod)
+        mod = tp.integerize(precise)(mod)
     return qpath, mod, [str(w.message) for w in caught if issubclass(w.category, tp.IntegerizeWarning)]
 
 
@@ -74,12 +83,67 @@ def agreement(name: str, qpath: pathlib.Path, mod: tvm.IRModule, images: int) ->
     return float(np.mean(d <= 1)), float(np.mean(d == 0)), float(d.max())
 
 
+def layers(name: str, qpath: pathlib.Path, images: int, precise: bool) -> list[tuple[str, str, float, int]]:
+    """``(tensor, operator, share of elements that differ, largest difference in steps)`` for each
+    int8 tensor of the QDQ model that the integerised module computes differently from
+    onnxruntime given onnxruntime's inputs of that layer (the module docstring), in graph order."""
+    shape, norm = MODELS[name]
+    q = onnx.load(str(qpath))
+    input_name = q.graph.input[0].name
+    outputs = {o.name for o in q.graph.output}
+    tensors = [n.output[0] for n in q.graph.node if n.op_type == "QuantizeLinear" and n.output[0] not in outputs]
+    taps = onnx.load(str(qpath))
+    taps.graph.output.extend(helper.make_tensor_value_info(t, TensorProto.INT8, None) for t in tensors)
+    session = exact_session(taps)
+    xs = [image(shape, norm, np.random.default_rng(seed)) for seed in range(1, images + 1)]
+    refs = [dict(zip([o.name for o in taps.graph.output], session.run(None, {input_name: x}))) for x in xs]
+    # each consumer reads its int8 input from a new graph input: the layers come apart
+    cut = onnx.load(str(qpath))
+    for node in cut.graph.node:
+        if node.op_type != "QuantizeLinear":
+            for i, v in enumerate(node.input):
+                if v in tensors:
+                    node.input[i] = f"{v}__in"
+    shapes = {input_name: shape}
+    for t in tensors:
+        shapes[f"{t}__in"] = list(refs[0][t].shape)
+        cut.graph.input.append(helper.make_tensor_value_info(f"{t}__in", TensorProto.INT8, shapes[f"{t}__in"]))
+        cut.graph.output.append(helper.make_tensor_value_info(t, TensorProto.INT8, None))
+    path = qpath.with_name(f"{qpath.stem}_cut.onnx")
+    onnx.save(cut, str(path))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tp.IntegerizeWarning)
+        mod = tp.integerize(precise)(import_onnx(path, shapes))
+    vm = relax.VirtualMachine(tvm.compile(mod, "llvm"), tvm.cpu())
+    feeds = [i.name for i in cut.graph.input if i.name in shapes]      # the graph inputs, in order
+    names = [o.name for o in cut.graph.output]
+    diffs: dict = {t: [] for t in tensors}
+    for x, ref in zip(xs, refs):
+        values = {input_name: x, **{f"{t}__in": ref[t] for t in tensors}}
+        ours = vm["main"](*[tvm.runtime.tensor(values[f]) for f in feeds])
+        for i, o in enumerate(names):
+            if o in diffs:
+                diffs[o].append(np.abs(ours[i].numpy().astype(np.int64) - ref[o].astype(np.int64)).ravel())
+    producer = {o: n for n in q.graph.node for o in n.output}
+    out = []
+    for t in tensors:
+        d = np.concatenate(diffs[t])
+        if d.max() > 0:
+            op = producer.get(producer[t].input[0])
+            out.append((t, op.op_type if op is not None else "input", float(np.mean(d > 0)), int(d.max())))
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS), metavar="NAME")
     ap.add_argument("--agreement", nargs="*", choices=list(MODELS), default=[], metavar="NAME",
                     help="models also compared with onnxruntime's exact QDQ run (compiles them for llvm)")
+    ap.add_argument("--layers", nargs="*", choices=list(MODELS), default=[], metavar="NAME",
+                    help="models whose layers are each compared with onnxruntime given onnxruntime's inputs")
     ap.add_argument("--images", type=int, default=8, help="images per agreement (default 8)")
+    ap.add_argument("--precise", action="store_true",
+                    help="integerise with tp.integerize(precise=True): a 48-bit multiplier per requantise")
     args = ap.parse_args(argv)
     found = False
     with tempfile.TemporaryDirectory(prefix="bench-intops-") as tmp:
@@ -89,7 +153,7 @@ def main(argv=None) -> int:
                       file=sys.stderr)
                 continue
             found = True
-            qpath, mod, said = integerised(name, pathlib.Path(tmp))
+            qpath, mod, said = integerised(name, pathlib.Path(tmp), args.precise)
             print(f"{name}: {operator_share(mod)}")
             for message in said:
                 print(f"    {message}")
@@ -97,6 +161,12 @@ def main(argv=None) -> int:
                 within, exact, worst = agreement(name, qpath, mod, args.images)
                 print(f"    output vs onnxruntime exact QDQ, {args.images} images: {100 * within:.2f}% within one "
                       f"step, {100 * exact:.2f}% equal, largest {worst:.0f} steps")
+            if name in args.layers:
+                departing = layers(name, qpath, args.images, args.precise)
+                print(f"    layers that depart from onnxruntime given its inputs, {args.images} images: "
+                      f"{len(departing)}")
+                for tensor, op, share, worst in departing:
+                    print(f"        {tensor} ({op}): {100 * share:.3f}% of elements, largest {worst} steps")
             sys.stdout.flush()
     return 0 if found else 1
 

@@ -68,11 +68,13 @@ def test_analysis_bounds_what_llvm_computes():
         assert np.all(y >= out.lo.astype(np.int64)) and np.all(y <= out.hi.astype(np.int64))
 
 
+@pytest.mark.parametrize("precise", [False, True])
 @pytest.mark.parametrize("real", [2.0**-31, 3 * 2.0**-31, 2.0**-30, 0.75, 1e-9])
-def test_requantise_shifts_stay_below_32(real):
+def test_requantise_shifts_stay_below_32(real, precise):
     """An exact multiplier first exact at the largest shift rounds half up: the parity of
-    rounding half to even would read v >> 32 (undefined for int32)."""
-    rq = Requantize.choose([real], [2**30 - 1])
+    rounding half to even would read v >> 32 (undefined for int32); the precise form's two
+    shifts stay below 32 too."""
+    rq = Requantize.choose([real], [2**30 - 1], precise=precise)
     x = relax.Var("acc", relax.TensorType((5,), "int32"))
     bb = relax.BlockBuilder()
     with bb.function("main", [x]):
@@ -118,18 +120,19 @@ def scale(draw, around: float = 1.0, spread: float = 6.0) -> float:
     return float(np.float32(around * 10.0 ** draw(st.floats(-spread, spread))))
 
 
-def integerised(model):
+def integerised(model, precise: bool):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        mod = tp.integerize()(from_onnx(model, keep_params_in_input=False))
+        mod = tp.integerize(precise)(from_onnx(model, keep_params_in_input=False))
     declined = [w for w in caught if issubclass(w.category, IntegerizeWarning)]
     return mod, declined
 
 
-def check(model, inputs: dict, out_scale: float, integer_op: str):
+def check(model, inputs: dict, out_scale: float, integer_op: str, precise: bool):
     """No int32 intermediate can overflow for any int8 values; within one output step of
-    onnxruntime; the operator is integer arithmetic unless integerize said why not."""
-    mod, declined = integerised(model)
+    onnxruntime; the operator is integer arithmetic unless integerize said why not. ``precise``:
+    ``tp.integerize(precise=True)``'s two products per requantise."""
+    mod, declined = integerised(model, precise)
     func = mod["main"]
     assert int32_overflows(func) == []
     ops = [str(c.op.name) for c in calls(func)]
@@ -162,8 +165,8 @@ def conv_sites(draw):
 
 
 @settings(max_examples=10)
-@given(conv_sites())
-def test_conv_requantise_never_overflows(site):
+@given(conv_sites(), st.booleans())
+def test_conv_requantise_never_overflows(site, precise):
     cin, cout, k, sx, sw, sy, relu, seed = site
     rng = np.random.default_rng(seed)
     w = rng.integers(-128, 128, (cout, cin, k, k)).astype(np.int8)
@@ -185,7 +188,7 @@ def test_conv_requantise_never_overflows(site):
         numpy_helper.from_array(b, "b_q"), numpy_helper.from_array(sb.reshape(-1) if sb.size > 1 else sb.reshape(()), "b_s"),
         numpy_helper.from_array(np.zeros(sb.shape if sb.size > 1 else (), np.int32), "b_z")]
     model = graph_model(nodes, inits, {"x": (1, cin, 5, 5)}, (1, cout, 5, 5))
-    check(model, {"x": extremes(rng, (1, cin, 5, 5), sx)}, sy, "relax.nn.conv2d")
+    check(model, {"x": extremes(rng, (1, cin, 5, 5), sx)}, sy, "relax.nn.conv2d", precise)
 
 
 @st.composite
@@ -197,8 +200,8 @@ def add_sites(draw):
 
 
 @settings(max_examples=10)
-@given(add_sites())
-def test_residual_add_never_overflows(site):
+@given(add_sites(), st.booleans())
+def test_residual_add_never_overflows(site, precise):
     """Both operands rescaled to a common fixed point, summed in int32: the sum of the two
     worst-case terms and the rounding stays within int32 whatever the scale ratios."""
     sa, sb, sy, relu, seed = site
@@ -211,7 +214,7 @@ def test_residual_add_never_overflows(site):
                         {"a": (2, 3, 4), "b": (2, 3, 4)}, (2, 3, 4))
     inputs = {"a": extremes(rng, (2, 3, 4), sa), "b": extremes(rng, (2, 3, 4), sb)}
     inputs["b"].flat[:2] = inputs["b"].flat[1::-1].copy()     # -128 + 127 and 127 + -128 as well as equal signs
-    check(model, inputs, sy, "relax.add")
+    check(model, inputs, sy, "relax.add", precise)
 
 
 @st.composite
@@ -226,8 +229,8 @@ def pool_sites(draw):
 
 
 @settings(max_examples=8)
-@given(pool_sites())
-def test_average_pool_never_overflows(site):
+@given(pool_sites(), st.booleans())
+def test_average_pool_never_overflows(site, precise):
     k, stride, pad, sx, sy, include, seed = site
     rng = np.random.default_rng(seed)
     size = 8
@@ -237,4 +240,4 @@ def test_average_pool_never_overflows(site):
                                                    count_include_pad=int(include))] + qdq("p", sy, "y")
     model = graph_model(nodes, qdq_inits("xd", sx) + qdq_inits("y", sy), {"x": (1, 2, size, size)}, (1, 2, out, out))
     check(model, {"x": extremes(rng, (1, 2, size, size), sx)}, sy, "relax.sum" if (k == stride and not pad
-          and size % k == 0) else "relax.nn.conv2d")
+          and size % k == 0) else "relax.nn.conv2d", precise)

@@ -37,6 +37,29 @@ z_y - lo) * 2**s``, and ``acc -> (acc*m + r) >> s`` is monotone), so clamping ne
 bounds ``|acc * m|`` by about ``128 * 2**s`` whatever the reduction length. The clamp is
 emitted only when ``bound > A``.
 
+**Precision, and the precise form.** A single product ``acc * m`` within int32 limits ``m``
+to about ``2**31 / A`` (``A`` the clamp or bound): at ``A = 146,000`` (a first convolution's
+range, ``M = 0.00087``) ``m`` has 14 bits, and ``y`` is off the real ``acc * M`` by up to
+0.004 step, which lands on the other side of a rounding tie for about one element in a
+thousand. onnxruntime's exact QDQ run computes ``acc * M`` in float32, within about
+``1e-7`` relative of the real value, so those elements differ by a step from it, and deeper
+layers of a real model amplify each such step (the classifier ppocr_v2_cls: 25% of its
+outputs within one step). ``choose(..., precise=True)`` takes a multiplier of up to
+48 bits (a shift up to 48) split in two, ``m = m_hi * 2**k + m_lo`` with ``0 <= m_lo < 2**k``,
+each part multiplied in int32:
+
+    t = (sum_i acc_i * m_lo_i + L) >> k
+    y = clip(((sum_i acc_i * m_hi_i + t + H) >> (s - k)), lo, hi)
+
+where ``H * 2**k + L`` (``0 <= L < 2**k``) is the whole constant (offset, rounding and output
+zero point). It is exactly ``floor((sum_i acc_i * m_i + constant) / 2**s)``, the same
+formula with a multiplier precise to ``2**-s`` (``floor((a * 2**k + b) / 2**s) ==
+floor((a + floor(b / 2**k)) / 2**(s - k))`` for integers): for the convolution above, within
+``2**-23`` step of ``acc * M``. It costs two more products, an add and a shift, and reads each
+accumulator twice: not a chain of ALU operations on one accumulator, which is the form an
+int8 accelerator's epilogue takes, so it is opt-in (:func:`~tirpat.model.integerize.integerize`'s
+``precise``). An exact multiplier keeps its single product (it is exact already).
+
 >>> rq = Requantize.choose([0.01], [10_000])
 >>> rq.shift, int(rq.multipliers[0]), rq.clamp is None
 (24, 167772, True)
@@ -55,6 +78,9 @@ __all__ = ["Requantize", "INT32_MAX"]
 
 INT32_MAX = 2**31 - 1
 _MAX_SHIFT = 31
+#: The largest shift of the precise form: a multiplier of up to 48 bits (beyond, the clamp's
+#: ``255 * 2**s`` would leave int64 while choosing it; the error is 2**-49 per unit of |acc|).
+_PRECISE_SHIFT = 48
 
 
 @dataclass(frozen=True)
@@ -67,7 +93,8 @@ class Requantize:
     None; ``lo``/``hi`` are the output bounds (ReLU and Clip folded in); ``half_even``
     selects rounding half to even (exact multipliers) over half up; ``offset`` (int64, 0-d or
     shaped like a multiplier) is the input zero points' term added before the rounding and
-    ``zero_point`` the output's.
+    ``zero_point`` the output's. ``split`` is ``k`` of the precise form (each multiplier
+    computed as ``m >> k`` and ``m & (2**k - 1)``, see the module docstring), 0 for one product.
     """
 
     multipliers: tuple
@@ -78,17 +105,28 @@ class Requantize:
     half_even: bool = False
     offset: np.ndarray = np.int64(0)
     zero_point: int = 0
+    split: int = 0
 
     @classmethod
     def choose(cls, real_multipliers: Sequence, bounds: Sequence, lo: int = -128, hi: int = 127,
-               input_zero_points: Sequence | None = None, zero_point: int = 0) -> "Requantize":
+               input_zero_points: Sequence | None = None, zero_point: int = 0,
+               precise: bool = False) -> "Requantize":
         """The most precise parameters for ``y = round(sum_i M_i * (acc_i - z_i)) + z_y``
         clipped to [lo, hi], given ``|acc_i| <= bounds[i]``; a ``ValueError`` if none fits int32.
 
         ``real_multipliers[i]`` and ``bounds[i]`` are scalars or equal-length vectors (one
         entry per channel). Multipliers must be positive and finite. ``input_zero_points``
         (``z_i``, integers; all 0 by default) and ``zero_point`` (``z_y``) are the tensors'
-        zero points.
+        zero points. ``precise`` takes the split multiplier of the module docstring where it
+        is more precise than one product (an inexact multiplier).
+
+        >>> single = Requantize.choose([0.00087], [146_000])
+        >>> split = Requantize.choose([0.00087], [146_000], precise=True)
+        >>> single.shift, single.split, split.shift, split.split
+        (24, 0, 40, 18)
+        >>> acc = np.array([4023, 12_069])        # acc * 0.00087 = 3.50001, 10.50003: round up
+        >>> single.apply([acc]).tolist(), split.apply([acc]).tolist()
+        ([3, 10], [4, 11])
 
         >>> rq = Requantize.choose([0.5, 0.25], [128, 128])     # exact: the smallest shift
         >>> rq.shift, [int(m) for m in rq.multipliers], rq.half_even
@@ -123,7 +161,14 @@ class Requantize:
                              f"and accumulator bounds {bnds}")
         exact = [rq for rq in fitting if rq.half_even or (rq.shift == 0 and rq._exact(reals))]
         # an exact multiplier at the smallest shift (fewest operations); else the most precise one
-        return exact[0] if exact else fitting[-1]
+        if exact:
+            return exact[0]
+        if precise:
+            for s in range(_PRECISE_SHIFT, fitting[-1].shift, -1):
+                rq = cls._split_at_shift(s, reals, bnds, lo, hi, zps, int(zero_point))
+                if rq is not None:
+                    return rq
+        return fitting[-1]
 
     @classmethod
     def _at_shift(cls, s: int, reals: list, bounds: list, lo: int, hi: int, zps: list,
@@ -151,6 +196,62 @@ class Requantize:
         return cls(ms, s, clamp, int(lo), int(hi), half_even=0 < s < _MAX_SHIFT and rq._exact(reals),
                    offset=offset, zero_point=zy)
 
+    @classmethod
+    def _split_at_shift(cls, s: int, reals: list, bounds: list, lo: int, hi: int, zps: list,
+                        zy: int) -> "Requantize | None":
+        """The precise form with shift ``s`` (the largest ``k`` its low products allow), or None
+        if no ``k`` keeps every intermediate within int32, or if the multiplier is exact at
+        ``s`` with a tie in reach (the precise form rounds half up; onnxruntime to even)."""
+        scaled = [np.round(r * 2.0**s) for r in reals]
+        if any(np.any(m > INT32_MAX * 2.0**_MAX_SHIFT) for m in scaled):
+            return None             # the high part m >> k (k <= 31) could not fit int32 (nor m int64)
+        ms = tuple(m.astype(np.int64) for m in scaled)
+        offset = np.asarray(-sum(z * m for z, m in zip(zps, ms)), dtype=np.int64)
+        bounds = list(bounds)
+        clamp = None
+        if len(ms) == 1 and not np.any(offset != 0):
+            # past A the result saturates (as in _at_shift): the clamp bounds the products
+            m = ms[0]
+            clamp = np.where(m > 0, (max(hi - zy, zy - lo) << s) // np.maximum(m, 1) + 1, 0)
+            if np.all(bounds[0] <= clamp):
+                clamp = None
+            else:
+                bounds[0] = np.minimum(bounds[0], clamp)
+        if any(np.any(b >= 1 << (s - 1)) for b in bounds) and all(np.array_equal(m, r * 2.0**s)
+                                                                  for m, r in zip(ms, reals)):
+            return None
+        constant = offset + (1 << (s - 1)) + (zy << s)
+        total = sum(np.max(b) for b in bounds)
+        for k in range(min(s, _MAX_SHIFT), 0, -1):
+            high, low = [m >> k for m in ms], [m & ((1 << k) - 1) for m in ms]
+            h, l = constant >> k, constant & ((1 << k) - 1)
+            if s - k > _MAX_SHIFT or any(np.any(m > INT32_MAX) for m in high):
+                return None         # a smaller k only makes the high parts larger
+            if np.any(sum(b * m for b, m in zip(bounds, low)) + l > INT32_MAX):
+                continue
+            # the high sum, the low sum's quotient (|t| <= sum of the bounds) and H
+            if np.any(sum(b * m for b, m in zip(bounds, high)) + total + np.abs(h) > INT32_MAX):
+                return None
+            return cls(ms, s, clamp, int(lo), int(hi), offset=offset, zero_point=zy, split=k)
+        return None
+
+    @property
+    def parts(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        """``(m >> k, m & (2**k - 1))`` per term of the precise form (``k = split``).
+
+        >>> [(int(h), int(l)) for h, l in Requantize.choose([0.00087], [146_000], precise=True).parts]
+        [(3649, 11660)]
+        """
+        k = self.split
+        return [(m >> k, m & ((1 << k) - 1)) for m in self.multipliers]
+
+    @property
+    def split_constants(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(H, L)`` of the precise form: the constant (offset, rounding and ``z_y * 2**s``)
+        as ``H * 2**k + L`` with ``0 <= L < 2**k``."""
+        constant = self.offset + self.rounding + (self.zero_point << self.shift)
+        return constant >> self.split, constant & ((1 << self.split) - 1)
+
     def _exact(self, reals: list) -> bool:
         return all(np.array_equal(m, r * 2.0**self.shift) for m, r in zip(self.multipliers, reals))
 
@@ -173,11 +274,16 @@ class Requantize:
         >>> Requantize.choose([0.5], [128]).apply([np.array([3, -3, 5, 255])]).tolist()
         [2, -2, 2, 127]
         """
+        accs = [np.asarray(acc, dtype=np.int64) for acc in accs]
+        if self.clamp is not None:
+            accs[0] = np.minimum(np.maximum(accs[0], -self.clamp), self.clamp)
+        if self.split:
+            high, low = self.split_constants
+            t = _checked(sum(_checked(acc * lo) for acc, (_, lo) in zip(accs, self.parts)) + low) >> self.split
+            v = _checked(sum(_checked(acc * hi) for acc, (hi, _) in zip(accs, self.parts)) + t + high)
+            return np.clip(v >> (self.shift - self.split), self.lo, self.hi).astype(np.int8)
         total = 0
-        for n, (acc, m) in enumerate(zip(accs, self.multipliers)):
-            acc = np.asarray(acc, dtype=np.int64)
-            if self.clamp is not None and n == 0:
-                acc = np.minimum(np.maximum(acc, -self.clamp), self.clamp)
+        for acc, m in zip(accs, self.multipliers):
             total = total + _checked(acc * m)
         total = _checked(total + self.offset)
         if self.half_even:

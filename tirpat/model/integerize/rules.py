@@ -333,11 +333,13 @@ def emit_requantize(accs: list[relax.Expr], rq: Requantize) -> relax.Expr:
     Constants keep the shapes of ``rq``'s arrays (0-d: an immediate after legalisation;
     ``[1, C, 1, 1]`` or ``[C]``: a per-channel vector).
     """
-    terms = []
-    for n, (acc, m) in enumerate(zip(accs, rq.multipliers)):
-        if n == 0 and rq.clamp is not None:
-            acc = relax.op.minimum(relax.op.maximum(acc, _const(-rq.clamp, "int32")), _const(rq.clamp, "int32"))
-        terms.append(acc if m.ndim == 0 and m == 1 else relax.op.multiply(acc, _const(m, "int32")))
+    accs = list(accs)
+    if rq.clamp is not None:
+        accs[0] = relax.op.minimum(relax.op.maximum(accs[0], _const(-rq.clamp, "int32")), _const(rq.clamp, "int32"))
+    if rq.split:
+        return _emit_split(accs, rq)
+    terms = [acc if m.ndim == 0 and m == 1 else relax.op.multiply(acc, _const(m, "int32"))
+             for acc, m in zip(accs, rq.multipliers)]
     v = terms[0]
     for t in terms[1:]:
         v = relax.op.add(v, t)
@@ -355,9 +357,28 @@ def emit_requantize(accs: list[relax.Expr], rq: Requantize) -> relax.Expr:
     return relax.op.astype(relax.op.clip(v, rq.lo, rq.hi), "int8")
 
 
+def _emit_split(accs: list[relax.Expr], rq: Requantize) -> relax.Expr:
+    """The precise form of :mod:`.fixed_point` (``rq.split > 0``) on the (clamped) accumulators:
+    ``((sum acc * m_hi + ((sum acc * m_lo + L) >> k) + H) >> (s - k))``, clipped and narrowed."""
+    def total(products: list) -> relax.Expr:
+        v = products[0]
+        for p in products[1:]:
+            v = relax.op.add(v, p)
+        return v
+
+    high, low = rq.split_constants
+    lows = [relax.op.multiply(acc, _const(lo, "int32")) for acc, (_, lo) in zip(accs, rq.parts)]
+    t = relax.op.right_shift(relax.op.add(total(lows), _const(low, "int32")), _const(rq.split, "int32"))
+    highs = [relax.op.multiply(acc, _const(hi, "int32")) for acc, (hi, _) in zip(accs, rq.parts)]
+    v = relax.op.add(relax.op.add(total(highs), t), _const(high, "int32"))
+    v = relax.op.right_shift(v, _const(rq.shift - rq.split, "int32"))
+    return relax.op.astype(relax.op.clip(v, rq.lo, rq.hi), "int8")
+
+
 def requantize_pattern(acc: DFPattern | None = None) -> DFPattern:
     """The Relax form :func:`emit_requantize` gives for one accumulator: a pattern an int8
-    backend can append to its GEMM/conv patterns to take the whole epilogue.
+    backend can append to its GEMM/conv patterns to take the whole epilogue (the precise
+    form's too, which reads the accumulator twice).
 
     >>> from tvm.relax.dpl import is_op, wildcard
     >>> conv = is_op("relax.nn.conv2d")(wildcard(), wildcard())
@@ -371,12 +392,19 @@ def requantize_pattern(acc: DFPattern | None = None) -> DFPattern:
     parity = is_op("relax.add")(floor, is_op("relax.multiply")(half, is_const()))
     half_even = is_op("relax.right_shift")(is_op("relax.add")(is_op("relax.add")(scaled, parity), is_const()),
                                            is_const())
-    return is_op("relax.astype")(is_op("relax.clip")(half_up | half_even | scaled, wildcard(), wildcard()))
+    # the precise form: one pattern for the (clamped) accumulator, so both products read the same
+    source = clamped | acc
+    low = is_op("relax.right_shift")(is_op("relax.add")(is_op("relax.multiply")(source, is_const()), is_const()),
+                                     is_const())
+    high = is_op("relax.add")(is_op("relax.add")(is_op("relax.multiply")(source, is_const()), low), is_const())
+    split = is_op("relax.right_shift")(high, is_const())
+    return is_op("relax.astype")(is_op("relax.clip")(half_up | half_even | split | scaled, wildcard(), wildcard()))
 
 
 def _requantize_int8(x: relax.Expr, source: tuple[float, int], target: tuple[float, int], lo: int,
-                     hi: int) -> relax.Expr:
-    """An int8 tensor at ``source`` (scale, zero point) as int8 at ``target``, clipped to [lo, hi]."""
+                     hi: int, precise: bool) -> relax.Expr:
+    """An int8 tensor at ``source`` (scale, zero point) as int8 at ``target``, clipped to [lo, hi]
+    (``precise``: :meth:`Requantize.choose`'s)."""
     (in_scale, zx), (out_scale, zy) = source, target
     if np.float32(in_scale) == np.float32(out_scale):
         if zx != zy:        # the same scale: a shift of the integers by the zero points' difference
@@ -385,7 +413,7 @@ def _requantize_int8(x: relax.Expr, source: tuple[float, int], target: tuple[flo
         if (lo, hi) == (INT8_MIN, INT8_MAX):
             return x
         return relax.op.clip(x, lo, hi)
-    rq = Requantize.choose([in_scale / out_scale], [INT8_MAGNITUDE], lo, hi, [zx], zy)
+    rq = Requantize.choose([in_scale / out_scale], [INT8_MAGNITUDE], lo, hi, [zx], zy, precise)
     return emit_requantize([relax.op.astype(x, "int32")], rq)
 
 
@@ -449,9 +477,9 @@ def _with_constant(m: "Match", a: "Dequantized", b: "Dequantized", call: relax.C
     return None
 
 
-def _choose(reals, bounds, lo, hi, input_zero_points=None, zero_point: int = 0) -> Requantize:
+def _choose(reals, bounds, lo, hi, input_zero_points=None, zero_point: int = 0, precise: bool = False) -> Requantize:
     try:
-        return Requantize.choose(reals, bounds, lo, hi, input_zero_points, zero_point)
+        return Requantize.choose(reals, bounds, lo, hi, input_zero_points, zero_point, precise)
     except ValueError as err:
         raise Declined(str(err)) from None
 
@@ -504,7 +532,8 @@ def _bias(m: Match, g: _Gemm, acc_scale: np.ndarray, channels: int, out_ndim: in
 
 
 def _finish_gemm(m: Match, g: _Gemm, acc: relax.Expr, w: np.ndarray, w_scale: np.ndarray,
-                 w_channel_axis: int, out_axis: int, window_sums: Callable[[], relax.Expr]) -> relax.Expr:
+                 w_channel_axis: int, out_axis: int, window_sums: Callable[[], relax.Expr],
+                 precise: bool) -> relax.Expr:
     """Bias, bounds and requantise shared by conv2d and matmul.
 
     The zero points join the bias: over a window of ``K`` products,
@@ -548,11 +577,14 @@ def _finish_gemm(m: Match, g: _Gemm, acc: relax.Expr, w: np.ndarray, w_scale: np
     if np.any(bound > INT32_MAX):
         raise Declined("the int32 accumulator could overflow (the reduction is too long for int8 x int8 -> int32)")
     lo, hi = g.act.bounds(m, sy, zy)
-    real = acc_scale.astype(np.float64) / np.float64(np.float32(sy))
+    # the real multiplier of the float32 scales (onnxruntime's float32 sum of dequantized
+    # products is within float32's error of it), not of their float32 product
+    real = np.float64(np.float32(sx)) * w_scale.astype(np.float32).astype(np.float64) / np.float64(np.float32(sy))
     if real.size == 1:
-        rq = _choose([real.reshape(())], [bound.max()], lo, hi, zero_point=zy)
+        rq = _choose([real.reshape(())], [bound.max()], lo, hi, zero_point=zy, precise=precise)
     else:
-        rq = _choose([_along(real, out_axis, out_ndim)], [_along(bound, out_axis, out_ndim)], lo, hi, zero_point=zy)
+        rq = _choose([_along(real, out_axis, out_ndim)], [_along(bound, out_axis, out_ndim)], lo, hi, zero_point=zy,
+                     precise=precise)
     return emit_requantize([acc], rq)
 
 
@@ -563,7 +595,7 @@ def _per_channel_axis(m: Match, d: Dequantized, want: int, ndim: int, what: str)
     return scales.reshape(-1) if scales.size > 1 else scales.reshape(())
 
 
-def _conv_rule() -> Rule:
+def _conv_rule(precise: bool) -> Rule:
     g = _Gemm("relax.nn.conv2d", transposed_weight=False)
 
     def build(m: Match) -> relax.Expr:
@@ -614,12 +646,12 @@ def _conv_rule() -> Rule:
                                       padding=[0, left, 0, right], dilation=[1, dw], groups=groups,
                                       out_dtype="int32")
 
-        return _finish_gemm(m, g, acc, w, w_scale, w_axis, out_axis, window_sums)
+        return _finish_gemm(m, g, acc, w, w_scale, w_axis, out_axis, window_sums, precise)
 
     return Rule("conv2d", g.q.pattern, build)
 
 
-def _matmul_rule() -> Rule:
+def _matmul_rule(precise: bool) -> Rule:
     g = _Gemm("relax.matmul", transposed_weight=True)
 
     def build(m: Match) -> relax.Expr:
@@ -637,7 +669,7 @@ def _matmul_rule() -> Rule:
         def window_sums() -> relax.Expr:
             return relax.op.sum(relax.op.astype(m[g.x.x], "int32"), axis=[-1], keepdims=True)
 
-        return _finish_gemm(m, g, acc, w_nk, w_scale, 0, -1, window_sums)
+        return _finish_gemm(m, g, acc, w_nk, w_scale, 0, -1, window_sums, precise)
 
     return Rule("matmul", g.q.pattern, build)
 
@@ -645,7 +677,7 @@ def _matmul_rule() -> Rule:
 # ----------------------------------------------------------------------------------------
 # elementwise: add, ReLU/Clip, rescale
 # ----------------------------------------------------------------------------------------
-def _add_rule() -> Rule:
+def _add_rule(precise: bool) -> Rule:
     """``q(act(dq(a) + dq(b)))`` or ``-``: both operands rescaled to a common fixed-point scale
     in int32 and summed (a subtrahend negated first: ``-b`` is ``b`` at the negated zero point,
     so every multiplier stays positive), requantised."""
@@ -668,7 +700,7 @@ def _add_rule() -> Rule:
         second = relax.op.astype(m[b.x], "int32")
         if m.get(add) is None:
             second, zb = relax.op.negative(second), -zb
-        rq = _choose([sa / sy, sb / sy], [INT8_MAGNITUDE, INT8_MAGNITUDE], lo, hi, [za, zb], zy)
+        rq = _choose([sa / sy, sb / sy], [INT8_MAGNITUDE, INT8_MAGNITUDE], lo, hi, [za, zb], zy, precise)
         return emit_requantize([relax.op.astype(m[a.x], "int32"), second], rq)
 
     return Rule("add", q.pattern, build)
@@ -678,7 +710,7 @@ def _op_word(call: relax.Call) -> str:
     return {"relax.add": "an add", "relax.subtract": "a subtract", "relax.multiply": "a multiply"}[str(call.op.name)]
 
 
-def _multiply_rule() -> Rule:
+def _multiply_rule(precise: bool) -> Rule:
     """``q(act(dq(a) * dq(b)))`` of two int8 tensors (a squeeze-excitation's scaling, HardSwish's
     ``x * hardsigmoid(x)``, an affine constant): the int32 product ``(a - z_a)(b - z_b)``
     (at most ``(128 + |z_a|)(128 + |z_b|)``, far within int32) requantised by ``s_a s_b / s_y``."""
@@ -703,12 +735,12 @@ def _multiply_rule() -> Rule:
 
         product = relax.op.multiply(centred(m[a.x], za), centred(m[b.x], zb))
         bound = (INT8_MAGNITUDE + abs(za)) * (INT8_MAGNITUDE + abs(zb))
-        return emit_requantize([product], _choose([sa * sb / sy], [bound], lo, hi, zero_point=zy))
+        return emit_requantize([product], _choose([sa * sb / sy], [bound], lo, hi, zero_point=zy, precise=precise))
 
     return Rule("multiply", q.pattern, build)
 
 
-def _activation_rule() -> Rule:
+def _activation_rule(precise: bool) -> Rule:
     x = Dequantized()
     act = Activation(x.pattern)
     q = Quantized(act.relu | act.clip)
@@ -716,17 +748,17 @@ def _activation_rule() -> Rule:
     def build(m: Match) -> relax.Expr:
         sx, sy = x.activation(m), q.activation(m)
         lo, hi = act.bounds(m, *sy)
-        return _requantize_int8(m[x.x], sx, sy, lo, hi)
+        return _requantize_int8(m[x.x], sx, sy, lo, hi, precise)
 
     return Rule("relu/clip", q.pattern, build)
 
 
-def _rescale_rule() -> Rule:
+def _rescale_rule(precise: bool) -> Rule:
     x = Dequantized()
     q = Quantized(x.pattern)
 
     def build(m: Match) -> relax.Expr:
-        return _requantize_int8(m[x.x], x.activation(m), q.activation(m), INT8_MIN, INT8_MAX)
+        return _requantize_int8(m[x.x], x.activation(m), q.activation(m), INT8_MIN, INT8_MAX, precise)
 
     return Rule("rescale", q.pattern, build)
 
@@ -752,9 +784,9 @@ def clip_fold_rule() -> Rule:
 # ----------------------------------------------------------------------------------------
 # pooling and layout
 # ----------------------------------------------------------------------------------------
-def _unary_rule(name: str, ops: tuple[str, ...], body: Callable) -> Rule:
+def _unary_rule(name: str, ops: tuple[str, ...], body: Callable, precise: bool) -> Rule:
     """A rule for ``q(op(dq(x), ...))`` with ``op`` one of ``ops`` and per-tensor scales;
-    ``body(call, x, (s_x, z_x), (s_y, z_y))`` builds the integer form from the matched call."""
+    ``body(call, x, (s_x, z_x), (s_y, z_y), precise)`` builds the integer form from the matched call."""
     x = Dequantized()
     op = None
     for name_ in ops:
@@ -763,7 +795,7 @@ def _unary_rule(name: str, ops: tuple[str, ...], body: Callable) -> Rule:
     q = Quantized(op)
 
     def build(m: Match) -> relax.Expr:
-        return body(m[op], m[x.x], x.activation(m), q.activation(m))
+        return body(m[op], m[x.x], x.activation(m), q.activation(m), precise)
 
     return Rule(name, q.pattern, build)
 
@@ -775,17 +807,17 @@ def _with_input(call: relax.Call, x: relax.Expr) -> relax.Call:
 
 
 
-def _mean(call, x, sx, sy):
+def _mean(call, x, sx, sy, precise):
     attrs = call.attrs
     dims = dims_of(x)
     axes = range(len(dims)) if attrs.axis is None else [int(a) % len(dims) for a in attrs.axis]
     count = int(np.prod(_static(dims, axes, "a mean")))
     total = relax.op.sum(relax.op.astype(x, "int32"), axis=attrs.axis, keepdims=bool(attrs.keepdims))
-    return _average(total, np.array(count), np.array(count), count, sx, sy)
+    return _average(total, np.array(count), np.array(count), count, sx, sy, precise)
 
 
 def _average(total: relax.Expr, counts: np.ndarray, present: np.ndarray, window: int, source: tuple[float, int],
-             target: tuple[float, int]) -> relax.Expr:
+             target: tuple[float, int], precise: bool) -> relax.Expr:
     """int8 ``round((total - z_x * present) * s_x / (s_y * counts)) + z_y`` for int32 window
     sums ``total`` of ``present`` input elements each (padding reads 0; ``counts`` and
     ``present`` broadcast against ``total``): the mean of ``x - z_x``. ``window`` is the
@@ -803,7 +835,7 @@ def _average(total: relax.Expr, counts: np.ndarray, present: np.ndarray, window:
     if np.float32(sx) != np.float32(sy):
         real = sx / (sy * counts.astype(np.float64))
         bound = INT8_MAGNITUDE * window + abs(zx) * present
-        return emit_requantize([total], _choose([real], [bound], INT8_MIN, INT8_MAX, zero_point=zy))
+        return emit_requantize([total], _choose([real], [bound], INT8_MIN, INT8_MAX, zero_point=zy, precise=precise))
     count = _const(counts, "int32")
     q = relax.op.floor_divide(total, count)
     r = relax.op.subtract(total, relax.op.multiply(q, count))
@@ -826,7 +858,7 @@ def _window_counts(size, kernel, stride, pad_before, pad_after, include_pad) -> 
     return np.minimum(start + kernel, size) - np.maximum(start, 0)
 
 
-def _avg_pool(call, x, sx, sy):
+def _avg_pool(call, x, sx, sy, precise):
     attrs = call.attrs
     if str(attrs.layout) != "NCHW" or str(attrs.out_layout) != "NCHW":
         raise Declined(f"an average pool in layout {attrs.layout} (the integer form is NCHW)")
@@ -856,7 +888,7 @@ def _avg_pool(call, x, sx, sy):
     def positions(v):
         return v.reshape(1, 1, *v.shape) if np.any(v != v.flat[0]) else np.array(v.flat[0])
 
-    return _average(total, positions(counts), positions(present), kh * kw, sx, sy)
+    return _average(total, positions(counts), positions(present), kh * kw, sx, sy, precise)
 
 
 #: Operators that commute with quantize and dequantize: maxima and element moves (a resize
@@ -942,7 +974,7 @@ class _Canonicalised(Rule):
         return lambda mod: relax.transform.CanonicalizeBindings()(rewrite(mod))
 
 
-def _concat_rule(arity: int) -> Rule:
+def _concat_rule(arity: int, precise: bool) -> Rule:
     """``q(concat(dq(x_1), ..., dq(x_n)))``: each input rescaled to the output's scale, then
     concatenated as int8."""
     xs = [Dequantized() for _ in range(arity)]
@@ -951,7 +983,7 @@ def _concat_rule(arity: int) -> Rule:
 
     def build(m: Match) -> relax.Expr:
         sy = q.activation(m)
-        parts = [_requantize_int8(m[x.x], x.activation(m), sy, INT8_MIN, INT8_MAX) for x in xs]
+        parts = [_requantize_int8(m[x.x], x.activation(m), sy, INT8_MIN, INT8_MAX, precise) for x in xs]
         return relax.op.concat(parts, axis=m[concat].attrs.axis)
 
     return Rule("concat", q.pattern, build)
@@ -989,10 +1021,15 @@ def _uint8_rule() -> Rule:
     return Rule("uint8 to int8", dequantize, build)
 
 
-def all_rules() -> list[Rule]:
-    """Every integerising rule, most specific first (the shift of uint8 tensors to int8 before all)."""
-    return [_uint8_rule(), _conv_rule(), _matmul_rule(), _add_rule(), _multiply_rule(),
-            _unary_rule("avg_pool2d", ("relax.nn.avg_pool2d",), _avg_pool),
-            _unary_rule("mean", ("relax.mean",), _mean),
-            *[_concat_rule(n) for n in range(2, 9)], _split_rule(),
-            _dequantize_later_rule(), _activation_rule(), _rescale_rule()]
+def all_rules(precise: bool = False) -> list[Rule]:
+    """Every integerising rule, most specific first (the shift of uint8 tensors to int8 before all);
+    ``precise``: each requantise in :mod:`.fixed_point`'s precise form where it is more precise.
+
+    >>> [rule.name for rule in all_rules()][:3]
+    ['uint8 to int8', 'conv2d', 'matmul']
+    """
+    return [_uint8_rule(), _conv_rule(precise), _matmul_rule(precise), _add_rule(precise), _multiply_rule(precise),
+            _unary_rule("avg_pool2d", ("relax.nn.avg_pool2d",), _avg_pool, precise),
+            _unary_rule("mean", ("relax.mean",), _mean, precise),
+            *[_concat_rule(n, precise) for n in range(2, 9)], _split_rule(),
+            _dequantize_later_rule(), _activation_rule(precise), _rescale_rule(precise)]
