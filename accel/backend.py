@@ -55,9 +55,10 @@ class AccelBackend(tp.Backend):
             raise ValueError(str(err).replace(f"{Config.__name__}.", "")) from None
 
     def patterns(self, opts: dict) -> list:
+        from accel.compiler import elementwise
         from accel.compiler.patterns import patterns
 
-        return patterns()
+        return patterns() + elementwise.patterns()
 
     def schedule(self, func, opts: dict):
         from accel.compiler.schedule import schedule_partition
