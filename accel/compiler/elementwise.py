@@ -443,6 +443,9 @@ class _Layout:
 
 
 def _layout(chain: Chain, config: Config) -> _Layout:
+    """The rows the chain's values are laid out in, and how many a block takes: the most that
+    fit ACC and INP (counted off the buffers one block allocates, doubled where the block loop
+    runs more than once, as the planner doubles them)."""
     t = config.tile
     out = chain.shape
     ks = set()
@@ -455,34 +458,31 @@ def _layout(chain: Chain, config: Config) -> _Layout:
             ks.add(kind[1])
     if len(ks) > 1:
         raise _Unsupported(f"values broadcast along different trailing dimensions ({sorted(ks)})")
-
-    def size(k):
-        rows, length = int(np.prod(out[:k], dtype=np.int64)), int(np.prod(out[k:], dtype=np.int64))
-        return rows * -(-length // t) * t, -rows
-
-    k = ks.pop() if ks else min(range(len(out) + 1), key=size)
-    rows, length = int(np.prod(out[:k], dtype=np.int64)), int(np.prod(out[k:], dtype=np.int64))
-    padded = -(-length // t) * t
     kinds = {id(n): broadcast_kind(n.shape, out)[0] for n in chain.nodes()}
-    # per block: every node may need its own ACC region; each leaf its INP staging
-    full = sum(1 for n in chain.nodes() if kinds[id(n)] == "full")
-    small = len(kinds) - full
-    leaves_full = sum(1 for n in chain.nodes() if n.is_leaf and kinds[id(n)] == "full")
-    leaves_small = sum(1 for n in chain.nodes() if n.is_leaf) - leaves_full
+    capacity = {ACC.scope: config.acc_elements, INP.scope: config.inp_elements}
 
-    def fits(b):
-        acc = full * _tiles(b * padded, t) + small * _tiles(_round(b, t) * t, t)
-        inp = leaves_full * _tiles(b * padded, t) + leaves_small * _tiles(_round(b, t) * t, t)
-        # buffers allocated in a loop that runs more than once are doubled
-        copies = 2 if b < rows else 1
-        return (acc * copies <= config.acc_elements // (t * t) and inp * copies <= config.inp_elements // (t * t))
+    def fits(rows: int, length: int, block: int) -> bool:
+        layout = _Layout(rows, length, _round(length, t), block, kinds)
+        allocs = _Emitter(chain, layout, config, *_weights(t)).block(0, block, "")
+        used = dict.fromkeys(capacity, 0)
+        for a in allocs:
+            if isinstance(a, tirx.AllocBuffer):
+                used[a.buffer.scope()] += int(a.buffer.shape[0])
+        copies = 2 if block < rows else 1
+        return all(used[scope] * copies <= capacity[scope] for scope in capacity)
 
-    block = rows
-    while block and not fits(block):
-        block = block // 2 if block > 1 else 0
-    if not block:
-        raise _Unsupported(f"a row of {length} elements does not fit ACC with the chain's {full} values")
-    return _Layout(rows, length, padded, block, kinds)
+    def choose(k: int) -> _Layout | None:
+        rows, length = int(np.prod(out[:k], dtype=np.int64)), int(np.prod(out[k:], dtype=np.int64))
+        block = rows
+        while block and not fits(rows, length, block):
+            block //= 2
+        return _Layout(rows, length, _round(length, t), block, kinds) if block else None
+
+    # a broadcast operand fixes the rows; else the split that pads least, of those whose rows fit
+    candidates = [c for c in map(choose, [ks.pop()] if ks else range(len(out) + 1)) if c is not None]
+    if not candidates:
+        raise _Unsupported(f"a row of the {'x'.join(map(str, out))} result does not fit ACC with the chain's values")
+    return min(candidates, key=lambda c: (c.rows * c.padded, -c.block))
 
 
 def _round(n: int, t: int) -> int:
@@ -631,6 +631,12 @@ class _Emitter:
             rows=self.rows, cols=lay.length, dram_ld=lay.length))
 
 
+def _weights(t: int) -> tuple:
+    """The WGT buffers of the widening: a row of ones (DWMAC), a tile whose first column is ones (GEMM)."""
+    return (tirx.decl_buffer((t,), "int8", f"{BUFFER_PREFIX}ones", scope=WGT.scope),
+            tirx.decl_buffer((t * t,), "int8", f"{BUFFER_PREFIX}column", scope=WGT.scope))
+
+
 def lower(func: tirx.PrimFunc, chain: Chain, config: Config) -> tirx.PrimFunc:
     """``func`` with its body replaced by accel's instructions for ``chain`` (see the module
     docstring); raises ``ValueError`` naming the problem when its rows do not fit ACC."""
@@ -640,8 +646,7 @@ def lower(func: tirx.PrimFunc, chain: Chain, config: Config) -> tirx.PrimFunc:
         raise ValueError(str(why)) from None
     t = config.tile
     host = chain.leaves[0]
-    ones = tirx.decl_buffer((t,), "int8", "elementwise_ones", scope=WGT.scope)
-    column = tirx.decl_buffer((t * t,), "int8", "elementwise_column", scope=WGT.scope)
+    ones, column = _weights(t)
     # weights of padding alone: a row of ones (DWMAC), a tile whose first column is ones (GEMM)
     pad = {"elem_offset": 0, "rows": 0, "cols": 0, "dram_ld": 0, "pad_bottom": 0, "pad_right": 0}
     stmts = [tirx.AllocBuffer(ones), tirx.AllocBuffer(column),
