@@ -665,7 +665,9 @@ def lower(func: tirx.PrimFunc, chain: Chain, config: Config) -> tirx.PrimFunc:
                               tirx.SeqStmt(body) if len(body) > 1 else body[0]))
     if rest:
         stmts.append(tirx.SeqStmt(emitter.block(tirx.IntImm("int32", whole * layout.block), rest, "_rest")))
-    return func.with_body(tirx.SeqStmt(stmts))
+    # in a root block, as TVM's passes after scheduling expect a PrimFunc's body
+    root = s_tir.SBlock([], [], [], "root", tirx.SeqStmt(stmts))
+    return func.with_body(s_tir.SBlockRealize([], True, root))
 
 
 def describe(chain: Chain, config: Config) -> str:
