@@ -507,7 +507,7 @@ class _Emitter:
                         self.uses[id(operand)] = self.uses.get(id(operand), 0) + 1
 
     def block(self, row0, rows: int, tag: str) -> list:
-        t, lay = self.t, self.layout
+        """The allocations and instructions of the block of ``rows`` rows from ``row0``."""
         self.stmts, self.allocs, self.tag, self.count = [], [], tag, 0
         self.row0, self.rows = row0, rows
         self.left = dict(self.uses)
@@ -524,19 +524,20 @@ class _Emitter:
         elements = _tiles(self.rows * lay.padded, t) if kind == "full" else _tiles(_round(self.rows, t) * t, t)
         if kind == "scalar":
             elements = 1
-        buf = tirx.decl_buffer((elements * t * t,), "int32", f"elementwise_acc{self.count}{self.tag}", scope=ACC.scope)
+        buf = tirx.decl_buffer((elements * t * t,), "int32", f"{BUFFER_PREFIX}acc{self.count}{self.tag}", scope=ACC.scope)
         self.allocs.append(tirx.AllocBuffer(buf))
         return buf, kind
 
     def inp(self, tiles: int):
         self.count += 1
-        buf = tirx.decl_buffer((tiles * self.t * self.t,), "int8", f"elementwise_inp{self.count}{self.tag}", scope=INP.scope)
+        buf = tirx.decl_buffer((tiles * self.t * self.t,), "int8", f"{BUFFER_PREFIX}inp{self.count}{self.tag}",
+                               scope=INP.scope)
         self.allocs.append(tirx.AllocBuffer(buf))
         return buf
 
     def vectors(self, region) -> dict:
         """ALU fields walking ``region``'s vectors: rows of the block (outer), vectors of a row (inner)."""
-        buf, kind = region
+        kind = region[1]
         t, lay = self.t, self.layout
         if kind == "full":
             return {"ext_out": self.rows, "ext_in": lay.padded // t, "stride_out": lay.padded, "stride_in": t}
@@ -665,9 +666,10 @@ def lower(func: tirx.PrimFunc, chain: Chain, config: Config) -> tirx.PrimFunc:
                               tirx.SeqStmt(body) if len(body) > 1 else body[0]))
     if rest:
         stmts.append(tirx.SeqStmt(emitter.block(tirx.IntImm("int32", whole * layout.block), rest, "_rest")))
-    # in a root block, as TVM's passes after scheduling expect a PrimFunc's body
-    root = s_tir.SBlock([], [], [], "root", tirx.SeqStmt(stmts))
-    return func.with_body(s_tir.SBlockRealize([], True, root))
+    # a block in a root block, as TVM's passes after scheduling expect of a PrimFunc's body
+    # (Relax's SplitLayoutRewritePreproc, run on a real model's module, wants both)
+    chain_block = s_tir.SBlockRealize([], True, s_tir.SBlock([], [], [], "elementwise", tirx.SeqStmt(stmts)))
+    return func.with_body(s_tir.SBlockRealize([], True, s_tir.SBlock([], [], [], "root", chain_block)))
 
 
 def describe(chain: Chain, config: Config) -> str:
