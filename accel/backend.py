@@ -72,11 +72,13 @@ class AccelBackend(tp.Backend):
 
     def passes(self, phase: tp.Phase, opts: dict) -> list:
         if phase is tp.Phase.PRE_PARTITION:
+            from accel.compiler.elementwise import widen_per_use
             from accel.compiler.patterns import narrow_constant_operands
 
             # a quantised (QDQ) model becomes the integer arithmetic accel's patterns take;
-            # int32 weights that fit int8 are stored as int8
-            return [tp.integerize(), narrow_constant_operands()]
+            # int32 weights that fit int8 are stored as int8; an element-wise chain gets its
+            # own widening casts
+            return [tp.integerize(), narrow_constant_operands(), widen_per_use()]
         if phase is tp.Phase.POST_PARTITION:
             from accel.compiler.patterns import accumulator_first
 

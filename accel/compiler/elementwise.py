@@ -44,7 +44,9 @@ import json
 from dataclasses import dataclass, field
 
 import numpy as np
+import tvm
 from tvm import ir, relax, s_tir, tirx
+from tvm.relax.expr_functor import PyExprMutator, mutator
 from tvm.relax.backend.utils import has_leaking_intermediate_variables
 from tvm.relax.dpl import DFPattern, is_const, is_op, wildcard
 
@@ -55,7 +57,7 @@ from tirpat.device.planner import access_ptr_buffer
 from accel.hw.instructions import (ACC, ALU, DWMAC, GEMM, GEMM_RESET, INP, INSTRUCTIONS, LOAD, STORE, WGT, AluOp, Mem,
                                    StoreMode, instruction_of)
 
-__all__ = ["patterns", "check", "Node", "Chain", "analyse", "lower", "schedule_partition", "rule", "PATTERN_NAME",
+__all__ = ["patterns", "check", "widen_per_use", "Node", "Chain", "analyse", "lower", "schedule_partition", "rule", "PATTERN_NAME",
            "BUFFER_PREFIX"]
 
 #: The partition pattern's name (``tp.explain`` and the report show it), and the rule's.
@@ -198,6 +200,70 @@ def check(ctx) -> bool | str:
     if has_leaking_intermediate_variables(ctx):
         return False
     return True
+
+
+#: The element-wise operations whose widened int8 operands :func:`widen_per_use` gives their own cast.
+_WIDENED_FOR = ("relax.add", "relax.subtract", "relax.multiply", "relax.negative")
+
+
+def widen_per_use() -> tvm.transform.Pass:
+    """A Relax pass: an ``astype(x, int32)`` of an int8 ``x`` read by an element-wise add,
+    subtract, multiply or negative and by something else too becomes a cast of its own for
+    each of those operations, so that an element-wise partition can take the cast with its
+    chain (a squeeze-excitation's input is widened once by integerize for both the average
+    pool's sum and the scaling multiply: shared, the cast would leak out of the partition).
+    Nothing else changes; a cast left unread is removed.
+
+    >>> widen_per_use().info.name
+    'accel.WidenPerUse'
+    """
+    @tvm.transform.module_pass(opt_level=0, name="accel.WidenPerUse")
+    def run(mod, ctx):
+        functions = {gv: f for gv, f in mod.functions.items() if isinstance(f, relax.Function)}
+        uses: dict = {}
+        widened: dict = {}
+        for f in functions.values():
+            for block in f.body.blocks:
+                for b in block.bindings:
+                    value = b.value
+                    if isinstance(value, relax.Call) and isinstance(value.op, ir.Op):
+                        if value.op.name == "relax.astype" and _dtype(value) == "int32" and \
+                                _dtype(value.args[0]) == "int8":
+                            widened[b.var] = value.args[0]
+                        for a in value.args:
+                            if isinstance(a, relax.Var):
+                                uses[a] = uses.get(a, 0) + 1
+                    elif isinstance(value, relax.Var):
+                        uses[value] = uses.get(value, 0) + 1
+            if isinstance(f.body.body, relax.Var):
+                uses[f.body.body] = uses.get(f.body.body, 0) + 1
+        shared = {v: x for v, x in widened.items() if uses.get(v, 0) > 1}
+        if not shared:
+            return mod
+        rewriter = _WidenPerUse(mod, shared)
+        for gv, f in functions.items():
+            rewriter.builder_.update_func(gv, rewriter.visit_expr(f))
+        return relax.transform.DeadCodeElimination()(rewriter.builder_.get())
+
+    return run
+
+
+@mutator
+class _WidenPerUse(PyExprMutator):
+    def __init__(self, mod: tvm.IRModule, shared: dict) -> None:
+        super().__init__(mod)
+        self.shared = shared
+
+    def visit_var_binding_(self, binding: relax.VarBinding) -> None:
+        value = binding.value
+        if not (isinstance(value, relax.Call) and isinstance(value.op, ir.Op) and value.op.name in _WIDENED_FOR
+                and any(isinstance(a, relax.Var) and a in self.shared for a in value.args)):
+            super().visit_var_binding_(binding)
+            return
+        args = [self.builder_.emit(relax.op.astype(self.visit_expr(self.shared[a]), "int32"))
+                if isinstance(a, relax.Var) and a in self.shared else self.visit_expr(a) for a in value.args]
+        new = relax.Call(value.op, args, value.attrs)
+        self.builder_.emit_normalized(relax.VarBinding(binding.var, self.builder_.normalize(new)))
 
 
 # ----------------------------------------------------------------------------------------

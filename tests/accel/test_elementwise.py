@@ -170,3 +170,36 @@ def test_qdq_conv_residual_add_and_squeeze_excitation_multiply_end_on_accel(seed
     host = [h["op"] for h in report["on_host"]]
     assert not {"relax.add", "relax.multiply", "relax.right_shift"} & set(host), report["on_host"]
     assert report["macs"]["host"] == 0
+
+
+def test_a_widened_input_shared_with_a_sum_is_widened_again_for_the_chain():
+    """integerize widens a squeeze-excitation's input once for the average pool's sum and the
+    scaling multiply; accel's ``widen_per_use`` gives the multiply a cast of its own, so the
+    chain is one element-wise partition (the sum stays on the host), bit-exact."""
+    bb = relax.BlockBuilder()
+    a = relax.Var("a", relax.TensorType((1, 8, 6, 6), "int8"))
+    s = relax.Var("s", relax.TensorType((1, 8, 1, 1), "int8"))
+    with bb.function("main", [a, s]):
+        with bb.dataflow():
+            wide = bb.emit(relax.op.astype(a, "int32"))
+            total = bb.emit(relax.op.sum(wide, axis=[2, 3], keepdims=True))
+            product = relax.op.multiply(wide, relax.op.astype(s, "int32"))
+            rq = Requantize.choose([0.003], [128 * 128])
+            out = bb.emit(emit_requantize([product], rq))
+            result = bb.emit_output(relax.Tuple([out, total]))
+        bb.emit_func_output(result)
+    mod = bb.get()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = tp.build(mod, "accel, llvm")
+    vm = relax.VirtualMachine(tvm.compile(mod, "llvm"), tvm.cpu())
+    rng = np.random.default_rng(5)
+    args = [rng.integers(-128, 128, (1, 8, 6, 6), dtype=np.int8), rng.integers(-128, 128, (1, 8, 1, 1), dtype=np.int8)]
+    want = vm["main"](*[tvm.runtime.tensor(x) for x in args])
+    for _ in range(3):
+        got = model(*args)
+        np.testing.assert_array_equal(got[0], want[0].numpy())
+        np.testing.assert_array_equal(got[1], want[1].numpy())
+    report = model.report.to_json()
+    assert [p["pattern"] for p in report["partitions"]] == ["accel.elementwise"], report["partitions"]
+    assert sorted(h["op"] for h in report["on_host"]) == ["relax.astype", "relax.sum"], report["on_host"]
