@@ -7,7 +7,8 @@ subtrahend negated first), and ``q(dq(a) * dq(b))`` as the product of the centre
 (``(astype(a) - z_a) * (astype(b) - z_b)``), both ending in the requantise of
 :func:`~tirpat.model.integerize.rules.emit_requantize` (multiply, add, shift right, clip, cast
 to int8). The ``accel.elementwise`` pattern (:func:`patterns`) takes that chain, from the int8
-leaves to the int8 result; :func:`analyse` reads it back from the partition's legalised TIR
+leaves to the int8 result (and integerize's rescale of one int8 tensor to another scale or
+zero point); :func:`analyse` reads it back from the partition's legalised TIR
 as a DAG of int32 operations, and :func:`lower` writes the instructions:
 
 - each int8 leaf is LOADed into INP and widened into ACC by the GEMM array: a DWMAC with a
@@ -52,6 +53,7 @@ from tvm.relax.dpl import DFPattern, is_const, is_op, wildcard
 
 import tirpat as tp
 from tirpat.model.integerize.rules import requantize_pattern
+from tirpat.model.partition import origin_of
 from accel.hw.config import Config
 from tirpat.device.planner import access_ptr_buffer
 from accel.hw.instructions import (ACC, ALU, DWMAC, GEMM, GEMM_RESET, INP, INSTRUCTIONS, LOAD, STORE, WGT, AluOp, Mem,
@@ -94,7 +96,8 @@ def _accumulator() -> DFPattern:
 
 def patterns() -> list:
     """``[(name, pattern, annotations, check)]`` of the element-wise core: a requantised
-    (:func:`~tirpat.model.integerize.rules.requantize_pattern`) sum or product of int8 tensors.
+    (:func:`~tirpat.model.integerize.rules.requantize_pattern`) sum or product of int8 tensors,
+    then one int8 tensor requantised (a rescale) or moved to another zero point.
 
     >>> name, pattern, annotations, check_fn = patterns()[0]
     >>> name, type(pattern).__name__
@@ -105,8 +108,12 @@ def patterns() -> list:
 
 @functools.lru_cache(maxsize=None)
 def _patterns() -> tuple:
-    acc = _accumulator()
-    return ((PATTERN_NAME, requantize_pattern(acc), {"core": acc}, check),)
+    two, one = _accumulator(), _leaf()
+    # one tensor requantised to another scale (integerize's rescale), or moved to another zero
+    # point at the same scale (an add of the zero points' difference)
+    shifted = is_op("relax.astype")(is_op("relax.clip")(is_op("relax.add")(one, is_const()), wildcard(), wildcard()))
+    return ((PATTERN_NAME, requantize_pattern(two), {"core": two}, check),
+            (PATTERN_NAME, requantize_pattern(one) | shifted, {"core": one}, check))
 
 
 def _dtype(expr) -> str:
@@ -750,13 +757,16 @@ def describe(chain: Chain, config: Config) -> str:
 
 def schedule_partition(func: tirx.PrimFunc, config: Config) -> tirx.PrimFunc | None:
     """The element-wise partition ``func`` lowered to accel's instructions with its notes for
-    the report, or None when ``func`` is no element-wise chain (it has a reduction, say); a
-    chain accel cannot run is returned as it is, its notes saying why (it runs on the CPU)."""
+    the report, or None when ``func`` is no element-wise chain (it has a reduction, or it is a
+    hand-written workload the chain's analysis declines); a partition of :func:`patterns`
+    accel cannot run is returned as it is, its notes saying why (it runs on the CPU)."""
     sch = s_tir.Schedule(ir.IRModule({"main": func}))
     blocks = [sch.get(b) for b in sch.get_child_blocks(sch.get_sblock("root"))]
     if not blocks or any(int(iv.iter_type) != 0 for b in blocks for iv in b.iter_vars):
         return None
     chain, why = analyse(func)
+    if chain is None and origin_of(func) is None:
+        return None     # a hand-written workload, not this pattern's partition: the GEMM scheduler's
     notes = {"host_macs": 0, "device_macs": 0, "host_steps": [], "epilogue": [], "details": []}
     if chain is not None:
         try:

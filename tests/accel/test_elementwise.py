@@ -45,6 +45,23 @@ def chain_module(op: str, shape_a, shape_b, reals, za: int = 0, zb: int = 0, zy:
     return bb.get()
 
 
+def rescale_module(shape, real: float | None, zx: int, zy: int, bounds=(-128, 127)) -> tvm.IRModule:
+    """``main(a)``: integerize's rescale of an int8 tensor to the scale ``real`` times its own
+    (None: the same scale, only the zero point moves from ``zx`` to ``zy``), clipped to ``bounds``."""
+    bb = relax.BlockBuilder()
+    a = relax.Var("a", relax.TensorType(shape, "int8"))
+    with bb.function("main", [a]):
+        with bb.dataflow():
+            wide = relax.op.astype(a, "int32")
+            if real is None:
+                value = relax.op.astype(relax.op.clip(relax.op.add(wide, relax.const(zy - zx, "int32")), *bounds), "int8")
+            else:
+                value = emit_requantize([wide], Requantize.choose([real], [128], *bounds, [zx], zy))
+            out = bb.emit_output(value)
+        bb.emit_func_output(out)
+    return bb.get()
+
+
 def _build_and_compare(mod: tvm.IRModule, seed: int):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -82,6 +99,13 @@ def test_elementwise_chain_on_accel_is_bit_exact_with_llvm(op, shape, broadcast,
     shapes = (other, shape) if swap else (shape, other)
     mod = chain_module(op, *shapes, (ra, rb), za, zb, zy, bounds)
     _on_accel(_build_and_compare(mod, seed))
+
+
+@settings(max_examples=6, deadline=None)
+@given(_SHAPES, st.one_of(st.none(), st.floats(0.01, 4.0)), st.integers(-30, 30), st.integers(-30, 30),
+       st.sampled_from([(-128, 127), (0, 127)]), st.integers(0, 1000))
+def test_a_rescale_of_one_int8_tensor_on_accel_is_bit_exact(shape, real, zx, zy, bounds, seed):
+    _on_accel(_build_and_compare(rescale_module(shape, real, zx, zy, bounds), seed))
 
 
 @pytest.mark.parametrize("op", ["add", "multiply"])
