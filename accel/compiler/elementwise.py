@@ -59,8 +59,8 @@ from tirpat.device.planner import access_ptr_buffer
 from accel.hw.instructions import (ACC, ALU, DWMAC, GEMM, GEMM_RESET, INP, INSTRUCTIONS, LOAD, STORE, WGT, AluOp, Mem,
                                    StoreMode, instruction_of)
 
-__all__ = ["patterns", "check", "widen_per_use", "Node", "Chain", "analyse", "lower", "schedule_partition", "rule", "PATTERN_NAME",
-           "BUFFER_PREFIX"]
+__all__ = ["patterns", "check", "widen_per_use", "Node", "Chain", "analyse", "lower", "schedule_partition",
+           "describe", "describe_operation", "rule", "broadcast_kind", "PATTERN_NAME", "BUFFER_PREFIX"]
 
 #: The partition pattern's name (``tp.explain`` and the report show it), and the rule's.
 PATTERN_NAME = "accel.elementwise"
@@ -746,13 +746,44 @@ def lower(func: tirx.PrimFunc, chain: Chain, config: Config) -> tirx.PrimFunc:
 
 
 def describe(chain: Chain, config: Config) -> str:
-    """One line for the report: the chain's shape, layout and operations."""
+    """One line for the report: the chain's shape, layout and operations.
+
+    >>> a = Node(shape=(1, 8, 3, 3), leaf=tirx.decl_buffer((1, 8, 3, 3), "int8", "a"))
+    >>> root = Node(shape=(1, 8, 3, 3), op=AluOp.SHR, a=Node(shape=(1, 8, 3, 3), op=AluOp.MUL, a=a, b=5), b=3)
+    >>> out = tirx.decl_buffer((1, 8, 3, 3), "int8", "out")
+    >>> describe(Chain(root, True, out, (1, 8, 3, 3), [a.leaf]), Config())
+    'offloaded element-wise chain: 1 int8 operand(s) (full) -> 1x8x3x3 int8 as 1 row(s) of 72, 2 ALU step(s) (MUL, SHR)'
+    """
     layout = _layout(chain, config)
     ops = [n.op.name for n in chain.nodes() if not n.is_leaf]
     kinds = sorted({layout.kinds[id(n)] for n in chain.nodes() if n.is_leaf})
     return (f"offloaded element-wise chain: {len(chain.leaves)} int8 operand(s) ({', '.join(kinds)}) -> "
             f"{'x'.join(map(str, chain.shape))} int8 as {layout.rows} row(s) of {layout.length}, "
             f"{len(ops)} ALU step(s) ({', '.join(ops)})")
+
+
+def describe_operation(chain: Chain) -> list:
+    """What the chain computes, in words for the report: ``add``, ``subtract``, ``multiply``
+    (of two tensors) or ``rescale`` (of one), then ``requantise`` when it multiplies by a
+    constant or shifts.
+
+    >>> a, b = Node(shape=(4,), leaf="a"), Node(shape=(4,), leaf="b")
+    >>> total = Node(shape=(4,), op=AluOp.ADD, a=Node(shape=(4,), op=AluOp.MUL, a=a, b=3), b=b)
+    >>> describe_operation(Chain(Node(shape=(4,), op=AluOp.SHR, a=total, b=2), True, None, (4,)))
+    ['add', 'requantise']
+    """
+    nodes = [n for n in chain.nodes() if not n.is_leaf]
+    negated = {id(n) for n in nodes if n.op is AluOp.MUL and n.b == -1}
+    words = []
+    for n in nodes:
+        if isinstance(n.b, Node) and n.op is AluOp.MUL:
+            words.append("multiply")
+        elif isinstance(n.b, Node) and n.op is AluOp.ADD:
+            words.append("subtract" if {id(n.a), id(n.b)} & negated else "add")
+    words = list(dict.fromkeys(words)) or ["rescale"]
+    if any(isinstance(n.b, int) and (n.op is AluOp.SHR or (n.op is AluOp.MUL and n.b != -1)) for n in nodes):
+        words.append("requantise")
+    return words
 
 
 def schedule_partition(func: tirx.PrimFunc, config: Config) -> tirx.PrimFunc | None:
@@ -772,7 +803,7 @@ def schedule_partition(func: tirx.PrimFunc, config: Config) -> tirx.PrimFunc | N
         try:
             lowered = lower(func, chain, config)
             notes["details"] = [describe(chain, config)]
-            notes["epilogue"] = ["requantise"]
+            notes["epilogue"] = describe_operation(chain)
             return lowered.with_attr(tp.SCHEDULE_NOTES, json.dumps(notes))
         except ValueError as err:
             why = str(err)
