@@ -354,6 +354,8 @@ OTHER_FUNCTIONS = {
     "accel.dep_pop": (("src_queue", "dst_queue"), "the next instruction of `dst_queue` pops a token from "
                       "`src_queue` (pending pops left at sync go on FINISH or on NOPs)"),
     "accel.sync": ((), "append FINISH, verify tokens, run the stream, release borrowed slots"),
+    "accel.replay": (("key", "*hosts"), "returns 1 after running the stream stored for the static group `key` "
+                     "on this call's `hosts`, else 0: the group's calls and its sync follow (which store it)"),
 }
 
 

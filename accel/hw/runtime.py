@@ -2,7 +2,9 @@
 
 Compiled PrimFuncs call ``T.call_packed("accel.load", A, ...)`` etc.; each call appends
 one instruction to the current session's stream, and ``accel.sync`` runs the stream on the
-simulator. The instructions and their arguments are declared once, in
+simulator. Code the planner made asks ``accel.replay`` first, for each static run of calls: the
+session runs the Program it stored for that run on the call's host buffers, in that one callback
+(:meth:`tirpat.device.Session.replay`). The instructions and their arguments are declared once, in
 :mod:`accel.hw.instructions`, and each function takes the arguments in their declared order;
 sessions, the host buffer table, error relay and atomic calls come from
 :mod:`tirpat.device`. accel/ISA.md section 7 describes the ABI.
@@ -22,7 +24,8 @@ from __future__ import annotations
 
 import dataclasses
 from collections import deque
-from typing import Callable, Optional, Union
+from types import MappingProxyType
+from typing import Any, Callable, Mapping, Optional, Union
 
 import numpy as np
 
@@ -108,6 +111,8 @@ class Session(device.Session):
                                      lambda: self.buffers.views, _FIELDS, keep=KEPT_STREAMS)
         self.timing_only = timing_only
         self.stats = Stats(self.config)
+        self._ran = None        # the Program the last sync ran, for stored_stream
+        self._options: tuple = (None, None)     # (the Config, its options)
         if record is True or record is False:
             self._streams = deque() if record else None
         elif isinstance(record, int) and record >= 0:
@@ -136,14 +141,19 @@ class Session(device.Session):
         return self.buffers.slot(host)
 
     @property
-    def options(self) -> dict:
-        """The backend options this session runs code for: its Config's fields (code that
-        tirpat built for other ones refuses to run here, see :meth:`tirpat.device.Runtime.begin`).
+    def options(self) -> Mapping[str, Any]:
+        """The backend options this session runs code for: its Config's fields, read-only (code
+        that tirpat built for other ones refuses to run here, see
+        :meth:`tirpat.device.Runtime.begin`, which asks at the start of every offloaded call:
+        they are derived once per Config).
 
         >>> Session(Config(tile=32)).options["tile"]
         32
         """
-        return dataclasses.asdict(self.config)
+        config, options = self._options
+        if config is not self.config:
+            self._options = config, options = self.config, MappingProxyType(dataclasses.asdict(self.config))
+        return options
 
     # ------------------------------------------------------------------ instructions
     def _emit(self, cls: type[Instruction], values: tuple, deps: int) -> int:
@@ -232,8 +242,32 @@ class Session(device.Session):
     def execute(self) -> Stats:
         """Run the pending stream (called by :meth:`sync`); a timing-only session runs
         the cycle model alone."""
+        self._ran = None
         program = self.builder.finish()
-        program.run(self.buffers.views, self.stats, execute=not self.timing_only)
+        self.run_stored(program, self.buffers.views)
+        self._ran = program
+        return self.stats
+
+    def stored_stream(self) -> Optional[tuple]:
+        """The Program the last sync ran and the host slots it uses: what
+        :meth:`~tirpat.device.Session.replay` keeps for a static group of compiled code.
+
+        >>> s = Session(); _ = s.sync()
+        >>> program, slots = s.stored_stream(); slots, s.stored_stream()
+        ([], None)
+        """
+        program, self._ran = self._ran, None
+        return None if program is None else (program, sorted(program.signature))
+
+    def run_stored(self, program, views) -> Stats:
+        """Run ``program`` on the host ``views`` (by slot), as a sync does: its cycles are
+        counted in :attr:`stats` and its stream recorded for :meth:`stream`.
+
+        >>> s = Session(); _ = s.sync(); program, _ = s.stored_stream()
+        >>> s.run_stored(program, []).instructions["FINISH"], s.disassembly().count("FINISH")
+        (2, 2)
+        """
+        program.run(views, self.stats, execute=not self.timing_only)
         if self._streams is not None:
             self._streams.append(program.stream)
         return self.stats

@@ -1,5 +1,7 @@
 """Stream builder: a session replays a stream it built before, and the result is always the
-stream the calls describe (compared with fresh sessions that build every stream)."""
+stream the calls describe (compared with fresh sessions that build every stream); compiled
+code's static groups replay their stored Program in one callback, with the same results,
+cycles, statistics and recorded stream as calls that run every instruction."""
 
 import importlib.util
 import pathlib
@@ -7,12 +9,13 @@ import pathlib
 import numpy as np
 import pytest
 import tvm
-from hypothesis import given, strategies as st
+from hypothesis import given, settings, strategies as st
 
 import accel
 from accel.hw import runtime
 from accel.hw.isa import Mem, Queue
 from accel.hw.stream import AUTO
+from tirpat.device import OptionsMismatch
 
 _spec = importlib.util.spec_from_file_location("accel_sim_strategies", pathlib.Path(__file__).with_name("test_sim.py"))
 sim_tests = importlib.util.module_from_spec(_spec)
@@ -143,8 +146,51 @@ def test_a_compiled_call_is_built_once_and_replayed(dense):
             out = np.zeros((48, 32), np.int32)
             dense(a, w, out)
             np.testing.assert_array_equal(out, a.astype(np.int32) @ w.astype(np.int32).T)
-    assert s.builder.replays >= 2
+    # the first call built the stream; the later ones ran it again in one callback each
+    assert s.replayed == 3 and s.builder.replays == 0
     assert s.builder._recordings[0].program._fused     # the later calls ran the batched plan
+
+
+def _account(stats):
+    return stats.cycles, stats.busy, stats.instructions, stats.bytes, stats.macs, stats.timeline.text()
+
+
+@settings(deadline=None, max_examples=8)
+@given(st.lists(st.integers(0, 2**32 - 1), min_size=3, max_size=3))
+def test_replayed_calls_equal_calls_that_run_every_instruction(dense, seeds):
+    """A session that replays each call's stream in one callback and one that makes every
+    call (it keeps no streams) compute the same, bit-exact with numpy, on new tensors each
+    call, with the same cycles, statistics and recorded stream."""
+    replayed, called = accel.Session(), accel.Session()
+    called.kept_replays = 0
+    for seed in seeds:
+        rng = np.random.default_rng(seed)
+        a = rng.integers(-128, 128, (48, 64), dtype=np.int8)
+        w = rng.integers(-128, 128, (32, 64), dtype=np.int8)
+        outs = []
+        for s in (replayed, called):
+            out = np.zeros((48, 32), np.int32)
+            with s:
+                dense(a, w, out)
+            outs.append(out)
+        np.testing.assert_array_equal(outs[0], a.astype(np.int32) @ w.astype(np.int32).T)
+        np.testing.assert_array_equal(outs[0], outs[1])
+    assert replayed.replayed == len(seeds) - 1 and called.replayed == 0
+    assert _account(replayed.stats) == _account(called.stats)
+    assert replayed.stream() == called.stream() and replayed.disassembly() == called.disassembly()
+
+
+def test_a_replay_refuses_a_session_of_another_config(dense):
+    """The Config check (code built for one refuses a session of another) comes before any
+    replay: a session that stored the stream does not run it for code of another Config."""
+    a, w = np.ones((48, 64), np.int8), np.ones((32, 64), np.int8)
+    with accel.Session() as s:
+        dense(a, w, np.zeros((48, 32), np.int32))
+        dense(a, w, np.zeros((48, 32), np.int32))
+    assert s.replayed == 1
+    with accel.Session(accel.Config(tile=32)):
+        with pytest.raises(OptionsMismatch, match="tile=16"):
+            dense(a, w, np.zeros((48, 32), np.int32))
 
 
 def test_a_timing_only_session_counts_the_same_cycles_and_computes_nothing(dense):

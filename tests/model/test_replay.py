@@ -18,8 +18,9 @@ def built():
 
 
 def replays(model) -> int:
-    """Streams the sessions the model keeps have replayed so far."""
-    return sum(s.builder.replays for kept in model._kept_sessions for s in kept.values())
+    """Streams the sessions the model keeps have replayed so far, in one callback each
+    (``Session.replay``) or call by call (the stream builder)."""
+    return sum(s.replayed + s.builder.replays for kept in model._kept_sessions for s in kept.values())
 
 
 def once(mod, args):

@@ -23,17 +23,20 @@ vector unit this way in about forty lines):
    keep the default pending work (:meth:`Session.enqueue` of closures run at sync) or
    override ``pending`` / ``execute`` / ``drop`` for an instruction stream of your own;
    set ``options`` to the backend options the session runs code for (code tirpat built
-   for other ones refuses to run in it: :class:`OptionsMismatch`);
+   for other ones refuses to run in it: :class:`OptionsMismatch`); implement
+   ``stored_stream`` / ``run_stored`` when a finished stream can run again on other host
+   buffers, so that planned code replays it in one callback (:meth:`Session.replay`);
 2. declare its memories (:class:`Memory`) and instructions (:func:`instr`);
 3. ``rt = Runtime("<prefix>", MySession)`` and implement each instruction with
    ``@rt.implement(ins)`` (or a function without a declaration with ``@rt.function``): it
    gets the current session first, then the call's arguments by name (host buffers as
    DLTensors: ``s.buffers.view(s.buffers.slot(t), offset, shape, strides)`` is a checked
-   zero-copy view; never ``np.from_dlpack``, which crashes on them). ``<prefix>.sync`` is
-   already there;
+   zero-copy view; never ``np.from_dlpack``, which crashes on them). ``<prefix>.sync`` and
+   ``<prefix>.replay`` are already there;
 4. plan the device's memories with :class:`ScratchpadPlanner` as a pass after your rules
    (the instructions' rules, ``ins.rule()``, and your own): it turns ``access_ptr``
-   operands into addresses and inserts ``<prefix>.sync()``;
+   operands into addresses, inserts ``<prefix>.sync()`` and asks ``<prefix>.replay`` before
+   each static run of calls;
 5. call compiled functions with :func:`invoke` inside ``with MySession():`` (or not: each
    thread has a default session) to get runtime errors as themselves and atomic calls.
 

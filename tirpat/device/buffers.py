@@ -30,7 +30,8 @@ from typing import Any, Optional, Sequence
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-__all__ = ["BufferTable", "BoundsError", "SlotError", "tensor_view", "strided_view", "is_tensor"]
+__all__ = ["BufferTable", "BoundsError", "SlotError", "tensor_view", "strided_view", "is_tensor", "host_span",
+           "raw_view"]
 
 #: A C-contiguous numpy array, or a ``tvm.runtime.Tensor`` (a DLTensor from compiled code).
 HostBuffer = Any
@@ -89,6 +90,51 @@ def tensor_view(t: Any) -> np.ndarray:
         return np.zeros(0, dtype)
     raw = (ctypes.c_char * (count * dtype.itemsize)).from_address(t.data_ptr())
     return np.frombuffer(raw, dtype=dtype)
+
+
+def host_span(host: HostBuffer) -> tuple[int, int, str]:
+    """The memory a host buffer covers: ``(address, bytes, dtype)``, the dtype as numpy
+    spells it (``"|i1"``). A tensor with strides covers from its first element to one past
+    its last (its strides must not be negative); a numpy array must be C-contiguous.
+
+    >>> a = np.zeros((2, 3), np.int32)
+    >>> host_span(a)[1:], host_span(a)[0] == a.__array_interface__["data"][0]
+    ((24, '<i4'), True)
+    >>> host_span([1])
+    Traceback (most recent call last):
+      ...
+    TypeError: a host buffer must be a numpy array or a tvm.runtime.Tensor, got list
+    """
+    if isinstance(host, np.ndarray):
+        if not host.flags.c_contiguous:
+            raise ValueError(f"host buffer {host.shape} {host.dtype} is not C-contiguous")
+        return host.__array_interface__["data"][0], host.nbytes, host.dtype.str
+    try:
+        address, shape, dtype = host.data_ptr(), host.shape, host.dtype
+    except AttributeError:
+        raise TypeError(f"a host buffer must be a numpy array or a tvm.runtime.Tensor, "
+                        f"got {type(host).__name__}") from None
+    size, kind = _DTYPES.get(dtype) or _dtype_key(dtype)
+    strides = getattr(host, "strides", None)
+    if strides is None or 0 in shape:
+        return address, math.prod(shape) * size, kind
+    if any(s < 0 for s in strides):
+        raise ValueError(f"host tensor {tuple(shape)} has negative strides {tuple(strides)}")
+    return address, (1 + sum((d - 1) * s for d, s in zip(shape, strides))) * size, kind
+
+
+def raw_view(address: int, nbytes: int, dtype: str) -> np.ndarray:
+    """A flat, writable, zero-copy numpy view of ``nbytes`` bytes of memory at ``address``
+    as ``dtype`` (the memory must outlive the view: the caller owns it).
+
+    >>> a = np.arange(4, dtype=np.int16)
+    >>> raw_view(a.__array_interface__["data"][0] + 2, 4, "<i2").tolist()
+    [1, 2]
+    """
+    dt = np.dtype(dtype)
+    if nbytes == 0:
+        return np.zeros(0, dt)
+    return np.frombuffer((ctypes.c_char * nbytes).from_address(address), dtype=dt)
 
 
 def strided_view(flat: np.ndarray, offset: int, shape: Sequence[int], strides: Optional[Sequence[int]] = None,

@@ -19,7 +19,22 @@ A backend's rules rewrite loop nests into calls of its runtime functions
   host buffer between the runtime calls that use it and their sync;
 - inserts ``<prefix>.sync()`` after each run of top-level statements that call the runtime,
   and ``<prefix>.begin()`` first (see :meth:`tirpat.device.Runtime.begin`: what a call that
-  failed in host code left pending is discarded, even when calls come from one line).
+  failed in host code left pending is discarded, even when calls come from one line);
+- asks the runtime first, for each such run (a *group*) that is *static*, whether it can
+  replay the stream the group made before: ``if <prefix>.replay(key, *hosts) == 0:
+  <group>; <prefix>.sync()``. ``key`` names the function, the group's index in it and a
+  structural hash of the group; ``hosts`` are the host buffers the group's calls use, in
+  order of first use (the buffers themselves, whole). A session that stored the group's
+  stream runs it again on this call's ``hosts`` in that one callback
+  (:meth:`tirpat.device.Session.replay`) instead of one callback per call; else the calls run.
+  Static means the group provably makes the same calls every run: it is loops with constant
+  bounds (not ``parallel``), ``if`` and ``Evaluate`` statements of ``<prefix>.*`` calls whose
+  arguments are constants, integer expressions of the group's loop variables, and host
+  buffers that are parameters or allocated before it (allocations inside the group at its
+  top level move before the ``if``). Anything else keeps the group as it is, since what its
+  calls are could change from run to run: a host store or load (the data could steer a
+  call), another call, a loop bound or argument from a scalar parameter or a ``Bind`` (its
+  value is unknown until the run), a buffer allocated inside a loop, a ``while``.
 
 ``AttrStmt`` markers whose key starts with ``<prefix>.`` are removed (rules use them to
 tell a subclass's checks something); :meth:`ScratchpadPlanner.check_sequence` and
@@ -35,9 +50,11 @@ tell a subclass's checks something); :meth:`ScratchpadPlanner.check_sequence` an
 >>> print(planner.plan(f).script())     # doctest: +ELLIPSIS
 # from tvm.script import tirx as T
 ...
-    for i in range(4):
-        T.call_packed("vec.load", i % 2 * 16, A.data, i * 16)
-    T.call_packed("vec.sync")
+    T.call_packed("vec.begin")
+    if T.call_packed("vec.replay", "f:0:...", T.tvm_stack_make_array(A.data, ...)) == 0:
+        for i in range(4):
+            T.call_packed("vec.load", i % 2 * 16, A.data, i * 16)
+        T.call_packed("vec.sync")
 """
 
 from __future__ import annotations
@@ -143,7 +160,7 @@ class ScratchpadPlanner:
         body = _FunctionPlan(self, name).run(func.body)
         if not self.calls_runtime(body):
             return func.with_body(body)
-        synced = self._with_syncs(body, name)
+        synced = self._with_syncs(body, name, func.params)
         begin = tirx.Evaluate(tirx.call_packed(f"{self.prefix}.begin"))
         return func.with_body(tirx.SeqStmt([begin, *(synced.seq if isinstance(synced, tirx.SeqStmt) else [synced])]))
 
@@ -152,18 +169,24 @@ class ScratchpadPlanner:
         return tirx.transform.prim_func_pass(lambda f, mod, ctx: self.plan(f), opt_level=0,
                                              name=name or f"{self.prefix}.PlanScratchpads")
 
-    # -- syncs --------------------------------------------------------------------------
-    def _with_syncs(self, body, name):
+    # -- syncs ---------------------------------------------------------------------------
+    def _with_syncs(self, body, name, params=()):
         """Sync after each run of top-level statements that call the runtime, before the
-        CPU code that follows it (the device's work only runs at the sync)."""
+        CPU code that follows it (the device's work only runs at the sync); a static run
+        asks the runtime to replay it first (see the module doc)."""
         stmts = list(body.seq) if isinstance(body, tirx.SeqStmt) else [body]
         out, group = [], []
+        # the buffers a group's replay call can name: parameters and top-level allocations before it
+        defined = {p.__chandle__() for p in params if tirx.is_buffer_var(p)}
+        groups = 0
 
         def close():
+            nonlocal groups
             if group:
                 self._check_cpu_hazards(tirx.SeqStmt(group) if len(group) > 1 else group[0], name)
-                out.extend(group)
-                out.append(tirx.Evaluate(tirx.call_packed(f"{self.prefix}.sync")))
+                out.extend(self._replayed(group, f"{name}:{groups}", defined) or
+                           [*group, tirx.Evaluate(tirx.call_packed(f"{self.prefix}.sync"))])
+                groups += 1
                 group.clear()
 
         for s in stmts:
@@ -174,8 +197,26 @@ class ScratchpadPlanner:
             else:
                 close()
                 out.append(s)
+            if isinstance(s, (tirx.AllocBuffer, tirx.DeclBuffer)):
+                defined.add(s.buffer.__chandle__())
         close()
         return out[0] if len(out) == 1 else tirx.SeqStmt(out)
+
+    def _replayed(self, group: list, name: str, defined: set) -> Optional[list]:
+        """A static group as ``[allocations..., if <prefix>.replay(key, *hosts) == 0: group;
+        sync]``, or None when the group is not static (see the module doc)."""
+        moved = [s for s in group if isinstance(s, tirx.AllocBuffer)]
+        calls = [s for s in group if not isinstance(s, tirx.AllocBuffer)]
+        check = _Static(self, defined)
+        if not all(check.stmt(s) for s in calls):
+            return None
+        stmt = tirx.SeqStmt(calls) if len(calls) > 1 else calls[0]
+        # the key holds the group's content: a group's stream is only replayed for that group,
+        # whatever function (of whatever module) another group with its name came from
+        key = f"{name}:{tvm_ffi.structural_hash(stmt, map_free_vars=True) & (1 << 64) - 1:016x}"
+        ask = tirx.call_packed(f"{self.prefix}.replay", key, *check.hosts.values())
+        then = tirx.SeqStmt([*calls, tirx.Evaluate(tirx.call_packed(f"{self.prefix}.sync"))])
+        return [*moved, tirx.IfThenElse(tirx.EQ(ask, tirx.IntImm("int32", 0)), then, None)]
 
     def _check_cpu_hazards(self, stmt, name):
         shared = {}
@@ -198,6 +239,72 @@ class ScratchpadPlanner:
         tvm_ffi.structural_walk(stmt, [(tirx.BufferStore, found.append), (ir.TensorLoad, found.append),
                                        (ir.Call, lambda c: found.append(c) if not self.is_runtime_call(c) else None)])
         return bool(found)
+
+
+_BINARY = tuple(getattr(tirx, n) for n in (
+    "Add", "Sub", "Mul", "Div", "Mod", "FloorDiv", "FloorMod", "Min", "Max", "EQ", "NE", "LT", "LE", "GT", "GE",
+    "And", "Or", "LShift", "RShift", "BitwiseAnd", "BitwiseOr", "BitwiseXor"))
+_UNARY = (tirx.Not, tirx.BitwiseNot)
+# calls that compute a value from their arguments alone (a host buffer's DLTensor among them)
+_PURE_CALLS = frozenset(("tirx.tvm_stack_make_array", "tirx.tvm_stack_make_shape", "tirx.buffer_data",
+                         "prim.if_then_else", "prim.likely"))
+
+
+class _Static:
+    """Whether statements make the same runtime calls every run (see the module doc); the
+    host buffers they use gather in ``hosts`` (handle -> buffer, in order of first use)."""
+
+    def __init__(self, planner: ScratchpadPlanner, defined: set) -> None:
+        self.planner = planner
+        self.defined = defined
+        self.bound: set = set()         # loop variables of the statements
+        self.hosts: dict = {}
+        self.control = {f"{planner.prefix}.{n}" for n in ("sync", "begin", "replay")}
+
+    def stmt(self, s) -> bool:
+        kind = type(s)
+        if kind is tirx.SeqStmt:
+            return all(self.stmt(x) for x in s.seq)
+        if kind is tirx.For:
+            if not (isinstance(s.min, tirx.IntImm) and isinstance(s.extent, tirx.IntImm)) \
+                    or int(s.kind) == int(tirx.ForKind.PARALLEL) or s.thread_binding is not None \
+                    or not (s.step is None or isinstance(s.step, tirx.IntImm)):
+                return False
+            self.bound.add(s.loop_var.__chandle__())
+            return self.stmt(s.body)
+        if kind is tirx.Evaluate:
+            v = s.value
+            if isinstance(v, tirx.IntImm):
+                return True
+            return (self.planner.is_runtime_call(v) and v.args[0].value not in self.control
+                    and all(self.expr(a) for a in v.args[1:]))
+        if kind is tirx.IfThenElse:
+            return self.expr(s.condition) and self.stmt(s.then_case) and \
+                (s.else_case is None or self.stmt(s.else_case))
+        return False
+
+    def expr(self, e) -> bool:
+        if isinstance(e, (tirx.IntImm, tirx.FloatImm, ir.StringImm)):
+            return True
+        if isinstance(e, ir.Var):
+            handle = e.__chandle__()
+            if tirx.is_buffer_var(e):
+                if handle not in self.defined:
+                    return False
+                self.hosts.setdefault(handle, e)
+                return True
+            return handle in self.bound
+        if isinstance(e, _BINARY):
+            return self.expr(e.a) and self.expr(e.b)
+        if isinstance(e, _UNARY):
+            return self.expr(e.a)
+        if isinstance(e, tirx.Cast):
+            return self.expr(e.value)
+        if isinstance(e, tirx.Select):
+            return self.expr(e.condition) and self.expr(e.true_value) and self.expr(e.false_value)
+        if isinstance(e, ir.Call):
+            return getattr(e.op, "name", None) in _PURE_CALLS and all(self.expr(a) for a in e.args)
+        return False
 
 
 def _footprint(buf) -> int | None:

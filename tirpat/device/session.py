@@ -46,11 +46,13 @@ from __future__ import annotations
 import inspect
 import sys
 import threading
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Hashable, Mapping, Optional
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Hashable, Mapping, Optional, Sequence
 
+import numpy as np
 import tvm_ffi
 
-from .buffers import BufferTable
+from .buffers import BufferTable, HostBuffer, host_span, raw_view
 
 if TYPE_CHECKING:
     from .instr import Instruction
@@ -94,6 +96,11 @@ class Session:
     the stream. As a context manager the session becomes current on this thread; a
     clean exit syncs what is pending, an exception discards it.
 
+    A device whose streams can run again on other host buffers implements
+    :meth:`stored_stream` and :meth:`run_stored`: then :meth:`replay` keeps the stream of each
+    static group of planned code (see :class:`~tirpat.device.ScratchpadPlanner`) and runs it
+    again in one call, the group's calls unmade.
+
     >>> s = Session(); log = []
     >>> s.enqueue(lambda: log.append("ran")); s.pending
     1
@@ -113,9 +120,15 @@ class Session:
     #: offloaded partition that works on this session, or None; the compiled model that
     #: entered the session sets it for one call (which layer the device's work belongs to).
     on_partition: Optional[Callable[[str], None]] = None
+    #: How many static groups' streams :meth:`replay` keeps (the least recently used go
+    #: first); 0 makes every group run its calls.
+    kept_replays: int = 1024
 
     def __init__(self) -> None:
         self.buffers = BufferTable()
+        self.replayed = 0                            # streams :meth:`replay` ran
+        self._replays: OrderedDict = OrderedDict()  # key -> [_Stored], the last matched first
+        self._capture: Optional[tuple] = None        # (key, host spans) of the group running its calls
         self._work: list[Callable[[], None]] = []
         self._site: Optional[tuple] = None         # the call compiled code's pending work came from
         self._owner: Optional[int] = None            # thread ident owning the pending stream
@@ -143,6 +156,89 @@ class Session:
         self.claim()
         self._work.append(op)
 
+    def stored_stream(self) -> Optional[tuple[Any, Sequence[int]]]:
+        """Hook: the stream the last :meth:`execute` ran, as something :meth:`run_stored` can
+        run again, and the buffer-table slots it uses; None (the default) when the device
+        cannot run a stream again, so every group makes its calls.
+
+        >>> Session().stored_stream() is None
+        True
+        """
+        return None
+
+    def run_stored(self, stream: Any, views: Sequence[Optional[np.ndarray]]) -> Any:
+        """Hook: run a :meth:`stored_stream` again, as :meth:`execute` would have (statistics
+        included), on ``views``: per buffer-table slot the stream uses, the flat view of this
+        call's host memory (``None`` elsewhere).
+
+        >>> Session().run_stored((), [])
+        Traceback (most recent call last):
+          ...
+        NotImplementedError: Session stores streams but does not say how to run them
+        """
+        raise NotImplementedError(f"{type(self).__name__} stores streams but does not say how to run them")
+
+    def replay(self, key: str, hosts: Sequence[HostBuffer]) -> bool:
+        """Compiled code is about to make the calls of the static group ``key`` on ``hosts``
+        (its host buffers, see :class:`~tirpat.device.ScratchpadPlanner`): True when the
+        session ran the group's stream instead (the stream ended as at a sync), False when
+        the calls must run (their sync then stores the stream for ``key``).
+
+        A stored stream runs again when each host has the dtype, size and writability it had
+        and the hosts overlap as they did (which slots share memory, and at what distance, orders a
+        stream's instructions); each slot's view is then rebuilt at its place in this call's
+        hosts. Otherwise, with work pending, or for a device without :meth:`stored_stream`,
+        the calls run.
+
+        >>> Session().replay("f:0", [np.zeros(4)])       # the calls run (and nothing is stored)
+        False
+        """
+        self.claim()
+        if self.pending or not self.kept_replays or type(self).stored_stream is Session.stored_stream:
+            return False
+        spans = [host_span(h) for h in hosts]
+        # a read-only numpy host is told apart: a stream stored for a writable one may write it
+        form = tuple((n, dtype, not isinstance(h, np.ndarray) or h.flags.writeable)
+                     for (_, n, dtype), h in zip(spans, hosts))
+        overlaps = _overlaps(spans)
+        for stored in self._replays.get(key, ()):
+            if stored.form == form and stored.overlaps == overlaps:
+                views = stored.views(spans)
+                self._replays.move_to_end(key)
+                try:
+                    self.run_stored(stored.stream, views)
+                finally:
+                    self._end_stream()
+                self.replayed += 1
+                return True
+        self._capture = (key, spans, form, overlaps)
+        return False
+
+    def _store(self, key: str, spans: list, form: tuple, overlaps: tuple) -> None:
+        """After the sync of a group that made its calls: keep its stream for ``key``, with
+        the place of each slot it uses in the group's hosts (not when a slot is outside them)."""
+        stored = self.stored_stream()
+        if stored is None:
+            return
+        stream, slots = stored
+        placed = []
+        for slot in slots:
+            flat = self.buffers.views[slot] if 0 <= slot < len(self.buffers.views) else None
+            if flat is None:
+                return
+            start = flat.__array_interface__["data"][0]
+            host = next((i for i, (a, n, _) in enumerate(spans) if a <= start and start + flat.nbytes <= a + n), None)
+            if host is None:
+                return
+            placed.append((slot, host, start - spans[host][0], flat.nbytes, flat.dtype.str))
+        variants = self._replays.setdefault(key, [])
+        # a few hosts layouts per group (call sites that alias differently), the newest first
+        variants.insert(0, _Stored(stream, form, overlaps, tuple(placed)))
+        del variants[_VARIANTS:]
+        self._replays.move_to_end(key)
+        while len(self._replays) > self.kept_replays:
+            self._replays.popitem(last=False)
+
     def begin_run(self) -> None:
         """Called before each call of a compiled model (``tp.build``'s) that keeps this session
         from its previous call: forget what describes one call (its statistics), keep what
@@ -156,7 +252,10 @@ class Session:
         """
         self.claim()
         try:
-            return self.execute()
+            result = self.execute()
+            if self._capture is not None:
+                self._store(*self._capture)
+            return result
         finally:
             self._end_stream()
 
@@ -171,6 +270,7 @@ class Session:
     def _end_stream(self) -> None:
         self.buffers.release_borrowed()
         self._site = None
+        self._capture = None
         with self._free:
             self._owner = self._owner_thread = None
             self._free.notify_all()
@@ -252,13 +352,14 @@ class Runtime:
 
     ``session`` is the backend's :class:`Session` subclass; ``default(key)`` makes the
     per-thread default sessions (``session()``, or ``session(key)`` for a keyed one, e.g.
-    one per hardware configuration). ``<prefix>.sync`` is registered from the start, and so is
+    one per hardware configuration). ``<prefix>.sync`` and ``<prefix>.replay``
+    (:meth:`Session.replay`, returning 1 for True) are registered from the start, and so is
     the TVM global ``<prefix>.begin`` (:meth:`begin` without options), which the
     :class:`~tirpat.device.ScratchpadPlanner` puts first in each function it plans.
 
     >>> rt = Runtime("doc_rt", type("DocSession", (Session,), {}))
     >>> sorted(rt.functions)
-    ['sync']
+    ['replay', 'sync']
     >>> rt.current() is rt.default() and rt.entered() is None
     True
     """
@@ -280,6 +381,7 @@ class Runtime:
         session.runtime = self
         _RUNTIMES[prefix] = self
         self.function(lambda s: s.sync(), name="sync")
+        self.function(lambda s, key, *hosts: int(s.replay(key, hosts)), name="replay")
         import tvm
 
         # not a runtime function (those add to the stream first): compiled code calls it first
@@ -508,6 +610,34 @@ class Runtime:
 
 def _options_text(options: Mapping[str, Any], keys=None) -> str:
     return ", ".join(f"{k}={options[k]}" for k in (options if keys is None else keys))
+
+
+_VARIANTS = 4      # stored streams per group key (one per hosts layout seen)
+
+
+class _Stored:
+    """A static group's stored stream: the size, dtype and writability of each host (``form``), which
+    hosts overlap at what distance (``overlaps``), and per slot the stream uses, where in
+    which host its memory lies: ``(slot, host, byte offset, bytes, dtype)``."""
+
+    __slots__ = ("stream", "form", "overlaps", "placed", "size")
+
+    def __init__(self, stream: Any, form: tuple, overlaps: tuple, placed: tuple) -> None:
+        self.stream, self.form, self.overlaps, self.placed = stream, form, overlaps, placed
+        self.size = 1 + max((p[0] for p in placed), default=-1)
+
+    def views(self, spans: list) -> list:
+        """The slot views over this call's hosts (``spans``: their host_span)."""
+        views: list = [None] * self.size
+        for slot, host, offset, nbytes, dtype in self.placed:
+            views[slot] = raw_view(spans[host][0] + offset, nbytes, dtype)
+        return views
+
+
+def _overlaps(spans: list) -> tuple:
+    """``(i, j, distance)`` for each pair of host spans that share memory."""
+    return tuple((i, j, spans[j][0] - a) for i, (a, n, _) in enumerate(spans)
+                 for j in range(i + 1, len(spans)) if spans[j][0] < a + n and a < spans[j][0] + spans[j][1])
 
 
 def runtimes() -> dict[str, Runtime]:
