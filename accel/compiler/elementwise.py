@@ -12,7 +12,8 @@ zero point); :func:`analyse` reads it back from the partition's legalised TIR
 as a DAG of int32 operations, and :func:`lower` writes the instructions:
 
 - each int8 leaf is LOADed into INP and widened into ACC by the GEMM array: a DWMAC with a
-  weight row of ones (``acc[p, c] = inp[p, c] * 1`` after a GEMM reset) for a tensor of the
+  weight row of ones (``acc[p, c] = inp[p, c] * 1`` into an accumulator zeroed by a LOAD of
+  padding alone) for a tensor of the
   output's shape, and for an operand broadcast along the trailing dimensions (a
   squeeze-excitation's ``[1, C, 1, 1]`` scale) a GEMM with a weight tile whose first column is
   ones, reading an INP tile whose first column holds one value per row: ``acc[r, n] = s[r]``
@@ -22,7 +23,7 @@ as a DAG of int32 operations, and :func:`lower` writes the instructions:
   with an immediate or another ACC vector; a subtraction adds the negated operand, which int32
   wrap-around makes the same), so the device computes what TVM's llvm code computes, bit for
   bit, int32 overflow included (ISA.md, "Integer semantics"); a value read again later is
-  first copied (GEMM reset, ADD);
+  first copied (zeroed, then ADD);
 - the result is STOREd to int8, saturating (or clipped by MAX/MIN, then wrapped).
 
 The output is laid out as ``R`` rows of ``L`` elements (``R`` the product of the leading
@@ -56,7 +57,7 @@ from tirpat.model.integerize.rules import requantize_pattern
 from tirpat.model.partition import origin_of
 from accel.hw.config import Config
 from tirpat.device.planner import access_ptr_buffer
-from accel.hw.instructions import (ACC, ALU, DWMAC, GEMM, GEMM_RESET, INP, INSTRUCTIONS, LOAD, STORE, WGT, AluOp, Mem,
+from accel.hw.instructions import (ACC, ALU, DWMAC, GEMM, INP, INSTRUCTIONS, LOAD, STORE, WGT, AluOp, Mem,
                                    StoreMode, instruction_of)
 
 __all__ = ["patterns", "check", "widen_per_use", "Node", "Chain", "analyse", "lower", "schedule_partition",
@@ -620,8 +621,8 @@ class _Emitter:
 
     # steps --------------------------------------------------------------------------
     def widen(self, n: Node):
-        """LOAD the int8 leaf into INP and widen it into ACC (GEMM reset, then DWMAC by ones or
-        GEMM by the ones column)."""
+        """LOAD the int8 leaf into INP and widen it into ACC (zeroed, then DWMAC by ones or GEMM
+        by the ones column)."""
         t, lay = self.t, self.layout
         kind = self.layout.kinds[id(n)]
         region = self.acc(kind)
@@ -640,9 +641,7 @@ class _Emitter:
                 rows=rows, cols=1, dram_ld=1, pad_top=0, pad_bottom=0, pad_left=0, pad_right=t - 1, pad_value=0))
         tile = t * t
         steps = {"ext_out": tiles, "ext_in": 1, "acc_stride_out": tile, "acc_stride_in": 0}
-        self.stmts.append(GEMM_RESET.call(acc_addr=buf, inp_addr=0, wgt_addr=0, acc_ld=t, inp_ld=t, wgt_ld=t,
-                                          inp_stride_out=0, inp_stride_in=0, wgt_stride_out=0, wgt_stride_in=0,
-                                          **steps))
+        self.zero(buf)
         if kind == "full":
             self.stmts.append(DWMAC.call(acc_addr=buf, inp_addr=staged, wgt_addr=self.ones,
                                          acc_ld=t, inp_ld=t, inp_stride_out=tile, inp_stride_in=0, wgt_stride_out=0,
@@ -668,14 +667,17 @@ class _Emitter:
     def copy(self, region, kind: str):
         """A fresh region of ``kind`` holding ``region``'s values (broadcast if need be)."""
         fresh = self.acc(kind)
-        buf = fresh[0]
-        t = self.t
-        self.stmts.append(GEMM_RESET.call(acc_addr=buf, inp_addr=0, wgt_addr=0, acc_ld=t, inp_ld=t, wgt_ld=t,
-                                          ext_out=int(buf.shape[0]) // (t * t), ext_in=1, acc_stride_out=t * t,
-                                          acc_stride_in=0, inp_stride_out=0, inp_stride_in=0, wgt_stride_out=0,
-                                          wgt_stride_in=0))
+        self.zero(fresh[0])
         self.alu(AluOp.ADD, fresh, region)
         return fresh
+
+    def zero(self, buf) -> None:
+        """Zero the ACC buffer ``buf`` with a LOAD of padding alone (no DRAM read: its issue
+        cycles only, where a GEMM reset takes ``tile`` cycles a tile)."""
+        t = self.t
+        self.stmts.append(LOAD[Mem.ACC].call(
+            host=self.chain.leaves[0], elem_offset=0, sram_addr=buf, sram_ld=t, rows=0, cols=0, dram_ld=0,
+            pad_top=int(buf.shape[0]) // t, pad_bottom=0, pad_left=t, pad_right=0, pad_value=0))
 
     def compute(self, n: Node, where: dict):
         kind = self.layout.kinds[id(n)]

@@ -133,9 +133,11 @@ def test_the_report_and_the_instructions():
     text = model.report.text(verbose=True)
     assert "accel.elementwise" in text and "ran on the host" not in text
     stats = model.stats["accel"]
-    # per call, a widening each: a GEMM reset and a DWMAC (the full operand), a GEMM reset and a
-    # GEMM by the ones column (the per-channel one); the product and the requantise on the ALU
-    assert stats.instructions["DWMAC"] == 1 and stats.instructions["GEMM"] == 3
+    # per call, a widening each into an accumulator zeroed by a LOAD of padding: a DWMAC (the full
+    # operand), a GEMM by the ones column (the per-channel one); the product and the requantise on
+    # the ALU; LOADs: 3 weights (padding), 2 zeroings, 2 operands
+    assert stats.instructions["DWMAC"] == 1 and stats.instructions["GEMM"] == 1
+    assert stats.instructions["LOAD"] == 7
     assert stats.instructions["ALU"] == 4
     # the widening's products: 24 rows of 25 (32 padded) elements are 3 DWMAC tiles, 24 per-channel
     # values 2 GEMM tiles
