@@ -113,8 +113,11 @@ def _patterns() -> tuple:
     # one tensor requantised to another scale (integerize's rescale), or moved to another zero
     # point at the same scale (an add of the zero points' difference)
     shifted = is_op("relax.astype")(is_op("relax.clip")(is_op("relax.add")(one, is_const()), wildcard(), wildcard()))
-    return ((PATTERN_NAME, requantize_pattern(two), {"core": two}, check),
-            (PATTERN_NAME, requantize_pattern(one) | shifted, {"core": one}, check))
+    # a half-to-even requantise adds the input zero points' offset before its parity
+    # (emit_requantize), which requantize_pattern leaves to the producer: taken here
+    return ((PATTERN_NAME, requantize_pattern(two | is_op("relax.add")(two, is_const())), {"core": two}, check),
+            (PATTERN_NAME, requantize_pattern(one | is_op("relax.add")(one, is_const())) | shifted, {"core": one},
+             check))
 
 
 def _dtype(expr) -> str:

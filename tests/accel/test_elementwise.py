@@ -116,6 +116,11 @@ def test_an_exact_rescale_rounds_half_to_even_on_accel(op):
     assert "right_shift" in mod.script() and mod.script().count("right_shift") >= 3
     model = _build_and_compare(mod, 3)
     _on_accel(model)
+    # with an input zero point, the offset is added before the parity (emit_requantize)
+    mod = chain_module(op, (1, 16, 6, 6), (1, 16, 6, 6), (1.0, 1.0) if op == "add" else (0.125,), za=0, zb=1)
+    assert mod.script().count("right_shift") >= 3
+    model = _build_and_compare(mod, 3)
+    _on_accel(model)
 
 
 def test_an_operand_broadcast_along_a_leading_dimension_stays_on_the_host_and_says_why():
