@@ -185,7 +185,7 @@ def _check_call(call) -> str | None:
 
 def check(ctx) -> bool | str:
     """True when accel can run the matched element-wise chain; else the reason it cannot
-    (the report and ``tp.explain`` show it)."""
+    (the build report gives it for the operators left on the host; ``tp.build`` warns with it)."""
     root = ctx.matched_expr
     out = _shape(root)
     if out is None:
@@ -314,7 +314,12 @@ class Chain:
     leaves: list = field(default_factory=list)
 
     def nodes(self) -> list:
-        """Every node, each once, operands before their users."""
+        """Every node, each once, operands before their users.
+
+        >>> x = Node(shape=(4,), leaf="x")
+        >>> [n.op for n in Chain(Node(shape=(4,), op=AluOp.MUL, a=x, b=x), True, None, (4,)).nodes()]
+        [None, <AluOp.MUL: 4>]
+        """
         seen, order = set(), []
 
         def visit(n):
