@@ -234,3 +234,16 @@ def test_a_widened_input_shared_with_a_sum_is_widened_again_for_the_chain():
     report = model.report.to_json()
     assert [p["pattern"] for p in report["partitions"]] == ["accel.elementwise"], report["partitions"]
     assert sorted(h["op"] for h in report["on_host"]) == ["relax.astype", "relax.sum"], report["on_host"]
+
+
+def test_a_chain_whose_rows_do_not_fit_acc_runs_on_the_host_and_says_why():
+    """One row of a per-channel chain (the trailing dimensions' 12,000 elements) needs more than
+    a 64 KiB ACC: the partition runs on the CPU, still llvm's result, and the report says why."""
+    mod = chain_module("multiply", (1, 2, 1, 12000), (1, 2, 1, 1), (0.01,))
+    with pytest.warns(tp.OffloadWarning, match="does not fit ACC"):
+        model = tp.build(mod, "accel -acc_bytes=65536, llvm")
+    vm = relax.VirtualMachine(tvm.compile(mod, "llvm"), tvm.cpu())
+    rng = np.random.default_rng(2)
+    args = [rng.integers(-128, 128, s, dtype=np.int8) for s in ((1, 2, 1, 12000), (1, 2, 1, 1))]
+    np.testing.assert_array_equal(model(*args), vm["main"](*[tvm.runtime.tensor(a) for a in args]).numpy())
+    assert "does not fit ACC" in model.report.text(verbose=True)
