@@ -61,9 +61,11 @@ class AccelBackend(tp.Backend):
         return patterns() + elementwise.patterns()
 
     def schedule(self, func, opts: dict):
+        from accel.compiler.pooling import schedule_max_pool
         from accel.compiler.schedule import schedule_partition
 
-        return schedule_partition(func, config_of(opts))
+        pool = schedule_max_pool(func, config_of(opts))
+        return pool if pool is not None else schedule_partition(func, config_of(opts))
 
     def rules(self, opts: dict):
         from accel.compiler.rules import rules
@@ -74,11 +76,13 @@ class AccelBackend(tp.Backend):
         if phase is tp.Phase.PRE_PARTITION:
             from accel.compiler.elementwise import widen_per_use
             from accel.compiler.patterns import narrow_constant_operands
+            from accel.compiler.pooling import sums_as_convolutions
 
             # a quantised (QDQ) model becomes the integer arithmetic accel's patterns take;
-            # int32 weights that fit int8 are stored as int8; an element-wise chain gets its
-            # own widening casts
-            return [tp.integerize(), narrow_constant_operands(), widen_per_use()]
+            # int32 weights that fit int8 are stored as int8; an average pool's window sums
+            # become convolutions with a weight of ones (accel's MAC units sum int8 exactly);
+            # an element-wise chain gets its own widening casts
+            return [tp.integerize(), narrow_constant_operands(), sums_as_convolutions(), widen_per_use()]
         if phase is tp.Phase.POST_PARTITION:
             from accel.compiler.patterns import accumulator_first
 

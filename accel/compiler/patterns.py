@@ -117,8 +117,11 @@ def _cores():
 
 
 def patterns(max_epilogue: int = MAX_EPILOGUE) -> list:
-    """``[(name, pattern, annotations, check)]``, longest epilogue first."""
-    return list(_patterns(max_epilogue))
+    """``[(name, pattern, annotations, check)]``, longest epilogue first; then the pooling
+    core (:mod:`accel.compiler.pooling`: an int8 max pool)."""
+    from accel.compiler import pooling
+
+    return list(_patterns(max_epilogue)) + pooling.patterns()
 
 
 @functools.lru_cache(maxsize=None)
