@@ -19,6 +19,10 @@ in a clip to int8 and the cast may go on into a table lookup, ``take(table, asty
 128)`` with a 256-entry int8 constant table (how :mod:`tirpat.model.integerize` writes sigmoid,
 HardSwish, GELU, ... after a requantise): accel's LUT instruction, see :func:`table`.
 
+A third core, ``accel.elementwise`` (the requantised add, subtract or multiply of int8 tensors
+that integerize writes, with no matmul or convolution), has its patterns in
+:mod:`accel.compiler.elementwise`; the backend offers them after these.
+
 Each check returns True, or the reason it declines (``"float32 x float32 -> float32; accel
 takes int8 x int8 -> int32"``), which the build report gives for operators left on the host.
 A new epilogue operation is one more entry in :data:`EPILOGUE_OPS`.
