@@ -10,6 +10,9 @@ conv2d / matmul (+bias)   int8 x int8 -> int32, int32 bias add (the input's zero
                           term folded in; a padded conv pads with that zero point first),
                           requantise epilogue
  (+ReLU/Clip)              (ReLU and Clip become the requantise's output bounds)
+matmul of two int8        int8 x int8 -> int32 of the two tensors (zero points as one add of
+activations               row and column sums), requantised; when float code reads the
+                          result (a softmax), times float32 ``s_a s_b`` instead
 add / subtract of two     both rescaled to a common fixed-point scale in int32, added (a
 tensors                   subtrahend negated), requantised
 multiply of two tensors   the int32 product of the centred operands, requantised
@@ -674,6 +677,89 @@ def _matmul_rule(precise: bool) -> Rule:
     return Rule("matmul", g.q.pattern, build)
 
 
+class _ActivationMatmul:
+    """``matmul(dq(a), dq(b))`` of two int8 tensors (attention's ``Q K^T`` and ``softmax V``):
+    ``b`` as dequantized, or through the ``permute_dims`` TVM's importer writes for a
+    transpose after the dequantize."""
+
+    def __init__(self) -> None:
+        self.a, self.b = Dequantized(), Dequantized()
+        self.permute = is_op("relax.permute_dims")(self.b.pattern)
+        self.op = is_op("relax.matmul")(self.a.pattern, self.permute | self.b.pattern)
+
+    def core(self, m: Match) -> tuple[relax.Expr, int, float]:
+        """The int32 ``sum (a - z_a)(b - z_b)``, the bound on its magnitude and the float32
+        ``s_a * s_b`` of one unit of it.
+
+        The int8 x int8 product stays a plain matmul (what an int8 GEMM takes) and the zero
+        points join as one add on it: ``sum (a - z_a)(b - z_b) = sum a b - z_b sum_k a - z_a
+        sum_k b + K z_a z_b``, exact in int32 wherever the result fits (two's-complement
+        wrapping of the terms cancels)."""
+        (sa, za), (sb, zb) = self.a.activation(m), self.b.activation(m)
+        x, y = m[self.a.x], m[self.b.x]
+        if m.get(self.permute) is not None:
+            y = relax.op.permute_dims(y, m[self.permute].attrs.axes)
+        dx = dims_of(x)
+        if len(dx) < 2 or len(dims_of(m[self.b.x])) < 2:
+            raise Declined("a matrix-vector product (the integer form is for matrices)")
+        (k,) = _static(dx, [len(dx) - 1], "a matmul")
+        acc = relax.op.matmul(x, y, out_dtype="int32")
+        terms = []
+        if zb:
+            rows = relax.op.sum(relax.op.astype(x, "int32"), axis=[-1], keepdims=True)
+            terms.append(relax.op.multiply(rows, _const(-zb, "int32")))
+        if za:
+            columns = relax.op.sum(relax.op.astype(y, "int32"), axis=[-2], keepdims=True)
+            terms.append(relax.op.multiply(columns, _const(-za, "int32")))
+        if za and zb:
+            terms.append(_const(k * za * zb, "int32"))
+        if terms:
+            term = terms[0]
+            for t in terms[1:]:
+                term = relax.op.add(term, t)
+            # one operand of the output's shape: a single add on the accumulator, per element
+            acc = relax.op.add(acc, relax.op.broadcast_to(term, list(dims_of(m[self.op]))))
+        bound = k * (INT8_MAGNITUDE + abs(za)) * (INT8_MAGNITUDE + abs(zb))
+        if bound > INT32_MAX:
+            raise Declined(f"the int32 accumulator could overflow (a reduction of {k} products of int8 tensors)")
+        return acc, bound, float(np.float32(sa) * np.float32(sb))
+
+
+def _activation_matmul_rule(precise: bool) -> Rule:
+    """``q(act(matmul(dq(a), dq(b))))`` of two int8 activations: the int32 core of
+    :meth:`_ActivationMatmul.core` requantised by ``s_a s_b / s_y`` (int8 out)."""
+    g = _ActivationMatmul()
+    act = Activation(g.op)
+    q = Quantized(act.pattern)
+
+    def build(m: Match) -> relax.Expr:
+        (sa, _), (sb, _), (sy, zy) = g.a.activation(m), g.b.activation(m), q.activation(m)
+        acc, bound, _ = g.core(m)
+        lo, hi = act.bounds(m, sy, zy)
+        # the real multiplier of the float32 scales, as :func:`_finish_gemm` takes it
+        real = np.float64(np.float32(sa)) * np.float64(np.float32(sb)) / np.float64(np.float32(sy))
+        return emit_requantize([acc], _choose([real], [bound], lo, hi, zero_point=zy, precise=precise))
+
+    return Rule("matmul of activations", q.pattern, build)
+
+
+def _dequantized_matmul_rule() -> Rule:
+    """``matmul(dq(a), dq(b))`` of two int8 tensors whose result feeds float code (a softmax):
+    the int32 core times float32 ``s_a s_b``, the dequantize of the integer result. It is the
+    float matmul up to float32 rounding (the float one rounds each product and partial sum;
+    this one rounds once), and the multiply-accumulates are integer."""
+    g = _ActivationMatmul()
+
+    def build(m: Match) -> relax.Expr:
+        dtype = _dtype(m[g.op])
+        if dtype != "float32":
+            raise Declined(f"a matmul to {dtype} (the dequantized integer form gives float32)")
+        acc, _, unit = g.core(m)
+        return relax.op.multiply(relax.op.astype(acc, "float32"), _const(unit, "float32"))
+
+    return Rule("matmul of activations to float", g.op, build)
+
+
 # ----------------------------------------------------------------------------------------
 # elementwise: add, ReLU/Clip, rescale
 # ----------------------------------------------------------------------------------------
@@ -1028,8 +1114,9 @@ def all_rules(precise: bool = False) -> list[Rule]:
     >>> [rule.name for rule in all_rules()][:3]
     ['uint8 to int8', 'conv2d', 'matmul']
     """
-    return [_uint8_rule(), _conv_rule(precise), _matmul_rule(precise), _add_rule(precise), _multiply_rule(precise),
+    return [_uint8_rule(), _conv_rule(precise), _matmul_rule(precise), _activation_matmul_rule(precise), _add_rule(precise), _multiply_rule(precise),
             _unary_rule("avg_pool2d", ("relax.nn.avg_pool2d",), _avg_pool, precise),
             _unary_rule("mean", ("relax.mean",), _mean, precise),
             *[_concat_rule(n, precise) for n in range(2, 9)], _split_rule(),
-            _dequantize_later_rule(), _activation_rule(precise), _rescale_rule(precise)]
+            _dequantize_later_rule(), _activation_rule(precise), _rescale_rule(precise),
+            _dequantized_matmul_rule()]
