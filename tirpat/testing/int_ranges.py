@@ -9,7 +9,7 @@ output channel times that channel's multiplier) is bounded per channel, as
 bound leaves their dtype: for ``tp.integerize``'s output there must be none.
 
 Covered: the operators ``tp.integerize`` emits (int8 x int8 -> int32 ``conv2d`` and
-``matmul`` with constant weights, ``add``/``subtract``/``multiply``, ``right_shift``,
+``matmul`` with constant weights, ``matmul`` of two int8 tensors, ``add``/``subtract``/``multiply``, ``right_shift``,
 ``floor_divide`` by a positive constant, ``maximum``/``minimum``/``clip``/``relu``, ``sum``,
 ``astype``, ``quantize``, the operators that move or select int8 elements), and the
 half-to-even rounding's parity ``(v >> s) - 2 * (v >> (s + 1))``, which is 0 or 1 (an
@@ -253,6 +253,14 @@ def _sum(call: relax.Call, x: Range) -> Range:
     return Range(lo, hi)
 
 
+def _constant(e, defs: dict) -> bool:
+    """Whether ``e`` is a constant, through ``permute_dims`` and ``astype``."""
+    e = defs.get(e, e)
+    while isinstance(e, relax.Call) and str(e.op.name) in ("relax.permute_dims", "relax.astype"):
+        e = defs.get(e.args[0], e.args[0])
+    return isinstance(e, ir.Constant)
+
+
 def _weight(e, defs: dict) -> np.ndarray:
     """A constant weight, through a ``permute_dims`` (returned permuted) or an ``astype``."""
     e = defs.get(e, e)
@@ -271,6 +279,13 @@ def _gemm(call: relax.Call, env: dict, defs: dict) -> Range:
     """Per output channel: ``sum(w+ * x_hi + w- * x_lo)`` and the converse, the input taken
     at its overall range (each product's extremes; the sum of the extremes bounds the sum)."""
     x = _arg(call.args[0], env).overall()
+    if str(call.op.name) == "relax.matmul" and not _constant(call.args[1], defs):
+        # two activations (attention's Q K^T): each of the K products lies within the
+        # extremes of the operands' overall ranges, a product's being at a corner
+        y = _arg(call.args[1], env).overall()
+        corners = [int(a) * int(b) for a in (x.lo, x.hi) for b in (y.lo, y.hi)]
+        k = int(call.args[0].ty.shape.values[-1])
+        return Range(k * min(corners), k * max(corners))
     w = _weight(call.args[1], defs).astype(np.int64)
     pos, neg = np.maximum(w, 0), np.minimum(w, 0)
     xlo, xhi = min(int(x.lo), 0), max(int(x.hi), 0)     # zero padding adds products of 0
