@@ -696,9 +696,13 @@ class _ActivationMatmul:
         sum_k b + K z_a z_b``, exact in int32 wherever the result fits (two's-complement
         wrapping of the terms cancels)."""
         (sa, za), (sb, zb) = self.a.activation(m), self.b.activation(m)
-        x, y = m[self.a.x], m[self.b.x]
+        x, b = m[self.a.x], m[self.b.x]
+        y, axes = b, None
         if m.get(self.permute) is not None:
-            y = relax.op.permute_dims(y, m[self.permute].attrs.axes)
+            axes = m[self.permute].attrs.axes
+            y = relax.op.permute_dims(b, axes)
+            rank = len(dims_of(b))
+            axes = list(reversed(range(rank))) if axes is None else [int(a) % rank for a in axes]
         dx = dims_of(x)
         if len(dx) < 2 or len(dims_of(m[self.b.x])) < 2:
             raise Declined("a matrix-vector product (the integer form is for matrices)")
@@ -709,7 +713,12 @@ class _ActivationMatmul:
             rows = relax.op.sum(relax.op.astype(x, "int32"), axis=[-1], keepdims=True)
             terms.append(relax.op.multiply(rows, _const(-zb, "int32")))
         if za:
-            columns = relax.op.sum(relax.op.astype(y, "int32"), axis=[-2], keepdims=True)
+            # summed in b's own layout (the axis the permutation makes K), then permuted: the
+            # GEMM's permute_dims must have the matmul as its only reader for an int8
+            # backend to take it with the matmul
+            columns = relax.op.sum(relax.op.astype(b, "int32"), axis=[axes[-2] if axes else -2], keepdims=True)
+            if axes:
+                columns = relax.op.permute_dims(columns, axes)
             terms.append(relax.op.multiply(columns, _const(-za, "int32")))
         if za and zb:
             terms.append(_const(k * za * zb, "int32"))
