@@ -5,6 +5,9 @@ operations:
 
 - ``accel.matmul``: ``matmul(a, b)`` with int8 operands and an int32 result: dense
   (``b`` through ``permute_dims``, as ``nn.Linear`` writes it), matmul and batch matmul;
+  ``b`` a constant weight (re-laid out once at compile time) or a tensor computed at run
+  time (attention's ``Q K^T`` and ``softmax V``: its layout stage runs on each call, then
+  the GEMM LOADs it as WGT by DMA like any host buffer);
 - ``accel.conv2d``: ``conv2d(x, w)``, any data and kernel layout (NCHW/OIHW, NHWC/HWIO, ...),
   groups = 1 (GEMM), or groups = channels with one output channel per group (a depthwise
   convolution: DWMAC, see :mod:`accel.compiler.depthwise`).
