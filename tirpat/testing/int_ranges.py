@@ -10,7 +10,8 @@ bound leaves their dtype: for ``tp.integerize``'s output there must be none.
 
 Covered: the operators ``tp.integerize`` emits (int8 x int8 -> int32 ``conv2d`` and
 ``matmul`` with constant weights, ``matmul`` of two int8 tensors, ``add``/``subtract``/
-``multiply``, ``right_shift``, ``floor_divide`` by a positive constant, ``maximum``/``minimum``/``clip``/``relu``, ``sum``,
+``multiply``, ``right_shift``, ``floor_divide`` by a positive constant,
+``maximum``/``minimum``/``clip``/``relu``, ``sum``,
 ``astype``, ``quantize``, the operators that move or select int8 elements), and the
 half-to-even rounding's parity ``(v >> s) - 2 * (v >> (s + 1))``, which is 0 or 1 (an
 interval analysis that did not know it would see ``|v| / 2**s`` of slack). Anything else on

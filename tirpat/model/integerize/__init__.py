@@ -58,7 +58,8 @@ import tvm_ffi
 from tvm import relax
 
 from .fixed_point import Requantize
-from .rules import Declined, Rule, all_rules, clip_fold_rule, emit_requantize, requantize_pattern
+from .rules import (Declined, Rule, all_rules, clip_fold_rule, dequantized_matmul_rule, emit_requantize,
+                    requantize_pattern)
 from .pads import PadRule
 from .tables import TableRule
 
@@ -92,7 +93,8 @@ def integerize(precise: bool = False) -> tvm.transform.Pass:
     Rules run in order (a function of one int8 tensor quantised inside, such as HardSwish's
     ``x * q(HardSigmoid(x))``, first, so that it is one table and not a product; then
     convolutions and matmuls, so that their ReLU and bias join their epilogue), then a fold moves each remaining ReLU/Clip into the requantise before
-    it; unused bindings are removed.
+    it; a matmul of two int8 tensors read by float code is then an integer matmul dequantised;
+    unused bindings are removed.
     """
 
     @tvm.transform.module_pass(opt_level=0, name="tirpat.Integerize")
@@ -109,6 +111,10 @@ def integerize(precise: bool = False) -> tvm.transform.Pass:
             if tvm_ffi.structural_equal(before, mod):
                 break
             declined.clear()       # a later round may make a declined site exact: report the last
+        # a matmul of two int8 tensors that no rule took with its quantize (its result feeds
+        # float code: a softmax) multiplies in integers and dequantises its int32 result;
+        # after the rounds, so that it never takes a site an integer rule would in a later one
+        mod = dequantized_matmul_rule().rewriter(declined)(mod)
         mod = relax.transform.DeadCodeElimination()(mod)
         left = _float_sites(mod)
         if left:

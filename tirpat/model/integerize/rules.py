@@ -61,8 +61,9 @@ from tvm.relax.expr_functor import PyExprMutator
 
 from .fixed_point import INT32_MAX, Requantize
 
-__all__ = ["Declined", "Rule", "all_rules", "rewrite_sites", "emit_requantize", "requantize_pattern", "clip_fold_rule", "emit_table",
-           "quantized_table", "dims_of", "same_dims", "prim_number", "COMMUTING_OPS", "MAXIMA", "moves_elements"]
+__all__ = ["Declined", "Rule", "all_rules", "rewrite_sites", "emit_requantize", "requantize_pattern", "clip_fold_rule",
+           "dequantized_matmul_rule", "emit_table", "quantized_table", "dims_of", "same_dims", "prim_number",
+           "COMMUTING_OPS", "MAXIMA", "moves_elements"]
 
 INT8_MIN, INT8_MAX = -128, 127
 #: |x| <= 128 for any int8 x: the bound used for an activation whose producer is unknown.
@@ -752,11 +753,16 @@ def _activation_matmul_rule(precise: bool) -> Rule:
     return Rule("matmul of activations", q.pattern, build)
 
 
-def _dequantized_matmul_rule() -> Rule:
+def dequantized_matmul_rule() -> Rule:
     """``matmul(dq(a), dq(b))`` of two int8 tensors whose result feeds float code (a softmax):
     the int32 core times float32 ``s_a s_b``, the dequantize of the integer result. It is the
     float matmul up to float32 rounding (the float one rounds each product and partial sum;
-    this one rounds once), and the multiply-accumulates are integer."""
+    this one rounds once), and the multiply-accumulates are integer. Not in :func:`all_rules`:
+    :func:`~tirpat.model.integerize.integerize` runs it after them, on what they left.
+
+    >>> dequantized_matmul_rule().name
+    'matmul of activations to float'
+    """
     g = _ActivationMatmul()
 
     def build(m: Match) -> relax.Expr:
@@ -1123,9 +1129,9 @@ def all_rules(precise: bool = False) -> list[Rule]:
     >>> [rule.name for rule in all_rules()][:3]
     ['uint8 to int8', 'conv2d', 'matmul']
     """
-    return [_uint8_rule(), _conv_rule(precise), _matmul_rule(precise), _activation_matmul_rule(precise), _add_rule(precise), _multiply_rule(precise),
+    return [_uint8_rule(), _conv_rule(precise), _matmul_rule(precise), _activation_matmul_rule(precise),
+            _add_rule(precise), _multiply_rule(precise),
             _unary_rule("avg_pool2d", ("relax.nn.avg_pool2d",), _avg_pool, precise),
             _unary_rule("mean", ("relax.mean",), _mean, precise),
             *[_concat_rule(n, precise) for n in range(2, 9)], _split_rule(),
-            _dequantize_later_rule(), _activation_rule(precise), _rescale_rule(precise),
-            _dequantized_matmul_rule()]
+            _dequantize_later_rule(), _activation_rule(precise), _rescale_rule(precise)]
