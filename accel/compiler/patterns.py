@@ -191,6 +191,9 @@ def _check_core(core, bound: dict) -> str | None:
         if groups != 1:
             return _check_depthwise(core, a, b, groups)
     else:
+        # the shapes the matmul reads: a permuted operand's batch dimensions are those after
+        # its permute_dims (attention's K^T from [1, L, H, D] is [1, H, D, L])
+        a, b = core.args[0], core.args[1]
         ra, rb = len(a.ty.shape.values), len(b.ty.shape.values)
         if ra < 2 or rb < 2:
             return "a matrix-vector product; accel multiplies matrices"
