@@ -521,6 +521,8 @@ def _bias(m: Match, g: _Gemm, acc_scale: np.ndarray, channels: int, out_ndim: in
     expect = [1] * out_ndim
     expect[axis] = channels
     padded = [1] * (out_ndim - len(shape)) + list(shape)
+    while len(padded) > out_ndim and padded[0] == 1:    # the float matmul's batch of one, flattened
+        padded.pop(0)
     if not same_dims(padded, expect) and b.size != 1:
         raise Declined(f"a bias of shape {list(shape)} that is not one value per output channel")
     sb = g.b.scales(m)
@@ -537,7 +539,7 @@ def _bias(m: Match, g: _Gemm, acc_scale: np.ndarray, channels: int, out_ndim: in
 
 def _finish_gemm(m: Match, g: _Gemm, acc: relax.Expr, w: np.ndarray, w_scale: np.ndarray,
                  w_channel_axis: int, out_axis: int, window_sums: Callable[[], relax.Expr],
-                 precise: bool) -> relax.Expr:
+                 precise: bool, out_dims: tuple | None = None) -> relax.Expr:
     """Bias, bounds and requantise shared by conv2d and matmul.
 
     The zero points join the bias: over a window of ``K`` products,
@@ -547,13 +549,15 @@ def _finish_gemm(m: Match, g: _Gemm, acc: relax.Expr, w: np.ndarray, w_scale: np
     :func:`_conv_rule`). A weight zero point ``z_w`` (onnxruntime's default quantises weights
     it finds in ``Constant`` nodes as uint8 activations) also needs ``sum x`` per window:
     ``window_sums()`` gives it, added as ``- z_w * sum x`` (a reduction ``1 / C_out`` the
-    size of the operator's own)."""
+    size of the operator's own). ``out_dims``: ``acc``'s dimensions where they are not the
+    float operator's (a matmul computed on its input flattened to 2-D)."""
     (sx, zx), (sy, zy) = g.x.activation(m), g.q.activation(m)
+    out_dims = dims_of(m[g.op]) if out_dims is None else out_dims
     zw = _weight_zero_point(m[g.w.zero_point])
     channels = w.shape[w_channel_axis]
     if w_scale.size not in (1, channels):
         raise Declined(f"{w_scale.size} weight scales for {channels} output channels")
-    out_ndim = len(dims_of(m[g.op]))
+    out_ndim = len(out_dims)
     out_axis %= out_ndim
     acc_scale = np.float32(sx) * w_scale.astype(np.float32)       # what onnxruntime computes
     bias = _bias(m, g, acc_scale, channels, out_ndim, out_axis)
@@ -575,7 +579,7 @@ def _finish_gemm(m: Match, g: _Gemm, acc: relax.Expr, w: np.ndarray, w_scale: np
         bound = bound + abs(zw) * INT8_MAGNITUDE * window
         sums = relax.op.multiply(window_sums(), _const(-zw, "int32"))
         term = sums if term is None else relax.op.add(sums, term)
-        term = relax.op.broadcast_to(term, list(dims_of(m[g.op])))
+        term = relax.op.broadcast_to(term, list(out_dims))
     if term is not None:
         acc = relax.op.add(acc, term)
     if np.any(bound > INT32_MAX):
@@ -668,12 +672,21 @@ def _matmul_rule(precise: bool) -> Rule:
         # the weight as [N, K]: the GEMM's natural layout (the matmul reads it transposed)
         w_nk = w if transposed else w.T
         w_scale = _per_channel_axis(m, g.w, 0 if transposed else 1, 2, "weight")
-        acc = relax.op.matmul(m[g.x.x], relax.op.permute_dims(_const(np.ascontiguousarray(w_nk), "int8")),
+        x, dims = m[g.x.x], dims_of(m[g.x.x])
+        # a batch of matrices times one weight ([1, L, K] x [K, N], a transformer's linear
+        # layers) is one GEMM of the rows: computed on x flattened to 2-D, whose matmul an
+        # int8 GEMM takes with its epilogue, and the int8 result shaped back
+        flat = len(dims) > 2 and all(isinstance(d, int) for d in dims)
+        if flat:
+            x = relax.op.reshape(x, [int(np.prod(dims[:-1])), dims[-1]])
+        acc = relax.op.matmul(x, relax.op.permute_dims(_const(np.ascontiguousarray(w_nk), "int8")),
                               out_dtype="int32")
         def window_sums() -> relax.Expr:
-            return relax.op.sum(relax.op.astype(m[g.x.x], "int32"), axis=[-1], keepdims=True)
+            return relax.op.sum(relax.op.astype(x, "int32"), axis=[-1], keepdims=True)
 
-        return _finish_gemm(m, g, acc, w_nk, w_scale, 0, -1, window_sums, precise)
+        out_dims = (int(np.prod(dims[:-1])), w_nk.shape[0]) if flat else None
+        y = _finish_gemm(m, g, acc, w_nk, w_scale, 0, -1, window_sums, precise, out_dims)
+        return relax.op.reshape(y, list(dims_of(m[g.q.pattern]))) if flat else y
 
     return Rule("matmul", g.q.pattern, build)
 
