@@ -43,7 +43,7 @@ from tvm import ir, relax, tirx
 from tvm.relax.backend.utils import has_leaking_intermediate_variables
 from tvm.relax.dpl import DFPattern, is_const, is_op, wildcard
 
-__all__ = ["patterns", "check", "table", "MAX_EPILOGUE", "EPILOGUE_OPS", "TABLE_ENTRIES"]
+__all__ = ["patterns", "check", "table", "split_operand_permutes", "MAX_EPILOGUE", "EPILOGUE_OPS", "TABLE_ENTRIES"]
 
 #: The longest epilogue chain matched (bias, ReLU and a requantise multiply/add/shift/clip/cast fit).
 MAX_EPILOGUE = 8
@@ -377,6 +377,46 @@ def narrow_constant_operands() -> "tvm.transform.Pass":
         for gv, func in list(mod.functions.items()):
             if isinstance(func, relax.Function):
                 mod[gv] = rewrite_call(core, narrow, func)
+        return mod
+
+    return run
+
+
+def split_operand_permutes() -> "tvm.transform.Pass":
+    """A Relax pass: the second operand of an int matmul read through a ``permute_dims`` that
+    moves its batch axes (attention's ``K^T`` from ``[1, L, H, D]``, axes ``[0, 2, 3, 1]``),
+    which accel's GEMM cannot read, is read through two: the permutation to ``[batch.., N,
+    K]`` (a copy on the host, outside the partition) and a transpose of the last two axes, the
+    form the GEMM LOADs as WGT.
+
+    >>> split_operand_permutes().info.name
+    'accel.SplitOperandPermutes'
+    """
+    import tvm
+    from tvm.relax.dpl import rewrite_call
+
+    operand = wildcard()
+    permute = is_op("relax.permute_dims")(operand)
+    core = is_op("relax.matmul")(wildcard(), permute)
+
+    def split(call, matches):
+        rank = len(call.ty.shape.values) if isinstance(call.ty, relax.TensorType) and call.ty.shape is not None \
+            else 0
+        axes = matches[permute].attrs.axes
+        if rank < 3 or _dtype(call) != "int32":
+            return call
+        axes = list(reversed(range(rank))) if axes is None else [int(a) % rank for a in axes]
+        if axes[:-2] == list(range(rank - 2)):
+            return call         # batch axes in place: the GEMM reads it as it is
+        swap = list(range(rank - 2)) + [rank - 1, rank - 2]
+        rows = relax.op.permute_dims(matches[operand], axes[:-2] + [axes[-1], axes[-2]])
+        return relax.Call(call.op, [call.args[0], relax.op.permute_dims(rows, swap)], call.attrs)
+
+    @tvm.transform.module_pass(opt_level=0, name="accel.SplitOperandPermutes")
+    def run(mod, ctx):
+        for gv, func in list(mod.functions.items()):
+            if isinstance(func, relax.Function):
+                mod[gv] = rewrite_call(core, split, func)
         return mod
 
     return run

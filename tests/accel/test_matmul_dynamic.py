@@ -119,3 +119,29 @@ def test_a_qdq_attention_block_ends_with_its_matmuls_on_accel(zero_points):
         args = [rng.normal(0, 2, (1, 2, 24, 16)).astype(np.float32) for _ in range(3)]
         want = vm["main"](*[tvm.runtime.tensor(x) for x in args]).numpy()
         np.testing.assert_array_equal(model(*args), want)
+
+
+@pytest.mark.parametrize("axes", [[0, 2, 3, 1], [2, 0, 3, 1]])
+def test_an_operand_permuted_across_its_batch_axes_is_read_as_rows(axes):
+    """``K^T`` as a head split writes it (``[1, L, H, D]`` read through axes ``[0, 2, 3, 1]``):
+    permuted on the host to ``[1, H, L, D]``, the GEMM reads it transposed; on accel, bit for
+    bit llvm's result over two calls."""
+    source = [1, 40, 8, 15]
+    a = relax.Var("a", relax.TensorType((1, 8, 40, 15) if axes[0] == 0 else (8, 1, 40, 15), "int8"))
+    b = relax.Var("b", relax.TensorType(source, "int8"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [a, b]):
+        with bb.dataflow():
+            acc = bb.emit(relax.op.matmul(a, bb.emit(relax.op.permute_dims(b, axes)), out_dtype="int32"))
+            out = bb.emit_output(bb.emit(emit_requantize([acc], Requantize.choose([0.003], [15 * 128 * 128]))))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    model = built(mod)
+    matmuls_on_accel(model, 1)
+    vm = relax.VirtualMachine(tvm.compile(mod, "llvm"), tvm.cpu())
+    rng = np.random.default_rng(1)
+    for _ in range(2):
+        args = [rng.integers(-128, 128, [int(d) for d in p.ty.shape.values], dtype=np.int8)
+                for p in mod["main"].params]
+        want = vm["main"](*[tvm.runtime.tensor(x) for x in args]).numpy()
+        np.testing.assert_array_equal(model(*args), want)
