@@ -400,7 +400,8 @@ def split_operand_permutes() -> "tvm.transform.Pass":
     core = is_op("relax.matmul")(wildcard(), permute)
 
     def split(call, matches):
-        rank = len(call.ty.shape.values) if isinstance(call.ty, relax.TensorType) and call.ty.shape is not None \
+        ty = matches[operand].ty     # the permuted tensor's rank (a 2-D weight's may be the result's less one)
+        rank = len(ty.shape.values) if isinstance(ty, relax.TensorType) and isinstance(ty.shape, relax.ShapeExpr) \
             else 0
         axes = matches[permute].attrs.axes
         if rank < 3 or _dtype(call) != "int32":
