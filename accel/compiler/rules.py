@@ -7,7 +7,9 @@
   up to two enclosing loops of tiles folded into its loop fields; a nest of 16x16 tiles
   ``C[p, c] += int32(A[p, c]) * int32(W[c])`` (a depthwise convolution) -> DWMAC, likewise;
 - ``zero_init``: a nest storing 0 into ACC in whole tiles -> GEMM in its reset form;
-- ``alu``: an in-place elementwise nest on ACC (bias add, ReLU/clip, requantise) -> ALU;
+- ``alu``: an in-place elementwise nest on ACC (bias add, ReLU/clip, requantise) -> ALU; or
+  a nest writing a second ACC region from the accumulator (an epilogue's temporary, where its
+  requantise reads the accumulator twice) -> ALU copy (``x * 0 + acc``), then its chain;
 - ``store``: a nest writing host memory from ACC, possibly through an elementwise epilogue
   and a narrowing cast -> ALU (in place, on the accumulator) then STORE; a plain cast wraps,
   a clip to [-128, 127] then cast saturates; a clip to int8 then a lookup in a 256-entry int8
@@ -536,9 +538,16 @@ def _alu(m, store, config):
         raise _Unsupported(f"{value} is not a chain of ALU operations (add, max, min, mul, "
                            "shift right) on one accumulator value")
     spine, steps = chain
-    if not steps or not spine.source.same_as(store.buffer) or not _same_indices(spine, store):
+    copy = not spine.source.same_as(store.buffer)
+    if copy:
+        # a temporary of an epilogue (a second ACC region): the ALU works in place, so it
+        # first copies what it reads there (x * 0 + src), then applies the chain. Its lanes
+        # after a partial last vector are its own padding, read by no one but the epilogue's
+        # lanes after the store's (dead too).
+        steps = [_Step(AluOp.MUL, 0), _Step(AluOp.ADD, operand=spine)] + steps
+    elif not steps or not _same_indices(spine, store):
         raise _Unsupported("not an in-place update of the accumulator element it reads")
-    calls = _alu_calls(steps, m.region(store.buffer), _operand_regions(m, steps), m.loops, config, partial_ok=False)
+    calls = _alu_calls(steps, m.region(store.buffer), _operand_regions(m, steps), m.loops, config, partial_ok=copy)
     return calls[0] if len(calls) == 1 else tirx.SeqStmt(calls)
 
 
