@@ -497,6 +497,10 @@ def _alu_calls(steps, spine, operands, loops, config, partial_ok):
         size = 1
         for d in spine.buffer.shape:
             size *= _int(d)
+        strides = [_int(x) for x in spine.buffer.strides]
+        if strides and None not in strides:
+            # rows aligned to whole vectors (a storage_align): the allocation spans the strides
+            size = max(size, max(st * _int(d) for st, d in zip(strides, spine.buffer.shape)))
         if base is None or (ext_out > 1 and dso < vectors * t) or \
                 base + (ext_out - 1) * dso + vectors * t > -(-size // t) * t:
             raise _Unsupported(f"the last partial vector would write past the rows of {spine.buffer.name}")

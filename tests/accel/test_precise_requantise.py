@@ -1,0 +1,119 @@
+"""integerize's precise requantise on accel: a multiplier of up to 48 bits as two int32
+products, ``(acc*H + ((acc*L + c) >> k) + c') >> (s - k)``, reads the accumulator twice. accel
+runs it in its epilogue (one block of the fork kept as a temporary in a second ACC region, the
+ALU's chain on a copy of the accumulator there), bit for bit what ``tvm.compile(mod, "llvm")``
+computes, and a QDQ convolution integerised with ``precise=True`` runs wholly on accel."""
+
+import warnings
+
+import numpy as np
+import pytest
+import tvm
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+from tvm import relax
+
+import tirpat as tp
+from tirpat.model.integerize.fixed_point import Requantize
+from tirpat.model.integerize.rules import emit_requantize
+
+
+def _model(kind, m, n, k, rq, bias, seed):
+    """An int8 matmul ([m, k] x [n, k]^T) or 3x3 NHWC conv2d (an m x m image, k to n channels),
+    a per-channel bias or none, then ``rq`` as integerize emits it."""
+    rng = np.random.default_rng(seed)
+    x = relax.Var("x", relax.TensorType((m, k) if kind == "matmul" else (1, m, m, k), "int8"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            if kind == "matmul":
+                w = relax.const(rng.integers(-128, 128, (n, k), dtype=np.int8))
+                y = bb.emit(relax.op.matmul(x, relax.op.permute_dims(w), out_dtype="int32"))
+            else:
+                w = relax.const(rng.integers(-128, 128, (3, 3, k, n), dtype=np.int8))
+                y = bb.emit(relax.op.nn.conv2d(x, w, padding=1, data_layout="NHWC", kernel_layout="HWIO",
+                                               out_dtype="int32"))
+            if bias:
+                y = bb.emit(relax.op.add(y, relax.const(rng.integers(-2**14, 2**14, (n,), dtype=np.int32))))
+            out = bb.emit_output(bb.emit(emit_requantize([y], rq)))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def _assert_on_accel_bit_exact(mod, calls=2):
+    shape = [int(d) for d in mod["main"].params[0].ty.shape.values]
+    x = np.random.default_rng(1).integers(-128, 128, shape).astype(np.int8)
+    want = relax.VirtualMachine(tvm.compile(mod, "llvm"), tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+    model = tp.build(mod, "accel, llvm")
+    for _ in range(calls):
+        np.testing.assert_array_equal(model(x), want)
+    report = model.report.to_json()
+    assert report["macs"]["host"] == 0 and len(report["partitions"]) == 1, report
+    part = report["partitions"][0]
+    assert part["backend"] == "accel" and part["fallback"] is None, part
+    assert "requantise" in part["epilogue"] and part["rules"].get("accel.alu", 0) >= 1, part
+    assert all("epilogue" not in why for _, why in part["on_host"]), part
+    # the temporary's copy (x * 0 + acc) and its chain ran on the ALU
+    assert model.stats["accel"].instructions["ALU"] >= 2
+    return model
+
+
+@st.composite
+def precise_cases(draw):
+    kind = draw(st.sampled_from(["matmul", "conv2d"]))
+    m = draw(st.integers(1, 20) if kind == "matmul" else st.integers(2, 6))
+    n, k = draw(st.integers(1, 40)), draw(st.integers(1, 40))
+    taps = 1 if kind == "matmul" else 9
+    # the accumulator's bound: what the MACs reach, or a clamp well inside it; multipliers of
+    # 2**-30 .. 2**-2 with up to 48 significant bits (the two products then near int32's limits)
+    reach = taps * k * 128 * 128 + 2**14
+    bound = draw(st.sampled_from([reach, max(1, reach // 64), 2**20]))
+    real = draw(st.floats(2.0**-30, 0.25)) * (1 + draw(st.integers(1, 2**20)) * 2.0**-44)
+    zy = draw(st.integers(-20, 20))
+    lo = draw(st.sampled_from([-128, 0, -100]))
+    rq = Requantize.choose([real], [bound], lo, 127, zero_point=zy, precise=True)
+    assume(rq.split > 0)        # an exact multiplier keeps its single product
+    return kind, m, n, k, rq, draw(st.booleans()), draw(st.integers(0, 2**16))
+
+
+@settings(max_examples=10)
+@given(precise_cases())
+def test_precise_requantise_on_accel_is_llvms(case):
+    kind, m, n, k, rq, bias, seed = case
+    _assert_on_accel_bit_exact(_model(kind, m, n, k, rq, bias, seed))
+
+
+def test_forty_eight_bit_multiplier_at_int32_limits():
+    """The first convolution's case (few bits in one product): 48-bit multiplier, the
+    accumulator clamped at its full reach, both products close to int32's limits."""
+    rq = Requantize.choose([0.00087], [146_000], precise=True)
+    assert rq.split > 0 and rq.shift >= 40
+    acc_h, acc_l = rq.parts[0]
+    assert 146_000 * abs(int(acc_h)) > 2**30 or 146_000 * abs(int(acc_l)) > 2**30
+    _assert_on_accel_bit_exact(_model("conv2d", 5, 24, 16, rq, True, 3))
+
+
+def test_qdq_convolution_integerised_precisely_runs_on_accel():
+    """A QDQ ONNX CNN integerised with ``precise=True``: its convolutions and matmul, requantise
+    included, run on accel, bit for bit the integer module on llvm."""
+    pytest.importorskip("onnx")
+    from tvm.relax.frontend.onnx import from_onnx
+
+    from tirpat.testing import onnx_cnn
+
+    model = onnx_cnn.conv_relu(seed=1)
+    qdq = tp.quantize(model, onnx_cnn.calibration(model, 16))
+    integer = tp.integerize(precise=True)(from_onnx(qdq, keep_params_in_input=False))
+    reference = relax.VirtualMachine(tvm.compile(integer, "llvm"), tvm.cpu())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tp.OffloadWarning)     # quantize/dequantize stay on the host
+        compiled = tp.build(integer, "accel, llvm")
+    for x in onnx_cnn.calibration(qdq, 2, seed=9)["x"]:
+        np.testing.assert_array_equal(compiled(x), reference["main"](tvm.runtime.tensor(x)).numpy())
+    report = compiled.report.to_json()
+    assert report["macs"]["accel"] == report["total_macs"] > 0, report["macs"]
+    host_ops = {h["op"] for h in report["on_host"]}
+    assert not host_ops & {"relax.multiply", "relax.right_shift", "relax.nn.conv2d", "relax.matmul"}, host_ops
+    accel_parts = [p for p in report["partitions"] if p["backend"] == "accel"]
+    assert accel_parts and all(p["fallback"] is None for p in accel_parts)
+    assert any("relax.right_shift" in p["ops"] and p["ops"].count("relax.multiply") >= 2 for p in accel_parts)
