@@ -494,13 +494,7 @@ def _alu_calls(steps, spine, operands, loops, config, partial_ok):
         # lies inside the spine's own rows and allocation (scratchpad buffers are planned in
         # whole vectors).
         base = _int(spine.offset)
-        size = 1
-        for d in spine.buffer.shape:
-            size *= _int(d)
-        strides = [_int(x) for x in spine.buffer.strides]
-        if strides and None not in strides:
-            # rows aligned to whole vectors (a storage_align): the allocation spans the strides
-            size = max(size, max(st * _int(d) for st, d in zip(strides, spine.buffer.shape)))
+        size = _allocation(spine.buffer)
         if base is None or (ext_out > 1 and dso < vectors * t) or \
                 base + (ext_out - 1) * dso + vectors * t > -(-size // t) * t:
             raise _Unsupported(f"the last partial vector would write past the rows of {spine.buffer.name}")
@@ -551,8 +545,39 @@ def _alu(m, store, config):
         steps = [_Step(AluOp.MUL, 0), _Step(AluOp.ADD, operand=spine)] + steps
     elif not steps or not _same_indices(spine, store):
         raise _Unsupported("not an in-place update of the accumulator element it reads")
+    if m.get("alu_guard") is not None:
+        # a temporary may be computed for the whole block, the guarded lanes after the
+        # result's edge too (what they read of the accumulator is its padding), if they lie
+        # inside its allocation; the accumulator's own lanes may be read on: left as they are
+        if not copy:
+            raise _Unsupported(f"an in-place update of the accumulator under the guard {m['alu_guard']}")
+        _within_allocation(m.region(store.buffer), m.loops)
     calls = _alu_calls(steps, m.region(store.buffer), _operand_regions(m, steps), m.loops, config, partial_ok=copy)
     return calls[0] if len(calls) == 1 else tirx.SeqStmt(calls)
+
+
+def _within_allocation(region, loops) -> None:
+    """Raise unless every element the nest ``loops`` writes through ``region`` lies inside its
+    buffer's allocation (its rows' aligned strides included)."""
+    last = _int(region.offset)
+    for stride, loop in zip(region.strides, loops):
+        if last is None or _int(stride) is None or _int(loop.extent) is None:
+            raise _Unsupported(f"{region.buffer.name}'s region is not constant")
+        last += _int(stride) * (_int(loop.extent) - 1)
+    if last is None or last >= _allocation(region.buffer):
+        raise _Unsupported(f"the whole block would write past {region.buffer.name}'s allocation")
+
+
+def _allocation(buffer) -> int:
+    """Elements a scratchpad buffer's allocation spans: its shape, or its strides where a
+    storage_align set them (rows aligned to whole vectors)."""
+    size = 1
+    for d in buffer.shape:
+        size *= _int(d)
+    strides = [_int(x) for x in buffer.strides]
+    if strides and None not in strides:
+        size = max(size, max(st * _int(d) for st, d in zip(strides, buffer.shape)))
+    return size
 
 
 def _store(m, store, config):
@@ -647,7 +672,7 @@ def rules(config: Config | None = None) -> tp.Rewriter:
     zero = tp.is_nest(None, zero_store)
 
     in_place = tp.is_store(_scratch("C", ACC), None, tp.wildcard())
-    alu = tp.is_nest(None, in_place) | in_place
+    alu = tp.is_nest(None, in_place) | tp.is_nest(None, tp.is_if(tp.wildcard("alu_guard"), in_place)) | in_place
 
     host = tp.is_buffer("out").where(lambda m: not is_scratchpad(m["out"]))
     to_host = tp.is_store(host, None, tp.wildcard())

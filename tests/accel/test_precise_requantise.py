@@ -72,11 +72,13 @@ def precise_cases(draw):
     zy = draw(st.integers(-20, 20))
     lo = draw(st.sampled_from([-128, 0, -100]))
     rq = Requantize.choose([real], [bound], lo, 127, zero_point=zy, precise=True)
-    assume(rq.split > 0)        # an exact multiplier keeps its single product
+    # an exact multiplier keeps its single product; a split one whose low or high part is 0
+    # multiplies by 0, which TVM folds (accel's patterns decline it, see test_patterns)
+    assume(rq.split > 0 and all(int(h) != 0 and int(lo_) != 0 for h, lo_ in rq.parts))
     return kind, m, n, k, rq, draw(st.booleans()), draw(st.integers(0, 2**16))
 
 
-@settings(max_examples=10)
+@settings(max_examples=25)
 @given(precise_cases())
 def test_precise_requantise_on_accel_is_llvms(case):
     kind, m, n, k, rq, bias, seed = case
