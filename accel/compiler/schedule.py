@@ -611,6 +611,14 @@ def _schedule_depthwise(sch: s_tir.Schedule, name: str, dw: depthwise.Depthwise,
     if padded != [int(iv.dom.extent.value) for iv in sch.get(blk).iter_vars]:
         sch.pad_einsum(blk, padded)
     final, steps, out_buffer, temporaries = _epilogue(sch, blk, view.stop)
+    if steps is not None:
+        # the accumulator tile, and one tile per wide operand (a residual) or temporary
+        wide = sum(1 for narrow in _operands(sch.get(final), out_buffer).values() if not narrow)
+        need[ACC] = _MEMORY[ACC].footprint(max(2, 1 + wide) * t * t, repeated=outer, options=options)
+        if need[ACC] > _free(config, reserved, ACC):
+            raise DoesNotFit(f"one depthwise tile's accumulator and its epilogue's {wide} wide operands and "
+                             f"temporaries take {need[ACC] * _MEMORY[ACC].itemsize} bytes, the target's Config has "
+                             f"{getattr(config, capacity_option(_MEMORY[ACC]))} ({capacity_option(_MEMORY[ACC])})")
     _reserve_table(reserved, steps, t)
     if final is not None and steps is None:
         notes.on_cpu.append((sch.get(final).name_hint, "the epilogue is not a chain of ALU operations "

@@ -19,8 +19,8 @@ from tirpat.model.integerize.rules import emit_requantize
 
 
 def _model(kind, m, n, k, rq, bias, seed):
-    """An int8 matmul ([m, k] x [n, k]^T) or 3x3 NHWC conv2d (an m x m image, k to n channels),
-    a per-channel bias or none, then ``rq`` as integerize emits it."""
+    """An int8 matmul ([m, k] x [n, k]^T), 3x3 NHWC conv2d (an m x m image, k to n channels) or
+    depthwise one (k = n channels), a per-channel bias or none, then ``rq`` as integerize emits it."""
     rng = np.random.default_rng(seed)
     x = relax.Var("x", relax.TensorType((m, k) if kind == "matmul" else (1, m, m, k), "int8"))
     bb = relax.BlockBuilder()
@@ -30,9 +30,10 @@ def _model(kind, m, n, k, rq, bias, seed):
                 w = relax.const(rng.integers(-128, 128, (n, k), dtype=np.int8))
                 y = bb.emit(relax.op.matmul(x, relax.op.permute_dims(w), out_dtype="int32"))
             else:
-                w = relax.const(rng.integers(-128, 128, (3, 3, k, n), dtype=np.int8))
+                groups = n if kind == "depthwise" else 1
+                w = relax.const(rng.integers(-128, 128, (3, 3, k // groups, n), dtype=np.int8))
                 y = bb.emit(relax.op.nn.conv2d(x, w, padding=1, data_layout="NHWC", kernel_layout="HWIO",
-                                               out_dtype="int32"))
+                                               groups=groups, out_dtype="int32"))
             if bias:
                 y = bb.emit(relax.op.add(y, relax.const(rng.integers(-2**14, 2**14, (n,), dtype=np.int32))))
             out = bb.emit_output(bb.emit(emit_requantize([y], rq)))
@@ -60,13 +61,15 @@ def _assert_on_accel_bit_exact(mod, calls=2):
 
 @st.composite
 def precise_cases(draw):
-    kind = draw(st.sampled_from(["matmul", "conv2d"]))
+    kind = draw(st.sampled_from(["matmul", "conv2d", "depthwise"]))
     m = draw(st.integers(1, 20) if kind == "matmul" else st.integers(2, 6))
-    n, k = draw(st.integers(1, 40)), draw(st.integers(1, 40))
+    n = draw(st.integers(1, 40))
+    k = n if kind == "depthwise" else draw(st.integers(1, 40))
     taps = 1 if kind == "matmul" else 9
+    reach_k = 1 if kind == "depthwise" else k
     # the accumulator's bound: what the MACs reach, or a clamp well inside it; multipliers of
     # 2**-30 .. 2**-2 with up to 48 significant bits (the two products then near int32's limits)
-    reach = taps * k * 128 * 128 + 2**14
+    reach = taps * reach_k * 128 * 128 + 2**14
     bound = draw(st.sampled_from([reach, max(1, reach // 64), 2**20]))
     real = draw(st.floats(2.0**-30, 0.25)) * (1 + draw(st.integers(1, 2**20)) * 2.0**-44)
     zy = draw(st.integers(-20, 20))
@@ -78,7 +81,7 @@ def precise_cases(draw):
     return kind, m, n, k, rq, draw(st.booleans()), draw(st.integers(0, 2**16))
 
 
-@settings(max_examples=25)
+@settings(max_examples=30)
 @given(precise_cases())
 def test_precise_requantise_on_accel_is_llvms(case):
     kind, m, n, k, rq, bias, seed = case
