@@ -17,7 +17,10 @@ per-channel requantise multiplier), ``relu``, ``clip``, and a final ``astype`` t
 narrowing STORE). Longer chains are listed first, so the longest one wins. A chain that ends
 in a clip to int8 and the cast may go on into a table lookup, ``take(table, astype(x, int32) +
 128)`` with a 256-entry int8 constant table (how :mod:`tirpat.model.integerize` writes sigmoid,
-HardSwish, GELU, ... after a requantise): accel's LUT instruction, see :func:`table`.
+HardSwish, GELU, ... after a requantise): accel's LUT instruction, see :func:`table`. A
+requantise whose operations read the accumulator twice (integerize's precise form, a
+multiplier in two int32 products; its round-half-to-even form) after a bias and a ReLU at
+most is :func:`tirpat.model.integerize.rules.requantize_pattern`'s: those come first.
 
 Each check returns True, or the reason it declines (``"float32 x float32 -> float32; accel
 takes int8 x int8 -> int32"``), which the build report gives for operators left on the host.

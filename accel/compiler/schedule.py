@@ -10,7 +10,10 @@ depthwise conv2d is laid out by :mod:`accel.compiler.depthwise` and tiled for DW
 2. pads M, N and K to multiples of the tile (``pad_einsum``); the padding is folded into
    the copies into the scratchpads, which become padded LOADs;
 3. inlines the elementwise epilogue chain (bias, ReLU/clip, requantise, cast) into one
-   block and keeps the accumulator in ACC; an epilogue the ALU cannot do stays on the CPU;
+   block and keeps the accumulator in ACC; an epilogue that reads the accumulator twice (a
+   small DAG: integerize's precise requantise) keeps one block of each fork as a temporary,
+   a second ACC region computed before the epilogue reads it; an epilogue the ALU cannot do
+   stays on the CPU;
 4. tiles to 16 x (16*bn) x (16*bk) blocks of tiles, stages A and the weight through INP and
    WGT at the K loop (a weight that fits in half of WGT is loaded once and stays resident)
    and the accumulator through ACC at the N loop, and moves the zero-init out of the
@@ -552,7 +555,7 @@ def _schedule_gemm(sch: s_tir.Schedule, name: str, g: GemmAnalysis, config: Conf
     _dma_layouts(sch, name, g, notes)
     final, steps, out_buffer, temporaries = _epilogue(sch, sch.get_sblock(name), g.stop)
     _reserve_table(reserved, steps, t)
-    operands = {} if steps is None else _operands(sch.get(final), out_buffer)
+    operands = {} if steps is None else _wide_operands(sch, final, out_buffer, temporaries)
     k_ = g.extents[g.k]
     shape = Extents(-(-m_ // t), -(-n_ // t), -(-k_ // t), batch, k_all // k_, _elements(g.weight) // (n_ * k_),
                     tuple(operands.values()))
@@ -613,7 +616,7 @@ def _schedule_depthwise(sch: s_tir.Schedule, name: str, dw: depthwise.Depthwise,
     final, steps, out_buffer, temporaries = _epilogue(sch, blk, view.stop)
     if steps is not None:
         # the accumulator tile, and one tile per wide operand (a residual) or temporary
-        wide = sum(1 for narrow in _operands(sch.get(final), out_buffer).values() if not narrow)
+        wide = sum(1 for narrow in _wide_operands(sch, final, out_buffer, temporaries).values() if not narrow)
         need[ACC] = _MEMORY[ACC].footprint(max(2, 1 + wide) * t * t, repeated=outer, options=options)
         if need[ACC] > _free(config, reserved, ACC):
             raise DoesNotFit(f"one depthwise tile's accumulator and its epilogue's {wide} wide operands and "
@@ -834,9 +837,11 @@ def _temporary_choices(sch, gemm, chain):
     yield []
     if all(len(sch.get_consumers(b)) <= 1 for b in [gemm] + chain[:-1]):
         return
-    for b in chain[:-1]:
-        if len(sch.get_consumers(b)) == 1:
-            yield [b]
+    single = [b for b in chain[:-1] if len(sch.get_consumers(b)) == 1]
+    # one temporary per fork in integerize's forms: the precise one forks in two, the
+    # round-half-to-even one in three (its parity is the floor plus -2 times the half)
+    yield from ([b] for b in single)
+    yield from ([a, b] for n, a in enumerate(single) for b in single[n + 1:])
 
 
 def _inline_epilogue(sch, chain, out, temporaries=()):
@@ -853,10 +858,12 @@ def _inline_epilogue(sch, chain, out, temporaries=()):
     block = sch.get(final)
     if None in _operands(block, out).values():
         return None
-    read = {r.source.__chandle__() for r in block.reads}
+    # a temporary's operands (a bias before the fork, an earlier temporary) are staged with
+    # the last block's or computed in ACC before it
+    read = {r.source.__chandle__() for r in block.reads} | \
+        {sch.get(b).writes[0].source.__chandle__() for b in temporaries}
     for temp in temporaries:
         _keep_int32_arithmetic(sch, temp)
-        # a temporary's operands (a bias before the fork) are staged with the last block's
         if not _temporary_steps(sch.get(temp), out) or \
                 any(r.source.__chandle__() not in read for r in sch.get(temp).reads):
             return None
@@ -910,6 +917,15 @@ def _operands(block, acc_buffer) -> dict:
         kinds[key] = None if kinds.get(key, kind) is None or kind is None else kinds.get(key, kind) and kind
 
     tvm_ffi.structural_walk(store.value, (ir.TensorLoad, on_load))
+    return kinds
+
+
+def _wide_operands(sch, final, acc_buffer, temporaries) -> dict:
+    """:func:`_operands` of the epilogue ``final``, and each temporary it does not read (one
+    read by another temporary) as a wide one: what ACC holds besides the accumulator."""
+    kinds = _operands(sch.get(final), acc_buffer)
+    for temp in temporaries:
+        kinds.setdefault(sch.get(temp).writes[0].source.__chandle__(), False)
     return kinds
 
 

@@ -122,3 +122,15 @@ def test_qdq_convolution_integerised_precisely_runs_on_accel():
     accel_parts = [p for p in report["partitions"] if p["backend"] == "accel"]
     assert accel_parts and all(p["fallback"] is None for p in accel_parts)
     assert any("relax.right_shift" in p["ops"] and p["ops"].count("relax.multiply") >= 2 for p in accel_parts)
+
+
+@settings(max_examples=10)
+@given(kind=st.sampled_from(["matmul", "conv2d", "depthwise"]), n=st.integers(1, 40),
+       multiplier=st.integers(1, 15), shift=st.integers(1, 12), zy=st.integers(-20, 20), seed=st.integers(0, 2**16))
+def test_round_half_to_even_requantise_on_accel_is_llvms(kind, n, multiplier, shift, zy, seed):
+    """An exact multiplier rounds half to even: its form reads the value three times (floor,
+    half, and the sum with their parity), two temporaries on accel."""
+    rq = Requantize.choose([multiplier / 2**shift], [2**18], -128, 127, zero_point=zy)
+    assume(rq.half_even)
+    k = n if kind == "depthwise" else 12
+    _assert_on_accel_bit_exact(_model(kind, 4, n, k, rq, True, seed))
