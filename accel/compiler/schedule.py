@@ -647,7 +647,7 @@ def _schedule_depthwise(sch: s_tir.Schedule, name: str, dw: depthwise.Depthwise,
         sch.reverse_compute_at(sch.cache_write(blk, 0, ACC), f_o)
     else:
         sch.set_scope(blk, 0, ACC)
-        _place_temporaries(sch, temporaries, out_buffer, f_o, t, view.operand_layout)
+        _place_temporaries(sch, temporaries, f_o, t)
         sch.reverse_compute_at(final, f_o)
         _stage_epilogue_operands(sch, blk, final, out_buffer, f_o, t, view.operand_layout, temporaries)
     sch.decompose_reduction(blk, reduction[0])
@@ -741,7 +741,7 @@ def _tile_and_stage(sch: s_tir.Schedule, name: str, g: GemmAnalysis, final, out_
         sch.reverse_compute_at(writeback, j_o)
     else:
         sch.set_scope(gemm, 0, ACC)
-        _place_temporaries(sch, temporaries, out_buffer, j_o, t, g.operand_layout)
+        _place_temporaries(sch, temporaries, j_o, t)
         sch.reverse_compute_at(final, j_o)
         if g.row_width is not None and g.row_width < t * bm:
             # rows of the block are pixels of whole image rows: stored one image row at a time
@@ -750,14 +750,13 @@ def _tile_and_stage(sch: s_tir.Schedule, name: str, g: GemmAnalysis, final, out_
     sch.decompose_reduction(gemm, k_outer[0] if k_outer else k_o)
 
 
-def _place_temporaries(sch: s_tir.Schedule, temporaries, out_buffer, at, t: int, operand_layout) -> None:
+def _place_temporaries(sch: s_tir.Schedule, temporaries, at, t: int) -> None:
     """Compute each temporary of an epilogue in a second ACC region beside the accumulator,
     as large as it, at the loop ``at`` (before the epilogue that reads it): its rows start
-    on whole ALU vectors, as the accumulator's do."""
+    on whole ALU vectors, as the accumulator's do (laid out as the accumulator already: a
+    convolution's are made channels-last with it, :func:`accel.compiler.conv.output_channels_last`)."""
     for temp in temporaries:
         sch.set_scope(temp, 0, ACC)
-        if operand_layout is not None and len(sch.get(temp).writes[0].source.shape) == len(out_buffer.shape):
-            sch.transform_layout(temp, ("write", 0), operand_layout)
         sch.reverse_compute_at(temp, at)     # after the accumulator, before the epilogue
         ndim = len(sch.get(temp).writes[0].source.shape)
         if ndim >= 2:

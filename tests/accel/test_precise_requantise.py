@@ -18,11 +18,13 @@ from tirpat.model.integerize.fixed_point import Requantize
 from tirpat.model.integerize.rules import emit_requantize
 
 
-def _model(kind, m, n, k, rq, bias, seed):
-    """An int8 matmul ([m, k] x [n, k]^T), 3x3 NHWC conv2d (an m x m image, k to n channels) or
-    depthwise one (k = n channels), a per-channel bias or none, then ``rq`` as integerize emits it."""
+def _model(kind, m, n, k, rq, bias, seed, nchw=False):
+    """An int8 matmul ([m, k] x [n, k]^T), 3x3 conv2d (an m x m image, k to n channels, NHWC or
+    ``nchw``; accel computes channels-last and transposes back) or depthwise one (k = n
+    channels), a per-channel bias or none, then ``rq`` as integerize emits it."""
     rng = np.random.default_rng(seed)
-    x = relax.Var("x", relax.TensorType((m, k) if kind == "matmul" else (1, m, m, k), "int8"))
+    image = (1, k, m, m) if nchw else (1, m, m, k)
+    x = relax.Var("x", relax.TensorType((m, k) if kind == "matmul" else image, "int8"))
     bb = relax.BlockBuilder()
     with bb.function("main", [x]):
         with bb.dataflow():
@@ -31,11 +33,14 @@ def _model(kind, m, n, k, rq, bias, seed):
                 y = bb.emit(relax.op.matmul(x, relax.op.permute_dims(w), out_dtype="int32"))
             else:
                 groups = n if kind == "depthwise" else 1
-                w = relax.const(rng.integers(-128, 128, (3, 3, k // groups, n), dtype=np.int8))
-                y = bb.emit(relax.op.nn.conv2d(x, w, padding=1, data_layout="NHWC", kernel_layout="HWIO",
-                                               groups=groups, out_dtype="int32"))
+                kernel = (n, k // groups, 3, 3) if nchw else (3, 3, k // groups, n)
+                w = relax.const(rng.integers(-128, 128, kernel, dtype=np.int8))
+                y = bb.emit(relax.op.nn.conv2d(x, w, padding=1, data_layout="NCHW" if nchw else "NHWC",
+                                               kernel_layout="OIHW" if nchw else "HWIO", groups=groups,
+                                               out_dtype="int32"))
             if bias:
-                y = bb.emit(relax.op.add(y, relax.const(rng.integers(-2**14, 2**14, (n,), dtype=np.int32))))
+                b = rng.integers(-2**14, 2**14, (1, n, 1, 1) if nchw and kind != "matmul" else (n,), dtype=np.int32)
+                y = bb.emit(relax.op.add(y, relax.const(b)))
             out = bb.emit_output(bb.emit(emit_requantize([y], rq)))
         bb.emit_func_output(out)
     return bb.get()
@@ -78,14 +83,14 @@ def precise_cases(draw):
     # an exact multiplier keeps its single product; a split one whose low or high part is 0
     # multiplies by 0, which TVM folds (accel's patterns decline it, see test_patterns)
     assume(rq.split > 0 and all(int(h) != 0 and int(lo_) != 0 for h, lo_ in rq.parts))
-    return kind, m, n, k, rq, draw(st.booleans()), draw(st.integers(0, 2**16))
+    return kind, m, n, k, rq, draw(st.booleans()), draw(st.integers(0, 2**16)), draw(st.booleans())
 
 
 @settings(max_examples=30)
 @given(precise_cases())
 def test_precise_requantise_on_accel_is_llvms(case):
-    kind, m, n, k, rq, bias, seed = case
-    _assert_on_accel_bit_exact(_model(kind, m, n, k, rq, bias, seed))
+    kind, m, n, k, rq, bias, seed, nchw = case
+    _assert_on_accel_bit_exact(_model(kind, m, n, k, rq, bias, seed, nchw))
 
 
 def test_forty_eight_bit_multiplier_at_int32_limits():
@@ -122,6 +127,10 @@ def test_qdq_convolution_integerised_precisely_runs_on_accel():
     accel_parts = [p for p in report["partitions"] if p["backend"] == "accel"]
     assert accel_parts and all(p["fallback"] is None for p in accel_parts)
     assert any("relax.right_shift" in p["ops"] and p["ops"].count("relax.multiply") >= 2 for p in accel_parts)
+    # each requantise on the ALU: none left to the CPU after the transpose back to NCHW
+    macs = [p for p in accel_parts if p["macs"]]
+    assert all("requantise" in p["epilogue"] and p["rules"].get("accel.alu", 0) >= 1 for p in macs), macs
+    assert all("epilogue" not in why for p in macs for _, why in p["on_host"]), macs
 
 
 @settings(max_examples=10)
@@ -133,4 +142,4 @@ def test_round_half_to_even_requantise_on_accel_is_llvms(kind, n, multiplier, sh
     rq = Requantize.choose([multiplier / 2**shift], [2**18], -128, 127, zero_point=zy)
     assume(rq.half_even)
     k = n if kind == "depthwise" else 12
-    _assert_on_accel_bit_exact(_model(kind, 4, n, k, rq, True, seed))
+    _assert_on_accel_bit_exact(_model(kind, 4, n, k, rq, True, seed, nchw=seed % 2 == 1))
