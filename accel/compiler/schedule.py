@@ -944,7 +944,8 @@ def _inline_pointwise_producers(sch, block_rv, keep, temporaries=frozenset()) ->
         changed = False
         for producer in sch.get_producers(block_rv):
             blk = sch.get(producer)
-            if blk.writes[0].source.same_as(keep) or blk.name_hint in temporaries or any(int(iv.iter_type) != DATA_PAR for iv in blk.iter_vars):
+            if blk.writes[0].source.same_as(keep) or blk.name_hint in temporaries or \
+                    any(int(iv.iter_type) != DATA_PAR for iv in blk.iter_vars):
                 continue
             try:
                 sch.compute_inline(producer)
