@@ -55,9 +55,10 @@ class AccelBackend(tp.Backend):
             raise ValueError(str(err).replace(f"{Config.__name__}.", "")) from None
 
     def patterns(self, opts: dict) -> list:
+        from accel.compiler import elementwise
         from accel.compiler.patterns import patterns
 
-        return patterns()
+        return patterns() + elementwise.patterns()
 
     def schedule(self, func, opts: dict):
         from accel.compiler.pooling import schedule_max_pool
@@ -73,13 +74,15 @@ class AccelBackend(tp.Backend):
 
     def passes(self, phase: tp.Phase, opts: dict) -> list:
         if phase is tp.Phase.PRE_PARTITION:
+            from accel.compiler.elementwise import widen_per_use
             from accel.compiler.patterns import narrow_constant_operands
             from accel.compiler.pooling import sums_as_convolutions
 
             # a quantised (QDQ) model becomes the integer arithmetic accel's patterns take;
             # int32 weights that fit int8 are stored as int8; an average pool's window sums
-            # become convolutions with a weight of ones (accel's MAC units sum int8 exactly)
-            return [tp.integerize(), narrow_constant_operands(), sums_as_convolutions()]
+            # become convolutions with a weight of ones (accel's MAC units sum int8 exactly);
+            # an element-wise chain gets its own widening casts
+            return [tp.integerize(), narrow_constant_operands(), sums_as_convolutions(), widen_per_use()]
         if phase is tp.Phase.POST_PARTITION:
             from accel.compiler.patterns import accumulator_first
 

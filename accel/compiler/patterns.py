@@ -22,6 +22,10 @@ requantise whose operations read the accumulator twice (integerize's precise for
 multiplier in two int32 products; its round-half-to-even form) after a bias and a ReLU at
 most is :func:`tirpat.model.integerize.rules.requantize_pattern`'s: those come first.
 
+A third core, ``accel.elementwise`` (the requantised add, subtract or multiply of int8 tensors
+that integerize writes, with no matmul or convolution), has its patterns in
+:mod:`accel.compiler.elementwise`; the backend offers them after these.
+
 Each check returns True, or the reason it declines (``"float32 x float32 -> float32; accel
 takes int8 x int8 -> int32"``), which the build report gives for operators left on the host.
 A new epilogue operation is one more entry in :data:`EPILOGUE_OPS`.

@@ -9,7 +9,10 @@
 - ``zero_init``: a nest storing 0 into ACC in whole tiles -> GEMM in its reset form;
 - ``alu``: an in-place elementwise nest on ACC (bias add, ReLU/clip, requantise) -> ALU; or
   a nest writing a second ACC region from the accumulator (an epilogue's temporary, where its
-  requantise reads the accumulator twice) -> ALU copy (``x * 0 + acc``), then its chain;
+  requantise reads the accumulator twice) -> GEMM reset (or ALU ``x * 0``), ALU ``+ acc``,
+  then its chain;
+- ``elementwise``: the calls :mod:`accel.compiler.elementwise` wrote at schedule time for an
+  element-wise chain of int8 tensors, taken as they are;
 - ``store``: a nest writing host memory from ACC, possibly through an elementwise epilogue
   and a narrowing cast -> ALU (in place, on the accumulator) then STORE; a plain cast wraps,
   a clip to [-128, 127] then cast saturates; a clip to int8 then a lookup in a 256-entry int8
@@ -24,7 +27,7 @@ instructions with dependency tokens.
 >>> import accel
 >>> rw = accel.rules()
 >>> [r.name for r in rw.rules]
-['accel.load', 'accel.gemm', 'accel.zero_init', 'accel.alu', 'accel.store']
+['accel.load', 'accel.gemm', 'accel.zero_init', 'accel.alu', 'accel.store', 'accel.elementwise']
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ import tirpat as tp
 from accel.hw import instructions
 from accel.hw.config import Config
 from accel.hw.instructions import ALU, DWMAC, GEMM, GEMM_RESET, LOAD, LUT, LUT_ENTRIES, SCOPES, STORE, AluOp, StoreMode
+from accel.compiler import elementwise
 from accel.compiler.wrapping import strip
 
 #: The scratchpads' storage scopes (their declarations are :mod:`accel.hw.instructions`').
@@ -702,6 +706,7 @@ def rules(config: Config | None = None) -> tp.Rewriter:
         | tp.Rewriter.from_pattern(zero, _declining(lambda m: _zero_init(m, config)), name="accel.zero_init")
         | tp.Rewriter.from_pattern(alu, _declining(lambda m: _alu(m, m[in_place], config)), name="accel.alu")
         | tp.Rewriter.from_pattern(store, _declining(lambda m: _store(m, m[to_host], config)), name="accel.store")
+        | elementwise.rule()
     )
 
 

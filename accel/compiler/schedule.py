@@ -42,7 +42,7 @@ import tirpat as tp
 from accel.compiler.blocks import (DATA_PAR, REDUCE, GemmAnalysis, ScheduleError, mark_layout_stage, pointwise_dag,
                                     read_index)
 from accel.hw.config import Config
-from accel.compiler import depthwise
+from accel.compiler import depthwise, elementwise
 from accel.compiler.conv import DEPTHWISE
 from accel.compiler.conv import analyse as analyse_conv
 from accel.compiler.conv import normalise as normalise_conv
@@ -1000,6 +1000,9 @@ def schedule_partition(func: tirx.PrimFunc, config: Config) -> tirx.PrimFunc:
     already uses accel's scratchpads is its author's schedule: it is left as it is."""
     if already_scheduled(func):
         return func
+    chain = elementwise.schedule_partition(func, config)
+    if chain is not None:       # an element-wise chain of int8 tensors (no reduction)
+        return chain
     mod, notes = schedule(func, config)
     return mod["main"].with_attr(tp.SCHEDULE_NOTES, notes.to_json())
 

@@ -73,7 +73,7 @@ def schedule(stream: Sequence[Instruction], config: Config) -> Timing:
     queues: list[list[int]] = [[], [], []]
     costs, pops, pushes, dma, finish = [0] * n, [()] * n, [()] * n, [False] * n, [False] * n
     busy = dict.fromkeys(UNITS, 0)
-    counts = {op.name: 0 for op in Opcode}
+    per_opcode = dict.fromkeys(Opcode, 0)      # by member: an enum's .name is a property, slow per instruction
     traffic = {"dram_to_sram": 0, "sram_to_dram": 0}
     macs = 0
     opcodes = [ins.opcode for ins in stream]
@@ -96,7 +96,7 @@ def schedule(stream: Sequence[Instruction], config: Config) -> Timing:
             elif op is Opcode.DWMAC:
                 macs += ins.ext_out * ins.ext_in * config.tile ** 2
         c = costs[i] = cost(ins, config)
-        counts[op.name] += 1
+        per_opcode[op] += 1
         if op is not Opcode.FINISH:
             busy[UNIT_OF[op]] += c
         flags = ins.flags
@@ -141,18 +141,21 @@ def schedule(stream: Sequence[Instruction], config: Config) -> Timing:
                 dma_free_at = end[best]
             running[best_q] = best
             pos[best_q] += 1
-        busy_queues = [q for q in (0, 1, 2) if running[q] >= 0]
-        if not busy_queues:
+        now = -1                    # the next end of a running instruction
+        for q in (0, 1, 2):
+            if running[q] >= 0 and (now < 0 or ends[q] < now):
+                now = ends[q]
+        if now < 0:
             _stalled(stream)
-        now = min(ends[q] for q in busy_queues)
-        for q in busy_queues:
-            if ends[q] == now:
+        for q in (0, 1, 2):
+            if running[q] >= 0 and ends[q] == now:
                 for ch in pushes[running[q]]:
                     tokens[ch] += 1
                 running[q] = -1
                 done += 1
     if any(tokens):
         _stalled(stream)
+    counts = {op.name: n for op, n in per_opcode.items()}
     return Timing(start, end, opcodes, max(end, default=0), busy, counts, traffic, macs)
 
 

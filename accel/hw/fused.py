@@ -15,7 +15,9 @@ current ones, a STORE or an ALU reads them. Then the whole stream is:
    input times a row of tiles of the weight, concatenated along K; accumulator tiles
    whose input rows are the same and whose weight rows are the same are blocks of one
    matrix product (a convolution's whole im2col GEMM is a single BLAS call), exact in
-   float32 up to 1024 terms and in float64 beyond;
+   float32 up to 1024 terms and in float64 beyond; DWMACs whose steps all add into one
+   tile (a depthwise kernel's taps) are one gather and one sum over the taps per step
+   count, the others one weighted bincount;
 3. ALU and LUT instructions, batched by dependency level and operation (a LUT by table);
 4. STOREs, batched per host buffer;
 5. the scratchpads' final contents, as instruction-by-instruction execution leaves them
@@ -49,6 +51,7 @@ order in which products are summed does not change any value.
 
 from __future__ import annotations
 
+import functools
 from typing import Optional, Sequence
 
 import numpy as np
@@ -66,13 +69,38 @@ _F32_EXACT_TERMS = 2**24 // 2**14
 
 def _block(addr: int, ld: int, rows: int, cols: int) -> np.ndarray:
     """Element indices of a ``rows x cols`` block at ``addr`` with row stride ``ld``."""
-    return addr + np.arange(rows)[:, None] * ld + np.arange(cols)[None, :]
+    return addr + _block_offsets(ld, rows, cols)
 
 
 def _steps(addr: int, ext_out: int, stride_out: int, ext_in: int, stride_in: int) -> np.ndarray:
     """Start address of every ``(o, i)`` step of a GEMM or ALU loop, flattened."""
-    return (addr + np.arange(ext_out)[:, None] * stride_out
-            + np.arange(ext_in)[None, :] * stride_in).reshape(-1)
+    return addr + _step_offsets(ext_out, stride_out, ext_in, stride_in)
+
+
+def _vectors(addr: int, ext_out: int, stride_out: int, ext_in: int, stride_in: int, lanes: int) -> np.ndarray:
+    """Element indices of the ``lanes``-wide vector of every ``(o, i)`` step, flattened."""
+    return addr + _vector_offsets(ext_out, stride_out, ext_in, stride_in, lanes)
+
+
+# A stream repeats a few shapes thousands of times: their offsets are made once (read-only).
+@functools.lru_cache(maxsize=1024)
+def _block_offsets(ld: int, rows: int, cols: int) -> np.ndarray:
+    return _frozen(np.arange(rows)[:, None] * ld + np.arange(cols)[None, :])
+
+
+@functools.lru_cache(maxsize=1024)
+def _step_offsets(ext_out: int, stride_out: int, ext_in: int, stride_in: int) -> np.ndarray:
+    return _frozen((np.arange(ext_out)[:, None] * stride_out + np.arange(ext_in)[None, :] * stride_in).reshape(-1))
+
+
+@functools.lru_cache(maxsize=1024)
+def _vector_offsets(ext_out: int, stride_out: int, ext_in: int, stride_in: int, lanes: int) -> np.ndarray:
+    return _frozen((_step_offsets(ext_out, stride_out, ext_in, stride_in)[:, None] + np.arange(lanes)).reshape(-1))
+
+
+def _frozen(a: np.ndarray) -> np.ndarray:
+    a.flags.writeable = False
+    return a
 
 
 class _Sources:
@@ -146,11 +174,14 @@ class _Builder:
         self.tables: dict[bytes, int] = {}                     # a LUT's table (WGT source codes) -> its number
         self.table_codes: list[np.ndarray] = []
         self.dwmacs: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []   # (acc values, inp codes, wgt codes)
+        # DWMACs whose steps all add into one tile, by step count: (values [t, t], inp codes
+        # [steps, t, t], wgt codes [steps, t])
+        self.tap_sums: dict[int, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
         self.stores: list[tuple[int, StoreMode, np.ndarray, np.ndarray]] = []
         self.stored: dict[int, list[tuple[int, int]]] = {}    # host slot -> element ranges stored
 
     def _new(self, count: int) -> np.ndarray:
-        values = np.arange(self.values, self.values + count)
+        values = self.values + _block_offsets(0, 1, count).reshape(-1)     # a fresh arange, made once per size
         self.values += count
         if self.values > self.sealed.size:
             grow = max(self.values, 2 * self.sealed.size)
@@ -191,13 +222,16 @@ class _Builder:
             return True
         acc = ins.mem is Mem.ACC
         sources = self.i if acc else self.f
-        codes = np.full((height, width), sources.pad(ins.pad_value), np.int64)
         if ins.rows and ins.cols:
             lo, hi = self._host_range(ins)
             if any(a < hi and lo < b for a, b in self.stored.get(ins.slot, ())):
                 return False        # reads what this stream stored: order matters
-            codes[ins.pad_top:ins.pad_top + ins.rows, ins.pad_left:ins.pad_left + ins.cols] = \
-                sources.host(ins.slot) + _block(ins.dram_offset, ins.dram_ld, ins.rows, ins.cols)
+            codes = sources.host(ins.slot) + _block(ins.dram_offset, ins.dram_ld, ins.rows, ins.cols)
+            if ins.rows != height or ins.cols != width:
+                inner, codes = codes, np.full((height, width), sources.pad(ins.pad_value), np.int64)
+                codes[ins.pad_top:ins.pad_top + ins.rows, ins.pad_left:ins.pad_left + ins.cols] = inner
+        else:
+            codes = np.full((height, width), sources.pad(ins.pad_value), np.int64)
         elements = _block(ins.sram_addr, ins.sram_ld, height, width).reshape(-1)
         codes = codes.reshape(-1)
         if acc:
@@ -250,30 +284,32 @@ class _Builder:
             return True
         t = self.tile
         lanes = np.arange(t)
-        acc = (_steps(d.acc_addr, d.ext_out, d.acc_stride_out, d.ext_in, d.acc_stride_in)[:, None, None]
-               + self._tile(d.acc_ld)).reshape(-1)
+        acc_steps = _steps(d.acc_addr, d.ext_out, d.acc_stride_out, d.ext_in, d.acc_stride_in)
+        one_tile = bool((acc_steps == acc_steps[0]).all())
+        acc = ((acc_steps[:1] if one_tile else acc_steps)[:, None, None] + self._tile(d.acc_ld)).reshape(-1)
         values = self.acc[acc]
         if self.sealed[values].any() or self.level[values].any():
             return False        # adds to a value already read, or made by an ALU
-        x = self.inp[(_steps(d.inp_addr, d.ext_out, d.inp_stride_out, d.ext_in, d.inp_stride_in)[:, None, None]
-                      + self._tile(d.inp_ld)).reshape(-1)]
-        # the weight row of each step, the same for every pixel of the tile
-        w = self.wgt[np.broadcast_to((_steps(d.wgt_addr, d.ext_out, d.wgt_stride_out, d.ext_in, d.wgt_stride_in)
-                                      [:, None, None] + lanes), (d.ext_out * d.ext_in, t, t)).reshape(-1)]
-        self.dwmacs.append((values, x, w))
+        x = self.inp[_steps(d.inp_addr, d.ext_out, d.inp_stride_out, d.ext_in, d.inp_stride_in)[:, None, None]
+                     + self._tile(d.inp_ld)]                                          # [steps, t, t]
+        w = self.wgt[_steps(d.wgt_addr, d.ext_out, d.wgt_stride_out, d.ext_in, d.wgt_stride_in)[:, None]
+                     + lanes]                                                         # [steps, t]: a row per step
+        if one_tile:
+            # every step adds into the same tile (a depthwise kernel's taps): a sum over steps
+            self.tap_sums.setdefault(len(acc_steps), []).append((values.reshape(t, t), x, w))
+        else:
+            self.dwmacs.append((values, x.reshape(-1), np.broadcast_to(w[:, None, :], x.shape).reshape(-1)))
         return True
 
     def _alu(self, a: Alu) -> bool:
         if not (a.ext_out and a.ext_in):
             return True
-        lanes = np.arange(self.tile)
-        dst = (_steps(a.dst_addr, a.ext_out, a.dst_stride_out, a.ext_in, a.dst_stride_in)[:, None] + lanes).reshape(-1)
+        dst = _vectors(a.dst_addr, a.ext_out, a.dst_stride_out, a.ext_in, a.dst_stride_in, self.tile)
         old = self.acc[dst]
         src = None
         reads = old
         if not a.use_imm:
-            src = self.acc[(_steps(a.src_addr, a.ext_out, a.src_stride_out, a.ext_in, a.src_stride_in)[:, None]
-                            + lanes).reshape(-1)]
+            src = self.acc[_vectors(a.src_addr, a.ext_out, a.src_stride_out, a.ext_in, a.src_stride_in, self.tile)]
             reads = np.concatenate([old, src])
         self.sealed[reads] = True
         level = int(self.level[reads].max()) + 1
@@ -287,8 +323,7 @@ class _Builder:
     def _lut(self, u: Lut) -> bool:
         if not (u.ext_out and u.ext_in):
             return True
-        dst = (_steps(u.dst_addr, u.ext_out, u.dst_stride_out, u.ext_in, u.dst_stride_in)[:, None]
-               + np.arange(self.tile)).reshape(-1)
+        dst = _vectors(u.dst_addr, u.ext_out, u.dst_stride_out, u.ext_in, u.dst_stride_in, self.tile)
         old = self.acc[dst]
         self.sealed[old] = True
         level = int(self.level[old].max()) + 1
@@ -326,6 +361,7 @@ class _Builder:
         row_keys, col_keys = list(rows), list(cols)
         read = [np.stack(tiles).reshape(-1) for tiles in (self.x_tiles, self.w_tiles) if tiles]
         read += [codes for _, x, w in self.dwmacs for codes in (x, w)] + self.table_codes
+        read += [codes.reshape(-1) for group in self.tap_sums.values() for _, x, w in group for codes in (x, w)]
         if read:
             self.f.keep(np.concatenate(read))
         blocks: dict[tuple, list[int]] = {}
@@ -355,6 +391,11 @@ class _Builder:
             products.append(_Product(self.f.resolve(x), self.f.resolve(w),
                                      np.float32 if terms <= _F32_EXACT_TERMS else np.float64,
                                      grid, np.array(sel_r), np.array(sel_c), targets.astype(np.intp), unique, t))
+        for steps, group in self.tap_sums.items():
+            targets, x, w = (np.stack(part) for part in zip(*group))
+            products.append(_TapSum(targets.astype(np.intp), self.f.resolve(x), self.f.resolve(w),
+                                    np.float32 if steps <= _F32_EXACT_TERMS else np.float64,
+                                    _distinct(targets, self.values)))
         if self.dwmacs:
             targets, x, w = (np.concatenate(part) for part in zip(*self.dwmacs))
             products.append(_PerChannel(targets.astype(np.intp), self.f.resolve(x), self.f.resolve(w)))
@@ -407,7 +448,8 @@ class _Builder:
         products = [p.renumbered(renumber) for p in products]
         alus = [(ufunc, op, imm, _run_of(renumber[new]), _run_of(renumber[old]),
                  None if src is None else _run_of(renumber[src])) for ufunc, op, imm, new, old, src in alus]
-        stores = [(slot, mode, dst, _run_of(renumber[src])) for slot, mode, dst, src in stores]
+        # a STORE of whole rows writes consecutive host elements: a slice, not a scatter
+        stores = [(slot, mode, _run_of(dst), _run_of(renumber[src])) for slot, mode, dst, src in stores]
         if acc_loads is not None:
             acc_loads = (_run_of(renumber[acc_loads[0]]), acc_loads[1])
         plan = FusedPlan(
@@ -443,7 +485,7 @@ def _run_of(index: np.ndarray):
 
 def _at(values: np.ndarray, index) -> np.ndarray:
     """``values[index]``: a view for a :class:`_Span`, a gather otherwise."""
-    return index.of(values) if isinstance(index, _Span) else values[index]
+    return index.of(values) if isinstance(index, _Span) else np.take(values, index)
 
 
 def _layout(acc_n: int, count: int, products: list, alus: list, acc_loads) -> tuple:
@@ -532,7 +574,7 @@ class _Product:
                         _run_of(targets) if self.unique else targets, self.unique, self.tile)
 
     def run(self, source: np.ndarray, values: np.ndarray) -> None:
-        x, w = source[self.x], source[self.w]
+        x, w = np.take(source, self.x), np.take(source, self.w)
         if self.ftype is np.float32:
             product = np.matmul(x, w.T).astype(np.int32)        # exact: integers below 2**24
         else:
@@ -578,6 +620,40 @@ class _PerChannel:
         values[self.targets] += sums.astype(np.int64).astype(np.int32)     # modulo 2**32, as int32 wraps
 
 
+class _TapSum:
+    """DWMACs that each add all their steps into one tile (a depthwise kernel's taps):
+    ``targets[d] += sum_s x[d, s] * w[d, s][None, :]``, ``x`` ``[D, steps, t, t]`` and ``w``
+    ``[D, steps, t]`` indices into the source vector, one multiply and one sum for all of them."""
+
+    __slots__ = ("targets", "x", "w", "ftype", "unique")
+    grid = None     # the values it adds into are ``targets``
+
+    def __init__(self, targets, x: np.ndarray, w: np.ndarray, ftype, unique: bool) -> None:
+        self.targets, self.x, self.w, self.ftype, self.unique = targets, x, w, ftype, unique
+
+    def renumbered(self, renumber: np.ndarray) -> "_TapSum":
+        """These products adding into the values ``renumber`` maps their targets to."""
+        targets = renumber[self.targets]
+        return _TapSum(_run_of(targets) if self.unique else targets, self.x, self.w, self.ftype, self.unique)
+
+    def run(self, source: np.ndarray, values: np.ndarray) -> None:
+        # int8 x int8 products are exact in float32, and so are sums of up to 1024 of them
+        # (below 2**24); more are summed in float64 (exact below 2**53), then reduced modulo
+        # 2**32 as int32 wraps
+        x, w = np.take(source, self.x), np.take(source, self.w)
+        if self.ftype is np.float32:
+            sums = np.einsum("dspc,dsc->dpc", x, w).astype(np.int32)
+        else:
+            sums = np.einsum("dspc,dsc->dpc", x, w, dtype=np.float64).astype(np.int64).astype(np.int32)
+        if isinstance(self.targets, _Span):
+            target = self.targets.of(values)
+            target += sums
+        elif self.unique:
+            values[self.targets] += sums
+        else:                                   # several DWMACs add into one tile
+            np.add.at(values, self.targets, sums)
+
+
 class FusedPlan:
     """The batched execution of one stream (see the module doc); built by :func:`fuse`."""
 
@@ -591,6 +667,7 @@ class FusedPlan:
         self.products, self.alus, self.stores, self.acc_loads = products, alus, stores, acc_loads
         self.inp_final, self.wgt_final, self.acc_final = inp_final, wgt_final, acc_final
         self.matmuls = len(products)
+        self._scratch: Optional[np.ndarray] = None
 
     def run(self, buffers: Buffers, sim=None) -> bool:
         """Execute on ``buffers`` (and ``sim``'s scratchpads; the builder's by default).
@@ -608,8 +685,12 @@ class FusedPlan:
             return False
         source = np.concatenate([sim.inp[self.inp_kept], sim.wgt[self.wgt_kept],
                                  *(buffers[s] for s in self.f_slots), self.f_pads])
-        # values written before they are read (see _layout) need no zeroing
-        values = np.empty(self.values, np.int32)
+        # values written before they are read (see _layout) need no zeroing; the vector is
+        # kept between runs (tens of MB for a large stream: fresh pages would cost more than
+        # the arithmetic), so a plan runs one call at a time, as its simulator does
+        values = self._scratch
+        if values is None:
+            values = self._scratch = np.empty(self.values, np.int32)
         values[:self.acc_n] = sim.acc
         values[self.acc_n:self.zeroed] = 0
         if self.acc_loads is not None:
@@ -630,7 +711,7 @@ class FusedPlan:
             out = _at(values, src)
             if mode is StoreMode.SATURATE:
                 out = np.clip(out, -128, 127)
-            buffers[slot][dst] = out.astype(buffers[slot].dtype)     # int8: keeps the low byte
+            _put(buffers[slot], dst, out.astype(buffers[slot].dtype))     # int8: keeps the low byte
         at, src = self.inp_final
         sim.inp[at] = source[src]
         at, src = self.wgt_final

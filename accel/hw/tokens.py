@@ -30,11 +30,10 @@ pops that take them; choosing a pusher at or after every earlier one keeps that 
 from __future__ import annotations
 
 from bisect import bisect_left, insort
-from typing import Iterator
 
 from accel.hw.emitter import nop
 from accel.hw.instructions import LUT_ENTRIES
-from accel.hw.isa import Alu, Dwmac, Gemm, Instruction, Load, Lut, Mem, Queue, Store, queue_of
+from accel.hw.isa import Alu, Instruction, Load, Lut, Mem, Opcode, Queue, Store, queue_of
 
 _PUSH = {(Queue.LOAD, Queue.COMPUTE): "push_next", (Queue.COMPUTE, Queue.LOAD): "push_prev",
          (Queue.COMPUTE, Queue.STORE): "push_next", (Queue.STORE, Queue.COMPUTE): "push_prev"}
@@ -61,54 +60,82 @@ def _dram(ins, host) -> tuple[tuple, int, int]:
     return ("host",), *host(ins.slot, lo, hi)
 
 
-def footprint(ins: Instruction, tile: int, host=None) -> Iterator[tuple[tuple, int, int, bool]]:
+def footprint(ins: Instruction, tile: int, host=None) -> list[tuple[tuple, int, int, bool]]:
     """``(space, lo, hi, is_write)`` per memory range an instruction touches.
 
     ``space`` is ``("sram", Mem)`` or ``("dram", slot)`` with element ranges, or, given
     ``host(slot, lo, hi) -> (start, end)`` (the buffer table's byte ranges), ``("host",)``
     with address ranges, so that slots viewing the same memory are ordered. Ranges are
     conservative hulls.
+
+    >>> from accel.hw.isa import AluOp
+    >>> alu = Alu(op=AluOp.ADD, dst_addr=32, src_addr=0, ext_out=2, dst_stride_out=16)
+    >>> [(space[1].name, lo, hi, write) for space, lo, hi, write in footprint(alu, 16)]
+    [('ACC', 32, 64, True), ('ACC', 0, 16, False)]
     """
-    if isinstance(ins, Load):
-        h = ins.pad_top + ins.rows + ins.pad_bottom
-        w = ins.pad_left + ins.cols + ins.pad_right
-        if h * w == 0:
-            return
-        yield ("sram", ins.mem), *_span(ins.sram_addr, ins.sram_ld, h, w), True
-        if ins.rows * ins.cols:
-            yield *_dram(ins, host), False
-    elif isinstance(ins, Store):
-        if ins.rows * ins.cols == 0:
-            return
-        yield ("sram", Mem.ACC), *_span(ins.sram_addr, ins.sram_ld, ins.rows, ins.cols), False
-        yield *_dram(ins, host), True
-    elif isinstance(ins, (Gemm, Dwmac)):
-        if ins.ext_out * ins.ext_in == 0:
-            return
-        loops = lambda a, b: ((ins.ext_out, a), (ins.ext_in, b))  # noqa: E731
-        yield ("sram", Mem.ACC), *_span(ins.acc_addr, ins.acc_ld, tile, tile,
-                                        loops(ins.acc_stride_out, ins.acc_stride_in)), True
-        if isinstance(ins, Dwmac) or not ins.reset:
-            yield ("sram", Mem.INP), *_span(ins.inp_addr, ins.inp_ld, tile, tile,
-                                            loops(ins.inp_stride_out, ins.inp_stride_in)), False
-            # a GEMM reads a tile x tile weight tile, a DWMAC one weight row (a weight per channel)
-            rows, ld = (1, 0) if isinstance(ins, Dwmac) else (tile, ins.wgt_ld)
-            yield ("sram", Mem.WGT), *_span(ins.wgt_addr, ld, rows, tile,
-                                            loops(ins.wgt_stride_out, ins.wgt_stride_in)), False
-    elif isinstance(ins, Lut):
-        if ins.ext_out * ins.ext_in == 0:
-            return
-        yield ("sram", Mem.ACC), *_span(ins.dst_addr, 0, 1, tile,
-                                        ((ins.ext_out, ins.dst_stride_out), (ins.ext_in, ins.dst_stride_in))), True
-        yield ("sram", Mem.WGT), ins.lut_addr, ins.lut_addr + LUT_ENTRIES, False
-    elif isinstance(ins, Alu):
-        if ins.ext_out * ins.ext_in == 0:
-            return
-        yield ("sram", Mem.ACC), *_span(ins.dst_addr, 0, 1, tile,
-                                        ((ins.ext_out, ins.dst_stride_out), (ins.ext_in, ins.dst_stride_in))), True
-        if not ins.use_imm:
-            yield ("sram", Mem.ACC), *_span(ins.src_addr, 0, 1, tile,
-                                            ((ins.ext_out, ins.src_stride_out), (ins.ext_in, ins.src_stride_in))), False
+    return _FOOTPRINTS[ins.opcode](ins, tile, host)
+
+
+def _load_footprint(ins: Load, tile: int, host) -> list:
+    h = ins.pad_top + ins.rows + ins.pad_bottom
+    w = ins.pad_left + ins.cols + ins.pad_right
+    if h * w == 0:
+        return []
+    out = [(_SRAM[ins.mem], *_span(ins.sram_addr, ins.sram_ld, h, w), True)]
+    if ins.rows * ins.cols:
+        out.append((*_dram(ins, host), False))
+    return out
+
+
+def _store_footprint(ins: Store, tile: int, host) -> list:
+    if ins.rows * ins.cols == 0:
+        return []
+    return [(_SRAM[Mem.ACC], *_span(ins.sram_addr, ins.sram_ld, ins.rows, ins.cols), False),
+            (*_dram(ins, host), True)]
+
+
+def _mac_footprint(ins, tile: int, host) -> list:
+    """GEMM and DWMAC: ACC written, INP and WGT read (not by a GEMM reset)."""
+    if ins.ext_out * ins.ext_in == 0:
+        return []
+    loops = lambda a, b: ((ins.ext_out, a), (ins.ext_in, b))  # noqa: E731
+    out = [(_SRAM[Mem.ACC], *_span(ins.acc_addr, ins.acc_ld, tile, tile,
+                                   loops(ins.acc_stride_out, ins.acc_stride_in)), True)]
+    dwmac = ins.opcode is Opcode.DWMAC
+    if dwmac or not ins.reset:
+        out.append((_SRAM[Mem.INP], *_span(ins.inp_addr, ins.inp_ld, tile, tile,
+                                           loops(ins.inp_stride_out, ins.inp_stride_in)), False))
+        # a GEMM reads a tile x tile weight tile, a DWMAC one weight row (a weight per channel)
+        rows, ld = (1, 0) if dwmac else (tile, ins.wgt_ld)
+        out.append((_SRAM[Mem.WGT], *_span(ins.wgt_addr, ld, rows, tile,
+                                           loops(ins.wgt_stride_out, ins.wgt_stride_in)), False))
+    return out
+
+
+def _lut_footprint(ins: Lut, tile: int, host) -> list:
+    if ins.ext_out * ins.ext_in == 0:
+        return []
+    return [(_SRAM[Mem.ACC], *_span(ins.dst_addr, 0, 1, tile,
+                                    ((ins.ext_out, ins.dst_stride_out), (ins.ext_in, ins.dst_stride_in))), True),
+            (_SRAM[Mem.WGT], ins.lut_addr, ins.lut_addr + LUT_ENTRIES, False)]
+
+
+def _alu_footprint(ins: Alu, tile: int, host) -> list:
+    if ins.ext_out * ins.ext_in == 0:
+        return []
+    out = [(_SRAM[Mem.ACC], *_span(ins.dst_addr, 0, 1, tile,
+                                   ((ins.ext_out, ins.dst_stride_out), (ins.ext_in, ins.dst_stride_in))), True)]
+    if not ins.use_imm:
+        out.append((_SRAM[Mem.ACC], *_span(ins.src_addr, 0, 1, tile,
+                                           ((ins.ext_out, ins.src_stride_out), (ins.ext_in, ins.src_stride_in))),
+                    False))
+    return out
+
+
+_SRAM = {mem: ("sram", mem) for mem in Mem}
+_FOOTPRINTS = {Opcode.LOAD: _load_footprint, Opcode.STORE: _store_footprint, Opcode.GEMM: _mac_footprint,
+               Opcode.DWMAC: _mac_footprint, Opcode.LUT: _lut_footprint, Opcode.ALU: _alu_footprint,
+               Opcode.FINISH: lambda ins, tile, host: []}
 
 
 class _Ranges:
@@ -119,7 +146,7 @@ class _Ranges:
     of them (a stream's host reads are thousands of distinct ranges).
 
     >>> r = _Ranges(); r.put(0, 16, "a"); r.put(32, 48, "b"); r.put(8, 40, "c")
-    >>> sorted(v for _, _, v in r.overlapping(20, 33)), r.remove_inside(0, 40), len(r.keys)
+    >>> sorted(r.values_overlapping(20, 33)), r.remove_inside(0, 40), len(r.keys)
     (['b', 'c'], None, 1)
     """
 
@@ -130,12 +157,11 @@ class _Ranges:
         self.values: dict[tuple[int, int], object] = {}
         self.widest = 0
 
-    def overlapping(self, lo: int, hi: int) -> Iterator[tuple[int, int, object]]:
+    def values_overlapping(self, lo: int, hi: int) -> list:
+        """The values of the ranges that overlap ``[lo, hi)``."""
         keys, values = self.keys, self.values
-        for k in range(bisect_left(keys, (lo - self.widest,)), bisect_left(keys, (hi,))):
-            key = keys[k]
-            if key[1] > lo:
-                yield key[0], key[1], values[key]
+        return [values[key] for key in keys[bisect_left(keys, (lo - self.widest,)):bisect_left(keys, (hi,))]
+                if key[1] > lo]
 
     def get(self, lo: int, hi: int):
         return self.values.get((lo, hi))
@@ -151,9 +177,12 @@ class _Ranges:
         """Drop every range that lies within ``[lo, hi)``."""
         keys = self.keys
         first, last = bisect_left(keys, (lo,)), bisect_left(keys, (hi,))
-        inside = [key for key in keys[first:last] if key[1] <= hi]
+        if first == last:
+            return
+        window = keys[first:last]
+        inside = [key for key in window if key[1] <= hi]
         if inside:
-            keys[first:last] = [key for key in keys[first:last] if key[1] > hi]
+            keys[first:last] = [key for key in window if key[1] > hi]
             for key in inside:
                 del self.values[key]
 
@@ -177,28 +206,28 @@ class DependencyTracker:
         self._reads: dict[tuple, _Ranges] = {}    # values: {queue: (queue, index)}
         # ordered[consumer][producer]: highest producer index the consumer already waits for
         self._ordered = {q: {p: -1 for p in Queue} for q in Queue}
-        self._last: tuple = (None, ())               # (instruction, its footprint) for record()
+        self._last: tuple = (None, None, ())         # (instruction, its queue, its footprint) for record()
 
     def order(self, em, ins: Instruction) -> Instruction:
         """Add tokens so that ``ins`` runs after every conflicting earlier instruction;
         returns ``ins`` with its pop flags set (the pushes go onto earlier instructions)."""
         queue = queue_of(ins)
         needs: dict[Queue, int] = {}
-        accesses = list(footprint(ins, self.tile, self.host))
-        self._last = (ins, accesses)
-        deps = []
+        accesses = footprint(ins, self.tile, self.host)
+        self._last = (ins, queue, accesses)
         for space, lo, hi, write in accesses:
             writes = self._writes.get(space)
             if writes is not None:
-                deps += [writer for _, _, writer in writes.overlapping(lo, hi)]
+                for producer, index in writes.values_overlapping(lo, hi):
+                    if producer is not queue and index > needs.get(producer, -1):
+                        needs[producer] = index
             if write:
                 reads = self._reads.get(space)
                 if reads is not None:
-                    for _, _, readers in reads.overlapping(lo, hi):
-                        deps += readers.values()
-        for producer, index in deps:
-            if producer is not queue and index > needs.get(producer, -1):
-                needs[producer] = index
+                    for readers in reads.values_overlapping(lo, hi):
+                        for producer, index in readers.values():
+                            if producer is not queue and index > needs.get(producer, -1):
+                                needs[producer] = index
         pops = {}
         # LOAD <-> STORE are not neighbours: a compute NOP takes the token and passes one
         # on; the consumer then only depends on that NOP (the latest compute instruction).
@@ -224,10 +253,9 @@ class DependencyTracker:
 
     def record(self, ins: Instruction, index: int) -> None:
         """Remember what the instruction at stream position ``index`` touched."""
-        queue = queue_of(ins)
-        last, accesses = self._last
+        last, queue, accesses = self._last
         if last is not ins:
-            accesses = footprint(ins, self.tile, self.host)
+            queue, accesses = queue_of(ins), footprint(ins, self.tile, self.host)
         for space, lo, hi, write in accesses:
             if write:
                 # Accesses inside the new range are ordered before this write, so its

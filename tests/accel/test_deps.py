@@ -76,8 +76,8 @@ class _Scan:
     def __init__(self):
         self.values = {}
 
-    def overlapping(self, lo, hi):
-        return [(a, b, v) for (a, b), v in self.values.items() if a < hi and lo < b]
+    def values_overlapping(self, lo, hi):
+        return [v for (a, b), v in self.values.items() if a < hi and lo < b]
 
     def get(self, lo, hi):
         return self.values.get((lo, hi))

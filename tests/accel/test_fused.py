@@ -9,7 +9,8 @@ from hypothesis import given, strategies as st
 
 from accel.hw import fused
 from accel.hw.emitter import Emitter
-from accel.hw.isa import Alu, AluOp, Finish, Gemm, Load, Mem, Store
+from accel.hw.instructions import DWMAC
+from accel.hw.isa import Alu, AluOp, Dwmac, Finish, Gemm, Load, Mem, Store
 from accel.hw.sim import Simulator
 from accel.hw.tokens import DependencyTracker
 
@@ -144,3 +145,100 @@ def test_products_added_into_accumulators_from_before_the_stream_stay_there(acc_
         np.testing.assert_array_equal(sim.memory(mem), ref.memory(mem))
     for got, exp in zip(host, want):
         np.testing.assert_array_equal(got, exp)
+
+
+@st.composite
+def dwmacs(draw):
+    """A DWMAC that fits the small scratchpads; one time in two its steps all add into one
+    tile (a depthwise kernel's taps, acc strides 0), else anywhere, overlapping or not."""
+    ext = [draw(st.integers(1, 3)), draw(st.integers(1, 3))]
+    fields = {"ext_out": ext[0], "ext_in": ext[1]}
+    taps = draw(st.booleans())
+    for p, mem, ld in (("acc", Mem.ACC, draw(st.sampled_from([16, 32]))), ("inp", Mem.INP, draw(st.sampled_from([16, 32]))),
+                       ("wgt", Mem.WGT, 0)):
+        strides = [0, 0] if p == "acc" and taps else [draw(sim_tests.aligned(3)), draw(sim_tests.aligned(3))]
+        addr = sim_tests._fit(draw, sim_tests.SIZES[mem], ext, strides, ld)
+        if addr is None:
+            strides, addr = [0, 0], 0
+        fields.update({f"{p}_addr": addr, f"{p}_stride_out": strides[0], f"{p}_stride_in": strides[1]})
+        if ld:
+            fields[f"{p}_ld"] = ld
+    return Dwmac(**fields)
+
+
+@st.composite
+def depthwise_programs(draw):
+    """Rounds of loads (padded), then GEMM resets, DWMACs, ALU steps and ACC loads, then stores."""
+    rounds = []
+    for _ in range(draw(st.integers(1, 3))):
+        loads = draw(st.lists(st.sampled_from([Mem.INP, Mem.WGT]).flatmap(sim_tests.dma), max_size=3))
+        compute = draw(st.lists(st.one_of(dwmacs(), dwmacs(), sim_tests.gemms(), sim_tests.alus(),
+                                          sim_tests.dma(Mem.ACC)), min_size=1, max_size=6))
+        stores = draw(st.lists(sim_tests.dma("store"), max_size=2))
+        rounds.append((loads, compute, stores))
+    return sim_tests._fenced(rounds)
+
+
+@given(depthwise_programs(), st.sampled_from([0, 2**31 - 1, -2**31]))
+def test_fused_dwmacs_equal_instruction_by_instruction(stream, edge):
+    """DWMACs (the taps of one tile summed at once, or spread over tiles), with GEMMs, ALU
+    steps and stores around them, on accumulators that start near the int32 limits so the
+    sums wrap: the fused plan leaves host buffers and scratchpads bit for bit as the
+    instruction-by-instruction simulator does."""
+    plan, (sim, host), (ref, want) = _both(stream)
+    for s in (sim, ref):
+        # within a few thousand of an int32 limit (both signs of products reach past it), or spread
+        near = edge - np.sign(edge) * (np.arange(s.acc.size, dtype=np.int64) * 7 % 4096)
+        s.acc[:] = near if edge else np.arange(s.acc.size) * 7919
+        s.wgt[:] = (np.arange(s.wgt.size) * 37) % 256 - 128        # -128 too: the largest product
+    if plan is None:
+        return
+    assert plan.run(host, sim)
+    ref.run(stream, want)
+    for got, exp in zip(host, want):
+        np.testing.assert_array_equal(got, exp)
+    for mem in Mem:
+        np.testing.assert_array_equal(sim.memory(mem), ref.memory(mem))
+
+
+def test_a_depthwise_kernel_is_one_sum_over_its_taps():
+    """Two tiles of a 3x3 depthwise kernel, each one DWMAC of 9 steps into one tile: one
+    batched tap sum, into a view of the accumulator values, equal to the declared program."""
+    stream = [Gemm(acc_addr=0, inp_addr=0, wgt_addr=0, acc_ld=16, inp_ld=16, wgt_ld=16, reset=True, ext_out=2,
+                   acc_stride_out=256)]
+    stream += [Dwmac(acc_addr=256 * k, inp_addr=256 * k, wgt_addr=16 * k, acc_ld=16, inp_ld=16, ext_out=3, ext_in=3,
+                     inp_stride_out=64, inp_stride_in=16, wgt_stride_out=48, wgt_stride_in=16) for k in range(2)]
+    plan, (sim, host), (ref, want) = _both(stream + [Finish()])
+    taps = [p for p in plan.products if isinstance(p, fused._TapSum)]
+    assert len(taps) == 1 and taps[0].x.shape == (2, 9, 16, 16) and isinstance(taps[0].targets, fused._Span)
+    for s in (sim, ref):
+        s.wgt[:] = (np.arange(s.wgt.size) * 37) % 256 - 128
+    inp, wgt = sim.inp.copy(), sim.wgt.copy()
+    assert plan.run(host, sim)
+    ref.run(stream + [Finish()], want)
+    np.testing.assert_array_equal(sim.acc, ref.acc)
+    for k, d in enumerate(stream[1:]):     # each tile as the declared program computes it from zero
+        scalars = {f: getattr(d, f) for f in ("acc_ld", "inp_ld", "ext_out", "ext_in", "acc_stride_out",
+                                              "acc_stride_in", "inp_stride_out", "inp_stride_in",
+                                              "wgt_stride_out", "wgt_stride_in")}
+        declared = DWMAC.reference(acc_addr=np.zeros(256, np.int32), inp_addr=inp[d.inp_addr:].astype(np.int8),
+                                   wgt_addr=wgt[d.wgt_addr:].astype(np.int8), **scalars, tile=16)["acc_addr"]
+        np.testing.assert_array_equal(sim.acc[d.acc_addr:d.acc_addr + 256], declared)
+
+
+def test_more_taps_than_float32_sums_exactly_are_summed_in_float64_and_wrap():
+    """A DWMAC of 33 x 34 steps into one tile (past the 1024 products float32 sums exactly):
+    the tap sum is taken in float64 and added into accumulators near -2**31 modulo 2**32."""
+    d = Dwmac(acc_addr=0, inp_addr=0, wgt_addr=0, acc_ld=16, inp_ld=16, ext_out=33, ext_in=34)
+    plan, (sim, host), (ref, want) = _both([d, Finish()])
+    for s in (sim, ref):
+        s.inp[:256] = np.where(np.arange(256) % 3, -127, -128)
+        s.wgt[:16] = 127
+        s.acc[:256] = -2**31 + np.arange(256)
+    taps = [p for p in plan.products if isinstance(p, fused._TapSum)]
+    assert len(taps) == 1 and taps[0].ftype is np.float64
+    assert plan.run(host, sim)
+    ref.run([d, Finish()], want)
+    np.testing.assert_array_equal(sim.acc, ref.acc)
+    exact = -2**31 + np.arange(256) + 33 * 34 * 127 * np.where(np.arange(256) % 3, -127, -128)
+    np.testing.assert_array_equal(sim.acc[:256], sim_tests.wrap32(exact))
