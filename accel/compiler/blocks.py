@@ -126,6 +126,67 @@ def pointwise_chain(sch: s_tir.Schedule, block_rv, stop: str | None = None) -> l
         last = consumers[0]
 
 
+def pointwise_dag(sch: s_tir.Schedule, block_rv, stop: str | None = None, limit: int = 16) -> list:
+    """Like :func:`pointwise_chain`, but where the chain forks (a value read by two pointwise
+    blocks, as by the two products of integerize's precise requantise) it goes on through the
+    blocks up to the one where every branch joins again, and on after it: the epilogue as a
+    small DAG of pointwise blocks, in an order where each block follows its producers. A
+    fork that does not join (a branch that leaves the epilogue), or one of more than ``limit``
+    blocks, ends it before the fork.
+
+    >>> pointwise_dag(sch, gemm_rv)       # doctest: +SKIP
+    [SBlockRV(clamp), SBlockRV(mul_lo), SBlockRV(add_lo), SBlockRV(shr_lo), SBlockRV(mul_hi), ...]
+    """
+    chain = pointwise_chain(sch, block_rv, stop)
+    while True:
+        last = chain[-1] if chain else block_rv
+        joined = _join(sch, last, stop, limit)
+        if joined is None:
+            return chain
+        chain += joined
+        chain += pointwise_chain(sch, joined[-1], stop)
+
+
+def _join(sch: s_tir.Schedule, fork, stop: str | None, limit: int) -> list | None:
+    """The pointwise blocks after ``fork`` (which has several consumers) up to and including
+    the first one all of its branches lead to, producers first; None if there is none."""
+    name = lambda rv: sch.get(rv).name_hint  # noqa: E731
+    if len(sch.get_consumers(fork)) < 2:
+        return None
+    inside = {name(fork): fork}
+    order: list = []
+    frontier = list(sch.get_consumers(fork))
+    while frontier and len(order) < limit:
+        ready = [rv for rv in frontier if all(name(p) in inside for p in sch.get_producers(rv)
+                                              if _in_epilogue(sch, p, inside))]
+        if not ready:
+            return None
+        rv = ready[0]
+        frontier = [f for f in frontier if name(f) != name(rv)]
+        block = sch.get(rv)
+        if block.name_hint == stop or not all(pointwise(block, sch.get(p).writes[0].source)
+                                              for p in sch.get_producers(rv) if name(p) in inside):
+            return None
+        inside[name(rv)] = rv
+        order.append(rv)
+        # joined: every block inside (the fork too) has all its consumers inside
+        if len(frontier) == 0 and all(all(name(c) in inside for c in sch.get_consumers(b))
+                                      for b in list(inside.values()) if name(b) != name(rv)):
+            return order
+        for c in sch.get_consumers(rv):
+            if name(c) not in inside and all(name(c) != name(f) for f in frontier):
+                frontier.append(c)
+    return None
+
+
+def _in_epilogue(sch: s_tir.Schedule, producer, inside: dict) -> bool:
+    """Whether ``producer`` computes a value of the epilogue (not a bias or a constant
+    operand, which comes from outside): it is inside already, or reads a block that is."""
+    if sch.get(producer).name_hint in inside:
+        return True
+    return any(_in_epilogue(sch, p, inside) for p in sch.get_producers(producer))
+
+
 #: The block annotation of meta_schedule's layout rewriting: Relax's ``SplitLayoutRewritePreproc``
 #: moves such a block into a function of its own, which ``FoldConstant`` runs at compile time
 #: on a constant weight.

@@ -38,7 +38,8 @@ import tvm_ffi
 from tvm import ir, s_tir, sym, tirx
 from tvm.s_tir.schedule import SBlockRV
 
-from accel.compiler.blocks import DATA_PAR, REDUCE, GemmAnalysis, mark_layout_stage, pointwise_chain, read_index
+from accel.compiler.blocks import (DATA_PAR, REDUCE, GemmAnalysis, mark_layout_stage, pointwise_chain,
+                                   pointwise_dag, read_index)
 from accel.hw.config import Config
 
 DEPTHWISE = ("a depthwise or grouped convolution: each output channel reads only its own group "
@@ -360,15 +361,17 @@ def output_channels_last(sch: s_tir.Schedule, blk: SBlockRV, conv: Conv, notes) 
     if conv.channels_last_output:
         return None
     to_nhwc = permute(conv.out_dim, ("n", "y", "x", "f"))
-    chain = pointwise_chain(sch, blk)
-    for b in chain[:-1]:
-        sch.compute_inline(b)
-    final = chain[-1] if chain else blk
+    index_map = tirx.IndexMap.from_func(to_nhwc, ndim=4, index_dtype="int32")
+    blocks = _inline_chain(sch, blk)
+    final = blocks[-1] if blocks else blk
     back = sch.cache_write(final, 0, "global")
+    for b in blocks[:-1]:       # the blocks of an epilogue that forks: channels-last too
+        sch.transform_layout(b, ("write", 0), to_nhwc)
+        sch.transform_block_layout(b, index_map)
     sch.transform_layout(final, ("write", 0), to_nhwc)
-    if chain:
+    if blocks:
         sch.transform_layout(blk, ("write", 0), to_nhwc)
-        sch.transform_block_layout(final, tirx.IndexMap.from_func(to_nhwc, ndim=4, index_dtype="int32"))
+        sch.transform_block_layout(final, index_map)
     notes.on_cpu.append((sch.get(back).name_hint, "transposes the result from channels-last to NCHW on "
                          "the CPU (a STORE row is a run of channels)"))
     return sch.get(back).name_hint
@@ -404,13 +407,25 @@ def _pixels_as_rows(sch, blk, conv: Conv, stop: str | None) -> None:
     ``(n, y*W + x, f)``, writing the channels-last output at ``[n, m // W, m % W, f]``: the
     same bytes, so its STOREs write the output directly."""
     w_ = conv.ext["x"]
+    blocks = _inline_chain(sch, blk, stop)
+    final = blocks[-1] if blocks else sch.cache_write(blk, 0, "global")
+    rows = tirx.IndexMap.from_func(lambda n, y, x, f: (n, y * w_ + x, f), ndim=4, index_dtype="int32")
+    for b in blocks[:-1]:       # the blocks of an epilogue that forks: pixels as rows too
+        sch.transform_layout(b, ("write", 0), lambda n, y, x, f: (n, y * w_ + x, f))
+        sch.transform_block_layout(b, rows)
+    sch.transform_layout(blk, ("write", 0), lambda n, y, x, f: (n, y * w_ + x, f))
+    sch.transform_block_layout(final, rows)
+
+
+def _inline_chain(sch, blk, stop: str | None = None) -> list:
+    """Inline the conv's epilogue chain into its last block before a fork (or its last);
+    the blocks left, producers first: that block and, where the epilogue forks and joins
+    again (:func:`~accel.compiler.blocks.pointwise_dag`), the blocks after it."""
     chain = pointwise_chain(sch, blk, stop)
+    dag = pointwise_dag(sch, blk, stop)
     for b in chain[:-1]:
         sch.compute_inline(b)
-    final = chain[-1] if chain else sch.cache_write(blk, 0, "global")
-    sch.transform_layout(blk, ("write", 0), lambda n, y, x, f: (n, y * w_ + x, f))
-    sch.transform_block_layout(final, tirx.IndexMap.from_func(
-        lambda n, y, x, f: (n, y * w_ + x, f), ndim=4, index_dtype="int32"))
+    return ([chain[-1]] if chain else []) + dag[len(chain):]
 
 
 def input_read(sch: s_tir.Schedule, blk: SBlockRV, weight: ir.Var) -> int:

@@ -20,7 +20,10 @@ per-channel requantise multiplier), ``relu``, ``clip``, and a final ``astype`` t
 narrowing STORE). Longer chains are listed first, so the longest one wins. A chain that ends
 in a clip to int8 and the cast may go on into a table lookup, ``take(table, astype(x, int32) +
 128)`` with a 256-entry int8 constant table (how :mod:`tirpat.model.integerize` writes sigmoid,
-HardSwish, GELU, ... after a requantise): accel's LUT instruction, see :func:`table`.
+HardSwish, GELU, ... after a requantise): accel's LUT instruction, see :func:`table`. A
+requantise whose operations read the accumulator twice (integerize's precise form, a
+multiplier in two int32 products; its round-half-to-even form) after a bias and a ReLU at
+most is :func:`tirpat.model.integerize.rules.requantize_pattern`'s: those come first.
 
 A third core, ``accel.elementwise`` (the requantised add, subtract or multiply of int8 tensors
 that integerize writes, with no matmul or convolution), has its patterns in
@@ -43,6 +46,8 @@ from tvm import ir, relax, tirx
 from tvm.relax.backend.utils import has_leaking_intermediate_variables
 from tvm.relax.dpl import DFPattern, is_const, is_op, wildcard
 
+from tirpat.model.integerize.rules import requantize_pattern
+
 __all__ = ["patterns", "check", "table", "split_operand_permutes", "MAX_EPILOGUE", "EPILOGUE_OPS", "TABLE_ENTRIES"]
 
 #: The longest epilogue chain matched (bias, ReLU and a requantise multiply/add/shift/clip/cast fit).
@@ -54,6 +59,9 @@ EPILOGUE_OPS = {
     "relax.add": 1, "relax.subtract": 1, "relax.multiply": 1, "relax.maximum": 1, "relax.minimum": 1,
     "relax.right_shift": 1, "relax.nn.relu": 0, "relax.clip": 2, "relax.astype": 0,
 }
+#: The longest epilogue chain before a requantise whose DAG reads the accumulator twice (a
+#: bias and a ReLU): :func:`tirpat.model.integerize.rules.requantize_pattern` takes the rest.
+MAX_BEFORE_DAG = 2
 _INT32_MIN, _INT32_MAX = -2**31, 2**31 - 1
 #: Entries of a table lookup's int8 table: entry ``k`` is the result for the int8 value ``k - 128``.
 TABLE_ENTRIES = 256
@@ -136,6 +144,11 @@ def _patterns(max_epilogue: int) -> tuple:
         chains = [core]
         for _ in range(max_epilogue):
             chains.append(_epilogue(chains[-1]))
+        # a requantise that reads its accumulator twice (integerize's precise form, or its
+        # round-half-to-even one) is longer still, after a bias or ReLU at most: those first
+        dags = [requantize_pattern(root) for root in reversed(chains[:MAX_BEFORE_DAG + 1])]
+        out += [(f"accel.{name}", table(root), {"core": core}, check) for root in dags]
+        out += [(f"accel.{name}", root, {"core": core}, check) for root in dags]
         # a table lookup after the chain is longer still: those first
         out += [(f"accel.{name}", table(root), {"core": core}, check) for root in reversed(chains)]
         out += [(f"accel.{name}", root, {"core": core}, check) for root in reversed(chains)]

@@ -7,7 +7,10 @@
   up to two enclosing loops of tiles folded into its loop fields; a nest of 16x16 tiles
   ``C[p, c] += int32(A[p, c]) * int32(W[c])`` (a depthwise convolution) -> DWMAC, likewise;
 - ``zero_init``: a nest storing 0 into ACC in whole tiles -> GEMM in its reset form;
-- ``alu``: an in-place elementwise nest on ACC (bias add, ReLU/clip, requantise) -> ALU;
+- ``alu``: an in-place elementwise nest on ACC (bias add, ReLU/clip, requantise) -> ALU; or
+  a nest writing a second ACC region from the accumulator (an epilogue's temporary, where its
+  requantise reads the accumulator twice) -> GEMM reset (or ALU ``x * 0``), ALU ``+ acc``,
+  then its chain;
 - ``elementwise``: the calls :mod:`accel.compiler.elementwise` wrote at schedule time for an
   element-wise chain of int8 tensors, taken as they are;
 - ``store``: a nest writing host memory from ACC, possibly through an elementwise epilogue
@@ -249,13 +252,23 @@ def _dwmac(loops, regions, t):
 
 
 def _zero_init(m, config):
-    t = config.tile
-    r = m.region("C")
-    n = len(m.loops)
+    return _reset(m.region("C"), m.loops, config.tile)
+
+
+def _reset(r, loops, t: int, padded: bool = False):
+    """GEMM in its reset form zeroing the region ``r`` the nest ``loops`` writes: whole
+    ``t x t`` tiles in its two innermost loops, the loops further out around it. ``padded``:
+    the region may be rounded up to whole tiles where they lie inside its buffer's allocation
+    (a temporary's padding, which nothing else uses)."""
+    n = len(loops)
     if n < 2:
         raise _Unsupported("a reset covers whole tiles: it needs at least 2 loops")
-    rows, cols = _int(m.loops[n - 2].extent), _int(m.loops[n - 1].extent)
+    rows, cols = _int(loops[n - 2].extent), _int(loops[n - 1].extent)
     ld = r.strides[n - 2]
+    base = _int(r.offset)
+    if padded and None not in (rows, cols, base) and n == 2 and \
+            base + (-(-rows // t) * t - 1) * ld + -(-cols // t) * t <= _allocation(r.buffer):
+        rows, cols = -(-rows // t) * t, -(-cols // t) * t
     if rows is None or cols is None or rows % t or cols % t or r.strides[n - 1] != 1 or ld % t or ld < cols:
         raise _Unsupported(f"the zeroed region ({rows} x {cols}, row stride {ld}) is not whole {t} x {t} tiles")
     outer = list(range(n - 2))
@@ -266,7 +279,7 @@ def _zero_init(m, config):
                     acc_stride_out=t * ld, acc_stride_in=t, inp_stride_out=0, inp_stride_in=0,
                     wgt_stride_out=0, wgt_stride_in=0)
 
-    return _around(m.loops[:len(outer)], [[r.strides[k] for k in outer]], make)
+    return _around(loops[:len(outer)], [[r.strides[k] for k in outer]], make)
 
 
 # ----------------------------------------------------------------------------- epilogues
@@ -495,9 +508,7 @@ def _alu_calls(steps, spine, operands, loops, config, partial_ok):
         # lies inside the spine's own rows and allocation (scratchpad buffers are planned in
         # whole vectors).
         base = _int(spine.offset)
-        size = 1
-        for d in spine.buffer.shape:
-            size *= _int(d)
+        size = _allocation(spine.buffer)
         if base is None or (ext_out > 1 and dso < vectors * t) or \
                 base + (ext_out - 1) * dso + vectors * t > -(-size // t) * t:
             raise _Unsupported(f"the last partial vector would write past the rows of {spine.buffer.name}")
@@ -539,10 +550,55 @@ def _alu(m, store, config):
         raise _Unsupported(f"{value} is not a chain of ALU operations (add, max, min, mul, "
                            "shift right) on one accumulator value")
     spine, steps = chain
-    if not steps or not spine.source.same_as(store.buffer) or not _same_indices(spine, store):
+    copy = not spine.source.same_as(store.buffer)
+    reset = None
+    if copy:
+        # a temporary of an epilogue (a second ACC region): the ALU works in place, so it
+        # first copies what it reads there (0 + src), then applies the chain. The zero is a
+        # GEMM reset where the region is whole tiles (a write that reads nothing, so the planner
+        # sees the temporary written anew), else x * 0. Its lanes after a partial last vector
+        # are its own padding, read by no one but the epilogue's lanes after the store's (dead too).
+        try:
+            reset = _reset(m.region(store.buffer), m.loops, config.tile, padded=True)
+            steps = [_Step(AluOp.ADD, operand=spine)] + steps
+        except _Unsupported:
+            steps = [_Step(AluOp.MUL, 0), _Step(AluOp.ADD, operand=spine)] + steps
+    elif not steps or not _same_indices(spine, store):
         raise _Unsupported("not an in-place update of the accumulator element it reads")
-    calls = _alu_calls(steps, m.region(store.buffer), _operand_regions(m, steps), m.loops, config, partial_ok=False)
+    if m.get("alu_guard") is not None:
+        # a temporary may be computed for the whole block, the guarded lanes after the
+        # result's edge too (what they read of the accumulator is its padding), if they lie
+        # inside its allocation; the accumulator's own lanes may be read on: left as they are
+        if not copy:
+            raise _Unsupported(f"an in-place update of the accumulator under the guard {m['alu_guard']}")
+        _within_allocation(m.region(store.buffer), m.loops)
+    calls = _alu_calls(steps, m.region(store.buffer), _operand_regions(m, steps), m.loops, config, partial_ok=copy)
+    calls = ([reset] if reset is not None else []) + calls
     return calls[0] if len(calls) == 1 else tirx.SeqStmt(calls)
+
+
+def _within_allocation(region, loops) -> None:
+    """Raise unless every element the nest ``loops`` writes through ``region`` lies inside its
+    buffer's allocation (its rows' aligned strides included)."""
+    last = _int(region.offset)
+    for stride, loop in zip(region.strides, loops):
+        if last is None or _int(stride) is None or _int(loop.extent) is None:
+            raise _Unsupported(f"{region.buffer.name}'s region is not constant")
+        last += _int(stride) * (_int(loop.extent) - 1)
+    if last is None or last >= _allocation(region.buffer):
+        raise _Unsupported(f"the whole block would write past {region.buffer.name}'s allocation")
+
+
+def _allocation(buffer) -> int:
+    """Elements a scratchpad buffer's allocation spans: its shape, or its strides where a
+    storage_align set them (rows aligned to whole vectors)."""
+    size = 1
+    for d in buffer.shape:
+        size *= _int(d)
+    strides = [_int(x) for x in buffer.strides]
+    if strides and None not in strides:
+        size = max(size, max(st * _int(d) for st, d in zip(strides, buffer.shape)))
+    return size
 
 
 def _store(m, store, config):
@@ -637,7 +693,7 @@ def rules(config: Config | None = None) -> tp.Rewriter:
     zero = tp.is_nest(None, zero_store)
 
     in_place = tp.is_store(_scratch("C", ACC), None, tp.wildcard())
-    alu = tp.is_nest(None, in_place) | in_place
+    alu = tp.is_nest(None, in_place) | tp.is_nest(None, tp.is_if(tp.wildcard("alu_guard"), in_place)) | in_place
 
     host = tp.is_buffer("out").where(lambda m: not is_scratchpad(m["out"]))
     to_host = tp.is_store(host, None, tp.wildcard())

@@ -10,7 +10,10 @@ depthwise conv2d is laid out by :mod:`accel.compiler.depthwise` and tiled for DW
 2. pads M, N and K to multiples of the tile (``pad_einsum``); the padding is folded into
    the copies into the scratchpads, which become padded LOADs;
 3. inlines the elementwise epilogue chain (bias, ReLU/clip, requantise, cast) into one
-   block and keeps the accumulator in ACC; an epilogue the ALU cannot do stays on the CPU;
+   block and keeps the accumulator in ACC; an epilogue that reads the accumulator twice (a
+   small DAG: integerize's precise requantise) keeps one block of each fork as a temporary,
+   a second ACC region computed before the epilogue reads it; an epilogue the ALU cannot do
+   stays on the CPU;
 4. tiles to 16 x (16*bn) x (16*bk) blocks of tiles, stages A and the weight through INP and
    WGT at the K loop (a weight that fits in half of WGT is loaded once and stays resident)
    and the accumulator through ACC at the N loop, and moves the zero-init out of the
@@ -36,7 +39,7 @@ from tvm import ir, s_tir, tirx
 from tvm.s_tir.schedule import ScheduleError as TVMScheduleError
 
 import tirpat as tp
-from accel.compiler.blocks import (DATA_PAR, REDUCE, GemmAnalysis, ScheduleError, mark_layout_stage, pointwise_chain,
+from accel.compiler.blocks import (DATA_PAR, REDUCE, GemmAnalysis, ScheduleError, mark_layout_stage, pointwise_dag,
                                     read_index)
 from accel.hw.config import Config
 from accel.compiler import depthwise, elementwise
@@ -550,23 +553,24 @@ def _schedule_gemm(sch: s_tir.Schedule, name: str, g: GemmAnalysis, config: Conf
     m_, n_, k_all, batch = g.sizes
     plan = GemmPlan(name, m_, n_, k_all, batch, gather=g.gather)
     _dma_layouts(sch, name, g, notes)
-    final, steps, out_buffer = _epilogue(sch, sch.get_sblock(name), g.stop)
+    final, steps, out_buffer, temporaries = _epilogue(sch, sch.get_sblock(name), g.stop)
     _reserve_table(reserved, steps, t)
-    operands = {} if steps is None else _operands(sch.get(final), out_buffer)
+    operands = {} if steps is None else _wide_operands(sch, final, out_buffer, temporaries)
     k_ = g.extents[g.k]
     shape = Extents(-(-m_ // t), -(-n_ // t), -(-k_ // t), batch, k_all // k_, _elements(g.weight) // (n_ * k_),
                     tuple(operands.values()))
     bm, bn, bk, resident = _fitting_blocks(name, g, shape, knobs, config, reserved)
     plan.device_macs, padded = _pad_to_blocks(sch, name, g, (t * bm, t * bn, t * bk))
     if padded:      # the copy out of the padded result joins the epilogue
-        final, steps, out_buffer = _epilogue(sch, sch.get_sblock(name), g.stop)
+        final, steps, out_buffer, temporaries = _epilogue(sch, sch.get_sblock(name), g.stop)
     if final is not None and steps is None:
         notes.on_cpu.append((sch.get(final).name_hint, "the epilogue is not a chain of ALU operations "
                              "(add, max, min, multiply, shift by a constant, int32 operands)"))
         final = None
-    plan.epilogue = describe_epilogue(steps, str(sch.get(final).writes[0].source.dtype)) if steps else []
+    plan.epilogue = describe_epilogue(steps, str(sch.get(final).writes[0].source.dtype),
+                                      [sch.get(b).writes[0].source for b in temporaries]) if steps else []
     _reserve(reserved, shape, t, bm, bn, bk, resident)
-    _tile_and_stage(sch, name, g, final, out_buffer, t, (bm, bn, bk), resident)
+    _tile_and_stage(sch, name, g, final, out_buffer, t, (bm, bn, bk), resident, temporaries)
     plan.knobs = Knobs(bm, bn, bk, WEIGHTS[resident], g.method, g.pixels)
     notes.offloaded.append(plan)
 
@@ -609,13 +613,22 @@ def _schedule_depthwise(sch: s_tir.Schedule, name: str, dw: depthwise.Depthwise,
     plan.device_macs = e["n"] * e[other] * x_pad * f_pad * taps
     if padded != [int(iv.dom.extent.value) for iv in sch.get(blk).iter_vars]:
         sch.pad_einsum(blk, padded)
-    final, steps, out_buffer = _epilogue(sch, blk, view.stop)
+    final, steps, out_buffer, temporaries = _epilogue(sch, blk, view.stop)
+    if steps is not None:
+        # the accumulator tile, and one tile per wide operand (a residual) or temporary
+        wide = sum(1 for narrow in _wide_operands(sch, final, out_buffer, temporaries).values() if not narrow)
+        need[ACC] = _MEMORY[ACC].footprint(max(2, 1 + wide) * t * t, repeated=outer, options=options)
+        if need[ACC] > _free(config, reserved, ACC):
+            raise DoesNotFit(f"one depthwise tile's accumulator and its epilogue's {wide} wide operands and "
+                             f"temporaries take {need[ACC] * _MEMORY[ACC].itemsize} bytes, the target's Config has "
+                             f"{getattr(config, capacity_option(_MEMORY[ACC]))} ({capacity_option(_MEMORY[ACC])})")
     _reserve_table(reserved, steps, t)
     if final is not None and steps is None:
         notes.on_cpu.append((sch.get(final).name_hint, "the epilogue is not a chain of ALU operations "
                              "(add, max, min, multiply, shift by a constant, int32 operands)"))
         final = None
-    plan.epilogue = describe_epilogue(steps, str(sch.get(final).writes[0].source.dtype)) if steps else []
+    plan.epilogue = describe_epilogue(steps, str(sch.get(final).writes[0].source.dtype),
+                                      [sch.get(b).writes[0].source for b in temporaries]) if steps else []
     loops = sch.get_loops(blk)
     at = {r: loops[dw.pos[r]] for r in dw.pos}
     x_o, x_i = sch.split(at[pix], [None, t])
@@ -634,8 +647,9 @@ def _schedule_depthwise(sch: s_tir.Schedule, name: str, dw: depthwise.Depthwise,
         sch.reverse_compute_at(sch.cache_write(blk, 0, ACC), f_o)
     else:
         sch.set_scope(blk, 0, ACC)
+        _place_temporaries(sch, temporaries, f_o, t)
         sch.reverse_compute_at(final, f_o)
-        _stage_epilogue_operands(sch, blk, final, out_buffer, f_o, t, view.operand_layout)
+        _stage_epilogue_operands(sch, blk, final, out_buffer, f_o, t, view.operand_layout, temporaries)
     sch.decompose_reduction(blk, reduction[0])
     reserved[WGT] = reserved.get(WGT, 0) + need[WGT]
     plan.knobs = Knobs(1, 1, 1, "resident", "direct", "row")
@@ -699,7 +713,7 @@ def _reserve(reserved: dict, shape: Extents, t: int, bm: int, bn: int, bk: int, 
 
 
 def _tile_and_stage(sch: s_tir.Schedule, name: str, g: GemmAnalysis, final, out_buffer, t: int,
-                    blocks: tuple[int, int, int], resident: bool) -> None:
+                    blocks: tuple[int, int, int], resident: bool, temporaries=()) -> None:
     """Step 4: tile to blocks of tiles, stage the operands through INP and WGT at the K loop
     and the accumulator (with the epilogue's operands) through ACC at the N loop, and move
     the zero-init out of the reduction."""
@@ -727,12 +741,26 @@ def _tile_and_stage(sch: s_tir.Schedule, name: str, g: GemmAnalysis, final, out_
         sch.reverse_compute_at(writeback, j_o)
     else:
         sch.set_scope(gemm, 0, ACC)
+        _place_temporaries(sch, temporaries, j_o, t)
         sch.reverse_compute_at(final, j_o)
         if g.row_width is not None and g.row_width < t * bm:
             # rows of the block are pixels of whole image rows: stored one image row at a time
             sch.split(sch.get_loops(final)[-2], [None, g.row_width])
-        _stage_epilogue_operands(sch, gemm, final, out_buffer, j_o, t, g.operand_layout)
+        _stage_epilogue_operands(sch, gemm, final, out_buffer, j_o, t, g.operand_layout, temporaries)
     sch.decompose_reduction(gemm, k_outer[0] if k_outer else k_o)
+
+
+def _place_temporaries(sch: s_tir.Schedule, temporaries, at, t: int) -> None:
+    """Compute each temporary of an epilogue in a second ACC region beside the accumulator,
+    as large as it, at the loop ``at`` (before the epilogue that reads it): its rows start
+    on whole ALU vectors, as the accumulator's do (laid out as the accumulator already: a
+    convolution's are made channels-last with it, :func:`accel.compiler.conv.output_channels_last`)."""
+    for temp in temporaries:
+        sch.set_scope(temp, 0, ACC)
+        sch.reverse_compute_at(temp, at)     # after the accumulator, before the epilogue
+        ndim = len(sch.get(temp).writes[0].source.shape)
+        if ndim >= 2:
+            sch.storage_align(temp, 0, ndim - 2, t, 0)
 
 
 def _inline_into_load(sch: s_tir.Schedule, stage, inline: tuple) -> None:
@@ -749,19 +777,24 @@ def _inline_into_load(sch: s_tir.Schedule, stage, inline: tuple) -> None:
                 break
 
 
-def _stage_epilogue_operands(sch: s_tir.Schedule, gemm, final, out_buffer, j_o, t: int, operand_layout) -> None:
+def _stage_epilogue_operands(sch: s_tir.Schedule, gemm, final, out_buffer, j_o, t: int, operand_layout,
+                             temporaries=()) -> None:
     """Stage each operand the epilogue ``final`` reads besides the accumulator (a bias, a
-    residual) through ACC at the N loop ``j_o``."""
+    residual) through ACC at the N loop ``j_o``; a temporary is computed there, in ACC."""
     fblock = sch.get(final)
     table = _table(fblock)
+    kept = {sch.get(b).writes[0].source.__chandle__(): b for b in temporaries}
     for r in list(fblock.reads):
         if r.source.same_as(sch.get(gemm).writes[0].source):
             continue
+        if r.source.__chandle__() in kept:
+            continue        # a temporary: computed in ACC already (:func:`_place_temporaries`)
         if table is not None and r.source.same_as(table):
             # a LUT's table: loaded into WGT once, before the loops, like a resident weight
             sch.cache_read(final, read_index(sch, final, r.source), WGT)
             continue
-        stage = sch.cache_read(final, read_index(sch, final, r.source), ACC)
+        readers = [final] + [b for b in temporaries if any(x.source.same_as(r.source) for x in sch.get(b).reads)]
+        stage = sch.cache_read(final, read_index(sch, final, r.source), ACC, consumer_blocks=readers)
         if operand_layout is not None and len(r.source.shape) == len(out_buffer.shape):
             # an operand in the layout of an NCHW result (a residual, a [1, F, 1, 1]
             # bias) is staged channels-last, like the accumulator it is applied to
@@ -775,34 +808,76 @@ def _stage_epilogue_operands(sch: s_tir.Schedule, gemm, final, out_buffer, j_o, 
 
 
 def _epilogue(sch, gemm, stop):
-    """``(final, steps, out)``: the last block ``final`` of the GEMM's chain of pointwise
+    """``(final, steps, out, temporaries)``: the last block ``final`` of the GEMM's pointwise
     consumers (up to the block named ``stop``; None when there is none), the ALU steps the
-    chain takes, inlined into ``final`` (None when the ALU cannot run it: the chain is then
-    left as it is) and the buffer the GEMM writes."""
+    epilogue takes, inlined into ``final`` (None when the ALU cannot run it: the blocks are
+    then left as they are), the buffer the GEMM writes, and the blocks kept as temporaries.
+
+    The consumers are a chain, or a small DAG that reads the accumulator more than once
+    (integerize's precise requantise: ``(acc*H + ((acc*L + c) >> k) + c') >> s``). Then one
+    block of each fork is kept as a temporary, computed by ALU steps on a copy of the
+    accumulator in a second ACC region: the rest is a chain that reads it as an operand."""
     out = sch.get(gemm).writes[0].source
-    chain = pointwise_chain(sch, gemm, stop)
+    chain = pointwise_dag(sch, gemm, stop)
     if not chain:
-        return None, None, out
+        return None, None, out, []
     # Tried on a copy first: an epilogue the ALU cannot run stays on the CPU as the separate
     # blocks Relax made. Inlined into one loop, LLVM would see the whole chain and, its int32
     # arithmetic being "no signed wrap", drop a max after a product it takes as non-negative.
-    trial = sch.copy()
-    if _inline_epilogue(trial, chain, out) is None:
-        return chain[-1], None, out
-    return chain[-1], _inline_epilogue(sch, chain, out), out
+    for temporaries in _temporary_choices(sch, gemm, chain):
+        if _inline_epilogue(sch.copy(), chain, out, temporaries) is not None:
+            return chain[-1], _inline_epilogue(sch, chain, out, temporaries), out, temporaries
+    return chain[-1], None, out, []
 
 
-def _inline_epilogue(sch, chain, out):
-    """Inline ``chain`` into its last block; the ALU steps it takes, or None."""
+def _temporary_choices(sch, gemm, chain):
+    """The sets of blocks of an epilogue to try as temporaries: none, then (where the
+    epilogue forks: reads the accumulator twice) each block that one other block reads."""
+    yield []
+    if all(len(sch.get_consumers(b)) <= 1 for b in [gemm] + chain[:-1]):
+        return
+    single = [b for b in chain[:-1] if len(sch.get_consumers(b)) == 1]
+    # one temporary per fork in integerize's forms: the precise one forks in two, the
+    # round-half-to-even one in three (its parity is the floor plus -2 times the half)
+    yield from ([b] for b in single)
+    yield from ([a, b] for n, a in enumerate(single) for b in single[n + 1:])
+
+
+def _inline_epilogue(sch, chain, out, temporaries=()):
+    """Inline ``chain`` into its last block, but for the ``temporaries``, into which their
+    producers are inlined; the ALU steps of the last block, or None when the ALU cannot run
+    it or a temporary (a chain on the accumulator alone, read by one block)."""
+    kept = {sch.get(b).name_hint for b in temporaries}
     for blk in chain[:-1]:
-        sch.compute_inline(blk)
+        if sch.get(blk).name_hint not in kept:
+            sch.compute_inline(blk)
     final = chain[-1]
-    _inline_pointwise_producers(sch, final, out)
+    _inline_pointwise_producers(sch, final, out, kept)
     _keep_int32_arithmetic(sch, final)
     block = sch.get(final)
     if None in _operands(block, out).values():
         return None
+    # a temporary's operands (a bias before the fork, an earlier temporary) are staged with
+    # the last block's or computed in ACC before it
+    read = {r.source.__chandle__() for r in block.reads} | \
+        {sch.get(b).writes[0].source.__chandle__() for b in temporaries}
+    for temp in temporaries:
+        _keep_int32_arithmetic(sch, temp)
+        if not _temporary_steps(sch.get(temp), out) or \
+                any(r.source.__chandle__() not in read for r in sch.get(temp).reads):
+            return None
     return _epilogue_steps(block, out)
+
+
+def _temporary_steps(block, acc_buffer) -> list | None:
+    """The ALU steps a temporary ``block`` applies to its copy of the accumulator (a chain on
+    the accumulator with int32 operands), or None."""
+    if str(block.body.buffer.dtype) != "int32":
+        return None
+    is_spine = lambda load: load.source.same_as(acc_buffer)  # noqa: E731
+    is_operand = lambda load: str(load.source.dtype) == "int32" and not load.source.same_as(acc_buffer)  # noqa: E731
+    chain = epilogue_chain(wrapping.strip(block.body.value), is_spine, is_operand)
+    return None if chain is None else chain[1]
 
 
 def _keep_int32_arithmetic(sch, block_rv) -> None:
@@ -844,6 +919,15 @@ def _operands(block, acc_buffer) -> dict:
     return kinds
 
 
+def _wide_operands(sch, final, acc_buffer, temporaries) -> dict:
+    """:func:`_operands` of the epilogue ``final``, and each temporary it does not read (one
+    read by another temporary) as a wide one: what ACC holds besides the accumulator."""
+    kinds = _operands(sch.get(final), acc_buffer)
+    for temp in temporaries:
+        kinds.setdefault(sch.get(temp).writes[0].source.__chandle__(), False)
+    return kinds
+
+
 def _elements(buffer) -> int:
     size = 1
     for d in buffer.shape:
@@ -851,15 +935,17 @@ def _elements(buffer) -> int:
     return size
 
 
-def _inline_pointwise_producers(sch, block_rv, keep) -> None:
+def _inline_pointwise_producers(sch, block_rv, keep, temporaries=frozenset()) -> None:
     """Inline the pointwise producers of an epilogue (a copy or cast of a bias, say) other
-    than the GEMM's own output, so that it reads their inputs and can be staged in ACC."""
+    than the GEMM's own output and the epilogue's ``temporaries`` (block names), so that it
+    reads their inputs and can be staged in ACC."""
     changed = True
     while changed:
         changed = False
         for producer in sch.get_producers(block_rv):
             blk = sch.get(producer)
-            if blk.writes[0].source.same_as(keep) or any(int(iv.iter_type) != DATA_PAR for iv in blk.iter_vars):
+            if blk.writes[0].source.same_as(keep) or blk.name_hint in temporaries or \
+                    any(int(iv.iter_type) != DATA_PAR for iv in blk.iter_vars):
                 continue
             try:
                 sch.compute_inline(producer)
@@ -933,9 +1019,11 @@ def already_scheduled(func: tirx.PrimFunc) -> bool:
     return bool(found)
 
 
-def describe_epilogue(steps, out_dtype: str) -> list:
+def describe_epilogue(steps, out_dtype: str, temporaries=()) -> list:
     """What an epilogue's ALU steps do, in words: ``bias``, ``ReLU``, ``clip``, ``requantise``,
-    ``saturate to int8``, ``cast to int8`` (the narrowing STORE) or ``table`` (a LUT).
+    ``saturate to int8``, ``cast to int8`` (the narrowing STORE) or ``table`` (a LUT);
+    ``temporaries``: the buffers of the epilogue's temporaries (a step adding one is part of
+    a requantise that reads the accumulator twice).
 
     >>> describe_epilogue([_Step(AluOp.ADD, operand=b), _Step(AluOp.MAX, 0)], "int32")   # doctest: +SKIP
     ['bias', 'ReLU']
@@ -951,6 +1039,8 @@ def describe_epilogue(steps, out_dtype: str) -> list:
     for s in steps:
         if s.op is None:
             say("table")
+        elif s.op is AluOp.ADD and s.operand is not None and any(s.operand.source.same_as(b) for b in temporaries):
+            say("requantise")
         elif s.op is AluOp.ADD and s.operand is not None:
             # a bias varies along one dimension (the channels); a residual along several
             wide = sum(1 for e in s.operand.source.shape if int(e) > 1)

@@ -1,0 +1,145 @@
+"""integerize's precise requantise on accel: a multiplier of up to 48 bits as two int32
+products, ``(acc*H + ((acc*L + c) >> k) + c') >> (s - k)``, reads the accumulator twice. accel
+runs it in its epilogue (one block of the fork kept as a temporary in a second ACC region, the
+ALU's chain on a copy of the accumulator there), bit for bit what ``tvm.compile(mod, "llvm")``
+computes, and a QDQ convolution integerised with ``precise=True`` runs wholly on accel."""
+
+import warnings
+
+import numpy as np
+import pytest
+import tvm
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+from tvm import relax
+
+import tirpat as tp
+from tirpat.model.integerize.fixed_point import Requantize
+from tirpat.model.integerize.rules import emit_requantize
+
+
+def _model(kind, m, n, k, rq, bias, seed, nchw=False):
+    """An int8 matmul ([m, k] x [n, k]^T), 3x3 conv2d (an m x m image, k to n channels, NHWC or
+    ``nchw``; accel computes channels-last and transposes back) or depthwise one (k = n
+    channels), a per-channel bias or none, then ``rq`` as integerize emits it."""
+    rng = np.random.default_rng(seed)
+    image = (1, k, m, m) if nchw else (1, m, m, k)
+    x = relax.Var("x", relax.TensorType((m, k) if kind == "matmul" else image, "int8"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            if kind == "matmul":
+                w = relax.const(rng.integers(-128, 128, (n, k), dtype=np.int8))
+                y = bb.emit(relax.op.matmul(x, relax.op.permute_dims(w), out_dtype="int32"))
+            else:
+                groups = n if kind == "depthwise" else 1
+                kernel = (n, k // groups, 3, 3) if nchw else (3, 3, k // groups, n)
+                w = relax.const(rng.integers(-128, 128, kernel, dtype=np.int8))
+                y = bb.emit(relax.op.nn.conv2d(x, w, padding=1, data_layout="NCHW" if nchw else "NHWC",
+                                               kernel_layout="OIHW" if nchw else "HWIO", groups=groups,
+                                               out_dtype="int32"))
+            if bias:
+                b = rng.integers(-2**14, 2**14, (1, n, 1, 1) if nchw and kind != "matmul" else (n,), dtype=np.int32)
+                y = bb.emit(relax.op.add(y, relax.const(b)))
+            out = bb.emit_output(bb.emit(emit_requantize([y], rq)))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def _assert_on_accel_bit_exact(mod, calls=2):
+    shape = [int(d) for d in mod["main"].params[0].ty.shape.values]
+    x = np.random.default_rng(1).integers(-128, 128, shape).astype(np.int8)
+    want = relax.VirtualMachine(tvm.compile(mod, "llvm"), tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+    model = tp.build(mod, "accel, llvm")
+    for _ in range(calls):
+        np.testing.assert_array_equal(model(x), want)
+    report = model.report.to_json()
+    assert report["macs"]["host"] == 0 and len(report["partitions"]) == 1, report
+    part = report["partitions"][0]
+    assert part["backend"] == "accel" and part["fallback"] is None, part
+    assert "requantise" in part["epilogue"] and part["rules"].get("accel.alu", 0) >= 1, part
+    assert all("epilogue" not in why for _, why in part["on_host"]), part
+    # the temporary's copy (x * 0 + acc) and its chain ran on the ALU
+    assert model.stats["accel"].instructions["ALU"] >= 2
+    return model
+
+
+@st.composite
+def precise_cases(draw):
+    kind = draw(st.sampled_from(["matmul", "conv2d", "depthwise"]))
+    m = draw(st.integers(1, 20) if kind == "matmul" else st.integers(2, 6))
+    n = draw(st.integers(1, 40))
+    k = n if kind == "depthwise" else draw(st.integers(1, 40))
+    taps = 1 if kind == "matmul" else 9
+    reach_k = 1 if kind == "depthwise" else k
+    # the accumulator's bound: what the MACs reach, or a clamp well inside it; multipliers of
+    # 2**-30 .. 2**-2 with up to 48 significant bits (the two products then near int32's limits)
+    reach = taps * reach_k * 128 * 128 + 2**14
+    bound = draw(st.sampled_from([reach, max(1, reach // 64), 2**20]))
+    real = draw(st.floats(2.0**-30, 0.25)) * (1 + draw(st.integers(1, 2**20)) * 2.0**-44)
+    zy = draw(st.integers(-20, 20))
+    lo = draw(st.sampled_from([-128, 0, -100]))
+    rq = Requantize.choose([real], [bound], lo, 127, zero_point=zy, precise=True)
+    # an exact multiplier keeps its single product; a split one whose low or high part is 0
+    # multiplies by 0, which TVM folds (accel's patterns decline it, see test_patterns)
+    assume(rq.split > 0 and all(int(h) != 0 and int(lo_) != 0 for h, lo_ in rq.parts))
+    return kind, m, n, k, rq, draw(st.booleans()), draw(st.integers(0, 2**16)), draw(st.booleans())
+
+
+@settings(max_examples=30)
+@given(precise_cases())
+def test_precise_requantise_on_accel_is_llvms(case):
+    kind, m, n, k, rq, bias, seed, nchw = case
+    _assert_on_accel_bit_exact(_model(kind, m, n, k, rq, bias, seed, nchw))
+
+
+def test_forty_eight_bit_multiplier_at_int32_limits():
+    """The first convolution's case (few bits in one product): 48-bit multiplier, the
+    accumulator clamped at its full reach, both products close to int32's limits."""
+    rq = Requantize.choose([0.00087], [146_000], precise=True)
+    assert rq.split > 0 and rq.shift >= 40
+    acc_h, acc_l = rq.parts[0]
+    assert 146_000 * abs(int(acc_h)) > 2**30 or 146_000 * abs(int(acc_l)) > 2**30
+    _assert_on_accel_bit_exact(_model("conv2d", 5, 24, 16, rq, True, 3))
+
+
+def test_qdq_convolution_integerised_precisely_runs_on_accel():
+    """A QDQ ONNX CNN integerised with ``precise=True``: its convolutions and matmul, requantise
+    included, run on accel, bit for bit the integer module on llvm."""
+    pytest.importorskip("onnx")
+    from tvm.relax.frontend.onnx import from_onnx
+
+    from tirpat.testing import onnx_cnn
+
+    model = onnx_cnn.conv_relu(seed=1)
+    qdq = tp.quantize(model, onnx_cnn.calibration(model, 16))
+    integer = tp.integerize(precise=True)(from_onnx(qdq, keep_params_in_input=False))
+    reference = relax.VirtualMachine(tvm.compile(integer, "llvm"), tvm.cpu())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tp.OffloadWarning)     # quantize/dequantize stay on the host
+        compiled = tp.build(integer, "accel, llvm")
+    for x in onnx_cnn.calibration(qdq, 2, seed=9)["x"]:
+        np.testing.assert_array_equal(compiled(x), reference["main"](tvm.runtime.tensor(x)).numpy())
+    report = compiled.report.to_json()
+    assert report["macs"]["accel"] == report["total_macs"] > 0, report["macs"]
+    host_ops = {h["op"] for h in report["on_host"]}
+    assert not host_ops & {"relax.multiply", "relax.right_shift", "relax.nn.conv2d", "relax.matmul"}, host_ops
+    accel_parts = [p for p in report["partitions"] if p["backend"] == "accel"]
+    assert accel_parts and all(p["fallback"] is None for p in accel_parts)
+    assert any("relax.right_shift" in p["ops"] and p["ops"].count("relax.multiply") >= 2 for p in accel_parts)
+    # each requantise on the ALU: none left to the CPU after the transpose back to NCHW
+    macs = [p for p in accel_parts if p["macs"]]
+    assert all("requantise" in p["epilogue"] and p["rules"].get("accel.alu", 0) >= 1 for p in macs), macs
+    assert all("epilogue" not in why for p in macs for _, why in p["on_host"]), macs
+
+
+@settings(max_examples=10)
+@given(kind=st.sampled_from(["matmul", "conv2d", "depthwise"]), n=st.integers(1, 40),
+       multiplier=st.integers(1, 15), shift=st.integers(1, 12), zy=st.integers(-20, 20), seed=st.integers(0, 2**16))
+def test_round_half_to_even_requantise_on_accel_is_llvms(kind, n, multiplier, shift, zy, seed):
+    """An exact multiplier rounds half to even: its form reads the value three times (floor,
+    half, and the sum with their parity), two temporaries on accel."""
+    rq = Requantize.choose([multiplier / 2**shift], [2**18], -128, 127, zero_point=zy)
+    assume(rq.half_even)
+    k = n if kind == "depthwise" else 12
+    _assert_on_accel_bit_exact(_model(kind, 4, n, k, rq, True, seed, nchw=seed % 2 == 1))
