@@ -107,12 +107,15 @@ class _Sources:
     """Where loaded values come from, as indices into one vector that the plan assembles
     at run time: the scratchpad elements from before the stream that are read (codes
     below ``lead``, which :meth:`keep` picks), then every host buffer read, whole, then
-    the pad values (negative codes until then)."""
+    the pad values (negative codes until then), each repeated ``tile`` times so that a
+    tile row of one pad value is ``tile`` consecutive elements like a row of host data
+    (see :class:`_Gather`)."""
 
-    def __init__(self, lead: int, buffers: Buffers) -> None:
+    def __init__(self, lead: int, buffers: Buffers, tile: int) -> None:
         self.lead = lead
         self.size = lead
         self.buffers = buffers
+        self.tile = tile
         self.slots: dict[int, int] = {}         # slot -> start of its elements
         self.pads: dict[int, int] = {}          # pad value -> code (negative)
         self.kept = np.arange(0)                # the codes below ``lead`` that are read
@@ -132,18 +135,24 @@ class _Sources:
         return self.pads.setdefault(value, -1 - len(self.pads))
 
     def resolve(self, codes: np.ndarray) -> np.ndarray:
-        """Codes to vector indices: kept leading codes, host buffers, then pads."""
+        """Codes to vector indices: kept leading codes, host buffers, then pads (a row of
+        ``tile`` codes along the last axis that all name one pad reads its ``tile`` copies)."""
         index = codes.astype(np.intp)
         shift = self.kept.size - self.lead
         pads = index < 0
-        index[pads] = self.size + shift - 1 - index[pads]
+        index[pads] = self.size + shift + (-1 - index[pads]) * self.tile
         early = ~pads & (index < self.lead)
         index[early] = np.searchsorted(self.kept, index[early])
         index[~pads & ~early] += shift
+        t = self.tile
+        if pads.any() and index.ndim and index.shape[-1] % t == 0:
+            rows = index.reshape(-1, t)
+            one_pad = pads.reshape(-1, t).all(1) & (rows == rows[:, :1]).all(1)
+            rows[one_pad] += np.arange(t)       # the pad's ``tile`` copies, in a run
         return index
 
     def pad_values(self, dtype) -> np.ndarray:
-        return np.array(sorted(self.pads, key=lambda v: -self.pads[v]), dtype=dtype)
+        return np.repeat(np.array(sorted(self.pads, key=lambda v: -self.pads[v]), dtype=dtype), self.tile)
 
 
 class _Builder:
@@ -155,8 +164,8 @@ class _Builder:
         self.tile = c.tile
         self.buffers = buffers
         self.inp_n, self.wgt_n, self.acc_n = c.inp_elements, c.wgt_elements, c.acc_elements
-        self.f = _Sources(self.inp_n + self.wgt_n, buffers)    # float operands: INP, WGT, int8 host data
-        self.i = _Sources(0, buffers)                          # int32 host data for ACC LOADs
+        self.f = _Sources(self.inp_n + self.wgt_n, buffers, self.tile)    # float operands: INP, WGT, int8 host data
+        self.i = _Sources(0, buffers, self.tile)                     # int32 host data for ACC LOADs
         self.inp = np.arange(self.inp_n)                       # INP element -> source code
         self.wgt = self.inp_n + np.arange(self.wgt_n)
         self.acc = np.arange(self.acc_n)                       # ACC element -> value number
@@ -388,17 +397,17 @@ class _Builder:
                 # every row meets every column once, in order: add the product as it comes
                 grid = targets.reshape(len(block_rows), len(block_cols), t, t).transpose(0, 2, 1, 3) \
                     .reshape(len(block_rows) * t, len(block_cols) * t).astype(np.intp)
-            products.append(_Product(self.f.resolve(x), self.f.resolve(w),
+            products.append(_Product(_Gather(self.f.resolve(x), t), _Gather(self.f.resolve(w), t),
                                      np.float32 if terms <= _F32_EXACT_TERMS else np.float64,
                                      grid, np.array(sel_r), np.array(sel_c), targets.astype(np.intp), unique, t))
         for steps, group in self.tap_sums.items():
             targets, x, w = (np.stack(part) for part in zip(*group))
-            products.append(_TapSum(targets.astype(np.intp), self.f.resolve(x), self.f.resolve(w),
+            products.append(_TapSum(targets.astype(np.intp), _Gather(self.f.resolve(x), t), _Gather(self.f.resolve(w), t),
                                     np.float32 if steps <= _F32_EXACT_TERMS else np.float64,
                                     _distinct(targets, self.values)))
         if self.dwmacs:
             targets, x, w = (np.concatenate(part) for part in zip(*self.dwmacs))
-            products.append(_PerChannel(targets.astype(np.intp), self.f.resolve(x), self.f.resolve(w)))
+            products.append(_PerChannel.of(targets.astype(np.intp), self.f.resolve(x), self.f.resolve(w), self.values, t))
         alus = []
         for level in sorted({a[0] for a in self.alus}):
             groups: dict[tuple, list] = {}
@@ -557,6 +566,62 @@ def _intern(ids: dict, tiles: list, tile: np.ndarray) -> int:
     return k
 
 
+class _Vector:
+    """The source vector of one run, and a view of it whose items are the ``tile``
+    consecutive elements that start at each element (what :class:`_Gather` reads rows from)."""
+
+    __slots__ = ("data", "rows")
+
+    def __init__(self, data: np.ndarray, tile: int) -> None:
+        self.data = data
+        self.rows = None
+        if data.size >= tile:
+            self.rows = np.ndarray((data.size - tile + 1,), np.dtype((np.void, tile * data.itemsize)),
+                                   buffer=data, strides=(data.itemsize,))
+
+
+class _Gather:
+    """``source[index]`` for one index array (its last axis a multiple of ``tile``): the
+    ``tile`` indices of a tile row are usually consecutive elements (host data a LOAD brought,
+    or one pad), and such a row is read as one item of :attr:`_Vector.rows` (a copy of
+    ``tile`` elements instead of ``tile`` lookups, and an index ``tile`` times smaller); the
+    other rows element by element.
+
+    >>> source = _Vector(np.arange(40, dtype=np.float32), 4)
+    >>> g = _Gather(np.array([[8, 9, 10, 11, 0, 0, 3, 1]]), 4)
+    >>> g.read(source).tolist(), g.starts.tolist()
+    ([[8.0, 9.0, 10.0, 11.0, 0.0, 0.0, 3.0, 1.0]], [8])
+    """
+
+    __slots__ = ("shape", "index", "starts", "rows_at", "at", "elements")
+
+    def __init__(self, index: np.ndarray, tile: int) -> None:
+        self.shape, self.index = index.shape, None
+        rows = index.reshape(-1, tile) if index.ndim and index.shape[-1] % tile == 0 else index.reshape(1, -1)
+        whole = (rows == rows[:, :1] + np.arange(rows.shape[1])).all(1) if rows.shape[1] == tile else \
+            np.zeros(rows.shape[0], bool)
+        if not whole.any():
+            self.index = index
+            return
+        self.starts = rows[whole, 0].copy()
+        self.rows_at = self.at = self.elements = None
+        if not whole.all():
+            self.rows_at = np.flatnonzero(whole)
+            self.at = (np.flatnonzero(~whole)[:, None] * tile + np.arange(tile)).reshape(-1)
+            self.elements = rows[~whole].reshape(-1)
+
+    def read(self, source: _Vector) -> np.ndarray:
+        """The gathered elements, shaped as the index array."""
+        if self.index is not None:
+            return np.take(source.data, self.index)
+        if self.rows_at is None:
+            return source.rows[self.starts].view(source.data.dtype).reshape(self.shape)
+        out = np.empty(int(np.prod(self.shape, dtype=np.int64)), source.data.dtype)
+        out.view(source.rows.dtype)[self.rows_at] = source.rows[self.starts]
+        out[self.at] = np.take(source.data, self.elements)
+        return out.reshape(self.shape)
+
+
 class _Product:
     """One block matrix product: gather, multiply exactly, add into accumulator values."""
 
@@ -573,8 +638,8 @@ class _Product:
         return _Product(self.x, self.w, self.ftype, grid, self.sel_r, self.sel_c,
                         _run_of(targets) if self.unique else targets, self.unique, self.tile)
 
-    def run(self, source: np.ndarray, values: np.ndarray) -> None:
-        x, w = np.take(source, self.x), np.take(source, self.w)
+    def run(self, source: _Vector, values: np.ndarray) -> None:
+        x, w = self.x.read(source), self.w.read(source)
         if self.ftype is np.float32:
             product = np.matmul(x, w.T).astype(np.int32)        # exact: integers below 2**24
         else:
@@ -598,26 +663,50 @@ class _Product:
 
 
 class _PerChannel:
-    """Every DWMAC product of the stream: ``targets[k] += x[k] * w[k]`` (indices into the
-    accumulator values and the source vector), summed exactly per accumulator value."""
+    """Every DWMAC product of the stream outside a tap sum: ``targets[k] += x[k] * w[k]``
+    (``x``, ``w`` read from the source vector). When no value gets two products (a widening
+    by a ones weight, say), they are added as they come (``w`` one index when every product
+    has the same weight element); otherwise summed exactly per value (``inverse`` numbers each
+    product's value among the distinct ``targets``)."""
 
     __slots__ = ("targets", "inverse", "x", "w")
     grid = None     # no block of a matrix product: the values it adds into are ``targets``
 
-    def __init__(self, targets: np.ndarray, x: np.ndarray, w: np.ndarray, inverse: np.ndarray | None = None) -> None:
-        if inverse is None:
-            targets, inverse = np.unique(targets, return_inverse=True)
+    def __init__(self, targets, x, w, inverse: np.ndarray | None) -> None:
         self.targets, self.inverse, self.x, self.w = targets, inverse, x, w
+
+    @classmethod
+    def of(cls, targets: np.ndarray, x: np.ndarray, w: np.ndarray, bound: int, tile: int) -> "_PerChannel":
+        """The products ``targets[k] += x[k] * w[k]`` (value numbers below ``bound``, source indices)."""
+        if not _distinct(targets, bound):
+            targets, inverse = np.unique(targets, return_inverse=True)
+            return cls(targets, None, None, inverse)._with(x, w)
+        w = int(w[0]) if w.size and (w == w[0]).all() else _Gather(w, tile)
+        return cls(targets, _Gather(x, tile), w, None)
+
+    def _with(self, x: np.ndarray, w: np.ndarray) -> "_PerChannel":
+        self.x, self.w = x, w
+        return self
 
     def renumbered(self, renumber: np.ndarray) -> "_PerChannel":
         """These products adding into the values ``renumber`` maps their targets to."""
-        return _PerChannel(renumber[self.targets], self.x, self.w, self.inverse)
+        targets = renumber[self.targets]
+        return _PerChannel(targets if self.inverse is not None else _run_of(targets), self.x, self.w, self.inverse)
 
-    def run(self, source: np.ndarray, values: np.ndarray) -> None:
-        products = source[self.x] * source[self.w]      # int8 x int8 in float32: exact
-        # float64 sums are exact below 2**53, i.e. for up to 2**39 products per value
-        sums = np.bincount(self.inverse, weights=products, minlength=self.targets.size)
-        values[self.targets] += sums.astype(np.int64).astype(np.int32)     # modulo 2**32, as int32 wraps
+    def run(self, source: _Vector, values: np.ndarray) -> None:
+        if self.inverse is not None:
+            products = source.data[self.x] * source.data[self.w]      # int8 x int8 in float32: exact
+            # float64 sums are exact below 2**53, i.e. for up to 2**39 products per value
+            sums = np.bincount(self.inverse, weights=products, minlength=self.targets.size)
+            values[self.targets] += sums.astype(np.int64).astype(np.int32)     # modulo 2**32, as int32 wraps
+            return
+        w = source.data[self.w] if isinstance(self.w, int) else self.w.read(source)
+        products = (self.x.read(source) * w).astype(np.int32)         # exact: at most 2**14
+        if isinstance(self.targets, _Span):
+            target = self.targets.of(values)
+            target += products
+        else:
+            values[self.targets] += products                           # distinct: no two add into one
 
 
 class _TapSum:
@@ -636,11 +725,11 @@ class _TapSum:
         targets = renumber[self.targets]
         return _TapSum(_run_of(targets) if self.unique else targets, self.x, self.w, self.ftype, self.unique)
 
-    def run(self, source: np.ndarray, values: np.ndarray) -> None:
+    def run(self, source: _Vector, values: np.ndarray) -> None:
         # int8 x int8 products are exact in float32, and so are sums of up to 1024 of them
         # (below 2**24); more are summed in float64 (exact below 2**53), then reduced modulo
         # 2**32 as int32 wraps
-        x, w = np.take(source, self.x), np.take(source, self.w)
+        x, w = self.x.read(source), self.w.read(source)
         if self.ftype is np.float32:
             sums = np.einsum("dspc,dsc->dpc", x, w).astype(np.int32)
         else:
@@ -658,7 +747,7 @@ class FusedPlan:
     """The batched execution of one stream (see the module doc); built by :func:`fuse`."""
 
     def __init__(self, b: _Builder, products, alus, stores, acc_loads, inp_final, wgt_final, acc_final) -> None:
-        self.inp_n, self.wgt_n, self.acc_n, self.values = b.inp_n, b.wgt_n, b.acc_n, b.values
+        self.inp_n, self.wgt_n, self.acc_n, self.values, self.tile = b.inp_n, b.wgt_n, b.acc_n, b.values, b.tile
         self.f_slots, self.i_slots = dict(b.f.slots), dict(b.i.slots)
         kept = b.f.kept
         self.inp_kept, self.wgt_kept = kept[kept < b.inp_n], kept[kept >= b.inp_n] - b.inp_n
@@ -683,8 +772,8 @@ class FusedPlan:
         if any(r != w and np.may_share_memory(buffers[r], buffers[w])
                for r in (*self.f_slots, *self.i_slots) for w in written):
             return False
-        source = np.concatenate([sim.inp[self.inp_kept], sim.wgt[self.wgt_kept],
-                                 *(buffers[s] for s in self.f_slots), self.f_pads])
+        source = _Vector(np.concatenate([sim.inp[self.inp_kept], sim.wgt[self.wgt_kept],
+                                         *(buffers[s] for s in self.f_slots), self.f_pads]), self.tile)
         # values written before they are read (see _layout) need no zeroing; the vector is
         # kept between runs (tens of MB for a large stream: fresh pages would cost more than
         # the arithmetic), so a plan runs one call at a time, as its simulator does
@@ -700,7 +789,7 @@ class FusedPlan:
             product.run(source, values)
         for ufunc, op, imm, new, old, src in self.alus:
             if ufunc is None:       # a LUT, ``imm`` its table's entries in ``source``
-                _put(values, new, source[imm][np.clip(_at(values, old), -128, 127) + 128])
+                _put(values, new, source.data[imm][np.clip(_at(values, old), -128, 127) + 128])
                 continue
             rhs = np.int32(imm) if imm is not None else alu_operand(op, _at(values, src))
             if isinstance(new, _Span):
@@ -713,9 +802,9 @@ class FusedPlan:
                 out = np.clip(out, -128, 127)
             _put(buffers[slot], dst, out.astype(buffers[slot].dtype))     # int8: keeps the low byte
         at, src = self.inp_final
-        sim.inp[at] = source[src]
+        sim.inp[at] = source.data[src]
         at, src = self.wgt_final
-        sim.wgt[at] = source[src]
+        sim.wgt[at] = source.data[src]
         at, src = self.acc_final
         sim.acc[at] = _at(values, src)
         return True
