@@ -455,16 +455,18 @@ class _Builder:
         # products add into start at zero.
         renumber, zeroed = _layout(self.acc_n, self.values, products, alus, acc_loads)
         products = [p.renumbered(renumber) for p in products]
-        alus = [(ufunc, op, imm, _run_of(renumber[new]), _run_of(renumber[old]),
-                 None if src is None else _run_of(renumber[src])) for ufunc, op, imm, new, old, src in alus]
+        alus = [(ufunc, op, imm, _run_of(renumber[new]), _reads(renumber[old], t),
+                 None if src is None else _reads(renumber[src], t)) for ufunc, op, imm, new, old, src in alus]
         # a STORE of whole rows writes consecutive host elements: a slice, not a scatter
-        stores = [(slot, mode, _run_of(dst), _run_of(renumber[src])) for slot, mode, dst, src in stores]
+        stores = [(slot, mode, _run_of(dst), _reads(renumber[src], t)) for slot, mode, dst, src in stores]
         if acc_loads is not None:
-            acc_loads = (_run_of(renumber[acc_loads[0]]), acc_loads[1])
+            acc_loads = (_run_of(renumber[acc_loads[0]]), _Gather(acc_loads[1], t))
+        # what changed is mostly one run of each scratchpad: written as a slice
         plan = FusedPlan(
             self, products, alus, stores, acc_loads,
-            (inp_at, self.f.resolve(self.inp[inp_at])), (wgt_at, self.f.resolve(self.wgt[wgt_at])),
-            (acc_at, _run_of(renumber[self.acc[acc_at]])))
+            (_run_of(inp_at), _Gather(self.f.resolve(self.inp[inp_at]), t)),
+            (_run_of(wgt_at), _Gather(self.f.resolve(self.wgt[wgt_at]), t)),
+            (_run_of(acc_at), _reads(renumber[self.acc[acc_at]], t)))
         plan.zeroed = zeroed
         return plan
 
@@ -479,6 +481,10 @@ class _Span:
         self.start, self.shape = start, shape
         self.stop = start + int(np.prod(shape, dtype=np.int64))
 
+    @property
+    def size(self) -> int:
+        return self.stop - self.start
+
     def of(self, values: np.ndarray) -> np.ndarray:
         return values[self.start:self.stop].reshape(self.shape)
 
@@ -492,9 +498,16 @@ def _run_of(index: np.ndarray):
     return index
 
 
-def _at(values: np.ndarray, index) -> np.ndarray:
+def _reads(index: np.ndarray, tile: int):
+    """How to read ``values[index]``: a :class:`_Span` when ``index`` numbers consecutive
+    values in order, else a :class:`_Gather`."""
+    run = _run_of(index)
+    return run if isinstance(run, _Span) else _Gather(run, tile)
+
+
+def _at(values: _Vector, index) -> np.ndarray:
     """``values[index]``: a view for a :class:`_Span`, a gather otherwise."""
-    return index.of(values) if isinstance(index, _Span) else np.take(values, index)
+    return index.of(values.data) if isinstance(index, _Span) else index.read(values)
 
 
 def _layout(acc_n: int, count: int, products: list, alus: list, acc_loads) -> tuple:
@@ -581,34 +594,36 @@ class _Vector:
 
 
 class _Gather:
-    """``source[index]`` for one index array (its last axis a multiple of ``tile``): the
-    ``tile`` indices of a tile row are usually consecutive elements (host data a LOAD brought,
-    or one pad), and such a row is read as one item of :attr:`_Vector.rows` (a copy of
-    ``tile`` elements instead of ``tile`` lookups, and an index ``tile`` times smaller); the
-    other rows element by element.
+    """``source[index]`` for one index array: the indices of a ``tile``-long chunk of the
+    flattened array are usually consecutive elements (a tile row of host data a LOAD brought,
+    or of one pad; a vector of accumulator values), and such a chunk is read as one item of
+    :attr:`_Vector.rows` (one copy of ``tile`` elements instead of ``tile`` lookups, and an
+    index ``tile`` times smaller); the other chunks element by element.
 
     >>> source = _Vector(np.arange(40, dtype=np.float32), 4)
-    >>> g = _Gather(np.array([[8, 9, 10, 11, 0, 0, 3, 1]]), 4)
+    >>> g = _Gather(np.array([[8, 9, 10, 11, 0, 0, 3, 1, 5]]), 4)
     >>> g.read(source).tolist(), g.starts.tolist()
-    ([[8.0, 9.0, 10.0, 11.0, 0.0, 0.0, 3.0, 1.0]], [8])
+    ([[8.0, 9.0, 10.0, 11.0, 0.0, 0.0, 3.0, 1.0, 5.0]], [8])
     """
 
     __slots__ = ("shape", "index", "starts", "rows_at", "at", "elements")
 
     def __init__(self, index: np.ndarray, tile: int) -> None:
         self.shape, self.index = index.shape, None
-        rows = index.reshape(-1, tile) if index.ndim and index.shape[-1] % tile == 0 else index.reshape(1, -1)
-        whole = (rows == rows[:, :1] + np.arange(rows.shape[1])).all(1) if rows.shape[1] == tile else \
-            np.zeros(rows.shape[0], bool)
+        flat = index.reshape(-1)
+        n = flat.size // tile
+        rows = flat[:n * tile].reshape(n, tile)
+        whole = (rows == rows[:, :1] + np.arange(tile)).all(1)
         if not whole.any():
             self.index = index
             return
         self.starts = rows[whole, 0].copy()
         self.rows_at = self.at = self.elements = None
-        if not whole.all():
+        if n * tile < flat.size or not whole.all():
             self.rows_at = np.flatnonzero(whole)
-            self.at = (np.flatnonzero(~whole)[:, None] * tile + np.arange(tile)).reshape(-1)
-            self.elements = rows[~whole].reshape(-1)
+            self.at = np.concatenate([(np.flatnonzero(~whole)[:, None] * tile + np.arange(tile)).reshape(-1),
+                                      np.arange(n * tile, flat.size)])
+            self.elements = flat[self.at]
 
     def read(self, source: _Vector) -> np.ndarray:
         """The gathered elements, shaped as the index array."""
@@ -616,10 +631,12 @@ class _Gather:
             return np.take(source.data, self.index)
         if self.rows_at is None:
             return source.rows[self.starts].view(source.data.dtype).reshape(self.shape)
-        out = np.empty(int(np.prod(self.shape, dtype=np.int64)), source.data.dtype)
+        size = int(np.prod(self.shape, dtype=np.int64))
+        tile = source.rows.itemsize // source.data.itemsize
+        out = np.empty(-(-size // tile) * tile, source.data.dtype)     # whole chunks, for the row view
         out.view(source.rows.dtype)[self.rows_at] = source.rows[self.starts]
         out[self.at] = np.take(source.data, self.elements)
-        return out.reshape(self.shape)
+        return out[:size].reshape(self.shape)
 
 
 class _Product:
@@ -756,7 +773,7 @@ class FusedPlan:
         self.products, self.alus, self.stores, self.acc_loads = products, alus, stores, acc_loads
         self.inp_final, self.wgt_final, self.acc_final = inp_final, wgt_final, acc_final
         self.matmuls = len(products)
-        self._scratch: Optional[np.ndarray] = None
+        self._scratch: Optional[_Vector] = None
 
     def run(self, buffers: Buffers, sim=None) -> bool:
         """Execute on ``buffers`` (and ``sim``'s scratchpads; the builder's by default).
@@ -777,36 +794,37 @@ class FusedPlan:
         # values written before they are read (see _layout) need no zeroing; the vector is
         # kept between runs (tens of MB for a large stream: fresh pages would cost more than
         # the arithmetic), so a plan runs one call at a time, as its simulator does
-        values = self._scratch
-        if values is None:
-            values = self._scratch = np.empty(self.values, np.int32)
+        if self._scratch is None:
+            self._scratch = _Vector(np.empty(self.values, np.int32), self.tile)
+        vector = self._scratch
+        values = vector.data
         values[:self.acc_n] = sim.acc
         values[self.acc_n:self.zeroed] = 0
         if self.acc_loads is not None:
-            ints = np.concatenate([*(buffers[s] for s in self.i_slots), self.i_pads])
-            _put(values, self.acc_loads[0], ints[self.acc_loads[1]])
+            ints = _Vector(np.concatenate([*(buffers[s] for s in self.i_slots), self.i_pads]), self.tile)
+            _put(values, self.acc_loads[0], self.acc_loads[1].read(ints))
         for product in self.products:
             product.run(source, values)
         for ufunc, op, imm, new, old, src in self.alus:
             if ufunc is None:       # a LUT, ``imm`` its table's entries in ``source``
-                _put(values, new, source.data[imm][np.clip(_at(values, old), -128, 127) + 128])
+                _put(values, new, source.data[imm][np.clip(_at(vector, old), -128, 127) + 128])
                 continue
-            rhs = np.int32(imm) if imm is not None else alu_operand(op, _at(values, src))
+            rhs = np.int32(imm) if imm is not None else alu_operand(op, _at(vector, src))
             if isinstance(new, _Span):
-                ufunc(_at(values, old), rhs, out=new.of(values))    # new values never overlap the operands
+                ufunc(_at(vector, old), rhs, out=new.of(values))    # new values never overlap the operands
             else:
-                values[new] = ufunc(_at(values, old), rhs)
+                values[new] = ufunc(_at(vector, old), rhs)
         for slot, mode, dst, src in self.stores:
-            out = _at(values, src)
+            out = _at(vector, src)
             if mode is StoreMode.SATURATE:
                 out = np.clip(out, -128, 127)
             _put(buffers[slot], dst, out.astype(buffers[slot].dtype))     # int8: keeps the low byte
         at, src = self.inp_final
-        sim.inp[at] = source.data[src]
+        _put(sim.inp, at, src.read(source))
         at, src = self.wgt_final
-        sim.wgt[at] = source.data[src]
+        _put(sim.wgt, at, src.read(source))
         at, src = self.acc_final
-        sim.acc[at] = _at(values, src)
+        _put(sim.acc, at, _at(vector, src))
         return True
 
 

@@ -30,6 +30,7 @@ for buffers whose memory moved. ``execute=False`` runs the cycle model alone (ti
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import operator
@@ -97,8 +98,26 @@ _RUNS_BEFORE_FUSING = 2
 # multi-threaded BLAS splits them across cores and then waits for every thread, which on
 # a busy machine costs 20-50x the product itself (the PaddleOCR classifier's 43 streams:
 # 105 ms of matmul with OpenBLAS's 2 threads on 2 shared cores, 5 ms with one). So a run
-# limits BLAS to one thread, restoring the caller's setting afterwards.
-_BLAS = ThreadpoolController()
+# limits BLAS to one thread, restoring the caller's setting afterwards: by the libraries'
+# own calls (about 1 us), not threadpoolctl's limit(), which queries every library each
+# time (about 19 us, and a model call runs a hundred streams).
+_BLAS = [lib for lib in ThreadpoolController().lib_controllers if lib.user_api == "blas"]
+
+
+@contextlib.contextmanager
+def _one_blas_thread():
+    threads = [lib.get_num_threads() for lib in _BLAS]
+    for lib, n in zip(_BLAS, threads):
+        if n != 1:
+            lib.set_num_threads(1)
+    try:
+        yield
+    finally:
+        for lib, n in zip(_BLAS, threads):
+            if n != 1:
+                lib.set_num_threads(n)
+
+
 _MISSING = object()
 _PREPARED_LIMIT = 1 << 14
 _FLAG_NAMES = frozenset(("pop_prev", "pop_next", "push_prev", "push_next"))
@@ -617,7 +636,7 @@ class Program:
             for index, ins in enumerate(self.stream):   # raises, naming the instruction
                 sim.check(index, ins, buffers)
         if execute:
-            with _BLAS.limit(limits=1, user_api="blas"):
+            with _one_blas_thread():
                 self._execute(buffers)
         stats = stats if stats is not None else Stats(sim.config)
         stats.add(self.timing)
