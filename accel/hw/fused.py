@@ -65,6 +65,8 @@ Buffers = Sequence[Optional[np.ndarray]]
 
 # int8 x int8 products are at most 2**14: float32 sums up to 1024 of them exactly.
 _F32_EXACT_TERMS = 2**24 // 2**14
+# Tap sums gather this many input elements at a time (256 KB of float32: in L2 with room).
+_TAPS_AT_ONCE = 1 << 16
 
 
 def _block(addr: int, ld: int, rows: int, cols: int) -> np.ndarray:
@@ -606,10 +608,13 @@ class _Gather:
     ([[8.0, 9.0, 10.0, 11.0, 0.0, 0.0, 3.0, 1.0, 5.0]], [8])
     """
 
-    __slots__ = ("shape", "index", "starts", "rows_at", "at", "elements")
+    __slots__ = ("shape", "index", "starts", "rows_at", "at", "elements", "by_rows")
 
     def __init__(self, index: np.ndarray, tile: int) -> None:
         self.shape, self.index = index.shape, None
+        # every last-axis row of the index array one run (then :meth:`part` reads any of the
+        # first axis's entries alone)
+        self.by_rows = False
         flat = index.reshape(-1)
         n = flat.size // tile
         rows = flat[:n * tile].reshape(n, tile)
@@ -624,6 +629,12 @@ class _Gather:
             self.at = np.concatenate([(np.flatnonzero(~whole)[:, None] * tile + np.arange(tile)).reshape(-1),
                                       np.arange(n * tile, flat.size)])
             self.elements = flat[self.at]
+        self.by_rows = self.rows_at is None and index.ndim > 1 and index.shape[-1] == tile
+
+    def part(self, source: _Vector, lo: int, hi: int) -> np.ndarray:
+        """``read(source)[lo:hi]``, reading only those (:attr:`by_rows` gathers)."""
+        starts = self.starts.reshape(self.shape[0], -1)[lo:hi]
+        return source.rows[starts].view(source.data.dtype).reshape((len(starts),) + self.shape[1:])
 
     def read(self, source: _Vector) -> np.ndarray:
         """The gathered elements, shaped as the index array."""
@@ -746,10 +757,22 @@ class _TapSum:
         # int8 x int8 products are exact in float32, and so are sums of up to 1024 of them
         # (below 2**24); more are summed in float64 (exact below 2**53), then reduced modulo
         # 2**32 as int32 wraps
-        x, w = self.x.read(source), self.w.read(source)
-        if self.ftype is np.float32:
-            sums = np.einsum("dspc,dsc->dpc", x, w).astype(np.int32)
+        w = self.w.read(source)
+        if self.ftype is np.float32 and self.x.by_rows:
+            # a few tiles' taps at a time: gathered into cache and summed there (the taps of a
+            # depthwise kernel read each input element 9-49 times: all at once is 10-100x the
+            # input in memory)
+            d, steps, p, c = self.x.shape
+            sums = np.empty((d, p, c), np.float32)
+            chunk = max(1, _TAPS_AT_ONCE // (steps * p * c))
+            for lo in range(0, d, chunk):
+                np.einsum("dspc,dsc->dpc", self.x.part(source, lo, lo + chunk), w[lo:lo + chunk],
+                          out=sums[lo:lo + chunk])
+            sums = sums.astype(np.int32)
+        elif self.ftype is np.float32:
+            sums = np.einsum("dspc,dsc->dpc", self.x.read(source), w).astype(np.int32)
         else:
+            x = self.x.read(source)
             sums = np.einsum("dspc,dsc->dpc", x, w, dtype=np.float64).astype(np.int64).astype(np.int32)
         if isinstance(self.targets, _Span):
             target = self.targets.of(values)
