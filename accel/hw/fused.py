@@ -121,6 +121,8 @@ class _Sources:
         self.slots: dict[int, int] = {}         # slot -> start of its elements
         self.pads: dict[int, int] = {}          # pad value -> code (negative)
         self.kept = np.arange(0)                # the codes below ``lead`` that are read
+        self.extra: list[np.ndarray] = []       # vector indices of the elements of extra rows
+        self.extra_size = 0
 
     def keep(self, codes: np.ndarray) -> None:
         """Keep, of the leading codes, those in ``codes`` (call once, before resolving)."""
@@ -152,6 +154,24 @@ class _Sources:
             one_pad = pads.reshape(-1, t).all(1) & (rows == rows[:, :1]).all(1)
             rows[one_pad] += np.arange(t)       # the pad's ``tile`` copies, in a run
         return index
+
+    @property
+    def base(self) -> int:
+        """The vector's elements before its extra rows (kept codes, host buffers, pads)."""
+        return self.kept.size + self.size - self.lead + len(self.pads) * self.tile
+
+    def gather(self, codes: np.ndarray) -> "_Gather":
+        """How to read the elements ``codes`` name: a :class:`_Gather` of whole rows, the rows
+        that are no run of the vector (host data and pads, a row's end past a buffer's) read
+        from copies the run makes after the rest (:meth:`extra_rows`)."""
+        return _Gather(self.resolve(codes), self.tile, self)
+
+    def extra_rows(self, elements: np.ndarray) -> np.ndarray:
+        """The starts, in the vector, of rows that copy ``elements`` (``[rows, tile]`` indices)."""
+        start = self.base + self.extra_size
+        self.extra.append(elements.reshape(-1))
+        self.extra_size += elements.size
+        return start + np.arange(len(elements)) * self.tile
 
     def pad_values(self, dtype) -> np.ndarray:
         return np.repeat(np.array(sorted(self.pads, key=lambda v: -self.pads[v]), dtype=dtype), self.tile)
@@ -399,17 +419,17 @@ class _Builder:
                 # every row meets every column once, in order: add the product as it comes
                 grid = targets.reshape(len(block_rows), len(block_cols), t, t).transpose(0, 2, 1, 3) \
                     .reshape(len(block_rows) * t, len(block_cols) * t).astype(np.intp)
-            products.append(_Product(_Gather(self.f.resolve(x), t), _Gather(self.f.resolve(w), t),
+            products.append(_Product(self.f.gather(x), self.f.gather(w),
                                      np.float32 if terms <= _F32_EXACT_TERMS else np.float64,
                                      grid, np.array(sel_r), np.array(sel_c), targets.astype(np.intp), unique, t))
         for steps, group in self.tap_sums.items():
             targets, x, w = (np.stack(part) for part in zip(*group))
-            products.append(_TapSum(targets.astype(np.intp), _Gather(self.f.resolve(x), t), _Gather(self.f.resolve(w), t),
+            products.append(_TapSum(targets.astype(np.intp), self.f.gather(x), self.f.gather(w),
                                     np.float32 if steps <= _F32_EXACT_TERMS else np.float64,
                                     _distinct(targets, self.values)))
         if self.dwmacs:
             targets, x, w = (np.concatenate(part) for part in zip(*self.dwmacs))
-            products.append(_PerChannel.of(targets.astype(np.intp), self.f.resolve(x), self.f.resolve(w), self.values, t))
+            products.append(_PerChannel.of(targets.astype(np.intp), x, w, self.values, self.f))
         alus = []
         for level in sorted({a[0] for a in self.alus}):
             groups: dict[tuple, list] = {}
@@ -466,8 +486,8 @@ class _Builder:
         # what changed is mostly one run of each scratchpad: written as a slice
         plan = FusedPlan(
             self, products, alus, stores, acc_loads,
-            (_run_of(inp_at), _Gather(self.f.resolve(self.inp[inp_at]), t)),
-            (_run_of(wgt_at), _Gather(self.f.resolve(self.wgt[wgt_at]), t)),
+            (_run_of(inp_at), self.f.gather(self.inp[inp_at])),
+            (_run_of(wgt_at), self.f.gather(self.wgt[wgt_at])),
             (_run_of(acc_at), _reads(renumber[self.acc[acc_at]], t)))
         plan.zeroed = zeroed
         return plan
@@ -600,7 +620,9 @@ class _Gather:
     flattened array are usually consecutive elements (a tile row of host data a LOAD brought,
     or of one pad; a vector of accumulator values), and such a chunk is read as one item of
     :attr:`_Vector.rows` (one copy of ``tile`` elements instead of ``tile`` lookups, and an
-    index ``tile`` times smaller); the other chunks element by element.
+    index ``tile`` times smaller). The other chunks are read element by element, or, given
+    ``extra`` (the :class:`_Sources` of the vector), from copies of them that each run
+    appends to the vector (:meth:`_Sources.extra_rows`), so that every chunk is a row.
 
     >>> source = _Vector(np.arange(40, dtype=np.float32), 4)
     >>> g = _Gather(np.array([[8, 9, 10, 11, 0, 0, 3, 1, 5]]), 4)
@@ -608,28 +630,38 @@ class _Gather:
     ([[8.0, 9.0, 10.0, 11.0, 0.0, 0.0, 3.0, 1.0, 5.0]], [8])
     """
 
-    __slots__ = ("shape", "index", "starts", "rows_at", "at", "elements", "by_rows")
+    __slots__ = ("shape", "size", "index", "starts", "rows_at", "at", "elements", "by_rows")
 
-    def __init__(self, index: np.ndarray, tile: int) -> None:
+    def __init__(self, index: np.ndarray, tile: int, extra: Optional[_Sources] = None) -> None:
         self.shape, self.index = index.shape, None
-        # every last-axis row of the index array one run (then :meth:`part` reads any of the
-        # first axis's entries alone)
+        self.size = flat_size = index.size
+        # every last-axis row of the index array is whole rows (then :meth:`part` reads any
+        # entries of the first axis alone)
         self.by_rows = False
         flat = index.reshape(-1)
+        if not flat_size:
+            self.index = index
+            return
+        if extra is not None and flat_size % tile:     # the last chunk, completed by repeats
+            flat = np.concatenate([flat, np.full(tile - flat_size % tile, flat[-1], flat.dtype)])
         n = flat.size // tile
         rows = flat[:n * tile].reshape(n, tile)
         whole = (rows == rows[:, :1] + np.arange(tile)).all(1)
-        if not whole.any():
+        if not whole.any() and extra is None:
             self.index = index
             return
-        self.starts = rows[whole, 0].copy()
+        self.starts = rows[:, 0].copy()
         self.rows_at = self.at = self.elements = None
-        if n * tile < flat.size or not whole.all():
+        if extra is not None:
+            if not whole.all():
+                self.starts[~whole] = extra.extra_rows(rows[~whole])
+        elif n * tile < flat_size or not whole.all():
+            self.starts = self.starts[whole]
             self.rows_at = np.flatnonzero(whole)
             self.at = np.concatenate([(np.flatnonzero(~whole)[:, None] * tile + np.arange(tile)).reshape(-1),
-                                      np.arange(n * tile, flat.size)])
+                                      np.arange(n * tile, flat_size)])
             self.elements = flat[self.at]
-        self.by_rows = self.rows_at is None and index.ndim > 1 and index.shape[-1] == tile
+        self.by_rows = self.rows_at is None and index.ndim > 1 and index.shape[-1] % tile == 0
 
     def part(self, source: _Vector, lo: int, hi: int) -> np.ndarray:
         """``read(source)[lo:hi]``, reading only those (:attr:`by_rows` gathers)."""
@@ -641,13 +673,13 @@ class _Gather:
         if self.index is not None:
             return np.take(source.data, self.index)
         if self.rows_at is None:
-            return source.rows[self.starts].view(source.data.dtype).reshape(self.shape)
-        size = int(np.prod(self.shape, dtype=np.int64))
+            out = source.rows[self.starts].view(source.data.dtype)
+            return (out if out.size == self.size else out[:self.size]).reshape(self.shape)
         tile = source.rows.itemsize // source.data.itemsize
-        out = np.empty(-(-size // tile) * tile, source.data.dtype)     # whole chunks, for the row view
+        out = np.empty(-(-self.size // tile) * tile, source.data.dtype)     # whole chunks, for the row view
         out.view(source.rows.dtype)[self.rows_at] = source.rows[self.starts]
         out[self.at] = np.take(source.data, self.elements)
-        return out[:size].reshape(self.shape)
+        return out[:self.size].reshape(self.shape)
 
 
 class _Product:
@@ -704,17 +736,14 @@ class _PerChannel:
         self.targets, self.inverse, self.x, self.w = targets, inverse, x, w
 
     @classmethod
-    def of(cls, targets: np.ndarray, x: np.ndarray, w: np.ndarray, bound: int, tile: int) -> "_PerChannel":
-        """The products ``targets[k] += x[k] * w[k]`` (value numbers below ``bound``, source indices)."""
+    def of(cls, targets: np.ndarray, x: np.ndarray, w: np.ndarray, bound: int, sources: _Sources) -> "_PerChannel":
+        """The products ``targets[k] += x[k] * w[k]`` (value numbers below ``bound``, the
+        operands' codes in ``sources``)."""
         if not _distinct(targets, bound):
             targets, inverse = np.unique(targets, return_inverse=True)
-            return cls(targets, None, None, inverse)._with(x, w)
-        w = int(w[0]) if w.size and (w == w[0]).all() else _Gather(w, tile)
-        return cls(targets, _Gather(x, tile), w, None)
-
-    def _with(self, x: np.ndarray, w: np.ndarray) -> "_PerChannel":
-        self.x, self.w = x, w
-        return self
+            return cls(targets, sources.resolve(x), sources.resolve(w), inverse)
+        w = int(sources.resolve(w[:1])[0]) if w.size and (w == w[0]).all() else sources.gather(w)
+        return cls(targets, sources.gather(x), w, None)
 
     def renumbered(self, renumber: np.ndarray) -> "_PerChannel":
         """These products adding into the values ``renumber`` maps their targets to."""
@@ -792,6 +821,9 @@ class FusedPlan:
         kept = b.f.kept
         self.inp_kept, self.wgt_kept = kept[kept < b.inp_n], kept[kept >= b.inp_n] - b.inp_n
         self.f_pads, self.i_pads = b.f.pad_values(np.float32), b.i.pad_values(np.int32)
+        self.f_base = b.f.base
+        self.f_extra = np.concatenate(b.f.extra) if b.f.extra else None
+        self._source: Optional[_Vector] = None
         self.sizes = {slot: b.buffers[slot].size for slot in (*b.f.slots, *b.i.slots, *(s[0] for s in b.stores))}
         self.products, self.alus, self.stores, self.acc_loads = products, alus, stores, acc_loads
         self.inp_final, self.wgt_final, self.acc_final = inp_final, wgt_final, acc_final
@@ -812,8 +844,15 @@ class FusedPlan:
         if any(r != w and np.may_share_memory(buffers[r], buffers[w])
                for r in (*self.f_slots, *self.i_slots) for w in written):
             return False
-        source = _Vector(np.concatenate([sim.inp[self.inp_kept], sim.wgt[self.wgt_kept],
-                                         *(buffers[s] for s in self.f_slots), self.f_pads]), self.tile)
+        # the source vector (made once, refilled each run): its extra rows after the rest
+        if self._source is None:
+            extra = 0 if self.f_extra is None else self.f_extra.size
+            self._source = _Vector(np.empty(self.f_base + extra, np.float32), self.tile)
+        source = self._source
+        np.concatenate([sim.inp[self.inp_kept], sim.wgt[self.wgt_kept], *(buffers[s] for s in self.f_slots),
+                        self.f_pads], out=source.data[:self.f_base])
+        if self.f_extra is not None:
+            np.take(source.data, self.f_extra, out=source.data[self.f_base:])
         # values written before they are read (see _layout) need no zeroing; the vector is
         # kept between runs (tens of MB for a large stream: fresh pages would cost more than
         # the arithmetic), so a plan runs one call at a time, as its simulator does
