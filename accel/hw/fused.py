@@ -829,6 +829,8 @@ class FusedPlan:
         self.inp_final, self.wgt_final, self.acc_final = inp_final, wgt_final, acc_final
         self.matmuls = len(products)
         self._scratch: Optional[_Vector] = None
+        written = dict.fromkeys(s[0] for s in stores)
+        self._apart = [(r, w) for r in (*self.f_slots, *self.i_slots) for w in written if r != w]
 
     def run(self, buffers: Buffers, sim=None) -> bool:
         """Execute on ``buffers`` (and ``sim``'s scratchpads; the builder's by default).
@@ -840,9 +842,7 @@ class FusedPlan:
                 return False
         # Every read happens before every write here: a buffer read must not share memory
         # with another one written (the same slot was checked when the plan was made).
-        written = {s[0] for s in self.stores}
-        if any(r != w and np.may_share_memory(buffers[r], buffers[w])
-               for r in (*self.f_slots, *self.i_slots) for w in written):
+        if any(np.may_share_memory(buffers[r], buffers[w]) for r, w in self._apart):
             return False
         # the source vector (made once, refilled each run): its extra rows after the rest
         if self._source is None:
@@ -869,7 +869,10 @@ class FusedPlan:
             product.run(source, values)
         for ufunc, op, imm, new, old, src in self.alus:
             if ufunc is None:       # a LUT, ``imm`` its table's entries in ``source``
-                _put(values, new, source.data[imm][np.clip(_at(vector, old), -128, 127) + 128])
+                entry = np.maximum(_at(vector, old), -128)
+                np.minimum(entry, 127, out=entry)
+                entry += 128
+                _put(values, new, np.take(source.data[imm], entry))
                 continue
             rhs = np.int32(imm) if imm is not None else alu_operand(op, _at(vector, src))
             if isinstance(new, _Span):
@@ -879,8 +882,12 @@ class FusedPlan:
         for slot, mode, dst, src in self.stores:
             out = _at(vector, src)
             if mode is StoreMode.SATURATE:
-                out = np.clip(out, -128, 127)
-            _put(buffers[slot], dst, out.astype(buffers[slot].dtype))     # int8: keeps the low byte
+                out = np.maximum(out, -128)
+                np.minimum(out, 127, out=out)
+            if isinstance(dst, _Span):      # straight into the host buffer (int8: keeps the low byte)
+                np.copyto(dst.of(buffers[slot]), out, casting="unsafe")
+            else:
+                buffers[slot][dst] = out.astype(buffers[slot].dtype)
         at, src = self.inp_final
         _put(sim.inp, at, src.read(source))
         at, src = self.wgt_final
