@@ -489,7 +489,7 @@ class _Builder:
             (_run_of(inp_at), self.f.gather(self.inp[inp_at])),
             (_run_of(wgt_at), self.f.gather(self.wgt[wgt_at])),
             (_run_of(acc_at), _reads(renumber[self.acc[acc_at]], t)))
-        plan.zeroed = zeroed
+        plan.zero = _first_writes(products, self.acc_n, zeroed, self.values)
         return plan
 
 
@@ -575,6 +575,28 @@ def _layout(acc_n: int, count: int, products: list, alus: list, acc_loads) -> tu
     rest = np.flatnonzero(renumber < 0)     # written values a claim did not take (repeats)
     renumber[rest] = np.arange(nxt, nxt + rest.size)
     return renumber, zeroed
+
+
+def _first_writes(products: list, acc_n: int, zeroed: int, count: int) -> list[tuple[int, int]]:
+    """Let the products that alone add into a run of values that start at zero (``[acc_n,
+    zeroed)``) write their results there instead (``assign``): 0 + x is x, and those values
+    need no zeroing. Returns the ranges of values that still do."""
+    hits = np.zeros(count, np.int32)
+    for p in products:
+        at = p.grid if p.grid is not None else p.targets
+        if isinstance(at, _Span):
+            hits[at.start:at.stop] += 1
+        else:
+            np.add.at(hits, np.asarray(at).reshape(-1), 1)
+    zero = np.zeros(count + 1, bool)
+    zero[acc_n:zeroed] = True
+    for p in products:
+        at = p.grid if p.grid is not None else p.targets
+        if isinstance(at, _Span) and acc_n <= at.start and at.stop <= zeroed and (hits[at.start:at.stop] == 1).all():
+            p.assign = True
+            zero[at.start:at.stop] = False
+    edges = np.flatnonzero(np.diff(np.concatenate([[False], zero]).astype(np.int8)))
+    return [(int(lo), int(hi)) for lo, hi in zip(edges[::2], edges[1::2])]
 
 
 def _put(values: np.ndarray, index, data: np.ndarray) -> None:
@@ -685,9 +707,10 @@ class _Gather:
 class _Product:
     """One block matrix product: gather, multiply exactly, add into accumulator values."""
 
-    __slots__ = ("x", "w", "ftype", "grid", "sel_r", "sel_c", "targets", "unique", "tile")
+    __slots__ = ("x", "w", "ftype", "grid", "sel_r", "sel_c", "targets", "unique", "tile", "assign")
 
     def __init__(self, x, w, ftype, grid, sel_r, sel_c, targets, unique, tile) -> None:
+        self.assign = False     # write into ``grid`` (zero before, and no other product adds there)
         self.x, self.w, self.ftype, self.grid = x, w, ftype, grid
         self.sel_r, self.sel_c, self.targets, self.unique, self.tile = sel_r, sel_c, targets, unique, tile
 
@@ -701,11 +724,17 @@ class _Product:
     def run(self, source: _Vector, values: np.ndarray) -> None:
         x, w = self.x.read(source), self.w.read(source)
         if self.ftype is np.float32:
-            product = np.matmul(x, w.T).astype(np.int32)        # exact: integers below 2**24
+            product = np.matmul(x, w.T)         # exact: integers below 2**24
+            if self.assign and self.grid is not None:
+                np.copyto(self.grid.of(values), product, casting="unsafe")
+                return
+            product = product.astype(np.int32)
         else:
             product = np.matmul(x.astype(np.float64), w.T.astype(np.float64)).astype(np.int64).astype(np.int32)
         if self.grid is not None:
-            if isinstance(self.grid, _Span):
+            if self.assign:
+                np.copyto(self.grid.of(values), product)
+            elif isinstance(self.grid, _Span):
                 target = self.grid.of(values)
                 target += product
             else:
@@ -713,7 +742,9 @@ class _Product:
             return
         t = self.tile
         blocks = product.reshape(product.shape[0] // t, t, product.shape[1] // t, t)[self.sel_r, :, self.sel_c, :]
-        if isinstance(self.targets, _Span):
+        if self.assign:
+            np.copyto(self.targets.of(values), blocks)
+        elif isinstance(self.targets, _Span):
             target = self.targets.of(values)
             target += blocks
         elif self.unique:
@@ -729,11 +760,12 @@ class _PerChannel:
     has the same weight element); otherwise summed exactly per value (``inverse`` numbers each
     product's value among the distinct ``targets``)."""
 
-    __slots__ = ("targets", "inverse", "x", "w")
+    __slots__ = ("targets", "inverse", "x", "w", "assign")
     grid = None     # no block of a matrix product: the values it adds into are ``targets``
 
     def __init__(self, targets, x, w, inverse: np.ndarray | None) -> None:
         self.targets, self.inverse, self.x, self.w = targets, inverse, x, w
+        self.assign = False     # write into ``targets`` (a run that starts at zero, no other product there)
 
     @classmethod
     def of(cls, targets: np.ndarray, x: np.ndarray, w: np.ndarray, bound: int, sources: _Sources) -> "_PerChannel":
@@ -758,7 +790,11 @@ class _PerChannel:
             values[self.targets] += sums.astype(np.int64).astype(np.int32)     # modulo 2**32, as int32 wraps
             return
         w = source.data[self.w] if isinstance(self.w, int) else self.w.read(source)
-        products = (self.x.read(source) * w).astype(np.int32)         # exact: at most 2**14
+        products = self.x.read(source) * w          # exact: at most 2**14
+        if self.assign:
+            np.copyto(self.targets.of(values), products, casting="unsafe")
+            return
+        products = products.astype(np.int32)
         if isinstance(self.targets, _Span):
             target = self.targets.of(values)
             target += products
@@ -771,11 +807,12 @@ class _TapSum:
     ``targets[d] += sum_s x[d, s] * w[d, s][None, :]``, ``x`` ``[D, steps, t, t]`` and ``w``
     ``[D, steps, t]`` indices into the source vector, one multiply and one sum for all of them."""
 
-    __slots__ = ("targets", "x", "w", "ftype", "unique")
+    __slots__ = ("targets", "x", "w", "ftype", "unique", "assign")
     grid = None     # the values it adds into are ``targets``
 
     def __init__(self, targets, x: np.ndarray, w: np.ndarray, ftype, unique: bool) -> None:
         self.targets, self.x, self.w, self.ftype, self.unique = targets, x, w, ftype, unique
+        self.assign = False     # write into ``targets`` (a run that starts at zero, no other product there)
 
     def renumbered(self, renumber: np.ndarray) -> "_TapSum":
         """These products adding into the values ``renumber`` maps their targets to."""
@@ -797,13 +834,18 @@ class _TapSum:
             for lo in range(0, d, chunk):
                 np.einsum("dspc,dsc->dpc", self.x.part(source, lo, lo + chunk), w[lo:lo + chunk],
                           out=sums[lo:lo + chunk])
+            if self.assign:
+                np.copyto(self.targets.of(values), sums, casting="unsafe")
+                return
             sums = sums.astype(np.int32)
         elif self.ftype is np.float32:
             sums = np.einsum("dspc,dsc->dpc", self.x.read(source), w).astype(np.int32)
         else:
             x = self.x.read(source)
             sums = np.einsum("dspc,dsc->dpc", x, w, dtype=np.float64).astype(np.int64).astype(np.int32)
-        if isinstance(self.targets, _Span):
+        if self.assign:
+            np.copyto(self.targets.of(values), sums)
+        elif isinstance(self.targets, _Span):
             target = self.targets.of(values)
             target += sums
         elif self.unique:
@@ -861,7 +903,8 @@ class FusedPlan:
         vector = self._scratch
         values = vector.data
         values[:self.acc_n] = sim.acc
-        values[self.acc_n:self.zeroed] = 0
+        for lo, hi in self.zero:
+            values[lo:hi] = 0
         if self.acc_loads is not None:
             ints = _Vector(np.concatenate([*(buffers[s] for s in self.i_slots), self.i_pads]), self.tile)
             _put(values, self.acc_loads[0], self.acc_loads[1].read(ints))
