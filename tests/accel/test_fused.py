@@ -3,6 +3,7 @@ instruction does: host buffers and all three scratchpads, on random streams."""
 
 import importlib.util
 import pathlib
+from unittest import mock
 
 import numpy as np
 from hypothesis import given, strategies as st
@@ -83,6 +84,7 @@ def test_a_blocked_product_is_one_matrix_multiplication():
                            inp_stride_in=16, wgt_stride_in=16))
     plan, (sim, host), (ref, want) = _both(stream + [Finish()])
     assert plan.matmuls == 1 and isinstance(plan.products[0].grid, fused._Span)   # adds into a view
+    assert plan.products[0].assign and plan.zero == []      # the reset tiles: written, never zeroed
     assert plan.run(host, sim)
     ref.run(stream + [Finish()], want)
     np.testing.assert_array_equal(sim.acc, ref.acc)
@@ -242,3 +244,76 @@ def test_more_taps_than_float32_sums_exactly_are_summed_in_float64_and_wrap():
     np.testing.assert_array_equal(sim.acc, ref.acc)
     exact = -2**31 + np.arange(256) + 33 * 34 * 127 * np.where(np.arange(256) % 3, -127, -128)
     np.testing.assert_array_equal(sim.acc[:256], sim_tests.wrap32(exact))
+
+
+@st.composite
+def gathers(draw):
+    """An index array into a vector of ``size`` elements: runs of consecutive elements (some a
+    tile row, some crossing rows) and single elements, in a shape whose last axis may or may
+    not be a multiple of the tile."""
+    tile, size = draw(st.sampled_from([2, 4, 16])), draw(st.integers(1, 300))
+    parts = draw(st.lists(st.one_of(st.tuples(st.just("run"), st.integers(0, size - 1), st.integers(1, 3 * tile)),
+                                    st.tuples(st.just("one"), st.integers(0, size - 1), st.just(1))),
+                          min_size=1, max_size=12))
+    flat = np.concatenate([np.arange(a, min(a + n, size)) if kind == "run" else np.array([a]) for kind, a, n in parts])
+    rows = draw(st.sampled_from([d for d in (1, 2, 3) if flat.size % d == 0]))
+    return tile, size, flat.reshape(rows, -1)
+
+
+@given(gathers(), st.integers(0, 3))
+def test_gathers_read_what_take_reads(drawn, pads):
+    """A gather reads its index array as np.take does: by whole tile rows where they are runs
+    and element by element elsewhere, or (given the vector's sources) every chunk as a row,
+    the chunks that are no run (pads among host elements, a short last chunk) from copies
+    appended to the vector, as each run of a plan appends them."""
+    tile, size, index = drawn
+    data = (np.arange(size, dtype=np.float32) * 7919) % 251 - 125
+    np.testing.assert_array_equal(fused._Gather(index, tile).read(fused._Vector(data, tile)), np.take(data, index))
+    sources = fused._Sources(0, [data], tile)
+    codes = sources.host(0) + index
+    flat = codes.reshape(-1)
+    flat[np.arange(0, flat.size, 5)[:pads]] = [sources.pad(-1 - k % 2) for k in range(min(pads, -(-flat.size // 5)))]
+    value_of = {code: value for value, code in sources.pads.items()}
+    want = np.array([data[c] if c >= 0 else value_of[c] for c in flat], np.float32).reshape(index.shape)
+    g = sources.gather(codes)
+    vector = np.concatenate([data, sources.pad_values(np.float32)])
+    assert vector.size == sources.base
+    if sources.extra:
+        vector = np.concatenate([vector, vector[np.concatenate(sources.extra)]])
+    assert g.index is None and g.rows_at is None        # every chunk a row of the vector
+    np.testing.assert_array_equal(g.read(fused._Vector(vector, tile)), want)
+
+
+@given(st.booleans(), st.sampled_from([0, 2**31 - 1, -2**31]))
+def test_dwmacs_that_add_each_value_once_add_their_products_as_they_come(reset, edge):
+    """A DWMAC over four tiles with one weight element (the element-wise core's widening by a
+    ones weight): each accumulator value gets one product, which the plan adds (or, into
+    tiles a reset zeroed, writes) as it comes, bit for bit as the simulator, near the int32
+    limits so the sums wrap."""
+    ones = Load(mem=Mem.WGT, sram_addr=0, sram_ld=16, slot=1, dram_offset=0, dram_ld=16, rows=0, cols=0,
+                pad_top=1, pad_left=16, pad_value=-128)          # a row of one pad value: the largest products
+    stream = [ones]
+    if reset:
+        stream.append(Gemm(acc_addr=0, inp_addr=0, wgt_addr=0, acc_ld=16, inp_ld=16, wgt_ld=16, reset=True,
+                           ext_out=4, acc_stride_out=256))
+    stream = _auto(stream + [Dwmac(acc_addr=0, inp_addr=0, wgt_addr=0, acc_ld=16, inp_ld=16, ext_out=4,
+                                   acc_stride_out=256, inp_stride_out=256)])
+    plan, (sim, host), (ref, want) = _both(stream)
+    for s in (sim, ref):
+        if edge:
+            s.acc[:] = edge - np.sign(edge) * (np.arange(s.acc.size, dtype=np.int64) % 4096)
+    (dw,) = plan.products
+    assert isinstance(dw, fused._PerChannel) and dw.inverse is None and isinstance(dw.w, int)
+    assert dw.assign == reset
+    assert plan.run(host, sim)
+    ref.run(stream, want)
+    for mem in Mem:
+        np.testing.assert_array_equal(sim.memory(mem), ref.memory(mem))
+
+
+@given(depthwise_programs(), st.sampled_from([0, 2**31 - 1, -2**31]))
+def test_tap_sums_read_a_tile_at_a_time_like_all_at_once(stream, edge):
+    """With room for one tile's taps at a time, the tap sums gather and sum tile by tile and
+    still leave everything as instruction-by-instruction execution does."""
+    with mock.patch.object(fused, "_TAPS_AT_ONCE", 1):
+        test_fused_dwmacs_equal_instruction_by_instruction.hypothesis.inner_test(stream, edge)
