@@ -9,15 +9,20 @@ WGT) or one *accumulator value* (ACC). Accumulator values are numbered like SSA 
 a reset, an ACC LOAD or an ALU instruction makes new ones, a GEMM adds products to the
 current ones, a STORE or an ALU reads them. Then the whole stream is:
 
-1. gather the operand tiles of every GEMM straight from the host buffers (one fancy
-   index per group of products, see below);
+1. gather the operand tiles of every GEMM straight from the host buffers (one gather
+   per group of products, see below), a tile row at a time: a row a LOAD brought is
+   ``tile`` consecutive host elements (or one pad value), read as one item of a view
+   whose items are runs (:class:`_Gather`; rows that are no run are copied to the end of
+   the source vector at each run, so that every read is whole rows);
 2. multiply: the products that go into one accumulator tile form a row of tiles of the
    input times a row of tiles of the weight, concatenated along K; accumulator tiles
    whose input rows are the same and whose weight rows are the same are blocks of one
    matrix product (a convolution's whole im2col GEMM is a single BLAS call), exact in
    float32 up to 1024 terms and in float64 beyond; DWMACs whose steps all add into one
    tile (a depthwise kernel's taps) are one gather and one sum over the taps per step
-   count, the others one weighted bincount;
+   count (a few tiles at a time, in cache), those that add each value once (a widening)
+   one product each, the others one weighted bincount; a product that alone adds into
+   values a reset zeroed writes them instead;
 3. ALU and LUT instructions, batched by dependency level and operation (a LUT by table);
 4. STOREs, batched per host buffer;
 5. the scratchpads' final contents, as instruction-by-instruction execution leaves them
@@ -26,7 +31,7 @@ current ones, a STORE or an ALU reads them. Then the whole stream is:
 The value numbers are the plan's own, so they are laid out for these steps: what one
 product adds into, and what one ALU batch writes and the batch before it wrote, are runs
 of consecutive numbers, which numpy reads and writes as views instead of gathering and
-scattering element by element.
+scattering element by element (and reads by tile rows where they are not).
 
 :func:`fuse` returns None for a stream this does not cover, and the
 :class:`~accel.hw.sim.Program` keeps executing it instruction by instruction: a LOAD that
