@@ -629,8 +629,9 @@ def _intern(ids: dict, tiles: list, tile: np.ndarray) -> int:
 
 
 class _Vector:
-    """The source vector of one run, and a view of it whose items are the ``tile``
-    consecutive elements that start at each element (what :class:`_Gather` reads rows from)."""
+    """A vector a plan reads from (its sources, or its accumulator values), and a view of it
+    whose items are the ``tile`` consecutive elements that start at each element (what
+    :class:`_Gather` reads rows from)."""
 
     __slots__ = ("data", "rows")
 
