@@ -642,17 +642,24 @@ def _store(m, store, config):
     if steps:
         calls += _alu_calls(steps, acc, _operand_regions(m, steps), loops, config, partial_ok=True)
     g = _grid(loops, [acc, dst], valid)
+    step = 1
     if not g.col_ok:
-        raise _Unsupported(f"{out.name} or the accumulator is not contiguous along the innermost loop")
+        # the accumulator contiguous, the output a constant stride apart: STORE's element stride
+        step = _int(dst.strides[-1]) if loops and _int(acc.strides[-1]) == 1 else None
+        if step is None or step < 1:
+            raise _Unsupported(f"{out.name} or the accumulator is not contiguous along the innermost loop")
     if any(_int(valid[k][1]) != 0 for k in range(len(g.outer))):
         raise _Unsupported("the guard bounds a loop outside the 2-D DMA box")
     sram_ld, dram_ld = g.row_stride
     rows, cols = g.rows - g.rows_after, g.cols - g.cols_after
+    if step > 1 and not (_int(rows) == 1 or (_int(dram_ld) is not None and _int(cols) is not None
+                                             and _int(dram_ld) > (_int(cols) - 1) * step)):
+        raise _Unsupported(f"the rows of {out.name} ({cols} elements {step} apart, {dram_ld} apart) overlap")
 
     def make(shifts):
         return STORE[mode].call(host=out, elem_offset=dst.offset + shifts[0],
                     sram_addr=address(acc.buffer, acc.offset + shifts[1]), sram_ld=sram_ld, rows=rows,
-                    cols=cols, dram_ld=dram_ld)
+                    cols=cols, dram_ld=dram_ld, dram_step=step)
 
     calls.append(_around(g.outer, [g.outer_strides(dst), g.outer_strides(acc)], make))
     body = calls[0] if len(calls) == 1 else tirx.SeqStmt(calls)

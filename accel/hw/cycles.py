@@ -45,8 +45,12 @@ def cost(ins: Instruction, config: Config) -> int:
     132
     """
     op = ins.opcode
-    if op is Opcode.LOAD or op is Opcode.STORE:
+    if op is Opcode.LOAD:
         busy = -(-_dram_bytes(ins) // config.dma_bytes_per_cycle)
+    elif op is Opcode.STORE:
+        # a row is one burst over the bytes it spans, the skipped ones masked off (AXI write
+        # strobes): an element stride costs the span, not the bytes written
+        busy = -(-ins.rows * ins.dram_width * STORE_HOST_DTYPE[ins.mode].itemsize // config.dma_bytes_per_cycle)
     elif op is Opcode.GEMM:
         busy = ins.ext_out * ins.ext_in * (config.tile if ins.reset else config.tile_cycles)
     elif op is Opcode.ALU or op is Opcode.LUT:     # a LUT step reads alu_lanes table entries a cycle
