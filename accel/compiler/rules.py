@@ -42,7 +42,7 @@ from tvm import ir, tirx
 import tirpat as tp
 from accel.hw import instructions
 from accel.hw.config import Config
-from accel.hw.instructions import ALU, DWMAC, GEMM, GEMM_RESET, LOAD, LUT, LUT_ENTRIES, SCOPES, STORE, AluOp, StoreMode
+from accel.hw.instructions import ALU, DWMAC, GEMM, GEMM_RESET, LOAD, LUT, LUT_ENTRIES, SCOPES, STORE, AluOp, StoreMode, distinct_starts
 from accel.compiler import elementwise
 from accel.compiler.wrapping import strip
 
@@ -652,9 +652,9 @@ def _store(m, store, config):
         raise _Unsupported("the guard bounds a loop outside the 2-D DMA box")
     sram_ld, dram_ld = g.row_stride
     rows, cols = g.rows - g.rows_after, g.cols - g.cols_after
-    if step > 1 and not (_int(rows) == 1 or (_int(dram_ld) is not None and _int(cols) is not None
-                                             and _int(dram_ld) > (_int(cols) - 1) * step)):
-        raise _Unsupported(f"the rows of {out.name} ({cols} elements {step} apart, {dram_ld} apart) overlap")
+    if step > 1 and not (None not in (_int(rows), _int(cols), _int(dram_ld))
+                         and distinct_starts(_int(rows), _int(dram_ld), _int(cols), step)):
+        raise _Unsupported(f"{out.name}'s {rows} x {cols} block ({dram_ld} and {step} apart) writes an element twice")
 
     def make(shifts):
         return STORE[mode].call(host=out, elem_offset=dst.offset + shifts[0],

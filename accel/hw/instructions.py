@@ -227,13 +227,14 @@ _NARROW = {StoreMode.INT32: ("int32", lambda v: v), StoreMode.WRAP: ("int8", lam
 def _store(mode: StoreMode) -> device.Instruction:
     dtype, narrow = _NARROW[mode]
 
-    # a row spans (cols - 1) * dram_step + 1 elements; rows must not reach into each other
+    # no two elements to one place: rows apart (dram_ld beyond a row's span), or interleaved
+    # (a column's span within dram_step: a transposing store); distinct_starts decides it exactly
     @device.instr("accel.store", memories=[ACC], fixed={"mode": int(mode), "deps": AUTO},
                   requires=[(lambda dram_step: dram_step >= 1, "dram_step {dram_step} must be at least 1"),
-                            (lambda rows, cols, dram_ld, dram_step: rows <= 1 or cols == 0
-                             or dram_ld > (cols - 1) * dram_step,
-                             "dram_ld {dram_ld} is smaller than a row's span ({cols} elements {dram_step} apart): "
-                             "rows would overwrite each other")],
+                            (lambda rows, cols, dram_ld, dram_step: not (rows and cols)
+                             or distinct_starts(rows, dram_ld, cols, dram_step),
+                             "dram_ld {dram_ld} and dram_step {dram_step} write two of the {rows} x {cols} elements "
+                             "to one place: they would overwrite each other")],
                   name=f"store_{mode.name.lower()}")
     def program(tile: int = TILE) -> tirx.PrimFunc:
         host, sram = _flat("host", dtype), _flat("sram_addr", "int32", ACC)

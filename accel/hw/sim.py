@@ -211,10 +211,10 @@ class Simulator:
             raise InstructionError(index, ins, f"host buffer slot {ins.slot} is read-only: "
                                                f"a STORE cannot write it")
         self._check_dram(index, ins, buf)
-        if ins.rows > 1 and ins.dram_ld < ins.dram_width:
-            raise InstructionError(index, ins, f"dram_ld {ins.dram_ld} is smaller than a row's span "
-                                               f"({ins.cols} elements {ins.dram_step} apart): rows would "
-                                               f"overwrite each other")
+        if not distinct_starts(ins.rows, ins.dram_ld, ins.cols, ins.dram_step):
+            raise InstructionError(index, ins, f"dram_ld {ins.dram_ld} and dram_step {ins.dram_step} write two "
+                                               f"of the {ins.rows} x {ins.cols} elements to one place: they "
+                                               f"would overwrite each other")
         self._check_sram(index, ins, Mem.ACC, ins.sram_addr + (ins.rows - 1) * ins.sram_ld + ins.cols)
 
     def _misaligned(self, index: int, ins: Instruction, names: Sequence[str]) -> AlignmentError:

@@ -438,10 +438,12 @@ def test_strided_store_encoding_cycles_and_disassembly():
     assert isa.decode(data) == [s] and s.dram_width == 31
     assert isa.disassemble(s) == "STORE slot2[5 ld=128 step=2] <- ACC[64 ld=16] 4x16 WRAP"
     assert isa.disassemble(dataclasses.replace(s, dram_step=1)) == "STORE slot2[5 ld=128] <- ACC[64 ld=16] 4x16 WRAP"
-    # ISA.md section 6: a strided row costs the bytes it spans (31 here), the bytes written count as written
+    # ISA.md section 6: a strided row is one burst over the bytes it spans (31: one cycle each), or one beat
+    # per element where that is cheaper (a transposing store); the bytes written count as written
     from accel.hw import cycles
-    assert cycles.cost(s, CONFIG) == -(-4 * 31 // CONFIG.dma_bytes_per_cycle) + CONFIG.issue_overhead
+    assert cycles.cost(s, CONFIG) == 4 * 1 + CONFIG.issue_overhead
     assert cycles.cost(dataclasses.replace(s, dram_step=1), CONFIG) == 1 + CONFIG.issue_overhead
+    assert cycles.cost(dataclasses.replace(s, dram_step=1000, dram_ld=1), CONFIG) == 4 * 16 + CONFIG.issue_overhead
     timing = cycles.schedule([s, isa.Finish()], CONFIG)
     assert timing.bytes["sram_to_dram"] == 64
 
@@ -458,7 +460,14 @@ def test_a_strided_store_through_the_session_interleaves_rows():
             sess.store(out.reshape(-1), b, 0, 16, rows=4, cols=16, dram_ld=32, dram_step=2, mode=StoreMode.WRAP,
                        deps=accel.AUTO)
     np.testing.assert_array_equal(out, np.repeat(a, 2, axis=1).astype(np.int8))
-    for step, ld, match in ((0, 32, "dram_step 0 must be at least 1"), (2, 30, "overwrite each other")):
+    # rows interleaved: dram_ld 1, dram_step 4 writes the 4 x 16 block transposed
+    t = np.zeros((16, 4), np.int32)
+    with accel.Session(CONFIG) as sess:
+        sess.load(a.reshape(-1), 0, Mem.ACC, 0, 16, rows=4, cols=16, dram_ld=16, deps=accel.AUTO)
+        sess.store(t.reshape(-1), 0, 0, 16, rows=4, cols=16, dram_ld=1, dram_step=4, deps=accel.AUTO)
+    np.testing.assert_array_equal(t, a.T)
+    for step, ld, match in ((0, 32, "dram_step 0 must be at least 1"), (2, 30, "overwrite each other"),
+                            (2, 2, "overwrite each other")):
         with pytest.raises(InstructionError, match=match):
             with accel.Session(CONFIG) as sess:
                 sess.store(out.reshape(-1), 0, 0, 16, rows=2, cols=16, dram_ld=ld, dram_step=step,
