@@ -43,7 +43,7 @@ import tirpat as tp
 from accel.hw import instructions
 from accel.hw.config import Config
 from accel.hw.instructions import ALU, DWMAC, GEMM, GEMM_RESET, LOAD, LUT, LUT_ENTRIES, SCOPES, STORE, AluOp, StoreMode, distinct_starts
-from accel.compiler import elementwise
+from accel.compiler import elementwise, upsample
 from accel.compiler.wrapping import strip
 
 #: The scratchpads' storage scopes (their declarations are :mod:`accel.hw.instructions`').
@@ -714,6 +714,7 @@ def rules(config: Config | None = None) -> tp.Rewriter:
         | tp.Rewriter.from_pattern(alu, _declining(lambda m: _alu(m, m[in_place], config)), name="accel.alu")
         | tp.Rewriter.from_pattern(store, _declining(lambda m: _store(m, m[to_host], config)), name="accel.store")
         | elementwise.rule()
+        | upsample.rule()
     )
 
 

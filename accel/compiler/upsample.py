@@ -1,0 +1,462 @@
+"""Upsampling on accel by DMA: a nearest resize by integer factors and a pixel shuffle (the
+second half of a ConvTranspose with stride = kernel), int8 tensors moved, not computed.
+
+Both give every output element one input element's value, in a pattern STORE's element
+stride (``dram_step``, accel/ISA.md section 4) writes directly. Seen from the output laid out
+as ``[P, Y, sy, X, sx]`` (``P`` the leading dimensions, the last two ``Y*sy`` and ``X*sx``),
+output ``[p, y, a, x, b]`` reads input ``base[p, a, b] + y*gy + x``: a row of ``X``
+consecutive input elements goes to output row ``(p*Y + y)*sy + a``, columns ``b, b + sx,
+...``. A nearest resize by ``(sy, sx)`` reads one input row for all ``sy*sx`` places
+(``base`` does not depend on ``a, b``); :func:`tirpat.model.integerize`'s pixel shuffle of a
+ConvTranspose ``[N, C*kh*kw, H, W] -> [N, C, H*kh, W*kw]`` reads one input plane per tap
+``(a, b)``. :func:`analyse` finds that form in the index map of a partition (which input element
+each output element reads), and :func:`lower` writes, per block of input rows and per distinct
+input block:
+
+- a LOAD of the rows into INP (padded to whole tiles), a LOAD of padding alone that zeroes an
+  ACC block, and a DWMAC by a weight row of ones that widens them into ACC (LOAD into ACC
+  takes int32 host data only; the element-wise core widens the same way);
+- one STORE ``WRAP`` per output place ``(a, b)`` of that block: ``dram_ld = sy * X * sx``
+  (``sy`` output rows per input row), ``dram_step = sx``.
+
+Rows of consecutive leading indices are one block of rows where the input and output strides
+agree (a resize of ``[N, C, H, W]``: all ``N*C*H`` rows); otherwise (a pixel shuffle's planes)
+the leading index is a loop.
+
+The patterns (``accel.upsample``): an int8 ``image.resize2d`` (NCHW, nearest, integer factors,
+a coordinate mode and rounding that pick ``y // s``), and an int8 ``reshape -> permute_dims ->
+reshape`` whose index map has that form (checked by running the three on the indices). At
+schedule time the partition's own index map is read off its compiled TIR (run on the input's
+indices, seven bits at a time) and checked again; whatever does not fit stays on the CPU with
+the reason.
+
+>>> import numpy as np
+>>> index = np.arange(2 * 3 * 4).reshape(2, 3, 4).repeat(2, axis=1).repeat(2, axis=2)
+>>> m = analyse(index.reshape(-1), (2, 3, 4), (2, 6, 8))
+>>> (m.sy, m.sx, m.rows, m.groups)
+(2, 2, 6, ((0, ((0, 0), (0, 1), (1, 0), (1, 1))),))
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass
+
+import numpy as np
+import tvm
+import tvm_ffi
+from tvm import ir, relax, s_tir, tirx
+from tvm.relax.backend.utils import has_leaking_intermediate_variables
+from tvm.relax.dpl import is_op, wildcard
+
+import tirpat as tp
+from accel.hw.config import Config
+from accel.hw.instructions import ACC, DWMAC, INP, INSTRUCTIONS, LOAD, STORE, WGT, Mem, StoreMode, instruction_of
+from tirpat.device.planner import access_ptr_buffer
+
+__all__ = ["patterns", "check", "Upsample", "analyse", "index_map", "lower", "schedule_partition", "rule",
+           "resize_declines", "moves_int8", "PATTERN_NAME", "BUFFER_PREFIX"]
+
+#: The partition pattern's name (``tp.explain`` and the report show it), and the rule's.
+PATTERN_NAME = "accel.upsample"
+#: The names of the scratchpad buffers :func:`lower` allocates start with it: :func:`rule` takes their calls.
+BUFFER_PREFIX = "upsample_"
+#: Coordinate modes and roundings of a nearest resize by an integer factor ``s`` that read
+#: input ``y // s`` for output ``y``: ``floor(y / s)``, or ``round((y + 0.5) / s - 0.5)``,
+#: whose fraction ``(a + 0.5) / s - 0.5`` lies strictly within (-0.5, 0.5) (no tie to break).
+_EXACT = {("asymmetric", "floor")} | {(mode, rounding) for mode in ("half_pixel", "pytorch_half_pixel")
+                                     for rounding in ("round", "round_prefer_floor", "round_prefer_ceil")}
+
+
+# ----------------------------------------------------------------------------------------
+# the index map and its form
+# ----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Upsample:
+    """The form of an upsampling copy (module doc): output ``[P, Y, sy, X, sx]``; ``rows``
+    input rows of ``X`` elements per iteration of ``loops`` (``loop_in``/``loop_out``
+    apart in input and output elements; 1 and 0 when the rows cover every leading index),
+    input rows ``gy`` apart; ``groups``: per distinct input block, its first element and the
+    output places ``(a, b)`` it goes to."""
+
+    sy: int
+    sx: int
+    x: int
+    wo: int
+    rows: int
+    gy: int
+    loops: int
+    loop_in: int
+    loop_out: int
+    groups: tuple
+
+    @property
+    def stores(self) -> int:
+        """STOREs per block of rows (one per output place)."""
+        return sum(len(places) for _, places in self.groups)
+
+
+class Declined(ValueError):
+    """An index map accel's DMA cannot write as an upsampling copy; the message says why."""
+
+
+def analyse(index: np.ndarray, in_shape: tuple, out_shape: tuple) -> Upsample:
+    """The :class:`Upsample` form of the flat index map ``index`` (output element -> the
+    input element it reads) from ``in_shape`` to ``out_shape``; raises :class:`Declined`
+    with the reason when it has none (see the module doc's example)."""
+    if len(in_shape) < 2 or len(out_shape) < 2:
+        raise Declined("a tensor of fewer than two dimensions")
+    (hi, wi), (ho, wo) = in_shape[-2:], out_shape[-2:]
+    if not (hi and wi and ho % hi == 0 and wo % wi == 0):
+        raise Declined(f"output rows {ho} x {wo} are not whole multiples of the input's {hi} x {wi}")
+    sy, sx = ho // hi, wo // wi
+    if (sy, sx) == (1, 1):
+        raise Declined("no upsampling (the last two dimensions keep their sizes)")
+    p = int(np.prod(out_shape[:-2], dtype=np.int64))
+    g = np.asarray(index, np.int64).reshape(p, hi, sy, wi, sx)
+    base = g[:, 0, :, 0, :]                                      # [P, sy, sx]
+    gy = int(g[0, 1, 0, 0, 0] - g[0, 0, 0, 0, 0]) if hi > 1 else wi
+    want = base[:, None, :, None, :] + (np.arange(hi) * gy)[None, :, None, None, None] + \
+        np.arange(wi)[None, None, None, :, None]
+    if not np.array_equal(g, want):
+        raise Declined("an output row does not read consecutive input elements, or input rows a fixed distance "
+                       "apart (not a nearest upsampling or a pixel shuffle)")
+    if gy < wi and hi > 1:
+        raise Declined(f"input rows {gy} apart overlap their {wi} elements")
+    # the distinct input blocks of each leading index, in the same order for all of them
+    first = base[0].reshape(-1)
+    blocks = list(dict.fromkeys(first.tolist()))
+    places = [tuple((int(a), int(b)) for a, b in zip(*np.nonzero(base[0] == start))) for start in blocks]
+    steps = base - base[:1]                                      # [P, sy, sx]: affine in p?
+    loop_in = int(steps[1, 0, 0]) if p > 1 else 0
+    if not np.array_equal(steps, (np.arange(p) * loop_in)[:, None, None] * np.ones_like(base[:1])):
+        raise Declined("the leading dimensions are not read a fixed distance apart")
+    if loop_in == hi * gy:          # consecutive leading indices continue the rows: one run of rows
+        return Upsample(sy, sx, wi, wo, p * hi, gy, 1, 0, 0, tuple(zip(blocks, places)))
+    return Upsample(sy, sx, wi, wo, hi, gy, p, loop_in, ho * wo, tuple(zip(blocks, places)))
+
+
+def index_map(func: tirx.PrimFunc) -> tuple[np.ndarray, tuple, tuple]:
+    """``(index, in_shape, out_shape)`` of a PrimFunc that copies one int8 buffer into another
+    (its two buffer parameters, input first): which input element each output element reads,
+    found by compiling it for the CPU and running it on the input's indices, seven bits per run
+    (int8 holds 0..127), then checked on random values. Raises :class:`Declined` for anything
+    else (another number of buffers or dtype, or values that are not moved unchanged)."""
+    buffers = [p for p in func.params if tirx.is_buffer_var(p)]
+    if len(buffers) != 2 or any(str(b.dtype) != "int8" for b in buffers):
+        raise Declined("not a copy of one int8 tensor into another")
+    in_shape, out_shape = (tuple(int(d) for d in b.shape) for b in buffers)
+    n = int(np.prod(in_shape, dtype=np.int64))
+    run = _compiled(func)
+    index = np.zeros(int(np.prod(out_shape, dtype=np.int64)), np.int64)
+    digits = max(1, -(-int(n - 1).bit_length() // 7))
+    for d in range(digits):
+        part = ((np.arange(n) >> (7 * d)) & 127).astype(np.int8)
+        index |= run(part).astype(np.int64) << (7 * d)
+    values = np.random.default_rng(0).integers(-128, 128, n).astype(np.int8)
+    if index.max(initial=0) >= n or not np.array_equal(run(values), values[index]):
+        raise Declined("the partition does not move int8 values unchanged")
+    return index, in_shape, out_shape
+
+
+def _compiled(func: tirx.PrimFunc):
+    """``x -> func(x)`` on the CPU (flat int8 arrays)."""
+    ex = tvm.compile(ir.IRModule({"main": func.with_attr("global_symbol", "main")}), "llvm")
+    out_buffer = [p for p in func.params if tirx.is_buffer_var(p)][1]
+    in_shape = [int(d) for d in [p for p in func.params if tirx.is_buffer_var(p)][0].shape]
+    out_shape = [int(d) for d in out_buffer.shape]
+
+    def run(x: np.ndarray) -> np.ndarray:
+        out = tvm.runtime.tensor(np.zeros(out_shape, np.int8))
+        ex["main"](tvm.runtime.tensor(x.reshape(in_shape)), out)
+        return out.numpy().reshape(-1)
+
+    return run
+
+
+# ----------------------------------------------------------------------------------------
+# the Relax patterns
+# ----------------------------------------------------------------------------------------
+def patterns() -> list:
+    """``[(name, pattern, annotations, check)]``: an int8 nearest resize, an int8 reshape ->
+    permute_dims -> reshape (a pixel shuffle).
+
+    >>> [name for name, _, _, _ in patterns()]
+    ['accel.upsample', 'accel.upsample']
+    """
+    return list(_patterns())
+
+
+@functools.lru_cache(maxsize=None)
+def _patterns() -> tuple:
+    resize = is_op("relax.image.resize2d")(wildcard(), wildcard())
+    shuffle = is_op("relax.reshape")(is_op("relax.permute_dims")(is_op("relax.reshape")(wildcard(), wildcard())),
+                                     wildcard())
+    return ((PATTERN_NAME, resize, {"core": resize}, check), (PATTERN_NAME, shuffle, {"core": shuffle}, check))
+
+
+def _dims(expr) -> tuple | None:
+    ty = expr.ty
+    if not (isinstance(ty, relax.TensorType) and isinstance(ty.shape, relax.ShapeExpr)):
+        return None
+    values = ty.shape.values
+    return tuple(int(d) for d in values) if all(isinstance(d, tirx.IntImm) for d in values) else None
+
+
+def resize_declines(call: relax.Call) -> str | None:
+    """None when the ``image.resize2d`` ``call`` is accel's: int8, NCHW, nearest, integer
+    factors, each output row and column reading input ``y // s``; else why not.
+
+    >>> x = relax.Var("x", relax.TensorType((1, 2, 4, 4), "int8"))
+    >>> resize_declines(relax.op.image.resize2d(x, (8, 12), method="nearest_neighbor",
+    ...                 coordinate_transformation_mode="asymmetric", rounding_method="floor"))
+    >>> resize_declines(relax.op.image.resize2d(x, (6, 8), method="nearest_neighbor",
+    ...                 coordinate_transformation_mode="asymmetric", rounding_method="floor"))
+    'a resize from 4 x 4 to 6 x 8: not whole multiples'
+    """
+    attrs = call.attrs
+    x = call.args[0]
+    if str(x.ty.dtype) != "int8":
+        return f"a resize of {x.ty.dtype}; accel moves int8 tensors"
+    if str(attrs.method) != "nearest_neighbor":
+        return f"a {attrs.method} resize; accel copies, it does not interpolate"
+    if str(attrs.layout) != "NCHW":
+        return f"a resize in layout {attrs.layout}; accel takes NCHW"
+    dims, out = _dims(x), _dims(call)
+    if dims is None or out is None:
+        return "dynamic shapes; accel needs static shapes"
+    (h, w), (ho, wo) = dims[2:], out[2:]
+    if ho % h or wo % w:
+        return f"a resize from {h} x {w} to {ho} x {wo}: not whole multiples"
+    mode, rounding = str(attrs.coordinate_transformation_mode), str(attrs.rounding_method) or "round"
+    if (ho, wo) != (h, w) and (mode, rounding) not in _EXACT:
+        return (f"a nearest resize with coordinates {mode} and rounding {rounding}: output y does not read "
+                "input y // s")
+    return None
+
+
+def check(ctx) -> bool | str:
+    """True when accel can move the matched tensor (its index map has the upsampling form);
+    else the reason it cannot."""
+    core = ctx.annotated_expr["core"]
+    if has_leaking_intermediate_variables(ctx):
+        return False
+    if str(core.op.name) == "relax.image.resize2d":
+        why = resize_declines(core)
+        if why is not None:
+            return why
+        dims, out = _dims(core.args[0]), _dims(core)
+        sy, sx = out[2] // dims[2], out[3] // dims[3]
+        index = np.arange(int(np.prod(dims))).reshape(dims).repeat(sy, axis=2).repeat(sx, axis=3)
+    else:
+        bound = {var.__chandle__(): value for var, value in ctx.matched_bindings.items()}
+        permute = bound.get(core.args[0].__chandle__(), core.args[0])
+        inner = bound.get(permute.args[0].__chandle__(), permute.args[0])
+        source = inner.args[0]
+        dims, mid, out = _dims(source), _dims(inner), _dims(core)
+        if str(source.ty.dtype) != "int8":
+            return f"a reshape and permute_dims of {source.ty.dtype}; accel moves int8 tensors"
+        if None in (dims, mid, out):
+            return "dynamic shapes; accel needs static shapes"
+        axes = None if permute.attrs.axes is None else [int(a) for a in permute.attrs.axes]
+        index = np.arange(int(np.prod(dims))).reshape(mid).transpose(axes).reshape(out)
+    try:
+        analyse(index.reshape(-1), dims, _dims(core))
+    except Declined as why:
+        return str(why)
+    return True
+
+
+# ----------------------------------------------------------------------------------------
+# the instructions
+# ----------------------------------------------------------------------------------------
+def _round(n: int, t: int) -> int:
+    return -(-n // t) * t
+
+
+def _block_rows(m: Upsample, config: Config) -> int:
+    """Input rows per block: the most (whole tiles, or all of them) whose INP and ACC blocks fit,
+    one per distinct input block, twice over when the block loop runs more than once (the
+    planner double-buffers what a loop allocates)."""
+    t = config.tile
+    xp = _round(m.x, t)
+    groups = len(m.groups)
+
+    def fits(rows: int) -> bool:
+        copies = 2 if rows < m.rows or m.loops > 1 else 1
+        need = groups * _round(rows, t) * xp * copies
+        return need <= config.acc_elements and need <= config.inp_elements
+
+    if fits(m.rows):
+        return m.rows
+    rows = (m.rows // t) * t
+    while rows >= t and not fits(rows):
+        rows -= t
+    if rows < t:
+        raise Declined(f"{groups} block(s) of {t} rows of {m.x} elements do not fit ACC and INP")
+    return rows
+
+
+class _Emitter:
+    """The instructions of one block of rows (module doc)."""
+
+    def __init__(self, m: Upsample, src, out, ones, config: Config) -> None:
+        self.m, self.src, self.out, self.ones, self.t = m, src, out, ones, config.tile
+        self.xp = _round(m.x, config.tile)
+
+    def block(self, loop, row0, rows: int, tag: str) -> list:
+        """Allocations and calls for ``rows`` input rows from ``row0`` of loop iteration ``loop``."""
+        m, t, xp = self.m, self.t, self.xp
+        rp = _round(rows, t)
+        allocs, calls = [], []
+        for k, (start, places) in enumerate(m.groups):
+            inp = tirx.decl_buffer((rp * xp,), "int8", f"{BUFFER_PREFIX}inp{k}{tag}", scope=INP.scope)
+            acc = tirx.decl_buffer((rp * xp,), "int32", f"{BUFFER_PREFIX}acc{k}{tag}", scope=ACC.scope)
+            allocs += [tirx.AllocBuffer(inp), tirx.AllocBuffer(acc)]
+            calls.append(LOAD[Mem.INP].call(
+                host=self.src, elem_offset=start + loop * m.loop_in + row0 * m.gy, sram_addr=inp, sram_ld=xp,
+                rows=rows, cols=m.x, dram_ld=m.gy, pad_top=0, pad_bottom=rp - rows, pad_left=0,
+                pad_right=xp - m.x, pad_value=0))
+            # zeroed by a LOAD of padding alone (issue cycles only), then widened by a DWMAC by ones
+            calls.append(LOAD[Mem.ACC].call(
+                host=self.src, elem_offset=0, sram_addr=acc, sram_ld=xp, rows=0, cols=0, dram_ld=0, pad_top=rp,
+                pad_bottom=0, pad_left=xp, pad_right=0, pad_value=0))
+            calls.append(DWMAC.call(
+                acc_addr=acc, inp_addr=inp, wgt_addr=self.ones, acc_ld=xp, inp_ld=xp, ext_out=rp // t,
+                ext_in=xp // t, acc_stride_out=t * xp, acc_stride_in=t, inp_stride_out=t * xp, inp_stride_in=t,
+                wgt_stride_out=0, wgt_stride_in=0))
+            for a, b in places:
+                calls.append(STORE[StoreMode.WRAP].call(
+                    host=self.out, elem_offset=loop * m.loop_out + (row0 * m.sy + a) * m.wo + b, sram_addr=acc,
+                    sram_ld=xp, rows=rows, cols=m.x, dram_ld=m.sy * m.wo, dram_step=m.sx))
+        return allocs + calls
+
+
+def lower(func: tirx.PrimFunc, m: Upsample, config: Config) -> tirx.PrimFunc:
+    """``func`` (a copy of its first buffer parameter into its second) with its body replaced
+    by accel's instructions for ``m``; raises :class:`Declined` when a block of rows does not fit."""
+    src, out = [p for p in func.params if tirx.is_buffer_var(p)]
+    t = config.tile
+    rows = _block_rows(m, config)
+    ones = tirx.decl_buffer((t,), "int8", f"{BUFFER_PREFIX}ones", scope=WGT.scope)
+    stmts = [tirx.AllocBuffer(ones),
+             LOAD[Mem.WGT].call(host=src, elem_offset=0, sram_addr=ones, sram_ld=t, rows=0, cols=0, dram_ld=0,
+                                pad_top=1, pad_bottom=0, pad_left=t, pad_right=0, pad_value=1)]
+    emitter = _Emitter(m, src, out, ones, config)
+    whole, rest = divmod(m.rows, rows)
+    loop = tirx.Var("upsample_loop", "int32") if m.loops > 1 else 0
+    inner = []
+    if whole > 1:
+        v = tirx.Var("upsample_rows", "int32")
+        inner.append(tirx.For(v, tirx.IntImm("int32", 0), tirx.IntImm("int32", whole), tirx.ForKind.SERIAL,
+                              tirx.SeqStmt(emitter.block(loop, v * rows, rows, ""))))
+    elif whole:
+        inner.append(tirx.SeqStmt(emitter.block(loop, 0, rows, "")))
+    if rest:
+        inner.append(tirx.SeqStmt(emitter.block(loop, whole * rows, rest, "_rest")))
+    if m.loops > 1:
+        stmts.append(tirx.For(loop, tirx.IntImm("int32", 0), tirx.IntImm("int32", m.loops), tirx.ForKind.SERIAL,
+                              tirx.SeqStmt(inner) if len(inner) > 1 else inner[0]))
+    else:
+        stmts += inner
+    # a block in a root block, as TVM's passes after scheduling expect of a PrimFunc's body
+    copy = s_tir.SBlockRealize([], True, s_tir.SBlock([], [], [], "upsample", tirx.SeqStmt(stmts)))
+    return func.with_body(s_tir.SBlockRealize([], True, s_tir.SBlock([], [], [], "root", copy)))
+
+
+def describe(m: Upsample, config: Config) -> str:
+    """One line for the report.
+
+    >>> describe(Upsample(2, 2, 40, 80, 3840, 40, 1, 0, 0, ((0, ((0, 0), (0, 1), (1, 0), (1, 1))),)), Config())
+    'offloaded upsampling copy: 3840 row(s) of 40 int8 elements in blocks of 336, each to 4 place(s) (factors 2 x 2, STORE dram_step 2)'
+    """
+    rows = _block_rows(m, config)
+    loops = f"{m.loops} x " if m.loops > 1 else ""
+    return (f"offloaded upsampling copy: {loops}{m.rows} row(s) of {m.x} int8 elements in blocks of {rows}, each to "
+            f"{m.stores // len(m.groups)} place(s) (factors {m.sy} x {m.sx}, STORE dram_step {m.sx})")
+
+
+def schedule_partition(func: tirx.PrimFunc, config: Config) -> tirx.PrimFunc | None:
+    """The upsampling partition ``func`` lowered to accel's instructions with its notes for the
+    report, or None when ``func`` is no partition of :func:`patterns`; one accel cannot run
+    is returned as it is, its notes saying why (it runs on the CPU)."""
+    if not moves_int8(func):
+        return None
+    notes = {"host_macs": 0, "device_macs": 0, "host_steps": [], "epilogue": [], "details": []}
+    try:
+        m = analyse(*index_map(func))
+        lowered = lower(func, m, config)
+        notes["details"] = [describe(m, config)]
+        return lowered.with_attr(tp.SCHEDULE_NOTES, json.dumps(notes))
+    except Declined as why:
+        notes["host_steps"] = [["upsample", f"is not offloaded: {why}"]]
+    return func.with_attr(tp.SCHEDULE_NOTES, json.dumps(notes))
+
+
+#: Dtypes that hold every int8 value exactly: a cast through them moves the value unchanged.
+_HOLDS_INT8 = {"int8", "int16", "int32", "int64", "float16", "float32", "float64"}
+
+
+def moves_int8(func: tirx.PrimFunc) -> bool:
+    """Whether ``func`` only moves elements: two int8 buffer parameters, no reduction, and every
+    value stored is a value loaded (through casts that hold int8 exactly: a resize's
+    ``int8 -> float32 -> int8``). Such a PrimFunc comes from :func:`patterns` alone among accel's.
+
+    >>> from tvm.script import tirx as T
+    >>> @T.prim_func(s_tir=True)
+    ... def twice(x: T.Buffer((4,), "int8"), y: T.Buffer((8,), "int8")):
+    ...     for i in range(8):
+    ...         with T.sblock("y"):
+    ...             v = T.axis.spatial(8, i)
+    ...             y[v] = x[v // 2]
+    >>> moves_int8(twice)
+    True
+    """
+    params = [p for p in func.params if tirx.is_buffer_var(p)]
+    if len(params) != 2 or any(str(p.dtype) != "int8" for p in params):
+        return False
+    found = {"stores": 0, "other": False}
+
+    def loaded(e) -> bool:
+        while isinstance(e, tirx.Cast) and str(e.ty.dtype) in _HOLDS_INT8:
+            e = e.value
+        return isinstance(e, ir.TensorLoad) and str(e.ty.dtype) == "int8"
+
+    def on_block(b) -> None:
+        if any(int(iv.iter_type) != 0 for iv in b.iter_vars):
+            found["other"] = True
+
+    def on_store(st) -> None:
+        found["stores"] += 1
+        if not loaded(st.value):
+            found["other"] = True
+
+    tvm_ffi.structural_walk(func.body, [(s_tir.SBlock, on_block), (tirx.BufferStore, on_store)])
+    return found["stores"] > 0 and not found["other"]
+
+
+def _lowered_here(m) -> bool:
+    """Whether the matched call is a declared instruction on :func:`lower`'s scratchpad buffers."""
+    ins = instruction_of(m.node)
+    if ins is None:
+        return False
+    args = ins.arguments_of(m.node)
+    buffers = [access_ptr_buffer(args[op.name]) for op in ins.memory_operands]
+    return any(b is not None and b.name.startswith(BUFFER_PREFIX) for b in buffers)
+
+
+def rule() -> tp.Rewriter:
+    """The rule ``accel.upsample``: the instruction calls :func:`lower` wrote at schedule time
+    (on its ``upsample_*`` scratchpad buffers), taken as they are, so that the build report
+    counts the partition as accel's.
+
+    >>> rule().rules[0].name
+    'accel.upsample'
+    """
+    arities = sorted({len(ins.arguments) + 1 for ins in INSTRUCTIONS.values()})
+    pattern = None
+    for n in arities:
+        p = tp.is_call("tirx.tvm_call_packed", *[tp.wildcard() for _ in range(n)]).where(_lowered_here)
+        pattern = p if pattern is None else pattern | p
+    return tp.Rewriter.from_pattern(pattern, lambda m: m.node, name=PATTERN_NAME)
