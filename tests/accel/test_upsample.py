@@ -1,0 +1,157 @@
+"""Upsampling on accel by DMA (:mod:`accel.compiler.upsample`): an int8 nearest resize by
+integer factors and a pixel shuffle (a ConvTranspose with stride = kernel after integerize),
+LOADed, widened by a DWMAC by ones and written by STOREs with an element stride
+(``dram_step``), bit-exact against ``tvm.compile(..., "llvm")`` of the same module over three
+calls; what accel cannot move stays on the host and says why."""
+
+import warnings
+
+import numpy as np
+import pytest
+import tvm
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tvm import relax
+
+import tirpat as tp
+from accel.compiler import upsample
+
+
+def resize_module(c: int, h: int, w: int, sy: int, sx: int, dtype: str = "int8", method: str = "nearest_neighbor",
+                  mode: str = "asymmetric", rounding: str = "floor") -> tvm.IRModule:
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, c, h, w), dtype))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit_output(relax.op.image.resize2d(x, (h * sy, w * sx), method=method,
+                                                       coordinate_transformation_mode=mode, rounding_method=rounding))
+        bb.emit_func_output(y)
+    return bb.get()
+
+
+def shuffle_module(c: int, kh: int, kw: int, h: int, w: int, axes=(0, 1, 4, 2, 5, 3)) -> tvm.IRModule:
+    """integerize's pixel shuffle of a ConvTranspose's taps: ``[1, c*kh*kw, h, w] -> [1, c, h*kh, w*kw]``."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, c * kh * kw, h, w), "int8"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = relax.op.permute_dims(relax.op.reshape(x, [1, c, kh, kw, h, w]), list(axes))
+            shape = [int(d) for d in bb.normalize(y).ty.shape.values]
+            y = bb.emit_output(relax.op.reshape(y, [1, shape[1], shape[2] * shape[3], shape[4] * shape[5]]))
+        bb.emit_func_output(y)
+    return bb.get()
+
+
+def _build_and_compare(mod: tvm.IRModule, seed: int):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = tp.build(mod, "accel, llvm")
+    vm = relax.VirtualMachine(tvm.compile(mod, "llvm"), tvm.cpu())
+    shape = [int(d) for d in mod["main"].params[0].ty.shape.values]
+    x = np.random.default_rng(seed).integers(-128, 128, shape, dtype=np.int8)
+    want = vm["main"](tvm.runtime.tensor(x)).numpy()
+    for _ in range(3):      # the third call replays the stream in the simulator's batched plan
+        np.testing.assert_array_equal(model(x), want)
+    return model
+
+
+def _host_ops(model) -> list[str]:
+    return [h["op"] for h in model.report.to_json()["on_host"]]
+
+
+@settings(max_examples=12)   # each example builds and runs a model
+@given(st.integers(1, 40), st.integers(1, 24), st.integers(1, 40), st.integers(1, 4), st.integers(1, 4),
+       st.integers(0, 1000))
+def test_nearest_resize_runs_on_accel_bit_exact(c, h, w, sy, sx, seed):
+    if (sy, sx) == (1, 1):
+        sx = 2
+    model = _build_and_compare(resize_module(c, h, w, sy, sx), seed)
+    assert _host_ops(model) == []
+    assert [p.pattern for p in model.report.partitions] == ["accel.upsample"]
+    counts = model.stats["accel"].instructions
+    # per block of input rows: its LOAD, a zeroing LOAD, one DWMAC, a STORE per output place;
+    # and the ones weight's LOAD
+    blocks = counts["DWMAC"]
+    assert counts["STORE"] == blocks * sy * sx and counts["LOAD"] == 2 * blocks + 1
+    assert counts["GEMM"] == counts["ALU"] == 0
+
+
+@settings(max_examples=8)
+@given(st.integers(1, 24), st.sampled_from([(2, 2), (1, 2), (3, 3), (4, 4)]), st.integers(1, 20), st.integers(1, 30),
+       st.integers(0, 1000))
+def test_pixel_shuffle_runs_on_accel_bit_exact(c, kernel, h, w, seed):
+    kh, kw = kernel
+    model = _build_and_compare(shuffle_module(c, kh, kw, h, w), seed)
+    assert _host_ops(model) == []
+    counts = model.stats["accel"].instructions
+    # one input plane per tap: a block of rows is kh*kw LOADs and DWMACs and one STORE each
+    assert counts["STORE"] == counts["DWMAC"] and counts["DWMAC"] % (kh * kw) == 0
+
+
+def test_a_large_resize_is_blocked_by_rows_and_costs_its_strided_stores():
+    """A 96-channel 40 x 40 -> 80 x 80 resize (the detectors' FPN): its 3,840 input rows in
+    blocks that fit ACC and INP twice over; each STORE costs its rows' span (ISA.md section 6)."""
+    model = _build_and_compare(resize_module(96, 40, 40, 2, 2), 1)
+    details = [d for p in model.report.partitions for d in p.details]
+    assert details == ["offloaded upsampling copy: 3840 row(s) of 40 int8 elements in blocks of 336, each to "
+                       "4 place(s) (factors 2 x 2, STORE dram_step 2)"]
+    stats = model.stats["accel"]
+    assert stats.instructions["STORE"] == 4 * 12 and stats.bytes["sram_to_dram"] == 96 * 80 * 80
+
+
+@pytest.mark.parametrize("mod, why", [
+    (resize_module(4, 4, 4, 2, 2, method="linear"), "a linear resize; accel copies, it does not interpolate"),
+    (resize_module(4, 4, 4, 2, 2, mode="half_pixel", rounding="floor"),
+     "coordinates half_pixel and rounding floor: output y does not read input y // s"),
+    (resize_module(4, 4, 4, 2, 2, dtype="float32"), "a resize of float32; accel moves int8 tensors"),
+    (shuffle_module(2, 2, 2, 3, 3, axes=(0, 1, 5, 2, 4, 3)), "an output row does not read consecutive input elements"),
+])
+def test_what_accel_cannot_move_stays_on_the_host_and_says_why(mod, why):
+    with pytest.warns(tp.OffloadWarning, match=why):
+        model = tp.build(mod, "accel, llvm")
+    assert why in model.report.to_json()["on_host"][0]["reason"] and why in str(model.report)
+
+
+def test_resize_modes_that_read_y_over_s_run_on_accel():
+    """half_pixel with rounding to nearest reads y // s for an integer factor, as asymmetric floor does."""
+    for mode, rounding in (("half_pixel", "round_prefer_ceil"), ("pytorch_half_pixel", "round_prefer_floor")):
+        model = _build_and_compare(resize_module(3, 5, 6, 3, 2, mode=mode, rounding=rounding), 2)
+        assert _host_ops(model) == []
+
+
+def test_the_index_map_is_read_off_the_partition():
+    index = np.arange(2 * 4 * 3 * 5).reshape(2, 4, 3, 5)
+    m = upsample.analyse(index.reshape(1, 2, 2, 2, 3, 5).transpose(0, 1, 4, 2, 5, 3).reshape(-1), (1, 8, 3, 5),
+                         (1, 2, 6, 10))
+    # planes of 15 elements per tap, 60 per output channel: a loop over the 2 channels
+    assert (m.loops, m.loop_in, m.loop_out, m.rows, m.gy) == (2, 60, 60, 3, 5)
+    assert m.groups == ((0, ((0, 0),)), (15, ((0, 1),)), (30, ((1, 0),)), (45, ((1, 1),)))
+    with pytest.raises(upsample.Declined, match="no upsampling"):
+        upsample.analyse(np.arange(6), (2, 3), (2, 3))
+
+
+def test_quantised_conv_transpose_and_resize_end_on_accel():
+    """onnx_cnn's upsampling model (a stride-2 conv, a nearest Resize, a conv, a ConvTranspose
+    with kernel = stride = 2 and a bias) quantised per tensor: every MAC and every operator but
+    the input's quantize and the output's dequantize on accel, bit-exact against llvm of the
+    integerised module."""
+    pytest.importorskip("onnx")
+    pytest.importorskip("onnxruntime")
+    from tvm.relax.frontend.onnx import from_onnx
+
+    from tirpat.testing import onnx_cnn
+
+    model = onnx_cnn.upsampling(seed=1)
+    mod = from_onnx(tp.quantize(model, onnx_cnn.calibration(model, 16)), keep_params_in_input=False)
+    reference = relax.VirtualMachine(tvm.compile(tp.integerize()(mod), "llvm"), tvm.cpu())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tp.OffloadWarning)
+        compiled = tp.build(mod, "accel, llvm")
+    assert sorted(_host_ops(compiled)) == ["relax.dequantize", "relax.quantize"]
+    assert [p.pattern for p in compiled.report.partitions].count("accel.upsample") == 2
+    report = compiled.report.to_json()
+    assert report["macs"]["accel"] == report["total_macs"] > 0
+    rng = np.random.default_rng(4)
+    for _ in range(3):
+        x = rng.standard_normal((1, 3, 16, 16)).astype(np.float32)
+        np.testing.assert_array_equal(compiled(x), reference["main"](tvm.runtime.tensor(x)).numpy())
