@@ -276,17 +276,24 @@ def _round(n: int, t: int) -> int:
 
 
 def _block_rows(m: Upsample, config: Config) -> int:
-    """Input rows per block: the most (whole tiles, or all of them) whose INP and ACC blocks fit,
-    one per distinct input block, twice over when the block loop runs more than once (the
-    planner double-buffers what a loop allocates)."""
+    """Input rows per block: the most (whole tiles, or all of them) for which every INP and ACC
+    block :func:`lower` allocates fits at once, each as the memory's ``footprint`` counts it
+    (the planner's rule: doubled inside a loop); those of the last, shorter block too, which
+    is live beside the others inside the loop over leading indices. A plan that fits here
+    is one the planner places (a partition lowered to calls has no schedule to fall back on)."""
     t = config.tile
     xp = _round(m.x, t)
-    groups = len(m.groups)
+    options = {"tile": t}
 
     def fits(rows: int) -> bool:
-        copies = 2 if rows < m.rows or m.loops > 1 else 1
-        need = groups * _round(rows, t) * xp * copies
-        return need <= config.acc_elements and need <= config.inp_elements
+        whole, rest = divmod(m.rows, rows)
+        blocks = [(rows, whole > 1 or m.loops > 1)] + ([(rest, m.loops > 1)] if rest else [])
+        for memory, capacity in ((INP, config.inp_elements), (ACC, config.acc_elements)):
+            need = sum(len(m.groups) * memory.footprint(_round(r, t) * xp, repeated=looped, options=options)
+                       for r, looped in blocks)
+            if need > capacity:
+                return False
+        return True
 
     if fits(m.rows):
         return m.rows
@@ -294,7 +301,7 @@ def _block_rows(m: Upsample, config: Config) -> int:
     while rows >= t and not fits(rows):
         rows -= t
     if rows < t:
-        raise Declined(f"{groups} block(s) of {t} rows of {m.x} elements do not fit ACC and INP")
+        raise Declined(f"{len(m.groups)} block(s) of {t} rows of {m.x} elements do not fit ACC and INP")
     return rows
 
 
@@ -369,7 +376,7 @@ def describe(m: Upsample, config: Config) -> str:
     """One line for the report.
 
     >>> describe(Upsample(2, 2, 40, 80, 3840, 40, 1, 0, 0, ((0, ((0, 0), (0, 1), (1, 0), (1, 1))),)), Config())
-    'offloaded upsampling copy: 3840 row(s) of 40 int8 elements in blocks of 336, each to 4 place(s) (factors 2 x 2, STORE dram_step 2)'
+    'offloaded upsampling copy: 3840 row(s) of 40 int8 elements in blocks of 320, each to 4 place(s) (factors 2 x 2, STORE dram_step 2)'
     """
     rows = _block_rows(m, config)
     loops = f"{m.loops} x " if m.loops > 1 else ""

@@ -88,12 +88,19 @@ def test_pixel_shuffle_runs_on_accel_bit_exact(c, kernel, h, w, seed):
     assert counts["STORE"] == counts["DWMAC"] and counts["DWMAC"] % (kh * kw) == 0
 
 
+def test_a_detector_s_pixel_shuffle_fits_its_blocks_beside_the_last_shorter_one():
+    """ppocrv6_det_small's first ConvTranspose, 24 channels of 80 x 80 pixels per tap: blocks
+    of rows whose INP and ACC buffers, with those of the last shorter block, fit the planner."""
+    model = _build_and_compare(shuffle_module(24, 2, 2, 80, 80), 3)
+    assert _host_ops(model) == [] and not model.report.partitions[0].fallback
+
+
 def test_a_large_resize_is_blocked_by_rows_and_costs_its_strided_stores():
     """A 96-channel 40 x 40 -> 80 x 80 resize (the detectors' FPN): its 3,840 input rows in
     blocks that fit ACC and INP twice over; each STORE costs its rows' span (ISA.md section 6)."""
     model = _build_and_compare(resize_module(96, 40, 40, 2, 2), 1)
     details = [d for p in model.report.partitions for d in p.details]
-    assert details == ["offloaded upsampling copy: 3840 row(s) of 40 int8 elements in blocks of 336, each to "
+    assert details == ["offloaded upsampling copy: 3840 row(s) of 40 int8 elements in blocks of 320, each to "
                        "4 place(s) (factors 2 x 2, STORE dram_step 2)"]
     stats = model.stats["accel"]
     assert stats.instructions["STORE"] == 4 * 12 and stats.bytes["sram_to_dram"] == 96 * 80 * 80
