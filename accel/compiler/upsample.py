@@ -54,9 +54,10 @@ import tirpat as tp
 from accel.hw.config import Config
 from accel.hw.instructions import ACC, DWMAC, INP, INSTRUCTIONS, LOAD, STORE, WGT, Mem, StoreMode, instruction_of
 from tirpat.device.planner import access_ptr_buffer
+from tirpat.model.integerize.rules import conv_transpose_declines
 
 __all__ = ["patterns", "check", "Upsample", "analyse", "index_map", "lower", "schedule_partition", "rule",
-           "resize_declines", "moves_int8", "PATTERN_NAME", "BUFFER_PREFIX"]
+           "resize_declines", "check_conv_transpose", "moves_int8", "PATTERN_NAME", "BUFFER_PREFIX"]
 
 #: The partition pattern's name (``tp.explain`` and the report show it), and the rule's.
 PATTERN_NAME = "accel.upsample"
@@ -180,10 +181,11 @@ def _compiled(func: tirx.PrimFunc):
 # ----------------------------------------------------------------------------------------
 def patterns() -> list:
     """``[(name, pattern, annotations, check)]``: an int8 nearest resize, an int8 reshape ->
-    permute_dims -> reshape (a pixel shuffle).
+    permute_dims -> reshape (a pixel shuffle); and a ``conv2d_transpose``, declined with the
+    reason (:func:`check_conv_transpose`).
 
     >>> [name for name, _, _, _ in patterns()]
-    ['accel.upsample', 'accel.upsample']
+    ['accel.upsample', 'accel.upsample', 'accel.upsample']
     """
     return list(_patterns())
 
@@ -193,7 +195,22 @@ def _patterns() -> tuple:
     resize = is_op("relax.image.resize2d")(wildcard(), wildcard())
     shuffle = is_op("relax.reshape")(is_op("relax.permute_dims")(is_op("relax.reshape")(wildcard(), wildcard())),
                                      wildcard())
-    return ((PATTERN_NAME, resize, {"core": resize}, check), (PATTERN_NAME, shuffle, {"core": shuffle}, check))
+    transposed = is_op("relax.nn.conv2d_transpose")(wildcard(), wildcard())
+    return ((PATTERN_NAME, resize, {"core": resize}, check), (PATTERN_NAME, shuffle, {"core": shuffle}, check),
+            (PATTERN_NAME, transposed, {"core": transposed}, check_conv_transpose))
+
+
+def check_conv_transpose(ctx) -> str:
+    """Why accel does not take a ``conv2d_transpose`` left in the model (always a reason:
+    integerize rewrites those accel runs).
+
+    A ConvTranspose with stride = kernel reaches accel as integerize's 1x1 convolution and
+    pixel shuffle; one left as it is was not made integer, or has overlapping taps."""
+    call = ctx.annotated_expr["core"]
+    why = conv_transpose_declines(call)
+    dtype = str(call.args[0].ty.dtype)
+    return (f"a {dtype} ConvTranspose: accel runs one with stride = kernel as integerize writes it for a quantised "
+            "model (a 1x1 convolution, then a pixel shuffle by DMA)" + (f"; this is {why}" if why else ""))
 
 
 def _dims(expr) -> tuple | None:

@@ -119,6 +119,20 @@ def test_what_accel_cannot_move_stays_on_the_host_and_says_why(mod, why):
     assert why in model.report.to_json()["on_host"][0]["reason"] and why in str(model.report)
 
 
+def test_a_conv_transpose_left_in_the_model_says_why():
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 4, 5, 5), "float32"))
+    w = relax.const(np.ones((4, 2, 3, 3), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit_output(relax.op.nn.conv2d_transpose(x, w, strides=2))
+        bb.emit_func_output(y)
+    why = "stride (2, 2) and kernel (3, 3): overlapping taps"
+    with pytest.warns(tp.OffloadWarning, match="a float32 ConvTranspose"):
+        model = tp.build(bb.get(), "accel, llvm")
+    assert why in model.report.to_json()["on_host"][0]["reason"]
+
+
 def test_resize_modes_that_read_y_over_s_run_on_accel():
     """half_pixel with rounding to nearest reads y // s for an integer factor, as asymmetric floor does."""
     for mode, rounding in (("half_pixel", "round_prefer_ceil"), ("pytorch_half_pixel", "round_prefer_floor")):

@@ -112,7 +112,8 @@ def test_the_summary_fits_a_screen_and_counts_every_mac(built):
         assert f"{h.var} = {h.op.split('.')[-1]}, {h.macs:,} MACs" in text, text
     # few operators left on the host: each on its line, with its reason
     assert f"on host: {report.macs['host']:,} (" in text
-    assert f"= conv2d_transpose, {C * HW * HW * 2 * 2 * 2:,} MACs: no backend of the target takes relax.nn.conv2d_transpose" in text
+    assert f"= conv2d_transpose, {C * HW * HW * 2 * 2 * 2:,} MACs: accel: a float32 ConvTranspose: " in text
+    assert "this is a grouped ConvTranspose (groups = 2)" in text
 
 
 def test_verbose_and_json_list_every_operator(built):
