@@ -176,3 +176,44 @@ def test_quantised_conv_transpose_and_resize_end_on_accel():
     for _ in range(3):
         x = rng.standard_normal((1, 3, 16, 16)).astype(np.float32)
         np.testing.assert_array_equal(compiled(x), reference["main"](tvm.runtime.tensor(x)).numpy())
+
+
+def _written(m: upsample.Upsample, size: int) -> np.ndarray:
+    """The index map the form's STOREs write: for each output element, the input element."""
+    out = np.full(size, -1, np.int64)
+    x = np.arange(m.x)
+    for loop in range(m.loops):
+        for start, places in m.groups:
+            for r in range(m.rows):
+                source = start + loop * m.loop_in + r * m.gy + x
+                for a, b in places:
+                    at = loop * m.loop_out + (r * m.sy + a) * m.wo + b + x * m.sx
+                    assert (out[at] == -1).all()        # every element written once
+                    out[at] = source
+    return out
+
+
+@settings(max_examples=40)
+@given(st.integers(1, 3), st.integers(1, 5), st.integers(1, 6), st.integers(1, 7), st.integers(1, 4),
+       st.integers(1, 4), st.booleans())
+def test_the_form_s_stores_write_exactly_the_index_map(n, c, h, w, sy, sx, shuffle):
+    """Resizes and pixel shuffles of any shape: the STOREs of the form :func:`analyse` finds
+    write each output element once, from the input element the map gives it."""
+    if (sy, sx) == (1, 1):
+        sy = 2
+    if shuffle:
+        index = np.arange(n * c * sy * sx * h * w).reshape(n, c, sy, sx, h, w).transpose(0, 1, 4, 2, 5, 3)
+        in_shape = (n, c * sy * sx, h, w)
+    else:
+        index = np.arange(n * c * h * w).reshape(n, c, h, w).repeat(sy, axis=2).repeat(sx, axis=3)
+        in_shape = (n, c, h, w)
+    index = index.reshape(-1)
+    out_shape = (n, c, h * sy, w * sx)
+    m = upsample.analyse(index, in_shape, out_shape)
+    np.testing.assert_array_equal(_written(m, index.size), index)
+    # the same elements in another order along a row: no STORE writes that
+    if w > 1:
+        swapped = index.reshape(out_shape).copy()
+        swapped[..., [0, sx]] = swapped[..., [sx, 0]]      # input x = 0 and x = 1 of one place
+        with pytest.raises(upsample.Declined, match="consecutive input elements"):
+            upsample.analyse(swapped.reshape(-1), in_shape, out_shape)
