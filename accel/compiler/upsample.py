@@ -23,6 +23,10 @@ Rows of consecutive leading indices are one block of rows where the input and ou
 agree (a resize of ``[N, C, H, W]``: all ``N*C*H`` rows); otherwise (a pixel shuffle's planes)
 the leading index is a loop.
 
+A concat of int8 tensors whose inputs each fill one run of the output (a concat of NCHW
+tensors along C, batch 1) is the same copy without the element stride, one per input into
+its slice (:func:`concat_forms`).
+
 The patterns (``accel.upsample``): an int8 ``image.resize2d`` (NCHW, nearest, integer factors,
 a coordinate mode and rounding that pick ``y // s``), and an int8 ``reshape -> permute_dims ->
 reshape`` whose index map has that form (checked by running the three on the indices). At
@@ -57,7 +61,7 @@ from tirpat.device.planner import access_ptr_buffer
 from tirpat.model.integerize.rules import conv_transpose_declines
 
 __all__ = ["patterns", "check", "Upsample", "analyse", "index_map", "lower", "schedule_partition", "rule",
-           "resize_declines", "check_conv_transpose", "moves_int8", "PATTERN_NAME", "BUFFER_PREFIX"]
+           "resize_declines", "check_conv_transpose", "check_concat", "concat_forms", "moves_int8", "PATTERN_NAME", "BUFFER_PREFIX"]
 
 #: The partition pattern's name (``tp.explain`` and the report show it), and the rule's.
 PATTERN_NAME = "accel.upsample"
@@ -79,7 +83,8 @@ class Upsample:
     input rows of ``X`` elements per iteration of ``loops`` (``loop_in``/``loop_out``
     apart in input and output elements; 1 and 0 when the rows cover every leading index),
     input rows ``gy`` apart; ``groups``: per distinct input block, its first element and the
-    output places ``(a, b)`` it goes to."""
+    output places ``(a, b)`` it goes to; ``out_offset``: where its part of the output starts
+    (a concat's input: its slice)."""
 
     sy: int
     sx: int
@@ -91,6 +96,7 @@ class Upsample:
     loop_in: int
     loop_out: int
     groups: tuple
+    out_offset: int = 0
 
     @property
     def stores(self) -> int:
@@ -138,42 +144,81 @@ def analyse(index: np.ndarray, in_shape: tuple, out_shape: tuple) -> Upsample:
     return Upsample(sy, sx, wi, wo, hi, gy, p, loop_in, ho * wo, tuple(zip(blocks, places)))
 
 
-def index_map(func: tirx.PrimFunc) -> tuple[np.ndarray, tuple, tuple]:
-    """``(index, in_shape, out_shape)`` of a PrimFunc that copies one int8 buffer into another
-    (its two buffer parameters, input first): which input element each output element reads,
-    found by compiling it for the CPU and running it on the input's indices, seven bits per run
-    (int8 holds 0..127), then checked on random values. Raises :class:`Declined` for anything
-    else (another number of buffers or dtype, or values that are not moved unchanged)."""
+def index_map(func: tirx.PrimFunc) -> tuple[np.ndarray, np.ndarray, list, tuple]:
+    """``(source, index, in_shapes, out_shape)`` of a PrimFunc that moves the elements of its
+    int8 buffer parameters (the inputs) into its last one: for each output element, which input
+    it reads and which element of it. Found by compiling it for the CPU and running it on each
+    input's indices, seven bits per run (digits 0..126), the other inputs all 127 (so an output
+    element reads input ``i`` iff its first run is not 127), then checked on random values.
+    Raises :class:`Declined` for anything else."""
     buffers = [p for p in func.params if tirx.is_buffer_var(p)]
-    if len(buffers) != 2 or any(str(b.dtype) != "int8" for b in buffers):
-        raise Declined("not a copy of one int8 tensor into another")
-    in_shape, out_shape = (tuple(int(d) for d in b.shape) for b in buffers)
-    n = int(np.prod(in_shape, dtype=np.int64))
+    if len(buffers) < 2 or any(str(b.dtype) != "int8" for b in buffers):
+        raise Declined("not a move of int8 tensors into one")
+    shapes = [tuple(int(d) for d in b.shape) for b in buffers]
+    in_shapes, out_shape = shapes[:-1], shapes[-1]
+    sizes = [int(np.prod(sh, dtype=np.int64)) for sh in in_shapes]
     run = _compiled(func)
-    index = np.zeros(int(np.prod(out_shape, dtype=np.int64)), np.int64)
-    digits = max(1, -(-int(n - 1).bit_length() // 7))
-    for d in range(digits):
-        part = ((np.arange(n) >> (7 * d)) & 127).astype(np.int8)
-        index |= run(part).astype(np.int64) << (7 * d)
-    values = np.random.default_rng(0).integers(-128, 128, n).astype(np.int8)
-    if index.max(initial=0) >= n or not np.array_equal(run(values), values[index]):
+    out_size = int(np.prod(out_shape, dtype=np.int64))
+    source, index = np.full(out_size, -1, np.int64), np.zeros(out_size, np.int64)
+    for i, n in enumerate(sizes):
+        digits = 1
+        while 127 ** digits < n:
+            digits += 1
+        mine, total = None, np.zeros(out_size, np.int64)
+        for d in range(digits):
+            part = ((np.arange(n) // 127 ** d) % 127).astype(np.int8)
+            got = run([part if j == i else np.full(m, 127, np.int8) for j, m in enumerate(sizes)]).astype(np.int64)
+            mine = got != 127 if mine is None else mine
+            total += got * 127 ** d
+        if (source[mine] >= 0).any():
+            raise Declined("an output element reads two inputs")
+        source[mine], index[mine] = i, total[mine]
+    if (source < 0).any():
+        raise Declined("an output element reads no input")
+    values = [np.random.default_rng(k).integers(-128, 128, n).astype(np.int8) for k, n in enumerate(sizes)]
+    want = np.empty(out_size, np.int8)
+    for i, v in enumerate(values):
+        at = source == i
+        if (index[at] >= sizes[i]).any():
+            raise Declined("the partition does not move int8 values unchanged")
+        want[at] = v[index[at]]
+    if not np.array_equal(run(values), want):
         raise Declined("the partition does not move int8 values unchanged")
-    return index, in_shape, out_shape
+    return source, index, in_shapes, out_shape
 
 
 def _compiled(func: tirx.PrimFunc):
-    """``x -> func(x)`` on the CPU (flat int8 arrays)."""
+    """``[inputs] -> func(*inputs)`` on the CPU (flat int8 arrays in, the flat output out)."""
     ex = tvm.compile(ir.IRModule({"main": func.with_attr("global_symbol", "main")}), "llvm")
-    out_buffer = [p for p in func.params if tirx.is_buffer_var(p)][1]
-    in_shape = [int(d) for d in [p for p in func.params if tirx.is_buffer_var(p)][0].shape]
-    out_shape = [int(d) for d in out_buffer.shape]
+    shapes = [[int(d) for d in p.shape] for p in func.params if tirx.is_buffer_var(p)]
 
-    def run(x: np.ndarray) -> np.ndarray:
-        out = tvm.runtime.tensor(np.zeros(out_shape, np.int8))
-        ex["main"](tvm.runtime.tensor(x.reshape(in_shape)), out)
+    def run(inputs: list) -> np.ndarray:
+        out = tvm.runtime.tensor(np.zeros(shapes[-1], np.int8))
+        ex["main"](*[tvm.runtime.tensor(x.reshape(sh)) for x, sh in zip(inputs, shapes)], out)
         return out.numpy().reshape(-1)
 
     return run
+
+
+def concat_forms(source: np.ndarray, index: np.ndarray, in_shapes: list) -> list:
+    """One :class:`Upsample` per input of a concat: its elements, in order, one run of the
+    output (its slice), copied as rows of its last dimension. Raises :class:`Declined` when an
+    input's part of the output is not one run (a concat along an axis after others of size > 1).
+
+    >>> source, index = np.repeat([0, 1], [6, 4]), np.r_[np.arange(6), np.arange(4)]
+    >>> [(m.rows, m.x, m.out_offset) for m in concat_forms(source, index, [(1, 2, 3), (1, 2, 2)])]
+    [(2, 3, 0), (2, 2, 6)]
+    """
+    forms = []
+    for i, shape in enumerate(in_shapes):
+        at = np.flatnonzero(source == i)
+        n = int(np.prod(shape, dtype=np.int64))
+        if at.size != n or (n and (at[-1] - at[0] + 1 != n or not np.array_equal(index[at], np.arange(n)))):
+            raise Declined(f"input {i} of the concat is not one run of the output (a concat along an axis after "
+                           "others of size > 1): accel copies each input as rows into its slice")
+        x = shape[-1] if shape else 1
+        forms.append(Upsample(1, 1, x, x, n // x, x, 1, 0, 0, ((0, ((0, 0),)),), int(at[0]) if n else 0))
+    return forms
 
 
 # ----------------------------------------------------------------------------------------
@@ -181,11 +226,11 @@ def _compiled(func: tirx.PrimFunc):
 # ----------------------------------------------------------------------------------------
 def patterns() -> list:
     """``[(name, pattern, annotations, check)]``: an int8 nearest resize, an int8 reshape ->
-    permute_dims -> reshape (a pixel shuffle); and a ``conv2d_transpose``, declined with the
-    reason (:func:`check_conv_transpose`).
+    permute_dims -> reshape (a pixel shuffle), an int8 concat (:func:`check_concat`); and a
+    ``conv2d_transpose``, declined with the reason (:func:`check_conv_transpose`).
 
     >>> [name for name, _, _, _ in patterns()]
-    ['accel.upsample', 'accel.upsample', 'accel.upsample']
+    ['accel.upsample', 'accel.upsample', 'accel.upsample', 'accel.upsample']
     """
     return list(_patterns())
 
@@ -196,8 +241,33 @@ def _patterns() -> tuple:
     shuffle = is_op("relax.reshape")(is_op("relax.permute_dims")(is_op("relax.reshape")(wildcard(), wildcard())),
                                      wildcard())
     transposed = is_op("relax.nn.conv2d_transpose")(wildcard(), wildcard())
+    concat = is_op("relax.concat")(wildcard())
     return ((PATTERN_NAME, resize, {"core": resize}, check), (PATTERN_NAME, shuffle, {"core": shuffle}, check),
+            (PATTERN_NAME, concat, {"core": concat}, check_concat),
             (PATTERN_NAME, transposed, {"core": transposed}, check_conv_transpose))
+
+
+def check_concat(ctx) -> bool | str:
+    """True when accel can copy each input of the matched int8 ``concat`` into its slice of the
+    output (each one run of it: the axes before the concat's have size 1); else why not."""
+    call = ctx.annotated_expr["core"]
+    parts = call.args[0]
+    fields = list(parts.fields) if isinstance(parts, relax.Tuple) else None
+    if fields is None:
+        return "a concat of a tuple computed elsewhere; accel takes one of tensors"
+    if any(str(f.ty.dtype) != "int8" for f in fields):
+        return f"a concat of {', '.join(sorted({str(f.ty.dtype) for f in fields}))}; accel moves int8 tensors"
+    dims = [_dims(f) for f in fields]
+    if None in dims or _dims(call) is None:
+        return "dynamic shapes; accel needs static shapes"
+    axis = int(call.attrs.axis) % len(dims[0])
+    index = np.concatenate([np.arange(int(np.prod(d))).reshape(d) for d in dims], axis=axis)
+    source = np.concatenate([np.full(d, i) for i, d in enumerate(dims)], axis=axis)
+    try:
+        concat_forms(source.reshape(-1), index.reshape(-1), dims)
+    except Declined as why:
+        return str(why)
+    return False if has_leaking_intermediate_variables(ctx) else True
 
 
 def check_conv_transpose(ctx) -> str:
@@ -292,12 +362,13 @@ def _round(n: int, t: int) -> int:
     return -(-n // t) * t
 
 
-def _block_rows(m: Upsample, config: Config) -> int:
+def _block_rows(m: Upsample, config: Config, share: int = 1) -> int:
     """Input rows per block: the most (whole tiles, or all of them) for which every INP and ACC
-    block :func:`lower` allocates fits at once, each as the memory's ``footprint`` counts it
-    (the planner's rule: doubled inside a loop); those of the last, shorter block too, which
-    is live beside the others inside the loop over leading indices. A plan that fits here
-    is one the planner places (a partition lowered to calls has no schedule to fall back on)."""
+    block :func:`lower` allocates fits at once in ``1 / share`` of the memories (a concat's
+    inputs each get their share), each as the memory's ``footprint`` counts it (the planner's
+    rule: doubled inside a loop); those of the last, shorter block too, which is live beside
+    the others inside the loop over leading indices. A plan that fits here is one the planner
+    places (a partition lowered to calls has no schedule to fall back on)."""
     t = config.tile
     xp = _round(m.x, t)
     options = {"tile": t}
@@ -305,7 +376,7 @@ def _block_rows(m: Upsample, config: Config) -> int:
     def fits(rows: int) -> bool:
         whole, rest = divmod(m.rows, rows)
         blocks = [(rows, whole > 1 or m.loops > 1)] + ([(rest, m.loops > 1)] if rest else [])
-        for memory, capacity in ((INP, config.inp_elements), (ACC, config.acc_elements)):
+        for memory, capacity in ((INP, config.inp_elements // share), (ACC, config.acc_elements // share)):
             need = sum(len(m.groups) * memory.footprint(_round(r, t) * xp, repeated=looped, options=options)
                        for r, looped in blocks)
             if need > capacity:
@@ -325,14 +396,14 @@ def _block_rows(m: Upsample, config: Config) -> int:
 class _Emitter:
     """The instructions of one block of rows (module doc)."""
 
-    def __init__(self, m: Upsample, src, out, ones, config: Config) -> None:
+    def __init__(self, m: Upsample, src, out, ones, config: Config, tag: str = "") -> None:
         self.m, self.src, self.out, self.ones, self.t = m, src, out, ones, config.tile
-        self.xp = _round(m.x, config.tile)
+        self.xp, self.tag = _round(m.x, config.tile), tag
 
     def block(self, loop, row0, rows: int, tag: str) -> list:
         """Allocations and calls for ``rows`` input rows from ``row0`` of loop iteration ``loop``."""
         m, t, xp = self.m, self.t, self.xp
-        rp = _round(rows, t)
+        rp, tag = _round(rows, t), self.tag + tag
         allocs, calls = [], []
         for k, (start, places) in enumerate(m.groups):
             inp = tirx.decl_buffer((rp * xp,), "int8", f"{BUFFER_PREFIX}inp{k}{tag}", scope=INP.scope)
@@ -352,27 +423,39 @@ class _Emitter:
                 wgt_stride_out=0, wgt_stride_in=0))
             for a, b in places:
                 calls.append(STORE[StoreMode.WRAP].call(
-                    host=self.out, elem_offset=loop * m.loop_out + (row0 * m.sy + a) * m.wo + b, sram_addr=acc,
+                    host=self.out, elem_offset=m.out_offset + loop * m.loop_out + (row0 * m.sy + a) * m.wo + b,
+                    sram_addr=acc,
                     sram_ld=xp, rows=rows, cols=m.x, dram_ld=m.sy * m.wo, dram_step=m.sx))
         return allocs + calls
 
 
-def lower(func: tirx.PrimFunc, m: Upsample, config: Config) -> tirx.PrimFunc:
-    """``func`` (a copy of its first buffer parameter into its second) with its body replaced
-    by accel's instructions for ``m``; raises :class:`Declined` when a block of rows does not fit."""
-    src, out = [p for p in func.params if tirx.is_buffer_var(p)]
+def lower(func: tirx.PrimFunc, forms: list, config: Config) -> tirx.PrimFunc:
+    """``func`` (a move of its first buffer parameters into its last) with its body replaced by
+    accel's instructions for ``forms``, one :class:`Upsample` per input; raises
+    :class:`Declined` when a block of rows does not fit."""
+    *sources, out = [p for p in func.params if tirx.is_buffer_var(p)]
     t = config.tile
-    rows = _block_rows(m, config)
     ones = tirx.decl_buffer((t,), "int8", f"{BUFFER_PREFIX}ones", scope=WGT.scope)
     stmts = [tirx.AllocBuffer(ones),
-             LOAD[Mem.WGT].call(host=src, elem_offset=0, sram_addr=ones, sram_ld=t, rows=0, cols=0, dram_ld=0,
-                                pad_top=1, pad_bottom=0, pad_left=t, pad_right=0, pad_value=1)]
-    emitter = _Emitter(m, src, out, ones, config)
+             LOAD[Mem.WGT].call(host=sources[0], elem_offset=0, sram_addr=ones, sram_ld=t, rows=0, cols=0,
+                                dram_ld=0, pad_top=1, pad_bottom=0, pad_left=t, pad_right=0, pad_value=1)]
+    for n, (src, m) in enumerate(zip(sources, forms)):
+        if m.rows == 0:
+            continue
+        stmts += _copies(m, _Emitter(m, src, out, ones, config, f"_{n}" if len(forms) > 1 else ""),
+                         _block_rows(m, config, len(forms)), n)
+    # a block in a root block, as TVM's passes after scheduling expect of a PrimFunc's body
+    copy = s_tir.SBlockRealize([], True, s_tir.SBlock([], [], [], "upsample", tirx.SeqStmt(stmts)))
+    return func.with_body(s_tir.SBlockRealize([], True, s_tir.SBlock([], [], [], "root", copy)))
+
+
+def _copies(m: Upsample, emitter: _Emitter, rows: int, n: int) -> list:
+    """The loops over leading indices and blocks of ``rows`` rows of one input's copy."""
     whole, rest = divmod(m.rows, rows)
-    loop = tirx.Var("upsample_loop", "int32") if m.loops > 1 else 0
+    loop = tirx.Var(f"upsample_loop{n}", "int32") if m.loops > 1 else 0
     inner = []
     if whole > 1:
-        v = tirx.Var("upsample_rows", "int32")
+        v = tirx.Var(f"upsample_rows{n}", "int32")
         inner.append(tirx.For(v, tirx.IntImm("int32", 0), tirx.IntImm("int32", whole), tirx.ForKind.SERIAL,
                               tirx.SeqStmt(emitter.block(loop, v * rows, rows, ""))))
     elif whole:
@@ -380,13 +463,9 @@ def lower(func: tirx.PrimFunc, m: Upsample, config: Config) -> tirx.PrimFunc:
     if rest:
         inner.append(tirx.SeqStmt(emitter.block(loop, whole * rows, rest, "_rest")))
     if m.loops > 1:
-        stmts.append(tirx.For(loop, tirx.IntImm("int32", 0), tirx.IntImm("int32", m.loops), tirx.ForKind.SERIAL,
-                              tirx.SeqStmt(inner) if len(inner) > 1 else inner[0]))
-    else:
-        stmts += inner
-    # a block in a root block, as TVM's passes after scheduling expect of a PrimFunc's body
-    copy = s_tir.SBlockRealize([], True, s_tir.SBlock([], [], [], "upsample", tirx.SeqStmt(stmts)))
-    return func.with_body(s_tir.SBlockRealize([], True, s_tir.SBlock([], [], [], "root", copy)))
+        return [tirx.For(loop, tirx.IntImm("int32", 0), tirx.IntImm("int32", m.loops), tirx.ForKind.SERIAL,
+                         tirx.SeqStmt(inner) if len(inner) > 1 else inner[0])]
+    return inner
 
 
 def describe(m: Upsample, config: Config) -> str:
@@ -409,9 +488,15 @@ def schedule_partition(func: tirx.PrimFunc, config: Config) -> tirx.PrimFunc | N
         return None
     notes = {"host_macs": 0, "device_macs": 0, "host_steps": [], "epilogue": [], "details": []}
     try:
-        m = analyse(*index_map(func))
-        lowered = lower(func, m, config)
-        notes["details"] = [describe(m, config)]
+        source, index, in_shapes, out_shape = index_map(func)
+        if len(in_shapes) == 1:
+            forms = [analyse(index, in_shapes[0], out_shape)]
+            notes["details"] = [describe(forms[0], config)]
+        else:
+            forms = concat_forms(source, index, in_shapes)
+            notes["details"] = [f"offloaded concat: {len(forms)} int8 inputs each copied as rows into its slice of "
+                                f"the output ({sum(m.rows for m in forms)} rows)"]
+        lowered = lower(func, forms, config)
         return lowered.with_attr(tp.SCHEDULE_NOTES, json.dumps(notes))
     except Declined as why:
         notes["host_steps"] = [["upsample", f"is not offloaded: {why}"]]
@@ -423,9 +508,10 @@ _HOLDS_INT8 = {"int8", "int16", "int32", "int64", "float16", "float32", "float64
 
 
 def moves_int8(func: tirx.PrimFunc) -> bool:
-    """Whether ``func`` only moves elements: two int8 buffer parameters, no reduction, and every
+    """Whether ``func`` only moves elements: int8 buffer parameters, no reduction, and every
     value stored is a value loaded (through casts that hold int8 exactly: a resize's
-    ``int8 -> float32 -> int8``). Such a PrimFunc comes from :func:`patterns` alone among accel's.
+    ``int8 -> float32 -> int8``; or one of several, a concat's ``if_then_else``). Such a
+    PrimFunc comes from :func:`patterns` alone among accel's.
 
     >>> from tvm.script import tirx as T
     >>> @T.prim_func(s_tir=True)
@@ -438,13 +524,15 @@ def moves_int8(func: tirx.PrimFunc) -> bool:
     True
     """
     params = [p for p in func.params if tirx.is_buffer_var(p)]
-    if len(params) != 2 or any(str(p.dtype) != "int8" for p in params):
+    if len(params) < 2 or any(str(p.dtype) != "int8" for p in params):
         return False
     found = {"stores": 0, "other": False}
 
     def loaded(e) -> bool:
         while isinstance(e, tirx.Cast) and str(e.ty.dtype) in _HOLDS_INT8:
             e = e.value
+        if isinstance(e, ir.Call) and getattr(e.op, "name", "") in ("prim.if_then_else", "tirx.if_then_else"):
+            return loaded(e.args[1]) and loaded(e.args[2])      # a concat: one input or another
         return isinstance(e, ir.TensorLoad) and str(e.ty.dtype) == "int8"
 
     def on_block(b) -> None:

@@ -217,3 +217,69 @@ def test_the_form_s_stores_write_exactly_the_index_map(n, c, h, w, sy, sx, shuff
         swapped[..., [0, sx]] = swapped[..., [sx, 0]]      # input x = 0 and x = 1 of one place
         with pytest.raises(upsample.Declined, match="consecutive input elements"):
             upsample.analyse(swapped.reshape(-1), in_shape, out_shape)
+
+
+# -- concat: each input copied into its slice of the output ----------------------------------------
+def concat_module(shapes: list, axis: int = 1) -> tvm.IRModule:
+    bb = relax.BlockBuilder()
+    xs = [relax.Var(f"x{i}", relax.TensorType(s, "int8")) for i, s in enumerate(shapes)]
+    with bb.function("main", xs):
+        with bb.dataflow():
+            y = bb.emit_output(relax.op.concat(xs, axis=axis))
+        bb.emit_func_output(y)
+    return bb.get()
+
+
+@settings(max_examples=8)
+@given(st.lists(st.integers(1, 30), min_size=2, max_size=4), st.integers(1, 20), st.integers(1, 50),
+       st.integers(0, 1000))
+def test_concat_runs_on_accel_bit_exact(channels, h, w, seed):
+    mod = concat_module([(1, c, h, w) for c in channels])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = tp.build(mod, "accel, llvm")
+    vm = relax.VirtualMachine(tvm.compile(mod, "llvm"), tvm.cpu())
+    rng = np.random.default_rng(seed)
+    xs = [rng.integers(-128, 128, (1, c, h, w), dtype=np.int8) for c in channels]
+    want = vm["main"](*[tvm.runtime.tensor(x) for x in xs]).numpy()
+    for _ in range(3):
+        np.testing.assert_array_equal(model(*xs), want)
+    assert _host_ops(model) == []
+    counts = model.stats["accel"].instructions
+    assert counts["STORE"] == counts["DWMAC"] >= len(channels)
+
+
+def test_a_concat_whose_inputs_interleave_stays_on_the_host_and_says_why():
+    why = "input 0 of the concat is not one run of the output"
+    with pytest.warns(tp.OffloadWarning, match=why):
+        model = tp.build(concat_module([(1, 2, 3, 4), (1, 2, 5, 4)], axis=2), "accel, llvm")
+    assert _host_ops(model) == ["relax.concat"]
+
+
+def test_quantised_concat_ends_on_accel():
+    """Two convolution branches concatenated (onnxruntime gives the Concat one scale; integerize
+    rescales each branch to it): the concat runs on accel, bit-exact against llvm of the
+    integerised module."""
+    pytest.importorskip("onnx")
+    pytest.importorskip("onnxruntime")
+    from onnx import TensorProto, helper, numpy_helper
+    from tvm.relax.frontend.onnx import from_onnx
+
+    rng = np.random.default_rng(3)
+    inits = {"w": rng.normal(size=(4, 3, 1, 1)), "v": 3 * rng.normal(size=(5, 3, 3, 3))}
+    nodes = [helper.make_node("Conv", ["x", "w"], ["a"], kernel_shape=[1, 1]),
+             helper.make_node("Conv", ["x", "v"], ["b"], kernel_shape=[3, 3], pads=[1] * 4),
+             helper.make_node("Concat", ["a", "b"], ["y"], axis=1)]
+    graph = helper.make_graph(nodes, "concat", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 6, 6])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 9, 6, 6])],
+                              [numpy_helper.from_array(v.astype(np.float32), k) for k, v in inits.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    data = rng.normal(size=(8, 1, 3, 6, 6)).astype(np.float32)
+    mod = from_onnx(tp.quantize(model, {"x": data[:6]}), keep_params_in_input=False)
+    reference = relax.VirtualMachine(tvm.compile(tp.integerize()(mod), "llvm"), tvm.cpu())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tp.OffloadWarning)
+        compiled = tp.build(mod, "accel, llvm")
+    assert "relax.concat" not in _host_ops(compiled)
+    for x in data[6:]:
+        np.testing.assert_array_equal(compiled(x), reference["main"](tvm.runtime.tensor(x)).numpy())
