@@ -27,7 +27,7 @@ instructions with dependency tokens.
 >>> import accel
 >>> rw = accel.rules()
 >>> [r.name for r in rw.rules]
-['accel.load', 'accel.gemm', 'accel.zero_init', 'accel.alu', 'accel.store', 'accel.elementwise']
+['accel.load', 'accel.gemm', 'accel.zero_init', 'accel.alu', 'accel.store', 'accel.elementwise', 'accel.upsample']
 """
 
 from __future__ import annotations

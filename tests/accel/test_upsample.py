@@ -13,6 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tvm import relax
 
+import accel
+import accel.hw.cycles
+import accel.hw.isa
 import tirpat as tp
 from accel.compiler import upsample
 
@@ -99,11 +102,17 @@ def test_a_large_resize_is_blocked_by_rows_and_costs_its_strided_stores():
     """A 96-channel 40 x 40 -> 80 x 80 resize (the detectors' FPN): its 3,840 input rows in
     blocks that fit ACC and INP twice over; each STORE costs its rows' span (ISA.md section 6)."""
     model = _build_and_compare(resize_module(96, 40, 40, 2, 2), 1)
-    details = [d for p in model.report.partitions for d in p.details]
-    assert details == ["offloaded upsampling copy: 3840 row(s) of 40 int8 elements in blocks of 320, each to "
-                       "4 place(s) (factors 2 x 2, STORE dram_step 2)"]
+    m = upsample.analyse(np.arange(96 * 40 * 40).reshape(1, 96, 40, 40).repeat(2, 2).repeat(2, 3).reshape(-1),
+                         (1, 96, 40, 40), (1, 96, 80, 80))
+    assert upsample.describe(m, accel.Config()) == (
+        "offloaded upsampling copy: 3840 row(s) of 40 int8 elements in blocks of 320, each to 4 place(s) "
+        "(factors 2 x 2, STORE dram_step 2)")
     stats = model.stats["accel"]
+    # 12 blocks of 320 rows, 4 STOREs each; a strided row of 40 int8 spans 79 bytes: 2 cycles
     assert stats.instructions["STORE"] == 4 * 12 and stats.bytes["sram_to_dram"] == 96 * 80 * 80
+    store = accel.hw.isa.Store(sram_addr=0, sram_ld=48, slot=0, dram_offset=0, dram_ld=160, rows=320, cols=40,
+                               dram_step=2, mode=accel.hw.isa.StoreMode.WRAP)
+    assert accel.hw.cycles.cost(store, accel.Config()) == 320 * 2 + accel.Config().issue_overhead
 
 
 @pytest.mark.parametrize("mod, why", [

@@ -294,7 +294,7 @@ def _report(record: Record, target) -> tuple[ModelReport, list, bool]:
                          macs if not rules else int(notes.get("host_macs", 0)),
                          notes.get("device_macs"), [_at_compile_time(s, record.folded.get(name, ()))
                                                     for s in notes.get("host_steps", [])],
-                         fallback, name in record.from_records, details=list(notes.get("details", [])))
+                         fallback, name in record.from_records)
         report.partitions.append(part)
     if record.records is not None:
         report.records = {"path": str(record.records.path), "applied": sum(p.from_records for p in report.partitions),
