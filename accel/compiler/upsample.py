@@ -61,7 +61,8 @@ from tirpat.device.planner import access_ptr_buffer
 from tirpat.model.integerize.rules import conv_transpose_declines
 
 __all__ = ["patterns", "check", "Upsample", "analyse", "index_map", "lower", "schedule_partition", "rule",
-           "resize_declines", "check_conv_transpose", "check_concat", "concat_forms", "moves_int8", "PATTERN_NAME", "BUFFER_PREFIX"]
+           "resize_declines", "check_conv_transpose", "check_concat", "concat_forms", "moves_int8", "describe", "Declined",
+           "PATTERN_NAME", "BUFFER_PREFIX"]
 
 #: The partition pattern's name (``tp.explain`` and the report show it), and the rule's.
 PATTERN_NAME = "accel.upsample"
@@ -100,7 +101,11 @@ class Upsample:
 
     @property
     def stores(self) -> int:
-        """STOREs per block of rows (one per output place)."""
+        """STOREs per block of rows (one per output place).
+
+        >>> Upsample(2, 2, 4, 8, 6, 4, 1, 0, 0, ((0, ((0, 0), (0, 1), (1, 0), (1, 1))),)).stores
+        4
+        """
         return sum(len(places) for _, places in self.groups)
 
 
@@ -111,7 +116,13 @@ class Declined(ValueError):
 def analyse(index: np.ndarray, in_shape: tuple, out_shape: tuple) -> Upsample:
     """The :class:`Upsample` form of the flat index map ``index`` (output element -> the
     input element it reads) from ``in_shape`` to ``out_shape``; raises :class:`Declined`
-    with the reason when it has none (see the module doc's example)."""
+    with the reason when it has none (see the module doc's example).
+
+    >>> analyse(np.arange(6)[::-1], (1, 6), (1, 6))
+    Traceback (most recent call last):
+    ...
+    accel.compiler.upsample.Declined: no upsampling (the last two dimensions keep their sizes)
+    """
     if len(in_shape) < 2 or len(out_shape) < 2:
         raise Declined("a tensor of fewer than two dimensions")
     (hi, wi), (ho, wo) = in_shape[-2:], out_shape[-2:]
@@ -150,7 +161,19 @@ def index_map(func: tirx.PrimFunc) -> tuple[np.ndarray, np.ndarray, list, tuple]
     it reads and which element of it. Found by compiling it for the CPU and running it on each
     input's indices, seven bits per run (digits 0..126), the other inputs all 127 (so an output
     element reads input ``i`` iff its first run is not 127), then checked on random values.
-    Raises :class:`Declined` for anything else."""
+    Raises :class:`Declined` for anything else.
+
+    >>> from tvm.script import tirx as T
+    >>> @T.prim_func(s_tir=True)
+    ... def twice(x: T.Buffer((3,), "int8"), y: T.Buffer((6,), "int8")):
+    ...     for i in range(6):
+    ...         with T.sblock("y"):
+    ...             v = T.axis.spatial(6, i)
+    ...             y[v] = x[v // 2]
+    >>> source, index, in_shapes, out_shape = index_map(twice)
+    >>> index.tolist(), in_shapes, out_shape
+    ([0, 0, 1, 1, 2, 2], [(3,)], (6,))
+    """
     buffers = [p for p in func.params if tirx.is_buffer_var(p)]
     if len(buffers) < 2 or any(str(b.dtype) != "int8" for b in buffers):
         raise Declined("not a move of int8 tensors into one")
@@ -296,10 +319,11 @@ def resize_declines(call: relax.Call) -> str | None:
     factors, each output row and column reading input ``y // s``; else why not.
 
     >>> x = relax.Var("x", relax.TensorType((1, 2, 4, 4), "int8"))
-    >>> resize_declines(relax.op.image.resize2d(x, (8, 12), method="nearest_neighbor",
-    ...                 coordinate_transformation_mode="asymmetric", rounding_method="floor"))
-    >>> resize_declines(relax.op.image.resize2d(x, (6, 8), method="nearest_neighbor",
-    ...                 coordinate_transformation_mode="asymmetric", rounding_method="floor"))
+    >>> def resize(size):
+    ...     return relax.BlockBuilder().normalize(relax.op.image.resize2d(
+    ...         x, size, method="nearest_neighbor", coordinate_transformation_mode="asymmetric", rounding_method="floor"))
+    >>> resize_declines(resize((8, 12)))
+    >>> resize_declines(resize((6, 8)))
     'a resize from 4 x 4 to 6 x 8: not whole multiples'
     """
     attrs = call.attrs
