@@ -28,6 +28,10 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from ..model.build import OffloadWarning, build
+from ..model.compiled import CompiledModel
+from ..model.target import CompositeTarget
+
 __all__ = ["INPUT_RANGES", "Inputs", "assert_matches_llvm", "llvm_reference", "random_inputs"]
 
 #: the half-open range each integer dtype's inputs are drawn from: int8 spans its range; int32
@@ -39,8 +43,11 @@ Inputs = Union[Sequence[np.ndarray], Callable[[int], Sequence[np.ndarray]]]
 
 
 def _entry(mod: tvm.IRModule, entry: str) -> relax.Function:
-    if entry not in [gv.name_hint for gv in mod.get_global_vars()]:
-        raise ValueError(f"the module has no function {entry!r} to run")
+    if not isinstance(mod, tvm.IRModule) or entry not in [gv.name_hint for gv in mod.get_global_vars()]:
+        raise ValueError(f"expected an IRModule with a Relax function {entry!r}, got {type(mod).__name__}")
+    if not isinstance(mod[entry], relax.Function):
+        raise ValueError(f"{entry} is a {type(mod[entry]).__name__}, not a Relax function: these helpers run "
+                         "Relax models")
     return mod[entry]
 
 
@@ -120,9 +127,9 @@ def llvm_reference(mod: tvm.IRModule, entry: str = "main") -> Callable[..., list
     return lambda *args: _flat(run(*[tvm.runtime.tensor(np.asarray(a)) for a in args]))
 
 
-def assert_matches_llvm(mod: tvm.IRModule, target, *, calls: int = 3, inputs: Inputs | None = None,
-                        seed: int = 0, reference: tvm.IRModule | None = None, strict: bool = False,
-                        quiet: bool = True):
+def assert_matches_llvm(mod: tvm.IRModule, target: str | CompositeTarget, *, calls: int = 3,
+                        inputs: Inputs | None = None, seed: int = 0, reference: tvm.IRModule | None = None,
+                        strict: bool = False, quiet: bool = True) -> CompiledModel:
     """Build ``mod`` with ``tp.build(mod, target)``, run it ``calls`` times and assert that
     every output equals, bit for bit and in shape and dtype, what ``tvm.compile(reference,
     "llvm")`` computes from the same arguments.
@@ -158,10 +165,9 @@ def assert_matches_llvm(mod: tvm.IRModule, target, *, calls: int = 3, inputs: In
     AssertionError
         An output differs from llvm's; the message names the call and the output.
     ValueError
-        ``calls`` is below 1, or inputs cannot be drawn for ``mod`` (pass them).
+        ``calls`` is below 1, ``mod`` has no Relax ``main``, or inputs cannot be drawn for
+        it (pass them).
     """
-    from tirpat.model.build import OffloadWarning, build
-
     if calls < 1:
         raise ValueError(f"calls must be at least 1, not {calls}")
     if inputs is None:
