@@ -6,17 +6,6 @@ that plans or caches on later calls is exercised too) and compare every output w
 it returns the compiled model, whose ``report`` and ``stats`` the test then inspects.
 :func:`llvm_reference` is llvm's side alone (for a test whose build must warn or raise
 first), and :func:`random_inputs` draws arguments for a module's entry function.
-
->>> from tvm import relax
->>> bb = relax.BlockBuilder()
->>> x = relax.Var("x", relax.TensorType((2, 3), "int8"))
->>> with bb.function("main", [x]):
-...     with bb.dataflow():
-...         out = bb.emit_output(relax.op.add(x, x))
-...     _ = bb.emit_func_output(out)
->>> model = assert_matches_llvm(bb.get(), "llvm", calls=2)
->>> model(np.array([[1, 2, 3], [-4, 5, 127]], "int8")).tolist()      # int8 wraps, as llvm's does
-[[2, 4, 6], [-8, 10, -2]]
 """
 
 from __future__ import annotations
@@ -168,6 +157,16 @@ def assert_matches_llvm(mod: tvm.IRModule, target: str | CompositeTarget, *, cal
     ValueError
         ``calls`` is below 1, ``mod`` has no Relax ``main``, or inputs cannot be drawn for
         it (pass them).
+    >>> from tvm import relax
+    >>> bb = relax.BlockBuilder()
+    >>> x = relax.Var("x", relax.TensorType((2, 3), "int8"))
+    >>> with bb.function("main", [x]):
+    ...     with bb.dataflow():
+    ...         out = bb.emit_output(relax.op.add(x, x))
+    ...     _ = bb.emit_func_output(out)
+    >>> model = assert_matches_llvm(bb.get(), "llvm", calls=2)
+    >>> model(np.array([[1, 2, 3], [-4, 5, 127]], "int8")).tolist()      # int8 wraps, as llvm's does
+    [[2, 4, 6], [-8, 10, -2]]
     """
     if calls < 1:
         raise ValueError(f"calls must be at least 1, not {calls}")
