@@ -6,6 +6,8 @@ dimensions (a squeeze-excitation's ``[1, C, 1, 1]``) or one value in all, built 
 module over three calls (the third replays the simulator's batched plan); what stays on the
 host says why."""
 
+import warnings
+
 import numpy as np
 import pytest
 import tvm
@@ -61,9 +63,9 @@ def rescale_module(shape, real: float | None, zx: int, zy: int, bounds=(-128, 12
     return bb.get()
 
 
-def _build_and_compare(mod: tvm.IRModule, seed: int):
+def _build_and_compare(mod: tvm.IRModule, seed: int, target: str = "accel, llvm"):
     # three calls: the third replays the stream in the simulator's batched plan (accel.hw.fused)
-    return assert_matches_llvm(mod, "accel, llvm", seed=seed)
+    return assert_matches_llvm(mod, target, seed=seed)
 
 
 def _on_accel(model) -> None:
