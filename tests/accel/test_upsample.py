@@ -4,7 +4,6 @@ LOADed, widened by a DWMAC by ones and written by STOREs with an element stride
 (``dram_step``), bit-exact against ``tvm.compile(..., "llvm")`` of the same module over three
 calls; what accel cannot move stays on the host and says why."""
 
-import warnings
 
 import numpy as np
 import pytest
@@ -18,6 +17,7 @@ import accel.hw.cycles
 import accel.hw.isa
 import tirpat as tp
 from accel.compiler import upsample
+from tirpat.testing.differential import assert_matches_llvm
 
 
 def resize_module(c: int, h: int, w: int, sy: int, sx: int, dtype: str = "int8", method: str = "nearest_neighbor",
@@ -45,19 +45,6 @@ def shuffle_module(c: int, kh: int, kw: int, h: int, w: int, axes=(0, 1, 4, 2, 5
     return bb.get()
 
 
-def _build_and_compare(mod: tvm.IRModule, seed: int):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = tp.build(mod, "accel, llvm")
-    vm = relax.VirtualMachine(tvm.compile(mod, "llvm"), tvm.cpu())
-    shape = [int(d) for d in mod["main"].params[0].ty.shape.values]
-    x = np.random.default_rng(seed).integers(-128, 128, shape, dtype=np.int8)
-    want = vm["main"](tvm.runtime.tensor(x)).numpy()
-    for _ in range(3):      # the third call replays the stream in the simulator's batched plan
-        np.testing.assert_array_equal(model(x), want)
-    return model
-
-
 def _host_ops(model) -> list[str]:
     return [h["op"] for h in model.report.to_json()["on_host"]]
 
@@ -68,7 +55,7 @@ def _host_ops(model) -> list[str]:
 def test_nearest_resize_runs_on_accel_bit_exact(c, h, w, sy, sx, seed):
     if (sy, sx) == (1, 1):
         sx = 2
-    model = _build_and_compare(resize_module(c, h, w, sy, sx), seed)
+    model = assert_matches_llvm(resize_module(c, h, w, sy, sx), "accel, llvm", seed=seed)
     assert _host_ops(model) == []
     assert [p.pattern for p in model.report.partitions] == ["accel.upsample"]
     counts = model.stats["accel"].instructions
@@ -84,7 +71,7 @@ def test_nearest_resize_runs_on_accel_bit_exact(c, h, w, sy, sx, seed):
        st.integers(0, 1000))
 def test_pixel_shuffle_runs_on_accel_bit_exact(c, kernel, h, w, seed):
     kh, kw = kernel
-    model = _build_and_compare(shuffle_module(c, kh, kw, h, w), seed)
+    model = assert_matches_llvm(shuffle_module(c, kh, kw, h, w), "accel, llvm", seed=seed)
     assert _host_ops(model) == []
     counts = model.stats["accel"].instructions
     # one input plane per tap: a block of rows is kh*kw LOADs and DWMACs and one STORE each
@@ -94,14 +81,14 @@ def test_pixel_shuffle_runs_on_accel_bit_exact(c, kernel, h, w, seed):
 def test_a_detector_s_pixel_shuffle_fits_its_blocks_beside_the_last_shorter_one():
     """ppocrv6_det_small's first ConvTranspose, 24 channels of 80 x 80 pixels per tap: blocks
     of rows whose INP and ACC buffers, with those of the last shorter block, fit the planner."""
-    model = _build_and_compare(shuffle_module(24, 2, 2, 80, 80), 3)
+    model = assert_matches_llvm(shuffle_module(24, 2, 2, 80, 80), "accel, llvm", seed=3)
     assert _host_ops(model) == [] and not model.report.partitions[0].fallback
 
 
 def test_a_large_resize_is_blocked_by_rows_and_costs_its_strided_stores():
     """A 96-channel 40 x 40 -> 80 x 80 resize (the detectors' FPN): its 3,840 input rows in
     blocks that fit ACC and INP twice over; each STORE costs its rows' span (ISA.md section 6)."""
-    model = _build_and_compare(resize_module(96, 40, 40, 2, 2), 1)
+    model = assert_matches_llvm(resize_module(96, 40, 40, 2, 2), "accel, llvm", seed=1)
     m = upsample.analyse(np.arange(96 * 40 * 40).reshape(1, 96, 40, 40).repeat(2, 2).repeat(2, 3).reshape(-1),
                          (1, 96, 40, 40), (1, 96, 80, 80))
     assert upsample.describe(m, accel.Config()) == (
@@ -145,7 +132,7 @@ def test_a_conv_transpose_left_in_the_model_says_why():
 def test_resize_modes_that_read_y_over_s_run_on_accel():
     """half_pixel with rounding to nearest reads y // s for an integer factor, as asymmetric floor does."""
     for mode, rounding in (("half_pixel", "round_prefer_ceil"), ("pytorch_half_pixel", "round_prefer_floor")):
-        model = _build_and_compare(resize_module(3, 5, 6, 3, 2, mode=mode, rounding=rounding), 2)
+        model = assert_matches_llvm(resize_module(3, 5, 6, 3, 2, mode=mode, rounding=rounding), "accel, llvm", seed=2)
         assert _host_ops(model) == []
 
 
@@ -173,18 +160,12 @@ def test_quantised_conv_transpose_and_resize_end_on_accel():
 
     model = onnx_cnn.upsampling(seed=1)
     mod = from_onnx(tp.quantize(model, onnx_cnn.calibration(model, 16)), keep_params_in_input=False)
-    reference = relax.VirtualMachine(tvm.compile(tp.integerize()(mod), "llvm"), tvm.cpu())
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", tp.OffloadWarning)
-        compiled = tp.build(mod, "accel, llvm")
+    compiled = assert_matches_llvm(mod, "accel, llvm", reference=tp.integerize()(mod), inputs=lambda k: [
+        np.random.default_rng(4 + k).standard_normal((1, 3, 16, 16)).astype(np.float32)])
     assert sorted(_host_ops(compiled)) == ["relax.dequantize", "relax.quantize"]
     assert [p.pattern for p in compiled.report.partitions].count("accel.upsample") == 2
     report = compiled.report.to_json()
     assert report["macs"]["accel"] == report["total_macs"] > 0
-    rng = np.random.default_rng(4)
-    for _ in range(3):
-        x = rng.standard_normal((1, 3, 16, 16)).astype(np.float32)
-        np.testing.assert_array_equal(compiled(x), reference["main"](tvm.runtime.tensor(x)).numpy())
 
 
 def _written(m: upsample.Upsample, size: int) -> np.ndarray:
@@ -243,16 +224,7 @@ def concat_module(shapes: list, axis: int = 1) -> tvm.IRModule:
 @given(st.lists(st.integers(1, 30), min_size=2, max_size=4), st.integers(1, 20), st.integers(1, 50),
        st.integers(0, 1000))
 def test_concat_runs_on_accel_bit_exact(channels, h, w, seed):
-    mod = concat_module([(1, c, h, w) for c in channels])
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = tp.build(mod, "accel, llvm")
-    vm = relax.VirtualMachine(tvm.compile(mod, "llvm"), tvm.cpu())
-    rng = np.random.default_rng(seed)
-    xs = [rng.integers(-128, 128, (1, c, h, w), dtype=np.int8) for c in channels]
-    want = vm["main"](*[tvm.runtime.tensor(x) for x in xs]).numpy()
-    for _ in range(3):
-        np.testing.assert_array_equal(model(*xs), want)
+    model = assert_matches_llvm(concat_module([(1, c, h, w) for c in channels]), "accel, llvm", seed=seed)
     assert _host_ops(model) == []
     counts = model.stats["accel"].instructions
     assert counts["STORE"] == counts["DWMAC"] >= len(channels)
@@ -285,10 +257,6 @@ def test_quantised_concat_ends_on_accel():
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     data = rng.normal(size=(8, 1, 3, 6, 6)).astype(np.float32)
     mod = from_onnx(tp.quantize(model, {"x": data[:6]}), keep_params_in_input=False)
-    reference = relax.VirtualMachine(tvm.compile(tp.integerize()(mod), "llvm"), tvm.cpu())
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", tp.OffloadWarning)
-        compiled = tp.build(mod, "accel, llvm")
+    compiled = assert_matches_llvm(mod, "accel, llvm", reference=tp.integerize()(mod), calls=2,
+                                   inputs=lambda k: [data[6 + k]])
     assert "relax.concat" not in _host_ops(compiled)
-    for x in data[6:]:
-        np.testing.assert_array_equal(compiled(x), reference["main"](tvm.runtime.tensor(x)).numpy())
