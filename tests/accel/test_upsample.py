@@ -4,7 +4,6 @@ LOADed, widened by a DWMAC by ones and written by STOREs with an element stride
 (``dram_step``), bit-exact against ``tvm.compile(..., "llvm")`` of the same module over three
 calls; what accel cannot move stays on the host and says why."""
 
-
 import numpy as np
 import pytest
 import tvm
