@@ -13,12 +13,13 @@ as a DAG of int32 operations, and :func:`lower` writes the instructions:
 
 - each int8 leaf is LOADed into INP and widened into ACC by the GEMM array: a DWMAC with a
   weight row of ones (``acc[p, c] = inp[p, c] * 1`` into an accumulator zeroed by a LOAD of
-  padding alone) for a tensor of the
-  output's shape, and for an operand broadcast along the trailing dimensions (a
-  squeeze-excitation's ``[1, C, 1, 1]`` scale) a GEMM with a weight tile whose first column is
+  padding alone) for a tensor of the output's shape, or for one row that the ALU repeats for
+  every row (source stride 0 between rows: a per-channel ``[C]`` gamma or bias of a
+  ``[1, L, C]`` tensor, a bias row); for one value per row (a squeeze-excitation's
+  ``[1, C, 1, 1]`` scale) or one in all, a GEMM with a weight tile whose first column is
   ones, reading an INP tile whose first column holds one value per row: ``acc[r, n] = s[r]``
-  for every lane ``n``, a vector the ALU then broadcasts with source stride 0. The weights are
-  LOADs of padding alone (no host data);
+  for every lane ``n``, a vector the ALU then broadcasts along the row (source stride 0
+  between vectors). The weights are LOADs of padding alone (no host data);
 - each int32 operation is one ALU instruction, in the program's order (ADD/MUL/SHR/MAX/MIN,
   with an immediate or another ACC vector; a subtraction adds the negated operand, which int32
   wrap-around makes the same), so the device computes what TVM's llvm code computes, bit for
@@ -26,9 +27,11 @@ as a DAG of int32 operations, and :func:`lower` writes the instructions:
   first copied (zeroed, then ADD);
 - the result is STOREd to int8, saturating (or clipped by MAX/MIN, then wrapped).
 
-The output is laid out as ``R`` rows of ``L`` elements (``R`` the product of the leading
-dimensions a broadcast operand varies along, ``L`` of the others; each row padded to whole
-``tile``-lane vectors) and processed in blocks of rows that fit ACC and INP.
+The output is laid out as ``R`` rows of ``L`` elements (``R`` the product of its leading
+dimensions, ``L`` of the others, each row padded to whole ``tile``-lane vectors), split where
+every operand is the whole result, one value per row, one row or one value
+(:func:`broadcast_kind`; of those splits the one that pads least), and processed in blocks of
+rows that fit ACC and INP.
 
 Fixed-point multipliers need no more than int32: :class:`~tirpat.model.integerize.fixed_point.Requantize`
 chooses multipliers and shifts for which every intermediate provably fits int32, and the ALU's
@@ -61,7 +64,7 @@ from accel.hw.instructions import (ACC, ALU, DWMAC, GEMM, INP, INSTRUCTIONS, LOA
                                    StoreMode, instruction_of)
 
 __all__ = ["patterns", "check", "widen_per_use", "Node", "Chain", "analyse", "lower", "schedule_partition",
-           "describe", "describe_operation", "rule", "broadcast_kind", "PATTERN_NAME", "BUFFER_PREFIX"]
+           "describe", "describe_operation", "rule", "broadcast_kind", "row_splits", "KINDS", "PATTERN_NAME", "BUFFER_PREFIX"]
 
 #: The partition pattern's name (``tp.explain`` and the report show it), and the rule's.
 PATTERN_NAME = "accel.elementwise"
@@ -133,28 +136,50 @@ def _shape(expr) -> list | None:
     return [int(d) for d in dims] if all(isinstance(d, tirx.IntImm) for d in dims) else None
 
 
-def broadcast_kind(shape, out) -> tuple[str, int] | None:
-    """How a tensor of ``shape`` broadcasts against the result's ``out`` (right-aligned, as
-    Relax broadcasts): ``("full", n)`` for the same shape, ``("row", k)`` when it equals
-    ``out`` on the first ``k`` dimensions and is 1 on the rest (a per-channel operand of an
-    NCHW tensor: k = 2), ``("scalar", 0)`` for one element; else None (the ALU's vectors run
-    along the trailing dimensions, and cannot take a tensor broadcast along them but varying
-    after them).
+#: How an operand is laid out against the result's ``rows x length`` elements (:func:`broadcast_kind`).
+KINDS = ("full", "row", "column", "scalar")
 
-    >>> broadcast_kind([1, 8, 1, 1], [1, 8, 5, 5]), broadcast_kind([5, 5], [1, 8, 5, 5])
-    (('row', 2), None)
+
+def broadcast_kind(shape, out, split: int) -> str | None:
+    """How a tensor of ``shape`` broadcasts against the result's ``out`` (right-aligned, as
+    Relax broadcasts) when the result is laid out as rows of its dimensions from ``split`` on
+    (the dimensions before ``split`` number the rows): ``"full"`` for the result's shape,
+    ``"row"`` for one value per row (a squeeze-excitation's ``[1, C, 1, 1]`` against
+    ``[1, C, H, W]`` split at 2), ``"column"`` for one row repeated (a per-channel ``[C]``
+    against ``[1, L, C]`` split at 2: a bias row), ``"scalar"`` for one value in all; else
+    None: it varies along some dimensions of the rows (or of a row) but not all, which the
+    ALU's two strides (one per row, one per vector of a row) cannot walk.
+
+    >>> broadcast_kind([1, 8, 1, 1], [1, 8, 5, 5], 2), broadcast_kind([5, 5], [1, 8, 5, 5], 2)
+    ('row', 'column')
+    >>> broadcast_kind([1, 8, 1, 5], [1, 8, 5, 5], 2) is None
+    True
     """
-    shape = [1] * (len(out) - len(shape)) + list(shape)
-    if len(shape) != len(out):
+    shape = [1] * (len(out) - len(shape)) + [int(d) for d in shape]
+    if len(shape) != len(out) or any(d not in (1, o) for d, o in zip(shape, out)):
         return None
-    if list(shape) == list(out):
-        return "full", len(out)
-    if all(d == 1 for d in shape):
-        return "scalar", 0
-    k = max(i for i, d in enumerate(shape) if d != 1) + 1
-    if shape[:k] != list(out[:k]):
+    live = [i for i, o in enumerate(out) if o != 1]     # a dimension of 1 is in no row's way
+
+    def varies(dims):       # along all of dims, none of them, or (None) some
+        along = [shape[i] != 1 for i in dims]
+        return False if not any(along) else True if all(along) else None
+
+    if not live or all(shape[i] == out[i] for i in live):
+        return "full"
+    rows, cols = varies([i for i in live if i < split]), varies([i for i in live if i >= split])
+    if rows is None or cols is None:
         return None
-    return "row", k
+    return {(True, False): "row", (False, True): "column", (False, False): "scalar"}[(rows, cols)]
+
+
+def row_splits(shapes, out) -> list[int]:
+    """The splits of ``out``'s dimensions into rows and a row (see :func:`broadcast_kind`)
+    at which every one of ``shapes`` is laid out as one of :data:`KINDS`, fewest rows first.
+
+    >>> row_splits([[120], [1, 40, 120]], [1, 40, 120]), row_splits([[1, 8, 1, 1], [4]], [1, 8, 4, 4])
+    ([2], [])
+    """
+    return [k for k in range(len(out) + 1) if all(broadcast_kind(s, out, k) is not None for s in shapes)]
 
 
 def _constant(expr) -> np.ndarray | None:
@@ -190,24 +215,23 @@ def check(ctx) -> bool | str:
     out = _shape(root)
     if out is None:
         return "dynamic shapes; accel needs static shapes"
-    kinds = set()
+    shapes = []
     for value in ctx.matched_bindings.values():
         if not isinstance(value, relax.Call):
             continue
         if value.op.name == "relax.astype" and _dtype(value.args[0]) == "int8" and _dtype(value) == "int32":
             shape = _shape(value.args[0])
-            kind = broadcast_kind(shape, out) if shape is not None else None
-            if kind is None:
-                return (f"an int8 operand of shape {shape} broadcast against {out} along a dimension before one it "
-                        "varies along; the ALU broadcasts one value per row of the trailing dimensions")
-            if kind[0] == "row":
-                kinds.add(kind[1])
+            if shape is None:
+                return "an int8 operand of dynamic shape; accel needs static shapes"
+            shapes.append(shape)
             continue
         why = _check_call(value)
         if why is not None:
             return why
-    if len(kinds) > 1:
-        return f"operands broadcast along different trailing dimensions ({sorted(kinds)}); accel takes one row layout"
+    if not row_splits(shapes, out):
+        return (f"int8 operands of shapes {', '.join(map(str, shapes))} broadcast against {out}: no split of its "
+                "dimensions into rows lays each out as the whole result, one value per row, one row repeated or one "
+                "value, the broadcasts the ALU's strides take")
     if has_leaking_intermediate_variables(ctx):
         return False
     return True
@@ -515,7 +539,7 @@ def _analyse(func: tirx.PrimFunc) -> Chain:
 @dataclass(frozen=True)
 class _Layout:
     """``rows`` x ``length`` elements, rows padded to ``padded`` (whole vectors), ``block``
-    rows at a time; ``kinds`` maps each node (by id) to ``full``, ``row`` or ``scalar``."""
+    rows at a time; ``kinds`` maps each node (by id) to one of :data:`KINDS`."""
 
     rows: int
     length: int
@@ -527,41 +551,36 @@ class _Layout:
 def _layout(chain: Chain, config: Config) -> _Layout:
     """The rows the chain's values are laid out in, and how many a block takes: the most that
     fit ACC and INP (counted off the buffers one block allocates, doubled where the block loop
-    runs more than once, as the planner doubles them)."""
+    runs more than once, as the planner doubles them). Of the splits at which every value is
+    laid out as one of :data:`KINDS`, the one that pads least, of those whose rows fit."""
     t = config.tile
     out = chain.shape
-    ks = set()
-    for n in chain.nodes():
-        kind = broadcast_kind(n.shape, out)
-        if kind is None:
-            raise _Unsupported(f"a value of shape {list(n.shape)} broadcast against {list(out)} along a leading "
-                               "dimension; the ALU broadcasts one value per row of the trailing dimensions")
-        if kind[0] == "row":
-            ks.add(kind[1])
-    if len(ks) > 1:
-        raise _Unsupported(f"values broadcast along different trailing dimensions ({sorted(ks)})")
-    kinds = {id(n): broadcast_kind(n.shape, out)[0] for n in chain.nodes()}
+    nodes = chain.nodes()
+    splits = row_splits([n.shape for n in nodes], out)
+    if not splits:
+        raise _Unsupported(f"values of shapes {', '.join(str(list(n.shape)) for n in nodes if n.is_leaf)} "
+                           f"broadcast against {list(out)}: no split into rows lays each out as the whole result, "
+                           "one value per row, one row repeated or one value")
     capacity = {ACC.scope: config.acc_elements, INP.scope: config.inp_elements}
 
-    def fits(rows: int, length: int, block: int) -> bool:
-        layout = _Layout(rows, length, _round(length, t), block, kinds)
-        allocs = _Emitter(chain, layout, config, *_weights(t)).block(0, block, "")
+    def fits(layout: _Layout) -> bool:
+        allocs = _Emitter(chain, layout, config, *_weights(t)).block(0, layout.block, "")
         used = dict.fromkeys(capacity, 0)
         for a in allocs:
             if isinstance(a, tirx.AllocBuffer):
                 used[a.buffer.scope()] += int(a.buffer.shape[0])
-        copies = 2 if block < rows else 1
+        copies = 2 if layout.block < layout.rows else 1
         return all(used[scope] * copies <= capacity[scope] for scope in capacity)
 
     def choose(k: int) -> _Layout | None:
         rows, length = int(np.prod(out[:k], dtype=np.int64)), int(np.prod(out[k:], dtype=np.int64))
+        kinds = {id(n): broadcast_kind(n.shape, out, k) for n in nodes}
         block = rows
-        while block and not fits(rows, length, block):
+        while block and not fits(_Layout(rows, length, _round(length, t), block, kinds)):
             block //= 2
         return _Layout(rows, length, _round(length, t), block, kinds) if block else None
 
-    # a broadcast operand fixes the rows; else the split that pads least, of those whose rows fit
-    candidates = [c for c in map(choose, [ks.pop()] if ks else range(len(out) + 1)) if c is not None]
+    candidates = [c for c in map(choose, splits) if c is not None]
     if not candidates:
         raise _Unsupported(f"a row of the {'x'.join(map(str, out))} result does not fit ACC with the chain's values")
     return min(candidates, key=lambda c: (c.rows * c.padded, -c.block))
@@ -601,12 +620,14 @@ class _Emitter:
 
     # regions ------------------------------------------------------------------------
     def acc(self, kind: str):
+        """A fresh ACC region for a value of ``kind``: the block's rows of padded vectors
+        (full), one vector per row (row), one padded row (column) or one vector (scalar), in
+        whole tiles (the widening writes tiles)."""
         t, lay = self.t, self.layout
         self.count += 1
-        elements = _tiles(self.rows * lay.padded, t) if kind == "full" else _tiles(_round(self.rows, t) * t, t)
-        if kind == "scalar":
-            elements = 1
-        buf = tirx.decl_buffer((elements * t * t,), "int32", f"{BUFFER_PREFIX}acc{self.count}{self.tag}", scope=ACC.scope)
+        vectors = {"full": self.rows * lay.padded // t, "row": self.rows, "column": lay.padded // t, "scalar": 1}[kind]
+        buf = tirx.decl_buffer((_tiles(vectors * t, t) * t * t,), "int32", f"{BUFFER_PREFIX}acc{self.count}{self.tag}",
+                               scope=ACC.scope)
         self.allocs.append(tirx.AllocBuffer(buf))
         return buf, kind
 
@@ -617,31 +638,31 @@ class _Emitter:
         self.allocs.append(tirx.AllocBuffer(buf))
         return buf
 
-    def vectors(self, region) -> dict:
-        """ALU fields walking ``region``'s vectors: rows of the block (outer), vectors of a row (inner)."""
-        kind = region[1]
+    def walk(self, kind: str) -> tuple:
+        """``(ext_out, ext_in, stride_out, stride_in)`` of the ALU's vectors over a region of
+        ``kind``: the block's rows (outer) and the vectors of a row (inner); a stride of 0
+        repeats what a region does not vary along (the ALU's broadcast)."""
         t, lay = self.t, self.layout
-        if kind == "full":
-            return {"ext_out": self.rows, "ext_in": lay.padded // t, "stride_out": lay.padded, "stride_in": t}
-        if kind == "row":
-            return {"ext_out": self.rows, "ext_in": lay.padded // t, "stride_out": t, "stride_in": 0}
-        return {"ext_out": self.rows, "ext_in": lay.padded // t, "stride_out": 0, "stride_in": 0}
+        rows, row = kind in ("full", "row"), kind in ("full", "column")
+        return (self.rows if rows else 1, lay.padded // t if row else 1,
+                (lay.padded if row else t) if rows else 0, t if row else 0)
 
     # steps --------------------------------------------------------------------------
     def widen(self, n: Node):
-        """LOAD the int8 leaf into INP and widen it into ACC (zeroed, then DWMAC by ones or GEMM
-        by the ones column)."""
+        """LOAD the int8 leaf into INP and widen it into ACC (zeroed, then DWMAC by ones for a
+        whole tensor or a row, GEMM by the ones column for one value per row or in all)."""
         t, lay = self.t, self.layout
         kind = self.layout.kinds[id(n)]
         region = self.acc(kind)
         buf = region[0]
         tiles = int(buf.shape[0]) // (t * t)
         staged = self.inp(tiles)
-        if kind == "full":
+        if kind in ("full", "column"):
+            rows = self.rows if kind == "full" else 1
             self.stmts.append(LOAD[Mem.INP].call(
-                host=n.leaf, elem_offset=self.row0 * lay.length, sram_addr=staged, sram_ld=lay.padded,
-                rows=self.rows, cols=lay.length, dram_ld=lay.length, pad_top=0, pad_bottom=0, pad_left=0,
-                pad_right=lay.padded - lay.length, pad_value=0))
+                host=n.leaf, elem_offset=self.row0 * lay.length if kind == "full" else 0, sram_addr=staged,
+                sram_ld=lay.padded, rows=rows, cols=lay.length, dram_ld=lay.length, pad_top=0, pad_bottom=0,
+                pad_left=0, pad_right=lay.padded - lay.length, pad_value=0))
         else:
             rows = self.rows if kind == "row" else 1
             self.stmts.append(LOAD[Mem.INP].call(
@@ -650,7 +671,7 @@ class _Emitter:
         tile = t * t
         steps = {"ext_out": tiles, "ext_in": 1, "acc_stride_out": tile, "acc_stride_in": 0}
         self.zero(buf)
-        if kind == "full":
+        if kind in ("full", "column"):
             self.stmts.append(DWMAC.call(acc_addr=buf, inp_addr=staged, wgt_addr=self.ones,
                                          acc_ld=t, inp_ld=t, inp_stride_out=tile, inp_stride_in=0, wgt_stride_out=0,
                                          wgt_stride_in=0, **steps))
@@ -661,16 +682,14 @@ class _Emitter:
         return region
 
     def alu(self, op: AluOp, dst, src=None, imm: int = 0) -> None:
-        d = self.vectors(dst)
-        s = self.vectors(src) if src is not None else {"stride_out": 0, "stride_in": 0}
-        if dst[1] != "full":        # a row or scalar destination: one vector per row (or one in all)
-            d = {"ext_out": 1 if dst[1] == "scalar" else self.rows, "ext_in": 1,
-                 "stride_out": self.t if dst[1] == "row" else 0, "stride_in": 0}
+        """One ALU step over ``dst``'s vectors, with ``src``'s (walked the same way, broadcast
+        where it does not vary) or the immediate."""
+        ext_out, ext_in, dst_out, dst_in = self.walk(dst[1])
+        src_out, src_in = self.walk(src[1])[2:] if src is not None else (0, 0)
         self.stmts.append(ALU[op, src is None].call(
-            dst_addr=dst[0], src_addr=src[0] if src is not None else 0, imm=imm,
-            ext_out=d["ext_out"], ext_in=d["ext_in"], dst_stride_out=d["stride_out"], dst_stride_in=d["stride_in"],
-            src_stride_out=s["stride_out"] if src is not None else 0,
-            src_stride_in=(s["stride_in"] if dst[1] == "full" else 0) if src is not None else 0))
+            dst_addr=dst[0], src_addr=src[0] if src is not None else 0, imm=imm, ext_out=ext_out, ext_in=ext_in,
+            dst_stride_out=dst_out, dst_stride_in=dst_in, src_stride_out=src_out if ext_out > 1 else 0,
+            src_stride_in=src_in if ext_in > 1 else 0))
 
     def copy(self, region, kind: str):
         """A fresh region of ``kind`` holding ``region``'s values (broadcast if need be)."""
