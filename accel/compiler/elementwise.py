@@ -57,11 +57,12 @@ from tvm.relax.dpl import DFPattern, is_const, is_op, wildcard
 
 import tirpat as tp
 from tirpat.model.integerize.rules import requantize_pattern
+from accel.compiler.patterns import table
 from tirpat.model.partition import origin_of
 from accel.hw.config import Config
 from tirpat.device.planner import access_ptr_buffer
-from accel.hw.instructions import (ACC, ALU, DWMAC, GEMM, INP, INSTRUCTIONS, LOAD, STORE, WGT, AluOp, Mem,
-                                   StoreMode, instruction_of)
+from accel.hw.instructions import (ACC, ALU, DWMAC, GEMM, INP, INSTRUCTIONS, LOAD, LUT, LUT_ENTRIES, STORE, WGT,
+                                   AluOp, Mem, StoreMode, instruction_of)
 
 __all__ = ["patterns", "check", "widen_per_use", "Node", "Chain", "analyse", "lower", "schedule_partition",
            "describe", "describe_operation", "rule", "broadcast_kind", "row_splits", "KINDS", "PATTERN_NAME", "BUFFER_PREFIX"]
@@ -118,9 +119,13 @@ def _patterns() -> tuple:
     shifted = is_op("relax.astype")(is_op("relax.clip")(is_op("relax.add")(one, is_const()), wildcard(), wildcard()))
     # a half-to-even requantise adds the input zero points' offset before its parity
     # (emit_requantize), which requantize_pattern leaves to the producer: taken here
-    return ((PATTERN_NAME, requantize_pattern(two | is_op("relax.add")(two, is_const())), {"core": two}, check),
-            (PATTERN_NAME, requantize_pattern(one | is_op("relax.add")(one, is_const())) | shifted, {"core": one},
-             check))
+    chains = ((requantize_pattern(two | is_op("relax.add")(two, is_const())), two),
+              (requantize_pattern(one | is_op("relax.add")(one, is_const())) | shifted, one))
+    # a table activation (integerize's take(table, x + 128)) after the chain, or of an int8 tensor
+    # alone: accel's LUT. Listed first: the longer match wins
+    looked_up = tuple((PATTERN_NAME, table(chain), {"core": core}, check) for chain, core in chains)
+    alone = (PATTERN_NAME, table(wildcard().has_dtype("int8")), {"core": one}, check)
+    return looked_up + tuple((PATTERN_NAME, chain, {"core": core}, check) for chain, core in chains) + (alone,)
 
 
 def _dtype(expr) -> str:
@@ -208,6 +213,15 @@ def _check_call(call) -> str | None:
     return None
 
 
+def _check_take(take) -> str | None:
+    """Why accel's LUT cannot compute the table lookup ``take``, or None: a 256-entry int8
+    constant table along axis 0 (the index ``x + 128`` is the pattern's, checked in TIR)."""
+    values = _constant(take.args[0])
+    if values is None or str(values.dtype) != "int8" or values.shape != (LUT_ENTRIES,) or int(take.attrs.axis) != 0:
+        return f"a take from a {_dtype(take.args[0])} table that is not {LUT_ENTRIES} int8 entries along axis 0"
+    return None
+
+
 def check(ctx) -> bool | str:
     """True when accel can run the matched element-wise chain; else the reason it cannot
     (the build report gives it for the operators left on the host; ``tp.build`` warns with it)."""
@@ -225,7 +239,7 @@ def check(ctx) -> bool | str:
                 return "an int8 operand of dynamic shape; accel needs static shapes"
             shapes.append(shape)
             continue
-        why = _check_call(value)
+        why = _check_take(value) if value.op.name == "relax.take" else _check_call(value)
         if why is not None:
             return why
     if not row_splits(shapes, out):
@@ -329,13 +343,15 @@ class Node:
 class Chain:
     """The element-wise chain of one partition: its ``root`` (the int32 value stored),
     whether the STORE saturates it to int8 (a clip to [-128, 127]) or it is within int8
-    already (clipped by the chain), the output buffer and shape, and the leaves' buffers."""
+    already (clipped by the chain), the output buffer and shape, and the leaves' buffers;
+    ``table``, a 256-entry int8 buffer the root is looked up in (LUT) before the STORE, or None."""
 
     root: Node
     saturate: bool
     out: object
     shape: tuple
     leaves: list = field(default_factory=list)
+    table: object = None
 
     def nodes(self) -> list:
         """Every node, each once, operands before their users.
@@ -407,16 +423,23 @@ class _Reader:
             return int(e.value)
         if isinstance(e, tirx.Cast):
             inner = e.value
+            if str(e.ty.dtype) == "int8" and str(inner.ty.dtype) == "int32":
+                node = self.value(inner, iters)     # a table's index: the chain's result, cast to int8 and back
+                if not _within_int8(node):
+                    raise _Unsupported("a cast to int8 inside the chain of a value not clipped to int8 (it wraps)")
+                return node
             if str(e.ty.dtype) != "int32":
                 raise _Unsupported(f"a cast to {e.ty.dtype} inside the chain")
-            if isinstance(inner, ir.TensorLoad) and str(inner.source.dtype) == "int8":
+            if isinstance(inner, ir.TensorLoad) and str(inner.source.dtype) == "int8" and \
+                    inner.source.__chandle__() not in self.values:
                 return self.leaf(inner, iters)
-            if str(inner.ty.dtype) == "int32":
+            # an int32 value, or one of the chain's int8 values (its result, cast for a table's index)
+            if str(inner.ty.dtype) in ("int32", "int8"):
                 return self.value(inner, iters)
             raise _Unsupported(f"a cast from {inner.ty.dtype} to int32")
         if isinstance(e, ir.TensorLoad):
             node = self.values.get(e.source.__chandle__())
-            if node is None or str(e.source.dtype) != "int32":
+            if node is None or str(e.source.dtype) not in ("int32", "int8"):
                 raise _Unsupported(f"{e.source.name} ({e.source.dtype}) is not an int32 value of the chain")
             self.load(e, iters)
             return node
@@ -478,6 +501,34 @@ def _clip_bounds(node: Node) -> tuple | None:
     return node.a.a, lo, hi
 
 
+def _within_int8(node: Node) -> bool:
+    """Whether ``node``'s values lie in [-128, 127]: a widened int8 leaf, or a clip inside int8."""
+    clipped = _clip_bounds(node)
+    return node.is_leaf or (clipped is not None and -128 <= clipped[1] <= clipped[2] <= 127)
+
+
+def _table_index(e) -> tuple | None:
+    """``(table, index)`` when ``e`` reads a 256-entry int8 buffer at one index, the clamps of
+    ``take(mode="clip")`` to [0, 255] and its widening to int64 taken off (an index ``x + 128`` of an ``x`` in int8 needs
+    none: accel's LUT clamps its own); else None."""
+    if not (isinstance(e, ir.TensorLoad) and str(e.source.dtype) == "int8" and len(e.indices) == 1
+            and [_int(d) for d in e.source.shape] == [LUT_ENTRIES]):
+        return None
+    index = e.indices[0]
+    while isinstance(index, (tirx.Min, tirx.Max, tirx.Cast)):
+        if isinstance(index, tirx.Cast):        # an int32 index widened to int64: the same value
+            if str(index.ty.dtype) != "int64" or str(index.value.ty.dtype) != "int32":
+                return None
+            index = index.value
+            continue
+        bound = LUT_ENTRIES - 1 if isinstance(index, tirx.Min) else 0
+        inner = [x for x, c in ((index.a, index.b), (index.b, index.a)) if _int(c) == bound]
+        if not inner:
+            return None
+        index = inner[0]
+    return e.source, index
+
+
 def analyse(func: tirx.PrimFunc) -> tuple[Chain | None, str | None]:
     """``(Chain, None)`` when ``func``'s blocks are an element-wise int32 chain on widened
     int8 inputs ending in a clip and a cast to int8 (what :func:`patterns` partitions), else
@@ -517,6 +568,10 @@ def _analyse(func: tirx.PrimFunc) -> Chain:
                 raise _Unsupported(f"block {block.name_hint} broadcasts its result")
             reader.values[store.buffer.__chandle__()] = node
             continue
+        lookup = _table_index(store.value) if str(store.buffer.dtype) == "int8" else None
+        if lookup is not None:
+            final = _looked_up(reader, lookup, iters, store.buffer)
+            continue
         if str(store.buffer.dtype) != "int8" or not isinstance(store.value, tirx.Cast):
             raise _Unsupported("the chain does not end in a cast to int8")
         root = reader.value(store.value.value, iters)
@@ -531,6 +586,24 @@ def _analyse(func: tirx.PrimFunc) -> Chain:
     if final.root.shape != reader.padded(final.out):
         raise _Unsupported("the result broadcasts the chain's value")
     return final
+
+
+def _looked_up(reader: _Reader, lookup: tuple, iters, out) -> Chain:
+    """The chain whose last block stores ``table[x + 128]`` (``lookup``: the table and the index)."""
+    table, index = lookup
+    if table.__chandle__() not in reader.params:
+        raise _Unsupported(f"the table {table.name} is not an input of the partition")
+    node = reader.value(index, iters)
+    if isinstance(node, int) or node.op is not AluOp.ADD or node.b != 128:
+        raise _Unsupported("a table index that is not x + 128")
+    x = node.a
+    if not _within_int8(x):
+        raise _Unsupported("a table lookup of a value not clipped to int8 (the LUT clamps its index)")
+    clipped = _clip_bounds(x)
+    # a clip to all of int8 is the LUT's own clamp; a narrower one runs on the ALU
+    root = clipped[0] if clipped is not None and clipped[1:] == (-128, 127) else x
+    return Chain(root, False, out, tuple(int(d) for d in out.shape), [n_.leaf for n_ in reader.leaves.values()],
+                 table)
 
 
 # ----------------------------------------------------------------------------------------
@@ -597,9 +670,9 @@ def _tiles(elements: int, t: int) -> int:
 class _Emitter:
     """Writes one block of rows: its buffers, LOADs, widening, ALU steps and STORE."""
 
-    def __init__(self, chain: Chain, layout: _Layout, config: Config, ones, column) -> None:
+    def __init__(self, chain: Chain, layout: _Layout, config: Config, ones, column, lut) -> None:
         self.chain, self.layout, self.t = chain, layout, config.tile
-        self.ones, self.column = ones, column
+        self.ones, self.column, self.lut = ones, column, lut
         self.uses: dict = {}
         for n in chain.nodes():
             if not n.is_leaf:
@@ -615,7 +688,12 @@ class _Emitter:
         where: dict = {}
         for n in self.chain.nodes():
             where[id(n)] = self.widen(n) if n.is_leaf else self.compute(n, where)
-        self.store(where[id(self.chain.root)])
+        root = where[id(self.chain.root)]
+        if self.chain.table is not None:
+            ext_out, ext_in, dso, dsi = self.walk(root[1])
+            self.stmts.append(LUT.call(dst_addr=root[0], lut_addr=self.lut, ext_out=ext_out, ext_in=ext_in,
+                                       dst_stride_out=dso, dst_stride_in=dsi))
+        self.store(root)
         return self.allocs + self.stmts
 
     # regions ------------------------------------------------------------------------
@@ -735,9 +813,11 @@ class _Emitter:
 
 
 def _weights(t: int) -> tuple:
-    """The WGT buffers of the widening: a row of ones (DWMAC), a tile whose first column is ones (GEMM)."""
+    """The WGT buffers: of the widening, a row of ones (DWMAC) and a tile whose first column is
+    ones (GEMM); a LUT's table."""
     return (tirx.decl_buffer((t,), "int8", f"{BUFFER_PREFIX}ones", scope=WGT.scope),
-            tirx.decl_buffer((t * t,), "int8", f"{BUFFER_PREFIX}column", scope=WGT.scope))
+            tirx.decl_buffer((t * t,), "int8", f"{BUFFER_PREFIX}column", scope=WGT.scope),
+            tirx.decl_buffer((LUT_ENTRIES,), "int8", f"{BUFFER_PREFIX}table", scope=WGT.scope))
 
 
 def lower(func: tirx.PrimFunc, chain: Chain, config: Config) -> tirx.PrimFunc:
@@ -749,7 +829,7 @@ def lower(func: tirx.PrimFunc, chain: Chain, config: Config) -> tirx.PrimFunc:
         raise ValueError(str(why)) from None
     t = config.tile
     host = chain.leaves[0]
-    ones, column = _weights(t)
+    ones, column, lut = _weights(t)
     # weights of padding alone: a row of ones (DWMAC), a tile whose first column is ones (GEMM)
     pad = {"elem_offset": 0, "rows": 0, "cols": 0, "dram_ld": 0, "pad_bottom": 0, "pad_right": 0}
     stmts = [tirx.AllocBuffer(ones), tirx.AllocBuffer(column),
@@ -759,7 +839,11 @@ def lower(func: tirx.PrimFunc, chain: Chain, config: Config) -> tirx.PrimFunc:
                                 **pad),
              LOAD[Mem.WGT].call(host=host, sram_addr=column, sram_ld=t, pad_top=t, pad_left=1, pad_value=1,
                                 **pad)]
-    emitter = _Emitter(chain, layout, config, ones, column)
+    if chain.table is not None:     # the table, staged in WGT once
+        stmts += [tirx.AllocBuffer(lut), LOAD[Mem.WGT].call(
+            host=chain.table, elem_offset=0, sram_addr=lut, sram_ld=t, rows=LUT_ENTRIES // t, cols=t, dram_ld=t,
+            pad_top=0, pad_bottom=0, pad_left=0, pad_right=0, pad_value=0)]
+    emitter = _Emitter(chain, layout, config, ones, column, lut)
     whole, rest = divmod(layout.rows, layout.block)
     if whole:
         v = tirx.Var("elementwise_block", "int32")
@@ -794,7 +878,7 @@ def describe(chain: Chain, config: Config) -> str:
 def describe_operation(chain: Chain) -> list:
     """What the chain computes, in words for the report: ``add``, ``subtract``, ``multiply``
     (of two tensors) or ``rescale`` (of one), then ``requantise`` when it multiplies by a
-    constant or shifts.
+    constant or shifts, then ``table lookup`` when it ends in one (a lookup alone is only that).
 
     >>> a, b = Node(shape=(4,), leaf="a"), Node(shape=(4,), leaf="b")
     >>> total = Node(shape=(4,), op=AluOp.ADD, a=Node(shape=(4,), op=AluOp.MUL, a=a, b=3), b=b)
@@ -809,10 +893,10 @@ def describe_operation(chain: Chain) -> list:
             words.append("multiply")
         elif isinstance(n.b, Node) and n.op is AluOp.ADD:
             words.append("subtract" if {id(n.a), id(n.b)} & negated else "add")
-    words = list(dict.fromkeys(words)) or ["rescale"]
+    words = list(dict.fromkeys(words)) or (["rescale"] if nodes or chain.table is None else [])
     if any(isinstance(n.b, int) and (n.op is AluOp.SHR or (n.op is AluOp.MUL and n.b != -1)) for n in nodes):
         words.append("requantise")
-    return words
+    return words + (["table lookup"] if chain.table is not None else [])
 
 
 def schedule_partition(func: tirx.PrimFunc, config: Config) -> tirx.PrimFunc | None:
