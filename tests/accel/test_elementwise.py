@@ -18,7 +18,7 @@ from tvm import relax
 
 import tirpat as tp
 from tirpat.model.integerize.fixed_point import Requantize
-from tirpat.model.integerize.rules import emit_requantize
+from tirpat.model.integerize.rules import emit_requantize, emit_table
 
 
 def chain_module(op: str, shape_a, shape_b, reals, za: int = 0, zb: int = 0, zy: int = 0,
@@ -384,3 +384,58 @@ def test_qdq_per_channel_constant_of_a_sequence_runs_on_accel(op):
     host = {h["op"] for h in report["on_host"]}
     assert not {"relax.add", "relax.multiply", "relax.right_shift", "relax.astype", "relax.clip"} & host, \
         report["on_host"]
+
+
+def table_module(shape, table: np.ndarray, chain: tuple | None = None) -> tvm.IRModule:
+    """``main(a[, b])``: integerize's table activation ``take(table, astype(x, int32) + 128)`` of
+    the int8 ``a`` itself, or (``chain``: ``(shape_b, reals, za, zb, zy, bounds)``) of the
+    requantised sum of ``a`` and ``b``."""
+    bb = relax.BlockBuilder()
+    a = relax.Var("a", relax.TensorType(shape, "int8"))
+    params = [a] if chain is None else [a, relax.Var("b", relax.TensorType(chain[0], "int8"))]
+    with bb.function("main", params):
+        with bb.dataflow():
+            x = a
+            if chain is not None:
+                _, reals, za, zb, zy, bounds = chain
+                rq = Requantize.choose(list(reals), [128, 128], *bounds, [za, zb], zy)
+                x = emit_requantize([relax.op.astype(p, "int32") for p in params], rq)
+            out = bb.emit_output(emit_table(x, table))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+@settings(max_examples=8, deadline=None)
+@given(st.sampled_from([(1, 8, 40, 15), (1, 40, 240), (1, 96, 1, 1), (7, 33)]), st.booleans(),
+       st.sampled_from(["full", "column", "row"]), st.integers(-20, 20), st.sampled_from([(-128, 127), (-60, 90)]),
+       st.integers(0, 2**16))
+def test_a_table_activation_alone_or_after_the_chain_runs_on_lut_bit_exact(shape, after_chain, kind, zy, bounds, seed):
+    """A table lookup of an int8 tensor (a sigmoid or GELU integerize tabulated after a reshape),
+    or at the end of a requantised add (a bias row, a per-channel value, a whole tensor): one
+    LUT per block of rows on the chain's result, the table LOADed into WGT once, no host step."""
+    table = np.random.default_rng(seed).integers(-128, 128, 256).astype(np.int8)
+    split = len(shape) - 1
+    other = {"full": shape, "column": shape[split:], "row": shape[:split] + (1,)}[kind]
+    chain = (other, (0.4, 0.7), 3, -5, zy, bounds) if after_chain else None
+    model = _build_and_compare(table_module(shape, table, chain), seed)
+    report = model.report.to_json()
+    parts = [p for p in report["partitions"] if p["pattern"] == "accel.elementwise"]
+    assert len(parts) == 1 and parts[0]["rules"].get("accel.elementwise") and not report["on_host"], report
+    assert parts[0]["epilogue"][-1] == "table lookup" and ("add" in parts[0]["epilogue"]) == after_chain
+    stats = model.stats["accel"]
+    assert stats.instructions["LUT"] >= 1 and (stats.instructions["ALU"] >= 1) == after_chain
+    # the table's 256 bytes come from DRAM once (with the operands'), beside the operands
+    operands = int(np.prod(shape)) + (int(np.prod(other)) if after_chain else 0)
+    assert stats.bytes["dram_to_sram"] == operands + 256
+
+
+def test_a_table_that_is_not_256_int8_entries_stays_on_the_host():
+    bb = relax.BlockBuilder()
+    a = relax.Var("a", relax.TensorType((1, 4, 16), "int8"))
+    with bb.function("main", [a]):
+        with bb.dataflow():
+            index = relax.op.add(relax.op.astype(a, "int32"), relax.const(128, "int32"))
+            out = bb.emit_output(relax.op.take(relax.const(np.arange(256, dtype=np.int32)), index, axis=0, mode="clip"))
+        bb.emit_func_output(out)
+    with pytest.warns(tp.OffloadWarning, match="not 256 int8 entries"):
+        tp.build(bb.get(), "accel, llvm")
