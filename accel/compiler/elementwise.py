@@ -611,21 +611,28 @@ def _looked_up(reader: _Reader, lookup: tuple, iters, out) -> Chain:
 # ----------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class _Layout:
-    """``rows`` x ``length`` elements, rows padded to ``padded`` (whole vectors), ``block``
-    rows at a time; ``kinds`` maps each node (by id) to one of :data:`KINDS`."""
+    """``rows`` x ``length`` elements, rows padded to ``padded`` (whole vectors); a block is
+    ``block`` rows by ``chunk`` elements of them (a multiple of ``tile``; all of a padded row
+    when it fits); ``kinds`` maps each node (by id) to one of :data:`KINDS`."""
 
     rows: int
     length: int
     padded: int
     block: int
+    chunk: int
     kinds: dict
+
+    @property
+    def iterations(self) -> int:
+        return -(-self.rows // self.block) * -(-self.length // self.chunk)
 
 
 def _layout(chain: Chain, config: Config) -> _Layout:
-    """The rows the chain's values are laid out in, and how many a block takes: the most that
-    fit ACC and INP (counted off the buffers one block allocates, doubled where the block loop
-    runs more than once, as the planner doubles them). Of the splits at which every value is
-    laid out as one of :data:`KINDS`, the one that pads least, of those whose rows fit."""
+    """The rows the chain's values are laid out in and the blocks it runs in: the most rows
+    that fit ACC and INP (counted off the buffers one block allocates, doubled where the loops
+    run more than once, as the planner doubles them), of whole rows where one fits, else of
+    rows cut into the fewest equal chunks that fit. Of the splits at which every value is laid
+    out as one of :data:`KINDS`, the one that pads least."""
     t = config.tile
     out = chain.shape
     nodes = chain.nodes()
@@ -637,26 +644,33 @@ def _layout(chain: Chain, config: Config) -> _Layout:
     capacity = {ACC.scope: config.acc_elements, INP.scope: config.inp_elements}
 
     def fits(layout: _Layout) -> bool:
-        allocs = _Emitter(chain, layout, config, *_weights(t)).block(0, layout.block, "")
+        allocs = _Emitter(chain, layout, config, *_weights(t)).block(0, layout.block, 0, layout.chunk, "")
         used = dict.fromkeys(capacity, 0)
         for a in allocs:
             if isinstance(a, tirx.AllocBuffer):
                 used[a.buffer.scope()] += int(a.buffer.shape[0])
-        copies = 2 if layout.block < layout.rows else 1
+        copies = 2 if layout.iterations > 1 else 1
         return all(used[scope] * copies <= capacity[scope] for scope in capacity)
 
     def choose(k: int) -> _Layout | None:
         rows, length = int(np.prod(out[:k], dtype=np.int64)), int(np.prod(out[k:], dtype=np.int64))
         kinds = {id(n): broadcast_kind(n.shape, out, k) for n in nodes}
-        block = rows
-        while block and not fits(_Layout(rows, length, _round(length, t), block, kinds)):
-            block //= 2
-        return _Layout(rows, length, _round(length, t), block, kinds) if block else None
+        padded = _round(length, t)
+        for pieces in range(1, padded // t + 1):
+            chunk = _round(-(-length // pieces), t)
+            if pieces > 1 and chunk == _round(-(-length // (pieces - 1)), t):
+                continue        # the same chunk as fewer pieces: it did not fit
+            block = rows
+            while block and not fits(_Layout(rows, length, padded, block, chunk, kinds)):
+                block //= 2
+            if block:
+                return _Layout(rows, length, padded, block, chunk, kinds)
+        return None
 
     candidates = [c for c in map(choose, splits) if c is not None]
     if not candidates:
-        raise _Unsupported(f"a row of the {'x'.join(map(str, out))} result does not fit ACC with the chain's values")
-    return min(candidates, key=lambda c: (c.rows * c.padded, -c.block))
+        raise _Unsupported(f"a tile of the {'x'.join(map(str, out))} result does not fit ACC with the chain's values")
+    return min(candidates, key=lambda c: (c.rows * c.padded, c.iterations, -c.block))
 
 
 def _round(n: int, t: int) -> int:
@@ -680,10 +694,13 @@ class _Emitter:
                     if isinstance(operand, Node):
                         self.uses[id(operand)] = self.uses.get(id(operand), 0) + 1
 
-    def block(self, row0, rows: int, tag: str) -> list:
-        """The allocations and instructions of the block of ``rows`` rows from ``row0``."""
+    def block(self, row0, rows: int, col0, cols: int, tag: str) -> list:
+        """The allocations and instructions of the block of ``rows`` rows from ``row0``, and of
+        ``cols`` elements of each from ``col0``."""
         self.stmts, self.allocs, self.tag, self.count = [], [], tag, 0
-        self.row0, self.rows = row0, rows
+        self.row0, self.rows, self.col0, self.cols = row0, rows, col0, cols
+        # ACC rows are the chunk's width apart; the ALU walks the vectors this block's columns fill
+        self.width, self.vectors = self.layout.chunk, _round(cols, self.t) // self.t
         self.left = dict(self.uses)
         where: dict = {}
         for n in self.chain.nodes():
@@ -701,9 +718,9 @@ class _Emitter:
         """A fresh ACC region for a value of ``kind``: the block's rows of padded vectors
         (full), one vector per row (row), one padded row (column) or one vector (scalar), in
         whole tiles (the widening writes tiles)."""
-        t, lay = self.t, self.layout
+        t = self.t
         self.count += 1
-        vectors = {"full": self.rows * lay.padded // t, "row": self.rows, "column": lay.padded // t, "scalar": 1}[kind]
+        vectors = {"full": self.rows * self.width // t, "row": self.rows, "column": self.width // t, "scalar": 1}[kind]
         buf = tirx.decl_buffer((_tiles(vectors * t, t) * t * t,), "int32", f"{BUFFER_PREFIX}acc{self.count}{self.tag}",
                                scope=ACC.scope)
         self.allocs.append(tirx.AllocBuffer(buf))
@@ -720,10 +737,10 @@ class _Emitter:
         """``(ext_out, ext_in, stride_out, stride_in)`` of the ALU's vectors over a region of
         ``kind``: the block's rows (outer) and the vectors of a row (inner); a stride of 0
         repeats what a region does not vary along (the ALU's broadcast)."""
-        t, lay = self.t, self.layout
+        t = self.t
         rows, row = kind in ("full", "row"), kind in ("full", "column")
-        return (self.rows if rows else 1, lay.padded // t if row else 1,
-                (lay.padded if row else t) if rows else 0, t if row else 0)
+        return (self.rows if rows else 1, self.vectors if row else 1,
+                (self.width if row else t) if rows else 0, t if row else 0)
 
     # steps --------------------------------------------------------------------------
     def widen(self, n: Node):
@@ -738,9 +755,9 @@ class _Emitter:
         if kind in ("full", "column"):
             rows = self.rows if kind == "full" else 1
             self.stmts.append(LOAD[Mem.INP].call(
-                host=n.leaf, elem_offset=self.row0 * lay.length if kind == "full" else 0, sram_addr=staged,
-                sram_ld=lay.padded, rows=rows, cols=lay.length, dram_ld=lay.length, pad_top=0, pad_bottom=0,
-                pad_left=0, pad_right=lay.padded - lay.length, pad_value=0))
+                host=n.leaf, elem_offset=(self.row0 * lay.length if kind == "full" else 0) + self.col0,
+                sram_addr=staged, sram_ld=self.width, rows=rows, cols=self.cols, dram_ld=lay.length, pad_top=0,
+                pad_bottom=0, pad_left=0, pad_right=self.width - self.cols, pad_value=0))
         else:
             rows = self.rows if kind == "row" else 1
             self.stmts.append(LOAD[Mem.INP].call(
@@ -808,8 +825,8 @@ class _Emitter:
     def store(self, region) -> None:
         lay, chain = self.layout, self.chain
         self.stmts.append(STORE[StoreMode.SATURATE if chain.saturate else StoreMode.WRAP].call(
-            host=chain.out, elem_offset=self.row0 * lay.length, sram_addr=region[0], sram_ld=lay.padded,
-            rows=self.rows, cols=lay.length, dram_ld=lay.length))
+            host=chain.out, elem_offset=self.row0 * lay.length + self.col0, sram_addr=region[0], sram_ld=self.width,
+            rows=self.rows, cols=self.cols, dram_ld=lay.length))
 
 
 def _weights(t: int) -> tuple:
@@ -818,6 +835,13 @@ def _weights(t: int) -> tuple:
     return (tirx.decl_buffer((t,), "int8", f"{BUFFER_PREFIX}ones", scope=WGT.scope),
             tirx.decl_buffer((t * t,), "int8", f"{BUFFER_PREFIX}column", scope=WGT.scope),
             tirx.decl_buffer((LUT_ENTRIES,), "int8", f"{BUFFER_PREFIX}table", scope=WGT.scope))
+
+
+def _parts(total: int, size: int) -> list:
+    """``[(count, start, size)]``: ``count`` whole pieces of ``size`` in ``total`` (a loop), then
+    the rest (``count`` 0: one piece, at ``start``)."""
+    whole, rest = divmod(total, size)
+    return ([(whole, 0, size)] if whole else []) + ([(0, whole * size, rest)] if rest else [])
 
 
 def lower(func: tirx.PrimFunc, chain: Chain, config: Config) -> tirx.PrimFunc:
@@ -844,14 +868,21 @@ def lower(func: tirx.PrimFunc, chain: Chain, config: Config) -> tirx.PrimFunc:
             host=chain.table, elem_offset=0, sram_addr=lut, sram_ld=t, rows=LUT_ENTRIES // t, cols=t, dram_ld=t,
             pad_top=0, pad_bottom=0, pad_left=0, pad_right=0, pad_value=0)]
     emitter = _Emitter(chain, layout, config, ones, column, lut)
-    whole, rest = divmod(layout.rows, layout.block)
-    if whole:
-        v = tirx.Var("elementwise_block", "int32")
-        body = emitter.block(v * layout.block, layout.block, "")
-        stmts.append(tirx.For(v, tirx.IntImm("int32", 0), tirx.IntImm("int32", whole), tirx.ForKind.SERIAL,
-                              tirx.SeqStmt(body) if len(body) > 1 else body[0]))
-    if rest:
-        stmts.append(tirx.SeqStmt(emitter.block(tirx.IntImm("int32", whole * layout.block), rest, "_rest")))
+    # blocks of rows (a loop over the whole ones, then the rest), each in chunks of its rows
+    # (the same): every piece the same instructions at other offsets, with loop vars of its own
+    for r, (row_count, row_start, rows) in enumerate(_parts(layout.rows, layout.block)):
+        for c, (col_count, col_start, cols) in enumerate(_parts(layout.length, layout.chunk)):
+            row_var = tirx.Var("elementwise_block", "int32") if row_count else None
+            col_var = tirx.Var("elementwise_chunk", "int32") if col_count else None
+            row0 = row_var * rows if row_var is not None else tirx.IntImm("int32", row_start)
+            col0 = col_var * cols if col_var is not None else tirx.IntImm("int32", col_start)
+            body = emitter.block(row0, rows, col0, cols, "_rest" * r + "_end" * c)
+            stmt = tirx.SeqStmt(body) if len(body) > 1 else body[0]
+            for var, count in ((col_var, col_count), (row_var, row_count)):
+                if var is not None:
+                    stmt = tirx.For(var, tirx.IntImm("int32", 0), tirx.IntImm("int32", count), tirx.ForKind.SERIAL,
+                                    stmt)
+            stmts.append(stmt)
     # a block in a root block, as TVM's passes after scheduling expect of a PrimFunc's body
     # (Relax's SplitLayoutRewritePreproc, run on a real model's module, wants both)
     chain_block = s_tir.SBlockRealize([], True, s_tir.SBlock([], [], [], "elementwise", tirx.SeqStmt(stmts)))
@@ -871,7 +902,8 @@ def describe(chain: Chain, config: Config) -> str:
     ops = [n.op.name for n in chain.nodes() if not n.is_leaf]
     kinds = sorted({layout.kinds[id(n)] for n in chain.nodes() if n.is_leaf})
     return (f"offloaded element-wise chain: {len(chain.leaves)} int8 operand(s) ({', '.join(kinds)}) -> "
-            f"{'x'.join(map(str, chain.shape))} int8 as {layout.rows} row(s) of {layout.length}, "
+            f"{'x'.join(map(str, chain.shape))} int8 as {layout.rows} row(s) of {layout.length}"
+            f"{f' in pieces of {layout.chunk}' if layout.chunk < layout.padded else ''}, "
             f"{len(ops)} ALU step(s) ({', '.join(ops)})")
 
 

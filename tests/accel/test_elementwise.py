@@ -63,10 +63,10 @@ def rescale_module(shape, real: float | None, zx: int, zy: int, bounds=(-128, 12
     return bb.get()
 
 
-def _build_and_compare(mod: tvm.IRModule, seed: int):
+def _build_and_compare(mod: tvm.IRModule, seed: int, target: str = "accel, llvm"):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model = tp.build(mod, "accel, llvm")
+        model = tp.build(mod, target)
     vm = relax.VirtualMachine(tvm.compile(mod, "llvm"), tvm.cpu())
     rng = np.random.default_rng(seed)
     args = [rng.integers(-128, 128, [int(d) for d in p.ty.shape.values], dtype=np.int8) for p in mod["main"].params]
@@ -255,18 +255,25 @@ def test_a_widened_input_shared_with_a_sum_is_widened_again_for_the_chain():
     assert not report["on_host"], report["on_host"]
 
 
-def test_a_chain_whose_rows_do_not_fit_acc_runs_on_the_host_and_says_why():
+def test_rows_too_long_for_acc_run_in_pieces_and_a_chain_no_tile_of_which_fits_stays_on_the_host():
     """One row of a per-channel chain (the trailing dimensions' 12,000 elements) needs more than
-    a 64 KiB ACC: the partition runs on the CPU, still llvm's result, and the report says why."""
+    a 64 KiB ACC: it runs in pieces of a row, still bit-exact; with an ACC of one tile the
+    chain's two values never fit, and the partition runs on the CPU (llvm's result), saying why."""
     mod = chain_module("multiply", (1, 2, 1, 12000), (1, 2, 1, 1), (0.01,))
+    model = _build_and_compare(mod, 2, "accel -acc_bytes=65536, llvm")
+    _on_accel(model)
+    # a row and its value take 12,256 of ACC's 16,384 elements, twice that with the loop's double
+    # buffers: one row at a time, in 2 pieces of 6,000 elements, each LOADed, widened, multiplied by
+    # its row's value (LOADed and widened again), requantised and STOREd
+    stats = model.stats["accel"]
+    assert stats.instructions["STORE"] == 4 and stats.instructions["DWMAC"] == 4 and stats.instructions["GEMM"] == 4
     with pytest.warns(tp.OffloadWarning, match="does not fit ACC"):
-        model = tp.build(mod, "accel -acc_bytes=65536, llvm")
+        model = tp.build(mod, "accel -acc_bytes=1024, llvm")
     vm = relax.VirtualMachine(tvm.compile(mod, "llvm"), tvm.cpu())
     rng = np.random.default_rng(2)
     args = [rng.integers(-128, 128, s, dtype=np.int8) for s in ((1, 2, 1, 12000), (1, 2, 1, 1))]
     np.testing.assert_array_equal(model(*args), vm["main"](*[tvm.runtime.tensor(a) for a in args]).numpy())
     assert "does not fit ACC" in model.report.text(verbose=True)
-
 
 def _broadcast_shape(out: tuple, split: int, kind: str, drop: int) -> tuple:
     """An operand of ``kind`` against ``out`` split into rows at ``split``, with ``drop`` of its
