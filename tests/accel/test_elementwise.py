@@ -284,7 +284,7 @@ def _broadcast_shape(out: tuple, split: int, kind: str, drop: int) -> tuple:
     return shape[min(drop, lead, len(shape) - 1):]
 
 
-_OUTS = st.sampled_from([(1, 40, 120), (1, 7, 33), (3, 40), (2, 5, 18), (1, 8, 4, 4), (1, 6, 1, 20), (4, 3, 2, 5),
+_OUTS = st.sampled_from([(1, 40, 120), (1, 7, 33), (3, 40), (2, 5, 18), (1, 8, 4, 4), (1, 6, 1, 20), (4, 3, 2, 5), (1, 3, 700),
                          (130,)])
 
 
@@ -293,19 +293,20 @@ _OUTS = st.sampled_from([(1, 40, 120), (1, 7, 33), (3, 40), (2, 5, 18), (1, 8, 4
        st.sampled_from([("full", "column"), ("column", "full"), ("full", "row"), ("row", "column"),
                         ("column", "scalar"), ("column", "column"), ("full", "scalar")]),
        st.integers(0, 3), st.integers(-20, 20), st.integers(-20, 20), st.integers(-10, 10),
-       st.sampled_from([(-128, 127), (0, 127), (-90, 100)]), st.integers(0, 1000))
+       st.sampled_from([(-128, 127), (0, 127), (-90, 100)]), st.booleans(), st.integers(0, 1000))
 def test_operands_repeated_along_leading_dimensions_run_on_accel_bit_exact(op, out, data, kinds, drop, za, zb, zy,
-                                                                           bounds, seed):
+                                                                           bounds, small, seed):
     """Every split of the result into rows, every pair of layouts (a whole tensor, one value per
-    row, one row repeated, one value), operands of fewer dimensions: on accel, llvm's result over
-    three calls. The result's shape must be one of the operands' broadcast (integerize's rules
-    give it one operand of that shape, these chains need not)."""
+    row, one row repeated, one value), operands of fewer dimensions, scratchpads so small that
+    the rows run in blocks and pieces (and the rests of both): on accel, llvm's result over three
+    calls. The result's shape must be one of the operands' broadcast (integerize's rules give it
+    one operand of that shape, these chains need not)."""
     split = data.draw(st.integers(0, len(out)))
     shapes = [_broadcast_shape(out, split, k, drop) for k in kinds]
     got = tuple(max(a, b) for a, b in zip(*(((1,) * (len(out) - len(s)) + s) for s in shapes)))
     assume(got == tuple(out))
     mod = chain_module(op, *shapes, (0.37, 0.81) if op != "multiply" else (0.004,), za, zb, zy, bounds)
-    _on_accel(_build_and_compare(mod, seed))
+    _on_accel(_build_and_compare(mod, seed, "accel -acc_bytes=4096 -inp_bytes=1024, llvm" if small else "accel, llvm"))
 
 
 @settings(max_examples=10, deadline=None)
