@@ -7,7 +7,6 @@ of a ``[1, L, C]`` tensor: a bias row) or one value in all, built by
 module over three calls (the third replays the simulator's batched plan); what stays on the
 host says why."""
 
-import warnings
 
 import numpy as np
 import pytest
@@ -19,6 +18,7 @@ from tvm import relax
 import tirpat as tp
 from tirpat.model.integerize.fixed_point import Requantize
 from tirpat.model.integerize.rules import emit_requantize, emit_table
+from tirpat.testing.differential import assert_matches_llvm
 
 
 def chain_module(op: str, shape_a, shape_b, reals, za: int = 0, zb: int = 0, zy: int = 0,
@@ -64,16 +64,8 @@ def rescale_module(shape, real: float | None, zx: int, zy: int, bounds=(-128, 12
 
 
 def _build_and_compare(mod: tvm.IRModule, seed: int, target: str = "accel, llvm"):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = tp.build(mod, target)
-    vm = relax.VirtualMachine(tvm.compile(mod, "llvm"), tvm.cpu())
-    rng = np.random.default_rng(seed)
-    args = [rng.integers(-128, 128, [int(d) for d in p.ty.shape.values], dtype=np.int8) for p in mod["main"].params]
-    want = vm["main"](*[tvm.runtime.tensor(a) for a in args]).numpy()
-    for _ in range(3):      # the third call replays the stream in the simulator's batched plan (accel.hw.fused)
-        np.testing.assert_array_equal(model(*args), want)
-    return model
+    # three calls: the third replays the stream in the simulator's batched plan (accel.hw.fused)
+    return assert_matches_llvm(mod, target, seed=seed)
 
 
 def _on_accel(model) -> None:
@@ -204,13 +196,7 @@ def test_qdq_conv_residual_add_and_squeeze_excitation_multiply_end_on_accel(seed
     mod = from_onnx(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), keep_params_in_input=False)
     x = rng.normal(0, 1, (1, 8, 8, 8)).astype(np.float32)
     s = rng.uniform(0, 1, (1, 8, 1, 1)).astype(np.float32)
-    vm = relax.VirtualMachine(tvm.compile(tp.integerize()(mod), "llvm"), tvm.cpu())
-    want = vm["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(s)).numpy()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = tp.build(mod, "accel, llvm")
-    for _ in range(3):
-        np.testing.assert_array_equal(model(x, s), want)
+    model = assert_matches_llvm(mod, "accel, llvm", inputs=[x, s], reference=tp.integerize()(mod))
     report = model.report.to_json()
     elementwise = [p for p in report["partitions"] if p["pattern"] == "accel.elementwise"]
     assert len(elementwise) == 2 and all(p["rules"].get("accel.elementwise") for p in elementwise), \
@@ -236,18 +222,7 @@ def test_a_widened_input_shared_with_a_sum_is_widened_again_for_the_chain():
             out = bb.emit(emit_requantize([product], rq))
             result = bb.emit_output(relax.Tuple([out, total]))
         bb.emit_func_output(result)
-    mod = bb.get()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = tp.build(mod, "accel, llvm")
-    vm = relax.VirtualMachine(tvm.compile(mod, "llvm"), tvm.cpu())
-    rng = np.random.default_rng(5)
-    args = [rng.integers(-128, 128, (1, 8, 6, 6), dtype=np.int8), rng.integers(-128, 128, (1, 8, 1, 1), dtype=np.int8)]
-    want = vm["main"](*[tvm.runtime.tensor(x) for x in args])
-    for _ in range(3):
-        got = model(*args)
-        np.testing.assert_array_equal(got[0], want[0].numpy())
-        np.testing.assert_array_equal(got[1], want[1].numpy())
+    model = assert_matches_llvm(bb.get(), "accel, llvm", seed=5)
     report = model.report.to_json()
     # the sum is accel's too (a convolution by ones), each with a cast of its own
     assert sorted(p["pattern"] for p in report["partitions"]) == ["accel.conv2d", "accel.elementwise"], \
@@ -268,12 +243,9 @@ def test_rows_too_long_for_acc_run_in_pieces_and_a_chain_no_tile_of_which_fits_s
     stats = model.stats["accel"]
     assert stats.instructions["STORE"] == 4 and stats.instructions["DWMAC"] == 4 and stats.instructions["GEMM"] == 4
     with pytest.warns(tp.OffloadWarning, match="does not fit ACC"):
-        model = tp.build(mod, "accel -acc_bytes=1024, llvm")
-    vm = relax.VirtualMachine(tvm.compile(mod, "llvm"), tvm.cpu())
-    rng = np.random.default_rng(2)
-    args = [rng.integers(-128, 128, s, dtype=np.int8) for s in ((1, 2, 1, 12000), (1, 2, 1, 1))]
-    np.testing.assert_array_equal(model(*args), vm["main"](*[tvm.runtime.tensor(a) for a in args]).numpy())
+        model = assert_matches_llvm(mod, "accel -acc_bytes=1024, llvm", seed=2, quiet=False)
     assert "does not fit ACC" in model.report.text(verbose=True)
+
 
 def _broadcast_shape(out: tuple, split: int, kind: str, drop: int) -> tuple:
     """An operand of ``kind`` against ``out`` split into rows at ``split``, with ``drop`` of its
@@ -378,13 +350,7 @@ def test_qdq_per_channel_constant_of_a_sequence_runs_on_accel(op):
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)], inits)
     mod = from_onnx(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), keep_params_in_input=False)
     x = rng.normal(0, 1, shape).astype(np.float32)
-    vm = relax.VirtualMachine(tvm.compile(tp.integerize()(mod), "llvm"), tvm.cpu())
-    want = vm["main"](tvm.runtime.tensor(x)).numpy()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = tp.build(mod, "accel, llvm")
-    for _ in range(3):
-        np.testing.assert_array_equal(model(x), want)
+    model = assert_matches_llvm(mod, "accel, llvm", inputs=[x], reference=tp.integerize()(mod))
     report = model.report.to_json()
     elementwise = [p for p in report["partitions"] if p["pattern"] == "accel.elementwise"]
     assert len(elementwise) == 2 and all(p["rules"].get("accel.elementwise") for p in elementwise), \
