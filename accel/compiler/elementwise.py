@@ -644,7 +644,9 @@ def _layout(chain: Chain, config: Config) -> _Layout:
     capacity = {ACC.scope: config.acc_elements, INP.scope: config.inp_elements}
 
     def fits(layout: _Layout) -> bool:
-        allocs = _Emitter(chain, layout, config, *_weights(t)).block(0, layout.block, 0, layout.chunk, "")
+        emitter = _Emitter(chain, layout, config, *_weights(t))
+        once, where = emitter.once(0, layout.chunk, "")
+        allocs = once + emitter.block(0, layout.block, 0, layout.chunk, "", where)
         used = dict.fromkeys(capacity, 0)
         for a in allocs:
             if isinstance(a, tirx.AllocBuffer):
@@ -694,17 +696,27 @@ class _Emitter:
                     if isinstance(operand, Node):
                         self.uses[id(operand)] = self.uses.get(id(operand), 0) + 1
 
-    def block(self, row0, rows: int, col0, cols: int, tag: str) -> list:
-        """The allocations and instructions of the block of ``rows`` rows from ``row0``, and of
-        ``cols`` elements of each from ``col0``."""
-        self.stmts, self.allocs, self.tag, self.count = [], [], tag, 0
-        self.row0, self.rows, self.col0, self.cols = row0, rows, col0, cols
-        # ACC rows are the chunk's width apart; the ALU walks the vectors this block's columns fill
-        self.width, self.vectors = self.layout.chunk, _round(cols, self.t) // self.t
-        self.left = dict(self.uses)
+    def once(self, col0, cols: int, tag: str) -> tuple:
+        """``(allocations and instructions, regions)`` of the values that do not vary along the
+        rows (a bias row, one value), for the ``cols`` elements of each row from ``col0``: computed
+        once for all the blocks of rows that read them."""
+        self.start(None, 0, col0, cols, tag)
         where: dict = {}
         for n in self.chain.nodes():
-            where[id(n)] = self.widen(n) if n.is_leaf else self.compute(n, where)
+            if self.layout.kinds[id(n)] in ("column", "scalar"):
+                where[id(n)] = self.widen(n) if n.is_leaf else self.compute(n, where)
+        return self.allocs + self.stmts, where
+
+    def block(self, row0, rows: int, col0, cols: int, tag: str, once: dict) -> list:
+        """The allocations and instructions of the block of ``rows`` rows from ``row0``, and of
+        ``cols`` elements of each from ``col0``, reading the regions ``once`` computed (a value
+        that does not vary along the rows is never written in place by one that does: their
+        kinds differ)."""
+        self.start(row0, rows, col0, cols, tag)
+        where = dict(once)
+        for n in self.chain.nodes():
+            if id(n) not in where:
+                where[id(n)] = self.widen(n) if n.is_leaf else self.compute(n, where)
         root = where[id(self.chain.root)]
         if self.chain.table is not None:
             ext_out, ext_in, dso, dsi = self.walk(root[1])
@@ -712,6 +724,13 @@ class _Emitter:
                                        dst_stride_out=dso, dst_stride_in=dsi))
         self.store(root)
         return self.allocs + self.stmts
+
+    def start(self, row0, rows: int, col0, cols: int, tag: str) -> None:
+        self.stmts, self.allocs, self.tag, self.count = [], [], tag, 0
+        self.row0, self.rows, self.col0, self.cols = row0, rows, col0, cols
+        # ACC rows are the chunk's width apart; the ALU walks the vectors this block's columns fill
+        self.width, self.vectors = self.layout.chunk, _round(cols, self.t) // self.t
+        self.left = dict(self.uses)
 
     # regions ------------------------------------------------------------------------
     def acc(self, kind: str):
@@ -868,21 +887,23 @@ def lower(func: tirx.PrimFunc, chain: Chain, config: Config) -> tirx.PrimFunc:
             host=chain.table, elem_offset=0, sram_addr=lut, sram_ld=t, rows=LUT_ENTRIES // t, cols=t, dram_ld=t,
             pad_top=0, pad_bottom=0, pad_left=0, pad_right=0, pad_value=0)]
     emitter = _Emitter(chain, layout, config, ones, column, lut)
-    # blocks of rows (a loop over the whole ones, then the rest), each in chunks of its rows
-    # (the same): every piece the same instructions at other offsets, with loop vars of its own
-    for r, (row_count, row_start, rows) in enumerate(_parts(layout.rows, layout.block)):
-        for c, (col_count, col_start, cols) in enumerate(_parts(layout.length, layout.chunk)):
+    # pieces of the rows (a loop over the whole ones, then the rest), each computing what does
+    # not vary along the rows once, then blocks of rows (the same): every piece and block the same
+    # instructions at other offsets, with loop vars of its own
+    for c, (col_count, col_start, cols) in enumerate(_parts(layout.length, layout.chunk)):
+        col_var = tirx.Var("elementwise_chunk", "int32") if col_count else None
+        col0 = col_var * cols if col_var is not None else tirx.IntImm("int32", col_start)
+        piece, once = emitter.once(col0, cols, "_once" + "_end" * c)
+        for r, (row_count, row_start, rows) in enumerate(_parts(layout.rows, layout.block)):
             row_var = tirx.Var("elementwise_block", "int32") if row_count else None
-            col_var = tirx.Var("elementwise_chunk", "int32") if col_count else None
             row0 = row_var * rows if row_var is not None else tirx.IntImm("int32", row_start)
-            col0 = col_var * cols if col_var is not None else tirx.IntImm("int32", col_start)
-            body = emitter.block(row0, rows, col0, cols, "_rest" * r + "_end" * c)
+            body = emitter.block(row0, rows, col0, cols, "_rest" * r + "_end" * c, once)
             stmt = tirx.SeqStmt(body) if len(body) > 1 else body[0]
-            for var, count in ((col_var, col_count), (row_var, row_count)):
-                if var is not None:
-                    stmt = tirx.For(var, tirx.IntImm("int32", 0), tirx.IntImm("int32", count), tirx.ForKind.SERIAL,
-                                    stmt)
-            stmts.append(stmt)
+            piece.append(tirx.For(row_var, tirx.IntImm("int32", 0), tirx.IntImm("int32", row_count),
+                                  tirx.ForKind.SERIAL, stmt) if row_var is not None else stmt)
+        stmt = tirx.SeqStmt(piece) if len(piece) > 1 else piece[0]
+        stmts.append(tirx.For(col_var, tirx.IntImm("int32", 0), tirx.IntImm("int32", col_count), tirx.ForKind.SERIAL,
+                              stmt) if col_var is not None else stmt)
     # a block in a root block, as TVM's passes after scheduling expect of a PrimFunc's body
     # (Relax's SplitLayoutRewritePreproc, run on a real model's module, wants both)
     chain_block = s_tir.SBlockRealize([], True, s_tir.SBlock([], [], [], "elementwise", tirx.SeqStmt(stmts)))

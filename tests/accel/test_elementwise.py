@@ -318,6 +318,18 @@ def test_a_per_channel_row_of_a_sequence_is_widened_once_and_broadcast_by_the_al
     assert stats.busy["alu"] == 4 * (40 * 8 + 4)      # 4 cycles of issue each
 
 
+def test_a_bias_row_is_widened_once_for_all_blocks_of_rows():
+    """``[1, 3, 700] + [700]`` with scratchpads of 4 ACC and 4 INP tiles: one row at a time, in 3
+    pieces of 240 elements; each piece of the bias row is LOADed, widened and rescaled once, before
+    the blocks of rows that read it (not once per row)."""
+    model = _build_and_compare(chain_module("add", (1, 3, 700), (700,), (0.3, 0.6)), 0,
+                               "accel -acc_bytes=4096 -inp_bytes=1024, llvm")
+    _on_accel(model)
+    stats = model.stats["accel"]
+    assert stats.instructions["STORE"] == 9 and stats.instructions["DWMAC"] == 9 + 3
+    assert stats.bytes["dram_to_sram"] == 3 * 700 + 700
+
+
 @pytest.mark.parametrize("op", ["Add", "Mul"])
 def test_qdq_per_channel_constant_of_a_sequence_runs_on_accel(op):
     """A QDQ model: ``x [1, L, C]`` Add (or Mul) a quantised per-channel constant ``[C]`` (a
