@@ -31,7 +31,11 @@ The output is laid out as ``R`` rows of ``L`` elements (``R`` the product of its
 dimensions, ``L`` of the others, each row padded to whole ``tile``-lane vectors), split where
 every operand is the whole result, one value per row, one row or one value
 (:func:`broadcast_kind`; of those splits the one that pads least), and processed in blocks of
-rows that fit ACC and INP.
+rows that fit ACC and INP, a row cut into equal pieces of whole vectors when one does not fit;
+what does not vary along the rows (a bias row and its rescale) is computed once per piece,
+before the blocks of rows that read it. A table activation after the chain (or of an int8
+tensor alone: integerize's ``take(table, x + 128)``) is one LUT over the result, its table
+LOADed into WGT once.
 
 Fixed-point multipliers need no more than int32: :class:`~tirpat.model.integerize.fixed_point.Requantize`
 chooses multipliers and shifts for which every intermediate provably fits int32, and the ALU's
