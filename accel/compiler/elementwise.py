@@ -217,12 +217,16 @@ def _check_call(call) -> str | None:
     return None
 
 
-def _check_take(take) -> str | None:
-    """Why accel's LUT cannot compute the table lookup ``take``, or None: a 256-entry int8
-    constant table along axis 0 (the index ``x + 128`` is the pattern's, checked in TIR)."""
+def _check_take(take, bound: dict) -> str | None:
+    """Why accel's LUT cannot compute the table lookup ``take`` (``bound``: the match's values
+    by variable), or None: a 256-entry int8 constant table along axis 0, indexed by ``x + 128``."""
     values = _constant(take.args[0])
     if values is None or str(values.dtype) != "int8" or values.shape != (LUT_ENTRIES,) or int(take.attrs.axis) != 0:
         return f"a take from a {_dtype(take.args[0])} table that is not {LUT_ENTRIES} int8 entries along axis 0"
+    index = bound.get(take.args[1], take.args[1])
+    offset = _constant(index.args[1]) if isinstance(index, relax.Call) else None
+    if offset is None or offset.size != 1 or int(offset.reshape(-1)[0]) != 128:
+        return "a table index that is not x + 128 (the LUT reads entry x + 128 of an int8 x)"
     return None
 
 
@@ -243,7 +247,7 @@ def check(ctx) -> bool | str:
                 return "an int8 operand of dynamic shape; accel needs static shapes"
             shapes.append(shape)
             continue
-        why = _check_take(value) if value.op.name == "relax.take" else _check_call(value)
+        why = _check_take(value, ctx.matched_bindings) if value.op.name == "relax.take" else _check_call(value)
         if why is not None:
             return why
     if not row_splits(shapes, out):

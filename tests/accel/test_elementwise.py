@@ -415,13 +415,17 @@ def test_a_table_activation_alone_or_after_the_chain_runs_on_lut_bit_exact(shape
     assert stats.bytes["dram_to_sram"] == operands + 256
 
 
-def test_a_table_that_is_not_256_int8_entries_stays_on_the_host():
+@pytest.mark.parametrize("table, offset, why", [(np.arange(256, dtype=np.int32), 128, "not 256 int8 entries"),
+                                                (np.arange(128, dtype=np.int8), 0, "not 256 int8 entries"),
+                                                (np.arange(-128, 128).astype(np.int8), 127, "not x \\+ 128")])
+def test_a_take_the_lut_does_not_compute_stays_on_the_host_and_says_why(table, offset, why):
     bb = relax.BlockBuilder()
     a = relax.Var("a", relax.TensorType((1, 4, 16), "int8"))
     with bb.function("main", [a]):
         with bb.dataflow():
-            index = relax.op.add(relax.op.astype(a, "int32"), relax.const(128, "int32"))
-            out = bb.emit_output(relax.op.take(relax.const(np.arange(256, dtype=np.int32)), index, axis=0, mode="clip"))
+            index = relax.op.add(relax.op.astype(a, "int32"), relax.const(offset, "int32"))
+            out = bb.emit_output(relax.op.take(relax.const(table), index, axis=0, mode="clip"))
         bb.emit_func_output(out)
-    with pytest.warns(tp.OffloadWarning, match="not 256 int8 entries"):
-        tp.build(bb.get(), "accel, llvm")
+    with pytest.warns(tp.OffloadWarning, match=why):
+        model = assert_matches_llvm(bb.get(), "accel, llvm", quiet=False)
+    assert not [p for p in model.report.partitions if p.pattern == "accel.elementwise"]
