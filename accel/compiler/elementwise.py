@@ -61,15 +61,16 @@ from tvm.relax.dpl import DFPattern, is_const, is_op, wildcard
 
 import tirpat as tp
 from tirpat.model.integerize.rules import requantize_pattern
-from accel.compiler.patterns import table
 from tirpat.model.partition import origin_of
+from accel.compiler.patterns import table
 from accel.hw.config import Config
 from tirpat.device.planner import access_ptr_buffer
 from accel.hw.instructions import (ACC, ALU, DWMAC, GEMM, INP, INSTRUCTIONS, LOAD, LUT, LUT_ENTRIES, STORE, WGT,
                                    AluOp, Mem, StoreMode, instruction_of)
 
 __all__ = ["patterns", "check", "widen_per_use", "Node", "Chain", "analyse", "lower", "schedule_partition",
-           "describe", "describe_operation", "rule", "broadcast_kind", "row_splits", "KINDS", "PATTERN_NAME", "BUFFER_PREFIX"]
+           "describe", "describe_operation", "rule", "broadcast_kind", "row_splits", "KINDS", "PATTERN_NAME",
+           "BUFFER_PREFIX"]
 
 #: The partition pattern's name (``tp.explain`` and the report show it), and the rule's.
 PATTERN_NAME = "accel.elementwise"
@@ -517,8 +518,8 @@ def _within_int8(node: Node) -> bool:
 
 def _table_index(e) -> tuple | None:
     """``(table, index)`` when ``e`` reads a 256-entry int8 buffer at one index, the clamps of
-    ``take(mode="clip")`` to [0, 255] and its widening to int64 taken off (an index ``x + 128`` of an ``x`` in int8 needs
-    none: accel's LUT clamps its own); else None."""
+    ``take(mode="clip")`` to [0, 255] and its widening to int64 taken off (an index ``x + 128``
+    of an ``x`` in int8 needs none: accel's LUT clamps its own); else None."""
     if not (isinstance(e, ir.TensorLoad) and str(e.source.dtype) == "int8" and len(e.indices) == 1
             and [_int(d) for d in e.source.shape] == [LUT_ENTRIES]):
         return None
@@ -632,6 +633,7 @@ class _Layout:
 
     @property
     def iterations(self) -> int:
+        """How many blocks the rows run in (the planner double-buffers a loop's scratchpad)."""
         return -(-self.rows // self.block) * -(-self.length // self.chunk)
 
 
@@ -670,6 +672,8 @@ def _layout(chain: Chain, config: Config) -> _Layout:
             chunk = _round(-(-length // pieces), t)
             if pieces > 1 and chunk == _round(-(-length // (pieces - 1)), t):
                 continue        # the same chunk as fewer pieces: it did not fit
+            if pieces == 2 and not fits(_Layout(rows, length, padded, 1, t, kinds)):
+                return None     # not even one vector of a row, double-buffered: no piece fits
             block = rows
             while block and not fits(_Layout(rows, length, padded, block, chunk, kinds)):
                 block //= 2

@@ -256,8 +256,8 @@ def _broadcast_shape(out: tuple, split: int, kind: str, drop: int) -> tuple:
     return shape[min(drop, lead, len(shape) - 1):]
 
 
-_OUTS = st.sampled_from([(1, 40, 120), (1, 7, 33), (3, 40), (2, 5, 18), (1, 8, 4, 4), (1, 6, 1, 20), (4, 3, 2, 5), (1, 3, 700),
-                         (130,)])
+_OUTS = st.sampled_from([(1, 40, 120), (1, 7, 33), (3, 40), (2, 5, 18), (1, 8, 4, 4), (1, 6, 1, 20), (4, 3, 2, 5),
+                         (1, 3, 700), (130,)])
 
 
 @settings(max_examples=16, deadline=None)
