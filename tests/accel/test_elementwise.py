@@ -270,15 +270,15 @@ def test_operands_repeated_along_leading_dimensions_run_on_accel_bit_exact(op, o
                                                                            bounds, small, seed):
     """Every split of the result into rows, every pair of layouts (a whole tensor, one value per
     row, one row repeated, one value), operands of fewer dimensions, scratchpads so small that
-    the rows run in blocks and pieces (and the rests of both): on accel, llvm's result over three
-    calls. The result's shape must be one of the operands' broadcast (integerize's rules give it
+    the rows run in blocks and pieces (and the rests of both; 8 ACC tiles: a chain's 4 values at
+    most, double-buffered): on accel, llvm's result over three calls. The result's shape must be one of the operands' broadcast (integerize's rules give it
     one operand of that shape, these chains need not)."""
     split = data.draw(st.integers(0, len(out)))
     shapes = [_broadcast_shape(out, split, k, drop) for k in kinds]
     got = tuple(max(a, b) for a, b in zip(*(((1,) * (len(out) - len(s)) + s) for s in shapes)))
     assume(got == tuple(out))
     mod = chain_module(op, *shapes, (0.37, 0.81) if op != "multiply" else (0.004,), za, zb, zy, bounds)
-    _on_accel(_build_and_compare(mod, seed, "accel -acc_bytes=4096 -inp_bytes=1024, llvm" if small else "accel, llvm"))
+    _on_accel(_build_and_compare(mod, seed, "accel -acc_bytes=8192 -inp_bytes=1024, llvm" if small else "accel, llvm"))
 
 
 @settings(max_examples=10, deadline=None)
