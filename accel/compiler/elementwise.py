@@ -857,7 +857,7 @@ class _Emitter:
         lay, chain = self.layout, self.chain
         self.stmts.append(STORE[StoreMode.SATURATE if chain.saturate else StoreMode.WRAP].call(
             host=chain.out, elem_offset=self.row0 * lay.length + self.col0, sram_addr=region[0], sram_ld=self.width,
-            rows=self.rows, cols=self.cols, dram_ld=lay.length))
+            rows=self.rows, cols=self.cols, dram_ld=lay.length, dram_step=1))
 
 
 def _weights(t: int) -> tuple:
