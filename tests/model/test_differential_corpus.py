@@ -63,3 +63,12 @@ def test_an_nchw_epilogue_the_alu_declines_wraps_on_the_cpu_as_llvm_does():
     model = random_int8_model(1460175, overflow=True)
     assert "g5" in model.describe() and "(overflows)" in model.describe()
     assert assert_bit_exact(model).macs.get("accel", 0) > 0
+
+
+@pytest.mark.parametrize("seed", [1460085, 1460111])
+def test_wrapping_chains_in_fused_functions_compute_what_one_loop_per_operator_computes(seed):
+    """Epilogues whose products wrap, in a function of several operators (an accel partition's
+    CPU part; a host function FuseTIR made, 1460111 runs all on the host): LLVM, unrolling
+    the small loops, saw the chain at once and folded it as if nothing wrapped (44 of 64 and
+    14 of 28 elements differed); tirpat.tir.wrapping makes the stored arithmetic wrap."""
+    assert_bit_exact(random_int8_model(seed, overflow=True))

@@ -18,7 +18,8 @@ llvm's code marks those operations "no signed wrap", and an optimiser that sees 
 operation in the same expression may use that (drop a ``max`` after a product that wraps),
 where a step per loop nest, as TVM leaves it, computes in wrapping int32 arithmetic. So the
 results equal those of the code left as it was, overflow included
-(``tests/model/test_differential_corpus.py``).
+(``tests/model/test_differential_corpus.py``). Small loops that LLVM unrolls can still show it a
+chain across loop nests: :mod:`tirpat.tir.wrapping` makes the stored int32 arithmetic wrap there too.
 
 >>> mod = inline_elementwise()(mod)          # doctest: +SKIP
 """

@@ -50,6 +50,7 @@ from .prepack import split_layout_stages
 from .report import SCHEDULE_NOTES
 from ..tir.lowering import lower_blocks
 from ..tir.pipeline import registered, tir_pipeline
+from ..tir.wrapping import wrapping_arithmetic
 
 __all__ = ["relax_pipeline", "lower_partitions", "partition_functions", "schedule_for", "with_records", "TIR_PIPELINE",
            "KOPAQUE"]
@@ -493,6 +494,13 @@ def _fell_back(record, function: str, backend: str, stage: str, err: Exception) 
         warnings.warn(f"{function} runs on the host: {why}", UserWarning, stacklevel=2)
 
 
+def _tir_stage(record: Record | None) -> tvm.transform.Pass:
+    """The dispatch, then the host's int32 arithmetic made to wrap (:mod:`tirpat.tir.wrapping`):
+    fused host functions and the CPU parts of partitions compute what TVM's one loop nest
+    per operator computes, overflow included."""
+    return tvm.transform.Sequential([_dispatch(record), wrapping_arithmetic()], name="tirpat.TIRStage")
+
+
 def tir_pipeline_for(record: Record):
     """A context giving the name of a TIR pipeline, registered while inside, that is
     :data:`TIR_PIPELINE` filling ``record``: ``tvm.compile`` takes a TIR pipeline by name only,
@@ -506,9 +514,9 @@ def tir_pipeline_for(record: Record):
     >>> name in tvm.tirx.compilation_pipeline.PIPELINE_MAP
     False
     """
-    return registered(tir_pipeline(_dispatch(record), TIR_PIPELINE), TIR_PIPELINE)
+    return registered(tir_pipeline(_tir_stage(record), TIR_PIPELINE), TIR_PIPELINE)
 
 
 # TVM's default TIR pipeline with the dispatch as its rewrite stage (after block lowering); no
 # build's record: a partition its backend cannot lower is a warning
-tvm.tirx.compilation_pipeline.register_tir_pipeline(TIR_PIPELINE, tir_pipeline(_dispatch(None), TIR_PIPELINE))
+tvm.tirx.compilation_pipeline.register_tir_pipeline(TIR_PIPELINE, tir_pipeline(_tir_stage(None), TIR_PIPELINE))
