@@ -9,9 +9,10 @@ loops and forwards the stores, it sees the chain at once and folds it as if noth
 ``min(max(x, 0) * 231919, 146733)`` becomes ``x > 0 ? 146733 : 0``, where the product of a
 large ``x`` wraps to a negative number.
 
-:func:`wrapping_arithmetic` computes each such operation of a stored value as the unsigned
-operation on the same bits (the same two's complement result, with no "no wrap" flag) and
-reinterprets it back; indices, loop bounds and the arguments of calls are left as they are
+:func:`wrapping_arithmetic` computes each such sum or difference of a stored value as the
+unsigned operation on the same bits (the same two's complement result, with no "no wrap"
+flag) reinterpreted back, and each int32 product in int64 (exact) cast back to int32 (a
+truncation, which wraps); indices, loop bounds and the arguments of calls are left as they are
 (addresses, which benefit from the flags and do not overflow).
 
 >>> from tvm.script import tirx as T
@@ -20,7 +21,7 @@ reinterprets it back; indices, loop bounds and the arguments of calls are left a
 ...     for i in range(4):
 ...         b[i] = T.min(T.max(a[i], 0) * 231919, 146733)
 >>> out = wrapping_arithmetic()(tvm.IRModule({"main": f}))
->>> "uint32" in out["main"].script()
+>>> "int64" in out["main"].script()
 True
 >>> ex = tvm.compile(out, "llvm")
 >>> a = tvm.runtime.tensor(np.array([0, 1, 10000, 20000], "int32")); b = tvm.runtime.tensor(np.zeros(4, "int32"))
@@ -47,6 +48,10 @@ def _unsigned(dtype: str) -> str | None:
 
 
 def _reinterpret(dtype: str, e):
+    if isinstance(e, tirx.IntImm) and dtype.startswith("u"):
+        # a constant as the unsigned one of its bits: TVM folds a reinterpret of a negative
+        # immediate to an unsigned one wrongly (-2 is then not 2**32 - 2)
+        return tirx.IntImm(dtype, int(e.value) % (1 << int(dtype[4:6])))
     return tirx.call_intrin(dtype, "tirx.reinterpret", e)
 
 
@@ -59,6 +64,13 @@ def _wrapping_value(value):
         unsigned = _unsigned(dtype)
         if unsigned is None:
             return node
+        if isinstance(node, tirx.Mul):
+            if not dtype.startswith("int32"):
+                return node
+            # an int32 product is exact in int64, and the truncating cast wraps (TVM's llvm code
+            # of an unsigned product gave other bits than the wrapped signed one)
+            wide = dtype.replace("int32", "int64")
+            return tirx.Cast(dtype, tirx.Mul(tirx.Cast(wide, node.a), tirx.Cast(wide, node.b)))
         a, b = (_reinterpret(unsigned, x) for x in (node.a, node.b))
         return _reinterpret(dtype, type(node)(a, b))
 
