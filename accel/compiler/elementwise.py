@@ -107,15 +107,43 @@ def patterns() -> list:
     return list(_patterns())
 
 
+def _clamped(x: DFPattern) -> DFPattern:
+    return is_op("relax.minimum")(is_op("relax.maximum")(x, is_const()), is_const()) | x
+
+
+def _precise(term) -> DFPattern:
+    """integerize's precise requantise (:func:`~tirpat.model.integerize.rules.emit_requantize`
+    with a split multiplier) of the int32 terms ``term()`` matches: ``(sum_i x_i * m_hi_i +
+    ((sum_i x_i * m_lo_i + L) >> k) + H) >> (s - k)``, clipped, cast to int8. Each term is
+    multiplied twice; a part that is zero is left out with its product, so a sum may have one
+    product (and the high sum none). The terms are matched apart (the high and low products of
+    one term may read two casts of one int8 tensor, as :func:`widen_per_use` gives them):
+    :func:`analyse` reads the TIR back as one DAG whatever the casts."""
+    def products() -> DFPattern:
+        product = lambda: is_op("relax.multiply")(term(), is_const())    # noqa: E731
+        return is_op("relax.add")(product(), product()) | product()
+
+    low = is_op("relax.right_shift")(is_op("relax.add")(products(), is_const()), is_const())
+    high = is_op("relax.add")(is_op("relax.add")(products(), low) | low, is_const())
+    return is_op("relax.astype")(is_op("relax.clip")(is_op("relax.right_shift")(high, is_const()), wildcard(),
+                                                     wildcard()))
+
+
 @functools.lru_cache(maxsize=None)
 def _patterns() -> tuple:
     two, one = _accumulator(), _leaf()
     # one tensor requantised to another scale (integerize's rescale), or moved to another zero
     # point at the same scale (an add of the zero points' difference)
     shifted = is_op("relax.astype")(is_op("relax.clip")(is_op("relax.add")(one, is_const()), wildcard(), wildcard()))
+    # the precise requantise of a sum of two (maybe negated) leaves, of a product of two centred
+    # ones, of one leaf (a rescale); a single term may be clamped first
+    signed = lambda: is_op("relax.negative")(_leaf()) | _leaf()      # noqa: E731
+    product = lambda: _clamped(is_op("relax.multiply")(_centred(), _centred()))   # noqa: E731
+    precise = _precise(signed) | _precise(product) | _precise(lambda: _clamped(_leaf()))
     # a half-to-even requantise adds the input zero points' offset before its parity
     # (emit_requantize), which requantize_pattern leaves to the producer: taken here
-    return ((PATTERN_NAME, requantize_pattern(two | is_op("relax.add")(two, is_const())), {"core": two}, check),
+    return ((PATTERN_NAME, precise, {}, check),
+            (PATTERN_NAME, requantize_pattern(two | is_op("relax.add")(two, is_const())), {"core": two}, check),
             (PATTERN_NAME, requantize_pattern(one | is_op("relax.add")(one, is_const())) | shifted, {"core": one},
              check))
 

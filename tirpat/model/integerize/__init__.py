@@ -77,7 +77,7 @@ class IntegerizeWarning(UserWarning):
     """Some QDQ sites stayed in float; the message names each with the reason."""
 
 
-def integerize(precise: bool = False) -> tvm.transform.Pass:
+def integerize(precise: bool = True) -> tvm.transform.Pass:
     """The pass (a ``tvm.transform.Pass`` over a Relax ``IRModule``); see the module doc.
 
     ``precise`` writes each requantise whose multiplier is inexact in :mod:`.fixed_point`'s

@@ -207,7 +207,7 @@ class Requantize:
             return None             # the high part m >> k (k <= 31) could not fit int32 (nor m int64)
         ms = tuple(m.astype(np.int64) for m in scaled)
         offset = np.asarray(-sum(z * m for z, m in zip(zps, ms)), dtype=np.int64)
-        bounds = list(bounds)
+        given, bounds = bounds, list(bounds)
         clamp = None
         if len(ms) == 1 and not np.any(offset != 0):
             # past A the result saturates (as in _at_shift): the clamp bounds the products
@@ -232,6 +232,12 @@ class Requantize:
             # the high sum, the low sum's quotient (|t| <= sum of the bounds) and H
             if np.any(sum(b * m for b, m in zip(bounds, high)) + total + np.abs(h) > INT32_MAX):
                 return None
+            if all(not np.any(m) for m in low):
+                # m = m_hi * 2**k: the low products and t are zero, and the form is one product
+                # at shift s - k, the same value (``_at_shift`` rounds r * 2**(s-k) to m_hi)
+                single = cls._at_shift(s - k, reals, given, lo, hi, zps, zy)
+                if single is not None:
+                    return single
             return cls(ms, s, clamp, int(lo), int(hi), offset=offset, zero_point=zy, split=k)
         return None
 
