@@ -116,15 +116,19 @@ def _precise(term) -> DFPattern:
     with a split multiplier) of the int32 terms ``term()`` matches: ``(sum_i x_i * m_hi_i +
     ((sum_i x_i * m_lo_i + L) >> k) + H) >> (s - k)``, clipped, cast to int8. Each term is
     multiplied twice; a part that is zero is left out with its product, so a sum may have one
-    product (and the high sum none). The terms are matched apart (the high and low products of
+    product (and the high sum none), and so is an add of a zero constant. The terms are
+    matched apart (the high and low products of
     one term may read two casts of one int8 tensor, as :func:`widen_per_use` gives them):
     :func:`analyse` reads the TIR back as one DAG whatever the casts."""
     def products() -> DFPattern:
         product = lambda: is_op("relax.multiply")(term(), is_const())    # noqa: E731
         return is_op("relax.add")(product(), product()) | product()
 
-    low = is_op("relax.right_shift")(is_op("relax.add")(products(), is_const()), is_const())
-    high = is_op("relax.add")(is_op("relax.add")(products(), low) | low, is_const())
+    def plus(x: DFPattern) -> DFPattern:
+        return is_op("relax.add")(x, is_const()) | x
+
+    low = is_op("relax.right_shift")(plus(products()), is_const())
+    high = plus(is_op("relax.add")(products(), low) | low)
     return is_op("relax.astype")(is_op("relax.clip")(is_op("relax.right_shift")(high, is_const()), wildcard(),
                                                      wildcard()))
 
@@ -139,10 +143,11 @@ def _patterns() -> tuple:
     # ones, of one leaf (a rescale); a single term may be clamped first
     signed = lambda: is_op("relax.negative")(_leaf()) | _leaf()      # noqa: E731
     product = lambda: _clamped(is_op("relax.multiply")(_centred(), _centred()))   # noqa: E731
-    precise = _precise(signed) | _precise(product) | _precise(lambda: _clamped(_leaf()))
+    precise = tuple((PATTERN_NAME, _precise(term), {}, check)
+                    for term in (signed, product, lambda: _clamped(_leaf())))
     # a half-to-even requantise adds the input zero points' offset before its parity
     # (emit_requantize), which requantize_pattern leaves to the producer: taken here
-    return ((PATTERN_NAME, precise, {}, check),
+    return precise + (
             (PATTERN_NAME, requantize_pattern(two | is_op("relax.add")(two, is_const())), {"core": two}, check),
             (PATTERN_NAME, requantize_pattern(one | is_op("relax.add")(one, is_const())) | shifted, {"core": one},
              check))
