@@ -56,9 +56,14 @@ zero point). It is exactly ``floor((sum_i acc_i * m_i + constant) / 2**s)``, the
 formula with a multiplier precise to ``2**-s`` (``floor((a * 2**k + b) / 2**s) ==
 floor((a + floor(b / 2**k)) / 2**(s - k))`` for integers): for the convolution above, within
 ``2**-23`` step of ``acc * M``. It costs two more products, an add and a shift, and reads each
-accumulator twice: not a chain of ALU operations on one accumulator, which is the form an
-int8 accelerator's epilogue takes, so it is opt-in (:func:`~tirpat.model.integerize.integerize`'s
-``precise``). An exact multiplier keeps its single product (it is exact already).
+accumulator twice (a small DAG, not a chain of operations on one accumulator: an int8
+accelerator's epilogue needs a second register region for it). It is
+:func:`~tirpat.model.integerize.integerize`'s default (``precise=True``), since agreement with
+onnxruntime is what a user checks a quantised model by. An exact multiplier keeps its single
+product (it is exact already), and so does a split whose low parts are all 0 (``m = m_hi *
+2**k``: the same value as one product at shift ``s - k``); a high part of 0 (a multiplier
+below ``2**(k - s)``) is left out with its product by
+:func:`~tirpat.model.integerize.rules.emit_requantize`.
 
 >>> rq = Requantize.choose([0.01], [10_000])
 >>> rq.shift, int(rq.multipliers[0]), rq.clamp is None
