@@ -6,7 +6,9 @@ arithmetic on the widened operands (``astype(a, int32) * m_a + astype(b, int32) 
 subtrahend negated first), and ``q(dq(a) * dq(b))`` as the product of the centred operands
 (``(astype(a) - z_a) * (astype(b) - z_b)``), both ending in the requantise of
 :func:`~tirpat.model.integerize.rules.emit_requantize` (multiply, add, shift right, clip, cast
-to int8). The ``accel.elementwise`` pattern (:func:`patterns`) takes that chain, from the int8
+to int8), by default in its precise form (each term multiplied by the high and the low part
+of a 48-bit multiplier, :mod:`tirpat.model.integerize.fixed_point`). The
+``accel.elementwise`` pattern (:func:`patterns`) takes that chain, from the int8
 leaves to the int8 result (and integerize's rescale of one int8 tensor to another scale or
 zero point); :func:`analyse` reads it back from the partition's legalised TIR
 as a DAG of int32 operations, and :func:`lower` writes the instructions:
