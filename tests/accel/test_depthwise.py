@@ -6,9 +6,6 @@ the dense convolutions' fused epilogue (bias, ReLU, requantise to int8) built by
 module; every multiply-accumulate on accel, one DWMAC per 16 x 16 output tile; what stays on
 the host says why (a grouped convolution that is not depthwise)."""
 
-import warnings
-
-import numpy as np
 import pytest
 import tvm
 from hypothesis import given
@@ -16,6 +13,7 @@ from hypothesis import strategies as st
 from tvm import relax
 
 import tirpat as tp
+from tirpat.testing.differential import assert_matches_llvm
 
 SHIFT = 7
 
@@ -56,28 +54,6 @@ def depthwise_module(layout: str, c: int, h: int, w: int, k: int, stride: int, p
     return bb.get()
 
 
-def _inputs(mod: tvm.IRModule, rng) -> list:
-    out = []
-    for p in mod["main"].params:
-        shape = [int(d) for d in p.ty.shape.values]
-        dtype = str(p.ty.dtype)
-        out.append(rng.integers(-128, 128, shape, dtype=np.int8) if dtype == "int8" else
-                   rng.integers(-5000, 5000, shape, dtype=np.int32))
-    return out
-
-
-def _build_and_compare(mod: tvm.IRModule, seed: int):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = tp.build(mod, "accel, llvm")
-    vm = relax.VirtualMachine(tvm.compile(mod, "llvm"), tvm.cpu())
-    args = _inputs(mod, np.random.default_rng(seed))
-    want = vm["main"](*[tvm.runtime.tensor(a) for a in args]).numpy()
-    for _ in range(3):      # the third call replays the stream in the simulator's batched plan (accel.hw.fused)
-        np.testing.assert_array_equal(model(*args), want)
-    return model, model.stats.get("accel")
-
-
 @given(st.sampled_from(["NCHW", "NHWC"]), st.sampled_from([8, 16, 24, 40]), st.integers(1, 12),
        st.integers(1, 21), st.sampled_from([3, 5]), st.sampled_from([1, 2]), st.integers(0, 2),
        st.sampled_from(["none", "bias", "bias_relu", "requant"]), st.integers(0, 1000), st.sampled_from([1, 1, 2]))
@@ -86,7 +62,9 @@ def test_depthwise_conv_on_accel_is_bit_exact_with_llvm(layout, c, h, w, k, stri
     span = (k - 1) * dilation + 1
     h, w = h + max(0, span - h - 2 * pad), w + max(0, span - w - 2 * pad)     # the kernel fits the padded image
     mod = depthwise_module(layout, c, h, w, k, stride, pad, epilogue, dilation=dilation)
-    model, stats = _build_and_compare(mod, seed)
+    # the third call replays the stream in the simulator's batched plan (accel.hw.fused)
+    model = assert_matches_llvm(mod, "accel, llvm", seed=seed)
+    stats = model.stats.get("accel")
     oh, ow = (h + 2 * pad - span) // stride + 1, (w + 2 * pad - span) // stride + 1
     if oh == ow == 1:       # one output pixel: no tile of pixels to gather, the host computes it
         assert model.report.share("accel") == 0.0 and "its output is one pixel" in model.report.text(verbose=True)
@@ -98,7 +76,7 @@ def test_depthwise_conv_on_accel_is_bit_exact_with_llvm(layout, c, h, w, k, stri
 
 def test_asymmetric_padding_and_the_report():
     mod = depthwise_module("NHWC", 24, 9, 30, 3, 2, (0, 1, 1, 0), "requant")
-    model, stats = _build_and_compare(mod, 1)
+    model = assert_matches_llvm(mod, "accel, llvm", seed=1)
     text = model.report.text(verbose=True)
     assert "DWMAC reads a row of channels per kernel tap" in text and model.report.share("accel") == 1.0
 

@@ -18,6 +18,7 @@ from tvm import relax
 import tirpat as tp
 from tirpat.model.integerize.fixed_point import Requantize
 from tirpat.model.integerize.rules import emit_requantize
+from tirpat.testing.differential import assert_matches_llvm
 
 
 def chain_module(op: str, shape_a, shape_b, reals, za: int = 0, zb: int = 0, zy: int = 0,
@@ -67,17 +68,9 @@ def rescale_module(shape, real: float | Requantize | None, zx: int, zy: int, bou
     return bb.get()
 
 
-def _build_and_compare(mod: tvm.IRModule, seed: int):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = tp.build(mod, "accel, llvm")
-    vm = relax.VirtualMachine(tvm.compile(mod, "llvm"), tvm.cpu())
-    rng = np.random.default_rng(seed)
-    args = [rng.integers(-128, 128, [int(d) for d in p.ty.shape.values], dtype=np.int8) for p in mod["main"].params]
-    want = vm["main"](*[tvm.runtime.tensor(a) for a in args]).numpy()
-    for _ in range(3):      # the third call replays the stream in the simulator's batched plan (accel.hw.fused)
-        np.testing.assert_array_equal(model(*args), want)
-    return model
+def _build_and_compare(mod: tvm.IRModule, seed: int, target: str = "accel, llvm"):
+    # three calls: the third replays the stream in the simulator's batched plan (accel.hw.fused)
+    return assert_matches_llvm(mod, target, seed=seed)
 
 
 def _on_accel(model) -> None:
@@ -226,13 +219,7 @@ def test_qdq_conv_residual_add_and_squeeze_excitation_multiply_end_on_accel(seed
     mod = from_onnx(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), keep_params_in_input=False)
     x = rng.normal(0, 1, (1, 8, 8, 8)).astype(np.float32)
     s = rng.uniform(0, 1, (1, 8, 1, 1)).astype(np.float32)
-    vm = relax.VirtualMachine(tvm.compile(tp.integerize()(mod), "llvm"), tvm.cpu())
-    want = vm["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(s)).numpy()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = tp.build(mod, "accel, llvm")
-    for _ in range(3):
-        np.testing.assert_array_equal(model(x, s), want)
+    model = assert_matches_llvm(mod, "accel, llvm", inputs=[x, s], reference=tp.integerize()(mod))
     report = model.report.to_json()
     elementwise = [p for p in report["partitions"] if p["pattern"] == "accel.elementwise"]
     assert len(elementwise) == 2 and all(p["rules"].get("accel.elementwise") for p in elementwise), \
@@ -258,18 +245,7 @@ def test_a_widened_input_shared_with_a_sum_is_widened_again_for_the_chain():
             out = bb.emit(emit_requantize([product], rq))
             result = bb.emit_output(relax.Tuple([out, total]))
         bb.emit_func_output(result)
-    mod = bb.get()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = tp.build(mod, "accel, llvm")
-    vm = relax.VirtualMachine(tvm.compile(mod, "llvm"), tvm.cpu())
-    rng = np.random.default_rng(5)
-    args = [rng.integers(-128, 128, (1, 8, 6, 6), dtype=np.int8), rng.integers(-128, 128, (1, 8, 1, 1), dtype=np.int8)]
-    want = vm["main"](*[tvm.runtime.tensor(x) for x in args])
-    for _ in range(3):
-        got = model(*args)
-        np.testing.assert_array_equal(got[0], want[0].numpy())
-        np.testing.assert_array_equal(got[1], want[1].numpy())
+    model = assert_matches_llvm(bb.get(), "accel, llvm", seed=5)
     report = model.report.to_json()
     # the sum is accel's too (a convolution by ones), each with a cast of its own
     assert sorted(p["pattern"] for p in report["partitions"]) == ["accel.conv2d", "accel.elementwise"], \

@@ -13,11 +13,14 @@ from hypothesis import strategies as st
 from tvm import relax
 
 import tirpat as tp
+from tirpat.testing.differential import llvm_reference, random_inputs
 
 INT32 = st.integers(-2**31, 2**31 - 1)
 #: Requantise-sized multipliers and offsets: products of accumulators with them overflow.
 LARGE = st.one_of(st.integers(2**15, 2**31 - 1), st.integers(-2**31, -2**15))
 SCALAR = st.one_of(INT32, LARGE, st.integers(-300, 300))
+#: the inputs (int8 ones, int32 residuals) span their dtypes' whole ranges
+WHOLE_RANGES: dict = {}
 
 # (op, operand): operand is an int (a scalar constant), "channel" (an int32 constant per
 # output channel), "residual" (an int32 input of the output's shape) or None (relu); clip
@@ -87,18 +90,6 @@ def _model(kind, m, n, k, steps, tail, left, seed):
     return bb.get()
 
 
-def _inputs(mod, seed):
-    rng = np.random.default_rng(seed)
-    out = []
-    for p in mod["main"].params:
-        shape = [int(d) for d in p.ty.shape.values]
-        if str(p.ty.dtype) == "int8":
-            out.append(rng.integers(-128, 128, shape, dtype=np.int8))
-        else:
-            out.append(rng.integers(-2**31, 2**31, shape, dtype=np.int64).astype(np.int32))
-    return out
-
-
 #: Steps whose result is a constant whatever the accumulator: accel declines them (TVM
 #: folds them away), see test_a_constant_result_is_declined_with_the_reason.
 CONSTANT_RESULT = {("multiply", 0), ("minimum", -2**31), ("maximum", 2**31 - 1)}
@@ -115,12 +106,12 @@ def _declined(step) -> bool:
 
 
 def _assert_bit_exact_on_accel(mod, seed=1):
-    args = _inputs(mod, seed)
+    args = random_inputs(mod, seed, ranges=WHOLE_RANGES)
     try:
-        lib = tvm.compile(mod, "llvm")
+        expect = llvm_reference(mod)
     except Exception:       # TVM cannot compile it for the CPU either (a multiply by -2**31 can fail)
         reject()
-    want = relax.VirtualMachine(lib, tvm.cpu())["main"](*[tvm.runtime.tensor(a) for a in args]).numpy()
+    want = expect(*args)[0]
     model = tp.build(mod, "accel, llvm", strict=True)   # an operator accel's patterns cover left on the host raises
     report = model.report.to_json()
     assert report["macs"]["host"] == 0 and len(report["partitions"]) == 1, report
@@ -130,9 +121,7 @@ def _assert_bit_exact_on_accel(mod, seed=1):
              if isinstance(b.value, relax.Call) and b.value.op.name != "relax.permute_dims"]
     assert part["backend"] == "accel" and part["ops"] == chain and part["fallback"] is None, part
     assert part["epilogue"] and not any("epilogue" in why for _, why in part["on_host"]), part
-    got = model(*args)
-    assert got.dtype == want.dtype
-    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(model(*args), want, strict=True)      # dtype included
 
 
 @settings(max_examples=10, deadline=None)
@@ -171,12 +160,12 @@ def test_an_epilogue_the_alu_cannot_run_stays_on_the_cpu_as_llvm_computes_it():
     # unfused (fused into one loop, LLVM would drop the max after the wrapping product)
     steps = [("relu", None), ("multiply", 861094), ("maximum", -772), ("right_shift", "channel")]
     mod = _model("matmul", 16, 16, 32, steps, None, [False] * 4, 0)
-    x = _inputs(mod, 1)
-    want = relax.VirtualMachine(tvm.compile(mod, "llvm"), tvm.cpu())["main"](*[tvm.runtime.tensor(a) for a in x])
+    x = random_inputs(mod, 1, ranges=WHOLE_RANGES)
+    want = llvm_reference(mod)(*x)[0]
     model = tp.build(mod, "accel, llvm", strict=True)
     part = model.report.to_json()["partitions"][0]
     assert part["backend"] == "accel" and any("epilogue" in why for _, why in part["on_host"]), part
-    np.testing.assert_array_equal(model(*x), want.numpy())
+    np.testing.assert_array_equal(model(*x), want)
 
 
 def test_a_shift_outside_int32s_width_is_declined_with_the_reason():
@@ -210,12 +199,12 @@ def test_a_constant_result_is_declined_with_the_reason(step):
     mod = _model("matmul", 16, 16, 32, [step, ("add", 3)], None, [False] * 2, 0)
     with pytest.raises(tp.OffloadError, match=r"is a constant whatever the accumulator x"):
         tp.build(mod, "accel, llvm", strict=True)
-    x = _inputs(mod, 1)
-    want = relax.VirtualMachine(tvm.compile(mod, "llvm"), tvm.cpu())["main"](*[tvm.runtime.tensor(a) for a in x])
+    x = random_inputs(mod, 1, ranges=WHOLE_RANGES)
+    want = llvm_reference(mod)(*x)[0]
     with pytest.warns(tp.OffloadWarning):
         model = tp.build(mod, "accel, llvm")
     assert model.report.to_json()["macs"]["host"] == 0     # the matmul itself still runs on accel
-    np.testing.assert_array_equal(model(*x), want.numpy())
+    np.testing.assert_array_equal(model(*x), want)
 
 
 @pytest.mark.parametrize("step", sorted(NOT_WRAPPED_BY_LLVM))
@@ -225,7 +214,7 @@ def test_a_sum_llvm_does_not_wrap_is_declined_with_the_reason(step):
     mod = _model("matmul", 16, 16, 32, [step], None, [False], 0)
     with pytest.raises(tp.OffloadError, match=r"overflows int32, and TVM's llvm code .* does not wrap it"):
         tp.build(mod, "accel, llvm", strict=True)
-    x = _inputs(mod, 1)
-    want = relax.VirtualMachine(tvm.compile(mod, "llvm"), tvm.cpu())["main"](*[tvm.runtime.tensor(a) for a in x])
+    x = random_inputs(mod, 1, ranges=WHOLE_RANGES)
+    want = llvm_reference(mod)(*x)[0]
     with pytest.warns(tp.OffloadWarning):
-        np.testing.assert_array_equal(tp.build(mod, "accel, llvm")(*x), want.numpy())
+        np.testing.assert_array_equal(tp.build(mod, "accel, llvm")(*x), want)

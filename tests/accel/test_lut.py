@@ -5,13 +5,14 @@ GELU, ... become) runs the lookup as accel's LUT instruction, bit for bit what
 
 import numpy as np
 import pytest
-import tvm
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tvm import relax
 
 import tirpat as tp
 from tirpat.model.integerize.rules import emit_table
+from tirpat.testing.differential import assert_matches_llvm
+from tirpat.testing.int8_models import int8_layer
 
 #: 256 int8 entries: random, or a function of the int8 input (HardSwish- and sigmoid-like)
 TABLES = st.one_of(
@@ -21,64 +22,36 @@ TABLES = st.one_of(
 )
 
 
-def _model(kind, m, n, k, table, shift, bias, seed, clip=(-128, 127), depthwise=False, clamp=None):
-    """An int8 matmul ([m, k] x [n, k]^T) or 3x3 NHWC conv2d (an m x m image, k to n channels;
-    depthwise: k = n channels, one per group), a per-channel bias, a requantise by ``shift``
-    with ``clip`` before the cast to int8, then ``table`` looked up as integerize emits it;
-    ``clamp = (bound, multiplier)``: the accumulator clamped to +-bound and multiplied first,
-    as integerize's fixed-point requantise writes it."""
-    rng = np.random.default_rng(seed)
-    x_shape = (m, k) if kind == "matmul" else (1, m, m, k)
-    x = relax.Var("x", relax.TensorType(x_shape, "int8"))
-    bb = relax.BlockBuilder()
-    with bb.function("main", [x]):
-        with bb.dataflow():
-            if kind == "matmul":
-                w = relax.const(rng.integers(-128, 128, (n, k), dtype=np.int8))
-                y = bb.emit(relax.op.matmul(x, relax.op.permute_dims(w), out_dtype="int32"))
-            else:
-                w = relax.const(rng.integers(-128, 128, (3, 3, 1 if depthwise else k, n), dtype=np.int8))
-                y = bb.emit(relax.op.nn.conv2d(x, w, padding=1, data_layout="NHWC", kernel_layout="HWIO",
-                                               groups=n if depthwise else 1, out_dtype="int32"))
-            if bias:
-                y = bb.emit(relax.op.add(y, relax.const(rng.integers(-2**12, 2**12, (n,), dtype=np.int32))))
-            if clamp is not None:
-                y = bb.emit(relax.op.minimum(relax.op.maximum(y, relax.const(np.int32(-clamp[0]))),
-                                             relax.const(np.int32(clamp[0]))))
-                y = bb.emit(relax.op.multiply(y, relax.const(np.int32(clamp[1]))))
-            y = bb.emit(relax.op.add(y, relax.const(np.int32(1 << (shift - 1)))))
-            y = bb.emit(relax.op.right_shift(y, relax.const(np.int32(shift))))
-            if clip is not None:
-                y = bb.emit(relax.op.clip(y, *clip))
-            y = bb.emit(relax.op.astype(y, "int8"))
-            out = bb.emit_output(bb.emit(emit_table(y, table)))
-        bb.emit_func_output(out)
-    return bb.get()
+def _model(kind, m, n, k, table, shift, bias, seed, clip=(-128, 127), clamp=None):
+    """:func:`int8_layer`'s matmul, 3x3 NHWC conv2d or depthwise one with a per-channel bias
+    (or none), a requantise by ``shift`` with ``clip`` before the cast to int8, then ``table``
+    looked up as integerize emits it; ``clamp = (bound, multiplier)``: the accumulator
+    clamped to +-bound and multiplied first, as integerize's fixed-point requantise writes it."""
 
+    def epilogue(bb, y):
+        if clamp is not None:
+            y = bb.emit(relax.op.minimum(relax.op.maximum(y, relax.const(np.int32(-clamp[0]))),
+                                         relax.const(np.int32(clamp[0]))))
+            y = bb.emit(relax.op.multiply(y, relax.const(np.int32(clamp[1]))))
+        y = bb.emit(relax.op.add(y, relax.const(np.int32(1 << (shift - 1)))))
+        y = bb.emit(relax.op.right_shift(y, relax.const(np.int32(shift))))
+        if clip is not None:
+            y = bb.emit(relax.op.clip(y, *clip))
+        return bb.emit(emit_table(bb.emit(relax.op.astype(y, "int8")), table))
 
-def _run(mod, seed=1):
-    """The model built for accel, its output and llvm's; run three times, so that the
-    simulator's batched plan (made at the third run of a stream) runs too, and each agrees."""
-    shape = [int(d) for d in mod["main"].params[0].ty.shape.values]
-    x = np.random.default_rng(seed).integers(-128, 128, shape).astype(np.int8)
-    want = relax.VirtualMachine(tvm.compile(mod, "llvm"), tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
-    model = tp.build(mod, "accel, llvm")
-    got = [model(x) for _ in range(3)]
-    for again in got[1:]:
-        np.testing.assert_array_equal(again, got[0])
-    return model, got[0], want
+    return int8_layer(kind, m, n, k, epilogue, seed=seed, bias=2**12 if bias else 0)
 
 
 def _assert_on_accel_bit_exact(mod):
-    model, got, want = _run(mod)
+    # three calls, so that the simulator's batched plan (made at the third run of a stream) runs too
+    model = assert_matches_llvm(mod, "accel, llvm", seed=1)
     report = model.report.to_json()
     assert report["macs"]["host"] == 0 and len(report["partitions"]) == 1, report
     part = report["partitions"][0]
     assert part["backend"] == "accel" and "relax.take" in part["ops"] and part["fallback"] is None, part
     assert "table" in part["epilogue"] and all("epilogue" not in why for _, why in part["on_host"]), part
     assert model.stats["accel"].instructions["LUT"] >= 1
-    assert got.dtype == want.dtype == np.int8
-    np.testing.assert_array_equal(got, want)
+    assert mod["main"].ret_ty.dtype == "int8"       # and the model's output is llvm's, dtype included
 
 
 @settings(max_examples=6, deadline=None)
@@ -98,7 +71,7 @@ def test_conv2d_then_table_is_bit_exact_on_accel(m, n, k, table, shift, bias, se
 @settings(max_examples=2, deadline=None)
 @given(st.integers(3, 9), st.integers(1, 20), TABLES, st.integers(2, 10), st.integers(0, 2**16))
 def test_depthwise_conv2d_then_table_is_bit_exact_on_accel(m, n, table, shift, seed):
-    _assert_on_accel_bit_exact(_model("conv2d", m, n, n, table, shift, True, seed, depthwise=True))
+    _assert_on_accel_bit_exact(_model("depthwise", m, n, n, table, shift, True, seed))
 
 
 def test_a_narrower_clip_before_the_table_is_taken_too():
@@ -117,8 +90,7 @@ def test_a_clip_whose_lower_end_the_simplifier_drops_is_taken_too():
 def test_a_table_after_a_wrapping_cast_stays_on_the_host_with_the_reason():
     # without a clip the int8 cast wraps, and accel's LUT clamps its index: not the same
     mod = _model("matmul", 16, 16, 32, np.arange(256).astype(np.uint8).astype(np.int8), 2, False, 0, clip=None)
-    model, got, want = _run(mod)
-    np.testing.assert_array_equal(got, want)
+    model = assert_matches_llvm(mod, "accel, llvm", seed=1)
     report = model.report.to_json()
     part = report["partitions"][0]
     assert part["backend"] == "accel" and "relax.take" not in part["ops"], part
@@ -161,9 +133,7 @@ def test_hardswish_as_x_times_a_quantised_hardsigmoid_is_a_conv_and_lut_partitio
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 8, 8])], inits)
     mod = from_onnx(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), keep_params_in_input=False)
     x = rng.normal(0, 1, (1, 3, 8, 8)).astype(np.float32)
-    want = relax.VirtualMachine(tvm.compile(tp.integerize()(mod), "llvm"), tvm.cpu())["main"](tvm.runtime.tensor(x))
-    model = tp.build(mod, "accel, llvm")
-    np.testing.assert_array_equal(model(x), want.numpy())
+    model = assert_matches_llvm(mod, "accel, llvm", calls=1, inputs=[x], reference=tp.integerize()(mod))
     report = model.report.to_json()
     parts = [p for p in report["partitions"] if p["backend"] == "accel"]
     assert len(parts) == 1 and parts[0]["ops"].count("relax.take") == 1, report["partitions"]

@@ -3,8 +3,6 @@
 prepacked at build time. Bit-exact with llvm on successive calls with new operands, alone
 and in a QDQ attention block imported from ONNX."""
 
-import warnings
-
 import numpy as np
 import pytest
 import tvm
@@ -15,6 +13,7 @@ from tvm import relax
 import tirpat as tp
 from tirpat.model.integerize.fixed_point import Requantize
 from tirpat.model.integerize.rules import emit_requantize
+from tirpat.testing.differential import assert_matches_llvm, random_inputs
 
 
 def dynamic_matmul(batch: tuple, m: int, k: int, n: int, transposed: bool, real: float) -> tvm.IRModule:
@@ -37,12 +36,6 @@ def dynamic_matmul(batch: tuple, m: int, k: int, n: int, transposed: bool, real:
     return bb.get()
 
 
-def built(mod):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return tp.build(mod, "accel, llvm")
-
-
 def matmuls_on_accel(model, count: int) -> None:
     report = model.report.to_json()
     parts = [p for p in report["partitions"] if p["pattern"] == "accel.matmul"]
@@ -57,15 +50,9 @@ def test_a_runtime_second_operand_is_loaded_on_every_call(batch, m, k, n, transp
     """Two calls with new ``a`` and ``b`` each: both bit-exact with llvm (a ``b`` kept from the
     first call, as a prepacked weight would be, gives the first call's product)."""
     mod = dynamic_matmul(batch, m, k, n, transposed, real)
-    model = built(mod)
-    matmuls_on_accel(model, 1)
-    vm = relax.VirtualMachine(tvm.compile(mod, "llvm"), tvm.cpu())
     rng = np.random.default_rng(seed)
-    for _ in range(2):
-        args = [rng.integers(-128, 128, [int(d) for d in p.ty.shape.values], dtype=np.int8)
-                for p in mod["main"].params]
-        want = vm["main"](*[tvm.runtime.tensor(x) for x in args]).numpy()
-        np.testing.assert_array_equal(model(*args), want)
+    model = assert_matches_llvm(mod, "accel, llvm", calls=2, inputs=lambda _: random_inputs(mod, rng))
+    matmuls_on_accel(model, 1)
 
 
 def attention(heads: int, length: int, depth: int, scales: dict):
@@ -111,14 +98,10 @@ def test_a_qdq_attention_block_ends_with_its_matmuls_on_accel(zero_points):
     scales = {"qd": (0.05, z(7)), "kd": (0.04, z(-5)), "vd": (0.06, z(3)), "sd": (0.3, z(-2)),
               "pd": (1 / 255, -128), "y": (0.05, z(1))}
     mod = from_onnx(attention(2, 24, 16, scales), keep_params_in_input=False)
-    model = built(mod)
-    matmuls_on_accel(model, 2)
-    vm = relax.VirtualMachine(tvm.compile(tp.integerize()(mod), "llvm"), tvm.cpu())
     rng = np.random.default_rng(0)
-    for _ in range(2):
-        args = [rng.normal(0, 2, (1, 2, 24, 16)).astype(np.float32) for _ in range(3)]
-        want = vm["main"](*[tvm.runtime.tensor(x) for x in args]).numpy()
-        np.testing.assert_array_equal(model(*args), want)
+    q_k_v = lambda _: [rng.normal(0, 2, (1, 2, 24, 16)).astype(np.float32) for _ in range(3)]  # noqa: E731
+    model = assert_matches_llvm(mod, "accel, llvm", calls=2, inputs=q_k_v, reference=tp.integerize()(mod))
+    matmuls_on_accel(model, 2)
 
 
 @pytest.mark.parametrize("axes", [[0, 2, 3, 1], [2, 0, 3, 1]])
@@ -136,12 +119,6 @@ def test_an_operand_permuted_across_its_batch_axes_is_read_as_rows(axes):
             out = bb.emit_output(bb.emit(emit_requantize([acc], Requantize.choose([0.003], [15 * 128 * 128]))))
         bb.emit_func_output(out)
     mod = bb.get()
-    model = built(mod)
-    matmuls_on_accel(model, 1)
-    vm = relax.VirtualMachine(tvm.compile(mod, "llvm"), tvm.cpu())
     rng = np.random.default_rng(1)
-    for _ in range(2):
-        args = [rng.integers(-128, 128, [int(d) for d in p.ty.shape.values], dtype=np.int8)
-                for p in mod["main"].params]
-        want = vm["main"](*[tvm.runtime.tensor(x) for x in args]).numpy()
-        np.testing.assert_array_equal(model(*args), want)
+    model = assert_matches_llvm(mod, "accel, llvm", calls=2, inputs=lambda _: random_inputs(mod, rng))
+    matmuls_on_accel(model, 1)

@@ -4,13 +4,12 @@ without a ReLU or a requantise; bit-exact against ``tvm.compile(mod, "llvm")``."
 
 import numpy as np
 import pytest
-import tvm
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tvm import relax
 from tvm.script import relax as R
 
-import tirpat as tp
+from tirpat.testing.differential import assert_matches_llvm
 
 
 def model(kind, layout, m, n, k, bias_left, residual, tail, seed=0):
@@ -58,26 +57,12 @@ def model(kind, layout, m, n, k, bias_left, residual, tail, seed=0):
     return bb.get()
 
 
-def run_both(mod, target="accel, llvm"):
-    """``(accel's output, llvm's output, the model)`` on seeded random inputs."""
-    rng = np.random.default_rng(1)
-    args = []
-    for p in mod["main"].params:
-        shape = [int(d) for d in p.ty.shape.values]
-        lo, hi = (-128, 128) if str(p.ty.dtype) == "int8" else (-5000, 5000)
-        args.append(rng.integers(lo, hi, shape).astype(str(p.ty.dtype)))
-    want = relax.VirtualMachine(tvm.compile(mod, "llvm"), tvm.cpu())["main"](*[tvm.runtime.tensor(a) for a in args])
-    compiled = tp.build(mod, target, strict=True)
-    return compiled(*args), want.numpy(), compiled
-
-
 @pytest.mark.parametrize("kind", ["matmul", "conv"])
 def test_a_bias_on_the_left_offloads_like_one_on_the_right(kind):
     # the new-user trial's model: R.add(b, R.matmul(x, w)); and the same for conv2d
     for bias_left in (True, False):
-        got, want, compiled = run_both(model(kind, "NHWC", 20, 24, 40 if kind == "matmul" else 16,
-                                             bias_left, None, "none"))
-        np.testing.assert_array_equal(got, want)
+        compiled = assert_matches_llvm(model(kind, "NHWC", 20, 24, 40 if kind == "matmul" else 16, bias_left, None,
+                                             "none"), "accel, llvm", calls=1, seed=1, strict=True)
         (part,) = compiled.report.partitions
         assert part.epilogue == ["bias"] and compiled.report.macs["host"] == 0
 
@@ -90,8 +75,8 @@ def test_every_operand_order_is_bit_exact(kind_layout, m, n, k, bias_left, resid
     kind, layout = kind_layout
     if kind == "conv":
         m = 1 + m % 9
-    got, want, compiled = run_both(model(kind, layout, m, n, k, bias_left, residual, tail))
-    np.testing.assert_array_equal(got, want)
+    compiled = assert_matches_llvm(model(kind, layout, m, n, k, bias_left, residual, tail), "accel, llvm", calls=1,
+                                   seed=1, strict=True)
     (part,) = compiled.report.partitions
     assert compiled.report.macs["host"] == 0
     # (a residual one row or one column wide is applied, and named, as a bias)

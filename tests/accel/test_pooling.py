@@ -12,8 +12,6 @@ bit-exact against ``tvm.compile(..., "llvm")`` of the same module over three cal
 another form stays on the host, computed as before; a quantised ONNX model's AveragePool and
 GlobalAveragePool end on accel, bit-exact against llvm of the integerised module."""
 
-import warnings
-
 import numpy as np
 import pytest
 import tvm
@@ -23,6 +21,7 @@ from tvm import relax
 
 import tirpat as tp
 from accel.compiler.pooling import sums_as_convolutions
+from tirpat.testing.differential import assert_matches_llvm
 
 
 def _rescale(bb: relax.BlockBuilder, s, c: int, per_channel: bool, keepdims: bool = True):
@@ -73,23 +72,6 @@ def window_sum_module(c: int, h: int, w: int, kh: int, kw: int) -> tvm.IRModule:
     return bb.get()
 
 
-def _build_and_compare(mod: tvm.IRModule, seed: int):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = tp.build(mod, "accel, llvm")
-    vm = relax.VirtualMachine(tvm.compile(mod, "llvm"), tvm.cpu())
-    x = np.random.default_rng(seed).integers(-128, 128, [int(d) for d in mod["main"].params[0].ty.shape.values],
-                                             dtype=np.int8)
-    want = vm["main"](tvm.runtime.tensor(x))
-    want = [t.numpy() for t in want] if isinstance(want, (list, tuple, tvm.ir.Array)) else [want.numpy()]
-    for _ in range(3):      # the third call replays the stream in the simulator's batched plan
-        got = model(x)
-        got = list(got) if isinstance(got, tuple) else [got]
-        for g, w in zip(got, want, strict=True):
-            np.testing.assert_array_equal(g, w)
-    return model
-
-
 def _host_ops(model) -> list[str]:
     return [h["op"] for h in model.report.to_json()["on_host"]]
 
@@ -98,7 +80,7 @@ def _host_ops(model) -> list[str]:
 @given(st.integers(1, 70), st.integers(1, 12), st.integers(1, 40), st.booleans(), st.booleans(), st.booleans(),
        st.integers(0, 1000))
 def test_global_sum_and_rescale_run_on_accel_bit_exact(c, h, w, keepdims, per_channel, shared, seed):
-    model = _build_and_compare(global_sum_module(c, h, w, keepdims, per_channel, shared), seed)
+    model = assert_matches_llvm(global_sum_module(c, h, w, keepdims, per_channel, shared), "accel, llvm", seed=seed)
     host = _host_ops(model)
     if h * w == 1:      # a sum of one value is its widening: left to the host
         assert "relax.sum" in host
@@ -125,7 +107,7 @@ def test_global_sum_and_rescale_run_on_accel_bit_exact(c, h, w, keepdims, per_ch
        st.sampled_from([1, 2, 4]), st.integers(0, 1000))
 def test_disjoint_window_sums_run_on_dwmac_bit_exact(c, rows, cols, kh, kw, seed):
     h, w = rows * kh, cols * kw
-    model = _build_and_compare(window_sum_module(c, h, w, kh, kw), seed)
+    model = assert_matches_llvm(window_sum_module(c, h, w, kh, kw), "accel, llvm", seed=seed)
     host = _host_ops(model)
     if kh * kw == 1:        # windows of one value: only a widening, left to the host
         assert "relax.sum" in host
@@ -147,7 +129,7 @@ def test_sums_in_other_forms_stay_on_the_host():
     pool: the pass leaves it, and the host computes it."""
     mod = global_sum_module(8, 4, 4, axis=(1,))
     assert tvm_ffi_equal(sums_as_convolutions()(mod), mod)
-    model = _build_and_compare(mod, 0)
+    model = assert_matches_llvm(mod, "accel, llvm", seed=0)
     assert "relax.sum" in _host_ops(model)
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType((1, 8, 4, 4), "int32"))
@@ -200,16 +182,11 @@ def test_quantised_average_pools_end_on_accel():
     mod = from_onnx(tp.quantize(model, onnx_cnn.calibration(model, 16)), keep_params_in_input=False)
     integer = tp.integerize()(mod)
     assert [str(c.op.name) for c in tp.model.integerize.calls(integer["main"])].count("relax.sum") == 2
-    reference = relax.VirtualMachine(tvm.compile(integer, "llvm"), tvm.cpu())
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", tp.OffloadWarning)
-        compiled = tp.build(mod, "accel, llvm")
+    rng = np.random.default_rng(4)
+    compiled = assert_matches_llvm(mod, "accel, llvm", reference=integer,
+                                   inputs=lambda _: [rng.standard_normal((1, 3, 16, 16)).astype(np.float32)])
     host = _host_ops(compiled)
     assert "relax.sum" not in host and "relax.nn.conv2d" not in host, host
-    rng = np.random.default_rng(4)
-    for _ in range(3):
-        x = rng.standard_normal((1, 3, 16, 16)).astype(np.float32)
-        np.testing.assert_array_equal(compiled(x), reference["main"](tvm.runtime.tensor(x)).numpy())
 
 
 def max_pool_module(layout: str, c: int, h: int, w: int, window, strides, padding, dilation=(1, 1),
@@ -233,7 +210,7 @@ def test_max_pool_runs_on_the_alu_bit_exact(layout, c, h, w, kh, kw, sh, sw, pad
     top, left, bottom, right = [min(p, k - 1) for p, k in zip(pads, (kh, kw, kh, kw))]
     h, w = max(h, kh - top - bottom), max(w, kw - left - right)     # at least one window
     mod = max_pool_module(layout, c, h, w, (kh, kw), (sh, sw), (top, left, bottom, right))
-    model = _build_and_compare(mod, seed)
+    model = assert_matches_llvm(mod, "accel, llvm", seed=seed)
     assert _host_ops(model) == []
     (partition,) = model.report.partitions
     assert partition.pattern == "accel.pool"
@@ -270,13 +247,8 @@ def test_quantised_max_pool_ends_on_accel():
 
     model = onnx_cnn.strided(seed=1)
     mod = from_onnx(tp.quantize(model, onnx_cnn.calibration(model, 16)), keep_params_in_input=False)
-    reference = relax.VirtualMachine(tvm.compile(tp.integerize()(mod), "llvm"), tvm.cpu())
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", tp.OffloadWarning)
-        compiled = tp.build(mod, "accel, llvm")
+    rng = np.random.default_rng(4)
+    compiled = assert_matches_llvm(mod, "accel, llvm", reference=tp.integerize()(mod),
+                                   inputs=lambda _: [rng.standard_normal((1, 3, 16, 16)).astype(np.float32)])
     assert "relax.nn.max_pool2d" not in _host_ops(compiled)
     assert "accel.pool" in [p.pattern for p in compiled.report.partitions]
-    rng = np.random.default_rng(4)
-    for _ in range(3):
-        x = rng.standard_normal((1, 3, 16, 16)).astype(np.float32)
-        np.testing.assert_array_equal(compiled(x), reference["main"](tvm.runtime.tensor(x)).numpy())

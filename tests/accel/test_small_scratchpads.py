@@ -8,14 +8,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import tvm
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tvm import relax
 
 import accel
 import tirpat as tp
 from tirpat.cli.model_file import load_model
+from tirpat.testing.differential import assert_matches_llvm
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -88,12 +87,7 @@ def mlp_int8():
                                                ("-acc_bytes=1024", False), ("-tile=64 -acc_bytes=16384", False)])
 def test_the_trials_configs_compile_the_example_mlp(mlp_int8, options, on_accel):
     # the new-user trial's targets, which failed with ScratchpadOverflow
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = tp.build(mlp_int8, f"accel {options}, llvm")
-    x = np.random.default_rng(0).integers(-128, 128, (16, 64), dtype=np.int8)
-    want = relax.VirtualMachine(tvm.compile(mlp_int8, "llvm"), tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
-    np.testing.assert_array_equal(model(x), want)
+    model = assert_matches_llvm(mlp_int8, f"accel {options}, llvm", calls=1)     # on an int8 x[16, 64] of seed 0
     assert (model.report.macs["host"] == 0) == on_accel
     if not on_accel:
         assert "do not fit accel's ACC scratchpad" in str(model.report)

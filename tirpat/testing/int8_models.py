@@ -15,6 +15,8 @@ provably fits, by interval arithmetic over the whole chain.
 The model and its inputs depend on the seed alone, so a seed reproduces a finding.
 :func:`int8_models` is the hypothesis strategy; :func:`compare_with_llvm` builds a model with
 ``tp.build`` and with ``tvm.compile(mod, "llvm")`` and says whether they agree bit for bit.
+:func:`int8_layer` is one such layer with an epilogue of the caller's, for a test of one
+epilogue form.
 
 >>> model = random_int8_model(7, overflow=False)
 >>> str(model.mod["main"].params[0].ty.dtype)
@@ -26,13 +28,16 @@ True
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 import tvm
 from hypothesis import strategies as st
 from tvm import relax
 
-__all__ = ["Int8Model", "random_int8_model", "int8_models", "Comparison", "compare_with_llvm"]
+from .differential import llvm_reference
+
+__all__ = ["Int8Model", "random_int8_model", "int8_models", "int8_layer", "Comparison", "compare_with_llvm"]
 
 _I32_MIN, _I32_MAX = -(2**31), 2**31 - 1
 
@@ -382,6 +387,69 @@ def random_int8_model(seed: int, *, overflow: bool = True, max_layers: int = 5) 
     return Int8Model(seed, overflow, bb.get(), shape, tuple(b.layers), b.sites, b.wraps)
 
 
+def int8_layer(kind: str, m: int, n: int, k: int, epilogue: Callable[[relax.BlockBuilder, relax.Expr], relax.Expr],
+               *, seed: int = 0, bias: int = 0, layout: str = "NHWC") -> tvm.IRModule:
+    """``main(x)``: one int8 layer with constant random weights, its int32 result, a
+    per-channel bias, then ``epilogue``.
+
+    Parameters
+    ----------
+    kind
+        ``"matmul"``: ``x[m, k] @ W[n, k]^T`` (as ``nn.Linear`` writes it); ``"conv2d"``: a 3x3
+        convolution, padding 1, of an ``m x m`` image from ``k`` to ``n`` channels;
+        ``"depthwise"``: the same with one channel per group (``k`` must equal ``n``).
+    m, n, k
+        The sizes above.
+    epilogue
+        ``epilogue(bb, y)`` emits into ``bb`` what follows the int32 value ``y`` and returns
+        the function's output (say, a requantise to int8).
+    seed
+        Seeds the weights, then the bias.
+    bias
+        Nonzero: a bias of ``n`` int32 values in ``[-bias, bias)`` added to ``y`` (along the
+        channels: ``[1, n, 1, 1]`` for NCHW, ``[n]`` otherwise).
+    layout
+        ``"NHWC"`` (kernel HWIO) or ``"NCHW"`` (kernel OIHW) for the convolutions.
+
+    Returns
+    -------
+    tvm.IRModule
+        ``main(x: int8[...])`` returning what ``epilogue`` returned.
+
+    >>> mod = int8_layer("depthwise", 4, 8, 8, lambda bb, y: bb.emit(relax.op.nn.relu(y)), bias=100)
+    >>> [op for op in ("conv2d", "groups=8", "relu") if op in mod.script()]
+    ['conv2d', 'groups=8', 'relu']
+    """
+    if kind not in ("matmul", "conv2d", "depthwise"):
+        raise ValueError(f"kind {kind!r}: one of 'matmul', 'conv2d', 'depthwise'")
+    if layout not in ("NHWC", "NCHW"):
+        raise ValueError(f"layout {layout!r}: 'NHWC' or 'NCHW'")
+    if kind == "depthwise" and k != n:
+        raise ValueError(f"a depthwise layer maps each of its channels to one: k ({k}) must equal n ({n})")
+    rng = np.random.default_rng(seed)
+    nchw = layout == "NCHW" and kind != "matmul"
+    x_shape = (m, k) if kind == "matmul" else (1, k, m, m) if nchw else (1, m, m, k)
+    x = relax.Var("x", relax.TensorType(x_shape, "int8"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            if kind == "matmul":
+                w = relax.const(rng.integers(-128, 128, (n, k), dtype=np.int8))
+                y = bb.emit(relax.op.matmul(x, relax.op.permute_dims(w), out_dtype="int32"))
+            else:
+                groups = n if kind == "depthwise" else 1
+                kernel = (n, k // groups, 3, 3) if nchw else (3, 3, k // groups, n)
+                w = relax.const(rng.integers(-128, 128, kernel, dtype=np.int8))
+                y = bb.emit(relax.op.nn.conv2d(x, w, padding=1, data_layout=layout, groups=groups, out_dtype="int32",
+                                               kernel_layout="OIHW" if nchw else "HWIO"))
+            if bias:
+                b = rng.integers(-bias, bias, (1, n, 1, 1) if nchw else (n,), dtype=np.int32)
+                y = bb.emit(relax.op.add(y, relax.const(b)))
+            out = bb.emit_output(epilogue(bb, y))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
 def int8_models(overflow: bool = True, max_layers: int = 5) -> st.SearchStrategy:
     """A hypothesis strategy of :class:`Int8Model` (drawn by seed: a failure prints its seed,
     and ``random_int8_model(seed, overflow=...)`` rebuilds it). A seed does not shrink to a
@@ -416,8 +484,7 @@ def compare_with_llvm(model: Int8Model, target: str = "accel, llvm") -> Comparis
 
     x = model.inputs()
     try:
-        exe = tvm.compile(model.mod, "llvm")
-        expected = relax.VirtualMachine(exe, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+        (expected,) = llvm_reference(model.mod)(x)
         compiled = build(model.mod, target)
         got = np.asarray(compiled(x))
         macs = dict(compiled.report.to_json().get("macs", {}))
