@@ -162,6 +162,8 @@ def test_a_split_multiplier_never_multiplies_by_zero(significand, exponent, boun
         rq = Requantize.choose([real], [bound], zero_point=zy, precise=True)
     except ValueError:
         return                                  # no shift fits int32 for this multiplier and bound
+    # (a multiplier that rounds to 0 at the shift that fits: a constant result, multiplied by 0)
+    assume(np.all(rq.multipliers[0] != 0))
     if rq.split:
         assert any(np.any(lo) for _, lo in rq.parts), rq
     accs = np.clip(np.array(extra + [bound, -bound, 0, 1, -1], dtype=np.int64), -bound, bound)
