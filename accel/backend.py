@@ -55,15 +55,19 @@ class AccelBackend(tp.Backend):
             raise ValueError(str(err).replace(f"{Config.__name__}.", "")) from None
 
     def patterns(self, opts: dict) -> list:
-        from accel.compiler import elementwise
+        from accel.compiler import elementwise, upsample
         from accel.compiler.patterns import patterns
 
-        return patterns() + elementwise.patterns()
+        return patterns() + elementwise.patterns() + upsample.patterns()
 
     def schedule(self, func, opts: dict):
+        from accel.compiler import upsample
         from accel.compiler.pooling import schedule_max_pool
         from accel.compiler.schedule import schedule_partition
 
+        moved = upsample.schedule_partition(func, config_of(opts))
+        if moved is not None:
+            return moved
         pool = schedule_max_pool(func, config_of(opts))
         return pool if pool is not None else schedule_partition(func, config_of(opts))
 

@@ -43,7 +43,8 @@ def offload_add(m: tp.Match) -> tirx.Stmt | None:
         ALU[AluOp.ADD, False].call(dst_addr=address(a, 0), src_addr=address(b, 0), imm=0, ext_out=1,
                                    ext_in=n // 16, dst_stride_out=0, dst_stride_in=16, src_stride_out=0, src_stride_in=16),
         STORE[StoreMode.INT32].call(host=regions[2].buffer, elem_offset=regions[2].offset,
-                                    sram_addr=address(a, 0), sram_ld=n, rows=1, cols=n, dram_ld=n),
+                                    sram_addr=address(a, 0), sram_ld=n, rows=1, cols=n, dram_ld=n,
+                                    dram_step=1),
     ])
 
 

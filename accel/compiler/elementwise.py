@@ -15,12 +15,13 @@ as a DAG of int32 operations, and :func:`lower` writes the instructions:
 
 - each int8 leaf is LOADed into INP and widened into ACC by the GEMM array: a DWMAC with a
   weight row of ones (``acc[p, c] = inp[p, c] * 1`` into an accumulator zeroed by a LOAD of
-  padding alone) for a tensor of the
-  output's shape, and for an operand broadcast along the trailing dimensions (a
-  squeeze-excitation's ``[1, C, 1, 1]`` scale) a GEMM with a weight tile whose first column is
+  padding alone) for a tensor of the output's shape, or for one row that the ALU repeats for
+  every row (source stride 0 between rows: a per-channel ``[C]`` gamma or bias of a
+  ``[1, L, C]`` tensor, a bias row); for one value per row (a squeeze-excitation's
+  ``[1, C, 1, 1]`` scale) or one in all, a GEMM with a weight tile whose first column is
   ones, reading an INP tile whose first column holds one value per row: ``acc[r, n] = s[r]``
-  for every lane ``n``, a vector the ALU then broadcasts with source stride 0. The weights are
-  LOADs of padding alone (no host data);
+  for every lane ``n``, a vector the ALU then broadcasts along the row (source stride 0
+  between vectors). The weights are LOADs of padding alone (no host data);
 - each int32 operation is one ALU instruction, in the program's order (ADD/MUL/SHR/MAX/MIN,
   with an immediate or another ACC vector; a subtraction adds the negated operand, which int32
   wrap-around makes the same), so the device computes what TVM's llvm code computes, bit for
@@ -28,9 +29,15 @@ as a DAG of int32 operations, and :func:`lower` writes the instructions:
   first copied (zeroed, then ADD);
 - the result is STOREd to int8, saturating (or clipped by MAX/MIN, then wrapped).
 
-The output is laid out as ``R`` rows of ``L`` elements (``R`` the product of the leading
-dimensions a broadcast operand varies along, ``L`` of the others; each row padded to whole
-``tile``-lane vectors) and processed in blocks of rows that fit ACC and INP.
+The output is laid out as ``R`` rows of ``L`` elements (``R`` the product of its leading
+dimensions, ``L`` of the others, each row padded to whole ``tile``-lane vectors), split where
+every operand is the whole result, one value per row, one row or one value
+(:func:`broadcast_kind`; of those splits the one that pads least), and processed in blocks of
+rows that fit ACC and INP, a row cut into equal pieces of whole vectors when one does not fit;
+what does not vary along the rows (a bias row and its rescale) is computed once per piece,
+before the blocks of rows that read it. A table activation after the chain (or of an int8
+tensor alone: integerize's ``take(table, x + 128)``) is one LUT over the result, its table
+LOADed into WGT once.
 
 Fixed-point multipliers need no more than int32: :class:`~tirpat.model.integerize.fixed_point.Requantize`
 chooses multipliers and shifts for which every intermediate provably fits int32, and the ALU's
@@ -57,13 +64,15 @@ from tvm.relax.dpl import DFPattern, is_const, is_op, wildcard
 import tirpat as tp
 from tirpat.model.integerize.rules import requantize_pattern
 from tirpat.model.partition import origin_of
+from accel.compiler.patterns import table
 from accel.hw.config import Config
 from tirpat.device.planner import access_ptr_buffer
-from accel.hw.instructions import (ACC, ALU, DWMAC, GEMM, INP, INSTRUCTIONS, LOAD, STORE, WGT, AluOp, Mem,
-                                   StoreMode, instruction_of)
+from accel.hw.instructions import (ACC, ALU, DWMAC, GEMM, INP, INSTRUCTIONS, LOAD, LUT, LUT_ENTRIES, STORE, WGT,
+                                   AluOp, Mem, StoreMode, instruction_of)
 
 __all__ = ["patterns", "check", "widen_per_use", "Node", "Chain", "analyse", "lower", "schedule_partition",
-           "describe", "describe_operation", "rule", "broadcast_kind", "PATTERN_NAME", "BUFFER_PREFIX"]
+           "describe", "describe_operation", "rule", "broadcast_kind", "row_splits", "KINDS", "PATTERN_NAME",
+           "BUFFER_PREFIX"]
 
 #: The partition pattern's name (``tp.explain`` and the report show it), and the rule's.
 PATTERN_NAME = "accel.elementwise"
@@ -145,14 +154,17 @@ def _patterns() -> tuple:
     # ones, of one leaf (a rescale); a single term may be clamped first
     signed = lambda: is_op("relax.negative")(_leaf()) | _leaf()      # noqa: E731
     product = lambda: _clamped(is_op("relax.multiply")(_centred(), _centred()))   # noqa: E731
-    precise = tuple((PATTERN_NAME, _precise(term), {}, check)
-                    for term in (signed, product, lambda: _clamped(_leaf())))
+    precise = tuple((_precise(term), {}) for term in (signed, product, lambda: _clamped(_leaf())))
     # a half-to-even requantise adds the input zero points' offset before its parity
     # (emit_requantize), which requantize_pattern leaves to the producer: taken here
-    return precise + (
-            (PATTERN_NAME, requantize_pattern(two | is_op("relax.add")(two, is_const())), {"core": two}, check),
-            (PATTERN_NAME, requantize_pattern(one | is_op("relax.add")(one, is_const())) | shifted, {"core": one},
-             check))
+    chains = ((requantize_pattern(two | is_op("relax.add")(two, is_const())), {"core": two}),
+              (requantize_pattern(one | is_op("relax.add")(one, is_const())) | shifted, {"core": one}))
+    every = precise + chains
+    # a table activation (integerize's take(table, x + 128)) after the chain, or of an int8 tensor
+    # alone: accel's LUT. Listed first: the longer match wins
+    looked_up = tuple((PATTERN_NAME, table(chain), notes, check) for chain, notes in every)
+    alone = (PATTERN_NAME, table(wildcard().has_dtype("int8")), {"core": one}, check)
+    return looked_up + tuple((PATTERN_NAME, chain, notes, check) for chain, notes in every) + (alone,)
 
 
 def _dtype(expr) -> str:
@@ -168,28 +180,50 @@ def _shape(expr) -> list | None:
     return [int(d) for d in dims] if all(isinstance(d, tirx.IntImm) for d in dims) else None
 
 
-def broadcast_kind(shape, out) -> tuple[str, int] | None:
-    """How a tensor of ``shape`` broadcasts against the result's ``out`` (right-aligned, as
-    Relax broadcasts): ``("full", n)`` for the same shape, ``("row", k)`` when it equals
-    ``out`` on the first ``k`` dimensions and is 1 on the rest (a per-channel operand of an
-    NCHW tensor: k = 2), ``("scalar", 0)`` for one element; else None (the ALU's vectors run
-    along the trailing dimensions, and cannot take a tensor broadcast along them but varying
-    after them).
+#: How an operand is laid out against the result's ``rows x length`` elements (:func:`broadcast_kind`).
+KINDS = ("full", "row", "column", "scalar")
 
-    >>> broadcast_kind([1, 8, 1, 1], [1, 8, 5, 5]), broadcast_kind([5, 5], [1, 8, 5, 5])
-    (('row', 2), None)
+
+def broadcast_kind(shape, out, split: int) -> str | None:
+    """How a tensor of ``shape`` broadcasts against the result's ``out`` (right-aligned, as
+    Relax broadcasts) when the result is laid out as rows of its dimensions from ``split`` on
+    (the dimensions before ``split`` number the rows): ``"full"`` for the result's shape,
+    ``"row"`` for one value per row (a squeeze-excitation's ``[1, C, 1, 1]`` against
+    ``[1, C, H, W]`` split at 2), ``"column"`` for one row repeated (a per-channel ``[C]``
+    against ``[1, L, C]`` split at 2: a bias row), ``"scalar"`` for one value in all; else
+    None: it varies along some dimensions of the rows (or of a row) but not all, which the
+    ALU's two strides (one per row, one per vector of a row) cannot walk.
+
+    >>> broadcast_kind([1, 8, 1, 1], [1, 8, 5, 5], 2), broadcast_kind([5, 5], [1, 8, 5, 5], 2)
+    ('row', 'column')
+    >>> broadcast_kind([1, 8, 1, 5], [1, 8, 5, 5], 2) is None
+    True
     """
-    shape = [1] * (len(out) - len(shape)) + list(shape)
-    if len(shape) != len(out):
+    shape = [1] * (len(out) - len(shape)) + [int(d) for d in shape]
+    if len(shape) != len(out) or any(d not in (1, o) for d, o in zip(shape, out)):
         return None
-    if list(shape) == list(out):
-        return "full", len(out)
-    if all(d == 1 for d in shape):
-        return "scalar", 0
-    k = max(i for i, d in enumerate(shape) if d != 1) + 1
-    if shape[:k] != list(out[:k]):
+    live = [i for i, o in enumerate(out) if o != 1]     # a dimension of 1 is in no row's way
+
+    def varies(dims):       # along all of dims, none of them, or (None) some
+        along = [shape[i] != 1 for i in dims]
+        return False if not any(along) else True if all(along) else None
+
+    if not live or all(shape[i] == out[i] for i in live):
+        return "full"
+    rows, cols = varies([i for i in live if i < split]), varies([i for i in live if i >= split])
+    if rows is None or cols is None:
         return None
-    return "row", k
+    return {(True, False): "row", (False, True): "column", (False, False): "scalar"}[(rows, cols)]
+
+
+def row_splits(shapes, out) -> list[int]:
+    """The splits of ``out``'s dimensions into rows and a row (see :func:`broadcast_kind`)
+    at which every one of ``shapes`` is laid out as one of :data:`KINDS`, fewest rows first.
+
+    >>> row_splits([[120], [1, 40, 120]], [1, 40, 120]), row_splits([[1, 8, 1, 1], [4]], [1, 8, 4, 4])
+    ([2], [])
+    """
+    return [k for k in range(len(out) + 1) if all(broadcast_kind(s, out, k) is not None for s in shapes)]
 
 
 def _constant(expr) -> np.ndarray | None:
@@ -218,6 +252,19 @@ def _check_call(call) -> str | None:
     return None
 
 
+def _check_take(take, bound: dict) -> str | None:
+    """Why accel's LUT cannot compute the table lookup ``take`` (``bound``: the match's values
+    by variable), or None: a 256-entry int8 constant table along axis 0, indexed by ``x + 128``."""
+    values = _constant(take.args[0])
+    if values is None or str(values.dtype) != "int8" or values.shape != (LUT_ENTRIES,) or int(take.attrs.axis) != 0:
+        return f"a take from a {_dtype(take.args[0])} table that is not {LUT_ENTRIES} int8 entries along axis 0"
+    index = bound.get(take.args[1], take.args[1])
+    offset = _constant(index.args[1]) if isinstance(index, relax.Call) else None
+    if offset is None or offset.size != 1 or int(offset.reshape(-1)[0]) != 128:
+        return "a table index that is not x + 128 (the LUT reads entry x + 128 of an int8 x)"
+    return None
+
+
 def check(ctx) -> bool | str:
     """True when accel can run the matched element-wise chain; else the reason it cannot
     (the build report gives it for the operators left on the host; ``tp.build`` warns with it)."""
@@ -225,24 +272,23 @@ def check(ctx) -> bool | str:
     out = _shape(root)
     if out is None:
         return "dynamic shapes; accel needs static shapes"
-    kinds = set()
+    shapes = []
     for value in ctx.matched_bindings.values():
         if not isinstance(value, relax.Call):
             continue
         if value.op.name == "relax.astype" and _dtype(value.args[0]) == "int8" and _dtype(value) == "int32":
             shape = _shape(value.args[0])
-            kind = broadcast_kind(shape, out) if shape is not None else None
-            if kind is None:
-                return (f"an int8 operand of shape {shape} broadcast against {out} along a dimension before one it "
-                        "varies along; the ALU broadcasts one value per row of the trailing dimensions")
-            if kind[0] == "row":
-                kinds.add(kind[1])
+            if shape is None:
+                return "an int8 operand of dynamic shape; accel needs static shapes"
+            shapes.append(shape)
             continue
-        why = _check_call(value)
+        why = _check_take(value, ctx.matched_bindings) if value.op.name == "relax.take" else _check_call(value)
         if why is not None:
             return why
-    if len(kinds) > 1:
-        return f"operands broadcast along different trailing dimensions ({sorted(kinds)}); accel takes one row layout"
+    if not row_splits(shapes, out):
+        return (f"int8 operands of shapes {', '.join(map(str, shapes))} broadcast against {out}: no split of its "
+                "dimensions into rows lays each out as the whole result, one value per row, one row repeated or one "
+                "value, the broadcasts the ALU's strides take")
     if has_leaking_intermediate_variables(ctx):
         return False
     return True
@@ -340,13 +386,15 @@ class Node:
 class Chain:
     """The element-wise chain of one partition: its ``root`` (the int32 value stored),
     whether the STORE saturates it to int8 (a clip to [-128, 127]) or it is within int8
-    already (clipped by the chain), the output buffer and shape, and the leaves' buffers."""
+    already (clipped by the chain), the output buffer and shape, and the leaves' buffers;
+    ``table``, a 256-entry int8 buffer the root is looked up in (LUT) before the STORE, or None."""
 
     root: Node
     saturate: bool
     out: object
     shape: tuple
     leaves: list = field(default_factory=list)
+    table: object = None
 
     def nodes(self) -> list:
         """Every node, each once, operands before their users.
@@ -418,16 +466,23 @@ class _Reader:
             return int(e.value)
         if isinstance(e, tirx.Cast):
             inner = e.value
+            if str(e.ty.dtype) == "int8" and str(inner.ty.dtype) == "int32":
+                node = self.value(inner, iters)     # a table's index: the chain's result, cast to int8 and back
+                if not _within_int8(node):
+                    raise _Unsupported("a cast to int8 inside the chain of a value not clipped to int8 (it wraps)")
+                return node
             if str(e.ty.dtype) != "int32":
                 raise _Unsupported(f"a cast to {e.ty.dtype} inside the chain")
-            if isinstance(inner, ir.TensorLoad) and str(inner.source.dtype) == "int8":
+            if isinstance(inner, ir.TensorLoad) and str(inner.source.dtype) == "int8" and \
+                    inner.source.__chandle__() not in self.values:
                 return self.leaf(inner, iters)
-            if str(inner.ty.dtype) == "int32":
+            # an int32 value, or one of the chain's int8 values (its result, cast for a table's index)
+            if str(inner.ty.dtype) in ("int32", "int8"):
                 return self.value(inner, iters)
             raise _Unsupported(f"a cast from {inner.ty.dtype} to int32")
         if isinstance(e, ir.TensorLoad):
             node = self.values.get(e.source.__chandle__())
-            if node is None or str(e.source.dtype) != "int32":
+            if node is None or str(e.source.dtype) not in ("int32", "int8"):
                 raise _Unsupported(f"{e.source.name} ({e.source.dtype}) is not an int32 value of the chain")
             self.load(e, iters)
             return node
@@ -489,6 +544,34 @@ def _clip_bounds(node: Node) -> tuple | None:
     return node.a.a, lo, hi
 
 
+def _within_int8(node: Node) -> bool:
+    """Whether ``node``'s values lie in [-128, 127]: a widened int8 leaf, or a clip inside int8."""
+    clipped = _clip_bounds(node)
+    return node.is_leaf or (clipped is not None and -128 <= clipped[1] <= clipped[2] <= 127)
+
+
+def _table_index(e) -> tuple | None:
+    """``(table, index)`` when ``e`` reads a 256-entry int8 buffer at one index, the clamps of
+    ``take(mode="clip")`` to [0, 255] and its widening to int64 taken off (an index ``x + 128``
+    of an ``x`` in int8 needs none: accel's LUT clamps its own); else None."""
+    if not (isinstance(e, ir.TensorLoad) and str(e.source.dtype) == "int8" and len(e.indices) == 1
+            and [_int(d) for d in e.source.shape] == [LUT_ENTRIES]):
+        return None
+    index = e.indices[0]
+    while isinstance(index, (tirx.Min, tirx.Max, tirx.Cast)):
+        if isinstance(index, tirx.Cast):        # an int32 index widened to int64: the same value
+            if str(index.ty.dtype) != "int64" or str(index.value.ty.dtype) != "int32":
+                return None
+            index = index.value
+            continue
+        bound = LUT_ENTRIES - 1 if isinstance(index, tirx.Min) else 0
+        inner = [x for x, c in ((index.a, index.b), (index.b, index.a)) if _int(c) == bound]
+        if not inner:
+            return None
+        index = inner[0]
+    return e.source, index
+
+
 def analyse(func: tirx.PrimFunc) -> tuple[Chain | None, str | None]:
     """``(Chain, None)`` when ``func``'s blocks are an element-wise int32 chain on widened
     int8 inputs ending in a clip and a cast to int8 (what :func:`patterns` partitions), else
@@ -528,6 +611,10 @@ def _analyse(func: tirx.PrimFunc) -> Chain:
                 raise _Unsupported(f"block {block.name_hint} broadcasts its result")
             reader.values[store.buffer.__chandle__()] = node
             continue
+        lookup = _table_index(store.value) if str(store.buffer.dtype) == "int8" else None
+        if lookup is not None:
+            final = _looked_up(reader, lookup, iters, store.buffer)
+            continue
         if str(store.buffer.dtype) != "int8" or not isinstance(store.value, tirx.Cast):
             raise _Unsupported("the chain does not end in a cast to int8")
         root = reader.value(store.value.value, iters)
@@ -544,62 +631,94 @@ def _analyse(func: tirx.PrimFunc) -> Chain:
     return final
 
 
+def _looked_up(reader: _Reader, lookup: tuple, iters, out) -> Chain:
+    """The chain whose last block stores ``table[x + 128]`` (``lookup``: the table and the index)."""
+    table, index = lookup
+    if table.__chandle__() not in reader.params:
+        raise _Unsupported(f"the table {table.name} is not an input of the partition")
+    node = reader.value(index, iters)
+    if isinstance(node, int) or node.op is not AluOp.ADD or node.b != 128:
+        raise _Unsupported("a table index that is not x + 128")
+    x = node.a
+    if not _within_int8(x):
+        raise _Unsupported("a table lookup of a value not clipped to int8 (the LUT clamps its index)")
+    clipped = _clip_bounds(x)
+    # a clip to all of int8 is the LUT's own clamp; a narrower one runs on the ALU
+    root = clipped[0] if clipped is not None and clipped[1:] == (-128, 127) else x
+    return Chain(root, False, out, tuple(int(d) for d in out.shape), [n_.leaf for n_ in reader.leaves.values()],
+                 table)
+
+
 # ----------------------------------------------------------------------------------------
 # the instructions
 # ----------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class _Layout:
-    """``rows`` x ``length`` elements, rows padded to ``padded`` (whole vectors), ``block``
-    rows at a time; ``kinds`` maps each node (by id) to ``full``, ``row`` or ``scalar``."""
+    """``rows`` x ``length`` elements, rows padded to ``padded`` (whole vectors); a block is
+    ``block`` rows by ``chunk`` elements of them (a multiple of ``tile``; all of a padded row
+    when it fits); ``kinds`` maps each node (by id) to one of :data:`KINDS`."""
 
     rows: int
     length: int
     padded: int
     block: int
+    chunk: int
     kinds: dict
+
+    @property
+    def iterations(self) -> int:
+        """How many blocks the rows run in (the planner double-buffers a loop's scratchpad)."""
+        return -(-self.rows // self.block) * -(-self.length // self.chunk)
 
 
 def _layout(chain: Chain, config: Config) -> _Layout:
-    """The rows the chain's values are laid out in, and how many a block takes: the most that
-    fit ACC and INP (counted off the buffers one block allocates, doubled where the block loop
-    runs more than once, as the planner doubles them)."""
+    """The rows the chain's values are laid out in and the blocks it runs in: the most rows
+    that fit ACC and INP (counted off the buffers one block allocates, doubled where the loops
+    run more than once, as the planner doubles them), of whole rows where one fits, else of
+    rows cut into the fewest equal chunks that fit. Of the splits at which every value is laid
+    out as one of :data:`KINDS`, the one that pads least."""
     t = config.tile
     out = chain.shape
-    ks = set()
-    for n in chain.nodes():
-        kind = broadcast_kind(n.shape, out)
-        if kind is None:
-            raise _Unsupported(f"a value of shape {list(n.shape)} broadcast against {list(out)} along a leading "
-                               "dimension; the ALU broadcasts one value per row of the trailing dimensions")
-        if kind[0] == "row":
-            ks.add(kind[1])
-    if len(ks) > 1:
-        raise _Unsupported(f"values broadcast along different trailing dimensions ({sorted(ks)})")
-    kinds = {id(n): broadcast_kind(n.shape, out)[0] for n in chain.nodes()}
+    nodes = chain.nodes()
+    splits = row_splits([n.shape for n in nodes], out)
+    if not splits:
+        raise _Unsupported(f"values of shapes {', '.join(str(list(n.shape)) for n in nodes if n.is_leaf)} "
+                           f"broadcast against {list(out)}: no split into rows lays each out as the whole result, "
+                           "one value per row, one row repeated or one value")
     capacity = {ACC.scope: config.acc_elements, INP.scope: config.inp_elements}
 
-    def fits(rows: int, length: int, block: int) -> bool:
-        layout = _Layout(rows, length, _round(length, t), block, kinds)
-        allocs = _Emitter(chain, layout, config, *_weights(t)).block(0, block, "")
+    def fits(layout: _Layout) -> bool:
+        emitter = _Emitter(chain, layout, config, *_weights(t))
+        once, where = emitter.once(0, layout.chunk, "")
+        allocs = once + emitter.block(0, layout.block, 0, layout.chunk, "", where)
         used = dict.fromkeys(capacity, 0)
         for a in allocs:
             if isinstance(a, tirx.AllocBuffer):
                 used[a.buffer.scope()] += int(a.buffer.shape[0])
-        copies = 2 if block < rows else 1
+        copies = 2 if layout.iterations > 1 else 1
         return all(used[scope] * copies <= capacity[scope] for scope in capacity)
 
     def choose(k: int) -> _Layout | None:
         rows, length = int(np.prod(out[:k], dtype=np.int64)), int(np.prod(out[k:], dtype=np.int64))
-        block = rows
-        while block and not fits(rows, length, block):
-            block //= 2
-        return _Layout(rows, length, _round(length, t), block, kinds) if block else None
+        kinds = {id(n): broadcast_kind(n.shape, out, k) for n in nodes}
+        padded = _round(length, t)
+        for pieces in range(1, padded // t + 1):
+            chunk = _round(-(-length // pieces), t)
+            if pieces > 1 and chunk == _round(-(-length // (pieces - 1)), t):
+                continue        # the same chunk as fewer pieces: it did not fit
+            if pieces == 2 and not fits(_Layout(rows, length, padded, 1, t, kinds)):
+                return None     # not even one vector of a row, double-buffered: no piece fits
+            block = rows
+            while block and not fits(_Layout(rows, length, padded, block, chunk, kinds)):
+                block //= 2
+            if block:
+                return _Layout(rows, length, padded, block, chunk, kinds)
+        return None
 
-    # a broadcast operand fixes the rows; else the split that pads least, of those whose rows fit
-    candidates = [c for c in map(choose, [ks.pop()] if ks else range(len(out) + 1)) if c is not None]
+    candidates = [c for c in map(choose, splits) if c is not None]
     if not candidates:
-        raise _Unsupported(f"a row of the {'x'.join(map(str, out))} result does not fit ACC with the chain's values")
-    return min(candidates, key=lambda c: (c.rows * c.padded, -c.block))
+        raise _Unsupported(f"a tile of the {'x'.join(map(str, out))} result does not fit ACC with the chain's values")
+    return min(candidates, key=lambda c: (c.rows * c.padded, c.iterations, -c.block))
 
 
 def _round(n: int, t: int) -> int:
@@ -613,9 +732,9 @@ def _tiles(elements: int, t: int) -> int:
 class _Emitter:
     """Writes one block of rows: its buffers, LOADs, widening, ALU steps and STORE."""
 
-    def __init__(self, chain: Chain, layout: _Layout, config: Config, ones, column) -> None:
+    def __init__(self, chain: Chain, layout: _Layout, config: Config, ones, column, lut) -> None:
         self.chain, self.layout, self.t = chain, layout, config.tile
-        self.ones, self.column = ones, column
+        self.ones, self.column, self.lut = ones, column, lut
         self.uses: dict = {}
         for n in chain.nodes():
             if not n.is_leaf:
@@ -623,25 +742,52 @@ class _Emitter:
                     if isinstance(operand, Node):
                         self.uses[id(operand)] = self.uses.get(id(operand), 0) + 1
 
-    def block(self, row0, rows: int, tag: str) -> list:
-        """The allocations and instructions of the block of ``rows`` rows from ``row0``."""
-        self.stmts, self.allocs, self.tag, self.count = [], [], tag, 0
-        self.row0, self.rows = row0, rows
-        self.left = dict(self.uses)
+    def once(self, col0, cols: int, tag: str) -> tuple:
+        """``(allocations and instructions, regions)`` of the values that do not vary along the
+        rows (a bias row, one value), for the ``cols`` elements of each row from ``col0``: computed
+        once for all the blocks of rows that read them."""
+        self.start(None, 0, col0, cols, tag)
         where: dict = {}
         for n in self.chain.nodes():
-            where[id(n)] = self.widen(n) if n.is_leaf else self.compute(n, where)
-        self.store(where[id(self.chain.root)])
+            if self.layout.kinds[id(n)] in ("column", "scalar"):
+                where[id(n)] = self.widen(n) if n.is_leaf else self.compute(n, where)
+        return self.allocs + self.stmts, where
+
+    def block(self, row0, rows: int, col0, cols: int, tag: str, once: dict) -> list:
+        """The allocations and instructions of the block of ``rows`` rows from ``row0``, and of
+        ``cols`` elements of each from ``col0``, reading the regions ``once`` computed (a value
+        that does not vary along the rows is never written in place by one that does: their
+        kinds differ)."""
+        self.start(row0, rows, col0, cols, tag)
+        where = dict(once)
+        for n in self.chain.nodes():
+            if id(n) not in where:
+                where[id(n)] = self.widen(n) if n.is_leaf else self.compute(n, where)
+        root = where[id(self.chain.root)]
+        if self.chain.table is not None:
+            ext_out, ext_in, dso, dsi = self.walk(root[1])
+            self.stmts.append(LUT.call(dst_addr=root[0], lut_addr=self.lut, ext_out=ext_out, ext_in=ext_in,
+                                       dst_stride_out=dso, dst_stride_in=dsi))
+        self.store(root)
         return self.allocs + self.stmts
+
+    def start(self, row0, rows: int, col0, cols: int, tag: str) -> None:
+        self.stmts, self.allocs, self.tag, self.count = [], [], tag, 0
+        self.row0, self.rows, self.col0, self.cols = row0, rows, col0, cols
+        # ACC rows are the chunk's width apart; the ALU walks the vectors this block's columns fill
+        self.width, self.vectors = self.layout.chunk, _round(cols, self.t) // self.t
+        self.left = dict(self.uses)
 
     # regions ------------------------------------------------------------------------
     def acc(self, kind: str):
-        t, lay = self.t, self.layout
+        """A fresh ACC region for a value of ``kind``: the block's rows of padded vectors
+        (full), one vector per row (row), one padded row (column) or one vector (scalar), in
+        whole tiles (the widening writes tiles)."""
+        t = self.t
         self.count += 1
-        elements = _tiles(self.rows * lay.padded, t) if kind == "full" else _tiles(_round(self.rows, t) * t, t)
-        if kind == "scalar":
-            elements = 1
-        buf = tirx.decl_buffer((elements * t * t,), "int32", f"{BUFFER_PREFIX}acc{self.count}{self.tag}", scope=ACC.scope)
+        vectors = {"full": self.rows * self.width // t, "row": self.rows, "column": self.width // t, "scalar": 1}[kind]
+        buf = tirx.decl_buffer((_tiles(vectors * t, t) * t * t,), "int32", f"{BUFFER_PREFIX}acc{self.count}{self.tag}",
+                               scope=ACC.scope)
         self.allocs.append(tirx.AllocBuffer(buf))
         return buf, kind
 
@@ -652,31 +798,31 @@ class _Emitter:
         self.allocs.append(tirx.AllocBuffer(buf))
         return buf
 
-    def vectors(self, region) -> dict:
-        """ALU fields walking ``region``'s vectors: rows of the block (outer), vectors of a row (inner)."""
-        kind = region[1]
-        t, lay = self.t, self.layout
-        if kind == "full":
-            return {"ext_out": self.rows, "ext_in": lay.padded // t, "stride_out": lay.padded, "stride_in": t}
-        if kind == "row":
-            return {"ext_out": self.rows, "ext_in": lay.padded // t, "stride_out": t, "stride_in": 0}
-        return {"ext_out": self.rows, "ext_in": lay.padded // t, "stride_out": 0, "stride_in": 0}
+    def walk(self, kind: str) -> tuple:
+        """``(ext_out, ext_in, stride_out, stride_in)`` of the ALU's vectors over a region of
+        ``kind``: the block's rows (outer) and the vectors of a row (inner); a stride of 0
+        repeats what a region does not vary along (the ALU's broadcast)."""
+        t = self.t
+        rows, row = kind in ("full", "row"), kind in ("full", "column")
+        return (self.rows if rows else 1, self.vectors if row else 1,
+                (self.width if row else t) if rows else 0, t if row else 0)
 
     # steps --------------------------------------------------------------------------
     def widen(self, n: Node):
-        """LOAD the int8 leaf into INP and widen it into ACC (zeroed, then DWMAC by ones or GEMM
-        by the ones column)."""
+        """LOAD the int8 leaf into INP and widen it into ACC (zeroed, then DWMAC by ones for a
+        whole tensor or a row, GEMM by the ones column for one value per row or in all)."""
         t, lay = self.t, self.layout
         kind = self.layout.kinds[id(n)]
         region = self.acc(kind)
         buf = region[0]
         tiles = int(buf.shape[0]) // (t * t)
         staged = self.inp(tiles)
-        if kind == "full":
+        if kind in ("full", "column"):
+            rows = self.rows if kind == "full" else 1
             self.stmts.append(LOAD[Mem.INP].call(
-                host=n.leaf, elem_offset=self.row0 * lay.length, sram_addr=staged, sram_ld=lay.padded,
-                rows=self.rows, cols=lay.length, dram_ld=lay.length, pad_top=0, pad_bottom=0, pad_left=0,
-                pad_right=lay.padded - lay.length, pad_value=0))
+                host=n.leaf, elem_offset=(self.row0 * lay.length if kind == "full" else 0) + self.col0,
+                sram_addr=staged, sram_ld=self.width, rows=rows, cols=self.cols, dram_ld=lay.length, pad_top=0,
+                pad_bottom=0, pad_left=0, pad_right=self.width - self.cols, pad_value=0))
         else:
             rows = self.rows if kind == "row" else 1
             self.stmts.append(LOAD[Mem.INP].call(
@@ -685,7 +831,7 @@ class _Emitter:
         tile = t * t
         steps = {"ext_out": tiles, "ext_in": 1, "acc_stride_out": tile, "acc_stride_in": 0}
         self.zero(buf)
-        if kind == "full":
+        if kind in ("full", "column"):
             self.stmts.append(DWMAC.call(acc_addr=buf, inp_addr=staged, wgt_addr=self.ones,
                                          acc_ld=t, inp_ld=t, inp_stride_out=tile, inp_stride_in=0, wgt_stride_out=0,
                                          wgt_stride_in=0, **steps))
@@ -696,16 +842,14 @@ class _Emitter:
         return region
 
     def alu(self, op: AluOp, dst, src=None, imm: int = 0) -> None:
-        d = self.vectors(dst)
-        s = self.vectors(src) if src is not None else {"stride_out": 0, "stride_in": 0}
-        if dst[1] != "full":        # a row or scalar destination: one vector per row (or one in all)
-            d = {"ext_out": 1 if dst[1] == "scalar" else self.rows, "ext_in": 1,
-                 "stride_out": self.t if dst[1] == "row" else 0, "stride_in": 0}
+        """One ALU step over ``dst``'s vectors, with ``src``'s (walked the same way, broadcast
+        where it does not vary) or the immediate."""
+        ext_out, ext_in, dst_out, dst_in = self.walk(dst[1])
+        src_out, src_in = self.walk(src[1])[2:] if src is not None else (0, 0)
         self.stmts.append(ALU[op, src is None].call(
-            dst_addr=dst[0], src_addr=src[0] if src is not None else 0, imm=imm,
-            ext_out=d["ext_out"], ext_in=d["ext_in"], dst_stride_out=d["stride_out"], dst_stride_in=d["stride_in"],
-            src_stride_out=s["stride_out"] if src is not None else 0,
-            src_stride_in=(s["stride_in"] if dst[1] == "full" else 0) if src is not None else 0))
+            dst_addr=dst[0], src_addr=src[0] if src is not None else 0, imm=imm, ext_out=ext_out, ext_in=ext_in,
+            dst_stride_out=dst_out, dst_stride_in=dst_in, src_stride_out=src_out if ext_out > 1 else 0,
+            src_stride_in=src_in if ext_in > 1 else 0))
 
     def copy(self, region, kind: str):
         """A fresh region of ``kind`` holding ``region``'s values (broadcast if need be)."""
@@ -746,14 +890,23 @@ class _Emitter:
     def store(self, region) -> None:
         lay, chain = self.layout, self.chain
         self.stmts.append(STORE[StoreMode.SATURATE if chain.saturate else StoreMode.WRAP].call(
-            host=chain.out, elem_offset=self.row0 * lay.length, sram_addr=region[0], sram_ld=lay.padded,
-            rows=self.rows, cols=lay.length, dram_ld=lay.length))
+            host=chain.out, elem_offset=self.row0 * lay.length + self.col0, sram_addr=region[0], sram_ld=self.width,
+            rows=self.rows, cols=self.cols, dram_ld=lay.length, dram_step=1))
 
 
 def _weights(t: int) -> tuple:
-    """The WGT buffers of the widening: a row of ones (DWMAC), a tile whose first column is ones (GEMM)."""
+    """The WGT buffers: of the widening, a row of ones (DWMAC) and a tile whose first column is
+    ones (GEMM); a LUT's table."""
     return (tirx.decl_buffer((t,), "int8", f"{BUFFER_PREFIX}ones", scope=WGT.scope),
-            tirx.decl_buffer((t * t,), "int8", f"{BUFFER_PREFIX}column", scope=WGT.scope))
+            tirx.decl_buffer((t * t,), "int8", f"{BUFFER_PREFIX}column", scope=WGT.scope),
+            tirx.decl_buffer((LUT_ENTRIES,), "int8", f"{BUFFER_PREFIX}table", scope=WGT.scope))
+
+
+def _parts(total: int, size: int) -> list:
+    """``[(count, start, size)]``: ``count`` whole pieces of ``size`` in ``total`` (a loop), then
+    the rest (``count`` 0: one piece, at ``start``)."""
+    whole, rest = divmod(total, size)
+    return ([(whole, 0, size)] if whole else []) + ([(0, whole * size, rest)] if rest else [])
 
 
 def lower(func: tirx.PrimFunc, chain: Chain, config: Config) -> tirx.PrimFunc:
@@ -765,7 +918,7 @@ def lower(func: tirx.PrimFunc, chain: Chain, config: Config) -> tirx.PrimFunc:
         raise ValueError(str(why)) from None
     t = config.tile
     host = chain.leaves[0]
-    ones, column = _weights(t)
+    ones, column, lut = _weights(t)
     # weights of padding alone: a row of ones (DWMAC), a tile whose first column is ones (GEMM)
     pad = {"elem_offset": 0, "rows": 0, "cols": 0, "dram_ld": 0, "pad_bottom": 0, "pad_right": 0}
     stmts = [tirx.AllocBuffer(ones), tirx.AllocBuffer(column),
@@ -775,15 +928,28 @@ def lower(func: tirx.PrimFunc, chain: Chain, config: Config) -> tirx.PrimFunc:
                                 **pad),
              LOAD[Mem.WGT].call(host=host, sram_addr=column, sram_ld=t, pad_top=t, pad_left=1, pad_value=1,
                                 **pad)]
-    emitter = _Emitter(chain, layout, config, ones, column)
-    whole, rest = divmod(layout.rows, layout.block)
-    if whole:
-        v = tirx.Var("elementwise_block", "int32")
-        body = emitter.block(v * layout.block, layout.block, "")
-        stmts.append(tirx.For(v, tirx.IntImm("int32", 0), tirx.IntImm("int32", whole), tirx.ForKind.SERIAL,
-                              tirx.SeqStmt(body) if len(body) > 1 else body[0]))
-    if rest:
-        stmts.append(tirx.SeqStmt(emitter.block(tirx.IntImm("int32", whole * layout.block), rest, "_rest")))
+    if chain.table is not None:     # the table, staged in WGT once
+        stmts += [tirx.AllocBuffer(lut), LOAD[Mem.WGT].call(
+            host=chain.table, elem_offset=0, sram_addr=lut, sram_ld=t, rows=LUT_ENTRIES // t, cols=t, dram_ld=t,
+            pad_top=0, pad_bottom=0, pad_left=0, pad_right=0, pad_value=0)]
+    emitter = _Emitter(chain, layout, config, ones, column, lut)
+    # pieces of the rows (a loop over the whole ones, then the rest), each computing what does
+    # not vary along the rows once, then blocks of rows (the same): every piece and block the same
+    # instructions at other offsets, with loop vars of its own
+    for c, (col_count, col_start, cols) in enumerate(_parts(layout.length, layout.chunk)):
+        col_var = tirx.Var("elementwise_chunk", "int32") if col_count else None
+        col0 = col_var * cols if col_var is not None else tirx.IntImm("int32", col_start)
+        piece, once = emitter.once(col0, cols, "_once" + "_end" * c)
+        for r, (row_count, row_start, rows) in enumerate(_parts(layout.rows, layout.block)):
+            row_var = tirx.Var("elementwise_block", "int32") if row_count else None
+            row0 = row_var * rows if row_var is not None else tirx.IntImm("int32", row_start)
+            body = emitter.block(row0, rows, col0, cols, "_rest" * r + "_end" * c, once)
+            stmt = tirx.SeqStmt(body) if len(body) > 1 else body[0]
+            piece.append(tirx.For(row_var, tirx.IntImm("int32", 0), tirx.IntImm("int32", row_count),
+                                  tirx.ForKind.SERIAL, stmt) if row_var is not None else stmt)
+        stmt = tirx.SeqStmt(piece) if len(piece) > 1 else piece[0]
+        stmts.append(tirx.For(col_var, tirx.IntImm("int32", 0), tirx.IntImm("int32", col_count), tirx.ForKind.SERIAL,
+                              stmt) if col_var is not None else stmt)
     # a block in a root block, as TVM's passes after scheduling expect of a PrimFunc's body
     # (Relax's SplitLayoutRewritePreproc, run on a real model's module, wants both)
     chain_block = s_tir.SBlockRealize([], True, s_tir.SBlock([], [], [], "elementwise", tirx.SeqStmt(stmts)))
@@ -803,14 +969,15 @@ def describe(chain: Chain, config: Config) -> str:
     ops = [n.op.name for n in chain.nodes() if not n.is_leaf]
     kinds = sorted({layout.kinds[id(n)] for n in chain.nodes() if n.is_leaf})
     return (f"offloaded element-wise chain: {len(chain.leaves)} int8 operand(s) ({', '.join(kinds)}) -> "
-            f"{'x'.join(map(str, chain.shape))} int8 as {layout.rows} row(s) of {layout.length}, "
+            f"{'x'.join(map(str, chain.shape))} int8 as {layout.rows} row(s) of {layout.length}"
+            f"{f' in pieces of {layout.chunk}' if layout.chunk < layout.padded else ''}, "
             f"{len(ops)} ALU step(s) ({', '.join(ops)})")
 
 
 def describe_operation(chain: Chain) -> list:
     """What the chain computes, in words for the report: ``add``, ``subtract``, ``multiply``
     (of two tensors) or ``rescale`` (of one), then ``requantise`` when it multiplies by a
-    constant or shifts.
+    constant or shifts, then ``table lookup`` when it ends in one (a lookup alone is only that).
 
     >>> a, b = Node(shape=(4,), leaf="a"), Node(shape=(4,), leaf="b")
     >>> total = Node(shape=(4,), op=AluOp.ADD, a=Node(shape=(4,), op=AluOp.MUL, a=a, b=3), b=b)
@@ -825,10 +992,10 @@ def describe_operation(chain: Chain) -> list:
             words.append("multiply")
         elif isinstance(n.b, Node) and n.op is AluOp.ADD:
             words.append("subtract" if {id(n.a), id(n.b)} & negated else "add")
-    words = list(dict.fromkeys(words)) or ["rescale"]
+    words = list(dict.fromkeys(words)) or (["rescale"] if nodes or chain.table is None else [])
     if any(isinstance(n.b, int) and (n.op is AluOp.SHR or (n.op is AluOp.MUL and n.b != -1)) for n in nodes):
         words.append("requantise")
-    return words
+    return words + (["table lookup"] if chain.table is not None else [])
 
 
 def schedule_partition(func: tirx.PrimFunc, config: Config) -> tirx.PrimFunc | None:

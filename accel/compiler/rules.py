@@ -27,7 +27,7 @@ instructions with dependency tokens.
 >>> import accel
 >>> rw = accel.rules()
 >>> [r.name for r in rw.rules]
-['accel.load', 'accel.gemm', 'accel.zero_init', 'accel.alu', 'accel.store', 'accel.elementwise']
+['accel.load', 'accel.gemm', 'accel.zero_init', 'accel.alu', 'accel.store', 'accel.elementwise', 'accel.upsample']
 """
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ from tvm import ir, tirx
 import tirpat as tp
 from accel.hw import instructions
 from accel.hw.config import Config
-from accel.hw.instructions import ALU, DWMAC, GEMM, GEMM_RESET, LOAD, LUT, LUT_ENTRIES, SCOPES, STORE, AluOp, StoreMode
-from accel.compiler import elementwise
+from accel.hw.instructions import ALU, DWMAC, GEMM, GEMM_RESET, LOAD, LUT, LUT_ENTRIES, SCOPES, STORE, AluOp, StoreMode, distinct_starts
+from accel.compiler import elementwise, upsample
 from accel.compiler.wrapping import strip
 
 #: The scratchpads' storage scopes (their declarations are :mod:`accel.hw.instructions`').
@@ -642,17 +642,24 @@ def _store(m, store, config):
     if steps:
         calls += _alu_calls(steps, acc, _operand_regions(m, steps), loops, config, partial_ok=True)
     g = _grid(loops, [acc, dst], valid)
+    step = 1
     if not g.col_ok:
-        raise _Unsupported(f"{out.name} or the accumulator is not contiguous along the innermost loop")
+        # the accumulator contiguous, the output a constant stride apart: STORE's element stride
+        step = _int(dst.strides[-1]) if loops and _int(acc.strides[-1]) == 1 else None
+        if step is None or step < 1:
+            raise _Unsupported(f"{out.name} or the accumulator is not contiguous along the innermost loop")
     if any(_int(valid[k][1]) != 0 for k in range(len(g.outer))):
         raise _Unsupported("the guard bounds a loop outside the 2-D DMA box")
     sram_ld, dram_ld = g.row_stride
     rows, cols = g.rows - g.rows_after, g.cols - g.cols_after
+    if step > 1 and not (None not in (_int(rows), _int(cols), _int(dram_ld))
+                         and distinct_starts(_int(rows), _int(dram_ld), _int(cols), step)):
+        raise _Unsupported(f"{out.name}'s {rows} x {cols} block ({dram_ld} and {step} apart) writes an element twice")
 
     def make(shifts):
         return STORE[mode].call(host=out, elem_offset=dst.offset + shifts[0],
                     sram_addr=address(acc.buffer, acc.offset + shifts[1]), sram_ld=sram_ld, rows=rows,
-                    cols=cols, dram_ld=dram_ld)
+                    cols=cols, dram_ld=dram_ld, dram_step=step)
 
     calls.append(_around(g.outer, [g.outer_strides(dst), g.outer_strides(acc)], make))
     body = calls[0] if len(calls) == 1 else tirx.SeqStmt(calls)
@@ -707,6 +714,7 @@ def rules(config: Config | None = None) -> tp.Rewriter:
         | tp.Rewriter.from_pattern(alu, _declining(lambda m: _alu(m, m[in_place], config)), name="accel.alu")
         | tp.Rewriter.from_pattern(store, _declining(lambda m: _store(m, m[to_host], config)), name="accel.store")
         | elementwise.rule()
+        | upsample.rule()
     )
 
 

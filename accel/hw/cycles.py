@@ -45,8 +45,15 @@ def cost(ins: Instruction, config: Config) -> int:
     132
     """
     op = ins.opcode
-    if op is Opcode.LOAD or op is Opcode.STORE:
+    if op is Opcode.LOAD:
         busy = -(-_dram_bytes(ins) // config.dma_bytes_per_cycle)
+    elif op is Opcode.STORE:
+        busy = -(-_dram_bytes(ins) // config.dma_bytes_per_cycle)
+        if ins.dram_step > 1:
+            # a strided row is the cheaper of one burst over the bytes it spans, the skipped
+            # ones masked off (AXI write strobes), and one bus beat per element
+            span = -(-ins.dram_width * STORE_HOST_DTYPE[ins.mode].itemsize // config.dma_bytes_per_cycle)
+            busy = ins.rows * min(span, ins.cols)
     elif op is Opcode.GEMM:
         busy = ins.ext_out * ins.ext_in * (config.tile if ins.reset else config.tile_cycles)
     elif op is Opcode.ALU or op is Opcode.LUT:     # a LUT step reads alu_lanes table entries a cycle

@@ -116,11 +116,11 @@ class Emitter:
                               pad_right=pad_right, pad_value=pad_value, **flags))
 
     def store(self, sram_addr: int, sram_ld: int, *, slot: int, dram_offset: int, dram_ld: int,
-              rows: int, cols: int, mode: StoreMode = StoreMode.INT32, **flags: bool) -> int:
+              rows: int, cols: int, mode: StoreMode = StoreMode.INT32, dram_step: int = 1, **flags: bool) -> int:
         """Emit a STORE (see :class:`accel.hw.isa.Store`); returns its index."""
         return self.emit(Store(sram_addr=sram_addr, sram_ld=sram_ld, slot=slot,
                                dram_offset=dram_offset, dram_ld=dram_ld, rows=rows, cols=cols,
-                               mode=mode, **flags))
+                               dram_step=dram_step, mode=mode, **flags))
 
     def gemm(self, acc_addr: int, inp_addr: int, wgt_addr: int, acc_ld: int, inp_ld: int,
              wgt_ld: int, **fields: int) -> int:

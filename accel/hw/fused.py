@@ -67,9 +67,10 @@ Buffers = Sequence[Optional[np.ndarray]]
 _F32_EXACT_TERMS = 2**24 // 2**14
 
 
-def _block(addr: int, ld: int, rows: int, cols: int) -> np.ndarray:
-    """Element indices of a ``rows x cols`` block at ``addr`` with row stride ``ld``."""
-    return addr + _block_offsets(ld, rows, cols)
+def _block(addr: int, ld: int, rows: int, cols: int, step: int = 1) -> np.ndarray:
+    """Element indices of a ``rows x cols`` block at ``addr`` with row stride ``ld`` (and
+    element stride ``step``: a STORE's ``dram_step``)."""
+    return addr + _block_offsets(ld, rows, cols, step)
 
 
 def _steps(addr: int, ext_out: int, stride_out: int, ext_in: int, stride_in: int) -> np.ndarray:
@@ -84,8 +85,8 @@ def _vectors(addr: int, ext_out: int, stride_out: int, ext_in: int, stride_in: i
 
 # A stream repeats a few shapes thousands of times: their offsets are made once (read-only).
 @functools.lru_cache(maxsize=1024)
-def _block_offsets(ld: int, rows: int, cols: int) -> np.ndarray:
-    return _frozen(np.arange(rows)[:, None] * ld + np.arange(cols)[None, :])
+def _block_offsets(ld: int, rows: int, cols: int, step: int = 1) -> np.ndarray:
+    return _frozen(np.arange(rows)[:, None] * ld + np.arange(cols)[None, :] * step)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -213,7 +214,7 @@ class _Builder:
         return offsets
 
     def _host_range(self, ins) -> tuple[int, int]:
-        return ins.dram_offset, ins.dram_offset + (ins.rows - 1) * ins.dram_ld + ins.cols
+        return ins.dram_offset, ins.dram_offset + (ins.rows - 1) * ins.dram_ld + ins.dram_width
 
     def _load(self, ins: Load) -> bool:
         height = ins.pad_top + ins.rows + ins.pad_bottom
@@ -340,7 +341,8 @@ class _Builder:
             return True
         values = self.acc[_block(s.sram_addr, s.sram_ld, s.rows, s.cols).reshape(-1)]
         self.sealed[values] = True
-        self.stores.append((s.slot, s.mode, _block(s.dram_offset, s.dram_ld, s.rows, s.cols).reshape(-1), values))
+        self.stores.append((s.slot, s.mode, _block(s.dram_offset, s.dram_ld, s.rows, s.cols, s.dram_step).reshape(-1),
+                            values))
         self.stored.setdefault(s.slot, []).append(self._host_range(s))
         return True
 

@@ -14,7 +14,8 @@ arguments, in order. Instructions that share a runtime function differ in a fixe
   into a ``(pad_top+rows+pad_bottom) x (pad_left+cols+pad_right)`` block at
   ``sram_addr + r*sram_ld + c``, the border ``pad_value``;
 - ``accel.store``: :data:`STORE`, one per :class:`StoreMode` (``mode`` fixed): ``rows x
-  cols`` ACC elements to host memory, as int32, wrapped to int8, or saturated to int8;
+  cols`` ACC elements to host memory at ``elem_offset + r*dram_ld + c*dram_step`` (an element
+  stride for upsampled layouts), as int32, wrapped to int8, or saturated to int8;
 - ``accel.gemm``: :data:`GEMM` (``reset=0``) ``acc += inp @ wgt.T`` on ``tile x tile``
   tiles at ``X_addr + o*X_stride_out + i*X_stride_in`` (row stride ``X_ld``) for each step
   ``(o, i)`` of two loop levels, and :data:`GEMM_RESET` (``reset=1``) ``acc = 0`` there;
@@ -226,17 +227,22 @@ _NARROW = {StoreMode.INT32: ("int32", lambda v: v), StoreMode.WRAP: ("int8", lam
 def _store(mode: StoreMode) -> device.Instruction:
     dtype, narrow = _NARROW[mode]
 
+    # no two elements to one place: rows apart (dram_ld beyond a row's span), or interleaved
+    # (a column's span within dram_step: a transposing store); distinct_starts decides it exactly
     @device.instr("accel.store", memories=[ACC], fixed={"mode": int(mode), "deps": AUTO},
-                  requires=[(lambda rows, cols, dram_ld: rows <= 1 or dram_ld >= cols,
-                             "dram_ld {dram_ld} is smaller than cols {cols}: rows would overwrite each other")],
+                  requires=[(lambda dram_step: dram_step >= 1, "dram_step {dram_step} must be at least 1"),
+                            (lambda rows, cols, dram_ld, dram_step: not (rows and cols)
+                             or distinct_starts(rows, dram_ld, cols, dram_step),
+                             "dram_ld {dram_ld} and dram_step {dram_step} write two of the {rows} x {cols} elements "
+                             "to one place: they would overwrite each other")],
                   name=f"store_{mode.name.lower()}")
     def program(tile: int = TILE) -> tirx.PrimFunc:
         host, sram = _flat("host", dtype), _flat("sram_addr", "int32", ACC)
-        elem_offset, sram_ld, rows, cols, dram_ld, mode_, deps = _scalars(
-            "elem_offset sram_ld rows cols dram_ld mode deps")
-        body = _grid("r c", [rows, cols], lambda r, c: tirx.BufferStore(host, narrow(sram[r * sram_ld + c]),
-                                                                 [elem_offset + r * dram_ld + c]))
-        return tirx.PrimFunc([host, elem_offset, sram, sram_ld, rows, cols, dram_ld, mode_, deps], body)
+        elem_offset, sram_ld, rows, cols, dram_ld, dram_step, mode_, deps = _scalars(
+            "elem_offset sram_ld rows cols dram_ld dram_step mode deps")
+        body = _grid("r c", [rows, cols], lambda r, c: tirx.BufferStore(
+            host, narrow(sram[r * sram_ld + c]), [elem_offset + r * dram_ld + c * dram_step]))
+        return tirx.PrimFunc([host, elem_offset, sram, sram_ld, rows, cols, dram_ld, dram_step, mode_, deps], body)
 
     return program
 

@@ -189,10 +189,16 @@ class Load(Instruction):
     opcode: ClassVar[Opcode] = Opcode.LOAD
     _signed: ClassVar[frozenset[str]] = frozenset({"pad_value"})
 
+    @property
+    def dram_width(self) -> int:
+        """Host elements one row spans: ``cols`` (a LOAD reads each row contiguously)."""
+        return self.cols
+
 
 @dataclass(frozen=True, kw_only=True)
 class Store(Instruction):
-    """2-D strided DMA of ``rows x cols`` int32 ACC elements to host buffer ``slot``.
+    """2-D strided DMA of ``rows x cols`` int32 ACC elements to host buffer ``slot``, element
+    ``[r, c]`` to ``dram_offset + r*dram_ld + c*dram_step``.
 
     >>> Store(sram_addr=0, sram_ld=16, slot=0, dram_offset=0, dram_ld=16, rows=16, cols=16,
     ...       mode=StoreMode.SATURATE).mode.name
@@ -206,9 +212,19 @@ class Store(Instruction):
     dram_ld: int
     rows: int
     cols: int
+    dram_step: int = 1
     mode: StoreMode = StoreMode.INT32
 
     opcode: ClassVar[Opcode] = Opcode.STORE
+
+    @property
+    def dram_width(self) -> int:
+        """Host elements one row spans: its ``cols`` elements are ``dram_step`` apart.
+
+        >>> Store(sram_addr=0, sram_ld=16, slot=0, dram_offset=0, dram_ld=64, rows=4, cols=16, dram_step=2).dram_width
+        31
+        """
+        return (self.cols - 1) * self.dram_step + 1 if self.cols else 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -543,7 +559,8 @@ def disassemble(ins: Union[Instruction, Sequence[Instruction], bytes]) -> str:
         text = (f"LOAD {ins.mem.name}[{ins.sram_addr} ld={ins.sram_ld}] <- "
                 f"slot{ins.slot}[{ins.dram_offset} ld={ins.dram_ld}] {ins.rows}x{ins.cols}{pad}")
     elif op is Opcode.STORE:
-        text = (f"STORE slot{ins.slot}[{ins.dram_offset} ld={ins.dram_ld}] <- "
+        step = f" step={ins.dram_step}" if ins.dram_step != 1 else ""
+        text = (f"STORE slot{ins.slot}[{ins.dram_offset} ld={ins.dram_ld}{step}] <- "
                 f"ACC[{ins.sram_addr} ld={ins.sram_ld}] {ins.rows}x{ins.cols} {ins.mode.name}")
     elif op is Opcode.GEMM:
         body = (f"ACC[{ins.acc_addr} ld={ins.acc_ld}] = 0" if ins.reset else

@@ -172,8 +172,8 @@ class Session(device.Session):
         return _EMIT["load"](self, *_in_order("load", locals()))
 
     def store(self, host: HostBuffer, elem_offset: int, sram_addr: int, sram_ld: int, *,
-              rows: int, cols: int, dram_ld: int, mode: Union[StoreMode, int] = StoreMode.INT32,
-              deps: int = 0) -> int:
+              rows: int, cols: int, dram_ld: int, dram_step: int = 1,
+              mode: Union[StoreMode, int] = StoreMode.INT32, deps: int = 0) -> int:
         """Emit a STORE into ``host`` (see :class:`accel.hw.isa.Store`); returns the stream index."""
         self.claim()
         return _EMIT["store"](self, *_in_order("store", locals()))

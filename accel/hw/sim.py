@@ -176,7 +176,7 @@ class Simulator:
         return buf
 
     def _check_dram(self, index: int, ins: Instruction, buf: np.ndarray) -> None:
-        end = ins.dram_offset + (ins.rows - 1) * ins.dram_ld + ins.cols
+        end = ins.dram_offset + (ins.rows - 1) * ins.dram_ld + ins.dram_width
         if end > buf.size:
             raise DmaRangeError(index, ins, f"DRAM elements [{ins.dram_offset}, {end}) are "
                                             f"outside host buffer slot {ins.slot} of {buf.size} elements")
@@ -202,6 +202,8 @@ class Simulator:
             self._check_sram(index, ins, ins.mem, ins.sram_addr + (height - 1) * ins.sram_ld + width)
 
     def _check_store(self, index: int, ins: Store, buffers: Buffers) -> None:
+        if ins.dram_step < 1:
+            raise InstructionError(index, ins, f"dram_step {ins.dram_step} must be at least 1")
         if not (ins.rows and ins.cols):
             return
         buf = self._host(index, ins, buffers, STORE_HOST_DTYPE[ins.mode])
@@ -209,9 +211,10 @@ class Simulator:
             raise InstructionError(index, ins, f"host buffer slot {ins.slot} is read-only: "
                                                f"a STORE cannot write it")
         self._check_dram(index, ins, buf)
-        if ins.rows > 1 and ins.dram_ld < ins.cols:
-            raise InstructionError(index, ins, f"dram_ld {ins.dram_ld} is smaller than cols "
-                                               f"{ins.cols}: rows would overwrite each other")
+        if not distinct_starts(ins.rows, ins.dram_ld, ins.cols, ins.dram_step):
+            raise InstructionError(index, ins, f"dram_ld {ins.dram_ld} and dram_step {ins.dram_step} write two "
+                                               f"of the {ins.rows} x {ins.cols} elements to one place: they "
+                                               f"would overwrite each other")
         self._check_sram(index, ins, Mem.ACC, ins.sram_addr + (ins.rows - 1) * ins.sram_ld + ins.cols)
 
     def _misaligned(self, index: int, ins: Instruction, names: Sequence[str]) -> AlignmentError:
@@ -406,7 +409,7 @@ class Simulator:
             return None
         shape = (ins.rows, ins.cols)
         src = _view(self.acc, ins.sram_addr, shape, (ins.sram_ld, 1))
-        dst = _view(buffers[ins.slot], ins.dram_offset, shape, (ins.dram_ld, 1))
+        dst = _view(buffers[ins.slot], ins.dram_offset, shape, (ins.dram_ld, ins.dram_step))
         # int32 -> int8 casts keep the low byte: the wrap mode, and exact after clipping.
         if ins.mode is StoreMode.INT32:
             return partial(np.copyto, dst, src)
@@ -688,7 +691,7 @@ def _signature(stream: Sequence[Instruction]) -> dict[int, tuple[np.dtype, int, 
             dtype, written = LOAD_HOST_DTYPE[ins.mem], False
         else:
             dtype, written = STORE_HOST_DTYPE[ins.mode], True
-        end = ins.dram_offset + (ins.rows - 1) * ins.dram_ld + ins.cols
+        end = ins.dram_offset + (ins.rows - 1) * ins.dram_ld + ins.dram_width
         seen = out.get(slot)
         if seen is not None:
             end, written = max(end, seen[1]), written or seen[2]

@@ -54,7 +54,7 @@ def _span(addr: int, ld: int, rows: int, cols: int, loops=()) -> tuple[int, int]
 
 
 def _dram(ins, host) -> tuple[tuple, int, int]:
-    lo, hi = _span(ins.dram_offset, ins.dram_ld, ins.rows, ins.cols)
+    lo, hi = _span(ins.dram_offset, ins.dram_ld, ins.rows, ins.dram_width)
     if host is None:
         return ("dram", ins.slot), lo, hi
     return ("host",), *host(ins.slot, lo, hi)

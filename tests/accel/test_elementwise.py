@@ -1,12 +1,12 @@
 """Element-wise operations of two int8 tensors on accel (:mod:`accel.compiler.elementwise`):
 the add, subtract and multiply :mod:`tirpat.model.integerize` writes (rescaled operands,
 requantise), with operands of the output's shape, one value per row of the trailing
-dimensions (a squeeze-excitation's ``[1, C, 1, 1]``) or one value in all, built by
+dimensions (a squeeze-excitation's ``[1, C, 1, 1]``), one row repeated (a per-channel ``[C]``
+of a ``[1, L, C]`` tensor: a bias row) or one value in all, built by
 ``tp.build(..., "accel, llvm")`` bit-exact against ``tvm.compile(..., "llvm")`` of the same
 module over three calls (the third replays the simulator's batched plan); what stays on the
 host says why."""
 
-import warnings
 
 import numpy as np
 import pytest
@@ -17,7 +17,7 @@ from tvm import relax
 
 import tirpat as tp
 from tirpat.model.integerize.fixed_point import Requantize
-from tirpat.model.integerize.rules import emit_requantize
+from tirpat.model.integerize.rules import emit_requantize, emit_table
 from tirpat.testing.differential import assert_matches_llvm
 
 
@@ -155,13 +155,29 @@ def test_an_exact_rescale_rounds_half_to_even_on_accel(op):
     _on_accel(model)
 
 
-def test_an_operand_broadcast_along_a_leading_dimension_stays_on_the_host_and_says_why():
-    mod = chain_module("add", (1, 8, 4, 4), (1, 1, 4, 4), (0.5, 0.3))
+@pytest.mark.parametrize("shape_b", [(1, 8, 1, 4), (8, 1, 4)])
+def test_an_operand_no_row_layout_takes_stays_on_the_host_and_says_why(shape_b):
+    """``[1, 8, 1, 4]`` against ``[1, 8, 4, 4]`` varies along the channels and the columns but
+    not the rows of an image: no split into rows makes it one value per row or one row
+    repeated, which is all the ALU's two strides can broadcast."""
+    mod = chain_module("add", (1, 8, 4, 4), shape_b, (0.5, 0.3))
     with pytest.warns(tp.OffloadWarning, match="broadcast against"):
         model = tp.build(mod, "accel, llvm")
     assert not [p for p in model.report.partitions if p.pattern == "accel.elementwise"]
     reasons = " ".join(h.reason for h in model.report.on_host)
-    assert "the ALU broadcasts one value per row of the trailing dimensions" in reasons
+    assert "no split of its dimensions into rows" in reasons and "one row repeated" in reasons
+
+
+def test_operands_that_need_different_row_layouts_stay_on_the_host():
+    """``[1, 8, 4, 1]`` is one value per row of an ``[8, 4]`` grid of rows of 4; ``[1, 1, 4, 4]``
+    one row of 16 repeated for 8 rows: each alone is accel's, together no split into rows takes
+    both, and the chain runs on the CPU (llvm's result)."""
+    mod = chain_module("add", (1, 8, 4, 1), (1, 1, 4, 4), (0.5, 0.3))
+    with pytest.warns(tp.OffloadWarning, match="no split of its dimensions"):
+        model = tp.build(mod, "accel, llvm")
+    assert not [p for p in model.report.partitions if p.pattern == "accel.elementwise"]
+    for shapes in (((1, 8, 4, 4), (1, 8, 4, 1)), ((1, 8, 4, 4), (1, 1, 4, 4))):
+        _on_accel(_build_and_compare(chain_module("add", *shapes, (0.5, 0.3)), 1))
 
 
 def test_the_report_and_the_instructions():
@@ -253,14 +269,202 @@ def test_a_widened_input_shared_with_a_sum_is_widened_again_for_the_chain():
     assert not report["on_host"], report["on_host"]
 
 
-def test_a_chain_whose_rows_do_not_fit_acc_runs_on_the_host_and_says_why():
+def test_rows_too_long_for_acc_run_in_pieces_and_a_chain_no_tile_of_which_fits_stays_on_the_host():
     """One row of a per-channel chain (the trailing dimensions' 12,000 elements) needs more than
-    a 64 KiB ACC: the partition runs on the CPU, still llvm's result, and the report says why."""
+    a 64 KiB ACC: it runs in pieces of a row, still bit-exact; with an ACC of one tile the
+    chain's two values never fit, and the partition runs on the CPU (llvm's result), saying why."""
     mod = chain_module("multiply", (1, 2, 1, 12000), (1, 2, 1, 1), (0.01,))
+    model = _build_and_compare(mod, 2, "accel -acc_bytes=65536, llvm")
+    _on_accel(model)
+    # a row and its value take 12,256 of ACC's 16,384 elements, twice that with the loop's double
+    # buffers: one row at a time, in 2 pieces of 6,000 elements, each LOADed, widened, multiplied by
+    # its row's value (LOADed and widened again), requantised and STOREd
+    stats = model.stats["accel"]
+    assert stats.instructions["STORE"] == 4 and stats.instructions["DWMAC"] == 4 and stats.instructions["GEMM"] == 4
     with pytest.warns(tp.OffloadWarning, match="does not fit ACC"):
-        model = tp.build(mod, "accel -acc_bytes=65536, llvm")
-    vm = relax.VirtualMachine(tvm.compile(mod, "llvm"), tvm.cpu())
-    rng = np.random.default_rng(2)
-    args = [rng.integers(-128, 128, s, dtype=np.int8) for s in ((1, 2, 1, 12000), (1, 2, 1, 1))]
-    np.testing.assert_array_equal(model(*args), vm["main"](*[tvm.runtime.tensor(a) for a in args]).numpy())
+        model = assert_matches_llvm(mod, "accel -acc_bytes=1024, llvm", seed=2, quiet=False)
     assert "does not fit ACC" in model.report.text(verbose=True)
+
+
+def _broadcast_shape(out: tuple, split: int, kind: str, drop: int) -> tuple:
+    """An operand of ``kind`` against ``out`` split into rows at ``split``, with ``drop`` of its
+    leading 1s left off (Relax broadcasts right-aligned: ``[C]`` against ``[1, L, C]``)."""
+    shape = {"full": out, "row": out[:split] + (1,) * (len(out) - split),
+             "column": (1,) * split + out[split:], "scalar": (1,) * len(out)}[kind]
+    lead = next((i for i, d in enumerate(shape) if d != 1), len(shape))
+    return shape[min(drop, lead, len(shape) - 1):]
+
+
+_OUTS = st.sampled_from([(1, 40, 120), (1, 7, 33), (3, 40), (2, 5, 18), (1, 8, 4, 4), (1, 6, 1, 20), (4, 3, 2, 5),
+                         (1, 3, 700), (130,)])
+
+
+@settings(max_examples=16, deadline=None)
+@given(st.sampled_from(["add", "subtract", "multiply"]), _OUTS, st.data(),
+       st.sampled_from([("full", "column"), ("column", "full"), ("full", "row"), ("row", "column"),
+                        ("column", "scalar"), ("column", "column"), ("full", "scalar")]),
+       st.integers(0, 3), st.integers(-20, 20), st.integers(-20, 20), st.integers(-10, 10),
+       st.sampled_from([(-128, 127), (0, 127), (-90, 100)]), st.booleans(), st.integers(0, 1000))
+def test_operands_repeated_along_leading_dimensions_run_on_accel_bit_exact(op, out, data, kinds, drop, za, zb, zy,
+                                                                           bounds, small, seed):
+    """Every split of the result into rows, every pair of layouts (a whole tensor, one value per
+    row, one row repeated, one value), operands of fewer dimensions, scratchpads so small that
+    the rows run in blocks and pieces (and the rests of both; 8 ACC tiles: a chain's 4 values at
+    most, double-buffered): on accel, llvm's result over three calls. The result's shape must be one of the operands' broadcast (integerize's rules give it
+    one operand of that shape, these chains need not)."""
+    split = data.draw(st.integers(0, len(out)))
+    shapes = [_broadcast_shape(out, split, k, drop) for k in kinds]
+    got = tuple(max(a, b) for a, b in zip(*(((1,) * (len(out) - len(s)) + s) for s in shapes)))
+    assume(got == tuple(out))
+    mod = chain_module(op, *shapes, (0.37, 0.81) if op != "multiply" else (0.004,), za, zb, zy, bounds)
+    _on_accel(_build_and_compare(mod, seed, "accel -acc_bytes=8192 -inp_bytes=1024, llvm" if small else "accel, llvm"))
+
+
+@settings(max_examples=10, deadline=None)
+@given(_OUTS, st.data(), st.sampled_from(["add", "multiply"]), st.integers(0, 1000))
+def test_any_broadcast_is_llvm_s_result_on_accel_or_on_the_host_with_the_reason(out, data, op, seed):
+    """An operand broadcast along any set of the result's dimensions: on accel when some split
+    into rows takes it (a value per row, a row), else on the CPU saying why; llvm's result either way."""
+    keep = data.draw(st.lists(st.booleans(), min_size=len(out), max_size=len(out)))
+    other = tuple(d if k else 1 for d, k in zip(out, keep))
+    mod = chain_module(op, out, other, (0.5, 0.25) if op == "add" else (0.01,))
+    model = _build_and_compare(mod, seed)
+    live = [i for i, d in enumerate(out) if d != 1]
+    varying = [keep[i] for i in live]
+    # a layout exists iff the operand's live dimensions are "varying, then broadcast" or "broadcast,
+    # then varying" (one switch at most), or everything is one kind
+    switches = sum(a != b for a, b in zip(varying, varying[1:]))
+    if switches <= 1:
+        _on_accel(model)
+    else:
+        assert not [p for p in model.report.partitions if p.pattern == "accel.elementwise"]
+        assert "no split of its dimensions into rows" in " ".join(h.reason for h in model.report.on_host)
+
+
+def test_a_per_channel_row_of_a_sequence_is_widened_once_and_broadcast_by_the_alu():
+    """``[1, 40, 120] * [120]`` (a LayerNorm's gamma after integerize): 40 rows of 120 (128
+    padded) elements, the ``[120]`` one row widened by DWMAC and read by the ALU with a source
+    stride of 0 between rows: no GEMM, no host step."""
+    model = _build_and_compare(chain_module("multiply", (1, 40, 120), (120,), (0.004,)), 4)
+    _on_accel(model)
+    stats = model.stats["accel"]
+    # 3 weight LOADs (padding), 2 zeroings, 2 operands; DWMAC widenings: 40 x 128 = 20 tiles, the row 1 tile
+    assert stats.instructions["LOAD"] == 7 and stats.instructions["DWMAC"] == 2 and stats.instructions["GEMM"] == 0
+    assert stats.instructions["ALU"] == 4       # the product, then MUL, ADD, SHR of the requantise
+    assert stats.macs == 21 * 16**2
+    # the row read from DRAM once, not once per row; every ALU step walks 40 rows of 8 vectors
+    assert stats.bytes["dram_to_sram"] == 40 * 120 + 120 and stats.bytes["sram_to_dram"] == 40 * 120
+    assert stats.busy["alu"] == 4 * (40 * 8 + 4)      # 4 cycles of issue each
+
+
+def test_a_bias_row_is_widened_once_for_all_blocks_of_rows():
+    """``[1, 3, 700] + [700]`` with scratchpads of 4 ACC and 4 INP tiles: one row at a time, in 3
+    pieces of 240 elements; each piece of the bias row is LOADed, widened and rescaled once, before
+    the blocks of rows that read it (not once per row)."""
+    model = _build_and_compare(chain_module("add", (1, 3, 700), (700,), (0.3, 0.6)), 0,
+                               "accel -acc_bytes=4096 -inp_bytes=1024, llvm")
+    _on_accel(model)
+    stats = model.stats["accel"]
+    assert stats.instructions["STORE"] == 9 and stats.instructions["DWMAC"] == 9 + 3
+    assert stats.bytes["dram_to_sram"] == 3 * 700 + 700
+
+
+@pytest.mark.parametrize("op", ["Add", "Mul"])
+def test_qdq_per_channel_constant_of_a_sequence_runs_on_accel(op):
+    """A QDQ model: ``x [1, L, C]`` Add (or Mul) a quantised per-channel constant ``[C]`` (a
+    transformer's bias or LayerNorm gamma), then an Add of two such results: every element-wise
+    operation on accel, bit for bit llvm's result of the integerised module."""
+    pytest.importorskip("onnx")
+    from onnx import TensorProto, helper, numpy_helper
+    from tvm.relax.frontend.onnx import from_onnx
+
+    rng = np.random.default_rng(7)
+    shape, C = (1, 24, 40), 40
+    const = lambda v, n: numpy_helper.from_array(np.asarray(v), n)  # noqa: E731
+
+    def qdq(name, out, s, z):
+        return ([helper.make_node("QuantizeLinear", [name, f"{out}_s", f"{out}_z"], [f"{out}_q"]),
+                 helper.make_node("DequantizeLinear", [f"{out}_q", f"{out}_s", f"{out}_z"], [out])],
+                [const(np.float32(s), f"{out}_s"), const(np.int8(z), f"{out}_z")])
+
+    nodes, inits = [], []
+    for part in (qdq("x", "xd", 0.03, 3),
+                 ([helper.make_node("DequantizeLinear", ["g_q", "g_s", "g_z"], ["g"]),
+                   helper.make_node(op, ["xd", "g"], ["a"])],
+                  [const(rng.integers(-127, 128, C).astype(np.int8), "g_q"), const(np.float32(0.01), "g_s"),
+                   const(np.int8(0), "g_z")]),
+                 qdq("a", "ad", 0.02, -4),
+                 ([helper.make_node("Add", ["ad", "xd"], ["r"])], []),
+                 qdq("r", "y", 0.05, 1)):
+        nodes, inits = nodes + part[0], inits + part[1]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)], inits)
+    mod = from_onnx(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), keep_params_in_input=False)
+    x = rng.normal(0, 1, shape).astype(np.float32)
+    model = assert_matches_llvm(mod, "accel, llvm", inputs=[x], reference=tp.integerize()(mod))
+    report = model.report.to_json()
+    elementwise = [p for p in report["partitions"] if p["pattern"] == "accel.elementwise"]
+    assert len(elementwise) == 2 and all(p["rules"].get("accel.elementwise") for p in elementwise), \
+        report["partitions"]
+    host = {h["op"] for h in report["on_host"]}
+    assert not {"relax.add", "relax.multiply", "relax.right_shift", "relax.astype", "relax.clip"} & host, \
+        report["on_host"]
+
+
+def table_module(shape, table: np.ndarray, chain: tuple | None = None) -> tvm.IRModule:
+    """``main(a[, b])``: integerize's table activation ``take(table, astype(x, int32) + 128)`` of
+    the int8 ``a`` itself, or (``chain``: ``(shape_b, reals, za, zb, zy, bounds)``) of the
+    requantised sum of ``a`` and ``b``."""
+    bb = relax.BlockBuilder()
+    a = relax.Var("a", relax.TensorType(shape, "int8"))
+    params = [a] if chain is None else [a, relax.Var("b", relax.TensorType(chain[0], "int8"))]
+    with bb.function("main", params):
+        with bb.dataflow():
+            x = a
+            if chain is not None:
+                _, reals, za, zb, zy, bounds = chain
+                rq = Requantize.choose(list(reals), [128, 128], *bounds, [za, zb], zy)
+                x = emit_requantize([relax.op.astype(p, "int32") for p in params], rq)
+            out = bb.emit_output(emit_table(x, table))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+@settings(max_examples=8, deadline=None)
+@given(st.sampled_from([(1, 8, 40, 15), (1, 40, 240), (1, 96, 1, 1), (7, 33)]), st.booleans(),
+       st.sampled_from(["full", "column", "row"]), st.integers(-20, 20), st.sampled_from([(-128, 127), (-60, 90)]),
+       st.integers(0, 2**16))
+def test_a_table_activation_alone_or_after_the_chain_runs_on_lut_bit_exact(shape, after_chain, kind, zy, bounds, seed):
+    """A table lookup of an int8 tensor (a sigmoid or GELU integerize tabulated after a reshape),
+    or at the end of a requantised add (a bias row, a per-channel value, a whole tensor): one
+    LUT per block of rows on the chain's result, the table LOADed into WGT once, no host step."""
+    table = np.random.default_rng(seed).integers(-128, 128, 256).astype(np.int8)
+    split = len(shape) - 1
+    other = {"full": shape, "column": shape[split:], "row": shape[:split] + (1,)}[kind]
+    chain = (other, (0.4, 0.7), 3, -5, zy, bounds) if after_chain else None
+    model = _build_and_compare(table_module(shape, table, chain), seed)
+    report = model.report.to_json()
+    parts = [p for p in report["partitions"] if p["pattern"] == "accel.elementwise"]
+    assert len(parts) == 1 and parts[0]["rules"].get("accel.elementwise") and not report["on_host"], report
+    assert parts[0]["epilogue"][-1] == "table lookup" and ("add" in parts[0]["epilogue"]) == after_chain
+    stats = model.stats["accel"]
+    assert stats.instructions["LUT"] >= 1 and (stats.instructions["ALU"] >= 1) == after_chain
+    # the table's 256 bytes come from DRAM once (with the operands'), beside the operands
+    operands = int(np.prod(shape)) + (int(np.prod(other)) if after_chain else 0)
+    assert stats.bytes["dram_to_sram"] == operands + 256
+
+
+@pytest.mark.parametrize("table, offset, why", [(np.arange(256, dtype=np.int32), 128, "not 256 int8 entries"),
+                                                (np.arange(128, dtype=np.int8), 0, "not 256 int8 entries"),
+                                                (np.arange(-128, 128).astype(np.int8), 127, "not x \\+ 128")])
+def test_a_take_the_lut_does_not_compute_stays_on_the_host_and_says_why(table, offset, why):
+    bb = relax.BlockBuilder()
+    a = relax.Var("a", relax.TensorType((1, 4, 16), "int8"))
+    with bb.function("main", [a]):
+        with bb.dataflow():
+            index = relax.op.add(relax.op.astype(a, "int32"), relax.const(offset, "int32"))
+            out = bb.emit_output(relax.op.take(relax.const(table), index, axis=0, mode="clip"))
+        bb.emit_func_output(out)
+    with pytest.warns(tp.OffloadWarning, match=why):
+        model = assert_matches_llvm(bb.get(), "accel, llvm", quiet=False)
+    assert not [p for p in model.report.partitions if p.pattern == "accel.elementwise"]

@@ -87,16 +87,17 @@ def test_a_clip_whose_lower_end_the_simplifier_drops_is_taken_too():
     _assert_on_accel_bit_exact(_model("conv2d", 6, 16, 3, table, 23, True, 0, clamp=(21276, 50469)))
 
 
-def test_a_table_after_a_wrapping_cast_stays_on_the_host_with_the_reason():
-    # without a clip the int8 cast wraps, and accel's LUT clamps its index: not the same
+def test_a_table_after_a_wrapping_cast_is_a_lookup_of_its_own():
+    # without a clip the int8 cast wraps, and accel's LUT clamps its index: not the same, so the
+    # matmul's epilogue stops at the cast; the lookup of the wrapped int8 values is an element-wise
+    # partition of its own (a LUT of an int8 tensor), still llvm's result
     mod = _model("matmul", 16, 16, 32, np.arange(256).astype(np.uint8).astype(np.int8), 2, False, 0, clip=None)
     model = assert_matches_llvm(mod, "accel, llvm", seed=1)
     report = model.report.to_json()
-    part = report["partitions"][0]
-    assert part["backend"] == "accel" and "relax.take" not in part["ops"], part
-    assert model.stats["accel"].instructions["LUT"] == 0
-    why = {h["op"]: h["reason"] for h in report["on_host"]}
-    assert "a table lookup after a cast to int8 that wraps" in why["relax.take"], report["on_host"]
+    matmul, lookup = report["partitions"]
+    assert matmul["pattern"] == "accel.matmul" and "relax.take" not in matmul["ops"], matmul
+    assert lookup["pattern"] == "accel.elementwise" and lookup["epilogue"] == ["table lookup"], lookup
+    assert not report["on_host"] and model.stats["accel"].instructions["LUT"] == 1, report["on_host"]
 
 
 @settings(max_examples=3, deadline=None)

@@ -36,7 +36,7 @@ def gemm64(A: T.Buffer((64, 64), "int8"), B: T.Buffer((64, 64), "int8"),
             T.call_packed("accel.dep_pop", 1, 0)
         T.call_packed("accel.dep_push", 1, 2)
         T.call_packed("accel.dep_pop", 1, 2)
-        T.call_packed("accel.store", C, i0 * 1024 + j0 * 16, 0, 16, 16, 16, 64, 0, 0)
+        T.call_packed("accel.store", C, i0 * 1024 + j0 * 16, 0, 16, 16, 16, 64, 1, 0, 0)
         T.call_packed("accel.dep_push", 2, 1)
         T.call_packed("accel.dep_pop", 2, 1)
     T.call_packed("accel.sync")
@@ -58,7 +58,7 @@ def copy_then_fail(A: T.Buffer((256,), "int32"), C: T.Buffer((256,), "int32"), o
     for i in range(256):
         tmp[i] = A[i] + 1
     T.call_packed("accel.load", tmp, 0, 3, 0, 16, 16, 16, 16, 0, 0, 0, 0, 0, -1)
-    T.call_packed("accel.store", C, 0, 0, 16, 16, 16, 16, 0, -1)
+    T.call_packed("accel.store", C, 0, 0, 16, 16, 16, 16, 1, 0, -1)
     T.call_packed("accel.load", A, offset, 3, 256, 16, 16, 16, 16, 0, 0, 0, 0, 0, -1)
     T.call_packed("accel.sync")
 
@@ -201,7 +201,7 @@ def test_isa_md_lists_the_abi_as_declared():
 
 def test_a_call_with_the_wrong_number_of_arguments_is_a_clear_error():
     with accel.Session():
-        with pytest.raises(TypeError, match=r"accel.store takes 9 arguments \(host, elem_offset, .*\), got 2"):
+        with pytest.raises(TypeError, match=r"accel.store takes 10 arguments \(host, elem_offset, .*\), got 2"):
             device.invoke(runtime.RUNTIME.functions["store"], np.zeros(4, np.int32), 0)
 
 

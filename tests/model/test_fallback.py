@@ -87,6 +87,33 @@ def test_a_fallen_back_partition_computes_what_the_model_computes(monkeypatch):
             np.testing.assert_array_equal(got, want)
 
 
+def test_a_partition_scheduled_into_device_calls_falls_back_to_its_unscheduled_function(monkeypatch):
+    """accel's element-wise core emits accel's calls in its schedule: when its planner then
+    refuses the partition, the host runs the partition's own TIR (not those calls), bit-exact."""
+    import sys
+    from pathlib import Path
+
+    from accel.compiler.planner import AccelPlanner
+    from tirpat.device import PlanError
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "accel"))
+    from test_elementwise import chain_module
+
+    def refuse(self, stmts, func_name):
+        raise PlanError(f"{func_name}: refused by the test")
+
+    monkeypatch.setattr(AccelPlanner, "check_sequence", refuse)
+    mod = chain_module("add", (1, 8, 5, 5), (1, 8, 5, 5), (0.5, 0.25))
+    with pytest.warns(tp.OffloadWarning, match=r"\(accel.elementwise\) ran on the host: accel could not lower it "
+                      r"\(its TIR passes or rules raised PlanError: .*refused by the test"):
+        model = tp.build(mod, "accel, llvm")
+    (part,) = model.report.partitions
+    assert part.fallback.startswith("accel could not lower it") and model.backends == []
+    for seed in range(3):
+        args = random_inputs(mod, np.random.default_rng(seed))
+        np.testing.assert_array_equal(model(*args), reference(mod, args))
+
+
 def test_a_schedule_that_raises_leaves_its_partition_on_the_host(monkeypatch):
     from tvm.relax.dpl import is_op, wildcard
 

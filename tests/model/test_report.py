@@ -24,7 +24,8 @@ CONVS, C, HW = 40, 8, 8
 
 def deep(seed: int = 0):
     """40 3x3 convolutions with ReLU (a Sigmoid after every tenth), a depthwise convolution, a
-    ConvTranspose that doubles the image, a 1x1 convolution and a MatMul."""
+    grouped ConvTranspose that doubles the image (integerize declines groups: it stays on the
+    host), a 1x1 convolution and a MatMul."""
     rng = np.random.default_rng(seed)
     inits, nodes, x = {}, [], "x"
     for n in range(CONVS):
@@ -37,11 +38,11 @@ def deep(seed: int = 0):
             nodes.append(helper.make_node("Sigmoid", [x], [f"s{n}"]))
             x = f"s{n}"
     inits["dw"] = rng.normal(0, 0.3, (C, 1, 3, 3))
-    inits["tw"] = rng.normal(0, 0.3, (C, 4, 2, 2))
+    inits["tw"] = rng.normal(0, 0.3, (C, 2, 2, 2))
     inits["pw"] = rng.normal(0, 0.3, (2, 4, 1, 1))
     inits["mw"] = rng.normal(0, 0.3, (2 * HW, 5))
     nodes += [helper.make_node("Conv", [x, "dw"], ["d"], kernel_shape=[3, 3], pads=[1] * 4, group=C),
-              helper.make_node("ConvTranspose", ["d", "tw"], ["t"], kernel_shape=[2, 2], strides=[2, 2]),
+              helper.make_node("ConvTranspose", ["d", "tw"], ["t"], kernel_shape=[2, 2], strides=[2, 2], group=2),
               helper.make_node("Conv", ["t", "pw"], ["p"], kernel_shape=[1, 1]),
               helper.make_node("MatMul", ["p", "mw"], ["y"])]
     graph = helper.make_graph(nodes, "deep", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, C, HW, HW])],
@@ -112,7 +113,8 @@ def test_the_summary_fits_a_screen_and_counts_every_mac(built):
         assert f"{h.var} = {h.op.split('.')[-1]}, {h.macs:,} MACs" in text, text
     # few operators left on the host: each on its line, with its reason
     assert f"on host: {report.macs['host']:,} (" in text
-    assert f"= conv2d_transpose, {C * HW * HW * 4 * 2 * 2:,} MACs: no backend of the target takes relax.nn.conv2d_transpose" in text
+    assert f"= conv2d_transpose, {C * HW * HW * 2 * 2 * 2:,} MACs: accel: a float32 ConvTranspose: " in text
+    assert "this is a grouped ConvTranspose (groups = 2)" in text
 
 
 def test_verbose_and_json_list_every_operator(built):

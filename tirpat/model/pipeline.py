@@ -48,6 +48,7 @@ from .partition import (BACKEND_ATTR, OPTIONS_ATTR, PARTITION_ATTR, PartitionOri
                         options_text, origin_of, tagged)
 from .prepack import split_layout_stages
 from .report import SCHEDULE_NOTES
+from ..tir.lowering import lower_blocks
 from ..tir.pipeline import registered, tir_pipeline
 
 __all__ = ["relax_pipeline", "lower_partitions", "partition_functions", "schedule_for", "with_records", "TIR_PIPELINE",
@@ -257,6 +258,19 @@ def schedule_for(func: tirx.PrimFunc, backend: str, opts: dict, function: str, r
             raise
         _fell_back(record, function, backend, "its schedule", err)
         return None
+    if _calls_device(scheduled):
+        # A schedule that already emits the device's calls leaves nothing the CPU could run if
+        # the TIR stages later refuse it (the dispatch's fallback lowers the scheduled PrimFunc
+        # for the host): those stages are tried now, on a copy, while the unscheduled PrimFunc
+        # can still take the partition's place.
+        try:
+            _lowered_by(backend, options_text(opts), ir.GlobalVar(function),
+                        _single_primfunc(lower_blocks()(ir.IRModule({function: scheduled})), backend))
+        except Exception as err:  # noqa: BLE001 - as above
+            if record is not None and not record.fall_back:
+                raise
+            _fell_back(record, function, backend, "its TIR passes or rules", err)
+            return None
     if func.attrs is None or "global_symbol" not in func.attrs:
         scheduled = scheduled.without_attr("global_symbol")
     scheduled = (scheduled.with_attr(BACKEND_ATTR, backend).with_attr(OPTIONS_ATTR, options_text(opts))
@@ -428,18 +442,15 @@ def _dispatch_one(gv: ir.GlobalVar, func: tirx.PrimFunc, record: Record | None) 
     origin = origin_of(func)
     partition = gv.name_hint if origin is None else origin.name    # hand-written code: its own name
     backend = str(func.attrs[BACKEND_ATTR])
-    before, rw, after = _stages(backend, str(func.attrs.get(OPTIONS_ATTR, "{}")))
     try:
-        sub = tvm.transform.Sequential(before)(ir.IRModule({gv: func}))
-        counts = {}
-        if rw is not None:
-            sub, report = rw.rewrite(sub)
-            counts = dict(report.counts)
-        sub = tvm.transform.Sequential(after)(sub)
-        done = sub[gv]
+        done, counts = _lowered_by(backend, str(func.attrs.get(OPTIONS_ATTR, "{}")), gv, func)
     except Exception as err:  # noqa: BLE001 - the partition runs on the host; the report says why
         if record is not None and not record.fall_back:
             raise
+        if _calls_device(func):     # schedule_for tried these stages: only a TVM pass between can differ
+            raise RuntimeError(f"{partition}: {backend} could not lower it ({type(err).__name__}: "
+                               f"{str(err).strip()}) and its schedule emits {backend}'s calls, which the "
+                               "host cannot run") from err
         # the scheduled PrimFunc computes what the partition computes (a schedule only
         # reorders it; its scratchpad buffers are local memory to the CPU): TVM lowers it
         _fell_back(record, partition, backend, "its TIR passes or rules", err)
@@ -451,6 +462,25 @@ def _dispatch_one(gv: ir.GlobalVar, func: tirx.PrimFunc, record: Record | None) 
     if record is not None:
         record.rules[partition] = counts
     return done.with_body(tirx.SeqStmt([marker, done.body]))
+
+
+def _lowered_by(backend: str, opts_text: str, gv: ir.GlobalVar, func: tirx.PrimFunc) -> tuple:
+    """``func`` (lowered blocks) through ``backend``'s TIR phases and rules, alone in a module:
+    the result and ``{rule: sites}``."""
+    before, rw, after = _stages(backend, opts_text)
+    sub = tvm.transform.Sequential(before)(ir.IRModule({gv: func}))
+    counts = {}
+    if rw is not None:
+        sub, report = rw.rewrite(sub)
+        counts = dict(report.counts)
+    sub = tvm.transform.Sequential(after)(sub)
+    return sub[gv], counts
+
+
+def _calls_device(func: tirx.PrimFunc) -> bool:
+    """Whether ``func`` calls a device runtime's functions (:func:`tirpat.device.runtimes`)."""
+    known = device.runtimes()
+    return any(prefix in known for prefix in _runtime_prefixes(func).split(",") if prefix)
 
 
 def _fell_back(record, function: str, backend: str, stage: str, err: Exception) -> None:

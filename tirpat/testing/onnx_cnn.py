@@ -20,7 +20,7 @@ from typing import Callable
 
 import numpy as np
 
-__all__ = ["MODELS", "conv_relu", "strided", "residual", "calibration", "input_shape", "output_scale"]
+__all__ = ["MODELS", "conv_relu", "strided", "residual", "upsampling", "calibration", "input_shape", "output_scale"]
 
 INPUT_SHAPE = (1, 3, 16, 16)
 CLASSES = 10
@@ -74,20 +74,33 @@ class _Builder:
     def flatten(self, x: str) -> str:
         return self._node("Flatten", [x])
 
+    def conv_transpose(self, x: str, cin: int, cout: int, k: int = 2) -> str:
+        """A ConvTranspose with stride = kernel ``k`` (each output pixel from one tap), with a bias."""
+        w = self.rng.normal(0, np.sqrt(2 / cin), (cin, cout, k, k))
+        b = self.rng.normal(0, 0.1, cout)
+        return self._node("ConvTranspose", [x, self._init("w", w), self._init("b", b)], kernel_shape=[k, k],
+                          strides=[k, k])
+
+    def resize(self, x: str, scale: int = 2) -> str:
+        """A nearest Resize by ``scale`` along H and W (asymmetric coordinates, floor: a detector's FPN)."""
+        return self._node("Resize", [x, "", self._init("scales", np.array([1, 1, scale, scale]))], mode="nearest",
+                          coordinate_transformation_mode="asymmetric", nearest_mode="floor")
+
     def gemm(self, x: str, cin: int, cout: int) -> str:
         w = self.rng.normal(0, np.sqrt(1 / cin), (cout, cin))
         b = self.rng.normal(0, 0.1, cout)
         return self._node("Gemm", [x, self._init("w", w), self._init("b", b)], transB=1)
 
-    def model(self, name: str, shape: tuple, out_features: int):
+    def model(self, name: str, shape: tuple, out_features: int | tuple):
+        """The model; ``out_features``: the output's features, or its whole shape (a tuple)."""
         from onnx import TensorProto
 
         h = self.helper
         # stable names: the input is "x", the last node's output "y"
         self.nodes[-1].output[0] = "y"
+        out = list(out_features) if isinstance(out_features, tuple) else [shape[0], out_features]
         graph = h.make_graph(self.nodes, name, [h.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))],
-                             [h.make_tensor_value_info("y", TensorProto.FLOAT, [shape[0], out_features])],
-                             self.initialisers)
+                             [h.make_tensor_value_info("y", TensorProto.FLOAT, out)], self.initialisers)
         return h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], producer_name="tirpat.testing")
 
 
@@ -119,6 +132,21 @@ def residual(seed: int = 0, channels: int = 16):
     block = g.relu(g.add(branch, stem))
     g.gemm(g.flatten(g.global_avg_pool(g.avg_pool(block))), channels, CLASSES)
     return g.model("residual", INPUT_SHAPE, CLASSES)
+
+
+def upsampling(seed: int = 0, channels: int = 8):
+    """A detector's upsampling path: a stride-2 convolution with ReLU, a nearest 2x Resize, a
+    convolution with ReLU, a ConvTranspose with kernel = stride = 2 (16 -> 8 -> 16 -> 32 pixels).
+
+    >>> sorted({n.op_type for n in upsampling().graph.node})
+    ['Conv', 'ConvTranspose', 'Relu', 'Resize']
+    """
+    g = _Builder(seed)
+    c = g.relu(g.conv("x", 3, channels, stride=2))
+    c = g.relu(g.conv(g.resize(c), channels, channels))
+    g.conv_transpose(c, channels, channels // 2)
+    h, w = INPUT_SHAPE[2:]
+    return g.model("upsampling", INPUT_SHAPE, (1, channels // 2, 2 * h, 2 * w))
 
 
 #: The models by name.

@@ -6,6 +6,9 @@ Each rule is a ``tvm.relax.dpl`` pattern around one float operator that sits bet
 ========================  ==================================================================
 float (QDQ)               integer
 ========================  ==================================================================
+ConvTranspose, stride =   a 1x1 conv2d to one channel per output channel and kernel tap,
+kernel (+bias)            as conv2d below, then a pixel shuffle of the int8 result
+                          (reshape, permute_dims, reshape)
 conv2d / matmul (+bias)   int8 x int8 -> int32, int32 bias add (the input's zero point's
                           term folded in; a padded conv pads with that zero point first),
                           requantise epilogue
@@ -63,7 +66,7 @@ from .fixed_point import INT32_MAX, Requantize
 
 __all__ = ["Declined", "Rule", "all_rules", "rewrite_sites", "emit_requantize", "requantize_pattern", "clip_fold_rule",
            "dequantized_matmul_rule", "emit_table", "quantized_table", "dims_of", "same_dims", "prim_number",
-           "COMMUTING_OPS", "MAXIMA", "moves_elements"]
+           "COMMUTING_OPS", "MAXIMA", "moves_elements", "conv_transpose_declines"]
 
 INT8_MIN, INT8_MAX = -128, 127
 #: |x| <= 128 for any int8 x: the bound used for an activation whose producer is unknown.
@@ -555,7 +558,7 @@ def _bias(m: Match, g: _Gemm, acc_scale: np.ndarray, channels: int, out_ndim: in
 
 def _finish_gemm(m: Match, g: _Gemm, acc: relax.Expr, w: np.ndarray, w_scale: np.ndarray,
                  w_channel_axis: int, out_axis: int, window_sums: Callable[[], relax.Expr],
-                 precise: bool, out_dims: tuple | None = None) -> relax.Expr:
+                 precise: bool, out_dims: tuple | None = None, taps: int = 1) -> relax.Expr:
     """Bias, bounds and requantise shared by conv2d and matmul.
 
     The zero points join the bias: over a window of ``K`` products,
@@ -566,7 +569,9 @@ def _finish_gemm(m: Match, g: _Gemm, acc: relax.Expr, w: np.ndarray, w_scale: np
     it finds in ``Constant`` nodes as uint8 activations) also needs ``sum x`` per window:
     ``window_sums()`` gives it, added as ``- z_w * sum x`` (a reduction ``1 / C_out`` the
     size of the operator's own). ``out_dims``: ``acc``'s dimensions where they are not the
-    float operator's (a matmul computed on its input flattened to 2-D)."""
+    float operator's (a matmul computed on its input flattened to 2-D). ``taps``: ``acc``'s
+    channels per channel of the float operator's bias (a ConvTranspose computed as one
+    column per output channel and kernel tap)."""
     (sx, zx), (sy, zy) = g.x.activation(m), g.q.activation(m)
     out_dims = dims_of(m[g.op]) if out_dims is None else out_dims
     zw = _weight_zero_point(m[g.w.zero_point])
@@ -576,7 +581,9 @@ def _finish_gemm(m: Match, g: _Gemm, acc: relax.Expr, w: np.ndarray, w_scale: np
     out_ndim = len(out_dims)
     out_axis %= out_ndim
     acc_scale = np.float32(sx) * w_scale.astype(np.float32)       # what onnxruntime computes
-    bias = _bias(m, g, acc_scale, channels, out_ndim, out_axis)
+    bias = _bias(m, g, acc_scale if acc_scale.size == 1 else acc_scale[::taps], channels // taps, out_ndim, out_axis)
+    if bias is not None and taps > 1:
+        bias = np.repeat(np.broadcast_to(bias, (channels // taps,)), taps)
     per_channel = np.moveaxis(w.astype(np.int64), w_channel_axis, 0).reshape(channels, -1)
     window = per_channel.shape[1]
     if zx:
@@ -673,6 +680,70 @@ def _conv_rule(precise: bool) -> Rule:
         return _finish_gemm(m, g, acc, w, w_scale, w_axis, out_axis, window_sums, precise)
 
     return Rule("conv2d", g.q.pattern, build)
+
+
+def conv_transpose_declines(call: relax.Call) -> str | None:
+    """None when the ``conv2d_transpose`` ``call`` gives each output pixel exactly one kernel
+    tap (stride = kernel, no padding, output padding or dilation, one group, NCHW/IOHW), so
+    that it is one matrix product per input pixel and a pixel shuffle; else why not.
+
+    >>> x = relax.Var("x", relax.TensorType((1, 4, 8, 8), "float32"))
+    >>> w = relax.Var("w", relax.TensorType((4, 2, 3, 3), "float32"))
+    >>> conv_transpose_declines(relax.op.nn.conv2d_transpose(x, w, strides=2))
+    'a ConvTranspose with stride (2, 2) and kernel (3, 3): overlapping taps (stride = kernel, no padding, is a pixel shuffle)'
+    """
+    attrs = call.attrs
+    layouts = (str(attrs.data_layout), str(attrs.kernel_layout), str(attrs.out_layout))
+    if layouts != ("NCHW", "IOHW", "NCHW"):
+        return f"a ConvTranspose in layouts {'/'.join(layouts)} (the integer form is NCHW/IOHW)"
+    if int(attrs.groups) != 1:
+        return f"a grouped ConvTranspose (groups = {int(attrs.groups)})"
+    kernel = tuple(int(d) for d in dims_of(call.args[1])[2:])
+    strides = tuple(int(s) for s in attrs.strides)
+    if any(int(d) != 1 for d in attrs.dilation):
+        return "a dilated ConvTranspose"
+    if strides != kernel:
+        return (f"a ConvTranspose with stride {strides} and kernel {kernel}: overlapping taps (stride = kernel, "
+                "no padding, is a pixel shuffle)")
+    if any(int(p) for p in attrs.padding) or any(int(p) for p in attrs.output_padding):
+        return "a ConvTranspose with padding or output padding (it crops or extends the pixel shuffle)"
+    return None
+
+
+def _conv_transpose_rule(precise: bool) -> Rule:
+    """``q(conv2d_transpose(dq(x), dq(w)) [+ bias])`` with stride = kernel ``k``: each output
+    pixel gets one tap, so it is a 1x1 convolution to ``C_out * kh * kw`` channels (the taps
+    as channels ``(co, i, j)``; int8 x int8 -> int32, zero points, bias and requantise as for a
+    conv2d) and a pixel shuffle of the int8 result (``reshape``, ``permute_dims``,
+    ``reshape``: channel ``(co, i, j)`` at pixel ``(y, x)`` to ``(co, y*kh + i, x*kw + j)``)."""
+    g = _Gemm("relax.nn.conv2d_transpose", transposed_weight=False)
+
+    def build(m: Match) -> relax.Expr:
+        call = m[g.op]
+        why = conv_transpose_declines(call)
+        if why is not None:
+            raise Declined(why)
+        w = _values(m[g.w.x])
+        if w.dtype != np.int8:
+            raise Declined(f"a {w.dtype} weight (the integer form is int8 x int8)")
+        cin, cout, kh, kw = w.shape
+        taps = kh * kw
+        w_scale = _per_channel_axis(m, g.w, 1, w.ndim, "weight")
+        rows = np.ascontiguousarray(np.transpose(w, (1, 2, 3, 0))).reshape(cout * taps, cin, 1, 1)
+        x = m[g.x.x]
+        n, _, h, wd = dims_of(x)
+        acc = relax.op.nn.conv2d(x, _const(rows, "int8"), out_dtype="int32")
+
+        def window_sums() -> relax.Expr:
+            # sum x over each 1x1 window: the input's channels per pixel
+            return relax.op.nn.conv2d(x, _const(np.ones((1, cin, 1, 1)), "int8"), out_dtype="int32")
+
+        y = _finish_gemm(m, g, acc, rows, np.repeat(w_scale, taps) if w_scale.size > 1 else w_scale, 0, 1,
+                         window_sums, precise, out_dims=(n, cout * taps, h, wd), taps=taps)
+        shuffled = relax.op.permute_dims(relax.op.reshape(y, [n, cout, kh, kw, h, wd]), [0, 1, 4, 2, 5, 3])
+        return relax.op.reshape(shuffled, [n, cout, h * kh, wd * kw])
+
+    return Rule("conv2d_transpose", g.q.pattern, build)
 
 
 def _matmul_rule(precise: bool) -> Rule:
@@ -1156,9 +1227,10 @@ def all_rules(precise: bool = False) -> list[Rule]:
     ``precise``: each requantise in :mod:`.fixed_point`'s precise form where it is more precise.
 
     >>> [rule.name for rule in all_rules()][:3]
-    ['uint8 to int8', 'conv2d', 'matmul']
+    ['uint8 to int8', 'conv2d', 'conv2d_transpose']
     """
-    return [_uint8_rule(), _conv_rule(precise), _matmul_rule(precise), _activation_matmul_rule(precise),
+    return [_uint8_rule(), _conv_rule(precise), _conv_transpose_rule(precise), _matmul_rule(precise),
+            _activation_matmul_rule(precise),
             _add_rule(precise), _multiply_rule(precise),
             _unary_rule("avg_pool2d", ("relax.nn.avg_pool2d",), _avg_pool, precise),
             _unary_rule("mean", ("relax.mean",), _mean, precise),
