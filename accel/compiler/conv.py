@@ -38,7 +38,7 @@ import tvm_ffi
 from tvm import ir, s_tir, sym, tirx
 from tvm.s_tir.schedule import SBlockRV
 
-from accel.compiler.blocks import (DATA_PAR, REDUCE, GemmAnalysis, mark_layout_stage, pointwise_chain,
+from accel.compiler.blocks import (DATA_PAR, REDUCE, GemmAnalysis, mark_layout_stage,
                                    pointwise_dag, read_index)
 from accel.hw.config import Config
 
@@ -362,7 +362,7 @@ def output_channels_last(sch: s_tir.Schedule, blk: SBlockRV, conv: Conv, notes) 
         return None
     to_nhwc = permute(conv.out_dim, ("n", "y", "x", "f"))
     index_map = tirx.IndexMap.from_func(to_nhwc, ndim=4, index_dtype="int32")
-    blocks = _inline_chain(sch, blk)
+    blocks = _epilogue_blocks(sch, blk)
     final = blocks[-1] if blocks else blk
     back = sch.cache_write(final, 0, "global")
     for b in blocks[:-1]:       # the blocks of an epilogue that forks: channels-last too
@@ -407,7 +407,7 @@ def _pixels_as_rows(sch, blk, conv: Conv, stop: str | None) -> None:
     ``(n, y*W + x, f)``, writing the channels-last output at ``[n, m // W, m % W, f]``: the
     same bytes, so its STOREs write the output directly."""
     w_ = conv.ext["x"]
-    blocks = _inline_chain(sch, blk, stop)
+    blocks = _epilogue_blocks(sch, blk, stop)
     final = blocks[-1] if blocks else sch.cache_write(blk, 0, "global")
     rows = tirx.IndexMap.from_func(lambda n, y, x, f: (n, y * w_ + x, f), ndim=4, index_dtype="int32")
     for b in blocks[:-1]:       # the blocks of an epilogue that forks: pixels as rows too
@@ -417,15 +417,14 @@ def _pixels_as_rows(sch, blk, conv: Conv, stop: str | None) -> None:
     sch.transform_block_layout(final, rows)
 
 
-def _inline_chain(sch, blk, stop: str | None = None) -> list:
-    """Inline the conv's epilogue chain into its last block before a fork (or its last);
-    the blocks left, producers first: that block and, where the epilogue forks and joins
-    again (:func:`~accel.compiler.blocks.pointwise_dag`), the blocks after it."""
-    chain = pointwise_chain(sch, blk, stop)
-    dag = pointwise_dag(sch, blk, stop)
-    for b in chain[:-1]:
-        sch.compute_inline(b)
-    return ([chain[-1]] if chain else []) + dag[len(chain):]
+def _epilogue_blocks(sch, blk, stop: str | None = None) -> list:
+    """The blocks of the conv's epilogue (:func:`~accel.compiler.blocks.pointwise_dag`),
+    producers first, left as Relax made them: each is laid out as the conv's result is.
+    Inlined here, the chain would be one expression on the CPU wherever the ALU then declines
+    it, and LLVM, its int32 arithmetic being "no signed wrap", would fold it as if nothing
+    wrapped (``min(max(x, 0) * 231919, 146733)`` to ``x > 0 ? 146733 : 0``); the scheduler
+    inlines it only for the ALU (:mod:`accel.compiler.wrapping`)."""
+    return list(pointwise_dag(sch, blk, stop))
 
 
 def input_read(sch: s_tir.Schedule, blk: SBlockRV, weight: ir.Var) -> int:

@@ -853,7 +853,7 @@ def _inline_epilogue(sch, chain, out, temporaries=()):
             sch.compute_inline(blk)
     final = chain[-1]
     _inline_pointwise_producers(sch, final, out, kept)
-    _keep_int32_arithmetic(sch, final)
+    wrapping.keep_in_block(sch, final)
     block = sch.get(final)
     if None in _operands(block, out).values():
         return None
@@ -862,7 +862,7 @@ def _inline_epilogue(sch, chain, out, temporaries=()):
     read = {r.source.__chandle__() for r in block.reads} | \
         {sch.get(b).writes[0].source.__chandle__() for b in temporaries}
     for temp in temporaries:
-        _keep_int32_arithmetic(sch, temp)
+        wrapping.keep_in_block(sch, temp)
         if not _temporary_steps(sch.get(temp), out) or \
                 any(r.source.__chandle__() not in read for r in sch.get(temp).reads):
             return None
@@ -878,20 +878,6 @@ def _temporary_steps(block, acc_buffer) -> list | None:
     is_operand = lambda load: str(load.source.dtype) == "int32" and not load.source.same_as(acc_buffer)  # noqa: E731
     chain = epilogue_chain(wrapping.strip(block.body.value), is_spine, is_operand)
     return None if chain is None else chain[1]
-
-
-def _keep_int32_arithmetic(sch, block_rv) -> None:
-    """Wrap the int32 arithmetic of the inlined epilogue ``block_rv`` so that TVM's
-    simplifier, which assumes signed arithmetic never overflows, keeps computing each
-    operation as its own block did (see :mod:`accel.compiler.wrapping`)."""
-    block = sch.get(block_rv)
-    store = block.body
-    value = wrapping.keep(store.value)
-    if value.same_as(store.value):
-        return
-    kept = tvm_ffi.structural_map(block, (tirx.BufferStore, lambda s: tirx.BufferStore(s.buffer, value, s.indices)
-                                          if s.same_as(store) else s))
-    sch.state.replace(sch.get_sref(block_rv), kept, {block: kept})
 
 
 def _operands(block, acc_buffer) -> dict:

@@ -36,7 +36,7 @@ from __future__ import annotations
 import tvm_ffi
 from tvm import ir, tirx
 
-__all__ = ["keep", "strip", "is_kept"]
+__all__ = ["keep", "keep_in_block", "strip", "is_kept"]
 
 _REINTERPRET = ir.Op.get("tirx.reinterpret")
 #: The int32 operations of an epilogue: each one's result is kept.
@@ -68,3 +68,17 @@ def keep(value):
 def strip(value):
     """``value`` without the wrappers :func:`keep` put in."""
     return tvm_ffi.structural_map(value, (ir.Call, lambda c: c.args[0] if is_kept(c) else c))
+
+
+def keep_in_block(sch, block_rv) -> None:
+    """Wrap, in place, the int32 arithmetic of the block ``block_rv`` of the schedule ``sch``
+    (an epilogue whose blocks were inlined into it) with :func:`keep`, so that each operation
+    computes what its own block did, whether the ALU or the CPU runs it."""
+    block = sch.get(block_rv)
+    store = block.body
+    value = keep(store.value)
+    if value.same_as(store.value):
+        return
+    kept = tvm_ffi.structural_map(block, (tirx.BufferStore, lambda s: tirx.BufferStore(s.buffer, value, s.indices)
+                                          if s.same_as(store) else s))
+    sch.state.replace(sch.get_sref(block_rv), kept, {block: kept})

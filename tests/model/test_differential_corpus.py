@@ -53,3 +53,13 @@ def test_partitions_called_at_several_sites_run_on_accel(seed, overflow):
     assert model.sites > 1
     result = assert_bit_exact(model)
     assert result.macs.get("accel", 0) > 0, result
+
+
+def test_an_nchw_epilogue_the_alu_declines_wraps_on_the_cpu_as_llvm_does():
+    """A grouped NCHW conv whose epilogue (``min(max(acc + b, 0) * 231919, 146733) + ...``
+    plus a residual computed on the host) the ALU declines: its blocks stay apart on the CPU,
+    where LLVM, inlined, would have folded the min as if the product never wrapped (117 of
+    315 elements differed)."""
+    model = random_int8_model(1460175, overflow=True)
+    assert "g5" in model.describe() and "(overflows)" in model.describe()
+    assert assert_bit_exact(model).macs.get("accel", 0) > 0
