@@ -10,8 +10,8 @@ operators that are not, and ``tp.integerize``'s warning (what stayed in float, a
 ``--agreement MODEL ...`` it also compiles those models for llvm and compares the output with
 ``exact_session`` (ORT_ENABLE_BASIC) on ``--images`` other images: the fraction of output
 elements within one quantisation step of the output's scale, exactly equal, and the largest
-difference in steps. ``--precise`` integerises with ``tp.integerize(precise=True)`` (each
-inexact requantise as two int32 products: see ``tirpat.model.integerize.fixed_point``).
+difference in steps. ``--single`` integerises with ``tp.integerize(precise=False)`` (each
+requantise one int32 product, not the default's two: see ``tirpat.model.integerize.fixed_point``).
 
 ``--layers MODEL ...`` finds where the integerised module departs from onnxruntime, layer by
 layer: every int8 tensor of the QDQ model (each QuantizeLinear's output) becomes an output,
@@ -21,7 +21,7 @@ carried from an earlier layer and amplified. Printed: the layers whose int8 resu
 with the operator, the share of elements and the largest difference in steps.
 
     python benchmarks/bench_integer_ops.py [--models ppocr_v2_cls ...] [--agreement ppocr_v2_cls ppocrv5_det]
-                                           [--layers ppocr_v2_cls] [--images 8] [--precise]
+                                           [--layers ppocr_v2_cls] [--images 8] [--single]
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from tirpat.testing.ort_session import exact_session
 CALIBRATION = 4
 
 
-def integerised(name: str, work: pathlib.Path, precise: bool = False) -> tuple[pathlib.Path, tvm.IRModule, list]:
+def integerised(name: str, work: pathlib.Path, precise: bool = True) -> tuple[pathlib.Path, tvm.IRModule, list]:
     """The quantised model's path, its integerised module and integerize's warnings."""
     shape, norm = MODELS[name]
     path = models_dir() / f"{name}.onnx"
@@ -142,8 +142,8 @@ def main(argv=None) -> int:
     ap.add_argument("--layers", nargs="*", choices=list(MODELS), default=[], metavar="NAME",
                     help="models whose layers are each compared with onnxruntime given onnxruntime's inputs")
     ap.add_argument("--images", type=int, default=8, help="images per agreement (default 8)")
-    ap.add_argument("--precise", action="store_true",
-                    help="integerise with tp.integerize(precise=True): a 48-bit multiplier per requantise")
+    ap.add_argument("--single", action="store_true",
+                    help="integerise with tp.integerize(precise=False): one int32 product per requantise")
     args = ap.parse_args(argv)
     found = False
     with tempfile.TemporaryDirectory(prefix="bench-intops-") as tmp:
@@ -153,7 +153,7 @@ def main(argv=None) -> int:
                       file=sys.stderr)
                 continue
             found = True
-            qpath, mod, said = integerised(name, pathlib.Path(tmp), args.precise)
+            qpath, mod, said = integerised(name, pathlib.Path(tmp), not args.single)
             print(f"{name}: {operator_share(mod)}")
             for message in said:
                 print(f"    {message}")
@@ -162,7 +162,7 @@ def main(argv=None) -> int:
                 print(f"    output vs onnxruntime exact QDQ, {args.images} images: {100 * within:.2f}% within one "
                       f"step, {100 * exact:.2f}% equal, largest {worst:.0f} steps")
             if name in args.layers:
-                departing = layers(name, qpath, args.images, args.precise)
+                departing = layers(name, qpath, args.images, not args.single)
                 print(f"    layers that depart from onnxruntime given its inputs, {args.images} images: "
                       f"{len(departing)}")
                 for tensor, op, share, worst in departing:

@@ -6,7 +6,9 @@ arithmetic on the widened operands (``astype(a, int32) * m_a + astype(b, int32) 
 subtrahend negated first), and ``q(dq(a) * dq(b))`` as the product of the centred operands
 (``(astype(a) - z_a) * (astype(b) - z_b)``), both ending in the requantise of
 :func:`~tirpat.model.integerize.rules.emit_requantize` (multiply, add, shift right, clip, cast
-to int8). The ``accel.elementwise`` pattern (:func:`patterns`) takes that chain, from the int8
+to int8), by default in its precise form (each term multiplied by the high and the low part
+of a 48-bit multiplier, :mod:`tirpat.model.integerize.fixed_point`). The
+``accel.elementwise`` pattern (:func:`patterns`) takes that chain, from the int8
 leaves to the int8 result (and integerize's rescale of one int8 tensor to another scale or
 zero point); :func:`analyse` reads it back from the partition's legalised TIR
 as a DAG of int32 operations, and :func:`lower` writes the instructions:
@@ -116,21 +118,53 @@ def patterns() -> list:
     return list(_patterns())
 
 
+def _clamped(x: DFPattern) -> DFPattern:
+    return is_op("relax.minimum")(is_op("relax.maximum")(x, is_const()), is_const()) | x
+
+
+def _precise(term) -> DFPattern:
+    """integerize's precise requantise (:func:`~tirpat.model.integerize.rules.emit_requantize`
+    with a split multiplier) of the int32 terms ``term()`` matches: ``(sum_i x_i * m_hi_i +
+    ((sum_i x_i * m_lo_i + L) >> k) + H) >> (s - k)``, clipped, cast to int8. Each term is
+    multiplied twice; a part that is zero is left out with its product, so a sum may have one
+    product (and the high sum none), and so is an add of a zero constant. The terms are
+    matched apart (the high and low products of
+    one term may read two casts of one int8 tensor, as :func:`widen_per_use` gives them):
+    :func:`analyse` reads the TIR back as one DAG whatever the casts."""
+    def products() -> DFPattern:
+        product = lambda: is_op("relax.multiply")(term(), is_const())    # noqa: E731
+        return is_op("relax.add")(product(), product()) | product()
+
+    def plus(x: DFPattern) -> DFPattern:
+        return is_op("relax.add")(x, is_const()) | x
+
+    low = is_op("relax.right_shift")(plus(products()), is_const())
+    high = plus(is_op("relax.add")(products(), low) | low)
+    return is_op("relax.astype")(is_op("relax.clip")(is_op("relax.right_shift")(high, is_const()), wildcard(),
+                                                     wildcard()))
+
+
 @functools.lru_cache(maxsize=None)
 def _patterns() -> tuple:
     two, one = _accumulator(), _leaf()
     # one tensor requantised to another scale (integerize's rescale), or moved to another zero
     # point at the same scale (an add of the zero points' difference)
     shifted = is_op("relax.astype")(is_op("relax.clip")(is_op("relax.add")(one, is_const()), wildcard(), wildcard()))
+    # the precise requantise of a sum of two (maybe negated) leaves, of a product of two centred
+    # ones, of one leaf (a rescale); a single term may be clamped first
+    signed = lambda: is_op("relax.negative")(_leaf()) | _leaf()      # noqa: E731
+    product = lambda: _clamped(is_op("relax.multiply")(_centred(), _centred()))   # noqa: E731
+    precise = tuple((_precise(term), {}) for term in (signed, product, lambda: _clamped(_leaf())))
     # a half-to-even requantise adds the input zero points' offset before its parity
     # (emit_requantize), which requantize_pattern leaves to the producer: taken here
-    chains = ((requantize_pattern(two | is_op("relax.add")(two, is_const())), two),
-              (requantize_pattern(one | is_op("relax.add")(one, is_const())) | shifted, one))
+    chains = ((requantize_pattern(two | is_op("relax.add")(two, is_const())), {"core": two}),
+              (requantize_pattern(one | is_op("relax.add")(one, is_const())) | shifted, {"core": one}))
+    every = precise + chains
     # a table activation (integerize's take(table, x + 128)) after the chain, or of an int8 tensor
     # alone: accel's LUT. Listed first: the longer match wins
-    looked_up = tuple((PATTERN_NAME, table(chain), {"core": core}, check) for chain, core in chains)
+    looked_up = tuple((PATTERN_NAME, table(chain), notes, check) for chain, notes in every)
     alone = (PATTERN_NAME, table(wildcard().has_dtype("int8")), {"core": one}, check)
-    return looked_up + tuple((PATTERN_NAME, chain, {"core": core}, check) for chain, core in chains) + (alone,)
+    return looked_up + tuple((PATTERN_NAME, chain, notes, check) for chain, notes in every) + (alone,)
 
 
 def _dtype(expr) -> str:

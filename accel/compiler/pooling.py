@@ -163,27 +163,36 @@ def _uses(func: relax.Function) -> dict:
 
 
 def _chain(start: relax.Var, shape: tuple, bindings: dict, uses: dict) -> tuple:
-    """The variables of the element-wise chain after the sum ``start`` (itself first) that can
-    move onto the convolution's result: each the one use of the one before, with constant
-    operands of at most ``shape`` and keeping that shape; a cast to int8 ends it."""
-    chain = [start]
-    while _dtype(chain[-1]) == "int32":
-        users = uses.get(chain[-1], [])
-        if len(users) != 1 or users[0] is None or not isinstance(chain[-1], relax.DataflowVar):
-            break
-        nxt = users[0]
-        call = bindings.get(nxt)
+    """The variables of the element-wise steps after the sum ``start`` (itself first), in the
+    program's order, that can move onto the convolution's result: each step keeps the sum's
+    shape and reads earlier steps, its other operands constants of at most ``shape``; every
+    step but the last is read by later steps only. A chain, or a small DAG (integerize's
+    precise requantise reads the clamped sum twice); a cast to int8 ends it."""
+    order = list(bindings)
+    steps, values = [start], {start}        # values: the int32 steps later ones may read
+    for var in order[order.index(start) + 1:]:
+        call = bindings[var]
+        args = list(call.args) if isinstance(call, relax.Call) else []
+        if not any(isinstance(a, relax.Var) and a in values for a in args):
+            continue
         if _op_name(call) not in CHAIN_OPS or _static_dims(call) != shape or \
-                sum(1 for a in call.args if a.same_as(chain[-1])) != 1:
+                (_op_name(call) == "relax.astype" and _dtype(call) not in ("int8", "int32")):
             break
-        others = [a for a in call.args if not a.same_as(chain[-1])]
+        others = [a for a in args if not (isinstance(a, relax.Var) and a in values)]
         if not all(isinstance(a, tirx.IntImm) or (_tensor(a) is not None and _fits(_tensor(a), shape))
                    for a in others):
             break
-        if _op_name(call) == "relax.astype" and _dtype(call) not in ("int8", "int32"):
+        steps.append(var)
+        if _dtype(call) != "int32":
             break
-        chain.append(nxt)
-    return tuple(chain)
+        values.add(var)
+    # the longest run of steps whose values are read inside it only, but the last's
+    for n in range(len(steps), 0, -1):
+        inside = set(steps[:n])
+        if all(isinstance(v, relax.DataflowVar) and all(u is not None and u in inside for u in uses.get(v, []))
+               for v in steps[:n - 1]):
+            return tuple(steps[:n])
+    return (start,)
 
 
 def _tensor(expr) -> np.ndarray | None:
@@ -242,7 +251,8 @@ class _SumsMutator(PyExprMutator):
         super().__init__(mod)
         self.mod = mod
         self.plans: dict = {}       # the sum's variable -> its plan
-        self.moved: dict = {}       # a chain variable -> (its plan, the moved value so far)
+        self.steps: dict = {}       # a chain variable after the sum -> its plan
+        self.moved: dict = {}       # a chain variable -> its value moved onto the convolution's result
 
     def rewrite(self) -> tvm.IRModule:
         sites = {}
@@ -287,11 +297,11 @@ class _SumsMutator(PyExprMutator):
             else:
                 self._moved(binding, plan, value)
             return
-        if binding.var in self.moved:
-            plan, current = self.moved.pop(binding.var)
+        if binding.var in self.steps:
+            plan = self.steps.pop(binding.var)
             call = binding.value
             shape = [int(d) for d in _static_dims(call)]
-            args = [current if a.same_as(plan.chain[plan.chain.index(binding.var) - 1]) else
+            args = [self.moved[a] if isinstance(a, relax.Var) and a in self.moved else
                     _relaid(a, shape, plan.result) for a in call.args]
             self._moved(binding, plan, relax.Call(call.op, args, call.attrs))
             return
@@ -306,8 +316,9 @@ class _SumsMutator(PyExprMutator):
             self.builder_.emit_normalized(relax.VarBinding(binding.var, self.builder_.normalize(
                 relax.op.reshape(moved, shape))))
             return
-        after = plan.chain[plan.chain.index(binding.var) + 1]
-        self.moved[after] = (plan, self.builder_.emit(value))
+        if binding.var.same_as(plan.chain[0]):
+            self.steps.update(dict.fromkeys(plan.chain[1:], plan))
+        self.moved[binding.var] = self.builder_.emit(value)
 
 
 def _relaid(arg, shape: list, result: tuple):

@@ -22,9 +22,10 @@ from tirpat.testing.differential import assert_matches_llvm
 
 
 def chain_module(op: str, shape_a, shape_b, reals, za: int = 0, zb: int = 0, zy: int = 0,
-                 bounds=(-128, 127)) -> tvm.IRModule:
+                 bounds=(-128, 127), precise: bool = False) -> tvm.IRModule:
     """``main(a, b)``: integerize's int8 form of ``q(dq(a) op dq(b))`` (op: add, subtract,
-    multiply) with the real rescale(s) ``reals`` and zero points, clipped to ``bounds``."""
+    multiply) with the real rescale(s) ``reals`` and zero points, clipped to ``bounds``
+    (``precise``: the requantise's multipliers in two int32 products, integerize's default)."""
     bb = relax.BlockBuilder()
     a = relax.Var("a", relax.TensorType(shape_a, "int8"))
     b = relax.Var("b", relax.TensorType(shape_b, "int8"))
@@ -34,21 +35,23 @@ def chain_module(op: str, shape_a, shape_b, reals, za: int = 0, zb: int = 0, zy:
             if op == "multiply":
                 centred = [relax.op.subtract(w, relax.const(z, "int32")) if z else w for w, z in ((wa, za), (wb, zb))]
                 bound = (128 + abs(za)) * (128 + abs(zb))
-                rq = Requantize.choose([reals[0]], [bound], *bounds, zero_point=zy)
+                rq = Requantize.choose([reals[0]], [bound], *bounds, zero_point=zy, precise=precise)
                 value = emit_requantize([relax.op.multiply(*centred)], rq)
             else:
                 if op == "subtract":
                     wb, zb = relax.op.negative(wb), -zb
-                rq = Requantize.choose(list(reals), [128, 128], *bounds, [za, zb], zy)
+                rq = Requantize.choose(list(reals), [128, 128], *bounds, [za, zb], zy, precise)
                 value = emit_requantize([wa, wb], rq)
             out = bb.emit_output(value)
         bb.emit_func_output(out)
     return bb.get()
 
 
-def rescale_module(shape, real: float | None, zx: int, zy: int, bounds=(-128, 127)) -> tvm.IRModule:
+def rescale_module(shape, real: float | Requantize | None, zx: int, zy: int, bounds=(-128, 127),
+                   precise: bool = False) -> tvm.IRModule:
     """``main(a)``: integerize's rescale of an int8 tensor to the scale ``real`` times its own
-    (None: the same scale, only the zero point moves from ``zx`` to ``zy``), clipped to ``bounds``."""
+    (None: the same scale, only the zero point moves from ``zx`` to ``zy``; a ``Requantize``:
+    that one), clipped to ``bounds`` (``precise``: as :func:`chain_module`)."""
     bb = relax.BlockBuilder()
     a = relax.Var("a", relax.TensorType(shape, "int8"))
     with bb.function("main", [a]):
@@ -56,8 +59,10 @@ def rescale_module(shape, real: float | None, zx: int, zy: int, bounds=(-128, 12
             wide = relax.op.astype(a, "int32")
             if real is None:
                 value = relax.op.astype(relax.op.clip(relax.op.add(wide, relax.const(zy - zx, "int32")), *bounds), "int8")
+            elif isinstance(real, Requantize):
+                value = emit_requantize([wide], real)
             else:
-                value = emit_requantize([wide], Requantize.choose([real], [128], *bounds, [zx], zy))
+                value = emit_requantize([wide], Requantize.choose([real], [128], *bounds, [zx], zy, precise))
             out = bb.emit_output(value)
         bb.emit_func_output(out)
     return bb.get()
@@ -99,6 +104,40 @@ def test_elementwise_chain_on_accel_is_bit_exact_with_llvm(op, shape, broadcast,
        st.sampled_from([(-128, 127), (0, 127)]), st.integers(0, 1000))
 def test_a_rescale_of_one_int8_tensor_on_accel_is_bit_exact(shape, real, zx, zy, bounds, seed):
     _on_accel(_build_and_compare(rescale_module(shape, real, zx, zy, bounds), seed))
+
+
+@settings(max_examples=12, deadline=None)
+@given(st.sampled_from(["add", "subtract", "multiply"]), _SHAPES, st.sampled_from(["full", "row", "scalar"]),
+       st.booleans(), st.floats(1e-4, 3.0), st.floats(1e-4, 3.0), st.integers(-128, 127), st.integers(-128, 127),
+       st.integers(-128, 127), st.sampled_from([(-128, 127), (0, 127), (-100, 90)]), st.integers(0, 1000))
+def test_a_precise_requantise_on_accel_is_bit_exact_with_llvm(op, shape, broadcast, swap, ra, rb, za, zb, zy,
+                                                              bounds, seed):
+    """integerize's default requantise (the multiplier in two int32 products: each term
+    multiplied twice, the low sum shifted and added to the high one) on the element-wise
+    core, bit for bit llvm's, whole on accel."""
+    other = {"full": shape, "row": shape[:-2] + (1, 1) if len(shape) == 4 else shape[:1] + (1,) * (len(shape) - 1),
+             "scalar": (1,) * len(shape)}[broadcast]
+    shapes = (other, shape) if swap else (shape, other)
+    mod = chain_module(op, *shapes, (ra, rb), za, zb, zy, bounds, precise=True)
+    model = _build_and_compare(mod, seed)
+    _on_accel(model)
+
+
+@settings(max_examples=10, deadline=None)
+@given(_SHAPES, st.sampled_from(["high", "low", "both"]), st.integers(1, 30), st.integers(1, 2**31 - 1),
+       st.integers(-30, 30), st.integers(-30, 30), st.integers(0, 1000))
+def test_a_precise_rescale_with_a_zero_part_on_accel_is_bit_exact(shape, zero, split, m, zx, zy, seed):
+    """A rescale in the precise form, its high or low part 0 (left out with its product, see
+    ``emit_requantize``) or neither: on accel, bit for bit llvm's."""
+    k = split
+    m = {"high": m % (1 << k), "low": (m >> k) << k, "both": m}[zero]
+    assume(m > 0 and 128 * (m % (1 << k)) + (1 << k) <= 2**31 - 1 and 128 * (m >> k) + 2**20 <= 2**31 - 1)
+    rq = Requantize((np.int64(m),), k + 20, None, -128, 127, offset=np.int64(-zx * m), zero_point=zy, split=k)
+    try:
+        rq.apply([np.array([-128, 127])])       # every intermediate within int32
+    except OverflowError:
+        assume(False)
+    _on_accel(_build_and_compare(rescale_module(shape, rq, zx, zy), seed))
 
 
 @pytest.mark.parametrize("op", ["add", "multiply"])

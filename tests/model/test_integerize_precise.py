@@ -12,7 +12,7 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 onnx = pytest.importorskip("onnx")
@@ -26,7 +26,7 @@ from tvm.relax.dpl import is_op, wildcard  # noqa: E402
 from tvm.relax.frontend.onnx import from_onnx  # noqa: E402
 
 import tirpat as tp  # noqa: E402
-from tirpat.model.integerize import Requantize, calls, requantize_pattern  # noqa: E402
+from tirpat.model.integerize import Requantize, calls, emit_requantize, requantize_pattern  # noqa: E402
 from tirpat.testing.int_ranges import int32_overflows  # noqa: E402
 from tirpat.testing.ort_session import exact_session  # noqa: E402
 
@@ -109,6 +109,89 @@ def test_precise_requantise_rounds_a_long_convolution_as_the_real_product():
     precise = Requantize.choose([real], [bound], precise=True).apply([accs])
     assert np.count_nonzero(single != expected) > 100          # where one product is not enough
     assert np.all((precise == expected) | near) and np.count_nonzero(near) <= 2
+
+
+def _requantise_module(rq: Requantize, n: int) -> tvm.IRModule:
+    """``main(acc)``: ``emit_requantize([acc], rq)`` of an int32 vector of ``n``."""
+    bb = relax.BlockBuilder()
+    acc = relax.Var("acc", relax.TensorType((n,), "int32"))
+    with bb.function("main", [acc]):
+        with bb.dataflow():
+            out = bb.emit_output(emit_requantize([acc], rq))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def _constant(e) -> np.ndarray | None:
+    value = getattr(e, "value", None)
+    return value.numpy() if hasattr(value, "numpy") else None
+
+
+def _constants_of_products(mod: tvm.IRModule) -> list[int]:
+    return [int(_constant(c.args[1])) for c in calls(mod["main"]) if str(c.op.name) == "relax.multiply"]
+
+
+def _assert_emitted_is_apply(rq: Requantize, accs: np.ndarray) -> tvm.IRModule:
+    """The emitted Relax (compiled for llvm) computes ``rq.apply``, with no product by 0 (and,
+    for the precise form, no add of a constant 0), in a form ``requantize_pattern`` matches."""
+    mod = _requantise_module(rq, accs.size)
+    assert 0 not in _constants_of_products(mod), mod.script()
+    assert not rq.split or not any(str(c.op.name) == "relax.add" and _constant(c.args[1]) is not None
+                   and not np.any(_constant(c.args[1])) for c in calls(mod["main"])), mod.script()
+    found = []
+    relax.dpl.rewrite_call(requantize_pattern(), lambda orig, m: found.append(orig) or orig, mod["main"])
+    assert found, mod.script()
+    vm = relax.VirtualMachine(tvm.compile(mod, "llvm"), tvm.cpu())
+    got = vm["main"](tvm.runtime.tensor(accs.astype(np.int32))).numpy()
+    np.testing.assert_array_equal(got, rq.apply([accs]))
+    return mod
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.integers(1, 2**24), st.integers(1, 60), st.integers(1, 2**31 - 1), st.sampled_from([0, -128, 17]),
+       st.lists(st.integers(-2**31, 2**31 - 1), min_size=1, max_size=8))
+def test_a_split_multiplier_never_multiplies_by_zero(significand, exponent, bound, zy, extra):
+    """Multipliers with few significant bits (``significand * 2**-exponent``: trailing zeros at
+    the precise form's shift) and tiny ones: a split never leaves every low part 0 (it is one
+    product at ``s - k`` then, the same value), and a high part of 0 is left out with its
+    product; the emitted module computes :meth:`Requantize.apply`."""
+    real = significand * 2.0**-exponent
+    # (below 2**-49 the multiplier rounds to 0 even at the largest shift: a constant result)
+    assume(real <= 1e6 and real * 2.0**48 >= 1)
+    try:
+        rq = Requantize.choose([real], [bound], zero_point=zy, precise=True)
+    except ValueError:
+        return                                  # no shift fits int32 for this multiplier and bound
+    # (a multiplier that rounds to 0 at the shift that fits: a constant result, multiplied by 0)
+    assume(np.all(rq.multipliers[0] != 0))
+    if rq.split:
+        assert any(np.any(lo) for _, lo in rq.parts), rq
+    accs = np.clip(np.array(extra + [bound, -bound, 0, 1, -1], dtype=np.int64), -bound, bound)
+    _assert_emitted_is_apply(rq, accs)
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.sampled_from(["high", "low"]), st.integers(2, 48), st.integers(1, 31), st.integers(1, 2**20),
+       st.sampled_from([0, -128, 17]), st.integers(0, 2**16))
+def test_a_split_with_a_zero_part_is_emitted_without_its_product(zero, shift, split, bound, zy, seed):
+    """A precise form whose high (or low) part is 0 for the whole multiplier: one product, its
+    constants added where they are not 0, the value :meth:`Requantize.apply` gives."""
+    assume(split < shift and shift - split <= 31)
+    # m < 2**k: only the low product; m = m_hi * 2**k: only the high one (each within int32)
+    top = min(2**split - 1, (2**31 - 1 - 2**split) // bound) if zero == "high" else (2**31 - 1) // bound
+    assume(top >= 1)
+    m = int(np.random.default_rng(seed).integers(1, top + 1))
+    m = m if zero == "high" else m << split
+    rq = Requantize((np.int64(m),), shift, None, -128, 127, zero_point=zy, split=split)
+    high, low = rq.parts[0]
+    assert (int(high) if zero == "high" else int(low)) == 0
+    try:                    # the constants (z_y * 2**s among them) must keep int32 too
+        rq.apply([np.array([bound, -bound, 0])])
+    except OverflowError:
+        assume(False)
+    accs = np.random.default_rng(seed).integers(-bound, bound + 1, 64)
+    mod = _assert_emitted_is_apply(rq, np.concatenate([accs, [bound, -bound]]))
+    assert len(_constants_of_products(mod)) == 1
 
 
 # ----------------------------------------------------------------------------------------

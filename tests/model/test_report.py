@@ -94,14 +94,15 @@ def test_the_summary_fits_a_screen_and_counts_every_mac(built):
     assert f"multiply-accumulates: {report.total_macs:,}" in text
     # the 40 3x3 convolutions: a line per epilogue with its calls and MACs, not 40 (every tenth
     # one's Sigmoid is a table lookup on accel, which takes in the quantised ReLU before it: one
-    # table of the convolution's output); the depthwise and the 1x1 one line each
+    # table of the convolution's output); the depthwise and the 1x1 one line (the same
+    # epilogue: integerize's precise requantise clamps both accumulators first)
     conv = [line for line in lines if line.startswith("  accel: ") and "conv2d" in line]
     tabled, plain = CONVS // 10, CONVS - CONVS // 10
-    # (the depthwise and the 1x1 share their epilogue: one line of two calls)
     assert len(conv) == 3, text
     assert conv[0].endswith(f"ReLU, {plain} calls, {plain * HW * HW * C * C * 9:,} MACs"), text
     assert conv[1].endswith(f"requantise + table, {tabled} calls, {tabled * HW * HW * C * C * 9:,} MACs"), text
-    assert conv[2].endswith(f"conv2d + requantise, 2 calls, {HW * HW * C * 9 + (2 * HW) ** 2 * 2 * 4:,} MACs"), text
+    small = HW * HW * C * 9 + (2 * HW) ** 2 * 2 * 4
+    assert conv[2].endswith(f"conv2d + clip + requantise, 2 calls, {small:,} MACs"), text
     # the MatMul of a batch of matrices by one weight: one GEMM of its rows on accel
     matmul = [line for line in lines if line.startswith("  accel: accel.matmul")]
     assert len(matmul) == 1 and matmul[0].endswith(f"{2 * 2 * HW * 5 * 2 * HW:,} MACs"), text

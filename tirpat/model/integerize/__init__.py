@@ -29,7 +29,7 @@ pool's window sum by ``128 * count`` (plus ``|z_x| * count``). A
 requantise takes the most precise shift for which the worst-case sum of its terms (one for a
 convolution, two for a residual add) plus the rounding stays at most ``2**31 - 1``, after a
 clamp where the output saturates anyway (:mod:`.fixed_point`); a site where nothing fits stays
-in float, with the warning. ``integerize(precise=True)`` takes a longer multiplier as two int32
+in float, with the warning. By default (``precise=True``) an inexact multiplier is longer, in two int32
 products, each within the same bounds. ``tirpat.testing.int_ranges.int32_overflows`` checks a module for
 it by interval analysis.
 
@@ -77,18 +77,23 @@ class IntegerizeWarning(UserWarning):
     """Some QDQ sites stayed in float; the message names each with the reason."""
 
 
-def integerize(precise: bool = False) -> tvm.transform.Pass:
+def integerize(precise: bool = True) -> tvm.transform.Pass:
     """The pass (a ``tvm.transform.Pass`` over a Relax ``IRModule``); see the module doc.
 
-    ``precise`` writes each requantise whose multiplier is inexact in :mod:`.fixed_point`'s
-    precise form: a multiplier of up to 48 bits as two int32 products. On a first convolution
-    (accumulators up to 146,000) the result is then within ``2**-23`` of a step of the real
-    product, where one product is off by up to 0.004 step, and so it is onnxruntime's exact QDQ
-    result but where that lies within float32's error of a rounding tie (ppocr_v2_cls: all
-    outputs equal to onnxruntime's, instead of 25% within one step).
-    It reads each accumulator twice, so an accelerator whose epilogue is a chain of ALU
-    operations on one accumulator (accel's) leaves it on the host: accel's pipeline uses the
-    default, one product.
+    ``precise`` (the default) writes each requantise whose multiplier is inexact in
+    :mod:`.fixed_point`'s precise form: a multiplier of up to 48 bits as two int32 products. On
+    a first convolution (accumulators up to 146,000) the result is then within ``2**-23`` of a
+    step of the real product, where one product is off by up to 0.004 step, and so it is
+    onnxruntime's exact QDQ result but where that lies within float32's error of a rounding tie
+    (ppocr_v2_cls: all outputs equal to onnxruntime's, instead of 25% within one step). It is
+    the default because onnxruntime's result is what a user compares a quantised model with,
+    and a backend computes whatever this pass writes (accel's epilogue and element-wise core
+    take the precise form, bit for bit llvm's); ``precise=False`` keeps one int32 product per
+    requantise (fewer operations, a device whose ALU cannot read a value twice).
+
+    >>> integerize().info.name
+    'tirpat.Integerize'
+
 
     Rules run in order (a function of one int8 tensor quantised inside, such as HardSwish's
     ``x * q(HardSigmoid(x))``, first, so that it is one table and not a product; then

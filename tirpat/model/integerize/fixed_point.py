@@ -56,9 +56,14 @@ zero point). It is exactly ``floor((sum_i acc_i * m_i + constant) / 2**s)``, the
 formula with a multiplier precise to ``2**-s`` (``floor((a * 2**k + b) / 2**s) ==
 floor((a + floor(b / 2**k)) / 2**(s - k))`` for integers): for the convolution above, within
 ``2**-23`` step of ``acc * M``. It costs two more products, an add and a shift, and reads each
-accumulator twice: not a chain of ALU operations on one accumulator, which is the form an
-int8 accelerator's epilogue takes, so it is opt-in (:func:`~tirpat.model.integerize.integerize`'s
-``precise``). An exact multiplier keeps its single product (it is exact already).
+accumulator twice (a small DAG, not a chain of operations on one accumulator: an int8
+accelerator's epilogue needs a second register region for it). It is
+:func:`~tirpat.model.integerize.integerize`'s default (``precise=True``), since agreement with
+onnxruntime is what a user checks a quantised model by. An exact multiplier keeps its single
+product (it is exact already), and so does a split whose low parts are all 0 (``m = m_hi *
+2**k``: the same value as one product at shift ``s - k``); a high part of 0 (a multiplier
+below ``2**(k - s)``) is left out with its product by
+:func:`~tirpat.model.integerize.rules.emit_requantize`.
 
 >>> rq = Requantize.choose([0.01], [10_000])
 >>> rq.shift, int(rq.multipliers[0]), rq.clamp is None
@@ -201,37 +206,53 @@ class Requantize:
                         zy: int) -> "Requantize | None":
         """The precise form with shift ``s`` (the largest ``k`` its low products allow), or None
         if no ``k`` keeps every intermediate within int32, or if the multiplier is exact at
-        ``s`` with a tie in reach (the precise form rounds half up; onnxruntime to even)."""
+        ``s`` with a tie in reach (the precise form rounds half up; onnxruntime to even). The
+        clamp is taken only where the form does not fit without it: it costs two operations,
+        and never changes the result."""
         scaled = [np.round(r * 2.0**s) for r in reals]
         if any(np.any(m > INT32_MAX * 2.0**_MAX_SHIFT) for m in scaled):
             return None             # the high part m >> k (k <= 31) could not fit int32 (nor m int64)
         ms = tuple(m.astype(np.int64) for m in scaled)
         offset = np.asarray(-sum(z * m for z, m in zip(zps, ms)), dtype=np.int64)
-        bounds = list(bounds)
-        clamp = None
+        clamps = [None]
         if len(ms) == 1 and not np.any(offset != 0):
             # past A the result saturates (as in _at_shift): the clamp bounds the products
             m = ms[0]
             clamp = np.where(m > 0, (max(hi - zy, zy - lo) << s) // np.maximum(m, 1) + 1, 0)
-            if np.all(bounds[0] <= clamp):
-                clamp = None
-            else:
-                bounds[0] = np.minimum(bounds[0], clamp)
-        if any(np.any(b >= 1 << (s - 1)) for b in bounds) and all(np.array_equal(m, r * 2.0**s)
-                                                                  for m, r in zip(ms, reals)):
+            if not np.all(bounds[0] <= clamp):
+                clamps.append(clamp)
+        for clamp in clamps:
+            clamped = list(bounds) if clamp is None else [np.minimum(bounds[0], clamp)]
+            rq = cls._split_within(s, ms, offset, clamp, clamped, reals, bounds, lo, hi, zps, zy)
+            if rq is not None:
+                return rq
+        return None
+
+    @classmethod
+    def _split_within(cls, s: int, ms: tuple, offset: np.ndarray, clamp, clamped: list, reals: list,
+                      bounds: list, lo: int, hi: int, zps: list, zy: int) -> "Requantize | None":
+        """:meth:`_split_at_shift` for accumulators within ``clamped`` (``bounds`` after ``clamp``)."""
+        if any(np.any(b >= 1 << (s - 1)) for b in clamped) and all(np.array_equal(m, r * 2.0**s)
+                                                                   for m, r in zip(ms, reals)):
             return None
         constant = offset + (1 << (s - 1)) + (zy << s)
-        total = sum(np.max(b) for b in bounds)
+        total = sum(np.max(b) for b in clamped)
         for k in range(min(s, _MAX_SHIFT), 0, -1):
             high, low = [m >> k for m in ms], [m & ((1 << k) - 1) for m in ms]
             h, l = constant >> k, constant & ((1 << k) - 1)
             if s - k > _MAX_SHIFT or any(np.any(m > INT32_MAX) for m in high):
                 return None         # a smaller k only makes the high parts larger
-            if np.any(sum(b * m for b, m in zip(bounds, low)) + l > INT32_MAX):
+            if np.any(sum(b * m for b, m in zip(clamped, low)) + l > INT32_MAX):
                 continue
             # the high sum, the low sum's quotient (|t| <= sum of the bounds) and H
-            if np.any(sum(b * m for b, m in zip(bounds, high)) + total + np.abs(h) > INT32_MAX):
+            if np.any(sum(b * m for b, m in zip(clamped, high)) + total + np.abs(h) > INT32_MAX):
                 return None
+            if all(not np.any(m) for m in low):
+                # m = m_hi * 2**k: the low products and t are zero, and the form is one product
+                # at shift s - k, the same value (``_at_shift`` rounds r * 2**(s-k) to m_hi)
+                single = cls._at_shift(s - k, reals, bounds, lo, hi, zps, zy)
+                if single is not None:
+                    return single
             return cls(ms, s, clamp, int(lo), int(hi), offset=offset, zero_point=zy, split=k)
         return None
 

@@ -366,19 +366,34 @@ def emit_requantize(accs: list[relax.Expr], rq: Requantize) -> relax.Expr:
 
 def _emit_split(accs: list[relax.Expr], rq: Requantize) -> relax.Expr:
     """The precise form of :mod:`.fixed_point` (``rq.split > 0``) on the (clamped) accumulators:
-    ``((sum acc * m_hi + ((sum acc * m_lo + L) >> k) + H) >> (s - k))``, clipped and narrowed."""
-    def total(products: list) -> relax.Expr:
+    ``((sum acc * m_hi + ((sum acc * m_lo + L) >> k) + H) >> (s - k))``, clipped and narrowed.
+
+    A part that is zero for every channel is left out with its product (``x * 0`` is wasted
+    work, and a constant that backends decline); :meth:`Requantize.choose` never leaves every
+    low part zero, but a high part is zero for a multiplier below ``2**(k - s)``. So is an
+    add of a constant zero (``L`` is, wherever ``k < s``: the rounding ``2**(s-1)`` and the
+    zero point's ``z_y * 2**s`` are multiples of ``2**k``): one ALU step less on a device."""
+    def plus(v: relax.Expr, constant: np.ndarray) -> relax.Expr:
+        return relax.op.add(v, _const(constant, "int32")) if np.any(constant) else v
+
+    def total(products: list) -> relax.Expr | None:
+        products = [relax.op.multiply(acc, _const(part, "int32")) for acc, part in products if np.any(part)]
+        if not products:
+            return None
         v = products[0]
         for p in products[1:]:
             v = relax.op.add(v, p)
         return v
 
     high, low = rq.split_constants
-    lows = [relax.op.multiply(acc, _const(lo, "int32")) for acc, (_, lo) in zip(accs, rq.parts)]
-    t = relax.op.right_shift(relax.op.add(total(lows), _const(low, "int32")), _const(rq.split, "int32"))
-    highs = [relax.op.multiply(acc, _const(hi, "int32")) for acc, (hi, _) in zip(accs, rq.parts)]
-    v = relax.op.add(relax.op.add(total(highs), t), _const(high, "int32"))
-    v = relax.op.right_shift(v, _const(rq.shift - rq.split, "int32"))
+    lows = total([(acc, lo) for acc, (_, lo) in zip(accs, rq.parts)])
+    highs = total([(acc, hi) for acc, (hi, _) in zip(accs, rq.parts)])
+    if lows is None:        # t = L >> k = 0 (0 <= L < 2**k)
+        v = highs
+    else:
+        t = relax.op.right_shift(plus(lows, low), _const(rq.split, "int32"))
+        v = t if highs is None else relax.op.add(highs, t)
+    v = relax.op.right_shift(plus(v, high), _const(rq.shift - rq.split, "int32"))
     return relax.op.astype(relax.op.clip(v, rq.lo, rq.hi), "int8")
 
 
@@ -400,11 +415,12 @@ def requantize_pattern(acc: DFPattern | None = None) -> DFPattern:
     half_even = is_op("relax.right_shift")(is_op("relax.add")(is_op("relax.add")(scaled, parity), is_const()),
                                            is_const())
     # the precise form: one pattern for the (clamped) accumulator, so both products read the same
+    # (an add of a constant zero is left out, and a high part of zero with its product)
     source = clamped | acc
-    low = is_op("relax.right_shift")(is_op("relax.add")(is_op("relax.multiply")(source, is_const()), is_const()),
-                                     is_const())
-    high = is_op("relax.add")(is_op("relax.add")(is_op("relax.multiply")(source, is_const()), low), is_const())
-    split = is_op("relax.right_shift")(high, is_const())
+    low_product = is_op("relax.multiply")(source, is_const())
+    low = is_op("relax.right_shift")(is_op("relax.add")(low_product, is_const()) | low_product, is_const())
+    high = is_op("relax.add")(is_op("relax.multiply")(source, is_const()), low) | low
+    split = is_op("relax.right_shift")(is_op("relax.add")(high, is_const()) | high, is_const())
     return is_op("relax.astype")(is_op("relax.clip")(half_up | half_even | split | scaled, wildcard(), wildcard()))
 
 
