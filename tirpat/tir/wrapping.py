@@ -1,6 +1,6 @@
 """Signed integer arithmetic that wraps, whatever LLVM may assume.
 
-TVM's llvm code marks every signed sum, difference and product of 32 or 64 bits "no signed
+TVM's llvm code marks every signed sum, difference and product of 32 bits or more "no signed
 wrap" (``add nsw``, ``mul nsw``): LLVM may then assume none overflows. Where a value is
 computed by one operator per loop nest and stored, as ``tvm.compile(mod, "llvm")`` leaves a
 Relax model, the stored result is the two's complement one. Once several operators share a
@@ -9,10 +9,10 @@ loops and forwards the stores, it sees the chain at once and folds it as if noth
 ``min(max(x, 0) * 231919, 146733)`` becomes ``x > 0 ? 146733 : 0``, where the product of a
 large ``x`` wraps to a negative number.
 
-:func:`wrapping_arithmetic` computes each such sum or difference of a stored value as the
-unsigned operation on the same bits (the same two's complement result, with no "no wrap"
-flag) reinterpreted back, and each int32 product in int64 (exact) cast back to int32 (a
-truncation, which wraps); indices, loop bounds and the arguments of calls are left as they are
+:func:`wrapping_arithmetic` computes each int32 sum, difference and product of a stored value
+in int64, where it is exact, and casts it back to int32: a truncation, which wraps (TVM's
+llvm code of the same operation on uint32, reinterpreted, gave other bits for some
+products and indices); indices, loop bounds and the arguments of calls are left as they are
 (addresses, which benefit from the flags and do not overflow).
 
 >>> from tvm.script import tirx as T
@@ -40,39 +40,16 @@ __all__ = ["wrapping_arithmetic"]
 _OPERATIONS = (tirx.Add, tirx.Sub, tirx.Mul)
 
 
-def _unsigned(dtype: str) -> str | None:
-    """``uint32`` for ``int32`` (``uint32x4`` for ``int32x4``); None for other types."""
-    if dtype.startswith("int32") or dtype.startswith("int64"):
-        return "u" + dtype
-    return None
-
-
-def _reinterpret(dtype: str, e):
-    if isinstance(e, tirx.IntImm) and dtype.startswith("u"):
-        # a constant as the unsigned one of its bits: TVM folds a reinterpret of a negative
-        # immediate to an unsigned one wrongly (-2 is then not 2**32 - 2)
-        return tirx.IntImm(dtype, int(e.value) % (1 << int(dtype[4:6])))
-    return tirx.call_intrin(dtype, "tirx.reinterpret", e)
-
-
 def _wrapping_value(value):
-    """``value`` with each signed 32/64-bit sum, difference and product computed unsigned;
-    buffer loads (their indices) are left as they are."""
+    """``value`` with each int32 sum, difference and product computed in int64 and truncated
+    back; buffer loads (their indices) and calls of addresses are left as they are."""
     def operation(node, m):
         node = m.default_mutate(node)
         dtype = str(node.ty.dtype)
-        unsigned = _unsigned(dtype)
-        if unsigned is None:
+        if not dtype.startswith("int32"):
             return node
-        if isinstance(node, tirx.Mul):
-            if not dtype.startswith("int32"):
-                return node
-            # an int32 product is exact in int64, and the truncating cast wraps (TVM's llvm code
-            # of an unsigned product gave other bits than the wrapped signed one)
-            wide = dtype.replace("int32", "int64")
-            return tirx.Cast(dtype, tirx.Mul(tirx.Cast(wide, node.a), tirx.Cast(wide, node.b)))
-        a, b = (_reinterpret(unsigned, x) for x in (node.a, node.b))
-        return _reinterpret(dtype, type(node)(a, b))
+        wide = dtype.replace("int32", "int64")
+        return tirx.Cast(dtype, type(node)(tirx.Cast(wide, node.a), tirx.Cast(wide, node.b)))
 
     return tvm_ffi.structural_mutate(value, [(t, operation) for t in _OPERATIONS] +
                                      [(ir.TensorLoad, lambda node, m: node),
