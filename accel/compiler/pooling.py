@@ -71,7 +71,9 @@ from tvm.relax.expr_functor import PyExprMutator, mutator
 
 import tirpat as tp
 from accel.compiler.blocks import DATA_PAR, REDUCE
-from accel.compiler.rules import ACC
+from accel.hw import instructions
+
+ACC = instructions.ACC.scope     # the accumulator scratchpad's storage scope
 
 __all__ = ["sums_as_convolutions", "CHAIN_OPS", "MAX_POOL", "patterns", "max_pool_declines", "check_max_pool",
            "MaxPool", "analyse_max_pool", "schedule_max_pool"]
