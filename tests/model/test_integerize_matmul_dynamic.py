@@ -138,7 +138,8 @@ def test_requantised_matmul_of_activations_is_exact(site):
     acc = np.matmul(ia - qa[1], centred_b)
     k = a_shape[-1]
     real = np.float64(np.float32(qa[0])) * np.float64(np.float32(qb[0])) / np.float64(np.float32(qy[0]))
-    rq = Requantize.choose([real], [k * (128 + abs(qa[1])) * (128 + abs(qb[1]))], -128, 127, zero_point=qy[1])
+    rq = Requantize.choose([real], [k * (128 + abs(qa[1])) * (128 + abs(qb[1]))], -128, 127, zero_point=qy[1],
+                            precise=True)     # integerize's default form
     np.testing.assert_array_equal(q_ours, rq.apply([acc]))
 
     ref = exact_session(model).run(None, {"a": a, "b": b})[0]
