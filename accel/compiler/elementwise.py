@@ -65,10 +65,10 @@ import tirpat as tp
 from tirpat.model.integerize.rules import requantize_pattern
 from tirpat.model.partition import origin_of
 from accel.compiler.patterns import table
+from accel.compiler.prelowered import calls_rule
 from accel.hw.config import Config
-from tirpat.device.planner import access_ptr_buffer
-from accel.hw.instructions import (ACC, ALU, DWMAC, GEMM, INP, INSTRUCTIONS, LOAD, LUT, LUT_ENTRIES, STORE, WGT,
-                                   AluOp, Mem, StoreMode, instruction_of)
+from accel.hw.instructions import (ACC, ALU, DWMAC, GEMM, INP, LOAD, LUT, LUT_ENTRIES, STORE, WGT, AluOp, Mem,
+                                   StoreMode)
 
 __all__ = ["patterns", "check", "widen_per_use", "Node", "Chain", "analyse", "lower", "schedule_partition",
            "describe", "describe_operation", "rule", "broadcast_kind", "row_splits", "KINDS", "PATTERN_NAME",
@@ -1023,16 +1023,6 @@ def schedule_partition(func: tirx.PrimFunc, config: Config) -> tirx.PrimFunc | N
     return func.with_attr(tp.SCHEDULE_NOTES, json.dumps(notes))
 
 
-def _lowered_here(m) -> bool:
-    """Whether the matched call is a declared instruction on :func:`lower`'s scratchpad buffers."""
-    ins = instruction_of(m.node)
-    if ins is None:
-        return False
-    args = ins.arguments_of(m.node)
-    buffers = [access_ptr_buffer(args[op.name]) for op in ins.memory_operands]
-    return any(b is not None and b.name.startswith(BUFFER_PREFIX) for b in buffers)
-
-
 def rule() -> tp.Rewriter:
     """The rule ``accel.elementwise``: the instruction calls :func:`lower` wrote at schedule
     time (on its ``elementwise_*`` scratchpad buffers), taken as they are, so that the build
@@ -1041,9 +1031,4 @@ def rule() -> tp.Rewriter:
     >>> rule().rules[0].name
     'accel.elementwise'
     """
-    arities = sorted({len(ins.arguments) + 1 for ins in INSTRUCTIONS.values()})
-    pattern = None
-    for n in arities:
-        p = tp.is_call("tirx.tvm_call_packed", *[tp.wildcard() for _ in range(n)]).where(_lowered_here)
-        pattern = p if pattern is None else pattern | p
-    return tp.Rewriter.from_pattern(pattern, lambda m: m.node, name=PATTERN_NAME)
+    return calls_rule(PATTERN_NAME, BUFFER_PREFIX)

@@ -55,9 +55,9 @@ from tvm.relax.backend.utils import has_leaking_intermediate_variables
 from tvm.relax.dpl import is_op, wildcard
 
 import tirpat as tp
+from accel.compiler.prelowered import calls_rule
 from accel.hw.config import Config
-from accel.hw.instructions import ACC, DWMAC, INP, INSTRUCTIONS, LOAD, STORE, WGT, Mem, StoreMode, instruction_of
-from tirpat.device.planner import access_ptr_buffer
+from accel.hw.instructions import ACC, DWMAC, INP, LOAD, STORE, WGT, Mem, StoreMode
 from tirpat.model.integerize.rules import conv_transpose_declines
 
 __all__ = ["patterns", "check", "Upsample", "analyse", "index_map", "lower", "schedule_partition", "rule",
@@ -572,16 +572,6 @@ def moves_int8(func: tirx.PrimFunc) -> bool:
     return found["stores"] > 0 and not found["other"]
 
 
-def _lowered_here(m) -> bool:
-    """Whether the matched call is a declared instruction on :func:`lower`'s scratchpad buffers."""
-    ins = instruction_of(m.node)
-    if ins is None:
-        return False
-    args = ins.arguments_of(m.node)
-    buffers = [access_ptr_buffer(args[op.name]) for op in ins.memory_operands]
-    return any(b is not None and b.name.startswith(BUFFER_PREFIX) for b in buffers)
-
-
 def rule() -> tp.Rewriter:
     """The rule ``accel.upsample``: the instruction calls :func:`lower` wrote at schedule time
     (on its ``upsample_*`` scratchpad buffers), taken as they are, so that the build report
@@ -590,9 +580,4 @@ def rule() -> tp.Rewriter:
     >>> rule().rules[0].name
     'accel.upsample'
     """
-    arities = sorted({len(ins.arguments) + 1 for ins in INSTRUCTIONS.values()})
-    pattern = None
-    for n in arities:
-        p = tp.is_call("tirx.tvm_call_packed", *[tp.wildcard() for _ in range(n)]).where(_lowered_here)
-        pattern = p if pattern is None else pattern | p
-    return tp.Rewriter.from_pattern(pattern, lambda m: m.node, name=PATTERN_NAME)
+    return calls_rule(PATTERN_NAME, BUFFER_PREFIX)
