@@ -21,10 +21,13 @@ pre-processing does; random noise calibrates badly), imported once (``import_onn
 - ``--tune``: the cycles after ``tp.tune`` with 64 trials (slow: off by default).
 
 Models are read from ``$TIRPAT_REALMODELS`` or ``~/.cache/tirpat-realmodels``; a model that is
-not there is skipped with a message. Compile times are of one build each (a real model takes
+not there is skipped with a message. Any other float ONNX model with one NCHW image input is
+measured the same way with ``--onnx PATH`` (its static input shape, or ``--shape`` for dynamic
+dimensions; inputs normalised to [-1, 1]). Compile times are of one build each (a real model takes
 tens of seconds); call times are medians of ``--repeats``.
 
     python benchmarks/bench_real_models.py [--models ppocr_v2_cls ppocrv5_det ...] [--repeats 5] [--tune]
+    python benchmarks/bench_real_models.py --models --onnx yolo.onnx --shape 1x3x320x320
 """
 
 from __future__ import annotations
@@ -95,6 +98,38 @@ def median_wall(fn, repeats: int) -> float:
         fn()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
+
+
+def file_shape(path: pathlib.Path, given) -> list:
+    """The input shape of a model given by file: its static shape, or ``given`` (``--shape``)
+    where the model's dimensions are dynamic; SystemExit naming the problem otherwise."""
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    inits = {i.name for i in graph.initializer}
+    inputs = [i for i in graph.input if i.name not in inits]
+    if len(inputs) != 1:
+        raise SystemExit(f"{path}: {len(inputs)} inputs; this benchmark feeds models with one image input")
+    # a dimension named (dim_param) or written as -1 is dynamic
+    dims = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None
+            for d in inputs[0].type.tensor_type.shape.dim]
+    if given is not None:
+        if len(given) != len(dims) or any(d is not None and d != g for d, g in zip(dims, given)):
+            raise SystemExit(f"{path}: --shape {'x'.join(map(str, given))} does not fit the input's shape {dims}")
+        return list(given)
+    if len(dims) != 4 or None in dims:
+        raise SystemExit(f"{path}: the input's shape {dims} is not a static NCHW image shape; give --shape NxCxHxW")
+    return dims
+
+
+def shape_arg(text: str) -> list:
+    try:
+        dims = [int(d) for d in text.lower().split("x")]
+    except ValueError:
+        dims = []
+    if len(dims) != 4 or min(dims) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a shape NxCxHxW of positive integers")
+    return dims
 
 
 def timed(fn):
@@ -169,12 +204,20 @@ def table(rows: list, tune: bool) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS), metavar="NAME",
-                    help=f"models to measure (default all: {', '.join(MODELS)})")
+    ap.add_argument("--models", nargs="*", choices=list(MODELS), default=list(MODELS), metavar="NAME",
+                    help=f"models to measure (default all: {', '.join(MODELS)}; none with --models alone)")
+    ap.add_argument("--onnx", nargs="+", default=[], type=pathlib.Path, metavar="PATH",
+                    help="other float ONNX models with one NCHW image input, measured the same way")
+    ap.add_argument("--shape", type=shape_arg, help="the input shape NxCxHxW of --onnx models with dynamic dimensions")
     ap.add_argument("--repeats", type=int, default=5, help="calls measured after the first (median; default 5)")
     ap.add_argument("--tune", action="store_true", help=f"also tune with {TUNE_TRIALS} trials and report the gain")
     args = ap.parse_args(argv)
 
+    shapes = {}
+    for path in args.onnx:      # every file checked before the first measurement (minutes each)
+        if not path.is_file():
+            raise SystemExit(f"{path}: no such file")
+        shapes[path] = file_shape(path, args.shape)
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-real-") as tmp:
         for name in args.models:
@@ -186,6 +229,10 @@ def main(argv=None) -> int:
             shape, norm = MODELS[name]
             rows.append(measure(name, path, shape, norm, args.repeats, args.tune, pathlib.Path(tmp)))
             print(f"{name}: done", file=sys.stderr, flush=True)
+        for path, shape in shapes.items():
+            rows.append(measure(path.stem, path, shape, "half", args.repeats, args.tune,
+                                pathlib.Path(tmp)))
+            print(f"{path.stem}: done", file=sys.stderr, flush=True)
     if not rows:
         print("no model found: nothing measured", file=sys.stderr)
         return 1
