@@ -150,41 +150,80 @@ def pointwise_dag(sch: s_tir.Schedule, block_rv, stop: str | None = None, limit:
 def _join(sch: s_tir.Schedule, fork, stop: str | None, limit: int) -> list | None:
     """The pointwise blocks after ``fork`` (which has several consumers) up to and including
     the first one all of its branches lead to, producers first; None if there is none."""
-    name = lambda rv: sch.get(rv).name_hint  # noqa: E731
-    if len(sch.get_consumers(fork)) < 2:
+    g = _Graph(sch)
+    name = g.name
+    if len(g.consumers(fork)) < 2:
         return None
     inside = {name(fork): fork}
     order: list = []
-    frontier = list(sch.get_consumers(fork))
+    frontier = list(g.consumers(fork))
     while frontier and len(order) < limit:
-        ready = [rv for rv in frontier if all(name(p) in inside for p in sch.get_producers(rv)
-                                              if _in_epilogue(sch, p, inside))]
+        ready = [rv for rv in frontier if all(name(p) in inside for p in g.producers(rv)
+                                              if _in_epilogue(g, p, inside))]
         if not ready:
             return None
         rv = ready[0]
         frontier = [f for f in frontier if name(f) != name(rv)]
-        block = sch.get(rv)
-        if block.name_hint == stop or not all(pointwise(block, sch.get(p).writes[0].source)
-                                              for p in sch.get_producers(rv) if name(p) in inside):
+        block = g.block(rv)
+        if block.name_hint == stop or not all(pointwise(block, g.block(p).writes[0].source)
+                                              for p in g.producers(rv) if name(p) in inside):
             return None
         inside[name(rv)] = rv
         order.append(rv)
         # joined: every block inside (the fork too) has all its consumers inside
-        if len(frontier) == 0 and all(all(name(c) in inside for c in sch.get_consumers(b))
+        if len(frontier) == 0 and all(all(name(c) in inside for c in g.consumers(b))
                                       for b in list(inside.values()) if name(b) != name(rv)):
             return order
-        for c in sch.get_consumers(rv):
+        for c in g.consumers(rv):
             if name(c) not in inside and all(name(c) != name(f) for f in frontier):
                 frontier.append(c)
     return None
 
 
-def _in_epilogue(sch: s_tir.Schedule, producer, inside: dict) -> bool:
+class _Graph:
+    """The blocks of ``sch`` (by name), their producers and consumers, each asked of TVM once:
+    :func:`_join`'s search asks them of the same blocks again and again (every producer of a
+    candidate, back to the GEMM's inputs), and the schedule does not change while it searches."""
+
+    def __init__(self, sch: s_tir.Schedule) -> None:
+        self.sch = sch
+        # RV handle -> (the RV, kept alive so that its handle is not reused; its block; the name)
+        self._rvs: dict = {}
+        self._producers: dict = {}      # by block name, as the search tells blocks apart
+        self._consumers: dict = {}
+
+    def _of(self, rv) -> tuple:
+        found = self._rvs.get(rv.__chandle__())
+        if found is None:
+            block = self.sch.get(rv)
+            found = self._rvs[rv.__chandle__()] = (rv, block, block.name_hint)
+        return found
+
+    def name(self, rv) -> str:
+        return self._of(rv)[2]
+
+    def block(self, rv):
+        return self._of(rv)[1]
+
+    def producers(self, rv) -> list:
+        key = self.name(rv)
+        if key not in self._producers:
+            self._producers[key] = list(self.sch.get_producers(rv))
+        return self._producers[key]
+
+    def consumers(self, rv) -> list:
+        key = self.name(rv)
+        if key not in self._consumers:
+            self._consumers[key] = list(self.sch.get_consumers(rv))
+        return self._consumers[key]
+
+
+def _in_epilogue(g: _Graph, producer, inside: dict) -> bool:
     """Whether ``producer`` computes a value of the epilogue (not a bias or a constant
     operand, which comes from outside): it is inside already, or reads a block that is."""
-    if sch.get(producer).name_hint in inside:
+    if g.name(producer) in inside:
         return True
-    return any(_in_epilogue(sch, p, inside) for p in sch.get_producers(producer))
+    return any(_in_epilogue(g, p, inside) for p in g.producers(producer))
 
 
 #: The block annotation of meta_schedule's layout rewriting: Relax's ``SplitLayoutRewritePreproc``

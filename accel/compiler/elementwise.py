@@ -688,15 +688,13 @@ def _layout(chain: Chain, config: Config) -> _Layout:
     capacity = {ACC.scope: config.acc_elements, INP.scope: config.inp_elements}
 
     def fits(layout: _Layout) -> bool:
-        emitter = _Emitter(chain, layout, config, *_weights(t))
-        once, where = emitter.once(0, layout.chunk, "")
-        allocs = once + emitter.block(0, layout.block, 0, layout.chunk, "", where)
-        used = dict.fromkeys(capacity, 0)
-        for a in allocs:
-            if isinstance(a, tirx.AllocBuffer):
-                used[a.buffer.scope()] += int(a.buffer.shape[0])
+        # a dry run counts the block's allocations without writing its instructions: the search
+        # tries dozens of layouts per chain, and writing their calls was most of a model's build
+        emitter = _Emitter(chain, layout, config, None, None, None, dry=True)
+        _, where = emitter.once(0, layout.chunk, "")
+        emitter.block(0, layout.block, 0, layout.chunk, "", where)
         copies = 2 if layout.iterations > 1 else 1
-        return all(used[scope] * copies <= capacity[scope] for scope in capacity)
+        return all(emitter.used.get(scope, 0) * copies <= capacity[scope] for scope in capacity)
 
     def choose(k: int) -> _Layout | None:
         rows, length = int(np.prod(out[:k], dtype=np.int64)), int(np.prod(out[k:], dtype=np.int64))
@@ -730,11 +728,15 @@ def _tiles(elements: int, t: int) -> int:
 
 
 class _Emitter:
-    """Writes one block of rows: its buffers, LOADs, widening, ALU steps and STORE."""
+    """Writes one block of rows: its buffers, LOADs, widening, ALU steps and STORE. ``used``
+    counts the elements allocated in each scratchpad (by scope) since it was made; a ``dry``
+    emitter only counts them (no buffer, no instruction is written)."""
 
-    def __init__(self, chain: Chain, layout: _Layout, config: Config, ones, column, lut) -> None:
+    def __init__(self, chain: Chain, layout: _Layout, config: Config, ones, column, lut, *,
+                 dry: bool = False) -> None:
         self.chain, self.layout, self.t = chain, layout, config.tile
         self.ones, self.column, self.lut = ones, column, lut
+        self.dry, self.used = dry, {}
         self.uses: dict = {}
         for n in chain.nodes():
             if not n.is_leaf:
@@ -766,8 +768,8 @@ class _Emitter:
         root = where[id(self.chain.root)]
         if self.chain.table is not None:
             ext_out, ext_in, dso, dsi = self.walk(root[1])
-            self.stmts.append(LUT.call(dst_addr=root[0], lut_addr=self.lut, ext_out=ext_out, ext_in=ext_in,
-                                       dst_stride_out=dso, dst_stride_in=dsi))
+            self.emit(LUT, dst_addr=root[0], lut_addr=self.lut, ext_out=ext_out, ext_in=ext_in,
+                      dst_stride_out=dso, dst_stride_in=dsi)
         self.store(root)
         return self.allocs + self.stmts
 
@@ -778,23 +780,35 @@ class _Emitter:
         self.width, self.vectors = self.layout.chunk, _round(cols, self.t) // self.t
         self.left = dict(self.uses)
 
+    def emit(self, instruction, **arguments) -> None:
+        """Write the call of ``instruction`` (none when dry)."""
+        if not self.dry:
+            self.stmts.append(instruction.call(**arguments))
+
     # regions ------------------------------------------------------------------------
-    def acc(self, kind: str):
-        """A fresh ACC region for a value of ``kind``: the block's rows of padded vectors
+    def acc_tiles(self, kind: str) -> int:
+        """The tiles of an ACC region for a value of ``kind``: the block's rows of padded vectors
         (full), one vector per row (row), one padded row (column) or one vector (scalar), in
         whole tiles (the widening writes tiles)."""
         t = self.t
-        self.count += 1
         vectors = {"full": self.rows * self.width // t, "row": self.rows, "column": self.width // t, "scalar": 1}[kind]
-        buf = tirx.decl_buffer((_tiles(vectors * t, t) * t * t,), "int32", f"{BUFFER_PREFIX}acc{self.count}{self.tag}",
-                               scope=ACC.scope)
-        self.allocs.append(tirx.AllocBuffer(buf))
-        return buf, kind
+        return _tiles(vectors * t, t)
+
+    def acc(self, kind: str):
+        """A fresh ACC region for a value of ``kind`` (:meth:`acc_tiles`): ``(buffer, kind)``."""
+        t = self.t
+        return self.allocate(self.acc_tiles(kind) * t * t, "int32", "acc", ACC.scope), kind
 
     def inp(self, tiles: int):
+        return self.allocate(tiles * self.t * self.t, "int8", "inp", INP.scope)
+
+    def allocate(self, elements: int, dtype: str, what: str, scope: str):
+        """A fresh scratchpad buffer of ``elements`` (None when dry: only counted)."""
         self.count += 1
-        buf = tirx.decl_buffer((tiles * self.t * self.t,), "int8", f"{BUFFER_PREFIX}inp{self.count}{self.tag}",
-                               scope=INP.scope)
+        self.used[scope] = self.used.get(scope, 0) + elements
+        if self.dry:
+            return None
+        buf = tirx.decl_buffer((elements,), dtype, f"{BUFFER_PREFIX}{what}{self.count}{self.tag}", scope=scope)
         self.allocs.append(tirx.AllocBuffer(buf))
         return buf
 
@@ -813,32 +827,30 @@ class _Emitter:
         whole tensor or a row, GEMM by the ones column for one value per row or in all)."""
         t, lay = self.t, self.layout
         kind = self.layout.kinds[id(n)]
+        tiles = self.acc_tiles(kind)
         region = self.acc(kind)
         buf = region[0]
-        tiles = int(buf.shape[0]) // (t * t)
         staged = self.inp(tiles)
         if kind in ("full", "column"):
             rows = self.rows if kind == "full" else 1
-            self.stmts.append(LOAD[Mem.INP].call(
-                host=n.leaf, elem_offset=(self.row0 * lay.length if kind == "full" else 0) + self.col0,
-                sram_addr=staged, sram_ld=self.width, rows=rows, cols=self.cols, dram_ld=lay.length, pad_top=0,
-                pad_bottom=0, pad_left=0, pad_right=self.width - self.cols, pad_value=0))
+            self.emit(LOAD[Mem.INP], host=n.leaf,
+                      elem_offset=(self.row0 * lay.length if kind == "full" else 0) + self.col0,
+                      sram_addr=staged, sram_ld=self.width, rows=rows, cols=self.cols, dram_ld=lay.length, pad_top=0,
+                      pad_bottom=0, pad_left=0, pad_right=self.width - self.cols, pad_value=0)
         else:
             rows = self.rows if kind == "row" else 1
-            self.stmts.append(LOAD[Mem.INP].call(
-                host=n.leaf, elem_offset=self.row0 if kind == "row" else 0, sram_addr=staged, sram_ld=t,
-                rows=rows, cols=1, dram_ld=1, pad_top=0, pad_bottom=0, pad_left=0, pad_right=t - 1, pad_value=0))
+            self.emit(LOAD[Mem.INP], host=n.leaf, elem_offset=self.row0 if kind == "row" else 0, sram_addr=staged,
+                      sram_ld=t, rows=rows, cols=1, dram_ld=1, pad_top=0, pad_bottom=0, pad_left=0, pad_right=t - 1,
+                      pad_value=0)
         tile = t * t
         steps = {"ext_out": tiles, "ext_in": 1, "acc_stride_out": tile, "acc_stride_in": 0}
         self.zero(buf)
         if kind in ("full", "column"):
-            self.stmts.append(DWMAC.call(acc_addr=buf, inp_addr=staged, wgt_addr=self.ones,
-                                         acc_ld=t, inp_ld=t, inp_stride_out=tile, inp_stride_in=0, wgt_stride_out=0,
-                                         wgt_stride_in=0, **steps))
+            self.emit(DWMAC, acc_addr=buf, inp_addr=staged, wgt_addr=self.ones, acc_ld=t, inp_ld=t,
+                      inp_stride_out=tile, inp_stride_in=0, wgt_stride_out=0, wgt_stride_in=0, **steps)
         else:
-            self.stmts.append(GEMM.call(acc_addr=buf, inp_addr=staged, wgt_addr=self.column,
-                                        acc_ld=t, inp_ld=t, wgt_ld=t, inp_stride_out=tile, inp_stride_in=0,
-                                        wgt_stride_out=0, wgt_stride_in=0, **steps))
+            self.emit(GEMM, acc_addr=buf, inp_addr=staged, wgt_addr=self.column, acc_ld=t, inp_ld=t, wgt_ld=t,
+                      inp_stride_out=tile, inp_stride_in=0, wgt_stride_out=0, wgt_stride_in=0, **steps)
         return region
 
     def alu(self, op: AluOp, dst, src=None, imm: int = 0) -> None:
@@ -846,10 +858,9 @@ class _Emitter:
         where it does not vary) or the immediate."""
         ext_out, ext_in, dst_out, dst_in = self.walk(dst[1])
         src_out, src_in = self.walk(src[1])[2:] if src is not None else (0, 0)
-        self.stmts.append(ALU[op, src is None].call(
-            dst_addr=dst[0], src_addr=src[0] if src is not None else 0, imm=imm, ext_out=ext_out, ext_in=ext_in,
-            dst_stride_out=dst_out, dst_stride_in=dst_in, src_stride_out=src_out if ext_out > 1 else 0,
-            src_stride_in=src_in if ext_in > 1 else 0))
+        self.emit(ALU[op, src is None], dst_addr=dst[0], src_addr=src[0] if src is not None else 0, imm=imm,
+                  ext_out=ext_out, ext_in=ext_in, dst_stride_out=dst_out, dst_stride_in=dst_in,
+                  src_stride_out=src_out if ext_out > 1 else 0, src_stride_in=src_in if ext_in > 1 else 0)
 
     def copy(self, region, kind: str):
         """A fresh region of ``kind`` holding ``region``'s values (broadcast if need be)."""
@@ -861,10 +872,11 @@ class _Emitter:
     def zero(self, buf) -> None:
         """Zero the ACC buffer ``buf`` with a LOAD of padding alone (no DRAM read: its issue
         cycles only, where a GEMM reset takes ``tile`` cycles a tile)."""
+        if self.dry:
+            return
         t = self.t
-        self.stmts.append(LOAD[Mem.ACC].call(
-            host=self.chain.leaves[0], elem_offset=0, sram_addr=buf, sram_ld=t, rows=0, cols=0, dram_ld=0,
-            pad_top=int(buf.shape[0]) // t, pad_bottom=0, pad_left=t, pad_right=0, pad_value=0))
+        self.emit(LOAD[Mem.ACC], host=self.chain.leaves[0], elem_offset=0, sram_addr=buf, sram_ld=t, rows=0, cols=0,
+                  dram_ld=0, pad_top=int(buf.shape[0]) // t, pad_bottom=0, pad_left=t, pad_right=0, pad_value=0)
 
     def compute(self, n: Node, where: dict):
         kind = self.layout.kinds[id(n)]
@@ -889,9 +901,9 @@ class _Emitter:
 
     def store(self, region) -> None:
         lay, chain = self.layout, self.chain
-        self.stmts.append(STORE[StoreMode.SATURATE if chain.saturate else StoreMode.WRAP].call(
-            host=chain.out, elem_offset=self.row0 * lay.length + self.col0, sram_addr=region[0], sram_ld=self.width,
-            rows=self.rows, cols=self.cols, dram_ld=lay.length, dram_step=1))
+        self.emit(STORE[StoreMode.SATURATE if chain.saturate else StoreMode.WRAP], host=chain.out,
+                  elem_offset=self.row0 * lay.length + self.col0, sram_addr=region[0], sram_ld=self.width,
+                  rows=self.rows, cols=self.cols, dram_ld=lay.length, dram_step=1)
 
 
 def _weights(t: int) -> tuple:
@@ -909,13 +921,20 @@ def _parts(total: int, size: int) -> list:
     return ([(whole, 0, size)] if whole else []) + ([(0, whole * size, rest)] if rest else [])
 
 
-def lower(func: tirx.PrimFunc, chain: Chain, config: Config) -> tirx.PrimFunc:
-    """``func`` with its body replaced by accel's instructions for ``chain`` (see the module
-    docstring); raises ``ValueError`` naming the problem when its rows do not fit ACC."""
+def _checked_layout(chain: Chain, config: Config) -> _Layout:
+    """:func:`_layout`, raising ``ValueError`` naming the problem when its rows do not fit ACC."""
     try:
-        layout = _layout(chain, config)
+        return _layout(chain, config)
     except _Unsupported as why:
         raise ValueError(str(why)) from None
+
+
+def lower(func: tirx.PrimFunc, chain: Chain, config: Config, layout: _Layout | None = None) -> tirx.PrimFunc:
+    """``func`` with its body replaced by accel's instructions for ``chain`` (see the module
+    docstring), laid out as ``layout`` says (by default the one :func:`_layout` searches); raises
+    ``ValueError`` naming the problem when its rows do not fit ACC."""
+    if layout is None:
+        layout = _checked_layout(chain, config)
     t = config.tile
     host = chain.leaves[0]
     ones, column, lut = _weights(t)
@@ -956,8 +975,9 @@ def lower(func: tirx.PrimFunc, chain: Chain, config: Config) -> tirx.PrimFunc:
     return func.with_body(s_tir.SBlockRealize([], True, s_tir.SBlock([], [], [], "root", chain_block)))
 
 
-def describe(chain: Chain, config: Config) -> str:
-    """One line for the report: the chain's shape, layout and operations.
+def describe(chain: Chain, config: Config, layout: _Layout | None = None) -> str:
+    """One line for the report: the chain's shape, ``layout`` (by default the one :func:`_layout` searches)
+    and operations.
 
     >>> a = Node(shape=(1, 8, 3, 3), leaf=tirx.decl_buffer((1, 8, 3, 3), "int8", "a"))
     >>> root = Node(shape=(1, 8, 3, 3), op=AluOp.SHR, a=Node(shape=(1, 8, 3, 3), op=AluOp.MUL, a=a, b=5), b=3)
@@ -965,7 +985,8 @@ def describe(chain: Chain, config: Config) -> str:
     >>> describe(Chain(root, True, out, (1, 8, 3, 3), [a.leaf]), Config())
     'offloaded element-wise chain: 1 int8 operand(s) (full) -> 1x8x3x3 int8 as 1 row(s) of 72, 2 ALU step(s) (MUL, SHR)'
     """
-    layout = _layout(chain, config)
+    if layout is None:
+        layout = _checked_layout(chain, config)
     ops = [n.op.name for n in chain.nodes() if not n.is_leaf]
     kinds = sorted({layout.kinds[id(n)] for n in chain.nodes() if n.is_leaf})
     return (f"offloaded element-wise chain: {len(chain.leaves)} int8 operand(s) ({', '.join(kinds)}) -> "
@@ -1013,8 +1034,9 @@ def schedule_partition(func: tirx.PrimFunc, config: Config) -> tirx.PrimFunc | N
     notes = {"host_macs": 0, "device_macs": 0, "host_steps": [], "epilogue": [], "details": []}
     if chain is not None:
         try:
-            lowered = lower(func, chain, config)
-            notes["details"] = [describe(chain, config)]
+            layout = _checked_layout(chain, config)       # searched once: lower and describe both take it
+            lowered = lower(func, chain, config, layout)
+            notes["details"] = [describe(chain, config, layout)]
             notes["epilogue"] = describe_operation(chain)
             return lowered.with_attr(tp.SCHEDULE_NOTES, json.dumps(notes))
         except ValueError as err:

@@ -212,12 +212,12 @@ def index_map(func: tirx.PrimFunc) -> tuple[np.ndarray, np.ndarray, list, tuple]
 
 def _compiled(func: tirx.PrimFunc):
     """``[inputs] -> func(*inputs)`` on the CPU (flat int8 arrays in, the flat output out)."""
-    ex = tvm.compile(ir.IRModule({"main": func.with_attr("global_symbol", "main")}), "llvm")
+    main = tvm.compile(ir.IRModule({"main": func.with_attr("global_symbol", "main")}), "llvm")["main"]
     shapes = [[int(d) for d in p.shape] for p in func.params if tirx.is_buffer_var(p)]
 
     def run(inputs: list) -> np.ndarray:
         out = tvm.runtime.tensor(np.zeros(shapes[-1], np.int8))
-        ex["main"](*[tvm.runtime.tensor(x.reshape(sh)) for x, sh in zip(inputs, shapes)], out)
+        main(*[tvm.runtime.tensor(x.reshape(sh)) for x, sh in zip(inputs, shapes)], out)
         return out.numpy().reshape(-1)
 
     return run

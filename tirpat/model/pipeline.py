@@ -81,6 +81,9 @@ class Record:
     #: a partition its backend cannot lower runs on the host (a model's); False: the error is
     #: raised (a TIR workload, whose functions the user handed to the target themselves)
     fall_back: bool = True
+    #: (backend, options text, structural hash) -> (what the TIR stages took, what they gave):
+    #: the stages :func:`schedule_for` tried, which the dispatch reuses for the same function
+    tried: dict = field(default_factory=dict)
 
 
 #: The runtime function every offloaded PrimFunc calls first, with its name, its backend, the
@@ -264,14 +267,20 @@ def schedule_for(func: tirx.PrimFunc, backend: str, opts: dict, function: str, r
         # the TIR stages later refuse it (the dispatch's fallback lowers the scheduled PrimFunc
         # for the host): those stages are tried now, on a copy, while the unscheduled PrimFunc
         # can still take the partition's place.
+        # Under the name TVM gives it (its GlobalVar's), as the dispatch will see it: the
+        # dispatch then takes this result when the same function reaches it, and does not
+        # run the stages twice.
+        staged = _stage_input(_single_primfunc(lower_blocks()(ir.IRModule({function: scheduled})), backend),
+                              function)
         try:
-            _lowered_by(backend, options_text(opts), ir.GlobalVar(function),
-                        _single_primfunc(lower_blocks()(ir.IRModule({function: scheduled})), backend))
+            done = _lowered_by(backend, options_text(opts), ir.GlobalVar(function), staged)
         except Exception as err:  # noqa: BLE001 - as above
             if record is not None and not record.fall_back:
                 raise
             _fell_back(record, function, backend, "its TIR passes or rules", err)
             return None
+        if record is not None:
+            record.tried[_tried_key(backend, options_text(opts), staged)] = (staged, done)
     if func.attrs is None or "global_symbol" not in func.attrs:
         scheduled = scheduled.without_attr("global_symbol")
     scheduled = (scheduled.with_attr(BACKEND_ATTR, backend).with_attr(OPTIONS_ATTR, options_text(opts))
@@ -444,7 +453,7 @@ def _dispatch_one(gv: ir.GlobalVar, func: tirx.PrimFunc, record: Record | None) 
     partition = gv.name_hint if origin is None else origin.name    # hand-written code: its own name
     backend = str(func.attrs[BACKEND_ATTR])
     try:
-        done, counts = _lowered_by(backend, str(func.attrs.get(OPTIONS_ATTR, "{}")), gv, func)
+        done, counts = _tried_or_lowered(record, backend, str(func.attrs.get(OPTIONS_ATTR, "{}")), gv, func)
     except Exception as err:  # noqa: BLE001 - the partition runs on the host; the report says why
         if record is not None and not record.fall_back:
             raise
@@ -476,6 +485,35 @@ def _lowered_by(backend: str, opts_text: str, gv: ir.GlobalVar, func: tirx.PrimF
         counts = dict(report.counts)
     sub = tvm.transform.Sequential(after)(sub)
     return sub[gv], counts
+
+
+def _stage_input(func: tirx.PrimFunc, symbol: str | None = None) -> tirx.PrimFunc:
+    """``func`` with no attribute but its ``global_symbol`` (``symbol`` if it has none): all
+    that the TIR stages read of a function's attributes (the planner names its replay keys
+    after it), so that the same code under other tags is the same input to them."""
+    attrs = func.attrs
+    if attrs is not None and "global_symbol" in attrs:
+        symbol = str(attrs["global_symbol"])
+    bare = tirx.PrimFunc(func.params, func.body, func.ret_type)
+    return bare.with_attr("global_symbol", symbol) if symbol else bare
+
+
+def _tried_key(backend: str, opts_text: str, staged: tirx.PrimFunc) -> tuple:
+    return backend, opts_text, tvm_ffi.structural_hash(staged)
+
+
+def _tried_or_lowered(record: Record | None, backend: str, opts_text: str, gv: ir.GlobalVar,
+                      func: tirx.PrimFunc) -> tuple:
+    """:func:`_lowered_by`, or what :func:`schedule_for` got trying the stages on the same
+    function (its attributes aside, which the stages keep as they are): ``func``'s own
+    attributes on that result."""
+    if record is not None and record.tried and _calls_device(func):
+        staged = _stage_input(func)
+        found = record.tried.get(_tried_key(backend, opts_text, staged))
+        if found is not None and tvm_ffi.structural_equal(found[0], staged):
+            done, counts = found[1]
+            return tirx.PrimFunc(done.params, done.body, done.ret_type, func.attrs), dict(counts)
+    return _lowered_by(backend, opts_text, gv, func)
 
 
 def _calls_device(func: tirx.PrimFunc) -> bool:
