@@ -625,11 +625,14 @@ class Program:
         self._ops: Optional[list[tuple[int, int, Op]]] = None
         self._hosts: dict[int, tuple[np.ndarray, int]] = {}  # slot -> (flat view, address) the calls use
         self._runs = 0
-        self._fused = None      # the batched plan (accel.hw.fused), made at the third run; False: none
+        self._fused = None      # the batched plan (accel.hw.fused), made at the third run (see _execute); False: none
 
-    def run(self, buffers: Buffers, stats: Optional[Stats] = None, *, execute: bool = True) -> Stats:
+    def run(self, buffers: Buffers, stats: Optional[Stats] = None, *, execute: bool = True,
+            again: bool = False) -> Stats:
         """Execute the stream on ``buffers`` (unless ``execute=False``) and account its
-        cycles in ``stats`` (new Stats when None), which are returned.
+        cycles in ``stats`` (new Stats when None), which are returned. ``again`` says the
+        caller will run this Program again (a session stores it to replay): its batched plan
+        is then made now, at its first run, not at its third.
 
         Raises the check's error, before anything is written, if the buffer table differs
         from the one the stream was checked against in a way that matters.
@@ -640,16 +643,18 @@ class Program:
                 sim.check(index, ins, buffers)
         if execute:
             with _one_blas_thread():
-                self._execute(buffers)
+                self._execute(buffers, again)
         stats = stats if stats is not None else Stats(sim.config)
         stats.add(self.timing)
         return stats
 
-    def _execute(self, buffers: Buffers) -> None:
-        """Run the batched plan when the stream has one (from its third run on: following
-        a stream symbolically costs a few runs' worth), else the prepared calls one by one."""
+    def _execute(self, buffers: Buffers, again: bool) -> None:
+        """Run the batched plan when the stream has one, else the prepared calls one by one.
+        The plan is made at the third run (following a stream symbolically costs a few runs'
+        worth: a stream run once or twice never pays for it), or at the first when the caller
+        says the Program runs ``again`` (then the per-instruction calls are never prepared)."""
         self._runs += 1
-        if self._fused is None and self._runs > _RUNS_BEFORE_FUSING:
+        if self._fused is None and (again or self._runs > _RUNS_BEFORE_FUSING):
             self._fused = fused.fuse(self.simulator, self.stream, self.timing.order(), buffers) or False
         if self._fused and self._fused.run(buffers, self.simulator):
             return

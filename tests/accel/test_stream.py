@@ -151,6 +151,23 @@ def test_a_compiled_call_is_built_once_and_replayed(dense):
     assert s.builder._recordings[0].program._fused     # the later calls ran the batched plan
 
 
+def test_a_stored_stream_is_fused_as_it_first_runs(dense):
+    """The stream a static group stores runs again at every later call, so its batched plan
+    is made at its first run (the second call already runs it, and the per-instruction calls
+    are never prepared); a stream no group stores waits for its third run, so a stream run
+    once or twice never pays for the analysis."""
+    a, w = np.ones((48, 64), np.int8), np.ones((32, 64), np.int8)
+    with accel.Session() as s:
+        dense(a, w, np.zeros((48, 32), np.int32))
+    (program,) = [stored.stream for variants in s._replays.values() for stored in variants]
+    assert program._fused and program._ops is None
+    called = accel.Session()
+    called.kept_replays = 0
+    with called:
+        dense(a, w, np.zeros((48, 32), np.int32))
+    assert called.builder._recordings[0].program._fused is None
+
+
 def _account(stats):
     return stats.cycles, stats.busy, stats.instructions, stats.bytes, stats.macs, stats.timeline.text()
 
