@@ -101,6 +101,11 @@ class Instruction:
                 raise ValueError(f"{cls}.{name} must be a bool, got {value!r}")
             return bool(value)
         if kind is not int:
+            # compiled code passes an enum field as a plain int: the members by value are one
+            # dict lookup, where the enum's constructor costs microseconds per instruction
+            member = kind._value2member_map_.get(value) if type(value) is int else None
+            if member is not None:
+                return member
             try:
                 return kind(value)
             except ValueError:

@@ -133,6 +133,7 @@ def _alu_footprint(ins: Alu, tile: int, host) -> list:
 
 
 _SRAM = {mem: ("sram", mem) for mem in Mem}
+_OTHERS = {q: tuple(p for p in Queue if p is not q) for q in Queue}
 _FOOTPRINTS = {Opcode.LOAD: _load_footprint, Opcode.STORE: _store_footprint, Opcode.GEMM: _mac_footprint,
                Opcode.DWMAC: _mac_footprint, Opcode.LUT: _lut_footprint, Opcode.ALU: _alu_footprint,
                Opcode.FINISH: lambda ins, tile, host: []}
@@ -176,15 +177,40 @@ class _Ranges:
     def remove_inside(self, lo: int, hi: int) -> None:
         """Drop every range that lies within ``[lo, hi)``."""
         keys = self.keys
-        first, last = bisect_left(keys, (lo,)), bisect_left(keys, (hi,))
-        if first == last:
+        first = bisect_left(keys, (lo,))
+        if first == len(keys) or keys[first][0] >= hi:     # none starts inside (the common case)
             return
+        last = bisect_left(keys, (hi,), first)
         window = keys[first:last]
         inside = [key for key in window if key[1] <= hi]
         if inside:
             keys[first:last] = [key for key in window if key[1] > hi]
             for key in inside:
                 del self.values[key]
+
+
+    def overwrite(self, lo: int, hi: int, value) -> None:
+        """:meth:`remove_inside` then :meth:`put`: ``[lo, hi)`` stands for every range within it.
+
+        >>> r = _Ranges(); r.put(0, 8, "a"); r.put(4, 12, "b"); r.put(8, 16, "c")
+        >>> r.overwrite(4, 16, "d"); r.keys, r.get(4, 16)
+        ([(0, 8), (4, 16)], 'd')
+        """
+        keys, values = self.keys, self.values
+        first = bisect_left(keys, (lo,))
+        last = bisect_left(keys, (hi,), first)
+        if last == first + 1 and keys[first] == (lo, hi):      # the range alone, written again
+            values[keys[first]] = value
+            return
+        # what stays of the window starts inside and ends beyond hi: after (lo, hi) in order
+        window = keys[first:last]
+        for key in window:
+            if key[1] <= hi:
+                del values[key]
+        keys[first:last] = [(lo, hi), *(key for key in window if key[1] > hi)]
+        values[(lo, hi)] = value
+        if hi - lo > self.widest:
+            self.widest = hi - lo
 
 
 class DependencyTracker:
@@ -204,8 +230,13 @@ class DependencyTracker:
         """Forget everything (a new stream starts)."""
         self._writes: dict[tuple, _Ranges] = {}
         self._reads: dict[tuple, _Ranges] = {}    # values: {queue: (queue, index)}
+        # per space, the highest index each queue ever wrote / read there: a space whose
+        # other queues' accesses the instruction is already ordered after needs no search
+        # (a compute instruction reading ACC, which only the compute queue writes)
+        self._wrote: dict[tuple, list[int]] = {}
+        self._read: dict[tuple, list[int]] = {}
         # ordered[consumer][producer]: highest producer index the consumer already waits for
-        self._ordered = {q: {p: -1 for p in Queue} for q in Queue}
+        self._ordered = {q: [-1, -1, -1] for q in Queue}
         self._last: tuple = (None, None, ())         # (instruction, its queue, its footprint) for record()
 
     def order(self, em, ins: Instruction) -> Instruction:
@@ -213,39 +244,47 @@ class DependencyTracker:
         returns ``ins`` with its pop flags set (the pushes go onto earlier instructions)."""
         queue = queue_of(ins)
         needs: dict[Queue, int] = {}
-        accesses = footprint(ins, self.tile, self.host)
+        accesses = _FOOTPRINTS[ins.opcode](ins, self.tile, self.host)
         self._last = (ins, queue, accesses)
+        ordered = self._ordered[queue]
+        first, second = _OTHERS[queue]
         for space, lo, hi, write in accesses:
-            writes = self._writes.get(space)
-            if writes is not None:
-                for producer, index in writes.values_overlapping(lo, hi):
+            last = self._wrote.get(space)
+            # (the ranges any other queue wrote here are searched only when one of them may
+            # be later than what the instruction already waits for)
+            if last is not None and (last[first] > ordered[first] and last[first] > needs.get(first, -1) or
+                                     last[second] > ordered[second] and last[second] > needs.get(second, -1)):
+                for producer, index in self._writes[space].values_overlapping(lo, hi):
                     if producer is not queue and index > needs.get(producer, -1):
                         needs[producer] = index
             if write:
-                reads = self._reads.get(space)
-                if reads is not None:
-                    for readers in reads.values_overlapping(lo, hi):
+                last = self._read.get(space)
+                if last is not None and (last[first] > ordered[first] and last[first] > needs.get(first, -1) or
+                                         last[second] > ordered[second] and last[second] > needs.get(second, -1)):
+                    for readers in self._reads[space].values_overlapping(lo, hi):
                         for producer, index in readers.values():
                             if producer is not queue and index > needs.get(producer, -1):
                                 needs[producer] = index
+        if not needs:
+            return ins
         pops = {}
         # LOAD <-> STORE are not neighbours: a compute NOP takes the token and passes one
         # on; the consumer then only depends on that NOP (the latest compute instruction).
         far = Queue.STORE if queue is Queue.LOAD else Queue.LOAD if queue is Queue.STORE else None
         if far is not None and far in needs:
             index = needs.pop(far)
-            if self._ordered[queue][far] < index:
+            if ordered[far] < index:
                 if self._ordered[Queue.COMPUTE][far] < index:
                     self._ordered[Queue.COMPUTE][far] = self._push(em, far, Queue.COMPUTE, index)
                     hop = nop(Queue.COMPUTE).with_flags(**{_POP[(far, Queue.COMPUTE)]: True})
                 else:
                     hop = nop(Queue.COMPUTE)
                 needs[Queue.COMPUTE] = max(needs.get(Queue.COMPUTE, -1), em.emit(hop))
-                self._ordered[queue][far] = index
+                ordered[far] = index
         for src, index in needs.items():
-            if self._ordered[queue][src] >= index:
+            if ordered[src] >= index:
                 continue
-            self._ordered[queue][src] = self._push(em, src, queue, index)
+            ordered[src] = self._push(em, src, queue, index)
             pops[_POP[(src, queue)]] = True
         if pops:
             ins = ins.with_flags(**pops)
@@ -256,6 +295,7 @@ class DependencyTracker:
         last, queue, accesses = self._last
         if last is not ins:
             queue, accesses = queue_of(ins), footprint(ins, self.tile, self.host)
+        entry = (queue, index)
         for space, lo, hi, write in accesses:
             if write:
                 # Accesses inside the new range are ordered before this write, so its
@@ -263,8 +303,9 @@ class DependencyTracker:
                 writes = self._writes.get(space)
                 if writes is None:
                     writes = self._writes[space] = _Ranges()
-                writes.remove_inside(lo, hi)
-                writes.put(lo, hi, (queue, index))
+                    self._wrote[space] = [-1, -1, -1]
+                writes.overwrite(lo, hi, entry)
+                self._wrote[space][queue] = index
                 reads = self._reads.get(space)
                 if reads is not None:
                     reads.remove_inside(lo, hi)
@@ -272,11 +313,13 @@ class DependencyTracker:
                 reads = self._reads.get(space)
                 if reads is None:
                     reads = self._reads[space] = _Ranges()
+                    self._read[space] = [-1, -1, -1]
                 readers = reads.get(lo, hi)
                 if readers is None:
-                    reads.put(lo, hi, {queue: (queue, index)})
+                    reads.put(lo, hi, {queue: entry})
                 else:
-                    readers[queue] = (queue, index)
+                    readers[queue] = entry
+                self._read[space][queue] = index
 
     def _push(self, em, src: Queue, dst: Queue, index: int) -> int:
         """Make the first instruction of ``src`` at or after ``index`` with a free push flag
