@@ -340,16 +340,18 @@ class Simulator:
         """Check, verify and schedule a FINISH-terminated stream; nothing is written.
 
         Raises an :class:`accel.hw.errors.AccelError` if any instruction is invalid or the
-        tokens deadlock. ``verified=True`` skips the token check for a stream that
+        tokens deadlock. ``verified=True`` skips the stream's form check for a stream that
         :meth:`accel.hw.emitter.Emitter.finish` just verified, ``checked=True`` the
         instruction checks for a stream whose every instruction was checked against this
-        buffer table as it was emitted (what a session does).
+        buffer table as it was emitted (what a session does). The tokens are checked by
+        the schedule either way: a stream that would hang stalls the cycle model, which
+        raises :func:`~accel.hw.emitter.verify`'s error.
         """
         if not checked:
             for index, ins in enumerate(stream):
                 self.check(index, ins, buffers)
         if not verified:
-            verify(stream)
+            verify(stream, tokens=False)
         return Program(self, list(stream), cycles.schedule(stream, self.config))
 
     def run(self, stream: Sequence[Instruction], buffers: Buffers, stats: Optional[Stats] = None,

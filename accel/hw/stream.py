@@ -212,8 +212,9 @@ class StreamBuilder:
                     return rec.program
                 self._following = None
                 self._build_prefix(rec, self._at)
-            stream = self.emitter.finish()
-            program = self.simulator.compile(stream, buffers, verified=True, checked=True)
+            # the tokens are checked once, by the schedule compile() makes
+            stream = self.emitter.finish(check_tokens=False)
+            program = self.simulator.compile(stream, buffers, checked=True)
             if self._calls:
                 self._recordings.insert(0, _Recording(self._calls, self._results, program,
                                                       _aliasing(program, buffers)))
