@@ -385,38 +385,37 @@ def make(cls: type[Instruction], values: dict) -> Instruction:
     ins = object.__new__(cls)
     fields_ = ins.__dict__
     fields_.update(values)
-    unsigned, getter = _bulk(cls)
-    if len(fields_) != len(_spec(cls)):
+    count, getter, others = _BULK.get(cls) or _bulk(cls)
+    if len(fields_) != count:
         raise TypeError(f"{cls.__name__} needs exactly the fields {[n for n, *_ in _spec(cls)]}")
     ints = getter(fields_)
     if set(map(type, ints)) == {int} and min(ints) >= 0 and max(ints) < _U32:
-        for name, kind, lo, hi in _spec(cls):
-            if name not in unsigned:
-                value = fields_[name]
-                if kind is bool:
-                    ok = value is True or value is False
-                elif kind is int:  # a signed field: range-checked like every other one
-                    ok = type(value) is int and lo <= value < hi
-                else:
-                    ok = type(value) is kind
-                if not ok:
-                    fields_[name] = ins._coerce(name, kind, lo, hi, value)
+        for name, kind, lo, hi in others:
+            value = fields_[name]
+            if kind is bool:
+                ok = value is True or value is False
+            elif kind is int:  # a signed field: range-checked like every other one
+                ok = type(value) is int and lo <= value < hi
+            else:
+                ok = type(value) is kind
+            if not ok:
+                fields_[name] = ins._coerce(name, kind, lo, hi, value)
     else:
         ins.__post_init__()
     return ins
 
 
-_BULK: dict[type, tuple[frozenset[str], Callable]] = {}
+_BULK: dict[type, tuple[int, Callable, tuple]] = {}
 
 
-def _bulk(cls: type) -> tuple[frozenset[str], Callable]:
-    """The unsigned int fields of ``cls`` and a getter returning them as a tuple."""
-    bulk = _BULK.get(cls)
-    if bulk is None:
-        names = tuple(n for n, kind, lo, _ in _spec(cls) if kind is int and lo == 0)
-        getter = operator.itemgetter(*names) if len(names) > 1 else (
-            (lambda d, n=names[0]: (d[n],)) if names else (lambda d: (0,)))
-        bulk = _BULK[cls] = (frozenset(names), getter)
+def _bulk(cls: type) -> tuple[int, Callable, tuple]:
+    """The number of fields of ``cls``, a getter returning its unsigned int fields as a
+    tuple, and the spec (see :func:`_spec`) of the other fields."""
+    names = tuple(n for n, kind, lo, _ in _spec(cls) if kind is int and lo == 0)
+    getter = operator.itemgetter(*names) if len(names) > 1 else (
+        (lambda d, n=names[0]: (d[n],)) if names else (lambda d: (0,)))
+    others = tuple(spec for spec in _spec(cls) if spec[0] not in names)
+    bulk = _BULK[cls] = (len(_spec(cls)), getter, others)
     return bulk
 
 

@@ -29,6 +29,7 @@ pops that take them; choosing a pusher at or after every earlier one keeps that 
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_left, insort
 
 from accel.hw.emitter import nop
@@ -160,9 +161,13 @@ class _Ranges:
 
     def values_overlapping(self, lo: int, hi: int) -> list:
         """The values of the ranges that overlap ``[lo, hi)``."""
-        keys, values = self.keys, self.values
-        return [values[key] for key in keys[bisect_left(keys, (lo - self.widest,)):bisect_left(keys, (hi,))]
-                if key[1] > lo]
+        keys = self.keys
+        first = bisect_left(keys, (lo - self.widest,))
+        last = bisect_left(keys, (hi,), first)
+        if first == last:           # (most searches: no list made)
+            return ()
+        values = self.values
+        return [values[key] for key in keys[first:last] if key[1] > lo]
 
     def get(self, lo: int, hi: int):
         return self.values.get((lo, hi))
@@ -213,6 +218,19 @@ class _Ranges:
             self.widest = hi - lo
 
 
+def _unseen() -> tuple[list, ...]:
+    """Per queue, the [index, lo, hi] summary of no access."""
+    return tuple([-1, math.inf, -math.inf] for _ in Queue)
+
+
+def _seen(summary: list, index: int, lo: int, hi: int) -> None:
+    summary[0] = index
+    if lo < summary[1]:
+        summary[1] = lo
+    if hi > summary[2]:
+        summary[2] = hi
+
+
 class DependencyTracker:
     """Adds the dependency tokens a stream needs, one instruction at a time (see module doc).
 
@@ -230,11 +248,13 @@ class DependencyTracker:
         """Forget everything (a new stream starts)."""
         self._writes: dict[tuple, _Ranges] = {}
         self._reads: dict[tuple, _Ranges] = {}    # values: {queue: (queue, index)}
-        # per space, the highest index each queue ever wrote / read there: a space whose
-        # other queues' accesses the instruction is already ordered after needs no search
-        # (a compute instruction reading ACC, which only the compute queue writes)
-        self._wrote: dict[tuple, list[int]] = {}
-        self._read: dict[tuple, list[int]] = {}
+        # per space and queue, [highest index, lowest lo, highest hi] of the queue's writes
+        # / reads there: a search is needed only where another queue's accesses may both be
+        # later than what the instruction already waits for and overlap it (not for a
+        # compute instruction reading ACC, which only the compute queue writes, nor for a
+        # LOAD of an input the stream's STOREs never write)
+        self._wrote: dict[tuple, tuple[list[int], ...]] = {}
+        self._read: dict[tuple, tuple[list[int], ...]] = {}
         # ordered[consumer][producer]: highest producer index the consumer already waits for
         self._ordered = {q: [-1, -1, -1] for q in Queue}
         self._last: tuple = (None, None, ())         # (instruction, its queue, its footprint) for record()
@@ -247,24 +267,28 @@ class DependencyTracker:
         accesses = _FOOTPRINTS[ins.opcode](ins, self.tile, self.host)
         self._last = (ins, queue, accesses)
         ordered = self._ordered[queue]
-        first, second = _OTHERS[queue]
+        others = _OTHERS[queue]
         for space, lo, hi, write in accesses:
-            last = self._wrote.get(space)
-            # (the ranges any other queue wrote here are searched only when one of them may
-            # be later than what the instruction already waits for)
-            if last is not None and (last[first] > ordered[first] and last[first] > needs.get(first, -1) or
-                                     last[second] > ordered[second] and last[second] > needs.get(second, -1)):
-                for producer, index in self._writes[space].values_overlapping(lo, hi):
-                    if producer is not queue and index > needs.get(producer, -1):
-                        needs[producer] = index
-            if write:
-                last = self._read.get(space)
-                if last is not None and (last[first] > ordered[first] and last[first] > needs.get(first, -1) or
-                                         last[second] > ordered[second] and last[second] > needs.get(second, -1)):
-                    for readers in self._reads[space].values_overlapping(lo, hi):
-                        for producer, index in readers.values():
+            seen = self._wrote.get(space)
+            if seen is not None:
+                for q in others:
+                    index, first, last = seen[q]
+                    if index > ordered[q] and first < hi and lo < last and index > needs.get(q, -1):
+                        for producer, index in self._writes[space].values_overlapping(lo, hi):
                             if producer is not queue and index > needs.get(producer, -1):
                                 needs[producer] = index
+                        break
+            if write:
+                seen = self._read.get(space)
+                if seen is not None:
+                    for q in others:
+                        index, first, last = seen[q]
+                        if index > ordered[q] and first < hi and lo < last and index > needs.get(q, -1):
+                            for readers in self._reads[space].values_overlapping(lo, hi):
+                                for producer, index in readers.values():
+                                    if producer is not queue and index > needs.get(producer, -1):
+                                        needs[producer] = index
+                            break
         if not needs:
             return ins
         pops = {}
@@ -303,9 +327,9 @@ class DependencyTracker:
                 writes = self._writes.get(space)
                 if writes is None:
                     writes = self._writes[space] = _Ranges()
-                    self._wrote[space] = [-1, -1, -1]
+                    self._wrote[space] = _unseen()
                 writes.overwrite(lo, hi, entry)
-                self._wrote[space][queue] = index
+                _seen(self._wrote[space][queue], index, lo, hi)
                 reads = self._reads.get(space)
                 if reads is not None:
                     reads.remove_inside(lo, hi)
@@ -313,13 +337,13 @@ class DependencyTracker:
                 reads = self._reads.get(space)
                 if reads is None:
                     reads = self._reads[space] = _Ranges()
-                    self._read[space] = [-1, -1, -1]
+                    self._read[space] = _unseen()
                 readers = reads.get(lo, hi)
                 if readers is None:
                     reads.put(lo, hi, {queue: entry})
                 else:
                     readers[queue] = entry
-                self._read[space][queue] = index
+                _seen(self._read[space][queue], index, lo, hi)
 
     def _push(self, em, src: Queue, dst: Queue, index: int) -> int:
         """Make the first instruction of ``src`` at or after ``index`` with a free push flag
