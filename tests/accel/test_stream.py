@@ -13,6 +13,8 @@ from hypothesis import given, settings, strategies as st
 
 import accel
 from accel.hw import runtime
+from accel.hw import stream as stream_module
+from accel.hw.isa import make as isa_make
 from accel.hw.isa import Mem, Queue
 from accel.hw.stream import AUTO
 from tirpat.device import OptionsMismatch
@@ -126,6 +128,28 @@ def test_a_replay_follows_the_buffer_table_it_runs_on():
     with pytest.raises(accel.DmaRangeError, match="outside host buffer slot"):
         calls(s, tvm.runtime.tensor(x), tvm.runtime.tensor(x), small)
     assert not small.numpy().any() and s.pending == 0
+
+
+def test_an_instruction_made_in_one_stream_is_checked_again_in_another_against_its_table(monkeypatch):
+    """Another stream repeating a call reuses the instruction made for it; one that reads no
+    host slot needs no new check, but a LOAD is checked against the new stream's buffer
+    table: a host buffer too small now is refused at the call, naming the range."""
+    made = []
+    monkeypatch.setattr(stream_module, "make", lambda cls, fields: made.append(cls) or isa_make(cls, fields))
+    s = accel.Session()
+    big, small = tvm.runtime.tensor(np.zeros(256, np.int8)), tvm.runtime.tensor(np.zeros(16, np.int8))
+    s.alu(accel.AluOp.ADD, 0, imm=1, use_imm=True, deps=AUTO)
+    s.alu(accel.AluOp.ADD, 16, imm=1, use_imm=True, deps=AUTO)
+    s.load(big, 0, Mem.INP, 0, 16, rows=16, cols=16, dram_ld=16, deps=AUTO)
+    s.sync()
+    assert made == [accel.Alu, accel.Alu, accel.Load]
+    made.clear()
+    s.alu(accel.AluOp.ADD, 32, imm=1, use_imm=True, deps=AUTO)     # another stream, not a replay
+    s.alu(accel.AluOp.ADD, 16, imm=1, use_imm=True, deps=AUTO)
+    assert made == [accel.Alu]
+    with pytest.raises(accel.DmaRangeError, match=r"\[0, 256\) are outside host buffer slot 0 of 16"):
+        s.load(small, 0, Mem.INP, 0, 16, rows=16, cols=16, dram_ld=16, deps=AUTO)
+    assert made == [accel.Alu]
 
 
 @pytest.fixture(scope="module")
