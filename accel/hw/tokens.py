@@ -198,7 +198,6 @@ class _Ranges:
             for key in inside:
                 del self.values[key]
 
-
     def overwrite(self, lo: int, hi: int, value) -> None:
         """:meth:`remove_inside` then :meth:`put`: ``[lo, hi)`` stands for every range within it.
 
@@ -229,6 +228,7 @@ def _unseen() -> tuple[list, ...]:
 
 
 def _seen(summary: list, index: int, lo: int, hi: int) -> None:
+    """Add an access by stream position ``index`` to ``[lo, hi)`` to a queue's summary."""
     summary[0] = index
     if lo < summary[1]:
         summary[1] = lo
