@@ -9,8 +9,8 @@ pre-processing does; random noise calibrates badly), imported once (``import_onn
   "llvm")`` of the same module (the module tp.build compiles for the host once accel's
   ``PRE_PARTITION`` phase has integerised it), the reference's VM creation listed apart
   (tp.build makes its VM on the first call, which counts it);
-- calls: the first call, the median of the later calls that follow it, and the median once
-  the device replays its streams from the plan it builds on the third call (``steady``), of
+- calls: the first call (which records the device's streams and builds their batched
+  plans), the median of the later calls that follow it, and the median after those (``steady``), of
   the compiled model against onnxruntime's default session on the int8 model with one thread
   (``intra_op_num_threads=1``; the speed reference: what a CPU does with the same int8
   model), each with its ratio;
@@ -159,7 +159,7 @@ def measure(name: str, path: pathlib.Path, shape, norm: str, repeats: int, tune:
     ref = vm["main"](tvm.runtime.tensor(x)).numpy()
 
     out, row["first"] = timed(lambda: model(x))
-    row["later"] = median_wall(lambda: model(x), repeats)      # the second and third calls build the replay
+    row["later"] = median_wall(lambda: model(x), repeats)      # replayed from the plans the first call built
     row["steady"] = median_wall(lambda: model(x), repeats)
     out = model(x)
     row["diff"] = float(np.max(np.abs(np.asarray(out, np.float64) - ref)))

@@ -30,8 +30,13 @@ from accel.hw.timing import UNIT_OF, UNITS, Timing
 
 __all__ = ["cost", "Timing", "schedule"]
 
+# the opcodes as module globals: cost() and _dram_bytes() run per instruction, and an enum
+# member found through its class costs more than a global
+_LOAD, _STORE, _GEMM, _ALU, _LUT, _DWMAC = Opcode.LOAD, Opcode.STORE, Opcode.GEMM, Opcode.ALU, Opcode.LUT, Opcode.DWMAC
+
+
 def _dram_bytes(ins: Instruction) -> int:
-    if ins.opcode is Opcode.LOAD:
+    if ins.opcode is _LOAD:
         return ins.rows * ins.cols * LOAD_HOST_DTYPE[ins.mem].itemsize
     return ins.rows * ins.cols * STORE_HOST_DTYPE[ins.mode].itemsize
 
@@ -45,20 +50,20 @@ def cost(ins: Instruction, config: Config) -> int:
     132
     """
     op = ins.opcode
-    if op is Opcode.LOAD:
+    if op is _LOAD:
         busy = -(-_dram_bytes(ins) // config.dma_bytes_per_cycle)
-    elif op is Opcode.STORE:
+    elif op is _STORE:
         busy = -(-_dram_bytes(ins) // config.dma_bytes_per_cycle)
         if ins.dram_step > 1:
             # a strided row is the cheaper of one burst over the bytes it spans, the skipped
             # ones masked off (AXI write strobes), and one bus beat per element
             span = -(-ins.dram_width * STORE_HOST_DTYPE[ins.mode].itemsize // config.dma_bytes_per_cycle)
             busy = ins.rows * min(span, ins.cols)
-    elif op is Opcode.GEMM:
+    elif op is _GEMM:
         busy = ins.ext_out * ins.ext_in * (config.tile if ins.reset else config.tile_cycles)
-    elif op is Opcode.ALU or op is Opcode.LUT:     # a LUT step reads alu_lanes table entries a cycle
+    elif op is _ALU or op is _LUT:     # a LUT step reads alu_lanes table entries a cycle
         busy = ins.ext_out * ins.ext_in * -(-config.tile // config.alu_lanes)
-    elif op is Opcode.DWMAC:
+    elif op is _DWMAC:
         busy = ins.ext_out * ins.ext_in * config.dwmac_cycles
     else:
         busy = 0
@@ -84,31 +89,34 @@ def schedule(stream: Sequence[Instruction], config: Config) -> Timing:
     traffic = {"dram_to_sram": 0, "sram_to_dram": 0}
     macs = 0
     opcodes = [ins.opcode for ins in stream]
+    # the members and tables as locals: this loop runs once per instruction of every stream
+    load, store, finish_op, gemm, dwmac, acc = _LOAD, _STORE, Opcode.FINISH, _GEMM, _DWMAC, Mem.ACC
+    pops_of, pushes_of, unit_of = POPS, PUSHES, UNIT_OF
     for i, ins in enumerate(stream):
         op = opcodes[i]
-        if op is Opcode.LOAD:
-            q = 1 if ins.mem is Mem.ACC else 0
+        if op is load:
+            q = 1 if ins.mem is acc else 0
             traffic["dram_to_sram"] += _dram_bytes(ins)
             dma[i] = True
-        elif op is Opcode.STORE:
+        elif op is store:
             q = 2
             traffic["sram_to_dram"] += _dram_bytes(ins)
             dma[i] = True
         else:
             q = 1
-            if op is Opcode.FINISH:
+            if op is finish_op:
                 finish[i] = True
-            elif op is Opcode.GEMM and not ins.reset:
+            elif op is gemm and not ins.reset:
                 macs += ins.ext_out * ins.ext_in * tile_macs
-            elif op is Opcode.DWMAC:
+            elif op is dwmac:
                 macs += ins.ext_out * ins.ext_in * config.tile ** 2
         c = costs[i] = cost(ins, config)
         per_opcode[op] += 1
-        if op is not Opcode.FINISH:
-            busy[UNIT_OF[op]] += c
+        if op is not finish_op:
+            busy[unit_of[op]] += c
         flags = ins.flags
-        pops[i] = POPS[q][flags]
-        pushes[i] = PUSHES[q][flags]
+        pops[i] = pops_of[q][flags]
+        pushes[i] = pushes_of[q][flags]
         queues[q].append(i)
 
     start, end = [0] * n, [0] * n

@@ -244,7 +244,9 @@ class Session(device.Session):
         the cycle model alone."""
         self._ran = None
         program = self.builder.finish()
-        self.run_stored(program, self.buffers.views)
+        # a stream a static group stores runs again at every later call: its batched plan
+        # is made now, so the second call already runs it
+        self._run(program, self.buffers.views, self.capturing)
         self._ran = program
         return self.stats
 
@@ -267,7 +269,10 @@ class Session(device.Session):
         >>> s.run_stored(program, []).instructions["FINISH"], s.disassembly().count("FINISH")
         (2, 2)
         """
-        program.run(views, self.stats, execute=not self.timing_only)
+        return self._run(program, views, True)
+
+    def _run(self, program, views, again: bool) -> Stats:
+        program.run(views, self.stats, execute=not self.timing_only, again=again)
         if self._streams is not None:
             self._streams.append(program.stream)
         return self.stats

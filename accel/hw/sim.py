@@ -94,6 +94,10 @@ _ALU_ALIGNED = tuple(f"{p}_{f}" for p in ("dst", "src") for f in ("addr", "strid
 
 
 _RUNS_BEFORE_FUSING = 2
+# enum members as module globals for the per-instruction paths: a member found through its
+# class costs ~200 ns on Python 3.11 (its metaclass), a global ~20 ns
+_LOAD, _STORE, _GEMM, _ALU, _DWMAC, _LUT = Opcode.LOAD, Opcode.STORE, Opcode.GEMM, Opcode.ALU, Opcode.DWMAC, Opcode.LUT
+_ACC = Mem.ACC
 # The simulator's matrix products are a stream's blocks (tens to a few hundred rows): a
 # multi-threaded BLAS splits them across cores and then waits for every thread, which on
 # a busy machine costs 20-50x the product itself (the PaddleOCR classifier's 43 streams:
@@ -170,17 +174,17 @@ class Simulator:
         accel.hw.errors.AlignmentError: instruction #5 `GEMM ACC[8 ld=16] += INP[0 ld=16] x WGT[0 ld=16]^T`: acc_addr=8 is not a multiple of the tile width 16 (misaligned tile)
         """
         op = ins.opcode
-        if op is Opcode.LOAD:
+        if op is _LOAD:
             self._check_load(index, ins, buffers)
-        elif op is Opcode.STORE:
+        elif op is _STORE:
             self._check_store(index, ins, buffers)
-        elif op is Opcode.GEMM:
+        elif op is _GEMM:
             self._check_gemm(index, ins)
-        elif op is Opcode.ALU:
+        elif op is _ALU:
             self._check_alu(index, ins)
-        elif op is Opcode.DWMAC:
+        elif op is _DWMAC:
             self._check_dwmac(index, ins)
-        elif op is Opcode.LUT:
+        elif op is _LUT:
             self._check_lut(index, ins)
 
     def _host(self, index: int, ins: Instruction, buffers: Buffers, dtype: np.dtype) -> np.ndarray:
@@ -207,7 +211,7 @@ class Simulator:
                                                       f"beyond its {size} elements")
 
     def _check_load(self, index: int, ins: Load, buffers: Buffers) -> None:
-        acc = ins.mem is Mem.ACC
+        acc = ins.mem is _ACC
         if not acc and not -128 <= ins.pad_value <= 127:
             raise InstructionError(index, ins, f"pad_value {ins.pad_value} does not fit int8")
         if ins.rows and ins.cols:
@@ -340,16 +344,18 @@ class Simulator:
         """Check, verify and schedule a FINISH-terminated stream; nothing is written.
 
         Raises an :class:`accel.hw.errors.AccelError` if any instruction is invalid or the
-        tokens deadlock. ``verified=True`` skips the token check for a stream that
+        tokens deadlock. ``verified=True`` skips the stream's form check for a stream that
         :meth:`accel.hw.emitter.Emitter.finish` just verified, ``checked=True`` the
         instruction checks for a stream whose every instruction was checked against this
-        buffer table as it was emitted (what a session does).
+        buffer table as it was emitted (what a session does). The tokens are checked by
+        the schedule either way: a stream that would hang stalls the cycle model, which
+        raises :func:`~accel.hw.emitter.verify`'s error.
         """
         if not checked:
             for index, ins in enumerate(stream):
                 self.check(index, ins, buffers)
         if not verified:
-            verify(stream)
+            verify(stream, tokens=False)
         return Program(self, list(stream), cycles.schedule(stream, self.config))
 
     def run(self, stream: Sequence[Instruction], buffers: Buffers, stats: Optional[Stats] = None,
@@ -625,11 +631,14 @@ class Program:
         self._ops: Optional[list[tuple[int, int, Op]]] = None
         self._hosts: dict[int, tuple[np.ndarray, int]] = {}  # slot -> (flat view, address) the calls use
         self._runs = 0
-        self._fused = None      # the batched plan (accel.hw.fused), made at the third run; False: none
+        self._fused = None      # the batched plan (accel.hw.fused), made at the third run (see _execute); False: none
 
-    def run(self, buffers: Buffers, stats: Optional[Stats] = None, *, execute: bool = True) -> Stats:
+    def run(self, buffers: Buffers, stats: Optional[Stats] = None, *, execute: bool = True,
+            again: bool = False) -> Stats:
         """Execute the stream on ``buffers`` (unless ``execute=False``) and account its
-        cycles in ``stats`` (new Stats when None), which are returned.
+        cycles in ``stats`` (new Stats when None), which are returned. ``again`` says the
+        caller will run this Program again (a session stores it to replay): its batched plan
+        is then made now, at its first run, not at its third.
 
         Raises the check's error, before anything is written, if the buffer table differs
         from the one the stream was checked against in a way that matters.
@@ -640,16 +649,18 @@ class Program:
                 sim.check(index, ins, buffers)
         if execute:
             with _one_blas_thread():
-                self._execute(buffers)
+                self._execute(buffers, again)
         stats = stats if stats is not None else Stats(sim.config)
         stats.add(self.timing)
         return stats
 
-    def _execute(self, buffers: Buffers) -> None:
-        """Run the batched plan when the stream has one (from its third run on: following
-        a stream symbolically costs a few runs' worth), else the prepared calls one by one."""
+    def _execute(self, buffers: Buffers, again: bool) -> None:
+        """Run the batched plan when the stream has one, else the prepared calls one by one.
+        The plan is made at the third run (following a stream symbolically costs a few runs'
+        worth: a stream run once or twice never pays for it), or at the first when the caller
+        says the Program runs ``again`` (then the per-instruction calls are never prepared)."""
         self._runs += 1
-        if self._fused is None and self._runs > _RUNS_BEFORE_FUSING:
+        if self._fused is None and (again or self._runs > _RUNS_BEFORE_FUSING):
             self._fused = fused.fuse(self.simulator, self.stream, self.timing.order(), buffers) or False
         if self._fused and self._fused.run(buffers, self.simulator):
             return
@@ -690,7 +701,8 @@ class Program:
 
 def _slot_of(ins: Instruction) -> int:
     """The host slot an instruction reads or writes, -1 for none."""
-    if ins.opcode is Opcode.LOAD or ins.opcode is Opcode.STORE:
+    op = ins.opcode
+    if op is _LOAD or op is _STORE:
         return ins.slot if ins.rows and ins.cols else -1
     return -1
 
@@ -706,7 +718,7 @@ def _signature(stream: Sequence[Instruction]) -> dict[int, tuple[np.dtype, int, 
         slot = _slot_of(ins)
         if slot < 0:
             continue
-        if ins.opcode is Opcode.LOAD:
+        if ins.opcode is _LOAD:
             dtype, written = LOAD_HOST_DTYPE[ins.mem], False
         else:
             dtype, written = STORE_HOST_DTYPE[ins.mode], True

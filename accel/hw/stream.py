@@ -86,6 +86,11 @@ class StreamBuilder:
         self.emitter = Emitter(self._validate)
         self.replays = 0                      # streams served from a recording
         self._recordings: list[_Recording] = []
+        # Instructions made and checked in any stream, by call: other streams repeat calls
+        # too (layers of one shape), and an instruction whose check does not read the buffer
+        # table (no host slot) is valid in every stream of this simulator once it was in one
+        self._made: dict[tuple, Instruction] = {}
+        self._table_free = frozenset(cls for cls, names in fields.items() if "slot" not in names)
         self._start()
 
     def _start(self) -> None:
@@ -180,9 +185,13 @@ class StreamBuilder:
         ins = self._instructions.get(call)
         checked = ins is not None
         if ins is None:
-            fields = dict(zip(self.fields[cls], values))
-            fields.update(_flags(0 if deps == AUTO else deps))
-            ins = make(cls, fields)
+            ins = self._made.get(call)
+            if ins is None:
+                fields = dict(zip(self.fields[cls], values))
+                fields.update(_flags(0 if deps == AUTO else deps))
+                ins = make(cls, fields)
+            else:
+                checked = cls in self._table_free
         if deps == AUTO:
             if not checked:
                 self._validate(len(self.emitter), ins)
@@ -190,10 +199,11 @@ class StreamBuilder:
             self.tracker.record(ins, index)
         else:
             index = self.emitter.emit(ins, validated=checked)
-        if not checked:
-            if len(self._instructions) >= _INSTRUCTION_CACHE_LIMIT:
-                self._instructions.clear()
-            self._instructions[call] = ins
+        if call not in self._instructions:
+            for cache in (self._instructions, self._made):
+                if len(cache) >= _INSTRUCTION_CACHE_LIMIT:
+                    cache.clear()
+                cache[call] = ins
         return index
 
     # ------------------------------------------------------------------ stream ends
@@ -212,8 +222,9 @@ class StreamBuilder:
                     return rec.program
                 self._following = None
                 self._build_prefix(rec, self._at)
-            stream = self.emitter.finish()
-            program = self.simulator.compile(stream, buffers, verified=True, checked=True)
+            # the tokens are checked once, by the schedule compile() makes
+            stream = self.emitter.finish(check_tokens=False)
+            program = self.simulator.compile(stream, buffers, checked=True)
             if self._calls:
                 self._recordings.insert(0, _Recording(self._calls, self._results, program,
                                                       _aliasing(program, buffers)))
@@ -253,9 +264,12 @@ def _aliasing(program: Program, buffers: Buffers) -> tuple:
         spans.append((start, start + flat.nbytes, slot))
     spans.sort()
     shared = []
+    count = len(spans)
     for k, (start, end, slot) in enumerate(spans):
-        for other_start, other_end, other in spans[k + 1:]:
-            if other_start >= end:
-                break
+        # by index: slicing the tail for each span would copy it, quadratic in the slots
+        j = k + 1
+        while j < count and spans[j][0] < end:
+            other_start, _, other = spans[j]
             shared.append((slot, other, other_start - start))
+            j += 1
     return tuple(sorted(shared))

@@ -29,6 +29,7 @@ pops that take them; choosing a pusher at or after every earlier one keeps that 
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_left, insort
 
 from accel.hw.emitter import nop
@@ -90,7 +91,7 @@ def _load_footprint(ins: Load, tile: int, host) -> list:
 def _store_footprint(ins: Store, tile: int, host) -> list:
     if ins.rows * ins.cols == 0:
         return []
-    return [(_SRAM[Mem.ACC], *_span(ins.sram_addr, ins.sram_ld, ins.rows, ins.cols), False),
+    return [(_ACC, *_span(ins.sram_addr, ins.sram_ld, ins.rows, ins.cols), False),
             (*_dram(ins, host), True)]
 
 
@@ -99,15 +100,15 @@ def _mac_footprint(ins, tile: int, host) -> list:
     if ins.ext_out * ins.ext_in == 0:
         return []
     loops = lambda a, b: ((ins.ext_out, a), (ins.ext_in, b))  # noqa: E731
-    out = [(_SRAM[Mem.ACC], *_span(ins.acc_addr, ins.acc_ld, tile, tile,
+    out = [(_ACC, *_span(ins.acc_addr, ins.acc_ld, tile, tile,
                                    loops(ins.acc_stride_out, ins.acc_stride_in)), True)]
-    dwmac = ins.opcode is Opcode.DWMAC
+    dwmac = ins.opcode is _DWMAC
     if dwmac or not ins.reset:
-        out.append((_SRAM[Mem.INP], *_span(ins.inp_addr, ins.inp_ld, tile, tile,
+        out.append((_INP, *_span(ins.inp_addr, ins.inp_ld, tile, tile,
                                            loops(ins.inp_stride_out, ins.inp_stride_in)), False))
         # a GEMM reads a tile x tile weight tile, a DWMAC one weight row (a weight per channel)
         rows, ld = (1, 0) if dwmac else (tile, ins.wgt_ld)
-        out.append((_SRAM[Mem.WGT], *_span(ins.wgt_addr, ld, rows, tile,
+        out.append((_WGT, *_span(ins.wgt_addr, ld, rows, tile,
                                            loops(ins.wgt_stride_out, ins.wgt_stride_in)), False))
     return out
 
@@ -115,24 +116,30 @@ def _mac_footprint(ins, tile: int, host) -> list:
 def _lut_footprint(ins: Lut, tile: int, host) -> list:
     if ins.ext_out * ins.ext_in == 0:
         return []
-    return [(_SRAM[Mem.ACC], *_span(ins.dst_addr, 0, 1, tile,
+    return [(_ACC, *_span(ins.dst_addr, 0, 1, tile,
                                     ((ins.ext_out, ins.dst_stride_out), (ins.ext_in, ins.dst_stride_in))), True),
-            (_SRAM[Mem.WGT], ins.lut_addr, ins.lut_addr + LUT_ENTRIES, False)]
+            (_WGT, ins.lut_addr, ins.lut_addr + LUT_ENTRIES, False)]
 
 
 def _alu_footprint(ins: Alu, tile: int, host) -> list:
     if ins.ext_out * ins.ext_in == 0:
         return []
-    out = [(_SRAM[Mem.ACC], *_span(ins.dst_addr, 0, 1, tile,
+    out = [(_ACC, *_span(ins.dst_addr, 0, 1, tile,
                                    ((ins.ext_out, ins.dst_stride_out), (ins.ext_in, ins.dst_stride_in))), True)]
     if not ins.use_imm:
-        out.append((_SRAM[Mem.ACC], *_span(ins.src_addr, 0, 1, tile,
+        out.append((_ACC, *_span(ins.src_addr, 0, 1, tile,
                                            ((ins.ext_out, ins.src_stride_out), (ins.ext_in, ins.src_stride_in))),
                     False))
     return out
 
 
 _SRAM = {mem: ("sram", mem) for mem in Mem}
+# the spaces and the opcode the per-instruction footprints name, as globals (an enum member
+# found through its class costs ~200 ns on Python 3.11)
+_ACC, _INP, _WGT, _DWMAC = _SRAM[Mem.ACC], _SRAM[Mem.INP], _SRAM[Mem.WGT], Opcode.DWMAC
+# LOAD <-> STORE: each queue's far queue, reached through a compute NOP
+_FAR = {Queue.LOAD: Queue.STORE, Queue.STORE: Queue.LOAD}
+_OTHERS = {q: tuple(p for p in Queue if p is not q) for q in Queue}
 _FOOTPRINTS = {Opcode.LOAD: _load_footprint, Opcode.STORE: _store_footprint, Opcode.GEMM: _mac_footprint,
                Opcode.DWMAC: _mac_footprint, Opcode.LUT: _lut_footprint, Opcode.ALU: _alu_footprint,
                Opcode.FINISH: lambda ins, tile, host: []}
@@ -159,9 +166,13 @@ class _Ranges:
 
     def values_overlapping(self, lo: int, hi: int) -> list:
         """The values of the ranges that overlap ``[lo, hi)``."""
-        keys, values = self.keys, self.values
-        return [values[key] for key in keys[bisect_left(keys, (lo - self.widest,)):bisect_left(keys, (hi,))]
-                if key[1] > lo]
+        keys = self.keys
+        first = bisect_left(keys, (lo - self.widest,))
+        last = bisect_left(keys, (hi,), first)
+        if first == last:           # (most searches: no list made)
+            return ()
+        values = self.values
+        return [values[key] for key in keys[first:last] if key[1] > lo]
 
     def get(self, lo: int, hi: int):
         return self.values.get((lo, hi))
@@ -176,15 +187,53 @@ class _Ranges:
     def remove_inside(self, lo: int, hi: int) -> None:
         """Drop every range that lies within ``[lo, hi)``."""
         keys = self.keys
-        first, last = bisect_left(keys, (lo,)), bisect_left(keys, (hi,))
-        if first == last:
+        first = bisect_left(keys, (lo,))
+        if first == len(keys) or keys[first][0] >= hi:     # none starts inside (the common case)
             return
+        last = bisect_left(keys, (hi,), first)
         window = keys[first:last]
         inside = [key for key in window if key[1] <= hi]
         if inside:
             keys[first:last] = [key for key in window if key[1] > hi]
             for key in inside:
                 del self.values[key]
+
+    def overwrite(self, lo: int, hi: int, value) -> None:
+        """:meth:`remove_inside` then :meth:`put`: ``[lo, hi)`` stands for every range within it.
+
+        >>> r = _Ranges(); r.put(0, 8, "a"); r.put(4, 12, "b"); r.put(8, 16, "c")
+        >>> r.overwrite(4, 16, "d"); r.keys, r.get(4, 16)
+        ([(0, 8), (4, 16)], 'd')
+        """
+        keys, values = self.keys, self.values
+        first = bisect_left(keys, (lo,))
+        last = bisect_left(keys, (hi,), first)
+        if last == first + 1 and keys[first] == (lo, hi):      # the range alone, written again
+            values[keys[first]] = value
+            return
+        # what stays of the window starts inside and ends beyond hi: after (lo, hi) in order
+        window = keys[first:last]
+        for key in window:
+            if key[1] <= hi:
+                del values[key]
+        keys[first:last] = [(lo, hi), *(key for key in window if key[1] > hi)]
+        values[(lo, hi)] = value
+        if hi - lo > self.widest:
+            self.widest = hi - lo
+
+
+def _unseen() -> tuple[list, ...]:
+    """Per queue, the [index, lo, hi] summary of no access."""
+    return tuple([-1, math.inf, -math.inf] for _ in Queue)
+
+
+def _seen(summary: list, index: int, lo: int, hi: int) -> None:
+    """Add an access by stream position ``index`` to ``[lo, hi)`` to a queue's summary."""
+    summary[0] = index
+    if lo < summary[1]:
+        summary[1] = lo
+    if hi > summary[2]:
+        summary[2] = hi
 
 
 class DependencyTracker:
@@ -204,8 +253,15 @@ class DependencyTracker:
         """Forget everything (a new stream starts)."""
         self._writes: dict[tuple, _Ranges] = {}
         self._reads: dict[tuple, _Ranges] = {}    # values: {queue: (queue, index)}
+        # per space and queue, [highest index, lowest lo, highest hi] of the queue's writes
+        # / reads there: a search is needed only where another queue's accesses may both be
+        # later than what the instruction already waits for and overlap it (not for a
+        # compute instruction reading ACC, which only the compute queue writes, nor for a
+        # LOAD of an input the stream's STOREs never write)
+        self._wrote: dict[tuple, tuple[list[int], ...]] = {}
+        self._read: dict[tuple, tuple[list[int], ...]] = {}
         # ordered[consumer][producer]: highest producer index the consumer already waits for
-        self._ordered = {q: {p: -1 for p in Queue} for q in Queue}
+        self._ordered = {q: [-1, -1, -1] for q in Queue}
         self._last: tuple = (None, None, ())         # (instruction, its queue, its footprint) for record()
 
     def order(self, em, ins: Instruction) -> Instruction:
@@ -213,39 +269,51 @@ class DependencyTracker:
         returns ``ins`` with its pop flags set (the pushes go onto earlier instructions)."""
         queue = queue_of(ins)
         needs: dict[Queue, int] = {}
-        accesses = footprint(ins, self.tile, self.host)
+        accesses = _FOOTPRINTS[ins.opcode](ins, self.tile, self.host)
         self._last = (ins, queue, accesses)
+        ordered = self._ordered[queue]
+        others = _OTHERS[queue]
         for space, lo, hi, write in accesses:
-            writes = self._writes.get(space)
-            if writes is not None:
-                for producer, index in writes.values_overlapping(lo, hi):
-                    if producer is not queue and index > needs.get(producer, -1):
-                        needs[producer] = index
-            if write:
-                reads = self._reads.get(space)
-                if reads is not None:
-                    for readers in reads.values_overlapping(lo, hi):
-                        for producer, index in readers.values():
+            seen = self._wrote.get(space)
+            if seen is not None:
+                for q in others:
+                    index, first, last = seen[q]
+                    if index > ordered[q] and first < hi and lo < last and index > needs.get(q, -1):
+                        for producer, index in self._writes[space].values_overlapping(lo, hi):
                             if producer is not queue and index > needs.get(producer, -1):
                                 needs[producer] = index
+                        break
+            if write:
+                seen = self._read.get(space)
+                if seen is not None:
+                    for q in others:
+                        index, first, last = seen[q]
+                        if index > ordered[q] and first < hi and lo < last and index > needs.get(q, -1):
+                            for readers in self._reads[space].values_overlapping(lo, hi):
+                                for producer, index in readers.values():
+                                    if producer is not queue and index > needs.get(producer, -1):
+                                        needs[producer] = index
+                            break
+        if not needs:
+            return ins
         pops = {}
         # LOAD <-> STORE are not neighbours: a compute NOP takes the token and passes one
         # on; the consumer then only depends on that NOP (the latest compute instruction).
-        far = Queue.STORE if queue is Queue.LOAD else Queue.LOAD if queue is Queue.STORE else None
+        far = _FAR.get(queue)
         if far is not None and far in needs:
             index = needs.pop(far)
-            if self._ordered[queue][far] < index:
+            if ordered[far] < index:
                 if self._ordered[Queue.COMPUTE][far] < index:
                     self._ordered[Queue.COMPUTE][far] = self._push(em, far, Queue.COMPUTE, index)
                     hop = nop(Queue.COMPUTE).with_flags(**{_POP[(far, Queue.COMPUTE)]: True})
                 else:
                     hop = nop(Queue.COMPUTE)
                 needs[Queue.COMPUTE] = max(needs.get(Queue.COMPUTE, -1), em.emit(hop))
-                self._ordered[queue][far] = index
+                ordered[far] = index
         for src, index in needs.items():
-            if self._ordered[queue][src] >= index:
+            if ordered[src] >= index:
                 continue
-            self._ordered[queue][src] = self._push(em, src, queue, index)
+            ordered[src] = self._push(em, src, queue, index)
             pops[_POP[(src, queue)]] = True
         if pops:
             ins = ins.with_flags(**pops)
@@ -256,6 +324,7 @@ class DependencyTracker:
         last, queue, accesses = self._last
         if last is not ins:
             queue, accesses = queue_of(ins), footprint(ins, self.tile, self.host)
+        entry = (queue, index)
         for space, lo, hi, write in accesses:
             if write:
                 # Accesses inside the new range are ordered before this write, so its
@@ -263,8 +332,9 @@ class DependencyTracker:
                 writes = self._writes.get(space)
                 if writes is None:
                     writes = self._writes[space] = _Ranges()
-                writes.remove_inside(lo, hi)
-                writes.put(lo, hi, (queue, index))
+                    self._wrote[space] = _unseen()
+                writes.overwrite(lo, hi, entry)
+                _seen(self._wrote[space][queue], index, lo, hi)
                 reads = self._reads.get(space)
                 if reads is not None:
                     reads.remove_inside(lo, hi)
@@ -272,11 +342,13 @@ class DependencyTracker:
                 reads = self._reads.get(space)
                 if reads is None:
                     reads = self._reads[space] = _Ranges()
+                    self._read[space] = _unseen()
                 readers = reads.get(lo, hi)
                 if readers is None:
-                    reads.put(lo, hi, {queue: (queue, index)})
+                    reads.put(lo, hi, {queue: entry})
                 else:
-                    readers[queue] = (queue, index)
+                    readers[queue] = entry
+                _seen(self._read[space][queue], index, lo, hi)
 
     def _push(self, em, src: Queue, dst: Queue, index: int) -> int:
         """Make the first instruction of ``src`` at or after ``index`` with a free push flag

@@ -89,6 +89,10 @@ class _Scan:
         for key in [k for k in self.values if lo <= k[0] and k[1] <= hi]:
             del self.values[key]
 
+    def overwrite(self, lo, hi, value):
+        self.remove_inside(lo, hi)
+        self.put(lo, hi, value)
+
 
 @given(interleaved(), st.booleans())
 def test_the_range_index_finds_what_a_scan_of_every_range_finds(program, aliased):

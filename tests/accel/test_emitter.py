@@ -1,11 +1,13 @@
 """Emitter: token insertion, FINISH, and the deadlock / balance verifier."""
 
+import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
 import accel
 from accel.hw.emitter import Emitter, nop, verify
 from accel.hw.isa import AluOp, Finish, Mem, Queue
+from accel.hw.sim import Simulator
 
 LOAD, COMPUTE, STORE = Queue.LOAD, Queue.COMPUTE, Queue.STORE
 EDGES = [(LOAD, COMPUTE), (COMPUTE, LOAD), (COMPUTE, STORE), (STORE, COMPUTE)]
@@ -61,6 +63,36 @@ def test_removing_one_token_flag_is_rejected(program, data):
         assert "unbalanced" in str(info.value)
     else:  # the pop that lost its push can never run
         assert isinstance(info.value, accel.DeadlockError)
+
+
+@given(programs, st.data())
+def test_compiling_a_broken_stream_raises_verifys_error(program, data):
+    """A session's stream is verified once, by the schedule Simulator.compile makes (the
+    emitter leaves its check to it): a stream with a token flag removed is rejected there
+    with the very error verify gives it; a sound stream compiles."""
+    stream = _build(program)
+    Simulator().compile(stream, [], checked=True)
+    flagged = [(i, f) for i, ins in enumerate(stream)
+               for f in ("pop_prev", "pop_next", "push_prev", "push_next") if getattr(ins, f)]
+    if not flagged:
+        return
+    index, flag = data.draw(st.sampled_from(flagged))
+    broken = list(stream)
+    broken[index] = broken[index].with_flags(**{flag: False})
+    with pytest.raises(accel.TokenError) as want:
+        verify(broken)
+    with pytest.raises(accel.TokenError) as got:
+        Simulator().compile(broken, [], checked=True)
+    assert type(got.value) is type(want.value) and str(got.value) == str(want.value)
+
+
+def test_a_session_stream_that_deadlocks_is_refused_at_sync_unrun():
+    out = np.zeros(16, np.int32)
+    with pytest.raises(accel.DeadlockError, match=r"instruction #0 `ALU .*waits for a token from the LOAD queue"):
+        with accel.Session() as s:
+            s.alu(AluOp.ADD, 0, imm=1, use_imm=True, deps=1)        # pop_prev, never pushed
+            s.store(out, 0, 0, 16, rows=1, cols=16, dram_ld=16, deps=0)
+    assert s.pending == 0 and not out.any()
 
 
 def test_dep_push_with_nothing_to_carry_it_emits_a_nop():

@@ -13,6 +13,8 @@ from hypothesis import given, settings, strategies as st
 
 import accel
 from accel.hw import runtime
+from accel.hw import stream as stream_module
+from accel.hw.isa import make as isa_make
 from accel.hw.isa import Mem, Queue
 from accel.hw.stream import AUTO
 from tirpat.device import OptionsMismatch
@@ -128,6 +130,28 @@ def test_a_replay_follows_the_buffer_table_it_runs_on():
     assert not small.numpy().any() and s.pending == 0
 
 
+def test_an_instruction_made_in_one_stream_is_checked_again_in_another_against_its_table(monkeypatch):
+    """Another stream repeating a call reuses the instruction made for it; one that reads no
+    host slot needs no new check, but a LOAD is checked against the new stream's buffer
+    table: a host buffer too small now is refused at the call, naming the range."""
+    made = []
+    monkeypatch.setattr(stream_module, "make", lambda cls, fields: made.append(cls) or isa_make(cls, fields))
+    s = accel.Session()
+    big, small = tvm.runtime.tensor(np.zeros(256, np.int8)), tvm.runtime.tensor(np.zeros(16, np.int8))
+    s.alu(accel.AluOp.ADD, 0, imm=1, use_imm=True, deps=AUTO)
+    s.alu(accel.AluOp.ADD, 16, imm=1, use_imm=True, deps=AUTO)
+    s.load(big, 0, Mem.INP, 0, 16, rows=16, cols=16, dram_ld=16, deps=AUTO)
+    s.sync()
+    assert made == [accel.Alu, accel.Alu, accel.Load]
+    made.clear()
+    s.alu(accel.AluOp.ADD, 32, imm=1, use_imm=True, deps=AUTO)     # another stream, not a replay
+    s.alu(accel.AluOp.ADD, 16, imm=1, use_imm=True, deps=AUTO)
+    assert made == [accel.Alu]
+    with pytest.raises(accel.DmaRangeError, match=r"\[0, 256\) are outside host buffer slot 0 of 16"):
+        s.load(small, 0, Mem.INP, 0, 16, rows=16, cols=16, dram_ld=16, deps=AUTO)
+    assert made == [accel.Alu]
+
+
 @pytest.fixture(scope="module")
 def dense():
     from tvm import te, topi
@@ -149,6 +173,23 @@ def test_a_compiled_call_is_built_once_and_replayed(dense):
     # the first call built the stream; the later ones ran it again in one callback each
     assert s.replayed == 3 and s.builder.replays == 0
     assert s.builder._recordings[0].program._fused     # the later calls ran the batched plan
+
+
+def test_a_stored_stream_is_fused_as_it_first_runs(dense):
+    """The stream a static group stores runs again at every later call, so its batched plan
+    is made at its first run (the second call already runs it, and the per-instruction calls
+    are never prepared); a stream no group stores waits for its third run, so a stream run
+    once or twice never pays for the analysis."""
+    a, w = np.ones((48, 64), np.int8), np.ones((32, 64), np.int8)
+    with accel.Session() as s:
+        dense(a, w, np.zeros((48, 32), np.int32))
+    (program,) = [stored.stream for variants in s._replays.values() for stored in variants]
+    assert program._fused and program._ops is None
+    called = accel.Session()
+    called.kept_replays = 0
+    with called:
+        dense(a, w, np.zeros((48, 32), np.int32))
+    assert called.builder._recordings[0].program._fused is None
 
 
 def _account(stats):

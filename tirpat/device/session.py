@@ -214,6 +214,17 @@ class Session:
         self._capture = (key, spans, form, overlaps)
         return False
 
+    @property
+    def capturing(self) -> bool:
+        """True while a static group makes its calls so that :meth:`replay` stores its stream:
+        the stream the next :meth:`execute` runs will run again (a device may prepare it for
+        that at once).
+
+        >>> s = Session(); s.capturing
+        False
+        """
+        return self._capture is not None
+
     def _store(self, key: str, spans: list, form: tuple, overlaps: tuple) -> None:
         """After the sync of a group that made its calls: keep its stream for ``key``, with
         the place of each slot it uses in the group's hosts (not when a slot is outside them)."""
