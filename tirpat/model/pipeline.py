@@ -525,9 +525,10 @@ def tir_pipeline_for(record: Record):
 
 def _taking_offloaded(factory, record: Record):
     """``factory``'s pipeline, after which the PrimFuncs a backend lowered (tagged
-    :data:`~tirpat.model.partition.BACKEND_ATTR`; a fallback is not) leave the module, with
-    the host's finalisation applied, for ``record.offloaded``: their code is loops of runtime
-    calls that LLVM's optimiser and code generator at -O3 take seconds over, for nothing."""
+    :data:`~tirpat.model.partition.BACKEND_ATTR`; a fallback is not) into calls of a device
+    runtime leave the module, with the host's finalisation applied, for ``record.offloaded``:
+    their code is loops of runtime calls, which LLVM's optimiser and code generator at -O3
+    take seconds over for nothing (a backend whose code is the CPU's own stays)."""
     def taking():
         inner, finalize_host, finalize_device = factory()
 
@@ -535,7 +536,8 @@ def _taking_offloaded(factory, record: Record):
         def take(mod, ctx):
             mod = inner(mod)
             taken = {gv: f for gv, f in mod.functions.items()
-                     if isinstance(f, tirx.PrimFunc) and f.attrs is not None and BACKEND_ATTR in f.attrs}
+                     if isinstance(f, tirx.PrimFunc) and f.attrs is not None and BACKEND_ATTR in f.attrs
+                     and _calls_device(f)}
             if not taken:
                 return mod
             record.offloaded = finalize_host()(ir.IRModule(taken, attrs=mod.attrs))
