@@ -41,8 +41,6 @@ def offloaded_library(offloaded: ir.IRModule, host: tvm.target.Target) -> tvm.ru
     at :data:`OFFLOADED_OPT_LEVEL`; import it into the executable that calls them.
 
     >>> lib = offloaded_library(record.offloaded, tvm.target.Target("llvm"))   # doctest: +SKIP
-    >>> lib.kind
-    'llvm'
     """
     config = dict(host.export())
     config["opt-level"] = OFFLOADED_OPT_LEVEL
@@ -67,8 +65,18 @@ def link(executable, host: tvm.target.Target) -> Linked | None:
     could not run here), or there is no C++ compiler to link with (its VMs then compile the
     code when they are made, as ``tvm.compile``'s do).
 
-    >>> linked = link(tvm.compile(mod, "llvm"), tvm.target.Target("llvm"))   # doctest: +SKIP
-    >>> vm = tvm.relax.VirtualMachine(linked.module, tvm.cpu())              # doctest: +SKIP
+    >>> import numpy as np
+    >>> from tvm.script import tirx as T
+    >>> @T.prim_func
+    ... def double(A: T.Buffer((4,), "float32")):
+    ...     for i in range(4):
+    ...         A[i] = A[i] * T.float32(2)
+    >>> linked = link(tvm.compile(tvm.IRModule({"main": double}), "llvm"), tvm.target.Target("llvm"))
+    >>> a = tvm.runtime.tensor(np.arange(4, dtype="float32")); linked.module["main"](a); a.numpy()
+    array([0., 2., 4., 6.], dtype=float32)
+    >>> link(tvm.compile(tvm.IRModule({"main": double}), "llvm"),
+    ...      tvm.target.Target({"kind": "llvm", "mtriple": "aarch64-linux-gnu"})) is None
+    True
     """
     try:
         check_runs_here(host)
