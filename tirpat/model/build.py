@@ -24,6 +24,7 @@ from tvm import ir, relax, tirx
 
 from .compiled import CompiledModel, Input
 from .kernel import CompiledKernel
+from .native import link, offloaded_library
 from .partition import as_target, tagged
 from .pipeline import Record, relax_pipeline, schedule_for, tir_pipeline_for, with_records
 from .report import (HostOp, Partition, ModelReport, epilogue_of, macs_known, macs_of, notes_of, primfunc_macs,
@@ -90,17 +91,22 @@ def build(mod: ir.IRModule, target, *, strict: bool = False, params: Mapping[str
     t = as_target(target)
     mod = bind_params(mod, params, entry)
     inputs = _inputs(mod[entry])
-    record = Record()       # this build's: handed to the pipelines, whatever other threads build
+    # this build's: handed to the pipelines, whatever other threads build; the offloaded
+    # partitions' code is compiled apart, at -O0 (tirpat.model.native)
+    record = Record(take_offloaded=True)
     with tir_pipeline_for(record) as tir:
         executable = tvm.compile(mod, t.host, relax_pipeline=relax_pipeline(t, records, record=record),
                                  tir_pipeline=tir)
+    if record.offloaded is not None:
+        executable.mod.import_module(offloaded_library(record.offloaded, t.host))
     report, declined, in_float = _report(record, t)
     _complain(report, t, declined, strict, in_float)
     if report.records is not None and not report.records["applied"]:
         warnings.warn(f"no partition was scheduled from the {records_line(report.records)}", UserWarning, stacklevel=2)
     # a backend whose partitions all fell back to the host has no code in the model: not needed to run it
     used = [(b, opts) for b, opts in t.backends if any(p.backend == b.name and not p.fallback for p in report.partitions)]
-    return CompiledModel(executable, used, t.host, inputs, report, entry)
+    # machine code now, so that the model's first call compiles none
+    return CompiledModel(executable, used, t.host, inputs, report, entry, linked=link(executable, t.host))
 
 
 def _is_tir(workload) -> bool:

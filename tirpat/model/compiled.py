@@ -31,6 +31,7 @@ from .archive import FORMAT, LIBRARY, read_archive, write_archive
 from .backend import BackendNotFound, lookup
 from .host_cpu import check_runs_here
 from .host_cpu import describe as describe_host
+from .native import Linked
 from . import pipeline  # noqa: F401 - registers PARTITION_MARKER, the runtime function compiled code calls first
 from .report import ModelReport
 from .tvm_noise import filtered_native_stderr
@@ -70,8 +71,11 @@ class CompiledModel:
     """
 
     def __init__(self, executable, backends: list, host: tvm.target.Target, inputs: list,
-                 report: ModelReport, entry: str = "main") -> None:
+                 report: ModelReport, entry: str = "main", *, linked: Linked | None = None) -> None:
         self.executable = executable
+        # the executable as machine code in a shared library (tirpat.model.native.link), which
+        # the VMs load and export copies; without it each VM's creation compiles the code
+        self._linked = linked
         self.backends = [(b, dict(o)) for b, o in backends]
         self.host = host
         self.inputs = list(inputs)
@@ -106,7 +110,8 @@ class CompiledModel:
     def _vm(self):
         vm = getattr(self._here, "vm", None)
         if vm is None:
-            vm = self._here.vm = relax.VirtualMachine(self.executable, tvm.cpu())
+            runnable = self.executable if self._linked is None else self._linked.module
+            vm = self._here.vm = relax.VirtualMachine(runnable, tvm.cpu())
         return vm
 
     def _check(self, args) -> list:
@@ -268,9 +273,12 @@ class CompiledModel:
             "report": self.report.to_json(),
         }
         with tempfile.TemporaryDirectory() as tmp:
-            lib = os.path.join(tmp, LIBRARY)
-            with filtered_native_stderr():      # TVM logs a line per memory scope it saves
-                self.executable.export_library(lib)
+            if self._linked is not None:        # linked at build time: that library
+                lib = self._linked.path
+            else:
+                lib = os.path.join(tmp, LIBRARY)
+                with filtered_native_stderr():      # TVM logs a line per memory scope it saves
+                    self.executable.export_library(lib)
             write_archive(path, lib, manifest, default=_json_default)
         return path
 

@@ -84,6 +84,11 @@ class Record:
     #: (backend, options text, structural hash) -> (what the TIR stages took, what they gave):
     #: the stages :func:`schedule_for` tried, which the dispatch reuses for the same function
     tried: dict = field(default_factory=dict)
+    #: True: the TIR pipeline of :func:`tir_pipeline_for` takes the offloaded PrimFuncs out of
+    #: the host module, lowered and finalised, into :attr:`offloaded` (``tp.build`` compiles
+    #: them apart: :mod:`tirpat.model.native`)
+    take_offloaded: bool = False
+    offloaded: object = None                          # IRModule of the offloaded PrimFuncs taken
 
 
 #: The runtime function every offloaded PrimFunc calls first, with its name, its backend, the
@@ -552,7 +557,33 @@ def tir_pipeline_for(record: Record):
     >>> name in tvm.tirx.compilation_pipeline.PIPELINE_MAP
     False
     """
-    return registered(tir_pipeline(_tir_stage(record), TIR_PIPELINE), TIR_PIPELINE)
+    factory = tir_pipeline(_tir_stage(record), TIR_PIPELINE)
+    return registered(_taking_offloaded(factory, record) if record.take_offloaded else factory, TIR_PIPELINE)
+
+
+def _taking_offloaded(factory, record: Record):
+    """``factory``'s pipeline, after which the PrimFuncs a backend lowered (tagged
+    :data:`~tirpat.model.partition.BACKEND_ATTR`; a fallback is not) into calls of a device
+    runtime leave the module, with the host's finalisation applied, for ``record.offloaded``:
+    their code is loops of runtime calls, which LLVM's optimiser and code generator at -O3
+    take seconds over for nothing (a backend whose code is the CPU's own stays)."""
+    def taking():
+        inner, finalize_host, finalize_device = factory()
+
+        @tvm.transform.module_pass(opt_level=0, name="tirpat.TakeOffloaded")
+        def take(mod, ctx):
+            mod = inner(mod)
+            taken = {gv: f for gv, f in mod.functions.items()
+                     if isinstance(f, tirx.PrimFunc) and f.attrs is not None and BACKEND_ATTR in f.attrs
+                     and _calls_device(f)}
+            if not taken:
+                return mod
+            record.offloaded = finalize_host()(ir.IRModule(taken, attrs=mod.attrs))
+            return ir.IRModule({gv: f for gv, f in mod.functions.items() if gv not in taken}, attrs=mod.attrs)
+
+        return take, finalize_host, finalize_device
+
+    return taking
 
 
 # TVM's default TIR pipeline with the dispatch as its rewrite stage (after block lowering); no

@@ -1,0 +1,94 @@
+"""Native code for a built model, made at build time so that its first call compiles nothing.
+
+``tvm.compile`` leaves the host code as an LLVM module that the Relax VM compiles to machine
+code (LLVM's JIT, always at -O3) when the first VM is made: seconds on a real model, and
+nearly all of it the offloaded partitions (their packed-call wrappers and loops of runtime
+calls: ``accel.load``, ``accel.gemm``, ...), whose speed is the device runtime's, not the
+CPU code's. So ``tp.build`` compiles those partitions apart, with LLVM at -O0
+(:func:`offloaded_library`; :func:`tirpat.model.pipeline.tir_pipeline_for` takes them out of the
+host module), keeps the host's own operators at TVM's -O3, and links the whole into a shared
+library at once (:func:`link`): the model's VMs load machine code, compile none.
+
+>>> lib = offloaded_library(record.offloaded, target.host)   # doctest: +SKIP
+>>> executable.mod.import_module(lib)                          # doctest: +SKIP
+>>> linked = link(executable, target.host)                     # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from dataclasses import dataclass
+
+import tvm
+from tvm import ir
+from tvm.support import cc
+
+from .host_cpu import check_runs_here
+from .target import TargetError
+from .tvm_noise import filtered_native_stderr
+
+__all__ = ["offloaded_library", "link", "Linked", "OFFLOADED_OPT_LEVEL"]
+
+#: LLVM's optimisation level for the offloaded partitions' code: -O0 compiles it 4-5x faster
+#: than -O3 (ppocr_v2_cls: 1.8 s, not 7.4 s; the calls cost what the device runtime does), but
+#: the CPU loops partitions keep (layout copies, epilogues the device declines) run slower:
+#: a steady call 4% (cls) to 8% (ppocrv6_det_small) longer than at 3, whose build takes 2x.
+OFFLOADED_OPT_LEVEL = 0
+
+
+def offloaded_library(offloaded: ir.IRModule, host: tvm.target.Target) -> tvm.runtime.Module:
+    """The LLVM module of ``offloaded`` (lowered, finalised PrimFuncs) for the ``host`` target
+    at :data:`OFFLOADED_OPT_LEVEL`; import it into the executable that calls them.
+
+    >>> lib = offloaded_library(record.offloaded, tvm.target.Target("llvm"))   # doctest: +SKIP
+    """
+    config = dict(host.export())
+    config["opt-level"] = OFFLOADED_OPT_LEVEL
+    target = tvm.target.Target(config)
+    # tvm.tirx.build's own last step, for a module already through the pipeline
+    return sys.modules["tvm.tirx.build"].codegen_build(offloaded, target)
+
+
+@dataclass
+class Linked:
+    """An executable linked into a shared library and loaded: ``module`` (what a Relax VM
+    takes) and ``path``, the library's file, kept while this object lives (``export`` copies it)."""
+
+    module: tvm.runtime.Module
+    path: str
+    _directory: tempfile.TemporaryDirectory
+
+
+def link(executable, host: tvm.target.Target) -> Linked | None:
+    """``executable`` (a Relax executable) compiled to machine code and linked into a shared
+    library, loaded; None when that cannot be done here: the code is for another CPU (it
+    could not run here), or there is no C++ compiler to link with (its VMs then compile the
+    code when they are made, as ``tvm.compile``'s do).
+
+    >>> import numpy as np
+    >>> from tvm.script import tirx as T
+    >>> @T.prim_func
+    ... def double(A: T.Buffer((4,), "float32")):
+    ...     for i in range(4):
+    ...         A[i] = A[i] * T.float32(2)
+    >>> linked = link(tvm.compile(tvm.IRModule({"main": double}), "llvm"), tvm.target.Target("llvm"))
+    >>> a = tvm.runtime.tensor(np.arange(4, dtype="float32")); linked.module["main"](a); a.numpy()
+    array([0., 2., 4., 6.], dtype=float32)
+    >>> link(tvm.compile(tvm.IRModule({"main": double}), "llvm"),
+    ...      tvm.target.Target({"kind": "llvm", "mtriple": "aarch64-linux-gnu"})) is None
+    True
+    """
+    try:
+        check_runs_here(host)
+    except TargetError:
+        return None
+    if cc.get_cc() is None:       # what export_library links with
+        return None
+    directory = tempfile.TemporaryDirectory(prefix="tirpat-")
+    path = os.path.join(directory.name, "model.so")
+    with filtered_native_stderr():      # TVM logs a line per memory scope it saves, and loads
+        executable.export_library(path)
+        module = tvm.runtime.load_module(path)
+    return Linked(module, path, directory)
