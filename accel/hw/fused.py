@@ -57,11 +57,12 @@ order in which products are summed does not change any value.
 from __future__ import annotations
 
 import functools
-from typing import Optional, Sequence
+from functools import partial
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from accel.hw.instructions import ALU_UFUNCS, LUT_ENTRIES, alu_operand
+from accel.hw.instructions import ALU_UFUNCS, LUT_ENTRIES, OPERAND_RANGE, alu_operand
 from accel.hw.isa import Alu, Dwmac, Gemm, Instruction, Load, Lut, Mem, Opcode, Store, StoreMode
 
 __all__ = ["fuse", "FusedPlan"]
@@ -479,24 +480,38 @@ class _Builder:
             added = np.asarray(p.grid if p.grid is not None else p.targets).reshape(-1)
             changed[added[added < self.acc_n]] = True
         acc_at = np.flatnonzero(changed)
+        # the values from before the stream that anything reads or adds into: the only part of
+        # ACC a run copies in (most streams reset every accumulator they use)
+        before = [np.asarray(p.grid if p.grid is not None else p.targets).reshape(-1) for p in products]
+        before += [m for a in alus for m in (a[4], a[5]) if m is not None] + [s[3] for s in stores]
+        before = np.concatenate([*before, self.acc[acc_at]]) if before or acc_at.size else np.zeros(0, np.intp)
+        before = before[before < self.acc_n]
+        live = (int(before.min()), int(before.max()) + 1) if before.size else (0, 0)
         # Value numbers are the plan's own: renumber them so that what one numpy call writes
         # is a contiguous run (a view, not a gather and a scatter), and only the values that
         # products add into start at zero.
-        renumber, zeroed = _layout(self.acc_n, self.values, products, alus, acc_loads)
+        renumber, zeroed = _layout(self.acc_n, self.values, products, alus, acc_loads,
+                                   np.concatenate([*(s[3] for s in stores), self.acc[acc_at]]))
         products = [p.renumbered(renumber) for p in products]
-        alus = [(ufunc, op, imm, _run_of(renumber[new]), _reads(renumber[old], t),
-                 None if src is None else _reads(renumber[src], t)) for ufunc, op, imm, new, old, src in alus]
-        # a STORE of whole rows writes consecutive host elements: a slice, not a scatter
-        stores = [(slot, mode, _run_of(dst), _reads(renumber[src], t)) for slot, mode, dst, src in stores]
+        # An ALU batch's operands, a STORE's values and host elements, what the scratchpads
+        # end with: mostly runs, or a block order away from them (tiles of a matrix product's
+        # rows, rows of two interleaved loads), read and written as strided views (no copy)
+        # where the indices are affine in a common shape, gathered and scattered otherwise.
+        alus = [(ufunc, op, imm, *_operands(renumber[new], renumber[old], None if src is None else renumber[src], t))
+                for ufunc, op, imm, new, old, src in alus]
+        stores = [(slot, mode, *(_views(dst, renumber[src]) or (_run_of(dst), _reads(renumber[src], t))))
+                  for slot, mode, dst, src in stores]
         if acc_loads is not None:
-            acc_loads = (_run_of(renumber[acc_loads[0]]), _Gather(acc_loads[1], t))
-        # what changed is mostly one run of each scratchpad: written as a slice
-        plan = FusedPlan(
-            self, products, alus, stores, acc_loads,
-            (_run_of(inp_at), self.f.gather(self.inp[inp_at])),
-            (_run_of(wgt_at), self.f.gather(self.wgt[wgt_at])),
-            (_run_of(acc_at), _reads(renumber[self.acc[acc_at]], t)))
+            acc_loads = _views(renumber[acc_loads[0]], acc_loads[1]) or \
+                (_run_of(renumber[acc_loads[0]]), _Gather(acc_loads[1], t))
+        finals = []
+        for at, codes in ((inp_at, self.inp[inp_at]), (wgt_at, self.wgt[wgt_at])):
+            finals.append(_views(at, self.f.resolve(codes)) or (_run_of(at), self.f.gather(codes)))
+        acc_src = renumber[self.acc[acc_at]]
+        finals.append(_views(acc_at, acc_src) or (_run_of(acc_at), _reads(acc_src, t)))
+        plan = FusedPlan(self, products, alus, stores, acc_loads, *finals)
         plan.zero = _first_writes(products, self.acc_n, zeroed, self.values)
+        plan.live = live
         return plan
 
 
@@ -518,6 +533,94 @@ class _Span:
         return values[self.start:self.stop].reshape(self.shape)
 
 
+class _View:
+    """Elements ``start + sum(i[k] * strides[k])`` for every multi-index ``i`` of ``shape``:
+    indexes an array as a strided view (no copy; a zero or negative stride reads repeats or
+    backwards, so only :func:`_views` makes these, and writes go through distinct elements).
+
+    >>> _View(1, (2, 3), (4, 1)).of(np.arange(10)).tolist()
+    [[1, 2, 3], [5, 6, 7]]
+    """
+
+    __slots__ = ("start", "shape", "strides", "size")
+
+    def __init__(self, start: int, shape: tuple, strides: tuple) -> None:
+        self.start, self.shape, self.strides = start, shape, strides
+        self.size = int(np.prod(shape, dtype=np.int64))
+
+    def of(self, values: np.ndarray) -> np.ndarray:
+        item = values.itemsize
+        return np.ndarray(self.shape, values.dtype, buffer=values, offset=self.start * item,
+                          strides=tuple(s * item for s in self.strides))
+
+
+# More dimensions than this make numpy's strided loops slower than a gather of tile rows.
+_VIEW_DIMS = 6
+
+
+def _affine(indices: Sequence[np.ndarray]) -> Optional[tuple[tuple, list]]:
+    """A shape and, per index array, ``(start, strides)`` such that each flattened array is
+    ``start + sum(i[k] * strides[k])`` over the multi-indices ``i`` of the shape in order, or
+    None. The innermost axis is the longest run of constant steps common to all arrays, the
+    next one the same over those runs' starts, and so on.
+
+    >>> _affine([np.array([0, 1, 16, 17, 32, 33]), np.array([5, 6, 7, 8, 9, 10])])
+    ((3, 2), [(0, (16, 1)), (5, (2, 1))])
+    >>> _affine([np.array([0, 1, 3])]) is None
+    True
+    """
+    flats = [np.asarray(i).reshape(-1) for i in indices]
+    n = flats[0].size
+    if not n:
+        return None
+    shape: list[int] = []
+    strides: list[list[int]] = [[] for _ in flats]
+    while n > 1:
+        if len(shape) == _VIEW_DIMS:
+            return None
+        steps = [int(f[1]) - int(f[0]) for f in flats]
+        broken = np.zeros(n - 1, bool)
+        for f, step in zip(flats, steps):
+            broken |= np.diff(f) != step
+        first = np.flatnonzero(broken[:n - 1])
+        run = n if not first.size else int(first[0]) + 1      # at least 2: two points make a step
+        if n % run:
+            return None
+        rows = [f.reshape(-1, run) for f in flats]
+        if run < n and any((r != r[:, :1] + step * np.arange(run)).any() for r, step in zip(rows, steps)):
+            return None
+        shape.insert(0, run)
+        for st, step in zip(strides, steps):
+            st.insert(0, step)
+        flats = [r[:, 0] for r in rows]
+        n //= run
+    return tuple(shape), [(int(f[0]), tuple(st)) for f, st in zip(flats, strides)]
+
+
+def _views(*indices: np.ndarray) -> Optional[list]:
+    """The index arrays as views of one common shape (:class:`_Span` where one is a run in
+    order, :class:`_View` otherwise), or None when they are not all affine in one shape."""
+    found = _affine(indices)
+    if found is None:
+        return None
+    shape, placed = found
+    contiguous = tuple(int(np.prod(shape[k + 1:], dtype=np.int64)) for k in range(len(shape)))
+    return [_Span(start, shape) if strides == contiguous else _View(start, shape, strides)
+            for start, strides in placed]
+
+
+def _operands(new: np.ndarray, old: np.ndarray, src: Optional[np.ndarray], tile: int) -> tuple:
+    """An ALU batch's ``(new, old, src)`` value numbers as it reads and writes them: views of
+    one shape when ``new`` is a run and the operands are affine in one shape, else a run or
+    an index for ``new`` and reads for the operands."""
+    run = _run_of(new)
+    if isinstance(run, _Span):
+        views = _views(old) if src is None else _views(old, src)
+        if views is not None:
+            return (_Span(run.start, views[0].shape), *views, *([None] if src is None else []))
+    return run, _reads(old, tile), None if src is None else _reads(src, tile)
+
+
 def _run_of(index: np.ndarray):
     """``index`` as a :class:`_Span` when it numbers consecutive values in order, else itself."""
     index = np.asarray(index, np.intp)
@@ -535,16 +638,20 @@ def _reads(index: np.ndarray, tile: int):
 
 
 def _at(values: _Vector, index) -> np.ndarray:
-    """``values[index]``: a view for a :class:`_Span`, a gather otherwise."""
-    return index.of(values.data) if isinstance(index, _Span) else index.read(values)
+    """``values[index]``: a view for a :class:`_Span` or :class:`_View`, a gather otherwise."""
+    return index.of(values.data) if isinstance(index, (_Span, _View)) else index.read(values)
 
 
-def _layout(acc_n: int, count: int, products: list, alus: list, acc_loads) -> tuple:
+def _layout(acc_n: int, count: int, products: list, alus: list, acc_loads, kept: np.ndarray) -> tuple:
     """New value numbers (``renumber[old] = new``): the scratchpad's ``acc_n`` values from
     before the stream keep theirs; then the values products add into, each product's
     targets in the order it adds them; then the other values that start at zero (resets
     nothing adds into); then the values that are written before they are read (ACC LOADs,
-    ALU results), each ALU group's in the order it writes them. Returns ``(renumber, zeroed)``:
+    then ALU results, each ALU group's in the order it writes them). An ALU group whose
+    operand ``old`` is a run that nothing else reads (no other ALU, nor ``kept``: what the
+    STOREs read and ACC ends with) writes its results over it, in place: a chain of ALU
+    batches (a requantisation's multiply, shift, add, clamps) then works on one stretch of
+    memory, in cache, instead of a fresh one per operation. Returns ``(renumber, zeroed)``:
     values ``[acc_n, zeroed)`` start at zero, ``[zeroed, count)`` are written before they
     are read."""
     renumber = np.full(count, -1, np.intp)
@@ -575,10 +682,18 @@ def _layout(acc_n: int, count: int, products: list, alus: list, acc_loads) -> tu
     renumber[rest] = np.arange(nxt, nxt + rest.size)
     nxt += rest.size
     zeroed = nxt
-    for _, _, _, new, _, _ in alus:
-        claim(new)
     if acc_loads is not None:
         claim(acc_loads[0])
+    reads = np.bincount(np.concatenate([kept.reshape(-1), *(m.reshape(-1) for a in alus for m in a[4:] if m is not None)]),
+                        minlength=count)
+    for _, _, _, new, old, _ in alus:
+        # in execution order: ``old`` has its numbers (made before), ``new`` does not yet
+        at = renumber[old.reshape(-1)]
+        if new.size == old.size and at.size and at[0] >= acc_n and (reads[old] == 1).all() and \
+                (renumber[new] < 0).all() and at[-1] - at[0] == at.size - 1 and (np.diff(at) == 1).all():
+            renumber[new.reshape(-1)] = at
+        else:
+            claim(new)
     rest = np.flatnonzero(renumber < 0)     # written values a claim did not take (repeats)
     renumber[rest] = np.arange(nxt, nxt + rest.size)
     return renumber, zeroed
@@ -607,8 +722,8 @@ def _first_writes(products: list, acc_n: int, zeroed: int, count: int) -> list[t
 
 
 def _put(values: np.ndarray, index, data: np.ndarray) -> None:
-    """``values[index] = data`` (into a view for a :class:`_Span`)."""
-    if isinstance(index, _Span):
+    """``values[index] = data`` (into a view for a :class:`_Span` or :class:`_View`)."""
+    if isinstance(index, (_Span, _View)):
         index.of(values)[...] = data
     else:
         values[index] = data
@@ -879,6 +994,7 @@ class FusedPlan:
         self.inp_final, self.wgt_final, self.acc_final = inp_final, wgt_final, acc_final
         self.matmuls = len(products)
         self._scratch: Optional[_Vector] = None
+        self._alu_steps: Optional[list] = None     # the ALU batches as calls over views of ``_scratch``
         written = dict.fromkeys(s[0] for s in stores)
         self._apart = [(r, w) for r in (*self.f_slots, *self.i_slots) for w in written if r != w]
 
@@ -910,42 +1026,63 @@ class FusedPlan:
             self._scratch = _Vector(np.empty(self.values, np.int32), self.tile)
         vector = self._scratch
         values = vector.data
-        values[:self.acc_n] = sim.acc
+        lo, hi = self.live
+        values[lo:hi] = sim.acc[lo:hi]
         for lo, hi in self.zero:
             values[lo:hi] = 0
         if self.acc_loads is not None:
             ints = _Vector(np.concatenate([*(buffers[s] for s in self.i_slots), self.i_pads]), self.tile)
-            _put(values, self.acc_loads[0], self.acc_loads[1].read(ints))
+            _put(values, self.acc_loads[0], _at(ints, self.acc_loads[1]))
         for product in self.products:
             product.run(source, values)
-        for ufunc, op, imm, new, old, src in self.alus:
-            if ufunc is None:       # a LUT, ``imm`` its table's entries in ``source``
-                entry = np.maximum(_at(vector, old), -128)
-                np.minimum(entry, 127, out=entry)
-                entry += 128
-                _put(values, new, np.take(source.data[imm], entry))
-                continue
-            rhs = np.int32(imm) if imm is not None else alu_operand(op, _at(vector, src))
-            if isinstance(new, _Span):
-                ufunc(_at(vector, old), rhs, out=new.of(values))    # new values never overlap the operands
-            else:
-                values[new] = ufunc(_at(vector, old), rhs)
+        if self._alu_steps is None:
+            self._alu_steps = [_alu_step(vector, source, *alu) for alu in self.alus]
+        for step in self._alu_steps:
+            step()
         for slot, mode, dst, src in self.stores:
             out = _at(vector, src)
             if mode is StoreMode.SATURATE:
                 out = np.maximum(out, -128)
                 np.minimum(out, 127, out=out)
-            if isinstance(dst, _Span):      # straight into the host buffer (int8: keeps the low byte)
+            if isinstance(dst, (_Span, _View)):     # straight into the host buffer (int8: keeps the low byte)
                 np.copyto(dst.of(buffers[slot]), out, casting="unsafe")
             else:
                 buffers[slot][dst] = out.astype(buffers[slot].dtype)
         at, src = self.inp_final
-        _put(sim.inp, at, src.read(source))
+        _put(sim.inp, at, _at(source, src))
         at, src = self.wgt_final
-        _put(sim.wgt, at, src.read(source))
+        _put(sim.wgt, at, _at(source, src))
         at, src = self.acc_final
         _put(sim.acc, at, _at(vector, src))
         return True
+
+
+def _alu_step(vector: _Vector, source: _Vector, ufunc, op, imm, new, old, src) -> Callable[[], object]:
+    """One ALU (or LUT) batch of a plan as a call without arguments over views of its value
+    vector (which stays put between runs): the views and the immediate are made once."""
+    values = vector.data
+    if ufunc is None:       # a LUT, ``imm`` its table's entries in ``source``
+        def lookup() -> None:
+            entry = np.maximum(_at(vector, old), -128)
+            np.minimum(entry, 127, out=entry)
+            entry += 128
+            _put(values, new, np.take(source.data[imm], entry))
+        return lookup
+    views = isinstance(new, _Span) and isinstance(old, (_Span, _View))
+    if views and imm is not None:
+        return partial(ufunc, old.of(values), np.int32(imm), out=new.of(values))
+    if views and isinstance(src, (_Span, _View)) and op not in OPERAND_RANGE:
+        # the new values never overlap an operand, unless written over ``old`` in place,
+        # element by element (see _layout)
+        return partial(ufunc, old.of(values), src.of(values), out=new.of(values))
+
+    def general() -> None:
+        rhs = np.int32(imm) if imm is not None else alu_operand(op, _at(vector, src))
+        if isinstance(new, _Span):
+            ufunc(_at(vector, old), rhs, out=new.of(values))
+        else:
+            values[new] = ufunc(_at(vector, old), rhs)
+    return general
 
 
 def fuse(sim, stream: Sequence[Instruction], order: Sequence[int], buffers: Buffers) -> Optional[FusedPlan]:
