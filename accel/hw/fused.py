@@ -610,15 +610,28 @@ def _views(*indices: np.ndarray) -> Optional[list]:
 
 
 def _operands(new: np.ndarray, old: np.ndarray, src: Optional[np.ndarray], tile: int) -> tuple:
-    """An ALU batch's ``(new, old, src)`` value numbers as it reads and writes them: views of
-    one shape when ``new`` is a run and the operands are affine in one shape, else a run or
-    an index for ``new`` and reads for the operands."""
+    """An ALU batch's ``(new, old, src)`` value numbers as it reads and writes them: when
+    ``new`` is a run, the operands as views of one shape where they are affine in one, else
+    the first affine operand's shape for all (the other gathered into it); otherwise a run or
+    an index for ``new`` and reads for the operands.
+
+    >>> new, old, src = _operands(np.arange(100, 104), np.array([7, 8, 7, 8]), np.array([3, 0, 9, 1]), 2)
+    >>> new.shape, type(old).__name__, old.strides, src.read(_Vector(np.arange(10), 2)).tolist()
+    ((2, 2), '_View', (0, 1), [[3, 0], [9, 1]])
+    """
     run = _run_of(new)
+    operands = [old] if src is None else [old, src]
     if isinstance(run, _Span):
-        views = _views(old) if src is None else _views(old, src)
+        views = _views(*operands)
+        if views is None and src is not None:
+            alone = [_views(m) for m in operands]
+            shape = next((v[0].shape for v in alone if v is not None), None)
+            if shape is not None:
+                views = [v[0] if v is not None and v[0].shape == shape else _Gather(m.reshape(shape), tile)
+                         for m, v in zip(operands, alone)]
         if views is not None:
             return (_Span(run.start, views[0].shape), *views, *([None] if src is None else []))
-    return run, _reads(old, tile), None if src is None else _reads(src, tile)
+    return run, *(_reads(m, tile) for m in operands), *([None] if src is None else [])
 
 
 def _run_of(index: np.ndarray):
@@ -1068,13 +1081,17 @@ def _alu_step(vector: _Vector, source: _Vector, ufunc, op, imm, new, old, src) -
             entry += 128
             _put(values, new, np.take(source.data[imm], entry))
         return lookup
-    views = isinstance(new, _Span) and isinstance(old, (_Span, _View))
-    if views and imm is not None:
-        return partial(ufunc, old.of(values), np.int32(imm), out=new.of(values))
-    if views and isinstance(src, (_Span, _View)) and op not in OPERAND_RANGE:
+    if isinstance(new, _Span) and (imm is not None or op not in OPERAND_RANGE):
+        out = new.of(values)
         # the new values never overlap an operand, unless written over ``old`` in place,
         # element by element (see _layout)
-        return partial(ufunc, old.of(values), src.of(values), out=new.of(values))
+        a = old.of(values) if isinstance(old, (_Span, _View)) else None
+        b = np.int32(imm) if imm is not None else src.of(values) if isinstance(src, (_Span, _View)) else None
+        if a is not None and b is not None:
+            return partial(ufunc, a, b, out=out)
+        read_a = (lambda: a) if a is not None else partial(old.read, vector)
+        read_b = (lambda: b) if b is not None else partial(src.read, vector)
+        return lambda: ufunc(read_a(), read_b(), out=out)
 
     def general() -> None:
         rhs = np.int32(imm) if imm is not None else alu_operand(op, _at(vector, src))
