@@ -1006,6 +1006,7 @@ class FusedPlan:
         self.products, self.alus, self.stores, self.acc_loads = products, alus, stores, acc_loads
         self.inp_final, self.wgt_final, self.acc_final = inp_final, wgt_final, acc_final
         self.matmuls = len(products)
+        self.blas = any(isinstance(p, _Product) for p in products)     # whether a run calls np.matmul
         self._scratch: Optional[_Vector] = None
         self._alu_steps: Optional[list] = None     # the ALU batches as calls over views of ``_scratch``
         written = dict.fromkeys(s[0] for s in stores)
@@ -1075,11 +1076,18 @@ def _alu_step(vector: _Vector, source: _Vector, ufunc, op, imm, new, old, src) -
     vector (which stays put between runs): the views and the immediate are made once."""
     values = vector.data
     if ufunc is None:       # a LUT, ``imm`` its table's entries in ``source``
+        table = np.empty(LUT_ENTRIES, np.int32)
+        entry = np.empty(new.shape, np.intp)
+        out = new.of(values) if isinstance(new, _Span) else None
+
         def lookup() -> None:
-            entry = np.maximum(_at(vector, old), -128)
-            np.minimum(entry, 127, out=entry)
-            entry += 128
-            _put(values, new, np.take(source.data[imm], entry))
+            table[:] = source.data[imm]     # int8 values, exact in float32
+            np.clip(_at(vector, old), -128, 127, out=entry)
+            np.add(entry, 128, out=entry)
+            if out is None:
+                values[new] = table[entry]
+            else:       # after ``entry`` is made: ``new`` may be ``old``, in place
+                np.take(table, entry, out=out, mode="clip")     # in range: clipping changes nothing
         return lookup
     if isinstance(new, _Span) and (imm is not None or op not in OPERAND_RANGE):
         out = new.of(values)
