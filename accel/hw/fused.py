@@ -1009,6 +1009,8 @@ class FusedPlan:
         self.blas = any(isinstance(p, _Product) for p in products)     # whether a run calls np.matmul
         self._scratch: Optional[_Vector] = None
         self._alu_steps: Optional[list] = None     # the ALU batches as calls over views of ``_scratch``
+        self._ints: Optional[_Vector] = None          # the int32 sources of ACC LOADs (made once, refilled)
+        self.i_base = sum(self.sizes[slot] for slot in self.i_slots) + self.i_pads.size
         written = dict.fromkeys(s[0] for s in stores)
         self._apart = [(r, w) for r in (*self.f_slots, *self.i_slots) for w in written if r != w]
 
@@ -1045,7 +1047,10 @@ class FusedPlan:
         for lo, hi in self.zero:
             values[lo:hi] = 0
         if self.acc_loads is not None:
-            ints = _Vector(np.concatenate([*(buffers[s] for s in self.i_slots), self.i_pads]), self.tile)
+            if self._ints is None:
+                self._ints = _Vector(np.empty(self.i_base, np.int32), self.tile)
+            ints = self._ints
+            np.concatenate([*(buffers[s] for s in self.i_slots), self.i_pads], out=ints.data)
             _put(values, self.acc_loads[0], _at(ints, self.acc_loads[1]))
         for product in self.products:
             product.run(source, values)
@@ -1055,12 +1060,14 @@ class FusedPlan:
             step()
         for slot, mode, dst, src in self.stores:
             out = _at(vector, src)
-            if mode is StoreMode.SATURATE:
-                out = np.maximum(out, -128)
-                np.minimum(out, 127, out=out)
             if isinstance(dst, (_Span, _View)):     # straight into the host buffer (int8: keeps the low byte)
-                np.copyto(dst.of(buffers[slot]), out, casting="unsafe")
+                if mode is StoreMode.SATURATE:      # clipped to int8's range, then exact in int8: one pass
+                    np.clip(out, -128, 127, out=dst.of(buffers[slot]), casting="unsafe")
+                else:
+                    np.copyto(dst.of(buffers[slot]), out, casting="unsafe")
             else:
+                if mode is StoreMode.SATURATE:
+                    out = np.clip(out, -128, 127)
                 buffers[slot][dst] = out.astype(buffers[slot].dtype)
         at, src = self.inp_final
         _put(sim.inp, at, _at(source, src))
