@@ -502,8 +502,11 @@ class _Builder:
         stores = [(slot, mode, *(_views(dst, renumber[src]) or (_run_of(dst), _reads(renumber[src], t))))
                   for slot, mode, dst, src in stores]
         if acc_loads is not None:
-            acc_loads = _views(renumber[acc_loads[0]], acc_loads[1]) or \
-                (_run_of(renumber[acc_loads[0]]), _Gather(acc_loads[1], t))
+            # each loaded value once: in the order of the values, a run the load writes as a view
+            targets = renumber[acc_loads[0]]
+            order = np.argsort(targets, kind="stable")
+            targets, codes = targets[order], acc_loads[1][order]
+            acc_loads = _views(targets, codes) or (_run_of(targets), _Gather(codes, t))
         finals = []
         for at, codes in ((inp_at, self.inp[inp_at]), (wgt_at, self.wgt[wgt_at])):
             finals.append(_views(at, self.f.resolve(codes)) or (_run_of(at), self.f.gather(codes)))
@@ -660,7 +663,10 @@ def _layout(acc_n: int, count: int, products: list, alus: list, acc_loads, kept:
     before the stream keep theirs; then the values products add into, each product's
     targets in the order it adds them; then the other values that start at zero (resets
     nothing adds into); then the values that are written before they are read (ACC LOADs,
-    then ALU results, each ALU group's in the order it writes them). An ALU group whose
+    in the order the ALU groups first read them, and ALU results). Each ALU group, element
+    by element independent, is put in the order of the values it reads, and writes its
+    results in that order (a product's accumulators are read as the product wrote them, not
+    tile by tile as the instructions did). An ALU group whose
     operand ``old`` is a run that nothing else reads (no other ALU, nor ``kept``: what the
     STOREs read and ACC ends with) writes its results over it, in place: a chain of ALU
     batches (a requantisation's multiply, shift, add, clamps) then works on one stretch of
@@ -695,18 +701,42 @@ def _layout(acc_n: int, count: int, products: list, alus: list, acc_loads, kept:
     renumber[rest] = np.arange(nxt, nxt + rest.size)
     nxt += rest.size
     zeroed = nxt
+    loaded = np.zeros(count, bool)
     if acc_loads is not None:
-        claim(acc_loads[0])
+        loaded[acc_loads[0]] = True
+
+    def claim_loaded(read: np.ndarray) -> None:
+        # loaded values in the order an ALU batch first reads them (an element-wise add reads
+        # the tiles of two loads that alternate in the stream): runs for the ALUs, while the
+        # load itself reads its host rows in any order (see FusedPlan's acc_loads)
+        read = read[loaded[read] & (renumber[read] < 0)]
+        if read.size:
+            _, first = np.unique(read, return_index=True)
+            claim(read[np.sort(first)])
+
     reads = np.bincount(np.concatenate([kept.reshape(-1), *(m.reshape(-1) for a in alus for m in a[4:] if m is not None)]),
                         minlength=count)
-    for _, _, _, new, old, _ in alus:
-        # in execution order: ``old`` has its numbers (made before), ``new`` does not yet
-        at = renumber[old.reshape(-1)]
+    for k, (ufunc, op, imm, new, old, src) in enumerate(alus):
+        # in execution order: ``old`` has its numbers (made before, or loaded), ``new`` does not yet
+        new, old = new.reshape(-1), old.reshape(-1)
+        claim_loaded(old)
+        at = renumber[old]
+        # a batch is independent element by element: in the order of the values it reads, a
+        # run where it reads all of one (a product's accumulators in the product's order)
+        if at.size > 1 and not (np.diff(at) >= 0).all():
+            order = np.argsort(at, kind="stable")
+            new, old, at = new[order], old[order], at[order]
+            src = None if src is None else src.reshape(-1)[order]
+            alus[k] = (ufunc, op, imm, new, old, src)
+        if src is not None:
+            claim_loaded(src.reshape(-1))
         if new.size == old.size and at.size and at[0] >= acc_n and (reads[old] == 1).all() and \
                 (renumber[new] < 0).all() and at[-1] - at[0] == at.size - 1 and (np.diff(at) == 1).all():
-            renumber[new.reshape(-1)] = at
+            renumber[new] = at
         else:
             claim(new)
+    if acc_loads is not None:
+        claim_loaded(acc_loads[0])
     rest = np.flatnonzero(renumber < 0)     # written values a claim did not take (repeats)
     renumber[rest] = np.arange(nxt, nxt + rest.size)
     return renumber, zeroed
