@@ -31,7 +31,13 @@ current ones, a STORE or an ALU reads them. Then the whole stream is:
 The value numbers are the plan's own, so they are laid out for these steps: what one
 product adds into, and what one ALU batch writes and the batch before it wrote, are runs
 of consecutive numbers, which numpy reads and writes as views instead of gathering and
-scattering element by element (and reads by tile rows where they are not).
+scattering element by element. An ALU batch is independent element by element, so it
+runs in the order of the values it reads, and writes over them when nothing else reads
+them (a requantisation's chain of ALU batches works in place, in cache); values ACC
+LOADs bring are numbered in the order the ALU batches read them. Index arrays that are
+no run but affine in a multi-index (tiles of a product's rows, a broadcast bias row) are
+read and written as strided views; the rest by tile rows. A run's ALU batches are calls
+bound once to views of the plan's value vector, which stays put between runs.
 
 :func:`fuse` returns None for a stream this does not cover, and the
 :class:`~accel.hw.sim.Program` keeps executing it instruction by instruction: a LOAD that
