@@ -31,7 +31,13 @@ current ones, a STORE or an ALU reads them. Then the whole stream is:
 The value numbers are the plan's own, so they are laid out for these steps: what one
 product adds into, and what one ALU batch writes and the batch before it wrote, are runs
 of consecutive numbers, which numpy reads and writes as views instead of gathering and
-scattering element by element (and reads by tile rows where they are not).
+scattering element by element. An ALU batch is independent element by element, so it
+runs in the order of the values it reads, and writes over them when nothing else reads
+them (a requantisation's chain of ALU batches works in place, in cache); values ACC
+LOADs bring are numbered in the order the ALU batches read them. Index arrays that are
+no run but affine in a multi-index (tiles of a product's rows, a broadcast bias row) are
+read and written as strided views; the rest by tile rows. A run's ALU batches are calls
+bound once to views of the plan's value vector, which stays put between runs.
 
 :func:`fuse` returns None for a stream this does not cover, and the
 :class:`~accel.hw.sim.Program` keeps executing it instruction by instruction: a LOAD that
@@ -57,11 +63,12 @@ order in which products are summed does not change any value.
 from __future__ import annotations
 
 import functools
-from typing import Optional, Sequence
+from functools import partial
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from accel.hw.instructions import ALU_UFUNCS, LUT_ENTRIES, alu_operand
+from accel.hw.instructions import ALU_UFUNCS, LUT_ENTRIES, OPERAND_RANGE, alu_operand
 from accel.hw.isa import Alu, Dwmac, Gemm, Instruction, Load, Lut, Mem, Opcode, Store, StoreMode
 
 __all__ = ["fuse", "FusedPlan"]
@@ -479,24 +486,41 @@ class _Builder:
             added = np.asarray(p.grid if p.grid is not None else p.targets).reshape(-1)
             changed[added[added < self.acc_n]] = True
         acc_at = np.flatnonzero(changed)
+        # the values from before the stream that anything reads or adds into: the only part of
+        # ACC a run copies in (most streams reset every accumulator they use)
+        before = [np.asarray(p.grid if p.grid is not None else p.targets).reshape(-1) for p in products]
+        before += [m for a in alus for m in (a[4], a[5]) if m is not None] + [s[3] for s in stores]
+        before = np.concatenate([*before, self.acc[acc_at]]) if before or acc_at.size else np.zeros(0, np.intp)
+        before = before[before < self.acc_n]
+        live = (int(before.min()), int(before.max()) + 1) if before.size else (0, 0)
         # Value numbers are the plan's own: renumber them so that what one numpy call writes
         # is a contiguous run (a view, not a gather and a scatter), and only the values that
         # products add into start at zero.
-        renumber, zeroed = _layout(self.acc_n, self.values, products, alus, acc_loads)
+        renumber, zeroed = _layout(self.acc_n, self.values, products, alus, acc_loads,
+                                   np.concatenate([*(s[3] for s in stores), self.acc[acc_at]]))
         products = [p.renumbered(renumber) for p in products]
-        alus = [(ufunc, op, imm, _run_of(renumber[new]), _reads(renumber[old], t),
-                 None if src is None else _reads(renumber[src], t)) for ufunc, op, imm, new, old, src in alus]
-        # a STORE of whole rows writes consecutive host elements: a slice, not a scatter
-        stores = [(slot, mode, _run_of(dst), _reads(renumber[src], t)) for slot, mode, dst, src in stores]
+        # An ALU batch's operands, a STORE's values and host elements, what the scratchpads
+        # end with: mostly runs, or a block order away from them (tiles of a matrix product's
+        # rows, rows of two interleaved loads), read and written as strided views (no copy)
+        # where the indices are affine in a common shape, gathered and scattered otherwise.
+        alus = [(ufunc, op, imm, *_operands(renumber[new], renumber[old], None if src is None else renumber[src], t))
+                for ufunc, op, imm, new, old, src in alus]
+        stores = [(slot, mode, *(_views(dst, renumber[src]) or (_run_of(dst), _reads(renumber[src], t))))
+                  for slot, mode, dst, src in stores]
         if acc_loads is not None:
-            acc_loads = (_run_of(renumber[acc_loads[0]]), _Gather(acc_loads[1], t))
-        # what changed is mostly one run of each scratchpad: written as a slice
-        plan = FusedPlan(
-            self, products, alus, stores, acc_loads,
-            (_run_of(inp_at), self.f.gather(self.inp[inp_at])),
-            (_run_of(wgt_at), self.f.gather(self.wgt[wgt_at])),
-            (_run_of(acc_at), _reads(renumber[self.acc[acc_at]], t)))
+            # each loaded value once: in the order of the values, a run the load writes as a view
+            targets = renumber[acc_loads[0]]
+            order = np.argsort(targets, kind="stable")
+            targets, codes = targets[order], acc_loads[1][order]
+            acc_loads = _views(targets, codes) or (_run_of(targets), _Gather(codes, t))
+        finals = []
+        for at, codes in ((inp_at, self.inp[inp_at]), (wgt_at, self.wgt[wgt_at])):
+            finals.append(_views(at, self.f.resolve(codes)) or (_run_of(at), self.f.gather(codes)))
+        acc_src = renumber[self.acc[acc_at]]
+        finals.append(_views(acc_at, acc_src) or (_run_of(acc_at), _reads(acc_src, t)))
+        plan = FusedPlan(self, products, alus, stores, acc_loads, *finals)
         plan.zero = _first_writes(products, self.acc_n, zeroed, self.values)
+        plan.live = live
         return plan
 
 
@@ -518,6 +542,107 @@ class _Span:
         return values[self.start:self.stop].reshape(self.shape)
 
 
+class _View:
+    """Elements ``start + sum(i[k] * strides[k])`` for every multi-index ``i`` of ``shape``:
+    indexes an array as a strided view (no copy; a zero or negative stride reads repeats or
+    backwards, so only :func:`_views` makes these, and writes go through distinct elements).
+
+    >>> _View(1, (2, 3), (4, 1)).of(np.arange(10)).tolist()
+    [[1, 2, 3], [5, 6, 7]]
+    """
+
+    __slots__ = ("start", "shape", "strides", "size")
+
+    def __init__(self, start: int, shape: tuple, strides: tuple) -> None:
+        self.start, self.shape, self.strides = start, shape, strides
+        self.size = int(np.prod(shape, dtype=np.int64))
+
+    def of(self, values: np.ndarray) -> np.ndarray:
+        item = values.itemsize
+        return np.ndarray(self.shape, values.dtype, buffer=values, offset=self.start * item,
+                          strides=tuple(s * item for s in self.strides))
+
+
+# More dimensions than this make numpy's strided loops slower than a gather of tile rows.
+_VIEW_DIMS = 6
+
+
+def _affine(indices: Sequence[np.ndarray]) -> Optional[tuple[tuple, list]]:
+    """A shape and, per index array, ``(start, strides)`` such that each flattened array is
+    ``start + sum(i[k] * strides[k])`` over the multi-indices ``i`` of the shape in order, or
+    None. The innermost axis is the longest run of constant steps common to all arrays, the
+    next one the same over those runs' starts, and so on.
+
+    >>> _affine([np.array([0, 1, 16, 17, 32, 33]), np.array([5, 6, 7, 8, 9, 10])])
+    ((3, 2), [(0, (16, 1)), (5, (2, 1))])
+    >>> _affine([np.array([0, 1, 3])]) is None
+    True
+    """
+    flats = [np.asarray(i).reshape(-1) for i in indices]
+    n = flats[0].size
+    if not n:
+        return None
+    shape: list[int] = []
+    strides: list[list[int]] = [[] for _ in flats]
+    while n > 1:
+        if len(shape) == _VIEW_DIMS:
+            return None
+        steps = [int(f[1]) - int(f[0]) for f in flats]
+        broken = np.zeros(n - 1, bool)
+        for f, step in zip(flats, steps):
+            broken |= np.diff(f) != step
+        first = np.flatnonzero(broken[:n - 1])
+        run = n if not first.size else int(first[0]) + 1      # at least 2: two points make a step
+        if n % run:
+            return None
+        rows = [f.reshape(-1, run) for f in flats]
+        if run < n and any((r != r[:, :1] + step * np.arange(run)).any() for r, step in zip(rows, steps)):
+            return None
+        shape.insert(0, run)
+        for st, step in zip(strides, steps):
+            st.insert(0, step)
+        flats = [r[:, 0] for r in rows]
+        n //= run
+    return tuple(shape), [(int(f[0]), tuple(st)) for f, st in zip(flats, strides)]
+
+
+def _views(*indices: np.ndarray) -> Optional[list]:
+    """The index arrays as views of one common shape (:class:`_Span` where one is a run in
+    order, :class:`_View` otherwise), or None when they are not all affine in one shape."""
+    found = _affine(indices)
+    if found is None:
+        return None
+    shape, placed = found
+    contiguous = tuple(int(np.prod(shape[k + 1:], dtype=np.int64)) for k in range(len(shape)))
+    return [_Span(start, shape) if strides == contiguous else _View(start, shape, strides)
+            for start, strides in placed]
+
+
+def _operands(new: np.ndarray, old: np.ndarray, src: Optional[np.ndarray], tile: int) -> tuple:
+    """An ALU batch's ``(new, old, src)`` value numbers as it reads and writes them: when
+    ``new`` is a run, the operands as views of one shape where they are affine in one, else
+    the first affine operand's shape for all (the other gathered into it); otherwise a run or
+    an index for ``new`` and reads for the operands.
+
+    >>> new, old, src = _operands(np.arange(100, 104), np.array([7, 8, 7, 8]), np.array([3, 0, 9, 1]), 2)
+    >>> new.shape, type(old).__name__, old.strides, src.read(_Vector(np.arange(10), 2)).tolist()
+    ((2, 2), '_View', (0, 1), [[3, 0], [9, 1]])
+    """
+    run = _run_of(new)
+    operands = [old] if src is None else [old, src]
+    if isinstance(run, _Span):
+        views = _views(*operands)
+        if views is None and src is not None:
+            alone = [_views(m) for m in operands]
+            shape = next((v[0].shape for v in alone if v is not None), None)
+            if shape is not None:
+                views = [v[0] if v is not None and v[0].shape == shape else _Gather(m.reshape(shape), tile)
+                         for m, v in zip(operands, alone)]
+        if views is not None:
+            return (_Span(run.start, views[0].shape), *views, *([None] if src is None else []))
+    return run, *(_reads(m, tile) for m in operands), *([None] if src is None else [])
+
+
 def _run_of(index: np.ndarray):
     """``index`` as a :class:`_Span` when it numbers consecutive values in order, else itself."""
     index = np.asarray(index, np.intp)
@@ -535,16 +660,23 @@ def _reads(index: np.ndarray, tile: int):
 
 
 def _at(values: _Vector, index) -> np.ndarray:
-    """``values[index]``: a view for a :class:`_Span`, a gather otherwise."""
-    return index.of(values.data) if isinstance(index, _Span) else index.read(values)
+    """``values[index]``: a view for a :class:`_Span` or :class:`_View`, a gather otherwise."""
+    return index.of(values.data) if isinstance(index, (_Span, _View)) else index.read(values)
 
 
-def _layout(acc_n: int, count: int, products: list, alus: list, acc_loads) -> tuple:
+def _layout(acc_n: int, count: int, products: list, alus: list, acc_loads, kept: np.ndarray) -> tuple:
     """New value numbers (``renumber[old] = new``): the scratchpad's ``acc_n`` values from
     before the stream keep theirs; then the values products add into, each product's
     targets in the order it adds them; then the other values that start at zero (resets
     nothing adds into); then the values that are written before they are read (ACC LOADs,
-    ALU results), each ALU group's in the order it writes them. Returns ``(renumber, zeroed)``:
+    in the order the ALU groups first read them, and ALU results). Each ALU group, element
+    by element independent, is put in the order of the values it reads, and writes its
+    results in that order (a product's accumulators are read as the product wrote them, not
+    tile by tile as the instructions did). An ALU group whose
+    operand ``old`` is a run that nothing else reads (no other ALU, nor ``kept``: what the
+    STOREs read and ACC ends with) writes its results over it, in place: a chain of ALU
+    batches (a requantisation's multiply, shift, add, clamps) then works on one stretch of
+    memory, in cache, instead of a fresh one per operation. Returns ``(renumber, zeroed)``:
     values ``[acc_n, zeroed)`` start at zero, ``[zeroed, count)`` are written before they
     are read."""
     renumber = np.full(count, -1, np.intp)
@@ -575,10 +707,42 @@ def _layout(acc_n: int, count: int, products: list, alus: list, acc_loads) -> tu
     renumber[rest] = np.arange(nxt, nxt + rest.size)
     nxt += rest.size
     zeroed = nxt
-    for _, _, _, new, _, _ in alus:
-        claim(new)
+    loaded = np.zeros(count, bool)
     if acc_loads is not None:
-        claim(acc_loads[0])
+        loaded[acc_loads[0]] = True
+
+    def claim_loaded(read: np.ndarray) -> None:
+        # loaded values in the order an ALU batch first reads them (an element-wise add reads
+        # the tiles of two loads that alternate in the stream): runs for the ALUs, while the
+        # load itself reads its host rows in any order (see FusedPlan's acc_loads)
+        read = read[loaded[read] & (renumber[read] < 0)]
+        if read.size:
+            _, first = np.unique(read, return_index=True)
+            claim(read[np.sort(first)])
+
+    reads = np.bincount(np.concatenate([kept.reshape(-1), *(m.reshape(-1) for a in alus for m in a[4:] if m is not None)]),
+                        minlength=count)
+    for k, (ufunc, op, imm, new, old, src) in enumerate(alus):
+        # in execution order: ``old`` has its numbers (made before, or loaded), ``new`` does not yet
+        new, old = new.reshape(-1), old.reshape(-1)
+        claim_loaded(old)
+        at = renumber[old]
+        # a batch is independent element by element: in the order of the values it reads, a
+        # run where it reads all of one (a product's accumulators in the product's order)
+        if at.size > 1 and not (np.diff(at) >= 0).all():
+            order = np.argsort(at, kind="stable")
+            new, old, at = new[order], old[order], at[order]
+            src = None if src is None else src.reshape(-1)[order]
+            alus[k] = (ufunc, op, imm, new, old, src)
+        if src is not None:
+            claim_loaded(src.reshape(-1))
+        if new.size == old.size and at.size and at[0] >= acc_n and (reads[old] == 1).all() and \
+                (renumber[new] < 0).all() and at[-1] - at[0] == at.size - 1 and (np.diff(at) == 1).all():
+            renumber[new] = at
+        else:
+            claim(new)
+    if acc_loads is not None:
+        claim_loaded(acc_loads[0])
     rest = np.flatnonzero(renumber < 0)     # written values a claim did not take (repeats)
     renumber[rest] = np.arange(nxt, nxt + rest.size)
     return renumber, zeroed
@@ -607,8 +771,8 @@ def _first_writes(products: list, acc_n: int, zeroed: int, count: int) -> list[t
 
 
 def _put(values: np.ndarray, index, data: np.ndarray) -> None:
-    """``values[index] = data`` (into a view for a :class:`_Span`)."""
-    if isinstance(index, _Span):
+    """``values[index] = data`` (into a view for a :class:`_Span` or :class:`_View`)."""
+    if isinstance(index, (_Span, _View)):
         index.of(values)[...] = data
     else:
         values[index] = data
@@ -878,7 +1042,11 @@ class FusedPlan:
         self.products, self.alus, self.stores, self.acc_loads = products, alus, stores, acc_loads
         self.inp_final, self.wgt_final, self.acc_final = inp_final, wgt_final, acc_final
         self.matmuls = len(products)
+        self.blas = any(isinstance(p, _Product) for p in products)     # whether a run calls np.matmul
         self._scratch: Optional[_Vector] = None
+        self._alu_steps: Optional[list] = None     # the ALU batches as calls over views of ``_scratch``
+        self._ints: Optional[_Vector] = None          # the int32 sources of ACC LOADs (made once, refilled)
+        self.i_base = sum(self.sizes[slot] for slot in self.i_slots) + self.i_pads.size
         written = dict.fromkeys(s[0] for s in stores)
         self._apart = [(r, w) for r in (*self.f_slots, *self.i_slots) for w in written if r != w]
 
@@ -910,42 +1078,79 @@ class FusedPlan:
             self._scratch = _Vector(np.empty(self.values, np.int32), self.tile)
         vector = self._scratch
         values = vector.data
-        values[:self.acc_n] = sim.acc
+        lo, hi = self.live
+        values[lo:hi] = sim.acc[lo:hi]
         for lo, hi in self.zero:
             values[lo:hi] = 0
         if self.acc_loads is not None:
-            ints = _Vector(np.concatenate([*(buffers[s] for s in self.i_slots), self.i_pads]), self.tile)
-            _put(values, self.acc_loads[0], self.acc_loads[1].read(ints))
+            if self._ints is None:
+                self._ints = _Vector(np.empty(self.i_base, np.int32), self.tile)
+            ints = self._ints
+            np.concatenate([*(buffers[s] for s in self.i_slots), self.i_pads], out=ints.data)
+            _put(values, self.acc_loads[0], _at(ints, self.acc_loads[1]))
         for product in self.products:
             product.run(source, values)
-        for ufunc, op, imm, new, old, src in self.alus:
-            if ufunc is None:       # a LUT, ``imm`` its table's entries in ``source``
-                entry = np.maximum(_at(vector, old), -128)
-                np.minimum(entry, 127, out=entry)
-                entry += 128
-                _put(values, new, np.take(source.data[imm], entry))
-                continue
-            rhs = np.int32(imm) if imm is not None else alu_operand(op, _at(vector, src))
-            if isinstance(new, _Span):
-                ufunc(_at(vector, old), rhs, out=new.of(values))    # new values never overlap the operands
-            else:
-                values[new] = ufunc(_at(vector, old), rhs)
+        if self._alu_steps is None:
+            self._alu_steps = [_alu_step(vector, source, *alu) for alu in self.alus]
+        for step in self._alu_steps:
+            step()
         for slot, mode, dst, src in self.stores:
             out = _at(vector, src)
-            if mode is StoreMode.SATURATE:
-                out = np.maximum(out, -128)
-                np.minimum(out, 127, out=out)
-            if isinstance(dst, _Span):      # straight into the host buffer (int8: keeps the low byte)
-                np.copyto(dst.of(buffers[slot]), out, casting="unsafe")
+            if isinstance(dst, (_Span, _View)):     # straight into the host buffer (int8: keeps the low byte)
+                if mode is StoreMode.SATURATE:      # clipped to int8's range, then exact in int8: one pass
+                    np.clip(out, -128, 127, out=dst.of(buffers[slot]), casting="unsafe")
+                else:
+                    np.copyto(dst.of(buffers[slot]), out, casting="unsafe")
             else:
+                if mode is StoreMode.SATURATE:
+                    out = np.clip(out, -128, 127)
                 buffers[slot][dst] = out.astype(buffers[slot].dtype)
         at, src = self.inp_final
-        _put(sim.inp, at, src.read(source))
+        _put(sim.inp, at, _at(source, src))
         at, src = self.wgt_final
-        _put(sim.wgt, at, src.read(source))
+        _put(sim.wgt, at, _at(source, src))
         at, src = self.acc_final
         _put(sim.acc, at, _at(vector, src))
         return True
+
+
+def _alu_step(vector: _Vector, source: _Vector, ufunc, op, imm, new, old, src) -> Callable[[], object]:
+    """One ALU (or LUT) batch of a plan as a call without arguments over views of its value
+    vector (which stays put between runs): the views and the immediate are made once."""
+    values = vector.data
+    if ufunc is None:       # a LUT, ``imm`` its table's entries in ``source``
+        table = np.empty(LUT_ENTRIES, np.int32)
+        entry = np.empty(new.shape, np.intp)
+        out = new.of(values) if isinstance(new, _Span) else None
+
+        def lookup() -> None:
+            table[:] = source.data[imm]     # int8 values, exact in float32
+            np.clip(_at(vector, old), -128, 127, out=entry)
+            np.add(entry, 128, out=entry)
+            if out is None:
+                values[new] = table[entry]
+            else:       # after ``entry`` is made: ``new`` may be ``old``, in place
+                np.take(table, entry, out=out, mode="clip")     # in range: clipping changes nothing
+        return lookup
+    if isinstance(new, _Span) and (imm is not None or op not in OPERAND_RANGE):
+        out = new.of(values)
+        # the new values never overlap an operand, unless written over ``old`` in place,
+        # element by element (see _layout)
+        a = old.of(values) if isinstance(old, (_Span, _View)) else None
+        b = np.int32(imm) if imm is not None else src.of(values) if isinstance(src, (_Span, _View)) else None
+        if a is not None and b is not None:
+            return partial(ufunc, a, b, out=out)
+        read_a = (lambda: a) if a is not None else partial(old.read, vector)
+        read_b = (lambda: b) if b is not None else partial(src.read, vector)
+        return lambda: ufunc(read_a(), read_b(), out=out)
+
+    def general() -> None:
+        rhs = np.int32(imm) if imm is not None else alu_operand(op, _at(vector, src))
+        if isinstance(new, _Span):
+            ufunc(_at(vector, old), rhs, out=new.of(values))
+        else:
+            values[new] = ufunc(_at(vector, old), rhs)
+    return general
 
 
 def fuse(sim, stream: Sequence[Instruction], order: Sequence[int], buffers: Buffers) -> Optional[FusedPlan]:

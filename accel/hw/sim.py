@@ -632,6 +632,7 @@ class Program:
         self._hosts: dict[int, tuple[np.ndarray, int]] = {}  # slot -> (flat view, address) the calls use
         self._runs = 0
         self._fused = None      # the batched plan (accel.hw.fused), made at the third run (see _execute); False: none
+        self._gemms = any(ins.opcode is Opcode.GEMM for ins in stream)
 
     def run(self, buffers: Buffers, stats: Optional[Stats] = None, *, execute: bool = True,
             again: bool = False) -> Stats:
@@ -648,7 +649,12 @@ class Program:
             for index, ins in enumerate(self.stream):   # raises, naming the instruction
                 sim.check(index, ins, buffers)
         if execute:
-            with _one_blas_thread():
+            # only products call BLAS: a stream without them (an element-wise core's) leaves
+            # the caller's thread setting alone instead of setting it twice
+            if self._fused.blas if self._fused else self._gemms:
+                with _one_blas_thread():
+                    self._execute(buffers, again)
+            else:
                 self._execute(buffers, again)
         stats = stats if stats is not None else Stats(sim.config)
         stats.add(self.timing)

@@ -317,3 +317,63 @@ def test_tap_sums_read_a_tile_at_a_time_like_all_at_once(stream, edge):
     still leave everything as instruction-by-instruction execution does."""
     with mock.patch.object(fused, "_TAPS_AT_ONCE", 1):
         test_fused_dwmacs_equal_instruction_by_instruction.hypothesis.inner_test(stream, edge)
+
+
+@st.composite
+def affine_indices(draw):
+    """A multi-index layout: shape, strides (zero and negative too) and a start that keeps
+    every index in ``[0, 400)``, and the flat index array it makes."""
+    dims = draw(st.integers(1, 4))
+    shape = tuple(draw(st.lists(st.integers(1, 5), min_size=dims, max_size=dims)))
+    strides = tuple(draw(st.lists(st.integers(-40, 40), min_size=dims, max_size=dims)))
+    offsets = np.zeros(shape, np.int64)
+    for axis, (extent, stride) in enumerate(zip(shape, strides)):
+        offsets = offsets + (np.arange(extent) * stride).reshape([extent if k == axis else 1 for k in range(dims)])
+    return shape, strides, (offsets - offsets.min() + draw(st.integers(0, 40))).reshape(-1)
+
+
+@given(affine_indices(), st.integers(0, 3))
+def test_affine_indices_are_read_and_written_as_views(drawn, shift):
+    """An index array affine in a multi-index reads as a strided view what fancy indexing
+    reads (one found for every layout whose axes do not interleave, each outer stride
+    beyond the span of the inner ones), and two arrays share a shape when they are affine
+    in a common one: a block order away from a run (the tiles of a product's rows)."""
+    shape, strides, index = drawn
+    values = np.arange(1000) * 7919 % 1009
+    found = fused._views(index)
+    span, nested = 1, True
+    for extent, stride in sorted(((e, abs(s)) for e, s in zip(shape, strides) if e > 1), key=lambda es: es[1]):
+        nested &= stride >= span
+        span += (extent - 1) * stride
+    if nested and len(shape) <= fused._VIEW_DIMS:
+        assert found is not None
+    if found is not None:
+        np.testing.assert_array_equal(found[0].of(values).reshape(-1), values[index])
+    run = shift + np.arange(index.size)
+    pair = fused._views(run, index)
+    if pair is not None:
+        assert pair[0].shape == pair[1].shape and isinstance(pair[0], fused._Span)
+        np.testing.assert_array_equal(pair[1].of(values), values[index].reshape(pair[1].shape))
+        np.testing.assert_array_equal(pair[0].of(values), values[run].reshape(pair[0].shape))
+    tiles = np.arange(4 * 16 * 16).reshape(2, 16, 2, 16).transpose(0, 2, 1, 3).reshape(-1)    # 2x2 tiles, tile order
+    views = fused._views(np.arange(tiles.size), tiles)
+    assert views is not None and isinstance(views[1], fused._View)
+
+
+def test_alu_chains_work_in_place_and_equal_instruction_by_instruction():
+    """A requantisation chain on reset accumulators (multiply, shift, add, clamps, then a
+    STORE): each ALU step after the first writes over the values it reads (nothing else reads
+    them), so a chain works on one stretch of memory; the results are the reference's."""
+    tile = dict(dst_addr=0, ext_out=16, dst_stride_out=16)
+    chain = [(AluOp.MUL, 1 << 20), (AluOp.SHR, 9), (AluOp.ADD, -3), (AluOp.MAX, -128), (AluOp.MIN, 127)]
+    stream = [_gemm(reset=True), _gemm()] + [
+        Alu(op=op, use_imm=True, imm=imm, push_next=n == len(chain) - 1, **tile) for n, (op, imm) in enumerate(chain)]
+    stream += [Store(sram_addr=0, sram_ld=16, slot=4, dram_offset=0, dram_ld=16, rows=16, cols=16, pop_prev=True),
+               Finish()]
+    plan, (sim, host), (ref, want) = _both(stream)
+    assert plan is not None and len(plan.alus) == len(chain)
+    assert all(new.start == old.start for _, _, _, new, old, _ in plan.alus)     # in place, all of them
+    assert plan.run(host, sim) and plan.run(host, sim)      # twice: a run leaves nothing the next one reads
+    ref.run(stream, want)
+    np.testing.assert_array_equal(host[4], want[4])
+    np.testing.assert_array_equal(sim.acc, ref.acc)

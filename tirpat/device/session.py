@@ -187,7 +187,7 @@ class Session:
         A stored stream runs again when each host has the dtype, size and writability it had
         and the hosts overlap as they did (which slots share memory, and at what distance, orders a
         stream's instructions); each slot's view is then rebuilt at its place in this call's
-        hosts. Otherwise, with work pending, or for a device without :meth:`stored_stream`,
+        hosts (the last replay's views serve again when every host is where it was then). Otherwise, with work pending, or for a device without :meth:`stored_stream`,
         the calls run.
 
         >>> Session().replay("f:0", [np.zeros(4)])       # the calls run (and nothing is stored)
@@ -200,18 +200,26 @@ class Session:
         # a read-only numpy host is told apart: a stream stored for a writable one may write it
         form = tuple((n, dtype, not isinstance(h, np.ndarray) or h.flags.writeable)
                      for (_, n, dtype), h in zip(spans, hosts))
-        overlaps = _overlaps(spans)
+        overlaps = None     # computed when a stored stream's last hosts are not these
         for stored in self._replays.get(key, ()):
-            if stored.form == form and stored.overlaps == overlaps:
+            if stored.form != form:
+                continue
+            if stored.last is not None and stored.last[0] == spans:
+                views = stored.last[1]      # the hosts are where they were: so are the views
+            else:
+                overlaps = _overlaps(spans) if overlaps is None else overlaps
+                if stored.overlaps != overlaps:
+                    continue
                 views = stored.views(spans)
-                self._replays.move_to_end(key)
-                try:
-                    self.run_stored(stored.stream, views)
-                finally:
-                    self._end_stream()
-                self.replayed += 1
-                return True
-        self._capture = (key, spans, form, overlaps)
+                stored.last = (spans, views)
+            self._replays.move_to_end(key)
+            try:
+                self.run_stored(stored.stream, views)
+            finally:
+                self._end_stream()
+            self.replayed += 1
+            return True
+        self._capture = (key, spans, form, _overlaps(spans) if overlaps is None else overlaps)
         return False
 
     @property
@@ -631,11 +639,14 @@ class _Stored:
     hosts overlap at what distance (``overlaps``), and per slot the stream uses, where in
     which host its memory lies: ``(slot, host, byte offset, bytes, dtype)``."""
 
-    __slots__ = ("stream", "form", "overlaps", "placed", "size")
+    __slots__ = ("stream", "form", "overlaps", "placed", "size", "last")
 
     def __init__(self, stream: Any, form: tuple, overlaps: tuple, placed: tuple) -> None:
         self.stream, self.form, self.overlaps, self.placed = stream, form, overlaps, placed
         self.size = 1 + max((p[0] for p in placed), default=-1)
+        # the host spans of the last replay and the views made over them: a model called
+        # again mostly finds its tensors at the addresses they had
+        self.last: Optional[tuple[list, list]] = None
 
     def views(self, spans: list) -> list:
         """The slot views over this call's hosts (``spans``: their host_span)."""
