@@ -253,34 +253,58 @@ SEARCH = 4
 """The fewest trials a searched task gets: its backend's own schedule and three candidates
 of the search (a search of one candidate is a guess)."""
 
+PROBE = 2
+"""The trials of a probed task: its backend's own schedule and one candidate (the knobs'
+likeliest under their priors, where they have priors): on a real model the likeliest was
+the best of a search of four on most tasks, so a small budget probes many tasks rather than
+searching a few."""
 
-def _budgets(trials: int, work: list, least: int = SEARCH) -> list:
-    """Each task's trials (see the module docstring): the ``trials // least`` tasks of
-    most ``work`` (at least one) get ``least`` each and the rest of ``trials`` in
-    proportion to their work (largest remainders); the others 0.
+
+def _budgets(trials: int, work: list, least: int = SEARCH, probe: int = PROBE) -> list:
+    """Each task's trials (see the module docstring). Enough for all: ``least`` each at
+    least, the rest in proportion to their ``work`` (largest remainders). Else the
+    ``trials // (2 * least)`` tasks of most work (at least one) are searched, ``least``
+    trials each, the next ones probed, ``probe`` trials each, while the budget lasts; what
+    is left goes to those tasks in proportion to their work; the others get 0.
 
     >>> _budgets(12, [1.0, 3.0])
     [5, 7]
     >>> _budgets(9, [1.0, 100.0, 5.0])
-    [0, 5, 4]
+    [2, 5, 2]
     >>> _budgets(2, [5.0, 6.0])
     [0, 2]
     """
     order = sorted(range(len(work)), key=lambda i: -work[i])
-    chosen = order[:max(1, min(len(work), trials // least))]
     budgets = [0] * len(work)
     if trials < least:
-        budgets[chosen[0]] = trials
+        budgets[order[0]] = trials
         return budgets
-    rest = trials - least * len(chosen)
+    if trials >= least * len(work):
+        searched, probed = order, []
+    else:
+        searched = order[:max(1, trials // (2 * least))]
+        room = (trials - least * len(searched)) // probe
+        probed = order[len(searched):len(searched) + room]
+    chosen = searched + probed
+    for i in chosen:
+        budgets[i] = least if i in searched else probe
+    rest = trials - sum(budgets)
     total = sum(work[i] for i in chosen)
     shares = {i: rest * work[i] / total for i in chosen}
     for i in chosen:
-        budgets[i] = least + int(shares[i])
+        budgets[i] += int(shares[i])
     left = rest - sum(int(s) for s in shares.values())
     for i in sorted(chosen, key=lambda i: int(shares[i]) - shares[i])[:left]:
         budgets[i] += 1
     return budgets
+
+
+def _work(entry, key: ir.IRModule) -> float:
+    """A task's work to rank it by: its backend's estimate of its cost
+    (:meth:`~tirpat.Backend.tune_work`), else TVM's estimate of its operations."""
+    _, backend, opts, func, _ = entry
+    estimate = backend.tune_work(func, opts)
+    return max(1.0, float(estimate) if estimate is not None else s_tir.analysis.estimate_tir_flops(key))
 
 
 def _identical(found: list, bases: Mapping[str, str] | None = None) -> list:
@@ -575,8 +599,7 @@ def tune(mod, target, *, trials: int, records, rpc=None, params: Mapping[str, np
                          f"backends ({names})")
     store = Records(records, create=True)
     groups = _identical(found, bases)
-    budgets = _budgets(trials, [max(1.0, s_tir.analysis.estimate_tir_flops(key)) * (1 + len(copies))
-                                for _, key, copies, _ in groups])
+    budgets = _budgets(trials, [_work(entry, key) * (1 + len(copies)) for entry, key, copies, _ in groups])
     results, tasks = [], []
     for ((name, backend, opts, _, space), key, copies, _), budget in zip(groups, budgets):
         results.append(TaskResult(name, backend.name, budget, tuple(copies)))
