@@ -211,3 +211,18 @@ def test_a_depthwise_block_that_does_not_fit_acc_is_made_smaller():
     with accel.Session(small):
         ex(*args)
     np.testing.assert_array_equal(args[-1], llvm_result(func, inputs(func)))
+
+
+def test_the_priors_favour_the_image_when_rows_pad_more_and_depthwise_blocks_are_knobs():
+    from accel.compiler.tuning import knobs
+
+    def likeliest(func):
+        sch = s_tir.Schedule(ir.IRModule({"main": func}))
+        return {k.key.removeprefix("accel."): k.values[k.likely] for k in knobs(sch, accel.Config())}
+
+    narrow = likeliest(conv("NHWC", 2, 16, 32, 64, 3, 2, True))     # rows of 8 pixels pad to 16, the image of 64 not
+    assert (GATHERS[narrow["gather"]], PIXELS[narrow["pixels"]]) == ("im2col", "image")
+    wide = conv("NHWC", 2, 16, 32, 64, 3, 1, True)                  # rows of 16: no padding to save
+    assert (GATHERS[likeliest(wide)["gather"]], PIXELS[likeliest(wide)["pixels"]]) == ("direct", "row")
+    # a depthwise convolution: its blocks of 2 x 4 tiles (the whole of each side) likeliest
+    assert {k: v for k, v in likeliest(depthwise(32, 64, 3, 1, True)).items()} == {"bm": 2, "bn": 4}
