@@ -109,6 +109,12 @@ class AccelBackend(tp.Backend):
 
         return tuning_space(func, config_of(opts))
 
+    def tune_work(self, func, opts: dict) -> float | None:
+        """The cycles the heuristic's schedule of ``func`` is estimated to take."""
+        from accel.compiler.tuning import work
+
+        return work(func, config_of(opts))
+
     def measure(self, run, opts: dict) -> float:
         """Simulated cycles of ``run()``."""
         from accel.hw.runtime import Session

@@ -156,6 +156,7 @@ class GemmPlan:
     gather: str = ""        # how a convolution's im2col operand reaches INP
     device_macs: int = 0    # the MACs the GEMM unit executes: M, N and K padded to whole tiles
     knobs: Knobs = field(default_factory=Knobs)     # the choices made, every field set
+    cycles: int = 0         # an estimate of its device cycles (:func:`estimate_cycles`)
 
     @property
     def macs(self) -> int:
@@ -252,6 +253,19 @@ def _analyse_gemm(block, m) -> tuple[GemmAnalysis | None, str | None]:
                         inp_index=tuple(a_idx), weight_index=tuple(b_idx)), None
 
 
+def estimate_cycles(macs: int, rate: int, outputs: int, steps, temporaries, config: Config) -> int:
+    """An estimate of a GEMM's or depthwise convolution's device cycles, to rank workloads
+    by (a tuner's budget): its ``macs`` (padding included) at ``rate`` a cycle, then its
+    epilogue's ALU ``steps`` (and a copy and step per temporary) over the ``outputs``
+    elements of the padded result, ``alu_lanes`` a cycle (the two share the compute queue).
+
+    >>> estimate_cycles(16 * 16 * 16, 256, 16 * 16, [1, 2], [], Config())
+    48
+    """
+    alu = (len(steps) if steps else 0) + 2 * len(temporaries or ())
+    return -(-macs // rate) + -(-outputs * alu // config.alu_lanes)
+
+
 def _pick_block(tiles: int, limit: int) -> int:
     """Tiles per block along a dimension: the largest power of two up to ``limit`` whose
     extra padding stays within an eighth of the work (bigger blocks mean fewer, longer
@@ -289,7 +303,7 @@ def schedule_in(sch: s_tir.Schedule, config: Config) -> Notes:
         kept = dict(reserved)
         try:
             if isinstance(conv, depthwise.Depthwise):
-                _schedule_depthwise(sch, name, conv, config, notes, reserved)
+                _schedule_depthwise(sch, name, conv, config, notes, reserved, knobs)
                 continue
             if conv is not None:
                 gemm = normalise_conv(sch, conv, config, notes, gather=knobs.gather,
@@ -338,13 +352,30 @@ def _find_gemms(sch: s_tir.Schedule, notes: Notes) -> list:
     return found
 
 
-def gemm_blocks(sch: s_tir.Schedule) -> list[tuple[str, object]]:
+def gemm_blocks(sch: s_tir.Schedule, with_depthwise: bool = False) -> list[tuple[str, object]]:
     """``(block name, Conv or None)`` for each GEMM block of ``main`` that :func:`schedule_in`
     would offload, in program order (what a tuner annotates; a convolution comes with its
-    :class:`accel.compiler.conv.Conv`); ``sch`` is left as it is. A depthwise convolution is
-    no GEMM block: its schedule has no knobs to tune."""
+    :class:`accel.compiler.conv.Conv`); ``sch`` is left as it is. ``with_depthwise``: the
+    depthwise convolutions too (an :class:`accel.compiler.depthwise.Depthwise`), whose only
+    knobs are their blocks of tiles (``bm``, ``bn``: :func:`depthwise_blocks`)."""
     return [(name, conv) for name, _, conv, _ in _find_gemms(sch.copy(), Notes())
-            if not isinstance(conv, depthwise.Depthwise)]
+            if with_depthwise or not isinstance(conv, depthwise.Depthwise)]
+
+
+#: The most tiles a depthwise block of output tiles holds (its epilogue's ALU steps run over
+#: the whole block: a larger block spends less on each instruction's issue).
+DW_BLOCK_LIMIT = 16
+
+
+def depthwise_blocks(tiles: int, limit: int = DW_BLOCK_LIMIT) -> tuple:
+    """Tiles per depthwise block along a dimension of ``tiles`` tiles: its divisors up to
+    ``limit`` (a block that does not divide the tiles would leave a partial one, which
+    DWMAC's tile loops cannot run).
+
+    >>> depthwise_blocks(12), depthwise_blocks(13)
+    ((1, 2, 3, 4, 6, 12), (1, 13))
+    """
+    return tuple(b for b in range(1, min(tiles, limit) + 1) if tiles % b == 0)
 
 
 def _dtypes_found(block) -> str:
@@ -570,19 +601,24 @@ def _schedule_gemm(sch: s_tir.Schedule, name: str, g: GemmAnalysis, config: Conf
     plan.epilogue = describe_epilogue(steps, str(sch.get(final).writes[0].source.dtype),
                                       [sch.get(b).writes[0].source for b in temporaries]) if steps else []
     _reserve(reserved, shape, t, bm, bn, bk, resident)
+    outputs = batch * -(-m_ // (t * bm)) * t * bm * -(-n_ // (t * bn)) * t * bn
+    plan.cycles = estimate_cycles(plan.device_macs, config.gemm_macs_per_cycle, outputs, steps, temporaries, config)
     _tile_and_stage(sch, name, g, final, out_buffer, t, (bm, bn, bk), resident, temporaries)
     plan.knobs = Knobs(bm, bn, bk, WEIGHTS[resident], g.method, g.pixels)
     notes.offloaded.append(plan)
 
 
 def _schedule_depthwise(sch: s_tir.Schedule, name: str, dw: depthwise.Depthwise, config: Config, notes: Notes,
-                        reserved: dict) -> None:
+                        reserved: dict, knobs: Knobs = Knobs()) -> None:
     """Schedule the depthwise convolution block ``name`` for DWMAC and add its plan to ``notes``:
     lay it out (:func:`accel.compiler.depthwise.normalise`), pad the output pixels ``x`` and
     channels ``f`` to whole tiles, tile to one 16 x 16 output tile per DWMAC (its loop levels
     the kernel's taps), stage each tile's input taps through INP (one strided LOAD per tap,
     double-buffered), the whole weight once through WGT, and the accumulator with the
-    epilogue (and its operands) through ACC, as a GEMM's."""
+    epilogue (and its operands) through ACC, as a GEMM's, for a block of ``knobs.bm`` x
+    ``knobs.bn`` tiles of pixels x channels at once (the heuristic: one tile; each of the
+    epilogue's ALU steps is one instruction over the block). A block that does not divide
+    the tiles, or does not fit ACC, is refused (:class:`ScheduleError`)."""
     t = config.tile
     e = dw.ext
     pix = depthwise.pixels(dw)
@@ -591,12 +627,33 @@ def _schedule_depthwise(sch: s_tir.Schedule, name: str, dw: depthwise.Depthwise,
     other = "y" if pix == "x" else "x"
     taps = e["ry"] * e["rx"]
     x_pad, f_pad = -(-e[pix] // t) * t, -(-e["f"] // t) * t
+    tiles = (x_pad // t, f_pad // t)
+    bm, bn = knobs.bm or 1, knobs.bn or 1
+    if tiles[0] % bm or tiles[1] % bn:
+        raise ScheduleError(f"{name}: a block of {bm} x {bn} tiles does not divide the {tiles[0]} x {tiles[1]} "
+                            f"tiles of pixels x channels")
     # what the tiles occupy, as the planner lays them out: checked before anything changes
     options = {"tile": t}
-    outer = e["n"] * e[other] * (x_pad // t) * (f_pad // t) > 1
-    need = {INP: _MEMORY[INP].footprint(taps * t * t, repeated=outer, options=options),
+    count = e["n"] * e[other] * tiles[0] * tiles[1]
+
+    def acc_need(regions: int, block: tuple) -> int:
+        """ACC's elements for ``regions`` regions of a block of tiles (double-buffered when
+        there are several blocks)."""
+        size = block[0] * block[1]
+        return _MEMORY[ACC].footprint(regions * t * t * size, repeated=count > size, options=options)
+
+    def fitting(regions: int, block: tuple) -> tuple:
+        """``block`` made smaller (the larger side to its next divisor of the tiles) until
+        ``regions`` regions of it fit ACC; one tile at least."""
+        while block != (1, 1) and acc_need(regions, block) > _free(config, reserved, ACC):
+            side = 0 if block[0] >= block[1] else 1
+            smaller = max(d for d in depthwise_blocks(tiles[side], block[side] - 1))
+            block = (smaller, block[1]) if side == 0 else (block[0], smaller)
+        return block
+
+    need = {INP: _MEMORY[INP].footprint(taps * t * t, repeated=count > 1, options=options),
             WGT: _MEMORY[WGT].footprint(taps * f_pad, repeated=False, options=options),
-            ACC: _MEMORY[ACC].footprint(2 * t * t, repeated=outer, options=options)}   # a residual at most
+            ACC: acc_need(2, (1, 1))}   # a residual at most
     for scope, n in need.items():
         if n > _free(config, reserved, scope):
             raise DoesNotFit(f"one depthwise tile's {_MEMORY[scope].name} buffers take {n * _MEMORY[scope].itemsize} "
@@ -614,14 +671,18 @@ def _schedule_depthwise(sch: s_tir.Schedule, name: str, dw: depthwise.Depthwise,
     if padded != [int(iv.dom.extent.value) for iv in sch.get(blk).iter_vars]:
         sch.pad_einsum(blk, padded)
     final, steps, out_buffer, temporaries = _epilogue(sch, blk, view.stop)
+    regions = 2
     if steps is not None:
         # the accumulator tile, and one tile per wide operand (a residual) or temporary
         wide = sum(1 for narrow in _wide_operands(sch, final, out_buffer, temporaries).values() if not narrow)
-        need[ACC] = _MEMORY[ACC].footprint(max(2, 1 + wide) * t * t, repeated=outer, options=options)
+        regions = max(2, 1 + wide)
+        need[ACC] = acc_need(regions, (1, 1))
         if need[ACC] > _free(config, reserved, ACC):
             raise DoesNotFit(f"one depthwise tile's accumulator and its epilogue's {wide} wide operands and "
                              f"temporaries take {need[ACC] * _MEMORY[ACC].itemsize} bytes, the target's Config has "
                              f"{getattr(config, capacity_option(_MEMORY[ACC]))} ({capacity_option(_MEMORY[ACC])})")
+    # a block of several tiles: a region more for the narrow operands (a bias row per block)
+    bm, bn = fitting(regions + 1, (bm, bn)) if (bm, bn) != (1, 1) else (1, 1)
     _reserve_table(reserved, steps, t)
     if final is not None and steps is None:
         notes.on_cpu.append((sch.get(final).name_hint, "the epilogue is not a chain of ALU operations "
@@ -631,16 +692,16 @@ def _schedule_depthwise(sch: s_tir.Schedule, name: str, dw: depthwise.Depthwise,
                                       [sch.get(b).writes[0].source for b in temporaries]) if steps else []
     loops = sch.get_loops(blk)
     at = {r: loops[dw.pos[r]] for r in dw.pos}
-    x_o, x_i = sch.split(at[pix], [None, t])
-    f_o, f_i = sch.split(at["f"], [None, t])
+    x_o, x_b, x_i = sch.split(at[pix], [None, bm, t])
+    f_o, f_b, f_i = sch.split(at["f"], [None, bn, t])
     reduction = [at[r] for r in ("c", "ry", "rx") if r in at]
-    sch.reorder(at["n"], at[other], x_o, f_o, *reduction, x_i, f_i)
+    sch.reorder(at["n"], at[other], x_o, f_o, x_b, f_b, *reduction, x_i, f_i)
     block = sch.get(blk)
     weight_read = next(n for n, r in enumerate(block.reads) if len(r.source.shape) == 4 and
                        r.source.name.startswith(view.weight.name))
     a_stage = sch.cache_read(blk, 1 - weight_read, INP)
     b_stage = sch.cache_read(blk, weight_read, WGT)     # the whole weight, loaded once
-    sch.compute_at(a_stage, f_o)
+    sch.compute_at(a_stage, f_b)        # each tile's taps: one tile's INP at a time
     for stage in (a_stage, b_stage):
         _inline_into_load(sch, stage, view.inline)
     if final is None:
@@ -652,7 +713,9 @@ def _schedule_depthwise(sch: s_tir.Schedule, name: str, dw: depthwise.Depthwise,
         _stage_epilogue_operands(sch, blk, final, out_buffer, f_o, t, view.operand_layout, temporaries)
     sch.decompose_reduction(blk, reduction[0])
     reserved[WGT] = reserved.get(WGT, 0) + need[WGT]
-    plan.knobs = Knobs(1, 1, 1, "resident", "direct", "row")
+    plan.knobs = Knobs(bm, bn, 1, "resident", "direct", "row")
+    plan.cycles = estimate_cycles(plan.device_macs, config.dwmac_macs_per_cycle, plan.device_macs // taps, steps,
+                                  temporaries, config)
     notes.offloaded.append(plan)
 
 

@@ -138,3 +138,91 @@ def test_knob_annotations_are_checked():
         Knobs(gather="strided")
     with pytest.raises(ScheduleError, match="accel.weights = 7 is not an index"):
         Knobs.from_annotations({"accel.weights": 7})
+
+
+# --------------------------------------------------------------------------- depthwise blocks
+def depthwise(size, c, k, stride, epilogue):
+    """topi's depthwise conv2d (NCHW, padding k // 2, ``groups`` = channels) with no
+    epilogue or bias + ReLU + requantise."""
+    x = te.placeholder((1, c, size, size), "int8", name="x")
+    w = te.placeholder((c, 1, k, k), "int8", name="w")
+    out = topi.nn.group_conv2d_nchw(x, w, stride, k // 2, 1, c, out_dtype="int32")
+    params = [x, w]
+    if epilogue:
+        b = te.placeholder((c,), "int32", name="b")
+        acc = topi.nn.relu(te.compute(out.shape, lambda *i: out(*i) + b[i[1]], name="bias"))
+        out = te.compute(acc.shape, lambda *i: te.max(te.min((acc(*i) + 32) >> 6, 127), -128).astype("int8"),
+                         name="requant")
+        params.append(b)
+    return te.create_prim_func(params + [out])
+
+
+def with_depthwise_knobs(func, knobs):
+    sch = s_tir.Schedule(ir.IRModule({"main": func}))
+    [(name, _)] = gemm_blocks(sch, with_depthwise=True)
+    knobs.annotate(sch, sch.get_sblock(name))
+    return sch.mod["main"]
+
+
+@settings(max_examples=10)
+@given(st.sampled_from([(20, 3, 1), (34, 3, 2), (33, 5, 1), (9, 3, 1)]), st.sampled_from([8, 24, 48, 64]),
+       st.booleans(), st.sampled_from([None, 1, 2, 3, 4]), st.sampled_from([None, 1, 2, 3, 4, 16]))
+def test_every_depthwise_block_is_bit_exact_or_refused_when_it_does_not_divide_the_tiles(shape, c, epilogue, bm, bn):
+    size, k, stride = shape
+    func = depthwise(size, c, k, stride, epilogue)
+    args = inputs(func)
+    out = (size - 1) // stride + 1
+    tiles = (-(-out // 16), -(-c // 16))
+    try:
+        got, _, report = accel_run(with_depthwise_knobs(func, Knobs(bm=bm, bn=bn)), args)
+    except ScheduleError as err:
+        assert tiles[0] % (bm or 1) or tiles[1] % (bn or 1)
+        assert "does not divide" in str(err)
+        return
+    assert not (tiles[0] % (bm or 1) or tiles[1] % (bn or 1))
+    np.testing.assert_array_equal(got, llvm_result(func, args))
+    used = report.offloaded[0].knobs
+    assert (used.bm, used.bn) == (bm or 1, bn or 1)
+
+
+def test_a_depthwise_block_of_tiles_takes_fewer_cycles_than_one_tile_at_a_time():
+    """64 channels of a 32-pixel-wide output: 2 x 4 tiles a block, each epilogue step one ALU
+    instruction over the block instead of one per tile; every DWMAC the same."""
+    func = depthwise(32, 64, 3, 1, True)
+    args = inputs(func)
+    want = llvm_result(func, args)
+    one, one_cycles, one_report = accel_run(func, args)
+    block, block_cycles, report = accel_run(with_depthwise_knobs(func, Knobs(bm=2, bn=4)), args)
+    np.testing.assert_array_equal(one, want)
+    np.testing.assert_array_equal(block, want)
+    assert (one_report.offloaded[0].knobs.bm, one_report.offloaded[0].knobs.bn) == (1, 1)    # the heuristic
+    assert (report.offloaded[0].knobs.bm, report.offloaded[0].knobs.bn) == (2, 4)
+    assert block_cycles < 0.95 * one_cycles
+
+
+def test_a_depthwise_block_that_does_not_fit_acc_is_made_smaller():
+    func = depthwise(32, 64, 3, 1, True)
+    small = accel.Config(acc_bytes=16 * 1024)       # 16 tiles of int32: not 2 x 4 tiles, twice, in 3 regions
+    _, notes = schedule(with_depthwise_knobs(func, Knobs(bm=2, bn=4)), small)
+    used = notes.offloaded[0].knobs
+    assert used.bm * used.bn < 8 and 2 % used.bm == 0 and 4 % used.bn == 0
+    args = inputs(func)
+    ex = accel.build(with_depthwise_knobs(func, Knobs(bm=2, bn=4)), config=small)
+    with accel.Session(small):
+        ex(*args)
+    np.testing.assert_array_equal(args[-1], llvm_result(func, inputs(func)))
+
+
+def test_the_priors_favour_the_image_when_rows_pad_more_and_depthwise_blocks_are_knobs():
+    from accel.compiler.tuning import knobs
+
+    def likeliest(func):
+        sch = s_tir.Schedule(ir.IRModule({"main": func}))
+        return {k.key.removeprefix("accel."): k.values[k.likely] for k in knobs(sch, accel.Config())}
+
+    narrow = likeliest(conv("NHWC", 2, 16, 32, 64, 3, 2, True))     # rows of 8 pixels pad to 16, the image of 64 not
+    assert (GATHERS[narrow["gather"]], PIXELS[narrow["pixels"]]) == ("im2col", "image")
+    wide = conv("NHWC", 2, 16, 32, 64, 3, 1, True)                  # rows of 16: no padding to save
+    assert (GATHERS[likeliest(wide)["gather"]], PIXELS[likeliest(wide)["pixels"]]) == ("direct", "row")
+    # a depthwise convolution: its blocks of 2 x 4 tiles (the whole of each side) likeliest
+    assert {k: v for k, v in likeliest(depthwise(32, 64, 3, 1, True)).items()} == {"bm": 2, "bn": 4}

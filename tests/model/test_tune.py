@@ -101,7 +101,7 @@ def test_a_relax_model_is_tuned_per_partition_and_built_with_its_records(tmp_pat
     result = tp.tune(mod, "accel, llvm", trials=9, records=tmp_path, strategy="replay-trace", batch=2)
     assert len(result.tasks) == 2 and all(t.best <= t.heuristic for t in result.tasks)
     # the budget is the budget: 4 trials each (a search), the one left over to the layer of
-    # most operations (16x64x48 MACs against 16x48x10)
+    # most work (16x64x48 MACs against 16x48x10)
     assert [t.trials for t in result.tasks] == [t.budget for t in result.tasks]
     by_work = sorted(result.tasks, key=lambda t: -flops(partition_function(mod, t.name)))
     assert [t.trials for t in by_work] == [5, 4]
@@ -113,8 +113,9 @@ def test_a_relax_model_is_tuned_per_partition_and_built_with_its_records(tmp_pat
 
 
 def flops(func):
-    """TVM's estimate of a PrimFunc's operations (what tp.tune ranks its tasks by)."""
-    return s_tir.analysis.estimate_tir_flops(ir.IRModule({"main": func}))
+    """accel's estimate of a PrimFunc's cycles under its own schedule (what tp.tune ranks
+    accel's tasks by)."""
+    return tp.backends()["accel"].tune_work(func, tp.backends()["accel"].resolve())
 
 
 def partition_function(mod, name):
@@ -153,6 +154,22 @@ def dense(m=16, k=32, n=16):
     a = te.placeholder((m, k), "int8", name="a")
     w = te.placeholder((n, k), "int8", name="w")
     return te.create_prim_func([a, w, topi.nn.dense(a, w, out_dtype="int32")])
+
+
+def test_a_small_budget_searches_the_largest_tasks_and_probes_the_next(tmp_path):
+    """Four tasks and 10 trials (below a search of 4 each): the task of most work is searched
+    (4 trials), the next three probed (2 each: the backend's own schedule and the likeliest
+    candidate); the summary says which; no probed task is worse than its heuristic."""
+    mod = ir.IRModule({name: dense(m, k, n).with_attr("global_symbol", name)
+                       for name, (m, k, n) in {"huge": (64, 256, 64), "big": (32, 256, 32), "mid": (16, 128, 32),
+                                               "small": (16, 32, 16)}.items()})
+    result = tp.tune(mod, "accel, llvm", trials=10, records=tmp_path, strategy="replay-trace", batch=2, seed=1)
+    tasks = {t.name: t for t in result.tasks}
+    assert [tasks[n].budget for n in ("huge", "big", "mid", "small")] == [4, 2, 2, 2]
+    assert result.trials == 10 and all(t.best <= t.heuristic for t in result.tasks)
+    assert "searched 1 of 4 tasks, the most work first: huge; probed the next 3 (its backend's own schedule and " \
+           "one candidate each): big, mid, small" in result.summary
+
 
 
 def test_identical_partitions_are_one_task_whose_record_serves_each(tmp_path):
@@ -305,6 +322,24 @@ class Cheater(tp.Backend):
         return float(len(TICKS))
 
 
+class Slower(Cheater):
+    """A backend whose knob's second value is right but costs more: nothing beats the
+    heuristic."""
+
+    name = "tune-test-slower"
+
+    def rules(self, opts):
+        def rewrite(m):
+            loop = m.node
+            if "cheat" not in loop.annotations:
+                return None
+            ticks = 2 + 3 * int(loop.annotations["cheat"])
+            body = tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind, loop.body)
+            return tirx.SeqStmt([tirx.Evaluate(tirx.call_packed("tune_test.tick"))] * ticks + [body])
+
+        return tp.Rewriter.from_pattern(tp.is_for(tp.wildcard()), rewrite, name="slower")
+
+
 @pytest.fixture
 def cheater(monkeypatch):
     tp.backends()
@@ -325,6 +360,23 @@ def test_a_wrong_schedule_is_an_error_and_never_the_best(cheater, tmp_path):
     opts = tp.backends()["tune-test-cheater"].resolve()
     best = tp.Records(tmp_path).best(func, "tune-test-cheater", opts)
     assert "decision=0" in str(best.trace) and float(best.run_secs[0]) == 2.0
+
+
+def test_when_nothing_beats_the_heuristic_its_record_is_the_best_and_the_build_uses_it(cheater, tmp_path):
+    tp.register_backend(Slower)
+    func = doubling()
+    result = tp.tune(func, "tune-test-slower, llvm", trials=4, records=tmp_path, strategy="replay-trace",
+                     batch=2, seed=2)
+    [task] = result.tasks
+    assert task.failures == 0 and task.heuristic == task.best == 2.0 and task.trials == 4
+    opts = tp.backends()["tune-test-slower"].resolve()
+    best = tp.Records(tmp_path).best(func, "tune-test-slower", opts)
+    assert "decision=0" in str(best.trace) and float(best.run_secs[0]) == 2.0
+    model = tp.build(func, "tune-test-slower, llvm", records=tmp_path)
+    x = np.arange(64, dtype=np.int32)
+    TICKS.clear()
+    model(x, np.zeros(64, np.int32))
+    assert len(TICKS) == 2          # the heuristic's schedule, not the slower one
 
 
 def test_an_artifact_that_is_not_bit_exact_says_which_buffer(cheater, tmp_path):

@@ -242,6 +242,16 @@ class Backend:
         """
         return None
 
+    def tune_work(self, func, opts: dict) -> float | None:
+        """An estimate of one partition's cost under the backend's own schedule (in the unit
+        of :meth:`measure`), by which ``tp.tune`` ranks the tasks for its budget, the most
+        first; None (the default): TVM's estimate of the workload's operations.
+
+        >>> tp.Backend().tune_work(None, {}) is None
+        True
+        """
+        return None
+
     def measure(self, run, opts: dict) -> float:
         """The cost of ``run()`` (one call of compiled code) on this backend's device, lower
         is better: by default the wall-clock seconds it takes inside :meth:`session`; a

@@ -13,13 +13,17 @@ partition that differ only in a call site's scalar constants (``<name>_s1``, ...
 requantise's multiplier and shift as immediates; the schedule and its instructions do not
 depend on those values): the task's best record is written for each copy too.
 
-The trial budget is split before tuning starts. The tasks are ranked by their work (TVM's
-estimate of the workload's operations, times the number of identical copies); the first
-``trials // SEARCH`` of them (at least one) are searched, each with ``SEARCH`` trials at
-least (its backend's own schedule, then candidates of the search), the rest of the budget
-going to the searched tasks in proportion to their work (largest remainders rounding).
-The other tasks are not measured: they keep their backend's own schedule, as they would
-untuned (0 trials in the table); the summary names the tasks searched. The tasks take turns, a batch
+The trial budget is split before tuning starts. The tasks are ranked by their work (their
+backend's estimate of their cost under its own schedule, :meth:`~tirpat.Backend.tune_work`:
+accel's cycles; else TVM's estimate of the workload's operations), times the number of
+identical copies. A budget of ``SEARCH`` trials per task or more searches them all; a smaller
+one searches the ``trials // (2 * SEARCH)`` tasks of most work (at least one), ``SEARCH``
+trials each (the backend's own schedule, then candidates of the search), and probes the
+next ones while the budget lasts, ``PROBE`` (2) trials each (the backend's own schedule and
+the knobs' likeliest candidate: on a real model's tasks it was the best of a search of four
+on most); what is left goes to those tasks in proportion to their work (largest remainders
+rounding). The other tasks are not measured: they keep their backend's own schedule, as
+they would untuned (0 trials in the table); the summary names the tasks searched and probed. The tasks take turns, a batch
 each (meta_schedule's round-robin scheduler): while one task's batch is being measured
 (on RPC servers), the next task's is searched for and packed. Per task:
 
@@ -144,24 +148,37 @@ class TuneResult:
 
     @property
     def summary(self) -> str:
-        """``"N trials in S s"``, which tasks were searched when not all were, and why N is
-        not the number asked when it is not.
+        """``"N trials in S s"``, which tasks were searched and probed when not all were
+        searched, and why N is not the number asked when it is not.
 
         >>> print(TuneResult(Path("r"), [TaskResult("a", "accel", budget=2, trials=2),
         ...                              TaskResult("b", "accel")], 2.0, asked=2).summary)
         2 trials in 2.0 s (searched 1 of 2 tasks, the most work first: a; the other 1 left at their backend's own schedule: b)
+        >>> print(TuneResult(Path("r"), [TaskResult("a", "accel", budget=4, trials=4),
+        ...                              TaskResult("b", "accel", budget=2, trials=2)], 2.0, asked=6).summary)
+        6 trials in 2.0 s (searched 1 of 2 tasks, the most work first: a; probed the next 1 (its backend's own schedule and one candidate): b)
         >>> print(TuneResult(Path("r"), [TaskResult("a", "accel", budget=8, trials=5)], 2.0, asked=8).summary)
         5 trials in 2.0 s (8 asked; the search found no more new candidates for a)
         """
         text = f"{self.trials} trials in {self.seconds:.1f} s"
         why = []
         shown = _shown_names([t.name for t in self.tasks])
-        searched = [shown[t.name] for t in self.tasks if t.budget > 0]
-        left = [shown[t.name] for t in self.tasks if t.budget == 0]
-        if left:        # names as the table shows them; a long list of those left is the table's 0s
-            which = f": {', '.join(left)}" if len(left) <= 3 else " (0 trials above)"
+
+        def names(tasks: list, trials: str) -> str:      # a long list is the table's trials column
+            return f": {', '.join(shown[t.name] for t in tasks)}" if len(tasks) <= 3 else f" ({trials} trials above)"
+
+        probing = self.asked >= SEARCH          # a budget below one search searches one task
+        searched = [t for t in self.tasks if t.budget >= SEARCH or (t.budget and not probing)]
+        probed = [t for t in self.tasks if 0 < t.budget < SEARCH and probing]
+        left = [t for t in self.tasks if t.budget == 0]
+        if probed or left:
             why.append(f"searched {len(searched)} of {len(self.tasks)} tasks, the most work first: "
-                       f"{', '.join(searched)}; the other {len(left)} left at their backend's own schedule{which}")
+                       f"{', '.join(shown[t.name] for t in searched)}")
+        if probed:
+            why[-1] += (f"; probed the next {len(probed)} (its backend's own schedule and one candidate"
+                        f"{' each' if len(probed) > 1 else ''}){names(probed, f'{PROBE}-{SEARCH - 1}')}")
+        if left:
+            why[-1] += f"; the other {len(left)} left at their backend's own schedule{names(left, '0')}"
         short = [t.name for t in self.tasks if t.trials < t.budget]
         if short:
             why.insert(0, f"{self.asked} asked")
@@ -253,34 +270,58 @@ SEARCH = 4
 """The fewest trials a searched task gets: its backend's own schedule and three candidates
 of the search (a search of one candidate is a guess)."""
 
+PROBE = 2
+"""The trials of a probed task: its backend's own schedule and one candidate (the knobs'
+likeliest under their priors, where they have priors): on a real model the likeliest was
+the best of a search of four on most tasks, so a small budget probes many tasks rather than
+searching a few."""
 
-def _budgets(trials: int, work: list, least: int = SEARCH) -> list:
-    """Each task's trials (see the module docstring): the ``trials // least`` tasks of
-    most ``work`` (at least one) get ``least`` each and the rest of ``trials`` in
-    proportion to their work (largest remainders); the others 0.
+
+def _budgets(trials: int, work: list, least: int = SEARCH, probe: int = PROBE) -> list:
+    """Each task's trials (see the module docstring). Enough for all: ``least`` each at
+    least, the rest in proportion to their ``work`` (largest remainders). Else the
+    ``trials // (2 * least)`` tasks of most work (at least one) are searched, ``least``
+    trials each, the next ones probed, ``probe`` trials each, while the budget lasts; what
+    is left goes to those tasks in proportion to their work; the others get 0.
 
     >>> _budgets(12, [1.0, 3.0])
     [5, 7]
     >>> _budgets(9, [1.0, 100.0, 5.0])
-    [0, 5, 4]
+    [2, 5, 2]
     >>> _budgets(2, [5.0, 6.0])
     [0, 2]
     """
     order = sorted(range(len(work)), key=lambda i: -work[i])
-    chosen = order[:max(1, min(len(work), trials // least))]
     budgets = [0] * len(work)
     if trials < least:
-        budgets[chosen[0]] = trials
+        budgets[order[0]] = trials
         return budgets
-    rest = trials - least * len(chosen)
+    if trials >= least * len(work):
+        searched, probed = order, []
+    else:
+        searched = order[:max(1, trials // (2 * least))]
+        room = (trials - least * len(searched)) // probe
+        probed = order[len(searched):len(searched) + room]
+    chosen = searched + probed
+    for i in chosen:
+        budgets[i] = least if i in searched else probe
+    rest = trials - sum(budgets)
     total = sum(work[i] for i in chosen)
     shares = {i: rest * work[i] / total for i in chosen}
     for i in chosen:
-        budgets[i] = least + int(shares[i])
+        budgets[i] += int(shares[i])
     left = rest - sum(int(s) for s in shares.values())
     for i in sorted(chosen, key=lambda i: int(shares[i]) - shares[i])[:left]:
         budgets[i] += 1
     return budgets
+
+
+def _work(entry, key: ir.IRModule) -> float:
+    """A task's work to rank it by: its backend's estimate of its cost
+    (:meth:`~tirpat.Backend.tune_work`), else TVM's estimate of its operations."""
+    _, backend, opts, func, _ = entry
+    estimate = backend.tune_work(func, opts)
+    return max(1.0, float(estimate) if estimate is not None else s_tir.analysis.estimate_tir_flops(key))
 
 
 def _identical(found: list, bases: Mapping[str, str] | None = None) -> list:
@@ -550,11 +591,13 @@ def tune(mod, target, *, trials: int, records, rpc=None, params: Mapping[str, np
       no server left, ``ConnectionError`` (:mod:`tirpat.model.tune.rpc`);
     - ``progress(Progress)`` is called after every batch.
 
-    Identical partitions are one task. The tasks of most work (TVM's estimate of their
-    operations) are searched, ``SEARCH`` (4) trials each at least, the backend's own
-    schedule first, the rest of ``trials`` in proportion to their work; the others keep
-    their backend's own schedule (0 trials in the table; ``TuneResult.summary`` names the tasks searched). ``trials`` is never
-    exceeded.
+    Identical partitions are one task. The tasks of most work (their backend's estimate of
+    their cost, else TVM's of their operations) are searched, ``SEARCH`` (4) trials each at
+    least, the backend's own schedule first; with fewer trials than that for all, the next
+    ones are probed (``PROBE``, 2 trials: the backend's own schedule and the likeliest
+    candidate); the rest of ``trials`` goes to them in proportion to their work; the others
+    keep their backend's own schedule (0 trials in the table; ``TuneResult.summary`` names
+    the tasks searched and probed). ``trials`` is never exceeded.
 
     Raises ``ValueError`` when nothing in ``mod`` is tunable for ``target``. A
     ``KeyboardInterrupt`` (Ctrl-C) stops the tune within a measurement and leaves the
@@ -575,8 +618,7 @@ def tune(mod, target, *, trials: int, records, rpc=None, params: Mapping[str, np
                          f"backends ({names})")
     store = Records(records, create=True)
     groups = _identical(found, bases)
-    budgets = _budgets(trials, [max(1.0, s_tir.analysis.estimate_tir_flops(key)) * (1 + len(copies))
-                                for _, key, copies, _ in groups])
+    budgets = _budgets(trials, [_work(entry, key) * (1 + len(copies)) for entry, key, copies, _ in groups])
     results, tasks = [], []
     for ((name, backend, opts, _, space), key, copies, _), budget in zip(groups, budgets):
         results.append(TaskResult(name, backend.name, budget, tuple(copies)))
