@@ -108,6 +108,11 @@ def _block_offsets(ld: int, rows: int, cols: int, step: int = 1) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=1024)
+def _flat_block_offsets(ld: int, rows: int, cols: int, step: int = 1) -> np.ndarray:
+    return _block_offsets(ld, rows, cols, step).reshape(-1)
+
+
+@functools.lru_cache(maxsize=1024)
 def _step_offsets(ext_out: int, stride_out: int, ext_in: int, stride_in: int) -> np.ndarray:
     return _frozen((np.arange(ext_out)[:, None] * stride_out + np.arange(ext_in)[None, :] * stride_in).reshape(-1))
 
@@ -274,13 +279,13 @@ class _Builder:
             lo, hi = self._host_range(ins)
             if any(a < hi and lo < b for a, b in self.stored.get(ins.slot, ())):
                 return False        # reads what this stream stored: order matters
-            codes = sources.host(ins.slot) + _block(ins.dram_offset, ins.dram_ld, ins.rows, ins.cols)
+            codes = _block(sources.host(ins.slot) + ins.dram_offset, ins.dram_ld, ins.rows, ins.cols)
             if ins.rows != height or ins.cols != width:
                 inner, codes = codes, np.full((height, width), sources.pad(ins.pad_value), np.int64)
                 codes[ins.pad_top:ins.pad_top + ins.rows, ins.pad_left:ins.pad_left + ins.cols] = inner
         else:
             codes = np.full((height, width), sources.pad(ins.pad_value), np.int64)
-        elements = _block(ins.sram_addr, ins.sram_ld, height, width).reshape(-1)
+        elements = ins.sram_addr + _flat_block_offsets(ins.sram_ld, height, width)
         codes = codes.reshape(-1)
         if acc:
             values = self._new(elements.size)
@@ -362,7 +367,7 @@ class _Builder:
         self.sealed[reads] = True
         level = int(self.level[reads].max()) + 1
         new = self._new(dst.size)
-        self.level[new] = level
+        self.level[new[0]:new[0] + new.size] = level     # a fresh run: a slice, not a scatter
         self.acc[dst] = new
         imm = alu_operand(a.op, a.imm) if a.use_imm else None
         self.alus.append((level, a.op, imm, new, old, src))
@@ -376,7 +381,7 @@ class _Builder:
         self.sealed[old] = True
         level = int(self.level[old].max()) + 1
         new = self._new(dst.size)
-        self.level[new] = level
+        self.level[new[0]:new[0] + new.size] = level     # a fresh run: a slice, not a scatter
         self.acc[dst] = new
         # the table's entries as WGT holds them now (a later LOAD may overwrite them)
         table = _intern(self.tables, self.table_codes, self.wgt[u.lut_addr:u.lut_addr + LUT_ENTRIES].copy())
@@ -386,9 +391,9 @@ class _Builder:
     def _store(self, s: Store) -> bool:
         if not (s.rows and s.cols):
             return True
-        values = self.acc[_block(s.sram_addr, s.sram_ld, s.rows, s.cols).reshape(-1)]
+        values = self.acc[s.sram_addr + _flat_block_offsets(s.sram_ld, s.rows, s.cols)]
         self.sealed[values] = True
-        self.stores.append((s.slot, s.mode, _block(s.dram_offset, s.dram_ld, s.rows, s.cols, s.dram_step).reshape(-1),
+        self.stores.append((s.slot, s.mode, s.dram_offset + _flat_block_offsets(s.dram_ld, s.rows, s.cols, s.dram_step),
                             values))
         self.stored.setdefault(s.slot, []).append(self._host_range(s))
         return True
@@ -501,7 +506,8 @@ class _Builder:
         # Value numbers are the plan's own: renumber them so that what one numpy call writes
         # is a contiguous run (a view, not a gather and a scatter), and only the values that
         # products add into start at zero.
-        renumber, zeroed = _layout(self.acc_n, self.values, products, alus, acc_loads,
+        # the values ALU and LUT instructions made: those given a level (at least 1)
+        renumber, zeroed = _layout(self.acc_n, self.values, products, alus, acc_loads, self.level[:self.values] > 0,
                                    np.concatenate([*(s[3] for s in stores), self.acc[acc_at]]))
         products = [p.renumbered(renumber) for p in products]
         # An ALU batch's operands, a STORE's values and host elements, what the scratchpads
@@ -669,7 +675,8 @@ def _at(values: _Vector, index) -> np.ndarray:
     return index.of(values.data) if isinstance(index, (_Span, _View)) else index.read(values)
 
 
-def _layout(acc_n: int, count: int, products: list, alus: list, acc_loads, kept: np.ndarray) -> tuple:
+def _layout(acc_n: int, count: int, products: list, alus: list, acc_loads, made: np.ndarray,
+            kept: np.ndarray) -> tuple:
     """New value numbers (``renumber[old] = new``): the scratchpad's ``acc_n`` values from
     before the stream keep theirs; then the values products add into, each product's
     targets in the order it adds them; then the other values that start at zero (resets
@@ -679,7 +686,8 @@ def _layout(acc_n: int, count: int, products: list, alus: list, acc_loads, kept:
     results in that order (a product's accumulators are read as the product wrote them, not
     tile by tile as the instructions did). An ALU group whose
     operand ``old`` is a run that nothing else reads (no other ALU, nor ``kept``: what the
-    STOREs read and ACC ends with) writes its results over it, in place: a chain of ALU
+    STOREs read and ACC ends with) writes its results over it, in place (``made`` marks the
+    values the ALU groups write): a chain of ALU
     batches (a requantisation's multiply, shift, add, clamps) then works on one stretch of
     memory, in cache, instead of a fresh one per operation. Returns ``(renumber, zeroed)``:
     values ``[acc_n, zeroed)`` start at zero, ``[zeroed, count)`` are written before they
@@ -702,9 +710,7 @@ def _layout(acc_n: int, count: int, products: list, alus: list, acc_loads, kept:
 
     for p in products:
         claim(p.grid if p.grid is not None else p.targets)
-    written = np.zeros(count, bool)
-    for _, _, _, new, _, _ in alus:
-        written[new] = True
+    written = made.copy()       # one pass, not a scatter of every ALU result
     if acc_loads is not None:
         written[acc_loads[0]] = True
     written[:acc_n] = False
