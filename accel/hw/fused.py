@@ -148,7 +148,11 @@ class _Sources:
 
     def keep(self, codes: np.ndarray) -> None:
         """Keep, of the leading codes, those in ``codes`` (call once, before resolving)."""
-        self.kept = np.unique(codes[(codes >= 0) & (codes < self.lead)])
+        # a mark per leading code, not a sort: the leading codes are INP and WGT, a few
+        # hundred thousand, and the codes read millions
+        seen = np.zeros(self.lead, bool)
+        seen[codes[(codes >= 0) & (codes < self.lead)]] = True
+        self.kept = np.flatnonzero(seen)
 
     def host(self, slot: int) -> int:
         start = self.slots.get(slot)
@@ -166,10 +170,12 @@ class _Sources:
         index = codes.astype(np.intp)
         shift = self.kept.size - self.lead
         pads = index < 0
-        index[pads] = self.size + shift + (-1 - index[pads]) * self.tile
-        early = ~pads & (index < self.lead)
-        index[early] = np.searchsorted(self.kept, index[early])
-        index[~pads & ~early] += shift
+        early = (index >= 0) & (index < self.lead)
+        index += shift          # host codes (most); pads and leading codes are set over it
+        if pads.any():
+            index[pads] = self.size + shift + (-1 - codes[pads]) * self.tile
+        if early.any():
+            index[early] = np.searchsorted(self.kept, codes[early])
         t = self.tile
         if pads.any() and index.ndim and index.shape[-1] % t == 0:
             rows = index.reshape(-1, t)
@@ -733,8 +739,11 @@ def _layout(acc_n: int, count: int, products: list, alus: list, acc_loads, made:
             _, first = np.unique(read, return_index=True)
             claim(read[np.sort(first)])
 
-    reads = np.bincount(np.concatenate([kept.reshape(-1), *(m.reshape(-1) for a in alus for m in a[4:] if m is not None)]),
-                        minlength=count)
+    # how often each value is read: counted array by array (numpy 2's add.at is a few times
+    # faster than a bincount of all of them concatenated, millions of indices)
+    reads = np.zeros(count, np.intp)
+    for read in (kept, *(m for a in alus for m in a[4:] if m is not None)):
+        np.add.at(reads, read.reshape(-1), 1)
     for k, (ufunc, op, imm, new, old, src) in enumerate(alus):
         # in execution order: ``old`` has its numbers (made before, or loaded), ``new`` does not yet
         new, old = new.reshape(-1), old.reshape(-1)
