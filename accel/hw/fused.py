@@ -605,11 +605,7 @@ def _affine(indices: Sequence[np.ndarray]) -> Optional[tuple[tuple, list]]:
         if len(shape) == _VIEW_DIMS:
             return None
         steps = [int(f[1]) - int(f[0]) for f in flats]
-        broken = np.zeros(n - 1, bool)
-        for f, step in zip(flats, steps):
-            broken |= np.diff(f) != step
-        first = np.flatnonzero(broken[:n - 1])
-        run = n if not first.size else int(first[0]) + 1      # at least 2: two points make a step
+        run = _leading_run(flats, steps, n)       # at least 2: two points make a step
         if n % run:
             return None
         rows = [f.reshape(-1, run) for f in flats]
@@ -621,6 +617,28 @@ def _affine(indices: Sequence[np.ndarray]) -> Optional[tuple[tuple, list]]:
         flats = [r[:, 0] for r in rows]
         n //= run
     return tuple(shape), [(int(f[0]), tuple(st)) for f, st in zip(flats, strides)]
+
+
+# A first break of the steps is usually within a few tiles: looked for in this many elements
+# first (the rows check of _affine then reads the whole arrays once)
+_PREFIX = 1024
+
+
+def _leading_run(flats: list[np.ndarray], steps: list[int], n: int) -> int:
+    """How many leading elements of the arrays (all ``n`` long) go in their constant
+    ``steps``: ``n`` when none breaks.
+
+    >>> _leading_run([np.array([0, 1, 2, 5]), np.array([3, 3, 3, 3])], [1, 0], 4)
+    3
+    """
+    for m in ((_PREFIX, n) if n > _PREFIX else (n,)):
+        broken = np.zeros(m - 1, bool)
+        for f, step in zip(flats, steps):
+            broken |= np.diff(f[:m]) != step
+        k = int(broken.argmax())
+        if broken[k]:
+            return k + 1
+    return n
 
 
 def _views(*indices: np.ndarray) -> Optional[list]:
@@ -727,6 +745,7 @@ def _layout(acc_n: int, count: int, products: list, alus: list, acc_loads, made:
     loaded = np.zeros(count, bool)
     if acc_loads is not None:
         loaded[acc_loads[0]] = True
+    waiting = loaded & (renumber < 0)       # loaded values still without a number
 
     def claim_loaded(read: np.ndarray) -> None:
         # loaded values in the order an ALU batch first reads them (an element-wise add reads
@@ -734,10 +753,12 @@ def _layout(acc_n: int, count: int, products: list, alus: list, acc_loads, made:
         # load itself reads its host rows in any order (see FusedPlan's acc_loads)
         if acc_loads is None:
             return      # nothing loaded (most streams)
-        read = read[loaded[read] & (renumber[read] < 0)]
+        read = read[waiting[read]]
         if read.size:
             _, first = np.unique(read, return_index=True)
-            claim(read[np.sort(first)])
+            read = read[np.sort(first)]
+            claim(read)         # distinct values no one claimed: always taken
+            waiting[read] = False
 
     # how often each value is read: counted array by array (numpy 2's add.at is a few times
     # faster than a bincount of all of them concatenated, millions of indices)
