@@ -506,9 +506,7 @@ class _Builder:
         # ACC a run copies in (most streams reset every accumulator they use)
         before = [np.asarray(p.grid if p.grid is not None else p.targets).reshape(-1) for p in products]
         before += [m for a in alus for m in (a[4], a[5]) if m is not None] + [s[3] for s in stores]
-        before = np.concatenate([*before, self.acc[acc_at]]) if before or acc_at.size else np.zeros(0, np.intp)
-        before = before[before < self.acc_n]
-        live = (int(before.min()), int(before.max()) + 1) if before.size else (0, 0)
+        live = _range_below([*before, self.acc[acc_at]], self.acc_n)
         # Value numbers are the plan's own: renumber them so that what one numpy call writes
         # is a contiguous run (a view, not a gather and a scatter), and only the values that
         # products add into start at zero.
@@ -789,6 +787,22 @@ def _layout(acc_n: int, count: int, products: list, alus: list, acc_loads, made:
     rest = np.flatnonzero(renumber < 0)     # written values a claim did not take (repeats)
     renumber[rest] = np.arange(nxt, nxt + rest.size)
     return renumber, zeroed
+
+
+def _range_below(indices: Sequence[np.ndarray], bound: int) -> tuple[int, int]:
+    """``(lo, hi)``: the smallest and one past the largest of the indices below ``bound``
+    in the arrays, ``(0, 0)`` when there are none. Array by array, without concatenating
+    them (millions of indices), and most arrays have none: a ``min`` tells.
+
+    >>> _range_below([np.array([9, 3, 12]), np.array([], np.intp), np.array([5, 1])], 8)
+    (1, 6)
+    """
+    lo, hi = bound, -1
+    for index in indices:
+        if index.size and int(index.min()) < bound:
+            below = index[index < bound]
+            lo, hi = min(lo, int(below.min())), max(hi, int(below.max()))
+    return (lo, hi + 1) if hi >= 0 else (0, 0)
 
 
 def _first_writes(products: list, acc_n: int, zeroed: int, count: int) -> list[tuple[int, int]]:
