@@ -79,6 +79,10 @@ Buffers = Sequence[Optional[np.ndarray]]
 _F32_EXACT_TERMS = 2**24 // 2**14
 # Tap sums gather this many input elements at a time (256 KB of float32: in L2 with room).
 _TAPS_AT_ONCE = 1 << 16
+# enum members as module globals for the per-instruction paths (a stream has up to a million
+# instructions): a member found through its class costs ~200 ns on Python 3.11, a global ~20 ns
+_LOAD, _STORE, _GEMM, _ALU, _DWMAC, _LUT = Opcode.LOAD, Opcode.STORE, Opcode.GEMM, Opcode.ALU, Opcode.DWMAC, Opcode.LUT
+_ACC, _INP = Mem.ACC, Mem.INP
 
 
 def _block(addr: int, ld: int, rows: int, cols: int, step: int = 1) -> np.ndarray:
@@ -101,6 +105,11 @@ def _vectors(addr: int, ext_out: int, stride_out: int, ext_in: int, stride_in: i
 @functools.lru_cache(maxsize=1024)
 def _block_offsets(ld: int, rows: int, cols: int, step: int = 1) -> np.ndarray:
     return _frozen(np.arange(rows)[:, None] * ld + np.arange(cols)[None, :] * step)
+
+
+@functools.lru_cache(maxsize=1024)
+def _flat_block_offsets(ld: int, rows: int, cols: int, step: int = 1) -> np.ndarray:
+    return _block_offsets(ld, rows, cols, step).reshape(-1)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -139,7 +148,11 @@ class _Sources:
 
     def keep(self, codes: np.ndarray) -> None:
         """Keep, of the leading codes, those in ``codes`` (call once, before resolving)."""
-        self.kept = np.unique(codes[(codes >= 0) & (codes < self.lead)])
+        # a mark per leading code, not a sort: the leading codes are INP and WGT, a few
+        # hundred thousand, and the codes read millions
+        seen = np.zeros(self.lead, bool)
+        seen[codes[(codes >= 0) & (codes < self.lead)]] = True
+        self.kept = np.flatnonzero(seen)
 
     def host(self, slot: int) -> int:
         start = self.slots.get(slot)
@@ -157,10 +170,12 @@ class _Sources:
         index = codes.astype(np.intp)
         shift = self.kept.size - self.lead
         pads = index < 0
-        index[pads] = self.size + shift + (-1 - index[pads]) * self.tile
-        early = ~pads & (index < self.lead)
-        index[early] = np.searchsorted(self.kept, index[early])
-        index[~pads & ~early] += shift
+        early = (index >= 0) & (index < self.lead)
+        index += shift          # host codes (most); pads and leading codes are set over it
+        if pads.any():
+            index[pads] = self.size + shift + (-1 - codes[pads]) * self.tile
+        if early.any():
+            index[early] = np.searchsorted(self.kept, codes[early])
         t = self.tile
         if pads.any() and index.ndim and index.shape[-1] % t == 0:
             rows = index.reshape(-1, t)
@@ -225,7 +240,7 @@ class _Builder:
         self.stored: dict[int, list[tuple[int, int]]] = {}    # host slot -> element ranges stored
 
     def _new(self, count: int) -> np.ndarray:
-        values = self.values + _block_offsets(0, 1, count).reshape(-1)     # a fresh arange, made once per size
+        values = np.arange(self.values, self.values + count)
         self.values += count
         if self.values > self.sealed.size:
             grow = max(self.values, 2 * self.sealed.size)
@@ -235,17 +250,17 @@ class _Builder:
 
     def add(self, ins: Instruction) -> bool:
         op = ins.opcode
-        if op is Opcode.LOAD:
-            return self._load(ins)
-        if op is Opcode.STORE:
-            return self._store(ins)
-        if op is Opcode.GEMM:
-            return self._gemm(ins)
-        if op is Opcode.ALU:
+        if op is _ALU:
             return self._alu(ins)
-        if op is Opcode.DWMAC:
+        if op is _LOAD:
+            return self._load(ins)
+        if op is _GEMM:
+            return self._gemm(ins)
+        if op is _STORE:
+            return self._store(ins)
+        if op is _DWMAC:
             return self._dwmac(ins)
-        if op is Opcode.LUT:
+        if op is _LUT:
             return self._lut(ins)
         return True
 
@@ -264,26 +279,26 @@ class _Builder:
         width = ins.pad_left + ins.cols + ins.pad_right
         if not (height and width):
             return True
-        acc = ins.mem is Mem.ACC
+        acc = ins.mem is _ACC
         sources = self.i if acc else self.f
         if ins.rows and ins.cols:
             lo, hi = self._host_range(ins)
             if any(a < hi and lo < b for a, b in self.stored.get(ins.slot, ())):
                 return False        # reads what this stream stored: order matters
-            codes = sources.host(ins.slot) + _block(ins.dram_offset, ins.dram_ld, ins.rows, ins.cols)
+            codes = _block(sources.host(ins.slot) + ins.dram_offset, ins.dram_ld, ins.rows, ins.cols)
             if ins.rows != height or ins.cols != width:
                 inner, codes = codes, np.full((height, width), sources.pad(ins.pad_value), np.int64)
                 codes[ins.pad_top:ins.pad_top + ins.rows, ins.pad_left:ins.pad_left + ins.cols] = inner
         else:
             codes = np.full((height, width), sources.pad(ins.pad_value), np.int64)
-        elements = _block(ins.sram_addr, ins.sram_ld, height, width).reshape(-1)
+        elements = ins.sram_addr + _flat_block_offsets(ins.sram_ld, height, width)
         codes = codes.reshape(-1)
         if acc:
             values = self._new(elements.size)
             self.acc[elements] = values
             self.acc_loads.append((values, codes))
         else:
-            (self.inp if ins.mem is Mem.INP else self.wgt)[elements] = codes
+            (self.inp if ins.mem is _INP else self.wgt)[elements] = codes
         return True
 
     def _gemm(self, g: Gemm) -> bool:
@@ -358,7 +373,7 @@ class _Builder:
         self.sealed[reads] = True
         level = int(self.level[reads].max()) + 1
         new = self._new(dst.size)
-        self.level[new] = level
+        self.level[new[0]:new[0] + new.size] = level     # a fresh run: a slice, not a scatter
         self.acc[dst] = new
         imm = alu_operand(a.op, a.imm) if a.use_imm else None
         self.alus.append((level, a.op, imm, new, old, src))
@@ -372,7 +387,7 @@ class _Builder:
         self.sealed[old] = True
         level = int(self.level[old].max()) + 1
         new = self._new(dst.size)
-        self.level[new] = level
+        self.level[new[0]:new[0] + new.size] = level     # a fresh run: a slice, not a scatter
         self.acc[dst] = new
         # the table's entries as WGT holds them now (a later LOAD may overwrite them)
         table = _intern(self.tables, self.table_codes, self.wgt[u.lut_addr:u.lut_addr + LUT_ENTRIES].copy())
@@ -382,9 +397,9 @@ class _Builder:
     def _store(self, s: Store) -> bool:
         if not (s.rows and s.cols):
             return True
-        values = self.acc[_block(s.sram_addr, s.sram_ld, s.rows, s.cols).reshape(-1)]
+        values = self.acc[s.sram_addr + _flat_block_offsets(s.sram_ld, s.rows, s.cols)]
         self.sealed[values] = True
-        self.stores.append((s.slot, s.mode, _block(s.dram_offset, s.dram_ld, s.rows, s.cols, s.dram_step).reshape(-1),
+        self.stores.append((s.slot, s.mode, s.dram_offset + _flat_block_offsets(s.dram_ld, s.rows, s.cols, s.dram_step),
                             values))
         self.stored.setdefault(s.slot, []).append(self._host_range(s))
         return True
@@ -445,13 +460,14 @@ class _Builder:
             targets, x, w = (np.concatenate(part) for part in zip(*self.dwmacs))
             products.append(_PerChannel.of(targets.astype(np.intp), x, w, self.values, self.f))
         alus = []
-        for level in sorted({a[0] for a in self.alus}):
-            groups: dict[tuple, list] = {}
-            for lv, op, imm, new, old, src in self.alus:
-                if lv == level:
-                    groups.setdefault((op, imm), []).append((new, old, src))
-            for (op, imm), members in groups.items():
-                cat = lambda k: np.concatenate([m[k] for m in members]).astype(np.intp)  # noqa: E731
+        # ALU batches: by level, then by operation in order of first use (one pass: a stream
+        # has tens of thousands of ALU instructions over dozens of levels)
+        by_level: dict[int, dict[tuple, list]] = {}
+        for lv, op, imm, new, old, src in self.alus:
+            by_level.setdefault(lv, {}).setdefault((op, imm), []).append((new, old, src))
+        for level in sorted(by_level):
+            for (op, imm), members in by_level[level].items():
+                cat = lambda k: np.concatenate([m[k] for m in members]).astype(np.intp, copy=False)  # noqa: E731
                 if op is None:      # a LUT: its table's entries, as indices into the float sources
                     alus.append((None, None, self.f.resolve(self.table_codes[imm]), cat(0), cat(1), None))
                 else:
@@ -490,13 +506,12 @@ class _Builder:
         # ACC a run copies in (most streams reset every accumulator they use)
         before = [np.asarray(p.grid if p.grid is not None else p.targets).reshape(-1) for p in products]
         before += [m for a in alus for m in (a[4], a[5]) if m is not None] + [s[3] for s in stores]
-        before = np.concatenate([*before, self.acc[acc_at]]) if before or acc_at.size else np.zeros(0, np.intp)
-        before = before[before < self.acc_n]
-        live = (int(before.min()), int(before.max()) + 1) if before.size else (0, 0)
+        live = _range_below([*before, self.acc[acc_at]], self.acc_n)
         # Value numbers are the plan's own: renumber them so that what one numpy call writes
         # is a contiguous run (a view, not a gather and a scatter), and only the values that
         # products add into start at zero.
-        renumber, zeroed = _layout(self.acc_n, self.values, products, alus, acc_loads,
+        # the values ALU and LUT instructions made: those given a level (at least 1)
+        renumber, zeroed = _layout(self.acc_n, self.values, products, alus, acc_loads, self.level[:self.values] > 0,
                                    np.concatenate([*(s[3] for s in stores), self.acc[acc_at]]))
         products = [p.renumbered(renumber) for p in products]
         # An ALU batch's operands, a STORE's values and host elements, what the scratchpads
@@ -588,11 +603,7 @@ def _affine(indices: Sequence[np.ndarray]) -> Optional[tuple[tuple, list]]:
         if len(shape) == _VIEW_DIMS:
             return None
         steps = [int(f[1]) - int(f[0]) for f in flats]
-        broken = np.zeros(n - 1, bool)
-        for f, step in zip(flats, steps):
-            broken |= np.diff(f) != step
-        first = np.flatnonzero(broken[:n - 1])
-        run = n if not first.size else int(first[0]) + 1      # at least 2: two points make a step
+        run = _leading_run(flats, steps, n)       # at least 2: two points make a step
         if n % run:
             return None
         rows = [f.reshape(-1, run) for f in flats]
@@ -604,6 +615,28 @@ def _affine(indices: Sequence[np.ndarray]) -> Optional[tuple[tuple, list]]:
         flats = [r[:, 0] for r in rows]
         n //= run
     return tuple(shape), [(int(f[0]), tuple(st)) for f, st in zip(flats, strides)]
+
+
+# A first break of the steps is usually within a few tiles: looked for in this many elements
+# first (the rows check of _affine then reads the whole arrays once)
+_PREFIX = 1024
+
+
+def _leading_run(flats: list[np.ndarray], steps: list[int], n: int) -> int:
+    """How many leading elements of the arrays (all ``n`` long) go in their constant
+    ``steps``: ``n`` when none breaks.
+
+    >>> _leading_run([np.array([0, 1, 2, 5]), np.array([3, 3, 3, 3])], [1, 0], 4)
+    3
+    """
+    for m in ((_PREFIX, n) if n > _PREFIX else (n,)):
+        broken = np.zeros(m - 1, bool)
+        for f, step in zip(flats, steps):
+            broken |= np.diff(f[:m]) != step
+        k = int(broken.argmax())
+        if broken[k]:
+            return k + 1
+    return n
 
 
 def _views(*indices: np.ndarray) -> Optional[list]:
@@ -664,7 +697,8 @@ def _at(values: _Vector, index) -> np.ndarray:
     return index.of(values.data) if isinstance(index, (_Span, _View)) else index.read(values)
 
 
-def _layout(acc_n: int, count: int, products: list, alus: list, acc_loads, kept: np.ndarray) -> tuple:
+def _layout(acc_n: int, count: int, products: list, alus: list, acc_loads, made: np.ndarray,
+            kept: np.ndarray) -> tuple:
     """New value numbers (``renumber[old] = new``): the scratchpad's ``acc_n`` values from
     before the stream keep theirs; then the values products add into, each product's
     targets in the order it adds them; then the other values that start at zero (resets
@@ -674,7 +708,8 @@ def _layout(acc_n: int, count: int, products: list, alus: list, acc_loads, kept:
     results in that order (a product's accumulators are read as the product wrote them, not
     tile by tile as the instructions did). An ALU group whose
     operand ``old`` is a run that nothing else reads (no other ALU, nor ``kept``: what the
-    STOREs read and ACC ends with) writes its results over it, in place: a chain of ALU
+    STOREs read and ACC ends with) writes its results over it, in place (``made`` marks the
+    values the ALU groups write): a chain of ALU
     batches (a requantisation's multiply, shift, add, clamps) then works on one stretch of
     memory, in cache, instead of a fresh one per operation. Returns ``(renumber, zeroed)``:
     values ``[acc_n, zeroed)`` start at zero, ``[zeroed, count)`` are written before they
@@ -697,9 +732,7 @@ def _layout(acc_n: int, count: int, products: list, alus: list, acc_loads, kept:
 
     for p in products:
         claim(p.grid if p.grid is not None else p.targets)
-    written = np.zeros(count, bool)
-    for _, _, _, new, _, _ in alus:
-        written[new] = True
+    written = made.copy()       # one pass, not a scatter of every ALU result
     if acc_loads is not None:
         written[acc_loads[0]] = True
     written[:acc_n] = False
@@ -710,18 +743,26 @@ def _layout(acc_n: int, count: int, products: list, alus: list, acc_loads, kept:
     loaded = np.zeros(count, bool)
     if acc_loads is not None:
         loaded[acc_loads[0]] = True
+    waiting = loaded & (renumber < 0)       # loaded values still without a number
 
     def claim_loaded(read: np.ndarray) -> None:
         # loaded values in the order an ALU batch first reads them (an element-wise add reads
         # the tiles of two loads that alternate in the stream): runs for the ALUs, while the
         # load itself reads its host rows in any order (see FusedPlan's acc_loads)
-        read = read[loaded[read] & (renumber[read] < 0)]
+        if acc_loads is None:
+            return      # nothing loaded (most streams)
+        read = read[waiting[read]]
         if read.size:
             _, first = np.unique(read, return_index=True)
-            claim(read[np.sort(first)])
+            read = read[np.sort(first)]
+            claim(read)         # distinct values no one claimed: always taken
+            waiting[read] = False
 
-    reads = np.bincount(np.concatenate([kept.reshape(-1), *(m.reshape(-1) for a in alus for m in a[4:] if m is not None)]),
-                        minlength=count)
+    # how often each value is read: counted array by array (numpy 2's add.at is a few times
+    # faster than a bincount of all of them concatenated, millions of indices)
+    reads = np.zeros(count, np.intp)
+    for read in (kept, *(m for a in alus for m in a[4:] if m is not None)):
+        np.add.at(reads, read.reshape(-1), 1)
     for k, (ufunc, op, imm, new, old, src) in enumerate(alus):
         # in execution order: ``old`` has its numbers (made before, or loaded), ``new`` does not yet
         new, old = new.reshape(-1), old.reshape(-1)
@@ -746,6 +787,22 @@ def _layout(acc_n: int, count: int, products: list, alus: list, acc_loads, kept:
     rest = np.flatnonzero(renumber < 0)     # written values a claim did not take (repeats)
     renumber[rest] = np.arange(nxt, nxt + rest.size)
     return renumber, zeroed
+
+
+def _range_below(indices: Sequence[np.ndarray], bound: int) -> tuple[int, int]:
+    """``(lo, hi)``: the smallest and one past the largest of the indices below ``bound``
+    in the arrays, ``(0, 0)`` when there are none. Array by array, without concatenating
+    them (millions of indices), and most arrays have none: a ``min`` tells.
+
+    >>> _range_below([np.array([9, 3, 12]), np.array([], np.intp), np.array([5, 1])], 8)
+    (1, 6)
+    """
+    lo, hi = bound, -1
+    for index in indices:
+        if index.size and int(index.min()) < bound:
+            below = index[index < bound]
+            lo, hi = min(lo, int(below.min())), max(hi, int(below.max()))
+    return (lo, hi + 1) if hi >= 0 else (0, 0)
 
 
 def _first_writes(products: list, acc_n: int, zeroed: int, count: int) -> list[tuple[int, int]]:

@@ -377,3 +377,26 @@ def test_alu_chains_work_in_place_and_equal_instruction_by_instruction():
     ref.run(stream, want)
     np.testing.assert_array_equal(host[4], want[4])
     np.testing.assert_array_equal(sim.acc, ref.acc)
+
+
+@given(st.integers(2, 3 * fused._PREFIX), st.integers(-3, 3), st.data())
+def test_a_leading_run_is_found_past_the_prefix_too(n, step, data):
+    """The leading run of constant steps is the first break's position wherever it is (in
+    the prefix looked at first, beyond it, or none), for the arrays together."""
+    flats = [np.arange(n) * step + 5, np.full(n, 2)]
+    breaks = data.draw(st.lists(st.tuples(st.integers(0, 1), st.integers(1, n - 1)), max_size=3))
+    for which, at in breaks:
+        flats[which][at:] += 1
+    broken = np.zeros(n - 1, bool)
+    for f, s in zip(flats, (step, 0)):
+        broken |= np.diff(f) != s
+    expected = int(np.flatnonzero(broken)[0]) + 1 if broken.any() else n
+    assert fused._leading_run(flats, [step, 0], n) == expected
+
+
+@given(st.lists(st.lists(st.integers(0, 60), max_size=8), max_size=5), st.integers(0, 64))
+def test_the_range_below_a_bound_is_that_of_all_arrays_together(arrays, bound):
+    indices = [np.array(a, np.intp) for a in arrays]
+    together = np.concatenate([np.zeros(0, np.intp), *indices])
+    below = together[together < bound]
+    assert fused._range_below(indices, bound) == ((int(below.min()), int(below.max()) + 1) if below.size else (0, 0))
