@@ -46,16 +46,25 @@ def test_paired_push_pop_streams_verify(program):
     verify(stream)
 
 
-@given(programs, st.data())
-def test_removing_one_token_flag_is_rejected(program, data):
-    stream = _build(program)
+def _one_flag_removed(stream, data):
+    """``stream`` with one token flag (drawn) cleared, and the flag; None when it has none."""
     flagged = [(i, f) for i, ins in enumerate(stream)
                for f in ("pop_prev", "pop_next", "push_prev", "push_next") if getattr(ins, f)]
     if not flagged:
-        return
+        return None
     index, flag = data.draw(st.sampled_from(flagged))
     broken = list(stream)
     broken[index] = broken[index].with_flags(**{flag: False})
+    return broken, flag
+
+
+@given(programs, st.data())
+def test_removing_one_token_flag_is_rejected(program, data):
+    stream = _build(program)
+    broken = _one_flag_removed(stream, data)
+    if broken is None:
+        return
+    broken, flag = broken
     with pytest.raises(accel.TokenError) as info:
         verify(broken)
     assert f"instruction #{info.value.index} `" in str(info.value)
@@ -72,13 +81,10 @@ def test_compiling_a_broken_stream_raises_verifys_error(program, data):
     with the very error verify gives it; a sound stream compiles."""
     stream = _build(program)
     Simulator().compile(stream, [], checked=True)
-    flagged = [(i, f) for i, ins in enumerate(stream)
-               for f in ("pop_prev", "pop_next", "push_prev", "push_next") if getattr(ins, f)]
-    if not flagged:
+    broken = _one_flag_removed(stream, data)
+    if broken is None:
         return
-    index, flag = data.draw(st.sampled_from(flagged))
-    broken = list(stream)
-    broken[index] = broken[index].with_flags(**{flag: False})
+    broken, _ = broken
     with pytest.raises(accel.TokenError) as want:
         verify(broken)
     with pytest.raises(accel.TokenError) as got:
