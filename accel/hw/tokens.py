@@ -236,6 +236,19 @@ def _seen(summary: list, index: int, lo: int, hi: int) -> None:
         summary[2] = hi
 
 
+def _worth_searching(seen, others: tuple, ordered: list, needs: dict, lo: int, hi: int) -> bool:
+    """Whether a space's ranges may hold an access of another queue (``others``) that is later
+    than what the instruction already waits for (``ordered``, ``needs``) and overlaps
+    ``[lo, hi)``, by the queues' summaries ``seen`` (see :func:`_seen`; None: no access)."""
+    if seen is None:
+        return False
+    for q in others:
+        index, first, last = seen[q]
+        if index > ordered[q] and first < hi and lo < last and index > needs.get(q, -1):
+            return True
+    return False
+
+
 class DependencyTracker:
     """Adds the dependency tokens a stream needs, one instruction at a time (see module doc).
 
@@ -274,26 +287,15 @@ class DependencyTracker:
         ordered = self._ordered[queue]
         others = _OTHERS[queue]
         for space, lo, hi, write in accesses:
-            seen = self._wrote.get(space)
-            if seen is not None:
-                for q in others:
-                    index, first, last = seen[q]
-                    if index > ordered[q] and first < hi and lo < last and index > needs.get(q, -1):
-                        for producer, index in self._writes[space].values_overlapping(lo, hi):
-                            if producer is not queue and index > needs.get(producer, -1):
-                                needs[producer] = index
-                        break
-            if write:
-                seen = self._read.get(space)
-                if seen is not None:
-                    for q in others:
-                        index, first, last = seen[q]
-                        if index > ordered[q] and first < hi and lo < last and index > needs.get(q, -1):
-                            for readers in self._reads[space].values_overlapping(lo, hi):
-                                for producer, index in readers.values():
-                                    if producer is not queue and index > needs.get(producer, -1):
-                                        needs[producer] = index
-                            break
+            if _worth_searching(self._wrote.get(space), others, ordered, needs, lo, hi):
+                for producer, index in self._writes[space].values_overlapping(lo, hi):
+                    if producer is not queue and index > needs.get(producer, -1):
+                        needs[producer] = index
+            if write and _worth_searching(self._read.get(space), others, ordered, needs, lo, hi):
+                for readers in self._reads[space].values_overlapping(lo, hi):
+                    for producer, index in readers.values():
+                        if producer is not queue and index > needs.get(producer, -1):
+                            needs[producer] = index
         if not needs:
             return ins
         pops = {}
