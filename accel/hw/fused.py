@@ -498,14 +498,13 @@ class _Builder:
         # given a new value, and those whose value from before the stream products add into
         # (a stream's reset tiles are a small part of ACC: 2% for the PaddleOCR classifier)
         changed = self.acc != np.arange(self.acc_n)
-        for p in products:
-            added = np.asarray(p.grid if p.grid is not None else p.targets).reshape(-1)
-            changed[added[added < self.acc_n]] = True
+        added = [np.asarray(p.grid if p.grid is not None else p.targets).reshape(-1) for p in products]
+        for into in added:
+            changed[into[into < self.acc_n]] = True
         acc_at = np.flatnonzero(changed)
         # the values from before the stream that anything reads or adds into: the only part of
         # ACC a run copies in (most streams reset every accumulator they use)
-        before = [np.asarray(p.grid if p.grid is not None else p.targets).reshape(-1) for p in products]
-        before += [m for a in alus for m in (a[4], a[5]) if m is not None] + [s[3] for s in stores]
+        before = [*added, *(m for a in alus for m in (a[4], a[5]) if m is not None), *(s[3] for s in stores)]
         live = _range_below([*before, self.acc[acc_at]], self.acc_n)
         # Value numbers are the plan's own: renumber them so that what one numpy call writes
         # is a contiguous run (a view, not a gather and a scatter), and only the values that
