@@ -632,7 +632,7 @@ class Program:
         self._hosts: dict[int, tuple[np.ndarray, int]] = {}  # slot -> (flat view, address) the calls use
         self._runs = 0
         self._fused = None      # the batched plan (accel.hw.fused), made at the third run (see _execute); False: none
-        self._gemms = any(ins.opcode is Opcode.GEMM for ins in stream)
+        self._gemms = any(ins.opcode is _GEMM for ins in stream)
 
     def run(self, buffers: Buffers, stats: Optional[Stats] = None, *, execute: bool = True,
             again: bool = False) -> Stats:
