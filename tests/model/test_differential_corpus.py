@@ -72,3 +72,14 @@ def test_wrapping_chains_in_fused_functions_compute_what_one_loop_per_operator_c
     the small loops, saw the chain at once and folded it as if nothing wrapped (44 of 64 and
     14 of 28 elements differed); tirpat.tir.wrapping makes the stored arithmetic wrap."""
     assert_bit_exact(random_int8_model(seed, overflow=True))
+
+
+@pytest.mark.parametrize("seed", [1793, 2050])
+def test_a_narrowing_cast_of_a_host_epilogue_pinned_to_a_constant_builds(seed):
+    """A host epilogue whose max and min pin the value to one constant outside int8
+    (``int8(min(max(v, 472153), -139616))`` at 2050, ``int8(max(min(v, -415006), 30366) >> 2)``
+    at 1793), narrowed without a clip: inlined into one expression, TVM's fold of the cast
+    raised "Literal value ... exceeds range of int8"; the host truncates, as llvm does."""
+    model = random_int8_model(seed, overflow=True)
+    assert "(no clip: wrapping narrow)" in model.describe()
+    assert assert_bit_exact(model).macs.get("host", 0) > 0

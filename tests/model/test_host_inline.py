@@ -150,3 +150,51 @@ def test_an_integer_step_that_may_wrap_stays_a_loop_nest_of_its_own():
     text = inline_function(chain).script()
     assert 'T.sblock("scale")' in text and 'T.sblock("relu")' not in text       # relu inlined into scale
     assert text.count("T.sblock(") == 1 + 2 and "b[v] = " in text       # the product is stored
+
+
+def _compiled(func, x: np.ndarray, out_dtype: str) -> np.ndarray:
+    ex = tvm.compile(ir.IRModule({"main": func}), "llvm")
+    out = tvm.runtime.tensor(np.zeros(x.shape, out_dtype))
+    ex["main"](tvm.runtime.tensor(x), out)
+    return out.numpy()
+
+
+_CLAMPS = {"max": tirx.max, "min": tirx.min, "shift": lambda v, c: v >> (abs(c) % 31)}
+
+
+def _step(y, op: str, c: int):
+    """A te.compute body: step ``op`` by ``c`` on the tensor ``y``."""
+    return lambda j: _CLAMPS[op](y[j], c)
+
+
+@settings(deadline=None, max_examples=25)
+@given(st.lists(st.tuples(st.sampled_from(sorted(_CLAMPS)), st.integers(-2**31, 2**31 - 1)), min_size=1, max_size=4),
+       st.sampled_from(["int8", "uint8", "int16"]))
+def test_a_narrowing_cast_of_a_value_the_inlined_steps_pin_computes_what_one_loop_per_step_does(steps, dtype):
+    """Steps that cannot wrap (max, min, shift by a constant) one loop nest each, then a
+    narrowing cast: inlined, ``min(max(x, 472153), -139616)`` is a constant to TVM's
+    simplifier, whose fold of ``int8(-139616)`` raised "Literal value -139616 exceeds range of
+    int8" (random_int8_model(2050)); the inlined function computes the truncation llvm does."""
+    from tvm import te
+
+    a = te.placeholder((6,), "int32", name="a")
+    y = a
+    for i, (op, c) in enumerate(steps):
+        y = te.compute((6,), _step(y, op, c), name=f"step{i}")
+    out = te.compute((6,), lambda j: tirx.Cast(dtype, y[j]), name="narrow")
+    func = te.create_prim_func([a, out])
+    x = np.array([-2**31, -1000, -1, 0, 77777, 2**31 - 1], "int32")
+    inlined = inline_function(func)
+    assert inlined.script().count("T.sblock(") == 1 + 1        # every step inlined into the cast
+    np.testing.assert_array_equal(_compiled(inlined, x, dtype), _compiled(func, x, dtype))
+
+
+def test_a_narrowing_cast_folds_with_the_loop_ranges_known():
+    """``int8(max(i, 300))`` for ``i`` in ``[0, 6)`` is ``int8(300)`` to the simplifier that
+    knows the loop's range (TVM's own fold of it fails); inlined, it computes 44."""
+    from tvm import te
+
+    a = te.placeholder((6,), "int32", name="a")
+    out = te.compute((6,), lambda i: tirx.Cast("int8", tirx.max(i, 300) + a[i] * 0), name="narrow")
+    got = _compiled(inline_function(te.create_prim_func([a, out])), np.ones(6, "int32"), "int8")
+    np.testing.assert_array_equal(got, np.full(6, 44, "int8"))

@@ -21,6 +21,11 @@ results equal those of the code left as it was, overflow included
 (``tests/model/test_differential_corpus.py``). Small loops that LLVM unrolls can still show it a
 chain across loop nests: :mod:`tirpat.tir.wrapping` makes the stored int32 arithmetic wrap there too.
 
+Inlining can also show TVM's simplifier a narrowing cast of a value it proves constant:
+``int8(min(max(x, 472153), -139616))`` is ``int8(-139616)``, and TVM 0.27 folds the cast by
+making an int8 literal of -139616, which it rejects (``Literal value -139616 exceeds range
+of int8``) where llvm truncates to -96. Such casts are folded here first, by truncation.
+
 >>> mod = inline_elementwise()(mod)          # doctest: +SKIP
 """
 
@@ -28,7 +33,7 @@ from __future__ import annotations
 
 import tvm
 import tvm_ffi
-from tvm import ir, s_tir, tirx
+from tvm import ir, s_tir, sym, tirx
 
 from .partition import BACKEND_ATTR
 
@@ -80,7 +85,39 @@ def inline_function(func: tirx.PrimFunc) -> tirx.PrimFunc:
             sch.reverse_compute_inline(block)
         except Exception:  # noqa: BLE001 - as above
             pass
-    return sch.mod["main"]
+    return _fold_narrowing_casts(sch.mod["main"])
+
+
+def _fold_narrowing_casts(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """``func`` with each cast to a narrower integer type whose value simplifies to a constant
+    outside that type's range replaced by the truncated constant (what llvm's ``trunc``
+    computes): TVM's own fold of it fails (see the module docstring)."""
+    analyzer = sym.Analyzer()
+
+    def block(node, m):
+        for iv in node.iter_vars:      # the simplifier that folds knows the loops' ranges
+            analyzer.bind(iv.var, iv.dom)
+        return m.default_mutate(node)
+
+    def cast(node, m):
+        node = m.default_mutate(node)
+        dtype = node.ty.dtype
+        if dtype.lanes != 1 or dtype.type_code not in (_INT, _UINT) or dtype.bits >= 64:
+            return node
+        value = analyzer.simplify(node.value)
+        if not isinstance(value, tirx.IntImm):
+            return node
+        v = int(value.value)
+        low = -(1 << (dtype.bits - 1)) if dtype.type_code == _INT else 0
+        if low <= v < low + (1 << dtype.bits):
+            return node          # in range: TVM folds it right
+        return tirx.IntImm(str(dtype), (v - low) % (1 << dtype.bits) + low)
+
+    body = tvm_ffi.structural_mutate(func.body, [(s_tir.SBlock, block), (tirx.Cast, cast)])
+    return func if body.same_as(func.body) else func.with_body(body)
+
+
+_INT, _UINT = tvm.DataTypeCode.INT, tvm.DataTypeCode.UINT
 
 
 #: the signed integer operations that may overflow (a max, min or right shift cannot)
