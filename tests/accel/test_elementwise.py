@@ -19,6 +19,7 @@ import tirpat as tp
 from tirpat.model.integerize.fixed_point import Requantize
 from tirpat.model.integerize.rules import emit_requantize, emit_table
 from tirpat.testing.differential import assert_matches_llvm
+from tirpat.testing.onnx_qdq import dequantized, qdq, qdq_model
 
 
 def chain_module(op: str, shape_a, shape_b, reals, za: int = 0, zb: int = 0, zy: int = 0,
@@ -205,34 +206,22 @@ def test_qdq_conv_residual_add_and_squeeze_excitation_multiply_end_on_accel(seed
     convolution and both element-wise operations run on accel, bit for bit llvm's result of
     the integerised module, no add or multiply left on the host."""
     pytest.importorskip("onnx")
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import helper
     from tvm.relax.frontend.onnx import from_onnx
 
     rng = np.random.default_rng(seed)
-    const = lambda v, n: numpy_helper.from_array(np.asarray(v), n)  # noqa: E731
-
-    def qdq(name, out, s, z):
-        return ([helper.make_node("QuantizeLinear", [name, f"{out}_s", f"{out}_z"], [f"{out}_q"]),
-                 helper.make_node("DequantizeLinear", [f"{out}_q", f"{out}_s", f"{out}_z"], [out])],
-                [const(np.float32(s), f"{out}_s"), const(np.int8(z), f"{out}_z")])
-
     nodes, inits = [], []
-    for part in (qdq("x", "xd", 0.02, 0), qdq("s", "sd", 1 / 255, -128)):
-        nodes, inits = nodes + part[0], inits + part[1]
-    inits += [const(rng.integers(-127, 128, (8, 8, 3, 3)).astype(np.int8), "w_q"),
-              const(np.float32(0.01), "w_s"), const(np.int8(0), "w_z")]
-    nodes += [helper.make_node("DequantizeLinear", ["w_q", "w_s", "w_z"], ["w"]),
-              helper.make_node("Conv", ["xd", "w"], ["c"], pads=[1, 1, 1, 1])]
-    for part in (qdq("c", "cd", sc, zc),
+    for part in (qdq("x", "xd", 0.02, 0), qdq("s", "sd", 1 / 255, -128),
+                 dequantized("w", rng.integers(-127, 128, (8, 8, 3, 3)).astype(np.int8), 0.01),
+                 ([helper.make_node("Conv", ["xd", "w"], ["c"], pads=[1, 1, 1, 1])], []),
+                 qdq("c", "cd", sc, zc),
                  ([helper.make_node("Add", ["cd", "xd"], ["r"])], []),
                  qdq("r", "rd", sc, zc),
                  ([helper.make_node("Mul", ["rd", "sd"], ["m"])], []),
                  qdq("m", "y", sc, zc)):
         nodes, inits = nodes + part[0], inits + part[1]
-    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 8, 8]),
-                                       helper.make_tensor_value_info("s", TensorProto.FLOAT, [1, 8, 1, 1])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 8, 8])], inits)
-    mod = from_onnx(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), keep_params_in_input=False)
+    model = qdq_model(nodes, inits, {"x": (1, 8, 8, 8), "s": (1, 8, 1, 1)}, (1, 8, 8, 8))
+    mod = from_onnx(model, keep_params_in_input=False)
     x = rng.normal(0, 1, (1, 8, 8, 8)).astype(np.float32)
     s = rng.uniform(0, 1, (1, 8, 1, 1)).astype(np.float32)
     model = assert_matches_llvm(mod, "accel, llvm", inputs=[x, s], reference=tp.integerize()(mod))
@@ -375,31 +364,20 @@ def test_qdq_per_channel_constant_of_a_sequence_runs_on_accel(op):
     transformer's bias or LayerNorm gamma), then an Add of two such results: every element-wise
     operation on accel, bit for bit llvm's result of the integerised module."""
     pytest.importorskip("onnx")
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import helper
     from tvm.relax.frontend.onnx import from_onnx
 
     rng = np.random.default_rng(7)
     shape, C = (1, 24, 40), 40
-    const = lambda v, n: numpy_helper.from_array(np.asarray(v), n)  # noqa: E731
-
-    def qdq(name, out, s, z):
-        return ([helper.make_node("QuantizeLinear", [name, f"{out}_s", f"{out}_z"], [f"{out}_q"]),
-                 helper.make_node("DequantizeLinear", [f"{out}_q", f"{out}_s", f"{out}_z"], [out])],
-                [const(np.float32(s), f"{out}_s"), const(np.int8(z), f"{out}_z")])
-
     nodes, inits = [], []
     for part in (qdq("x", "xd", 0.03, 3),
-                 ([helper.make_node("DequantizeLinear", ["g_q", "g_s", "g_z"], ["g"]),
-                   helper.make_node(op, ["xd", "g"], ["a"])],
-                  [const(rng.integers(-127, 128, C).astype(np.int8), "g_q"), const(np.float32(0.01), "g_s"),
-                   const(np.int8(0), "g_z")]),
+                 dequantized("g", rng.integers(-127, 128, C).astype(np.int8), 0.01),
+                 ([helper.make_node(op, ["xd", "g"], ["a"])], []),
                  qdq("a", "ad", 0.02, -4),
                  ([helper.make_node("Add", ["ad", "xd"], ["r"])], []),
                  qdq("r", "y", 0.05, 1)):
         nodes, inits = nodes + part[0], inits + part[1]
-    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)], inits)
-    mod = from_onnx(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), keep_params_in_input=False)
+    mod = from_onnx(qdq_model(nodes, inits, {"x": shape}, shape), keep_params_in_input=False)
     x = rng.normal(0, 1, shape).astype(np.float32)
     model = assert_matches_llvm(mod, "accel, llvm", inputs=[x], reference=tp.integerize()(mod))
     report = model.report.to_json()

@@ -13,6 +13,7 @@ import tirpat as tp
 from tirpat.model.integerize.rules import emit_table
 from tirpat.testing.differential import assert_matches_llvm
 from tirpat.testing.int8_models import int8_layer
+from tirpat.testing.onnx_qdq import dequantized, qdq, qdq_model
 
 #: 256 int8 entries: random, or a function of the int8 input (HardSwish- and sigmoid-like)
 TABLES = st.one_of(
@@ -107,32 +108,22 @@ def test_hardswish_as_x_times_a_quantised_hardsigmoid_is_a_conv_and_lut_partitio
     before the multiply, as ``tp.quantize`` leaves PaddleOCR's blocks): integerize makes the
     pair one table of the convolution's int8 output, so the whole block is one accel partition
     ending in a LUT, bit for bit llvm's result, with nothing left on the host."""
-    onnx = pytest.importorskip("onnx")
-    from onnx import TensorProto, helper, numpy_helper
+    pytest.importorskip("onnx")
+    from onnx import helper
     from tvm.relax.frontend.onnx import from_onnx
 
     rng = np.random.default_rng(seed)
-    const = lambda v, n: numpy_helper.from_array(np.asarray(v), n)  # noqa: E731
-
-    def qdq(name, out, s, z):
-        return ([helper.make_node("QuantizeLinear", [name, f"{out}_s", f"{out}_z"], [f"{out}_q"]),
-                 helper.make_node("DequantizeLinear", [f"{out}_q", f"{out}_s", f"{out}_z"], [out])],
-                [const(np.float32(s), f"{out}_s"), const(np.int8(z), f"{out}_z")])
-
-    nodes, inits = qdq("x", "xd", 0.02, 0)
-    inits += [const(rng.integers(-127, 128, (8, 3, 3, 3)).astype(np.int8), "w_q"),
-              const(np.float32(0.01), "w_s"), const(np.int8(0), "w_z")]
-    nodes += [helper.make_node("DequantizeLinear", ["w_q", "w_s", "w_z"], ["w"]),
-              helper.make_node("Conv", ["xd", "w"], ["c"], pads=[1, 1, 1, 1])]
-    for part in (qdq("c", "cd", sc, zc),
+    nodes, inits = [], []
+    for part in (qdq("x", "xd", 0.02, 0),
+                 dequantized("w", rng.integers(-127, 128, (8, 3, 3, 3)).astype(np.int8), 0.01),
+                 ([helper.make_node("Conv", ["xd", "w"], ["c"], pads=[1, 1, 1, 1])], []),
+                 qdq("c", "cd", sc, zc),
                  ([helper.make_node("HardSigmoid", ["cd"], ["g"], alpha=1 / 6, beta=0.5)], []),
                  qdq("g", "gd", 1 / 255, -128),
                  ([helper.make_node("Mul", ["gd", "cd"] if gate_first else ["cd", "gd"], ["m"])], []),
                  qdq("m", "y", sc, zc)):
         nodes, inits = nodes + part[0], inits + part[1]
-    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 8, 8])], inits)
-    mod = from_onnx(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), keep_params_in_input=False)
+    mod = from_onnx(qdq_model(nodes, inits, {"x": (1, 3, 8, 8)}, (1, 8, 8, 8)), keep_params_in_input=False)
     x = rng.normal(0, 1, (1, 3, 8, 8)).astype(np.float32)
     model = assert_matches_llvm(mod, "accel, llvm", calls=1, inputs=[x], reference=tp.integerize()(mod))
     report = model.report.to_json()

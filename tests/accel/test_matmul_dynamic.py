@@ -14,6 +14,7 @@ import tirpat as tp
 from tirpat.model.integerize.fixed_point import Requantize
 from tirpat.model.integerize.rules import emit_requantize
 from tirpat.testing.differential import assert_matches_llvm, random_inputs
+from tirpat.testing.onnx_qdq import qdq, qdq_model
 
 
 def dynamic_matmul(batch: tuple, m: int, k: int, n: int, transposed: bool, real: float) -> tvm.IRModule:
@@ -58,32 +59,27 @@ def test_a_runtime_second_operand_is_loaded_on_every_call(batch, m, k, n, transp
 def attention(heads: int, length: int, depth: int, scales: dict):
     """A QDQ attention block as a per-tensor quantiser writes it: ``softmax(Q K^T)`` then
     times ``V``, each tensor quantised to int8 (K transposed after its DequantizeLinear)."""
-    onnx = pytest.importorskip("onnx")
-    from onnx import TensorProto, helper, numpy_helper
+    pytest.importorskip("onnx")
+    from onnx import helper
 
     nodes, inits = [], []
 
-    def qdq(name, out):
-        s, z = scales[out]
-        nodes.extend([helper.make_node("QuantizeLinear", [name, f"{out}_s", f"{out}_z"], [f"{out}_q"]),
-                      helper.make_node("DequantizeLinear", [f"{out}_q", f"{out}_s", f"{out}_z"], [out])])
-        inits.extend([numpy_helper.from_array(np.array(s, np.float32), f"{out}_s"),
-                      numpy_helper.from_array(np.array(z, np.int8), f"{out}_z")])
+    def quantised(name, out):
+        more_nodes, more_inits = qdq(name, out, *scales[out])
+        nodes.extend(more_nodes)
+        inits.extend(more_inits)
 
     for name in ("q", "k", "v"):
-        qdq(name, f"{name}d")
+        quantised(name, f"{name}d")
     nodes += [helper.make_node("Transpose", ["kd"], ["kt"], perm=[0, 1, 3, 2]),
               helper.make_node("MatMul", ["qd", "kt"], ["s"])]
-    qdq("s", "sd")
+    quantised("s", "sd")
     nodes.append(helper.make_node("Softmax", ["sd"], ["p"], axis=-1))
-    qdq("p", "pd")
+    quantised("p", "pd")
     nodes.append(helper.make_node("MatMul", ["pd", "vd"], ["o"]))
-    qdq("o", "y")
-    shape = [1, heads, length, depth]
-    g = helper.make_graph(nodes, "attention",
-                          [helper.make_tensor_value_info(n, TensorProto.FLOAT, shape) for n in ("q", "k", "v")],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)], inits)
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    quantised("o", "y")
+    shape = (1, heads, length, depth)
+    return qdq_model(nodes, inits, {n: shape for n in ("q", "k", "v")}, shape)
 
 
 @pytest.mark.parametrize("zero_points", [False, True], ids=["symmetric", "asymmetric"])

@@ -10,15 +10,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-onnx = pytest.importorskip("onnx")
+pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 
 import tvm  # noqa: E402
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+from onnx import helper  # noqa: E402
 from tvm import relax  # noqa: E402
 from tvm.relax.frontend.onnx import from_onnx  # noqa: E402
 
 import tirpat as tp  # noqa: E402
+from tirpat.testing.onnx_qdq import dequantized, qdq, qdq_model  # noqa: E402
 from tirpat.testing.ort_session import exact_session  # noqa: E402
 
 
@@ -26,21 +27,12 @@ def linear(batch: tuple, k: int, n: int, zx: int, seed: int):
     """``q(MatMul(dq(q(x)), dq(w)) + dq(bias))`` with ``x`` of shape ``[*batch, k]``."""
     rng = np.random.default_rng(seed)
     sx, sw, sy = 0.05, 0.01, 0.08
-    c = lambda v, name: numpy_helper.from_array(np.asarray(v), name)  # noqa: E731
-    inits = [c(np.float32(sx), "x_s"), c(np.int8(zx), "x_z"), c(np.float32(sy), "y_s"), c(np.int8(0), "y_z"),
-             c(rng.integers(-127, 128, (k, n)).astype(np.int8), "w_q"), c(np.float32(sw), "w_s"), c(np.int8(0), "w_z"),
-             c(rng.integers(-500, 500, n).astype(np.int32), "b_q"), c(np.float32(sx * sw), "b_s"),
-             c(np.int32(0), "b_z")]
-    nodes = [helper.make_node("QuantizeLinear", ["x", "x_s", "x_z"], ["xq"]),
-             helper.make_node("DequantizeLinear", ["xq", "x_s", "x_z"], ["xd"]),
-             helper.make_node("DequantizeLinear", ["w_q", "w_s", "w_z"], ["w"]),
-             helper.make_node("DequantizeLinear", ["b_q", "b_s", "b_z"], ["b"]),
-             helper.make_node("MatMul", ["xd", "w"], ["mm"]), helper.make_node("Add", ["mm", "b"], ["s"]),
-             helper.make_node("QuantizeLinear", ["s", "y_s", "y_z"], ["yq"]),
-             helper.make_node("DequantizeLinear", ["yq", "y_s", "y_z"], ["y"])]
-    g = helper.make_graph(nodes, "linear", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [*batch, k])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [*batch, n])], inits)
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), sy
+    xq, xi = qdq("x", "xd", sx, zx)
+    wq, wi = dequantized("w", rng.integers(-127, 128, (k, n)).astype(np.int8), sw)
+    bq, bi = dequantized("b", rng.integers(-500, 500, n).astype(np.int32), sx * sw)
+    yq, yi = qdq("s", "y", sy)
+    nodes = xq + wq + bq + [helper.make_node("MatMul", ["xd", "w"], ["mm"]), helper.make_node("Add", ["mm", "b"], ["s"])]
+    return qdq_model(nodes + yq, xi + wi + bi + yi, {"x": (*batch, k)}, (*batch, n)), sy
 
 
 @settings(max_examples=6, deadline=None)

@@ -14,17 +14,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-onnx = pytest.importorskip("onnx")
+pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 
 import tvm  # noqa: E402
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+from onnx import helper, numpy_helper  # noqa: E402
 from tvm import relax  # noqa: E402
 from tvm.relax.frontend.onnx import from_onnx  # noqa: E402
 
 import tirpat as tp  # noqa: E402
 from tirpat.model.integerize import IntegerizeWarning, calls, pads, tables  # noqa: E402
 from tirpat.testing.int_ranges import int32_overflows  # noqa: E402
+from tirpat.testing.onnx_qdq import dequantized, qdq, qdq_model  # noqa: E402
 from tirpat.testing.ort_session import exact_session  # noqa: E402
 
 
@@ -34,27 +35,8 @@ def test_docstring_examples(module):
 
 
 # ----------------------------------------------------------------------------------------
-# small QDQ graphs
+# small QDQ graphs (tirpat.testing.onnx_qdq)
 # ----------------------------------------------------------------------------------------
-def qdq(name: str, out: str, scale: float, zero_point: int) -> tuple[list, list]:
-    """Nodes and initialisers of QuantizeLinear then DequantizeLinear of ``name`` (int8)."""
-    nodes = [helper.make_node("QuantizeLinear", [name, f"{out}_s", f"{out}_z"], [f"{out}_q"]),
-             helper.make_node("DequantizeLinear", [f"{out}_q", f"{out}_s", f"{out}_z"], [out])]
-    inits = [numpy_helper.from_array(np.array(scale, np.float32), f"{out}_s"),
-             numpy_helper.from_array(np.array(zero_point, np.int8), f"{out}_z")]
-    return nodes, inits
-
-
-def graph(body: list, inits: list, inputs: dict, out_shape, opset: int = 17) -> onnx.ModelProto:
-    """A model of ``body``; ``inputs`` maps each float input's name to its shape."""
-    g = helper.make_graph(body, "g", [helper.make_tensor_value_info(k, TensorProto.FLOAT, list(v))
-                                      for k, v in inputs.items()],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT,
-                                                         None if out_shape is None else list(out_shape))],
-                          inits)
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
-
-
 def every_int8(shape, scale: float, zero_point: int, rng) -> np.ndarray:
     """Float inputs that quantise to every int8 value (then random ones), saturation included."""
     q = rng.integers(-128, 128, int(np.prod(shape)))
@@ -145,7 +127,7 @@ def test_activation_is_a_table_like_onnxruntime(site):
     xq, xi = qdq("x", "xd", sx, zx)
     body, inits, exact = activation_nodes(name)
     yq, yi = qdq("f", "y", sy, zy)
-    model = graph(xq + body + yq, xi + inits + yi, {"x": shape}, shape)
+    model = qdq_model(xq + body + yq, xi + inits + yi, {"x": shape}, shape)
     mod, declined = integerised(model)
     assert not declined
     assert "relax.take" in op_names(mod)
@@ -167,7 +149,7 @@ def test_sigmoid_table_is_onnxruntimes_at_tiny_output_scales(sx, log_sy, zy, see
     shape = (1, 2, 8, 16)
     xq, xi = qdq("x", "xd", sx, 0)
     yq, yi = qdq("f", "y", sy, zy)
-    model = graph(xq + [helper.make_node("Sigmoid", ["xd"], ["f"])] + yq, xi + yi, {"x": shape}, shape)
+    model = qdq_model(xq + [helper.make_node("Sigmoid", ["xd"], ["f"])] + yq, xi + yi, {"x": shape}, shape)
     mod, declined = integerised(model)
     assert not declined and "relax.take" in op_names(mod)
     diff = steps(model, mod, {"x": every_int8(shape, sx, 0, np.random.default_rng(seed))}, sy)
@@ -191,7 +173,7 @@ def declined_site(body: list, inits: list, inputs: dict) -> list:
         q, i = qdq(name, f"{name}d", 0.05, 0)
         nodes, inits = nodes + q, inits + i
     yq, yi = qdq("f", "y", 0.02, 0)
-    model = graph(nodes + body + yq, inits + yi, inputs, None)
+    model = qdq_model(nodes + body + yq, inits + yi, inputs, None)
     return integerised(model)
 
 
@@ -241,7 +223,7 @@ def test_two_quantised_tensors_within_one_step(site):
     if relu:
         body.append(helper.make_node("Relu", ["r"], ["f"]))
     yq, yi = qdq("f", "y", sy, zy)
-    model = graph(aq + bq + body + yq, ai + bi + yi, {"a": shape, "b": b_shape}, shape)
+    model = qdq_model(aq + bq + body + yq, ai + bi + yi, {"a": shape, "b": b_shape}, shape)
     mod, declined = integerised(model)
     assert not declined
     ops = op_names(mod)
@@ -264,15 +246,12 @@ def test_a_quantised_constant_operand_is_a_table(op, c, sc, left, relu, zx, seed
     shape = (1, 3, 5, 7)
     sx, sy = 0.03, 0.05
     xq, xi = qdq("x", "xd", sx, zx)
-    consts = [numpy_helper.from_array(np.array([c], np.int8), "c_q"),
-              numpy_helper.from_array(np.array(sc, np.float32), "c_s"),
-              numpy_helper.from_array(np.array(0, np.int8), "c_z")]
-    body = [helper.make_node("DequantizeLinear", ["c_q", "c_s", "c_z"], ["cd"]),
-            helper.make_node(op, ["cd", "xd"] if left else ["xd", "cd"], ["r" if relu else "f"])]
+    body, consts = dequantized("cd", np.array([c], np.int8), sc)
+    body += [helper.make_node(op, ["cd", "xd"] if left else ["xd", "cd"], ["r" if relu else "f"])]
     if relu:
         body.append(helper.make_node("Relu", ["r"], ["f"]))
     yq, yi = qdq("f", "y", sy, 0)
-    model = graph(xq + body + yq, xi + consts + yi, {"x": shape}, shape)
+    model = qdq_model(xq + body + yq, xi + consts + yi, {"x": shape}, shape)
     mod, declined = integerised(model)
     assert not declined and "relax.take" in op_names(mod)
     integer_between(mod)
@@ -296,7 +275,7 @@ def test_nearest_resize_moves_int8_elements(mode, factor, zx, rescale, seed):
     scales = numpy_helper.from_array(np.array([1, 1, factor, factor], np.float32), "scales")
     body = [helper.make_node("Resize", ["xd", "", "scales"], ["f"], mode="nearest",
                              coordinate_transformation_mode=mode, nearest_mode="floor")]
-    model = graph(xq + body + yq, xi + [scales] + yi, {"x": shape}, out)
+    model = qdq_model(xq + body + yq, xi + [scales] + yi, {"x": shape}, out)
     mod, declined = integerised(model)
     assert not declined
     resize = [c for c in calls(mod["main"]) if str(c.op.name) == "relax.image.resize2d"]
@@ -335,7 +314,7 @@ def test_split_transpose_reshape_concat_stay_int8(first, second, rescale, zx, se
             helper.make_node("Transpose", ["b"], ["bt"], perm=[0, 1, 3, 2]),
             helper.make_node("Reshape", ["bt", "flat"], ["t"])]
     body2 = [helper.make_node("Concat", ["ad", "td"], ["c"], axis=1)]
-    model = graph(xq + body + aq + bq + body2 + yq, xi + [sizes, flat] + ai + bi + yi, {"x": shape}, shape)
+    model = qdq_model(xq + body + aq + bq + body2 + yq, xi + [sizes, flat] + ai + bi + yi, {"x": shape}, shape)
     mod, declined = integerised(model)
     assert not declined
     ops = op_names(mod)
@@ -358,13 +337,11 @@ def test_a_pad_before_a_convolution_pads_the_int8_tensor(pads, zx, seed):
     w = rng.integers(-127, 128, (4, 3, 2, 2)).astype(np.int8)
     xq, xi = qdq("x", "xd", sx, zx)
     yq, yi = qdq("c", "y", sy, 0)
-    inits = [numpy_helper.from_array(np.array([0, 0, top, left, 0, 0, bottom, right], np.int64), "pads"),
-             numpy_helper.from_array(w, "w_q"), numpy_helper.from_array(np.array(sw, np.float32), "w_s"),
-             numpy_helper.from_array(np.array(0, np.int8), "w_z")]
-    body = [helper.make_node("Pad", ["xd", "pads"], ["p"]),
-            helper.make_node("DequantizeLinear", ["w_q", "w_s", "w_z"], ["w"]),
-            helper.make_node("Conv", ["p", "w"], ["c"], kernel_shape=[2, 2])]
-    model = graph(xq + body + yq, xi + inits + yi, {"x": shape}, out)
+    wq, wi = dequantized("w", w, sw)
+    inits = [numpy_helper.from_array(np.array([0, 0, top, left, 0, 0, bottom, right], np.int64), "pads")] + wi
+    body = [helper.make_node("Pad", ["xd", "pads"], ["p"])] + wq + [
+        helper.make_node("Conv", ["p", "w"], ["c"], kernel_shape=[2, 2])]
+    model = qdq_model(xq + body + yq, xi + inits + yi, {"x": shape}, out)
     mod, declined = integerised(model)
     assert not declined
     convs = [c for c in calls(mod["main"]) if str(c.op.name) == "relax.nn.conv2d"]
@@ -411,7 +388,7 @@ def test_a_max_pool_after_a_monotone_function_pools_the_int8_input(name, zx, tra
         last = "t"
     yq, yi = qdq(last, "y", sy, 0)
     out = (1, 3, 4, 3) if transpose else (1, 3, 3, 4)
-    model = graph(xq + body + yq, xi + inits + yi, {"x": shape}, out)
+    model = qdq_model(xq + body + yq, xi + inits + yi, {"x": shape}, out)
     mod, declined = integerised(model)
     assert not declined
     pools = [c for c in calls(mod["main"]) if str(c.op.name) == "relax.nn.max_pool2d"]
@@ -449,7 +426,7 @@ def test_x_times_a_quantised_table_of_x_is_one_table(name, lsx, zx, lsy, zh, zy,
     operands = ["xd", "hd"] if mul_first else ["hd", "xd"]
     mul = [helper.make_node("Mul", operands, ["m"])]
     yq, yi = qdq("m", "y", sy, zy)
-    model = graph(xq + gate + hq + mul + yq, xi + hi + yi, {"x": shape}, shape)
+    model = qdq_model(xq + gate + hq + mul + yq, xi + hi + yi, {"x": shape}, shape)
     mod, declined = integerised(model)
     assert not declined
     ops = op_names(mod)

@@ -15,11 +15,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-onnx = pytest.importorskip("onnx")
+pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 
 import tvm  # noqa: E402
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+from onnx import helper  # noqa: E402
 from tvm import relax  # noqa: E402
 from tvm.relax.frontend.onnx import from_onnx  # noqa: E402
 
@@ -27,16 +27,8 @@ import tirpat as tp  # noqa: E402
 from tirpat.model.integerize import IntegerizeWarning, calls  # noqa: E402
 from tirpat.model.integerize.fixed_point import Requantize  # noqa: E402
 from tirpat.testing.int_ranges import int32_overflows  # noqa: E402
+from tirpat.testing.onnx_qdq import qdq, qdq_model  # noqa: E402
 from tirpat.testing.ort_session import exact_session  # noqa: E402
-
-
-def qdq(name: str, out: str, scale: float, zero_point: int) -> tuple[list, list]:
-    """QuantizeLinear then DequantizeLinear of ``name`` to int8, per tensor."""
-    nodes = [helper.make_node("QuantizeLinear", [name, f"{out}_s", f"{out}_z"], [f"{out}_q"]),
-             helper.make_node("DequantizeLinear", [f"{out}_q", f"{out}_s", f"{out}_z"], [out])]
-    inits = [numpy_helper.from_array(np.array(scale, np.float32), f"{out}_s"),
-             numpy_helper.from_array(np.array(zero_point, np.int8), f"{out}_z")]
-    return nodes, inits
 
 
 def attention_matmul(a_shape, b_shape, transposed: bool, qa, qb, qy=None):
@@ -58,10 +50,7 @@ def attention_matmul(a_shape, b_shape, transposed: bool, qa, qb, qy=None):
         n, i = qdq("mm", "y", *qy)
         nodes += n
         inits += i
-    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("a", TensorProto.FLOAT, list(a_shape)),
-                                       helper.make_tensor_value_info("b", TensorProto.FLOAT, list(b_shape))],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    return qdq_model(nodes, inits, {"a": a_shape, "b": b_shape}, None)
 
 
 def integers(shape, zero_point: int, rng) -> np.ndarray:

@@ -13,11 +13,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-onnx = pytest.importorskip("onnx")
+pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 
 import tvm  # noqa: E402
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+from onnx import helper  # noqa: E402
 from tvm import relax  # noqa: E402
 from tvm.relax.frontend.onnx import from_onnx  # noqa: E402
 
@@ -25,6 +25,7 @@ import tirpat as tp  # noqa: E402
 from tirpat.model.integerize import IntegerizeWarning, Requantize, calls, emit_requantize  # noqa: E402
 from tirpat.testing import int8_models, int_ranges  # noqa: E402
 from tirpat.testing.int_ranges import int32_overflows  # noqa: E402
+from tirpat.testing.onnx_qdq import dequantized, qdq, qdq_model  # noqa: E402
 from tirpat.testing.ort_session import exact_session  # noqa: E402
 
 
@@ -97,24 +98,6 @@ def session(model):
     return exact_session(model)
 
 
-def qdq(name: str, scale: float, out: str) -> list:
-    """QuantizeLinear then DequantizeLinear of ``name`` at ``scale`` (int8, zero point 0)."""
-    return [helper.make_node("QuantizeLinear", [name, f"{out}_s", f"{out}_z"], [f"{out}_q"]),
-            helper.make_node("DequantizeLinear", [f"{out}_q", f"{out}_s", f"{out}_z"], [out])]
-
-
-def qdq_inits(out: str, scale: float) -> list:
-    return [numpy_helper.from_array(np.array(scale, np.float32), f"{out}_s"),
-            numpy_helper.from_array(np.array(0, np.int8), f"{out}_z")]
-
-
-def graph_model(nodes, inits, inputs: dict, out_shape) -> onnx.ModelProto:
-    graph = helper.make_graph(nodes, "op", [helper.make_tensor_value_info(k, TensorProto.FLOAT, list(v))
-                                            for k, v in inputs.items()],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(out_shape))], inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-
-
 def scale(draw, around: float = 1.0, spread: float = 6.0) -> float:
     """A scale 10**u times ``around``, ``u`` in [-spread, spread]: extreme ratios included."""
     return float(np.float32(around * 10.0 ** draw(st.floats(-spread, spread))))
@@ -174,20 +157,15 @@ def test_conv_requantise_never_overflows(site, precise):
     sw = np.array(sw, np.float32)
     sb = (np.float32(sx) * sw).astype(np.float32)
     b = rng.integers(-(2**20), 2**20, cout).astype(np.int32)
-    axis = {"axis": 0} if sw.size > 1 else {}
-    nodes = qdq("x", sx, "xd") + [
-        helper.make_node("DequantizeLinear", ["w_q", "w_s", "w_z"], ["w"], **axis),
-        helper.make_node("DequantizeLinear", ["b_q", "b_s", "b_z"], ["b"], **axis),
-        helper.make_node("Conv", ["xd", "w", "b"], ["c"], kernel_shape=[k, k], pads=[k // 2] * 4)]
+    axis = 0 if sw.size > 1 else None
+    sw, sb = (v if v.size > 1 else v.reshape(()) for v in (sw, sb))
+    xq, xi = qdq("x", "xd", sx)
+    (wq, wi), (bq, bi) = dequantized("w", w, sw, axis=axis), dequantized("b", b, sb, axis=axis)
+    nodes = xq + wq + bq + [helper.make_node("Conv", ["xd", "w", "b"], ["c"], kernel_shape=[k, k], pads=[k // 2] * 4)]
     if relu:
         nodes.append(helper.make_node("Relu", ["c"], ["r"]))
-    nodes += qdq("r" if relu else "c", sy, "y")
-    inits = qdq_inits("xd", sx) + qdq_inits("y", sy) + [
-        numpy_helper.from_array(w, "w_q"), numpy_helper.from_array(sw.reshape(-1) if sw.size > 1 else sw.reshape(()), "w_s"),
-        numpy_helper.from_array(np.zeros(sw.shape if sw.size > 1 else (), np.int8), "w_z"),
-        numpy_helper.from_array(b, "b_q"), numpy_helper.from_array(sb.reshape(-1) if sb.size > 1 else sb.reshape(()), "b_s"),
-        numpy_helper.from_array(np.zeros(sb.shape if sb.size > 1 else (), np.int32), "b_z")]
-    model = graph_model(nodes, inits, {"x": (1, cin, 5, 5)}, (1, cout, 5, 5))
+    yq, yi = qdq("r" if relu else "c", "y", sy)
+    model = qdq_model(nodes + yq, xi + wi + bi + yi, {"x": (1, cin, 5, 5)}, (1, cout, 5, 5))
     check(model, {"x": extremes(rng, (1, cin, 5, 5), sx)}, sy, "relax.nn.conv2d", precise)
 
 
@@ -206,12 +184,12 @@ def test_residual_add_never_overflows(site, precise):
     worst-case terms and the rounding stays within int32 whatever the scale ratios."""
     sa, sb, sy, relu, seed = site
     rng = np.random.default_rng(seed)
-    nodes = qdq("a", sa, "ad") + qdq("b", sb, "bd") + [helper.make_node("Add", ["ad", "bd"], ["s"])]
+    (aq, ai), (bq, bi) = qdq("a", "ad", sa), qdq("b", "bd", sb)
+    nodes = aq + bq + [helper.make_node("Add", ["ad", "bd"], ["s"])]
     if relu:
         nodes.append(helper.make_node("Relu", ["s"], ["r"]))
-    nodes += qdq("r" if relu else "s", sy, "y")
-    model = graph_model(nodes, qdq_inits("ad", sa) + qdq_inits("bd", sb) + qdq_inits("y", sy),
-                        {"a": (2, 3, 4), "b": (2, 3, 4)}, (2, 3, 4))
+    yq, yi = qdq("r" if relu else "s", "y", sy)
+    model = qdq_model(nodes + yq, ai + bi + yi, {"a": (2, 3, 4), "b": (2, 3, 4)}, (2, 3, 4))
     inputs = {"a": extremes(rng, (2, 3, 4), sa), "b": extremes(rng, (2, 3, 4), sb)}
     inputs["b"].flat[:2] = inputs["b"].flat[1::-1].copy()     # -128 + 127 and 127 + -128 as well as equal signs
     check(model, inputs, sy, "relax.add", precise)
@@ -235,9 +213,9 @@ def test_average_pool_never_overflows(site, precise):
     rng = np.random.default_rng(seed)
     size = 8
     out = (size + 2 * pad - k) // stride + 1
-    nodes = qdq("x", sx, "xd") + [helper.make_node("AveragePool", ["xd"], ["p"], kernel_shape=[k, k],
-                                                   strides=[stride, stride], pads=[pad] * 4,
-                                                   count_include_pad=int(include))] + qdq("p", sy, "y")
-    model = graph_model(nodes, qdq_inits("xd", sx) + qdq_inits("y", sy), {"x": (1, 2, size, size)}, (1, 2, out, out))
+    (xq, xi), (yq, yi) = qdq("x", "xd", sx), qdq("p", "y", sy)
+    pool = helper.make_node("AveragePool", ["xd"], ["p"], kernel_shape=[k, k], strides=[stride, stride],
+                            pads=[pad] * 4, count_include_pad=int(include))
+    model = qdq_model(xq + [pool] + yq, xi + yi, {"x": (1, 2, size, size)}, (1, 2, out, out))
     check(model, {"x": extremes(rng, (1, 2, size, size), sx)}, sy, "relax.sum" if (k == stride and not pad
           and size % k == 0) else "relax.nn.conv2d", precise)

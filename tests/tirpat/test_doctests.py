@@ -15,7 +15,8 @@ MODULES = ["tirpat"] + [f"tirpat.tir.{m}" for m in (
     "module_rule", "pattern", "region", "rewrite", "scan", "script_pattern", "statement", "wrapping")] + ["tirpat.testing", "tirpat.testing.reference",
                                                               "tirpat.testing.strategies",
                                                               "tirpat.testing.differential",
-                                                              "tirpat.testing.int8_models"]
+                                                              "tirpat.testing.int8_models",
+                                                              "tirpat.testing.onnx_qdq"]
 
 
 @pytest.mark.parametrize("name", MODULES)
