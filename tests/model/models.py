@@ -110,6 +110,18 @@ def cnn(size: int = 8, channels: int = 8, classes: int = 10, layout: str = "NCHW
     return Module
 
 
+def matmul(m, k: int, n: int, dtype: str = "int32") -> tvm.IRModule:
+    """``main(x[m, k], w[k, n]) = x @ w`` of ``dtype`` (``m`` may be a symbolic ``tirx.Var``)."""
+    x = relax.Var("x", relax.TensorType((m, k), dtype))
+    w = relax.Var("w", relax.TensorType((k, n), dtype))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.matmul(x, w))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
 def batch_matmul(batch: int, m: int, n: int, k: int) -> tvm.IRModule:
     """A batched int8 matmul with a bias and a saturating requantise."""
 

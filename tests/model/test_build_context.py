@@ -14,18 +14,7 @@ import tirpat as tp
 import tirpat.model.backend as backend_module
 from tirpat.model.partition import PARTITION_ATTR, PartitionOrigin, origin_of
 from tirpat.model.pipeline import Record, lower_partitions, tir_pipeline_for
-from models import random_inputs, reference
-
-
-def _matmul(m: int, k: int, n: int) -> tvm.IRModule:
-    x = relax.Var("x", relax.TensorType((m, k), "int32"))
-    w = relax.Var("w", relax.TensorType((k, n), "int32"))
-    bb = relax.BlockBuilder()
-    with bb.function("main", [x, w]):
-        with bb.dataflow():
-            out = bb.emit_output(relax.op.matmul(x, w))
-        bb.emit_func_output(out)
-    return bb.get()
+from models import matmul, random_inputs, reference
 
 
 def _own_registry(monkeypatch) -> None:
@@ -59,7 +48,7 @@ def lockstep(monkeypatch):
 @pytest.mark.filterwarnings("ignore:part of the model stays on the host")
 def test_two_threads_building_at_once_each_get_their_own_record(lockstep):
     shapes = {"a": (3, 20, 7), "b": (5, 11, 4)}
-    mods = {key: _matmul(*shape) for key, shape in shapes.items()}    # (a BlockBuilder is not for threads)
+    mods = {key: matmul(*shape) for key, shape in shapes.items()}    # (a BlockBuilder is not for threads)
     built, errors = {}, []
 
     def build(key):

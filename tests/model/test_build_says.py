@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import tirpat as tp
-from models import mlp, random_inputs, reference
+from models import matmul, mlp, random_inputs, reference
 
 
 @pytest.fixture(scope="module")
@@ -62,21 +62,11 @@ def test_the_profile_headline_is_the_share_of_the_models_own_macs():
 def test_symbolic_shapes_point_at_sizes_not_at_quantisation():
     """Nothing is offloaded from a model with an open batch: the hint is to fix its shapes
     (the model may well be quantised already); a float model of static shapes is told to quantise."""
-    from tvm import relax, tirx
-
-    def model(batch):
-        x = relax.Var("x", relax.TensorType((batch, 16), "float32"))
-        w = relax.Var("w", relax.TensorType((16, 8), "float32"))
-        bb = relax.BlockBuilder()
-        with bb.function("main", [x, w]):
-            with bb.dataflow():
-                out = bb.emit_output(relax.op.matmul(x, w))
-            bb.emit_func_output(out)
-        return bb.get()
+    from tvm import tirx
 
     with pytest.warns(tp.OffloadWarning) as caught:
-        tp.build(model(tirx.Var("n", "int64")), "accel, llvm")
+        tp.build(matmul(tirx.Var("n", "int64"), 16, 8, "float32"), "accel, llvm")
     said = "\n".join(str(w.message) for w in caught)
     assert "the model's shapes are symbolic" in said and "--input-shapes" in said and "quantise it first" not in said
     with pytest.warns(tp.OffloadWarning, match="quantise it first"):
-        tp.build(model(4), "accel, llvm")
+        tp.build(matmul(4, 16, 8, "float32"), "accel, llvm")

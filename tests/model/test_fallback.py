@@ -6,12 +6,11 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tvm import relax
 from tvm.script import ir as I, relax as R
 
 import tirpat as tp
 import tirpat.model.backend as backend_module
-from models import mlp, random_inputs, reference
+from models import matmul, mlp, random_inputs, reference
 
 
 @I.ir_module
@@ -129,14 +128,7 @@ def test_a_schedule_that_raises_leaves_its_partition_on_the_host(monkeypatch):
             raise ValueError("this backend cannot schedule anything")
 
     tp.register_backend(Broken)
-    x = relax.Var("x", relax.TensorType((3, 20), "int32"))
-    w = relax.Var("w", relax.TensorType((20, 7), "int32"))
-    bb = relax.BlockBuilder()
-    with bb.function("main", [x, w]):
-        with bb.dataflow():
-            out = bb.emit_output(relax.op.matmul(x, w))
-        bb.emit_func_output(out)
-    mod = bb.get()
+    mod = matmul(3, 20, 7)
     with pytest.warns(tp.OffloadWarning, match=r"ran on the host: fallback-test-broken could not lower it \(its "
                       r"schedule raised ValueError: this backend cannot schedule anything\)"):
         model = tp.build(mod, "fallback-test-broken, llvm")

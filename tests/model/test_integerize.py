@@ -8,7 +8,7 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
-from hypothesis import assume, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 onnx = pytest.importorskip("onnx")
@@ -25,17 +25,12 @@ from tirpat.model import integerize as integerize_package  # noqa: E402
 from tirpat.model.integerize import IntegerizeWarning, Requantize, calls, fixed_point, requantize_pattern, rules  # noqa: E402
 from tirpat.testing import onnx_cnn  # noqa: E402
 from tirpat.testing.ort_session import exact_session  # noqa: E402
+from integerize_checks import exact_round  # noqa: E402
 
 
 # ----------------------------------------------------------------------------------------
 # the fixed-point requantise against exact arithmetic
 # ----------------------------------------------------------------------------------------
-def exact_round(value: Fraction, half_even: bool) -> int:
-    floor = value.numerator // value.denominator
-    rest = value - floor
-    if rest > Fraction(1, 2) or (rest == Fraction(1, 2) and (not half_even or floor % 2)):
-        return floor + 1
-    return floor
 
 
 @st.composite

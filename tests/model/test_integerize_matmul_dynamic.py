@@ -8,7 +8,6 @@ exact QDQ run. Read by float code it is dequantised (times float32 ``s_a s_b``):
 rounding of onnxruntime's float matmul. Small QDQ graphs, shapes, scales and zero points drawn
 by hypothesis, compiled for llvm."""
 
-import warnings
 
 import numpy as np
 import pytest
@@ -21,14 +20,13 @@ pytest.importorskip("onnxruntime")
 import tvm  # noqa: E402
 from onnx import helper  # noqa: E402
 from tvm import relax  # noqa: E402
-from tvm.relax.frontend.onnx import from_onnx  # noqa: E402
 
-import tirpat as tp  # noqa: E402
-from tirpat.model.integerize import IntegerizeWarning, calls  # noqa: E402
+from tirpat.model.integerize import calls  # noqa: E402
 from tirpat.model.integerize.fixed_point import Requantize  # noqa: E402
 from tirpat.testing.int_ranges import int32_overflows  # noqa: E402
 from tirpat.testing.onnx_qdq import qdq, qdq_model  # noqa: E402
 from tirpat.testing.ort_session import exact_session  # noqa: E402
+from integerize_checks import integerised  # noqa: E402
 
 
 def attention_matmul(a_shape, b_shape, transposed: bool, qa, qb, qy=None):
@@ -58,13 +56,6 @@ def integers(shape, zero_point: int, rng) -> np.ndarray:
     q = rng.integers(-128, 128, int(np.prod(shape)))
     q[: min(256, q.size)] = rng.permutation(np.arange(-128, 128))[: min(256, q.size)]
     return q.reshape(shape).astype(np.int64)
-
-
-def integerised(model) -> tuple[tvm.IRModule, list]:
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        mod = tp.integerize()(from_onnx(model, keep_params_in_input=False))
-    return mod, [str(w.message) for w in caught if issubclass(w.category, IntegerizeWarning)]
 
 
 def run(mod, *inputs) -> np.ndarray:

@@ -29,6 +29,7 @@ import tirpat as tp  # noqa: E402
 from tirpat.model.integerize import Requantize, calls, emit_requantize, requantize_pattern  # noqa: E402
 from tirpat.testing.int_ranges import int32_overflows  # noqa: E402
 from tirpat.testing.ort_session import exact_session  # noqa: E402
+from integerize_checks import exact_round  # noqa: E402
 
 #: How close to a rounding tie (in steps) the real result may be for onnxruntime's float32
 #: and the integers to round it apart: float32's error on a sum of K dequantized products is
@@ -36,14 +37,6 @@ from tirpat.testing.ort_session import exact_session  # noqa: E402
 #: where the sum cancels); the precise requantise's is 2**-23. One product's error on these
 #: layers reaches hundredths of a step.
 NEAR_TIE = 2e-3
-
-
-def exact_round(value: Fraction, half_even: bool) -> int:
-    floor = value.numerator // value.denominator
-    rest = value - floor
-    if rest > Fraction(1, 2) or (rest == Fraction(1, 2) and (not half_even or floor % 2)):
-        return floor + 1
-    return floor
 
 
 # ----------------------------------------------------------------------------------------

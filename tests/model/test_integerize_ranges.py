@@ -6,7 +6,6 @@ llvm, stay within one output step of onnxruntime's exact QDQ execution (graph op
 at ORT_ENABLE_BASIC: no fused int8 kernels)."""
 
 import doctest
-import warnings
 
 import numpy as np
 import pytest
@@ -19,14 +18,13 @@ ort = pytest.importorskip("onnxruntime")
 import tvm  # noqa: E402
 from onnx import helper  # noqa: E402
 from tvm import relax  # noqa: E402
-from tvm.relax.frontend.onnx import from_onnx  # noqa: E402
 
-import tirpat as tp  # noqa: E402
-from tirpat.model.integerize import IntegerizeWarning, Requantize, calls, emit_requantize  # noqa: E402
+from tirpat.model.integerize import Requantize, calls, emit_requantize  # noqa: E402
 from tirpat.testing import int8_models, int_ranges  # noqa: E402
 from tirpat.testing.int_ranges import int32_overflows  # noqa: E402
 from tirpat.testing.onnx_qdq import dequantized, qdq, qdq_model  # noqa: E402
 from tirpat.testing.ort_session import exact_session  # noqa: E402
+from integerize_checks import integerised  # noqa: E402
 
 
 def test_docstring_examples():
@@ -101,14 +99,6 @@ def session(model):
 def scale(draw, around: float = 1.0, spread: float = 6.0) -> float:
     """A scale 10**u times ``around``, ``u`` in [-spread, spread]: extreme ratios included."""
     return float(np.float32(around * 10.0 ** draw(st.floats(-spread, spread))))
-
-
-def integerised(model, precise: bool):
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        mod = tp.integerize(precise)(from_onnx(model, keep_params_in_input=False))
-    declined = [w for w in caught if issubclass(w.category, IntegerizeWarning)]
-    return mod, declined
 
 
 def check(model, inputs: dict, out_scale: float, integer_op: str, precise: bool):

@@ -3,7 +3,6 @@ stride = kernel (one tap per output pixel: a 1x1 convolution to one channel per 
 and tap, then a pixel shuffle of the int8 result) and a nearest Resize, checked against
 onnxruntime's exact run of the same QDQ model (quantised by onnxruntime)."""
 
-import warnings
 
 import numpy as np
 import pytest
@@ -16,12 +15,12 @@ pytest.importorskip("onnxruntime")
 import tvm  # noqa: E402
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 from tvm import relax  # noqa: E402
-from tvm.relax.frontend.onnx import from_onnx  # noqa: E402
 
 import tirpat as tp  # noqa: E402
-from tirpat.model.integerize import IntegerizeWarning, calls  # noqa: E402
+from tirpat.model.integerize import calls  # noqa: E402
 from tirpat.testing import onnx_cnn  # noqa: E402
 from tirpat.testing.ort_session import exact_session  # noqa: E402
+from integerize_checks import integerised  # noqa: E402
 
 
 def conv_transpose_model(cin: int, cout: int, k: int, stride: int, size: int, bias: bool, act: str, seed: int):
@@ -41,13 +40,6 @@ def conv_transpose_model(cin: int, cout: int, k: int, stride: int, size: int, bi
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, cout, out, out])],
                               [numpy_helper.from_array(v.astype(np.float32), n) for n, v in inits.items()])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-
-
-def integerised(q):
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        mod = tp.integerize()(from_onnx(q, keep_params_in_input=False))
-    return mod, [str(w.message) for w in caught if issubclass(w.category, IntegerizeWarning)]
 
 
 def steps(q, mod, inputs) -> np.ndarray:
