@@ -74,12 +74,13 @@ def test_wrapping_chains_in_fused_functions_compute_what_one_loop_per_operator_c
     assert_bit_exact(random_int8_model(seed, overflow=True))
 
 
-@pytest.mark.parametrize("seed", [1793, 2050])
+@pytest.mark.parametrize("seed", [1793, 2050, 17125])
 def test_a_narrowing_cast_of_a_host_epilogue_pinned_to_a_constant_builds(seed):
     """A host epilogue whose max and min pin the value to one constant outside int8
     (``int8(min(max(v, 472153), -139616))`` at 2050, ``int8(max(min(v, -415006), 30366) >> 2)``
-    at 1793), narrowed without a clip: inlined into one expression, TVM's fold of the cast
-    raised "Literal value ... exceeds range of int8"; the host truncates, as llvm does."""
+    at 1793; 17125 has an accel partition besides), narrowed without a clip: inlined into one
+    expression, TVM's fold of the cast raised "Literal value ... exceeds range of int8"; the
+    host truncates, as llvm does. Seeds 0 to 20000 held four such models (16784 the other)."""
     model = random_int8_model(seed, overflow=True)
     assert "(no clip: wrapping narrow)" in model.describe()
     assert assert_bit_exact(model).macs.get("host", 0) > 0

@@ -101,23 +101,29 @@ def _fold_narrowing_casts(func: tirx.PrimFunc) -> tirx.PrimFunc:
 
     def cast(node, m):
         node = m.default_mutate(node)
-        dtype = node.ty.dtype
-        if dtype.lanes != 1 or dtype.type_code not in (_INT, _UINT) or dtype.bits >= 64:
+        dtype, source = node.ty.dtype, node.value.ty.dtype
+        if dtype.lanes != 1 or dtype.bits >= 64 or source.lanes != 1:
             return node
+        target, whole = _int_range(dtype), _int_range(source)
+        if target is None or whole is None or (target[0] <= whole[0] and whole[1] <= target[1]):
+            return node          # a float or a wider type: no constant of it is out of range
         value = analyzer.simplify(node.value)
-        if not isinstance(value, tirx.IntImm):
-            return node
-        v = int(value.value)
-        low = -(1 << (dtype.bits - 1)) if dtype.type_code == _INT else 0
-        if low <= v < low + (1 << dtype.bits):
-            return node          # in range: TVM folds it right
-        return tirx.IntImm(str(dtype), (v - low) % (1 << dtype.bits) + low)
+        if not isinstance(value, tirx.IntImm) or target[0] <= int(value.value) <= target[1]:
+            return node          # not a constant, or one TVM folds right
+        low, size = target[0], target[1] - target[0] + 1
+        return tirx.IntImm(str(dtype), (int(value.value) - low) % size + low)
 
     body = tvm_ffi.structural_mutate(func.body, [(s_tir.SBlock, block), (tirx.Cast, cast)])
     return func if body.same_as(func.body) else func.with_body(body)
 
 
-_INT, _UINT = tvm.DataTypeCode.INT, tvm.DataTypeCode.UINT
+def _int_range(dtype) -> tuple[int, int] | None:
+    """The least and greatest value of an integer ``dtype``; None for other types."""
+    if dtype.type_code == tvm.DataTypeCode.INT:
+        return -(1 << (dtype.bits - 1)), (1 << (dtype.bits - 1)) - 1
+    if dtype.type_code == tvm.DataTypeCode.UINT:
+        return 0, (1 << dtype.bits) - 1
+    return None
 
 
 #: the signed integer operations that may overflow (a max, min or right shift cannot)
