@@ -156,9 +156,11 @@ def _patterns() -> tuple:
     product = lambda: _clamped(is_op("relax.multiply")(_centred(), _centred()))   # noqa: E731
     precise = tuple((_precise(term), {}) for term in (signed, product, lambda: _clamped(_leaf())))
     # a half-to-even requantise adds the input zero points' offset before its parity
-    # (emit_requantize), which requantize_pattern leaves to the producer: taken here
+    # (emit_requantize), which requantize_pattern leaves to the producer: taken here (after a
+    # one-leaf rescale's multiply: an exact multiplier such as 0.5 or 1.0 with an input zero point)
     chains = ((requantize_pattern(two | is_op("relax.add")(two, is_const())), {"core": two}),
-              (requantize_pattern(one | is_op("relax.add")(one, is_const())) | shifted, {"core": one}))
+              (requantize_pattern(one | is_op("relax.add")(one | is_op("relax.multiply")(one, is_const()), is_const()))
+               | shifted, {"core": one}))
     every = precise + chains
     # a table activation (integerize's take(table, x + 128)) after the chain, or of an int8 tensor
     # alone: accel's LUT. Listed first: the longer match wins

@@ -11,7 +11,7 @@ host says why."""
 import numpy as np
 import pytest
 import tvm
-from hypothesis import assume, given, settings
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 from tvm import relax
 
@@ -74,13 +74,13 @@ def _build_and_compare(mod: tvm.IRModule, seed: int, target: str = "accel, llvm"
     return assert_matches_llvm(mod, target, seed=seed)
 
 
-def _on_accel(model) -> None:
+def _on_accel(model, alu: bool = True) -> None:
     report = model.report.to_json()
     parts = [p for p in report["partitions"] if p["pattern"] == "accel.elementwise"]
     assert len(parts) == 1 and parts[0]["rules"].get("accel.elementwise"), report["partitions"]
     assert not report["on_host"], report["on_host"]
     stats = model.stats["accel"]
-    assert stats.instructions["ALU"] >= 1 and stats.instructions["STORE"] >= 1
+    assert stats.instructions["ALU"] >= alu and stats.instructions["STORE"] >= 1
 
 
 _SHAPES = st.sampled_from([(1, 8, 5, 5), (1, 16, 4, 4), (1, 3, 7, 9), (2, 40, 33), (1, 24, 1, 1), (64, 130),
@@ -103,8 +103,12 @@ def test_elementwise_chain_on_accel_is_bit_exact_with_llvm(op, shape, broadcast,
 @settings(max_examples=6, deadline=None)
 @given(_SHAPES, st.one_of(st.none(), st.floats(0.01, 4.0)), st.integers(-30, 30), st.integers(-30, 30),
        st.sampled_from([(-128, 127), (0, 127)]), st.integers(0, 1000))
+@example((1, 8, 5, 5), 1.0, 1, 0, (-128, 127), 1)       # an exact multiplier with an input zero point
+@example((1, 8, 5, 5), 0.5, 5, -2, (-128, 127), 1)      # (its offset added after the multiply)
+@example((1, 8, 5, 5), 1.0, 0, 0, (-128, 127), 1)       # the identity: a copy, no ALU step
 def test_a_rescale_of_one_int8_tensor_on_accel_is_bit_exact(shape, real, zx, zy, bounds, seed):
-    _on_accel(_build_and_compare(rescale_module(shape, real, zx, zy, bounds), seed))
+    identity = zx == zy and real in (None, 1.0) and bounds == (-128, 127)
+    _on_accel(_build_and_compare(rescale_module(shape, real, zx, zy, bounds), seed), alu=not identity)
 
 
 @settings(max_examples=12, deadline=None)
