@@ -78,3 +78,34 @@ def test_a_model_for_another_cpu_is_not_linked_here():
     assert model._linked is None
     with pytest.raises(tp.TargetError, match="aarch64"):
         model(*random_inputs(cnn(), np.random.default_rng(0)))
+
+
+def test_a_linked_library_is_removed_with_its_model_quietly():
+    """The library's directory goes when nothing holds the link any more, without the
+    ResourceWarning a TemporaryDirectory left to the collector gives once per model."""
+    import gc
+    import os
+    import warnings
+
+    import tvm
+    from tvm.script import tirx as T
+
+    from tirpat.model.native import link
+
+    @T.prim_func
+    def double(A: T.Buffer((4,), "float32")):
+        for i in range(4):
+            A[i] = A[i] * T.float32(2)
+
+    linked = link(tvm.compile(tvm.IRModule({"main": double}), "llvm"), tvm.target.Target("llvm"))
+    directory = os.path.dirname(linked.path)
+    module = linked.module
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        del linked
+        gc.collect()
+    assert not os.path.exists(directory)
+    assert not [w for w in caught if issubclass(w.category, ResourceWarning)]
+    a = tvm.runtime.tensor(np.arange(4, dtype="float32"))
+    module["main"](a)                       # the loaded code stays usable
+    np.testing.assert_array_equal(a.numpy(), [0, 2, 4, 6])

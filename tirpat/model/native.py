@@ -17,8 +17,10 @@ library at once (:func:`link`): the model's VMs load machine code, compile none.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import tempfile
+import weakref
 from dataclasses import dataclass
 
 import tvm
@@ -58,7 +60,12 @@ class Linked:
 
     module: tvm.runtime.Module
     path: str
-    _directory: tempfile.TemporaryDirectory
+    _directory: str         # made by link() for the library alone
+
+    def __post_init__(self) -> None:
+        # removed with this object, quietly: a TemporaryDirectory left to the collector warns
+        # ("Implicitly cleaning up") once per model a user builds
+        weakref.finalize(self, shutil.rmtree, self._directory, ignore_errors=True)
 
 
 def link(executable, host: tvm.target.Target) -> Linked | None:
@@ -86,9 +93,13 @@ def link(executable, host: tvm.target.Target) -> Linked | None:
         return None
     if cc.get_cc() is None:       # what export_library links with
         return None
-    directory = tempfile.TemporaryDirectory(prefix="tirpat-")
-    path = os.path.join(directory.name, "model.so")
-    with filtered_native_stderr():      # TVM logs a line per memory scope it saves, and loads
-        executable.export_library(path)
-        module = tvm.runtime.load_module(path)
+    directory = tempfile.mkdtemp(prefix="tirpat-")
+    path = os.path.join(directory, "model.so")
+    try:
+        with filtered_native_stderr():      # TVM logs a line per memory scope it saves, and loads
+            executable.export_library(path)
+            module = tvm.runtime.load_module(path)
+    except BaseException:
+        shutil.rmtree(directory, ignore_errors=True)
+        raise
     return Linked(module, path, directory)
