@@ -1093,16 +1093,19 @@ class FusedPlan:
         self.f_pads, self.i_pads = b.f.pad_values(np.float32), b.i.pad_values(np.int32)
         self.f_base = b.f.base
         self.f_extra = np.concatenate(b.f.extra) if b.f.extra else None
-        self._source: Optional[_Vector] = None
         self.sizes = {slot: b.buffers[slot].size for slot in (*b.f.slots, *b.i.slots, *(s[0] for s in b.stores))}
         self.products, self.alus, self.stores, self.acc_loads = products, alus, stores, acc_loads
         self.inp_final, self.wgt_final, self.acc_final = inp_final, wgt_final, acc_final
         self.matmuls = len(products)
         self.blas = any(isinstance(p, _Product) for p in products)     # whether a run calls np.matmul
-        self._scratch: Optional[_Vector] = None
-        self._alu_steps: Optional[list] = None     # the ALU batches as calls over views of ``_scratch``
-        self._ints: Optional[_Vector] = None          # the int32 sources of ACC LOADs (made once, refilled)
         self.i_base = sum(self.sizes[slot] for slot in self.i_slots) + self.i_pads.size
+        self.f_size = self.f_base + (0 if self.f_extra is None else self.f_extra.size)
+        # the vectors a run works in, over its simulator's workspace (see _bind): the source
+        # vector, the value vector, the int32 sources of ACC LOADs, and the ALU batches as
+        # calls bound to views of them; remade when the workspace arrays are other ones
+        self._on: tuple = ()
+        self._source = self._scratch = self._ints = None
+        self._alu_steps: list = []
         written = dict.fromkeys(s[0] for s in stores)
         self._apart = [(r, w) for r in (*self.f_slots, *self.i_slots) for w in written if r != w]
 
@@ -1118,20 +1121,14 @@ class FusedPlan:
         # with another one written (the same slot was checked when the plan was made).
         if any(np.may_share_memory(buffers[r], buffers[w]) for r, w in self._apart):
             return False
-        # the source vector (made once, refilled each run): its extra rows after the rest
-        if self._source is None:
-            extra = 0 if self.f_extra is None else self.f_extra.size
-            self._source = _Vector(np.empty(self.f_base + extra, np.float32), self.tile)
-        source = self._source
+        self._bind(sim)
+        source = self._source       # refilled each run: its extra rows after the rest
         np.concatenate([sim.inp[self.inp_kept], sim.wgt[self.wgt_kept], *(buffers[s] for s in self.f_slots),
                         self.f_pads], out=source.data[:self.f_base])
         if self.f_extra is not None:
             np.take(source.data, self.f_extra, out=source.data[self.f_base:])
-        # values written before they are read (see _layout) need no zeroing; the vector is
-        # kept between runs (tens of MB for a large stream: fresh pages would cost more than
-        # the arithmetic), so a plan runs one call at a time, as its simulator does
-        if self._scratch is None:
-            self._scratch = _Vector(np.empty(self.values, np.int32), self.tile)
+        # values written before they are read (see _layout) need no zeroing, the others are
+        # set here: nothing is kept in the vector from one run to the next
         vector = self._scratch
         values = vector.data
         lo, hi = self.live
@@ -1139,15 +1136,11 @@ class FusedPlan:
         for lo, hi in self.zero:
             values[lo:hi] = 0
         if self.acc_loads is not None:
-            if self._ints is None:
-                self._ints = _Vector(np.empty(self.i_base, np.int32), self.tile)
             ints = self._ints
             np.concatenate([*(buffers[s] for s in self.i_slots), self.i_pads], out=ints.data)
             _put(values, self.acc_loads[0], _at(ints, self.acc_loads[1]))
         for product in self.products:
             product.run(source, values)
-        if self._alu_steps is None:
-            self._alu_steps = [_alu_step(vector, source, *alu) for alu in self.alus]
         for step in self._alu_steps:
             step()
         for slot, mode, dst, src in self.stores:
@@ -1168,6 +1161,39 @@ class FusedPlan:
         at, src = self.acc_final
         _put(sim.acc, at, _at(vector, src))
         return True
+
+
+    def _bind(self, sim) -> None:
+        """Work in ``sim``'s workspace: one source, value and int32 vector for all the plans of
+        a simulator, which runs one stream at a time. A model's plans each with their own
+        vectors touch tens of MB per call (76 MB of values for the PaddleOCR classifier's 107
+        streams), fetched from memory every call; shared, the largest plan's fit in L2."""
+        space = sim.workspace
+        on = (_workspace(space, "source", np.float32, self.f_size), _workspace(space, "values", np.int32, self.values),
+              _workspace(space, "ints", np.int32, self.i_base))
+        if len(on) == len(self._on) and all(a is b for a, b in zip(on, self._on)):
+            return
+        self._source = _Vector(on[0][:self.f_size], self.tile)
+        self._scratch = _Vector(on[1][:self.values], self.tile)
+        self._ints = _Vector(on[2][:self.i_base], self.tile)
+        self._alu_steps = [_alu_step(self._scratch, self._source, *alu) for alu in self.alus]
+        self._on = on
+
+
+def _workspace(space: dict, role: str, dtype, size: int) -> np.ndarray:
+    """An array of at least ``size`` elements of ``dtype`` for ``role`` in a simulator's
+    workspace, grown by half again at least when too small (a model's first streams, each
+    larger, do not each leave an array behind).
+
+    >>> space = {}; a = _workspace(space, "values", np.int32, 10); _workspace(space, "values", np.int32, 8) is a
+    True
+    >>> _workspace(space, "values", np.int32, 11).size
+    15
+    """
+    array = space.get(role)
+    if array is None or array.size < size:
+        array = space[role] = np.empty(max(size, 0 if array is None else array.size * 3 // 2), dtype)
+    return array
 
 
 def _alu_step(vector: _Vector, source: _Vector, ufunc, op, imm, new, old, src) -> Callable[[], object]:

@@ -59,6 +59,30 @@ def test_fused_execution_equals_instruction_by_instruction(stream):
         np.testing.assert_array_equal(sim.memory(mem), ref.memory(mem))
 
 
+_STREAMS = st.one_of(sim_tests.programs().map(sim_tests._fenced), deps_tests.interleaved().map(_auto))
+
+
+@given(_STREAMS, _STREAMS)
+def test_plans_sharing_a_simulators_workspace_run_in_turn_like_their_streams(first, second):
+    # the plans of one simulator run in the same arrays (its workspace): nothing one run
+    # leaves there may reach another plan's run, nor the same plan's next run
+    sim, ref = Simulator(sim_tests.SMALL), Simulator(sim_tests.SMALL)
+    host, want = sim_tests._host(), sim_tests._host()
+    for s in (sim, ref):
+        s.acc[:] = np.arange(s.acc.size) * 7919
+        s.inp[:] = np.arange(s.inp.size) % 255 - 127
+    plans = [fused.fuse(sim, stream, sim.compile(stream, host).timing.order(), host) for stream in (first, second)]
+    for k in (0, 1, 0, 1):
+        ran = plans[k] is not None and plans[k].run(host, sim)
+        if not ran:
+            sim.run((first, second)[k], host)
+        ref.run((first, second)[k], want)
+        for got, exp in zip(host, want):
+            np.testing.assert_array_equal(got, exp)
+        for mem in Mem:
+            np.testing.assert_array_equal(sim.memory(mem), ref.memory(mem))
+
+
 def _gemm(**fields):
     return Gemm(acc_addr=0, inp_addr=0, wgt_addr=0, acc_ld=16, inp_ld=16, wgt_ld=16, **fields)
 
