@@ -153,6 +153,25 @@ def test_fused_epilogues_wrap_int32_like_the_reference(steps, scale):
     np.testing.assert_array_equal(host[4][:256].reshape(16, 16), acc)
 
 
+@given(st.lists(st.tuples(st.sampled_from([AluOp.MAX, AluOp.MIN]), _INT32 | st.integers(-200, 200)), min_size=1,
+                max_size=5))
+def test_a_chain_of_clamps_is_one_clip_like_the_reference(clamps):
+    """MAX and MIN by immediates in turn, in place (a requantisation's clamp), bounds in any
+    order (a MIN below the MAX before it): one clip over the values, the reference's result."""
+    steps = [(AluOp.MUL, 7919), *clamps]
+    tile = dict(dst_addr=0, ext_out=16, dst_stride_out=16)
+    stream = [_gemm()] + [Alu(op=op, use_imm=True, imm=imm, push_next=n == len(steps) - 1, **tile)
+                          for n, (op, imm) in enumerate(steps)]
+    stream += [Store(sram_addr=0, sram_ld=16, slot=4, dram_offset=0, dram_ld=16, rows=16, cols=16, pop_prev=True),
+               Finish()]
+    plan, (sim, host), (ref, want) = _both(stream)
+    assert plan is not None and plan.run(host, sim)
+    assert len(plan._alu_steps) == 2        # the multiply, then one clip
+    ref.run(stream, want)
+    np.testing.assert_array_equal(sim.acc, ref.acc)
+    np.testing.assert_array_equal(host[4], want[4])
+
+
 @given(st.integers(0, 7), st.integers(1, 4), st.booleans())
 def test_products_added_into_accumulators_from_before_the_stream_stay_there(acc_tile, k_tiles, stored):
     """A GEMM without a reset adds into what ACC held before the stream (nothing gives the
