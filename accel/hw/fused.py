@@ -188,11 +188,18 @@ class _Sources:
         """The vector's elements before its extra rows (kept codes, host buffers, pads)."""
         return self.kept.size + self.size - self.lead + len(self.pads) * self.tile
 
-    def gather(self, codes: np.ndarray) -> "_Gather":
+    def gather(self, codes: np.ndarray, care: Optional[np.ndarray] = None) -> "_Gather":
         """How to read the elements ``codes`` name: a :class:`_Gather` of whole rows, the rows
         that are no run of the vector (host data and pads, a row's end past a buffer's) read
-        from copies the run makes after the rest (:meth:`extra_rows`)."""
-        return _Gather(self.resolve(codes), self.tile, self)
+        from copies the run makes after the rest (:meth:`extra_rows`). Where ``care`` (a mask
+        shaped like ``codes``) is False any finite value may be read instead (an operand
+        that only multiplies a zero pad): a row is a run when the elements it cares about are."""
+        return _Gather(self.resolve(codes), self.tile, self, care)
+
+    def zero_pad(self, codes: np.ndarray) -> np.ndarray:
+        """Where ``codes`` name the pad value 0 (whatever the run: pads are constants)."""
+        zero = self.pads.get(0)
+        return np.zeros(codes.shape, bool) if zero is None else codes == zero
 
     def extra_rows(self, elements: np.ndarray) -> np.ndarray:
         """The starts, in the vector, of rows that copy ``elements`` (``[rows, tile]`` indices)."""
@@ -448,12 +455,17 @@ class _Builder:
                 # every row meets every column once, in order: add the product as it comes
                 grid = targets.reshape(len(block_rows), len(block_cols), t, t).transpose(0, 2, 1, 3) \
                     .reshape(len(block_rows) * t, len(block_cols) * t).astype(np.intp)
-            products.append(_Product(self.f.gather(x), self.f.gather(w),
+            # input channels the weights pad with zeros (a layer of 8 channels in 16 lanes):
+            # the input's lanes there only multiply zeros, so a row of 8 host elements is
+            # read as a run of 16, no copy of it padded
+            care = np.broadcast_to(~self.f.zero_pad(w).all(0), x.shape)
+            products.append(_Product(self.f.gather(x, care), self.f.gather(w),
                                      np.float32 if terms <= _F32_EXACT_TERMS else np.float64,
                                      grid, np.array(sel_r), np.array(sel_c), targets.astype(np.intp), unique, t))
         for steps, group in self.tap_sums.items():
             targets, x, w = (np.stack(part) for part in zip(*group))
-            products.append(_TapSum(targets.astype(np.intp), self.f.gather(x), self.f.gather(w),
+            care = np.broadcast_to(~self.f.zero_pad(w)[:, :, None, :], x.shape)     # as for a product
+            products.append(_TapSum(targets.astype(np.intp), self.f.gather(x, care), self.f.gather(w),
                                     np.float32 if steps <= _F32_EXACT_TERMS else np.float64,
                                     _distinct(targets, self.values)))
         if self.dwmacs:
@@ -882,7 +894,8 @@ class _Gather:
 
     __slots__ = ("shape", "size", "index", "starts", "rows_at", "at", "elements", "by_rows")
 
-    def __init__(self, index: np.ndarray, tile: int, extra: Optional[_Sources] = None) -> None:
+    def __init__(self, index: np.ndarray, tile: int, extra: Optional[_Sources] = None,
+                 care: Optional[np.ndarray] = None) -> None:
         self.shape, self.index = index.shape, None
         self.size = flat_size = index.size
         # every last-axis row of the index array is whole rows (then :meth:`part` reads any
@@ -896,11 +909,23 @@ class _Gather:
             flat = np.concatenate([flat, np.full(tile - flat_size % tile, flat[-1], flat.dtype)])
         n = flat.size // tile
         rows = flat[:n * tile].reshape(n, tile)
-        whole = (rows == rows[:, :1] + np.arange(tile)).all(1)
+        if care is None or extra is None:
+            starts = rows[:, 0]
+            whole = (rows == starts[:, None] + np.arange(tile)).all(1)
+        else:
+            # a row is the run its cared-for elements are in (the others read whatever the
+            # run holds there), when that run lies inside the vector
+            cared = np.ones(n * tile, bool)
+            cared[:flat_size] = care.reshape(-1)
+            cared = cared.reshape(n, tile)
+            first = cared.argmax(1)
+            starts = rows[np.arange(n), first] - first
+            whole = ((rows == starts[:, None] + np.arange(tile)) | ~cared).all(1) & \
+                (starts >= 0) & (starts <= extra.base - tile)
         if not whole.any() and extra is None:
             self.index = index
             return
-        self.starts = rows[:, 0].copy()
+        self.starts = starts.copy()
         self.rows_at = self.at = self.elements = None
         if extra is not None:
             if not whole.all():

@@ -271,6 +271,35 @@ def test_a_depthwise_kernel_is_one_sum_over_its_taps():
         np.testing.assert_array_equal(sim.acc[d.acc_addr:d.acc_addr + 256], declared)
 
 
+@given(st.integers(1, 15), st.integers(0, 4), st.booleans())
+def test_inputs_that_only_meet_zero_padded_weights_are_read_as_runs(channels, gap, depthwise):
+    """A layer of fewer than 16 channels: inputs and weights padded with zeros to 16 lanes.
+    The input's rows are read from host memory as runs of 16 (their pad lanes read the host
+    data after them, which only ever multiplies a weight's zero pad), no padded copies made
+    (the weights' rows still are: one operand's zeros must be exact), and the results are
+    the reference's."""
+    ld = min(16, channels + gap)
+    pad = dict(pad_right=16 - channels, pad_value=0, sram_ld=16, cols=channels, dram_ld=ld, sram_addr=0)
+    program = [Load(mem=Mem.INP, slot=0, dram_offset=0, rows=64 if depthwise else 16, **pad),
+               Load(mem=Mem.WGT, slot=1, dram_offset=3, rows=9 if depthwise else 16, **pad),
+               _gemm(reset=True)]
+    if depthwise:
+        program.append(Dwmac(acc_addr=0, inp_addr=0, wgt_addr=0, acc_ld=16, inp_ld=16, ext_out=3, ext_in=3,
+                             inp_stride_out=64, inp_stride_in=16, wgt_stride_out=48, wgt_stride_in=16))
+    else:
+        program.append(_gemm())
+    program.append(Store(sram_addr=0, sram_ld=16, slot=4, dram_offset=0, dram_ld=16, rows=16, cols=16))
+    stream = _auto(program)
+    plan, (sim, host), (ref, want) = _both(stream)
+    assert plan is not None and (plan.products[-1].x.starts < plan.f_base).all()     # no input row copied
+    assert plan.run(host, sim)
+    ref.run(stream, want)
+    for got, exp in zip(host, want):
+        np.testing.assert_array_equal(got, exp)
+    for mem in Mem:
+        np.testing.assert_array_equal(sim.memory(mem), ref.memory(mem))
+
+
 def test_more_taps_than_float32_sums_exactly_are_summed_in_float64_and_wrap():
     """A DWMAC of 33 x 34 steps into one tile (past the 1024 products float32 sums exactly):
     the tap sum is taken in float64 and added into accumulators near -2**31 modulo 2**32."""
