@@ -529,8 +529,13 @@ class _Builder:
         # end with: mostly runs, or a block order away from them (tiles of a matrix product's
         # rows, rows of two interleaved loads), read and written as strided views (no copy)
         # where the indices are affine in a common shape, gathered and scattered otherwise.
-        alus = [(ufunc, op, imm, *_operands(renumber[new], renumber[old], None if src is None else renumber[src], t))
-                for ufunc, op, imm, new, old, src in alus]
+        # An ALU batch computes every lane of its tiles, but a layer of 8 channels in 16
+        # lanes stores 8: where its results reach neither a STORE nor what ACC ends with, its
+        # operands may read any value (their rows then runs, or views, not element gathers)
+        cares = _cares(alus, self.values, [*(s[3] for s in self.stores), self.acc[acc_at]])
+        alus = [(ufunc, op, imm, *_operands(renumber[new], renumber[old], None if src is None else renumber[src], t,
+                                            care, self.values))
+                for (ufunc, op, imm, new, old, src), care in zip(alus, cares)]
         stores = [(slot, mode, *(_views(dst, renumber[src]) or (_run_of(dst), _reads(renumber[src], t))))
                   for slot, mode, dst, src in stores]
         if acc_loads is not None:
@@ -662,17 +667,71 @@ def _views(*indices: np.ndarray) -> Optional[list]:
             for start, strides in placed]
 
 
-def _operands(new: np.ndarray, old: np.ndarray, src: Optional[np.ndarray], tile: int) -> tuple:
+def _cares(alus: list, count: int, roots: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """Per ALU batch (in level order), which of its results are needed: read by a later
+    batch where that one's result is needed, or among ``roots`` (what STOREs read and ACC
+    ends with), of ``count`` values. A batch reads lower levels only, so one pass over the
+    batches backwards settles it.
+
+    >>> batch = (np.add, None, 1, np.array([4, 5]), np.array([2, 3]), None)
+    >>> [c.tolist() for c in _cares([batch, (np.add, None, 1, np.array([6, 7]), np.array([4, 5]), None)], 8,
+    ...                             [np.array([7])])]
+    [[False, True], [False, True]]
+    """
+    live = np.zeros(count, bool)
+    for root in roots:
+        live[root] = True
+    cares = []
+    for ufunc, op, imm, new, old, src in reversed(alus):
+        care = live[new]
+        cares.append(care)
+        for read in (old, src):
+            if read is not None:
+                live[read[care]] = True
+    return cares[::-1]
+
+
+def _fill(index: np.ndarray, care: np.ndarray, tile: int, bound: int) -> np.ndarray:
+    """``index`` (flattened, ``tile`` entries a row) with the entries not cared for set so
+    that each row is the run of values its cared-for entries are in, where that run lies in
+    ``[0, bound)``; a row with none cared for copies the row before it (keeping a broadcast
+    row a broadcast).
+
+    >>> _fill(np.array([9, 3, 20, 21, 9, 9]), np.array([True, False, True, True, False, False]), 2, 30).tolist()
+    [9, 10, 20, 21, 20, 21]
+    """
+    if index.size % tile or care.all():
+        return index
+    rows, cared = index.reshape(-1, tile), care.reshape(-1, tile)
+    first = cared.argmax(1)
+    start = rows[np.arange(len(rows)), first] - first
+    some = cared.any(1)
+    ok = some & (start >= 0) & (start <= bound - tile)
+    if not ok.any():
+        return index
+    before = np.where(ok, np.arange(len(rows)), -1)
+    np.maximum.accumulate(before, out=before)
+    before[before < 0] = np.flatnonzero(ok)[0]
+    filled = start[before][:, None] + np.arange(tile)
+    return np.where(cared | ~(ok | ~some)[:, None], rows, filled).reshape(index.shape)
+
+
+def _operands(new: np.ndarray, old: np.ndarray, src: Optional[np.ndarray], tile: int,
+              care: Optional[np.ndarray] = None, bound: int = 0) -> tuple:
     """An ALU batch's ``(new, old, src)`` value numbers as it reads and writes them: when
     ``new`` is a run, the operands as views of one shape where they are affine in one, else
     the first affine operand's shape for all (the other gathered into it); otherwise a run or
-    an index for ``new`` and reads for the operands.
+    an index for ``new`` and reads for the operands. Where ``care`` (per result) is False the
+    operands may read any of the ``bound`` values (see :func:`_fill`).
 
     >>> new, old, src = _operands(np.arange(100, 104), np.array([7, 8, 7, 8]), np.array([3, 0, 9, 1]), 2)
     >>> new.shape, type(old).__name__, old.strides, src.read(_Vector(np.arange(10), 2)).tolist()
     ((2, 2), '_View', (0, 1), [[3, 0], [9, 1]])
     """
     run = _run_of(new)
+    if care is not None:
+        old = _fill(old, care, tile, bound)
+        src = None if src is None else _fill(src, care, tile, bound)
     operands = [old] if src is None else [old, src]
     if isinstance(run, _Span):
         views = _views(*operands)
