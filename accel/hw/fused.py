@@ -694,11 +694,12 @@ def _cares(alus: list, count: int, roots: Sequence[np.ndarray]) -> list[np.ndarr
 def _fill(index: np.ndarray, care: np.ndarray, tile: int, bound: int) -> np.ndarray:
     """``index`` (flattened, ``tile`` entries a row) with the entries not cared for set so
     that each row is the run of values its cared-for entries are in, where that run lies in
-    ``[0, bound)``; a row with none cared for copies the row before it (keeping a broadcast
-    row a broadcast).
+    ``[0, bound)``; a row with none cared for stays if it is a run, else copies the row
+    before it (keeping a run a run, and a broadcast row a broadcast).
 
-    >>> _fill(np.array([9, 3, 20, 21, 9, 9]), np.array([True, False, True, True, False, False]), 2, 30).tolist()
-    [9, 10, 20, 21, 20, 21]
+    >>> _fill(np.array([9, 3, 20, 21, 9, 9, 4, 5]), np.array([True, False, True, True, False, False, False, False]),
+    ...       2, 30).tolist()
+    [9, 10, 20, 21, 20, 21, 4, 5]
     """
     if index.size % tile or care.all():
         return index
@@ -713,7 +714,9 @@ def _fill(index: np.ndarray, care: np.ndarray, tile: int, bound: int) -> np.ndar
     np.maximum.accumulate(before, out=before)
     before[before < 0] = np.flatnonzero(ok)[0]
     filled = start[before][:, None] + np.arange(tile)
-    return np.where(cared | ~(ok | ~some)[:, None], rows, filled).reshape(index.shape)
+    whole = (rows == rows[:, :1] + np.arange(tile)).all(1)
+    change = ok | ~(some | whole)
+    return np.where(cared | ~change[:, None], rows, filled).reshape(index.shape)
 
 
 def _operands(new: np.ndarray, old: np.ndarray, src: Optional[np.ndarray], tile: int,
@@ -729,12 +732,20 @@ def _operands(new: np.ndarray, old: np.ndarray, src: Optional[np.ndarray], tile:
     ((2, 2), '_View', (0, 1), [[3, 0], [9, 1]])
     """
     run = _run_of(new)
-    if care is not None:
-        old = _fill(old, care, tile, bound)
-        src = None if src is None else _fill(src, care, tile, bound)
     operands = [old] if src is None else [old, src]
-    if isinstance(run, _Span):
+    views = None
+    if care is not None and not care.all():
+        # filled where they may read anything: whole rows, views of whole rows; but views
+        # the operands already were stay (a row filled as a copy of the one before, where
+        # nothing is read, may break them)
+        filled = [_fill(m, care, tile, bound) for m in operands]
+        views = _views(*filled) if isinstance(run, _Span) else None
+        if views is None and isinstance(run, _Span):
+            views = _views(*operands)
+        operands = filled
+    elif isinstance(run, _Span):
         views = _views(*operands)
+    if isinstance(run, _Span):
         if views is None and src is not None:
             alone = [_views(m) for m in operands]
             shape = next((v[0].shape for v in alone if v is not None), None)
