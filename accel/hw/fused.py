@@ -37,7 +37,16 @@ them (a requantisation's chain of ALU batches works in place, in cache); values 
 LOADs bring are numbered in the order the ALU batches read them. Index arrays that are
 no run but affine in a multi-index (tiles of a product's rows, a broadcast bias row) are
 read and written as strided views; the rest by tile rows. A run's ALU batches are calls
-bound once to views of the plan's value vector, which stays put between runs.
+bound once to views of the value vector, which with the source vector lives in the
+simulator's workspace: all its plans run in the same arrays (in cache), and none keeps
+anything there from one run to the next. MAX and MIN batches by immediates in a row are
+one clip.
+
+Lanes nobody reads are not read exactly: an ALU batch's result that reaches no STORE and
+is not what ACC ends with (a layer of 8 channels computes 16 lanes) lets its operands read
+any value there, and an input element that only multiplies a weight's zero pad any finite
+value; their rows are then runs (views, whole rows) instead of element gathers or padded
+copies. What the stream stores and what the scratchpads end with stay exact.
 
 :func:`fuse` returns None for a stream this does not cover, and the
 :class:`~accel.hw.sim.Program` keeps executing it instruction by instruction: a LOAD that
