@@ -694,9 +694,10 @@ def _cares(alus: list, count: int, roots: Sequence[np.ndarray]) -> list[np.ndarr
     for ufunc, op, imm, new, old, src in reversed(alus):
         care = live[new]
         cares.append(care)
+        every = care.all()      # most batches: no mask to apply
         for read in (old, src):
-            if read is not None:
-                live[read[care]] = True
+            if read is not None and (every or care.any()):
+                live[read if every else read[care]] = True
     return cares[::-1]
 
 
@@ -747,7 +748,7 @@ def _operands(new: np.ndarray, old: np.ndarray, src: Optional[np.ndarray], tile:
         # filled where they may read anything: whole rows, views of whole rows; but views
         # the operands already were stay (a row filled as a copy of the one before, where
         # nothing is read, may break them)
-        filled = [_fill(m, care, tile, bound) for m in operands]
+        filled = [m if isinstance(_run_of(m), _Span) else _fill(m, care, tile, bound) for m in operands]  # a run stays
         views = _views(*filled) if isinstance(run, _Span) else None
         if views is None and isinstance(run, _Span):
             views = _views(*operands)
@@ -988,23 +989,26 @@ class _Gather:
             flat = np.concatenate([flat, np.full(tile - flat_size % tile, flat[-1], flat.dtype)])
         n = flat.size // tile
         rows = flat[:n * tile].reshape(n, tile)
-        if care is None or extra is None:
-            starts = rows[:, 0]
-            whole = (rows == starts[:, None] + np.arange(tile)).all(1)
-        else:
+        starts = rows[:, 0].copy()
+        whole = (rows == starts[:, None] + np.arange(tile)).all(1)
+        if care is not None and extra is not None and not whole.all():
             # a row is the run its cared-for elements are in (the others read whatever the
             # run holds there), when that run lies inside the vector
-            cared = np.ones(n * tile, bool)
-            cared[:flat_size] = care.reshape(-1)
-            cared = cared.reshape(n, tile)
+            other = np.flatnonzero(~whole)
+            at = other[:, None] * tile + np.arange(tile)
+            cared = np.ones(at.shape, bool)
+            inside = at < flat_size
+            cared[inside] = care.reshape(-1)[at[inside]]
             first = cared.argmax(1)
-            starts = rows[np.arange(n), first] - first
-            whole = ((rows == starts[:, None] + np.arange(tile)) | ~cared).all(1) & \
-                (starts >= 0) & (starts <= extra.base - tile)
+            start = rows[other, first] - first
+            run = ((rows[other] == start[:, None] + np.arange(tile)) | ~cared).all(1) & \
+                (start >= 0) & (start <= extra.base - tile)
+            starts[other[run]] = start[run]
+            whole[other[run]] = True
         if not whole.any() and extra is None:
             self.index = index
             return
-        self.starts = starts.copy()
+        self.starts = starts
         self.rows_at = self.at = self.elements = None
         if extra is not None:
             if not whole.all():
