@@ -37,7 +37,16 @@ them (a requantisation's chain of ALU batches works in place, in cache); values 
 LOADs bring are numbered in the order the ALU batches read them. Index arrays that are
 no run but affine in a multi-index (tiles of a product's rows, a broadcast bias row) are
 read and written as strided views; the rest by tile rows. A run's ALU batches are calls
-bound once to views of the plan's value vector, which stays put between runs.
+bound once to views of the value vector, which with the source vector lives in the
+simulator's workspace: all its plans run in the same arrays (in cache), and none keeps
+anything there from one run to the next. MAX and MIN batches by immediates in a row are
+one clip.
+
+Lanes nobody reads are not read exactly: an ALU batch's result that reaches no STORE and
+is not what ACC ends with (a layer of 8 channels computes 16 lanes) lets its operands read
+any value there, and an input element that only multiplies a weight's zero pad any finite
+value; their rows are then runs (views, whole rows) instead of element gathers or padded
+copies. What the stream stores and what the scratchpads end with stay exact.
 
 :func:`fuse` returns None for a stream this does not cover, and the
 :class:`~accel.hw.sim.Program` keeps executing it instruction by instruction: a LOAD that
@@ -188,11 +197,18 @@ class _Sources:
         """The vector's elements before its extra rows (kept codes, host buffers, pads)."""
         return self.kept.size + self.size - self.lead + len(self.pads) * self.tile
 
-    def gather(self, codes: np.ndarray) -> "_Gather":
+    def gather(self, codes: np.ndarray, care: Optional[np.ndarray] = None) -> "_Gather":
         """How to read the elements ``codes`` name: a :class:`_Gather` of whole rows, the rows
         that are no run of the vector (host data and pads, a row's end past a buffer's) read
-        from copies the run makes after the rest (:meth:`extra_rows`)."""
-        return _Gather(self.resolve(codes), self.tile, self)
+        from copies the run makes after the rest (:meth:`extra_rows`). Where ``care`` (a mask
+        shaped like ``codes``) is False any finite value may be read instead (an operand
+        that only multiplies a zero pad): a row is a run when the elements it cares about are."""
+        return _Gather(self.resolve(codes), self.tile, self, care)
+
+    def zero_pad(self, codes: np.ndarray) -> np.ndarray:
+        """Where ``codes`` name the pad value 0 (whatever the run: pads are constants)."""
+        zero = self.pads.get(0)
+        return np.zeros(codes.shape, bool) if zero is None else codes == zero
 
     def extra_rows(self, elements: np.ndarray) -> np.ndarray:
         """The starts, in the vector, of rows that copy ``elements`` (``[rows, tile]`` indices)."""
@@ -448,12 +464,17 @@ class _Builder:
                 # every row meets every column once, in order: add the product as it comes
                 grid = targets.reshape(len(block_rows), len(block_cols), t, t).transpose(0, 2, 1, 3) \
                     .reshape(len(block_rows) * t, len(block_cols) * t).astype(np.intp)
-            products.append(_Product(self.f.gather(x), self.f.gather(w),
+            # input channels the weights pad with zeros (a layer of 8 channels in 16 lanes):
+            # the input's lanes there only multiply zeros, so a row of 8 host elements is
+            # read as a run of 16, no copy of it padded
+            care = np.broadcast_to(~self.f.zero_pad(w).all(0), x.shape)
+            products.append(_Product(self.f.gather(x, care), self.f.gather(w),
                                      np.float32 if terms <= _F32_EXACT_TERMS else np.float64,
                                      grid, np.array(sel_r), np.array(sel_c), targets.astype(np.intp), unique, t))
         for steps, group in self.tap_sums.items():
             targets, x, w = (np.stack(part) for part in zip(*group))
-            products.append(_TapSum(targets.astype(np.intp), self.f.gather(x), self.f.gather(w),
+            care = np.broadcast_to(~self.f.zero_pad(w)[:, :, None, :], x.shape)     # as for a product
+            products.append(_TapSum(targets.astype(np.intp), self.f.gather(x, care), self.f.gather(w),
                                     np.float32 if steps <= _F32_EXACT_TERMS else np.float64,
                                     _distinct(targets, self.values)))
         if self.dwmacs:
@@ -517,8 +538,13 @@ class _Builder:
         # end with: mostly runs, or a block order away from them (tiles of a matrix product's
         # rows, rows of two interleaved loads), read and written as strided views (no copy)
         # where the indices are affine in a common shape, gathered and scattered otherwise.
-        alus = [(ufunc, op, imm, *_operands(renumber[new], renumber[old], None if src is None else renumber[src], t))
-                for ufunc, op, imm, new, old, src in alus]
+        # An ALU batch computes every lane of its tiles, but a layer of 8 channels in 16
+        # lanes stores 8: where its results reach neither a STORE nor what ACC ends with, its
+        # operands may read any value (their rows then runs, or views, not element gathers)
+        cares = _cares(alus, self.values, [*(s[3] for s in self.stores), self.acc[acc_at]])
+        alus = [(ufunc, op, imm, *_operands(renumber[new], renumber[old], None if src is None else renumber[src], t,
+                                            care, self.values))
+                for (ufunc, op, imm, new, old, src), care in zip(alus, cares)]
         stores = [(slot, mode, *(_views(dst, renumber[src]) or (_run_of(dst), _reads(renumber[src], t))))
                   for slot, mode, dst, src in stores]
         if acc_loads is not None:
@@ -650,11 +676,66 @@ def _views(*indices: np.ndarray) -> Optional[list]:
             for start, strides in placed]
 
 
-def _operands(new: np.ndarray, old: np.ndarray, src: Optional[np.ndarray], tile: int) -> tuple:
+def _cares(alus: list, count: int, roots: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """Per ALU batch (in level order), which of its results are needed: read by a later
+    batch where that one's result is needed, or among ``roots`` (what STOREs read and ACC
+    ends with), of ``count`` values. A batch reads lower levels only, so one pass over the
+    batches backwards settles it.
+
+    >>> batch = (np.add, None, 1, np.array([4, 5]), np.array([2, 3]), None)
+    >>> [c.tolist() for c in _cares([batch, (np.add, None, 1, np.array([6, 7]), np.array([4, 5]), None)], 8,
+    ...                             [np.array([7])])]
+    [[False, True], [False, True]]
+    """
+    live = np.zeros(count, bool)
+    for root in roots:
+        live[root] = True
+    cares = []
+    for ufunc, op, imm, new, old, src in reversed(alus):
+        care = live[new]
+        cares.append(care)
+        every = care.all()      # most batches: no mask to apply
+        for read in (old, src):
+            if read is not None and (every or care.any()):
+                live[read if every else read[care]] = True
+    return cares[::-1]
+
+
+def _fill(index: np.ndarray, care: np.ndarray, tile: int, bound: int) -> np.ndarray:
+    """``index`` (flattened, ``tile`` entries a row) with the entries not cared for set so
+    that each row is the run of values its cared-for entries are in, where that run lies in
+    ``[0, bound)``; a row with none cared for stays if it is a run, else copies the row
+    before it (keeping a run a run, and a broadcast row a broadcast).
+
+    >>> _fill(np.array([9, 3, 20, 21, 9, 9, 4, 5]), np.array([True, False, True, True, False, False, False, False]),
+    ...       2, 30).tolist()
+    [9, 10, 20, 21, 20, 21, 4, 5]
+    """
+    if index.size % tile or care.all():
+        return index
+    rows, cared = index.reshape(-1, tile), care.reshape(-1, tile)
+    first = cared.argmax(1)
+    start = rows[np.arange(len(rows)), first] - first
+    some = cared.any(1)
+    ok = some & (start >= 0) & (start <= bound - tile)
+    if not ok.any():
+        return index
+    before = np.where(ok, np.arange(len(rows)), -1)
+    np.maximum.accumulate(before, out=before)
+    before[before < 0] = np.flatnonzero(ok)[0]
+    filled = start[before][:, None] + np.arange(tile)
+    whole = (rows == rows[:, :1] + np.arange(tile)).all(1)
+    change = ok | ~(some | whole)
+    return np.where(cared | ~change[:, None], rows, filled).reshape(index.shape)
+
+
+def _operands(new: np.ndarray, old: np.ndarray, src: Optional[np.ndarray], tile: int,
+              care: Optional[np.ndarray] = None, bound: int = 0) -> tuple:
     """An ALU batch's ``(new, old, src)`` value numbers as it reads and writes them: when
     ``new`` is a run, the operands as views of one shape where they are affine in one, else
     the first affine operand's shape for all (the other gathered into it); otherwise a run or
-    an index for ``new`` and reads for the operands.
+    an index for ``new`` and reads for the operands. Where ``care`` (per result) is False the
+    operands may read any of the ``bound`` values (see :func:`_fill`).
 
     >>> new, old, src = _operands(np.arange(100, 104), np.array([7, 8, 7, 8]), np.array([3, 0, 9, 1]), 2)
     >>> new.shape, type(old).__name__, old.strides, src.read(_Vector(np.arange(10), 2)).tolist()
@@ -662,8 +743,19 @@ def _operands(new: np.ndarray, old: np.ndarray, src: Optional[np.ndarray], tile:
     """
     run = _run_of(new)
     operands = [old] if src is None else [old, src]
-    if isinstance(run, _Span):
+    views = None
+    if care is not None and not care.all():
+        # filled where they may read anything: whole rows, views of whole rows; but views
+        # the operands already were stay (a row filled as a copy of the one before, where
+        # nothing is read, may break them)
+        filled = [m if isinstance(_run_of(m), _Span) else _fill(m, care, tile, bound) for m in operands]  # a run stays
+        views = _views(*filled) if isinstance(run, _Span) else None
+        if views is None and isinstance(run, _Span):
+            views = _views(*operands)
+        operands = filled
+    elif isinstance(run, _Span):
         views = _views(*operands)
+    if isinstance(run, _Span):
         if views is None and src is not None:
             alone = [_views(m) for m in operands]
             shape = next((v[0].shape for v in alone if v is not None), None)
@@ -882,7 +974,8 @@ class _Gather:
 
     __slots__ = ("shape", "size", "index", "starts", "rows_at", "at", "elements", "by_rows")
 
-    def __init__(self, index: np.ndarray, tile: int, extra: Optional[_Sources] = None) -> None:
+    def __init__(self, index: np.ndarray, tile: int, extra: Optional[_Sources] = None,
+                 care: Optional[np.ndarray] = None) -> None:
         self.shape, self.index = index.shape, None
         self.size = flat_size = index.size
         # every last-axis row of the index array is whole rows (then :meth:`part` reads any
@@ -896,11 +989,26 @@ class _Gather:
             flat = np.concatenate([flat, np.full(tile - flat_size % tile, flat[-1], flat.dtype)])
         n = flat.size // tile
         rows = flat[:n * tile].reshape(n, tile)
-        whole = (rows == rows[:, :1] + np.arange(tile)).all(1)
+        starts = rows[:, 0].copy()
+        whole = (rows == starts[:, None] + np.arange(tile)).all(1)
+        if care is not None and extra is not None and not whole.all():
+            # a row is the run its cared-for elements are in (the others read whatever the
+            # run holds there), when that run lies inside the vector
+            other = np.flatnonzero(~whole)
+            at = other[:, None] * tile + np.arange(tile)
+            cared = np.ones(at.shape, bool)
+            inside = at < flat_size
+            cared[inside] = care.reshape(-1)[at[inside]]
+            first = cared.argmax(1)
+            start = rows[other, first] - first
+            run = ((rows[other] == start[:, None] + np.arange(tile)) | ~cared).all(1) & \
+                (start >= 0) & (start <= extra.base - tile)
+            starts[other[run]] = start[run]
+            whole[other[run]] = True
         if not whole.any() and extra is None:
             self.index = index
             return
-        self.starts = rows[:, 0].copy()
+        self.starts = starts
         self.rows_at = self.at = self.elements = None
         if extra is not None:
             if not whole.all():
@@ -1093,16 +1201,19 @@ class FusedPlan:
         self.f_pads, self.i_pads = b.f.pad_values(np.float32), b.i.pad_values(np.int32)
         self.f_base = b.f.base
         self.f_extra = np.concatenate(b.f.extra) if b.f.extra else None
-        self._source: Optional[_Vector] = None
         self.sizes = {slot: b.buffers[slot].size for slot in (*b.f.slots, *b.i.slots, *(s[0] for s in b.stores))}
         self.products, self.alus, self.stores, self.acc_loads = products, alus, stores, acc_loads
         self.inp_final, self.wgt_final, self.acc_final = inp_final, wgt_final, acc_final
         self.matmuls = len(products)
         self.blas = any(isinstance(p, _Product) for p in products)     # whether a run calls np.matmul
-        self._scratch: Optional[_Vector] = None
-        self._alu_steps: Optional[list] = None     # the ALU batches as calls over views of ``_scratch``
-        self._ints: Optional[_Vector] = None          # the int32 sources of ACC LOADs (made once, refilled)
         self.i_base = sum(self.sizes[slot] for slot in self.i_slots) + self.i_pads.size
+        self.f_size = self.f_base + (0 if self.f_extra is None else self.f_extra.size)
+        # the vectors a run works in, over its simulator's workspace (see _bind): the source
+        # vector, the value vector, the int32 sources of ACC LOADs, and the ALU batches as
+        # calls bound to views of them; remade when the workspace arrays are other ones
+        self._on: tuple = ()
+        self._source = self._scratch = self._ints = None
+        self._alu_steps: list = []
         written = dict.fromkeys(s[0] for s in stores)
         self._apart = [(r, w) for r in (*self.f_slots, *self.i_slots) for w in written if r != w]
 
@@ -1118,20 +1229,14 @@ class FusedPlan:
         # with another one written (the same slot was checked when the plan was made).
         if any(np.may_share_memory(buffers[r], buffers[w]) for r, w in self._apart):
             return False
-        # the source vector (made once, refilled each run): its extra rows after the rest
-        if self._source is None:
-            extra = 0 if self.f_extra is None else self.f_extra.size
-            self._source = _Vector(np.empty(self.f_base + extra, np.float32), self.tile)
-        source = self._source
+        self._bind(sim)
+        source = self._source       # refilled each run: its extra rows after the rest
         np.concatenate([sim.inp[self.inp_kept], sim.wgt[self.wgt_kept], *(buffers[s] for s in self.f_slots),
                         self.f_pads], out=source.data[:self.f_base])
         if self.f_extra is not None:
             np.take(source.data, self.f_extra, out=source.data[self.f_base:])
-        # values written before they are read (see _layout) need no zeroing; the vector is
-        # kept between runs (tens of MB for a large stream: fresh pages would cost more than
-        # the arithmetic), so a plan runs one call at a time, as its simulator does
-        if self._scratch is None:
-            self._scratch = _Vector(np.empty(self.values, np.int32), self.tile)
+        # values written before they are read (see _layout) need no zeroing, the others are
+        # set here: nothing is kept in the vector from one run to the next
         vector = self._scratch
         values = vector.data
         lo, hi = self.live
@@ -1139,15 +1244,11 @@ class FusedPlan:
         for lo, hi in self.zero:
             values[lo:hi] = 0
         if self.acc_loads is not None:
-            if self._ints is None:
-                self._ints = _Vector(np.empty(self.i_base, np.int32), self.tile)
             ints = self._ints
             np.concatenate([*(buffers[s] for s in self.i_slots), self.i_pads], out=ints.data)
             _put(values, self.acc_loads[0], _at(ints, self.acc_loads[1]))
         for product in self.products:
             product.run(source, values)
-        if self._alu_steps is None:
-            self._alu_steps = [_alu_step(vector, source, *alu) for alu in self.alus]
         for step in self._alu_steps:
             step()
         for slot, mode, dst, src in self.stores:
@@ -1170,6 +1271,95 @@ class FusedPlan:
         return True
 
 
+    def _bind(self, sim) -> None:
+        """Work in ``sim``'s workspace: one source, value and int32 vector for all the plans of
+        a simulator, which runs one stream at a time. A model's plans each with their own
+        vectors touch tens of MB per call (76 MB of values for the PaddleOCR classifier's 107
+        streams), fetched from memory every call; shared, the largest plan's fit in L2."""
+        space = sim.workspace
+        on = (_workspace(space, "source", np.float32, self.f_size), _workspace(space, "values", np.int32, self.values),
+              _workspace(space, "ints", np.int32, self.i_base))
+        if len(on) == len(self._on) and all(a is b for a, b in zip(on, self._on)):
+            return
+        self._source = _Vector(on[0][:self.f_size], self.tile)
+        self._scratch = _Vector(on[1][:self.values], self.tile)
+        self._ints = _Vector(on[2][:self.i_base], self.tile)
+        self._alu_steps = _alu_steps(self._scratch, self._source, self.alus)
+        self._on = on
+
+
+def _workspace(space: dict, role: str, dtype, size: int) -> np.ndarray:
+    """An array of at least ``size`` elements of ``dtype`` for ``role`` in a simulator's
+    workspace, grown by half again at least when too small (a model's first streams, each
+    larger, do not each leave an array behind).
+
+    >>> space = {}; a = _workspace(space, "values", np.int32, 10); _workspace(space, "values", np.int32, 8) is a
+    True
+    >>> _workspace(space, "values", np.int32, 11).size
+    15
+    """
+    array = space.get(role)
+    if array is None or array.size < size:
+        array = space[role] = np.empty(max(size, 0 if array is None else array.size * 3 // 2), dtype)
+    return array
+
+
+def _alu_steps(vector: _Vector, source: _Vector, alus: list) -> list[Callable[[], object]]:
+    """A plan's ALU and LUT batches as calls (see :func:`_alu_step`). A MAX or MIN by an
+    immediate is a clamp, and a run of clamps each working in place on what the one before
+    wrote is one clamp (a requantisation's clamp to int8 is one pass, not two): numpy's
+    clip ufunc with scalar bounds also runs twice as fast as its maximum or minimum."""
+    steps: list[Callable[[], object]] = []
+    k = 0
+    while k < len(alus):
+        bounds = _clamp(alus[k])
+        if bounds is None:
+            steps.append(_alu_step(vector, source, *alus[k]))
+            k += 1
+            continue
+        first = alus[k]
+        k += 1
+        while k < len(alus) and _clamp(alus[k]) is not None and _same(alus[k][4], alus[k - 1][3]) and \
+                _same(alus[k][3], alus[k][4]):
+            lo, hi = _clamp(alus[k])
+            # clamping to [l1, h1] then [lo, hi] is clamping to both bounds clamped to [lo, hi]
+            bounds = (min(max(bounds[0], lo), hi), min(max(bounds[1], lo), hi))
+            k += 1
+        steps.append(_clamp_step(vector, first[3], first[4], bounds))
+    return steps
+
+
+_INT32 = np.iinfo(np.int32)
+try:    # the ufunc np.clip wraps: its Python layer costs ~3 us a call, and a model call makes hundreds
+    from numpy._core.umath import clip as _clip
+except ImportError:     # pragma: no cover - numpy before 2
+    _clip = np.clip
+
+
+def _clamp(alu: tuple) -> Optional[tuple[int, int]]:
+    """The bounds ``(lo, hi)`` of an ALU batch that is a MAX or MIN by an immediate written
+    over a run of values, else None."""
+    ufunc, op, imm, new, old, src = alu
+    if imm is None or not isinstance(new, _Span) or not isinstance(old, (_Span, _View)):
+        return None
+    if ufunc is np.maximum:
+        return imm, int(_INT32.max)
+    if ufunc is np.minimum:
+        return int(_INT32.min), imm
+    return None
+
+
+def _same(a, b) -> bool:
+    """Whether two runs of values are the same run, laid out the same."""
+    return isinstance(a, _Span) and isinstance(b, _Span) and a.start == b.start and a.shape == b.shape
+
+
+def _clamp_step(vector: _Vector, new: _Span, old, bounds: tuple[int, int]) -> Callable[[], object]:
+    """``new = clip(old, *bounds)`` over views of the value vector (``new`` may be ``old``)."""
+    values = vector.data
+    return partial(_clip, old.of(values), np.int32(bounds[0]), np.int32(bounds[1]), out=new.of(values))
+
+
 def _alu_step(vector: _Vector, source: _Vector, ufunc, op, imm, new, old, src) -> Callable[[], object]:
     """One ALU (or LUT) batch of a plan as a call without arguments over views of its value
     vector (which stays put between runs): the views and the immediate are made once."""
@@ -1181,7 +1371,7 @@ def _alu_step(vector: _Vector, source: _Vector, ufunc, op, imm, new, old, src) -
 
         def lookup() -> None:
             table[:] = source.data[imm]     # int8 values, exact in float32
-            np.clip(_at(vector, old), -128, 127, out=entry)
+            _clip(_at(vector, old), -128, 127, out=entry)
             np.add(entry, 128, out=entry)
             if out is None:
                 values[new] = table[entry]

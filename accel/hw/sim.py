@@ -157,6 +157,9 @@ class Simulator:
         self._sizes = {Mem.INP: c.inp_elements, Mem.WGT: c.wgt_elements, Mem.ACC: c.acc_elements}
         self._temps: dict[tuple, np.ndarray] = {}
         self._prepared: dict[tuple, Optional[Op]] = {}
+        #: arrays the fused plans of this simulator's streams run in, by role (see
+        #: :meth:`accel.hw.fused.FusedPlan.run`): shared, as the simulator runs one stream at a time
+        self.workspace: dict[str, np.ndarray] = {}
 
     def memory(self, mem: Mem) -> np.ndarray:
         """The backing array of a scratchpad (INP/WGT as exact float32, ACC as int32)."""

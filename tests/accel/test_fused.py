@@ -59,6 +59,30 @@ def test_fused_execution_equals_instruction_by_instruction(stream):
         np.testing.assert_array_equal(sim.memory(mem), ref.memory(mem))
 
 
+_STREAMS = st.one_of(sim_tests.programs().map(sim_tests._fenced), deps_tests.interleaved().map(_auto))
+
+
+@given(_STREAMS, _STREAMS)
+def test_plans_sharing_a_simulators_workspace_run_in_turn_like_their_streams(first, second):
+    # the plans of one simulator run in the same arrays (its workspace): nothing one run
+    # leaves there may reach another plan's run, nor the same plan's next run
+    sim, ref = Simulator(sim_tests.SMALL), Simulator(sim_tests.SMALL)
+    host, want = sim_tests._host(), sim_tests._host()
+    for s in (sim, ref):
+        s.acc[:] = np.arange(s.acc.size) * 7919
+        s.inp[:] = np.arange(s.inp.size) % 255 - 127
+    plans = [fused.fuse(sim, stream, sim.compile(stream, host).timing.order(), host) for stream in (first, second)]
+    for k in (0, 1, 0, 1):
+        ran = plans[k] is not None and plans[k].run(host, sim)
+        if not ran:
+            sim.run((first, second)[k], host)
+        ref.run((first, second)[k], want)
+        for got, exp in zip(host, want):
+            np.testing.assert_array_equal(got, exp)
+        for mem in Mem:
+            np.testing.assert_array_equal(sim.memory(mem), ref.memory(mem))
+
+
 def _gemm(**fields):
     return Gemm(acc_addr=0, inp_addr=0, wgt_addr=0, acc_ld=16, inp_ld=16, wgt_ld=16, **fields)
 
@@ -127,6 +151,60 @@ def test_fused_epilogues_wrap_int32_like_the_reference(steps, scale):
         acc = sim_tests.wrap32(_NUMPY[op](acc, start[1024:1040] if imm is None else np.int64(imm)))
     np.testing.assert_array_equal(ref.acc[:256].reshape(16, 16), acc)
     np.testing.assert_array_equal(host[4][:256].reshape(16, 16), acc)
+
+
+@given(st.lists(st.tuples(st.sampled_from([AluOp.MAX, AluOp.MIN]), _INT32 | st.integers(-200, 200)), min_size=1,
+                max_size=5))
+def test_a_chain_of_clamps_is_one_clip_like_the_reference(clamps):
+    """MAX and MIN by immediates in turn, in place (a requantisation's clamp), bounds in any
+    order (a MIN below the MAX before it): one clip over the values, the reference's result."""
+    steps = [(AluOp.MUL, 7919), *clamps]
+    tile = dict(dst_addr=0, ext_out=16, dst_stride_out=16)
+    stream = [_gemm()] + [Alu(op=op, use_imm=True, imm=imm, push_next=n == len(steps) - 1, **tile)
+                          for n, (op, imm) in enumerate(steps)]
+    stream += [Store(sram_addr=0, sram_ld=16, slot=4, dram_offset=0, dram_ld=16, rows=16, cols=16, pop_prev=True),
+               Finish()]
+    plan, (sim, host), (ref, want) = _both(stream)
+    assert plan is not None and plan.run(host, sim)
+    assert len(plan._alu_steps) == 2        # the multiply, then one clip
+    ref.run(stream, want)
+    np.testing.assert_array_equal(sim.acc, ref.acc)
+    np.testing.assert_array_equal(host[4], want[4])
+
+
+@given(st.integers(1, 15), st.integers(1, 16), st.booleans(), st.integers(-2**31, 2**31 - 1))
+def test_lanes_no_store_reads_read_any_value_unless_acc_ends_with_them(channels, rows, overwritten, scale):
+    """A layer of fewer than 16 channels: its epilogue adds a bias row loaded into ``channels``
+    lanes of ACC (the other lanes hold what ACC held before the stream) and the STORE writes
+    ``channels`` columns of ``rows`` rows. Where ACC is reset afterwards (the next tile), the
+    other lanes' and rows' results reach nothing: the bias is read as a broadcast view of
+    whole rows, and the chain still works in place on runs. Where ACC ends with them, they
+    must be exact. Host memory and every scratchpad as the reference."""
+    tile = dict(dst_addr=0, ext_out=16, dst_stride_out=16)
+    pad = dict(pad_right=16 - channels, pad_value=0, sram_ld=16, sram_addr=0, dram_offset=0, dram_ld=channels,
+               cols=channels)
+    program = [Load(mem=Mem.INP, slot=0, rows=16, **pad), Load(mem=Mem.WGT, slot=1, rows=16, **pad),
+               _gemm(reset=True), _gemm(),
+               Load(mem=Mem.ACC, sram_addr=512, sram_ld=16, slot=2, dram_offset=0, dram_ld=0, rows=1, cols=channels),
+               Alu(op=AluOp.ADD, use_imm=False, src_addr=512, **tile),
+               Alu(op=AluOp.MUL, use_imm=True, imm=scale, **tile), Alu(op=AluOp.SHR, use_imm=True, imm=9, **tile),
+               Alu(op=AluOp.MAX, use_imm=True, imm=-128, **tile), Alu(op=AluOp.MIN, use_imm=True, imm=127, **tile),
+               Store(sram_addr=0, sram_ld=16, slot=4, dram_offset=0, dram_ld=16, rows=rows, cols=channels)]
+    if overwritten:
+        program.append(_gemm(reset=True))
+    stream = _auto(program)
+    plan, (sim, host), (ref, want) = _both(stream)
+    assert plan is not None
+    bias = plan.alus[0][5]
+    if overwritten:
+        assert isinstance(bias, fused._View) and bias.strides == (0, 1)
+    assert all(isinstance(old, fused._Span) for _, _, _, _, old, _ in plan.alus)     # no gathers
+    assert plan.run(host, sim)
+    ref.run(stream, want)
+    for got, exp in zip(host, want):
+        np.testing.assert_array_equal(got, exp)
+    for mem in Mem:
+        np.testing.assert_array_equal(sim.memory(mem), ref.memory(mem))
 
 
 @given(st.integers(0, 7), st.integers(1, 4), st.booleans())
@@ -226,6 +304,35 @@ def test_a_depthwise_kernel_is_one_sum_over_its_taps():
         declared = DWMAC.reference(acc_addr=np.zeros(256, np.int32), inp_addr=inp[d.inp_addr:].astype(np.int8),
                                    wgt_addr=wgt[d.wgt_addr:].astype(np.int8), **scalars, tile=16)["acc_addr"]
         np.testing.assert_array_equal(sim.acc[d.acc_addr:d.acc_addr + 256], declared)
+
+
+@given(st.integers(1, 15), st.integers(0, 4), st.booleans())
+def test_inputs_that_only_meet_zero_padded_weights_are_read_as_runs(channels, gap, depthwise):
+    """A layer of fewer than 16 channels: inputs and weights padded with zeros to 16 lanes.
+    The input's rows are read from host memory as runs of 16 (their pad lanes read the host
+    data after them, which only ever multiplies a weight's zero pad), no padded copies made
+    (the weights' rows still are: one operand's zeros must be exact), and the results are
+    the reference's."""
+    ld = min(16, channels + gap)
+    pad = dict(pad_right=16 - channels, pad_value=0, sram_ld=16, cols=channels, dram_ld=ld, sram_addr=0)
+    program = [Load(mem=Mem.INP, slot=0, dram_offset=0, rows=64 if depthwise else 16, **pad),
+               Load(mem=Mem.WGT, slot=1, dram_offset=3, rows=9 if depthwise else 16, **pad),
+               _gemm(reset=True)]
+    if depthwise:
+        program.append(Dwmac(acc_addr=0, inp_addr=0, wgt_addr=0, acc_ld=16, inp_ld=16, ext_out=3, ext_in=3,
+                             inp_stride_out=64, inp_stride_in=16, wgt_stride_out=48, wgt_stride_in=16))
+    else:
+        program.append(_gemm())
+    program.append(Store(sram_addr=0, sram_ld=16, slot=4, dram_offset=0, dram_ld=16, rows=16, cols=16))
+    stream = _auto(program)
+    plan, (sim, host), (ref, want) = _both(stream)
+    assert plan is not None and (plan.products[-1].x.starts < plan.f_base).all()     # no input row copied
+    assert plan.run(host, sim)
+    ref.run(stream, want)
+    for got, exp in zip(host, want):
+        np.testing.assert_array_equal(got, exp)
+    for mem in Mem:
+        np.testing.assert_array_equal(sim.memory(mem), ref.memory(mem))
 
 
 def test_more_taps_than_float32_sums_exactly_are_summed_in_float64_and_wrap():
