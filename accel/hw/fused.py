@@ -164,9 +164,11 @@ class _Sources:
     def pad(self, value: int) -> int:
         return self.pads.setdefault(value, -1 - len(self.pads))
 
-    def resolve(self, codes: np.ndarray) -> np.ndarray:
+    def resolve(self, codes: np.ndarray, *, starts: bool = False) -> np.ndarray:
         """Codes to vector indices: kept leading codes, host buffers, then pads (a row of
-        ``tile`` codes along the last axis that all name one pad reads its ``tile`` copies)."""
+        ``tile`` codes along the last axis that all name one pad reads its ``tile`` copies).
+        ``starts``: the codes are the first of rows (see :func:`_rows_of`), each resolved
+        alone (a pad to the first of its copies)."""
         index = codes.astype(np.intp)
         shift = self.kept.size - self.lead
         pads = index < 0
@@ -177,7 +179,7 @@ class _Sources:
         if early.any():
             index[early] = np.searchsorted(self.kept, codes[early])
         t = self.tile
-        if pads.any() and index.ndim and index.shape[-1] % t == 0:
+        if not starts and pads.any() and index.ndim and index.shape[-1] % t == 0:
             rows = index.reshape(-1, t)
             one_pad = pads.reshape(-1, t).all(1) & (rows == rows[:, :1]).all(1)
             rows[one_pad] += np.arange(t)       # the pad's ``tile`` copies, in a run
@@ -234,8 +236,8 @@ class _Builder:
         self.table_codes: list[np.ndarray] = []
         self.dwmacs: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []   # (acc values, inp codes, wgt codes)
         # DWMACs whose steps all add into one tile, by step count: (values [t, t], inp codes
-        # [steps, t, t], wgt codes [steps, t])
-        self.tap_sums: dict[int, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
+        # [steps, t, t] as _rows_of gives them, wgt codes [steps, t])
+        self.tap_sums: dict[int, list[tuple[np.ndarray, tuple[np.ndarray, bool], np.ndarray]]] = {}
         self.stores: list[tuple[int, StoreMode, np.ndarray, np.ndarray]] = []
         self.stored: dict[int, list[tuple[int, int]]] = {}    # host slot -> element ranges stored
 
@@ -354,8 +356,10 @@ class _Builder:
         w = self.wgt[_steps(d.wgt_addr, d.ext_out, d.wgt_stride_out, d.ext_in, d.wgt_stride_in)[:, None]
                      + lanes]                                                         # [steps, t]: a row per step
         if one_tile:
-            # every step adds into the same tile (a depthwise kernel's taps): a sum over steps
-            self.tap_sums.setdefault(len(acc_steps), []).append((values.reshape(t, t), x, w))
+            # every step adds into the same tile (a depthwise kernel's taps): a sum over steps;
+            # its input kept as the first code of each row when every row is a run (tens of
+            # millions of codes in a large stream's depthwise layers, a 16th of them kept)
+            self.tap_sums.setdefault(len(acc_steps), []).append((values.reshape(t, t), _rows_of(x, lanes), w))
         else:
             self.dwmacs.append((values, x.reshape(-1), np.broadcast_to(w[:, None, :], x.shape).reshape(-1)))
         return True
@@ -421,7 +425,8 @@ class _Builder:
         row_keys, col_keys = list(rows), list(cols)
         read = [np.stack(tiles).reshape(-1) for tiles in (self.x_tiles, self.w_tiles) if tiles]
         read += [codes for _, x, w in self.dwmacs for codes in (x, w)] + self.table_codes
-        read += [codes.reshape(-1) for group in self.tap_sums.values() for _, x, w in group for codes in (x, w)]
+        read += [codes.reshape(-1) for group in self.tap_sums.values() for _, x, w in group
+                 for codes in (_leading_codes(x, t, self.f.lead), w)]
         if read:
             self.f.keep(np.concatenate(read))
         blocks: dict[tuple, list[int]] = {}
@@ -452,8 +457,13 @@ class _Builder:
                                      np.float32 if terms <= _F32_EXACT_TERMS else np.float64,
                                      grid, np.array(sel_r), np.array(sel_c), targets.astype(np.intp), unique, t))
         for steps, group in self.tap_sums.items():
-            targets, x, w = (np.stack(part) for part in zip(*group))
-            products.append(_TapSum(targets.astype(np.intp), self.f.gather(x), self.f.gather(w),
+            if all(x[1] for _, x, _ in group):     # rows of runs (or of one pad): read as rows from their starts
+                targets, x, w = (np.stack(part) for part in zip(*((v, x[0], w) for v, x, w in group)))
+                x = _Gather.of_starts(self.f.resolve(x, starts=True), x.shape + (t,), t)
+            else:
+                targets, x, w = (np.stack(part) for part in zip(*((v, _codes(x, t), w) for v, x, w in group)))
+                x = self.f.gather(x)
+            products.append(_TapSum(targets.astype(np.intp), x, self.f.gather(w),
                                     np.float32 if steps <= _F32_EXACT_TERMS else np.float64,
                                     _distinct(targets, self.values)))
         if self.dwmacs:
@@ -678,9 +688,11 @@ def _operands(new: np.ndarray, old: np.ndarray, src: Optional[np.ndarray], tile:
 def _run_of(index: np.ndarray):
     """``index`` as a :class:`_Span` when it numbers consecutive values in order, else itself."""
     index = np.asarray(index, np.intp)
-    if index.size and index.reshape(-1)[0] + index.size - 1 == index.reshape(-1)[-1] and \
-            (index.size == 1 or bool((np.diff(index.reshape(-1)) == 1).all())):
-        return _Span(int(index.reshape(-1)[0]), index.shape)
+    flat = index.reshape(-1)
+    # n strictly increasing integers from a to a + n - 1 are consecutive: one comparison of
+    # neighbours (a bool per element) instead of np.diff's int64 differences
+    if flat.size and flat[0] + flat.size - 1 == flat[-1] and (flat.size == 1 or bool((flat[1:] > flat[:-1]).all())):
+        return _Span(int(flat[0]), index.shape)
     return index
 
 
@@ -769,7 +781,7 @@ def _layout(acc_n: int, count: int, products: list, alus: list, acc_loads, made:
         at = renumber[old]
         # a batch is independent element by element: in the order of the values it reads, a
         # run where it reads all of one (a product's accumulators in the product's order)
-        if at.size > 1 and not (np.diff(at) >= 0).all():
+        if at.size > 1 and not (at[1:] >= at[:-1]).all():
             order = np.argsort(at, kind="stable")
             new, old, at = new[order], old[order], at[order]
             src = None if src is None else src.reshape(-1)[order]
@@ -777,7 +789,7 @@ def _layout(acc_n: int, count: int, products: list, alus: list, acc_loads, made:
         if src is not None:
             claim_loaded(src.reshape(-1))
         if new.size == old.size and at.size and at[0] >= acc_n and (reads[old] == 1).all() and \
-                (renumber[new] < 0).all() and at[-1] - at[0] == at.size - 1 and (np.diff(at) == 1).all():
+                (renumber[new] < 0).all() and at[-1] - at[0] == at.size - 1 and (at[1:] > at[:-1]).all():
             renumber[new] = at
         else:
             claim(new)
@@ -839,6 +851,45 @@ def _distinct(index: np.ndarray, bound: int) -> bool:
     seen = np.zeros(bound, bool)
     seen[index.reshape(-1)] = True
     return int(np.count_nonzero(seen)) == index.size
+
+
+def _rows_of(codes: np.ndarray, lanes: np.ndarray) -> tuple[np.ndarray, bool]:
+    """Source codes whose last axis is ``tile`` lanes, as ``(first code of each row, True)``
+    when every row is a run (consecutive codes from a non-negative first one) or one pad
+    (the same negative code throughout): what :func:`_codes` gives back, and what a
+    :class:`_Gather` reads as whole rows from their resolved starts. Else ``(codes, False)``.
+
+    >>> first, rows = _rows_of(np.array([[4, 5, 6], [-2, -2, -2]]), np.arange(3)); first.tolist(), rows
+    ([4, -2], True)
+    >>> _rows_of(np.array([[4, 6, 5]]), np.arange(3))[1]
+    False
+    """
+    first = codes[..., :1]
+    if bool(np.where(first >= 0, codes == first + lanes, codes == first).all()):
+        return first[..., 0].copy(), True       # a copy: the codes are not kept alive
+    return codes, False
+
+
+def _codes(rows: tuple[np.ndarray, bool], tile: int) -> np.ndarray:
+    """The codes :func:`_rows_of` was given, from what it returned.
+
+    >>> _codes((np.array([4, -2]), True), 3).tolist()
+    [[4, 5, 6], [-2, -2, -2]]
+    """
+    first, whole = rows
+    if not whole:
+        return first
+    first = first[..., None]
+    return np.where(first >= 0, first + np.arange(tile), first)
+
+
+def _leading_codes(rows: tuple[np.ndarray, bool], tile: int, lead: int) -> np.ndarray:
+    """Of the codes :func:`_rows_of` returned ``rows`` for, those of the rows that may hold a
+    leading code (below ``lead``: see :meth:`_Sources.keep`): the rest are pads or host data."""
+    first, whole = rows
+    if not whole:
+        return first
+    return _codes((first[(first >= 0) & (first < lead)], True), tile)
 
 
 def _intern(ids: dict, tiles: list, tile: np.ndarray) -> int:
@@ -912,6 +963,23 @@ class _Gather:
                                       np.arange(n * tile, flat_size)])
             self.elements = flat[self.at]
         self.by_rows = self.rows_at is None and index.ndim > 1 and index.shape[-1] % tile == 0
+
+    @classmethod
+    def of_starts(cls, starts: np.ndarray, shape: tuple, tile: int) -> "_Gather":
+        """The gather of ``shape`` (last axis ``tile``) whose rows are the runs of the vector
+        that start at ``starts`` (``shape`` but the last axis): what the gather of those runs'
+        index array makes, without the array.
+
+        >>> g = _Gather.of_starts(np.array([[8, 0]]), (1, 2, 4), 4)
+        >>> g.read(_Vector(np.arange(12), 4)).tolist(), g.by_rows
+        ([[[8, 9, 10, 11], [0, 1, 2, 3]]], True)
+        """
+        gather = cls.__new__(cls)
+        gather.shape, gather.size, gather.index = tuple(shape), starts.size * tile, None
+        gather.starts = starts.reshape(-1)
+        gather.rows_at = gather.at = gather.elements = None
+        gather.by_rows = len(shape) > 1 and shape[-1] % tile == 0
+        return gather
 
     def part(self, source: _Vector, lo: int, hi: int) -> np.ndarray:
         """``read(source)[lo:hi]``, reading only those (:attr:`by_rows` gathers)."""
