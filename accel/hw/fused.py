@@ -751,10 +751,11 @@ def _layout(acc_n: int, count: int, products: list, alus: list, acc_loads, made:
     renumber[rest] = np.arange(nxt, nxt + rest.size)
     nxt += rest.size
     zeroed = nxt
-    loaded = np.zeros(count, bool)
+    waiting = None          # loaded values still without a number (none loaded: most streams)
     if acc_loads is not None:
-        loaded[acc_loads[0]] = True
-    waiting = loaded & (renumber < 0)       # loaded values still without a number
+        waiting = np.zeros(count, bool)
+        waiting[acc_loads[0]] = True
+        waiting &= renumber < 0
 
     def claim_loaded(read: np.ndarray) -> None:
         # loaded values in the order an ALU batch first reads them (an element-wise add reads
@@ -769,11 +770,16 @@ def _layout(acc_n: int, count: int, products: list, alus: list, acc_loads, made:
             claim(read)         # distinct values no one claimed: always taken
             waiting[read] = False
 
-    # how often each value is read: counted array by array (numpy 2's add.at is a few times
-    # faster than a bincount of all of them concatenated, millions of indices)
-    reads = np.zeros(count, np.intp)
-    for read in (kept, *(m for a in alus for m in a[4:] if m is not None)):
-        np.add.at(reads, read.reshape(-1), 1)
+    # the values read other than as an ALU group's ``old``: a value is the ``old`` of one ALU
+    # (or LUT) instruction at most (ACC maps elements to distinct values, and an instruction
+    # that reads a destination vector writes new values over all of it, while no two of its
+    # vectors overlap), so an ``old`` read by nothing else is one no other array names
+    # (a mark per value, not a count: the groups read tens of millions of values)
+    shared = np.zeros(count, bool)
+    shared[kept.reshape(-1)] = True
+    for a in alus:
+        if a[5] is not None:
+            shared[a[5].reshape(-1)] = True
     for k, (ufunc, op, imm, new, old, src) in enumerate(alus):
         # in execution order: ``old`` has its numbers (made before, or loaded), ``new`` does not yet
         new, old = new.reshape(-1), old.reshape(-1)
@@ -788,7 +794,7 @@ def _layout(acc_n: int, count: int, products: list, alus: list, acc_loads, made:
             alus[k] = (ufunc, op, imm, new, old, src)
         if src is not None:
             claim_loaded(src.reshape(-1))
-        if new.size == old.size and at.size and at[0] >= acc_n and (reads[old] == 1).all() and \
+        if new.size == old.size and at.size and at[0] >= acc_n and not shared[old].any() and \
                 (renumber[new] < 0).all() and at[-1] - at[0] == at.size - 1 and (at[1:] > at[:-1]).all():
             renumber[new] = at
         else:
