@@ -312,30 +312,34 @@ class _Builder:
             elements = (acc_steps[:, None, None] + self._tile(g.acc_ld)).reshape(-1)
             self.acc[elements] = self._new(elements.size)
             return True
-        # Steps at the same address see the same tile: look each address up once.
-        acc_tile, inp_tile, wgt_tile = self._tile(g.acc_ld), self._tile(g.inp_ld), self._tile(g.wgt_ld)
+        # Steps at the same address see the same tile: look each address up once. The tiles
+        # of all steps are gathered at once (one numpy call each, not one per step), and so
+        # is the test of the accumulators: nothing in one GEMM seals them or makes them by ALU.
+        acc = self.acc[acc_steps[:, None, None] + self._tile(g.acc_ld)]
+        if self.sealed[acc].any() or self.level[acc].any():
+            return False        # adds to a value already read, or made by an ALU
+        x_steps = _steps(g.inp_addr, g.ext_out, g.inp_stride_out, g.ext_in, g.inp_stride_in)
+        w_steps = _steps(g.wgt_addr, g.ext_out, g.wgt_stride_out, g.ext_in, g.wgt_stride_in)
+        xs_at = self.inp[x_steps[:, None, None] + self._tile(g.inp_ld)]
+        ws_at = self.wgt[w_steps[:, None, None] + self._tile(g.wgt_ld)]
         targets: dict[int, list] = {}
         xs: dict[int, int] = {}
         ws: dict[int, int] = {}
-        for a, x, w in zip(acc_steps.tolist(),
-                           _steps(g.inp_addr, g.ext_out, g.inp_stride_out, g.ext_in, g.inp_stride_in).tolist(),
-                           _steps(g.wgt_addr, g.ext_out, g.wgt_stride_out, g.ext_in, g.wgt_stride_in).tolist()):
+        for k, (a, x, w) in enumerate(zip(acc_steps.tolist(), x_steps.tolist(), w_steps.tolist())):
             entry = targets.get(a)
             if entry is None:
-                values = self.acc[a + acc_tile]
-                if self.sealed[values].any() or self.level[values].any():
-                    return False        # adds to a value already read, or made by an ALU
+                values = acc[k]
                 key = values.tobytes()
                 entry = self.tiles.get(key)
-                if entry is None:
-                    entry = self.tiles[key] = [values, [], []]
+                if entry is None:       # a copy: a view would keep every step's tile alive
+                    entry = self.tiles[key] = [values.copy(), [], []]
                 targets[a] = entry
             xid = xs.get(x)
             if xid is None:
-                xid = xs[x] = _intern(self.x_ids, self.x_tiles, self.inp[x + inp_tile])
+                xid = xs[x] = _intern(self.x_ids, self.x_tiles, xs_at[k])
             wid = ws.get(w)
             if wid is None:
-                wid = ws[w] = _intern(self.w_ids, self.w_tiles, self.wgt[w + wgt_tile])
+                wid = ws[w] = _intern(self.w_ids, self.w_tiles, ws_at[k])
             entry[1].append(xid)
             entry[2].append(wid)
         return True
@@ -394,7 +398,7 @@ class _Builder:
         self.level[new[0]:new[0] + new.size] = level     # a fresh run: a slice, not a scatter
         self.acc[dst] = new
         # the table's entries as WGT holds them now (a later LOAD may overwrite them)
-        table = _intern(self.tables, self.table_codes, self.wgt[u.lut_addr:u.lut_addr + LUT_ENTRIES].copy())
+        table = _intern(self.tables, self.table_codes, self.wgt[u.lut_addr:u.lut_addr + LUT_ENTRIES])
         self.alus.append((level, None, table, new, old, None))     # op None: a lookup in table number ``table``
         return True
 
@@ -899,11 +903,12 @@ def _leading_codes(rows: tuple[np.ndarray, bool], tile: int, lead: int) -> np.nd
 
 
 def _intern(ids: dict, tiles: list, tile: np.ndarray) -> int:
+    """The number of ``tile`` among ``tiles`` by its contents, a copy of it added when new."""
     key = tile.tobytes()
     k = ids.get(key)
     if k is None:
         k = ids[key] = len(tiles)
-        tiles.append(tile)
+        tiles.append(tile.copy())
     return k
 
 
