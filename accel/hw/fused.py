@@ -284,9 +284,11 @@ class _Builder:
         acc = ins.mem is _ACC
         sources = self.i if acc else self.f
         if ins.rows and ins.cols:
-            lo, hi = self._host_range(ins)
-            if any(a < hi and lo < b for a, b in self.stored.get(ins.slot, ())):
-                return False        # reads what this stream stored: order matters
+            stored = self.stored.get(ins.slot)
+            if stored is not None:      # (most host buffers read are never stored to)
+                lo, hi = self._host_range(ins)
+                if any(a < hi and lo < b for a, b in stored):
+                    return False        # reads what this stream stored: order matters
             codes = _block(sources.host(ins.slot) + ins.dram_offset, ins.dram_ld, ins.rows, ins.cols)
             if ins.rows != height or ins.cols != width:
                 inner, codes = codes, np.full((height, width), sources.pad(ins.pad_value), np.int64)
