@@ -6,6 +6,7 @@ import pathlib
 from unittest import mock
 
 import numpy as np
+import pytest
 from hypothesis import given, strategies as st
 
 from accel.hw import fused
@@ -416,6 +417,30 @@ def test_alu_chains_work_in_place_and_equal_instruction_by_instruction():
     assert plan is not None and len(plan.alus) == len(chain)
     assert all(new.start == old.start for _, _, _, new, old, _ in plan.alus)     # in place, all of them
     assert plan.run(host, sim) and plan.run(host, sim)      # twice: a run leaves nothing the next one reads
+    ref.run(stream, want)
+    np.testing.assert_array_equal(host[4], want[4])
+    np.testing.assert_array_equal(sim.acc, ref.acc)
+
+
+@pytest.mark.parametrize("reader", ["alu", "store"])
+def test_an_alu_step_whose_operand_is_read_elsewhere_does_not_work_in_place(reader):
+    """A chain's multiply reads accumulators another ALU adds from (as its source), or a
+    STORE copies out, in between: the multiply must not write over them, and the results are
+    the reference's; the shift after it, whose operand nothing else reads, still works in place."""
+    a, b = dict(dst_addr=0, ext_out=16, dst_stride_out=16), dict(dst_addr=256, ext_out=16, dst_stride_out=16)
+    other = (Alu(op=AluOp.ADD, src_addr=0, src_stride_out=16, **b) if reader == "alu" else
+             Store(sram_addr=0, sram_ld=16, slot=4, dram_offset=0, dram_ld=16, rows=16, cols=16))
+    stream = _auto([_gemm(reset=True), _gemm(), other, Alu(op=AluOp.MUL, use_imm=True, imm=3, **a),
+                    Alu(op=AluOp.SHR, use_imm=True, imm=1, **a),
+                    Store(sram_addr=256, sram_ld=16, slot=4, dram_offset=256, dram_ld=16, rows=16, cols=16)])
+    plan, (sim, host), (ref, want) = _both(stream)
+    assert plan is not None
+    by_op = {op: (new, old) for _, op, _, new, old, _ in plan.alus}
+    new, old = by_op[AluOp.MUL]
+    assert not (isinstance(old, fused._Span) and new.start == old.start)        # not over what is read again
+    new, old = by_op[AluOp.SHR]
+    assert isinstance(old, fused._Span) and new.start == old.start               # in place
+    assert plan.run(host, sim)
     ref.run(stream, want)
     np.testing.assert_array_equal(host[4], want[4])
     np.testing.assert_array_equal(sim.acc, ref.acc)
