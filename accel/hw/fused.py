@@ -897,7 +897,11 @@ def _codes(rows: tuple[np.ndarray, bool], tile: int) -> np.ndarray:
 
 def _leading_codes(rows: tuple[np.ndarray, bool], tile: int, lead: int) -> np.ndarray:
     """Of the codes :func:`_rows_of` returned ``rows`` for, those of the rows that may hold a
-    leading code (below ``lead``: see :meth:`_Sources.keep`): the rest are pads or host data."""
+    leading code (below ``lead``: see :meth:`_Sources.keep`): the rest are pads or host data.
+
+    >>> _leading_codes((np.array([3, -1, 900]), True), 2, 100).tolist()
+    [[3, 4]]
+    """
     first, whole = rows
     if not whole:
         return first
