@@ -210,6 +210,15 @@ POPS = tuple(_channel_table(q, True) for q in Queue)
 PUSHES = tuple(_channel_table(q, False) for q in Queue)
 
 
+def _check_flags(index: int, ins: Instruction, queue: Queue, flags: int) -> None:
+    """Raise for a dependency flag ``queue`` has no neighbour for."""
+    if flags & ~ALLOWED_FLAGS[queue]:
+        flag = next(f for bit, (f, step) in enumerate(_FLAG_STEP)
+                    if flags >> bit & 1 and not 0 <= queue + step <= 2)
+        raise InstructionError(index, ins, f"{flag} is not valid on the "
+                                           f"{queue.name} queue (no neighbour there)")
+
+
 def verify(stream: Sequence[Instruction], *, tokens: bool = True) -> None:
     """Reject a stream that is not FINISH-terminated, deadlocks, or leaves tokens unbalanced
     (``tokens=False``: only the first, and flags a queue does not have: the stream's form,
@@ -230,23 +239,26 @@ def verify(stream: Sequence[Instruction], *, tokens: bool = True) -> None:
         raise InstructionError(index, stream[-1] if stream else None,
                                "the stream must end with FINISH")
     last = len(stream) - 1
+    finish = Opcode.FINISH
+    if not tokens:      # the form alone (a session's streams, up to a million instructions)
+        for index, ins in enumerate(stream):
+            if ins.opcode is finish and index != last:
+                raise InstructionError(index, ins, "FINISH must be the last instruction")
+            flags = ins.flags
+            if flags:
+                _check_flags(index, ins, queue_of(ins), flags)
+        return
     queues: tuple[list[int], ...] = ([], [], [])
     pops, pushes = [()] * len(stream), [()] * len(stream)
     for index, ins in enumerate(stream):
-        if ins.opcode is Opcode.FINISH and index != last:
+        if ins.opcode is finish and index != last:
             raise InstructionError(index, ins, "FINISH must be the last instruction")
         queue = queue_of(ins)
         flags = ins.flags
-        if flags & ~ALLOWED_FLAGS[queue]:
-            flag = next(f for bit, (f, step) in enumerate(_FLAG_STEP)
-                        if flags >> bit & 1 and not 0 <= queue + step <= 2)
-            raise InstructionError(index, ins, f"{flag} is not valid on the "
-                                               f"{queue.name} queue (no neighbour there)")
+        _check_flags(index, ins, queue, flags)
         pops[index] = POPS[queue][flags]
         pushes[index] = PUSHES[queue][flags]
         queues[queue].append(index)
-    if not tokens:
-        return
     # pushed[ch] lists the instructions that pushed on channel ch, in order; popped counts.
     pushed: tuple[list[int], ...] = ([], [], [], [])
     popped = [0, 0, 0, 0]

@@ -173,9 +173,11 @@ class _Sources:
     def pad(self, value: int) -> int:
         return self.pads.setdefault(value, -1 - len(self.pads))
 
-    def resolve(self, codes: np.ndarray) -> np.ndarray:
+    def resolve(self, codes: np.ndarray, *, starts: bool = False) -> np.ndarray:
         """Codes to vector indices: kept leading codes, host buffers, then pads (a row of
-        ``tile`` codes along the last axis that all name one pad reads its ``tile`` copies)."""
+        ``tile`` codes along the last axis that all name one pad reads its ``tile`` copies).
+        ``starts``: the codes are the first of rows (see :func:`_rows_of`), each resolved
+        alone (a pad to the first of its copies)."""
         index = codes.astype(np.intp)
         shift = self.kept.size - self.lead
         pads = index < 0
@@ -186,7 +188,7 @@ class _Sources:
         if early.any():
             index[early] = np.searchsorted(self.kept, codes[early])
         t = self.tile
-        if pads.any() and index.ndim and index.shape[-1] % t == 0:
+        if not starts and pads.any() and index.ndim and index.shape[-1] % t == 0:
             rows = index.reshape(-1, t)
             one_pad = pads.reshape(-1, t).all(1) & (rows == rows[:, :1]).all(1)
             rows[one_pad] += np.arange(t)       # the pad's ``tile`` copies, in a run
@@ -250,8 +252,8 @@ class _Builder:
         self.table_codes: list[np.ndarray] = []
         self.dwmacs: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []   # (acc values, inp codes, wgt codes)
         # DWMACs whose steps all add into one tile, by step count: (values [t, t], inp codes
-        # [steps, t, t], wgt codes [steps, t])
-        self.tap_sums: dict[int, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
+        # [steps, t, t] as _rows_of gives them, wgt codes [steps, t])
+        self.tap_sums: dict[int, list[tuple[np.ndarray, tuple[np.ndarray, bool], np.ndarray]]] = {}
         self.stores: list[tuple[int, StoreMode, np.ndarray, np.ndarray]] = []
         self.stored: dict[int, list[tuple[int, int]]] = {}    # host slot -> element ranges stored
 
@@ -298,9 +300,11 @@ class _Builder:
         acc = ins.mem is _ACC
         sources = self.i if acc else self.f
         if ins.rows and ins.cols:
-            lo, hi = self._host_range(ins)
-            if any(a < hi and lo < b for a, b in self.stored.get(ins.slot, ())):
-                return False        # reads what this stream stored: order matters
+            stored = self.stored.get(ins.slot)
+            if stored is not None:      # (most host buffers read are never stored to)
+                lo, hi = self._host_range(ins)
+                if any(a < hi and lo < b for a, b in stored):
+                    return False        # reads what this stream stored: order matters
             codes = _block(sources.host(ins.slot) + ins.dram_offset, ins.dram_ld, ins.rows, ins.cols)
             if ins.rows != height or ins.cols != width:
                 inner, codes = codes, np.full((height, width), sources.pad(ins.pad_value), np.int64)
@@ -326,30 +330,34 @@ class _Builder:
             elements = (acc_steps[:, None, None] + self._tile(g.acc_ld)).reshape(-1)
             self.acc[elements] = self._new(elements.size)
             return True
-        # Steps at the same address see the same tile: look each address up once.
-        acc_tile, inp_tile, wgt_tile = self._tile(g.acc_ld), self._tile(g.inp_ld), self._tile(g.wgt_ld)
+        # Steps at the same address see the same tile: look each address up once. The tiles
+        # of all steps are gathered at once (one numpy call each, not one per step), and so
+        # is the test of the accumulators: nothing in one GEMM seals them or makes them by ALU.
+        acc = self.acc[acc_steps[:, None, None] + self._tile(g.acc_ld)]
+        if self.sealed[acc].any() or self.level[acc].any():
+            return False        # adds to a value already read, or made by an ALU
+        x_steps = _steps(g.inp_addr, g.ext_out, g.inp_stride_out, g.ext_in, g.inp_stride_in)
+        w_steps = _steps(g.wgt_addr, g.ext_out, g.wgt_stride_out, g.ext_in, g.wgt_stride_in)
+        xs_at = self.inp[x_steps[:, None, None] + self._tile(g.inp_ld)]
+        ws_at = self.wgt[w_steps[:, None, None] + self._tile(g.wgt_ld)]
         targets: dict[int, list] = {}
         xs: dict[int, int] = {}
         ws: dict[int, int] = {}
-        for a, x, w in zip(acc_steps.tolist(),
-                           _steps(g.inp_addr, g.ext_out, g.inp_stride_out, g.ext_in, g.inp_stride_in).tolist(),
-                           _steps(g.wgt_addr, g.ext_out, g.wgt_stride_out, g.ext_in, g.wgt_stride_in).tolist()):
+        for k, (a, x, w) in enumerate(zip(acc_steps.tolist(), x_steps.tolist(), w_steps.tolist())):
             entry = targets.get(a)
             if entry is None:
-                values = self.acc[a + acc_tile]
-                if self.sealed[values].any() or self.level[values].any():
-                    return False        # adds to a value already read, or made by an ALU
+                values = acc[k]
                 key = values.tobytes()
                 entry = self.tiles.get(key)
-                if entry is None:
-                    entry = self.tiles[key] = [values, [], []]
+                if entry is None:       # a copy: a view would keep every step's tile alive
+                    entry = self.tiles[key] = [values.copy(), [], []]
                 targets[a] = entry
             xid = xs.get(x)
             if xid is None:
-                xid = xs[x] = _intern(self.x_ids, self.x_tiles, self.inp[x + inp_tile])
+                xid = xs[x] = _intern(self.x_ids, self.x_tiles, xs_at[k])
             wid = ws.get(w)
             if wid is None:
-                wid = ws[w] = _intern(self.w_ids, self.w_tiles, self.wgt[w + wgt_tile])
+                wid = ws[w] = _intern(self.w_ids, self.w_tiles, ws_at[k])
             entry[1].append(xid)
             entry[2].append(wid)
         return True
@@ -370,8 +378,10 @@ class _Builder:
         w = self.wgt[_steps(d.wgt_addr, d.ext_out, d.wgt_stride_out, d.ext_in, d.wgt_stride_in)[:, None]
                      + lanes]                                                         # [steps, t]: a row per step
         if one_tile:
-            # every step adds into the same tile (a depthwise kernel's taps): a sum over steps
-            self.tap_sums.setdefault(len(acc_steps), []).append((values.reshape(t, t), x, w))
+            # every step adds into the same tile (a depthwise kernel's taps): a sum over steps;
+            # its input kept as the first code of each row when every row is a run (tens of
+            # millions of codes in a large stream's depthwise layers, a 16th of them kept)
+            self.tap_sums.setdefault(len(acc_steps), []).append((values.reshape(t, t), _rows_of(x, lanes), w))
         else:
             self.dwmacs.append((values, x.reshape(-1), np.broadcast_to(w[:, None, :], x.shape).reshape(-1)))
         return True
@@ -406,7 +416,7 @@ class _Builder:
         self.level[new[0]:new[0] + new.size] = level     # a fresh run: a slice, not a scatter
         self.acc[dst] = new
         # the table's entries as WGT holds them now (a later LOAD may overwrite them)
-        table = _intern(self.tables, self.table_codes, self.wgt[u.lut_addr:u.lut_addr + LUT_ENTRIES].copy())
+        table = _intern(self.tables, self.table_codes, self.wgt[u.lut_addr:u.lut_addr + LUT_ENTRIES])
         self.alus.append((level, None, table, new, old, None))     # op None: a lookup in table number ``table``
         return True
 
@@ -437,7 +447,8 @@ class _Builder:
         row_keys, col_keys = list(rows), list(cols)
         read = [np.stack(tiles).reshape(-1) for tiles in (self.x_tiles, self.w_tiles) if tiles]
         read += [codes for _, x, w in self.dwmacs for codes in (x, w)] + self.table_codes
-        read += [codes.reshape(-1) for group in self.tap_sums.values() for _, x, w in group for codes in (x, w)]
+        read += [codes.reshape(-1) for group in self.tap_sums.values() for _, x, w in group
+                 for codes in (_leading_codes(x, t, self.f.lead), w)]
         if read:
             self.f.keep(np.concatenate(read))
         blocks: dict[tuple, list[int]] = {}
@@ -472,9 +483,14 @@ class _Builder:
                                      np.float32 if terms <= _F32_EXACT_TERMS else np.float64,
                                      grid, np.array(sel_r), np.array(sel_c), targets.astype(np.intp), unique, t))
         for steps, group in self.tap_sums.items():
-            targets, x, w = (np.stack(part) for part in zip(*group))
-            care = np.broadcast_to(~self.f.zero_pad(w)[:, :, None, :], x.shape)     # as for a product
-            products.append(_TapSum(targets.astype(np.intp), self.f.gather(x, care), self.f.gather(w),
+            if all(x[1] for _, x, _ in group):     # rows of runs (or of one pad): read as rows from their starts
+                targets, x, w = (np.stack(part) for part in zip(*((v, x[0], w) for v, x, w in group)))
+                x = _Gather.of_starts(self.f.resolve(x, starts=True), x.shape + (t,), t)
+            else:
+                targets, x, w = (np.stack(part) for part in zip(*((v, _codes(x, t), w) for v, x, w in group)))
+                care = np.broadcast_to(~self.f.zero_pad(w)[:, :, None, :], x.shape)     # as for a product
+                x = self.f.gather(x, care)
+            products.append(_TapSum(targets.astype(np.intp), x, self.f.gather(w),
                                     np.float32 if steps <= _F32_EXACT_TERMS else np.float64,
                                     _distinct(targets, self.values)))
         if self.dwmacs:
@@ -770,9 +786,11 @@ def _operands(new: np.ndarray, old: np.ndarray, src: Optional[np.ndarray], tile:
 def _run_of(index: np.ndarray):
     """``index`` as a :class:`_Span` when it numbers consecutive values in order, else itself."""
     index = np.asarray(index, np.intp)
-    if index.size and index.reshape(-1)[0] + index.size - 1 == index.reshape(-1)[-1] and \
-            (index.size == 1 or bool((np.diff(index.reshape(-1)) == 1).all())):
-        return _Span(int(index.reshape(-1)[0]), index.shape)
+    flat = index.reshape(-1)
+    # n strictly increasing integers from a to a + n - 1 are consecutive: one comparison of
+    # neighbours (a bool per element) instead of np.diff's int64 differences
+    if flat.size and flat[0] + flat.size - 1 == flat[-1] and (flat.size == 1 or bool((flat[1:] > flat[:-1]).all())):
+        return _Span(int(flat[0]), index.shape)
     return index
 
 
@@ -831,10 +849,11 @@ def _layout(acc_n: int, count: int, products: list, alus: list, acc_loads, made:
     renumber[rest] = np.arange(nxt, nxt + rest.size)
     nxt += rest.size
     zeroed = nxt
-    loaded = np.zeros(count, bool)
+    waiting = None          # loaded values still without a number (none loaded: most streams)
     if acc_loads is not None:
-        loaded[acc_loads[0]] = True
-    waiting = loaded & (renumber < 0)       # loaded values still without a number
+        waiting = np.zeros(count, bool)
+        waiting[acc_loads[0]] = True
+        waiting &= renumber < 0
 
     def claim_loaded(read: np.ndarray) -> None:
         # loaded values in the order an ALU batch first reads them (an element-wise add reads
@@ -849,11 +868,16 @@ def _layout(acc_n: int, count: int, products: list, alus: list, acc_loads, made:
             claim(read)         # distinct values no one claimed: always taken
             waiting[read] = False
 
-    # how often each value is read: counted array by array (numpy 2's add.at is a few times
-    # faster than a bincount of all of them concatenated, millions of indices)
-    reads = np.zeros(count, np.intp)
-    for read in (kept, *(m for a in alus for m in a[4:] if m is not None)):
-        np.add.at(reads, read.reshape(-1), 1)
+    # the values read other than as an ALU group's ``old``: a value is the ``old`` of one ALU
+    # (or LUT) instruction at most (ACC maps elements to distinct values, and an instruction
+    # that reads a destination vector writes new values over all of it, while no two of its
+    # vectors overlap), so an ``old`` read by nothing else is one no other array names
+    # (a mark per value, not a count: the groups read tens of millions of values)
+    shared = np.zeros(count, bool)
+    shared[kept.reshape(-1)] = True
+    for a in alus:
+        if a[5] is not None:
+            shared[a[5].reshape(-1)] = True
     for k, (ufunc, op, imm, new, old, src) in enumerate(alus):
         # in execution order: ``old`` has its numbers (made before, or loaded), ``new`` does not yet
         new, old = new.reshape(-1), old.reshape(-1)
@@ -861,15 +885,15 @@ def _layout(acc_n: int, count: int, products: list, alus: list, acc_loads, made:
         at = renumber[old]
         # a batch is independent element by element: in the order of the values it reads, a
         # run where it reads all of one (a product's accumulators in the product's order)
-        if at.size > 1 and not (np.diff(at) >= 0).all():
+        if at.size > 1 and not (at[1:] >= at[:-1]).all():
             order = np.argsort(at, kind="stable")
             new, old, at = new[order], old[order], at[order]
             src = None if src is None else src.reshape(-1)[order]
             alus[k] = (ufunc, op, imm, new, old, src)
         if src is not None:
             claim_loaded(src.reshape(-1))
-        if new.size == old.size and at.size and at[0] >= acc_n and (reads[old] == 1).all() and \
-                (renumber[new] < 0).all() and at[-1] - at[0] == at.size - 1 and (np.diff(at) == 1).all():
+        if new.size == old.size and at.size and at[0] >= acc_n and not shared[old].any() and \
+                (renumber[new] < 0).all() and at[-1] - at[0] == at.size - 1 and (at[1:] > at[:-1]).all():
             renumber[new] = at
         else:
             claim(new)
@@ -933,12 +957,56 @@ def _distinct(index: np.ndarray, bound: int) -> bool:
     return int(np.count_nonzero(seen)) == index.size
 
 
+def _rows_of(codes: np.ndarray, lanes: np.ndarray) -> tuple[np.ndarray, bool]:
+    """Source codes whose last axis is ``tile`` lanes, as ``(first code of each row, True)``
+    when every row is a run (consecutive codes from a non-negative first one) or one pad
+    (the same negative code throughout): what :func:`_codes` gives back, and what a
+    :class:`_Gather` reads as whole rows from their resolved starts. Else ``(codes, False)``.
+
+    >>> first, rows = _rows_of(np.array([[4, 5, 6], [-2, -2, -2]]), np.arange(3)); first.tolist(), rows
+    ([4, -2], True)
+    >>> _rows_of(np.array([[4, 6, 5]]), np.arange(3))[1]
+    False
+    """
+    first = codes[..., :1]
+    if bool(np.where(first >= 0, codes == first + lanes, codes == first).all()):
+        return first[..., 0].copy(), True       # a copy: the codes are not kept alive
+    return codes, False
+
+
+def _codes(rows: tuple[np.ndarray, bool], tile: int) -> np.ndarray:
+    """The codes :func:`_rows_of` was given, from what it returned.
+
+    >>> _codes((np.array([4, -2]), True), 3).tolist()
+    [[4, 5, 6], [-2, -2, -2]]
+    """
+    first, whole = rows
+    if not whole:
+        return first
+    first = first[..., None]
+    return np.where(first >= 0, first + np.arange(tile), first)
+
+
+def _leading_codes(rows: tuple[np.ndarray, bool], tile: int, lead: int) -> np.ndarray:
+    """Of the codes :func:`_rows_of` returned ``rows`` for, those of the rows that may hold a
+    leading code (below ``lead``: see :meth:`_Sources.keep`): the rest are pads or host data.
+
+    >>> _leading_codes((np.array([3, -1, 900]), True), 2, 100).tolist()
+    [[3, 4]]
+    """
+    first, whole = rows
+    if not whole:
+        return first
+    return _codes((first[(first >= 0) & (first < lead)], True), tile)
+
+
 def _intern(ids: dict, tiles: list, tile: np.ndarray) -> int:
+    """The number of ``tile`` among ``tiles`` by its contents, a copy of it added when new."""
     key = tile.tobytes()
     k = ids.get(key)
     if k is None:
         k = ids[key] = len(tiles)
-        tiles.append(tile)
+        tiles.append(tile.copy())
     return k
 
 
@@ -1020,6 +1088,23 @@ class _Gather:
                                       np.arange(n * tile, flat_size)])
             self.elements = flat[self.at]
         self.by_rows = self.rows_at is None and index.ndim > 1 and index.shape[-1] % tile == 0
+
+    @classmethod
+    def of_starts(cls, starts: np.ndarray, shape: tuple, tile: int) -> "_Gather":
+        """The gather of ``shape`` (last axis ``tile``) whose rows are the runs of the vector
+        that start at ``starts`` (``shape`` but the last axis): what the gather of those runs'
+        index array makes, without the array.
+
+        >>> g = _Gather.of_starts(np.array([[8, 0]]), (1, 2, 4), 4)
+        >>> g.read(_Vector(np.arange(12), 4)).tolist(), g.by_rows
+        ([[[8, 9, 10, 11], [0, 1, 2, 3]]], True)
+        """
+        gather = cls.__new__(cls)
+        gather.shape, gather.size, gather.index = tuple(shape), starts.size * tile, None
+        gather.starts = starts.reshape(-1)
+        gather.rows_at = gather.at = gather.elements = None
+        gather.by_rows = len(shape) > 1 and shape[-1] % tile == 0
+        return gather
 
     def part(self, source: _Vector, lo: int, hi: int) -> np.ndarray:
         """``read(source)[lo:hi]``, reading only those (:attr:`by_rows` gathers)."""

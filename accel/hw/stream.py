@@ -91,6 +91,11 @@ class StreamBuilder:
         # table (no host slot) is valid in every stream of this simulator once it was in one
         self._made: dict[tuple, Instruction] = {}
         self._table_free = frozenset(cls for cls, names in fields.items() if "slot" not in names)
+        # a call names its class by number: a call of ints only is a tuple the cyclic garbage
+        # collector stops tracking, and a first model call records up to a million of them
+        # (each collection of the oldest generation would walk them all again)
+        self._classes = tuple(fields)
+        self._number = {cls: k for k, cls in enumerate(self._classes)}
         self._start()
 
     def _start(self) -> None:
@@ -115,7 +120,7 @@ class StreamBuilder:
         """Add an instruction of ``cls`` with these field ``values`` (ordered as
         ``fields[cls]``) and ``deps`` (a 4-bit flag mask or :data:`AUTO`); returns its
         index in the stream. Raises the check's error for an invalid instruction."""
-        call = (cls, deps, values)
+        call = (self._number[cls], deps, values)
         rec = self._following
         if rec is not None:     # the common case of a replay, spelt out: one comparison
             at = self._at
@@ -181,7 +186,8 @@ class StreamBuilder:
         if kind == "pop":
             self.emitter.dep_pop(Queue(call[1]), Queue(call[2]))
             return None
-        cls, deps, values = call
+        number, deps, values = call
+        cls = self._classes[number]
         ins = self._instructions.get(call)
         checked = ins is not None
         if ins is None:

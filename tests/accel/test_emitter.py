@@ -150,3 +150,24 @@ def test_validator_runs_on_every_instruction_with_its_index():
     _op(em, STORE)
     em.finish()
     assert seen == [(0, "LOAD"), (1, "STORE"), (2, "FINISH")]
+
+
+@pytest.mark.parametrize("tokens", [True, False])
+@pytest.mark.parametrize("queue, flag, message", [
+    (LOAD, "pop_prev", "pop_prev is not valid on the LOAD queue"),
+    (LOAD, "push_prev", "push_prev is not valid on the LOAD queue"),
+    (STORE, "pop_next", "pop_next is not valid on the STORE queue"),
+    (STORE, "push_next", "push_next is not valid on the STORE queue"),
+])
+def test_the_form_check_alone_rejects_what_the_full_verify_does(tokens, queue, flag, message):
+    """verify(tokens=False), the check a session's streams get (the cycle model runs their
+    tokens), names a flag without a neighbour and a FINISH before the end as verify() does;
+    a stream of valid flags passes it."""
+    bad = nop(queue).with_flags(**{flag: True})
+    with pytest.raises(accel.InstructionError, match=f"instruction #1 .*{message}"):
+        verify([nop(COMPUTE), bad, Finish()], tokens=tokens)
+    with pytest.raises(accel.InstructionError, match="instruction #0 .*FINISH must be the last"):
+        verify([Finish(), nop(LOAD), Finish()], tokens=tokens)
+    pushed = nop(COMPUTE).with_flags(push_prev=True, push_next=True)
+    verify([pushed, nop(LOAD).with_flags(pop_next=True), nop(STORE).with_flags(pop_prev=True), Finish()],
+           tokens=tokens)

@@ -6,6 +6,7 @@ import pathlib
 from unittest import mock
 
 import numpy as np
+import pytest
 from hypothesis import given, strategies as st
 
 from accel.hw import fused
@@ -335,6 +336,48 @@ def test_inputs_that_only_meet_zero_padded_weights_are_read_as_runs(channels, ga
         np.testing.assert_array_equal(sim.memory(mem), ref.memory(mem))
 
 
+@given(st.lists(st.lists(st.integers(-3, 40), min_size=4, max_size=4), min_size=1, max_size=6),
+       st.lists(st.sampled_from(["run", "pad", "as drawn"]), min_size=6, max_size=6))
+def test_tap_input_rows_kept_as_starts_give_back_their_codes(rows, kinds):
+    """A tap sum's input codes are kept as the first code of each row when every row is a run
+    or one pad, and the codes come back whole from those starts; any other row keeps them all."""
+    codes = np.array([[r[0] + k for k in range(4)] if kind == "run" and r[0] >= 0 else
+                      [min(r[0], -1)] * 4 if kind == "pad" else r for r, kind in zip(rows, kinds)])
+    first, whole = fused._rows_of(codes, np.arange(4))
+    assert whole == all((r == r[0] + np.arange(4)).all() if r[0] >= 0 else (r == r[0]).all() for r in codes)
+    assert first.shape == (codes.shape[:-1] if whole else codes.shape)
+    np.testing.assert_array_equal(fused._codes((first, whole), 4), codes)
+
+
+def test_a_tap_sum_over_loaded_padded_and_untouched_rows_reads_them_as_rows():
+    """Taps over a padded LOAD's rows (host data and pad rows) and INP rows no LOAD touched:
+    the plan reads every row from its start (no index array of the codes) and equals the
+    instruction-by-instruction simulator; a tap over rows split between two LOADs reads them
+    from copies made at each run, as before."""
+    # a whole first tile of padding, host rows, a pad row, then rows no LOAD touched
+    load = Load(mem=Mem.INP, sram_addr=0, sram_ld=16, slot=0, dram_offset=5, dram_ld=16, rows=8, cols=16,
+                pad_top=18, pad_bottom=1, pad_value=-3)
+    taps = Dwmac(acc_addr=0, inp_addr=0, wgt_addr=0, acc_ld=16, inp_ld=16, ext_out=8, ext_in=2,
+                 inp_stride_out=32, inp_stride_in=16, wgt_stride_out=32, wgt_stride_in=16)
+    halves = [Load(mem=Mem.INP, sram_addr=512 + 8 * k, sram_ld=16, slot=1, dram_offset=100 * k, dram_ld=8, rows=16,
+                   cols=8) for k in range(2)]
+    split = Dwmac(acc_addr=256, inp_addr=512, wgt_addr=0, acc_ld=16, inp_ld=16, ext_out=2, inp_stride_out=256)
+    reset = Gemm(acc_addr=0, inp_addr=0, wgt_addr=0, acc_ld=16, inp_ld=16, wgt_ld=16, reset=True, ext_out=2,
+                 acc_stride_out=256)
+    for stream, rows in (([load, reset, taps, Finish()], True), ([load, *halves, reset, taps, split, Finish()], False)):
+        plan, (sim, host), (ref, want) = _both(stream)
+        tap_sums = [p for p in plan.products if isinstance(p, fused._TapSum)]
+        assert tap_sums and all(t.x.by_rows for t in tap_sums)
+        assert all(t.x.index is None and t.x.rows_at is None for t in tap_sums)
+        assert (plan.f_extra is None) == rows       # a split row is copied whole at each run
+        for s in (sim, ref):
+            s.wgt[:] = (np.arange(s.wgt.size) * 37) % 256 - 128
+        assert plan.run(host, sim)
+        ref.run(stream, want)
+        for mem in Mem:
+            np.testing.assert_array_equal(sim.memory(mem), ref.memory(mem))
+
+
 def test_more_taps_than_float32_sums_exactly_are_summed_in_float64_and_wrap():
     """A DWMAC of 33 x 34 steps into one tile (past the 1024 products float32 sums exactly):
     the tap sum is taken in float64 and added into accumulators near -2**31 modulo 2**32."""
@@ -481,6 +524,30 @@ def test_alu_chains_work_in_place_and_equal_instruction_by_instruction():
     assert plan is not None and len(plan.alus) == len(chain)
     assert all(new.start == old.start for _, _, _, new, old, _ in plan.alus)     # in place, all of them
     assert plan.run(host, sim) and plan.run(host, sim)      # twice: a run leaves nothing the next one reads
+    ref.run(stream, want)
+    np.testing.assert_array_equal(host[4], want[4])
+    np.testing.assert_array_equal(sim.acc, ref.acc)
+
+
+@pytest.mark.parametrize("reader", ["alu", "store"])
+def test_an_alu_step_whose_operand_is_read_elsewhere_does_not_work_in_place(reader):
+    """A chain's multiply reads accumulators another ALU adds from (as its source), or a
+    STORE copies out, in between: the multiply must not write over them, and the results are
+    the reference's; the shift after it, whose operand nothing else reads, still works in place."""
+    a, b = dict(dst_addr=0, ext_out=16, dst_stride_out=16), dict(dst_addr=256, ext_out=16, dst_stride_out=16)
+    other = (Alu(op=AluOp.ADD, src_addr=0, src_stride_out=16, **b) if reader == "alu" else
+             Store(sram_addr=0, sram_ld=16, slot=4, dram_offset=0, dram_ld=16, rows=16, cols=16))
+    stream = _auto([_gemm(reset=True), _gemm(), other, Alu(op=AluOp.MUL, use_imm=True, imm=3, **a),
+                    Alu(op=AluOp.SHR, use_imm=True, imm=1, **a),
+                    Store(sram_addr=256, sram_ld=16, slot=4, dram_offset=256, dram_ld=16, rows=16, cols=16)])
+    plan, (sim, host), (ref, want) = _both(stream)
+    assert plan is not None
+    by_op = {op: (new, old) for _, op, _, new, old, _ in plan.alus}
+    new, old = by_op[AluOp.MUL]
+    assert not (isinstance(old, fused._Span) and new.start == old.start)        # not over what is read again
+    new, old = by_op[AluOp.SHR]
+    assert isinstance(old, fused._Span) and new.start == old.start               # in place
+    assert plan.run(host, sim)
     ref.run(stream, want)
     np.testing.assert_array_equal(host[4], want[4])
     np.testing.assert_array_equal(sim.acc, ref.acc)
