@@ -118,10 +118,14 @@ def activation_nodes(name: str) -> tuple[list, list, bool]:
         return [helper.make_node("Sigmoid", ["xd"], ["f"])], [], True
     if name == "Div":
         return [helper.make_node("Div", ["xd", "k"], ["f"])], [c(6, "k")], True
+    if name == "LeakyRelu":              # YOLOv3's and GANs' activation
+        return [helper.make_node("LeakyRelu", ["xd"], ["f"], alpha=0.1)], [], True
+    if name == "PRelu":                  # PyTorch's nn.PReLU(): one slope, shape [1]
+        return [helper.make_node("PRelu", ["xd", "slope"], ["f"])], [c([0.25], "slope")], True
     return [helper.make_node(name, ["xd"], ["f"])], [], False
 
 
-ACTIVATIONS = ["Sigmoid", "Tanh", "Exp", "HardSigmoid", "HardSwish", "GELU", "SiLU", "Div"]
+ACTIVATIONS = ["Sigmoid", "Tanh", "Exp", "HardSigmoid", "HardSwish", "GELU", "SiLU", "Div", "LeakyRelu", "PRelu"]
 
 
 @st.composite
@@ -140,7 +144,17 @@ def test_activation_is_a_table_like_onnxruntime(site):
     """Each activation becomes one ``take`` from a 256-entry int8 table: bit-exact with
     onnxruntime for float32 arithmetic, within one step (and almost always exact) for its
     approximations of sigmoid, tanh, exp and erf."""
-    name, sx, zx, sy, zy, seed = site
+    check_table(*site)
+
+
+@pytest.mark.parametrize("name", ["LeakyRelu", "PRelu"])
+def test_leaky_relu_and_prelu_of_one_slope_are_tables(name):
+    """Operators with their slope as an attribute or a one-value input (TVM's nn.leakyrelu,
+    nn.prelu) are tables too, bit-exact."""
+    check_table(name, 0.05, 7, 0.03, -5, 3)
+
+
+def check_table(name: str, sx: float, zx: int, sy: float, zy: int, seed: int) -> None:
     shape = (1, 4, 8, 9)
     xq, xi = qdq("x", "xd", sx, zx)
     body, inits, exact = activation_nodes(name)
@@ -206,6 +220,9 @@ def test_a_table_declines_with_its_reason():
     body = [helper.make_node("Mul", ["ad", "ramp"], ["m"]), helper.make_node("Tanh", ["m"], ["f"])]
     _, declined = declined_site(body, [ramp], {"a": shape})
     assert len(declined) == 1 and "a constant of 4 different values" in declined[0]
+    slopes = numpy_helper.from_array(np.array([0.1, 0.2, 0.3, 0.4], np.float32).reshape(4, 1, 1), "slopes")
+    _, declined = declined_site([helper.make_node("PRelu", ["ad", "slopes"], ["f"])], [slopes], {"a": shape})
+    assert len(declined) == 1 and "a PRelu with 4 different slopes (one table per channel)" in declined[0]
 
 
 # ----------------------------------------------------------------------------------------
