@@ -380,8 +380,6 @@ def max_pool_declines(call: relax.Call) -> str | None:
         return f"a max pool in layout {attrs.layout} -> {attrs.out_layout}; accel pools NCHW or NHWC"
     if any(int(d) != 1 for d in attrs.dilation):
         return "a dilated max pool; accel's window is a run of adjacent pixels"
-    if bool(attrs.ceil_mode):
-        return "a max pool with ceil_mode"
     if _static_dims(x) is None or _static_dims(call) is None:
         return "dynamic shapes; accel needs static shapes"
     return None
