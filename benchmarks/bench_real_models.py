@@ -191,7 +191,9 @@ def table(rows: list, tune: bool) -> str:
             f"{'cycles':>10} {'roofl':>6} {'accel':>6} {'diff':>8}" + (f" {'tuned gain':>10}" if tune else ""))
     lines = [head]
     for r in rows:
-        line = (f"{r['model']:<18} {r['macs'] / 1e6:>5.0f}M {r['build']:>8.1f} {r['tvm']:>7.1f} {r['vm']:>6.1f} "
+        # a small model's MACs with a decimal (an unseen model of 0.4 M MACs is not "0M")
+        macs = f"{r['macs'] / 1e6:>5.1f}M" if r["macs"] < 10e6 else f"{r['macs'] / 1e6:>5.0f}M"
+        line = (f"{r['model']:<18} {macs} {r['build']:>8.1f} {r['tvm']:>7.1f} {r['vm']:>6.1f} "
                 f"{r['build'] / r['tvm']:>5.1f}x {r['first'] * 1e3:>8.0f} {r['ort_first'] * 1e3:>8.1f} "
                 f"{r['first'] / r['ort_first']:>5.0f}x {r['later'] * 1e3:>9.0f} {r['steady'] * 1e3:>7.0f} "
                 f"{r['ort_later'] * 1e3:>7.1f} {r['steady'] / r['ort_later']:>5.0f}x {r['cycles']:>10,} {100 * r['roofline']:>5.0f}% "
