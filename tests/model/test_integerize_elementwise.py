@@ -362,11 +362,13 @@ def test_split_transpose_reshape_concat_stay_int8(first, second, rescale, zx, se
     assert diff.max() <= (1 if rescale else 0)
 
 
-@settings(max_examples=6)
-@given(st.lists(st.integers(0, 2), min_size=4, max_size=4), st.integers(-30, 30), st.integers(0, 2**16))
-def test_a_pad_before_a_convolution_pads_the_int8_tensor(pads, zx, seed):
+@settings(max_examples=8)
+@given(st.lists(st.integers(0, 2), min_size=4, max_size=4), st.integers(-30, 30),
+       st.sampled_from(["constant", "reflect", "edge"]), st.integers(0, 2**16))
+def test_a_pad_before_a_convolution_pads_the_int8_tensor(pads, zx, mode, seed):
     """An ONNX Pad (imported as a TOPI call_tir) with 0.0 before a Conv: the int8 tensor is
-    padded with its zero point, and the convolution is integer, within one step."""
+    padded with its zero point, and the convolution is integer, within one step; a reflect or
+    edge Pad (CycleGAN's and segmentation models' ReflectionPad2d) moves the int8 elements."""
     rng = np.random.default_rng(seed)
     shape = (1, 3, 6, 5)
     top, left, bottom, right = pads
@@ -378,12 +380,13 @@ def test_a_pad_before_a_convolution_pads_the_int8_tensor(pads, zx, seed):
     inits = [numpy_helper.from_array(np.array([0, 0, top, left, 0, 0, bottom, right], np.int64), "pads"),
              numpy_helper.from_array(w, "w_q"), numpy_helper.from_array(np.array(sw, np.float32), "w_s"),
              numpy_helper.from_array(np.array(0, np.int8), "w_z")]
-    body = [helper.make_node("Pad", ["xd", "pads"], ["p"]),
+    body = [helper.make_node("Pad", ["xd", "pads"], ["p"], mode=mode),
             helper.make_node("DequantizeLinear", ["w_q", "w_s", "w_z"], ["w"]),
             helper.make_node("Conv", ["p", "w"], ["c"], kernel_shape=[2, 2])]
     model = graph(xq + body + yq, xi + inits + yi, {"x": shape}, out)
     mod, declined = integerised(model)
     assert not declined
+    assert "relax.call_tir" not in op_names(mod)
     convs = [c for c in calls(mod["main"]) if str(c.op.name) == "relax.nn.conv2d"]
     assert len(convs) == 1 and str(convs[0].args[0].ty.dtype) == "int8"
     integer_between(mod)
@@ -396,6 +399,9 @@ def test_pad_of_reads_widths_and_value():
     assert padded_pad_of(x, [(0, 1), (0, 0)], -2.5) == ([0, 0], [1, 0], -2.5)
     assert pads.pad_of(x, np.flip(x)) is None                            # moved, not padded
     assert pads.pad_of(x, np.pad(x, 1, mode="edge")) is None             # not one constant
+    assert pads.moved_pad_of(x, np.pad(x, [(1, 2), (0, 1)], mode="edge")) == ([1, 0], [2, 1], "edge")
+    assert pads.moved_pad_of(x, np.pad(x, [(2, 0), (3, 3)], mode="reflect")) == ([2, 3], [0, 3], "reflect")
+    assert pads.moved_pad_of(x, np.pad(x, 1, constant_values=0.0)) is None
 
 
 def padded_pad_of(x, widths, value):

@@ -126,7 +126,8 @@ def integerize(precise: bool = True) -> tvm.transform.Pass:
             reasons = "; ".join(_some([f"{name}: {why} ({n}x)" for (name, why), n in sorted(declined.items())]))
             warnings.warn(f"tp.integerize left {len(left)} quantised operator(s) in float, computed on the "
                           f"host: {', '.join(_some(sorted(set(left))))}"
-                          + (f"; declined: {reasons}; no integer rule for the others" if reasons
+                          + (f"; declined: {reasons}" + ("; no integer rule for the others"
+                                                          if len(set(left)) > len(declined) else "") if reasons
                              else " (no integer rule for them)"),
                           IntegerizeWarning, stacklevel=2)
         return mod
