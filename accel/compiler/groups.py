@@ -81,7 +81,8 @@ def _epilogue(conv_var, bindings: dict, uses: dict) -> tuple[list, relax.Var] | 
             # the other operands constants (a tensor, or a scalar bound of a clip)
             if all(a in region for a in call.args if isinstance(a, relax.Var)):
                 region.append(user)
-                frontier.append(user)
+                if str(user.ty.dtype) != "int8":    # the epilogue ends at its cast to int8
+                    frontier.append(user)
     exits = [v for v in region if any(u is None or u not in region for u in uses.get(v, [None]))]
     if len(exits) != 1 or exits[0] is conv_var or str(exits[0].ty.dtype) != "int8":
         return None

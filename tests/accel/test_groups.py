@@ -18,16 +18,18 @@ import tirpat as tp  # noqa: E402
 from tirpat.testing.differential import assert_matches_llvm  # noqa: E402
 
 
-def grouped_model(c: int, groups: int, per_out: int, k: int, stride: int, size: int, seed: int):
+def grouped_model(c: int, groups: int, per_out: int, k: int, stride: int, size: int, seed: int,
+                  act: str = "Relu"):
     """Float ONNX: a grouped Conv (``groups`` groups of ``c // groups`` input and ``per_out``
-    output channels, kernel ``k``, padding ``k // 2``, a bias) + ReLU, then a 1x1 Conv to 4 channels."""
+    output channels, kernel ``k``, padding ``k // 2``, a bias), ``act`` (a ReLU joins the
+    requantise; a Sigmoid is a table looked up after it), then a 1x1 Conv to 4 channels."""
     rng = np.random.default_rng(seed)
     f = groups * per_out
     inits = {"w": rng.normal(0, 0.4, (f, c // groups, k, k)), "b": rng.normal(0, 0.2, f),
              "v": rng.normal(0, 0.3, (4, f, 1, 1))}
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["g"], kernel_shape=[k, k], strides=[stride] * 2,
                               pads=[k // 2] * 4, group=groups),
-             helper.make_node("Relu", ["g"], ["r"]),
+             helper.make_node(act, ["g"], ["r"]),
              helper.make_node("Conv", ["r", "v"], ["y"], kernel_shape=[1, 1])]
     out = (size + 2 * (k // 2) - k) // stride + 1
     graph = helper.make_graph(nodes, "grouped", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, size, size])],
@@ -38,11 +40,12 @@ def grouped_model(c: int, groups: int, per_out: int, k: int, stride: int, size: 
 
 @settings(max_examples=6, deadline=None)
 @given(st.sampled_from([(8, 2), (12, 3), (16, 4), (8, 4)]), st.integers(1, 3), st.sampled_from([1, 3]),
-       st.integers(1, 2), st.integers(4, 7), st.booleans(), st.integers(0, 2**16))
+       st.integers(1, 2), st.integers(4, 7), st.booleans(), st.sampled_from(["Relu", "Sigmoid"]),
+       st.integers(0, 2**16))
 def test_a_quantised_grouped_convolution_runs_on_accel_one_group_at_a_time(shape, per_out, k, stride, size,
-                                                                          per_channel, seed):
+                                                                          per_channel, act, seed):
     c, groups = shape
-    model, grouped_macs = grouped_model(c, groups, per_out, k, stride, size, seed)
+    model, grouped_macs = grouped_model(c, groups, per_out, k, stride, size, seed, act)
     rng = np.random.default_rng(seed)
     q = tp.quantize(model, {"x": rng.normal(size=(8, 1, c, size, size)).astype(np.float32)}, per_channel=per_channel)
     mod = from_onnx(q, keep_params_in_input=False)
@@ -54,6 +57,7 @@ def test_a_quantised_grouped_convolution_runs_on_accel_one_group_at_a_time(shape
     assert report["total_macs"] == grouped_macs + 4 * f * out * out      # the grouped conv counted once
     assert report["macs"]["accel"] == report["total_macs"]
     assert [p.pattern for p in compiled.report.partitions].count("accel.conv2d") == groups + 1
+    assert "relax.nn.conv2d" not in [h.op for h in compiled.report.on_host]
 
 
 def test_a_grouped_convolution_left_whole_says_why():
