@@ -121,7 +121,7 @@ def analyse(index: np.ndarray, in_shape: tuple, out_shape: tuple) -> Upsample:
     >>> analyse(np.arange(6)[::-1], (1, 6), (1, 6))
     Traceback (most recent call last):
     ...
-    accel.compiler.upsample.Declined: no upsampling (the last two dimensions keep their sizes)
+    accel.compiler.upsample.Declined: no upsampling (the last two dimensions keep their sizes): ...
     """
     if len(in_shape) < 2 or len(out_shape) < 2:
         raise Declined("a tensor of fewer than two dimensions")
@@ -130,7 +130,8 @@ def analyse(index: np.ndarray, in_shape: tuple, out_shape: tuple) -> Upsample:
         raise Declined(f"output rows {ho} x {wo} are not whole multiples of the input's {hi} x {wi}")
     sy, sx = ho // hi, wo // wi
     if (sy, sx) == (1, 1):
-        raise Declined("no upsampling (the last two dimensions keep their sizes)")
+        raise Declined("no upsampling (the last two dimensions keep their sizes): accel's DMA moves elements to "
+                       "resize or pixel-shuffle an image, and the CPU does other moves such as a channel shuffle")
     p = int(np.prod(out_shape[:-2], dtype=np.int64))
     g = np.asarray(index, np.int64).reshape(p, hi, sy, wi, sx)
     base = g[:, 0, :, 0, :]                                      # [P, sy, sx]
