@@ -38,9 +38,9 @@ def grouped_model(c: int, groups: int, per_out: int, k: int, stride: int, size: 
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), f * (c // groups) * k * k * out * out
 
 
-@settings(max_examples=6, deadline=None)
+@settings(max_examples=4, deadline=None)
 @given(st.sampled_from([(8, 2), (12, 3), (16, 4), (8, 4)]), st.integers(1, 3), st.sampled_from([1, 3]),
-       st.integers(1, 2), st.integers(4, 7), st.booleans(), st.sampled_from(["Relu", "Sigmoid"]),
+       st.integers(1, 2), st.integers(4, 6), st.booleans(), st.sampled_from(["Relu", "Sigmoid"]),
        st.integers(0, 2**16))
 def test_a_quantised_grouped_convolution_runs_on_accel_one_group_at_a_time(shape, per_out, k, stride, size,
                                                                           per_channel, act, seed):
