@@ -79,16 +79,18 @@ class AccelBackend(tp.Backend):
     def passes(self, phase: tp.Phase, opts: dict) -> list:
         if phase is tp.Phase.PRE_PARTITION:
             from accel.compiler.elementwise import widen_per_use
+            from accel.compiler.groups import split_groups
             from accel.compiler.patterns import narrow_constant_operands, split_operand_permutes
             from accel.compiler.pooling import sums_as_convolutions
 
             # a quantised (QDQ) model becomes the integer arithmetic accel's patterns take;
-            # int32 weights that fit int8 are stored as int8; an average pool's window sums
-            # become convolutions with a weight of ones (accel's MAC units sum int8 exactly);
-            # an element-wise chain gets its own widening casts; a matmul operand permuted
-            # across its batch axes is permuted on the host to the layout the GEMM reads
-            return [tp.integerize(), narrow_constant_operands(), split_operand_permutes(), sums_as_convolutions(),
-                    widen_per_use()]
+            # a grouped convolution is one per group; int32 weights that fit int8 are stored
+            # as int8; an average pool's window sums become convolutions with a weight of ones
+            # (accel's MAC units sum int8 exactly); an element-wise chain gets its own widening
+            # casts; a matmul operand permuted across its batch axes is permuted on the host
+            # to the layout the GEMM reads
+            return [tp.integerize(), split_groups(), narrow_constant_operands(), split_operand_permutes(),
+                    sums_as_convolutions(), widen_per_use()]
         if phase is tp.Phase.POST_PARTITION:
             from accel.compiler.patterns import accumulator_first
 

@@ -17,7 +17,8 @@ pre-processing does; random noise calibrates badly), imported once (``import_onn
 - device: simulated cycles, the roofline share of the model's own MACs on accel (the cycles
   those MACs take at the GEMM array's peak over the cycles simulated) and the share of the
   model's MACs on accel; ``diff``: the largest absolute difference of the output from the
-  ``tvm.compile`` reference's;
+  ``tvm.compile`` reference's; ``steps``: the largest difference from onnxruntime's exact QDQ run
+  (``ORT_ENABLE_BASIC``, the accuracy reference) in the output's quantisation steps;
 - ``--tune``: the cycles after ``tp.tune`` with 64 trials (slow: off by default).
 
 Models are read from ``$TIRPAT_REALMODELS`` or ``~/.cache/tirpat-realmodels``; a model that is
@@ -47,7 +48,8 @@ from tvm import relax
 
 import tirpat as tp
 from tirpat.model.onnx_import import import_onnx
-from tirpat.testing.ort_session import fused_session
+from tirpat.testing.onnx_cnn import output_scale
+from tirpat.testing.ort_session import exact_session, fused_session
 
 #: model -> its input's shape here (detectors at H = W = 320, recognisers at W = 320) and its normalisation
 MODELS = {
@@ -69,9 +71,14 @@ def models_dir() -> pathlib.Path:
 
 
 def image(shape, norm: str, rng: np.random.Generator) -> np.ndarray:
-    """One structured input: a light background with dark bars (lines of 'text', broken into
-    words) and a box, in RGB / 255, normalised as the model's pre-processing does."""
-    _, c, h, w = shape
+    """One structured input of ``shape`` (NCHW; N pictures for a batch of N): a light background
+    with dark bars (lines of 'text', broken into words) and a box, in RGB / 255, normalised as
+    the model's pre-processing does."""
+    n, c, h, w = shape
+    return np.concatenate([_picture(c, h, w, norm, rng) for _ in range(n)])
+
+
+def _picture(c: int, h: int, w: int, norm: str, rng: np.random.Generator) -> np.ndarray:
     img = np.full((h, w, c), rng.uniform(0.75, 1.0, c), np.float32)
     img += np.linspace(0, rng.uniform(-0.15, 0.15), w, dtype=np.float32)[None, :, None]       # uneven lighting
     lines = max(1, h // 24)
@@ -163,6 +170,13 @@ def measure(name: str, path: pathlib.Path, shape, norm: str, repeats: int, tune:
     row["steady"] = median_wall(lambda: model(x), repeats)
     out = model(x)
     row["diff"] = float(np.max(np.abs(np.asarray(out, np.float64) - ref)))
+    # accuracy: onnxruntime's exact QDQ run of the int8 model, in the output's quantisation steps
+    qdq = onnx.load(str(qpath))
+    exact = exact_session(qdq).run(None, {input_name: x})[0]
+    try:
+        row["steps"] = float(np.max(np.abs(np.asarray(out, np.float64) - exact)) / output_scale(qdq))
+    except ValueError:          # a float output (no DequantizeLinear produces it): no step to count in
+        row["steps"] = None
     stats = model.stats["accel"]
     row["cycles"] = stats.cycles
     accel_macs = model.report.macs.get("accel", 0)
@@ -188,14 +202,17 @@ def measure(name: str, path: pathlib.Path, shape, norm: str, repeats: int, tune:
 def table(rows: list, tune: bool) -> str:
     head = (f"{'model':<18} {'MACs':>6} {'build s':>8} {'tvm s':>7} {'+VM s':>6} {'ratio':>6} "
             f"{'1st ms':>8} {'ort 1st':>8} {'ratio':>6} {'later ms':>9} {'steady':>7} {'ort ms':>7} {'ratio':>6} "
-            f"{'cycles':>10} {'roofl':>6} {'accel':>6} {'diff':>8}" + (f" {'tuned gain':>10}" if tune else ""))
+            f"{'cycles':>10} {'roofl':>6} {'accel':>6} {'diff':>8} {'steps':>6}" + (f" {'tuned gain':>10}" if tune else ""))
     lines = [head]
     for r in rows:
-        line = (f"{r['model']:<18} {r['macs'] / 1e6:>5.0f}M {r['build']:>8.1f} {r['tvm']:>7.1f} {r['vm']:>6.1f} "
+        # a small model's MACs with a decimal (an unseen model of 0.4 M MACs is not "0M")
+        macs = f"{r['macs'] / 1e6:>5.1f}M" if r["macs"] < 10e6 else f"{r['macs'] / 1e6:>5.0f}M"
+        line = (f"{r['model']:<18} {macs} {r['build']:>8.1f} {r['tvm']:>7.1f} {r['vm']:>6.1f} "
                 f"{r['build'] / r['tvm']:>5.1f}x {r['first'] * 1e3:>8.0f} {r['ort_first'] * 1e3:>8.1f} "
                 f"{r['first'] / r['ort_first']:>5.0f}x {r['later'] * 1e3:>9.0f} {r['steady'] * 1e3:>7.0f} "
                 f"{r['ort_later'] * 1e3:>7.1f} {r['steady'] / r['ort_later']:>5.0f}x {r['cycles']:>10,} {100 * r['roofline']:>5.0f}% "
-                f"{100 * r['on_accel']:>5.0f}% {r['diff']:>8.2g}")
+                f"{100 * r['on_accel']:>5.0f}% {r['diff']:>8.2g} "
+                + (f"{r['steps']:>6.0f}" if r["steps"] is not None else f"{'-':>6}"))
         if tune:
             line += f" {100 * (1 - r['tuned'] / r['cycles']):>9.1f}%"
         lines.append(line)
@@ -239,7 +256,8 @@ def main(argv=None) -> int:
     print(f"int8 per-tensor models; compile: one build each (tp.build(mod, \"accel, llvm\") vs "
           f"tvm.compile(integerised mod, \"llvm\"), its VM creation apart);\ncalls: first, and median of "
           f"{args.repeats} later, then of {args.repeats} steady (replayed) ones, vs onnxruntime int8 default session, 1 thread (the speed reference); "
-          "roofl: roofline share of the model's MACs on accel; diff: max |output - tvm.compile's|\n")
+          "roofl: roofline share of the model's MACs on accel; diff: max |output - tvm.compile's|;\n"
+          "steps: max |output - onnxruntime's exact QDQ run (ORT_ENABLE_BASIC)| in output quantisation steps\n")
     print(table(rows, args.tune))
     return 0
 

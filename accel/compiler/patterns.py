@@ -230,7 +230,9 @@ def _check_depthwise(core, data, weight, groups: int) -> str | None:
     if groups == channels and per_group_in == 1 and out == channels:
         return None
     return (f"a grouped convolution (groups = {groups}, {per_group_in} input and {out // groups} output channels "
-            "per group): accel runs depthwise ones (one of each per group), a grouped one is not one matrix product")
+            "per group) left whole: accel runs a depthwise one (one of each per group) on DWMAC, and an int8 NCHW "
+            "one with a constant weight and an epilogue that ends in int8 one group at a time; a grouped one is "
+            "not one matrix product")
 
 
 def _channel_axis(core) -> int:

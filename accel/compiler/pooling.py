@@ -75,7 +75,7 @@ from accel.hw import instructions
 
 ACC = instructions.ACC.scope     # the accumulator scratchpad's storage scope
 
-__all__ = ["sums_as_convolutions", "CHAIN_OPS", "MAX_POOL", "patterns", "max_pool_declines", "check_max_pool",
+__all__ = ["sums_as_convolutions", "uses_of", "CHAIN_OPS", "MAX_POOL", "patterns", "max_pool_declines", "check_max_pool",
            "MaxPool", "analyse_max_pool", "schedule_max_pool"]
 
 #: Element-wise operations that follow a global sum in its rescale and move with it onto the
@@ -142,9 +142,18 @@ class _Windows:
     window: tuple
 
 
-def _uses(func: relax.Function) -> dict:
+def uses_of(func: relax.Function) -> dict:
     """For each variable of ``func``, the variables whose bound values use it (the function's
-    result counts as a use by None)."""
+    result counts as a use by None).
+
+    >>> bb = relax.BlockBuilder(); x = relax.Var("x", relax.TensorType((2,), "int32"))
+    >>> with bb.function("f", [x]):
+    ...     with bb.dataflow():
+    ...         y = bb.emit(relax.op.add(x, x)); z = bb.emit_output(relax.op.multiply(y, x))
+    ...     _ = bb.emit_func_output(z)
+    >>> [[None if u is None else u.same_as(z) for u in users] for users in uses_of(bb.get()["f"]).values()]
+    [[False, False, True], [True], [None]]
+    """
     uses: dict = {}
 
     def args_of(value):
@@ -263,7 +272,7 @@ class _SumsMutator(PyExprMutator):
                 continue
             bindings = {b.var: b.value for block in func.body.blocks for b in block.bindings
                         if isinstance(b, relax.VarBinding)}
-            uses = _uses(func)
+            uses = uses_of(func)
             plans = {var: _plan(value, bindings, uses, var) for var, value in bindings.items()}
             plans = {var: plan for var, plan in plans.items() if plan is not None}
             if plans:
@@ -380,8 +389,6 @@ def max_pool_declines(call: relax.Call) -> str | None:
         return f"a max pool in layout {attrs.layout} -> {attrs.out_layout}; accel pools NCHW or NHWC"
     if any(int(d) != 1 for d in attrs.dilation):
         return "a dilated max pool; accel's window is a run of adjacent pixels"
-    if bool(attrs.ceil_mode):
-        return "a max pool with ceil_mode"
     if _static_dims(x) is None or _static_dims(call) is None:
         return "dynamic shapes; accel needs static shapes"
     return None

@@ -1,5 +1,5 @@
 """Upsampling on accel by DMA: a nearest resize by integer factors and a pixel shuffle (the
-second half of a ConvTranspose with stride = kernel), int8 tensors moved, not computed.
+second half of a ConvTranspose as integerize writes it), int8 tensors moved, not computed.
 
 Both give every output element one input element's value, in a pattern STORE's element
 stride (``dram_step``, accel/ISA.md section 4) writes directly. Seen from the output laid out
@@ -121,7 +121,7 @@ def analyse(index: np.ndarray, in_shape: tuple, out_shape: tuple) -> Upsample:
     >>> analyse(np.arange(6)[::-1], (1, 6), (1, 6))
     Traceback (most recent call last):
     ...
-    accel.compiler.upsample.Declined: no upsampling (the last two dimensions keep their sizes)
+    accel.compiler.upsample.Declined: no upsampling (the last two dimensions keep their sizes): ...
     """
     if len(in_shape) < 2 or len(out_shape) < 2:
         raise Declined("a tensor of fewer than two dimensions")
@@ -130,7 +130,8 @@ def analyse(index: np.ndarray, in_shape: tuple, out_shape: tuple) -> Upsample:
         raise Declined(f"output rows {ho} x {wo} are not whole multiples of the input's {hi} x {wi}")
     sy, sx = ho // hi, wo // wi
     if (sy, sx) == (1, 1):
-        raise Declined("no upsampling (the last two dimensions keep their sizes)")
+        raise Declined("no upsampling (the last two dimensions keep their sizes): accel's DMA moves elements to "
+                       "resize or pixel-shuffle an image, and the CPU does other moves such as a channel shuffle")
     p = int(np.prod(out_shape[:-2], dtype=np.int64))
     g = np.asarray(index, np.int64).reshape(p, hi, sy, wi, sx)
     base = g[:, 0, :, 0, :]                                      # [P, sy, sx]
@@ -297,13 +298,14 @@ def check_conv_transpose(ctx) -> str:
     """Why accel does not take a ``conv2d_transpose`` left in the model (always a reason:
     integerize rewrites those accel runs).
 
-    A ConvTranspose with stride = kernel reaches accel as integerize's 1x1 convolution and
-    pixel shuffle; one left as it is was not made integer, or has overlapping taps."""
+    integerize writes a quantised ConvTranspose as a convolution over its stride's phases and a
+    pixel shuffle, which accel runs; one left as it is was not made integer: a float model, or
+    one integerize declined (the reason is then integerize's)."""
     call = ctx.annotated_expr["core"]
     why = conv_transpose_declines(call)
     dtype = str(call.args[0].ty.dtype)
-    return (f"a {dtype} ConvTranspose: accel runs one with stride = kernel as integerize writes it for a quantised "
-            "model (a 1x1 convolution, then a pixel shuffle by DMA)" + (f"; this is {why}" if why else ""))
+    return (f"a {dtype} ConvTranspose: accel runs a quantised one as integerize writes it (a convolution, then a "
+            "pixel shuffle by DMA)" + (f"; this is {why}, which has no integer form" if why else ""))
 
 
 def _dims(expr) -> tuple | None:

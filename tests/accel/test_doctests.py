@@ -9,7 +9,8 @@ MODULES = ["accel", "accel.hw.config", "accel.hw.errors", "accel.hw.isa", "accel
            "accel.hw.timing", "accel.hw.cycles", "accel.hw.sim", "accel.hw.fused", "accel.hw.stream", "accel.hw.stats", "accel.hw.runtime", "accel.hw.instructions",
            "accel.compiler.blocks", "accel.compiler.rules", "accel.compiler.schedule", "accel.compiler.tuning",
            "accel.compiler.wrapping", "accel.compiler.build", "accel.compiler.pooling",
-           "accel.compiler.elementwise", "accel.compiler.upsample", "accel.compiler.prelowered"]
+           "accel.compiler.elementwise", "accel.compiler.upsample", "accel.compiler.prelowered",
+           "accel.compiler.groups"]
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -190,14 +190,14 @@ def test_quantised_average_pools_end_on_accel():
 
 
 def max_pool_module(layout: str, c: int, h: int, w: int, window, strides, padding, dilation=(1, 1),
-                    dtype: str = "int8") -> tvm.IRModule:
+                    dtype: str = "int8", ceil_mode: bool = False) -> tvm.IRModule:
     """``main(x)``: a ``max_pool2d`` of ``x`` ([1, c, h, w] or [1, h, w, c])."""
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType((1, c, h, w) if layout == "NCHW" else (1, h, w, c), dtype))
     with bb.function("main", [x]):
         with bb.dataflow():
             out = bb.emit_output(relax.op.nn.max_pool2d(x, pool_size=window, strides=strides, padding=padding,
-                                                        dilation=dilation, layout=layout))
+                                                        dilation=dilation, layout=layout, ceil_mode=ceil_mode))
         bb.emit_func_output(out)
     return bb.get()
 
@@ -205,16 +205,19 @@ def max_pool_module(layout: str, c: int, h: int, w: int, window, strides, paddin
 @settings(max_examples=20)
 @given(st.sampled_from(["NCHW", "NHWC"]), st.integers(1, 40), st.integers(1, 20), st.integers(1, 20),
        st.integers(1, 4), st.integers(1, 4), st.integers(1, 3), st.integers(1, 3),
-       st.lists(st.integers(0, 3), min_size=4, max_size=4), st.integers(0, 1000))
-def test_max_pool_runs_on_the_alu_bit_exact(layout, c, h, w, kh, kw, sh, sw, pads, seed):
+       st.lists(st.integers(0, 3), min_size=4, max_size=4), st.booleans(), st.integers(0, 1000))
+def test_max_pool_runs_on_the_alu_bit_exact(layout, c, h, w, kh, kw, sh, sw, pads, ceil_mode, seed):
+    """Any window, stride and padding; ``ceil_mode`` (PyTorch's and Caffe's exports) adds a last,
+    partial window."""
     top, left, bottom, right = [min(p, k - 1) for p, k in zip(pads, (kh, kw, kh, kw))]
     h, w = max(h, kh - top - bottom), max(w, kw - left - right)     # at least one window
-    mod = max_pool_module(layout, c, h, w, (kh, kw), (sh, sw), (top, left, bottom, right))
+    mod = max_pool_module(layout, c, h, w, (kh, kw), (sh, sw), (top, left, bottom, right), ceil_mode=ceil_mode)
     model = assert_matches_llvm(mod, "accel, llvm", seed=seed)
     assert _host_ops(model) == []
     (partition,) = model.report.partitions
     assert partition.pattern == "accel.pool"
-    oh, ow = (h + top + bottom - kh) // sh + 1, (w + left + right - kw) // sw + 1
+    out = [int(d) for d in mod["main"].ret_ty.shape.values]
+    oh, ow = out[2:] if layout == "NCHW" else out[1:3]
     tiles = oh * -(-ow // 16) * -(-c // 16)
     counts = model.stats["accel"].instructions
     # per tile of 16 pixels x 16 channels: a reset, a LOAD per window row, a MAX per window

@@ -120,9 +120,9 @@ def test_a_conv_transpose_left_in_the_model_says_why():
     w = relax.const(np.ones((4, 2, 3, 3), "float32"))
     with bb.function("main", [x]):
         with bb.dataflow():
-            y = bb.emit_output(relax.op.nn.conv2d_transpose(x, w, strides=2))
+            y = bb.emit_output(relax.op.nn.conv2d_transpose(x, w, strides=2, dilation=2))
         bb.emit_func_output(y)
-    why = "stride (2, 2) and kernel (3, 3): overlapping taps"
+    why = "this is a dilated ConvTranspose (dilation (2, 2)), which has no integer form"
     with pytest.warns(tp.OffloadWarning, match="a float32 ConvTranspose"):
         model = tp.build(bb.get(), "accel, llvm")
     assert why in model.report.to_json()["on_host"][0]["reason"]
@@ -163,6 +163,26 @@ def test_quantised_conv_transpose_and_resize_end_on_accel():
         np.random.default_rng(4 + k).standard_normal((1, 3, 16, 16)).astype(np.float32)])
     assert sorted(_host_ops(compiled)) == ["relax.dequantize", "relax.quantize"]
     assert [p.pattern for p in compiled.report.partitions].count("accel.upsample") == 2
+    report = compiled.report.to_json()
+    assert report["macs"]["accel"] == report["total_macs"] > 0
+
+
+def test_quantised_overlapping_conv_transpose_ends_on_accel():
+    """A decoder's ConvTranspose k3 s2 p1 op1 (onnx_cnn.decoder), quantised per channel: integerize's
+    convolution over the stride's phases runs on accel, every MAC of the model there, bit-exact
+    against llvm of the integerised module."""
+    pytest.importorskip("onnx")
+    pytest.importorskip("onnxruntime")
+    from tvm.relax.frontend.onnx import from_onnx
+
+    from tirpat.testing import onnx_cnn
+
+    model = onnx_cnn.decoder(seed=2)
+    mod = from_onnx(tp.quantize(model, onnx_cnn.calibration(model, 16), per_channel=True), keep_params_in_input=False)
+    compiled = assert_matches_llvm(mod, "accel, llvm", reference=tp.integerize()(mod), inputs=lambda k: [
+        np.random.default_rng(7 + k).standard_normal((1, 3, 16, 16)).astype(np.float32)])
+    assert "relax.nn.conv2d_transpose" not in _host_ops(compiled)
+    assert [p.pattern for p in compiled.report.partitions].count("accel.conv2d") == 3
     report = compiled.report.to_json()
     assert report["macs"]["accel"] == report["total_macs"] > 0
 

@@ -301,6 +301,29 @@ def test_operator_without_integer_rule_is_named():
     assert op_names(mod).count("relax.nn.conv2d") == 2 and "relax.nn.softmax" in op_names(mod)
 
 
+def test_float_kept_by_the_model_is_not_said_to_be_left_in_float():
+    """An operator whose result the QDQ model never quantises again (a float output's Tanh, a
+    head kept in float by --float-outputs) is float in the model itself: no warning names it.
+    One that is quantised again with no integer rule, beside one declined, is named as such."""
+    rng = np.random.default_rng(3)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], kernel_shape=[1, 1]),
+             helper.make_node("Tanh", ["c"], ["y"])]
+    model = one_op_model(nodes, {"w": rng.normal(size=(4, 2, 1, 1))}, (1, 2, 5, 5), (1, 4, 5, 5))
+    q = tp.quantize(model, {"x": rng.normal(size=(4, 1, 2, 5, 5)).astype(np.float32)}, float_outputs=["y"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", IntegerizeWarning)
+        mod = tp.integerize()(from_onnx(q, keep_params_in_input=False))
+    assert "relax.tanh" in op_names(mod)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], kernel_shape=[1, 1]),
+             helper.make_node("Softmax", ["c"], ["s"], axis=1),
+             helper.make_node("AveragePool", ["s"], ["y"], kernel_shape=[2, 2], ceil_mode=1)]
+    model = one_op_model(nodes, {"w": rng.normal(size=(4, 2, 1, 1))}, (1, 2, 5, 5), (1, 4, 3, 3))
+    q = tp.quantize(model, {"x": rng.normal(size=(4, 1, 2, 5, 5)).astype(np.float32)})
+    with pytest.warns(IntegerizeWarning, match=r"declined: avg_pool2d: an average pool with ceil_mode or dilation "
+                                               r"\(1x\); no integer rule for the others"):
+        tp.integerize()(from_onnx(q, keep_params_in_input=False))
+
+
 def test_concat_slice_and_global_max_pool():
     """Concat of two branches at different scales, a slice and a global max pool stay integer."""
     rng = np.random.default_rng(3)

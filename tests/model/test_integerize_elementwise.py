@@ -102,10 +102,14 @@ def activation_nodes(name: str) -> tuple[list, list, bool]:
         return [helper.make_node("Sigmoid", ["xd"], ["f"])], [], True
     if name == "Div":
         return [helper.make_node("Div", ["xd", "k"], ["f"])], [c(6, "k")], True
+    if name == "LeakyRelu":              # YOLOv3's and GANs' activation
+        return [helper.make_node("LeakyRelu", ["xd"], ["f"], alpha=0.1)], [], True
+    if name == "PRelu":                  # PyTorch's nn.PReLU(): one slope, shape [1]
+        return [helper.make_node("PRelu", ["xd", "slope"], ["f"])], [c([0.25], "slope")], True
     return [helper.make_node(name, ["xd"], ["f"])], [], False
 
 
-ACTIVATIONS = ["Sigmoid", "Tanh", "Exp", "HardSigmoid", "HardSwish", "GELU", "SiLU", "Div"]
+ACTIVATIONS = ["Sigmoid", "Tanh", "Exp", "HardSigmoid", "HardSwish", "GELU", "SiLU", "Div", "LeakyRelu", "PRelu"]
 
 
 @st.composite
@@ -124,7 +128,17 @@ def test_activation_is_a_table_like_onnxruntime(site):
     """Each activation becomes one ``take`` from a 256-entry int8 table: bit-exact with
     onnxruntime for float32 arithmetic, within one step (and almost always exact) for its
     approximations of sigmoid, tanh, exp and erf."""
-    name, sx, zx, sy, zy, seed = site
+    check_table(*site)
+
+
+@pytest.mark.parametrize("name", ["LeakyRelu", "PRelu"])
+def test_leaky_relu_and_prelu_of_one_slope_are_tables(name):
+    """Operators with their slope as an attribute or a one-value input (TVM's nn.leakyrelu,
+    nn.prelu) are tables too, bit-exact."""
+    check_table(name, 0.05, 7, 0.03, -5, 3)
+
+
+def check_table(name: str, sx: float, zx: int, sy: float, zy: int, seed: int) -> None:
     shape = (1, 4, 8, 9)
     xq, xi = qdq("x", "xd", sx, zx)
     body, inits, exact = activation_nodes(name)
@@ -186,6 +200,9 @@ def test_a_table_declines_with_its_reason():
     body = [helper.make_node("Mul", ["ad", "ramp"], ["m"]), helper.make_node("Tanh", ["m"], ["f"])]
     _, declined = declined_site(body, [ramp], {"a": shape})
     assert len(declined) == 1 and "a constant of 4 different values" in declined[0]
+    slopes = numpy_helper.from_array(np.array([0.1, 0.2, 0.3, 0.4], np.float32).reshape(4, 1, 1), "slopes")
+    _, declined = declined_site([helper.make_node("PRelu", ["ad", "slopes"], ["f"])], [slopes], {"a": shape})
+    assert len(declined) == 1 and "a PRelu with 4 different slopes (one table per channel)" in declined[0]
 
 
 # ----------------------------------------------------------------------------------------
@@ -323,10 +340,12 @@ def test_split_transpose_reshape_concat_stay_int8(first, second, rescale, zx, se
 
 
 @settings(max_examples=6)
-@given(st.lists(st.integers(0, 2), min_size=4, max_size=4), st.integers(-30, 30), st.integers(0, 2**16))
-def test_a_pad_before_a_convolution_pads_the_int8_tensor(pads, zx, seed):
+@given(st.lists(st.integers(0, 2), min_size=4, max_size=4), st.integers(-30, 30),
+       st.sampled_from(["constant", "reflect", "edge"]), st.integers(0, 2**16))
+def test_a_pad_before_a_convolution_pads_the_int8_tensor(pads, zx, mode, seed):
     """An ONNX Pad (imported as a TOPI call_tir) with 0.0 before a Conv: the int8 tensor is
-    padded with its zero point, and the convolution is integer, within one step."""
+    padded with its zero point, and the convolution is integer, within one step; a reflect or
+    edge Pad (CycleGAN's and segmentation models' ReflectionPad2d) moves the int8 elements."""
     rng = np.random.default_rng(seed)
     shape = (1, 3, 6, 5)
     top, left, bottom, right = pads
@@ -337,11 +356,12 @@ def test_a_pad_before_a_convolution_pads_the_int8_tensor(pads, zx, seed):
     yq, yi = qdq("c", "y", sy, 0)
     wq, wi = dequantized("w", w, sw)
     inits = [numpy_helper.from_array(np.array([0, 0, top, left, 0, 0, bottom, right], np.int64), "pads")] + wi
-    body = [helper.make_node("Pad", ["xd", "pads"], ["p"])] + wq + [
+    body = [helper.make_node("Pad", ["xd", "pads"], ["p"], mode=mode)] + wq + [
         helper.make_node("Conv", ["p", "w"], ["c"], kernel_shape=[2, 2])]
     model = qdq_model(xq + body + yq, xi + inits + yi, {"x": shape}, out)
     mod, declined = integerised(model)
     assert not declined
+    assert "relax.call_tir" not in op_names(mod)
     convs = [c for c in calls(mod["main"]) if str(c.op.name) == "relax.nn.conv2d"]
     assert len(convs) == 1 and str(convs[0].args[0].ty.dtype) == "int8"
     integer_between(mod)
@@ -354,6 +374,9 @@ def test_pad_of_reads_widths_and_value():
     assert padded_pad_of(x, [(0, 1), (0, 0)], -2.5) == ([0, 0], [1, 0], -2.5)
     assert pads.pad_of(x, np.flip(x)) is None                            # moved, not padded
     assert pads.pad_of(x, np.pad(x, 1, mode="edge")) is None             # not one constant
+    assert pads.moved_pad_of(x, np.pad(x, [(1, 2), (0, 1)], mode="edge")) == ([1, 0], [2, 1], "edge")
+    assert pads.moved_pad_of(x, np.pad(x, [(2, 0), (3, 3)], mode="reflect")) == ([2, 3], [0, 3], "reflect")
+    assert pads.moved_pad_of(x, np.pad(x, 1, constant_values=0.0)) is None
 
 
 def padded_pad_of(x, widths, value):

@@ -196,6 +196,8 @@ def _call(call: relax.Call, env: dict, defs: dict) -> Range:
     if op in _WITHIN:
         return _arg(args[0], env).overall()
     if op == "relax.nn.pad":
+        if str(call.attrs.pad_mode) in ("reflect", "replicate"):
+            return _arg(args[0], env).overall()     # elements of the input, moved
         if str(call.attrs.pad_mode) != "constant":
             raise NotImplementedError(f"a {call.attrs.pad_mode} pad")
         x, value = _arg(args[0], env).overall(), int(call.attrs.pad_value)

@@ -20,7 +20,7 @@ from typing import Callable
 
 import numpy as np
 
-__all__ = ["MODELS", "conv_relu", "strided", "residual", "upsampling", "calibration", "input_shape", "output_scale"]
+__all__ = ["MODELS", "conv_relu", "strided", "residual", "upsampling", "decoder", "calibration", "input_shape", "output_scale"]
 
 INPUT_SHAPE = (1, 3, 16, 16)
 CLASSES = 10
@@ -74,12 +74,15 @@ class _Builder:
     def flatten(self, x: str) -> str:
         return self._node("Flatten", [x])
 
-    def conv_transpose(self, x: str, cin: int, cout: int, k: int = 2) -> str:
-        """A ConvTranspose with stride = kernel ``k`` (each output pixel from one tap), with a bias."""
+    def conv_transpose(self, x: str, cin: int, cout: int, k: int = 2, stride: int | None = None, pad: int = 0,
+                       output_padding: int = 0) -> str:
+        """A ConvTranspose with a bias; stride = kernel ``k`` (each output pixel from one tap)
+        unless ``stride`` says otherwise."""
         w = self.rng.normal(0, np.sqrt(2 / cin), (cin, cout, k, k))
         b = self.rng.normal(0, 0.1, cout)
+        stride = k if stride is None else stride
         return self._node("ConvTranspose", [x, self._init("w", w), self._init("b", b)], kernel_shape=[k, k],
-                          strides=[k, k])
+                          strides=[stride, stride], pads=[pad] * 4, output_padding=[output_padding] * 2)
 
     def resize(self, x: str, scale: int = 2) -> str:
         """A nearest Resize by ``scale`` along H and W (asymmetric coordinates, floor: a detector's FPN)."""
@@ -147,6 +150,21 @@ def upsampling(seed: int = 0, channels: int = 8):
     g.conv_transpose(c, channels, channels // 2)
     h, w = INPUT_SHAPE[2:]
     return g.model("upsampling", INPUT_SHAPE, (1, channels // 2, 2 * h, 2 * w))
+
+
+def decoder(seed: int = 0, channels: int = 8):
+    """A segmentation decoder's upsampling as PyTorch exports it: a stride-2 convolution with
+    ReLU, a ConvTranspose with kernel 3, stride 2, padding 1 and output padding 1 (overlapping
+    taps) with ReLU, a 1x1 convolution (16 -> 8 -> 16 pixels).
+
+    >>> [n.op_type for n in decoder().graph.node]
+    ['Conv', 'Relu', 'ConvTranspose', 'Relu', 'Conv']
+    """
+    g = _Builder(seed)
+    c = g.relu(g.conv("x", 3, channels, stride=2))
+    c = g.relu(g.conv_transpose(c, channels, channels, k=3, stride=2, pad=1, output_padding=1))
+    g.conv(c, channels, 4, k=1)
+    return g.model("decoder", INPUT_SHAPE, (1, 4, *INPUT_SHAPE[2:]))
 
 
 #: The models by name.

@@ -126,7 +126,9 @@ def integerize(precise: bool = True) -> tvm.transform.Pass:
             reasons = "; ".join(_some([f"{name}: {why} ({n}x)" for (name, why), n in sorted(declined.items())]))
             warnings.warn(f"tp.integerize left {len(left)} quantised operator(s) in float, computed on the "
                           f"host: {', '.join(_some(sorted(set(left))))}"
-                          + (f"; declined: {reasons}" if reasons else " (no integer rule for them)"),
+                          + (f"; declined: {reasons}" + ("; no integer rule for the others"
+                                                          if len(set(left)) > len(declined) else "") if reasons
+                             else " (no integer rule for them)"),
                           IntegerizeWarning, stacklevel=2)
         return mod
 
@@ -145,22 +147,30 @@ def _some(items: list) -> list:
 
 
 def _float_sites(mod: tvm.IRModule) -> list[str]:
-    """Operators left between a dequantize and a quantize: computed in float."""
+    """Operators left between a dequantize and a quantize: computed in float where the model
+    quantises their result. One whose result is never quantised again (a float output, a
+    detector's head kept in float by ``--float-outputs``) is float in the model itself."""
     names = []
     for func in mod.functions.values():
         if not isinstance(func, relax.Function):
             continue
-        dequantized = set()
+        sites = []
         for call_var, call in _bindings(func):
             name, args = str(call.op.name), list(call.args)
             if name == "relax.call_tir":      # a TE function the frontend emitted: named by its callee
                 packed = call.args[1]
                 name = f"call_tir {call.args[0].name_hint}"
                 args = list(packed.fields) if isinstance(packed, relax.Tuple) else [packed]
-            if name == "relax.dequantize":
-                dequantized.add(call_var)
-            elif name != "relax.quantize" and any(isinstance(a, relax.Var) and a in dequantized for a in args):
-                names.append(name.removeprefix("relax."))
+            sites.append((call_var, name, [a for a in args if isinstance(a, relax.Var)]))
+        dequantized = {var for var, name, _ in sites if name == "relax.dequantize"}
+        # what a quantize reads, directly or through other operators (bindings are in order)
+        quantized = set()
+        for var, name, args in reversed(sites):
+            if name == "relax.quantize" or var in quantized:
+                quantized.update(args)
+        names += [name.removeprefix("relax.") for var, name, args in sites
+                  if name not in ("relax.dequantize", "relax.quantize") and var in quantized
+                  and any(a in dequantized for a in args)]
     return names
 
 

@@ -683,14 +683,15 @@ def _conv_rule(precise: bool) -> Rule:
 
 
 def conv_transpose_declines(call: relax.Call) -> str | None:
-    """None when the ``conv2d_transpose`` ``call`` gives each output pixel exactly one kernel
-    tap (stride = kernel, no padding, output padding or dilation, one group, NCHW/IOHW), so
-    that it is one matrix product per input pixel and a pixel shuffle; else why not.
+    """None when the ``conv2d_transpose`` ``call`` has an integer form (NCHW/IOHW, one group,
+    no dilation: any kernel, stride, padding and output padding), else why not.
 
     >>> x = relax.Var("x", relax.TensorType((1, 4, 8, 8), "float32"))
     >>> w = relax.Var("w", relax.TensorType((4, 2, 3, 3), "float32"))
-    >>> conv_transpose_declines(relax.op.nn.conv2d_transpose(x, w, strides=2))
-    'a ConvTranspose with stride (2, 2) and kernel (3, 3): overlapping taps (stride = kernel, no padding, is a pixel shuffle)'
+    >>> conv_transpose_declines(relax.op.nn.conv2d_transpose(x, w, strides=2)) is None
+    True
+    >>> conv_transpose_declines(relax.op.nn.conv2d_transpose(x, w, strides=2, dilation=2))
+    'a dilated ConvTranspose (dilation (2, 2))'
     """
     attrs = call.attrs
     layouts = (str(attrs.data_layout), str(attrs.kernel_layout), str(attrs.out_layout))
@@ -698,24 +699,46 @@ def conv_transpose_declines(call: relax.Call) -> str | None:
         return f"a ConvTranspose in layouts {'/'.join(layouts)} (the integer form is NCHW/IOHW)"
     if int(attrs.groups) != 1:
         return f"a grouped ConvTranspose (groups = {int(attrs.groups)})"
-    kernel = tuple(int(d) for d in dims_of(call.args[1])[2:])
-    strides = tuple(int(s) for s in attrs.strides)
     if any(int(d) != 1 for d in attrs.dilation):
-        return "a dilated ConvTranspose"
-    if strides != kernel:
-        return (f"a ConvTranspose with stride {strides} and kernel {kernel}: overlapping taps (stride = kernel, "
-                "no padding, is a pixel shuffle)")
-    if any(int(p) for p in attrs.padding) or any(int(p) for p in attrs.output_padding):
-        return "a ConvTranspose with padding or output padding (it crops or extends the pixel shuffle)"
+        return f"a dilated ConvTranspose (dilation {tuple(int(d) for d in attrs.dilation)})"
     return None
 
 
+def _phases(kernel: int, stride: int, size: int, pad_before: int, pad_after: int, output_padding: int) -> tuple:
+    """One axis of a ConvTranspose as its stride's phases: ``(taps, pad_after_input, crop)``.
+
+    Output pixel ``s*q + r`` of the uncropped transposed convolution is ``sum_t x[q - t] *
+    w[r + s*t]`` over ``taps = ceil(k / s)`` taps (a tap past the kernel weighs nothing): a
+    convolution with ``taps`` taps over the input padded by ``taps - 1`` before and
+    ``pad_after_input`` after (enough rows for the output padding), one output channel per
+    output channel and phase ``r``; the phases' pixel shuffle gives ``s`` rows per input row,
+    of which the ConvTranspose keeps ``crop = (first, count)``.
+
+    >>> _phases(3, 2, 5, 1, 1, 1)      # k3 s2 p1 op1 on 5 rows: 2 taps, 10 output rows from row 1
+    (2, 1, (1, 10))
+    >>> _phases(2, 2, 4, 0, 0, 0)      # stride = kernel: one tap, a pixel shuffle and no crop
+    (1, 0, (0, 8))
+    """
+    taps = -(-kernel // stride)
+    count = (size - 1) * stride + kernel - pad_before - pad_after + output_padding
+    # the convolution gives size + after rows, the shuffle s times as many: as many as the crop reads
+    after = max(taps - 1, -(-(pad_before + count) // stride) - size)
+    return taps, after, (pad_before, count)
+
+
 def _conv_transpose_rule(precise: bool) -> Rule:
-    """``q(conv2d_transpose(dq(x), dq(w)) [+ bias])`` with stride = kernel ``k``: each output
-    pixel gets one tap, so it is a 1x1 convolution to ``C_out * kh * kw`` channels (the taps
-    as channels ``(co, i, j)``; int8 x int8 -> int32, zero points, bias and requantise as for a
-    conv2d) and a pixel shuffle of the int8 result (``reshape``, ``permute_dims``,
-    ``reshape``: channel ``(co, i, j)`` at pixel ``(y, x)`` to ``(co, y*kh + i, x*kw + j)``)."""
+    """``q(conv2d_transpose(dq(x), dq(w)) [+ bias])``: a convolution over the stride's
+    phases, then a pixel shuffle of the int8 result and a crop (:func:`_phases`).
+
+    Each output pixel ``s*q + r`` reads ``ceil(k / s)`` taps of ``x`` (per axis), so the
+    ConvTranspose is a convolution to ``C_out * s_h * s_w`` channels ``(co, r_h, r_w)`` with
+    ``ceil(k_h / s_h) x ceil(k_w / s_w)`` taps (int8 x int8 -> int32, zero points, bias and
+    requantise as for a conv2d; a tap past the kernel weighs ``z_w``, nothing), then a pixel
+    shuffle (``reshape``, ``permute_dims``, ``reshape``: channel ``(co, r_h, r_w)`` at pixel
+    ``(q_h, q_w)`` to ``(co, s_h*q_h + r_h, s_w*q_w + r_w)``) and the padding's crop
+    (``strided_slice``). With stride = kernel and no padding that is a 1x1 convolution and the
+    shuffle alone: every product is one of the ConvTranspose's; otherwise the phases' taps past
+    the kernel add ``(s * ceil(k / s) / k)**2`` times its MACs at most (1.8x for k = 3, s = 2)."""
     g = _Gemm("relax.nn.conv2d_transpose", transposed_weight=False)
 
     def build(m: Match) -> relax.Expr:
@@ -726,22 +749,46 @@ def _conv_transpose_rule(precise: bool) -> Rule:
         w = _values(m[g.w.x])
         if w.dtype != np.int8:
             raise Declined(f"a {w.dtype} weight (the integer form is int8 x int8)")
+        attrs = call.attrs
         cin, cout, kh, kw = w.shape
-        taps = kh * kw
-        w_scale = _per_channel_axis(m, g.w, 1, w.ndim, "weight")
-        rows = np.ascontiguousarray(np.transpose(w, (1, 2, 3, 0))).reshape(cout * taps, cin, 1, 1)
         x = m[g.x.x]
         n, _, h, wd = dims_of(x)
-        acc = relax.op.nn.conv2d(x, _const(rows, "int8"), out_dtype="int32")
+        (sh, sw) = (int(s) for s in attrs.strides)
+        top, left, bottom, right = (int(p) for p in attrs.padding)
+        oph, opw = (int(p) for p in attrs.output_padding)
+        th, after_h, (row0, rows) = _phases(kh, sh, h, top, bottom, oph)
+        tw, after_w, (col0, cols) = _phases(kw, sw, wd, left, right, opw)
+        zw = _weight_zero_point(m[g.w.zero_point])
+        # the phase weights [C_out, s_h, s_w, C_in, t_h, t_w], taps flipped (a convolution reads
+        # x[q - t] as x_padded[q + (taps - 1 - t)]); a tap past the kernel weighs z_w: nothing
+        padded = np.full((cin, cout, th * sh, tw * sw), zw, np.int64)
+        padded[:, :, :kh, :kw] = w
+        phases = padded.reshape(cin, cout, th, sh, tw, sw)[:, :, ::-1, :, ::-1, :]
+        phased = np.ascontiguousarray(phases.transpose(1, 3, 5, 0, 2, 4)).reshape(cout * sh * sw, cin, th, tw)
+        phased = phased.astype(np.int8)
+        phase_count = sh * sw
+        w_scale = _per_channel_axis(m, g.w, 1, w.ndim, "weight")
+        _, zx = g.x.activation(m)
+        padding = [th - 1, tw - 1, after_h, after_w]
+        if zx and any(padding):
+            # the float model's missing pixels are 0.0, i.e. z_x in the integers (as _conv_rule pads)
+            x, padding = relax.op.nn.pad(x, [0, 0, 0, 0, th - 1, after_h, tw - 1, after_w], pad_value=float(zx)), \
+                [0, 0, 0, 0]
+        acc = relax.op.nn.conv2d(x, _const(phased, "int8"), padding=padding, out_dtype="int32")
+        qh, qw = h + after_h, wd + after_w         # the convolution's output rows and columns
 
         def window_sums() -> relax.Expr:
-            # sum x over each 1x1 window: the input's channels per pixel
-            return relax.op.nn.conv2d(x, _const(np.ones((1, cin, 1, 1)), "int8"), out_dtype="int32")
+            # sum x over each window of taps (the padding, if any, is z_x as above)
+            return relax.op.nn.conv2d(x, _const(np.ones((1, cin, th, tw)), "int8"), padding=padding,
+                                      out_dtype="int32")
 
-        y = _finish_gemm(m, g, acc, rows, np.repeat(w_scale, taps) if w_scale.size > 1 else w_scale, 0, 1,
-                         window_sums, precise, out_dims=(n, cout * taps, h, wd), taps=taps)
-        shuffled = relax.op.permute_dims(relax.op.reshape(y, [n, cout, kh, kw, h, wd]), [0, 1, 4, 2, 5, 3])
-        return relax.op.reshape(shuffled, [n, cout, h * kh, wd * kw])
+        y = _finish_gemm(m, g, acc, phased, np.repeat(w_scale, phase_count) if w_scale.size > 1 else w_scale, 0, 1,
+                         window_sums, precise, out_dims=(n, cout * phase_count, qh, qw), taps=phase_count)
+        shuffled = relax.op.permute_dims(relax.op.reshape(y, [n, cout, sh, sw, qh, qw]), [0, 1, 4, 2, 5, 3])
+        y = relax.op.reshape(shuffled, [n, cout, qh * sh, qw * sw])
+        if (row0, rows, col0, cols) != (0, qh * sh, 0, qw * sw):
+            y = relax.op.strided_slice(y, axes=[2, 3], begin=[row0, col0], end=[row0 + rows, col0 + cols])
+        return y
 
     return Rule("conv2d_transpose", g.q.pattern, build)
 

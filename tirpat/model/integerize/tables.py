@@ -21,8 +21,8 @@ where onnxruntime's vectorised approximations may differ in the last bit): those
 by one step, only where the value lies within that approximation's error of a rounding tie.
 
 A site is taken when the float region under the ``quantize`` reads one dequantized tensor
-(any number of times, e.g. ``x * sigmoid(x)``) through operators of :data:`EVALUATED` (and
-``call_tir`` of the TE ``maximum``/``minimum``... that TVM's ONNX frontend emits for a Clip
+(any number of times, e.g. ``x * sigmoid(x)``) through operators of :data:`EVALUATED`,
+LeakyRelu and PRelu with one slope (and ``call_tir`` of the TE ``maximum``/``minimum``... that TVM's ONNX frontend emits for a Clip
 whose bounds are not constants) with constant scalars, and through a ``quantize`` then
 ``dequantize`` of such a function of the same tensor (HardSwish exported as ``x *
 HardSigmoid(x)`` quantises the gate before the multiply; the chain, each quantize rounded as
@@ -191,11 +191,31 @@ class _Region:
             if str(call.attrs.dtype) != "float32":
                 raise _NotATable()
             return _f32(self.value(operands[0]))
+        if name in ("relax.nn.leakyrelu", "relax.nn.prelu"):
+            # onnxruntime: x where x >= 0 (PRelu: > 0; equal at 0), else slope * x, in float32
+            slope = _f32(call.attrs.alpha) if name == "relax.nn.leakyrelu" else self.slope(operands[1])
+            self.ops += 1
+            x = _f32(self.value(operands[0]))
+            return np.where(x >= 0, x, slope * x).astype(_f32)
         fn = EVALUATED.get(name)
         if fn is None:
             raise _NotATable()
         self.ops += 1
         return fn(*[self.value(a) for a in operands])
+
+    def slope(self, alpha: relax.Expr) -> np.float32:
+        """A PRelu's one slope: a constant, maybe reshaped (as TVM's ONNX frontend writes it)."""
+        while isinstance(alpha, relax.Var) and alpha in self.bindings:
+            alpha = self.bindings[alpha]
+            if isinstance(alpha, relax.Call) and str(alpha.op.name) in ("relax.reshape", "relax.expand_dims",
+                                                                         "relax.squeeze"):
+                alpha = alpha.args[0]
+        if not isinstance(alpha, tvm.ir.Constant):
+            raise _NotATable()
+        values = alpha.value.numpy()
+        if values.size and np.any(values != values.reshape(-1)[0]):
+            raise Declined(f"a PRelu with {values.size} different slopes (one table per channel)")
+        return _f32(values.reshape(-1)[0])
 
     def dequantize(self, call: relax.Call):
         x, scale, zero_point = call.args

@@ -1,0 +1,189 @@
+"""A grouped convolution (1 < groups < channels: ResNeXt, RegNet, ShuffleNet) as one
+convolution per group on accel.
+
+accel's GEMM multiplies a whole block of input channels into every output channel, and its
+DWMAC one channel into one; a convolution with several input and output channels per group is
+neither. Each group is a convolution of its own, though: output channels ``[i*O, (i+1)*O)`` read
+input channels ``[i*I, (i+1)*I)`` alone. So, after integerize, :func:`split_groups` writes such
+an int8 convolution and its epilogue (bias, clamp, requantise, up to the cast to int8: element-wise
+operations on the accumulator and constants) once per group, on the group's slice of the input
+and of each per-channel constant, and concatenates the int8 results along the channels. The
+products are the grouped convolution's, no more (the report's MACs are unchanged); the slices of
+the input are host copies, the concat accel's DMA; each group's convolution and epilogue is an
+``accel.conv2d`` partition, bit for bit the grouped one's (the same integers, summed in another
+order: int32 addition wraps alike in any order).
+
+A convolution whose epilogue reads anything but the accumulator and constants (a weight zero
+point's window sums), or whose intermediate values are used elsewhere, is left as it is, and
+stays on the host with accel's reason.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tvm
+from tvm import ir, relax, tirx
+from tvm.relax.expr_functor import PyExprMutator, mutator
+
+__all__ = ["split_groups"]
+
+#: the element-wise operations of an integerized epilogue, replayed per group
+_EPILOGUE = frozenset({"relax.add", "relax.subtract", "relax.multiply", "relax.maximum", "relax.minimum",
+                       "relax.right_shift", "relax.left_shift", "relax.clip", "relax.astype"})
+
+
+def _dims(expr) -> tuple | None:
+    ty = expr.ty
+    if not (isinstance(ty, relax.TensorType) and isinstance(ty.shape, relax.ShapeExpr)):
+        return None
+    values = ty.shape.values
+    return tuple(int(d) for d in values) if all(isinstance(d, tirx.IntImm) for d in values) else None
+
+
+def _grouped(call) -> tuple[int, int, int] | None:
+    """``(groups, input channels, output channels)`` per group of an int8 NCHW/OIHW ``conv2d``
+    with several input or output channels per group and more than one group, its weight a
+    constant; else None."""
+    if not (isinstance(call, relax.Call) and isinstance(call.op, ir.Op) and call.op.name == "relax.nn.conv2d"):
+        return None
+    attrs = call.attrs
+    groups = int(attrs.groups)
+    x, w = call.args
+    layouts = (str(attrs.data_layout), str(attrs.kernel_layout), str(attrs.out_layout or attrs.data_layout))
+    if groups == 1 or layouts != ("NCHW", "OIHW", "NCHW") or not isinstance(w, ir.Constant):
+        return None
+    if str(x.ty.dtype) != "int8" or str(w.ty.dtype) != "int8" or str(call.ty.dtype) != "int32":
+        return None
+    dims, out = _dims(x), _dims(call)
+    if dims is None or out is None:
+        return None
+    per_in, per_out = dims[1] // groups, out[1] // groups
+    if per_in == 1 and per_out == 1:     # depthwise: DWMAC's
+        return None
+    return groups, per_in, per_out
+
+
+def _epilogue(conv_var, bindings: dict, uses: dict) -> tuple[list, relax.Var] | None:
+    """The epilogue after the convolution bound to ``conv_var``: the bindings (in order) of the
+    element-wise operations on it and constants up to the single value read outside, and that
+    value's variable; None if it is not such a chain."""
+    out = _dims(conv_var)
+    region, frontier = [conv_var], [conv_var]
+    while frontier:
+        var = frontier.pop()
+        for user in uses.get(var, []):
+            if user is None or user in region:
+                continue
+            call = bindings.get(user)
+            if not (isinstance(call, relax.Call) and isinstance(call.op, ir.Op) and call.op.name in _EPILOGUE
+                    and _dims(user) == out):
+                continue
+            # the other operands constants (a tensor, or a scalar bound of a clip)
+            if all(a in region for a in call.args if isinstance(a, relax.Var)):
+                region.append(user)
+                if str(user.ty.dtype) != "int8":    # the epilogue ends at its cast to int8
+                    frontier.append(user)
+    exits = [v for v in region if any(u is None or u not in region for u in uses.get(v, [None]))]
+    if len(exits) != 1 or exits[0] is conv_var or str(exits[0].ty.dtype) != "int8":
+        return None
+    order = {v: k for k, v in enumerate(bindings)}
+    return sorted(region[1:], key=order.__getitem__), exits[0]
+
+
+def _sliced(constant: ir.Constant, channels: int, start: int, count: int) -> ir.Constant:
+    """A constant operand of the epilogue, for output channels ``[start, start + count)``: as it
+    is when it does not vary by channel (one value, or broadcast along them)."""
+    if not hasattr(constant.value, "numpy"):    # a scalar
+        return constant
+    values = constant.value.numpy()
+    # broadcast against [N, C, H, W], a 4-D constant's channels are its axis 1, a 3-D one's axis 0
+    if values.ndim == 4 and values.shape[1] == channels:
+        return relax.const(values[:, start:start + count], str(values.dtype))
+    if values.ndim == 3 and values.shape[0] == channels:
+        return relax.const(values[start:start + count], str(values.dtype))
+    return constant
+
+
+@mutator
+class _GroupSplitter(PyExprMutator):
+    def __init__(self, mod: tvm.IRModule) -> None:
+        super().__init__(mod)
+        self.mod = mod
+        self.sites: dict = {}        # the convolution's variable -> (groups, per group in, out, chain, exit)
+        self.skipped: set = set()    # the chain variables of a site, computed per group instead
+
+    def rewrite(self) -> tvm.IRModule:
+        from accel.compiler.pooling import uses_of
+
+        changed = []
+        for gv, func in self.mod.functions.items():
+            if not isinstance(func, relax.Function):
+                continue
+            bindings = {b.var: b.value for block in func.body.blocks for b in block.bindings
+                        if isinstance(b, relax.VarBinding)}
+            uses = uses_of(func)
+            found = False
+            for var, value in bindings.items():
+                grouped = _grouped(value)
+                epilogue = _epilogue(var, bindings, uses) if grouped is not None else None
+                if epilogue is not None:
+                    chain, exit_var = epilogue
+                    self.sites[var] = (*grouped, [(v, bindings[v]) for v in chain], exit_var)
+                    self.skipped.update(chain)
+                    found = True
+            if found:
+                changed.append((gv, func))
+        for gv, func in changed:
+            self.builder_.update_func(gv, relax.analysis.remove_all_unused(self.visit_expr(func)))
+        return self.builder_.get()
+
+    def visit_var_binding_(self, binding: relax.VarBinding) -> None:
+        site = self.sites.get(binding.var)
+        if site is not None:
+            self._split(binding, *site)
+            return
+        if binding.var in self.skipped:
+            return
+        super().visit_var_binding_(binding)
+
+    def _split(self, binding, groups: int, per_in: int, per_out: int, chain: list, exit_var) -> None:
+        conv = binding.value
+        attrs = conv.attrs
+        x = self.visit_expr(conv.args[0])
+        weight = conv.args[1].value.numpy()
+        channels = per_out * groups
+        outs = []
+        for g in range(groups):
+            part = self.builder_.emit(relax.op.strided_slice(x, axes=[1], begin=[g * per_in],
+                                                             end=[(g + 1) * per_in]))
+            value = self.builder_.emit(relax.op.nn.conv2d(
+                part, relax.const(weight[g * per_out:(g + 1) * per_out], "int8"), strides=attrs.strides,
+                padding=attrs.padding, dilation=attrs.dilation, out_dtype="int32"))
+            values = {binding.var: value}
+            for var, call in chain:
+                args = [values[a] if isinstance(a, relax.Var) and a in values else
+                        _sliced(a, channels, g * per_out, per_out) if isinstance(a, ir.Constant) else a
+                        for a in call.args]
+                values[var] = self.builder_.emit(relax.Call(call.op, args, call.attrs))
+            outs.append(values[exit_var])
+        joined = relax.op.concat(outs, axis=1)
+        # the epilogue's result may be the dataflow block's output, read after it
+        joined = self.builder_.emit(joined) if isinstance(exit_var, relax.DataflowVar) else \
+            self.builder_.emit_output(joined)
+        self.set_var_remap(exit_var, joined)
+
+
+def split_groups() -> tvm.transform.Pass:
+    """A Relax pass: each int8 convolution with more than one group and several channels per
+    group, with its integerized epilogue, becomes one convolution and epilogue per group and a
+    concat (the module docstring).
+
+    >>> split_groups().info.name
+    'accel.SplitGroups'
+    """
+
+    @tvm.transform.module_pass(opt_level=0, name="accel.SplitGroups")
+    def run(mod, ctx):
+        return _GroupSplitter(mod).rewrite()
+
+    return run
