@@ -22,22 +22,16 @@ from __future__ import annotations
 
 import numpy as np
 import tvm
-from tvm import ir, relax, tirx
+from tvm import ir, relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
+
+from tirpat.model.shapes import static_shape
 
 __all__ = ["split_groups"]
 
 #: the element-wise operations of an integerized epilogue, replayed per group
 _EPILOGUE = frozenset({"relax.add", "relax.subtract", "relax.multiply", "relax.maximum", "relax.minimum",
                        "relax.right_shift", "relax.left_shift", "relax.clip", "relax.astype"})
-
-
-def _dims(expr) -> tuple | None:
-    ty = expr.ty
-    if not (isinstance(ty, relax.TensorType) and isinstance(ty.shape, relax.ShapeExpr)):
-        return None
-    values = ty.shape.values
-    return tuple(int(d) for d in values) if all(isinstance(d, tirx.IntImm) for d in values) else None
 
 
 def _grouped(call) -> tuple[int, int, int] | None:
@@ -54,7 +48,7 @@ def _grouped(call) -> tuple[int, int, int] | None:
         return None
     if str(x.ty.dtype) != "int8" or str(w.ty.dtype) != "int8" or str(call.ty.dtype) != "int32":
         return None
-    dims, out = _dims(x), _dims(call)
+    dims, out = static_shape(x), static_shape(call)
     if dims is None or out is None:
         return None
     per_in, per_out = dims[1] // groups, out[1] // groups
@@ -67,7 +61,7 @@ def _epilogue(conv_var, bindings: dict, uses: dict) -> tuple[list, relax.Var] | 
     """The epilogue after the convolution bound to ``conv_var``: the bindings (in order) of the
     element-wise operations on it and constants up to the single value read outside, and that
     value's variable; None if it is not such a chain."""
-    out = _dims(conv_var)
+    out = static_shape(conv_var)
     region, frontier = [conv_var], [conv_var]
     while frontier:
         var = frontier.pop()
@@ -76,7 +70,7 @@ def _epilogue(conv_var, bindings: dict, uses: dict) -> tuple[list, relax.Var] | 
                 continue
             call = bindings.get(user)
             if not (isinstance(call, relax.Call) and isinstance(call.op, ir.Op) and call.op.name in _EPILOGUE
-                    and _dims(user) == out):
+                    and static_shape(user) == out):
                 continue
             # the other operands constants (a tensor, or a scalar bound of a clip)
             if all(a in region for a in call.args if isinstance(a, relax.Var)):

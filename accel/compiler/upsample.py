@@ -59,6 +59,7 @@ from accel.compiler.prelowered import calls_rule
 from accel.hw.config import Config
 from accel.hw.instructions import ACC, DWMAC, INP, LOAD, STORE, WGT, Mem, StoreMode
 from tirpat.model.integerize.rules import conv_transpose_declines
+from tirpat.model.shapes import static_shape
 
 __all__ = ["patterns", "check", "Upsample", "analyse", "index_map", "lower", "schedule_partition", "rule",
            "resize_declines", "check_conv_transpose", "check_concat", "concat_forms", "moves_int8", "describe", "Declined",
@@ -281,8 +282,8 @@ def check_concat(ctx) -> bool | str:
         return "a concat of a tuple computed elsewhere; accel takes one of tensors"
     if any(str(f.ty.dtype) != "int8" for f in fields):
         return f"a concat of {', '.join(sorted({str(f.ty.dtype) for f in fields}))}; accel moves int8 tensors"
-    dims = [_dims(f) for f in fields]
-    if None in dims or _dims(call) is None:
+    dims = [static_shape(f) for f in fields]
+    if None in dims or static_shape(call) is None:
         return "dynamic shapes; accel needs static shapes"
     axis = int(call.attrs.axis) % len(dims[0])
     index = np.concatenate([np.arange(int(np.prod(d))).reshape(d) for d in dims], axis=axis)
@@ -308,14 +309,6 @@ def check_conv_transpose(ctx) -> str:
             "pixel shuffle by DMA)" + (f"; this is {why}, which has no integer form" if why else ""))
 
 
-def _dims(expr) -> tuple | None:
-    ty = expr.ty
-    if not (isinstance(ty, relax.TensorType) and isinstance(ty.shape, relax.ShapeExpr)):
-        return None
-    values = ty.shape.values
-    return tuple(int(d) for d in values) if all(isinstance(d, tirx.IntImm) for d in values) else None
-
-
 def resize_declines(call: relax.Call) -> str | None:
     """None when the ``image.resize2d`` ``call`` is accel's: int8, NCHW, nearest, integer
     factors, each output row and column reading input ``y // s``; else why not.
@@ -336,7 +329,7 @@ def resize_declines(call: relax.Call) -> str | None:
         return f"a {attrs.method} resize; accel copies, it does not interpolate"
     if str(attrs.layout) != "NCHW":
         return f"a resize in layout {attrs.layout}; accel takes NCHW"
-    dims, out = _dims(x), _dims(call)
+    dims, out = static_shape(x), static_shape(call)
     if dims is None or out is None:
         return "dynamic shapes; accel needs static shapes"
     (h, w), (ho, wo) = dims[2:], out[2:]
@@ -359,7 +352,7 @@ def check(ctx) -> bool | str:
         why = resize_declines(core)
         if why is not None:
             return why
-        dims, out = _dims(core.args[0]), _dims(core)
+        dims, out = static_shape(core.args[0]), static_shape(core)
         sy, sx = out[2] // dims[2], out[3] // dims[3]
         index = np.arange(int(np.prod(dims))).reshape(dims).repeat(sy, axis=2).repeat(sx, axis=3)
     else:
@@ -367,7 +360,7 @@ def check(ctx) -> bool | str:
         permute = bound.get(core.args[0].__chandle__(), core.args[0])
         inner = bound.get(permute.args[0].__chandle__(), permute.args[0])
         source = inner.args[0]
-        dims, mid, out = _dims(source), _dims(inner), _dims(core)
+        dims, mid, out = static_shape(source), static_shape(inner), static_shape(core)
         if str(source.ty.dtype) != "int8":
             return f"a reshape and permute_dims of {source.ty.dtype}; accel moves int8 tensors"
         if None in (dims, mid, out):
@@ -375,7 +368,7 @@ def check(ctx) -> bool | str:
         axes = None if permute.attrs.axes is None else [int(a) for a in permute.attrs.axes]
         index = np.arange(int(np.prod(dims))).reshape(mid).transpose(axes).reshape(out)
     try:
-        analyse(index.reshape(-1), dims, _dims(core))
+        analyse(index.reshape(-1), dims, static_shape(core))
     except Declined as why:
         return str(why)
     return True

@@ -23,6 +23,8 @@ from dataclasses import asdict, dataclass, field
 import tvm
 from tvm import relax, tirx
 
+from .shapes import static_shape
+
 __all__ = ["ModelReport", "Partition", "HostOp", "SCHEDULE_NOTES", "macs_of", "macs_known", "primfunc_macs", "epilogue_of",
            "MAC_OPS", "OperatorShare", "operator_share"]
 
@@ -30,21 +32,6 @@ __all__ = ["ModelReport", "Partition", "HostOp", "SCHEDULE_NOTES", "macs_of", "m
 SCHEDULE_NOTES = "tirpat.notes"
 
 _CONV = {"relax.nn.conv1d": "OIW", "relax.nn.conv2d": "OIHW", "relax.nn.conv3d": "OIDHW"}
-
-
-def _static_shape(expr) -> list | None:
-    ty = expr.ty
-    if not isinstance(ty, relax.TensorType) or ty.shape is None:
-        return None
-    shape = ty.shape
-    if not isinstance(shape, relax.ShapeExpr):
-        return None
-    dims = []
-    for d in shape.values:
-        if not isinstance(d, tirx.IntImm):
-            return None
-        dims.append(int(d.value))
-    return dims
 
 
 def _prod(dims) -> int:
@@ -110,9 +97,9 @@ def _count(call, mod) -> int | None:
         return primfunc_macs(mod[call.args[0]])
     if name not in MAC_OPS:
         return 0
-    out = _static_shape(call)
+    out = static_shape(call)
     args = call.args[0].fields if name == "relax.einsum" else call.args
-    shapes = [_static_shape(a) for a in args]
+    shapes = [static_shape(a) for a in args]
     if out is None or any(s is None for s in shapes[:3]):
         return None
     if name == "relax.matmul":
@@ -192,7 +179,7 @@ def epilogue_of(calls: list) -> list:
             words.append(word)
 
     core = calls[0]
-    out_shape = _static_shape(core)
+    out_shape = static_shape(core)
     requant = any(c.op.name in _REQUANT for c in calls[1:])
     for call in calls[1:]:
         name = call.op.name
@@ -200,7 +187,7 @@ def epilogue_of(calls: list) -> list:
             if requant and call is not calls[1] and _const_value(call.args[1]) is not None:
                 say("requantise")
                 continue
-            operand = _static_shape(call.args[1])
+            operand = static_shape(call.args[1])
             full = operand is not None and out_shape is not None and _prod(operand) == _prod(out_shape)
             say("residual add" if full else "bias")
         elif name == "relax.nn.relu":
