@@ -921,10 +921,12 @@ def _tile_and_stage(sch: s_tir.Schedule, name: str, g: GemmAnalysis, final, out_
 
 
 def _shared_prefix(sch, final, steps, out_buffer, temporaries) -> int:
-    """How many leading steps the epilogue ``final`` (its ALU ``steps``) and each of its
-    ``temporaries`` apply alike (the same operation, immediate and operand buffer): the
-    steps before its fork, which :data:`FORKS` ``"once"`` runs once; 0 without a temporary."""
-    if not temporaries or steps is None:
+    """How many leading steps the epilogue ``final`` (its ALU ``steps``) and its temporary
+    apply alike (the same operation, immediate and operand buffer): the steps before its
+    fork, which :data:`FORKS` ``"once"`` runs once. 0 without a temporary, and with two (a
+    three-way fork): where the second is computed, before or after the first, is the
+    scheduler's, and the first must run the shared steps before any other reads them."""
+    if len(temporaries) != 1 or steps is None:
         return 0
     chains = [steps] + [_temporary_steps(sch.get(b), out_buffer) or [] for b in temporaries]
 
