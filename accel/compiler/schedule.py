@@ -298,8 +298,8 @@ def block_cycles(e: Extents, bm: int, bn: int, bk: int, alu_steps: int, temporar
     instruction: what a tuner weighs when it picks its likeliest blocks (within 1-2% of the
     simulated cycles on the PaddleOCR classifier's convolutions).
 
-    >>> c = Config()
-    >>> block_cycles(Extents(6, 13, 2, outer=2), 1, 2, 2, 16, 1, c), block_cycles(Extents(6, 13, 2, outer=2), 6, 1, 2, 16, 1, c)
+    >>> e = Extents(6, 13, 2, outer=2)     # 2 rows of 96 pixels, 200 channels, K 32; 16 ALU steps
+    >>> block_cycles(e, 1, 2, 2, 16, 1, Config()), block_cycles(e, 6, 1, 2, 16, 1, Config())
     (60480, 52936)
     """
     t, ov = config.tile, config.issue_overhead

@@ -383,9 +383,10 @@ def with_any_knobs(func, knobs):
 
 def test_the_fork_knob_is_offered_where_the_epilogue_forks_and_running_once_is_likeliest():
     from accel.compiler.tuning import knobs
+    funcs = {"forking": forking("NCHW", 8, 16, 16), "plain": conv("NCHW", 1, 8, 16, 16, 3, 1, True)}
     forks = {kind: [k for k in knobs(s_tir.Schedule(ir.IRModule({"main": func})), accel.Config())
                     if k.key == "accel.fork"]
-             for kind, func in (("forking", forking("NCHW", 8, 16, 16)), ("plain", conv("NCHW", 1, 8, 16, 16, 3, 1, True)))}
+             for kind, func in funcs.items()}
     assert forks["plain"] == []
     [fork] = forks["forking"]
     assert (fork.values[fork.decision], fork.values[fork.likely]) == (0, 1)     # the heuristic "each", "once" likeliest
