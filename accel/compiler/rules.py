@@ -50,6 +50,11 @@ from accel.compiler.wrapping import strip
 INP, WGT, ACC = instructions.INP.scope, instructions.WGT.scope, instructions.ACC.scope
 #: AttrStmt key marking an epilogue that overwrites its accumulator in place.
 IN_PLACE = "accel.in_place_epilogue"
+#: Loop annotations of a forking epilogue whose shared steps run once (the scheduler's
+#: ``fork="once"``): on the first temporary's nest, how many of its leading steps run in place
+#: on the accumulator before it is copied; on the other temporaries' and the epilogue's, how
+#: many of their leading steps (the same ones) to leave out.
+PREFIX_IN_PLACE, PREFIX_DONE = "accel.prefix_in_place", "accel.prefix_done"
 
 
 def is_scratchpad(buffer) -> bool:
@@ -438,8 +443,14 @@ def _chain(e):
     return epilogue_chain(e, lambda l: _acc_load(l) is not None, lambda l: _acc_load(l) is not None)
 
 
-def _clip(e):
-    """``x`` if ``e`` clips ``x`` to [-128, 127] (either nesting), else None."""
+def clipped_to_int8(e):
+    """``x`` if ``e`` clips ``x`` to [-128, 127] (either nesting), else None: a clip the
+    STORE does by saturating (the scheduler's estimate counts no ALU step for it).
+
+    >>> x = tirx.Var("x", "int32")
+    >>> clipped_to_int8(tirx.Max(tirx.Min(x, 127), -128)).same_as(x), clipped_to_int8(tirx.Max(x, 0))
+    (True, None)
+    """
     for outer, inner, lo, hi in ((tirx.Max, tirx.Min, -128, 127), (tirx.Min, tirx.Max, 127, -128)):
         if isinstance(e, outer):
             for a, b in ((e.a, e.b), (e.b, e.a)):
@@ -552,6 +563,17 @@ def _alu(m, store, config):
     spine, steps = chain
     copy = not spine.source.same_as(store.buffer)
     reset = None
+    prefix = []
+    steps = steps[_prefix(m.loops, PREFIX_DONE, steps):]       # run once already, by the first temporary
+    n = _prefix(m.loops, PREFIX_IN_PLACE, steps) if copy else 0
+    if n:
+        # the steps every branch shares run here, once, on the accumulator itself: whatever a
+        # partial last vector changes past the block's lanes is the accumulator's own padding
+        # (its rows are whole vectors apart, which _alu_calls checks), which nothing stores
+        _within_allocation(m.region(spine.source), m.loops)
+        prefix = _alu_calls(steps[:n], m.region(spine.source), _operand_regions(m, steps[:n]), m.loops, config,
+                            partial_ok=True)
+        steps = steps[n:]
     if copy:
         # a temporary of an epilogue (a second ACC region): the ALU works in place, so it
         # first copies what it reads there (0 + src), then applies the chain. The zero is a
@@ -573,8 +595,20 @@ def _alu(m, store, config):
             raise _Unsupported(f"an in-place update of the accumulator under the guard {m['alu_guard']}")
         _within_allocation(m.region(store.buffer), m.loops)
     calls = _alu_calls(steps, m.region(store.buffer), _operand_regions(m, steps), m.loops, config, partial_ok=copy)
-    calls = ([reset] if reset is not None else []) + calls
+    calls = prefix + ([reset] if reset is not None else []) + calls
     return calls[0] if len(calls) == 1 else tirx.SeqStmt(calls)
+
+
+def _prefix(loops, key: str, steps) -> int:
+    """The count of leading steps a loop of the nest ``loops`` is annotated with under ``key``
+    (:data:`PREFIX_IN_PLACE`, :data:`PREFIX_DONE`), 0 without one; more than the nest's
+    ``steps`` is refused."""
+    counts = {_int(loop.annotations[key]) for loop in loops if loop.annotations and key in loop.annotations}
+    if not counts:
+        return 0
+    if len(counts) > 1 or None in counts or max(counts) > len(steps):
+        raise _Unsupported(f"{key} = {sorted(counts, key=str)} is not a count of the nest's {len(steps)} steps")
+    return counts.pop()
 
 
 def _within_allocation(region, loops) -> None:
@@ -616,7 +650,7 @@ def _store(m, store, config):
         if not isinstance(value, tirx.Cast):
             raise _Unsupported(f"an int8 store of {value} without a narrowing cast")
         value = value.value
-        clipped = _clip(value)
+        clipped = clipped_to_int8(value)
         mode = StoreMode.WRAP if clipped is None else StoreMode.SATURATE
         value = value if clipped is None else clipped
     elif str(out.dtype) != "int32":
@@ -629,6 +663,7 @@ def _store(m, store, config):
     if lookup is not None:
         steps = steps + [table_step(table)]
     loops = m.loops
+    steps = steps[_prefix(loops, PREFIX_DONE, steps):]     # run once already, by the first temporary
     n = len(loops)
     guard = m.get("guard")
     valid = [(0, 0)] * n

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from typing import Callable
 
 import tvm_ffi
 from tvm import ir, s_tir, tirx
@@ -46,7 +47,8 @@ from accel.compiler import depthwise, elementwise
 from accel.compiler.conv import DEPTHWISE
 from accel.compiler.conv import analyse as analyse_conv
 from accel.compiler.conv import normalise as normalise_conv
-from accel.compiler.rules import ACC, INP, WGT, epilogue_chain, table_lookup, table_step
+from accel.compiler.rules import (ACC, INP, PREFIX_DONE, PREFIX_IN_PLACE, WGT, clipped_to_int8, epilogue_chain,
+                                   table_lookup, table_step)
 from accel.compiler import wrapping
 from accel.hw.instructions import LUT_ENTRIES, MEMORIES, SCOPES, AluOp, capacity_option
 
@@ -59,6 +61,12 @@ GATHERS = ("direct", "im2col")
 PIXELS = ("row", "image")
 #: The most tiles per block along N and K the heuristic considers.
 BN_LIMIT, BK_LIMIT = 8, 32
+#: How the steps the branches of a forking epilogue share (a bias and clip before a precise
+#: requantise reads the accumulator twice) run: on each branch (``"each"``: the temporary
+#: copies the accumulator and applies them too), or once, in place on the accumulator, before
+#: the temporary copies it (``"once"``: the same operations on the same values, fewer ALU
+#: instructions).
+FORKS = ("each", "once")
 
 
 @dataclass(frozen=True)
@@ -75,7 +83,9 @@ class Knobs:
       ``"im2col"`` (the CPU builds the im2col matrix);
     - ``pixels`` (convolutions, with ``im2col``): M runs over the pixels of one output
       ``"row"`` (rows are batched) or over a whole ``"image"`` (rows fused: a narrow output
-      needs less padding to whole tiles).
+      needs less padding to whole tiles);
+    - ``fork`` (an epilogue that reads the accumulator twice): the steps its branches share
+      run on ``"each"`` branch or ``"once"`` (:data:`FORKS`).
 
     Knobs travel as annotations on the GEMM block (``accel.bn`` = 4, ``accel.weights`` =
     index into :data:`WEIGHTS`, ...), so that a meta_schedule design space can set them
@@ -84,7 +94,7 @@ class Knobs:
     >>> Knobs(bn=4, weights="resident").annotations()
     {'accel.bn': 4, 'accel.weights': 1}
     >>> Knobs.from_annotations({'accel.bk': 2, 'accel.gather': 1})
-    Knobs(bm=None, bn=None, bk=2, weights=None, gather='im2col', pixels=None)
+    Knobs(bm=None, bn=None, bk=2, weights=None, gather='im2col', pixels=None, fork=None)
     """
 
     bm: int | None = None
@@ -93,8 +103,9 @@ class Knobs:
     weights: str | None = None
     gather: str | None = None
     pixels: str | None = None
+    fork: str | None = None
 
-    _CHOICES = {"weights": WEIGHTS, "gather": GATHERS, "pixels": PIXELS}
+    _CHOICES = {"weights": WEIGHTS, "gather": GATHERS, "pixels": PIXELS, "fork": FORKS}
 
     def __post_init__(self) -> None:
         for name in ("bm", "bn", "bk"):
@@ -140,7 +151,7 @@ class Knobs:
 
 #: Prefix of the knob annotations on a GEMM block.
 ANNOTATION = "accel."
-_FIELDS = ("bm", "bn", "bk", "weights", "gather", "pixels")
+_FIELDS = ("bm", "bn", "bk", "weights", "gather", "pixels", "fork")
 
 
 @dataclass
@@ -157,6 +168,11 @@ class GemmPlan:
     device_macs: int = 0    # the MACs the GEMM unit executes: M, N and K padded to whole tiles
     knobs: Knobs = field(default_factory=Knobs)     # the choices made, every field set
     cycles: int = 0         # an estimate of its device cycles (:func:`estimate_cycles`)
+    shared: int = 0         # the steps the branches of its epilogue share (0: it does not fork)
+    # its compute-queue cycles (:func:`block_cycles`) were its blocks ``(bm, bn, bk)`` instead,
+    # the same gather and pixels (None where the scheduler would refuse them): what a tuner's
+    # likeliest candidate is chosen by
+    estimate: Callable[[int, int, int], int | None] | None = field(default=None, repr=False, compare=False)
 
     @property
     def macs(self) -> int:
@@ -264,6 +280,65 @@ def estimate_cycles(macs: int, rate: int, outputs: int, steps, temporaries, conf
     """
     alu = (len(steps) if steps else 0) + 2 * len(temporaries or ())
     return -(-macs // rate) + -(-outputs * alu // config.alu_lanes)
+
+
+def block_cycles(e: Extents, bm: int, bn: int, bk: int, alu_steps: int, temporaries: int, config: Config,
+                 mac_cycles: int | None = None, staged: tuple = ()) -> int:
+    """The compute queue's cycles for a GEMM of extents ``e`` in blocks of ``bm x bn x bk``
+    tiles (as the scheduler fitted them), issue overhead included: per block of output tiles,
+    ``bm`` GEMMs per block of K (each folds K and N), a reset per accumulator tile and one per
+    temporary, and ``alu_steps`` ALU instructions over the whole block (the epilogue's, a
+    temporary's copy and chain included). The LOADs and STOREs run beside it, on queues of
+    their own, but for the LOADs into ACC of the epilogue's operands (``staged``: per operand,
+    whether it is narrow, a bias, or as large as the block, a residual). A depthwise
+    convolution's blocks are pixels x channels with ``bk`` 1 and ``mac_cycles`` the cycles of
+    one tile's DWMAC (its taps; ``e.k_outer`` 1).
+
+    The padding of M and N to whole blocks costs every ALU step, and the issue overhead every
+    instruction: what a tuner weighs when it picks its likeliest blocks (within 1-2% of the
+    simulated cycles on the PaddleOCR classifier's convolutions).
+
+    >>> e = Extents(6, 13, 2, outer=2)     # 2 rows of 96 pixels, 200 channels, K 32; 16 ALU steps
+    >>> block_cycles(e, 1, 2, 2, 16, 1, Config()), block_cycles(e, 6, 1, 2, 16, 1, Config())
+    (60480, 52936)
+    """
+    t, ov = config.tile, config.issue_overhead
+    blocks = e.outer * -(-e.m_tiles // bm) * -(-e.n_tiles // bn)
+    tiles = bm * bn
+    if mac_cycles is None:      # a GEMM: bm instructions per block of K, each bk x bn tile steps
+        macs = e.k_outer * -(-e.k_tiles // bk) * bm * (bk * bn * config.tile_cycles + ov)
+    else:                       # DWMAC: one instruction per tile
+        macs = tiles * (mac_cycles + ov)
+    resets = tiles * (t + ov) + temporaries * (tiles * t + ov)
+    alu = alu_steps * (tiles * t * -(-t // config.alu_lanes) + ov)
+    # the epilogue's operands are LOADs into ACC, which the compute queue issues: a bias one
+    # row of the block's channels, a residual the whole block
+    row = bn * t * _MEMORY[ACC].itemsize
+    loads = sum(-(-row * (1 if narrow else bm * t) // config.dma_bytes_per_cycle) + ov for narrow in staged)
+    return blocks * (macs + resets + alu + loads)
+
+
+def _staged(sch, final, steps, out_buffer, temporaries) -> tuple:
+    """Per operand of the epilogue ``final`` that a LOAD stages in ACC (not a temporary,
+    which the ALU computes there), whether it is narrow (:func:`_operands`)."""
+    if steps is None:
+        return ()
+    computed = {sch.get(b).writes[0].source.__chandle__() for b in temporaries}
+    return tuple(narrow for key, narrow in _operands(sch.get(final), out_buffer).items() if key not in computed)
+
+
+def _alu_steps(sch, final, steps, out_buffer, temporaries) -> int:
+    """ALU instructions an epilogue ``final`` runs per block: its own ``steps`` (but for a
+    clip to int8 before the narrowing cast, which the STORE does by saturating), and per
+    temporary its copy of the accumulator and its chain."""
+    if steps is None:
+        return 0
+    block = sch.get(final)
+    value = wrapping.strip(block.body.value)
+    saturates = _table(block) is None and isinstance(value, tirx.Cast) and \
+        str(block.body.buffer.dtype) == "int8" and clipped_to_int8(value.value) is not None
+    return len(steps) - 2 * saturates + \
+        sum(1 + len(_temporary_steps(sch.get(b), out_buffer) or ()) for b in temporaries)
 
 
 def _pick_block(tiles: int, limit: int) -> int:
@@ -600,11 +675,25 @@ def _schedule_gemm(sch: s_tir.Schedule, name: str, g: GemmAnalysis, config: Conf
         final = None
     plan.epilogue = describe_epilogue(steps, str(sch.get(final).writes[0].source.dtype),
                                       [sch.get(b).writes[0].source for b in temporaries]) if steps else []
+    plan.shared = _shared_prefix(sch, final, steps, out_buffer, temporaries)
+    prefix = plan.shared if knobs.fork == "once" else 0
+    alu_steps = _alu_steps(sch, final, steps, out_buffer, temporaries) - prefix * len(temporaries)
+    kept = dict(reserved)
+    staged = _staged(sch, final, steps, out_buffer, temporaries)
+
+    def estimate(bm_: int, bn_: int, bk_: int) -> int | None:
+        try:
+            fitted = _fitting_blocks(name, g, shape, Knobs(bm_, bn_, bk_, WEIGHTS[resident]), config, kept)
+        except ScheduleError:
+            return None
+        return block_cycles(shape, *fitted[:3], alu_steps, len(temporaries), config, staged=staged)
+
+    plan.estimate = estimate
     _reserve(reserved, shape, t, bm, bn, bk, resident)
     outputs = batch * -(-m_ // (t * bm)) * t * bm * -(-n_ // (t * bn)) * t * bn
     plan.cycles = estimate_cycles(plan.device_macs, config.gemm_macs_per_cycle, outputs, steps, temporaries, config)
-    _tile_and_stage(sch, name, g, final, out_buffer, t, (bm, bn, bk), resident, temporaries)
-    plan.knobs = Knobs(bm, bn, bk, WEIGHTS[resident], g.method, g.pixels)
+    _tile_and_stage(sch, name, g, final, out_buffer, t, (bm, bn, bk), resident, temporaries, prefix)
+    plan.knobs = Knobs(bm, bn, bk, WEIGHTS[resident], g.method, g.pixels, FORKS[bool(prefix)])
     notes.offloaded.append(plan)
 
 
@@ -635,6 +724,7 @@ def _schedule_depthwise(sch: s_tir.Schedule, name: str, dw: depthwise.Depthwise,
     # what the tiles occupy, as the planner lays them out: checked before anything changes
     options = {"tile": t}
     count = e["n"] * e[other] * tiles[0] * tiles[1]
+    free = _free(config, reserved, ACC)
 
     def acc_need(regions: int, block: tuple) -> int:
         """ACC's elements for ``regions`` regions of a block of tiles (double-buffered when
@@ -645,7 +735,7 @@ def _schedule_depthwise(sch: s_tir.Schedule, name: str, dw: depthwise.Depthwise,
     def fitting(regions: int, block: tuple) -> tuple:
         """``block`` made smaller (the larger side to its next divisor of the tiles) until
         ``regions`` regions of it fit ACC; one tile at least."""
-        while block != (1, 1) and acc_need(regions, block) > _free(config, reserved, ACC):
+        while block != (1, 1) and acc_need(regions, block) > free:
             side = 0 if block[0] >= block[1] else 1
             smaller = max(d for d in depthwise_blocks(tiles[side], block[side] - 1))
             block = (smaller, block[1]) if side == 0 else (block[0], smaller)
@@ -683,6 +773,20 @@ def _schedule_depthwise(sch: s_tir.Schedule, name: str, dw: depthwise.Depthwise,
                              f"{getattr(config, capacity_option(_MEMORY[ACC]))} ({capacity_option(_MEMORY[ACC])})")
     # a block of several tiles: a region more for the narrow operands (a bias row per block)
     bm, bn = fitting(regions + 1, (bm, bn)) if (bm, bn) != (1, 1) else (1, 1)
+    plan.shared = _shared_prefix(sch, final, steps, out_buffer, temporaries)
+    prefix = plan.shared if knobs.fork == "once" else 0
+    alu_steps = _alu_steps(sch, final, steps, out_buffer, temporaries) - prefix * len(temporaries)
+    staged = _staged(sch, final, steps, out_buffer, temporaries)
+    extents = Extents(*tiles, 1, e["n"] * e[other])
+
+    def estimate(bm_: int, bn_: int, _bk: int) -> int | None:
+        if tiles[0] % bm_ or tiles[1] % bn_:
+            return None
+        block = fitting(regions + 1, (bm_, bn_)) if (bm_, bn_) != (1, 1) else (1, 1)
+        return block_cycles(extents, *block, 1, alu_steps, len(temporaries), config,
+                            mac_cycles=taps * config.dwmac_cycles, staged=staged)
+
+    plan.estimate = estimate
     _reserve_table(reserved, steps, t)
     if final is not None and steps is None:
         notes.on_cpu.append((sch.get(final).name_hint, "the epilogue is not a chain of ALU operations "
@@ -711,9 +815,10 @@ def _schedule_depthwise(sch: s_tir.Schedule, name: str, dw: depthwise.Depthwise,
         _place_temporaries(sch, temporaries, f_o, t)
         sch.reverse_compute_at(final, f_o)
         _stage_epilogue_operands(sch, blk, final, out_buffer, f_o, t, view.operand_layout, temporaries)
+        _annotate_prefix(sch, blk, temporaries, final, prefix)
     sch.decompose_reduction(blk, reduction[0])
     reserved[WGT] = reserved.get(WGT, 0) + need[WGT]
-    plan.knobs = Knobs(bm, bn, 1, "resident", "direct", "row")
+    plan.knobs = Knobs(bm, bn, 1, "resident", "direct", "row", FORKS[bool(prefix)])
     plan.cycles = estimate_cycles(plan.device_macs, config.dwmac_macs_per_cycle, plan.device_macs // taps, steps,
                                   temporaries, config)
     notes.offloaded.append(plan)
@@ -776,10 +881,11 @@ def _reserve(reserved: dict, shape: Extents, t: int, bm: int, bn: int, bk: int, 
 
 
 def _tile_and_stage(sch: s_tir.Schedule, name: str, g: GemmAnalysis, final, out_buffer, t: int,
-                    blocks: tuple[int, int, int], resident: bool, temporaries=()) -> None:
+                    blocks: tuple[int, int, int], resident: bool, temporaries=(), prefix: int = 0) -> None:
     """Step 4: tile to blocks of tiles, stage the operands through INP and WGT at the K loop
     and the accumulator (with the epilogue's operands) through ACC at the N loop, and move
-    the zero-init out of the reduction."""
+    the zero-init out of the reduction; ``prefix``: the leading steps of a forking epilogue
+    that run once (:func:`_annotate_prefix`)."""
     bm, bn, bk = blocks
     gemm = sch.get_sblock(name)
     loops = sch.get_loops(gemm)
@@ -810,7 +916,46 @@ def _tile_and_stage(sch: s_tir.Schedule, name: str, g: GemmAnalysis, final, out_
             # rows of the block are pixels of whole image rows: stored one image row at a time
             sch.split(sch.get_loops(final)[-2], [None, g.row_width])
         _stage_epilogue_operands(sch, gemm, final, out_buffer, j_o, t, g.operand_layout, temporaries)
+        _annotate_prefix(sch, gemm, temporaries, final, prefix)
     sch.decompose_reduction(gemm, k_outer[0] if k_outer else k_o)
+
+
+def _shared_prefix(sch, final, steps, out_buffer, temporaries) -> int:
+    """How many leading steps the epilogue ``final`` (its ALU ``steps``) and its temporary
+    apply alike (the same operation, immediate and operand buffer): the steps before its
+    fork, which :data:`FORKS` ``"once"`` runs once. 0 without a temporary, and with two (a
+    three-way fork): where the second is computed, before or after the first, is the
+    scheduler's, and the first must run the shared steps before any other reads them."""
+    if len(temporaries) != 1 or steps is None:
+        return 0
+    chains = [steps] + [_temporary_steps(sch.get(b), out_buffer) or [] for b in temporaries]
+
+    def same(a, b) -> bool:
+        if (a.op, a.imm, a.table is None, a.operand is None) != (b.op, b.imm, b.table is None, b.operand is None):
+            return False
+        return a.operand is None or a.operand.source.same_as(b.operand.source)
+
+    n = 0
+    # the epilogue keeps a step of its own at least (it reads the temporaries after the fork)
+    while n < len(steps) - 1 and all(n < len(c) and same(c[n], steps[n]) for c in chains[1:]):
+        n += 1
+    return n
+
+
+def _annotate_prefix(sch: s_tir.Schedule, producer, temporaries, final, prefix: int) -> None:
+    """Mark the nests of a forking epilogue whose first ``prefix`` steps run once: every loop
+    of the first temporary's nest (:data:`~accel.compiler.rules.PREFIX_IN_PLACE`: it runs them
+    in place on the accumulator, then copies it) and of the other nests
+    (:data:`~accel.compiler.rules.PREFIX_DONE`: they leave them out), the loops the
+    accumulator's ``producer`` (the GEMM or DWMAC block) is not inside; every one, since
+    lowering drops a loop of one iteration."""
+    if not prefix:
+        return
+    outer = {sch.get_sref(loop).__chandle__() for loop in sch.get_loops(producer)}
+    for n, block in enumerate(list(temporaries) + [final]):
+        for loop in sch.get_loops(block):
+            if sch.get_sref(loop).__chandle__() not in outer:
+                sch.annotate(loop, PREFIX_IN_PLACE if n == 0 else PREFIX_DONE, prefix)
 
 
 def _place_temporaries(sch: s_tir.Schedule, temporaries, at, t: int) -> None:
