@@ -64,8 +64,8 @@ BN_LIMIT, BK_LIMIT = 8, 32
 #: How the steps the branches of a forking epilogue share (a bias and clip before a precise
 #: requantise reads the accumulator twice) run: on each branch (``"each"``: the temporary
 #: copies the accumulator and applies them too), or once, in place on the accumulator, before
-#: the temporary copies it (``"once"``: the same operations on the same values, fewer ALU
-#: instructions).
+#: the temporary copies it (``"once"``, the heuristic's: the same operations on the same
+#: values, fewer ALU instructions; ``"each"`` stays a knob to compare with).
 FORKS = ("each", "once")
 
 
@@ -85,7 +85,7 @@ class Knobs:
       ``"row"`` (rows are batched) or over a whole ``"image"`` (rows fused: a narrow output
       needs less padding to whole tiles);
     - ``fork`` (an epilogue that reads the accumulator twice): the steps its branches share
-      run on ``"each"`` branch or ``"once"`` (:data:`FORKS`).
+      run on ``"each"`` branch or ``"once"`` (:data:`FORKS`; None: ``"once"``).
 
     Knobs travel as annotations on the GEMM block (``accel.bn`` = 4, ``accel.weights`` =
     index into :data:`WEIGHTS`, ...), so that a meta_schedule design space can set them
@@ -676,7 +676,7 @@ def _schedule_gemm(sch: s_tir.Schedule, name: str, g: GemmAnalysis, config: Conf
     plan.epilogue = describe_epilogue(steps, str(sch.get(final).writes[0].source.dtype),
                                       [sch.get(b).writes[0].source for b in temporaries]) if steps else []
     plan.shared = _shared_prefix(sch, final, steps, out_buffer, temporaries)
-    prefix = plan.shared if knobs.fork == "once" else 0
+    prefix = 0 if knobs.fork == "each" else plan.shared
     alu_steps = _alu_steps(sch, final, steps, out_buffer, temporaries) - prefix * len(temporaries)
     kept = dict(reserved)
     staged = _staged(sch, final, steps, out_buffer, temporaries)
@@ -774,7 +774,7 @@ def _schedule_depthwise(sch: s_tir.Schedule, name: str, dw: depthwise.Depthwise,
     # a block of several tiles: a region more for the narrow operands (a bias row per block)
     bm, bn = fitting(regions + 1, (bm, bn)) if (bm, bn) != (1, 1) else (1, 1)
     plan.shared = _shared_prefix(sch, final, steps, out_buffer, temporaries)
-    prefix = plan.shared if knobs.fork == "once" else 0
+    prefix = 0 if knobs.fork == "each" else plan.shared
     alu_steps = _alu_steps(sch, final, steps, out_buffer, temporaries) - prefix * len(temporaries)
     staged = _staged(sch, final, steps, out_buffer, temporaries)
     extents = Extents(*tiles, 1, e["n"] * e[other])

@@ -127,7 +127,7 @@ def _fork(name: str, plan) -> list:
     """The ``fork`` knob of a block whose epilogue forks after steps its branches share
     (``plan.shared``), running them once likeliest (fewer ALU instructions, the same
     operations on the same values: 27% fewer cycles with larger blocks on the PaddleOCR
-    classifier's largest 1x1 convolution, against 14% without); none otherwise."""
+    classifier's largest 1x1 convolution, against 14% without; the heuristic's too); none otherwise."""
     if not plan.shared:
         return []
     return [tp.Knob(name, ANNOTATION + "fork", tuple(range(len(FORKS))), FORKS.index(plan.knobs.fork),
