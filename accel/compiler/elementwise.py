@@ -306,7 +306,10 @@ def widen_per_use() -> tvm.transform.Pass:
     each of those operations, so that an element-wise partition can take the cast with its
     chain (a squeeze-excitation's input is widened once by integerize for both the average
     pool's sum and the scaling multiply: shared, the cast would leak out of the partition).
-    Nothing else changes; a cast left unread is removed.
+    So does such a cast's product by a constant read more than once (a YOLO C2f block rescales
+    one half of a split by the same multiplier for its residual add and for its concat:
+    common subexpressions, one product for two chains). Nothing else changes; a cast left
+    unread is removed.
 
     >>> widen_per_use().info.name
     'accel.WidenPerUse'
@@ -323,7 +326,10 @@ def widen_per_use() -> tvm.transform.Pass:
                     if isinstance(value, relax.Call) and isinstance(value.op, ir.Op):
                         if value.op.name == "relax.astype" and _dtype(value) == "int32" and \
                                 _dtype(value.args[0]) == "int8":
-                            widened[b.var] = value.args[0]
+                            widened[b.var] = relax.op.astype(value.args[0], "int32")
+                        elif value.op.name == "relax.multiply" and isinstance(value.args[0], relax.Var) and \
+                                value.args[0] in widened and isinstance(value.args[1], ir.Constant):
+                            widened[b.var] = relax.op.multiply(widened[value.args[0]], value.args[1])
                         for a in value.args:
                             if isinstance(a, relax.Var):
                                 uses[a] = uses.get(a, 0) + 1
@@ -354,10 +360,16 @@ class _WidenPerUse(PyExprMutator):
                 and any(isinstance(a, relax.Var) and a in self.shared for a in value.args)):
             super().visit_var_binding_(binding)
             return
-        args = [self.builder_.emit(relax.op.astype(self.visit_expr(self.shared[a]), "int32"))
-                if isinstance(a, relax.Var) and a in self.shared else self.visit_expr(a) for a in value.args]
+        args = [self._emit_own(self.shared[a]) if isinstance(a, relax.Var) and a in self.shared else self.visit_expr(a)
+                for a in value.args]
         new = relax.Call(value.op, args, value.attrs)
         self.builder_.emit_normalized(relax.VarBinding(binding.var, self.builder_.normalize(new)))
+
+    def _emit_own(self, expr: relax.Call) -> relax.Var:
+        """A binding of its own for ``expr`` (a cast, or a cast times a constant) and for the
+        cast inside it: the patterns read the chain binding by binding."""
+        args = [self._emit_own(a) if isinstance(a, relax.Call) else self.visit_expr(a) for a in expr.args]
+        return self.builder_.emit(relax.Call(expr.op, args, expr.attrs))
 
 
 # ----------------------------------------------------------------------------------------

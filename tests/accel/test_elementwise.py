@@ -450,3 +450,34 @@ def test_a_take_the_lut_does_not_compute_stays_on_the_host_and_says_why(table, o
     with pytest.warns(tp.OffloadWarning, match=why):
         model = assert_matches_llvm(bb.get(), "accel, llvm", quiet=False)
     assert not [p for p in model.report.partitions if p.pattern == "accel.elementwise"]
+
+
+def test_a_product_two_chains_share_is_taken_by_both():
+    """A C2f block (YOLO) rescales one half of a split by the same multiplier for its residual
+    add and for its concat; common subexpression elimination leaves one ``astype(x) * m_hi``
+    for both chains, which leaked out of either partition (both stayed on the host).
+    ``widen_per_use`` gives each chain its own product: both on accel, bit for bit llvm's."""
+    bb = relax.BlockBuilder()
+    x, y = (relax.Var(n, relax.TensorType((1, 8, 6, 6), "int8")) for n in "xy")
+
+    def const(v):
+        return relax.const(v, "int32")
+
+    def precise(high, low):         # ((high + ((low) >> 25)) + 2**21) >> 22, as int8
+        v = relax.op.add(relax.op.add(high, relax.op.right_shift(low, const(25))), const(2**21))
+        return relax.op.astype(relax.op.clip(relax.op.right_shift(v, const(22)), -128, 127), "int8")
+
+    with bb.function("main", [x, y]):
+        with bb.dataflow():
+            wx, wy = (relax.op.astype(v, "int32") for v in (x, y))
+            alone = precise(relax.op.multiply(wx, const(3696935)), relax.op.multiply(wx, const(2510084)))
+            summed = precise(relax.op.add(relax.op.multiply(wx, const(3696935)), relax.op.multiply(wy, const(1471831))),
+                             relax.op.add(relax.op.multiply(wx, const(2510085)), relax.op.multiply(wy, const(13739617))))
+            out = bb.emit_output(relax.Tuple([bb.emit(alone), bb.emit(summed)]))
+        bb.emit_func_output(out)
+    mod = relax.transform.EliminateCommonSubexpr()(relax.transform.Normalize()(bb.get()))
+    assert mod.script().count("R.const(3696935") == 1, "the product is shared, as after an exporter's CSE"
+    model = _build_and_compare(mod, 5)
+    report = model.report.to_json()
+    assert [p["pattern"] for p in report["partitions"]].count("accel.elementwise") == 2
+    assert not report["on_host"], report["on_host"]
