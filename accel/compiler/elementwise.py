@@ -292,8 +292,21 @@ def check(ctx) -> bool | str:
                 "dimensions into rows lays each out as the whole result, one value per row, one row repeated or one "
                 "value, the broadcasts the ALU's strides take")
     if has_leaking_intermediate_variables(ctx):
-        return False
+        return _leaked(ctx)
     return True
+
+
+def _leaked(ctx) -> str | bool:
+    """Why a chain whose intermediate values are read outside it stays on the host (False
+    where TVM's test finds no such reader: a value the function returns)."""
+    inside = set(ctx.matched_bindings.keys())
+    root = ctx.value_to_bound_var[ctx.matched_expr]
+    for var, value in ctx.matched_bindings.items():
+        readers = [u for u in ctx.var_usages.get(var, []) if u not in inside]
+        if var != root and readers and isinstance(value, relax.Call):
+            return (f"the chain's {str(value.op.name).removeprefix('relax.')} {var.name} is also read outside it "
+                    f"(by {readers[0].name}); a partition returns only the chain's result")
+    return False
 
 
 #: The element-wise operations whose widened int8 operands :func:`widen_per_use` gives their own cast.

@@ -481,3 +481,17 @@ def test_a_product_two_chains_share_is_taken_by_both():
     report = model.report.to_json()
     assert [p["pattern"] for p in report["partitions"]].count("accel.elementwise") == 2
     assert not report["on_host"], report["on_host"]
+
+
+def test_a_chain_whose_intermediate_is_read_elsewhere_stays_on_the_host_and_says_why():
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 8, 6, 6), "int8"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            moved = bb.emit(relax.op.add(relax.op.astype(x, "int32"), relax.const(3, "int32")))
+            out = relax.op.astype(relax.op.clip(moved, -128, 127), "int8")
+            result = bb.emit_output(relax.Tuple([bb.emit(out), bb.emit(relax.op.multiply(moved, moved))]))
+        bb.emit_func_output(result)
+    model = _build_and_compare(bb.get(), 2)
+    reasons = {h["op"]: h["reason"] for h in model.report.to_json()["on_host"]}
+    assert "the chain's add" in reasons["relax.add"] and "is also read outside it" in reasons["relax.add"], reasons
