@@ -47,17 +47,24 @@ def _both(stream):
     return plan, (sim, host), (ref, want)
 
 
-@given(st.one_of(sim_tests.programs().map(sim_tests._fenced), deps_tests.interleaved().map(_auto)))
-def test_fused_execution_equals_instruction_by_instruction(stream):
-    plan, (sim, host), (ref, want) = _both(stream)
-    if plan is None:
-        return
+def _runs_alike(plan, stream, fused_side, reference_side) -> None:
+    """The plan's run leaves the host buffers and every scratchpad as running ``stream``
+    instruction by instruction leaves them."""
+    (sim, host), (ref, want) = fused_side, reference_side
     assert plan.run(host, sim)
     ref.run(stream, want)
     for got, exp in zip(host, want):
         np.testing.assert_array_equal(got, exp)
     for mem in Mem:
         np.testing.assert_array_equal(sim.memory(mem), ref.memory(mem))
+
+
+@given(st.one_of(sim_tests.programs().map(sim_tests._fenced), deps_tests.interleaved().map(_auto)))
+def test_fused_execution_equals_instruction_by_instruction(stream):
+    plan, (sim, host), (ref, want) = _both(stream)
+    if plan is None:
+        return
+    _runs_alike(plan, stream, (sim, host), (ref, want))
 
 
 _STREAMS = st.one_of(sim_tests.programs().map(sim_tests._fenced), deps_tests.interleaved().map(_auto))
@@ -200,12 +207,7 @@ def test_lanes_no_store_reads_read_any_value_unless_acc_ends_with_them(channels,
     if overwritten:
         assert isinstance(bias, fused._View) and bias.strides == (0, 1)
     assert all(isinstance(old, fused._Span) for _, _, _, _, old, _ in plan.alus)     # no gathers
-    assert plan.run(host, sim)
-    ref.run(stream, want)
-    for got, exp in zip(host, want):
-        np.testing.assert_array_equal(got, exp)
-    for mem in Mem:
-        np.testing.assert_array_equal(sim.memory(mem), ref.memory(mem))
+    _runs_alike(plan, stream, (sim, host), (ref, want))
 
 
 @given(st.integers(0, 7), st.integers(1, 4), st.booleans())
@@ -274,12 +276,7 @@ def test_fused_dwmacs_equal_instruction_by_instruction(stream, edge):
         s.wgt[:] = (np.arange(s.wgt.size) * 37) % 256 - 128        # -128 too: the largest product
     if plan is None:
         return
-    assert plan.run(host, sim)
-    ref.run(stream, want)
-    for got, exp in zip(host, want):
-        np.testing.assert_array_equal(got, exp)
-    for mem in Mem:
-        np.testing.assert_array_equal(sim.memory(mem), ref.memory(mem))
+    _runs_alike(plan, stream, (sim, host), (ref, want))
 
 
 def test_a_depthwise_kernel_is_one_sum_over_its_taps():
@@ -328,12 +325,7 @@ def test_inputs_that_only_meet_zero_padded_weights_are_read_as_runs(channels, ga
     stream = _auto(program)
     plan, (sim, host), (ref, want) = _both(stream)
     assert plan is not None and (plan.products[-1].x.starts < plan.f_base).all()     # no input row copied
-    assert plan.run(host, sim)
-    ref.run(stream, want)
-    for got, exp in zip(host, want):
-        np.testing.assert_array_equal(got, exp)
-    for mem in Mem:
-        np.testing.assert_array_equal(sim.memory(mem), ref.memory(mem))
+    _runs_alike(plan, stream, (sim, host), (ref, want))
 
 
 @given(st.lists(st.lists(st.integers(-3, 40), min_size=4, max_size=4), min_size=1, max_size=6),
