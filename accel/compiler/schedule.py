@@ -318,6 +318,16 @@ def block_cycles(e: Extents, bm: int, bn: int, bk: int, alu_steps: int, temporar
     return blocks * (macs + resets + alu + loads)
 
 
+def _epilogue_work(sch, plan, knobs: Knobs, final, steps, out_buffer, temporaries) -> tuple[int, int, tuple]:
+    """What a GEMM's or depthwise block's epilogue ``final`` costs per block under ``knobs``:
+    ``(prefix, ALU instructions, staged operands)``, ``prefix`` the shared steps of a fork run
+    once (:data:`FORKS`; also set as ``plan.shared``, what the fork knob is offered for)."""
+    plan.shared = _shared_prefix(sch, final, steps, out_buffer, temporaries)
+    prefix = 0 if knobs.fork == "each" else plan.shared
+    alu_steps = _alu_steps(sch, final, steps, out_buffer, temporaries) - prefix * len(temporaries)
+    return prefix, alu_steps, _staged(sch, final, steps, out_buffer, temporaries)
+
+
 def _staged(sch, final, steps, out_buffer, temporaries) -> tuple:
     """Per operand of the epilogue ``final`` that a LOAD stages in ACC (not a temporary,
     which the ALU computes there), whether it is narrow (:func:`_operands`)."""
@@ -675,11 +685,8 @@ def _schedule_gemm(sch: s_tir.Schedule, name: str, g: GemmAnalysis, config: Conf
         final = None
     plan.epilogue = describe_epilogue(steps, str(sch.get(final).writes[0].source.dtype),
                                       [sch.get(b).writes[0].source for b in temporaries]) if steps else []
-    plan.shared = _shared_prefix(sch, final, steps, out_buffer, temporaries)
-    prefix = 0 if knobs.fork == "each" else plan.shared
-    alu_steps = _alu_steps(sch, final, steps, out_buffer, temporaries) - prefix * len(temporaries)
+    prefix, alu_steps, staged = _epilogue_work(sch, plan, knobs, final, steps, out_buffer, temporaries)
     kept = dict(reserved)
-    staged = _staged(sch, final, steps, out_buffer, temporaries)
 
     def estimate(bm_: int, bn_: int, bk_: int) -> int | None:
         try:
@@ -773,10 +780,7 @@ def _schedule_depthwise(sch: s_tir.Schedule, name: str, dw: depthwise.Depthwise,
                              f"{getattr(config, capacity_option(_MEMORY[ACC]))} ({capacity_option(_MEMORY[ACC])})")
     # a block of several tiles: a region more for the narrow operands (a bias row per block)
     bm, bn = fitting(regions + 1, (bm, bn)) if (bm, bn) != (1, 1) else (1, 1)
-    plan.shared = _shared_prefix(sch, final, steps, out_buffer, temporaries)
-    prefix = 0 if knobs.fork == "each" else plan.shared
-    alu_steps = _alu_steps(sch, final, steps, out_buffer, temporaries) - prefix * len(temporaries)
-    staged = _staged(sch, final, steps, out_buffer, temporaries)
+    prefix, alu_steps, staged = _epilogue_work(sch, plan, knobs, final, steps, out_buffer, temporaries)
     extents = Extents(*tiles, 1, e["n"] * e[other])
 
     def estimate(bm_: int, bn_: int, _bk: int) -> int | None:
