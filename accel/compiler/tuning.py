@@ -17,10 +17,10 @@ not per tile: 5-9% fewer cycles on the PaddleOCR classifier's depthwise layers; 
 scheduler makes a block that does not fit ACC smaller);
 
 and for either, where its epilogue forks after steps its branches share (integerize's precise
-requantise after a bias and clamp reads the accumulator twice), ``fork``: those steps on each
-branch (the heuristic) or once, in place on the accumulator
-(:data:`accel.compiler.schedule.FORKS`: 14-32% fewer cycles on the PaddleOCR classifier's
-convolutions with the cheapest blocks).
+requantise after a bias and clamp reads the accumulator twice), ``fork``: those steps once, in
+place on the accumulator (the heuristic), or on each branch
+(:data:`accel.compiler.schedule.FORKS`: once takes 14-32% fewer cycles on the PaddleOCR
+classifier's convolutions with the cheapest blocks).
 
 The heuristic's choice of every knob is the design space's decision, so the heuristic's
 schedule is always a candidate. Where the heuristic's gather and pixels are likeliest, the
