@@ -229,7 +229,8 @@ def _store(mode: StoreMode) -> device.Instruction:
 
     # no two elements to one place: rows apart (dram_ld beyond a row's span), or interleaved
     # (a column's span within dram_step: a transposing store); distinct_starts decides it exactly
-    @device.instr("accel.store", memories=[ACC], fixed={"mode": int(mode), "deps": AUTO},
+    # dram_step came after the first STORE: code compiled before it stores rows contiguously
+    @device.instr("accel.store", memories=[ACC], fixed={"mode": int(mode), "deps": AUTO}, added={"dram_step": 1},
                   requires=[(lambda dram_step: dram_step >= 1, "dram_step {dram_step} must be at least 1"),
                             (lambda rows, cols, dram_ld, dram_step: not (rows and cols)
                              or distinct_starts(rows, dram_ld, cols, dram_step),
@@ -385,7 +386,9 @@ def markdown_table() -> str:
     | `accel.load` | `(host, elem_offset, mem, sram_addr, sram_ld, rows, cols, dram_ld, pad_top, pad_bottom, pad_left, pad_right, pad_value, deps)` |
     """
     rows = ["| function | arguments |", "|---|---|"]
-    rows += [f"| `{name}` | `({', '.join(forms[0].arguments)})` |" for name, forms in FUNCTIONS.items()]
+    rows += [f"| `{name}` | `({', '.join(forms[0].arguments)})`" + "".join(
+        f"; a call without `{n}` (compiled before it was added) gets {v}" for n, v in forms[0].added.items()) + " |"
+        for name, forms in FUNCTIONS.items()]
     rows += [f"| `{name}` | `({', '.join(args)})`: {doc} |" for name, (args, doc) in OTHER_FUNCTIONS.items()]
     return "\n".join(rows)
 

@@ -201,8 +201,26 @@ def test_isa_md_lists_the_abi_as_declared():
 
 def test_a_call_with_the_wrong_number_of_arguments_is_a_clear_error():
     with accel.Session():
-        with pytest.raises(TypeError, match=r"accel.store takes 10 arguments \(host, elem_offset, .*\), got 2"):
+        with pytest.raises(TypeError, match=r"accel.store takes 10 arguments \(host, elem_offset, .*\) or 9 without "
+                                            r"dram_step, got 2"):
             device.invoke(runtime.RUNTIME.functions["store"], np.zeros(4, np.int32), 0)
+
+
+@T.prim_func
+def store_as_compiled_before_dram_step(A: T.Buffer((16, 16), "int32"), C: T.Buffer((16, 24), "int32")):
+    T.func_attr({"global_symbol": "store_as_compiled_before_dram_step"})
+    T.call_packed("accel.load", A, 0, 3, 0, 16, 16, 16, 16, 0, 0, 0, 0, 0, -1)
+    T.call_packed("accel.store", C, 4, 0, 16, 16, 12, 24, 0, -1)       # no dram_step: rows are contiguous
+    T.call_packed("accel.sync")
+
+
+def test_code_compiled_before_the_store_gained_dram_step_still_runs():
+    a = np.arange(256, dtype=np.int32).reshape(16, 16) - 100
+    c = tvm.runtime.tensor(np.full((16, 24), -1, np.int32))
+    tvm.compile(store_as_compiled_before_dram_step, target="llvm")(tvm.runtime.tensor(a), c)
+    want = np.full((16, 24), -1, np.int32)
+    want[:, 4:16] = a[:, :12]
+    np.testing.assert_array_equal(c.numpy(), want)
 
 
 # ---------------------------------------------------------------------- issue 12

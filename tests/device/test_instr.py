@@ -253,6 +253,37 @@ def test_a_generic_implementation_gets_the_arguments_in_the_declared_order():
         RT.functions["gemm"](1, 2, 3)
 
 
+# An argument the runtime function gained later (pad_left: 0 keeps an older call's meaning).
+padded = tp.instr("dt.load", memories=[INP], fixed={"mem": 0}, added={"pad_left": 0}, name="padded")(load.semantics)
+
+
+@pytest.mark.parametrize("generic", [False, True])
+def test_a_call_compiled_before_an_added_argument_gets_its_value_in_its_place(generic):
+    seen = []
+    if generic:
+        RT.implement(padded)(lambda s, *args: seen.append(dict(zip(padded.arguments, args))))
+    else:
+        RT.implement(padded)(lambda s, **args: seen.append(args))
+    values = dict(zip(padded.arguments, range(10, 20)))
+    RT.functions["load"](*values.values())
+    RT.functions["load"](*(v for n, v in values.items() if n != "pad_left"))
+    assert seen == [values, {**values, "pad_left": 0}]
+    with pytest.raises(TypeError, match=r"dt.load takes 10 arguments \(mem, .*\) or 9 without pad_left, got 8"):
+        RT.functions["load"](*range(8))
+    # the compiler's side reads an older call the same way
+    host, dst = tirx.decl_buffer((16,), "int8", "H"), INP.buffer((TILE, TILE), "d")
+    older = padded.call(src=host, offset=0, dst=dst, rows=4, cols=4, ld=4, pad_top=0, pad_left=0, pad_value=0)
+    older = tirx.call_packed(*(a for i, a in enumerate(older.value.args)
+                               if i != 1 + padded.arguments.index("pad_left")))
+    assert padded.is_call(older) and not load.is_call(older)
+    assert padded.arguments_of(older)["pad_left"].value == 0
+    for bad in ({"dst": 0}, {"mem": 0}, {"pad_left": 1.5}, {"nothing": 0}):
+        with pytest.raises(TypeError, match="added arguments are scalar operands \\(not fixed\\) with integer"):
+            tp.instr("dt.load", memories=[INP], fixed={"mem": 0}, added=bad)(load.semantics)
+    with pytest.raises(TypeError, match="padded calls dt.load\\(mem, .*\\) but load calls dt.load"):
+        RT.implement(padded, load)
+
+
 # -- the reference semantics --------------------------------------------------------------
 @settings(max_examples=30, deadline=None)
 @given(st.integers(0, 4), st.integers(0, 4), st.integers(0, 3), st.integers(0, 3), st.integers(-128, 127))

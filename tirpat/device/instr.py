@@ -217,8 +217,8 @@ class Instruction:
     """One declared instruction (see the module doc); made by :func:`instr`.
 
     ``name``, ``runtime_name``, ``fixed`` (constant runtime arguments), ``params`` (what
-    the program depends on) with their ``defaults``, ``operands`` and ``requires`` (the
-    preconditions) are what was declared; the methods derive the rest.
+    the program depends on) with their ``defaults``, ``operands``, ``requires`` (the
+    preconditions) and ``added`` (arguments older calls omit) are what was declared; the methods derive the rest.
 
     >>> from tvm.script import tirx as T
     >>> @instr("doc_ins.neg", fixed={"op": 2})
@@ -233,7 +233,8 @@ class Instruction:
     """
 
     def __init__(self, semantics: Callable[..., tirx.PrimFunc], runtime_name: str, memories: Sequence[Memory],
-                 fixed: Mapping[str, int], requires: Iterable[Requirement], name: Optional[str]) -> None:
+                 fixed: Mapping[str, int], requires: Iterable[Requirement], name: Optional[str],
+                 added: Optional[Mapping[str, int]] = None) -> None:
         self.name = name or semantics.__name__
         if not isinstance(runtime_name, str) or runtime_name.count(".") != 1 or \
                 not all(part.isidentifier() for part in runtime_name.split(".")):
@@ -269,6 +270,13 @@ class Instruction:
             raise ValueError(f"instruction {self.name}: {sorted(clash)} name both an operand, a parameter or a "
                              f"fixed argument")
         self.requires = tuple(self._requirement(r) for r in requires)
+        scalars = {o.name for o in self.operands if o.kind == "scalar"} - set(self.fixed)
+        added = dict(added or {})
+        if any(n not in scalars or not isinstance(v, (int, np.integer)) or isinstance(v, bool)
+               for n, v in added.items()):
+            raise TypeError(f"instruction {self.name}: added arguments are scalar operands (not fixed) with "
+                            f"integer values, got {added!r} (scalars: {', '.join(sorted(scalars))})")
+        self.added = {n: int(v) for n, v in added.items()}
 
     def _requirement(self, requirement) -> tuple:
         try:
@@ -300,6 +308,36 @@ class Instruction:
         """The runtime function's arguments in call order: the fixed ones the program does not
         take, then the program's parameters (a fixed one among them in its place)."""
         return (*(k for k in self.fixed if k not in self._order), *self._order)
+
+    def complete(self, args: Sequence[Any]) -> tuple:
+        """A runtime call's arguments ``args`` in full: as given when they are all there,
+        with the ``added`` arguments' values put in their places when the call omits them
+        (code compiled before they were added); TypeError for any other count.
+
+        >>> from tvm.script import tirx as T
+        >>> @instr("doc_cpl.copy", added={"step": 1})
+        ... def copy():
+        ...     @T.prim_func
+        ...     def program(d: T.Buffer((8,), "int8"), s: T.Buffer((8,), "int8"), n: T.int32, step: T.int32):
+        ...         for i in range(n):
+        ...             d[i] = s[i * step]
+        ...     return program
+        >>> copy.complete(("D", "S", 4))
+        ('D', 'S', 4, 1)
+        >>> copy.complete(("D", 4))
+        Traceback (most recent call last):
+          ...
+        TypeError: doc_cpl.copy takes 4 arguments (d, s, n, step) or 3 without step, got 2
+        """
+        names = self.arguments
+        if len(args) == len(names):
+            return tuple(args)
+        if self.added and len(args) == len(names) - len(self.added):
+            given = iter(args)
+            return tuple(self.added[n] if n in self.added else next(given) for n in names)
+        older = f" or {len(names) - len(self.added)} without {', '.join(self.added)}" if self.added else ""
+        raise TypeError(f"{self.runtime_name} takes {len(names)} arguments ({', '.join(names)}){older}, "
+                        f"got {len(args)}")
 
     @property
     def memory_operands(self) -> tuple[Operand, ...]:
@@ -421,16 +459,22 @@ class Instruction:
         """True for a call of this instruction: its runtime function with its fixed arguments."""
         if not (isinstance(call, ir.Call) and call.op.name == "tirx.tvm_call_packed"
                 and isinstance(call.args[0], ir.StringImm) and call.args[0].value == self.runtime_name
-                and len(call.args) == 1 + len(self.arguments)):
+                and len(call.args) - 1 in (len(self.arguments), len(self.arguments) - len(self.added))):
             return False
-        given = dict(zip(self.arguments, call.args[1:]))
+        given = self._given(call)
         return all(isinstance(given[k], tirx.IntImm) and given[k].value == v for k, v in self.fixed.items())
 
     def arguments_of(self, call) -> dict:
         """``{argument name: expression}`` of a call of this instruction (see :meth:`is_call`)."""
         if not self.is_call(call):
             raise ValueError(f"instruction {self.name}: {call} is not a call of it")
-        return dict(zip(self.arguments, call.args[1:]))
+        return self._given(call)
+
+    def _given(self, call) -> dict:
+        args = call.args[1:]
+        if len(args) < len(self.arguments):
+            args = self.complete([*args])
+        return {n: tirx.IntImm("int32", a) if isinstance(a, int) else a for n, a in zip(self.arguments, args)}
 
     # -- what a planner asks ----------------------------------------------------------------
     def elements_written(self, operand: str, **values: Any) -> np.ndarray:
@@ -526,8 +570,8 @@ class Instruction:
 
 
 def instr(runtime_name: str, *, memories: Sequence[Memory] = (), fixed: Optional[Mapping[str, int]] = None,
-          requires: Iterable[Requirement] = (), name: Optional[str] = None
-          ) -> Callable[[Callable[..., tirx.PrimFunc]], Instruction]:
+          requires: Iterable[Requirement] = (), name: Optional[str] = None,
+          added: Optional[Mapping[str, int]] = None) -> Callable[[Callable[..., tirx.PrimFunc]], Instruction]:
     """Declare an instruction (see the module doc): decorate a function of the program's
     parameters (each with a default) that returns the program as a PrimFunc.
 
@@ -536,7 +580,10 @@ def instr(runtime_name: str, *, memories: Sequence[Memory] = (), fixed: Optional
     with constant values (so one runtime function backs several instructions, e.g. an ALU's
     opcode): passed first, or, when the program takes a scalar parameter of that name, in its
     place (the program is specialised to the value); ``requires`` its preconditions as ``(check,
-    reason)`` pairs; ``name`` its name (the function's by default).
+    reason)`` pairs; ``name`` its name (the function's by default); ``added`` scalar
+    arguments the runtime function gained after code was compiled against it, each with
+    the value that keeps the older meaning: a call that omits them all still runs (see
+    :meth:`Instruction.complete`).
 
     >>> instr("no_prefix")(lambda: None)
     Traceback (most recent call last):
@@ -544,6 +591,6 @@ def instr(runtime_name: str, *, memories: Sequence[Memory] = (), fixed: Optional
     ValueError: instruction <lambda>: the runtime name must be '<prefix>.<function>', got 'no_prefix'
     """
     def declare(semantics: Callable[..., tirx.PrimFunc]) -> Instruction:
-        return Instruction(semantics, runtime_name, memories, fixed or {}, requires, name)
+        return Instruction(semantics, runtime_name, memories, fixed or {}, requires, name, added or {})
 
     return declare

@@ -498,7 +498,9 @@ class Runtime:
         backs them, told apart by their fixed arguments). The call's positional arguments
         reach ``fn`` by name, in the declared order, so it is never written twice: ``fn``'s
         parameters after the session must be exactly the declared arguments (or some of
-        them and ``**rest`` for the others), else TypeError. A generic function, one that
+        them and ``**rest`` for the others), else TypeError; a call compiled before the
+        declared ``added`` arguments existed gets their values (:meth:`~tirpat.device.Instruction.complete`).
+        A generic function, one that
         reads the order off the declarations (:attr:`~tirpat.device.Instruction.arguments`)
         instead of naming the arguments, takes ``(session, *args)`` and gets them as called,
         with no per-call binding (a runtime's hot path).
@@ -529,7 +531,7 @@ class Runtime:
         first = instructions[0]
         names = first.arguments
         for ins in instructions:
-            if ins.runtime_name != first.runtime_name or ins.arguments != names:
+            if ins.runtime_name != first.runtime_name or ins.arguments != names or ins.added != first.added:
                 raise TypeError(f"Runtime.implement: {first.name} calls {first.runtime_name}({', '.join(names)}) but "
                                 f"{ins.name} calls {ins.runtime_name}({', '.join(ins.arguments)}); one function "
                                 f"implements instructions of one runtime name and argument list")
@@ -542,8 +544,7 @@ class Runtime:
             if len(params) == 2 and params[1].kind is inspect.Parameter.VAR_POSITIONAL:
                 def in_order(session, *args):
                     if len(args) != len(names):
-                        raise TypeError(f"{first.runtime_name} takes {len(names)} arguments ({', '.join(names)}), "
-                                        f"got {len(args)}")
+                        args = first.complete(args)
                     return fn(session, *args)
 
                 in_order.__doc__ = fn.__doc__
@@ -564,8 +565,7 @@ class Runtime:
 
             def by_name(session, *args):
                 if len(args) != len(names):
-                    raise TypeError(f"{first.runtime_name} takes {len(names)} arguments ({', '.join(names)}), "
-                                    f"got {len(args)}")
+                    args = first.complete(args)
                 return fn(session, **dict(zip(names, args)))
 
             by_name.__doc__ = fn.__doc__
