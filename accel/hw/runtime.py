@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 from collections import deque
 from types import MappingProxyType
-from typing import Any, Callable, Mapping, Optional, Union
+from typing import Any, Callable, ContextManager, Mapping, Optional, Union
 
 import numpy as np
 
@@ -37,7 +37,7 @@ from accel.hw.errors import AccelError
 from accel.hw.isa import (
     Alu, AluOp, Dwmac, Gemm, Instruction, Load, Lut, Mem, Queue, Store, StoreMode, disassemble, encode,
 )
-from accel.hw.sim import Simulator
+from accel.hw.sim import Simulator, one_blas_thread
 from accel.hw.stream import AUTO, StreamBuilder
 from accel.hw.stats import Stats
 from accel.hw.tokens import DependencyTracker
@@ -127,6 +127,16 @@ class Session(device.Session):
         self.stats = Stats(self.config)
         if self._streams is not None:
             self._streams.clear()
+
+    def running(self) -> ContextManager[None]:
+        """Held around each call of a compiled model on this session: BLAS on one thread for
+        all of the call's streams (:func:`accel.hw.sim.one_blas_thread`), set once and the
+        caller's setting restored at its end, instead of set and restored by each stream.
+
+        >>> with Session().running():
+        ...     pass
+        """
+        return one_blas_thread()
 
     def buffer(self, host: HostBuffer) -> int:
         """The buffer-table slot of a host buffer, registering it on first use.

@@ -34,8 +34,9 @@ import contextlib
 import dataclasses
 import math
 import operator
+import threading
 from functools import partial
-from typing import Callable, Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
 import numpy as np
 from threadpoolctl import ThreadpoolController
@@ -53,7 +54,7 @@ from accel.hw.instructions import (
 from accel.hw.isa import Alu, Dwmac, Gemm, Instruction, Load, Lut, Mem, Opcode, Store, StoreMode
 from accel.hw.stats import Stats
 
-__all__ = ["Simulator", "Program"]
+__all__ = ["Simulator", "Program", "one_blas_thread"]
 
 Buffers = Sequence[Optional[np.ndarray]]
 Op = Callable[[], object]
@@ -104,22 +105,43 @@ _ACC = Mem.ACC
 # 105 ms of matmul with OpenBLAS's 2 threads on 2 shared cores, 5 ms with one). So a run
 # limits BLAS to one thread, restoring the caller's setting afterwards: by the libraries'
 # own calls (about 1 us), not threadpoolctl's limit(), which queries every library each
-# time (about 19 us, and a model call runs a hundred streams).
+# time (about 19 us, and a model call runs a hundred streams). A caller that runs many
+# streams (a compiled model's call, see Session.running) holds the limit around all of
+# them instead: a stream run while it is held leaves the setting alone (~6 us a stream).
 _BLAS = [lib for lib in ThreadpoolController().lib_controllers if lib.user_api == "blas"]
+_blas_lock = threading.Lock()
+_blas_held = 0              # how many holders of one_blas_thread are inside it (any thread)
+_blas_saved: list = []      # the setting the first holder found, restored by the last one out
 
 
 @contextlib.contextmanager
-def _one_blas_thread():
-    threads = [lib.get_num_threads() for lib in _BLAS]
-    for lib, n in zip(_BLAS, threads):
-        if n != 1:
-            lib.set_num_threads(1)
+def one_blas_thread() -> Iterator[None]:
+    """BLAS runs on one thread inside (the simulator's products are small blocks); the
+    setting found is restored when the last holder leaves, on an exception too. Holders
+    nest and may be on several threads (the setting is the process's).
+
+    >>> with one_blas_thread():
+    ...     with one_blas_thread():
+    ...         all(lib.get_num_threads() == 1 for lib in _BLAS)
+    True
+    """
+    global _blas_held
+    with _blas_lock:
+        if not _blas_held:
+            _blas_saved[:] = [lib.get_num_threads() for lib in _BLAS]
+            for lib, n in zip(_BLAS, _blas_saved):
+                if n != 1:
+                    lib.set_num_threads(1)
+        _blas_held += 1
     try:
         yield
     finally:
-        for lib, n in zip(_BLAS, threads):
-            if n != 1:
-                lib.set_num_threads(n)
+        with _blas_lock:
+            _blas_held -= 1
+            if not _blas_held:
+                for lib, n in zip(_BLAS, _blas_saved):
+                    if n != 1:
+                        lib.set_num_threads(n)
 
 
 _MISSING = object()
@@ -636,6 +658,7 @@ class Program:
         self._runs = 0
         self._fused = None      # the batched plan (accel.hw.fused), made at the third run (see _execute); False: none
         self._gemms = any(ins.opcode is _GEMM for ins in stream)
+        self._checked: Optional[tuple] = None   # the tuple of buffers the stream was last checked on
 
     def run(self, buffers: Buffers, stats: Optional[Stats] = None, *, execute: bool = True,
             again: bool = False) -> Stats:
@@ -645,17 +668,22 @@ class Program:
         is then made now, at its first run, not at its third.
 
         Raises the check's error, before anything is written, if the buffer table differs
-        from the one the stream was checked against in a way that matters.
+        from the one the stream was checked against in a way that matters. A tuple of
+        buffers (a session's replay gives the views it made, run after run) is checked
+        once: the same tuple again is not checked again.
         """
         sim = self.simulator
-        if not self._matches(buffers):
-            for index, ins in enumerate(self.stream):   # raises, naming the instruction
-                sim.check(index, ins, buffers)
+        if buffers is not self._checked:
+            if not self._matches(buffers):
+                for index, ins in enumerate(self.stream):   # raises, naming the instruction
+                    sim.check(index, ins, buffers)
+            if type(buffers) is tuple:      # a list may be changed before the next run: checked each time
+                self._checked = buffers
         if execute:
             # only products call BLAS: a stream without them (an element-wise core's) leaves
             # the caller's thread setting alone instead of setting it twice
-            if self._fused.blas if self._fused else self._gemms:
-                with _one_blas_thread():
+            if (self._fused.blas if self._fused else self._gemms) and not _blas_held:
+                with one_blas_thread():
                     self._execute(buffers, again)
             else:
                 self._execute(buffers, again)

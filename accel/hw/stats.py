@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence, Union
 
@@ -118,7 +117,6 @@ class Timeline:
         return path
 
 
-@dataclass
 class Stats:
     """Cumulative cycle-model statistics of a session (every synced stream, back to back).
 
@@ -127,17 +125,42 @@ class Stats:
     (16, 0.0)
     """
 
-    config: Config
-    cycles: int = 0
-    busy: dict[str, int] = field(default_factory=lambda: dict.fromkeys(UNITS, 0))
-    instructions: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
-        (op.name for op in Opcode), 0))
-    bytes: dict[str, int] = field(default_factory=lambda: {"dram_to_sram": 0, "sram_to_dram": 0})
-    macs: int = 0
-    timeline: Timeline = field(default_factory=Timeline)
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.cycles = 0
+        self.macs = 0
+        self.timeline = Timeline()
+        self._busy = dict.fromkeys(UNITS, 0)
+        self._instructions = dict.fromkeys((op.name for op in Opcode), 0)
+        self._bytes = {"dram_to_sram": 0, "sram_to_dram": 0}
+        # streams added but not yet in the three tallies: summed when one is read (a model
+        # call adds a hundred streams and mostly reads only the cycles)
+        self._unsummed: list[Timing] = []
+
+    @property
+    def busy(self) -> dict[str, int]:
+        """Busy cycles per unit."""
+        if self._unsummed:
+            self._sum()
+        return self._busy
+
+    @property
+    def instructions(self) -> dict[str, int]:
+        """Instructions run, per opcode name."""
+        if self._unsummed:
+            self._sum()
+        return self._instructions
+
+    @property
+    def bytes(self) -> dict[str, int]:
+        """DMA bytes per direction (``dram_to_sram``, ``sram_to_dram``)."""
+        if self._unsummed:
+            self._sum()
+        return self._bytes
 
     def add(self, timing: Timing) -> None:
-        """Account a stream that ran after everything before it (a :class:`accel.hw.timing.Timing`).
+        """Account a stream that ran after everything before it (a :class:`accel.hw.timing.Timing`):
+        a few additions, its per-unit and per-opcode tallies summed when first read.
 
         >>> from accel.hw.cycles import schedule
         >>> from accel.hw.isa import Finish
@@ -145,15 +168,25 @@ class Stats:
         >>> s.cycles, s.instructions["FINISH"]
         (8, 2)
         """
-        for unit, busy in timing.busy.items():
-            self.busy[unit] += busy
-        for op, count in timing.instructions.items():
-            self.instructions[op] += count
-        for direction, count in timing.bytes.items():
-            self.bytes[direction] += count
+        self._unsummed.append(timing)
         self.macs += timing.macs
         self.timeline.add(timing, self.cycles)
         self.cycles += timing.cycles
+
+    def _sum(self) -> None:
+        busy, instructions, moved = self._busy, self._instructions, self._bytes
+        for timing in self._unsummed:
+            for unit, cycles in timing.busy.items():
+                busy[unit] += cycles
+            for op, count in timing.instructions.items():
+                instructions[op] += count
+            for direction, count in timing.bytes.items():
+                moved[direction] += count
+        self._unsummed.clear()
+
+    def __repr__(self) -> str:
+        return (f"Stats(cycles={self.cycles}, busy={self.busy}, instructions={self.instructions}, "
+                f"bytes={self.bytes}, macs={self.macs})")
 
     @property
     def utilization(self) -> dict[str, float]:

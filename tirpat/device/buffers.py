@@ -29,6 +29,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
+from tvm_ffi import Tensor as _FFITensor
 
 __all__ = ["BufferTable", "BoundsError", "SlotError", "tensor_view", "strided_view", "is_tensor", "host_span",
            "raw_view"]
@@ -109,6 +110,11 @@ def host_span(host: HostBuffer) -> tuple[int, int, str]:
         if not host.flags.c_contiguous:
             raise ValueError(f"host buffer {host.shape} {host.dtype} is not C-contiguous")
         return host.__array_interface__["data"][0], host.nbytes, host.dtype.str
+    if isinstance(host, _FFITensor) and host.is_contiguous():
+        # what compiled code passes, a few times per stream a session replays: the element
+        # count and contiguity are read in C (the shape and strides tuples cost a microsecond)
+        size, kind = _DTYPES.get(host.dtype) or _dtype_key(host.dtype)
+        return host.data_ptr(), host.numel() * size, kind
     try:
         address, shape, dtype = host.data_ptr(), host.shape, host.dtype
     except AttributeError:

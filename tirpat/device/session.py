@@ -43,11 +43,12 @@ calling thread's current session first. Three promises hold for every backend:
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import sys
 import threading
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Hashable, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, ContextManager, Hashable, Mapping, Optional, Sequence
 
 import numpy as np
 import tvm_ffi
@@ -193,34 +194,41 @@ class Session:
         >>> Session().replay("f:0", [np.zeros(4)])       # the calls run (and nothing is stored)
         False
         """
-        self.claim()
+        if self._owner != threading.get_ident():
+            self.claim()
         if self.pending or not self.kept_replays or type(self).stored_stream is Session.stored_stream:
             return False
-        spans = [host_span(h) for h in hosts]
-        # a read-only numpy host is told apart: a stream stored for a writable one may write it
-        form = tuple((n, dtype, not isinstance(h, np.ndarray) or h.flags.writeable)
-                     for (_, n, dtype), h in zip(spans, hosts))
-        overlaps = None     # computed when a stored stream's last hosts are not these
-        for stored in self._replays.get(key, ()):
+        # per host: where it is and its (bytes, dtype, writability); a read-only numpy host is
+        # told apart, as a stream stored for a writable one may write it
+        spans = [(*host_span(h), not isinstance(h, np.ndarray) or h.flags.writeable) for h in hosts]
+        variants = self._replays.get(key, ())
+        for stored in variants:
+            if stored.last is not None and stored.last[0] == spans:
+                # the hosts are where and what they were (so they overlap as they did): so are
+                # the views, which the stream already ran on
+                return self._replay(key, stored, stored.last[1])
+        form = tuple(span[1:] for span in spans)
+        overlaps = None     # computed when a stored stream's form is this one
+        for stored in variants:
             if stored.form != form:
                 continue
-            if stored.last is not None and stored.last[0] == spans:
-                views = stored.last[1]      # the hosts are where they were: so are the views
-            else:
-                overlaps = _overlaps(spans) if overlaps is None else overlaps
-                if stored.overlaps != overlaps:
-                    continue
-                views = stored.views(spans)
-                stored.last = (spans, views)
-            self._replays.move_to_end(key)
-            try:
-                self.run_stored(stored.stream, views)
-            finally:
-                self._end_stream()
-            self.replayed += 1
-            return True
+            overlaps = _overlaps(spans) if overlaps is None else overlaps
+            if stored.overlaps != overlaps:
+                continue
+            views = stored.views(spans)
+            stored.last = (spans, views)
+            return self._replay(key, stored, views)
         self._capture = (key, spans, form, _overlaps(spans) if overlaps is None else overlaps)
         return False
+
+    def _replay(self, key: str, stored: "_Stored", views: tuple) -> bool:
+        self._replays.move_to_end(key)
+        try:
+            self.run_stored(stored.stream, views)
+        finally:
+            self._end_stream()
+        self.replayed += 1
+        return True
 
     @property
     def capturing(self) -> bool:
@@ -246,7 +254,7 @@ class Session:
             if flat is None:
                 return
             start = flat.__array_interface__["data"][0]
-            host = next((i for i, (a, n, _) in enumerate(spans) if a <= start and start + flat.nbytes <= a + n), None)
+            host = next((i for i, (a, n, *_) in enumerate(spans) if a <= start and start + flat.nbytes <= a + n), None)
             if host is None:
                 return
             placed.append((slot, host, start - spans[host][0], flat.nbytes, flat.dtype.str))
@@ -262,6 +270,17 @@ class Session:
         """Called before each call of a compiled model (``tp.build``'s) that keeps this session
         from its previous call: forget what describes one call (its statistics), keep what
         makes the next one cheaper (streams built before). The default does nothing."""
+
+    def running(self) -> ContextManager[None]:
+        """A context a compiled model (``tp.build``'s) holds around each of its calls on this
+        session: a device sets up there, once per call, what each of its streams would
+        otherwise set up and undo (accel: BLAS on one thread), and undoes it on the way out,
+        an exception included. The default holds nothing.
+
+        >>> with Session().running():
+        ...     pass
+        """
+        return contextlib.nullcontext()
 
     # -- stream boundaries ---------------------------------------------------------------
     def sync(self) -> Any:
@@ -603,9 +622,12 @@ class Runtime:
         return session
 
     def _check_options(self, session: Session, built: Mapping[str, Any], code: str) -> None:
+        said = session.options
+        # asked at the start of every offloaded call: the common case, no difference, first
+        if said is not None and all(said[k] == built[k] for k in said if k in built):
+            return
         which = (f"the current {self.prefix} session ({type(session).__name__})" if self.entered() is session else
                  f"this thread's default {self.prefix} session ({type(session).__name__}, outside any `with`)")
-        said = session.options
         if said is None:
             err = OptionsMismatch(
                 f"{code} was built for {self.prefix} with {_options_text(built)}, but {which} does not say which "
@@ -613,8 +635,6 @@ class Runtime:
                 runtime=self.prefix)
         else:
             differ = [k for k in said if k in built and said[k] != built[k]]
-            if not differ:
-                return
             err = OptionsMismatch(
                 f"{code} was built for {self.prefix} with {_options_text(built, differ)}, but {which} has "
                 f"{_options_text(said, differ)}; run it in a session made for its options",
@@ -648,17 +668,18 @@ class _Stored:
         # again mostly finds its tensors at the addresses they had
         self.last: Optional[tuple[list, list]] = None
 
-    def views(self, spans: list) -> list:
-        """The slot views over this call's hosts (``spans``: their host_span)."""
+    def views(self, spans: list) -> tuple:
+        """The slot views over this call's hosts (``spans``: their addresses first), a tuple:
+        a device may take the same tuple again for views it has already checked."""
         views: list = [None] * self.size
         for slot, host, offset, nbytes, dtype in self.placed:
             views[slot] = raw_view(spans[host][0] + offset, nbytes, dtype)
-        return views
+        return tuple(views)
 
 
 def _overlaps(spans: list) -> tuple:
     """``(i, j, distance)`` for each pair of host spans that share memory."""
-    return tuple((i, j, spans[j][0] - a) for i, (a, n, _) in enumerate(spans)
+    return tuple((i, j, spans[j][0] - a) for i, (a, n, *_) in enumerate(spans)
                  for j in range(i + 1, len(spans)) if spans[j][0] < a + n and a < spans[j][0] + spans[j][1])
 
 

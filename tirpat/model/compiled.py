@@ -170,8 +170,10 @@ class CompiledModel:
                 else:
                     session.begin_run()
                 sessions[backend.name] = stack.enter_context(session)
-                if isinstance(session, device.Session) and session.options is None:
-                    session.options = dict(opts)    # the backend made it for opts: it says so
+                if isinstance(session, device.Session):
+                    if session.options is None:
+                        session.options = dict(opts)    # the backend made it for opts: it says so
+                    stack.enter_context(session.running())
             vm = self._vm()
             # the sessions this call entered hear each partition start: which layer the device's work is
             listening = [s for s in sessions.values() if isinstance(s, device.Session)]
