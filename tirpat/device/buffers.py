@@ -305,6 +305,8 @@ class BufferTable:
 
     def release_borrowed(self) -> None:
         """Free the slots of borrowed tensors (their memory may be gone after the call)."""
+        if not self._borrowed:      # a replayed stream borrows none
+            return
         for slot in self._borrowed:
             del self._keys[self._key_of.pop(slot)]
             self.views[slot] = None

@@ -135,6 +135,7 @@ class Session:
         self._owner: Optional[int] = None            # thread ident owning the pending stream
         self._owner_thread: Optional[threading.Thread] = None
         self._free = threading.Condition(threading.Lock())
+        self._waiting = 0       # threads inside claim() (the condition's lock counts them)
 
     # -- the pending work (override these three for a device with its own stream) --------
     @property
@@ -309,9 +310,16 @@ class Session:
         self.buffers.release_borrowed()
         self._site = None
         self._capture = None
-        with self._free:
-            self._owner = self._owner_thread = None
-            self._free.notify_all()
+        # the thread first: a claim that sees an owner may find its thread already gone (it
+        # then waits), never a new owner's thread cleared after it
+        self._owner_thread = None
+        self._owner = None
+        # a stream ends a hundred times per model call, mostly with no thread waiting: the
+        # condition is taken only for one that waits (claim counts itself in before it looks
+        # at the owner, so either it sees the owner gone or it is counted here)
+        if self._waiting:
+            with self._free:
+                self._free.notify_all()
 
     def claim(self) -> None:
         """Make the calling thread the owner of the pending stream, waiting while another
@@ -320,15 +328,20 @@ class Session:
         if self._owner == me:
             return
         with self._free:
-            while self._owner is not None and self._owner != me:
-                if not self._owner_thread.is_alive():
-                    self._owner = self._owner_thread = None
-                    self.drop()
-                    self.buffers.release_borrowed()
-                    break
-                # an owner that dies mid-stream notifies nobody: look again now and then
-                self._free.wait(timeout=_OWNER_POLL_SECONDS)
-            self._owner, self._owner_thread = me, threading.current_thread()
+            self._waiting += 1
+            try:
+                while self._owner is not None and self._owner != me:
+                    thread = self._owner_thread         # None: the owner is ending its stream
+                    if thread is not None and not thread.is_alive():
+                        self._owner = self._owner_thread = None
+                        self.drop()
+                        self.buffers.release_borrowed()
+                        break
+                    # an owner that dies mid-stream notifies nobody: look again now and then
+                    self._free.wait(timeout=_OWNER_POLL_SECONDS)
+                self._owner, self._owner_thread = me, threading.current_thread()
+            finally:
+                self._waiting -= 1
 
     def owned_here(self) -> bool:
         """True when the calling thread owns this session's pending stream."""

@@ -86,8 +86,8 @@ class CompiledModel:
         # A relax.VirtualMachine keeps its registers and frames in itself: one VM called from
         # two threads corrupts both calls (wrong results, InternalErrors, crashes). Each thread
         # makes its own on its first call (building one costs as much as a small compile).
-        self._here = threading.local()      # .vm, and .last: this thread's last (stats, layers)
-        self._last = None                   # the last call to finish on any thread: (stats, layers)
+        self._here = threading.local()      # .vm, and .last: this thread's last (stats, starts, end)
+        self._last = None                   # the last call to finish on any thread: (stats, starts, end)
         # backend sessions kept between calls ({backend: session}, one set per concurrent call)
         self._kept_sessions: list[dict] = []
         self._kept_lock = threading.Lock()
@@ -102,7 +102,8 @@ class CompiledModel:
     def layers(self) -> list:
         """The last call's offloaded partitions in the order they ran (see the class docstring)."""
         last = self._last_call()
-        return last[1] if last is not None else []
+        # made when asked for, not by every call (a model's call starts a hundred partitions)
+        return self._layers(last[1], last[2]) if last is not None else []
 
     def _last_call(self):
         return getattr(self._here, "last", None) or self._last
@@ -156,8 +157,7 @@ class CompiledModel:
         started = []        # (partition, {backend: cycles so far}) as each partition starts
 
         def cycles_now() -> dict:
-            # layers are measured on the statistics that count cycles (describe_stats)
-            return {n: s.stats.cycles for n, s in sessions.items() if hasattr(getattr(s, "stats", None), "cycles")}
+            return {n: s.stats.cycles for n, s in counted}
 
         kept = self._take_sessions()
         with contextlib.ExitStack() as stack:
@@ -175,6 +175,8 @@ class CompiledModel:
                         session.options = dict(opts)    # the backend made it for opts: it says so
                     stack.enter_context(session.running())
             vm = self._vm()
+            # layers are measured on the statistics that count cycles (describe_stats)
+            counted = [(n, s) for n, s in sessions.items() if hasattr(getattr(s, "stats", None), "cycles")]
             # the sessions this call entered hear each partition start: which layer the device's work is
             listening = [s for s in sessions.values() if isinstance(s, device.Session)]
             for session in listening:
@@ -190,7 +192,7 @@ class CompiledModel:
             self._kept_sessions.append(kept)
         stats = {name: s.stats for name, s in sessions.items() if getattr(s, "stats", None) is not None}
         # one tuple, assigned at once: a reader on another thread never sees half of two calls
-        self._here.last = self._last = (stats, self._layers(started, cycles_now()))
+        self._here.last = self._last = (stats, started, cycles_now())
         return _to_numpy(out)
 
     def _take_sessions(self) -> dict:
