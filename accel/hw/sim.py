@@ -105,43 +105,44 @@ _ACC = Mem.ACC
 # 105 ms of matmul with OpenBLAS's 2 threads on 2 shared cores, 5 ms with one). So a run
 # limits BLAS to one thread, restoring the caller's setting afterwards: by the libraries'
 # own calls (about 1 us), not threadpoolctl's limit(), which queries every library each
-# time (about 19 us, and a model call runs a hundred streams). A caller that runs many
-# streams (a compiled model's call, see Session.running) holds the limit around all of
-# them instead: a stream run while it is held leaves the setting alone (~6 us a stream).
+# time (about 19 us). A caller that runs many streams (a compiled model's call, see
+# Session.running) holds the limit around all of them instead: a stream run while its
+# thread holds it leaves the setting alone (setting and restoring cost ~6 us a stream).
 _BLAS = [lib for lib in ThreadpoolController().lib_controllers if lib.user_api == "blas"]
-_blas_lock = threading.Lock()
-_blas_held = 0              # how many holders of one_blas_thread are inside it (any thread)
-_blas_saved: list = []      # the setting the first holder found, restored by the last one out
+
+
+class _Holders(threading.local):
+    count = 0       # this thread's holders inside one_blas_thread
+
+
+_blas_holders = _Holders()
 
 
 @contextlib.contextmanager
 def one_blas_thread() -> Iterator[None]:
     """BLAS runs on one thread inside (the simulator's products are small blocks); the
-    setting found is restored when the last holder leaves, on an exception too. Holders
-    nest and may be on several threads (the setting is the process's).
+    setting found is restored when this thread's outermost holder leaves, on an exception
+    too. Each thread sets and restores on its own (OpenBLAS takes a new setting only from
+    the thread that started it, and ignores one from another).
 
     >>> with one_blas_thread():
     ...     with one_blas_thread():
     ...         all(lib.get_num_threads() == 1 for lib in _BLAS)
     True
     """
-    global _blas_held
-    with _blas_lock:
-        if not _blas_held:
-            _blas_saved[:] = [lib.get_num_threads() for lib in _BLAS]
-            for lib, n in zip(_BLAS, _blas_saved):
-                if n != 1:
-                    lib.set_num_threads(1)
-        _blas_held += 1
+    held = _blas_holders.count
+    threads = [] if held else [lib.get_num_threads() for lib in _BLAS]
+    for lib, n in zip(_BLAS, threads):
+        if n != 1:
+            lib.set_num_threads(1)
+    _blas_holders.count = held + 1
     try:
         yield
     finally:
-        with _blas_lock:
-            _blas_held -= 1
-            if not _blas_held:
-                for lib, n in zip(_BLAS, _blas_saved):
-                    if n != 1:
-                        lib.set_num_threads(n)
+        _blas_holders.count = held
+        for lib, n in zip(_BLAS, threads):
+            if n != 1:
+                lib.set_num_threads(n)
 
 
 _MISSING = object()
@@ -682,7 +683,7 @@ class Program:
         if execute:
             # only products call BLAS: a stream without them (an element-wise core's) leaves
             # the caller's thread setting alone instead of setting it twice
-            if (self._fused.blas if self._fused else self._gemms) and not _blas_held:
+            if (self._fused.blas if self._fused else self._gemms) and not _blas_holders.count:
                 with one_blas_thread():
                     self._execute(buffers, again)
             else:

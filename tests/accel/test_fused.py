@@ -106,6 +106,27 @@ def test_streams_the_fused_plan_does_not_cover_run_one_by_one():
     assert plan is not None and plan.matmuls == 1
 
 
+def test_a_plan_takes_a_tuple_of_buffers_it_fits_again_and_checks_every_other():
+    """A plan reads every buffer before it writes any, so it refuses buffers where one read
+    shares memory with one written (or of other sizes); a tuple it found fitting (a session's
+    replay gives the same views call after call) is not checked again, any other one is."""
+    load = Load(mem=Mem.ACC, sram_addr=0, sram_ld=16, slot=2, dram_offset=0, dram_ld=16, rows=2, cols=16,
+                push_next=True)
+    store = Store(sram_addr=0, sram_ld=16, slot=4, dram_offset=16, dram_ld=16, rows=2, cols=16, pop_prev=True)
+    stream = [load, store, Finish()]
+    plan, (sim, host), (ref, want) = _both(stream)
+    views = tuple(host)
+    with mock.patch.object(np, "may_share_memory", wraps=np.may_share_memory) as shares:
+        _runs_alike(plan, stream, (sim, views), (ref, want))
+        assert plan.run(views, sim) and shares.call_count == 1
+        aliased = list(host)
+        aliased[4] = np.zeros(1024, np.int32)
+        aliased[2] = aliased[4][:512]      # what it reads is what it writes, 16 values on
+        assert not plan.run(tuple(aliased), sim) and shares.call_count == 2
+        assert not plan.run(tuple(host[:4]) + (np.zeros(2048, np.int32),), sim)
+        assert plan.run(views, sim) and shares.call_count == 2     # refused ones do not replace it
+
+
 def test_a_blocked_product_is_one_matrix_multiplication():
     """Four accumulator tiles, each the sum of two products, meet as one 32x32x32 product."""
     stream = [Gemm(acc_addr=0, inp_addr=0, wgt_addr=0, acc_ld=32, inp_ld=16, wgt_ld=16, reset=True,

@@ -325,6 +325,53 @@ def test_products_run_on_one_blas_thread_and_the_callers_setting_comes_back(monk
     assert any(isinstance(p, fused.FusedPlan) for p in [s.builder._recordings[0].program._fused])
 
 
+def test_one_blas_thread_is_held_until_the_outermost_holder_leaves(monkeypatch):
+    """A model's call holds one BLAS thread around all its streams: holders nest, the
+    caller's setting comes back when the outermost leaves (an exception included), a stream
+    run inside sets nothing, and a holder on another thread disturbs neither."""
+    import threading
+
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    from accel.hw import sim as simulator
+    if not simulator._BLAS:
+        pytest.skip("no BLAS library whose threads threadpoolctl can set")
+
+    def threads():
+        return {i["num_threads"] for i in threadpoolctl.threadpool_info() if i["user_api"] == "blas"}
+
+    def other_call():
+        with simulator.one_blas_thread():
+            pass
+
+    a = np.ones(32 * 32, np.int8)
+    c = np.zeros(32 * 32, np.int32)
+    stream = [Load(mem=Mem.INP, sram_addr=0, sram_ld=32, slot=0, dram_offset=0, dram_ld=32, rows=32, cols=32),
+              Load(mem=Mem.WGT, sram_addr=0, sram_ld=32, slot=0, dram_offset=0, dram_ld=32, rows=32, cols=32,
+                   push_next=True),
+              Gemm(acc_addr=0, inp_addr=0, wgt_addr=0, acc_ld=32, inp_ld=32, wgt_ld=32, reset=True),
+              Gemm(acc_addr=0, inp_addr=0, wgt_addr=0, acc_ld=32, inp_ld=32, wgt_ld=32, ext_out=2,
+                   inp_stride_out=16, wgt_stride_out=16, pop_prev=True, push_next=True),
+              Store(sram_addr=0, sram_ld=32, slot=1, dram_offset=0, dram_ld=32, rows=16, cols=16, pop_prev=True),
+              accel.Finish()]
+    program = Simulator(SMALL).compile(stream, [a, c])
+    sets = []
+    with threadpoolctl.threadpool_limits(limits=2, user_api="blas"):
+        for lib in simulator._BLAS:
+            monkeypatch.setattr(lib, "set_num_threads", lambda n, real=lib.set_num_threads: sets.append(n) or real(n))
+        with pytest.raises(ZeroDivisionError):
+            with simulator.one_blas_thread():
+                with simulator.one_blas_thread():
+                    for _ in range(4):      # per instruction, then the fused plan
+                        program.run([a, c])
+                worker = threading.Thread(target=other_call)
+                worker.start()
+                worker.join(30)
+                assert threads() == {1}
+                1 // 0
+        assert threads() == {2} and sets == [1] * len(simulator._BLAS) + [2] * len(simulator._BLAS)
+        np.testing.assert_array_equal(c.reshape(32, 32)[:16, :16], 32)
+
+
 # ---------------------------------------------------------------------- errors
 def _read_only(a):
     a.flags.writeable = False
@@ -689,6 +736,37 @@ def test_a_program_rechecks_a_changed_buffer_table_before_writing_anything():
     bigger[4] = np.zeros(4096, np.int32)
     program.run(bigger)                     # a bigger buffer passes the same checks
     np.testing.assert_array_equal(bigger[4][1000:1016], host[2][:16])
+
+
+def test_a_tuple_of_buffers_is_checked_once_and_any_other_buffers_each_time(monkeypatch):
+    """A session's replay runs a Program on the same tuple of views call after call: that tuple
+    is checked once; another tuple, or a list (which may change between runs), is checked
+    again, and a bad one still raises before anything is written."""
+    from accel.hw.sim import Program
+    host = _host()
+    stream = [Load(mem=Mem.ACC, sram_addr=0, sram_ld=16, slot=2, dram_offset=0, dram_ld=16,
+                   rows=2, cols=16, push_next=True),
+              Store(sram_addr=0, sram_ld=16, slot=4, dram_offset=1000, dram_ld=16, rows=1, cols=16,
+                    pop_prev=True),
+              accel.Finish()]
+    program = Simulator(SMALL).compile(stream, host)
+    checked = []
+    matches = Program._matches
+    monkeypatch.setattr(Program, "_matches", lambda self, buffers: checked.append(buffers) or matches(self, buffers))
+    views = tuple(host)
+    for _ in range(4):      # the per-instruction calls, then the fused plan: checked once
+        program.run(views)
+    assert checked == [views]
+    np.testing.assert_array_equal(host[4][1000:1016], host[2][:16])
+    short = list(host)
+    short[4] = np.zeros(1010, np.int32)
+    with pytest.raises(accel.DmaRangeError, match=r"instruction #1 .*outside host buffer slot 4"):
+        program.run(tuple(short))
+    assert not short[4].any()
+    program.run(host)
+    program.run(host)
+    program.run(views)
+    assert len(checked) == 4
 
 
 def test_timing_only_runs_account_the_same_cycles_and_write_nothing():

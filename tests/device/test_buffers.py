@@ -7,10 +7,12 @@ import types
 import numpy as np
 import pytest
 import tvm
+import tvm_ffi
 from hypothesis import given
 from hypothesis import strategies as st
 
 from tirpat.device import BoundsError, BufferTable, SlotError, strided_view, tensor_view
+from tirpat.device.buffers import host_span
 
 
 def test_numpy_views_of_the_same_memory_share_a_slot_and_partial_overlaps_do_not():
@@ -97,3 +99,22 @@ def test_strided_views_are_bounds_checked_exactly(offset, shape, strides):
     view = strided_view(flat, offset, shape, strides)
     assert view.shape == tuple(shape)
     assert sorted(view.reshape(-1).tolist()) == sorted(indices)
+
+
+@given(st.sampled_from(["int8", "int16", "int32", "float32", "int64"]),
+       st.lists(st.integers(0, 5), min_size=0, max_size=3), st.integers(0, 3), st.booleans())
+def test_host_span_of_a_tensor_covers_its_first_to_its_last_element(dtype, shape, start, strided):
+    """The span replay compares call after call: for a compact tensor (read in C) and for a
+    strided one, from its first element to one past its last, as numpy sees the same memory."""
+    base = np.zeros(4 + 2 * int(np.prod(shape, dtype=np.int64)) * 2 + 8, dtype)
+    flat = base[start:start + int(np.prod(shape, dtype=np.int64)) * (2 if strided else 1)]
+    array = flat.reshape(*shape, 2)[..., 0] if strided else flat.reshape(shape)
+    tensor = tvm_ffi.from_dlpack(array)
+    address, nbytes, kind = host_span(tensor)
+    assert kind == np.dtype(dtype).str
+    if array.size == 0:
+        assert nbytes == 0
+        return
+    first = array.__array_interface__["data"][0]
+    last = first + sum((d - 1) * s for d, s in zip(array.shape, array.strides))
+    assert (address, nbytes) == (first, last + array.itemsize - first)

@@ -5,6 +5,7 @@ the new call's host buffers, checked; every other case runs the calls as before.
 import numpy as np
 import pytest
 import tvm
+import tvm_ffi
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tvm import tirx
@@ -236,6 +237,51 @@ def test_aliasing_dtype_and_size_changes_run_the_calls():
             assert fns["replay"]("g:0", a, other) == 0
             s.discard()
     assert s.replayed == 3
+
+
+def test_tensors_where_the_last_replay_found_them_reuse_its_views_and_any_change_is_caught():
+    """Compiled code passes new tensor objects for the same memory at every call: a replay on
+    the hosts of the last one reuses its views, and a host at the same place but of another
+    size or dtype, one moved, or hosts that now share memory, are each told apart."""
+    fns = RT.functions
+    seen = []
+
+    class Watched(Stream):
+        def run_stored(self, ops, views):
+            seen.append(views)
+            super().run_stored(ops, views)
+
+    def group(a, c):
+        if fns["replay"]("g:3", a, c):
+            return True
+        fns["load"](0, a, 0)
+        fns["load"](16, a, 16)
+        fns["add"](0, 16)
+        fns["store"](c, 16, 0)
+        fns["sync"]()
+        return False
+
+    memory = np.zeros(96, np.int32)
+    a, c = memory[:32], memory[32:64]
+    view = tvm_ffi.from_dlpack
+    with Watched() as s:
+        assert not group(view(a), view(c))
+        for k in range(3):      # new tensor objects, the same memory: the views of the last replay
+            a[:] = np.arange(32) * k
+            assert group(view(a), view(c))
+            np.testing.assert_array_equal(c[16:], a[:16] + a[16:])
+        assert seen[2] is seen[1] and seen[3] is seen[1]      # seen[0]: the sync's run
+        moved = memory[64:96]
+        moved[:] = 7
+        assert group(view(a), view(moved)) and seen[4] is not seen[1]
+        np.testing.assert_array_equal(moved[16:], a[:16] + a[16:])
+        assert s.replayed == 4
+        # at the places of the last replay but larger, of another dtype, or one inside the other
+        for hosts in ((view(memory[:48]), view(moved)), (view(a.view(np.float32)), view(moved)),
+                      (view(memory[:32]), view(memory[16:48]))):
+            assert fns["replay"]("g:3", *hosts) == 0
+            s.discard()
+        assert s.replayed == 4
 
 
 def test_a_slot_inside_a_host_is_found_again_at_its_offset():

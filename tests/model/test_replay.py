@@ -65,3 +65,49 @@ def test_concurrent_calls_take_sessions_of_their_own(built):
     sessions = [s for kept in model._kept_sessions for s in kept.values()]
     assert len(sessions) == len({id(s) for s in sessions})     # no session kept twice
 
+
+
+class _Stopped(Exception):
+    """What a stream raises halfway through a call."""
+
+
+def test_a_call_sets_blas_to_one_thread_once_and_gives_the_setting_back(built, monkeypatch):
+    """The simulator's products are small blocks, run on one BLAS thread: a model's call sets
+    that once for all its streams (not per stream) and restores the caller's setting at its
+    end, also when the call fails."""
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    from accel.hw import runtime, sim
+    if not sim._BLAS:
+        pytest.skip("no BLAS library whose threads threadpoolctl can set")
+    mod, model = built
+    args = random_inputs(mod, np.random.default_rng(0))
+    want = model(*args)
+    sets, during = [], []
+    for lib in sim._BLAS:
+        monkeypatch.setattr(lib, "set_num_threads", lambda n, real=lib.set_num_threads: sets.append(n) or real(n))
+    run_stored = runtime.Session.run_stored
+
+    def watched(self, program, views):
+        during.append([lib.get_num_threads() for lib in sim._BLAS])
+        if stop_at is not None and len(during) == stop_at:
+            raise _Stopped("halfway")
+        return run_stored(self, program, views)
+
+    monkeypatch.setattr(runtime.Session, "run_stored", watched)
+
+    def threads():
+        return [i["num_threads"] for i in threadpoolctl.threadpool_info() if i["user_api"] == "blas"]
+
+    with threadpoolctl.threadpool_limits(limits=2, user_api="blas"):
+        stop_at = None
+        sets.clear()
+        np.testing.assert_array_equal(model(*args), want)
+        assert len(during) > 2 and all(n == [1] * len(sim._BLAS) for n in during)
+        assert sets == [1] * len(sim._BLAS) + [2] * len(sim._BLAS) and threads() == [2] * len(sim._BLAS)
+        during.clear()
+        stop_at = 2
+        with pytest.raises(_Stopped):
+            model(*args)
+        assert threads() == [2] * len(sim._BLAS)
+        stop_at = None
+        np.testing.assert_array_equal(model(*args), want)
