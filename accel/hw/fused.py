@@ -1366,10 +1366,12 @@ class FusedPlan:
         vectors touch tens of MB per call (76 MB of values for the PaddleOCR classifier's 107
         streams), fetched from memory every call; shared, the largest plan's fit in L2."""
         space = sim.workspace
+        on = self._on
+        # still the workspace's arrays (one is only ever replaced by a larger one): bound
+        if on and on[0] is space.get("source") and on[1] is space.get("values") and on[2] is space.get("ints"):
+            return
         on = (_workspace(space, "source", np.float32, self.f_size), _workspace(space, "values", np.int32, self.values),
               _workspace(space, "ints", np.int32, self.i_base))
-        if len(on) == len(self._on) and all(a is b for a, b in zip(on, self._on)):
-            return
         self._source = _Vector(on[0][:self.f_size], self.tile)
         self._scratch = _Vector(on[1][:self.values], self.tile)
         self._ints = _Vector(on[2][:self.i_base], self.tile)
