@@ -1,5 +1,6 @@
 """Simulator: random programs against a plain numpy model, DMA, narrowing, errors, cycles."""
 
+import functools
 import hashlib
 
 import numpy as np
@@ -529,6 +530,34 @@ def test_stats_fields_and_timeline(tmp_path):
     pytest.importorskip("matplotlib")
     path = stats.timeline.save_png(tmp_path / "timeline.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@functools.cache
+def _three_timings():
+    from accel.hw.cycles import schedule
+    return [schedule(accel.decode(_gemm_stream(blocked, blocks=blocks)[1].stream()), accel.Config())
+            for blocked, blocks in ((True, 2), (False, 1), (True, 4))]
+
+
+@given(st.lists(st.tuples(st.sampled_from(["add", "read"]), st.integers(0, 2)), max_size=12))
+def test_stats_read_between_additions_equal_the_sums_of_the_streams_added(steps):
+    """A stream's tallies are summed when first read: reads anywhere between additions give
+    what adding each stream's totals at once gives."""
+    from accel.hw.stats import Stats
+    timings = _three_timings()
+    stats, busy, instructions, moved, cycles = Stats(accel.Config()), {}, {}, {}, 0
+    for what, k in steps:
+        if what == "add":
+            stats.add(timings[k])
+            for total, part in ((busy, timings[k].busy), (instructions, timings[k].instructions),
+                                (moved, timings[k].bytes)):
+                for name, n in part.items():
+                    total[name] = total.get(name, 0) + n
+            cycles += timings[k].cycles
+        assert stats.cycles == cycles
+        assert {u: n for u, n in stats.busy.items() if n} == {u: n for u, n in busy.items() if n}
+        assert {o: n for o, n in stats.instructions.items() if n} == {o: n for o, n in instructions.items() if n}
+        assert {d: n for d, n in stats.bytes.items() if n} == {d: n for d, n in moved.items() if n}
 
 
 # ---------------------------------------------------------------------- cycle model pins
