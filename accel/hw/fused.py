@@ -80,7 +80,7 @@ import numpy as np
 from accel.hw.instructions import ALU_UFUNCS, LUT_ENTRIES, OPERAND_RANGE, alu_operand
 from accel.hw.isa import Alu, Dwmac, Gemm, Instruction, Load, Lut, Mem, Opcode, Store, StoreMode
 
-__all__ = ["fuse", "FusedPlan"]
+__all__ = ["fuse", "FusedPlan", "remember"]
 
 Buffers = Sequence[Optional[np.ndarray]]
 
@@ -1301,14 +1301,14 @@ class FusedPlan:
         self._alu_steps: list = []
         written = dict.fromkeys(s[0] for s in stores)
         self._apart = [(r, w) for r in (*self.f_slots, *self.i_slots) for w in written if r != w]
-        self._fits: Optional[tuple] = None      # the tuple of buffers last found laid out as assumed
+        self._fits: dict[int, tuple] = {}       # the last few tuples of buffers found laid out as assumed, by id
 
     def run(self, buffers: Buffers, sim=None) -> bool:
         """Execute on ``buffers`` (and ``sim``'s scratchpads; the builder's by default).
         False, with nothing done, when the host buffers are not laid out as the plan
         assumes (other sizes, or a buffer read that shares memory with one written)."""
         sim = sim or self._sim
-        if buffers is not self._fits:
+        if self._fits.get(id(buffers)) is not buffers:
             for slot, size in self.sizes.items():
                 if buffers[slot].size != size:
                     return False
@@ -1317,7 +1317,7 @@ class FusedPlan:
             if any(np.may_share_memory(buffers[r], buffers[w]) for r, w in self._apart):
                 return False
             if type(buffers) is tuple:      # the same tuple again (a session's replay) fits again
-                self._fits = buffers
+                remember(self._fits, buffers)
         self._bind(sim)
         source = self._source       # refilled each run: its extra rows after the rest
         np.concatenate([sim.inp[self.inp_kept], sim.wgt[self.wgt_kept], *(buffers[s] for s in self.f_slots),
@@ -1377,6 +1377,24 @@ class FusedPlan:
         self._ints = _Vector(on[2][:self.i_base], self.tile)
         self._alu_steps = _alu_steps(self._scratch, self._source, self.alus)
         self._on = on
+
+
+def remember(seen: dict, buffers: tuple) -> None:
+    """Add ``buffers`` to ``seen`` (by id; held there, so no other tuple takes its id), the
+    oldest going first beyond a few: what a plan (or a Program) found fit to run on, which
+    a session's replay gives again, one tuple of views per place its hosts take in turn.
+
+    >>> seen = {}
+    >>> for n in range(6): remember(seen, (n,))
+    >>> sorted(b for b, in seen.values())
+    [2, 3, 4, 5]
+    """
+    if len(seen) >= _REMEMBERED:
+        del seen[next(iter(seen))]
+    seen[id(buffers)] = buffers
+
+
+_REMEMBERED = 4     # as many as a session keeps views of hosts' places per stored stream
 
 
 def _workspace(space: dict, role: str, dtype, size: int) -> np.ndarray:

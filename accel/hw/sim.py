@@ -659,7 +659,7 @@ class Program:
         self._runs = 0
         self._fused = None      # the batched plan (accel.hw.fused), made at the third run (see _execute); False: none
         self._gemms = any(ins.opcode is _GEMM for ins in stream)
-        self._checked: Optional[tuple] = None   # the tuple of buffers the stream was last checked on
+        self._checked: dict[int, tuple] = {}    # the last few tuples of buffers checked, by id (kept alive)
 
     def run(self, buffers: Buffers, stats: Optional[Stats] = None, *, execute: bool = True,
             again: bool = False) -> Stats:
@@ -671,15 +671,15 @@ class Program:
         Raises the check's error, before anything is written, if the buffer table differs
         from the one the stream was checked against in a way that matters. A tuple of
         buffers (a session's replay gives the views it made, run after run) is checked
-        once: the same tuple again is not checked again.
+        once: the same tuple again, one of the last few checked, is not checked again.
         """
         sim = self.simulator
-        if buffers is not self._checked:
+        if self._checked.get(id(buffers)) is not buffers:
             if not self._matches(buffers):
                 for index, ins in enumerate(self.stream):   # raises, naming the instruction
                     sim.check(index, ins, buffers)
             if type(buffers) is tuple:      # a list may be changed before the next run: checked each time
-                self._checked = buffers
+                fused.remember(self._checked, buffers)
         if execute:
             # only products call BLAS: a stream without them (an element-wise core's) leaves
             # the caller's thread setting alone instead of setting it twice

@@ -189,7 +189,7 @@ class Session:
         A stored stream runs again when each host has the dtype, size and writability it had
         and the hosts overlap as they did (which slots share memory, and at what distance, orders a
         stream's instructions); each slot's view is then rebuilt at its place in this call's
-        hosts (the last replay's views serve again when every host is where it was then). Otherwise, with work pending, or for a device without :meth:`stored_stream`,
+        hosts (the views of one of the last few replays serve again when every host is where it was then). Otherwise, with work pending, or for a device without :meth:`stored_stream`,
         the calls run.
 
         >>> Session().replay("f:0", [np.zeros(4)])       # the calls run (and nothing is stored)
@@ -204,10 +204,11 @@ class Session:
         spans = [(*host_span(h), not isinstance(h, np.ndarray) or h.flags.writeable) for h in hosts]
         variants = self._replays.get(key, ())
         for stored in variants:
-            if stored.last is not None and stored.last[0] == spans:
-                # the hosts are where and what they were (so they overlap as they did): so are
-                # the views, which the stream already ran on
-                return self._replay(key, stored, stored.last[1])
+            for seen, views in stored.seen:
+                if seen == spans:
+                    # the hosts are where and what they were at an earlier replay (so they
+                    # overlap as they did): so are the views, which the stream already ran on
+                    return self._replay(key, stored, views)
         form = tuple(span[1:] for span in spans)
         overlaps = None     # computed when a stored stream's form is this one
         for stored in variants:
@@ -217,7 +218,8 @@ class Session:
             if stored.overlaps != overlaps:
                 continue
             views = stored.views(spans)
-            stored.last = (spans, views)
+            stored.seen.insert(0, (spans, views))
+            del stored.seen[_LAYOUTS:]
             return self._replay(key, stored, views)
         self._capture = (key, spans, form, _overlaps(spans) if overlaps is None else overlaps)
         return False
@@ -665,6 +667,7 @@ def _options_text(options: Mapping[str, Any], keys=None) -> str:
 
 
 _VARIANTS = 4      # stored streams per group key (one per hosts layout seen)
+_LAYOUTS = 4       # the places of its hosts whose views a stored stream keeps
 
 
 class _Stored:
@@ -672,14 +675,16 @@ class _Stored:
     hosts overlap at what distance (``overlaps``), and per slot the stream uses, where in
     which host its memory lies: ``(slot, host, byte offset, bytes, dtype)``."""
 
-    __slots__ = ("stream", "form", "overlaps", "placed", "size", "last")
+    __slots__ = ("stream", "form", "overlaps", "placed", "size", "seen")
 
     def __init__(self, stream: Any, form: tuple, overlaps: tuple, placed: tuple) -> None:
         self.stream, self.form, self.overlaps, self.placed = stream, form, overlaps, placed
         self.size = 1 + max((p[0] for p in placed), default=-1)
-        # the host spans of the last replay and the views made over them: a model called
-        # again mostly finds its tensors at the addresses they had
-        self.last: Optional[tuple[list, list]] = None
+        # the host spans of the last few replays (the newest first) and the views made over
+        # them: a model called again finds its tensors where they were, or at one of a few
+        # places its memory pool hands them out at in turn (three for most of the PaddleOCR
+        # classifier's moving ones)
+        self.seen: list[tuple[list, tuple]] = []
 
     def views(self, spans: list) -> tuple:
         """The slot views over this call's hosts (``spans``: their addresses first), a tuple:
