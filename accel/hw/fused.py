@@ -1288,7 +1288,10 @@ class FusedPlan:
         self.f_extra = np.concatenate(b.f.extra) if b.f.extra else None
         self.sizes = {slot: b.buffers[slot].size for slot in (*b.f.slots, *b.i.slots, *(s[0] for s in b.stores))}
         self.products, self.alus, self.stores, self.acc_loads = products, alus, stores, acc_loads
-        self.inp_final, self.wgt_final, self.acc_final = inp_final, wgt_final, acc_final
+        # what each scratchpad ends with, None for nothing (a quarter of a model's streams leave
+        # INP or ACC as they were: an empty gather and put cost a few microseconds each)
+        self.inp_final, self.wgt_final, self.acc_final = (None if final[0].size == 0 else final
+                                                          for final in (inp_final, wgt_final, acc_final))
         self.matmuls = len(products)
         self.blas = any(isinstance(p, _Product) for p in products)     # whether a run calls np.matmul
         self.i_base = sum(self.sizes[slot] for slot in self.i_slots) + self.i_pads.size
@@ -1351,12 +1354,15 @@ class FusedPlan:
                 if mode is StoreMode.SATURATE:
                     out = np.clip(out, -128, 127)
                 buffers[slot][dst] = out.astype(buffers[slot].dtype)
-        at, src = self.inp_final
-        _put(sim.inp, at, _at(source, src))
-        at, src = self.wgt_final
-        _put(sim.wgt, at, _at(source, src))
-        at, src = self.acc_final
-        _put(sim.acc, at, _at(vector, src))
+        if self.inp_final is not None:
+            at, src = self.inp_final
+            _put(sim.inp, at, _at(source, src))
+        if self.wgt_final is not None:
+            at, src = self.wgt_final
+            _put(sim.wgt, at, _at(source, src))
+        if self.acc_final is not None:
+            at, src = self.acc_final
+            _put(sim.acc, at, _at(vector, src))
         return True
 
 
