@@ -189,7 +189,8 @@ class Session:
         A stored stream runs again when each host has the dtype, size and writability it had
         and the hosts overlap as they did (which slots share memory, and at what distance, orders a
         stream's instructions); each slot's view is then rebuilt at its place in this call's
-        hosts (the views of one of the last few replays serve again when every host is where it was then). Otherwise, with work pending, or for a device without :meth:`stored_stream`,
+        hosts (the views of one of the last few replays serve again when every host is where it
+        was then). Otherwise, with work pending, or for a device without :meth:`stored_stream`,
         the calls run.
 
         >>> Session().replay("f:0", [np.zeros(4)])       # the calls run (and nothing is stored)
