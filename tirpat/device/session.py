@@ -639,8 +639,9 @@ class Runtime:
 
     def _check_options(self, session: Session, built: Mapping[str, Any], code: str) -> None:
         said = session.options
-        # asked at the start of every offloaded call: the common case, no difference, first
-        if said is not None and all(said[k] == built[k] for k in said if k in built):
+        # asked at the start of every offloaded call: the common case first, the same options
+        # (one comparison of the two mappings), then no difference in the options both name
+        if said is not None and (said == built or all(said[k] == built[k] for k in said if k in built)):
             return
         which = (f"the current {self.prefix} session ({type(session).__name__})" if self.entered() is session else
                  f"this thread's default {self.prefix} session ({type(session).__name__}, outside any `with`)")
