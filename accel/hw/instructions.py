@@ -481,8 +481,9 @@ def chain_code(steps: Sequence[Step]) -> dict:
     ``4k .. 4k+3`` of ``code``, the immediates in the order of their steps (ValueError for a
     chain the format cannot hold).
 
-    >>> chain_code([(AluOp.ADD, None), (AluOp.MUL, 3), (AluOp.SHR, 2)])
-    {'length': 3, 'code': 2512, 'imm0': 3, 'imm1': 2, 'imm2': 0, 'imm3': 0, 'imm4': 0, 'imm5': 0}
+    >>> fields = chain_code([(AluOp.ADD, None), (AluOp.MUL, 3), (AluOp.SHR, 2)])
+    >>> fields["length"], hex(fields["code"]), [fields[f"imm{j}"] for j in range(CHAIN_IMMEDIATES)]
+    (3, '0xbc0', [3, 2, 0, 0, 0, 0])
     """
     steps = list(steps)
     imms = [int(imm) for _, imm in steps if imm is not None]
@@ -501,7 +502,7 @@ def chain_problem(length: int, code: int, imms: Sequence[int] = ()) -> Optional[
     outside 1..8, an unknown op, code bits past the last step, more than six immediates, an
     immediate word past the last one used that is not zero), or None for a valid one.
 
-    >>> chain_problem(2, 0x7), chain_problem(2, 0x5), chain_problem(1, 0x18)
+    >>> chain_problem(2, 0xC4), chain_problem(2, 0x5), chain_problem(1, 0x18)
     (None, 'step 0 has no ALU op 5', 'code bits past step 0 are set')
     """
     if not 1 <= length <= CHAIN_STEPS:
