@@ -395,8 +395,8 @@ class _Builder:
         src = None
         if not a.use_imm:
             src = self.acc[_vectors(a.src_addr, a.ext_out, a.src_stride_out, a.ext_in, a.src_stride_in, self.tile)]
-        self._alu_steps(_vectors(a.dst_addr, a.ext_out, a.dst_stride_out, a.ext_in, a.dst_stride_in, self.tile),
-                        [(a.op, a.imm if a.use_imm else None)], src)
+        self._alu_batches(_vectors(a.dst_addr, a.ext_out, a.dst_stride_out, a.ext_in, a.dst_stride_in, self.tile),
+                          [(a.op, a.imm if a.use_imm else None)], src)
         return True
 
     def _alu_chain(self, c: AluChain) -> bool:
@@ -407,11 +407,11 @@ class _Builder:
         if any(imm is None for _, imm in steps):
             # the values the chain's src holds when it starts: it reads them before it writes
             src = self.acc[_vectors(c.src_addr, c.ext_out, c.src_stride_out, c.ext_in, c.src_stride_in, self.tile)]
-        self._alu_steps(_vectors(c.dst_addr, c.ext_out, c.dst_stride_out, c.ext_in, c.dst_stride_in, self.tile),
-                        steps, src)
+        self._alu_batches(_vectors(c.dst_addr, c.ext_out, c.dst_stride_out, c.ext_in, c.dst_stride_in, self.tile),
+                          steps, src)
         return True
 
-    def _alu_steps(self, dst: np.ndarray, steps: list, src: Optional[np.ndarray]) -> None:
+    def _alu_batches(self, dst: np.ndarray, steps: list, src: Optional[np.ndarray]) -> None:
         """ALU ``steps`` ``(op, imm or None for src)`` in turn on the values at ACC elements
         ``dst``, each a batch of new values (what a chain's steps compute is what as many ALU
         instructions compute; the plan runs the batches in place, one pass per block)."""
