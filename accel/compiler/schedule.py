@@ -75,7 +75,7 @@ class Knobs:
 
     - ``bm``, ``bn``, ``bk``: tiles per block along M, N and K (at most the whole
       dimension; a block is shrunk while it would overflow a scratchpad). An accumulator
-      block is ``bm x bn`` tiles (its epilogue runs as one ALU instruction per step), an
+      block is ``bm x bn`` tiles (its epilogue's steps run as ALU chains over it), an
       INP block ``bm x bk``; a GEMM instruction covers two of the three block loops;
     - ``weights``: ``"streamed"`` (a block of weights is loaded into WGT for every block of
       K) or ``"resident"`` (the whole weight is loaded once, if it fits in WGT);
