@@ -286,7 +286,8 @@ def block_cycles(e: Extents, bm: int, bn: int, bk: int, alu_runs: Sequence[int],
                  mac_cycles: int | None = None, staged: tuple = ()) -> int:
     """The compute queue's cycles for a GEMM of extents ``e`` in blocks of ``bm x bn x bk``
     tiles (as the scheduler fitted them), issue overhead included: per block of output tiles,
-    ``bm`` GEMMs per block of K (each folds K and N), a reset per accumulator tile and one per
+    ``bm`` GEMMs per block of K (each folds K and N; one where a loop is a single tile), a reset
+    per accumulator tile and one per
     temporary, and the epilogue's ALU steps over the whole block, ``alu_runs`` the lengths of
     its runs of steps on one block (the epilogue's, a temporary's copy and chain), each run
     as ALU chains of up to :data:`~accel.hw.instructions.CHAIN_IMMEDIATES` steps (what
@@ -302,13 +303,16 @@ def block_cycles(e: Extents, bm: int, bn: int, bk: int, alu_runs: Sequence[int],
 
     >>> e = Extents(6, 13, 2, outer=2)     # 2 rows of 96 pixels, 200 channels, K 32; a 6-step epilogue
     >>> block_cycles(e, 1, 2, 2, (6,), 1, Config()), block_cycles(e, 6, 1, 2, (6,), 1, Config())
-    (15540, 14066)
+    (15540, 13546)
     """
     t, ov = config.tile, config.issue_overhead
     blocks = e.outer * -(-e.m_tiles // bm) * -(-e.n_tiles // bn)
     tiles = bm * bn
-    if mac_cycles is None:      # a GEMM: bm instructions per block of K, each bk x bn tile steps
-        macs = e.k_outer * -(-e.k_tiles // bk) * bm * (bk * bn * config.tile_cycles + ov)
+    if mac_cycles is None:
+        # a GEMM instruction folds two of the block's loops: per block of K, bm instructions of
+        # bk x bn tile steps, or one where a loop is a single tile (bn 1: it folds M and K)
+        gemms = bm if min(bm, bn, bk) > 1 else 1
+        macs = e.k_outer * -(-e.k_tiles // bk) * (bm * bk * bn * config.tile_cycles + gemms * ov)
     else:                       # DWMAC: one instruction per tile
         macs = tiles * (mac_cycles + ov)
     resets = tiles * (t + ov) + temporaries * (tiles * t + ov)
