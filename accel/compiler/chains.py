@@ -137,6 +137,10 @@ def merge_chains(func: tirx.PrimFunc) -> tirx.PrimFunc:
 
 
 def merge_chains_pass() -> tvm.transform.Pass:
-    """:func:`merge_chains` as a PrimFunc pass (before the scratchpad planner)."""
+    """:func:`merge_chains` as a PrimFunc pass (before the scratchpad planner).
+
+    >>> merge_chains_pass().info.name
+    'accel.MergeAluChains'
+    """
     return tirx.transform.prim_func_pass(lambda f, mod, ctx: merge_chains(f), opt_level=0,
                                          name="accel.MergeAluChains")

@@ -135,7 +135,14 @@ class Emitter:
 
     def alu_chain(self, steps: list, dst_addr: int, **fields: int) -> int:
         """Emit an ALU chain of ``steps`` ``(op, imm or None for src)`` (see
-        :class:`accel.hw.isa.AluChain`); returns its index."""
+        :class:`accel.hw.isa.AluChain`); returns its index.
+
+        >>> em = Emitter()
+        >>> em.alu_chain([(AluOp.MUL, 3), (AluOp.ADD, None)], 0, src_addr=16, ext_out=2, dst_stride_out=32)
+        0
+        >>> em.instructions[0].steps
+        [(<AluOp.MUL: 4>, 3), (<AluOp.ADD: 0>, None)]
+        """
         return self.emit(AluChain(dst_addr=dst_addr, **chain_code(steps), **fields))
 
     def dep_push(self, src: Queue, dst: Queue) -> None:

@@ -472,10 +472,9 @@ __all__ += ["LUT", "LUT_ENTRIES"]
 CHAIN_STEPS, CHAIN_IMMEDIATES = 8, 6
 #: A step's code: bits 0-2 its :class:`AluOp`, bit 3 set when it takes an immediate.
 _STEP_BITS, _STEP_IMM = 4, 8
-Step = tuple  # (AluOp, immediate or None for the vector operand ``src``)
 
 
-def chain_code(steps: Sequence[Step]) -> dict:
+def chain_code(steps: Sequence[tuple]) -> dict:
     """The chain fields (``length``, ``code``, ``imm0`` .. ``imm5``) of ``steps``, each
     ``(op, imm)`` with ``imm`` None for the vector operand ``src``: step ``k``'s code in bits
     ``4k .. 4k+3`` of ``code``, the immediates in the order of their steps (ValueError for a

@@ -28,7 +28,8 @@ from accel.hw.instructions import CHAIN_IMMEDIATES, AluOp, Mem, StoreMode, chain
 
 __all__ = [
     "INSTRUCTION_BYTES", "Opcode", "Queue", "Mem", "StoreMode", "AluOp", "Instruction",
-    "Load", "Store", "Gemm", "Alu", "Finish", "Dwmac", "Lut", "AluChain", "FIELDS", "make", "queue_of", "encode", "decode",
+    "Load", "Store", "Gemm", "Alu", "Finish", "Dwmac", "Lut", "AluChain", "FIELDS", "make", "queue_of", "encode",
+    "decode",
     "disassemble", "ALLOWED_FLAGS",
 ]
 
