@@ -29,8 +29,7 @@ from accel.hw.instructions import CHAIN_IMMEDIATES, AluOp, Mem, StoreMode, chain
 __all__ = [
     "INSTRUCTION_BYTES", "Opcode", "Queue", "Mem", "StoreMode", "AluOp", "Instruction",
     "Load", "Store", "Gemm", "Alu", "Finish", "Dwmac", "Lut", "AluChain", "FIELDS", "make", "queue_of", "encode",
-    "decode",
-    "disassemble", "ALLOWED_FLAGS",
+    "decode", "disassemble", "ALLOWED_FLAGS",
 ]
 
 INSTRUCTION_BYTES = 64
