@@ -266,3 +266,20 @@ def test_a_compiled_requantise_runs_as_chains_bit_exact_with_llvm():
     counts = model.stats["accel"].instructions
     # per block: the bias and clamp, the temporary's copy and chain, the accumulator's chain
     assert counts["ALU"] == 0 and counts["ALU_CHAIN"] == 3 * counts["STORE"]
+
+
+def test_the_automatic_tokens_order_a_chain_by_its_block_and_src():
+    from accel.hw.tokens import footprint
+
+    reads_src = AluChain(dst_addr=64, src_addr=0, ext_out=2, dst_stride_out=T, src_stride_out=T,
+                         **chain_code([(AluOp.MUL, 3), (AluOp.ADD, None)]))
+    assert [(space[1], lo, hi, write) for space, lo, hi, write in footprint(reads_src, T)] == \
+        [(Mem.ACC, 64, 96, True), (Mem.ACC, 0, 32, False)]
+    # src unread: no range (its fields are not checked either)
+    no_src = AluChain(dst_addr=64, src_addr=0, ext_out=2, dst_stride_out=T, **chain_code([(AluOp.MUL, 3)]))
+    assert [(lo, hi) for _, lo, hi, _ in footprint(no_src, T)] == [(64, 96)]
+    # a STORE of the block after the chain waits for it (RAW), one of src does not (both read)
+    of = lambda addr: Store(sram_addr=addr, sram_ld=T, slot=0, dram_offset=0, dram_ld=T, rows=2, cols=T)  # noqa: E731
+    assert _auto([reads_src, of(64)])[1].pop_prev and not _auto([reads_src, of(0)])[1].pop_prev
+    # a chain writing a block that a STORE before it reads waits for the STORE (WAR)
+    assert _auto([of(0), AluChain(dst_addr=0, ext_out=2, dst_stride_out=T, **chain_code([(AluOp.MUL, 3)]))])[1].pop_next
