@@ -282,14 +282,14 @@ def estimate_cycles(macs: int, rate: int, outputs: int, steps, temporaries, conf
     return -(-macs // rate) + -(-outputs * alu // config.alu_lanes)
 
 
-def block_cycles(e: Extents, bm: int, bn: int, bk: int, alu_runs: Sequence[int], temporaries: int, config: Config,
+def block_cycles(e: Extents, bm: int, bn: int, bk: int, alu_runs: Sequence[int], config: Config,
                  mac_cycles: int | None = None, staged: tuple = ()) -> int:
     """The compute queue's cycles for a GEMM of extents ``e`` in blocks of ``bm x bn x bk``
     tiles (as the scheduler fitted them), issue overhead included: per block of output tiles,
     ``bm`` GEMMs per block of K (each folds K and N; one where a loop is a single tile), a reset
-    per accumulator tile and one per
-    temporary, and the epilogue's ALU steps over the whole block, ``alu_runs`` the lengths of
-    its runs of steps on one block (the epilogue's, a temporary's copy and chain), each run
+    per accumulator tile, and the epilogue's ALU steps over the whole block, ``alu_runs`` the
+    lengths of its runs of steps on one block (the epilogue's, a temporary's zeroing, copy and
+    chain), each run
     as ALU chains of up to :data:`~accel.hw.instructions.CHAIN_IMMEDIATES` steps (what
     :mod:`accel.compiler.chains` merges it into: a pass over the block per chain, and a cycle
     per step more for the pipeline). The LOADs and STOREs run beside it, on queues of
@@ -302,8 +302,8 @@ def block_cycles(e: Extents, bm: int, bn: int, bk: int, alu_runs: Sequence[int],
     instruction: what a tuner weighs when it picks its likeliest blocks.
 
     >>> e = Extents(6, 13, 2, outer=2)     # 2 rows of 96 pixels, 200 channels, K 32; a 6-step epilogue
-    >>> block_cycles(e, 1, 2, 2, (6,), 1, Config()), block_cycles(e, 6, 1, 2, (6,), 1, Config())
-    (15540, 13546)
+    >>> block_cycles(e, 1, 2, 2, (6,), Config()), block_cycles(e, 6, 1, 2, (6,), Config())
+    (12516, 10946)
     """
     t, ov = config.tile, config.issue_overhead
     blocks = e.outer * -(-e.m_tiles // bm) * -(-e.n_tiles // bn)
@@ -315,7 +315,7 @@ def block_cycles(e: Extents, bm: int, bn: int, bk: int, alu_runs: Sequence[int],
         macs = e.k_outer * -(-e.k_tiles // bk) * (bm * bk * bn * config.tile_cycles + gemms * ov)
     else:                       # DWMAC: one instruction per tile
         macs = tiles * (mac_cycles + ov)
-    resets = tiles * (t + ov) + temporaries * (tiles * t + ov)
+    resets = tiles * (t + ov)
     chains = sum(-(-n // CHAIN_IMMEDIATES) for n in alu_runs)
     alu = chains * (tiles * t * -(-t // config.alu_lanes) + ov) + sum(alu_runs) - chains
     # the epilogue's operands are LOADs into ACC, which the compute queue issues: a bias one
@@ -347,7 +347,7 @@ def _staged(sch, final, steps, out_buffer, temporaries) -> tuple:
 def _alu_runs(sch, final, steps, out_buffer, temporaries, prefix: int) -> tuple:
     """The lengths of the runs of ALU steps on one block that an epilogue ``final`` runs per
     block, in order: the ``prefix`` steps a fork shares (run once on the accumulator), per
-    temporary its copy of the accumulator and its chain (but the prefix), then the
+    temporary its zeroing (x * 0), copy of the accumulator and chain (but the prefix), then the
     accumulator's own ``steps`` (but the prefix, and a clip to int8 before the narrowing
     cast, which the STORE does by saturating), split at a LUT step (a pass of its own)."""
     if steps is None:
@@ -358,7 +358,7 @@ def _alu_runs(sch, final, steps, out_buffer, temporaries, prefix: int) -> tuple:
         str(block.body.buffer.dtype) == "int8" and clipped_to_int8(value.value) is not None
     own = list(steps)[:len(steps) - 2 * saturates]
     runs = [prefix] if temporaries else []
-    runs += [1 + len(_temporary_steps(sch.get(b), out_buffer) or ()) - prefix for b in temporaries]
+    runs += [2 + len(_temporary_steps(sch.get(b), out_buffer) or ()) - prefix for b in temporaries]
     run = -prefix if temporaries else 0
     for step in own:
         if step.op is None:         # a LUT: its own instruction
@@ -711,7 +711,7 @@ def _schedule_gemm(sch: s_tir.Schedule, name: str, g: GemmAnalysis, config: Conf
             fitted = _fitting_blocks(name, g, shape, Knobs(bm_, bn_, bk_, WEIGHTS[resident]), config, kept)
         except ScheduleError:
             return None
-        return block_cycles(shape, *fitted[:3], alu_runs, len(temporaries), config, staged=staged)
+        return block_cycles(shape, *fitted[:3], alu_runs, config, staged=staged)
 
     plan.estimate = estimate
     _reserve(reserved, shape, t, bm, bn, bk, resident)
@@ -805,7 +805,7 @@ def _schedule_depthwise(sch: s_tir.Schedule, name: str, dw: depthwise.Depthwise,
         if tiles[0] % bm_ or tiles[1] % bn_:
             return None
         block = fitting(regions + 1, (bm_, bn_)) if (bm_, bn_) != (1, 1) else (1, 1)
-        return block_cycles(extents, *block, 1, alu_runs, len(temporaries), config,
+        return block_cycles(extents, *block, 1, alu_runs, config,
                             mac_cycles=taps * config.dwmac_cycles, staged=staged)
 
     plan.estimate = estimate
