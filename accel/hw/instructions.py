@@ -476,7 +476,8 @@ _STEP_BITS, _STEP_IMM = 4, 8
 
 def chain_code(steps: Sequence[tuple]) -> dict:
     """The chain fields (``length``, ``code``, ``imm0`` .. ``imm5``) of ``steps``, each
-    ``(op, imm)`` with ``imm`` None for the vector operand ``src``: step ``k``'s code in bits
+    ``(op, imm)`` with ``imm`` None for the vector operand ``src`` (an int, or the expression a
+    compiled call passes): step ``k``'s code in bits
     ``4k .. 4k+3`` of ``code``, the immediates in the order of their steps (ValueError for a
     chain the format cannot hold).
 
@@ -485,7 +486,7 @@ def chain_code(steps: Sequence[tuple]) -> dict:
     (3, '0xbc0', [3, 2, 0, 0, 0, 0])
     """
     steps = list(steps)
-    imms = [int(imm) for _, imm in steps if imm is not None]
+    imms = [imm for _, imm in steps if imm is not None]     # ints, or a compiler's expressions
     if not 1 <= len(steps) <= CHAIN_STEPS or len(imms) > CHAIN_IMMEDIATES:
         raise ValueError(f"an ALU chain holds 1 to {CHAIN_STEPS} steps, at most {CHAIN_IMMEDIATES} of them with "
                          f"an immediate; got {len(steps)} steps with {len(imms)} immediates")

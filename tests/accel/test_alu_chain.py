@@ -209,7 +209,7 @@ def _buffers():
 def _alu(op, dst, imm=None, src=None, offset=0, ext_out=16, src_stride_out=0):
     return ALU[op, imm is not None].call(
         dst_addr=dst.access_ptr("rw"), src_addr=src.access_ptr("r", offset=offset) if src is not None else 0,
-        imm=imm or 0, ext_out=ext_out, ext_in=1, dst_stride_out=T, dst_stride_in=0, src_stride_out=src_stride_out,
+        imm=imm if imm is not None else 0, ext_out=ext_out, ext_in=1, dst_stride_out=T, dst_stride_in=0, src_stride_out=src_stride_out,
         src_stride_in=0)
 
 
@@ -283,3 +283,11 @@ def test_the_automatic_tokens_order_a_chain_by_its_block_and_src():
     assert _auto([reads_src, of(64)])[1].pop_prev and not _auto([reads_src, of(0)])[1].pop_prev
     # a chain writing a block that a STORE before it reads waits for the STORE (WAR)
     assert _auto([of(0), AluChain(dst_addr=0, ext_out=2, dst_stride_out=T, **chain_code([(AluOp.MUL, 3)]))])[1].pop_next
+
+
+def test_merge_passes_an_immediate_computed_at_run_time_through():
+    acc, _, _ = _buffers()
+    n = tirx.Var("n", "int32")
+    merged = merge_chains(tirx.PrimFunc([n], tirx.SeqStmt([_alu(AluOp.MUL, acc, 3), _alu(AluOp.ADD, acc, n * 2)])))
+    args = ALU_CHAIN.arguments_of(merged.body.value)
+    assert args["imm0"].value == 3 and str(args["imm1"]) == "n * 2" and args["length"].value == 2
