@@ -77,7 +77,7 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from accel.hw.instructions import ALU_UFUNCS, LUT_ENTRIES, OPERAND_RANGE, alu_operand
+from accel.hw.instructions import ALU_UFUNCS, LUT_ENTRIES, OPERAND_RANGE, AluOp, alu_operand
 from accel.hw.isa import Alu, AluChain, Dwmac, Gemm, Instruction, Load, Lut, Mem, Opcode, Store, StoreMode
 
 __all__ = ["fuse", "FusedPlan"]
@@ -91,7 +91,7 @@ _TAPS_AT_ONCE = 1 << 16
 # enum members as module globals for the per-instruction paths (a stream has up to a million
 # instructions): a member found through its class costs ~200 ns on Python 3.11, a global ~20 ns
 _LOAD, _STORE, _GEMM, _ALU, _DWMAC, _LUT = Opcode.LOAD, Opcode.STORE, Opcode.GEMM, Opcode.ALU, Opcode.DWMAC, Opcode.LUT
-_ALU_CHAIN = Opcode.ALU_CHAIN
+_ALU_CHAIN, _MUL = Opcode.ALU_CHAIN, AluOp.MUL
 _ACC, _INP = Mem.ACC, Mem.INP
 
 
@@ -414,8 +414,13 @@ class _Builder:
     def _alu_batches(self, dst: np.ndarray, steps: list, src: Optional[np.ndarray]) -> None:
         """ALU ``steps`` ``(op, imm or None for src)`` in turn on the values at ACC elements
         ``dst``, each a batch of new values (what a chain's steps compute is what as many ALU
-        instructions compute; the plan runs the batches in place, one pass per block)."""
+        instructions compute; the plan runs the batches in place, one pass per block). A
+        product by the immediate 0 reads nothing: its values start at zero, as a reset's do
+        (a temporary zeroed before its copy does not wait for the block's last reader)."""
         for op, imm in steps:
+            if op is _MUL and imm == 0:
+                self.acc[dst] = self._new(dst.size)
+                continue
             old = self.acc[dst]
             reads = old if imm is not None else np.concatenate([old, src])
             self.sealed[reads] = True
