@@ -291,3 +291,27 @@ def test_merge_passes_an_immediate_computed_at_run_time_through():
     merged = merge_chains(tirx.PrimFunc([n], tirx.SeqStmt([_alu(AluOp.MUL, acc, 3), _alu(AluOp.ADD, acc, n * 2)])))
     args = ALU_CHAIN.arguments_of(merged.body.value)
     assert args["imm0"].value == 3 and str(args["imm1"]) == "n * 2" and args["length"].value == 2
+
+
+def test_a_temporary_zeroed_by_its_chain_waits_for_no_earlier_block_in_the_batched_plan():
+    """Blocks that reuse one temporary region, each zeroed by its chain's MUL #0 before the
+    copy: the zeros read nothing, so every block's steps batch together (one numpy call a
+    step for all blocks), and the results are instruction-by-instruction execution's."""
+    blocks = 6
+    program = []
+    for b in range(blocks):
+        acc = 64 * T * b
+        program += [Load(mem=Mem.ACC, sram_addr=acc, sram_ld=T, slot=0, dram_offset=acc, dram_ld=T, rows=64, cols=T),
+                    AluChain(dst_addr=ROWS * T * 4, src_addr=acc, ext_out=64, dst_stride_out=T, src_stride_out=T,
+                             **chain_code([(AluOp.MUL, 0), (AluOp.ADD, None), (AluOp.MUL, 3), (AluOp.SHR, 1)])),
+                    Store(sram_addr=ROWS * T * 4, sram_ld=T, slot=1, dram_offset=acc, dram_ld=T, rows=64, cols=T)]
+    stream = _auto(program)
+    data = np.random.default_rng(0).integers(-2**31, 2**31, blocks * 64 * T).astype(np.int32)
+    got, want = [data.copy(), np.zeros_like(data)], [data.copy(), np.zeros_like(data)]
+    sim, ref = Simulator(), Simulator()
+    plan = fused.fuse(sim, stream, sim.compile(stream, got).timing.order(), got)
+    assert plan is not None and plan.run(got, sim)
+    ref.run(stream, want)
+    np.testing.assert_array_equal(got[1], want[1])
+    np.testing.assert_array_equal(got[1], (data * 3) >> 1)
+    assert len(plan._alu_steps) == 3        # + acc, * 3, >> 1: each one batch over the six blocks
