@@ -18,7 +18,7 @@ from accel.hw.errors import (
     InstructionError, ScratchpadOverflowError, TokenError, UnknownSlotError,
 )
 from accel.hw.isa import (
-    INSTRUCTION_BYTES, Alu, AluOp, Dwmac, Finish, Lut, Gemm, Instruction, Load, Mem, Opcode, Queue, Store,
+    INSTRUCTION_BYTES, Alu, AluChain, AluOp, Dwmac, Finish, Lut, Gemm, Instruction, Load, Mem, Opcode, Queue, Store,
     StoreMode, decode, disassemble, encode,
 )
 from accel.hw.runtime import (
@@ -53,7 +53,7 @@ def __dir__():
 __all__ = [
     "Config", "Session", "current_session", "default_session", "Stats", "Timeline",
     "INSTRUCTION_BYTES", "Opcode", "Queue", "Mem", "StoreMode", "AluOp", "Instruction", "Load",
-    "Store", "Gemm", "Alu", "Dwmac", "Lut", "Finish", "encode", "decode", "disassemble",
+    "Store", "Gemm", "Alu", "AluChain", "Dwmac", "Lut", "Finish", "encode", "decode", "disassemble",
     "AUTO", "POP_PREV", "POP_NEXT", "PUSH_PREV", "PUSH_NEXT",
     "AccelError", "DecodeError", "InstructionError", "DmaRangeError", "ScratchpadOverflowError",
     "AlignmentError", "UnknownSlotError", "DtypeMismatchError", "TokenError", "DeadlockError",

@@ -96,9 +96,11 @@ class AccelBackend(tp.Backend):
 
             return [accumulator_first()]
         if phase is tp.Phase.AFTER_REWRITE:
+            from accel.compiler.chains import merge_chains_pass
             from accel.compiler.planner import plan_pass
 
-            return [plan_pass(config_of(opts))]
+            # ALU runs on one block become chains before the planner places their operands
+            return [merge_chains_pass(), plan_pass(config_of(opts))]
         return []
 
     def session(self, opts: dict):

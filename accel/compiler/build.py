@@ -1,7 +1,8 @@
 """The accel TIR pipeline and ``accel.build``.
 
 ``tvm.compile(mod, target="llvm", tir_pipeline="accel")`` runs accel's tirpat rules after
-block lowering and before flattening, then plans the scratchpads (:mod:`accel.compiler.planner`);
+block lowering and before flattening, merges ALU runs on one block into ALU chains
+(:mod:`accel.compiler.chains`), then plans the scratchpads (:mod:`accel.compiler.planner`);
 whatever no rule matched stays on the CPU and is compiled by LLVM. :func:`build` is
 ``tp.build`` for accel's target: it also schedules unscheduled workloads first
 (:mod:`accel.compiler.schedule`, the backend's ``schedule`` hook).
@@ -20,6 +21,7 @@ from tvm import ir, tirx
 
 import tirpat as tp
 from accel.hw.config import Config
+from accel.compiler.chains import merge_chains_pass
 from accel.compiler.planner import plan_pass
 from accel.compiler.rules import rules
 
@@ -37,7 +39,7 @@ def pipeline_name(config: Config | None = None) -> str:
     name = "accel" if config == Config() else f"accel_{abs(hash(config)):x}"
     if name not in _REGISTERED:
         rw = rules(config)
-        tp.register_pipeline(name, rw, after=[plan_pass(config)])
+        tp.register_pipeline(name, rw, after=[merge_chains_pass(), plan_pass(config)])
         _REGISTERED[name] = rw
     return name
 

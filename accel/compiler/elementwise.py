@@ -22,9 +22,10 @@ as a DAG of int32 operations, and :func:`lower` writes the instructions:
   ones, reading an INP tile whose first column holds one value per row: ``acc[r, n] = s[r]``
   for every lane ``n``, a vector the ALU then broadcasts along the row (source stride 0
   between vectors). The weights are LOADs of padding alone (no host data);
-- each int32 operation is one ALU instruction, in the program's order (ADD/MUL/SHR/MAX/MIN,
+- each int32 operation is one ALU step, in the program's order (ADD/MUL/SHR/MAX/MIN,
   with an immediate or another ACC vector; a subtraction adds the negated operand, which int32
-  wrap-around makes the same), so the device computes what TVM's llvm code computes, bit for
+  wrap-around makes the same; the steps on one block run as ALU chains,
+  :mod:`accel.compiler.chains`), so the device computes what TVM's llvm code computes, bit for
   bit, int32 overflow included (ISA.md, "Integer semantics"); a value read again later is
   first copied (zeroed, then ADD);
 - the result is STOREd to int8, saturating (or clipped by MAX/MIN, then wrapped).

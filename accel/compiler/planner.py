@@ -66,13 +66,26 @@ def _scratch_uses(stmt) -> list:
         if ins is None:
             return
         args = ins.arguments_of(c)
+        fresh = _overwritten(ins, args)
         for op in ins.memory_operands:
             buf = access_ptr_buffer(args[op.name])
             if buf is not None:
-                uses.append((buf, op.reads, op.writes, args[op.name].args[2]))
+                uses.append((buf, op.reads and op.name != fresh, op.writes, args[op.name].args[2]))
 
     tvm_ffi.structural_walk(stmt, (ir.Call, on_call))
     return uses
+
+
+def _overwritten(ins, args) -> str | None:
+    """The operand an ALU chain writes without its old values mattering: its destination, when
+    the first step multiplies by the immediate 0 (how a temporary is zeroed before the copy of
+    the accumulator), else None."""
+    if ins is not instructions.ALU_CHAIN:
+        return None
+    length, code, imm0 = (args[n] for n in ("length", "code", "imm0"))
+    zeroes = all(isinstance(a, tirx.IntImm) for a in (length, code, imm0)) and length.value >= 1 and \
+        instructions.chain_steps(1, code.value & 0xF, [imm0.value]) == [(instructions.AluOp.MUL, 0)]
+    return "dst_addr" if zeroes else None
 
 
 def _is_accel_call(node) -> bool:
@@ -136,7 +149,8 @@ def _accel_calls(stmt) -> list:
 
 def _written(c, buf, tile, inner) -> set:
     """The elements of ``buf`` that call ``c`` writes without reading (its operand of role
-    ``write`` there: a LOAD's destination, a GEMM reset's accumulator), over every iteration
+    ``write`` there: a LOAD's destination, a GEMM reset's accumulator; or an ALU chain's
+    destination when it starts by multiplying by 0, see :func:`_overwritten`), over every iteration
     of the ``inner`` loops around it, as the instruction's declaration says
     (:meth:`~tirpat.device.Instruction.elements_written`); empty when they are not constant.
 
@@ -145,7 +159,8 @@ def _written(c, buf, tile, inner) -> set:
     column blocks of an 8400-pixel image row writes the same tile each time)."""
     ins = instructions.instruction_of(c)
     args = ins.arguments_of(c) if ins is not None else {}
-    op = next((o for o in (ins.memory_operands if ins is not None else ()) if o.role == "write"
+    fresh = _overwritten(ins, args) if ins is not None else None
+    op = next((o for o in (ins.memory_operands if ins is not None else ()) if (o.role == "write" or o.name == fresh)
                and access_ptr_buffer(args[o.name]) is not None and access_ptr_buffer(args[o.name]).same_as(buf)), None)
     if op is None:
         return set()

@@ -9,8 +9,8 @@
 - ``zero_init``: a nest storing 0 into ACC in whole tiles -> GEMM in its reset form;
 - ``alu``: an in-place elementwise nest on ACC (bias add, ReLU/clip, requantise) -> ALU; or
   a nest writing a second ACC region from the accumulator (an epilogue's temporary, where its
-  requantise reads the accumulator twice) -> GEMM reset (or ALU ``x * 0``), ALU ``+ acc``,
-  then its chain;
+  requantise reads the accumulator twice) -> ALU ``x * 0``, ``+ acc``, then its chain (one
+  ALU chain once merged);
 - ``elementwise``: the calls :mod:`accel.compiler.elementwise` wrote at schedule time for an
   element-wise chain of int8 tensors, taken as they are;
 - ``store``: a nest writing host memory from ACC, possibly through an elementwise epilogue
@@ -260,20 +260,14 @@ def _zero_init(m, config):
     return _reset(m.region("C"), m.loops, config.tile)
 
 
-def _reset(r, loops, t: int, padded: bool = False):
+def _reset(r, loops, t: int):
     """GEMM in its reset form zeroing the region ``r`` the nest ``loops`` writes: whole
-    ``t x t`` tiles in its two innermost loops, the loops further out around it. ``padded``:
-    the region may be rounded up to whole tiles where they lie inside its buffer's allocation
-    (a temporary's padding, which nothing else uses)."""
+    ``t x t`` tiles in its two innermost loops, the loops further out around it."""
     n = len(loops)
     if n < 2:
         raise _Unsupported("a reset covers whole tiles: it needs at least 2 loops")
     rows, cols = _int(loops[n - 2].extent), _int(loops[n - 1].extent)
     ld = r.strides[n - 2]
-    base = _int(r.offset)
-    if padded and None not in (rows, cols, base) and n == 2 and \
-            base + (-(-rows // t) * t - 1) * ld + -(-cols // t) * t <= _allocation(r.buffer):
-        rows, cols = -(-rows // t) * t, -(-cols // t) * t
     if rows is None or cols is None or rows % t or cols % t or r.strides[n - 1] != 1 or ld % t or ld < cols:
         raise _Unsupported(f"the zeroed region ({rows} x {cols}, row stride {ld}) is not whole {t} x {t} tiles")
     outer = list(range(n - 2))
@@ -562,7 +556,6 @@ def _alu(m, store, config):
                            "shift right) on one accumulator value")
     spine, steps = chain
     copy = not spine.source.same_as(store.buffer)
-    reset = None
     prefix = []
     steps = steps[_prefix(m.loops, PREFIX_DONE, steps):]       # run once already, by the first temporary
     n = _prefix(m.loops, PREFIX_IN_PLACE, steps) if copy else 0
@@ -576,15 +569,11 @@ def _alu(m, store, config):
         steps = steps[n:]
     if copy:
         # a temporary of an epilogue (a second ACC region): the ALU works in place, so it
-        # first copies what it reads there (0 + src), then applies the chain. The zero is a
-        # GEMM reset where the region is whole tiles (a write that reads nothing, so the planner
-        # sees the temporary written anew), else x * 0. Its lanes after a partial last vector
-        # are its own padding, read by no one but the epilogue's lanes after the store's (dead too).
-        try:
-            reset = _reset(m.region(store.buffer), m.loops, config.tile, padded=True)
-            steps = [_Step(AluOp.ADD, operand=spine)] + steps
-        except _Unsupported:
-            steps = [_Step(AluOp.MUL, 0), _Step(AluOp.ADD, operand=spine)] + steps
+        # first copies what it reads there (x * 0 + src), then applies the chain: one ALU chain
+        # (accel.compiler.chains), whose first step, a product by 0, the planner knows writes
+        # the temporary anew (its in-place checks). Its lanes after a partial last vector are its
+        # own padding, read by no one but the epilogue's lanes after the store's (dead too).
+        steps = [_Step(AluOp.MUL, 0), _Step(AluOp.ADD, operand=spine)] + steps
     elif not steps or not _same_indices(spine, store):
         raise _Unsupported("not an in-place update of the accumulator element it reads")
     if m.get("alu_guard") is not None:
@@ -595,7 +584,7 @@ def _alu(m, store, config):
             raise _Unsupported(f"an in-place update of the accumulator under the guard {m['alu_guard']}")
         _within_allocation(m.region(store.buffer), m.loops)
     calls = _alu_calls(steps, m.region(store.buffer), _operand_regions(m, steps), m.loops, config, partial_ok=copy)
-    calls = prefix + ([reset] if reset is not None else []) + calls
+    calls = prefix + calls
     return calls[0] if len(calls) == 1 else tirx.SeqStmt(calls)
 
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Sequence
 
 import tvm_ffi
 from tvm import ir, s_tir, tirx
@@ -50,7 +50,7 @@ from accel.compiler.conv import normalise as normalise_conv
 from accel.compiler.rules import (ACC, INP, PREFIX_DONE, PREFIX_IN_PLACE, WGT, clipped_to_int8, epilogue_chain,
                                    table_lookup, table_step)
 from accel.compiler import wrapping
-from accel.hw.instructions import LUT_ENTRIES, MEMORIES, SCOPES, AluOp, capacity_option
+from accel.hw.instructions import CHAIN_IMMEDIATES, LUT_ENTRIES, MEMORIES, SCOPES, AluOp, capacity_option
 
 
 #: Where the weight of a GEMM lives: reloaded into WGT for every block of K, or loaded once.
@@ -75,7 +75,7 @@ class Knobs:
 
     - ``bm``, ``bn``, ``bk``: tiles per block along M, N and K (at most the whole
       dimension; a block is shrunk while it would overflow a scratchpad). An accumulator
-      block is ``bm x bn`` tiles (its epilogue runs as one ALU instruction per step), an
+      block is ``bm x bn`` tiles (its epilogue's steps run as ALU chains over it), an
       INP block ``bm x bk``; a GEMM instruction covers two of the three block loops;
     - ``weights``: ``"streamed"`` (a block of weights is loaded into WGT for every block of
       K) or ``"resident"`` (the whole weight is loaded once, if it fits in WGT);
@@ -282,35 +282,42 @@ def estimate_cycles(macs: int, rate: int, outputs: int, steps, temporaries, conf
     return -(-macs // rate) + -(-outputs * alu // config.alu_lanes)
 
 
-def block_cycles(e: Extents, bm: int, bn: int, bk: int, alu_steps: int, temporaries: int, config: Config,
+def block_cycles(e: Extents, bm: int, bn: int, bk: int, alu_runs: Sequence[int], config: Config,
                  mac_cycles: int | None = None, staged: tuple = ()) -> int:
     """The compute queue's cycles for a GEMM of extents ``e`` in blocks of ``bm x bn x bk``
     tiles (as the scheduler fitted them), issue overhead included: per block of output tiles,
-    ``bm`` GEMMs per block of K (each folds K and N), a reset per accumulator tile and one per
-    temporary, and ``alu_steps`` ALU instructions over the whole block (the epilogue's, a
-    temporary's copy and chain included). The LOADs and STOREs run beside it, on queues of
+    ``bm`` GEMMs per block of K (each folds K and N; one where a loop is a single tile), a reset
+    per accumulator tile, and the epilogue's ALU steps over the whole block, ``alu_runs`` the
+    lengths of its runs of steps on one block (the epilogue's, a temporary's zeroing, copy and
+    chain), each run
+    as ALU chains of up to :data:`~accel.hw.instructions.CHAIN_IMMEDIATES` steps (what
+    :mod:`accel.compiler.chains` merges it into: a pass over the block per chain, and a cycle
+    per step more for the pipeline). The LOADs and STOREs run beside it, on queues of
     their own, but for the LOADs into ACC of the epilogue's operands (``staged``: per operand,
     whether it is narrow, a bias, or as large as the block, a residual). A depthwise
     convolution's blocks are pixels x channels with ``bk`` 1 and ``mac_cycles`` the cycles of
     one tile's DWMAC (its taps; ``e.k_outer`` 1).
 
-    The padding of M and N to whole blocks costs every ALU step, and the issue overhead every
-    instruction: what a tuner weighs when it picks its likeliest blocks (within 1-2% of the
-    simulated cycles on the PaddleOCR classifier's convolutions).
+    The padding of M and N to whole blocks costs every ALU pass, and the issue overhead every
+    instruction: what a tuner weighs when it picks its likeliest blocks.
 
-    >>> e = Extents(6, 13, 2, outer=2)     # 2 rows of 96 pixels, 200 channels, K 32; 16 ALU steps
-    >>> block_cycles(e, 1, 2, 2, 16, 1, Config()), block_cycles(e, 6, 1, 2, 16, 1, Config())
-    (60480, 52936)
+    >>> e = Extents(6, 13, 2, outer=2)     # 2 rows of 96 pixels, 200 channels, K 32; a 6-step epilogue
+    >>> block_cycles(e, 1, 2, 2, (6,), Config()), block_cycles(e, 6, 1, 2, (6,), Config())
+    (12516, 10946)
     """
     t, ov = config.tile, config.issue_overhead
     blocks = e.outer * -(-e.m_tiles // bm) * -(-e.n_tiles // bn)
     tiles = bm * bn
-    if mac_cycles is None:      # a GEMM: bm instructions per block of K, each bk x bn tile steps
-        macs = e.k_outer * -(-e.k_tiles // bk) * bm * (bk * bn * config.tile_cycles + ov)
+    if mac_cycles is None:
+        # a GEMM instruction folds two of the block's loops: per block of K, bm instructions of
+        # bk x bn tile steps, or one where a loop is a single tile (bn 1: it folds M and K)
+        gemms = bm if min(bm, bn, bk) > 1 else 1
+        macs = e.k_outer * -(-e.k_tiles // bk) * (bm * bk * bn * config.tile_cycles + gemms * ov)
     else:                       # DWMAC: one instruction per tile
         macs = tiles * (mac_cycles + ov)
-    resets = tiles * (t + ov) + temporaries * (tiles * t + ov)
-    alu = alu_steps * (tiles * t * -(-t // config.alu_lanes) + ov)
+    resets = tiles * (t + ov)
+    chains = sum(-(-n // CHAIN_IMMEDIATES) for n in alu_runs)
+    alu = chains * (tiles * t * -(-t // config.alu_lanes) + ov) + sum(alu_runs) - chains
     # the epilogue's operands are LOADs into ACC, which the compute queue issues: a bias one
     # row of the block's channels, a residual the whole block
     row = bn * t * _MEMORY[ACC].itemsize
@@ -318,14 +325,14 @@ def block_cycles(e: Extents, bm: int, bn: int, bk: int, alu_steps: int, temporar
     return blocks * (macs + resets + alu + loads)
 
 
-def _epilogue_work(sch, plan, knobs: Knobs, final, steps, out_buffer, temporaries) -> tuple[int, int, tuple]:
+def _epilogue_work(sch, plan, knobs: Knobs, final, steps, out_buffer, temporaries) -> tuple[int, tuple, tuple]:
     """What a GEMM's or depthwise block's epilogue ``final`` costs per block under ``knobs``:
-    ``(prefix, ALU instructions, staged operands)``, ``prefix`` the shared steps of a fork run
+    ``(prefix, ALU runs, staged operands)``, ``prefix`` the shared steps of a fork run
     once (:data:`FORKS`; also set as ``plan.shared``, what the fork knob is offered for)."""
     plan.shared = _shared_prefix(sch, final, steps, out_buffer, temporaries)
     prefix = 0 if knobs.fork == "each" else plan.shared
-    alu_steps = _alu_steps(sch, final, steps, out_buffer, temporaries) - prefix * len(temporaries)
-    return prefix, alu_steps, _staged(sch, final, steps, out_buffer, temporaries)
+    return prefix, _alu_runs(sch, final, steps, out_buffer, temporaries, prefix), \
+        _staged(sch, final, steps, out_buffer, temporaries)
 
 
 def _staged(sch, final, steps, out_buffer, temporaries) -> tuple:
@@ -337,18 +344,29 @@ def _staged(sch, final, steps, out_buffer, temporaries) -> tuple:
     return tuple(narrow for key, narrow in _operands(sch.get(final), out_buffer).items() if key not in computed)
 
 
-def _alu_steps(sch, final, steps, out_buffer, temporaries) -> int:
-    """ALU instructions an epilogue ``final`` runs per block: its own ``steps`` (but for a
-    clip to int8 before the narrowing cast, which the STORE does by saturating), and per
-    temporary its copy of the accumulator and its chain."""
+def _alu_runs(sch, final, steps, out_buffer, temporaries, prefix: int) -> tuple:
+    """The lengths of the runs of ALU steps on one block that an epilogue ``final`` runs per
+    block, in order: the ``prefix`` steps a fork shares (run once on the accumulator), per
+    temporary its zeroing (x * 0), copy of the accumulator and chain (but the prefix), then the
+    accumulator's own ``steps`` (but the prefix, and a clip to int8 before the narrowing
+    cast, which the STORE does by saturating), split at a LUT step (a pass of its own)."""
     if steps is None:
-        return 0
+        return ()
     block = sch.get(final)
     value = wrapping.strip(block.body.value)
     saturates = _table(block) is None and isinstance(value, tirx.Cast) and \
         str(block.body.buffer.dtype) == "int8" and clipped_to_int8(value.value) is not None
-    return len(steps) - 2 * saturates + \
-        sum(1 + len(_temporary_steps(sch.get(b), out_buffer) or ()) for b in temporaries)
+    own = list(steps)[:len(steps) - 2 * saturates]
+    runs = [prefix] if temporaries else []
+    runs += [2 + len(_temporary_steps(sch.get(b), out_buffer) or ()) - prefix for b in temporaries]
+    run = -prefix if temporaries else 0
+    for step in own:
+        if step.op is None:         # a LUT: its own instruction
+            runs += [run, 1]
+            run = 0
+        else:
+            run += 1
+    return tuple(n for n in runs + [run] if n > 0)
 
 
 def _pick_block(tiles: int, limit: int) -> int:
@@ -685,7 +703,7 @@ def _schedule_gemm(sch: s_tir.Schedule, name: str, g: GemmAnalysis, config: Conf
         final = None
     plan.epilogue = describe_epilogue(steps, str(sch.get(final).writes[0].source.dtype),
                                       [sch.get(b).writes[0].source for b in temporaries]) if steps else []
-    prefix, alu_steps, staged = _epilogue_work(sch, plan, knobs, final, steps, out_buffer, temporaries)
+    prefix, alu_runs, staged = _epilogue_work(sch, plan, knobs, final, steps, out_buffer, temporaries)
     kept = dict(reserved)
 
     def estimate(bm_: int, bn_: int, bk_: int) -> int | None:
@@ -693,7 +711,7 @@ def _schedule_gemm(sch: s_tir.Schedule, name: str, g: GemmAnalysis, config: Conf
             fitted = _fitting_blocks(name, g, shape, Knobs(bm_, bn_, bk_, WEIGHTS[resident]), config, kept)
         except ScheduleError:
             return None
-        return block_cycles(shape, *fitted[:3], alu_steps, len(temporaries), config, staged=staged)
+        return block_cycles(shape, *fitted[:3], alu_runs, config, staged=staged)
 
     plan.estimate = estimate
     _reserve(reserved, shape, t, bm, bn, bk, resident)
@@ -780,14 +798,14 @@ def _schedule_depthwise(sch: s_tir.Schedule, name: str, dw: depthwise.Depthwise,
                              f"{getattr(config, capacity_option(_MEMORY[ACC]))} ({capacity_option(_MEMORY[ACC])})")
     # a block of several tiles: a region more for the narrow operands (a bias row per block)
     bm, bn = fitting(regions + 1, (bm, bn)) if (bm, bn) != (1, 1) else (1, 1)
-    prefix, alu_steps, staged = _epilogue_work(sch, plan, knobs, final, steps, out_buffer, temporaries)
+    prefix, alu_runs, staged = _epilogue_work(sch, plan, knobs, final, steps, out_buffer, temporaries)
     extents = Extents(*tiles, 1, e["n"] * e[other])
 
     def estimate(bm_: int, bn_: int, _bk: int) -> int | None:
         if tiles[0] % bm_ or tiles[1] % bn_:
             return None
         block = fitting(regions + 1, (bm_, bn_)) if (bm_, bn_) != (1, 1) else (1, 1)
-        return block_cycles(extents, *block, 1, alu_steps, len(temporaries), config,
+        return block_cycles(extents, *block, 1, alu_runs, config,
                             mac_cycles=taps * config.dwmac_cycles, staged=staged)
 
     plan.estimate = estimate

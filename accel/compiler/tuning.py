@@ -12,7 +12,7 @@ For each GEMM block the space offers:
 
 and for each depthwise convolution, ``bm`` and ``bn``: its block of output tiles (pixels x
 channels, divisors of the tiles up to 16 each; the heuristic's is one tile), each step of its
-epilogue one ALU instruction over the block (the issue cost of an instruction is paid per block,
+epilogue ALU chains over the block (the issue cost of an instruction is paid per block,
 not per tile: 5-9% fewer cycles on the PaddleOCR classifier's depthwise layers; the
 scheduler makes a block that does not fit ACC smaller);
 

@@ -33,6 +33,7 @@ __all__ = ["cost", "Timing", "schedule"]
 # the opcodes as module globals: cost() and _dram_bytes() run per instruction, and an enum
 # member found through its class costs more than a global
 _LOAD, _STORE, _GEMM, _ALU, _LUT, _DWMAC = Opcode.LOAD, Opcode.STORE, Opcode.GEMM, Opcode.ALU, Opcode.LUT, Opcode.DWMAC
+_ALU_CHAIN = Opcode.ALU_CHAIN
 
 
 def _dram_bytes(ins: Instruction) -> int:
@@ -63,6 +64,10 @@ def cost(ins: Instruction, config: Config) -> int:
         busy = ins.ext_out * ins.ext_in * (config.tile if ins.reset else config.tile_cycles)
     elif op is _ALU or op is _LUT:     # a LUT step reads alu_lanes table entries a cycle
         busy = ins.ext_out * ins.ext_in * -(-config.tile // config.alu_lanes)
+    elif op is _ALU_CHAIN:
+        # an output pipeline of one stage per step: a vector enters each cycle (as for one
+        # op) and the last leaves ``length - 1`` cycles after it would from one stage
+        busy = ins.ext_out * ins.ext_in * -(-config.tile // config.alu_lanes) + ins.length - 1
     elif op is _DWMAC:
         busy = ins.ext_out * ins.ext_in * config.dwmac_cycles
     else:

@@ -21,8 +21,9 @@ from __future__ import annotations
 from typing import Callable, Optional, Sequence
 
 from accel.hw.errors import DeadlockError, InstructionError, TokenError
+from accel.hw.instructions import chain_code
 from accel.hw.isa import (
-    ALLOWED_FLAGS, Alu, AluOp, Finish, Gemm, Instruction, Load, Mem, Opcode, Queue, Store,
+    ALLOWED_FLAGS, Alu, AluChain, AluOp, Finish, Gemm, Instruction, Load, Mem, Opcode, Queue, Store,
     StoreMode, disassemble, queue_of,
 )
 
@@ -131,6 +132,18 @@ class Emitter:
     def alu(self, op: AluOp, dst_addr: int, **fields: int) -> int:
         """Emit an ALU instruction (see :class:`accel.hw.isa.Alu`); returns its index."""
         return self.emit(Alu(op=op, dst_addr=dst_addr, **fields))
+
+    def alu_chain(self, steps: list, dst_addr: int, **fields: int) -> int:
+        """Emit an ALU chain of ``steps`` ``(op, imm or None for src)`` (see
+        :class:`accel.hw.isa.AluChain`); returns its index.
+
+        >>> em = Emitter()
+        >>> em.alu_chain([(AluOp.MUL, 3), (AluOp.ADD, None)], 0, src_addr=16, ext_out=2, dst_stride_out=32)
+        0
+        >>> em.instructions[0].steps
+        [(<AluOp.MUL: 4>, 3), (<AluOp.ADD: 0>, None)]
+        """
+        return self.emit(AluChain(dst_addr=dst_addr, **chain_code(steps), **fields))
 
     def dep_push(self, src: Queue, dst: Queue) -> None:
         """The latest instruction of ``src`` sends a token to neighbour ``dst`` on completion.

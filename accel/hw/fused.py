@@ -77,8 +77,8 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from accel.hw.instructions import ALU_UFUNCS, LUT_ENTRIES, OPERAND_RANGE, alu_operand
-from accel.hw.isa import Alu, Dwmac, Gemm, Instruction, Load, Lut, Mem, Opcode, Store, StoreMode
+from accel.hw.instructions import ALU_UFUNCS, LUT_ENTRIES, OPERAND_RANGE, AluOp, alu_operand
+from accel.hw.isa import Alu, AluChain, Dwmac, Gemm, Instruction, Load, Lut, Mem, Opcode, Store, StoreMode
 
 __all__ = ["fuse", "FusedPlan", "remember"]
 
@@ -91,6 +91,7 @@ _TAPS_AT_ONCE = 1 << 16
 # enum members as module globals for the per-instruction paths (a stream has up to a million
 # instructions): a member found through its class costs ~200 ns on Python 3.11, a global ~20 ns
 _LOAD, _STORE, _GEMM, _ALU, _DWMAC, _LUT = Opcode.LOAD, Opcode.STORE, Opcode.GEMM, Opcode.ALU, Opcode.DWMAC, Opcode.LUT
+_ALU_CHAIN, _MUL = Opcode.ALU_CHAIN, AluOp.MUL
 _ACC, _INP = Mem.ACC, Mem.INP
 
 
@@ -280,6 +281,8 @@ class _Builder:
             return self._dwmac(ins)
         if op is _LUT:
             return self._lut(ins)
+        if op is _ALU_CHAIN:
+            return self._alu_chain(ins)
         return True
 
     def _tile(self, ld: int) -> np.ndarray:
@@ -389,21 +392,44 @@ class _Builder:
     def _alu(self, a: Alu) -> bool:
         if not (a.ext_out and a.ext_in):
             return True
-        dst = _vectors(a.dst_addr, a.ext_out, a.dst_stride_out, a.ext_in, a.dst_stride_in, self.tile)
-        old = self.acc[dst]
         src = None
-        reads = old
         if not a.use_imm:
             src = self.acc[_vectors(a.src_addr, a.ext_out, a.src_stride_out, a.ext_in, a.src_stride_in, self.tile)]
-            reads = np.concatenate([old, src])
-        self.sealed[reads] = True
-        level = int(self.level[reads].max()) + 1
-        new = self._new(dst.size)
-        self.level[new[0]:new[0] + new.size] = level     # a fresh run: a slice, not a scatter
-        self.acc[dst] = new
-        imm = alu_operand(a.op, a.imm) if a.use_imm else None
-        self.alus.append((level, a.op, imm, new, old, src))
+        self._alu_batches(_vectors(a.dst_addr, a.ext_out, a.dst_stride_out, a.ext_in, a.dst_stride_in, self.tile),
+                          [(a.op, a.imm if a.use_imm else None)], src)
         return True
+
+    def _alu_chain(self, c: AluChain) -> bool:
+        if not (c.ext_out and c.ext_in):
+            return True
+        steps = c.steps
+        src = None
+        if any(imm is None for _, imm in steps):
+            # the values the chain's src holds when it starts: it reads them before it writes
+            src = self.acc[_vectors(c.src_addr, c.ext_out, c.src_stride_out, c.ext_in, c.src_stride_in, self.tile)]
+        self._alu_batches(_vectors(c.dst_addr, c.ext_out, c.dst_stride_out, c.ext_in, c.dst_stride_in, self.tile),
+                          steps, src)
+        return True
+
+    def _alu_batches(self, dst: np.ndarray, steps: list, src: Optional[np.ndarray]) -> None:
+        """ALU ``steps`` ``(op, imm or None for src)`` in turn on the values at ACC elements
+        ``dst``, each a batch of new values (what a chain's steps compute is what as many ALU
+        instructions compute; the plan runs the batches in place, one pass per block). A
+        product by the immediate 0 reads nothing: its values start at zero, as a reset's do
+        (a temporary zeroed before its copy does not wait for the block's last reader)."""
+        for op, imm in steps:
+            if op is _MUL and imm == 0:
+                self.acc[dst] = self._new(dst.size)
+                continue
+            old = self.acc[dst]
+            reads = old if imm is not None else np.concatenate([old, src])
+            self.sealed[reads] = True
+            level = int(self.level[reads].max()) + 1
+            new = self._new(dst.size)
+            self.level[new[0]:new[0] + new.size] = level     # a fresh run: a slice, not a scatter
+            self.acc[dst] = new
+            self.alus.append((level, op, None if imm is None else alu_operand(op, imm), new, old,
+                              src if imm is None else None))
 
     def _lut(self, u: Lut) -> bool:
         if not (u.ext_out and u.ext_in):

@@ -464,3 +464,158 @@ LUT = _lut()
 INSTRUCTIONS[LUT.name] = LUT
 FUNCTIONS[LUT.runtime_name] = [LUT]
 __all__ += ["LUT", "LUT_ENTRIES"]
+
+
+# -- ALU_CHAIN: a short chain of ALU operations in one pass over a block (an output pipeline) -----
+#: The most steps an ALU chain holds, and the most of them that take an immediate: what the
+#: 64-byte format has room for (a 4-bit code per step in one word, six immediate words).
+CHAIN_STEPS, CHAIN_IMMEDIATES = 8, 6
+#: A step's code: bits 0-2 its :class:`AluOp`, bit 3 set when it takes an immediate.
+_STEP_BITS, _STEP_IMM = 4, 8
+
+
+def chain_code(steps: Sequence[tuple]) -> dict:
+    """The chain fields (``length``, ``code``, ``imm0`` .. ``imm5``) of ``steps``, each
+    ``(op, imm)`` with ``imm`` None for the vector operand ``src`` (an int, or the expression a
+    compiled call passes): step ``k``'s code in bits
+    ``4k .. 4k+3`` of ``code``, the immediates in the order of their steps (ValueError for a
+    chain the format cannot hold).
+
+    >>> fields = chain_code([(AluOp.ADD, None), (AluOp.MUL, 3), (AluOp.SHR, 2)])
+    >>> fields["length"], hex(fields["code"]), [fields[f"imm{j}"] for j in range(CHAIN_IMMEDIATES)]
+    (3, '0xbc0', [3, 2, 0, 0, 0, 0])
+    """
+    steps = list(steps)
+    imms = [imm for _, imm in steps if imm is not None]     # ints, or a compiler's expressions
+    if not 1 <= len(steps) <= CHAIN_STEPS or len(imms) > CHAIN_IMMEDIATES:
+        raise ValueError(f"an ALU chain holds 1 to {CHAIN_STEPS} steps, at most {CHAIN_IMMEDIATES} of them with "
+                         f"an immediate; got {len(steps)} steps with {len(imms)} immediates")
+    code = 0
+    for k, (op, imm) in enumerate(steps):
+        code |= (int(AluOp(op)) | (_STEP_IMM if imm is not None else 0)) << (_STEP_BITS * k)
+    return {"length": len(steps), "code": code,
+            **{f"imm{j}": imms[j] if j < len(imms) else 0 for j in range(CHAIN_IMMEDIATES)}}
+
+
+def chain_problem(length: int, code: int, imms: Sequence[int] = ()) -> Optional[str]:
+    """Why ``length``, ``code`` and the immediate words ``imms`` are no chain (a step count
+    outside 1..8, an unknown op, code bits past the last step, more than six immediates, an
+    immediate word past the last one used that is not zero), or None for a valid one.
+
+    >>> chain_problem(2, 0xC4), chain_problem(2, 0x5), chain_problem(1, 0x18)
+    (None, 'step 0 has no ALU op 5', 'code bits past step 0 are set')
+    """
+    if not 1 <= length <= CHAIN_STEPS:
+        return f"a chain of {length} steps; an ALU chain holds 1 to {CHAIN_STEPS}"
+    if code >> (_STEP_BITS * length):
+        return f"code bits past step {length - 1} are set"
+    used = 0
+    for k in range(length):
+        nibble = code >> (_STEP_BITS * k) & 0xF
+        if (nibble & 7) not in AluOp._value2member_map_:
+            return f"step {k} has no ALU op {nibble & 7}"
+        used += bool(nibble & _STEP_IMM)
+    if used > CHAIN_IMMEDIATES:
+        return f"{used} steps take an immediate; a chain has {CHAIN_IMMEDIATES} immediate words"
+    if any(imms[used:]):
+        return f"immediate words past the {used} the steps use are not zero"
+    return None
+
+
+def chain_steps(length: int, code: int, imms: Sequence[int]) -> list:
+    """The steps ``(op, imm or None)`` of a chain's fields (see :func:`chain_code`).
+
+    >>> chain_steps(**{k: v for k, v in chain_code([(AluOp.MAX, -128), (AluOp.ADD, None)]).items()
+    ...                if k in ("length", "code")}, imms=[-128])
+    [(<AluOp.MAX: 1>, -128), (<AluOp.ADD: 0>, None)]
+    """
+    steps, used = [], 0
+    for k in range(length):
+        nibble = code >> (_STEP_BITS * k) & 0xF
+        imm = None
+        if nibble & _STEP_IMM:
+            imm, used = int(imms[used]), used + 1
+        steps.append((AluOp(nibble & 7), imm))
+    return steps
+
+
+def chain_uses_src(length: int, code: int) -> bool:
+    """Whether a step of the chain reads the vector operand ``src``.
+
+    >>> chain_uses_src(2, 0x88), chain_uses_src(2, 0x80)
+    (False, True)
+    """
+    return any(not code >> (_STEP_BITS * k + 3) & 1 for k in range(length))
+
+
+_IMMS = " ".join(f"imm{j}" for j in range(CHAIN_IMMEDIATES))
+
+
+def _alu_chain() -> device.Instruction:
+    def src_aligned(length, code, src_addr, src_stride_out, src_stride_in, tile):
+        return not chain_uses_src(length, code) or all(
+            v % tile == 0 for v in (src_addr, src_stride_out, src_stride_in))
+
+    def valid(length, code, **imms):
+        return chain_problem(length, code, [imms[f"imm{j}"] for j in range(CHAIN_IMMEDIATES)]) is None
+
+    valid.__signature__ = inspect.Signature([inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY)
+                                             for n in ("length", "code", *_IMMS.split())])
+    requires = [(valid, "length={length} code={code:#x} is no ALU chain (see accel.hw.instructions.chain_problem)"),
+                _aligned("dst_addr", "dst_stride_out", "dst_stride_in"),
+                (src_aligned, "src_addr={src_addr}, src_stride_out={src_stride_out}, src_stride_in={src_stride_in} "
+                              "must be multiples of the tile {tile}"),
+                (lambda ext_out, dst_stride_out, ext_in, dst_stride_in:
+                 not (ext_out and ext_in) or distinct_starts(ext_out, dst_stride_out, ext_in, dst_stride_in),
+                 "ALU destination vectors overlap each other")]
+
+    @device.instr("accel.alu_chain", memories=[ACC], fixed={"deps": AUTO}, requires=requires, name="alu_chain")
+    def program(tile: int = TILE) -> tirx.PrimFunc:
+        dst, src = _flat("dst_addr", "int32", ACC), _flat("src_addr", "int32", ACC)
+        length, code, *imms = _scalars(f"length code {_IMMS}")
+        ext_out, ext_in, dso, dsi, sso, ssi, deps = _scalars(
+            "ext_out ext_in dst_stride_out dst_stride_in src_stride_out src_stride_in deps")
+        # the chain runs on a copy of the destination vectors and writes them at the end: every
+        # read (of dst, and of src by any step) happens before any write, as for one ALU op
+        cur = tirx.decl_buffer((ext_out, ext_in, tile), "int32", "cur")
+        taken = tirx.decl_buffer((1,), "int32", "taken")   # immediates the steps so far used
+        k = tirx.Var("k", "int32")
+        nibble = tirx.bitwise_and(tirx.shift_right(code, k * _STEP_BITS), 0xF)
+        op, use_imm = tirx.bitwise_and(nibble, 7), tirx.bitwise_and(nibble, _STEP_IMM) != 0
+        imm = imms[-1]
+        for j in reversed(range(CHAIN_IMMEDIATES - 1)):
+            imm = tirx.Select(taken[0] == j, imms[j], imm)
+
+        def step(o, i, lane):
+            a = cur[o, i, lane]
+            b = tirx.if_then_else(use_imm, imm, src[sso * o + ssi * i + lane])
+            value = a * b
+            for alu_op in (AluOp.SHR, AluOp.MIN, AluOp.MAX, AluOp.ADD):
+                operand = tirx.max(tirx.min(b, OPERAND_RANGE[alu_op][1]), OPERAND_RANGE[alu_op][0]) \
+                    if alu_op in OPERAND_RANGE else b
+                value = tirx.Select(op == int(alu_op), _ALU_TIR[alu_op](a, operand), value)
+            return tirx.BufferStore(cur, value, [o, i, lane])
+
+        steps = tirx.For(k, tirx.const(0, "int32"), length, tirx.ForKind.SERIAL, tirx.SeqStmt([
+            _grid("o i lane", [ext_out, ext_in, tile], step),
+            tirx.BufferStore(taken, taken[0] + tirx.Cast("int32", use_imm), [0])]))
+        body = tirx.SeqStmt([
+            tirx.AllocBuffer(cur), tirx.AllocBuffer(taken),
+            _grid("o i lane", [ext_out, ext_in, tile],
+                  lambda o, i, lane: tirx.BufferStore(cur, dst[dso * o + dsi * i + lane], [o, i, lane])),
+            tirx.BufferStore(taken, tirx.const(0, "int32"), [0]), steps,
+            _grid("o i lane", [ext_out, ext_in, tile],
+                  lambda o, i, lane: tirx.BufferStore(dst, cur[o, i, lane], [dso * o + dsi * i + lane]))])
+        return tirx.PrimFunc([length, code, dst, src, *imms, ext_out, ext_in, dso, dsi, sso, ssi, deps], body)
+
+    return program
+
+
+#: Up to :data:`CHAIN_STEPS` ALU operations applied in turn to every ``tile``-lane ACC vector of
+#: a block, each with its immediate or the one vector operand ``src``: the program of that many
+#: ALU instructions on one block, in one pass (every read before any write).
+ALU_CHAIN = _alu_chain()
+INSTRUCTIONS[ALU_CHAIN.name] = ALU_CHAIN
+FUNCTIONS[ALU_CHAIN.runtime_name] = [ALU_CHAIN]
+__all__ += ["ALU_CHAIN", "CHAIN_STEPS", "CHAIN_IMMEDIATES", "chain_code", "chain_problem", "chain_steps",
+            "chain_uses_src"]

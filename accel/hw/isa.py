@@ -24,12 +24,12 @@ from typing import Callable, ClassVar, Iterable, Sequence, Union
 import numpy as np
 
 from accel.hw.errors import DecodeError
-from accel.hw.instructions import AluOp, Mem, StoreMode
+from accel.hw.instructions import CHAIN_IMMEDIATES, AluOp, Mem, StoreMode, chain_problem, chain_steps, chain_uses_src
 
 __all__ = [
     "INSTRUCTION_BYTES", "Opcode", "Queue", "Mem", "StoreMode", "AluOp", "Instruction",
-    "Load", "Store", "Gemm", "Alu", "Finish", "Dwmac", "Lut", "FIELDS", "make", "queue_of", "encode", "decode",
-    "disassemble", "ALLOWED_FLAGS",
+    "Load", "Store", "Gemm", "Alu", "Finish", "Dwmac", "Lut", "AluChain", "FIELDS", "make", "queue_of", "encode",
+    "decode", "disassemble", "ALLOWED_FLAGS",
 ]
 
 INSTRUCTION_BYTES = 64
@@ -47,6 +47,7 @@ class Opcode(enum.IntEnum):
     FINISH = 4
     DWMAC = 5
     LUT = 6
+    ALU_CHAIN = 7
 
 
 class Queue(enum.IntEnum):
@@ -343,6 +344,62 @@ class Lut(Instruction):
     opcode: ClassVar[Opcode] = Opcode.LUT
 
 
+_IMM_FIELDS = tuple(f"imm{j}" for j in range(CHAIN_IMMEDIATES))
+
+
+@dataclass(frozen=True, kw_only=True)
+class AluChain(Instruction):
+    """Up to eight ALU operations applied in turn to every ``tile``-lane ACC vector of a block,
+    in one pass: ``v = dst; v = op_k(v, imm or src)`` for each step ``k``; ``dst = v``.
+
+    ``length`` steps (1..8); step ``k``'s code is bits ``4k .. 4k+3`` of ``code`` (bits 0-2 its
+    :class:`AluOp`, bit 3 set for an immediate); the immediates ``imm0`` .. ``imm5`` are those of
+    the steps that take one, in step order (:func:`accel.hw.instructions.chain_code` makes the
+    fields); the others read the one vector operand at ``src_addr + o*src_stride_out +
+    i*src_stride_in``. Every read (of dst and of src, by any step) happens before any write.
+
+    >>> from accel.hw.instructions import chain_code
+    >>> c = AluChain(dst_addr=0, ext_out=4, dst_stride_out=16, **chain_code([(AluOp.MUL, 3), (AluOp.SHR, 1)]))
+    >>> c.steps
+    [(<AluOp.MUL: 4>, 3), (<AluOp.SHR: 3>, 1)]
+    """
+
+    length: int
+    code: int
+    dst_addr: int
+    src_addr: int = 0
+    imm0: int = 0
+    imm1: int = 0
+    imm2: int = 0
+    imm3: int = 0
+    imm4: int = 0
+    imm5: int = 0
+    ext_out: int = 1
+    ext_in: int = 1
+    dst_stride_out: int = 0
+    dst_stride_in: int = 0
+    src_stride_out: int = 0
+    src_stride_in: int = 0
+
+    opcode: ClassVar[Opcode] = Opcode.ALU_CHAIN
+    _signed: ClassVar[frozenset[str]] = frozenset(_IMM_FIELDS)
+
+    @property
+    def immediates(self) -> tuple[int, ...]:
+        """The six immediate words, ``imm0`` first."""
+        values = self.__dict__
+        return tuple(values[n] for n in _IMM_FIELDS)
+
+    @property
+    def steps(self) -> list:
+        """The steps ``(op, imm)`` in order, ``imm`` None for the vector operand ``src``
+        (ValueError for fields that are no chain)."""
+        problem = chain_problem(self.length, self.code, self.immediates)
+        if problem is not None:
+            raise ValueError(f"AluChain: {problem}")
+        return chain_steps(self.length, self.code, self.immediates)
+
+
 @dataclass(frozen=True, kw_only=True)
 class Finish(Instruction):
     """End of stream: a compute-queue barrier that completes when every queue has drained.
@@ -356,11 +413,11 @@ class Finish(Instruction):
 
 _CLASSES: dict[Opcode, type[Instruction]] = {
     Opcode.LOAD: Load, Opcode.STORE: Store, Opcode.GEMM: Gemm, Opcode.ALU: Alu, Opcode.FINISH: Finish,
-    Opcode.DWMAC: Dwmac, Opcode.LUT: Lut,
+    Opcode.DWMAC: Dwmac, Opcode.LUT: Lut, Opcode.ALU_CHAIN: AluChain,
 }
 #: The fields the header's func byte holds (see ``_func``), per opcode.
 _FUNC_FIELDS = {Opcode.LOAD: ("mem",), Opcode.STORE: ("mode",), Opcode.GEMM: ("reset",), Opcode.ALU: ("op", "use_imm"),
-                Opcode.FINISH: (), Opcode.DWMAC: (), Opcode.LUT: ()}
+                Opcode.FINISH: (), Opcode.DWMAC: (), Opcode.LUT: (), Opcode.ALU_CHAIN: ("length",)}
 #: Operand words 1.. in this order: the class's fields as declared, but the dependency
 #: flags and the func byte's fields (so the dataclass is the one operand list).
 FIELDS: dict[Opcode, tuple[str, ...]] = {
@@ -452,6 +509,8 @@ def _func(ins: Instruction) -> int:
         return int(ins.reset)
     if op is Opcode.ALU:
         return int(ins.op) | int(ins.use_imm) << 4
+    if op is Opcode.ALU_CHAIN:
+        return ins.length
     return 0
 
 
@@ -491,6 +550,10 @@ def _decode_func(op: Opcode, func: int, at: str) -> dict:
             if func & ~0x1F:
                 raise ValueError
             return {"op": AluOp(func & 0xF), "use_imm": bool(func >> 4)}
+        if op is Opcode.ALU_CHAIN:
+            if not 1 <= func <= 8:
+                raise ValueError
+            return {"length": func}
     except ValueError:
         raise DecodeError(f"{at}: invalid func byte {func:#04x} for {op.name}") from None
     if func:
@@ -531,6 +594,10 @@ def decode(data: Union[bytes, bytearray, memoryview]) -> list[Instruction]:
             value = row[w]
             kwargs[name] = value - _U32 if w in signed and value >= 2**31 else value
         ins = _CLASSES[op](**kwargs)
+        if op is Opcode.ALU_CHAIN:
+            problem = chain_problem(ins.length, ins.code, ins.immediates)
+            if problem is not None:
+                raise DecodeError(f"{at}: {problem}")
         if flags & ~ALLOWED_FLAGS[queue_of(ins)]:
             raise DecodeError(f"{at}: dependency flags {flags:#06b} not valid on the "
                               f"{queue_of(ins).name.lower()} queue")
@@ -549,6 +616,9 @@ def _loops(ins: Instruction, *ops: str) -> str:
     strides = " ".join(
         f"{p}+{getattr(ins, p + '_stride_out')}/{getattr(ins, p + '_stride_in')}" for p in ops)
     return f" loop {ins.ext_out}x{ins.ext_in} ({strides})"
+
+
+_SYMBOLS = {AluOp.ADD: "+=", AluOp.MUL: "*=", AluOp.SHR: ">>=", AluOp.MAX: "max=", AluOp.MIN: "min="}
 
 
 def disassemble(ins: Union[Instruction, Sequence[Instruction], bytes]) -> str:
@@ -578,11 +648,18 @@ def disassemble(ins: Union[Instruction, Sequence[Instruction], bytes]) -> str:
                 f"x WGT[{ins.wgt_addr} ld={ins.wgt_ld}]^T")
         text = f"GEMM {body}{_loops(ins, 'acc') if ins.reset else _loops(ins, 'acc', 'inp', 'wgt')}"
     elif op is Opcode.ALU:
-        sym = {AluOp.ADD: "+=", AluOp.MUL: "*=", AluOp.SHR: ">>=", AluOp.MAX: "max=",
-               AluOp.MIN: "min="}[ins.op]
+        sym = _SYMBOLS[ins.op]
         src = f"#{ins.imm}" if ins.use_imm else f"ACC[{ins.src_addr}]"
         loops = _loops(ins, "dst") if ins.use_imm else _loops(ins, "dst", "src")
         text = f"ALU {ins.op.name} ACC[{ins.dst_addr}] {sym} {src}{loops}"
+    elif op is Opcode.ALU_CHAIN:
+        if chain_problem(ins.length, ins.code, ins.immediates) is None:     # an invalid one is quoted by errors
+            steps = "; ".join(f"{_SYMBOLS[o]} {f'ACC[{ins.src_addr}]' if imm is None else f'#{imm}'}"
+                              for o, imm in ins.steps)
+        else:
+            steps = f"length={ins.length} code={ins.code:#x} imm={list(ins.immediates)}"
+        uses_src = chain_uses_src(ins.length, ins.code)
+        text = f"ALU_CHAIN ACC[{ins.dst_addr}] {steps}{_loops(ins, 'dst', 'src') if uses_src else _loops(ins, 'dst')}"
     elif op is Opcode.DWMAC:
         text = (f"DWMAC ACC[{ins.acc_addr} ld={ins.acc_ld}] += INP[{ins.inp_addr} ld={ins.inp_ld}] "
                 f"* WGT[{ins.wgt_addr}]{_loops(ins, 'acc', 'inp', 'wgt')}")

@@ -35,7 +35,7 @@ from accel.hw.config import Config
 from accel.hw.emitter import Emitter
 from accel.hw.errors import AccelError
 from accel.hw.isa import (
-    Alu, AluOp, Dwmac, Gemm, Instruction, Load, Lut, Mem, Queue, Store, StoreMode, disassemble, encode,
+    Alu, AluChain, AluOp, Dwmac, Gemm, Instruction, Load, Lut, Mem, Queue, Store, StoreMode, disassemble, encode,
 )
 from accel.hw.sim import Simulator, one_blas_thread
 from accel.hw.stream import AUTO, StreamBuilder
@@ -58,7 +58,7 @@ POP_PREV, POP_NEXT, PUSH_PREV, PUSH_NEXT = 1, 2, 4, 8
 HostBuffer = device.buffers.HostBuffer
 
 #: The instruction class each ``accel.<name>`` function emits, by ``<name>``.
-_CLASSES = {cls.opcode.name.lower(): cls for cls in (Load, Store, Gemm, Alu, Dwmac, Lut)}
+_CLASSES = {cls.opcode.name.lower(): cls for cls in (Load, Store, Gemm, Alu, Dwmac, Lut, AluChain)}
 _FLAGS = frozenset(("pop_prev", "pop_next", "push_prev", "push_next"))
 
 
@@ -216,6 +216,15 @@ class Session(device.Session):
             dst_stride_in: int = 0, deps: int = 0) -> int:
         """Emit a LUT (see :class:`accel.hw.isa.Lut`); returns the stream index."""
         return _EMIT["lut"](self, *_in_order("lut", locals()))
+
+    def alu_chain(self, length: int, code: int, dst_addr: int, *, src_addr: int = 0, imm0: int = 0, imm1: int = 0,
+                  imm2: int = 0, imm3: int = 0, imm4: int = 0, imm5: int = 0, ext_out: int = 1, ext_in: int = 1,
+                  dst_stride_out: int = 0, dst_stride_in: int = 0, src_stride_out: int = 0,
+                  src_stride_in: int = 0, deps: int = 0) -> int:
+        """Emit an ALU chain (see :class:`accel.hw.isa.AluChain`; ``**chain_code(steps)`` gives
+        ``length``, ``code`` and the immediates); returns the stream index."""
+        self.claim()
+        return _EMIT["alu_chain"](self, *_in_order("alu_chain", locals()))
 
     def dep_push(self, src: Union[Queue, int], dst: Union[Queue, int]) -> None:
         """See :meth:`accel.hw.emitter.Emitter.dep_push`."""

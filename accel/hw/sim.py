@@ -49,9 +49,10 @@ from accel.hw.errors import (
     ScratchpadOverflowError, UnknownSlotError,
 )
 from accel.hw.instructions import (
-    ALU_UFUNCS, LOAD_HOST_DTYPE, LUT_ENTRIES, OPERAND_RANGE, STORE_HOST_DTYPE, alu_operand, distinct_starts,
+    ALU_UFUNCS, LOAD_HOST_DTYPE, LUT_ENTRIES, OPERAND_RANGE, STORE_HOST_DTYPE, alu_operand, chain_problem,
+    chain_uses_src, distinct_starts,
 )
-from accel.hw.isa import Alu, Dwmac, Gemm, Instruction, Load, Lut, Mem, Opcode, Store, StoreMode
+from accel.hw.isa import Alu, AluChain, Dwmac, Gemm, Instruction, Load, Lut, Mem, Opcode, Store, StoreMode
 from accel.hw.stats import Stats
 
 __all__ = ["Simulator", "Program", "one_blas_thread"]
@@ -98,6 +99,7 @@ _RUNS_BEFORE_FUSING = 2
 # enum members as module globals for the per-instruction paths: a member found through its
 # class costs ~200 ns on Python 3.11 (its metaclass), a global ~20 ns
 _LOAD, _STORE, _GEMM, _ALU, _DWMAC, _LUT = Opcode.LOAD, Opcode.STORE, Opcode.GEMM, Opcode.ALU, Opcode.DWMAC, Opcode.LUT
+_ALU_CHAIN = Opcode.ALU_CHAIN
 _ACC = Mem.ACC
 # The simulator's matrix products are a stream's blocks (tens to a few hundred rows): a
 # multi-threaded BLAS splits them across cores and then waits for every thread, which on
@@ -212,6 +214,8 @@ class Simulator:
             self._check_dwmac(index, ins)
         elif op is _LUT:
             self._check_lut(index, ins)
+        elif op is _ALU_CHAIN:
+            self._check_alu_chain(index, ins)
 
     def _host(self, index: int, ins: Instruction, buffers: Buffers, dtype: np.dtype) -> np.ndarray:
         slot = ins.slot
@@ -331,6 +335,27 @@ class Simulator:
         if not distinct_starts(eo, a.dst_stride_out, ei, a.dst_stride_in):
             raise InstructionError(index, a, "ALU destination vectors overlap each other")
 
+    def _check_alu_chain(self, index: int, c: AluChain) -> None:
+        problem = chain_problem(c.length, c.code, c.immediates)
+        if problem is not None:
+            raise InstructionError(index, c, f"no ALU chain: {problem}")
+        t = self.config.tile
+        uses_src = chain_uses_src(c.length, c.code)
+        bits = c.dst_addr | c.dst_stride_out | c.dst_stride_in
+        if uses_src:
+            bits |= c.src_addr | c.src_stride_out | c.src_stride_in
+        if bits & (t - 1):
+            raise self._misaligned(index, c, _ALU_ALIGNED if uses_src else _ALU_ALIGNED[:3])
+        eo, ei = c.ext_out, c.ext_in
+        if not (eo and ei):
+            return
+        self._check_sram(index, c, Mem.ACC, c.dst_addr + (eo - 1) * c.dst_stride_out + (ei - 1) * c.dst_stride_in + t)
+        if uses_src:
+            self._check_sram(index, c, Mem.ACC, c.src_addr + (eo - 1) * c.src_stride_out
+                             + (ei - 1) * c.src_stride_in + t)
+        if not distinct_starts(eo, c.dst_stride_out, ei, c.dst_stride_in):
+            raise InstructionError(index, c, "ALU destination vectors overlap each other")
+
     def _check_lut(self, index: int, u: Lut) -> None:
         t = self.config.tile
         if (u.dst_addr | u.dst_stride_out | u.dst_stride_in | u.lut_addr) & (t - 1):
@@ -424,7 +449,8 @@ class Simulator:
                 self._prepared.clear()
             prepared = self._prepared[key] = (self._gemm(ins) if op is Opcode.GEMM else
                                               self._dwmac(ins) if op is Opcode.DWMAC else
-                                              self._lut(ins) if op is Opcode.LUT else self._alu(ins))
+                                              self._lut(ins) if op is Opcode.LUT else
+                                              self._alu_chain(ins) if op is _ALU_CHAIN else self._alu(ins))
         return prepared
 
     def _scratch(self, shape: tuple, dtype) -> np.ndarray:
@@ -632,6 +658,42 @@ class Simulator:
         if op in OPERAND_RANGE:
             return lambda: ufunc(dst, alu_operand(op, src), out=dst)
         return partial(ufunc, dst, src, out=dst)
+
+    def _alu_chain(self, c: AluChain) -> Optional[Op]:
+        t = self.config.tile
+        eo, ei = c.ext_out, c.ext_in
+        if not (eo and ei):
+            return None
+        dst = _view(self.acc, c.dst_addr, (eo, ei, t), (c.dst_stride_out, c.dst_stride_in, 1))
+        steps = c.steps
+        src = snapshot = None
+        if chain_uses_src(c.length, c.code):
+            src = _view(self.acc, c.src_addr, (eo, ei, t), (c.src_stride_out, c.src_stride_in, 1))
+            # The steps run one after the other over the whole block, in place (the destination
+            # vectors are distinct, so each element's chain is its own); a source the block
+            # overlaps is read once first, as the chain reads every operand before it writes.
+            span = lambda addr, so, si: (addr, addr + (eo - 1) * so + (ei - 1) * si + t)  # noqa: E731
+            (d0, d1), (s0, s1) = span(c.dst_addr, c.dst_stride_out, c.dst_stride_in), \
+                span(c.src_addr, c.src_stride_out, c.src_stride_in)
+            if d0 < s1 and s0 < d1:
+                snapshot, src = src, self._scratch(src.shape, np.int32)
+        calls = []
+        for op, imm in steps:
+            ufunc = ALU_UFUNCS[op]
+            if imm is not None:
+                calls.append(partial(ufunc, dst, np.int32(alu_operand(op, imm)), out=dst))
+            elif op in OPERAND_RANGE:
+                calls.append(lambda ufunc=ufunc, op=op: ufunc(dst, alu_operand(op, src), out=dst))
+            else:
+                calls.append(partial(ufunc, dst, src, out=dst))
+        if snapshot is not None:
+            calls.insert(0, partial(np.copyto, src, snapshot))
+
+        def chain() -> None:
+            for call in calls:
+                call()
+
+        return chain
 
 
 class Program:

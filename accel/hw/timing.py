@@ -33,9 +33,9 @@ class Event(NamedTuple):
 
 
 #: the unit each opcode keeps busy (FINISH keeps none; DWMAC runs on the GEMM array,
-#: LUT on the ALU)
+#: LUT and ALU_CHAIN on the ALU)
 UNIT_OF = {Opcode.LOAD: "load", Opcode.STORE: "store", Opcode.GEMM: "gemm", Opcode.ALU: "alu", Opcode.DWMAC: "gemm",
-           Opcode.LUT: "alu"}
+           Opcode.LUT: "alu", Opcode.ALU_CHAIN: "alu"}
 
 
 @dataclass(frozen=True)

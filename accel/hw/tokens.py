@@ -33,8 +33,8 @@ import math
 from bisect import bisect_left, insort
 
 from accel.hw.emitter import nop
-from accel.hw.instructions import LUT_ENTRIES
-from accel.hw.isa import Alu, Instruction, Load, Lut, Mem, Opcode, Queue, Store, queue_of
+from accel.hw.instructions import LUT_ENTRIES, chain_uses_src
+from accel.hw.isa import Alu, AluChain, Instruction, Load, Lut, Mem, Opcode, Queue, Store, queue_of
 
 _PUSH = {(Queue.LOAD, Queue.COMPUTE): "push_next", (Queue.COMPUTE, Queue.LOAD): "push_prev",
          (Queue.COMPUTE, Queue.STORE): "push_next", (Queue.STORE, Queue.COMPUTE): "push_prev"}
@@ -133,6 +133,18 @@ def _alu_footprint(ins: Alu, tile: int, host) -> list:
     return out
 
 
+def _alu_chain_footprint(ins: AluChain, tile: int, host) -> list:
+    if ins.ext_out * ins.ext_in == 0:
+        return []
+    # the chain reads all it reads (its src included) before it writes: one instruction, like ALU
+    out = [(_ACC, *_span(ins.dst_addr, 0, 1, tile,
+                         ((ins.ext_out, ins.dst_stride_out), (ins.ext_in, ins.dst_stride_in))), True)]
+    if chain_uses_src(ins.length, ins.code):
+        out.append((_ACC, *_span(ins.src_addr, 0, 1, tile,
+                                 ((ins.ext_out, ins.src_stride_out), (ins.ext_in, ins.src_stride_in))), False))
+    return out
+
+
 _SRAM = {mem: ("sram", mem) for mem in Mem}
 # the spaces and the opcode the per-instruction footprints name, as globals (an enum member
 # found through its class costs ~200 ns on Python 3.11)
@@ -142,6 +154,7 @@ _FAR = {Queue.LOAD: Queue.STORE, Queue.STORE: Queue.LOAD}
 _OTHERS = {q: tuple(p for p in Queue if p is not q) for q in Queue}
 _FOOTPRINTS = {Opcode.LOAD: _load_footprint, Opcode.STORE: _store_footprint, Opcode.GEMM: _mac_footprint,
                Opcode.DWMAC: _mac_footprint, Opcode.LUT: _lut_footprint, Opcode.ALU: _alu_footprint,
+               Opcode.ALU_CHAIN: _alu_chain_footprint,
                Opcode.FINISH: lambda ins, tile, host: []}
 
 

@@ -10,7 +10,7 @@ MODULES = ["accel", "accel.hw.config", "accel.hw.errors", "accel.hw.isa", "accel
            "accel.compiler.blocks", "accel.compiler.rules", "accel.compiler.schedule", "accel.compiler.tuning",
            "accel.compiler.wrapping", "accel.compiler.build", "accel.compiler.pooling",
            "accel.compiler.elementwise", "accel.compiler.upsample", "accel.compiler.prelowered",
-           "accel.compiler.groups"]
+           "accel.compiler.groups", "accel.compiler.chains"]
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 import accel
 from accel.hw import fused, instructions, isa
 from accel.hw.errors import AccelError, InstructionError
-from accel.hw.instructions import ALU, DWMAC, GEMM, GEMM_RESET, LOAD, LUT, STORE, AluOp, Mem, StoreMode
+from accel.hw.instructions import ALU, ALU_CHAIN, DWMAC, GEMM, GEMM_RESET, LOAD, LUT, STORE, AluOp, Mem, StoreMode
 from accel.hw.sim import Simulator
 
 T = 16
@@ -26,7 +26,7 @@ FIELD_OF = instructions.FIELD_OF
 INT32 = st.integers(-2**31, 2**31 - 1)
 #: The ISA class each runtime function ``accel.<name>`` emits.
 CLASSES = {"load": isa.Load, "store": isa.Store, "gemm": isa.Gemm, "alu": isa.Alu, "dwmac": isa.Dwmac,
-           "lut": isa.Lut}
+           "lut": isa.Lut, "alu_chain": isa.AluChain}
 
 
 def _simulator(seed: int) -> Simulator:
@@ -171,6 +171,46 @@ def test_alu_is_its_declared_program(alu, seed):
     d, s = args["dst_addr"], args["src_addr"]
     # the source is another view of ACC: its values before the instruction (every read comes first)
     want = ins.reference(**{**args, "dst_addr": acc[d:], "src_addr": acc[s:].copy()}, tile=T)["dst_addr"]
+    _fused_too(sim, encoded, [], lambda sim_: np.testing.assert_array_equal(_scratch(sim_, Mem.ACC)[d:], want))
+
+
+@st.composite
+def alu_chains(draw):
+    """Random chains (up to 8 steps, up to 6 immediates, wide and small operands), one time in
+    eight a malformed code, length or immediate word, and blocks whose src may overlap dst."""
+    steps = draw(st.lists(st.tuples(st.sampled_from(list(AluOp)), st.one_of(st.none(), INT32, st.integers(-3, 40))),
+                          min_size=1, max_size=instructions.CHAIN_STEPS))
+    while sum(imm is not None for _, imm in steps) > instructions.CHAIN_IMMEDIATES:
+        steps = steps[:-1]
+    args = instructions.chain_code(steps)
+    bad = draw(st.integers(0, 7))
+    if bad == 0:
+        args["code"] |= draw(st.integers(5, 7)) << (4 * draw(st.integers(0, args["length"] - 1)))    # no such op
+    elif bad == 1:
+        args["length"] = draw(st.sampled_from([0, 9]))
+    elif bad == 2:
+        args["imm5"] = draw(st.integers(1, 9))    # a word past the used ones (unless all six are used)
+    args.update({"ext_out": draw(st.integers(0, 3)), "ext_in": draw(st.integers(0, 3)),
+                 "dst_addr": draw(st.integers(0, 8)) * T, "src_addr": draw(st.integers(0, 8)) * T})
+    for name in ("dst_stride_out", "dst_stride_in", "src_stride_out", "src_stride_in"):
+        args[name] = draw(st.integers(0, 4)) * T
+    return _perturbed(draw, args, [a for a in args if "addr" in a or "stride" in a])
+
+
+@settings(max_examples=100)
+@given(alu_chains(), st.integers(0, 1000))
+def test_alu_chain_is_its_declared_program(args, seed):
+    """Also where src overlaps the block (the chain reads it before it writes) and with shift
+    amounts around [0, 31] and beyond; an invalid chain is refused by the declaration and the
+    simulator alike."""
+    sim = _simulator(seed)
+    if seed % 3 == 0:
+        sim.acc[:] = np.random.default_rng(seed).integers(-3, 40, sim.acc.size) * (1 + (seed % 2) * 2**20)
+    encoded = _check(sim, ALU_CHAIN, args, [])
+    assume(encoded is not None)
+    acc = _scratch(sim, Mem.ACC)
+    d, s = args["dst_addr"], args["src_addr"]
+    want = ALU_CHAIN.reference(**{**args, "dst_addr": acc[d:], "src_addr": acc[s:].copy()}, tile=T)["dst_addr"]
     _fused_too(sim, encoded, [], lambda sim_: np.testing.assert_array_equal(_scratch(sim_, Mem.ACC)[d:], want))
 
 

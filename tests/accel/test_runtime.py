@@ -99,7 +99,8 @@ def test_compiled_primfunc_runs_a_64_cubed_gemm_on_the_simulator(compiled):
     np.testing.assert_array_equal(tc.numpy(), want)
     st = s.stats
     # 128 tile loads and the NOP that carries the last WAR pop
-    assert st.instructions == {"LOAD": 129, "STORE": 16, "GEMM": 80, "ALU": 0, "FINISH": 1, "DWMAC": 0, "LUT": 0}
+    assert st.instructions == {"LOAD": 129, "STORE": 16, "GEMM": 80, "ALU": 0, "FINISH": 1, "DWMAC": 0, "LUT": 0,
+                               "ALU_CHAIN": 0}
     assert st.macs == 64**3
     assert st.bytes == {"dram_to_sram": 2 * 64 * 64 * 4, "sram_to_dram": 64 * 64 * 4}
     # The recorded stream is inspectable, and decodes to what the disassembly shows.

@@ -1,0 +1,146 @@
+"""Merging consecutive ALU instructions on one block into ALU chains, at compile time.
+
+An epilogue runs as ALU instructions over the same block of accumulator vectors, one after
+the other (a bias ADD, the clamp's MAX and MIN, a requantise's MUL, ADD and SHR): each
+costs a pass over the block. :data:`~accel.hw.instructions.ALU_CHAIN` applies up to
+:data:`~accel.hw.instructions.CHAIN_STEPS` of them in one pass. :func:`merge_chains` rewrites a
+lowered PrimFunc (after the rules made its ``accel.alu`` calls, before the scratchpad planner
+places them) so that each run of consecutive ``accel.alu`` calls in one statement sequence
+that share their destination (the same region, extents and strides) is one
+``accel.alu_chain`` call, which is what the stream a first call records holds too.
+
+A step joins a chain when the chain still has room (eight steps, six of them with an
+immediate) and, if it reads the vector operand ``src``: every step of the chain that reads
+one reads the same (region and strides), and the chain does not write it before the step
+reads it. One ALU instruction reads its operand after the earlier ones wrote the
+destination, a chain reads every operand before it writes, so the two agree when ``src``
+lies in another buffer than the destination (distinct scratchpad buffers live at the same
+time never overlap), or when the step is the chain's first. A run of one stays an
+``accel.alu`` call.
+
+>>> func = merge_chains(func)       # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import tvm
+import tvm_ffi
+from tvm import ir, tirx
+
+from tirpat.device.planner import access_ptr_buffer
+from accel.hw.instructions import ALU, ALU_CHAIN, CHAIN_IMMEDIATES, CHAIN_STEPS, AluOp, chain_code
+
+__all__ = ["merge_chains", "merge_chains_pass"]
+
+#: The ALU instructions by declaration, to the (op, takes an immediate) they are.
+_ALU_FORMS = {ins.name: key for key, ins in ALU.items()}
+#: What the steps of one chain must share.
+_BLOCK = ("dst_addr", "ext_out", "ext_in", "dst_stride_out", "dst_stride_in")
+_SOURCE = ("src_addr", "src_stride_out", "src_stride_in")
+
+
+def _same(a, b) -> bool:
+    return a.same_as(b) or tvm_ffi.structural_equal(a, b, map_free_vars=False)
+
+
+def _alu_step(stmt) -> Optional[tuple]:
+    """``(op, use_imm, arguments by name)`` of an ``accel.alu`` call statement, else None."""
+    if not (isinstance(stmt, tirx.Evaluate) and isinstance(stmt.value, ir.Call)):
+        return None
+    call = stmt.value
+    if not (call.op.name == "tirx.tvm_call_packed" and isinstance(call.args[0], ir.StringImm)
+            and call.args[0].value == ALU[AluOp.ADD, True].runtime_name):
+        return None
+    ins = next((i for i in ALU.values() if i.is_call(call)), None)
+    if ins is None:
+        return None
+    op, use_imm = _ALU_FORMS[ins.name]
+    return op, use_imm, ins.arguments_of(call)
+
+
+class _Chain:
+    """Consecutive ALU steps on one block, growing while the next one may join."""
+
+    def __init__(self, stmt, step: tuple) -> None:
+        self.stmts = [stmt]
+        self.steps = [step]
+        self.source = None if step[1] else step[2]
+
+    def admits(self, step: tuple) -> bool:
+        op, use_imm, args = step
+        first = self.steps[0][2]
+        if len(self.steps) == CHAIN_STEPS or any(not _same(first[n], args[n]) for n in _BLOCK):
+            return False
+        if use_imm:
+            return sum(s[1] for s in self.steps) < CHAIN_IMMEDIATES
+        if self.source is not None:
+            if any(not _same(self.source[n], args[n]) for n in _SOURCE):
+                return False
+        # the chain reads src before it writes its block: src must not be the block's buffer
+        # (one ALU instruction after another would read what the earlier ones wrote)
+        src, dst = access_ptr_buffer(args["src_addr"]), access_ptr_buffer(first["dst_addr"])
+        return src is not None and dst is not None and not src.same_as(dst)
+
+    def add(self, stmt, step: tuple) -> None:
+        self.stmts.append(stmt)
+        self.steps.append(step)
+        if not step[1]:
+            self.source = step[2]
+
+    def statement(self) -> tirx.Stmt:
+        if len(self.steps) == 1:
+            return self.stmts[0]
+        first = self.steps[0][2]
+        fields = chain_code([(op, args["imm"] if use_imm else None) for op, use_imm, args in self.steps])
+        source = {n: self.source[n] for n in _SOURCE} if self.source is not None else dict.fromkeys(_SOURCE, 0)
+        return ALU_CHAIN.call(**fields, **{n: first[n] for n in _BLOCK}, **source)
+
+
+def _merged(seq: tirx.SeqStmt) -> tirx.Stmt:
+    out: list = []
+    chain: Optional[_Chain] = None
+    for stmt in seq.seq:
+        step = _alu_step(stmt)
+        if chain is not None and step is not None and chain.admits(step):
+            chain.add(stmt, step)
+            continue
+        if chain is not None:
+            out.append(chain.statement())
+            chain = None
+        if step is not None:
+            chain = _Chain(stmt, step)
+        else:
+            out.append(stmt)
+    if chain is not None:
+        out.append(chain.statement())
+    if len(out) == len(seq.seq):
+        return seq
+    return out[0] if len(out) == 1 else tirx.SeqStmt(out)
+
+
+def merge_chains(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """``func`` with each run of consecutive ``accel.alu`` calls on one block that may run as
+    one ALU chain replaced by an ``accel.alu_chain`` call (see the module doc).
+
+    >>> from accel.hw.instructions import ACC
+    >>> acc = tirx.decl_buffer((256,), "int32", "acc", scope=ACC.scope)
+    >>> step = lambda op, imm: ALU[op, True].call(dst_addr=acc.access_ptr("rw"), src_addr=0, imm=imm, ext_out=16,
+    ...     ext_in=1, dst_stride_out=16, dst_stride_in=0, src_stride_out=0, src_stride_in=0)
+    >>> f = tirx.PrimFunc([], tirx.SeqStmt([step(AluOp.MUL, 3), step(AluOp.SHR, 2)]))
+    >>> merge_chains(f).body.value.args[:3]
+    ["accel.alu_chain", 2, 188]
+    """
+    body = tvm_ffi.structural_map(func.body, (tirx.SeqStmt, _merged))
+    return func if body.same_as(func.body) else func.with_body(body)
+
+
+def merge_chains_pass() -> tvm.transform.Pass:
+    """:func:`merge_chains` as a PrimFunc pass (before the scratchpad planner).
+
+    >>> merge_chains_pass().info.name
+    'accel.MergeAluChains'
+    """
+    return tirx.transform.prim_func_pass(lambda f, mod, ctx: merge_chains(f), opt_level=0,
+                                         name="accel.MergeAluChains")
