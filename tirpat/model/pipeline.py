@@ -44,6 +44,7 @@ from tvm import ir, relax, s_tir, tirx
 from .. import device
 from .backend import Phase, lookup
 from .host_inline import inline_elementwise
+from .host_loops import host_loops
 from .partition import (BACKEND_ATTR, OPTIONS_ATTR, PARTITION_ATTR, PartitionOrigin, Partitioner, as_target,
                         options_text, origin_of, tagged)
 from .prepack import split_layout_stages
@@ -538,10 +539,12 @@ def _fell_back(record, function: str, backend: str, stage: str, err: Exception) 
 
 
 def _tir_stage(record: Record | None) -> tvm.transform.Pass:
-    """The dispatch, then the host's int32 arithmetic made to wrap (:mod:`tirpat.tir.wrapping`):
+    """The dispatch, the CPU's copy loops in the order of the memory they write
+    (:mod:`tirpat.model.host_loops`: a partition's layout copies, which its -O0 code keeps as
+    written), then the host's int32 arithmetic made to wrap (:mod:`tirpat.tir.wrapping`):
     fused host functions and the CPU parts of partitions compute what TVM's one loop nest
     per operator computes, overflow included."""
-    return tvm.transform.Sequential([_dispatch(record), wrapping_arithmetic()], name="tirpat.TIRStage")
+    return tvm.transform.Sequential([_dispatch(record), host_loops(), wrapping_arithmetic()], name="tirpat.TIRStage")
 
 
 def tir_pipeline_for(record: Record):
