@@ -50,7 +50,7 @@ def order_copy_nests(func: tirx.PrimFunc) -> tirx.PrimFunc:
     ...     for c, h, w in T.grid(8, 4, 4):
     ...         y[h, w, c] = x[c, h, w]
     >>> [l.strip() for l in order_copy_nests(nchw).script().splitlines() if l.strip().startswith("for")]
-    ['for h, w, c in T.grid(4, 4, 8):']
+    ['for h, w in T.grid(4, 4):', 'for c in T.vectorized(8):']
     """
     if not isinstance(func, tirx.PrimFunc):
         raise TypeError(f"order_copy_nests takes a PrimFunc, got {type(func).__name__}")
