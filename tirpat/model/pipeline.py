@@ -15,7 +15,9 @@
   PrimFunc, and runs a backend's ``BEFORE_REWRITE`` passes, rules and ``AFTER_REWRITE``
   passes only on the PrimFuncs tagged with that backend (:data:`~tirpat.model.partition.BACKEND_ATTR`,
   options in :data:`~tirpat.model.partition.OPTIONS_ATTR`); the others take TVM's default TIR
-  pipeline alone.
+  pipeline alone. In every PrimFunc, the CPU's copy loops (a partition's layout copies,
+  paddings and im2col) then run in the order of the memory they write, tiled against the
+  memory they read (:mod:`tirpat.model.host_loops`).
 
 Each offloaded PrimFunc starts with a call of :data:`PARTITION_MARKER` that carries its backend
 options: the device runtimes it calls refuse a session made for other ones
