@@ -108,8 +108,10 @@ def test_a_padding_is_reordered_and_vectorised_along_the_channels():
     ("writes one element twice", lambda: _overwriting()),
     # reads what it writes: a running copy along a row
     ("reads its own output", lambda: _self_reading()),
-    # already writes consecutive elements and has nothing to tile
-    ("in order", lambda: _nest([4, 16], [0, 1], [0, 1], [0, 0], "int8", False)),
+    # already writes consecutive elements, has nothing to tile and too few for a vector
+    ("in order", lambda: _nest([4, 6], [0, 1], [0, 1], [0, 0], "int8", False)),
+    # writes 3 bytes apart at each step: within a cache line, and no vector of consecutive stores
+    ("dense enough", lambda: _nest([3, 8, 8], [1, 0, 2], [1, 2, 0], [0, 0, 0], "int8", False)),
 ])
 def test_nests_whose_order_matters_keep_it(why, func):
     f = func()
@@ -137,9 +139,16 @@ def test_order_copy_nests_refuses_what_is_not_a_primfunc():
         order_copy_nests(ir.IRModule({}))
 
 
+def test_a_copy_in_order_becomes_vectors():
+    """A row-major copy already writes consecutive bytes: its order stays, its rows of 40
+    go by vectors of 8."""
+    func = _nest([6, 40], [0, 1], [0, 1], [0, 0], "int8", False)
+    assert _for_lines(order_copy_nests(func)) == ["for i0, i1_o in T.grid(6, 5):", "for i1_v in T.vectorized(8):"]
+
+
 def test_the_pass_reorders_every_primfunc_of_a_module():
     a = _nest([32, 8, 32], [0, 1, 2], [1, 2, 0], [0, 0, 0], "int8", False)
-    b = _nest([4, 16], [0, 1], [0, 1], [0, 0], "int8", False)
+    b = _nest([4, 6], [0, 1], [0, 1], [0, 0], "int8", False)
     mod = host_loops()(ir.IRModule({"a": a, "b": b}))
     assert not mod["a"].same_as(a) and _for_lines(mod["a"])[-1].startswith("for i0_t in T.vectorized")
     assert tvm_ffi.structural_equal(mod["b"], b)

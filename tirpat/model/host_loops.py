@@ -104,7 +104,12 @@ def _reordered(nest: tirx.For):
     inner = order[-1]
     tiling = _tile_partner(order, inner)
     if tiling is None and loops[-1].store * store.buffer.dtype.bits <= _DENSE_BITS:
-        return None     # already writes within a few bytes at each step: a new order gains nothing
+        # already writes within a few bytes at each step: the order stays, and a loop of
+        # consecutive stores still becomes vectors
+        last = loops[-1]
+        if last.store != 1 or not (_is_vector(last.extent) or _tile(last.extent)) or _guarded(store.value, last.var):
+            return None
+        order, inner = loops, last
     return _build(order, inner, tiling, store)
 
 
@@ -254,7 +259,8 @@ def _build(order, inner, tiling, store):
     # the innermost loop runs along inner (order ends with it); a whole inner loop that writes
     # consecutive elements is split into vectors when its extent is not one
     var, start, extent, _ = loops[-1]
-    lanes = _tile(extent) if inner.store == 1 and not tiles and not _is_vector(extent) else None
+    vectors = inner.store == 1 and not _guarded(store.value, inner.var)
+    lanes = _tile(extent) if vectors and not tiles and not _is_vector(extent) else None
     if lanes is not None:
         dtype = var.ty.dtype
         outer, lane = tirx.Var(f"{var.name}_o", dtype), tirx.Var(f"{var.name}_v", dtype)
@@ -262,8 +268,7 @@ def _build(order, inner, tiling, store):
                                              + tirx.const(start, dtype) if v.same_as(var) else v))
         body = tirx.BufferStore(body.buffer, analyzer.simplify(body.value), [analyzer.simplify(i) for i in body.indices])
         loops[-1:] = [(outer, 0, extent // lanes, inner), (lane, 0, lanes, inner)]
-    innermost = loops[-1][0]
-    vectorise = inner.store == 1 and _is_vector(loops[-1][2]) and not _guarded(body.value, innermost)
+    vectorise = vectors and _is_vector(loops[-1][2])
     for n, (var, start, extent, _) in enumerate(reversed(loops)):
         kind = tirx.ForKind.VECTORIZED if n == 0 and vectorise else tirx.ForKind.SERIAL
         dtype = var.ty.dtype
