@@ -255,7 +255,7 @@ def _build(order, inner, tiling, store):
     loops += sorted(tiles, key=lambda t: t[3] is inner)     # inner's tile innermost
     body = tvm_ffi.structural_map(store, (ir.Var, lambda v: substitution.get(v.__chandle__(), v)))
     analyzer = sym.Analyzer()
-    body = tirx.BufferStore(body.buffer, analyzer.simplify(body.value), [analyzer.simplify(i) for i in body.indices])
+    body = _simplified(body, analyzer)
     # the innermost loop runs along inner (order ends with it); a whole inner loop that writes
     # consecutive elements is split into vectors when its extent is not one
     var, start, extent, _ = loops[-1]
@@ -266,7 +266,7 @@ def _build(order, inner, tiling, store):
         outer, lane = tirx.Var(f"{var.name}_o", dtype), tirx.Var(f"{var.name}_v", dtype)
         body = tvm_ffi.structural_map(body, (ir.Var, lambda v: outer * tirx.const(lanes, dtype) + lane
                                              + tirx.const(start, dtype) if v.same_as(var) else v))
-        body = tirx.BufferStore(body.buffer, analyzer.simplify(body.value), [analyzer.simplify(i) for i in body.indices])
+        body = _simplified(body, analyzer)
         loops[-1:] = [(outer, 0, extent // lanes, inner), (lane, 0, lanes, inner)]
     vectorise = vectors and _is_vector(loops[-1][2])
     for n, (var, start, extent, _) in enumerate(reversed(loops)):
@@ -277,6 +277,14 @@ def _build(order, inner, tiling, store):
 
 
 _IF_THEN_ELSE = ir.Op.get("prim.if_then_else").name
+
+
+def _simplified(store, analyzer):
+    """``store`` with its indices and those of its loads simplified (the split loops' sums);
+    the value's own arithmetic is left as it is: a float ``x + 0.0`` is not ``x`` for -0.0."""
+    value = tvm_ffi.structural_map(store.value, (ir.TensorLoad, lambda load: tirx.BufferLoad(
+        load.source, [analyzer.simplify(i) for i in load.indices])))
+    return tirx.BufferStore(store.buffer, value, [analyzer.simplify(i) for i in store.indices])
 
 
 def _is_vector(lanes: int) -> bool:
