@@ -322,14 +322,15 @@ def _guarded(value, var) -> bool:
 
 
 def host_loops() -> tvm.transform.Pass:
-    """A module pass: :func:`order_copy_nests` on every PrimFunc of the module.
+    """A module pass: :func:`order_copy_nests` on every PrimFunc of the module that no
+    schedule has scheduled (``tirx.is_scheduled``: a schedule's loop order is its author's).
 
     >>> mod = host_loops()(mod)          # doctest: +SKIP
     """
     @tvm.transform.module_pass(opt_level=0, name="tirpat.HostLoops")
     def run(mod: ir.IRModule, ctx) -> ir.IRModule:
         for gv, func in list(mod.functions.items()):
-            if isinstance(func, tirx.PrimFunc):
+            if isinstance(func, tirx.PrimFunc) and not bool((func.attrs or {}).get("tirx.is_scheduled", False)):
                 done = order_copy_nests(func)
                 if not done.same_as(func):
                     mod[gv] = done
