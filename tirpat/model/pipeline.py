@@ -15,7 +15,9 @@
   PrimFunc, and runs a backend's ``BEFORE_REWRITE`` passes, rules and ``AFTER_REWRITE``
   passes only on the PrimFuncs tagged with that backend (:data:`~tirpat.model.partition.BACKEND_ATTR`,
   options in :data:`~tirpat.model.partition.OPTIONS_ATTR`); the others take TVM's default TIR
-  pipeline alone.
+  pipeline alone. In every PrimFunc, the CPU's copy loops (a partition's layout copies,
+  paddings and im2col) then run in the order of the memory they write, tiled against the
+  memory they read (:mod:`tirpat.model.host_loops`).
 
 Each offloaded PrimFunc starts with a call of :data:`PARTITION_MARKER` that carries its backend
 options: the device runtimes it calls refuse a session made for other ones
@@ -44,6 +46,7 @@ from tvm import ir, relax, s_tir, tirx
 from .. import device
 from .backend import Phase, lookup
 from .host_inline import inline_elementwise
+from .host_loops import host_loops
 from .partition import (BACKEND_ATTR, OPTIONS_ATTR, PARTITION_ATTR, PartitionOrigin, Partitioner, as_target,
                         options_text, origin_of, tagged)
 from .prepack import split_layout_stages
@@ -538,10 +541,12 @@ def _fell_back(record, function: str, backend: str, stage: str, err: Exception) 
 
 
 def _tir_stage(record: Record | None) -> tvm.transform.Pass:
-    """The dispatch, then the host's int32 arithmetic made to wrap (:mod:`tirpat.tir.wrapping`):
+    """The dispatch, the CPU's copy loops in the order of the memory they write
+    (:mod:`tirpat.model.host_loops`: a partition's layout copies, which its -O0 code keeps as
+    written), then the host's int32 arithmetic made to wrap (:mod:`tirpat.tir.wrapping`):
     fused host functions and the CPU parts of partitions compute what TVM's one loop nest
     per operator computes, overflow included."""
-    return tvm.transform.Sequential([_dispatch(record), wrapping_arithmetic()], name="tirpat.TIRStage")
+    return tvm.transform.Sequential([_dispatch(record), host_loops(), wrapping_arithmetic()], name="tirpat.TIRStage")
 
 
 def tir_pipeline_for(record: Record):
