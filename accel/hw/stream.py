@@ -17,7 +17,7 @@ automatic tokens order aliasing slots by address). The latter is part of the rec
 
 >>> import numpy as np
 >>> from accel.hw.sim import Simulator
->>> from accel.hw.tokens import DependencyTracker
+>>> from accel.hw.tokens import DependencyTracker, footprint
 >>> from accel.hw.isa import Alu, AluOp
 >>> sim = Simulator(); host = []
 >>> fields = {Alu: ("op", "use_imm", "imm", "dst_addr", "src_addr", "ext_out", "ext_in",
@@ -39,9 +39,9 @@ import numpy as np
 
 from accel.hw.emitter import Emitter
 from accel.hw.instructions import AUTO
-from accel.hw.isa import Instruction, Queue, make
+from accel.hw.isa import Instruction, Queue, make, queue_of
 from accel.hw.sim import Program, Simulator
-from accel.hw.tokens import DependencyTracker
+from accel.hw.tokens import DependencyTracker, footprint
 
 __all__ = ["StreamBuilder", "AUTO"]
 
@@ -88,8 +88,9 @@ class StreamBuilder:
         self._recordings: list[_Recording] = []
         # Instructions made and checked in any stream, by call: other streams repeat calls
         # too (layers of one shape), and an instruction whose check does not read the buffer
-        # table (no host slot) is valid in every stream of this simulator once it was in one
-        self._made: dict[tuple, Instruction] = {}
+        # table (no host slot) is valid in every stream of this simulator once it was in one;
+        # with its queue and, for those, its footprint (else None)
+        self._made: dict[tuple, tuple[Instruction, Queue, Optional[list]]] = {}
         self._table_free = frozenset(cls for cls, names in fields.items() if "slot" not in names)
         # a call names its class by number: a call of ints only is a tuple the cyclic garbage
         # collector stops tracking, and a first model call records up to a million of them
@@ -100,8 +101,8 @@ class StreamBuilder:
 
     def _start(self) -> None:
         # Instructions made and checked in this stream, by call: compiled loops repeat
-        # calls, and a repeat allocates and checks nothing.
-        self._instructions: dict[tuple, Instruction] = {}
+        # calls, and a repeat allocates and checks nothing: (instruction, queue, footprint)
+        self._instructions: dict[tuple, tuple[Instruction, Queue, Optional[list]]] = {}
         self._following: Optional[_Recording] = None   # the recording this stream repeats so far
         self._at = 0                                    # ... up to this call
         self._calls: list = []
@@ -186,30 +187,37 @@ class StreamBuilder:
         if kind == "pop":
             self.emitter.dep_pop(Queue(call[1]), Queue(call[2]))
             return None
+        made = self._instructions.get(call)
+        if made is not None:        # a repeat in this stream: checked, its footprint known
+            ins, queue, accesses = made
+            if call[1] == AUTO:
+                return self.tracker.emit(self.emitter, ins, queue, accesses)
+            return self.emitter.emit(ins, validated=True)
         number, deps, values = call
         cls = self._classes[number]
-        ins = self._instructions.get(call)
-        checked = ins is not None
-        if ins is None:
-            ins = self._made.get(call)
-            if ins is None:
-                fields = dict(zip(self.fields[cls], values))
-                fields.update(_flags(0 if deps == AUTO else deps))
-                ins = make(cls, fields)
-            else:
-                checked = cls in self._table_free
+        made = self._made.get(call)
+        if made is None:
+            fields = dict(zip(self.fields[cls], values))
+            fields.update(_flags(0 if deps == AUTO else deps))
+            ins, checked, queue, accesses = make(cls, fields), False, None, None
+        else:
+            # made in another stream: checked if its check does not read the buffer table,
+            # and then its footprint (no host addresses) holds here too
+            ins, queue, accesses = made
+            checked = cls in self._table_free
         if deps == AUTO:
             if not checked:
                 self._validate(len(self.emitter), ins)
-            index = self.emitter.emit(self.tracker.order(self.emitter, ins), validated=True)
-            self.tracker.record(ins, index)
+            if accesses is None:
+                queue, accesses = queue_of(ins), footprint(ins, self.tracker.tile, self.tracker.host)
+            index = self.tracker.emit(self.emitter, ins, queue, accesses)
         else:
             index = self.emitter.emit(ins, validated=checked)
-        if call not in self._instructions:
-            for cache in (self._instructions, self._made):
-                if len(cache) >= _INSTRUCTION_CACHE_LIMIT:
-                    cache.clear()
-                cache[call] = ins
+        for cache in (self._instructions, self._made):
+            if len(cache) >= _INSTRUCTION_CACHE_LIMIT:
+                cache.clear()
+        self._instructions[call] = (ins, queue, accesses)
+        self._made[call] = (ins, queue, accesses if cls in self._table_free else None)
         return index
 
     # ------------------------------------------------------------------ stream ends

@@ -227,26 +227,14 @@ def _unseen() -> tuple[list, ...]:
     return tuple([-1, math.inf, -math.inf] for _ in Queue)
 
 
-def _seen(summary: list, index: int, lo: int, hi: int) -> None:
-    """Add an access by stream position ``index`` to ``[lo, hi)`` to a queue's summary."""
-    summary[0] = index
-    if lo < summary[1]:
-        summary[1] = lo
-    if hi > summary[2]:
-        summary[2] = hi
-
-
-def _worth_searching(seen, others: tuple, ordered: list, needs: dict, lo: int, hi: int) -> bool:
-    """Whether a space's ranges may hold an access of another queue (``others``) that is later
-    than what the instruction already waits for (``ordered``, ``needs``) and overlaps
-    ``[lo, hi)``, by the queues' summaries ``seen`` (see :func:`_seen`; None: no access)."""
-    if seen is None:
-        return False
-    for q in others:
-        index, first, last = seen[q]
-        if index > ordered[q] and first < hi and lo < last and index > needs.get(q, -1):
-            return True
-    return False
+def _flagged(ins: Instruction, flags: dict) -> Instruction:
+    """``ins.with_flags(**flags)`` for the tracker's own flags (valid names and bools): a copy of
+    the fields, without the keyword call and its checks (tens of thousands per stream)."""
+    new = object.__new__(type(ins))
+    fields = new.__dict__
+    fields.update(ins.__dict__)
+    fields.update(flags)
+    return new
 
 
 class DependencyTracker:
@@ -280,22 +268,62 @@ class DependencyTracker:
     def order(self, em, ins: Instruction) -> Instruction:
         """Add tokens so that ``ins`` runs after every conflicting earlier instruction;
         returns ``ins`` with its pop flags set (the pushes go onto earlier instructions)."""
-        queue = queue_of(ins)
-        needs: dict[Queue, int] = {}
-        accesses = _FOOTPRINTS[ins.opcode](ins, self.tile, self.host)
+        queue, accesses = queue_of(ins), footprint(ins, self.tile, self.host)
         self._last = (ins, queue, accesses)
+        return self._order(em, ins, queue, accesses)
+
+    def record(self, ins: Instruction, index: int) -> None:
+        """Remember what the instruction at stream position ``index`` touched."""
+        last, queue, accesses = self._last
+        if last is not ins:
+            queue, accesses = queue_of(ins), footprint(ins, self.tile, self.host)
+        self._record(queue, accesses, index)
+
+    def emit(self, em, ins: Instruction, queue: Queue, accesses: list) -> int:
+        """:meth:`order` ``ins``, append it to ``em`` (already checked) and :meth:`record` it, given
+        its queue and :func:`footprint` (which a caller emitting the same instruction again
+        keeps: compiled loops repeat instructions); returns its index.
+
+        >>> from accel.hw.emitter import Emitter
+        >>> from accel.hw.isa import AluOp
+        >>> em, deps = Emitter(), DependencyTracker(16)
+        >>> alu = Alu(op=AluOp.ADD, dst_addr=0, imm=1, use_imm=True)
+        >>> deps.emit(em, alu, queue_of(alu), footprint(alu, 16)), len(em)
+        (0, 1)
+        """
+        index = em.emit(self._order(em, ins, queue, accesses), validated=True)
+        self._record(queue, accesses, index)
+        return index
+
+    def _order(self, em, ins: Instruction, queue: Queue, accesses: list) -> Instruction:
+        needs: dict[Queue, int] = {}
         ordered = self._ordered[queue]
         others = _OTHERS[queue]
+        wrote, read = self._wrote, self._read
         for space, lo, hi, write in accesses:
-            if _worth_searching(self._wrote.get(space), others, ordered, needs, lo, hi):
-                for producer, index in self._writes[space].values_overlapping(lo, hi):
-                    if producer is not queue and index > needs.get(producer, -1):
-                        needs[producer] = index
-            if write and _worth_searching(self._read.get(space), others, ordered, needs, lo, hi):
-                for readers in self._reads[space].values_overlapping(lo, hi):
-                    for producer, index in readers.values():
-                        if producer is not queue and index > needs.get(producer, -1):
-                            needs[producer] = index
+            # whether another queue's writes (then reads, for a write) here may be later than
+            # what the instruction already waits for and overlap it, by the queues' summaries
+            # (see reset): most accesses need no search (a loop's own ACC, read-only inputs)
+            seen = wrote.get(space)
+            if seen is not None:
+                for q in others:
+                    index, first, last = seen[q]
+                    if index > ordered[q] and first < hi and lo < last and index > needs.get(q, -1):
+                        for producer, index in self._writes[space].values_overlapping(lo, hi):
+                            if producer is not queue and index > needs.get(producer, -1):
+                                needs[producer] = index
+                        break
+            if write:
+                seen = read.get(space)
+                if seen is not None:
+                    for q in others:
+                        index, first, last = seen[q]
+                        if index > ordered[q] and first < hi and lo < last and index > needs.get(q, -1):
+                            for readers in self._reads[space].values_overlapping(lo, hi):
+                                for producer, index in readers.values():
+                                    if producer is not queue and index > needs.get(producer, -1):
+                                        needs[producer] = index
+                            break
         if not needs:
             return ins
         pops = {}
@@ -307,7 +335,7 @@ class DependencyTracker:
             if ordered[far] < index:
                 if self._ordered[Queue.COMPUTE][far] < index:
                     self._ordered[Queue.COMPUTE][far] = self._push(em, far, Queue.COMPUTE, index)
-                    hop = nop(Queue.COMPUTE).with_flags(**{_POP[(far, Queue.COMPUTE)]: True})
+                    hop = _flagged(nop(Queue.COMPUTE), {_POP[(far, Queue.COMPUTE)]: True})
                 else:
                     hop = nop(Queue.COMPUTE)
                 needs[Queue.COMPUTE] = max(needs.get(Queue.COMPUTE, -1), em.emit(hop))
@@ -317,15 +345,9 @@ class DependencyTracker:
                 continue
             ordered[src] = self._push(em, src, queue, index)
             pops[_POP[(src, queue)]] = True
-        if pops:
-            ins = ins.with_flags(**pops)
-        return ins
+        return _flagged(ins, pops) if pops else ins
 
-    def record(self, ins: Instruction, index: int) -> None:
-        """Remember what the instruction at stream position ``index`` touched."""
-        last, queue, accesses = self._last
-        if last is not ins:
-            queue, accesses = queue_of(ins), footprint(ins, self.tile, self.host)
+    def _record(self, queue: Queue, accesses: list, index: int) -> None:
         entry = (queue, index)
         for space, lo, hi, write in accesses:
             if write:
@@ -336,7 +358,7 @@ class DependencyTracker:
                     writes = self._writes[space] = _Ranges()
                     self._wrote[space] = _unseen()
                 writes.overwrite(lo, hi, entry)
-                _seen(self._wrote[space][queue], index, lo, hi)
+                summary = self._wrote[space][queue]
                 reads = self._reads.get(space)
                 if reads is not None:
                     reads.remove_inside(lo, hi)
@@ -350,7 +372,13 @@ class DependencyTracker:
                     reads.put(lo, hi, {queue: entry})
                 else:
                     readers[queue] = entry
-                _seen(self._read[space][queue], index, lo, hi)
+                summary = self._read[space][queue]
+            # the queue's summary of the space (see reset) takes in the access
+            summary[0] = index
+            if lo < summary[1]:
+                summary[1] = lo
+            if hi > summary[2]:
+                summary[2] = hi
 
     def _push(self, em, src: Queue, dst: Queue, index: int) -> int:
         """Make the first instruction of ``src`` at or after ``index`` with a free push flag
@@ -360,6 +388,6 @@ class DependencyTracker:
         for i in range(index, len(stream)):
             ins = stream[i]
             if queue_of(ins) is src and not getattr(ins, flag):
-                stream[i] = ins.with_flags(**{flag: True})
+                stream[i] = _flagged(ins, {flag: True})
                 return i
-        return em.emit(nop(src).with_flags(**{flag: True}))
+        return em.emit(_flagged(nop(src), {flag: True}))
