@@ -88,9 +88,12 @@ class StreamBuilder:
         self._recordings: list[_Recording] = []
         # Instructions made and checked in any stream, by call: other streams repeat calls
         # too (layers of one shape), and an instruction whose check does not read the buffer
-        # table (no host slot) is valid in every stream of this simulator once it was in one;
-        # with its queue and, for those, its footprint (else None)
-        self._made: dict[tuple, tuple[Instruction, Queue, Optional[list]]] = {}
+        # table (no host slot) is valid in every stream of this simulator once it was in one.
+        # Each as (its place in _kept, its queue's number, for those its footprint else None):
+        # numbers and tuples of them, which the garbage collector stops tracking (an entry
+        # holding the instruction would be one more tracked object per call, up to a million)
+        self._made: dict[tuple, tuple[int, int, Optional[tuple]]] = {}
+        self._kept: list[Instruction] = []
         self._table_free = frozenset(cls for cls, names in fields.items() if "slot" not in names)
         # a call names its class by number: a call of ints only is a tuple the cyclic garbage
         # collector stops tracking, and a first model call records up to a million of them
@@ -101,8 +104,8 @@ class StreamBuilder:
 
     def _start(self) -> None:
         # Instructions made and checked in this stream, by call: compiled loops repeat
-        # calls, and a repeat allocates and checks nothing: (instruction, queue, footprint)
-        self._instructions: dict[tuple, tuple[Instruction, Queue, Optional[list]]] = {}
+        # calls, and a repeat allocates and checks nothing: (place in _kept, queue, footprint)
+        self._instructions: dict[tuple, tuple[int, int, Optional[tuple]]] = {}
         self._following: Optional[_Recording] = None   # the recording this stream repeats so far
         self._at = 0                                    # ... up to this call
         self._calls: list = []
@@ -128,7 +131,14 @@ class StreamBuilder:
             if at < len(rec.calls) and rec.calls[at] == call:
                 self._at = at + 1
                 return rec.results[at]
-        return self._call(call)
+            return self._call(call)
+        if self._fresh:
+            return self._call(call)
+        # and of a first call: built at once (what _call would come to)
+        result = self._build_instruction(call)
+        self._calls.append(call)
+        self._results.append(result)
+        return result
 
     def dep_push(self, src: Queue, dst: Queue) -> None:
         """See :meth:`accel.hw.emitter.Emitter.dep_push`."""
@@ -187,37 +197,43 @@ class StreamBuilder:
         if kind == "pop":
             self.emitter.dep_pop(Queue(call[1]), Queue(call[2]))
             return None
+        return self._build_instruction(call)
+
+    def _build_instruction(self, call: tuple) -> int:
         made = self._instructions.get(call)
         if made is not None:        # a repeat in this stream: checked, its footprint known
-            ins, queue, accesses = made
+            place, queue, accesses = made
             if call[1] == AUTO:
-                return self.tracker.emit(self.emitter, ins, queue, accesses)
-            return self.emitter.emit(ins, validated=True)
+                return self.tracker.emit(self.emitter, self._kept[place], queue, accesses)
+            return self.emitter.emit(self._kept[place], validated=True)
         number, deps, values = call
         cls = self._classes[number]
         made = self._made.get(call)
         if made is None:
+            if len(self._kept) >= _INSTRUCTION_CACHE_LIMIT:
+                self._made.clear()
+                self._kept.clear()
+                self._instructions.clear()
             fields = dict(zip(self.fields[cls], values))
             fields.update(_flags(0 if deps == AUTO else deps))
             ins, checked, queue, accesses = make(cls, fields), False, None, None
+            place = len(self._kept)
+            self._kept.append(ins)
         else:
             # made in another stream: checked if its check does not read the buffer table,
             # and then its footprint (no host addresses) holds here too
-            ins, queue, accesses = made
-            checked = cls in self._table_free
+            place, queue, accesses = made
+            ins, checked = self._kept[place], cls in self._table_free
         if deps == AUTO:
             if not checked:
                 self._validate(len(self.emitter), ins)
             if accesses is None:
-                queue, accesses = queue_of(ins), footprint(ins, self.tracker.tile, self.tracker.host)
+                queue, accesses = int(queue_of(ins)), footprint(ins, self.tracker.tile, self.tracker.host)
             index = self.tracker.emit(self.emitter, ins, queue, accesses)
         else:
             index = self.emitter.emit(ins, validated=checked)
-        for cache in (self._instructions, self._made):
-            if len(cache) >= _INSTRUCTION_CACHE_LIMIT:
-                cache.clear()
-        self._instructions[call] = (ins, queue, accesses)
-        self._made[call] = (ins, queue, accesses if cls in self._table_free else None)
+        self._instructions[call] = (place, queue, accesses)
+        self._made[call] = (place, queue, accesses if cls in self._table_free else None)
         return index
 
     # ------------------------------------------------------------------ stream ends

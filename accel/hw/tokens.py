@@ -40,6 +40,9 @@ _PUSH = {(Queue.LOAD, Queue.COMPUTE): "push_next", (Queue.COMPUTE, Queue.LOAD): 
          (Queue.COMPUTE, Queue.STORE): "push_next", (Queue.STORE, Queue.COMPUTE): "push_prev"}
 _POP = {(Queue.LOAD, Queue.COMPUTE): "pop_prev", (Queue.COMPUTE, Queue.LOAD): "pop_next",
         (Queue.COMPUTE, Queue.STORE): "pop_prev", (Queue.STORE, Queue.COMPUTE): "pop_next"}
+# each flag's bit in Instruction.flags, and per set of bits the fields they set
+_BIT = {"pop_prev": 1, "pop_next": 2, "push_prev": 4, "push_next": 8}
+_SET = [{name: True for name, bit in _BIT.items() if bits & bit} for bits in range(16)]
 
 
 def _span(addr: int, ld: int, rows: int, cols: int, loops=()) -> tuple[int, int]:
@@ -61,20 +64,22 @@ def _dram(ins, host) -> tuple[tuple, int, int]:
     return ("host",), *host(ins.slot, lo, hi)
 
 
-def footprint(ins: Instruction, tile: int, host=None) -> list[tuple[tuple, int, int, bool]]:
+def footprint(ins: Instruction, tile: int, host=None) -> tuple[tuple[tuple, int, int, bool], ...]:
     """``(space, lo, hi, is_write)`` per memory range an instruction touches.
 
-    ``space`` is ``("sram", Mem)`` or ``("dram", slot)`` with element ranges, or, given
-    ``host(slot, lo, hi) -> (start, end)`` (the buffer table's byte ranges), ``("host",)``
+    ``space`` is ``("sram", the Mem's number)`` or ``("dram", slot)`` with element ranges, or,
+    given ``host(slot, lo, hi) -> (start, end)`` (the buffer table's byte ranges), ``("host",)``
     with address ranges, so that slots viewing the same memory are ordered. Ranges are
-    conservative hulls.
+    conservative hulls. Plain numbers, in tuples: a driver keeps the footprints of the
+    instructions it emits, and the garbage collector stops tracking such tuples (a million of
+    them, tracked, would be walked by every full collection).
 
     >>> from accel.hw.isa import AluOp
     >>> alu = Alu(op=AluOp.ADD, dst_addr=32, src_addr=0, ext_out=2, dst_stride_out=16)
-    >>> [(space[1].name, lo, hi, write) for space, lo, hi, write in footprint(alu, 16)]
+    >>> [(Mem(space[1]).name, lo, hi, write) for space, lo, hi, write in footprint(alu, 16)]
     [('ACC', 32, 64, True), ('ACC', 0, 16, False)]
     """
-    return _FOOTPRINTS[ins.opcode](ins, tile, host)
+    return tuple(_FOOTPRINTS[ins.opcode](ins, tile, host))
 
 
 def _load_footprint(ins: Load, tile: int, host) -> list:
@@ -133,7 +138,7 @@ def _alu_footprint(ins: Alu, tile: int, host) -> list:
     return out
 
 
-_SRAM = {mem: ("sram", mem) for mem in Mem}
+_SRAM = {mem: ("sram", int(mem)) for mem in Mem}
 # the spaces and the opcode the per-instruction footprints name, as globals (an enum member
 # found through its class costs ~200 ns on Python 3.11)
 _ACC, _INP, _WGT, _DWMAC = _SRAM[Mem.ACC], _SRAM[Mem.INP], _SRAM[Mem.WGT], Opcode.DWMAC
@@ -227,16 +232,6 @@ def _unseen() -> tuple[list, ...]:
     return tuple([-1, math.inf, -math.inf] for _ in Queue)
 
 
-def _flagged(ins: Instruction, flags: dict) -> Instruction:
-    """``ins.with_flags(**flags)`` for the tracker's own flags (valid names and bools): a copy of
-    the fields, without the keyword call and its checks (tens of thousands per stream)."""
-    new = object.__new__(type(ins))
-    fields = new.__dict__
-    fields.update(ins.__dict__)
-    fields.update(flags)
-    return new
-
-
 class DependencyTracker:
     """Adds the dependency tokens a stream needs, one instruction at a time (see module doc).
 
@@ -252,8 +247,11 @@ class DependencyTracker:
 
     def reset(self) -> None:
         """Forget everything (a new stream starts)."""
+        # the values name queues by number, so that the garbage collector tracks none of the
+        # entries (one per instruction): ``(queue, index)`` per written range, ``{queue: index}``
+        # per read one
         self._writes: dict[tuple, _Ranges] = {}
-        self._reads: dict[tuple, _Ranges] = {}    # values: {queue: (queue, index)}
+        self._reads: dict[tuple, _Ranges] = {}
         # per space and queue, [highest index, lowest lo, highest hi] of the queue's writes
         # / reads there: a search is needed only where another queue's accesses may both be
         # later than what the instruction already waits for and overlap it (not for a
@@ -264,11 +262,16 @@ class DependencyTracker:
         # ordered[consumer][producer]: highest producer index the consumer already waits for
         self._ordered = {q: [-1, -1, -1] for q in Queue}
         self._last: tuple = (None, None, ())         # (instruction, its queue, its footprint) for record()
+        # the flagged copies made of instructions: (id, flags) -> copy; a loop flags the same
+        # instruction alike again and again, and the copies share one object. The originals
+        # are kept, so that no other instruction gets their ids
+        self._copies: dict[tuple[int, int], Instruction] = {}
+        self._originals: list[Instruction] = []
 
     def order(self, em, ins: Instruction) -> Instruction:
         """Add tokens so that ``ins`` runs after every conflicting earlier instruction;
         returns ``ins`` with its pop flags set (the pushes go onto earlier instructions)."""
-        queue, accesses = queue_of(ins), footprint(ins, self.tile, self.host)
+        queue, accesses = int(queue_of(ins)), footprint(ins, self.tile, self.host)
         self._last = (ins, queue, accesses)
         return self._order(em, ins, queue, accesses)
 
@@ -276,26 +279,26 @@ class DependencyTracker:
         """Remember what the instruction at stream position ``index`` touched."""
         last, queue, accesses = self._last
         if last is not ins:
-            queue, accesses = queue_of(ins), footprint(ins, self.tile, self.host)
+            queue, accesses = int(queue_of(ins)), footprint(ins, self.tile, self.host)
         self._record(queue, accesses, index)
 
-    def emit(self, em, ins: Instruction, queue: Queue, accesses: list) -> int:
+    def emit(self, em, ins: Instruction, queue: int, accesses: tuple) -> int:
         """:meth:`order` ``ins``, append it to ``em`` (already checked) and :meth:`record` it, given
-        its queue and :func:`footprint` (which a caller emitting the same instruction again
-        keeps: compiled loops repeat instructions); returns its index.
+        its queue's number and :func:`footprint` (which a caller emitting the same instruction
+        again keeps: compiled loops repeat instructions); returns its index.
 
         >>> from accel.hw.emitter import Emitter
         >>> from accel.hw.isa import AluOp
         >>> em, deps = Emitter(), DependencyTracker(16)
         >>> alu = Alu(op=AluOp.ADD, dst_addr=0, imm=1, use_imm=True)
-        >>> deps.emit(em, alu, queue_of(alu), footprint(alu, 16)), len(em)
+        >>> deps.emit(em, alu, int(queue_of(alu)), footprint(alu, 16)), len(em)
         (0, 1)
         """
         index = em.emit(self._order(em, ins, queue, accesses), validated=True)
         self._record(queue, accesses, index)
         return index
 
-    def _order(self, em, ins: Instruction, queue: Queue, accesses: list) -> Instruction:
+    def _order(self, em, ins: Instruction, queue: int, accesses: tuple) -> Instruction:
         needs: dict[Queue, int] = {}
         ordered = self._ordered[queue]
         others = _OTHERS[queue]
@@ -310,7 +313,7 @@ class DependencyTracker:
                     index, first, last = seen[q]
                     if index > ordered[q] and first < hi and lo < last and index > needs.get(q, -1):
                         for producer, index in self._writes[space].values_overlapping(lo, hi):
-                            if producer is not queue and index > needs.get(producer, -1):
+                            if producer != queue and index > needs.get(producer, -1):
                                 needs[producer] = index
                         break
             if write:
@@ -320,13 +323,13 @@ class DependencyTracker:
                         index, first, last = seen[q]
                         if index > ordered[q] and first < hi and lo < last and index > needs.get(q, -1):
                             for readers in self._reads[space].values_overlapping(lo, hi):
-                                for producer, index in readers.values():
-                                    if producer is not queue and index > needs.get(producer, -1):
+                                for producer, index in readers.items():
+                                    if producer != queue and index > needs.get(producer, -1):
                                         needs[producer] = index
                             break
         if not needs:
             return ins
-        pops = {}
+        pops = 0
         # LOAD <-> STORE are not neighbours: a compute NOP takes the token and passes one
         # on; the consumer then only depends on that NOP (the latest compute instruction).
         far = _FAR.get(queue)
@@ -335,7 +338,7 @@ class DependencyTracker:
             if ordered[far] < index:
                 if self._ordered[Queue.COMPUTE][far] < index:
                     self._ordered[Queue.COMPUTE][far] = self._push(em, far, Queue.COMPUTE, index)
-                    hop = _flagged(nop(Queue.COMPUTE), {_POP[(far, Queue.COMPUTE)]: True})
+                    hop = nop(Queue.COMPUTE).with_flags(**{_POP[(far, Queue.COMPUTE)]: True})
                 else:
                     hop = nop(Queue.COMPUTE)
                 needs[Queue.COMPUTE] = max(needs.get(Queue.COMPUTE, -1), em.emit(hop))
@@ -344,10 +347,10 @@ class DependencyTracker:
             if ordered[src] >= index:
                 continue
             ordered[src] = self._push(em, src, queue, index)
-            pops[_POP[(src, queue)]] = True
-        return _flagged(ins, pops) if pops else ins
+            pops |= _BIT[_POP[(src, queue)]]
+        return self._flagged(ins, pops) if pops else ins
 
-    def _record(self, queue: Queue, accesses: list, index: int) -> None:
+    def _record(self, queue: int, accesses: tuple, index: int) -> None:
         entry = (queue, index)
         for space, lo, hi, write in accesses:
             if write:
@@ -369,9 +372,9 @@ class DependencyTracker:
                     self._read[space] = _unseen()
                 readers = reads.get(lo, hi)
                 if readers is None:
-                    reads.put(lo, hi, {queue: entry})
+                    reads.put(lo, hi, {queue: index})
                 else:
-                    readers[queue] = entry
+                    readers[queue] = index
                 summary = self._read[space][queue]
             # the queue's summary of the space (see reset) takes in the access
             summary[0] = index
@@ -387,7 +390,22 @@ class DependencyTracker:
         stream = em.instructions
         for i in range(index, len(stream)):
             ins = stream[i]
-            if queue_of(ins) is src and not getattr(ins, flag):
-                stream[i] = _flagged(ins, {flag: True})
+            if queue_of(ins) == src and not getattr(ins, flag):
+                stream[i] = self._flagged(ins, _BIT[flag])
                 return i
-        return em.emit(_flagged(nop(src), {flag: True}))
+        return em.emit(nop(src).with_flags(**{flag: True}))
+
+    def _flagged(self, ins: Instruction, bits: int) -> Instruction:
+        """``ins`` with the flags ``bits`` (of :attr:`~accel.hw.isa.Instruction.flags`) set: the
+        copy made before for the same instruction and flags, else a new one (the fields
+        copied, without :meth:`~accel.hw.isa.Instruction.with_flags`' keyword checks)."""
+        key = (id(ins), bits)
+        new = self._copies.get(key)
+        if new is None:
+            new = object.__new__(type(ins))
+            fields = new.__dict__
+            fields.update(ins.__dict__)
+            fields.update(_SET[bits])
+            self._copies[key] = new
+            self._originals.append(ins)
+        return new
