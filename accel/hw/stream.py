@@ -111,6 +111,10 @@ class StreamBuilder:
         self._calls: list = []
         self._results: list = []
         self._fresh = True                              # no call yet in this stream
+        # an instruction with explicit flags was built: they may name a queue's missing
+        # neighbour, which the stream's form check (verify) finds; AUTO's tokens and the
+        # emitter's pushes and pops never do
+        self._explicit = False
 
     def __len__(self) -> int:
         """Calls received in this stream (instructions, pushes and pops)."""
@@ -231,6 +235,7 @@ class StreamBuilder:
                 queue, accesses = int(queue_of(ins)), footprint(ins, self.tracker.tile, self.tracker.host)
             index = self.tracker.emit(self.emitter, ins, queue, accesses)
         else:
+            self._explicit = True
             index = self.emitter.emit(ins, validated=checked)
         self._instructions[call] = (place, queue, accesses)
         self._made[call] = (place, queue, accesses if cls in self._table_free else None)
@@ -254,7 +259,7 @@ class StreamBuilder:
                 self._build_prefix(rec, self._at)
             # the tokens are checked once, by the schedule compile() makes
             stream = self.emitter.finish(check_tokens=False)
-            program = self.simulator.compile(stream, buffers, checked=True)
+            program = self.simulator.compile(stream, buffers, checked=True, verified=not self._explicit)
             if self._calls:
                 self._recordings.insert(0, _Recording(self._calls, self._results, program,
                                                       _aliasing(program, buffers)))

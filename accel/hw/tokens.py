@@ -177,10 +177,14 @@ class _Ranges:
         if first == last:           # (most searches: no list made)
             return ()
         values = self.values
-        return [values[key] for key in keys[first:last] if key[1] > lo]
-
-    def get(self, lo: int, hi: int):
-        return self.values.get((lo, hi))
+        if last == first + 1:       # (most of the others; a comprehension would cost a frame)
+            key = keys[first]
+            return (values[key],) if key[1] > lo else ()
+        found = []
+        for key in keys[first:last]:
+            if key[1] > lo:
+                found.append(values[key])
+        return found
 
     def put(self, lo: int, hi: int, value) -> None:
         key = (lo, hi)
@@ -207,12 +211,18 @@ class _Ranges:
         """:meth:`remove_inside` then :meth:`put`: ``[lo, hi)`` stands for every range within it.
 
         >>> r = _Ranges(); r.put(0, 8, "a"); r.put(4, 12, "b"); r.put(8, 16, "c")
-        >>> r.overwrite(4, 16, "d"); r.keys, r.get(4, 16)
+        >>> r.overwrite(4, 16, "d"); r.keys, r.values[(4, 16)]
         ([(0, 8), (4, 16)], 'd')
         """
         keys, values = self.keys, self.values
         first = bisect_left(keys, (lo,))
         last = bisect_left(keys, (hi,), first)
+        if last == first:                                       # none starts inside: a new range
+            keys.insert(first, (lo, hi))
+            values[(lo, hi)] = value
+            if hi - lo > self.widest:
+                self.widest = hi - lo
+            return
         if last == first + 1 and keys[first] == (lo, hi):      # the range alone, written again
             values[keys[first]] = value
             return
@@ -370,7 +380,7 @@ class DependencyTracker:
                 if reads is None:
                     reads = self._reads[space] = _Ranges()
                     self._read[space] = _unseen()
-                readers = reads.get(lo, hi)
+                readers = reads.values.get((lo, hi))
                 if readers is None:
                     reads.put(lo, hi, {queue: index})
                 else:
