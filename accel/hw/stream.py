@@ -17,7 +17,7 @@ automatic tokens order aliasing slots by address). The latter is part of the rec
 
 >>> import numpy as np
 >>> from accel.hw.sim import Simulator
->>> from accel.hw.tokens import DependencyTracker, footprint
+>>> from accel.hw.tokens import DependencyTracker
 >>> from accel.hw.isa import Alu, AluOp
 >>> sim = Simulator(); host = []
 >>> fields = {Alu: ("op", "use_imm", "imm", "dst_addr", "src_addr", "ext_out", "ext_in",
