@@ -128,7 +128,10 @@ class StreamBuilder:
         """Add an instruction of ``cls`` with these field ``values`` (ordered as
         ``fields[cls]``) and ``deps`` (a 4-bit flag mask or :data:`AUTO`); returns its
         index in the stream. Raises the check's error for an invalid instruction."""
-        call = (self._number[cls], deps, values)
+        # one flat tuple (class number, deps, values...), kept by the recording: a nested one
+        # would keep two objects per instruction, and each kept object brings the next
+        # garbage collection nearer (a full one walks every object the model keeps)
+        call = (self._number[cls], deps) + values
         rec = self._following
         if rec is not None:     # the common case of a replay, spelt out: one comparison
             at = self._at
@@ -210,7 +213,7 @@ class StreamBuilder:
             if call[1] == AUTO:
                 return self.tracker.emit(self.emitter, self._kept[place], queue, accesses)
             return self.emitter.emit(self._kept[place], validated=True)
-        number, deps, values = call
+        number, deps = call[0], call[1]
         cls = self._classes[number]
         made = self._made.get(call)
         if made is None:
@@ -218,7 +221,7 @@ class StreamBuilder:
                 self._made.clear()
                 self._kept.clear()
                 self._instructions.clear()
-            fields = dict(zip(self.fields[cls], values))
+            fields = dict(zip(self.fields[cls], call[2:]))
             fields.update(_flags(0 if deps == AUTO else deps))
             ins, checked, queue, accesses = make(cls, fields), False, None, None
             place = len(self._kept)
