@@ -39,9 +39,9 @@ import numpy as np
 
 from accel.hw.emitter import Emitter
 from accel.hw.instructions import AUTO
-from accel.hw.isa import Instruction, Queue, make
+from accel.hw.isa import Instruction, Queue, make, queue_of
 from accel.hw.sim import Program, Simulator
-from accel.hw.tokens import DependencyTracker
+from accel.hw.tokens import DependencyTracker, footprint
 
 __all__ = ["StreamBuilder", "AUTO"]
 
@@ -88,8 +88,12 @@ class StreamBuilder:
         self._recordings: list[_Recording] = []
         # Instructions made and checked in any stream, by call: other streams repeat calls
         # too (layers of one shape), and an instruction whose check does not read the buffer
-        # table (no host slot) is valid in every stream of this simulator once it was in one
-        self._made: dict[tuple, Instruction] = {}
+        # table (no host slot) is valid in every stream of this simulator once it was in one.
+        # Each as (its place in _kept, its queue's number, for those its footprint else None):
+        # numbers and tuples of them, which the garbage collector stops tracking (an entry
+        # holding the instruction would be one more tracked object per call, up to a million)
+        self._made: dict[tuple, tuple[int, int, Optional[tuple]]] = {}
+        self._kept: list[Instruction] = []
         self._table_free = frozenset(cls for cls, names in fields.items() if "slot" not in names)
         # a call names its class by number: a call of ints only is a tuple the cyclic garbage
         # collector stops tracking, and a first model call records up to a million of them
@@ -100,13 +104,17 @@ class StreamBuilder:
 
     def _start(self) -> None:
         # Instructions made and checked in this stream, by call: compiled loops repeat
-        # calls, and a repeat allocates and checks nothing.
-        self._instructions: dict[tuple, Instruction] = {}
+        # calls, and a repeat allocates and checks nothing: (place in _kept, queue, footprint)
+        self._instructions: dict[tuple, tuple[int, int, Optional[tuple]]] = {}
         self._following: Optional[_Recording] = None   # the recording this stream repeats so far
         self._at = 0                                    # ... up to this call
         self._calls: list = []
         self._results: list = []
         self._fresh = True                              # no call yet in this stream
+        # an instruction with explicit flags was built: they may name a queue's missing
+        # neighbour, which the stream's form check (verify) finds; AUTO's tokens and the
+        # emitter's pushes and pops never do
+        self._explicit = False
 
     def __len__(self) -> int:
         """Calls received in this stream (instructions, pushes and pops)."""
@@ -120,14 +128,24 @@ class StreamBuilder:
         """Add an instruction of ``cls`` with these field ``values`` (ordered as
         ``fields[cls]``) and ``deps`` (a 4-bit flag mask or :data:`AUTO`); returns its
         index in the stream. Raises the check's error for an invalid instruction."""
-        call = (self._number[cls], deps, values)
+        # one flat tuple (class number, deps, values...), kept by the recording: a nested one
+        # would keep two objects per instruction, and each kept object brings the next
+        # garbage collection nearer (a full one walks every object the model keeps)
+        call = (self._number[cls], deps) + values
         rec = self._following
         if rec is not None:     # the common case of a replay, spelt out: one comparison
             at = self._at
             if at < len(rec.calls) and rec.calls[at] == call:
                 self._at = at + 1
                 return rec.results[at]
-        return self._call(call)
+            return self._call(call)
+        if self._fresh:
+            return self._call(call)
+        # and of a first call: built at once (what _call would come to)
+        result = self._build_instruction(call)
+        self._calls.append(call)
+        self._results.append(result)
+        return result
 
     def dep_push(self, src: Queue, dst: Queue) -> None:
         """See :meth:`accel.hw.emitter.Emitter.dep_push`."""
@@ -186,30 +204,44 @@ class StreamBuilder:
         if kind == "pop":
             self.emitter.dep_pop(Queue(call[1]), Queue(call[2]))
             return None
-        number, deps, values = call
+        return self._build_instruction(call)
+
+    def _build_instruction(self, call: tuple) -> int:
+        made = self._instructions.get(call)
+        if made is not None:        # a repeat in this stream: checked, its footprint known
+            place, queue, accesses = made
+            if call[1] == AUTO:
+                return self.tracker.emit(self.emitter, self._kept[place], queue, accesses)
+            return self.emitter.emit(self._kept[place], validated=True)
+        number, deps = call[0], call[1]
         cls = self._classes[number]
-        ins = self._instructions.get(call)
-        checked = ins is not None
-        if ins is None:
-            ins = self._made.get(call)
-            if ins is None:
-                fields = dict(zip(self.fields[cls], values))
-                fields.update(_flags(0 if deps == AUTO else deps))
-                ins = make(cls, fields)
-            else:
-                checked = cls in self._table_free
+        made = self._made.get(call)
+        if made is None:
+            if len(self._kept) >= _INSTRUCTION_CACHE_LIMIT:
+                self._made.clear()
+                self._kept.clear()
+                self._instructions.clear()
+            fields = dict(zip(self.fields[cls], call[2:]))
+            fields.update(_flags(0 if deps == AUTO else deps))
+            ins, checked, queue, accesses = make(cls, fields), False, None, None
+            place = len(self._kept)
+            self._kept.append(ins)
+        else:
+            # made in another stream: checked if its check does not read the buffer table,
+            # and then its footprint (no host addresses) holds here too
+            place, queue, accesses = made
+            ins, checked = self._kept[place], cls in self._table_free
         if deps == AUTO:
             if not checked:
                 self._validate(len(self.emitter), ins)
-            index = self.emitter.emit(self.tracker.order(self.emitter, ins), validated=True)
-            self.tracker.record(ins, index)
+            if accesses is None:
+                queue, accesses = int(queue_of(ins)), footprint(ins, self.tracker.tile, self.tracker.host)
+            index = self.tracker.emit(self.emitter, ins, queue, accesses)
         else:
+            self._explicit = True
             index = self.emitter.emit(ins, validated=checked)
-        if call not in self._instructions:
-            for cache in (self._instructions, self._made):
-                if len(cache) >= _INSTRUCTION_CACHE_LIMIT:
-                    cache.clear()
-                cache[call] = ins
+        self._instructions[call] = (place, queue, accesses)
+        self._made[call] = (place, queue, accesses if cls in self._table_free else None)
         return index
 
     # ------------------------------------------------------------------ stream ends
@@ -230,7 +262,7 @@ class StreamBuilder:
                 self._build_prefix(rec, self._at)
             # the tokens are checked once, by the schedule compile() makes
             stream = self.emitter.finish(check_tokens=False)
-            program = self.simulator.compile(stream, buffers, checked=True)
+            program = self.simulator.compile(stream, buffers, checked=True, verified=not self._explicit)
             if self._calls:
                 self._recordings.insert(0, _Recording(self._calls, self._results, program,
                                                       _aliasing(program, buffers)))

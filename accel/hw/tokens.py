@@ -40,6 +40,9 @@ _PUSH = {(Queue.LOAD, Queue.COMPUTE): "push_next", (Queue.COMPUTE, Queue.LOAD): 
          (Queue.COMPUTE, Queue.STORE): "push_next", (Queue.STORE, Queue.COMPUTE): "push_prev"}
 _POP = {(Queue.LOAD, Queue.COMPUTE): "pop_prev", (Queue.COMPUTE, Queue.LOAD): "pop_next",
         (Queue.COMPUTE, Queue.STORE): "pop_prev", (Queue.STORE, Queue.COMPUTE): "pop_next"}
+# each flag's bit in Instruction.flags, and per set of bits the fields they set
+_BIT = {"pop_prev": 1, "pop_next": 2, "push_prev": 4, "push_next": 8}
+_SET = [{name: True for name, bit in _BIT.items() if bits & bit} for bits in range(16)]
 
 
 def _span(addr: int, ld: int, rows: int, cols: int, loops=()) -> tuple[int, int]:
@@ -61,20 +64,22 @@ def _dram(ins, host) -> tuple[tuple, int, int]:
     return ("host",), *host(ins.slot, lo, hi)
 
 
-def footprint(ins: Instruction, tile: int, host=None) -> list[tuple[tuple, int, int, bool]]:
+def footprint(ins: Instruction, tile: int, host=None) -> tuple[tuple[tuple, int, int, bool], ...]:
     """``(space, lo, hi, is_write)`` per memory range an instruction touches.
 
-    ``space`` is ``("sram", Mem)`` or ``("dram", slot)`` with element ranges, or, given
-    ``host(slot, lo, hi) -> (start, end)`` (the buffer table's byte ranges), ``("host",)``
+    ``space`` is ``("sram", the Mem's number)`` or ``("dram", slot)`` with element ranges, or,
+    given ``host(slot, lo, hi) -> (start, end)`` (the buffer table's byte ranges), ``("host",)``
     with address ranges, so that slots viewing the same memory are ordered. Ranges are
-    conservative hulls.
+    conservative hulls. Plain numbers, in tuples: a driver keeps the footprints of the
+    instructions it emits, and the garbage collector stops tracking such tuples (a million of
+    them, tracked, would be walked by every full collection).
 
     >>> from accel.hw.isa import AluOp
     >>> alu = Alu(op=AluOp.ADD, dst_addr=32, src_addr=0, ext_out=2, dst_stride_out=16)
-    >>> [(space[1].name, lo, hi, write) for space, lo, hi, write in footprint(alu, 16)]
+    >>> [(Mem(space[1]).name, lo, hi, write) for space, lo, hi, write in footprint(alu, 16)]
     [('ACC', 32, 64, True), ('ACC', 0, 16, False)]
     """
-    return _FOOTPRINTS[ins.opcode](ins, tile, host)
+    return tuple(_FOOTPRINTS[ins.opcode](ins, tile, host))
 
 
 def _load_footprint(ins: Load, tile: int, host) -> list:
@@ -145,7 +150,7 @@ def _alu_chain_footprint(ins: AluChain, tile: int, host) -> list:
     return out
 
 
-_SRAM = {mem: ("sram", mem) for mem in Mem}
+_SRAM = {mem: ("sram", int(mem)) for mem in Mem}
 # the spaces and the opcode the per-instruction footprints name, as globals (an enum member
 # found through its class costs ~200 ns on Python 3.11)
 _ACC, _INP, _WGT, _DWMAC = _SRAM[Mem.ACC], _SRAM[Mem.INP], _SRAM[Mem.WGT], Opcode.DWMAC
@@ -185,10 +190,14 @@ class _Ranges:
         if first == last:           # (most searches: no list made)
             return ()
         values = self.values
-        return [values[key] for key in keys[first:last] if key[1] > lo]
-
-    def get(self, lo: int, hi: int):
-        return self.values.get((lo, hi))
+        if last == first + 1:       # (most of the others; a comprehension would cost a frame)
+            key = keys[first]
+            return (values[key],) if key[1] > lo else ()
+        found = []
+        for key in keys[first:last]:
+            if key[1] > lo:
+                found.append(values[key])
+        return found
 
     def put(self, lo: int, hi: int, value) -> None:
         key = (lo, hi)
@@ -215,12 +224,18 @@ class _Ranges:
         """:meth:`remove_inside` then :meth:`put`: ``[lo, hi)`` stands for every range within it.
 
         >>> r = _Ranges(); r.put(0, 8, "a"); r.put(4, 12, "b"); r.put(8, 16, "c")
-        >>> r.overwrite(4, 16, "d"); r.keys, r.get(4, 16)
+        >>> r.overwrite(4, 16, "d"); r.keys, r.values[(4, 16)]
         ([(0, 8), (4, 16)], 'd')
         """
         keys, values = self.keys, self.values
         first = bisect_left(keys, (lo,))
         last = bisect_left(keys, (hi,), first)
+        if last == first:                                       # none starts inside: a new range
+            keys.insert(first, (lo, hi))
+            values[(lo, hi)] = value
+            if hi - lo > self.widest:
+                self.widest = hi - lo
+            return
         if last == first + 1 and keys[first] == (lo, hi):      # the range alone, written again
             values[keys[first]] = value
             return
@@ -240,28 +255,6 @@ def _unseen() -> tuple[list, ...]:
     return tuple([-1, math.inf, -math.inf] for _ in Queue)
 
 
-def _seen(summary: list, index: int, lo: int, hi: int) -> None:
-    """Add an access by stream position ``index`` to ``[lo, hi)`` to a queue's summary."""
-    summary[0] = index
-    if lo < summary[1]:
-        summary[1] = lo
-    if hi > summary[2]:
-        summary[2] = hi
-
-
-def _worth_searching(seen, others: tuple, ordered: list, needs: dict, lo: int, hi: int) -> bool:
-    """Whether a space's ranges may hold an access of another queue (``others``) that is later
-    than what the instruction already waits for (``ordered``, ``needs``) and overlaps
-    ``[lo, hi)``, by the queues' summaries ``seen`` (see :func:`_seen`; None: no access)."""
-    if seen is None:
-        return False
-    for q in others:
-        index, first, last = seen[q]
-        if index > ordered[q] and first < hi and lo < last and index > needs.get(q, -1):
-            return True
-    return False
-
-
 class DependencyTracker:
     """Adds the dependency tokens a stream needs, one instruction at a time (see module doc).
 
@@ -277,8 +270,11 @@ class DependencyTracker:
 
     def reset(self) -> None:
         """Forget everything (a new stream starts)."""
+        # the values name queues by number, so that the garbage collector tracks none of the
+        # entries (one per instruction): ``(queue, index)`` per written range, ``{queue: index}``
+        # per read one
         self._writes: dict[tuple, _Ranges] = {}
-        self._reads: dict[tuple, _Ranges] = {}    # values: {queue: (queue, index)}
+        self._reads: dict[tuple, _Ranges] = {}
         # per space and queue, [highest index, lowest lo, highest hi] of the queue's writes
         # / reads there: a search is needed only where another queue's accesses may both be
         # later than what the instruction already waits for and overlap it (not for a
@@ -289,29 +285,74 @@ class DependencyTracker:
         # ordered[consumer][producer]: highest producer index the consumer already waits for
         self._ordered = {q: [-1, -1, -1] for q in Queue}
         self._last: tuple = (None, None, ())         # (instruction, its queue, its footprint) for record()
+        # the flagged copies made of instructions: (id, flags) -> copy; a loop flags the same
+        # instruction alike again and again, and the copies share one object. The originals
+        # are kept, so that no other instruction gets their ids
+        self._copies: dict[tuple[int, int], Instruction] = {}
+        self._originals: list[Instruction] = []
 
     def order(self, em, ins: Instruction) -> Instruction:
         """Add tokens so that ``ins`` runs after every conflicting earlier instruction;
         returns ``ins`` with its pop flags set (the pushes go onto earlier instructions)."""
-        queue = queue_of(ins)
-        needs: dict[Queue, int] = {}
-        accesses = _FOOTPRINTS[ins.opcode](ins, self.tile, self.host)
+        queue, accesses = int(queue_of(ins)), footprint(ins, self.tile, self.host)
         self._last = (ins, queue, accesses)
+        return self._order(em, ins, queue, accesses)
+
+    def record(self, ins: Instruction, index: int) -> None:
+        """Remember what the instruction at stream position ``index`` touched."""
+        last, queue, accesses = self._last
+        if last is not ins:
+            queue, accesses = int(queue_of(ins)), footprint(ins, self.tile, self.host)
+        self._record(queue, accesses, index)
+
+    def emit(self, em, ins: Instruction, queue: int, accesses: tuple) -> int:
+        """:meth:`order` ``ins``, append it to ``em`` (already checked) and :meth:`record` it, given
+        its queue's number and :func:`footprint` (which a caller emitting the same instruction
+        again keeps: compiled loops repeat instructions); returns its index.
+
+        >>> from accel.hw.emitter import Emitter
+        >>> from accel.hw.isa import AluOp
+        >>> em, deps = Emitter(), DependencyTracker(16)
+        >>> alu = Alu(op=AluOp.ADD, dst_addr=0, imm=1, use_imm=True)
+        >>> deps.emit(em, alu, int(queue_of(alu)), footprint(alu, 16)), len(em)
+        (0, 1)
+        """
+        index = em.emit(self._order(em, ins, queue, accesses), validated=True)
+        self._record(queue, accesses, index)
+        return index
+
+    def _order(self, em, ins: Instruction, queue: int, accesses: tuple) -> Instruction:
+        needs: dict[Queue, int] = {}
         ordered = self._ordered[queue]
         others = _OTHERS[queue]
+        wrote, read = self._wrote, self._read
         for space, lo, hi, write in accesses:
-            if _worth_searching(self._wrote.get(space), others, ordered, needs, lo, hi):
-                for producer, index in self._writes[space].values_overlapping(lo, hi):
-                    if producer is not queue and index > needs.get(producer, -1):
-                        needs[producer] = index
-            if write and _worth_searching(self._read.get(space), others, ordered, needs, lo, hi):
-                for readers in self._reads[space].values_overlapping(lo, hi):
-                    for producer, index in readers.values():
-                        if producer is not queue and index > needs.get(producer, -1):
-                            needs[producer] = index
+            # whether another queue's writes (then reads, for a write) here may be later than
+            # what the instruction already waits for and overlap it, by the queues' summaries
+            # (see reset): most accesses need no search (a loop's own ACC, read-only inputs)
+            seen = wrote.get(space)
+            if seen is not None:
+                for q in others:
+                    index, first, last = seen[q]
+                    if index > ordered[q] and first < hi and lo < last and index > needs.get(q, -1):
+                        for producer, index in self._writes[space].values_overlapping(lo, hi):
+                            if producer != queue and index > needs.get(producer, -1):
+                                needs[producer] = index
+                        break
+            if write:
+                seen = read.get(space)
+                if seen is not None:
+                    for q in others:
+                        index, first, last = seen[q]
+                        if index > ordered[q] and first < hi and lo < last and index > needs.get(q, -1):
+                            for readers in self._reads[space].values_overlapping(lo, hi):
+                                for producer, index in readers.items():
+                                    if producer != queue and index > needs.get(producer, -1):
+                                        needs[producer] = index
+                            break
         if not needs:
             return ins
-        pops = {}
+        pops = 0
         # LOAD <-> STORE are not neighbours: a compute NOP takes the token and passes one
         # on; the consumer then only depends on that NOP (the latest compute instruction).
         far = _FAR.get(queue)
@@ -329,16 +370,10 @@ class DependencyTracker:
             if ordered[src] >= index:
                 continue
             ordered[src] = self._push(em, src, queue, index)
-            pops[_POP[(src, queue)]] = True
-        if pops:
-            ins = ins.with_flags(**pops)
-        return ins
+            pops |= _BIT[_POP[(src, queue)]]
+        return self._flagged(ins, pops) if pops else ins
 
-    def record(self, ins: Instruction, index: int) -> None:
-        """Remember what the instruction at stream position ``index`` touched."""
-        last, queue, accesses = self._last
-        if last is not ins:
-            queue, accesses = queue_of(ins), footprint(ins, self.tile, self.host)
+    def _record(self, queue: int, accesses: tuple, index: int) -> None:
         entry = (queue, index)
         for space, lo, hi, write in accesses:
             if write:
@@ -349,7 +384,7 @@ class DependencyTracker:
                     writes = self._writes[space] = _Ranges()
                     self._wrote[space] = _unseen()
                 writes.overwrite(lo, hi, entry)
-                _seen(self._wrote[space][queue], index, lo, hi)
+                summary = self._wrote[space][queue]
                 reads = self._reads.get(space)
                 if reads is not None:
                     reads.remove_inside(lo, hi)
@@ -358,12 +393,18 @@ class DependencyTracker:
                 if reads is None:
                     reads = self._reads[space] = _Ranges()
                     self._read[space] = _unseen()
-                readers = reads.get(lo, hi)
+                readers = reads.values.get((lo, hi))
                 if readers is None:
-                    reads.put(lo, hi, {queue: entry})
+                    reads.put(lo, hi, {queue: index})
                 else:
-                    readers[queue] = entry
-                _seen(self._read[space][queue], index, lo, hi)
+                    readers[queue] = index
+                summary = self._read[space][queue]
+            # the queue's summary of the space (see reset) takes in the access
+            summary[0] = index
+            if lo < summary[1]:
+                summary[1] = lo
+            if hi > summary[2]:
+                summary[2] = hi
 
     def _push(self, em, src: Queue, dst: Queue, index: int) -> int:
         """Make the first instruction of ``src`` at or after ``index`` with a free push flag
@@ -372,7 +413,22 @@ class DependencyTracker:
         stream = em.instructions
         for i in range(index, len(stream)):
             ins = stream[i]
-            if queue_of(ins) is src and not getattr(ins, flag):
-                stream[i] = ins.with_flags(**{flag: True})
+            if queue_of(ins) == src and not getattr(ins, flag):
+                stream[i] = self._flagged(ins, _BIT[flag])
                 return i
         return em.emit(nop(src).with_flags(**{flag: True}))
+
+    def _flagged(self, ins: Instruction, bits: int) -> Instruction:
+        """``ins`` with the flags ``bits`` (of :attr:`~accel.hw.isa.Instruction.flags`) set: the
+        copy made before for the same instruction and flags, else a new one (the fields
+        copied, without :meth:`~accel.hw.isa.Instruction.with_flags`' keyword checks)."""
+        key = (id(ins), bits)
+        new = self._copies.get(key)
+        if new is None:
+            new = object.__new__(type(ins))
+            fields = new.__dict__
+            fields.update(ins.__dict__)
+            fields.update(_SET[bits])
+            self._copies[key] = new
+            self._originals.append(ins)
+        return new

@@ -241,13 +241,17 @@ class BufferTable:
                 self._owned[slot] = host
             return slot
         try:
-            address, shape, dtype = host.data_ptr(), host.shape, host.dtype
+            # compiled code passes the same tensors call after call, one per instruction:
+            # keep this path cheap (numel, not the shape's tuple)
+            address, count, dtype = host.data_ptr(), host.numel(), host.dtype
         except AttributeError:
-            raise TypeError(f"a host buffer must be a numpy array or a tvm.runtime.Tensor, "
-                            f"got {type(host).__name__}") from None
-        # compiled code passes the same tensors call after call: keep this path cheap
+            try:        # a tensor-like with a shape but no numel
+                address, count, dtype = host.data_ptr(), math.prod(host.shape), host.dtype
+            except AttributeError:
+                raise TypeError(f"a host buffer must be a numpy array or a tvm.runtime.Tensor, "
+                                f"got {type(host).__name__}") from None
         size, kind = _DTYPES.get(dtype) or _dtype_key(dtype)
-        key = (address, math.prod(shape) * size, kind)
+        key = (address, count * size, kind)
         slot = self._keys.get(key)
         if slot is None:
             slot = self._add(key, tensor_view(host), address)

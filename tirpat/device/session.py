@@ -478,9 +478,15 @@ class Runtime:
         """
         if fn is None:
             return lambda f: self.function(f, name=name)
-        short = name or fn.__name__
+        return self._register(fn, name or fn.__name__)
+
+    def _register(self, fn: Callable, short: str, declared: Optional["Instruction"] = None) -> Callable:
+        """:meth:`function`; with ``declared``, a call with fewer arguments than it declares gets
+        them completed (:meth:`~tirpat.device.Instruction.complete`) before ``fn`` sees them:
+        checked here, not in a wrapper of ``fn``, as it is once per device instruction."""
         if not short.isidentifier():
             raise ValueError(f"Runtime.function: {short!r} is not a valid function name")
+        arity = -1 if declared is None else len(declared.arguments)
         current, local, default = self.current, self._local, self.default
         get_ident, getframe = threading.get_ident, sys._getframe
 
@@ -494,6 +500,8 @@ class Runtime:
             session = current()
             try:
                 session.claim()
+                if arity >= 0 and len(args) != arity:
+                    args = declared.complete(args)
                 return fn(session, *args)
             except BaseException as err:
                 failed(session, err)
@@ -514,6 +522,8 @@ class Runtime:
             if caller is not None and session._site != (id(caller), caller.f_lasti):
                 session._from_call(caller)
             try:
+                if arity >= 0 and len(args) != arity:
+                    args = declared.complete(args)
                 return fn(session, *args)
             except BaseException as err:
                 failed(session, err)
@@ -577,13 +587,7 @@ class Runtime:
         def register(fn: Callable) -> Callable:
             params = list(inspect.signature(fn).parameters.values())
             if len(params) == 2 and params[1].kind is inspect.Parameter.VAR_POSITIONAL:
-                def in_order(session, *args):
-                    if len(args) != len(names):
-                        args = first.complete(args)
-                    return fn(session, *args)
-
-                in_order.__doc__ = fn.__doc__
-                self.function(in_order, name=short)
+                self._register(fn, short, first)
                 return fn
             named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
             given = [p.name for p in params[1:] if p.kind in named]
