@@ -738,13 +738,17 @@ def test_a_program_runs_again_on_other_buffers_like_a_fresh_run(rounds):
         np.testing.assert_array_equal(sim.memory(mem), fresh.memory(mem))
 
 
+def _copy_two_rows_to_slot_4() -> list:
+    """LOAD two rows of slot 2 into ACC, STORE the first at slot 4's element 1000."""
+    return [Load(mem=Mem.ACC, sram_addr=0, sram_ld=16, slot=2, dram_offset=0, dram_ld=16, rows=2, cols=16,
+                 push_next=True),
+            Store(sram_addr=0, sram_ld=16, slot=4, dram_offset=1000, dram_ld=16, rows=1, cols=16, pop_prev=True),
+            accel.Finish()]
+
+
 def test_a_program_rechecks_a_changed_buffer_table_before_writing_anything():
     host = _host()
-    stream = [Load(mem=Mem.ACC, sram_addr=0, sram_ld=16, slot=2, dram_offset=0, dram_ld=16,
-                   rows=2, cols=16, push_next=True),
-              Store(sram_addr=0, sram_ld=16, slot=4, dram_offset=1000, dram_ld=16, rows=1, cols=16,
-                    pop_prev=True),
-              accel.Finish()]
+    stream = _copy_two_rows_to_slot_4()
     sim = Simulator(SMALL)
     program = sim.compile(stream, host)
     program.run(host)
@@ -773,11 +777,7 @@ def test_a_tuple_of_buffers_is_checked_once_and_any_other_buffers_each_time(monk
     again, and a bad one still raises before anything is written."""
     from accel.hw.sim import Program
     host = _host()
-    stream = [Load(mem=Mem.ACC, sram_addr=0, sram_ld=16, slot=2, dram_offset=0, dram_ld=16,
-                   rows=2, cols=16, push_next=True),
-              Store(sram_addr=0, sram_ld=16, slot=4, dram_offset=1000, dram_ld=16, rows=1, cols=16,
-                    pop_prev=True),
-              accel.Finish()]
+    stream = _copy_two_rows_to_slot_4()
     program = Simulator(SMALL).compile(stream, host)
     checked = []
     matches = Program._matches

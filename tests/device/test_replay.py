@@ -201,20 +201,27 @@ def test_a_session_that_keeps_no_streams_runs_the_calls_every_time():
     assert (s.calls, s.replayed) == (48, 0)
 
 
+def _add_halves(key, a, c, hosts) -> bool:
+    """A static group as compiled code runs it: replay group ``key`` on ``hosts`` (True), or
+    make the calls (``c[16:] = a[:16] + a[16:]``) and sync them (False)."""
+    fns = RT.functions
+    if fns["replay"](key, *hosts):
+        return True
+    fns["load"](0, a, 0)
+    fns["load"](16, a, 16)
+    fns["add"](0, 16)
+    fns["store"](c, 16, 0)
+    fns["sync"]()
+    return False
+
+
 def test_aliasing_dtype_and_size_changes_run_the_calls():
     """Through the runtime functions as compiled code calls them: a stored stream runs
     again only on hosts of the same dtypes and sizes that overlap as before."""
     fns = RT.functions
 
     def group(s, a, c, hosts):
-        if fns["replay"]("g:0", *hosts):
-            return True
-        fns["load"](0, a, 0)
-        fns["load"](16, a, 16)
-        fns["add"](0, 16)
-        fns["store"](c, 16, 0)
-        fns["sync"]()
-        return False
+        return _add_halves("g:0", a, c, hosts)
 
     with Stream() as s:
         a, c = np.arange(32, dtype=np.int32), np.zeros(32, np.int32)
@@ -252,14 +259,7 @@ def test_tensors_where_the_last_replay_found_them_reuse_its_views_and_any_change
             super().run_stored(ops, views)
 
     def group(a, c):
-        if fns["replay"]("g:3", a, c):
-            return True
-        fns["load"](0, a, 0)
-        fns["load"](16, a, 16)
-        fns["add"](0, 16)
-        fns["store"](c, 16, 0)
-        fns["sync"]()
-        return False
+        return _add_halves("g:3", a, c, (a, c))
 
     memory = np.zeros(96, np.int32)
     a, c = memory[:32], memory[32:64]
