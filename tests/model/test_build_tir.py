@@ -47,6 +47,30 @@ def test_a_primfunc_for_accel_computes_what_llvm_computes(m, n, k):
     assert part.device_macs == session.stats.macs >= m * n * k
 
 
+def test_a_kernel_call_holds_its_session_running_once_around_its_work(monkeypatch):
+    """As a compiled model's call does: a device sets up once per call what each of its
+    streams would (accel: BLAS on one thread), and undoes it at the end."""
+    import contextlib
+
+    import accel
+
+    held = []
+
+    @contextlib.contextmanager
+    def running(self):
+        held.append(("enter", self.pending))
+        yield
+        held.append(("exit", self.pending))
+
+    monkeypatch.setattr(accel.Session, "running", running)
+    func = dense(20, 20, 40)
+    kernel = tp.build(func, "accel, llvm")
+    a, w, out = operands(20, 20, 40, 3)
+    kernel(a, w, out)
+    assert held == [("enter", 0), ("exit", 0)]
+    np.testing.assert_array_equal(out, llvm(func, a, w, np.zeros_like(out)))
+
+
 def test_a_host_only_target_compiles_it_for_the_host_and_says_so():
     func = dense(8, 16, 32)
     kernel = tp.build(func, "llvm")

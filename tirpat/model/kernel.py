@@ -76,6 +76,8 @@ class CompiledKernel:
                 session = self._session(backend, opts)
                 if session is not None:
                     stack.enter_context(session)
+                    if isinstance(session, device.Session):
+                        stack.enter_context(session.running())     # what each stream would set up, once
             device.invoke(self.module[self.entry], *tensors)
         changed = [(name, a, out) for name, a, src, t in copied for out in [t.numpy()] if not _same_bits(out, src)]
         for name, a, _ in changed:
