@@ -603,12 +603,10 @@ class Runtime:
                     ([f"it has {', '.join(extra)}, which {first.name} does not declare"] if extra else [])))
 
             def by_name(session, *args):
-                if len(args) != len(names):
-                    args = first.complete(args)
                 return fn(session, **dict(zip(names, args)))
 
             by_name.__doc__ = fn.__doc__
-            self.function(by_name, name=short)
+            self._register(by_name, short, first)
             return fn
 
         return register
