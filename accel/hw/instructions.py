@@ -470,8 +470,17 @@ __all__ += ["LUT", "LUT_ENTRIES"]
 #: The most steps an ALU chain holds, and the most of them that take an immediate: what the
 #: 64-byte format has room for (a 4-bit code per step in one word, six immediate words).
 CHAIN_STEPS, CHAIN_IMMEDIATES = 8, 6
+#: The chain's immediate fields (arguments and instruction fields), in step order.
+CHAIN_IMM_FIELDS = tuple(f"imm{j}" for j in range(CHAIN_IMMEDIATES))
 #: A step's code: bits 0-2 its :class:`AluOp`, bit 3 set when it takes an immediate.
 _STEP_BITS, _STEP_IMM = 4, 8
+
+
+def _step_codes(length: int, code: int):
+    """``(op bits, takes an immediate)`` of each of the chain's ``length`` steps, in order."""
+    for k in range(length):
+        nibble = code >> (_STEP_BITS * k) & 0xF
+        yield nibble & 7, bool(nibble & _STEP_IMM)
 
 
 def chain_code(steps: Sequence[tuple]) -> dict:
@@ -482,7 +491,7 @@ def chain_code(steps: Sequence[tuple]) -> dict:
     chain the format cannot hold).
 
     >>> fields = chain_code([(AluOp.ADD, None), (AluOp.MUL, 3), (AluOp.SHR, 2)])
-    >>> fields["length"], hex(fields["code"]), [fields[f"imm{j}"] for j in range(CHAIN_IMMEDIATES)]
+    >>> fields["length"], hex(fields["code"]), [fields[n] for n in CHAIN_IMM_FIELDS]
     (3, '0xbc0', [3, 2, 0, 0, 0, 0])
     """
     steps = list(steps)
@@ -494,7 +503,7 @@ def chain_code(steps: Sequence[tuple]) -> dict:
     for k, (op, imm) in enumerate(steps):
         code |= (int(AluOp(op)) | (_STEP_IMM if imm is not None else 0)) << (_STEP_BITS * k)
     return {"length": len(steps), "code": code,
-            **{f"imm{j}": imms[j] if j < len(imms) else 0 for j in range(CHAIN_IMMEDIATES)}}
+            **{name: imms[j] if j < len(imms) else 0 for j, name in enumerate(CHAIN_IMM_FIELDS)}}
 
 
 def chain_problem(length: int, code: int, imms: Sequence[int] = ()) -> Optional[str]:
@@ -510,11 +519,10 @@ def chain_problem(length: int, code: int, imms: Sequence[int] = ()) -> Optional[
     if code >> (_STEP_BITS * length):
         return f"code bits past step {length - 1} are set"
     used = 0
-    for k in range(length):
-        nibble = code >> (_STEP_BITS * k) & 0xF
-        if (nibble & 7) not in AluOp._value2member_map_:
-            return f"step {k} has no ALU op {nibble & 7}"
-        used += bool(nibble & _STEP_IMM)
+    for k, (op, takes_imm) in enumerate(_step_codes(length, code)):
+        if op not in AluOp._value2member_map_:
+            return f"step {k} has no ALU op {op}"
+        used += takes_imm
     if used > CHAIN_IMMEDIATES:
         return f"{used} steps take an immediate; a chain has {CHAIN_IMMEDIATES} immediate words"
     if any(imms[used:]):
@@ -530,12 +538,11 @@ def chain_steps(length: int, code: int, imms: Sequence[int]) -> list:
     [(<AluOp.MAX: 1>, -128), (<AluOp.ADD: 0>, None)]
     """
     steps, used = [], 0
-    for k in range(length):
-        nibble = code >> (_STEP_BITS * k) & 0xF
+    for op, takes_imm in _step_codes(length, code):
         imm = None
-        if nibble & _STEP_IMM:
+        if takes_imm:
             imm, used = int(imms[used]), used + 1
-        steps.append((AluOp(nibble & 7), imm))
+        steps.append((AluOp(op), imm))
     return steps
 
 
@@ -545,10 +552,8 @@ def chain_uses_src(length: int, code: int) -> bool:
     >>> chain_uses_src(2, 0x88), chain_uses_src(2, 0x80)
     (False, True)
     """
-    return any(not code >> (_STEP_BITS * k + 3) & 1 for k in range(length))
+    return not all(takes_imm for _, takes_imm in _step_codes(length, code))
 
-
-_IMMS = " ".join(f"imm{j}" for j in range(CHAIN_IMMEDIATES))
 
 
 def _alu_chain() -> device.Instruction:
@@ -557,10 +562,10 @@ def _alu_chain() -> device.Instruction:
             v % tile == 0 for v in (src_addr, src_stride_out, src_stride_in))
 
     def valid(length, code, **imms):
-        return chain_problem(length, code, [imms[f"imm{j}"] for j in range(CHAIN_IMMEDIATES)]) is None
+        return chain_problem(length, code, [imms[n] for n in CHAIN_IMM_FIELDS]) is None
 
     valid.__signature__ = inspect.Signature([inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY)
-                                             for n in ("length", "code", *_IMMS.split())])
+                                             for n in ("length", "code", *CHAIN_IMM_FIELDS)])
     requires = [(valid, "length={length} code={code:#x} is no ALU chain (see accel.hw.instructions.chain_problem)"),
                 _aligned("dst_addr", "dst_stride_out", "dst_stride_in"),
                 (src_aligned, "src_addr={src_addr}, src_stride_out={src_stride_out}, src_stride_in={src_stride_in} "
@@ -572,7 +577,7 @@ def _alu_chain() -> device.Instruction:
     @device.instr("accel.alu_chain", memories=[ACC], fixed={"deps": AUTO}, requires=requires, name="alu_chain")
     def program(tile: int = TILE) -> tirx.PrimFunc:
         dst, src = _flat("dst_addr", "int32", ACC), _flat("src_addr", "int32", ACC)
-        length, code, *imms = _scalars(f"length code {_IMMS}")
+        length, code, *imms = _scalars(" ".join(("length", "code", *CHAIN_IMM_FIELDS)))
         ext_out, ext_in, dso, dsi, sso, ssi, deps = _scalars(
             "ext_out ext_in dst_stride_out dst_stride_in src_stride_out src_stride_in deps")
         # the chain runs on a copy of the destination vectors and writes them at the end: every
@@ -617,5 +622,5 @@ def _alu_chain() -> device.Instruction:
 ALU_CHAIN = _alu_chain()
 INSTRUCTIONS[ALU_CHAIN.name] = ALU_CHAIN
 FUNCTIONS[ALU_CHAIN.runtime_name] = [ALU_CHAIN]
-__all__ += ["ALU_CHAIN", "CHAIN_STEPS", "CHAIN_IMMEDIATES", "chain_code", "chain_problem", "chain_steps",
-            "chain_uses_src"]
+__all__ += ["ALU_CHAIN", "CHAIN_STEPS", "CHAIN_IMMEDIATES", "CHAIN_IMM_FIELDS", "chain_code", "chain_problem",
+            "chain_steps", "chain_uses_src"]

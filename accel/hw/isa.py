@@ -24,7 +24,7 @@ from typing import Callable, ClassVar, Iterable, Sequence, Union
 import numpy as np
 
 from accel.hw.errors import DecodeError
-from accel.hw.instructions import CHAIN_IMMEDIATES, AluOp, Mem, StoreMode, chain_problem, chain_steps, chain_uses_src
+from accel.hw.instructions import CHAIN_IMM_FIELDS, AluOp, Mem, StoreMode, chain_problem, chain_steps, chain_uses_src
 
 __all__ = [
     "INSTRUCTION_BYTES", "Opcode", "Queue", "Mem", "StoreMode", "AluOp", "Instruction",
@@ -344,9 +344,6 @@ class Lut(Instruction):
     opcode: ClassVar[Opcode] = Opcode.LUT
 
 
-_IMM_FIELDS = tuple(f"imm{j}" for j in range(CHAIN_IMMEDIATES))
-
-
 @dataclass(frozen=True, kw_only=True)
 class AluChain(Instruction):
     """Up to eight ALU operations applied in turn to every ``tile``-lane ACC vector of a block,
@@ -382,13 +379,13 @@ class AluChain(Instruction):
     src_stride_in: int = 0
 
     opcode: ClassVar[Opcode] = Opcode.ALU_CHAIN
-    _signed: ClassVar[frozenset[str]] = frozenset(_IMM_FIELDS)
+    _signed: ClassVar[frozenset[str]] = frozenset(CHAIN_IMM_FIELDS)
 
     @property
     def immediates(self) -> tuple[int, ...]:
         """The six immediate words, ``imm0`` first."""
         values = self.__dict__
-        return tuple(values[n] for n in _IMM_FIELDS)
+        return tuple(values[n] for n in CHAIN_IMM_FIELDS)
 
     @property
     def steps(self) -> list:
