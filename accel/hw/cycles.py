@@ -19,6 +19,7 @@ timing-only run (``Session(timing_only=True)``) costs.
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Sequence
 
 from accel.hw.config import Config
@@ -27,6 +28,7 @@ from accel.hw.errors import DeadlockError
 from accel.hw.instructions import LOAD_HOST_DTYPE, STORE_HOST_DTYPE
 from accel.hw.isa import Instruction, Mem, Opcode
 from accel.hw.timing import UNIT_OF, UNITS, Timing
+from accel.hw.tokens import footprint
 
 __all__ = ["cost", "Timing", "schedule"]
 
@@ -34,6 +36,14 @@ __all__ = ["cost", "Timing", "schedule"]
 # member found through its class costs more than a global
 _LOAD, _STORE, _GEMM, _ALU, _LUT, _DWMAC = Opcode.LOAD, Opcode.STORE, Opcode.GEMM, Opcode.ALU, Opcode.LUT, Opcode.DWMAC
 _ALU_CHAIN = Opcode.ALU_CHAIN
+
+# what a compute-queue instruction holds while it runs: the GEMM array (GEMM, DWMAC and the
+# compute NOP, a GEMM of no tiles), the ALU (ALU, LUT, ALU_CHAIN), the DMA engine the other
+# queues share (a LOAD into ACC), or nothing (FINISH, which waits for everything instead)
+_GEMM_UNIT, _ALU_UNIT, _DMA, _NO_UNIT = 0, 1, 2, 3
+_UNIT_OF_COMPUTE = {Opcode.GEMM: _GEMM_UNIT, Opcode.DWMAC: _GEMM_UNIT, Opcode.ALU: _ALU_UNIT,
+                    Opcode.LUT: _ALU_UNIT, Opcode.ALU_CHAIN: _ALU_UNIT, Opcode.LOAD: _DMA,
+                    Opcode.FINISH: _NO_UNIT}
 
 
 def _dram_bytes(ins: Instruction) -> int:
@@ -86,9 +96,13 @@ def schedule(stream: Sequence[Instruction], config: Config) -> Timing:
     [4]
     """
     n = len(stream)
-    tile_macs = config.tile ** 3
+    tile = config.tile
+    tile_macs = tile ** 3
     queues: list[list[int]] = [[], [], []]
-    costs, pops, pushes, dma, finish = [0] * n, [()] * n, [()] * n, [False] * n, [False] * n
+    costs, pops, pushes = [0] * n, [()] * n, [()] * n
+    # what a head waits for before it starts: _UNIT_OF_COMPUTE's unit of a compute instruction,
+    # the DMA engine for a LOAD/STORE (the load and store queues run one at a time anyway)
+    unit = [_DMA] * n
     busy = dict.fromkeys(UNITS, 0)
     per_opcode = dict.fromkeys(Opcode, 0)      # by member: an enum's .name is a property, slow per instruction
     traffic = {"dram_to_sram": 0, "sram_to_dram": 0}
@@ -96,25 +110,23 @@ def schedule(stream: Sequence[Instruction], config: Config) -> Timing:
     opcodes = [ins.opcode for ins in stream]
     # the members and tables as locals: this loop runs once per instruction of every stream
     load, store, finish_op, gemm, dwmac, acc = _LOAD, _STORE, Opcode.FINISH, _GEMM, _DWMAC, Mem.ACC
-    pops_of, pushes_of, unit_of = POPS, PUSHES, UNIT_OF
+    pops_of, pushes_of, unit_of, compute_unit = POPS, PUSHES, UNIT_OF, _UNIT_OF_COMPUTE
     for i, ins in enumerate(stream):
         op = opcodes[i]
         if op is load:
-            q = 1 if ins.mem is acc else 0
             traffic["dram_to_sram"] += _dram_bytes(ins)
-            dma[i] = True
+            q = 1 if ins.mem is acc else 0
         elif op is store:
             q = 2
             traffic["sram_to_dram"] += _dram_bytes(ins)
-            dma[i] = True
         else:
             q = 1
-            if op is finish_op:
-                finish[i] = True
-            elif op is gemm and not ins.reset:
-                macs += ins.ext_out * ins.ext_in * tile_macs
+            unit[i] = compute_unit[op]
+            if op is gemm:
+                if not ins.reset:
+                    macs += ins.ext_out * ins.ext_in * tile_macs
             elif op is dwmac:
-                macs += ins.ext_out * ins.ext_in * config.tile ** 2
+                macs += ins.ext_out * ins.ext_in * tile * tile
         c = costs[i] = cost(ins, config)
         per_opcode[op] += 1
         if op is not finish_op:
@@ -125,58 +137,140 @@ def schedule(stream: Sequence[Instruction], config: Config) -> Timing:
         queues[q].append(i)
 
     start, end = [0] * n, [0] * n
-    pos = [0, 0, 0]
-    size = [len(qs) for qs in queues]
-    running = [-1, -1, -1]      # the instruction each queue runs, -1 when idle
-    ends = [0, 0, 0]
+    # the load and store queues: one instruction at a time, each pushes when it ends
+    loads, stores = queues[0], queues[2]
+    lpos = spos = 0
+    lsize, ssize = len(loads), len(stores)
+    lrun = srun = -1            # the instruction each runs, -1 when idle
+    # the compute queue (ISA.md section 6): in-order issue to free units, a scoreboard of the
+    # running instructions' footprints, in-order retire (pushes then)
+    compute = queues[1]
+    cpos, csize = 0, len(compute)
+    free_at = [0, 0, 0, 0]      # per unit (_GEMM_UNIT, _ALU_UNIT, _DMA, _NO_UNIT), DMA shared
+    active: list[int] = []      # compute instructions started and not ended
+    unretired: deque[int] = deque()     # compute instructions started and not retired, in order
+    footprints: dict[int, tuple] = {}   # id(instruction) -> _scoreboard entry (loops repeat them)
     tokens = [0, 0, 0, 0]
-    dma_free_at = now = done = 0
+    now = done = 0
     while done < n:
         while True:                 # start what can start now, earliest in program order first
-            best = best_q = -1
-            for q in (0, 1, 2):
-                if running[q] >= 0 or pos[q] == size[q]:
-                    continue
-                i = queues[q][pos[q]]
-                if best >= 0 and i > best:
-                    continue
-                if finish[i] and (pos[0] < size[0] or pos[2] < size[2]
-                                  or running[0] >= 0 or running[2] >= 0):
-                    continue
-                if dma[i] and dma_free_at > now:
-                    continue
-                ok = True
-                for ch in pops[i]:
-                    if not tokens[ch]:
-                        ok = False
-                if ok:
-                    best, best_q = i, q
+            best = -1
+            if lrun < 0 and lpos < lsize:
+                i = loads[lpos]
+                if free_at[_DMA] <= now:
+                    for ch in pops[i]:
+                        if not tokens[ch]:
+                            break
+                    else:
+                        best = i
+            if cpos < csize:
+                i = compute[cpos]
+                if (best < 0 or i < best) and free_at[unit[i]] <= now:
+                    for ch in pops[i]:
+                        if not tokens[ch]:
+                            break
+                    else:
+                        if unit[i] == _NO_UNIT:     # FINISH: once everything before it retired
+                            if not (unretired or lrun >= 0 or srun >= 0 or lpos < lsize or spos < ssize):
+                                best = i
+                        elif not active or not _hazard(stream, i, active, end, now, footprints, tile):
+                            best = i
+            if srun < 0 and spos < ssize:
+                i = stores[spos]
+                if (best < 0 or i < best) and free_at[_DMA] <= now:
+                    for ch in pops[i]:
+                        if not tokens[ch]:
+                            break
+                    else:
+                        best = i
             if best < 0:
                 break
             for ch in pops[best]:
                 tokens[ch] -= 1
             start[best] = now
-            end[best] = ends[best_q] = now + costs[best]
-            if dma[best]:
-                dma_free_at = end[best]
-            running[best_q] = best
-            pos[best_q] += 1
-        now = -1                    # the next end of a running instruction
-        for q in (0, 1, 2):
-            if running[q] >= 0 and (now < 0 or ends[q] < now):
-                now = ends[q]
+            end[best] = e = now + costs[best]
+            u = unit[best]
+            free_at[u] = e
+            if cpos < csize and compute[cpos] == best:
+                cpos += 1
+                active.append(best)
+                unretired.append(best)
+            elif lpos < lsize and loads[lpos] == best:
+                lpos += 1
+                lrun = best
+            else:
+                spos += 1
+                srun = best
+        # the next end of a running instruction
+        now = -1
+        if lrun >= 0:
+            now = end[lrun]
+        if srun >= 0 and (now < 0 or end[srun] < now):
+            now = end[srun]
+        for i in active:
+            if now < 0 or end[i] < now:
+                now = end[i]
         if now < 0:
             _stalled(stream)
-        for q in (0, 1, 2):
-            if running[q] >= 0 and ends[q] == now:
-                for ch in pushes[running[q]]:
+        if lrun >= 0 and end[lrun] == now:
+            for ch in pushes[lrun]:
+                tokens[ch] += 1
+            lrun = -1
+            done += 1
+        if srun >= 0 and end[srun] == now:
+            for ch in pushes[srun]:
+                tokens[ch] += 1
+            srun = -1
+            done += 1
+        if active:
+            active = [i for i in active if end[i] > now]
+            while unretired and end[unretired[0]] <= now:
+                for ch in pushes[unretired.popleft()]:
                     tokens[ch] += 1
-                running[q] = -1
                 done += 1
     if any(tokens):
         _stalled(stream)
     counts = {op.name: n for op, n in per_opcode.items()}
     return Timing(start, end, opcodes, max(end, default=0), busy, counts, traffic, macs)
+
+
+def _scoreboard(ins: Instruction, tile: int) -> tuple:
+    """``(written, read)``: the scratchpad ranges an instruction writes and reads, each a tuple
+    of ``(space, lo, hi)`` (:func:`accel.hw.tokens.footprint`'s conservative hulls)."""
+    accesses = footprint(ins, tile)
+    return (tuple((space, lo, hi) for space, lo, hi, write in accesses if write),
+            tuple((space, lo, hi) for space, lo, hi, write in accesses if not write))
+
+
+def _hazard(stream: Sequence[Instruction], i: int, active: list[int], end: list[int], now: int,
+            footprints: dict[int, tuple], tile: int) -> bool:
+    """Whether compute instruction ``i`` reads or writes what a running one (``active``, end
+    after ``now``) writes, or writes what one reads (RAW, WAR, WAW)."""
+    ins = stream[i]
+    mine = footprints.get(id(ins))
+    if mine is None:
+        mine = footprints[id(ins)] = _scoreboard(ins, tile)
+    writes, reads = mine
+    for r in active:
+        if end[r] <= now:
+            continue
+        other = stream[r]
+        theirs = footprints.get(id(other))
+        if theirs is None:
+            theirs = footprints[id(other)] = _scoreboard(other, tile)
+        their_writes, their_reads = theirs
+        for space, lo, hi in their_writes:
+            for s, a, b in writes:
+                if s == space and a < hi and lo < b:
+                    return True
+            for s, a, b in reads:
+                if s == space and a < hi and lo < b:
+                    return True
+        for space, lo, hi in their_reads:
+            for s, a, b in writes:
+                if s == space and a < hi and lo < b:
+                    return True
+    return False
 
 
 def _stalled(stream: Sequence[Instruction]) -> None:
