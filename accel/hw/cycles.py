@@ -1,20 +1,35 @@
 """The cycle model: what each instruction costs and when it runs (accel/ISA.md section 6).
 
 Busy cycles come from the :class:`~accel.hw.config.Config`; an event simulation advances
-the load, compute and store queues in parallel. The head of a queue starts when the queue
-is idle, its pops have tokens (a token exists from the end of the instruction that pushed
-it) and, for LOAD/STORE, the single DMA engine is free; among several heads that could
-start at once, the earliest in program order wins. FINISH starts once the load and store
-queues have drained.
+the load, compute and store queues in parallel. The load and store queues run one
+instruction at a time. The compute queue issues in program order to its units, the GEMM
+array (GEMM, DWMAC), the ALU (ALU, LUT, ALU_CHAIN) and the DMA engine (a LOAD into ACC),
+so that a block's epilogue runs beside the next block's GEMMs: its head starts when its
+unit is free, its pops have tokens, and it reads or writes no scratchpad range a running
+compute instruction writes, nor writes one such an instruction reads (a scoreboard of
+:func:`accel.hw.tokens.footprint`'s ranges). A compute instruction *retires*, and pushes its
+tokens, once it and every earlier one of the queue ended; a LOAD/STORE pushes when it ends.
+LOAD/STORE wait for the single DMA engine; among several heads that could start at once,
+the earliest in program order wins. FINISH starts once every earlier instruction retired.
+``start``/``end`` are the busy interval of the instruction's unit.
 
 Functional execution is not needed to know the timing: :func:`schedule` alone is what a
-timing-only run (``Session(timing_only=True)``) costs.
+timing-only run (``Session(timing_only=True)``) costs. The functional simulator runs each
+instruction whole at its start (:meth:`accel.hw.timing.Timing.order`): a queue's starts
+are in program order and the scoreboard keeps running instructions apart, so what it
+computes is what program order computes.
 
->>> from accel.hw.isa import Finish, Gemm
->>> t = schedule([Gemm(acc_addr=0, inp_addr=0, wgt_addr=0, acc_ld=16, inp_ld=16, wgt_ld=16),
-...               Finish()], Config())
+>>> from accel.hw.isa import Alu, AluOp, Finish, Gemm
+>>> gemm = Gemm(acc_addr=0, inp_addr=0, wgt_addr=0, acc_ld=16, inp_ld=16, wgt_ld=16)
+>>> t = schedule([gemm, Finish()], Config())
 >>> t.cycles, t.start, t.end, t.busy["gemm"], t.macs
 (24, [0, 20], [20, 24], 20, 4096)
+
+An ALU op on another ACC tile runs beside the GEMM; one on the GEMM's tile waits for it:
+
+>>> elsewhere, onto = (Alu(op=AluOp.ADD, dst_addr=a, use_imm=True, imm=1) for a in (256, 0))
+>>> schedule([gemm, elsewhere, Finish()], Config()).start, schedule([gemm, onto, Finish()], Config()).start
+([0, 0, 20], [0, 20, 25])
 """
 
 from __future__ import annotations
