@@ -34,6 +34,7 @@ An ALU op on another ACC tile runs beside the GEMM; one on the GEMM's tile waits
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from typing import Sequence
 
@@ -56,6 +57,7 @@ _ALU_CHAIN = Opcode.ALU_CHAIN
 # compute NOP, a GEMM of no tiles), the ALU (ALU, LUT, ALU_CHAIN), the DMA engine the other
 # queues share (a LOAD into ACC), or nothing (FINISH, which waits for everything instead)
 _GEMM_UNIT, _ALU_UNIT, _DMA, _NO_UNIT = 0, 1, 2, 3
+_ACC_SPACE = ("sram", int(Mem.ACC))     # the space footprint() names ACC by
 _UNIT_OF_COMPUTE = {Opcode.GEMM: _GEMM_UNIT, Opcode.DWMAC: _GEMM_UNIT, Opcode.ALU: _ALU_UNIT,
                     Opcode.LUT: _ALU_UNIT, Opcode.ALU_CHAIN: _ALU_UNIT, Opcode.LOAD: _DMA,
                     Opcode.FINISH: _NO_UNIT}
@@ -158,62 +160,74 @@ def schedule(stream: Sequence[Instruction], config: Config) -> Timing:
     lsize, ssize = len(loads), len(stores)
     lrun = srun = -1            # the instruction each runs, -1 when idle
     # the compute queue (ISA.md section 6): in-order issue to free units, a scoreboard of the
-    # running instructions' footprints, in-order retire (pushes then)
+    # running instructions' ACC ranges, in-order retire (pushes then)
     compute = queues[1]
     cpos, csize = 0, len(compute)
-    free_at = [0, 0, 0, 0]      # per unit (_GEMM_UNIT, _ALU_UNIT, _DMA, _NO_UNIT), DMA shared
-    active: list[int] = []      # compute instructions started and not ended
+    free_at = [0, 0, 0, 0]      # per unit (_GEMM_UNIT, _ALU_UNIT, _DMA, _NO_UNIT), the DMA engine shared
+    crun = [-1, -1, -1, -1]     # per unit, the compute instruction it runs, -1 when none
     unretired: deque[int] = deque()     # compute instructions started and not retired, in order
-    footprints: dict[int, tuple] = {}   # id(instruction) -> _scoreboard entry (loops repeat them)
+    # the scoreboard's ACC ranges per stream position, and per instruction (loops repeat them)
+    acc_of: list = [None] * n
+    ranges: dict[int, tuple] = {}
     tokens = [0, 0, 0, 0]
     now = done = 0
     while done < n:
         while True:                 # start what can start now, earliest in program order first
             best = -1
-            if lrun < 0 and lpos < lsize:
+            if lrun < 0 and lpos < lsize and free_at[_DMA] <= now:
                 i = loads[lpos]
-                if free_at[_DMA] <= now:
-                    for ch in pops[i]:
-                        if not tokens[ch]:
-                            break
-                    else:
-                        best = i
+                for ch in pops[i]:
+                    if not tokens[ch]:
+                        break
+                else:
+                    best, queue = i, 0
             if cpos < csize:
                 i = compute[cpos]
-                if (best < 0 or i < best) and free_at[unit[i]] <= now:
+                u = unit[i]
+                if (best < 0 or i < best) and free_at[u] <= now:
                     for ch in pops[i]:
                         if not tokens[ch]:
                             break
                     else:
-                        if unit[i] == _NO_UNIT:     # FINISH: once everything before it retired
+                        if u == _NO_UNIT:       # FINISH: once everything before it retired
                             if not (unretired or lrun >= 0 or srun >= 0 or lpos < lsize or spos < ssize):
-                                best = i
-                        elif not active or not _hazard(stream, i, active, end, now, footprints, tile):
-                            best = i
-            if srun < 0 and spos < ssize:
+                                best, queue = i, 1
+                        else:
+                            # the scoreboard: the other units' running instructions (this unit's is done)
+                            for r in crun:
+                                if r >= 0 and end[r] > now:
+                                    wlo, whi, rlo, rhi = acc_of[i] or _acc_ranges(stream, i, acc_of, ranges, tile)
+                                    lo, hi, their_rlo, their_rhi = acc_of[r] or _acc_ranges(stream, r, acc_of, ranges, tile)
+                                    if (wlo < hi and lo < whi) or (rlo < hi and lo < rhi) or (
+                                            wlo < their_rhi and their_rlo < whi):
+                                        break
+                            else:
+                                best, queue = i, 1
+            if srun < 0 and spos < ssize and (best < 0 or stores[spos] < best) and free_at[_DMA] <= now:
                 i = stores[spos]
-                if (best < 0 or i < best) and free_at[_DMA] <= now:
-                    for ch in pops[i]:
-                        if not tokens[ch]:
-                            break
-                    else:
-                        best = i
+                for ch in pops[i]:
+                    if not tokens[ch]:
+                        break
+                else:
+                    best, queue = i, 2
             if best < 0:
                 break
             for ch in pops[best]:
                 tokens[ch] -= 1
             start[best] = now
             end[best] = e = now + costs[best]
-            u = unit[best]
-            free_at[u] = e
-            if cpos < csize and compute[cpos] == best:
+            if queue == 1:
+                u = unit[best]
+                free_at[u] = e
+                crun[u] = best
                 cpos += 1
-                active.append(best)
                 unretired.append(best)
-            elif lpos < lsize and loads[lpos] == best:
+            elif queue == 0:
+                free_at[_DMA] = e
                 lpos += 1
                 lrun = best
             else:
+                free_at[_DMA] = e
                 spos += 1
                 srun = best
         # the next end of a running instruction
@@ -222,9 +236,9 @@ def schedule(stream: Sequence[Instruction], config: Config) -> Timing:
             now = end[lrun]
         if srun >= 0 and (now < 0 or end[srun] < now):
             now = end[srun]
-        for i in active:
-            if now < 0 or end[i] < now:
-                now = end[i]
+        for r in crun:
+            if r >= 0 and (now < 0 or end[r] < now):
+                now = end[r]
         if now < 0:
             _stalled(stream)
         if lrun >= 0 and end[lrun] == now:
@@ -237,55 +251,45 @@ def schedule(stream: Sequence[Instruction], config: Config) -> Timing:
                 tokens[ch] += 1
             srun = -1
             done += 1
-        if active:
-            active = [i for i in active if end[i] > now]
-            while unretired and end[unretired[0]] <= now:
-                for ch in pushes[unretired.popleft()]:
-                    tokens[ch] += 1
-                done += 1
+        for u in (0, 1, 2, 3):
+            r = crun[u]
+            if r >= 0 and end[r] == now:
+                crun[u] = -1
+                while unretired and end[unretired[0]] <= now:
+                    for ch in pushes[unretired.popleft()]:
+                        tokens[ch] += 1
+                    done += 1
     if any(tokens):
         _stalled(stream)
     counts = {op.name: n for op, n in per_opcode.items()}
     return Timing(start, end, opcodes, max(end, default=0), busy, counts, traffic, macs)
 
 
-def _scoreboard(ins: Instruction, tile: int) -> tuple:
-    """``(written, read)``: the scratchpad ranges an instruction writes and reads, each a tuple
-    of ``(space, lo, hi)`` (:func:`accel.hw.tokens.footprint`'s conservative hulls)."""
-    accesses = footprint(ins, tile)
-    return (tuple((space, lo, hi) for space, lo, hi, write in accesses if write),
-            tuple((space, lo, hi) for space, lo, hi, write in accesses if not write))
-
-
-def _hazard(stream: Sequence[Instruction], i: int, active: list[int], end: list[int], now: int,
-            footprints: dict[int, tuple], tile: int) -> bool:
-    """Whether compute instruction ``i`` reads or writes what a running one (``active``, end
-    after ``now``) writes, or writes what one reads (RAW, WAR, WAW)."""
+def _acc_ranges(stream: Sequence[Instruction], i: int, acc_of: list, ranges: dict[int, tuple],
+                tile: int) -> tuple[int, int, int, int]:
+    """``(write lo, write hi, read lo, read hi)`` of compute instruction ``i``: the hulls of the
+    ACC ranges it writes and reads (:func:`accel.hw.tokens.footprint`'s; ``0, 0`` for none),
+    kept in ``acc_of[i]`` and, by the instruction's id, in ``ranges``. The scoreboard needs no
+    more: compute instructions write ACC alone, INP and WGT they only read (LOADs of the load
+    queue write them, ordered by tokens)."""
     ins = stream[i]
-    mine = footprints.get(id(ins))
-    if mine is None:
-        mine = footprints[id(ins)] = _scoreboard(ins, tile)
-    writes, reads = mine
-    for r in active:
-        if end[r] <= now:
-            continue
-        other = stream[r]
-        theirs = footprints.get(id(other))
-        if theirs is None:
-            theirs = footprints[id(other)] = _scoreboard(other, tile)
-        their_writes, their_reads = theirs
-        for space, lo, hi in their_writes:
-            for s, a, b in writes:
-                if s == space and a < hi and lo < b:
-                    return True
-            for s, a, b in reads:
-                if s == space and a < hi and lo < b:
-                    return True
-        for space, lo, hi in their_reads:
-            for s, a, b in writes:
-                if s == space and a < hi and lo < b:
-                    return True
-    return False
+    found = ranges.get(id(ins))
+    if found is None:
+        wlo = rlo = math.inf
+        whi = rhi = -math.inf
+        for space, lo, hi, write in footprint(ins, tile):
+            if space == _ACC_SPACE:
+                if write:
+                    wlo, whi = min(wlo, lo), max(whi, hi)
+                else:
+                    rlo, rhi = min(rlo, lo), max(rhi, hi)
+        if wlo >= whi:
+            wlo = whi = 0
+        if rlo >= rhi:
+            rlo = rhi = 0
+        found = ranges[id(ins)] = (wlo, whi, rlo, rhi)
+    acc_of[i] = found
+    return found
 
 
 def _stalled(stream: Sequence[Instruction]) -> None:
