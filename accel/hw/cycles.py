@@ -58,6 +58,10 @@ _ALU_CHAIN = Opcode.ALU_CHAIN
 # queues share (a LOAD into ACC), or nothing (FINISH, which waits for everything instead)
 _GEMM_UNIT, _ALU_UNIT, _DMA, _NO_UNIT = 0, 1, 2, 3
 _ACC_SPACE = ("sram", int(Mem.ACC))     # the space footprint() names ACC by
+_NEVER = 1 << 62                        # the end of a dispatched instruction not started yet
+_OTHER_UNITS = ((_ALU_UNIT, _DMA), (_GEMM_UNIT, _DMA), (_GEMM_UNIT, _ALU_UNIT))
+# per opcode, the index in UNITS of the unit its busy cycles count for (FINISH: a fifth, unshown)
+_UNIT_INDEX = [UNITS.index(UNIT_OF[op]) if op in UNIT_OF else len(UNITS) for op in Opcode]
 _UNIT_OF_COMPUTE = {Opcode.GEMM: _GEMM_UNIT, Opcode.DWMAC: _GEMM_UNIT, Opcode.ALU: _ALU_UNIT,
                     Opcode.LUT: _ALU_UNIT, Opcode.ALU_CHAIN: _ALU_UNIT, Opcode.LOAD: _DMA,
                     Opcode.FINISH: _NO_UNIT}
@@ -120,37 +124,45 @@ def schedule(stream: Sequence[Instruction], config: Config) -> Timing:
     # what a head waits for before it starts: _UNIT_OF_COMPUTE's unit of a compute instruction,
     # the DMA engine for a LOAD/STORE (the load and store queues run one at a time anyway)
     unit = [_DMA] * n
-    busy = dict.fromkeys(UNITS, 0)
-    per_opcode = dict.fromkeys(Opcode, 0)      # by member: an enum's .name is a property, slow per instruction
-    traffic = {"dram_to_sram": 0, "sram_to_dram": 0}
-    macs = 0
-    opcodes = [ins.opcode for ins in stream]
+    # per unit of UNITS, busy cycles; per opcode, instructions; DMA bytes in, out; MACs
+    busy = [0] * (len(UNITS) + 1)
+    per_opcode = [0] * len(Opcode)
+    into = out_of = macs = 0
+    # what an instruction costs and does, by its id: compiled loops repeat instruction objects
+    known: dict[int, tuple] = {}
     # the members and tables as locals: this loop runs once per instruction of every stream
     load, store, finish_op, gemm, dwmac, acc = _LOAD, _STORE, Opcode.FINISH, _GEMM, _DWMAC, Mem.ACC
-    pops_of, pushes_of, unit_of, compute_unit = POPS, PUSHES, UNIT_OF, _UNIT_OF_COMPUTE
+    pops_of, pushes_of, compute_unit, unit_index = POPS, PUSHES, _UNIT_OF_COMPUTE, _UNIT_INDEX
     for i, ins in enumerate(stream):
-        op = opcodes[i]
-        if op is load:
-            traffic["dram_to_sram"] += _dram_bytes(ins)
-            q = 1 if ins.mem is acc else 0
-        elif op is store:
-            q = 2
-            traffic["sram_to_dram"] += _dram_bytes(ins)
-        else:
-            q = 1
-            unit[i] = compute_unit[op]
-            if op is gemm:
-                if not ins.reset:
-                    macs += ins.ext_out * ins.ext_in * tile_macs
-            elif op is dwmac:
-                macs += ins.ext_out * ins.ext_in * tile * tile
-        c = costs[i] = cost(ins, config)
+        info = known.get(id(ins))
+        if info is None:
+            op = ins.opcode
+            moved_in = moved_out = work = 0
+            u = _DMA
+            if op is load:
+                moved_in = _dram_bytes(ins)
+                q = 1 if ins.mem is acc else 0
+            elif op is store:
+                q = 2
+                moved_out = _dram_bytes(ins)
+            else:
+                q = 1
+                u = compute_unit[op]
+                if op is gemm:
+                    if not ins.reset:
+                        work = ins.ext_out * ins.ext_in * tile_macs
+                elif op is dwmac:
+                    work = ins.ext_out * ins.ext_in * tile * tile
+            flags = ins.flags
+            info = known[id(ins)] = (q, u, cost(ins, config), pops_of[q][flags], pushes_of[q][flags], op,
+                                     unit_index[op], moved_in, moved_out, work)
+        q, unit[i], c, pops[i], pushes[i], op, b, moved_in, moved_out, work = info
+        costs[i] = c
         per_opcode[op] += 1
-        if op is not finish_op:
-            busy[unit_of[op]] += c
-        flags = ins.flags
-        pops[i] = pops_of[q][flags]
-        pushes[i] = pushes_of[q][flags]
+        busy[b] += c
+        into += moved_in
+        out_of += moved_out
+        macs += work
         queues[q].append(i)
 
     start, end = [0] * n, [0] * n
@@ -159,51 +171,112 @@ def schedule(stream: Sequence[Instruction], config: Config) -> Timing:
     lpos = spos = 0
     lsize, ssize = len(loads), len(stores)
     lrun = srun = -1            # the instruction each runs, -1 when idle
-    # the compute queue (ISA.md section 6): in-order issue to free units, a scoreboard of the
-    # running instructions' ACC ranges, in-order retire (pushes then)
+    # the compute queue (ISA.md section 6): in-order dispatch to its units, each running its
+    # own instructions in order with up to ``depth`` waiting; a scoreboard of the other units'
+    # dispatched instructions' ACC ranges; in-order retire (pushes then)
     compute = queues[1]
     cpos, csize = 0, len(compute)
+    depth = config.unit_queue
     free_at = [0, 0, 0, 0]      # per unit (_GEMM_UNIT, _ALU_UNIT, _DMA, _NO_UNIT), the DMA engine shared
-    crun = [-1, -1, -1, -1]     # per unit, the compute instruction it runs, -1 when none
-    unretired: deque[int] = deque()     # compute instructions started and not retired, in order
+    crun = [-1, -1, -1]         # per unit, the compute instruction it runs, -1 when none
+    waiting: tuple[deque[int], ...] = (deque(), deque(), deque())      # per unit, dispatched and not started
+    retired = 0                 # compute[:retired] retired, compute[retired:cpos] dispatched
     # the scoreboard's ACC ranges per stream position, and per instruction (loops repeat them)
     acc_of: list = [None] * n
     ranges: dict[int, tuple] = {}
+    others = _OTHER_UNITS
     tokens = [0, 0, 0, 0]
     now = done = 0
+    stuck = False               # whether the compute queue's head waits for an event
     while done < n:
-        while True:                 # start what can start now, earliest in program order first
+        while True:                 # start (or dispatch) what can start now
+            # the compute queue: its heads in order, each to its unit when free, else to wait
+            # for it; a LOAD into ACC that would start now needs the DMA engine (below)
+            while not stuck and cpos < csize:
+                i = compute[cpos]
+                u = unit[i]
+                if u == _NO_UNIT:
+                    # FINISH: once everything before it retired; the last, nothing waits for it
+                    if not (retired < cpos or lrun >= 0 or srun >= 0 or lpos < lsize or spos < ssize):
+                        for ch in pops[i]:
+                            if not tokens[ch]:
+                                break
+                        else:
+                            for ch in pops[i]:
+                                tokens[ch] -= 1
+                            start[i] = now
+                            end[i] = now + costs[i]
+                            cpos += 1
+                            retired += 1
+                            done += 1
+                    break
+                free = free_at[u] <= now and not waiting[u]
+                if free and u == _DMA or not free and len(waiting[u]) >= depth:
+                    break
+                for ch in pops[i]:
+                    if not tokens[ch]:
+                        break
+                else:
+                    # the scoreboard: the other units' instructions, running or waiting (this
+                    # unit's run before it, in order)
+                    clash = False
+                    for v in others[u]:
+                        r = crun[v]
+                        if r >= 0 and end[r] > now:
+                            wlo, whi, rlo, rhi = acc_of[i] or _acc_ranges(stream, i, acc_of, ranges, tile)
+                            lo, hi, their_rlo, their_rhi = acc_of[r]     # set when it started (below)
+                            if (wlo < hi and lo < whi) or (rlo < hi and lo < rhi) or (
+                                    wlo < their_rhi and their_rlo < whi):
+                                clash = True
+                                break
+                        if waiting[v] and _hazard(stream, i, waiting[v], acc_of, ranges, tile):
+                            clash = True
+                            break
+                    if not clash and acc_of[i] is None:
+                        # what a later head checks against while this one runs or waits
+                        _acc_ranges(stream, i, acc_of, ranges, tile)
+                    if clash:
+                        break
+                    for ch in pops[i]:
+                        tokens[ch] -= 1
+                    cpos += 1
+                    if free:
+                        start[i] = now
+                        end[i] = free_at[u] = now + costs[i]
+                        crun[u] = i
+                    else:
+                        waiting[u].append(i)
+                        end[i] = _NEVER
+                    continue
+                break
+            # the compute queue's head waits: for an event, or for the DMA engine's choice below
+            stuck = True
+            if free_at[_DMA] > now:
+                break
+            # the DMA engine: the earliest in program order of the load queue's head, the
+            # compute queue's LOAD into ACC and the store queue's head
             best = -1
-            if lrun < 0 and lpos < lsize and free_at[_DMA] <= now:
+            if lrun < 0 and lpos < lsize:
                 i = loads[lpos]
                 for ch in pops[i]:
                     if not tokens[ch]:
                         break
                 else:
                     best, queue = i, 0
-            if cpos < csize:
+            if waiting[_DMA]:
+                i = waiting[_DMA][0]
+                if best < 0 or i < best:
+                    best, queue = i, 3
+            elif cpos < csize and unit[compute[cpos]] == _DMA:
                 i = compute[cpos]
-                u = unit[i]
-                if (best < 0 or i < best) and free_at[u] <= now:
+                if (best < 0 or i < best) and not (
+                        (crun[0] >= 0 or crun[1] >= 0) and _hazard(stream, i, _running(crun, end, now), acc_of, ranges, tile)):
                     for ch in pops[i]:
                         if not tokens[ch]:
                             break
                     else:
-                        if u == _NO_UNIT:       # FINISH: once everything before it retired
-                            if not (unretired or lrun >= 0 or srun >= 0 or lpos < lsize or spos < ssize):
-                                best, queue = i, 1
-                        else:
-                            # the scoreboard: the other units' running instructions (this unit's is done)
-                            for r in crun:
-                                if r >= 0 and end[r] > now:
-                                    wlo, whi, rlo, rhi = acc_of[i] or _acc_ranges(stream, i, acc_of, ranges, tile)
-                                    lo, hi, their_rlo, their_rhi = acc_of[r] or _acc_ranges(stream, r, acc_of, ranges, tile)
-                                    if (wlo < hi and lo < whi) or (rlo < hi and lo < rhi) or (
-                                            wlo < their_rhi and their_rlo < whi):
-                                        break
-                            else:
-                                best, queue = i, 1
-            if srun < 0 and spos < ssize and (best < 0 or stores[spos] < best) and free_at[_DMA] <= now:
+                        best, queue = i, 1
+            if srun < 0 and spos < ssize and (best < 0 or stores[spos] < best):
                 i = stores[spos]
                 for ch in pops[i]:
                     if not tokens[ch]:
@@ -212,24 +285,29 @@ def schedule(stream: Sequence[Instruction], config: Config) -> Timing:
                     best, queue = i, 2
             if best < 0:
                 break
+            start[best] = now
+            end[best] = free_at[_DMA] = now + costs[best]
+            stuck = False           # the compute queue's LOAD into ACC started, or waits for the engine now
+            if queue == 3:
+                waiting[_DMA].popleft()
+                crun[_DMA] = best
+                continue
             for ch in pops[best]:
                 tokens[ch] -= 1
-            start[best] = now
-            end[best] = e = now + costs[best]
             if queue == 1:
-                u = unit[best]
-                free_at[u] = e
-                crun[u] = best
                 cpos += 1
-                unretired.append(best)
+                crun[_DMA] = best
+                if acc_of[best] is None:
+                    _acc_ranges(stream, best, acc_of, ranges, tile)
             elif queue == 0:
-                free_at[_DMA] = e
                 lpos += 1
                 lrun = best
             else:
-                free_at[_DMA] = e
                 spos += 1
                 srun = best
+        if done == n:               # FINISH started
+            break
+        stuck = False
         # the next end of a running instruction
         now = -1
         if lrun >= 0:
@@ -251,18 +329,24 @@ def schedule(stream: Sequence[Instruction], config: Config) -> Timing:
                 tokens[ch] += 1
             srun = -1
             done += 1
-        for u in (0, 1, 2, 3):
+        for u in (0, 1, 2):
             r = crun[u]
             if r >= 0 and end[r] == now:
                 crun[u] = -1
-                while unretired and end[unretired[0]] <= now:
-                    for ch in pushes[unretired.popleft()]:
+                if u != _DMA and waiting[u]:        # the unit's next (a LOAD into ACC waits for the engine)
+                    r = crun[u] = waiting[u].popleft()
+                    start[r] = now
+                    end[r] = free_at[u] = now + costs[r]
+                while retired < cpos and end[compute[retired]] <= now:
+                    for ch in pushes[compute[retired]]:
                         tokens[ch] += 1
+                    retired += 1
                     done += 1
     if any(tokens):
         _stalled(stream)
-    counts = {op.name: n for op, n in per_opcode.items()}
-    return Timing(start, end, opcodes, max(end, default=0), busy, counts, traffic, macs)
+    return Timing(start, end, [ins.opcode for ins in stream], max(end, default=0),
+                  {name: busy[k] for k, name in enumerate(UNITS)},
+                  {op.name: per_opcode[op] for op in Opcode}, {"dram_to_sram": into, "sram_to_dram": out_of}, macs)
 
 
 def _acc_ranges(stream: Sequence[Instruction], i: int, acc_of: list, ranges: dict[int, tuple],
@@ -290,6 +374,22 @@ def _acc_ranges(stream: Sequence[Instruction], i: int, acc_of: list, ranges: dic
         found = ranges[id(ins)] = (wlo, whi, rlo, rhi)
     acc_of[i] = found
     return found
+
+
+def _hazard(stream: Sequence[Instruction], i: int, others, acc_of: list, ranges: dict[int, tuple],
+            tile: int) -> bool:
+    """Whether compute instruction ``i`` and any of ``others`` conflict on ACC (RAW, WAR, WAW)."""
+    wlo, whi, rlo, rhi = acc_of[i] or _acc_ranges(stream, i, acc_of, ranges, tile)
+    for r in others:
+        lo, hi, their_rlo, their_rhi = acc_of[r] or _acc_ranges(stream, r, acc_of, ranges, tile)
+        if (wlo < hi and lo < whi) or (rlo < hi and lo < rhi) or (wlo < their_rhi and their_rlo < whi):
+            return True
+    return False
+
+
+def _running(crun: list[int], end: list[int], now: int) -> list[int]:
+    """The compute instructions running at ``now``, one per unit."""
+    return [r for r in crun if r >= 0 and end[r] > now]
 
 
 def _stalled(stream: Sequence[Instruction]) -> None:

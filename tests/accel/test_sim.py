@@ -1,5 +1,6 @@
 """Simulator: random programs against a plain numpy model, DMA, narrowing, errors, cycles."""
 
+import dataclasses
 import functools
 import hashlib
 
@@ -592,18 +593,23 @@ def _conflict(a, b):
 
 
 def reference_schedule(stream, c=SMALL, scoreboard=True):
-    """The event simulation of accel/ISA.md section 6, cycle by cycle: at each cycle the
-    queues' heads start, earliest in program order first, when their pops have tokens and
+    """The event simulation of accel/ISA.md section 6, cycle by cycle. At each cycle the
+    queues' heads go, earliest in program order first, when their pops have tokens and
     - LOAD/STORE of the load and store queues: the queue is idle and the DMA engine free;
-    - the compute queue's head: its unit (GEMM array, ALU, DMA engine) is free and its
-      footprint conflicts with no running compute instruction's; FINISH once every earlier
-      instruction retired. A compute instruction retires (pushes its tokens) when it and
-      every earlier one of the queue ended.
+    - the compute queue's head: it starts if its unit (GEMM array, ALU, DMA engine) is free
+      and nothing waits for it, else waits for it if fewer than ``c.unit_queue`` do; either
+      way only if its footprint conflicts with no running or waiting compute instruction of
+      another unit. FINISH once every earlier instruction retired;
+    - a LOAD into ACC waiting for the DMA engine: the engine is free.
+    A unit starts its next waiting instruction when it ends one. A compute instruction retires
+    (pushes its tokens) when it and every earlier one of the queue ended.
     ``scoreboard=False`` is the serial compute queue of before (one instruction at a time)."""
     queues = {q: [i for i, ins in enumerate(stream) if queue_of(ins) is q] for q in Queue}
     times, tokens, now = {}, {}, 0
     until = {"load": 0, "store": 0, "compute": 0, "gemm": 0, "alu": 0, "dma": 0}
-    unretired = []      # compute instructions started, not retired, in program order
+    waiting = {"gemm": [], "alu": [], "dma": []}
+    unretired = []      # compute instructions dispatched, not retired, in program order
+    unit = lambda i: _COMPUTE_UNIT[stream[i].opcode]  # noqa: E731
 
     def push(i):
         q = queue_of(stream[i])
@@ -611,17 +617,33 @@ def reference_schedule(stream, c=SMALL, scoreboard=True):
             if getattr(stream[i], flag):
                 tokens[(q, other)] = tokens.get((q, other), 0) + 1
 
+    def run(i, u=None):
+        times[i] = (now, now + reference_cost(stream[i], c))
+        if u:
+            until[u] = times[i][1]
+
     while len(times) < len(stream) or unretired:
-        for i, (_, end) in times.items():
+        for i, (_, end) in list(times.items()):
             if end == now and queue_of(stream[i]) is not Queue.COMPUTE:
                 push(i)
-        while unretired and times[unretired[0]][1] <= now:
+        for u in ("gemm", "alu"):
+            if waiting[u] and until[u] <= now:
+                run(waiting[u].pop(0), u)
+        while unretired and unretired[0] in times and times[unretired[0]][1] <= now:
             push(unretired.pop(0))
-        started = True
-        while started:
-            started = False
-            for i in sorted(qs[0] for qs in queues.values() if qs):
+        went = True
+        while went:
+            went = False
+            heads = [qs[0] for qs in queues.values() if qs] + waiting["dma"][:1]
+            for i in sorted(heads):
                 ins, q = stream[i], queue_of(stream[i])
+                if waiting["dma"][:1] == [i]:
+                    if until["dma"] <= now:
+                        waiting["dma"].pop(0)
+                        run(i, "dma")
+                        went = True
+                        break
+                    continue
                 pops = [(q - 1, q)] * ins.pop_prev + [(q + 1, q)] * ins.pop_next
                 if any(not tokens.get(p) for p in pops):
                     continue
@@ -630,26 +652,36 @@ def reference_schedule(stream, c=SMALL, scoreboard=True):
                     if (queues[Queue.LOAD] or queues[Queue.STORE] or unretired
                             or until["load"] > now or until["store"] > now):
                         continue
+                    now_or_wait = "now"
                 elif q is not Queue.COMPUTE or not scoreboard:
                     if until[q.name.lower()] > now or (dma and until["dma"] > now):
                         continue
+                    now_or_wait = "now"
                 else:
-                    running = [j for j in unretired if times[j][1] > now]
-                    if until[_COMPUTE_UNIT[ins.opcode]] > now or any(_conflict(ins, stream[j]) for j in running):
+                    u = unit(i)
+                    others = [j for j in unretired if unit(j) != u and (j not in times or times[j][1] > now)]
+                    if any(_conflict(ins, stream[j]) for j in others):
+                        continue
+                    if until[u] <= now and not waiting[u]:
+                        now_or_wait = "now"
+                    elif len(waiting[u]) < c.unit_queue:
+                        now_or_wait = "wait"
+                    else:
                         continue
                 for p in pops:
                     tokens[p] -= 1
-                end = now + reference_cost(ins, c)
-                times[i] = (now, end)
-                until[q.name.lower()] = end
+                queues[q].pop(0)
                 if q is Queue.COMPUTE:
                     unretired.append(i)
-                    if ins.opcode is not Opcode.FINISH:
-                        until[_COMPUTE_UNIT[ins.opcode]] = end
-                if dma:
-                    until["dma"] = end
-                queues[q].pop(0)
-                started = True
+                if now_or_wait == "wait":
+                    waiting[unit(i)].append(i)
+                else:
+                    run(i, q.name.lower())
+                    if q is Queue.COMPUTE and ins.opcode is not Opcode.FINISH:
+                        until[unit(i)] = times[i][1]
+                    if dma:
+                        until["dma"] = times[i][1]
+                went = True
                 break
         now += 1
     return [times[i] for i in range(len(stream))]
@@ -688,9 +720,11 @@ def _fenced(rounds):
 @given(st.one_of(token_programs(), programs().map(_fenced),
                  st.lists(st.one_of(gemms(), alus(), dma(Mem.ACC), dma("store"),
                                     st.sampled_from([Mem.INP, Mem.WGT]).flatmap(dma)),
-                          min_size=1, max_size=15).map(_auto_stream)))
-def test_schedule_equals_the_reference_event_simulation(stream):
-    assert Simulator(SMALL).schedule(stream) == reference_schedule(stream)
+                          min_size=1, max_size=15).map(_auto_stream)),
+       st.integers(0, 3))
+def test_schedule_equals_the_reference_event_simulation(stream, unit_queue):
+    config = dataclasses.replace(SMALL, unit_queue=unit_queue)
+    assert Simulator(config).schedule(stream) == reference_schedule(stream, config)
 
 
 def _pinned(stream):
@@ -736,12 +770,18 @@ def test_cycle_counts_of_fixed_streams_are_pinned():
     digests again when STORE gained its ``dram_step`` word, 1 here: with that word zeroed
     they are the first ones, 43dc3a0e94352016 and d065a633b31d19a7)."""
     assert _pinned(_conv_like(False)) == (1552, "dba01d45a8dee50f")
-    # 1930 with a serial compute queue; with its units run at once (ISA.md section 6) the first
-    # block's ACC reset (2 tiles, 36 cycles) runs beside the bias LOAD into ACC (6 cycles
-    # sooner), and each of the 5 later blocks' resets beside the previous block's SHR on the
-    # other ACC half (36 cycles sooner each: the ADD before the SHR holds the ALU, and the
-    # queue issues in order): 1930 - 6 - 5 * 36 = 1744
-    assert _pinned(_conv_like(True)) == (1744, "3e3f471bad0a5518")
+    # 1930 with a serial compute queue. With its units run at once and instructions waiting
+    # for them (ISA.md section 6) the GEMM array never idles once the first INP tile is in
+    # (WGT 36 + bias 6 + INP 12 = cycle 54): 6 blocks of 3 GEMMs of 68 cycles and 5 resets of
+    # 36 (the first ran at 0, beside the WGT LOAD) end at 54 + 6 * 204 + 5 * 36 = 1458; the
+    # last epilogue (ADD, SHR: 36 each), its STORE (12) and FINISH (4) follow: 1546
+    assert _pinned(_conv_like(True)) == (1546, "3e3f471bad0a5518")
+    # with no waiting (unit_queue 0: in-order issue to free units) the first reset runs
+    # beside the bias LOAD (6 cycles sooner than serial) and each of the 5 later blocks'
+    # resets beside the previous block's SHR on the other ACC half (36 sooner each: the ADD
+    # before it holds the ALU and the queue's head): 1930 - 6 - 5 * 36 = 1744
+    in_order = dataclasses.replace(SMALL, unit_queue=0)
+    assert max(end for _, end in Simulator(in_order).schedule(_conv_like(True))) == 1744
     assert reference_schedule(_conv_like(True), scoreboard=False)[-1][1] == 1930
     assert _gemm_stream(False)[0].cycles == 9584
     assert _gemm_stream(True)[0].cycles == 9108
@@ -799,11 +839,25 @@ def test_write_after_read_waits_for_the_reader():
     assert _timing(reader, _gemm(8192, ext_out=2, ext_in=1, reset=True)).start[1] == 0
 
 
-def test_units_are_exclusive_and_the_queue_issues_in_order():
-    """Two ALU ops share the ALU; a GEMM behind the second waits for it to issue although the
-    GEMM array is free (in-order issue: the head blocks the queue)."""
-    t = _timing(_alu(0, steps=20), _alu(512), _gemm(4096))
-    assert t.start[:3] == [0, 24, 24] and t.end[:3] == [24, 36, 156]
+@pytest.mark.parametrize("unit_queue, gemm_start", [(0, 24), (1, 0), (2, 0)])
+def test_units_are_exclusive_and_a_full_unit_queue_holds_the_queue_back(unit_queue, gemm_start):
+    """Two ALU ops share the ALU (24 and 12 cycles): the second waits for it. With room for
+    it to wait (unit_queue >= 1) the GEMM behind it goes to the free GEMM array at once; with
+    none (in-order issue to free units) the waiting head holds the GEMM back until it starts."""
+    config = dataclasses.replace(DEFAULT, unit_queue=unit_queue)
+    t = cycles.schedule([_alu(0, steps=20), _alu(512), _gemm(4096), accel.hw.isa.Finish()], config)
+    assert t.start[:3] == [0, 24, gemm_start] and t.end[:3] == [24, 36, gemm_start + 132]
+    # three ALU ops: the third finds no room behind the second with unit_queue 1
+    t = cycles.schedule([_alu(0, steps=20), _alu(512), _alu(1024), _gemm(4096), accel.hw.isa.Finish()], config)
+    assert t.start[:4] == [0, 24, 36, {0: 36, 1: 24, 2: 0}[unit_queue]]
+
+
+def test_an_instruction_waiting_for_its_unit_is_on_the_scoreboard():
+    """An ALU op waiting behind another (from 24 to 36) reads ACC[8192, 8320): a GEMM reset of
+    that block must not start before it ran (WAR), one elsewhere starts at once."""
+    waits = _alu(4096, src=8192)
+    assert _timing(_alu(0, steps=20), waits, _gemm(8192, ext_out=1, ext_in=1, reset=True)).start[2] == 36
+    assert _timing(_alu(0, steps=20), waits, _gemm(12288, ext_out=1, ext_in=1, reset=True)).start[2] == 0
 
 
 def test_dwmac_runs_beside_the_alu_and_waits_on_its_accumulators():
@@ -894,15 +948,16 @@ Model.dwmac = _dwmac_model
 
 
 @given(st.lists(st.one_of(gemms(), alus(), dwmacs(), dma(Mem.ACC), dma("store"),
-                          st.sampled_from([Mem.INP, Mem.WGT]).flatmap(dma)), min_size=1, max_size=15))
-def test_overlapped_compute_never_races_and_never_costs_more_than_the_serial_queue(program):
+                          st.sampled_from([Mem.INP, Mem.WGT]).flatmap(dma)), min_size=1, max_size=15),
+       st.integers(0, 3))
+def test_overlapped_compute_never_races_and_never_costs_more_than_the_serial_queue(program, unit_queue):
     """Random AUTO streams (the driver's tokens, none inside the compute queue): the simulator
     computes what the instructions in program order compute; no two compute instructions that
     run at the same time touch an element one of them writes (exact element sets, not the
     scoreboard's hulls); no unit runs two instructions at once; and the stream takes no more
-    cycles than with the serial compute queue."""
+    cycles than with the serial compute queue (whatever the room to wait for a unit)."""
     host = _host()
-    sim = Simulator(SMALL)
+    sim = Simulator(dataclasses.replace(SMALL, unit_queue=unit_queue))
     stream = _auto_stream(program)
     stats = sim.run(stream, host)
     model, expect = Model(), [h.astype(np.int64) for h in _host()]
