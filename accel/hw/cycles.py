@@ -2,22 +2,25 @@
 
 Busy cycles come from the :class:`~accel.hw.config.Config`; an event simulation advances
 the load, compute and store queues in parallel. The load and store queues run one
-instruction at a time. The compute queue issues in program order to its units, the GEMM
+instruction at a time. The compute queue dispatches in program order to its units, the GEMM
 array (GEMM, DWMAC), the ALU (ALU, LUT, ALU_CHAIN) and the DMA engine (a LOAD into ACC),
-so that a block's epilogue runs beside the next block's GEMMs: its head starts when its
-unit is free, its pops have tokens, and it reads or writes no scratchpad range a running
-compute instruction writes, nor writes one such an instruction reads (a scoreboard of
-:func:`accel.hw.tokens.footprint`'s ranges). A compute instruction *retires*, and pushes its
-tokens, once it and every earlier one of the queue ended; a LOAD/STORE pushes when it ends.
-LOAD/STORE wait for the single DMA engine; among several heads that could start at once,
-the earliest in program order wins. FINISH starts once every earlier instruction retired.
-``start``/``end`` are the busy interval of the instruction's unit.
+each running its instructions in order with up to ``Config.unit_queue`` waiting behind the
+one it runs, so that a block's epilogue runs beside the next block's GEMMs. Its head goes
+when its pops have tokens, its unit is free (or has room for it to wait), and no running or
+waiting instruction of another unit writes a scratchpad range it reads or writes, nor reads
+one it writes (a scoreboard of :func:`accel.hw.tokens.footprint`'s ACC ranges). A compute
+instruction *retires*, and pushes its tokens, once it and every earlier one of the queue
+ended; a LOAD/STORE pushes when it ends. LOAD/STORE wait for the single DMA engine; among
+several that could take it at once, the earliest in program order wins. FINISH starts once
+every earlier instruction retired. ``start``/``end`` are the busy interval of the
+instruction's unit.
 
 Functional execution is not needed to know the timing: :func:`schedule` alone is what a
 timing-only run (``Session(timing_only=True)``) costs. The functional simulator runs each
-instruction whole at its start (:meth:`accel.hw.timing.Timing.order`): a queue's starts
-are in program order and the scoreboard keeps running instructions apart, so what it
-computes is what program order computes.
+instruction whole at its start (:meth:`accel.hw.timing.Timing.order`): two compute
+instructions that conflict start in program order, the later after the earlier ended (a
+unit runs its own in order; the scoreboard holds back another unit's), and those that do
+not conflict commute, so what it computes is what program order computes.
 
 >>> from accel.hw.isa import Alu, AluOp, Finish, Gemm
 >>> gemm = Gemm(acc_addr=0, inp_addr=0, wgt_addr=0, acc_ld=16, inp_ld=16, wgt_ld=16)
