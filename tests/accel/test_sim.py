@@ -952,7 +952,8 @@ Model.dwmac = _dwmac_model
        st.integers(0, 3))
 def test_overlapped_compute_never_races_and_never_costs_more_than_the_serial_queue(program, unit_queue):
     """Random AUTO streams (the driver's tokens, none inside the compute queue): the simulator
-    computes what the instructions in program order compute; no two compute instructions that
+    computes what the instructions in program order compute, and so does its batched plan
+    (which follows the schedule's execution order); no two compute instructions that
     run at the same time touch an element one of them writes (exact element sets, not the
     scoreboard's hulls); no unit runs two instructions at once; and the stream takes no more
     cycles than with the serial compute queue (whatever the room to wait for a unit)."""
@@ -967,6 +968,17 @@ def test_overlapped_compute_never_races_and_never_costs_more_than_the_serial_que
         np.testing.assert_array_equal(got, want)
     for mem in Mem:
         np.testing.assert_array_equal(sim.memory(mem).astype(np.int64), model.mem[mem])
+    # the batched plan (accel.hw.fused, a program's third run) follows the same execution order
+    again, fresh = Simulator(sim.config), Simulator(sim.config)
+    program = again.compile(stream, _host())
+    for _ in range(3):
+        got, want = _host(), _host()
+        program.run(got)
+        fresh.run(stream, want)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+    for mem in Mem:
+        np.testing.assert_array_equal(again.memory(mem), fresh.memory(mem))
 
     times = sim.schedule(stream)
     compute = [i for i, ins in enumerate(stream) if queue_of(ins) is Queue.COMPUTE and ins.opcode is not Opcode.FINISH]
