@@ -273,7 +273,8 @@ def schedule(stream: Sequence[Instruction], config: Config) -> Timing:
             elif cpos < csize and unit[compute[cpos]] == _DMA:
                 i = compute[cpos]
                 if (best < 0 or i < best) and not (
-                        (crun[0] >= 0 or crun[1] >= 0) and _hazard(stream, i, _running(crun, end, now), acc_of, ranges, tile)):
+                        (crun[0] >= 0 or crun[1] >= 0 or waiting[0] or waiting[1])
+                        and _hazard(stream, i, _in_flight(crun, waiting, end, now), acc_of, ranges, tile)):
                     for ch in pops[i]:
                         if not tokens[ch]:
                             break
@@ -390,9 +391,10 @@ def _hazard(stream: Sequence[Instruction], i: int, others, acc_of: list, ranges:
     return False
 
 
-def _running(crun: list[int], end: list[int], now: int) -> list[int]:
-    """The compute instructions running at ``now``, one per unit."""
-    return [r for r in crun if r >= 0 and end[r] > now]
+def _in_flight(crun: list[int], waiting: tuple, end: list[int], now: int) -> list[int]:
+    """The GEMM array's and the ALU's instructions running at ``now`` or waiting: what a LOAD
+    into ACC about to take the DMA engine is checked against."""
+    return [r for u in (_GEMM_UNIT, _ALU_UNIT) for r in (crun[u], *waiting[u]) if r >= 0 and end[r] > now]
 
 
 def _stalled(stream: Sequence[Instruction]) -> None:

@@ -878,6 +878,9 @@ def test_a_load_into_acc_holds_the_dma_engine_and_runs_beside_the_gemm_array():
     t = _timing(acc_load, _gemm(0), inp_load)
     assert t.start[:3] == [0, 0, 20]
     assert _timing(acc_load, _gemm(4096, ext_out=1, ext_in=1, reset=True)).start[1] == 20
+    # a reset of its rows waiting behind a GEMM (0 to 132; the reset 16 + 4 cycles) holds it back
+    assert _timing(_gemm(0), _gemm(4096, ext_out=1, ext_in=1, reset=True), acc_load).start[2] == 152
+    assert _timing(_gemm(0), _gemm(8192, ext_out=1, ext_in=1, reset=True), acc_load).start[2] == 0
 
 
 def test_tokens_are_pushed_when_the_instruction_retires():
