@@ -190,12 +190,12 @@ def schedule(stream: Sequence[Instruction], config: Config) -> Timing:
     others = _OTHER_UNITS
     tokens = [0, 0, 0, 0]
     now = done = 0
-    stuck = False               # whether the compute queue's head waits for an event
     while done < n:
         while True:                 # start (or dispatch) what can start now
             # the compute queue: its heads in order, each to its unit when free, else to wait
             # for it; a LOAD into ACC that would start now needs the DMA engine (below)
-            while not stuck and cpos < csize:
+            dma_head = -1           # the compute queue's head, a LOAD into ACC clear to take the engine
+            while cpos < csize:
                 i = compute[cpos]
                 u = unit[i]
                 if u == _NO_UNIT:
@@ -214,7 +214,7 @@ def schedule(stream: Sequence[Instruction], config: Config) -> Timing:
                             done += 1
                     break
                 free = free_at[u] <= now and not waiting[u]
-                if free and u == _DMA or not free and len(waiting[u]) >= depth:
+                if not free and len(waiting[u]) >= depth:
                     break
                 for ch in pops[i]:
                     if not tokens[ch]:
@@ -240,6 +240,9 @@ def schedule(stream: Sequence[Instruction], config: Config) -> Timing:
                         _acc_ranges(stream, i, acc_of, ranges, tile)
                     if clash:
                         break
+                    if free and u == _DMA:      # the DMA engine's choice, below
+                        dma_head = i
+                        break
                     for ch in pops[i]:
                         tokens[ch] -= 1
                     cpos += 1
@@ -252,8 +255,6 @@ def schedule(stream: Sequence[Instruction], config: Config) -> Timing:
                         end[i] = _NEVER
                     continue
                 break
-            # the compute queue's head waits: for an event, or for the DMA engine's choice below
-            stuck = True
             if free_at[_DMA] > now:
                 break
             # the DMA engine: the earliest in program order of the load queue's head, the
@@ -270,16 +271,8 @@ def schedule(stream: Sequence[Instruction], config: Config) -> Timing:
                 i = waiting[_DMA][0]
                 if best < 0 or i < best:
                     best, queue = i, 3
-            elif cpos < csize and unit[compute[cpos]] == _DMA:
-                i = compute[cpos]
-                if (best < 0 or i < best) and not (
-                        (crun[0] >= 0 or crun[1] >= 0 or waiting[0] or waiting[1])
-                        and _hazard(stream, i, _in_flight(crun, waiting, end, now), acc_of, ranges, tile)):
-                    for ch in pops[i]:
-                        if not tokens[ch]:
-                            break
-                    else:
-                        best, queue = i, 1
+            elif dma_head >= 0 and (best < 0 or dma_head < best):
+                best, queue = dma_head, 1
             if srun < 0 and spos < ssize and (best < 0 or stores[spos] < best):
                 i = stores[spos]
                 for ch in pops[i]:
@@ -291,7 +284,6 @@ def schedule(stream: Sequence[Instruction], config: Config) -> Timing:
                 break
             start[best] = now
             end[best] = free_at[_DMA] = now + costs[best]
-            stuck = False           # the compute queue's LOAD into ACC started, or waits for the engine now
             if queue == 3:
                 waiting[_DMA].popleft()
                 crun[_DMA] = best
@@ -301,8 +293,6 @@ def schedule(stream: Sequence[Instruction], config: Config) -> Timing:
             if queue == 1:
                 cpos += 1
                 crun[_DMA] = best
-                if acc_of[best] is None:
-                    _acc_ranges(stream, best, acc_of, ranges, tile)
             elif queue == 0:
                 lpos += 1
                 lrun = best
@@ -311,7 +301,6 @@ def schedule(stream: Sequence[Instruction], config: Config) -> Timing:
                 srun = best
         if done == n:               # FINISH started
             break
-        stuck = False
         # the next end of a running instruction
         now = -1
         if lrun >= 0:
@@ -389,12 +378,6 @@ def _hazard(stream: Sequence[Instruction], i: int, others, acc_of: list, ranges:
         if (wlo < hi and lo < whi) or (rlo < hi and lo < rhi) or (wlo < their_rhi and their_rlo < whi):
             return True
     return False
-
-
-def _in_flight(crun: list[int], waiting: tuple, end: list[int], now: int) -> list[int]:
-    """The GEMM array's and the ALU's instructions running at ``now`` or waiting: what a LOAD
-    into ACC about to take the DMA engine is checked against."""
-    return [r for u in (_GEMM_UNIT, _ALU_UNIT) for r in (crun[u], *waiting[u]) if r >= 0 and end[r] > now]
 
 
 def _stalled(stream: Sequence[Instruction]) -> None:
