@@ -180,7 +180,7 @@ def schedule(stream: Sequence[Instruction], config: Config) -> Timing:
     compute = queues[1]
     cpos, csize = 0, len(compute)
     depth = config.unit_queue
-    free_at = [0, 0, 0, 0]      # per unit (_GEMM_UNIT, _ALU_UNIT, _DMA, _NO_UNIT), the DMA engine shared
+    free_at = [0, 0, 0]         # per unit (_GEMM_UNIT, _ALU_UNIT, _DMA), the DMA engine shared
     crun = [-1, -1, -1]         # per unit, the compute instruction it runs, -1 when none
     waiting: tuple[deque[int], ...] = (deque(), deque(), deque())      # per unit, dispatched and not started
     retired = 0                 # compute[:retired] retired, compute[retired:cpos] dispatched
@@ -227,7 +227,7 @@ def schedule(stream: Sequence[Instruction], config: Config) -> Timing:
                         r = crun[v]
                         if r >= 0 and end[r] > now:
                             wlo, whi, rlo, rhi = acc_of[i] or _acc_ranges(stream, i, acc_of, ranges, tile)
-                            lo, hi, their_rlo, their_rhi = acc_of[r]     # set when it started (below)
+                            lo, hi, their_rlo, their_rhi = acc_of[r]     # set when it was dispatched
                             if (wlo < hi and lo < whi) or (rlo < hi and lo < rhi) or (
                                     wlo < their_rhi and their_rlo < whi):
                                 clash = True
