@@ -239,7 +239,8 @@ class _Builder:
         self.wgt = self.inp_n + np.arange(self.wgt_n)
         self.acc = np.arange(self.acc_n)                       # ACC element -> value number
         self.values = self.acc_n                               # value numbers handed out
-        self.sealed = np.zeros(self.acc_n, bool)               # read by a STORE or ALU
+        # read by a STORE or ALU, or made by an ALU or LUT: a value no product may add into
+        self.sealed = np.zeros(self.acc_n, bool)
         self.level = np.zeros(self.acc_n, np.int32)            # ALU depth that made the value
         self.acc_loads: list[tuple[np.ndarray, np.ndarray]] = []
         self.tiles: dict[bytes, list] = {}                     # accumulator tile -> [values, x ids, w ids]
@@ -249,6 +250,7 @@ class _Builder:
         self.x_tiles: list[np.ndarray] = []
         self.w_tiles: list[np.ndarray] = []
         self.alus: list[tuple] = []
+        self.chains: dict[int, tuple] = {}                    # id of an ALU chain -> (it, its steps, reads src)
         self.tables: dict[bytes, int] = {}                     # a LUT's table (WGT source codes) -> its number
         self.table_codes: list[np.ndarray] = []
         self.dwmacs: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []   # (acc values, inp codes, wgt codes)
@@ -337,7 +339,7 @@ class _Builder:
         # of all steps are gathered at once (one numpy call each, not one per step), and so
         # is the test of the accumulators: nothing in one GEMM seals them or makes them by ALU.
         acc = self.acc[acc_steps[:, None, None] + self._tile(g.acc_ld)]
-        if self.sealed[acc].any() or self.level[acc].any():
+        if self.sealed[acc].any():
             return False        # adds to a value already read, or made by an ALU
         x_steps = _steps(g.inp_addr, g.ext_out, g.inp_stride_out, g.ext_in, g.inp_stride_in)
         w_steps = _steps(g.wgt_addr, g.ext_out, g.wgt_stride_out, g.ext_in, g.wgt_stride_in)
@@ -374,7 +376,7 @@ class _Builder:
         one_tile = bool((acc_steps == acc_steps[0]).all())
         acc = ((acc_steps[:1] if one_tile else acc_steps)[:, None, None] + self._tile(d.acc_ld)).reshape(-1)
         values = self.acc[acc]
-        if self.sealed[values].any() or self.level[values].any():
+        if self.sealed[values].any():
             return False        # adds to a value already read, or made by an ALU
         x = self.inp[_steps(d.inp_addr, d.ext_out, d.inp_stride_out, d.ext_in, d.inp_stride_in)[:, None, None]
                      + self._tile(d.inp_ld)]                                          # [steps, t, t]
@@ -395,41 +397,66 @@ class _Builder:
         src = None
         if not a.use_imm:
             src = self.acc[_vectors(a.src_addr, a.ext_out, a.src_stride_out, a.ext_in, a.src_stride_in, self.tile)]
+        step = (a.op, a.imm, alu_operand(a.op, a.imm)) if a.use_imm else (a.op, None, None)
         self._alu_batches(_vectors(a.dst_addr, a.ext_out, a.dst_stride_out, a.ext_in, a.dst_stride_in, self.tile),
-                          [(a.op, a.imm if a.use_imm else None)], src)
+                          (step,), src)
         return True
 
     def _alu_chain(self, c: AluChain) -> bool:
         if not (c.ext_out and c.ext_in):
             return True
-        steps = c.steps
+        # a model's chains are a few codes and immediates over and over (a requantisation's per
+        # layer), and the instruction objects repeat: its steps are worked out once per object
+        known = self.chains.get(id(c))
+        if known is None or known[0] is not c:      # (the stream keeps each object alive: ids stay)
+            steps = tuple((op, imm, None if imm is None else alu_operand(op, imm)) for op, imm in c.steps)
+            known = self.chains[id(c)] = (c, steps, any(imm is None for _, imm, _ in steps))
+        _, steps, reads_src = known
         src = None
-        if any(imm is None for _, imm in steps):
+        if reads_src:
             # the values the chain's src holds when it starts: it reads them before it writes
             src = self.acc[_vectors(c.src_addr, c.ext_out, c.src_stride_out, c.ext_in, c.src_stride_in, self.tile)]
         self._alu_batches(_vectors(c.dst_addr, c.ext_out, c.dst_stride_out, c.ext_in, c.dst_stride_in, self.tile),
                           steps, src)
         return True
 
-    def _alu_batches(self, dst: np.ndarray, steps: list, src: Optional[np.ndarray]) -> None:
-        """ALU ``steps`` ``(op, imm or None for src)`` in turn on the values at ACC elements
-        ``dst``, each a batch of new values (what a chain's steps compute is what as many ALU
-        instructions compute; the plan runs the batches in place, one pass per block). A
-        product by the immediate 0 reads nothing: its values start at zero, as a reset's do
-        (a temporary zeroed before its copy does not wait for the block's last reader)."""
-        for op, imm in steps:
+    def _alu_batches(self, dst: np.ndarray, steps: Sequence[tuple], src: Optional[np.ndarray]) -> None:
+        """ALU ``steps`` ``(op, imm or None for src, the operand imm gives)`` in turn on the
+        values at ACC elements ``dst``, each a batch of new values (what a chain's steps compute
+        is what as many ALU instructions compute; the plan runs the batches in place, one pass
+        per block). A product by the immediate 0 reads nothing: its values start at zero, as a
+        reset's do (a temporary zeroed before its copy does not wait for the block's last
+        reader). No two elements of ``dst`` are one (the simulator's check: an ALU's destination
+        vectors never overlap), so a step after the first reads what the step before made, a
+        fresh run of one level: sealed as a slice, and ACC takes the last step's values at the
+        end, instead of a gather and a scatter a step."""
+        made = None         # (values, their level) the last step made over ``dst``
+        src_level = -1      # the highest level of ``src``'s values, once a later step reads them
+        for op, imm, operand in steps:
             if op is _MUL and imm == 0:
-                self.acc[dst] = self._new(dst.size)
+                made = (self._new(dst.size), 0)
                 continue
-            old = self.acc[dst]
-            reads = old if imm is not None else np.concatenate([old, src])
-            self.sealed[reads] = True
-            level = int(self.level[reads].max()) + 1
+            if made is None:
+                old = self.acc[dst]
+                reads = old if imm is not None else np.concatenate([old, src])
+                self.sealed[reads] = True
+                level = int(self.level[reads].max()) + 1
+            else:
+                old, level = made
+                self.sealed[old[0]:old[0] + old.size] = True    # (an ALU's are already: a zeroed run's)
+                if imm is None:
+                    if src_level < 0:
+                        self.sealed[src] = True
+                        src_level = int(self.level[src].max())
+                    level = max(level, src_level)
+                level += 1
             new = self._new(dst.size)
             self.level[new[0]:new[0] + new.size] = level     # a fresh run: a slice, not a scatter
-            self.acc[dst] = new
-            self.alus.append((level, op, None if imm is None else alu_operand(op, imm), new, old,
-                              src if imm is None else None))
+            self.sealed[new[0]:new[0] + new.size] = True     # (no product adds into an ALU's result)
+            made = (new, level)
+            self.alus.append((level, op, operand, new, old, src if imm is None else None))
+        if made is not None:
+            self.acc[dst] = made[0]
 
     def _lut(self, u: Lut) -> bool:
         if not (u.ext_out and u.ext_in):
@@ -440,6 +467,7 @@ class _Builder:
         level = int(self.level[old].max()) + 1
         new = self._new(dst.size)
         self.level[new[0]:new[0] + new.size] = level     # a fresh run: a slice, not a scatter
+        self.sealed[new[0]:new[0] + new.size] = True
         self.acc[dst] = new
         # the table's entries as WGT holds them now (a later LOAD may overwrite them)
         table = _intern(self.tables, self.table_codes, self.wgt[u.lut_addr:u.lut_addr + LUT_ENTRIES])
@@ -876,23 +904,27 @@ def _layout(acc_n: int, count: int, products: list, alus: list, acc_loads, made:
     nxt += rest.size
     zeroed = nxt
     waiting = None          # loaded values still without a number (none loaded: most streams)
+    left = 0                # how many: once none, the batches after look up nothing
     if acc_loads is not None:
         waiting = np.zeros(count, bool)
         waiting[acc_loads[0]] = True
         waiting &= renumber < 0
+        left = int(np.count_nonzero(waiting))
 
     def claim_loaded(read: np.ndarray) -> None:
         # loaded values in the order an ALU batch first reads them (an element-wise add reads
         # the tiles of two loads that alternate in the stream): runs for the ALUs, while the
         # load itself reads its host rows in any order (see FusedPlan's acc_loads)
-        if acc_loads is None:
-            return      # nothing loaded (most streams)
+        nonlocal left
+        if not left:
+            return      # nothing loaded (most streams), or all of it claimed
         read = read[waiting[read]]
         if read.size:
             _, first = np.unique(read, return_index=True)
             read = read[np.sort(first)]
             claim(read)         # distinct values no one claimed: always taken
             waiting[read] = False
+            left -= read.size
 
     # the values read other than as an ALU group's ``old``: a value is the ``old`` of one ALU
     # (or LUT) instruction at most (ACC maps elements to distinct values, and an instruction
