@@ -132,6 +132,20 @@ def _vector_offsets(ext_out: int, stride_out: int, ext_in: int, stride_in: int, 
     return _frozen((_step_offsets(ext_out, stride_out, ext_in, stride_in)[:, None] + np.arange(lanes)).reshape(-1))
 
 
+@functools.lru_cache(maxsize=256)
+def _step_tiles(ext_out: int, stride_out: int, ext_in: int, stride_in: int, ld: int, tile: int) -> tuple[list, np.ndarray]:
+    """Of a GEMM's loop over one operand: the start offset of every ``(o, i)`` step (a list,
+    flattened) and the offsets of each step's ``tile x tile`` elements with row stride ``ld``
+    (``[steps, tile, tile]``, read-only). A stream's GEMMs repeat a few shapes: an operand's
+    elements are its address plus these, one addition.
+
+    >>> starts, tiles = _step_tiles(2, 32, 1, 0, 16, 2); starts, tiles[1].tolist()
+    ([0, 32], [[32, 33], [48, 49]])
+    """
+    steps = _step_offsets(ext_out, stride_out, ext_in, stride_in)
+    return steps.tolist(), _frozen(steps[:, None, None] + _block_offsets(ld, tile, tile))
+
+
 def _frozen(a: np.ndarray) -> np.ndarray:
     a.flags.writeable = False
     return a
@@ -310,6 +324,23 @@ class _Builder:
                 lo, hi = self._host_range(ins)
                 if any(a < hi and lo < b for a, b in stored):
                     return False        # reads what this stream stored: order matters
+        if not acc:
+            # INP and WGT take the codes in place, through a view of the block (its rows never
+            # overlap: the simulator's check), not as an index array and a scatter
+            memory = self.inp if ins.mem is _INP else self.wgt
+            item = memory.itemsize
+            block = np.ndarray((height, width), memory.dtype, memory, ins.sram_addr * item, (ins.sram_ld * item, item))
+            if not (ins.rows and ins.cols):
+                block.fill(sources.pad(ins.pad_value))
+                return True
+            start = sources.host(ins.slot) + ins.dram_offset
+            inner = block
+            if ins.rows != height or ins.cols != width:
+                block.fill(sources.pad(ins.pad_value))
+                inner = block[ins.pad_top:ins.pad_top + ins.rows, ins.pad_left:ins.pad_left + ins.cols]
+            np.add(_block_offsets(ins.dram_ld, ins.rows, ins.cols), start, out=inner)
+            return True
+        if ins.rows and ins.cols:
             codes = _block(sources.host(ins.slot) + ins.dram_offset, ins.dram_ld, ins.rows, ins.cols)
             if ins.rows != height or ins.cols != width:
                 inner, codes = codes, np.full((height, width), sources.pad(ins.pad_value), np.int64)
@@ -317,38 +348,35 @@ class _Builder:
         else:
             codes = np.full((height, width), sources.pad(ins.pad_value), np.int64)
         elements = ins.sram_addr + _flat_block_offsets(ins.sram_ld, height, width)
-        codes = codes.reshape(-1)
-        if acc:
-            values = self._new(elements.size)
-            self.acc[elements] = values
-            self.acc_loads.append((values, codes))
-        else:
-            (self.inp if ins.mem is _INP else self.wgt)[elements] = codes
+        values = self._new(elements.size)
+        self.acc[elements] = values
+        self.acc_loads.append((values, codes.reshape(-1)))
         return True
 
     def _gemm(self, g: Gemm) -> bool:
         if not (g.ext_out and g.ext_in):
             return True
-        acc_steps = _steps(g.acc_addr, g.ext_out, g.acc_stride_out, g.ext_in, g.acc_stride_in)
+        acc_at, acc_tiles = _step_tiles(g.ext_out, g.acc_stride_out, g.ext_in, g.acc_stride_in, g.acc_ld, self.tile)
         if g.reset:
             # new values start at zero (an element of overlapping tiles just gets one of them)
-            elements = (acc_steps[:, None, None] + self._tile(g.acc_ld)).reshape(-1)
+            elements = (g.acc_addr + acc_tiles).reshape(-1)
             self.acc[elements] = self._new(elements.size)
             return True
-        # Steps at the same address see the same tile: look each address up once. The tiles
-        # of all steps are gathered at once (one numpy call each, not one per step), and so
-        # is the test of the accumulators: nothing in one GEMM seals them or makes them by ALU.
-        acc = self.acc[acc_steps[:, None, None] + self._tile(g.acc_ld)]
+        # Steps at the same address see the same tile: look each address up once (by its
+        # offset from the operand's address, as the loop's offsets are kept). The tiles of all
+        # steps are gathered at once (one numpy call each, not one per step), and so is the
+        # test of the accumulators: nothing in one GEMM seals them or makes them by ALU.
+        acc = self.acc[g.acc_addr + acc_tiles]
         if self.sealed[acc].any():
             return False        # adds to a value already read, or made by an ALU
-        x_steps = _steps(g.inp_addr, g.ext_out, g.inp_stride_out, g.ext_in, g.inp_stride_in)
-        w_steps = _steps(g.wgt_addr, g.ext_out, g.wgt_stride_out, g.ext_in, g.wgt_stride_in)
-        xs_at = self.inp[x_steps[:, None, None] + self._tile(g.inp_ld)]
-        ws_at = self.wgt[w_steps[:, None, None] + self._tile(g.wgt_ld)]
+        x_at, x_tiles = _step_tiles(g.ext_out, g.inp_stride_out, g.ext_in, g.inp_stride_in, g.inp_ld, self.tile)
+        w_at, w_tiles = _step_tiles(g.ext_out, g.wgt_stride_out, g.ext_in, g.wgt_stride_in, g.wgt_ld, self.tile)
+        xs_at = self.inp[g.inp_addr + x_tiles]
+        ws_at = self.wgt[g.wgt_addr + w_tiles]
         targets: dict[int, list] = {}
         xs: dict[int, int] = {}
         ws: dict[int, int] = {}
-        for k, (a, x, w) in enumerate(zip(acc_steps.tolist(), x_steps.tolist(), w_steps.tolist())):
+        for k, (a, x, w) in enumerate(zip(acc_at, x_at, w_at)):
             entry = targets.get(a)
             if entry is None:
                 values = acc[k]
