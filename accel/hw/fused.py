@@ -458,11 +458,15 @@ class _Builder:
         vectors never overlap), so a step after the first reads what the step before made, a
         fresh run of one level: sealed as a slice, and ACC takes the last step's values at the
         end, instead of a gather and a scatter a step."""
-        made = None         # (values, their level) the last step made over ``dst``
+        made = None         # (values, their level, the first of them) the last step made over ``dst``
         src_level = -1      # the highest level of ``src``'s values, once a later step reads them
-        for op, imm, operand in steps:
+        n = dst.size
+        every = self._new(n * len(steps))       # each step's values in turn, handed out at once
+        lo = int(every[0]) - n
+        for k, (op, imm, operand) in enumerate(steps):
+            new, lo = every[k * n:(k + 1) * n], lo + n
             if op is _MUL and imm == 0:
-                made = (self._new(dst.size), 0)
+                made = (new, 0, lo)
                 continue
             if made is None:
                 old = self.acc[dst]
@@ -470,21 +474,20 @@ class _Builder:
                 self.sealed[reads] = True
                 level = int(self.level[reads].max()) + 1
             else:
-                old, level = made
-                self.sealed[old[0]:old[0] + old.size] = True    # (an ALU's are already: a zeroed run's)
+                old, level, start = made
+                if not level:       # a zeroed run, now read (an ALU's results are sealed as made)
+                    self.sealed[start:start + n] = True
                 if imm is None:
                     if src_level < 0:
                         self.sealed[src] = True
                         src_level = int(self.level[src].max())
                     level = max(level, src_level)
                 level += 1
-            new = self._new(dst.size)
-            self.level[new[0]:new[0] + new.size] = level     # a fresh run: a slice, not a scatter
-            self.sealed[new[0]:new[0] + new.size] = True     # (no product adds into an ALU's result)
-            made = (new, level)
+            self.level[lo:lo + n] = level       # a fresh run: a slice, not a scatter
+            self.sealed[lo:lo + n] = True       # (no product adds into an ALU's result)
+            made = (new, level, lo)
             self.alus.append((level, op, operand, new, old, src if imm is None else None))
-        if made is not None:
-            self.acc[dst] = made[0]
+        self.acc[dst] = made[0]
 
     def _lut(self, u: Lut) -> bool:
         if not (u.ext_out and u.ext_in):
