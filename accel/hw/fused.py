@@ -146,6 +146,18 @@ def _step_tiles(ext_out: int, stride_out: int, ext_in: int, stride_in: int, ld: 
     return steps.tolist(), _frozen(steps[:, None, None] + _block_offsets(ld, tile, tile))
 
 
+def _grown(a: np.ndarray, size: int) -> np.ndarray:
+    """``a`` followed by zeros, ``size`` elements in all: the zeros as ``np.zeros`` hands them
+    out (pages the system zeroes when first written), not written by a copy.
+
+    >>> _grown(np.array([3, 4], np.int32), 4).tolist()
+    [3, 4, 0, 0]
+    """
+    out = np.zeros(size, a.dtype)
+    out[:a.size] = a
+    return out
+
+
 def _frozen(a: np.ndarray) -> np.ndarray:
     a.flags.writeable = False
     return a
@@ -279,8 +291,7 @@ class _Builder:
         self.values += count
         if self.values > self.sealed.size:
             grow = max(self.values, 2 * self.sealed.size)
-            self.sealed = np.concatenate([self.sealed, np.zeros(grow - self.sealed.size, bool)])
-            self.level = np.concatenate([self.level, np.zeros(grow - self.level.size, np.int32)])
+            self.sealed, self.level = _grown(self.sealed, grow), _grown(self.level, grow)
         return values
 
     def add(self, ins: Instruction) -> bool:
