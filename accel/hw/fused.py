@@ -80,7 +80,7 @@ import numpy as np
 from accel.hw.instructions import ALU_UFUNCS, LUT_ENTRIES, OPERAND_RANGE, AluOp, alu_operand
 from accel.hw.isa import Alu, AluChain, Dwmac, Gemm, Instruction, Load, Lut, Mem, Opcode, Store, StoreMode
 
-__all__ = ["fuse", "FusedPlan", "remember"]
+__all__ = ["fuse", "FusedPlan", "remember", "drop_building"]
 
 Buffers = Sequence[Optional[np.ndarray]]
 
@@ -258,6 +258,7 @@ class _Builder:
         c = sim.config
         self.tile = c.tile
         self.buffers = buffers
+        self.workspace = sim.workspace      # (building's arrays there too: see _layout)
         self.inp_n, self.wgt_n, self.acc_n = c.inp_elements, c.wgt_elements, c.acc_elements
         self.f = _Sources(self.inp_n + self.wgt_n, buffers, self.tile)    # float operands: INP, WGT, int8 host data
         self.i = _Sources(0, buffers, self.tile)                     # int32 host data for ACC LOADs
@@ -644,7 +645,8 @@ class _Builder:
         # products add into start at zero.
         # the values ALU and LUT instructions made: those given a level (at least 1)
         renumber, zeroed = _layout(self.acc_n, self.values, products, alus, acc_loads, self.level[:self.values] > 0,
-                                   np.concatenate([*(s[3] for s in stores), self.acc[acc_at]]))
+                                   np.concatenate([*(s[3] for s in stores), self.acc[acc_at]]),
+                                   _workspace(self.workspace, _RENUMBER, np.intp, self.values))
         products = [p.renumbered(renumber) for p in products]
         # An ALU batch's operands, a STORE's values and host elements, what the scratchpads
         # end with: mostly runs, or a block order away from them (tiles of a matrix product's
@@ -903,7 +905,7 @@ def _at(values: _Vector, index) -> np.ndarray:
 
 
 def _layout(acc_n: int, count: int, products: list, alus: list, acc_loads, made: np.ndarray,
-            kept: np.ndarray) -> tuple:
+            kept: np.ndarray, into: np.ndarray) -> tuple:
     """New value numbers (``renumber[old] = new``): the scratchpad's ``acc_n`` values from
     before the stream keep theirs; then the values products add into, each product's
     targets in the order it adds them; then the other values that start at zero (resets
@@ -918,8 +920,12 @@ def _layout(acc_n: int, count: int, products: list, alus: list, acc_loads, made:
     batches (a requantisation's multiply, shift, add, clamps) then works on one stretch of
     memory, in cache, instead of a fresh one per operation. Returns ``(renumber, zeroed)``:
     values ``[acc_n, zeroed)`` start at zero, ``[zeroed, count)`` are written before they
-    are read."""
-    renumber = np.full(count, -1, np.intp)
+    are read. ``renumber`` is the first ``count`` elements of ``into`` (intp, its contents
+    ignored): a large stream's are tens of MB, which memory fresh from the system costs
+    several times more to write than memory written before (a simulator's workspace keeps
+    one while a call builds its plans, see :func:`drop_building`)."""
+    renumber = into[:count]
+    renumber.fill(-1)
     renumber[:acc_n] = np.arange(acc_n)
     nxt = acc_n
 
@@ -1501,6 +1507,21 @@ def remember(seen: dict, buffers: tuple) -> None:
 
 
 _REMEMBERED = 4     # as many as a session keeps views of hosts' places per stored stream
+
+
+#: The workspace role of the array building a plan renumbers values in (see _layout).
+_RENUMBER = "building: renumber"
+
+
+def drop_building(space: dict) -> None:
+    """Let go of the arrays that building plans keeps in a simulator's workspace ``space``
+    from one stream to the next (:attr:`accel.hw.sim.Simulator.workspace`): called when a
+    model's call ends, so that a model whose plans are all built keeps only what runs them.
+
+    >>> space = {}; _ = _workspace(space, _RENUMBER, np.intp, 8); drop_building(space); space
+    {}
+    """
+    space.pop(_RENUMBER, None)
 
 
 def _workspace(space: dict, role: str, dtype, size: int) -> np.ndarray:

@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterator, Mapping, Optional, Union
 import numpy as np
 
 from tirpat import device
-from accel.hw import instructions
+from accel.hw import fused, instructions
 from accel.hw.config import Config
 from accel.hw.emitter import Emitter
 from accel.hw.errors import AccelError
@@ -135,13 +135,18 @@ class Session(device.Session):
         all of the call's streams (:func:`accel.hw.sim.one_blas_thread`), set once and the
         caller's setting restored at its end, instead of set and restored by each stream;
         and what every device session holds (:meth:`tirpat.device.Session.running`: full
-        garbage collections deferred while a first call records its streams).
+        garbage collections deferred while a first call records its streams). At its end the
+        simulator lets go of what building plans kept (:func:`accel.hw.fused.drop_building`).
 
         >>> with Session().running():
         ...     pass
         """
-        with super().running(), one_blas_thread():
-            yield
+        try:
+            with super().running(), one_blas_thread():
+                yield
+        finally:
+            # what building the call's plans kept from stream to stream (a first call's)
+            fused.drop_building(self.simulator.workspace)
 
     def buffer(self, host: HostBuffer) -> int:
         """The buffer-table slot of a host buffer, registering it on first use.

@@ -145,3 +145,26 @@ def test_a_call_defers_full_collections_and_restores_the_thresholds(built, monke
     with pytest.raises(RuntimeError, match="the device failed"):
         model(*args)
     assert gc.get_threshold() == before
+
+
+def test_what_building_plans_keeps_is_let_go_when_the_call_ends(built, monkeypatch):
+    """A first call's plans renumber their values in one array of the simulator's workspace,
+    reused stream after stream; the call's end drops it (the arrays that run plans stay)."""
+    from accel.hw import fused
+
+    mod, model = built
+    layouts = []
+    real = fused._layout
+
+    def layout(*args):
+        layouts.append(args[-1].size)      # the workspace's array it renumbers in
+        return real(*args)
+
+    monkeypatch.setattr(fused, "_layout", layout)
+    model._kept_sessions.clear()
+    args = random_inputs(mod, np.random.default_rng(4))
+    np.testing.assert_array_equal(model(*args), reference(mod, args))
+    assert layouts      # plans were built
+    sessions = [s for kept in model._kept_sessions for s in kept.values()]
+    assert sessions and all(fused._RENUMBER not in s.simulator.workspace for s in sessions)
+    assert any("values" in s.simulator.workspace for s in sessions)
