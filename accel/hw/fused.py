@@ -277,7 +277,7 @@ class _Builder:
         self.x_tiles: list[np.ndarray] = []
         self.w_tiles: list[np.ndarray] = []
         self.alus: list[tuple] = []
-        self.chains: dict[int, tuple] = {}                    # id of an ALU chain -> (it, its steps, reads src)
+        self.chains: dict[int, tuple] = {}                     # id of an ALU chain -> (it, its steps, reads src)
         self.tables: dict[bytes, int] = {}                     # a LUT's table (WGT source codes) -> its number
         self.table_codes: list[np.ndarray] = []
         self.dwmacs: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []   # (acc values, inp codes, wgt codes)
@@ -446,9 +446,10 @@ class _Builder:
         if not (c.ext_out and c.ext_in):
             return True
         # a model's chains are a few codes and immediates over and over (a requantisation's per
-        # layer), and the instruction objects repeat: its steps are worked out once per object
+        # layer), and the instruction objects repeat: its steps are worked out once per object,
+        # which the entry holds (no other object takes its id while the builder lives)
         known = self.chains.get(id(c))
-        if known is None or known[0] is not c:      # (the stream keeps each object alive: ids stay)
+        if known is None:
             steps = tuple((op, imm, None if imm is None else alu_operand(op, imm)) for op, imm in c.steps)
             known = self.chains[id(c)] = (c, steps, any(imm is None for _, imm, _ in steps))
         _, steps, reads_src = known
