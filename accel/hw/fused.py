@@ -80,7 +80,7 @@ import numpy as np
 from accel.hw.instructions import ALU_UFUNCS, LUT_ENTRIES, OPERAND_RANGE, AluOp, alu_operand
 from accel.hw.isa import Alu, AluChain, Dwmac, Gemm, Instruction, Load, Lut, Mem, Opcode, Store, StoreMode
 
-__all__ = ["fuse", "FusedPlan", "remember"]
+__all__ = ["fuse", "FusedPlan", "remember", "drop_building"]
 
 Buffers = Sequence[Optional[np.ndarray]]
 
@@ -130,6 +130,32 @@ def _step_offsets(ext_out: int, stride_out: int, ext_in: int, stride_in: int) ->
 @functools.lru_cache(maxsize=1024)
 def _vector_offsets(ext_out: int, stride_out: int, ext_in: int, stride_in: int, lanes: int) -> np.ndarray:
     return _frozen((_step_offsets(ext_out, stride_out, ext_in, stride_in)[:, None] + np.arange(lanes)).reshape(-1))
+
+
+@functools.lru_cache(maxsize=256)
+def _step_tiles(ext_out: int, stride_out: int, ext_in: int, stride_in: int, ld: int, tile: int) -> tuple[list, np.ndarray]:
+    """Of a GEMM's loop over one operand: the start offset of every ``(o, i)`` step (a list,
+    flattened) and the offsets of each step's ``tile x tile`` elements with row stride ``ld``
+    (``[steps, tile, tile]``, read-only). A stream's GEMMs repeat a few shapes: an operand's
+    elements are its address plus these, one addition.
+
+    >>> starts, tiles = _step_tiles(2, 32, 1, 0, 16, 2); starts, tiles[1].tolist()
+    ([0, 32], [[32, 33], [48, 49]])
+    """
+    steps = _step_offsets(ext_out, stride_out, ext_in, stride_in)
+    return steps.tolist(), _frozen(steps[:, None, None] + _block_offsets(ld, tile, tile))
+
+
+def _grown(a: np.ndarray, size: int) -> np.ndarray:
+    """``a`` followed by zeros, ``size`` elements in all: the zeros as ``np.zeros`` hands them
+    out (pages the system zeroes when first written), not written by a copy.
+
+    >>> _grown(np.array([3, 4], np.int32), 4).tolist()
+    [3, 4, 0, 0]
+    """
+    out = np.zeros(size, a.dtype)
+    out[:a.size] = a
+    return out
 
 
 def _frozen(a: np.ndarray) -> np.ndarray:
@@ -232,6 +258,7 @@ class _Builder:
         c = sim.config
         self.tile = c.tile
         self.buffers = buffers
+        self.workspace = sim.workspace      # (building's arrays there too: see _layout)
         self.inp_n, self.wgt_n, self.acc_n = c.inp_elements, c.wgt_elements, c.acc_elements
         self.f = _Sources(self.inp_n + self.wgt_n, buffers, self.tile)    # float operands: INP, WGT, int8 host data
         self.i = _Sources(0, buffers, self.tile)                     # int32 host data for ACC LOADs
@@ -239,7 +266,8 @@ class _Builder:
         self.wgt = self.inp_n + np.arange(self.wgt_n)
         self.acc = np.arange(self.acc_n)                       # ACC element -> value number
         self.values = self.acc_n                               # value numbers handed out
-        self.sealed = np.zeros(self.acc_n, bool)               # read by a STORE or ALU
+        # read by a STORE or ALU, or made by an ALU or LUT: a value no product may add into
+        self.sealed = np.zeros(self.acc_n, bool)
         self.level = np.zeros(self.acc_n, np.int32)            # ALU depth that made the value
         self.acc_loads: list[tuple[np.ndarray, np.ndarray]] = []
         self.tiles: dict[bytes, list] = {}                     # accumulator tile -> [values, x ids, w ids]
@@ -249,6 +277,7 @@ class _Builder:
         self.x_tiles: list[np.ndarray] = []
         self.w_tiles: list[np.ndarray] = []
         self.alus: list[tuple] = []
+        self.chains: dict[int, tuple] = {}                     # id of an ALU chain -> (it, its steps, reads src)
         self.tables: dict[bytes, int] = {}                     # a LUT's table (WGT source codes) -> its number
         self.table_codes: list[np.ndarray] = []
         self.dwmacs: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []   # (acc values, inp codes, wgt codes)
@@ -263,8 +292,7 @@ class _Builder:
         self.values += count
         if self.values > self.sealed.size:
             grow = max(self.values, 2 * self.sealed.size)
-            self.sealed = np.concatenate([self.sealed, np.zeros(grow - self.sealed.size, bool)])
-            self.level = np.concatenate([self.level, np.zeros(grow - self.level.size, np.int32)])
+            self.sealed, self.level = _grown(self.sealed, grow), _grown(self.level, grow)
         return values
 
     def add(self, ins: Instruction) -> bool:
@@ -308,6 +336,23 @@ class _Builder:
                 lo, hi = self._host_range(ins)
                 if any(a < hi and lo < b for a, b in stored):
                     return False        # reads what this stream stored: order matters
+        if not acc:
+            # INP and WGT take the codes in place, through a view of the block (its rows never
+            # overlap: the simulator's check), not as an index array and a scatter
+            memory = self.inp if ins.mem is _INP else self.wgt
+            item = memory.itemsize
+            block = np.ndarray((height, width), memory.dtype, memory, ins.sram_addr * item, (ins.sram_ld * item, item))
+            if not (ins.rows and ins.cols):
+                block.fill(sources.pad(ins.pad_value))
+                return True
+            start = sources.host(ins.slot) + ins.dram_offset
+            inner = block
+            if ins.rows != height or ins.cols != width:
+                block.fill(sources.pad(ins.pad_value))
+                inner = block[ins.pad_top:ins.pad_top + ins.rows, ins.pad_left:ins.pad_left + ins.cols]
+            np.add(_block_offsets(ins.dram_ld, ins.rows, ins.cols), start, out=inner)
+            return True
+        if ins.rows and ins.cols:
             codes = _block(sources.host(ins.slot) + ins.dram_offset, ins.dram_ld, ins.rows, ins.cols)
             if ins.rows != height or ins.cols != width:
                 inner, codes = codes, np.full((height, width), sources.pad(ins.pad_value), np.int64)
@@ -315,38 +360,35 @@ class _Builder:
         else:
             codes = np.full((height, width), sources.pad(ins.pad_value), np.int64)
         elements = ins.sram_addr + _flat_block_offsets(ins.sram_ld, height, width)
-        codes = codes.reshape(-1)
-        if acc:
-            values = self._new(elements.size)
-            self.acc[elements] = values
-            self.acc_loads.append((values, codes))
-        else:
-            (self.inp if ins.mem is _INP else self.wgt)[elements] = codes
+        values = self._new(elements.size)
+        self.acc[elements] = values
+        self.acc_loads.append((values, codes.reshape(-1)))
         return True
 
     def _gemm(self, g: Gemm) -> bool:
         if not (g.ext_out and g.ext_in):
             return True
-        acc_steps = _steps(g.acc_addr, g.ext_out, g.acc_stride_out, g.ext_in, g.acc_stride_in)
+        acc_at, acc_tiles = _step_tiles(g.ext_out, g.acc_stride_out, g.ext_in, g.acc_stride_in, g.acc_ld, self.tile)
         if g.reset:
             # new values start at zero (an element of overlapping tiles just gets one of them)
-            elements = (acc_steps[:, None, None] + self._tile(g.acc_ld)).reshape(-1)
+            elements = (g.acc_addr + acc_tiles).reshape(-1)
             self.acc[elements] = self._new(elements.size)
             return True
-        # Steps at the same address see the same tile: look each address up once. The tiles
-        # of all steps are gathered at once (one numpy call each, not one per step), and so
-        # is the test of the accumulators: nothing in one GEMM seals them or makes them by ALU.
-        acc = self.acc[acc_steps[:, None, None] + self._tile(g.acc_ld)]
-        if self.sealed[acc].any() or self.level[acc].any():
+        # Steps at the same address see the same tile: look each address up once (by its
+        # offset from the operand's address, as the loop's offsets are kept). The tiles of all
+        # steps are gathered at once (one numpy call each, not one per step), and so is the
+        # test of the accumulators: nothing in one GEMM seals them or makes them by ALU.
+        acc = self.acc[g.acc_addr + acc_tiles]
+        if self.sealed[acc].any():
             return False        # adds to a value already read, or made by an ALU
-        x_steps = _steps(g.inp_addr, g.ext_out, g.inp_stride_out, g.ext_in, g.inp_stride_in)
-        w_steps = _steps(g.wgt_addr, g.ext_out, g.wgt_stride_out, g.ext_in, g.wgt_stride_in)
-        xs_at = self.inp[x_steps[:, None, None] + self._tile(g.inp_ld)]
-        ws_at = self.wgt[w_steps[:, None, None] + self._tile(g.wgt_ld)]
+        x_at, x_tiles = _step_tiles(g.ext_out, g.inp_stride_out, g.ext_in, g.inp_stride_in, g.inp_ld, self.tile)
+        w_at, w_tiles = _step_tiles(g.ext_out, g.wgt_stride_out, g.ext_in, g.wgt_stride_in, g.wgt_ld, self.tile)
+        xs_at = self.inp[g.inp_addr + x_tiles]
+        ws_at = self.wgt[g.wgt_addr + w_tiles]
         targets: dict[int, list] = {}
         xs: dict[int, int] = {}
         ws: dict[int, int] = {}
-        for k, (a, x, w) in enumerate(zip(acc_steps.tolist(), x_steps.tolist(), w_steps.tolist())):
+        for k, (a, x, w) in enumerate(zip(acc_at, x_at, w_at)):
             entry = targets.get(a)
             if entry is None:
                 values = acc[k]
@@ -374,7 +416,7 @@ class _Builder:
         one_tile = bool((acc_steps == acc_steps[0]).all())
         acc = ((acc_steps[:1] if one_tile else acc_steps)[:, None, None] + self._tile(d.acc_ld)).reshape(-1)
         values = self.acc[acc]
-        if self.sealed[values].any() or self.level[values].any():
+        if self.sealed[values].any():
             return False        # adds to a value already read, or made by an ALU
         x = self.inp[_steps(d.inp_addr, d.ext_out, d.inp_stride_out, d.ext_in, d.inp_stride_in)[:, None, None]
                      + self._tile(d.inp_ld)]                                          # [steps, t, t]
@@ -395,41 +437,70 @@ class _Builder:
         src = None
         if not a.use_imm:
             src = self.acc[_vectors(a.src_addr, a.ext_out, a.src_stride_out, a.ext_in, a.src_stride_in, self.tile)]
+        step = (a.op, a.imm, alu_operand(a.op, a.imm)) if a.use_imm else (a.op, None, None)
         self._alu_batches(_vectors(a.dst_addr, a.ext_out, a.dst_stride_out, a.ext_in, a.dst_stride_in, self.tile),
-                          [(a.op, a.imm if a.use_imm else None)], src)
+                          (step,), src)
         return True
 
     def _alu_chain(self, c: AluChain) -> bool:
         if not (c.ext_out and c.ext_in):
             return True
-        steps = c.steps
+        # a model's chains are a few codes and immediates over and over (a requantisation's per
+        # layer), and the instruction objects repeat: its steps are worked out once per object,
+        # which the entry holds (no other object takes its id while the builder lives)
+        known = self.chains.get(id(c))
+        if known is None:
+            steps = tuple((op, imm, None if imm is None else alu_operand(op, imm)) for op, imm in c.steps)
+            known = self.chains[id(c)] = (c, steps, any(imm is None for _, imm, _ in steps))
+        _, steps, reads_src = known
         src = None
-        if any(imm is None for _, imm in steps):
+        if reads_src:
             # the values the chain's src holds when it starts: it reads them before it writes
             src = self.acc[_vectors(c.src_addr, c.ext_out, c.src_stride_out, c.ext_in, c.src_stride_in, self.tile)]
         self._alu_batches(_vectors(c.dst_addr, c.ext_out, c.dst_stride_out, c.ext_in, c.dst_stride_in, self.tile),
                           steps, src)
         return True
 
-    def _alu_batches(self, dst: np.ndarray, steps: list, src: Optional[np.ndarray]) -> None:
-        """ALU ``steps`` ``(op, imm or None for src)`` in turn on the values at ACC elements
-        ``dst``, each a batch of new values (what a chain's steps compute is what as many ALU
-        instructions compute; the plan runs the batches in place, one pass per block). A
-        product by the immediate 0 reads nothing: its values start at zero, as a reset's do
-        (a temporary zeroed before its copy does not wait for the block's last reader)."""
-        for op, imm in steps:
+    def _alu_batches(self, dst: np.ndarray, steps: Sequence[tuple], src: Optional[np.ndarray]) -> None:
+        """ALU ``steps`` ``(op, imm or None for src, the operand imm gives)`` in turn on the
+        values at ACC elements ``dst``, each a batch of new values (what a chain's steps compute
+        is what as many ALU instructions compute; the plan runs the batches in place, one pass
+        per block). A product by the immediate 0 reads nothing: its values start at zero, as a
+        reset's do (a temporary zeroed before its copy does not wait for the block's last
+        reader). No two elements of ``dst`` are one (the simulator's check: an ALU's destination
+        vectors never overlap), so a step after the first reads what the step before made, a
+        fresh run of one level: sealed as a slice, and ACC takes the last step's values at the
+        end, instead of a gather and a scatter a step."""
+        made = None         # (values, their level, the first of them) the last step made over ``dst``
+        src_level = -1      # the highest level of ``src``'s values, once a later step reads them
+        n = dst.size
+        every = self._new(n * len(steps))       # each step's values in turn, handed out at once
+        lo = int(every[0]) - n
+        for k, (op, imm, operand) in enumerate(steps):
+            new, lo = every[k * n:(k + 1) * n], lo + n
             if op is _MUL and imm == 0:
-                self.acc[dst] = self._new(dst.size)
+                made = (new, 0, lo)
                 continue
-            old = self.acc[dst]
-            reads = old if imm is not None else np.concatenate([old, src])
-            self.sealed[reads] = True
-            level = int(self.level[reads].max()) + 1
-            new = self._new(dst.size)
-            self.level[new[0]:new[0] + new.size] = level     # a fresh run: a slice, not a scatter
-            self.acc[dst] = new
-            self.alus.append((level, op, None if imm is None else alu_operand(op, imm), new, old,
-                              src if imm is None else None))
+            if made is None:
+                old = self.acc[dst]
+                reads = old if imm is not None else np.concatenate([old, src])
+                self.sealed[reads] = True
+                level = int(self.level[reads].max()) + 1
+            else:
+                old, level, start = made
+                if not level:       # a zeroed run, now read (an ALU's results are sealed as made)
+                    self.sealed[start:start + n] = True
+                if imm is None:
+                    if src_level < 0:
+                        self.sealed[src] = True
+                        src_level = int(self.level[src].max())
+                    level = max(level, src_level)
+                level += 1
+            self.level[lo:lo + n] = level       # a fresh run: a slice, not a scatter
+            self.sealed[lo:lo + n] = True       # (no product adds into an ALU's result)
+            made = (new, level, lo)
+            self.alus.append((level, op, operand, new, old, src if imm is None else None))
+        self.acc[dst] = made[0]
 
     def _lut(self, u: Lut) -> bool:
         if not (u.ext_out and u.ext_in):
@@ -440,6 +511,7 @@ class _Builder:
         level = int(self.level[old].max()) + 1
         new = self._new(dst.size)
         self.level[new[0]:new[0] + new.size] = level     # a fresh run: a slice, not a scatter
+        self.sealed[new[0]:new[0] + new.size] = True
         self.acc[dst] = new
         # the table's entries as WGT holds them now (a later LOAD may overwrite them)
         table = _intern(self.tables, self.table_codes, self.wgt[u.lut_addr:u.lut_addr + LUT_ENTRIES])
@@ -574,7 +646,8 @@ class _Builder:
         # products add into start at zero.
         # the values ALU and LUT instructions made: those given a level (at least 1)
         renumber, zeroed = _layout(self.acc_n, self.values, products, alus, acc_loads, self.level[:self.values] > 0,
-                                   np.concatenate([*(s[3] for s in stores), self.acc[acc_at]]))
+                                   np.concatenate([*(s[3] for s in stores), self.acc[acc_at]]),
+                                   _workspace(self.workspace, _RENUMBER, np.intp, self.values))
         products = [p.renumbered(renumber) for p in products]
         # An ALU batch's operands, a STORE's values and host elements, what the scratchpads
         # end with: mostly runs, or a block order away from them (tiles of a matrix product's
@@ -833,7 +906,7 @@ def _at(values: _Vector, index) -> np.ndarray:
 
 
 def _layout(acc_n: int, count: int, products: list, alus: list, acc_loads, made: np.ndarray,
-            kept: np.ndarray) -> tuple:
+            kept: np.ndarray, into: np.ndarray) -> tuple:
     """New value numbers (``renumber[old] = new``): the scratchpad's ``acc_n`` values from
     before the stream keep theirs; then the values products add into, each product's
     targets in the order it adds them; then the other values that start at zero (resets
@@ -848,8 +921,12 @@ def _layout(acc_n: int, count: int, products: list, alus: list, acc_loads, made:
     batches (a requantisation's multiply, shift, add, clamps) then works on one stretch of
     memory, in cache, instead of a fresh one per operation. Returns ``(renumber, zeroed)``:
     values ``[acc_n, zeroed)`` start at zero, ``[zeroed, count)`` are written before they
-    are read."""
-    renumber = np.full(count, -1, np.intp)
+    are read. ``renumber`` is the first ``count`` elements of ``into`` (intp, its contents
+    ignored): a large stream's are tens of MB, which memory fresh from the system costs
+    several times more to write than memory written before (a simulator's workspace keeps
+    one while a call builds its plans, see :func:`drop_building`)."""
+    renumber = into[:count]
+    renumber.fill(-1)
     renumber[:acc_n] = np.arange(acc_n)
     nxt = acc_n
 
@@ -876,23 +953,27 @@ def _layout(acc_n: int, count: int, products: list, alus: list, acc_loads, made:
     nxt += rest.size
     zeroed = nxt
     waiting = None          # loaded values still without a number (none loaded: most streams)
+    left = 0                # how many: once none, the batches after look up nothing
     if acc_loads is not None:
         waiting = np.zeros(count, bool)
         waiting[acc_loads[0]] = True
         waiting &= renumber < 0
+        left = int(np.count_nonzero(waiting))
 
     def claim_loaded(read: np.ndarray) -> None:
         # loaded values in the order an ALU batch first reads them (an element-wise add reads
         # the tiles of two loads that alternate in the stream): runs for the ALUs, while the
         # load itself reads its host rows in any order (see FusedPlan's acc_loads)
-        if acc_loads is None:
-            return      # nothing loaded (most streams)
+        nonlocal left
+        if not left:
+            return      # nothing loaded (most streams), or all of it claimed
         read = read[waiting[read]]
         if read.size:
             _, first = np.unique(read, return_index=True)
             read = read[np.sort(first)]
             claim(read)         # distinct values no one claimed: always taken
             waiting[read] = False
+            left -= read.size
 
     # the values read other than as an ALU group's ``old``: a value is the ``old`` of one ALU
     # (or LUT) instruction at most (ACC maps elements to distinct values, and an instruction
@@ -1427,6 +1508,21 @@ def remember(seen: dict, buffers: tuple) -> None:
 
 
 _REMEMBERED = 4     # as many as a session keeps views of hosts' places per stored stream
+
+
+#: The workspace role of the array building a plan renumbers values in (see _layout).
+_RENUMBER = "building: renumber"
+
+
+def drop_building(space: dict) -> None:
+    """Let go of the arrays that building plans keeps in a simulator's workspace ``space``
+    from one stream to the next (:attr:`accel.hw.sim.Simulator.workspace`): called when a
+    model's call ends, so that a model whose plans are all built keeps only what runs them.
+
+    >>> space = {}; _ = _workspace(space, _RENUMBER, np.intp, 8); drop_building(space); space
+    {}
+    """
+    space.pop(_RENUMBER, None)
 
 
 def _workspace(space: dict, role: str, dtype, size: int) -> np.ndarray:

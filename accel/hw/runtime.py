@@ -22,15 +22,16 @@ True
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections import deque
 from types import MappingProxyType
-from typing import Any, Callable, ContextManager, Mapping, Optional, Union
+from typing import Any, Callable, Iterator, Mapping, Optional, Union
 
 import numpy as np
 
 from tirpat import device
-from accel.hw import instructions
+from accel.hw import fused, instructions
 from accel.hw.config import Config
 from accel.hw.emitter import Emitter
 from accel.hw.errors import AccelError
@@ -128,15 +129,24 @@ class Session(device.Session):
         if self._streams is not None:
             self._streams.clear()
 
-    def running(self) -> ContextManager[None]:
+    @contextlib.contextmanager
+    def running(self) -> Iterator[None]:
         """Held around each call of a compiled model on this session: BLAS on one thread for
         all of the call's streams (:func:`accel.hw.sim.one_blas_thread`), set once and the
-        caller's setting restored at its end, instead of set and restored by each stream.
+        caller's setting restored at its end, instead of set and restored by each stream;
+        and what every device session holds (:meth:`tirpat.device.Session.running`: full
+        garbage collections deferred while a first call records its streams). At its end the
+        simulator lets go of what building plans kept (:func:`accel.hw.fused.drop_building`).
 
         >>> with Session().running():
         ...     pass
         """
-        return one_blas_thread()
+        try:
+            with super().running(), one_blas_thread():
+                yield
+        finally:
+            # what building the call's plans kept from stream to stream (a first call's)
+            fused.drop_building(self.simulator.workspace)
 
     def buffer(self, host: HostBuffer) -> int:
         """The buffer-table slot of a host buffer, registering it on first use.

@@ -143,6 +143,25 @@ def test_a_chain_is_its_alu_instructions_in_one_pass(chain, seed):
             np.testing.assert_array_equal(_run(separate, data, batched), want)
 
 
+@pytest.mark.parametrize("steps", [
+    [(AluOp.MUL, 0), (AluOp.ADD, None), (AluOp.MUL, 3), (AluOp.ADD, None)],
+    [(AluOp.ADD, None), (AluOp.MUL, 0), (AluOp.MAX, -5), (AluOp.ADD, None), (AluOp.SHR, 1)],
+    [(AluOp.MUL, 2), (AluOp.ADD, 7), (AluOp.MUL, 0)],
+])
+@pytest.mark.parametrize("src", [dict(src_addr=T, src_stride_out=T), dict(src_addr=8 * T, src_stride_out=0)])
+def test_a_chain_zeroing_and_reading_src_between_steps_plans_like_the_reference(steps, src):
+    """The batched plan follows a chain's later steps on the run the step before made (a
+    product by 0 starts a fresh run of zeros), reading src as it was when the chain began:
+    overlapping the block, or one row broadcast."""
+    rng = np.random.default_rng(7)
+    data = rng.integers(-2**20, 2**20, ROWS * T).astype(np.int32)
+    f = dict(dst_addr=0, ext_out=4, dst_stride_out=T, **src)
+    stream = _stream([AluChain(**chain_code(steps), **f)])
+    want = _model(data, steps, {"ext_in": 1, "dst_stride_in": 0, "src_stride_in": 0, **f})
+    for batched in (False, True):
+        np.testing.assert_array_equal(_run(stream, data, batched), want)
+
+
 def test_a_chain_reads_an_overlapping_src_before_it_writes():
     # dst vectors 0..3, src the vectors 1..4: ADD src twice doubles what src held before
     data = np.arange(ROWS * T, dtype=np.int32)

@@ -587,3 +587,21 @@ def test_the_range_below_a_bound_is_that_of_all_arrays_together(arrays, bound):
     together = np.concatenate([np.zeros(0, np.intp), *indices])
     below = together[together < bound]
     assert fused._range_below(indices, bound) == ((int(below.min()), int(below.max()) + 1) if below.size else (0, 0))
+
+
+def test_the_builder_holds_the_chains_it_worked_out_so_no_other_takes_their_ids():
+    """The builder works out a chain's steps once per instruction object, by id, and holds
+    the object: a chain the caller lets go cannot hand its id to another chain, whose steps
+    would be mistaken for its."""
+    from accel.hw.instructions import chain_code
+    from accel.hw.isa import AluChain
+
+    sim = Simulator(sim_tests.SMALL)
+    builder = fused._Builder(sim, sim_tests._host())
+    ids = set()
+    for op, imm in [(AluOp.ADD, 3), (AluOp.MUL, 5), (AluOp.SHR, 2), (AluOp.MAX, -7)] * 8:
+        chain = AluChain(dst_addr=0, ext_out=2, dst_stride_out=16, **chain_code([(op, imm)]))
+        ids.add(id(chain))
+        assert builder.add(chain) and builder.alus[-1][1:3] == (op, imm)
+        del chain
+    assert len(ids) == 32

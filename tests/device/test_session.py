@@ -408,3 +408,44 @@ def test_misuse_is_a_clear_error():
     with pytest.raises(ValueError, match="not a valid function name"):
         VEC.function(lambda s: None, name="two words")
     assert device.runtimes()["devtest_vec"] is VEC
+
+
+def test_full_collections_are_deferred_inside_and_restored_by_the_last_thread_out():
+    """A session's running() (held around a compiled model's call) defers the oldest
+    generation's collections, process-wide: nested and concurrent holders leave them deferred
+    until the last one leaves, an exception included; young collections go on."""
+    import gc
+
+    before = gc.get_threshold()
+    inside, leave = threading.Event(), threading.Event()
+
+    def other():
+        with device.Session().running():
+            inside.set()
+            leave.wait(5)
+
+    with pytest.raises(RuntimeError, match="boom"):
+        with device.full_collections_deferred():
+            t = threading.Thread(target=other)
+            t.start()
+            assert inside.wait(5)
+            deferred = gc.get_threshold()
+            assert deferred[:2] == before[:2] and deferred[2] > before[2]
+            raise RuntimeError("boom")
+    assert gc.get_threshold() == deferred        # the other thread is still inside
+    leave.set()
+    t.join(5)
+    assert gc.get_threshold() == before
+
+
+def test_thresholds_someone_sets_while_collections_are_deferred_stay():
+    import gc
+
+    before = gc.get_threshold()
+    try:
+        with device.full_collections_deferred():
+            gc.set_threshold(500, 5, 5)
+        assert gc.get_threshold() == (500, 5, 5)
+    finally:
+        gc.set_threshold(*before)
+

@@ -111,3 +111,60 @@ def test_a_call_sets_blas_to_one_thread_once_and_gives_the_setting_back(built, m
         assert threads() == [2] * len(sim._BLAS)
         stop_at = None
         np.testing.assert_array_equal(model(*args), want)
+
+
+def test_a_call_defers_full_collections_and_restores_the_thresholds(built, monkeypatch):
+    """The first call records and plans every stream, hundreds of thousands of objects that
+    live on: full collections wait until the call ends (young ones go on), and the
+    thresholds are the caller's again afterwards, also when the call fails."""
+    import gc
+
+    import accel
+
+    mod, model = built
+    seen = []
+    real = accel.Session.execute
+
+    def execute(self):
+        seen.append(gc.get_threshold())
+        return real(self)
+
+    before = gc.get_threshold()
+    monkeypatch.setattr(accel.Session, "execute", execute)
+    args = random_inputs(mod, np.random.default_rng(3))
+    model._kept_sessions.clear()        # a first call
+    np.testing.assert_array_equal(model(*args), reference(mod, args))
+    assert seen and all(t[:2] == before[:2] and t[2] > before[2] for t in seen)
+    assert gc.get_threshold() == before
+
+    def fail(self):
+        raise RuntimeError("the device failed")
+
+    monkeypatch.setattr(accel.Session, "execute", fail)
+    model._kept_sessions.clear()
+    with pytest.raises(RuntimeError, match="the device failed"):
+        model(*args)
+    assert gc.get_threshold() == before
+
+
+def test_what_building_plans_keeps_is_let_go_when_the_call_ends(built, monkeypatch):
+    """A first call's plans renumber their values in one array of the simulator's workspace,
+    reused stream after stream; the call's end drops it (the arrays that run plans stay)."""
+    from accel.hw import fused
+
+    mod, model = built
+    layouts = []
+    real = fused._layout
+
+    def layout(*args):
+        layouts.append(args[-1].size)      # the workspace's array it renumbers in
+        return real(*args)
+
+    monkeypatch.setattr(fused, "_layout", layout)
+    model._kept_sessions.clear()
+    args = random_inputs(mod, np.random.default_rng(4))
+    np.testing.assert_array_equal(model(*args), reference(mod, args))
+    assert layouts      # plans were built
+    sessions = [s for kept in model._kept_sessions for s in kept.values()]
+    assert sessions and all(fused._RENUMBER not in s.simulator.workspace for s in sessions)
+    assert any("values" in s.simulator.workspace for s in sessions)

@@ -49,11 +49,12 @@ from .buffers import BoundsError, BufferTable, SlotError, is_tensor, strided_vie
 from .instr import Instruction, Operand, instr
 from .memory import Memory
 from .planner import PlanError, ScratchpadOverflow, ScratchpadPlanner
-from .session import OptionsMismatch, Runtime, Session, invoke, runtimes
+from .session import OptionsMismatch, Runtime, Session, full_collections_deferred, invoke, runtimes
 from .trace import save_trace, trace_events
 
 __all__ = [
     "BoundsError", "BufferTable", "Instruction", "Memory", "Operand", "OptionsMismatch", "PlanError", "Runtime",
-    "ScratchpadOverflow", "ScratchpadPlanner", "Session", "SlotError", "instr", "invoke", "is_tensor", "runtimes",
+    "ScratchpadOverflow", "ScratchpadPlanner", "Session", "SlotError", "full_collections_deferred", "instr", "invoke",
+    "is_tensor", "runtimes",
     "save_trace", "strided_view", "tensor_view", "trace_events",
 ]

@@ -44,11 +44,13 @@ calling thread's current session first. Three promises hold for every backend:
 from __future__ import annotations
 
 import contextlib
+import gc
 import inspect
 import sys
 import threading
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, ContextManager, Hashable, Mapping, Optional, Sequence
+from typing import (TYPE_CHECKING, Any, Callable, ClassVar, ContextManager, Hashable, Iterator, Mapping, Optional,
+                    Sequence)
 
 import numpy as np
 import tvm_ffi
@@ -58,7 +60,7 @@ from .buffers import BufferTable, HostBuffer, host_span, raw_view
 if TYPE_CHECKING:
     from .instr import Instruction
 
-__all__ = ["Session", "Runtime", "invoke", "runtimes", "OptionsMismatch"]
+__all__ = ["Session", "Runtime", "invoke", "runtimes", "OptionsMismatch", "full_collections_deferred"]
 
 _relay = threading.local()      # .error: the exception the last failing runtime function raised
 _RUNTIMES: dict[str, "Runtime"] = {}
@@ -85,6 +87,61 @@ class _PerThread(threading.local):
     def __init__(self) -> None:
         self.stack: list = []
         self.defaults: dict = {}
+
+
+# Full collections deferred while any thread is inside full_collections_deferred(): how many
+# are inside, and the thresholds to restore when the last one leaves (and the ones it set)
+_deferring = threading.Lock()
+_deferred = 0
+_restore: Optional[tuple] = None
+#: The oldest generation's threshold while full collections are deferred: never reached.
+_NO_FULL_COLLECTION = 1 << 30
+
+
+@contextlib.contextmanager
+def full_collections_deferred() -> Iterator[None]:
+    """Hold off the cyclic garbage collector's full (oldest-generation) collections inside
+    the block; the young generations are collected as usual, and the thresholds in force
+    before are restored when the last thread inside leaves (unless someone set others
+    meanwhile: those stay).
+
+    A device session holds this around a compiled model's call (:meth:`Session.running`):
+    the first call of a model records and plans its streams, making hundreds of thousands of
+    objects that all live on (instructions, recorded calls, plans), so the heap grows by a
+    quarter again and again and each time Python walks all of it, the model's own
+    long-lived objects included (det_small: ~6 s of CPU in a ~44 s first call). A later
+    call makes few objects, so deferring costs nothing there. The setting is process-wide:
+    acceptable because the block is one bounded model call and young collections go on,
+    so other threads' cyclic garbage is still freed, only the walk of the old generation
+    waits until the call ends (then Python's own rule starts it as soon as it is due).
+    Python 3.11's rule: the oldest generation is collected only when its threshold count
+    is exceeded.
+
+    >>> before = gc.get_threshold()
+    >>> with full_collections_deferred():
+    ...     gc.get_threshold()[2] > before[2]
+    True
+    >>> gc.get_threshold() == before
+    True
+    """
+    global _deferred, _restore
+    with _deferring:
+        if _deferred == 0:
+            before = gc.get_threshold()
+            deferring = (*before[:2], _NO_FULL_COLLECTION)
+            gc.set_threshold(*deferring)
+            _restore = (before, deferring)
+        _deferred += 1
+    try:
+        yield
+    finally:
+        with _deferring:
+            _deferred -= 1
+            if _deferred == 0:
+                before, deferring = _restore
+                _restore = None
+                if gc.get_threshold() == deferring:     # else another caller set its own: kept
+                    gc.set_threshold(*before)
 
 
 class Session:
@@ -279,12 +336,13 @@ class Session:
         """A context a compiled model (``tp.build``'s) holds around each of its calls on this
         session: a device sets up there, once per call, what each of its streams would
         otherwise set up and undo (accel: BLAS on one thread), and undoes it on the way out,
-        an exception included. The default holds nothing.
+        an exception included. The default defers the garbage collector's full collections
+        (:func:`full_collections_deferred`); a subclass that holds more holds that too.
 
         >>> with Session().running():
         ...     pass
         """
-        return contextlib.nullcontext()
+        return full_collections_deferred()
 
     # -- stream boundaries ---------------------------------------------------------------
     def sync(self) -> Any:
