@@ -77,6 +77,7 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
+from accel.hw import kernels
 from accel.hw.instructions import ALU_UFUNCS, LUT_ENTRIES, OPERAND_RANGE, AluOp, alu_operand
 from accel.hw.isa import Alu, AluChain, Dwmac, Gemm, Instruction, Load, Lut, Mem, Opcode, Store, StoreMode
 
@@ -1270,6 +1271,13 @@ class _TapSum:
         # int8 x int8 products are exact in float32, and so are sums of up to 1024 of them
         # (below 2**24); more are summed in float64 (exact below 2**53), then reduced modulo
         # 2**32 as int32 wraps
+        if self.ftype is np.float32 and self.x.by_rows and self.w.by_rows and isinstance(self.targets, _Span):
+            # compiled: each output vector summed in registers from the source's rows (numpy
+            # would gather every tap's rows first: 9-49 copies of the input)
+            d, steps, p, t = self.x.shape
+            kernels.tap_sum(t, self.assign)(source.data, self.x.starts.reshape(d, steps, p),
+                                            self.w.starts.reshape(d, steps), values, self.targets.start)
+            return
         w = self.w.read(source)
         if self.ftype is np.float32 and self.x.by_rows:
             # a few tiles' taps at a time: gathered into cache and summed there (the taps of a
