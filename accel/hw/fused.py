@@ -970,11 +970,59 @@ def _first_writes(products: list, acc_n: int, zeroed: int, count: int) -> list[t
 
 
 def _put(values: np.ndarray, index, data: np.ndarray) -> None:
-    """``values[index] = data`` (into a view for a :class:`_Span` or :class:`_View`)."""
+    """``values[index] = data`` (into a view for a :class:`_Span` or :class:`_View`, run by
+    run for :class:`_Runs`)."""
     if isinstance(index, (_Span, _View)):
         index.of(values)[...] = data
+    elif isinstance(index, _Runs):
+        index.put(values, data)
     else:
         values[index] = data
+
+
+class _Runs:
+    """An index array that is a few long runs of consecutive elements, in any order (an ACC
+    LOAD's values: a bias row's and the data's, two stretches), written as slices, run by run:
+    a scatter costs an index read and a random write per element, a slice a memory copy.
+
+    >>> runs = _Runs.of(np.r_[600:1200, 0:500])
+    >>> values = np.zeros(1200, np.int32); runs.put(values, np.arange(1100)); values[[0, 499, 600, 1199]].tolist()
+    [600, 1099, 0, 599]
+    >>> _Runs.of(np.array([3, 1, 2])) is None      # short runs: a scatter is as good
+    True
+    """
+
+    __slots__ = ("parts", "size")
+
+    def __init__(self, parts: list[tuple[int, int, int]]) -> None:
+        self.parts = parts      # (first, end) in the data, start in the target
+        self.size = parts[-1][1]
+
+    @classmethod
+    def of(cls, index: np.ndarray) -> Optional["_Runs"]:
+        """``index`` as runs, or None when its runs are shorter than :data:`_RUN_AT_LEAST` on average."""
+        flat = np.asarray(index).reshape(-1)
+        edges = np.flatnonzero(flat[1:] != flat[:-1] + 1) + 1
+        if not flat.size or (edges.size + 1) * _RUN_AT_LEAST > flat.size:
+            return None
+        edges = [0, *edges.tolist(), flat.size]
+        return cls([(i, j, int(flat[i])) for i, j in zip(edges[:-1], edges[1:])])
+
+    def put(self, target: np.ndarray, data: np.ndarray) -> None:
+        """``target[index] = data`` (cast as assignment casts)."""
+        data = data.reshape(-1)
+        for i, j, at in self.parts:       # in order: a later run wins an element, as in a scatter
+            np.copyto(target[at:at + j - i], data[i:j], casting="unsafe")
+
+
+def _slices(index):
+    """Where a plan writes: an index array that is a few long runs as :class:`_Runs`, else as is."""
+    return (_Runs.of(index) or index) if isinstance(index, np.ndarray) else index
+
+
+# Runs this long on average are copied as slices (~1 us of Python each) rather than scattered
+# (a few ns an element).
+_RUN_AT_LEAST = 512
 
 
 def _distinct(index: np.ndarray, bound: int) -> bool:
@@ -1324,8 +1372,11 @@ class FusedPlan:
         self.products, self.alus, self.stores, self.acc_loads = products, alus, stores, acc_loads
         # what each scratchpad ends with, None for nothing (a quarter of a model's streams leave
         # INP or ACC as they were: an empty gather and put cost a few microseconds each)
-        self.inp_final, self.wgt_final, self.acc_final = (None if final[0].size == 0 else final
+        self.inp_final, self.wgt_final, self.acc_final = (None if final[0].size == 0 else (_slices(final[0]), final[1])
                                                           for final in (inp_final, wgt_final, acc_final))
+        self.stores = [(slot, mode, _slices(dst), src) for slot, mode, dst, src in stores]
+        if acc_loads is not None:
+            self.acc_loads = (_slices(acc_loads[0]), acc_loads[1])
         self.matmuls = len(products)
         self.blas = any(isinstance(p, _Product) for p in products)     # whether a run calls np.matmul
         self.i_base = sum(self.sizes[slot] for slot in self.i_slots) + self.i_pads.size
@@ -1387,7 +1438,7 @@ class FusedPlan:
             else:
                 if mode is StoreMode.SATURATE:
                     out = np.clip(out, -128, 127)
-                buffers[slot][dst] = out.astype(buffers[slot].dtype)
+                _put(buffers[slot], dst, out.astype(buffers[slot].dtype, copy=False))
         if self.inp_final is not None:
             at, src = self.inp_final
             _put(sim.inp, at, _at(source, src))

@@ -587,3 +587,36 @@ def test_the_range_below_a_bound_is_that_of_all_arrays_together(arrays, bound):
     together = np.concatenate([np.zeros(0, np.intp), *indices])
     below = together[together < bound]
     assert fused._range_below(indices, bound) == ((int(below.min()), int(below.max()) + 1) if below.size else (0, 0))
+
+
+@st.composite
+def run_indices(draw):
+    """An index array of runs of consecutive elements in any order, overlapping runs too (a
+    later write wins), into a target of ``size`` elements."""
+    size = draw(st.integers(1, 200))
+    runs = draw(st.lists(st.tuples(st.integers(0, size - 1), st.integers(1, 60)), min_size=1, max_size=6))
+    return size, np.concatenate([np.arange(a, min(a + n, size)) for a, n in runs])
+
+
+@given(run_indices(), st.sampled_from([np.int32, np.int8]), st.integers(1, 64))
+def test_writes_by_runs_equal_a_scatter(drawn, dtype, at_least):
+    """An index array of long runs is written run by run as slices: what a scatter writes,
+    a later write to an element winning, int32 data cast into an int8 host buffer as a
+    scatter casts it."""
+    size, index = drawn
+    data = (np.arange(index.size, dtype=np.int64) * 7919 - 2**31).astype(np.int32)
+    want, got = np.zeros(size, dtype), np.zeros(size, dtype)
+    want[index] = data.astype(dtype)
+    with mock.patch.object(fused, "_RUN_AT_LEAST", at_least):
+        runs = fused._slices(index)
+    assert isinstance(runs, fused._Runs) == ((np.count_nonzero(np.diff(index) != 1) + 1) * at_least <= index.size)
+    fused._put(got, runs, data)
+    np.testing.assert_array_equal(got, want)
+
+
+@given(_STREAMS)
+def test_streams_whose_writes_are_runs_write_them_as_slices_alike(stream):
+    """With every index array of runs written run by run (not only long ones), the plan still
+    leaves host buffers and scratchpads as instruction-by-instruction execution does."""
+    with mock.patch.object(fused, "_RUN_AT_LEAST", 1):
+        test_fused_execution_equals_instruction_by_instruction.hypothesis.inner_test(stream)
