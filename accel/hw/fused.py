@@ -1285,8 +1285,14 @@ class _PerChannel:
             sums = np.bincount(self.inverse, weights=products, minlength=self.targets.size)
             values[self.targets] += sums.astype(np.int64).astype(np.int32)     # modulo 2**32, as int32 wraps
             return
+        x = self.x
+        if isinstance(self.w, int) and isinstance(self.targets, _Span) and x.index is None and x.rows_at is None \
+                and x.size == x.starts.size * (t := source.rows.itemsize // source.data.itemsize):
+            # whole rows times one weight element: compiled, one pass without a gathered copy
+            kernels.scaled_rows(t, self.assign)(source.data, x.starts, self.w, values, self.targets.start)
+            return
         w = source.data[self.w] if isinstance(self.w, int) else self.w.read(source)
-        products = self.x.read(source) * w          # exact: at most 2**14
+        products = x.read(source) * w          # exact: at most 2**14
         if self.assign:
             np.copyto(self.targets.of(values), products, casting="unsafe")
             return

@@ -51,3 +51,16 @@ def test_kernels_read_and_write_views_at_any_offset():
     lanes = np.arange(4)
     np.testing.assert_array_equal(out, np.concatenate([source[1 + lanes] * source[2 + lanes],
                                                        source[3 + lanes] * source[2 + lanes]]))
+
+
+@given(tap_sums(), st.booleans(), st.data())
+def test_the_scaled_rows_kernel_equals_numpys_product(drawn, assign, data):
+    tile, source, xs, _, out, base = drawn
+    starts = np.ascontiguousarray(xs[:, 0, :].reshape(-1))     # as many rows as out holds after base
+    w = data.draw(st.integers(0, source.size - 1))
+    exact = (source[starts[:, None] + np.arange(tile)].astype(np.int64) * int(source[w])).reshape(-1)
+    want = out.copy()
+    at = slice(base, base + exact.size)
+    want[at] = exact if assign else (want[at].astype(np.int64) + exact).astype(np.int32)     # wraps
+    kernels.scaled_rows(tile, assign)(source, starts, w, out, base)
+    np.testing.assert_array_equal(out, want)
