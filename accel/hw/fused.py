@@ -1115,12 +1115,13 @@ class _Gather:
     ([[8.0, 9.0, 10.0, 11.0, 0.0, 0.0, 3.0, 1.0, 5.0]], [8])
     """
 
-    __slots__ = ("shape", "size", "index", "starts", "rows_at", "at", "elements", "by_rows")
+    __slots__ = ("shape", "size", "index", "starts", "rows_at", "at", "elements", "by_rows", "strided")
 
     def __init__(self, index: np.ndarray, tile: int, extra: Optional[_Sources] = None,
                  care: Optional[np.ndarray] = None) -> None:
         self.shape, self.index = index.shape, None
         self.size = flat_size = index.size
+        self.strided = None
         # every last-axis row of the index array is whole rows (then :meth:`part` reads any
         # entries of the first axis alone)
         self.by_rows = False
@@ -1163,6 +1164,8 @@ class _Gather:
                                       np.arange(n * tile, flat_size)])
             self.elements = flat[self.at]
         self.by_rows = self.rows_at is None and index.ndim > 1 and index.shape[-1] % tile == 0
+        if self.rows_at is None and flat_size == self.starts.size * tile:
+            self.strided = _strided_rows(self.starts, self.shape, tile)
 
     @classmethod
     def of_starts(cls, starts: np.ndarray, shape: tuple, tile: int) -> "_Gather":
@@ -1179,6 +1182,7 @@ class _Gather:
         gather.starts = starts.reshape(-1)
         gather.rows_at = gather.at = gather.elements = None
         gather.by_rows = len(shape) > 1 and shape[-1] % tile == 0
+        gather.strided = _strided_rows(gather.starts, gather.shape, tile) if shape[-1] % tile == 0 else None
         return gather
 
     def part(self, source: _Vector, lo: int, hi: int) -> np.ndarray:
@@ -1187,7 +1191,14 @@ class _Gather:
         return source.rows[starts].view(source.data.dtype).reshape((len(starts),) + self.shape[1:])
 
     def read(self, source: _Vector) -> np.ndarray:
-        """The gathered elements, shaped as the index array."""
+        """The gathered elements, shaped as the index array (a view of ``source`` where the
+        rows are :attr:`strided`: read it before writing over it)."""
+        if self.strided is not None:
+            start, ld = self.strided
+            data = source.data
+            rows = self.size // self.shape[-1]
+            return np.ndarray((rows, self.shape[-1]), data.dtype, buffer=data, offset=start * data.itemsize,
+                              strides=(ld * data.itemsize, data.itemsize)).reshape(self.shape)
         if self.index is not None:
             return np.take(source.data, self.index)
         if self.rows_at is None:
@@ -1198,6 +1209,25 @@ class _Gather:
         out.view(source.rows.dtype)[self.rows_at] = source.rows[self.starts]
         out[self.at] = np.take(source.data, self.elements)
         return out[:self.size].reshape(self.shape)
+
+
+def _strided_rows(starts: np.ndarray, shape: tuple, tile: int) -> Optional[tuple[int, int]]:
+    """``(start, ld)`` when the runs of ``tile`` elements that start at ``starts`` make the
+    array of ``shape`` whose last axis rows are ``ld`` (at least a row) elements apart in the vector, each a run
+    (an input the host laid out as a matrix: a 1x1 convolution's pixels by channels, an
+    im2col), else None: then read as a strided view of the vector, not gathered.
+
+    >>> _strided_rows(np.array([5, 7, 12, 14]), (2, 4), 2), _strided_rows(np.array([5, 7, 12, 15]), (2, 4), 2)
+    ((5, 7), None)
+    """
+    if not starts.size or len(shape) < 1 or shape[-1] % tile:
+        return None
+    runs = starts.reshape(-1, shape[-1] // tile)
+    first = runs[:, 0]
+    ld = int(first[1] - first[0]) if first.size > 1 else shape[-1]
+    if ld < shape[-1] or (runs[:, 1:] != runs[:, :-1] + tile).any() or (first[1:] != first[:-1] + ld).any():
+        return None     # (overlapping rows: numpy's matmul takes them without BLAS, 10x slower)
+    return int(first[0]), ld
 
 
 class _Product:

@@ -620,3 +620,24 @@ def test_streams_whose_writes_are_runs_write_them_as_slices_alike(stream):
     leaves host buffers and scratchpads as instruction-by-instruction execution does."""
     with mock.patch.object(fused, "_RUN_AT_LEAST", 1):
         test_fused_execution_equals_instruction_by_instruction.hypothesis.inner_test(stream)
+
+
+@given(st.sampled_from([2, 4, 16]), st.integers(1, 5), st.integers(1, 3), st.integers(0, 40), st.integers(0, 20),
+       st.booleans(), st.data())
+def test_rows_a_stride_apart_are_read_as_a_view_like_a_gather(tile, rows, runs, start, gap, perturb, data):
+    """A gather whose rows are runs a fixed stride apart (a matrix the host laid out) reads a
+    strided view of the vector instead of copying, the same elements as np.take; a row moved
+    off the stride, or rows that overlap, are gathered."""
+    k = runs * tile
+    ld = k + gap - (data.draw(st.integers(0, k - 1)) if gap == 0 and k > 1 and data.draw(st.booleans()) else 0)
+    index = start + np.arange(rows)[:, None] * ld + np.arange(k)
+    perturb = perturb and rows > 2     # (two rows are a stride apart whatever it is)
+    if perturb:
+        index[-1] += 1
+    vector = fused._Vector(np.arange(int(index.max()) + 1, dtype=np.float32) * 3, tile)
+    g = fused._Gather(index, tile)
+    strided = ld >= k and not perturb
+    assert (g.strided is not None) == strided
+    np.testing.assert_array_equal(g.read(vector), np.take(vector.data, index))
+    if strided:
+        assert np.shares_memory(g.read(vector), vector.data)
