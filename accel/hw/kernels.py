@@ -5,7 +5,7 @@ numpy runs a step as whole-array passes: a depthwise kernel's tap sum gathers ev
 input rows into a new array (49 copies of the input for a 7x7 kernel), then multiplies and
 sums them. Compiled, each output vector is summed in registers straight from the source
 vector's rows: on ``ppocrv6_det_small``'s tap sums 45 -> 8 ms. A kernel's shapes are symbolic,
-so one compile (~40 ms) serves every plan of the process.
+so one compile (~0.1 s, all kernels at once) serves every plan of the process.
 
 Results are bit-identical to the numpy steps they replace: products of int8 values are exact
 in float32, so are sums of up to 1024 of them in any order (below 2**24), and int32 addition
@@ -37,15 +37,6 @@ def _target():
     return Target({"kind": "llvm", "mcpu": codegen.llvm_get_system_cpu()})
 
 
-def _call(kernel) -> Callable[..., None]:
-    """``kernel`` taking numpy arrays (zero-copy: DLPack views, any alignment) and ints."""
-    import tvm_ffi
-
-    def call(*args) -> None:
-        kernel(*(tvm_ffi.from_dlpack(a) if isinstance(a, np.ndarray) else a for a in args))
-    return call
-
-
 @functools.lru_cache(maxsize=None)
 def tap_sum(tile: int, assign: bool) -> Callable[..., None]:
     """``f(source, xs, ws, out, base)``: for each ``d, p`` and lane ``c < tile``,
@@ -62,33 +53,7 @@ def tap_sum(tile: int, assign: bool) -> Callable[..., None]:
     >>> out.tolist()        # 7 + 2 * 3 * 3, 7 + 2 * 4 * 4
     [25, 39]
     """
-    import tvm
-    from tvm.script import tirx as T
-
-    old = 0 if assign else 1        # what the old values count (a compile-time constant)
-
-    @T.prim_func
-    def kernel(a_source: T.handle, a_xs: T.handle, a_ws: T.handle, a_out: T.handle, base: T.int64):
-        T.func_attr({"global_symbol": "tap_sum", "tirx.noalias": True})
-        n, d, s, p, m = T.int64(), T.int64(), T.int64(), T.int64(), T.int64()
-        # element alignment only: the arrays are views of the plan's vectors at any offset
-        source = T.match_buffer(a_source, (n,), "float32", align=4)
-        xs = T.match_buffer(a_xs, (d, s, p), "int64", align=8)
-        ws = T.match_buffer(a_ws, (d, s), "int64", align=8)
-        out = T.match_buffer(a_out, (m,), "int32", align=4)
-        acc = T.alloc_buffer((tile,), "float32", scope="local")
-        for i in range(d):
-            for j in range(p):
-                for c in T.vectorized(tile):
-                    acc[c] = T.float32(0)
-                for k in range(s):
-                    for c in T.vectorized(tile):
-                        acc[c] = acc[c] + source[xs[i, k, j] + c] * source[ws[i, k] + c]
-                for c in T.vectorized(tile):
-                    out[base + (i * p + j) * tile + c] = T.Cast("int32", acc[c]) + \
-                        out[base + (i * p + j) * tile + c] * old
-
-    return _call(tvm.compile(tvm.IRModule({"tap_sum": kernel}), target=_target())["tap_sum"])
+    return _keeping(_module(tile)["tap_sum"], assign)
 
 
 @functools.lru_cache(maxsize=None)
@@ -105,13 +70,53 @@ def scaled_rows(tile: int, assign: bool) -> Callable[..., None]:
     >>> out.tolist()        # 1 + [4, -2, 3, 4] * -2
     [-7, 5, -5, -7]
     """
+    return _keeping(_module(tile)["scaled_rows"], assign)
+
+
+def _keeping(kernel, assign: bool) -> Callable[..., None]:
+    """``kernel`` (numpy arrays and ints) with its last argument, ``keep``: 0 to set the
+    outputs, 1 to add to them."""
+    import tvm_ffi
+
+    keep = 0 if assign else 1
+
+    def call(*args) -> None:
+        kernel(*(tvm_ffi.from_dlpack(a) if isinstance(a, np.ndarray) else a for a in args), keep)
+    return call
+
+
+@functools.lru_cache(maxsize=None)
+def _module(tile: int):
+    """The kernels for ``tile`` lanes, compiled together (one compile: ~0.1 s)."""
     import tvm
     from tvm.script import tirx as T
 
-    old = 0 if assign else 1
+    @T.prim_func
+    def tap_sum(a_source: T.handle, a_xs: T.handle, a_ws: T.handle, a_out: T.handle, base: T.int64,
+                keep: T.int32):
+        T.func_attr({"global_symbol": "tap_sum", "tirx.noalias": True})
+        n, d, s, p, m = T.int64(), T.int64(), T.int64(), T.int64(), T.int64()
+        # element alignment only: the arrays are views of the plan's vectors at any offset
+        source = T.match_buffer(a_source, (n,), "float32", align=4)
+        xs = T.match_buffer(a_xs, (d, s, p), "int64", align=8)
+        ws = T.match_buffer(a_ws, (d, s), "int64", align=8)
+        out = T.match_buffer(a_out, (m,), "int32", align=4)
+        acc = T.alloc_buffer((tile,), "float32", scope="local")
+        for i in range(d):
+            for j in range(p):
+                for c in T.vectorized(tile):
+                    acc[c] = T.float32(0)
+                for k in range(s):
+                    for c in T.vectorized(tile):
+                        acc[c] = acc[c] + source[xs[i, k, j] + c] * source[ws[i, k] + c]
+                for c in T.vectorized(tile):
+                    # an old value times 0 is 0 whatever it is (int32: no NaN)
+                    out[base + (i * p + j) * tile + c] = T.Cast("int32", acc[c]) + \
+                        out[base + (i * p + j) * tile + c] * keep
 
     @T.prim_func
-    def kernel(a_source: T.handle, a_xs: T.handle, w: T.int64, a_out: T.handle, base: T.int64):
+    def scaled_rows(a_source: T.handle, a_xs: T.handle, w: T.int64, a_out: T.handle, base: T.int64,
+                    keep: T.int32):
         T.func_attr({"global_symbol": "scaled_rows", "tirx.noalias": True})
         n, r, m = T.int64(), T.int64(), T.int64()
         source = T.match_buffer(a_source, (n,), "float32", align=4)
@@ -120,6 +125,6 @@ def scaled_rows(tile: int, assign: bool) -> Callable[..., None]:
         for i in range(r):
             for c in T.vectorized(tile):
                 out[base + i * tile + c] = T.Cast("int32", source[xs[i] + c] * source[w]) + \
-                    out[base + i * tile + c] * old
+                    out[base + i * tile + c] * keep
 
-    return _call(tvm.compile(tvm.IRModule({"scaled_rows": kernel}), target=_target())["scaled_rows"])
+    return tvm.compile(tvm.IRModule({"tap_sum": tap_sum, "scaled_rows": scaled_rows}), target=_target())
