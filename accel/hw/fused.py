@@ -77,6 +77,7 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
+from accel.hw import kernels
 from accel.hw.instructions import ALU_UFUNCS, LUT_ENTRIES, OPERAND_RANGE, AluOp, alu_operand
 from accel.hw.isa import Alu, AluChain, Dwmac, Gemm, Instruction, Load, Lut, Mem, Opcode, Store, StoreMode
 
@@ -1050,11 +1051,59 @@ def _first_writes(products: list, acc_n: int, zeroed: int, count: int) -> list[t
 
 
 def _put(values: np.ndarray, index, data: np.ndarray) -> None:
-    """``values[index] = data`` (into a view for a :class:`_Span` or :class:`_View`)."""
+    """``values[index] = data`` (into a view for a :class:`_Span` or :class:`_View`, run by
+    run for :class:`_Runs`)."""
     if isinstance(index, (_Span, _View)):
         index.of(values)[...] = data
+    elif isinstance(index, _Runs):
+        index.put(values, data)
     else:
         values[index] = data
+
+
+class _Runs:
+    """An index array that is a few long runs of consecutive elements, in any order (an ACC
+    LOAD's values: a bias row's and the data's, two stretches), written as slices, run by run:
+    a scatter costs an index read and a random write per element, a slice a memory copy.
+
+    >>> runs = _Runs.of(np.r_[600:1200, 0:500])
+    >>> values = np.zeros(1200, np.int32); runs.put(values, np.arange(1100)); values[[0, 499, 600, 1199]].tolist()
+    [600, 1099, 0, 599]
+    >>> _Runs.of(np.array([3, 1, 2])) is None      # short runs: a scatter is as good
+    True
+    """
+
+    __slots__ = ("parts", "size")
+
+    def __init__(self, parts: list[tuple[int, int, int]]) -> None:
+        self.parts = parts      # (first, end) in the data, start in the target
+        self.size = parts[-1][1]
+
+    @classmethod
+    def of(cls, index: np.ndarray) -> Optional["_Runs"]:
+        """``index`` as runs, or None when its runs are shorter than :data:`_RUN_AT_LEAST` on average."""
+        flat = np.asarray(index).reshape(-1)
+        edges = np.flatnonzero(flat[1:] != flat[:-1] + 1) + 1
+        if not flat.size or (edges.size + 1) * _RUN_AT_LEAST > flat.size:
+            return None
+        edges = [0, *edges.tolist(), flat.size]
+        return cls([(i, j, int(flat[i])) for i, j in zip(edges[:-1], edges[1:])])
+
+    def put(self, target: np.ndarray, data: np.ndarray) -> None:
+        """``target[index] = data`` (cast as assignment casts)."""
+        data = data.reshape(-1)
+        for i, j, at in self.parts:       # in order: a later run wins an element, as in a scatter
+            np.copyto(target[at:at + j - i], data[i:j], casting="unsafe")
+
+
+def _slices(index):
+    """Where a plan writes: an index array that is a few long runs as :class:`_Runs`, else as is."""
+    return (_Runs.of(index) or index) if isinstance(index, np.ndarray) else index
+
+
+# Runs this long on average are copied as slices (~1 us of Python each) rather than scattered
+# (a few ns an element).
+_RUN_AT_LEAST = 512
 
 
 def _distinct(index: np.ndarray, bound: int) -> bool:
@@ -1147,12 +1196,13 @@ class _Gather:
     ([[8.0, 9.0, 10.0, 11.0, 0.0, 0.0, 3.0, 1.0, 5.0]], [8])
     """
 
-    __slots__ = ("shape", "size", "index", "starts", "rows_at", "at", "elements", "by_rows")
+    __slots__ = ("shape", "size", "index", "starts", "rows_at", "at", "elements", "by_rows", "strided")
 
     def __init__(self, index: np.ndarray, tile: int, extra: Optional[_Sources] = None,
                  care: Optional[np.ndarray] = None) -> None:
         self.shape, self.index = index.shape, None
         self.size = flat_size = index.size
+        self.strided = None
         # every last-axis row of the index array is whole rows (then :meth:`part` reads any
         # entries of the first axis alone)
         self.by_rows = False
@@ -1195,6 +1245,8 @@ class _Gather:
                                       np.arange(n * tile, flat_size)])
             self.elements = flat[self.at]
         self.by_rows = self.rows_at is None and index.ndim > 1 and index.shape[-1] % tile == 0
+        if self.rows_at is None and flat_size == self.starts.size * tile:
+            self.strided = _strided_rows(self.starts, self.shape, tile)
 
     @classmethod
     def of_starts(cls, starts: np.ndarray, shape: tuple, tile: int) -> "_Gather":
@@ -1211,6 +1263,7 @@ class _Gather:
         gather.starts = starts.reshape(-1)
         gather.rows_at = gather.at = gather.elements = None
         gather.by_rows = len(shape) > 1 and shape[-1] % tile == 0
+        gather.strided = _strided_rows(gather.starts, gather.shape, tile) if shape[-1] % tile == 0 else None
         return gather
 
     def part(self, source: _Vector, lo: int, hi: int) -> np.ndarray:
@@ -1219,7 +1272,14 @@ class _Gather:
         return source.rows[starts].view(source.data.dtype).reshape((len(starts),) + self.shape[1:])
 
     def read(self, source: _Vector) -> np.ndarray:
-        """The gathered elements, shaped as the index array."""
+        """The gathered elements, shaped as the index array (a view of ``source`` where the
+        rows are :attr:`strided`: read it before writing over it)."""
+        if self.strided is not None:
+            start, ld = self.strided
+            data = source.data
+            rows = self.size // self.shape[-1]
+            return np.ndarray((rows, self.shape[-1]), data.dtype, buffer=data, offset=start * data.itemsize,
+                              strides=(ld * data.itemsize, data.itemsize)).reshape(self.shape)
         if self.index is not None:
             return np.take(source.data, self.index)
         if self.rows_at is None:
@@ -1230,6 +1290,25 @@ class _Gather:
         out.view(source.rows.dtype)[self.rows_at] = source.rows[self.starts]
         out[self.at] = np.take(source.data, self.elements)
         return out[:self.size].reshape(self.shape)
+
+
+def _strided_rows(starts: np.ndarray, shape: tuple, tile: int) -> Optional[tuple[int, int]]:
+    """``(start, ld)`` when the runs of ``tile`` elements that start at ``starts`` make the
+    array of ``shape`` whose last axis rows are ``ld`` (at least a row) elements apart in the vector, each a run
+    (an input the host laid out as a matrix: a 1x1 convolution's pixels by channels, an
+    im2col), else None: then read as a strided view of the vector, not gathered.
+
+    >>> _strided_rows(np.array([5, 7, 12, 14]), (2, 4), 2), _strided_rows(np.array([5, 7, 12, 15]), (2, 4), 2)
+    ((5, 7), None)
+    """
+    if not starts.size or len(shape) < 1 or shape[-1] % tile:
+        return None
+    runs = starts.reshape(-1, shape[-1] // tile)
+    first = runs[:, 0]
+    ld = int(first[1] - first[0]) if first.size > 1 else shape[-1]
+    if ld < shape[-1] or (runs[:, 1:] != runs[:, :-1] + tile).any() or (first[1:] != first[:-1] + ld).any():
+        return None     # (overlapping rows: numpy's matmul takes them without BLAS, 10x slower)
+    return int(first[0]), ld
 
 
 class _Product:
@@ -1317,8 +1396,14 @@ class _PerChannel:
             sums = np.bincount(self.inverse, weights=products, minlength=self.targets.size)
             values[self.targets] += sums.astype(np.int64).astype(np.int32)     # modulo 2**32, as int32 wraps
             return
+        x = self.x
+        if isinstance(self.w, int) and isinstance(self.targets, _Span) and x.index is None and x.rows_at is None \
+                and x.size == x.starts.size * (t := source.rows.itemsize // source.data.itemsize):
+            # whole rows times one weight element: compiled, one pass without a gathered copy
+            kernels.scaled_rows(t, self.assign)(source.data, x.starts, self.w, values, self.targets.start)
+            return
         w = source.data[self.w] if isinstance(self.w, int) else self.w.read(source)
-        products = self.x.read(source) * w          # exact: at most 2**14
+        products = x.read(source) * w          # exact: at most 2**14
         if self.assign:
             np.copyto(self.targets.of(values), products, casting="unsafe")
             return
@@ -1351,6 +1436,13 @@ class _TapSum:
         # int8 x int8 products are exact in float32, and so are sums of up to 1024 of them
         # (below 2**24); more are summed in float64 (exact below 2**53), then reduced modulo
         # 2**32 as int32 wraps
+        if self.ftype is np.float32 and self.x.by_rows and self.w.by_rows and isinstance(self.targets, _Span):
+            # compiled: each output vector summed in registers from the source's rows (numpy
+            # would gather every tap's rows first: 9-49 copies of the input)
+            d, steps, p, t = self.x.shape
+            kernels.tap_sum(t, self.assign)(source.data, self.x.starts.reshape(d, steps, p),
+                                            self.w.starts.reshape(d, steps), values, self.targets.start)
+            return
         w = self.w.read(source)
         if self.ftype is np.float32 and self.x.by_rows:
             # a few tiles' taps at a time: gathered into cache and summed there (the taps of a
@@ -1397,8 +1489,11 @@ class FusedPlan:
         self.products, self.alus, self.stores, self.acc_loads = products, alus, stores, acc_loads
         # what each scratchpad ends with, None for nothing (a quarter of a model's streams leave
         # INP or ACC as they were: an empty gather and put cost a few microseconds each)
-        self.inp_final, self.wgt_final, self.acc_final = (None if final[0].size == 0 else final
+        self.inp_final, self.wgt_final, self.acc_final = (None if final[0].size == 0 else (_slices(final[0]), final[1])
                                                           for final in (inp_final, wgt_final, acc_final))
+        self.stores = [(slot, mode, _slices(dst), src) for slot, mode, dst, src in stores]
+        if acc_loads is not None:
+            self.acc_loads = (_slices(acc_loads[0]), acc_loads[1])
         self.matmuls = len(products)
         self.blas = any(isinstance(p, _Product) for p in products)     # whether a run calls np.matmul
         self.i_base = sum(self.sizes[slot] for slot in self.i_slots) + self.i_pads.size
@@ -1460,7 +1555,7 @@ class FusedPlan:
             else:
                 if mode is StoreMode.SATURATE:
                     out = np.clip(out, -128, 127)
-                buffers[slot][dst] = out.astype(buffers[slot].dtype)
+                _put(buffers[slot], dst, out.astype(buffers[slot].dtype, copy=False))
         if self.inp_final is not None:
             at, src = self.inp_final
             _put(sim.inp, at, _at(source, src))

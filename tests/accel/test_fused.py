@@ -605,3 +605,57 @@ def test_the_builder_holds_the_chains_it_worked_out_so_no_other_takes_their_ids(
         assert builder.add(chain) and builder.alus[-1][1:3] == (op, imm)
         del chain
     assert len(ids) == 32
+
+
+@st.composite
+def run_indices(draw):
+    """An index array of runs of consecutive elements in any order, overlapping runs too (a
+    later write wins), into a target of ``size`` elements."""
+    size = draw(st.integers(1, 200))
+    runs = draw(st.lists(st.tuples(st.integers(0, size - 1), st.integers(1, 60)), min_size=1, max_size=6))
+    return size, np.concatenate([np.arange(a, min(a + n, size)) for a, n in runs])
+
+
+@given(run_indices(), st.sampled_from([np.int32, np.int8]), st.integers(1, 64))
+def test_writes_by_runs_equal_a_scatter(drawn, dtype, at_least):
+    """An index array of long runs is written run by run as slices: what a scatter writes,
+    a later write to an element winning, int32 data cast into an int8 host buffer as a
+    scatter casts it."""
+    size, index = drawn
+    data = (np.arange(index.size, dtype=np.int64) * 7919 - 2**31).astype(np.int32)
+    want, got = np.zeros(size, dtype), np.zeros(size, dtype)
+    want[index] = data.astype(dtype)
+    with mock.patch.object(fused, "_RUN_AT_LEAST", at_least):
+        runs = fused._slices(index)
+    assert isinstance(runs, fused._Runs) == ((np.count_nonzero(np.diff(index) != 1) + 1) * at_least <= index.size)
+    fused._put(got, runs, data)
+    np.testing.assert_array_equal(got, want)
+
+
+@given(_STREAMS)
+def test_streams_whose_writes_are_runs_write_them_as_slices_alike(stream):
+    """With every index array of runs written run by run (not only long ones), the plan still
+    leaves host buffers and scratchpads as instruction-by-instruction execution does."""
+    with mock.patch.object(fused, "_RUN_AT_LEAST", 1):
+        test_fused_execution_equals_instruction_by_instruction.hypothesis.inner_test(stream)
+
+
+@given(st.sampled_from([2, 4, 16]), st.integers(1, 5), st.integers(1, 3), st.integers(0, 40), st.integers(0, 20),
+       st.booleans(), st.data())
+def test_rows_a_stride_apart_are_read_as_a_view_like_a_gather(tile, rows, runs, start, gap, perturb, data):
+    """A gather whose rows are runs a fixed stride apart (a matrix the host laid out) reads a
+    strided view of the vector instead of copying, the same elements as np.take; a row moved
+    off the stride, or rows that overlap, are gathered."""
+    k = runs * tile
+    ld = k + gap - (data.draw(st.integers(0, k - 1)) if gap == 0 and k > 1 and data.draw(st.booleans()) else 0)
+    index = start + np.arange(rows)[:, None] * ld + np.arange(k)
+    perturb = perturb and rows > 2     # (two rows are a stride apart whatever it is)
+    if perturb:
+        index[-1] += 1
+    vector = fused._Vector(np.arange(int(index.max()) + 1, dtype=np.float32) * 3, tile)
+    g = fused._Gather(index, tile)
+    strided = (ld >= k or rows == 1) and not perturb      # (one row overlaps nothing)
+    assert (g.strided is not None) == strided
+    np.testing.assert_array_equal(g.read(vector), np.take(vector.data, index))
+    if strided:
+        assert np.shares_memory(g.read(vector), vector.data)
