@@ -50,7 +50,7 @@ from accel.compiler.conv import normalise as normalise_conv
 from accel.compiler.rules import (ACC, INP, PREFIX_DONE, PREFIX_IN_PLACE, WGT, clipped_to_int8, epilogue_chain,
                                    table_lookup, table_step)
 from accel.compiler import wrapping
-from accel.hw.instructions import CHAIN_IMMEDIATES, LUT_ENTRIES, MEMORIES, SCOPES, AluOp, capacity_option
+from accel.hw.instructions import CHAIN_IMMEDIATES, CHAIN_STEPS, LUT_ENTRIES, MEMORIES, SCOPES, AluOp, capacity_option
 
 
 #: Where the weight of a GEMM lives: reloaded into WGT for every block of K, or loaded once.
@@ -288,11 +288,9 @@ def block_cycles(e: Extents, bm: int, bn: int, bk: int, alu_runs: Sequence[int],
     tiles (as the scheduler fitted them), issue overhead included: per block of output tiles,
     ``bm`` GEMMs per block of K (each folds K and N; one where a loop is a single tile), a reset
     per accumulator tile, and the epilogue's ALU steps over the whole block, ``alu_runs`` the
-    lengths of its runs of steps on one block (the epilogue's, a temporary's zeroing, copy and
-    chain), each run
-    as ALU chains of up to :data:`~accel.hw.instructions.CHAIN_IMMEDIATES` steps (what
-    :mod:`accel.compiler.chains` merges it into: a pass over the block per chain, and a cycle
-    per step more for the pipeline). The LOADs and STOREs run beside it, on queues of
+    lengths of the ALU chains they make on one block (:func:`_alu_runs`: what
+    :mod:`accel.compiler.chains` merges them into; a pass over the block per chain, and a
+    cycle per step more for the pipeline). The LOADs and STOREs run beside it, on queues of
     their own, but for the LOADs into ACC of the epilogue's operands (``staged``: per operand,
     whether it is narrow, a bias, or as large as the block, a residual). A depthwise
     convolution's blocks are pixels x channels with ``bk`` 1 and ``mac_cycles`` the cycles of
@@ -316,7 +314,7 @@ def block_cycles(e: Extents, bm: int, bn: int, bk: int, alu_runs: Sequence[int],
     else:                       # DWMAC: one instruction per tile
         macs = tiles * (mac_cycles + ov)
     resets = tiles * (t + ov)
-    chains = sum(-(-n // CHAIN_IMMEDIATES) for n in alu_runs)
+    chains = len(alu_runs)
     alu = chains * (tiles * t * -(-t // config.alu_lanes) + ov) + sum(alu_runs) - chains
     # the epilogue's operands are LOADs into ACC, which the compute queue issues: a bias one
     # row of the block's channels, a residual the whole block
@@ -345,11 +343,15 @@ def _staged(sch, final, steps, out_buffer, temporaries) -> tuple:
 
 
 def _alu_runs(sch, final, steps, out_buffer, temporaries, prefix: int) -> tuple:
-    """The lengths of the runs of ALU steps on one block that an epilogue ``final`` runs per
-    block, in order: the ``prefix`` steps a fork shares (run once on the accumulator), per
-    temporary its zeroing (x * 0), copy of the accumulator and chain (but the prefix), then the
-    accumulator's own ``steps`` (but the prefix, and a clip to int8 before the narrowing
-    cast, which the STORE does by saturating), split at a LUT step (a pass of its own)."""
+    """The lengths of the ALU chains an epilogue ``final`` runs per block, in order: the
+    ``prefix`` steps a fork shares (run once on the accumulator), per temporary its zeroing
+    (x * 0), copy of the accumulator and chain (but the prefix), then the accumulator's own
+    ``steps`` (but the prefix, and a clip to int8 before the narrowing cast, which the STORE
+    does by saturating), a LUT step a pass of its own. Each run on one destination is cut
+    where a step reads another vector operand than the chain's earlier ones, as
+    :mod:`accel.compiler.chains` cuts it (a chain reads one: a temporary's copy of the
+    accumulator and a bias after it are two chains, which a bias shared before the fork
+    saves)."""
     if steps is None:
         return ()
     block = sch.get(final)
@@ -357,16 +359,48 @@ def _alu_runs(sch, final, steps, out_buffer, temporaries, prefix: int) -> tuple:
     saturates = _table(block) is None and isinstance(value, tirx.Cast) and \
         str(block.body.buffer.dtype) == "int8" and clipped_to_int8(value.value) is not None
     own = list(steps)[:len(steps) - 2 * saturates]
-    runs = [prefix] if temporaries else []
-    runs += [2 + len(_temporary_steps(sch.get(b), out_buffer) or ()) - prefix for b in temporaries]
-    run = -prefix if temporaries else 0
+    source = lambda step: None if step.operand is None else step.operand.source  # noqa: E731
+    runs: list = []         # per run on one destination, its steps' vector operands (None: an immediate)
+    if temporaries:
+        runs.append([source(s) for s in own[:prefix]])
+        runs += [[None, out_buffer] + [source(s) for s in (_temporary_steps(sch.get(b), out_buffer) or [])[prefix:]]
+                 for b in temporaries]
+        own = own[prefix:]
+    run: list = []
     for step in own:
         if step.op is None:         # a LUT: its own instruction
             runs += [run, 1]
-            run = 0
+            run = []
         else:
-            run += 1
-    return tuple(n for n in runs + [run] if n > 0)
+            run.append(source(step))
+    runs.append(run)
+    return tuple(n for r in runs for n in ((r,) if isinstance(r, int) else _chains(r)) if n > 0)
+
+
+def _chains(sources: list) -> list:
+    """The lengths of the ALU chains a run of steps on one destination makes, ``sources`` its
+    steps' vector operands in order (None: an immediate): a chain holds up to
+    :data:`~accel.hw.instructions.CHAIN_STEPS` steps, :data:`~accel.hw.instructions.CHAIN_IMMEDIATES`
+    of them with an immediate, and is cut where a step reads another operand than its
+    earlier steps.
+
+    >>> _chains([None, "acc", None, "bias", None]), _chains([None] * 7 + ["t"])
+    ([3, 2], [6, 2])
+    """
+    out, n, imms, read = [], 0, 0, None
+    for src in sources:
+        full = n == CHAIN_STEPS or (src is None and imms == CHAIN_IMMEDIATES)
+        if full or (src is not None and read is not None and not _same_buffer(src, read)):
+            out.append(n)
+            n, imms, read = 0, 0, None
+        n += 1
+        imms += src is None
+        read = read if src is None else src
+    return out + [n] if n else out
+
+
+def _same_buffer(a, b) -> bool:
+    return a is b or (hasattr(a, "same_as") and a.same_as(b))
 
 
 def _pick_block(tiles: int, limit: int) -> int:
@@ -711,7 +745,11 @@ def _schedule_gemm(sch: s_tir.Schedule, name: str, g: GemmAnalysis, config: Conf
             fitted = _fitting_blocks(name, g, shape, Knobs(bm_, bn_, bk_, WEIGHTS[resident]), config, kept)
         except ScheduleError:
             return None
-        return block_cycles(shape, *fitted[:3], alu_runs, config, staged=staged)
+        # a block of whole image rows stores (and so runs its epilogue) one row at a time: its
+        # steps are not one run on one destination, each is a pass of its own
+        split = g.row_width is not None and g.row_width < t * fitted[0]
+        return block_cycles(shape, *fitted[:3], (1,) * sum(alu_runs) if split else alu_runs, config,
+                            staged=staged)
 
     plan.estimate = estimate
     _reserve(reserved, shape, t, bm, bn, bk, resident)
