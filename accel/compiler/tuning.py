@@ -38,6 +38,12 @@ post-processor is the scheduler itself (:func:`accel.compiler.schedule.schedule_
 reading the knobs back from the annotations, which is what the accel Backend's
 ``schedule`` does with a tuning record's annotations.
 
+``tp.tune`` measures the heuristic first, then the candidates :func:`ranked` finds
+cheapest by the estimate over the whole space (the accel Backend's ``tune_candidates``),
+and gives a small budget to the tasks they save most on (:func:`work` is the heuristic's
+estimate): on the PaddleOCR classifier's 30 largest tasks the cheapest was the best
+measured on 29.
+
 >>> space = tuning_space(te.create_prim_func([A, W, C]), accel.Config())   # doctest: +SKIP
 """
 

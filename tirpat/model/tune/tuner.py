@@ -13,25 +13,30 @@ partition that differ only in a call site's scalar constants (``<name>_s1``, ...
 requantise's multiplier and shift as immediates; the schedule and its instructions do not
 depend on those values): the task's best record is written for each copy too.
 
-The trial budget is split before tuning starts. The tasks are ranked by their work (their
-backend's estimate of their cost under its own schedule, :meth:`~tirpat.Backend.tune_work`:
-accel's cycles; else TVM's estimate of the workload's operations), times the number of
-identical copies. A budget of ``SEARCH`` trials per task or more searches them all; a smaller
-one searches the ``trials // (2 * SEARCH)`` tasks of most work (at least one), ``SEARCH``
-trials each (the backend's own schedule, then candidates of the search), and probes the
-next ones while the budget lasts, ``PROBE`` (2) trials each (the backend's own schedule and
-the knobs' likeliest candidate: on a real model's tasks it was the best of a search of four
-on most); what is left goes to those tasks in proportion to their work (largest remainders
-rounding). The other tasks are not measured: they keep their backend's own schedule, as
-they would untuned (0 trials in the table); the summary names the tasks searched and probed. The tasks take turns, a batch
-each (meta_schedule's round-robin scheduler): while one task's batch is being measured
-(on RPC servers), the next task's is searched for and packed. Per task:
+The trial budget is split before tuning starts. A budget of ``SEARCH`` trials per task or
+more searches them all, the rest in proportion to their work (their backend's estimate of
+their cost under its own schedule, :meth:`~tirpat.Backend.tune_work`: accel's cycles; else
+TVM's estimate of the workload's operations), times the number of identical copies. A
+smaller one goes first to the tasks their backend estimates to gain most on (what its
+cheapest candidate by :meth:`~tirpat.Backend.tune_candidates` saves on its own schedule,
+times the copies; a backend without estimates: its work), ``PROBE`` (2) trials each (the
+backend's own schedule and its cheapest candidate: accel's estimate, over the whole knob
+space, came within 2% of the measured cycles on the PaddleOCR classifier's tasks, and its
+cheapest was the best of the three measured, itself, the next and the heuristic, on 29 of
+the 30 largest), while the budget lasts; what is left goes to
+those tasks in proportion to the same (largest remainders rounding). The other tasks are
+not measured: they keep their backend's own schedule, as they would untuned (0 trials in the
+table); the summary names the tasks searched. The tasks take turns, a batch each
+(meta_schedule's round-robin scheduler): while one task's batch is being measured (on RPC
+servers), the next task's is searched for and packed. Per task:
 
 - the design space is the backend's :meth:`~tirpat.Backend.tune_space`;
 - the first candidate measured is the design space itself with its post-processing: the
-  backend's own (heuristic) schedule, so the best record is never worse than it; the
-  second, when the knobs have priors (``tp.Knob(prior=)``), takes each knob's most likely
-  value (:attr:`~tirpat.model.tune.space.Knob.likely`);
+  backend's own (heuristic) schedule, so the best record is never worse than it; then the
+  backend's candidates (:meth:`~tirpat.Backend.tune_candidates`), cheapest first, those the
+  scheduler makes a schedule already measured of left out; a backend without them: when the
+  knobs have priors (``tp.Knob(prior=)``), the candidate of each knob's most likely value
+  (:attr:`~tirpat.model.tune.space.Knob.likely`);
 - then meta_schedule's search strategy (evolutionary search with an XGBoost cost model by
   default) proposes candidates; each is compiled for the host through the backends' TIR
   pipeline, run on the backend's device and checked bit for bit against the workload
@@ -268,14 +273,13 @@ def _tasks(mod, target, params) -> tuple[list, dict]:
 
 
 SEARCH = 4
-"""The fewest trials a searched task gets: its backend's own schedule and three candidates
-of the search (a search of one candidate is a guess)."""
+"""The trials per task from which every task is searched (its backend's own schedule and
+three candidates at least)."""
 
 PROBE = 2
-"""The trials of a probed task: its backend's own schedule and one candidate (the knobs'
-likeliest under their priors, where they have priors): on a real model the likeliest was
-the best of a search of four on most tasks, so a small budget probes many tasks rather than
-searching a few."""
+"""The trials of a task when not every task can have ``SEARCH``: its backend's own schedule
+and its cheapest candidate by the backend's estimate (else the knobs' likeliest under their
+priors), so that a small budget reaches many tasks rather than searching a few."""
 
 
 def _budgets(trials: int, work: list, gain: list | None = None, least: int = SEARCH, probe: int = PROBE) -> list:
@@ -284,8 +288,9 @@ def _budgets(trials: int, work: list, gain: list | None = None, least: int = SEA
     taken in order of their estimated ``gain`` (what their backend's cheapest candidate saves
     on its own schedule, :meth:`~tirpat.Backend.tune_candidates`; None where it has no
     estimate: its ``work`` instead, after those with a gain, and before those estimated to
-    gain nothing), ``probe`` trials each while the budget lasts; what is left goes to them in
-    proportion to the same (largest remainders); the others get 0.
+    gain nothing; of equal gains, the most work first), ``probe`` trials each while the
+    budget lasts; what is left goes to them in proportion to the same (largest remainders);
+    the others get 0.
 
     >>> _budgets(12, [1.0, 3.0])
     [5, 7]
@@ -307,7 +312,7 @@ def _budgets(trials: int, work: list, gain: list | None = None, least: int = SEA
         # those with an estimated gain, then those without an estimate, then those gaining nothing
         tier = [0 if g is not None and g > 0 else 1 if g is None else 2 for g in gain]
         weight = [g if g is not None and g > 0 else w if g is None else 0.0 for g, w in zip(gain, work)]
-        order = sorted(range(n), key=lambda i: (tier[i], -weight[i]))
+        order = sorted(range(n), key=lambda i: (tier[i], -weight[i], -work[i]))     # of equal gains, most work first
         chosen = order[:max(1, trials // probe)]
         for i in chosen:
             budgets[i] = min(probe, trials)
@@ -427,9 +432,10 @@ def _chosen_trace(trace, choice: Mapping):
 @derived_object
 class _HeuristicFirst(PySearchStrategy):
     """A search strategy that measures the design space itself first (the backend's own
-    schedule), then, if the knobs' priors make another one likeliest, that one, then hands
-    over to ``inner`` for the rest of the task's budget (whatever the task scheduler says);
-    every candidate goes into ``candidates`` for the builder."""
+    schedule), then the backend's candidates, cheapest first (``task.candidates``; without
+    them, if the knobs' priors make another one likeliest, that one), then hands over to
+    ``inner`` for the rest of the task's budget (whatever the task scheduler says); every
+    candidate goes into ``candidates`` for the builder."""
 
     def __init__(self, inner: SearchStrategy, task: _Task, candidates: Candidates) -> None:
         super().__init__()
@@ -635,13 +641,12 @@ def tune(mod, target, *, trials: int, records, rpc=None, params: Mapping[str, np
       no server left, ``ConnectionError`` (:mod:`tirpat.model.tune.rpc`);
     - ``progress(Progress)`` is called after every batch.
 
-    Identical partitions are one task. The tasks of most work (their backend's estimate of
-    their cost, else TVM's of their operations) are searched, ``SEARCH`` (4) trials each at
-    least, the backend's own schedule first; with fewer trials than that for all, the next
-    ones are probed (``PROBE``, 2 trials: the backend's own schedule and the likeliest
-    candidate); the rest of ``trials`` goes to them in proportion to their work; the others
-    keep their backend's own schedule (0 trials in the table; ``TuneResult.summary`` names
-    the tasks searched and probed). ``trials`` is never exceeded.
+    Identical partitions are one task. With ``SEARCH`` (4) trials per task every task is
+    searched; with fewer, the tasks their backend estimates to gain most on first, ``PROBE``
+    (2) trials each (the backend's own schedule and its cheapest candidate by its estimate),
+    the rest in proportion to that gain; the others keep their backend's own schedule (0
+    trials in the table; ``TuneResult.summary`` names the tasks searched). ``trials`` is
+    never exceeded.
 
     Raises ``ValueError`` when nothing in ``mod`` is tunable for ``target``. A
     ``KeyboardInterrupt`` (Ctrl-C) stops the tune within a measurement and leaves the
