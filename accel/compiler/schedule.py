@@ -342,39 +342,46 @@ def _staged(sch, final, steps, out_buffer, temporaries) -> tuple:
     return tuple(narrow for key, narrow in _operands(sch.get(final), out_buffer).items() if key not in computed)
 
 
-def _alu_runs(sch, final, steps, out_buffer, temporaries, prefix: int) -> tuple:
+def _alu_runs(sch, final, steps, out_buffer, temporaries, prefix: int, by_rows: bool = False) -> tuple:
     """The lengths of the ALU chains an epilogue ``final`` runs per block, in order: the
     ``prefix`` steps a fork shares (run once on the accumulator), per temporary its zeroing
     (x * 0), copy of the accumulator and chain (but the prefix), then the accumulator's own
-    ``steps`` (but the prefix, and a clip to int8 before the narrowing cast, which the STORE
-    does by saturating), a LUT step a pass of its own. Each run on one destination is cut
-    where a step reads another vector operand than the chain's earlier ones, as
+    steps (:func:`_own_steps`), a LUT step a pass of its own. Each run on one destination is
+    cut where a step reads another vector operand than the chain's earlier ones, as
     :mod:`accel.compiler.chains` cuts it (a chain reads one: a temporary's copy of the
     accumulator and a bias after it are two chains, which a bias shared before the fork
-    saves)."""
+    saves). ``by_rows``: the block is stored an image row at a time, its own steps run row
+    by row, each step over a row before the next (no chain: each its own pass)."""
     if steps is None:
         return ()
-    block = sch.get(final)
-    value = wrapping.strip(block.body.value)
-    saturates = _table(block) is None and isinstance(value, tirx.Cast) and \
-        str(block.body.buffer.dtype) == "int8" and clipped_to_int8(value.value) is not None
-    own = list(steps)[:len(steps) - 2 * saturates]
     source = lambda step: None if step.operand is None else step.operand.source  # noqa: E731
     runs: list = []         # per run on one destination, its steps' vector operands (None: an immediate)
     if temporaries:
-        runs.append([source(s) for s in own[:prefix]])
+        runs.append([source(s) for s in steps[:prefix]])
         runs += [[None, out_buffer] + [source(s) for s in (_temporary_steps(sch.get(b), out_buffer) or [])[prefix:]]
                  for b in temporaries]
-        own = own[prefix:]
+    own = _own_steps(sch, final, steps, temporaries, prefix)
     run: list = []
     for step in own:
-        if step.op is None:         # a LUT: its own instruction
+        if step.op is None or by_rows:      # a LUT: its own instruction
             runs += [run, 1]
             run = []
         else:
             run.append(source(step))
     runs.append(run)
     return tuple(n for r in runs for n in ((r,) if isinstance(r, int) else _chains(r)) if n > 0)
+
+
+def _own_steps(sch, final, steps, temporaries, prefix: int) -> list:
+    """The steps the epilogue ``final`` applies to the accumulator after a fork's shared
+    ``prefix`` (all of them without a temporary), but a clip to int8 before the narrowing
+    cast, which the STORE does by saturating."""
+    block = sch.get(final)
+    value = wrapping.strip(block.body.value)
+    saturates = _table(block) is None and isinstance(value, tirx.Cast) and \
+        str(block.body.buffer.dtype) == "int8" and clipped_to_int8(value.value) is not None
+    own = list(steps)[:len(steps) - 2 * saturates]
+    return own[prefix:] if temporaries else own
 
 
 def _chains(sources: list) -> list:
@@ -738,6 +745,8 @@ def _schedule_gemm(sch: s_tir.Schedule, name: str, g: GemmAnalysis, config: Conf
     plan.epilogue = describe_epilogue(steps, str(sch.get(final).writes[0].source.dtype),
                                       [sch.get(b).writes[0].source for b in temporaries]) if steps else []
     prefix, alu_runs, staged = _epilogue_work(sch, plan, knobs, final, steps, out_buffer, temporaries)
+    row_runs = _alu_runs(sch, final, steps, out_buffer, temporaries, prefix, by_rows=True)
+    own = len(_own_steps(sch, final, steps, temporaries, prefix)) if steps is not None else 0
     kept = dict(reserved)
 
     def estimate(bm_: int, bn_: int, bk_: int) -> int | None:
@@ -745,11 +754,14 @@ def _schedule_gemm(sch: s_tir.Schedule, name: str, g: GemmAnalysis, config: Conf
             fitted = _fitting_blocks(name, g, shape, Knobs(bm_, bn_, bk_, WEIGHTS[resident]), config, kept)
         except ScheduleError:
             return None
-        # a block of whole image rows stores (and so runs its epilogue) one row at a time: its
-        # steps are not one run on one destination, each is a pass of its own
-        split = g.row_width is not None and g.row_width < t * fitted[0]
-        return block_cycles(shape, *fitted[:3], (1,) * sum(alu_runs) if split else alu_runs, config,
-                            staged=staged)
+        # a block of whole image rows stores (and so runs its own epilogue steps) one row at a
+        # time: each step a pass of its own, an instruction per row
+        if g.row_width is None or g.row_width >= t * fitted[0]:
+            return block_cycles(shape, *fitted[:3], alu_runs, config, staged=staged)
+        blocks = shape.outer * -(-shape.m_tiles // fitted[0]) * -(-shape.n_tiles // fitted[1])
+        rows = -(-t * fitted[0] // g.row_width)
+        return block_cycles(shape, *fitted[:3], row_runs, config, staged=staged) + \
+            blocks * (rows - 1) * own * config.issue_overhead
 
     plan.estimate = estimate
     _reserve(reserved, shape, t, bm, bn, bk, resident)
