@@ -56,8 +56,7 @@ from tvm import ir, s_tir, tirx
 import tirpat as tp
 from accel.compiler.depthwise import Depthwise
 from accel.compiler.schedule import (
-    ANNOTATION, BK_LIMIT, BN_LIMIT, FORKS, GATHERS, PIXELS, WEIGHTS, depthwise_blocks, gemm_blocks,
-    schedule_in,
+    ANNOTATION, BK_LIMIT, BN_LIMIT, FORKS, GATHERS, PIXELS, WEIGHTS, depthwise_blocks, gemm_blocks, schedule_in,
 )
 from accel.hw.config import Config
 
@@ -201,21 +200,21 @@ def _favour(choices: tuple, choice: str) -> tuple:
 def ranked(sch: s_tir.Schedule, config: Config, limit: int = 16) -> list:
     """Up to ``limit`` candidates of ``sch``'s knob space, the cheapest by the plan's estimate
     first (:func:`accel.compiler.schedule.block_cycles`: the compute queue's cycles), each
-    ``(estimated cycles, {(block, annotation): value})`` (every knob's value; the cycles
-    of the whole function, as :func:`work` estimates the heuristic's): what ``tp.tune``
-    measures after the heuristic, instead of random samples (on the PaddleOCR classifier's tasks the estimate
-    came within 2% of the measured cycles of blocks of image rows and ranked the fork knob's
-    choices as measured, once its chains were counted as :mod:`accel.compiler.chains` forms
-    them).
+    ``(estimated cycles, {(block, annotation): value})`` (every knob's value; the cycles of
+    the whole function, as :func:`work` estimates the heuristic's): what ``tp.tune``
+    measures after the heuristic, instead of random samples (on the PaddleOCR classifier's
+    and det_small's tasks the estimate came within 2% of the simulated cycles, the fork
+    knob's and the image's choices included).
 
-    The whole space is estimated: per block, one schedule per combination of its choices
-    other than the block sizes (weights, gather, pixels, fork), then the plan's estimate over
-    every block size. Candidates the estimate cannot tell apart (the same cycles, fork and
-    pixels: the weights' residency or the gather of a block the scheduler fitted to the same
-    sizes) are one, the one nearest the heuristic kept; so is one the same as the heuristic's
-    estimate with its fork and pixels. With several blocks, each block's candidates come with
-    the other blocks at their heuristic's choices, the one of each block's cheapest first.
-    ``sch`` is left as it is.
+    Per block, one schedule per combination of the choices the estimate tells apart other
+    than the block sizes (the fork; the pixels, with the gather an image needs), then the
+    plan's estimate over every block size; the weights' residency and a row's gather (the
+    DMA's work, beside the compute queue) stay the heuristic's. Candidates the estimate
+    cannot tell apart (the same cycles, fork and pixels: blocks the scheduler fitted to the
+    same sizes) are one, the one nearest the heuristic kept; so is one the same as the
+    heuristic's. With several blocks, each block's candidates come with the other blocks
+    at their heuristic's choices, each block's cheapest at once first. ``sch`` is left as
+    it is.
 
     >>> ranked(s_tir.Schedule(mod), accel.Config())[0]      # doctest: +SKIP
     (19006, {('conv2d_nchw', 'accel.bm'): 6, ('conv2d_nchw', 'accel.bn'): 1, ...})
@@ -295,9 +294,10 @@ def tuning_space(func: tirx.PrimFunc, config: Config):
 
 def work(func: tirx.PrimFunc, config: Config) -> float | None:
     """An estimate of ``func``'s device cycles under the heuristic's schedule (the sum of its
-    blocks' :func:`_estimated`), by which ``tp.tune`` ranks the
-    tasks for its budget (a depthwise convolution takes 16 times the cycles a GEMM of its
-    MACs takes: counting operations would rank it low); None when it has no offloaded block."""
+    blocks' :func:`_estimated`), by which ``tp.tune`` shares a budget that searches every
+    task and weighs what a candidate saves (a depthwise convolution takes 16 times the
+    cycles a GEMM of its MACs takes: counting operations would rank it low); None when it
+    has no offloaded block."""
     plans = schedule_in(s_tir.Schedule(ir.IRModule({"main": func})), config).offloaded
     return float(sum(_estimated(p) for p in plans)) if plans else None
 
