@@ -171,7 +171,7 @@ class GemmPlan:
     shared: int = 0         # the steps the branches of its epilogue share (0: it does not fork)
     # its compute-queue cycles (:func:`block_cycles`) were its blocks ``(bm, bn, bk)`` instead,
     # the same gather and pixels (None where the scheduler would refuse them): what a tuner's
-    # likeliest candidate is chosen by
+    # candidates are ranked by (:func:`accel.compiler.tuning.ranked`)
     estimate: Callable[[int, int, int], int | None] | None = field(default=None, repr=False, compare=False)
 
     @property
