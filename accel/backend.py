@@ -26,6 +26,7 @@ _HELP = {
     "wgt_bytes": "WGT scratchpad size (int8)",
     "acc_bytes": "ACC scratchpad size (int32)",
     "dwmac_macs_per_cycle": "multiply-accumulates the GEMM array does per cycle in DWMAC's per-channel mode",
+    "unit_queue": "compute instructions that may wait for each compute unit (GEMM array, ALU, DMA) behind the one it runs",
 }
 
 

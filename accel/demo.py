@@ -274,8 +274,8 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"({100 * stats.roofline_cycles / max(stats.cycles, 1):.1f}% of the roofline), "
           f"{stats.macs} MACs, instructions {dict(stats.instructions)}")
     print("utilisation: " + ", ".join(f"{k} {100 * v:.0f}%" for k, v in stats.utilization.items()))
-    print(f"GEMM and the ALU epilogues share the compute queue: {stats.busy['gemm'] + stats.busy['alu']} of "
-          f"{stats.cycles} cycles (the roofline counts MACs and DMA bytes only)")
+    print(f"the GEMM array is busy {stats.busy['gemm']} cycles, the ALU's epilogues {stats.busy['alu']}: the compute "
+          f"queue runs them at once where their accumulators differ (the roofline counts MACs and DMA bytes only)")
     print(stats.timeline.text())
     if args.timeline:
         print(f"timeline written to {stats.timeline.save_png(args.timeline)}")

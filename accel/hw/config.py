@@ -31,6 +31,7 @@ class Config:
     wgt_bytes: int = 256 * 1024
     acc_bytes: int = 128 * 1024
     dwmac_macs_per_cycle: int = 16
+    unit_queue: int = 2
 
     def __post_init__(self) -> None:
         for name in ("tile", "gemm_macs_per_cycle", "dma_bytes_per_cycle", "alu_lanes",
@@ -38,8 +39,10 @@ class Config:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"Config.{name} must be a positive int, got {value!r}")
-        if not isinstance(self.issue_overhead, int) or self.issue_overhead < 0:
-            raise ValueError(f"Config.issue_overhead must be an int >= 0, got {self.issue_overhead!r}")
+        for name in ("issue_overhead", "unit_queue"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"Config.{name} must be an int >= 0, got {value!r}")
         if self.tile & (self.tile - 1):
             raise ValueError(f"Config.tile must be a power of two, got {self.tile}")
         # A scratchpad must hold at least one whole tile and a whole number of SRAM rows,

@@ -163,6 +163,8 @@ def test_disassembly_is_readable():
     ({"acc_bytes": 100}, "multiple of 64"),
     ({"inp_bytes": 16 * 8}, "at least one 16x16 tile"),
     ({"issue_overhead": -1}, "issue_overhead"),
+    ({"unit_queue": -1}, "unit_queue must be an int >= 0"),
+    ({"unit_queue": True}, "unit_queue"),
     ({"dma_bytes_per_cycle": 1.5}, "positive int"),
 ])
 def test_config_rejects_impossible_values(kwargs, message):
@@ -175,3 +177,4 @@ def test_config_defaults_match_the_design():
     assert (c.tile, c.gemm_macs_per_cycle, c.dma_bytes_per_cycle, c.alu_lanes) == (16, 256, 64, 16)
     assert (c.inp_bytes, c.wgt_bytes, c.acc_bytes) == (32 * 1024, 256 * 1024, 128 * 1024)
     assert c.tile_cycles == 16
+    assert c.unit_queue == 2

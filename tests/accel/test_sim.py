@@ -1,5 +1,6 @@
 """Simulator: random programs against a plain numpy model, DMA, narrowing, errors, cycles."""
 
+import dataclasses
 import functools
 import hashlib
 
@@ -8,10 +9,11 @@ import pytest
 from hypothesis import given, strategies as st
 
 import accel
+from accel.hw import cycles
 from accel.hw.emitter import Emitter
-from accel.hw.isa import Alu, AluOp, Gemm, Load, Mem, Opcode, Queue, Store, StoreMode, queue_of
+from accel.hw.isa import Alu, AluOp, Dwmac, Gemm, Load, Mem, Opcode, Queue, Store, StoreMode, queue_of
 from accel.hw.sim import Simulator
-from accel.hw.tokens import DependencyTracker
+from accel.hw.tokens import DependencyTracker, footprint
 
 T = 16
 SMALL = accel.Config(inp_bytes=8 * 256, wgt_bytes=8 * 256, acc_bytes=8 * 1024)
@@ -569,6 +571,8 @@ def reference_cost(ins, c=SMALL):
         busy = -(-ins.rows * ins.cols * (4 if wide else 1) // c.dma_bytes_per_cycle)
     elif isinstance(ins, Gemm):
         busy = ins.ext_out * ins.ext_in * (c.tile if ins.reset else c.tile_cycles)
+    elif isinstance(ins, Dwmac):
+        busy = ins.ext_out * ins.ext_in * -(-c.tile ** 2 // c.dwmac_macs_per_cycle)
     elif isinstance(ins, Alu):
         busy = ins.ext_out * ins.ext_in * -(-c.tile // c.alu_lanes)
     else:
@@ -576,46 +580,108 @@ def reference_cost(ins, c=SMALL):
     return busy + c.issue_overhead
 
 
-def reference_schedule(stream, c=SMALL):
-    """The event simulation of accel/ISA.md section 6, cycle by cycle: at each cycle the
-    queues' heads start, earliest in program order first, when the queue is idle, their
-    pops have tokens, the DMA engine is free (LOAD/STORE) and, for FINISH, the load and
-    store queues have drained; tokens and the DMA engine free up when an instruction ends."""
+# the unit a compute-queue instruction holds while it runs (ISA.md section 6)
+_COMPUTE_UNIT = {Opcode.GEMM: "gemm", Opcode.DWMAC: "gemm", Opcode.ALU: "alu", Opcode.LUT: "alu",
+                 Opcode.ALU_CHAIN: "alu", Opcode.LOAD: "dma"}
+
+
+def _conflict(a, b):
+    """Whether two compute instructions' footprints (accel.hw.tokens.footprint) conflict:
+    one writes a range of a space the other reads or writes."""
+    return any(sa == sb and (wa or wb) and la < hb and lb < ha
+               for sa, la, ha, wa in footprint(a, T) for sb, lb, hb, wb in footprint(b, T))
+
+
+def reference_schedule(stream, c=SMALL, scoreboard=True):
+    """The event simulation of accel/ISA.md section 6, cycle by cycle. At each cycle the
+    queues' heads go, earliest in program order first, when their pops have tokens and
+    - LOAD/STORE of the load and store queues: the queue is idle and the DMA engine free;
+    - the compute queue's head: it starts if its unit (GEMM array, ALU, DMA engine) is free
+      and nothing waits for it, else waits for it if fewer than ``c.unit_queue`` do; either
+      way only if its footprint conflicts with no running or waiting compute instruction of
+      another unit. FINISH once every earlier instruction retired;
+    - a LOAD into ACC waiting for the DMA engine: the engine is free.
+    A unit starts its next waiting instruction when it ends one. A compute instruction retires
+    (pushes its tokens) when it and every earlier one of the queue ended.
+    ``scoreboard=False`` is the serial compute queue of before (one instruction at a time)."""
     queues = {q: [i for i, ins in enumerate(stream) if queue_of(ins) is q] for q in Queue}
-    times, busy_until, tokens, dma_until, now = {}, {q: 0 for q in Queue}, {}, 0, 0
-    ending = {}  # cycle -> [index]
-    while len(times) < len(stream):
-        for i in ending.pop(now, []):
-            q = queue_of(stream[i])
-            for flag, other in (("push_prev", q - 1), ("push_next", q + 1)):
-                if getattr(stream[i], flag):
-                    tokens[(q, other)] = tokens.get((q, other), 0) + 1
-        started = True
-        while started:
-            started = False
-            heads = sorted(qs[0] for q, qs in queues.items() if qs and busy_until[q] <= now)
-            for i in heads:
+    times, tokens, now = {}, {}, 0
+    until = {"load": 0, "store": 0, "compute": 0, "gemm": 0, "alu": 0, "dma": 0}
+    waiting = {"gemm": [], "alu": [], "dma": []}
+    unretired = []      # compute instructions dispatched, not retired, in program order
+    unit = lambda i: _COMPUTE_UNIT[stream[i].opcode]  # noqa: E731
+
+    def push(i):
+        q = queue_of(stream[i])
+        for flag, other in (("push_prev", q - 1), ("push_next", q + 1)):
+            if getattr(stream[i], flag):
+                tokens[(q, other)] = tokens.get((q, other), 0) + 1
+
+    def run(i, u=None):
+        times[i] = (now, now + reference_cost(stream[i], c))
+        if u:
+            until[u] = times[i][1]
+
+    while len(times) < len(stream) or unretired:
+        for i, (_, end) in list(times.items()):
+            if end == now and queue_of(stream[i]) is not Queue.COMPUTE:
+                push(i)
+        for u in ("gemm", "alu"):
+            if waiting[u] and until[u] <= now:
+                run(waiting[u].pop(0), u)
+        while unretired and unretired[0] in times and times[unretired[0]][1] <= now:
+            push(unretired.pop(0))
+        went = True
+        while went:
+            went = False
+            heads = [qs[0] for qs in queues.values() if qs] + waiting["dma"][:1]
+            for i in sorted(heads):
                 ins, q = stream[i], queue_of(stream[i])
-                if ins.opcode is Opcode.FINISH and (
-                        queues[Queue.LOAD] or queues[Queue.STORE]
-                        or busy_until[Queue.LOAD] > now or busy_until[Queue.STORE] > now):
+                if waiting["dma"][:1] == [i]:
+                    if until["dma"] <= now:
+                        waiting["dma"].pop(0)
+                        run(i, "dma")
+                        went = True
+                        break
                     continue
                 pops = [(q - 1, q)] * ins.pop_prev + [(q + 1, q)] * ins.pop_next
                 if any(not tokens.get(p) for p in pops):
                     continue
                 dma = isinstance(ins, (Load, Store))
-                if dma and dma_until > now:
-                    continue
+                if ins.opcode is Opcode.FINISH:
+                    if (queues[Queue.LOAD] or queues[Queue.STORE] or unretired
+                            or until["load"] > now or until["store"] > now):
+                        continue
+                    now_or_wait = "now"
+                elif q is not Queue.COMPUTE or not scoreboard:
+                    if until[q.name.lower()] > now or (dma and until["dma"] > now):
+                        continue
+                    now_or_wait = "now"
+                else:
+                    u = unit(i)
+                    others = [j for j in unretired if unit(j) != u and (j not in times or times[j][1] > now)]
+                    if any(_conflict(ins, stream[j]) for j in others):
+                        continue
+                    if until[u] <= now and not waiting[u]:
+                        now_or_wait = "now"
+                    elif len(waiting[u]) < c.unit_queue:
+                        now_or_wait = "wait"
+                    else:
+                        continue
                 for p in pops:
                     tokens[p] -= 1
-                end = now + reference_cost(ins)
-                times[i] = (now, end)
-                busy_until[q] = end
-                if dma:
-                    dma_until = end
-                ending.setdefault(end, []).append(i)
                 queues[q].pop(0)
-                started = True
+                if q is Queue.COMPUTE:
+                    unretired.append(i)
+                if now_or_wait == "wait":
+                    waiting[unit(i)].append(i)
+                else:
+                    run(i, q.name.lower())
+                    if q is Queue.COMPUTE and ins.opcode is not Opcode.FINISH:
+                        until[unit(i)] = times[i][1]
+                    if dma:
+                        until["dma"] = times[i][1]
+                went = True
                 break
         now += 1
     return [times[i] for i in range(len(stream))]
@@ -654,9 +720,11 @@ def _fenced(rounds):
 @given(st.one_of(token_programs(), programs().map(_fenced),
                  st.lists(st.one_of(gemms(), alus(), dma(Mem.ACC), dma("store"),
                                     st.sampled_from([Mem.INP, Mem.WGT]).flatmap(dma)),
-                          min_size=1, max_size=15).map(_auto_stream)))
-def test_schedule_equals_the_reference_event_simulation(stream):
-    assert Simulator(SMALL).schedule(stream) == reference_schedule(stream)
+                          min_size=1, max_size=15).map(_auto_stream)),
+       st.integers(0, 3))
+def test_schedule_equals_the_reference_event_simulation(stream, unit_queue):
+    config = dataclasses.replace(SMALL, unit_queue=unit_queue)
+    assert Simulator(config).schedule(stream) == reference_schedule(stream, config)
 
 
 def _pinned(stream):
@@ -702,9 +770,232 @@ def test_cycle_counts_of_fixed_streams_are_pinned():
     digests again when STORE gained its ``dram_step`` word, 1 here: with that word zeroed
     they are the first ones, 43dc3a0e94352016 and d065a633b31d19a7)."""
     assert _pinned(_conv_like(False)) == (1552, "dba01d45a8dee50f")
-    assert _pinned(_conv_like(True)) == (1930, "3e3f471bad0a5518")
+    # 1930 with a serial compute queue. With its units run at once and instructions waiting
+    # for them (ISA.md section 6) the GEMM array never idles once the first INP tile is in
+    # (WGT 36 + bias 6 + INP 12 = cycle 54): 6 blocks of 3 GEMMs of 68 cycles and 5 resets of
+    # 36 (the first ran at 0, beside the WGT LOAD) end at 54 + 6 * 204 + 5 * 36 = 1458; the
+    # last epilogue (ADD, SHR: 36 each), its STORE (12) and FINISH (4) follow: 1546
+    assert _pinned(_conv_like(True)) == (1546, "3e3f471bad0a5518")
+    # with no waiting (unit_queue 0: in-order issue to free units) the first reset runs
+    # beside the bias LOAD (6 cycles sooner than serial) and each of the 5 later blocks'
+    # resets beside the previous block's SHR on the other ACC half (36 sooner each: the ADD
+    # before it holds the ALU and the queue's head): 1930 - 6 - 5 * 36 = 1744
+    in_order = dataclasses.replace(SMALL, unit_queue=0)
+    assert max(end for _, end in Simulator(in_order).schedule(_conv_like(True))) == 1744
+    assert reference_schedule(_conv_like(True), scoreboard=False)[-1][1] == 1930
     assert _gemm_stream(False)[0].cycles == 9584
     assert _gemm_stream(True)[0].cycles == 9108
+
+
+# ---------------------------------------------------------------------- the compute queue's scoreboard
+DEFAULT = accel.Config()
+
+
+def _gemm(acc, ext_out=2, ext_in=4, reset=False, **flags):
+    """A GEMM of ``ext_out x ext_in`` consecutive ACC tiles from ``acc`` (INP and WGT at 0):
+    16 cycles a tile, reading or resetting, + 4 (ISA.md section 6): 132 for the default 2 x 4."""
+    return Gemm(acc_addr=acc, inp_addr=0, wgt_addr=0, acc_ld=16, inp_ld=16, wgt_ld=16, ext_out=ext_out,
+                ext_in=ext_in, acc_stride_out=256 * ext_in, acc_stride_in=256, reset=reset, **flags)
+
+
+def _alu(dst, src=None, steps=8, **flags):
+    """An ALU op over ``steps`` ACC vectors from ``dst`` (from ``src`` too, else an immediate):
+    ``steps`` + 4 cycles by default."""
+    if src is None:
+        return Alu(op=AluOp.ADD, dst_addr=dst, use_imm=True, imm=1, ext_out=steps, dst_stride_out=16, **flags)
+    return Alu(op=AluOp.ADD, dst_addr=dst, src_addr=src, ext_out=steps, dst_stride_out=16, src_stride_out=16,
+               **flags)
+
+
+def _timing(*stream):
+    return cycles.schedule([*stream, accel.hw.isa.Finish()], DEFAULT)
+
+
+def test_independent_gemm_and_alu_run_at_once():
+    """A GEMM (2 x 4 tiles: 8 * 16 + 4 = 132 cycles) and an ALU op on another ACC block
+    (8 + 4 = 12) start together; FINISH starts when both ended: 132 + 4, not 132 + 12 + 4."""
+    t = _timing(_gemm(0), _alu(4096))
+    assert (t.start, t.end, t.cycles) == ([0, 0, 132], [132, 12, 136], 136)
+    assert reference_schedule([_gemm(0), _alu(4096), accel.hw.isa.Finish()], DEFAULT, scoreboard=False)[-1] == (144, 148)
+
+
+@pytest.mark.parametrize("second, start", [
+    (_alu(256), 132),                # RAW: reads (and writes) the GEMM's accumulators
+    (_alu(4096, src=2032), 132),     # RAW: its src runs into the GEMM's last tile (ACC[1792, 2048))
+    (_alu(4096, src=2048), 0),       # src just past it: no hazard
+    (_alu(2048 - 16), 132),          # WAW: its first vector is the GEMM's last row
+    (_alu(2048), 0),                 # just past it
+])
+def test_a_compute_instruction_waits_for_a_running_one_it_conflicts_with(second, start):
+    t = _timing(_gemm(0), second)
+    assert t.start[1] == start and t.cycles == max(132, start + 12) + 4
+
+
+def test_write_after_read_waits_for_the_reader():
+    """A long ALU op reads ACC[4096, 5120) (64 vectors: 68 cycles); a GEMM reset of that
+    block waits for it to end (WAR), one elsewhere does not."""
+    reader = _alu(0, src=4096, steps=64)
+    assert _timing(reader, _gemm(4096, ext_out=2, ext_in=1, reset=True)).start[1] == 68
+    assert _timing(reader, _gemm(8192, ext_out=2, ext_in=1, reset=True)).start[1] == 0
+
+
+@pytest.mark.parametrize("unit_queue, gemm_start", [(0, 24), (1, 0), (2, 0)])
+def test_units_are_exclusive_and_a_full_unit_queue_holds_the_queue_back(unit_queue, gemm_start):
+    """Two ALU ops share the ALU (24 and 12 cycles): the second waits for it. With room for
+    it to wait (unit_queue >= 1) the GEMM behind it goes to the free GEMM array at once; with
+    none (in-order issue to free units) the waiting head holds the GEMM back until it starts."""
+    config = dataclasses.replace(DEFAULT, unit_queue=unit_queue)
+    t = cycles.schedule([_alu(0, steps=20), _alu(512), _gemm(4096), accel.hw.isa.Finish()], config)
+    assert t.start[:3] == [0, 24, gemm_start] and t.end[:3] == [24, 36, gemm_start + 132]
+    # three ALU ops: the third finds no room behind the second with unit_queue 1
+    t = cycles.schedule([_alu(0, steps=20), _alu(512), _alu(1024), _gemm(4096), accel.hw.isa.Finish()], config)
+    assert t.start[:4] == [0, 24, 36, {0: 36, 1: 24, 2: 0}[unit_queue]]
+
+
+def test_an_instruction_waiting_for_its_unit_is_on_the_scoreboard():
+    """An ALU op waiting behind another (from 24 to 36) reads ACC[8192, 8320): a GEMM reset of
+    that block must not start before it ran (WAR), one elsewhere starts at once."""
+    waits = _alu(4096, src=8192)
+    assert _timing(_alu(0, steps=20), waits, _gemm(8192, ext_out=1, ext_in=1, reset=True)).start[2] == 36
+    assert _timing(_alu(0, steps=20), waits, _gemm(12288, ext_out=1, ext_in=1, reset=True)).start[2] == 0
+
+
+def test_dwmac_runs_beside_the_alu_and_waits_on_its_accumulators():
+    """DWMAC is the GEMM array's (3 x 3 taps: 9 * 16 + 4 = 148 cycles): an ALU op on other
+    accumulators runs beside it, one on its tile waits."""
+    d = Dwmac(acc_addr=0, inp_addr=0, wgt_addr=0, acc_ld=16, inp_ld=16, ext_out=3, ext_in=3,
+              inp_stride_out=768, inp_stride_in=256, wgt_stride_out=48, wgt_stride_in=16)
+    assert _timing(d, _alu(256)).start[1] == 0
+    assert _timing(d, _alu(240)).start[1] == 148       # ACC[240, 256): the tile's last row
+
+
+def test_a_load_into_acc_holds_the_dma_engine_and_runs_beside_the_gemm_array():
+    """A LOAD into ACC (4 x 64 int32 = 1024 bytes: 16 + 4 = 20 cycles) is the compute queue's
+    but the DMA engine's: a GEMM elsewhere runs beside it, a GEMM onto it waits, and a LOAD of
+    the load queue waits for the engine as before."""
+    acc_load = Load(mem=Mem.ACC, sram_addr=4096, sram_ld=64, slot=0, dram_offset=0, dram_ld=64, rows=4, cols=64)
+    inp_load = Load(mem=Mem.INP, sram_addr=4096, sram_ld=64, slot=1, dram_offset=0, dram_ld=64, rows=4, cols=64)
+    t = _timing(acc_load, _gemm(0), inp_load)
+    assert t.start[:3] == [0, 0, 20]
+    assert _timing(acc_load, _gemm(4096, ext_out=1, ext_in=1, reset=True)).start[1] == 20
+    # a reset of its rows waiting behind a GEMM (0 to 132; the reset 16 + 4 cycles) holds it back
+    assert _timing(_gemm(0), _gemm(4096, ext_out=1, ext_in=1, reset=True), acc_load).start[2] == 152
+    assert _timing(_gemm(0), _gemm(8192, ext_out=1, ext_in=1, reset=True), acc_load).start[2] == 0
+
+
+def test_tokens_are_pushed_when_the_instruction_retires():
+    """A short ALU op after a long GEMM ends first (12 < 132) but pushes its token to the
+    store queue only when the GEMM ended too (in-order retire): an earlier instruction's effects
+    are in place before any later one's token is seen. FINISH waits for both."""
+    store = Store(sram_addr=4096, sram_ld=16, slot=0, dram_offset=0, dram_ld=16, rows=8, cols=16,
+                  mode=StoreMode.SATURATE, pop_prev=True)
+    t = _timing(_gemm(0), _alu(4096, push_next=True), store)
+    assert (t.end[1], t.start[2], t.end[2], t.cycles) == (12, 132, 132 + 2 + 4, 132 + 6 + 4)
+
+
+def _elements(ins):
+    """Per (memory, is_write), the exact element addresses a compute instruction touches
+    (ISA.md section 4, as the Model above reads and writes them)."""
+    rows, lanes = np.arange(T)[:, None], np.arange(T)[None, :]
+    out = {}
+
+    def add(mem, write, addrs):
+        out.setdefault((mem, write), set()).update(np.asarray(addrs).ravel().tolist())
+
+    for o in range(getattr(ins, "ext_out", 1)):
+        for i in range(getattr(ins, "ext_in", 1)):
+            at = lambda p: getattr(ins, f"{p}_addr") + o * getattr(ins, f"{p}_stride_out") + i * getattr(ins, f"{p}_stride_in")  # noqa: E731
+            if isinstance(ins, (Gemm, Dwmac)):
+                add(Mem.ACC, True, at("acc") + rows * ins.acc_ld + lanes)
+                if isinstance(ins, Dwmac) or not ins.reset:
+                    add(Mem.INP, False, at("inp") + rows * ins.inp_ld + lanes)
+                    add(Mem.WGT, False, at("wgt") + (lanes if isinstance(ins, Dwmac) else rows * ins.wgt_ld + lanes))
+            elif isinstance(ins, Alu):
+                add(Mem.ACC, True, at("dst") + lanes)
+                if not ins.use_imm:
+                    add(Mem.ACC, False, at("src") + lanes)
+    if isinstance(ins, Load):
+        r = np.arange(ins.pad_top + ins.rows + ins.pad_bottom)[:, None]
+        c = np.arange(ins.pad_left + ins.cols + ins.pad_right)[None, :]
+        add(ins.mem, True, ins.sram_addr + r * ins.sram_ld + c)
+    return out
+
+
+@st.composite
+def dwmacs(draw):
+    ext = [draw(st.integers(0, 3)), draw(st.integers(1, 3))]
+    fields = {}
+    for p, mem, ld in (("acc", Mem.ACC, 16), ("inp", Mem.INP, 16), ("wgt", Mem.WGT, 0)):
+        strides = [draw(aligned(4)), draw(aligned(4))]
+        rows = T if ld else 1
+        reach = sum((e - 1) * s for e, s in zip(ext, strides)) + (rows - 1) * ld + T
+        addr = draw(st.integers(0, (SIZES[mem] - reach) // T)) * T if reach <= SIZES[mem] else None
+        if addr is None:
+            strides, addr = [0, 0], 0
+        fields.update({f"{p}_addr": addr, f"{p}_stride_out": strides[0], f"{p}_stride_in": strides[1]})
+    return Dwmac(acc_ld=16, inp_ld=16, ext_out=ext[0], ext_in=ext[1], **fields)
+
+
+def _dwmac_model(self, d, host):
+    acc, inp, wgt = self.mem[Mem.ACC], self.mem[Mem.INP], self.mem[Mem.WGT]
+    rows, lanes = np.arange(T)[:, None], np.arange(T)[None, :]
+    for o in range(d.ext_out):
+        for i in range(d.ext_in):
+            a = d.acc_addr + o * d.acc_stride_out + i * d.acc_stride_in + rows * d.acc_ld + lanes
+            x = inp[d.inp_addr + o * d.inp_stride_out + i * d.inp_stride_in + rows * d.inp_ld + lanes]
+            w = wgt[d.wgt_addr + o * d.wgt_stride_out + i * d.wgt_stride_in + lanes]
+            acc[a] = wrap32(acc[a] + x * w)
+
+
+Model.dwmac = _dwmac_model
+
+
+@given(st.lists(st.one_of(gemms(), alus(), dwmacs(), dma(Mem.ACC), dma("store"),
+                          st.sampled_from([Mem.INP, Mem.WGT]).flatmap(dma)), min_size=1, max_size=15),
+       st.integers(0, 3))
+def test_overlapped_compute_never_races_and_never_costs_more_than_the_serial_queue(program, unit_queue):
+    """Random AUTO streams (the driver's tokens, none inside the compute queue): the simulator
+    computes what the instructions in program order compute, and so does its batched plan
+    (which follows the schedule's execution order); no two compute instructions that
+    run at the same time touch an element one of them writes (exact element sets, not the
+    scoreboard's hulls); no unit runs two instructions at once; and the stream takes no more
+    cycles than with the serial compute queue (whatever the room to wait for a unit)."""
+    host = _host()
+    sim = Simulator(dataclasses.replace(SMALL, unit_queue=unit_queue))
+    stream = _auto_stream(program)
+    stats = sim.run(stream, host)
+    model, expect = Model(), [h.astype(np.int64) for h in _host()]
+    for ins in program:
+        model.run(ins, expect)
+    for got, want in zip(host, expect):
+        np.testing.assert_array_equal(got, want)
+    for mem in Mem:
+        np.testing.assert_array_equal(sim.memory(mem).astype(np.int64), model.mem[mem])
+    # the batched plan (accel.hw.fused, a program's third run) follows the same execution order
+    again, fresh = Simulator(sim.config), Simulator(sim.config)
+    program = again.compile(stream, _host())
+    for _ in range(3):
+        got, want = _host(), _host()
+        program.run(got)
+        fresh.run(stream, want)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+    for mem in Mem:
+        np.testing.assert_array_equal(again.memory(mem), fresh.memory(mem))
+
+    times = sim.schedule(stream)
+    compute = [i for i, ins in enumerate(stream) if queue_of(ins) is Queue.COMPUTE and ins.opcode is not Opcode.FINISH]
+    for k, i in enumerate(compute):
+        for j in compute[k + 1:]:
+            if times[j][0] < times[i][1] and times[i][0] < times[j][1]:
+                a, b = _elements(stream[i]), _elements(stream[j])
+                for (mem, write), addrs in a.items():
+                    for (other, other_write), other_addrs in b.items():
+                        if mem is other and (write or other_write):
+                            assert not addrs & other_addrs, (i, j)
+    events = sorted(stats.timeline.events, key=lambda e: (e.unit, e.start))
+    assert all(e.unit != f.unit or e.end <= f.start for e, f in zip(events, events[1:]))
+    assert stats.cycles <= reference_schedule(stream, scoreboard=False)[-1][1]
 
 
 # ---------------------------------------------------------------------- programs (compiled streams)
