@@ -320,7 +320,12 @@ def block_cycles(e: Extents, bm: int, bn: int, bk: int, alu_runs: Sequence[int],
     # row of the block's channels, a residual the whole block
     row = bn * t * _MEMORY[ACC].itemsize
     loads = sum(-(-row * (1 if narrow else bm * t) // config.dma_bytes_per_cycle) + ov for narrow in staged)
-    return blocks * (macs + resets + alu + loads)
+    # the GEMM array and the ALU run at once (accel/ISA.md, section 6): a block's epilogue
+    # beside the next block's GEMMs, in the other half of the double-buffered ACC
+    array, epilogue = macs + resets, alu + loads
+    if blocks == 1:
+        return array + epilogue
+    return blocks * max(array, epilogue) + min(array, epilogue)
 
 
 def _epilogue_work(sch, plan, knobs: Knobs, final, steps, out_buffer, temporaries) -> tuple[int, tuple, tuple]:
