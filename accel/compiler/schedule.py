@@ -301,7 +301,7 @@ def block_cycles(e: Extents, bm: int, bn: int, bk: int, alu_runs: Sequence[int],
 
     >>> e = Extents(6, 13, 2, outer=2)     # 2 rows of 96 pixels, 200 channels, K 32; a 6-step epilogue
     >>> block_cycles(e, 1, 2, 2, (6,), Config()), block_cycles(e, 6, 1, 2, (6,), Config())
-    (12516, 10946)
+    (9113, 8321)
     """
     t, ov = config.tile, config.issue_overhead
     blocks = e.outer * -(-e.m_tiles // bm) * -(-e.n_tiles // bn)
@@ -314,18 +314,17 @@ def block_cycles(e: Extents, bm: int, bn: int, bk: int, alu_runs: Sequence[int],
     else:                       # DWMAC: one instruction per tile
         macs = tiles * (mac_cycles + ov)
     resets = tiles * (t + ov)
-    chains = len(alu_runs)
-    alu = chains * (tiles * t * -(-t // config.alu_lanes) + ov) + sum(alu_runs) - chains
+    passes = [tiles * t * -(-t // config.alu_lanes) + ov + n - 1 for n in alu_runs]     # one per chain
+    alu = sum(passes)
     # the epilogue's operands are LOADs into ACC, which the compute queue issues: a bias one
     # row of the block's channels, a residual the whole block
     row = bn * t * _MEMORY[ACC].itemsize
     loads = sum(-(-row * (1 if narrow else bm * t) // config.dma_bytes_per_cycle) + ov for narrow in staged)
-    # the GEMM array and the ALU run at once (accel/ISA.md, section 6): a block's epilogue
-    # beside the next block's GEMMs, in the other half of the double-buffered ACC
-    array, epilogue = macs + resets, alu + loads
-    if blocks == 1:
-        return array + epilogue
-    return blocks * max(array, epilogue) + min(array, epilogue)
+    # the GEMM array and the ALU run at once (accel/ISA.md, section 6): the next block's GEMMs
+    # (in the other half of the double-buffered ACC) go once the block's last ALU instruction
+    # is dispatched, so beside the last ``unit_queue + 1`` of them (one running, the rest waiting)
+    tail = sum(passes[-(config.unit_queue + 1):])
+    return blocks * (macs + resets + alu + loads) - (blocks - 1) * min(macs + resets, tail)
 
 
 def _epilogue_work(sch, plan, knobs: Knobs, final, steps, out_buffer, temporaries) -> tuple[int, tuple, tuple]:
