@@ -50,7 +50,7 @@ from accel.compiler.conv import normalise as normalise_conv
 from accel.compiler.rules import (ACC, INP, PREFIX_DONE, PREFIX_IN_PLACE, WGT, clipped_to_int8, epilogue_chain,
                                    table_lookup, table_step)
 from accel.compiler import wrapping
-from accel.hw.instructions import CHAIN_IMMEDIATES, LUT_ENTRIES, MEMORIES, SCOPES, AluOp, capacity_option
+from accel.hw.instructions import CHAIN_IMMEDIATES, CHAIN_STEPS, LUT_ENTRIES, MEMORIES, SCOPES, AluOp, capacity_option
 
 
 #: Where the weight of a GEMM lives: reloaded into WGT for every block of K, or loaded once.
@@ -171,7 +171,7 @@ class GemmPlan:
     shared: int = 0         # the steps the branches of its epilogue share (0: it does not fork)
     # its compute-queue cycles (:func:`block_cycles`) were its blocks ``(bm, bn, bk)`` instead,
     # the same gather and pixels (None where the scheduler would refuse them): what a tuner's
-    # likeliest candidate is chosen by
+    # candidates are ranked by (:func:`accel.compiler.tuning.ranked`)
     estimate: Callable[[int, int, int], int | None] | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -288,11 +288,9 @@ def block_cycles(e: Extents, bm: int, bn: int, bk: int, alu_runs: Sequence[int],
     tiles (as the scheduler fitted them), issue overhead included: per block of output tiles,
     ``bm`` GEMMs per block of K (each folds K and N; one where a loop is a single tile), a reset
     per accumulator tile, and the epilogue's ALU steps over the whole block, ``alu_runs`` the
-    lengths of its runs of steps on one block (the epilogue's, a temporary's zeroing, copy and
-    chain), each run
-    as ALU chains of up to :data:`~accel.hw.instructions.CHAIN_IMMEDIATES` steps (what
-    :mod:`accel.compiler.chains` merges it into: a pass over the block per chain, and a cycle
-    per step more for the pipeline). The LOADs and STOREs run beside it, on queues of
+    lengths of the ALU chains they make on one block (:func:`_alu_runs`: what
+    :mod:`accel.compiler.chains` merges them into; a pass over the block per chain, and a
+    cycle per step more for the pipeline). The LOADs and STOREs run beside it, on queues of
     their own, but for the LOADs into ACC of the epilogue's operands (``staged``: per operand,
     whether it is narrow, a bias, or as large as the block, a residual). A depthwise
     convolution's blocks are pixels x channels with ``bk`` 1 and ``mac_cycles`` the cycles of
@@ -303,7 +301,7 @@ def block_cycles(e: Extents, bm: int, bn: int, bk: int, alu_runs: Sequence[int],
 
     >>> e = Extents(6, 13, 2, outer=2)     # 2 rows of 96 pixels, 200 channels, K 32; a 6-step epilogue
     >>> block_cycles(e, 1, 2, 2, (6,), Config()), block_cycles(e, 6, 1, 2, (6,), Config())
-    (12516, 10946)
+    (9113, 8321)
     """
     t, ov = config.tile, config.issue_overhead
     blocks = e.outer * -(-e.m_tiles // bm) * -(-e.n_tiles // bn)
@@ -316,13 +314,17 @@ def block_cycles(e: Extents, bm: int, bn: int, bk: int, alu_runs: Sequence[int],
     else:                       # DWMAC: one instruction per tile
         macs = tiles * (mac_cycles + ov)
     resets = tiles * (t + ov)
-    chains = sum(-(-n // CHAIN_IMMEDIATES) for n in alu_runs)
-    alu = chains * (tiles * t * -(-t // config.alu_lanes) + ov) + sum(alu_runs) - chains
+    passes = [tiles * t * -(-t // config.alu_lanes) + ov + n - 1 for n in alu_runs]     # one per chain
+    alu = sum(passes)
     # the epilogue's operands are LOADs into ACC, which the compute queue issues: a bias one
     # row of the block's channels, a residual the whole block
     row = bn * t * _MEMORY[ACC].itemsize
     loads = sum(-(-row * (1 if narrow else bm * t) // config.dma_bytes_per_cycle) + ov for narrow in staged)
-    return blocks * (macs + resets + alu + loads)
+    # the GEMM array and the ALU run at once (accel/ISA.md, section 6): the next block's GEMMs
+    # (in the other half of the double-buffered ACC) go once the block's last ALU instruction
+    # is dispatched, so beside the last ``unit_queue + 1`` of them (one running, the rest waiting)
+    tail = sum(passes[-(config.unit_queue + 1):])
+    return blocks * (macs + resets + alu + loads) - (blocks - 1) * min(macs + resets, tail)
 
 
 def _epilogue_work(sch, plan, knobs: Knobs, final, steps, out_buffer, temporaries) -> tuple[int, tuple, tuple]:
@@ -344,29 +346,72 @@ def _staged(sch, final, steps, out_buffer, temporaries) -> tuple:
     return tuple(narrow for key, narrow in _operands(sch.get(final), out_buffer).items() if key not in computed)
 
 
-def _alu_runs(sch, final, steps, out_buffer, temporaries, prefix: int) -> tuple:
-    """The lengths of the runs of ALU steps on one block that an epilogue ``final`` runs per
-    block, in order: the ``prefix`` steps a fork shares (run once on the accumulator), per
-    temporary its zeroing (x * 0), copy of the accumulator and chain (but the prefix), then the
-    accumulator's own ``steps`` (but the prefix, and a clip to int8 before the narrowing
-    cast, which the STORE does by saturating), split at a LUT step (a pass of its own)."""
+def _alu_runs(sch, final, steps, out_buffer, temporaries, prefix: int, by_rows: bool = False) -> tuple:
+    """The lengths of the ALU chains an epilogue ``final`` runs per block, in order: the
+    ``prefix`` steps a fork shares (run once on the accumulator), per temporary its zeroing
+    (x * 0), copy of the accumulator and chain (but the prefix), then the accumulator's own
+    steps (:func:`_own_steps`), a LUT step a pass of its own. Each run on one destination is
+    cut where a step reads another vector operand than the chain's earlier ones, as
+    :mod:`accel.compiler.chains` cuts it (a chain reads one: a temporary's copy of the
+    accumulator and a bias after it are two chains, which a bias shared before the fork
+    saves). ``by_rows``: the block is stored an image row at a time, its own steps run row
+    by row, each step over a row before the next (no chain: each its own pass)."""
     if steps is None:
         return ()
+    source = lambda step: None if step.operand is None else step.operand.source  # noqa: E731
+    runs: list = []         # per run on one destination, its steps' vector operands (None: an immediate)
+    if temporaries:
+        runs.append([source(s) for s in steps[:prefix]])
+        runs += [[None, out_buffer] + [source(s) for s in (_temporary_steps(sch.get(b), out_buffer) or [])[prefix:]]
+                 for b in temporaries]
+    own = _own_steps(sch, final, steps, temporaries, prefix)
+    run: list = []
+    for step in own:
+        if step.op is None or by_rows:      # a LUT: its own instruction
+            runs += [run, 1]
+            run = []
+        else:
+            run.append(source(step))
+    runs.append(run)
+    return tuple(n for r in runs for n in ((r,) if isinstance(r, int) else _chains(r)) if n > 0)
+
+
+def _own_steps(sch, final, steps, temporaries, prefix: int) -> list:
+    """The steps the epilogue ``final`` applies to the accumulator after a fork's shared
+    ``prefix`` (all of them without a temporary), but a clip to int8 before the narrowing
+    cast, which the STORE does by saturating."""
     block = sch.get(final)
     value = wrapping.strip(block.body.value)
     saturates = _table(block) is None and isinstance(value, tirx.Cast) and \
         str(block.body.buffer.dtype) == "int8" and clipped_to_int8(value.value) is not None
     own = list(steps)[:len(steps) - 2 * saturates]
-    runs = [prefix] if temporaries else []
-    runs += [2 + len(_temporary_steps(sch.get(b), out_buffer) or ()) - prefix for b in temporaries]
-    run = -prefix if temporaries else 0
-    for step in own:
-        if step.op is None:         # a LUT: its own instruction
-            runs += [run, 1]
-            run = 0
-        else:
-            run += 1
-    return tuple(n for n in runs + [run] if n > 0)
+    return own[prefix:] if temporaries else own
+
+
+def _chains(sources: list) -> list:
+    """The lengths of the ALU chains a run of steps on one destination makes, ``sources`` its
+    steps' vector operands in order (None: an immediate): a chain holds up to
+    :data:`~accel.hw.instructions.CHAIN_STEPS` steps, :data:`~accel.hw.instructions.CHAIN_IMMEDIATES`
+    of them with an immediate, and is cut where a step reads another operand than its
+    earlier steps.
+
+    >>> _chains([None, "acc", None, "bias", None]), _chains([None] * 7 + ["t"])
+    ([3, 2], [6, 2])
+    """
+    out, n, imms, read = [], 0, 0, None
+    for src in sources:
+        full = n == CHAIN_STEPS or (src is None and imms == CHAIN_IMMEDIATES)
+        if full or (src is not None and read is not None and not _same_buffer(src, read)):
+            out.append(n)
+            n, imms, read = 0, 0, None
+        n += 1
+        imms += src is None
+        read = read if src is None else src
+    return out + [n] if n else out
+
+
+def _same_buffer(a, b) -> bool:
+    return a is b or (hasattr(a, "same_as") and a.same_as(b))
 
 
 def _pick_block(tiles: int, limit: int) -> int:
@@ -704,6 +749,8 @@ def _schedule_gemm(sch: s_tir.Schedule, name: str, g: GemmAnalysis, config: Conf
     plan.epilogue = describe_epilogue(steps, str(sch.get(final).writes[0].source.dtype),
                                       [sch.get(b).writes[0].source for b in temporaries]) if steps else []
     prefix, alu_runs, staged = _epilogue_work(sch, plan, knobs, final, steps, out_buffer, temporaries)
+    row_runs = _alu_runs(sch, final, steps, out_buffer, temporaries, prefix, by_rows=True)
+    own = len(_own_steps(sch, final, steps, temporaries, prefix)) if steps is not None else 0
     kept = dict(reserved)
 
     def estimate(bm_: int, bn_: int, bk_: int) -> int | None:
@@ -711,7 +758,14 @@ def _schedule_gemm(sch: s_tir.Schedule, name: str, g: GemmAnalysis, config: Conf
             fitted = _fitting_blocks(name, g, shape, Knobs(bm_, bn_, bk_, WEIGHTS[resident]), config, kept)
         except ScheduleError:
             return None
-        return block_cycles(shape, *fitted[:3], alu_runs, config, staged=staged)
+        # a block of whole image rows stores (and so runs its own epilogue steps) one row at a
+        # time: each step a pass of its own, an instruction per row
+        if g.row_width is None or g.row_width >= t * fitted[0]:
+            return block_cycles(shape, *fitted[:3], alu_runs, config, staged=staged)
+        blocks = shape.outer * -(-shape.m_tiles // fitted[0]) * -(-shape.n_tiles // fitted[1])
+        rows = -(-t * fitted[0] // g.row_width)
+        return block_cycles(shape, *fitted[:3], row_runs, config, staged=staged) + \
+            blocks * (rows - 1) * own * config.issue_overhead
 
     plan.estimate = estimate
     _reserve(reserved, shape, t, bm, bn, bk, resident)

@@ -18,7 +18,8 @@ def test_the_trials_reported_are_the_trials_asked_for(tirpat, example_mlp, tmp_p
 
 def test_fewer_trials_than_partitions_search_the_largest_and_say_which(tirpat, example_mlp, tmp_path):
     """--trials 2 for 2 partitions: 2 trials measured (not raised to one per partition),
-    both on the partition of most operations; the summary names it and the one left."""
+    both on the partition the backend estimates to gain most on (of equal gains, the one of
+    most work); the summary names it and the one left."""
     result = tirpat("tune", example_mlp, "-t", "accel, llvm", "--trials", "2", "--strategy", "replay-trace",
                     "--records", "records", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
@@ -27,6 +28,7 @@ def test_fewer_trials_than_partitions_search_the_largest_and_say_which(tirpat, e
     assert sorted(row[2] for row in rows) == ["0", "2"], result.stdout
     [searched] = [row[0] for row in rows if row[2] == "2"]
     [left] = [row[0] for row in rows if row[2] == "0"]
-    assert re.search(rf"^2 trials in [\d.]+ s \(searched 1 of 2 tasks, the most work first: {re.escape(searched)}; "
-                     rf"the other 1 left at their backend's own schedule: {re.escape(left)}\); records in records$",
-                     result.stdout, re.M), result.stdout
+    assert re.search(rf"^2 trials in [\d.]+ s \(searched 1 of 2 tasks, the most to gain first: {re.escape(searched)}; "
+                     rf"2 trials each: its backend's own schedule and its cheapest candidates by the backend's "
+                     rf"estimate; the other 1 left at their backend's own schedule: {re.escape(left)}\); "
+                     rf"records in records$", result.stdout, re.M), result.stdout

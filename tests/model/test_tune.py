@@ -113,9 +113,18 @@ def test_a_relax_model_is_tuned_per_partition_and_built_with_its_records(tmp_pat
 
 
 def flops(func):
-    """accel's estimate of a PrimFunc's cycles under its own schedule (what tp.tune ranks
-    accel's tasks by)."""
+    """accel's estimate of a PrimFunc's cycles under its own schedule (what tp.tune splits a
+    budget that searches every task by)."""
     return tp.backends()["accel"].tune_work(func, tp.backends()["accel"].resolve())
+
+
+def gain(func):
+    """The cycles accel estimates its cheapest candidate saves on its own schedule of a
+    PrimFunc (what tp.tune ranks accel's tasks by when it cannot search them all)."""
+    accel_backend = tp.backends()["accel"]
+    opts = accel_backend.resolve()
+    candidates = accel_backend.tune_candidates(func, opts)
+    return max(0.0, flops(func) - candidates[0][0]) if candidates else 0.0
 
 
 def partition_function(mod, name):
@@ -124,23 +133,25 @@ def partition_function(mod, name):
     return func
 
 
-def test_a_budget_below_the_tasks_searches_those_of_most_work_and_measures_no_more(tmp_path):
+def test_a_budget_below_the_tasks_searches_those_of_most_gain_and_measures_no_more(tmp_path):
     """Fewer trials than tasks: the budget is not raised (it used to be, to one heuristic
-    trial per task); the task of most operations gets all of it, a search, not only its
-    heuristic; the other keeps its backend's own schedule, and the summary says so."""
+    trial per task); the task its backend estimates to gain most on gets all of it, a search,
+    not only its heuristic; the other keeps its backend's own schedule, and the summary says so."""
     from models import mlp, random_inputs, reference as vm_reference
 
     mod = mlp(batch=8, features=32, hidden=16, classes=4)
-    [(big, *_), (small, *_)] = sorted(tp.partition_functions(mod, "accel, llvm"),
-                                      key=lambda p: -flops(p[3]))
+    # of equal gains (none: the heuristic is the cheapest the estimate finds), the most work first
+    [(big, *_), (small, *_)] = sorted(tp.partition_functions(mod, "accel, llvm"), key=lambda p: (-gain(p[3]),
+                                                                                                -flops(p[3])))
     result = tp.tune(mod, "accel, llvm", trials=3, records=tmp_path, strategy="replay-trace", batch=2)
     assert result.trials == result.budget == result.asked == 3
     tasks = {t.name: t for t in result.tasks}
     assert (tasks[big].trials, tasks[big].heuristic is not None) == (3, True)
     assert (tasks[small].budget, tasks[small].trials, tasks[small].heuristic) == (0, 0, None)
     shown = {name: row.split()[0] for name, row in zip([t.name for t in result.tasks], str(result).splitlines()[1:])}
-    assert (f"searched 1 of 2 tasks, the most work first: {shown[big]}; the other 1 left at their backend's own "
-            f"schedule: {shown[small]}") in result.summary
+    assert (f"searched 1 of 2 tasks, the most to gain first: {shown[big]}; 3 trials each: its backend's own "
+            f"schedule and its cheapest candidates by the backend's estimate; the other 1 left at their backend's "
+            f"own schedule: {shown[small]}") in result.summary
     opts = tp.backends()["accel"].resolve()
     records = tp.Records(tmp_path)
     assert records.best(partition_function(mod, big), "accel", opts) is not None
@@ -156,20 +167,25 @@ def dense(m=16, k=32, n=16):
     return te.create_prim_func([a, w, topi.nn.dense(a, w, out_dtype="int32")])
 
 
-def test_a_small_budget_searches_the_largest_tasks_and_probes_the_next(tmp_path):
-    """Four tasks and 10 trials (below a search of 4 each): the task of most work is searched
-    (4 trials), the next three probed (2 each: the backend's own schedule and the likeliest
-    candidate); the summary says which; no probed task is worse than its heuristic."""
+def test_a_small_budget_probes_the_tasks_of_most_gain_first(tmp_path):
+    """Four tasks and 10 trials (below a search of 4 each): the tasks go in order of the gain
+    their backend estimates, two trials each (the backend's own schedule and its cheapest
+    candidate by the estimate) while the budget lasts, what is left to those of most gain;
+    a task estimated to gain nothing comes last; no task is worse than its heuristic, and
+    the summary says which were searched."""
     mod = ir.IRModule({name: dense(m, k, n).with_attr("global_symbol", name)
                        for name, (m, k, n) in {"huge": (64, 256, 64), "big": (32, 256, 32), "mid": (16, 128, 32),
                                                "small": (16, 32, 16)}.items()})
+    gains = {name: gain(mod[name]) for name in ("huge", "big", "mid", "small")}
     result = tp.tune(mod, "accel, llvm", trials=10, records=tmp_path, strategy="replay-trace", batch=2, seed=1)
     tasks = {t.name: t for t in result.tasks}
-    assert [tasks[n].budget for n in ("huge", "big", "mid", "small")] == [4, 2, 2, 2]
-    assert result.trials == 10 and all(t.best <= t.heuristic for t in result.tasks)
-    assert "searched 1 of 4 tasks, the most work first: huge; probed the next 3 (its backend's own schedule and " \
-           "one candidate each): big, mid, small" in result.summary
-
+    order = sorted(gains, key=lambda n: (gains[n] <= 0, -gains[n], -flops(mod[n])))
+    budgets = [tasks[n].budget for n in order]
+    assert sum(budgets) == result.trials == 10
+    assert budgets == sorted(budgets, reverse=True) and all(b >= 2 for b in budgets if b)
+    assert all(tasks[n].budget >= 2 for n in gains if gains[n] > 0)
+    assert all(t.best <= t.heuristic for t in result.tasks if t.budget)
+    assert "most to gain first" in result.summary or all(b >= 4 for b in budgets)
 
 
 def test_identical_partitions_are_one_task_whose_record_serves_each(tmp_path):
@@ -453,15 +469,39 @@ def test_copies_for_call_sites_are_one_task_and_no_layer_gets_slower(tmp_path):
     assert task.best <= task.heuristic
 
 
-def test_a_prior_makes_its_likeliest_values_the_second_candidate(tmp_path):
-    """accel's knobs favour a large M block and a resident weight: with a budget of two, the
-    heuristic and then those values are measured."""
+def test_the_backends_cheapest_candidate_by_its_estimate_is_the_second_measured(tmp_path):
+    """accel estimates its whole knob space (``Backend.tune_candidates``): with a budget of
+    two, the heuristic and then the candidate it estimates cheapest are measured, and the
+    best record is the cheaper of the two."""
+    from accel.compiler.schedule import gemm_blocks
+
+    func = conv_layer()
+    accel_backend = tp.backends()["accel"]
+    [(block, _)] = gemm_blocks(s_tir.Schedule(ir.IRModule({"main": func})))
+    cheapest = accel_backend.tune_candidates(func, accel_backend.resolve())[0][1]
+    result = tp.tune(func, "accel, llvm", trials=2, records=tmp_path, seed=1)
+    assert result.trials == 2
+    db = tp.Records(tmp_path).database
+    annotations = []
+    for record in db.get_all_tuning_records():
+        sch = s_tir.Schedule(ir.IRModule({"main": func}))
+        record.trace.apply_to_schedule(sch, remove_postproc=True)
+        annotations.append({key: int(v) for key, v in sch.get(sch.get_sblock(block)).annotations.items()})
+    assert {key: value for (_, key), value in cheapest.items()} in annotations
+    [task] = result.tasks
+    assert task.best <= task.heuristic
+
+
+def test_without_estimates_a_prior_makes_its_likeliest_values_the_second_candidate(tmp_path, monkeypatch):
+    """A backend without ``tune_candidates``: with a budget of two, the heuristic and then
+    the values its knobs' priors favour (accel's: a large M block and a resident weight)."""
+    from accel.compiler.schedule import gemm_blocks
+
+    monkeypatch.setattr(type(tp.backends()["accel"]), "tune_candidates", lambda self, func, opts: None)
     func = conv_layer()
     result = tp.tune(func, "accel, llvm", trials=2, records=tmp_path, seed=1)
     assert result.trials == 2
     db = tp.Records(tmp_path).database
-    from accel.compiler.schedule import gemm_blocks
-
     knobs = []
     for record in db.get_all_tuning_records():
         sch = s_tir.Schedule(ir.IRModule({"main": func}))
@@ -495,4 +535,5 @@ def test_the_table_tells_apart_tasks_whose_names_differ_only_in_the_middle(tmp_p
                                    TaskResult("fused_small", "accel")], 1.0, asked=4)
     rows = str(result).splitlines()[1:4]
     assert [r.split()[0] for r in rows] == [a, b, "fused_small"]
-    assert f"the most work first: {a}; the other 2 left at their backend's own schedule: {b}, fused_small" in str(result)
+    assert (f"the most to gain first: {a}; the other 2 left at their backend's own schedule: {b}, fused_small"
+            in str(result))

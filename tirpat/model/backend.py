@@ -242,6 +242,19 @@ class Backend:
         """
         return None
 
+    def tune_candidates(self, func, opts: dict) -> list | None:
+        """The candidates of :meth:`tune_space` (a ``tp.knob_space``) that ``tp.tune``
+        measures first, after the backend's own schedule, the cheapest first: each
+        ``(estimated cost, {(block, annotation key): value})``, the cost in the unit of
+        :meth:`tune_work` (a backend's estimate over the whole space, cheaper than measuring:
+        ``tp.tune`` spends its budget on the tasks it saves most on); None (the default): the
+        knobs' likeliest values (``tp.Knob(prior=)``), then the search's own.
+
+        >>> tp.Backend().tune_candidates(None, {}) is None
+        True
+        """
+        return None
+
     def tune_work(self, func, opts: dict) -> float | None:
         """An estimate of one partition's cost under the backend's own schedule (in the unit
         of :meth:`measure`), by which ``tp.tune`` ranks the tasks for its budget, the most

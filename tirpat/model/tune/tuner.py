@@ -13,25 +13,30 @@ partition that differ only in a call site's scalar constants (``<name>_s1``, ...
 requantise's multiplier and shift as immediates; the schedule and its instructions do not
 depend on those values): the task's best record is written for each copy too.
 
-The trial budget is split before tuning starts. The tasks are ranked by their work (their
-backend's estimate of their cost under its own schedule, :meth:`~tirpat.Backend.tune_work`:
-accel's cycles; else TVM's estimate of the workload's operations), times the number of
-identical copies. A budget of ``SEARCH`` trials per task or more searches them all; a smaller
-one searches the ``trials // (2 * SEARCH)`` tasks of most work (at least one), ``SEARCH``
-trials each (the backend's own schedule, then candidates of the search), and probes the
-next ones while the budget lasts, ``PROBE`` (2) trials each (the backend's own schedule and
-the knobs' likeliest candidate: on a real model's tasks it was the best of a search of four
-on most); what is left goes to those tasks in proportion to their work (largest remainders
-rounding). The other tasks are not measured: they keep their backend's own schedule, as
-they would untuned (0 trials in the table); the summary names the tasks searched and probed. The tasks take turns, a batch
-each (meta_schedule's round-robin scheduler): while one task's batch is being measured
-(on RPC servers), the next task's is searched for and packed. Per task:
+The trial budget is split before tuning starts. A budget of ``SEARCH`` trials per task or
+more searches them all, the rest in proportion to their work (their backend's estimate of
+their cost under its own schedule, :meth:`~tirpat.Backend.tune_work`: accel's cycles; else
+TVM's estimate of the workload's operations), times the number of identical copies. A
+smaller one goes first to the tasks their backend estimates to gain most on (what its
+cheapest candidate by :meth:`~tirpat.Backend.tune_candidates` saves on its own schedule,
+times the copies; a backend without estimates: its work), ``PROBE`` (2) trials each (the
+backend's own schedule and its cheapest candidate: accel's estimate, over the whole knob
+space, came within 2% of the measured cycles on the PaddleOCR classifier's tasks, and its
+cheapest was the best of the three measured, itself, the next and the heuristic, on 29 of
+the 30 largest), while the budget lasts; what is left goes to
+those tasks in proportion to the same (largest remainders rounding). The other tasks are
+not measured: they keep their backend's own schedule, as they would untuned (0 trials in the
+table); the summary names the tasks searched. The tasks take turns, a batch each
+(meta_schedule's round-robin scheduler): while one task's batch is being measured (on RPC
+servers), the next task's is searched for and packed. Per task:
 
 - the design space is the backend's :meth:`~tirpat.Backend.tune_space`;
 - the first candidate measured is the design space itself with its post-processing: the
-  backend's own (heuristic) schedule, so the best record is never worse than it; the
-  second, when the knobs have priors (``tp.Knob(prior=)``), takes each knob's most likely
-  value (:attr:`~tirpat.model.tune.space.Knob.likely`);
+  backend's own (heuristic) schedule, so the best record is never worse than it; then the
+  backend's candidates (:meth:`~tirpat.Backend.tune_candidates`), cheapest first, those the
+  scheduler makes a schedule already measured of left out; a backend without them: when the
+  knobs have priors (``tp.Knob(prior=)``), the candidate of each knob's most likely value
+  (:attr:`~tirpat.model.tune.space.Knob.likely`);
 - then meta_schedule's search strategy (evolutionary search with an XGBoost cost model by
   default) proposes candidates; each is compiled for the host through the backends' TIR
   pipeline, run on the backend's device and checked bit for bit against the workload
@@ -100,6 +105,7 @@ class _Task:
     data: bytes
     budget: int = 0                 # trials, the backend's own schedule among them; 0: not searched
     heuristic: object = None        # the module of the backend's own schedule, once handed out
+    candidates: list | None = None  # the backend's cheapest knob choices by its estimate, the cheapest first
 
 
 @dataclass
@@ -148,35 +154,35 @@ class TuneResult:
 
     @property
     def summary(self) -> str:
-        """``"N trials in S s"``, which tasks were searched and probed when not all were
-        searched, and why N is not the number asked when it is not.
+        """``"N trials in S s"``, which tasks were searched when not all were, and why N is
+        not the number asked when it is not.
 
         >>> print(TuneResult(Path("r"), [TaskResult("a", "accel", budget=2, trials=2),
         ...                              TaskResult("b", "accel")], 2.0, asked=2).summary)
-        2 trials in 2.0 s (searched 1 of 2 tasks, the most work first: a; the other 1 left at their backend's own schedule: b)
-        >>> print(TuneResult(Path("r"), [TaskResult("a", "accel", budget=4, trials=4),
-        ...                              TaskResult("b", "accel", budget=2, trials=2)], 2.0, asked=6).summary)
-        6 trials in 2.0 s (searched 1 of 2 tasks, the most work first: a; probed the next 1 (its backend's own schedule and one candidate): b)
+        2 trials in 2.0 s (searched 1 of 2 tasks, the most to gain first: a; 2 trials each: its backend's own schedule and its cheapest candidates by the backend's estimate; the other 1 left at their backend's own schedule: b)
+        >>> print(TuneResult(Path("r"), [TaskResult("a", "accel", budget=3, trials=3),
+        ...                              TaskResult("b", "accel", budget=2, trials=2)], 2.0, asked=5).summary)
+        5 trials in 2.0 s (searched 2 of 2 tasks, the most to gain first: a, b; 2-3 trials each: its backend's own schedule and its cheapest candidates by the backend's estimate)
         >>> print(TuneResult(Path("r"), [TaskResult("a", "accel", budget=8, trials=5)], 2.0, asked=8).summary)
         5 trials in 2.0 s (8 asked; the search found no more new candidates for a)
         """
         text = f"{self.trials} trials in {self.seconds:.1f} s"
         why = []
         shown = _shown_names([t.name for t in self.tasks])
+        searched = sorted((t for t in self.tasks if t.budget), key=lambda t: -t.budget)
+        left = [t for t in self.tasks if t.budget == 0]
+        few = sorted({t.budget for t in searched if t.budget < SEARCH})
 
         def names(tasks: list, trials: str) -> str:      # a long list is the table's trials column
             return f": {', '.join(shown[t.name] for t in tasks)}" if len(tasks) <= 3 else f" ({trials} trials above)"
 
-        probing = self.asked >= SEARCH          # a budget below one search searches one task
-        searched = [t for t in self.tasks if t.budget >= SEARCH or (t.budget and not probing)]
-        probed = [t for t in self.tasks if 0 < t.budget < SEARCH and probing]
-        left = [t for t in self.tasks if t.budget == 0]
-        if probed or left:
-            why.append(f"searched {len(searched)} of {len(self.tasks)} tasks, the most work first: "
-                       f"{', '.join(shown[t.name] for t in searched)}")
-        if probed:
-            why[-1] += (f"; probed the next {len(probed)} (its backend's own schedule and one candidate"
-                        f"{' each' if len(probed) > 1 else ''}){names(probed, f'{PROBE}-{SEARCH - 1}')}")
+        if left or few:
+            why.append(f"searched {len(searched)} of {len(self.tasks)} tasks, the most to gain first"
+                       f"{names(searched, 'their')}")
+        if few:
+            span = f"{few[0]}-{few[-1]}" if len(few) > 1 else f"{few[0]}"
+            more = " and its cheapest candidates by the backend's estimate" if few[-1] > 1 else ""
+            why[-1] += f"; {span} trial{'s' if span != '1' else ''} each: its backend's own schedule{more}"
         if left:
             why[-1] += f"; the other {len(left)} left at their backend's own schedule{names(left, '0')}"
         short = [t.name for t in self.tasks if t.trials < t.budget]
@@ -267,22 +273,24 @@ def _tasks(mod, target, params) -> tuple[list, dict]:
 
 
 SEARCH = 4
-"""The fewest trials a searched task gets: its backend's own schedule and three candidates
-of the search (a search of one candidate is a guess)."""
+"""The trials per task from which every task is searched (its backend's own schedule and
+three candidates at least)."""
 
 PROBE = 2
-"""The trials of a probed task: its backend's own schedule and one candidate (the knobs'
-likeliest under their priors, where they have priors): on a real model the likeliest was
-the best of a search of four on most tasks, so a small budget probes many tasks rather than
-searching a few."""
+"""The trials of a task when not every task can have ``SEARCH``: its backend's own schedule
+and its cheapest candidate by the backend's estimate (else the knobs' likeliest under their
+priors), so that a small budget reaches many tasks rather than searching a few."""
 
 
-def _budgets(trials: int, work: list, least: int = SEARCH, probe: int = PROBE) -> list:
+def _budgets(trials: int, work: list, gain: list | None = None, least: int = SEARCH, probe: int = PROBE) -> list:
     """Each task's trials (see the module docstring). Enough for all: ``least`` each at
-    least, the rest in proportion to their ``work`` (largest remainders). Else the
-    ``trials // (2 * least)`` tasks of most work (at least one) are searched, ``least``
-    trials each, the next ones probed, ``probe`` trials each, while the budget lasts; what
-    is left goes to those tasks in proportion to their work; the others get 0.
+    least, the rest in proportion to their ``work`` (largest remainders). Else the tasks are
+    taken in order of their estimated ``gain`` (what their backend's cheapest candidate saves
+    on its own schedule, :meth:`~tirpat.Backend.tune_candidates`; None where it has no
+    estimate: its ``work`` instead, after those with a gain, and before those estimated to
+    gain nothing; of equal gains, the most work first), ``probe`` trials each while the
+    budget lasts; what is left goes to them in proportion to the same (largest remainders);
+    the others get 0.
 
     >>> _budgets(12, [1.0, 3.0])
     [5, 7]
@@ -290,24 +298,27 @@ def _budgets(trials: int, work: list, least: int = SEARCH, probe: int = PROBE) -
     [2, 5, 2]
     >>> _budgets(2, [5.0, 6.0])
     [0, 2]
+    >>> _budgets(4, [5.0, 6.0, 9.0], gain=[2.0, 0.0, 1.0])      # the last gains less, the middle nothing
+    [2, 0, 2]
     """
-    order = sorted(range(len(work)), key=lambda i: -work[i])
-    budgets = [0] * len(work)
-    if trials < least:
-        budgets[order[0]] = trials
-        return budgets
-    if trials >= least * len(work):
-        searched, probed = order, []
+    n = len(work)
+    gain = gain or [None] * n
+    budgets = [0] * n
+    if trials >= least * n:
+        chosen, weight = list(range(n)), work
+        for i in chosen:
+            budgets[i] = least
     else:
-        searched = order[:max(1, trials // (2 * least))]
-        room = (trials - least * len(searched)) // probe
-        probed = order[len(searched):len(searched) + room]
-    chosen = searched + probed
-    for i in chosen:
-        budgets[i] = least if i in searched else probe
+        # those with an estimated gain, then those without an estimate, then those gaining nothing
+        tier = [0 if g is not None and g > 0 else 1 if g is None else 2 for g in gain]
+        weight = [g if g is not None and g > 0 else w if g is None else 0.0 for g, w in zip(gain, work)]
+        order = sorted(range(n), key=lambda i: (tier[i], -weight[i], -work[i]))     # of equal gains, most work first
+        chosen = order[:max(1, trials // probe)]
+        for i in chosen:
+            budgets[i] = min(probe, trials)
     rest = trials - sum(budgets)
-    total = sum(work[i] for i in chosen)
-    shares = {i: rest * work[i] / total for i in chosen}
+    total = sum(weight[i] for i in chosen)
+    shares = {i: rest * (weight[i] / total if total > 0 else 1 / len(chosen)) for i in chosen}
     for i in chosen:
         budgets[i] += int(shares[i])
     left = rest - sum(int(s) for s in shares.values())
@@ -391,12 +402,40 @@ def _likeliest_trace(trace):
     return None if changed.same_as(trace) else changed
 
 
+def _chosen_trace(trace, choice: Mapping):
+    """``trace`` (a knob space's) with the decisions of the knobs ``choice`` names set to its
+    values (``{(block, annotation key): value}``), or None when that changes nothing or a
+    value is none of its knob's."""
+    made = {}       # an instruction's outputs -> the instruction
+    for inst in trace.insts:
+        for out in inst.outputs:
+            made[out.__chandle__()] = inst
+    changed = trace
+    for inst in trace.insts:
+        if inst.kind.name != "Annotate" or len(inst.inputs) < 2:
+            continue
+        block, sample = (made.get(rv.__chandle__()) for rv in inst.inputs[:2])
+        if block is None or sample is None or sample.kind.name != "SampleCategorical":
+            continue
+        key = (str(block.attrs[0]), str(inst.attrs[0]))
+        if key not in choice:
+            continue
+        values = [int(v) for v in sample.attrs[0]]
+        if choice[key] not in values:
+            return None
+        decision = values.index(choice[key])
+        if decision != int(trace.decisions[sample]):
+            changed = changed.with_decision(sample, decision, remove_postproc=True)
+    return None if changed.same_as(trace) else changed
+
+
 @derived_object
 class _HeuristicFirst(PySearchStrategy):
     """A search strategy that measures the design space itself first (the backend's own
-    schedule), then, if the knobs' priors make another one likeliest, that one, then hands
-    over to ``inner`` for the rest of the task's budget (whatever the task scheduler says);
-    every candidate goes into ``candidates`` for the builder."""
+    schedule), then the backend's candidates, cheapest first (``task.candidates``; without
+    them, if the knobs' priors make another one likeliest, that one), then hands over to
+    ``inner`` for the rest of the task's budget (whatever the task scheduler says); every
+    candidate goes into ``candidates`` for the builder."""
 
     def __init__(self, inner: SearchStrategy, task: _Task, candidates: Candidates) -> None:
         super().__init__()
@@ -415,12 +454,23 @@ class _HeuristicFirst(PySearchStrategy):
         heuristic = self._postprocessed(design_spaces[0].copy())
         self.first = [heuristic] if heuristic is not None else []
         self.task.heuristic = heuristic.mod if heuristic is not None else None
-        likely = _likeliest_trace(design_spaces[0].trace)
-        if likely is not None and self.task.budget > len(self.first):
+        trace = design_spaces[0].trace
+        ranked = self.task.candidates
+        if ranked is None:
+            likely = _likeliest_trace(trace)
+            traces = [] if likely is None else [likely]
+        else:
+            traces = (_chosen_trace(trace, choice) for choice in ranked)
+        for chosen in traces:
+            if len(self.first) >= self.task.budget:
+                break
+            if chosen is None:
+                continue
             sch = s_tir.Schedule(self.task.workload)
-            likely.apply_to_schedule(sch, remove_postproc=True)
+            chosen.apply_to_schedule(sch, remove_postproc=True)
             sch = self._postprocessed(sch)
-            if sch is not None:
+            # two choices the scheduler makes the same schedule of (a block it fitted alike) are one trial
+            if sch is not None and not any(tvm_ffi.structural_equal(sch.mod, other.mod) for other in self.first):
                 self.first.append(sch)
         inner_trials = self.task.budget - len(self.first)
         # the budget in batches of about num_trials_per_iter, none much smaller: each batch's
@@ -591,13 +641,12 @@ def tune(mod, target, *, trials: int, records, rpc=None, params: Mapping[str, np
       no server left, ``ConnectionError`` (:mod:`tirpat.model.tune.rpc`);
     - ``progress(Progress)`` is called after every batch.
 
-    Identical partitions are one task. The tasks of most work (their backend's estimate of
-    their cost, else TVM's of their operations) are searched, ``SEARCH`` (4) trials each at
-    least, the backend's own schedule first; with fewer trials than that for all, the next
-    ones are probed (``PROBE``, 2 trials: the backend's own schedule and the likeliest
-    candidate); the rest of ``trials`` goes to them in proportion to their work; the others
-    keep their backend's own schedule (0 trials in the table; ``TuneResult.summary`` names
-    the tasks searched and probed). ``trials`` is never exceeded.
+    Identical partitions are one task. With ``SEARCH`` (4) trials per task every task is
+    searched; with fewer, the tasks their backend estimates to gain most on first, ``PROBE``
+    (2) trials each (the backend's own schedule and its cheapest candidate by its estimate),
+    the rest in proportion to that gain; the others keep their backend's own schedule (0
+    trials in the table; ``TuneResult.summary`` names the tasks searched). ``trials`` is
+    never exceeded.
 
     Raises ``ValueError`` when nothing in ``mod`` is tunable for ``target``. A
     ``KeyboardInterrupt`` (Ctrl-C) stops the tune within a measurement and leaves the
@@ -618,13 +667,19 @@ def tune(mod, target, *, trials: int, records, rpc=None, params: Mapping[str, np
                          f"backends ({names})")
     store = Records(records, create=True)
     groups = _identical(found, bases)
-    budgets = _budgets(trials, [_work(entry, key) * (1 + len(copies)) for entry, key, copies, _ in groups])
+    works = [_work(entry, key) for entry, key, _, _ in groups]
+    ranked = [entry[1].tune_candidates(key["main"], entry[2]) for entry, key, _, _ in groups]
+    copies_of = [1 + len(copies) for _, _, copies, _ in groups]
+    gains = [None if r is None else copies * max(0.0, work - r[0][0]) if r else 0.0
+             for r, work, copies in zip(ranked, works, copies_of)]
+    budgets = _budgets(trials, [w * c for w, c in zip(works, copies_of)], gains)
     results, tasks = [], []
-    for ((name, backend, opts, _, space), key, copies, _), budget in zip(groups, budgets):
+    for ((name, backend, opts, _, space), key, copies, _), budget, cands in zip(groups, budgets, ranked):
         results.append(TaskResult(name, backend.name, budget, tuple(copies)))
         if budget:          # the reference (TVM's own build of the workload) of the searched tasks only
             ref = reference(key, t.host, seed)
-            tasks.append(_Task(name, backend, opts, key, space, ref, ref.data(), budget))
+            tasks.append(_Task(name, backend, opts, key, space, ref, ref.data(), budget,
+                               candidates=None if cands is None else [choice for _, choice in cands]))
     searched = [r for r in results if r.budget]
     where = RPC.parse(rpc) if isinstance(rpc, str) else rpc
     interrupts = _Interrupts()
