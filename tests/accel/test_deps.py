@@ -37,13 +37,7 @@ def test_auto_tokens_make_any_stream_run_in_program_order(program):
         deps.record(ins, index)
     sim.run(em.finish(), host)   # verify() inside: no deadlock, no unbalanced token
 
-    model, expect = sim_tests.Model(), [h.astype(np.int64) for h in sim_tests._host()]
-    for ins in program:
-        model.run(ins, expect)
-    for got, want in zip(host, expect):
-        np.testing.assert_array_equal(got, want)
-    for mem in Mem:
-        np.testing.assert_array_equal(sim.memory(mem).astype(np.int64), model.mem[mem])
+    sim_tests._assert_program_order(program, sim, host)
 
 
 def test_double_buffered_loads_wait_for_the_gemm_two_steps_back():

@@ -96,6 +96,18 @@ def _host():
             np.zeros(1024, np.int8), np.zeros(1024, np.int32)]
 
 
+def _assert_program_order(program, sim, host) -> None:
+    """``host`` and ``sim``'s scratchpads hold what the reference :class:`Model` computes
+    running ``program`` in program order on fresh host buffers."""
+    model, expect = Model(), [h.astype(np.int64) for h in _host()]
+    for ins in program:
+        model.run(ins, expect)
+    for got, want in zip(host, expect):
+        np.testing.assert_array_equal(got, want)
+    for mem in Mem:
+        np.testing.assert_array_equal(sim.memory(mem).astype(np.int64), model.mem[mem])
+
+
 aligned = lambda hi: st.integers(0, hi).map(lambda k: k * T)  # noqa: E731
 
 
@@ -207,13 +219,7 @@ def test_random_programs_match_the_numpy_model(rounds):
     program = _emit(rounds, em)
     stats = sim.run(em.finish(), host)
 
-    model, expect = Model(), [h.astype(np.int64) for h in _host()]
-    for ins in program:
-        model.run(ins, expect)
-    for got, want in zip(host, expect):
-        np.testing.assert_array_equal(got, want)
-    for mem in Mem:
-        np.testing.assert_array_equal(sim.memory(mem).astype(np.int64), model.mem[mem])
+    _assert_program_order(program, sim, host)
     # The cycle model never beats the roofline and never overbooks a unit.
     assert stats.cycles >= stats.roofline_cycles
     assert all(0 <= u <= 1 for u in stats.utilization.values())
@@ -977,13 +983,7 @@ def test_overlapped_compute_never_races_and_never_costs_more_than_the_serial_que
     sim = Simulator(dataclasses.replace(SMALL, unit_queue=unit_queue))
     stream = _auto_stream(program)
     stats = sim.run(stream, host)
-    model, expect = Model(), [h.astype(np.int64) for h in _host()]
-    for ins in program:
-        model.run(ins, expect)
-    for got, want in zip(host, expect):
-        np.testing.assert_array_equal(got, want)
-    for mem in Mem:
-        np.testing.assert_array_equal(sim.memory(mem).astype(np.int64), model.mem[mem])
+    _assert_program_order(program, sim, host)
     # the batched plan (accel.hw.fused, a program's third run) follows the same execution order
     again, fresh = Simulator(sim.config), Simulator(sim.config)
     program = again.compile(stream, _host())
