@@ -53,10 +53,7 @@ def _runs_alike(plan, stream, fused_side, reference_side) -> None:
     (sim, host), (ref, want) = fused_side, reference_side
     assert plan.run(host, sim)
     ref.run(stream, want)
-    for got, exp in zip(host, want):
-        np.testing.assert_array_equal(got, exp)
-    for mem in Mem:
-        np.testing.assert_array_equal(sim.memory(mem), ref.memory(mem))
+    sim_tests._assert_same_state(sim, ref, host, want)
 
 
 @given(st.one_of(sim_tests.programs().map(sim_tests._fenced), deps_tests.interleaved().map(_auto)))
@@ -85,10 +82,7 @@ def test_plans_sharing_a_simulators_workspace_run_in_turn_like_their_streams(fir
         if not ran:
             sim.run((first, second)[k], host)
         ref.run((first, second)[k], want)
-        for got, exp in zip(host, want):
-            np.testing.assert_array_equal(got, exp)
-        for mem in Mem:
-            np.testing.assert_array_equal(sim.memory(mem), ref.memory(mem))
+        sim_tests._assert_same_state(sim, ref, host, want)
 
 
 def _gemm(**fields):
@@ -245,10 +239,7 @@ def test_products_added_into_accumulators_from_before_the_stream_stay_there(acc_
     assert plan is not None and plan.run(host, sim)
     ref.run(stream + [Finish()], want)
     assert plan.acc_final[0].size == 256            # the one tile, not all of ACC
-    for mem in Mem:
-        np.testing.assert_array_equal(sim.memory(mem), ref.memory(mem))
-    for got, exp in zip(host, want):
-        np.testing.assert_array_equal(got, exp)
+    sim_tests._assert_same_state(sim, ref, host, want)
 
 
 @st.composite
@@ -387,8 +378,7 @@ def test_a_tap_sum_over_loaded_padded_and_untouched_rows_reads_them_as_rows():
             s.wgt[:] = (np.arange(s.wgt.size) * 37) % 256 - 128
         assert plan.run(host, sim)
         ref.run(stream, want)
-        for mem in Mem:
-            np.testing.assert_array_equal(sim.memory(mem), ref.memory(mem))
+        sim_tests._assert_same_state(sim, ref)
 
 
 def test_more_taps_than_float32_sums_exactly_are_summed_in_float64_and_wrap():
@@ -470,8 +460,7 @@ def test_dwmacs_that_add_each_value_once_add_their_products_as_they_come(reset, 
     assert dw.assign == reset
     assert plan.run(host, sim)
     ref.run(stream, want)
-    for mem in Mem:
-        np.testing.assert_array_equal(sim.memory(mem), ref.memory(mem))
+    sim_tests._assert_same_state(sim, ref)
 
 
 @given(depthwise_programs(), st.sampled_from([0, 2**31 - 1, -2**31]))

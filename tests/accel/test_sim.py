@@ -96,6 +96,14 @@ def _host():
             np.zeros(1024, np.int8), np.zeros(1024, np.int32)]
 
 
+def _assert_same_state(sim, ref, got=(), want=()) -> None:
+    """Host buffers ``got`` equal ``want`` and ``sim``'s scratchpads ``ref``'s."""
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(g, w)
+    for mem in Mem:
+        np.testing.assert_array_equal(sim.memory(mem), ref.memory(mem))
+
+
 def _assert_program_order(program, sim, host) -> None:
     """``host`` and ``sim``'s scratchpads hold what the reference :class:`Model` computes
     running ``program`` in program order on fresh host buffers."""
@@ -991,10 +999,7 @@ def test_overlapped_compute_never_races_and_never_costs_more_than_the_serial_que
         got, want = _host(), _host()
         program.run(got)
         fresh.run(stream, want)
-    for g, w in zip(got, want):
-        np.testing.assert_array_equal(g, w)
-    for mem in Mem:
-        np.testing.assert_array_equal(again.memory(mem), fresh.memory(mem))
+    _assert_same_state(again, fresh, got, want)
 
     times = sim.schedule(stream)
     compute = [i for i, ins in enumerate(stream) if queue_of(ins) is Queue.COMPUTE and ins.opcode is not Opcode.FINISH]
@@ -1027,19 +1032,13 @@ def test_a_program_runs_again_on_other_buffers_like_a_fresh_run(rounds):
     second_before = [h.copy() for h in second]
     program.run(second)
     fresh.run(stream, want_second)
-    for got, want in zip(first + second, want_first + want_second):
-        np.testing.assert_array_equal(got, want)
-    for mem in Mem:
-        np.testing.assert_array_equal(sim.memory(mem), fresh.memory(mem))
+    _assert_same_state(sim, fresh, first + second, want_first + want_second)
     if not any(isinstance(i, Store) and i.rows * i.cols for i in stream):
         for got, before in zip(second, second_before):
             np.testing.assert_array_equal(got, before)
     program.run(first)
     fresh.run(stream, want_first)
-    for got, want in zip(first, want_first):
-        np.testing.assert_array_equal(got, want)
-    for mem in Mem:
-        np.testing.assert_array_equal(sim.memory(mem), fresh.memory(mem))
+    _assert_same_state(sim, fresh, first, want_first)
 
 
 def _copy_two_rows_to_slot_4() -> list:
