@@ -225,14 +225,8 @@ def schedule(stream: Sequence[Instruction], config: Config) -> Timing:
                     clash = False
                     for v in others[u]:
                         r = crun[v]
-                        if r >= 0 and end[r] > now:
-                            wlo, whi, rlo, rhi = acc_of[i] or _acc_ranges(stream, i, acc_of, ranges, tile)
-                            lo, hi, their_rlo, their_rhi = acc_of[r]     # set when it was dispatched
-                            if (wlo < hi and lo < whi) or (rlo < hi and lo < rhi) or (
-                                    wlo < their_rhi and their_rlo < whi):
-                                clash = True
-                                break
-                        if waiting[v] and _hazard(stream, i, waiting[v], acc_of, ranges, tile):
+                        if (r >= 0 and end[r] > now and _hazard(stream, i, (r,), acc_of, ranges, tile)) or (
+                                waiting[v] and _hazard(stream, i, waiting[v], acc_of, ranges, tile)):
                             clash = True
                             break
                     if not clash and acc_of[i] is None:

@@ -31,6 +31,8 @@ import tvm
 import tvm_ffi
 from tvm import ir, sym, tirx
 
+from tirpat.tir.analysis import const_int, int_strides, linear_form
+
 __all__ = ["order_copy_nests", "host_loops"]
 
 #: The side of a tile (elements) along the loop that reads consecutive memory and along the
@@ -120,22 +122,9 @@ _DENSE_BITS = 128
 
 def _flat_offset(buffer, indices):
     """The element offset ``indices`` address in ``buffer`` (row-major, or its strides), or
-    None when a dimension is not a constant."""
-    shape = [d for d in buffer.shape]
-    strides = list(buffer.strides) if buffer.strides else None
-    if strides is None:
-        if not all(isinstance(d, tirx.IntImm) for d in shape):
-            return None
-        strides, step = [], 1
-        for d in reversed(shape):
-            strides.append(step)
-            step *= int(d.value)
-        strides.reverse()
-    elif not all(isinstance(s, tirx.IntImm) for s in strides):
-        return None
-    else:
-        strides = [int(s.value) for s in strides]
-    if len(strides) != len(indices):
+    None when a stride is not a constant."""
+    strides = int_strides(buffer)
+    if strides is None or len(strides) != len(indices):
         return None
     offset = None
     for index, stride in zip(indices, strides):
@@ -146,16 +135,12 @@ def _flat_offset(buffer, indices):
 
 def _coefficients(expr, variables):
     """The integer coefficient of each of ``variables`` in ``expr``, linear in them; None
-    when it is not (an index through ``//``, say)."""
-    found = sym.detect_linear_equation(expr, variables)
-    if len(found) != len(variables) + 1:
+    when it is not (an index through ``//``, say) or a coefficient is not a constant."""
+    form = linear_form(expr, variables)
+    if form is None:
         return None
-    coefficients = []
-    for c in found[:-1]:
-        if not isinstance(c, tirx.IntImm):
-            return None
-        coefficients.append(int(c.value))
-    return coefficients
+    coefficients = [const_int(c) for c in form[0]]
+    return None if None in coefficients else coefficients
 
 
 def _injective(strides_extents) -> bool:
