@@ -455,7 +455,7 @@ def schedule_in(sch: s_tir.Schedule, config: Config) -> Notes:
                 continue
             if conv is not None:
                 gemm = normalise_conv(sch, conv, config, notes, gather=knobs.gather,
-                                      fuse_rows=knobs.pixels == "image")
+                                      fuse_rows=None if knobs.pixels is None else knobs.pixels == "image")
             _schedule_gemm(sch, name, gemm, config, notes, knobs, reserved)
         except DoesNotFit as why:
             # the steps taken so far (layouts, the epilogue inlined) are valid code for the CPU
