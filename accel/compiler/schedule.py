@@ -287,7 +287,7 @@ def block_cycles(e: Extents, bm: int, bn: int, bk: int, alu_runs: Sequence[int],
     """The compute queue's cycles for a GEMM of extents ``e`` in blocks of ``bm x bn x bk``
     tiles (as the scheduler fitted them), issue overhead included: per block of output tiles,
     ``bm`` GEMMs per block of K (each folds K and N; one where a loop is a single tile), a reset
-    per accumulator tile, and the epilogue's ALU steps over the whole block, ``alu_runs`` the
+    of the block (a depthwise one: per tile), and the epilogue's ALU steps over the whole block, ``alu_runs`` the
     lengths of the ALU chains they make on one block (:func:`_alu_runs`: what
     :mod:`accel.compiler.chains` merges them into; a pass over the block per chain, and a
     cycle per step more for the pipeline). The LOADs and STOREs run beside it, on queues of
@@ -301,7 +301,7 @@ def block_cycles(e: Extents, bm: int, bn: int, bk: int, alu_runs: Sequence[int],
 
     >>> e = Extents(6, 13, 2, outer=2)     # 2 rows of 96 pixels, 200 channels, K 32; a 6-step epilogue
     >>> block_cycles(e, 1, 2, 2, (6,), Config()), block_cycles(e, 6, 1, 2, (6,), Config())
-    (9113, 8321)
+    (8777, 7801)
     """
     t, ov = config.tile, config.issue_overhead
     blocks = e.outer * -(-e.m_tiles // bm) * -(-e.n_tiles // bn)
@@ -313,7 +313,9 @@ def block_cycles(e: Extents, bm: int, bn: int, bk: int, alu_runs: Sequence[int],
         macs = e.k_outer * -(-e.k_tiles // bk) * (bm * bk * bn * config.tile_cycles + gemms * ov)
     else:                       # DWMAC: one instruction per tile
         macs = tiles * (mac_cycles + ov)
-    resets = tiles * (t + ov)
+    # one reset zeroes a GEMM's block (its tile loops fold into the instruction); a depthwise
+    # block's resets are one per tile, inside the loops over its tiles
+    resets = tiles * t + ov if mac_cycles is None else tiles * (t + ov)
     passes = [tiles * t * -(-t // config.alu_lanes) + ov + n - 1 for n in alu_runs]     # one per chain
     alu = sum(passes)
     # the epilogue's operands are LOADs into ACC, which the compute queue issues: a bias one
