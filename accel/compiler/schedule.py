@@ -417,9 +417,16 @@ def _same_buffer(a, b) -> bool:
 
 
 def _pick_block(tiles: int, limit: int) -> int:
-    """Tiles per block along a dimension: the largest power of two up to ``limit`` whose
-    extra padding stays within an eighth of the work (bigger blocks mean fewer, longer
-    instructions)."""
+    """Tiles per block along a dimension: the whole dimension when it is at most ``limit``
+    tiles (no padding, and the fewest, longest instructions: K of 3 tiles in one block, not
+    3 of one), else the largest power of two up to ``limit`` whose extra padding stays
+    within an eighth of the work (bigger blocks mean fewer, longer instructions).
+
+    >>> _pick_block(3, 32), _pick_block(12, 8), _pick_block(13, 8)
+    (3, 4, 2)
+    """
+    if tiles <= limit:
+        return tiles
     for b in (32, 16, 8, 4, 2, 1):
         if b <= limit and (-(-tiles // b) * b - tiles) * 8 <= tiles:
             return b
