@@ -13,6 +13,7 @@ from tvm import ir, s_tir, te, topi
 
 import accel
 import accel.compiler.conv
+import accel.hw.isa
 from accel.compiler.schedule import GATHERS, PIXELS, WEIGHTS, Knobs, ScheduleError, gemm_blocks, schedule
 
 
@@ -199,6 +200,24 @@ def test_image_pixels_of_a_model_layer_store_a_block_at_once():
     assert report.offloaded[0].knobs.pixels == "image" and report.offloaded[0].device_macs == 400 * 192 * 96
     assert image_stats.instructions["STORE"] < row_stats.instructions["STORE"]
     assert image_stats.cycles < 0.7 * row_stats.cycles
+
+
+@settings(max_examples=8)
+@given(st.integers(1, 70), st.integers(1, 70), st.integers(1, 100), st.sampled_from([None, 1, 2, 3]),
+       st.sampled_from([None, 1, 2, 3, 8]))
+def test_one_reset_zeroes_a_block_of_accumulator_tiles(m, n, k, bm, bn):
+    func = dense(m, n, k)
+    args = inputs(func)
+    ex = accel.build(with_knobs(func, Knobs(bm=bm, bn=bn)))
+    got = [a.copy() for a in args]
+    with accel.Session() as s:
+        ex(*got)
+    np.testing.assert_array_equal(got[-1], llvm_result(func, args))
+    used = schedule(with_knobs(func, Knobs(bm=bm, bn=bn)), accel.Config())[1].offloaded[0].knobs
+    resets = [i for i in accel.hw.isa.decode(s.stream()) if isinstance(i, accel.hw.isa.Gemm) and i.reset]
+    # one per block of bm x bn output tiles, each zeroing all of them
+    assert len(resets) == -(-m // (16 * used.bm)) * -(-n // (16 * used.bn))
+    assert all(r.ext_out * r.ext_in == used.bm * used.bn for r in resets)
 
 
 def test_knob_annotations_are_checked():
