@@ -638,8 +638,9 @@ def _blocks(e: Extents, knobs: Knobs, config: Config, reserved: dict | None = No
     """``(bm, bn, bk, resident)``: tiles per block along M, N and K and the weight's residency.
 
     The knobs' choices (blocks at most the whole dimension), else the heuristic's: one row
-    of tiles; along N and K the largest power of two that pads by at most an eighth, halved
-    while a double-buffered block would take more than half of its scratchpad (N first in
+    of tiles; along N and K :func:`_pick_block`'s (the whole dimension up to the limit, else
+    a power of two), halved while a double-buffered block would take more than half of its
+    scratchpad (N first in
     ACC, then K, then M); the weight resident when it takes at most half of WGT and more
     than one row of tiles reuses it. Then, whatever was chosen, blocks are halved until
     every scratchpad holds its :func:`footprint` (ACC: N, then M; INP: K, then M; WGT: K,
