@@ -215,11 +215,12 @@ def _image_heuristic(sch, blk, conv: Conv, config: Config, gather: str | None) -
     """The heuristic's pixels: the image's (:func:`image_pays`) where its im2col gather
     costs the CPU no more than the direct gather does (a 1x1 kernel on an NCHW input, which
     the direct gather transposes anyway; channels too few for the direct gather) and the
-    result can be laid out by pixels (:func:`_pixels_contiguous`); else a row's."""
-    if gather == "direct" or not image_pays(conv, config):
-        return False
+    result can be laid out by pixels (:func:`_pixels_as_rows`); else a row's."""
+    taps = conv.ext["ry"] * conv.ext["rx"]
+    if gather == "direct" or not image_pays(conv, config) or taps * conv.ext["c"] == 1:
+        return False        # (a K of one element: TVM drops its unit reduction from the im2col GEMM)
     cheap = not direct_gather(conv, config) or \
-        (conv.ext["ry"] * conv.ext["rx"] == 1 and not conv.channels_last_input)
+        (taps == 1 and not conv.channels_last_input)
     return cheap and not conv.channels_last_output and not _wide_epilogue_operand(sch, blk)
 
 
