@@ -220,6 +220,21 @@ def test_one_reset_zeroes_a_block_of_accumulator_tiles(m, n, k, bm, bn):
     assert all(r.ext_out * r.ext_in == used.bm * used.bn for r in resets)
 
 
+def test_blocks_of_n_and_k_are_the_whole_dimension_when_it_is_small():
+    # 48 input channels are 3 tiles of K, 96 output channels 6 of N: whole blocks (one GEMM
+    # instruction per row of tiles), where powers of two would be 1 and 2 (three per K tile)
+    func = nchw_conv(1, 16, 48, 96, 1, 1, "bias")
+    args = inputs(func)
+    want = llvm_result(func, args)
+    whole, stats, report = accel_run(func, args, stats=True)
+    pow2, pow2_stats, _ = accel_run(with_knobs(func, Knobs(bn=2, bk=1)), args, stats=True)
+    np.testing.assert_array_equal(whole, want)
+    np.testing.assert_array_equal(pow2, want)
+    used = report.offloaded[0].knobs
+    assert (used.bn, used.bk) == (6, 3)
+    assert stats.instructions["GEMM"] < pow2_stats.instructions["GEMM"] and stats.cycles < pow2_stats.cycles
+
+
 def test_knob_annotations_are_checked():
     with pytest.raises(ValueError, match="Knobs.bm must be a positive int"):
         Knobs(bm=0)
