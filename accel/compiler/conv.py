@@ -19,6 +19,17 @@ so that the scheduler's GEMM path (padding, tiling, scratchpad staging, epilogue
   more than an eighth of every INP tile, e.g. 3 channels of an RGB image), K is fused into
   one loop and the CPU builds the im2col matrix.
 
+M runs over one output row's pixels (``pixels="row"``), or, with the im2col gather, over a
+whole image's (``"image"``: ``m = y*W + x``). A row short of a whole tile pads each row
+(rows of 20 pixels to 32: 1.6 times the MACs), an image only its end (400 pixels are 25
+tiles), so :func:`image_pays` takes the image where it pads fewer pixels and the im2col
+matrix costs the CPU nothing the direct gather does not (a 1x1 kernel reading an NCHW input,
+whose transpose to channels-last it is; or channels too few for the direct gather). Where
+the result goes through a CPU transpose to NCHW anyway, its channels-last intermediate is
+laid out ``[N, H*W, F]``, so a block of pixels is stored as one run whatever the width, and
+the blocks are a plain GEMM's (on ppocrv6_det_small's 20 x 20 and 10 x 10 outputs, 1.6
+times fewer MACs).
+
 The input is read channels-last (an NCHW input is transposed on the CPU, together with its
 zero padding), the weights are reordered on the CPU to ``[ry, rx, F, C]`` (direct) or
 ``[F, K]`` (im2col), since the GEMM reads weight rows along K, and an NCHW result is written
@@ -185,6 +196,47 @@ def direct_gather(conv: Conv, config: Config) -> bool:
     return conv.ext["ry"] * conv.ext["rx"] == 1 or (-(-c // t) * t - c) * 8 <= c
 
 
+def image_pays(conv: Conv, config: Config) -> bool:
+    """Whether M over each image's output pixels (rows fused) pads fewer of them to whole
+    tiles than M over each output row: an output row short of a tile (20 pixels padded to
+    32) pads every row, the image (400 pixels, 25 tiles) only its end.
+
+    >>> ext = {"y": 20, "x": 20}
+    >>> image_pays(Conv("c", None, None, {}, ext, {}, {}, {}, {}), Config())
+    True
+    >>> image_pays(Conv("c", None, None, {}, {"y": 8, "x": 32}, {}, {}, {}, {}), Config())
+    False
+    """
+    t, h, w = config.tile, conv.ext["y"], conv.ext["x"]
+    return h > 1 and w > 1 and -(-h * w // t) < h * -(-w // t)
+
+
+def _image_heuristic(sch, blk, conv: Conv, config: Config, gather: str | None) -> bool:
+    """The heuristic's pixels: the image's (:func:`image_pays`) where its im2col gather
+    costs the CPU no more than the direct gather does (a 1x1 kernel on an NCHW input, which
+    the direct gather transposes anyway; channels too few for the direct gather) and the
+    result can be laid out by pixels (:func:`_pixels_as_rows`); else a row's."""
+    taps = conv.ext["ry"] * conv.ext["rx"]
+    if gather == "direct" or not image_pays(conv, config) or taps * conv.ext["c"] == 1:
+        return False        # (a K of one element: TVM drops its unit reduction from the im2col GEMM)
+    cheap = not direct_gather(conv, config) or \
+        (taps == 1 and not conv.channels_last_input)
+    return cheap and not conv.channels_last_output and not _wide_epilogue_operand(sch, blk)
+
+
+def _wide_epilogue_operand(sch, blk) -> bool:
+    """Whether the epilogue of the conv block ``blk`` reads an operand that varies along
+    more than one dimension (a residual, in the result's own layout): staged in ACC, it is
+    read where the result's rows are, which pixels as rows leave to the row loops."""
+    chain = _epilogue_blocks(sch, blk)
+    made = {sch.get(b).writes[0].source.__chandle__() for b in [blk] + chain}
+    for b in chain:
+        for r in sch.get(b).reads:
+            if r.source.__chandle__() not in made and sum(1 for d in r.source.shape if int(d) > 1) > 1:
+                return True
+    return False
+
+
 def _blank_pixels(conv: Conv, image: dict) -> bool:
     """Whether an output pixel sees only the zero border: its input tile would be all padding
     for TVM to fold to a constant, which no LOAD can express (``image`` maps ``y``/``x`` to
@@ -248,17 +300,21 @@ def _is_plain_copy(block) -> bool:
 
 
 def normalise(sch: s_tir.Schedule, conv: Conv, config: Config, notes, gather: str | None = None,
-              fuse_rows: bool = False) -> GemmAnalysis:
+              fuse_rows: bool | None = False) -> GemmAnalysis:
     """Rewrite the conv block of ``sch`` into batched-GEMM form (see the module docstring);
     CPU steps go to ``notes.on_cpu``. ``gather`` is ``"direct"``, ``"im2col"`` or None
     (:func:`direct_gather` decides). ``fuse_rows``: M is the output pixels of an image, rows
-    and columns fused (``y*W + x``), instead of one row's (the CPU's im2col only). Returns
-    the GEMM the scheduler tiles, with the convolution's extras set (see :class:`GemmAnalysis`).
+    and columns fused (``y*W + x``), instead of one row's (the CPU's im2col only); None: the
+    heuristic's (:func:`image_pays`, with the im2col gather it needs). Returns the GEMM the
+    scheduler tiles, with the convolution's extras set (see :class:`GemmAnalysis`).
 
     >>> gemm = normalise(sch, conv, accel.Config(), notes, gather="im2col")     # doctest: +SKIP
     """
-    direct = direct_gather(conv, config) if gather is None else gather == "direct"
     blk = sch.get_sblock(conv.block)
+    by_image = fuse_rows is None and _image_heuristic(sch, blk, conv, config, gather)
+    if by_image:
+        fuse_rows, gather = True, "im2col"
+    direct = direct_gather(conv, config) if gather is None else gather == "direct"
     inline, source = gather_input(sch, blk, conv, direct, notes)
     w_buffer = _weights(sch, blk, conv, direct, notes)
     stop = output_channels_last(sch, blk, conv, notes)
@@ -275,9 +331,10 @@ def normalise(sch: s_tir.Schedule, conv: Conv, config: Config, notes, gather: st
     dims = {role_of[var_key(r.min)]: n for n, r in enumerate(re_read.region)}
     m_role = next(r for r in ("x", "y", "n") if r in dims)
     rows = [r for r in ("n", "y", "x") if r != m_role] + [m_role]
-    fuse_rows = fuse_rows and not direct
+    fuse_rows = bool(fuse_rows) and not direct
+    contiguous = False
     if fuse_rows:
-        _pixels_as_rows(sch, blk, conv, stop)
+        contiguous = _pixels_as_rows(sch, blk, conv, stop)
         rows, m_role = ["n", "m"], "m"
     if direct:
         inline.append(re_name)
@@ -289,7 +346,9 @@ def normalise(sch: s_tir.Schedule, conv: Conv, config: Config, notes, gather: st
         inline = []
         c_ = conv.ext["c"]
         waste = -(-c_ // config.tile) * config.tile - c_
-        why = ("the accel.gather knob chose it" if gather is not None else
+        rows_pad = -(-conv.ext["x"] // config.tile) * config.tile - conv.ext["x"]
+        why = (f"M runs over the image's pixels: each output row of {conv.ext['x']} pixels would pad its tiles "
+               f"with {rows_pad} rows" if by_image else "the accel.gather knob chose it" if gather is not None else
                f"gathering {c_} input channels per kernel tap by LOAD would pad each INP row with {waste} zeros")
         notes.on_cpu.append((re_name, f"builds the im2col matrix on the CPU: {why}"))
         note = f"im2col on the CPU ({re_name})"
@@ -307,7 +366,7 @@ def normalise(sch: s_tir.Schedule, conv: Conv, config: Config, notes, gather: st
         out=block.writes[0].source, inp=re_buffer, weight=w_buffer, m=at[m_role], n=at["f"], k=k,
         extents=ext, order=tuple(keys), batch=tuple(at[r] for r in rows[:-1]), k_outer=tuple(k_outer),
         inline=tuple(inline), stop=stop, gather=note, method="direct" if direct else "im2col",
-        pixels="image" if fuse_rows else "row", row_width=conv.ext["x"] if fuse_rows else None,
+        pixels="image" if fuse_rows else "row", row_width=conv.ext["x"] if fuse_rows and not contiguous else None,
         operand_layout=None if conv.channels_last_output else permute(conv.out_dim, ("n", "y", "x", "f")))
 
 
@@ -401,20 +460,28 @@ def _fuse_k(sch, blk, re_block, conv: Conv, dims: dict, rows: list) -> None:
         ndim=7, index_dtype="int32"))
 
 
-def _pixels_as_rows(sch, blk, conv: Conv, stop: str | None) -> None:
+def _pixels_as_rows(sch, blk, conv: Conv, stop: str | None) -> bool:
     """Lay the conv's result out as ``[n, y*W + x, f]`` (it is channels-last by now) and
     make the last block of its epilogue (a copy back when there is none) iterate over
     ``(n, y*W + x, f)``, writing the channels-last output at ``[n, m // W, m % W, f]``: the
-    same bytes, so its STOREs write the output directly."""
+    same bytes, so its STOREs write the output directly, a row of the image at a time. When
+    that output is an intermediate the CPU transposes to NCHW (``stop``) and the epilogue
+    reads no residual, it is laid out ``[n, y*W + x, f]`` too: a block of pixels is then one
+    run of it, whatever the width. Returns whether it is."""
     w_ = conv.ext["x"]
+    contiguous = stop is not None and not _wide_epilogue_operand(sch, blk)
     blocks = _epilogue_blocks(sch, blk, stop)
     final = blocks[-1] if blocks else sch.cache_write(blk, 0, "global")
-    rows = tirx.IndexMap.from_func(lambda n, y, x, f: (n, y * w_ + x, f), ndim=4, index_dtype="int32")
+    pixel = lambda n, y, x, f: (n, y * w_ + x, f)  # noqa: E731
+    rows = tirx.IndexMap.from_func(pixel, ndim=4, index_dtype="int32")
     for b in blocks[:-1]:       # the blocks of an epilogue that forks: pixels as rows too
-        sch.transform_layout(b, ("write", 0), lambda n, y, x, f: (n, y * w_ + x, f))
+        sch.transform_layout(b, ("write", 0), pixel)
         sch.transform_block_layout(b, rows)
-    sch.transform_layout(blk, ("write", 0), lambda n, y, x, f: (n, y * w_ + x, f))
+    sch.transform_layout(blk, ("write", 0), pixel)
+    if contiguous:
+        sch.transform_layout(final, ("write", 0), pixel)
     sch.transform_block_layout(final, rows)
+    return contiguous
 
 
 def _epilogue_blocks(sch, blk, stop: str | None = None) -> list:

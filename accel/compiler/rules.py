@@ -262,7 +262,10 @@ def _zero_init(m, config):
 
 def _reset(r, loops, t: int):
     """GEMM in its reset form zeroing the region ``r`` the nest ``loops`` writes: whole
-    ``t x t`` tiles in its two innermost loops, the loops further out around it."""
+    ``t x t`` tiles in its two innermost loops; where those are one tile, up to two loops
+    just outside it that step by whole tiles (a block of accumulator tiles) fold into the
+    instruction's loop fields, as a GEMM's do (one instruction per block, not per tile:
+    the issue overhead paid once); the loops further out around it."""
     n = len(loops)
     if n < 2:
         raise _Unsupported("a reset covers whole tiles: it needs at least 2 loops")
@@ -270,12 +273,22 @@ def _reset(r, loops, t: int):
     ld = r.strides[n - 2]
     if rows is None or cols is None or rows % t or cols % t or r.strides[n - 1] != 1 or ld % t or ld < cols:
         raise _Unsupported(f"the zeroed region ({rows} x {cols}, row stride {ld}) is not whole {t} x {t} tiles")
+    fields = [(rows // t, t * ld), (cols // t, t)]
     outer = list(range(n - 2))
+    if (rows, cols) == (t, t):
+        folded: list = []
+        for k in (n - 3, n - 4):
+            if k < 0 or _int(loops[k].extent) is None or r.strides[k] % t:
+                break
+            folded.insert(0, k)
+        fields = [(1, 0)] * (2 - len(folded)) + [(_int(loops[k].extent), r.strides[k]) for k in folded]
+        outer = outer[:len(outer) - len(folded)]
+    (ext_out, stride_out), (ext_in, stride_in) = fields
 
     def make(shifts):
         return GEMM_RESET.call(acc_addr=address(r.buffer, r.offset + shifts[0]), inp_addr=0,
-                    wgt_addr=0, acc_ld=ld, inp_ld=t, wgt_ld=t, ext_out=rows // t, ext_in=cols // t,
-                    acc_stride_out=t * ld, acc_stride_in=t, inp_stride_out=0, inp_stride_in=0,
+                    wgt_addr=0, acc_ld=ld, inp_ld=t, wgt_ld=t, ext_out=ext_out, ext_in=ext_in,
+                    acc_stride_out=stride_out, acc_stride_in=stride_in, inp_stride_out=0, inp_stride_in=0,
                     wgt_stride_out=0, wgt_stride_in=0)
 
     return _around(loops[:len(outer)], [[r.strides[k] for k in outer]], make)

@@ -287,7 +287,7 @@ def block_cycles(e: Extents, bm: int, bn: int, bk: int, alu_runs: Sequence[int],
     """The compute queue's cycles for a GEMM of extents ``e`` in blocks of ``bm x bn x bk``
     tiles (as the scheduler fitted them), issue overhead included: per block of output tiles,
     ``bm`` GEMMs per block of K (each folds K and N; one where a loop is a single tile), a reset
-    per accumulator tile, and the epilogue's ALU steps over the whole block, ``alu_runs`` the
+    of the block (a depthwise one: per tile), and the epilogue's ALU steps over the whole block, ``alu_runs`` the
     lengths of the ALU chains they make on one block (:func:`_alu_runs`: what
     :mod:`accel.compiler.chains` merges them into; a pass over the block per chain, and a
     cycle per step more for the pipeline). The LOADs and STOREs run beside it, on queues of
@@ -301,7 +301,7 @@ def block_cycles(e: Extents, bm: int, bn: int, bk: int, alu_runs: Sequence[int],
 
     >>> e = Extents(6, 13, 2, outer=2)     # 2 rows of 96 pixels, 200 channels, K 32; a 6-step epilogue
     >>> block_cycles(e, 1, 2, 2, (6,), Config()), block_cycles(e, 6, 1, 2, (6,), Config())
-    (9113, 8321)
+    (8777, 7801)
     """
     t, ov = config.tile, config.issue_overhead
     blocks = e.outer * -(-e.m_tiles // bm) * -(-e.n_tiles // bn)
@@ -313,7 +313,9 @@ def block_cycles(e: Extents, bm: int, bn: int, bk: int, alu_runs: Sequence[int],
         macs = e.k_outer * -(-e.k_tiles // bk) * (bm * bk * bn * config.tile_cycles + gemms * ov)
     else:                       # DWMAC: one instruction per tile
         macs = tiles * (mac_cycles + ov)
-    resets = tiles * (t + ov)
+    # one reset zeroes a GEMM's block (its tile loops fold into the instruction); a depthwise
+    # block's resets are one per tile, inside the loops over its tiles
+    resets = tiles * t + ov if mac_cycles is None else tiles * (t + ov)
     passes = [tiles * t * -(-t // config.alu_lanes) + ov + n - 1 for n in alu_runs]     # one per chain
     alu = sum(passes)
     # the epilogue's operands are LOADs into ACC, which the compute queue issues: a bias one
@@ -415,9 +417,16 @@ def _same_buffer(a, b) -> bool:
 
 
 def _pick_block(tiles: int, limit: int) -> int:
-    """Tiles per block along a dimension: the largest power of two up to ``limit`` whose
-    extra padding stays within an eighth of the work (bigger blocks mean fewer, longer
-    instructions)."""
+    """Tiles per block along a dimension: the whole dimension when it is at most ``limit``
+    tiles (no padding, and the fewest, longest instructions: K of 3 tiles in one block, not
+    3 of one), else the largest power of two up to ``limit`` whose extra padding stays
+    within an eighth of the work (bigger blocks mean fewer, longer instructions).
+
+    >>> _pick_block(3, 32), _pick_block(12, 8), _pick_block(13, 8)
+    (3, 4, 2)
+    """
+    if tiles <= limit:
+        return tiles
     for b in (32, 16, 8, 4, 2, 1):
         if b <= limit and (-(-tiles // b) * b - tiles) * 8 <= tiles:
             return b
@@ -455,7 +464,7 @@ def schedule_in(sch: s_tir.Schedule, config: Config) -> Notes:
                 continue
             if conv is not None:
                 gemm = normalise_conv(sch, conv, config, notes, gather=knobs.gather,
-                                      fuse_rows=knobs.pixels == "image")
+                                      fuse_rows=None if knobs.pixels is None else knobs.pixels == "image")
             _schedule_gemm(sch, name, gemm, config, notes, knobs, reserved)
         except DoesNotFit as why:
             # the steps taken so far (layouts, the epilogue inlined) are valid code for the CPU
@@ -629,8 +638,9 @@ def _blocks(e: Extents, knobs: Knobs, config: Config, reserved: dict | None = No
     """``(bm, bn, bk, resident)``: tiles per block along M, N and K and the weight's residency.
 
     The knobs' choices (blocks at most the whole dimension), else the heuristic's: one row
-    of tiles; along N and K the largest power of two that pads by at most an eighth, halved
-    while a double-buffered block would take more than half of its scratchpad (N first in
+    of tiles; along N and K :func:`_pick_block`'s (the whole dimension up to the limit, else
+    a power of two), halved while a double-buffered block would take more than half of its
+    scratchpad (N first in
     ACC, then K, then M); the weight resident when it takes at most half of WGT and more
     than one row of tiles reuses it. Then, whatever was chosen, blocks are halved until
     every scratchpad holds its :func:`footprint` (ACC: N, then M; INP: K, then M; WGT: K,

@@ -115,7 +115,7 @@ def knobs(sch: s_tir.Schedule, config: Config) -> list:
         sizes = [_sizes(-(-m // t), BM_LIMIT, k.bm), _sizes(-(-plan.n // t), BN_LIMIT, k.bn),
                  _sizes(-(-kk // t), BK_LIMIT, k.bk)]
         priors = [_rising(len(sizes[0])), None, None]
-        if not image:
+        if not image or k.pixels == "image":
             # the likeliest gather and pixels are the heuristic's, whose blocks the plan estimates
             priors = _cheapest(plan, sizes, priors)
         out += [tp.Knob(name, ANNOTATION + key, values, default, prior=prior)

@@ -12,6 +12,8 @@ from hypothesis import strategies as st
 from tvm import ir, s_tir, te, topi
 
 import accel
+import accel.compiler.conv
+import accel.hw.isa
 from accel.compiler.schedule import GATHERS, PIXELS, WEIGHTS, Knobs, ScheduleError, gemm_blocks, schedule
 
 
@@ -131,6 +133,106 @@ def test_image_pixels_per_block_remove_the_padding_of_narrow_outputs():
     np.testing.assert_array_equal(image, want)
     assert report.offloaded[0].knobs.pixels == "image"
     assert image_cycles < 0.75 * row_cycles
+
+
+def nchw_conv(n, size, c, f, k, stride, epilogue):
+    """topi's NCHW conv2d (padding k // 2) with no epilogue, bias + ReLU + requantise, or a
+    residual (an operand in the result's own layout) + requantise."""
+    x = te.placeholder((n, c, size, size), "int8", name="x")
+    w = te.placeholder((f, c, k, k), "int8", name="w")
+    out = topi.nn.conv2d_nchw(x, w, stride, k // 2, 1, out_dtype="int32")
+    params = [x, w]
+    if epilogue == "bias":
+        b = te.placeholder((f,), "int32", name="b")
+        out = topi.nn.relu(te.compute(out.shape, lambda *i: out(*i) + b[i[1]], name="bias"))
+        params.append(b)
+    elif epilogue == "residual":
+        r = te.placeholder(out.shape, "int32", name="r")
+        out = te.compute(out.shape, lambda *i: out(*i) + r(*i), name="residual")
+        params.append(r)
+    if epilogue is not None:
+        acc = out
+        out = te.compute(acc.shape, lambda *i: te.max(te.min((acc(*i) + 32) >> 6, 127), -128).astype("int8"),
+                         name="requant")
+    return te.create_prim_func(params + [out])
+
+
+@settings(max_examples=8)
+@given(st.integers(1, 2), st.sampled_from([5, 10, 20, 24]), st.sampled_from([(8, 24), (24, 40), (96, 16), (3, 8)]),
+       st.sampled_from([(1, 1), (3, 1), (3, 2), (1, 2)]), st.sampled_from([None, "bias", "residual"]))
+def test_the_heuristic_runs_m_over_the_image_where_rows_pad_more(n, size, channels, kernel, epilogue):
+    # NCHW, as a model's layers are: the result goes through the CPU's transpose to NCHW, so
+    # its channels-last intermediate is laid out by pixels and a block of them is one STORE
+    c, f = channels
+    k, stride = kernel
+    func = nchw_conv(n, size, c, f, k, stride, epilogue)
+    args = inputs(func)
+    want = llvm_result(func, args)
+    got, stats, report = accel_run(func, args, stats=True)
+    np.testing.assert_array_equal(got, want)
+    plan = report.offloaded[0]
+    out = -(-size // stride)
+    conv_ = accel.compiler.conv.Conv("c", None, None, {}, {"y": out, "x": out}, {}, {}, {}, {})
+    direct = k == 1 or (-(-c // 16) * 16 - c) * 8 <= c
+    image = accel.compiler.conv.image_pays(conv_, accel.Config()) and epilogue != "residual" and \
+        (k == 1 or not direct)
+    assert plan.knobs.pixels == ("image" if image else "row")
+    if image:
+        # the pixels of an image pad to whole tiles once, not once per output row
+        assert plan.device_macs == n * -(-out * out // 16) * 16 * -(-f // 16) * 16 * (
+            -(-c * k * k // 16) * 16 if k > 1 else -(-c // 16) * 16)
+        rows, row_stats, row_report = accel_run(with_knobs(func, Knobs(pixels="row")), args, stats=True)
+        np.testing.assert_array_equal(rows, want)
+        assert plan.device_macs < row_report.offloaded[0].device_macs
+        assert stats.busy["gemm"] < row_stats.busy["gemm"] and stats.cycles < row_stats.cycles
+
+
+def test_image_pixels_of_a_model_layer_store_a_block_at_once():
+    # a 1x1 conv of a 20x20 NCHW image (ppocrv6_det_small's deepest stages): rows of 20 pixels
+    # pad to 32, the image's 400 are 25 tiles; its blocks store as one run each
+    func = nchw_conv(1, 20, 96, 192, 1, 1, "bias")
+    args = inputs(func)
+    want = llvm_result(func, args)
+    image, image_stats, report = accel_run(func, args, stats=True)
+    row, row_stats, _ = accel_run(with_knobs(func, Knobs(pixels="row")), args, stats=True)
+    np.testing.assert_array_equal(image, want)
+    np.testing.assert_array_equal(row, want)
+    assert report.offloaded[0].knobs.pixels == "image" and report.offloaded[0].device_macs == 400 * 192 * 96
+    assert image_stats.instructions["STORE"] < row_stats.instructions["STORE"]
+    assert image_stats.cycles < 0.7 * row_stats.cycles
+
+
+@settings(max_examples=8)
+@given(st.integers(1, 70), st.integers(1, 70), st.integers(1, 100), st.sampled_from([None, 1, 2, 3]),
+       st.sampled_from([None, 1, 2, 3, 8]))
+def test_one_reset_zeroes_a_block_of_accumulator_tiles(m, n, k, bm, bn):
+    func = dense(m, n, k)
+    args = inputs(func)
+    ex = accel.build(with_knobs(func, Knobs(bm=bm, bn=bn)))
+    got = [a.copy() for a in args]
+    with accel.Session() as s:
+        ex(*got)
+    np.testing.assert_array_equal(got[-1], llvm_result(func, args))
+    used = schedule(with_knobs(func, Knobs(bm=bm, bn=bn)), accel.Config())[1].offloaded[0].knobs
+    resets = [i for i in accel.hw.isa.decode(s.stream()) if isinstance(i, accel.hw.isa.Gemm) and i.reset]
+    # one per block of bm x bn output tiles, each zeroing all of them
+    assert len(resets) == -(-m // (16 * used.bm)) * -(-n // (16 * used.bn))
+    assert all(r.ext_out * r.ext_in == used.bm * used.bn for r in resets)
+
+
+def test_blocks_of_n_and_k_are_the_whole_dimension_when_it_is_small():
+    # 48 input channels are 3 tiles of K, 96 output channels 6 of N: whole blocks (one GEMM
+    # instruction per row of tiles), where powers of two would be 1 and 2 (three per K tile)
+    func = nchw_conv(1, 16, 48, 96, 1, 1, "bias")
+    args = inputs(func)
+    want = llvm_result(func, args)
+    whole, stats, report = accel_run(func, args, stats=True)
+    pow2, pow2_stats, _ = accel_run(with_knobs(func, Knobs(bn=2, bk=1)), args, stats=True)
+    np.testing.assert_array_equal(whole, want)
+    np.testing.assert_array_equal(pow2, want)
+    used = report.offloaded[0].knobs
+    assert (used.bn, used.bk) == (6, 3)
+    assert stats.instructions["GEMM"] < pow2_stats.instructions["GEMM"] and stats.cycles < pow2_stats.cycles
 
 
 def test_knob_annotations_are_checked():
