@@ -54,6 +54,7 @@ import itertools
 from tvm import ir, s_tir, tirx
 
 import tirpat as tp
+from accel.compiler.conv import has_image
 from accel.compiler.depthwise import Depthwise
 from accel.compiler.schedule import (
     ANNOTATION, BK_LIMIT, BN_LIMIT, FORKS, GATHERS, PIXELS, WEIGHTS, depthwise_blocks, gemm_blocks, schedule_in,
@@ -124,10 +125,13 @@ def knobs(sch: s_tir.Schedule, config: Config) -> list:
                            prior=tuple(2.0 if w == "resident" else 1.0 for w in WEIGHTS)))
         out += _fork(name, plan)
         if conv is not None:
-            out += [tp.Knob(name, ANNOTATION + "gather", tuple(range(len(GATHERS))), GATHERS.index(k.gather),
-                            prior=_favour(GATHERS, "im2col") if image else None),
-                    tp.Knob(name, ANNOTATION + "pixels", tuple(range(len(PIXELS))), PIXELS.index(k.pixels),
-                            prior=_favour(PIXELS, "image") if image else None)]
+            out.append(tp.Knob(name, ANNOTATION + "gather", tuple(range(len(GATHERS))), GATHERS.index(k.gather),
+                               prior=_favour(GATHERS, "im2col") if image else None))
+        if conv is not None and has_image(conv):
+            # (an output of one row or column has no image of its own: the scheduler runs it by
+            # rows whatever the knob says, so the value would only repeat a candidate)
+            out.append(tp.Knob(name, ANNOTATION + "pixels", tuple(range(len(PIXELS))), PIXELS.index(k.pixels),
+                               prior=_favour(PIXELS, "image") if image else None))
     return out
 
 
