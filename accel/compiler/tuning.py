@@ -7,8 +7,9 @@ For each GEMM block the space offers:
   dimension, up to 32, 8 and 32 tiles (the scheduler shrinks a block that would overflow a
   scratchpad);
 - ``weights``: streamed or resident;
-- for a convolution, ``gather`` (direct LOADs or the CPU's im2col) and ``pixels`` (M over
-  one output row or the whole image);
+- for a convolution, ``gather`` (direct LOADs or the CPU's im2col) and, where its output
+  has more than one row and column (:func:`accel.compiler.conv.has_image`), ``pixels`` (M
+  over one output row or the whole image);
 
 and for each depthwise convolution, ``bm`` and ``bn``: its block of output tiles (pixels x
 channels, divisors of the tiles up to 16 each; the heuristic's is one tile), each step of its
