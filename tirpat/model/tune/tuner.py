@@ -282,6 +282,15 @@ and its cheapest candidate by the backend's estimate (else the knobs' likeliest 
 priors), so that a small budget reaches many tasks rather than searching a few."""
 
 
+MATERIAL = 0.01
+"""The least share of the tasks' summed estimated gain that makes a task's own gain material:
+with a budget short of ``SEARCH`` trials a task, the tasks of material gain are searched
+first, up to ``SEARCH`` trials each, before those of smaller gains are probed. The estimate
+misranks some candidates (on ppocrv5_det's depthwise convolutions the cheapest by it, blocks
+of several channel tiles, measured 11-15% slower than the heuristic, the second cheapest
+2.4% faster), while the gains below 1% (7 tasks, 4.5k cycles estimated) measured 1k."""
+
+
 def _budgets(trials: int, work: list, gain: list | None = None, least: int = SEARCH, probe: int = PROBE) -> list:
     """Each task's trials (see the module docstring). Enough for all: ``least`` each at
     least, the rest in proportion to their ``work`` (largest remainders). Else the tasks are
@@ -289,8 +298,10 @@ def _budgets(trials: int, work: list, gain: list | None = None, least: int = SEA
     on its own schedule, :meth:`~tirpat.Backend.tune_candidates`; None where it has no
     estimate: its ``work`` instead, after those with a gain, and before those estimated to
     gain nothing; of equal gains, the most work first), ``probe`` trials each while the
-    budget lasts; what is left goes to them in proportion to the same (largest remainders);
-    the others get 0.
+    budget lasts, but those not of a ``MATERIAL`` gain (smaller, none or not estimated) only
+    after each task of a material gain has ``least`` (its next candidates, in the same
+    order); what is left goes to
+    them in proportion to the same (largest remainders); the others get 0.
 
     >>> _budgets(12, [1.0, 3.0])
     [5, 7]
@@ -300,6 +311,8 @@ def _budgets(trials: int, work: list, gain: list | None = None, least: int = SEA
     [0, 2]
     >>> _budgets(4, [5.0, 6.0, 9.0], gain=[2.0, 0.0, 1.0])      # the last gains less, the middle nothing
     [2, 0, 2]
+    >>> _budgets(8, [9.0, 9.0, 9.0], gain=[300.0, 100.0, 1.0])  # the last's gain is not material
+    [4, 4, 0]
     """
     n = len(work)
     gain = gain or [None] * n
@@ -313,9 +326,19 @@ def _budgets(trials: int, work: list, gain: list | None = None, least: int = SEA
         tier = [0 if g is not None and g > 0 else 1 if g is None else 2 for g in gain]
         weight = [g if g is not None and g > 0 else w if g is None else 0.0 for g, w in zip(gain, work)]
         order = sorted(range(n), key=lambda i: (tier[i], -weight[i], -work[i]))     # of equal gains, most work first
-        chosen = order[:max(1, trials // probe)]
+        summed = sum(weight[i] for i in order if tier[i] == 0)
+        material = [i for i in order if tier[i] == 0 and weight[i] >= MATERIAL * summed]
+        chosen = material[:max(1, trials // probe)]
         for i in chosen:
             budgets[i] = min(probe, trials)
+        for i in chosen:        # the next candidates of the material ones: the estimate misranks some
+            budgets[i] += max(0, min(least - budgets[i], trials - sum(budgets)))
+        # then the others while the budget lasts (one at least when none is material)
+        others = [i for i in order if i not in chosen]
+        others = others[:max(0 if chosen else 1, (trials - sum(budgets)) // probe)]
+        for i in others:
+            budgets[i] = min(probe, trials)
+        chosen += others
     rest = trials - sum(budgets)
     total = sum(weight[i] for i in chosen)
     shares = {i: rest * (weight[i] / total if total > 0 else 1 / len(chosen)) for i in chosen}
