@@ -23,7 +23,10 @@ times the copies; a backend without estimates: its work), ``PROBE`` (2) trials e
 backend's own schedule and its cheapest candidate: accel's estimate, over the whole knob
 space, came within 2% of the measured cycles on the PaddleOCR classifier's tasks, and its
 cheapest was the best of the three measured, itself, the next and the heuristic, on 29 of
-the 30 largest), while the budget lasts; what is left goes to
+the 30 largest), while the budget lasts; a task whose gain is less than ``MATERIAL`` (1%)
+of the tasks' summed gain (or not estimated) only after every task of a material gain has
+``SEARCH`` (its next candidates: the cheapest by the estimate is not always the fastest,
+and a gain that small is within the estimate's error); what is left goes to
 those tasks in proportion to the same (largest remainders rounding). The other tasks are
 not measured: they keep their backend's own schedule, as they would untuned (0 trials in the
 table); the summary names the tasks searched. The tasks take turns, a batch each
