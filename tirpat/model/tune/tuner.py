@@ -182,9 +182,10 @@ class TuneResult:
         if left or few:
             why.append(f"searched {len(searched)} of {len(self.tasks)} tasks, the most to gain first"
                        f"{names(searched, 'their')}")
-        if few:
-            span = f"{few[0]}-{few[-1]}" if len(few) > 1 else f"{few[0]}"
-            more = " and its cheapest candidates by the backend's estimate" if few[-1] > 1 else ""
+        if few:         # (the span of every searched task's trials, those given SEARCH too)
+            spread = sorted({t.budget for t in searched})
+            span = f"{spread[0]}-{spread[-1]}" if len(spread) > 1 else f"{spread[0]}"
+            more = " and its cheapest candidates by the backend's estimate" if spread[-1] > 1 else ""
             why[-1] += f"; {span} trial{'s' if span != '1' else ''} each: its backend's own schedule{more}"
         if left:
             why[-1] += f"; the other {len(left)} left at their backend's own schedule{names(left, '0')}"
@@ -294,7 +295,15 @@ of several channel tiles, measured 11-15% slower than the heuristic, the second 
 2.4% faster), while the gains below 1% (7 tasks, 4.5k cycles estimated) measured 1k."""
 
 
-def _budgets(trials: int, work: list, gain: list | None = None, least: int = SEARCH, probe: int = PROBE) -> list:
+CLOSE = 0.02
+"""How near the cheapest candidate's estimate another's must be for the estimate not to tell
+them apart (accel's came within 2% of the measured cycles): a task of a material gain gets a
+trial for each such candidate (up to ``SEARCH`` in all). On ppocrv5_det's depthwise
+convolutions the cheapest and the next were 0.4-0.5% apart and the next was the faster."""
+
+
+def _budgets(trials: int, work: list, gain: list | None = None, least: int = SEARCH, probe: int = PROBE,
+             close: list | None = None) -> list:
     """Each task's trials (see the module docstring). Enough for all: ``least`` each at
     least, the rest in proportion to their ``work`` (largest remainders). Else the tasks are
     taken in order of their estimated ``gain`` (what their backend's cheapest candidate saves
@@ -303,8 +312,9 @@ def _budgets(trials: int, work: list, gain: list | None = None, least: int = SEA
     gain nothing; of equal gains, the most work first), ``probe`` trials each while the
     budget lasts, but those not of a ``MATERIAL`` gain (smaller, none or not estimated) only
     after each task of a material gain has ``least`` (its next candidates, in the same
-    order); what is left goes to
-    them in proportion to the same (largest remainders); the others get 0.
+    order; with ``close``, per task the number of candidates its estimate cannot tell apart
+    from its cheapest, that one included: a trial for each, ``least`` at most); what is left
+    goes to them in proportion to the same (largest remainders); the others get 0.
 
     >>> _budgets(12, [1.0, 3.0])
     [5, 7]
@@ -316,6 +326,8 @@ def _budgets(trials: int, work: list, gain: list | None = None, least: int = SEA
     [2, 0, 2]
     >>> _budgets(8, [9.0, 9.0, 9.0], gain=[300.0, 100.0, 1.0])  # the last's gain is not material
     [4, 4, 0]
+    >>> _budgets(8, [9.0, 9.0, 9.0], gain=[300.0, 100.0, 1.0], close=[1, 3, 1])  # the second's top 3 alike
+    [2, 4, 2]
     """
     n = len(work)
     gain = gain or [None] * n
@@ -335,7 +347,8 @@ def _budgets(trials: int, work: list, gain: list | None = None, least: int = SEA
         for i in chosen:
             budgets[i] = min(probe, trials)
         for i in chosen:        # the next candidates of the material ones: the estimate misranks some
-            budgets[i] += max(0, min(least - budgets[i], trials - sum(budgets)))
+            most = least if close is None else min(least, 1 + close[i])
+            budgets[i] += max(0, min(most - budgets[i], trials - sum(budgets)))
         # then the others while the budget lasts (one at least when none is material)
         others = [i for i in order if i not in chosen]
         others = others[:max(0 if chosen else 1, (trials - sum(budgets)) // probe)]
@@ -698,7 +711,9 @@ def tune(mod, target, *, trials: int, records, rpc=None, params: Mapping[str, np
     copies_of = [1 + len(copies) for _, _, copies, _ in groups]
     gains = [None if r is None else copies * max(0.0, work - r[0][0]) if r else 0.0
              for r, work, copies in zip(ranked, works, copies_of)]
-    budgets = _budgets(trials, [w * c for w, c in zip(works, copies_of)], gains)
+    # per task, the candidates within CLOSE of its cheapest (which the estimate cannot tell apart)
+    close = [sum(1 for cost, _ in r if cost <= r[0][0] * (1 + CLOSE)) if r else 1 for r in ranked]
+    budgets = _budgets(trials, [w * c for w, c in zip(works, copies_of)], gains, close=close)
     results, tasks = [], []
     for ((name, backend, opts, _, space), key, copies, _), budget, cands in zip(groups, budgets, ranked):
         results.append(TaskResult(name, backend.name, budget, tuple(copies)))
