@@ -215,6 +215,19 @@ def test_a_small_budget_searches_the_material_gains_before_probing_the_small_one
         assert budgets[max(material, key=lambda i: gains[i])] >= min(PROBE, trials)
 
 
+def test_a_material_task_gets_its_next_candidates_only_where_the_estimate_cannot_tell_them_apart():
+    """``close``: per task, its candidates within CLOSE of its cheapest by the estimate. A
+    task of a material gain gets a trial for each (the heuristic's besides), the trials left
+    probe the small gains."""
+    from tirpat.model.tune.tuner import _budgets
+
+    gains, work = [300.0, 100.0, 50.0, 1.0], [1.0] * 4
+    assert _budgets(8, work, gains, close=[1, 1, 1, 1]) == [2, 2, 2, 2]
+    assert _budgets(8, work, gains, close=[1, 3, 1, 1]) == [2, 4, 2, 0]
+    assert _budgets(8, work, gains, close=[9, 1, 1, 1]) == [4, 2, 2, 0]      # SEARCH at most
+    assert _budgets(8, work, gains) == [4, 2, 2, 0]         # no close: SEARCH each, the largest gain first
+
+
 def test_identical_partitions_are_one_task_whose_record_serves_each(tmp_path):
     """Two functions of the same structure under different names (and a third of another
     shape) are two tasks; the record of the shared one applies to both names."""
