@@ -25,8 +25,9 @@ space, came within 2% of the measured cycles on the PaddleOCR classifier's tasks
 cheapest was the best of the three measured, itself, the next and the heuristic, on 29 of
 the 30 largest), while the budget lasts; a task whose gain is less than ``MATERIAL`` (1%)
 of the tasks' summed gain (or not estimated) only after every task of a material gain has
-``SEARCH`` (its next candidates: the cheapest by the estimate is not always the fastest,
-and a gain that small is within the estimate's error); what is left goes to
+a trial for each candidate within ``CLOSE`` (2%) of its cheapest by the estimate, ``SEARCH``
+in all at most (the estimate cannot tell those apart: on ppocrv5_det's depthwise tasks the
+cheapest measured slower than the heuristic and the next faster); what is left goes to
 those tasks in proportion to the same (largest remainders rounding). The other tasks are
 not measured: they keep their backend's own schedule, as they would untuned (0 trials in the
 table); the summary names the tasks searched. The tasks take turns, a batch each
