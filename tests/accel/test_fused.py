@@ -178,9 +178,10 @@ def test_fused_epilogues_wrap_int32_like_the_reference(steps, scale):
 
 @given(st.lists(st.tuples(st.sampled_from([AluOp.MAX, AluOp.MIN]), _INT32 | st.integers(-200, 200)), min_size=1,
                 max_size=5))
-def test_a_chain_of_clamps_is_one_clip_like_the_reference(clamps):
+def test_a_chain_of_clamps_is_one_compiled_pass_like_the_reference(clamps):
     """MAX and MIN by immediates in turn, in place (a requantisation's clamp), bounds in any
-    order (a MIN below the MAX before it): one clip over the values, the reference's result."""
+    order (a MIN below the MAX before it), after a multiply that wraps: one compiled pass over
+    the values (the chain kernel), the reference's result."""
     steps = [(AluOp.MUL, 7919), *clamps]
     tile = dict(dst_addr=0, ext_out=16, dst_stride_out=16)
     stream = [_gemm()] + [Alu(op=op, use_imm=True, imm=imm, push_next=n == len(steps) - 1, **tile)
@@ -189,7 +190,7 @@ def test_a_chain_of_clamps_is_one_clip_like_the_reference(clamps):
                Finish()]
     plan, (sim, host), (ref, want) = _both(stream)
     assert plan is not None and plan.run(host, sim)
-    assert len(plan._alu_steps) == 2        # the multiply, then one clip
+    assert len(plan._alu_steps) == 1        # the multiply and the clamps: one chain
     ref.run(stream, want)
     np.testing.assert_array_equal(sim.acc, ref.acc)
     np.testing.assert_array_equal(host[4], want[4])
