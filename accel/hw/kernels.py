@@ -97,8 +97,8 @@ def alu_chain(tile: int) -> Callable[..., None]:
     to 0..31), or for ``code`` :data:`LOOKUP` ``v = tables[value * 256 + clip(v, -128, 127) +
     128]``; then ``values[out + r * tile + lane] = v``. An operand (``kind``, ``value``) is
     :data:`IMM`, :data:`RUN`, :data:`ROWS` or :data:`SPLAT` of ``values`` (int32); ``bases``
-    int64, ``program`` ``[steps, 3]`` int64. Every operand of a row is read before its row is
-    written: ``out`` may be the first operand's run (in place).
+    int64, ``program`` ``[steps, 3]`` int64. A block of rows is read before it is written: the
+    rows written may be the first operand's run (in place), and overlap no other operand.
 
     >>> import numpy as np, tvm_ffi
     >>> values = np.array([5, -7, 100, 3, 0, 0], np.int32)
