@@ -23,7 +23,9 @@ current ones, a STORE or an ALU reads them. Then the whole stream is:
    count (a few tiles at a time, in cache), those that add each value once (a widening)
    one product each, the others one weighted bincount; a product that alone adds into
    values a reset zeroed writes them instead;
-3. ALU and LUT instructions, batched by dependency level and operation (a LUT by table);
+3. ALU and LUT instructions, batched by dependency level and operation (a LUT by table),
+   a chain of batches each working in place on what the one before made (a requantisation's
+   multiply, shift, add, clamps and lookup) as one pass of a compiled kernel;
 4. STOREs, batched per host buffer;
 5. the scratchpads' final contents, as instruction-by-instruction execution leaves them
    (of ACC, the elements the stream changed).
@@ -39,8 +41,9 @@ no run but affine in a multi-index (tiles of a product's rows, a broadcast bias 
 read and written as strided views; the rest by tile rows. A run's ALU batches are calls
 bound once to views of the value vector, which with the source vector lives in the
 simulator's workspace: all its plans run in the same arrays (in cache), and none keeps
-anything there from one run to the next. MAX and MIN batches by immediates in a row are
-one clip.
+anything there from one run to the next. A chain of batches in place is one call of
+:func:`accel.hw.kernels.alu_chain`, every step of a few tile rows in registers before the
+next rows, instead of a numpy pass over memory per step.
 
 Lanes nobody reads are not read exactly: an ALU batch's result that reaches no STORE and
 is not what ACC ends with (a layer of 8 channels computes 16 lanes) lets its operands read
