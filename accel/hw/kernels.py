@@ -5,12 +5,14 @@ numpy runs a step as whole-array passes: a depthwise kernel's tap sum gathers ev
 input rows into a new array (49 copies of the input for a 7x7 kernel), then multiplies and
 sums them. Compiled, each output vector is summed in registers straight from the source
 vector's rows: on ``ppocrv6_det_small``'s tap sums 45 -> 8 ms. A kernel's shapes are symbolic,
-so one compile (~0.15 s, all kernels at once) serves every plan of the process.
+so one compile (~0.3 s, all kernels at once) serves every plan of the process.
 
 A requantisation is a chain of ALU batches (multiply, shift, add, clamps, a table lookup), each
 a numpy pass over millions of int32 values: :func:`alu_chain` runs a whole chain in one pass,
 a few tile rows at a time in registers, interpreting the chain's steps from a small table (one
-kernel for every chain, no compile per chain).
+kernel for every chain, no compile per chain). Its sums and products are int64 truncated to
+int32: the wrap-around of the ISA, which llvm's int32 arithmetic (no signed overflow) would
+not promise once it simplified a clamp after an add.
 
 Results are bit-identical to the numpy steps they replace: products of int8 values are exact
 in float32, so are sums of up to 1024 of them in any order (below 2**24), and int32 addition
@@ -41,7 +43,8 @@ LOOKUP = max(AluOp) + 1
 #: row ``r`` at ``bases[value + r]``; row ``r`` all ``values[bases[value + r]]`` (a broadcast).
 IMM, RUN, ROWS, SPLAT = range(4)
 # tile rows a chain carries through all its steps at once: the dispatch on a step's code is
-# paid once per block (16 rows: within 10% of the fastest on a requantisation, in L1)
+# paid once per block (16 rows of 16 lanes, 1 KB in L1: the fastest of 4, 16 and 64 on a
+# requantisation's chain)
 _CHAIN_ROWS = 16
 
 
