@@ -220,7 +220,9 @@ def test_lanes_no_store_reads_read_any_value_unless_acc_ends_with_them(channels,
     plan, (sim, host), (ref, want) = _both(stream)
     assert plan is not None
     bias = plan.alus[0][5]
-    if overwritten:
+    if overwritten and scale:
+        # (a product by the immediate 0 reads nothing before it: the plan may then read the
+        # bias any way, and does, by a gather)
         assert isinstance(bias, fused._View) and bias.strides == (0, 1)
     assert all(isinstance(old, fused._Span) for _, _, _, _, old, _ in plan.alus)     # no gathers
     _runs_alike(plan, stream, (sim, host), (ref, want))
