@@ -248,9 +248,11 @@ def flat_layouts(dw: Depthwise, t: int, limit: int) -> list:
     out = []
     for width in range(input_extent(dw, "x"), input_extent(dw, "x") + t):
         rows = t // math.gcd(width, t)
-        if rows * width // t > limit:
+        # blocks of whole rows that divide the image's (a partial last block would store a
+        # number of rows that depends on the block, which no STORE's loop runs)
+        if rows * width // t > limit or dw.ext["y"] % rows:
             continue
-        out.append(Flat(width, rows, -(-dw.ext["y"] // rows) * rows))
+        out.append(Flat(width, rows, dw.ext["y"]))
     return sorted(out, key=lambda f: (f.tiles(t), f.rows, f.width))
 
 
