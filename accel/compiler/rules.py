@@ -506,6 +506,21 @@ def _alu_calls(steps, spine, operands, loops, config, partial_ok):
         raise _Unsupported("an operand is not contiguous along the innermost loop")
     vectors = -(-inner // t)
     dso = g.row_stride[0]
+    # one vector a row (16 channels, or fewer): its loop level is free, so the rows take it and
+    # the loop around them (the rows of a depthwise block over the image's pixels, each a
+    # virtual row apart) the outer level: one instruction for the nest, not one per row
+    folded = vectors == 1 and g.outer and _int(g.outer[-1].extent) is not None
+    if folded:
+        outer_strides = [_int(r.strides[len(g.outer) - 1]) if r is not None else 0 for r in [spine] + list(operands)]
+        folded = None not in outer_strides and all(s % t == 0 for s in outer_strides)
+    if folded:
+        ext_in, ext_out = ext_out, _int(g.outer[-1].extent)
+        strides_in, strides_out = list(g.row_stride), outer_strides
+        g = _Grid(g.outer[:-1], g.rows, g.cols, g.row_stride, g.col_ok)
+    else:
+        ext_in, strides_out = vectors, list(g.row_stride)
+        strides_in = [t] * len(strides_out)
+    dso, dsi = strides_out[0], strides_in[0]
     if inner % t:
         if not partial_ok:
             raise _Unsupported(f"{inner} columns are not whole {t}-lane vectors, and the lanes after them are read on")
@@ -514,28 +529,28 @@ def _alu_calls(steps, spine, operands, loops, config, partial_ok):
         # whole vectors).
         base = _int(spine.offset)
         size = _allocation(spine.buffer)
-        if base is None or (ext_out > 1 and dso < vectors * t) or \
-                base + (ext_out - 1) * dso + vectors * t > -(-size // t) * t:
+        if base is None or (ext_out > 1 and dso < vectors * t) or (ext_in > 1 and dsi < t) or \
+                base + (ext_out - 1) * dso + (ext_in - 1) * dsi + t > -(-size // t) * t:
             raise _Unsupported(f"the last partial vector would write past the rows of {spine.buffer.name}")
     calls = []
-    for step, operand, sso in zip(steps, operands, g.row_stride[1:]):
-        if dso % t or sso % t or (ext_out > 1 and dso == 0):
+    for step, operand, sso, ssi_ in zip(steps, operands, strides_out[1:], strides_in[1:]):
+        if dso % t or sso % t or dsi % t or ssi_ % t or (ext_out > 1 and dso == 0) or (ext_in > 1 and dsi == 0):
             raise _Unsupported(f"row strides {dso}, {sso} are not whole {t}-lane vectors")
         if step.op is None:     # a table lookup: the whole table, staged in WGT once
             def lookup(shifts, table=step.table):
                 return LUT.call(dst_addr=address(spine.buffer, spine.offset + shifts[0]), lut_addr=address(table, 0),
-                                ext_out=ext_out, ext_in=vectors, dst_stride_out=dso, dst_stride_in=t)
+                                ext_out=ext_out, ext_in=ext_in, dst_stride_out=dso, dst_stride_in=dsi)
 
             calls.append(_around(g.outer, [g.outer_strides(spine), g.outer_strides(None)], lookup))
             continue
-        ssi = 0 if operand is None else t
+        ssi = 0 if operand is None else ssi_
 
         def make(shifts, step=step, operand=operand, sso=sso, ssi=ssi):
             src = 0 if operand is None else address(operand.buffer, operand.offset + shifts[1])
             return ALU[step.op, operand is None].call(
                         dst_addr=address(spine.buffer, spine.offset + shifts[0]), src_addr=src,
-                        imm=step.imm if operand is None else 0, ext_out=ext_out, ext_in=vectors,
-                        dst_stride_out=dso, dst_stride_in=t, src_stride_out=sso, src_stride_in=ssi)
+                        imm=step.imm if operand is None else 0, ext_out=ext_out, ext_in=ext_in,
+                        dst_stride_out=dso, dst_stride_in=dsi, src_stride_out=sso, src_stride_in=ssi)
 
         calls.append(_around(g.outer, [g.outer_strides(spine), g.outer_strides(operand)], make))
     return calls

@@ -760,8 +760,10 @@ def _schedule_gemm(sch: s_tir.Schedule, name: str, g: GemmAnalysis, config: Conf
         except ScheduleError:
             return None
         # a block of whole image rows stores (and so runs its own epilogue steps) one row at a
-        # time: each step a pass of its own, an instruction per row
-        if g.row_width is None or g.row_width >= t * fitted[0]:
+        # time: each step a pass of its own, an instruction per row; but with one tile of
+        # channels, whose ALU instructions run over the rows and their pixels at once
+        # (accel.compiler.rules), chained as any block's
+        if g.row_width is None or g.row_width >= t * fitted[0] or fitted[1] == 1:
             return block_cycles(shape, *fitted[:3], alu_runs, config, staged=staged)
         blocks = shape.outer * -(-shape.m_tiles // fitted[0]) * -(-shape.n_tiles // fitted[1])
         rows = -(-t * fitted[0] // g.row_width)
@@ -863,13 +865,18 @@ def _schedule_depthwise(sch: s_tir.Schedule, name: str, dw: depthwise.Depthwise,
         block = fitting(block_regions, (bm_, bn_), tiles, e["n"] * tiles[0] * tiles[1], least)
         if acc_need(block_regions, block, e["n"] * tiles[0] * tiles[1]) > free:
             return None
-        # a block of whole rows stores (and so runs its own epilogue steps) a row at a time:
-        # each step a pass of its own, an instruction per row
+        extents = Extents(*tiles, 1, e["n"])
+        if block[1] == 1:
+            # one tile of channels: an ALU instruction's two loops run over the block's rows
+            # and their pixels (accel.compiler.rules), its steps chained as a row's block's
+            return block_cycles(extents, *block, 1, alu_runs, config, mac_cycles=taps * config.dwmac_cycles,
+                                staged=staged)
+        # more: a block of whole rows runs its own epilogue steps a row at a time, each step a
+        # pass of its own, an instruction per row
         rows = block[0] * t // flat.width
         blocks = e["n"] * (tiles[0] // block[0]) * (tiles[1] // block[1])
-        return block_cycles(Extents(*tiles, 1, e["n"]), *block, 1, row_runs, config,
-                            mac_cycles=taps * config.dwmac_cycles, staged=staged) + \
-            blocks * (rows - 1) * own * config.issue_overhead
+        return block_cycles(extents, *block, 1, row_runs, config, mac_cycles=taps * config.dwmac_cycles,
+                            staged=staged) + blocks * (rows - 1) * own * config.issue_overhead
 
     image = knobs.pixels == "image"
     if knobs.pixels is None and flat is not None:
