@@ -209,7 +209,7 @@ class Flat:
     tap's input pixel ``q*sx + ry*dy*width + rx*dx`` is affine in ``q`` across image rows and
     a DWMAC tile of 16 consecutive ``q`` is one strided LOAD per tap. The columns
     ``x >= W`` read the next row's pixels (garbage, never stored); a block of output tiles is
-    ``rows`` whole virtual rows, ``height`` the rows padded to whole blocks.
+    ``rows`` whole virtual rows, ``height`` the image's rows (a whole number of blocks).
 
     >>> Flat(width=24, rows=2, height=20).tiles_per_block(16)
     3
@@ -237,13 +237,14 @@ def flat_layouts(dw: Depthwise, t: int, limit: int) -> list:
     """The :class:`Flat` layouts worth trying for ``dw`` (tiles of ``t`` pixels, at most
     ``limit`` tiles a block), fewest output tiles first: per virtual width from the padded
     input's up to 15 more, the fewest whole rows a block holds (``rows * width`` a whole
-    number of tiles) and the rows padded to whole blocks; none where the output is one
-    pixel wide or one row high (its tiles run down the column or along the row already).
+    number of tiles), where they divide the image's rows; none where the output is one
+    pixel wide or one row high (its tiles run down the column or along the row already), or
+    where the strides differ (a pixel's input address is affine in ``q`` for one stride).
 
     >>> flat_layouts(dw, 16, 16)[0]          # doctest: +SKIP
     Flat(width=24, rows=2, height=20)
     """
-    if pixels(dw) != "x" or dw.ext["y"] < 2:
+    if pixels(dw) != "x" or dw.ext["y"] < 2 or dw.taps["y"][0] != dw.taps["x"][0]:
         return []
     out = []
     for width in range(input_extent(dw, "x"), input_extent(dw, "x") + t):
@@ -295,10 +296,15 @@ def flatten(sch: s_tir.Schedule, name: str, dw: Depthwise, view: View, flat: Fla
     padded = [width if k == keys[dw.pos["x"]] else flat.height if k == keys[dw.pos["y"]] else
               f_pad if k == keys[dw.pos["f"]] else int(iv.dom.extent.value)
               for k, iv in zip(keys, sch.get(blk).iter_vars)]
-    sch.pad_einsum(blk, padded)
-    padder = next(p for p in sch.get_producers(blk) if sch.get(p).name_hint.endswith("_pad") and
-                  len(sch.get(p).writes[0].source.shape) == len(view.dims))
-    sch.compute_inline(sch.get_sblock(view.inline[-1]))
+    if padded != [int(iv.dom.extent.value) for iv in sch.get(blk).iter_vars]:
+        sch.pad_einsum(blk, padded)
+    padder = next((p for p in sch.get_producers(blk) if sch.get(p).name_hint.endswith("_pad") and
+                   len(sch.get(p).writes[0].source.shape) == len(view.dims)), None)
+    if padder is None:      # the view is not padded (a virtual width of the output's): its own block
+        padder, inline = reindex, (*inline, view.inline[-1])
+    else:
+        sch.compute_inline(reindex)
+
     def fuse(ax, order):
         """``ax`` (in the roles' ``order``) with ``y`` and ``x`` made one, ``y*width + x``, where ``x`` was."""
         return tuple(ax[order.index("y")] * width + ax[order.index("x")] if r == "x" else ax[order.index(r)]
@@ -319,8 +325,8 @@ def flatten(sch: s_tir.Schedule, name: str, dw: Depthwise, view: View, flat: Fla
     dtype = sch.get(blk).iter_vars[0].var.ty.dtype
     sch.transform_block_layout(blk, tirx.IndexMap.from_func(lambda *ax: fuse(ax, roles), ndim=len(roles),
                                                             index_dtype=dtype))
-    return View(view.inp, view.weight, tuple(r for r in adjacent if r != "y"), inline, view.stop, view.source,
-                view.operand_layout)
+    return View(view.inp, view.weight, tuple(r for r in adjacent if r != "y"), inline, view.stop,
+                sch.get(stage).name_hint, view.operand_layout)
 
 
 def _channels_last(dw: Depthwise) -> dict:
@@ -332,9 +338,10 @@ def _channels_last(dw: Depthwise) -> dict:
 
 def _read_padding(sch: s_tir.Schedule, padder, pixel: int) -> None:
     """Drop from the padded input view's producer ``padder`` (``if_then_else(in bounds,
-    X[..], 0)``, its iter ``pixel`` the fused pixel ``q``) the bounds on the pixels, keeping
-    the channels': a padded pixel reads the flat input where its address falls
-    (:func:`flatten`); its index simplified, so that it is affine in ``q``."""
+    X[..], 0)``, or a plain load of ``X`` where nothing is padded; its iter ``pixel`` the
+    fused pixel ``q``) the bounds on the pixels, keeping the channels': a padded pixel reads
+    the flat input where its address falls (:func:`flatten`); its index simplified, so that
+    it is affine in ``q``."""
     block = sch.get(padder)
     q = block.iter_vars[pixel].var
 
@@ -345,14 +352,15 @@ def _read_padding(sch: s_tir.Schedule, padder, pixel: int) -> None:
         return None if any(v.same_as(q) for v in vars_in(cond)) else cond
 
     value = block.body.value
-    if not (isinstance(value, ir.Call) and value.op.name == "prim.if_then_else"):
-        raise ValueError(f"the padded input {block.name_hint} is not an if_then_else of its bounds: {value}")
+    guarded = isinstance(value, ir.Call) and value.op.name == "prim.if_then_else"
+    load = value.args[1] if guarded else value
+    if not isinstance(load, ir.TensorLoad):
+        raise ValueError(f"the input view {block.name_hint} is not a load of the input (if in bounds): {value}")
     analyzer = sym.Analyzer()
     for iv in block.iter_vars:
         analyzer.bind(iv.var, iv.dom)
-    load = value.args[1]
     load = tirx.BufferLoad(load.source, [analyzer.simplify(i) for i in load.indices])
-    cond = keep(value.args[0])
+    cond = keep(value.args[0]) if guarded else None
     new_value = load if cond is None else tirx.if_then_else(cond, load, value.args[2])
     body = tirx.BufferStore(block.body.buffer, new_value, block.body.indices)
     # the same buffer read: the block's access regions stand (TVM recomputes them as it needs)

@@ -911,10 +911,10 @@ def _schedule_depthwise(sch: s_tir.Schedule, name: str, dw: depthwise.Depthwise,
                              f"({capacity_option(_MEMORY[scope])})")
     view = depthwise.normalise(sch, dw, notes)
     if image:
+        view = depthwise.flatten(sch, name, dw, view, flat, f_pad, notes)
         plan = GemmPlan(name, e["y"] * e["x"], e["f"], taps, e["n"],
                         gather=f"per-channel DWMAC over the image's pixels, rows {flat.width} wide; each kernel tap's "
                                f"input tile by a strided LOAD from {view.source}")
-        view = depthwise.flatten(sch, name, dw, view, flat, f_pad, notes)
         plan.device_macs = e["n"] * flat.height * flat.width * f_pad * taps
         # the block's iters: the pixels fused into one (where x was), y gone
         roles = [r for r in sorted(dw.pos, key=dw.pos.get) if r != "y"]
