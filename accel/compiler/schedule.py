@@ -832,19 +832,19 @@ def _schedule_depthwise(sch: s_tir.Schedule, name: str, dw: depthwise.Depthwise,
             block = (smaller, block[1]) if side == 0 else (block[0], smaller)
         return block
 
-    # the epilogue's ALU work per block, the same whichever way the pixels run: read off a copy
-    trial = sch.copy()
-    trial_view = depthwise.normalise(trial, dw, Notes())
-    t_final, t_steps, t_out, t_temps = _epilogue(trial, trial.get_sblock(name), trial_view.stop)
+    # the epilogue's ALU work per block, the same whichever way the pixels run: read off the
+    # epilogue inlined before the padding (which adds the copy out of the padded result to it)
+    view = depthwise.normalise(sch, dw, notes)
+    final, steps, out_buffer, temporaries = _epilogue(sch, sch.get_sblock(name), view.stop)
     probe = GemmPlan(name, 0, 0, 0, 0)
-    _, alu_runs, staged = _epilogue_work(trial, probe, knobs, t_final, t_steps, t_out, t_temps)
+    _, alu_runs, staged = _epilogue_work(sch, probe, knobs, final, steps, out_buffer, temporaries)
     prefix_ = 0 if knobs.fork == "each" else probe.shared
-    row_runs = _alu_runs(trial, t_final, t_steps, t_out, t_temps, prefix_, by_rows=True)
-    own = len(_own_steps(trial, t_final, t_steps, t_temps, prefix_)) if t_steps is not None else 0
+    row_runs = _alu_runs(sch, final, steps, out_buffer, temporaries, prefix_, by_rows=True)
+    own = len(_own_steps(sch, final, steps, temporaries, prefix_)) if steps is not None else 0
     regions = 2
-    if t_steps is not None:
+    if steps is not None:
         # the accumulator tile, and one tile per wide operand (a residual) or temporary
-        wide = sum(1 for narrow in _wide_operands(trial, t_final, t_out, t_temps).values() if not narrow)
+        wide = sum(1 for narrow in _wide_operands(sch, final, out_buffer, temporaries).values() if not narrow)
         regions = max(2, 1 + wide)
     # a block of several tiles: a region more for the narrow operands (a bias row per block)
     block_regions = regions + 1
@@ -899,17 +899,20 @@ def _schedule_depthwise(sch: s_tir.Schedule, name: str, dw: depthwise.Depthwise,
                                 f"tiles of pixels x channels")
         count = e["n"] * e[other] * tiles[0] * tiles[1]
     least = flat.tiles_per_block(t) if image else 1
-    # what the tiles occupy, as the planner lays them out: checked before anything changes
+    # the fewest ACC regions the least block takes (a block of several tiles a region more for
+    # the narrow operands' rows)
+    least_regions = regions if least == 1 else block_regions
+    # what the tiles occupy, as the planner lays them out (the layout and epilogue steps so far
+    # are valid code for the CPU, should it not fit)
     need = {INP: _MEMORY[INP].footprint(taps * t * t, repeated=count > 1, options=options),
             WGT: _MEMORY[WGT].footprint(taps * f_pad, repeated=False, options=options),
-            ACC: acc_need(regions, (least, 1), count)}
+            ACC: acc_need(least_regions, (least, 1), count)}
     for scope, n in need.items():
         if n > _free(config, reserved, scope):
             what = "one depthwise tile's" if scope != ACC or least == 1 else f"a depthwise block of {least} tiles'"
             raise DoesNotFit(f"{what} {_MEMORY[scope].name} buffers take {n * _MEMORY[scope].itemsize} bytes, "
                              f"the target's Config has {getattr(config, capacity_option(_MEMORY[scope]))} "
                              f"({capacity_option(_MEMORY[scope])})")
-    view = depthwise.normalise(sch, dw, notes)
     if image:
         view = depthwise.flatten(sch, name, dw, view, flat, f_pad, notes)
         plan = GemmPlan(name, e["y"] * e["x"], e["f"], taps, e["n"],
@@ -933,12 +936,6 @@ def _schedule_depthwise(sch: s_tir.Schedule, name: str, dw: depthwise.Depthwise,
         pos = dict(dw.pos)
     blk = sch.get_sblock(name)
     final, steps, out_buffer, temporaries = _epilogue(sch, blk, view.stop)
-    if steps is not None:
-        need[ACC] = acc_need(regions, (least, 1), count)
-        if need[ACC] > _free(config, reserved, ACC):
-            raise DoesNotFit(f"one depthwise block's accumulator and its epilogue's wide operands and "
-                             f"temporaries take {need[ACC] * _MEMORY[ACC].itemsize} bytes, the target's Config has "
-                             f"{getattr(config, capacity_option(_MEMORY[ACC]))} ({capacity_option(_MEMORY[ACC])})")
     if (bm, bn) != (least, 1):
         bm, bn = fitting(block_regions, (bm, bn), tiles, count, least)
     prefix, _, _ = _epilogue_work(sch, plan, knobs, final, steps, out_buffer, temporaries)

@@ -288,7 +288,8 @@ def test_the_priors_favour_the_image_when_rows_pad_more_and_depthwise_blocks_are
     wide = conv("NHWC", 2, 16, 32, 64, 3, 1, True)                  # rows of 16: no padding to save
     assert (GATHERS[likeliest(wide)["gather"]], PIXELS[likeliest(wide)["pixels"]]) == ("direct", "row")
     # a depthwise convolution: its blocks of 2 x 4 tiles (the whole of each side) likeliest
-    assert {k: v for k, v in likeliest(depthwise(32, 64, 3, 1, True)).items()} == {"bm": 2, "bn": 4}
+    # and its pixels along the rows (32 wide: whole tiles; over the image, rows of 34 would pad more)
+    assert {k: v for k, v in likeliest(depthwise(32, 64, 3, 1, True)).items()} == {"bm": 2, "bn": 4, "pixels": 0}
 
 
 def likeliest_knobs(func) -> dict:
@@ -379,9 +380,11 @@ def test_the_likeliest_depthwise_block_is_the_cheapest_estimate_and_bit_exact(sh
     plan = schedule(func, accel.Config())[1].offloaded[0]
     likely = likeliest_knobs(func)
     chosen = Knobs.from_annotations({key: value for (_, key), value in likely.items()})
-    tiles = [-(-n // 16) for n in (plan.m, plan.n)]
-    from accel.compiler.schedule import depthwise_blocks
-    costs = [plan.estimate(bm, bn, 1) for bm in depthwise_blocks(tiles[0]) for bn in depthwise_blocks(tiles[1])]
+    from accel.compiler.tuning import knobs
+    sizes = {k.key: k.values for k in knobs(s_tir.Schedule(ir.IRModule({"main": func})), accel.Config())}
+    # the heuristic's pixels (row or image, the estimate's cheaper) likeliest, its cheapest blocks
+    assert chosen.pixels in (None, plan.knobs.pixels)
+    costs = [plan.estimate(bm, bn, 1) for bm in sizes["accel.bm"] for bn in sizes["accel.bn"]]
     assert plan.estimate(chosen.bm, chosen.bn, 1) == min(c for c in costs if c is not None)
     args = inputs(func)
     got, cycles, _ = accel_run(with_depthwise_knobs(func, chosen), args)
