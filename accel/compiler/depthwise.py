@@ -209,7 +209,7 @@ class Flat:
     tap's input pixel ``q*sx + ry*dy*width + rx*dx`` is affine in ``q`` across image rows and
     a DWMAC tile of 16 consecutive ``q`` is one strided LOAD per tap. The columns
     ``x >= W`` read the next row's pixels (garbage, never stored); a block of output tiles is
-    ``rows`` whole virtual rows, ``height`` the image's rows (a whole number of blocks).
+    ``rows`` whole virtual rows, ``height`` the image's rows padded to whole blocks.
 
     >>> Flat(width=24, rows=2, height=20).tiles_per_block(16)
     3
@@ -237,7 +237,7 @@ def flat_layouts(dw: Depthwise, t: int, limit: int) -> list:
     """The :class:`Flat` layouts worth trying for ``dw`` (tiles of ``t`` pixels, at most
     ``limit`` tiles a block), fewest output tiles first: per virtual width from the padded
     input's up to 15 more, the fewest whole rows a block holds (``rows * width`` a whole
-    number of tiles), where they divide the image's rows; none where the output is one
+    number of tiles) and the image's rows padded to whole blocks; none where the output is one
     pixel wide or one row high (its tiles run down the column or along the row already), or
     where the strides differ (a pixel's input address is affine in ``q`` for one stride).
 
@@ -249,11 +249,10 @@ def flat_layouts(dw: Depthwise, t: int, limit: int) -> list:
     out = []
     for width in range(input_extent(dw, "x"), input_extent(dw, "x") + t):
         rows = t // math.gcd(width, t)
-        # blocks of whole rows that divide the image's (a partial last block would store a
-        # number of rows that depends on the block, which no STORE's loop runs)
-        if rows * width // t > limit or dw.ext["y"] % rows:
+        if rows * width // t > limit:
             continue
-        out.append(Flat(width, rows, dw.ext["y"]))
+        # the rows padded to whole blocks (the last block's rows past the image's computed, not stored)
+        out.append(Flat(width, rows, -(-dw.ext["y"] // rows) * rows))
     return sorted(out, key=lambda f: (f.tiles(t), f.rows, f.width))
 
 

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 import tvm
 import tvm_ffi
-from tvm import ir, tirx
+from tvm import ir, sym, tirx
 
 import tirpat as tp
 from accel.hw import instructions
@@ -48,6 +48,8 @@ from accel.compiler.wrapping import strip
 
 #: The scratchpads' storage scopes (their declarations are :mod:`accel.hw.instructions`').
 INP, WGT, ACC = instructions.INP.scope, instructions.WGT.scope, instructions.ACC.scope
+#: Simplifies a loop's extent less the iterations a guard excludes.
+_SIMPLIFY = sym.Analyzer()
 #: AttrStmt key marking an epilogue that overwrites its accumulator in place.
 IN_PLACE = "accel.in_place_epilogue"
 #: Loop annotations of a forking epilogue whose shared steps run once (the scheduler's
@@ -687,8 +689,11 @@ def _store(m, store, config):
         step = _int(dst.strides[-1]) if loops and _int(acc.strides[-1]) == 1 else None
         if step is None or step < 1:
             raise _Unsupported(f"{out.name} or the accumulator is not contiguous along the innermost loop")
-    if any(_int(valid[k][1]) != 0 for k in range(len(g.outer))):
-        raise _Unsupported("the guard bounds a loop outside the 2-D DMA box")
+    # a guard that ends a loop outside the 2-D box early (the last block of whole image rows
+    # holds rows past the image's: their accumulator rows are computed, never stored) runs
+    # that loop fewer times
+    outer = [l if _int(after) == 0 else tirx.For(l.loop_var, l.min, _SIMPLIFY.simplify(l.extent - after), l.kind, l.body)
+             for l, (_, after) in zip(g.outer, valid)]
     sram_ld, dram_ld = g.row_stride
     rows, cols = g.rows - g.rows_after, g.cols - g.cols_after
     if step > 1 and not (None not in (_int(rows), _int(cols), _int(dram_ld))
@@ -700,7 +705,7 @@ def _store(m, store, config):
                     sram_addr=address(acc.buffer, acc.offset + shifts[1]), sram_ld=sram_ld, rows=rows,
                     cols=cols, dram_ld=dram_ld, dram_step=step)
 
-    calls.append(_around(g.outer, [g.outer_strides(dst), g.outer_strides(acc)], make))
+    calls.append(_around(outer, [g.outer_strides(dst), g.outer_strides(acc)], make))
     body = calls[0] if len(calls) == 1 else tirx.SeqStmt(calls)
     if steps:
         # The epilogue runs in place on the accumulator: the planner checks that nothing

@@ -171,12 +171,13 @@ def flat_layout(out: int, padded: int) -> tuple[int, int] | None:
     """The depthwise layout over the image for a square output of ``out`` pixels a side and
     an input ``padded`` pixels wide: ``(tiles of pixels, tiles a block of whole rows holds)``
     of the virtual width (``padded`` to ``padded + 15``) whose blocks of the fewest whole rows
-    (a whole number of tiles, at most 16) divide the rows and take the fewest tiles."""
+    (a whole number of tiles, at most 16; the rows padded to whole blocks) take the fewest tiles."""
     best = None
     for width in range(padded, padded + 16):
         rows = 16 // math.gcd(width, 16)
-        if out % rows == 0 and rows * width // 16 <= 16:
-            best = min(best or (out * width // 16, rows, width), (out * width // 16, rows, width))
+        if rows * width // 16 <= 16:
+            tiles = -(-out // rows) * rows * width // 16
+            best = min(best or (tiles, rows, width), (tiles, rows, width))
     return None if best is None or out < 2 else (best[0], best[1] * best[2] // 16)
 
 
