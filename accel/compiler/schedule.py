@@ -513,6 +513,9 @@ def gemm_blocks(sch: s_tir.Schedule, with_depthwise: bool = False) -> list[tuple
 #: The most tiles a depthwise block of output tiles holds (its epilogue's ALU steps run over
 #: the whole block: a larger block spends less on each instruction's issue).
 DW_BLOCK_LIMIT = 16
+#: The most tiles a depthwise block of whole virtual rows holds (its pixels over the image: a
+#: 40-pixel output of a 3 x 3 kernel takes rows of 42, 8 of them the fewest whole tiles, 21).
+DW_FLAT_LIMIT = 32
 
 
 def depthwise_blocks(tiles: int, limit: int = DW_BLOCK_LIMIT, step: int = 1) -> tuple:
@@ -805,9 +808,8 @@ def _schedule_depthwise(sch: s_tir.Schedule, name: str, dw: depthwise.Depthwise,
     other = "y" if pix == "x" else "x"
     taps = e["ry"] * e["rx"]
     x_pad, f_pad = -(-e[pix] // t) * t, -(-e["f"] // t) * t
-    layouts = depthwise.flat_layouts(dw, t, DW_BLOCK_LIMIT)
-    flat = layouts[0] if layouts else None
-    if knobs.pixels == "image" and flat is None:
+    layouts = depthwise.flat_layouts(dw, t, DW_FLAT_LIMIT)
+    if knobs.pixels == "image" and not layouts:
         raise ScheduleError(f"{name}: its output is one pixel wide or one row high: its pixels run over the image "
                             "already (pixels='row')")
     row_tiles = (x_pad // t, f_pad // t)
@@ -857,7 +859,7 @@ def _schedule_depthwise(sch: s_tir.Schedule, name: str, dw: depthwise.Depthwise,
         return block_cycles(Extents(*row_tiles, 1, e["n"] * e[other]), *block, 1, alu_runs, config,
                             mac_cycles=taps * config.dwmac_cycles, staged=staged)
 
-    def flat_estimate(bm_: int, bn_: int, _bk: int) -> int | None:
+    def layout_estimate(flat: depthwise.Flat, bm_: int, bn_: int) -> int | None:
         tiles = (flat.tiles(t), f_pad // t)
         least = flat.tiles_per_block(t)
         if tiles[0] % bm_ or tiles[1] % bn_ or bm_ % least:
@@ -878,12 +880,23 @@ def _schedule_depthwise(sch: s_tir.Schedule, name: str, dw: depthwise.Depthwise,
         return block_cycles(extents, *block, 1, row_runs, config, mac_cycles=taps * config.dwmac_cycles,
                             staged=staged) + blocks * (rows - 1) * own * config.issue_overhead
 
+    def layout(bm_: int | None, bn_: int) -> tuple:
+        """``(cycles, layout)`` of the cheapest layout over the image whose blocks ``bm_``
+        tiles (None: each layout's fewest whole rows) can be; ``(None, None)`` if none."""
+        costs = [(layout_estimate(f, bm_ or f.tiles_per_block(t), bn_), n) for n, f in enumerate(layouts)]
+        costs = [c for c in costs if c[0] is not None]
+        return (min(costs)[0], layouts[min(costs)[1]]) if costs else (None, None)
+
+    def flat_estimate(bm_: int, bn_: int, _bk: int) -> int | None:
+        return layout(bm_, bn_)[0]
+
     image = knobs.pixels == "image"
+    flat_cost, flat = layout(knobs.bm, knobs.bn or 1)
     if knobs.pixels is None and flat is not None:
-        least = flat.tiles_per_block(t)
         row_cost = row_estimate(knobs.bm or 1, knobs.bn or 1, 1)
-        flat_cost = flat_estimate(knobs.bm or least, knobs.bn or 1, 1)
-        image = flat_cost is not None and (row_cost is None or flat_cost < row_cost)
+        image = row_cost is None or flat_cost < row_cost
+    if image and flat is None:      # no layout takes these blocks (or fits ACC): the first's error below
+        flat = layouts[0]
     if image:
         tiles = (flat.tiles(t), f_pad // t)
         bm, bn = knobs.bm or flat.tiles_per_block(t), knobs.bn or 1

@@ -167,18 +167,17 @@ def with_depthwise_knobs(func, knobs):
     return sch.mod["main"]
 
 
-def flat_layout(out: int, padded: int) -> tuple[int, int] | None:
-    """The depthwise layout over the image for a square output of ``out`` pixels a side and
-    an input ``padded`` pixels wide: ``(tiles of pixels, tiles a block of whole rows holds)``
-    of the virtual width (``padded`` to ``padded + 15``) whose blocks of the fewest whole rows
-    (a whole number of tiles, at most 16; the rows padded to whole blocks) take the fewest tiles."""
-    best = None
+def flat_layouts(out: int, padded: int) -> list:
+    """The depthwise layouts over the image for a square output of ``out`` pixels a side and
+    an input ``padded`` pixels wide: per virtual width (``padded`` to ``padded + 15``),
+    ``(tiles of pixels, tiles a block of its fewest whole rows holds)`` (a whole number of
+    tiles, at most 32; the rows padded to whole blocks)."""
+    out_ = []
     for width in range(padded, padded + 16):
         rows = 16 // math.gcd(width, 16)
-        if rows * width // 16 <= 16:
-            tiles = -(-out // rows) * rows * width // 16
-            best = min(best or (tiles, rows, width), (tiles, rows, width))
-    return None if best is None or out < 2 else (best[0], best[1] * best[2] // 16)
+        if rows * width // 16 <= 32 and out > 1:
+            out_.append((-(-out // rows) * rows * width // 16, rows * width // 16))
+    return out_
 
 
 @settings(max_examples=12)
@@ -189,36 +188,34 @@ def test_every_depthwise_block_is_bit_exact_or_refused_when_it_does_not_divide_t
                                                                                          pixels):
     """Blocks along a row's tiles, or over the image's pixels (blocks of whole virtual rows),
     bit-exact with llvm, or refused when they do not divide the tiles (over the image: are not
-    whole rows)."""
+    whole rows of any layout)."""
     size, k, stride = shape
     func = depthwise(size, c, k, stride, epilogue)
     args = inputs(func)
     out = (size - 1) // stride + 1
     channels = -(-c // 16)
     row = -(-out // 16)
-    flat = flat_layout(out, size + 2 * (k // 2))
+    layouts = flat_layouts(out, size + 2 * (k // 2)) if stride == 1 else []
 
     def fits(mode, bm_, bn_):
         if channels % bn_:
             return False
         if mode == "row":
-            return row % bm_ == 0
-        return flat is not None and flat[0] % bm_ == 0 and bm_ % flat[1] == 0
+            return row % (bm_ or 1) == 0
+        return any(tiles % (bm_ or least) == 0 and (bm_ or least) % least == 0 for tiles, least in layouts)
 
     try:
         got, _, report = accel_run(with_depthwise_knobs(func, Knobs(bm=bm, bn=bn, pixels=pixels)), args)
     except ScheduleError as err:
-        if pixels is None:
-            assert not fits("row", bm or 1, bn or 1) and not (flat and fits("image", bm or flat[1], bn or 1))
-        else:
-            assert not fits(pixels, bm or (1 if pixels == "row" else flat and flat[1]), bn or 1)
+        assert not any(fits(mode, bm, bn or 1) for mode in ((pixels,) if pixels else ("row", "image")))
         assert "does not divide" in str(err) or "not whole rows" in str(err) or "one row high" in str(err)
         return
     np.testing.assert_array_equal(got, llvm_result(func, args))
     used = report.offloaded[0].knobs
-    assert pixels in (None, used.pixels)
-    least = 1 if used.pixels == "row" else flat[1]
-    assert (used.bm, used.bn) == (bm or least, bn or 1) and fits(used.pixels, used.bm, used.bn)
+    assert pixels in (None, used.pixels) and fits(used.pixels, used.bm, used.bn)
+    assert used.bn == (bn or 1) and (bm is None or used.bm == bm)
+    if bm is None:      # the heuristic's: one tile along a row, or a layout's fewest whole rows
+        assert used.bm in ((1,) if used.pixels == "row" else {least for _, least in layouts})
 
 
 def test_a_20_pixel_wide_depthwise_runs_over_the_image_in_fewer_cycles_than_row_by_row():
