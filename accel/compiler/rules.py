@@ -14,7 +14,8 @@
 - ``elementwise``: the calls :mod:`accel.compiler.elementwise` wrote at schedule time for an
   element-wise chain of int8 tensors, taken as they are;
 - ``store``: a nest writing host memory from ACC, possibly through an elementwise epilogue
-  and a narrowing cast -> ALU (in place, on the accumulator) then STORE; a plain cast wraps,
+  and a narrowing cast -> ALU (in place, on the accumulator) then STORE (a guard that ends a
+  loop around the 2-D box early runs that loop fewer times); a plain cast wraps,
   a clip to [-128, 127] then cast saturates; a clip to int8 then a lookup in a 256-entry int8
   table staged in WGT (:func:`table_lookup`) -> the ALU's clip, LUT, then a STORE.
 
@@ -495,7 +496,8 @@ def _alu_calls(steps, spine, operands, loops, config, partial_ok):
     """ALU instructions applying ``steps`` in place on the ``spine`` region, or None.
 
     Columns are cut into ``tile``-lane vectors (``ext_in``), rows become ``ext_out``, loops
-    further out become For loops around the instruction. ``partial_ok``: a last partial
+    further out become For loops around the instruction; with one vector a row, the rows take
+    ``ext_in`` and the loop around them ``ext_out`` (one instruction for two loops of rows). ``partial_ok``: a last partial
     vector may change the lanes after the region (an epilogue whose accumulator is dead
     after its store, which the planner checks; not an ALU nest whose buffer is read on).
     """
