@@ -513,9 +513,6 @@ def gemm_blocks(sch: s_tir.Schedule, with_depthwise: bool = False) -> list[tuple
 #: The most tiles a depthwise block of output tiles holds (its epilogue's ALU steps run over
 #: the whole block: a larger block spends less on each instruction's issue).
 DW_BLOCK_LIMIT = 16
-#: The most tiles a depthwise block of whole virtual rows holds (its pixels over the image: a
-#: 40-pixel output of a 3 x 3 kernel takes rows of 42, 8 of them the fewest whole tiles, 21).
-DW_FLAT_LIMIT = 32
 
 
 def depthwise_blocks(tiles: int, limit: int = DW_BLOCK_LIMIT, step: int = 1) -> tuple:
@@ -808,7 +805,7 @@ def _schedule_depthwise(sch: s_tir.Schedule, name: str, dw: depthwise.Depthwise,
     other = "y" if pix == "x" else "x"
     taps = e["ry"] * e["rx"]
     x_pad, f_pad = -(-e[pix] // t) * t, -(-e["f"] // t) * t
-    layouts = depthwise.flat_layouts(dw, t, DW_FLAT_LIMIT)
+    layouts = depthwise.flat_layouts(dw, t, DW_BLOCK_LIMIT)
     if knobs.pixels == "image" and not layouts:
         raise ScheduleError(f"{name}: its output is one pixel wide or one row high: its pixels run over the image "
                             "already (pixels='row')")
@@ -885,7 +882,8 @@ def _schedule_depthwise(sch: s_tir.Schedule, name: str, dw: depthwise.Depthwise,
         cheapest) whose blocks ``bm_`` tiles (None: each layout's fewest whole rows) can be;
         ``(None, None)`` if none. Fewest tiles first: the estimate, exact on the DWMACs, is
         not on a large block's (more rows, fewer blocks) DMA and ALU beside them (choosing by
-        it alone took 1.6% more cycles on ppocrv5_det than by the tiles)."""
+        it alone, blocks of up to 32 tiles, took 1.6% more cycles on ppocrv5_det than by the
+        tiles, blocks of up to 16)."""
         costs = [(f.tiles(t), layout_estimate(f, bm_ or f.tiles_per_block(t), bn_), n) for n, f in enumerate(layouts)]
         costs = [c for c in costs if c[1] is not None]
         return (min(costs)[1], layouts[min(costs)[2]]) if costs else (None, None)

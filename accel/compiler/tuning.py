@@ -59,7 +59,7 @@ import tirpat as tp
 from accel.compiler.depthwise import Depthwise, flat_layouts
 from accel.compiler.depthwise import pixels as pixel_dim
 from accel.compiler.schedule import (
-    ANNOTATION, BK_LIMIT, BN_LIMIT, DW_FLAT_LIMIT, FORKS, GATHERS, PIXELS, WEIGHTS, depthwise_blocks, gemm_blocks,
+    ANNOTATION, BK_LIMIT, BN_LIMIT, DW_BLOCK_LIMIT, FORKS, GATHERS, PIXELS, WEIGHTS, depthwise_blocks, gemm_blocks,
     schedule_in,
 )
 from accel.hw.config import Config
@@ -106,10 +106,10 @@ def knobs(sch: s_tir.Schedule, config: Config) -> list:
             # likeliest (else the largest: the scheduler makes a block that does not fit ACC
             # smaller); the pixels along each row or over the image where it has a layout (its
             # blocks whole virtual rows), the heuristic's (the estimate's cheaper) likeliest
-            flat = flat_layouts(conv, t, DW_FLAT_LIMIT)
+            flat = flat_layouts(conv, t, DW_BLOCK_LIMIT)
             along = set(depthwise_blocks(-(-conv.ext[pixel_dim(conv)] // t))) | {k.bm}
             for layout in flat:
-                along |= set(depthwise_blocks(layout.tiles(t), DW_FLAT_LIMIT, layout.tiles_per_block(t)))
+                along |= set(depthwise_blocks(layout.tiles(t), DW_BLOCK_LIMIT, layout.tiles_per_block(t)))
             sizes = [tuple(sorted(along)), depthwise_blocks(-(-plan.n // t))]
             priors = _cheapest(plan, sizes + [(1,)], [_rising(len(s)) for s in sizes] + [None])
             out += [tp.Knob(name, ANNOTATION + key, values, default, prior=prior)

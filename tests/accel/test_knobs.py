@@ -171,11 +171,11 @@ def flat_layouts(out: int, padded: int) -> list:
     """The depthwise layouts over the image for a square output of ``out`` pixels a side and
     an input ``padded`` pixels wide: per virtual width (``padded`` to ``padded + 15``),
     ``(tiles of pixels, tiles a block of its fewest whole rows holds)`` (a whole number of
-    tiles, at most 32; the rows padded to whole blocks)."""
+    tiles, at most 16; the rows padded to whole blocks)."""
     out_ = []
     for width in range(padded, padded + 16):
         rows = 16 // math.gcd(width, 16)
-        if rows * width // 16 <= 32 and out > 1:
+        if rows * width // 16 <= 16 and out > 1:
             out_.append((-(-out // rows) * rows * width // 16, rows * width // 16))
     return out_
 
