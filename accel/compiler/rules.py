@@ -497,9 +497,10 @@ def _alu_calls(steps, spine, operands, loops, config, partial_ok):
 
     Columns are cut into ``tile``-lane vectors (``ext_in``), rows become ``ext_out``, loops
     further out become For loops around the instruction; with one vector a row, the rows take
-    ``ext_in`` and the loop around them ``ext_out`` (one instruction for two loops of rows). ``partial_ok``: a last partial
-    vector may change the lanes after the region (an epilogue whose accumulator is dead
-    after its store, which the planner checks; not an ALU nest whose buffer is read on).
+    ``ext_in`` and the loop around them ``ext_out`` (one instruction for two loops of rows).
+    ``partial_ok``: a last partial vector may change the lanes after the region (an epilogue
+    whose accumulator is dead after its store, which the planner checks; not an ALU nest whose
+    buffer is read on).
     """
     t = config.tile
     g = _grid(loops, [spine] + list(operands))
@@ -694,7 +695,8 @@ def _store(m, store, config):
     # a guard that ends a loop outside the 2-D box early (the last block of whole image rows
     # holds rows past the image's: their accumulator rows are computed, never stored) runs
     # that loop fewer times
-    outer = [l if _int(after) == 0 else tirx.For(l.loop_var, l.min, _SIMPLIFY.simplify(l.extent - after), l.kind, l.body)
+    outer = [l if _int(after) == 0 else
+             tirx.For(l.loop_var, l.min, _SIMPLIFY.simplify(l.extent - after), l.kind, l.body)
              for l, (_, after) in zip(g.outer, valid)]
     sram_ld, dram_ld = g.row_stride
     rows, cols = g.rows - g.rows_after, g.cols - g.cols_after

@@ -83,8 +83,8 @@ def test_depthwise_conv_on_accel_is_bit_exact_with_llvm(layout, c, h, w, k, stri
     # or over the image: rows of a virtual width, the padded input's or a little more, whole
     # tiles every few rows (the rows padded to whole blocks of them)
     padded = w + 2 * pad
-    image = [-(-oh // (16 // math.gcd(width, 16))) * width // math.gcd(width, 16) for width in range(padded, padded + 16)
-             if width // math.gcd(width, 16) <= 16] if ow > 1 < oh else []
+    image = [-(-oh // (16 // math.gcd(width, 16))) * width // math.gcd(width, 16)
+             for width in range(padded, padded + 16) if width // math.gcd(width, 16) <= 16] if ow > 1 < oh else []
     tiles = stats.instructions["DWMAC"] // -(-c // 16)
     assert tiles in (rows, *image) and stats.macs == stats.instructions["DWMAC"] * k * k * 256
 
