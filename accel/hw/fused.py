@@ -1681,7 +1681,7 @@ class _Held:
     - ``wgt_final``: whether what WGT ends with is all constant data (then kept);
     - ``acc``: ``(targets, codes, rest)``: the values ACC LOADs bring from constant slots
       (kept as ``(targets, values, rest)``), and ``(targets, gather)`` for the other loaded
-      values (None when there are none);
+      values (None when there are none, or when the loads are read as a view);
     - ``f_write`` / ``i_write``: the ``(slot, start)`` of the host slots a run still converts
       into the source vector / copies into the int32 vector: the others are read only through
       what is kept (None: every slot, as without constants).
@@ -1730,7 +1730,9 @@ class _Held:
             self.f_write = None
         self.i_write = None
         self.acc = None
-        if plan.acc_loads is not None:
+        # loads read as a view (a bias row repeated, by a zero stride) cost a copy of what the
+        # view reads, as kept values would: kept are only those a gather reads
+        if plan.acc_loads is not None and isinstance(plan.acc_loads[1], _Gather):
             at, codes = plan.acc_loads
             targets, codes = _indices(at, t), _indices(codes, t)
             held = np.zeros(plan.i_base, bool)

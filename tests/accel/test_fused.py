@@ -670,10 +670,12 @@ def test_a_plan_told_of_constants_keeps_what_it_derives_and_never_serves_it_stal
 
 
 def _weighted_stream():
-    """An input tile times a weight tile (slot 1) plus a bias row (slot 2), stored to slot 3."""
+    """An input tile times a weight tile (slot 1) plus biases (slot 2: eight rows, padded to a
+    tile: read by a gather), stored to slot 4."""
     return _auto([Load(mem=Mem.INP, sram_addr=0, sram_ld=16, slot=0, dram_offset=0, dram_ld=16, rows=16, cols=16),
                   Load(mem=Mem.WGT, sram_addr=0, sram_ld=16, slot=1, dram_offset=0, dram_ld=16, rows=16, cols=16),
-                  Load(mem=Mem.ACC, sram_addr=0, sram_ld=16, slot=2, dram_offset=0, dram_ld=0, rows=16, cols=16),
+                  Load(mem=Mem.ACC, sram_addr=0, sram_ld=16, slot=2, dram_offset=0, dram_ld=16, rows=8, cols=16,
+                       pad_bottom=8, pad_value=5),
                   _gemm(), Store(sram_addr=0, sram_ld=16, slot=4, dram_offset=0, dram_ld=16, rows=16, cols=16)])
 
 
@@ -704,7 +706,7 @@ def test_kept_weights_and_biases_are_used_while_their_data_stays_and_derived_aga
             sim_tests._assert_same_state(sim, ref, host, want)
             assert (product.w in calls) == (k in (0, 3))
     held = plan._held
-    assert held.weights == [0] and held.acc[2] is None and held.f_write is not None
+    assert held.weights == [0] and held.acc is not None and held.acc[2] is None and held.f_write is not None
     assert all(slot != 1 for slot, _ in held.f_write)      # the weight is not converted each run
     np.testing.assert_array_equal(host[4][:256].reshape(16, 16), want[4][:256].reshape(16, 16))
 
