@@ -734,3 +734,32 @@ def test_a_product_adds_onto_the_values_an_acc_load_brought():
     plan, (sim, host), (ref, want) = _both(stream)
     assert not plan.products[0].assign
     _runs_alike(plan, stream, (sim, host), (ref, want))
+
+
+@given(st.permutations(range(8)), st.sampled_from([0, 1, 2]))
+def test_stores_of_tile_rows_in_another_order_write_row_by_row_like_the_reference(places, mode):
+    """STOREs that put an accumulator tile's rows at scattered host rows (an output in another
+    layout than the tiles'): written a row at a time, what instruction-by-instruction
+    execution writes (int8 saturated or wrapped, int32)."""
+    slot = 4 if mode == 0 else 3
+    program = [Load(mem=Mem.INP, sram_addr=0, sram_ld=16, slot=0, dram_offset=0, dram_ld=16, rows=16, cols=16),
+               Load(mem=Mem.WGT, sram_addr=0, sram_ld=16, slot=1, dram_offset=0, dram_ld=16, rows=16, cols=16),
+               _gemm(reset=True), _gemm()]
+    program += [Store(sram_addr=16 * r, sram_ld=16, slot=slot, dram_offset=32 * p + 3, dram_ld=16, rows=1, cols=16,
+                      mode=mode) for r, p in enumerate(places)]
+    stream = _auto(program)
+    plan, (sim, host), (ref, want) = _both(stream)
+    in_a_row = fused._affine([np.array(places)]) is not None      # (then one strided view)
+    assert isinstance(plan.stores[0][2], fused._Rows) != in_a_row
+    _runs_alike(plan, stream, (sim, host), (ref, want))
+
+
+@given(st.lists(st.integers(0, 40), min_size=1, max_size=12, unique=True), st.sampled_from([np.int8, np.int32]),
+       st.sampled_from([2, 4, 16]))
+def test_writes_by_rows_equal_a_scatter(starts, dtype, tile):
+    index = (np.array(starts)[:, None] * tile + np.arange(tile)).reshape(-1)
+    data = np.random.default_rng(len(starts)).integers(-2**31, 2**31, index.size).astype(np.int32)
+    want, got = np.zeros(41 * tile, dtype), np.zeros(41 * tile, dtype)
+    want[index] = data.astype(dtype)
+    fused._Rows.of(index, tile).put(got, data)
+    np.testing.assert_array_equal(got, want)
