@@ -1632,7 +1632,13 @@ class FusedPlan:
             _put(sim.inp, at, _at(source, src))
         if self.wgt_final is not None:
             at, src = self.wgt_final
-            _put(sim.wgt, at, _at(source, src) if held is None or held.wgt_final is None else held.wgt_final)
+            if held is None:
+                _put(sim.wgt, at, _at(source, src))
+            elif held.of.wgt_from is not None:
+                slot, view = held.of.wgt_from
+                _put(sim.wgt, at, view.of(buffers[slot]))
+            else:
+                _put(sim.wgt, at, _at(source, src) if held.wgt_final is None else held.wgt_final)
         if self.acc_final is not None:
             at, src = self.acc_final
             _put(sim.acc, at, _at(vector, src))
@@ -1714,7 +1720,9 @@ class _Held:
     - ``weights``: the products (by index) whose weight elements all come from constant
       slots (or pads): their weight operand is kept as their gather reads it, in float32
       (:attr:`_Kept.weights`, None for the others);
-    - ``wgt_final``: whether what WGT ends with is all constant data (then kept);
+    - ``wgt_final``: whether what WGT ends with is all constant data, gathered (then kept);
+      ``wgt_from``: ``(slot, view)`` when it is a view of one constant slot's elements (read
+      from the host buffer: nothing kept);
     - ``acc``: ``(targets, codes, rest)``: the values ACC LOADs bring from constant slots
       (kept as ``(targets, values, rest)``), and ``(targets, gather)`` for the other loaded
       values (None when there are none, or when the loads are read as a view);
@@ -1756,9 +1764,22 @@ class _Held:
                 read[alu[2].reshape(-1)] = True
         if plan.inp_final is not None:
             read[_indices(plan.inp_final[1], t)] = True
-        self.wgt_final = plan.wgt_final is not None and bool(constant[_indices(plan.wgt_final[1], t)].all())
-        if plan.wgt_final is not None and not self.wgt_final:
-            read[_indices(plan.wgt_final[1], t)] = True
+        self.wgt_final = False
+        self.wgt_from = None
+        if plan.wgt_final is not None:
+            src = plan.wgt_final[1]
+            reach = _indices(src, t)
+            inside = [(slot, at) for slot, at in f_at.items() if slot in slots and
+                      at <= reach.min() and reach.max() < at + plan.sizes[slot]]
+            if inside and isinstance(src, (_Span, _View)):
+                # a view of one constant slot's elements: read from the host buffer itself
+                slot, at = inside[0]
+                self.wgt_from = (slot, _Span(src.start - at, src.shape) if isinstance(src, _Span) else
+                                 _View(src.start - at, src.shape, src.strides))
+            elif isinstance(src, _Gather) and src.strided is None and constant[reach].all():
+                self.wgt_final = True       # kept (a gather)
+            else:
+                read[reach] = True
         if plan.f_extra is not None:
             read[plan.f_extra[read[plan.f_base:]]] = True       # the sources of extra rows something reads
         self.f_write = [(s, at) for s, at in f_at.items() if s not in slots or read[at:at + plan.sizes[s]].any()]
@@ -1786,7 +1807,8 @@ class _Held:
                     self.i_write = [(s, start) for s, start in plan.i_slots.items() if s not in slots]
                 found = _views(targets[kept])
                 self.acc = (found[0] if found else _slices(targets[kept]), codes[kept], rest)
-        self.empty = not self.weights and not self.wgt_final and self.acc is None and self.f_write is None
+        self.empty = not self.weights and not self.wgt_final and self.wgt_from is None and self.acc is None and \
+            self.f_write is None
 
     def kept(self, plan: "FusedPlan", buffers: Buffers, sim) -> _Kept:
         """The arrays kept for the constant slots where ``buffers`` has them, derived now when

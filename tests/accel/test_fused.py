@@ -707,6 +707,7 @@ def test_kept_weights_and_biases_are_used_while_their_data_stays_and_derived_aga
             assert (product.w in calls) == (k in (0, 3))
     held = plan._held
     assert held.weights == [0] and held.acc is not None and held.acc[2] is None and held.f_write is not None
+    assert held.wgt_from is not None       # WGT ends with the weight: read from the host buffer itself
     assert all(slot != 1 for slot, _ in held.f_write)      # the weight is not converted each run
     np.testing.assert_array_equal(host[4][:256].reshape(16, 16), want[4][:256].reshape(16, 16))
 
