@@ -42,6 +42,15 @@ simulator's workspace: all its plans run in the same arrays (in cache), and none
 anything there from one run to the next. MAX and MIN batches by immediates in a row are
 one clip.
 
+A run told which host slots are constants (a model's weights and biases, see
+:attr:`tirpat.device.Session.constant_slots`) keeps what it derives from those the stream only
+reads, per place they are at in memory (:class:`_Held`): a product's weight operand in
+float32, the values gathered ACC LOADs bring, WGT's final contents; those slots are then not
+converted into the source vector unless something else reads them. Their data is compared
+with a copy at every run, so a changed "constant" is derived again, never served stale.
+STOREs whose host elements are tile rows in another order than the values' write a row per
+index (:class:`_Rows`).
+
 Lanes nobody reads are not read exactly: an ALU batch's result that reaches no STORE and
 is not what ACC ends with (a layer of 8 channels computes 16 lanes) lets its operands read
 any value there, and an input element that only multiplies a weight's zero pad any finite
