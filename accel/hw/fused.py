@@ -80,6 +80,8 @@ order in which products are summed does not change any value.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import functools
 from functools import partial
 from typing import Callable, Optional, Sequence
@@ -1710,7 +1712,33 @@ class _Kept:
 
     def current(self, buffers: Buffers) -> bool:
         """Whether the constant slots hold the data the arrays were derived from."""
-        return all(np.array_equal(buffers[s], c) for s, c in self.copies.items())
+        return all(_same_bytes(buffers[s], c) for s, c in self.copies.items())
+
+
+def _memcmp() -> Optional[Callable]:
+    """The C library's ``memcmp`` (None where it cannot be loaded)."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"))
+        compare = libc.memcmp
+    except (OSError, TypeError, AttributeError):
+        return None
+    compare.restype, compare.argtypes = ctypes.c_int, (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
+    return compare
+
+
+_MEMCMP = _memcmp()
+
+
+def _same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether two contiguous arrays hold the same bytes: one ``memcmp`` (a model's constants are
+    checked at every call: numpy's comparison makes a bool per element first, 2-3x slower).
+
+    >>> _same_bytes(np.arange(4, dtype=np.int8), np.arange(4, dtype=np.int8)), _same_bytes(np.zeros(2), np.ones(2))
+    (True, False)
+    """
+    if _MEMCMP is None or a.nbytes != b.nbytes:
+        return a.nbytes == b.nbytes and np.array_equal(a.view(np.uint8), b.view(np.uint8))
+    return _MEMCMP(a.__array_interface__["data"][0], b.__array_interface__["data"][0], a.nbytes) == 0
 
 
 #: Placements of a plan's constant slots whose arrays it keeps (a stream that several layers
