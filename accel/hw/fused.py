@@ -1383,10 +1383,13 @@ class _Product:
 
     def run(self, source: _Vector, values: np.ndarray, w: Optional[np.ndarray] = None) -> None:
         """Add the product into ``values``; ``w``, when given, is the weight operand as
-        ``self.w`` reads it (kept from an earlier run: see :class:`_Held`)."""
+        ``self.w`` reads it, or a :class:`_Compact` of it (kept from an earlier run: see
+        :class:`_Held`)."""
         x = self.x.read(source)
         w = self.w.read(source) if w is None else w
-        if self.ftype is np.float32:
+        if isinstance(w, _Compact):
+            product = w.product(x)              # (float32: only products that sum exactly have one)
+        elif self.ftype is np.float32:
             product = np.matmul(x, w.T)         # exact: integers below 2**24
             if self.assign and self.grid is not None:
                 np.copyto(self.grid.of(values), product, casting="unsafe")
@@ -1871,7 +1874,8 @@ class _Held:
         if self.weights:
             kept.weights = [None] * len(plan.products)
             for k in self.weights:
-                kept.weights[k] = np.array(plan.products[k].w.read(source))      # a copy (a view of the vector)
+                w = np.array(plan.products[k].w.read(source))      # a copy (a view of the vector)
+                kept.weights[k] = (_Compact.of(w) if plan.products[k].ftype is np.float32 else None) or w
         if self.wgt_final:
             kept.wgt_final = np.array(_at(source, plan.wgt_final[1]))
         if self.acc is not None:
@@ -1896,6 +1900,55 @@ class _Held:
         for slot, at in self.i_write:
             ints[at:at + plan.sizes[slot]] = buffers[slot]
         ints[plan.i_base - plan.i_pads.size:] = plan.i_pads
+
+
+class _Compact:
+    """A constant weight operand ``[N, K]`` of a float32 product without its all-zero rows
+    (output channels a layer pads or prunes) and the all-zero columns around its others (input
+    channels it pads): ``x @ w.T`` is ``x[:, k0:k1] @ w'.T`` placed in the non-zero rows' columns,
+    zeros elsewhere. Exact: the terms left out are products by zero of finite values, and the
+    sums are of integers below 2**24 in any order. On ``ppocrv6_det_small`` a fifth of the
+    products' multiply-adds are by such rows and columns.
+
+    >>> w = np.array([[0, 1, 2, 0], [0, 0, 0, 0], [0, 3, 0, 0]], np.float32)
+    >>> c = _Compact.of(w, at_least=0); x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    >>> (c.k0, c.k1, c.rows), bool((c.product(x) == x @ w.T).all())
+    ((1, 3, [(0, 1), (2, 3)]), True)
+    """
+
+    __slots__ = ("w", "k0", "k1", "rows", "n")
+
+    def __init__(self, w: np.ndarray, k0: int, k1: int, rows: Optional[list], n: int) -> None:
+        self.w, self.k0, self.k1, self.rows, self.n = w, k0, k1, rows, n
+
+    @classmethod
+    def of(cls, w: np.ndarray, at_least: float = 0.1) -> Optional["_Compact"]:
+        """``w`` compacted, or None when that leaves out less than ``at_least`` of its entries."""
+        zero = w == 0
+        live_rows = np.flatnonzero(~zero.all(1))
+        live_cols = np.flatnonzero(~zero.all(0))
+        if not live_rows.size:
+            return None         # no product at all: rare, and left as it is
+        k0, k1 = int(live_cols[0]), int(live_cols[-1]) + 1
+        if live_rows.size * (k1 - k0) > (1 - at_least) * w.size:
+            return None
+        rows = None
+        if live_rows.size < w.shape[0]:
+            edges = np.flatnonzero(np.diff(live_rows) != 1) + 1
+            rows = [(int(r[0]), int(r[-1]) + 1) for r in np.split(live_rows, edges)]
+        return cls(np.ascontiguousarray(w[live_rows, k0:k1]), k0, k1, rows, w.shape[0])
+
+    def product(self, x: np.ndarray) -> np.ndarray:
+        """``x @ w.T`` for the whole ``w`` (``x`` 2-D, float32)."""
+        sub = np.matmul(x[:, self.k0:self.k1], self.w.T)
+        if self.rows is None:
+            return sub
+        out = np.zeros((x.shape[0], self.n), sub.dtype)
+        at = 0
+        for r0, r1 in self.rows:
+            out[:, r0:r1] = sub[:, at:at + r1 - r0]
+            at += r1 - r0
+        return out
 
 
 def _indices(reader, tile: int) -> np.ndarray:
