@@ -1387,10 +1387,9 @@ class _Product:
         :class:`_Held`)."""
         x = self.x.read(source)
         w = self.w.read(source) if w is None else w
-        if isinstance(w, _Compact):
-            product = w.product(x)              # (float32: only products that sum exactly have one)
-        elif self.ftype is np.float32:
-            product = np.matmul(x, w.T)         # exact: integers below 2**24
+        if self.ftype is np.float32:        # (only such products keep a _Compact weight)
+            # exact: integers below 2**24
+            product = w.product(x) if isinstance(w, _Compact) else np.matmul(x, w.T)
             if self.assign and self.grid is not None:
                 np.copyto(self.grid.of(values), product, casting="unsafe")
                 return

@@ -764,3 +764,37 @@ def test_writes_by_rows_equal_a_scatter(starts, dtype, tile):
     want[index] = data.astype(dtype)
     fused._Rows.of(index, tile).put(got, data)
     np.testing.assert_array_equal(got, want)
+
+
+@given(st.integers(1, 6), st.integers(1, 6), st.integers(1, 40), st.data())
+def test_a_compact_weight_multiplies_as_the_whole_one(n, k, m, data):
+    """_Compact: the product without the weight's all-zero rows and outer zero columns equals
+    the whole product, bit for bit (int8 operands in float32)."""
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**16)))
+    w = rng.integers(-128, 128, (n * 4, k * 4)).astype(np.float32)
+    w[data.draw(st.lists(st.integers(0, n * 4 - 1), max_size=n * 4)), :] = 0
+    cols = data.draw(st.lists(st.integers(0, k * 4 - 1), max_size=k * 4))
+    w[:, cols] = 0
+    x = rng.integers(-128, 128, (m, k * 4)).astype(np.float32)
+    compact = fused._Compact.of(w, at_least=0)
+    if compact is None:
+        assert not w.any()
+        return
+    np.testing.assert_array_equal(compact.product(x), x @ w.T)
+
+
+def test_a_kept_weight_with_padded_channels_multiplies_without_them():
+    """A weight whose last output channels and input channels are zero (a layer of 10 in 16
+    lanes): the kept operand leaves them out, and the plan still leaves the reference's state."""
+    stream = _weighted_stream()
+    plan, (sim, host), (ref, want) = _both(stream)
+    for side in (host, want):
+        weight = side[1][:256].reshape(16, 16)
+        weight[10:, :] = 0          # (WGT's rows are K, its columns the output channels)
+        weight[:, 10:] = 0
+    for _ in range(3):
+        assert plan.run(host, sim, frozenset({1}))
+        ref.run(stream, want)
+        sim_tests._assert_same_state(sim, ref, host, want)
+    kept = next(iter(plan._held.places.values())).weights[0]
+    assert isinstance(kept, fused._Compact) and kept.w.shape == (10, 10)
