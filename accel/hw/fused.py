@@ -42,14 +42,8 @@ simulator's workspace: all its plans run in the same arrays (in cache), and none
 anything there from one run to the next. MAX and MIN batches by immediates in a row are
 one clip.
 
-A run told which host slots are constants (a model's weights and biases, see
-:attr:`tirpat.device.Session.constant_slots`) keeps what it derives from those the stream only
-reads, per place they are at in memory (:class:`_Held`): a product's weight operand in
-float32, the values gathered ACC LOADs bring, WGT's final contents; those slots are then not
-converted into the source vector unless something else reads them. Their data is compared
-with a copy at every run, so a changed "constant" is derived again, never served stale.
-STOREs whose host elements are tile rows in another order than the values' write a row per
-index (:class:`_Rows`).
+STOREs whose host elements are tile rows in another order than the values' (an NCHW output
+written from tiles of pixels) write a row per index (:class:`_Rows`).
 
 Lanes nobody reads are not read exactly: an ALU batch's result that reaches no STORE and
 is not what ACC ends with (a layer of 8 channels computes 16 lanes) lets its operands read
@@ -80,8 +74,6 @@ order in which products are summed does not change any value.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import functools
 from functools import partial
 from typing import Callable, Optional, Sequence
@@ -1046,7 +1038,7 @@ def _first_writes(products: list, acc_n: int, zeroed: int, count: int,
     zeroed)``) write their results there instead (``assign``): 0 + x is x, and those values
     need no zeroing. Returns the ranges of values that still do. The values an ACC LOAD
     brings (``loaded``) are no zeros: a product adds into them (a bias loaded, then
-    accumulated onto), as the values a product that adds there too."""
+    accumulated onto), as into the values a product that adds there too."""
     hits = np.zeros(count, np.int32)
     if loaded is not None:
         hits[loaded] = 1
@@ -1381,15 +1373,10 @@ class _Product:
         return _Product(self.x, self.w, self.ftype, grid, self.sel_r, self.sel_c,
                         _run_of(targets) if self.unique else targets, self.unique, self.tile)
 
-    def run(self, source: _Vector, values: np.ndarray, w: Optional[np.ndarray] = None) -> None:
-        """Add the product into ``values``; ``w``, when given, is the weight operand as
-        ``self.w`` reads it, or a :class:`_Compact` of it (kept from an earlier run: see
-        :class:`_Held`)."""
-        x = self.x.read(source)
-        w = self.w.read(source) if w is None else w
-        if self.ftype is np.float32:        # (only such products keep a _Compact weight)
-            # exact: integers below 2**24
-            product = w.product(x) if isinstance(w, _Compact) else np.matmul(x, w.T)
+    def run(self, source: _Vector, values: np.ndarray) -> None:
+        x, w = self.x.read(source), self.w.read(source)
+        if self.ftype is np.float32:
+            product = np.matmul(x, w.T)         # exact: integers below 2**24
             if self.assign and self.grid is not None:
                 np.copyto(self.grid.of(values), product, casting="unsafe")
                 return
@@ -1565,21 +1552,11 @@ class FusedPlan:
         written = dict.fromkeys(s[0] for s in stores)
         self._apart = [(r, w) for r in (*self.f_slots, *self.i_slots) for w in written if r != w]
         self._fits: dict[int, tuple] = {}       # the last few tuples of buffers found laid out as assumed, by id
-        # the host slots the stream reads and never writes: those a run may be told are constants
-        self._read_only = frozenset(self.f_slots.keys() | self.i_slots.keys()) - written.keys()
-        self._held: Optional[_Held] = None      # what is derived from the constant slots (see _holding)
 
-    def run(self, buffers: Buffers, sim=None, constants: frozenset = frozenset()) -> bool:
+    def run(self, buffers: Buffers, sim=None) -> bool:
         """Execute on ``buffers`` (and ``sim``'s scratchpads; the builder's by default).
         False, with nothing done, when the host buffers are not laid out as the plan
-        assumes (other sizes, or a buffer read that shares memory with one written).
-
-        ``constants``: host slots whose data is the same at every run (a model's weights and
-        biases): what the plan derives from those it only reads (a product's weight matrix
-        in float32, the bias values ACC LOADs bring, the weights WGT ends with) is kept from
-        run to run (:class:`_Held`), and their elements are not converted into the source
-        vector when nothing else reads them. Their data is compared with a copy at each run:
-        changed data is derived again, never served stale."""
+        assumes (other sizes, or a buffer read that shares memory with one written)."""
         sim = sim or self._sim
         if self._fits.get(id(buffers)) is not buffers:
             for slot, size in self.sizes.items():
@@ -1593,11 +1570,8 @@ class FusedPlan:
                 remember(self._fits, buffers)
         self._bind(sim)
         source = self._source       # refilled each run: its extra rows after the rest
-        held = self._holding(constants, buffers, sim) if constants else None
-        if held is None or held.of.f_write is None:
-            self._fill_source(sim, buffers)
-        else:
-            held.of.fill_source(self, sim, buffers, source.data)
+        np.concatenate([sim.inp[self.inp_kept], sim.wgt[self.wgt_kept], *(buffers[s] for s in self.f_slots),
+                        self.f_pads], out=source.data[:self.f_base])
         if self.f_extra is not None:
             np.take(source.data, self.f_extra, out=source.data[self.f_base:])
         # values written before they are read (see _layout) need no zeroing, the others are
@@ -1609,24 +1583,11 @@ class FusedPlan:
         for lo, hi in self.zero:
             values[lo:hi] = 0
         if self.acc_loads is not None:
-            if held is None or held.acc is None:
-                self._fill_ints(buffers)
-                _put(values, self.acc_loads[0], _at(self._ints, self.acc_loads[1]))
-            else:
-                at, data, rest = held.acc
-                _put(values, at, data)
-                if rest is not None:
-                    held.of.fill_ints(self, buffers, self._ints.data)
-                    _put(values, rest[0], _at(self._ints, rest[1]))
-        if held is None or held.weights is None:
-            for product in self.products:
-                product.run(source, values)
-        else:
-            for product, w in zip(self.products, held.weights):
-                if w is None:
-                    product.run(source, values)
-                else:
-                    product.run(source, values, w)
+            ints = self._ints
+            np.concatenate([*(buffers[s] for s in self.i_slots), self.i_pads], out=ints.data)
+            _put(values, self.acc_loads[0], _at(ints, self.acc_loads[1]))
+        for product in self.products:
+            product.run(source, values)
         for step in self._alu_steps:
             step()
         for slot, mode, dst, src in self.stores:
@@ -1645,39 +1606,12 @@ class FusedPlan:
             _put(sim.inp, at, _at(source, src))
         if self.wgt_final is not None:
             at, src = self.wgt_final
-            if held is None:
-                _put(sim.wgt, at, _at(source, src))
-            elif held.of.wgt_from is not None:
-                slot, view = held.of.wgt_from
-                _put(sim.wgt, at, view.of(buffers[slot]))
-            else:
-                _put(sim.wgt, at, _at(source, src) if held.wgt_final is None else held.wgt_final)
+            _put(sim.wgt, at, _at(source, src))
         if self.acc_final is not None:
             at, src = self.acc_final
             _put(sim.acc, at, _at(vector, src))
         return True
 
-    def _fill_source(self, sim, buffers: Buffers) -> None:
-        """The source vector's elements before its extra rows, all of them (int8 as float32)."""
-        np.concatenate([sim.inp[self.inp_kept], sim.wgt[self.wgt_kept], *(buffers[s] for s in self.f_slots),
-                        self.f_pads], out=self._source.data[:self.f_base])
-
-    def _fill_ints(self, buffers: Buffers) -> None:
-        """The int32 sources of ACC LOADs, all of them."""
-        np.concatenate([*(buffers[s] for s in self.i_slots), self.i_pads], out=self._ints.data)
-
-    def _holding(self, constants: frozenset, buffers: Buffers, sim) -> Optional["_Kept"]:
-        """What is kept from the ``constants`` this plan only reads, current for ``buffers``
-        (see :class:`_Held`), or None when nothing is kept."""
-        slots = constants & self._read_only
-        if not slots:
-            return None
-        held = self._held
-        if held is None or held.slots != slots:
-            held = self._held = _Held(self, slots)
-        if held.empty:
-            return None
-        return held.kept(self, buffers, sim)
 
     def _bind(self, sim) -> None:
         """Work in ``sim``'s workspace: one source, value and int32 vector for all the plans of
@@ -1696,294 +1630,6 @@ class FusedPlan:
         self._ints = _Vector(on[2][:self.i_base], self.tile)
         self._alu_steps = _alu_steps(self._scratch, self._source, self.alus)
         self._on = on
-
-
-class _Kept:
-    """The arrays a plan keeps for one placement of its constant slots (see :class:`_Held`),
-    with ``of``, the :class:`_Held` that says what they are, and ``copies``, the data they were
-    derived from, per slot."""
-
-    __slots__ = ("of", "weights", "wgt_final", "acc", "copies")
-
-    def __init__(self, of: "_Held") -> None:
-        self.of = of
-        self.weights: Optional[list] = None
-        self.wgt_final: Optional[np.ndarray] = None
-        self.acc: Optional[tuple] = None
-        self.copies: dict[int, np.ndarray] = {}
-
-    def current(self, buffers: Buffers) -> bool:
-        """Whether the constant slots hold the data the arrays were derived from."""
-        return all(_same_bytes(buffers[s], c) for s, c in self.copies.items())
-
-
-def _memcmp() -> Optional[Callable]:
-    """The C library's ``memcmp`` (None where it cannot be loaded)."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c"))
-        compare = libc.memcmp
-    except (OSError, TypeError, AttributeError):
-        return None
-    compare.restype, compare.argtypes = ctypes.c_int, (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
-    return compare
-
-
-_MEMCMP = _memcmp()
-
-
-def _same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
-    """Whether two contiguous arrays hold the same bytes: one ``memcmp`` (a model's constants are
-    checked at every call: numpy's comparison makes a bool per element first, 2-3x slower).
-
-    >>> _same_bytes(np.arange(4, dtype=np.int8), np.arange(4, dtype=np.int8)), _same_bytes(np.zeros(2), np.ones(2))
-    (True, False)
-    """
-    if _MEMCMP is None or a.nbytes != b.nbytes:
-        return a.nbytes == b.nbytes and np.array_equal(a.view(np.uint8), b.view(np.uint8))
-    return _MEMCMP(a.__array_interface__["data"][0], b.__array_interface__["data"][0], a.nbytes) == 0
-
-
-#: Placements of a plan's constant slots whose arrays it keeps (a stream that several layers
-#: of one shape make runs on each layer's weights in turn: the PaddleOCR classifier has one
-#: for 12 layers). Each is a layer's own constants, so what all keep is bounded by the model's
-#: constants; this bounds it should a caller declare constants at new places call after call.
-_KEPT_PLACES = 64
-
-
-class _Held:
-    """What a plan derives from its constant host slots (``slots``: a model's weights and
-    biases, which the stream only reads) and keeps between runs, one :class:`_Kept` per place
-    of those slots in memory (a stream the same for several layers of one shape runs on each
-    one's weights), with a copy of their data to tell whether it is still what they hold:
-
-    - ``weights``: the products (by index) whose weight elements all come from constant
-      slots (or pads): their weight operand is kept as their gather reads it, in float32
-      (:attr:`_Kept.weights`, None for the others);
-    - ``wgt_final``: whether what WGT ends with is all constant data, gathered (then kept);
-      ``wgt_from``: ``(slot, view)`` when it is a view of one constant slot's elements (read
-      from the host buffer: nothing kept);
-    - ``acc``: ``(targets, codes, rest)``: the values ACC LOADs bring from constant slots
-      (kept as ``(targets, values, rest)``), and ``(targets, gather)`` for the other loaded
-      values (None when there are none, or when the loads are read as a view);
-    - ``f_write`` / ``i_write``: the ``(slot, start)`` of the host slots a run still converts
-      into the source vector / copies into the int32 vector: the others are read only through
-      what is kept (None: every slot, as without constants).
-
-    The source vector's other readers (inputs, tap sums, per-channel products, LUT tables,
-    INP's final contents, the copies of extra rows that those read) read the constant slots
-    they touch as before: a slot any of them touches is converted at every run."""
-
-    def __init__(self, plan: "FusedPlan", slots: frozenset) -> None:
-        self.slots = slots
-        self.order = sorted(slots)
-        self.places: dict[tuple, _Kept] = {}     # slot addresses -> what is kept for them, the last used last
-        t = plan.tile
-        shift = plan.inp_kept.size + plan.wgt_kept.size - plan.inp_n - plan.wgt_n
-        f_at = {s: start + shift for s, start in plan.f_slots.items()}
-        # the source elements that hold constant data: constant slots and pads, and the extra
-        # rows copied from those
-        constant = np.zeros(plan.f_size, bool)
-        for slot, at in f_at.items():
-            if slot in slots:
-                constant[at:at + plan.sizes[slot]] = True
-        constant[plan.f_base - plan.f_pads.size:plan.f_base] = True
-        if plan.f_extra is not None:
-            constant[plan.f_base:] = constant[plan.f_extra]
-        read = np.zeros(plan.f_size, bool)         # what the readers kept nothing for read
-        self.weights = []     # the products whose weights are kept, by index
-        for k, p in enumerate(plan.products):
-            if isinstance(p, _Product) and constant[_indices(p.w, t)].all():
-                self.weights.append(k)
-                read[_indices(p.x, t)] = True
-                continue
-            for reader in (p.x, p.w):
-                read[_indices(reader, t)] = True
-        for alu in plan.alus:
-            if alu[0] is None:          # a LUT's table: indices into the source vector
-                read[alu[2].reshape(-1)] = True
-        if plan.inp_final is not None:
-            read[_indices(plan.inp_final[1], t)] = True
-        self.wgt_final = False
-        self.wgt_from = None
-        if plan.wgt_final is not None:
-            src = plan.wgt_final[1]
-            reach = _indices(src, t)
-            inside = [(slot, at) for slot, at in f_at.items() if slot in slots and
-                      at <= reach.min() and reach.max() < at + plan.sizes[slot]]
-            if inside and isinstance(src, (_Span, _View)):
-                # a view of one constant slot's elements: read from the host buffer itself
-                slot, at = inside[0]
-                self.wgt_from = (slot, _Span(src.start - at, src.shape) if isinstance(src, _Span) else
-                                 _View(src.start - at, src.shape, src.strides))
-            elif isinstance(src, _Gather) and src.strided is None and constant[reach].all():
-                self.wgt_final = True       # kept (a gather)
-            else:
-                read[reach] = True
-        if plan.f_extra is not None:
-            read[plan.f_extra[read[plan.f_base:]]] = True       # the sources of extra rows something reads
-        self.f_write = [(s, at) for s, at in f_at.items() if s not in slots or read[at:at + plan.sizes[s]].any()]
-        if len(self.f_write) == len(f_at):
-            self.f_write = None
-        self.i_write = None
-        self.acc = None
-        # loads read as a view (a bias row repeated, by a zero stride) cost a copy of what the
-        # view reads, as kept values would: kept are only those a gather reads
-        if plan.acc_loads is not None and isinstance(plan.acc_loads[1], _Gather):
-            at, codes = plan.acc_loads
-            targets, codes = _indices(at, t), _indices(codes, t)
-            held = np.zeros(plan.i_base, bool)
-            for slot, start in plan.i_slots.items():
-                if slot in slots:
-                    held[start:start + plan.sizes[slot]] = True
-            held[plan.i_base - plan.i_pads.size:] = True
-            kept = held[codes]
-            if kept.any():
-                rest = None
-                if not kept.all():
-                    rt, rc = targets[~kept], codes[~kept]
-                    found = _views(rt, rc)
-                    rest = (_slices(found[0]), found[1]) if found else (_slices(_run_of(rt)), _Gather(rc, t))
-                    self.i_write = [(s, start) for s, start in plan.i_slots.items() if s not in slots]
-                found = _views(targets[kept])
-                self.acc = (found[0] if found else _slices(targets[kept]), codes[kept], rest)
-        self.empty = not self.weights and not self.wgt_final and self.wgt_from is None and self.acc is None and \
-            self.f_write is None
-
-    def kept(self, plan: "FusedPlan", buffers: Buffers, sim) -> _Kept:
-        """The arrays kept for the constant slots where ``buffers`` has them, derived now when
-        none are kept for that place or their data changed since (the source and int32
-        vectors are then filled whole first)."""
-        place = tuple(buffers[s].__array_interface__["data"][0] for s in self.order)
-        kept = self.places.pop(place, None)
-        if kept is None or not kept.current(buffers):
-            plan._fill_source(sim, buffers)
-            if plan.f_extra is not None:
-                np.take(plan._source.data, plan.f_extra, out=plan._source.data[plan.f_base:])
-            if plan.acc_loads is not None:
-                plan._fill_ints(buffers)
-            kept = self._derive(plan, buffers)
-            if len(self.places) >= _KEPT_PLACES:
-                del self.places[next(iter(self.places))]
-        self.places[place] = kept
-        return kept
-
-    def _derive(self, plan: "FusedPlan", buffers: Buffers) -> _Kept:
-        kept = _Kept(self)
-        source = plan._source
-        if self.weights:
-            kept.weights = [None] * len(plan.products)
-            for k in self.weights:
-                w = np.array(plan.products[k].w.read(source))      # a copy (a view of the vector)
-                kept.weights[k] = (_Compact.of(w) if plan.products[k].ftype is np.float32 else None) or w
-        if self.wgt_final:
-            kept.wgt_final = np.array(_at(source, plan.wgt_final[1]))
-        if self.acc is not None:
-            at, codes, rest = self.acc
-            data = plan._ints.data[codes]
-            kept.acc = (at, data.reshape(at.shape) if isinstance(at, (_Span, _View)) else data, rest)
-        kept.copies = {s: buffers[s].copy() for s in self.order}
-        return kept
-
-    def fill_source(self, plan: "FusedPlan", sim, buffers: Buffers, source: np.ndarray) -> None:
-        """The source vector's elements before its extra rows, but for the constant slots
-        nothing but the kept arrays reads."""
-        lead = plan.inp_kept.size
-        np.take(sim.inp, plan.inp_kept, out=source[:lead])
-        np.take(sim.wgt, plan.wgt_kept, out=source[lead:lead + plan.wgt_kept.size])
-        for slot, at in self.f_write:
-            source[at:at + plan.sizes[slot]] = buffers[slot]
-        source[plan.f_base - plan.f_pads.size:plan.f_base] = plan.f_pads
-
-    def fill_ints(self, plan: "FusedPlan", buffers: Buffers, ints: np.ndarray) -> None:
-        """The int32 vector's elements that the loads not kept read (no constant slot)."""
-        for slot, at in self.i_write:
-            ints[at:at + plan.sizes[slot]] = buffers[slot]
-        ints[plan.i_base - plan.i_pads.size:] = plan.i_pads
-
-
-class _Compact:
-    """A constant weight operand ``[N, K]`` of a float32 product without its all-zero rows
-    (output channels a layer pads or prunes) and the all-zero columns around its others (input
-    channels it pads): ``x @ w.T`` is ``x[:, k0:k1] @ w'.T`` placed in the non-zero rows' columns,
-    zeros elsewhere. Exact: the terms left out are products by zero of finite values, and the
-    sums are of integers below 2**24 in any order. On ``ppocrv6_det_small`` a fifth of the
-    products' multiply-adds are by such rows and columns.
-
-    >>> w = np.array([[0, 1, 2, 0], [0, 0, 0, 0], [0, 3, 0, 0]], np.float32)
-    >>> c = _Compact.of(w, at_least=0); x = np.arange(8, dtype=np.float32).reshape(2, 4)
-    >>> (c.k0, c.k1, c.rows), bool((c.product(x) == x @ w.T).all())
-    ((1, 3, [(0, 1), (2, 3)]), True)
-    """
-
-    __slots__ = ("w", "k0", "k1", "rows", "n")
-
-    def __init__(self, w: np.ndarray, k0: int, k1: int, rows: Optional[list], n: int) -> None:
-        self.w, self.k0, self.k1, self.rows, self.n = w, k0, k1, rows, n
-
-    @classmethod
-    def of(cls, w: np.ndarray, at_least: float = 0.1) -> Optional["_Compact"]:
-        """``w`` compacted, or None when that leaves out less than ``at_least`` of its entries."""
-        zero = w == 0
-        live_rows = np.flatnonzero(~zero.all(1))
-        live_cols = np.flatnonzero(~zero.all(0))
-        if not live_rows.size:
-            return None         # no product at all: rare, and left as it is
-        k0, k1 = int(live_cols[0]), int(live_cols[-1]) + 1
-        if live_rows.size * (k1 - k0) > (1 - at_least) * w.size:
-            return None
-        rows = None
-        if live_rows.size < w.shape[0]:
-            edges = np.flatnonzero(np.diff(live_rows) != 1) + 1
-            rows = [(int(r[0]), int(r[-1]) + 1) for r in np.split(live_rows, edges)]
-        return cls(np.ascontiguousarray(w[live_rows, k0:k1]), k0, k1, rows, w.shape[0])
-
-    def product(self, x: np.ndarray) -> np.ndarray:
-        """``x @ w.T`` for the whole ``w`` (``x`` 2-D, float32)."""
-        sub = np.matmul(x[:, self.k0:self.k1], self.w.T)
-        if self.rows is None:
-            return sub
-        out = np.zeros((x.shape[0], self.n), sub.dtype)
-        at = 0
-        for r0, r1 in self.rows:
-            out[:, r0:r1] = sub[:, at:at + r1 - r0]
-            at += r1 - r0
-        return out
-
-
-def _indices(reader, tile: int) -> np.ndarray:
-    """The vector elements ``reader`` reads (a :class:`_Gather`, :class:`_Span`,
-    :class:`_View`, :class:`_Runs` as the targets it writes, an index array or one index), flat,
-    in the order of what it reads.
-
-    >>> _indices(_View(1, (2, 2), (4, 1)), 2).tolist(), _indices(_Gather(np.array([4, 5, 0, 7]), 2), 2).tolist()
-    ([1, 2, 5, 6], [4, 5, 0, 7])
-    """
-    if isinstance(reader, (int, np.integer)):
-        return np.array([reader], np.intp)
-    if isinstance(reader, np.ndarray):
-        return reader.reshape(-1)
-    if isinstance(reader, _Span):
-        return np.arange(reader.start, reader.stop)
-    if isinstance(reader, _View):
-        out = np.full(reader.shape, reader.start, np.intp)
-        for axis, (n, stride) in enumerate(zip(reader.shape, reader.strides)):
-            out += (np.arange(n) * stride).reshape((n,) + (1,) * (len(reader.shape) - axis - 1))
-        return out.reshape(-1)
-    if isinstance(reader, _Runs):
-        return np.concatenate([np.arange(at, at + j - i) for i, j, at in reader.parts])
-    if reader.strided is not None:
-        start, ld = reader.strided
-        width = reader.shape[-1]
-        return (start + np.arange(reader.size // width)[:, None] * ld + np.arange(width)).reshape(-1)
-    if reader.index is not None:
-        return reader.index.reshape(-1)
-    rows = reader.starts[:, None] + np.arange(tile)
-    if reader.rows_at is None:
-        return rows.reshape(-1)[:reader.size]
-    out = np.empty(-(-reader.size // tile) * tile, np.intp)
-    out.reshape(-1, tile)[reader.rows_at] = rows
-    out[reader.at] = reader.elements
-    return out[:reader.size]
 
 
 def remember(seen: dict, buffers: tuple) -> None:

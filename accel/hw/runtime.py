@@ -292,18 +292,16 @@ class Session(device.Session):
 
     def run_stored(self, program, views) -> Stats:
         """Run ``program`` on the host ``views`` (by slot), as a sync does: its cycles are
-        counted in :attr:`stats` and its stream recorded for :meth:`stream`. The views of
-        :attr:`~tirpat.device.Session.constant_slots` are the model's constants: the batched
-        plan keeps what it derives from them (checked against their data each run).
+        counted in :attr:`stats` and its stream recorded for :meth:`stream`.
 
         >>> s = Session(); _ = s.sync(); program, _ = s.stored_stream()
         >>> s.run_stored(program, []).instructions["FINISH"], s.disassembly().count("FINISH")
         (2, 2)
         """
-        return self._run(program, views, True, self.constant_slots)
+        return self._run(program, views, True)
 
-    def _run(self, program, views, again: bool, constants: frozenset = frozenset()) -> Stats:
-        program.run(views, self.stats, execute=not self.timing_only, again=again, constants=constants)
+    def _run(self, program, views, again: bool) -> Stats:
+        program.run(views, self.stats, execute=not self.timing_only, again=again)
         if self._streams is not None:
             self._streams.append(program.stream)
         return self.stats

@@ -724,14 +724,11 @@ class Program:
         self._checked: dict[int, tuple] = {}    # the last few tuples of buffers checked, by id (kept alive)
 
     def run(self, buffers: Buffers, stats: Optional[Stats] = None, *, execute: bool = True,
-            again: bool = False, constants: frozenset = frozenset()) -> Stats:
+            again: bool = False) -> Stats:
         """Execute the stream on ``buffers`` (unless ``execute=False``) and account its
         cycles in ``stats`` (new Stats when None), which are returned. ``again`` says the
         caller will run this Program again (a session stores it to replay): its batched plan
-        is then made now, at its first run, not at its third. ``constants``: the host slots
-        whose data is the same at every run (a model's weights, see
-        :attr:`tirpat.device.Session.constant_slots`): the batched plan keeps what it derives
-        from those the stream only reads (:meth:`accel.hw.fused.FusedPlan.run`).
+        is then made now, at its first run, not at its third.
 
         Raises the check's error, before anything is written, if the buffer table differs
         from the one the stream was checked against in a way that matters. A tuple of
@@ -750,14 +747,14 @@ class Program:
             # the caller's thread setting alone instead of setting it twice
             if (self._fused.blas if self._fused else self._gemms) and not _blas_holders.count:
                 with one_blas_thread():
-                    self._execute(buffers, again, constants)
+                    self._execute(buffers, again)
             else:
-                self._execute(buffers, again, constants)
+                self._execute(buffers, again)
         stats = stats if stats is not None else Stats(sim.config)
         stats.add(self.timing)
         return stats
 
-    def _execute(self, buffers: Buffers, again: bool, constants: frozenset = frozenset()) -> None:
+    def _execute(self, buffers: Buffers, again: bool) -> None:
         """Run the batched plan when the stream has one, else the prepared calls one by one.
         The plan is made at the third run (following a stream symbolically costs a few runs'
         worth: a stream run once or twice never pays for it), or at the first when the caller
@@ -765,7 +762,7 @@ class Program:
         self._runs += 1
         if self._fused is None and (again or self._runs > _RUNS_BEFORE_FUSING):
             self._fused = fused.fuse(self.simulator, self.stream, self.timing.order(), buffers) or False
-        if self._fused and self._fused.run(buffers, self.simulator, constants):
+        if self._fused and self._fused.run(buffers, self.simulator):
             return
         for _, _, op in self._prepare(buffers):
             op()

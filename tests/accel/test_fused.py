@@ -650,25 +650,6 @@ def test_rows_a_stride_apart_are_read_as_a_view_like_a_gather(tile, rows, runs, 
         assert np.shares_memory(g.read(vector), vector.data)
 
 
-@given(_STREAMS, st.sets(st.sampled_from([0, 1, 2])), st.integers(0, 1 << 20))
-def test_a_plan_told_of_constants_keeps_what_it_derives_and_never_serves_it_stale(stream, constants, at):
-    """Host slots said to be constants (a model's weights and biases): run after run the plan
-    leaves what instruction-by-instruction execution leaves, also after their data changed
-    (what was derived from the old data is derived again, never used)."""
-    plan, (sim, host), (ref, want) = _both(stream)
-    if plan is None:
-        return
-    constants = frozenset(constants)
-    for k in range(4):
-        if k == 2:      # the "constants" change in place: the same memory, other data
-            for slot in constants:
-                for side in (host, want):
-                    side[slot][at % side[slot].size] = ~side[slot][at % side[slot].size]
-        assert plan.run(host, sim, constants)
-        ref.run(stream, want)
-        sim_tests._assert_same_state(sim, ref, host, want)
-
-
 def _weighted_stream():
     """An input tile times a weight tile (slot 1) plus biases (slot 2: eight rows, padded to a
     tile: read by a gather), stored to slot 4."""
@@ -677,55 +658,6 @@ def _weighted_stream():
                   Load(mem=Mem.ACC, sram_addr=0, sram_ld=16, slot=2, dram_offset=0, dram_ld=16, rows=8, cols=16,
                        pad_bottom=8, pad_value=5),
                   _gemm(), Store(sram_addr=0, sram_ld=16, slot=4, dram_offset=0, dram_ld=16, rows=16, cols=16)])
-
-
-def test_kept_weights_and_biases_are_used_while_their_data_stays_and_derived_again_when_it_changes():
-    """Told that the weight and bias slots are constants, a plan reads the weight gather and
-    the bias only when it derives them (first run, changed data), and converts no weight
-    element into its source vector otherwise; the results are the reference's throughout."""
-    stream = _weighted_stream()
-    plan, (sim, host), (ref, want) = _both(stream)
-    product = plan.products[0]
-    calls = []
-    real = fused._Gather.read
-
-    def read(gather, source):
-        calls.append(gather)
-        return real(gather, source)
-
-    constants = frozenset({1, 2})
-    with mock.patch.object(fused._Gather, "read", read):
-        for k in range(4):
-            if k == 3:
-                for side in (host, want):
-                    side[1][:256] = np.eye(16, dtype=np.int8).ravel() * 3
-                    side[2][:16] = np.arange(16)
-            calls.clear()
-            assert plan.run(host, sim, constants)
-            ref.run(stream, want)
-            sim_tests._assert_same_state(sim, ref, host, want)
-            assert (product.w in calls) == (k in (0, 3))
-    held = plan._held
-    assert held.weights == [0] and held.acc is not None and held.acc[2] is None and held.f_write is not None
-    assert held.wgt_from is not None       # WGT ends with the weight: read from the host buffer itself
-    assert all(slot != 1 for slot, _ in held.f_write)      # the weight is not converted each run
-    np.testing.assert_array_equal(host[4][:256].reshape(16, 16), want[4][:256].reshape(16, 16))
-
-
-def test_a_plan_keeps_the_constants_of_each_place_they_are_at():
-    """One stream run on the weights of several layers (other memory each) keeps each one's,
-    and runs on each like the reference."""
-    stream = _weighted_stream()
-    plan, (sim, host), (ref, want) = _both(stream)
-    rng = np.random.default_rng(3)
-    layers = [rng.integers(-128, 128, 1024, dtype=np.int8) for _ in range(3)]
-    for k in range(7):
-        for side in (host, want):
-            side[1] = layers[k % 3]
-        assert plan.run(host, sim, frozenset({1}))
-        ref.run(stream, want)
-        sim_tests._assert_same_state(sim, ref, host, want)
-    assert len(plan._held.places) == 3
 
 
 def test_a_product_adds_onto_the_values_an_acc_load_brought():
@@ -764,37 +696,3 @@ def test_writes_by_rows_equal_a_scatter(starts, dtype, tile):
     want[index] = data.astype(dtype)
     fused._Rows.of(index, tile).put(got, data)
     np.testing.assert_array_equal(got, want)
-
-
-@given(st.integers(1, 6), st.integers(1, 6), st.integers(1, 40), st.data())
-def test_a_compact_weight_multiplies_as_the_whole_one(n, k, m, data):
-    """_Compact: the product without the weight's all-zero rows and outer zero columns equals
-    the whole product, bit for bit (int8 operands in float32)."""
-    rng = np.random.default_rng(data.draw(st.integers(0, 2**16)))
-    w = rng.integers(-128, 128, (n * 4, k * 4)).astype(np.float32)
-    w[data.draw(st.lists(st.integers(0, n * 4 - 1), max_size=n * 4)), :] = 0
-    cols = data.draw(st.lists(st.integers(0, k * 4 - 1), max_size=k * 4))
-    w[:, cols] = 0
-    x = rng.integers(-128, 128, (m, k * 4)).astype(np.float32)
-    compact = fused._Compact.of(w, at_least=0)
-    if compact is None:
-        assert not w.any()
-        return
-    np.testing.assert_array_equal(compact.product(x), x @ w.T)
-
-
-def test_a_kept_weight_with_padded_channels_multiplies_without_them():
-    """A weight whose last output channels and input channels are zero (a layer of 10 in 16
-    lanes): the kept operand leaves them out, and the plan still leaves the reference's state."""
-    stream = _weighted_stream()
-    plan, (sim, host), (ref, want) = _both(stream)
-    for side in (host, want):
-        weight = side[1][:256].reshape(16, 16)
-        weight[10:, :] = 0          # (WGT's rows are K, its columns the output channels)
-        weight[:, 10:] = 0
-    for _ in range(3):
-        assert plan.run(host, sim, frozenset({1}))
-        ref.run(stream, want)
-        sim_tests._assert_same_state(sim, ref, host, want)
-    kept = next(iter(plan._held.places.values())).weights[0]
-    assert isinstance(kept, fused._Compact) and kept.w.shape == (10, 10)

@@ -176,33 +176,6 @@ def test_a_replay_on_the_hosts_of_the_last_one_reuses_its_views():
     assert seen[4] is not seen[3] and seen[5] is not seen[4]
 
 
-def test_a_replay_tells_the_device_which_slots_lie_in_memory_declared_constant():
-    """declare_constants: while a stored stream runs again, ``constant_slots`` names the slots
-    whose hosts lie in memory compiled code declared constant, and nothing else; nothing
-    outside a replay, and nothing once the session is left (a declaration does not outlive it)."""
-    seen = []
-
-    class Watched(Stream):
-        def run_stored(self, ops, views):
-            seen.append({views[k].__array_interface__["data"][0] for k in self.constant_slots})
-            super().run_stored(ops, views)
-
-    fn = compiled(vadd)
-    a = np.arange(64, dtype=np.int32)
-    ta, tb, tc = tensors(a, 2 * a, np.zeros(64, np.int32))
-    with Watched() as s:
-        for declared in ([tb], [], [tb], [ta, tb], [tc]):
-            s.declare_constants(declared)
-            device.invoke(fn, ta, tb, tc)
-            np.testing.assert_array_equal(tc.numpy(), 3 * a)
-            assert s.constant_slots == frozenset()
-    # the first call makes its calls (its sync runs the stream: no replay, no constants)
-    assert seen == [set(), set(), {tb.data_ptr()}, {ta.data_ptr(), tb.data_ptr()}, {tc.data_ptr()}]
-    with s:
-        device.invoke(fn, ta, tb, tc)
-    assert seen[-1] == set() and s.replayed == 5
-
-
 def test_groups_of_two_functions_with_one_name_do_not_share_a_stream():
     a = np.arange(64, dtype=np.int32)
     with Stream() as s:

@@ -5,8 +5,6 @@ layers as a model called once, and statistics of one call each."""
 import threading
 
 import numpy as np
-import tvm
-from tvm.script import tirx as T
 import pytest
 
 import tirpat as tp
@@ -170,68 +168,3 @@ def test_what_building_plans_keeps_is_let_go_when_the_call_ends(built, monkeypat
     sessions = [s for kept in model._kept_sessions for s in kept.values()]
     assert sessions and all(fused._RENUMBER not in s.simulator.workspace for s in sessions)
     assert any("values" in s.simulator.workspace for s in sessions)
-
-
-def test_partitions_declare_their_constants_and_nothing_an_input_makes(built, monkeypatch):
-    """Each offloaded partition declares the parameters its calls pass Relax constants (the
-    weights, biases, tables): replays see their slots as constants, whose data is the same
-    whatever the input; a model input is never declared, a weight given as one included;
-    later calls on other inputs still give the reference's outputs (nothing derived from an
-    input is kept)."""
-    from accel.hw import runtime
-    mod, as_inputs = built
-    rng = np.random.default_rng(1)
-    first, other = random_inputs(mod, rng), random_inputs(mod, rng)
-    names = [p.name for p in mod["main"].params]
-    bound = tp.build(mod, "accel, llvm", params=dict(zip(names[1:], first[1:])))      # weights as constants
-    seen: list = []
-    run_stored = runtime.Session.run_stored
-
-    def watched(self, program, views):
-        seen.append({k: views[k].tobytes() for k in self.constant_slots})
-        return run_stored(self, program, views)
-
-    monkeypatch.setattr(runtime.Session, "run_stored", watched)
-    for model, varying in ((as_inputs, (first, other)), (bound, ([first[0]], [other[0]]))):
-        model(*varying[0])
-        calls = []
-        for args in (*varying, varying[0]):
-            seen.clear()
-            full = list(args) + first[len(args):]
-            np.testing.assert_array_equal(model(*args), reference(mod, full))
-            calls.append(list(seen))
-        if model is as_inputs:
-            assert calls[0] and not any(any(c) for c in calls)     # inputs only: nothing declared
-        else:
-            assert any(calls[0])                                   # the weights were declared
-            assert calls[0] == calls[1] == calls[2]                # and only what no input changes
-
-
-@T.prim_func
-def add(a: T.Buffer((4,), "int32"), b: T.Buffer((4,), "int32"), c: T.Buffer((4,), "int32")):
-    for i in range(4):
-        c[i] = a[i] + b[i]
-
-
-def test_constant_params_are_those_every_call_passes_a_constant():
-    """mark_constant_params: a backend's PrimFunc gets the indices of the parameters that all
-    its calls pass a Relax constant; one called with a variable there at some site does not."""
-    from tvm import relax
-    from tirpat.model.partition import BACKEND_ATTR
-    from tirpat.model.pipeline import CONSTANT_PARAMS_ATTR, mark_constant_params
-
-    w = np.arange(4, dtype="int32")
-    bb = relax.BlockBuilder()
-    x, y = relax.Var("x", relax.TensorType((4,), "int32")), relax.Var("y", relax.TensorType((4,), "int32"))
-    with bb.function("main", [x, y]):
-        once = bb.add_func(add.with_attr(BACKEND_ATTR, "accel").with_attr("global_symbol", "once"), "once")
-        twice = bb.add_func(add.with_attr(BACKEND_ATTR, "accel").with_attr("global_symbol", "twice")
-                            .with_attr("tag", 2), "twice")
-        out = relax.TensorType((4,), "int32")
-        a = bb.emit(relax.call_tir(once, (x, relax.const(w)), out))
-        b = bb.emit(relax.call_tir(twice, (a, relax.const(w)), out))
-        c = bb.emit(relax.call_tir(twice, (b, y), out))
-        bb.emit_func_output(c)
-    mod = mark_constant_params()(relax.get_default_pipeline(tvm.target.Target("llvm"))(bb.get()))
-    assert [int(n) for n in mod["once"].attrs[CONSTANT_PARAMS_ATTR]] == [1]
-    assert CONSTANT_PARAMS_ATTR not in mod["twice"].attrs

@@ -25,9 +25,7 @@ vector unit this way in about forty lines):
    set ``options`` to the backend options the session runs code for (code tirpat built
    for other ones refuses to run in it: :class:`OptionsMismatch`); implement
    ``stored_stream`` / ``run_stored`` when a finished stream can run again on other host
-   buffers, so that planned code replays it in one callback (:meth:`Session.replay`; its
-   ``constant_slots`` then name the slots in memory declared constant, see
-   :meth:`Session.declare_constants`);
+   buffers, so that planned code replays it in one callback (:meth:`Session.replay`);
 2. declare its memories (:class:`Memory`) and instructions (:func:`instr`);
 3. ``rt = Runtime("<prefix>", MySession)`` and implement each instruction with
    ``@rt.implement(ins)`` (or a function without a declaration with ``@rt.function``): it

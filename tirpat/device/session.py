@@ -181,12 +181,6 @@ class Session:
     #: How many static groups' streams :meth:`replay` keeps (the least recently used go
     #: first); 0 makes every group run its calls.
     kept_replays: int = 1024
-    #: While :meth:`run_stored` runs a stored stream: the buffer-table slots whose views lie in
-    #: host memory declared constant (:meth:`declare_constants`), empty otherwise. A device
-    #: may keep what it derives from those views' data (a weight converted for its arithmetic)
-    #: from one run to the next; a declaration is a promise of compiled code, so a device
-    #: still checks that the data is what it derived from before it uses what it kept.
-    constant_slots: frozenset = frozenset()
 
     def __init__(self) -> None:
         self.buffers = BufferTable()
@@ -199,7 +193,6 @@ class Session:
         self._owner_thread: Optional[threading.Thread] = None
         self._free = threading.Condition(threading.Lock())
         self._waiting = 0       # threads inside claim() (the condition's lock counts them)
-        self._constants: tuple = ()     # (address, bytes) of the host memory declared constant
 
     # -- the pending work (override these three for a device with its own stream) --------
     @property
@@ -273,7 +266,7 @@ class Session:
                 if seen == spans:
                     # the hosts are where and what they were at an earlier replay (so they
                     # overlap as they did): so are the views, which the stream already ran on
-                    return self._replay(key, stored, views, spans)
+                    return self._replay(key, stored, views)
         form = tuple(span[1:] for span in spans)
         overlaps = None     # computed when a stored stream's form is this one
         for stored in variants:
@@ -285,42 +278,18 @@ class Session:
             views = stored.views(spans)
             stored.seen.insert(0, (spans, views))
             del stored.seen[_LAYOUTS:]
-            return self._replay(key, stored, views, spans)
+            return self._replay(key, stored, views)
         self._capture = (key, spans, form, _overlaps(spans) if overlaps is None else overlaps)
         return False
 
-    def _replay(self, key: str, stored: "_Stored", views: tuple, spans: list) -> bool:
+    def _replay(self, key: str, stored: "_Stored", views: tuple) -> bool:
         self._replays.move_to_end(key)
-        constants = self._constants
-        if constants:
-            # the slots whose memory lies inside memory declared constant (a stream's host is
-            # a whole tensor: a model's weight is one constant, or a view inside one)
-            held = [k for k, (a, n, *_) in enumerate(spans)
-                    if any(c <= a and a + n <= c + m for c, m in constants)]
-            if held:
-                self.constant_slots = frozenset(slot for slot, host, *_ in stored.placed if host in held)
         try:
             self.run_stored(stored.stream, views)
         finally:
-            self.constant_slots = frozenset()
             self._end_stream()
         self.replayed += 1
         return True
-
-    def declare_constants(self, hosts: Sequence[HostBuffer]) -> None:
-        """Compiled code declares that ``hosts`` (host buffers) hold the same data at every call
-        of the code that follows, until the next declaration replaces this one or the session
-        is left (``with``): a model's weights, biases and tables, which Relax holds as
-        constants. :meth:`replay` tells the device which slots of a stored stream lie in them
-        (:attr:`constant_slots`). The model level declares, at the start of each offloaded
-        partition, the parameters that every call site passes a Relax constant; nothing else
-        does, so a user's input is never declared.
-
-        >>> s = Session(); w = np.arange(4, dtype=np.int8)
-        >>> s.declare_constants([w]); s._constants == ((w.ctypes.data, 4),)
-        True
-        """
-        self._constants = tuple(host_span(h)[:2] for h in hosts)
 
     @property
     def capturing(self) -> bool:
@@ -480,7 +449,6 @@ class Session:
             if stack[i] is self:
                 del stack[i]
                 break
-        self._constants = ()        # declared by code run inside: it holds no longer
         if not self.owned_here():
             return
         if exc_type is not None:

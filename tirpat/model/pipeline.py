@@ -56,7 +56,7 @@ from ..tir.pipeline import registered, tir_pipeline
 from ..tir.wrapping import wrapping_arithmetic
 
 __all__ = ["relax_pipeline", "lower_partitions", "partition_functions", "schedule_for", "with_records", "TIR_PIPELINE",
-           "KOPAQUE", "CONSTANT_PARAMS_ATTR", "mark_constant_params"]
+           "KOPAQUE"]
 
 #: The registered TIR pipeline name (``tvm.compile(..., tir_pipeline=tp.TIR_PIPELINE)``).
 TIR_PIPELINE = "tirpat.backends"
@@ -95,21 +95,15 @@ class Record:
 
 
 #: The runtime function every offloaded PrimFunc calls first, with its name, its backend, the
-#: backend options it was built for (JSON), the prefixes of the device runtimes it calls
-#: (comma-separated) and the parameters every call site passes a Relax constant (see
-#: :data:`CONSTANT_PARAMS_ATTR`): see :func:`_on_partition`.
+#: backend options it was built for (JSON) and the prefixes of the device runtimes it calls
+#: (comma-separated): see :func:`_on_partition`.
 PARTITION_MARKER = "tirpat.partition_begin"
-#: The PrimFunc attribute :func:`mark_constant_params` sets: the indices of the parameters
-#: that every call of the function passes a Relax constant (a weight, a bias, a table).
-CONSTANT_PARAMS_ATTR = "tirpat.constant_params"
 
 
-def _on_partition(name, backend: str = "", options: str = "", runtimes: str = "", *constants) -> None:
+def _on_partition(name, backend: str = "", options: str = "", runtimes: str = "") -> None:
     """An offloaded partition starts: each device runtime it calls begins its work on its
     current session (a failed call's leftovers are discarded, a session of other options
-    refuses the code: the options travel with the code, whatever ran it) and hears which of
-    the partition's host buffers are the model's constants
-    (:meth:`~tirpat.device.Session.declare_constants`, none for most code), and a session's
+    refuses the code: the options travel with the code, whatever ran it), and a session's
     :attr:`~tirpat.device.Session.on_partition` listener hears the partition's name, once."""
     if not runtimes:
         return
@@ -118,7 +112,6 @@ def _on_partition(name, backend: str = "", options: str = "", runtimes: str = ""
         runtime = known.get(prefix)
         if runtime is not None:
             session = runtime.begin(built, f"the {backend} partition {name}", caller=sys._getframe().f_back)
-            session.declare_constants(constants)
             listener = session.on_partition
             if listener is not None and not any(listener is h for h in heard):
                 heard.append(listener)
@@ -427,52 +420,8 @@ def relax_pipeline(target, records=None, *, record: Record | None = None) -> tvm
 
     # the host's fused functions with their elementwise steps inlined: LLVM takes a fused
     # requantise chain of 30 loop nests many times longer than one nest (tirpat.model.host_inline)
-    return tvm.transform.Sequential([part, lower_partitions(records, record=record), host, inline_elementwise(),
-                                     mark_constant_params()], name="tirpat.relax_pipeline")
-
-
-def mark_constant_params() -> tvm.transform.Pass:
-    """A module pass: each tagged PrimFunc (a backend's partition) gets
-    :data:`CONSTANT_PARAMS_ATTR`, the indices of the parameters that every one of its calls
-    passes a Relax constant: the device it runs on may keep what it derives from them from
-    one call to the next (see :meth:`tirpat.device.Session.declare_constants`). Run last, on
-    the calls as the VM makes them: a function named anywhere but as the callee of a call
-    (an in-place ``call_tir``, say, which may write its arguments) gets none.
-
-    >>> mod = mark_constant_params()(mod)          # doctest: +SKIP
-    """
-    @tvm.transform.module_pass(opt_level=0, name="tirpat.MarkConstantParams")
-    def run(mod: ir.IRModule, ctx) -> ir.IRModule:
-        tagged_funcs = {gv.name_hint: gv for gv, f in mod.functions.items()
-                        if isinstance(f, tirx.PrimFunc) and f.attrs is not None and BACKEND_ATTR in f.attrs}
-        if not tagged_funcs:
-            return mod
-        constant: dict = {}         # PrimFunc name -> the parameter indices constant at every call so far
-
-        def on_call(call):
-            if isinstance(call.op, ir.GlobalVar) and call.op.name_hint in tagged_funcs:
-                here = {n for n, a in enumerate(call.args) if _is_tensor_constant(a)}
-                name = call.op.name_hint
-                constant[name] = here if name not in constant else constant[name] & here
-            for arg in call.args:       # named other than as a callee: no promise about its calls
-                if isinstance(arg, ir.GlobalVar) and arg.name_hint in tagged_funcs:
-                    constant[arg.name_hint] = set()
-
-        for func in mod.functions.values():
-            if isinstance(func, relax.Function):
-                tvm_ffi.structural_walk(func, (relax.Call, on_call))
-        for name, params in constant.items():
-            if params:
-                gv = tagged_funcs[name]
-                mod[gv] = mod[gv].with_attr(CONSTANT_PARAMS_ATTR, sorted(params))
-        return mod
-
-    return run
-
-
-def _is_tensor_constant(arg) -> bool:
-    """Whether a call argument is a Relax constant tensor (not a scalar immediate)."""
-    return isinstance(arg, ir.Constant) and not isinstance(arg, (tirx.IntImm, tirx.FloatImm))
+    return tvm.transform.Sequential([part, lower_partitions(records, record=record), host, inline_elementwise()],
+                                    name="tirpat.relax_pipeline")
 
 
 # ----------------------------------------------------------------------------- TIR
@@ -526,10 +475,8 @@ def _dispatch_one(gv: ir.GlobalVar, func: tirx.PrimFunc, record: Record | None) 
         return func.without_attr(BACKEND_ATTR)
     # a marker first, so that a run can tell which partition the device's work belongs to
     # and what the code was built for, checked against the sessions that run it
-    constants = [done.params[int(n)] for n in func.attrs.get(CONSTANT_PARAMS_ATTR, [])]
     marker = tirx.Evaluate(tirx.call_packed(PARTITION_MARKER, partition, backend,
-                                            str(func.attrs.get(OPTIONS_ATTR, "{}")), _runtime_prefixes(done),
-                                            *constants))
+                                            str(func.attrs.get(OPTIONS_ATTR, "{}")), _runtime_prefixes(done)))
     if record is not None:
         record.rules[partition] = counts
     return done.with_body(tirx.SeqStmt([marker, done.body]))
