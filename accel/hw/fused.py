@@ -1071,38 +1071,44 @@ def _put(values: np.ndarray, index, data: np.ndarray) -> None:
 
 
 class _Rows:
-    """An index array whose ``tile``-long chunks each name consecutive elements (a STORE's host
-    elements, a tile row each, in another order than the values': an NCHW output written from
-    tiles of pixels), written a chunk at a time: one copy of ``tile`` elements per index
-    instead of ``tile`` element writes, and an index ``tile`` times smaller.
+    """An index array whose chunks of ``length`` (the length of its first run) each name
+    consecutive elements (a STORE's host elements, a row each, in another order than the
+    values': an NCHW output written from tiles of pixels, 8 channels of 16 lanes), written a
+    chunk at a time: one copy of ``length`` elements per index instead of ``length`` element
+    writes, and an index ``length`` times smaller.
 
-    >>> rows = _Rows.of(np.array([4, 5, 0, 1]), 2)
+    >>> rows = _Rows.of(np.array([4, 5, 0, 1]))
     >>> target = np.zeros(6, np.int8); rows.put(target, np.array([1, 2, 300, 4], np.int32)); target.tolist()
     [44, 4, 0, 0, 1, 2]
-    >>> _Rows.of(np.array([4, 6, 0, 1]), 2) is None
-    True
+    >>> _Rows.of(np.array([4, 5, 6, 0, 1])) is None, _Rows.of(np.array([4, 6, 0, 1])) is None
+    (True, True)
     """
 
-    __slots__ = ("starts", "tile")
+    __slots__ = ("starts", "length")
 
-    def __init__(self, starts: np.ndarray, tile: int) -> None:
-        self.starts, self.tile = starts, tile
+    def __init__(self, starts: np.ndarray, length: int) -> None:
+        self.starts, self.length = starts, length
 
     @classmethod
-    def of(cls, index, tile: int) -> Optional["_Rows"]:
-        """``index`` (an array) as rows, or None when it is no whole rows of runs (a :class:`_Span`,
-        :class:`_View` or other object is left to :func:`_slices`)."""
-        if not isinstance(index, np.ndarray) or tile < 2 or not index.size or index.size % tile:
+    def of(cls, index) -> Optional["_Rows"]:
+        """``index`` (an array) as rows, or None when it is no whole rows of runs of one length
+        (a :class:`_Span`, :class:`_View` or other object is left to :func:`_slices`)."""
+        if not isinstance(index, np.ndarray) or index.size < 2:
             return None
-        rows = index.reshape(-1, tile)
-        if not (rows == rows[:, :1] + np.arange(tile)).all():
+        flat = index.reshape(-1)
+        breaks = np.flatnonzero(flat[1:] != flat[:-1] + 1)
+        length = int(breaks[0]) + 1 if breaks.size else flat.size
+        if length < 2 or flat.size % length:
             return None
-        return cls(rows[:, 0].astype(np.intp), tile)
+        rows = flat.reshape(-1, length)
+        if not (rows == rows[:, :1] + np.arange(length)).all():
+            return None
+        return cls(rows[:, 0].astype(np.intp), length)
 
     def put(self, target: np.ndarray, data: np.ndarray) -> None:
         """``target[index] = data`` (cast as assignment casts: an int keeps its low bytes)."""
-        item = np.dtype((np.void, target.itemsize * self.tile))
-        rows = np.ndarray((target.size - self.tile + 1,), item, buffer=target, strides=(target.itemsize,))
+        item = np.dtype((np.void, target.itemsize * self.length))
+        rows = np.ndarray((target.size - self.length + 1,), item, buffer=target, strides=(target.itemsize,))
         rows[self.starts] = np.ascontiguousarray(data.reshape(-1).astype(target.dtype, copy=False)).view(item)
 
 
@@ -1536,7 +1542,7 @@ class FusedPlan:
         # INP or ACC as they were: an empty gather and put cost a few microseconds each)
         self.inp_final, self.wgt_final, self.acc_final = (None if final[0].size == 0 else (_slices(final[0]), final[1])
                                                           for final in (inp_final, wgt_final, acc_final))
-        self.stores = [(slot, mode, _Rows.of(dst, self.tile) or _slices(dst), src) for slot, mode, dst, src in stores]
+        self.stores = [(slot, mode, _Rows.of(dst) or _slices(dst), src) for slot, mode, dst, src in stores]
         if acc_loads is not None:
             self.acc_loads = (_slices(acc_loads[0]), acc_loads[1])
         self.matmuls = len(products)

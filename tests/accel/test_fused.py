@@ -688,11 +688,12 @@ def test_stores_of_tile_rows_in_another_order_write_row_by_row_like_the_referenc
 
 
 @given(st.lists(st.integers(0, 40), min_size=1, max_size=12, unique=True), st.sampled_from([np.int8, np.int32]),
-       st.sampled_from([2, 4, 16]))
-def test_writes_by_rows_equal_a_scatter(starts, dtype, tile):
-    index = (np.array(starts)[:, None] * tile + np.arange(tile)).reshape(-1)
+       st.sampled_from([2, 4, 8, 16]), st.integers(0, 3))
+def test_writes_by_rows_equal_a_scatter(starts, dtype, length, gap):
+    """Rows of any one length, ``gap`` apart or more (8 channels of 16 lanes): as a scatter writes."""
+    index = (np.array(starts)[:, None] * (length + gap) + np.arange(length)).reshape(-1)
     data = np.random.default_rng(len(starts)).integers(-2**31, 2**31, index.size).astype(np.int32)
-    want, got = np.zeros(41 * tile, dtype), np.zeros(41 * tile, dtype)
+    want, got = np.zeros(41 * (length + gap), dtype), np.zeros(41 * (length + gap), dtype)
     want[index] = data.astype(dtype)
-    fused._Rows.of(index, tile).put(got, data)
+    fused._Rows.of(index).put(got, data)
     np.testing.assert_array_equal(got, want)
