@@ -1071,45 +1071,56 @@ def _put(values: np.ndarray, index, data: np.ndarray) -> None:
 
 
 class _Rows:
-    """An index array whose chunks of ``length`` (the length of its first run) each name
-    consecutive elements (a STORE's host elements, a row each, in another order than the
-    values': an NCHW output written from tiles of pixels, 8 channels of 16 lanes), written a
-    chunk at a time: one copy of ``length`` elements per index instead of ``length`` element
-    writes, and an index ``length`` times smaller.
+    """An index array that is runs of consecutive elements, most of them short (a STORE's host
+    elements in another order than the values': an NCHW output written from tiles of pixels,
+    tile rows of 16 elements and 8 at a row's end), written a run at a time: runs of one
+    length as one copy of rows of that length per index (``groups``: length, the runs' starts
+    in the target, and where their data begins), instead of an element write per element.
 
-    >>> rows = _Rows.of(np.array([4, 5, 0, 1]))
-    >>> target = np.zeros(6, np.int8); rows.put(target, np.array([1, 2, 300, 4], np.int32)); target.tolist()
-    [44, 4, 0, 0, 1, 2]
-    >>> _Rows.of(np.array([4, 5, 6, 0, 1])) is None, _Rows.of(np.array([4, 6, 0, 1])) is None
-    (True, True)
+    >>> rows = _Rows.of(np.r_[8:12, 0:8]); [length for length, _, _ in rows.groups]
+    [4, 8]
+    >>> target = np.zeros(12, np.int8); rows.put(target, np.arange(250, 262, dtype=np.int32)); target.tolist()
+    [-2, -1, 0, 1, 2, 3, 4, 5, -6, -5, -4, -3]
+    >>> _Rows.of(np.array([4, 6, 0, 1])) is None        # runs shorter than _ROW_AT_LEAST on average
+    True
     """
 
-    __slots__ = ("starts", "length")
+    __slots__ = ("groups",)
 
-    def __init__(self, starts: np.ndarray, length: int) -> None:
-        self.starts, self.length = starts, length
+    def __init__(self, groups: list[tuple[int, np.ndarray, np.ndarray]]) -> None:
+        self.groups = groups
 
     @classmethod
     def of(cls, index) -> Optional["_Rows"]:
-        """``index`` (an array) as rows, or None when it is no whole rows of runs of one length
-        (a :class:`_Span`, :class:`_View` or other object is left to :func:`_slices`)."""
-        if not isinstance(index, np.ndarray) or index.size < 2:
+        """``index`` (an array) as runs grouped by length, or None when its runs are shorter than
+        :data:`_ROW_AT_LEAST` on average (a :class:`_Span`, :class:`_View` or other object is
+        left to :func:`_slices`)."""
+        if not isinstance(index, np.ndarray) or not index.size:
             return None
         flat = index.reshape(-1)
-        breaks = np.flatnonzero(flat[1:] != flat[:-1] + 1)
-        length = int(breaks[0]) + 1 if breaks.size else flat.size
-        if length < 2 or flat.size % length:
+        at = np.concatenate([[0], np.flatnonzero(flat[1:] != flat[:-1] + 1) + 1])
+        if at.size * _ROW_AT_LEAST > flat.size:
             return None
-        rows = flat.reshape(-1, length)
-        if not (rows == rows[:, :1] + np.arange(length)).all():
-            return None
-        return cls(rows[:, 0].astype(np.intp), length)
+        lengths = np.diff(np.append(at, flat.size))
+        groups = []
+        for length in np.unique(lengths).tolist():
+            mine = at[lengths == length]
+            groups.append((length, flat[mine].astype(np.intp), mine.astype(np.intp)))
+        return cls(groups)
 
     def put(self, target: np.ndarray, data: np.ndarray) -> None:
         """``target[index] = data`` (cast as assignment casts: an int keeps its low bytes)."""
-        item = np.dtype((np.void, target.itemsize * self.length))
-        rows = np.ndarray((target.size - self.length + 1,), item, buffer=target, strides=(target.itemsize,))
-        rows[self.starts] = np.ascontiguousarray(data.reshape(-1).astype(target.dtype, copy=False)).view(item)
+        data = np.ascontiguousarray(data.reshape(-1).astype(target.dtype, copy=False))
+        size = target.itemsize
+        for length, starts, at in self.groups:
+            item = np.dtype((np.void, size * length))
+            rows = np.ndarray((target.size - length + 1,), item, buffer=target, strides=(size,))
+            rows[starts] = np.ndarray((data.size - length + 1,), item, buffer=data, strides=(size,))[at]
+
+
+# Runs at least this long on average are written run by run (:class:`_Rows`): a copy of a run
+# per index beats an element write per element from a few elements on.
+_ROW_AT_LEAST = 4
 
 
 class _Runs:

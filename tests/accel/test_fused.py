@@ -687,13 +687,14 @@ def test_stores_of_tile_rows_in_another_order_write_row_by_row_like_the_referenc
     _runs_alike(plan, stream, (sim, host), (ref, want))
 
 
-@given(st.lists(st.integers(0, 40), min_size=1, max_size=12, unique=True), st.sampled_from([np.int8, np.int32]),
-       st.sampled_from([2, 4, 8, 16]), st.integers(0, 3))
-def test_writes_by_rows_equal_a_scatter(starts, dtype, length, gap):
-    """Rows of any one length, ``gap`` apart or more (8 channels of 16 lanes): as a scatter writes."""
-    index = (np.array(starts)[:, None] * (length + gap) + np.arange(length)).reshape(-1)
-    data = np.random.default_rng(len(starts)).integers(-2**31, 2**31, index.size).astype(np.int32)
-    want, got = np.zeros(41 * (length + gap), dtype), np.zeros(41 * (length + gap), dtype)
-    want[index] = data.astype(dtype)
+@given(st.lists(st.tuples(st.integers(0, 40), st.sampled_from([4, 8, 16, 24])), min_size=1, max_size=12,
+                unique_by=lambda r: r[0]), st.sampled_from([np.int8, np.int32]))
+def test_writes_by_rows_equal_a_scatter(runs, dtype):
+    """Runs of a few lengths (tile rows of 16, 8 at a row's end, two rows that abut) in any
+    order: written run by run as a scatter writes them."""
+    index = np.concatenate([start * 24 + np.arange(length) for start, length in runs])
+    data = np.random.default_rng(len(runs)).integers(-2**31, 2**31, index.size).astype(np.int32)
+    want, got = np.zeros(42 * 24, dtype), np.zeros(42 * 24, dtype)
+    want[index] = data.astype(dtype)        # (abutting runs: later elements win, as below)
     fused._Rows.of(index).put(got, data)
     np.testing.assert_array_equal(got, want)
