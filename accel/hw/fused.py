@@ -42,8 +42,9 @@ simulator's workspace: all its plans run in the same arrays (in cache), and none
 anything there from one run to the next. MAX and MIN batches by immediates in a row are
 one clip.
 
-STOREs whose host elements are tile rows in another order than the values' (an NCHW output
-written from tiles of pixels) write a row per index (:class:`_Rows`).
+STOREs whose host elements are short runs in another order than the values' (an NCHW output
+written from tiles of pixels: tile rows, shorter at a row's end) write a run per index
+(:class:`_Rows`).
 
 Lanes nobody reads are not read exactly: an ALU batch's result that reaches no STORE and
 is not what ACC ends with (a layer of 8 channels computes 16 lanes) lets its operands read
@@ -1163,6 +1164,12 @@ def _slices(index):
     return (_Runs.of(index) or index) if isinstance(index, np.ndarray) else index
 
 
+def _rows_or_slices(index):
+    """Where a STORE writes: :func:`_slices`, and an index array of many short runs as :class:`_Rows`."""
+    index = _slices(index)
+    return _Rows.of(index) or index
+
+
 # Runs this long on average are copied as slices (~1 us of Python each) rather than scattered
 # (a few ns an element).
 _RUN_AT_LEAST = 512
@@ -1553,7 +1560,7 @@ class FusedPlan:
         # INP or ACC as they were: an empty gather and put cost a few microseconds each)
         self.inp_final, self.wgt_final, self.acc_final = (None if final[0].size == 0 else (_slices(final[0]), final[1])
                                                           for final in (inp_final, wgt_final, acc_final))
-        self.stores = [(slot, mode, _Rows.of(dst) or _slices(dst), src) for slot, mode, dst, src in stores]
+        self.stores = [(slot, mode, _rows_or_slices(dst), src) for slot, mode, dst, src in stores]
         if acc_loads is not None:
             self.acc_loads = (_slices(acc_loads[0]), acc_loads[1])
         self.matmuls = len(products)
