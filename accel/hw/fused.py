@@ -45,6 +45,10 @@ anything there from one run to the next. A chain of batches in place is one call
 :func:`accel.hw.kernels.alu_chain`, every step of a few tile rows in registers before the
 next rows, instead of a numpy pass over memory per step.
 
+STOREs whose host elements are short runs in another order than the values' (an NCHW output
+written from tiles of pixels: tile rows, shorter at a row's end) write a run per index
+(:class:`_Rows`).
+
 Lanes nobody reads are not read exactly: an ALU batch's result that reaches no STORE and
 is not what ACC ends with (a layer of 8 channels computes 16 lanes) lets its operands read
 any value there, and an input element that only multiplies a weight's zero pad any finite
@@ -666,9 +670,10 @@ class _Builder:
                 for (ufunc, op, imm, new, old, src), care in zip(alus, cares)]
         stores = [(slot, mode, *(_views(dst, renumber[src]) or (_run_of(dst), _reads(renumber[src], t))))
                   for slot, mode, dst, src in stores]
+        loaded = None
         if acc_loads is not None:
             # each loaded value once: in the order of the values, a run the load writes as a view
-            targets = renumber[acc_loads[0]]
+            targets = loaded = renumber[acc_loads[0]]
             order = np.argsort(targets, kind="stable")
             targets, codes = targets[order], acc_loads[1][order]
             acc_loads = _views(targets, codes) or (_run_of(targets), _Gather(codes, t))
@@ -678,7 +683,7 @@ class _Builder:
         acc_src = renumber[self.acc[acc_at]]
         finals.append(_views(acc_at, acc_src) or (_run_of(acc_at), _reads(acc_src, t)))
         plan = FusedPlan(self, products, alus, stores, acc_loads, *finals)
-        plan.zero = _first_writes(products, self.acc_n, zeroed, self.values)
+        plan.zero = _first_writes(products, self.acc_n, zeroed, self.values, loaded)
         plan.live = live
         return plan
 
@@ -1031,11 +1036,16 @@ def _range_below(indices: Sequence[np.ndarray], bound: int) -> tuple[int, int]:
     return (lo, hi + 1) if hi >= 0 else (0, 0)
 
 
-def _first_writes(products: list, acc_n: int, zeroed: int, count: int) -> list[tuple[int, int]]:
+def _first_writes(products: list, acc_n: int, zeroed: int, count: int,
+                  loaded: Optional[np.ndarray] = None) -> list[tuple[int, int]]:
     """Let the products that alone add into a run of values that start at zero (``[acc_n,
     zeroed)``) write their results there instead (``assign``): 0 + x is x, and those values
-    need no zeroing. Returns the ranges of values that still do."""
+    need no zeroing. Returns the ranges of values that still do. The values an ACC LOAD
+    brings (``loaded``) are no zeros: a product adds into them (a bias loaded, then
+    accumulated onto), as into the values a product that adds there too."""
     hits = np.zeros(count, np.int32)
+    if loaded is not None:
+        hits[loaded] = 1
     for p in products:
         at = p.grid if p.grid is not None else p.targets
         if isinstance(at, _Span):
@@ -1055,13 +1065,66 @@ def _first_writes(products: list, acc_n: int, zeroed: int, count: int) -> list[t
 
 def _put(values: np.ndarray, index, data: np.ndarray) -> None:
     """``values[index] = data`` (into a view for a :class:`_Span` or :class:`_View`, run by
-    run for :class:`_Runs`)."""
+    run for :class:`_Runs`, row by row for :class:`_Rows`)."""
     if isinstance(index, (_Span, _View)):
         index.of(values)[...] = data
-    elif isinstance(index, _Runs):
+    elif isinstance(index, (_Runs, _Rows)):
         index.put(values, data)
     else:
         values[index] = data
+
+
+class _Rows:
+    """An index array that is runs of consecutive elements, most of them short (a STORE's host
+    elements in another order than the values': an NCHW output written from tiles of pixels,
+    tile rows of 16 elements and 8 at a row's end), written a run at a time: runs of one
+    length as one copy of rows of that length per index (``groups``: length, the runs' starts
+    in the target, and where their data begins), instead of an element write per element.
+
+    >>> rows = _Rows.of(np.r_[8:12, 0:8]); [length for length, _, _ in rows.groups]
+    [4, 8]
+    >>> target = np.zeros(12, np.int8); rows.put(target, np.arange(250, 262, dtype=np.int32)); target.tolist()
+    [-2, -1, 0, 1, 2, 3, 4, 5, -6, -5, -4, -3]
+    >>> _Rows.of(np.array([4, 6, 0, 1])) is None        # runs shorter than _ROW_AT_LEAST on average
+    True
+    """
+
+    __slots__ = ("groups",)
+
+    def __init__(self, groups: list[tuple[int, np.ndarray, np.ndarray]]) -> None:
+        self.groups = groups
+
+    @classmethod
+    def of(cls, index) -> Optional["_Rows"]:
+        """``index`` (an array) as runs grouped by length, or None when its runs are shorter than
+        :data:`_ROW_AT_LEAST` on average (a :class:`_Span`, :class:`_View` or other object is
+        left to :func:`_slices`)."""
+        if not isinstance(index, np.ndarray) or not index.size:
+            return None
+        flat = index.reshape(-1)
+        at = np.concatenate([[0], np.flatnonzero(flat[1:] != flat[:-1] + 1) + 1])
+        if at.size * _ROW_AT_LEAST > flat.size:
+            return None
+        lengths = np.diff(np.append(at, flat.size))
+        groups = []
+        for length in np.unique(lengths).tolist():
+            mine = at[lengths == length]
+            groups.append((length, flat[mine].astype(np.intp), mine.astype(np.intp)))
+        return cls(groups)
+
+    def put(self, target: np.ndarray, data: np.ndarray) -> None:
+        """``target[index] = data`` (cast as assignment casts: an int keeps its low bytes)."""
+        data = np.ascontiguousarray(data.reshape(-1).astype(target.dtype, copy=False))
+        size = target.itemsize
+        for length, starts, at in self.groups:
+            item = np.dtype((np.void, size * length))
+            rows = np.ndarray((target.size - length + 1,), item, buffer=target, strides=(size,))
+            rows[starts] = np.ndarray((data.size - length + 1,), item, buffer=data, strides=(size,))[at]
+
+
+# Runs at least this long on average are written run by run (:class:`_Rows`): a copy of a run
+# per index beats an element write per element from a few elements on.
+_ROW_AT_LEAST = 4
 
 
 class _Runs:
@@ -1102,6 +1165,12 @@ class _Runs:
 def _slices(index):
     """Where a plan writes: an index array that is a few long runs as :class:`_Runs`, else as is."""
     return (_Runs.of(index) or index) if isinstance(index, np.ndarray) else index
+
+
+def _rows_or_slices(index):
+    """Where a STORE writes: :func:`_slices`, and an index array of many short runs as :class:`_Rows`."""
+    index = _slices(index)
+    return _Rows.of(index) or index
 
 
 # Runs this long on average are copied as slices (~1 us of Python each) rather than scattered
@@ -1494,7 +1563,7 @@ class FusedPlan:
         # INP or ACC as they were: an empty gather and put cost a few microseconds each)
         self.inp_final, self.wgt_final, self.acc_final = (None if final[0].size == 0 else (_slices(final[0]), final[1])
                                                           for final in (inp_final, wgt_final, acc_final))
-        self.stores = [(slot, mode, _slices(dst), src) for slot, mode, dst, src in stores]
+        self.stores = [(slot, mode, _rows_or_slices(dst), src) for slot, mode, dst, src in stores]
         if acc_loads is not None:
             self.acc_loads = (_slices(acc_loads[0]), acc_loads[1])
         self.matmuls = len(products)

@@ -714,3 +714,53 @@ def test_alu_chains_in_the_plan_equal_instruction_by_instruction(stream):
     # a second run on the same workspace (the replay of a later call) again
     (sim2, host2), (ref2, want2) = _both(stream)[1:]
     _runs_alike(plan, stream, (sim2, host2), (ref2, want2))
+
+
+def _weighted_stream():
+    """An input tile times a weight tile (slot 1) plus biases (slot 2: eight rows, padded to a
+    tile: read by a gather), stored to slot 4."""
+    return _auto([Load(mem=Mem.INP, sram_addr=0, sram_ld=16, slot=0, dram_offset=0, dram_ld=16, rows=16, cols=16),
+                  Load(mem=Mem.WGT, sram_addr=0, sram_ld=16, slot=1, dram_offset=0, dram_ld=16, rows=16, cols=16),
+                  Load(mem=Mem.ACC, sram_addr=0, sram_ld=16, slot=2, dram_offset=0, dram_ld=16, rows=8, cols=16,
+                       pad_bottom=8, pad_value=5),
+                  _gemm(), Store(sram_addr=0, sram_ld=16, slot=4, dram_offset=0, dram_ld=16, rows=16, cols=16)])
+
+
+def test_a_product_adds_onto_the_values_an_acc_load_brought():
+    """A bias loaded into ACC, then a GEMM accumulating onto it: the product is added to the
+    bias, not written over it (the plan writes a product over values that start at zero only)."""
+    stream = _weighted_stream()
+    plan, (sim, host), (ref, want) = _both(stream)
+    assert not plan.products[0].assign
+    _runs_alike(plan, stream, (sim, host), (ref, want))
+
+
+@given(st.permutations(range(8)), st.sampled_from([0, 1, 2]))
+def test_stores_of_tile_rows_in_another_order_write_row_by_row_like_the_reference(places, mode):
+    """STOREs that put an accumulator tile's rows at scattered host rows (an output in another
+    layout than the tiles'): written a row at a time, what instruction-by-instruction
+    execution writes (int8 saturated or wrapped, int32)."""
+    slot = 4 if mode == 0 else 3
+    program = [Load(mem=Mem.INP, sram_addr=0, sram_ld=16, slot=0, dram_offset=0, dram_ld=16, rows=16, cols=16),
+               Load(mem=Mem.WGT, sram_addr=0, sram_ld=16, slot=1, dram_offset=0, dram_ld=16, rows=16, cols=16),
+               _gemm(reset=True), _gemm()]
+    program += [Store(sram_addr=16 * r, sram_ld=16, slot=slot, dram_offset=32 * p + 3, dram_ld=16, rows=1, cols=16,
+                      mode=mode) for r, p in enumerate(places)]
+    stream = _auto(program)
+    plan, (sim, host), (ref, want) = _both(stream)
+    in_a_row = fused._affine([np.array(places)]) is not None      # (then one strided view)
+    assert isinstance(plan.stores[0][2], fused._Rows) != in_a_row
+    _runs_alike(plan, stream, (sim, host), (ref, want))
+
+
+@given(st.lists(st.tuples(st.integers(0, 40), st.sampled_from([4, 8, 16, 24])), min_size=1, max_size=12,
+                unique_by=lambda r: r[0]), st.sampled_from([np.int8, np.int32]))
+def test_writes_by_rows_equal_a_scatter(runs, dtype):
+    """Runs of a few lengths (tile rows of 16, 8 at a row's end, two rows that abut) in any
+    order: written run by run as a scatter writes them."""
+    index = np.concatenate([start * 24 + np.arange(length) for start, length in runs])
+    data = np.random.default_rng(len(runs)).integers(-2**31, 2**31, index.size).astype(np.int32)
+    want, got = np.zeros(42 * 24, dtype), np.zeros(42 * 24, dtype)
+    want[index] = data.astype(dtype)        # (abutting runs: later elements win, as below)
+    fused._Rows.of(index).put(got, data)
+    np.testing.assert_array_equal(got, want)
