@@ -30,6 +30,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import math
+
+import tvm_ffi
 from tvm import ir, s_tir, sym, tirx
 
 from accel.compiler.blocks import DATA_PAR, REDUCE, mark_layout_stage, read_index
@@ -196,3 +199,181 @@ def _weights(sch, blk, dw: Depthwise, notes) -> ir.Var:
     notes.on_cpu.append((sch.get(stage).name_hint, "reorders the weights to [KH, KW, C] on the CPU (DWMAC "
                          "reads a row of channels per kernel tap)"))
     return sch.get(stage).writes[0].source
+
+
+@dataclass(frozen=True)
+class Flat:
+    """The output pixels of a depthwise convolution run over its image (``pixels="image"``)
+    instead of row by row: pixel ``q = y*width + x`` of a virtual width ``width`` (at least
+    the padded input's, which the CPU lays out with rows ``width`` pixels apart), so that a
+    tap's input pixel ``q*sx + ry*dy*width + rx*dx`` is affine in ``q`` across image rows and
+    a DWMAC tile of 16 consecutive ``q`` is one strided LOAD per tap. The columns
+    ``x >= W`` read the next row's pixels (garbage, never stored); a block of output tiles is
+    ``rows`` whole virtual rows, ``height`` the image's rows padded to whole blocks.
+
+    >>> Flat(width=24, rows=2, height=20).tiles_per_block(16)
+    3
+    """
+
+    width: int
+    rows: int
+    height: int
+
+    def tiles_per_block(self, t: int) -> int:
+        """The output tiles of a block of :attr:`rows` virtual rows."""
+        return self.rows * self.width // t
+
+    def tiles(self, t: int) -> int:
+        """The output tiles of the whole image (per batch item and tile of channels)."""
+        return self.height * self.width // t
+
+
+def input_extent(dw: Depthwise, role: str) -> int:
+    """The extent of the (padded) input the convolution reads along ``role`` (``y``, ``x``)."""
+    return int(dw.input.shape[dw.in_dim[role]])
+
+
+def flat_layouts(dw: Depthwise, t: int, limit: int) -> list:
+    """The :class:`Flat` layouts worth trying for ``dw`` (tiles of ``t`` pixels, at most
+    ``limit`` tiles a block), fewest output tiles first: per virtual width from the padded
+    input's up to 15 more, the fewest whole rows a block holds (``rows * width`` a whole
+    number of tiles) and the image's rows padded to whole blocks; none where the output is one
+    pixel wide or one row high (its tiles run down the column or along the row already), or
+    where the strides differ (a pixel's input address is affine in ``q`` for one stride).
+
+    >>> flat_layouts(dw, 16, 16)[0]          # doctest: +SKIP
+    Flat(width=24, rows=2, height=20)
+    """
+    if pixels(dw) != "x" or dw.ext["y"] < 2 or dw.taps["y"][0] != dw.taps["x"][0]:
+        return []
+    out = []
+    for width in range(input_extent(dw, "x"), input_extent(dw, "x") + t):
+        rows = t // math.gcd(width, t)
+        if rows * width // t > limit:
+            continue
+        # the rows padded to whole blocks (the last block's rows past the image's computed, not stored)
+        out.append(Flat(width, rows, -(-dw.ext["y"] // rows) * rows))
+    return sorted(out, key=lambda f: (f.tiles(t), f.rows, f.width))
+
+
+def flatten(sch: s_tir.Schedule, name: str, dw: Depthwise, view: View, flat: Flat, f_pad: int, notes) -> View:
+    """Lay the depthwise block ``name`` (after :func:`normalise`) out over its image's pixels
+    (:class:`Flat`): the CPU writes the input channels-last with rows ``flat.width`` apart
+    (zeros beyond the padded image, and rows enough for the garbage columns' reads), the
+    block is padded to ``flat.height x flat.width`` pixels and ``f_pad`` channels, and its
+    pixels ``(y, x)`` become one iter ``q = y*width + x`` (the accumulator ``[.., q, f]``).
+    The padded pixels read the input where the flat layout puts them, not zeros: the one
+    step no schedule primitive takes, since it changes what the garbage columns compute,
+    which only the epilogue's STORE of the valid ``(y, x)`` may read (it never does).
+    Returns the :class:`View` with the block's iters ``(.., q, ..)`` (``x`` the fused one,
+    ``y`` gone)."""
+    e, width = dw.ext, flat.width
+    reindex = sch.get_sblock(view.inline[-1])
+    source = sch.get(reindex).reads[0].source
+    stage = next((p for p in sch.get_producers(reindex)
+                  if any(w.source.same_as(source) for w in sch.get(p).writes)), None)
+    inline = view.inline[:-1]
+    if stage is None:       # the input itself: copied by the CPU into the flat layout
+        stage = sch.cache_read(reindex, 0, "global")
+        notes.on_cpu.append((sch.get(stage).name_hint, "copies the input with rows of the virtual width "
+                             "(DWMAC tiles run over the image's pixels)"))
+    elif sch.get(stage).name_hint in inline:    # the border LOADs would pad: the CPU pads
+        inline = tuple(b for b in inline if b != sch.get(stage).name_hint)
+        notes.on_cpu.append((sch.get(stage).name_hint, "zero-pads the input with rows of the virtual width "
+                             "(DWMAC tiles run over the image's pixels)"))
+    dims = _channels_last(dw)
+    # the last input element a padded pixel reads (the garbage columns wrap into the next row)
+    (sy, dy, oy), (sx, dx, ox) = dw.taps["y"], dw.taps["x"]
+    last = ((flat.height - 1) * sy + (e["ry"] - 1) * dy + oy) * width + (width - 1) * sx + (e["rx"] - 1) * dx + ox
+    height = max(last // width + 1, input_extent(dw, "y"))
+    sch.transform_layout(stage, ("write", 0), lambda *ax: (
+        ax[dims["n"]], ax[dims["y"]] // height, ax[dims["y"]] % height, ax[dims["x"]] // width,
+        ax[dims["x"]] % width, ax[dims["c"]]), pad_value=0)
+    sch.transform_layout(stage, ("write", 0), lambda n, a, y, b, x, c: (n, (a * height + y + b) * width + x, c))
+    blk = sch.get_sblock(name)
+    keys = [var_key(iv.var) for iv in sch.get(blk).iter_vars]
+    padded = [width if k == keys[dw.pos["x"]] else flat.height if k == keys[dw.pos["y"]] else
+              f_pad if k == keys[dw.pos["f"]] else int(iv.dom.extent.value)
+              for k, iv in zip(keys, sch.get(blk).iter_vars)]
+    if padded != [int(iv.dom.extent.value) for iv in sch.get(blk).iter_vars]:
+        sch.pad_einsum(blk, padded)
+    padder = next((p for p in sch.get_producers(blk) if sch.get(p).name_hint.endswith("_pad") and
+                   len(sch.get(p).writes[0].source.shape) == len(view.dims)), None)
+    if padder is None:      # the view is not padded (a virtual width of the output's): its own block
+        padder, inline = reindex, (*inline, view.inline[-1])
+    else:
+        sch.compute_inline(reindex)
+
+    def fuse(ax, order):
+        """``ax`` (in the roles' ``order``) with ``y`` and ``x`` made one, ``y*width + x``, where ``x`` was."""
+        return tuple(ax[order.index("y")] * width + ax[order.index("x")] if r == "x" else ax[order.index(r)]
+                     for r in order if r != "y")
+
+    # the pixels next to each other first: then fused (TVM inverts a fusion of adjacent axes)
+    adjacent = tuple(r for r in view.dims if r not in ("y", "x", "f")) + ("y", "x", "f")
+    sch.transform_layout(padder, ("write", 0), permute({r: n for n, r in enumerate(view.dims)}, adjacent))
+    sch.transform_layout(padder, ("write", 0), lambda *ax: fuse(ax, adjacent))
+    # the padded view's producer iterates its pixels as q too, so that its bounds and the input's
+    # index are in q alone (the index simplified to q*sx + ..., affine in q)
+    dtype = sch.get(padder).iter_vars[0].var.ty.dtype
+    sch.transform_block_layout(padder, tirx.IndexMap.from_func(
+        lambda *ax: fuse(permute({r: n for n, r in enumerate(view.dims)}, adjacent)(*ax), adjacent),
+        ndim=len(view.dims), index_dtype=dtype))
+    _read_padding(sch, padder, adjacent.index("x") - 1)
+    roles = tuple(sorted(dw.pos, key=dw.pos.get))
+    dtype = sch.get(blk).iter_vars[0].var.ty.dtype
+    sch.transform_block_layout(blk, tirx.IndexMap.from_func(lambda *ax: fuse(ax, roles), ndim=len(roles),
+                                                            index_dtype=dtype))
+    return View(view.inp, view.weight, tuple(r for r in adjacent if r != "y"), inline, view.stop,
+                sch.get(stage).name_hint, view.operand_layout)
+
+
+def _channels_last(dw: Depthwise) -> dict:
+    """The positions of ``n, y, x, c`` in the channels-last input the CPU stage writes."""
+    if dw.channels_last_input:
+        return dict(dw.in_dim)
+    return {"n": 0, "y": 1, "x": 2, "c": 3}
+
+
+def _read_padding(sch: s_tir.Schedule, padder, pixel: int) -> None:
+    """Drop from the padded input view's producer ``padder`` (``if_then_else(in bounds,
+    X[..], 0)``, or a plain load of ``X`` where nothing is padded; its iter ``pixel`` the
+    fused pixel ``q``) the bounds on the pixels, keeping the channels': a padded pixel reads
+    the flat input where its address falls (:func:`flatten`); its index simplified, so that
+    it is affine in ``q``."""
+    block = sch.get(padder)
+    q = block.iter_vars[pixel].var
+
+    def keep(cond):
+        if isinstance(cond, tirx.And):
+            parts = [p for p in (keep(cond.a), keep(cond.b)) if p is not None]
+            return None if not parts else parts[0] if len(parts) == 1 else tirx.And(*parts)
+        return None if any(v.same_as(q) for v in vars_in(cond)) else cond
+
+    value = block.body.value
+    guarded = isinstance(value, ir.Call) and value.op.name == "prim.if_then_else"
+    load = value.args[1] if guarded else value
+    if not isinstance(load, ir.TensorLoad):
+        raise ValueError(f"the input view {block.name_hint} is not a load of the input (if in bounds): {value}")
+    analyzer = sym.Analyzer()
+    for iv in block.iter_vars:
+        analyzer.bind(iv.var, iv.dom)
+    load = tirx.BufferLoad(load.source, [analyzer.simplify(i) for i in load.indices])
+    cond = keep(value.args[0]) if guarded else None
+    new_value = load if cond is None else tirx.if_then_else(cond, load, value.args[2])
+    body = tirx.BufferStore(block.body.buffer, new_value, block.body.indices)
+    # the same buffer read: the block's access regions stand (TVM recomputes them as it needs)
+    new = s_tir.SBlock(block.iter_vars, block.reads, block.writes, block.name_hint, body, block.init,
+                       block.alloc_buffers, block.match_buffers, block.annotations)
+    sch.state.replace(sch.get_sref(padder), new, {block: new})
+
+
+def flatten_accumulator(sch: s_tir.Schedule, name: str, dw: Depthwise, width: int) -> None:
+    """Lay the accumulator of the flattened block ``name`` (:func:`flatten`; the epilogue
+    inlined into the block that reads it) out as ``[n, y*width + x, f]``: a DWMAC tile's 16
+    pixels ``q`` are then 16 consecutive rows of it, and the epilogue reads a valid pixel
+    ``(y, x)`` at row ``y*width + x``."""
+    order = tuple(sorted(dw.out_dim, key=dw.out_dim.get)) if dw.channels_last_output else ("n", "y", "x", "f")
+    fused = tuple(r for r in order if r not in ("y", "x", "f")) + ("q", "f")
+    sch.transform_layout(sch.get_sblock(name), ("write", 0), lambda *ax: tuple(
+        ax[order.index("y")] * width + ax[order.index("x")] if r == "q" else ax[order.index(r)] for r in fused))

@@ -14,7 +14,8 @@
 - ``elementwise``: the calls :mod:`accel.compiler.elementwise` wrote at schedule time for an
   element-wise chain of int8 tensors, taken as they are;
 - ``store``: a nest writing host memory from ACC, possibly through an elementwise epilogue
-  and a narrowing cast -> ALU (in place, on the accumulator) then STORE; a plain cast wraps,
+  and a narrowing cast -> ALU (in place, on the accumulator) then STORE (a guard that ends a
+  loop around the 2-D box early runs that loop fewer times); a plain cast wraps,
   a clip to [-128, 127] then cast saturates; a clip to int8 then a lookup in a 256-entry int8
   table staged in WGT (:func:`table_lookup`) -> the ALU's clip, LUT, then a STORE.
 
@@ -37,7 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 import tvm
 import tvm_ffi
-from tvm import ir, tirx
+from tvm import ir, sym, tirx
 
 import tirpat as tp
 from accel.hw import instructions
@@ -48,6 +49,8 @@ from accel.compiler.wrapping import strip
 
 #: The scratchpads' storage scopes (their declarations are :mod:`accel.hw.instructions`').
 INP, WGT, ACC = instructions.INP.scope, instructions.WGT.scope, instructions.ACC.scope
+#: Simplifies a loop's extent less the iterations a guard excludes.
+_SIMPLIFY = sym.Analyzer()
 #: AttrStmt key marking an epilogue that overwrites its accumulator in place.
 IN_PLACE = "accel.in_place_epilogue"
 #: Loop annotations of a forking epilogue whose shared steps run once (the scheduler's
@@ -506,9 +509,11 @@ def _alu_calls(steps, spine, operands, loops, config, partial_ok):
     """ALU instructions applying ``steps`` in place on the ``spine`` region, or None.
 
     Columns are cut into ``tile``-lane vectors (``ext_in``), rows become ``ext_out``, loops
-    further out become For loops around the instruction. ``partial_ok``: a last partial
-    vector may change the lanes after the region (an epilogue whose accumulator is dead
-    after its store, which the planner checks; not an ALU nest whose buffer is read on).
+    further out become For loops around the instruction; with one vector a row, the rows take
+    ``ext_in`` and the loop around them ``ext_out`` (one instruction for two loops of rows).
+    ``partial_ok``: a last partial vector may change the lanes after the region (an epilogue
+    whose accumulator is dead after its store, which the planner checks; not an ALU nest whose
+    buffer is read on).
     """
     t = config.tile
     g = _grid(loops, [spine] + list(operands))
@@ -519,6 +524,21 @@ def _alu_calls(steps, spine, operands, loops, config, partial_ok):
         raise _Unsupported("an operand is not contiguous along the innermost loop")
     vectors = -(-inner // t)
     dso = g.row_stride[0]
+    # one vector a row (16 channels, or fewer): its loop level is free, so the rows take it and
+    # the loop around them (the rows of a depthwise block over the image's pixels, each a
+    # virtual row apart) the outer level: one instruction for the nest, not one per row
+    folded = vectors == 1 and g.outer and _int(g.outer[-1].extent) is not None
+    if folded:
+        outer_strides = [_int(r.strides[len(g.outer) - 1]) if r is not None else 0 for r in [spine] + list(operands)]
+        folded = None not in outer_strides and all(s % t == 0 for s in outer_strides)
+    if folded:
+        ext_in, ext_out = ext_out, _int(g.outer[-1].extent)
+        strides_in, strides_out = list(g.row_stride), outer_strides
+        g = _Grid(g.outer[:-1], g.rows, g.cols, g.row_stride, g.col_ok)
+    else:
+        ext_in, strides_out = vectors, list(g.row_stride)
+        strides_in = [t] * len(strides_out)
+    dso, dsi = strides_out[0], strides_in[0]
     if inner % t:
         if not partial_ok:
             raise _Unsupported(f"{inner} columns are not whole {t}-lane vectors, and the lanes after them are read on")
@@ -527,28 +547,28 @@ def _alu_calls(steps, spine, operands, loops, config, partial_ok):
         # whole vectors).
         base = _int(spine.offset)
         size = _allocation(spine.buffer)
-        if base is None or (ext_out > 1 and dso < vectors * t) or \
-                base + (ext_out - 1) * dso + vectors * t > -(-size // t) * t:
+        if base is None or (ext_out > 1 and dso < vectors * t) or (ext_in > 1 and dsi < t) or \
+                base + (ext_out - 1) * dso + (ext_in - 1) * dsi + t > -(-size // t) * t:
             raise _Unsupported(f"the last partial vector would write past the rows of {spine.buffer.name}")
     calls = []
-    for step, operand, sso in zip(steps, operands, g.row_stride[1:]):
-        if dso % t or sso % t or (ext_out > 1 and dso == 0):
+    for step, operand, sso, ssi_ in zip(steps, operands, strides_out[1:], strides_in[1:]):
+        if dso % t or sso % t or dsi % t or ssi_ % t or (ext_out > 1 and dso == 0) or (ext_in > 1 and dsi == 0):
             raise _Unsupported(f"row strides {dso}, {sso} are not whole {t}-lane vectors")
         if step.op is None:     # a table lookup: the whole table, staged in WGT once
             def lookup(shifts, table=step.table):
                 return LUT.call(dst_addr=address(spine.buffer, spine.offset + shifts[0]), lut_addr=address(table, 0),
-                                ext_out=ext_out, ext_in=vectors, dst_stride_out=dso, dst_stride_in=t)
+                                ext_out=ext_out, ext_in=ext_in, dst_stride_out=dso, dst_stride_in=dsi)
 
             calls.append(_around(g.outer, [g.outer_strides(spine), g.outer_strides(None)], lookup))
             continue
-        ssi = 0 if operand is None else t
+        ssi = 0 if operand is None else ssi_
 
         def make(shifts, step=step, operand=operand, sso=sso, ssi=ssi):
             src = 0 if operand is None else address(operand.buffer, operand.offset + shifts[1])
             return ALU[step.op, operand is None].call(
                         dst_addr=address(spine.buffer, spine.offset + shifts[0]), src_addr=src,
-                        imm=step.imm if operand is None else 0, ext_out=ext_out, ext_in=vectors,
-                        dst_stride_out=dso, dst_stride_in=t, src_stride_out=sso, src_stride_in=ssi)
+                        imm=step.imm if operand is None else 0, ext_out=ext_out, ext_in=ext_in,
+                        dst_stride_out=dso, dst_stride_in=dsi, src_stride_out=sso, src_stride_in=ssi)
 
         calls.append(_around(g.outer, [g.outer_strides(spine), g.outer_strides(operand)], make))
     return calls
@@ -685,8 +705,12 @@ def _store(m, store, config):
         step = _int(dst.strides[-1]) if loops and _int(acc.strides[-1]) == 1 else None
         if step is None or step < 1:
             raise _Unsupported(f"{out.name} or the accumulator is not contiguous along the innermost loop")
-    if any(_int(valid[k][1]) != 0 for k in range(len(g.outer))):
-        raise _Unsupported("the guard bounds a loop outside the 2-D DMA box")
+    # a guard that ends a loop outside the 2-D box early (the last block of whole image rows
+    # holds rows past the image's: their accumulator rows are computed, never stored) runs
+    # that loop fewer times
+    outer = [l if _int(after) == 0 else
+             tirx.For(l.loop_var, l.min, _SIMPLIFY.simplify(l.extent - after), l.kind, l.body)
+             for l, (_, after) in zip(g.outer, valid)]
     sram_ld, dram_ld = g.row_stride
     rows, cols = g.rows - g.rows_after, g.cols - g.cols_after
     if step > 1 and not (None not in (_int(rows), _int(cols), _int(dram_ld))
@@ -698,7 +722,7 @@ def _store(m, store, config):
                     sram_addr=address(acc.buffer, acc.offset + shifts[1]), sram_ld=sram_ld, rows=rows,
                     cols=cols, dram_ld=dram_ld, dram_step=step)
 
-    calls.append(_around(g.outer, [g.outer_strides(dst), g.outer_strides(acc)], make))
+    calls.append(_around(outer, [g.outer_strides(dst), g.outer_strides(acc)], make))
     body = calls[0] if len(calls) == 1 else tirx.SeqStmt(calls)
     if steps:
         # The epilogue runs in place on the accumulator: the planner checks that nothing

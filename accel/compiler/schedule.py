@@ -524,15 +524,16 @@ def gemm_blocks(sch: s_tir.Schedule, with_depthwise: bool = False) -> list[tuple
 DW_BLOCK_LIMIT = 16
 
 
-def depthwise_blocks(tiles: int, limit: int = DW_BLOCK_LIMIT) -> tuple:
+def depthwise_blocks(tiles: int, limit: int = DW_BLOCK_LIMIT, step: int = 1) -> tuple:
     """Tiles per depthwise block along a dimension of ``tiles`` tiles: its divisors up to
     ``limit`` (a block that does not divide the tiles would leave a partial one, which
-    DWMAC's tile loops cannot run).
+    DWMAC's tile loops cannot run) that are multiples of ``step`` (a block of whole virtual
+    rows over the image's pixels: :class:`accel.compiler.depthwise.Flat`).
 
-    >>> depthwise_blocks(12), depthwise_blocks(13)
-    ((1, 2, 3, 4, 6, 12), (1, 13))
+    >>> depthwise_blocks(12), depthwise_blocks(13), depthwise_blocks(12, step=3)
+    ((1, 2, 3, 4, 6, 12), (1, 13), (3, 6, 12))
     """
-    return tuple(b for b in range(1, min(tiles, limit) + 1) if tiles % b == 0)
+    return tuple(b for b in range(step, min(tiles, limit) + 1, step) if tiles % b == 0)
 
 
 def _dtypes_found(block) -> str:
@@ -769,8 +770,10 @@ def _schedule_gemm(sch: s_tir.Schedule, name: str, g: GemmAnalysis, config: Conf
         except ScheduleError:
             return None
         # a block of whole image rows stores (and so runs its own epilogue steps) one row at a
-        # time: each step a pass of its own, an instruction per row
-        if g.row_width is None or g.row_width >= t * fitted[0]:
+        # time: each step a pass of its own, an instruction per row; but with one tile of
+        # channels, whose ALU instructions run over the rows and their pixels at once
+        # (accel.compiler.rules), chained as any block's
+        if g.row_width is None or g.row_width >= t * fitted[0] or fitted[1] == 1:
             return block_cycles(shape, *fitted[:3], alu_runs, config, staged=staged)
         blocks = shape.outer * -(-shape.m_tiles // fitted[0]) * -(-shape.n_tiles // fitted[1])
         rows = -(-t * fitted[0] // g.row_width)
@@ -789,14 +792,21 @@ def _schedule_gemm(sch: s_tir.Schedule, name: str, g: GemmAnalysis, config: Conf
 def _schedule_depthwise(sch: s_tir.Schedule, name: str, dw: depthwise.Depthwise, config: Config, notes: Notes,
                         reserved: dict, knobs: Knobs = Knobs()) -> None:
     """Schedule the depthwise convolution block ``name`` for DWMAC and add its plan to ``notes``:
-    lay it out (:func:`accel.compiler.depthwise.normalise`), pad the output pixels ``x`` and
+    lay it out (:func:`accel.compiler.depthwise.normalise`), pad the output pixels and
     channels ``f`` to whole tiles, tile to one 16 x 16 output tile per DWMAC (its loop levels
     the kernel's taps), stage each tile's input taps through INP (one strided LOAD per tap,
     double-buffered), the whole weight once through WGT, and the accumulator with the
     epilogue (and its operands) through ACC, as a GEMM's, for a block of ``knobs.bm`` x
-    ``knobs.bn`` tiles of pixels x channels at once (the heuristic: one tile; each of the
-    epilogue's ALU steps is one instruction over the block). A block that does not divide
-    the tiles, or does not fit ACC, is refused (:class:`ScheduleError`)."""
+    ``knobs.bn`` tiles of pixels x channels at once (each of the epilogue's ALU steps is one
+    instruction over the block). A block that does not divide the tiles, or does not fit
+    ACC, is refused (:class:`ScheduleError`).
+
+    The pixels (``knobs.pixels``) run along each output ``"row"`` (each padded to whole tiles:
+    a 20-pixel row computes 32) or over the ``"image"``
+    (:func:`accel.compiler.depthwise.flatten`: rows of a virtual width a little wider than
+    the padded input, a block of whole rows, stored a row at a time; a 20-pixel row of a 3 x 3
+    kernel computes 24). The heuristic takes one tile a block along its rows, or the image's
+    fewest whole rows, whichever the estimate (:func:`block_cycles`) finds cheaper."""
     t = config.tile
     e = dw.ext
     pix = depthwise.pixels(dw)
@@ -805,74 +815,157 @@ def _schedule_depthwise(sch: s_tir.Schedule, name: str, dw: depthwise.Depthwise,
     other = "y" if pix == "x" else "x"
     taps = e["ry"] * e["rx"]
     x_pad, f_pad = -(-e[pix] // t) * t, -(-e["f"] // t) * t
-    tiles = (x_pad // t, f_pad // t)
-    bm, bn = knobs.bm or 1, knobs.bn or 1
-    if tiles[0] % bm or tiles[1] % bn:
-        raise ScheduleError(f"{name}: a block of {bm} x {bn} tiles does not divide the {tiles[0]} x {tiles[1]} "
-                            f"tiles of pixels x channels")
-    # what the tiles occupy, as the planner lays them out: checked before anything changes
+    layouts = depthwise.flat_layouts(dw, t, DW_BLOCK_LIMIT)
+    if knobs.pixels == "image" and not layouts:
+        raise ScheduleError(f"{name}: its output is one pixel wide or one row high: its pixels run over the image "
+                            "already (pixels='row')")
+    row_tiles = (x_pad // t, f_pad // t)
     options = {"tile": t}
-    count = e["n"] * e[other] * tiles[0] * tiles[1]
     free = _free(config, reserved, ACC)
 
-    def acc_need(regions: int, block: tuple) -> int:
+    def acc_need(regions: int, block: tuple, count: int) -> int:
         """ACC's elements for ``regions`` regions of a block of tiles (double-buffered when
-        there are several blocks)."""
+        there are several blocks, of ``count`` in all)."""
         size = block[0] * block[1]
         return _MEMORY[ACC].footprint(regions * t * t * size, repeated=count > size, options=options)
 
-    def fitting(regions: int, block: tuple) -> tuple:
-        """``block`` made smaller (the larger side to its next divisor of the tiles) until
-        ``regions`` regions of it fit ACC; one tile at least."""
-        while block != (1, 1) and acc_need(regions, block) > free:
-            side = 0 if block[0] >= block[1] else 1
-            smaller = max(d for d in depthwise_blocks(tiles[side], block[side] - 1))
+    def fitting(regions: int, block: tuple, tiles: tuple, count: int, least: int = 1) -> tuple:
+        """``block`` made smaller (the larger side to its next divisor of the tiles, the
+        pixels' no smaller than ``least``) until ``regions`` regions of it fit ACC."""
+        while acc_need(regions, block, count) > free:
+            sides = [s for s in (0, 1) if block[s] > (least if s == 0 else 1)]
+            if not sides:
+                break
+            side = max(sides, key=lambda s: block[s])
+            smaller = max(d for d in depthwise_blocks(tiles[side], block[side] - 1, least if side == 0 else 1))
             block = (smaller, block[1]) if side == 0 else (block[0], smaller)
         return block
 
-    need = {INP: _MEMORY[INP].footprint(taps * t * t, repeated=count > 1, options=options),
-            WGT: _MEMORY[WGT].footprint(taps * f_pad, repeated=False, options=options),
-            ACC: acc_need(2, (1, 1))}   # a residual at most
-    for scope, n in need.items():
-        if n > _free(config, reserved, scope):
-            raise DoesNotFit(f"one depthwise tile's {_MEMORY[scope].name} buffers take {n * _MEMORY[scope].itemsize} "
-                             f"bytes, the target's Config has {getattr(config, capacity_option(_MEMORY[scope]))} "
-                             f"({capacity_option(_MEMORY[scope])})")
+    # the epilogue's ALU work per block, the same whichever way the pixels run: read off the
+    # epilogue inlined before the padding (which adds the copy out of the padded result to it)
     view = depthwise.normalise(sch, dw, notes)
-    plan = GemmPlan(name, e[pix], e["f"], taps, e["n"] * e[other],
-                    gather=f"per-channel DWMAC; each kernel tap's input tile by a strided, padded LOAD from "
-                           f"{view.source}")
-    blk = sch.get_sblock(name)
-    keys = [iv.var.__chandle__() for iv in sch.get(blk).iter_vars]
-    padded = [x_pad if k == keys[dw.pos[pix]] else f_pad if k == keys[dw.pos["f"]] else
-              int(iv.dom.extent.value) for k, iv in zip(keys, sch.get(blk).iter_vars)]
-    plan.device_macs = e["n"] * e[other] * x_pad * f_pad * taps
-    if padded != [int(iv.dom.extent.value) for iv in sch.get(blk).iter_vars]:
-        sch.pad_einsum(blk, padded)
-    final, steps, out_buffer, temporaries = _epilogue(sch, blk, view.stop)
+    final, steps, out_buffer, temporaries = _epilogue(sch, sch.get_sblock(name), view.stop)
+    probe = GemmPlan(name, 0, 0, 0, 0)
+    _, alu_runs, staged = _epilogue_work(sch, probe, knobs, final, steps, out_buffer, temporaries)
+    prefix_ = 0 if knobs.fork == "each" else probe.shared
+    row_runs = _alu_runs(sch, final, steps, out_buffer, temporaries, prefix_, by_rows=True)
+    own = len(_own_steps(sch, final, steps, temporaries, prefix_)) if steps is not None else 0
     regions = 2
     if steps is not None:
         # the accumulator tile, and one tile per wide operand (a residual) or temporary
         wide = sum(1 for narrow in _wide_operands(sch, final, out_buffer, temporaries).values() if not narrow)
         regions = max(2, 1 + wide)
-        need[ACC] = acc_need(regions, (1, 1))
-        if need[ACC] > _free(config, reserved, ACC):
-            raise DoesNotFit(f"one depthwise tile's accumulator and its epilogue's {wide} wide operands and "
-                             f"temporaries take {need[ACC] * _MEMORY[ACC].itemsize} bytes, the target's Config has "
-                             f"{getattr(config, capacity_option(_MEMORY[ACC]))} ({capacity_option(_MEMORY[ACC])})")
     # a block of several tiles: a region more for the narrow operands (a bias row per block)
-    bm, bn = fitting(regions + 1, (bm, bn)) if (bm, bn) != (1, 1) else (1, 1)
-    prefix, alu_runs, staged = _epilogue_work(sch, plan, knobs, final, steps, out_buffer, temporaries)
-    extents = Extents(*tiles, 1, e["n"] * e[other])
+    block_regions = regions + 1
 
-    def estimate(bm_: int, bn_: int, _bk: int) -> int | None:
-        if tiles[0] % bm_ or tiles[1] % bn_:
+    def row_estimate(bm_: int, bn_: int, _bk: int) -> int | None:
+        if row_tiles[0] % bm_ or row_tiles[1] % bn_:
             return None
-        block = fitting(regions + 1, (bm_, bn_)) if (bm_, bn_) != (1, 1) else (1, 1)
-        return block_cycles(extents, *block, 1, alu_runs, config,
+        count = e["n"] * e[other] * row_tiles[0] * row_tiles[1]
+        block = fitting(block_regions, (bm_, bn_), row_tiles, count) if (bm_, bn_) != (1, 1) else (1, 1)
+        return block_cycles(Extents(*row_tiles, 1, e["n"] * e[other]), *block, 1, alu_runs, config,
                             mac_cycles=taps * config.dwmac_cycles, staged=staged)
 
-    plan.estimate = estimate
+    def layout_estimate(flat: depthwise.Flat, bm_: int, bn_: int) -> int | None:
+        tiles = (flat.tiles(t), f_pad // t)
+        least = flat.tiles_per_block(t)
+        if tiles[0] % bm_ or tiles[1] % bn_ or bm_ % least:
+            return None
+        block = fitting(block_regions, (bm_, bn_), tiles, e["n"] * tiles[0] * tiles[1], least)
+        if acc_need(block_regions, block, e["n"] * tiles[0] * tiles[1]) > free:
+            return None
+        extents = Extents(*tiles, 1, e["n"])
+        if block[1] == 1:
+            # one tile of channels: an ALU instruction's two loops run over the block's rows
+            # and their pixels (accel.compiler.rules), its steps chained as a row's block's
+            return block_cycles(extents, *block, 1, alu_runs, config, mac_cycles=taps * config.dwmac_cycles,
+                                staged=staged)
+        # more: a block of whole rows runs its own epilogue steps a row at a time, each step a
+        # pass of its own, an instruction per row
+        rows = block[0] * t // flat.width
+        blocks = e["n"] * (tiles[0] // block[0]) * (tiles[1] // block[1])
+        return block_cycles(extents, *block, 1, row_runs, config, mac_cycles=taps * config.dwmac_cycles,
+                            staged=staged) + blocks * (rows - 1) * own * config.issue_overhead
+
+    def layout(bm_: int | None, bn_: int) -> tuple:
+        """``(cycles, layout)`` of the layout over the image with the fewest tiles (then the
+        cheapest) whose blocks ``bm_`` tiles (None: each layout's fewest whole rows) can be;
+        ``(None, None)`` if none. Fewest tiles first: the estimate, exact on the DWMACs, is
+        not on a large block's (more rows, fewer blocks) DMA and ALU beside them (choosing by
+        it alone, blocks of up to 32 tiles, took 1.6% more cycles on ppocrv5_det than by the
+        tiles, blocks of up to 16)."""
+        costs = [(f.tiles(t), layout_estimate(f, bm_ or f.tiles_per_block(t), bn_), n) for n, f in enumerate(layouts)]
+        costs = [c for c in costs if c[1] is not None]
+        return (min(costs)[1], layouts[min(costs)[2]]) if costs else (None, None)
+
+    def flat_estimate(bm_: int, bn_: int, _bk: int) -> int | None:
+        return layout(bm_, bn_)[0]
+
+    image = knobs.pixels == "image"
+    flat_cost, flat = layout(knobs.bm, knobs.bn or 1)
+    if knobs.pixels is None and flat is not None:
+        # over the image where it runs fewer DWMACs and the estimate finds it cheaper (or the
+        # rows cannot take the blocks asked for)
+        row_cost = row_estimate(knobs.bm or 1, knobs.bn or 1, 1)
+        image = row_cost is None or (flat.tiles(t) < e[other] * row_tiles[0] and flat_cost < row_cost)
+    if image and flat is None:      # no layout takes these blocks (or fits ACC): the first's error below
+        flat = layouts[0]
+    if image:
+        tiles = (flat.tiles(t), f_pad // t)
+        bm, bn = knobs.bm or flat.tiles_per_block(t), knobs.bn or 1
+        if tiles[0] % bm or tiles[1] % bn or bm % flat.tiles_per_block(t):
+            raise ScheduleError(f"{name}: a block of {bm} x {bn} tiles is not whole rows of {flat.width} pixels "
+                                f"dividing the {tiles[0]} x {tiles[1]} tiles of the image's pixels x channels")
+        count = e["n"] * tiles[0] * tiles[1]
+    else:
+        tiles = row_tiles
+        bm, bn = knobs.bm or 1, knobs.bn or 1
+        if tiles[0] % bm or tiles[1] % bn:
+            raise ScheduleError(f"{name}: a block of {bm} x {bn} tiles does not divide the {tiles[0]} x {tiles[1]} "
+                                f"tiles of pixels x channels")
+        count = e["n"] * e[other] * tiles[0] * tiles[1]
+    least = flat.tiles_per_block(t) if image else 1
+    # the fewest ACC regions the least block takes (a block of several tiles a region more for
+    # the narrow operands' rows)
+    least_regions = regions if least == 1 else block_regions
+    # what the tiles occupy, as the planner lays them out (the layout and epilogue steps so far
+    # are valid code for the CPU, should it not fit)
+    need = {INP: _MEMORY[INP].footprint(taps * t * t, repeated=count > 1, options=options),
+            WGT: _MEMORY[WGT].footprint(taps * f_pad, repeated=False, options=options),
+            ACC: acc_need(least_regions, (least, 1), count)}
+    for scope, n in need.items():
+        if n > _free(config, reserved, scope):
+            what = "one depthwise tile's" if scope != ACC or least == 1 else f"a depthwise block of {least} tiles'"
+            raise DoesNotFit(f"{what} {_MEMORY[scope].name} buffers take {n * _MEMORY[scope].itemsize} bytes, "
+                             f"the target's Config has {getattr(config, capacity_option(_MEMORY[scope]))} "
+                             f"({capacity_option(_MEMORY[scope])})")
+    if image:
+        view = depthwise.flatten(sch, name, dw, view, flat, f_pad, notes)
+        plan = GemmPlan(name, e["y"] * e["x"], e["f"], taps, e["n"],
+                        gather=f"per-channel DWMAC over the image's pixels, rows {flat.width} wide; each kernel tap's "
+                               f"input tile by a strided LOAD from {view.source}")
+        plan.device_macs = e["n"] * flat.height * flat.width * f_pad * taps
+        # the block's iters: the pixels fused into one (where x was), y gone
+        roles = [r for r in sorted(dw.pos, key=dw.pos.get) if r != "y"]
+        pos = {r: n for n, r in enumerate(roles)}
+    else:
+        plan = GemmPlan(name, e[pix], e["f"], taps, e["n"] * e[other],
+                        gather=f"per-channel DWMAC; each kernel tap's input tile by a strided, padded LOAD from "
+                               f"{view.source}")
+        blk = sch.get_sblock(name)
+        keys = [iv.var.__chandle__() for iv in sch.get(blk).iter_vars]
+        padded = [x_pad if k == keys[dw.pos[pix]] else f_pad if k == keys[dw.pos["f"]] else
+                  int(iv.dom.extent.value) for k, iv in zip(keys, sch.get(blk).iter_vars)]
+        plan.device_macs = e["n"] * e[other] * x_pad * f_pad * taps
+        if padded != [int(iv.dom.extent.value) for iv in sch.get(blk).iter_vars]:
+            sch.pad_einsum(blk, padded)
+        pos = dict(dw.pos)
+    blk = sch.get_sblock(name)
+    final, steps, out_buffer, temporaries = _epilogue(sch, blk, view.stop)
+    if (bm, bn) != (least, 1):
+        bm, bn = fitting(block_regions, (bm, bn), tiles, count, least)
+    prefix, _, _ = _epilogue_work(sch, plan, knobs, final, steps, out_buffer, temporaries)
+    plan.estimate = flat_estimate if image else row_estimate
     _reserve_table(reserved, steps, t)
     if final is not None and steps is None:
         notes.on_cpu.append((sch.get(final).name_hint, "the epilogue is not a chain of ALU operations "
@@ -881,11 +974,11 @@ def _schedule_depthwise(sch: s_tir.Schedule, name: str, dw: depthwise.Depthwise,
     plan.epilogue = describe_epilogue(steps, str(sch.get(final).writes[0].source.dtype),
                                       [sch.get(b).writes[0].source for b in temporaries]) if steps else []
     loops = sch.get_loops(blk)
-    at = {r: loops[dw.pos[r]] for r in dw.pos}
+    at = {r: loops[pos[r]] for r in pos}
     x_o, x_b, x_i = sch.split(at[pix], [None, bm, t])
     f_o, f_b, f_i = sch.split(at["f"], [None, bn, t])
     reduction = [at[r] for r in ("c", "ry", "rx") if r in at]
-    sch.reorder(at["n"], at[other], x_o, f_o, x_b, f_b, *reduction, x_i, f_i)
+    sch.reorder(at["n"], *([] if image else [at[other]]), x_o, f_o, x_b, f_b, *reduction, x_i, f_i)
     block = sch.get(blk)
     weight_read = next(n for n, r in enumerate(block.reads) if len(r.source.shape) == 4 and
                        r.source.name.startswith(view.weight.name))
@@ -895,6 +988,7 @@ def _schedule_depthwise(sch: s_tir.Schedule, name: str, dw: depthwise.Depthwise,
     for stage in (a_stage, b_stage):
         _inline_into_load(sch, stage, view.inline)
     if final is None:
+        # (over the image, the copy of the padded accumulator's valid pixels out is always an epilogue)
         sch.reverse_compute_at(sch.cache_write(blk, 0, ACC), f_o)
     else:
         sch.set_scope(blk, 0, ACC)
@@ -902,9 +996,11 @@ def _schedule_depthwise(sch: s_tir.Schedule, name: str, dw: depthwise.Depthwise,
         sch.reverse_compute_at(final, f_o)
         _stage_epilogue_operands(sch, blk, final, out_buffer, f_o, t, view.operand_layout, temporaries)
         _annotate_prefix(sch, blk, temporaries, final, prefix)
+    if image:       # once the epilogue sits in the block's loops (its region is read off 2-D indices)
+        depthwise.flatten_accumulator(sch, name, dw, flat.width)
     sch.decompose_reduction(blk, reduction[0])
     reserved[WGT] = reserved.get(WGT, 0) + need[WGT]
-    plan.knobs = Knobs(bm, bn, 1, "resident", "direct", "row", FORKS[bool(prefix)])
+    plan.knobs = Knobs(bm, bn, 1, "resident", "direct", "image" if image else "row", FORKS[bool(prefix)])
     plan.cycles = estimate_cycles(plan.device_macs, config.dwmac_macs_per_cycle, plan.device_macs // taps, steps,
                                   temporaries, config)
     notes.offloaded.append(plan)

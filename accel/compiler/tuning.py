@@ -15,7 +15,9 @@ and for each depthwise convolution, ``bm`` and ``bn``: its block of output tiles
 channels, divisors of the tiles up to 16 each; the heuristic's is one tile), each step of its
 epilogue ALU chains over the block (the issue cost of an instruction is paid per block,
 not per tile: 5-9% fewer cycles on the PaddleOCR classifier's depthwise layers; the
-scheduler makes a block that does not fit ACC smaller);
+scheduler makes a block that does not fit ACC smaller); and ``pixels``, along each output
+row (padded to whole tiles) or over the image (rows of a virtual width, blocks of whole
+rows: :func:`accel.compiler.depthwise.flatten`), where the image has such a layout;
 
 and for either, where its epilogue forks after steps its branches share (integerize's precise
 requantise after a bias and clamp reads the accumulator twice), ``fork``: those steps once, in
@@ -56,9 +58,11 @@ from tvm import ir, s_tir, tirx
 
 import tirpat as tp
 from accel.compiler.conv import has_image
-from accel.compiler.depthwise import Depthwise
+from accel.compiler.depthwise import Depthwise, flat_layouts
+from accel.compiler.depthwise import pixels as pixel_dim
 from accel.compiler.schedule import (
-    ANNOTATION, BK_LIMIT, BN_LIMIT, FORKS, GATHERS, PIXELS, WEIGHTS, depthwise_blocks, gemm_blocks, schedule_in,
+    ANNOTATION, BK_LIMIT, BN_LIMIT, DW_BLOCK_LIMIT, FORKS, GATHERS, PIXELS, WEIGHTS, depthwise_blocks, gemm_blocks,
+    schedule_in,
 )
 from accel.hw.config import Config
 
@@ -101,11 +105,19 @@ def knobs(sch: s_tir.Schedule, config: Config) -> list:
         k = plan.knobs
         if isinstance(conv, Depthwise):
             # blocks of output tiles (pixels x channels), the cheapest by the plan's estimate
-            # likeliest (else the largest: the scheduler makes a block that does not fit ACC smaller)
-            sizes = [depthwise_blocks(-(-size // t)) for size in (plan.m, plan.n)]
+            # likeliest (else the largest: the scheduler makes a block that does not fit ACC
+            # smaller); the pixels along each row or over the image where it has a layout (its
+            # blocks whole virtual rows), the heuristic's (the estimate's cheaper) likeliest
+            flat = flat_layouts(conv, t, DW_BLOCK_LIMIT)
+            along = set(depthwise_blocks(-(-conv.ext[pixel_dim(conv)] // t))) | {k.bm}
+            for layout in flat:
+                along |= set(depthwise_blocks(layout.tiles(t), DW_BLOCK_LIMIT, layout.tiles_per_block(t)))
+            sizes = [tuple(sorted(along)), depthwise_blocks(-(-plan.n // t))]
             priors = _cheapest(plan, sizes + [(1,)], [_rising(len(s)) for s in sizes] + [None])
             out += [tp.Knob(name, ANNOTATION + key, values, default, prior=prior)
                     for key, values, default, prior in zip(("bm", "bn"), sizes, (k.bm, k.bn), priors)]
+            if flat:
+                out.append(tp.Knob(name, ANNOTATION + "pixels", tuple(range(len(PIXELS))), PIXELS.index(k.pixels)))
             out += _fork(name, plan)
             continue
         if conv is None:
@@ -283,7 +295,7 @@ def _consistent(choices: list, values: tuple) -> bool:
     """Whether ``values`` of the knobs ``choices`` pair the pixels with their gather: a row's
     by the heuristic's gather, an image's by im2col (which it needs)."""
     picked = {k.key[len(ANNOTATION):]: (v, k.default) for k, v in zip(choices, values)}
-    if "pixels" not in picked:
+    if "pixels" not in picked or "gather" not in picked:      # a depthwise block's pixels need no gather
         return True
     (pixels, _), (gather, default) = picked["pixels"], picked["gather"]
     return gather == (GATHERS.index("im2col") if PIXELS[pixels] == "image" else default)

@@ -23,7 +23,9 @@ current ones, a STORE or an ALU reads them. Then the whole stream is:
    count (a few tiles at a time, in cache), those that add each value once (a widening)
    one product each, the others one weighted bincount; a product that alone adds into
    values a reset zeroed writes them instead;
-3. ALU and LUT instructions, batched by dependency level and operation (a LUT by table);
+3. ALU and LUT instructions, batched by dependency level and operation (a LUT by table),
+   a chain of batches each working in place on what the one before made (a requantisation's
+   multiply, shift, add, clamps and lookup) as one pass of a compiled kernel;
 4. STOREs, batched per host buffer;
 5. the scratchpads' final contents, as instruction-by-instruction execution leaves them
    (of ACC, the elements the stream changed).
@@ -39,8 +41,13 @@ no run but affine in a multi-index (tiles of a product's rows, a broadcast bias 
 read and written as strided views; the rest by tile rows. A run's ALU batches are calls
 bound once to views of the value vector, which with the source vector lives in the
 simulator's workspace: all its plans run in the same arrays (in cache), and none keeps
-anything there from one run to the next. MAX and MIN batches by immediates in a row are
-one clip.
+anything there from one run to the next. A chain of batches in place is one call of
+:func:`accel.hw.kernels.alu_chain`, every step of a few tile rows in registers before the
+next rows, instead of a numpy pass over memory per step.
+
+STOREs whose host elements are short runs in another order than the values' (an NCHW output
+written from tiles of pixels: tile rows, shorter at a row's end) write a run per index
+(:class:`_Rows`).
 
 Lanes nobody reads are not read exactly: an ALU batch's result that reaches no STORE and
 is not what ACC ends with (a layer of 8 channels computes 16 lanes) lets its operands read
@@ -663,9 +670,10 @@ class _Builder:
                 for (ufunc, op, imm, new, old, src), care in zip(alus, cares)]
         stores = [(slot, mode, *(_views(dst, renumber[src]) or (_run_of(dst), _reads(renumber[src], t))))
                   for slot, mode, dst, src in stores]
+        loaded = None
         if acc_loads is not None:
             # each loaded value once: in the order of the values, a run the load writes as a view
-            targets = renumber[acc_loads[0]]
+            targets = loaded = renumber[acc_loads[0]]
             order = np.argsort(targets, kind="stable")
             targets, codes = targets[order], acc_loads[1][order]
             acc_loads = _views(targets, codes) or (_run_of(targets), _Gather(codes, t))
@@ -675,7 +683,7 @@ class _Builder:
         acc_src = renumber[self.acc[acc_at]]
         finals.append(_views(acc_at, acc_src) or (_run_of(acc_at), _reads(acc_src, t)))
         plan = FusedPlan(self, products, alus, stores, acc_loads, *finals)
-        plan.zero = _first_writes(products, self.acc_n, zeroed, self.values)
+        plan.zero = _first_writes(products, self.acc_n, zeroed, self.values, loaded)
         plan.live = live
         return plan
 
@@ -1028,11 +1036,16 @@ def _range_below(indices: Sequence[np.ndarray], bound: int) -> tuple[int, int]:
     return (lo, hi + 1) if hi >= 0 else (0, 0)
 
 
-def _first_writes(products: list, acc_n: int, zeroed: int, count: int) -> list[tuple[int, int]]:
+def _first_writes(products: list, acc_n: int, zeroed: int, count: int,
+                  loaded: Optional[np.ndarray] = None) -> list[tuple[int, int]]:
     """Let the products that alone add into a run of values that start at zero (``[acc_n,
     zeroed)``) write their results there instead (``assign``): 0 + x is x, and those values
-    need no zeroing. Returns the ranges of values that still do."""
+    need no zeroing. Returns the ranges of values that still do. The values an ACC LOAD
+    brings (``loaded``) are no zeros: a product adds into them (a bias loaded, then
+    accumulated onto), as into the values a product that adds there too."""
     hits = np.zeros(count, np.int32)
+    if loaded is not None:
+        hits[loaded] = 1
     for p in products:
         at = p.grid if p.grid is not None else p.targets
         if isinstance(at, _Span):
@@ -1052,13 +1065,66 @@ def _first_writes(products: list, acc_n: int, zeroed: int, count: int) -> list[t
 
 def _put(values: np.ndarray, index, data: np.ndarray) -> None:
     """``values[index] = data`` (into a view for a :class:`_Span` or :class:`_View`, run by
-    run for :class:`_Runs`)."""
+    run for :class:`_Runs`, row by row for :class:`_Rows`)."""
     if isinstance(index, (_Span, _View)):
         index.of(values)[...] = data
-    elif isinstance(index, _Runs):
+    elif isinstance(index, (_Runs, _Rows)):
         index.put(values, data)
     else:
         values[index] = data
+
+
+class _Rows:
+    """An index array that is runs of consecutive elements, most of them short (a STORE's host
+    elements in another order than the values': an NCHW output written from tiles of pixels,
+    tile rows of 16 elements and 8 at a row's end), written a run at a time: runs of one
+    length as one copy of rows of that length per index (``groups``: length, the runs' starts
+    in the target, and where their data begins), instead of an element write per element.
+
+    >>> rows = _Rows.of(np.r_[8:12, 0:8]); [length for length, _, _ in rows.groups]
+    [4, 8]
+    >>> target = np.zeros(12, np.int8); rows.put(target, np.arange(250, 262, dtype=np.int32)); target.tolist()
+    [-2, -1, 0, 1, 2, 3, 4, 5, -6, -5, -4, -3]
+    >>> _Rows.of(np.array([4, 6, 0, 1])) is None        # runs shorter than _ROW_AT_LEAST on average
+    True
+    """
+
+    __slots__ = ("groups",)
+
+    def __init__(self, groups: list[tuple[int, np.ndarray, np.ndarray]]) -> None:
+        self.groups = groups
+
+    @classmethod
+    def of(cls, index) -> Optional["_Rows"]:
+        """``index`` (an array) as runs grouped by length, or None when its runs are shorter than
+        :data:`_ROW_AT_LEAST` on average (a :class:`_Span`, :class:`_View` or other object is
+        left to :func:`_slices`)."""
+        if not isinstance(index, np.ndarray) or not index.size:
+            return None
+        flat = index.reshape(-1)
+        at = np.concatenate([[0], np.flatnonzero(flat[1:] != flat[:-1] + 1) + 1])
+        if at.size * _ROW_AT_LEAST > flat.size:
+            return None
+        lengths = np.diff(np.append(at, flat.size))
+        groups = []
+        for length in np.unique(lengths).tolist():
+            mine = at[lengths == length]
+            groups.append((length, flat[mine].astype(np.intp), mine.astype(np.intp)))
+        return cls(groups)
+
+    def put(self, target: np.ndarray, data: np.ndarray) -> None:
+        """``target[index] = data`` (cast as assignment casts: an int keeps its low bytes)."""
+        data = np.ascontiguousarray(data.reshape(-1).astype(target.dtype, copy=False))
+        size = target.itemsize
+        for length, starts, at in self.groups:
+            item = np.dtype((np.void, size * length))
+            rows = np.ndarray((target.size - length + 1,), item, buffer=target, strides=(size,))
+            rows[starts] = np.ndarray((data.size - length + 1,), item, buffer=data, strides=(size,))[at]
+
+
+# Runs at least this long on average are written run by run (:class:`_Rows`): a copy of a run
+# per index beats an element write per element from a few elements on.
+_ROW_AT_LEAST = 4
 
 
 class _Runs:
@@ -1099,6 +1165,12 @@ class _Runs:
 def _slices(index):
     """Where a plan writes: an index array that is a few long runs as :class:`_Runs`, else as is."""
     return (_Runs.of(index) or index) if isinstance(index, np.ndarray) else index
+
+
+def _rows_or_slices(index):
+    """Where a STORE writes: :func:`_slices`, and an index array of many short runs as :class:`_Rows`."""
+    index = _slices(index)
+    return _Rows.of(index) or index
 
 
 # Runs this long on average are copied as slices (~1 us of Python each) rather than scattered
@@ -1491,7 +1563,7 @@ class FusedPlan:
         # INP or ACC as they were: an empty gather and put cost a few microseconds each)
         self.inp_final, self.wgt_final, self.acc_final = (None if final[0].size == 0 else (_slices(final[0]), final[1])
                                                           for final in (inp_final, wgt_final, acc_final))
-        self.stores = [(slot, mode, _slices(dst), src) for slot, mode, dst, src in stores]
+        self.stores = [(slot, mode, _rows_or_slices(dst), src) for slot, mode, dst, src in stores]
         if acc_loads is not None:
             self.acc_loads = (_slices(acc_loads[0]), acc_loads[1])
         self.matmuls = len(products)
@@ -1637,59 +1709,183 @@ def _workspace(space: dict, role: str, dtype, size: int) -> np.ndarray:
 
 
 def _alu_steps(vector: _Vector, source: _Vector, alus: list) -> list[Callable[[], object]]:
-    """A plan's ALU and LUT batches as calls (see :func:`_alu_step`). A MAX or MIN by an
-    immediate is a clamp, and a run of clamps each working in place on what the one before
-    wrote is one clamp (a requantisation's clamp to int8 is one pass, not two): numpy's
-    clip ufunc with scalar bounds also runs twice as fast as its maximum or minimum."""
+    """A plan's ALU and LUT batches as calls, in an order that gives every batch what it reads.
+
+    A batch written over the run of values the batch before it made, in place (a
+    requantisation's multiply, shift, add, clamps and lookup), continues that batch's chain:
+    a chain is one call of the compiled :func:`~accel.hw.kernels.alu_chain`, a few tile rows
+    at a time through all its steps in registers, instead of one numpy pass over memory per
+    step. A chain runs when a later batch touches what it writes, or writes what it reads (or
+    at the end): nothing else reads a chain's values between its steps (a batch works in
+    place only over values no other batch or STORE reads, see :func:`_layout`), and a batch
+    reads only what batches of lower levels made, all before it in ``alus``. Batches the
+    kernel cannot read (operands gathered element by element, rows not ``tile`` wide) are
+    numpy calls (:func:`_alu_step`)."""
+    tile = vector.rows.itemsize // vector.data.itemsize if vector.rows is not None else 0
     steps: list[Callable[[], object]] = []
-    k = 0
-    while k < len(alus):
-        bounds = _clamp(alus[k])
-        if bounds is None:
-            steps.append(_alu_step(vector, source, *alus[k]))
-            k += 1
+    chains: dict[tuple[int, int], _Chain] = {}     # the open chains by the run they write
+
+    def flush(keep: Optional[_Chain], reads: list, writes: tuple) -> None:
+        # run, in the order they began, the open chains the next batch depends on: those that
+        # write what it reads or writes, or read what it writes
+        for key, chain in list(chains.items()):
+            if chain is not keep and (any(_overlap(chain.writes, r) for r in reads) or
+                                      any(_overlap(w, writes) for w in (chain.writes, *chain.reads))):
+                steps.append(chain.call(vector, source))
+                del chains[key]
+
+    for alu in alus:
+        ufunc, op, imm, new, old, src = alu
+        rows = _chain_rows(alu, tile) if tile else None
+        if rows is None:
+            flush(None, [_hull(m, tile) for m in (old, src) if m is not None], _hull(new, tile))
+            steps.append(_alu_step(vector, source, *alu))
             continue
-        first = alus[k]
-        k += 1
-        while k < len(alus) and _clamp(alus[k]) is not None and _same(alus[k][4], alus[k - 1][3]) and \
-                _same(alus[k][3], alus[k][4]):
-            lo, hi = _clamp(alus[k])
-            # clamping to [l1, h1] then [lo, hi] is clamping to both bounds clamped to [lo, hi]
-            bounds = (min(max(bounds[0], lo), hi), min(max(bounds[1], lo), hi))
-            k += 1
-        steps.append(_clamp_step(vector, first[3], first[4], bounds))
+        writes = (new.start, new.stop)
+        code, start, operand = rows
+        chain = chains.get(writes)
+        reads = [] if code == kernels.LOOKUP or operand[0] == kernels.IMM else [operand[2]]
+        if chain is not None and isinstance(old, _Span) and (old.start, old.stop) == writes:
+            flush(chain, reads, writes)     # the next step of ``chain``, over what its last step made
+        else:
+            flush(None, [start[2], *reads], writes)
+            chains[writes] = chain = _Chain(start, writes, tile)
+        chain.add(code, operand)
+    flush(None, [(0, vector.data.size)], (0, 0))
     return steps
 
 
-_INT32 = np.iinfo(np.int32)
+def _overlap(a: tuple[int, int], b: tuple[int, int]) -> bool:
+    return a[0] < b[1] and b[0] < a[1]
+
+
+def _hull(index, tile: int) -> tuple[int, int]:
+    """``(lo, hi)``: a range of value numbers that holds every value ``index`` reads or writes
+    (a :class:`_Span`, :class:`_View`, :class:`_Gather` or index array).
+
+    >>> _hull(_View(10, (2, 3), (-4, 1)), 2), _hull(np.array([7, 3]), 2)
+    ((6, 13), (3, 8))
+    """
+    if isinstance(index, _Span):
+        return index.start, index.stop
+    if isinstance(index, _View):
+        lo = index.start + sum(min(0, (n - 1) * s) for n, s in zip(index.shape, index.strides))
+        hi = index.start + sum(max(0, (n - 1) * s) for n, s in zip(index.shape, index.strides))
+        return lo, hi + 1
+    if isinstance(index, _Gather):
+        if index.index is not None:
+            return _hull(index.index, tile)
+        bounds = [(int(index.starts.min()), int(index.starts.max()) + tile)] if index.starts.size else []
+        if index.elements is not None and index.elements.size:
+            bounds.append(_hull(index.elements, tile))
+        return (min(b[0] for b in bounds), max(b[1] for b in bounds)) if bounds else (0, 0)
+    index = np.asarray(index)
+    return (int(index.min()), int(index.max()) + 1) if index.size else (0, 0)
+
+
+def _chain_rows(alu: tuple, tile: int) -> Optional[tuple]:
+    """An ALU or LUT batch as :func:`~accel.hw.kernels.alu_chain` takes it: ``(code, start,
+    operand)``, its step's code and its two operands as :func:`_row_operand` gives them (for a
+    lookup ``operand`` is its table's indices in the source vector), or None when the kernel
+    cannot read them, or the results are not a run of whole rows."""
+    ufunc, op, imm, new, old, src = alu
+    if not isinstance(new, _Span) or new.size % tile:
+        return None
+    start = _row_operand(old, tile)
+    if start is None:
+        return None
+    if ufunc is None:
+        return kernels.LOOKUP, start, imm
+    operand = (kernels.IMM, imm, None) if imm is not None else _row_operand(src, tile)
+    return None if operand is None else (int(op), start, operand)
+
+
+def _row_operand(index, tile: int) -> Optional[tuple]:
+    """``(kind, value or row starts, hull)``: the values ``index`` reads as
+    :func:`~accel.hw.kernels.alu_chain` reads an operand, a row of ``tile`` at a time: a run
+    (RUN), rows that each start anywhere (ROWS: a view whose last axis holds whole rows, a
+    gather of whole rows) or rows of one value (SPLAT: a view broadcast along its last axis),
+    else None.
+
+    >>> kind, starts, hull = _row_operand(_View(3, (2, 4), (10, 1)), 2)
+    >>> kind == kernels.ROWS, starts.tolist(), hull
+    (True, [3, 5, 13, 15], (3, 17))
+    """
+    if isinstance(index, _Span):
+        return (kernels.RUN, index.start, (index.start, index.stop)) if index.size % tile == 0 else None
+    if isinstance(index, _View):
+        *outer, last = index.shape
+        if last % tile or index.strides[-1] not in (0, 1):
+            return None
+        at = np.full((), index.start, np.int64)
+        for n, stride in zip(outer, index.strides[:-1]):
+            at = at[..., None] + np.arange(n, dtype=np.int64) * stride
+        starts = (at[..., None] + np.arange(0, last, tile, dtype=np.int64) * index.strides[-1]).reshape(-1)
+        return (kernels.ROWS if index.strides[-1] else kernels.SPLAT), starts, _hull(index, tile)
+    if isinstance(index, _Gather) and index.index is None and index.rows_at is None and \
+            index.size == index.starts.size * tile:
+        return kernels.ROWS, index.starts.astype(np.int64), _hull(index, tile)
+    return None
+
+
+class _Chain:
+    """ALU and LUT batches that each work in place on what the one before made, from the
+    first one's operand ``start`` (see :func:`_alu_steps`), as one kernel call."""
+
+    __slots__ = ("start", "writes", "tile", "steps", "reads")
+
+    def __init__(self, start: tuple, writes: tuple[int, int], tile: int) -> None:
+        self.start, self.writes, self.tile = start, writes, tile
+        self.steps: list[tuple[int, object]] = []
+        self.reads = [start[2]]
+
+    def add(self, code: int, operand) -> None:
+        self.steps.append((code, operand))
+        if code != kernels.LOOKUP and operand[0] != kernels.IMM:
+            self.reads.append(operand[2])
+
+    def call(self, vector: _Vector, source: _Vector) -> Callable[[], object]:
+        """The chain as a call without arguments over the value vector (which stays put
+        between runs; LUT tables are read from the source vector at each run)."""
+        import tvm_ffi
+
+        bases: list[np.ndarray] = []
+        tables: list[np.ndarray] = []
+        at = 0
+
+        def encode(kind: int, value) -> tuple[int, int]:
+            nonlocal at
+            if kind in (kernels.ROWS, kernels.SPLAT):
+                bases.append(value)
+                at += value.size
+                return kind, at - value.size
+            return kind, int(value)
+        program = [(0, *encode(*self.start[:2]))]
+        for code, operand in self.steps:
+            if code == kernels.LOOKUP:
+                tables.append(operand)
+                program.append((code, kernels.IMM, len(tables) - 1))
+            else:
+                program.append((code, *encode(*operand[:2])))
+        table = np.zeros(max(1, len(tables) * LUT_ENTRIES), np.int32)
+        arrays = (vector.data, np.concatenate(bases) if bases else np.zeros(1, np.int64), table,
+                  np.array(program, np.int64))
+        kernel = partial(kernels.alu_chain(self.tile), *(tvm_ffi.from_dlpack(a) for a in arrays),
+                         (self.writes[1] - self.writes[0]) // self.tile, self.writes[0])
+        if not tables:
+            return kernel
+        entries = np.concatenate(tables)
+
+        def lookups() -> None:
+            np.copyto(table, source.data[entries], casting="unsafe")     # int8 values, exact in float32
+            kernel()
+        return lookups
+
+
 try:    # the ufunc np.clip wraps: its Python layer costs ~3 us a call, and a model call makes hundreds
     from numpy._core.umath import clip as _clip
 except ImportError:     # pragma: no cover - numpy before 2
     _clip = np.clip
-
-
-def _clamp(alu: tuple) -> Optional[tuple[int, int]]:
-    """The bounds ``(lo, hi)`` of an ALU batch that is a MAX or MIN by an immediate written
-    over a run of values, else None."""
-    ufunc, op, imm, new, old, src = alu
-    if imm is None or not isinstance(new, _Span) or not isinstance(old, (_Span, _View)):
-        return None
-    if ufunc is np.maximum:
-        return imm, int(_INT32.max)
-    if ufunc is np.minimum:
-        return int(_INT32.min), imm
-    return None
-
-
-def _same(a, b) -> bool:
-    """Whether two runs of values are the same run, laid out the same."""
-    return isinstance(a, _Span) and isinstance(b, _Span) and a.start == b.start and a.shape == b.shape
-
-
-def _clamp_step(vector: _Vector, new: _Span, old, bounds: tuple[int, int]) -> Callable[[], object]:
-    """``new = clip(old, *bounds)`` over views of the value vector (``new`` may be ``old``)."""
-    values = vector.data
-    return partial(_clip, old.of(values), np.int32(bounds[0]), np.int32(bounds[1]), out=new.of(values))
 
 
 def _alu_step(vector: _Vector, source: _Vector, ufunc, op, imm, new, old, src) -> Callable[[], object]:

@@ -1,11 +1,18 @@
 """Machine code for the batched plan's hottest step kinds, compiled with TVM (llvm, for this
-CPU) once per process and kind, on first use.
+CPU) once per process and tile width, on first use.
 
 numpy runs a step as whole-array passes: a depthwise kernel's tap sum gathers every tap's
 input rows into a new array (49 copies of the input for a 7x7 kernel), then multiplies and
 sums them. Compiled, each output vector is summed in registers straight from the source
 vector's rows: on ``ppocrv6_det_small``'s tap sums 45 -> 8 ms. A kernel's shapes are symbolic,
-so one compile (~0.1 s, all kernels at once) serves every plan of the process.
+so one compile (~0.3 s, all kernels at once) serves every plan of the process.
+
+A requantisation is a chain of ALU batches (multiply, shift, add, clamps, a table lookup), each
+a numpy pass over millions of int32 values: :func:`alu_chain` runs a whole chain in one pass,
+a few tile rows at a time in registers, interpreting the chain's steps from a small table (one
+kernel for every chain, no compile per chain). Its sums and products are int64 truncated to
+int32: the wrap-around of the ISA, which llvm's int32 arithmetic (no signed overflow) would
+not promise once it simplified a clamp after an add.
 
 Results are bit-identical to the numpy steps they replace: products of int8 values are exact
 in float32, so are sums of up to 1024 of them in any order (below 2**24), and int32 addition
@@ -26,7 +33,19 @@ from typing import Callable
 
 import numpy as np
 
-__all__ = ["tap_sum", "scaled_rows"]
+from accel.hw.instructions import LUT_ENTRIES, AluOp
+
+__all__ = ["tap_sum", "scaled_rows", "alu_chain", "LOOKUP", "IMM", "RUN", "ROWS", "SPLAT"]
+
+#: :func:`alu_chain`'s code of a table lookup step (the ALU ops are their :class:`AluOp` values).
+LOOKUP = max(AluOp) + 1
+#: :func:`alu_chain`'s operand kinds: an immediate; row ``r`` at ``value + r * tile`` (a run);
+#: row ``r`` at ``bases[value + r]``; row ``r`` all ``values[bases[value + r]]`` (a broadcast).
+IMM, RUN, ROWS, SPLAT = range(4)
+# tile rows a chain carries through all its steps at once: the dispatch on a step's code is
+# paid once per block (16 rows of 16 lanes, 1 KB in L1: the fastest of 4, 16 and 64 on a
+# requantisation's chain)
+_CHAIN_ROWS = 16
 
 
 @functools.lru_cache(maxsize=None)
@@ -71,6 +90,29 @@ def scaled_rows(tile: int, assign: bool) -> Callable[..., None]:
     [-7, 5, -5, -7]
     """
     return _keeping(_module(tile)["scaled_rows"], assign)
+
+
+def alu_chain(tile: int) -> Callable[..., None]:
+    """``f(values, bases, tables, program, rows, out)`` (DLPack tensors, then ints): for each
+    of ``rows`` rows of ``tile`` lanes, ``v`` = the row of ``program[0]``'s operand, then for
+    each later step ``(code, kind, value) = program[k]``: ``v = op(v, operand)`` with wrapping
+    int32 arithmetic (:data:`~accel.hw.instructions.ALU_UFUNCS`, a shift by the operand clipped
+    to 0..31), or for ``code`` :data:`LOOKUP` ``v = tables[value * 256 + clip(v, -128, 127) +
+    128]``; then ``values[out + r * tile + lane] = v``. An operand (``kind``, ``value``) is
+    :data:`IMM`, :data:`RUN`, :data:`ROWS` or :data:`SPLAT` of ``values`` (int32); ``bases``
+    int64, ``program`` ``[steps, 3]`` int64. A block of rows is read before it is written: the
+    rows written may be the first operand's run (in place), and overlap no other operand.
+
+    >>> import numpy as np, tvm_ffi
+    >>> values = np.array([5, -7, 100, 3, 0, 0], np.int32)
+    >>> program = np.array([[0, RUN, 0], [int(AluOp.MUL), IMM, 3], [int(AluOp.ADD), ROWS, 0],
+    ...                     [int(AluOp.MAX), IMM, 0]])
+    >>> tensors = [tvm_ffi.from_dlpack(a) for a in (values, np.array([2]), np.zeros(1, np.int32), program)]
+    >>> alu_chain(2)(*tensors, 1, 4)
+    >>> values.tolist()       # max(5 * 3 + 100, 0), max(-7 * 3 + 3, 0)
+    [5, -7, 100, 3, 115, 0]
+    """
+    return _module(tile)["alu_chain"]
 
 
 def _keeping(kernel, assign: bool) -> Callable[..., None]:
@@ -127,4 +169,109 @@ def _module(tile: int):
                 out[base + i * tile + c] = T.Cast("int32", source[xs[i] + c] * source[w]) + \
                     out[base + i * tile + c] * keep
 
-    return tvm.compile(tvm.IRModule({"tap_sum": tap_sum, "scaled_rows": scaled_rows}), target=_target())
+    block = _CHAIN_ROWS
+    add, most, least, shr, mul = (int(AluOp.ADD), int(AluOp.MAX), int(AluOp.MIN), int(AluOp.SHR), int(AluOp.MUL))
+
+    @T.prim_func
+    def alu_chain(a_values: T.handle, a_bases: T.handle, a_tables: T.handle, a_program: T.handle, rows: T.int64,
+                  out: T.int64):
+        T.func_attr({"global_symbol": "alu_chain"})
+        n, b, e, k = T.int64(), T.int64(), T.int64(), T.int64()
+        values = T.match_buffer(a_values, (n,), "int32", align=4)
+        bases = T.match_buffer(a_bases, (b,), "int64", align=8)
+        tables = T.match_buffer(a_tables, (e,), "int32", align=4)
+        program = T.match_buffer(a_program, (k, 3), "int64", align=8)
+        acc = T.alloc_buffer((block * tile,), "int32", scope="local")
+        arg = T.alloc_buffer((block * tile,), "int32", scope="local")
+        for r0 in range((rows + block - 1) // block):
+            m = T.min(block, rows - r0 * block)
+            first = r0 * block
+            # the chain's first operand (not an immediate)
+            if program[0, 1] == RUN:
+                for j in range(m):
+                    for c in T.vectorized(tile):
+                        acc[j * tile + c] = values[program[0, 2] + (first + j) * tile + c]
+            elif program[0, 1] == ROWS:
+                for j in range(m):
+                    for c in T.vectorized(tile):
+                        acc[j * tile + c] = values[bases[program[0, 2] + first + j] + c]
+            else:
+                for j in range(m):
+                    for c in T.vectorized(tile):
+                        acc[j * tile + c] = values[bases[program[0, 2] + first + j]]
+            for s in range(1, k):
+                code = program[s, 0]
+                kind = program[s, 1]
+                if kind == IMM:
+                    # (the immediate as a scalar: no row of it to fill)
+                    imm = T.Cast("int32", program[s, 2])
+                    if code == add:     # int32 wraps: the sum of the int64s, truncated (llvm's
+                        # int32 add may assume no overflow, and simplify around it)
+                        for j in range(m):
+                            for c in T.vectorized(tile):
+                                acc[j * tile + c] = T.Cast("int32", T.Cast("int64", acc[j * tile + c]) +
+                                                           T.Cast("int64", imm))
+                    elif code == most:
+                        for j in range(m):
+                            for c in T.vectorized(tile):
+                                acc[j * tile + c] = T.max(acc[j * tile + c], imm)
+                    elif code == least:
+                        for j in range(m):
+                            for c in T.vectorized(tile):
+                                acc[j * tile + c] = T.min(acc[j * tile + c], imm)
+                    elif code == shr:
+                        for j in range(m):
+                            for c in T.vectorized(tile):
+                                acc[j * tile + c] = T.shift_right(acc[j * tile + c], T.max(T.min(imm, 31), 0))
+                    elif code == mul:
+                        for j in range(m):
+                            for c in T.vectorized(tile):
+                                acc[j * tile + c] = T.Cast("int32", T.Cast("int64", acc[j * tile + c]) *
+                                                           T.Cast("int64", imm))
+                    else:       # LOOKUP in table ``imm``
+                        for j in range(m):
+                            for c in T.vectorized(tile):
+                                acc[j * tile + c] = tables[T.Cast("int64", imm) * LUT_ENTRIES +
+                                                           T.Cast("int64", T.max(T.min(acc[j * tile + c], 127), -128) + 128)]
+                else:
+                    if kind == RUN:
+                        for j in range(m):
+                            for c in T.vectorized(tile):
+                                arg[j * tile + c] = values[program[s, 2] + (first + j) * tile + c]
+                    elif kind == ROWS:
+                        for j in range(m):
+                            for c in T.vectorized(tile):
+                                arg[j * tile + c] = values[bases[program[s, 2] + first + j] + c]
+                    else:
+                        for j in range(m):
+                            for c in T.vectorized(tile):
+                                arg[j * tile + c] = values[bases[program[s, 2] + first + j]]
+                    if code == add:
+                        for j in range(m):
+                            for c in T.vectorized(tile):
+                                acc[j * tile + c] = T.Cast("int32", T.Cast("int64", acc[j * tile + c]) +
+                                                           T.Cast("int64", arg[j * tile + c]))
+                    elif code == most:
+                        for j in range(m):
+                            for c in T.vectorized(tile):
+                                acc[j * tile + c] = T.max(acc[j * tile + c], arg[j * tile + c])
+                    elif code == least:
+                        for j in range(m):
+                            for c in T.vectorized(tile):
+                                acc[j * tile + c] = T.min(acc[j * tile + c], arg[j * tile + c])
+                    elif code == shr:
+                        for j in range(m):
+                            for c in T.vectorized(tile):
+                                acc[j * tile + c] = T.shift_right(acc[j * tile + c],
+                                                                  T.max(T.min(arg[j * tile + c], 31), 0))
+                    else:
+                        for j in range(m):
+                            for c in T.vectorized(tile):
+                                acc[j * tile + c] = T.Cast("int32", T.Cast("int64", acc[j * tile + c]) *
+                                                           T.Cast("int64", arg[j * tile + c]))
+            for j in range(m):
+                for c in T.vectorized(tile):
+                    values[out + (first + j) * tile + c] = acc[j * tile + c]
+
+    return tvm.compile(tvm.IRModule({"tap_sum": tap_sum, "scaled_rows": scaled_rows, "alu_chain": alu_chain}),
+                       target=_target())

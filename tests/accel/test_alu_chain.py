@@ -333,4 +333,4 @@ def test_a_temporary_zeroed_by_its_chain_waits_for_no_earlier_block_in_the_batch
     ref.run(stream, want)
     np.testing.assert_array_equal(got[1], want[1])
     np.testing.assert_array_equal(got[1], (data * 3) >> 1)
-    assert len(plan._alu_steps) == 3        # + acc, * 3, >> 1: each one batch over the six blocks
+    assert len(plan._alu_steps) == 1        # + acc, * 3, >> 1: each one batch over the six blocks, one chain

@@ -6,6 +6,8 @@ the dense convolutions' fused epilogue (bias, ReLU, requantise to int8) built by
 module; every multiply-accumulate on accel, one DWMAC per 16 x 16 output tile; what stays on
 the host says why (a grouped convolution that is not depthwise)."""
 
+import math
+
 import pytest
 import tvm
 from hypothesis import given
@@ -21,7 +23,8 @@ SHIFT = 7
 def depthwise_module(layout: str, c: int, h: int, w: int, k: int, stride: int, padding, epilogue: str,
                      groups: int | None = None, per_group_out: int = 1, dilation: int = 1) -> tvm.IRModule:
     """``main(x, w[, bias])``: an int8 depthwise conv2d (int32 result) and its epilogue:
-    ``none``, ``bias``, ``bias_relu`` or ``requant`` (bias, ReLU, rounding shift, clip, cast to int8)."""
+    ``none``, ``bias``, ``bias_relu``, ``requant`` (bias, ReLU, rounding shift, clip, cast to int8)
+    or ``residual`` (bias, then an int32 tensor of the output's shape added)."""
     groups = groups or c
     f = groups * per_group_out
     cin = c // groups
@@ -37,12 +40,17 @@ def depthwise_module(layout: str, c: int, h: int, w: int, k: int, stride: int, p
     params = [x, wt]
     if epilogue != "none":
         params.append(relax.Var("bias", relax.TensorType(bias_shape, "int32")))
+    conv = relax.op.nn.conv2d(x, wt, strides=stride, padding=padding, dilation=dilation, groups=groups,
+                              data_layout=layout, kernel_layout=kernel, out_dtype="int32")
+    if epilogue == "residual":
+        params.append(relax.Var("r", relax.TensorType(bb.normalize(conv).ty.shape, "int32")))
     with bb.function("main", params):
         with bb.dataflow():
-            out = bb.emit(relax.op.nn.conv2d(x, wt, strides=stride, padding=padding, dilation=dilation, groups=groups,
-                                             data_layout=layout, kernel_layout=kernel, out_dtype="int32"))
+            out = bb.emit(conv)
             if epilogue != "none":
                 out = bb.emit(relax.op.add(out, params[2]))
+            if epilogue == "residual":
+                out = bb.emit(relax.op.add(out, params[3]))
             if epilogue in ("bias_relu", "requant"):
                 out = bb.emit(relax.op.nn.relu(out))
             if epilogue == "requant":
@@ -55,8 +63,9 @@ def depthwise_module(layout: str, c: int, h: int, w: int, k: int, stride: int, p
 
 
 @given(st.sampled_from(["NCHW", "NHWC"]), st.sampled_from([8, 16, 24, 40]), st.integers(1, 12),
-       st.integers(1, 21), st.sampled_from([3, 5]), st.sampled_from([1, 2]), st.integers(0, 2),
-       st.sampled_from(["none", "bias", "bias_relu", "requant"]), st.integers(0, 1000), st.sampled_from([1, 1, 2]))
+       st.integers(1, 21) | st.sampled_from([15, 17, 20, 31, 33, 40]), st.sampled_from([3, 5]), st.sampled_from([1, 2]),
+       st.integers(0, 2), st.sampled_from(["none", "bias", "bias_relu", "requant", "residual"]), st.integers(0, 1000),
+       st.sampled_from([1, 1, 2]))
 def test_depthwise_conv_on_accel_is_bit_exact_with_llvm(layout, c, h, w, k, stride, pad, epilogue, seed, dilation):
     pad = min(pad, k // 2)
     span = (k - 1) * dilation + 1
@@ -70,8 +79,14 @@ def test_depthwise_conv_on_accel_is_bit_exact_with_llvm(layout, c, h, w, k, stri
         assert model.report.share("accel") == 0.0 and "its output is one pixel" in model.report.text(verbose=True)
         return
     assert model.report.share("accel") == 1.0 and stats is not None
-    tiles = (oh * -(-ow // 16) if ow > 1 else -(-oh // 16)) * -(-c // 16)     # one pixel wide: down the column
-    assert stats.instructions["DWMAC"] == tiles and stats.macs == tiles * k * k * 256
+    rows = oh * -(-ow // 16) if ow > 1 else -(-oh // 16)      # one pixel wide: down the column
+    # or over the image: rows of a virtual width, the padded input's or a little more, whole
+    # tiles every few rows (the rows padded to whole blocks of them)
+    padded = w + 2 * pad
+    image = [-(-oh // (16 // math.gcd(width, 16))) * width // math.gcd(width, 16)
+             for width in range(padded, padded + 16) if width // math.gcd(width, 16) <= 16] if ow > 1 < oh else []
+    tiles = stats.instructions["DWMAC"] // -(-c // 16)
+    assert tiles in (rows, *image) and stats.macs == stats.instructions["DWMAC"] * k * k * 256
 
 
 def test_asymmetric_padding_and_the_report():
@@ -89,3 +104,59 @@ def test_a_grouped_convolution_stays_on_the_host_and_says_why():
     mod = depthwise_module("NHWC", 8, 8, 8, 3, 1, 1, "none", per_group_out=2)
     with pytest.warns(tp.OffloadWarning, match="1 input and 2 output channels per group"):
         tp.build(mod, "accel, llvm")
+
+
+def legalized(mod: tvm.IRModule) -> tvm.tirx.PrimFunc:
+    """The one PrimFunc of ``mod`` (a conv2d and its epilogue), legalized and fused as a
+    partition is."""
+    for step in (relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(), relax.transform.FuseOps(),
+                 relax.transform.FuseTIR()):
+        mod = step(mod)
+    [func] = [f for f in mod.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]
+    return func.with_attr("global_symbol", "main")
+
+
+@given(st.sampled_from(["NCHW", "NHWC"]), st.sampled_from([8, 24]), st.integers(2, 9),
+       st.integers(2, 21) | st.sampled_from([15, 17, 20, 31, 33, 40]), st.sampled_from([3, 5]), st.sampled_from([1, 2]),
+       st.integers(0, 2), st.sampled_from(["none", "requant", "residual"]), st.sampled_from([1, 2]),
+       st.integers(0, 1000))
+def test_over_the_image_is_bit_exact_with_llvm_and_never_stores_the_garbage_columns(layout, c, h, w, k, stride, pad,
+                                                                                    epilogue, dilation, seed):
+    """``pixels="image"`` forced: DWMAC tiles that span image rows (virtual rows a little wider
+    than the padded input, the columns past a row's end computed from the next row's pixels)
+    give llvm's result bit for bit, the output's every element written by the STOREs alone of
+    its valid pixels (an output filled with a marker first keeps no marker where llvm writes,
+    and writes nothing else: it has no other elements); refused, saying why, where the
+    image has no such layout (one row high, one pixel wide; one pixel in all stays on the host)."""
+    import numpy as np
+    from tvm import ir, s_tir
+
+    import accel
+    from accel.compiler.schedule import Knobs, ScheduleError, gemm_blocks
+
+    pad = min(pad, k // 2)
+    span = (k - 1) * dilation + 1
+    h, w = h + max(0, span - h - 2 * pad), w + max(0, span - w - 2 * pad)
+    func = legalized(depthwise_module(layout, c, h, w, k, stride, pad, epilogue, dilation=dilation))
+    sch = s_tir.Schedule(ir.IRModule({"main": func}))
+    [(name, _)] = gemm_blocks(sch, with_depthwise=True)
+    Knobs(pixels="image").annotate(sch, sch.get_sblock(name))
+    rng = np.random.default_rng(seed)
+    params = [p for p in func.params if tvm.tirx.is_buffer_var(p)]
+    args = [rng.integers(-128, 128, [int(d) for d in p.shape]).astype(str(p.dtype)) for p in params[:-1]]
+    out = params[-1]
+    oh, ow = (h + 2 * pad - span) // stride + 1, (w + 2 * pad - span) // stride + 1
+    try:
+        ex = accel.build(sch.mod["main"])
+    except ScheduleError as err:
+        assert oh == 1 or ow == 1
+        assert "one row high" in str(err)
+        return
+    # (one output pixel: no tile at all, the host computes it)
+    marker = np.full([int(d) for d in out.shape], 77, str(out.dtype))
+    got = [*(a.copy() for a in args), marker.copy()]
+    with accel.Session():
+        ex(*got)
+    want = [tvm.runtime.tensor(a) for a in (*args, marker)]
+    tvm.compile(ir.IRModule({"main": func}), "llvm")["main"](*want)
+    np.testing.assert_array_equal(got[-1], want[-1].numpy())

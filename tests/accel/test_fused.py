@@ -11,8 +11,8 @@ from hypothesis import given, strategies as st
 
 from accel.hw import fused
 from accel.hw.emitter import Emitter
-from accel.hw.instructions import DWMAC
-from accel.hw.isa import Alu, AluOp, Dwmac, Finish, Gemm, Load, Mem, Store
+from accel.hw.instructions import DWMAC, chain_code
+from accel.hw.isa import Alu, AluChain, AluOp, Dwmac, Finish, Gemm, Load, Lut, Mem, Store, StoreMode
 from accel.hw.sim import Simulator
 from accel.hw.tokens import DependencyTracker
 
@@ -178,9 +178,10 @@ def test_fused_epilogues_wrap_int32_like_the_reference(steps, scale):
 
 @given(st.lists(st.tuples(st.sampled_from([AluOp.MAX, AluOp.MIN]), _INT32 | st.integers(-200, 200)), min_size=1,
                 max_size=5))
-def test_a_chain_of_clamps_is_one_clip_like_the_reference(clamps):
+def test_a_chain_of_clamps_is_one_compiled_pass_like_the_reference(clamps):
     """MAX and MIN by immediates in turn, in place (a requantisation's clamp), bounds in any
-    order (a MIN below the MAX before it): one clip over the values, the reference's result."""
+    order (a MIN below the MAX before it), after a multiply that wraps: one compiled pass over
+    the values (the chain kernel), the reference's result."""
     steps = [(AluOp.MUL, 7919), *clamps]
     tile = dict(dst_addr=0, ext_out=16, dst_stride_out=16)
     stream = [_gemm()] + [Alu(op=op, use_imm=True, imm=imm, push_next=n == len(steps) - 1, **tile)
@@ -189,7 +190,7 @@ def test_a_chain_of_clamps_is_one_clip_like_the_reference(clamps):
                Finish()]
     plan, (sim, host), (ref, want) = _both(stream)
     assert plan is not None and plan.run(host, sim)
-    assert len(plan._alu_steps) == 2        # the multiply, then one clip
+    assert len(plan._alu_steps) == 1        # the multiply and the clamps: one chain
     ref.run(stream, want)
     np.testing.assert_array_equal(sim.acc, ref.acc)
     np.testing.assert_array_equal(host[4], want[4])
@@ -219,7 +220,9 @@ def test_lanes_no_store_reads_read_any_value_unless_acc_ends_with_them(channels,
     plan, (sim, host), (ref, want) = _both(stream)
     assert plan is not None
     bias = plan.alus[0][5]
-    if overwritten:
+    if overwritten and scale:
+        # (a product by the immediate 0 reads nothing before it: the plan may then read the
+        # bias any way, and does, by a gather)
         assert isinstance(bias, fused._View) and bias.strides == (0, 1)
     assert all(isinstance(old, fused._Span) for _, _, _, _, old, _ in plan.alus)     # no gathers
     _runs_alike(plan, stream, (sim, host), (ref, want))
@@ -648,3 +651,116 @@ def test_rows_a_stride_apart_are_read_as_a_view_like_a_gather(tile, rows, runs, 
     np.testing.assert_array_equal(g.read(vector), np.take(vector.data, index))
     if strided:
         assert np.shares_memory(g.read(vector), vector.data)
+
+
+_BLOCK = 16 * 16      # an ACC block: 16 rows of 16 lanes
+
+
+@st.composite
+def epilogues(draw):
+    """Requantisation-like epilogues on a few ACC blocks that GEMMs or ACC LOADs made: ALU
+    chains (every op, immediates at the int32 extremes, a vector operand from any block, this
+    one too), table lookups and single ALUs, in place or into other blocks, reading what others
+    wrote, and STOREs between and after them."""
+    acc_blocks = sim_tests.SIZES[Mem.ACC] // _BLOCK
+    block = st.integers(0, acc_blocks - 1).map(lambda b: b * _BLOCK)
+    imm = st.one_of(st.none(), st.integers(-40, 40), st.sampled_from([-2**31, -2**31 + 1, -129, 127, 2**31 - 1]),
+                    st.integers(-2**31, 2**31 - 1))
+    program = [Load(mem=Mem.WGT, sram_addr=0, sram_ld=256, slot=1, dram_offset=draw(st.integers(0, 768)),
+                    dram_ld=256, rows=1, cols=256)]       # a table at WGT 0 (and a GEMM's weights)
+    for b in draw(st.lists(block, min_size=1, max_size=4, unique=True)):
+        if draw(st.booleans()):
+            tile = dict(acc_addr=b, inp_addr=0, wgt_addr=0, acc_ld=16, inp_ld=16, wgt_ld=16)
+            program += [Gemm(reset=True, **tile), Gemm(**tile)]
+        else:
+            program.append(Load(mem=Mem.ACC, sram_addr=b, sram_ld=16, slot=2, dram_offset=draw(st.integers(0, 256)),
+                                dram_ld=16, rows=16, cols=16))
+
+    def store():
+        saturate = draw(st.booleans())
+        return Store(mode=StoreMode.SATURATE if saturate else StoreMode.INT32, sram_addr=draw(block), sram_ld=16,
+                     slot=3 if saturate else 4, dram_offset=draw(st.integers(0, 768)), dram_ld=16, rows=16, cols=16)
+    for _ in range(draw(st.integers(1, 8))):
+        kind = draw(st.sampled_from(["chain", "chain", "lut", "alu", "store"]))
+        rows = draw(st.sampled_from([4, 16]))
+        operands = dict(dst_addr=draw(block), ext_out=rows, dst_stride_out=16)
+        if kind == "store":
+            program.append(store())
+        elif kind == "lut":
+            program.append(Lut(lut_addr=0, **operands))
+        else:
+            operands.update(src_addr=draw(block), src_stride_out=16)
+            steps = draw(st.lists(st.tuples(st.sampled_from(list(AluOp)), imm), min_size=1, max_size=8)
+                         .filter(lambda s: sum(i is not None for _, i in s) <= 6))
+            if kind == "chain":
+                program.append(AluChain(**operands, **chain_code(steps)))
+            else:
+                (op, value), = steps[:1]
+                program.append(Alu(op=op, use_imm=value is not None, imm=value or 0, **operands))
+    program += [store() for _ in range(draw(st.integers(1, 3)))]
+    return _auto(program)
+
+
+@given(epilogues())
+def test_alu_chains_in_the_plan_equal_instruction_by_instruction(stream):
+    """The plan's ALU and LUT batches, chained into compiled passes where each works in place
+    on what the one before made, run in an order that gives each what it reads: the host
+    buffers and scratchpads end as instruction-by-instruction execution leaves them."""
+    plan, (sim, host), (ref, want) = _both(stream)
+    assert plan is not None
+    _runs_alike(plan, stream, (sim, host), (ref, want))
+    batches = len(plan.alus)
+    assert len(plan._alu_steps) <= batches
+    # a second run on the same workspace (the replay of a later call) again
+    (sim2, host2), (ref2, want2) = _both(stream)[1:]
+    _runs_alike(plan, stream, (sim2, host2), (ref2, want2))
+
+
+def _weighted_stream():
+    """An input tile times a weight tile (slot 1) plus biases (slot 2: eight rows, padded to a
+    tile: read by a gather), stored to slot 4."""
+    return _auto([Load(mem=Mem.INP, sram_addr=0, sram_ld=16, slot=0, dram_offset=0, dram_ld=16, rows=16, cols=16),
+                  Load(mem=Mem.WGT, sram_addr=0, sram_ld=16, slot=1, dram_offset=0, dram_ld=16, rows=16, cols=16),
+                  Load(mem=Mem.ACC, sram_addr=0, sram_ld=16, slot=2, dram_offset=0, dram_ld=16, rows=8, cols=16,
+                       pad_bottom=8, pad_value=5),
+                  _gemm(), Store(sram_addr=0, sram_ld=16, slot=4, dram_offset=0, dram_ld=16, rows=16, cols=16)])
+
+
+def test_a_product_adds_onto_the_values_an_acc_load_brought():
+    """A bias loaded into ACC, then a GEMM accumulating onto it: the product is added to the
+    bias, not written over it (the plan writes a product over values that start at zero only)."""
+    stream = _weighted_stream()
+    plan, (sim, host), (ref, want) = _both(stream)
+    assert not plan.products[0].assign
+    _runs_alike(plan, stream, (sim, host), (ref, want))
+
+
+@given(st.permutations(range(8)), st.sampled_from([0, 1, 2]))
+def test_stores_of_tile_rows_in_another_order_write_row_by_row_like_the_reference(places, mode):
+    """STOREs that put an accumulator tile's rows at scattered host rows (an output in another
+    layout than the tiles'): written a row at a time, what instruction-by-instruction
+    execution writes (int8 saturated or wrapped, int32)."""
+    slot = 4 if mode == 0 else 3
+    program = [Load(mem=Mem.INP, sram_addr=0, sram_ld=16, slot=0, dram_offset=0, dram_ld=16, rows=16, cols=16),
+               Load(mem=Mem.WGT, sram_addr=0, sram_ld=16, slot=1, dram_offset=0, dram_ld=16, rows=16, cols=16),
+               _gemm(reset=True), _gemm()]
+    program += [Store(sram_addr=16 * r, sram_ld=16, slot=slot, dram_offset=32 * p + 3, dram_ld=16, rows=1, cols=16,
+                      mode=mode) for r, p in enumerate(places)]
+    stream = _auto(program)
+    plan, (sim, host), (ref, want) = _both(stream)
+    in_a_row = fused._affine([np.array(places)]) is not None      # (then one strided view)
+    assert isinstance(plan.stores[0][2], fused._Rows) != in_a_row
+    _runs_alike(plan, stream, (sim, host), (ref, want))
+
+
+@given(st.lists(st.tuples(st.integers(0, 40), st.sampled_from([4, 8, 16, 24])), min_size=1, max_size=12,
+                unique_by=lambda r: r[0]), st.sampled_from([np.int8, np.int32]))
+def test_writes_by_rows_equal_a_scatter(runs, dtype):
+    """Runs of a few lengths (tile rows of 16, 8 at a row's end, two rows that abut) in any
+    order: written run by run as a scatter writes them."""
+    index = np.concatenate([start * 24 + np.arange(length) for start, length in runs])
+    data = np.random.default_rng(len(runs)).integers(-2**31, 2**31, index.size).astype(np.int32)
+    want, got = np.zeros(42 * 24, dtype), np.zeros(42 * 24, dtype)
+    want[index] = data.astype(dtype)        # (abutting runs: later elements win, as below)
+    fused._Rows.of(index).put(got, data)
+    np.testing.assert_array_equal(got, want)

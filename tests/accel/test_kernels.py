@@ -1,10 +1,13 @@
 """The compiled kernels of the batched plan (accel.hw.kernels) compute bit for bit what the
-numpy steps they replace compute: sums exact in float32, int32 additions wrapping."""
+numpy steps they replace compute: sums exact in float32, int32 additions and products
+wrapping, ALU chains step by step as the simulator's ufuncs."""
 
 import numpy as np
+import tvm_ffi
 from hypothesis import given, strategies as st
 
 from accel.hw import kernels
+from accel.hw.instructions import ALU_UFUNCS, AluOp, alu_operand
 
 
 @st.composite
@@ -64,3 +67,73 @@ def test_the_scaled_rows_kernel_equals_numpys_product(drawn, assign, data):
     want[at] = exact if assign else (want[at].astype(np.int64) + exact).astype(np.int32)     # wraps
     kernels.scaled_rows(tile, assign)(source, starts, w, out, base)
     np.testing.assert_array_equal(out, want)
+
+
+_EDGES = np.array([-2**31, -2**31 + 1, -129, -128, -1, 0, 1, 2, 127, 128, 2**31 - 2, 2**31 - 1], np.int64)
+
+
+@st.composite
+def chains(draw):
+    """A chain kernel's program over a vector of int32 values (extremes often: wrap-around,
+    clip bounds, shifts by more than 31 or less than 0, halves that round), every step code
+    and operand kind, ``rows`` not a multiple of the kernel's block, written in place or apart."""
+    tile = draw(st.sampled_from([2, 4, 16]))
+    rows = draw(st.integers(1, 40))
+    n = rows * tile
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    size = 3 * n + 5        # operands in the first 2 * n + 5, results written in place or after them
+    reach = size - n
+    values = np.where(rng.random(size) < 0.5, rng.choice(_EDGES, size), rng.integers(-2**31, 2**31, size))
+    values = values.astype(np.int32)
+    tables = rng.integers(-128, 128, 2 * 256).astype(np.int32)
+    steps = draw(st.lists(st.tuples(st.sampled_from([*map(int, AluOp), kernels.LOOKUP]),
+                                    st.sampled_from([kernels.IMM, kernels.RUN, kernels.ROWS, kernels.SPLAT]),
+                                    st.sampled_from(list(_EDGES)) | st.integers(-40, 40)), min_size=0, max_size=8))
+    bases, program = [], []
+
+    def operand(kind: int, imm: int) -> tuple[int, int]:
+        if kind == kernels.IMM:
+            return kind, imm
+        if kind == kernels.RUN:
+            return kind, int(rng.integers(0, reach - n + 1))
+        at = sum(b.size for b in bases)
+        bases.append(rng.integers(0, reach - tile + 1, rows))
+        return kind, at
+    in_place = draw(st.booleans())
+    program.append((0, kernels.RUN, reach) if in_place else
+                   (0, *operand(draw(st.sampled_from([kernels.RUN, kernels.ROWS, kernels.SPLAT])), 0)))
+    for code, kind, imm in steps:
+        program.append((code, kernels.IMM, int(rng.integers(0, 2))) if code == kernels.LOOKUP else
+                       (code, *operand(kind, imm)))
+    out = reach
+    bases = np.concatenate(bases) if bases else np.zeros(1, np.int64)
+    return tile, rows, values, bases, tables, np.array(program, np.int64), out
+
+
+def _rows(values, bases, kind, value, rows, tile):
+    """The ``rows x tile`` values an operand of the chain kernel reads (numpy, int32)."""
+    lanes = np.arange(tile)
+    if kind == kernels.RUN:
+        return values[value + np.arange(rows * tile)].reshape(rows, tile)
+    starts = bases[value:value + rows]
+    return values[starts[:, None] + (lanes if kind == kernels.ROWS else 0 * lanes)]
+
+
+@given(chains())
+def test_the_chain_kernel_equals_the_alu_ufuncs_step_by_step(drawn):
+    """Every step as the simulator's fast paths compute it (ALU_UFUNCS on int32, wrapping; a
+    shift's operand clipped to 0..31; a lookup of the value clipped to int8), in one pass."""
+    tile, rows, values, bases, tables, program, out = drawn
+    want = values.copy()
+    acc = _rows(values, bases, program[0, 1], program[0, 2], rows, tile)
+    for code, kind, value in program[1:].tolist():
+        if code == kernels.LOOKUP:
+            acc = tables[value * 256 + np.clip(acc, -128, 127) + 128]
+            continue
+        operand = np.int32(value) if kind == kernels.IMM else _rows(values, bases, kind, value, rows, tile)
+        with np.errstate(over="ignore"):
+            acc = ALU_UFUNCS[AluOp(code)](acc, alu_operand(AluOp(code), operand)).astype(np.int32)
+    want[out:out + rows * tile] = acc.reshape(-1)
+    got = values.copy()
+    kernels.alu_chain(tile)(*(tvm_ffi.from_dlpack(a) for a in (got, bases, tables, program)), rows, out)
+    np.testing.assert_array_equal(got, want)
