@@ -196,6 +196,21 @@ def direct_gather(conv: Conv, config: Config) -> bool:
     return conv.ext["ry"] * conv.ext["rx"] == 1 or (-(-c // t) * t - c) * 8 <= c
 
 
+def has_image(conv: Conv) -> bool:
+    """Whether M can run over ``conv``'s image rather than one output row: only with more
+    than one output row and column. An image of one row is that row; one of a single
+    column (or pixel) stays by rows, since TVM drops the unit dimension from the im2col
+    index and the fused pixels then read the wrong input (on the PaddleOCR classifier's 1x1
+    outputs the tuner's image candidates computed wrong results).
+
+    >>> has_image(Conv("c", None, None, {}, {"y": 20, "x": 20}, {}, {}, {}, {}))
+    True
+    >>> has_image(Conv("c", None, None, {}, {"y": 1, "x": 1}, {}, {}, {}, {}))
+    False
+    """
+    return conv.ext["y"] > 1 and conv.ext["x"] > 1
+
+
 def image_pays(conv: Conv, config: Config) -> bool:
     """Whether M over each image's output pixels (rows fused) pads fewer of them to whole
     tiles than M over each output row: an output row short of a tile (20 pixels padded to
@@ -208,7 +223,7 @@ def image_pays(conv: Conv, config: Config) -> bool:
     False
     """
     t, h, w = config.tile, conv.ext["y"], conv.ext["x"]
-    return h > 1 and w > 1 and -(-h * w // t) < h * -(-w // t)
+    return has_image(conv) and -(-h * w // t) < h * -(-w // t)
 
 
 def _image_heuristic(sch, blk, conv: Conv, config: Config, gather: str | None) -> bool:
@@ -331,7 +346,9 @@ def normalise(sch: s_tir.Schedule, conv: Conv, config: Config, notes, gather: st
     dims = {role_of[var_key(r.min)]: n for n, r in enumerate(re_read.region)}
     m_role = next(r for r in ("x", "y", "n") if r in dims)
     rows = [r for r in ("n", "y", "x") if r != m_role] + [m_role]
-    fuse_rows = bool(fuse_rows) and not direct
+    # the image needs the CPU's im2col and an image of more than one row and column (a
+    # knob asking for it otherwise gets a row's, as the heuristic would)
+    fuse_rows = bool(fuse_rows) and not direct and has_image(conv)
     contiguous = False
     if fuse_rows:
         contiguous = _pixels_as_rows(sch, blk, conv, stop)

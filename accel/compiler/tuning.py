@@ -7,8 +7,9 @@ For each GEMM block the space offers:
   dimension, up to 32, 8 and 32 tiles (the scheduler shrinks a block that would overflow a
   scratchpad);
 - ``weights``: streamed or resident;
-- for a convolution, ``gather`` (direct LOADs or the CPU's im2col) and ``pixels`` (M over
-  one output row or the whole image);
+- for a convolution, ``gather`` (direct LOADs or the CPU's im2col) and, where its output
+  has more than one row and column (:func:`accel.compiler.conv.has_image`), ``pixels`` (M
+  over one output row or the whole image);
 
 and for each depthwise convolution, ``bm`` and ``bn``: its block of output tiles (pixels x
 channels, divisors of the tiles up to 16 each; the heuristic's is one tile), each step of its
@@ -56,6 +57,7 @@ import itertools
 from tvm import ir, s_tir, tirx
 
 import tirpat as tp
+from accel.compiler.conv import has_image
 from accel.compiler.depthwise import Depthwise, flat_layouts
 from accel.compiler.depthwise import pixels as pixel_dim
 from accel.compiler.schedule import (
@@ -136,10 +138,13 @@ def knobs(sch: s_tir.Schedule, config: Config) -> list:
                            prior=tuple(2.0 if w == "resident" else 1.0 for w in WEIGHTS)))
         out += _fork(name, plan)
         if conv is not None:
-            out += [tp.Knob(name, ANNOTATION + "gather", tuple(range(len(GATHERS))), GATHERS.index(k.gather),
-                            prior=_favour(GATHERS, "im2col") if image else None),
-                    tp.Knob(name, ANNOTATION + "pixels", tuple(range(len(PIXELS))), PIXELS.index(k.pixels),
-                            prior=_favour(PIXELS, "image") if image else None)]
+            out.append(tp.Knob(name, ANNOTATION + "gather", tuple(range(len(GATHERS))), GATHERS.index(k.gather),
+                               prior=_favour(GATHERS, "im2col") if image else None))
+        if conv is not None and has_image(conv):
+            # (an output of one row or column has no image of its own: the scheduler runs it by
+            # rows whatever the knob says, so the value would only repeat a candidate)
+            out.append(tp.Knob(name, ANNOTATION + "pixels", tuple(range(len(PIXELS))), PIXELS.index(k.pixels),
+                               prior=_favour(PIXELS, "image") if image else None))
     return out
 
 

@@ -188,6 +188,25 @@ def test_the_heuristic_runs_m_over_the_image_where_rows_pad_more(n, size, channe
         assert stats.busy["gemm"] < row_stats.busy["gemm"] and stats.cycles < row_stats.cycles
 
 
+@pytest.mark.parametrize("size, c, f", [(1, 88, 22), (1, 8, 32), (2, 16, 16)], ids=["se-squeeze", "se-excite", "1x2"])
+def test_an_output_of_one_row_or_column_runs_by_rows_whatever_the_pixels_knob_says(size, c, f):
+    # the squeeze-excite 1x1 convolutions after a global pool (the PaddleOCR classifier's):
+    # M over their "image" of one pixel computed wrong results, and the tuner measured it as
+    # the cheapest candidate; now the knob space has no pixels knob there and the scheduler
+    # runs such an output by rows
+    from accel.compiler.tuning import knobs, ranked
+
+    func = nchw_conv(1, size, c, f, 1, 2 if size == 2 else 1, "bias")    # 1x1 outputs
+    args = inputs(func)
+    want = llvm_result(func, args)
+    got, _, report = accel_run(with_knobs(func, Knobs(gather="im2col", pixels="image")), args)
+    np.testing.assert_array_equal(got, want)
+    assert report.offloaded[0].knobs.pixels == "row"
+    sch = s_tir.Schedule(ir.IRModule({"main": func}))
+    assert not [k for k in knobs(sch, accel.Config()) if k.key == "accel.pixels"]
+    assert all(key[1] != "accel.pixels" for _, choice in ranked(sch, accel.Config()) for key in choice)
+
+
 def test_image_pixels_of_a_model_layer_store_a_block_at_once():
     # a 1x1 conv of a 20x20 NCHW image (ppocrv6_det_small's deepest stages): rows of 20 pixels
     # pad to 32, the image's 400 are 25 tiles; its blocks store as one run each

@@ -7,6 +7,8 @@ import json
 import numpy as np
 import pytest
 import tvm
+from hypothesis import example, given
+from hypothesis import strategies as st
 from tvm import ir, s_tir, te, tirx, topi
 
 import accel
@@ -186,6 +188,44 @@ def test_a_small_budget_probes_the_tasks_of_most_gain_first(tmp_path):
     assert all(tasks[n].budget >= 2 for n in gains if gains[n] > 0)
     assert all(t.best <= t.heuristic for t in result.tasks if t.budget)
     assert "most to gain first" in result.summary or all(b >= 4 for b in budgets)
+
+
+@given(st.lists(st.one_of(st.none(), st.just(0.0), st.floats(1.0, 1e6), st.floats(1.0, 50.0)), min_size=1,
+                max_size=12), st.integers(1, 50))
+@example([1000.0, 1.0], 4)              # a gain of 0.1%: not probed before the large one's next candidates
+@example([45504.0, 43818.0, 15408.0, 11488.0, 760.0, 702.0, 488.0, None, 0.0], 20)   # ppocrv5_det's kind
+def test_a_small_budget_searches_the_material_gains_before_probing_the_small_ones(gains, trials):
+    """Short of SEARCH trials a task, the tasks of a material estimated gain (MATERIAL of the
+    summed) are probed first and get SEARCH trials each (their next candidates: the estimate
+    misranks some) before any task of a smaller, no or unknown gain is probed; the budget is
+    spent exactly."""
+    from tirpat.model.tune.tuner import MATERIAL, PROBE, SEARCH, _budgets
+
+    n = len(gains)
+    budgets = _budgets(trials, [1.0] * n, gains)
+    assert sum(budgets) == trials
+    if trials >= SEARCH * n:
+        return
+    summed = sum(g for g in gains if g)
+    material = [i for i, g in enumerate(gains) if g and g >= MATERIAL * summed]
+    rest = [i for i in range(n) if i not in material]
+    if any(budgets[i] for i in rest):
+        assert all(budgets[i] >= min(SEARCH, trials) for i in material)
+    if material:        # the largest gain is searched whatever the budget
+        assert budgets[max(material, key=lambda i: gains[i])] >= min(PROBE, trials)
+
+
+def test_a_material_task_gets_its_next_candidates_only_where_the_estimate_cannot_tell_them_apart():
+    """``close``: per task, its candidates within CLOSE of its cheapest by the estimate. A
+    task of a material gain gets a trial for each (the heuristic's besides), the trials left
+    probe the small gains."""
+    from tirpat.model.tune.tuner import _budgets
+
+    gains, work = [300.0, 100.0, 50.0, 1.0], [1.0] * 4
+    assert _budgets(8, work, gains, close=[1, 1, 1, 1]) == [2, 2, 2, 2]
+    assert _budgets(8, work, gains, close=[1, 3, 1, 1]) == [2, 4, 2, 0]
+    assert _budgets(8, work, gains, close=[9, 1, 1, 1]) == [4, 2, 2, 0]      # SEARCH at most
+    assert _budgets(8, work, gains) == [4, 2, 2, 0]         # no close: SEARCH each, the largest gain first
 
 
 def test_identical_partitions_are_one_task_whose_record_serves_each(tmp_path):

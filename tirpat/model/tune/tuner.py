@@ -23,7 +23,11 @@ times the copies; a backend without estimates: its work), ``PROBE`` (2) trials e
 backend's own schedule and its cheapest candidate: accel's estimate, over the whole knob
 space, came within 2% of the measured cycles on the PaddleOCR classifier's tasks, and its
 cheapest was the best of the three measured, itself, the next and the heuristic, on 29 of
-the 30 largest), while the budget lasts; what is left goes to
+the 30 largest), while the budget lasts; a task whose gain is less than ``MATERIAL`` (1%)
+of the tasks' summed gain (or not estimated) only after every task of a material gain has
+a trial for each candidate within ``CLOSE`` (2%) of its cheapest by the estimate, ``SEARCH``
+in all at most (the estimate cannot tell those apart: on ppocrv5_det's depthwise tasks the
+cheapest measured slower than the heuristic and the next faster); what is left goes to
 those tasks in proportion to the same (largest remainders rounding). The other tasks are
 not measured: they keep their backend's own schedule, as they would untuned (0 trials in the
 table); the summary names the tasks searched. The tasks take turns, a batch each
@@ -179,9 +183,10 @@ class TuneResult:
         if left or few:
             why.append(f"searched {len(searched)} of {len(self.tasks)} tasks, the most to gain first"
                        f"{names(searched, 'their')}")
-        if few:
-            span = f"{few[0]}-{few[-1]}" if len(few) > 1 else f"{few[0]}"
-            more = " and its cheapest candidates by the backend's estimate" if few[-1] > 1 else ""
+        if few:         # (the span of every searched task's trials, those given SEARCH too)
+            spread = sorted({t.budget for t in searched})
+            span = f"{spread[0]}-{spread[-1]}" if len(spread) > 1 else f"{spread[0]}"
+            more = " and its cheapest candidates by the backend's estimate" if spread[-1] > 1 else ""
             why[-1] += f"; {span} trial{'s' if span != '1' else ''} each: its backend's own schedule{more}"
         if left:
             why[-1] += f"; the other {len(left)} left at their backend's own schedule{names(left, '0')}"
@@ -282,15 +287,35 @@ and its cheapest candidate by the backend's estimate (else the knobs' likeliest 
 priors), so that a small budget reaches many tasks rather than searching a few."""
 
 
-def _budgets(trials: int, work: list, gain: list | None = None, least: int = SEARCH, probe: int = PROBE) -> list:
+MATERIAL = 0.01
+"""The least share of the tasks' summed estimated gain that makes a task's own gain material:
+with a budget short of ``SEARCH`` trials a task, the tasks of material gain are searched
+first, up to ``SEARCH`` trials each, before those of smaller gains are probed. The estimate
+misranks some candidates (on ppocrv5_det's depthwise convolutions the cheapest by it, blocks
+of several channel tiles, measured 11-15% slower than the heuristic, the second cheapest
+2.4% faster), while the gains below 1% (7 tasks, 4.5k cycles estimated) measured 1k."""
+
+
+CLOSE = 0.02
+"""How near the cheapest candidate's estimate another's must be for the estimate not to tell
+them apart (accel's came within 2% of the measured cycles): a task of a material gain gets a
+trial for each such candidate (up to ``SEARCH`` in all). On ppocrv5_det's depthwise
+convolutions the cheapest and the next were 0.4-0.5% apart and the next was the faster."""
+
+
+def _budgets(trials: int, work: list, gain: list | None = None, least: int = SEARCH, probe: int = PROBE,
+             close: list | None = None) -> list:
     """Each task's trials (see the module docstring). Enough for all: ``least`` each at
     least, the rest in proportion to their ``work`` (largest remainders). Else the tasks are
     taken in order of their estimated ``gain`` (what their backend's cheapest candidate saves
     on its own schedule, :meth:`~tirpat.Backend.tune_candidates`; None where it has no
     estimate: its ``work`` instead, after those with a gain, and before those estimated to
     gain nothing; of equal gains, the most work first), ``probe`` trials each while the
-    budget lasts; what is left goes to them in proportion to the same (largest remainders);
-    the others get 0.
+    budget lasts, but those not of a ``MATERIAL`` gain (smaller, none or not estimated) only
+    after each task of a material gain has ``least`` (its next candidates, in the same
+    order; with ``close``, per task the number of candidates its estimate cannot tell apart
+    from its cheapest, that one included: a trial for each, ``least`` at most); what is left
+    goes to them in proportion to the same (largest remainders); the others get 0.
 
     >>> _budgets(12, [1.0, 3.0])
     [5, 7]
@@ -300,6 +325,10 @@ def _budgets(trials: int, work: list, gain: list | None = None, least: int = SEA
     [0, 2]
     >>> _budgets(4, [5.0, 6.0, 9.0], gain=[2.0, 0.0, 1.0])      # the last gains less, the middle nothing
     [2, 0, 2]
+    >>> _budgets(8, [9.0, 9.0, 9.0], gain=[300.0, 100.0, 1.0])  # the last's gain is not material
+    [4, 4, 0]
+    >>> _budgets(8, [9.0, 9.0, 9.0], gain=[300.0, 100.0, 1.0], close=[1, 3, 1])  # the second's top 3 alike
+    [2, 4, 2]
     """
     n = len(work)
     gain = gain or [None] * n
@@ -313,9 +342,20 @@ def _budgets(trials: int, work: list, gain: list | None = None, least: int = SEA
         tier = [0 if g is not None and g > 0 else 1 if g is None else 2 for g in gain]
         weight = [g if g is not None and g > 0 else w if g is None else 0.0 for g, w in zip(gain, work)]
         order = sorted(range(n), key=lambda i: (tier[i], -weight[i], -work[i]))     # of equal gains, most work first
-        chosen = order[:max(1, trials // probe)]
+        summed = sum(weight[i] for i in order if tier[i] == 0)
+        material = [i for i in order if tier[i] == 0 and weight[i] >= MATERIAL * summed]
+        chosen = material[:max(1, trials // probe)]
         for i in chosen:
             budgets[i] = min(probe, trials)
+        for i in chosen:        # the next candidates of the material ones: the estimate misranks some
+            most = least if close is None else min(least, 1 + close[i])
+            budgets[i] += max(0, min(most - budgets[i], trials - sum(budgets)))
+        # then the others while the budget lasts (one at least when none is material)
+        others = [i for i in order if i not in chosen]
+        others = others[:max(0 if chosen else 1, (trials - sum(budgets)) // probe)]
+        for i in others:
+            budgets[i] = min(probe, trials)
+        chosen += others
     rest = trials - sum(budgets)
     total = sum(weight[i] for i in chosen)
     shares = {i: rest * (weight[i] / total if total > 0 else 1 / len(chosen)) for i in chosen}
@@ -672,7 +712,9 @@ def tune(mod, target, *, trials: int, records, rpc=None, params: Mapping[str, np
     copies_of = [1 + len(copies) for _, _, copies, _ in groups]
     gains = [None if r is None else copies * max(0.0, work - r[0][0]) if r else 0.0
              for r, work, copies in zip(ranked, works, copies_of)]
-    budgets = _budgets(trials, [w * c for w, c in zip(works, copies_of)], gains)
+    # per task, the candidates within CLOSE of its cheapest (which the estimate cannot tell apart)
+    close = [sum(1 for cost, _ in r if cost <= r[0][0] * (1 + CLOSE)) if r else 1 for r in ranked]
+    budgets = _budgets(trials, [w * c for w, c in zip(works, copies_of)], gains, close=close)
     results, tasks = [], []
     for ((name, backend, opts, _, space), key, copies, _), budget, cands in zip(groups, budgets, ranked):
         results.append(TaskResult(name, backend.name, budget, tuple(copies)))
