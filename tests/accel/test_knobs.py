@@ -75,6 +75,16 @@ def accel_run(func, args, stats=False):
     return args[-1], s.stats if stats else s.stats.cycles, schedule(func, accel.Config())[1]
 
 
+def exact_runs(func, args, variants, stats=False):
+    """:func:`accel_run` of each of ``variants`` (``func`` under several schedules), each
+    output asserted equal to llvm's of ``func``."""
+    want = llvm_result(func, args)
+    runs = [accel_run(variant, args, stats) for variant in variants]
+    for got, _, _ in runs:
+        np.testing.assert_array_equal(got, want)
+    return runs
+
+
 KNOBS = st.builds(Knobs, bm=st.sampled_from([None, 1, 2, 4, 8]), bn=st.sampled_from([None, 1, 2, 3, 8]),
                   bk=st.sampled_from([None, 1, 2, 5, 32]), weights=st.sampled_from((None,) + WEIGHTS),
                   gather=st.sampled_from((None,) + GATHERS), pixels=st.sampled_from((None,) + PIXELS))
@@ -127,11 +137,9 @@ def test_image_pixels_per_block_remove_the_padding_of_narrow_outputs():
     # an 8x8 output: a row of 8 pixels pads to a 16-row tile, an image of 64 does not
     func = conv("NHWC", 2, 16, 32, 64, 3, 2, True)
     args = inputs(func)
-    want = llvm_result(func, args)
-    row, row_cycles, _ = accel_run(with_knobs(func, Knobs(gather="im2col", pixels="row")), args)
-    image, image_cycles, report = accel_run(with_knobs(func, Knobs(gather="im2col", pixels="image")), args)
-    np.testing.assert_array_equal(row, want)
-    np.testing.assert_array_equal(image, want)
+    (_, row_cycles, _), (_, image_cycles, report) = exact_runs(func, args, [
+        with_knobs(func, Knobs(gather="im2col", pixels="row")),
+        with_knobs(func, Knobs(gather="im2col", pixels="image"))])
     assert report.offloaded[0].knobs.pixels == "image"
     assert image_cycles < 0.75 * row_cycles
 
@@ -212,11 +220,8 @@ def test_image_pixels_of_a_model_layer_store_a_block_at_once():
     # pad to 32, the image's 400 are 25 tiles; its blocks store as one run each
     func = nchw_conv(1, 20, 96, 192, 1, 1, "bias")
     args = inputs(func)
-    want = llvm_result(func, args)
-    image, image_stats, report = accel_run(func, args, stats=True)
-    row, row_stats, _ = accel_run(with_knobs(func, Knobs(pixels="row")), args, stats=True)
-    np.testing.assert_array_equal(image, want)
-    np.testing.assert_array_equal(row, want)
+    (_, image_stats, report), (_, row_stats, _) = exact_runs(func, args, [func, with_knobs(func, Knobs(pixels="row"))],
+                                                             stats=True)
     assert report.offloaded[0].knobs.pixels == "image" and report.offloaded[0].device_macs == 400 * 192 * 96
     assert image_stats.instructions["STORE"] < row_stats.instructions["STORE"]
     assert image_stats.cycles < 0.7 * row_stats.cycles
@@ -245,11 +250,8 @@ def test_blocks_of_n_and_k_are_the_whole_dimension_when_it_is_small():
     # instruction per row of tiles), where powers of two would be 1 and 2 (three per K tile)
     func = nchw_conv(1, 16, 48, 96, 1, 1, "bias")
     args = inputs(func)
-    want = llvm_result(func, args)
-    whole, stats, report = accel_run(func, args, stats=True)
-    pow2, pow2_stats, _ = accel_run(with_knobs(func, Knobs(bn=2, bk=1)), args, stats=True)
-    np.testing.assert_array_equal(whole, want)
-    np.testing.assert_array_equal(pow2, want)
+    (_, stats, report), (_, pow2_stats, _) = exact_runs(func, args, [func, with_knobs(func, Knobs(bn=2, bk=1))],
+                                                        stats=True)
     used = report.offloaded[0].knobs
     assert (used.bn, used.bk) == (6, 3)
     assert stats.instructions["GEMM"] < pow2_stats.instructions["GEMM"] and stats.cycles < pow2_stats.cycles
@@ -372,11 +374,8 @@ def test_a_depthwise_block_of_tiles_keeps_the_alu_less_busy_than_one_tile_at_a_t
     take the DWMACs' cycles, within 1%."""
     func = depthwise(32, 64, 3, 1, True)
     args = inputs(func)
-    want = llvm_result(func, args)
-    one, one_stats, one_report = accel_run(func, args, stats=True)
-    block, block_stats, report = accel_run(with_depthwise_knobs(func, Knobs(bm=2, bn=4)), args, stats=True)
-    np.testing.assert_array_equal(one, want)
-    np.testing.assert_array_equal(block, want)
+    (_, one_stats, one_report), (_, block_stats, report) = exact_runs(
+        func, args, [func, with_depthwise_knobs(func, Knobs(bm=2, bn=4))], stats=True)
     assert (one_report.offloaded[0].knobs.bm, one_report.offloaded[0].knobs.bn) == (1, 1)    # the heuristic
     assert (report.offloaded[0].knobs.bm, report.offloaded[0].knobs.bn) == (2, 4)
     assert block_stats.busy["alu"] < 0.8 * one_stats.busy["alu"]
@@ -565,11 +564,9 @@ def test_a_forking_epilogue_runs_its_shared_steps_once_bit_exact_and_in_fewer_cy
         tiles = [-(-size // 16), -(-c // 16)]
         bm, bn = (bm if bm and tiles[0] % bm == 0 else None), (bn if bn and tiles[1] % bn == 0 else None)
     args = inputs(func)
-    want = llvm_result(func, args)
-    each, each_cycles, each_notes = accel_run(with_any_knobs(func, Knobs(bm=bm, bn=bn, fork="each")), args)
-    once, once_cycles, notes = accel_run(with_any_knobs(func, Knobs(bm=bm, bn=bn)), args)     # the heuristic's
-    np.testing.assert_array_equal(each, want)
-    np.testing.assert_array_equal(once, want)
+    (_, each_cycles, each_notes), (_, once_cycles, notes) = exact_runs(func, args, [
+        with_any_knobs(func, Knobs(bm=bm, bn=bn, fork="each")),
+        with_any_knobs(func, Knobs(bm=bm, bn=bn))])     # the heuristic's
     plan, each_plan = notes.offloaded[0], each_notes.offloaded[0]
     assert (plan.shared, plan.knobs.fork, each_plan.knobs.fork) == (3, "once", "each")
     assert once_cycles < each_cycles
