@@ -45,9 +45,10 @@ anything there from one run to the next. A chain of batches in place is one call
 :func:`accel.hw.kernels.alu_chain`, every step of a few tile rows in registers before the
 next rows, instead of a numpy pass over memory per step.
 
-STOREs whose host elements are short runs in another order than the values' (an NCHW output
-written from tiles of pixels: tile rows, shorter at a row's end) write a run per index
-(:class:`_Rows`).
+STOREs, ACC LOADs and the scratchpads' final contents that are no views (an NCHW output
+written from tiles of pixels, an upsampling's every other host element, rows of data and pad)
+are copied run by run by a compiled pass (:class:`_Copies`), a STORE's narrowing to int8 on
+the way.
 
 Lanes nobody reads are not read exactly: an ALU batch's result that reaches no STORE and
 is not what ACC ends with (a layer of 8 channels computes 16 lanes) lets its operands read
@@ -529,6 +530,8 @@ class _Builder:
     def _store(self, s: Store) -> bool:
         if not (s.rows and s.cols):
             return True
+        if self.buffers[s.slot].dtype not in _HOST_DTYPES:
+            return False        # (no copy compiled for it)
         values = self.acc[s.sram_addr + _flat_block_offsets(s.sram_ld, s.rows, s.cols)]
         self.sealed[values] = True
         self.stores.append((s.slot, s.mode, s.dram_offset + _flat_block_offsets(s.dram_ld, s.rows, s.cols, s.dram_step),
@@ -668,7 +671,7 @@ class _Builder:
         alus = [(ufunc, op, imm, *_operands(renumber[new], renumber[old], None if src is None else renumber[src], t,
                                             care, self.values))
                 for (ufunc, op, imm, new, old, src), care in zip(alus, cares)]
-        stores = [(slot, mode, *(_views(dst, renumber[src]) or (_run_of(dst), _reads(renumber[src], t))))
+        stores = [(slot, mode, *(_views(dst, renumber[src]) or (_Copies(dst, renumber[src]), None)))
                   for slot, mode, dst, src in stores]
         loaded = None
         if acc_loads is not None:
@@ -676,12 +679,11 @@ class _Builder:
             targets = loaded = renumber[acc_loads[0]]
             order = np.argsort(targets, kind="stable")
             targets, codes = targets[order], acc_loads[1][order]
-            acc_loads = _views(targets, codes) or (_run_of(targets), _Gather(codes, t))
-        finals = []
-        for at, codes in ((inp_at, self.inp[inp_at]), (wgt_at, self.wgt[wgt_at])):
-            finals.append(_views(at, self.f.resolve(codes)) or (_run_of(at), self.f.gather(codes)))
-        acc_src = renumber[self.acc[acc_at]]
-        finals.append(_views(acc_at, acc_src) or (_run_of(acc_at), _reads(acc_src, t)))
+            acc_loads = _views(targets, codes) or (_Copies(targets, codes), None)
+        # (None for nothing: a quarter of a model's streams leave INP or ACC as they were)
+        finals = [None if not at.size else _views(at, src) or (_Copies(at, src), None)
+                  for at, src in ((inp_at, self.f.resolve(self.inp[inp_at])), (wgt_at, self.f.resolve(self.wgt[wgt_at])),
+                                  (acc_at, renumber[self.acc[acc_at]]))]
         plan = FusedPlan(self, products, alus, stores, acc_loads, *finals)
         plan.zero = _first_writes(products, self.acc_n, zeroed, self.values, loaded)
         plan.live = live
@@ -1063,119 +1065,82 @@ def _first_writes(products: list, acc_n: int, zeroed: int, count: int,
     return [(int(lo), int(hi)) for lo, hi in zip(edges[::2], edges[1::2])]
 
 
-def _put(values: np.ndarray, index, data: np.ndarray) -> None:
-    """``values[index] = data`` (into a view for a :class:`_Span` or :class:`_View`, run by
-    run for :class:`_Runs`, row by row for :class:`_Rows`)."""
-    if isinstance(index, (_Span, _View)):
-        index.of(values)[...] = data
-    elif isinstance(index, (_Runs, _Rows)):
-        index.put(values, data)
+# The host buffers a plan stores into: those :func:`~accel.hw.kernels.copy_runs` writes.
+_HOST_DTYPES = (np.dtype(np.int8), np.dtype(np.int32))
+
+
+def _copy(target: np.ndarray, where: tuple, source: _Vector) -> None:
+    """``target[dst] = source[src]`` for ``where`` ``(dst, src)`` views, or ``(copies, None)``
+    (a :class:`_Copies`)."""
+    dst, src = where
+    if isinstance(dst, _Copies):
+        dst.put(source.data, target)
     else:
-        values[index] = data
+        dst.of(target)[...] = _at(source, src)
 
 
-class _Rows:
-    """An index array that is runs of consecutive elements, most of them short (a STORE's host
-    elements in another order than the values': an NCHW output written from tiles of pixels,
-    tile rows of 16 elements and 8 at a row's end), written a run at a time: runs of one
-    length as one copy of rows of that length per index (``groups``: length, the runs' starts
-    in the target, and where their data begins), instead of an element write per element.
+class _Copies:
+    """``target[dst] = source[src]`` for two index arrays (a STORE's host elements and values,
+    an ACC LOAD's values and sources, a scratchpad's elements and what they end with) that are
+    no views, as runs (:func:`~accel.hw.kernels.copy_runs`): where ``src`` goes up by one (a tile
+    row of values) or repeats (a pad) while ``dst`` goes up by the most common step (a STORE's
+    ``dram_step``), one run; a compiled pass casts (and saturates) on the way, instead of a
+    gather into a temporary, a cast and a scatter, each with an index per element.
 
-    >>> rows = _Rows.of(np.r_[8:12, 0:8]); [length for length, _, _ in rows.groups]
-    [4, 8]
-    >>> target = np.zeros(12, np.int8); rows.put(target, np.arange(250, 262, dtype=np.int32)); target.tolist()
-    [-2, -1, 0, 1, 2, 3, 4, 5, -6, -5, -4, -3]
-    >>> _Rows.of(np.array([4, 6, 0, 1])) is None        # runs shorter than _ROW_AT_LEAST on average
-    True
+    >>> copies = _Copies(np.r_[0:4, 8:12] * 2, np.r_[10:14, 3, 3, 3, 3])
+    >>> copies.step, copies.arrays[3].tolist()      # host step 2: two runs, the second a repeat
+    (2, [4, 4])
+    >>> target = np.zeros(24, np.int8); copies.put(np.arange(20, dtype=np.int32) * 20, target, saturate=True)
+    >>> target[::2].tolist()
+    [127, 127, 127, 127, 0, 0, 0, 0, 60, 60, 60, 60]
     """
 
-    __slots__ = ("groups",)
+    __slots__ = ("step", "arrays", "on")
 
-    def __init__(self, groups: list[tuple[int, np.ndarray, np.ndarray]]) -> None:
-        self.groups = groups
+    def __init__(self, dst: np.ndarray, src: np.ndarray) -> None:
+        dst, src = (np.asarray(a, np.int64).reshape(-1) for a in (dst, src))
+        gaps, moves = np.diff(dst), np.diff(src)
+        self.step = 1
+        if gaps.size:
+            steps, counts = np.unique(gaps[:_STEP_SAMPLE], return_counts=True)
+            self.step = int(steps[counts.argmax()])
+        # each neighbour pair's source step when it may be inside a run (0 or 1), else -1; an
+        # element continues the run of the one before when their pair may, and the pair before
+        # (inside the run too, unless -1: the run starts there) has the same step
+        kind = np.where((gaps == self.step) & ((moves == 0) | (moves == 1)), moves, -1)
+        same = np.ones(kind.size, bool)
+        same[1:] = (kind[1:] == kind[:-1]) | (kind[:-1] == -1)
+        begins = np.ones(dst.size, bool)
+        begins[1:] = (kind == -1) | ~same
+        starts = np.flatnonzero(begins)
+        lengths = np.diff(np.append(starts, dst.size))
+        steps = np.ones(starts.size, np.int64)
+        inside = lengths > 1
+        steps[inside] = kind[starts[inside]]
+        self.arrays = (src[starts], steps, dst[starts], lengths)
+        self.on: tuple = ()     # the last (source, target) and the kernel bound to them
 
-    @classmethod
-    def of(cls, index) -> Optional["_Rows"]:
-        """``index`` (an array) as runs grouped by length, or None when its runs are shorter than
-        :data:`_ROW_AT_LEAST` on average (a :class:`_Span`, :class:`_View` or other object is
-        left to :func:`_slices`)."""
-        if not isinstance(index, np.ndarray) or not index.size:
-            return None
-        flat = index.reshape(-1)
-        at = np.concatenate([[0], np.flatnonzero(flat[1:] != flat[:-1] + 1) + 1])
-        if at.size * _ROW_AT_LEAST > flat.size:
-            return None
-        lengths = np.diff(np.append(at, flat.size))
-        groups = []
-        for length in np.unique(lengths).tolist():
-            mine = at[lengths == length]
-            groups.append((length, flat[mine].astype(np.intp), mine.astype(np.intp)))
-        return cls(groups)
+    def put(self, source: np.ndarray, target: np.ndarray, saturate: bool = False) -> None:
+        """``target[dst] = source[src]``, clipped to int8's range first when ``saturate``."""
+        on = self.on
+        if not on or on[0] is not source or on[1] is not target:
+            # a plan copies between the same arrays run after run (its workspace's vectors, the
+            # simulator's scratchpads, a session's host buffers): their tensors, and the
+            # kernel's lookup, are made once (~15 us a call otherwise, for copies of a few us)
+            self.on = on = (source, target, self._bound(source, target))
+        on[2](int(saturate))
 
-    def put(self, target: np.ndarray, data: np.ndarray) -> None:
-        """``target[index] = data`` (cast as assignment casts: an int keeps its low bytes)."""
-        data = np.ascontiguousarray(data.reshape(-1).astype(target.dtype, copy=False))
-        size = target.itemsize
-        for length, starts, at in self.groups:
-            item = np.dtype((np.void, size * length))
-            rows = np.ndarray((target.size - length + 1,), item, buffer=target, strides=(size,))
-            rows[starts] = np.ndarray((data.size - length + 1,), item, buffer=data, strides=(size,))[at]
+    def _bound(self, source: np.ndarray, target: np.ndarray) -> Callable[[int], None]:
+        import tvm_ffi
 
-
-# Runs at least this long on average are written run by run (:class:`_Rows`): a copy of a run
-# per index beats an element write per element from a few elements on.
-_ROW_AT_LEAST = 4
-
-
-class _Runs:
-    """An index array that is a few long runs of consecutive elements, in any order (an ACC
-    LOAD's values: a bias row's and the data's, two stretches), written as slices, run by run:
-    a scatter costs an index read and a random write per element, a slice a memory copy.
-
-    >>> runs = _Runs.of(np.r_[600:1200, 0:500])
-    >>> values = np.zeros(1200, np.int32); runs.put(values, np.arange(1100)); values[[0, 499, 600, 1199]].tolist()
-    [600, 1099, 0, 599]
-    >>> _Runs.of(np.array([3, 1, 2])) is None      # short runs: a scatter is as good
-    True
-    """
-
-    __slots__ = ("parts", "size")
-
-    def __init__(self, parts: list[tuple[int, int, int]]) -> None:
-        self.parts = parts      # (first, end) in the data, start in the target
-        self.size = parts[-1][1]
-
-    @classmethod
-    def of(cls, index: np.ndarray) -> Optional["_Runs"]:
-        """``index`` as runs, or None when its runs are shorter than :data:`_RUN_AT_LEAST` on average."""
-        flat = np.asarray(index).reshape(-1)
-        edges = np.flatnonzero(flat[1:] != flat[:-1] + 1) + 1
-        if not flat.size or (edges.size + 1) * _RUN_AT_LEAST > flat.size:
-            return None
-        edges = [0, *edges.tolist(), flat.size]
-        return cls([(i, j, int(flat[i])) for i, j in zip(edges[:-1], edges[1:])])
-
-    def put(self, target: np.ndarray, data: np.ndarray) -> None:
-        """``target[index] = data`` (cast as assignment casts)."""
-        data = data.reshape(-1)
-        for i, j, at in self.parts:       # in order: a later run wins an element, as in a scatter
-            np.copyto(target[at:at + j - i], data[i:j], casting="unsafe")
+        kernel = kernels.copy_runs(source.dtype.name, target.dtype.name)
+        frm, steps, to, lengths = (tvm_ffi.from_dlpack(a) for a in self.arrays)
+        return partial(kernel, tvm_ffi.from_dlpack(source), frm, steps, to, lengths, tvm_ffi.from_dlpack(target),
+                       self.step)
 
 
-def _slices(index):
-    """Where a plan writes: an index array that is a few long runs as :class:`_Runs`, else as is."""
-    return (_Runs.of(index) or index) if isinstance(index, np.ndarray) else index
-
-
-def _rows_or_slices(index):
-    """Where a STORE writes: :func:`_slices`, and an index array of many short runs as :class:`_Rows`."""
-    index = _slices(index)
-    return _Rows.of(index) or index
-
-
-# Runs this long on average are copied as slices (~1 us of Python each) rather than scattered
-# (a few ns an element).
-_RUN_AT_LEAST = 512
+# The most common of this many leading steps of a copy's target is its host step.
+_STEP_SAMPLE = 4096
 
 
 def _distinct(index: np.ndarray, bound: int) -> bool:
@@ -1559,13 +1524,10 @@ class FusedPlan:
         self.f_extra = np.concatenate(b.f.extra) if b.f.extra else None
         self.sizes = {slot: b.buffers[slot].size for slot in (*b.f.slots, *b.i.slots, *(s[0] for s in b.stores))}
         self.products, self.alus, self.stores, self.acc_loads = products, alus, stores, acc_loads
-        # what each scratchpad ends with, None for nothing (a quarter of a model's streams leave
-        # INP or ACC as they were: an empty gather and put cost a few microseconds each)
-        self.inp_final, self.wgt_final, self.acc_final = (None if final[0].size == 0 else (_slices(final[0]), final[1])
-                                                          for final in (inp_final, wgt_final, acc_final))
-        self.stores = [(slot, mode, _rows_or_slices(dst), src) for slot, mode, dst, src in stores]
-        if acc_loads is not None:
-            self.acc_loads = (_slices(acc_loads[0]), acc_loads[1])
+        # what each scratchpad ends with (the elements the stream changed), None for nothing
+        self.inp_final, self.wgt_final, self.acc_final = inp_final, wgt_final, acc_final
+        # the host buffers written: a STORE's copy is compiled for the dtype it was made for
+        self.dtypes = {s[0]: b.buffers[s[0]].dtype for s in b.stores}
         self.matmuls = len(products)
         self.blas = any(isinstance(p, _Product) for p in products)     # whether a run calls np.matmul
         self.i_base = sum(self.sizes[slot] for slot in self.i_slots) + self.i_pads.size
@@ -1589,6 +1551,8 @@ class FusedPlan:
             for slot, size in self.sizes.items():
                 if buffers[slot].size != size:
                     return False
+            if any(buffers[slot].dtype != dtype for slot, dtype in self.dtypes.items()):
+                return False
             # Every read happens before every write here: a buffer read must not share memory
             # with another one written (the same slot was checked when the plan was made).
             if any(np.may_share_memory(buffers[r], buffers[w]) for r, w in self._apart):
@@ -1612,31 +1576,23 @@ class FusedPlan:
         if self.acc_loads is not None:
             ints = self._ints
             np.concatenate([*(buffers[s] for s in self.i_slots), self.i_pads], out=ints.data)
-            _put(values, self.acc_loads[0], _at(ints, self.acc_loads[1]))
+            _copy(values, self.acc_loads, ints)
         for product in self.products:
             product.run(source, values)
         for step in self._alu_steps:
             step()
         for slot, mode, dst, src in self.stores:
-            out = _at(vector, src)
-            if isinstance(dst, (_Span, _View)):     # straight into the host buffer (int8: keeps the low byte)
-                if mode is StoreMode.SATURATE:      # clipped to int8's range, then exact in int8: one pass
-                    np.clip(out, -128, 127, out=dst.of(buffers[slot]), casting="unsafe")
-                else:
-                    np.copyto(dst.of(buffers[slot]), out, casting="unsafe")
-            else:
-                if mode is StoreMode.SATURATE:
-                    out = np.clip(out, -128, 127)
-                _put(buffers[slot], dst, out.astype(buffers[slot].dtype, copy=False))
-        if self.inp_final is not None:
-            at, src = self.inp_final
-            _put(sim.inp, at, _at(source, src))
-        if self.wgt_final is not None:
-            at, src = self.wgt_final
-            _put(sim.wgt, at, _at(source, src))
-        if self.acc_final is not None:
-            at, src = self.acc_final
-            _put(sim.acc, at, _at(vector, src))
+            saturate = mode is StoreMode.SATURATE
+            if isinstance(dst, _Copies):
+                dst.put(values, buffers[slot], saturate)
+            elif saturate:      # straight into the host buffer: clipped to int8's range, then exact in int8
+                np.clip(_at(vector, src), -128, 127, out=dst.of(buffers[slot]), casting="unsafe")
+            else:               # (int8: keeps the low byte)
+                np.copyto(dst.of(buffers[slot]), _at(vector, src), casting="unsafe")
+        for final, memory, vector in ((self.inp_final, sim.inp, source), (self.wgt_final, sim.wgt, source),
+                                      (self.acc_final, sim.acc, vector)):
+            if final is not None:
+                _copy(memory, final, vector)
         return True
 
 

@@ -7,6 +7,10 @@ sums them. Compiled, each output vector is summed in registers straight from the
 vector's rows: on ``ppocrv6_det_small``'s tap sums 45 -> 8 ms. A kernel's shapes are symbolic,
 so one compile (~0.3 s, all kernels at once) serves every plan of the process.
 
+A STORE's int32 values narrowed to int8 and scattered into a host buffer, an ACC LOAD's rows
+gathered, a scratchpad's final contents: :func:`copy_runs` copies them run by run in one pass
+(numpy: a gather into a temporary, a cast, a scatter, each a pass with an index per element).
+
 A requantisation is a chain of ALU batches (multiply, shift, add, clamps, a table lookup), each
 a numpy pass over millions of int32 values: :func:`alu_chain` runs a whole chain in one pass,
 a few tile rows at a time in registers, interpreting the chain's steps from a small table (one
@@ -35,7 +39,7 @@ import numpy as np
 
 from accel.hw.instructions import LUT_ENTRIES, AluOp
 
-__all__ = ["tap_sum", "scaled_rows", "alu_chain", "LOOKUP", "IMM", "RUN", "ROWS", "SPLAT"]
+__all__ = ["tap_sum", "scaled_rows", "alu_chain", "copy_runs", "LOOKUP", "IMM", "RUN", "ROWS", "SPLAT"]
 
 #: :func:`alu_chain`'s code of a table lookup step (the ALU ops are their :class:`AluOp` values).
 LOOKUP = max(AluOp) + 1
@@ -113,6 +117,68 @@ def alu_chain(tile: int) -> Callable[..., None]:
     [5, -7, 100, 3, 115, 0]
     """
     return _module(tile)["alu_chain"]
+
+
+@functools.lru_cache(maxsize=None)
+def copy_runs(src: str, dst: str) -> Callable[..., None]:
+    """``f(source, starts, source_steps, to, lengths, target, step, saturate)`` (DLPack tensors,
+    then ints): for each run ``i`` and ``c < lengths[i]``, ``target[to[i] + c * step] =
+    source[starts[i] + c * source_steps[i]]``, cast as numpy's ``astype`` casts an integer (int8:
+    the low byte), clipped to int8's range first when ``saturate``: ``src`` and ``dst``
+    ``"int32"`` and ``"int8"`` or ``"int32"`` (a STORE, an ACC LOAD, ACC's final contents), or
+    both ``"float32"`` (INP's or WGT's, copied as they are); the run arrays int64, a run's
+    source step 0 (one element repeated) or 1. Runs are copied in order (a later one wins an
+    element).
+
+    >>> import numpy as np, tvm_ffi
+    >>> target = np.zeros(6, np.int8)
+    >>> arrays = (np.array([300, 5, -7], np.int32), np.array([0, 1]), np.array([0, 1]), np.array([0, 5]),
+    ...           np.array([2, 1]), target)
+    >>> copy_runs("int32", "int8")(*(tvm_ffi.from_dlpack(a) for a in arrays), 2, 1)
+    >>> target.tolist()     # 300 repeated (step 0), clipped, at 0 and 2; 5 at 5
+    [127, 0, 127, 0, 0, 5]
+    """
+    return _copies()[f"copy_runs_{src}_{dst}"]
+
+
+@functools.lru_cache(maxsize=None)
+def _copies():
+    """:func:`copy_runs`'s kernels, compiled together (one compile, no tile width in them)."""
+    import tvm
+    from tvm.script import tirx as T
+
+    def make(src_dtype: str, dst_dtype: str):
+        def cast(value, saturate):
+            if src_dtype == dst_dtype != "int32":
+                return value        # (a scratchpad's float32 int8 values: as they are)
+            return T.Cast(dst_dtype, T.if_then_else(saturate != 0, T.max(T.min(value, 127), -128), value))
+
+        @T.prim_func
+        def copy_runs(a_source: T.handle, a_starts: T.handle, a_steps: T.handle, a_to: T.handle,
+                      a_lengths: T.handle, a_target: T.handle, step: T.int64, saturate: T.int32):
+            T.func_attr({"global_symbol": f"copy_runs_{src_dtype}_{dst_dtype}", "tirx.noalias": True})
+            n, r, m = T.int64(), T.int64(), T.int64()
+            source = T.match_buffer(a_source, (n,), src_dtype, align=4)
+            starts = T.match_buffer(a_starts, (r,), "int64", align=8)
+            steps = T.match_buffer(a_steps, (r,), "int64", align=8)
+            to = T.match_buffer(a_to, (r,), "int64", align=8)
+            lengths = T.match_buffer(a_lengths, (r,), "int64", align=8)
+            target = T.match_buffer(a_target, (m,), dst_dtype, align=1)
+            # the common case as a loop of its own, which llvm vectorises: a run of the source
+            # into a run of the target (a load's rows, a scratchpad's, an NCHW STORE's)
+            for i in range(r):
+                first = starts[i]
+                at = to[i]
+                if steps[i] == 1 and step == 1:
+                    for c in range(lengths[i]):
+                        target[at + c] = cast(source[first + c], saturate)
+                else:
+                    for c in range(lengths[i]):
+                        target[at + c * step] = cast(source[first + c * steps[i]], saturate)
+        return copy_runs
+
+    pairs = [("int32", "int8"), ("int32", "int32"), ("float32", "float32")]
+    return tvm.compile(tvm.IRModule({f"copy_runs_{a}_{b}": make(a, b) for a, b in pairs}), target=_target())
 
 
 def _keeping(kernel, assign: bool) -> Callable[..., None]:
