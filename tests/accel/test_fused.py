@@ -608,27 +608,29 @@ def run_indices(draw):
     return size, np.concatenate([np.arange(a, min(a + n, size)) for a, n in runs])
 
 
-@given(run_indices(), st.sampled_from([np.int32, np.int8]), st.integers(1, 64))
-def test_writes_by_runs_equal_a_scatter(drawn, dtype, at_least):
-    """An index array of long runs is written run by run as slices: what a scatter writes,
-    a later write to an element winning, int32 data cast into an int8 host buffer as a
-    scatter casts it."""
+@given(run_indices(), st.sampled_from([np.int32, np.int8]), st.booleans(), st.data())
+def test_copies_by_runs_equal_a_scatter(drawn, dtype, saturate, data):
+    """Index arrays of runs (overlapping too: a later write wins) read from runs, repeats or
+    anywhere: copied run by run by the compiled pass, what a gather, a clip and a scatter write,
+    int32 cast into an int8 host buffer as a scatter casts it."""
     size, index = drawn
-    data = (np.arange(index.size, dtype=np.int64) * 7919 - 2**31).astype(np.int32)
+    source = (np.arange(300, dtype=np.int64) * 7919 - 2**31).astype(np.int32)
+    source[::7] %= 300      # (some in int8's range, some not)
+    src = data.draw(st.one_of(st.just(np.arange(index.size)), st.just(np.zeros(index.size, np.int64) + 5),
+                              st.lists(st.integers(0, 299), min_size=index.size, max_size=index.size).map(np.array)))
     want, got = np.zeros(size, dtype), np.zeros(size, dtype)
-    want[index] = data.astype(dtype)
-    with mock.patch.object(fused, "_RUN_AT_LEAST", at_least):
-        runs = fused._slices(index)
-    assert isinstance(runs, fused._Runs) == ((np.count_nonzero(np.diff(index) != 1) + 1) * at_least <= index.size)
-    fused._put(got, runs, data)
+    values = np.clip(source[src], -128, 127) if saturate else source[src]
+    want[index] = values.astype(dtype)
+    fused._Copies(index, src).put(source, got, saturate)
     np.testing.assert_array_equal(got, want)
 
 
 @given(_STREAMS)
-def test_streams_whose_writes_are_runs_write_them_as_slices_alike(stream):
-    """With every index array of runs written run by run (not only long ones), the plan still
-    leaves host buffers and scratchpads as instruction-by-instruction execution does."""
-    with mock.patch.object(fused, "_RUN_AT_LEAST", 1):
+def test_streams_copied_with_another_host_step_alike(stream):
+    """With each copy's host step taken from its first two elements (not the most common of
+    its steps), the plan still leaves host buffers and scratchpads as instruction-by-
+    instruction execution does."""
+    with mock.patch.object(fused, "_STEP_SAMPLE", 1):
         test_fused_execution_equals_instruction_by_instruction.hypothesis.inner_test(stream)
 
 
@@ -749,7 +751,7 @@ def test_stores_of_tile_rows_in_another_order_write_row_by_row_like_the_referenc
     stream = _auto(program)
     plan, (sim, host), (ref, want) = _both(stream)
     in_a_row = fused._affine([np.array(places)]) is not None      # (then one strided view)
-    assert isinstance(plan.stores[0][2], fused._Rows) != in_a_row
+    assert isinstance(plan.stores[0][2], fused._Copies) != in_a_row
     _runs_alike(plan, stream, (sim, host), (ref, want))
 
 
@@ -757,10 +759,10 @@ def test_stores_of_tile_rows_in_another_order_write_row_by_row_like_the_referenc
                 unique_by=lambda r: r[0]), st.sampled_from([np.int8, np.int32]))
 def test_writes_by_rows_equal_a_scatter(runs, dtype):
     """Runs of a few lengths (tile rows of 16, 8 at a row's end, two rows that abut) in any
-    order: written run by run as a scatter writes them."""
+    order: copied run by run as a scatter writes them."""
     index = np.concatenate([start * 24 + np.arange(length) for start, length in runs])
     data = np.random.default_rng(len(runs)).integers(-2**31, 2**31, index.size).astype(np.int32)
     want, got = np.zeros(42 * 24, dtype), np.zeros(42 * 24, dtype)
     want[index] = data.astype(dtype)        # (abutting runs: later elements win, as below)
-    fused._Rows.of(index).put(got, data)
+    fused._Copies(index, np.arange(index.size)).put(data, got)
     np.testing.assert_array_equal(got, want)
