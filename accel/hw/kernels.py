@@ -141,17 +141,14 @@ def _keeping(kernel, assign: bool) -> Callable[..., None]:
 def _module(tile: int):
     """The runtime module of the kernels for ``tile`` lanes: the shared library :func:`cache_path`
     names when a process compiled them before, else compiled (and that library written)."""
-    import tvm
-
     path = cache_path(tile)
-    if path is not None and path.is_file():
-        try:
-            return tvm.runtime.load_module(str(path))
-        except (OSError, RuntimeError):     # a damaged or foreign file: compiled again, replaced
-            pass
-    module = _compile(tile)
-    if path is not None:
-        _save(module, path)
+    module = _load(path) if path is not None and path.is_file() else None
+    if module is None:
+        module = _compile(tile)
+        if path is not None and _save(module, path):
+            # the library's machine code: an llvm module would compile its own again, in memory,
+            # at its first lookup (exporting compiles once, for the file; linking adds ~0.1 s)
+            module = _load(path) or module
     return module
 
 
@@ -174,23 +171,36 @@ def cache_path(tile: int) -> Optional[Path]:
     return Path(CACHE) / f"kernels-{tile}-{key.hexdigest()[:24]}.so"
 
 
-def _save(module, path: Path) -> None:
+def _load(path: Path):
+    """The runtime module of the shared library at ``path``, None for a damaged or foreign file
+    (compiled again, and replaced)."""
+    import tvm
+
+    try:
+        return tvm.runtime.load_module(str(path))
+    except (OSError, RuntimeError):
+        return None
+
+
+def _save(module, path: Path) -> bool:
     """Write ``module`` to ``path`` as a shared library, whole or not at all: linked under a name
     of this process' own, then renamed (processes starting together may write it at once). A
     cache that cannot be written (no C compiler, a read-only directory) only costs the next
-    process the compile."""
+    process the compile (returns False)."""
     temporary = path.with_name(f"{path.stem}.{os.getpid()}.{threading.get_ident()}.tmp.so")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         module.export_library(str(temporary))
         os.replace(temporary, path)
+        return True
     except (OSError, RuntimeError):
         temporary.unlink(missing_ok=True)
+        return False
 
 
 def _compile(tile: int):
-    """The kernels for ``tile`` lanes compiled together, as a runtime module (TVMScript parsed,
-    lowered and compiled by llvm: ~0.5 s)."""
+    """The kernels for ``tile`` lanes compiled together, as a runtime module (TVMScript parsed
+    and lowered, ~0.3 s; llvm makes the machine code, ~0.3 s, at the first lookup or export)."""
     import tvm
     from tvm.script import tirx as T
 
@@ -334,6 +344,5 @@ def _compile(tile: int):
                 for c in T.vectorized(tile):
                     values[out + (first + j) * tile + c] = acc[j * tile + c]
 
-    # the Executable compiles its machine code (llvm) at its first lookup: here, once
     return tvm.compile(tvm.IRModule({"tap_sum": tap_sum, "scaled_rows": scaled_rows, "alu_chain": alu_chain}),
                        target=_target()).jit()

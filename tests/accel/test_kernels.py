@@ -167,6 +167,8 @@ def _check_tap_sum(tile: int) -> None:
 def test_a_later_process_loads_the_kernels_an_earlier_one_compiled(kernel_cache, monkeypatch):
     _check_tap_sum(4)                       # compiled, and kept
     assert [p.name for p in kernel_cache.iterdir()] == [kernels.cache_path(4).name]
+    # the kept library's machine code runs: llvm compiled the kernels once, for the file
+    assert kernels._module(4).kind == "library"
     _forget()
 
     def compile_again(tile):
