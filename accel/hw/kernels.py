@@ -54,7 +54,7 @@ _CHAIN_ROWS = 16
 #: The directory where compiled kernels are kept for later processes (:func:`cache_path`): a
 #: process that finds them there loads a shared library (~1 ms) instead of compiling (~0.5 s of
 #: its first batched plan). None keeps nothing.
-CACHE: Optional[Path] = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "accel-kernels"
+CACHE: Optional[Path] = Path(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")) / "accel-kernels"
 
 
 @functools.lru_cache(maxsize=None)
