@@ -1,8 +1,10 @@
 """The compiled kernels of the batched plan (accel.hw.kernels) compute bit for bit what the
 numpy steps they replace compute: sums exact in float32, int32 additions and products
-wrapping, ALU chains step by step as the simulator's ufuncs."""
+wrapping, ALU chains step by step as the simulator's ufuncs; and a process loads the kernels an
+earlier one compiled (and only those of the same source, constants, TVM and CPU)."""
 
 import numpy as np
+import pytest
 import tvm_ffi
 from hypothesis import given, strategies as st
 
@@ -137,3 +139,80 @@ def test_the_chain_kernel_equals_the_alu_ufuncs_step_by_step(drawn):
     got = values.copy()
     kernels.alu_chain(tile)(*(tvm_ffi.from_dlpack(a) for a in (got, bases, tables, program)), rows, out)
     np.testing.assert_array_equal(got, want)
+
+
+def _forget() -> None:
+    """No kernels of this process remembered: the next use loads or compiles them."""
+    for cached in (kernels._module, kernels.tap_sum, kernels.scaled_rows, kernels.alu_chain):
+        cached.cache_clear()
+
+
+@pytest.fixture
+def kernel_cache(tmp_path, monkeypatch):
+    """An empty kernel cache, as a new machine has (the process' kernels forgotten before and after)."""
+    monkeypatch.setattr(kernels, "CACHE", tmp_path)
+    _forget()
+    yield tmp_path
+    _forget()
+
+
+def _check_tap_sum(tile: int) -> None:
+    source = np.arange(3 * tile, dtype=np.float32) - tile
+    xs, ws, out = np.array([[[0, tile]]]), np.array([[2 * tile]]), np.zeros(2 * tile, np.int32)
+    kernels.tap_sum(tile, assign=True)(source, xs, ws, out, 0)
+    np.testing.assert_array_equal(out, np.concatenate([source[:tile] * source[2 * tile:],
+                                                       source[tile:2 * tile] * source[2 * tile:]]))
+
+
+def test_a_later_process_loads_the_kernels_an_earlier_one_compiled(kernel_cache, monkeypatch):
+    _check_tap_sum(4)                       # compiled, and kept
+    assert [p.name for p in kernel_cache.iterdir()] == [kernels.cache_path(4).name]
+    # the kept library's machine code runs: llvm compiled the kernels once, for the file
+    assert kernels._module(4).kind == "library"
+    _forget()
+
+    def compile_again(tile):
+        raise AssertionError("compiled again instead of loaded")
+    monkeypatch.setattr(kernels, "_compile", compile_again)
+    _check_tap_sum(4)                       # loaded: the same machine code
+    values = np.array([5, -7, 0, 0], np.int32)
+    program = np.array([[0, kernels.RUN, 0], [int(AluOp.MUL), kernels.IMM, 3]])
+    arrays = (values, np.zeros(1, np.int64), np.zeros(1, np.int32), program)
+    kernels.alu_chain(4)(*(tvm_ffi.from_dlpack(a) for a in arrays), 1, 0)
+    assert values.tolist() == [15, -21, 0, 0]
+
+
+def test_a_damaged_kernel_file_is_compiled_again_and_replaced(kernel_cache, monkeypatch):
+    path = kernels.cache_path(4)
+    path.write_bytes(b"a library cut short by a full disk")
+    _check_tap_sum(4)
+    _forget()
+    monkeypatch.setattr(kernels, "_compile", lambda tile: pytest.fail("the replaced file was not loaded"))
+    _check_tap_sum(4)
+    assert [p.name for p in kernel_cache.iterdir()] == [path.name]     # no temporary left
+
+
+def test_no_cache_keeps_nothing(kernel_cache, monkeypatch):
+    monkeypatch.setattr(kernels, "CACHE", None)
+    assert kernels.cache_path(4) is None
+    _check_tap_sum(4)
+    assert not list(kernel_cache.iterdir())
+
+
+def test_kernels_of_another_source_constants_tvm_or_cpu_are_not_loaded(tmp_path, monkeypatch):
+    """What the machine code depends on names its file: a change of any of it compiles anew."""
+    monkeypatch.setattr(kernels, "CACHE", tmp_path)
+    names = {kernels.cache_path(4), kernels.cache_path(16)}
+    edited = tmp_path / "kernels.py"
+    edited.write_bytes(open(kernels.__file__, "rb").read().replace(b"_CHAIN_ROWS = 16", b"_CHAIN_ROWS = 4"))
+    changes = [("__file__", str(edited)), ("LUT_ENTRIES", kernels.LUT_ENTRIES * 2),
+               ("_target", lambda: "llvm -mcpu=another")]
+    for name, value in changes:
+        with monkeypatch.context() as m:
+            m.setattr(kernels, name, value)
+            names.add(kernels.cache_path(4))
+    with monkeypatch.context() as m:
+        import tvm
+        m.setattr(tvm, "__version__", "0.0")
+        names.add(kernels.cache_path(4))
+    assert len(names) == 2 + len(changes) + 1
