@@ -9,17 +9,17 @@ WGT) or one *accumulator value* (ACC). Accumulator values are numbered like SSA 
 a reset, an ACC LOAD or an ALU instruction makes new ones, a GEMM adds products to the
 current ones, a STORE or an ALU reads them. Then the whole stream is:
 
-1. gather the operand tiles of every GEMM straight from the host buffers (one gather
-   per group of products, see below), a tile row at a time: a row a LOAD brought is
-   ``tile`` consecutive host elements (or one pad value), read as one item of a view
-   whose items are runs (:class:`_Gather`; rows that are no run are copied to the end of
-   the source vector at each run, so that every read is whole rows);
+1. assemble the *source vector*: the host buffers read and the pad values, one after the
+   other, int8 (a copy, no conversion). A tile row a LOAD brought is ``tile`` consecutive
+   host elements (or one pad value): every GEMM operand is read a tile row at a time from
+   where it starts in the source vector (:class:`_Gather`; rows that are no run are copied
+   to the end of the source vector at each run, so that every read is whole rows);
 2. multiply: the products that go into one accumulator tile form a row of tiles of the
    input times a row of tiles of the weight, concatenated along K; accumulator tiles
    whose input rows are the same and whose weight rows are the same are blocks of one
    matrix product (a convolution's whole im2col GEMM is a single call of the compiled
-   :func:`accel.hw.kernels.gemm`, int8 x int8 -> int32, reading the rows of the int8 source
-   vector where they are); DWMACs whose steps all add into one
+   int8 x int8 -> int32 :func:`accel.hw.kernels.gemm`, exact, which reads the operands'
+   rows where they start, gathered into no copy); DWMACs whose steps all add into one
    tile (a depthwise kernel's taps) are one gather and one sum over the taps per step
    count (a few tiles at a time, in cache), those that add each value once (a widening)
    one product each, the others one weighted bincount; a product that alone adds into
