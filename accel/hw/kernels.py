@@ -125,7 +125,9 @@ def gemm(tile: int, assign: bool, cpu: str | None = None) -> Callable[..., None]
     """
     import tvm_ffi
 
-    kernel, keep, block = _module(tile, cpu)["gemm"], 0 if assign else 1, 2 * _lanes(cpu)
+    # (``_module(tile)`` for this CPU, as the other kernels ask: one cache entry, one compile)
+    kernel = (_module(tile) if cpu is None else _module(tile, cpu))["gemm"]
+    keep, block = 0 if assign else 1, 2 * _lanes(cpu)
 
     def call(source: np.ndarray, xs: np.ndarray, ws: np.ndarray, out: np.ndarray, base: int, ld: int) -> None:
         # where the kernel packs the operands as int16: the weight's pairs of terms by blocks
