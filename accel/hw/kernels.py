@@ -391,8 +391,8 @@ def _module(tile: int, cpu: str | None = None):
                         for v in T.unroll(2):
                             # a pair of input terms times each channel's pair, summed: 2 * lanes
                             # products (each at most 2**14) in one multiply-add, exact in int32
-                            acc[T.ramp(i * block + v * lanes, 1, lanes)] = acc[T.ramp(i * block + v * lanes, 1, lanes)] + \
-                                T.call_llvm_pure_intrin(
+                            acc[T.ramp(i * block + v * lanes, 1, lanes)] = \
+                                acc[T.ramp(i * block + v * lanes, 1, lanes)] + T.call_llvm_pure_intrin(
                                     T.llvm_lookup_intrinsic_id(madd),
                                     T.reinterpret(T.broadcast(T.reinterpret(
                                         packed.vload([panel + i * pairs * 2 + t2 * 2], "int16x2"), dtype="int32"),
