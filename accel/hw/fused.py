@@ -9,16 +9,17 @@ WGT) or one *accumulator value* (ACC). Accumulator values are numbered like SSA 
 a reset, an ACC LOAD or an ALU instruction makes new ones, a GEMM adds products to the
 current ones, a STORE or an ALU reads them. Then the whole stream is:
 
-1. gather the operand tiles of every GEMM straight from the host buffers (one gather
-   per group of products, see below), a tile row at a time: a row a LOAD brought is
-   ``tile`` consecutive host elements (or one pad value), read as one item of a view
-   whose items are runs (:class:`_Gather`; rows that are no run are copied to the end of
-   the source vector at each run, so that every read is whole rows);
+1. assemble the *source vector*: the host buffers read and the pad values, one after the
+   other, int8 (a copy, no conversion). A tile row a LOAD brought is ``tile`` consecutive
+   host elements (or one pad value): every GEMM operand is read a tile row at a time from
+   where it starts in the source vector (:class:`_Gather`; rows that are no run are copied
+   to the end of the source vector at each run, so that every read is whole rows);
 2. multiply: the products that go into one accumulator tile form a row of tiles of the
    input times a row of tiles of the weight, concatenated along K; accumulator tiles
    whose input rows are the same and whose weight rows are the same are blocks of one
-   matrix product (a convolution's whole im2col GEMM is a single BLAS call), exact in
-   float32 up to 1024 terms and in float64 beyond; DWMACs whose steps all add into one
+   matrix product (a convolution's whole im2col GEMM is a single call of the compiled
+   int8 x int8 -> int32 :func:`accel.hw.kernels.gemm`, exact, which reads the operands'
+   rows where they start, gathered into no copy); DWMACs whose steps all add into one
    tile (a depthwise kernel's taps) are one gather and one sum over the taps per step
    count (a few tiles at a time, in cache), those that add each value once (a widening)
    one product each, the others one weighted bincount; a product that alone adds into
@@ -564,7 +565,6 @@ class _Builder:
         for r, targets in meets.items():
             blocks.setdefault(tuple(sorted({c for c, _ in targets})), []).append(r)
         for block_cols, block_rows in blocks.items():
-            terms = len(row_keys[block_rows[0]]) * t
             x = np.concatenate([np.concatenate([self.x_tiles[i] for i in row_keys[r]], axis=1)
                                 for r in block_rows])                  # [R*t, J*t]
             w = np.concatenate([np.concatenate([self.w_tiles[i] for i in col_keys[c]], axis=1)
@@ -589,7 +589,6 @@ class _Builder:
             # read as a run of 16, no copy of it padded
             care = np.broadcast_to(~self.f.zero_pad(w).all(0), x.shape)
             products.append(_Product(self.f.gather(x, care), self.f.gather(w),
-                                     np.float32 if terms <= _F32_EXACT_TERMS else np.float64,
                                      grid, np.array(sel_r), np.array(sel_c), targets.astype(np.intp), unique, t))
         for steps, group in self.tap_sums.items():
             if all(x[1] for _, x, _ in group):     # rows of runs (or of one pad): read as rows from their starts
@@ -671,7 +670,7 @@ class _Builder:
         alus = [(ufunc, op, imm, *_operands(renumber[new], renumber[old], None if src is None else renumber[src], t,
                                             care, self.values))
                 for (ufunc, op, imm, new, old, src), care in zip(alus, cares)]
-        stores = [(slot, mode, *(_views(dst, renumber[src]) or (_Copies(dst, renumber[src]), None)))
+        stores = [(slot, mode, *(_views(dst, renumber[src]) or (_Copies(dst, renumber[src], t), None)))
                   for slot, mode, dst, src in stores]
         loaded = None
         if acc_loads is not None:
@@ -679,9 +678,9 @@ class _Builder:
             targets = loaded = renumber[acc_loads[0]]
             order = np.argsort(targets, kind="stable")
             targets, codes = targets[order], acc_loads[1][order]
-            acc_loads = _views(targets, codes) or (_Copies(targets, codes), None)
+            acc_loads = _views(targets, codes) or (_Copies(targets, codes, t), None)
         # (None for nothing: a quarter of a model's streams leave INP or ACC as they were)
-        finals = [None if not at.size else _views(at, src) or (_Copies(at, src), None)
+        finals = [None if not at.size else _views(at, src) or (_Copies(at, src, t), None)
                   for at, src in ((inp_at, self.f.resolve(self.inp[inp_at])), (wgt_at, self.f.resolve(self.wgt[wgt_at])),
                                   (acc_at, renumber[self.acc[acc_at]]))]
         plan = FusedPlan(self, products, alus, stores, acc_loads, *finals)
@@ -1087,7 +1086,7 @@ class _Copies:
     ``dram_step``), one run; a compiled pass casts (and saturates) on the way, instead of a
     gather into a temporary, a cast and a scatter, each with an index per element.
 
-    >>> copies = _Copies(np.r_[0:4, 8:12] * 2, np.r_[10:14, 3, 3, 3, 3])
+    >>> copies = _Copies(np.r_[0:4, 8:12] * 2, np.r_[10:14, 3, 3, 3, 3], 16)
     >>> copies.step, copies.arrays[3].tolist()      # host step 2: two runs, the second a repeat
     (2, [4, 4])
     >>> target = np.zeros(24, np.int8); copies.put(np.arange(20, dtype=np.int32) * 20, target, saturate=True)
@@ -1095,9 +1094,9 @@ class _Copies:
     [127, 127, 127, 127, 0, 0, 0, 0, 60, 60, 60, 60]
     """
 
-    __slots__ = ("step", "arrays", "on")
+    __slots__ = ("step", "arrays", "tile", "on")
 
-    def __init__(self, dst: np.ndarray, src: np.ndarray) -> None:
+    def __init__(self, dst: np.ndarray, src: np.ndarray, tile: int) -> None:
         dst, src = (np.asarray(a, np.int64).reshape(-1) for a in (dst, src))
         gaps, moves = np.diff(dst), np.diff(src)
         self.step = 1
@@ -1118,6 +1117,7 @@ class _Copies:
         inside = lengths > 1
         steps[inside] = kind[starts[inside]]
         self.arrays = (src[starts], steps, dst[starts], lengths)
+        self.tile = tile        # (the compiled module it is in: see kernels.copy_runs)
         self.on: tuple = ()     # the last (source, target) and the kernel bound to them
 
     def put(self, source: np.ndarray, target: np.ndarray, saturate: bool = False) -> None:
@@ -1133,7 +1133,7 @@ class _Copies:
     def _bound(self, source: np.ndarray, target: np.ndarray) -> Callable[[int], None]:
         import tvm_ffi
 
-        kernel = kernels.copy_runs(source.dtype.name, target.dtype.name)
+        kernel = kernels.copy_runs(self.tile, source.dtype.name, target.dtype.name)
         frm, steps, to, lengths = (tvm_ffi.from_dlpack(a) for a in self.arrays)
         return partial(kernel, tvm_ffi.from_dlpack(source), frm, steps, to, lengths, tvm_ffi.from_dlpack(target),
                        self.step)
@@ -1351,36 +1351,33 @@ def _strided_rows(starts: np.ndarray, shape: tuple, tile: int) -> Optional[tuple
 class _Product:
     """One block matrix product: gather, multiply exactly, add into accumulator values."""
 
-    __slots__ = ("x", "w", "ftype", "grid", "sel_r", "sel_c", "targets", "unique", "tile", "assign")
+    __slots__ = ("x", "w", "grid", "sel_r", "sel_c", "targets", "unique", "tile", "assign")
 
-    def __init__(self, x, w, ftype, grid, sel_r, sel_c, targets, unique, tile) -> None:
+    def __init__(self, x, w, grid, sel_r, sel_c, targets, unique, tile) -> None:
         self.assign = False     # write into ``grid`` (zero before, and no other product adds there)
-        self.x, self.w, self.ftype, self.grid = x, w, ftype, grid
+        self.x, self.w, self.grid = x, w, grid
         self.sel_r, self.sel_c, self.targets, self.unique, self.tile = sel_r, sel_c, targets, unique, tile
 
     def renumbered(self, renumber: np.ndarray) -> "_Product":
         """This product adding into the values ``renumber`` maps its targets to."""
         grid = None if self.grid is None else _run_of(renumber[self.grid])
         targets = renumber[self.targets]
-        return _Product(self.x, self.w, self.ftype, grid, self.sel_r, self.sel_c,
+        return _Product(self.x, self.w, grid, self.sel_r, self.sel_c,
                         _run_of(targets) if self.unique else targets, self.unique, self.tile)
 
     def run(self, source: _Vector, values: np.ndarray) -> None:
-        x, w = self.x.read(source), self.w.read(source)
-        if self.ftype is np.float32:
-            product = np.matmul(x, w.T)         # exact: integers below 2**24
-            if self.assign and self.grid is not None:
-                np.copyto(self.grid.of(values), product, casting="unsafe")
-                return
-            product = product.astype(np.int32)
-        else:
-            product = np.matmul(x.astype(np.float64), w.T.astype(np.float64)).astype(np.int64).astype(np.int32)
+        # compiled, exact in int32 (see accel.hw.kernels.gemm): the operands' rows read where
+        # they are in the source vector, not gathered into copies
+        rows, cols, t = self.x.shape[0], self.w.shape[0], self.tile
+        xs, ws = self.x.starts.reshape(rows, -1), self.w.starts.reshape(cols, -1)
+        if isinstance(self.grid, _Span):        # straight into the values it adds into (or sets)
+            kernels.gemm(t, self.assign)(source.data, xs, ws, values, self.grid.start, cols)
+            return
+        product = np.empty((rows, cols), np.int32)
+        kernels.gemm(t, True)(source.data, xs, ws, product.reshape(-1), 0, cols)
         if self.grid is not None:
             if self.assign:
                 np.copyto(self.grid.of(values), product)
-            elif isinstance(self.grid, _Span):
-                target = self.grid.of(values)
-                target += product
             else:
                 values[self.grid] += product
             return
@@ -1428,7 +1425,7 @@ class _PerChannel:
 
     def run(self, source: _Vector, values: np.ndarray) -> None:
         if self.inverse is not None:
-            products = source.data[self.x] * source.data[self.w]      # int8 x int8 in float32: exact
+            products = np.multiply(source.data[self.x], source.data[self.w], dtype=np.int32)   # exact
             # float64 sums are exact below 2**53, i.e. for up to 2**39 products per value
             sums = np.bincount(self.inverse, weights=products, minlength=self.targets.size)
             values[self.targets] += sums.astype(np.int64).astype(np.int32)     # modulo 2**32, as int32 wraps
@@ -1440,11 +1437,10 @@ class _PerChannel:
             kernels.scaled_rows(t, self.assign)(source.data, x.starts, self.w, values, self.targets.start)
             return
         w = source.data[self.w] if isinstance(self.w, int) else self.w.read(source)
-        products = x.read(source) * w          # exact: at most 2**14
+        products = np.multiply(x.read(source), w, dtype=np.int32)     # exact: at most 2**14
         if self.assign:
-            np.copyto(self.targets.of(values), products, casting="unsafe")
+            np.copyto(self.targets.of(values), products)
             return
-        products = products.astype(np.int32)
         if isinstance(self.targets, _Span):
             target = self.targets.of(values)
             target += products
@@ -1470,8 +1466,8 @@ class _TapSum:
         return _TapSum(_run_of(targets) if self.unique else targets, self.x, self.w, self.ftype, self.unique)
 
     def run(self, source: _Vector, values: np.ndarray) -> None:
-        # int8 x int8 products are exact in float32, and so are sums of up to 1024 of them
-        # (below 2**24); more are summed in float64 (exact below 2**53), then reduced modulo
+        # int8 x int8 products are exact in the kernel's int32 sums, and in numpy's float32 sums
+        # of up to 1024 of them (below 2**24); more are summed in float64 (exact below 2**53), then reduced modulo
         # 2**32 as int32 wraps
         if self.ftype is np.float32 and self.x.by_rows and self.w.by_rows and isinstance(self.targets, _Span):
             # compiled: each output vector summed in registers from the source's rows (numpy
@@ -1490,13 +1486,13 @@ class _TapSum:
             chunk = max(1, _TAPS_AT_ONCE // (steps * p * c))
             for lo in range(0, d, chunk):
                 np.einsum("dspc,dsc->dpc", self.x.part(source, lo, lo + chunk), w[lo:lo + chunk],
-                          out=sums[lo:lo + chunk])
+                          out=sums[lo:lo + chunk], dtype=np.float32)
             if self.assign:
                 np.copyto(self.targets.of(values), sums, casting="unsafe")
                 return
             sums = sums.astype(np.int32)
         elif self.ftype is np.float32:
-            sums = np.einsum("dspc,dsc->dpc", self.x.read(source), w).astype(np.int32)
+            sums = np.einsum("dspc,dsc->dpc", self.x.read(source), w, dtype=np.float32).astype(np.int32)
         else:
             x = self.x.read(source)
             sums = np.einsum("dspc,dsc->dpc", x, w, dtype=np.float64).astype(np.int64).astype(np.int32)
@@ -1519,7 +1515,7 @@ class FusedPlan:
         self.f_slots, self.i_slots = dict(b.f.slots), dict(b.i.slots)
         kept = b.f.kept
         self.inp_kept, self.wgt_kept = kept[kept < b.inp_n], kept[kept >= b.inp_n] - b.inp_n
-        self.f_pads, self.i_pads = b.f.pad_values(np.float32), b.i.pad_values(np.int32)
+        self.f_pads, self.i_pads = b.f.pad_values(np.int8), b.i.pad_values(np.int32)
         self.f_base = b.f.base
         self.f_extra = np.concatenate(b.f.extra) if b.f.extra else None
         self.sizes = {slot: b.buffers[slot].size for slot in (*b.f.slots, *b.i.slots, *(s[0] for s in b.stores))}
@@ -1529,7 +1525,6 @@ class FusedPlan:
         # the host buffers written: a STORE's copy is compiled for the dtype it was made for
         self.dtypes = {s[0]: b.buffers[s[0]].dtype for s in b.stores}
         self.matmuls = len(products)
-        self.blas = any(isinstance(p, _Product) for p in products)     # whether a run calls np.matmul
         self.i_base = sum(self.sizes[slot] for slot in self.i_slots) + self.i_pads.size
         self.f_size = self.f_base + (0 if self.f_extra is None else self.f_extra.size)
         # the vectors a run works in, over its simulator's workspace (see _bind): the source
@@ -1561,8 +1556,10 @@ class FusedPlan:
                 remember(self._fits, buffers)
         self._bind(sim)
         source = self._source       # refilled each run: its extra rows after the rest
+        # int8 values all (the scratchpads' float32 hold int8 values): one byte each, no conversion
+        # of the host's int8 buffers
         np.concatenate([sim.inp[self.inp_kept], sim.wgt[self.wgt_kept], *(buffers[s] for s in self.f_slots),
-                        self.f_pads], out=source.data[:self.f_base])
+                        self.f_pads], out=source.data[:self.f_base], casting="unsafe")
         if self.f_extra is not None:
             np.take(source.data, self.f_extra, out=source.data[self.f_base:])
         # values written before they are read (see _layout) need no zeroing, the others are
@@ -1606,7 +1603,7 @@ class FusedPlan:
         # still the workspace's arrays (one is only ever replaced by a larger one): bound
         if on and on[0] is space.get("source") and on[1] is space.get("values") and on[2] is space.get("ints"):
             return
-        on = (_workspace(space, "source", np.float32, self.f_size), _workspace(space, "values", np.int32, self.values),
+        on = (_workspace(space, "source", np.int8, self.f_size), _workspace(space, "values", np.int32, self.values),
               _workspace(space, "ints", np.int32, self.i_base))
         self._source = _Vector(on[0][:self.f_size], self.tile)
         self._scratch = _Vector(on[1][:self.values], self.tile)
@@ -1833,7 +1830,7 @@ class _Chain:
         entries = np.concatenate(tables)
 
         def lookups() -> None:
-            np.copyto(table, source.data[entries], casting="unsafe")     # int8 values, exact in float32
+            np.copyto(table, source.data[entries], casting="unsafe")     # int8 values
             kernel()
         return lookups
 
@@ -1854,7 +1851,7 @@ def _alu_step(vector: _Vector, source: _Vector, ufunc, op, imm, new, old, src) -
         out = new.of(values) if isinstance(new, _Span) else None
 
         def lookup() -> None:
-            table[:] = source.data[imm]     # int8 values, exact in float32
+            table[:] = source.data[imm]     # int8 values
             _clip(_at(vector, old), -128, 127, out=entry)
             np.add(entry, 128, out=entry)
             if out is None:

@@ -1,11 +1,18 @@
 """Machine code for the batched plan's hottest step kinds, compiled with TVM (llvm, for this
-CPU) once per process and tile width, on first use.
+CPU) once per tile width, on first use, and kept as a shared library in :data:`CACHE` for later
+processes (whose first model call then loads it instead of compiling).
 
 numpy runs a step as whole-array passes: a depthwise kernel's tap sum gathers every tap's
 input rows into a new array (49 copies of the input for a 7x7 kernel), then multiplies and
 sums them. Compiled, each output vector is summed in registers straight from the source
 vector's rows: on ``ppocrv6_det_small``'s tap sums 45 -> 8 ms. A kernel's shapes are symbolic,
-so one compile (~0.3 s, all kernels at once) serves every plan of the process.
+so one compile (~0.5 s, all kernels at once) serves every plan of the process, and later ones.
+
+A block matrix product (a convolution's im2col GEMM) is :func:`gemm`: int8 x int8 -> int32 with
+``pmaddwd`` (two int16 products summed into an int32 lane, 16 per AVX2 instruction where a
+float32 FMA does 8), reading its operands' rows straight from the int8 source vector. On
+``ppocrv6_det_small``'s products' shapes it is 1.5-5x float32 BLAS (one thread), which also
+needed the source vector in float32 (a conversion pass per call) and float64 beyond 1024 terms.
 
 A STORE's int32 values narrowed to int8 and scattered into a host buffer, an ACC LOAD's rows
 gathered, a scratchpad's final contents: :func:`copy_runs` copies them run by run in one pass
@@ -18,12 +25,12 @@ kernel for every chain, no compile per chain). Its sums and products are int64 t
 int32: the wrap-around of the ISA, which llvm's int32 arithmetic (no signed overflow) would
 not promise once it simplified a clamp after an add.
 
-Results are bit-identical to the numpy steps they replace: products of int8 values are exact
-in float32, so are sums of up to 1024 of them in any order (below 2**24), and int32 addition
-wraps in llvm's code as in numpy's.
+Results are bit-identical to the numpy steps they replace: a product of int8 values is exact in
+int16 (at most 2**14 in magnitude), sums of up to 2**17 of them in int32, and what is added into
+the accumulators wraps as int32 addition does in numpy (int64 sums truncated).
 
 >>> import numpy as np
->>> source = np.arange(40, dtype=np.float32)
+>>> source = np.arange(40, dtype=np.int8)
 >>> xs = np.array([[[0, 16]]]); ws = np.array([[20]]); out = np.zeros(10, np.int32)
 >>> tap_sum(4, assign=True)(source, xs, ws, out, 2)
 >>> out.tolist()        # [0..3] * [20..23] and [16..19] * [20..23], from 2 on
@@ -33,13 +40,18 @@ wraps in llvm's code as in numpy's.
 from __future__ import annotations
 
 import functools
-from typing import Callable
+import hashlib
+import os
+import threading
+from pathlib import Path
+from typing import Callable, Optional
 
 import numpy as np
 
 from accel.hw.instructions import LUT_ENTRIES, AluOp
 
-__all__ = ["tap_sum", "scaled_rows", "alu_chain", "copy_runs", "LOOKUP", "IMM", "RUN", "ROWS", "SPLAT"]
+__all__ = ["tap_sum", "scaled_rows", "gemm", "alu_chain", "copy_runs", "LOOKUP", "IMM", "RUN", "ROWS", "SPLAT",
+           "CACHE", "cache_path"]
 
 #: :func:`alu_chain`'s code of a table lookup step (the ALU ops are their :class:`AluOp` values).
 LOOKUP = max(AluOp) + 1
@@ -50,28 +62,39 @@ IMM, RUN, ROWS, SPLAT = range(4)
 # paid once per block (16 rows of 16 lanes, 1 KB in L1: the fastest of 4, 16 and 64 on a
 # requantisation's chain)
 _CHAIN_ROWS = 16
+# input rows :func:`gemm` multiplies at once, each by a block of channels: 4 rows x 2 vectors, 8
+# accumulators in registers (16 on x86-64), each input pair loaded once per block of channels
+_GEMM_ROWS = 4
+# pairs of terms :func:`gemm` sums in int32 before adding into the output: at most 2**16 products
+# of int8 values (each at most 2**14 in magnitude) stay below 2**31, llvm's int32 sums (no signed
+# overflow assumed) exact
+_GEMM_PAIRS = 2**15
+#: The directory where compiled kernels are kept for later processes (:func:`cache_path`): a
+#: process that finds them there loads a shared library (~1 ms) instead of compiling (~0.5 s of
+#: its first batched plan). None keeps nothing.
+CACHE: Optional[Path] = Path(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")) / "accel-kernels"
 
 
 @functools.lru_cache(maxsize=None)
-def _target():
+def _target(cpu: str | None = None):
     from tvm.target import Target, codegen
 
     # this CPU's vector width (the default "llvm" target is x86-64's baseline: SSE2)
-    return Target({"kind": "llvm", "mcpu": codegen.llvm_get_system_cpu()})
+    return Target({"kind": "llvm", "mcpu": cpu or codegen.llvm_get_system_cpu()})
 
 
 @functools.lru_cache(maxsize=None)
 def tap_sum(tile: int, assign: bool) -> Callable[..., None]:
     """``f(source, xs, ws, out, base)``: for each ``d, p`` and lane ``c < tile``,
     ``out[base + (d * P + p) * tile + c]`` set (``assign``) or increased (int32, wrapping) by
-    ``sum_s source[xs[d, s, p] + c] * source[ws[d, s] + c]``, summed in float32. ``source``
-    float32 (int8 values), ``xs`` ``[D, S, P]`` and ``ws`` ``[D, S]`` int64 row starts in
-    it, ``out`` int32: a :class:`~accel.hw.fused._TapSum` whose rows and weights are whole
-    rows of the source vector and whose targets are a run, exact while ``S <= 1024``.
+    ``sum_s source[xs[d, s, p] + c] * source[ws[d, s] + c]``, summed in int32. ``source``
+    int8, ``xs`` ``[D, S, P]`` and ``ws`` ``[D, S]`` int64 row starts in it, ``out`` int32: a
+    :class:`~accel.hw.fused._TapSum` whose rows and weights are whole rows of the source
+    vector and whose targets are a run, exact while ``S <= 2**17``.
 
     >>> import numpy as np
     >>> out = np.full(2, 7, np.int32)
-    >>> tap_sum(2, assign=False)(np.array([3, 4], np.float32), np.zeros((1, 2, 1), np.int64),
+    >>> tap_sum(2, assign=False)(np.array([3, 4], np.int8), np.zeros((1, 2, 1), np.int64),
     ...                          np.zeros((1, 2), np.int64), out, 0)
     >>> out.tolist()        # 7 + 2 * 3 * 3, 7 + 2 * 4 * 4
     [25, 39]
@@ -83,19 +106,58 @@ def tap_sum(tile: int, assign: bool) -> Callable[..., None]:
 def scaled_rows(tile: int, assign: bool) -> Callable[..., None]:
     """``f(source, xs, w, out, base)``: ``out[base + r * tile + c]`` set (``assign``) or
     increased (int32, wrapping) by ``source[xs[r] + c] * source[w]`` for each row ``r`` and lane
-    ``c < tile``: ``source`` float32 (int8 values), ``xs`` int64 row starts in it, ``out`` int32
+    ``c < tile``: ``source`` int8, ``xs`` int64 row starts in it, ``out`` int32
     (a :class:`~accel.hw.fused._PerChannel` that multiplies whole rows by one weight element:
     an element-wise core's widening by a ones weight), in one pass, without a gathered copy.
 
     >>> import numpy as np
     >>> out = np.ones(4, np.int32)
-    >>> scaled_rows(2, assign=False)(np.array([3, 4, -2], np.float32), np.array([1, 0]), 2, out, 0)
+    >>> scaled_rows(2, assign=False)(np.array([3, 4, -2], np.int8), np.array([1, 0]), 2, out, 0)
     >>> out.tolist()        # 1 + [4, -2, 3, 4] * -2
     [-7, 5, -5, -7]
     """
     return _keeping(_module(tile)["scaled_rows"], assign)
 
 
+@functools.lru_cache(maxsize=None)
+def gemm(tile: int, assign: bool, cpu: str | None = None) -> Callable[..., None]:
+    """``f(source, xs, ws, out, base, ld)``: ``out[base + r * ld + c]`` set (``assign``) or
+    increased (int32, wrapping) by ``sum_k x[r, k] * w[c, k]``, where row ``r`` of ``x`` is the
+    runs of ``tile`` elements of ``source`` (int8) that start at ``xs[r]`` (``[R, J]`` int64),
+    one after the other, and row ``c`` of ``w`` those at ``ws[c]`` (``[C, J]``): a
+    :class:`~accel.hw.fused._Product` straight from the source vector's rows, exact for any
+    number of terms (int16 multiply-adds of pairs of terms into int32 sums). Compiled for ``cpu``
+    (None: this one): SSE2's ``pmaddwd`` on any x86-64, 256-bit ``vpmaddwd`` with AVX2.
+
+    >>> import numpy as np
+    >>> source = np.array([1, 2, -128, -128, 3, 1], np.int8)
+    >>> out = np.full(3, 7, np.int32)
+    >>> gemm(2, assign=False)(source, np.array([[0], [4]]), np.array([[2]]), out, 1, 1)
+    >>> out.tolist()      # 7, 7 + (1 + 2) * -128, 7 + (3 + 1) * -128
+    [7, -377, -505]
+    """
+    import tvm_ffi
+
+    # (``_module(tile)`` for this CPU, as the other kernels ask: one cache entry, one compile)
+    kernel = (_module(tile) if cpu is None else _module(tile, cpu))["gemm"]
+    keep, block = 0 if assign else 1, 2 * _lanes(cpu)
+
+    def call(source: np.ndarray, xs: np.ndarray, ws: np.ndarray, out: np.ndarray, base: int, ld: int) -> None:
+        # where the kernel packs the operands as int16: the weight's pairs of terms by blocks
+        # of channels, then a few input rows (one array per thread, grown as needed)
+        pairs = (xs.shape[1] * tile + 1) // 2
+        size = -(-ws.shape[0] // block) * block * pairs * 2 + _GEMM_ROWS * pairs * 2
+        scratch = getattr(_scratch, "array", None)
+        if scratch is None or scratch.size < size:
+            scratch = _scratch.array = np.empty(size, np.int16)
+        kernel(*(tvm_ffi.from_dlpack(a) for a in (source, xs, ws, scratch, out)), base, ld, keep)
+    return call
+
+
+_scratch = threading.local()
+
+
+@functools.lru_cache(maxsize=None)     # (a first call binds a chain's kernel hundreds of times)
 def alu_chain(tile: int) -> Callable[..., None]:
     """``f(values, bases, tables, program, rows, out)`` (DLPack tensors, then ints): for each
     of ``rows`` rows of ``tile`` lanes, ``v`` = the row of ``program[0]``'s operand, then for
@@ -120,13 +182,14 @@ def alu_chain(tile: int) -> Callable[..., None]:
 
 
 @functools.lru_cache(maxsize=None)
-def copy_runs(src: str, dst: str) -> Callable[..., None]:
+def copy_runs(tile: int, src: str, dst: str) -> Callable[..., None]:
     """``f(source, starts, source_steps, to, lengths, target, step, saturate)`` (DLPack tensors,
     then ints): for each run ``i`` and ``c < lengths[i]``, ``target[to[i] + c * step] =
     source[starts[i] + c * source_steps[i]]``, cast as numpy's ``astype`` casts an integer (int8:
     the low byte), clipped to int8's range first when ``saturate``: ``src`` and ``dst``
     ``"int32"`` and ``"int8"`` or ``"int32"`` (a STORE, an ACC LOAD, ACC's final contents), or
-    both ``"float32"`` (INP's or WGT's, copied as they are); the run arrays int64, a run's
+    ``"int8"`` and ``"float32"`` (INP's or WGT's, from the source vector); in the module of
+    ``tile`` (one compile for all kernels; the copies do not depend on it); the run arrays int64, a run's
     source step 0 (one element repeated) or 1. Runs are copied in order (a later one wins an
     element).
 
@@ -134,51 +197,11 @@ def copy_runs(src: str, dst: str) -> Callable[..., None]:
     >>> target = np.zeros(6, np.int8)
     >>> arrays = (np.array([300, 5, -7], np.int32), np.array([0, 1]), np.array([0, 1]), np.array([0, 5]),
     ...           np.array([2, 1]), target)
-    >>> copy_runs("int32", "int8")(*(tvm_ffi.from_dlpack(a) for a in arrays), 2, 1)
+    >>> copy_runs(16, "int32", "int8")(*(tvm_ffi.from_dlpack(a) for a in arrays), 2, 1)
     >>> target.tolist()     # 300 repeated (step 0), clipped, at 0 and 2; 5 at 5
     [127, 0, 127, 0, 0, 5]
     """
-    return _copies()[f"copy_runs_{src}_{dst}"]
-
-
-@functools.lru_cache(maxsize=None)
-def _copies():
-    """:func:`copy_runs`'s kernels, compiled together (one compile, no tile width in them)."""
-    import tvm
-    from tvm.script import tirx as T
-
-    def make(src_dtype: str, dst_dtype: str):
-        def cast(value, saturate):
-            if src_dtype == dst_dtype != "int32":
-                return value        # (a scratchpad's float32 int8 values: as they are)
-            return T.Cast(dst_dtype, T.if_then_else(saturate != 0, T.max(T.min(value, 127), -128), value))
-
-        @T.prim_func
-        def copy_runs(a_source: T.handle, a_starts: T.handle, a_steps: T.handle, a_to: T.handle,
-                      a_lengths: T.handle, a_target: T.handle, step: T.int64, saturate: T.int32):
-            T.func_attr({"global_symbol": f"copy_runs_{src_dtype}_{dst_dtype}", "tirx.noalias": True})
-            n, r, m = T.int64(), T.int64(), T.int64()
-            source = T.match_buffer(a_source, (n,), src_dtype, align=4)
-            starts = T.match_buffer(a_starts, (r,), "int64", align=8)
-            steps = T.match_buffer(a_steps, (r,), "int64", align=8)
-            to = T.match_buffer(a_to, (r,), "int64", align=8)
-            lengths = T.match_buffer(a_lengths, (r,), "int64", align=8)
-            target = T.match_buffer(a_target, (m,), dst_dtype, align=1)
-            # the common case as a loop of its own, which llvm vectorises: a run of the source
-            # into a run of the target (a load's rows, a scratchpad's, an NCHW STORE's)
-            for i in range(r):
-                first = starts[i]
-                at = to[i]
-                if steps[i] == 1 and step == 1:
-                    for c in range(lengths[i]):
-                        target[at + c] = cast(source[first + c], saturate)
-                else:
-                    for c in range(lengths[i]):
-                        target[at + c * step] = cast(source[first + c * steps[i]], saturate)
-        return copy_runs
-
-    pairs = [("int32", "int8"), ("int32", "int32"), ("float32", "float32")]
-    return tvm.compile(tvm.IRModule({f"copy_runs_{a}_{b}": make(a, b) for a, b in pairs}), target=_target())
+    return _module(tile)[f"copy_runs_{src}_{dst}"]
 
 
 def _keeping(kernel, assign: bool) -> Callable[..., None]:
@@ -193,47 +216,120 @@ def _keeping(kernel, assign: bool) -> Callable[..., None]:
     return call
 
 
+def _lanes(cpu: str | None) -> int:
+    """The int32 lanes of :func:`gemm`'s vectors on ``cpu`` (None: this one): 8 with AVX2, else
+    SSE2's 4 (every x86-64 has SSE2)."""
+    from tvm.target import codegen
+
+    return 8 if codegen.llvm_cpu_has_features(["avx2"], _target(cpu)) else 4
+
+
 @functools.lru_cache(maxsize=None)
-def _module(tile: int):
-    """The kernels for ``tile`` lanes, compiled together (one compile: ~0.1 s)."""
+def _module(tile: int, cpu: str | None = None):
+    """The runtime module of the kernels for ``tile`` lanes on ``cpu`` (None: this one): the
+    shared library :func:`cache_path` names when a process compiled them before, else compiled
+    (and that library written)."""
+    path = cache_path(tile, cpu)
+    module = _load(path) if path is not None and path.is_file() else None
+    if module is None:
+        module = _compile(tile, cpu)
+        if path is not None and _save(module, path):
+            # the library's machine code: an llvm module would compile its own again, in memory,
+            # at its first lookup (exporting compiles once, for the file; linking adds ~0.1 s)
+            module = _load(path) or module
+    return module
+
+
+def cache_path(tile: int, cpu: str | None = None) -> Optional[Path]:
+    """The file that keeps the kernels for ``tile`` lanes on ``cpu`` (None: this one) between
+    processes: in :data:`CACHE` (None: not kept), named by what the machine code depends on (this
+    file's source, the constants it takes from :mod:`accel.hw.instructions`, TVM's version, the
+    target CPU and ``tile``), so that a change of any of them compiles anew instead of loading stale code.
+
+    >>> cache_path(16) != cache_path(4)
+    True
+    """
+    if CACHE is None:
+        return None
+    import tvm
+
+    key = hashlib.sha256(Path(__file__).read_bytes())
+    key.update(repr((tile, LUT_ENTRIES, sorted((op.name, int(op)) for op in AluOp), tvm.__version__,
+                     str(_target(cpu)))).encode())
+    return Path(CACHE) / f"kernels-{tile}-{key.hexdigest()[:24]}.so"
+
+
+def _load(path: Path):
+    """The runtime module of the shared library at ``path``, None for a damaged or foreign file
+    (compiled again, and replaced)."""
+    import tvm
+
+    try:
+        return tvm.runtime.load_module(str(path))
+    except (OSError, RuntimeError):
+        return None
+
+
+def _save(module, path: Path) -> bool:
+    """Write ``module`` to ``path`` as a shared library, whole or not at all: linked under a name
+    of this process' own, then renamed (processes starting together may write it at once). A
+    cache that cannot be written (no C compiler, a read-only directory) only costs the next
+    process the compile (returns False)."""
+    temporary = path.with_name(f"{path.stem}.{os.getpid()}.{threading.get_ident()}.tmp.so")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        module.export_library(str(temporary))
+        os.replace(temporary, path)
+        return True
+    except (OSError, RuntimeError):
+        temporary.unlink(missing_ok=True)
+        return False
+
+
+def _compile(tile: int, cpu: str | None = None):
+    """The kernels for ``tile`` lanes compiled together for ``cpu``, as a runtime module (TVMScript parsed
+    and lowered, ~0.3 s; llvm makes the machine code, ~0.3 s, at the first lookup or export)."""
     import tvm
     from tvm.script import tirx as T
 
     @T.prim_func
     def tap_sum(a_source: T.handle, a_xs: T.handle, a_ws: T.handle, a_out: T.handle, base: T.int64,
-                keep: T.int32):
+                keep: T.int64):
         T.func_attr({"global_symbol": "tap_sum", "tirx.noalias": True})
         n, d, s, p, m = T.int64(), T.int64(), T.int64(), T.int64(), T.int64()
         # element alignment only: the arrays are views of the plan's vectors at any offset
-        source = T.match_buffer(a_source, (n,), "float32", align=4)
+        source = T.match_buffer(a_source, (n,), "int8", align=1)
         xs = T.match_buffer(a_xs, (d, s, p), "int64", align=8)
         ws = T.match_buffer(a_ws, (d, s), "int64", align=8)
         out = T.match_buffer(a_out, (m,), "int32", align=4)
-        acc = T.alloc_buffer((tile,), "float32", scope="local")
+        acc = T.alloc_buffer((tile,), "int32", scope="local")
         for i in range(d):
             for j in range(p):
                 for c in T.vectorized(tile):
-                    acc[c] = T.float32(0)
+                    acc[c] = 0
                 for k in range(s):
                     for c in T.vectorized(tile):
-                        acc[c] = acc[c] + source[xs[i, k, j] + c] * source[ws[i, k] + c]
+                        # an int8 product fits int16 (at most 2**14); up to 2**17 of them int32
+                        acc[c] = acc[c] + T.Cast("int32", T.Cast("int16", source[xs[i, k, j] + c]) *
+                                                 T.Cast("int16", source[ws[i, k] + c]))
                 for c in T.vectorized(tile):
-                    # an old value times 0 is 0 whatever it is (int32: no NaN)
-                    out[base + (i * p + j) * tile + c] = T.Cast("int32", acc[c]) + \
-                        out[base + (i * p + j) * tile + c] * keep
+                    # int32 wraps: the int64 sum truncated (an old value times 0 is 0)
+                    out[base + (i * p + j) * tile + c] = T.Cast("int32", T.Cast("int64", acc[c]) + T.Cast(
+                        "int64", out[base + (i * p + j) * tile + c]) * keep)
 
     @T.prim_func
     def scaled_rows(a_source: T.handle, a_xs: T.handle, w: T.int64, a_out: T.handle, base: T.int64,
-                    keep: T.int32):
+                    keep: T.int64):
         T.func_attr({"global_symbol": "scaled_rows", "tirx.noalias": True})
         n, r, m = T.int64(), T.int64(), T.int64()
-        source = T.match_buffer(a_source, (n,), "float32", align=4)
+        source = T.match_buffer(a_source, (n,), "int8", align=1)
         xs = T.match_buffer(a_xs, (r,), "int64", align=8)
         out = T.match_buffer(a_out, (m,), "int32", align=4)
         for i in range(r):
             for c in T.vectorized(tile):
-                out[base + i * tile + c] = T.Cast("int32", source[xs[i] + c] * source[w]) + \
-                    out[base + i * tile + c] * keep
+                out[base + i * tile + c] = T.Cast("int32", T.Cast("int64", T.Cast("int16", source[xs[i] + c]) *
+                                                              T.Cast("int16", source[w])) +
+                                                  T.Cast("int64", out[base + i * tile + c]) * keep)
 
     block = _CHAIN_ROWS
     add, most, least, shr, mul = (int(AluOp.ADD), int(AluOp.MAX), int(AluOp.MIN), int(AluOp.SHR), int(AluOp.MUL))
@@ -339,5 +435,114 @@ def _module(tile: int):
                 for c in T.vectorized(tile):
                     values[out + (first + j) * tile + c] = acc[j * tile + c]
 
-    return tvm.compile(tvm.IRModule({"tap_sum": tap_sum, "scaled_rows": scaled_rows, "alu_chain": alu_chain}),
-                       target=_target())
+    lanes = _lanes(cpu)
+    block = 2 * lanes                   # output channels a block of accumulators covers: two vectors
+    pair = 2 * block                    # int16 elements of a packed weight pair row
+    madd = "llvm.x86.avx2.pmadd.wd" if lanes == 8 else "llvm.x86.sse2.pmadd.wd"
+    rows_at_once = _GEMM_ROWS
+
+    @T.prim_func
+    def gemm(a_source: T.handle, a_xs: T.handle, a_ws: T.handle, a_packed: T.handle, a_out: T.handle,
+             base: T.int64, ld: T.int64, keep: T.int64):
+        T.func_attr({"global_symbol": "gemm", "tirx.noalias": True})
+        n, m, j, c, q, o = T.int64(), T.int64(), T.int64(), T.int64(), T.int64(), T.int64()
+        source = T.match_buffer(a_source, (n,), "int8", align=1)
+        xs = T.match_buffer(a_xs, (m, j), "int64", align=8)
+        ws = T.match_buffer(a_ws, (c, j), "int64", align=8)
+        packed = T.match_buffer(a_packed, (q,), "int16", align=2)
+        out = T.match_buffer(a_out, (o,), "int32", align=4)
+        acc = T.alloc_buffer((rows_at_once * block,), "int32", scope="local")
+        pairs = (j * tile + 1) // 2
+        blocks = (c + block - 1) // block
+        panel = blocks * pairs * pair           # where the input's rows go, after the weights
+        # the weight, as int16 pairs of terms per channel: a block's channels side by side
+        for b, ch in T.grid(blocks, block):
+            if b * block + ch < c:
+                for jj, e in T.grid(j, tile):
+                    packed[(b * pairs + (jj * tile + e) // 2) * pair + ch * 2 + (jj * tile + e) % 2] = \
+                        T.Cast("int16", source[ws[b * block + ch, jj] + e])
+                if j * tile % 2 == 1:     # an odd number of terms: the last pair's second is 0
+                    packed[(b * pairs + pairs - 1) * pair + ch * 2 + 1] = T.int16(0)
+            else:
+                for t2 in range(pairs * 2):
+                    packed[(b * pairs + t2 // 2) * pair + ch * 2 + t2 % 2] = T.int16(0)
+        for r0 in range((m + rows_at_once - 1) // rows_at_once):
+            # the next rows of the input, as int16 (rows past the last: zeros)
+            for i in range(rows_at_once):
+                if r0 * rows_at_once + i < m:
+                    for jj in range(j):
+                        for e in T.vectorized(tile):
+                            packed[panel + i * pairs * 2 + jj * tile + e] = T.Cast(
+                                "int16", source[xs[r0 * rows_at_once + i, jj] + e])
+                    if j * tile % 2 == 1:     # an odd number of terms: the last pair's second is 0
+                        packed[panel + i * pairs * 2 + pairs * 2 - 1] = T.int16(0)
+                else:
+                    for t2 in range(pairs * 2):
+                        packed[panel + i * pairs * 2 + t2] = T.int16(0)
+            for b, k0 in T.grid(blocks, (pairs + _GEMM_PAIRS - 1) // _GEMM_PAIRS):
+                for i in T.unroll(rows_at_once):
+                    for ch in T.vectorized(block):
+                        acc[i * block + ch] = 0
+                for t2 in range(k0 * _GEMM_PAIRS, T.min(pairs, k0 * _GEMM_PAIRS + _GEMM_PAIRS)):
+                    for i in T.unroll(rows_at_once):
+                        for v in T.unroll(2):
+                            # a pair of input terms times each channel's pair, summed: 2 * lanes
+                            # products (each at most 2**14) in one multiply-add, exact in int32
+                            acc[T.ramp(i * block + v * lanes, 1, lanes)] = \
+                                acc[T.ramp(i * block + v * lanes, 1, lanes)] + T.call_llvm_pure_intrin(
+                                    T.llvm_lookup_intrinsic_id(madd),
+                                    T.reinterpret(T.broadcast(T.reinterpret(
+                                        packed.vload([panel + i * pairs * 2 + t2 * 2], "int16x2"), dtype="int32"),
+                                        lanes), dtype=f"int16x{2 * lanes}"),
+                                    packed.vload([(b * pairs + t2) * pair + v * 2 * lanes], f"int16x{2 * lanes}"),
+                                    dtype=f"int32x{lanes}")
+                # added to what is there (int32 wraps: the int64 sum truncated), or to 0 (keep 0)
+                # for the first part of the terms
+                kept = T.if_then_else(k0 > 0, T.int64(1), keep)
+                for i in range(rows_at_once):
+                    if r0 * rows_at_once + i < m:
+                        if b * block + block <= c:
+                            for ch in T.vectorized(block):
+                                out[base + (r0 * rows_at_once + i) * ld + b * block + ch] = T.Cast(
+                                    "int32", T.Cast("int64", acc[i * block + ch]) + T.Cast(
+                                        "int64", out[base + (r0 * rows_at_once + i) * ld + b * block + ch]) * kept)
+                        else:
+                            for ch in range(c - b * block):
+                                out[base + (r0 * rows_at_once + i) * ld + b * block + ch] = T.Cast(
+                                    "int32", T.Cast("int64", acc[i * block + ch]) + T.Cast(
+                                        "int64", out[base + (r0 * rows_at_once + i) * ld + b * block + ch]) * kept)
+
+    def copy_runs(src_dtype: str, dst_dtype: str):
+        def cast(value, saturate):
+            if src_dtype == "int8":
+                return T.Cast(dst_dtype, value)     # (INP's or WGT's int8 values, exact in float32)
+            return T.Cast(dst_dtype, T.if_then_else(saturate != 0, T.max(T.min(value, 127), -128), value))
+
+        @T.prim_func
+        def copy(a_source: T.handle, a_starts: T.handle, a_steps: T.handle, a_to: T.handle,
+                 a_lengths: T.handle, a_target: T.handle, step: T.int64, saturate: T.int32):
+            T.func_attr({"global_symbol": f"copy_runs_{src_dtype}_{dst_dtype}", "tirx.noalias": True})
+            n, r, m = T.int64(), T.int64(), T.int64()
+            source = T.match_buffer(a_source, (n,), src_dtype, align=1)
+            starts = T.match_buffer(a_starts, (r,), "int64", align=8)
+            steps = T.match_buffer(a_steps, (r,), "int64", align=8)
+            to = T.match_buffer(a_to, (r,), "int64", align=8)
+            lengths = T.match_buffer(a_lengths, (r,), "int64", align=8)
+            target = T.match_buffer(a_target, (m,), dst_dtype, align=1)
+            # the common case as a loop of its own, which llvm vectorises: a run of the source
+            # into a run of the target (a load's rows, a scratchpad's, an NCHW STORE's)
+            for i in range(r):
+                first = starts[i]
+                at = to[i]
+                if steps[i] == 1 and step == 1:
+                    for c in range(lengths[i]):
+                        target[at + c] = cast(source[first + c], saturate)
+                else:
+                    for c in range(lengths[i]):
+                        target[at + c * step] = cast(source[first + c * steps[i]], saturate)
+        return copy
+
+    copies = {f"copy_runs_{a}_{b}": copy_runs(a, b) for a, b in (("int32", "int8"), ("int32", "int32"),
+                                                                   ("int8", "float32"))}
+    return tvm.compile(tvm.IRModule({"tap_sum": tap_sum, "scaled_rows": scaled_rows, "alu_chain": alu_chain,
+                                     "gemm": gemm, **copies}), target=_target(cpu)).jit()

@@ -743,9 +743,10 @@ class Program:
             if type(buffers) is tuple:      # a list may be changed before the next run: checked each time
                 fused.remember(self._checked, buffers)
         if execute:
-            # only products call BLAS: a stream without them (an element-wise core's) leaves
-            # the caller's thread setting alone instead of setting it twice
-            if (self._fused.blas if self._fused else self._gemms) and not _blas_holders.count:
+            # only products instruction by instruction call BLAS (a batched plan's are compiled):
+            # a stream without them (an element-wise core's) leaves the caller's thread setting
+            # alone instead of setting it twice
+            if self._gemms and not _blas_holders.count:
                 with one_blas_thread():
                     self._execute(buffers, again)
             else:

@@ -402,6 +402,25 @@ def test_more_taps_than_float32_sums_exactly_are_summed_in_float64_and_wrap():
     np.testing.assert_array_equal(sim.acc[:256], sim_tests.wrap32(exact))
 
 
+def test_products_of_more_terms_than_float32_sums_exactly_stay_exact_and_wrap():
+    """A GEMM of 33 x 34 steps into one tile (1056 x 16 terms per value, past the 1024 products
+    float32 sums exactly, -128 * 127 or -127 * 127 each): one product of the compiled int8 GEMM,
+    added into accumulators near -2**31 modulo 2**32, as instruction by instruction."""
+    g = Gemm(acc_addr=0, inp_addr=0, wgt_addr=0, acc_ld=16, inp_ld=16, wgt_ld=16, ext_out=33, ext_in=34)
+    plan, (sim, host), (ref, want) = _both([g, Finish()])
+    for s in (sim, ref):
+        s.inp[:256] = np.where(np.arange(256) % 3, -127, -128)
+        s.wgt[:256] = 127
+        s.acc[:256] = -2**31 + np.arange(256)
+    assert plan.matmuls == 1 and plan.products[0].x.shape == (16, 33 * 34 * 16)
+    assert plan.run(host, sim)
+    ref.run([g, Finish()], want)
+    np.testing.assert_array_equal(sim.acc, ref.acc)
+    rows = np.where(np.arange(256) % 3, -127, -128).reshape(16, 16).astype(np.int64)
+    exact = -2**31 + np.arange(256).reshape(16, 16) + 33 * 34 * rows.sum(1, keepdims=True) * 127
+    np.testing.assert_array_equal(sim.acc[:256].reshape(16, 16), sim_tests.wrap32(exact))
+
+
 @st.composite
 def gathers(draw):
     """An index array into a vector of ``size`` elements: runs of consecutive elements (some a
@@ -621,7 +640,7 @@ def test_copies_by_runs_equal_a_scatter(drawn, dtype, saturate, data):
     want, got = np.zeros(size, dtype), np.zeros(size, dtype)
     values = np.clip(source[src], -128, 127) if saturate else source[src]
     want[index] = values.astype(dtype)
-    fused._Copies(index, src).put(source, got, saturate)
+    fused._Copies(index, src, 16).put(source, got, saturate)
     np.testing.assert_array_equal(got, want)
 
 
@@ -764,5 +783,5 @@ def test_writes_by_rows_equal_a_scatter(runs, dtype):
     data = np.random.default_rng(len(runs)).integers(-2**31, 2**31, index.size).astype(np.int32)
     want, got = np.zeros(42 * 24, dtype), np.zeros(42 * 24, dtype)
     want[index] = data.astype(dtype)        # (abutting runs: later elements win, as below)
-    fused._Copies(index, np.arange(index.size)).put(data, got)
+    fused._Copies(index, np.arange(index.size), 16).put(data, got)
     np.testing.assert_array_equal(got, want)

@@ -1,8 +1,10 @@
 """The compiled kernels of the batched plan (accel.hw.kernels) compute bit for bit what the
-numpy steps they replace compute: sums exact in float32, int32 additions and products
-wrapping, ALU chains step by step as the simulator's ufuncs."""
+numpy steps they replace compute: sums of int8 products exact, int32 additions and products
+wrapping, ALU chains step by step as the simulator's ufuncs; and a process loads the kernels an
+earlier one compiled (and only those of the same source, constants, TVM and CPU)."""
 
 import numpy as np
+import pytest
 import tvm_ffi
 from hypothesis import given, strategies as st
 
@@ -20,8 +22,8 @@ def tap_sums(draw):
     steps = draw(st.sampled_from([1, 2, 9, 49, 1024]))
     n = draw(st.integers(tile, 3 * tile * p + 40))
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
-    source = rng.choice(np.array([-128, 127, -1, 0, 1, 5], np.float32), n) if draw(st.booleans()) else \
-        rng.integers(-128, 128, n).astype(np.float32)
+    source = rng.choice(np.array([-128, 127, -1, 0, 1, 5], np.int8), n) if draw(st.booleans()) else \
+        rng.integers(-128, 128, n).astype(np.int8)
     xs = rng.integers(0, n - tile + 1, (d, steps, p))
     ws = rng.integers(0, n - tile + 1, (d, steps))
     edge = draw(st.sampled_from([0, 2**31 - 1, -2**31]))
@@ -40,7 +42,7 @@ def test_the_tap_sum_kernel_equals_numpys_sum_over_the_taps(drawn, assign):
     at = slice(base, base + exact.size)
     want[at] = exact if assign else (want[at].astype(np.int64) + exact).astype(np.int32)     # wraps
     # (from numpy's float32 einsum, as the plan summed before: the same, exact)
-    assert (np.einsum("dspc,dsc->dpc", x, w).astype(np.int64).reshape(-1) == exact).all()
+    assert (np.einsum("dspc,dsc->dpc", x, w, dtype=np.float32).astype(np.int64).reshape(-1) == exact).all()
     kernels.tap_sum(tile, assign)(source, np.ascontiguousarray(xs), np.ascontiguousarray(ws), out, base)
     np.testing.assert_array_equal(out, want)
 
@@ -48,7 +50,7 @@ def test_the_tap_sum_kernel_equals_numpys_sum_over_the_taps(drawn, assign):
 def test_kernels_read_and_write_views_at_any_offset():
     """The plan's vectors are views of its workspace at any element offset: no alignment is
     assumed beyond the element's."""
-    source = np.arange(41, dtype=np.float32)[1:] % 7
+    source = np.arange(41, dtype=np.int8)[1:] % 7
     out = np.zeros(9, np.int32)[1:]
     kernels.tap_sum(4, True)(source, np.array([[[1, 3]]]), np.array([[2]]), out, 0)
     lanes = np.arange(4)
@@ -66,6 +68,46 @@ def test_the_scaled_rows_kernel_equals_numpys_product(drawn, assign, data):
     at = slice(base, base + exact.size)
     want[at] = exact if assign else (want[at].astype(np.int64) + exact).astype(np.int32)     # wraps
     kernels.scaled_rows(tile, assign)(source, starts, w, out, base)
+    np.testing.assert_array_equal(out, want)
+
+
+@st.composite
+def gemms(draw):
+    """A block product's operands: an int8 source vector (extremes often: -128 * -128 summed is
+    the largest sum), rows of ``runs`` runs of ``tile`` anywhere in it (overlapping, odd tiles:
+    an odd number of terms), ragged counts of rows and channels (no multiple of the kernel's 4
+    rows or its blocks of channels), terms past 1024 (float32's exact limit) and past the
+    2**16 the kernel sums before adding, and int32 values to add into near the limits."""
+    tile = draw(st.sampled_from([1, 2, 3, 4, 16]))
+    runs = draw(st.sampled_from([1, 2, 5, 65]) | st.just(2**16 // tile + 3)) if draw(st.booleans()) else \
+        draw(st.integers(1, 8))
+    rows = draw(st.integers(1, 9 if runs * tile < 2000 else 2))
+    cols = draw(st.integers(1, 40 if runs * tile < 2000 else 3))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    n = draw(st.integers(tile, 400)) if runs * tile < 2000 else runs * tile + 5
+    source = np.full(n, draw(st.sampled_from([-128, 127])), np.int8) if draw(st.booleans()) else \
+        rng.choice(np.array([-128, 127, -1, 0, 1], np.int8), n) if draw(st.booleans()) else \
+        rng.integers(-128, 128, n).astype(np.int8)
+    xs = rng.integers(0, n - tile + 1, (rows, runs))
+    ws = rng.integers(0, n - tile + 1, (cols, runs))
+    base, ld = draw(st.integers(0, 5)), cols + draw(st.integers(0, 3))
+    edge = draw(st.sampled_from([0, 2**31 - 1, -2**31]))
+    out = (edge - np.sign(edge) * rng.integers(0, 2**20, base + rows * ld + 2)).astype(np.int32)
+    return tile, source, xs, ws, out, base, ld
+
+
+@given(gemms(), st.booleans(), st.sampled_from([None, "x86-64"]))
+def test_the_gemm_kernel_equals_numpys_int64_product(drawn, assign, cpu):
+    """On this CPU and compiled for x86-64's baseline (SSE2's 128-bit multiply-adds): every
+    output set or increased (wrapping) by the exact product, the rest of ``out`` untouched."""
+    tile, source, xs, ws, out, base, ld = drawn
+    lanes = np.arange(tile)
+    x = source[xs[..., None] + lanes].reshape(len(xs), -1).astype(np.int64)
+    w = source[ws[..., None] + lanes].reshape(len(ws), -1).astype(np.int64)
+    want = out.copy()
+    block = want[base:base + len(xs) * ld].reshape(len(xs), ld)[:, :len(ws)]
+    block[:] = (x @ w.T if assign else block + x @ w.T).astype(np.int32)     # wraps
+    kernels.gemm(tile, assign, cpu)(source, xs, ws, out, base, ld)
     np.testing.assert_array_equal(out, want)
 
 
@@ -137,3 +179,89 @@ def test_the_chain_kernel_equals_the_alu_ufuncs_step_by_step(drawn):
     got = values.copy()
     kernels.alu_chain(tile)(*(tvm_ffi.from_dlpack(a) for a in (got, bases, tables, program)), rows, out)
     np.testing.assert_array_equal(got, want)
+
+
+def test_every_kernel_of_a_tile_comes_from_one_compile():
+    """tap_sum, scaled_rows, gemm and alu_chain for this CPU share one compiled module per tile
+    (a compile costs ~0.4 s of a model's first call)."""
+    before = kernels._module.cache_info().misses
+    kernels.tap_sum(5, True), kernels.scaled_rows(5, False), kernels.gemm(5, True), kernels.alu_chain(5)
+    assert kernels._module.cache_info().misses == before + 1
+
+
+def _forget() -> None:
+    """No kernels of this process remembered: the next use loads or compiles them."""
+    for cached in (kernels._module, kernels.tap_sum, kernels.scaled_rows, kernels.gemm, kernels.alu_chain):
+        cached.cache_clear()
+
+
+@pytest.fixture
+def kernel_cache(tmp_path, monkeypatch):
+    """An empty kernel cache, as a new machine has (the process' kernels forgotten before and after)."""
+    monkeypatch.setattr(kernels, "CACHE", tmp_path)
+    _forget()
+    yield tmp_path
+    _forget()
+
+
+def _check_tap_sum(tile: int) -> None:
+    source = np.arange(3 * tile, dtype=np.int8) - tile
+    xs, ws, out = np.array([[[0, tile]]]), np.array([[2 * tile]]), np.zeros(2 * tile, np.int32)
+    kernels.tap_sum(tile, assign=True)(source, xs, ws, out, 0)
+    wide = source.astype(np.int32)
+    np.testing.assert_array_equal(out, np.concatenate([wide[:tile] * wide[2 * tile:],
+                                                       wide[tile:2 * tile] * wide[2 * tile:]]))
+
+
+def test_a_later_process_loads_the_kernels_an_earlier_one_compiled(kernel_cache, monkeypatch):
+    _check_tap_sum(4)                       # compiled, and kept
+    assert [p.name for p in kernel_cache.iterdir()] == [kernels.cache_path(4).name]
+    # the kept library's machine code runs: llvm compiled the kernels once, for the file
+    assert kernels._module(4).kind == "library"
+    _forget()
+
+    def compile_again(tile, cpu=None):
+        raise AssertionError("compiled again instead of loaded")
+    monkeypatch.setattr(kernels, "_compile", compile_again)
+    _check_tap_sum(4)                       # loaded: the same machine code
+    values = np.array([5, -7, 0, 0], np.int32)
+    program = np.array([[0, kernels.RUN, 0], [int(AluOp.MUL), kernels.IMM, 3]])
+    arrays = (values, np.zeros(1, np.int64), np.zeros(1, np.int32), program)
+    kernels.alu_chain(4)(*(tvm_ffi.from_dlpack(a) for a in arrays), 1, 0)
+    assert values.tolist() == [15, -21, 0, 0]
+
+
+def test_a_damaged_kernel_file_is_compiled_again_and_replaced(kernel_cache, monkeypatch):
+    path = kernels.cache_path(4)
+    path.write_bytes(b"a library cut short by a full disk")
+    _check_tap_sum(4)
+    _forget()
+    monkeypatch.setattr(kernels, "_compile", lambda tile, cpu=None: pytest.fail("the replaced file was not loaded"))
+    _check_tap_sum(4)
+    assert [p.name for p in kernel_cache.iterdir()] == [path.name]     # no temporary left
+
+
+def test_no_cache_keeps_nothing(kernel_cache, monkeypatch):
+    monkeypatch.setattr(kernels, "CACHE", None)
+    assert kernels.cache_path(4) is None
+    _check_tap_sum(4)
+    assert not list(kernel_cache.iterdir())
+
+
+def test_kernels_of_another_source_constants_tvm_or_cpu_are_not_loaded(tmp_path, monkeypatch):
+    """What the machine code depends on names its file: a change of any of it compiles anew."""
+    monkeypatch.setattr(kernels, "CACHE", tmp_path)
+    names = {kernels.cache_path(4), kernels.cache_path(16)}
+    edited = tmp_path / "kernels.py"
+    edited.write_bytes(open(kernels.__file__, "rb").read().replace(b"_CHAIN_ROWS = 16", b"_CHAIN_ROWS = 4"))
+    changes = [("__file__", str(edited)), ("LUT_ENTRIES", kernels.LUT_ENTRIES * 2),
+               ("_target", lambda cpu=None: "llvm -mcpu=another")]
+    for name, value in changes:
+        with monkeypatch.context() as m:
+            m.setattr(kernels, name, value)
+            names.add(kernels.cache_path(4))
+    with monkeypatch.context() as m:
+        import tvm
+        m.setattr(tvm, "__version__", "0.0")
+        names.add(kernels.cache_path(4))
+    assert len(names) == 2 + len(changes) + 1

@@ -306,6 +306,37 @@ def test_ctrl_c_stops_a_tune_with_keyboard_interrupt_and_the_records_so_far_appl
     tp.build(mod, "accel, llvm", records=tmp_path)
 
 
+def test_a_first_ctrl_c_in_a_tune_is_raised_where_it_checks_a_second_at_once():
+    """Inside meta_schedule a first SIGINT only is noted (raised asynchronously, it would
+    unwind native code from wherever Python ran): the code goes on until a check raises
+    ``KeyboardInterrupt``; leaving the block raises it too; a second SIGINT raises at once."""
+    import os
+    import signal
+
+    from tirpat.model.tune.tuner import _Interrupts
+
+    ran_on = []
+    handler = signal.getsignal(signal.SIGINT)
+    with pytest.raises(KeyboardInterrupt):
+        with _Interrupts() as interrupts:
+            os.kill(os.getpid(), signal.SIGINT)
+            ran_on.append("after the signal")
+            with pytest.raises(KeyboardInterrupt):
+                interrupts.check()
+            ran_on.append("after the check")
+    assert ran_on == ["after the signal", "after the check"] and signal.getsignal(signal.SIGINT) is handler
+    with pytest.raises(KeyboardInterrupt):
+        with _Interrupts():
+            os.kill(os.getpid(), signal.SIGINT)
+            try:
+                os.kill(os.getpid(), signal.SIGINT)
+                ran_on.append("after the second signal")
+            except KeyboardInterrupt:
+                ran_on.append("raised by the second")
+                raise
+    assert ran_on[2:] == ["raised by the second"]
+
+
 # --------------------------------------------------------------------------- knob spaces
 def doubling():
     a = te.placeholder((64,), "int32", name="A")

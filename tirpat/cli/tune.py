@@ -29,7 +29,8 @@ A server that does not answer the handshake within --connect-timeout seconds, or
 within --timeout plus that, is dropped with a warning and its candidate measured on another;
 with no server left the tune stops with an error.
 
-Ctrl-C stops the tune; the records measured so far stay in DIR and compile.
+Ctrl-C stops the tune at its next check (a measurement, a batch; a second Ctrl-C at once);
+the records measured so far stay in DIR and compile.
 
 MODEL is an .onnx file or a .py file defining a Relax IRModule named Module."""
 

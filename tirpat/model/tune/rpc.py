@@ -342,11 +342,13 @@ class _Measurement(PyRunnerFuture):
 class _Runner(PyRunner):
     """meta_schedule's ``RPCRunner`` with the steps above, dropping servers that stop
     answering; :attr:`failure` is the ``ConnectionError`` it stopped the tune with, if any
-    (meta_schedule hands the caller a bare ``RuntimeError``)."""
+    (meta_schedule hands the caller a bare ``RuntimeError``); ``stop()`` is called while
+    waiting for a result (it raises to stop the tune)."""
 
-    def __init__(self, where: RPC, timeout: float, connect_timeout: float, workers: int) -> None:
+    def __init__(self, where: RPC, timeout: float, connect_timeout: float, workers: int,
+                 stop: Callable[[], None] = lambda: None) -> None:
         super().__init__()
-        self.where, self.connect_timeout = where, connect_timeout
+        self.where, self.connect_timeout, self.stop = where, connect_timeout, stop
         config = RPCConfig(tracker_host=where.host, tracker_port=where.port, tracker_key=where.key,
                            session_timeout_sec=int(max(1, round(timeout))))
         self.rpc = RPCRunner(config, f_create_session=functools.partial(_connect, connect_timeout=connect_timeout,
@@ -391,6 +393,7 @@ class _Runner(PyRunner):
     def check(self) -> None:
         """Notice the servers that stopped answering, and (every ``connect_timeout`` seconds)
         fail when the tracker has no server left: a request would wait there for ever."""
+        self.stop()
         for measurement in list(self.measurements):
             measurement.poll()
         if time.monotonic() - self._asked >= self.connect_timeout:
@@ -403,12 +406,13 @@ class _Runner(PyRunner):
 
 
 def rpc_runner(where: RPC, timeout: float = 60.0, workers: int | None = None,
-               connect_timeout: float = CONNECT_TIMEOUT) -> _Runner:
+               connect_timeout: float = CONNECT_TIMEOUT, check: Callable[[], None] = lambda: None) -> _Runner:
     """A meta_schedule runner measuring artifacts on the servers behind ``where`` (through
     meta_schedule's ``RPCRunner``), ``workers`` requests at a time, each within the limits
     the module docstring states; ``close()`` it when done. By default one more worker than
     there are servers: a request waits at the tracker, so that a server that finishes a
-    candidate starts the next at once."""
+    candidate starts the next at once. ``check()`` is called every 50 ms while a result is
+    awaited: it raises to stop the tune (a Ctrl-C noted, say)."""
     if workers is None:
         servers = where.servers(connect_timeout)
         if servers == 0:
@@ -416,4 +420,4 @@ def rpc_runner(where: RPC, timeout: float = 60.0, workers: int | None = None,
                                   f"under the key {where.key!r} (start one: tirpat rpc-server --tracker "
                                   f"{where.host}:{where.port} --key {where.key})")
         workers = servers + 1
-    return _Runner(where, timeout, connect_timeout, workers)
+    return _Runner(where, timeout, connect_timeout, workers, stop=check)

@@ -625,13 +625,15 @@ def _log(records: Path) -> tuple[logging.Logger, Callable[[], None]]:
 
 
 class _Interrupts:
-    """Ctrl-C through meta_schedule. While entered (in the main thread), a SIGINT is noted
-    and handed to the previous handler (``KeyboardInterrupt`` wherever Python runs). But
-    meta_schedule hands an exception raised in a callback on as ``RuntimeError('')``, and a
-    measurement's error handling may keep it as the candidate's error; so :meth:`check`
-    (called before each local measurement and after each batch) raises
-    ``KeyboardInterrupt`` again once SIGINT came, and so does leaving the block (with
-    another exception, or none: a SIGINT every check missed still stops the caller)."""
+    """Ctrl-C through meta_schedule. While entered (in the main thread), a first SIGINT is
+    only noted: :meth:`check` raises ``KeyboardInterrupt`` at the next point that calls it
+    (before each local measurement, every 50 ms while waiting for an RPC measurement, after
+    each batch), and so does leaving the block (with another exception, or none). Raised
+    asynchronously instead, wherever the main thread is, it would unwind through
+    meta_schedule's native code from any callback, some of which swallow it or were never
+    meant to fail (Python post-processors run on native worker threads, futures half
+    joined): the process could abort. A second SIGINT raises at once (the previous
+    handler's ``KeyboardInterrupt``), for a tune stuck where nothing checks."""
 
     def __init__(self) -> None:
         self.came = False
@@ -642,8 +644,9 @@ class _Interrupts:
             raise KeyboardInterrupt
 
     def _noted(self, signum, frame) -> None:
+        if self.came:
+            self._previous(signum, frame)
         self.came = True
-        self._previous(signum, frame)
 
     def __enter__(self) -> "_Interrupts":
         previous = signal.getsignal(signal.SIGINT)
@@ -726,7 +729,7 @@ def tune(mod, target, *, trials: int, records, rpc=None, params: Mapping[str, np
     where = RPC.parse(rpc) if isinstance(rpc, str) else rpc
     interrupts = _Interrupts()
     runner = (LocalRunner(before_each=interrupts.check) if where is None else
-              rpc_runner(where, timeout, connect_timeout=connect_timeout))
+              rpc_runner(where, timeout, connect_timeout=connect_timeout, check=interrupts.check))
     candidates = Candidates()
     logger, undo_log = _log(store.path)
     workdir = tempfile.mkdtemp(prefix="tirpat-tune-")
