@@ -1578,14 +1578,18 @@ class FusedPlan:
         self._alu_steps: list = []
         written = dict.fromkeys(s[0] for s in stores)
         self._apart = [(r, w) for r in (*self.f_slots, *self.i_slots) for w in written if r != w]
-        self._fits: dict[int, tuple] = {}       # the last few tuples of buffers found laid out as assumed, by id
+        # by id, the last few tuples of buffers found laid out as assumed: (the tuple, the run's calls on it)
+        self._steps: dict[int, tuple] = {}
 
     def run(self, buffers: Buffers, sim=None) -> bool:
         """Execute on ``buffers`` (and ``sim``'s scratchpads; the builder's by default).
         False, with nothing done, when the host buffers are not laid out as the plan
         assumes (other sizes, or a buffer read that shares memory with one written)."""
         sim = sim or self._sim
-        if self._fits.get(id(buffers)) is not buffers:
+        if self._bind(sim):
+            self._steps.clear()     # calls over views of the arrays the workspace had before
+        steps = self._steps.get(id(buffers))
+        if steps is None or steps[0] is not buffers:
             for slot, size in self.sizes.items():
                 if buffers[slot].size != size:
                     return False
@@ -1593,76 +1597,134 @@ class FusedPlan:
             # with another one written (the same slot was checked when the plan was made).
             if any(np.may_share_memory(buffers[r], buffers[w]) for r, w in self._apart):
                 return False
-            if type(buffers) is tuple:      # the same tuple again (a session's replay) fits again
-                remember(self._fits, buffers)
-        self._bind(sim)
-        source = self._source       # refilled each run: its extra rows after the rest
-        np.concatenate([sim.inp[self.inp_kept], sim.wgt[self.wgt_kept], *(buffers[s] for s in self.f_slots),
-                        self.f_pads], out=source.data[:self.f_base])
-        if self.f_extra is not None:
-            np.take(source.data, self.f_extra, out=source.data[self.f_base:])
-        # values written before they are read (see _layout) need no zeroing, the others are
-        # set here: nothing is kept in the vector from one run to the next
-        vector = self._scratch
-        values = vector.data
-        lo, hi = self.live
-        values[lo:hi] = sim.acc[lo:hi]
-        for lo, hi in self.zero:
-            values[lo:hi] = 0
-        if self.acc_loads is not None:
-            ints = self._ints
-            np.concatenate([*(buffers[s] for s in self.i_slots), self.i_pads], out=ints.data)
-            _put(values, self.acc_loads[0], _at(ints, self.acc_loads[1]))
-        for product in self.products:
-            product.run(source, values)
-        for step in self._alu_steps:
+            steps = (buffers, self._calls(buffers, sim))
+            if type(buffers) is tuple:      # the same tuple again (a session's replay) runs these calls again
+                remember(self._steps, buffers, steps)
+        for step in steps[1]:
             step()
-        for slot, mode, dst, src in self.stores:
-            out = _at(vector, src)
-            if isinstance(dst, (_Span, _View)):     # straight into the host buffer (int8: keeps the low byte)
-                if mode is StoreMode.SATURATE:      # clipped to int8's range, then exact in int8: one pass
-                    np.clip(out, -128, 127, out=dst.of(buffers[slot]), casting="unsafe")
-                else:
-                    np.copyto(dst.of(buffers[slot]), out, casting="unsafe")
-            else:
-                if mode is StoreMode.SATURATE:
-                    out = np.clip(out, -128, 127)
-                _put(buffers[slot], dst, out.astype(buffers[slot].dtype, copy=False))
-        if self.inp_final is not None:
-            at, src = self.inp_final
-            _put(sim.inp, at, _at(source, src))
-        if self.wgt_final is not None:
-            at, src = self.wgt_final
-            _put(sim.wgt, at, _at(source, src))
-        if self.acc_final is not None:
-            at, src = self.acc_final
-            _put(sim.acc, at, _at(vector, src))
         return True
 
+    def _calls(self, buffers: Buffers, sim) -> list[Callable[[], object]]:
+        """The run on ``buffers`` as calls without arguments, in order, each one numpy call
+        (or compiled kernel) over views made here: a replayed stream runs the same tuple of
+        buffers call after call, and a hundred streams a model call each making their views,
+        index objects and checks again cost more than the small ones' arithmetic. Only the
+        contents of the arrays change from one run to the next, never which memory a call reads
+        or writes (the workspace's arrays are bound in :meth:`_bind`, which drops these calls
+        when they are replaced)."""
+        source, vector = self._source, self._scratch
+        values = vector.data
+        calls: list[Callable[[], object]] = []
+        # the source vector, refilled each run: the scratchpads' kept elements, the host data
+        # and pads, then its extra rows (copies of what is there before)
+        at = 0
+        for pad, kept in ((sim.inp, self.inp_kept), (sim.wgt, self.wgt_kept)):
+            if kept.size:       # (indices within the scratchpad: "clip" takes them as they are, unbuffered)
+                calls.append(partial(np.take, pad, kept, out=source.data[at:at + kept.size], mode="clip"))
+                at += kept.size
+        calls += _concatenated(source.data[at:self.f_base], [buffers[s] for s in self.f_slots] + [self.f_pads])
+        if self.f_extra is not None:
+            calls.append(partial(np.take, source.data, self.f_extra, out=source.data[self.f_base:], mode="clip"))
+        # values written before they are read (see _layout) need no zeroing, the others are
+        # set here: nothing is kept in the vector from one run to the next
+        lo, hi = self.live
+        if lo < hi:
+            calls.append(partial(np.copyto, values[lo:hi], sim.acc[lo:hi]))
+        calls += [partial(values[lo:hi].fill, 0) for lo, hi in self.zero]
+        if self.acc_loads is not None:
+            ints = self._ints
+            calls += _concatenated(ints.data, [buffers[s] for s in self.i_slots] + [self.i_pads])
+            calls.append(_copied(values, self.acc_loads[0], ints, self.acc_loads[1]))
+        calls += [partial(product.run, source, values) for product in self.products]
+        calls += self._alu_steps
+        for slot, mode, dst, src in self.stores:
+            calls.append(_stored(buffers[slot], mode, dst, vector, src))
+        for pad, final, read in ((sim.inp, self.inp_final, source), (sim.wgt, self.wgt_final, source),
+                                 (sim.acc, self.acc_final, vector)):
+            if final is not None:
+                calls.append(_copied(pad, final[0], read, final[1]))
+        return calls
 
-    def _bind(self, sim) -> None:
+    def _bind(self, sim) -> bool:
         """Work in ``sim``'s workspace: one source, value and int32 vector for all the plans of
         a simulator, which runs one stream at a time. A model's plans each with their own
         vectors touch tens of MB per call (76 MB of values for the PaddleOCR classifier's 107
-        streams), fetched from memory every call; shared, the largest plan's fit in L2."""
+        streams), fetched from memory every call; shared, the largest plan's fit in L2.
+        True when the plan was bound to other arrays (or none) before."""
         space = sim.workspace
         on = self._on
-        # still the workspace's arrays (one is only ever replaced by a larger one): bound
-        if on and on[0] is space.get("source") and on[1] is space.get("values") and on[2] is space.get("ints"):
-            return
+        # still the workspace's arrays (one is only ever replaced by a larger one) and the
+        # scratchpads of the same simulator: bound
+        if on and on[0] is space.get("source") and on[1] is space.get("values") and on[2] is space.get("ints") \
+                and on[3] is sim:
+            return False
         on = (_workspace(space, "source", np.float32, self.f_size), _workspace(space, "values", np.int32, self.values),
-              _workspace(space, "ints", np.int32, self.i_base))
+              _workspace(space, "ints", np.int32, self.i_base), sim)
         self._source = _Vector(on[0][:self.f_size], self.tile)
         self._scratch = _Vector(on[1][:self.values], self.tile)
         self._ints = _Vector(on[2][:self.i_base], self.tile)
         self._alu_steps = _alu_steps(self._scratch, self._source, self.alus)
         self._on = on
+        return True
 
 
-def remember(seen: dict, buffers: tuple) -> None:
-    """Add ``buffers`` to ``seen`` (by id; held there, so no other tuple takes its id), the
-    oldest going first beyond a few: what a plan (or a Program) found fit to run on, which
-    a session's replay gives again, one tuple of views per place its hosts take in turn.
+def _concatenated(out: np.ndarray, parts: list) -> list[Callable[[], object]]:
+    """``out[:] = concatenate(parts)`` as calls (none for empty parts; one copy for one part).
+
+    >>> out = np.zeros(3)
+    >>> calls = _concatenated(out, [np.ones(2, np.int8), np.zeros(0), np.full(1, 5)]); _ = [call() for call in calls]
+    >>> out.tolist()
+    [1.0, 1.0, 5.0]
+    """
+    parts = [part for part in parts if part.size]
+    if len(parts) > 1:
+        return [partial(np.concatenate, parts, out=out)]
+    return [partial(np.copyto, out, parts[0], casting="same_kind")] if parts else []
+
+
+def _copied(target: np.ndarray, index, vector: _Vector, src) -> Callable[[], object]:
+    """``target[index] = vector[src]`` as a call: one copy between views made once where both
+    are views (a :class:`_Span` or :class:`_View`), else :func:`_put` of :func:`_at`."""
+    if isinstance(index, (_Span, _View)) and isinstance(src, (_Span, _View)):
+        return partial(np.copyto, index.of(target), src.of(vector.data), casting="unsafe")
+    return lambda: _put(target, index, _at(vector, src))
+
+
+def _stored(target: np.ndarray, mode: StoreMode, dst, vector: _Vector, src) -> Callable[[], object]:
+    """A plan's STOREs into one host buffer ``target`` of one mode as a call: ``target[dst] =
+    vector[src]``, clipped to int8's range first when they saturate, cast as assignment casts
+    (an int keeps its low bytes); over views made once where ``dst`` and ``src`` are views.
+
+    >>> v = _Vector(np.arange(250, 254, dtype=np.int32), 2); out = np.zeros(4, np.int8)
+    >>> _ = _stored(out, StoreMode.SATURATE, _Span(0, (4,)), v, _Span(0, (4,)))(); out.tolist()
+    [127, 127, 127, 127]
+    >>> _ = _stored(out, StoreMode.WRAP, _Span(0, (4,)), v, _Span(0, (4,)))(); out.tolist()
+    [-6, -5, -4, -3]
+    """
+    if isinstance(dst, (_Span, _View)):     # straight into the host buffer (int8: keeps the low byte)
+        into = dst.of(target)
+        if isinstance(src, (_Span, _View)):
+            out = src.of(vector.data)
+            if mode is StoreMode.SATURATE:  # clipped to int8's range, then exact in int8: one pass
+                return partial(_clip, out, -128, 127, out=into, casting="unsafe")
+            return partial(np.copyto, into, out, casting="unsafe")
+        if mode is StoreMode.SATURATE:
+            return lambda: _clip(src.read(vector), -128, 127, out=into, casting="unsafe")
+        return lambda: np.copyto(into, src.read(vector), casting="unsafe")
+
+    def scatter() -> None:
+        out = _at(vector, src)
+        if mode is StoreMode.SATURATE:
+            out = _clip(out, -128, 127)
+        _put(target, dst, out.astype(target.dtype, copy=False))
+    return scatter
+
+
+def remember(seen: dict, buffers: tuple, entry: object = None) -> None:
+    """Add ``buffers`` to ``seen`` (by id; held there, in ``entry`` when given, so no other tuple
+    takes its id), the oldest going first beyond a few: what a plan (or a Program) found fit
+    to run on, which a session's replay gives again, one tuple of views per place its hosts
+    take in turn.
 
     >>> seen = {}
     >>> for n in range(6): remember(seen, (n,))
@@ -1671,7 +1733,7 @@ def remember(seen: dict, buffers: tuple) -> None:
     """
     if len(seen) >= _REMEMBERED:
         del seen[next(iter(seen))]
-    seen[id(buffers)] = buffers
+    seen[id(buffers)] = buffers if entry is None else entry
 
 
 _REMEMBERED = 4     # as many as a session keeps views of hosts' places per stored stream
