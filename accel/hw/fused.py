@@ -1683,11 +1683,48 @@ def _concatenated(out: np.ndarray, parts: list) -> list[Callable[[], object]]:
 
 
 def _copied(target: np.ndarray, index, vector: _Vector, src) -> Callable[[], object]:
-    """``target[index] = vector[src]`` as a call: one copy between views made once where both
-    are views (a :class:`_Span` or :class:`_View`), else :func:`_put` of :func:`_at`."""
-    if isinstance(index, (_Span, _View)) and isinstance(src, (_Span, _View)):
-        return partial(np.copyto, index.of(target), src.of(vector.data), casting="unsafe")
+    """``target[index] = vector[src]`` as a call: where ``index`` is a view (a :class:`_Span` or
+    :class:`_View`), one copy from a view of ``vector`` (:func:`_view_of`) or of a gather of
+    its whole rows, over views made once; else :func:`_put` of :func:`_at`.
+
+    >>> v = _Vector(np.arange(10, dtype=np.int32), 2); target = np.zeros(4, np.int32)
+    >>> _ = _copied(target, _Span(0, (2, 2)), v, _Gather.of_starts(np.array([6, 1]), (2, 2), 2))(); target.tolist()
+    [6, 7, 1, 2]
+    """
+    if isinstance(index, (_Span, _View)):
+        into = index.of(target)
+        read = _view_of(vector, src)
+        if read is not None:
+            return partial(np.copyto, into, read, casting="unsafe")
+        if isinstance(src, _Gather) and src.index is None and src.rows_at is None and into.flags.c_contiguous \
+                and into.dtype == vector.data.dtype and into.size == src.size == src.starts.size * _tile(vector):
+            # whole rows of the vector, gathered as items of its row view (np.take copies such
+            # items one by one, ten times slower than indexing)
+            rows, starts, into_rows = vector.rows, src.starts, into.reshape(-1).view(vector.rows.dtype)
+
+            def gather_rows() -> None:
+                into_rows[...] = rows[starts]
+            return gather_rows
     return lambda: _put(target, index, _at(vector, src))
+
+
+def _view_of(vector: _Vector, index) -> Optional[np.ndarray]:
+    """``vector[index]`` as a view of its data, made once (a :class:`_Span`, a :class:`_View`,
+    a :class:`_Gather` of rows laid out as a matrix), or None: a gather to make at each run.
+
+    >>> _view_of(_Vector(np.arange(8), 2), _Span(2, (2, 2))).tolist(), _view_of(_Vector(np.arange(8), 2), np.array([1]))
+    ([[2, 3], [4, 5]], None)
+    """
+    if isinstance(index, (_Span, _View)):
+        return index.of(vector.data)
+    if isinstance(index, _Gather) and index.strided is not None:
+        return index.read(vector)
+    return None
+
+
+def _tile(vector: _Vector) -> int:
+    """The elements of one of ``vector``'s rows (0 for a vector shorter than a row)."""
+    return vector.rows.itemsize // vector.data.itemsize if vector.rows is not None else 0
 
 
 def _stored(target: np.ndarray, mode: StoreMode, dst, vector: _Vector, src) -> Callable[[], object]:
@@ -1703,8 +1740,8 @@ def _stored(target: np.ndarray, mode: StoreMode, dst, vector: _Vector, src) -> C
     """
     if isinstance(dst, (_Span, _View)):     # straight into the host buffer (int8: keeps the low byte)
         into = dst.of(target)
-        if isinstance(src, (_Span, _View)):
-            out = src.of(vector.data)
+        out = _view_of(vector, src)
+        if out is not None:
             if mode is StoreMode.SATURATE:  # clipped to int8's range, then exact in int8: one pass
                 return partial(_clip, out, -128, 127, out=into, casting="unsafe")
             return partial(np.copyto, into, out, casting="unsafe")
@@ -1783,7 +1820,7 @@ def _alu_steps(vector: _Vector, source: _Vector, alus: list) -> list[Callable[[]
     reads only what batches of lower levels made, all before it in ``alus``. Batches the
     kernel cannot read (operands gathered element by element, rows not ``tile`` wide) are
     numpy calls (:func:`_alu_step`)."""
-    tile = vector.rows.itemsize // vector.data.itemsize if vector.rows is not None else 0
+    tile = _tile(vector)
     steps: list[Callable[[], object]] = []
     chains: dict[tuple[int, int], _Chain] = {}     # the open chains by the run they write
 
@@ -1972,8 +2009,8 @@ def _alu_step(vector: _Vector, source: _Vector, ufunc, op, imm, new, old, src) -
         out = new.of(values)
         # the new values never overlap an operand, unless written over ``old`` in place,
         # element by element (see _layout)
-        a = old.of(values) if isinstance(old, (_Span, _View)) else None
-        b = np.int32(imm) if imm is not None else src.of(values) if isinstance(src, (_Span, _View)) else None
+        a = _view_of(vector, old)
+        b = np.int32(imm) if imm is not None else _view_of(vector, src)
         if a is not None and b is not None:
             return partial(ufunc, a, b, out=out)
         read_a = (lambda: a) if a is not None else partial(old.read, vector)
