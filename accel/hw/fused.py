@@ -43,7 +43,11 @@ bound once to views of the value vector, which with the source vector lives in t
 simulator's workspace: all its plans run in the same arrays (in cache), and none keeps
 anything there from one run to the next. A chain of batches in place is one call of
 :func:`accel.hw.kernels.alu_chain`, every step of a few tile rows in registers before the
-next rows, instead of a numpy pass over memory per step.
+next rows, instead of a numpy pass over memory per step. The whole run is such a list of
+calls, each one numpy call (or kernel) over views of the workspace, the scratchpads and the
+host buffers made at its first run on a tuple of buffers: a session's replay gives the same
+tuple call after call, and a model's hundred streams making their views and index objects
+again at every run cost more than the small ones' arithmetic.
 
 STOREs whose host elements are short runs in another order than the values' (an NCHW output
 written from tiles of pixels: tile rows, shorter at a row's end) write a run per index
