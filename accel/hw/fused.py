@@ -1763,21 +1763,24 @@ def _stored(target: np.ndarray, mode: StoreMode, dst, vector: _Vector, src) -> C
 
 def remember(seen: dict, buffers: tuple, entry: object = None) -> None:
     """Add ``buffers`` to ``seen`` (by id; held there, in ``entry`` when given, so no other tuple
-    takes its id), the oldest going first beyond a few: what a plan (or a Program) found fit
-    to run on, which a session's replay gives again, one tuple of views per place its hosts
-    take in turn.
+    takes its id), the oldest going first beyond :data:`_REMEMBERED`: what a plan (or a
+    Program) found fit to run on, which a session's replay gives again, one tuple of views
+    per group that runs the stream and place its hosts take in turn.
 
     >>> seen = {}
-    >>> for n in range(6): remember(seen, (n,))
-    >>> sorted(b for b, in seen.values())
-    [2, 3, 4, 5]
+    >>> for n in range(_REMEMBERED + 2): remember(seen, (n,))
+    >>> len(seen) == _REMEMBERED, (0,) in seen.values(), (_REMEMBERED + 1,) in seen.values()
+    (True, False, True)
     """
     if len(seen) >= _REMEMBERED:
         del seen[next(iter(seen))]
     seen[id(buffers)] = buffers if entry is None else entry
 
 
-_REMEMBERED = 4     # as many as a session keeps views of hosts' places per stored stream
+# A session keeps the views of a few places of its hosts per group (4), and groups whose
+# streams are the same share one Program and plan (one of the PaddleOCR classifier's runs at
+# 9 places, each with its own tuple): fewer than they give in turn, and each run would miss
+_REMEMBERED = 64
 
 
 #: The workspace role of the array building a plan renumbers values in (see _layout).

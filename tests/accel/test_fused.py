@@ -160,6 +160,20 @@ def test_a_plan_runs_each_tuple_of_buffers_on_its_own_memory():
     assert not plan.run(tuple(aliased), sim)
 
 
+def test_a_plan_that_several_groups_share_keeps_the_calls_of_each_group_s_tuple():
+    """Groups whose streams are the same share one Program and plan (one of the PaddleOCR
+    classifier's runs at 9 places), each replaying its own tuple of views: run in turn, each
+    tuple's calls are made once, not remade at every run of the others."""
+    stream = _product_stream()
+    plan, (sim, host), _ = _both(stream)
+    places = [_other_host(seed) for seed in range(9)]
+    with mock.patch.object(fused.FusedPlan, "_calls", autospec=True, side_effect=fused.FusedPlan._calls) as made:
+        for _ in range(3):
+            for views in places:
+                assert plan.run(views, sim)
+    assert made.call_count == len(places)
+
+
 def test_a_plan_s_calls_follow_the_simulator_s_workspace_when_it_is_replaced():
     """A plan works in its simulator's workspace, whose arrays another plan may replace by
     larger ones: its calls made for a tuple are remade then, over the new arrays (none keeps
