@@ -44,7 +44,11 @@ bound once to views of the value vector, which with the source vector lives in t
 simulator's workspace: all its plans run in the same arrays (in cache), and none keeps
 anything there from one run to the next. A chain of batches in place is one call of
 :func:`accel.hw.kernels.alu_chain`, every step of a few tile rows in registers before the
-next rows, instead of a numpy pass over memory per step.
+next rows, instead of a numpy pass over memory per step. The whole run is such a list of
+calls, each one numpy call (or kernel) over views of the workspace, the scratchpads and the
+host buffers made at its first run on a tuple of buffers: a session's replay gives the same
+tuple call after call, and a model's hundred streams making their views and index objects
+again at every run cost more than the small ones' arithmetic.
 
 STOREs, ACC LOADs and the scratchpads' final contents that are no views (an NCHW output
 written from tiles of pixels, an upsampling's every other host element, rows of data and pad)
@@ -1068,16 +1072,6 @@ def _first_writes(products: list, acc_n: int, zeroed: int, count: int,
 _HOST_DTYPES = (np.dtype(np.int8), np.dtype(np.int32))
 
 
-def _copy(target: np.ndarray, where: tuple, source: _Vector) -> None:
-    """``target[dst] = source[src]`` for ``where`` ``(dst, src)`` views, or ``(copies, None)``
-    (a :class:`_Copies`)."""
-    dst, src = where
-    if isinstance(dst, _Copies):
-        dst.put(source.data, target)
-    else:
-        dst.of(target)[...] = _at(source, src)
-
-
 class _Copies:
     """``target[dst] = source[src]`` for two index arrays (a STORE's host elements and values,
     an ACC LOAD's values and sources, a scratchpad's elements and what they end with) that are
@@ -1535,14 +1529,18 @@ class FusedPlan:
         self._alu_steps: list = []
         written = dict.fromkeys(s[0] for s in stores)
         self._apart = [(r, w) for r in (*self.f_slots, *self.i_slots) for w in written if r != w]
-        self._fits: dict[int, tuple] = {}       # the last few tuples of buffers found laid out as assumed, by id
+        # by id, the last few tuples of buffers found laid out as assumed: (the tuple, the run's calls on it)
+        self._steps: dict[int, tuple] = {}
 
     def run(self, buffers: Buffers, sim=None) -> bool:
         """Execute on ``buffers`` (and ``sim``'s scratchpads; the builder's by default).
         False, with nothing done, when the host buffers are not laid out as the plan
         assumes (other sizes, or a buffer read that shares memory with one written)."""
         sim = sim or self._sim
-        if self._fits.get(id(buffers)) is not buffers:
+        if self._bind(sim):
+            self._steps.clear()     # calls over views of the arrays the workspace had before
+        steps = self._steps.get(id(buffers))
+        if steps is None or steps[0] is not buffers:
             for slot, size in self.sizes.items():
                 if buffers[slot].size != size:
                     return False
@@ -1552,82 +1550,183 @@ class FusedPlan:
             # with another one written (the same slot was checked when the plan was made).
             if any(np.may_share_memory(buffers[r], buffers[w]) for r, w in self._apart):
                 return False
-            if type(buffers) is tuple:      # the same tuple again (a session's replay) fits again
-                remember(self._fits, buffers)
-        self._bind(sim)
-        source = self._source       # refilled each run: its extra rows after the rest
-        # int8 values all (the scratchpads' float32 hold int8 values): one byte each, no conversion
-        # of the host's int8 buffers
-        np.concatenate([sim.inp[self.inp_kept], sim.wgt[self.wgt_kept], *(buffers[s] for s in self.f_slots),
-                        self.f_pads], out=source.data[:self.f_base], casting="unsafe")
-        if self.f_extra is not None:
-            np.take(source.data, self.f_extra, out=source.data[self.f_base:])
-        # values written before they are read (see _layout) need no zeroing, the others are
-        # set here: nothing is kept in the vector from one run to the next
-        vector = self._scratch
-        values = vector.data
-        lo, hi = self.live
-        values[lo:hi] = sim.acc[lo:hi]
-        for lo, hi in self.zero:
-            values[lo:hi] = 0
-        if self.acc_loads is not None:
-            ints = self._ints
-            np.concatenate([*(buffers[s] for s in self.i_slots), self.i_pads], out=ints.data)
-            _copy(values, self.acc_loads, ints)
-        for product in self.products:
-            product.run(source, values)
-        for step in self._alu_steps:
+            steps = (buffers, self._calls(buffers, sim))
+            if type(buffers) is tuple:      # the same tuple again (a session's replay) runs these calls again
+                remember(self._steps, buffers, steps)
+        for step in steps[1]:
             step()
-        for slot, mode, dst, src in self.stores:
-            saturate = mode is StoreMode.SATURATE
-            if isinstance(dst, _Copies):
-                dst.put(values, buffers[slot], saturate)
-            elif saturate:      # straight into the host buffer: clipped to int8's range, then exact in int8
-                np.clip(_at(vector, src), -128, 127, out=dst.of(buffers[slot]), casting="unsafe")
-            else:               # (int8: keeps the low byte)
-                np.copyto(dst.of(buffers[slot]), _at(vector, src), casting="unsafe")
-        for final, memory, vector in ((self.inp_final, sim.inp, source), (self.wgt_final, sim.wgt, source),
-                                      (self.acc_final, sim.acc, vector)):
-            if final is not None:
-                _copy(memory, final, vector)
         return True
 
+    def _calls(self, buffers: Buffers, sim) -> list[Callable[[], object]]:
+        """The run on ``buffers`` as calls without arguments, in order, each one numpy call
+        (or compiled kernel) over views made here: a replayed stream runs the same tuple of
+        buffers call after call, and a hundred streams a model call each making their views,
+        index objects and checks again cost more than the small ones' arithmetic. Only the
+        contents of the arrays change from one run to the next, never which memory a call reads
+        or writes (the workspace's arrays are bound in :meth:`_bind`, which drops these calls
+        when they are replaced)."""
+        source, vector = self._source, self._scratch
+        values = vector.data
+        calls: list[Callable[[], object]] = []
+        # the source vector, refilled each run: the scratchpads' kept elements, the host data
+        # and pads, then its extra rows (copies of what is there before)
+        at = 0
+        for pad, kept in ((sim.inp, self.inp_kept), (sim.wgt, self.wgt_kept)):
+            if kept.size:       # (indices within the scratchpad: "clip" takes them as they are, unbuffered)
+                calls.append(partial(np.take, pad, kept, out=source.data[at:at + kept.size], mode="clip"))
+                at += kept.size
+        calls += _concatenated(source.data[at:self.f_base], [buffers[s] for s in self.f_slots] + [self.f_pads])
+        if self.f_extra is not None:
+            calls.append(partial(np.take, source.data, self.f_extra, out=source.data[self.f_base:], mode="clip"))
+        # values written before they are read (see _layout) need no zeroing, the others are
+        # set here: nothing is kept in the vector from one run to the next
+        lo, hi = self.live
+        if lo < hi:
+            calls.append(partial(np.copyto, values[lo:hi], sim.acc[lo:hi]))
+        calls += [partial(values[lo:hi].fill, 0) for lo, hi in self.zero]
+        if self.acc_loads is not None:
+            ints = self._ints
+            calls += _concatenated(ints.data, [buffers[s] for s in self.i_slots] + [self.i_pads])
+            calls.append(_copied(values, self.acc_loads[0], ints, self.acc_loads[1]))
+        calls += [partial(product.run, source, values) for product in self.products]
+        calls += self._alu_steps
+        for slot, mode, dst, src in self.stores:
+            calls.append(_stored(buffers[slot], mode, dst, vector, src))
+        for pad, final, read in ((sim.inp, self.inp_final, source), (sim.wgt, self.wgt_final, source),
+                                 (sim.acc, self.acc_final, vector)):
+            if final is not None:
+                calls.append(_copied(pad, final[0], read, final[1]))
+        return calls
 
-    def _bind(self, sim) -> None:
+    def _bind(self, sim) -> bool:
         """Work in ``sim``'s workspace: one source, value and int32 vector for all the plans of
         a simulator, which runs one stream at a time. A model's plans each with their own
         vectors touch tens of MB per call (76 MB of values for the PaddleOCR classifier's 107
-        streams), fetched from memory every call; shared, the largest plan's fit in L2."""
+        streams), fetched from memory every call; shared, the largest plan's fit in L2.
+        True when the plan was bound to other arrays (or none) before."""
         space = sim.workspace
         on = self._on
-        # still the workspace's arrays (one is only ever replaced by a larger one): bound
-        if on and on[0] is space.get("source") and on[1] is space.get("values") and on[2] is space.get("ints"):
-            return
+        # still the workspace's arrays (one is only ever replaced by a larger one) and the
+        # scratchpads of the same simulator: bound
+        if on and on[0] is space.get("source") and on[1] is space.get("values") and on[2] is space.get("ints") \
+                and on[3] is sim:
+            return False
         on = (_workspace(space, "source", np.int8, self.f_size), _workspace(space, "values", np.int32, self.values),
-              _workspace(space, "ints", np.int32, self.i_base))
+              _workspace(space, "ints", np.int32, self.i_base), sim)
         self._source = _Vector(on[0][:self.f_size], self.tile)
         self._scratch = _Vector(on[1][:self.values], self.tile)
         self._ints = _Vector(on[2][:self.i_base], self.tile)
         self._alu_steps = _alu_steps(self._scratch, self._source, self.alus)
         self._on = on
+        return True
 
 
-def remember(seen: dict, buffers: tuple) -> None:
-    """Add ``buffers`` to ``seen`` (by id; held there, so no other tuple takes its id), the
-    oldest going first beyond a few: what a plan (or a Program) found fit to run on, which
-    a session's replay gives again, one tuple of views per place its hosts take in turn.
+def _concatenated(out: np.ndarray, parts: list) -> list[Callable[[], object]]:
+    """``out[:] = concatenate(parts)`` as calls (none for empty parts; one copy for one part).
+
+    >>> out = np.zeros(3)
+    >>> calls = _concatenated(out, [np.ones(2, np.int8), np.zeros(0), np.full(1, 5)]); _ = [call() for call in calls]
+    >>> out.tolist()
+    [1.0, 1.0, 5.0]
+    """
+    parts = [part for part in parts if part.size]
+    if len(parts) > 1:
+        return [partial(np.concatenate, parts, out=out)]
+    return [partial(np.copyto, out, parts[0], casting="same_kind")] if parts else []
+
+
+def _copied(target: np.ndarray, index, vector: _Vector, src) -> Callable[[], object]:
+    """``target[index] = vector[src]`` as a call: where ``index`` is a view (a :class:`_Span` or
+    :class:`_View`), one copy from a view of ``vector`` (:func:`_view_of`) or of a gather of
+    its whole rows, over views made once; a :class:`_Copies` ``index`` copies run by run (``src``
+    None).
+
+    >>> v = _Vector(np.arange(10, dtype=np.int32), 2); target = np.zeros(4, np.int32)
+    >>> _ = _copied(target, _Span(0, (2, 2)), v, _Gather.of_starts(np.array([6, 1]), (2, 2), 2))(); target.tolist()
+    [6, 7, 1, 2]
+    """
+    if isinstance(index, _Copies):
+        return partial(index.put, vector.data, target)
+    if isinstance(index, (_Span, _View)):
+        into = index.of(target)
+        read = _view_of(vector, src)
+        if read is not None:
+            return partial(np.copyto, into, read, casting="unsafe")
+        if isinstance(src, _Gather) and src.index is None and src.rows_at is None and into.flags.c_contiguous \
+                and into.dtype == vector.data.dtype and into.size == src.size == src.starts.size * _tile(vector):
+            # whole rows of the vector, gathered as items of its row view (np.take copies such
+            # items one by one, ten times slower than indexing)
+            rows, starts, into_rows = vector.rows, src.starts, into.reshape(-1).view(vector.rows.dtype)
+
+            def gather_rows() -> None:
+                into_rows[...] = rows[starts]
+            return gather_rows
+    return lambda: np.copyto(index.of(target), _at(vector, src), casting="unsafe")
+
+
+def _view_of(vector: _Vector, index) -> Optional[np.ndarray]:
+    """``vector[index]`` as a view of its data, made once (a :class:`_Span`, a :class:`_View`,
+    a :class:`_Gather` of rows laid out as a matrix), or None: a gather to make at each run.
+
+    >>> _view_of(_Vector(np.arange(8), 2), _Span(2, (2, 2))).tolist(), _view_of(_Vector(np.arange(8), 2), np.array([1]))
+    ([[2, 3], [4, 5]], None)
+    """
+    if isinstance(index, (_Span, _View)):
+        return index.of(vector.data)
+    if isinstance(index, _Gather) and index.strided is not None:
+        return index.read(vector)
+    return None
+
+
+def _tile(vector: _Vector) -> int:
+    """The elements of one of ``vector``'s rows (0 for a vector shorter than a row)."""
+    return vector.rows.itemsize // vector.data.itemsize if vector.rows is not None else 0
+
+
+def _stored(target: np.ndarray, mode: StoreMode, dst, vector: _Vector, src) -> Callable[[], object]:
+    """A plan's STOREs into one host buffer ``target`` of one mode as a call: ``target[dst] =
+    vector[src]``, clipped to int8's range first when they saturate, cast as assignment casts
+    (an int keeps its low bytes); over views made once where ``dst`` and ``src`` are views.
+
+    >>> v = _Vector(np.arange(250, 254, dtype=np.int32), 2); out = np.zeros(4, np.int8)
+    >>> _ = _stored(out, StoreMode.SATURATE, _Span(0, (4,)), v, _Span(0, (4,)))(); out.tolist()
+    [127, 127, 127, 127]
+    >>> _ = _stored(out, StoreMode.WRAP, _Span(0, (4,)), v, _Span(0, (4,)))(); out.tolist()
+    [-6, -5, -4, -3]
+    """
+    if isinstance(dst, (_Span, _View)):     # straight into the host buffer (int8: keeps the low byte)
+        into = dst.of(target)
+        out = _view_of(vector, src)
+        if out is not None:
+            if mode is StoreMode.SATURATE:  # clipped to int8's range, then exact in int8: one pass
+                return partial(_clip, out, -128, 127, out=into, casting="unsafe")
+            return partial(np.copyto, into, out, casting="unsafe")
+        if mode is StoreMode.SATURATE:
+            return lambda: _clip(src.read(vector), -128, 127, out=into, casting="unsafe")
+        return lambda: np.copyto(into, src.read(vector), casting="unsafe")
+    return partial(dst.put, vector.data, target, mode is StoreMode.SATURATE)     # a _Copies
+
+
+def remember(seen: dict, buffers: tuple, entry: object = None) -> None:
+    """Add ``buffers`` to ``seen`` (by id; held there, in ``entry`` when given, so no other tuple
+    takes its id), the oldest going first beyond :data:`_REMEMBERED`: what a plan (or a
+    Program) found fit to run on, which a session's replay gives again, one tuple of views
+    per group that runs the stream and place its hosts take in turn.
 
     >>> seen = {}
-    >>> for n in range(6): remember(seen, (n,))
-    >>> sorted(b for b, in seen.values())
-    [2, 3, 4, 5]
+    >>> for n in range(_REMEMBERED + 2): remember(seen, (n,))
+    >>> len(seen) == _REMEMBERED, (0,) in seen.values(), (_REMEMBERED + 1,) in seen.values()
+    (True, False, True)
     """
     if len(seen) >= _REMEMBERED:
         del seen[next(iter(seen))]
-    seen[id(buffers)] = buffers
+    seen[id(buffers)] = buffers if entry is None else entry
 
 
-_REMEMBERED = 4     # as many as a session keeps views of hosts' places per stored stream
+# A session keeps the views of a few places of its hosts per group (4), and groups whose
+# streams are the same share one Program and plan (one of the PaddleOCR classifier's runs at
+# 9 places, each with its own tuple): fewer than they give in turn, and each run would miss
+_REMEMBERED = 64
 
 
 #: The workspace role of the array building a plan renumbers values in (see _layout).
@@ -1674,7 +1773,7 @@ def _alu_steps(vector: _Vector, source: _Vector, alus: list) -> list[Callable[[]
     reads only what batches of lower levels made, all before it in ``alus``. Batches the
     kernel cannot read (operands gathered element by element, rows not ``tile`` wide) are
     numpy calls (:func:`_alu_step`)."""
-    tile = vector.rows.itemsize // vector.data.itemsize if vector.rows is not None else 0
+    tile = _tile(vector)
     steps: list[Callable[[], object]] = []
     chains: dict[tuple[int, int], _Chain] = {}     # the open chains by the run they write
 
@@ -1863,8 +1962,8 @@ def _alu_step(vector: _Vector, source: _Vector, ufunc, op, imm, new, old, src) -
         out = new.of(values)
         # the new values never overlap an operand, unless written over ``old`` in place,
         # element by element (see _layout)
-        a = old.of(values) if isinstance(old, (_Span, _View)) else None
-        b = np.int32(imm) if imm is not None else src.of(values) if isinstance(src, (_Span, _View)) else None
+        a = _view_of(vector, old)
+        b = np.int32(imm) if imm is not None else _view_of(vector, src)
         if a is not None and b is not None:
             return partial(ufunc, a, b, out=out)
         read_a = (lambda: a) if a is not None else partial(old.read, vector)

@@ -121,6 +121,80 @@ def test_a_plan_takes_a_tuple_of_buffers_it_fits_again_and_checks_every_other():
         assert plan.run(views, sim) and shares.call_count == 2     # refused ones do not replace it
 
 
+def _product_stream():
+    """INP and WGT tiles from host slots 0 and 1, their product, stored saturated into slot 3
+    and as int32 into slot 4: what a stream's host memory makes a run write."""
+    return _auto([Load(mem=Mem.INP, sram_addr=0, sram_ld=16, slot=0, dram_offset=32, dram_ld=16, rows=16, cols=16),
+                  Load(mem=Mem.WGT, sram_addr=0, sram_ld=16, slot=1, dram_offset=0, dram_ld=16, rows=16, cols=16),
+                  _gemm(reset=True), _gemm(),
+                  Store(sram_addr=0, sram_ld=16, slot=3, dram_offset=0, dram_ld=16, rows=16, cols=16,
+                        mode=StoreMode.SATURATE),
+                  Store(sram_addr=0, sram_ld=16, slot=4, dram_offset=0, dram_ld=16, rows=16, cols=16)])
+
+
+def _other_host(seed):
+    rng = np.random.default_rng(seed)
+    return tuple(rng.integers(-128, 128, h.size).astype(h.dtype) for h in sim_tests._host())
+
+
+def test_a_plan_runs_each_tuple_of_buffers_on_its_own_memory():
+    """The calls a plan makes for a tuple of buffers (views over it, made at its first run)
+    serve that tuple only: another tuple of the same sizes runs on its own memory, the first
+    one again reads its contents as they are now, a list (which may hold other buffers at the
+    next run) is never taken again, and a tuple whose read buffer shares memory with a written
+    one is refused."""
+    stream = _product_stream()
+    plan, (sim, host), (ref, want) = _both(stream)
+    assert plan is not None
+    first, second = _other_host(1), _other_host(2)
+    listed = list(_other_host(5))
+    for views in (first, second, first, listed, listed):
+        expect = [v.copy() for v in views]
+        assert plan.run(views, sim)
+        ref.run(stream, expect)
+        sim_tests._assert_same_state(sim, ref, views, expect)
+        first[0][:] = np.random.default_rng(3).integers(-128, 128, first[0].size)    # new contents, same memory
+        listed[3] = np.zeros_like(listed[3])    # another buffer in the list's slot
+    aliased = list(second)
+    aliased[3] = aliased[0]       # the INP rows it reads are the int8 results it writes
+    assert not plan.run(tuple(aliased), sim)
+
+
+def test_a_plan_that_several_groups_share_keeps_the_calls_of_each_group_s_tuple():
+    """Groups whose streams are the same share one Program and plan (one of the PaddleOCR
+    classifier's runs at 9 places), each replaying its own tuple of views: run in turn, each
+    tuple's calls are made once, not remade at every run of the others."""
+    stream = _product_stream()
+    plan, (sim, host), _ = _both(stream)
+    places = [_other_host(seed) for seed in range(9)]
+    with mock.patch.object(fused.FusedPlan, "_calls", autospec=True, side_effect=fused.FusedPlan._calls) as made:
+        for _ in range(3):
+            for views in places:
+                assert plan.run(views, sim)
+    assert made.call_count == len(places)
+
+
+def test_a_plan_s_calls_follow_the_simulator_s_workspace_when_it_is_replaced():
+    """A plan works in its simulator's workspace, whose arrays another plan may replace by
+    larger ones: its calls made for a tuple are remade then, over the new arrays (none keeps
+    an old array alive), and still compute what the stream does."""
+    import gc
+    import weakref
+
+    stream = _product_stream()
+    plan, (sim, host), (ref, want) = _both(stream)
+    views, expect = _other_host(4), list(_other_host(4))
+    for replace in (False, True):
+        if replace:
+            old = weakref.ref(sim.workspace["values"])
+            sim.workspace["values"] = np.full(sim.workspace["values"].size * 2, -1, np.int32)  # as a larger plan does
+        assert plan.run(views, sim)
+        ref.run(stream, expect)
+        sim_tests._assert_same_state(sim, ref, views, expect)
+    gc.collect()
+    assert old() is None
+
+
 def test_a_blocked_product_is_one_matrix_multiplication():
     """Four accumulator tiles, each the sum of two products, meet as one 32x32x32 product."""
     stream = [Gemm(acc_addr=0, inp_addr=0, wgt_addr=0, acc_ld=32, inp_ld=16, wgt_ld=16, reset=True,
