@@ -191,7 +191,8 @@ def test_every_kernel_of_a_tile_comes_from_one_compile():
 
 def _forget() -> None:
     """No kernels of this process remembered: the next use loads or compiles them."""
-    for cached in (kernels._module, kernels.tap_sum, kernels.scaled_rows, kernels.gemm, kernels.alu_chain):
+    for cached in (kernels._module, kernels.tap_sum, kernels.scaled_rows, kernels.gemm, kernels.alu_chain,
+                   kernels.copy_runs):
         cached.cache_clear()
 
 
