@@ -160,6 +160,18 @@ def _step_tiles(ext_out: int, stride_out: int, ext_in: int, stride_in: int, ld: 
     return steps.tolist(), _frozen(steps[:, None, None] + _block_offsets(ld, tile, tile))
 
 
+@functools.lru_cache(maxsize=8)
+def _identity(first: int, n: int) -> np.ndarray:
+    """``first, first + 1, ..., first + n - 1`` (read-only): what a scratchpad's elements hold
+    when a stream starts (source codes, value numbers), made once per simulator shape and
+    copied by each builder, instead of counted again.
+
+    >>> _identity(4, 3).tolist()
+    [4, 5, 6]
+    """
+    return _frozen(np.arange(first, first + n))
+
+
 def _grown(a: np.ndarray, size: int) -> np.ndarray:
     """``a`` followed by zeros, ``size`` elements in all: the zeros as ``np.zeros`` hands them
     out (pages the system zeroes when first written), not written by a copy.
@@ -276,9 +288,13 @@ class _Builder:
         self.inp_n, self.wgt_n, self.acc_n = c.inp_elements, c.wgt_elements, c.acc_elements
         self.f = _Sources(self.inp_n + self.wgt_n, buffers, self.tile)    # float operands: INP, WGT, int8 host data
         self.i = _Sources(0, buffers, self.tile)                     # int32 host data for ACC LOADs
-        self.inp = np.arange(self.inp_n)                       # INP element -> source code
-        self.wgt = self.inp_n + np.arange(self.wgt_n)
-        self.acc = np.arange(self.acc_n)                       # ACC element -> value number
+        self.inp = _identity(0, self.inp_n).copy()             # INP element -> source code
+        self.wgt = _identity(self.inp_n, self.wgt_n).copy()
+        # of INP and WGT, the hull of the elements LOADs wrote: only there may they end the
+        # stream with other codes than they began with (WGT is 256K elements: a comparison of
+        # all of them costs a small stream as much as its instructions)
+        self.written = {Mem.INP: [self.inp_n, 0], Mem.WGT: [self.wgt_n, 0]}
+        self.acc = _identity(0, self.acc_n).copy()             # ACC element -> value number
         self.values = self.acc_n                               # value numbers handed out
         # read by a STORE or ALU, or made by an ALU or LUT: a value no product may add into
         self.sealed = np.zeros(self.acc_n, bool)
@@ -354,6 +370,9 @@ class _Builder:
             # INP and WGT take the codes in place, through a view of the block (its rows never
             # overlap: the simulator's check), not as an index array and a scatter
             memory = self.inp if ins.mem is _INP else self.wgt
+            hull = self.written[ins.mem]
+            hull[0] = min(hull[0], ins.sram_addr)
+            hull[1] = max(hull[1], ins.sram_addr + (height - 1) * ins.sram_ld + width)
             item = memory.itemsize
             block = np.ndarray((height, width), memory.dtype, memory, ins.sram_addr * item, (ins.sram_ld * item, item))
             if not (ins.rows and ins.cols):
@@ -641,12 +660,13 @@ class _Builder:
         if self.acc_loads:
             acc_loads = (np.concatenate([v for v, _ in self.acc_loads]).astype(np.intp),
                          self.i.resolve(np.concatenate([c for _, c in self.acc_loads])))
-        inp_at = np.flatnonzero(self.inp != np.arange(self.inp_n))
-        wgt_at = np.flatnonzero(self.wgt != self.inp_n + np.arange(self.wgt_n))
+        inp_at, wgt_at = (lo + np.flatnonzero(codes[lo:hi] != _identity(first, n)[lo:hi])
+                          for codes, first, n, (lo, hi) in ((self.inp, 0, self.inp_n, self.written[Mem.INP]),
+                                                            (self.wgt, self.inp_n, self.wgt_n, self.written[Mem.WGT])))
         # ACC elements that end the stream with another value than they began with: those
         # given a new value, and those whose value from before the stream products add into
         # (a stream's reset tiles are a small part of ACC: 2% for the PaddleOCR classifier)
-        changed = self.acc != np.arange(self.acc_n)
+        changed = self.acc != _identity(0, self.acc_n)
         added = [np.asarray(p.grid if p.grid is not None else p.targets).reshape(-1) for p in products]
         for into in added:
             changed[into[into < self.acc_n]] = True
