@@ -370,9 +370,11 @@ class _Builder:
             # INP and WGT take the codes in place, through a view of the block (its rows never
             # overlap: the simulator's check), not as an index array and a scatter
             memory = self.inp if ins.mem is _INP else self.wgt
-            hull = self.written[ins.mem]
-            hull[0] = min(hull[0], ins.sram_addr)
-            hull[1] = max(hull[1], ins.sram_addr + (height - 1) * ins.sram_ld + width)
+            hull, end = self.written[ins.mem], ins.sram_addr + (height - 1) * ins.sram_ld + width
+            if ins.sram_addr < hull[0]:
+                hull[0] = ins.sram_addr
+            if end > hull[1]:
+                hull[1] = end
             item = memory.itemsize
             block = np.ndarray((height, width), memory.dtype, memory, ins.sram_addr * item, (ins.sram_ld * item, item))
             if not (ins.rows and ins.cols):
@@ -508,7 +510,8 @@ class _Builder:
         src_level = -1      # the highest level of ``src``'s values, once a later step reads them
         n = dst.size
         every = self._new(n * len(steps))       # each step's values in turn, handed out at once
-        lo = int(every[0]) - n
+        first = int(every[0])
+        lo = first - n
         for k, (op, imm, operand) in enumerate(steps):
             new, lo = every[k * n:(k + 1) * n], lo + n
             if op is _MUL and imm == 0:
@@ -520,9 +523,7 @@ class _Builder:
                 self.sealed[reads] = True
                 level = int(self.level[reads].max()) + 1
             else:
-                old, level, start = made
-                if not level:       # a zeroed run, now read (an ALU's results are sealed as made)
-                    self.sealed[start:start + n] = True
+                old, level, _ = made
                 if imm is None:
                     if src_level < 0:
                         self.sealed[src] = True
@@ -530,9 +531,12 @@ class _Builder:
                     level = max(level, src_level)
                 level += 1
             self.level[lo:lo + n] = level       # a fresh run: a slice, not a scatter
-            self.sealed[lo:lo + n] = True       # (no product adds into an ALU's result)
             made = (new, level, lo)
             self.alus.append((level, op, operand, new, old, src if imm is None else None))
+        # no product adds into an ALU's result, nor into a zeroed run the next step read: every
+        # step's run is sealed, as one slice, but a last step's zeros (a temporary that a
+        # product may still add into)
+        self.sealed[first:lo + (n if made[1] else 0)] = True
         self.acc[dst] = made[0]
 
     def _lut(self, u: Lut) -> bool:
@@ -708,7 +712,7 @@ class _Builder:
                   for at, src in ((inp_at, self.f.resolve(self.inp[inp_at])), (wgt_at, self.f.resolve(self.wgt[wgt_at])),
                                   (acc_at, renumber[self.acc[acc_at]]))]
         plan = FusedPlan(self, products, alus, stores, acc_loads, *finals)
-        plan.zero = _first_writes(products, self.acc_n, zeroed, self.values, loaded)
+        plan.zero = _first_writes(products, self.acc_n, zeroed, loaded)
         plan.live = live
         return plan
 
@@ -816,7 +820,11 @@ def _leading_run(flats: list[np.ndarray], steps: list[int], n: int) -> int:
 def _views(*indices: np.ndarray) -> Optional[list]:
     """The index arrays as views of one common shape (:class:`_Span` where one is a run in
     order, :class:`_View` otherwise), or None when they are not all affine in one shape."""
-    found = _affine(indices)
+    flats = [np.asarray(i).reshape(-1) for i in indices]
+    n = flats[0].size
+    if n > 1 and all(f.size == n and _is_run(f) for f in flats):
+        return [_Span(int(f[0]), (n,)) for f in flats]      # (what _affine finds, in one pass each)
+    found = _affine(flats)
     if found is None:
         return None
     shape, placed = found
@@ -920,11 +928,20 @@ def _run_of(index: np.ndarray):
     """``index`` as a :class:`_Span` when it numbers consecutive values in order, else itself."""
     index = np.asarray(index, np.intp)
     flat = index.reshape(-1)
-    # n strictly increasing integers from a to a + n - 1 are consecutive: one comparison of
-    # neighbours (a bool per element) instead of np.diff's int64 differences
-    if flat.size and flat[0] + flat.size - 1 == flat[-1] and (flat.size == 1 or bool((flat[1:] > flat[:-1]).all())):
+    if flat.size and _is_run(flat):
         return _Span(int(flat[0]), index.shape)
     return index
+
+
+def _is_run(flat: np.ndarray) -> bool:
+    """Whether the (non-empty, flat) ``flat`` numbers consecutive values in order.
+
+    >>> _is_run(np.array([3, 4, 5])), _is_run(np.array([3, 5, 4, 5]))
+    (True, False)
+    """
+    # n strictly increasing integers from a to a + n - 1 are consecutive: one comparison of
+    # neighbours (a bool per element) instead of np.diff's int64 differences
+    return bool(flat[0] + flat.size - 1 == flat[-1] and (flat.size == 1 or (flat[1:] > flat[:-1]).all()))
 
 
 def _reads(index: np.ndarray, tile: int):
@@ -951,7 +968,7 @@ def _layout(acc_n: int, count: int, products: list, alus: list, acc_loads, made:
     tile by tile as the instructions did). An ALU group whose
     operand ``old`` is a run that nothing else reads (no other ALU, nor ``kept``: what the
     STOREs read and ACC ends with) writes its results over it, in place (``made`` marks the
-    values the ALU groups write): a chain of ALU
+    values the ALU groups write; the loaded ones are marked in it too, as written): a chain of ALU
     batches (a requantisation's multiply, shift, add, clamps) then works on one stretch of
     memory, in cache, instead of a fresh one per operation. Returns ``(renumber, zeroed)``:
     values ``[acc_n, zeroed)`` start at zero, ``[zeroed, count)`` are written before they
@@ -978,7 +995,7 @@ def _layout(acc_n: int, count: int, products: list, alus: list, acc_loads, made:
 
     for p in products:
         claim(p.grid if p.grid is not None else p.targets)
-    written = made.copy()       # one pass, not a scatter of every ALU result
+    written = made              # (the caller's, made for this) one pass, not a scatter of every ALU result
     if acc_loads is not None:
         written[acc_loads[0]] = True
     written[:acc_n] = False
@@ -1061,30 +1078,38 @@ def _range_below(indices: Sequence[np.ndarray], bound: int) -> tuple[int, int]:
     return (lo, hi + 1) if hi >= 0 else (0, 0)
 
 
-def _first_writes(products: list, acc_n: int, zeroed: int, count: int,
+def _first_writes(products: list, acc_n: int, zeroed: int,
                   loaded: Optional[np.ndarray] = None) -> list[tuple[int, int]]:
     """Let the products that alone add into a run of values that start at zero (``[acc_n,
     zeroed)``) write their results there instead (``assign``): 0 + x is x, and those values
     need no zeroing. Returns the ranges of values that still do. The values an ACC LOAD
     brings (``loaded``) are no zeros: a product adds into them (a bias loaded, then
-    accumulated onto), as into the values a product that adds there too."""
-    hits = np.zeros(count, np.int32)
+    accumulated onto), as into the values a product that adds there too. Only the values
+    ``[acc_n, zeroed)`` are looked at (a stream's ALU results are most of its ``count``)."""
+    size = zeroed - acc_n
+    hits = np.zeros(size, np.int32)
+
+    def window(index) -> np.ndarray:
+        index = np.asarray(index).reshape(-1)
+        return index[(index >= acc_n) & (index < zeroed)] - acc_n
+
     if loaded is not None:
-        hits[loaded] = 1
+        hits[window(loaded)] = 1
     for p in products:
         at = p.grid if p.grid is not None else p.targets
         if isinstance(at, _Span):
-            hits[at.start:at.stop] += 1
+            hits[max(at.start - acc_n, 0):max(min(at.stop, zeroed) - acc_n, 0)] += 1
         else:
-            np.add.at(hits, np.asarray(at).reshape(-1), 1)
-    zero = np.zeros(count + 1, bool)
-    zero[acc_n:zeroed] = True
+            np.add.at(hits, window(at), 1)
+    zero = np.ones(size + 2, bool)      # a False either side: every run of True has two edges
+    zero[0] = zero[-1] = False
     for p in products:
         at = p.grid if p.grid is not None else p.targets
-        if isinstance(at, _Span) and acc_n <= at.start and at.stop <= zeroed and (hits[at.start:at.stop] == 1).all():
+        if isinstance(at, _Span) and acc_n <= at.start and at.stop <= zeroed and \
+                (hits[at.start - acc_n:at.stop - acc_n] == 1).all():
             p.assign = True
-            zero[at.start:at.stop] = False
-    edges = np.flatnonzero(np.diff(np.concatenate([[False], zero]).astype(np.int8)))
+            zero[at.start - acc_n + 1:at.stop - acc_n + 1] = False
+    edges = acc_n + np.flatnonzero(zero[1:] != zero[:-1])
     return [(int(lo), int(hi)) for lo, hi in zip(edges[::2], edges[1::2])]
 
 
