@@ -1042,16 +1042,20 @@ def _layout(acc_n: int, count: int, products: list, alus: list, acc_loads, made:
         claim_loaded(old)
         at = renumber[old]
         # a batch is independent element by element: in the order of the values it reads, a
-        # run where it reads all of one (a product's accumulators in the product's order)
-        if at.size > 1 and not (at[1:] >= at[:-1]).all():
+        # run where it reads all of one (a product's accumulators in the product's order).
+        # Most batches read values in increasing order: one comparison tells, for both tests
+        increasing = at.size <= 1 or bool((at[1:] > at[:-1]).all())
+        if not increasing and not (at[1:] >= at[:-1]).all():
             order = np.argsort(at, kind="stable")
             new, old, at = new[order], old[order], at[order]
             src = None if src is None else src.reshape(-1)[order]
             alus[k] = (ufunc, op, imm, new, old, src)
         if src is not None:
             claim_loaded(src.reshape(-1))
-        if new.size == old.size and at.size and at[0] >= acc_n and not shared[old].any() and \
-                (renumber[new] < 0).all() and at[-1] - at[0] == at.size - 1 and (at[1:] > at[:-1]).all():
+        # in place: ``old`` a run (from the cheap tests to the gathers)
+        if new.size == old.size and at.size and at[0] >= acc_n and at[-1] - at[0] == at.size - 1 and \
+                (increasing or bool((at[1:] > at[:-1]).all())) and not shared[old].any() and \
+                (renumber[new] < 0).all():
             renumber[new] = at
         else:
             claim(new)
