@@ -683,7 +683,7 @@ class _Builder:
         # is a contiguous run (a view, not a gather and a scatter), and only the values that
         # products add into start at zero.
         # the values ALU and LUT instructions made: those given a level (at least 1)
-        renumber, zeroed = _layout(self.acc_n, self.values, products, alus, acc_loads, self.level[:self.values] > 0,
+        renumber, zeroed, runs, in_place = _layout(self.acc_n, self.values, products, alus, acc_loads, self.level[:self.values] > 0,
                                    np.concatenate([*(s[3] for s in stores), self.acc[acc_at]]),
                                    _workspace(self.workspace, _RENUMBER, np.intp, self.values))
         products = [p.renumbered(renumber) for p in products]
@@ -695,9 +695,15 @@ class _Builder:
         # lanes stores 8: where its results reach neither a STORE nor what ACC ends with, its
         # operands may read any value (their rows then runs, or views, not element gathers)
         cares = _cares(alus, self.values, [*(s[3] for s in self.stores), self.acc[acc_at]])
-        alus = [(ufunc, op, imm, *_operands(renumber[new], renumber[old], None if src is None else renumber[src], t,
+        # (the runs _layout numbered a batch's results with are known, not looked for again; a
+        # batch put in place over ``old`` that reads nothing else reads and writes one run: what
+        # _operands makes of it, whatever ``care``, with no pass over it)
+        alus = [(ufunc, op, imm, _Span(start, (new.size,)), _Span(start, (new.size,)), None)
+                if same and src is None and new.size > 1 else
+                (ufunc, op, imm, *_operands(renumber[new] if start is None else _Span(start, (new.size,)),
+                                            renumber[old], None if src is None else renumber[src], t,
                                             care, self.values))
-                for (ufunc, op, imm, new, old, src), care in zip(alus, cares)]
+                for (ufunc, op, imm, new, old, src), care, start, same in zip(alus, cares, runs, in_place)]
         stores = [(slot, mode, *(_views(dst, renumber[src]) or (_Copies(dst, renumber[src], t), None)))
                   for slot, mode, dst, src in stores]
         loaded = None
@@ -886,9 +892,10 @@ def _fill(index: np.ndarray, care: np.ndarray, tile: int, bound: int) -> np.ndar
     return np.where(cared | ~change[:, None], rows, filled).reshape(index.shape)
 
 
-def _operands(new: np.ndarray, old: np.ndarray, src: Optional[np.ndarray], tile: int,
+def _operands(new, old: np.ndarray, src: Optional[np.ndarray], tile: int,
               care: Optional[np.ndarray] = None, bound: int = 0) -> tuple:
-    """An ALU batch's ``(new, old, src)`` value numbers as it reads and writes them: when
+    """An ALU batch's ``(new, old, src)`` value numbers (``new`` an index, or a flat
+    :class:`_Span` when known to be a run) as it reads and writes them: when
     ``new`` is a run, the operands as views of one shape where they are affine in one, else
     the first affine operand's shape for all (the other gathered into it); otherwise a run or
     an index for ``new`` and reads for the operands. Where ``care`` (per result) is False the
@@ -898,7 +905,7 @@ def _operands(new: np.ndarray, old: np.ndarray, src: Optional[np.ndarray], tile:
     >>> new.shape, type(old).__name__, old.strides, src.read(_Vector(np.arange(10), 2)).tolist()
     ((2, 2), '_View', (0, 1), [[3, 0], [9, 1]])
     """
-    run = _run_of(new)
+    run = new if isinstance(new, _Span) else _run_of(new)
     operands = [old] if src is None else [old, src]
     views = None
     if care is not None and not care.all():
@@ -970,9 +977,10 @@ def _layout(acc_n: int, count: int, products: list, alus: list, acc_loads, made:
     STOREs read and ACC ends with) writes its results over it, in place (``made`` marks the
     values the ALU groups write; the loaded ones are marked in it too, as written): a chain of ALU
     batches (a requantisation's multiply, shift, add, clamps) then works on one stretch of
-    memory, in cache, instead of a fresh one per operation. Returns ``(renumber, zeroed)``:
-    values ``[acc_n, zeroed)`` start at zero, ``[zeroed, count)`` are written before they
-    are read. ``renumber`` is the first ``count`` elements of ``into`` (intp, its contents
+    memory, in cache, instead of a fresh one per operation. Returns ``(renumber, zeroed,
+    runs, in_place)``: values ``[acc_n, zeroed)`` start at zero, ``[zeroed, count)`` are
+    written before they are read; per ALU group, the first of the run its ``new`` is
+    renumbered to (None when it is no run), and whether its ``old`` is that run too (in place). ``renumber`` is the first ``count`` elements of ``into`` (intp, its contents
     ignored): a large stream's are tens of MB, which memory fresh from the system costs
     several times more to write than memory written before (a simulator's workspace keeps
     one while a call builds its plans, see :func:`drop_building`)."""
@@ -981,17 +989,19 @@ def _layout(acc_n: int, count: int, products: list, alus: list, acc_loads, made:
     renumber[:acc_n] = np.arange(acc_n)
     nxt = acc_n
 
-    def claim(index: np.ndarray) -> None:
+    def claim(index: np.ndarray) -> Optional[int]:
+        # the first of the run ``index`` is numbered with, or None when it is not
         nonlocal nxt
         flat = np.asarray(index).reshape(-1)
         if not flat.size or (renumber[flat] >= 0).any():
-            return
+            return None
         run = np.arange(nxt, nxt + flat.size)
         renumber[flat] = run
         if (renumber[flat] == run).all():
             nxt += flat.size
-        else:       # a value twice in ``index``: it cannot be a run (O(n), unlike np.unique)
-            renumber[flat] = -1
+            return int(run[0])
+        renumber[flat] = -1     # a value twice in ``index``: it cannot be a run (O(n), unlike np.unique)
+        return None
 
     for p in products:
         claim(p.grid if p.grid is not None else p.targets)
@@ -1036,6 +1046,8 @@ def _layout(acc_n: int, count: int, products: list, alus: list, acc_loads, made:
     for a in alus:
         if a[5] is not None:
             shared[a[5].reshape(-1)] = True
+    runs: list[Optional[int]] = [None] * len(alus)
+    in_place = [False] * len(alus)
     for k, (ufunc, op, imm, new, old, src) in enumerate(alus):
         # in execution order: ``old`` has its numbers (made before, or loaded), ``new`` does not yet
         new, old = new.reshape(-1), old.reshape(-1)
@@ -1057,13 +1069,14 @@ def _layout(acc_n: int, count: int, products: list, alus: list, acc_loads, made:
                 (increasing or bool((at[1:] > at[:-1]).all())) and not shared[old].any() and \
                 (renumber[new] < 0).all():
             renumber[new] = at
+            runs[k], in_place[k] = int(at[0]), True
         else:
-            claim(new)
+            runs[k] = claim(new)
     if acc_loads is not None:
         claim_loaded(acc_loads[0])
     rest = np.flatnonzero(renumber < 0)     # written values a claim did not take (repeats)
     renumber[rest] = np.arange(nxt, nxt + rest.size)
-    return renumber, zeroed
+    return renumber, zeroed, runs, in_place
 
 
 def _range_below(indices: Sequence[np.ndarray], bound: int) -> tuple[int, int]:
