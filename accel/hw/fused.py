@@ -683,9 +683,10 @@ class _Builder:
         # is a contiguous run (a view, not a gather and a scatter), and only the values that
         # products add into start at zero.
         # the values ALU and LUT instructions made: those given a level (at least 1)
-        renumber, zeroed, runs, in_place = _layout(self.acc_n, self.values, products, alus, acc_loads, self.level[:self.values] > 0,
-                                   np.concatenate([*(s[3] for s in stores), self.acc[acc_at]]),
-                                   _workspace(self.workspace, _RENUMBER, np.intp, self.values))
+        renumber, zeroed, runs, in_place = _layout(
+            self.acc_n, self.values, products, alus, acc_loads, self.level[:self.values] > 0,
+            np.concatenate([*(s[3] for s in stores), self.acc[acc_at]]),
+            _workspace(self.workspace, _RENUMBER, np.intp, self.values))
         products = [p.renumbered(renumber) for p in products]
         # An ALU batch's operands, a STORE's values and host elements, what the scratchpads
         # end with: mostly runs, or a block order away from them (tiles of a matrix product's
@@ -980,7 +981,8 @@ def _layout(acc_n: int, count: int, products: list, alus: list, acc_loads, made:
     memory, in cache, instead of a fresh one per operation. Returns ``(renumber, zeroed,
     runs, in_place)``: values ``[acc_n, zeroed)`` start at zero, ``[zeroed, count)`` are
     written before they are read; per ALU group, the first of the run its ``new`` is
-    renumbered to (None when it is no run), and whether its ``old`` is that run too (in place). ``renumber`` is the first ``count`` elements of ``into`` (intp, its contents
+    renumbered to (None when it is no run), and whether its ``old`` is that run too (in
+    place). ``renumber`` is the first ``count`` elements of ``into`` (intp, its contents
     ignored): a large stream's are tens of MB, which memory fresh from the system costs
     several times more to write than memory written before (a simulator's workspace keeps
     one while a call builds its plans, see :func:`drop_building`)."""

@@ -909,12 +909,14 @@ def test_products_alone_on_zeroed_values_set_them_and_the_rest_is_zeroed(acc_n, 
     hits = np.zeros(64, int)
     hits[loaded] = 1
     for p in products:
-        np.add.at(hits, np.arange(p.targets.start, p.targets.stop) if isinstance(p.targets, fused._Span) else p.targets, 1)
+        t = p.targets
+        np.add.at(hits, np.arange(t.start, t.stop) if isinstance(t, fused._Span) else t, 1)
     zero = np.zeros(64, bool)
     zero[acc_n:zeroed] = True
     for p in products:
         t = p.targets
-        alone = isinstance(t, fused._Span) and acc_n <= t.start and t.stop <= zeroed and (hits[t.start:t.stop] == 1).all()
+        alone = isinstance(t, fused._Span) and acc_n <= t.start and t.stop <= zeroed and \
+            bool((hits[t.start:t.stop] == 1).all())
         assert p.assign == alone
         if alone:
             zero[t.start:t.stop] = False
