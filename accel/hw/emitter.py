@@ -78,21 +78,24 @@ class Emitter:
     def __len__(self) -> int:
         return len(self.instructions)
 
-    def emit(self, ins: Instruction, validated: bool = False) -> int:
+    def emit(self, ins: Instruction, validated: bool = False, queue: Optional[int] = None) -> int:
         """Append ``ins`` (plus any pending pops of its queue); returns its index.
 
         ``validated=True`` skips the validator for an instruction already checked against
-        the same Config and buffer table (the runtime's instruction cache).
+        the same Config and buffer table (the runtime's instruction cache); ``queue``, if
+        given, is the number of its queue (:func:`~accel.hw.isa.queue_of`), which a caller
+        that keeps it need not have found again.
 
-        >>> Emitter().emit(nop(Queue.LOAD))
-        0
+        >>> Emitter().emit(nop(Queue.LOAD)), Emitter().emit(nop(Queue.LOAD), queue=0)
+        (0, 0)
         """
-        queue = queue_of(ins)
+        if queue is None:
+            queue = queue_of(ins)
         pending = self._pending[queue]
         if pending:
             clash = [f for f in pending if getattr(ins, f)]
             if clash:  # the instruction already pops there itself: a NOP takes the pending pop
-                self._append(nop(queue).with_flags(**{f: True for f in clash}), queue)
+                self._append(nop(Queue(queue)).with_flags(**{f: True for f in clash}), queue)
                 pending.difference_update(clash)
             if pending:
                 ins = ins.with_flags(**{f: True for f in pending})

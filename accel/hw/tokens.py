@@ -175,7 +175,6 @@ _HOST = ("host",)
 _ACC, _INP, _WGT, _DWMAC = _SRAM[Mem.ACC], _SRAM[Mem.INP], _SRAM[Mem.WGT], Opcode.DWMAC
 # LOAD <-> STORE: each queue's far queue, reached through a compute NOP
 _FAR = {Queue.LOAD: Queue.STORE, Queue.STORE: Queue.LOAD}
-_OTHERS = tuple(tuple(int(p) for p in Queue if p is not q) for q in Queue)
 _FOOTPRINTS = {Opcode.LOAD: _load_footprint, Opcode.STORE: _store_footprint, Opcode.GEMM: _mac_footprint,
                Opcode.DWMAC: _mac_footprint, Opcode.LUT: _lut_footprint, Opcode.ALU: _alu_footprint,
                Opcode.ALU_CHAIN: _alu_chain_footprint,
@@ -277,14 +276,18 @@ class _Space:
     reads (``read``) there, ``[-1, inf, -inf]`` for none: a search is needed only where
     another queue's accesses may both be later than what the instruction already waits for
     and overlap it (not for a compute instruction reading ACC, which only the compute queue
-    writes, nor for a LOAD of an input the stream's STOREs never write)."""
+    writes, nor for a LOAD of an input the stream's STOREs never write). ``writers`` and
+    ``readers`` list ``(queue, summary)`` for the queues that accessed the space, the only
+    summaries worth looking at (most spaces are written by one queue)."""
 
-    __slots__ = ("writes", "reads", "wrote", "read")
+    __slots__ = ("writes", "reads", "wrote", "read", "writers", "readers")
 
     def __init__(self) -> None:
         self.writes, self.reads = _Ranges(), _Ranges()
         self.wrote = tuple([-1, math.inf, -math.inf] for _ in Queue)
         self.read = tuple([-1, math.inf, -math.inf] for _ in Queue)
+        self.writers: list[tuple[int, list]] = []
+        self.readers: list[tuple[int, list]] = []
 
 
 class DependencyTracker:
@@ -339,14 +342,13 @@ class DependencyTracker:
         >>> deps.emit(em, alu, int(queue_of(alu)), footprint(alu, 16)), len(em)
         (0, 1)
         """
-        index = em.emit(self._order(em, ins, queue, accesses), validated=True)
+        index = em.emit(self._order(em, ins, queue, accesses), validated=True, queue=queue)
         self._record(queue, accesses, index)
         return index
 
     def _order(self, em, ins: Instruction, queue: int, accesses: tuple) -> Instruction:
         needs: dict[int, int] = {}
         ordered = self._ordered[queue]
-        others = _OTHERS[queue]
         spaces = self._spaces
         for space, lo, hi, write in accesses:
             state = spaces.get(space)
@@ -355,19 +357,16 @@ class DependencyTracker:
             # whether another queue's writes (then reads, for a write) here may be later than
             # what the instruction already waits for and overlap it, by the queues' summaries
             # (see _Space): most accesses need no search (a loop's own ACC, read-only inputs)
-            seen = state.wrote
-            for q in others:
-                index, first, last = seen[q]
-                if index > ordered[q] and first < hi and lo < last and index > needs.get(q, -1):
+            # (one search finds every queue's accesses: which queue calls for it does not matter)
+            for q, (index, first, last) in state.writers:
+                if q != queue and index > ordered[q] and first < hi and lo < last and index > needs.get(q, -1):
                     for producer, index in state.writes.values_overlapping(lo, hi):
                         if producer != queue and index > needs.get(producer, -1):
                             needs[producer] = index
                     break
             if write:
-                seen = state.read
-                for q in others:
-                    index, first, last = seen[q]
-                    if index > ordered[q] and first < hi and lo < last and index > needs.get(q, -1):
+                for q, (index, first, last) in state.readers:
+                    if q != queue and index > ordered[q] and first < hi and lo < last and index > needs.get(q, -1):
                         for readers in state.reads.values_overlapping(lo, hi):
                             for producer, index in readers.items():
                                 if producer != queue and index > needs.get(producer, -1):
@@ -409,6 +408,8 @@ class DependencyTracker:
                 state.writes.overwrite(lo, hi, entry)
                 state.reads.remove_inside(lo, hi)
                 summary = state.wrote[queue]
+                if summary[0] < 0:
+                    state.writers.append((queue, summary))
             else:
                 reads = state.reads
                 readers = reads.values.get((lo, hi))
@@ -417,6 +418,8 @@ class DependencyTracker:
                 else:
                     readers[queue] = index
                 summary = state.read[queue]
+                if summary[0] < 0:
+                    state.readers.append((queue, summary))
             # the queue's summary of the space (see _Space) takes in the access
             summary[0] = index
             if lo < summary[1]:
