@@ -72,6 +72,8 @@ class Emitter:
     def __init__(self, validate: Optional[Validator] = None) -> None:
         self._validate = validate
         self.instructions: list[Instruction] = []
+        #: the queue of each instruction, by index (what a dependency tracker looks up in its scans)
+        self.queues: list[int] = []
         self._last: dict[Queue, int] = {}
         self._pending: dict[Queue, set[str]] = {q: set() for q in Queue}
 
@@ -107,6 +109,7 @@ class Emitter:
         if self._validate is not None and not validated:
             self._validate(index, ins)
         self.instructions.append(ins)
+        self.queues.append(queue)
         self._last[queue] = index
         return index
 
@@ -192,6 +195,7 @@ class Emitter:
         self._append(Finish().with_flags(**{f: True for f in pending}), Queue.COMPUTE)
         stream = self.instructions
         self.instructions = []
+        self.queues = []
         self._last = {}
         self._pending = {q: set() for q in Queue}
         if check_tokens:

@@ -431,11 +431,10 @@ class DependencyTracker:
         """Make the first instruction of ``src`` at or after ``index`` with a free push flag
         send a token to ``dst``; a NOP at the end of ``src`` if there is none. Returns it."""
         flag = _PUSH[(src, dst)]
-        stream = em.instructions
+        stream, queues = em.instructions, em.queues
         for i in range(index, len(stream)):
-            ins = stream[i]
-            if queue_of(ins) == src and not getattr(ins, flag):
-                stream[i] = self._flagged(ins, _BIT[flag])
+            if queues[i] == src and not getattr(stream[i], flag):
+                stream[i] = self._flagged(stream[i], _BIT[flag])
                 return i
         return em.emit(nop(src).with_flags(**{flag: True}))
 
