@@ -89,7 +89,7 @@ class StreamBuilder:
         # Instructions made and checked in any stream, by call: other streams repeat calls
         # too (layers of one shape). Each as (its place in _kept, its queue's number, its
         # footprint in element ranges, the facts of its host slot it was checked against or
-        # None): the check reads nothing else of the buffer table (see _facts), so a stream
+        # None): the check reads nothing else of the buffer table (_slot_facts), so a stream
         # whose slot has the same facts needs no check, and the footprint holds in any
         # stream once its host ranges are placed (tokens.on_host). Numbers, strings and
         # tuples of them, which the garbage collector stops tracking (an entry holding the
