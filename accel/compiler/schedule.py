@@ -296,15 +296,20 @@ def block_cycles(e: Extents, bm: int, bn: int, bk: int, alu_runs: Sequence[int],
     convolution's blocks are pixels x channels with ``bk`` 1 and ``mac_cycles`` the cycles of
     one tile's DWMAC (its taps; ``e.k_outer`` 1).
 
-    The padding of M and N to whole blocks costs every ALU pass, and the issue overhead every
-    instruction: what a tuner weighs when it picks its likeliest blocks.
+    The padding of N to whole blocks costs every ALU pass (an ALU instruction runs whole
+    rows of a tile's lanes), that of M too unless a block holds all of M's ``e.m_rows`` (then a
+    GEMM's passes run over those rows alone), and the issue overhead every instruction: what a
+    tuner weighs when it picks its likeliest blocks.
 
     >>> e = Extents(6, 13, 2, outer=2)     # 2 rows of 96 pixels, 200 channels, K 32; a 6-step epilogue
     >>> block_cycles(e, 1, 2, 2, (6,), Config()), block_cycles(e, 6, 1, 2, (6,), Config())
     (8777, 7801)
+    >>> block_cycles(Extents(2, 3, 1, m_rows=20), 2, 1, 1, (3, 3, 5), Config(), staged=(True,))     # 20 rows, a bias
+    327
     """
     t, ov = config.tile, config.issue_overhead
-    blocks = e.outer * -(-e.m_tiles // bm) * -(-e.n_tiles // bn)
+    m_blocks = -(-e.m_tiles // bm)
+    blocks = e.outer * m_blocks * -(-e.n_tiles // bn)
     tiles = bm * bn
     if mac_cycles is None:
         # a GEMM instruction folds two of the block's loops: per block of K, bm instructions of
@@ -316,7 +321,10 @@ def block_cycles(e: Extents, bm: int, bn: int, bk: int, alu_runs: Sequence[int],
     # one reset zeroes a GEMM's block (its tile loops fold into the instruction); a depthwise
     # block's resets are one per tile, inside the loops over its tiles
     resets = tiles * t + ov if mac_cycles is None else tiles * (t + ov)
-    passes = [tiles * t * -(-t // config.alu_lanes) + ov + n - 1 for n in alu_runs]     # one per chain
+    # a block of all of M runs its passes over M's rows alone, not over its padding to whole
+    # tiles (blocks that split M are padded to split it evenly: every block whole)
+    rows = bm * t if e.m_rows is None or m_blocks > 1 else e.m_rows
+    passes = [rows * bn * -(-t // config.alu_lanes) + ov + n - 1 for n in alu_runs]     # one per chain
     alu = sum(passes)
     # the epilogue's operands are LOADs into ACC, which the compute queue issues: a bias one
     # row of the block's channels, a residual the whole block
@@ -584,7 +592,8 @@ class Extents:
     batch) and around a block of K (``k_outer``: a convolution's kernel taps), the weight's
     elements per element of its N x K matrix (``weight_copies``: a batch of weights, the
     taps), and per operand the epilogue reads from ACC whether it is narrow (a bias: along
-    one dimension at most) or as large as the accumulator (a residual)."""
+    one dimension at most) or as large as the accumulator (a residual); ``m_rows``: M's rows
+    when the epilogue's ALU runs over them alone (a GEMM's; None: over whole tiles)."""
 
     m_tiles: int
     n_tiles: int
@@ -593,6 +602,7 @@ class Extents:
     k_outer: int = 1
     weight_copies: int = 1
     operands: tuple = ()
+    m_rows: int | None = None
 
 
 def footprint(e: Extents, t: int, bm: int, bn: int, bk: int, resident: bool) -> dict:
@@ -748,7 +758,7 @@ def _schedule_gemm(sch: s_tir.Schedule, name: str, g: GemmAnalysis, config: Conf
     operands = {} if steps is None else _wide_operands(sch, final, out_buffer, temporaries)
     k_ = g.extents[g.k]
     shape = Extents(-(-m_ // t), -(-n_ // t), -(-k_ // t), batch, k_all // k_, _elements(g.weight) // (n_ * k_),
-                    tuple(operands.values()))
+                    tuple(operands.values()), m_rows=m_)
     bm, bn, bk, resident = _fitting_blocks(name, g, shape, knobs, config, reserved)
     plan.device_macs, padded = _pad_to_blocks(sch, name, g, (t * bm, t * bn, t * bk))
     if padded:      # the copy out of the padded result joins the epilogue

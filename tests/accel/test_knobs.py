@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 import tvm
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from tvm import ir, s_tir, te, topi
 
@@ -596,6 +596,7 @@ def test_the_fork_knob_is_offered_where_the_epilogue_forks_and_running_once_is_l
 @settings(max_examples=6, deadline=None)
 @given(st.sampled_from(["NCHW", "NHWC", "dense", "depthwise"]), st.sampled_from([12, 20, 28]),
        st.sampled_from([(16, 40), (24, 200), (48, 64)]))
+@example("dense", 20, (16, 40))     # a block of all of M's 20 rows: its ALU passes run over those alone
 def test_the_ranked_candidates_are_bit_exact_and_their_estimate_foresees_the_cycles(kind, size, channels):
     """The tuner's candidates after the heuristic (:func:`accel.compiler.tuning.ranked`, the
     cheapest by the estimate over the whole knob space, a forking epilogue's ``each`` and
