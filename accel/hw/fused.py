@@ -1359,16 +1359,31 @@ class _Product:
         return _Product(self.x, self.w, grid, self.sel_r, self.sel_c,
                         _run_of(targets) if self.unique else targets, self.unique, self.tile)
 
-    def run(self, source: _Vector, values: np.ndarray) -> None:
-        # compiled, exact in int32 (see accel.hw.kernels.gemm): the operands' rows read where
-        # they are in the source vector, not gathered into copies
-        rows, cols, t = self.x.shape[0], self.w.shape[0], self.tile
-        xs, ws = self.x.starts.reshape(rows, -1), self.w.starts.reshape(cols, -1)
+    def packs(self) -> int:
+        """The int16 scratch elements its compiled product packs the operands into."""
+        return kernels.gemm(self.tile, self.assign).scratch(*self._starts())
+
+    def _starts(self) -> tuple[np.ndarray, np.ndarray]:
+        """The row starts of the input's and the weight's rows, ``[rows, J]`` and ``[cols, J]``."""
+        return self.x.starts.reshape(self.x.shape[0], -1), self.w.starts.reshape(self.w.shape[0], -1)
+
+    def call(self, source: _Vector, values: np.ndarray, scratch: np.ndarray) -> Callable[[], object]:
+        """The product as a call without arguments over these vectors (``scratch``: int16, at
+        least :meth:`packs` elements, for the kernel alone while it runs)."""
         if isinstance(self.grid, _Span):        # straight into the values it adds into (or sets)
-            kernels.gemm(t, self.assign)(source.data, xs, ws, values, self.grid.start, cols)
-            return
-        product = np.empty((rows, cols), np.int32)
-        kernels.gemm(t, True)(source.data, xs, ws, product.reshape(-1), 0, cols)
+            # compiled, exact in int32 (see accel.hw.kernels.gemm): the operands' rows read where
+            # they are in the source vector, not gathered into copies, the tensors made once
+            xs, ws = self._starts()
+            return kernels.gemm(self.tile, self.assign).bind(source.data, xs, ws, values, self.grid.start,
+                                                             ws.shape[0], scratch)
+        return partial(self.run, source, values)
+
+    def run(self, source: _Vector, values: np.ndarray) -> None:
+        """The product into a new array, then added into (or copied to) the values (that are no
+        run of rows: :meth:`call` multiplies into a run in place)."""
+        xs, ws = self._starts()
+        product = np.empty((xs.shape[0], ws.shape[0]), np.int32)
+        kernels.gemm(self.tile, True)(source.data, xs, ws, product.reshape(-1), 0, ws.shape[0])
         if self.grid is not None:
             if self.assign:
                 np.copyto(self.grid.of(values), product)
@@ -1417,7 +1432,18 @@ class _PerChannel:
         targets = renumber[self.targets]
         return _PerChannel(targets if self.inverse is not None else _run_of(targets), self.x, self.w, self.inverse)
 
+    def call(self, source: _Vector, values: np.ndarray, scratch: np.ndarray) -> Callable[[], object]:
+        """The products as a call without arguments over these vectors (``scratch`` unused)."""
+        x = self.x
+        if self.inverse is None and isinstance(self.w, int) and isinstance(self.targets, _Span) and \
+                x.index is None and x.rows_at is None and x.size == x.starts.size * _tile(source):
+            # whole rows times one weight element: compiled, one pass without a gathered copy
+            return kernels.scaled_rows(_tile(source), self.assign).bind(source.data, x.starts, self.w, values,
+                                                                        self.targets.start)
+        return partial(self.run, source, values)
+
     def run(self, source: _Vector, values: np.ndarray) -> None:
+        """The products in numpy (:meth:`call` binds the compiled pass where it applies)."""
         if self.inverse is not None:
             products = np.multiply(source.data[self.x], source.data[self.w], dtype=np.int32)   # exact
             # float64 sums are exact below 2**53, i.e. for up to 2**39 products per value
@@ -1425,11 +1451,6 @@ class _PerChannel:
             values[self.targets] += sums.astype(np.int64).astype(np.int32)     # modulo 2**32, as int32 wraps
             return
         x = self.x
-        if isinstance(self.w, int) and isinstance(self.targets, _Span) and x.index is None and x.rows_at is None \
-                and x.size == x.starts.size * (t := source.rows.itemsize // source.data.itemsize):
-            # whole rows times one weight element: compiled, one pass without a gathered copy
-            kernels.scaled_rows(t, self.assign)(source.data, x.starts, self.w, values, self.targets.start)
-            return
         w = source.data[self.w] if isinstance(self.w, int) else self.w.read(source)
         products = np.multiply(x.read(source), w, dtype=np.int32)     # exact: at most 2**14
         if self.assign:
@@ -1459,7 +1480,8 @@ class _TapSum:
         targets = renumber[self.targets]
         return _TapSum(_run_of(targets) if self.unique else targets, self.x, self.w, self.ftype, self.unique)
 
-    def run(self, source: _Vector, values: np.ndarray) -> None:
+    def call(self, source: _Vector, values: np.ndarray, scratch: np.ndarray) -> Callable[[], object]:
+        """The tap sums as a call without arguments over these vectors (``scratch`` unused)."""
         # int8 x int8 products are exact in the kernel's int32 sums, and in numpy's float32 sums
         # of up to 1024 of them (below 2**24); more are summed in float64 (exact below 2**53), then reduced modulo
         # 2**32 as int32 wraps
@@ -1467,9 +1489,12 @@ class _TapSum:
             # compiled: each output vector summed in registers from the source's rows (numpy
             # would gather every tap's rows first: 9-49 copies of the input)
             d, steps, p, t = self.x.shape
-            kernels.tap_sum(t, self.assign)(source.data, self.x.starts.reshape(d, steps, p),
-                                            self.w.starts.reshape(d, steps), values, self.targets.start)
-            return
+            return kernels.tap_sum(t, self.assign).bind(source.data, self.x.starts.reshape(d, steps, p),
+                                                        self.w.starts.reshape(d, steps), values, self.targets.start)
+        return partial(self.run, source, values)
+
+    def run(self, source: _Vector, values: np.ndarray) -> None:
+        """The tap sums in numpy (:meth:`call` binds the compiled pass where it applies)."""
         w = self.w.read(source)
         if self.ftype is np.float32 and self.x.by_rows:
             # a few tiles' taps at a time: gathered into cache and summed there (the taps of a
@@ -1525,7 +1550,7 @@ class FusedPlan:
         # vector, the value vector, the int32 sources of ACC LOADs, and the ALU batches as
         # calls bound to views of them; remade when the workspace arrays are other ones
         self._on: tuple = ()
-        self._source = self._scratch = self._ints = None
+        self._source = self._scratch = self._ints = self._packed = None
         self._alu_steps: list = []
         written = dict.fromkeys(s[0] for s in stores)
         self._apart = [(r, w) for r in (*self.f_slots, *self.i_slots) for w in written if r != w]
@@ -1588,7 +1613,7 @@ class FusedPlan:
             ints = self._ints
             calls += _concatenated(ints.data, [buffers[s] for s in self.i_slots] + [self.i_pads])
             calls.append(_copied(values, self.acc_loads[0], ints, self.acc_loads[1]))
-        calls += [partial(product.run, source, values) for product in self.products]
+        calls += [product.call(source, values, self._packed) for product in self.products]
         calls += self._alu_steps
         for slot, mode, dst, src in self.stores:
             calls.append(_stored(buffers[slot], mode, dst, vector, src))
@@ -1609,13 +1634,15 @@ class FusedPlan:
         # still the workspace's arrays (one is only ever replaced by a larger one) and the
         # scratchpads of the same simulator: bound
         if on and on[0] is space.get("source") and on[1] is space.get("values") and on[2] is space.get("ints") \
-                and on[3] is sim:
+                and on[3] is sim and on[4] is space.get("packed"):
             return False
+        packs = max((p.packs() for p in self.products if isinstance(p, _Product)), default=0)
         on = (_workspace(space, "source", np.int8, self.f_size), _workspace(space, "values", np.int32, self.values),
-              _workspace(space, "ints", np.int32, self.i_base), sim)
+              _workspace(space, "ints", np.int32, self.i_base), sim, _workspace(space, "packed", np.int16, packs))
         self._source = _Vector(on[0][:self.f_size], self.tile)
         self._scratch = _Vector(on[1][:self.values], self.tile)
         self._ints = _Vector(on[2][:self.i_base], self.tile)
+        self._packed = on[4]
         self._alu_steps = _alu_steps(self._scratch, self._source, self.alus)
         self._on = on
         return True
