@@ -1925,11 +1925,16 @@ class _Chain:
 
     def call(self, vector: _Vector, source: _Vector) -> Callable[[], object]:
         """The chain as a call without arguments over the value vector (which stays put
-        between runs; LUT tables are read from the source vector at each run)."""
+        between runs; LUT tables are read where the source vector holds them, or gathered from
+        it at each run when one is no run there)."""
         import tvm_ffi
 
         bases: list[np.ndarray] = []
-        tables: list[np.ndarray] = []
+        tables = [operand for code, operand in self.steps if code == kernels.LOOKUP]
+        # the tables in place when each is a run of the source vector (a table a LOAD brought
+        # whole), else copies of their entries (int8, like the source vector)
+        in_place = all(isinstance(_run_of(entries), _Span) for entries in tables)
+        table = source.data if in_place else np.zeros(max(1, len(tables) * LUT_ENTRIES), np.int8)
         at = 0
 
         def encode(kind: int, value) -> tuple[int, int]:
@@ -1940,23 +1945,23 @@ class _Chain:
                 return kind, at - value.size
             return kind, int(value)
         program = [(0, *encode(*self.start[:2]))]
+        looked = 0
         for code, operand in self.steps:
             if code == kernels.LOOKUP:
-                tables.append(operand)
-                program.append((code, kernels.IMM, len(tables) - 1))
+                program.append((code, kernels.IMM, int(operand[0]) if in_place else looked * LUT_ENTRIES))
+                looked += 1
             else:
                 program.append((code, *encode(*operand[:2])))
-        table = np.zeros(max(1, len(tables) * LUT_ENTRIES), np.int32)
         arrays = (vector.data, np.concatenate(bases) if bases else np.zeros(1, np.int64), table,
                   np.array(program, np.int64))
         kernel = partial(kernels.alu_chain(self.tile), *(tvm_ffi.from_dlpack(a) for a in arrays),
                          (self.writes[1] - self.writes[0]) // self.tile, self.writes[0])
-        if not tables:
+        if in_place:
             return kernel
         entries = np.concatenate(tables)
 
         def lookups() -> None:
-            np.copyto(table, source.data[entries], casting="unsafe")     # int8 values
+            np.take(source.data, entries, out=table, mode="clip")      # (in range: unbuffered)
             kernel()
         return lookups
 

@@ -195,8 +195,9 @@ def alu_chain(tile: int) -> Callable[..., None]:
     of ``rows`` rows of ``tile`` lanes, ``v`` = the row of ``program[0]``'s operand, then for
     each later step ``(code, kind, value) = program[k]``: ``v = op(v, operand)`` with wrapping
     int32 arithmetic (:data:`~accel.hw.instructions.ALU_UFUNCS`, a shift by the operand clipped
-    to 0..31), or for ``code`` :data:`LOOKUP` ``v = tables[value * 256 + clip(v, -128, 127) +
-    128]``; then ``values[out + r * tile + lane] = v``. An operand (``kind``, ``value``) is
+    to 0..31), or for ``code`` :data:`LOOKUP` ``v = tables[value + clip(v, -128, 127) + 128]``
+    (``tables`` int8: a plan's tables where its source vector holds them, read in place); then
+    ``values[out + r * tile + lane] = v``. An operand (``kind``, ``value``) is
     :data:`IMM`, :data:`RUN`, :data:`ROWS` or :data:`SPLAT` of ``values`` (int32); ``bases``
     int64, ``program`` ``[steps, 3]`` int64. A block of rows is read before it is written: the
     rows written may be the first operand's run (in place), and overlap no other operand.
@@ -205,7 +206,7 @@ def alu_chain(tile: int) -> Callable[..., None]:
     >>> values = np.array([5, -7, 100, 3, 0, 0], np.int32)
     >>> program = np.array([[0, RUN, 0], [int(AluOp.MUL), IMM, 3], [int(AluOp.ADD), ROWS, 0],
     ...                     [int(AluOp.MAX), IMM, 0]])
-    >>> tensors = [tvm_ffi.from_dlpack(a) for a in (values, np.array([2]), np.zeros(1, np.int32), program)]
+    >>> tensors = [tvm_ffi.from_dlpack(a) for a in (values, np.array([2]), np.zeros(1, np.int8), program)]
     >>> alu_chain(2)(*tensors, 1, 4)
     >>> values.tolist()       # max(5 * 3 + 100, 0), max(-7 * 3 + 3, 0)
     [5, -7, 100, 3, 115, 0]
@@ -394,7 +395,7 @@ def _compile(tile: int, cpu: str | None = None):
         n, b, e, k = T.int64(), T.int64(), T.int64(), T.int64()
         values = T.match_buffer(a_values, (n,), "int32", align=4)
         bases = T.match_buffer(a_bases, (b,), "int64", align=8)
-        tables = T.match_buffer(a_tables, (e,), "int32", align=4)
+        tables = T.match_buffer(a_tables, (e,), "int8", align=1)
         program = T.match_buffer(a_program, (k, 3), "int64", align=8)
         acc = T.alloc_buffer((block * tile,), "int32", scope="local")
         arg = T.alloc_buffer((block * tile,), "int32", scope="local")
@@ -443,11 +444,11 @@ def _compile(tile: int, cpu: str | None = None):
                             for c in T.vectorized(tile):
                                 acc[j * tile + c] = T.Cast("int32", T.Cast("int64", acc[j * tile + c]) *
                                                            T.Cast("int64", imm))
-                    else:       # LOOKUP in table ``imm``
+                    else:       # LOOKUP in the table at ``program[s, 2]``
                         for j in range(m):
                             for c in T.vectorized(tile):
-                                acc[j * tile + c] = tables[T.Cast("int64", imm) * LUT_ENTRIES +
-                                                           T.Cast("int64", T.max(T.min(acc[j * tile + c], 127), -128) + 128)]
+                                acc[j * tile + c] = T.Cast("int32", tables[program[s, 2] + T.Cast(
+                                    "int64", T.max(T.min(acc[j * tile + c], 127), -128) + 128)])
                 else:
                     if kind == RUN:
                         for j in range(m):

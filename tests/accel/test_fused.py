@@ -761,8 +761,10 @@ def epilogues(draw):
     block = st.integers(0, acc_blocks - 1).map(lambda b: b * _BLOCK)
     imm = st.one_of(st.none(), st.integers(-40, 40), st.sampled_from([-2**31, -2**31 + 1, -129, 127, 2**31 - 1]),
                     st.integers(-2**31, 2**31 - 1))
-    program = [Load(mem=Mem.WGT, sram_addr=0, sram_ld=256, slot=1, dram_offset=draw(st.integers(0, 768)),
-                    dram_ld=256, rows=1, cols=256)]       # a table at WGT 0 (and a GEMM's weights)
+    # a table at WGT 0 (and a GEMM's weights), a run of the host buffer (the chains read it in place
+    # in the source vector) or rows of it apart (gathered at each run)
+    program = [Load(mem=Mem.WGT, sram_addr=0, sram_ld=16, slot=1, dram_offset=draw(st.integers(0, 512)),
+                    dram_ld=draw(st.sampled_from([16, 20])), rows=16, cols=16)]
     for b in draw(st.lists(block, min_size=1, max_size=4, unique=True)):
         if draw(st.booleans()):
             tile = dict(acc_addr=b, inp_addr=0, wgt_addr=0, acc_ld=16, inp_ld=16, wgt_ld=16)
