@@ -1637,13 +1637,15 @@ class FusedPlan:
                 and on[3] is sim and on[4] is space.get("packed"):
             return False
         packs = max((p.packs() for p in self.products if isinstance(p, _Product)), default=0)
-        on = (_workspace(space, "source", np.int8, self.f_size), _workspace(space, "values", np.int32, self.values),
+        spill = _Spill.need(self.alus, self.tile)
+        on = (_workspace(space, "source", np.int8, self.f_size),
+              _workspace(space, "values", np.int32, self.values + spill),
               _workspace(space, "ints", np.int32, self.i_base), sim, _workspace(space, "packed", np.int16, packs))
         self._source = _Vector(on[0][:self.f_size], self.tile)
-        self._scratch = _Vector(on[1][:self.values], self.tile)
+        self._scratch = _Vector(on[1][:self.values + spill], self.tile)
         self._ints = _Vector(on[2][:self.i_base], self.tile)
         self._packed = on[4]
-        self._alu_steps = _alu_steps(self._scratch, self._source, self.alus)
+        self._alu_steps = _alu_steps(self._scratch, self._source, self.alus, _Spill(self.values, spill))
         self._on = on
         return True
 
@@ -1787,7 +1789,8 @@ def _workspace(space: dict, role: str, dtype, size: int) -> np.ndarray:
     return array
 
 
-def _alu_steps(vector: _Vector, source: _Vector, alus: list) -> list[Callable[[], object]]:
+def _alu_steps(vector: _Vector, source: _Vector, alus: list, spill: Optional["_Spill"] = None
+               ) -> list[Callable[[], object]]:
     """A plan's ALU and LUT batches as calls, in an order that gives every batch what it reads.
 
     A batch written over the run of values the batch before it made, in place (a
@@ -1797,9 +1800,10 @@ def _alu_steps(vector: _Vector, source: _Vector, alus: list) -> list[Callable[[]
     step. A chain runs when a later batch touches what it writes, or writes what it reads (or
     at the end): nothing else reads a chain's values between its steps (a batch works in
     place only over values no other batch or STORE reads, see :func:`_layout`), and a batch
-    reads only what batches of lower levels made, all before it in ``alus``. Batches the
-    kernel cannot read (operands gathered element by element, rows not ``tile`` wide) are
-    numpy calls (:func:`_alu_step`)."""
+    reads only what batches of lower levels made, all before it in ``alus``. An operand the
+    kernel cannot read as rows (some of its rows gathered element by element, rows not ``tile``
+    wide) is copied into whole rows past the plan's values (``spill``, see :class:`_Spill`) just
+    before its chain runs; without room there, such a batch is a numpy call (:func:`_alu_step`)."""
     tile = _tile(vector)
     steps: list[Callable[[], object]] = []
     chains: dict[tuple[int, int], _Chain] = {}     # the open chains by the run they write
@@ -1815,7 +1819,8 @@ def _alu_steps(vector: _Vector, source: _Vector, alus: list) -> list[Callable[[]
 
     for alu in alus:
         ufunc, op, imm, new, old, src = alu
-        rows = _chain_rows(alu, tile) if tile else None
+        rows = _chain_rows(alu, tile, spill) if tile else None
+        copies = spill.taken() if spill is not None else []
         if rows is None:
             flush(None, [_hull(m, tile) for m in (old, src) if m is not None], _hull(new, tile))
             steps.append(_alu_step(vector, source, *alu))
@@ -1830,6 +1835,7 @@ def _alu_steps(vector: _Vector, source: _Vector, alus: list) -> list[Callable[[]
             flush(None, [start[2], *reads], writes)
             chains[writes] = chain = _Chain(start, writes, tile)
         chain.add(code, operand)
+        chain.copies += copies
     flush(None, [(0, vector.data.size)], (0, 0))
     return steps
 
@@ -1862,21 +1868,96 @@ def _hull(index, tile: int) -> tuple[int, int]:
     return (int(index.min()), int(index.max()) + 1) if index.size else (0, 0)
 
 
-def _chain_rows(alu: tuple, tile: int) -> Optional[tuple]:
+def _chain_rows(alu: tuple, tile: int, spill: Optional["_Spill"] = None) -> Optional[tuple]:
     """An ALU or LUT batch as :func:`~accel.hw.kernels.alu_chain` takes it: ``(code, start,
     operand)``, its step's code and its two operands as :func:`_row_operand` gives them (for a
-    lookup ``operand`` is its table's indices in the source vector), or None when the kernel
-    cannot read them, or the results are not a run of whole rows."""
+    lookup ``operand`` is its table's indices in the source vector; an operand that is no rows
+    copied into rows of ``spill`` when given), or None when the kernel cannot read them, or the
+    results are not a run of whole rows."""
     ufunc, op, imm, new, old, src = alu
     if not isinstance(new, _Span) or new.size % tile:
         return None
-    start = _row_operand(old, tile)
+    start = _row_operand(old, tile) or (spill and spill.rows(old, tile))
     if start is None:
         return None
     if ufunc is None:
         return kernels.LOOKUP, start, imm
-    operand = (kernels.IMM, imm, None) if imm is not None else _row_operand(src, tile)
+    operand = (kernels.IMM, imm, None) if imm is not None else \
+        _row_operand(src, tile) or (spill and spill.rows(src, tile))
     return None if operand is None else (int(op), start, operand)
+
+
+class _Spill:
+    """Value numbers past a plan's own, from ``at`` on, ``size`` of them: where an ALU
+    operand that :func:`~accel.hw.kernels.alu_chain` cannot read as rows of the value vector
+    (an element-wise add's operand with some of its tile rows gathered element by element, a
+    view whose rows are not ``tile`` wide) has those rows copied, at each run, just before its
+    chain, so that the chain reads it as whole rows (one compiled pass instead of numpy's gather
+    into a new array and a pass per step).
+
+    >>> spill = _Spill(8, 4); g = _Gather(np.array([0, 1, 5, 2]), 2)      # a row, then two elements
+    >>> kind, starts, hull = spill.rows(g, 2); starts.tolist(), hull, [(e.tolist(), at) for e, at in spill.taken()]
+    ([0, 8], (0, 6), [([5, 2], 8)])
+    """
+
+    __slots__ = ("at", "end", "copies")
+
+    def __init__(self, at: int, size: int) -> None:
+        self.at, self.end = at, at + size
+        self.copies: list[tuple[np.ndarray, int]] = []      # (elements, where their copies start)
+
+    @staticmethod
+    def need(alus: list, tile: int) -> int:
+        """Room for every operand of ``alus`` that would be copied (at most: some batches do not chain)."""
+        return sum(_spilled(index, tile)[2].size for alu in alus for index in alu[4:]
+                   if index is not None and _row_operand(index, tile) is None and _spilled(index, tile) is not None)
+
+    def rows(self, index, tile: int) -> Optional[tuple]:
+        """``index`` as a ROWS operand of :func:`_row_operand`'s form, its rows that are no
+        run of the value vector read from copies here (made by :meth:`taken`'s copies), or None."""
+        spilled = _spilled(index, tile)
+        if spilled is None or self.at + spilled[2].size > self.end:
+            return None
+        starts, rows, elements = spilled
+        starts[rows] = self.at + np.arange(rows.size) * tile
+        self.copies.append((elements, self.at))
+        self.at += elements.size
+        return kernels.ROWS, starts, _hull(index, tile)
+
+    def taken(self) -> list[tuple[np.ndarray, int]]:
+        """The copies the operands given out since the last call need, ``(elements, start)``."""
+        copies, self.copies = self.copies, []
+        return copies
+
+
+def _spilled(index, tile: int) -> Optional[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """``(starts, rows, elements)`` of an operand read as ``size // tile`` rows: each row's
+    start in the value vector (int64, those of ``rows`` to be set), the rows that are no run of
+    it and their elements in order (intp); None when ``index`` is no whole number of rows.
+
+    >>> _spilled(_View(0, (2, 2), (1, 2)), 2)[1:]
+    (array([0, 1]), array([0, 2, 1, 3]))
+    """
+    size = index.size
+    if size % tile or not size:
+        return None
+    starts = np.zeros(size // tile, np.int64)
+    if isinstance(index, _Gather) and index.index is None:
+        if index.rows_at is None or index.elements.size != (starts.size - index.rows_at.size) * tile:
+            return None
+        starts[index.rows_at] = index.starts
+        rows = np.ones(starts.size, bool)
+        rows[index.rows_at] = False
+        return starts, np.flatnonzero(rows), index.elements.astype(np.intp)
+    if isinstance(index, _Gather):
+        elements = index.index
+    elif isinstance(index, _View):
+        elements = index.of(np.arange(_hull(index, tile)[1]))
+    elif isinstance(index, np.ndarray):
+        elements = index
+    else:
+        return None
+    return starts, np.arange(starts.size), np.asarray(elements, np.intp).reshape(-1)
 
 
 def _row_operand(index, tile: int) -> Optional[tuple]:
@@ -1911,12 +1992,13 @@ class _Chain:
     """ALU and LUT batches that each work in place on what the one before made, from the
     first one's operand ``start`` (see :func:`_alu_steps`), as one kernel call."""
 
-    __slots__ = ("start", "writes", "tile", "steps", "reads")
+    __slots__ = ("start", "writes", "tile", "steps", "reads", "copies")
 
     def __init__(self, start: tuple, writes: tuple[int, int], tile: int) -> None:
         self.start, self.writes, self.tile = start, writes, tile
         self.steps: list[tuple[int, object]] = []
         self.reads = [start[2]]
+        self.copies: list[tuple[np.ndarray, int]] = []      # operands' rows copied before it runs (_Spill)
 
     def add(self, code: int, operand) -> None:
         self.steps.append((code, operand))
@@ -1933,7 +2015,7 @@ class _Chain:
         tables = [operand for code, operand in self.steps if code == kernels.LOOKUP]
         # the tables in place when each is a run of the source vector (a table a LOAD brought
         # whole), else copies of their entries (int8, like the source vector)
-        in_place = all(isinstance(_run_of(entries), _Span) for entries in tables)
+        in_place = bool(tables) and all(isinstance(_run_of(entries), _Span) for entries in tables)
         table = source.data if in_place else np.zeros(max(1, len(tables) * LUT_ENTRIES), np.int8)
         at = 0
 
@@ -1956,14 +2038,19 @@ class _Chain:
                   np.array(program, np.int64))
         kernel = partial(kernels.alu_chain(self.tile), *(tvm_ffi.from_dlpack(a) for a in arrays),
                          (self.writes[1] - self.writes[0]) // self.tile, self.writes[0])
-        if in_place:
+        # (into value numbers past every element they copy: "clip" takes them unbuffered)
+        before = [partial(np.take, vector.data, elements, out=vector.data[at:at + elements.size], mode="clip")
+                  for elements, at in self.copies]
+        if tables and not in_place:
+            before.append(partial(np.take, source.data, np.concatenate(tables), out=table, mode="clip"))
+        if not before:
             return kernel
-        entries = np.concatenate(tables)
 
-        def lookups() -> None:
-            np.take(source.data, entries, out=table, mode="clip")      # (in range: unbuffered)
+        def copied() -> None:
+            for copy in before:
+                copy()
             kernel()
-        return lookups
+        return copied
 
 
 try:    # the ufunc np.clip wraps: its Python layer costs ~3 us a call, and a model call makes hundreds

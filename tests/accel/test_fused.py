@@ -861,3 +861,55 @@ def test_writes_by_rows_equal_a_scatter(runs, dtype):
     want[index] = data.astype(dtype)        # (abutting runs: later elements win, as below)
     fused._Copies(index, np.arange(index.size), 16).put(data, got)
     np.testing.assert_array_equal(got, want)
+
+
+@st.composite
+def spilled_batches(draw):
+    """Value rows of ``tile`` and two ALU batches: an add (or a lookup) in place over the first
+    rows whose other operand is no rows of the vector (rows gathered element by element among
+    whole rows, a view of rows half a tile wide, elements all gathered), then a batch that writes
+    over what that operand read (so the first one's chain must have read it before)."""
+    tile, rows = 4, draw(st.integers(1, 6))
+    n = rows * tile
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    values = rng.integers(-2**31, 2**31, 3 * n, dtype=np.int64).astype(np.int32)
+    kind = draw(st.sampled_from(["mixed", "view", "elements"]))
+    if kind == "view":
+        operand = fused._View(n, (2 * rows, tile // 2), (tile // 2, 1))
+        index = n + np.arange(n)
+    else:
+        index = n + rng.permutation(2 * n)[:n]
+        if kind == "mixed":     # every other row a whole row
+            index.reshape(rows, tile)[::2] = n + tile * rng.integers(0, 2 * rows - 1, (rows + 1) // 2)[:, None] + \
+                np.arange(tile)
+        operand = fused._Gather(index, tile)
+    lookup = draw(st.booleans())
+    table = rng.integers(-128, 128, 256).astype(np.int8)
+    first = (None, None, np.arange(256), fused._Span(0, (n,)), operand, None) if lookup else \
+        (np.add, AluOp.ADD, None, fused._Span(0, (n,)), fused._Span(0, (n,)), operand)
+    then = (np.multiply, AluOp.MUL, 3, fused._Span(n, (2 * n,)), fused._Span(n, (2 * n,)), None)
+    return tile, values, index, lookup, table, [first, then]
+
+
+@given(spilled_batches())
+def test_chain_operands_that_are_no_rows_are_copied_into_rows_before_their_chain(drawn):
+    """An ALU operand the chain kernel cannot read as rows is copied into whole rows past the
+    plan's values just before its chain runs: every batch a compiled chain, the results those of
+    numpy step by step (the copy made before a later batch writes what it read)."""
+    tile, values, index, lookup, table, alus = drawn
+    n = index.size
+    want = values.copy()
+    if lookup:
+        want[:n] = table[np.clip(want[index], -128, 127) + 128]
+    else:
+        want[:n] = want[:n] + want[index]
+    want[n:] *= 3
+    need = fused._Spill.need(alus, tile)
+    vector = fused._Vector(np.concatenate([values, np.full(need, 99, np.int32)]), tile)
+    source = fused._Vector(table, tile)
+    with mock.patch.object(fused, "_alu_step", side_effect=AssertionError("a numpy batch")):
+        steps = fused._alu_steps(vector, source, alus, fused._Spill(values.size, need))
+    assert len(steps) == 2
+    for step in steps:
+        step()
+    np.testing.assert_array_equal(vector.data[:values.size], want)

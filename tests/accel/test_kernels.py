@@ -227,7 +227,7 @@ def test_a_later_process_loads_the_kernels_an_earlier_one_compiled(kernel_cache,
     _check_tap_sum(4)                       # loaded: the same machine code
     values = np.array([5, -7, 0, 0], np.int32)
     program = np.array([[0, kernels.RUN, 0], [int(AluOp.MUL), kernels.IMM, 3]])
-    arrays = (values, np.zeros(1, np.int64), np.zeros(1, np.int32), program)
+    arrays = (values, np.zeros(1, np.int64), np.zeros(1, np.int8), program)
     kernels.alu_chain(4)(*(tvm_ffi.from_dlpack(a) for a in arrays), 1, 0)
     assert values.tolist() == [15, -21, 0, 0]
 
