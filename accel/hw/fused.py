@@ -1083,12 +1083,12 @@ class _Copies:
     >>> copies = _Copies(np.r_[0:4, 8:12] * 2, np.r_[10:14, 3, 3, 3, 3], 16)
     >>> copies.step, copies.arrays[3].tolist()      # host step 2: two runs, the second a repeat
     (2, [4, 4])
-    >>> target = np.zeros(24, np.int8); copies.put(np.arange(20, dtype=np.int32) * 20, target, saturate=True)
+    >>> target = np.zeros(24, np.int8); copies.bound(np.arange(20, dtype=np.int32) * 20, target, saturate=True)()
     >>> target[::2].tolist()
     [127, 127, 127, 127, 0, 0, 0, 0, 60, 60, 60, 60]
     """
 
-    __slots__ = ("step", "arrays", "tile", "on")
+    __slots__ = ("step", "arrays", "tile")
 
     def __init__(self, dst: np.ndarray, src: np.ndarray, tile: int) -> None:
         dst, src = (np.asarray(a, np.int64).reshape(-1) for a in (dst, src))
@@ -1112,25 +1112,18 @@ class _Copies:
         steps[inside] = kind[starts[inside]]
         self.arrays = (src[starts], steps, dst[starts], lengths)
         self.tile = tile        # (the compiled module it is in: see kernels.copy_runs)
-        self.on: tuple = ()     # the last (source, target) and the kernel bound to them
 
-    def put(self, source: np.ndarray, target: np.ndarray, saturate: bool = False) -> None:
-        """``target[dst] = source[src]``, clipped to int8's range first when ``saturate``."""
-        on = self.on
-        if not on or on[0] is not source or on[1] is not target:
-            # a plan copies between the same arrays run after run (its workspace's vectors, the
-            # simulator's scratchpads, a session's host buffers): their tensors, and the
-            # kernel's lookup, are made once (~15 us a call otherwise, for copies of a few us)
-            self.on = on = (source, target, self._bound(source, target))
-        on[2](int(saturate))
-
-    def _bound(self, source: np.ndarray, target: np.ndarray) -> Callable[[int], None]:
+    def bound(self, source: np.ndarray, target: np.ndarray, saturate: bool = False) -> Callable[[], None]:
+        """``target[dst] = source[src]`` (clipped to int8's range first when ``saturate``) as a
+        call without arguments: a plan copies between the same arrays run after run (its
+        workspace's vectors, the simulator's scratchpads, a session's host buffers), so their
+        tensors and the kernel's lookup are made once (~15 us a call otherwise, for copies of a few us)."""
         import tvm_ffi
 
         kernel = kernels.copy_runs(self.tile, source.dtype.name, target.dtype.name)
         frm, steps, to, lengths = (tvm_ffi.from_dlpack(a) for a in self.arrays)
         return partial(kernel, tvm_ffi.from_dlpack(source), frm, steps, to, lengths, tvm_ffi.from_dlpack(target),
-                       self.step)
+                       self.step, int(saturate))
 
 
 # The most common of this many leading steps of a copy's target is its host step.
@@ -1675,7 +1668,7 @@ def _copied(target: np.ndarray, index, vector: _Vector, src) -> Callable[[], obj
     [6, 7, 1, 2]
     """
     if isinstance(index, _Copies):
-        return partial(index.put, vector.data, target)
+        return index.bound(vector.data, target)
     if isinstance(index, (_Span, _View)):
         into = index.of(target)
         read = _view_of(vector, src)
@@ -1733,7 +1726,7 @@ def _stored(target: np.ndarray, mode: StoreMode, dst, vector: _Vector, src) -> C
         if mode is StoreMode.SATURATE:
             return lambda: _clip(src.read(vector), -128, 127, out=into, casting="unsafe")
         return lambda: np.copyto(into, src.read(vector), casting="unsafe")
-    return partial(dst.put, vector.data, target, mode is StoreMode.SATURATE)     # a _Copies
+    return dst.bound(vector.data, target, mode is StoreMode.SATURATE)     # a _Copies
 
 
 def remember(seen: dict, buffers: tuple, entry: object = None) -> None:

@@ -714,7 +714,7 @@ def test_copies_by_runs_equal_a_scatter(drawn, dtype, saturate, data):
     want, got = np.zeros(size, dtype), np.zeros(size, dtype)
     values = np.clip(source[src], -128, 127) if saturate else source[src]
     want[index] = values.astype(dtype)
-    fused._Copies(index, src, 16).put(source, got, saturate)
+    fused._Copies(index, src, 16).bound(source, got, saturate)()
     np.testing.assert_array_equal(got, want)
 
 
@@ -859,7 +859,7 @@ def test_writes_by_rows_equal_a_scatter(runs, dtype):
     data = np.random.default_rng(len(runs)).integers(-2**31, 2**31, index.size).astype(np.int32)
     want, got = np.zeros(42 * 24, dtype), np.zeros(42 * 24, dtype)
     want[index] = data.astype(dtype)        # (abutting runs: later elements win, as below)
-    fused._Copies(index, np.arange(index.size), 16).put(data, got)
+    fused._Copies(index, np.arange(index.size), 16).bound(data, got)()
     np.testing.assert_array_equal(got, want)
 
 
