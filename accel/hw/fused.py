@@ -1603,8 +1603,15 @@ class FusedPlan:
             calls.append(partial(np.copyto, values[lo:hi], sim.acc[lo:hi]))
         calls += [partial(values[lo:hi].fill, 0) for lo, hi in self.zero]
         if self.acc_loads is not None:
-            ints = self._ints
-            calls += _concatenated(ints.data, [buffers[s] for s in self.i_slots] + [self.i_pads])
+            ints, parts = self._ints, [buffers[s] for s in self.i_slots] + [self.i_pads]
+            whole = [part for part in parts if part.size]
+            if len(whole) == 1 and whole[0].size == ints.data.size and whole[0].dtype == np.int32 \
+                    and whole[0].ndim == 1 and whole[0].flags.c_contiguous:
+                # one int32 host buffer and no pads (a bias, a residual): read where it is, not
+                # copied into the workspace's int32 vector first (this tuple's calls only)
+                ints = _Vector(whole[0], self.tile)
+            else:
+                calls += _concatenated(ints.data, parts)
             calls.append(_copied(values, self.acc_loads[0], ints, self.acc_loads[1]))
         calls += [product.call(source, values, self._packed) for product in self.products]
         calls += self._alu_steps

@@ -913,3 +913,24 @@ def test_chain_operands_that_are_no_rows_are_copied_into_rows_before_their_chain
     for step in steps:
         step()
     np.testing.assert_array_equal(vector.data[:values.size], want)
+
+
+def test_an_acc_load_of_one_int32_buffer_reads_each_tuple_s_buffer_where_it_is():
+    """ACC LOADs from one int32 host buffer, no pads (a bias, a residual), read that buffer in
+    place instead of a copy in the workspace: each tuple its own buffer, its contents as they
+    are at each run, and the workspace's int32 vector (which other plans fill) never read."""
+    stream = _auto([Load(mem=Mem.ACC, sram_addr=0, sram_ld=16, slot=2, dram_offset=16, dram_ld=32, rows=16, cols=16),
+                    Load(mem=Mem.INP, sram_addr=0, sram_ld=16, slot=0, dram_offset=0, dram_ld=16, rows=16, cols=16),
+                    Load(mem=Mem.WGT, sram_addr=0, sram_ld=16, slot=1, dram_offset=0, dram_ld=16, rows=16, cols=16),
+                    _gemm(), Store(sram_addr=0, sram_ld=16, slot=4, dram_offset=0, dram_ld=16, rows=16, cols=16)])
+    plan, (sim, host), (ref, want) = _both(stream)
+    assert plan is not None and plan.acc_loads is not None and len(plan.i_slots) == 1 and not plan.i_pads.size
+    first, second = _other_host(1), _other_host(2)
+    for k, views in enumerate((first, second, first, second)):
+        if "ints" in sim.workspace:
+            sim.workspace["ints"][:] = -7   # what another plan left there
+        expect = [v.copy() for v in views]
+        assert plan.run(views, sim)
+        ref.run(stream, expect)
+        sim_tests._assert_same_state(sim, ref, views, expect)
+        views[2][:] = np.random.default_rng(k).integers(-2**31, 2**31, views[2].size, dtype=np.int64)  # new contents
