@@ -1591,11 +1591,11 @@ class FusedPlan:
         at = 0
         for pad, kept in ((sim.inp, self.inp_kept), (sim.wgt, self.wgt_kept)):
             if kept.size:       # (indices within the scratchpad: "clip" takes them as they are, unbuffered)
-                calls.append(partial(np.take, pad, kept, out=source.data[at:at + kept.size], mode="clip"))
+                calls.append(partial(pad.take, kept, out=source.data[at:at + kept.size], mode="clip"))
                 at += kept.size
         calls += _concatenated(source.data[at:self.f_base], [buffers[s] for s in self.f_slots] + [self.f_pads])
         if self.f_extra is not None:
-            calls.append(partial(np.take, source.data, self.f_extra, out=source.data[self.f_base:], mode="clip"))
+            calls.append(partial(source.data.take, self.f_extra, out=source.data[self.f_base:], mode="clip"))
         # values written before they are read (see _layout) need no zeroing, the others are
         # set here: nothing is kept in the vector from one run to the next
         lo, hi = self.live
@@ -1660,7 +1660,7 @@ def _concatenated(out: np.ndarray, parts: list) -> list[Callable[[], object]]:
     """
     parts = [part for part in parts if part.size]
     if len(parts) > 1:
-        return [partial(np.concatenate, parts, out=out)]
+        return [partial(_concatenate, parts, out=out)]
     return [partial(np.copyto, out, parts[0], casting="same_kind")] if parts else []
 
 
@@ -2039,10 +2039,10 @@ class _Chain:
         kernel = partial(kernels.alu_chain(self.tile), *(tvm_ffi.from_dlpack(a) for a in arrays),
                          (self.writes[1] - self.writes[0]) // self.tile, self.writes[0])
         # (into value numbers past every element they copy: "clip" takes them unbuffered)
-        before = [partial(np.take, vector.data, elements, out=vector.data[at:at + elements.size], mode="clip")
+        before = [partial(vector.data.take, elements, out=vector.data[at:at + elements.size], mode="clip")
                   for elements, at in self.copies]
         if tables and not in_place:
-            before.append(partial(np.take, source.data, np.concatenate(tables), out=table, mode="clip"))
+            before.append(partial(source.data.take, np.concatenate(tables), out=table, mode="clip"))
         if not before:
             return kernel
 
@@ -2057,6 +2057,9 @@ try:    # the ufunc np.clip wraps: its Python layer costs ~3 us a call, and a mo
     from numpy._core.umath import clip as _clip
 except ImportError:     # pragma: no cover - numpy before 2
     _clip = np.clip
+# (a run's calls are bound methods and ufuncs, not numpy's Python wrappers: np.take's costs ~2 us a
+# call over the array's own method, np.concatenate's __array_function__ dispatch ~1 us)
+_concatenate = getattr(np.concatenate, "_implementation", np.concatenate)
 
 
 def _alu_step(vector: _Vector, source: _Vector, ufunc, op, imm, new, old, src) -> Callable[[], object]:
