@@ -44,11 +44,13 @@ bound once to views of the value vector, which with the source vector lives in t
 simulator's workspace: all its plans run in the same arrays (in cache), and none keeps
 anything there from one run to the next. A chain of batches in place is one call of
 :func:`accel.hw.kernels.alu_chain`, every step of a few tile rows in registers before the
-next rows, instead of a numpy pass over memory per step. The whole run is such a list of
+next rows, instead of a numpy pass over memory per step (its lookups read their tables where
+the source vector holds them; an operand that is no rows of the value vector is copied into
+rows past the plan's values first). The whole run is such a list of
 calls, each one numpy call (or kernel) over views of the workspace, the scratchpads and the
 host buffers made at its first run on a tuple of buffers: a session's replay gives the same
 tuple call after call, and a model's hundred streams making their views and index objects
-again at every run cost more than the small ones' arithmetic.
+(and a kernel's DLPack tensors) again at every run cost more than the small ones' arithmetic.
 
 STOREs, ACC LOADs and the scratchpads' final contents that are no views (an NCHW output
 written from tiles of pixels, an upsampling's every other host element, rows of data and pad)
