@@ -174,10 +174,12 @@ def test_a_plan_that_several_groups_share_keeps_the_calls_of_each_group_s_tuple(
     assert made.call_count == len(places)
 
 
-def test_a_plan_s_calls_follow_the_simulator_s_workspace_when_it_is_replaced():
-    """A plan works in its simulator's workspace, whose arrays another plan may replace by
-    larger ones: its calls made for a tuple are remade then, over the new arrays (none keeps
-    an old array alive), and still compute what the stream does."""
+@pytest.mark.parametrize("role", ["values", "source", "packed"])
+def test_a_plan_s_calls_follow_the_simulator_s_workspace_when_it_is_replaced(role):
+    """A plan works in its simulator's workspace (the value and source vectors, the products'
+    int16 scratch), whose arrays another plan may replace by larger ones: its calls made for a
+    tuple are remade then, over the new arrays (none keeps an old array alive, a product's kernel
+    none of its tensors), and still compute what the stream does."""
     import gc
     import weakref
 
@@ -186,8 +188,10 @@ def test_a_plan_s_calls_follow_the_simulator_s_workspace_when_it_is_replaced():
     views, expect = _other_host(4), list(_other_host(4))
     for replace in (False, True):
         if replace:
-            old = weakref.ref(sim.workspace["values"])
-            sim.workspace["values"] = np.full(sim.workspace["values"].size * 2, -1, np.int32)  # as a larger plan does
+            array = sim.workspace[role]
+            old = weakref.ref(array)
+            sim.workspace[role] = np.full(array.size * 2, -1, array.dtype)     # as a larger plan does
+            del array
         assert plan.run(views, sim)
         ref.run(stream, expect)
         sim_tests._assert_same_state(sim, ref, views, expect)
