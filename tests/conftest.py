@@ -30,3 +30,18 @@ def plain_cpu(monkeypatch):
     generic = frozenset(host_cpu.features(Target({"kind": "llvm", "mtriple": "x86_64-linux-gnu"})))
     monkeypatch.setattr(host_cpu, "host_features", lambda: generic)
     return generic
+
+
+@pytest.fixture
+def ctrl_c():
+    """SIGINT raises ``KeyboardInterrupt`` in this process during the test, and a program it
+    starts handles SIGINT as Python does: whoever started the suite (a background job of a
+    non-interactive shell, a CI runner) may have left SIGINT ignored, which a process and its
+    children inherit, and a tune then rightly ignores Ctrl-C as well."""
+    import signal
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)

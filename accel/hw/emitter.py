@@ -72,27 +72,32 @@ class Emitter:
     def __init__(self, validate: Optional[Validator] = None) -> None:
         self._validate = validate
         self.instructions: list[Instruction] = []
+        #: the queue of each instruction, by index (what a dependency tracker looks up in its scans)
+        self.queues: list[int] = []
         self._last: dict[Queue, int] = {}
         self._pending: dict[Queue, set[str]] = {q: set() for q in Queue}
 
     def __len__(self) -> int:
         return len(self.instructions)
 
-    def emit(self, ins: Instruction, validated: bool = False) -> int:
+    def emit(self, ins: Instruction, validated: bool = False, queue: Optional[int] = None) -> int:
         """Append ``ins`` (plus any pending pops of its queue); returns its index.
 
         ``validated=True`` skips the validator for an instruction already checked against
-        the same Config and buffer table (the runtime's instruction cache).
+        the same Config and buffer table (the runtime's instruction cache); ``queue``, if
+        given, is the number of its queue (:func:`~accel.hw.isa.queue_of`), which a caller
+        that keeps it need not have found again.
 
-        >>> Emitter().emit(nop(Queue.LOAD))
-        0
+        >>> Emitter().emit(nop(Queue.LOAD)), Emitter().emit(nop(Queue.LOAD), queue=0)
+        (0, 0)
         """
-        queue = queue_of(ins)
+        if queue is None:
+            queue = queue_of(ins)
         pending = self._pending[queue]
         if pending:
             clash = [f for f in pending if getattr(ins, f)]
             if clash:  # the instruction already pops there itself: a NOP takes the pending pop
-                self._append(nop(queue).with_flags(**{f: True for f in clash}), queue)
+                self._append(nop(Queue(queue)).with_flags(**{f: True for f in clash}), queue)
                 pending.difference_update(clash)
             if pending:
                 ins = ins.with_flags(**{f: True for f in pending})
@@ -104,6 +109,7 @@ class Emitter:
         if self._validate is not None and not validated:
             self._validate(index, ins)
         self.instructions.append(ins)
+        self.queues.append(queue)
         self._last[queue] = index
         return index
 
@@ -189,6 +195,7 @@ class Emitter:
         self._append(Finish().with_flags(**{f: True for f in pending}), Queue.COMPUTE)
         stream = self.instructions
         self.instructions = []
+        self.queues = []
         self._last = {}
         self._pending = {q: set() for q in Queue}
         if check_tokens:

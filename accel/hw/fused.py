@@ -162,6 +162,18 @@ def _step_tiles(ext_out: int, stride_out: int, ext_in: int, stride_in: int, ld: 
     return steps.tolist(), _frozen(steps[:, None, None] + _block_offsets(ld, tile, tile))
 
 
+@functools.lru_cache(maxsize=8)
+def _identity(first: int, n: int) -> np.ndarray:
+    """``first, first + 1, ..., first + n - 1`` (read-only): what a scratchpad's elements hold
+    when a stream starts (source codes, value numbers), made once per simulator shape and
+    copied by each builder, instead of counted again.
+
+    >>> _identity(4, 3).tolist()
+    [4, 5, 6]
+    """
+    return _frozen(np.arange(first, first + n))
+
+
 def _grown(a: np.ndarray, size: int) -> np.ndarray:
     """``a`` followed by zeros, ``size`` elements in all: the zeros as ``np.zeros`` hands them
     out (pages the system zeroes when first written), not written by a copy.
@@ -278,9 +290,13 @@ class _Builder:
         self.inp_n, self.wgt_n, self.acc_n = c.inp_elements, c.wgt_elements, c.acc_elements
         self.f = _Sources(self.inp_n + self.wgt_n, buffers, self.tile)    # float operands: INP, WGT, int8 host data
         self.i = _Sources(0, buffers, self.tile)                     # int32 host data for ACC LOADs
-        self.inp = np.arange(self.inp_n)                       # INP element -> source code
-        self.wgt = self.inp_n + np.arange(self.wgt_n)
-        self.acc = np.arange(self.acc_n)                       # ACC element -> value number
+        self.inp = _identity(0, self.inp_n).copy()             # INP element -> source code
+        self.wgt = _identity(self.inp_n, self.wgt_n).copy()
+        # of INP and WGT, the hull of the elements LOADs wrote: only there may they end the
+        # stream with other codes than they began with (WGT is 256K elements: a comparison of
+        # all of them costs a small stream as much as its instructions)
+        self.written = {Mem.INP: [self.inp_n, 0], Mem.WGT: [self.wgt_n, 0]}
+        self.acc = _identity(0, self.acc_n).copy()             # ACC element -> value number
         self.values = self.acc_n                               # value numbers handed out
         # read by a STORE or ALU, or made by an ALU or LUT: a value no product may add into
         self.sealed = np.zeros(self.acc_n, bool)
@@ -356,6 +372,11 @@ class _Builder:
             # INP and WGT take the codes in place, through a view of the block (its rows never
             # overlap: the simulator's check), not as an index array and a scatter
             memory = self.inp if ins.mem is _INP else self.wgt
+            hull, end = self.written[ins.mem], ins.sram_addr + (height - 1) * ins.sram_ld + width
+            if ins.sram_addr < hull[0]:
+                hull[0] = ins.sram_addr
+            if end > hull[1]:
+                hull[1] = end
             item = memory.itemsize
             block = np.ndarray((height, width), memory.dtype, memory, ins.sram_addr * item, (ins.sram_ld * item, item))
             if not (ins.rows and ins.cols):
@@ -491,7 +512,8 @@ class _Builder:
         src_level = -1      # the highest level of ``src``'s values, once a later step reads them
         n = dst.size
         every = self._new(n * len(steps))       # each step's values in turn, handed out at once
-        lo = int(every[0]) - n
+        first = int(every[0])
+        lo = first - n
         for k, (op, imm, operand) in enumerate(steps):
             new, lo = every[k * n:(k + 1) * n], lo + n
             if op is _MUL and imm == 0:
@@ -503,9 +525,7 @@ class _Builder:
                 self.sealed[reads] = True
                 level = int(self.level[reads].max()) + 1
             else:
-                old, level, start = made
-                if not level:       # a zeroed run, now read (an ALU's results are sealed as made)
-                    self.sealed[start:start + n] = True
+                old, level, _ = made
                 if imm is None:
                     if src_level < 0:
                         self.sealed[src] = True
@@ -513,9 +533,12 @@ class _Builder:
                     level = max(level, src_level)
                 level += 1
             self.level[lo:lo + n] = level       # a fresh run: a slice, not a scatter
-            self.sealed[lo:lo + n] = True       # (no product adds into an ALU's result)
             made = (new, level, lo)
             self.alus.append((level, op, operand, new, old, src if imm is None else None))
+        # no product adds into an ALU's result, nor into a zeroed run the next step read: every
+        # step's run is sealed, as one slice, but a last step's zeros (a temporary that a
+        # product may still add into)
+        self.sealed[first:lo + (n if made[1] else 0)] = True
         self.acc[dst] = made[0]
 
     def _lut(self, u: Lut) -> bool:
@@ -643,12 +666,13 @@ class _Builder:
         if self.acc_loads:
             acc_loads = (np.concatenate([v for v, _ in self.acc_loads]).astype(np.intp),
                          self.i.resolve(np.concatenate([c for _, c in self.acc_loads])))
-        inp_at = np.flatnonzero(self.inp != np.arange(self.inp_n))
-        wgt_at = np.flatnonzero(self.wgt != self.inp_n + np.arange(self.wgt_n))
+        inp_at, wgt_at = (lo + np.flatnonzero(codes[lo:hi] != _identity(first, n)[lo:hi])
+                          for codes, first, n, (lo, hi) in ((self.inp, 0, self.inp_n, self.written[Mem.INP]),
+                                                            (self.wgt, self.inp_n, self.wgt_n, self.written[Mem.WGT])))
         # ACC elements that end the stream with another value than they began with: those
         # given a new value, and those whose value from before the stream products add into
         # (a stream's reset tiles are a small part of ACC: 2% for the PaddleOCR classifier)
-        changed = self.acc != np.arange(self.acc_n)
+        changed = self.acc != _identity(0, self.acc_n)
         added = [np.asarray(p.grid if p.grid is not None else p.targets).reshape(-1) for p in products]
         for into in added:
             changed[into[into < self.acc_n]] = True
@@ -661,9 +685,10 @@ class _Builder:
         # is a contiguous run (a view, not a gather and a scatter), and only the values that
         # products add into start at zero.
         # the values ALU and LUT instructions made: those given a level (at least 1)
-        renumber, zeroed = _layout(self.acc_n, self.values, products, alus, acc_loads, self.level[:self.values] > 0,
-                                   np.concatenate([*(s[3] for s in stores), self.acc[acc_at]]),
-                                   _workspace(self.workspace, _RENUMBER, np.intp, self.values))
+        renumber, zeroed, runs, in_place = _layout(
+            self.acc_n, self.values, products, alus, acc_loads, self.level[:self.values] > 0,
+            np.concatenate([*(s[3] for s in stores), self.acc[acc_at]]),
+            _workspace(self.workspace, _RENUMBER, np.intp, self.values))
         products = [p.renumbered(renumber) for p in products]
         # An ALU batch's operands, a STORE's values and host elements, what the scratchpads
         # end with: mostly runs, or a block order away from them (tiles of a matrix product's
@@ -673,9 +698,15 @@ class _Builder:
         # lanes stores 8: where its results reach neither a STORE nor what ACC ends with, its
         # operands may read any value (their rows then runs, or views, not element gathers)
         cares = _cares(alus, self.values, [*(s[3] for s in self.stores), self.acc[acc_at]])
-        alus = [(ufunc, op, imm, *_operands(renumber[new], renumber[old], None if src is None else renumber[src], t,
+        # (the runs _layout numbered a batch's results with are known, not looked for again; a
+        # batch put in place over ``old`` that reads nothing else reads and writes one run: what
+        # _operands makes of it, whatever ``care``, with no pass over it)
+        alus = [(ufunc, op, imm, _Span(start, (new.size,)), _Span(start, (new.size,)), None)
+                if same and src is None and new.size > 1 else
+                (ufunc, op, imm, *_operands(renumber[new] if start is None else _Span(start, (new.size,)),
+                                            renumber[old], None if src is None else renumber[src], t,
                                             care, self.values))
-                for (ufunc, op, imm, new, old, src), care in zip(alus, cares)]
+                for (ufunc, op, imm, new, old, src), care, start, same in zip(alus, cares, runs, in_place)]
         stores = [(slot, mode, *(_views(dst, renumber[src]) or (_Copies(dst, renumber[src], t), None)))
                   for slot, mode, dst, src in stores]
         loaded = None
@@ -690,7 +721,7 @@ class _Builder:
                   for at, src in ((inp_at, self.f.resolve(self.inp[inp_at])), (wgt_at, self.f.resolve(self.wgt[wgt_at])),
                                   (acc_at, renumber[self.acc[acc_at]]))]
         plan = FusedPlan(self, products, alus, stores, acc_loads, *finals)
-        plan.zero = _first_writes(products, self.acc_n, zeroed, self.values, loaded)
+        plan.zero = _first_writes(products, self.acc_n, zeroed, loaded)
         plan.live = live
         return plan
 
@@ -798,7 +829,11 @@ def _leading_run(flats: list[np.ndarray], steps: list[int], n: int) -> int:
 def _views(*indices: np.ndarray) -> Optional[list]:
     """The index arrays as views of one common shape (:class:`_Span` where one is a run in
     order, :class:`_View` otherwise), or None when they are not all affine in one shape."""
-    found = _affine(indices)
+    flats = [np.asarray(i).reshape(-1) for i in indices]
+    n = flats[0].size
+    if n > 1 and all(f.size == n and _is_run(f) for f in flats):
+        return [_Span(int(f[0]), (n,)) for f in flats]      # (what _affine finds, in one pass each)
+    found = _affine(flats)
     if found is None:
         return None
     shape, placed = found
@@ -860,9 +895,10 @@ def _fill(index: np.ndarray, care: np.ndarray, tile: int, bound: int) -> np.ndar
     return np.where(cared | ~change[:, None], rows, filled).reshape(index.shape)
 
 
-def _operands(new: np.ndarray, old: np.ndarray, src: Optional[np.ndarray], tile: int,
+def _operands(new, old: np.ndarray, src: Optional[np.ndarray], tile: int,
               care: Optional[np.ndarray] = None, bound: int = 0) -> tuple:
-    """An ALU batch's ``(new, old, src)`` value numbers as it reads and writes them: when
+    """An ALU batch's ``(new, old, src)`` value numbers (``new`` an index, or a flat
+    :class:`_Span` when known to be a run) as it reads and writes them: when
     ``new`` is a run, the operands as views of one shape where they are affine in one, else
     the first affine operand's shape for all (the other gathered into it); otherwise a run or
     an index for ``new`` and reads for the operands. Where ``care`` (per result) is False the
@@ -872,7 +908,7 @@ def _operands(new: np.ndarray, old: np.ndarray, src: Optional[np.ndarray], tile:
     >>> new.shape, type(old).__name__, old.strides, src.read(_Vector(np.arange(10), 2)).tolist()
     ((2, 2), '_View', (0, 1), [[3, 0], [9, 1]])
     """
-    run = _run_of(new)
+    run = new if isinstance(new, _Span) else _run_of(new)
     operands = [old] if src is None else [old, src]
     views = None
     if care is not None and not care.all():
@@ -902,11 +938,20 @@ def _run_of(index: np.ndarray):
     """``index`` as a :class:`_Span` when it numbers consecutive values in order, else itself."""
     index = np.asarray(index, np.intp)
     flat = index.reshape(-1)
-    # n strictly increasing integers from a to a + n - 1 are consecutive: one comparison of
-    # neighbours (a bool per element) instead of np.diff's int64 differences
-    if flat.size and flat[0] + flat.size - 1 == flat[-1] and (flat.size == 1 or bool((flat[1:] > flat[:-1]).all())):
+    if flat.size and _is_run(flat):
         return _Span(int(flat[0]), index.shape)
     return index
+
+
+def _is_run(flat: np.ndarray) -> bool:
+    """Whether the (non-empty, flat) ``flat`` numbers consecutive values in order.
+
+    >>> _is_run(np.array([3, 4, 5])), _is_run(np.array([3, 5, 4, 5]))
+    (True, False)
+    """
+    # n strictly increasing integers from a to a + n - 1 are consecutive: one comparison of
+    # neighbours (a bool per element) instead of np.diff's int64 differences
+    return bool(flat[0] + flat.size - 1 == flat[-1] and (flat.size == 1 or (flat[1:] > flat[:-1]).all()))
 
 
 def _reads(index: np.ndarray, tile: int):
@@ -933,11 +978,13 @@ def _layout(acc_n: int, count: int, products: list, alus: list, acc_loads, made:
     tile by tile as the instructions did). An ALU group whose
     operand ``old`` is a run that nothing else reads (no other ALU, nor ``kept``: what the
     STOREs read and ACC ends with) writes its results over it, in place (``made`` marks the
-    values the ALU groups write): a chain of ALU
+    values the ALU groups write; the loaded ones are marked in it too, as written): a chain of ALU
     batches (a requantisation's multiply, shift, add, clamps) then works on one stretch of
-    memory, in cache, instead of a fresh one per operation. Returns ``(renumber, zeroed)``:
-    values ``[acc_n, zeroed)`` start at zero, ``[zeroed, count)`` are written before they
-    are read. ``renumber`` is the first ``count`` elements of ``into`` (intp, its contents
+    memory, in cache, instead of a fresh one per operation. Returns ``(renumber, zeroed,
+    runs, in_place)``: values ``[acc_n, zeroed)`` start at zero, ``[zeroed, count)`` are
+    written before they are read; per ALU group, the first of the run its ``new`` is
+    renumbered to (None when it is no run), and whether its ``old`` is that run too (in
+    place). ``renumber`` is the first ``count`` elements of ``into`` (intp, its contents
     ignored): a large stream's are tens of MB, which memory fresh from the system costs
     several times more to write than memory written before (a simulator's workspace keeps
     one while a call builds its plans, see :func:`drop_building`)."""
@@ -946,21 +993,23 @@ def _layout(acc_n: int, count: int, products: list, alus: list, acc_loads, made:
     renumber[:acc_n] = np.arange(acc_n)
     nxt = acc_n
 
-    def claim(index: np.ndarray) -> None:
+    def claim(index: np.ndarray) -> Optional[int]:
+        # the first of the run ``index`` is numbered with, or None when it is not
         nonlocal nxt
         flat = np.asarray(index).reshape(-1)
         if not flat.size or (renumber[flat] >= 0).any():
-            return
+            return None
         run = np.arange(nxt, nxt + flat.size)
         renumber[flat] = run
         if (renumber[flat] == run).all():
             nxt += flat.size
-        else:       # a value twice in ``index``: it cannot be a run (O(n), unlike np.unique)
-            renumber[flat] = -1
+            return int(run[0])
+        renumber[flat] = -1     # a value twice in ``index``: it cannot be a run (O(n), unlike np.unique)
+        return None
 
     for p in products:
         claim(p.grid if p.grid is not None else p.targets)
-    written = made.copy()       # one pass, not a scatter of every ALU result
+    written = made              # (the caller's, made for this) one pass, not a scatter of every ALU result
     if acc_loads is not None:
         written[acc_loads[0]] = True
     written[:acc_n] = False
@@ -1001,30 +1050,37 @@ def _layout(acc_n: int, count: int, products: list, alus: list, acc_loads, made:
     for a in alus:
         if a[5] is not None:
             shared[a[5].reshape(-1)] = True
+    runs: list[Optional[int]] = [None] * len(alus)
+    in_place = [False] * len(alus)
     for k, (ufunc, op, imm, new, old, src) in enumerate(alus):
         # in execution order: ``old`` has its numbers (made before, or loaded), ``new`` does not yet
         new, old = new.reshape(-1), old.reshape(-1)
         claim_loaded(old)
         at = renumber[old]
         # a batch is independent element by element: in the order of the values it reads, a
-        # run where it reads all of one (a product's accumulators in the product's order)
-        if at.size > 1 and not (at[1:] >= at[:-1]).all():
+        # run where it reads all of one (a product's accumulators in the product's order).
+        # Most batches read values in increasing order: one comparison tells, for both tests
+        increasing = at.size <= 1 or bool((at[1:] > at[:-1]).all())
+        if not increasing and not (at[1:] >= at[:-1]).all():
             order = np.argsort(at, kind="stable")
             new, old, at = new[order], old[order], at[order]
             src = None if src is None else src.reshape(-1)[order]
             alus[k] = (ufunc, op, imm, new, old, src)
         if src is not None:
             claim_loaded(src.reshape(-1))
-        if new.size == old.size and at.size and at[0] >= acc_n and not shared[old].any() and \
-                (renumber[new] < 0).all() and at[-1] - at[0] == at.size - 1 and (at[1:] > at[:-1]).all():
+        # in place: ``old`` a run (from the cheap tests to the gathers)
+        if new.size == old.size and at.size and at[0] >= acc_n and at[-1] - at[0] == at.size - 1 and \
+                (increasing or bool((at[1:] > at[:-1]).all())) and not shared[old].any() and \
+                (renumber[new] < 0).all():
             renumber[new] = at
+            runs[k], in_place[k] = int(at[0]), True
         else:
-            claim(new)
+            runs[k] = claim(new)
     if acc_loads is not None:
         claim_loaded(acc_loads[0])
     rest = np.flatnonzero(renumber < 0)     # written values a claim did not take (repeats)
     renumber[rest] = np.arange(nxt, nxt + rest.size)
-    return renumber, zeroed
+    return renumber, zeroed, runs, in_place
 
 
 def _range_below(indices: Sequence[np.ndarray], bound: int) -> tuple[int, int]:
@@ -1043,30 +1099,38 @@ def _range_below(indices: Sequence[np.ndarray], bound: int) -> tuple[int, int]:
     return (lo, hi + 1) if hi >= 0 else (0, 0)
 
 
-def _first_writes(products: list, acc_n: int, zeroed: int, count: int,
+def _first_writes(products: list, acc_n: int, zeroed: int,
                   loaded: Optional[np.ndarray] = None) -> list[tuple[int, int]]:
     """Let the products that alone add into a run of values that start at zero (``[acc_n,
     zeroed)``) write their results there instead (``assign``): 0 + x is x, and those values
     need no zeroing. Returns the ranges of values that still do. The values an ACC LOAD
     brings (``loaded``) are no zeros: a product adds into them (a bias loaded, then
-    accumulated onto), as into the values a product that adds there too."""
-    hits = np.zeros(count, np.int32)
+    accumulated onto), as into the values a product that adds there too. Only the values
+    ``[acc_n, zeroed)`` are looked at (a stream's ALU results are most of its ``count``)."""
+    size = zeroed - acc_n
+    hits = np.zeros(size, np.int32)
+
+    def window(index) -> np.ndarray:
+        index = np.asarray(index).reshape(-1)
+        return index[(index >= acc_n) & (index < zeroed)] - acc_n
+
     if loaded is not None:
-        hits[loaded] = 1
+        hits[window(loaded)] = 1
     for p in products:
         at = p.grid if p.grid is not None else p.targets
         if isinstance(at, _Span):
-            hits[at.start:at.stop] += 1
+            hits[max(at.start - acc_n, 0):max(min(at.stop, zeroed) - acc_n, 0)] += 1
         else:
-            np.add.at(hits, np.asarray(at).reshape(-1), 1)
-    zero = np.zeros(count + 1, bool)
-    zero[acc_n:zeroed] = True
+            np.add.at(hits, window(at), 1)
+    zero = np.ones(size + 2, bool)      # a False either side: every run of True has two edges
+    zero[0] = zero[-1] = False
     for p in products:
         at = p.grid if p.grid is not None else p.targets
-        if isinstance(at, _Span) and acc_n <= at.start and at.stop <= zeroed and (hits[at.start:at.stop] == 1).all():
+        if isinstance(at, _Span) and acc_n <= at.start and at.stop <= zeroed and \
+                (hits[at.start - acc_n:at.stop - acc_n] == 1).all():
             p.assign = True
-            zero[at.start:at.stop] = False
-    edges = np.flatnonzero(np.diff(np.concatenate([[False], zero]).astype(np.int8)))
+            zero[at.start - acc_n + 1:at.stop - acc_n + 1] = False
+    edges = acc_n + np.flatnonzero(zero[1:] != zero[:-1])
     return [(int(lo), int(hi)) for lo, hi in zip(edges[::2], edges[1::2])]
 
 

@@ -41,7 +41,7 @@ from accel.hw.emitter import Emitter
 from accel.hw.instructions import AUTO
 from accel.hw.isa import Instruction, Queue, make, queue_of
 from accel.hw.sim import Program, Simulator
-from accel.hw.tokens import DependencyTracker, footprint
+from accel.hw.tokens import DependencyTracker, footprint, on_host
 
 __all__ = ["StreamBuilder", "AUTO"]
 
@@ -87,14 +87,17 @@ class StreamBuilder:
         self.replays = 0                      # streams served from a recording
         self._recordings: list[_Recording] = []
         # Instructions made and checked in any stream, by call: other streams repeat calls
-        # too (layers of one shape), and an instruction whose check does not read the buffer
-        # table (no host slot) is valid in every stream of this simulator once it was in one.
-        # Each as (its place in _kept, its queue's number, for those its footprint else None):
-        # numbers and tuples of them, which the garbage collector stops tracking (an entry
-        # holding the instruction would be one more tracked object per call, up to a million)
-        self._made: dict[tuple, tuple[int, int, Optional[tuple]]] = {}
+        # too (layers of one shape). Each as (its place in _kept, its queue's number, its
+        # footprint in element ranges, the facts of its host slot it was checked against or
+        # None): the check reads nothing else of the buffer table (_slot_facts), so a stream
+        # whose slot has the same facts needs no check, and the footprint holds in any
+        # stream once its host ranges are placed (tokens.on_host). Numbers, strings and
+        # tuples of them, which the garbage collector stops tracking (an entry holding the
+        # instruction would be one more tracked object per call, up to a million)
+        self._made: dict[tuple, tuple[int, int, tuple, Optional[tuple]]] = {}
         self._kept: list[Instruction] = []
-        self._table_free = frozenset(cls for cls, names in fields.items() if "slot" not in names)
+        # the place of the host slot in a call (class number, deps, values...), by class number
+        self._slot_at = tuple(2 + names.index("slot") if "slot" in names else None for names in fields.values())
         # a call names its class by number: a call of ints only is a tuple the cyclic garbage
         # collector stops tracking, and a first model call records up to a million of them
         # (each collection of the oldest generation would walk them all again)
@@ -111,6 +114,7 @@ class StreamBuilder:
         self._calls: list = []
         self._results: list = []
         self._fresh = True                              # no call yet in this stream
+        self._facts: dict[int, tuple] = {}              # per host slot used, see _slot_facts
         # an instruction with explicit flags was built: they may name a queue's missing
         # neighbour, which the stream's form check (verify) finds; AUTO's tokens and the
         # emitter's pushes and pops never do
@@ -214,35 +218,49 @@ class StreamBuilder:
                 return self.tracker.emit(self.emitter, self._kept[place], queue, accesses)
             return self.emitter.emit(self._kept[place], validated=True)
         number, deps = call[0], call[1]
-        cls = self._classes[number]
+        at = self._slot_at[number]
+        facts = None if at is None else self._slot_facts(call[at])
         made = self._made.get(call)
         if made is None:
             if len(self._kept) >= _INSTRUCTION_CACHE_LIMIT:
                 self._made.clear()
                 self._kept.clear()
                 self._instructions.clear()
+            cls = self._classes[number]
             fields = dict(zip(self.fields[cls], call[2:]))
             fields.update(_flags(0 if deps == AUTO else deps))
-            ins, checked, queue, accesses = make(cls, fields), False, None, None
-            place = len(self._kept)
+            ins = make(cls, fields)
+            place, queue, accesses, checked = len(self._kept), int(queue_of(ins)), None, None
             self._kept.append(ins)
         else:
-            # made in another stream: checked if its check does not read the buffer table,
-            # and then its footprint (no host addresses) holds here too
-            place, queue, accesses = made
-            ins, checked = self._kept[place], cls in self._table_free
+            # made in another stream: checked there, and valid here if its slot has the facts
+            # it was checked against
+            place, queue, accesses, checked = made
+            ins = self._kept[place]
         if deps == AUTO:
-            if not checked:
+            if checked != facts or made is None:
                 self._validate(len(self.emitter), ins)
             if accesses is None:
-                queue, accesses = int(queue_of(ins)), footprint(ins, self.tracker.tile, self.tracker.host)
-            index = self.tracker.emit(self.emitter, ins, queue, accesses)
+                accesses = footprint(ins, self.tracker.tile)
+            placed = accesses if at is None or self.tracker.host is None else on_host(accesses, self.tracker.host)
+            index = self.tracker.emit(self.emitter, ins, queue, placed)
         else:
             self._explicit = True
-            index = self.emitter.emit(ins, validated=checked)
-        self._instructions[call] = (place, queue, accesses)
-        self._made[call] = (place, queue, accesses if cls in self._table_free else None)
+            index = self.emitter.emit(ins, validated=made is not None and checked == facts)
+            placed = None       # (no tokens added: a repeat in this stream is emitted as it is)
+        self._instructions[call] = (place, queue, placed)
+        self._made[call] = (place, queue, accesses, facts)
         return index
+
+    def _slot_facts(self, slot: int) -> tuple:
+        """What the checks read of host ``slot`` in this stream's buffer table: its dtype, size
+        and writability (``()`` for a slot not in the table)."""
+        facts = self._facts.get(slot)
+        if facts is None:
+            buffers = self.buffers()
+            flat = buffers[slot] if slot < len(buffers) else None
+            facts = self._facts[slot] = () if flat is None else (flat.dtype.str, flat.size, flat.flags.writeable)
+        return facts
 
     # ------------------------------------------------------------------ stream ends
     def finish(self) -> Program:

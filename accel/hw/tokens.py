@@ -57,53 +57,71 @@ def _span(addr: int, ld: int, rows: int, cols: int, loops=()) -> tuple[int, int]
     return lo, hi + (rows - 1) * ld + cols
 
 
-def _dram(ins, host) -> tuple[tuple, int, int]:
-    lo, hi = _span(ins.dram_offset, ins.dram_ld, ins.rows, ins.dram_width)
-    if host is None:
-        return ("dram", ins.slot), lo, hi
-    return ("host",), *host(ins.slot, lo, hi)
-
-
 def footprint(ins: Instruction, tile: int, host=None) -> tuple[tuple[tuple, int, int, bool], ...]:
     """``(space, lo, hi, is_write)`` per memory range an instruction touches.
 
     ``space`` is ``("sram", the Mem's number)`` or ``("dram", slot)`` with element ranges, or,
     given ``host(slot, lo, hi) -> (start, end)`` (the buffer table's byte ranges), ``("host",)``
-    with address ranges, so that slots viewing the same memory are ordered. Ranges are
-    conservative hulls. Plain numbers, in tuples: a driver keeps the footprints of the
-    instructions it emits, and the garbage collector stops tracking such tuples (a million of
-    them, tracked, would be walked by every full collection).
+    with address ranges (:func:`on_host`), so that slots viewing the same memory are ordered.
+    Ranges are conservative hulls. Plain numbers, in tuples: a driver keeps the footprints of
+    the instructions it emits, and the garbage collector stops tracking such tuples (a million
+    of them, tracked, would be walked by every full collection).
 
     >>> from accel.hw.isa import AluOp
     >>> alu = Alu(op=AluOp.ADD, dst_addr=32, src_addr=0, ext_out=2, dst_stride_out=16)
     >>> [(Mem(space[1]).name, lo, hi, write) for space, lo, hi, write in footprint(alu, 16)]
     [('ACC', 32, 64, True), ('ACC', 0, 16, False)]
     """
-    return tuple(_FOOTPRINTS[ins.opcode](ins, tile, host))
+    accesses = _FOOTPRINTS[ins.opcode](ins, tile)
+    return accesses if host is None else on_host(accesses, host)
 
 
-def _load_footprint(ins: Load, tile: int, host) -> list:
-    h = ins.pad_top + ins.rows + ins.pad_bottom
-    w = ins.pad_left + ins.cols + ins.pad_right
+def on_host(accesses: tuple, host) -> tuple[tuple[tuple, int, int, bool], ...]:
+    """A :func:`footprint` without ``host`` as it is with it: each ``("dram", slot)`` element
+    range as the ``("host",)`` address range ``host(slot, lo, hi)`` (the rest as it is). A
+    driver keeps the former, which holds whatever memory the slots view, and makes the latter
+    for each stream.
+
+    >>> store = Store(sram_addr=0, sram_ld=16, slot=3, dram_offset=8, dram_ld=16, rows=2, cols=16)
+    >>> on_host(footprint(store, 16), lambda slot, lo, hi: (1000 + 4 * lo, 1000 + 4 * hi))[1]
+    (('host',), 1032, 1160, True)
+    """
+    out = []
+    for access in accesses:
+        space = access[0]
+        if space[0] == "dram":
+            access = (_HOST, *host(space[1], access[1], access[2]), access[3])
+        out.append(access)
+    return tuple(out)
+
+
+def _load_footprint(ins: Load, tile: int) -> tuple:
+    rows, cols = ins.rows, ins.cols
+    h = ins.pad_top + rows + ins.pad_bottom
+    w = ins.pad_left + cols + ins.pad_right
     if h * w == 0:
-        return []
-    out = [(_SRAM[ins.mem], *_span(ins.sram_addr, ins.sram_ld, h, w), True)]
-    if ins.rows * ins.cols:
-        out.append((*_dram(ins, host), False))
-    return out
+        return ()
+    lo = ins.sram_addr
+    written = (_SRAM[ins.mem], lo, lo + (h - 1) * ins.sram_ld + w, True)
+    if rows * cols == 0:
+        return (written,)
+    lo = ins.dram_offset
+    return written, (("dram", ins.slot), lo, lo + (rows - 1) * ins.dram_ld + cols, False)
 
 
-def _store_footprint(ins: Store, tile: int, host) -> list:
-    if ins.rows * ins.cols == 0:
-        return []
-    return [(_ACC, *_span(ins.sram_addr, ins.sram_ld, ins.rows, ins.cols), False),
-            (*_dram(ins, host), True)]
+def _store_footprint(ins: Store, tile: int) -> tuple:
+    rows, cols = ins.rows, ins.cols
+    if rows * cols == 0:
+        return ()
+    lo, dram = ins.sram_addr, ins.dram_offset
+    return ((_ACC, lo, lo + (rows - 1) * ins.sram_ld + cols, False),
+            (("dram", ins.slot), dram, dram + (rows - 1) * ins.dram_ld + (cols - 1) * ins.dram_step + 1, True))
 
 
-def _mac_footprint(ins, tile: int, host) -> list:
+def _mac_footprint(ins, tile: int) -> tuple:
     """GEMM and DWMAC: ACC written, INP and WGT read (not by a GEMM reset)."""
     if ins.ext_out * ins.ext_in == 0:
-        return []
+        return ()
     loops = lambda a, b: ((ins.ext_out, a), (ins.ext_in, b))  # noqa: E731
     out = [(_ACC, *_span(ins.acc_addr, ins.acc_ld, tile, tile,
                                    loops(ins.acc_stride_out, ins.acc_stride_in)), True)]
@@ -115,52 +133,52 @@ def _mac_footprint(ins, tile: int, host) -> list:
         rows, ld = (1, 0) if dwmac else (tile, ins.wgt_ld)
         out.append((_WGT, *_span(ins.wgt_addr, ld, rows, tile,
                                            loops(ins.wgt_stride_out, ins.wgt_stride_in)), False))
-    return out
+    return tuple(out)
 
 
-def _lut_footprint(ins: Lut, tile: int, host) -> list:
+def _lut_footprint(ins: Lut, tile: int) -> tuple:
     if ins.ext_out * ins.ext_in == 0:
-        return []
-    return [(_ACC, *_span(ins.dst_addr, 0, 1, tile,
-                                    ((ins.ext_out, ins.dst_stride_out), (ins.ext_in, ins.dst_stride_in))), True),
-            (_WGT, ins.lut_addr, ins.lut_addr + LUT_ENTRIES, False)]
+        return ()
+    return ((_ACC, *_span(ins.dst_addr, 0, 1, tile,
+                          ((ins.ext_out, ins.dst_stride_out), (ins.ext_in, ins.dst_stride_in))), True),
+            (_WGT, ins.lut_addr, ins.lut_addr + LUT_ENTRIES, False))
 
 
-def _alu_footprint(ins: Alu, tile: int, host) -> list:
+def _alu_footprint(ins: Alu, tile: int) -> tuple:
     if ins.ext_out * ins.ext_in == 0:
-        return []
+        return ()
     out = [(_ACC, *_span(ins.dst_addr, 0, 1, tile,
                                    ((ins.ext_out, ins.dst_stride_out), (ins.ext_in, ins.dst_stride_in))), True)]
     if not ins.use_imm:
         out.append((_ACC, *_span(ins.src_addr, 0, 1, tile,
                                            ((ins.ext_out, ins.src_stride_out), (ins.ext_in, ins.src_stride_in))),
                     False))
-    return out
+    return tuple(out)
 
 
-def _alu_chain_footprint(ins: AluChain, tile: int, host) -> list:
+def _alu_chain_footprint(ins: AluChain, tile: int) -> tuple:
     if ins.ext_out * ins.ext_in == 0:
-        return []
+        return ()
     # the chain reads all it reads (its src included) before it writes: one instruction, like ALU
     out = [(_ACC, *_span(ins.dst_addr, 0, 1, tile,
                          ((ins.ext_out, ins.dst_stride_out), (ins.ext_in, ins.dst_stride_in))), True)]
     if chain_uses_src(ins.length, ins.code):
         out.append((_ACC, *_span(ins.src_addr, 0, 1, tile,
                                  ((ins.ext_out, ins.src_stride_out), (ins.ext_in, ins.src_stride_in))), False))
-    return out
+    return tuple(out)
 
 
 _SRAM = {mem: ("sram", int(mem)) for mem in Mem}
+_HOST = ("host",)
 # the spaces and the opcode the per-instruction footprints name, as globals (an enum member
 # found through its class costs ~200 ns on Python 3.11)
 _ACC, _INP, _WGT, _DWMAC = _SRAM[Mem.ACC], _SRAM[Mem.INP], _SRAM[Mem.WGT], Opcode.DWMAC
 # LOAD <-> STORE: each queue's far queue, reached through a compute NOP
 _FAR = {Queue.LOAD: Queue.STORE, Queue.STORE: Queue.LOAD}
-_OTHERS = {q: tuple(p for p in Queue if p is not q) for q in Queue}
 _FOOTPRINTS = {Opcode.LOAD: _load_footprint, Opcode.STORE: _store_footprint, Opcode.GEMM: _mac_footprint,
                Opcode.DWMAC: _mac_footprint, Opcode.LUT: _lut_footprint, Opcode.ALU: _alu_footprint,
                Opcode.ALU_CHAIN: _alu_chain_footprint,
-               Opcode.FINISH: lambda ins, tile, host: []}
+               Opcode.FINISH: lambda ins, tile: ()}
 
 
 class _Ranges:
@@ -250,9 +268,26 @@ class _Ranges:
             self.widest = hi - lo
 
 
-def _unseen() -> tuple[list, ...]:
-    """Per queue, the [index, lo, hi] summary of no access."""
-    return tuple([-1, math.inf, -math.inf] for _ in Queue)
+class _Space:
+    """What a stream did in one memory space: per written range its last writer ``(queue,
+    index)``, per read range its last reader per queue ``{queue: index}`` (numbers, so that
+    the garbage collector tracks none of the entries, one per instruction); and per queue
+    the summary ``[highest index, lowest lo, highest hi]`` of its writes (``wrote``) and
+    reads (``read``) there, ``[-1, inf, -inf]`` for none: a search is needed only where
+    another queue's accesses may both be later than what the instruction already waits for
+    and overlap it (not for a compute instruction reading ACC, which only the compute queue
+    writes, nor for a LOAD of an input the stream's STOREs never write). ``writers`` and
+    ``readers`` list ``(queue, summary)`` for the queues that accessed the space, the only
+    summaries worth looking at (most spaces are written by one queue)."""
+
+    __slots__ = ("writes", "reads", "wrote", "read", "writers", "readers")
+
+    def __init__(self) -> None:
+        self.writes, self.reads = _Ranges(), _Ranges()
+        self.wrote = tuple([-1, math.inf, -math.inf] for _ in Queue)
+        self.read = tuple([-1, math.inf, -math.inf] for _ in Queue)
+        self.writers: list[tuple[int, list]] = []
+        self.readers: list[tuple[int, list]] = []
 
 
 class DependencyTracker:
@@ -270,20 +305,10 @@ class DependencyTracker:
 
     def reset(self) -> None:
         """Forget everything (a new stream starts)."""
-        # the values name queues by number, so that the garbage collector tracks none of the
-        # entries (one per instruction): ``(queue, index)`` per written range, ``{queue: index}``
-        # per read one
-        self._writes: dict[tuple, _Ranges] = {}
-        self._reads: dict[tuple, _Ranges] = {}
-        # per space and queue, [highest index, lowest lo, highest hi] of the queue's writes
-        # / reads there: a search is needed only where another queue's accesses may both be
-        # later than what the instruction already waits for and overlap it (not for a
-        # compute instruction reading ACC, which only the compute queue writes, nor for a
-        # LOAD of an input the stream's STOREs never write)
-        self._wrote: dict[tuple, tuple[list[int], ...]] = {}
-        self._read: dict[tuple, tuple[list[int], ...]] = {}
+        # per memory space, what was written and read there (see _Space): one lookup per access
+        self._spaces: dict[tuple, _Space] = {}
         # ordered[consumer][producer]: highest producer index the consumer already waits for
-        self._ordered = {q: [-1, -1, -1] for q in Queue}
+        self._ordered = ([-1, -1, -1], [-1, -1, -1], [-1, -1, -1])
         self._last: tuple = (None, None, ())         # (instruction, its queue, its footprint) for record()
         # the flagged copies made of instructions: (id, flags) -> copy; a loop flags the same
         # instruction alike again and again, and the copies share one object. The originals
@@ -317,39 +342,36 @@ class DependencyTracker:
         >>> deps.emit(em, alu, int(queue_of(alu)), footprint(alu, 16)), len(em)
         (0, 1)
         """
-        index = em.emit(self._order(em, ins, queue, accesses), validated=True)
+        index = em.emit(self._order(em, ins, queue, accesses), validated=True, queue=queue)
         self._record(queue, accesses, index)
         return index
 
     def _order(self, em, ins: Instruction, queue: int, accesses: tuple) -> Instruction:
-        needs: dict[Queue, int] = {}
+        needs: dict[int, int] = {}
         ordered = self._ordered[queue]
-        others = _OTHERS[queue]
-        wrote, read = self._wrote, self._read
+        spaces = self._spaces
         for space, lo, hi, write in accesses:
+            state = spaces.get(space)
+            if state is None:       # nothing was done here yet
+                continue
             # whether another queue's writes (then reads, for a write) here may be later than
             # what the instruction already waits for and overlap it, by the queues' summaries
-            # (see reset): most accesses need no search (a loop's own ACC, read-only inputs)
-            seen = wrote.get(space)
-            if seen is not None:
-                for q in others:
-                    index, first, last = seen[q]
-                    if index > ordered[q] and first < hi and lo < last and index > needs.get(q, -1):
-                        for producer, index in self._writes[space].values_overlapping(lo, hi):
-                            if producer != queue and index > needs.get(producer, -1):
-                                needs[producer] = index
-                        break
+            # (see _Space): most accesses need no search (a loop's own ACC, read-only inputs)
+            # (one search finds every queue's accesses: which queue calls for it does not matter)
+            for q, (index, first, last) in state.writers:
+                if q != queue and index > ordered[q] and first < hi and lo < last and index > needs.get(q, -1):
+                    for producer, index in state.writes.values_overlapping(lo, hi):
+                        if producer != queue and index > needs.get(producer, -1):
+                            needs[producer] = index
+                    break
             if write:
-                seen = read.get(space)
-                if seen is not None:
-                    for q in others:
-                        index, first, last = seen[q]
-                        if index > ordered[q] and first < hi and lo < last and index > needs.get(q, -1):
-                            for readers in self._reads[space].values_overlapping(lo, hi):
-                                for producer, index in readers.items():
-                                    if producer != queue and index > needs.get(producer, -1):
-                                        needs[producer] = index
-                            break
+                for q, (index, first, last) in state.readers:
+                    if q != queue and index > ordered[q] and first < hi and lo < last and index > needs.get(q, -1):
+                        for readers in state.reads.values_overlapping(lo, hi):
+                            for producer, index in readers.items():
+                                if producer != queue and index > needs.get(producer, -1):
+                                    needs[producer] = index
+                        break
         if not needs:
             return ins
         pops = 0
@@ -375,31 +397,30 @@ class DependencyTracker:
 
     def _record(self, queue: int, accesses: tuple, index: int) -> None:
         entry = (queue, index)
+        spaces = self._spaces
         for space, lo, hi, write in accesses:
+            state = spaces.get(space)
+            if state is None:
+                state = spaces[space] = _Space()
             if write:
                 # Accesses inside the new range are ordered before this write, so its
                 # record stands for them from now on.
-                writes = self._writes.get(space)
-                if writes is None:
-                    writes = self._writes[space] = _Ranges()
-                    self._wrote[space] = _unseen()
-                writes.overwrite(lo, hi, entry)
-                summary = self._wrote[space][queue]
-                reads = self._reads.get(space)
-                if reads is not None:
-                    reads.remove_inside(lo, hi)
+                state.writes.overwrite(lo, hi, entry)
+                state.reads.remove_inside(lo, hi)
+                summary = state.wrote[queue]
+                if summary[0] < 0:
+                    state.writers.append((queue, summary))
             else:
-                reads = self._reads.get(space)
-                if reads is None:
-                    reads = self._reads[space] = _Ranges()
-                    self._read[space] = _unseen()
+                reads = state.reads
                 readers = reads.values.get((lo, hi))
                 if readers is None:
                     reads.put(lo, hi, {queue: index})
                 else:
                     readers[queue] = index
-                summary = self._read[space][queue]
-            # the queue's summary of the space (see reset) takes in the access
+                summary = state.read[queue]
+                if summary[0] < 0:
+                    state.readers.append((queue, summary))
+            # the queue's summary of the space (see _Space) takes in the access
             summary[0] = index
             if lo < summary[1]:
                 summary[1] = lo
@@ -410,11 +431,10 @@ class DependencyTracker:
         """Make the first instruction of ``src`` at or after ``index`` with a free push flag
         send a token to ``dst``; a NOP at the end of ``src`` if there is none. Returns it."""
         flag = _PUSH[(src, dst)]
-        stream = em.instructions
+        stream, queues = em.instructions, em.queues
         for i in range(index, len(stream)):
-            ins = stream[i]
-            if queue_of(ins) == src and not getattr(ins, flag):
-                stream[i] = self._flagged(ins, _BIT[flag])
+            if queues[i] == src and not getattr(stream[i], flag):
+                stream[i] = self._flagged(stream[i], _BIT[flag])
                 return i
         return em.emit(nop(src).with_flags(**{flag: True}))
 

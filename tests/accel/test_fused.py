@@ -938,3 +938,66 @@ def test_an_acc_load_of_one_int32_buffer_reads_each_tuple_s_buffer_where_it_is()
         ref.run(stream, expect)
         sim_tests._assert_same_state(sim, ref, views, expect)
         views[2][:] = np.random.default_rng(k).integers(-2**31, 2**31, views[2].size, dtype=np.int64)  # new contents
+
+
+@st.composite
+def scattered_loads(draw):
+    """A few LOADs into INP and WGT anywhere in them (far apart, padded or not), then FINISH."""
+    stream = []
+    for _ in range(draw(st.integers(1, 4))):
+        mem = draw(st.sampled_from([Mem.INP, Mem.WGT]))
+        rows, cols = draw(st.integers(1, 3)), draw(st.integers(1, 16))
+        left, right, top = draw(st.integers(0, 2)), draw(st.integers(0, 2)), draw(st.integers(0, 1))
+        height, width = top + rows, left + cols + right
+        ld = width + draw(st.integers(0, 4))
+        addr = draw(st.integers(0, sim_tests.SIZES[mem] - ((height - 1) * ld + width)))
+        stream.append(Load(mem=mem, sram_addr=addr, sram_ld=ld, slot=draw(st.integers(0, 1)),
+                           dram_offset=draw(st.integers(0, 900)), dram_ld=cols + draw(st.integers(0, 8)), rows=rows,
+                           cols=cols, pad_top=top, pad_left=left, pad_right=right, pad_value=draw(st.integers(-3, 3))))
+    return stream + [Finish()]
+
+
+@given(scattered_loads())
+def test_scratchpads_loaded_far_apart_end_as_instruction_by_instruction(stream):
+    """What INP and WGT end with is looked for only between the first and the last element
+    the LOADs wrote: loads at both ends of a scratchpad, the elements between untouched, end
+    as the reference's, and so does everything around them."""
+    plan, fused_side, reference_side = _both(stream)
+    _runs_alike(plan, stream, fused_side, reference_side)
+
+
+class _Adds:
+    """What _first_writes reads of a product: the values it adds into, and whether it may set them."""
+
+    def __init__(self, at):
+        self.grid, self.targets, self.assign = None, at, False
+
+
+@given(st.integers(0, 8), st.integers(0, 24), st.lists(st.tuples(st.booleans(), st.integers(0, 40), st.integers(1, 12)),
+                                                        max_size=5), st.lists(st.integers(0, 40), max_size=6))
+def test_products_alone_on_zeroed_values_set_them_and_the_rest_is_zeroed(acc_n, extent, adds, loaded):
+    """A product whose run of values lies in ``[acc_n, zeroed)`` and that nothing else adds
+    into nor loads sets them; the values there that no such product sets are zeroed, as
+    ranges. Counted value by value here over every value, products and loads beyond
+    ``zeroed`` too (_first_writes looks at ``[acc_n, zeroed)`` only)."""
+    zeroed = acc_n + extent
+    products = [_Adds(fused._Span(start, (size,)) if run else np.arange(start, start + size) * 2 % 50)
+                for run, start, size in adds]
+    loaded = np.array(loaded, np.intp)
+    ranges = fused._first_writes(products, acc_n, zeroed, loaded)
+    hits = np.zeros(64, int)
+    hits[loaded] = 1
+    for p in products:
+        t = p.targets
+        np.add.at(hits, np.arange(t.start, t.stop) if isinstance(t, fused._Span) else t, 1)
+    zero = np.zeros(64, bool)
+    zero[acc_n:zeroed] = True
+    for p in products:
+        t = p.targets
+        alone = isinstance(t, fused._Span) and acc_n <= t.start and t.stop <= zeroed and \
+            bool((hits[t.start:t.stop] == 1).all())
+        assert p.assign == alone
+        if alone:
+            zero[t.start:t.stop] = False
+    assert [v for lo, hi in ranges for v in range(lo, hi)] == np.flatnonzero(zero).tolist()
+    assert all(hi < lo2 for (_, hi), (lo2, _) in zip(ranges, ranges[1:]))      # maximal ranges

@@ -9,7 +9,7 @@ import pathlib
 import numpy as np
 import pytest
 import tvm
-from hypothesis import given, settings, strategies as st
+from hypothesis import example, given, settings, strategies as st
 
 import accel
 from accel.hw import runtime
@@ -150,6 +150,77 @@ def test_an_instruction_made_in_one_stream_is_checked_again_in_another_against_i
     with pytest.raises(accel.DmaRangeError, match=r"\[0, 256\) are outside host buffer slot 0 of 16"):
         s.load(small, 0, Mem.INP, 0, 16, rows=16, cols=16, dram_ld=16, deps=AUTO)
     assert made == [accel.Alu]
+
+
+def test_a_call_made_in_another_stream_is_checked_again_only_when_its_slot_changed(monkeypatch):
+    """What a LOAD's check reads of the buffer table is its slot's dtype, size and
+    writability: a later stream whose slot has the same ones (another tensor, elsewhere)
+    does not check the LOAD again, one whose slot has another dtype refuses it at the call
+    with the check's own error (as a fresh session does)."""
+    checked = []
+    from accel.hw.sim import Simulator
+    check = Simulator.check
+    monkeypatch.setattr(Simulator, "check", lambda self, i, ins, b: checked.append(ins.opcode) or check(self, i, ins, b))
+    s = accel.Session()
+    s.builder.keep = 0            # builds every stream (a replayed one is checked as a whole at its sync)
+
+    def load(host):
+        return s.load(host, 0, Mem.INP, 0, 16, rows=16, cols=16, dram_ld=16, deps=AUTO)
+
+    load(tvm.runtime.tensor(np.zeros(256, np.int8)))
+    s.sync()
+    assert checked.count(accel.Opcode.LOAD) == 1
+    load(tvm.runtime.tensor(np.ones(256, np.int8)))       # slot 0 again: int8, 256 elements, writable
+    s.sync()
+    assert checked.count(accel.Opcode.LOAD) == 1
+    wrong = tvm.runtime.tensor(np.zeros(256, np.int32))
+    with pytest.raises(accel.DtypeMismatchError) as err:
+        load(wrong)
+    with pytest.raises(accel.DtypeMismatchError) as fresh:
+        accel.Session().load(wrong, 0, Mem.INP, 0, 16, rows=16, cols=16, dram_ld=16, deps=AUTO)
+    assert str(err.value) == str(fresh.value) and s.pending == 0
+
+
+_STORE_THEN_LOAD = [accel.Store(sram_addr=0, sram_ld=16, slot=3, dram_offset=0, dram_ld=16, rows=1, cols=16,
+                                 mode=accel.StoreMode.WRAP),
+                     accel.Load(mem=Mem.INP, sram_addr=0, sram_ld=16, slot=0, dram_offset=0, dram_ld=16, rows=1,
+                                cols=16)]
+
+
+@settings(deadline=None, max_examples=40)
+@given(st.lists(instructions, min_size=1, max_size=10), st.lists(st.integers(0, 20), max_size=24),
+       st.integers(1, 4))
+@example(_STORE_THEN_LOAD, [], 2)     # the LOAD reads what the STORE wrote only in the second stream
+def test_streams_equal_those_the_tracker_builds_instruction_by_instruction(program, picks, streams):
+    """A session's streams (instructions made, checked and placed once per call, then again
+    in later streams on tensors elsewhere) equal streams built one instruction at a time
+    with the plain tracker (order, emit, record) on the same buffer table: the same
+    instructions, order and tokens."""
+    from accel.hw.emitter import Emitter
+    from accel.hw.isa import encode
+    from accel.hw.tokens import DependencyTracker
+    from tirpat.device.buffers import BufferTable
+
+    s = accel.Session(sim_tests.SMALL)
+    calls = [program[k % len(program)] for k in picks] or program      # repeats within a stream
+    for n in range(streams):
+        host = [tvm.runtime.tensor(h) for h in sim_tests._host()]          # new memory each stream
+        if n % 2:       # and where slot 3 (a STORE's) overlaps slot 0 (a LOAD's): tokens order them
+            shared = tvm.runtime.tensor(np.concatenate([sim_tests._host()[0], np.zeros(1, np.int8)]))
+            host[0], host[3] = shared._create_view((1024,), "int8", 0), shared._create_view((1024,), "int8", 1)
+        ordered = calls if n % 2 else program + calls
+        for slot, h in enumerate(host):
+            assert s.buffer(h) == slot
+        for ins in ordered:
+            s._emit(type(ins), tuple(getattr(ins, f) for f in runtime._FIELDS[type(ins)]), AUTO)
+        s.sync()
+        table = BufferTable()
+        for h in host:
+            table.slot(h)
+        em, deps = Emitter(lambda i, ins: s.simulator.check(i, ins, table.views)), DependencyTracker(16, table.byte_range)
+        for ins in ordered:
+            deps.record(ins, em.emit(deps.order(em, ins)))
+        assert s.stream()[-len(encode(em.instructions)) - 64:] == encode(em.finish())
 
 
 @pytest.fixture(scope="module")

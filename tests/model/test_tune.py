@@ -280,7 +280,7 @@ def test_a_model_with_two_identical_layers_tunes_the_layer_once(tmp_path):
     np.testing.assert_array_equal(tp.build(Twin, "accel, llvm", records=tmp_path)(*args), vm_reference(Twin, args))
 
 
-def test_ctrl_c_stops_a_tune_with_keyboard_interrupt_and_the_records_so_far_apply(tmp_path):
+def test_ctrl_c_stops_a_tune_with_keyboard_interrupt_and_the_records_so_far_apply(tmp_path, ctrl_c):
     """SIGINT during tp.tune (sent by the progress callback after the first batch, so that
     it is raised inside a callback meta_schedule calls) is a KeyboardInterrupt, not the
     RuntimeError('') meta_schedule makes of it; the records measured so far apply."""
@@ -306,7 +306,7 @@ def test_ctrl_c_stops_a_tune_with_keyboard_interrupt_and_the_records_so_far_appl
     tp.build(mod, "accel, llvm", records=tmp_path)
 
 
-def test_a_first_ctrl_c_in_a_tune_is_raised_where_it_checks_a_second_at_once():
+def test_a_first_ctrl_c_in_a_tune_is_raised_where_it_checks_a_second_at_once(ctrl_c):
     """Inside meta_schedule a first SIGINT only is noted (raised asynchronously, it would
     unwind native code from wherever Python ran): the code goes on until a check raises
     ``KeyboardInterrupt``; leaving the block raises it too; a second SIGINT raises at once."""

@@ -196,7 +196,7 @@ def test_a_tune_whose_only_server_is_silent_fails_naming_it_and_leaves_no_worker
     assert popen_workers() <= before
 
 
-def test_ctrl_c_stops_a_tune_at_once_and_its_records_compile(tracker, tmp_path):
+def test_ctrl_c_stops_a_tune_at_once_and_its_records_compile(tracker, tmp_path, ctrl_c):
     """SIGINT to `tirpat tune --rpc` alone (its measuring workers do not get it): one line,
     status 130, no worker left behind, and the records measured so far compile."""
     records = tmp_path / "records"
