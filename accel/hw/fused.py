@@ -44,11 +44,13 @@ bound once to views of the value vector, which with the source vector lives in t
 simulator's workspace: all its plans run in the same arrays (in cache), and none keeps
 anything there from one run to the next. A chain of batches in place is one call of
 :func:`accel.hw.kernels.alu_chain`, every step of a few tile rows in registers before the
-next rows, instead of a numpy pass over memory per step. The whole run is such a list of
+next rows, instead of a numpy pass over memory per step (its lookups read their tables where
+the source vector holds them; an operand that is no rows of the value vector is copied into
+rows past the plan's values first). The whole run is such a list of
 calls, each one numpy call (or kernel) over views of the workspace, the scratchpads and the
 host buffers made at its first run on a tuple of buffers: a session's replay gives the same
 tuple call after call, and a model's hundred streams making their views and index objects
-again at every run cost more than the small ones' arithmetic.
+(and a kernel's DLPack tensors) again at every run cost more than the small ones' arithmetic.
 
 STOREs, ACC LOADs and the scratchpads' final contents that are no views (an NCHW output
 written from tiles of pixels, an upsampling's every other host element, rows of data and pad)
@@ -1147,12 +1149,12 @@ class _Copies:
     >>> copies = _Copies(np.r_[0:4, 8:12] * 2, np.r_[10:14, 3, 3, 3, 3], 16)
     >>> copies.step, copies.arrays[3].tolist()      # host step 2: two runs, the second a repeat
     (2, [4, 4])
-    >>> target = np.zeros(24, np.int8); copies.put(np.arange(20, dtype=np.int32) * 20, target, saturate=True)
+    >>> target = np.zeros(24, np.int8); copies.bound(np.arange(20, dtype=np.int32) * 20, target, saturate=True)()
     >>> target[::2].tolist()
     [127, 127, 127, 127, 0, 0, 0, 0, 60, 60, 60, 60]
     """
 
-    __slots__ = ("step", "arrays", "tile", "on")
+    __slots__ = ("step", "arrays", "tile")
 
     def __init__(self, dst: np.ndarray, src: np.ndarray, tile: int) -> None:
         dst, src = (np.asarray(a, np.int64).reshape(-1) for a in (dst, src))
@@ -1176,25 +1178,18 @@ class _Copies:
         steps[inside] = kind[starts[inside]]
         self.arrays = (src[starts], steps, dst[starts], lengths)
         self.tile = tile        # (the compiled module it is in: see kernels.copy_runs)
-        self.on: tuple = ()     # the last (source, target) and the kernel bound to them
 
-    def put(self, source: np.ndarray, target: np.ndarray, saturate: bool = False) -> None:
-        """``target[dst] = source[src]``, clipped to int8's range first when ``saturate``."""
-        on = self.on
-        if not on or on[0] is not source or on[1] is not target:
-            # a plan copies between the same arrays run after run (its workspace's vectors, the
-            # simulator's scratchpads, a session's host buffers): their tensors, and the
-            # kernel's lookup, are made once (~15 us a call otherwise, for copies of a few us)
-            self.on = on = (source, target, self._bound(source, target))
-        on[2](int(saturate))
-
-    def _bound(self, source: np.ndarray, target: np.ndarray) -> Callable[[int], None]:
+    def bound(self, source: np.ndarray, target: np.ndarray, saturate: bool = False) -> Callable[[], None]:
+        """``target[dst] = source[src]`` (clipped to int8's range first when ``saturate``) as a
+        call without arguments: a plan copies between the same arrays run after run (its
+        workspace's vectors, the simulator's scratchpads, a session's host buffers), so their
+        tensors and the kernel's lookup are made once (~15 us a call otherwise, for copies of a few us)."""
         import tvm_ffi
 
         kernel = kernels.copy_runs(self.tile, source.dtype.name, target.dtype.name)
         frm, steps, to, lengths = (tvm_ffi.from_dlpack(a) for a in self.arrays)
         return partial(kernel, tvm_ffi.from_dlpack(source), frm, steps, to, lengths, tvm_ffi.from_dlpack(target),
-                       self.step)
+                       self.step, int(saturate))
 
 
 # The most common of this many leading steps of a copy's target is its host step.
@@ -1423,16 +1418,31 @@ class _Product:
         return _Product(self.x, self.w, grid, self.sel_r, self.sel_c,
                         _run_of(targets) if self.unique else targets, self.unique, self.tile)
 
-    def run(self, source: _Vector, values: np.ndarray) -> None:
-        # compiled, exact in int32 (see accel.hw.kernels.gemm): the operands' rows read where
-        # they are in the source vector, not gathered into copies
-        rows, cols, t = self.x.shape[0], self.w.shape[0], self.tile
-        xs, ws = self.x.starts.reshape(rows, -1), self.w.starts.reshape(cols, -1)
+    def packs(self) -> int:
+        """The int16 scratch elements its compiled product packs the operands into."""
+        return kernels.gemm(self.tile, self.assign).scratch(*self._starts())
+
+    def _starts(self) -> tuple[np.ndarray, np.ndarray]:
+        """The row starts of the input's and the weight's rows, ``[rows, J]`` and ``[cols, J]``."""
+        return self.x.starts.reshape(self.x.shape[0], -1), self.w.starts.reshape(self.w.shape[0], -1)
+
+    def call(self, source: _Vector, values: np.ndarray, scratch: np.ndarray) -> Callable[[], object]:
+        """The product as a call without arguments over these vectors (``scratch``: int16, at
+        least :meth:`packs` elements, for the kernel alone while it runs)."""
         if isinstance(self.grid, _Span):        # straight into the values it adds into (or sets)
-            kernels.gemm(t, self.assign)(source.data, xs, ws, values, self.grid.start, cols)
-            return
-        product = np.empty((rows, cols), np.int32)
-        kernels.gemm(t, True)(source.data, xs, ws, product.reshape(-1), 0, cols)
+            # compiled, exact in int32 (see accel.hw.kernels.gemm): the operands' rows read where
+            # they are in the source vector, not gathered into copies, the tensors made once
+            xs, ws = self._starts()
+            return kernels.gemm(self.tile, self.assign).bind(source.data, xs, ws, values, self.grid.start,
+                                                             ws.shape[0], scratch)
+        return partial(self.run, source, values)
+
+    def run(self, source: _Vector, values: np.ndarray) -> None:
+        """The product into a new array, then added into (or copied to) the values (that are no
+        run of rows: :meth:`call` multiplies into a run in place)."""
+        xs, ws = self._starts()
+        product = np.empty((xs.shape[0], ws.shape[0]), np.int32)
+        kernels.gemm(self.tile, True)(source.data, xs, ws, product.reshape(-1), 0, ws.shape[0])
         if self.grid is not None:
             if self.assign:
                 np.copyto(self.grid.of(values), product)
@@ -1481,7 +1491,18 @@ class _PerChannel:
         targets = renumber[self.targets]
         return _PerChannel(targets if self.inverse is not None else _run_of(targets), self.x, self.w, self.inverse)
 
+    def call(self, source: _Vector, values: np.ndarray, scratch: np.ndarray) -> Callable[[], object]:
+        """The products as a call without arguments over these vectors (``scratch`` unused)."""
+        x = self.x
+        if self.inverse is None and isinstance(self.w, int) and isinstance(self.targets, _Span) and \
+                x.index is None and x.rows_at is None and x.size == x.starts.size * _tile(source):
+            # whole rows times one weight element: compiled, one pass without a gathered copy
+            return kernels.scaled_rows(_tile(source), self.assign).bind(source.data, x.starts, self.w, values,
+                                                                        self.targets.start)
+        return partial(self.run, source, values)
+
     def run(self, source: _Vector, values: np.ndarray) -> None:
+        """The products in numpy (:meth:`call` binds the compiled pass where it applies)."""
         if self.inverse is not None:
             products = np.multiply(source.data[self.x], source.data[self.w], dtype=np.int32)   # exact
             # float64 sums are exact below 2**53, i.e. for up to 2**39 products per value
@@ -1489,11 +1510,6 @@ class _PerChannel:
             values[self.targets] += sums.astype(np.int64).astype(np.int32)     # modulo 2**32, as int32 wraps
             return
         x = self.x
-        if isinstance(self.w, int) and isinstance(self.targets, _Span) and x.index is None and x.rows_at is None \
-                and x.size == x.starts.size * (t := source.rows.itemsize // source.data.itemsize):
-            # whole rows times one weight element: compiled, one pass without a gathered copy
-            kernels.scaled_rows(t, self.assign)(source.data, x.starts, self.w, values, self.targets.start)
-            return
         w = source.data[self.w] if isinstance(self.w, int) else self.w.read(source)
         products = np.multiply(x.read(source), w, dtype=np.int32)     # exact: at most 2**14
         if self.assign:
@@ -1523,7 +1539,8 @@ class _TapSum:
         targets = renumber[self.targets]
         return _TapSum(_run_of(targets) if self.unique else targets, self.x, self.w, self.ftype, self.unique)
 
-    def run(self, source: _Vector, values: np.ndarray) -> None:
+    def call(self, source: _Vector, values: np.ndarray, scratch: np.ndarray) -> Callable[[], object]:
+        """The tap sums as a call without arguments over these vectors (``scratch`` unused)."""
         # int8 x int8 products are exact in the kernel's int32 sums, and in numpy's float32 sums
         # of up to 1024 of them (below 2**24); more are summed in float64 (exact below 2**53), then reduced modulo
         # 2**32 as int32 wraps
@@ -1531,9 +1548,12 @@ class _TapSum:
             # compiled: each output vector summed in registers from the source's rows (numpy
             # would gather every tap's rows first: 9-49 copies of the input)
             d, steps, p, t = self.x.shape
-            kernels.tap_sum(t, self.assign)(source.data, self.x.starts.reshape(d, steps, p),
-                                            self.w.starts.reshape(d, steps), values, self.targets.start)
-            return
+            return kernels.tap_sum(t, self.assign).bind(source.data, self.x.starts.reshape(d, steps, p),
+                                                        self.w.starts.reshape(d, steps), values, self.targets.start)
+        return partial(self.run, source, values)
+
+    def run(self, source: _Vector, values: np.ndarray) -> None:
+        """The tap sums in numpy (:meth:`call` binds the compiled pass where it applies)."""
         w = self.w.read(source)
         if self.ftype is np.float32 and self.x.by_rows:
             # a few tiles' taps at a time: gathered into cache and summed there (the taps of a
@@ -1589,7 +1609,7 @@ class FusedPlan:
         # vector, the value vector, the int32 sources of ACC LOADs, and the ALU batches as
         # calls bound to views of them; remade when the workspace arrays are other ones
         self._on: tuple = ()
-        self._source = self._scratch = self._ints = None
+        self._source = self._scratch = self._ints = self._packed = None
         self._alu_steps: list = []
         written = dict.fromkeys(s[0] for s in stores)
         self._apart = [(r, w) for r in (*self.f_slots, *self.i_slots) for w in written if r != w]
@@ -1637,11 +1657,11 @@ class FusedPlan:
         at = 0
         for pad, kept in ((sim.inp, self.inp_kept), (sim.wgt, self.wgt_kept)):
             if kept.size:       # (indices within the scratchpad: "clip" takes them as they are, unbuffered)
-                calls.append(partial(np.take, pad, kept, out=source.data[at:at + kept.size], mode="clip"))
+                calls.append(partial(pad.take, kept, out=source.data[at:at + kept.size], mode="clip"))
                 at += kept.size
         calls += _concatenated(source.data[at:self.f_base], [buffers[s] for s in self.f_slots] + [self.f_pads])
         if self.f_extra is not None:
-            calls.append(partial(np.take, source.data, self.f_extra, out=source.data[self.f_base:], mode="clip"))
+            calls.append(partial(source.data.take, self.f_extra, out=source.data[self.f_base:], mode="clip"))
         # values written before they are read (see _layout) need no zeroing, the others are
         # set here: nothing is kept in the vector from one run to the next
         lo, hi = self.live
@@ -1649,10 +1669,17 @@ class FusedPlan:
             calls.append(partial(np.copyto, values[lo:hi], sim.acc[lo:hi]))
         calls += [partial(values[lo:hi].fill, 0) for lo, hi in self.zero]
         if self.acc_loads is not None:
-            ints = self._ints
-            calls += _concatenated(ints.data, [buffers[s] for s in self.i_slots] + [self.i_pads])
+            ints, parts = self._ints, [buffers[s] for s in self.i_slots] + [self.i_pads]
+            whole = [part for part in parts if part.size]
+            if len(whole) == 1 and whole[0].size == ints.data.size and whole[0].dtype == np.int32 \
+                    and whole[0].ndim == 1 and whole[0].flags.c_contiguous:
+                # one int32 host buffer and no pads (a bias, a residual): read where it is, not
+                # copied into the workspace's int32 vector first (this tuple's calls only)
+                ints = _Vector(whole[0], self.tile)
+            else:
+                calls += _concatenated(ints.data, parts)
             calls.append(_copied(values, self.acc_loads[0], ints, self.acc_loads[1]))
-        calls += [partial(product.run, source, values) for product in self.products]
+        calls += [product.call(source, values, self._packed) for product in self.products]
         calls += self._alu_steps
         for slot, mode, dst, src in self.stores:
             calls.append(_stored(buffers[slot], mode, dst, vector, src))
@@ -1673,14 +1700,18 @@ class FusedPlan:
         # still the workspace's arrays (one is only ever replaced by a larger one) and the
         # scratchpads of the same simulator: bound
         if on and on[0] is space.get("source") and on[1] is space.get("values") and on[2] is space.get("ints") \
-                and on[3] is sim:
+                and on[3] is sim and on[4] is space.get("packed"):
             return False
-        on = (_workspace(space, "source", np.int8, self.f_size), _workspace(space, "values", np.int32, self.values),
-              _workspace(space, "ints", np.int32, self.i_base), sim)
+        packs = max((p.packs() for p in self.products if isinstance(p, _Product)), default=0)
+        spill = _Spill.need(self.alus, self.tile)
+        on = (_workspace(space, "source", np.int8, self.f_size),
+              _workspace(space, "values", np.int32, self.values + spill),
+              _workspace(space, "ints", np.int32, self.i_base), sim, _workspace(space, "packed", np.int16, packs))
         self._source = _Vector(on[0][:self.f_size], self.tile)
-        self._scratch = _Vector(on[1][:self.values], self.tile)
+        self._scratch = _Vector(on[1][:self.values + spill], self.tile)
         self._ints = _Vector(on[2][:self.i_base], self.tile)
-        self._alu_steps = _alu_steps(self._scratch, self._source, self.alus)
+        self._packed = on[4]
+        self._alu_steps = _alu_steps(self._scratch, self._source, self.alus, _Spill(self.values, spill))
         self._on = on
         return True
 
@@ -1695,7 +1726,7 @@ def _concatenated(out: np.ndarray, parts: list) -> list[Callable[[], object]]:
     """
     parts = [part for part in parts if part.size]
     if len(parts) > 1:
-        return [partial(np.concatenate, parts, out=out)]
+        return [partial(_concatenate, parts, out=out)]
     return [partial(np.copyto, out, parts[0], casting="same_kind")] if parts else []
 
 
@@ -1710,7 +1741,7 @@ def _copied(target: np.ndarray, index, vector: _Vector, src) -> Callable[[], obj
     [6, 7, 1, 2]
     """
     if isinstance(index, _Copies):
-        return partial(index.put, vector.data, target)
+        return index.bound(vector.data, target)
     if isinstance(index, (_Span, _View)):
         into = index.of(target)
         read = _view_of(vector, src)
@@ -1768,7 +1799,7 @@ def _stored(target: np.ndarray, mode: StoreMode, dst, vector: _Vector, src) -> C
         if mode is StoreMode.SATURATE:
             return lambda: _clip(src.read(vector), -128, 127, out=into, casting="unsafe")
         return lambda: np.copyto(into, src.read(vector), casting="unsafe")
-    return partial(dst.put, vector.data, target, mode is StoreMode.SATURATE)     # a _Copies
+    return dst.bound(vector.data, target, mode is StoreMode.SATURATE)     # a _Copies
 
 
 def remember(seen: dict, buffers: tuple, entry: object = None) -> None:
@@ -1824,7 +1855,8 @@ def _workspace(space: dict, role: str, dtype, size: int) -> np.ndarray:
     return array
 
 
-def _alu_steps(vector: _Vector, source: _Vector, alus: list) -> list[Callable[[], object]]:
+def _alu_steps(vector: _Vector, source: _Vector, alus: list, spill: Optional["_Spill"] = None
+               ) -> list[Callable[[], object]]:
     """A plan's ALU and LUT batches as calls, in an order that gives every batch what it reads.
 
     A batch written over the run of values the batch before it made, in place (a
@@ -1834,9 +1866,10 @@ def _alu_steps(vector: _Vector, source: _Vector, alus: list) -> list[Callable[[]
     step. A chain runs when a later batch touches what it writes, or writes what it reads (or
     at the end): nothing else reads a chain's values between its steps (a batch works in
     place only over values no other batch or STORE reads, see :func:`_layout`), and a batch
-    reads only what batches of lower levels made, all before it in ``alus``. Batches the
-    kernel cannot read (operands gathered element by element, rows not ``tile`` wide) are
-    numpy calls (:func:`_alu_step`)."""
+    reads only what batches of lower levels made, all before it in ``alus``. An operand the
+    kernel cannot read as rows (some of its rows gathered element by element, rows not ``tile``
+    wide) is copied into whole rows past the plan's values (``spill``, see :class:`_Spill`) just
+    before its chain runs; without room there, such a batch is a numpy call (:func:`_alu_step`)."""
     tile = _tile(vector)
     steps: list[Callable[[], object]] = []
     chains: dict[tuple[int, int], _Chain] = {}     # the open chains by the run they write
@@ -1852,7 +1885,8 @@ def _alu_steps(vector: _Vector, source: _Vector, alus: list) -> list[Callable[[]
 
     for alu in alus:
         ufunc, op, imm, new, old, src = alu
-        rows = _chain_rows(alu, tile) if tile else None
+        rows = _chain_rows(alu, tile, spill) if tile else None
+        copies = spill.taken() if spill is not None else []
         if rows is None:
             flush(None, [_hull(m, tile) for m in (old, src) if m is not None], _hull(new, tile))
             steps.append(_alu_step(vector, source, *alu))
@@ -1867,6 +1901,7 @@ def _alu_steps(vector: _Vector, source: _Vector, alus: list) -> list[Callable[[]
             flush(None, [start[2], *reads], writes)
             chains[writes] = chain = _Chain(start, writes, tile)
         chain.add(code, operand)
+        chain.copies += copies
     flush(None, [(0, vector.data.size)], (0, 0))
     return steps
 
@@ -1899,21 +1934,96 @@ def _hull(index, tile: int) -> tuple[int, int]:
     return (int(index.min()), int(index.max()) + 1) if index.size else (0, 0)
 
 
-def _chain_rows(alu: tuple, tile: int) -> Optional[tuple]:
+def _chain_rows(alu: tuple, tile: int, spill: Optional["_Spill"] = None) -> Optional[tuple]:
     """An ALU or LUT batch as :func:`~accel.hw.kernels.alu_chain` takes it: ``(code, start,
     operand)``, its step's code and its two operands as :func:`_row_operand` gives them (for a
-    lookup ``operand`` is its table's indices in the source vector), or None when the kernel
-    cannot read them, or the results are not a run of whole rows."""
+    lookup ``operand`` is its table's indices in the source vector; an operand that is no rows
+    copied into rows of ``spill`` when given), or None when the kernel cannot read them, or the
+    results are not a run of whole rows."""
     ufunc, op, imm, new, old, src = alu
     if not isinstance(new, _Span) or new.size % tile:
         return None
-    start = _row_operand(old, tile)
+    start = _row_operand(old, tile) or (spill and spill.rows(old, tile))
     if start is None:
         return None
     if ufunc is None:
         return kernels.LOOKUP, start, imm
-    operand = (kernels.IMM, imm, None) if imm is not None else _row_operand(src, tile)
+    operand = (kernels.IMM, imm, None) if imm is not None else \
+        _row_operand(src, tile) or (spill and spill.rows(src, tile))
     return None if operand is None else (int(op), start, operand)
+
+
+class _Spill:
+    """Value numbers past a plan's own, from ``at`` on, ``size`` of them: where an ALU
+    operand that :func:`~accel.hw.kernels.alu_chain` cannot read as rows of the value vector
+    (an element-wise add's operand with some of its tile rows gathered element by element, a
+    view whose rows are not ``tile`` wide) has those rows copied, at each run, just before its
+    chain, so that the chain reads it as whole rows (one compiled pass instead of numpy's gather
+    into a new array and a pass per step).
+
+    >>> spill = _Spill(8, 4); g = _Gather(np.array([0, 1, 5, 2]), 2)      # a row, then two elements
+    >>> kind, starts, hull = spill.rows(g, 2); starts.tolist(), hull, [(e.tolist(), at) for e, at in spill.taken()]
+    ([0, 8], (0, 6), [([5, 2], 8)])
+    """
+
+    __slots__ = ("at", "end", "copies")
+
+    def __init__(self, at: int, size: int) -> None:
+        self.at, self.end = at, at + size
+        self.copies: list[tuple[np.ndarray, int]] = []      # (elements, where their copies start)
+
+    @staticmethod
+    def need(alus: list, tile: int) -> int:
+        """Room for every operand of ``alus`` that would be copied (at most: some batches do not chain)."""
+        return sum(_spilled(index, tile)[2].size for alu in alus for index in alu[4:]
+                   if index is not None and _row_operand(index, tile) is None and _spilled(index, tile) is not None)
+
+    def rows(self, index, tile: int) -> Optional[tuple]:
+        """``index`` as a ROWS operand of :func:`_row_operand`'s form, its rows that are no
+        run of the value vector read from copies here (made by :meth:`taken`'s copies), or None."""
+        spilled = _spilled(index, tile)
+        if spilled is None or self.at + spilled[2].size > self.end:
+            return None
+        starts, rows, elements = spilled
+        starts[rows] = self.at + np.arange(rows.size) * tile
+        self.copies.append((elements, self.at))
+        self.at += elements.size
+        return kernels.ROWS, starts, _hull(index, tile)
+
+    def taken(self) -> list[tuple[np.ndarray, int]]:
+        """The copies the operands given out since the last call need, ``(elements, start)``."""
+        copies, self.copies = self.copies, []
+        return copies
+
+
+def _spilled(index, tile: int) -> Optional[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """``(starts, rows, elements)`` of an operand read as ``size // tile`` rows: each row's
+    start in the value vector (int64, those of ``rows`` to be set), the rows that are no run of
+    it and their elements in order (intp); None when ``index`` is no whole number of rows.
+
+    >>> _spilled(_View(0, (2, 2), (1, 2)), 2)[1:]
+    (array([0, 1]), array([0, 2, 1, 3]))
+    """
+    size = index.size
+    if size % tile or not size:
+        return None
+    starts = np.zeros(size // tile, np.int64)
+    if isinstance(index, _Gather) and index.index is None:
+        if index.rows_at is None or index.elements.size != (starts.size - index.rows_at.size) * tile:
+            return None
+        starts[index.rows_at] = index.starts
+        rows = np.ones(starts.size, bool)
+        rows[index.rows_at] = False
+        return starts, np.flatnonzero(rows), index.elements.astype(np.intp)
+    if isinstance(index, _Gather):
+        elements = index.index
+    elif isinstance(index, _View):
+        elements = index.of(np.arange(_hull(index, tile)[1]))
+    elif isinstance(index, np.ndarray):
+        elements = index
+    else:
+        return None
+    return starts, np.arange(starts.size), np.asarray(elements, np.intp).reshape(-1)
 
 
 def _row_operand(index, tile: int) -> Optional[tuple]:
@@ -1948,12 +2058,13 @@ class _Chain:
     """ALU and LUT batches that each work in place on what the one before made, from the
     first one's operand ``start`` (see :func:`_alu_steps`), as one kernel call."""
 
-    __slots__ = ("start", "writes", "tile", "steps", "reads")
+    __slots__ = ("start", "writes", "tile", "steps", "reads", "copies")
 
     def __init__(self, start: tuple, writes: tuple[int, int], tile: int) -> None:
         self.start, self.writes, self.tile = start, writes, tile
         self.steps: list[tuple[int, object]] = []
         self.reads = [start[2]]
+        self.copies: list[tuple[np.ndarray, int]] = []      # operands' rows copied before it runs (_Spill)
 
     def add(self, code: int, operand) -> None:
         self.steps.append((code, operand))
@@ -1962,11 +2073,16 @@ class _Chain:
 
     def call(self, vector: _Vector, source: _Vector) -> Callable[[], object]:
         """The chain as a call without arguments over the value vector (which stays put
-        between runs; LUT tables are read from the source vector at each run)."""
+        between runs; LUT tables are read where the source vector holds them, or gathered from
+        it at each run when one is no run there)."""
         import tvm_ffi
 
         bases: list[np.ndarray] = []
-        tables: list[np.ndarray] = []
+        tables = [operand for code, operand in self.steps if code == kernels.LOOKUP]
+        # the tables in place when each is a run of the source vector (a table a LOAD brought
+        # whole), else copies of their entries (int8, like the source vector)
+        in_place = bool(tables) and all(isinstance(_run_of(entries), _Span) for entries in tables)
+        table = source.data if in_place else np.zeros(max(1, len(tables) * LUT_ENTRIES), np.int8)
         at = 0
 
         def encode(kind: int, value) -> tuple[int, int]:
@@ -1977,31 +2093,39 @@ class _Chain:
                 return kind, at - value.size
             return kind, int(value)
         program = [(0, *encode(*self.start[:2]))]
+        looked = 0
         for code, operand in self.steps:
             if code == kernels.LOOKUP:
-                tables.append(operand)
-                program.append((code, kernels.IMM, len(tables) - 1))
+                program.append((code, kernels.IMM, int(operand[0]) if in_place else looked * LUT_ENTRIES))
+                looked += 1
             else:
                 program.append((code, *encode(*operand[:2])))
-        table = np.zeros(max(1, len(tables) * LUT_ENTRIES), np.int32)
         arrays = (vector.data, np.concatenate(bases) if bases else np.zeros(1, np.int64), table,
                   np.array(program, np.int64))
         kernel = partial(kernels.alu_chain(self.tile), *(tvm_ffi.from_dlpack(a) for a in arrays),
                          (self.writes[1] - self.writes[0]) // self.tile, self.writes[0])
-        if not tables:
+        # (into value numbers past every element they copy: "clip" takes them unbuffered)
+        before = [partial(vector.data.take, elements, out=vector.data[at:at + elements.size], mode="clip")
+                  for elements, at in self.copies]
+        if tables and not in_place:
+            before.append(partial(source.data.take, np.concatenate(tables), out=table, mode="clip"))
+        if not before:
             return kernel
-        entries = np.concatenate(tables)
 
-        def lookups() -> None:
-            np.copyto(table, source.data[entries], casting="unsafe")     # int8 values
+        def copied() -> None:
+            for copy in before:
+                copy()
             kernel()
-        return lookups
+        return copied
 
 
 try:    # the ufunc np.clip wraps: its Python layer costs ~3 us a call, and a model call makes hundreds
     from numpy._core.umath import clip as _clip
 except ImportError:     # pragma: no cover - numpy before 2
     _clip = np.clip
+# (a run's calls are bound methods and ufuncs, not numpy's Python wrappers: np.take's costs ~2 us a
+# call over the array's own method, np.concatenate's __array_function__ dispatch ~1 us)
+_concatenate = getattr(np.concatenate, "_implementation", np.concatenate)
 
 
 def _alu_step(vector: _Vector, source: _Vector, ufunc, op, imm, new, old, src) -> Callable[[], object]:

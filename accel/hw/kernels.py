@@ -43,6 +43,7 @@ import functools
 import hashlib
 import os
 import threading
+from functools import partial
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -84,7 +85,7 @@ def _target(cpu: str | None = None):
 
 
 @functools.lru_cache(maxsize=None)
-def tap_sum(tile: int, assign: bool) -> Callable[..., None]:
+def tap_sum(tile: int, assign: bool) -> "_Keeping":
     """``f(source, xs, ws, out, base)``: for each ``d, p`` and lane ``c < tile``,
     ``out[base + (d * P + p) * tile + c]`` set (``assign``) or increased (int32, wrapping) by
     ``sum_s source[xs[d, s, p] + c] * source[ws[d, s] + c]``, summed in int32. ``source``
@@ -103,7 +104,7 @@ def tap_sum(tile: int, assign: bool) -> Callable[..., None]:
 
 
 @functools.lru_cache(maxsize=None)
-def scaled_rows(tile: int, assign: bool) -> Callable[..., None]:
+def scaled_rows(tile: int, assign: bool) -> "_Keeping":
     """``f(source, xs, w, out, base)``: ``out[base + r * tile + c]`` set (``assign``) or
     increased (int32, wrapping) by ``source[xs[r] + c] * source[w]`` for each row ``r`` and lane
     ``c < tile``: ``source`` int8, ``xs`` int64 row starts in it, ``out`` int32
@@ -120,7 +121,7 @@ def scaled_rows(tile: int, assign: bool) -> Callable[..., None]:
 
 
 @functools.lru_cache(maxsize=None)
-def gemm(tile: int, assign: bool, cpu: str | None = None) -> Callable[..., None]:
+def gemm(tile: int, assign: bool, cpu: str | None = None) -> "_Gemm":
     """``f(source, xs, ws, out, base, ld)``: ``out[base + r * ld + c]`` set (``assign``) or
     increased (int32, wrapping) by ``sum_k x[r, k] * w[c, k]``, where row ``r`` of ``x`` is the
     runs of ``tile`` elements of ``source`` (int8) that start at ``xs[r]`` (``[R, J]`` int64),
@@ -136,22 +137,53 @@ def gemm(tile: int, assign: bool, cpu: str | None = None) -> Callable[..., None]
     >>> out.tolist()      # 7, 7 + (1 + 2) * -128, 7 + (3 + 1) * -128
     [7, -377, -505]
     """
-    import tvm_ffi
-
     # (``_module(tile)`` for this CPU, as the other kernels ask: one cache entry, one compile)
-    kernel = (_module(tile) if cpu is None else _module(tile, cpu))["gemm"]
-    keep, block = 0 if assign else 1, 2 * _lanes(cpu)
+    return _Gemm((_module(tile) if cpu is None else _module(tile, cpu))["gemm"], 0 if assign else 1,
+                 2 * _lanes(cpu), tile)
 
-    def call(source: np.ndarray, xs: np.ndarray, ws: np.ndarray, out: np.ndarray, base: int, ld: int) -> None:
-        # where the kernel packs the operands as int16: the weight's pairs of terms by blocks
-        # of channels, then a few input rows (one array per thread, grown as needed)
-        pairs = (xs.shape[1] * tile + 1) // 2
-        size = -(-ws.shape[0] // block) * block * pairs * 2 + _GEMM_ROWS * pairs * 2
+
+class _Gemm:
+    """:func:`gemm`'s kernel: called with numpy arrays (made tensors at each call, the int16
+    scratch a thread's own), or :meth:`bind` to them once (a plan's product over its workspace,
+    the same arrays run after run: ~15 us of a call of a few us otherwise)."""
+
+    __slots__ = ("kernel", "keep", "block", "tile")
+
+    def __init__(self, kernel, keep: int, block: int, tile: int) -> None:
+        self.kernel, self.keep, self.block, self.tile = kernel, keep, block, tile
+
+    def scratch(self, xs: np.ndarray, ws: np.ndarray) -> int:
+        """The int16 elements the kernel packs the operands into: the weight's pairs of terms
+        by blocks of channels, then a few input rows.
+
+        >>> gemm(4, True).scratch(np.zeros((9, 3)), np.zeros((5, 3))) >= 5 * 12 + 4 * 12
+        True
+        """
+        pairs = (xs.shape[1] * self.tile + 1) // 2
+        return -(-ws.shape[0] // self.block) * self.block * pairs * 2 + _GEMM_ROWS * pairs * 2
+
+    def __call__(self, source: np.ndarray, xs: np.ndarray, ws: np.ndarray, out: np.ndarray, base: int,
+                 ld: int) -> None:
+        size = self.scratch(xs, ws)
         scratch = getattr(_scratch, "array", None)
         if scratch is None or scratch.size < size:
             scratch = _scratch.array = np.empty(size, np.int16)
-        kernel(*(tvm_ffi.from_dlpack(a) for a in (source, xs, ws, scratch, out)), base, ld, keep)
-    return call
+        self.bind(source, xs, ws, out, base, ld, scratch)()
+
+    def bind(self, source: np.ndarray, xs: np.ndarray, ws: np.ndarray, out: np.ndarray, base: int, ld: int,
+             scratch: np.ndarray) -> Callable[[], None]:
+        """The call on these arrays as a call without arguments, their tensors made once:
+        ``scratch`` int16, at least :meth:`scratch` elements, which nothing else uses while it runs.
+
+        >>> out = np.zeros(2, np.int32); g = gemm(2, True)
+        >>> g.bind(np.array([1, 2, 3], np.int8), np.array([[0]]), np.array([[1]]), out, 0, 1, np.empty(64, np.int16))()
+        >>> out.tolist()      # 1 * 2 + 2 * 3
+        [8, 0]
+        """
+        import tvm_ffi
+
+        return partial(self.kernel, *(tvm_ffi.from_dlpack(a) for a in (source, xs, ws, scratch, out)), base, ld,
+                       self.keep)
 
 
 _scratch = threading.local()
@@ -163,8 +195,9 @@ def alu_chain(tile: int) -> Callable[..., None]:
     of ``rows`` rows of ``tile`` lanes, ``v`` = the row of ``program[0]``'s operand, then for
     each later step ``(code, kind, value) = program[k]``: ``v = op(v, operand)`` with wrapping
     int32 arithmetic (:data:`~accel.hw.instructions.ALU_UFUNCS`, a shift by the operand clipped
-    to 0..31), or for ``code`` :data:`LOOKUP` ``v = tables[value * 256 + clip(v, -128, 127) +
-    128]``; then ``values[out + r * tile + lane] = v``. An operand (``kind``, ``value``) is
+    to 0..31), or for ``code`` :data:`LOOKUP` ``v = tables[value + clip(v, -128, 127) + 128]``
+    (``tables`` int8: a plan's tables where its source vector holds them, read in place); then
+    ``values[out + r * tile + lane] = v``. An operand (``kind``, ``value``) is
     :data:`IMM`, :data:`RUN`, :data:`ROWS` or :data:`SPLAT` of ``values`` (int32); ``bases``
     int64, ``program`` ``[steps, 3]`` int64. A block of rows is read before it is written: the
     rows written may be the first operand's run (in place), and overlap no other operand.
@@ -173,7 +206,7 @@ def alu_chain(tile: int) -> Callable[..., None]:
     >>> values = np.array([5, -7, 100, 3, 0, 0], np.int32)
     >>> program = np.array([[0, RUN, 0], [int(AluOp.MUL), IMM, 3], [int(AluOp.ADD), ROWS, 0],
     ...                     [int(AluOp.MAX), IMM, 0]])
-    >>> tensors = [tvm_ffi.from_dlpack(a) for a in (values, np.array([2]), np.zeros(1, np.int32), program)]
+    >>> tensors = [tvm_ffi.from_dlpack(a) for a in (values, np.array([2]), np.zeros(1, np.int8), program)]
     >>> alu_chain(2)(*tensors, 1, 4)
     >>> values.tolist()       # max(5 * 3 + 100, 0), max(-7 * 3 + 3, 0)
     [5, -7, 100, 3, 115, 0]
@@ -204,16 +237,37 @@ def copy_runs(tile: int, src: str, dst: str) -> Callable[..., None]:
     return _module(tile)[f"copy_runs_{src}_{dst}"]
 
 
-def _keeping(kernel, assign: bool) -> Callable[..., None]:
+def _keeping(kernel, assign: bool) -> "_Keeping":
     """``kernel`` (numpy arrays and ints) with its last argument, ``keep``: 0 to set the
     outputs, 1 to add to them."""
-    import tvm_ffi
+    return _Keeping(kernel, 0 if assign else 1)
 
-    keep = 0 if assign else 1
 
-    def call(*args) -> None:
-        kernel(*(tvm_ffi.from_dlpack(a) if isinstance(a, np.ndarray) else a for a in args), keep)
-    return call
+class _Keeping:
+    """A kernel called with numpy arrays and ints (the arrays made tensors at each call), or
+    :meth:`bind` to them once; its last argument ``keep`` given."""
+
+    __slots__ = ("kernel", "keep")
+
+    def __init__(self, kernel, keep: int) -> None:
+        self.kernel, self.keep = kernel, keep
+
+    def __call__(self, *args) -> None:
+        self.bind(*args)()
+
+    def bind(self, *args) -> Callable[[], None]:
+        """The call on ``args`` as a call without arguments, the arrays' tensors made once (a
+        plan's step over its workspace: the same arrays run after run, only their contents change).
+
+        >>> out = np.ones(2, np.int32); call = scaled_rows(2, assign=False).bind(np.array([3, 4], np.int8),
+        ...                                                                      np.array([0]), 1, out, 0)
+        >>> call(); call(); out.tolist()        # twice 1 + [3, 4] * 4
+        [25, 33]
+        """
+        import tvm_ffi
+
+        return partial(self.kernel, *(tvm_ffi.from_dlpack(a) if isinstance(a, np.ndarray) else a for a in args),
+                       self.keep)
 
 
 def _lanes(cpu: str | None) -> int:
@@ -341,7 +395,7 @@ def _compile(tile: int, cpu: str | None = None):
         n, b, e, k = T.int64(), T.int64(), T.int64(), T.int64()
         values = T.match_buffer(a_values, (n,), "int32", align=4)
         bases = T.match_buffer(a_bases, (b,), "int64", align=8)
-        tables = T.match_buffer(a_tables, (e,), "int32", align=4)
+        tables = T.match_buffer(a_tables, (e,), "int8", align=1)
         program = T.match_buffer(a_program, (k, 3), "int64", align=8)
         acc = T.alloc_buffer((block * tile,), "int32", scope="local")
         arg = T.alloc_buffer((block * tile,), "int32", scope="local")
@@ -390,11 +444,11 @@ def _compile(tile: int, cpu: str | None = None):
                             for c in T.vectorized(tile):
                                 acc[j * tile + c] = T.Cast("int32", T.Cast("int64", acc[j * tile + c]) *
                                                            T.Cast("int64", imm))
-                    else:       # LOOKUP in table ``imm``
+                    else:       # LOOKUP in the table at ``program[s, 2]``
                         for j in range(m):
                             for c in T.vectorized(tile):
-                                acc[j * tile + c] = tables[T.Cast("int64", imm) * LUT_ENTRIES +
-                                                           T.Cast("int64", T.max(T.min(acc[j * tile + c], 127), -128) + 128)]
+                                acc[j * tile + c] = T.Cast("int32", tables[program[s, 2] + T.Cast(
+                                    "int64", T.max(T.min(acc[j * tile + c], 127), -128) + 128)])
                 else:
                     if kind == RUN:
                         for j in range(m):

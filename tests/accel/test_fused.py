@@ -174,10 +174,12 @@ def test_a_plan_that_several_groups_share_keeps_the_calls_of_each_group_s_tuple(
     assert made.call_count == len(places)
 
 
-def test_a_plan_s_calls_follow_the_simulator_s_workspace_when_it_is_replaced():
-    """A plan works in its simulator's workspace, whose arrays another plan may replace by
-    larger ones: its calls made for a tuple are remade then, over the new arrays (none keeps
-    an old array alive), and still compute what the stream does."""
+@pytest.mark.parametrize("role", ["values", "source", "packed"])
+def test_a_plan_s_calls_follow_the_simulator_s_workspace_when_it_is_replaced(role):
+    """A plan works in its simulator's workspace (the value and source vectors, the products'
+    int16 scratch), whose arrays another plan may replace by larger ones: its calls made for a
+    tuple are remade then, over the new arrays (none keeps an old array alive, a product's kernel
+    none of its tensors), and still compute what the stream does."""
     import gc
     import weakref
 
@@ -186,8 +188,10 @@ def test_a_plan_s_calls_follow_the_simulator_s_workspace_when_it_is_replaced():
     views, expect = _other_host(4), list(_other_host(4))
     for replace in (False, True):
         if replace:
-            old = weakref.ref(sim.workspace["values"])
-            sim.workspace["values"] = np.full(sim.workspace["values"].size * 2, -1, np.int32)  # as a larger plan does
+            array = sim.workspace[role]
+            old = weakref.ref(array)
+            sim.workspace[role] = np.full(array.size * 2, -1, array.dtype)     # as a larger plan does
+            del array
         assert plan.run(views, sim)
         ref.run(stream, expect)
         sim_tests._assert_same_state(sim, ref, views, expect)
@@ -714,7 +718,7 @@ def test_copies_by_runs_equal_a_scatter(drawn, dtype, saturate, data):
     want, got = np.zeros(size, dtype), np.zeros(size, dtype)
     values = np.clip(source[src], -128, 127) if saturate else source[src]
     want[index] = values.astype(dtype)
-    fused._Copies(index, src, 16).put(source, got, saturate)
+    fused._Copies(index, src, 16).bound(source, got, saturate)()
     np.testing.assert_array_equal(got, want)
 
 
@@ -761,8 +765,10 @@ def epilogues(draw):
     block = st.integers(0, acc_blocks - 1).map(lambda b: b * _BLOCK)
     imm = st.one_of(st.none(), st.integers(-40, 40), st.sampled_from([-2**31, -2**31 + 1, -129, 127, 2**31 - 1]),
                     st.integers(-2**31, 2**31 - 1))
-    program = [Load(mem=Mem.WGT, sram_addr=0, sram_ld=256, slot=1, dram_offset=draw(st.integers(0, 768)),
-                    dram_ld=256, rows=1, cols=256)]       # a table at WGT 0 (and a GEMM's weights)
+    # a table at WGT 0 (and a GEMM's weights), a run of the host buffer (the chains read it in place
+    # in the source vector) or rows of it apart (gathered at each run)
+    program = [Load(mem=Mem.WGT, sram_addr=0, sram_ld=16, slot=1, dram_offset=draw(st.integers(0, 512)),
+                    dram_ld=draw(st.sampled_from([16, 20])), rows=16, cols=16)]
     for b in draw(st.lists(block, min_size=1, max_size=4, unique=True)):
         if draw(st.booleans()):
             tile = dict(acc_addr=b, inp_addr=0, wgt_addr=0, acc_ld=16, inp_ld=16, wgt_ld=16)
@@ -857,8 +863,81 @@ def test_writes_by_rows_equal_a_scatter(runs, dtype):
     data = np.random.default_rng(len(runs)).integers(-2**31, 2**31, index.size).astype(np.int32)
     want, got = np.zeros(42 * 24, dtype), np.zeros(42 * 24, dtype)
     want[index] = data.astype(dtype)        # (abutting runs: later elements win, as below)
-    fused._Copies(index, np.arange(index.size), 16).put(data, got)
+    fused._Copies(index, np.arange(index.size), 16).bound(data, got)()
     np.testing.assert_array_equal(got, want)
+
+
+@st.composite
+def spilled_batches(draw):
+    """Value rows of ``tile`` and two ALU batches: an add (or a lookup) in place over the first
+    rows whose other operand is no rows of the vector (rows gathered element by element among
+    whole rows, a view of rows half a tile wide, elements all gathered), then a batch that writes
+    over what that operand read (so the first one's chain must have read it before)."""
+    tile, rows = 4, draw(st.integers(1, 6))
+    n = rows * tile
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    values = rng.integers(-2**31, 2**31, 3 * n, dtype=np.int64).astype(np.int32)
+    kind = draw(st.sampled_from(["mixed", "view", "elements"]))
+    if kind == "view":
+        operand = fused._View(n, (2 * rows, tile // 2), (tile // 2, 1))
+        index = n + np.arange(n)
+    else:
+        index = n + rng.permutation(2 * n)[:n]
+        if kind == "mixed":     # every other row a whole row
+            index.reshape(rows, tile)[::2] = n + tile * rng.integers(0, 2 * rows - 1, (rows + 1) // 2)[:, None] + \
+                np.arange(tile)
+        operand = fused._Gather(index, tile)
+    lookup = draw(st.booleans())
+    table = rng.integers(-128, 128, 256).astype(np.int8)
+    first = (None, None, np.arange(256), fused._Span(0, (n,)), operand, None) if lookup else \
+        (np.add, AluOp.ADD, None, fused._Span(0, (n,)), fused._Span(0, (n,)), operand)
+    then = (np.multiply, AluOp.MUL, 3, fused._Span(n, (2 * n,)), fused._Span(n, (2 * n,)), None)
+    return tile, values, index, lookup, table, [first, then]
+
+
+@given(spilled_batches())
+def test_chain_operands_that_are_no_rows_are_copied_into_rows_before_their_chain(drawn):
+    """An ALU operand the chain kernel cannot read as rows is copied into whole rows past the
+    plan's values just before its chain runs: every batch a compiled chain, the results those of
+    numpy step by step (the copy made before a later batch writes what it read)."""
+    tile, values, index, lookup, table, alus = drawn
+    n = index.size
+    want = values.copy()
+    if lookup:
+        want[:n] = table[np.clip(want[index], -128, 127) + 128]
+    else:
+        want[:n] = want[:n] + want[index]
+    want[n:] *= 3
+    need = fused._Spill.need(alus, tile)
+    vector = fused._Vector(np.concatenate([values, np.full(need, 99, np.int32)]), tile)
+    source = fused._Vector(table, tile)
+    with mock.patch.object(fused, "_alu_step", side_effect=AssertionError("a numpy batch")):
+        steps = fused._alu_steps(vector, source, alus, fused._Spill(values.size, need))
+    assert len(steps) == 2
+    for step in steps:
+        step()
+    np.testing.assert_array_equal(vector.data[:values.size], want)
+
+
+def test_an_acc_load_of_one_int32_buffer_reads_each_tuple_s_buffer_where_it_is():
+    """ACC LOADs from one int32 host buffer, no pads (a bias, a residual), read that buffer in
+    place instead of a copy in the workspace: each tuple its own buffer, its contents as they
+    are at each run, and the workspace's int32 vector (which other plans fill) never read."""
+    stream = _auto([Load(mem=Mem.ACC, sram_addr=0, sram_ld=16, slot=2, dram_offset=16, dram_ld=32, rows=16, cols=16),
+                    Load(mem=Mem.INP, sram_addr=0, sram_ld=16, slot=0, dram_offset=0, dram_ld=16, rows=16, cols=16),
+                    Load(mem=Mem.WGT, sram_addr=0, sram_ld=16, slot=1, dram_offset=0, dram_ld=16, rows=16, cols=16),
+                    _gemm(), Store(sram_addr=0, sram_ld=16, slot=4, dram_offset=0, dram_ld=16, rows=16, cols=16)])
+    plan, (sim, host), (ref, want) = _both(stream)
+    assert plan is not None and plan.acc_loads is not None and len(plan.i_slots) == 1 and not plan.i_pads.size
+    first, second = _other_host(1), _other_host(2)
+    for k, views in enumerate((first, second, first, second)):
+        if "ints" in sim.workspace:
+            sim.workspace["ints"][:] = -7   # what another plan left there
+        expect = [v.copy() for v in views]
+        assert plan.run(views, sim)
+        ref.run(stream, expect)
+        sim_tests._assert_same_state(sim, ref, views, expect)
+        views[2][:] = np.random.default_rng(k).integers(-2**31, 2**31, views[2].size, dtype=np.int64)  # new contents
 
 
 @st.composite
