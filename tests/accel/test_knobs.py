@@ -593,7 +593,7 @@ def test_the_fork_knob_is_offered_where_the_epilogue_forks_and_running_once_is_l
     assert fork.values[fork.decision] == fork.values[fork.likely] == 1      # "once": the heuristic's and likeliest
 
 
-@settings(max_examples=6, deadline=None)
+@settings(max_examples=5, deadline=None)
 @given(st.sampled_from(["NCHW", "NHWC", "dense", "depthwise"]), st.sampled_from([12, 20, 28]),
        st.sampled_from([(16, 40), (24, 200), (48, 64)]))
 @example("dense", 20, (16, 40))     # a block of all of M's 20 rows: its ALU passes run over those alone
