@@ -106,7 +106,7 @@ def _load_footprint(ins: Load, tile: int) -> tuple:
     if rows * cols == 0:
         return (written,)
     lo = ins.dram_offset
-    return written, (("dram", ins.slot), lo, lo + (rows - 1) * ins.dram_ld + cols, False)
+    return written, (("dram", ins.slot), lo, lo + (rows - 1) * ins.dram_ld + ins.dram_width, False)
 
 
 def _store_footprint(ins: Store, tile: int) -> tuple:
@@ -115,7 +115,7 @@ def _store_footprint(ins: Store, tile: int) -> tuple:
         return ()
     lo, dram = ins.sram_addr, ins.dram_offset
     return ((_ACC, lo, lo + (rows - 1) * ins.sram_ld + cols, False),
-            (("dram", ins.slot), dram, dram + (rows - 1) * ins.dram_ld + (cols - 1) * ins.dram_step + 1, True))
+            (("dram", ins.slot), dram, dram + (rows - 1) * ins.dram_ld + ins.dram_width, True))
 
 
 def _mac_footprint(ins, tile: int) -> tuple:
