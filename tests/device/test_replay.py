@@ -442,6 +442,28 @@ def test_arguments_computed_from_loop_variables_and_allocations_in_the_group_rep
     assert (s.replayed, s.calls) == (2, 7)
 
 
+@T.prim_func
+def tail_loop(A: T.Buffer((64,), "int32"), C: T.Buffer((64,), "int32")):
+    # a tiled loop's last tile is shorter: the inner extent is an expression of the outer loop's variable
+    T.func_attr({"global_symbol": "main"})
+    for i in range(2):
+        for j in range(3 - i * 2):
+            T.call_packed("devtest_replay.load", 0, A, (i * 3 + j) * 16)
+            T.call_packed("devtest_replay.store", C, (i * 3 + j) * 16, 0)
+
+
+def test_loop_bounds_from_enclosing_loop_variables_replay():
+    assert len(replay_calls(tail_loop)) == 1
+    fn = compiled(tail_loop)
+    with Stream() as s:
+        for seed in range(3):
+            a = np.random.default_rng(seed).integers(-1000, 1000, 64, dtype=np.int32)
+            ta, tc = tensors(a, np.zeros(64, np.int32))
+            device.invoke(fn, ta, tc)
+            np.testing.assert_array_equal(tc.numpy(), a)
+    assert (s.replayed, s.calls) == (2, 8)
+
+
 class Broken(Exception):
     """What a device raises while running a stored stream."""
 

@@ -27,11 +27,12 @@ A backend's rules rewrite loop nests into calls of its runtime functions
   order of first use (the buffers themselves, whole). A session that stored the group's
   stream runs it again on this call's ``hosts`` in that one callback
   (:meth:`tirpat.device.Session.replay`) instead of one callback per call; else the calls run.
-  Static means the group provably makes the same calls every run: it is loops with constant
-  bounds (not ``parallel``), ``if`` and ``Evaluate`` statements of ``<prefix>.*`` calls whose
-  arguments are constants, integer expressions of the group's loop variables, and host
-  buffers that are parameters or allocated before it (allocations inside the group at its
-  top level move before the ``if``). Anything else keeps the group as it is, since what its
+  Static means the group provably makes the same calls every run: it is loops (not
+  ``parallel``) whose bounds are constants or integer expressions of the enclosing loops'
+  variables, ``if`` and ``Evaluate`` statements of ``<prefix>.*`` calls whose arguments are
+  constants, integer expressions of the group's loop variables, and host buffers that are
+  parameters or allocated before it (allocations inside the group at its top level move
+  before the ``if``). Anything else keeps the group as it is, since what its
   calls are could change from run to run: a host store or load (the data could steer a
   call), another call, a loop bound or argument from a scalar parameter or a ``Bind`` (its
   value is unknown until the run), a buffer allocated inside a loop, a ``while``.
@@ -266,9 +267,11 @@ class _Static:
         if kind is tirx.SeqStmt:
             return all(self.stmt(x) for x in s.seq)
         if kind is tirx.For:
-            if not (isinstance(s.min, tirx.IntImm) and isinstance(s.extent, tirx.IntImm)) \
+            # bounds from constants and the enclosing loops' variables (a tail tile's
+            # ``range(4 - max(0, i * 4 - 6))``) are the same every run
+            if not (self.expr(s.min) and self.expr(s.extent)) \
                     or int(s.kind) == int(tirx.ForKind.PARALLEL) or s.thread_binding is not None \
-                    or not (s.step is None or isinstance(s.step, tirx.IntImm)):
+                    or not (s.step is None or self.expr(s.step)):
                 return False
             self.bound.add(s.loop_var.__chandle__())
             return self.stmt(s.body)
