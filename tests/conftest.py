@@ -1,4 +1,7 @@
+import json
 import os
+from collections import defaultdict
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -45,3 +48,38 @@ def ctrl_c():
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+# -- the longest test files first ------------------------------------------------------------
+# xdist hands each worker whole files (--dist loadfile) in collection order
+# (--no-loadscope-reorder): the longest first, so that the run does not end with one long file
+# on one core while the others idle. The seconds are measured: `TIRPAT_TEST_DURATIONS=1
+# python -m pytest` writes them again. A file not listed (a new one) counts as longest.
+DURATIONS = Path(__file__).with_name("durations.json")
+
+
+def _file_of(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
+
+
+def pytest_collection_modifyitems(config, items):
+    if not DURATIONS.exists():
+        return
+    seconds = json.loads(DURATIONS.read_text())
+    # stable: the tests of one file keep their order
+    items.sort(key=lambda item: -seconds.get(_file_of(item.nodeid), float("inf")))
+
+
+_measured: dict = defaultdict(float)
+
+
+def pytest_runtest_logreport(report):
+    if os.environ.get("TIRPAT_TEST_DURATIONS"):
+        _measured[_file_of(report.nodeid)] += report.duration
+
+
+def pytest_sessionfinish(session):
+    # in xdist's controller (which hears every worker's reports) or a run of one process
+    if os.environ.get("TIRPAT_TEST_DURATIONS") and _measured and not hasattr(session.config, "workerinput"):
+        ordered = dict(sorted(((f, round(t, 1)) for f, t in _measured.items()), key=lambda kv: -kv[1]))
+        DURATIONS.write_text(json.dumps(ordered, indent=1) + "\n")
