@@ -201,7 +201,7 @@ def measure(name: str, path: pathlib.Path, shape, norm: str, repeats: int, tune:
 
 def table(rows: list, tune: bool) -> str:
     head = (f"{'model':<18} {'MACs':>6} {'build s':>8} {'tvm s':>7} {'+VM s':>6} {'ratio':>6} "
-            f"{'1st ms':>8} {'ort 1st':>8} {'ratio':>6} {'later ms':>9} {'steady':>7} {'ort ms':>7} {'ratio':>6} "
+            f"{'1st ms':>8} {'ort 1st':>8} {'ratio':>6} {'later ms':>9} {'steady':>7} {'ort ms':>7} {'later':>6} {'steady':>6} "
             f"{'cycles':>10} {'roofl':>6} {'accel':>6} {'diff':>8} {'steps':>6}" + (f" {'tuned gain':>10}" if tune else ""))
     lines = [head]
     for r in rows:
@@ -210,7 +210,8 @@ def table(rows: list, tune: bool) -> str:
         line = (f"{r['model']:<18} {macs} {r['build']:>8.1f} {r['tvm']:>7.1f} {r['vm']:>6.1f} "
                 f"{r['build'] / r['tvm']:>5.1f}x {r['first'] * 1e3:>8.0f} {r['ort_first'] * 1e3:>8.1f} "
                 f"{r['first'] / r['ort_first']:>5.0f}x {r['later'] * 1e3:>9.0f} {r['steady'] * 1e3:>7.0f} "
-                f"{r['ort_later'] * 1e3:>7.1f} {r['steady'] / r['ort_later']:>5.0f}x {r['cycles']:>10,} {100 * r['roofline']:>5.0f}% "
+                f"{r['ort_later'] * 1e3:>7.1f} {r['later'] / r['ort_later']:>5.1f}x {r['steady'] / r['ort_later']:>5.1f}x "
+                f"{r['cycles']:>10,} {100 * r['roofline']:>5.0f}% "
                 f"{100 * r['on_accel']:>5.0f}% {r['diff']:>8.2g} "
                 + (f"{r['steps']:>6.0f}" if r["steps"] is not None else f"{'-':>6}"))
         if tune:
@@ -255,7 +256,8 @@ def main(argv=None) -> int:
         return 1
     print(f"int8 per-tensor models; compile: one build each (tp.build(mod, \"accel, llvm\") vs "
           f"tvm.compile(integerised mod, \"llvm\"), its VM creation apart);\ncalls: first, and median of "
-          f"{args.repeats} later, then of {args.repeats} steady (replayed) ones, vs onnxruntime int8 default session, 1 thread (the speed reference); "
+          f"{args.repeats} later, then of {args.repeats} steady (replayed) ones, vs onnxruntime int8 default session, 1 thread (the speed reference; "
+          "the ratios: later and steady over ort ms); "
           "roofl: roofline share of the model's MACs on accel; diff: max |output - tvm.compile's|;\n"
           "steps: max |output - onnxruntime's exact QDQ run (ORT_ENABLE_BASIC)| in output quantisation steps\n")
     print(table(rows, args.tune))
