@@ -1154,7 +1154,7 @@ class _Copies:
     [127, 127, 127, 127, 0, 0, 0, 0, 60, 60, 60, 60]
     """
 
-    __slots__ = ("step", "arrays", "tile")
+    __slots__ = ("step", "arrays", "tile", "_tensors")
 
     def __init__(self, dst: np.ndarray, src: np.ndarray, tile: int) -> None:
         dst, src = (np.asarray(a, np.int64).reshape(-1) for a in (dst, src))
@@ -1178,6 +1178,7 @@ class _Copies:
         steps[inside] = kind[starts[inside]]
         self.arrays = (src[starts], steps, dst[starts], lengths)
         self.tile = tile        # (the compiled module it is in: see kernels.copy_runs)
+        self._tensors: tuple = ()   # the arrays as the kernel's tensors, made at the first bound
 
     def bound(self, source: np.ndarray, target: np.ndarray, saturate: bool = False) -> Callable[[], None]:
         """``target[dst] = source[src]`` (clipped to int8's range first when ``saturate``) as a
@@ -1187,7 +1188,9 @@ class _Copies:
         import tvm_ffi
 
         kernel = kernels.copy_runs(self.tile, source.dtype.name, target.dtype.name)
-        frm, steps, to, lengths = (tvm_ffi.from_dlpack(a) for a in self.arrays)
+        if not self._tensors:       # the same runs for every tuple of host buffers a plan binds
+            self._tensors = tuple(tvm_ffi.from_dlpack(a) for a in self.arrays)
+        frm, steps, to, lengths = self._tensors
         return partial(kernel, tvm_ffi.from_dlpack(source), frm, steps, to, lengths, tvm_ffi.from_dlpack(target),
                        self.step, int(saturate))
 
@@ -1610,6 +1613,7 @@ class FusedPlan:
         # calls bound to views of them; remade when the workspace arrays are other ones
         self._on: tuple = ()
         self._source = self._scratch = self._ints = self._packed = None
+        self._product_steps: list = []
         self._alu_steps: list = []
         written = dict.fromkeys(s[0] for s in stores)
         self._apart = [(r, w) for r in (*self.f_slots, *self.i_slots) for w in written if r != w]
@@ -1679,7 +1683,7 @@ class FusedPlan:
             else:
                 calls += _concatenated(ints.data, parts)
             calls.append(_copied(values, self.acc_loads[0], ints, self.acc_loads[1]))
-        calls += [product.call(source, values, self._packed) for product in self.products]
+        calls += self._product_steps
         calls += self._alu_steps
         for slot, mode, dst, src in self.stores:
             calls.append(_stored(buffers[slot], mode, dst, vector, src))
@@ -1711,8 +1715,12 @@ class FusedPlan:
         self._scratch = _Vector(on[1][:self.values + spill], self.tile)
         self._ints = _Vector(on[2][:self.i_base], self.tile)
         self._packed = on[4]
+        # the products and ALU batches work in the workspace alone: bound here, once, not
+        # again for each tuple of host buffers (a model's tensors move during its first calls)
+        self._product_steps = [product.call(self._source, self._scratch.data, self._packed) for product in self.products]
         self._alu_steps = _alu_steps(self._scratch, self._source, self.alus, _Spill(self.values, spill))
         self._on = on
+        sim.plans.add(self)
         return True
 
 
@@ -1837,6 +1845,16 @@ def drop_building(space: dict) -> None:
     {}
     """
     space.pop(_RENUMBER, None)
+
+
+def settle(sim) -> None:
+    """Bind every plan of ``sim`` to its workspace's arrays as they are now: called when a
+    model's call ends. A first call builds its plans one by one, the workspace growing for
+    the larger ones; the plans built before the last growth would otherwise bind again at
+    the next call, which then pays for a hundred plans' binding (~50 ms for the PaddleOCR
+    classifier), not the first one that builds them (seconds)."""
+    for plan in list(sim.plans):
+        plan._bind(sim)
 
 
 def _workspace(space: dict, role: str, dtype, size: int) -> np.ndarray:

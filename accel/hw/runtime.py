@@ -136,7 +136,8 @@ class Session(device.Session):
         caller's setting restored at its end, instead of set and restored by each stream;
         and what every device session holds (:meth:`tirpat.device.Session.running`: full
         garbage collections deferred while a first call records its streams). At its end the
-        simulator lets go of what building plans kept (:func:`accel.hw.fused.drop_building`).
+        simulator lets go of what building plans kept (:func:`accel.hw.fused.drop_building`)
+        and binds its plans to their workspace as the call left it (:func:`accel.hw.fused.settle`).
 
         >>> with Session().running():
         ...     pass
@@ -145,8 +146,10 @@ class Session(device.Session):
             with super().running(), one_blas_thread():
                 yield
         finally:
-            # what building the call's plans kept from stream to stream (a first call's)
+            # what building the call's plans kept from stream to stream (a first call's), and
+            # the plans built before the workspace last grew bound to its final arrays
             fused.drop_building(self.simulator.workspace)
+            fused.settle(self.simulator)
 
     def buffer(self, host: HostBuffer) -> int:
         """The buffer-table slot of a host buffer, registering it on first use.

@@ -35,6 +35,7 @@ import dataclasses
 import math
 import operator
 import threading
+import weakref
 from functools import partial
 from typing import Callable, Iterator, Optional, Sequence
 
@@ -185,6 +186,9 @@ class Simulator:
         #: arrays the fused plans of this simulator's streams run in, by role (see
         #: :meth:`accel.hw.fused.FusedPlan.run`): shared, as the simulator runs one stream at a time
         self.workspace: dict[str, np.ndarray] = {}
+        #: the fused plans bound to that workspace (bound again to its final arrays when a model's
+        #: call ends: :func:`accel.hw.fused.settle`), not kept alive by it
+        self.plans: weakref.WeakSet = weakref.WeakSet()
 
     def memory(self, mem: Mem) -> np.ndarray:
         """The backing array of a scratchpad (INP/WGT as exact float32, ACC as int32)."""

@@ -199,6 +199,46 @@ def test_a_plan_s_calls_follow_the_simulator_s_workspace_when_it_is_replaced(rol
     assert old() is None
 
 
+def test_a_plan_binds_its_products_once_per_workspace_not_per_tuple_of_buffers():
+    """A model's tensors move during its first calls: each new tuple of host buffers makes the
+    plan's host copies again, never its products, which work in the workspace alone."""
+    stream = _product_stream()
+    plan, (sim, host), (ref, want) = _both(stream)
+    with mock.patch.object(fused._Product, "call", autospec=True, side_effect=fused._Product.call) as bound:
+        for seed in (4, 5, 6):
+            views, expect = _other_host(seed), list(_other_host(seed))
+            assert plan.run(views, sim)
+            ref.run(stream, expect)
+            sim_tests._assert_same_state(sim, ref, views, expect)
+    assert bound.call_count == len(plan.products) == 1
+
+
+def test_plans_built_before_the_workspace_grew_are_bound_to_it_when_the_call_ends():
+    """A first call builds its plans one by one and the workspace grows for the larger ones:
+    at the call's end (``settle``, from ``Session.running``) the earlier plans bind to the
+    final arrays, so the next call does not bind a hundred plans again; they still compute
+    what the stream does."""
+    stream = _product_stream()
+    plan, (sim, host), (ref, want) = _both(stream)
+    views, expect = _other_host(4), list(_other_host(4))
+    assert plan.run(views, sim)
+    for role in ("values", "source", "packed"):        # as a larger plan does
+        sim.workspace[role] = np.full(sim.workspace[role].size * 2, -1, sim.workspace[role].dtype)
+    fused.settle(sim)
+    with mock.patch.object(fused, "_alu_steps", side_effect=fused._alu_steps) as rebound:
+        assert plan.run(views, sim)
+    assert rebound.call_count == 0
+    ref.run(stream, expect)
+    ref.run(stream, expect)
+    sim_tests._assert_same_state(sim, ref, views, expect)
+    from accel.hw.runtime import Session
+    session = Session()
+    with mock.patch.object(fused, "settle") as settled:
+        with session.running():
+            pass
+    settled.assert_called_once_with(session.simulator)
+
+
 def test_a_blocked_product_is_one_matrix_multiplication():
     """Four accumulator tiles, each the sum of two products, meet as one 32x32x32 product."""
     stream = [Gemm(acc_addr=0, inp_addr=0, wgt_addr=0, acc_ld=32, inp_ld=16, wgt_ld=16, reset=True,
