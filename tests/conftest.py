@@ -6,6 +6,13 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
+# One thread per test process: xdist runs one worker per core, and TVM's thread pool and BLAS
+# each starting a thread per core in every worker oversubscribe the cores (waiting threads
+# spin): measured, the same tests took a quarter more CPU. The workers xdist starts (and the
+# programs tests start) inherit these; a value set by whoever runs the suite is kept.
+for _threads in ("TVM_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+    os.environ.setdefault(_threads, "1")
+
 # Compiling with TVM takes tens of milliseconds, so the default 200 ms deadline is meaningless here.
 settings.register_profile(
     "dev", deadline=None, max_examples=25, suppress_health_check=[HealthCheck.too_slow]
