@@ -1852,9 +1852,14 @@ def settle(sim) -> None:
     model's call ends. A first call builds its plans one by one, the workspace growing for
     the larger ones; the plans built before the last growth would otherwise bind again at
     the next call, which then pays for a hundred plans' binding (~50 ms for the PaddleOCR
-    classifier), not the first one that builds them (seconds)."""
+    classifier), not the first one that builds them (seconds). Nothing to do, and nothing
+    done, when no workspace array was replaced since the last time (every later call)."""
+    arrays = tuple(sim.workspace.values())
+    if len(arrays) == len(sim.settled) and all(a is b for a, b in zip(arrays, sim.settled)):
+        return
     for plan in list(sim.plans):
         plan._bind(sim)
+    sim.settled = arrays
 
 
 def _workspace(space: dict, role: str, dtype, size: int) -> np.ndarray:

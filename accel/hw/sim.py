@@ -189,6 +189,7 @@ class Simulator:
         #: the fused plans bound to that workspace (bound again to its final arrays when a model's
         #: call ends: :func:`accel.hw.fused.settle`), not kept alive by it
         self.plans: weakref.WeakSet = weakref.WeakSet()
+        self.settled: tuple = ()    # the workspace's arrays when its plans were last bound to them all
 
     def memory(self, mem: Mem) -> np.ndarray:
         """The backing array of a scratchpad (INP/WGT as exact float32, ACC as int32)."""

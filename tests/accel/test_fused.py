@@ -228,6 +228,9 @@ def test_plans_built_before_the_workspace_grew_are_bound_to_it_when_the_call_end
     with mock.patch.object(fused, "_alu_steps", side_effect=fused._alu_steps) as rebound:
         assert plan.run(views, sim)
     assert rebound.call_count == 0
+    with mock.patch.object(fused.FusedPlan, "_bind") as looked:     # a later call's end: nothing replaced
+        fused.settle(sim)
+    assert looked.call_count == 0
     ref.run(stream, expect)
     ref.run(stream, expect)
     sim_tests._assert_same_state(sim, ref, views, expect)
