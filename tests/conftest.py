@@ -90,3 +90,30 @@ def pytest_sessionfinish(session):
     if os.environ.get("TIRPAT_TEST_DURATIONS") and _measured and not hasattr(session.config, "workerinput"):
         ordered = dict(sorted(((f, round(t, 1)) for f, t in _measured.items()), key=lambda kv: -kv[1]))
         DURATIONS.write_text(json.dumps(ordered, indent=1) + "\n")
+
+
+# -- the files that use TVM's tensor intrinsics run on one worker -----------------------------
+# Importing tvm.s_tir.tensor_intrin takes ~40 s (TVMScript parsing of TVM's intrinsics), paid by
+# each process that runs one of these files (collection never imports it: tests/test_collection.py).
+# xdist hands them out as one unit of work, so that one worker pays it, once.
+TENSOR_INTRIN_FILES = ("tests/tirpat/test_tensorize_peer.py", "tests/tirpat/test_intrin_coverage.py",
+                       "tests/tirpat/test_intrin_e2e.py")
+
+
+def xdist_scope(nodeid: str) -> str:
+    """The unit of xdist's work ``nodeid`` belongs to: its file, or all of TENSOR_INTRIN_FILES."""
+    file = _file_of(nodeid)
+    return "tensor_intrin" if file in TENSOR_INTRIN_FILES else file
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)  # before xdist's own scheduler, which would answer
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class Scheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_scope(nodeid)
+
+    return Scheduling(config, log)

@@ -23,6 +23,7 @@ justifies, listed in docs/tensor-intrinsics.md ("tensorize's own tests").
 """
 
 import ctypes
+import importlib
 import itertools
 import pathlib
 import re
@@ -38,12 +39,34 @@ from tvm.script import tirx as T
 import tirpat as tp
 from tirpat.testing.intrin import replay
 
-# Registers every TensorIntrin (about 15 s, once per process; shared with the other intrinsic tests).
-from tvm.s_tir.tensor_intrin import arm_cpu, cuda, hexagon, rocm, x86  # noqa: E402  isort: skip
 from tvm.s_tir import dlight as dl  # noqa: E402  isort: skip
 from tvm.testing.tir import mfma_schedule, mma_schedule  # noqa: E402  isort: skip
 
 DOCS = pathlib.Path(__file__).resolve().parents[2] / "docs" / "tensor-intrinsics.md"
+
+# TVM's TensorIntrins are named here by the names they are registered under (the values of
+# tvm.s_tir.tensor_intrin's *_INTRIN constants, quirks included), which is what tensorize
+# looks them up by, and its layout functions through tvm_layout: importing tensor_intrin
+# parses ~600 TVMScript functions (~40 s), and every xdist worker collects every test file,
+# so collection must not import it. The fixture below does, once, in the worker that runs
+# this file.
+
+
+@pytest.fixture(scope="module")
+def tensor_intrins():
+    """Registers TVM's TensorIntrins, so that tensorize finds them by name."""
+    from tvm.s_tir.tensor_intrin import arm_cpu, cuda, hexagon, rocm, x86  # noqa: F401
+
+
+def tvm_layout(name):
+    """TVM's layout function ``tvm.s_tir.tensor_intrin.<name>`` (``"cuda.shared_..."``),
+    imported when first called, which is when a schedule runs (never at collection)."""
+    module, attr = name.split(".")
+
+    def layout(i, j):
+        return getattr(importlib.import_module(f"tvm.s_tir.tensor_intrin.{module}"), attr)(i, j)
+
+    return layout
 
 
 @tvm.register_global_func("tvm_callback_cuda_compile", override=True)
@@ -414,37 +437,34 @@ def tiled_layout(layout, rows, cols):
     return index_map
 
 
-L16 = tiled_layout(cuda.shared_16x16_to_ldmatrix_32x8_layout, 16, 16)
-L16x32 = tiled_layout(cuda.shared_16x32_to_ldmatrix_32x16_layout, 16, 32)
-L32x16 = tiled_layout(cuda.shared_32x16_to_ldmatrix_32x16_layout, 32, 16)
+L16 = tiled_layout(tvm_layout("cuda.shared_16x16_to_ldmatrix_32x8_layout"), 16, 16)
+L16x32 = tiled_layout(tvm_layout("cuda.shared_16x32_to_ldmatrix_32x16_layout"), 16, 32)
+L32x16 = tiled_layout(tvm_layout("cuda.shared_32x16_to_ldmatrix_32x16_layout"), 32, 16)
 F16_F32 = ([4, 8, 2, 4, 1], [1, 64, 2, 1, 2], [128, 2, 1])
 F16_F16 = ([16, 2, 1, 4, 2], [16, 2, 2, 1, 4], [128, 2, 1])
 I8 = ([1, 32, 1, 4, 2], [8, 4, 4, 2, 1], [32, 2, 2])
-C = cuda
-MMA = {
-    "f16f16f32": (16, "float16", "float32", False, F16_F32, L16, L16, L16, C.LDMATRIX_f16_A_INTRIN,
-                  C.LDMATRIX_f16_B_INTRIN, C.MMA_f16f16f32_INTRIN, C.MMA_fill_16x16_f32_INTRIN,
-                  C.MMA_store_16x16_f32_global_INTRIN),
-    "f16f16f32_trans": (16, "float16", "float32", True, F16_F32, L16, L16, L16, C.LDMATRIX_f16_A_INTRIN,
-                        C.LDMATRIX_f16_B_TRANS_INTRIN, C.MMA_f16f16f32_TRANS_B_INTRIN, C.MMA_fill_16x16_f32_INTRIN,
-                        C.MMA_store_16x16_f32_global_INTRIN),
-    "f16f16f16": (16, "float16", "float16", False, F16_F16, L16, L16, L16, C.LDMATRIX_f16_A_INTRIN,
-                  C.LDMATRIX_f16_B_INTRIN, C.MMA_f16f16f16_INTRIN, C.MMA_fill_16x16_f16_INTRIN,
-                  C.MMA_store_16x16_f16_global_INTRIN),
-    "f16f16f16_trans": (16, "float16", "float16", True, F16_F16, L16, L16, L16, C.LDMATRIX_f16_A_INTRIN,
-                        C.LDMATRIX_f16_B_TRANS_INTRIN, C.MMA_f16f16f16_TRANS_B_INTRIN, C.MMA_fill_16x16_f16_INTRIN,
-                        C.MMA_store_16x16_f16_global_INTRIN),
-    "i8i8i32": (32, "int8", "int32", False, I8, L16x32, L32x16, L16, C.LDMATRIX_i8_A_INTRIN, C.LDMATRIX_i8_B_INTRIN,
-                C.MMA_i8i8i32_INTRIN, C.MMA_fill_16x16_i32_INTRIN, C.MMA_store_16x16_i32_global_INTRIN),
-    "i8i8i32_trans": (32, "int8", "int32", True, I8, L16x32, L16x32, L16, C.LDMATRIX_i8_A_INTRIN,
-                      C.LDMATRIX_i8_B_TRANS_INTRIN, C.MMA_i8i8i32_TRANS_B_INTRIN, C.MMA_fill_16x16_i32_INTRIN,
-                      C.MMA_store_16x16_i32_global_INTRIN),
-    "e4m3e4m3f32_trans": (32, "float8_e4m3fn", "float32", True, I8, L16x32, L16x32, L16, C.LDMATRIX_e4m3_A_INTRIN,
-                          C.LDMATRIX_e4m3_B_TRANS_INTRIN, C.MMA_e4m3e4m3f32_TRANS_B_INTRIN,
-                          C.MMA_fill_16x16_f32_INTRIN, C.MMA_store_16x16_f32_global_INTRIN),
-    "e5m2e5m2f32_trans": (32, "float8_e5m2", "float32", True, I8, L16x32, L16x32, L16, C.LDMATRIX_e5m2_A_INTRIN,
-                          C.LDMATRIX_e5m2_B_TRANS_INTRIN, C.MMA_e5m2e5m2f32_TRANS_B_INTRIN,
-                          C.MMA_fill_16x16_f32_INTRIN, C.MMA_store_16x16_f32_global_INTRIN),
+MMA = {  # the intrinsics: ldmatrix A, ldmatrix B, mma, fill, store
+    "f16f16f32": (16, "float16", "float32", False, F16_F32, L16, L16, L16, "mma_ldmatrix_f16_a",
+                  "mma_ldmatrix_f16_b", "mma_f16f16f32", "mma_fill_16x16_f32", "mma_store_16x16_f32_global_"),
+    "f16f16f32_trans": (16, "float16", "float32", True, F16_F32, L16, L16, L16, "mma_ldmatrix_f16_a",
+                        "mma_ldmatrix_f16_b_trans", "mma_f16f16f32_trans_b", "mma_fill_16x16_f32",
+                        "mma_store_16x16_f32_global_"),
+    "f16f16f16": (16, "float16", "float16", False, F16_F16, L16, L16, L16, "mma_ldmatrix_f16_a",
+                  "mma_ldmatrix_f16_b", "mma_f16f16f16", "mma_fill_16x16_f16", "mma_store_16x16_f16_global_"),
+    "f16f16f16_trans": (16, "float16", "float16", True, F16_F16, L16, L16, L16, "mma_ldmatrix_f16_a",
+                        "mma_ldmatrix_f16_b_trans", "mma_f16f16f16_trans_b", "mma_fill_16x16_f16",
+                        "mma_store_16x16_f16_global_"),
+    "i8i8i32": (32, "int8", "int32", False, I8, L16x32, L32x16, L16, "mma_ldmatrix_i8_a", "mma_ldmatrix_i8_b",
+                "mma_i8i8i32", "mma_fill_16x16_i32", "mma_store_16x16_i32_global_"),
+    "i8i8i32_trans": (32, "int8", "int32", True, I8, L16x32, L16x32, L16, "mma_ldmatrix_i8_a",
+                      "mma_ldmatrix_i8_b_trans", "mma_i8i8i32_trans_b", "mma_fill_16x16_i32",
+                      "mma_store_16x16_i32_global_"),
+    "e4m3e4m3f32_trans": (32, "float8_e4m3fn", "float32", True, I8, L16x32, L16x32, L16, "mma_ldmatrix_e4m3_a",
+                          "mma_ldmatrix_e4m3_b_trans", "mma_e4m3e4m3f32_trans_b", "mma_fill_16x16_f32",
+                          "mma_store_16x16_f32_global_"),
+    "e5m2e5m2f32_trans": (32, "float8_e5m2", "float32", True, I8, L16x32, L16x32, L16, "mma_ldmatrix_e5m2_a",
+                          "mma_ldmatrix_e5m2_b_trans", "mma_e5m2e5m2f32_trans_b", "mma_fill_16x16_f32",
+                          "mma_store_16x16_f32_global_"),
 }
 
 
@@ -454,29 +474,27 @@ def mma(name):
                                 *intrins)
 
 
-R = rocm
 M16 = ([1, 8, 2, 4, 1], [1, 16, 2, 1, 2], [32, 2, 1])
-MFMA = {
-    "i8i8i32_m16n16k16": (16, "int8", "int32", M16, R.shared_16x16_to_local_64x4_layout_A,
-                          R.shared_16x16_to_local_64x4_layout_B, R.ROCM_MFMA_LOAD_16x16_A_SHARED_s8_INTRIN,
-                          R.ROCM_MFMA_LOAD_16x16_B_SHARED_s8_INTRIN, R.ROCM_MFMA_s8s8s32_INTRIN,
-                          R.ROCM_MFMA_fill_16x16_i32_INTRIN, R.ROCM_MFMA_STORE_16x16_s32_INTRIN),
-    "f16f16f32_m16n16k16": (16, "float16", "float32", M16, R.shared_16x16_to_local_64x4_layout_A,
-                            R.shared_16x16_to_local_64x4_layout_B, R.ROCM_MFMA_LOAD_16x16_A_SHARED_f16_INTRIN,
-                            R.ROCM_MFMA_LOAD_16x16_B_SHARED_f16_INTRIN, R.ROCM_MFMA_f16f16f32_INTRIN,
-                            R.ROCM_MFMA_fill_16x16_f32_INTRIN, R.ROCM_MFMA_STORE_16x16_f32_INTRIN),
+MFMA = {  # the layouts of A and B, then the intrinsics: load A, load B, mfma, fill, store
+    "i8i8i32_m16n16k16": (16, "int8", "int32", M16, "shared_16x16_to_local_64x4_layout_A",
+                          "shared_16x16_to_local_64x4_layout_B", "rocm_mfma_load_16x16_a_shared_s8",
+                          "rocm_mfma_load_b_16x16_shared_s8", "rocm_mfma_s8s8s32", "ROCM_mfma_fill_16x16_i32",
+                          "rocm_mfma_store_16x16_s32"),
+    "f16f16f32_m16n16k16": (16, "float16", "float32", M16, "shared_16x16_to_local_64x4_layout_A",
+                            "shared_16x16_to_local_64x4_layout_B", "rocm_mfma_load_16x16_a_shared_f16",
+                            "rocm_mfma_load_b_16x16_shared_f16", "rocm_mfma_f16f16f32", "ROCM_mfma_fill_16x16_f32",
+                            "rocm_mfma_store_16x16_f32"),
     "f32f32f32_m16n16k4": (4, "float32", "float32", ([4, 2, 1, 4, 2], [4, 2, 2, 1, 4], [128, 2, 1]),
-                           R.shared_16x4_to_local_64x1_layout_A, R.shared_4x16_to_local_64x1_layout_B,
-                           R.ROCM_MFMA_LOAD_16x4_A_SHARED_f32_INTRIN, R.ROCM_MFMA_LOAD_16x4_B_SHARED_f32_INTRIN,
-                           R.ROCM_MFMA_f32f32f32_INTRIN, R.ROCM_MFMA_fill_16x16_f32_INTRIN,
-                           R.ROCM_MFMA_STORE_16x16_f32_INTRIN),
+                           "shared_16x4_to_local_64x1_layout_A", "shared_4x16_to_local_64x1_layout_B",
+                           "rocm_mfma_load_16x4_a_shared_f32", "rocm_mfma_load_b_16x4_shared_f32",
+                           "rocm_mfma_f32f32f32", "ROCM_mfma_fill_16x16_f32", "rocm_mfma_store_16x16_f32"),
 }
 
 
 def mfma(name):
     k_inner, din, dout, (fi, fj, fk), la, lb, *intrins = MFMA[name]
-    layouts = [tiled_layout(la, 16, 16), tiled_layout(lb, 16, 16),
-               tiled_layout(R.shared_16x16_to_local_64x4_layout_C, 16, 16)]
+    layouts = [tiled_layout(tvm_layout(f"rocm.{layout}"), 16, 16)
+               for layout in (la, lb, "shared_16x16_to_local_64x4_layout_C")]
     return lambda: mfma_schedule(gemm(1024, 1024, 1024, din, dout, False), k_inner, din, False, fi, fj, fk,
                                  *layouts, *intrins)
 
@@ -674,7 +692,7 @@ def conv2d_nchwc_vnni():
         ow0, ow1 = s.split(ow, [14, 4])
         s.reorder(oc0, oh0, ow0, ico, icf, oc1, oh1, ow1, ob, ics)
         tile = s.blockize(ob)
-        s.annotate(tile, "meta_schedule.auto_tensorize", x86.VNNI_DOT_16x4_INTRIN)
+        s.annotate(tile, "meta_schedule.auto_tensorize", "dot_16x4_vnni")
         return rewrite_tensorize(s, decompose=(tile, ico))
 
     return schedule
@@ -699,7 +717,7 @@ def dense_dp4a():
         for index in (0, 1):
             s.compute_at(s.cache_read(block, index, "shared"), k0)
         tile = s.blockize(k3)
-        s.annotate(tile, "meta_schedule.auto_tensorize", arm_cpu.DP4A_S8S8S32_INTRIN)
+        s.annotate(tile, "meta_schedule.auto_tensorize", "dp4a_s8s8s32")
         return rewrite_tensorize(s, decompose=(tile, k0))
 
     return schedule
@@ -752,21 +770,22 @@ CASES = [
          run=True, refused=STRIDES, tensorize_fails=True),
     Case(S + "test_tensorize_intrinsic_with_annotation", batch_dot("peer_dot_annotated", matmul_128), CPU, 1,
          run=True),
-    Case(S + "test_tensorize_vnni", dot_tiles(x86.VNNI_DOT_16x4_INTRIN, "uint8", "int8", 16, 4), VNNI, 1,
+    Case(S + "test_tensorize_vnni", dot_tiles("dot_16x4_vnni", "uint8", "int8", 16, 4), VNNI, 1,
          run=True),
-    Case(S + "test_tensorize_avx512", dot_tiles(x86.AVX512_DOT_16x4_INTRIN, "uint8", "int8", 16, 4), AVX512, 1,
+    Case(S + "test_tensorize_avx512", dot_tiles("dot_16x4_avx512", "uint8", "int8", 16, 4), AVX512, 1,
          run=True),
-    Case(S + "test_tensorize_arm_dot[sdot]", dot_tiles(arm_cpu.ARM_DOT_4x4_i8_SDOT_INTRIN, "int8", "int8", 4, 4),
+    Case(S + "test_tensorize_arm_dot[sdot]", dot_tiles("dot_4x4_i8i8s32_sdot", "int8", "int8", 4, 4),
          AARCH64, 1),
-    Case(S + "test_tensorize_arm_dot[neon]", dot_tiles(arm_cpu.ARM_DOT_4x4_i8_NEON_INTRIN, "int8", "int8", 4, 4),
+    Case(S + "test_tensorize_arm_dot[neon]", dot_tiles("dot_4x4_i8i8s32_neon", "int8", "int8", 4, 4),
          AARCH64, 1),
-    Case(S + "test_tensorize_vrmpy", dot_tiles(hexagon.VRMPY_u8u8i32_INTRIN, "uint8", "uint8", 32, 4), HEXAGON, 1),
-    Case(S + "test_tensorize_vdmpy", dot_tiles(hexagon.VDMPY_i16i16i32_INTRIN, "int16", "int16", 32, 2), HEXAGON, 1),
-    Case(S + "test_tensorize_dp4a[sdot4]", dp4a("int8", "int8", "int32", rocm.AMDGPU_SDOT4_INTRIN), ROCM, 1),
-    Case(S + "test_tensorize_dp4a[s8s8s32]", dp4a("int8", "int8", "int32", arm_cpu.DP4A_S8S8S32_INTRIN), SM80, 1),
-    Case(S + "test_tensorize_dp4a[s8u8s32]", dp4a("int8", "uint8", "int32", arm_cpu.DP4A_S8U8S32_INTRIN), SM80, 1),
-    Case(S + "test_tensorize_dp4a[u8s8s32]", dp4a("uint8", "int8", "int32", arm_cpu.DP4A_U8S8S32_INTRIN), SM80, 1),
-    Case(S + "test_tensorize_dp4a[u8u8u32]", dp4a("uint8", "uint8", "uint32", arm_cpu.DP4A_U8U8U32_INTRIN), SM80, 1),
+    Case(S + "test_tensorize_vrmpy", dot_tiles("dot_32x4_u8u8i32_vrmpy", "uint8", "uint8", 32, 4), HEXAGON, 1),
+    Case(S + "test_tensorize_vdmpy", dot_tiles("dot_product_32x2_i16i16i32_vdmpy", "int16", "int16", 32, 2), HEXAGON,
+         1),
+    Case(S + "test_tensorize_dp4a[sdot4]", dp4a("int8", "int8", "int32", "sdot4"), ROCM, 1),
+    Case(S + "test_tensorize_dp4a[s8s8s32]", dp4a("int8", "int8", "int32", "dp4a_s8s8s32"), SM80, 1),
+    Case(S + "test_tensorize_dp4a[s8u8s32]", dp4a("int8", "uint8", "int32", "dp4a_s8u8s32"), SM80, 1),
+    Case(S + "test_tensorize_dp4a[u8s8s32]", dp4a("uint8", "int8", "int32", "dp4a_u8s8s32"), SM80, 1),
+    Case(S + "test_tensorize_dp4a[u8u8u32]", dp4a("uint8", "uint8", "uint32", "dp4a_u8u8u32"), SM80, 1),
     Case(S + "test_tensorize_matmul_mixed_dtype", lambda: _tensorize_i64(), CPU, 1, run=True, refused=STRIDES,
          tensorize_fails=True),
     Case(S + "test_tensorize_arith_simplification", decode, SM80, 1, refused=ALLOCATED_INSIDE),
@@ -866,7 +885,7 @@ def host_has_vnni():
 
 
 @pytest.mark.parametrize("case", CASES, ids=repr)
-def test_tirpat_builds_what_tensorize_builds(case, externs, host_has_vnni):
+def test_tirpat_builds_what_tensorize_builds(case, tensor_intrins, externs, host_has_vnni):
     r = replay(case.schedule)
     assert len(r.calls) == case.calls, r.calls
     name = f"tests.peer.{next(_names)}"
@@ -929,7 +948,7 @@ def test_agreement_is_at_least_90_percent_and_every_refusal_is_documented():
         assert case.test.split("::")[-1] in docs, case.test
 
 
-def test_rules_that_tvm_must_see_before_its_layout_passes_say_so_outside_the_early_stage():
+def test_rules_that_tvm_must_see_before_its_layout_passes_say_so_outside_the_early_stage(tensor_intrins):
     """meta_schedule's mma schedule: after block lowering there is nothing left to match,
     since TVM's TransformMmaBufferLayout refuses the plain m16n8k8 accesses; the error says
     where the rules belong."""
