@@ -32,7 +32,7 @@ SAMPLE = [
 
 @pytest.fixture(scope="module")
 def intrins():
-    """Imports the intrinsics (about 15 s, once per session; x86 alone pulls in all of them)."""
+    """Imports the intrinsics (about 40 s, once per process; x86 alone pulls in all of them)."""
     listed = registered_intrins(("x86", "arm_cpu"))
     from tvm.s_tir import TensorIntrin
 

@@ -51,7 +51,7 @@ def pointer_view(p, offset, dtype, shape, strides):
 
 @pytest.fixture(scope="module")
 def x86_intrins():
-    """TVM's registered x86 TensorIntrins; the import parses all of them (about 15 s), once."""
+    """TVM's registered x86 TensorIntrins; the import parses all of them (about 40 s), once."""
     import tvm.s_tir.tensor_intrin.x86  # noqa: F401
 
     return s_tir.TensorIntrin

@@ -1,7 +1,7 @@
 """TVM's registered TensorIntrins as test material for ``Rewriter.from_module``.
 
 :func:`registered_intrins` lists the TensorIntrins that ``tvm.s_tir.tensor_intrin`` registers
-(importing it costs about 15 s, once per process); :func:`tile_target` turns an intrinsic's
+(importing it costs about 40 s, once per process); :func:`tile_target` turns an intrinsic's
 ``desc`` into a function that computes it on tiles of bigger buffers, which is what a rule
 built from the desc/impl pair should find and replace; :func:`tile_escapes` checks that the
 rewritten accesses stay inside their tiles.
