@@ -125,6 +125,17 @@ def tensors(*arrays):
     return [tvm.runtime.tensor(np.ascontiguousarray(a)) for a in arrays]
 
 
+def three_calls(fn, check) -> "Stream":
+    """Calls ``fn(A, C)`` on three random inputs in one session, ``check(a, c)`` after each; the session."""
+    with Stream() as s:
+        for seed in range(3):
+            a = np.random.default_rng(seed).integers(-1000, 1000, 64, dtype=np.int32)
+            ta, tc = tensors(a, np.zeros(64, np.int32))
+            device.invoke(fn, ta, tc)
+            check(a, tc.numpy())
+    return s
+
+
 def replay_calls(func) -> list:
     return [c for c in PLANNER.runtime_calls(PLANNER.plan(func).body) if c.args[0].value.endswith(".replay")]
 
@@ -397,12 +408,7 @@ def test_a_function_with_cpu_code_between_groups_replays_each_group():
     assert [[a.args[0].args[0].name for a in c.args[2:]] for c in asks] == [["A", "W"], ["W", "C"]]
     assert "W = T.alloc_buffer" in planned.script()
     fn = compiled(two_groups)
-    with Stream() as s:
-        for seed in range(3):
-            a = np.random.default_rng(seed).integers(-1000, 1000, 64, dtype=np.int32)
-            ta, tc = tensors(a, np.zeros(64, np.int32))
-            device.invoke(fn, ta, tc)
-            np.testing.assert_array_equal(tc.numpy()[:16], 2 * a[:16])
+    s = three_calls(fn, lambda a, c: np.testing.assert_array_equal(c[:16], 2 * a[:16]))
     assert s.replayed == 4 and s.calls == 4
 
 
@@ -433,12 +439,7 @@ def test_arguments_computed_from_loop_variables_and_allocations_in_the_group_rep
     planned = PLANNER.plan(computed_arguments)
     assert [type(s).__name__ for s in planned.body.seq] == ["Evaluate", "AllocBuffer", "IfThenElse"]
     fn = compiled(computed_arguments)
-    with Stream() as s:
-        for seed in range(3):
-            a = np.random.default_rng(seed).integers(-1000, 1000, 64, dtype=np.int32)
-            ta, tc = tensors(a, np.zeros(64, np.int32))
-            device.invoke(fn, ta, tc)
-            np.testing.assert_array_equal(tc.numpy()[:16], 2 * a[:16])
+    s = three_calls(fn, lambda a, c: np.testing.assert_array_equal(c[:16], 2 * a[:16]))
     assert (s.replayed, s.calls) == (2, 7)
 
 
@@ -455,12 +456,7 @@ def tail_loop(A: T.Buffer((64,), "int32"), C: T.Buffer((64,), "int32")):
 def test_loop_bounds_from_enclosing_loop_variables_replay():
     assert len(replay_calls(tail_loop)) == 1
     fn = compiled(tail_loop)
-    with Stream() as s:
-        for seed in range(3):
-            a = np.random.default_rng(seed).integers(-1000, 1000, 64, dtype=np.int32)
-            ta, tc = tensors(a, np.zeros(64, np.int32))
-            device.invoke(fn, ta, tc)
-            np.testing.assert_array_equal(tc.numpy(), a)
+    s = three_calls(fn, lambda a, c: np.testing.assert_array_equal(c, a))
     assert (s.replayed, s.calls) == (2, 8)
 
 
