@@ -1625,8 +1625,7 @@ class FusedPlan:
         False, with nothing done, when the host buffers are not laid out as the plan
         assumes (other sizes, or a buffer read that shares memory with one written)."""
         sim = sim or self._sim
-        if self._bind(sim):
-            self._steps.clear()     # calls over views of the arrays the workspace had before
+        self._bind(sim)
         steps = self._steps.get(id(buffers))
         if steps is None or steps[0] is not buffers:
             for slot, size in self.sizes.items():
@@ -1693,19 +1692,20 @@ class FusedPlan:
                 calls.append(_copied(pad, final[0], read, final[1]))
         return calls
 
-    def _bind(self, sim) -> bool:
+    def _bind(self, sim) -> None:
         """Work in ``sim``'s workspace: one source, value and int32 vector for all the plans of
         a simulator, which runs one stream at a time. A model's plans each with their own
         vectors touch tens of MB per call (76 MB of values for the PaddleOCR classifier's 107
         streams), fetched from memory every call; shared, the largest plan's fit in L2.
-        True when the plan was bound to other arrays (or none) before."""
+        Binding anew drops the calls made for tuples of buffers, which work in the arrays
+        the workspace had before."""
         space = sim.workspace
         on = self._on
         # still the workspace's arrays (one is only ever replaced by a larger one) and the
         # scratchpads of the same simulator: bound
         if on and on[0] is space.get("source") and on[1] is space.get("values") and on[2] is space.get("ints") \
                 and on[3] is sim and on[4] is space.get("packed"):
-            return False
+            return
         packs = max((p.packs() for p in self.products if isinstance(p, _Product)), default=0)
         spill = _Spill.need(self.alus, self.tile)
         on = (_workspace(space, "source", np.int8, self.f_size),
@@ -1720,8 +1720,8 @@ class FusedPlan:
         self._product_steps = [product.call(self._source, self._scratch.data, self._packed) for product in self.products]
         self._alu_steps = _alu_steps(self._scratch, self._source, self.alus, _Spill(self.values, spill))
         self._on = on
+        self._steps.clear()
         sim.plans.add(self)
-        return True
 
 
 def _concatenated(out: np.ndarray, parts: list) -> list[Callable[[], object]]:

@@ -222,12 +222,19 @@ def test_plans_built_before_the_workspace_grew_are_bound_to_it_when_the_call_end
     plan, (sim, host), (ref, want) = _both(stream)
     views, expect = _other_host(4), list(_other_host(4))
     assert plan.run(views, sim)
+    import gc
+    import weakref
+
+    old = []
     for role in ("values", "source", "packed"):        # as a larger plan does
+        old.append(weakref.ref(sim.workspace[role]))
         sim.workspace[role] = np.full(sim.workspace[role].size * 2, -1, sim.workspace[role].dtype)
     fused.settle(sim)
     with mock.patch.object(fused, "_alu_steps", side_effect=fused._alu_steps) as rebound:
         assert plan.run(views, sim)
     assert rebound.call_count == 0
+    gc.collect()
+    assert all(ref() is None for ref in old)     # no call made for ``views`` before still works in them
     with mock.patch.object(fused.FusedPlan, "_bind") as looked:     # a later call's end: nothing replaced
         fused.settle(sim)
     assert looked.call_count == 0
