@@ -1,5 +1,6 @@
 import json
 import os
+import subprocess
 from collections import defaultdict
 from pathlib import Path
 
@@ -28,6 +29,41 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow],
 )
 settings.load_profile("ci" if os.environ.get("CI") else os.environ.get("HYPOTHESIS_PROFILE", "dev"))
+
+
+@pytest.fixture
+def tirpat_here(capsys, monkeypatch, tmp_path):
+    """``tirpat_here(*args)``: :func:`tirpat.cli.main` in this process, in ``tmp_path``:
+    ``(status, stdout, stderr)``. For variations of a case the console script covers."""
+    from tirpat.cli import main
+
+    monkeypatch.chdir(tmp_path)
+
+    def run(*args):
+        capsys.readouterr()
+        try:
+            status = main([str(a) for a in args])
+        except SystemExit as exit:
+            status = exit.code
+        out, err = capsys.readouterr()
+        return status, out, err
+
+    return run
+
+
+@pytest.fixture
+def tirpat_inline(tirpat_here):
+    """``tirpat_inline(*args, cwd=tmp_path)``: :func:`tirpat.cli.main` in this process, in the
+    current directory (the test's ``tmp_path``, or where the test chdir'ed), as a
+    ``CompletedProcess`` like the console script's: for the variations of a case the console
+    script covers (each subprocess starts Python and imports TVM again, about a second of CPU)."""
+
+    def run(*args, cwd):
+        assert Path(cwd).resolve() == Path.cwd().resolve(), "tirpat_inline runs in the cwd"
+        status, out, err = tirpat_here(*args)
+        return subprocess.CompletedProcess(["tirpat", *map(str, args)], status, out, err)
+
+    return run
 
 
 @pytest.fixture

@@ -68,26 +68,6 @@ def example_mlp():
     return EXAMPLE_MLP
 
 
-@pytest.fixture
-def tirpat_here(capsys, monkeypatch, tmp_path):
-    """``tirpat_here(*args)``: :func:`tirpat.cli.main` in this process, in ``tmp_path``:
-    ``(status, stdout, stderr)``. For variations of a case the console script covers."""
-    from tirpat.cli import main
-
-    monkeypatch.chdir(tmp_path)
-
-    def run(*args):
-        capsys.readouterr()
-        try:
-            status = main([str(a) for a in args])
-        except SystemExit as exit:
-            status = exit.code
-        out, err = capsys.readouterr()
-        return status, out, err
-
-    return run
-
-
 @pytest.fixture(scope="session")
 def script():
     """``(path of the tirpat console script, the environment to run it in)``."""
@@ -97,18 +77,3 @@ def script():
 @pytest.fixture(scope="session")
 def repo_root():
     return ROOT
-
-
-@pytest.fixture
-def tirpat_inline(tirpat_here):
-    """``tirpat_inline(*args, cwd=tmp_path)``: :func:`tirpat.cli.main` in this process, in the
-    current directory (the test's ``tmp_path``, or where the test chdir'ed), as a
-    ``CompletedProcess`` like the console script's: for the variations of a case the console
-    script covers (each subprocess starts Python and imports TVM again, about a second of CPU)."""
-
-    def run(*args, cwd):
-        assert pathlib.Path(cwd).resolve() == pathlib.Path.cwd().resolve(), "tirpat_inline runs in the cwd"
-        status, out, err = tirpat_here(*args)
-        return subprocess.CompletedProcess(["tirpat", *map(str, args)], status, out, err)
-
-    return run

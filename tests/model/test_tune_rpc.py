@@ -2,7 +2,8 @@
 a tracker and two `tirpat rpc-server`s on loopback (module scope; the first server started
 before its tracker), bounded in time and stopped by their process group ids; a silent
 server (registered, never answering) in this process; the console script run in
-subprocesses."""
+subprocesses where the process is what is tested (a tune stopped by a signal, the README's
+commands), :func:`tirpat.cli.main` in this process for the other cases."""
 
 import os
 import pathlib
@@ -34,6 +35,7 @@ def env() -> dict:
 
 
 def tirpat(*args, cwd, timeout=300) -> subprocess.CompletedProcess:
+    """The console script (``python -m tirpat``) in a subprocess."""
     return subprocess.run([sys.executable, "-m", "tirpat", *map(str, args)], cwd=cwd, env=env(),
                           capture_output=True, text=True, timeout=timeout)
 
@@ -161,7 +163,8 @@ def test_a_server_started_before_its_tracker_registers_once_the_tracker_is_up(tr
     assert RPC(tracker.host, tracker.port, KEY).servers() == 2
 
 
-def test_tuning_measures_on_the_servers_drops_a_silent_one_and_the_records_compile(tracker, tmp_path):
+def test_tuning_measures_on_the_servers_drops_a_silent_one_and_the_records_compile(tracker, tmp_path,
+                                                                                     tirpat_inline):
     """A silent server under the key is handed out (3rd of 8 requests at the latest: the
     tracker queues a server that finishes behind it), dropped with a warning, and its
     candidate measured on another: every trial measured, none failed."""
@@ -176,10 +179,10 @@ def test_tuning_measures_on_the_servers_drops_a_silent_one_and_the_records_compi
     assert "8 trials in" in result.stdout
     rows = [line.split() for line in result.stdout.splitlines() if line.split()[1:2] == ["accel"]]
     assert rows and all(row[3] == "0" for row in rows), result.stdout
-    compiled = tirpat("compile", MLP, "-t", "accel, llvm", "--records", tmp_path / "records", "-o", "mlp.tirpat",
-                      cwd=tmp_path)
+    compiled = tirpat_inline("compile", MLP, "-t", "accel, llvm", "--records", tmp_path / "records", "-o",
+                             "mlp.tirpat", cwd=tmp_path)
     assert compiled.returncode == 0, compiled.stderr
-    ran = tirpat("run", "mlp.tirpat", "--profile", cwd=tmp_path)
+    ran = tirpat_inline("run", "mlp.tirpat", "--profile", cwd=tmp_path)
     assert ran.returncode == 0 and "cycles" in ran.stdout, ran.stderr
 
 
@@ -239,10 +242,10 @@ def test_rpc_results_equal_local_ones(tracker, tmp_path):
     assert all(t.failures == 0 for t in remote.tasks)
 
 
-def test_no_server_under_the_key_is_one_line(tracker, tmp_path):
+def test_no_server_under_the_key_is_one_line(tracker, tmp_path, tirpat_inline):
     host, port = tracker.host, tracker.port
-    result = tirpat("tune", MLP, "-t", "accel, llvm", "--trials", 2, "--records", tmp_path / "r",
-                    "--rpc", f"{host}:{port}:nobody", cwd=tmp_path)
+    result = tirpat_inline("tune", MLP, "-t", "accel, llvm", "--trials", 2, "--records", tmp_path / "r",
+                           "--rpc", f"{host}:{port}:nobody", cwd=tmp_path)
     assert result.returncode == 1 and len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert "no RPC server is registered" in result.stderr and "nobody" in result.stderr
 
@@ -253,18 +256,19 @@ def test_no_server_under_the_key_is_one_line(tracker, tmp_path):
     (["--rpc", "127.0.0.1:{dead}:accel"], "cannot reach the RPC tracker at 127.0.0.1:"),
     (["-t", "nosuch, llvm"], "unknown target 'nosuch'"),
 ])
-def test_bad_tune_input_is_one_line(tmp_path, args, fragment):
+def test_bad_tune_input_is_one_line(tmp_path, args, fragment, tirpat_inline):
     args = [a.format(dead=free_port()) for a in args]
     base = ["tune", MLP, "--trials", 2, "--records", tmp_path / "r"]
     if "-t" not in args:
         base += ["-t", "accel, llvm"]
-    result = tirpat(*base, *args, cwd=tmp_path)
+    result = tirpat_inline(*base, *args, cwd=tmp_path)
     assert result.returncode == 1, (result.stdout, result.stderr)
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and fragment in lines[0] and "Traceback" not in result.stderr, result.stderr
 
 
-def test_usage_errors_and_help(tmp_path):
+def test_usage_errors_and_help(tmp_path, tirpat_inline):
+    tirpat = tirpat_inline
     bad = tirpat("tune", MLP, "-t", "accel, llvm", "--trials", 0, "--records", "r", cwd=tmp_path)
     assert bad.returncode == 2 and "expected a positive integer" in bad.stderr
     bad = tirpat("rpc-server", "--tracker", "127.0.0.1:99999", "--key", "k", cwd=tmp_path)
@@ -273,7 +277,7 @@ def test_usage_errors_and_help(tmp_path):
     assert helped.returncode == 0 and "runs any code it is sent" in helped.stdout
     assert "127.0.0.1" in helped.stdout and "example:" in helped.stdout
     unreachable = tirpat("rpc-server", "--tracker", f"127.0.0.1:{free_port()}", "--key", "k", "--wait", 1,
-                         cwd=tmp_path, timeout=60)
+                         cwd=tmp_path)
     assert unreachable.returncode == 1 and "cannot reach the RPC tracker" in unreachable.stderr
     assert "(waited 1 s)" in unreachable.stderr and unreachable.stdout.startswith("waiting for the RPC tracker")
     missing = tirpat("compile", MLP, "-t", "accel, llvm", "--records", tmp_path / "none", cwd=tmp_path)
@@ -299,7 +303,7 @@ def shown(line: str) -> "re.Pattern":
     return re.compile("".join(out))
 
 
-def test_the_readme_tuning_commands_work_as_shown(tmp_path):
+def test_the_readme_tuning_commands_work_as_shown(tmp_path, tirpat_inline):
     import re
     import shlex
     import shutil
@@ -321,8 +325,10 @@ def test_the_readme_tuning_commands_work_as_shown(tmp_path):
             pattern = shown(line)
             assert any(pattern.fullmatch(candidate.strip()) for candidate in lines), (line, output)
     # the tuned model is faster than the untuned one by what the table says, about
-    untuned = tirpat("compile", "examples/models/cnn_int8.py", "-t", "accel, llvm", "-o", "plain.tirpat", cwd=tmp_path)
+    untuned = tirpat_inline("compile", "examples/models/cnn_int8.py", "-t", "accel, llvm", "-o", "plain.tirpat",
+                            cwd=tmp_path)
     assert untuned.returncode == 0, untuned.stderr
-    cycles = [int(re.search(r"^(\d+) cycles", tirpat("run", name, "--profile", cwd=tmp_path).stdout, re.M).group(1))
+    cycles = [int(re.search(r"^(\d+) cycles", tirpat_inline("run", name, "--profile", cwd=tmp_path).stdout,
+                            re.M).group(1))
               for name in ("plain.tirpat", "cnn.tirpat")]
     assert cycles[1] < 0.8 * cycles[0]
