@@ -52,14 +52,14 @@ def tirpat_here(capsys, monkeypatch, tmp_path):
 
 
 @pytest.fixture
-def tirpat_inline(tirpat_here):
-    """``tirpat_inline(*args, cwd=tmp_path)``: :func:`tirpat.cli.main` in this process, in the
-    current directory (the test's ``tmp_path``, or where the test chdir'ed), as a
-    ``CompletedProcess`` like the console script's: for the variations of a case the console
-    script covers (each subprocess starts Python and imports TVM again, about a second of CPU)."""
+def tirpat_inline(tirpat_here, monkeypatch):
+    """``tirpat_inline(*args, cwd=...)``: :func:`tirpat.cli.main` in this process, in ``cwd``
+    (the test's directory again after it), as a ``CompletedProcess`` like the console
+    script's: for the variations of a case the console script covers (each subprocess starts
+    Python and imports TVM again, one to three seconds of CPU)."""
 
     def run(*args, cwd):
-        assert Path(cwd).resolve() == Path.cwd().resolve(), "tirpat_inline runs in the cwd"
+        monkeypatch.chdir(cwd)
         status, out, err = tirpat_here(*args)
         return subprocess.CompletedProcess(["tirpat", *map(str, args)], status, out, err)
 

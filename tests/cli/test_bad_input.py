@@ -22,25 +22,25 @@ def test_missing_model(tirpat, error_line, tmp_path):
     error_line(tirpat("compile", "nope.onnx", "-t", TARGET, cwd=tmp_path), "tirpat compile: error: nope.onnx: no such file")
 
 
-def test_model_that_is_a_directory(tirpat, error_line, tmp_path):
+def test_model_that_is_a_directory(tirpat_inline, error_line, tmp_path):
     (tmp_path / "m.onnx").mkdir()
-    error_line(tirpat("compile", "m.onnx", "-t", TARGET, cwd=tmp_path), "m.onnx: not a file")
+    error_line(tirpat_inline("compile", "m.onnx", "-t", TARGET, cwd=tmp_path), "m.onnx: not a file")
 
 
-def test_unreadable_onnx_model(tirpat, error_line, tmp_path):
+def test_unreadable_onnx_model(tirpat_inline, error_line, tmp_path):
     (tmp_path / "m.onnx").write_bytes(b"\x00\xffthis is not a protobuf" * 10)
-    error_line(tirpat("compile", "m.onnx", "-t", TARGET, cwd=tmp_path), "m.onnx: not an ONNX model")
+    error_line(tirpat_inline("compile", "m.onnx", "-t", TARGET, cwd=tmp_path), "m.onnx: not an ONNX model")
 
 
-def test_model_of_unknown_kind(tirpat, error_line, tmp_path):
+def test_model_of_unknown_kind(tirpat_inline, error_line, tmp_path):
     (tmp_path / "m.txt").write_text("hello")
-    error_line(tirpat("compile", "m.txt", "-t", TARGET, cwd=tmp_path),
+    error_line(tirpat_inline("compile", "m.txt", "-t", TARGET, cwd=tmp_path),
                "m.txt: a model is an .onnx file or a .py file defining a Relax IRModule named Module")
 
 
-def test_bad_python_model(tirpat, error_line, tmp_path):
+def test_bad_python_model(tirpat_inline, error_line, tmp_path):
     (tmp_path / "m.py").write_text("x = (\n")
-    error_line(tirpat("compile", "m.py", "-t", TARGET, cwd=tmp_path), "m.py:1: '(' was never closed")
+    error_line(tirpat_inline("compile", "m.py", "-t", TARGET, cwd=tmp_path), "m.py:1: '(' was never closed")
 
 
 @pytest.mark.parametrize("source, fragment", [
@@ -55,8 +55,8 @@ def test_bad_python_model_variants(tirpat_here, tmp_path, source, fragment):
     assert status == 1 and err.count("\n") == 1 and fragment in err, err
 
 
-def test_malformed_target(tirpat, error_line, example_mlp, tmp_path):
-    error_line(tirpat("compile", example_mlp, "-t", "accel -tile=x, llvm", cwd=tmp_path),
+def test_malformed_target(tirpat_inline, error_line, example_mlp, tmp_path):
+    error_line(tirpat_inline("compile", example_mlp, "-t", "accel -tile=x, llvm", cwd=tmp_path),
                "tirpat compile: error: backend 'accel': option 'tile' must be of type int, got 'x'")
     assert not list(tmp_path.iterdir()), "nothing is written for a bad target"
 
@@ -79,21 +79,21 @@ def test_malformed_target_variants(tirpat_here, example_mlp, target, fragment):
     ("accel, llvm -mcpu=notacpu", "tirpat compile: error: option 'mcpu' of 'llvm': LLVM knows no CPU 'notacpu'"),
     ("accel -tile=7, llvm", "tirpat compile: error: accel -tile=7: tile must be a power of two, got 7"),
 ])
-def test_a_value_the_host_or_a_backend_cannot_take(tirpat, error_line, example_mlp, tmp_path, target, fragment):
+def test_a_value_the_host_or_a_backend_cannot_take(tirpat_inline, error_line, example_mlp, tmp_path, target, fragment):
     """TVM used to log a timestamped error for -mcpu and go on; -tile=7 named Config.tile, mid-compile."""
-    error_line(tirpat("compile", example_mlp, "-t", target, cwd=tmp_path), fragment)
+    error_line(tirpat_inline("compile", example_mlp, "-t", target, cwd=tmp_path), fragment)
     assert not list(tmp_path.iterdir()), "nothing is written for a bad target"
 
 
-def test_an_op_tvm_cannot_import(tirpat, error_line, tmp_path):
+def test_an_op_tvm_cannot_import(tirpat_inline, error_line, tmp_path):
     onnx_model(tmp_path / "m.onnx", "FrobnicateTensor", domain="com.example")
-    error_line(tirpat("compile", "m.onnx", "-t", TARGET, cwd=tmp_path),
+    error_line(tirpat_inline("compile", "m.onnx", "-t", TARGET, cwd=tmp_path),
                "m.onnx: TVM cannot import this model", "FrobnicateTensor")
 
 
-def test_an_op_tvm_cannot_compile(tirpat, error_line, tmp_path):
+def test_an_op_tvm_cannot_compile(tirpat_inline, error_line, tmp_path):
     (tmp_path / "m.py").write_text(FMA_MODULE)
-    error_line(tirpat("compile", "m.py", "-t", TARGET, cwd=tmp_path),
+    error_line(tirpat_inline("compile", "m.py", "-t", TARGET, cwd=tmp_path),
                "tirpat compile: error: m.py: TVM failed to compile it: ", "R.ewise_fma(x, y, z)")
     assert not (tmp_path / "m.tirpat").exists()
 
@@ -114,8 +114,8 @@ class Module:
 """
 
 
-def test_output_in_a_missing_directory(tirpat, error_line, example_mlp, tmp_path):
-    error_line(tirpat("compile", example_mlp, "-t", TARGET, "-o", "no/such/dir/m.tirpat", cwd=tmp_path),
+def test_output_in_a_missing_directory(tirpat_inline, error_line, example_mlp, tmp_path):
+    error_line(tirpat_inline("compile", example_mlp, "-t", TARGET, "-o", "no/such/dir/m.tirpat", cwd=tmp_path),
                "no/such/dir/m.tirpat: no such directory")
 
 
@@ -127,8 +127,8 @@ def test_debug_shows_the_traceback(tirpat, tmp_path):
     assert result.stderr.strip().splitlines()[-1].startswith("tirpat compile: error: m.py: running it raised")
 
 
-def test_run_of_a_missing_model(tirpat, error_line, tmp_path):
-    error_line(tirpat("run", "m.tirpat", cwd=tmp_path), "tirpat run: error: m.tirpat: no such file")
+def test_run_of_a_missing_model(tirpat_inline, error_line, tmp_path):
+    error_line(tirpat_inline("run", "m.tirpat", cwd=tmp_path), "tirpat run: error: m.tirpat: no such file")
 
 
 @pytest.mark.parametrize("target, fragment", [
@@ -137,8 +137,8 @@ def test_run_of_a_missing_model(tirpat, error_line, tmp_path):
     ("accel, c", "'c' cannot be the host"),
     ("accel, llvm -mattr=+avx2, cuda", "'llvm' and 'cuda' are TVM target kinds; a composite target names one, last"),
 ])
-def test_a_target_that_cannot_run_here_fails_before_compiling(tirpat, error_line, example_mlp, tmp_path, target,
+def test_a_target_that_cannot_run_here_fails_before_compiling(tirpat_inline, error_line, example_mlp, tmp_path, target,
                                                               fragment):
     """Not at run time, after a compile that seemed to work: and with no TVM log lines."""
-    error_line(tirpat("compile", example_mlp, "-t", target, cwd=tmp_path), "tirpat compile: error: ", fragment)
+    error_line(tirpat_inline("compile", example_mlp, "-t", target, cwd=tmp_path), "tirpat compile: error: ", fragment)
     assert not list(tmp_path.iterdir())

@@ -64,8 +64,8 @@ def test_python_dash_m_is_the_same_program(tirpat, tmp_path):
     assert json.loads(result.stdout) == json.loads(tirpat("targets", "--json", cwd=tmp_path).stdout)
 
 
-def test_targets_lists_backends_with_options_types_and_defaults(tirpat, tmp_path):
-    result = tirpat("targets", cwd=tmp_path)
+def test_targets_lists_backends_with_options_types_and_defaults(tirpat_inline, tmp_path):
+    result = tirpat_inline("targets", cwd=tmp_path)
     assert result.returncode == 0 and result.stderr == ""
     accel = tp.backends()["accel"]
     assert re.search(r"^accel\s", result.stdout, re.M)
@@ -77,8 +77,8 @@ def test_targets_lists_backends_with_options_types_and_defaults(tirpat, tmp_path
     assert re.search(r"^  cuda, .*opencl.*: a GPU: it runs the kernels a host launches", others, re.M)
 
 
-def test_targets_json_is_the_registry(tirpat, tmp_path):
-    listing = json.loads(tirpat("targets", "--json", cwd=tmp_path).stdout)
+def test_targets_json_is_the_registry(tirpat_inline, tmp_path):
+    listing = json.loads(tirpat_inline("targets", "--json", cwd=tmp_path).stdout)
     accel = next(b for b in listing["backends"] if b["name"] == "accel")
     assert {o["name"]: (o["type"], o["default"]) for o in accel["options"]} == {
         k: (o.type_name, o.default) for k, o in tp.backends()["accel"].options.items()}
@@ -86,13 +86,13 @@ def test_targets_json_is_the_registry(tirpat, tmp_path):
     assert set(listing["not_hosts"]) | {"llvm"} == set(tvm.target.Target.list_kinds())
 
 
-def test_targets_of_one_name(tirpat, error_line, tmp_path):
-    llvm = tirpat("targets", "llvm", cwd=tmp_path)
+def test_targets_of_one_name(tirpat_inline, error_line, tmp_path):
+    llvm = tirpat_inline("targets", "llvm", cwd=tmp_path)
     assert llvm.returncode == 0
     assert "-mattr=A,B,..." in llvm.stdout and "--fast-math" in llvm.stdout and "-num-cores=INT" in llvm.stdout
-    assert "-tile=INT" in tirpat("targets", "accel", cwd=tmp_path).stdout
-    cuda = tirpat("targets", "cuda", cwd=tmp_path)
+    assert "-tile=INT" in tirpat_inline("targets", "accel", cwd=tmp_path).stdout
+    cuda = tirpat_inline("targets", "cuda", cwd=tmp_path)
     assert cuda.returncode == 0 and cuda.stdout.strip() == ("cuda  TVM target kind 'cuda': cannot be the host "
                                                             "here: a GPU: it runs the kernels a host launches, it is not one")
-    error_line(tirpat("targets", "nosuch", cwd=tmp_path), "no backend or TVM target kind named 'nosuch'",
+    error_line(tirpat_inline("targets", "nosuch", cwd=tmp_path), "no backend or TVM target kind named 'nosuch'",
                "registered backends: accel")

@@ -76,8 +76,8 @@ def test_run_is_exact_against_tvm_on_llvm(compiled, tirpat, workdir, example_mlp
     assert sum(int(cycles) for _, cycles in layers) == total, "the layers cover the device's cycles"
 
 
-def test_run_without_inputs_feeds_seeded_random_ones(compiled, tirpat, workdir):
-    runs = [tirpat("run", "mlp.tirpat", *seed, "-o", f"r{i}.npz", cwd=workdir)
+def test_run_without_inputs_feeds_seeded_random_ones(compiled, tirpat_inline, workdir):
+    runs = [tirpat_inline("run", "mlp.tirpat", *seed, "-o", f"r{i}.npz", cwd=workdir)
             for i, seed in enumerate([[], [], ["--seed", "1"]])]
     assert all(r.returncode == 0 for r in runs), [r.stderr for r in runs]
     assert "seeded random (--seed 0): x: int8[16, 64]" in runs[0].stdout
@@ -86,10 +86,10 @@ def test_run_without_inputs_feeds_seeded_random_ones(compiled, tirpat, workdir):
     assert not np.array_equal(outs[0], outs[2])
 
 
-def test_timeline_png_labelled_by_layer(compiled, tirpat, workdir):
+def test_timeline_png_labelled_by_layer(compiled, tirpat_inline, workdir):
     import matplotlib.image
 
-    result = tirpat("run", "mlp.tirpat", "--timeline", "t.png", cwd=workdir)
+    result = tirpat_inline("run", "mlp.tirpat", "--timeline", "t.png", cwd=workdir)
     assert result.returncode == 0, result.stderr
     assert (workdir / "t.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # accel's four unit rows, the layer row and a two-line key (Timeline.save_png's layout, 100 dpi)
@@ -123,9 +123,9 @@ def test_timeline_json_is_a_trace_with_a_track_per_unit_and_layer(compiled, tirp
     assert max(e["ts"] + e["dur"] for e in events) == stats.cycles
 
 
-def test_timeline_writes_exactly_the_path_given(compiled, tirpat, workdir):
+def test_timeline_writes_exactly_the_path_given(compiled, tirpat_inline, workdir):
     """A name without .png used to get one added (tl.png) while the command said "wrote tl"."""
-    result = tirpat("run", "mlp.tirpat", "--timeline", "tl", cwd=workdir)
+    result = tirpat_inline("run", "mlp.tirpat", "--timeline", "tl", cwd=workdir)
     assert result.returncode == 0 and result.stdout.rstrip().endswith("wrote tl"), result.stderr
     assert (workdir / "tl").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and not (workdir / "tl.png").exists()
 
@@ -202,13 +202,13 @@ def test_inputs_that_are_not_an_npz(compiled, tirpat_here, workdir):
     assert status == 1 and "bad.npz: not an .npz of arrays" in err and err.count("\n") == 1, err
 
 
-def test_run_never_replaces_a_file_of_another_kind(compiled, tirpat, error_line, workdir):
+def test_run_never_replaces_a_file_of_another_kind(compiled, tirpat_inline, error_line, workdir):
     """It used to turn keep.py into an .npz (-o) or a PNG (--timeline)."""
     (workdir / "keep.py").write_text("x = 1\n")
-    error_line(tirpat("run", "mlp.tirpat", "-o", "keep.py", cwd=workdir),
+    error_line(tirpat_inline("run", "mlp.tirpat", "-o", "keep.py", cwd=workdir),
                "tirpat run: error: keep.py: exists and its name does not end in .npz; not replacing it "
                "(remove it, or choose another -o)")
-    error_line(tirpat("run", "mlp.tirpat", "--timeline", "keep.py", cwd=workdir),
+    error_line(tirpat_inline("run", "mlp.tirpat", "--timeline", "keep.py", cwd=workdir),
                "tirpat run: error: keep.py: exists and its name does not end in .png; not replacing it")
     assert (workdir / "keep.py").read_text() == "x = 1\n"
 
@@ -229,9 +229,9 @@ def test_run_outputs_are_checked_before_running(compiled, tirpat_here, workdir, 
     assert {p.name: p.stat().st_mtime_ns for p in workdir.iterdir()} == before, "nothing is written"
 
 
-def test_run_of_a_model_not_yet_compiled_says_compile_it(tirpat, error_line, example_mlp, tmp_path):
+def test_run_of_a_model_not_yet_compiled_says_compile_it(tirpat_inline, error_line, example_mlp, tmp_path):
     (tmp_path / "m.py").write_text(example_mlp.read_text())
-    error_line(tirpat("run", "m.py", cwd=tmp_path),
+    error_line(tirpat_inline("run", "m.py", cwd=tmp_path),
                "tirpat run: error: m.py: a model to compile, not one 'tirpat compile' wrote; compile it first: "
                "tirpat compile m.py -t TARGET (it writes m.tirpat)")
 
@@ -248,15 +248,15 @@ def test_inputs_never_suggest_unpickling(compiled, tirpat, tirpat_here, error_li
     assert status == 1 and "it holds arrays of Python objects, which are not loaded" in err and "allow_pickle" not in err
 
 
-def test_run_of_a_file_that_is_not_a_compiled_model(tirpat, error_line, tmp_path):
+def test_run_of_a_file_that_is_not_a_compiled_model(tirpat_inline, error_line, tmp_path):
     (tmp_path / "junk.tirpat").write_text("not a model")
-    error_line(tirpat("run", "junk.tirpat", cwd=tmp_path), "tirpat run: error: junk.tirpat", "not a model exported by tirpat")
+    error_line(tirpat_inline("run", "junk.tirpat", cwd=tmp_path), "tirpat run: error: junk.tirpat", "not a model exported by tirpat")
 
 
-def test_target_options_reach_the_compiled_model(tirpat, tmp_path, example_mlp):
+def test_target_options_reach_the_compiled_model(tirpat_inline, tmp_path, example_mlp):
     import tirpat as tp
 
-    result = tirpat("compile", example_mlp, "-t", "accel -tile=32, llvm -num-cores=1", "-o", "m.tirpat",
+    result = tirpat_inline("compile", example_mlp, "-t", "accel -tile=32, llvm -num-cores=1", "-o", "m.tirpat",
                     cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     model = tp.load(tmp_path / "m.tirpat")
@@ -339,18 +339,18 @@ def test_an_onnx_model_is_exact_against_the_onnx_reference(tirpat, tmp_path):
     np.testing.assert_array_equal(np.load(tmp_path / "out.npz")["output_0"], expected)
 
 
-def test_input_shapes_fix_an_onnx_models_dynamic_batch(tirpat, tirpat_here, error_line, tmp_path):
+def test_input_shapes_fix_an_onnx_models_dynamic_batch(tirpat_inline, tirpat_here, error_line, tmp_path):
     matmul_integer_model(tmp_path / "layer.onnx", np.random.default_rng(5), batch="N")
     status, _, err = tirpat_here("compile", "layer.onnx", "-t", TARGET, "-o", "dynamic.tirpat")
     assert status == 0 and "input.1 [N, 64] has dimensions not fixed" in err, err
     assert 'give them with --input-shapes "input.1:[N,64]", a number in place of each name' in err
-    error_line(tirpat("compile", "layer.onnx", "-t", TARGET, "--input-shapes", "x:[16,64]", cwd=tmp_path),
+    error_line(tirpat_inline("compile", "layer.onnx", "-t", TARGET, "--input-shapes", "x:[16,64]", cwd=tmp_path),
                "layer.onnx: --input-shapes names x, but the model's inputs are input.1")
-    result = tirpat("compile", "layer.onnx", "-t", TARGET, "--input-shapes", "input.1:[16,64]", "--report", "r.json",
+    result = tirpat_inline("compile", "layer.onnx", "-t", TARGET, "--input-shapes", "input.1:[16,64]", "--report", "r.json",
                     cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert json.loads((tmp_path / "r.json").read_text())["macs"]["accel"] == 16 * 64 * 32
-    ran = tirpat("run", "layer.tirpat", cwd=tmp_path)
+    ran = tirpat_inline("run", "layer.tirpat", cwd=tmp_path)
     assert ran.returncode == 0 and "input_1: int8[16, 64]" in ran.stdout, ran.stderr
 
 
@@ -371,14 +371,14 @@ class Module:
 """
 
 
-def test_outputs_are_written_in_order_on_a_host_only_target(tirpat, tmp_path):
+def test_outputs_are_written_in_order_on_a_host_only_target(tirpat_inline, tmp_path):
     (tmp_path / "two.py").write_text(TWO_OUTPUTS)
     rng = np.random.default_rng(2)
     a, b = rng.standard_normal((3, 4), np.float32), rng.standard_normal(4, np.float32)
     np.savez(tmp_path / "in.npz", a=a, b=b)
-    compiled = tirpat("compile", "two.py", "-t", "llvm", cwd=tmp_path)
+    compiled = tirpat_inline("compile", "two.py", "-t", "llvm", cwd=tmp_path)
     assert compiled.returncode == 0 and compiled.stderr == "", compiled.stderr
-    result = tirpat("run", "two.tirpat", "--inputs", "in.npz", "-o", "out.npz", "--profile", cwd=tmp_path)
+    result = tirpat_inline("run", "two.tirpat", "--inputs", "in.npz", "-o", "out.npz", "--profile", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "no backend of this model keeps device statistics" in result.stdout
     with np.load(tmp_path / "out.npz") as out:

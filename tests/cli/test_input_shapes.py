@@ -27,10 +27,10 @@ def write_model(path, inputs):
     return path
 
 
-def test_contradicting_a_fixed_dimension_is_an_error(tirpat, error_line, tmp_path):
+def test_contradicting_a_fixed_dimension_is_an_error(tirpat_inline, error_line, tmp_path):
     """It used to compile for the given shape (exit 0): a model onnxruntime refuses to run so."""
     write_model(tmp_path / "m.onnx", {"x": [1, 3, 8]})
-    result = tirpat("compile", "m.onnx", "-t", TARGET, "--input-shapes", "x:[1,3,16]", cwd=tmp_path)
+    result = tirpat_inline("compile", "m.onnx", "-t", TARGET, "--input-shapes", "x:[1,3,16]", cwd=tmp_path)
     error_line(result, "tirpat compile: error: m.onnx: --input-shapes x:[1,3,16] contradicts the model: dimension 2 "
                        "of input x is 8 in the model, 16 given ([1, 3, 8]: x's shape is fixed: leave it out of "
                        "--input-shapes)")
@@ -56,9 +56,9 @@ def test_shapes_the_model_contradicts(tirpat_here, tmp_path, inputs, shapes, fra
     ("x:[0,3,8]", "x:[0,3,8]: dimension 0 of x is 0; a dimension is a positive integer"),
     ("x:[1,-3,8]", "x:[1,-3,8]: dimension 1 of x is -3; a dimension is a positive integer"),
 ])
-def test_a_dimension_that_is_not_positive_is_a_usage_error(tirpat, error_line, tmp_path, shapes, fragment):
+def test_a_dimension_that_is_not_positive_is_a_usage_error(tirpat_inline, error_line, tmp_path, shapes, fragment):
     write_model(tmp_path / "m.onnx", {"x": ["N", 3, 8]})
-    error_line(tirpat("compile", "m.onnx", "-t", TARGET, "--input-shapes", shapes, cwd=tmp_path),
+    error_line(tirpat_inline("compile", "m.onnx", "-t", TARGET, "--input-shapes", shapes, cwd=tmp_path),
                "tirpat compile: error: argument --input-shapes: ", fragment, status=2)
 
 

@@ -42,9 +42,9 @@ def test_compile_and_run_give_onnxruntimes_result(tirpat, model_dir):
         np.testing.assert_allclose(out["output_0"], onnxruntime_basic(model_dir / "m.onnx", x), rtol=1e-4, atol=1e-5)
 
 
-def test_without_preprocessing_the_error_names_the_file_and_the_node(tirpat, error_line, model_dir):
+def test_without_preprocessing_the_error_names_the_file_and_the_node(tirpat_inline, error_line, model_dir):
     """TVM's C++ log ("BlockBuilder destroyed with remaining blocks!") used to follow the error."""
-    result = tirpat("compile", "m.onnx", "-t", "llvm", "--input-shapes", SHAPES, "--no-preprocess", "-o", "np.tirpat",
+    result = tirpat_inline("compile", "m.onnx", "-t", "llvm", "--input-shapes", SHAPES, "--no-preprocess", "-o", "np.tirpat",
                     cwd=model_dir)
     error_line(result, "tirpat compile: error: m.onnx: TVM's ONNX frontend failed at node 'flatten' (Reshape): ",
                "pre-processing was off")
@@ -58,8 +58,8 @@ def test_quantize_takes_the_minus_one_batch_and_per_channel_on_opset_11(tirpat, 
     assert onnxruntime_basic(model_dir / "q.onnx", x).shape == (1, 5)     # loads: the model was upgraded to opset 13
 
 
-def test_quantize_keeps_excluded_nodes_in_float(tirpat, model_dir):
-    result = tirpat("quantize", "m.onnx", "-o", "kept.onnx", "--calibration", "calib.npz", "--exclude", "conv",
+def test_quantize_keeps_excluded_nodes_in_float(tirpat_inline, model_dir):
+    result = tirpat_inline("quantize", "m.onnx", "-o", "kept.onnx", "--calibration", "calib.npz", "--exclude", "conv",
                     "--float-outputs", "y", cwd=model_dir)
     assert result.returncode == 0, result.stderr
     q = onnx.load(str(model_dir / "kept.onnx"))
@@ -70,8 +70,8 @@ def test_quantize_keeps_excluded_nodes_in_float(tirpat, model_dir):
     assert any(n.op_type == "DequantizeLinear" for n in q.graph.node), "the rest is quantised"
 
 
-def test_quantize_names_a_node_the_model_lacks(tirpat, error_line, model_dir):
-    error_line(tirpat("quantize", "m.onnx", "-o", "bad.onnx", "--calibration", "calib.npz", "--exclude", "nope",
+def test_quantize_names_a_node_the_model_lacks(tirpat_inline, error_line, model_dir):
+    error_line(tirpat_inline("quantize", "m.onnx", "-o", "bad.onnx", "--calibration", "calib.npz", "--exclude", "nope",
                       cwd=model_dir),
                "tirpat quantize: error: no node named 'nope' in the model")
     assert not (model_dir / "bad.onnx").exists()

@@ -22,15 +22,15 @@ def test_the_default_output_is_next_to_the_model(tirpat, example_mlp, tmp_path):
     assert (tmp_path / "m.tirpat").read_bytes() == b"a file of the user's, in the working directory"
 
 
-def test_compile_help_says_where_the_output_goes(tirpat, tmp_path):
-    text = " ".join(tirpat("compile", "--help", cwd=tmp_path).stdout.split())
+def test_compile_help_says_where_the_output_goes(tirpat_inline, tmp_path):
+    text = " ".join(tirpat_inline("compile", "--help", cwd=tmp_path).stdout.split())
     assert "default: next to MODEL, its name with .tirpat" in text
     assert "sub/m.onnx -> sub/m.tirpat" in text and "replaced only if its name ends in .tirpat" in text
 
 
-def test_a_device_as_output_is_named_before_compiling(tirpat, error_line, example_mlp, tmp_path):
+def test_a_device_as_output_is_named_before_compiling(tirpat_inline, error_line, example_mlp, tmp_path):
     """It used to compile, then fail with "error: error: argument out of range"."""
-    line = error_line(tirpat("compile", example_mlp, "-t", TARGET, "-o", "/dev/null", cwd=tmp_path),
+    line = error_line(tirpat_inline("compile", example_mlp, "-t", TARGET, "-o", "/dev/null", cwd=tmp_path),
                       "tirpat compile: error: /dev/null: not a regular file, so -o cannot write there: a .tirpat is "
                       "a zip archive")
     assert line.count("error:") == 1
@@ -107,18 +107,18 @@ Module, params = MLP().export_tvm(spec={"forward": {"x": nn.spec.Tensor((8, 64),
 """
 
 
-def test_entry_compiles_a_function_not_named_main(tirpat, error_line, tmp_path):
+def test_entry_compiles_a_function_not_named_main(tirpat_inline, error_line, tmp_path):
     (tmp_path / "nnmod.py").write_text(NN_MODULE)
-    error_line(tirpat("compile", "nnmod.py", "-t", TARGET, cwd=tmp_path),
+    error_line(tirpat_inline("compile", "nnmod.py", "-t", TARGET, cwd=tmp_path),
                "nnmod.py: the IRModule has no Relax function 'main' to compile; its Relax functions are forward: "
                "name one with --entry")
-    compiled = tirpat("compile", "nnmod.py", "-t", TARGET, "--entry", "forward", cwd=tmp_path)
+    compiled = tirpat_inline("compile", "nnmod.py", "-t", TARGET, "--entry", "forward", cwd=tmp_path)
     assert compiled.returncode == 0, compiled.stderr
     rng = np.random.default_rng(3)
     x = rng.integers(-128, 128, (8, 64), dtype=np.int8)
     w = rng.integers(-128, 128, (32, 64), dtype=np.int8)
     np.savez(tmp_path / "in.npz", x=x, fc1_weight=w)
-    ran = tirpat("run", "nnmod.tirpat", "--inputs", "in.npz", "-o", "out.npz", cwd=tmp_path)
+    ran = tirpat_inline("run", "nnmod.tirpat", "--inputs", "in.npz", "-o", "out.npz", cwd=tmp_path)
     assert ran.returncode == 0, ran.stderr
     with np.load(tmp_path / "out.npz") as out:
         np.testing.assert_array_equal(out["output_0"], x.astype(np.int32) @ w.T.astype(np.int32))

@@ -101,13 +101,13 @@ def test_the_generator_refuses_a_path_it_cannot_write_in_one_line(args, problem,
     assert list(tmp_path.iterdir()) == []        # refused before writing anything
 
 
-def test_refuses_a_quantised_model(tirpat, error_line, float_cnn, tmp_path):
+def test_refuses_a_quantised_model(tirpat_inline, error_line, float_cnn, tmp_path):
     """Quantising a QDQ model again wrote an invalid ONNX (duplicate node names), exit 0."""
     import tirpat as tp
 
     model, calib = float_cnn
     onnx.save(tp.quantize(str(model), str(calib)), str(tmp_path / "q.onnx"))
-    error_line(tirpat("quantize", "q.onnx", "-o", "again.onnx", "--calibration", calib, cwd=tmp_path),
+    error_line(tirpat_inline("quantize", "q.onnx", "-o", "again.onnx", "--calibration", calib, cwd=tmp_path),
                "tirpat quantize: error: the model is already quantised: it has DequantizeLinear (e.g. '",
                "QuantizeLinear", "quantise the float model it came from")
     assert not (tmp_path / "again.onnx").exists()
@@ -136,8 +136,8 @@ def test_calibration_values_and_dtypes(tirpat, tirpat_inline, error_line, float_
     assert len(zero.stderr.strip().splitlines()) == 1
 
 
-def test_usage_error(tirpat, error_line, float_cnn, tmp_path):
-    error_line(tirpat("quantize", float_cnn[0], "--method", "best", cwd=tmp_path), "invalid choice: 'best'", status=2)
+def test_usage_error(tirpat_inline, error_line, float_cnn, tmp_path):
+    error_line(tirpat_inline("quantize", float_cnn[0], "--method", "best", cwd=tmp_path), "invalid choice: 'best'", status=2)
 
 
 def test_methods_are_the_libraries():
@@ -196,14 +196,14 @@ def _unloadable_models() -> dict:
             "future.onnx": helper.make_model(matmul, opset_imports=[helper.make_opsetid("", 99)])}
 
 
-def test_a_model_onnxruntime_cannot_load_is_one_line(tirpat, error_line, tmp_path):
+def test_a_model_onnxruntime_cannot_load_is_one_line(tirpat_inline, error_line, tmp_path):
     """onnxruntime's pre-processing printed a traceback for these (and went on)."""
     for name, model in _unloadable_models().items():
         onnx.save(model, str(tmp_path / name))
-    error_line(tirpat("quantize", "custom.onnx", "-o", "q.onnx", cwd=tmp_path),
+    error_line(tirpat_inline("quantize", "custom.onnx", "-o", "q.onnx", cwd=tmp_path),
                "tirpat quantize: error: onnxruntime, which quantises the model, cannot load it: ",
                "com.example:FooBar(-1) is not a registered function/op")
-    line = error_line(tirpat("quantize", "future.onnx", "-o", "q.onnx", cwd=tmp_path),
+    line = error_line(tirpat_inline("quantize", "future.onnx", "-o", "q.onnx", cwd=tmp_path),
                       "cannot load it: ONNX Runtime only *guarantees* support", "Opset 99")
     assert "onnxruntime_src" not in line and "[ONNXRuntimeError]" not in line
     assert not (tmp_path / "q.onnx").exists()
