@@ -1,3 +1,4 @@
+import inspect
 import json
 import os
 import subprocess
@@ -13,6 +14,16 @@ from hypothesis import HealthCheck, settings
 # programs tests start) inherit these; a value set by whoever runs the suite is kept.
 for _threads in ("TVM_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
     os.environ.setdefault(_threads, "1")
+
+# TVMScript's parser calls inspect.stack() for each function it parses, and inspect looks up
+# each frame's module by its file. A frame of the import system (`<frozen importlib._bootstrap>`,
+# on the stack while a module holding TVMScript is imported: TVM's tensor intrinsics, a test
+# file's kernels) has a file no module lists, so each lookup walked all of sys.modules again:
+# importing tvm.s_tir.tensor_intrin made 30,000 such walks, 62 s; with the two frozen modules of
+# the import system entered in inspect's file-to-module cache (the module the walk would have
+# found, had they a __file__; their frames still have no source) 15 s.
+for _frozen in ("importlib._bootstrap", "importlib._bootstrap_external"):
+    getattr(inspect, "modulesbyfile", {}).setdefault(f"<frozen {_frozen}>", _frozen)
 
 # Compiling with TVM takes tens of milliseconds, so the default 200 ms deadline is meaningless here.
 settings.register_profile(
