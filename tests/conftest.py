@@ -27,14 +27,14 @@ for _frozen in ("importlib._bootstrap", "importlib._bootstrap_external"):
 
 # Compiling with TVM takes tens of milliseconds, so the default 200 ms deadline is meaningless here.
 settings.register_profile(
-    "dev", deadline=None, max_examples=25, suppress_health_check=[HealthCheck.too_slow]
+    "dev", deadline=None, max_examples=20, suppress_health_check=[HealthCheck.too_slow]
 )
 # CI is deterministic: a red run must be reproducible from its log. Its examples per test (where a
 # test does not set its own) are what fits the suite in CI's 15 minutes on 2 cores.
 settings.register_profile(
     "ci",
     deadline=None,
-    max_examples=30,
+    max_examples=20,
     derandomize=True,
     print_blob=True,
     suppress_health_check=[HealthCheck.too_slow],
