@@ -266,7 +266,8 @@ class Partitioner:
         return [p for backend, opts in self.target.backends for p in backend.passes(phase, opts) or []]
 
     def fuse(self, mod: ir.IRModule) -> ir.IRModule:
-        """FuseOpsByPattern with every backend's patterns, then tag each partition."""
+        """FuseOpsByPattern with every backend's patterns (those that can match: see below), then tag
+        each partition."""
         patterns = self._patterns()
         # a pattern calling an operator the module does not call matches nothing (its check
         # never runs): FuseOpsByPattern, which walks the module once per pattern, skips it
