@@ -349,6 +349,29 @@ def test_partition_tags_each_group_with_its_backend():
     assert all(json.loads(str(f.attrs["tirpat.options"]))["tile"] == 16 for f in tagged)
 
 
+def test_patterns_of_operators_the_model_does_not_call_are_not_tried(monkeypatch):
+    # FuseOpsByPattern walks the model once per pattern: an MLP (matmuls, no convolution) is
+    # partitioned without accel's convolution patterns, into the module all of them make
+    import tvm
+    from tvm import relax
+    from tvm.relax.dpl import is_op, wildcard
+
+    from tirpat.model import partition
+
+    mod = mlp(8, 64, 32, 10)
+    tried = []
+    fuse = relax.transform.FuseOpsByPattern
+    monkeypatch.setattr(relax.transform, "FuseOpsByPattern",
+                        lambda patterns, **options: tried.append({p.name for p in patterns}) or fuse(patterns, **options))
+    parts = tp.partition(mod, "accel, llvm")
+    assert "accel.matmul" in tried[0] and "accel.conv2d" not in tried[0]
+    # an alternative requires what both of its sides call
+    add, mul = (is_op(op)(wildcard(), wildcard()) for op in ("relax.add", "relax.multiply"))
+    assert partition._required_ops(is_op("relax.nn.relu")(add | mul), {}) == {"relax.nn.relu"}
+    monkeypatch.setattr(partition, "_required_ops", lambda pattern, memo: frozenset())     # every pattern tried
+    tvm.ir.assert_structural_equal(tp.partition(mod, "accel, llvm"), parts)
+
+
 def test_model_demo_runs_and_labels_layers(capsys):
     from accel.demo import main
 

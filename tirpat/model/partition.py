@@ -169,6 +169,47 @@ def _op_names(patterns: list) -> set:
     return names
 
 
+def _required_ops(pattern, memo: dict) -> frozenset:
+    """The Relax operator names that every match of the DPL ``pattern`` calls: those of a
+    call, its operator's and its arguments'; what both sides of an alternative require; none
+    for a pattern of another kind (a wildcard, a constant)."""
+    key = pattern.__chandle__()
+    if key in memo:
+        return memo[key]
+    if isinstance(pattern, dpl.ExprPattern) and isinstance(pattern.expr, ir.Op):
+        out = frozenset([pattern.expr.name])
+    elif isinstance(pattern, dpl.CallPattern):
+        out = _required_ops(pattern.op, memo).union(*(_required_ops(a, memo) for a in pattern.args or ()))
+    elif isinstance(pattern, dpl.OrPattern):
+        out = _required_ops(pattern.left, memo) & _required_ops(pattern.right, memo)
+    elif isinstance(pattern, dpl.AndPattern):
+        out = _required_ops(pattern.left, memo) | _required_ops(pattern.right, memo)
+    elif isinstance(pattern, (dpl.DataTypePattern, dpl.ShapePattern, dpl.AttrPattern)):
+        out = _required_ops(pattern.pattern, memo)
+    elif isinstance(pattern, dpl.TupleGetItemPattern):
+        out = _required_ops(pattern.tuple, memo)
+    elif isinstance(pattern, dpl.TuplePattern):
+        out = frozenset().union(*(_required_ops(f, memo) for f in pattern.fields))
+    else:
+        out = frozenset()
+    memo[key] = out
+    return out
+
+
+def _called_ops(mod: ir.IRModule) -> set:
+    """The names of the Relax operators the Relax functions of ``mod`` call."""
+    names: set = set()
+
+    def on_expr(e) -> None:
+        if isinstance(e, relax.Call) and isinstance(e.op, ir.Op):
+            names.add(e.op.name)
+
+    for func in mod.functions.values():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func, on_expr)
+    return names
+
+
 class Partitioner:
     """Partitioning for one target, remembering what it learnt for the build report:
     which operators each backend's patterns mention (:attr:`covered`) and why checks
@@ -225,8 +266,13 @@ class Partitioner:
         return [p for backend, opts in self.target.backends for p in backend.passes(phase, opts) or []]
 
     def fuse(self, mod: ir.IRModule) -> ir.IRModule:
-        """FuseOpsByPattern with every backend's patterns, then tag each partition."""
+        """FuseOpsByPattern with every backend's patterns (those that can match: see below), then tag
+        each partition."""
         patterns = self._patterns()
+        # a pattern calling an operator the module does not call matches nothing (its check
+        # never runs): FuseOpsByPattern, which walks the module once per pattern, skips it
+        called, memo = _called_ops(mod), {}
+        patterns = [p for p in patterns if _required_ops(p.pattern, memo) <= called]
         if patterns:
             mod = relax.transform.FuseOpsByPattern(patterns, bind_constants=False, annotate_codegen=False)(mod)
         opts_of = {b.name: options_text(o) for b, o in self.target.backends}
