@@ -94,8 +94,11 @@ def _offloads(mod: ir.IRModule) -> bool:
 
 def _static_storage(value) -> bool:
     """Whether ``value`` allocates a storage of a constant size."""
-    return isinstance(value, relax.Call) and value.op.same_as(_ALLOC_STORAGE) \
-        and all(isinstance(d, tirx.IntImm) for d in value.args[0].values) and not relax.analysis.free_vars(value)
+    if not (isinstance(value, relax.Call) and value.op.same_as(_ALLOC_STORAGE)):
+        return False
+    size = value.args[0]        # a dynamic size is a shape the VM computes (a variable)
+    return isinstance(size, relax.ShapeExpr) and all(isinstance(d, tirx.IntImm) for d in size.values) \
+        and not relax.analysis.free_vars(value)
 
 
 def _escaping(func: relax.Function) -> set:
