@@ -63,7 +63,7 @@ def _flat(out) -> list:
 def _direct_calls(model, inputs: list) -> tuple[list, list]:
     """``model``'s VM called on each of ``inputs`` directly (its outputs kept as the VM's
     tensors), with the address of every tensor ``vm.builtin.alloc_tensor`` made in each
-    call: the outputs, and per call those addresses that are no output's."""
+    call: the outputs, and per call those addresses that are not the call's outputs'."""
     vm, storages = model._vm()
     made: list = []
 
@@ -79,8 +79,8 @@ def _direct_calls(model, inputs: list) -> tuple[list, list]:
             outputs.append(invoke(vm[model.entry], tvm.runtime.tensor(x), *storages))
     finally:
         vm.set_instrument(None)
-    returned = {t.data_ptr() for out in outputs for t in _flat(out)}
-    return outputs, [[p for p in call if p not in returned] for call in made]
+    returned = [{t.data_ptr() for t in _flat(out)} for out in outputs]
+    return outputs, [[p for p in call if p not in out] for call, out in zip(made, returned)]
 
 
 def test_intermediate_tensors_stay_at_their_addresses(model):
