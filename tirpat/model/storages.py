@@ -8,12 +8,15 @@ in first out, so the same storage comes back at another address on the next call
 whose storages share a size sees them swap). A device runtime that keeps work bound to host
 addresses (accel's replayed plans) binds it again whenever they move.
 
-:func:`lift_storages`, run after TVM's default Relax pipeline, does for the CPU what TVM's
-``RewriteCUDAGraph`` does for CUDA graphs: it moves the entry's statically sized storages
-into a function of their own, which returns them as a tuple, and the entry takes that
-tuple as one more, last, parameter. Whoever runs the model allocates them once per VM
-(:class:`~tirpat.model.compiled.CompiledModel` does, one VM per thread) and passes them on
-every call. Left where they are:
+:func:`lift_storages` does for the CPU what TVM's ``RewriteCUDAGraph`` does for CUDA graphs
+(whose builtin caching them per VM the CPU runtime lacks): it moves the entry's statically
+sized storages into a function of their own, which returns them as a tuple, and the entry
+takes that tuple as one more, last, parameter. Whoever runs the model allocates them once
+per VM (:class:`~tirpat.model.compiled.CompiledModel` does, one VM per thread) and passes
+them on every call; they cost no memory the pool would not have kept anyway. It runs after
+the whole of TVM's default Relax pipeline for the CPU (one pass: nothing goes between its
+memory planning and the lowering that follows), on the VM's ``R.vm.alloc_storage``. Left
+where they are:
 
 - a storage of symbolic size (a dynamic shape): it is allocated per call as before;
 - a storage a tensor of the entry's result lives in (its output, or a view of a tensor that
@@ -21,10 +24,9 @@ every call. Left where they are:
 - everything of a module that offloads nothing to a backend (the lifting serves the device
   runtimes; a CPU-only model keeps TVM's code as it is).
 
->>> lowered = lift_storages("main")(lowered)                 # doctest: +SKIP
->>> vm = relax.VirtualMachine(tvm.compile(lowered, "llvm"), tvm.cpu())            # doctest: +SKIP
->>> storages = vm[storages_function(lowered, "main")]()      # doctest: +SKIP
->>> out = vm["main"](x, storages)                            # doctest: +SKIP
+>>> model = tp.build(mod, "accel, llvm")      # doctest: +SKIP
+>>> model._storages                           # doctest: +SKIP
+'main_storages'
 """
 
 from __future__ import annotations
@@ -46,10 +48,25 @@ def lift_storages(entry: str = "main", record=None) -> tvm.transform.Pass:
     name goes to ``record.storages`` (a build's :class:`~tirpat.model.pipeline.Record`),
     which stays None when nothing was lifted.
 
-    >>> import tirpat as tp
-    >>> lowered = tp.relax_pipeline("llvm")(mod)        # doctest: +SKIP
-    >>> lift_storages()(lowered).same_as(lowered)        # nothing offloaded: nothing lifted  # doctest: +SKIP
+    >>> import numpy as np
+    >>> bb = relax.BlockBuilder()
+    >>> x = relax.Var("x", relax.TensorType((4,), "int32"))
+    >>> with bb.function("main", [x]):
+    ...     y = bb.emit(relax.op.add(x, x))
+    ...     _ = bb.emit_func_output(relax.op.multiply(y, y))
+    >>> lowered = relax.get_pipeline("default")(bb.get())
+    >>> lift_storages()(lowered).same_as(lowered)          # nothing offloaded: nothing lifted
     True
+    >>> add = lowered.get_global_var("add")
+    >>> lowered[add] = lowered[add].with_attr(BACKEND_ATTR, "some_device")
+    >>> lifted = lift_storages()(lowered)                  # y's storage; the result's stays
+    >>> [p.name for p in lifted["main"].params], lifted["main_storages"].ret_ty
+    (['x', 'storages'], T.Tuple(R.Any))
+    >>> vm = relax.VirtualMachine(tvm.compile(lifted, "llvm", relax_pipeline=tvm.transform.Sequential([])),
+    ...                           tvm.cpu())
+    >>> storages = vm["main_storages"]()                   # once
+    >>> vm["main"](tvm.runtime.tensor(np.arange(4, dtype="int32")), storages).numpy().tolist()
+    [0, 4, 16, 36]
     """
     @tvm.transform.module_pass(opt_level=0, name="tirpat.LiftStorages")
     def lift(mod: ir.IRModule, ctx) -> ir.IRModule:
