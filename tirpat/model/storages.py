@@ -83,19 +83,20 @@ def lift_storages(entry: str = "main", record=None) -> tvm.transform.Pass:
         while name in names:
             name += "_"
         own = [relax.Var(b.var.name, b.var.ty) for b in lifted]
+        kinds = relax.TupleType([v.ty for v in own])
         alloc = relax.Function([], relax.SeqExpr([relax.BindingBlock([relax.VarBinding(v, b.value)
                                                                       for v, b in zip(own, lifted)])],
-                                                 relax.Tuple(own)),
-                               relax.TupleType([v.ty for v in own]), is_pure=func.is_pure, attrs=func.attrs)
-        storages = relax.Var("storages", relax.TupleType([v.ty for v in own]))
+                                                 relax.Tuple(own)), kinds)
+        storages = relax.Var("storages", kinds)
         taken = {b.var.__chandle__(): relax.VarBinding(b.var, relax.TupleGetItem(storages, n))
                  for n, b in enumerate(lifted)}
         blocks = [relax.BindingBlock([taken.get(b.var.__chandle__(), b) for b in block.bindings])
                   for block in func.body.blocks]
-        mod = ir.IRModule(dict(mod.functions), attrs=mod.attrs)
+        mod = mod.clone()
         mod[entry] = relax.Function([*func.params, storages], relax.SeqExpr(blocks, func.body.body), func.ret_ty,
                                     is_pure=func.is_pure, attrs=func.attrs)
-        mod[name] = alloc.with_attr("global_symbol", name)
+        # allocating is impure: the function is forced pure, as the lowered entry is
+        mod[name] = alloc.with_attr("relax.force_pure", True).with_attr("global_symbol", name)
         if record is not None:
             record.storages = name
         return mod
