@@ -256,8 +256,8 @@ class Session:
         and the hosts overlap as they did (which slots share memory, and at what distance, orders a
         stream's instructions); each slot's view is then rebuilt at its place in this call's
         hosts (the views of one of the last few replays, or of the call that stored the stream,
-        serve again when every host is where it was then). Otherwise, with work pending, or for a device without :meth:`stored_stream`,
-        the calls run.
+        serve again when every host is where it was then). Otherwise, with work pending, or for
+        a device without :meth:`stored_stream`, the calls run.
 
         >>> Session().replay("f:0", [np.zeros(4)])       # the calls run (and nothing is stored)
         False
