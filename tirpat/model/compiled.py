@@ -64,8 +64,10 @@ class CompiledModel:
     - ``export(path)`` writes one file that :func:`load` reads back.
 
     **Threads.** A model may be called from several threads at once: each thread runs it
-    on a Relax VM of its own (made on the thread's first call) and in sessions of its own,
-    so concurrent calls compute what the same calls made one after another compute.
+    on a Relax VM of its own (made on the thread's first call, with the storages of the
+    model's intermediate tensors, allocated then for all its calls: :mod:`tirpat.model.storages`)
+    and in sessions of its own, so concurrent calls compute what the same calls made one
+    after another compute.
     ``stats`` and ``layers`` describe the calling thread's last call (or, on a thread that
     has made none, the last call to finish on any thread).
     """
