@@ -162,10 +162,14 @@ def test_a_static_group_replays_in_one_callback_on_new_tensors(calls):
 def test_a_replay_on_the_hosts_of_the_last_one_reuses_its_views():
     """A model called again mostly finds its tensors where they were: the replay then runs
     on the views it made last time (no view is made per call), and reads the new contents;
-    a host that moved gets views at its new place."""
-    seen = []
+    a host that moved gets views at its new place. The second call's are those the first
+    call, which stored the stream, handed the device at once (``prepare_stored``)."""
+    seen, prepared = [], []
 
     class Watched(Stream):
+        def prepare_stored(self, ops, views):
+            prepared.append((ops, views))
+
         def run_stored(self, ops, views):
             seen.append(views)
             super().run_stored(ops, views)
@@ -183,37 +187,9 @@ def test_a_replay_on_the_hosts_of_the_last_one_reuses_its_views():
         device.invoke(fn, ta, tb2, tc2)
         np.testing.assert_array_equal(tc2.numpy(), a * 3 + 5 * a)
     assert s.replayed == 5
+    assert len(prepared) == 1 and len(prepared[0][0]) == 16 and type(seen[1]) is tuple and seen[1] is prepared[0][1]
     assert seen[2] is seen[1] and seen[3] is seen[1]        # the same hosts: the same views
     assert seen[4] is not seen[3] and seen[5] is not seen[4]
-
-
-def test_the_call_that_stores_a_stream_hands_the_device_the_views_its_next_call_takes():
-    """The views over the hosts of the call that stored the stream go to ``prepare_stored`` at
-    once, and the next call, its hosts where they were, replays on that very tuple (which the
-    device made ready); a host that moved gets views of its own."""
-    prepared, ran = [], []
-
-    class Prepared(Stream):
-        def prepare_stored(self, ops, views):
-            prepared.append((ops, views))
-
-        def run_stored(self, ops, views):
-            ran.append(views)
-            super().run_stored(ops, views)
-
-    fn = compiled(vadd)
-    a = np.arange(64, dtype=np.int32)
-    ta, tb, tc = tensors(a, a, np.zeros(64, np.int32))
-    with Prepared() as s:
-        for k in range(2):
-            ta.copyfrom(a * k)
-            device.invoke(fn, ta, tb, tc)
-            np.testing.assert_array_equal(tc.numpy(), a * k + a)
-        _, tb2, tc2 = tensors(a, 5 * a, np.zeros(64, np.int32))
-        device.invoke(fn, ta, tb2, tc2)
-        np.testing.assert_array_equal(tc2.numpy(), a + 5 * a)
-    assert s.replayed == 2 and len(prepared) == 1 and len(prepared[0][0]) == 16
-    assert type(prepared[0][1]) is tuple and ran[1] is prepared[0][1] and ran[2] is not ran[1]
 
 
 def test_groups_of_two_functions_with_one_name_do_not_share_a_stream():
