@@ -1624,25 +1624,34 @@ class FusedPlan:
         """Execute on ``buffers`` (and ``sim``'s scratchpads; the builder's by default).
         False, with nothing done, when the host buffers are not laid out as the plan
         assumes (other sizes, or a buffer read that shares memory with one written)."""
+        steps = self.prepare(buffers, sim)
+        if steps is None:
+            return False
+        for step in steps:
+            step()
+        return True
+
+    def prepare(self, buffers: Buffers, sim=None) -> Optional[list]:
+        """The calls a run on ``buffers`` makes (see :meth:`run`), or None when the host
+        buffers are not laid out as the plan assumes; made once for a tuple of buffers,
+        which is remembered (a session's replay gives the same tuple again)."""
         sim = sim or self._sim
         self._bind(sim)
         steps = self._steps.get(id(buffers))
         if steps is None or steps[0] is not buffers:
             for slot, size in self.sizes.items():
                 if buffers[slot].size != size:
-                    return False
+                    return None
             if any(buffers[slot].dtype != dtype for slot, dtype in self.dtypes.items()):
-                return False
+                return None
             # Every read happens before every write here: a buffer read must not share memory
             # with another one written (the same slot was checked when the plan was made).
             if any(np.may_share_memory(buffers[r], buffers[w]) for r, w in self._apart):
-                return False
+                return None
             steps = (buffers, self._calls(buffers, sim))
             if type(buffers) is tuple:      # the same tuple again (a session's replay) runs these calls again
                 remember(self._steps, buffers, steps)
-        for step in steps[1]:
-            step()
-        return True
+        return steps[1]
 
     def _calls(self, buffers: Buffers, sim) -> list[Callable[[], object]]:
         """The run on ``buffers`` as calls without arguments, in order, each one numpy call
@@ -1697,8 +1706,9 @@ class FusedPlan:
         a simulator, which runs one stream at a time. A model's plans each with their own
         vectors touch tens of MB per call (76 MB of values for the PaddleOCR classifier's 107
         streams), fetched from memory every call; shared, the largest plan's fit in L2.
-        Binding anew drops the calls made for tuples of buffers, which work in the arrays
-        the workspace had before."""
+        Binding anew makes the calls of the tuples of buffers remembered again, in the new
+        arrays (those made before worked in the arrays the workspace had, and kept them alive):
+        a tuple a session's replay gives next call runs at once."""
         space = sim.workspace
         on = self._on
         # still the workspace's arrays (one is only ever replaced by a larger one) and the
@@ -1720,7 +1730,10 @@ class FusedPlan:
         self._product_steps = [product.call(self._source, self._scratch.data, self._packed) for product in self.products]
         self._alu_steps = _alu_steps(self._scratch, self._source, self.alus, _Spill(self.values, spill))
         self._on = on
+        kept = [buffers for buffers, _ in self._steps.values()]
         self._steps.clear()
+        for buffers in kept:
+            remember(self._steps, buffers, (buffers, self._calls(buffers, sim)))
         sim.plans.add(self)
 
 

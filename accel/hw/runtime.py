@@ -303,6 +303,11 @@ class Session(device.Session):
         """
         return self._run(program, views, True)
 
+    def prepare_stored(self, program, views: tuple) -> None:
+        """``program``'s batched plan bound to ``views`` now, at the call that stores it: the
+        next call, its hosts where they were, replays at once (:meth:`accel.hw.sim.Program.prepare`)."""
+        program.prepare(views)
+
     def _run(self, program, views, again: bool) -> Stats:
         program.run(views, self.stats, execute=not self.timing_only, again=again)
         if self._streams is not None:

@@ -760,6 +760,15 @@ class Program:
         stats.add(self.timing)
         return stats
 
+    def prepare(self, buffers: tuple) -> None:
+        """Get ready to run again on ``buffers``, a tuple of views a session's replay will
+        give (see :meth:`tirpat.device.Session.prepare_stored`), without running: the tuple
+        checked, the batched plan's calls made for it. Nothing for a stream without a plan
+        (run instruction by instruction) or for buffers it does not fit (the run checks them)."""
+        if self._fused and self._matches(buffers):
+            fused.remember(self._checked, buffers)
+            self._fused.prepare(buffers, self.simulator)
+
     def _execute(self, buffers: Buffers, again: bool) -> None:
         """Run the batched plan when the stream has one, else the prepared calls one by one.
         The plan is made at the third run (following a stream symbolically costs a few runs'

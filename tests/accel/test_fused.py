@@ -216,7 +216,8 @@ def test_a_plan_binds_its_products_once_per_workspace_not_per_tuple_of_buffers()
 def test_plans_built_before_the_workspace_grew_are_bound_to_it_when_the_call_ends():
     """A first call builds its plans one by one and the workspace grows for the larger ones:
     at the call's end (``settle``, from ``Session.running``) the earlier plans bind to the
-    final arrays, so the next call does not bind a hundred plans again; they still compute
+    final arrays, their calls for the tuples of buffers they ran on (or were prepared for)
+    made again there, so the next call binds none of a hundred plans; they still compute
     what the stream does."""
     stream = _product_stream()
     plan, (sim, host), (ref, want) = _both(stream)
@@ -230,9 +231,10 @@ def test_plans_built_before_the_workspace_grew_are_bound_to_it_when_the_call_end
         old.append(weakref.ref(sim.workspace[role]))
         sim.workspace[role] = np.full(sim.workspace[role].size * 2, -1, sim.workspace[role].dtype)
     fused.settle(sim)
-    with mock.patch.object(fused, "_alu_steps", side_effect=fused._alu_steps) as rebound:
+    with mock.patch.object(fused, "_alu_steps", side_effect=fused._alu_steps) as rebound, \
+            mock.patch.object(fused.FusedPlan, "_calls", autospec=True, side_effect=fused.FusedPlan._calls) as made:
         assert plan.run(views, sim)
-    assert rebound.call_count == 0
+    assert rebound.call_count == 0 and made.call_count == 0
     gc.collect()
     assert all(ref() is None for ref in old)     # no call made for ``views`` before still works in them
     with mock.patch.object(fused.FusedPlan, "_bind") as looked:     # a later call's end: nothing replaced

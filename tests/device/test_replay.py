@@ -162,10 +162,14 @@ def test_a_static_group_replays_in_one_callback_on_new_tensors(calls):
 def test_a_replay_on_the_hosts_of_the_last_one_reuses_its_views():
     """A model called again mostly finds its tensors where they were: the replay then runs
     on the views it made last time (no view is made per call), and reads the new contents;
-    a host that moved gets views at its new place."""
-    seen = []
+    a host that moved gets views at its new place. The second call's are those the first
+    call, which stored the stream, handed the device at once (``prepare_stored``)."""
+    seen, prepared = [], []
 
     class Watched(Stream):
+        def prepare_stored(self, ops, views):
+            prepared.append((ops, views))
+
         def run_stored(self, ops, views):
             seen.append(views)
             super().run_stored(ops, views)
@@ -183,6 +187,7 @@ def test_a_replay_on_the_hosts_of_the_last_one_reuses_its_views():
         device.invoke(fn, ta, tb2, tc2)
         np.testing.assert_array_equal(tc2.numpy(), a * 3 + 5 * a)
     assert s.replayed == 5
+    assert len(prepared) == 1 and len(prepared[0][0]) == 16 and type(seen[1]) is tuple and seen[1] is prepared[0][1]
     assert seen[2] is seen[1] and seen[3] is seen[1]        # the same hosts: the same views
     assert seen[4] is not seen[3] and seen[5] is not seen[4]
 

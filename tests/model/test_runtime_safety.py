@@ -21,6 +21,7 @@ def test_threads_calling_one_model_get_what_single_threaded_calls_get(mlp_model)
     """4 threads x 25 calls on one CompiledModel, each thread its own inputs, all started
     together: every result equals the single-threaded one (which equals llvm's)."""
     mod, model = mlp_model
+    assert model._storages is not None      # each thread's VM allocates its own (tirpat.model.storages)
     inputs = [random_inputs(mod, np.random.default_rng(seed)) for seed in range(4)]
     want = [model(*args) for args in inputs]
     layers = [(layer.function, layer.backend) for layer in model.layers]

@@ -237,6 +237,15 @@ class Session:
         """
         raise NotImplementedError(f"{type(self).__name__} stores streams but does not say how to run them")
 
+    def prepare_stored(self, stream: Any, views: tuple) -> None:
+        """Hook: a stream :meth:`replay` just stored will run again on ``views`` (the slot
+        views over the hosts of the call that stored it, which a later call gives again when
+        its hosts are where these are): a device may get ready for that now, so that the
+        replay runs at once. The default does nothing.
+
+        >>> Session().prepare_stored((), ())
+        """
+
     def replay(self, key: str, hosts: Sequence[HostBuffer]) -> bool:
         """Compiled code is about to make the calls of the static group ``key`` on ``hosts``
         (its host buffers, see :class:`~tirpat.device.ScratchpadPlanner`): True when the
@@ -246,9 +255,9 @@ class Session:
         A stored stream runs again when each host has the dtype, size and writability it had
         and the hosts overlap as they did (which slots share memory, and at what distance, orders a
         stream's instructions); each slot's view is then rebuilt at its place in this call's
-        hosts (the views of one of the last few replays serve again when every host is where it
-        was then). Otherwise, with work pending, or for a device without :meth:`stored_stream`,
-        the calls run.
+        hosts (the views of one of the last few replays, or of the call that stored the stream,
+        serve again when every host is where it was then). Otherwise, with work pending, or for
+        a device without :meth:`stored_stream`, the calls run.
 
         >>> Session().replay("f:0", [np.zeros(4)])       # the calls run (and nothing is stored)
         False
@@ -321,8 +330,14 @@ class Session:
             placed.append((slot, host, start - spans[host][0], flat.nbytes, flat.dtype.str))
         variants = self._replays.setdefault(key, [])
         # a few hosts layouts per group (call sites that alias differently), the newest first
-        variants.insert(0, _Stored(stream, form, overlaps, tuple(placed)))
+        stored = _Stored(stream, form, overlaps, tuple(placed))
+        variants.insert(0, stored)
         del variants[_VARIANTS:]
+        # the views over these hosts, which the next call's replay takes when its hosts are
+        # where these are (a model whose storages stay put), and which the device prepares for
+        views = stored.views(spans)
+        stored.seen.append((spans, views))
+        self.prepare_stored(stream, views)
         self._replays.move_to_end(key)
         while len(self._replays) > self.kept_replays:
             self._replays.popitem(last=False)

@@ -27,6 +27,7 @@ from .kernel import CompiledKernel
 from .native import link, offloaded_library
 from .partition import as_target, tagged
 from .pipeline import Record, relax_pipeline, schedule_for, tir_pipeline_for, with_records
+from .storages import lift_storages
 from .report import (HostOp, Partition, ModelReport, epilogue_of, macs_known, macs_of, notes_of, primfunc_macs,
                      records_line)
 
@@ -94,9 +95,10 @@ def build(mod: ir.IRModule, target, *, strict: bool = False, params: Mapping[str
     # this build's: handed to the pipelines, whatever other threads build; the offloaded
     # partitions' code is compiled apart, at -O0 (tirpat.model.native)
     record = Record(take_offloaded=True)
+    # the entry's static storages allocated once per VM, not per call (tirpat.model.storages)
+    pipeline = tvm.transform.Sequential([relax_pipeline(t, records, record=record), lift_storages(entry, record)])
     with tir_pipeline_for(record) as tir:
-        executable = tvm.compile(mod, t.host, relax_pipeline=relax_pipeline(t, records, record=record),
-                                 tir_pipeline=tir)
+        executable = tvm.compile(mod, t.host, relax_pipeline=pipeline, tir_pipeline=tir)
     if record.offloaded is not None:
         executable.mod.import_module(offloaded_library(record.offloaded, t.host))
     report, declined, in_float = _report(record, t)
@@ -106,7 +108,8 @@ def build(mod: ir.IRModule, target, *, strict: bool = False, params: Mapping[str
     # a backend whose partitions all fell back to the host has no code in the model: not needed to run it
     used = [(b, opts) for b, opts in t.backends if any(p.backend == b.name and not p.fallback for p in report.partitions)]
     # machine code now, so that the model's first call compiles none
-    return CompiledModel(executable, used, t.host, inputs, report, entry, linked=link(executable, t.host))
+    return CompiledModel(executable, used, t.host, inputs, report, entry, linked=link(executable, t.host),
+                         storages=record.storages)
 
 
 def _is_tir(workload) -> bool:

@@ -64,18 +64,24 @@ class CompiledModel:
     - ``export(path)`` writes one file that :func:`load` reads back.
 
     **Threads.** A model may be called from several threads at once: each thread runs it
-    on a Relax VM of its own (made on the thread's first call) and in sessions of its own,
-    so concurrent calls compute what the same calls made one after another compute.
+    on a Relax VM of its own (made on the thread's first call, with the storages of the
+    model's intermediate tensors, allocated then for all its calls: :mod:`tirpat.model.storages`)
+    and in sessions of its own, so concurrent calls compute what the same calls made one
+    after another compute.
     ``stats`` and ``layers`` describe the calling thread's last call (or, on a thread that
     has made none, the last call to finish on any thread).
     """
 
     def __init__(self, executable, backends: list, host: tvm.target.Target, inputs: list,
-                 report: ModelReport, entry: str = "main", *, linked: Linked | None = None) -> None:
+                 report: ModelReport, entry: str = "main", *, linked: Linked | None = None,
+                 storages: str | None = None) -> None:
         self.executable = executable
         # the executable as machine code in a shared library (tirpat.model.native.link), which
         # the VMs load and export copies; without it each VM's creation compiles the code
         self._linked = linked
+        # the function that allocates the storages lifted out of the entry, which then takes
+        # them as its last argument (tirpat.model.storages); None: the entry allocates its own
+        self._storages = storages
         self.backends = [(b, dict(o)) for b, o in backends]
         self.host = host
         self.inputs = list(inputs)
@@ -86,7 +92,7 @@ class CompiledModel:
         # A relax.VirtualMachine keeps its registers and frames in itself: one VM called from
         # two threads corrupts both calls (wrong results, InternalErrors, crashes). Each thread
         # makes its own on its first call (building one costs as much as a small compile).
-        self._here = threading.local()      # .vm, and .last: this thread's last (stats, starts, end)
+        self._here = threading.local()      # .vm, .storages, and .last: this thread's last (stats, starts, end)
         self._last = None                   # the last call to finish on any thread: (stats, starts, end)
         # backend sessions kept between calls ({backend: session}, one set per concurrent call)
         self._kept_sessions: list[dict] = []
@@ -109,11 +115,15 @@ class CompiledModel:
         return getattr(self._here, "last", None) or self._last
 
     def _vm(self):
+        """This thread's VM, and the arguments its entry takes after the model's inputs."""
         vm = getattr(self._here, "vm", None)
         if vm is None:
             runnable = self.executable if self._linked is None else self._linked.module
-            vm = self._here.vm = relax.VirtualMachine(runnable, tvm.cpu())
-        return vm
+            vm = relax.VirtualMachine(runnable, tvm.cpu())
+            # the entry's storages, allocated once for this VM: the same addresses every call
+            self._here.storages = () if self._storages is None else (vm[self._storages](),)
+            self._here.vm = vm
+        return vm, self._here.storages
 
     def _check(self, args) -> list:
         if len(args) != len(self.inputs):
@@ -174,7 +184,7 @@ class CompiledModel:
                     if session.options is None:
                         session.options = dict(opts)    # the backend made it for opts: it says so
                     stack.enter_context(session.running())
-            vm = self._vm()
+            vm, storages = self._vm()
             # layers are measured on the statistics that count cycles (describe_stats)
             counted = [(n, s) for n, s in sessions.items() if hasattr(getattr(s, "stats", None), "cycles")]
             # the sessions this call entered hear each partition start: which layer the device's work is
@@ -182,7 +192,7 @@ class CompiledModel:
             for session in listening:
                 session.on_partition = lambda name: started.append((name, cycles_now()))
             try:
-                out = invoke(vm[self.entry], *tensors)     # a device's error arrives as itself
+                out = invoke(vm[self.entry], *tensors, *storages)     # a device's error arrives as itself
             except device.OptionsMismatch as err:
                 raise self._options_mismatch(err) from None
             finally:
@@ -271,7 +281,7 @@ class CompiledModel:
         if path.exists() and not path.is_file():        # a zip archive is written with seeks: not to a device
             raise ValueError(f"{path}: not a regular file, so a model cannot be written there")
         manifest = {
-            "format": FORMAT, "entry": self.entry, "host": dict(self.host.export()),
+            "format": FORMAT, "entry": self.entry, "storages": self._storages, "host": dict(self.host.export()),
             "backends": [{"name": b.name, "options": o} for b, o in self.backends],
             "inputs": [{"name": i.name, "shape": list(i.shape), "dtype": i.dtype} for i in self.inputs],
             "report": self.report.to_json(),
@@ -405,6 +415,9 @@ def load(path) -> CompiledModel:
             entries = [(entry["name"], entry["options"]) for entry in manifest["backends"]]
             inputs = [Input(i["name"], tuple(i["shape"]), i["dtype"]) for i in manifest["inputs"]]
             report = ModelReport.from_json(manifest["report"])
+            storages = manifest.get("storages")     # a file written before storages were lifted has none
+            if storages is not None and not isinstance(storages, str):
+                raise TypeError(f"'storages' is a JSON {type(storages).__name__}, not a string")
         except (KeyError, TypeError, ValueError) as err:
             raise ValueError(f"{path}: its manifest is malformed ({type(err).__name__}: {err})") from None
         try:
@@ -421,7 +434,7 @@ def load(path) -> CompiledModel:
         except BackendNotFound as err:
             raise BackendNotFound(f"{path} was compiled for a backend this process lacks: {err}") from None
         backends.append((backend, backend.resolve(options)))
-    model = CompiledModel(executable, backends, host, inputs, report, manifest["entry"])
+    model = CompiledModel(executable, backends, host, inputs, report, manifest["entry"], storages=storages)
     model.source = path     # its code checks the manifest's backend options when it runs
     return model
 

@@ -92,6 +92,9 @@ class Record:
     #: them apart: :mod:`tirpat.model.native`)
     take_offloaded: bool = False
     offloaded: object = None                          # IRModule of the offloaded PrimFuncs taken
+    #: the function that allocates the storages lifted out of the entry
+    #: (:func:`tirpat.model.storages.lift_storages`), None when none were
+    storages: str | None = None
 
 
 #: The runtime function every offloaded PrimFunc calls first, with its name, its backend, the
