@@ -238,22 +238,3 @@ def test_report_says_when_the_device_macs_include_padding():
     ex, s = run(func, inputs, reference, np.random.default_rng(3))
     assert s.stats.macs > ex.report.total_macs
     assert f"the device executes {s.stats.macs:,} MACs" in str(ex.report)
-
-
-def test_an_epilogue_is_inlined_once_and_the_trace_keeps_it(monkeypatch):
-    """The epilogue the scheduler tries on a copy of the schedule is kept as it is (not inlined
-    a second time on the schedule), its primitives in the schedule's trace (a tuner's design
-    space reads it) as if they had been applied to the schedule itself."""
-    from tvm import ir, s_tir
-
-    from accel.compiler import schedule as sched
-
-    func, _, _ = workload("dense", 32, 32, 32, "requant_saturate")
-    tried = []
-    inline = sched._inline_epilogue
-    monkeypatch.setattr(sched, "_inline_epilogue", lambda *args: tried.append(args) or inline(*args))
-    sch = s_tir.Schedule(ir.IRModule({"main": func}))
-    sched.schedule_in(sch, accel.Config())
-    assert len(tried) == 1
-    # the bias add inlined into the requantise: the trial's primitive, on the schedule's trace
-    assert [inst.kind.name for inst in sch.trace.insts].count("ComputeInline") >= 1
