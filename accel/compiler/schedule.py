@@ -1225,13 +1225,8 @@ def _epilogue(sch, gemm, stop):
     # blocks Relax made. Inlined into one loop, LLVM would see the whole chain and, its int32
     # arithmetic being "no signed wrap", drop a max after a product it takes as non-negative.
     for temporaries in _temporary_choices(sch, gemm, chain):
-        trial = sch.copy()
-        steps = _inline_epilogue(trial, chain, out, temporaries)
-        if steps is not None:
-            # the copy is what the same primitives would make of sch (its random variables
-            # and trace included): sch takes it rather than inlining the chain a second time
-            sch.__move_handle_from__(trial)
-            return chain[-1], steps, out, temporaries
+        if _inline_epilogue(sch.copy(), chain, out, temporaries) is not None:
+            return chain[-1], _inline_epilogue(sch, chain, out, temporaries), out, temporaries
     return chain[-1], None, out, []
 
 
