@@ -65,9 +65,9 @@ def tirpat_here(capsys, monkeypatch, tmp_path):
 @pytest.fixture
 def tirpat_inline(tirpat_here, monkeypatch):
     """``tirpat_inline(*args, cwd=...)``: :func:`tirpat.cli.main` in this process, in ``cwd``
-    (the test's directory again after it), as a ``CompletedProcess`` like the console
-    script's: for the variations of a case the console script covers (each subprocess starts
-    Python and imports TVM again, one to three seconds of CPU)."""
+    (the current directory from then until the test ends), as a ``CompletedProcess`` like
+    the console script's: for the variations of a case the console script covers (each
+    subprocess starts Python and imports TVM again, one to three seconds of CPU)."""
 
     def run(*args, cwd):
         monkeypatch.chdir(cwd)
