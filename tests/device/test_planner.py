@@ -50,6 +50,46 @@ def test_syncs_go_after_the_runtime_calls_and_before_the_cpu_code_and_begin_firs
     assert names == ["pt.use", "pt.use", "For", "pt.sync"]
 
 
+def _shape(body):
+    """Top-level statements of a planned body as names, a group's ``if`` as the list of its."""
+    def name(s):
+        if isinstance(s, tirx.Evaluate):
+            return s.value.args[0].value
+        if isinstance(s, tirx.IfThenElse):
+            return [name(x) for x in s.then_case.seq]
+        return type(s).__name__
+    return [name(s) for s in body.seq]
+
+
+_GROUPS = """
+@T.prim_func
+def f(T_: T.Buffer((16,), "int8"), X: T.Buffer((16,), "int8"), Y: T.Buffer((16,), "int8")):
+    T.call_packed("pt.use", 0, T_)
+    tmp = T.alloc_buffer((16,), "int8")
+    for i in range(16):
+        {cpu}
+    T.call_packed("pt.use", 0, tmp, Y)
+"""
+
+
+def test_cpu_code_apart_from_the_pending_calls_runs_before_them_in_one_group():
+    # an im2col (X into tmp) after an activation table's load: one group, one sync
+    func = tvm.script.from_source(_GROUPS.format(cpu="tmp[i] = X[15 - i] + T.int8(1)"))
+    assert _shape(planner().plan(func).body) == ["pt.begin", "AllocBuffer", "For",
+                                                 ["pt.use", "pt.use", "pt.sync"]]
+
+
+@pytest.mark.parametrize("cpu", [
+    "tmp[i] = T_[i]",                                     # reads what the pending call uses
+    "T_[i] = X[i]",                                       # writes it
+    "tmp[i] = T.call_extern('int8', 'peek', X.data, i)",  # an outside function could touch anything
+], ids=["reads its buffer", "writes its buffer", "calls a function"])
+def test_cpu_code_that_may_share_memory_with_the_pending_calls_waits_for_their_sync(cpu):
+    func = tvm.script.from_source(_GROUPS.format(cpu=cpu))
+    assert _shape(planner().plan(func).body) == ["pt.begin", "AllocBuffer", ["pt.use", "pt.sync"], "For",
+                                                 ["pt.use", "pt.sync"]]
+
+
 def test_functions_without_runtime_calls_are_left_alone():
     @T.prim_func
     def cpu(X: T.Buffer((8,), "int32")):

@@ -195,6 +195,14 @@ class ScratchpadPlanner:
                 group.append(s)
             elif group and not self._touches_memory(s):
                 group.append(s)     # an allocation or a no-op does not need the results
+            elif group and self._apart(s, calls := [g for g in group if self.calls_runtime(g)], defined):
+                # CPU code that shares no buffer with the pending calls (an im2col after an
+                # activation table's load) runs first, after the group's allocations (which
+                # it may use): the group goes on past it, one stream and one sync where a
+                # sync before it would split the device's work in two
+                out.extend(g for g in group if not any(g is c for c in calls))
+                group[:] = calls
+                out.append(s)
             else:
                 close()
                 out.append(s)
@@ -235,6 +243,39 @@ class ScratchpadPlanner:
         tvm_ffi.structural_walk(stmt, [(tirx.BufferStore, lambda s: check(s.buffer, s)),
                                        (ir.TensorLoad, lambda l: check(l.source, l))])
 
+    def _apart(self, stmt, calls: list, defined: set) -> bool:
+        """True when CPU code ``stmt`` may run before the statements ``calls`` of a group (its
+        program-order predecessors, not yet synced): the memory it names is parameters'
+        and allocations' (``defined``, or allocated inside it), none of it the group's
+        (a pointer bound elsewhere could alias anything), and it calls nothing that could
+        act on memory or on the runtime otherwise (only operators that at most read state,
+        no function of the module or outside it)."""
+        used = self._buffer_vars(calls)
+        inside: set = set()
+        tvm_ffi.structural_walk(stmt, (tirx.AllocBuffer, lambda a: inside.add(a.buffer.data.__chandle__())))
+
+        def blocks(node):
+            if isinstance(node, ir.Call):
+                effect = node.op.get_attr("TCallEffectKind") if isinstance(node.op, ir.Op) else None
+                if effect is None or int(effect) > _READS_STATE:
+                    return tvm_ffi.VisitInterrupt(node)
+            elif tirx.is_buffer_var(node):
+                handle = node.__chandle__()
+                if handle in used or (handle not in defined and handle not in inside):
+                    return tvm_ffi.VisitInterrupt(node)
+            return None
+
+        return tvm_ffi.structural_walk(stmt, [(ir.Call, blocks), (ir.Var, blocks)]) is None
+
+    @staticmethod
+    def _buffer_vars(stmts: list) -> set:
+        """The handles of the buffer variables ``stmts`` name."""
+        found: set = set()
+        for s in stmts:
+            tvm_ffi.structural_walk(s, (ir.Var, lambda v: found.add(v.__chandle__()) if tirx.is_buffer_var(v)
+                                        else None))
+        return found
+
     def _touches_memory(self, stmt) -> bool:
         found = []
         tvm_ffi.structural_walk(stmt, [(tirx.BufferStore, found.append), (ir.TensorLoad, found.append),
@@ -246,6 +287,8 @@ _BINARY = tuple(getattr(tirx, n) for n in (
     "Add", "Sub", "Mul", "Div", "Mod", "FloorDiv", "FloorMod", "Min", "Max", "EQ", "NE", "LT", "LE", "GT", "GE",
     "And", "Or", "LShift", "RShift", "BitwiseAnd", "BitwiseOr", "BitwiseXor"))
 _UNARY = (tirx.Not, tirx.BitwiseNot)
+# TVM's CallEffectKind of an operator that at most reads state (annotation 0, pure 1, read 2)
+_READS_STATE = 2
 # calls that compute a value from their arguments alone (a host buffer's DLTensor among them)
 _PURE_CALLS = frozenset(("tirx.tvm_stack_make_array", "tirx.tvm_stack_make_shape", "tirx.buffer_data",
                          "prim.if_then_else", "prim.likely"))
