@@ -17,7 +17,10 @@ A backend's rules rewrite loop nests into calls of its runtime functions
   rewrote (naming the statement), a scratchpad buffer handed on as host memory (not
   through ``access_ptr``), a runtime call in a ``parallel`` loop, and CPU code touching a
   host buffer between the runtime calls that use it and their sync;
-- inserts ``<prefix>.sync()`` after each run of top-level statements that call the runtime,
+- inserts ``<prefix>.sync()`` after each run of top-level statements that call the runtime
+  (CPU code after a run that names none of its buffers, only memory of parameters and
+  allocations, and calls no function runs before it instead, so that the runs around it are
+  one: an im2col between an activation table's load and the convolution that uses it),
   and ``<prefix>.begin()`` first (see :meth:`tirpat.device.Runtime.begin`: what a call that
   failed in host code left pending is discarded, even when calls come from one line);
 - asks the runtime first, for each such run (a *group*) that is *static*, whether it can
