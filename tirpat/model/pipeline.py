@@ -478,11 +478,29 @@ def _dispatch_one(gv: ir.GlobalVar, func: tirx.PrimFunc, record: Record | None) 
         return func.without_attr(BACKEND_ATTR)
     # a marker first, so that a run can tell which partition the device's work belongs to
     # and what the code was built for, checked against the sessions that run it
+    runtimes = _runtime_prefixes(done)
     marker = tirx.Evaluate(tirx.call_packed(PARTITION_MARKER, partition, backend,
-                                            str(func.attrs.get(OPTIONS_ATTR, "{}")), _runtime_prefixes(done)))
+                                            str(func.attrs.get(OPTIONS_ATTR, "{}")), runtimes))
     if record is not None:
         record.rules[partition] = counts
-    return done.with_body(tirx.SeqStmt([marker, done.body]))
+    return done.with_body(tirx.SeqStmt([marker, _without_begins(done.body, runtimes)]))
+
+
+def _without_begins(body, runtimes: str):
+    """``body`` without its calls of ``<prefix>.begin()`` for the runtimes ``runtimes`` names
+    (a planner puts one first): the partition's marker begins each of them
+    (:func:`_on_partition`), with the options the code was built for, one callback instead of
+    one more per runtime on every call."""
+    begins = {f"{prefix}.begin" for prefix in runtimes.split(",") if prefix}
+
+    def on_evaluate(node, mutator):
+        call = node.value
+        if isinstance(call, ir.Call) and call.op.name == "tirx.tvm_call_packed" and len(call.args) == 1 \
+                and isinstance(call.args[0], ir.StringImm) and call.args[0].value in begins:
+            return tirx.Evaluate(tirx.IntImm("int32", 0))
+        return node
+
+    return tvm_ffi.structural_mutate(body, (tirx.Evaluate, on_evaluate))
 
 
 def _lowered_by(backend: str, opts_text: str, gv: ir.GlobalVar, func: tirx.PrimFunc) -> tuple:
