@@ -22,6 +22,7 @@
 Each offloaded PrimFunc starts with a call of :data:`PARTITION_MARKER` that carries its backend
 options: the device runtimes it calls refuse a session made for other ones
 (:meth:`tirpat.device.Runtime.begin`), so the code runs only under the options it was built for.
+It begins them in place of the ``<prefix>.begin()`` a planner puts first, which is dropped.
 
 >>> t = "accel, llvm"
 >>> ex = tvm.compile(mod, "llvm", relax_pipeline=tp.relax_pipeline(t), tir_pipeline=tp.TIR_PIPELINE)  # doctest: +SKIP
