@@ -51,6 +51,7 @@ from .host_loops import host_loops
 from .partition import (BACKEND_ATTR, OPTIONS_ATTR, PARTITION_ATTR, PartitionOrigin, Partitioner, as_target,
                         options_text, origin_of, tagged)
 from .prepack import split_layout_stages
+from .scratch import scratch_outputs, scratch_params
 from .report import SCHEDULE_NOTES
 from ..tir.lowering import lower_blocks
 from ..tir.pipeline import registered, tir_pipeline
@@ -209,6 +210,7 @@ def lower_partitions(records=None, *, record: Record | None = None) -> tvm.trans
     @tvm.transform.module_pass(opt_level=0, name="tirpat.LowerPartitions")
     def run(mod: ir.IRModule, ctx) -> ir.IRModule:
         bases: dict = {}        # a call site's copy -> the partition it computes
+        widened: list = []      # the partitions whose scratch buffers became parameters
         mod, tags = _legalized(mod, bases)
         if not tags:
             return mod
@@ -223,8 +225,12 @@ def lower_partitions(records=None, *, record: Record | None = None) -> tvm.trans
                 func = with_records(records, func, name, opts, gv.name_hint, record)
             # a copy for other scalar constants is the same partition: its layer is named as the partition
             origin = PartitionOrigin(bases.get(gv.name_hint, gv.name_hint), tuple(str(c.op.name) for c in ops))
-            scheduled = schedule_for(func, name, opts, gv.name_hint, record, origin)
+            scheduled = schedule_for(func, name, opts, gv.name_hint, record, origin, scratch=True)
             mod[gv] = func.with_attr("op_pattern", KOPAQUE) if scheduled is None else scheduled
+            if scheduled is not None and len(scheduled.params) > len(func.params):
+                widened.append(gv.name_hint)
+        # the calls allocate the scratch buffers that schedule_for made parameters
+        mod = scratch_outputs(mod, widened)
         mod, folded = split_layout_stages(mod)
         if record is not None:
             record.folded.update(folded)
@@ -256,12 +262,15 @@ def with_records(records, func: tirx.PrimFunc, backend: str, opts: dict, functio
 
 
 def schedule_for(func: tirx.PrimFunc, backend: str, opts: dict, function: str, record: Record | None = None,
-                 origin: PartitionOrigin | None = None) -> tirx.PrimFunc | None:
+                 origin: PartitionOrigin | None = None, *, scratch: bool = False) -> tirx.PrimFunc | None:
     """``func`` scheduled by ``backend`` (its ``schedule`` hook, with the resolved ``opts``),
     tagged for the TIR pipeline's dispatch and opaque to fusion; None when the schedule
     raised (the partition ``function`` runs on the host, ``record`` says why), unless
     ``record.fall_back`` is False (then it raises). ``origin``: the Relax partition it
     computes, for :data:`~tirpat.model.partition.PARTITION_ATTR` (none for a TIR workload).
+    ``scratch``: the host buffers the scheduled function allocates become parameters after
+    its own (:func:`~tirpat.model.scratch.scratch_params`), which its callers must allocate
+    (:func:`~tirpat.model.scratch.scratch_outputs`).
 
     >>> f = schedule_for(func, "accel", tp.backends()["accel"].resolve({}), "main")      # doctest: +SKIP
     >>> f.attrs[BACKEND_ATTR]                                                            # doctest: +SKIP
@@ -274,6 +283,8 @@ def schedule_for(func: tirx.PrimFunc, backend: str, opts: dict, function: str, r
             raise
         _fell_back(record, function, backend, "its schedule", err)
         return None
+    if scratch:     # before the trial below, so that the dispatch finds it for the same function
+        scheduled = scratch_params(scheduled)
     if _calls_device(scheduled):
         # A schedule that already emits the device's calls leaves nothing the CPU could run if
         # the TIR stages later refuse it (the dispatch's fallback lowers the scheduled PrimFunc
