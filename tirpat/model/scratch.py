@@ -20,20 +20,7 @@ parallel), one in another scope (a device's memory), the output of a weight layo
 (:mod:`tirpat.model.prepack` makes that a parameter itself), and every buffer of a function
 with a parameter that is not a buffer.
 
->>> from tvm.script import tirx as T
->>> @T.prim_func(s_tir=True)
-... def twice(a: T.Buffer((4,), "int32"), b: T.Buffer((4,), "int32")):
-...     t = T.alloc_buffer((4,), "int32")
-...     for i in range(4):
-...         with T.sblock("t"):
-...             vi = T.axis.remap("S", [i])
-...             t[vi] = a[vi] + a[vi]
-...     for i in range(4):
-...         with T.sblock("b"):
-...             vi = T.axis.remap("S", [i])
-...             b[vi] = t[vi]
->>> [p.name for p in scratch_params(twice).params]
-['a', 'b', 't']
+>>> model = tp.build(mod, "accel, llvm")       # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -53,7 +40,15 @@ def scratch_params(func: tirx.PrimFunc) -> tirx.PrimFunc:
     """``func`` (a scheduled PrimFunc, in block form) with the host buffers of constant size
     that its root block allocates (in its ``alloc_buffers`` or by a statement of its body's
     top level) as parameters after its own (see the module docstring); ``func`` itself when
-    it has none, or has a parameter that is not a buffer."""
+    it has none, or has a parameter that is not a buffer.
+
+    >>> from tvm import te
+    >>> a = te.placeholder((4,), "int32", name="a")
+    >>> t = te.compute((4,), lambda i: a[i] + a[i], name="t")
+    >>> func = te.create_prim_func([a, te.compute((4,), lambda i: t[i] * 2, name="b")])
+    >>> [p.name for p in scratch_params(func).params]
+    ['a', 'b', 't']
+    """
     realize = func.body
     if not isinstance(realize, s_tir.SBlockRealize) or not all(tirx.is_buffer_var(p) for p in func.params):
         return func
@@ -95,40 +90,58 @@ def scratch_outputs(mod: ir.IRModule, functions) -> ir.IRModule:
     """``mod`` with each ``call_tir`` of the PrimFuncs named in ``functions`` passing the
     parameters :func:`scratch_params` added (those after the call's inputs and outputs) as
     more outputs: the call returns a tuple, from which its binding takes what it returned
-    before.
+    before. Each of those PrimFuncs gets a new GlobalVar of the same name, typed with its
+    parameters (a GlobalVar's type is its function's when it was added).
 
+    >>> from tvm import te
+    >>> a = te.placeholder((4,), "int32", name="a")
+    >>> t = te.compute((4,), lambda i: a[i] + a[i], name="t")
+    >>> func = te.create_prim_func([a, te.compute((4,), lambda i: t[i] * 2, name="b")])
     >>> bb = relax.BlockBuilder()
     >>> x = relax.Var("x", relax.TensorType((4,), "int32"))
     >>> with bb.function("main", [x]):
-    ...     y = bb.emit(relax.call_tir(bb.add_func(scratch_params(twice), "twice"), [x],
-    ...                                relax.TensorType((4,), "int32")))
+    ...     y = bb.emit(relax.call_tir(bb.add_func(func, "double"), [x], relax.TensorType((4,), "int32")))
     ...     _ = bb.emit_func_output(y)
-    >>> scratch_outputs(bb.get(), ["twice"])["main"].ret_ty
-    R.Tensor((4,), dtype="int32")
+    >>> mod = bb.get()
+    >>> mod["double"] = scratch_params(func)
+    >>> print(scratch_outputs(mod, ["double"])["main"].script())   # doctest: +ELLIPSIS
+    # from tvm.script import relax as R
+    ...
+        gv = R.call_tir(double, (x,), out_ty=[R.Tensor((4,), dtype="int32"), R.Tensor((4,), dtype="int32")])
+        gv_1: R.Tensor((4,), dtype="int32") = gv[0]
+        return gv_1
     """
     names = set(functions)
     if not names:
         return mod
     from tvm.relax.dpl import is_op, rewrite_call, wildcard
 
+    mod = mod.clone()
+    widened = {}
+    for name in names:
+        gv = mod.get_global_var(name)
+        widened[name] = mod[gv]
+        del mod[gv]
+    builder = relax.BlockBuilder(mod)
+    fresh = {name: builder.add_func(func, name) for name, func in widened.items()}
+    mod = builder.get()
+
     def with_scratch(call, _):
         gv = call.args[0]
-        if not call.op.same_as(_CALL_TIR) or gv.name_hint not in names:
+        # rewrite_call runs to a fixed point: a call already repointed is left alone
+        if not call.op.same_as(_CALL_TIR) or gv.name_hint not in fresh or gv.same_as(fresh[gv.name_hint]):
             return call
         (out,) = call.ty_args
         outs = list(out.fields) if isinstance(out, relax.TupleType) else [out]
-        params = mod[gv].params
-        extra = params[len(call.args[1].fields) + len(outs):]
-        if not extra:
-            return call
+        extra = widened[gv.name_hint].params[len(call.args[1].fields) + len(outs):]
         scratch = [relax.TensorType([int(d) for d in b.shape], str(b.dtype)) for b in extra]
-        both = relax.Call(call.op, list(call.args), call.attrs, [relax.TupleType(outs + scratch)])
+        both = relax.Call(call.op, [fresh[gv.name_hint], *call.args[1:]], call.attrs,
+                          [relax.TupleType(outs + scratch)])
         if isinstance(out, relax.TupleType):
             return relax.Tuple([relax.TupleGetItem(both, n) for n in range(len(outs))])
         return relax.TupleGetItem(both, 0)
 
     pattern = is_op("relax.call_tir")(wildcard(), wildcard())
-    mod = mod.clone()
     for gv, func in list(mod.functions.items()):
         if isinstance(func, relax.Function):
             mod[gv] = rewrite_call(pattern, with_scratch, func)
