@@ -5,7 +5,9 @@
   ``FuseTIR``; the scalar constants a call passes become immediates, in a PrimFunc of its own
   for each distinct set of them when one PrimFunc serves several calls), hands it to its
   backend's ``schedule`` and marks it opaque to TVM's fusion
-  (``op_pattern`` kOpaque, else ``FuseOps`` would merge it with its neighbours); a weight
+  (``op_pattern`` kOpaque, else ``FuseOps`` would merge it with its neighbours); the host
+  buffers the scheduled PrimFunc allocates become outputs of its calls, which Relax's memory
+  planning places (:mod:`tirpat.model.scratch`); a weight
   layout stage the schedule marked (``meta_schedule.layout_rewrite_preproc``, as
   meta_schedule's layout rewriting does) becomes a function of its own, which runs at
   compile time when the weight is a constant (:mod:`tirpat.model.prepack`). The rest of the
