@@ -25,7 +25,6 @@ with a parameter that is not a buffer.
 
 from __future__ import annotations
 
-import tvm
 import tvm_ffi
 from tvm import ir, relax, s_tir, tirx
 
@@ -111,7 +110,7 @@ def scratch_outputs(mod: ir.IRModule, functions) -> ir.IRModule:
         gv_1: R.Tensor((4,), dtype="int32") = gv[0]
         return gv_1
     """
-    names = set(functions)
+    names = list(dict.fromkeys(functions))       # in their order, so that builds are alike
     if not names:
         return mod
     from tvm.relax.dpl import is_op, rewrite_call, wildcard
