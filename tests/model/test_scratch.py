@@ -201,6 +201,7 @@ def _mixed(a: T.Buffer((16,), "int8"), w: T.Buffer((16,), "int8"), b: T.Buffer((
     kept_device = T.alloc_buffer((16,), "int8", scope="local.accel_inp")
     staged = T.alloc_buffer((16,), "int8")
     copy = T.alloc_buffer((16,), "int8")
+    dead = T.alloc_buffer((16,), "int8")
     for i in range(16):
         with T.sblock("stage"):
             vi = T.axis.remap("S", [i])
@@ -210,6 +211,7 @@ def _mixed(a: T.Buffer((16,), "int8"), w: T.Buffer((16,), "int8"), b: T.Buffer((
         with T.sblock("copy"):
             vi = T.axis.remap("S", [i])
             copy[vi] = a[vi] + staged[vi]
+            dead[vi] = a[vi]
     for i in range(16):
         with T.sblock("inp"):
             vi = T.axis.remap("S", [i])
@@ -232,13 +234,14 @@ def _mixed(a: T.Buffer((16,), "int8"), w: T.Buffer((16,), "int8"), b: T.Buffer((
 
 def test_only_the_roots_host_buffers_of_constant_size_become_parameters():
     """A device memory's buffer, a weight layout stage's output (prepack makes it a
-    parameter itself) and a buffer allocated inside a loop's block stay allocations."""
+    parameter itself), a buffer nothing reads (dead stores) and a buffer allocated inside a
+    loop's block stay allocations."""
     widened = scratch_params(_mixed)
     assert [p.name for p in widened.params] == ["a", "w", "b", "copy"]
     allocated = []
     tvm_ffi.structural_walk(widened.body, [(tirx.AllocBuffer, lambda s: allocated.append(s.buffer.name)),
                                            (s_tir.SBlock, lambda blk: allocated.extend(x.name for x in blk.alloc_buffers))])
-    assert sorted(allocated) == ["inner", "kept_device", "staged"]
+    assert sorted(allocated) == ["dead", "inner", "kept_device", "staged"]
 
 
 def test_a_function_with_a_scalar_parameter_or_symbolic_buffers_is_left_as_it_is():

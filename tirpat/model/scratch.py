@@ -16,9 +16,10 @@ memory planning then gives them storages, shared with other tensors where lifeti
 :func:`~tirpat.model.storages.lift_storages` allocates those once per VM: the same
 addresses on every call, one set per thread. Left as allocations: a buffer of symbolic
 size, one allocated below the function's root block (inside a loop, which may run in
-parallel), one in another scope (a device's memory), the output of a weight layout stage
-(:mod:`tirpat.model.prepack` makes that a parameter itself), and every buffer of a function
-with a parameter that is not a buffer.
+parallel), one in another scope (a device's memory), one nothing reads (dead stores, which
+TVM's lowering drops), the output of a weight layout stage (:mod:`tirpat.model.prepack`
+makes that a parameter itself), and every buffer of a function with a parameter that is not
+a buffer.
 
 >>> model = tp.build(mod, "accel, llvm")       # doctest: +SKIP
 """
@@ -54,10 +55,14 @@ def scratch_params(func: tirx.PrimFunc) -> tirx.PrimFunc:
     root = realize.block
     stmts = list(root.body.seq) if isinstance(root.body, tirx.SeqStmt) else [root.body]
     staged = _layout_stage_outputs(root)
+    read: set = set()
+    tvm_ffi.structural_walk(root.body, (ir.TensorLoad, lambda load: read.add(load.source.__chandle__())))
 
     def scratch(buf) -> bool:
+        # a buffer nothing reads stays: its stores are dead, and TVM's lowering drops them
+        # (as an output, the work that feeds it would be kept)
         return buf.scope() in ("", "global") and all(isinstance(d, tirx.IntImm) for d in buf.shape) \
-            and buf.__chandle__() not in staged
+            and buf.__chandle__() not in staged and buf.__chandle__() in read
 
     moved = [b for b in root.alloc_buffers if scratch(b)]
     moved += [s.buffer for s in stmts if isinstance(s, tirx.AllocBuffer) and scratch(s.buffer)]
