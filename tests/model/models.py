@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+from typing import Callable
+
 import numpy as np
 import tvm
 from tvm import relax
@@ -181,3 +184,25 @@ def onnx_mlp(batch: int, features: int, hidden: int, classes: int, seed: int = 0
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     onnx.checker.check_model(model)
     return model
+
+
+def in_threads(worker: Callable[[int], None], n: int, timeout: float = 300) -> None:
+    """``worker(k)`` for each ``k`` in ``range(n)``, each on a thread of its own, all released
+    together; fails, naming the thread, when one raised or did not finish within ``timeout`` s."""
+    start = threading.Barrier(n, timeout=60)
+    errors = []
+
+    def run(k):
+        try:
+            start.wait()
+            worker(k)
+        except BaseException as err:  # noqa: BLE001 - reported below, with its thread
+            errors.append((k, repr(err)))
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=timeout)
+    assert not any(t.is_alive() for t in threads), f"a thread did not finish within {timeout} s"
+    assert errors == []

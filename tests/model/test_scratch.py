@@ -2,7 +2,6 @@
 its call, which Relax plans and the model allocates once per VM (tirpat.model.scratch): from
 the second call on, accel replays every stream on the hosts it was bound to."""
 
-import threading
 import warnings
 from unittest import mock
 
@@ -23,6 +22,7 @@ from tirpat.model.prepack import PREPROC
 from tirpat.model.scratch import scratch_params
 from tirpat.testing.differential import llvm_reference
 from tirpat.testing.int8_models import int8_models
+from models import in_threads
 
 
 def _requantise(bb, y, shift: int = 9):
@@ -157,41 +157,30 @@ def test_two_threads_never_share_a_scratch_buffer(model, reference):
     allocates in a call (scratch buffers and intermediates, not the results) are at
     addresses the other's never uses, and every result is llvm's."""
     scratch = _scratch_outputs(MODEL)
-    start = threading.Barrier(2, timeout=60)
     made = {0: set(), 1: set()}
     per_call = {0: [], 1: []}
-    errors = []
 
     def worker(k):
-        try:
-            vm, storages = model._vm()
-            seen: list = []
+        vm, storages = model._vm()
+        seen: list = []
 
-            def instrument(func, symbol, before, result, *args):
-                if not before and symbol == "vm.builtin.alloc_tensor":
-                    seen.append(result.data_ptr())
+        def instrument(func, symbol, before, result, *args):
+            if not before and symbol == "vm.builtin.alloc_tensor":
+                seen.append(result.data_ptr())
 
-            vm.set_instrument(instrument)
-            x = _input(10 + k)
-            want = reference(x)[0]
-            start.wait()
-            for _ in range(8):
-                seen.clear()
-                out = invoke(vm[model.entry], tvm.runtime.tensor(x), *storages)
-                np.testing.assert_array_equal(out.numpy(), want)
-                inside = [p for p in seen if p != out.data_ptr()]
-                per_call[k].append(len(inside))
-                made[k].update(inside)
-            vm.set_instrument(None)
-        except BaseException as err:  # noqa: BLE001 - reported below, with its thread
-            errors.append((k, repr(err)))
+        vm.set_instrument(instrument)
+        x = _input(10 + k)
+        want = reference(x)[0]
+        for _ in range(8):
+            seen.clear()
+            out = invoke(vm[model.entry], tvm.runtime.tensor(x), *storages)
+            np.testing.assert_array_equal(out.numpy(), want)
+            inside = [p for p in seen if p != out.data_ptr()]
+            per_call[k].append(len(inside))
+            made[k].update(inside)
+        vm.set_instrument(None)
 
-    threads = [threading.Thread(target=worker, args=(k,)) for k in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=300)
-    assert not any(t.is_alive() for t in threads) and errors == []
+    in_threads(worker, 2)
     assert min(per_call[0] + per_call[1]) >= scratch
     assert made[0] and made[1] and not made[0] & made[1]
 
