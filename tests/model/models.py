@@ -205,4 +205,4 @@ def in_threads(worker: Callable[[int], None], n: int, timeout: float = 300) -> N
     for t in threads:
         t.join(timeout=timeout)
     assert not any(t.is_alive() for t in threads), f"a thread did not finish within {timeout} s"
-    assert errors == []
+    assert errors == [], errors

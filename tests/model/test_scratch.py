@@ -159,6 +159,8 @@ def test_two_threads_never_share_a_scratch_buffer(model, reference):
     scratch = _scratch_outputs(MODEL)
     made = {0: set(), 1: set()}
     per_call = {0: [], 1: []}
+    inputs = [_input(10 + k) for k in range(2)]
+    wants = [reference(x)[0] for x in inputs]       # before: the reference's VM is not the threads' to share
 
     def worker(k):
         vm, storages = model._vm()
@@ -169,8 +171,7 @@ def test_two_threads_never_share_a_scratch_buffer(model, reference):
                 seen.append(result.data_ptr())
 
         vm.set_instrument(instrument)
-        x = _input(10 + k)
-        want = reference(x)[0]
+        x, want = inputs[k], wants[k]
         for _ in range(8):
             seen.clear()
             out = invoke(vm[model.entry], tvm.runtime.tensor(x), *storages)
