@@ -231,10 +231,7 @@ class ScratchpadPlanner:
         return [*moved, tirx.IfThenElse(tirx.EQ(ask, tirx.IntImm("int32", 0)), then, None)]
 
     def _check_cpu_hazards(self, stmt, name):
-        shared = {}
-        for c in self.runtime_calls(stmt):
-            tvm_ffi.structural_walk(c, (ir.Var, lambda v: shared.__setitem__(v.__chandle__(), v)
-                                        if tirx.is_buffer_var(v) else None))
+        shared = self._buffer_vars(self.runtime_calls(stmt))
         if not shared:
             return
 
@@ -271,11 +268,11 @@ class ScratchpadPlanner:
         return tvm_ffi.structural_walk(stmt, [(ir.Call, blocks), (ir.Var, blocks)]) is None
 
     @staticmethod
-    def _buffer_vars(stmts: list) -> set:
-        """The handles of the buffer variables ``stmts`` name."""
+    def _buffer_vars(nodes: list) -> set:
+        """The handles of the buffer variables ``nodes`` (statements, calls) name."""
         found: set = set()
-        for s in stmts:
-            tvm_ffi.structural_walk(s, (ir.Var, lambda v: found.add(v.__chandle__()) if tirx.is_buffer_var(v)
+        for node in nodes:
+            tvm_ffi.structural_walk(node, (ir.Var, lambda v: found.add(v.__chandle__()) if tirx.is_buffer_var(v)
                                         else None))
         return found
 

@@ -25,7 +25,7 @@ from tvm import ir, relax, s_tir, tirx
 from .partition import BACKEND_ATTR, OPTIONS_ATTR, PARTITION_ATTR, PartitionOrigin, origin_of, tagged
 from .report import SCHEDULE_NOTES
 
-__all__ = ["split_layout_stages", "evaluate", "Unsupported", "calls", "PREPROC"]
+__all__ = ["split_layout_stages", "layout_stages", "evaluate", "Unsupported", "calls", "PREPROC"]
 
 #: The block annotation (meta_schedule's layout rewriting) that marks a layout stage.
 PREPROC = "meta_schedule.layout_rewrite_preproc"
@@ -43,10 +43,19 @@ def calls(func, op_name: str) -> list:
     return out
 
 
-def _has_preproc(func) -> bool:
-    found = []
-    tvm_ffi.structural_walk(func.body, (s_tir.SBlock, lambda b: found.append(b) if PREPROC in b.annotations else None))
-    return bool(found)
+def layout_stages(stmt) -> list:
+    """The blocks under ``stmt`` that a schedule marked as weight layout stages (:data:`PREPROC`).
+
+    >>> from tvm import te
+    >>> a = te.placeholder((4,), "int8", name="a")
+    >>> sch = s_tir.Schedule(te.create_prim_func([a, te.compute((4,), lambda i: a[3 - i], name="b")]))
+    >>> sch.annotate(sch.get_sblock("b"), PREPROC, 1)
+    >>> [block.name_hint for block in layout_stages(sch.mod["main"].body)]
+    ['b']
+    """
+    found: list = []
+    tvm_ffi.structural_walk(stmt, (s_tir.SBlock, lambda b: found.append(b) if PREPROC in b.annotations else None))
+    return found
 
 
 def split_layout_stages(mod: ir.IRModule) -> tuple[ir.IRModule, dict]:
@@ -57,12 +66,12 @@ def split_layout_stages(mod: ir.IRModule) -> tuple[ir.IRModule, dict]:
     :data:`~tirpat.model.partition.PARTITION_ATTR` gives, else the tagged function's), the
     names of the stage blocks that ran at compile time.
     """
-    if not any(isinstance(f, tirx.PrimFunc) and tagged(f) is not None and _has_preproc(f)
+    if not any(isinstance(f, tirx.PrimFunc) and tagged(f) is not None and layout_stages(f.body)
                for f in mod.functions.values()):
         return mod, {}
     for gv, func in list(mod.functions.items()):
         if isinstance(func, tirx.PrimFunc) and tagged(func) is not None and origin_of(func) is None \
-                and _has_preproc(func):
+                and layout_stages(func.body):
             # the pass copies a function's attributes to the two it splits it into: so each
             # stage knows its partition
             mod[gv] = func.with_attr(PARTITION_ATTR, PartitionOrigin(gv.name_hint, ()).attr())

@@ -29,7 +29,7 @@ from __future__ import annotations
 import tvm_ffi
 from tvm import ir, relax, s_tir, tirx
 
-from .prepack import PREPROC
+from .prepack import layout_stages
 
 __all__ = ["scratch_params", "scratch_outputs"]
 
@@ -54,7 +54,7 @@ def scratch_params(func: tirx.PrimFunc) -> tirx.PrimFunc:
         return func
     root = realize.block
     stmts = list(root.body.seq) if isinstance(root.body, tirx.SeqStmt) else [root.body]
-    staged = _layout_stage_outputs(root)
+    staged = {w.source.__chandle__() for stage in layout_stages(root.body) for w in stage.writes}
     read: set = set()
     tvm_ffi.structural_walk(root.body, (ir.TensorLoad, lambda load: read.add(load.source.__chandle__())))
 
@@ -77,17 +77,6 @@ def scratch_params(func: tirx.PrimFunc) -> tirx.PrimFunc:
     return tirx.PrimFunc([*func.params, *moved], s_tir.SBlockRealize(realize.iter_values, realize.predicate, block),
                          func.ret_type, func.attrs)
 
-
-def _layout_stage_outputs(root: s_tir.SBlock) -> set:
-    """The buffers (handles) that the weight layout stages under ``root`` write."""
-    out: set = set()
-
-    def on_block(block):
-        if PREPROC in block.annotations:
-            out.update(w.source.__chandle__() for w in block.writes)
-
-    tvm_ffi.structural_walk(root.body, (s_tir.SBlock, on_block))
-    return out
 
 
 def scratch_outputs(mod: ir.IRModule, functions) -> ir.IRModule:
