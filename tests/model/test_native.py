@@ -36,6 +36,21 @@ def test_offloaded_partitions_are_an_llvm_module_of_their_own_at_O0(cnn_model):
     assert any(p.backend == "accel" for p in model.report.partitions)
 
 
+def test_offloaded_partitions_are_compiled_without_argument_checks(cnn_model):
+    """The offloaded partitions' code has none of the packed calling convention's argument
+    checks (their caller is the model's VM, typed by Relax); the host's functions keep theirs,
+    and a wrong input is still refused at the model's entry."""
+    mod, model = cnn_model
+    sources = [m.inspect_source("ll") for m in _tree(model.executable.mod) if m.kind == "llvm"]
+    offloaded = next(s for s in sources if "@.tvm_func.accel." in s)
+    host = next(s for s in sources if s is not offloaded)
+    assert "Mismatched type on argument #" in host
+    assert "Mismatched" not in offloaded and " arguments" not in offloaded
+    args = random_inputs(mod, np.random.default_rng(0))
+    with pytest.raises(ValueError, match="shape"):
+        model(*[a[..., :-1] for a in args])
+
+
 def test_the_model_runs_a_loaded_library_whose_vms_compile_nothing(cnn_model):
     mod, model = cnn_model
     runnable = model._linked.module
