@@ -114,21 +114,30 @@ def _on_partition(name, backend: str = "", options: str = "", runtimes: str = ""
     :attr:`~tirpat.device.Session.on_partition` listener hears the partition's name, once."""
     if not runtimes:
         return
-    built, known, heard = _options(options), device.runtimes(), []
-    for prefix in str(runtimes).split(","):
+    # once per partition and call (a hundred times a model call): what the arguments say is
+    # read once per partition, not parsed again each time
+    prefixes, built, code, text = _marker(name, backend, options, runtimes)
+    known, caller, heard = device.runtimes(), sys._getframe().f_back, []
+    for prefix in prefixes:
         runtime = known.get(prefix)
         if runtime is not None:
-            session = runtime.begin(built, f"the {backend} partition {name}", caller=sys._getframe().f_back)
-            listener = session.on_partition
+            listener = runtime.begin(built, code, caller=caller).on_partition
             if listener is not None and not any(listener is h for h in heard):
                 heard.append(listener)
     for listener in heard:
-        listener(str(name))
+        listener(text)
 
 
-@functools.lru_cache(maxsize=256)
-def _options(text: str) -> dict:
-    return json.loads(text) if text else {}
+@functools.lru_cache(maxsize=1024)
+def _marker(name, backend: str, options: str, runtimes: str) -> tuple:
+    """What a partition's marker says (:func:`_on_partition`): the prefixes of the runtimes it
+    calls, the options it was built for, how an error names it, and its name as text.
+
+    >>> _marker("f", "accel", '{"tile": 16}', "accel")
+    (('accel',), {'tile': 16}, 'the accel partition f', 'f')
+    """
+    built = json.loads(options) if options else {}
+    return tuple(str(runtimes).split(",")), built, f"the {backend} partition {name}", str(name)
 
 
 def _runtime_prefixes(func: tirx.PrimFunc) -> str:
