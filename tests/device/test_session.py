@@ -4,6 +4,7 @@ session by accident and take turns when they share one on purpose."""
 
 import contextlib
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -339,6 +340,43 @@ def test_threads_sharing_a_session_take_turns_per_stream():
     for t in threads:
         t.join(timeout=60)
     assert log == ["a1", "a2", "b1"]
+
+
+def test_a_thread_running_a_call_owns_the_session_from_stream_to_stream():
+    """Inside ``running()`` (a compiled model's call) the thread owns the session for the
+    whole call, claimed once, not at each stream: another thread's stream waits until the
+    call ends, not only until the call's first stream is synced; at the end it is free."""
+    s = VecSession()
+    log, owned = [], []
+    first_synced = threading.Event()
+
+    def call():
+        with s.running():
+            s.enqueue(lambda: log.append("call 1"))
+            s.sync()
+            owned.append(s.owned_here())
+            first_synced.set()
+            # the other thread waits for the session (or, were it free, has run its stream)
+            for _ in range(6000):
+                if s._waiting or log[-1] == "other":
+                    break
+                time.sleep(0.01)
+            s.enqueue(lambda: log.append("call 2"))
+            s.sync()
+        owned.append(s.owned_here())
+
+    def other():
+        first_synced.wait()
+        s.enqueue(lambda: log.append("other"))
+        s.sync()
+
+    threads = [threading.Thread(target=call), threading.Thread(target=other)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not any(t.is_alive() for t in threads)
+    assert log == ["call 1", "call 2", "other"] and owned == [True, False]
 
 
 def test_the_stream_of_a_thread_that_died_is_dropped_not_run():

@@ -49,7 +49,7 @@ import inspect
 import sys
 import threading
 from collections import OrderedDict
-from typing import (TYPE_CHECKING, Any, Callable, ClassVar, ContextManager, Hashable, Iterator, Mapping, Optional,
+from typing import (TYPE_CHECKING, Any, Callable, ClassVar, Hashable, Iterator, Mapping, Optional,
                     Sequence)
 
 import numpy as np
@@ -193,6 +193,7 @@ class Session:
         self._owner_thread: Optional[threading.Thread] = None
         self._free = threading.Condition(threading.Lock())
         self._waiting = 0       # threads inside claim() (the condition's lock counts them)
+        self._held_by: Optional[int] = None     # the thread inside running(), which owns the session between streams
 
     # -- the pending work (override these three for a device with its own stream) --------
     @property
@@ -347,17 +348,35 @@ class Session:
         from its previous call: forget what describes one call (its statistics), keep what
         makes the next one cheaper (streams built before). The default does nothing."""
 
-    def running(self) -> ContextManager[None]:
+    @contextlib.contextmanager
+    def running(self) -> Iterator[None]:
         """A context a compiled model (``tp.build``'s) holds around each of its calls on this
         session: a device sets up there, once per call, what each of its streams would
         otherwise set up and undo (accel: BLAS on one thread), and undoes it on the way out,
         an exception included. The default defers the garbage collector's full collections
-        (:func:`full_collections_deferred`); a subclass that holds more holds that too.
+        (:func:`full_collections_deferred`) and makes the calling thread the session's owner
+        for the whole call (:meth:`claim` once, not at each of the call's hundred streams:
+        another thread that uses the session meanwhile waits until the call ends, not only
+        until the stream ends); a subclass that holds more holds these too.
 
-        >>> with Session().running():
-        ...     pass
+        >>> s = Session()
+        >>> with s.running():
+        ...     s.owned_here()
+        True
+        >>> s.owned_here()
+        False
         """
-        return full_collections_deferred()
+        me = threading.get_ident()
+        self.claim()
+        outer, self._held_by = self._held_by, me
+        try:
+            with full_collections_deferred():
+                yield
+        finally:
+            self._held_by = outer
+            # a stream left pending stays its thread's until it is synced or discarded
+            if outer is None and self._owner == me and not self.pending:
+                self._release()
 
     # -- stream boundaries ---------------------------------------------------------------
     def sync(self) -> Any:
@@ -386,6 +405,11 @@ class Session:
         self.buffers.release_borrowed()
         self._site = None
         self._capture = None
+        if self._held_by != self._owner:    # else running() keeps it to the call's end
+            self._release()
+
+    def _release(self) -> None:
+        """The owner lets go of the session (it has nothing pending)."""
         # the thread first: a claim that sees an owner may find its thread already gone (it
         # then waits), never a new owner's thread cleared after it
         self._owner_thread = None
