@@ -32,7 +32,7 @@ from numpy.lib.stride_tricks import as_strided
 from tvm_ffi import Tensor as _FFITensor
 
 __all__ = ["BufferTable", "BoundsError", "SlotError", "tensor_view", "strided_view", "is_tensor", "host_span",
-           "raw_view"]
+           "host_spans", "raw_view"]
 
 #: A C-contiguous numpy array, or a ``tvm.runtime.Tensor`` (a DLTensor from compiled code).
 HostBuffer = Any
@@ -106,15 +106,36 @@ def host_span(host: HostBuffer) -> tuple[int, int, str]:
       ...
     TypeError: a host buffer must be a numpy array or a tvm.runtime.Tensor, got list
     """
-    if isinstance(host, np.ndarray):
-        if not host.flags.c_contiguous:
-            raise ValueError(f"host buffer {host.shape} {host.dtype} is not C-contiguous")
-        return host.__array_interface__["data"][0], host.nbytes, host.dtype.str
-    if isinstance(host, _FFITensor) and host.is_contiguous():
-        # what compiled code passes, a few times per stream a session replays: the element
-        # count and contiguity are read in C (the shape and strides tuples cost a microsecond)
-        size, kind = _DTYPES.get(host.dtype) or _dtype_key(host.dtype)
-        return host.data_ptr(), host.numel() * size, kind
+    return host_spans((host,))[0][:3]
+
+
+def host_spans(hosts: Sequence[HostBuffer]) -> list[tuple[int, int, str, bool]]:
+    """Per host buffer, :func:`host_span` and whether it may be written (a read-only numpy
+    array may not): what a session's replay compares, a few hosts a stream, a hundred streams
+    a model call (a compact tensor, what compiled code passes, is read inline: its element
+    count and contiguity in C, its dtype the one costly read).
+
+    >>> ro = np.zeros(3, np.int8); ro.flags.writeable = False
+    >>> [span[1:] for span in host_spans([np.zeros(2, np.float32), ro])]
+    [(8, '<f4', True), (3, '|i1', False)]
+    """
+    spans = []
+    for host in hosts:
+        if isinstance(host, _FFITensor) and host.is_contiguous():
+            dtype = host.dtype
+            size, kind = _DTYPES.get(dtype) or _dtype_key(dtype)
+            spans.append((host.data_ptr(), host.numel() * size, kind, True))
+        elif isinstance(host, np.ndarray):
+            if not host.flags.c_contiguous:
+                raise ValueError(f"host buffer {host.shape} {host.dtype} is not C-contiguous")
+            spans.append((host.__array_interface__["data"][0], host.nbytes, host.dtype.str, host.flags.writeable))
+        else:
+            spans.append((*_strided_span(host), True))
+    return spans
+
+
+def _strided_span(host: HostBuffer) -> tuple[int, int, str]:
+    """:func:`host_span` of a tensor that is no compact ``tvm_ffi`` tensor."""
     try:
         address, shape, dtype = host.data_ptr(), host.shape, host.dtype
     except AttributeError:
