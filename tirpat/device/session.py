@@ -55,7 +55,7 @@ from typing import (TYPE_CHECKING, Any, Callable, ClassVar, Hashable, Iterator, 
 import numpy as np
 import tvm_ffi
 
-from .buffers import BufferTable, HostBuffer, host_span, raw_view
+from .buffers import BufferTable, HostBuffer, host_spans, raw_view
 
 if TYPE_CHECKING:
     from .instr import Instruction
@@ -269,7 +269,7 @@ class Session:
             return False
         # per host: where it is and its (bytes, dtype, writability); a read-only numpy host is
         # told apart, as a stream stored for a writable one may write it
-        spans = [(*host_span(h), not isinstance(h, np.ndarray) or h.flags.writeable) for h in hosts]
+        spans = host_spans(hosts)
         variants = self._replays.get(key, ())
         for stored in variants:
             for seen, views in stored.seen:
