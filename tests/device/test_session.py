@@ -272,6 +272,36 @@ def test_a_runtime_begin_checks_the_options_the_code_was_built_for():
     assert VEC.begin(None) is VEC.default()                      # code that carries no options
 
 
+def test_read_only_options_found_to_agree_are_not_compared_again():
+    """A model's partitions all carry one read-only mapping of options (the marker's), which
+    a session with read-only options of its own compares once, not at each partition; other
+    options are still compared, and refused when they differ."""
+    from types import MappingProxyType
+
+    compared = []
+
+    class Counted(dict):
+        def __eq__(self, other):
+            compared.append(1)
+            return super().__eq__(other)
+
+    class Fixed(VecSession):
+        options = MappingProxyType(Counted(lanes=16))
+
+    runtime = device.Runtime("devtest_fixed", Fixed)
+    code = MappingProxyType({"lanes": 16})
+    with Fixed() as s:
+        assert runtime.begin(code, "f") is s
+        once = len(compared)
+        for _ in range(3):
+            assert runtime.begin(code, "f") is s
+        assert once and len(compared) == once
+        assert runtime.begin({"lanes": 16}, "g") is s and len(compared) > once     # a mapping that may change
+        with pytest.raises(device.OptionsMismatch, match="lanes=8"):
+            runtime.begin(MappingProxyType({"lanes": 8}), "h")
+        assert runtime.begin(code, "f") is s
+
+
 @T.prim_func
 def outer_calls_back(A: T.Buffer((64,), "int32"), C: T.Buffer((64,), "int32")):
     T.func_attr({"global_symbol": "main"})

@@ -49,6 +49,7 @@ import inspect
 import sys
 import threading
 from collections import OrderedDict
+from types import MappingProxyType
 from typing import (TYPE_CHECKING, Any, Callable, ClassVar, Hashable, Iterator, Mapping, Optional,
                     Sequence)
 
@@ -172,7 +173,9 @@ class Session:
     #: values), or None when it does not say. A subclass derives it from its state (accel
     #: from its Config); a session a Backend's ``session(opts)`` made says ``opts`` when the
     #: model level enters it. Code that carries its options refuses to run in a session
-    #: that says other values for any option it names, or says nothing.
+    #: that says other values for any option it names, or says nothing. A read-only mapping
+    #: (``types.MappingProxyType``) is taken to stay as it is: code carrying read-only options
+    #: found to agree with it once is not compared again (assign new options to change them).
     options: Optional[Mapping[str, Any]] = None
     #: Called with a partition's name each time compiled code of ``tp.build`` starts an
     #: offloaded partition that works on this session, or None; the compiled model that
@@ -194,6 +197,7 @@ class Session:
         self._free = threading.Condition(threading.Lock())
         self._waiting = 0       # threads inside claim() (the condition's lock counts them)
         self._held_by: Optional[int] = None     # the thread inside running(), which owns the session between streams
+        self._accepted: Optional[tuple] = None  # (session's, code's options): read-only mappings found to agree
 
     # -- the pending work (override these three for a device with its own stream) --------
     @property
@@ -738,9 +742,16 @@ class Runtime:
 
     def _check_options(self, session: Session, built: Mapping[str, Any], code: str) -> None:
         said = session.options
-        # asked at the start of every offloaded call: the common case first, the same options
-        # (one comparison of the two mappings), then no difference in the options both name
+        # asked at the start of every offloaded call: the common case first, the read-only
+        # options the session accepted last time (a model's partitions all carry one mapping),
+        # then the same options (one comparison of the two mappings), then no difference in
+        # the options both name
+        accepted = session._accepted
+        if accepted is not None and accepted[0] is said and accepted[1] is built:
+            return
         if said is not None and (said == built or all(said[k] == built[k] for k in said if k in built)):
+            if type(said) is MappingProxyType and type(built) is MappingProxyType:     # neither can change
+                session._accepted = (said, built)
             return
         which = (f"the current {self.prefix} session ({type(session).__name__})" if self.entered() is session else
                  f"this thread's default {self.prefix} session ({type(session).__name__}, outside any `with`)")

@@ -40,6 +40,7 @@ import sys
 import threading
 import warnings
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 import numpy as np
 import tvm
@@ -134,10 +135,17 @@ def _marker(name, backend: str, options: str, runtimes: str) -> tuple:
     calls, the options it was built for, how an error names it, and its name as text.
 
     >>> _marker("f", "accel", '{"tile": 16}', "accel")
-    (('accel',), {'tile': 16}, 'the accel partition f', 'f')
+    (('accel',), mappingproxy({'tile': 16}), 'the accel partition f', 'f')
     """
-    built = json.loads(options) if options else {}
-    return tuple(str(runtimes).split(",")), built, f"the {backend} partition {name}", str(name)
+    return tuple(str(runtimes).split(",")), _built(options), f"the {backend} partition {name}", str(name)
+
+
+@functools.lru_cache(maxsize=256)
+def _built(options: str) -> MappingProxyType:
+    """The backend options a marker gives as JSON, read-only and one mapping for every
+    partition built with them: a session that found them agreeing with its own does not
+    compare them again (:meth:`tirpat.device.Runtime.begin`)."""
+    return MappingProxyType(json.loads(options) if options else {})
 
 
 def _runtime_prefixes(func: tirx.PrimFunc) -> str:
