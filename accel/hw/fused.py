@@ -1678,7 +1678,7 @@ class FusedPlan:
         # set here: nothing is kept in the vector from one run to the next
         lo, hi = self.live
         if lo < hi:
-            calls.append(partial(np.copyto, values[lo:hi], sim.acc[lo:hi]))
+            calls.append(partial(_copyto, values[lo:hi], sim.acc[lo:hi]))
         calls += [partial(values[lo:hi].fill, 0) for lo, hi in self.zero]
         if self.acc_loads is not None:
             ints, parts = self._ints, [buffers[s] for s in self.i_slots] + [self.i_pads]
@@ -1748,7 +1748,7 @@ def _concatenated(out: np.ndarray, parts: list) -> list[Callable[[], object]]:
     parts = [part for part in parts if part.size]
     if len(parts) > 1:
         return [partial(_concatenate, parts, out=out)]
-    return [partial(np.copyto, out, parts[0], casting="same_kind")] if parts else []
+    return [partial(_copyto, out, parts[0], casting="same_kind")] if parts else []
 
 
 def _copied(target: np.ndarray, index, vector: _Vector, src) -> Callable[[], object]:
@@ -1767,7 +1767,7 @@ def _copied(target: np.ndarray, index, vector: _Vector, src) -> Callable[[], obj
         into = index.of(target)
         read = _view_of(vector, src)
         if read is not None:
-            return partial(np.copyto, into, read, casting="unsafe")
+            return partial(_copyto, into, read, casting="unsafe")
         if isinstance(src, _Gather) and src.index is None and src.rows_at is None and into.flags.c_contiguous \
                 and into.dtype == vector.data.dtype and into.size == src.size == src.starts.size * _tile(vector):
             # whole rows of the vector, gathered as items of its row view (np.take copies such
@@ -1777,7 +1777,7 @@ def _copied(target: np.ndarray, index, vector: _Vector, src) -> Callable[[], obj
             def gather_rows() -> None:
                 into_rows[...] = rows[starts]
             return gather_rows
-    return lambda: np.copyto(index.of(target), _at(vector, src), casting="unsafe")
+    return lambda: _copyto(index.of(target), _at(vector, src), casting="unsafe")
 
 
 def _view_of(vector: _Vector, index) -> Optional[np.ndarray]:
@@ -1816,10 +1816,10 @@ def _stored(target: np.ndarray, mode: StoreMode, dst, vector: _Vector, src) -> C
         if out is not None:
             if mode is StoreMode.SATURATE:  # clipped to int8's range, then exact in int8: one pass
                 return partial(_clip, out, -128, 127, out=into, casting="unsafe")
-            return partial(np.copyto, into, out, casting="unsafe")
+            return partial(_copyto, into, out, casting="unsafe")
         if mode is StoreMode.SATURATE:
             return lambda: _clip(src.read(vector), -128, 127, out=into, casting="unsafe")
-        return lambda: np.copyto(into, src.read(vector), casting="unsafe")
+        return lambda: _copyto(into, src.read(vector), casting="unsafe")
     return dst.bound(vector.data, target, mode is StoreMode.SATURATE)     # a _Copies
 
 
@@ -2162,6 +2162,8 @@ except ImportError:     # pragma: no cover - numpy before 2
 # (a run's calls are bound methods and ufuncs, not numpy's Python wrappers: np.take's costs ~2 us a
 # call over the array's own method, np.concatenate's __array_function__ dispatch ~1 us)
 _concatenate = getattr(np.concatenate, "_implementation", np.concatenate)
+# (np.copyto's dispatch costs ~0.2 us of a ~0.5 us call over a small run, a model call ~170 of them)
+_copyto = getattr(np.copyto, "_implementation", np.copyto)
 
 
 def _alu_step(vector: _Vector, source: _Vector, ufunc, op, imm, new, old, src) -> Callable[[], object]:
