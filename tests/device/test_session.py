@@ -346,6 +346,16 @@ def test_each_thread_has_its_own_default_and_its_own_stack():
     assert VEC.current() is main_default
 
 
+def _in_threads(*targets) -> None:
+    """Run each target on a thread of its own, all at once, and wait for them (a minute at most)."""
+    threads = [threading.Thread(target=target) for target in targets]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not any(t.is_alive() for t in threads)
+
+
 def test_threads_sharing_a_session_take_turns_per_stream():
     s = VecSession()
     log = []
@@ -364,11 +374,7 @@ def test_threads_sharing_a_session_take_turns_per_stream():
         s.enqueue(lambda: log.append("b1"))     # waits until the first thread's stream is synced
         s.sync()
 
-    threads = [threading.Thread(target=first), threading.Thread(target=second)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
+    _in_threads(first, second)
     assert log == ["a1", "a2", "b1"]
 
 
@@ -400,12 +406,7 @@ def test_a_thread_running_a_call_owns_the_session_from_stream_to_stream():
         s.enqueue(lambda: log.append("other"))
         s.sync()
 
-    threads = [threading.Thread(target=call), threading.Thread(target=other)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
-    assert not any(t.is_alive() for t in threads)
+    _in_threads(call, other)
     assert log == ["call 1", "call 2", "other"] and owned == [True, False]
 
 
@@ -436,12 +437,8 @@ def test_a_thread_waiting_for_an_owner_that_dies_takes_over():
         s.enqueue(lambda: log.append("mine"))
         s.sync()
 
-    threads = [threading.Thread(target=owner), threading.Thread(target=waiter)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
-    assert not any(t.is_alive() for t in threads) and log == ["mine"]
+    _in_threads(owner, waiter)
+    assert log == ["mine"]
 
 
 def test_nested_sessions_and_exits():
