@@ -8,7 +8,8 @@ calling thread's current session first. Three promises hold for every backend:
 - **current session.** ``with session:`` makes it current on this thread (sessions nest);
   outside any, each thread has its own default session, so threads never share one by
   accident. A session entered by several threads is used by one at a time: a thread that
-  starts a stream owns it until that stream is synced or discarded.
+  starts a stream owns it until that stream is synced or discarded (a compiled model's call,
+  inside :meth:`Session.running`, owns it until the call ends).
 - **error relay.** An exception raised inside a runtime function reaches the caller of
   the compiled function through :func:`invoke` as itself (TVM's FFI would turn it into a
   ``RuntimeError``).
@@ -418,7 +419,7 @@ class Session:
         # then waits), never a new owner's thread cleared after it
         self._owner_thread = None
         self._owner = None
-        # a stream ends a hundred times per model call, mostly with no thread waiting: the
+        # mostly no thread waits (streams run outside a call's running() end often): the
         # condition is taken only for one that waits (claim counts itself in before it looks
         # at the owner, so either it sees the owner gone or it is counted here)
         if self._waiting:
