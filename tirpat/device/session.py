@@ -380,7 +380,7 @@ class Session:
         finally:
             self._held_by = outer
             # a stream left pending stays its thread's until it is synced or discarded
-            if outer is None and self._owner == me and not self.pending:
+            if outer is None and self.owned_here() and not self.pending:
                 self._release()
 
     # -- stream boundaries ---------------------------------------------------------------

@@ -78,7 +78,6 @@ def scratch_params(func: tirx.PrimFunc) -> tirx.PrimFunc:
                          func.ret_type, func.attrs)
 
 
-
 def scratch_outputs(mod: ir.IRModule, functions) -> ir.IRModule:
     """``mod`` with each ``call_tir`` of the PrimFuncs named in ``functions`` passing the
     parameters :func:`scratch_params` added (those after the call's inputs and outputs) as
