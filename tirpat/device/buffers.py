@@ -109,21 +109,31 @@ def host_span(host: HostBuffer) -> tuple[int, int, str]:
     return host_spans((host,))[0][:3]
 
 
-def host_spans(hosts: Sequence[HostBuffer]) -> list[tuple[int, int, str, bool]]:
+def host_spans(hosts: Sequence[HostBuffer], dtypes: Sequence[Optional[tuple[int, str]]] = ()
+               ) -> list[tuple[int, int, str, bool]]:
     """Per host buffer, :func:`host_span` and whether it may be written (a read-only numpy
     array may not): what a session's replay compares, a few hosts a stream, a hundred streams
     a model call (a compact tensor, what compiled code passes, is read inline: its element
-    count and contiguity in C, its dtype the one costly read).
+    count and contiguity in C, its dtype the one costly read, which ``dtypes`` spares: per host,
+    the ``(itemsize, numpy's dtype string)`` a tensor is known to have, or None; a numpy
+    array's own is cheap, and always read).
 
     >>> ro = np.zeros(3, np.int8); ro.flags.writeable = False
     >>> [span[1:] for span in host_spans([np.zeros(2, np.float32), ro])]
     [(8, '<f4', True), (3, '|i1', False)]
+    >>> import tvm_ffi
+    >>> host_spans([tvm_ffi.from_dlpack(np.zeros(2, np.float32))], [(4, "<i4")])[0][1:]   # taken as given
+    (8, '<i4', True)
     """
     spans = []
-    for host in hosts:
+    known = len(dtypes) == len(hosts)
+    for i, host in enumerate(hosts):
         if isinstance(host, _FFITensor) and host.is_contiguous():
-            dtype = host.dtype
-            size, kind = _DTYPES.get(dtype) or _dtype_key(dtype)
+            given = dtypes[i] if known else None
+            if given is None:
+                dtype = host.dtype
+                given = _DTYPES.get(dtype) or _dtype_key(dtype)
+            size, kind = given
             spans.append((host.data_ptr(), host.numel() * size, kind, True))
         elif isinstance(host, np.ndarray):
             if not host.flags.c_contiguous:
