@@ -32,7 +32,7 @@ from numpy.lib.stride_tricks import as_strided
 from tvm_ffi import Tensor as _FFITensor
 
 __all__ = ["BufferTable", "BoundsError", "SlotError", "tensor_view", "strided_view", "is_tensor", "host_span",
-           "host_spans", "raw_view"]
+           "host_spans", "raw_view", "dtype_entry"]
 
 #: A C-contiguous numpy array, or a ``tvm.runtime.Tensor`` (a DLTensor from compiled code).
 HostBuffer = Any
@@ -45,6 +45,19 @@ def _dtype_key(dtype) -> tuple[int, str]:
     np_dtype = np.dtype(str(dtype))
     _DTYPES[dtype] = found = (np_dtype.itemsize, np_dtype.str)
     return found
+
+
+def dtype_entry(name: str) -> Optional[tuple[int, str]]:
+    """A dtype as TVM names it (``"int8"``) as :func:`host_spans` records it, ``(itemsize,
+    numpy's dtype string)``; None for one numpy has no dtype for (a vector dtype, ``"int8x4"``).
+
+    >>> dtype_entry("int32"), dtype_entry("int8x4")
+    ((4, '<i4'), None)
+    """
+    try:
+        return _DTYPES.get(name) or _dtype_key(name)
+    except TypeError:
+        return None
 
 
 class BoundsError(IndexError):
@@ -115,8 +128,8 @@ def host_spans(hosts: Sequence[HostBuffer], dtypes: Sequence[Optional[tuple[int,
     array may not): what a session's replay compares, a few hosts a stream, a hundred streams
     a model call (a compact tensor, what compiled code passes, is read inline: its element
     count and contiguity in C, its dtype the one costly read, which ``dtypes`` spares: per host,
-    the ``(itemsize, numpy's dtype string)`` a tensor is known to have, or None; a numpy
-    array's own is cheap, and always read).
+    the :func:`dtype_entry` of the dtype a tensor is known to have, or None; a numpy array's
+    own is cheap, and always read).
 
     >>> ro = np.zeros(3, np.int8); ro.flags.writeable = False
     >>> [span[1:] for span in host_spans([np.zeros(2, np.float32), ro])]

@@ -28,9 +28,9 @@ A backend's rules rewrite loop nests into calls of its runtime functions
   <group>; <prefix>.sync()``. ``key`` names the function, the group's index in it and a
   structural hash of the group, then after ``;`` the hosts' dtypes (``"f:0:<hash>;int8,int32"``);
   ``hosts`` are the host buffers the group's calls use, in order of first use (the buffers
-  themselves, whole). A session that stored the group's
-  stream runs it again on this call's ``hosts`` in that one callback
-  (:meth:`tirpat.device.Session.replay`) instead of one callback per call; else the calls run.
+  themselves, whole). A session that stored the group's stream runs it again on this call's
+  ``hosts`` in that one callback (:meth:`tirpat.device.Session.replay`) instead of one
+  callback per call; else the calls run.
   Static means the group provably makes the same calls every run: it is loops (not
   ``parallel``) whose bounds are constants or integer expressions of the enclosing loops'
   variables, ``if`` and ``Evaluate`` statements of ``<prefix>.*`` calls whose arguments are

@@ -58,7 +58,7 @@ from typing import (TYPE_CHECKING, Any, Callable, ClassVar, Hashable, Iterator, 
 import numpy as np
 import tvm_ffi
 
-from .buffers import BufferTable, HostBuffer, host_spans, raw_view
+from .buffers import BufferTable, HostBuffer, dtype_entry, host_spans, raw_view
 
 if TYPE_CHECKING:
     from .instr import Instruction
@@ -817,23 +817,14 @@ class _Stored:
 @functools.lru_cache(maxsize=4096)
 def _declared_dtypes(key: str) -> tuple:
     """The hosts' dtypes a replay key gives after its last ``;`` (see :meth:`Session.replay`),
-    each as :func:`~tirpat.device.buffers.host_spans` takes it: ``(itemsize, numpy's dtype
-    string)``, None for one numpy has no name for (then read from the tensor); () for a key
-    that gives none.
+    each as :func:`~tirpat.device.buffers.host_spans` takes it (:func:`~tirpat.device.buffers.dtype_entry`);
+    () for a key that gives none.
 
     >>> _declared_dtypes("f:0:ab;int8,int32"), _declared_dtypes("f:0")
     (((1, '|i1'), (4, '<i4')), ())
     """
     _, declares, dtypes = key.rpartition(";")
-    return tuple(_numpy_dtype(name) for name in dtypes.split(",")) if declares and dtypes else ()
-
-
-def _numpy_dtype(name: str) -> Optional[tuple[int, str]]:
-    try:
-        dtype = np.dtype(name)
-    except TypeError:       # a dtype of TVM's that numpy lacks (bfloat16): the tensor says it
-        return None
-    return dtype.itemsize, dtype.str
+    return tuple(dtype_entry(name) for name in dtypes.split(",")) if declares and dtypes else ()
 
 
 def _overlaps(spans: list) -> tuple:
