@@ -304,6 +304,27 @@ def test_tensors_where_the_last_replay_found_them_reuse_its_views_and_any_change
         assert s.replayed == 5
 
 
+def test_a_key_that_gives_the_hosts_dtypes_spares_reading_the_tensors():
+    """The planner's keys end with the hosts' dtypes (those of the DLTensors compiled code
+    makes of its buffers), and a session takes a tensor host's dtype from there instead of
+    reading it (a string conversion through tvm_ffi, ~320 hosts a classifier call): shown
+    with a tensor that says float32 where the key says int32, which replays; a numpy host's
+    own dtype is still read (int64 where the key says int32: the calls run)."""
+    assert [str(c.args[1].value).rpartition(";")[2] for c in replay_calls(vadd)] == ["int32,int32,int32"]
+    memory = np.zeros(64, np.int32)
+    a, c = memory[:32], memory[32:]
+    view = tvm_ffi.from_dlpack
+    with Stream() as s:
+        a[:] = np.arange(32)
+        assert not _add_halves("g:7;int32,int32", view(a), view(c), (view(a), view(c)))
+        a[:] = np.arange(32) * 3
+        assert _add_halves("g:7;int32,int32", view(a), view(c), (view(a.view(np.float32)), view(c)))
+        np.testing.assert_array_equal(c[16:], a[:16] + a[16:])
+        assert RT.functions["replay"]("g:7;int32,int32", np.zeros(16, np.int64), view(c)) == 0
+        s.discard()
+    assert s.replayed == 1
+
+
 def test_a_slot_inside_a_host_is_found_again_at_its_offset():
     """A host view at an offset (a workspace inside a larger allocation, say) is rebuilt at
     the same place in the new call's host."""

@@ -46,6 +46,26 @@ def test_later_calls_replay_with_the_same_results(built):
     assert replays(model) > before            # the streams of the first call were replayed
 
 
+def test_every_replay_key_gives_the_dtypes_of_the_tensors_compiled_code_passes(built, monkeypatch):
+    """A session takes a tensor host's dtype from its replay key, where the planner wrote the
+    dtypes of the buffers compiled code makes its DLTensors of: every replay of a built model's
+    call gives hosts of exactly those dtypes."""
+    from tirpat.device import session
+    from tirpat.device.buffers import dtype_entry
+
+    mod, model = built
+    seen = []
+    replay = session.Session.replay
+
+    def checked(self, key, hosts):
+        seen.append((session._declared_dtypes(key), tuple(dtype_entry(str(h.dtype)) for h in hosts)))
+        return replay(self, key, hosts)
+
+    monkeypatch.setattr(session.Session, "replay", checked)
+    model(*random_inputs(mod, np.random.default_rng(1)))
+    assert seen and all(declared == given for declared, given in seen)
+
+
 def test_concurrent_calls_take_sessions_of_their_own(built):
     mod, model = built
     inputs = [random_inputs(mod, np.random.default_rng(seed)) for seed in range(4)]

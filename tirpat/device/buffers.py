@@ -32,7 +32,7 @@ from numpy.lib.stride_tricks import as_strided
 from tvm_ffi import Tensor as _FFITensor
 
 __all__ = ["BufferTable", "BoundsError", "SlotError", "tensor_view", "strided_view", "is_tensor", "host_span",
-           "host_spans", "raw_view"]
+           "host_spans", "raw_view", "dtype_entry"]
 
 #: A C-contiguous numpy array, or a ``tvm.runtime.Tensor`` (a DLTensor from compiled code).
 HostBuffer = Any
@@ -45,6 +45,19 @@ def _dtype_key(dtype) -> tuple[int, str]:
     np_dtype = np.dtype(str(dtype))
     _DTYPES[dtype] = found = (np_dtype.itemsize, np_dtype.str)
     return found
+
+
+def dtype_entry(name: str) -> Optional[tuple[int, str]]:
+    """A dtype as TVM names it (``"int8"``) as :func:`host_spans` records it, ``(itemsize,
+    numpy's dtype string)``; None for one numpy has no dtype for (a vector dtype, ``"int8x4"``).
+
+    >>> dtype_entry("int32"), dtype_entry("int8x4")
+    ((4, '<i4'), None)
+    """
+    try:
+        return _DTYPES.get(name) or _dtype_key(name)
+    except TypeError:
+        return None
 
 
 class BoundsError(IndexError):
@@ -109,21 +122,31 @@ def host_span(host: HostBuffer) -> tuple[int, int, str]:
     return host_spans((host,))[0][:3]
 
 
-def host_spans(hosts: Sequence[HostBuffer]) -> list[tuple[int, int, str, bool]]:
+def host_spans(hosts: Sequence[HostBuffer], dtypes: Sequence[Optional[tuple[int, str]]] = ()
+               ) -> list[tuple[int, int, str, bool]]:
     """Per host buffer, :func:`host_span` and whether it may be written (a read-only numpy
     array may not): what a session's replay compares, a few hosts a stream, a hundred streams
     a model call (a compact tensor, what compiled code passes, is read inline: its element
-    count and contiguity in C, its dtype the one costly read).
+    count and contiguity in C, its dtype the one costly read, which ``dtypes`` spares: per host,
+    the :func:`dtype_entry` of the dtype a tensor is known to have, or None; a numpy array's
+    own is cheap, and always read).
 
     >>> ro = np.zeros(3, np.int8); ro.flags.writeable = False
     >>> [span[1:] for span in host_spans([np.zeros(2, np.float32), ro])]
     [(8, '<f4', True), (3, '|i1', False)]
+    >>> import tvm_ffi
+    >>> host_spans([tvm_ffi.from_dlpack(np.zeros(2, np.float32))], [(4, "<i4")])[0][1:]   # taken as given
+    (8, '<i4', True)
     """
     spans = []
-    for host in hosts:
+    known = len(dtypes) == len(hosts)
+    for i, host in enumerate(hosts):
         if isinstance(host, _FFITensor) and host.is_contiguous():
-            dtype = host.dtype
-            size, kind = _DTYPES.get(dtype) or _dtype_key(dtype)
+            given = dtypes[i] if known else None
+            if given is None:
+                dtype = host.dtype
+                given = _DTYPES.get(dtype) or _dtype_key(dtype)
+            size, kind = given
             spans.append((host.data_ptr(), host.numel() * size, kind, True))
         elif isinstance(host, np.ndarray):
             if not host.flags.c_contiguous:

@@ -26,10 +26,11 @@ A backend's rules rewrite loop nests into calls of its runtime functions
 - asks the runtime first, for each such run (a *group*) that is *static*, whether it can
   replay the stream the group made before: ``if <prefix>.replay(key, *hosts) == 0:
   <group>; <prefix>.sync()``. ``key`` names the function, the group's index in it and a
-  structural hash of the group; ``hosts`` are the host buffers the group's calls use, in
-  order of first use (the buffers themselves, whole). A session that stored the group's
-  stream runs it again on this call's ``hosts`` in that one callback
-  (:meth:`tirpat.device.Session.replay`) instead of one callback per call; else the calls run.
+  structural hash of the group, then after ``;`` the hosts' dtypes (``"f:0:<hash>;int8,int32"``);
+  ``hosts`` are the host buffers the group's calls use, in order of first use (the buffers
+  themselves, whole). A session that stored the group's stream runs it again on this call's
+  ``hosts`` in that one callback (:meth:`tirpat.device.Session.replay`) instead of one
+  callback per call; else the calls run.
   Static means the group provably makes the same calls every run: it is loops (not
   ``parallel``) whose bounds are constants or integer expressions of the enclosing loops'
   variables, ``if`` and ``Evaluate`` statements of ``<prefix>.*`` calls whose arguments are
@@ -226,7 +227,12 @@ class ScratchpadPlanner:
         # the key holds the group's content: a group's stream is only replayed for that group,
         # whatever function (of whatever module) another group with its name came from
         key = f"{name}:{tvm_ffi.structural_hash(stmt, map_free_vars=True) & (1 << 64) - 1:016x}"
-        ask = tirx.call_packed(f"{self.prefix}.replay", key, *check.hosts.values())
+        # and after ";" the hosts' dtypes, which the DLTensors compiled code makes of these
+        # buffers carry: the session takes them from here instead of reading each tensor's
+        # (a string conversion through tvm_ffi, ~1.5 us a host, ~320 hosts a classifier call)
+        hosts = list(check.hosts.values())
+        key += ";" + ",".join(str(b.dtype) for b in hosts)
+        ask = tirx.call_packed(f"{self.prefix}.replay", key, *hosts)
         then = tirx.SeqStmt([*calls, tirx.Evaluate(tirx.call_packed(f"{self.prefix}.sync"))])
         return [*moved, tirx.IfThenElse(tirx.EQ(ask, tirx.IntImm("int32", 0)), then, None)]
 

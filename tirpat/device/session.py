@@ -45,6 +45,7 @@ calling thread's current session first. Three promises hold for every backend:
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import inspect
 import sys
@@ -57,7 +58,7 @@ from typing import (TYPE_CHECKING, Any, Callable, ClassVar, Hashable, Iterator, 
 import numpy as np
 import tvm_ffi
 
-from .buffers import BufferTable, HostBuffer, host_spans, raw_view
+from .buffers import BufferTable, HostBuffer, dtype_entry, host_spans, raw_view
 
 if TYPE_CHECKING:
     from .instr import Instruction
@@ -265,6 +266,11 @@ class Session:
         serve again when every host is where it was then). Otherwise, with work pending, or for
         a device without :meth:`stored_stream`, the calls run.
 
+        A key may end with the hosts' dtypes after ``;`` (``"f:0:<hash>;int8,int32"``, as the
+        :class:`~tirpat.device.ScratchpadPlanner` writes them): a tensor host is then taken to
+        have the dtype the key gives it, not asked (compiled code's DLTensors carry the dtypes
+        of the buffers it made them of, which are the ones the planner wrote in the key).
+
         >>> Session().replay("f:0", [np.zeros(4)])       # the calls run (and nothing is stored)
         False
         """
@@ -274,7 +280,7 @@ class Session:
             return False
         # per host: where it is and its (bytes, dtype, writability); a read-only numpy host is
         # told apart, as a stream stored for a writable one may write it
-        spans = host_spans(hosts)
+        spans = host_spans(hosts, _declared_dtypes(key))
         variants = self._replays.get(key, ())
         for stored in variants:
             for seen, views in stored.seen:
@@ -806,6 +812,19 @@ class _Stored:
         for slot, host, offset, nbytes, dtype in self.placed:
             views[slot] = raw_view(spans[host][0] + offset, nbytes, dtype)
         return tuple(views)
+
+
+@functools.lru_cache(maxsize=4096)
+def _declared_dtypes(key: str) -> tuple:
+    """The hosts' dtypes a replay key gives after its last ``;`` (see :meth:`Session.replay`),
+    each as :func:`~tirpat.device.buffers.host_spans` takes it (:func:`~tirpat.device.buffers.dtype_entry`);
+    () for a key that gives none.
+
+    >>> _declared_dtypes("f:0:ab;int8,int32"), _declared_dtypes("f:0")
+    (((1, '|i1'), (4, '<i4')), ())
+    """
+    _, declares, dtypes = key.rpartition(";")
+    return tuple(dtype_entry(name) for name in dtypes.split(",")) if declares and dtypes else ()
 
 
 def _overlaps(spans: list) -> tuple:
