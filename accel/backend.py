@@ -117,11 +117,11 @@ class AccelBackend(tp.Backend):
     def tune_candidates(self, func, opts: dict) -> list | None:
         """The knob choices the plan's cycle estimate finds cheapest, cheapest first, with
         their estimated cycles (:func:`accel.compiler.tuning.ranked`)."""
-        from tvm import ir, s_tir
+        from tvm import ir
 
         from accel.compiler.tuning import ranked
 
-        return ranked(s_tir.Schedule(ir.IRModule({"main": func})), config_of(opts))
+        return ranked(tp.Schedule(ir.IRModule({"main": func})), config_of(opts))
 
     def tune_work(self, func, opts: dict) -> float | None:
         """The cycles the heuristic's schedule of ``func`` is estimated to take."""

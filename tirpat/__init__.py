@@ -19,11 +19,12 @@ from .tir.pipeline import register_pipeline, registered, tir_pipeline
 from .tir.region import CopyRegion, Region, RegionError, padding, split_guard
 from .tir.rewrite import Rewriter, Rewritten, rewriter
 from .tir.scan import Decline, Declined, Report, RewriteError, Rule, Site, decline
+from .tir.schedule import Schedule
 from .tir.statement import is_for, is_if, is_nest, is_seq, is_store, loop
 
 __all__ = [
     "CopyRegion", "Decline", "Declined", "Explanation", "Match", "Memory", "Pattern", "Region", "RegionError",
-    "Report", "RewriteError", "Rewriter", "Rewritten", "Rule", "Site", "affine", "decline", "explain",
+    "Report", "RewriteError", "Rewriter", "Rewritten", "Rule", "Schedule", "Site", "affine", "decline", "explain",
     "find_all", "instr", "is_buffer", "is_call", "is_const", "is_copy", "is_for", "is_if", "is_load", "is_nest",
     "is_seq", "is_store", "is_var", "loop", "lower", "lower_blocks", "match", "max", "min", "padding",
     "register_pipeline", "registered", "rewriter", "split_guard", "tir_pipeline", "wildcard",

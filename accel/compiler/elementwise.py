@@ -615,7 +615,7 @@ def analyse(func: tirx.PrimFunc) -> tuple[Chain | None, str | None]:
 
 
 def _analyse(func: tirx.PrimFunc) -> Chain:
-    sch = s_tir.Schedule(ir.IRModule({"main": func}))
+    sch = tp.Schedule(ir.IRModule({"main": func}))
     blocks = [sch.get(b) for b in sch.get_child_blocks(sch.get_sblock("root"))]
     if not blocks:
         raise _Unsupported("no computation")
@@ -1052,7 +1052,7 @@ def schedule_partition(func: tirx.PrimFunc, config: Config) -> tirx.PrimFunc | N
     the report, or None when ``func`` is no element-wise chain (it has a reduction, or it is a
     hand-written workload the chain's analysis declines); a partition of :func:`patterns`
     accel cannot run is returned as it is, its notes saying why (it runs on the CPU)."""
-    sch = s_tir.Schedule(ir.IRModule({"main": func}))
+    sch = tp.Schedule(ir.IRModule({"main": func}))
     blocks = [sch.get(b) for b in sch.get_child_blocks(sch.get_sblock("root"))]
     if not blocks or any(int(iv.iter_type) != 0 for b in blocks for iv in b.iter_vars):
         return None

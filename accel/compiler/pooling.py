@@ -65,7 +65,7 @@ from dataclasses import dataclass
 import numpy as np
 import tvm
 import tvm_ffi
-from tvm import ir, relax, s_tir, te, tirx
+from tvm import ir, relax, te, tirx
 from tvm.relax.dpl import is_op, wildcard
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
@@ -427,7 +427,7 @@ def analyse_max_pool(func: tirx.PrimFunc) -> MaxPool | None:
                                not all(isinstance(d, tirx.IntImm) for d in p.shape) for p in params):
         return None
     x, out = params
-    sch = s_tir.Schedule(ir.IRModule({"main": func}))
+    sch = tp.Schedule(ir.IRModule({"main": func}))
     blocks = [sch.get(b) for b in sch.get_child_blocks(sch.get_sblock("root"))]
     pool = [b for b in blocks if b.writes and b.writes[0].source.same_as(out)]
     if len(pool) != 1 or not isinstance(pool[0].body, tirx.BufferStore) or \
@@ -533,7 +533,7 @@ def schedule_max_pool(func: tirx.PrimFunc, config) -> tirx.PrimFunc | None:
     narrow = te.compute((n, oh, ow, c), lambda b, i, j, k: (pooled[b, i, j, k] - 128).astype("int8"), name="narrow")
     result = narrow if pool.layout == "NHWC" else te.compute(
         (n, c, oh, ow), lambda b, k, i, j: narrow[b, i, j, k], name="transposed")
-    sch = s_tir.Schedule(te.create_prim_func([x, result]))
+    sch = tp.Schedule(te.create_prim_func([x, result]))
     blk = sch.get_sblock("pooled")
     b_, i_, j_, k_, ry_, rx_ = sch.get_loops(blk)
     j_o, j_i = sch.split(j_, [None, t])

@@ -443,7 +443,7 @@ def _pick_block(tiles: int, limit: int) -> int:
 
 def schedule(func: tirx.PrimFunc, config: Config) -> tuple[ir.IRModule, Notes]:
     """Schedule every offloadable GEMM block of ``func``; see the module docstring."""
-    sch = s_tir.Schedule(ir.IRModule({"main": func}))
+    sch = tp.Schedule(ir.IRModule({"main": func}))
     notes = schedule_in(sch, config)
     return sch.mod, notes
 

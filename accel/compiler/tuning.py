@@ -304,7 +304,7 @@ def _consistent(choices: list, values: tuple) -> bool:
 def tuning_space(func: tirx.PrimFunc, config: Config):
     """The design space of ``func`` (a ``tp.knob_space``), or None when it has no GEMM or
     depthwise block."""
-    if not gemm_blocks(s_tir.Schedule(ir.IRModule({"main": func})), with_depthwise=True):
+    if not gemm_blocks(tp.Schedule(ir.IRModule({"main": func})), with_depthwise=True):
         return None
     return tp.knob_space(lambda sch: knobs(sch, config), lambda sch: schedule_in(sch, config))
 
@@ -315,7 +315,7 @@ def work(func: tirx.PrimFunc, config: Config) -> float | None:
     task and weighs what a candidate saves (a depthwise convolution takes 16 times the
     cycles a GEMM of its MACs takes: counting operations would rank it low); None when it
     has no offloaded block."""
-    plans = schedule_in(s_tir.Schedule(ir.IRModule({"main": func})), config).offloaded
+    plans = schedule_in(tp.Schedule(ir.IRModule({"main": func})), config).offloaded
     return float(sum(_estimated(p) for p in plans)) if plans else None
 
 

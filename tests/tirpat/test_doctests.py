@@ -12,7 +12,7 @@ import tirpat as tp
 
 MODULES = ["tirpat"] + [f"tirpat.tir.{m}" for m in (
     "analysis", "binding", "canonical", "copy", "engine", "explain", "index_dtype", "inlining", "lowering", "match",
-    "module_rule", "pattern", "region", "rewrite", "scan", "script_pattern", "statement", "wrapping")] + ["tirpat.testing", "tirpat.testing.reference",
+    "module_rule", "pattern", "region", "rewrite", "scan", "schedule", "script_pattern", "statement", "wrapping")] + ["tirpat.testing", "tirpat.testing.reference",
                                                               "tirpat.testing.strategies",
                                                               "tirpat.testing.differential",
                                                               "tirpat.testing.int8_models",
