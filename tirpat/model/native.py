@@ -39,7 +39,7 @@ from .host_cpu import check_runs_here
 from .target import TargetError
 from .tvm_noise import filtered_native_stderr
 
-__all__ = ["offloaded_library", "link", "Linked", "OFFLOADED_OPT_LEVEL"]
+__all__ = ["offloaded_library", "link", "can_link", "Linked", "OFFLOADED_OPT_LEVEL"]
 
 #: LLVM's optimisation level for the offloaded partitions' code: -O0 compiles it 4-5x faster
 #: than -O3 (ppocr_v2_cls: 1.8 s, not 7.4 s; the calls cost what the device runtime does), but
@@ -78,6 +78,20 @@ class Linked:
         weakref.finalize(self, shutil.rmtree, self._directory, ignore_errors=True)
 
 
+def can_link(host: tvm.target.Target) -> bool:
+    """Whether :func:`link` can link code for ``host`` here: it runs on this CPU, and there is a
+    C++ compiler to link with.
+
+    >>> can_link(tvm.target.Target({"kind": "llvm", "mtriple": "aarch64-linux-gnu"}))
+    False
+    """
+    try:
+        check_runs_here(host)
+    except TargetError:
+        return False
+    return cc.get_cc() is not None       # what export_library links with
+
+
 def link(executable, host: tvm.target.Target) -> Linked | None:
     """``executable`` (a Relax executable) compiled to machine code and linked into a shared
     library, loaded; None when that cannot be done here: the code is for another CPU (it
@@ -97,11 +111,7 @@ def link(executable, host: tvm.target.Target) -> Linked | None:
     ...      tvm.target.Target({"kind": "llvm", "mtriple": "aarch64-linux-gnu"})) is None
     True
     """
-    try:
-        check_runs_here(host)
-    except TargetError:
-        return None
-    if cc.get_cc() is None:       # what export_library links with
+    if not can_link(host):
         return None
     directory = tempfile.mkdtemp(prefix="tirpat-")
     path = os.path.join(directory, "model.so")
