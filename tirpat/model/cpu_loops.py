@@ -63,24 +63,24 @@ def outline_cpu_loops(select: Callable[[tirx.PrimFunc], bool], min_elements: int
     """
     @tvm.transform.module_pass(opt_level=0, name="tirpat.OutlineCPULoops")
     def run(mod: ir.IRModule, ctx) -> ir.IRModule:
-        added = {}
+        added = {}      # StructuralKey(callee without its name) -> (name, callee): one function a nest
         for gv, func in list(mod.functions.items()):
             if isinstance(func, tirx.PrimFunc) and select(func):
                 symbol = str((func.attrs or {}).get("global_symbol", gv.name_hint))
-                body, outlined = _outlined(func, symbol, min_elements)
-                if outlined:
+                body = _outlined(func, symbol, min_elements, added)
+                if not body.same_as(func.body):
                     mod[gv] = func.with_body(body)
-                    added.update(outlined)
-        for name, func in added.items():
-            mod[ir.GlobalVar(name)] = func
+        for name, func in added.values():
+            mod[ir.GlobalVar(name)] = func.with_attr("global_symbol", name)
         return mod
 
     return run
 
 
-def _outlined(func: tirx.PrimFunc, symbol: str, min_elements: int) -> tuple:
-    """``func``'s body with its CPU nests replaced by calls, and ``{name: PrimFunc}`` of them."""
-    outlined = {}
+def _outlined(func: tirx.PrimFunc, symbol: str, min_elements: int, added: dict):
+    """``func``'s body with its CPU nests replaced by calls of the functions in ``added``,
+    to which it adds those it needs: a nest that another partition has too (the same shapes,
+    the same statements) calls that partition's function, which LLVM then compiles once."""
     keep = {}
     attrs = func.attrs or {}
     for key in ("target", "tirx.noalias"):      # the partition's target; its buffers do not alias
@@ -91,18 +91,15 @@ def _outlined(func: tirx.PrimFunc, symbol: str, min_elements: int) -> tuple:
         buffers = _cpu_nest(node, min_elements)
         if buffers is None:
             return mutator.default_mutate(node)
-        name = f"{symbol}_cpu{len(outlined)}"
         # the callee's own buffer variables: a variable is defined by one function only
         fresh = {b: ir.Var(b.name, b.ty) for b in buffers}
-        body = tvm_ffi.structural_map(node, (ir.Var, lambda v: fresh.get(v, v)))
-        callee = tirx.PrimFunc([fresh[b] for b in buffers], body).with_attr("global_symbol", name)
+        callee = tirx.PrimFunc([fresh[b] for b in buffers], tvm_ffi.structural_map(node, (ir.Var, lambda v: fresh.get(v, v))))
         for key, value in keep.items():
             callee = callee.with_attr(key, value)
-        outlined[name] = callee
-        return tirx.Evaluate(tirx.call_cpacked(SYMBOL_PREFIX + name, *buffers))
+        found = added.setdefault(tvm_ffi.StructuralKey(callee), (f"{symbol}_cpu{len(added)}", callee))
+        return tirx.Evaluate(tirx.call_cpacked(SYMBOL_PREFIX + found[0], *buffers))
 
-    body = tvm_ffi.structural_mutate(func.body, (tirx.For, on_for))
-    return body, outlined
+    return tvm_ffi.structural_mutate(func.body, (tirx.For, on_for))
 
 
 def _cpu_nest(nest: tirx.For, min_elements: int):
@@ -127,12 +124,21 @@ def _cpu_nest(nest: tirx.For, min_elements: int):
         return None
 
     tvm_ffi.structural_walk(nest, look)
-    if effects or not stores:
+    if effects or all(_copied(store.value) for store in stores):
         return None
     free = tirx.analysis.undefined_vars(nest)
     if not free or not all(tirx.is_buffer_var(v) and v.ty.storage_scope in ("", "global") for v in free):
         return None
     return free
+
+
+def _copied(value) -> bool:
+    """Whether ``value`` is an element of another buffer as it is, or cast: a copy, which
+    :mod:`tirpat.model.host_loops` orders and vectorises, and which then runs as fast at -O0
+    as at -O3 (a 55,296-element transpose: 25 us and 31 us), so not worth its -O3 build time."""
+    while isinstance(value, tirx.Cast):
+        value = value.value
+    return isinstance(value, ir.TensorLoad)
 
 
 def _pure(op) -> bool:
