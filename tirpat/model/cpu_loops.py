@@ -63,14 +63,16 @@ def outline_cpu_loops(select: Callable[[tirx.PrimFunc], bool], min_elements: int
     """
     @tvm.transform.module_pass(opt_level=0, name="tirpat.OutlineCPULoops")
     def run(mod: ir.IRModule, ctx) -> ir.IRModule:
-        added = {}      # StructuralKey(callee without its name) -> (name, callee): one function a nest
+        # name -> callee. One function a call: TVM's code generator declares the callee anew at
+        # each tvm_call_cpacked, and LLVM renames a second declaration of one symbol (f.1, f.2)
+        added = {}
         for gv, func in list(mod.functions.items()):
             if isinstance(func, tirx.PrimFunc) and select(func):
                 symbol = str((func.attrs or {}).get("global_symbol", gv.name_hint))
                 body = _outlined(func, symbol, min_elements, added)
                 if not body.same_as(func.body):
                     mod[gv] = func.with_body(body)
-        for name, func in added.values():
+        for name, func in added.items():
             mod[ir.GlobalVar(name)] = func.with_attr("global_symbol", name)
         return mod
 
@@ -78,9 +80,7 @@ def outline_cpu_loops(select: Callable[[tirx.PrimFunc], bool], min_elements: int
 
 
 def _outlined(func: tirx.PrimFunc, symbol: str, min_elements: int, added: dict):
-    """``func``'s body with its CPU nests replaced by calls of the functions in ``added``,
-    to which it adds those it needs: a nest that another partition has too (the same shapes,
-    the same statements) calls that partition's function, which LLVM then compiles once."""
+    """``func``'s body with its CPU nests replaced by calls of new functions, added to ``added``."""
     keep = {}
     attrs = func.attrs or {}
     for key in ("target", "tirx.noalias"):      # the partition's target; its buffers do not alias
@@ -96,8 +96,9 @@ def _outlined(func: tirx.PrimFunc, symbol: str, min_elements: int, added: dict):
         callee = tirx.PrimFunc([fresh[b] for b in buffers], tvm_ffi.structural_map(node, (ir.Var, lambda v: fresh.get(v, v))))
         for key, value in keep.items():
             callee = callee.with_attr(key, value)
-        found = added.setdefault(tvm_ffi.StructuralKey(callee), (f"{symbol}_cpu{len(added)}", callee))
-        return tirx.Evaluate(tirx.call_cpacked(SYMBOL_PREFIX + found[0], *buffers))
+        name = f"{symbol}_cpu{len(added)}"
+        added[name] = callee
+        return tirx.Evaluate(tirx.call_cpacked(SYMBOL_PREFIX + name, *buffers))
 
     return tvm_ffi.structural_mutate(func.body, (tirx.For, on_for))
 
