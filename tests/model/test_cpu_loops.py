@@ -53,25 +53,20 @@ def test_a_partitions_padding_runs_in_the_host_module_at_O3(padded_cnn):
     assert "opt-level" not in host and r"\22opt-level\22:0" in offloaded
 
 
-@settings(max_examples=8, deadline=None)
-@given(seed=st.integers(0, 2**32 - 1))
-def test_the_model_with_outlined_nests_is_bit_exact(padded_cnn, seed):
-    mod, model = padded_cnn
-    args = random_inputs(mod, np.random.default_rng(seed))
-    np.testing.assert_array_equal(model(*args), reference(mod, args))
-
-
 def test_nothing_is_outlined_when_the_model_will_not_be_linked(padded_cnn, monkeypatch):
     """A JIT-compiled module cannot call into another: a model that is not linked keeps its
-    nests in its partitions, computes the same and counts the same cycles."""
+    nests in its partitions; both compute what tvm.compile's model does, and count the same cycles."""
     mod, linked = padded_cnn
     monkeypatch.setattr(build_module, "can_link", lambda host: False)
     model = tp.build(mod, "accel, llvm")
     host, offloaded = _sources(model)
     assert not _called(offloaded) and "_cpu0" not in host
-    args = random_inputs(mod, np.random.default_rng(1))
-    np.testing.assert_array_equal(model(*args), linked(*args))
-    assert model.stats["accel"].cycles == linked.stats["accel"].cycles
+    for seed in range(4):
+        args = random_inputs(mod, np.random.default_rng(seed))
+        want = reference(mod, args)
+        np.testing.assert_array_equal(linked(*args), want)
+        np.testing.assert_array_equal(model(*args), want)
+        assert model.stats["accel"].cycles == linked.stats["accel"].cycles
 
 
 def _partition(n: int, pad: int, copy: int):

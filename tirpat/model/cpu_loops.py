@@ -1,23 +1,27 @@
-"""The CPU loops an offloaded partition keeps, moved into functions of their own that the
-host's code takes, so that LLVM optimises them (-O3) while the rest of the partition stays
-at -O0.
+"""The CPU loops of an offloaded partition that compute per element, moved into functions of
+their own that the host's code takes, so that LLVM optimises them (-O3) while the rest of the
+partition stays at -O0.
 
 An offloaded partition is compiled apart at -O0 (:mod:`tirpat.model.native`): its code is
 mostly calls of the device runtime, which LLVM's optimiser takes seconds over for nothing.
 But it also keeps loops that run on the CPU at every call: the zero padding of an input, the
-im2col matrix of a convolution whose few input channels the device would pad, layout copies.
-At -O0 a padding nest's bounds test and address arithmetic run as written, element by element
-(``ppocrv5_cls``'s first convolution: 62,208 elements gathered by a scalar loop); at -O3 the
-same nest runs ~1.8x faster. Compiling whole partitions at -O2 would cost ~8x their -O0 time
-(``ppocrv5_cls``: 3.6 s, not 0.3 s, nearly all of it the runtime calls).
+im2col gather of a convolution whose few input channels the device would pad, layout copies.
+A copy that :mod:`tirpat.model.host_loops` ordered runs as fast at -O0 as at -O3 (a 55,296
+element transpose: 25 and 31 us); a nest that tests a bound and computes an address for each
+element does not (zero padding of the same size: 76 us at -O0, 43 at -O3). Compiling whole
+partitions at -O2 would cost ~10x their -O0 time (``ppocrv5_cls``: 3.6 s, not 0.3 s, nearly
+all of it the runtime calls).
 
-:func:`outline_cpu_loops` takes each large such nest out of its partition into a PrimFunc of
-its own (its buffers as parameters), called where the nest was, directly by its symbol
-(``tvm_call_cpacked``): the PrimFunc stays in the host module, whose code TVM compiles at
--O3. The call is resolved when the model's library is linked (:func:`tirpat.model.native.link`),
-so the pass runs only when the model will be linked (a JIT-compiled module cannot call into
-another). Only where the work is done changes: the nest's statements are the same, on the
-same memory, in the same order.
+:func:`outline_cpu_loops` takes each large nest that computes more than a copy out of its
+partition into a PrimFunc of its own (its buffers as parameters), called where the nest was,
+directly by its symbol (``tvm_call_cpacked``): the PrimFunc stays in the host module, whose
+code TVM compiles at -O3. The call is resolved when the model's library is linked
+(:func:`tirpat.model.native.link`), so the pass runs only for a model that will be (a
+JIT-compiled module cannot call into another). Only where the work is done changes: the
+nest's statements are the same, on the same memory, in the same order.
+
+``ppocrv5_cls``: 12 nests, a steady call 0.93 ms (6.5%) less CPU; ``ppocrv6_rec_small``: 17
+nests, 1.2 ms less; its build ~0.2 s more (LLVM at -O3 on the nests at the link, less at -O0).
 
 >>> mod = outline_cpu_loops(lambda func: True)(mod)     # doctest: +SKIP
 """
@@ -33,7 +37,7 @@ from tvm import ir, tirx
 __all__ = ["outline_cpu_loops", "MIN_ELEMENTS", "SYMBOL_PREFIX"]
 
 #: The fewest stores (the product of a nest's loop extents, vector lanes included) worth a call
-#: and a function for LLVM to optimise: each outlined nest costs ~15-20 ms of -O3 at build time
+#: and a function for LLVM to optimise: each outlined nest costs ~20-30 ms of -O3 at build time
 #: and ~0.5 us a call (its arguments packed); a padding nest saves ~0.6 ns a store.
 MIN_ELEMENTS = 4096
 #: The prefix of the symbol under which TVM's code generator exports a PrimFunc's packed entry
@@ -46,7 +50,8 @@ _PURE = 1
 def outline_cpu_loops(select: Callable[[tirx.PrimFunc], bool], min_elements: int = MIN_ELEMENTS) -> tvm.transform.Pass:
     """A module pass (lowered TIR, buffers not yet flattened): in each PrimFunc ``select``
     accepts, each outermost loop nest that computes on the CPU alone (no call but pure
-    arithmetic; no variable from outside but buffers of host memory) and stores at least
+    arithmetic; no variable from outside but buffers of host memory), computes more than a copy
+    (some stored value is not an element of another buffer, cast or not) and stores at least
     ``min_elements`` times becomes a call of a new PrimFunc, ``<symbol>_cpu<k>``, that runs it.
 
     >>> from tvm.script import tirx as T
