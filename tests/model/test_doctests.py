@@ -11,7 +11,7 @@ import tirpat as tp
 
 MODULES = ["tirpat.model.partition", "tirpat.model.report", "tirpat.model.pipeline", "tirpat.model.prepack",
            "tirpat.model.compiled", "tirpat.model.kernel", "tirpat.model.build", "tirpat.model.native", "tirpat.model.host_cpu",
-           "tirpat.model.host_inline", "tirpat.model.host_loops", "tirpat.model.archive", "tirpat.model.storages",
+           "tirpat.model.host_inline", "tirpat.model.host_loops", "tirpat.model.cpu_loops", "tirpat.model.archive", "tirpat.model.storages",
            "tirpat.model.shapes", "tirpat.model.integerize",
            "tirpat.model.integerize.fixed_point", "tirpat.model.integerize.rules", "tirpat.model.integerize.pads",
            "tirpat.model.integerize.tables", "accel.compiler.patterns", "accel.backend"]

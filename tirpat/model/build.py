@@ -24,7 +24,7 @@ from tvm import ir, relax, tirx
 
 from .compiled import CompiledModel, Input
 from .kernel import CompiledKernel
-from .native import link, offloaded_library
+from .native import can_link, link, offloaded_library
 from .partition import as_target, tagged
 from .pipeline import Record, relax_pipeline, schedule_for, tir_pipeline_for, with_records
 from .storages import lift_storages
@@ -94,7 +94,8 @@ def build(mod: ir.IRModule, target, *, strict: bool = False, params: Mapping[str
     inputs = _inputs(mod[entry])
     # this build's: handed to the pipelines, whatever other threads build; the offloaded
     # partitions' code is compiled apart, at -O0 (tirpat.model.native)
-    record = Record(take_offloaded=True)
+    # their large CPU loops go to the host's code, at -O3, when the model is linked (tirpat.model.cpu_loops)
+    record = Record(take_offloaded=True, outline_loops=can_link(t.host))
     # the entry's static storages allocated once per VM, not per call (tirpat.model.storages)
     pipeline = tvm.transform.Sequential([relax_pipeline(t, records, record=record), lift_storages(entry, record)])
     with tir_pipeline_for(record) as tir:

@@ -7,7 +7,10 @@ calls: ``accel.load``, ``accel.gemm``, ...), whose speed is the device runtime's
 CPU code's. So ``tp.build`` compiles those partitions apart, with LLVM at -O0
 (:func:`offloaded_library`; :func:`tirpat.model.pipeline.tir_pipeline_for` takes them out of the
 host module), keeps the host's own operators at TVM's -O3, and links the whole into a shared
-library at once (:func:`link`): the model's VMs load machine code, compile none.
+library at once (:func:`link`): the model's VMs load machine code, compile none. The CPU loops
+of a partition that compute per element (zero padding, an im2col gather) are the exception:
+they run at every call, so when the model will be linked (:func:`can_link`) they move into host
+functions the partition calls by symbol (:mod:`tirpat.model.cpu_loops`), optimised at -O3.
 
 The offloaded partitions are compiled without the argument checks TVM's packed calling
 convention puts at the top of every function (``tirx.disable_assert``, as TVM's own build
@@ -39,12 +42,12 @@ from .host_cpu import check_runs_here
 from .target import TargetError
 from .tvm_noise import filtered_native_stderr
 
-__all__ = ["offloaded_library", "link", "Linked", "OFFLOADED_OPT_LEVEL"]
+__all__ = ["offloaded_library", "link", "can_link", "Linked", "OFFLOADED_OPT_LEVEL"]
 
 #: LLVM's optimisation level for the offloaded partitions' code: -O0 compiles it 4-5x faster
-#: than -O3 (ppocr_v2_cls: 1.8 s, not 7.4 s; the calls cost what the device runtime does), but
-#: the CPU loops partitions keep (layout copies, epilogues the device declines) run slower:
-#: a steady call 4% (cls) to 8% (ppocrv6_det_small) longer than at 3, whose build takes 2x.
+#: than -O3 (ppocr_v2_cls: 1.8 s, not 7.4 s; the calls cost what the device runtime does); the
+#: CPU loops partitions keep that compute per element run at -O3 in the host's code instead
+#: (:mod:`tirpat.model.cpu_loops`), and their ordered layout copies run as fast at -O0.
 OFFLOADED_OPT_LEVEL = 0
 
 
@@ -78,6 +81,20 @@ class Linked:
         weakref.finalize(self, shutil.rmtree, self._directory, ignore_errors=True)
 
 
+def can_link(host: tvm.target.Target) -> bool:
+    """Whether :func:`link` can link code for ``host`` here: it runs on this CPU, and there is a
+    C++ compiler to link with.
+
+    >>> can_link(tvm.target.Target({"kind": "llvm", "mtriple": "aarch64-linux-gnu"}))
+    False
+    """
+    try:
+        check_runs_here(host)
+    except TargetError:
+        return False
+    return cc.get_cc() is not None       # what export_library links with
+
+
 def link(executable, host: tvm.target.Target) -> Linked | None:
     """``executable`` (a Relax executable) compiled to machine code and linked into a shared
     library, loaded; None when that cannot be done here: the code is for another CPU (it
@@ -97,11 +114,7 @@ def link(executable, host: tvm.target.Target) -> Linked | None:
     ...      tvm.target.Target({"kind": "llvm", "mtriple": "aarch64-linux-gnu"})) is None
     True
     """
-    try:
-        check_runs_here(host)
-    except TargetError:
-        return None
-    if cc.get_cc() is None:       # what export_library links with
+    if not can_link(host):
         return None
     directory = tempfile.mkdtemp(prefix="tirpat-")
     path = os.path.join(directory, "model.so")

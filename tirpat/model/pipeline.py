@@ -50,6 +50,7 @@ from tvm import ir, relax, s_tir, tirx
 from .. import device
 from .backend import Phase, lookup
 from .host_inline import inline_elementwise
+from .cpu_loops import outline_cpu_loops
 from .host_loops import host_loops
 from .partition import (BACKEND_ATTR, OPTIONS_ATTR, PARTITION_ATTR, PartitionOrigin, Partitioner, as_target,
                         options_text, origin_of, tagged)
@@ -97,6 +98,9 @@ class Record:
     #: them apart: :mod:`tirpat.model.native`)
     take_offloaded: bool = False
     offloaded: object = None                          # IRModule of the offloaded PrimFuncs taken
+    #: True: the offloaded partitions' large CPU loop nests become host functions they call
+    #: (:mod:`tirpat.model.cpu_loops`), for a build whose model will be linked
+    outline_loops: bool = False
     #: the function that allocates the storages lifted out of the entry
     #: (:func:`tirpat.model.storages.lift_storages`), None when none were
     storages: str | None = None
@@ -597,8 +601,17 @@ def _tir_stage(record: Record | None) -> tvm.transform.Pass:
     (:mod:`tirpat.model.host_loops`: a partition's layout copies, which its -O0 code keeps as
     written), then the host's int32 arithmetic made to wrap (:mod:`tirpat.tir.wrapping`):
     fused host functions and the CPU parts of partitions compute what TVM's one loop nest
-    per operator computes, overflow included."""
-    return tvm.transform.Sequential([_dispatch(record), host_loops(), wrapping_arithmetic()], name="tirpat.TIRStage")
+    per operator computes, overflow included. With ``record.outline_loops``, last, the large
+    CPU nests of the partitions a device runs move into host functions (:mod:`tirpat.model.cpu_loops`)."""
+    passes = [_dispatch(record), host_loops(), wrapping_arithmetic()]
+    if record is not None and record.outline_loops:
+        passes.append(outline_cpu_loops(_offloaded))
+    return tvm.transform.Sequential(passes, name="tirpat.TIRStage")
+
+
+def _offloaded(func: tirx.PrimFunc) -> bool:
+    """Whether ``func`` is a partition its backend lowered into calls of a device runtime."""
+    return func.attrs is not None and BACKEND_ATTR in func.attrs and _calls_device(func)
 
 
 def tir_pipeline_for(record: Record):
@@ -630,9 +643,7 @@ def _taking_offloaded(factory, record: Record):
         @tvm.transform.module_pass(opt_level=0, name="tirpat.TakeOffloaded")
         def take(mod, ctx):
             mod = inner(mod)
-            taken = {gv: f for gv, f in mod.functions.items()
-                     if isinstance(f, tirx.PrimFunc) and f.attrs is not None and BACKEND_ATTR in f.attrs
-                     and _calls_device(f)}
+            taken = {gv: f for gv, f in mod.functions.items() if isinstance(f, tirx.PrimFunc) and _offloaded(f)}
             if not taken:
                 return mod
             record.offloaded = finalize_host()(ir.IRModule(taken, attrs=mod.attrs))
