@@ -236,14 +236,15 @@ def _image_heuristic(sch, blk, conv: Conv, config: Config, gather: str | None) -
         return False        # (a K of one element: TVM drops its unit reduction from the im2col GEMM)
     cheap = not direct_gather(conv, config) or \
         (taps == 1 and not conv.channels_last_input)
-    return cheap and not conv.channels_last_output and not _wide_epilogue_operand(sch, blk)
+    return (cheap and not conv.channels_last_output
+            and not _wide_epilogue_operand(sch, blk, _epilogue_blocks(sch, blk)))
 
 
-def _wide_epilogue_operand(sch, blk) -> bool:
-    """Whether the epilogue of the conv block ``blk`` reads an operand that varies along
-    more than one dimension (a residual, in the result's own layout): staged in ACC, it is
-    read where the result's rows are, which pixels as rows leave to the row loops."""
-    chain = _epilogue_blocks(sch, blk)
+def _wide_epilogue_operand(sch, blk, chain: list) -> bool:
+    """Whether the epilogue ``chain`` of the conv block ``blk`` (:func:`_epilogue_blocks`)
+    reads an operand that varies along more than one dimension (a residual, in the result's
+    own layout): staged in ACC, it is read where the result's rows are, which pixels as rows
+    leave to the row loops."""
     made = {sch.get(b).writes[0].source.__chandle__() for b in [blk] + chain}
     for b in chain:
         for r in sch.get(b).reads:
@@ -332,7 +333,13 @@ def normalise(sch: s_tir.Schedule, conv: Conv, config: Config, notes, gather: st
     direct = direct_gather(conv, config) if gather is None else gather == "direct"
     inline, source = gather_input(sch, blk, conv, direct, notes)
     w_buffer = _weights(sch, blk, conv, direct, notes)
-    stop = output_channels_last(sch, blk, conv, notes)
+    # the image needs the CPU's im2col and an image of more than one row and column (a
+    # knob asking for it otherwise gets a row's, as the heuristic would)
+    fuse_rows = bool(fuse_rows) and not direct and has_image(conv)
+    # the epilogue, found while it reads the conv's result pointwise (output_channels_last
+    # lays the result out as pixels as rows: its blocks no longer do)
+    chain = _epilogue_blocks(sch, blk) if fuse_rows else []
+    stop = output_channels_last(sch, blk, conv, notes, _pixel_map(conv) if fuse_rows else None)
 
     # The im2col operand: a view of the input for the direct gather, a CPU buffer otherwise.
     keys = [var_key(iv.var) for iv in sch.get(blk).iter_vars]
@@ -346,12 +353,9 @@ def normalise(sch: s_tir.Schedule, conv: Conv, config: Config, notes, gather: st
     dims = {role_of[var_key(r.min)]: n for n, r in enumerate(re_read.region)}
     m_role = next(r for r in ("x", "y", "n") if r in dims)
     rows = [r for r in ("n", "y", "x") if r != m_role] + [m_role]
-    # the image needs the CPU's im2col and an image of more than one row and column (a
-    # knob asking for it otherwise gets a row's, as the heuristic would)
-    fuse_rows = bool(fuse_rows) and not direct and has_image(conv)
     contiguous = False
     if fuse_rows:
-        contiguous = _pixels_as_rows(sch, blk, conv, stop)
+        contiguous = _pixels_as_rows(sch, blk, conv, stop, chain)
         rows, m_role = ["n", "m"], "m"
     if direct:
         inline.append(re_name)
@@ -431,23 +435,35 @@ def _weights(sch, blk, conv: Conv, direct: bool, notes) -> ir.Var:
     return sch.get(stage).writes[0].source
 
 
-def output_channels_last(sch: s_tir.Schedule, blk: SBlockRV, conv: Conv, notes) -> str | None:
+def output_channels_last(sch: s_tir.Schedule, blk: SBlockRV, conv: Conv, notes,
+                         then: Callable | None = None) -> str | None:
     """Make the conv (and its epilogue) write channels-last; an NCHW result gets a CPU
-    transpose at the end, whose block name is returned (the epilogue chain stops there)."""
+    transpose at the end, whose block name is returned (the epilogue chain stops there).
+    ``then``: a map of the channels-last result applied after it (:func:`_pixel_map`) to the
+    conv's result and the forking epilogue's when it has one, in the same
+    ``transform_layout`` call (each call re-infers the access regions of every block: the
+    forking epilogues of a model's convs make hundreds). Returns None when the output is
+    channels-last already (nothing done, ``then`` neither).
+
+    >>> stop = output_channels_last(sch, blk, conv, notes)      # doctest: +SKIP
+    """
     if conv.channels_last_output:
         return None
     to_nhwc = permute(conv.out_dim, ("n", "y", "x", "f"))
+    later = to_nhwc if then is None else lambda *ax: then(*to_nhwc(*ax))
     index_map = tirx.IndexMap.from_func(to_nhwc, ndim=4, index_dtype="int32")
     blocks = _epilogue_blocks(sch, blk)
     final = blocks[-1] if blocks else blk
     back = sch.cache_write(final, 0, "global")
     for b in blocks[:-1]:       # the blocks of an epilogue that forks: channels-last too
-        sch.transform_layout(b, ("write", 0), to_nhwc)
+        sch.transform_layout(b, ("write", 0), later)
         sch.transform_block_layout(b, index_map)
-    sch.transform_layout(final, ("write", 0), to_nhwc)
     if blocks:
-        sch.transform_layout(blk, ("write", 0), to_nhwc)
+        sch.transform_layout(final, ("write", 0), to_nhwc)
+        sch.transform_layout(blk, ("write", 0), later)
         sch.transform_block_layout(final, index_map)
+    else:
+        sch.transform_layout(blk, ("write", 0), to_nhwc)
     notes.on_cpu.append((sch.get(back).name_hint, "transposes the result from channels-last to NCHW on "
                          "the CPU (a STORE row is a run of channels)"))
     return sch.get(back).name_hint
@@ -477,28 +493,37 @@ def _fuse_k(sch, blk, re_block, conv: Conv, dims: dict, rows: list) -> None:
         ndim=7, index_dtype="int32"))
 
 
-def _pixels_as_rows(sch, blk, conv: Conv, stop: str | None) -> bool:
+def _pixels_as_rows(sch, blk, conv: Conv, stop: str | None, blocks: list) -> bool:
     """Lay the conv's result out as ``[n, y*W + x, f]`` (it is channels-last by now) and
     make the last block of its epilogue (a copy back when there is none) iterate over
     ``(n, y*W + x, f)``, writing the channels-last output at ``[n, m // W, m % W, f]``: the
     same bytes, so its STOREs write the output directly, a row of the image at a time. When
     that output is an intermediate the CPU transposes to NCHW (``stop``) and the epilogue
     reads no residual, it is laid out ``[n, y*W + x, f]`` too: a block of pixels is then one
-    run of it, whatever the width. Returns whether it is."""
-    w_ = conv.ext["x"]
-    contiguous = stop is not None and not _wide_epilogue_operand(sch, blk)
-    blocks = _epilogue_blocks(sch, blk, stop)
+    run of it, whatever the width. ``blocks``: the epilogue (:func:`_epilogue_blocks`, up
+    to ``stop``). Returns whether it is."""
+    contiguous = stop is not None and not _wide_epilogue_operand(sch, blk, blocks)
     final = blocks[-1] if blocks else sch.cache_write(blk, 0, "global")
-    pixel = lambda n, y, x, f: (n, y * w_ + x, f)  # noqa: E731
+    pixel = _pixel_map(conv)
     rows = tirx.IndexMap.from_func(pixel, ndim=4, index_dtype="int32")
+    # an NCHW result with an epilogue is laid out so already (output_channels_last's ``then``)
+    done = stop is not None and bool(blocks)
     for b in blocks[:-1]:       # the blocks of an epilogue that forks: pixels as rows too
-        sch.transform_layout(b, ("write", 0), pixel)
+        if not done:
+            sch.transform_layout(b, ("write", 0), pixel)
         sch.transform_block_layout(b, rows)
-    sch.transform_layout(blk, ("write", 0), pixel)
+    if not done:
+        sch.transform_layout(blk, ("write", 0), pixel)
     if contiguous:
         sch.transform_layout(final, ("write", 0), pixel)
     sch.transform_block_layout(final, rows)
     return contiguous
+
+
+def _pixel_map(conv: Conv) -> Callable:
+    """The map of the conv's channels-last result to pixels as rows, ``[n, y*W + x, f]``."""
+    w_ = conv.ext["x"]
+    return lambda n, y, x, f: (n, y * w_ + x, f)
 
 
 def _epilogue_blocks(sch, blk, stop: str | None = None) -> list:
