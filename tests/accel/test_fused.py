@@ -307,7 +307,7 @@ def test_fused_epilogues_wrap_int32_like_the_reference(steps, scale):
     assert plan is not None and plan.run(host, sim)
     # each ALU step writes its results as one view (the values are numbered for it), and reads
     # the step before's the same way
-    assert all(isinstance(new, fused._Span) and isinstance(old, fused._Span) for _, _, _, new, old, _ in plan.alus)
+    assert all(isinstance(new, fused._Span) and isinstance(old, fused._Span) for _, new, old, _ in plan.alus)
     ref.run(stream, want)
     np.testing.assert_array_equal(sim.acc, ref.acc)
     np.testing.assert_array_equal(host[4], want[4])
@@ -361,12 +361,12 @@ def test_lanes_no_store_reads_read_any_value_unless_acc_ends_with_them(channels,
     stream = _auto(program)
     plan, (sim, host), (ref, want) = _both(stream)
     assert plan is not None
-    bias = plan.alus[0][5]
+    bias = plan.alus[0][3]
     if overwritten and scale:
         # (a product by the immediate 0 reads nothing before it: the plan may then read the
         # bias any way, and does, by a gather)
         assert isinstance(bias, fused._View) and bias.strides == (0, 1)
-    assert all(isinstance(old, fused._Span) for _, _, _, _, old, _ in plan.alus)     # no gathers
+    assert all(isinstance(old, fused._Span) for _, _, old, _ in plan.alus)     # no gathers
     _runs_alike(plan, stream, (sim, host), (ref, want))
 
 
@@ -688,7 +688,7 @@ def test_alu_chains_work_in_place_and_equal_instruction_by_instruction():
                Finish()]
     plan, (sim, host), (ref, want) = _both(stream)
     assert plan is not None and len(plan.alus) == len(chain)
-    assert all(new.start == old.start for _, _, _, new, old, _ in plan.alus)     # in place, all of them
+    assert all(new.start == old.start for _, new, old, _ in plan.alus)     # in place, all of them
     assert plan.run(host, sim) and plan.run(host, sim)      # twice: a run leaves nothing the next one reads
     ref.run(stream, want)
     np.testing.assert_array_equal(host[4], want[4])
@@ -708,7 +708,7 @@ def test_an_alu_step_whose_operand_is_read_elsewhere_does_not_work_in_place(read
                     Store(sram_addr=256, sram_ld=16, slot=4, dram_offset=256, dram_ld=16, rows=16, cols=16)])
     plan, (sim, host), (ref, want) = _both(stream)
     assert plan is not None
-    by_op = {op: (new, old) for _, op, _, new, old, _ in plan.alus}
+    by_op = {op: (new, old) for ((_, op, _),), new, old, _ in plan.alus}
     new, old = by_op[AluOp.MUL]
     assert not (isinstance(old, fused._Span) and new.start == old.start)        # not over what is read again
     new, old = by_op[AluOp.SHR]
@@ -755,7 +755,7 @@ def test_the_builder_holds_the_chains_it_worked_out_so_no_other_takes_their_ids(
     for op, imm in [(AluOp.ADD, 3), (AluOp.MUL, 5), (AluOp.SHR, 2), (AluOp.MAX, -7)] * 8:
         chain = AluChain(dst_addr=0, ext_out=2, dst_stride_out=16, **chain_code([(op, imm)]))
         ids.add(id(chain))
-        assert builder.add(chain) and builder.alus[-1][1:3] == (op, imm)
+        assert builder.add(chain) and builder.alus[-1][1] == ((op, imm),)
         del chain
     assert len(ids) == 32
 
@@ -953,9 +953,9 @@ def spilled_batches(draw):
         operand = fused._Gather(index, tile)
     lookup = draw(st.booleans())
     table = rng.integers(-128, 128, 256).astype(np.int8)
-    first = (None, None, np.arange(256), fused._Span(0, (n,)), operand, None) if lookup else \
-        (np.add, AluOp.ADD, None, fused._Span(0, (n,)), fused._Span(0, (n,)), operand)
-    then = (np.multiply, AluOp.MUL, 3, fused._Span(n, (2 * n,)), fused._Span(n, (2 * n,)), None)
+    first = (((None, None, np.arange(256)),), fused._Span(0, (n,)), operand, None) if lookup else \
+        (((np.add, AluOp.ADD, None),), fused._Span(0, (n,)), fused._Span(0, (n,)), operand)
+    then = (((np.multiply, AluOp.MUL, 3),), fused._Span(n, (2 * n,)), fused._Span(n, (2 * n,)), None)
     return tile, values, index, lookup, table, [first, then]
 
 
