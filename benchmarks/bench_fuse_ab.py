@@ -10,8 +10,10 @@ plans, with its execution order and (copies of) the host buffers it was planned 
 ``accel`` package), alternating the versions ``--rounds`` times, and print each version's
 thread CPU (``time.thread_time``) and wall per round and their medians. Then run every
 stream's plan of each version on the same host buffers and scratchpads (seeded) and check that
-the host buffers and all three scratchpads end bit-identical; the count of ALU value numbers
-(``plan.values``) of each is printed too.
+the host buffers and all three scratchpads end bit-identical; the count of value numbers
+(``plan.values``) and of the ALU batches' calls of a run (``plan._alu_steps``) of each is printed
+too, and the thread CPU of running all the plans once (what a replayed call runs of them),
+alternated.
 
     python benchmarks/bench_fuse_ab.py capture ppocrv5_det /tmp/det.pkl
     python benchmarks/bench_fuse_ab.py compare /tmp/det.pkl old_fused.py accel/hw/fused.py --rounds 3
@@ -79,11 +81,15 @@ def _fuse_all(module, config, streams) -> tuple[float, float, list]:
     return time.thread_time() - cpu, time.perf_counter() - wall, plans
 
 
-def _runs_alike(modules, config, streams) -> None:
+def _runs_alike(modules, config, streams) -> list:
+    """Check every stream's plans run alike; return, per module, its simulator and its plans
+    with the tuple of host buffers each ran on."""
     from accel.hw.sim import Simulator
 
     sims = [Simulator(config) for _ in modules]
+    runs: list[list] = [[] for _ in modules]
     values = [0] * len(modules)
+    calls = [0] * len(modules)
     covered = 0
     for k, (stream, order, buffers) in enumerate(streams):
         ends = []
@@ -92,13 +98,15 @@ def _runs_alike(modules, config, streams) -> None:
             sim.acc[:] = rng.integers(-2**31, 2**31, sim.acc.size, dtype=np.int64).astype(np.int32)
             sim.inp[:] = rng.integers(-128, 128, sim.inp.size)
             sim.wgt[:] = rng.integers(-128, 128, sim.wgt.size)
-            host = [None if b is None else b.copy() for b in buffers]
+            host = tuple(None if b is None else b.copy() for b in buffers)
             plan = module.fuse(sim, stream, order, host)
             if plan is None:
                 ends.append(None)
                 continue
             values[m] += plan.values
             assert plan.run(host, sim)
+            calls[m] += len(plan._alu_steps)
+            runs[m].append((plan, host))
             ends.append([sim.acc.copy(), sim.inp.copy(), sim.wgt.copy(), *(b for b in host if b is not None)])
         if ends[0] is None or ends[1] is None:
             assert ends[0] is None and ends[1] is None, f"stream {k}: planned by one version only"
@@ -106,8 +114,26 @@ def _runs_alike(modules, config, streams) -> None:
         covered += 1
         for a, b in zip(*ends):
             np.testing.assert_array_equal(a, b, err_msg=f"stream {k}")
-    print(f"runs bit-identical on {covered} planned streams of {len(streams)}; value numbers: "
-          + ", ".join(f"{m.__name__} {v:,}" for m, v in zip(modules, values)))
+    print(f"runs bit-identical on {covered} planned streams of {len(streams)}; value numbers, ALU calls a run: "
+          + ", ".join(f"{m.__name__} {v:,}, {c:,}" for m, v, c in zip(modules, values, calls)))
+    for module, sim in zip(modules, sims):
+        module.settle(sim)      # as a model's call ends: every plan bound to the workspace's final arrays
+    return [(module, sim, mine) for module, sim, mine in zip(modules, sims, runs)]
+
+
+def _time_runs(runs: list, rounds: int, repeat: int = 5) -> None:
+    """Thread CPU of running every stream's plan once (as a replayed call does), ``repeat`` times
+    a round, the versions alternated; medians of the rounds' per-run means."""
+    times: dict[str, list[float]] = {module.__name__: [] for module, _, _ in runs}
+    for r in range(rounds):
+        for module, sim, plans in runs if r % 2 == 0 else runs[::-1]:
+            cpu = time.thread_time()
+            for _ in range(repeat):
+                for plan, host in plans:
+                    plan.run(host, sim)
+            times[module.__name__].append((time.thread_time() - cpu) / repeat)
+    print("every plan run once (a replayed call's plans), median thread CPU: "
+          + ", ".join(f"{name} {1e3 * statistics.median(t):.1f} ms" for name, t in times.items()))
 
 
 def compare(capture_file: str, old: str, new: str, rounds: int) -> None:
@@ -125,7 +151,7 @@ def compare(capture_file: str, old: str, new: str, rounds: int) -> None:
     for name, measured in times.items():
         print(f"{name}: median thread CPU {statistics.median(c for c, _ in measured):.2f} s, "
               f"wall {statistics.median(w for _, w in measured):.2f} s")
-    _runs_alike(modules, config, streams)
+    _time_runs(_runs_alike(modules, config, streams), max(rounds, 5))
 
 
 if __name__ == "__main__":

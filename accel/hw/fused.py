@@ -24,9 +24,11 @@ current ones, a STORE or an ALU reads them. Then the whole stream is:
    count (a few tiles at a time, in cache), those that add each value once (a widening)
    one product each, the others one weighted bincount; a product that alone adds into
    values a reset zeroed writes them instead;
-3. ALU and LUT instructions, batched by dependency level and operation (a LUT by table),
-   a chain of batches each working in place on what the one before made (a requantisation's
-   multiply, shift, add, clamps and lookup) as one pass of a compiled kernel;
+3. ALU, ALU chain and LUT instructions, batched by dependency level and steps (a chain's
+   steps are its batch's program: what they make before its last step is read by nothing but
+   the next step, so it gets no value numbers; a LUT's step is its table), a chain of batches
+   each working in place on what the one before made (a requantisation's multiply, shift, add,
+   clamps, then a lookup) as one pass of a compiled kernel;
 4. STOREs, batched per host buffer;
 5. the scratchpads' final contents, as instruction-by-instruction execution leaves them
    (of ACC, the elements the stream changed).
@@ -583,7 +585,7 @@ class _Builder:
         self.acc[dst] = new
         # the table's entries as WGT holds them now (a later LOAD may overwrite them)
         table = _intern(self.tables, self.table_codes, self.wgt[u.lut_addr:u.lut_addr + LUT_ENTRIES])
-        self.alus.append((level, ((None, table),), new, old, None))    # op None: a lookup in table number ``table``
+        self.alus.append((level, ((None, table),), new, old, None))     # a lookup in table number ``table``
         return True
 
     def _store(self, s: Store) -> bool:
@@ -1008,8 +1010,8 @@ def _layout(acc_n: int, count: int, products: list, alus: list, acc_loads, made:
     operand ``old`` is a run that nothing else reads (no other ALU, nor ``kept``: what the
     STOREs read and ACC ends with) writes its results over it, in place (``made`` marks the
     values the ALU groups write; the loaded ones are marked in it too, as written): a chain of ALU
-    batches (a requantisation's multiply, shift, add, clamps) then works on one stretch of
-    memory, in cache, instead of a fresh one per operation. Returns ``(renumber, zeroed,
+    batches (a requantisation's chain, then a lookup) then works on one stretch of memory, in
+    cache, instead of a fresh one per operation. Returns ``(renumber, zeroed,
     runs, in_place)``: values ``[acc_n, zeroed)`` start at zero, ``[zeroed, count)`` are
     written before they are read; per ALU group, the first of the run its ``new`` is
     renumbered to (None when it is no run), and whether its ``old`` is that run too (in
@@ -1924,14 +1926,15 @@ def _alu_steps(vector: _Vector, source: _Vector, alus: list, spill: Optional["_S
                ) -> list[Callable[[], object]]:
     """A plan's ALU and LUT batches as calls, in an order that gives every batch what it reads.
 
-    A batch written over the run of values the batch before it made, in place (a
-    requantisation's multiply, shift, add, clamps and lookup), continues that batch's chain:
-    a chain is one call of the compiled :func:`~accel.hw.kernels.alu_chain`, a few tile rows
-    at a time through all its steps in registers, instead of one numpy pass over memory per
-    step. A chain runs when a later batch touches what it writes, or writes what it reads (or
-    at the end): nothing else reads a chain's values between its steps (a batch works in
-    place only over values no other batch or STORE reads, see :func:`_layout`), and a batch
-    reads only what batches of lower levels made, all before it in ``alus``. An operand the
+    A batch's steps (an ALU chain instruction's), and those of a batch written over the run of
+    values the batch before it made, in place (a requantisation's chain, then a lookup),
+    continue that batch's chain: a chain is one call of the compiled
+    :func:`~accel.hw.kernels.alu_chain`, a few tile rows at a time through all its steps in
+    registers, instead of one numpy pass over memory per step. A chain runs when a later batch
+    touches what it writes, or writes what it reads (or at the end): nothing else reads a
+    chain's values between its steps (a batch works in place only over values no other batch or
+    STORE reads, see :func:`_layout`), and a batch reads only what batches of lower levels made,
+    all before it in ``alus``. An operand the
     kernel cannot read as rows (some of its rows gathered element by element, rows not ``tile``
     wide) is copied into whole rows past the plan's values (``spill``, see :class:`_Spill`) just
     before its chain runs; without room there, such a batch is numpy calls (:func:`_alu_calls`)."""
@@ -2026,7 +2029,8 @@ def _chain_rows(alu: tuple, tile: int, spill: Optional["_Spill"] = None) -> Opti
         if rows is None:
             return None
     return start, rows, [(kernels.LOOKUP, imm) if ufunc is None else
-                         (int(op), rows if imm is None else (kernels.IMM, imm, None)) for ufunc, op, imm in program]
+                         (int(op), rows if imm is None else (kernels.IMM, imm, None))
+                         for ufunc, op, imm in program]
 
 
 class _Spill:
@@ -2131,8 +2135,8 @@ def _row_operand(index, tile: int) -> Optional[tuple]:
 
 
 class _Chain:
-    """ALU and LUT batches that each work in place on what the one before made, from the
-    first one's operand ``start`` (see :func:`_alu_steps`), as one kernel call."""
+    """The steps of ALU and LUT batches that each work in place on what the one before made,
+    from the first one's operand ``start`` (see :func:`_alu_steps`), as one kernel call."""
 
     __slots__ = ("start", "writes", "tile", "steps", "reads", "copies")
 

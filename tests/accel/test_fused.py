@@ -881,6 +881,58 @@ def test_alu_chains_in_the_plan_equal_instruction_by_instruction(stream):
     _runs_alike(plan, stream, (sim2, host2), (ref2, want2))
 
 
+# (at most 4 immediates: two more steps with one may go around them in a chain of 6)
+_STEPS = st.lists(st.tuples(st.sampled_from(list(AluOp)), st.one_of(st.none(), st.just(0), st.integers(-40, 40))),
+                  min_size=1, max_size=5).filter(lambda steps: sum(imm is not None for _, imm in steps) <= 4)
+
+
+def _values_of(steps) -> int:
+    """The runs of new values (of a block each) a plan numbers for a chain of ``steps``: its
+    result, and the zeros the steps after its last product by the immediate 0 start from."""
+    zero = [k for k, (op, imm) in enumerate(steps) if op is AluOp.MUL and imm == 0]
+    return 2 if zero and zero[-1] < len(steps) - 1 else 1
+
+
+@given(st.lists(_STEPS, min_size=1, max_size=4), st.sampled_from([0, 256]))
+def test_a_chain_is_numbered_as_one_run_of_values_not_a_run_per_step(chains, src):
+    """Chains one after the other over one block of accumulators (reading the block, or another
+    one, as ``src``), then a STORE: each chain makes one run of new values (its result; the zeros
+    its steps start from too, after a product by 0), whatever its steps, and the plan runs each
+    as one batch of all its steps, the reference's results."""
+    tile = dict(dst_addr=0, ext_out=16, dst_stride_out=16, src_addr=src, src_stride_out=16)
+    stream = _auto([_gemm(reset=True), _gemm(), *(AluChain(**tile, **chain_code(steps)) for steps in chains),
+                    Store(sram_addr=0, sram_ld=16, slot=4, dram_offset=0, dram_ld=16, rows=16, cols=16)])
+    plan, (sim, host), (ref, want) = _both(stream)
+    assert plan is not None
+    assert plan.values == sim.acc.size + _BLOCK * (1 + sum(_values_of(steps) for steps in chains))
+    live = [steps for steps in chains if _values_of(steps) == 2 or not any(op is AluOp.MUL and imm == 0
+                                                                          for op, imm in steps)]
+    assert [len(program) for program, *_ in plan.alus] == [len(fused._Program.of(steps).steps) for steps in live]
+    _runs_alike(plan, stream, (sim, host), (ref, want))
+
+
+@given(_STEPS, _STEPS, _STEPS, st.booleans())
+def test_temporaries_a_chain_zeroes_or_copies_equal_instruction_by_instruction(before, copied, after, accumulate):
+    """Chains as an epilogue's temporaries are made: ``before`` then a product by the immediate
+    0 zeroes a block that a GEMM may then add into (a zeroed temporary is no ALU result), a
+    copy ``[MUL 0, ADD src]`` of the accumulators followed by ``copied`` into another block,
+    then ``after`` on the accumulators themselves (which the copy read: not in place over what
+    it reads), each block stored: host buffers and scratchpads as the reference leaves them."""
+    acc, zeroed, temporary = (dict(dst_addr=b, ext_out=16, dst_stride_out=16) for b in (0, 256, 512))
+    program = [_gemm(reset=True), _gemm(), AluChain(**zeroed, **chain_code([*before, (AluOp.MUL, 0)]))]
+    if accumulate:
+        program.append(Gemm(acc_addr=256, inp_addr=0, wgt_addr=0, acc_ld=16, inp_ld=16, wgt_ld=16))
+    program += [AluChain(**temporary, src_addr=0, src_stride_out=16,
+                         **chain_code([(AluOp.MUL, 0), (AluOp.ADD, None), *copied])),
+                AluChain(**acc, src_addr=512, src_stride_out=16, **chain_code(after))]
+    program += [Store(sram_addr=b, sram_ld=16, slot=4, dram_offset=b, dram_ld=16, rows=16, cols=16)
+                for b in (0, 256, 512)]
+    stream = _auto(program)
+    plan, (sim, host), (ref, want) = _both(stream)
+    assert plan is not None
+    _runs_alike(plan, stream, (sim, host), (ref, want))
+
+
 def _weighted_stream():
     """An input tile times a weight tile (slot 1) plus biases (slot 2: eight rows, padded to a
     tile: read by a gather), stored to slot 4."""
