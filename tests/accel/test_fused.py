@@ -338,24 +338,26 @@ def test_a_chain_of_clamps_is_one_compiled_pass_like_the_reference(clamps):
     np.testing.assert_array_equal(host[4], want[4])
 
 
-@given(st.integers(1, 15), st.integers(1, 16), st.booleans(), st.integers(-2**31, 2**31 - 1))
-def test_lanes_no_store_reads_read_any_value_unless_acc_ends_with_them(channels, rows, overwritten, scale):
+@given(st.integers(1, 15), st.integers(1, 16), st.booleans(), st.integers(-2**31, 2**31 - 1), st.booleans())
+def test_lanes_no_store_reads_read_any_value_unless_acc_ends_with_them(channels, rows, overwritten, scale, chained):
     """A layer of fewer than 16 channels: its epilogue adds a bias row loaded into ``channels``
     lanes of ACC (the other lanes hold what ACC held before the stream) and the STORE writes
     ``channels`` columns of ``rows`` rows. Where ACC is reset afterwards (the next tile), the
     other lanes' and rows' results reach nothing: the bias is read as a broadcast view of
-    whole rows, and the chain still works in place on runs. Where ACC ends with them, they
-    must be exact. Host memory and every scratchpad as the reference."""
+    whole rows, and the chain (ALU instructions, or one ALU chain instruction) still works in
+    place on runs. Where ACC ends with them, they must be exact. Host memory and every
+    scratchpad as the reference."""
     tile = dict(dst_addr=0, ext_out=16, dst_stride_out=16)
     pad = dict(pad_right=16 - channels, pad_value=0, sram_ld=16, sram_addr=0, dram_offset=0, dram_ld=channels,
                cols=channels)
+    steps = [(AluOp.ADD, None), (AluOp.MUL, scale), (AluOp.SHR, 9), (AluOp.MAX, -128), (AluOp.MIN, 127)]
+    epilogue = [AluChain(src_addr=512, src_stride_out=0, **tile, **chain_code(steps))] if chained else \
+        [Alu(op=op, use_imm=True, imm=imm, **tile) if imm is not None else
+         Alu(op=op, use_imm=False, src_addr=512, **tile) for op, imm in steps]
     program = [Load(mem=Mem.INP, slot=0, rows=16, **pad), Load(mem=Mem.WGT, slot=1, rows=16, **pad),
                _gemm(reset=True), _gemm(),
                Load(mem=Mem.ACC, sram_addr=512, sram_ld=16, slot=2, dram_offset=0, dram_ld=0, rows=1, cols=channels),
-               Alu(op=AluOp.ADD, use_imm=False, src_addr=512, **tile),
-               Alu(op=AluOp.MUL, use_imm=True, imm=scale, **tile), Alu(op=AluOp.SHR, use_imm=True, imm=9, **tile),
-               Alu(op=AluOp.MAX, use_imm=True, imm=-128, **tile), Alu(op=AluOp.MIN, use_imm=True, imm=127, **tile),
-               Store(sram_addr=0, sram_ld=16, slot=4, dram_offset=0, dram_ld=16, rows=rows, cols=channels)]
+               *epilogue, Store(sram_addr=0, sram_ld=16, slot=4, dram_offset=0, dram_ld=16, rows=rows, cols=channels)]
     if overwritten:
         program.append(_gemm(reset=True))
     stream = _auto(program)
