@@ -1040,6 +1040,39 @@ def test_chain_operands_that_are_no_rows_are_copied_into_rows_before_their_chain
     np.testing.assert_array_equal(vector.data[:values.size], want)
 
 
+@given(st.lists(st.tuples(st.sampled_from(list(AluOp)), st.one_of(st.none(), _INT32, st.integers(-40, 40))),
+                min_size=1, max_size=8), st.booleans(), st.booleans(), st.integers(0, 2**32 - 1))
+def test_a_batch_of_steps_run_by_numpy_or_the_kernel_computes_them_in_turn(steps, run, kernel, seed):
+    """A batch of several steps (an ALU chain's) reading ``old`` and ``src`` gathered element by
+    element: as numpy calls (:func:`fused._alu_calls`, its results a run or scattered) or as the
+    compiled chain (its operands copied into rows first), each step in turn on what the one
+    before made, int32 wrapping and shifts clipped, as numpy step by step in int64."""
+    tile, n = 4, 12
+    rng = np.random.default_rng(seed)
+    values = rng.integers(-2**31, 2**31, 4 * n, dtype=np.int64).astype(np.int32)
+    old, src = rng.permutation(2 * n)[:n], 2 * n + rng.permutation(n)      # read before the results' run
+    new = 3 * n + (np.arange(n) if run or kernel else rng.permutation(n))
+    program = tuple((fused.ALU_UFUNCS[op], op, None if imm is None else fused.alu_operand(op, imm))
+                    for op, imm in steps)
+    want = values.astype(np.int64)
+    result = want[old]
+    for op, imm in steps:
+        operand = want[src] if imm is None else np.int64(imm)
+        result = sim_tests.wrap32(_NUMPY[op](result, operand))
+    want[new] = result
+    batch = (program, fused._Span(3 * n, (n,)) if run or kernel else new, fused._Gather(old, tile),
+             fused._Gather(src, tile) if any(imm is None for _, imm in steps) else None)
+    need = fused._Spill.need([batch], tile) if kernel else 0
+    vector = fused._Vector(np.concatenate([values, np.zeros(need, np.int32)]), tile)
+    calls = fused._alu_steps(vector, fused._Vector(np.zeros(256, np.int8), tile), [batch],
+                             fused._Spill(values.size, need)) if kernel else \
+        fused._alu_calls(vector, fused._Vector(np.zeros(256, np.int8), tile), *batch)
+    assert len(calls) == (1 if kernel else len(steps))
+    for call in calls:
+        call()
+    np.testing.assert_array_equal(vector.data[:values.size], want.astype(np.int32))
+
+
 def test_an_acc_load_of_one_int32_buffer_reads_each_tuple_s_buffer_where_it_is():
     """ACC LOADs from one int32 host buffer, no pads (a bias, a residual), read that buffer in
     place instead of a copy in the workspace: each tuple its own buffer, its contents as they
