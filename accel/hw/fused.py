@@ -24,9 +24,11 @@ current ones, a STORE or an ALU reads them. Then the whole stream is:
    count (a few tiles at a time, in cache), those that add each value once (a widening)
    one product each, the others one weighted bincount; a product that alone adds into
    values a reset zeroed writes them instead;
-3. ALU and LUT instructions, batched by dependency level and operation (a LUT by table),
-   a chain of batches each working in place on what the one before made (a requantisation's
-   multiply, shift, add, clamps and lookup) as one pass of a compiled kernel;
+3. ALU, ALU chain and LUT instructions, batched by dependency level and steps (a chain's
+   steps are its batch's program: what they make before its last step is read by nothing but
+   the next step, so it gets no value numbers; a LUT's step is its table), a chain of batches
+   each working in place on what the one before made (a requantisation's multiply, shift, add,
+   clamps, then a lookup) as one pass of a compiled kernel;
 4. STOREs, batched per host buffer;
 5. the scratchpads' final contents, as instruction-by-instruction execution leaves them
    (of ACC, the elements the stream changed).
@@ -88,7 +90,7 @@ from __future__ import annotations
 
 import functools
 from functools import partial
-from typing import Callable, Optional, Sequence
+from typing import Callable, NamedTuple, Optional, Sequence
 
 import numpy as np
 
@@ -278,6 +280,36 @@ class _Sources:
         return np.repeat(np.array(sorted(self.pads, key=lambda v: -self.pads[v]), dtype=dtype), self.tile)
 
 
+class _Program(NamedTuple):
+    """What a plan needs of an ALU instruction's or chain's steps.
+
+    ``steps``: those after its last product by the immediate 0 (what the steps before it make
+    is read by none), each ``(op, operand)``: the operand the immediate gives the op
+    (:func:`~accel.hw.instructions.alu_operand`), None for the vector operand ``src``;
+    ``zeroes``: whether it has such a product (``steps`` then start from zeros); ``reads_old``:
+    whether it reads its destination (its first step is no such product); ``reads_src``:
+    whether any step reads ``src``; ``steps_read_src``: whether one of ``steps`` does.
+
+    >>> _Program.of([(AluOp.ADD, None), (AluOp.MUL, 0), (AluOp.SHR, 40)])
+    _Program(steps=((<AluOp.SHR: 3>, 31),), zeroes=True, reads_old=True, reads_src=True, steps_read_src=False)
+    """
+
+    steps: tuple
+    zeroes: bool
+    reads_old: bool
+    reads_src: bool
+    steps_read_src: bool
+
+    @classmethod
+    def of(cls, steps: Sequence[tuple]) -> "_Program":
+        """The program of ``steps``, ``(op, imm)`` each, ``imm`` None for ``src``."""
+        zero = [k for k, (op, imm) in enumerate(steps) if op is _MUL and imm == 0]
+        live = tuple((op, None if imm is None else alu_operand(op, imm))
+                     for op, imm in steps[zero[-1] + 1 if zero else 0:])
+        return cls(live, bool(zero), not (zero and zero[0] == 0), any(imm is None for _, imm in steps),
+                   any(operand is None for _, operand in live))
+
+
 class _Builder:
     """Follows a stream in execution order (see the module doc); ``add`` returns False for
     an instruction the fused plan cannot take."""
@@ -308,8 +340,10 @@ class _Builder:
         self.w_ids: dict[bytes, int] = {}
         self.x_tiles: list[np.ndarray] = []
         self.w_tiles: list[np.ndarray] = []
+        # (level, steps, new values, old values, src values or None): an ALU or ALU chain
+        # instruction, or a LUT (see _alu_batch)
         self.alus: list[tuple] = []
-        self.chains: dict[int, tuple] = {}                     # id of an ALU chain -> (it, its steps, reads src)
+        self.chains: dict[int, tuple] = {}                     # id of an ALU (chain) -> (it, its _Program)
         self.tables: dict[bytes, int] = {}                     # a LUT's table (WGT source codes) -> its number
         self.table_codes: list[np.ndarray] = []
         self.dwmacs: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []   # (acc values, inp codes, wgt codes)
@@ -471,75 +505,72 @@ class _Builder:
     def _alu(self, a: Alu) -> bool:
         if not (a.ext_out and a.ext_in):
             return True
+        known = self._program(a, lambda: [(a.op, a.imm if a.use_imm else None)])
         src = None
-        if not a.use_imm:
+        if known.reads_src:
             src = self.acc[_vectors(a.src_addr, a.ext_out, a.src_stride_out, a.ext_in, a.src_stride_in, self.tile)]
-        step = (a.op, a.imm, alu_operand(a.op, a.imm)) if a.use_imm else (a.op, None, None)
-        self._alu_batches(_vectors(a.dst_addr, a.ext_out, a.dst_stride_out, a.ext_in, a.dst_stride_in, self.tile),
-                          (step,), src)
+        self._alu_batch(_vectors(a.dst_addr, a.ext_out, a.dst_stride_out, a.ext_in, a.dst_stride_in, self.tile),
+                        known, src)
         return True
 
     def _alu_chain(self, c: AluChain) -> bool:
         if not (c.ext_out and c.ext_in):
             return True
-        # a model's chains are a few codes and immediates over and over (a requantisation's per
-        # layer), and the instruction objects repeat: its steps are worked out once per object,
-        # which the entry holds (no other object takes its id while the builder lives)
-        known = self.chains.get(id(c))
-        if known is None:
-            steps = tuple((op, imm, None if imm is None else alu_operand(op, imm)) for op, imm in c.steps)
-            known = self.chains[id(c)] = (c, steps, any(imm is None for _, imm, _ in steps))
-        _, steps, reads_src = known
+        known = self._program(c, lambda: c.steps)
         src = None
-        if reads_src:
+        if known.reads_src:
             # the values the chain's src holds when it starts: it reads them before it writes
             src = self.acc[_vectors(c.src_addr, c.ext_out, c.src_stride_out, c.ext_in, c.src_stride_in, self.tile)]
-        self._alu_batches(_vectors(c.dst_addr, c.ext_out, c.dst_stride_out, c.ext_in, c.dst_stride_in, self.tile),
-                          steps, src)
+        self._alu_batch(_vectors(c.dst_addr, c.ext_out, c.dst_stride_out, c.ext_in, c.dst_stride_in, self.tile),
+                        known, src)
         return True
 
-    def _alu_batches(self, dst: np.ndarray, steps: Sequence[tuple], src: Optional[np.ndarray]) -> None:
-        """ALU ``steps`` ``(op, imm or None for src, the operand imm gives)`` in turn on the
-        values at ACC elements ``dst``, each a batch of new values (what a chain's steps compute
-        is what as many ALU instructions compute; the plan runs the batches in place, one pass
-        per block). A product by the immediate 0 reads nothing: its values start at zero, as a
-        reset's do (a temporary zeroed before its copy does not wait for the block's last
-        reader). No two elements of ``dst`` are one (the simulator's check: an ALU's destination
-        vectors never overlap), so a step after the first reads what the step before made, a
-        fresh run of one level: sealed as a slice, and ACC takes the last step's values at the
-        end, instead of a gather and a scatter a step."""
-        made = None         # (values, their level, the first of them) the last step made over ``dst``
-        src_level = -1      # the highest level of ``src``'s values, once a later step reads them
+    def _program(self, ins: Instruction, steps: Callable[[], list]) -> "_Program":
+        """The :class:`_Program` of an ALU or ALU chain instruction whose ``(op, imm)`` steps
+        ``steps`` gives. A model's are a few codes and immediates over and over (a
+        requantisation's per layer), and the instruction objects repeat: worked out once per
+        object, which the cache holds (no other object takes its id while the builder lives)."""
+        known = self.chains.get(id(ins))
+        if known is None:
+            known = self.chains[id(ins)] = (ins, _Program.of(steps()))
+        return known[1]
+
+    def _alu_batch(self, dst: np.ndarray, known: "_Program", src: Optional[np.ndarray]) -> None:
+        """An ALU instruction or chain, ``known``'s steps in turn on the values at ACC elements
+        ``dst`` (``src`` those of its vector operand when a step reads it): one run of new
+        values, its result, of one level (one more than what it reads), and one entry of
+        :attr:`alus` carrying the steps that matter (after the last product by the immediate 0).
+        No step's values but the last's are read by anything but the next step (a chain reads
+        every operand before it writes), so they get no numbers: the plan runs the steps in
+        turn over the result's run. A product by the immediate 0 reads nothing: its values
+        start at zero, as a reset's do (a temporary zeroed before its copy does not wait for
+        the block's last reader), a run of their own that the steps after it read (in place),
+        or that ACC takes when it is the last step (unsealed: a product may still add into
+        it). No two elements of ``dst`` are one (the simulator's check: an ALU's destination
+        vectors never overlap): the new values are a fresh run, leveled and sealed as a slice."""
         n = dst.size
-        every = self._new(n * len(steps))       # each step's values in turn, handed out at once
-        first = int(every[0])
-        lo = first - n
-        for k, (op, imm, operand) in enumerate(steps):
-            new, lo = every[k * n:(k + 1) * n], lo + n
-            if op is _MUL and imm == 0:
-                made = (new, 0, lo)
-                continue
-            if made is None:
-                old = self.acc[dst]
-                reads = old if imm is not None else np.concatenate([old, src])
-                self.sealed[reads] = True
-                level = int(self.level[reads].max()) + 1
-            else:
-                old, level, _ = made
-                if imm is None:
-                    if src_level < 0:
-                        self.sealed[src] = True
-                        src_level = int(self.level[src].max())
-                    level = max(level, src_level)
-                level += 1
-            self.level[lo:lo + n] = level       # a fresh run: a slice, not a scatter
-            made = (new, level, lo)
-            self.alus.append((level, op, operand, new, old, src if imm is None else None))
-        # no product adds into an ALU's result, nor into a zeroed run the next step read: every
-        # step's run is sealed, as one slice, but a last step's zeros (a temporary that a
-        # product may still add into)
-        self.sealed[first:lo + (n if made[1] else 0)] = True
-        self.acc[dst] = made[0]
+        if known.reads_old:
+            old = self.acc[dst]
+            self.sealed[old] = True
+        if src is not None:
+            self.sealed[src] = True
+        if known.zeroes:
+            zeros = self._new(n)
+            if not known.steps:
+                self.acc[dst] = zeros
+                return
+            old, level = zeros, 0
+            self.sealed[zeros[0]:zeros[0] + n] = True
+        else:
+            level = int(self.level[old].max())
+        if known.steps_read_src:
+            level = max(level, int(self.level[src].max()))
+        level += 1
+        new = self._new(n)
+        self.level[new[0]:new[0] + n] = level       # a fresh run: a slice, not a scatter
+        self.sealed[new[0]:new[0] + n] = True
+        self.alus.append((level, known.steps, new, old, src if known.steps_read_src else None))
+        self.acc[dst] = new
 
     def _lut(self, u: Lut) -> bool:
         if not (u.ext_out and u.ext_in):
@@ -554,7 +585,7 @@ class _Builder:
         self.acc[dst] = new
         # the table's entries as WGT holds them now (a later LOAD may overwrite them)
         table = _intern(self.tables, self.table_codes, self.wgt[u.lut_addr:u.lut_addr + LUT_ENTRIES])
-        self.alus.append((level, None, table, new, old, None))     # op None: a lookup in table number ``table``
+        self.alus.append((level, ((None, table),), new, old, None))     # a lookup in table number ``table``
         return True
 
     def _store(self, s: Store) -> bool:
@@ -634,18 +665,19 @@ class _Builder:
             targets, x, w = (np.concatenate(part) for part in zip(*self.dwmacs))
             products.append(_PerChannel.of(targets.astype(np.intp), x, w, self.values, self.f))
         alus = []
-        # ALU batches: by level, then by operation in order of first use (one pass: a stream
-        # has tens of thousands of ALU instructions over dozens of levels)
+        # ALU batches: by level, then by steps in order of first use (one pass: a stream has
+        # tens of thousands of ALU instructions and chains over dozens of levels); a batch's
+        # steps as (ufunc, op, operand), a LUT's (None, None, its table's entries as indices into
+        # the float sources)
         by_level: dict[int, dict[tuple, list]] = {}
-        for lv, op, imm, new, old, src in self.alus:
-            by_level.setdefault(lv, {}).setdefault((op, imm), []).append((new, old, src))
+        for lv, steps, new, old, src in self.alus:
+            by_level.setdefault(lv, {}).setdefault(steps, []).append((new, old, src))
         for level in sorted(by_level):
-            for (op, imm), members in by_level[level].items():
+            for steps, members in by_level[level].items():
                 cat = lambda k: np.concatenate([m[k] for m in members]).astype(np.intp, copy=False)  # noqa: E731
-                if op is None:      # a LUT: its table's entries, as indices into the float sources
-                    alus.append((None, None, self.f.resolve(self.table_codes[imm]), cat(0), cat(1), None))
-                else:
-                    alus.append((ALU_UFUNCS[op], op, imm, cat(0), cat(1), None if imm is not None else cat(2)))
+                program = tuple((None, None, self.f.resolve(self.table_codes[imm])) if op is None else
+                                (ALU_UFUNCS[op], op, imm) for op, imm in steps)
+                alus.append((program, cat(0), cat(1), None if members[0][2] is None else cat(2)))
         stores = []
         for slot in dict.fromkeys(s[0] for s in self.stores):
             mine = [s for s in self.stores if s[0] == slot]
@@ -679,7 +711,7 @@ class _Builder:
         acc_at = np.flatnonzero(changed)
         # the values from before the stream that anything reads or adds into: the only part of
         # ACC a run copies in (most streams reset every accumulator they use)
-        before = [*added, *(m for a in alus for m in (a[4], a[5]) if m is not None), *(s[3] for s in stores)]
+        before = [*added, *(m for a in alus for m in a[2:] if m is not None), *(s[3] for s in stores)]
         live = _range_below([*before, self.acc[acc_at]], self.acc_n)
         # Value numbers are the plan's own: renumber them so that what one numpy call writes
         # is a contiguous run (a view, not a gather and a scatter), and only the values that
@@ -701,12 +733,11 @@ class _Builder:
         # (the runs _layout numbered a batch's results with are known, not looked for again; a
         # batch put in place over ``old`` that reads nothing else reads and writes one run: what
         # _operands makes of it, whatever ``care``, with no pass over it)
-        alus = [(ufunc, op, imm, _Span(start, (new.size,)), _Span(start, (new.size,)), None)
+        alus = [(program, _Span(start, (new.size,)), _Span(start, (new.size,)), None)
                 if same and src is None and new.size > 1 else
-                (ufunc, op, imm, *_operands(renumber[new] if start is None else _Span(start, (new.size,)),
-                                            renumber[old], None if src is None else renumber[src], t,
-                                            care, self.values))
-                for (ufunc, op, imm, new, old, src), care, start, same in zip(alus, cares, runs, in_place)]
+                (program, *_operands(renumber[new] if start is None else _Span(start, (new.size,)),
+                                     renumber[old], None if src is None else renumber[src], t, care, self.values))
+                for (program, new, old, src), care, start, same in zip(alus, cares, runs, in_place)]
         stores = [(slot, mode, *(_views(dst, renumber[src]) or (_Copies(dst, renumber[src], t), None)))
                   for slot, mode, dst, src in stores]
         loaded = None
@@ -848,16 +879,16 @@ def _cares(alus: list, count: int, roots: Sequence[np.ndarray]) -> list[np.ndarr
     ends with), of ``count`` values. A batch reads lower levels only, so one pass over the
     batches backwards settles it.
 
-    >>> batch = (np.add, None, 1, np.array([4, 5]), np.array([2, 3]), None)
-    >>> [c.tolist() for c in _cares([batch, (np.add, None, 1, np.array([6, 7]), np.array([4, 5]), None)], 8,
-    ...                             [np.array([7])])]
+    >>> add = ((np.add, AluOp.ADD, 1),)
+    >>> [c.tolist() for c in _cares([(add, np.array([4, 5]), np.array([2, 3]), None),
+    ...                              (add, np.array([6, 7]), np.array([4, 5]), None)], 8, [np.array([7])])]
     [[False, True], [False, True]]
     """
     live = np.zeros(count, bool)
     for root in roots:
         live[root] = True
     cares = []
-    for ufunc, op, imm, new, old, src in reversed(alus):
+    for _, new, old, src in reversed(alus):
         care = live[new]
         cares.append(care)
         every = care.all()      # most batches: no mask to apply
@@ -979,8 +1010,8 @@ def _layout(acc_n: int, count: int, products: list, alus: list, acc_loads, made:
     operand ``old`` is a run that nothing else reads (no other ALU, nor ``kept``: what the
     STOREs read and ACC ends with) writes its results over it, in place (``made`` marks the
     values the ALU groups write; the loaded ones are marked in it too, as written): a chain of ALU
-    batches (a requantisation's multiply, shift, add, clamps) then works on one stretch of
-    memory, in cache, instead of a fresh one per operation. Returns ``(renumber, zeroed,
+    batches (a requantisation's chain, then a lookup) then works on one stretch of memory, in
+    cache, instead of a fresh one per operation. Returns ``(renumber, zeroed,
     runs, in_place)``: values ``[acc_n, zeroed)`` start at zero, ``[zeroed, count)`` are
     written before they are read; per ALU group, the first of the run its ``new`` is
     renumbered to (None when it is no run), and whether its ``old`` is that run too (in
@@ -1048,11 +1079,11 @@ def _layout(acc_n: int, count: int, products: list, alus: list, acc_loads, made:
     shared = np.zeros(count, bool)
     shared[kept.reshape(-1)] = True
     for a in alus:
-        if a[5] is not None:
-            shared[a[5].reshape(-1)] = True
+        if a[3] is not None:
+            shared[a[3].reshape(-1)] = True
     runs: list[Optional[int]] = [None] * len(alus)
     in_place = [False] * len(alus)
-    for k, (ufunc, op, imm, new, old, src) in enumerate(alus):
+    for k, (program, new, old, src) in enumerate(alus):
         # in execution order: ``old`` has its numbers (made before, or loaded), ``new`` does not yet
         new, old = new.reshape(-1), old.reshape(-1)
         claim_loaded(old)
@@ -1065,7 +1096,7 @@ def _layout(acc_n: int, count: int, products: list, alus: list, acc_loads, made:
             order = np.argsort(at, kind="stable")
             new, old, at = new[order], old[order], at[order]
             src = None if src is None else src.reshape(-1)[order]
-            alus[k] = (ufunc, op, imm, new, old, src)
+            alus[k] = (program, new, old, src)
         if src is not None:
             claim_loaded(src.reshape(-1))
         # in place: ``old`` a run (from the cheap tests to the gathers)
@@ -1895,17 +1926,18 @@ def _alu_steps(vector: _Vector, source: _Vector, alus: list, spill: Optional["_S
                ) -> list[Callable[[], object]]:
     """A plan's ALU and LUT batches as calls, in an order that gives every batch what it reads.
 
-    A batch written over the run of values the batch before it made, in place (a
-    requantisation's multiply, shift, add, clamps and lookup), continues that batch's chain:
-    a chain is one call of the compiled :func:`~accel.hw.kernels.alu_chain`, a few tile rows
-    at a time through all its steps in registers, instead of one numpy pass over memory per
-    step. A chain runs when a later batch touches what it writes, or writes what it reads (or
-    at the end): nothing else reads a chain's values between its steps (a batch works in
-    place only over values no other batch or STORE reads, see :func:`_layout`), and a batch
-    reads only what batches of lower levels made, all before it in ``alus``. An operand the
+    A batch's steps (an ALU chain instruction's), and those of a batch written over the run of
+    values the batch before it made, in place (a requantisation's chain, then a lookup),
+    continue that batch's chain: a chain is one call of the compiled
+    :func:`~accel.hw.kernels.alu_chain`, a few tile rows at a time through all its steps in
+    registers, instead of one numpy pass over memory per step. A chain runs when a later batch
+    touches what it writes, or writes what it reads (or at the end): nothing else reads a
+    chain's values between its steps (a batch works in place only over values no other batch or
+    STORE reads, see :func:`_layout`), and a batch reads only what batches of lower levels made,
+    all before it in ``alus``. An operand the
     kernel cannot read as rows (some of its rows gathered element by element, rows not ``tile``
     wide) is copied into whole rows past the plan's values (``spill``, see :class:`_Spill`) just
-    before its chain runs; without room there, such a batch is a numpy call (:func:`_alu_step`)."""
+    before its chain runs; without room there, such a batch is numpy calls (:func:`_alu_calls`)."""
     tile = _tile(vector)
     steps: list[Callable[[], object]] = []
     chains: dict[tuple[int, int], _Chain] = {}     # the open chains by the run they write
@@ -1920,23 +1952,24 @@ def _alu_steps(vector: _Vector, source: _Vector, alus: list, spill: Optional["_S
                 del chains[key]
 
     for alu in alus:
-        ufunc, op, imm, new, old, src = alu
+        program, new, old, src = alu
         rows = _chain_rows(alu, tile, spill) if tile else None
         copies = spill.taken() if spill is not None else []
         if rows is None:
             flush(None, [_hull(m, tile) for m in (old, src) if m is not None], _hull(new, tile))
-            steps.append(_alu_step(vector, source, *alu))
+            steps += _alu_calls(vector, source, *alu)
             continue
         writes = (new.start, new.stop)
-        code, start, operand = rows
+        start, src_rows, codes = rows
         chain = chains.get(writes)
-        reads = [] if code == kernels.LOOKUP or operand[0] == kernels.IMM else [operand[2]]
+        reads = [] if src_rows is None else [src_rows[2]]
         if chain is not None and isinstance(old, _Span) and (old.start, old.stop) == writes:
-            flush(chain, reads, writes)     # the next step of ``chain``, over what its last step made
+            flush(chain, reads, writes)     # the next steps of ``chain``, over what its last step made
         else:
             flush(None, [start[2], *reads], writes)
             chains[writes] = chain = _Chain(start, writes, tile)
-        chain.add(code, operand)
+        for code, operand in codes:
+            chain.add(code, operand)
         chain.copies += copies
     flush(None, [(0, vector.data.size)], (0, 0))
     return steps
@@ -1971,22 +2004,33 @@ def _hull(index, tile: int) -> tuple[int, int]:
 
 
 def _chain_rows(alu: tuple, tile: int, spill: Optional["_Spill"] = None) -> Optional[tuple]:
-    """An ALU or LUT batch as :func:`~accel.hw.kernels.alu_chain` takes it: ``(code, start,
-    operand)``, its step's code and its two operands as :func:`_row_operand` gives them (for a
-    lookup ``operand`` is its table's indices in the source vector; an operand that is no rows
-    copied into rows of ``spill`` when given), or None when the kernel cannot read them, or the
-    results are not a run of whole rows."""
-    ufunc, op, imm, new, old, src = alu
+    """An ALU batch (its steps, or a LUT's lookup) as :func:`~accel.hw.kernels.alu_chain`
+    takes it: ``(start, src, [(code, operand), ...])``, its first operand, its ``src`` (None
+    when no step reads it) and each step's code and operand, operands as :func:`_row_operand`
+    gives them (``src`` the same rows for every step that reads it; for a lookup ``operand`` is
+    its table's indices in the source vector; an operand that is no rows copied into rows of
+    ``spill`` when given), or None when the kernel cannot read them, or the results are not a
+    run of whole rows.
+
+    >>> steps = ((np.add, AluOp.ADD, None), (np.maximum, AluOp.MAX, 0))
+    >>> start, src, codes = _chain_rows((steps, _Span(8, (4,)), _Span(8, (4,)), _Span(0, (4,))), 2)
+    >>> start, src, [(AluOp(code).name, operand) for code, operand in codes]
+    ((1, 8, (8, 12)), (1, 0, (0, 4)), [('ADD', (1, 0, (0, 4))), ('MAX', (0, 0, None))])
+    """
+    program, new, old, src = alu
     if not isinstance(new, _Span) or new.size % tile:
         return None
     start = _row_operand(old, tile) or (spill and spill.rows(old, tile))
     if start is None:
         return None
-    if ufunc is None:
-        return kernels.LOOKUP, start, imm
-    operand = (kernels.IMM, imm, None) if imm is not None else \
-        _row_operand(src, tile) or (spill and spill.rows(src, tile))
-    return None if operand is None else (int(op), start, operand)
+    rows = None
+    if src is not None:
+        rows = _row_operand(src, tile) or (spill and spill.rows(src, tile))
+        if rows is None:
+            return None
+    return start, rows, [(kernels.LOOKUP, imm) if ufunc is None else
+                         (int(op), rows if imm is None else (kernels.IMM, imm, None))
+                         for ufunc, op, imm in program]
 
 
 class _Spill:
@@ -2011,7 +2055,7 @@ class _Spill:
     @staticmethod
     def need(alus: list, tile: int) -> int:
         """Room for every operand of ``alus`` that would be copied (at most: some batches do not chain)."""
-        return sum(_spilled(index, tile)[2].size for alu in alus for index in alu[4:]
+        return sum(_spilled(index, tile)[2].size for alu in alus for index in alu[2:]
                    if index is not None and _row_operand(index, tile) is None and _spilled(index, tile) is not None)
 
     def rows(self, index, tile: int) -> Optional[tuple]:
@@ -2091,8 +2135,8 @@ def _row_operand(index, tile: int) -> Optional[tuple]:
 
 
 class _Chain:
-    """ALU and LUT batches that each work in place on what the one before made, from the
-    first one's operand ``start`` (see :func:`_alu_steps`), as one kernel call."""
+    """The steps of ALU and LUT batches that each work in place on what the one before made,
+    from the first one's operand ``start`` (see :func:`_alu_steps`), as one kernel call."""
 
     __slots__ = ("start", "writes", "tile", "steps", "reads", "copies")
 
@@ -2166,9 +2210,18 @@ _concatenate = getattr(np.concatenate, "_implementation", np.concatenate)
 _copyto = getattr(np.copyto, "_implementation", np.copyto)
 
 
+def _alu_calls(vector: _Vector, source: _Vector, program: tuple, new, old, src) -> list[Callable[[], object]]:
+    """An ALU batch of a plan that :func:`~accel.hw.kernels.alu_chain` cannot take, as numpy
+    calls (:func:`_alu_step`): its first step from ``old`` into ``new``, the others in place over
+    ``new`` (element by element: each reads only what it writes over, and ``src``)."""
+    again = new if isinstance(new, _Span) else _Gather(np.asarray(new), _tile(vector) or 1)
+    return [_alu_step(vector, source, *step, new, old if k == 0 else again, src) for k, step in enumerate(program)]
+
+
 def _alu_step(vector: _Vector, source: _Vector, ufunc, op, imm, new, old, src) -> Callable[[], object]:
-    """One ALU (or LUT) batch of a plan as a call without arguments over views of its value
-    vector (which stays put between runs): the views and the immediate are made once."""
+    """One step of an ALU batch (or a LUT's lookup) of a plan as a call without arguments over
+    views of its value vector (which stays put between runs): the views and the immediate are
+    made once."""
     values = vector.data
     if ufunc is None:       # a LUT, ``imm`` its table's entries in ``source``
         table = np.empty(LUT_ENTRIES, np.int32)

@@ -307,7 +307,7 @@ def test_fused_epilogues_wrap_int32_like_the_reference(steps, scale):
     assert plan is not None and plan.run(host, sim)
     # each ALU step writes its results as one view (the values are numbered for it), and reads
     # the step before's the same way
-    assert all(isinstance(new, fused._Span) and isinstance(old, fused._Span) for _, _, _, new, old, _ in plan.alus)
+    assert all(isinstance(new, fused._Span) and isinstance(old, fused._Span) for _, new, old, _ in plan.alus)
     ref.run(stream, want)
     np.testing.assert_array_equal(sim.acc, ref.acc)
     np.testing.assert_array_equal(host[4], want[4])
@@ -338,35 +338,37 @@ def test_a_chain_of_clamps_is_one_compiled_pass_like_the_reference(clamps):
     np.testing.assert_array_equal(host[4], want[4])
 
 
-@given(st.integers(1, 15), st.integers(1, 16), st.booleans(), st.integers(-2**31, 2**31 - 1))
-def test_lanes_no_store_reads_read_any_value_unless_acc_ends_with_them(channels, rows, overwritten, scale):
+@given(st.integers(1, 15), st.integers(1, 16), st.booleans(), st.integers(-2**31, 2**31 - 1), st.booleans())
+def test_lanes_no_store_reads_read_any_value_unless_acc_ends_with_them(channels, rows, overwritten, scale, chained):
     """A layer of fewer than 16 channels: its epilogue adds a bias row loaded into ``channels``
     lanes of ACC (the other lanes hold what ACC held before the stream) and the STORE writes
     ``channels`` columns of ``rows`` rows. Where ACC is reset afterwards (the next tile), the
     other lanes' and rows' results reach nothing: the bias is read as a broadcast view of
-    whole rows, and the chain still works in place on runs. Where ACC ends with them, they
-    must be exact. Host memory and every scratchpad as the reference."""
+    whole rows, and the chain (ALU instructions, or one ALU chain instruction) still works in
+    place on runs. Where ACC ends with them, they must be exact. Host memory and every
+    scratchpad as the reference."""
     tile = dict(dst_addr=0, ext_out=16, dst_stride_out=16)
     pad = dict(pad_right=16 - channels, pad_value=0, sram_ld=16, sram_addr=0, dram_offset=0, dram_ld=channels,
                cols=channels)
+    steps = [(AluOp.ADD, None), (AluOp.MUL, scale), (AluOp.SHR, 9), (AluOp.MAX, -128), (AluOp.MIN, 127)]
+    epilogue = [AluChain(src_addr=512, src_stride_out=0, **tile, **chain_code(steps))] if chained else \
+        [Alu(op=op, use_imm=True, imm=imm, **tile) if imm is not None else
+         Alu(op=op, use_imm=False, src_addr=512, **tile) for op, imm in steps]
     program = [Load(mem=Mem.INP, slot=0, rows=16, **pad), Load(mem=Mem.WGT, slot=1, rows=16, **pad),
                _gemm(reset=True), _gemm(),
                Load(mem=Mem.ACC, sram_addr=512, sram_ld=16, slot=2, dram_offset=0, dram_ld=0, rows=1, cols=channels),
-               Alu(op=AluOp.ADD, use_imm=False, src_addr=512, **tile),
-               Alu(op=AluOp.MUL, use_imm=True, imm=scale, **tile), Alu(op=AluOp.SHR, use_imm=True, imm=9, **tile),
-               Alu(op=AluOp.MAX, use_imm=True, imm=-128, **tile), Alu(op=AluOp.MIN, use_imm=True, imm=127, **tile),
-               Store(sram_addr=0, sram_ld=16, slot=4, dram_offset=0, dram_ld=16, rows=rows, cols=channels)]
+               *epilogue, Store(sram_addr=0, sram_ld=16, slot=4, dram_offset=0, dram_ld=16, rows=rows, cols=channels)]
     if overwritten:
         program.append(_gemm(reset=True))
     stream = _auto(program)
     plan, (sim, host), (ref, want) = _both(stream)
     assert plan is not None
-    bias = plan.alus[0][5]
+    bias = plan.alus[0][3]
     if overwritten and scale:
         # (a product by the immediate 0 reads nothing before it: the plan may then read the
         # bias any way, and does, by a gather)
         assert isinstance(bias, fused._View) and bias.strides == (0, 1)
-    assert all(isinstance(old, fused._Span) for _, _, _, _, old, _ in plan.alus)     # no gathers
+    assert all(isinstance(old, fused._Span) for _, _, old, _ in plan.alus)     # no gathers
     _runs_alike(plan, stream, (sim, host), (ref, want))
 
 
@@ -688,7 +690,7 @@ def test_alu_chains_work_in_place_and_equal_instruction_by_instruction():
                Finish()]
     plan, (sim, host), (ref, want) = _both(stream)
     assert plan is not None and len(plan.alus) == len(chain)
-    assert all(new.start == old.start for _, _, _, new, old, _ in plan.alus)     # in place, all of them
+    assert all(new.start == old.start for _, new, old, _ in plan.alus)     # in place, all of them
     assert plan.run(host, sim) and plan.run(host, sim)      # twice: a run leaves nothing the next one reads
     ref.run(stream, want)
     np.testing.assert_array_equal(host[4], want[4])
@@ -708,7 +710,7 @@ def test_an_alu_step_whose_operand_is_read_elsewhere_does_not_work_in_place(read
                     Store(sram_addr=256, sram_ld=16, slot=4, dram_offset=256, dram_ld=16, rows=16, cols=16)])
     plan, (sim, host), (ref, want) = _both(stream)
     assert plan is not None
-    by_op = {op: (new, old) for _, op, _, new, old, _ in plan.alus}
+    by_op = {op: (new, old) for ((_, op, _),), new, old, _ in plan.alus}
     new, old = by_op[AluOp.MUL]
     assert not (isinstance(old, fused._Span) and new.start == old.start)        # not over what is read again
     new, old = by_op[AluOp.SHR]
@@ -755,7 +757,7 @@ def test_the_builder_holds_the_chains_it_worked_out_so_no_other_takes_their_ids(
     for op, imm in [(AluOp.ADD, 3), (AluOp.MUL, 5), (AluOp.SHR, 2), (AluOp.MAX, -7)] * 8:
         chain = AluChain(dst_addr=0, ext_out=2, dst_stride_out=16, **chain_code([(op, imm)]))
         ids.add(id(chain))
-        assert builder.add(chain) and builder.alus[-1][1:3] == (op, imm)
+        assert builder.add(chain) and builder.alus[-1][1] == ((op, imm),)
         del chain
     assert len(ids) == 32
 
@@ -881,6 +883,61 @@ def test_alu_chains_in_the_plan_equal_instruction_by_instruction(stream):
     _runs_alike(plan, stream, (sim2, host2), (ref2, want2))
 
 
+# (at most 4 immediates: two more steps with one may go around them in a chain of 6)
+_STEPS = st.lists(st.tuples(st.sampled_from(list(AluOp)), st.one_of(st.none(), st.just(0), st.integers(-40, 40))),
+                  min_size=1, max_size=5).filter(lambda steps: sum(imm is not None for _, imm in steps) <= 4)
+
+
+def _values_of(steps) -> int:
+    """The runs of new values (of a block each) a plan numbers for a chain of ``steps``: its
+    result, and the zeros the steps after its last product by the immediate 0 start from."""
+    zero = [k for k, (op, imm) in enumerate(steps) if op is AluOp.MUL and imm == 0]
+    return 2 if zero and zero[-1] < len(steps) - 1 else 1
+
+
+@given(st.lists(_STEPS, min_size=1, max_size=4), st.sampled_from([0, 256]))
+def test_a_chain_is_numbered_as_one_run_of_values_not_a_run_per_step(chains, src):
+    """Chains one after the other over one block of accumulators (reading the block, or another
+    one, as ``src``), then a STORE: each chain makes one run of new values (its result; the zeros
+    its steps start from too, after a product by 0), whatever its steps, and the plan runs it
+    in one batch of all its steps (with other chains of its level and steps), the reference's
+    results."""
+    tile = dict(dst_addr=0, ext_out=16, dst_stride_out=16, src_addr=src, src_stride_out=16)
+    stream = _auto([_gemm(reset=True), _gemm(), *(AluChain(**tile, **chain_code(steps)) for steps in chains),
+                    Store(sram_addr=0, sram_ld=16, slot=4, dram_offset=0, dram_ld=16, rows=16, cols=16)])
+    plan, (sim, host), (ref, want) = _both(stream)
+    assert plan is not None
+    assert plan.values == sim.acc.size + _BLOCK * (1 + sum(_values_of(steps) for steps in chains))
+    live = [steps for steps in chains if _values_of(steps) == 2 or not any(op is AluOp.MUL and imm == 0
+                                                                          for op, imm in steps)]
+    # (batches by level and steps: two chains may share one)
+    assert sum(new.size for _, new, _, _ in plan.alus) == _BLOCK * len(live)
+    assert {len(program) for program, *_ in plan.alus} <= {len(fused._Program.of(steps).steps) for steps in live}
+    _runs_alike(plan, stream, (sim, host), (ref, want))
+
+
+@given(_STEPS, _STEPS, _STEPS, st.booleans())
+def test_temporaries_a_chain_zeroes_or_copies_equal_instruction_by_instruction(before, copied, after, accumulate):
+    """Chains as an epilogue's temporaries are made: ``before`` then a product by the immediate
+    0 zeroes a block that a GEMM may then add into (a zeroed temporary is no ALU result), a
+    copy ``[MUL 0, ADD src]`` of the accumulators followed by ``copied`` into another block,
+    then ``after`` on the accumulators themselves (which the copy read: not in place over what
+    it reads), each block stored: host buffers and scratchpads as the reference leaves them."""
+    acc, zeroed, temporary = (dict(dst_addr=b, ext_out=16, dst_stride_out=16) for b in (0, 256, 512))
+    program = [_gemm(reset=True), _gemm(), AluChain(**zeroed, **chain_code([*before, (AluOp.MUL, 0)]))]
+    if accumulate:
+        program.append(Gemm(acc_addr=256, inp_addr=0, wgt_addr=0, acc_ld=16, inp_ld=16, wgt_ld=16))
+    program += [AluChain(**temporary, src_addr=0, src_stride_out=16,
+                         **chain_code([(AluOp.MUL, 0), (AluOp.ADD, None), *copied])),
+                AluChain(**acc, src_addr=512, src_stride_out=16, **chain_code(after))]
+    program += [Store(sram_addr=b, sram_ld=16, slot=4, dram_offset=b, dram_ld=16, rows=16, cols=16)
+                for b in (0, 256, 512)]
+    stream = _auto(program)
+    plan, (sim, host), (ref, want) = _both(stream)
+    assert plan is not None
+    _runs_alike(plan, stream, (sim, host), (ref, want))
+
+
 def _weighted_stream():
     """An input tile times a weight tile (slot 1) plus biases (slot 2: eight rows, padded to a
     tile: read by a gather), stored to slot 4."""
@@ -953,9 +1010,9 @@ def spilled_batches(draw):
         operand = fused._Gather(index, tile)
     lookup = draw(st.booleans())
     table = rng.integers(-128, 128, 256).astype(np.int8)
-    first = (None, None, np.arange(256), fused._Span(0, (n,)), operand, None) if lookup else \
-        (np.add, AluOp.ADD, None, fused._Span(0, (n,)), fused._Span(0, (n,)), operand)
-    then = (np.multiply, AluOp.MUL, 3, fused._Span(n, (2 * n,)), fused._Span(n, (2 * n,)), None)
+    first = (((None, None, np.arange(256)),), fused._Span(0, (n,)), operand, None) if lookup else \
+        (((np.add, AluOp.ADD, None),), fused._Span(0, (n,)), fused._Span(0, (n,)), operand)
+    then = (((np.multiply, AluOp.MUL, 3),), fused._Span(n, (2 * n,)), fused._Span(n, (2 * n,)), None)
     return tile, values, index, lookup, table, [first, then]
 
 
@@ -981,6 +1038,39 @@ def test_chain_operands_that_are_no_rows_are_copied_into_rows_before_their_chain
     for step in steps:
         step()
     np.testing.assert_array_equal(vector.data[:values.size], want)
+
+
+@given(st.lists(st.tuples(st.sampled_from(list(AluOp)), st.one_of(st.none(), _INT32, st.integers(-40, 40))),
+                min_size=1, max_size=8), st.booleans(), st.booleans(), st.integers(0, 2**32 - 1))
+def test_a_batch_of_steps_run_by_numpy_or_the_kernel_computes_them_in_turn(steps, run, kernel, seed):
+    """A batch of several steps (an ALU chain's) reading ``old`` and ``src`` gathered element by
+    element: as numpy calls (:func:`fused._alu_calls`, its results a run or scattered) or as the
+    compiled chain (its operands copied into rows first), each step in turn on what the one
+    before made, int32 wrapping and shifts clipped, as numpy step by step in int64."""
+    tile, n = 4, 12
+    rng = np.random.default_rng(seed)
+    values = rng.integers(-2**31, 2**31, 4 * n, dtype=np.int64).astype(np.int32)
+    old, src = rng.permutation(2 * n)[:n], 2 * n + rng.permutation(n)      # read before the results' run
+    new = 3 * n + (np.arange(n) if run or kernel else rng.permutation(n))
+    program = tuple((fused.ALU_UFUNCS[op], op, None if imm is None else fused.alu_operand(op, imm))
+                    for op, imm in steps)
+    want = values.astype(np.int64)
+    result = want[old]
+    for op, imm in steps:
+        operand = want[src] if imm is None else np.int64(imm)
+        result = sim_tests.wrap32(_NUMPY[op](result, operand))
+    want[new] = result
+    batch = (program, fused._Span(3 * n, (n,)) if run or kernel else new, fused._Gather(old, tile),
+             fused._Gather(src, tile) if any(imm is None for _, imm in steps) else None)
+    need = fused._Spill.need([batch], tile) if kernel else 0
+    vector = fused._Vector(np.concatenate([values, np.zeros(need, np.int32)]), tile)
+    calls = fused._alu_steps(vector, fused._Vector(np.zeros(256, np.int8), tile), [batch],
+                             fused._Spill(values.size, need)) if kernel else \
+        fused._alu_calls(vector, fused._Vector(np.zeros(256, np.int8), tile), *batch)
+    assert len(calls) == (1 if kernel else len(steps))
+    for call in calls:
+        call()
+    np.testing.assert_array_equal(vector.data[:values.size], want.astype(np.int32))
 
 
 def test_an_acc_load_of_one_int32_buffer_reads_each_tuple_s_buffer_where_it_is():
