@@ -32,7 +32,7 @@ tuner's design space does) takes the annotated ones instead.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
 import tvm_ffi
@@ -59,8 +59,9 @@ WEIGHTS = ("streamed", "resident")
 GATHERS = ("direct", "im2col")
 #: What a convolution's M dimension runs over: the pixels of one output row, or of an image.
 PIXELS = ("row", "image")
-#: The most tiles per block along N and K the heuristic considers.
-BN_LIMIT, BK_LIMIT = 8, 32
+#: The most tiles per block along M, N and K the heuristic considers (M: the block of the
+#: fewest estimated cycles, :func:`least_cycles`).
+BM_LIMIT, BN_LIMIT, BK_LIMIT = 32, 8, 32
 #: How the steps the branches of a forking epilogue share (a bias and clip before a precise
 #: requantise reads the accumulator twice) run: on each branch (``"each"``: the temporary
 #: copies the accumulator and applies them too), or once, in place on the accumulator, before
@@ -759,6 +760,13 @@ def _schedule_gemm(sch: s_tir.Schedule, name: str, g: GemmAnalysis, config: Conf
     k_ = g.extents[g.k]
     shape = Extents(-(-m_ // t), -(-n_ // t), -(-k_ // t), batch, k_all // k_, _elements(g.weight) // (n_ * k_),
                     tuple(operands.values()), m_rows=m_)
+    kept = dict(reserved)
+    if knobs.bm is None:
+        # the heuristic's M block: the fewest cycles by the estimate (read off the epilogue
+        # before padding M to whole blocks, which only adds the copy out that every block
+        # size pays alike)
+        cost = _gemm_estimate(sch, plan, knobs, name, g, shape, config, kept, (final, steps, out_buffer, temporaries))
+        knobs = replace(knobs, bm=least_cycles(shape.m_tiles, BM_LIMIT, lambda bm_: cost(replace(knobs, bm=bm_))))
     bm, bn, bk, resident = _fitting_blocks(name, g, shape, knobs, config, reserved)
     plan.device_macs, padded = _pad_to_blocks(sch, name, g, (t * bm, t * bn, t * bk))
     if padded:      # the copy out of the padded result joins the epilogue
@@ -769,14 +777,33 @@ def _schedule_gemm(sch: s_tir.Schedule, name: str, g: GemmAnalysis, config: Conf
         final = None
     plan.epilogue = describe_epilogue(steps, str(sch.get(final).writes[0].source.dtype),
                                       [sch.get(b).writes[0].source for b in temporaries]) if steps else []
+    cost = _gemm_estimate(sch, plan, knobs, name, g, shape, config, kept, (final, steps, out_buffer, temporaries))
+    prefix = 0 if knobs.fork == "each" else plan.shared
+    plan.estimate = lambda bm_, bn_, bk_: cost(Knobs(bm_, bn_, bk_, WEIGHTS[resident]))
+    _reserve(reserved, shape, t, bm, bn, bk, resident)
+    outputs = batch * -(-m_ // (t * bm)) * t * bm * -(-n_ // (t * bn)) * t * bn
+    plan.cycles = estimate_cycles(plan.device_macs, config.gemm_macs_per_cycle, outputs, steps, temporaries, config)
+    _tile_and_stage(sch, name, g, final, out_buffer, t, (bm, bn, bk), resident, temporaries, prefix)
+    plan.knobs = Knobs(bm, bn, bk, WEIGHTS[resident], g.method, g.pixels, FORKS[bool(prefix)])
+    notes.offloaded.append(plan)
+
+
+
+def _gemm_estimate(sch, plan, knobs: Knobs, name: str, g: GemmAnalysis, shape: Extents, config: Config,
+                   reserved: dict, epilogue: tuple) -> Callable[[Knobs], int | None]:
+    """The compute queue's cycles (:func:`block_cycles`) of the GEMM block ``name`` were it
+    scheduled with knobs ``k`` (a function of them; None where they do not fit), its epilogue
+    ``(final, steps, out_buffer, temporaries)`` run as ``knobs.fork`` says (``plan.shared``
+    set); ``reserved``: what earlier GEMMs keep of each scratchpad."""
+    final, steps, out_buffer, temporaries = epilogue
+    t = config.tile
     prefix, alu_runs, staged = _epilogue_work(sch, plan, knobs, final, steps, out_buffer, temporaries)
     row_runs = _alu_runs(sch, final, steps, out_buffer, temporaries, prefix, by_rows=True)
     own = len(_own_steps(sch, final, steps, temporaries, prefix)) if steps is not None else 0
-    kept = dict(reserved)
 
-    def estimate(bm_: int, bn_: int, bk_: int) -> int | None:
+    def estimate(k: Knobs) -> int | None:
         try:
-            fitted = _fitting_blocks(name, g, shape, Knobs(bm_, bn_, bk_, WEIGHTS[resident]), config, kept)
+            fitted = _fitting_blocks(name, g, shape, k, config, reserved)
         except ScheduleError:
             return None
         # a block of whole image rows stores (and so runs its own epilogue steps) one row at a
@@ -790,14 +817,34 @@ def _schedule_gemm(sch: s_tir.Schedule, name: str, g: GemmAnalysis, config: Conf
         return block_cycles(shape, *fitted[:3], row_runs, config, staged=staged) + \
             blocks * (rows - 1) * own * config.issue_overhead
 
-    plan.estimate = estimate
-    _reserve(reserved, shape, t, bm, bn, bk, resident)
-    outputs = batch * -(-m_ // (t * bm)) * t * bm * -(-n_ // (t * bn)) * t * bn
-    plan.cycles = estimate_cycles(plan.device_macs, config.gemm_macs_per_cycle, outputs, steps, temporaries, config)
-    _tile_and_stage(sch, name, g, final, out_buffer, t, (bm, bn, bk), resident, temporaries, prefix)
-    plan.knobs = Knobs(bm, bn, bk, WEIGHTS[resident], g.method, g.pixels, FORKS[bool(prefix)])
-    notes.offloaded.append(plan)
+    return estimate
 
+
+def least_cycles(tiles: int, limit: int, cost: Callable[[int], int | None]) -> int:
+    """Of the blocks of a dimension of ``tiles`` tiles (:func:`block_sizes`), the one of the
+    fewest cycles by ``cost`` (None: the block does not fit), the largest of equals: the
+    estimate counts whole cycles, and of two blocks it finds equally cheap the larger runs
+    fewer instructions (a block's reset, bias LOAD, epilogue chains and STORE are one
+    instruction each, not one per tile: fewer for the simulator to record and replay).
+    1 when none fits.
+
+    >>> least_cycles(6, 32, lambda bm: {1: 90, 2: 80, 3: 70, 4: 95, 6: 70}[bm])
+    6
+    """
+    costs = {b: cost(b) for b in block_sizes(tiles, limit)}
+    fits = [b for b, c in costs.items() if c is not None]
+    return min(fits, key=lambda b: (costs[b], -b)) if fits else 1
+
+
+def block_sizes(tiles: int, limit: int) -> tuple:
+    """Tiles per block along a dimension of ``tiles`` tiles, up to ``limit``: its divisors
+    (no padding to whole blocks), the powers of two, and the whole dimension.
+
+    >>> block_sizes(6, 32), block_sizes(40, 16)
+    ((1, 2, 3, 4, 6), (1, 2, 4, 5, 8, 10, 16))
+    """
+    top = min(tiles, limit)
+    return tuple(b for b in range(1, top + 1) if tiles % b == 0 or b & (b - 1) == 0)
 
 def _schedule_depthwise(sch: s_tir.Schedule, name: str, dw: depthwise.Depthwise, config: Config, notes: Notes,
                         reserved: dict, knobs: Knobs = Knobs()) -> None:

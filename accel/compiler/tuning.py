@@ -61,14 +61,10 @@ from accel.compiler.conv import has_image
 from accel.compiler.depthwise import Depthwise, flat_layouts
 from accel.compiler.depthwise import pixels as pixel_dim
 from accel.compiler.schedule import (
-    ANNOTATION, BK_LIMIT, BN_LIMIT, DW_BLOCK_LIMIT, FORKS, GATHERS, PIXELS, WEIGHTS, depthwise_blocks, gemm_blocks,
-    schedule_in,
+    ANNOTATION, BK_LIMIT, BM_LIMIT, BN_LIMIT, DW_BLOCK_LIMIT, FORKS, GATHERS, PIXELS, WEIGHTS, depthwise_blocks,
+    gemm_blocks, schedule_in,
 )
 from accel.hw.config import Config
-
-#: The most tiles per block along M the space offers.
-BM_LIMIT = 32
-
 
 def _sizes(tiles: int, limit: int, heuristic: int) -> tuple:
     """Block sizes for a dimension of ``tiles`` tiles: powers of two and the whole dimension
