@@ -14,7 +14,10 @@ depthwise conv2d is laid out by :mod:`accel.compiler.depthwise` and tiled for DW
    small DAG: integerize's precise requantise) keeps one block of each fork as a temporary,
    a second ACC region computed before the epilogue reads it; an epilogue the ALU cannot do
    stays on the CPU;
-4. tiles to 16 x (16*bn) x (16*bk) blocks of tiles, stages A and the weight through INP and
+4. tiles to (16*bm) x (16*bn) x (16*bk) blocks of tiles (``bm``: of the M blocks that keep
+   one row of tiles' N and K blocks, the fewest estimated cycles, the largest of equals:
+   a block's reset, bias LOAD, epilogue chains and STORE are one instruction each, so a
+   larger block runs fewer; :func:`least_cycles`), stages A and the weight through INP and
    WGT at the K loop (a weight that fits in half of WGT is loaded once and stays resident)
    and the accumulator through ACC at the N loop, and moves the zero-init out of the
    reduction (GEMM reset).
@@ -171,7 +174,8 @@ class GemmPlan:
     knobs: Knobs = field(default_factory=Knobs)     # the choices made, every field set
     cycles: int = 0         # an estimate of its device cycles (:func:`estimate_cycles`)
     shared: int = 0         # the steps the branches of its epilogue share (0: it does not fork)
-    # its compute-queue cycles (:func:`block_cycles`) were its blocks ``(bm, bn, bk)`` instead,
+    # its compute-queue cycles (:func:`block_cycles`; a GEMM's with its pipeline's fill and
+    # drain, :func:`fill_and_drain`) were its blocks ``(bm, bn, bk)`` instead,
     # the same gather and pixels (None where the scheduler would refuse them): what a tuner's
     # candidates are ranked by (:func:`accel.compiler.tuning.ranked`)
     estimate: Callable[[int, int, int], int | None] | None = field(default=None, repr=False, compare=False)
@@ -650,8 +654,9 @@ def _blocks(e: Extents, knobs: Knobs, config: Config, reserved: dict | None = No
             whole_m: bool = False) -> tuple[int, int, int, bool]:
     """``(bm, bn, bk, resident)``: tiles per block along M, N and K and the weight's residency.
 
-    The knobs' choices (blocks at most the whole dimension), else the heuristic's: one row
-    of tiles; along N and K :func:`_pick_block`'s (the whole dimension up to the limit, else
+    The knobs' choices (blocks at most the whole dimension), else: one row of tiles (the
+    heuristic's M block, :func:`least_cycles`, is chosen by ``_schedule_gemm`` among the
+    blocks that keep the N and K blocks this gives one row); along N and K :func:`_pick_block`'s (the whole dimension up to the limit, else
     a power of two), halved while a double-buffered block would take more than half of its
     scratchpad (N first in
     ACC, then K, then M); the weight resident when it takes at most half of WGT and more

@@ -286,17 +286,23 @@ def test_the_heuristic_takes_the_largest_m_block_of_the_fewest_estimated_cycles(
     np.testing.assert_array_equal(got, llvm_result(func, args))
 
 
-def stem():
-    """The PaddleOCR classifier's first convolution: 3 channels of 48 x 192 pixels, a 3 x 3
-    kernel of stride 2 to 8 channels (rows of 96 pixels, 6 tiles), bias, ReLU and requantise."""
-    x = te.placeholder((1, 3, 48, 192), "int8", name="x")
-    w = te.placeholder((8, 3, 3, 3), "int8", name="w")
-    b = te.placeholder((8,), "int32", name="b")
-    out = topi.nn.conv2d_nchw(x, w, 2, 1, 1, out_dtype="int32")
+def requantised_conv(shape, f, k, stride, padding):
+    """topi's NCHW conv2d of an int8 input of ``shape`` to ``f`` channels, a bias, ReLU and
+    requantise."""
+    x = te.placeholder(shape, "int8", name="x")
+    w = te.placeholder((f, shape[1], k, k), "int8", name="w")
+    b = te.placeholder((f,), "int32", name="b")
+    out = topi.nn.conv2d_nchw(x, w, stride, padding, 1, out_dtype="int32")
     acc = topi.nn.relu(te.compute(out.shape, lambda *i: out(*i) + b[i[1]], name="bias"))
     out = te.compute(acc.shape, lambda *i: te.max(te.min((acc(*i) + 32) >> 6, 127), -128).astype("int8"),
                      name="requant")
     return te.create_prim_func([x, w, b, out])
+
+
+def stem():
+    """The PaddleOCR classifier's first convolution: 3 channels of 48 x 192 pixels, a 3 x 3
+    kernel of stride 2 to 8 channels (rows of 96 pixels, 6 tiles), bias, ReLU and requantise."""
+    return requantised_conv((1, 3, 48, 192), 8, 3, 2, 1)
 
 
 @pytest.mark.parametrize("func, blocks, ratio", [(stem(), (6, 1, 2), 0.9),
@@ -497,14 +503,7 @@ def _unpadded_channels():
     """200 channels (13 tiles) of a 1x1 convolution over two rows of 96 pixels with a bias,
     ReLU and requantise, under the heuristic's, the likeliest and the largest blocks: the
     plan, the likeliest knobs, and per candidate (the knobs used, simulated cycles)."""
-    x = te.placeholder((1, 32, 2, 96), "int8", name="x")
-    w = te.placeholder((200, 32, 1, 1), "int8", name="w")
-    b = te.placeholder((200,), "int32", name="b")
-    out = topi.nn.conv2d_nchw(x, w, 1, 0, 1, out_dtype="int32")
-    acc = topi.nn.relu(te.compute(out.shape, lambda *i: out(*i) + b[i[1]], name="bias"))
-    out = te.compute(acc.shape, lambda *i: te.max(te.min((acc(*i) + 32) >> 6, 127), -128).astype("int8"),
-                     name="requant")
-    func = te.create_prim_func([x, w, b, out])
+    func = requantised_conv((1, 32, 2, 96), 200, 1, 1, 0)
     plan = schedule(func, accel.Config())[1].offloaded[0]
     likely = likeliest_knobs(func)
     chosen = Knobs.from_annotations({key: value for (_, key), value in likely.items()})
