@@ -656,9 +656,9 @@ def _blocks(e: Extents, knobs: Knobs, config: Config, reserved: dict | None = No
 
     The knobs' choices (blocks at most the whole dimension), else: one row of tiles (the
     heuristic's M block, :func:`least_cycles`, is chosen by ``_schedule_gemm`` among the
-    blocks that keep the N and K blocks this gives one row); along N and K :func:`_pick_block`'s (the whole dimension up to the limit, else
-    a power of two), halved while a double-buffered block would take more than half of its
-    scratchpad (N first in
+    blocks that keep the N and K blocks this gives one row); along N and K
+    :func:`_pick_block`'s (the whole dimension up to the limit, else a power of two), halved
+    while a double-buffered block would take more than half of its scratchpad (N first in
     ACC, then K, then M); the weight resident when it takes at most half of WGT and more
     than one row of tiles reuses it. Then, whatever was chosen, blocks are halved until
     every scratchpad holds its :func:`footprint` (ACC: N, then M; INP: K, then M; WGT: K,
@@ -771,7 +771,8 @@ def _schedule_gemm(sch: s_tir.Schedule, name: str, g: GemmAnalysis, config: Conf
         # the heuristic's M block: of those that keep one row of tiles' blocks of N and K and
         # the weight's residency, the fewest cycles by the estimate (read off the epilogue
         # before padding M to whole blocks, which only adds the copy out that every block
-        # size pays alike). The estimate is the compute queue's: such blocks move the same
+        # size pays alike). The estimate is the compute queue's (and the first LOAD's and last
+        # STORE's, :func:`fill_and_drain`): such blocks move the same
         # bytes through the DMA (each block of N reads its INP block once), in fewer, longer
         # instructions; a block that made N's smaller would reload INP per block of N, which
         # it does not see (+10% cycles on ppocrv5_det's 40 x 40 1x1 convolution, estimated -2%)
@@ -804,14 +805,14 @@ def _schedule_gemm(sch: s_tir.Schedule, name: str, g: GemmAnalysis, config: Conf
     notes.offloaded.append(plan)
 
 
-
 def _gemm_estimate(sch, plan, knobs: Knobs, name: str, g: GemmAnalysis, shape: Extents, config: Config,
                    reserved: dict, epilogue: tuple) -> Callable[[Knobs], int | None]:
-    """The compute queue's cycles (:func:`block_cycles`) of the GEMM block ``name`` were it
-    scheduled with knobs ``k`` (a function of them; None where they do not fit, or where
-    ``keep`` is given and the fitted ``(bn, bk, resident)`` are not it), its epilogue
-    ``(final, steps, out_buffer, temporaries)`` run as ``knobs.fork`` says (``plan.shared``
-    set); ``reserved``: what earlier GEMMs keep of each scratchpad."""
+    """The compute queue's cycles (:func:`block_cycles`) and the pipeline's fill and drain
+    (:func:`fill_and_drain`) of the GEMM block ``name`` were it scheduled with knobs ``k``
+    (a function of them; None where they do not fit, or where ``keep`` is given and the
+    fitted ``(bn, bk, resident)`` are not it), its epilogue ``(final, steps, out_buffer,
+    temporaries)`` run as ``knobs.fork`` says (``plan.shared`` set); ``reserved``: what
+    earlier GEMMs keep of each scratchpad."""
     final, steps, out_buffer, temporaries = epilogue
     t = config.tile
     prefix, alu_runs, staged = _epilogue_work(sch, plan, knobs, final, steps, out_buffer, temporaries)
@@ -884,6 +885,7 @@ def block_sizes(tiles: int, limit: int) -> tuple:
     """
     top = min(tiles, limit)
     return tuple(b for b in range(1, top + 1) if tiles % b == 0 or b & (b - 1) == 0)
+
 
 def _schedule_depthwise(sch: s_tir.Schedule, name: str, dw: depthwise.Depthwise, config: Config, notes: Notes,
                         reserved: dict, knobs: Knobs = Knobs()) -> None:
