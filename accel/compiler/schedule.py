@@ -14,7 +14,10 @@ depthwise conv2d is laid out by :mod:`accel.compiler.depthwise` and tiled for DW
    small DAG: integerize's precise requantise) keeps one block of each fork as a temporary,
    a second ACC region computed before the epilogue reads it; an epilogue the ALU cannot do
    stays on the CPU;
-4. tiles to 16 x (16*bn) x (16*bk) blocks of tiles, stages A and the weight through INP and
+4. tiles to (16*bm) x (16*bn) x (16*bk) blocks of tiles (``bm``: of the M blocks that keep
+   one row of tiles' N and K blocks, the fewest estimated cycles, the largest of equals:
+   a block's reset, bias LOAD, epilogue chains and STORE are one instruction each, so a
+   larger block runs fewer; :func:`least_cycles`), stages A and the weight through INP and
    WGT at the K loop (a weight that fits in half of WGT is loaded once and stays resident)
    and the accumulator through ACC at the N loop, and moves the zero-init out of the
    reduction (GEMM reset).
@@ -32,9 +35,10 @@ tuner's design space does) takes the annotated ones instead.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
+import tvm
 import tvm_ffi
 from tvm import ir, s_tir, tirx
 from tvm.s_tir.schedule import ScheduleError as TVMScheduleError
@@ -59,8 +63,9 @@ WEIGHTS = ("streamed", "resident")
 GATHERS = ("direct", "im2col")
 #: What a convolution's M dimension runs over: the pixels of one output row, or of an image.
 PIXELS = ("row", "image")
-#: The most tiles per block along N and K the heuristic considers.
-BN_LIMIT, BK_LIMIT = 8, 32
+#: The most tiles per block along M, N and K the heuristic considers (M: the block of the
+#: fewest estimated cycles, :func:`least_cycles`).
+BM_LIMIT, BN_LIMIT, BK_LIMIT = 32, 8, 32
 #: How the steps the branches of a forking epilogue share (a bias and clip before a precise
 #: requantise reads the accumulator twice) run: on each branch (``"each"``: the temporary
 #: copies the accumulator and applies them too), or once, in place on the accumulator, before
@@ -169,7 +174,8 @@ class GemmPlan:
     knobs: Knobs = field(default_factory=Knobs)     # the choices made, every field set
     cycles: int = 0         # an estimate of its device cycles (:func:`estimate_cycles`)
     shared: int = 0         # the steps the branches of its epilogue share (0: it does not fork)
-    # its compute-queue cycles (:func:`block_cycles`) were its blocks ``(bm, bn, bk)`` instead,
+    # its compute-queue cycles (:func:`block_cycles`; a GEMM's with its pipeline's fill and
+    # drain, :func:`fill_and_drain`) were its blocks ``(bm, bn, bk)`` instead,
     # the same gather and pixels (None where the scheduler would refuse them): what a tuner's
     # candidates are ranked by (:func:`accel.compiler.tuning.ranked`)
     estimate: Callable[[int, int, int], int | None] | None = field(default=None, repr=False, compare=False)
@@ -648,10 +654,11 @@ def _blocks(e: Extents, knobs: Knobs, config: Config, reserved: dict | None = No
             whole_m: bool = False) -> tuple[int, int, int, bool]:
     """``(bm, bn, bk, resident)``: tiles per block along M, N and K and the weight's residency.
 
-    The knobs' choices (blocks at most the whole dimension), else the heuristic's: one row
-    of tiles; along N and K :func:`_pick_block`'s (the whole dimension up to the limit, else
-    a power of two), halved while a double-buffered block would take more than half of its
-    scratchpad (N first in
+    The knobs' choices (blocks at most the whole dimension), else: one row of tiles (the
+    heuristic's M block, :func:`least_cycles`, is chosen by ``_schedule_gemm`` among the
+    blocks that keep the N and K blocks this gives one row); along N and K
+    :func:`_pick_block`'s (the whole dimension up to the limit, else a power of two), halved
+    while a double-buffered block would take more than half of its scratchpad (N first in
     ACC, then K, then M); the weight resident when it takes at most half of WGT and more
     than one row of tiles reuses it. Then, whatever was chosen, blocks are halved until
     every scratchpad holds its :func:`footprint` (ACC: N, then M; INP: K, then M; WGT: K,
@@ -759,6 +766,24 @@ def _schedule_gemm(sch: s_tir.Schedule, name: str, g: GemmAnalysis, config: Conf
     k_ = g.extents[g.k]
     shape = Extents(-(-m_ // t), -(-n_ // t), -(-k_ // t), batch, k_all // k_, _elements(g.weight) // (n_ * k_),
                     tuple(operands.values()), m_rows=m_)
+    kept = dict(reserved)
+    if knobs.bm is None:
+        # the heuristic's M block: of those that keep one row of tiles' blocks of N and K and
+        # the weight's residency, the fewest cycles by the estimate (read off the epilogue
+        # before padding M to whole blocks, which only adds the copy out that every block
+        # size pays alike). The estimate is the compute queue's (and the first LOAD's and last
+        # STORE's, :func:`fill_and_drain`): such blocks move the same
+        # bytes through the DMA (each block of N reads its INP block once), in fewer, longer
+        # instructions; a block that made N's smaller would reload INP per block of N, which
+        # it does not see (+10% cycles on ppocrv5_det's 40 x 40 1x1 convolution, estimated -2%)
+        cost = _gemm_estimate(sch, plan, knobs, name, g, shape, config, kept, (final, steps, out_buffer, temporaries))
+        try:
+            row = _fitting_blocks(name, g, shape, replace(knobs, bm=1), config, kept)[1:]
+        except ScheduleError:
+            row = None      # no block fits: the error below says why
+        if row is not None:
+            bm = least_cycles(shape.m_tiles, BM_LIMIT, lambda bm_: cost(replace(knobs, bm=bm_), keep=row))
+            knobs = replace(knobs, bm=bm)
     bm, bn, bk, resident = _fitting_blocks(name, g, shape, knobs, config, reserved)
     plan.device_macs, padded = _pad_to_blocks(sch, name, g, (t * bm, t * bn, t * bk))
     if padded:      # the copy out of the padded result joins the epilogue
@@ -769,34 +794,97 @@ def _schedule_gemm(sch: s_tir.Schedule, name: str, g: GemmAnalysis, config: Conf
         final = None
     plan.epilogue = describe_epilogue(steps, str(sch.get(final).writes[0].source.dtype),
                                       [sch.get(b).writes[0].source for b in temporaries]) if steps else []
-    prefix, alu_runs, staged = _epilogue_work(sch, plan, knobs, final, steps, out_buffer, temporaries)
-    row_runs = _alu_runs(sch, final, steps, out_buffer, temporaries, prefix, by_rows=True)
-    own = len(_own_steps(sch, final, steps, temporaries, prefix)) if steps is not None else 0
-    kept = dict(reserved)
-
-    def estimate(bm_: int, bn_: int, bk_: int) -> int | None:
-        try:
-            fitted = _fitting_blocks(name, g, shape, Knobs(bm_, bn_, bk_, WEIGHTS[resident]), config, kept)
-        except ScheduleError:
-            return None
-        # a block of whole image rows stores (and so runs its own epilogue steps) one row at a
-        # time: each step a pass of its own, an instruction per row; but with one tile of
-        # channels, whose ALU instructions run over the rows and their pixels at once
-        # (accel.compiler.rules), chained as any block's
-        if g.row_width is None or g.row_width >= t * fitted[0] or fitted[1] == 1:
-            return block_cycles(shape, *fitted[:3], alu_runs, config, staged=staged)
-        blocks = shape.outer * -(-shape.m_tiles // fitted[0]) * -(-shape.n_tiles // fitted[1])
-        rows = -(-t * fitted[0] // g.row_width)
-        return block_cycles(shape, *fitted[:3], row_runs, config, staged=staged) + \
-            blocks * (rows - 1) * own * config.issue_overhead
-
-    plan.estimate = estimate
+    cost = _gemm_estimate(sch, plan, knobs, name, g, shape, config, kept, (final, steps, out_buffer, temporaries))
+    prefix = 0 if knobs.fork == "each" else plan.shared
+    plan.estimate = lambda bm_, bn_, bk_: cost(Knobs(bm_, bn_, bk_, WEIGHTS[resident]))
     _reserve(reserved, shape, t, bm, bn, bk, resident)
     outputs = batch * -(-m_ // (t * bm)) * t * bm * -(-n_ // (t * bn)) * t * bn
     plan.cycles = estimate_cycles(plan.device_macs, config.gemm_macs_per_cycle, outputs, steps, temporaries, config)
     _tile_and_stage(sch, name, g, final, out_buffer, t, (bm, bn, bk), resident, temporaries, prefix)
     plan.knobs = Knobs(bm, bn, bk, WEIGHTS[resident], g.method, g.pixels, FORKS[bool(prefix)])
     notes.offloaded.append(plan)
+
+
+def _gemm_estimate(sch, plan, knobs: Knobs, name: str, g: GemmAnalysis, shape: Extents, config: Config,
+                   reserved: dict, epilogue: tuple) -> Callable[[Knobs], int | None]:
+    """The compute queue's cycles (:func:`block_cycles`) and the pipeline's fill and drain
+    (:func:`fill_and_drain`) of the GEMM block ``name`` were it scheduled with knobs ``k``
+    (a function of them; None where they do not fit, or where ``keep`` is given and the
+    fitted ``(bn, bk, resident)`` are not it), its epilogue ``(final, steps, out_buffer,
+    temporaries)`` run as ``knobs.fork`` says (``plan.shared`` set); ``reserved``: what
+    earlier GEMMs keep of each scratchpad."""
+    final, steps, out_buffer, temporaries = epilogue
+    t = config.tile
+    prefix, alu_runs, staged = _epilogue_work(sch, plan, knobs, final, steps, out_buffer, temporaries)
+    row_runs = _alu_runs(sch, final, steps, out_buffer, temporaries, prefix, by_rows=True)
+    own = len(_own_steps(sch, final, steps, temporaries, prefix)) if steps is not None else 0
+
+    def estimate(k: Knobs, keep: tuple | None = None) -> int | None:
+        try:
+            fitted = _fitting_blocks(name, g, shape, k, config, reserved)
+        except ScheduleError:
+            return None
+        if keep is not None and fitted[1:] != keep:
+            return None
+        # a block of whole image rows stores (and so runs its own epilogue steps) one row at a
+        # time: each step a pass of its own, an instruction per row; but with one tile of
+        # channels, whose ALU instructions run over the rows and their pixels at once
+        # (accel.compiler.rules), chained as any block's
+        ends = fill_and_drain(shape, *fitted[:3], config, stored)
+        if g.row_width is None or g.row_width >= t * fitted[0] or fitted[1] == 1:
+            return block_cycles(shape, *fitted[:3], alu_runs, config, staged=staged) + ends
+        blocks = shape.outer * -(-shape.m_tiles // fitted[0]) * -(-shape.n_tiles // fitted[1])
+        rows = -(-t * fitted[0] // g.row_width)
+        return block_cycles(shape, *fitted[:3], row_runs, config, staged=staged) + ends + \
+            blocks * (rows - 1) * own * config.issue_overhead
+
+    # the bytes of an element of the result the STOREs write: the epilogue's, else the accumulator's
+    stored = tvm.DataType(str(sch.get(final).writes[0].source.dtype if final is not None else "int32")).bits // 8
+    return estimate
+
+
+def fill_and_drain(e: Extents, bm: int, bn: int, bk: int, config: Config, itemsize: int) -> int:
+    """The cycles a GEMM in blocks of ``bm x bn x bk`` tiles spends beyond its compute
+    queue's (:func:`block_cycles`): the first block's INP LOAD before its first GEMM and the
+    last block's STORE (``itemsize`` bytes an element) after its last ALU instruction; every
+    other LOAD and STORE runs beside the compute queue. A larger block fills and drains
+    longer (a 1x1 convolution of a 40 x 40 image in blocks of 4 tiles of M: 60 cycles more
+    than in blocks of 1, the issue overhead it saves counted).
+
+    >>> fill_and_drain(Extents(6, 1, 2), 1, 1, 2, Config(), 1), fill_and_drain(Extents(6, 1, 2), 6, 1, 2, Config(), 1)
+    (20, 80)
+    """
+    t, ov = config.tile, config.issue_overhead
+    rows = bm * t if e.m_rows is None or e.m_tiles > bm else e.m_rows
+    return -(-rows * bk * t // config.dma_bytes_per_cycle) + ov + \
+        -(-rows * bn * t * itemsize // config.dma_bytes_per_cycle) + ov
+
+
+def least_cycles(tiles: int, limit: int, cost: Callable[[int], int | None]) -> int:
+    """Of the blocks of a dimension of ``tiles`` tiles (:func:`block_sizes`), the one of the
+    fewest cycles by ``cost`` (None: the block does not fit), the largest of equals: the
+    estimate counts whole cycles, and of two blocks it finds equally cheap the larger runs
+    fewer instructions (a block's reset, bias LOAD, epilogue chains and STORE are one
+    instruction each, not one per tile: fewer for the simulator to record and replay).
+    1 when none fits.
+
+    >>> least_cycles(6, 32, lambda bm: {1: 90, 2: 80, 3: 70, 4: 95, 6: 70}[bm])
+    6
+    """
+    costs = {b: cost(b) for b in block_sizes(tiles, limit)}
+    fits = [b for b, c in costs.items() if c is not None]
+    return min(fits, key=lambda b: (costs[b], -b)) if fits else 1
+
+
+def block_sizes(tiles: int, limit: int) -> tuple:
+    """Tiles per block along a dimension of ``tiles`` tiles, up to ``limit``: its divisors
+    (no padding to whole blocks), the powers of two, and the whole dimension.
+
+    >>> block_sizes(6, 32), block_sizes(40, 16)
+    ((1, 2, 3, 4, 6), (1, 2, 4, 5, 8, 10, 16))
+    """
+    top = min(tiles, limit)
+    return tuple(b for b in range(1, top + 1) if tiles % b == 0 or b & (b - 1) == 0)
 
 
 def _schedule_depthwise(sch: s_tir.Schedule, name: str, dw: depthwise.Depthwise, config: Config, notes: Notes,

@@ -28,14 +28,17 @@ classifier's convolutions with the cheapest blocks).
 The heuristic's choice of every knob is the design space's decision, so the heuristic's
 schedule is always a candidate. Where the heuristic's gather and pixels are likeliest, the
 blocks are: those the plan's estimate (:func:`accel.compiler.schedule.block_cycles`: the
-compute queue's cycles, issue overhead and padding to whole blocks included) finds cheapest
+compute queue's cycles, issue overhead and padding to whole blocks included; a GEMM's with
+the first LOAD and last STORE, :func:`accel.compiler.schedule.fill_and_drain`) finds cheapest
 (:func:`_cheapest`), and shared steps are likeliest run once. Otherwise the priors
 (``tp.Knob(prior=)``) favour larger M blocks,
 resident weights, and for a convolution whose output rows pad to whole tiles more than its
 whole image does (and whose image is one block of M), the im2col gather with M over the
-image: the heuristic takes one row of tiles per block and streams weights that
-more than half fill WGT, and on the PaddleOCR classifier's convolutions the best of a search
-(64 trials) took larger M blocks on 12 of 16 tasks and resident weights on 12 (the scheduler
+image: the heuristic streams weights that more than half fill WGT and takes the M block of
+the fewest estimated cycles among those that keep one row of tiles' N and K blocks
+(:func:`accel.compiler.schedule.least_cycles`; before, one row of tiles a block, the best
+of a search of 64 trials on the PaddleOCR classifier's convolutions took larger M blocks on
+12 of 16 tasks and resident weights on 12; the scheduler
 shrinks a block that does not fit: a large choice is made smaller, not refused). The
 post-processor is the scheduler itself (:func:`accel.compiler.schedule.schedule_in`),
 reading the knobs back from the annotations, which is what the accel Backend's
@@ -61,14 +64,10 @@ from accel.compiler.conv import has_image
 from accel.compiler.depthwise import Depthwise, flat_layouts
 from accel.compiler.depthwise import pixels as pixel_dim
 from accel.compiler.schedule import (
-    ANNOTATION, BK_LIMIT, BN_LIMIT, DW_BLOCK_LIMIT, FORKS, GATHERS, PIXELS, WEIGHTS, depthwise_blocks, gemm_blocks,
-    schedule_in,
+    ANNOTATION, BK_LIMIT, BM_LIMIT, BN_LIMIT, DW_BLOCK_LIMIT, FORKS, GATHERS, PIXELS, WEIGHTS, depthwise_blocks,
+    gemm_blocks, schedule_in,
 )
 from accel.hw.config import Config
-
-#: The most tiles per block along M the space offers.
-BM_LIMIT = 32
-
 
 def _sizes(tiles: int, limit: int, heuristic: int) -> tuple:
     """Block sizes for a dimension of ``tiles`` tiles: powers of two and the whole dimension
