@@ -308,7 +308,7 @@ def stem():
 @pytest.mark.parametrize("func, blocks, ratio", [(stem(), (6, 1, 2), 0.9),
                                                  (nchw_conv(1, 40, 48, 96, 1, 1, "bias"), (4, 6, 3), 1.01)],
                          ids=["stem-row", "1x1-40x40"])
-def test_a_block_of_several_tiles_of_m_runs_fewer_instructions_in_no_more_cycles(func, blocks, ratio):
+def test_a_block_of_several_tiles_of_m_runs_fewer_instructions_in_as_many_cycles_or_fewer(func, blocks, ratio):
     # the stem: a whole row of 6 tiles a block, 11% fewer cycles than a tile a block (7,227
     # against 8,097: the issue overhead and the epilogue's passes paid per block); the 1x1
     # convolution of a 40 x 40 image (ppocrv5_det's): 4 tiles, its 6 tiles of N and 3 of K kept
