@@ -112,3 +112,13 @@ def test_a_backend_error_lowering_it_is_raised_not_fallen_back():
     W = te.placeholder((16, 16), "int8", name="W")
     with pytest.raises(ValueError, match="dynamic shape"):
         tp.build(te.create_prim_func([A, W, topi.nn.dense(A, W, out_dtype="int32")]), "accel, llvm")
+
+
+def test_a_kernel_takes_a_zero_dimensional_array():
+    # a scalar buffer argument stays 0-d on its way in (np.ascontiguousarray would make it
+    # (1,), which the compiled entry's shape check refuses)
+    a = te.placeholder((), "int32", name="A")
+    kernel = tp.build(te.create_prim_func([a, te.compute((4,), lambda i: a[()] * i, name="B")]), "llvm")
+    out = np.zeros(4, np.int32)
+    kernel(np.array(3, np.int32), out)
+    assert out.tolist() == [0, 3, 6, 9]

@@ -65,7 +65,7 @@ class CompiledKernel:
             if got_shape != shape:
                 raise ValueError(f"argument {name}: expected shape {shape}, got {got_shape}")
             if isinstance(a, np.ndarray):
-                src = np.ascontiguousarray(a)
+                src = np.require(a, requirements="C")     # (np.ascontiguousarray makes a 0-d array 1-d)
                 t = tvm.runtime.tensor(src)
                 tensors.append(t)
                 copied.append((name, a, src, t))
