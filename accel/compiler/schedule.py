@@ -940,7 +940,7 @@ def _schedule_depthwise(sch: s_tir.Schedule, name: str, dw: depthwise.Depthwise,
     least_regions = regions if least == 1 else block_regions
     # what the tiles occupy, as the planner lays them out (the layout and epilogue steps so far
     # are valid code for the CPU, should it not fit)
-    need = {INP: _MEMORY[INP].footprint(taps * t * t, repeated=count > 1, options=options),
+    need = {INP: _MEMORY[INP].footprint(depthwise.inp_elements(dw, t), repeated=count > 1, options=options),
             WGT: _MEMORY[WGT].footprint(taps * f_pad, repeated=False, options=options),
             ACC: acc_need(least_regions, (least, 1), count)}
     for scope, n in need.items():
@@ -970,6 +970,7 @@ def _schedule_depthwise(sch: s_tir.Schedule, name: str, dw: depthwise.Depthwise,
         if padded != [int(iv.dom.extent.value) for iv in sch.get(blk).iter_vars]:
             sch.pad_einsum(blk, padded)
         pos = dict(dw.pos)
+    view = depthwise.band(sch, name, dw, view, t)
     blk = sch.get_sblock(name)
     final, steps, out_buffer, temporaries = _epilogue(sch, blk, view.stop)
     if (bm, bn) != (least, 1):
