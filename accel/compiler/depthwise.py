@@ -14,13 +14,19 @@ convolution normaliser's layout steps (:mod:`accel.compiler.conv`):
 - the input is read channels-last (an NCHW input transposed on the CPU with its zero padding;
   a channels-last one read in place, the image border as the LOADs' padding), through a
   re-indexed view ``[n, y, rc, ry, rx, x, f]`` (``[n, rc, ry, rx, y, f]`` for an output one
-  pixel wide: its tiles' pixels run down the column) whose INP tile for one tap ``(ry, rx)`` is
-  ``X[n, y*sy + ry*dy, (x0 + p)*sx + rx*dx, f0 + c]``: 16 rows of 16 channels, one strided LOAD;
+  pixel wide: its tiles' pixels run down the column) whose tile for one tap ``(ry, rx)`` is
+  ``X[n, y*sy + ry*dy, (x0 + p)*sx + rx*dx, f0 + c]``, 16 pixels of 16 channels;
 - the weights are reordered on the CPU to ``[KH, KW, C, 1]``, a row of channels per tap;
 - an NCHW result is written channels-last by the accelerator and transposed on the CPU.
 
 The scheduler (:func:`accel.compiler.schedule.schedule_in`) then pads ``x`` and ``f`` to whole
-tiles, tiles, stages and runs the epilogue as for a GEMM.
+tiles (or lays the pixels out over the image: :func:`flatten`), and :func:`band` makes the
+block read the view's taps along the pixels from bands ``[n, y, rc, ry, j, f]``: a kernel
+row's taps ``rx`` read the same input row at overlapping pixels, so a tile's INP holds one
+band per kernel row, ``X[n, y*sy + ry*dy, x0*sx + j, f0 + c]`` for the ``15*sx + (KW-1)*dx + 1``
+pixels ``j`` its taps read, one strided LOAD each (``KH`` a tile, not ``KH*KW`` LOADs of 16
+pixels), and DWMAC reads tap ``rx`` from ``rx*dx`` rows into the band, rows ``sx*16`` apart.
+It tiles, stages and runs the epilogue as for a GEMM.
 
 >>> dw, why = analyse(block, store, (x_load, w_load))     # doctest: +SKIP
 >>> view = normalise(sch, dw, notes)                      # doctest: +SKIP
@@ -30,6 +36,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import functools
 import math
 
 import tvm_ffi
@@ -39,8 +46,8 @@ from accel.compiler.blocks import DATA_PAR, REDUCE, mark_layout_stage, read_inde
 from accel.compiler.conv import (Conv, gather_input, input_read, output_channels_last, permute, var_key, vars_in)
 
 #: The order of the re-indexed input view's dimensions (those it has), the pixels' (``x``, or
-#: ``y`` for an output one pixel wide) moved last but the channels: a tap's INP tile is the
-#: last two, pixels by channels.
+#: ``y`` for an output one pixel wide) moved last but the channels: a tap's tile is the last
+#: two, pixels by channels (the band's, :func:`band`, has the pixels of a kernel row's taps).
 VIEW_ORDER = ("n", "y", "x", "c", "ry", "rx", "f")
 
 GROUPED = ("a grouped convolution with several input channels per group: accel runs depthwise "
@@ -207,7 +214,7 @@ class Flat:
     instead of row by row: pixel ``q = y*width + x`` of a virtual width ``width`` (at least
     the padded input's, which the CPU lays out with rows ``width`` pixels apart), so that a
     tap's input pixel ``q*sx + ry*dy*width + rx*dx`` is affine in ``q`` across image rows and
-    a DWMAC tile of 16 consecutive ``q`` is one strided LOAD per tap. The columns
+    a DWMAC tile of 16 consecutive ``q`` is one strided LOAD per kernel row (:func:`band`). The columns
     ``x >= W`` read the next row's pixels (garbage, never stored); a block of output tiles is
     ``rows`` whole virtual rows, ``height`` the image's rows padded to whole blocks.
 
@@ -421,8 +428,8 @@ def band(sch: s_tir.Schedule, name: str, dw: Depthwise, view: View, t: int) -> V
     channels kept, those on the pixels (the padded pixels' zeros: they compute columns no
     STORE reads) dropped, and bounds added where the band reaches past the input (the
     LOAD's padding). The step no schedule primitive takes (the view's elements are not
-    one-to-one with the band's); where :func:`band_rows` is None, or the view's producer
-    is not such a load, ``view`` is returned as it is.
+    one-to-one with the band's); where :func:`band_rows` is None ``view`` is returned as it
+    is.
 
     >>> view = band(sch, name, dw, view, 16)      # doctest: +SKIP
     >>> view.dims                                 # doctest: +SKIP
@@ -436,18 +443,19 @@ def band(sch: s_tir.Schedule, name: str, dw: Depthwise, view: View, t: int) -> V
     blk = sch.get_sblock(name)
     read = next(r for r in sch.get(blk).reads if not r.source.same_as(view.weight))
     producer = next(p for p in sch.get_producers(blk) if sch.get(p).writes[0].source.same_as(read.source))
-    reindex = next((p for p in sch.get_producers(producer) if sch.get(p).name_hint in view.inline[-1:]), None)
+    reindex = next((p for p in sch.get_producers(producer) if sch.get(p).writes[0].source.same_as(view.inp)), None)
     inline = view.inline
-    if reindex is not None:     # the padded view's: its load of the input in the padding's guard
+    if reindex is not None:     # into the padding's guard: the padded view's producer loads the input
+        inline = tuple(b for b in inline if b != sch.get(reindex).name_hint)
         sch.compute_inline(reindex)
-        inline = inline[:-1]
     old = sch.get(producer)
     store, value = old.body, old.body.value
     guarded = isinstance(value, ir.Call) and value.op.name == "prim.if_then_else"
     load = value.args[1] if guarded else value
     if not isinstance(load, ir.TensorLoad) or len(store.indices) != len(view.dims) or \
             not all(isinstance(i, tirx.Var) for i in store.indices):
-        return View(view.inp, view.weight, view.dims, inline, view.stop, view.source, view.operand_layout)
+        raise ValueError(f"the input view's producer {old.name_hint} is not V[{', '.join(view.dims)}] = a load "
+                         f"of the input (where in bounds): {value}")
     at = {r: n for n, r in enumerate(view.dims)}
     iters = {var_key(iv.var): iv for iv in old.iter_vars}
     vp, vt = store.indices[at[pix]], store.indices[at[tap]]
@@ -478,9 +486,8 @@ def band(sch: s_tir.Schedule, name: str, dw: Depthwise, view: View, t: int) -> V
         analyzer.bind(iv.var, iv.dom)
     # bounds where the band reaches past the input (the padded pixels' columns read there)
     bounds = [c for c in (0 <= index, index < load.source.shape[k]) if not analyzer.can_prove(c)]
-    cond = None
-    for c in [_without(value.args[0], (vp, vt)) if guarded else None, *bounds]:
-        cond = c if cond is None else cond if c is None else tirx.And(cond, c)
+    conds = [c for c in (_without(value.args[0], (vp, vt)) if guarded else None, *bounds) if c is not None]
+    cond = functools.reduce(tirx.And, conds) if conds else None
     source = tirx.BufferLoad(load.source, [index if n == k else e for n, e in enumerate(load.indices)])
     src = read.source
     bands = tirx.decl_buffer([width if r == pix else shape[n] for n, r in enumerate(view.dims) if r != tap],

@@ -804,8 +804,8 @@ def _schedule_depthwise(sch: s_tir.Schedule, name: str, dw: depthwise.Depthwise,
     """Schedule the depthwise convolution block ``name`` for DWMAC and add its plan to ``notes``:
     lay it out (:func:`accel.compiler.depthwise.normalise`), pad the output pixels and
     channels ``f`` to whole tiles, tile to one 16 x 16 output tile per DWMAC (its loop levels
-    the kernel's taps), stage each tile's input taps through INP (one strided LOAD per tap,
-    double-buffered), the whole weight once through WGT, and the accumulator with the
+    the kernel's taps), stage each tile's input through INP (one strided LOAD per kernel row,
+    a band of the pixels its taps read: :func:`accel.compiler.depthwise.band`; double-buffered), the whole weight once through WGT, and the accumulator with the
     epilogue (and its operands) through ACC, as a GEMM's, for a block of ``knobs.bm`` x
     ``knobs.bn`` tiles of pixels x channels at once (each of the epilogue's ALU steps is one
     instruction over the block). A block that does not divide the tiles, or does not fit
@@ -952,15 +952,15 @@ def _schedule_depthwise(sch: s_tir.Schedule, name: str, dw: depthwise.Depthwise,
     if image:
         view = depthwise.flatten(sch, name, dw, view, flat, f_pad, notes)
         plan = GemmPlan(name, e["y"] * e["x"], e["f"], taps, e["n"],
-                        gather=f"per-channel DWMAC over the image's pixels, rows {flat.width} wide; each kernel tap's "
-                               f"input tile by a strided LOAD from {view.source}")
+                        gather=f"per-channel DWMAC over the image's pixels, rows {flat.width} wide; each kernel "
+                               f"row's input band by a strided LOAD from {view.source}")
         plan.device_macs = e["n"] * flat.height * flat.width * f_pad * taps
         # the block's iters: the pixels fused into one (where x was), y gone
         roles = [r for r in sorted(dw.pos, key=dw.pos.get) if r != "y"]
         pos = {r: n for n, r in enumerate(roles)}
     else:
         plan = GemmPlan(name, e[pix], e["f"], taps, e["n"] * e[other],
-                        gather=f"per-channel DWMAC; each kernel tap's input tile by a strided, padded LOAD from "
+                        gather=f"per-channel DWMAC; each kernel row's input band by a strided, padded LOAD from "
                                f"{view.source}")
         blk = sch.get_sblock(name)
         keys = [iv.var.__chandle__() for iv in sch.get(blk).iter_vars]
