@@ -391,8 +391,10 @@ def band_rows(dw: Depthwise, t: int) -> int | None:
     (one tap along the pixels; a stride larger than the taps, whose band has pixels no
     tap reads).
 
-    >>> band_rows(dw, 16)          # a 3 x 3 kernel, stride 1        # doctest: +SKIP
-    18
+    >>> dw = Depthwise("conv", None, None, {}, {"y": 8, "x": 20, "ry": 3, "rx": 3}, {}, {}, {},
+    ...                {"y": (2, 1, 0), "x": (2, 1, 0)})     # 3 x 3, stride 2
+    >>> band_rows(dw, 16)
+    33
     """
     pix = pixels(dw)
     if pix is None:
@@ -407,8 +409,10 @@ def inp_elements(dw: Depthwise, t: int) -> int:
     """The INP elements a tile's input takes: a band of :func:`band_rows` pixels of ``t``
     channels per tap across the pixels (:func:`band`), else a ``t x t`` tile per tap.
 
-    >>> inp_elements(dw, 16)       # a 3 x 3 kernel, stride 1: 3 bands of 18 pixels     # doctest: +SKIP
-    864
+    >>> dw = Depthwise("conv", None, None, {}, {"y": 8, "x": 20, "ry": 3, "rx": 3}, {}, {}, {},
+    ...                {"y": (2, 1, 0), "x": (2, 1, 0)})     # 3 x 3, stride 2
+    >>> inp_elements(dw, 16), 3 * 3 * 16 * 16         # 3 bands of 33 pixels, not 9 tiles of 16
+    (1584, 2304)
     """
     rows = band_rows(dw, t)
     if rows is None:
