@@ -463,21 +463,8 @@ def band(sch: s_tir.Schedule, name: str, dw: Depthwise, view: View, t: int) -> V
     at = {r: n for n, r in enumerate(view.dims)}
     iters = {var_key(iv.var): iv for iv in old.iter_vars}
     vp, vt = store.indices[at[pix]], store.indices[at[tap]]
-    # the input's index along the pixels: x*s + rx*d + rest (the rest a constant, or over the
-    # image the kernel row's offset ry*dy*width)
     [k] = [n for n, e in enumerate(load.indices) if any(v.same_as(vp) or v.same_as(vt) for v in vars_in(e))]
-    coeffs = sym.detect_linear_equation(load.indices[k], [vp, vt])
-    if coeffs:
-        if (int(coeffs[0]), int(coeffs[1])) != (s_, d_):
-            raise ValueError(f"the view {old.name_hint} reads pixel {load.indices[k]}, not x*{s_} + rx*{d_} + ..")
-        rest = coeffs[2]
-    else:
-        # over the image a stride of 2 leaves the index in // and % of the virtual width (the
-        # columns past a row's end read the next row's pixels), which TVM does not simplify:
-        # affine all the same, by the flat layout's construction (flatten)
-        zero = tirx.IntImm(vp.ty.dtype, 0)
-        rest = sym.Analyzer().simplify(tvm_ffi.structural_map(
-            load.indices[k], (ir.Var, lambda v: zero if v.same_as(vp) or v.same_as(vt) else v)))
+    rest = _pixel_offset(load.indices[k], vp, vt, (s_, d_))
     shape = [int(e) for e in read.source.shape]
     width = (shape[at[pix]] - 1) * s_ + (shape[at[tap]] - 1) * d_ + 1
     j = tirx.Var("j", vp.ty.dtype)
@@ -522,16 +509,45 @@ def band(sch: s_tir.Schedule, name: str, dw: Depthwise, view: View, t: int) -> V
     new_compute = s_tir.SBlock(compute.iter_vars, reads, compute.writes, compute.name_hint,
                                tvm_ffi.structural_map(compute.body, (ir.TensorLoad, on_load)), compute.init,
                                compute.alloc_buffers, compute.match_buffers, compute.annotations)
-    root = sch.get(sch.get_sblock("root"))
-    seq = [nest if _holds(stmt, old) else tvm_ffi.structural_map(
-        stmt, (s_tir.SBlock, lambda b: new_compute if b.same_as(compute) else b)) for stmt in root.body.seq]
-    new_root = s_tir.SBlock(root.iter_vars, root.reads, root.writes, root.name_hint, tirx.SeqStmt(seq), root.init,
-                            [bands if b.same_as(src) else b for b in root.alloc_buffers], root.match_buffers,
-                            root.annotations)
-    sch.state.replace(sch.get_sref(sch.get_sblock("root")), new_root,
-                      {root: new_root, old: producer_block, compute: new_compute})
+    _replace_in_root(sch, {old: producer_block, compute: new_compute}, nest, src, bands)
     return View(bands, view.weight, tuple(r for r in view.dims if r != tap), inline, view.stop, view.source,
                 view.operand_layout)
+
+
+def _pixel_offset(index, vp: ir.Var, vt: ir.Var, steps: tuple) -> ir.Expr:
+    """``rest`` of the input's index ``index = vp*s + vt*d + rest`` along the pixels (``vp``
+    the view's pixel, ``vt`` the tap along them, ``steps`` the stride and dilation ``(s,
+    d)``): a constant, or over the image the kernel row's offset ``ry*dy*width``.
+
+    >>> x, rx, ry = (tirx.Var(n, "int32") for n in ("x", "rx", "ry"))
+    >>> _pixel_offset(x * 2 + rx + ry * 48 + 1, x, rx, (2, 1))
+    ry * 48 + 1
+    """
+    coeffs = sym.detect_linear_equation(index, [vp, vt])
+    if not coeffs:
+        # over the image a stride of 2 leaves the index in // and % of the virtual width (the
+        # columns past a row's end read the next row's pixels), which TVM does not simplify:
+        # affine all the same, by the flat layout's construction (flatten)
+        zero = tirx.IntImm(vp.ty.dtype, 0)
+        return sym.Analyzer().simplify(tvm_ffi.structural_map(
+            index, (ir.Var, lambda v: zero if v.same_as(vp) or v.same_as(vt) else v)))
+    if (int(coeffs[0]), int(coeffs[1])) != steps:
+        raise ValueError(f"the input view reads pixel {index}, not {vp.name}*{steps[0]} + {vt.name}*{steps[1]} + ..")
+    return coeffs[2]
+
+
+def _replace_in_root(sch: s_tir.Schedule, blocks: dict, nest, old_buffer: ir.Var, new_buffer: ir.Var) -> None:
+    """Replace in ``sch``'s root block each block of ``blocks`` (old: new), the nest of loops
+    around the first by ``nest`` (the new block's own), and the allocation of
+    ``old_buffer`` by ``new_buffer``."""
+    root = sch.get(sch.get_sblock("root"))
+    first, *_ = blocks
+    swap = (s_tir.SBlock, lambda b: next((new for old, new in blocks.items() if b.same_as(old)), b))
+    seq = [nest if _holds(stmt, first) else tvm_ffi.structural_map(stmt, swap) for stmt in root.body.seq]
+    new_root = s_tir.SBlock(root.iter_vars, root.reads, root.writes, root.name_hint, tirx.SeqStmt(seq), root.init,
+                            [new_buffer if b.same_as(old_buffer) else b for b in root.alloc_buffers],
+                            root.match_buffers, root.annotations)
+    sch.state.replace(sch.get_sref(sch.get_sblock("root")), new_root, {root: new_root, **blocks})
 
 
 def _holds(stmt, block) -> bool:

@@ -805,7 +805,8 @@ def _schedule_depthwise(sch: s_tir.Schedule, name: str, dw: depthwise.Depthwise,
     lay it out (:func:`accel.compiler.depthwise.normalise`), pad the output pixels and
     channels ``f`` to whole tiles, tile to one 16 x 16 output tile per DWMAC (its loop levels
     the kernel's taps), stage each tile's input through INP (one strided LOAD per kernel row,
-    a band of the pixels its taps read: :func:`accel.compiler.depthwise.band`; double-buffered), the whole weight once through WGT, and the accumulator with the
+    a band of the pixels its taps read: :func:`accel.compiler.depthwise.band`;
+    double-buffered), the whole weight once through WGT, and the accumulator with the
     epilogue (and its operands) through ACC, as a GEMM's, for a block of ``knobs.bm`` x
     ``knobs.bn`` tiles of pixels x channels at once (each of the epilogue's ALU steps is one
     instruction over the block). A block that does not divide the tiles, or does not fit
