@@ -477,6 +477,11 @@ def band(sch: s_tir.Schedule, name: str, dw: Depthwise, view: View, t: int) -> V
         analyzer.bind(iv.var, iv.dom)
     # bounds where the band reaches past the input (the padded pixels' columns read there)
     bounds = [c for c in (0 <= index, index < load.source.shape[k]) if not analyzer.can_prove(c)]
+    # the padded pixels (vp >= valid: zeros in the view) read zeros past the last valid pixel's
+    # taps: those that read only there stay zero, values the simulator's batched replay folds
+    valid = _upper_bound(value.args[0], vp) if guarded else None
+    if valid is not None and (valid - 1) * s_ + (shape[at[tap]] - 1) * d_ + 1 < width:
+        bounds.append(j < (valid - 1) * s_ + (shape[at[tap]] - 1) * d_ + 1)
     conds = [c for c in (_without(value.args[0], (vp, vt)) if guarded else None, *bounds) if c is not None]
     cond = functools.reduce(tirx.And, conds) if conds else None
     source = tirx.BufferLoad(load.source, [index if n == k else e for n, e in enumerate(load.indices)])
@@ -555,6 +560,21 @@ def _holds(stmt, block) -> bool:
     found = []
     tvm_ffi.structural_walk(stmt, (s_tir.SBlock, lambda b: found.append(b) if b.same_as(block) else None))
     return bool(found)
+
+
+def _upper_bound(cond, var: ir.Var) -> int | None:
+    """``c`` if a conjunct of ``cond`` is ``var < c`` (a constant ``c``), else None.
+
+    >>> x, f = tirx.Var("x", "int32"), tirx.Var("f", "int32")
+    >>> _upper_bound(tirx.And(x < 20, f < 8), x), _upper_bound(f < 8, x)
+    (20, None)
+    """
+    if isinstance(cond, tirx.And):
+        found = [b for b in (_upper_bound(cond.a, var), _upper_bound(cond.b, var)) if b is not None]
+        return min(found) if found else None
+    if isinstance(cond, tirx.LT) and cond.a.same_as(var) and isinstance(cond.b, tirx.IntImm):
+        return int(cond.b.value)
+    return None
 
 
 def _without(cond, variables):
