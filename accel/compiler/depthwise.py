@@ -14,13 +14,19 @@ convolution normaliser's layout steps (:mod:`accel.compiler.conv`):
 - the input is read channels-last (an NCHW input transposed on the CPU with its zero padding;
   a channels-last one read in place, the image border as the LOADs' padding), through a
   re-indexed view ``[n, y, rc, ry, rx, x, f]`` (``[n, rc, ry, rx, y, f]`` for an output one
-  pixel wide: its tiles' pixels run down the column) whose INP tile for one tap ``(ry, rx)`` is
-  ``X[n, y*sy + ry*dy, (x0 + p)*sx + rx*dx, f0 + c]``: 16 rows of 16 channels, one strided LOAD;
+  pixel wide: its tiles' pixels run down the column) whose tile for one tap ``(ry, rx)`` is
+  ``X[n, y*sy + ry*dy, (x0 + p)*sx + rx*dx, f0 + c]``, 16 pixels of 16 channels;
 - the weights are reordered on the CPU to ``[KH, KW, C, 1]``, a row of channels per tap;
 - an NCHW result is written channels-last by the accelerator and transposed on the CPU.
 
 The scheduler (:func:`accel.compiler.schedule.schedule_in`) then pads ``x`` and ``f`` to whole
-tiles, tiles, stages and runs the epilogue as for a GEMM.
+tiles (or lays the pixels out over the image: :func:`flatten`), and :func:`band` makes the
+block read the view's taps along the pixels from bands ``[n, y, rc, ry, j, f]``: a kernel
+row's taps ``rx`` read the same input row at overlapping pixels, so a tile's INP holds one
+band per kernel row, ``X[n, y*sy + ry*dy, x0*sx + j, f0 + c]`` for the ``15*sx + (KW-1)*dx + 1``
+pixels ``j`` its taps read, one strided LOAD each (``KH`` a tile, not ``KH*KW`` LOADs of 16
+pixels), and DWMAC reads tap ``rx`` from ``rx*dx`` rows into the band, rows ``sx*16`` apart.
+It tiles, stages and runs the epilogue as for a GEMM.
 
 >>> dw, why = analyse(block, store, (x_load, w_load))     # doctest: +SKIP
 >>> view = normalise(sch, dw, notes)                      # doctest: +SKIP
@@ -30,6 +36,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import functools
 import math
 
 import tvm_ffi
@@ -39,8 +46,8 @@ from accel.compiler.blocks import DATA_PAR, REDUCE, mark_layout_stage, read_inde
 from accel.compiler.conv import (Conv, gather_input, input_read, output_channels_last, permute, var_key, vars_in)
 
 #: The order of the re-indexed input view's dimensions (those it has), the pixels' (``x``, or
-#: ``y`` for an output one pixel wide) moved last but the channels: a tap's INP tile is the
-#: last two, pixels by channels.
+#: ``y`` for an output one pixel wide) moved last but the channels: a tap's tile is the last
+#: two, pixels by channels (the band's, :func:`band`, has the pixels of a kernel row's taps).
 VIEW_ORDER = ("n", "y", "x", "c", "ry", "rx", "f")
 
 GROUPED = ("a grouped convolution with several input channels per group: accel runs depthwise "
@@ -207,7 +214,7 @@ class Flat:
     instead of row by row: pixel ``q = y*width + x`` of a virtual width ``width`` (at least
     the padded input's, which the CPU lays out with rows ``width`` pixels apart), so that a
     tap's input pixel ``q*sx + ry*dy*width + rx*dx`` is affine in ``q`` across image rows and
-    a DWMAC tile of 16 consecutive ``q`` is one strided LOAD per tap. The columns
+    a DWMAC tile of 16 consecutive ``q`` is one strided LOAD per kernel row (:func:`band`). The columns
     ``x >= W`` read the next row's pixels (garbage, never stored); a block of output tiles is
     ``rows`` whole virtual rows, ``height`` the image's rows padded to whole blocks.
 
@@ -343,13 +350,6 @@ def _read_padding(sch: s_tir.Schedule, padder, pixel: int) -> None:
     it is affine in ``q``."""
     block = sch.get(padder)
     q = block.iter_vars[pixel].var
-
-    def keep(cond):
-        if isinstance(cond, tirx.And):
-            parts = [p for p in (keep(cond.a), keep(cond.b)) if p is not None]
-            return None if not parts else parts[0] if len(parts) == 1 else tirx.And(*parts)
-        return None if any(v.same_as(q) for v in vars_in(cond)) else cond
-
     value = block.body.value
     guarded = isinstance(value, ir.Call) and value.op.name == "prim.if_then_else"
     load = value.args[1] if guarded else value
@@ -359,7 +359,7 @@ def _read_padding(sch: s_tir.Schedule, padder, pixel: int) -> None:
     for iv in block.iter_vars:
         analyzer.bind(iv.var, iv.dom)
     load = tirx.BufferLoad(load.source, [analyzer.simplify(i) for i in load.indices])
-    cond = keep(value.args[0]) if guarded else None
+    cond = _without(value.args[0], (q,)) if guarded else None
     new_value = load if cond is None else tirx.if_then_else(cond, load, value.args[2])
     body = tirx.BufferStore(block.body.buffer, new_value, block.body.indices)
     # the same buffer read: the block's access regions stand (TVM recomputes them as it needs)
@@ -377,3 +377,210 @@ def flatten_accumulator(sch: s_tir.Schedule, name: str, dw: Depthwise, width: in
     fused = tuple(r for r in order if r not in ("y", "x", "f")) + ("q", "f")
     sch.transform_layout(sch.get_sblock(name), ("write", 0), lambda *ax: tuple(
         ax[order.index("y")] * width + ax[order.index("x")] if r == "q" else ax[order.index(r)] for r in fused))
+
+
+#: The kernel taps along each dimension a DWMAC tile's pixels run: the taps a band serves.
+_BAND_TAP = {"x": "rx", "y": "ry"}
+
+
+def band_rows(dw: Depthwise, t: int) -> int | None:
+    """The input pixels one INP band holds: what the taps along the pixels (``rx``, or
+    ``ry`` for an output one pixel wide) of a tile of ``t`` output pixels read of one input
+    row (a kernel row), ``(t - 1)*s + (K - 1)*d + 1`` for stride ``s``, dilation ``d`` and
+    ``K`` taps; None where a band is not fewer LOADs of no more bytes than a tile per tap
+    (one tap along the pixels; a stride larger than the taps, whose band has pixels no
+    tap reads).
+
+    >>> dw = Depthwise("conv", None, None, {}, {"y": 8, "x": 20, "ry": 3, "rx": 3}, {}, {}, {},
+    ...                {"y": (2, 1, 0), "x": (2, 1, 0)})     # 3 x 3, stride 2
+    >>> band_rows(dw, 16)
+    33
+    """
+    pix = pixels(dw)
+    if pix is None:
+        return None
+    k = dw.ext[_BAND_TAP[pix]]
+    s, d, _ = dw.taps[pix]
+    rows = (t - 1) * s + (k - 1) * d + 1
+    return rows if k > 1 and rows <= k * t else None
+
+
+def inp_elements(dw: Depthwise, t: int) -> int:
+    """The INP elements a tile's input takes: a band of :func:`band_rows` pixels of ``t``
+    channels per tap across the pixels (:func:`band`), else a ``t x t`` tile per tap.
+
+    >>> dw = Depthwise("conv", None, None, {}, {"y": 8, "x": 20, "ry": 3, "rx": 3}, {}, {}, {},
+    ...                {"y": (2, 1, 0), "x": (2, 1, 0)})     # 3 x 3, stride 2
+    >>> inp_elements(dw, 16), 3 * 3 * 16 * 16         # 3 bands of 33 pixels, not 9 tiles of 16
+    (1584, 2304)
+    """
+    rows = band_rows(dw, t)
+    if rows is None:
+        return dw.ext["ry"] * dw.ext["rx"] * t * t
+    return dw.ext["ry" if _BAND_TAP[pixels(dw)] == "rx" else "rx"] * rows * t
+
+
+def band(sch: s_tir.Schedule, name: str, dw: Depthwise, view: View, t: int) -> View:
+    """Make the depthwise block ``name`` (laid out, padded, perhaps over the image: the
+    block reading ``view`` as ``V[.., ry, rx, x, f]``) read its input through bands:
+    ``B[.., ry, j, f]``, the input row of kernel row ``ry`` at input pixel ``j`` (pixel
+    ``j`` of a virtual width over the image), which the block reads at ``j = x*s + rx*d``.
+    Staged at a tile of ``t`` pixels, ``B``'s region is one LOAD per kernel row of
+    :func:`band_rows` pixels, whose taps ``rx`` DWMAC reads ``rx*d`` rows in with row
+    stride ``s*t``, not a LOAD per tap of overlapping pixels. The view's producer (a
+    load of the input, guarded where padded) becomes the band's: the guards on the
+    channels kept, those on the pixels (the padded pixels' zeros: they compute columns no
+    STORE reads) dropped, and bounds added where the band reaches past the input (the
+    LOAD's padding). The step no schedule primitive takes (the view's elements are not
+    one-to-one with the band's); where :func:`band_rows` is None ``view`` is returned as it
+    is.
+
+    >>> view = band(sch, name, dw, view, 16)      # doctest: +SKIP
+    >>> view.dims                                 # doctest: +SKIP
+    ('n', 'y', 'ry', 'x', 'f')
+    """
+    if band_rows(dw, t) is None:
+        return view
+    pix = pixels(dw)
+    tap = _BAND_TAP[pix]
+    s_, d_, _ = dw.taps[pix]
+    blk = sch.get_sblock(name)
+    read = next(r for r in sch.get(blk).reads if not r.source.same_as(view.weight))
+    producer = next(p for p in sch.get_producers(blk) if sch.get(p).writes[0].source.same_as(read.source))
+    reindex = next((p for p in sch.get_producers(producer) if sch.get(p).writes[0].source.same_as(view.inp)), None)
+    inline = view.inline
+    if reindex is not None:     # into the padding's guard: the padded view's producer loads the input
+        inline = tuple(b for b in inline if b != sch.get(reindex).name_hint)
+        sch.compute_inline(reindex)
+    old = sch.get(producer)
+    store, value = old.body, old.body.value
+    guarded = isinstance(value, ir.Call) and value.op.name == "prim.if_then_else"
+    load = value.args[1] if guarded else value
+    if not isinstance(load, ir.TensorLoad) or len(store.indices) != len(view.dims) or \
+            not all(isinstance(i, tirx.Var) for i in store.indices):
+        raise ValueError(f"the input view's producer {old.name_hint} is not V[{', '.join(view.dims)}] = a load "
+                         f"of the input (where in bounds): {value}")
+    at = {r: n for n, r in enumerate(view.dims)}
+    iters = {var_key(iv.var): iv for iv in old.iter_vars}
+    vp, vt = store.indices[at[pix]], store.indices[at[tap]]
+    [k] = [n for n, e in enumerate(load.indices) if any(v.same_as(vp) or v.same_as(vt) for v in vars_in(e))]
+    rest = _pixel_offset(load.indices[k], vp, vt, (s_, d_))
+    shape = [int(e) for e in read.source.shape]
+    width = (shape[at[pix]] - 1) * s_ + (shape[at[tap]] - 1) * d_ + 1
+    j = tirx.Var("j", vp.ty.dtype)
+    index = sym.Analyzer().simplify(j + rest)
+    band_iters = [tirx.IterVar(ir.Range.from_min_extent(tirx.IntImm(vp.ty.dtype, 0), tirx.IntImm(vp.ty.dtype, width)),
+                               j, DATA_PAR) if r == pix else iters[var_key(store.indices[n])]
+                  for n, r in enumerate(view.dims) if r != tap]
+    analyzer = sym.Analyzer()
+    for iv in band_iters:
+        analyzer.bind(iv.var, iv.dom)
+    # bounds where the band reaches past the input (the padded pixels' columns read there)
+    bounds = [c for c in (0 <= index, index < load.source.shape[k]) if not analyzer.can_prove(c)]
+    # the padded pixels (vp >= valid: zeros in the view) read zeros past the last valid pixel's
+    # taps: those that read only there stay zero, values the simulator's batched replay folds
+    valid = _upper_bound(value.args[0], vp) if guarded else None
+    if valid is not None and (valid - 1) * s_ + (shape[at[tap]] - 1) * d_ + 1 < width:
+        bounds.append(j < (valid - 1) * s_ + (shape[at[tap]] - 1) * d_ + 1)
+    conds = [c for c in (_without(value.args[0], (vp, vt)) if guarded else None, *bounds) if c is not None]
+    cond = functools.reduce(tirx.And, conds) if conds else None
+    source = tirx.BufferLoad(load.source, [index if n == k else e for n, e in enumerate(load.indices)])
+    src = read.source
+    bands = tirx.decl_buffer([width if r == pix else shape[n] for n, r in enumerate(view.dims) if r != tap],
+                             str(src.dtype), f"{src.name}_band", scope=src.scope())
+    indices = [iv.var for iv in band_iters]
+    new_value = source if cond is None else tirx.if_then_else(cond, source, tirx.IntImm(str(src.dtype), 0))
+
+    def point(buffer, idx):
+        return ir.TensorRegion(buffer, [ir.Range.from_min_extent(i, 1) for i in idx], read.ty)
+
+    producer_block = s_tir.SBlock(band_iters, [point(load.source, source.indices)], [point(bands, indices)],
+                                  old.name_hint, tirx.BufferStore(bands, new_value, indices))
+    loops = [tirx.Var(f"ax{n}", vp.ty.dtype) for n in range(len(band_iters))]
+    nest = s_tir.SBlockRealize(loops, True, producer_block)
+    for lv, iv in reversed(list(zip(loops, band_iters))):
+        nest = tirx.For(lv, iv.dom.min, iv.dom.extent, tirx.ForKind.SERIAL, nest)
+
+    def banded(idx):
+        """The block's index ``[.., ry, rx, x, f]`` of the view as the band's ``[.., ry, x*s + rx*d, f]``."""
+        return [idx[at[pix]] * s_ + idx[at[tap]] * d_ if r == pix else idx[n]
+                for n, r in enumerate(view.dims) if r != tap]
+
+    def on_load(l):
+        return tirx.BufferLoad(bands, banded(l.indices)) if l.source.same_as(src) else l
+
+    compute = sch.get(blk)
+    reads = [point(bands, banded([r.min for r in x.region])) if x.source.same_as(src) else x for x in compute.reads]
+    new_compute = s_tir.SBlock(compute.iter_vars, reads, compute.writes, compute.name_hint,
+                               tvm_ffi.structural_map(compute.body, (ir.TensorLoad, on_load)), compute.init,
+                               compute.alloc_buffers, compute.match_buffers, compute.annotations)
+    _replace_in_root(sch, {old: producer_block, compute: new_compute}, nest, src, bands)
+    return View(bands, view.weight, tuple(r for r in view.dims if r != tap), inline, view.stop, view.source,
+                view.operand_layout)
+
+
+def _pixel_offset(index, vp: ir.Var, vt: ir.Var, steps: tuple) -> ir.Expr:
+    """``rest`` of the input's index ``index = vp*s + vt*d + rest`` along the pixels (``vp``
+    the view's pixel, ``vt`` the tap along them, ``steps`` the stride and dilation ``(s,
+    d)``): a constant, or over the image the kernel row's offset ``ry*dy*width``.
+
+    >>> x, rx, ry = (tirx.Var(n, "int32") for n in ("x", "rx", "ry"))
+    >>> _pixel_offset(x * 2 + rx + ry * 48 + 1, x, rx, (2, 1))
+    ry * 48 + 1
+    """
+    coeffs = sym.detect_linear_equation(index, [vp, vt])
+    if not coeffs:
+        # over the image a stride of 2 leaves the index in // and % of the virtual width (the
+        # columns past a row's end read the next row's pixels), which TVM does not simplify:
+        # affine all the same, by the flat layout's construction (flatten)
+        zero = tirx.IntImm(vp.ty.dtype, 0)
+        return sym.Analyzer().simplify(tvm_ffi.structural_map(
+            index, (ir.Var, lambda v: zero if v.same_as(vp) or v.same_as(vt) else v)))
+    if (int(coeffs[0]), int(coeffs[1])) != steps:
+        raise ValueError(f"the input view reads pixel {index}, not {vp.name}*{steps[0]} + {vt.name}*{steps[1]} + ..")
+    return coeffs[2]
+
+
+def _replace_in_root(sch: s_tir.Schedule, blocks: dict, nest, old_buffer: ir.Var, new_buffer: ir.Var) -> None:
+    """Replace in ``sch``'s root block each block of ``blocks`` (old: new), the nest of loops
+    around the first by ``nest`` (the new block's own), and the allocation of
+    ``old_buffer`` by ``new_buffer``."""
+    root = sch.get(sch.get_sblock("root"))
+    first, *_ = blocks
+    swap = (s_tir.SBlock, lambda b: next((new for old, new in blocks.items() if b.same_as(old)), b))
+    seq = [nest if _holds(stmt, first) else tvm_ffi.structural_map(stmt, swap) for stmt in root.body.seq]
+    new_root = s_tir.SBlock(root.iter_vars, root.reads, root.writes, root.name_hint, tirx.SeqStmt(seq), root.init,
+                            [new_buffer if b.same_as(old_buffer) else b for b in root.alloc_buffers],
+                            root.match_buffers, root.annotations)
+    sch.state.replace(sch.get_sref(sch.get_sblock("root")), new_root, {root: new_root, **blocks})
+
+
+def _holds(stmt, block) -> bool:
+    """Whether the statement ``stmt`` holds ``block``."""
+    found = []
+    tvm_ffi.structural_walk(stmt, (s_tir.SBlock, lambda b: found.append(b) if b.same_as(block) else None))
+    return bool(found)
+
+
+def _upper_bound(cond, var: ir.Var) -> int | None:
+    """``c`` if a conjunct of ``cond`` is ``var < c`` (a constant ``c``), else None.
+
+    >>> x, f = tirx.Var("x", "int32"), tirx.Var("f", "int32")
+    >>> _upper_bound(tirx.And(x < 20, f < 8), x), _upper_bound(f < 8, x)
+    (20, None)
+    """
+    if isinstance(cond, tirx.And):
+        found = [b for b in (_upper_bound(cond.a, var), _upper_bound(cond.b, var)) if b is not None]
+        return min(found) if found else None
+    if isinstance(cond, tirx.LT) and cond.a.same_as(var) and isinstance(cond.b, tirx.IntImm):
+        return int(cond.b.value)
+    return None
+
+
+def _without(cond, variables):
+    """The conjunction of the conjuncts of ``cond`` that use none of ``variables``; None if
+    every one does."""
+    if isinstance(cond, tirx.And):
+        parts = [p for p in (_without(cond.a, variables), _without(cond.b, variables)) if p is not None]
+        return None if not parts else parts[0] if len(parts) == 1 else tirx.And(*parts)
+    return None if any(v.same_as(u) for v in vars_in(cond) for u in variables) else cond

@@ -892,7 +892,8 @@ def _schedule_depthwise(sch: s_tir.Schedule, name: str, dw: depthwise.Depthwise,
     """Schedule the depthwise convolution block ``name`` for DWMAC and add its plan to ``notes``:
     lay it out (:func:`accel.compiler.depthwise.normalise`), pad the output pixels and
     channels ``f`` to whole tiles, tile to one 16 x 16 output tile per DWMAC (its loop levels
-    the kernel's taps), stage each tile's input taps through INP (one strided LOAD per tap,
+    the kernel's taps), stage each tile's input through INP (one strided LOAD per kernel row,
+    a band of the pixels its taps read: :func:`accel.compiler.depthwise.band`;
     double-buffered), the whole weight once through WGT, and the accumulator with the
     epilogue (and its operands) through ACC, as a GEMM's, for a block of ``knobs.bm`` x
     ``knobs.bn`` tiles of pixels x channels at once (each of the epilogue's ALU steps is one
@@ -1028,7 +1029,7 @@ def _schedule_depthwise(sch: s_tir.Schedule, name: str, dw: depthwise.Depthwise,
     least_regions = regions if least == 1 else block_regions
     # what the tiles occupy, as the planner lays them out (the layout and epilogue steps so far
     # are valid code for the CPU, should it not fit)
-    need = {INP: _MEMORY[INP].footprint(taps * t * t, repeated=count > 1, options=options),
+    need = {INP: _MEMORY[INP].footprint(depthwise.inp_elements(dw, t), repeated=count > 1, options=options),
             WGT: _MEMORY[WGT].footprint(taps * f_pad, repeated=False, options=options),
             ACC: acc_need(least_regions, (least, 1), count)}
     for scope, n in need.items():
@@ -1040,15 +1041,15 @@ def _schedule_depthwise(sch: s_tir.Schedule, name: str, dw: depthwise.Depthwise,
     if image:
         view = depthwise.flatten(sch, name, dw, view, flat, f_pad, notes)
         plan = GemmPlan(name, e["y"] * e["x"], e["f"], taps, e["n"],
-                        gather=f"per-channel DWMAC over the image's pixels, rows {flat.width} wide; each kernel tap's "
-                               f"input tile by a strided LOAD from {view.source}")
+                        gather=f"per-channel DWMAC over the image's pixels, rows {flat.width} wide; each kernel "
+                               f"row's input band by a strided LOAD from {view.source}")
         plan.device_macs = e["n"] * flat.height * flat.width * f_pad * taps
         # the block's iters: the pixels fused into one (where x was), y gone
         roles = [r for r in sorted(dw.pos, key=dw.pos.get) if r != "y"]
         pos = {r: n for n, r in enumerate(roles)}
     else:
         plan = GemmPlan(name, e[pix], e["f"], taps, e["n"] * e[other],
-                        gather=f"per-channel DWMAC; each kernel tap's input tile by a strided, padded LOAD from "
+                        gather=f"per-channel DWMAC; each kernel row's input band by a strided, padded LOAD from "
                                f"{view.source}")
         blk = sch.get_sblock(name)
         keys = [iv.var.__chandle__() for iv in sch.get(blk).iter_vars]
@@ -1058,6 +1059,7 @@ def _schedule_depthwise(sch: s_tir.Schedule, name: str, dw: depthwise.Depthwise,
         if padded != [int(iv.dom.extent.value) for iv in sch.get(blk).iter_vars]:
             sch.pad_einsum(blk, padded)
         pos = dict(dw.pos)
+    view = depthwise.band(sch, name, dw, view, t)
     blk = sch.get_sblock(name)
     final, steps, out_buffer, temporaries = _epilogue(sch, blk, view.stop)
     if (bm, bn) != (least, 1):

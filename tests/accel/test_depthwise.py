@@ -160,3 +160,54 @@ def test_over_the_image_is_bit_exact_with_llvm_and_never_stores_the_garbage_colu
     want = [tvm.runtime.tensor(a) for a in (*args, marker)]
     tvm.compile(ir.IRModule({"main": func}), "llvm")["main"](*want)
     np.testing.assert_array_equal(got[-1], want[-1].numpy())
+
+
+@given(st.sampled_from(["NCHW", "NHWC"]), st.sampled_from([8, 24]), st.integers(1, 9),
+       st.integers(1, 21) | st.sampled_from([17, 20, 33]), st.sampled_from([3, 5]), st.sampled_from([1, 2]),
+       st.integers(0, 2), st.sampled_from([1, 2]), st.sampled_from([None, "row", "image"]), st.integers(0, 1000))
+def test_a_tile_reads_one_band_per_kernel_row_not_one_load_per_tap(layout, c, h, w, k, stride, pad, dilation, pixels,
+                                                                    seed):
+    """Each DWMAC's input is ``k`` INP LOADs, one per kernel row (a band of the
+    ``15*stride + (k - 1)*dilation + 1`` input pixels its taps read, border padding
+    included), not ``k*k`` tiles of 16 pixels, whichever way the pixels run (along the
+    rows, over the image, down a one-pixel-wide output's column); DWMAC reads tap ``rx``
+    ``rx*dilation`` rows into its band, rows ``stride*16`` apart; the result is llvm's bit
+    for bit."""
+    import numpy as np
+    from tvm import ir, s_tir
+
+    import accel
+    from accel.compiler.schedule import Knobs, ScheduleError, gemm_blocks
+
+    pad = min(pad, k // 2)
+    span = (k - 1) * dilation + 1
+    h, w = h + max(0, span - h - 2 * pad), w + max(0, span - w - 2 * pad)
+    oh, ow = (h + 2 * pad - span) // stride + 1, (w + 2 * pad - span) // stride + 1
+    if oh == ow == 1:
+        return      # no tile of pixels: the host computes it (test_depthwise_conv_on_accel_is_bit_exact_with_llvm)
+    func = legalized(depthwise_module(layout, c, h, w, k, stride, pad, "requant", dilation=dilation))
+    sch = s_tir.Schedule(ir.IRModule({"main": func}))
+    [(name, _)] = gemm_blocks(sch, with_depthwise=True)
+    Knobs(pixels=pixels).annotate(sch, sch.get_sblock(name))
+    try:
+        ex = accel.build(sch.mod["main"])
+    except ScheduleError:
+        assert pixels == "image" and 1 in (oh, ow)      # no layout over the image: it runs along its rows already
+        return
+    rng = np.random.default_rng(seed)
+    args = [rng.integers(-128, 128, [int(d) for d in p.shape]).astype(str(p.dtype))
+            for p in func.params if tvm.tirx.is_buffer_var(p)]
+    want = [tvm.runtime.tensor(a) for a in args]
+    tvm.compile(ir.IRModule({"main": func}), "llvm")["main"](*want)
+    with accel.Session() as session:
+        ex(*args)
+    np.testing.assert_array_equal(args[-1], want[-1].numpy())
+    stream = accel.decode(session.stream())
+    dwmacs = [i for i in stream if isinstance(i, accel.Dwmac)]
+    bands = [i for i in stream if isinstance(i, accel.Load) and i.mem == accel.Mem.INP]
+    rows = 15 * stride + (k - 1) * dilation + 1
+    assert dwmacs and len(bands) == k * len(dwmacs)
+    assert {b.pad_top + b.rows + b.pad_bottom for b in bands} == {rows}
+    assert {(d.inp_ld, d.ext_out * d.ext_in) for d in dwmacs} == {(16 * stride, k * k)}
+    assert sorted((d.inp_stride_out, d.inp_stride_in) for d in dwmacs[:1])[0] in \
+        ((rows * 16, dilation * 16), (dilation * 16, rows * 16))

@@ -11,7 +11,7 @@ MODULES = ["accel", "accel.hw.config", "accel.hw.errors", "accel.hw.isa", "accel
            "accel.compiler.tuning",
            "accel.compiler.wrapping", "accel.compiler.build", "accel.compiler.pooling",
            "accel.compiler.elementwise", "accel.compiler.upsample", "accel.compiler.prelowered",
-           "accel.compiler.groups", "accel.compiler.chains"]
+           "accel.compiler.groups", "accel.compiler.chains", "accel.compiler.depthwise"]
 
 
 @pytest.mark.parametrize("name", MODULES)
