@@ -351,15 +351,14 @@ def _read_padding(sch: s_tir.Schedule, padder, pixel: int) -> None:
     block = sch.get(padder)
     q = block.iter_vars[pixel].var
     value = block.body.value
-    guarded = isinstance(value, ir.Call) and value.op.name == "prim.if_then_else"
-    load = value.args[1] if guarded else value
+    guard, load = _guarded_load(value)
     if not isinstance(load, ir.TensorLoad):
         raise ValueError(f"the input view {block.name_hint} is not a load of the input (if in bounds): {value}")
     analyzer = sym.Analyzer()
     for iv in block.iter_vars:
         analyzer.bind(iv.var, iv.dom)
     load = tirx.BufferLoad(load.source, [analyzer.simplify(i) for i in load.indices])
-    cond = _without(value.args[0], (q,)) if guarded else None
+    cond = _without(guard, (q,)) if guard is not None else None
     new_value = load if cond is None else tirx.if_then_else(cond, load, value.args[2])
     body = tirx.BufferStore(block.body.buffer, new_value, block.body.indices)
     # the same buffer read: the block's access regions stand (TVM recomputes them as it needs)
@@ -401,8 +400,18 @@ def band_rows(dw: Depthwise, t: int) -> int | None:
         return None
     k = dw.ext[_BAND_TAP[pix]]
     s, d, _ = dw.taps[pix]
-    rows = (t - 1) * s + (k - 1) * d + 1
+    rows = _reach(t, k, s, d)
     return rows if k > 1 and rows <= k * t else None
+
+
+def _reach(pixels: int, taps: int, stride: int, dilation: int) -> int:
+    """The input pixels ``taps`` taps of ``pixels`` consecutive output pixels read (stride and
+    dilation along them): ``(pixels - 1)*stride + (taps - 1)*dilation + 1``.
+
+    >>> _reach(16, 3, 2, 1)
+    33
+    """
+    return (pixels - 1) * stride + (taps - 1) * dilation + 1
 
 
 def inp_elements(dw: Depthwise, t: int) -> int:
@@ -454,8 +463,7 @@ def band(sch: s_tir.Schedule, name: str, dw: Depthwise, view: View, t: int) -> V
         sch.compute_inline(reindex)
     old = sch.get(producer)
     store, value = old.body, old.body.value
-    guarded = isinstance(value, ir.Call) and value.op.name == "prim.if_then_else"
-    load = value.args[1] if guarded else value
+    guard, load = _guarded_load(value)
     if not isinstance(load, ir.TensorLoad) or len(store.indices) != len(view.dims) or \
             not all(isinstance(i, tirx.Var) for i in store.indices):
         raise ValueError(f"the input view's producer {old.name_hint} is not V[{', '.join(view.dims)}] = a load "
@@ -466,7 +474,7 @@ def band(sch: s_tir.Schedule, name: str, dw: Depthwise, view: View, t: int) -> V
     [k] = [n for n, e in enumerate(load.indices) if any(v.same_as(vp) or v.same_as(vt) for v in vars_in(e))]
     rest = _pixel_offset(load.indices[k], vp, vt, (s_, d_))
     shape = [int(e) for e in read.source.shape]
-    width = (shape[at[pix]] - 1) * s_ + (shape[at[tap]] - 1) * d_ + 1
+    width = _reach(shape[at[pix]], shape[at[tap]], s_, d_)
     j = tirx.Var("j", vp.ty.dtype)
     index = sym.Analyzer().simplify(j + rest)
     band_iters = [tirx.IterVar(ir.Range.from_min_extent(tirx.IntImm(vp.ty.dtype, 0), tirx.IntImm(vp.ty.dtype, width)),
@@ -479,10 +487,10 @@ def band(sch: s_tir.Schedule, name: str, dw: Depthwise, view: View, t: int) -> V
     bounds = [c for c in (0 <= index, index < load.source.shape[k]) if not analyzer.can_prove(c)]
     # the padded pixels (vp >= valid: zeros in the view) read zeros past the last valid pixel's
     # taps: those that read only there stay zero, values the simulator's batched replay folds
-    valid = _upper_bound(value.args[0], vp) if guarded else None
-    if valid is not None and (valid - 1) * s_ + (shape[at[tap]] - 1) * d_ + 1 < width:
-        bounds.append(j < (valid - 1) * s_ + (shape[at[tap]] - 1) * d_ + 1)
-    conds = [c for c in (_without(value.args[0], (vp, vt)) if guarded else None, *bounds) if c is not None]
+    valid = _upper_bound(guard, vp) if guard is not None else None
+    if valid is not None and _reach(valid, shape[at[tap]], s_, d_) < width:
+        bounds.append(j < _reach(valid, shape[at[tap]], s_, d_))
+    conds = [c for c in (_without(guard, (vp, vt)) if guard is not None else None, *bounds) if c is not None]
     cond = functools.reduce(tirx.And, conds) if conds else None
     source = tirx.BufferLoad(load.source, [index if n == k else e for n, e in enumerate(load.indices)])
     src = read.source
@@ -560,6 +568,14 @@ def _holds(stmt, block) -> bool:
     found = []
     tvm_ffi.structural_walk(stmt, (s_tir.SBlock, lambda b: found.append(b) if b.same_as(block) else None))
     return bool(found)
+
+
+def _guarded_load(value) -> tuple:
+    """``(guard, load)`` of an input view's value: ``if_then_else(guard, load, pad)`` where it
+    is padded, else ``(None, value)``."""
+    if isinstance(value, ir.Call) and value.op.name == "prim.if_then_else":
+        return value.args[0], value.args[1]
+    return None, value
 
 
 def _upper_bound(cond, var: ir.Var) -> int | None:
