@@ -818,6 +818,8 @@ def _gemm_estimate(sch, plan, knobs: Knobs, name: str, g: GemmAnalysis, shape: E
     prefix, alu_runs, staged = _epilogue_work(sch, plan, knobs, final, steps, out_buffer, temporaries)
     row_runs = _alu_runs(sch, final, steps, out_buffer, temporaries, prefix, by_rows=True)
     own = len(_own_steps(sch, final, steps, temporaries, prefix)) if steps is not None else 0
+    # the bytes of an element of the result the STOREs write: the epilogue's, else the accumulator's
+    stored = tvm.DataType(str(sch.get(final).writes[0].source.dtype if final is not None else "int32")).bits // 8
 
     def estimate(k: Knobs, keep: tuple | None = None) -> int | None:
         try:
@@ -838,8 +840,6 @@ def _gemm_estimate(sch, plan, knobs: Knobs, name: str, g: GemmAnalysis, shape: E
         return block_cycles(shape, *fitted[:3], row_runs, config, staged=staged) + ends + \
             blocks * (rows - 1) * own * config.issue_overhead
 
-    # the bytes of an element of the result the STOREs write: the epilogue's, else the accumulator's
-    stored = tvm.DataType(str(sch.get(final).writes[0].source.dtype if final is not None else "int32")).bits // 8
     return estimate
 
 
