@@ -146,12 +146,20 @@ def pytest_sessionfinish(session):
 # xdist hands them out as one unit of work, so that one worker pays it, once.
 TENSOR_INTRIN_FILES = ("tests/tirpat/test_tensorize_peer.py", "tests/tirpat/test_intrin_coverage.py",
                        "tests/tirpat/test_intrin_e2e.py")
+# The documentation pages whose examples import them (tests/test_docs.py runs each page's
+# examples as tests named by the page): their tests join the same unit.
+TENSOR_INTRIN_PAGES = tuple(sorted(page.name for page in (Path(__file__).parent.parent / "docs").glob("*.md")
+                                   if "tensor_intrin" in page.read_text()))
 
 
 def xdist_scope(nodeid: str) -> str:
-    """The unit of xdist's work ``nodeid`` belongs to: its file, or all of TENSOR_INTRIN_FILES."""
+    """The unit of xdist's work ``nodeid`` belongs to: its file, or all of TENSOR_INTRIN_FILES
+    and the tests of the pages TENSOR_INTRIN_PAGES."""
     file = _file_of(nodeid)
-    return "tensor_intrin" if file in TENSOR_INTRIN_FILES else file
+    if file in TENSOR_INTRIN_FILES or (file == "tests/test_docs.py" and nodeid.endswith(
+            tuple(f"[{page}]" for page in TENSOR_INTRIN_PAGES))):
+        return "tensor_intrin"
+    return file
 
 
 @pytest.hookimpl(tryfirst=True, optionalhook=True)  # before xdist's own scheduler, which would answer

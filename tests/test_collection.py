@@ -44,12 +44,16 @@ class _LoadFileConfig:
 
 def test_the_intrinsic_tests_are_one_unit_of_xdist_work(pytestconfig):
     """Every test file that reaches TVM's intrinsics (directly or through
-    tirpat.testing.intrin) is listed, and the scheduler xdist is given hands them out as one
-    unit; other files stay units of their own."""
+    tirpat.testing.intrin) is listed, and so is the documentation page whose examples import them;
+    the scheduler xdist is given hands them out as one unit (the page's tests with them); other
+    files, and the other pages' tests, stay units of their own."""
     here = pathlib.Path(__file__).resolve()
     using = {str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("test_*.py")
              if p != here and any(s in p.read_text() for s in ("tensor_intrin", "testing.intrin"))}
     assert using == set(_conftest(pytestconfig).TENSOR_INTRIN_FILES)
     scheduler = pytestconfig.hook.pytest_xdist_make_scheduler(config=_LoadFileConfig(), log=None)
-    assert len({scheduler._split_scope(f"{f}::test[x]") for f in using}) == 1
+    pages = [f"tests/test_docs.py::test[{page}]" for page in _conftest(pytestconfig).TENSOR_INTRIN_PAGES]
+    assert pages == ["tests/test_docs.py::test[tensor-intrinsics.md]"]
+    assert len({scheduler._split_scope(f"{f}::test[x]") for f in using} | {scheduler._split_scope(p) for p in pages}) == 1
+    assert scheduler._split_scope("tests/test_docs.py::test[README.md]") == "tests/test_docs.py"
     assert scheduler._split_scope("tests/test_collection.py::test[x]") == "tests/test_collection.py"

@@ -61,7 +61,7 @@ def precise_cases(draw):
     return kind, m, n, k, rq, draw(st.booleans()), draw(st.integers(0, 2**16)), draw(st.booleans())
 
 
-@settings(max_examples=20)
+@settings(max_examples=14)
 @given(precise_cases())
 def test_precise_requantise_on_accel_is_llvms(case):
     kind, m, n, k, rq, bias, seed, nchw = case

@@ -29,14 +29,14 @@ def assert_bit_exact(model):
     return result
 
 
-@settings(max_examples=15, phases=NO_SHRINK)
+@settings(max_examples=12, phases=NO_SHRINK)
 @given(int8_models(overflow=False))
 def test_models_without_overflow_are_bit_exact(model):
     note(model.describe())
     assert_bit_exact(model)
 
 
-@settings(max_examples=10, phases=NO_SHRINK)
+@settings(max_examples=8, phases=NO_SHRINK)
 @given(int8_models(overflow=True))
 def test_models_whose_epilogues_pass_int32_are_bit_exact(model):
     """Products that wrap and narrowing casts that truncate: accel computes llvm's wrapping
