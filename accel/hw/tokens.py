@@ -43,6 +43,10 @@ _POP = {(Queue.LOAD, Queue.COMPUTE): "pop_prev", (Queue.COMPUTE, Queue.LOAD): "p
 # each flag's bit in Instruction.flags, and per set of bits the fields they set
 _BIT = {"pop_prev": 1, "pop_next": 2, "push_prev": 4, "push_next": 8}
 _SET = [{name: True for name, bit in _BIT.items() if bits & bit} for bits in range(16)]
+# _PUSH and _POP's flags and their bits, by [source queue][destination queue] (None off the
+# neighbours): read per token added, where a tuple key would be made for each lookup
+_PUSH_OF = tuple(tuple(_PUSH.get((src, dst)) for dst in Queue) for src in Queue)
+_POP_BIT = tuple(tuple(_BIT[_POP[(src, dst)]] if (src, dst) in _POP else 0 for dst in Queue) for src in Queue)
 
 
 def _span(addr: int, ld: int, rows: int, cols: int, loops=()) -> tuple[int, int]:
@@ -231,6 +235,12 @@ class _Ranges:
         if first == len(keys) or keys[first][0] >= hi:     # none starts inside (the common case)
             return
         last = bisect_left(keys, (hi,), first)
+        if last == first + 1:       # one starts inside (most of the others): no lists made
+            key = keys[first]
+            if key[1] <= hi:
+                del keys[first]
+                del self.values[key]
+            return
         window = keys[first:last]
         inside = [key for key in window if key[1] <= hi]
         if inside:
@@ -246,17 +256,20 @@ class _Ranges:
         ([(0, 8), (4, 16)], 'd')
         """
         keys, values = self.keys, self.values
+        key = (lo, hi)
         first = bisect_left(keys, (lo,))
-        last = bisect_left(keys, (hi,), first)
-        if last == first:                                       # none starts inside: a new range
-            keys.insert(first, (lo, hi))
-            values[(lo, hi)] = value
+        # the two common cases, told apart by the ranges at first and after it (one bisection)
+        count = len(keys)
+        if first == count or keys[first][0] >= hi:             # none starts inside: a new range
+            keys.insert(first, key)
+            values[key] = value
             if hi - lo > self.widest:
                 self.widest = hi - lo
             return
-        if last == first + 1 and keys[first] == (lo, hi):      # the range alone, written again
-            values[keys[first]] = value
+        if keys[first] == key and (first + 1 == count or keys[first + 1][0] >= hi):
+            values[key] = value                                 # the range alone, written again
             return
+        last = bisect_left(keys, (hi,), first)
         # what stays of the window starts inside and ends beyond hi: after (lo, hi) in order
         window = keys[first:last]
         for key in window:
@@ -392,7 +405,7 @@ class DependencyTracker:
             if ordered[src] >= index:
                 continue
             ordered[src] = self._push(em, src, queue, index)
-            pops |= _BIT[_POP[(src, queue)]]
+            pops |= _POP_BIT[src][queue]
         return self._flagged(ins, pops) if pops else ins
 
     def _record(self, queue: int, accesses: tuple, index: int) -> None:
@@ -430,7 +443,7 @@ class DependencyTracker:
     def _push(self, em, src: Queue, dst: Queue, index: int) -> int:
         """Make the first instruction of ``src`` at or after ``index`` with a free push flag
         send a token to ``dst``; a NOP at the end of ``src`` if there is none. Returns it."""
-        flag = _PUSH[(src, dst)]
+        flag = _PUSH_OF[src][dst]
         stream, queues = em.instructions, em.queues
         for i in range(index, len(stream)):
             if queues[i] == src and not getattr(stream[i], flag):
