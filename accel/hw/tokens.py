@@ -222,11 +222,12 @@ class _Ranges:
         return found
 
     def put(self, lo: int, hi: int, value) -> None:
-        key = (lo, hi)
-        if key not in self.values:
+        key, values = (lo, hi), self.values
+        if key not in values:
             insort(self.keys, key)
-            self.widest = max(self.widest, hi - lo)
-        self.values[key] = value
+            if hi - lo > self.widest:
+                self.widest = hi - lo
+        values[key] = value
 
     def remove_inside(self, lo: int, hi: int) -> None:
         """Drop every range that lies within ``[lo, hi)``."""
