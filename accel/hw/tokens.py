@@ -290,9 +290,10 @@ class _Space:
     reads (``read``) there, ``[-1, inf, -inf]`` for none: a search is needed only where
     another queue's accesses may both be later than what the instruction already waits for
     and overlap it (not for a compute instruction reading ACC, which only the compute queue
-    writes, nor for a LOAD of an input the stream's STOREs never write). ``writers`` and
-    ``readers`` list ``(queue, summary)`` for the queues that accessed the space, the only
-    summaries worth looking at (most spaces are written by one queue)."""
+    writes, nor for a LOAD of an input the stream's STOREs never write). ``writers[queue]``
+    and ``readers[queue]`` list ``(other queue, summary)`` for the other queues that accessed
+    the space, the only summaries an instruction of ``queue`` looks at (most spaces are
+    written by one queue: its own accesses there look at none)."""
 
     __slots__ = ("writes", "reads", "wrote", "read", "writers", "readers")
 
@@ -300,8 +301,16 @@ class _Space:
         self.writes, self.reads = _Ranges(), _Ranges()
         self.wrote = tuple([-1, math.inf, -math.inf] for _ in Queue)
         self.read = tuple([-1, math.inf, -math.inf] for _ in Queue)
-        self.writers: list[tuple[int, list]] = []
-        self.readers: list[tuple[int, list]] = []
+        self.writers: tuple[list[tuple[int, list]], ...] = tuple([] for _ in Queue)
+        self.readers: tuple[list[tuple[int, list]], ...] = tuple([] for _ in Queue)
+
+
+def _add_other(lists: tuple[list, ...], queue: int, summary: list) -> None:
+    """``queue``'s first access of a space: each other queue's list (``_Space.writers`` or
+    ``readers``) gets its summary."""
+    for other, listed in enumerate(lists):
+        if other != queue:
+            listed.append((queue, summary))
 
 
 class DependencyTracker:
@@ -372,15 +381,15 @@ class DependencyTracker:
             # what the instruction already waits for and overlap it, by the queues' summaries
             # (see _Space): most accesses need no search (a loop's own ACC, read-only inputs)
             # (one search finds every queue's accesses: which queue calls for it does not matter)
-            for q, (index, first, last) in state.writers:
-                if q != queue and index > ordered[q] and first < hi and lo < last and index > needs.get(q, -1):
+            for q, (index, first, last) in state.writers[queue]:
+                if index > ordered[q] and first < hi and lo < last and index > needs.get(q, -1):
                     for producer, index in state.writes.values_overlapping(lo, hi):
                         if producer != queue and index > needs.get(producer, -1):
                             needs[producer] = index
                     break
             if write:
-                for q, (index, first, last) in state.readers:
-                    if q != queue and index > ordered[q] and first < hi and lo < last and index > needs.get(q, -1):
+                for q, (index, first, last) in state.readers[queue]:
+                    if index > ordered[q] and first < hi and lo < last and index > needs.get(q, -1):
                         for readers in state.reads.values_overlapping(lo, hi):
                             for producer, index in readers.items():
                                 if producer != queue and index > needs.get(producer, -1):
@@ -423,7 +432,7 @@ class DependencyTracker:
                 state.reads.remove_inside(lo, hi)
                 summary = state.wrote[queue]
                 if summary[0] < 0:
-                    state.writers.append((queue, summary))
+                    _add_other(state.writers, queue, summary)
             else:
                 reads = state.reads
                 readers = reads.values.get((lo, hi))
@@ -433,7 +442,7 @@ class DependencyTracker:
                     readers[queue] = index
                 summary = state.read[queue]
                 if summary[0] < 0:
-                    state.readers.append((queue, summary))
+                    _add_other(state.readers, queue, summary)
             # the queue's summary of the space (see _Space) takes in the access
             summary[0] = index
             if lo < summary[1]:
