@@ -221,17 +221,21 @@ def schedule(stream: Sequence[Instruction], config: Config) -> Timing:
                         break
                 else:
                     # the scoreboard: the other units' instructions, running or waiting (this
-                    # unit's run before it, in order)
+                    # unit's run before it, in order), against this one's ACC ranges (kept: what a
+                    # later head checks against while this one runs or waits). A running one is
+                    # checked here as _hazard checks (the most frequent check: no call)
+                    wlo, whi, rlo, rhi = acc_of[i] or _acc_ranges(stream, i, acc_of, ranges, tile)
                     clash = False
                     for v in others[u]:
                         r = crun[v]
-                        if (r >= 0 and end[r] > now and _hazard(stream, i, (r,), acc_of, ranges, tile)) or (
-                                waiting[v] and _hazard(stream, i, waiting[v], acc_of, ranges, tile)):
+                        if r >= 0 and end[r] > now:
+                            lo, hi, their_rlo, their_rhi = acc_of[r] or _acc_ranges(stream, r, acc_of, ranges, tile)
+                            if (wlo < hi and lo < whi) or (rlo < hi and lo < rhi) or (wlo < their_rhi and their_rlo < whi):
+                                clash = True
+                                break
+                        if waiting[v] and _hazard(stream, i, waiting[v], acc_of, ranges, tile):
                             clash = True
                             break
-                    if not clash and acc_of[i] is None:
-                        # what a later head checks against while this one runs or waits
-                        _acc_ranges(stream, i, acc_of, ranges, tile)
                     if clash:
                         break
                     if free and u == _DMA:      # the DMA engine's choice, below

@@ -43,6 +43,10 @@ _POP = {(Queue.LOAD, Queue.COMPUTE): "pop_prev", (Queue.COMPUTE, Queue.LOAD): "p
 # each flag's bit in Instruction.flags, and per set of bits the fields they set
 _BIT = {"pop_prev": 1, "pop_next": 2, "push_prev": 4, "push_next": 8}
 _SET = [{name: True for name, bit in _BIT.items() if bits & bit} for bits in range(16)]
+# _PUSH and _POP's flags and their bits, by [source queue][destination queue] (None off the
+# neighbours): read per token added, where a tuple key would be made for each lookup
+_PUSH_OF = tuple(tuple(_PUSH.get((src, dst)) for dst in Queue) for src in Queue)
+_POP_BIT = tuple(tuple(_BIT[_POP[(src, dst)]] if (src, dst) in _POP else 0 for dst in Queue) for src in Queue)
 
 
 def _span(addr: int, ld: int, rows: int, cols: int, loops=()) -> tuple[int, int]:
@@ -218,11 +222,12 @@ class _Ranges:
         return found
 
     def put(self, lo: int, hi: int, value) -> None:
-        key = (lo, hi)
-        if key not in self.values:
+        key, values = (lo, hi), self.values
+        if key not in values:
             insort(self.keys, key)
-            self.widest = max(self.widest, hi - lo)
-        self.values[key] = value
+            if hi - lo > self.widest:
+                self.widest = hi - lo
+        values[key] = value
 
     def remove_inside(self, lo: int, hi: int) -> None:
         """Drop every range that lies within ``[lo, hi)``."""
@@ -231,6 +236,12 @@ class _Ranges:
         if first == len(keys) or keys[first][0] >= hi:     # none starts inside (the common case)
             return
         last = bisect_left(keys, (hi,), first)
+        if last == first + 1:       # one starts inside (most of the others): no lists made
+            key = keys[first]
+            if key[1] <= hi:
+                del keys[first]
+                del self.values[key]
+            return
         window = keys[first:last]
         inside = [key for key in window if key[1] <= hi]
         if inside:
@@ -246,17 +257,20 @@ class _Ranges:
         ([(0, 8), (4, 16)], 'd')
         """
         keys, values = self.keys, self.values
+        key = (lo, hi)
         first = bisect_left(keys, (lo,))
-        last = bisect_left(keys, (hi,), first)
-        if last == first:                                       # none starts inside: a new range
-            keys.insert(first, (lo, hi))
-            values[(lo, hi)] = value
+        # the two common cases, told apart by the ranges at first and after it (one bisection)
+        count = len(keys)
+        if first == count or keys[first][0] >= hi:             # none starts inside: a new range
+            keys.insert(first, key)
+            values[key] = value
             if hi - lo > self.widest:
                 self.widest = hi - lo
             return
-        if last == first + 1 and keys[first] == (lo, hi):      # the range alone, written again
-            values[keys[first]] = value
+        if keys[first] == key and (first + 1 == count or keys[first + 1][0] >= hi):
+            values[key] = value                                 # the range alone, written again
             return
+        last = bisect_left(keys, (hi,), first)
         # what stays of the window starts inside and ends beyond hi: after (lo, hi) in order
         window = keys[first:last]
         for key in window:
@@ -276,9 +290,10 @@ class _Space:
     reads (``read``) there, ``[-1, inf, -inf]`` for none: a search is needed only where
     another queue's accesses may both be later than what the instruction already waits for
     and overlap it (not for a compute instruction reading ACC, which only the compute queue
-    writes, nor for a LOAD of an input the stream's STOREs never write). ``writers`` and
-    ``readers`` list ``(queue, summary)`` for the queues that accessed the space, the only
-    summaries worth looking at (most spaces are written by one queue)."""
+    writes, nor for a LOAD of an input the stream's STOREs never write). ``writers[queue]``
+    and ``readers[queue]`` list ``(other queue, summary)`` for the other queues that accessed
+    the space, the only summaries an instruction of ``queue`` looks at (most spaces are
+    written by one queue: its own accesses there look at none)."""
 
     __slots__ = ("writes", "reads", "wrote", "read", "writers", "readers")
 
@@ -286,8 +301,16 @@ class _Space:
         self.writes, self.reads = _Ranges(), _Ranges()
         self.wrote = tuple([-1, math.inf, -math.inf] for _ in Queue)
         self.read = tuple([-1, math.inf, -math.inf] for _ in Queue)
-        self.writers: list[tuple[int, list]] = []
-        self.readers: list[tuple[int, list]] = []
+        self.writers: tuple[list[tuple[int, list]], ...] = tuple([] for _ in Queue)
+        self.readers: tuple[list[tuple[int, list]], ...] = tuple([] for _ in Queue)
+
+
+def _add_other(lists: tuple[list, ...], queue: int, summary: list) -> None:
+    """``queue``'s first access of a space: each other queue's list (``_Space.writers`` or
+    ``readers``) gets its summary."""
+    for other, listed in enumerate(lists):
+        if other != queue:
+            listed.append((queue, summary))
 
 
 class DependencyTracker:
@@ -358,15 +381,15 @@ class DependencyTracker:
             # what the instruction already waits for and overlap it, by the queues' summaries
             # (see _Space): most accesses need no search (a loop's own ACC, read-only inputs)
             # (one search finds every queue's accesses: which queue calls for it does not matter)
-            for q, (index, first, last) in state.writers:
-                if q != queue and index > ordered[q] and first < hi and lo < last and index > needs.get(q, -1):
+            for q, (index, first, last) in state.writers[queue]:
+                if index > ordered[q] and first < hi and lo < last and index > needs.get(q, -1):
                     for producer, index in state.writes.values_overlapping(lo, hi):
                         if producer != queue and index > needs.get(producer, -1):
                             needs[producer] = index
                     break
             if write:
-                for q, (index, first, last) in state.readers:
-                    if q != queue and index > ordered[q] and first < hi and lo < last and index > needs.get(q, -1):
+                for q, (index, first, last) in state.readers[queue]:
+                    if index > ordered[q] and first < hi and lo < last and index > needs.get(q, -1):
                         for readers in state.reads.values_overlapping(lo, hi):
                             for producer, index in readers.items():
                                 if producer != queue and index > needs.get(producer, -1):
@@ -392,7 +415,7 @@ class DependencyTracker:
             if ordered[src] >= index:
                 continue
             ordered[src] = self._push(em, src, queue, index)
-            pops |= _BIT[_POP[(src, queue)]]
+            pops |= _POP_BIT[src][queue]
         return self._flagged(ins, pops) if pops else ins
 
     def _record(self, queue: int, accesses: tuple, index: int) -> None:
@@ -409,7 +432,7 @@ class DependencyTracker:
                 state.reads.remove_inside(lo, hi)
                 summary = state.wrote[queue]
                 if summary[0] < 0:
-                    state.writers.append((queue, summary))
+                    _add_other(state.writers, queue, summary)
             else:
                 reads = state.reads
                 readers = reads.values.get((lo, hi))
@@ -419,7 +442,7 @@ class DependencyTracker:
                     readers[queue] = index
                 summary = state.read[queue]
                 if summary[0] < 0:
-                    state.readers.append((queue, summary))
+                    _add_other(state.readers, queue, summary)
             # the queue's summary of the space (see _Space) takes in the access
             summary[0] = index
             if lo < summary[1]:
@@ -430,7 +453,7 @@ class DependencyTracker:
     def _push(self, em, src: Queue, dst: Queue, index: int) -> int:
         """Make the first instruction of ``src`` at or after ``index`` with a free push flag
         send a token to ``dst``; a NOP at the end of ``src`` if there is none. Returns it."""
-        flag = _PUSH[(src, dst)]
+        flag = _PUSH_OF[src][dst]
         stream, queues = em.instructions, em.queues
         for i in range(index, len(stream)):
             if queues[i] == src and not getattr(stream[i], flag):

@@ -4,7 +4,7 @@ import importlib.util
 import pathlib
 
 import numpy as np
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from accel.hw import tokens
@@ -104,3 +104,22 @@ def test_the_range_index_finds_what_a_scan_of_every_range_finds(program, aliased
         finally:
             tokens._Ranges = tokens_ranges
     assert streams[0] == streams[1]
+
+
+_range = st.tuples(st.integers(0, 6), st.integers(1, 4)).map(lambda r: (r[0], r[0] + r[1]))
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["put", "overwrite", "remove_inside"]), _range), max_size=30), _range)
+def test_the_range_index_keeps_the_ranges_a_scan_keeps(operations, query):
+    """Operation by operation, the index holds the ranges and values the reference does, sorted,
+    and finds the same overlaps (its shortcuts for a lone range and a range written again)."""
+    index, scan = tokens._Ranges(), _Scan()
+    for step, (operation, (lo, hi)) in enumerate(operations):
+        for ranges in (index, scan):
+            if operation == "remove_inside":
+                ranges.remove_inside(lo, hi)
+            else:
+                getattr(ranges, operation)(lo, hi, step)
+        assert index.values == scan.values and index.keys == sorted(scan.values)
+        assert sorted(index.values_overlapping(*query)) == sorted(scan.values_overlapping(*query))
