@@ -175,9 +175,9 @@ class GemmPlan:
     cycles: int = 0         # an estimate of its device cycles (:func:`estimate_cycles`)
     shared: int = 0         # the steps the branches of its epilogue share (0: it does not fork)
     # its compute-queue cycles (:func:`block_cycles`; a GEMM's with its pipeline's fill and
-    # drain, :func:`fill_and_drain`) were its blocks ``(bm, bn, bk)`` instead,
-    # the same gather and pixels (None where the scheduler would refuse them): what a tuner's
-    # candidates are ranked by (:func:`accel.compiler.tuning.ranked`)
+    # drain, :func:`fill_and_drain`; a depthwise convolution's :func:`dwmac_cycles`) were its
+    # blocks ``(bm, bn, bk)`` instead, the same gather and pixels (None where the scheduler
+    # would refuse them): what a tuner's candidates are ranked by (:func:`accel.compiler.tuning.ranked`)
     estimate: Callable[[int, int, int], int | None] | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -965,8 +965,11 @@ def _schedule_depthwise(sch: s_tir.Schedule, name: str, dw: depthwise.Depthwise,
     a 20-pixel row computes 32) or over the ``"image"``
     (:func:`accel.compiler.depthwise.flatten`: rows of a virtual width a little wider than
     the padded input, a block of whole rows, stored a row at a time; a 20-pixel row of a 3 x 3
-    kernel computes 24). The heuristic takes one tile a block along its rows, or the image's
-    fewest whole rows, whichever the estimate (:func:`block_cycles`) finds cheaper."""
+    kernel computes 24). The heuristic takes the block of pixels (one tile of channels wide)
+    of the fewest estimated cycles (:func:`dwmac_cycles`; the larger of equals: fewer
+    instructions) along the rows and over the image (its layout of the fewest tiles), and the
+    cheaper of the two. A block's tiles share one reset, bias LOAD, STORE and instruction per
+    epilogue step."""
     t = config.tile
     e = dw.ext
     pix = depthwise.pixels(dw)
@@ -1023,7 +1026,15 @@ def _schedule_depthwise(sch: s_tir.Schedule, name: str, dw: depthwise.Depthwise,
     loads, band = depthwise.input_loads(dw, t)
     channels = -(-e["f"] // row_tiles[1])
     dma = config.dma_bytes_per_cycle
-    tile_loads = loads * (-(-band * channels // dma) + config.issue_overhead)
+
+    def band_loads(pixels: int) -> int:
+        """The DMA cycles of a tile's input LOADs of ``pixels`` pixels each."""
+        return loads * (-(-pixels * channels // dma) + config.issue_overhead)
+
+    # along a row, the input pixels a tile's bands read, on average (those past the input's
+    # end are the LOADs' padding, not DMA); over the image every band's pixels are the input's
+    reach = [min(band, max(0, depthwise.input_extent(dw, pix) - n * t * dw.taps[pix][0])) for n in range(row_tiles[0])]
+    row_loads = -(-sum(band_loads(r) for r in reach) // row_tiles[0])
     fill = e["ry"] * (-(-e["rx"] * e["f"] // dma) + config.issue_overhead)
     stored = tvm.DataType(str(sch.get(final).writes[0].source.dtype if final is not None else "int32")).bits // 8
 
@@ -1036,7 +1047,9 @@ def _schedule_depthwise(sch: s_tir.Schedule, name: str, dw: depthwise.Depthwise,
             return None
         count = e["n"] * e[other] * row_tiles[0] * row_tiles[1]
         bm_, bn_ = fitting(block_regions, (bm_, bn_), row_tiles, count) if (bm_, bn_) != (1, 1) else (1, 1)
-        blocks = DwmacBlocks(count // (bm_ * bn_), bm_ * t, store(min(bm_ * t, e[pix]), bn_), tile_loads, fill)
+        # the ALU passes and STOREs run over the valid pixels (of a row's blocks, on average)
+        pixels = -(-e[pix] * bm_ // row_tiles[0])
+        blocks = DwmacBlocks(count // (bm_ * bn_), pixels, store(pixels, bn_), row_loads, fill)
         return dwmac_cycles(blocks, bm_, bn_, alu_runs, config, taps * config.dwmac_cycles, staged)
 
     def layout_estimate(flat: depthwise.Flat, bm_: int, bn_: int) -> int | None:
@@ -1050,7 +1063,7 @@ def _schedule_depthwise(sch: s_tir.Schedule, name: str, dw: depthwise.Depthwise,
             return None
         # the block's whole rows, each stored by a STORE of its valid pixels, which its ALU passes run over
         rows = bm_ * t // flat.width
-        blocks = DwmacBlocks(count // (bm_ * bn_), rows * e["x"], rows * store(e["x"], bn_), tile_loads, fill)
+        blocks = DwmacBlocks(count // (bm_ * bn_), rows * e["x"], rows * store(e["x"], bn_), band_loads(band), fill)
         if bn_ == 1:
             # one tile of channels: an ALU instruction's two loops run over the block's rows
             # and their pixels (accel.compiler.rules), its steps chained as a row's block's
