@@ -3,7 +3,8 @@
 For each int8 x int8 -> int32 GEMM block (dense, matmul, batch_matmul as TE/topi write
 them; a conv2d is first rewritten into a batched GEMM by :mod:`accel.compiler.conv`; a
 depthwise conv2d is laid out by :mod:`accel.compiler.depthwise` and tiled for DWMAC, one
-16 x 16 tile of output pixels x channels per instruction, by ``_schedule_depthwise``) the scheduler:
+16 x 16 tile of output pixels x channels per instruction, by ``_schedule_depthwise``, in blocks
+of the pixels' tiles of the fewest estimated cycles, :func:`dwmac_cycles`) the scheduler:
 
 1. transposes an operand on the CPU when its layout is not the one the DMA can read
    (the GEMM computes ``inp x wgt^T``: A must be ``[M, K]`` and the weight ``[N, K]``);
