@@ -414,19 +414,31 @@ def _reach(pixels: int, taps: int, stride: int, dilation: int) -> int:
     return (pixels - 1) * stride + (taps - 1) * dilation + 1
 
 
+def input_loads(dw: Depthwise, t: int) -> tuple[int, int]:
+    """``(LOADs, pixels each)`` of a tile's input: a band of :func:`band_rows` pixels per tap
+    across the pixels (:func:`band`), else a tile of ``t`` pixels per tap.
+
+    >>> dw = Depthwise("conv", None, None, {}, {"y": 8, "x": 20, "ry": 3, "rx": 3}, {}, {}, {},
+    ...                {"y": (2, 1, 0), "x": (2, 1, 0)})     # 3 x 3, stride 2
+    >>> input_loads(dw, 16)
+    (3, 33)
+    """
+    rows = band_rows(dw, t)
+    if rows is None:
+        return dw.ext["ry"] * dw.ext["rx"], t
+    return dw.ext["ry" if _BAND_TAP[pixels(dw)] == "rx" else "rx"], rows
+
+
 def inp_elements(dw: Depthwise, t: int) -> int:
-    """The INP elements a tile's input takes: a band of :func:`band_rows` pixels of ``t``
-    channels per tap across the pixels (:func:`band`), else a ``t x t`` tile per tap.
+    """The INP elements a tile's input takes: its :func:`input_loads` of ``t`` channels.
 
     >>> dw = Depthwise("conv", None, None, {}, {"y": 8, "x": 20, "ry": 3, "rx": 3}, {}, {}, {},
     ...                {"y": (2, 1, 0), "x": (2, 1, 0)})     # 3 x 3, stride 2
     >>> inp_elements(dw, 16), 3 * 3 * 16 * 16         # 3 bands of 33 pixels, not 9 tiles of 16
     (1584, 2304)
     """
-    rows = band_rows(dw, t)
-    if rows is None:
-        return dw.ext["ry"] * dw.ext["rx"] * t * t
-    return dw.ext["ry" if _BAND_TAP[pixels(dw)] == "rx" else "rx"] * rows * t
+    loads, rows = input_loads(dw, t)
+    return loads * rows * t
 
 
 def band(sch: s_tir.Schedule, name: str, dw: Depthwise, view: View, t: int) -> View:

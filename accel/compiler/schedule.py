@@ -3,7 +3,8 @@
 For each int8 x int8 -> int32 GEMM block (dense, matmul, batch_matmul as TE/topi write
 them; a conv2d is first rewritten into a batched GEMM by :mod:`accel.compiler.conv`; a
 depthwise conv2d is laid out by :mod:`accel.compiler.depthwise` and tiled for DWMAC, one
-16 x 16 tile of output pixels x channels per instruction, by ``_schedule_depthwise``) the scheduler:
+16 x 16 tile of output pixels x channels per instruction, by ``_schedule_depthwise``, in blocks
+of the pixels' tiles of the fewest estimated cycles, :func:`dwmac_cycles`) the scheduler:
 
 1. transposes an operand on the CPU when its layout is not the one the DMA can read
    (the GEMM computes ``inp x wgt^T``: A must be ``[M, K]`` and the weight ``[N, K]``);
@@ -175,9 +176,9 @@ class GemmPlan:
     cycles: int = 0         # an estimate of its device cycles (:func:`estimate_cycles`)
     shared: int = 0         # the steps the branches of its epilogue share (0: it does not fork)
     # its compute-queue cycles (:func:`block_cycles`; a GEMM's with its pipeline's fill and
-    # drain, :func:`fill_and_drain`) were its blocks ``(bm, bn, bk)`` instead,
-    # the same gather and pixels (None where the scheduler would refuse them): what a tuner's
-    # candidates are ranked by (:func:`accel.compiler.tuning.ranked`)
+    # drain, :func:`fill_and_drain`; a depthwise convolution's :func:`dwmac_cycles`) were its
+    # blocks ``(bm, bn, bk)`` instead, the same gather and pixels (None where the scheduler
+    # would refuse them): what a tuner's candidates are ranked by (:func:`accel.compiler.tuning.ranked`)
     estimate: Callable[[int, int, int], int | None] | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -289,18 +290,17 @@ def estimate_cycles(macs: int, rate: int, outputs: int, steps, temporaries, conf
 
 
 def block_cycles(e: Extents, bm: int, bn: int, bk: int, alu_runs: Sequence[int], config: Config,
-                 mac_cycles: int | None = None, staged: tuple = ()) -> int:
+                 staged: tuple = ()) -> int:
     """The compute queue's cycles for a GEMM of extents ``e`` in blocks of ``bm x bn x bk``
     tiles (as the scheduler fitted them), issue overhead included: per block of output tiles,
     ``bm`` GEMMs per block of K (each folds K and N; one where a loop is a single tile), a reset
-    of the block (a depthwise one: per tile), and the epilogue's ALU steps over the whole block, ``alu_runs`` the
+    of the block, and the epilogue's ALU steps over the whole block, ``alu_runs`` the
     lengths of the ALU chains they make on one block (:func:`_alu_runs`: what
     :mod:`accel.compiler.chains` merges them into; a pass over the block per chain, and a
     cycle per step more for the pipeline). The LOADs and STOREs run beside it, on queues of
     their own, but for the LOADs into ACC of the epilogue's operands (``staged``: per operand,
-    whether it is narrow, a bias, or as large as the block, a residual). A depthwise
-    convolution's blocks are pixels x channels with ``bk`` 1 and ``mac_cycles`` the cycles of
-    one tile's DWMAC (its taps; ``e.k_outer`` 1).
+    whether it is narrow, a bias, or as large as the block, a residual). (A depthwise
+    convolution's: :func:`dwmac_cycles`.)
 
     The padding of N to whole blocks costs every ALU pass (an ALU instruction runs whole
     rows of a tile's lanes), that of M too unless a block holds all of M's ``e.m_rows`` (then a
@@ -317,16 +317,12 @@ def block_cycles(e: Extents, bm: int, bn: int, bk: int, alu_runs: Sequence[int],
     m_blocks = -(-e.m_tiles // bm)
     blocks = e.outer * m_blocks * -(-e.n_tiles // bn)
     tiles = bm * bn
-    if mac_cycles is None:
-        # a GEMM instruction folds two of the block's loops: per block of K, bm instructions of
-        # bk x bn tile steps, or one where a loop is a single tile (bn 1: it folds M and K)
-        gemms = bm if min(bm, bn, bk) > 1 else 1
-        macs = e.k_outer * -(-e.k_tiles // bk) * (bm * bk * bn * config.tile_cycles + gemms * ov)
-    else:                       # DWMAC: one instruction per tile
-        macs = tiles * (mac_cycles + ov)
-    # one reset zeroes a GEMM's block (its tile loops fold into the instruction); a depthwise
-    # block's resets are one per tile, inside the loops over its tiles
-    resets = tiles * t + ov if mac_cycles is None else tiles * (t + ov)
+    # a GEMM instruction folds two of the block's loops: per block of K, bm instructions of
+    # bk x bn tile steps, or one where a loop is a single tile (bn 1: it folds M and K)
+    gemms = bm if min(bm, bn, bk) > 1 else 1
+    macs = e.k_outer * -(-e.k_tiles // bk) * (bm * bk * bn * config.tile_cycles + gemms * ov)
+    # one reset zeroes the block (its tile loops fold into the instruction)
+    resets = tiles * t + ov
     # a block of all of M runs its passes over M's rows alone, not over its padding to whole
     # tiles (blocks that split M are padded to split it evenly: every block whole)
     rows = bm * t if e.m_rows is None or m_blocks > 1 else e.m_rows
@@ -341,6 +337,72 @@ def block_cycles(e: Extents, bm: int, bn: int, bk: int, alu_runs: Sequence[int],
     # is dispatched, so beside the last ``unit_queue + 1`` of them (one running, the rest waiting)
     tail = sum(passes[-(config.unit_queue + 1):])
     return blocks * (macs + resets + alu + loads) - (blocks - 1) * min(macs + resets, tail)
+
+
+@dataclass(frozen=True)
+class DwmacBlocks:
+    """What :func:`dwmac_cycles` needs of a depthwise convolution's blocks besides their tiles:
+    ``blocks`` of them in all; per block, ``rows`` the pixels its ALU passes run over and
+    ``stores`` its STOREs' DMA cycles; ``tile_loads`` the DMA cycles of one tile's INP LOADs
+    (its bands); ``fill`` the LOADs before the first (the weights); ``extra_alu`` the ALU
+    cycles a block spends beyond its passes over ``rows`` (a block of whole image rows stored a
+    row at a time: an instruction per row and step); issue overhead included in each."""
+
+    blocks: int
+    rows: int
+    stores: int
+    tile_loads: int
+    fill: int
+    extra_alu: int = 0
+
+
+def dwmac_cycles(d: DwmacBlocks, bm: int, bn: int, alu_runs: Sequence[int], config: Config, mac_cycles: int,
+                 staged: tuple = ()) -> int:
+    """The cycles of a depthwise convolution in blocks of ``bm x bn`` tiles (pixels x
+    channels; :class:`DwmacBlocks`), ``mac_cycles`` one tile's DWMAC (its taps), ``alu_runs``
+    and ``staged`` the epilogue's chains and ACC operands (as for :func:`block_cycles`). Per
+    block, the GEMM array runs a reset of the block and a DWMAC per tile, the ALU the
+    epilogue's passes over the block, the DMA engine the tiles' input bands, the operands and
+    the STOREs; a block takes the longest of three bounds (accel/ISA.md, section 6):
+
+    - the compute queue's order: the next block's DWMACs go once the block's last ALU
+      instruction is dispatched, beside the last ``unit_queue + 1`` (:func:`block_cycles`);
+    - the INP buffers' tokens: a tile's INP LOAD waits for the DWMAC that read its buffer
+      last (``copies`` tiles back) to retire, which is in program order, after the previous
+      block's epilogue; so the next block's tile ``copies + 1`` waits for the block's ALU
+      passes, then its STOREs (earlier on the DMA engine) and its own LOADs, and its other
+      tiles follow;
+    - the DMA engine, which LOADs and STOREs share;
+
+    and the first tile's LOADs fill the pipeline (the first reset beside them), the last
+    block's epilogue and STOREs drain it. Within a few % of the simulated cycles on the
+    PaddleOCR models' depthwise layers (one tile a block: the serial sum of block_cycles was
+    up to 3% high, blocks of many tiles 10% low).
+
+    >>> d = DwmacBlocks(blocks=36, rows=32, stores=8, tile_loads=21, fill=15)     # 3 x 3, 12 rows of 96 pixels
+    >>> dwmac_cycles(d, 2, 1, (3, 3, 7), Config(), 9 * 16), dwmac_cycles(replace(d, blocks=72, rows=16, stores=6),
+    ...                                                                    1, 1, (3, 3, 7), Config(), 9 * 16)
+    (12078, 12188)
+
+    (simulated: 12,082 and 12,192 cycles, ppocr_v2_cls's first depthwise layer, 8 channels, a bias).
+    """
+    t, ov = config.tile, config.issue_overhead
+    tiles = bm * bn
+    dwmac = mac_cycles + ov
+    reset = tiles * t + ov
+    gemm = tiles * dwmac + reset
+    passes = [d.rows * bn * -(-t // config.alu_lanes) + ov + n - 1 for n in alu_runs]
+    alu = sum(passes) + d.extra_alu
+    tail = sum(passes[-(config.unit_queue + 1):])
+    row = bn * t * _MEMORY[ACC].itemsize
+    operands = sum(-(-row * (1 if narrow else bm * t) // config.dma_bytes_per_cycle) + ov for narrow in staged)
+    period = alu - tail + max(gemm, tail)
+    copies = _MEMORY[INP].copies(repeated=True)
+    if tiles > copies:
+        period = max(period, alu + d.stores + d.tile_loads + (tiles - copies) * dwmac)
+    period = max(period, tiles * d.tile_loads + operands + d.stores)
+    first = d.fill + d.tile_loads
+    return first + gemm - min(first, reset) + (d.blocks - 1) * period + alu + d.stores
 
 
 def _epilogue_work(sch, plan, knobs: Knobs, final, steps, out_buffer, temporaries) -> tuple[int, tuple, tuple]:
@@ -904,8 +966,11 @@ def _schedule_depthwise(sch: s_tir.Schedule, name: str, dw: depthwise.Depthwise,
     a 20-pixel row computes 32) or over the ``"image"``
     (:func:`accel.compiler.depthwise.flatten`: rows of a virtual width a little wider than
     the padded input, a block of whole rows, stored a row at a time; a 20-pixel row of a 3 x 3
-    kernel computes 24). The heuristic takes one tile a block along its rows, or the image's
-    fewest whole rows, whichever the estimate (:func:`block_cycles`) finds cheaper."""
+    kernel computes 24). The heuristic takes the block of pixels (one tile of channels wide)
+    of the fewest estimated cycles (:func:`dwmac_cycles`; the larger of equals: fewer
+    instructions) along the rows and over the image (its layout of the fewest tiles), and the
+    cheaper of the two. A block's tiles share one reset, bias LOAD, STORE and instruction per
+    epilogue step."""
     t = config.tile
     e = dw.ext
     pix = depthwise.pixels(dw)
@@ -957,34 +1022,57 @@ def _schedule_depthwise(sch: s_tir.Schedule, name: str, dw: depthwise.Depthwise,
     # a block of several tiles: a region more for the narrow operands (a bias row per block)
     block_regions = regions + 1
 
+    # what the DMA engine moves: a tile's input bands (of its channels, on average), the
+    # weights before the first, and the result's rows (of the element the STOREs write)
+    loads, band = depthwise.input_loads(dw, t)
+    channels = -(-e["f"] // row_tiles[1])
+    dma = config.dma_bytes_per_cycle
+
+    def band_loads(pixels: int) -> int:
+        """The DMA cycles of a tile's input LOADs of ``pixels`` pixels each."""
+        return loads * (-(-pixels * channels // dma) + config.issue_overhead)
+
+    # along a row, the input pixels a tile's bands read, on average (those past the input's
+    # end are the LOADs' padding, not DMA); over the image every band's pixels are the input's
+    reach = [min(band, max(0, depthwise.input_extent(dw, pix) - n * t * dw.taps[pix][0])) for n in range(row_tiles[0])]
+    row_loads = -(-sum(band_loads(r) for r in reach) // row_tiles[0])
+    fill = e["ry"] * (-(-e["rx"] * e["f"] // dma) + config.issue_overhead)
+    stored = tvm.DataType(str(sch.get(final).writes[0].source.dtype if final is not None else "int32")).bits // 8
+
+    def store(pixels: int, bn_: int) -> int:
+        """The DMA cycles of a STORE of ``pixels`` pixels of a block ``bn_`` tiles of channels wide."""
+        return -(-pixels * min(bn_ * t, e["f"]) * stored // dma) + config.issue_overhead
+
     def row_estimate(bm_: int, bn_: int, _bk: int) -> int | None:
         if row_tiles[0] % bm_ or row_tiles[1] % bn_:
             return None
         count = e["n"] * e[other] * row_tiles[0] * row_tiles[1]
-        block = fitting(block_regions, (bm_, bn_), row_tiles, count) if (bm_, bn_) != (1, 1) else (1, 1)
-        return block_cycles(Extents(*row_tiles, 1, e["n"] * e[other]), *block, 1, alu_runs, config,
-                            mac_cycles=taps * config.dwmac_cycles, staged=staged)
+        bm_, bn_ = fitting(block_regions, (bm_, bn_), row_tiles, count) if (bm_, bn_) != (1, 1) else (1, 1)
+        # the ALU passes and STOREs run over the valid pixels (of a row's blocks, on average)
+        pixels = -(-e[pix] * bm_ // row_tiles[0])
+        blocks = DwmacBlocks(count // (bm_ * bn_), pixels, store(pixels, bn_), row_loads, fill)
+        return dwmac_cycles(blocks, bm_, bn_, alu_runs, config, taps * config.dwmac_cycles, staged)
 
     def layout_estimate(flat: depthwise.Flat, bm_: int, bn_: int) -> int | None:
         tiles = (flat.tiles(t), f_pad // t)
         least = flat.tiles_per_block(t)
         if tiles[0] % bm_ or tiles[1] % bn_ or bm_ % least:
             return None
-        block = fitting(block_regions, (bm_, bn_), tiles, e["n"] * tiles[0] * tiles[1], least)
-        if acc_need(block_regions, block, e["n"] * tiles[0] * tiles[1]) > free:
+        count = e["n"] * tiles[0] * tiles[1]
+        bm_, bn_ = fitting(block_regions, (bm_, bn_), tiles, count, least)
+        if acc_need(block_regions, (bm_, bn_), count) > free:
             return None
-        extents = Extents(*tiles, 1, e["n"])
-        if block[1] == 1:
+        # the block's whole rows, each stored by a STORE of its valid pixels, which its ALU passes run over
+        rows = bm_ * t // flat.width
+        blocks = DwmacBlocks(count // (bm_ * bn_), rows * e["x"], rows * store(e["x"], bn_), band_loads(band), fill)
+        if bn_ == 1:
             # one tile of channels: an ALU instruction's two loops run over the block's rows
             # and their pixels (accel.compiler.rules), its steps chained as a row's block's
-            return block_cycles(extents, *block, 1, alu_runs, config, mac_cycles=taps * config.dwmac_cycles,
-                                staged=staged)
+            return dwmac_cycles(blocks, bm_, bn_, alu_runs, config, taps * config.dwmac_cycles, staged)
         # more: a block of whole rows runs its own epilogue steps a row at a time, each step a
         # pass of its own, an instruction per row
-        rows = block[0] * t // flat.width
-        blocks = e["n"] * (tiles[0] // block[0]) * (tiles[1] // block[1])
-        return block_cycles(extents, *block, 1, row_runs, config, mac_cycles=taps * config.dwmac_cycles,
-                            staged=staged) + blocks * (rows - 1) * own * config.issue_overhead
+        blocks = replace(blocks, extra_alu=(rows - 1) * own * config.issue_overhead)
+        return dwmac_cycles(blocks, bm_, bn_, row_runs, config, taps * config.dwmac_cycles, staged)
 
     def layout(bm_: int | None, bn_: int) -> tuple:
         """``(cycles, layout)`` of the layout over the image with the fewest tiles (then the
@@ -1001,24 +1089,28 @@ def _schedule_depthwise(sch: s_tir.Schedule, name: str, dw: depthwise.Depthwise,
         return layout(bm_, bn_)[0]
 
     image = knobs.pixels == "image"
-    flat_cost, flat = layout(knobs.bm, knobs.bn or 1)
+    bn = knobs.bn or 1
+    flat_cost, flat = layout(knobs.bm, bn)
+    # the heuristic's blocks of pixels: the fewest estimated cycles, along the rows and over the image
+    flat_bm = knobs.bm or (flat and least_cycles(flat.tiles(t), DW_BLOCK_LIMIT, lambda b: layout_estimate(flat, b, bn)))
+    row_bm = knobs.bm or least_cycles(row_tiles[0], DW_BLOCK_LIMIT, lambda b: row_estimate(b, bn, 1))
     if knobs.pixels is None and flat is not None:
         # over the image where it runs fewer DWMACs and the estimate finds it cheaper (or the
         # rows cannot take the blocks asked for)
-        row_cost = row_estimate(knobs.bm or 1, knobs.bn or 1, 1)
+        flat_cost, row_cost = layout_estimate(flat, flat_bm, bn), row_estimate(row_bm, bn, 1)
         image = row_cost is None or (flat.tiles(t) < e[other] * row_tiles[0] and flat_cost < row_cost)
     if image and flat is None:      # no layout takes these blocks (or fits ACC): the first's error below
         flat = layouts[0]
     if image:
         tiles = (flat.tiles(t), f_pad // t)
-        bm, bn = knobs.bm or flat.tiles_per_block(t), knobs.bn or 1
+        bm = flat_bm or flat.tiles_per_block(t)
         if tiles[0] % bm or tiles[1] % bn or bm % flat.tiles_per_block(t):
             raise ScheduleError(f"{name}: a block of {bm} x {bn} tiles is not whole rows of {flat.width} pixels "
                                 f"dividing the {tiles[0]} x {tiles[1]} tiles of the image's pixels x channels")
         count = e["n"] * tiles[0] * tiles[1]
     else:
         tiles = row_tiles
-        bm, bn = knobs.bm or 1, knobs.bn or 1
+        bm = row_bm
         if tiles[0] % bm or tiles[1] % bn:
             raise ScheduleError(f"{name}: a block of {bm} x {bn} tiles does not divide the {tiles[0]} x {tiles[1]} "
                                 f"tiles of pixels x channels")
@@ -1098,7 +1190,8 @@ def _schedule_depthwise(sch: s_tir.Schedule, name: str, dw: depthwise.Depthwise,
         _annotate_prefix(sch, blk, temporaries, final, prefix)
     if image:       # once the epilogue sits in the block's loops (its region is read off 2-D indices)
         depthwise.flatten_accumulator(sch, name, dw, flat.width)
-    sch.decompose_reduction(blk, reduction[0])
+    # one reset zeroes the block's tiles (its tile loops fold into the instruction), not one a tile
+    sch.decompose_reduction(blk, x_b)
     reserved[WGT] = reserved.get(WGT, 0) + need[WGT]
     plan.knobs = Knobs(bm, bn, 1, "resident", "direct", "image" if image else "row", FORKS[bool(prefix)])
     plan.cycles = estimate_cycles(plan.device_macs, config.dwmac_macs_per_cycle, plan.device_macs // taps, steps,

@@ -12,7 +12,8 @@ For each GEMM block the space offers:
   over one output row or the whole image);
 
 and for each depthwise convolution, ``bm`` and ``bn``: its block of output tiles (pixels x
-channels, divisors of the tiles up to 16 each; the heuristic's is one tile), each step of its
+channels, divisors of the tiles up to 16 each; the heuristic's the pixels' block of the fewest
+cycles by :func:`accel.compiler.schedule.dwmac_cycles`), each step of its
 epilogue ALU chains over the block (the issue cost of an instruction is paid per block,
 not per tile: 5-9% fewer cycles on the PaddleOCR classifier's depthwise layers; the
 scheduler makes a block that does not fit ACC smaller); and ``pixels``, along each output
@@ -29,7 +30,8 @@ The heuristic's choice of every knob is the design space's decision, so the heur
 schedule is always a candidate. Where the heuristic's gather and pixels are likeliest, the
 blocks are: those the plan's estimate (:func:`accel.compiler.schedule.block_cycles`: the
 compute queue's cycles, issue overhead and padding to whole blocks included; a GEMM's with
-the first LOAD and last STORE, :func:`accel.compiler.schedule.fill_and_drain`) finds cheapest
+the first LOAD and last STORE, :func:`accel.compiler.schedule.fill_and_drain`; a depthwise
+convolution's :func:`accel.compiler.schedule.dwmac_cycles`) finds cheapest
 (:func:`_cheapest`), and shared steps are likeliest run once. Otherwise the priors
 (``tp.Knob(prior=)``) favour larger M blocks,
 resident weights, and for a convolution whose output rows pad to whole tiles more than its
@@ -215,7 +217,8 @@ def _favour(choices: tuple, choice: str) -> tuple:
 
 def ranked(sch: s_tir.Schedule, config: Config, limit: int = 16) -> list:
     """Up to ``limit`` candidates of ``sch``'s knob space, the cheapest by the plan's estimate
-    first (:func:`accel.compiler.schedule.block_cycles`: the compute queue's cycles), each
+    first (:func:`accel.compiler.schedule.block_cycles`: the compute queue's cycles; a depthwise
+    convolution's :func:`accel.compiler.schedule.dwmac_cycles`), each
     ``(estimated cycles, {(block, annotation): value})`` (every knob's value; the cycles of
     the whole function, as :func:`work` estimates the heuristic's): what ``tp.tune``
     measures after the heuristic, instead of random samples (on the PaddleOCR classifier's
@@ -319,7 +322,8 @@ def work(func: tirx.PrimFunc, config: Config) -> float | None:
 
 
 def _estimated(plan) -> int:
-    """The plan's cycles by its blocks' estimate (:func:`accel.compiler.schedule.block_cycles`,
+    """The plan's cycles by its blocks' estimate (:func:`accel.compiler.schedule.block_cycles`
+    or :func:`accel.compiler.schedule.dwmac_cycles`,
     within a few percent of the measured on the PaddleOCR classifier's tasks), else by its
     MACs and epilogue alone (``plan.cycles``)."""
     cost = plan.estimate(plan.knobs.bm, plan.knobs.bn, plan.knobs.bk) if plan.estimate is not None else None
