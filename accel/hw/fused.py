@@ -150,18 +150,42 @@ def _vector_offsets(ext_out: int, stride_out: int, ext_in: int, stride_in: int, 
     return _frozen((_step_offsets(ext_out, stride_out, ext_in, stride_in)[:, None] + np.arange(lanes)).reshape(-1))
 
 
-@functools.lru_cache(maxsize=256)
-def _step_tiles(ext_out: int, stride_out: int, ext_in: int, stride_in: int, ld: int, tile: int) -> tuple[list, np.ndarray]:
-    """Of a GEMM's loop over one operand: the start offset of every ``(o, i)`` step (a list,
-    flattened) and the offsets of each step's ``tile x tile`` elements with row stride ``ld``
-    (``[steps, tile, tile]``, read-only). A stream's GEMMs repeat a few shapes: an operand's
-    elements are its address plus these, one addition.
+class _Loop(NamedTuple):
+    """Of a GEMM's loop over its three operands, what depends on the loop's shape alone (a
+    stream's GEMMs repeat a few shapes): per operand, the offsets of the ``tile x tile``
+    elements of each distinct step address (``[distinct, tile, tile]``, read-only, in the
+    order the steps first reach them), and per distinct accumulator address the distinct
+    input and weight addresses of its steps, in step order (``x``, ``w``: lists of indices
+    into the distinct ones). An operand's elements are its address plus these, one addition.
 
-    >>> starts, tiles = _step_tiles(2, 32, 1, 0, 16, 2); starts, tiles[1].tolist()
-    ([0, 32], [[32, 33], [48, 49]])
+    >>> loop = _Loop.of(2, 2, 32, 0, 16, 0, 1, 16, 32, 1, 16, 2)
+    >>> loop.acc[:, 0, 0].tolist(), loop.inp[:, 0, 0].tolist(), loop.inp[1].tolist(), loop.x, loop.w
+    ([0, 32], [0, 1], [[1, 2], [17, 18]], [[0, 1], [0, 1]], [[0, 1], [2, 3]])
     """
-    steps = _step_offsets(ext_out, stride_out, ext_in, stride_in)
-    return steps.tolist(), _frozen(steps[:, None, None] + _block_offsets(ld, tile, tile))
+
+    acc: np.ndarray
+    inp: np.ndarray
+    wgt: np.ndarray
+    x: list
+    w: list
+
+    @staticmethod
+    @functools.lru_cache(maxsize=1024)
+    def of(ext_out: int, ext_in: int, acc_stride_out: int, acc_stride_in: int, acc_ld: int, inp_stride_out: int,
+           inp_stride_in: int, inp_ld: int, wgt_stride_out: int, wgt_stride_in: int, wgt_ld: int, tile: int) -> "_Loop":
+        def distinct(stride_out: int, stride_in: int, ld: int) -> tuple[np.ndarray, np.ndarray]:
+            steps = _step_offsets(ext_out, stride_out, ext_in, stride_in)
+            starts, first, inverse = np.unique(steps, return_index=True, return_inverse=True)
+            order = np.argsort(first)            # first reached first
+            rank = np.empty_like(order)
+            rank[order] = np.arange(order.size)
+            return _frozen(starts[order][:, None, None] + _block_offsets(ld, tile, tile)), rank[inverse]
+
+        acc, a = distinct(acc_stride_out, acc_stride_in, acc_ld)
+        inp, x = distinct(inp_stride_out, inp_stride_in, inp_ld)
+        wgt, w = distinct(wgt_stride_out, wgt_stride_in, wgt_ld)
+        steps = [np.flatnonzero(a == j) for j in range(len(acc))]
+        return _Loop(acc, inp, wgt, [x[k].tolist() for k in steps], [w[k].tolist() for k in steps])
 
 
 @functools.lru_cache(maxsize=8)
@@ -235,17 +259,22 @@ class _Sources:
         ``tile`` codes along the last axis that all name one pad reads its ``tile`` copies).
         ``starts``: the codes are the first of rows (see :func:`_rows_of`), each resolved
         alone (a pad to the first of its copies)."""
-        index = codes.astype(np.intp)
         shift = self.kept.size - self.lead
-        pads = index < 0
-        early = (index >= 0) & (index < self.lead)
-        index += shift          # host codes (most); pads and leading codes are set over it
-        if pads.any():
-            index[pads] = self.size + shift + (-1 - codes[pads]) * self.tile
+        index = np.add(codes, shift, dtype=np.intp)     # host codes (most); pads and leading codes are set over it
+        # pads (negative) and leading codes are both below ``lead``: one test tells there are none
+        low = codes < self.lead
+        if not low.any():
+            return index
+        pads = codes < 0
+        padded = bool(pads.any())
+        t = self.tile
+        if padded:
+            # a masked copy of the whole formula: cheaper than a boolean gather and scatter
+            np.copyto(index, self.size + shift - t - codes * t, where=pads, casting="unsafe")
+        early = low & ~pads
         if early.any():
             index[early] = np.searchsorted(self.kept, codes[early])
-        t = self.tile
-        if not starts and pads.any() and index.ndim and index.shape[-1] % t == 0:
+        if not starts and padded and index.ndim and index.shape[-1] % t == 0:
             rows = index.reshape(-1, t)
             one_pad = pads.reshape(-1, t).all(1) & (rows == rows[:, :1]).all(1)
             rows[one_pad] += np.arange(t)       # the pad's ``tile`` copies, in a run
@@ -439,43 +468,29 @@ class _Builder:
     def _gemm(self, g: Gemm) -> bool:
         if not (g.ext_out and g.ext_in):
             return True
-        acc_at, acc_tiles = _step_tiles(g.ext_out, g.acc_stride_out, g.ext_in, g.acc_stride_in, g.acc_ld, self.tile)
+        t = self.tile
+        loop = _Loop.of(g.ext_out, g.ext_in, g.acc_stride_out, g.acc_stride_in, g.acc_ld, g.inp_stride_out,
+                        g.inp_stride_in, g.inp_ld, g.wgt_stride_out, g.wgt_stride_in, g.wgt_ld, t)
         if g.reset:
             # new values start at zero (an element of overlapping tiles just gets one of them)
-            elements = (g.acc_addr + acc_tiles).reshape(-1)
+            elements = (g.acc_addr + loop.acc).reshape(-1)
             self.acc[elements] = self._new(elements.size)
             return True
-        # Steps at the same address see the same tile: look each address up once (by its
-        # offset from the operand's address, as the loop's offsets are kept). The tiles of all
-        # steps are gathered at once (one numpy call each, not one per step), and so is the
-        # test of the accumulators: nothing in one GEMM seals them or makes them by ALU.
-        acc = self.acc[g.acc_addr + acc_tiles]
+        # Steps at the same address see the same tile: each distinct address is looked up once,
+        # the tiles of all of them gathered at once (one numpy call each, not one per step), and
+        # so is the test of the accumulators: nothing in one GEMM seals them or makes them by ALU.
+        acc = self.acc[g.acc_addr + loop.acc]
         if self.sealed[acc].any():
             return False        # adds to a value already read, or made by an ALU
-        x_at, x_tiles = _step_tiles(g.ext_out, g.inp_stride_out, g.ext_in, g.inp_stride_in, g.inp_ld, self.tile)
-        w_at, w_tiles = _step_tiles(g.ext_out, g.wgt_stride_out, g.ext_in, g.wgt_stride_in, g.wgt_ld, self.tile)
-        xs_at = self.inp[g.inp_addr + x_tiles]
-        ws_at = self.wgt[g.wgt_addr + w_tiles]
-        targets: dict[int, list] = {}
-        xs: dict[int, int] = {}
-        ws: dict[int, int] = {}
-        for k, (a, x, w) in enumerate(zip(acc_at, x_at, w_at)):
-            entry = targets.get(a)
-            if entry is None:
-                values = acc[k]
-                key = values.tobytes()
-                entry = self.tiles.get(key)
-                if entry is None:       # a copy: a view would keep every step's tile alive
-                    entry = self.tiles[key] = [values.copy(), [], []]
-                targets[a] = entry
-            xid = xs.get(x)
-            if xid is None:
-                xid = xs[x] = _intern(self.x_ids, self.x_tiles, xs_at[k])
-            wid = ws.get(w)
-            if wid is None:
-                wid = ws[w] = _intern(self.w_ids, self.w_tiles, ws_at[k])
-            entry[1].append(xid)
-            entry[2].append(wid)
+        xids = _intern(self.x_ids, self.x_tiles, self.inp[g.inp_addr + loop.inp])
+        wids = _intern(self.w_ids, self.w_tiles, self.wgt[g.wgt_addr + loop.wgt])
+        tiles = self.tiles
+        for values, key, xs, ws in zip(acc, _keys(acc), loop.x, loop.w):
+            entry = tiles.get(key)
+            if entry is None:       # a copy: a view would keep every step's tile alive
+                entry = tiles[key] = [values.copy(), [], []]
+            entry[1] += [xids[i] for i in xs]
+            entry[2] += [wids[i] for i in ws]
         return True
 
     def _dwmac(self, d: Dwmac) -> bool:
@@ -584,7 +599,7 @@ class _Builder:
         self.sealed[new[0]:new[0] + new.size] = True
         self.acc[dst] = new
         # the table's entries as WGT holds them now (a later LOAD may overwrite them)
-        table = _intern(self.tables, self.table_codes, self.wgt[u.lut_addr:u.lut_addr + LUT_ENTRIES])
+        table = _intern(self.tables, self.table_codes, self.wgt[None, u.lut_addr:u.lut_addr + LUT_ENTRIES])[0]
         self.alus.append((level, ((None, table),), new, old, None))     # a lookup in table number ``table``
         return True
 
@@ -681,19 +696,26 @@ class _Builder:
         stores = []
         for slot in dict.fromkeys(s[0] for s in self.stores):
             mine = [s for s in self.stores if s[0] == slot]
-            dst = np.concatenate([s[2] for s in mine])
-            src = np.concatenate([s[3] for s in mine])
-            mode = np.concatenate([np.full(s[2].size, int(s[1]), np.int8) for s in mine])
+            dst = np.concatenate([s[2] for s in mine]).astype(np.intp, copy=False)
+            src = np.concatenate([s[3] for s in mine]).astype(np.intp, copy=False)
+            modes = sorted({int(s[1]) for s in mine})
+            # a STORE's mode per element only when they differ (most slots take one mode)
+            mode = np.concatenate([np.full(s[2].size, int(s[1]), np.int8) for s in mine]) if len(modes) > 1 else None
             if not _distinct(dst, self.buffers[slot].size):
                 # a later STORE to the same host element wins: keep the last of each run
                 by_element = np.argsort(dst, kind="stable")
                 last = np.ones(dst.size, bool)
                 last[:-1] = dst[by_element[1:]] != dst[by_element[:-1]]
                 keep = np.sort(by_element[last])
-                dst, src, mode = dst[keep], src[keep], mode[keep]
-            for m in sorted(set(mode.tolist())):
+                dst, src = dst[keep], src[keep]
+                if mode is not None:
+                    mode = mode[keep]
+                    modes = np.unique(mode).tolist()
+            if mode is None:
+                stores.append((slot, StoreMode(modes[0]), dst, src))
+            for m in modes if mode is not None else ():
                 pick = mode == m
-                stores.append((slot, StoreMode(m), dst[pick].astype(np.intp), src[pick].astype(np.intp)))
+                stores.append((slot, StoreMode(m), dst[pick], src[pick]))
         acc_loads = None
         if self.acc_loads:
             acc_loads = (np.concatenate([v for v, _ in self.acc_loads]).astype(np.intp),
@@ -1065,9 +1087,12 @@ def _layout(acc_n: int, count: int, products: list, alus: list, acc_loads, made:
             return      # nothing loaded (most streams), or all of it claimed
         read = read[waiting[read]]
         if read.size:
-            _, first = np.unique(read, return_index=True)
-            read = read[np.sort(first)]
-            claim(read)         # distinct values no one claimed: always taken
+            # values no one claimed: taken as they come when none repeats (an ALU's ``old`` never
+            # does), else in the order of their first reads (a bias row broadcast), then distinct
+            if claim(read) is None:
+                _, first = np.unique(read, return_index=True)
+                read = read[np.sort(first)]
+                claim(read)
             waiting[read] = False
             left -= read.size
 
@@ -1280,14 +1305,35 @@ def _leading_codes(rows: tuple[np.ndarray, bool], tile: int, lead: int) -> np.nd
     return _codes((first[(first >= 0) & (first < lead)], True), tile)
 
 
-def _intern(ids: dict, tiles: list, tile: np.ndarray) -> int:
-    """The number of ``tile`` among ``tiles`` by its contents, a copy of it added when new."""
-    key = tile.tobytes()
-    k = ids.get(key)
-    if k is None:
-        k = ids[key] = len(tiles)
-        tiles.append(tile.copy())
-    return k
+def _keys(tiles: np.ndarray) -> list[bytes]:
+    """Each of ``tiles`` (along the first axis) as the bytes of its contents, in one call.
+
+    >>> _keys(np.arange(4, dtype=np.int8).reshape(2, 2))
+    [b'\\x00\\x01', b'\\x02\\x03']
+    """
+    rows = np.ascontiguousarray(tiles).reshape(len(tiles), -1)
+    return rows.view(np.dtype((np.void, rows.shape[1] * rows.itemsize))).reshape(-1).tolist()
+
+
+def _intern(ids: dict, tiles: list, block: np.ndarray) -> list[int]:
+    """The numbers of the tiles of ``block`` (along its first axis) among ``tiles`` by their
+    contents, those new added (views of one copy of them).
+
+    >>> ids, tiles = {}, []
+    >>> _intern(ids, tiles, np.array([[1, 2], [3, 4], [1, 2]])), len(tiles)
+    ([0, 1, 0], 2)
+    """
+    numbers = []
+    new = []
+    for k, key in enumerate(_keys(block)):
+        n = ids.get(key)
+        if n is None:
+            n = ids[key] = len(tiles) + len(new)
+            new.append(k)
+        numbers.append(n)
+    if new:
+        tiles.extend(block[new])
+    return numbers
 
 
 class _Vector:
