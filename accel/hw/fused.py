@@ -630,7 +630,8 @@ class _Builder:
             c = cols.setdefault(tuple(ws), len(cols))
             meets.setdefault(r, []).append((c, values))
         row_keys, col_keys = list(rows), list(cols)
-        read = [np.stack(tiles).reshape(-1) for tiles in (self.x_tiles, self.w_tiles) if tiles]
+        stacked = [np.stack(tiles) for tiles in (self.x_tiles, self.w_tiles) if tiles]     # [tiles, t, t] each
+        read = [tiles.reshape(-1) for tiles in stacked]
         read += [codes for _, x, w in self.dwmacs for codes in (x, w)] + self.table_codes
         read += [codes.reshape(-1) for group in self.tap_sums.values() for _, x, w in group
                  for codes in (_leading_codes(x, t, self.f.lead), w)]
@@ -639,11 +640,20 @@ class _Builder:
         blocks: dict[tuple, list[int]] = {}
         for r, targets in meets.items():
             blocks.setdefault(tuple(sorted({c for c, _ in targets})), []).append(r)
+        # the tiles whose rows are all runs (or one pad) are known by the first code of each row
+        # (most: what LOADs bring), and an operand of such tiles is read as those rows with no
+        # index array of its every element made, resolved and looked at
+        x_rows, w_rows = (_tile_rows(tiles, self.f.lead) for tiles in stacked) if stacked else (None, None)
         for block_cols, block_rows in blocks.items():
-            x = np.concatenate([np.concatenate([self.x_tiles[i] for i in row_keys[r]], axis=1)
-                                for r in block_rows])                  # [R*t, J*t]
-            w = np.concatenate([np.concatenate([self.w_tiles[i] for i in col_keys[c]], axis=1)
-                                for c in block_cols])                  # [C*t, J*t]
+            xi = np.array([row_keys[r] for r in block_rows])          # [R, J] tile numbers
+            wi = np.array([col_keys[c] for c in block_cols])          # [C, J]
+            x = w = None
+            if not x_rows[1][xi].all():
+                x = np.concatenate([np.concatenate([self.x_tiles[i] for i in row_keys[r]], axis=1)
+                                    for r in block_rows])              # [R*t, J*t]
+            if x is not None or not w_rows[1][wi].all():
+                w = np.concatenate([np.concatenate([self.w_tiles[i] for i in col_keys[c]], axis=1)
+                                    for c in block_cols])              # [C*t, J*t]
             where = {c: k for k, c in enumerate(block_cols)}
             sel_r, sel_c, targets = [], [], []
             for k, r in enumerate(block_rows):
@@ -662,9 +672,12 @@ class _Builder:
             # input channels the weights pad with zeros (a layer of 8 channels in 16 lanes):
             # the input's lanes there only multiply zeros, so a row of 8 host elements is
             # read as a run of 16, no copy of it padded
-            care = np.broadcast_to(~self.f.zero_pad(w).all(0), x.shape)
-            products.append(_Product(self.f.gather(x, care), self.f.gather(w),
-                                     grid, np.array(sel_r), np.array(sel_c), targets.astype(np.intp), unique, t))
+            if x is None:
+                xs = self._row_gather(x_rows[0], xi)
+            else:
+                xs = self.f.gather(x, np.broadcast_to(~self.f.zero_pad(w).all(0), x.shape))
+            ws = self._row_gather(w_rows[0], wi) if w is None else self.f.gather(w)
+            products.append(_Product(xs, ws, grid, np.array(sel_r), np.array(sel_c), targets.astype(np.intp), unique, t))
         for steps, group in self.tap_sums.items():
             if all(x[1] for _, x, _ in group):     # rows of runs (or of one pad): read as rows from their starts
                 targets, x, w = (np.stack(part) for part in zip(*((v, x[0], w) for v, x, w in group)))
@@ -718,7 +731,7 @@ class _Builder:
                 stores.append((slot, StoreMode(m), dst[pick], src[pick]))
         acc_loads = None
         if self.acc_loads:
-            acc_loads = (np.concatenate([v for v, _ in self.acc_loads]).astype(np.intp),
+            acc_loads = (np.concatenate([v for v, _ in self.acc_loads]).astype(np.intp, copy=False),
                          self.i.resolve(np.concatenate([c for _, c in self.acc_loads])))
         inp_at, wgt_at = (lo + np.flatnonzero(codes[lo:hi] != _identity(first, n)[lo:hi])
                           for codes, first, n, (lo, hi) in ((self.inp, 0, self.inp_n, self.written[Mem.INP]),
@@ -777,6 +790,34 @@ class _Builder:
         plan.zero = _first_writes(products, self.acc_n, zeroed, loaded)
         plan.live = live
         return plan
+
+
+    def _row_gather(self, first: np.ndarray, tiles: np.ndarray) -> "_Gather":
+        """The :class:`_Gather` of the operand whose row ``i`` of tiles is the tiles numbered
+        ``tiles[i]`` side by side, each of whose rows (``first``: the first code of each row of
+        every tile, as :func:`_tile_rows` gives) is a run or one pad: what :meth:`_Sources.gather`
+        makes of the operand's codes, from the rows' first codes."""
+        n, k = tiles.shape
+        t = self.tile
+        starts = first[tiles].transpose(0, 2, 1).reshape(n * t, k)
+        return _Gather.of_starts(self.f.resolve(starts, starts=True), (n * t, k * t), t)
+
+
+def _tile_rows(tiles: np.ndarray, lead: int) -> tuple[np.ndarray, np.ndarray]:
+    """Of ``[n, t, t]`` tiles of source codes, the first code of each row (``[n, t]``) and
+    whether each tile's rows are all runs or one pad (see :func:`_rows_of`) that resolve to runs
+    of the source vector: a run of leading codes (below ``lead``) stays below it.
+
+    >>> first, whole = _tile_rows(np.array([[[4, 5], [-1, -1]], [[4, 6], [0, 1]], [[7, 8], [0, 1]]]), 8)
+    >>> first.tolist(), whole.tolist()
+    ([[4, -1], [4, 0], [7, 0]], [True, False, False])
+    """
+    t = tiles.shape[-1]
+    first = tiles[:, :, 0]
+    head = first[..., None]
+    rows = np.where(head >= 0, tiles == head + np.arange(t), tiles == head).all(2)
+    rows &= (first >= lead) | (first + t <= lead)
+    return first, rows.all(1)
 
 
 class _Span:
