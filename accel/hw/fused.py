@@ -1115,6 +1115,7 @@ def _layout(acc_n: int, count: int, products: list, alus: list, acc_loads, made:
     left = 0                # how many: once none, the batches after look up nothing
     if acc_loads is not None:
         waiting = np.zeros(count, bool)
+        first_read = np.empty(count, np.intp)     # (only where values are read is it written, then read)
         waiting[acc_loads[0]] = True
         waiting &= renumber < 0
         left = int(np.count_nonzero(waiting))
@@ -1131,8 +1132,11 @@ def _layout(acc_n: int, count: int, products: list, alus: list, acc_loads, made:
             # values no one claimed: taken as they come when none repeats (an ALU's ``old`` never
             # does), else in the order of their first reads (a bias row broadcast), then distinct
             if claim(read) is None:
-                _, first = np.unique(read, return_index=True)
-                read = read[np.sort(first)]
+                # where each value is first read: the least of its positions (no sort)
+                at = np.arange(read.size)
+                first_read[read] = read.size
+                np.minimum.at(first_read, read, at)
+                read = read[first_read[read] == at]
                 claim(read)
             waiting[read] = False
             left -= read.size
