@@ -168,6 +168,7 @@ class _Loop(NamedTuple):
     wgt: np.ndarray
     x: list
     w: list
+    wgt_at: list        # the weight's distinct step addresses (``wgt[:, 0, 0]``)
 
     @staticmethod
     @functools.lru_cache(maxsize=1024)
@@ -185,7 +186,8 @@ class _Loop(NamedTuple):
         inp, x = distinct(inp_stride_out, inp_stride_in, inp_ld)
         wgt, w = distinct(wgt_stride_out, wgt_stride_in, wgt_ld)
         steps = [np.flatnonzero(a == j) for j in range(len(acc))]
-        return _Loop(acc, inp, wgt, [x[k].tolist() for k in steps], [w[k].tolist() for k in steps])
+        return _Loop(acc, inp, wgt, [x[k].tolist() for k in steps], [w[k].tolist() for k in steps],
+                     wgt[:, 0, 0].tolist())
 
 
 @functools.lru_cache(maxsize=8)
@@ -369,6 +371,10 @@ class _Builder:
         self.w_ids: dict[bytes, int] = {}
         self.x_tiles: list[np.ndarray] = []
         self.w_tiles: list[np.ndarray] = []
+        # (WGT address, row stride) -> number of the weight tile there, until a LOAD writes WGT:
+        # a layer's weights stay while its GEMMs read them hundreds of times (a tile's codes
+        # are then looked up by two numbers, not made and hashed)
+        self.w_at: dict[tuple[int, int], int] = {}
         # (level, steps, new values, old values, src values or None): an ALU or ALU chain
         # instruction, or a LUT (see _alu_batch)
         self.alus: list[tuple] = []
@@ -434,7 +440,11 @@ class _Builder:
         if not acc:
             # INP and WGT take the codes in place, through a view of the block (its rows never
             # overlap: the simulator's check), not as an index array and a scatter
-            memory = self.inp if ins.mem is _INP else self.wgt
+            if ins.mem is _INP:
+                memory = self.inp
+            else:
+                memory = self.wgt
+                self.w_at.clear()
             hull, end = self.written[ins.mem], ins.sram_addr + (height - 1) * ins.sram_ld + width
             if ins.sram_addr < hull[0]:
                 hull[0] = ins.sram_addr
@@ -483,7 +493,7 @@ class _Builder:
         if self.sealed[acc].any():
             return False        # adds to a value already read, or made by an ALU
         xids = _intern(self.x_ids, self.x_tiles, self.inp[g.inp_addr + loop.inp])
-        wids = _intern(self.w_ids, self.w_tiles, self.wgt[g.wgt_addr + loop.wgt])
+        wids = self._weights(g.wgt_addr, g.wgt_ld, loop)
         tiles = self.tiles
         for values, key, xs, ws in zip(acc, _keys(acc), loop.x, loop.w):
             entry = tiles.get(key)
@@ -492,6 +502,17 @@ class _Builder:
             entry[1] += [xids[i] for i in xs]
             entry[2] += [wids[i] for i in ws]
         return True
+
+    def _weights(self, addr: int, ld: int, loop: "_Loop") -> list[int]:
+        """The numbers of the weight tiles at ``addr`` plus each of ``loop``'s distinct weight
+        offsets (row stride ``ld``): those not known since WGT was last loaded interned."""
+        known = self.w_at
+        ids = [known.get((addr + at, ld)) for at in loop.wgt_at]
+        if None in ids:
+            missing = [k for k, i in enumerate(ids) if i is None]
+            for k, i in zip(missing, _intern(self.w_ids, self.w_tiles, self.wgt[addr + loop.wgt[missing]])):
+                ids[k] = known[(addr + loop.wgt_at[k], ld)] = i
+        return ids
 
     def _dwmac(self, d: Dwmac) -> bool:
         if not (d.ext_out and d.ext_in):
