@@ -267,15 +267,16 @@ class _Sources:
         low = codes < self.lead
         if not low.any():
             return index
-        pads = codes < 0
+        pads = codes < 0 if self.lead else low
         padded = bool(pads.any())
         t = self.tile
         if padded:
             # a masked copy of the whole formula: cheaper than a boolean gather and scatter
             np.copyto(index, self.size + shift - t - codes * t, where=pads, casting="unsafe")
-        early = low & ~pads
-        if early.any():
-            index[early] = np.searchsorted(self.kept, codes[early])
+        if self.lead:
+            early = low & ~pads
+            if early.any():
+                index[early] = np.searchsorted(self.kept, codes[early])
         if not starts and padded and index.ndim and index.shape[-1] % t == 0:
             rows = index.reshape(-1, t)
             one_pad = pads.reshape(-1, t).all(1) & (rows == rows[:, :1]).all(1)
