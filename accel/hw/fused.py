@@ -705,9 +705,8 @@ class _Builder:
                 targets, x, w = (np.stack(part) for part in zip(*((v, x[0], w) for v, x, w in group)))
                 x = _Gather.of_starts(self.f.resolve(x, starts=True), x.shape + (t,), t)
             else:
-                targets, x, w = (np.stack(part) for part in zip(*((v, _codes(x, t), w) for v, x, w in group)))
-                care = np.broadcast_to(~self.f.zero_pad(w)[:, :, None, :], x.shape)     # as for a product
-                x = self.f.gather(x, care)
+                x = self._tap_gather(group, steps)
+                targets, w = (np.stack(part) for part in zip(*((v, w) for v, _, w in group)))
             products.append(_TapSum(targets.astype(np.intp), x, self.f.gather(w),
                                     np.float32 if steps <= _F32_EXACT_TERMS else np.float64,
                                     _distinct(targets, self.values)))
@@ -813,6 +812,24 @@ class _Builder:
         plan.live = live
         return plan
 
+
+    def _tap_gather(self, group: list, steps: int) -> "_Gather":
+        """The :class:`_Gather` of the inputs of a group of tap sums (``[DWMACs, steps, t, t]``)
+        some of whose rows are no runs: what :meth:`_Sources.gather` makes of all their codes
+        (where only the weights' zero pads multiply, any value is read), made of it for the
+        DWMACs that have such rows alone, and from the rows' first codes for the others (most)."""
+        t, lead = self.tile, self.f.lead
+        # (a run of leading codes into the host's is no run of the source vector)
+        whole = np.array([x[1] and not ((x[0] >= 0) & (x[0] < lead) & (x[0] + t > lead)).any() for _, x, _ in group])
+        shape = (len(group), steps, t, t)
+        starts = np.empty(shape[:-1], np.intp)
+        if whole.any():
+            starts[whole] = self.f.resolve(np.stack([x[0] for (_, x, _), k in zip(group, whole) if k]), starts=True)
+        codes = np.stack([_codes(x, t) for (_, x, _), k in zip(group, whole) if not k])
+        w = np.stack([w for (_, _, w), k in zip(group, whole) if not k])
+        care = np.broadcast_to(~self.f.zero_pad(w)[:, :, None, :], codes.shape)     # as for a product
+        starts[~whole] = self.f.gather(codes, care).starts.reshape(codes.shape[:-1])
+        return _Gather.of_starts(starts, shape, t)
 
     def _row_gather(self, first: np.ndarray, tiles: np.ndarray) -> "_Gather":
         """The :class:`_Gather` of the operand whose row ``i`` of tiles is the tiles numbered
