@@ -1126,22 +1126,23 @@ def _layout(acc_n: int, count: int, products: list, alus: list, acc_loads, made:
     renumber[:acc_n] = np.arange(acc_n)
     nxt = acc_n
 
-    def claim(index: np.ndarray) -> Optional[int]:
-        # the first of the run ``index`` is numbered with, or None when it is not
+    def claim(index: np.ndarray, distinct: bool = False) -> Optional[int]:
+        # the first of the run ``index`` is numbered with, or None when it is not (``distinct``:
+        # no value is twice in ``index``, known without looking)
         nonlocal nxt
         flat = np.asarray(index).reshape(-1)
         if not flat.size or (renumber[flat] >= 0).any():
             return None
         run = np.arange(nxt, nxt + flat.size)
         renumber[flat] = run
-        if (renumber[flat] == run).all():
+        if distinct or (renumber[flat] == run).all():
             nxt += flat.size
             return int(run[0])
         renumber[flat] = -1     # a value twice in ``index``: it cannot be a run (O(n), unlike np.unique)
         return None
 
     for p in products:
-        claim(p.grid if p.grid is not None else p.targets)
+        claim(p.grid if p.grid is not None else p.targets, getattr(p, "unique", False))
     written = made              # (the caller's, made for this) one pass, not a scatter of every ALU result
     if acc_loads is not None:
         written[acc_loads[0]] = True
@@ -1215,7 +1216,7 @@ def _layout(acc_n: int, count: int, products: list, alus: list, acc_loads, made:
             renumber[new] = at
             runs[k], in_place[k] = int(at[0]), True
         else:
-            runs[k] = claim(new)
+            runs[k] = claim(new, True)     # (an ALU batch's results are fresh values, each once)
     if acc_loads is not None:
         claim_loaded(acc_loads[0])
     rest = np.flatnonzero(renumber < 0)     # written values a claim did not take (repeats)
