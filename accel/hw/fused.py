@@ -150,18 +150,44 @@ def _vector_offsets(ext_out: int, stride_out: int, ext_in: int, stride_in: int, 
     return _frozen((_step_offsets(ext_out, stride_out, ext_in, stride_in)[:, None] + np.arange(lanes)).reshape(-1))
 
 
-@functools.lru_cache(maxsize=256)
-def _step_tiles(ext_out: int, stride_out: int, ext_in: int, stride_in: int, ld: int, tile: int) -> tuple[list, np.ndarray]:
-    """Of a GEMM's loop over one operand: the start offset of every ``(o, i)`` step (a list,
-    flattened) and the offsets of each step's ``tile x tile`` elements with row stride ``ld``
-    (``[steps, tile, tile]``, read-only). A stream's GEMMs repeat a few shapes: an operand's
-    elements are its address plus these, one addition.
+class _Loop(NamedTuple):
+    """Of a GEMM's loop over its three operands, what depends on the loop's shape alone (a
+    stream's GEMMs repeat a few shapes): per operand, the offsets of the ``tile x tile``
+    elements of each distinct step address (``[distinct, tile, tile]``, read-only, in the
+    order the steps first reach them), and per distinct accumulator address the distinct
+    input and weight addresses of its steps, in step order (``x``, ``w``: lists of indices
+    into the distinct ones). An operand's elements are its address plus these, one addition.
 
-    >>> starts, tiles = _step_tiles(2, 32, 1, 0, 16, 2); starts, tiles[1].tolist()
-    ([0, 32], [[32, 33], [48, 49]])
+    >>> loop = _Loop.of(2, 2, 32, 0, 16, 0, 1, 16, 32, 1, 16, 2)
+    >>> loop.acc[:, 0, 0].tolist(), loop.inp[:, 0, 0].tolist(), loop.inp[1].tolist(), loop.x, loop.w
+    ([0, 32], [0, 1], [[1, 2], [17, 18]], [[0, 1], [0, 1]], [[0, 1], [2, 3]])
     """
-    steps = _step_offsets(ext_out, stride_out, ext_in, stride_in)
-    return steps.tolist(), _frozen(steps[:, None, None] + _block_offsets(ld, tile, tile))
+
+    acc: np.ndarray
+    inp: np.ndarray
+    wgt: np.ndarray
+    x: list
+    w: list
+    wgt_at: list        # the weight's distinct step addresses (``wgt[:, 0, 0]``)
+
+    @staticmethod
+    @functools.lru_cache(maxsize=1024)
+    def of(ext_out: int, ext_in: int, acc_stride_out: int, acc_stride_in: int, acc_ld: int, inp_stride_out: int,
+           inp_stride_in: int, inp_ld: int, wgt_stride_out: int, wgt_stride_in: int, wgt_ld: int, tile: int) -> "_Loop":
+        def distinct(stride_out: int, stride_in: int, ld: int) -> tuple[np.ndarray, np.ndarray]:
+            steps = _step_offsets(ext_out, stride_out, ext_in, stride_in)
+            starts, first, inverse = np.unique(steps, return_index=True, return_inverse=True)
+            order = np.argsort(first)            # first reached first
+            rank = np.empty_like(order)
+            rank[order] = np.arange(order.size)
+            return _frozen(starts[order][:, None, None] + _block_offsets(ld, tile, tile)), rank[inverse]
+
+        acc, a = distinct(acc_stride_out, acc_stride_in, acc_ld)
+        inp, x = distinct(inp_stride_out, inp_stride_in, inp_ld)
+        wgt, w = distinct(wgt_stride_out, wgt_stride_in, wgt_ld)
+        steps = [np.flatnonzero(a == j) for j in range(len(acc))]
+        return _Loop(acc, inp, wgt, [x[k].tolist() for k in steps], [w[k].tolist() for k in steps],
+                     wgt[:, 0, 0].tolist())
 
 
 @functools.lru_cache(maxsize=8)
@@ -235,17 +261,23 @@ class _Sources:
         ``tile`` codes along the last axis that all name one pad reads its ``tile`` copies).
         ``starts``: the codes are the first of rows (see :func:`_rows_of`), each resolved
         alone (a pad to the first of its copies)."""
-        index = codes.astype(np.intp)
         shift = self.kept.size - self.lead
-        pads = index < 0
-        early = (index >= 0) & (index < self.lead)
-        index += shift          # host codes (most); pads and leading codes are set over it
-        if pads.any():
-            index[pads] = self.size + shift + (-1 - codes[pads]) * self.tile
-        if early.any():
-            index[early] = np.searchsorted(self.kept, codes[early])
+        index = np.add(codes, shift, dtype=np.intp)     # host codes (most); pads and leading codes are set over it
+        # pads (negative) and leading codes are both below ``lead``: one test tells there are none
+        low = codes < self.lead
+        if not low.any():
+            return index
+        pads = codes < 0 if self.lead else low
+        padded = bool(pads.any())
         t = self.tile
-        if not starts and pads.any() and index.ndim and index.shape[-1] % t == 0:
+        if padded:
+            # a masked copy of the whole formula: cheaper than a boolean gather and scatter
+            np.copyto(index, self.size + shift - t - codes * t, where=pads, casting="unsafe")
+        if self.lead:
+            early = low & ~pads
+            if early.any():
+                index[early] = np.searchsorted(self.kept, codes[early])
+        if not starts and padded and index.ndim and index.shape[-1] % t == 0:
             rows = index.reshape(-1, t)
             one_pad = pads.reshape(-1, t).all(1) & (rows == rows[:, :1]).all(1)
             rows[one_pad] += np.arange(t)       # the pad's ``tile`` copies, in a run
@@ -340,6 +372,10 @@ class _Builder:
         self.w_ids: dict[bytes, int] = {}
         self.x_tiles: list[np.ndarray] = []
         self.w_tiles: list[np.ndarray] = []
+        # (WGT address, row stride) -> number of the weight tile there, until a LOAD writes WGT:
+        # a layer's weights stay while its GEMMs read them hundreds of times (a tile's codes
+        # are then looked up by two numbers, not made and hashed)
+        self.w_at: dict[tuple[int, int], int] = {}
         # (level, steps, new values, old values, src values or None): an ALU or ALU chain
         # instruction, or a LUT (see _alu_batch)
         self.alus: list[tuple] = []
@@ -405,7 +441,11 @@ class _Builder:
         if not acc:
             # INP and WGT take the codes in place, through a view of the block (its rows never
             # overlap: the simulator's check), not as an index array and a scatter
-            memory = self.inp if ins.mem is _INP else self.wgt
+            if ins.mem is _INP:
+                memory = self.inp
+            else:
+                memory = self.wgt
+                self.w_at.clear()
             hull, end = self.written[ins.mem], ins.sram_addr + (height - 1) * ins.sram_ld + width
             if ins.sram_addr < hull[0]:
                 hull[0] = ins.sram_addr
@@ -439,44 +479,41 @@ class _Builder:
     def _gemm(self, g: Gemm) -> bool:
         if not (g.ext_out and g.ext_in):
             return True
-        acc_at, acc_tiles = _step_tiles(g.ext_out, g.acc_stride_out, g.ext_in, g.acc_stride_in, g.acc_ld, self.tile)
+        t = self.tile
+        loop = _Loop.of(g.ext_out, g.ext_in, g.acc_stride_out, g.acc_stride_in, g.acc_ld, g.inp_stride_out,
+                        g.inp_stride_in, g.inp_ld, g.wgt_stride_out, g.wgt_stride_in, g.wgt_ld, t)
         if g.reset:
             # new values start at zero (an element of overlapping tiles just gets one of them)
-            elements = (g.acc_addr + acc_tiles).reshape(-1)
+            elements = (g.acc_addr + loop.acc).reshape(-1)
             self.acc[elements] = self._new(elements.size)
             return True
-        # Steps at the same address see the same tile: look each address up once (by its
-        # offset from the operand's address, as the loop's offsets are kept). The tiles of all
-        # steps are gathered at once (one numpy call each, not one per step), and so is the
-        # test of the accumulators: nothing in one GEMM seals them or makes them by ALU.
-        acc = self.acc[g.acc_addr + acc_tiles]
+        # Steps at the same address see the same tile: each distinct address is looked up once,
+        # the tiles of all of them gathered at once (one numpy call each, not one per step), and
+        # so is the test of the accumulators: nothing in one GEMM seals them or makes them by ALU.
+        acc = self.acc[g.acc_addr + loop.acc]
         if self.sealed[acc].any():
             return False        # adds to a value already read, or made by an ALU
-        x_at, x_tiles = _step_tiles(g.ext_out, g.inp_stride_out, g.ext_in, g.inp_stride_in, g.inp_ld, self.tile)
-        w_at, w_tiles = _step_tiles(g.ext_out, g.wgt_stride_out, g.ext_in, g.wgt_stride_in, g.wgt_ld, self.tile)
-        xs_at = self.inp[g.inp_addr + x_tiles]
-        ws_at = self.wgt[g.wgt_addr + w_tiles]
-        targets: dict[int, list] = {}
-        xs: dict[int, int] = {}
-        ws: dict[int, int] = {}
-        for k, (a, x, w) in enumerate(zip(acc_at, x_at, w_at)):
-            entry = targets.get(a)
-            if entry is None:
-                values = acc[k]
-                key = values.tobytes()
-                entry = self.tiles.get(key)
-                if entry is None:       # a copy: a view would keep every step's tile alive
-                    entry = self.tiles[key] = [values.copy(), [], []]
-                targets[a] = entry
-            xid = xs.get(x)
-            if xid is None:
-                xid = xs[x] = _intern(self.x_ids, self.x_tiles, xs_at[k])
-            wid = ws.get(w)
-            if wid is None:
-                wid = ws[w] = _intern(self.w_ids, self.w_tiles, ws_at[k])
-            entry[1].append(xid)
-            entry[2].append(wid)
+        xids = _intern(self.x_ids, self.x_tiles, self.inp[g.inp_addr + loop.inp])
+        wids = self._weights(g.wgt_addr, g.wgt_ld, loop)
+        tiles = self.tiles
+        for values, key, xs, ws in zip(acc, _keys(acc), loop.x, loop.w):
+            entry = tiles.get(key)
+            if entry is None:       # a copy: a view would keep every step's tile alive
+                entry = tiles[key] = [values.copy(), [], []]
+            entry[1] += [xids[i] for i in xs]
+            entry[2] += [wids[i] for i in ws]
         return True
+
+    def _weights(self, addr: int, ld: int, loop: "_Loop") -> list[int]:
+        """The numbers of the weight tiles at ``addr`` plus each of ``loop``'s distinct weight
+        offsets (row stride ``ld``): those not known since WGT was last loaded interned."""
+        known = self.w_at
+        ids = [known.get((addr + at, ld)) for at in loop.wgt_at]
+        if None in ids:
+            missing = [k for k, i in enumerate(ids) if i is None]
+            for k, i in zip(missing, _intern(self.w_ids, self.w_tiles, self.wgt[addr + loop.wgt[missing]])):
+                ids[k] = known[(addr + loop.wgt_at[k], ld)] = i
+        return ids
 
     def _dwmac(self, d: Dwmac) -> bool:
         if not (d.ext_out and d.ext_in):
@@ -584,7 +621,7 @@ class _Builder:
         self.sealed[new[0]:new[0] + new.size] = True
         self.acc[dst] = new
         # the table's entries as WGT holds them now (a later LOAD may overwrite them)
-        table = _intern(self.tables, self.table_codes, self.wgt[u.lut_addr:u.lut_addr + LUT_ENTRIES])
+        table = _intern(self.tables, self.table_codes, self.wgt[None, u.lut_addr:u.lut_addr + LUT_ENTRIES])[0]
         self.alus.append((level, ((None, table),), new, old, None))     # a lookup in table number ``table``
         return True
 
@@ -615,7 +652,8 @@ class _Builder:
             c = cols.setdefault(tuple(ws), len(cols))
             meets.setdefault(r, []).append((c, values))
         row_keys, col_keys = list(rows), list(cols)
-        read = [np.stack(tiles).reshape(-1) for tiles in (self.x_tiles, self.w_tiles) if tiles]
+        stacked = [np.stack(tiles) for tiles in (self.x_tiles, self.w_tiles) if tiles]     # [tiles, t, t] each
+        read = [tiles.reshape(-1) for tiles in stacked]
         read += [codes for _, x, w in self.dwmacs for codes in (x, w)] + self.table_codes
         read += [codes.reshape(-1) for group in self.tap_sums.values() for _, x, w in group
                  for codes in (_leading_codes(x, t, self.f.lead), w)]
@@ -624,11 +662,20 @@ class _Builder:
         blocks: dict[tuple, list[int]] = {}
         for r, targets in meets.items():
             blocks.setdefault(tuple(sorted({c for c, _ in targets})), []).append(r)
+        # the tiles whose rows are all runs (or one pad) are known by the first code of each row
+        # (most: what LOADs bring), and an operand of such tiles is read as those rows with no
+        # index array of its every element made, resolved and looked at
+        x_rows, w_rows = (_tile_rows(tiles, self.f.lead) for tiles in stacked) if stacked else (None, None)
         for block_cols, block_rows in blocks.items():
-            x = np.concatenate([np.concatenate([self.x_tiles[i] for i in row_keys[r]], axis=1)
-                                for r in block_rows])                  # [R*t, J*t]
-            w = np.concatenate([np.concatenate([self.w_tiles[i] for i in col_keys[c]], axis=1)
-                                for c in block_cols])                  # [C*t, J*t]
+            xi = np.array([row_keys[r] for r in block_rows])          # [R, J] tile numbers
+            wi = np.array([col_keys[c] for c in block_cols])          # [C, J]
+            x = w = None
+            if not x_rows[1][xi].all():
+                x = np.concatenate([np.concatenate([self.x_tiles[i] for i in row_keys[r]], axis=1)
+                                    for r in block_rows])              # [R*t, J*t]
+            if x is not None or not w_rows[1][wi].all():
+                w = np.concatenate([np.concatenate([self.w_tiles[i] for i in col_keys[c]], axis=1)
+                                    for c in block_cols])              # [C*t, J*t]
             where = {c: k for k, c in enumerate(block_cols)}
             sel_r, sel_c, targets = [], [], []
             for k, r in enumerate(block_rows):
@@ -647,17 +694,19 @@ class _Builder:
             # input channels the weights pad with zeros (a layer of 8 channels in 16 lanes):
             # the input's lanes there only multiply zeros, so a row of 8 host elements is
             # read as a run of 16, no copy of it padded
-            care = np.broadcast_to(~self.f.zero_pad(w).all(0), x.shape)
-            products.append(_Product(self.f.gather(x, care), self.f.gather(w),
-                                     grid, np.array(sel_r), np.array(sel_c), targets.astype(np.intp), unique, t))
+            if x is None:
+                xs = self._row_gather(x_rows[0], xi)
+            else:
+                xs = self.f.gather(x, np.broadcast_to(~self.f.zero_pad(w).all(0), x.shape))
+            ws = self._row_gather(w_rows[0], wi) if w is None else self.f.gather(w)
+            products.append(_Product(xs, ws, grid, np.array(sel_r), np.array(sel_c), targets.astype(np.intp), unique, t))
         for steps, group in self.tap_sums.items():
             if all(x[1] for _, x, _ in group):     # rows of runs (or of one pad): read as rows from their starts
                 targets, x, w = (np.stack(part) for part in zip(*((v, x[0], w) for v, x, w in group)))
                 x = _Gather.of_starts(self.f.resolve(x, starts=True), x.shape + (t,), t)
             else:
-                targets, x, w = (np.stack(part) for part in zip(*((v, _codes(x, t), w) for v, x, w in group)))
-                care = np.broadcast_to(~self.f.zero_pad(w)[:, :, None, :], x.shape)     # as for a product
-                x = self.f.gather(x, care)
+                x = self._tap_gather(group, steps)
+                targets, w = (np.stack(part) for part in zip(*((v, w) for v, _, w in group)))
             products.append(_TapSum(targets.astype(np.intp), x, self.f.gather(w),
                                     np.float32 if steps <= _F32_EXACT_TERMS else np.float64,
                                     _distinct(targets, self.values)))
@@ -681,22 +730,29 @@ class _Builder:
         stores = []
         for slot in dict.fromkeys(s[0] for s in self.stores):
             mine = [s for s in self.stores if s[0] == slot]
-            dst = np.concatenate([s[2] for s in mine])
-            src = np.concatenate([s[3] for s in mine])
-            mode = np.concatenate([np.full(s[2].size, int(s[1]), np.int8) for s in mine])
+            dst = np.concatenate([s[2] for s in mine]).astype(np.intp, copy=False)
+            src = np.concatenate([s[3] for s in mine]).astype(np.intp, copy=False)
+            modes = sorted({int(s[1]) for s in mine})
+            # a STORE's mode per element only when they differ (most slots take one mode)
+            mode = np.concatenate([np.full(s[2].size, int(s[1]), np.int8) for s in mine]) if len(modes) > 1 else None
             if not _distinct(dst, self.buffers[slot].size):
                 # a later STORE to the same host element wins: keep the last of each run
                 by_element = np.argsort(dst, kind="stable")
                 last = np.ones(dst.size, bool)
                 last[:-1] = dst[by_element[1:]] != dst[by_element[:-1]]
                 keep = np.sort(by_element[last])
-                dst, src, mode = dst[keep], src[keep], mode[keep]
-            for m in sorted(set(mode.tolist())):
+                dst, src = dst[keep], src[keep]
+                if mode is not None:
+                    mode = mode[keep]
+                    modes = np.unique(mode).tolist()
+            if mode is None:
+                stores.append((slot, StoreMode(modes[0]), dst, src))
+            for m in modes if mode is not None else ():
                 pick = mode == m
-                stores.append((slot, StoreMode(m), dst[pick].astype(np.intp), src[pick].astype(np.intp)))
+                stores.append((slot, StoreMode(m), dst[pick], src[pick]))
         acc_loads = None
         if self.acc_loads:
-            acc_loads = (np.concatenate([v for v, _ in self.acc_loads]).astype(np.intp),
+            acc_loads = (np.concatenate([v for v, _ in self.acc_loads]).astype(np.intp, copy=False),
                          self.i.resolve(np.concatenate([c for _, c in self.acc_loads])))
         inp_at, wgt_at = (lo + np.flatnonzero(codes[lo:hi] != _identity(first, n)[lo:hi])
                           for codes, first, n, (lo, hi) in ((self.inp, 0, self.inp_n, self.written[Mem.INP]),
@@ -755,6 +811,52 @@ class _Builder:
         plan.zero = _first_writes(products, self.acc_n, zeroed, loaded)
         plan.live = live
         return plan
+
+
+    def _tap_gather(self, group: list, steps: int) -> "_Gather":
+        """The :class:`_Gather` of the inputs of a group of tap sums (``[DWMACs, steps, t, t]``)
+        some of whose rows are no runs: what :meth:`_Sources.gather` makes of all their codes
+        (where only the weights' zero pads multiply, any value is read), made of it for the
+        DWMACs that have such rows alone, and from the rows' first codes for the others (most)."""
+        t, lead = self.tile, self.f.lead
+        # (a run of leading codes into the host's is no run of the source vector)
+        whole = np.array([x[1] and not ((x[0] >= 0) & (x[0] < lead) & (x[0] + t > lead)).any() for _, x, _ in group])
+        shape = (len(group), steps, t, t)
+        starts = np.empty(shape[:-1], np.intp)
+        if whole.any():
+            starts[whole] = self.f.resolve(np.stack([x[0] for (_, x, _), k in zip(group, whole) if k]), starts=True)
+        codes = np.stack([_codes(x, t) for (_, x, _), k in zip(group, whole) if not k])
+        w = np.stack([w for (_, _, w), k in zip(group, whole) if not k])
+        care = np.broadcast_to(~self.f.zero_pad(w)[:, :, None, :], codes.shape)     # as for a product
+        starts[~whole] = self.f.gather(codes, care).starts.reshape(codes.shape[:-1])
+        return _Gather.of_starts(starts, shape, t)
+
+    def _row_gather(self, first: np.ndarray, tiles: np.ndarray) -> "_Gather":
+        """The :class:`_Gather` of the operand whose row ``i`` of tiles is the tiles numbered
+        ``tiles[i]`` side by side, each of whose rows (``first``: the first code of each row of
+        every tile, as :func:`_tile_rows` gives) is a run or one pad: what :meth:`_Sources.gather`
+        makes of the operand's codes, from the rows' first codes."""
+        n, k = tiles.shape
+        t = self.tile
+        starts = first[tiles].transpose(0, 2, 1).reshape(n * t, k)
+        return _Gather.of_starts(self.f.resolve(starts, starts=True), (n * t, k * t), t)
+
+
+def _tile_rows(tiles: np.ndarray, lead: int) -> tuple[np.ndarray, np.ndarray]:
+    """Of ``[n, t, t]`` tiles of source codes, the first code of each row (``[n, t]``) and
+    whether each tile's rows are all runs or one pad (see :func:`_rows_of`) that resolve to runs
+    of the source vector: a run of leading codes (below ``lead``) stays below it.
+
+    >>> first, whole = _tile_rows(np.array([[[4, 5], [-1, -1]], [[4, 6], [0, 1]], [[7, 8], [0, 1]]]), 8)
+    >>> first.tolist(), whole.tolist()
+    ([[4, -1], [4, 0], [7, 0]], [True, False, False])
+    """
+    t = tiles.shape[-1]
+    first = tiles[:, :, 0]
+    head = first[..., None]
+    rows = np.where(head >= 0, tiles == head + np.arange(t), tiles == head).all(2)
+    rows &= (first >= lead) | (first + t <= lead)
+    return first, rows.all(1)
 
 
 class _Span:
@@ -1024,22 +1126,23 @@ def _layout(acc_n: int, count: int, products: list, alus: list, acc_loads, made:
     renumber[:acc_n] = np.arange(acc_n)
     nxt = acc_n
 
-    def claim(index: np.ndarray) -> Optional[int]:
-        # the first of the run ``index`` is numbered with, or None when it is not
+    def claim(index: np.ndarray, distinct: bool = False) -> Optional[int]:
+        # the first of the run ``index`` is numbered with, or None when it is not (``distinct``:
+        # no value is twice in ``index``, known without looking)
         nonlocal nxt
         flat = np.asarray(index).reshape(-1)
         if not flat.size or (renumber[flat] >= 0).any():
             return None
         run = np.arange(nxt, nxt + flat.size)
         renumber[flat] = run
-        if (renumber[flat] == run).all():
+        if distinct or (renumber[flat] == run).all():
             nxt += flat.size
             return int(run[0])
         renumber[flat] = -1     # a value twice in ``index``: it cannot be a run (O(n), unlike np.unique)
         return None
 
     for p in products:
-        claim(p.grid if p.grid is not None else p.targets)
+        claim(p.grid if p.grid is not None else p.targets, getattr(p, "unique", False))
     written = made              # (the caller's, made for this) one pass, not a scatter of every ALU result
     if acc_loads is not None:
         written[acc_loads[0]] = True
@@ -1052,6 +1155,7 @@ def _layout(acc_n: int, count: int, products: list, alus: list, acc_loads, made:
     left = 0                # how many: once none, the batches after look up nothing
     if acc_loads is not None:
         waiting = np.zeros(count, bool)
+        first_read = np.empty(count, np.intp)     # (only where values are read is it written, then read)
         waiting[acc_loads[0]] = True
         waiting &= renumber < 0
         left = int(np.count_nonzero(waiting))
@@ -1065,9 +1169,15 @@ def _layout(acc_n: int, count: int, products: list, alus: list, acc_loads, made:
             return      # nothing loaded (most streams), or all of it claimed
         read = read[waiting[read]]
         if read.size:
-            _, first = np.unique(read, return_index=True)
-            read = read[np.sort(first)]
-            claim(read)         # distinct values no one claimed: always taken
+            # values no one claimed: taken as they come when none repeats (an ALU's ``old`` never
+            # does), else in the order of their first reads (a bias row broadcast), then distinct
+            if claim(read) is None:
+                # where each value is first read: the least of its positions (no sort)
+                at = np.arange(read.size)
+                first_read[read] = read.size
+                np.minimum.at(first_read, read, at)
+                read = read[first_read[read] == at]
+                claim(read)
             waiting[read] = False
             left -= read.size
 
@@ -1106,7 +1216,7 @@ def _layout(acc_n: int, count: int, products: list, alus: list, acc_loads, made:
             renumber[new] = at
             runs[k], in_place[k] = int(at[0]), True
         else:
-            runs[k] = claim(new)
+            runs[k] = claim(new, True)     # (an ALU batch's results are fresh values, each once)
     if acc_loads is not None:
         claim_loaded(acc_loads[0])
     rest = np.flatnonzero(renumber < 0)     # written values a claim did not take (repeats)
@@ -1280,14 +1390,35 @@ def _leading_codes(rows: tuple[np.ndarray, bool], tile: int, lead: int) -> np.nd
     return _codes((first[(first >= 0) & (first < lead)], True), tile)
 
 
-def _intern(ids: dict, tiles: list, tile: np.ndarray) -> int:
-    """The number of ``tile`` among ``tiles`` by its contents, a copy of it added when new."""
-    key = tile.tobytes()
-    k = ids.get(key)
-    if k is None:
-        k = ids[key] = len(tiles)
-        tiles.append(tile.copy())
-    return k
+def _keys(tiles: np.ndarray) -> list[bytes]:
+    """Each of ``tiles`` (along the first axis) as the bytes of its contents, in one call.
+
+    >>> _keys(np.arange(4, dtype=np.int8).reshape(2, 2))
+    [b'\\x00\\x01', b'\\x02\\x03']
+    """
+    rows = np.ascontiguousarray(tiles).reshape(len(tiles), -1)
+    return rows.view(np.dtype((np.void, rows.shape[1] * rows.itemsize))).reshape(-1).tolist()
+
+
+def _intern(ids: dict, tiles: list, block: np.ndarray) -> list[int]:
+    """The numbers of the tiles of ``block`` (along its first axis) among ``tiles`` by their
+    contents, those new added (views of one copy of them).
+
+    >>> ids, tiles = {}, []
+    >>> _intern(ids, tiles, np.array([[1, 2], [3, 4], [1, 2]])), len(tiles)
+    ([0, 1, 0], 2)
+    """
+    numbers = []
+    new = []
+    for k, key in enumerate(_keys(block)):
+        n = ids.get(key)
+        if n is None:
+            n = ids[key] = len(tiles) + len(new)
+            new.append(k)
+        numbers.append(n)
+    if new:
+        tiles.extend(block[new])
+    return numbers
 
 
 class _Vector:
