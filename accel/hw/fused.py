@@ -23,7 +23,7 @@ current ones, a STORE or an ALU reads them. Then the whole stream is:
    tile (a depthwise kernel's taps) are one gather and one sum over the taps per step
    count (a few tiles at a time, in cache), those that add each value once (a widening)
    one product each, the others one weighted bincount; a product that alone adds into
-   values a reset zeroed writes them instead;
+   values a reset (or an ACC LOAD of zero pads alone) zeroed writes them instead;
 3. ALU, ALU chain and LUT instructions, batched by dependency level and steps (a chain's
    steps are its batch's program: what they make before its last step is read by nothing but
    the next step, so it gets no value numbers; a LUT's step is its table), a chain of batches
@@ -463,6 +463,14 @@ class _Builder:
                 inner = block[ins.pad_top:ins.pad_top + ins.rows, ins.pad_left:ins.pad_left + ins.cols]
             np.add(_block_offsets(ins.dram_ld, ins.rows, ins.cols), start, out=inner)
             return True
+        elements = ins.sram_addr + _flat_block_offsets(ins.sram_ld, height, width)
+        values = self._new(elements.size)
+        self.acc[elements] = values
+        if not (ins.rows and ins.cols) and ins.pad_value == 0:
+            # only zeros (how a stream clears accumulators a DWMAC adds into): new values that
+            # start at zero, as a reset's, made by a fill (or by the product that alone adds
+            # into them, see _first_writes), not a code per element copied from the pads
+            return True
         if ins.rows and ins.cols:
             codes = _block(sources.host(ins.slot) + ins.dram_offset, ins.dram_ld, ins.rows, ins.cols)
             if ins.rows != height or ins.cols != width:
@@ -470,9 +478,6 @@ class _Builder:
                 codes[ins.pad_top:ins.pad_top + ins.rows, ins.pad_left:ins.pad_left + ins.cols] = inner
         else:
             codes = np.full((height, width), sources.pad(ins.pad_value), np.int64)
-        elements = ins.sram_addr + _flat_block_offsets(ins.sram_ld, height, width)
-        values = self._new(elements.size)
-        self.acc[elements] = values
         self.acc_loads.append((values, codes.reshape(-1)))
         return True
 
