@@ -957,6 +957,25 @@ def test_a_product_adds_onto_the_values_an_acc_load_brought():
     _runs_alike(plan, stream, (sim, host), (ref, want))
 
 
+def test_an_acc_load_of_zero_pads_alone_makes_zeros_as_a_reset_does():
+    """Two tiles an ACC LOAD fills with zero pads alone (how a stream clears accumulators), one
+    of them a GEMM's then, and a tile of the pad 5: the zeros are values that start at zero, as a
+    reset's (a fill, or the product that alone adds into them writing them), with no code per
+    element among the int32 sources, which hold the pad 5 alone; the run is the reference's."""
+    def pads(addr, value):
+        return Load(mem=Mem.ACC, sram_addr=addr, sram_ld=16, slot=2, dram_offset=0, dram_ld=16, rows=0, cols=0,
+                    pad_top=32 if value == 0 else 16, pad_left=16, pad_value=value)
+    stream = _auto([Load(mem=Mem.INP, sram_addr=0, sram_ld=16, slot=0, dram_offset=0, dram_ld=16, rows=16, cols=16),
+                    Load(mem=Mem.WGT, sram_addr=0, sram_ld=16, slot=1, dram_offset=0, dram_ld=16, rows=16, cols=16),
+                    pads(0, 0), pads(512, 5), _gemm()]
+                   + [Store(sram_addr=b, sram_ld=16, slot=4, dram_offset=b, dram_ld=16, rows=16, cols=16)
+                      for b in (0, 256, 512)])
+    plan, (sim, host), (ref, want) = _both(stream)
+    assert plan.i_pads.tolist() == [5] * 16
+    assert plan.products[0].assign
+    _runs_alike(plan, stream, (sim, host), (ref, want))
+
+
 @given(st.permutations(range(8)), st.sampled_from([0, 1, 2]))
 def test_stores_of_tile_rows_in_another_order_write_row_by_row_like_the_reference(places, mode):
     """STOREs that put an accumulator tile's rows at scattered host rows (an output in another
