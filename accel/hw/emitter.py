@@ -102,12 +102,6 @@ class Emitter:
             if pending:
                 ins = ins.with_flags(**{f: True for f in pending})
                 pending.clear()
-        elif validated:     # the common case (a driver's checked instruction), _append spelt out
-            index = len(self.instructions)
-            self.instructions.append(ins)
-            self.queues.append(queue)
-            self._last[queue] = index
-            return index
         return self._append(ins, queue, validated)
 
     def _append(self, ins: Instruction, queue: Queue, validated: bool = False) -> int:
