@@ -752,9 +752,10 @@ class _Builder:
                     modes = np.unique(mode).tolist()
             if mode is None:
                 stores.append((slot, StoreMode(modes[0]), dst, src))
-            for m in modes if mode is not None else ():
-                pick = mode == m
-                stores.append((slot, StoreMode(m), dst[pick], src[pick]))
+            else:
+                for m in modes:
+                    pick = mode == m
+                    stores.append((slot, StoreMode(m), dst[pick], src[pick]))
         acc_loads = None
         if self.acc_loads:
             acc_loads = (np.concatenate([v for v, _ in self.acc_loads]).astype(np.intp, copy=False),
