@@ -859,8 +859,7 @@ def _tile_rows(tiles: np.ndarray, lead: int) -> tuple[np.ndarray, np.ndarray]:
     """
     t = tiles.shape[-1]
     first = tiles[:, :, 0]
-    head = first[..., None]
-    rows = np.where(head >= 0, tiles == head + np.arange(t), tiles == head).all(2)
+    rows = _run_rows(tiles, np.arange(t))
     rows &= (first >= lead) | (first + t <= lead)
     return first, rows.all(1)
 
@@ -1364,10 +1363,20 @@ def _rows_of(codes: np.ndarray, lanes: np.ndarray) -> tuple[np.ndarray, bool]:
     >>> _rows_of(np.array([[4, 6, 5]]), np.arange(3))[1]
     False
     """
-    first = codes[..., :1]
-    if bool(np.where(first >= 0, codes == first + lanes, codes == first).all()):
-        return first[..., 0].copy(), True       # a copy: the codes are not kept alive
+    if bool(_run_rows(codes, lanes).all()):
+        return codes[..., 0].copy(), True       # a copy: the codes are not kept alive
     return codes, False
+
+
+def _run_rows(codes: np.ndarray, lanes: np.ndarray) -> np.ndarray:
+    """Whether each row of ``codes`` (its last axis, ``lanes`` the offsets along it) is a run
+    (consecutive codes from a non-negative first one) or one pad (the same negative code).
+
+    >>> _run_rows(np.array([[4, 5, 6], [-2, -2, -2], [4, 6, 5]]), np.arange(3)).tolist()
+    [True, True, False]
+    """
+    first = codes[..., :1]
+    return np.where(first >= 0, codes == first + lanes, codes == first).all(-1)
 
 
 def _codes(rows: tuple[np.ndarray, bool], tile: int) -> np.ndarray:
