@@ -16,9 +16,10 @@ pre-processing does; random noise calibrates badly), imported once (``import_onn
   model), each with its ratio;
 - device: simulated cycles, the roofline share of the model's own MACs on accel (the cycles
   those MACs take at the GEMM array's peak over the cycles simulated) and the share of the
-  model's MACs on accel; ``diff``: the largest absolute difference of the output from the
-  ``tvm.compile`` reference's; ``steps``: the largest difference from onnxruntime's exact QDQ run
-  (``ORT_ENABLE_BASIC``, the accuracy reference) in the output's quantisation steps;
+  model's MACs on accel; ``diff``: the largest absolute difference of the outputs (all of a
+  model's several) from the ``tvm.compile`` reference's; ``steps``: the largest difference from
+  onnxruntime's exact QDQ run (``ORT_ENABLE_BASIC``, the accuracy reference) in each output's
+  quantisation steps (over the outputs a DequantizeLinear produces);
 - ``--tune``: the cycles after ``tp.tune`` with 64 trials (slow: off by default).
 
 Models are read from ``$TIRPAT_REALMODELS`` or ``~/.cache/tirpat-realmodels``; a model that is
@@ -139,6 +140,15 @@ def shape_arg(text: str) -> list:
     return dims
 
 
+def arrays(out) -> list:
+    """A model's outputs as arrays: one, or each of several (a detector's boxes and scores)."""
+    if hasattr(out, "numpy"):
+        return [out.numpy()]
+    if isinstance(out, np.ndarray):
+        return [out]
+    return [a for o in out for a in arrays(o)]
+
+
 def timed(fn):
     start = time.perf_counter()
     out = fn()
@@ -163,20 +173,23 @@ def measure(name: str, path: pathlib.Path, shape, norm: str, repeats: int, tune:
         integer = tp.integerize()(mod)
         ex, row["tvm"] = timed(lambda: tvm.compile(integer, "llvm"))
     vm, row["vm"] = timed(lambda: relax.VirtualMachine(ex, tvm.cpu()))
-    ref = vm["main"](tvm.runtime.tensor(x)).numpy()
+    ref = arrays(vm["main"](tvm.runtime.tensor(x)))
 
     out, row["first"] = timed(lambda: model(x))
     row["later"] = median_wall(lambda: model(x), repeats)      # replayed from the plans the first call built
     row["steady"] = median_wall(lambda: model(x), repeats)
-    out = model(x)
-    row["diff"] = float(np.max(np.abs(np.asarray(out, np.float64) - ref)))
-    # accuracy: onnxruntime's exact QDQ run of the int8 model, in the output's quantisation steps
+    out = arrays(model(x))
+    row["diff"] = max(float(np.max(np.abs(o.astype(np.float64) - r))) for o, r in zip(out, ref))
+    # accuracy: onnxruntime's exact QDQ run of the int8 model, in each output's quantisation steps
     qdq = onnx.load(str(qpath))
-    exact = exact_session(qdq).run(None, {input_name: x})[0]
-    try:
-        row["steps"] = float(np.max(np.abs(np.asarray(out, np.float64) - exact)) / output_scale(qdq))
-    except ValueError:          # a float output (no DequantizeLinear produces it): no step to count in
-        row["steps"] = None
+    exact = exact_session(qdq).run(None, {input_name: x})
+    row["steps"] = None         # a float output (no DequantizeLinear produces it) has no step to count in
+    for i, (o, e) in enumerate(zip(out, exact)):
+        try:
+            steps = float(np.max(np.abs(o.astype(np.float64) - e)) / output_scale(qdq, i))
+        except ValueError:
+            continue
+        row["steps"] = max(steps, row["steps"] or 0.0)
     stats = model.stats["accel"]
     row["cycles"] = stats.cycles
     accel_macs = model.report.macs.get("accel", 0)

@@ -176,12 +176,12 @@ def input_shape(model) -> tuple[int, ...]:
     return tuple(d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim)
 
 
-def output_scale(qdq_model) -> float:
-    """The quantisation step of a QDQ model's output: the scale of the DequantizeLinear that
-    produces it (to measure differences in steps)."""
+def output_scale(qdq_model, index: int = 0) -> float:
+    """The quantisation step of a QDQ model's output (the ``index``-th of several): the scale
+    of the DequantizeLinear that produces it (to measure differences in steps)."""
     from onnx import numpy_helper
 
-    out = qdq_model.graph.output[0].name
+    out = qdq_model.graph.output[index].name
     node = next((n for n in qdq_model.graph.node if n.op_type == "DequantizeLinear" and n.output[0] == out), None)
     if node is None:
         raise ValueError(f"the output {out!r} is not produced by a DequantizeLinear: not a QDQ model's output")
