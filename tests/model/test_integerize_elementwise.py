@@ -106,6 +106,8 @@ def activation_nodes(name: str) -> tuple[list, list, bool]:
         return [helper.make_node("LeakyRelu", ["xd"], ["f"], alpha=0.1)], [], True
     if name == "PRelu":                  # PyTorch's nn.PReLU(): one slope, shape [1]
         return [helper.make_node("PRelu", ["xd", "slope"], ["f"])], [c([0.25], "slope")], True
+    if name == "Pow":                    # YOLOv5's box decoding: (2 * sigmoid(t)) ** 2, squared in float32
+        return [helper.make_node("Pow", ["xd", "two"], ["f"])], [c(2, "two")], True
     return [helper.make_node(name, ["xd"], ["f"])], [], False
 
 
@@ -136,6 +138,12 @@ def test_leaky_relu_and_prelu_of_one_slope_are_tables(name):
     """Operators with their slope as an attribute or a one-value input (TVM's nn.leakyrelu,
     nn.prelu) are tables too, bit-exact."""
     check_table(name, 0.05, 7, 0.03, -5, 3)
+
+
+def test_pow_by_a_constant_is_a_table():
+    """A Pow by a constant exponent (an operator of two operands, the exponent a constant
+    scalar) is a table, bit-exact with onnxruntime."""
+    check_table("Pow", 0.05, 7, 0.03, -5, 3)
 
 
 def check_table(name: str, sx: float, zx: int, sy: float, zy: int, seed: int) -> None:

@@ -56,8 +56,9 @@ _f32 = np.float32
 
 
 def _exact(fn: Callable) -> Callable:
-    """``fn`` evaluated in float64, the result rounded to float32 (the exact function)."""
-    return lambda x: fn(np.asarray(x, np.float64)).astype(_f32)
+    """``fn`` of its operands (one, or Pow's two) evaluated in float64, the result rounded to
+    float32 (the exact function)."""
+    return lambda *xs: fn(*(np.asarray(x, np.float64) for x in xs)).astype(_f32)
 
 
 _erf = np.vectorize(math.erf, otypes=[np.float64])
@@ -108,7 +109,7 @@ EVALUATED: dict[str, Callable] = {
     "relax.divide": lambda a, b: _f32(a) / _f32(b),
     "relax.maximum": lambda a, b: np.maximum(_f32(a), _f32(b)),
     "relax.minimum": lambda a, b: np.minimum(_f32(a), _f32(b)),
-    "relax.power": _exact(lambda a, b: np.power(a, np.asarray(b, np.float64))),
+    "relax.power": _exact(np.power),
     "relax.negative": lambda a: -_f32(a),
     "relax.abs": lambda a: np.abs(_f32(a)),
     "relax.square": lambda a: _f32(a) * _f32(a),
