@@ -158,3 +158,31 @@ def test_samples_must_agree():
     inputs = {"a": ((2,), np.dtype("float32")), "b": ((2,), np.dtype("float32"))}
     with pytest.raises(CalibrationError, match=r"different numbers of samples: \[2, 3\]"):
         quantize_module.calibration_samples({"a": np.ones((2, 2), np.float32), "b": np.ones((3, 2), np.float32)}, inputs)
+
+
+def boxes_and_scores():
+    """A detector's head in small: box coordinates (0 to ~600) and sigmoid scores (0 to 1)
+    concatenated, then flattened into the output."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.full((4, 4), 150.0, np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["boxes"]), helper.make_node("Sigmoid", ["x"], ["scores"]),
+         helper.make_node("Concat", ["boxes", "scores"], ["cat"], axis=1, name="head"),
+         helper.make_node("Flatten", ["cat"], ["out"], name="flat")], "head",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 8])], [w])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_a_concat_that_zeroes_an_input_warns_with_the_nodes_to_keep_in_float():
+    """A Concat whose values are quantised at a scale that holds one input in under a step (a
+    detector's scores beside its boxes: every score 0) is warned of, naming it and the element
+    moves after it (YOLOv5's Reshape) to keep in float; kept so, there is no warning."""
+    model, calib = boxes_and_scores(), {"x": np.linspace(0, 1, 16, dtype=np.float32).reshape(4, 1, 4)}
+    with pytest.warns(UserWarning, match=r"the input 'scores' of Concat 'head' \(up to 0.7.*: 0.1. steps of 4.2.*keep them "
+                                         r"in float: exclude=\['head', 'flat'\] \(tirpat quantize --exclude head flat\)"):
+        tp.quantize(model, calib)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        tp.quantize(model, calib, exclude=["head", "flat"])

@@ -12,7 +12,8 @@ upgraded by onnx's version converter first, so that the output loads in onnxrunt
 
 Nodes can be kept in float: by name (``exclude``), by operator type (``exclude_op_types``),
 or as the producers of chosen graph outputs (``float_outputs``: a detector's head whose
-boxes and scores share a tensor, whose scores one int8 scale would zero).
+boxes and scores share a tensor, whose scores one int8 scale would zero: ``tp.quantize``
+warns of a Concat whose output scale leaves an input so few steps, naming the option).
 
 Calibration data fixes the activation scales (MinMax by default: the largest magnitude seen
 on each tensor). It is an ``.npz`` file, or a dict, keyed by input name, whose arrays have a
@@ -55,6 +56,11 @@ __all__ = ["quantize", "CalibrationError", "calibration_samples", "METHODS"]
 METHODS = ("minmax", "entropy", "percentile")
 #: Random calibration samples used when no calibration data is given.
 RANDOM_SAMPLES = 16
+#: A Concat input that its output's int8 scale holds in fewer steps than this is warned of
+#: (the PaddleOCR models' Concats keep 27 steps or more; a detector's scores beside its box
+#: coordinates under 1).
+CONCAT_STEPS = 8
+INT8_MAX = 127
 
 ModelLike = Union[str, os.PathLike, "onnx.ModelProto"]  # noqa: F821 - onnx is optional
 Calibration = Union[str, os.PathLike, Mapping[str, np.ndarray], None]
@@ -114,7 +120,8 @@ def quantize(model: ModelLike, calibration: Calibration = None, *, per_channel: 
     one onnxruntime cannot load (with its reason), for an unknown method, and for a node,
     operator type or output to keep in float that the model does not have (after
     onnxruntime's pre-processing, which may fuse nodes). Warns when an input's calibration data is zero everywhere (its
-    scale would mean nothing).
+    scale would mean nothing), and when a Concat's output scale leaves one of its inputs fewer
+    than :data:`CONCAT_STEPS` steps (a detector's scores beside its boxes: every score 0).
     """
     onnx, ortq = _require()
     if method not in METHODS:
@@ -147,7 +154,75 @@ def quantize(model: ModelLike, calibration: Calibration = None, *, per_channel: 
             nodes_to_exclude=excluded, op_types_to_quantize=op_types,
             extra_options={"ActivationSymmetric": True, "WeightSymmetric": True},
         )
-        return onnx.load(str(out))
+        quantised = onnx.load(str(out))
+    _warn_lost_concat_inputs(quantised)
+    return quantised
+
+
+def _warn_lost_concat_inputs(q) -> None:
+    """Warn when a Concat's input keeps fewer than :data:`CONCAT_STEPS` steps of the int8 scale
+    the Concat's result is quantised with (after any element moves), naming the nodes to keep
+    in float: a detector that concatenates box coordinates (0 to 640) and class scores (0 to 1)
+    would quantise every score to 0, silently."""
+    from onnx import numpy_helper
+
+    named = {n.input[1] for n in q.graph.node if n.op_type in ("QuantizeLinear", "DequantizeLinear")}
+    scales = {i.name: float(np.abs(numpy_helper.to_array(i)).max()) for i in q.graph.initializer if i.name in named}
+    producer = {o: n for n in q.graph.node for o in n.output}
+    readers: dict[str, list] = {}
+    for node in q.graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    lost, keep = [], {}
+    for node in q.graph.node:
+        if node.op_type != "Concat":
+            continue
+        chain, step = _moves_until_quantised(node, readers)
+        if step not in scales:
+            continue
+        for name in node.input:
+            dq = producer.get(name)
+            if dq is None or dq.op_type != "DequantizeLinear" or dq.input[1] not in scales:
+                continue
+            # the input's largest int8 magnitude, in the steps of the scale its values end in
+            span = INT8_MAX * scales[dq.input[1]] / scales[step]
+            if span < CONCAT_STEPS:
+                source = producer.get(dq.input[0])     # the QuantizeLinear of the float tensor it names
+                tensor = source.input[0] if source is not None and source.op_type == "QuantizeLinear" else name
+                lost.append(f"the input {tensor!r} of Concat {node.name!r} (up to {INT8_MAX * scales[dq.input[1]]:.3g}: "
+                            f"{span:.2g} steps of {scales[step]:.3g})")
+                keep.update(dict.fromkeys(chain))
+    if lost:
+        names = list(keep)
+        warnings.warn(f"{'; '.join(lost)}: at a scale made for larger values, such an input keeps a few int8 steps "
+                      "at most (a value under half a step becomes 0), as a detector's scores beside its box "
+                      f"coordinates do; keep them in float: exclude={names!r} (tirpat quantize --exclude "
+                      f"{' '.join(names)})", stacklevel=3)
+
+
+#: Operators that move elements: a tensor that holds two ranges holds them after these too.
+_MOVES = frozenset({"Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Concat"})
+
+
+def _moves_until_quantised(concat, readers: dict) -> tuple[list[str], str | None]:
+    """The names of ``concat`` and of the element moves after it up to the first int8 scale its
+    values take or a graph output, each the only reader of the one before; and that scale's name
+    (None where the values stay float)."""
+    chain, step, tensor = [concat.name], None, concat.output[0]
+    while len(readers.get(tensor, ())) == 1:
+        node = readers[tensor][0]
+        if node.op_type == "QuantizeLinear":
+            step = step or node.input[1]
+            dq = readers.get(node.output[0], ())
+            if len(dq) != 1 or dq[0].op_type != "DequantizeLinear":
+                break
+            tensor = dq[0].output[0]
+        elif node.op_type in _MOVES:
+            chain.append(node.name)
+            tensor = node.output[0]
+        else:
+            break
+    return chain, step
 
 
 def _upgrade(onnx, proto, opset: int):
