@@ -25,7 +25,9 @@ calibration data's size. --per-channel upgrades a model older than opset 13 with
 version converter (DequantizeLinear's axis needs it), so the output loads in onnxruntime.
 --exclude, --exclude-op-types and --float-outputs keep nodes in float: by name, by
 operator type, or the nodes that produce the named graph outputs (e.g. a detector's head,
-whose boxes and scores one int8 scale cannot both hold). A model already quantised (QDQ
+whose boxes and scores one int8 scale cannot both hold: a warning names each Concat whose
+scale leaves one of its inputs a few steps, with the nodes to --exclude, the element moves
+after it included). A model already quantised (QDQ
 pairs, QLinear* or *Integer operators) is refused: compile it as it is. An existing OUT
 is replaced only if its name ends in .onnx and it is not MODEL."""
 
