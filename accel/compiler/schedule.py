@@ -421,7 +421,8 @@ def _staged(sch, final, steps, out_buffer, temporaries) -> tuple:
     if steps is None:
         return ()
     computed = {sch.get(b).writes[0].source.__chandle__() for b in temporaries}
-    return tuple(narrow for key, narrow in _operands(sch.get(final), out_buffer).items() if key not in computed)
+    return tuple(narrow for key, narrow in _epilogue_operands(sch, final, out_buffer, temporaries).items()
+                 if key not in computed)
 
 
 def _alu_runs(sch, final, steps, out_buffer, temporaries, prefix: int, by_rows: bool = False) -> tuple:
@@ -1365,26 +1366,33 @@ def _stage_epilogue_operands(sch: s_tir.Schedule, gemm, final, out_buffer, j_o, 
     """Stage each operand the epilogue ``final`` reads besides the accumulator (a bias, a
     residual) through ACC at the N loop ``j_o``; a temporary is computed there, in ACC."""
     fblock = sch.get(final)
+    acc = sch.get(gemm).writes[0].source
     table = _table(fblock)
     kept = {sch.get(b).writes[0].source.__chandle__(): b for b in temporaries}
-    for r in list(fblock.reads):
-        if r.source.same_as(sch.get(gemm).writes[0].source):
-            continue
-        if r.source.__chandle__() in kept:
-            continue        # a temporary: computed in ACC already (:func:`_place_temporaries`)
-        if table is not None and r.source.same_as(table):
+    kinds = _epilogue_operands(sch, final, acc, temporaries)
+    # the last block's operands, then those a temporary alone reads (it is their first reader)
+    sources = [(final, r.source) for r in fblock.reads]
+    sources += [(b, r.source) for b in temporaries for r in sch.get(b).reads
+                if not any(x.source.same_as(r.source) for x in fblock.reads)]
+    staged: set = set()
+    for reader, source in sources:
+        key = source.__chandle__()
+        if source.same_as(acc) or key in kept or key in staged:
+            continue        # the accumulator; a temporary, computed in ACC already (:func:`_place_temporaries`)
+        staged.add(key)
+        if table is not None and source.same_as(table):
             # a LUT's table: loaded into WGT once, before the loops, like a resident weight
-            sch.cache_read(final, read_index(sch, final, r.source), WGT)
+            sch.cache_read(final, read_index(sch, final, source), WGT)
             continue
-        readers = [final] + [b for b in temporaries if any(x.source.same_as(r.source) for x in sch.get(b).reads)]
-        stage = sch.cache_read(final, read_index(sch, final, r.source), ACC, consumer_blocks=readers)
-        if operand_layout is not None and len(r.source.shape) == len(out_buffer.shape):
+        readers = [b for b in [final, *temporaries] if any(x.source.same_as(source) for x in sch.get(b).reads)]
+        stage = sch.cache_read(reader, read_index(sch, reader, source), ACC, consumer_blocks=readers)
+        if operand_layout is not None and len(source.shape) == len(out_buffer.shape):
             # an operand in the layout of an NCHW result (a residual, a [1, F, 1, 1]
             # bias) is staged channels-last, like the accumulator it is applied to
             sch.transform_layout(stage, ("write", 0), operand_layout)
         sch.compute_at(stage, j_o)
         ndim = len(sch.get(stage).writes[0].source.shape)
-        if not _operands(fblock, sch.get(gemm).writes[0].source)[r.source.__chandle__()] and ndim >= 2:
+        if not kinds[key] and ndim >= 2:
             # ALU operands are tile-lane vectors: rows of the staged copy start aligned
             # (a bias, along the channels alone, is one row: it stays contiguous)
             sch.storage_align(stage, 0, ndim - 2, t, 0)
@@ -1446,8 +1454,11 @@ def _inline_epilogue(sch, chain, out, temporaries=()):
         {sch.get(b).writes[0].source.__chandle__() for b in temporaries}
     for temp in temporaries:
         wrapping.keep_in_block(sch, temp)
-        if not _temporary_steps(sch.get(temp), out) or \
-                any(r.source.__chandle__() not in read for r in sch.get(temp).reads):
+        # what else it reads is an operand of its own (a per-channel multiplier), staged for
+        # it: a buffer no block of the partition computes
+        computed = {sch.get(p).writes[0].source.__chandle__() for p in sch.get_producers(temp)}
+        if not _temporary_steps(sch.get(temp), out) or None in _operands(sch.get(temp), out).values() or \
+                any(r.source.__chandle__() in computed - read for r in sch.get(temp).reads):
             return None
     return _epilogue_steps(block, out)
 
@@ -1491,9 +1502,19 @@ def _operands(block, acc_buffer) -> dict:
 def _wide_operands(sch, final, acc_buffer, temporaries) -> dict:
     """:func:`_operands` of the epilogue ``final``, and each temporary it does not read (one
     read by another temporary) as a wide one: what ACC holds besides the accumulator."""
+    kinds = _epilogue_operands(sch, final, acc_buffer, temporaries)
+    for temp in temporaries:
+        kinds[sch.get(temp).writes[0].source.__chandle__()] = False
+    return kinds
+
+
+def _epilogue_operands(sch, final, acc_buffer, temporaries) -> dict:
+    """:func:`_operands` of the epilogue ``final`` and of its temporaries: a per-channel
+    requantise's second multiplier is read by its temporary alone."""
     kinds = _operands(sch.get(final), acc_buffer)
     for temp in temporaries:
-        kinds.setdefault(sch.get(temp).writes[0].source.__chandle__(), False)
+        for key, kind in _operands(sch.get(temp), acc_buffer).items():
+            kinds.setdefault(key, kind)
     return kinds
 
 

@@ -100,16 +100,19 @@ def test_forty_eight_bit_multiplier_at_int32_limits():
     _assert_on_accel_bit_exact(_model("conv2d", 5, 24, 16, rq, True, 3))
 
 
-def test_qdq_convolution_integerised_precisely_runs_on_accel():
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_qdq_convolution_integerised_precisely_runs_on_accel(per_channel):
     """A QDQ ONNX CNN integerised with ``precise=True``: its convolutions and matmul, requantise
-    included, run on accel, bit for bit the integer module on llvm."""
+    included, run on accel, bit for bit the integer module on llvm. With weights per channel
+    every constant of the requantise is a vector, the low product's multiplier read by the
+    temporary alone (staged in ACC for it: it was left on the CPU)."""
     pytest.importorskip("onnx")
     from tvm.relax.frontend.onnx import from_onnx
 
     from tirpat.testing import onnx_cnn
 
     model = onnx_cnn.conv_relu(seed=1)
-    qdq = tp.quantize(model, onnx_cnn.calibration(model, 16))
+    qdq = tp.quantize(model, onnx_cnn.calibration(model, 16), per_channel=per_channel)
     integer = tp.integerize(precise=True)(from_onnx(qdq, keep_params_in_input=False))
     xs = onnx_cnn.calibration(qdq, 2, seed=9)["x"]
     # quantize/dequantize stay on the host: the build's OffloadWarnings are expected
