@@ -89,6 +89,7 @@ order in which products are summed does not change any value.
 from __future__ import annotations
 
 import functools
+import operator
 from functools import partial
 from typing import Callable, NamedTuple, Optional, Sequence
 
@@ -119,11 +120,6 @@ def _block(addr: int, ld: int, rows: int, cols: int, step: int = 1) -> np.ndarra
     return addr + _block_offsets(ld, rows, cols, step)
 
 
-def _steps(addr: int, ext_out: int, stride_out: int, ext_in: int, stride_in: int) -> np.ndarray:
-    """Start address of every ``(o, i)`` step of a GEMM or ALU loop, flattened."""
-    return addr + _step_offsets(ext_out, stride_out, ext_in, stride_in)
-
-
 def _vectors(addr: int, ext_out: int, stride_out: int, ext_in: int, stride_in: int, lanes: int) -> np.ndarray:
     """Element indices of the ``lanes``-wide vector of every ``(o, i)`` step, flattened."""
     return addr + _vector_offsets(ext_out, stride_out, ext_in, stride_in, lanes)
@@ -146,6 +142,13 @@ def _step_offsets(ext_out: int, stride_out: int, ext_in: int, stride_in: int) ->
 
 
 @functools.lru_cache(maxsize=1024)
+def _tile_offsets(ext_out: int, stride_out: int, ext_in: int, stride_in: int, ld: int, tile: int) -> np.ndarray:
+    """Offsets of the ``tile x tile`` elements (row stride ``ld``) at every ``(o, i)`` step of
+    a loop, ``[steps, tile, tile]``."""
+    return _frozen(_step_offsets(ext_out, stride_out, ext_in, stride_in)[:, None, None] + _block_offsets(ld, tile, tile))
+
+
+@functools.lru_cache(maxsize=1024)
 def _vector_offsets(ext_out: int, stride_out: int, ext_in: int, stride_in: int, lanes: int) -> np.ndarray:
     return _frozen((_step_offsets(ext_out, stride_out, ext_in, stride_in)[:, None] + np.arange(lanes)).reshape(-1))
 
@@ -155,12 +158,15 @@ class _Loop(NamedTuple):
     stream's GEMMs repeat a few shapes): per operand, the offsets of the ``tile x tile``
     elements of each distinct step address (``[distinct, tile, tile]``, read-only, in the
     order the steps first reach them), and per distinct accumulator address the distinct
-    input and weight addresses of its steps, in step order (``x``, ``w``: lists of indices
-    into the distinct ones). An operand's elements are its address plus these, one addition.
+    input and weight addresses of its steps, in step order (``x``, ``w``: each a call that
+    picks those from a sequence over the distinct ones, as a tuple). An operand's elements
+    are its address plus these, one addition.
 
     >>> loop = _Loop.of(2, 2, 32, 0, 16, 0, 1, 16, 32, 1, 16, 2)
-    >>> loop.acc[:, 0, 0].tolist(), loop.inp[:, 0, 0].tolist(), loop.inp[1].tolist(), loop.x, loop.w
-    ([0, 32], [0, 1], [[1, 2], [17, 18]], [[0, 1], [0, 1]], [[0, 1], [2, 3]])
+    >>> loop.acc[:, 0, 0].tolist(), loop.inp[:, 0, 0].tolist(), loop.inp[1].tolist()
+    ([0, 32], [0, 1], [[1, 2], [17, 18]])
+    >>> [pick("abcd") for pick in loop.x], [pick("abcd") for pick in loop.w]
+    ([('a', 'b'), ('a', 'b')], [('a', 'b'), ('c', 'd')])
     """
 
     acc: np.ndarray
@@ -186,8 +192,15 @@ class _Loop(NamedTuple):
         inp, x = distinct(inp_stride_out, inp_stride_in, inp_ld)
         wgt, w = distinct(wgt_stride_out, wgt_stride_in, wgt_ld)
         steps = [np.flatnonzero(a == j) for j in range(len(acc))]
-        return _Loop(acc, inp, wgt, [x[k].tolist() for k in steps], [w[k].tolist() for k in steps],
+        return _Loop(acc, inp, wgt, [_picker(x[k].tolist()) for k in steps], [_picker(w[k].tolist()) for k in steps],
                      wgt[:, 0, 0].tolist())
+
+
+def _picker(at: list) -> Callable[[Sequence], tuple]:
+    """A call that gives the items of a sequence at ``at``, as a tuple (an itemgetter: a GEMM's
+    tiles pick their operands' numbers tens of thousands of times a stream)."""
+    pick = operator.itemgetter(*at)
+    return pick if len(at) > 1 else lambda items: (pick(items),)
 
 
 @functools.lru_cache(maxsize=8)
@@ -367,7 +380,6 @@ class _Builder:
         self.level = np.zeros(self.acc_n, np.int32)            # ALU depth that made the value
         self.acc_loads: list[tuple[np.ndarray, np.ndarray]] = []
         self.tiles: dict[bytes, list] = {}                     # accumulator tile -> [values, x ids, w ids]
-        self.tiles_at: dict[int, np.ndarray] = {}
         self.x_ids: dict[bytes, int] = {}
         self.w_ids: dict[bytes, int] = {}
         self.x_tiles: list[np.ndarray] = []
@@ -414,13 +426,6 @@ class _Builder:
         if op is _ALU_CHAIN:
             return self._alu_chain(ins)
         return True
-
-    def _tile(self, ld: int) -> np.ndarray:
-        """Element offsets of a tile with row stride ``ld``."""
-        offsets = self.tiles_at.get(ld)
-        if offsets is None:
-            offsets = self.tiles_at[ld] = _block(0, ld, self.tile, self.tile)
-        return offsets
 
     def _host_range(self, ins) -> tuple[int, int]:
         return ins.dram_offset, ins.dram_offset + (ins.rows - 1) * ins.dram_ld + ins.dram_width
@@ -505,8 +510,8 @@ class _Builder:
             entry = tiles.get(key)
             if entry is None:       # a copy: a view would keep every step's tile alive
                 entry = tiles[key] = [values.copy(), [], []]
-            entry[1] += [xids[i] for i in xs]
-            entry[2] += [wids[i] for i in ws]
+            entry[1] += xs(xids)
+            entry[2] += ws(wids)
         return True
 
     def _weights(self, addr: int, ld: int, loop: "_Loop") -> list[int]:
@@ -524,22 +529,20 @@ class _Builder:
         if not (d.ext_out and d.ext_in):
             return True
         t = self.tile
-        lanes = np.arange(t)
-        acc_steps = _steps(d.acc_addr, d.ext_out, d.acc_stride_out, d.ext_in, d.acc_stride_in)
-        one_tile = bool((acc_steps == acc_steps[0]).all())
-        acc = ((acc_steps[:1] if one_tile else acc_steps)[:, None, None] + self._tile(d.acc_ld)).reshape(-1)
+        # every step at one accumulator tile: no step moves it (told by the loop, not the offsets)
+        one_tile = (d.ext_out == 1 or not d.acc_stride_out) and (d.ext_in == 1 or not d.acc_stride_in)
+        acc = d.acc_addr + (_flat_block_offsets(d.acc_ld, t, t) if one_tile else
+                            _tile_offsets(d.ext_out, d.acc_stride_out, d.ext_in, d.acc_stride_in, d.acc_ld, t).reshape(-1))
         values = self.acc[acc]
         if self.sealed[values].any():
             return False        # adds to a value already read, or made by an ALU
-        x = self.inp[_steps(d.inp_addr, d.ext_out, d.inp_stride_out, d.ext_in, d.inp_stride_in)[:, None, None]
-                     + self._tile(d.inp_ld)]                                          # [steps, t, t]
-        w = self.wgt[_steps(d.wgt_addr, d.ext_out, d.wgt_stride_out, d.ext_in, d.wgt_stride_in)[:, None]
-                     + lanes]                                                         # [steps, t]: a row per step
-        if one_tile:
+        x = self.inp[d.inp_addr + _tile_offsets(d.ext_out, d.inp_stride_out, d.ext_in, d.inp_stride_in, d.inp_ld, t)]
+        w = self.wgt[_vectors(d.wgt_addr, d.ext_out, d.wgt_stride_out, d.ext_in, d.wgt_stride_in, t)].reshape(-1, t)
+        if one_tile:        # ``x``: [steps, t, t]; ``w``: [steps, t], a row per step
             # every step adds into the same tile (a depthwise kernel's taps): a sum over steps;
             # its input kept as the first code of each row when every row is a run (tens of
             # millions of codes in a large stream's depthwise layers, a 16th of them kept)
-            self.tap_sums.setdefault(len(acc_steps), []).append((values.reshape(t, t), _rows_of(x, lanes), w))
+            self.tap_sums.setdefault(d.ext_out * d.ext_in, []).append((values.reshape(t, t), _rows_of(x), w))
         else:
             self.dwmacs.append((values, x.reshape(-1), np.broadcast_to(w[:, None, :], x.shape).reshape(-1)))
         return True
@@ -857,11 +860,9 @@ def _tile_rows(tiles: np.ndarray, lead: int) -> tuple[np.ndarray, np.ndarray]:
     >>> first.tolist(), whole.tolist()
     ([[4, -1], [4, 0], [7, 0]], [True, False, False])
     """
-    t = tiles.shape[-1]
+    n, t = len(tiles), tiles.shape[-1]
     first = tiles[:, :, 0]
-    rows = _run_rows(tiles, np.arange(t))
-    rows &= (first >= lead) | (first + t <= lead)
-    return first, rows.all(1)
+    return first, _run_steps(tiles).reshape(n, -1).all(1) & ((first >= lead) | (first + t <= lead)).all(1)
 
 
 class _Span:
@@ -1352,31 +1353,33 @@ def _distinct(index: np.ndarray, bound: int) -> bool:
     return int(np.count_nonzero(seen)) == index.size
 
 
-def _rows_of(codes: np.ndarray, lanes: np.ndarray) -> tuple[np.ndarray, bool]:
+def _rows_of(codes: np.ndarray) -> tuple[np.ndarray, bool]:
     """Source codes whose last axis is ``tile`` lanes, as ``(first code of each row, True)``
     when every row is a run (consecutive codes from a non-negative first one) or one pad
     (the same negative code throughout): what :func:`_codes` gives back, and what a
     :class:`_Gather` reads as whole rows from their resolved starts. Else ``(codes, False)``.
 
-    >>> first, rows = _rows_of(np.array([[4, 5, 6], [-2, -2, -2]]), np.arange(3)); first.tolist(), rows
+    >>> first, rows = _rows_of(np.array([[4, 5, 6], [-2, -2, -2]])); first.tolist(), rows
     ([4, -2], True)
-    >>> _rows_of(np.array([[4, 6, 5]]), np.arange(3))[1]
+    >>> _rows_of(np.array([[4, 6, 5]]))[1]
     False
     """
-    if bool(_run_rows(codes, lanes).all()):
+    # (one answer for all rows: no reduction row by row, which numpy makes a loop of short rows)
+    if bool(_run_steps(codes).all()):
         return codes[..., 0].copy(), True       # a copy: the codes are not kept alive
     return codes, False
 
 
-def _run_rows(codes: np.ndarray, lanes: np.ndarray) -> np.ndarray:
-    """Whether each row of ``codes`` (its last axis, ``lanes`` the offsets along it) is a run
-    (consecutive codes from a non-negative first one) or one pad (the same negative code).
+def _run_steps(codes: np.ndarray) -> np.ndarray:
+    """Whether each code of ``codes`` but the first of a row (its last axis) continues that row
+    as a run (consecutive codes from a non-negative first one) or as one pad (the same negative
+    code): a row is either where all of its are True.
 
-    >>> _run_rows(np.array([[4, 5, 6], [-2, -2, -2], [4, 6, 5]]), np.arange(3)).tolist()
-    [True, True, False]
+    >>> _run_steps(np.array([[4, 5, 6], [-2, -2, -2], [4, 6, 5], [-2, -1, 0]])).tolist()
+    [[True, True], [True, True], [False, False], [False, False]]
     """
-    first = codes[..., :1]
-    return np.where(first >= 0, codes == first + lanes, codes == first).all(-1)
+    # a step of 1 along a run, of 0 along a pad: one difference and one comparison per code
+    return np.diff(codes) == (codes[..., :1] >= 0)
 
 
 def _codes(rows: tuple[np.ndarray, bool], tile: int) -> np.ndarray:
