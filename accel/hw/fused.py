@@ -355,6 +355,40 @@ class _Program(NamedTuple):
                    any(operand is None for _, operand in live))
 
 
+def _gemm_elements(g: Gemm, tile: int) -> tuple["_Loop", np.ndarray, np.ndarray]:
+    """A GEMM's :class:`_Loop` and the ACC and INP elements of its distinct step tiles."""
+    loop = _Loop.of(g.ext_out, g.ext_in, g.acc_stride_out, g.acc_stride_in, g.acc_ld, g.inp_stride_out,
+                    g.inp_stride_in, g.inp_ld, g.wgt_stride_out, g.wgt_stride_in, g.wgt_ld, tile)
+    return loop, _frozen(g.acc_addr + loop.acc), _frozen(g.inp_addr + loop.inp)
+
+
+def _dwmac_elements(d: Dwmac, tile: int) -> tuple[bool, np.ndarray, np.ndarray, np.ndarray]:
+    """Whether every step of a DWMAC adds into one tile (no step moves the accumulator), its
+    ACC elements (that tile's, or every step's, flat), its INP elements ``[steps, tile, tile]``
+    and WGT elements ``[steps, tile]`` (a row per step)."""
+    one_tile = (d.ext_out == 1 or not d.acc_stride_out) and (d.ext_in == 1 or not d.acc_stride_in)
+    acc = d.acc_addr + (_flat_block_offsets(d.acc_ld, tile, tile) if one_tile else
+                        _tile_offsets(d.ext_out, d.acc_stride_out, d.ext_in, d.acc_stride_in, d.acc_ld, tile).reshape(-1))
+    inp = d.inp_addr + _tile_offsets(d.ext_out, d.inp_stride_out, d.ext_in, d.inp_stride_in, d.inp_ld, tile)
+    wgt = _vectors(d.wgt_addr, d.ext_out, d.wgt_stride_out, d.ext_in, d.wgt_stride_in, tile).reshape(-1, tile)
+    return one_tile, _frozen(acc), _frozen(inp), _frozen(wgt)
+
+
+def _alu_elements(a: Alu | AluChain, tile: int) -> tuple["_Program", np.ndarray, Optional[np.ndarray]]:
+    """An ALU or ALU chain instruction's :class:`_Program`, the ACC elements of its destination
+    vectors and, when a step reads it, of its source vectors (else None)."""
+    program = _Program.of(a.steps if a.opcode is _ALU_CHAIN else [(a.op, a.imm if a.use_imm else None)])
+    src = None
+    if program.reads_src:
+        src = _frozen(_vectors(a.src_addr, a.ext_out, a.src_stride_out, a.ext_in, a.src_stride_in, tile))
+    return program, _frozen(_vectors(a.dst_addr, a.ext_out, a.dst_stride_out, a.ext_in, a.dst_stride_in, tile)), src
+
+
+def _lut_elements(u: Lut, tile: int) -> np.ndarray:
+    """The ACC elements of a LUT's vectors."""
+    return _frozen(_vectors(u.dst_addr, u.ext_out, u.dst_stride_out, u.ext_in, u.dst_stride_in, tile))
+
+
 class _Builder:
     """Follows a stream in execution order (see the module doc); ``add`` returns False for
     an instruction the fused plan cannot take."""
@@ -391,7 +425,8 @@ class _Builder:
         # (level, steps, new values, old values, src values or None): an ALU or ALU chain
         # instruction, or a LUT (see _alu_batch)
         self.alus: list[tuple] = []
-        self.chains: dict[int, tuple] = {}                     # id of an ALU (chain) -> (it, its _Program)
+        # id of an instruction -> (it, what its fields alone give: see _known)
+        self.known: dict[int, tuple] = {}
         self.tables: dict[bytes, int] = {}                     # a LUT's table (WGT source codes) -> its number
         self.table_codes: list[np.ndarray] = []
         self.dwmacs: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []   # (acc values, inp codes, wgt codes)
@@ -424,7 +459,7 @@ class _Builder:
         if op is _LUT:
             return self._lut(ins)
         if op is _ALU_CHAIN:
-            return self._alu_chain(ins)
+            return self._alu(ins)
         return True
 
     def _host_range(self, ins) -> tuple[int, int]:
@@ -489,21 +524,18 @@ class _Builder:
     def _gemm(self, g: Gemm) -> bool:
         if not (g.ext_out and g.ext_in):
             return True
-        t = self.tile
-        loop = _Loop.of(g.ext_out, g.ext_in, g.acc_stride_out, g.acc_stride_in, g.acc_ld, g.inp_stride_out,
-                        g.inp_stride_in, g.inp_ld, g.wgt_stride_out, g.wgt_stride_in, g.wgt_ld, t)
+        loop, acc_at, inp_at = self._known(g, _gemm_elements)
         if g.reset:
             # new values start at zero (an element of overlapping tiles just gets one of them)
-            elements = (g.acc_addr + loop.acc).reshape(-1)
-            self.acc[elements] = self._new(elements.size)
+            self.acc[acc_at] = self._new(acc_at.size).reshape(acc_at.shape)
             return True
         # Steps at the same address see the same tile: each distinct address is looked up once,
         # the tiles of all of them gathered at once (one numpy call each, not one per step), and
         # so is the test of the accumulators: nothing in one GEMM seals them or makes them by ALU.
-        acc = self.acc[g.acc_addr + loop.acc]
+        acc = self.acc[acc_at]
         if self.sealed[acc].any():
             return False        # adds to a value already read, or made by an ALU
-        xids = _intern(self.x_ids, self.x_tiles, self.inp[g.inp_addr + loop.inp])
+        xids = _intern(self.x_ids, self.x_tiles, self.inp[inp_at])
         wids = self._weights(g.wgt_addr, g.wgt_ld, loop)
         tiles = self.tiles
         for values, key, xs, ws in zip(acc, _keys(acc), loop.x, loop.w):
@@ -529,15 +561,11 @@ class _Builder:
         if not (d.ext_out and d.ext_in):
             return True
         t = self.tile
-        # every step at one accumulator tile: no step moves it (told by the loop, not the offsets)
-        one_tile = (d.ext_out == 1 or not d.acc_stride_out) and (d.ext_in == 1 or not d.acc_stride_in)
-        acc = d.acc_addr + (_flat_block_offsets(d.acc_ld, t, t) if one_tile else
-                            _tile_offsets(d.ext_out, d.acc_stride_out, d.ext_in, d.acc_stride_in, d.acc_ld, t).reshape(-1))
+        one_tile, acc, x, w = self._known(d, _dwmac_elements)
         values = self.acc[acc]
         if self.sealed[values].any():
             return False        # adds to a value already read, or made by an ALU
-        x = self.inp[d.inp_addr + _tile_offsets(d.ext_out, d.inp_stride_out, d.ext_in, d.inp_stride_in, d.inp_ld, t)]
-        w = self.wgt[_vectors(d.wgt_addr, d.ext_out, d.wgt_stride_out, d.ext_in, d.wgt_stride_in, t)].reshape(-1, t)
+        x, w = self.inp[x], self.wgt[w]
         if one_tile:        # ``x``: [steps, t, t]; ``w``: [steps, t], a row per step
             # every step adds into the same tile (a depthwise kernel's taps): a sum over steps;
             # its input kept as the first code of each row when every row is a run (tens of
@@ -547,37 +575,24 @@ class _Builder:
             self.dwmacs.append((values, x.reshape(-1), np.broadcast_to(w[:, None, :], x.shape).reshape(-1)))
         return True
 
-    def _alu(self, a: Alu) -> bool:
+    def _alu(self, a: Alu | AluChain) -> bool:
+        """An ALU or ALU chain instruction."""
         if not (a.ext_out and a.ext_in):
             return True
-        known = self._program(a, lambda: [(a.op, a.imm if a.use_imm else None)])
-        src = None
-        if known.reads_src:
-            src = self.acc[_vectors(a.src_addr, a.ext_out, a.src_stride_out, a.ext_in, a.src_stride_in, self.tile)]
-        self._alu_batch(_vectors(a.dst_addr, a.ext_out, a.dst_stride_out, a.ext_in, a.dst_stride_in, self.tile),
-                        known, src)
+        known, dst, src = self._known(a, _alu_elements)
+        # (the values the chain's src holds when it starts: it reads them before it writes)
+        self._alu_batch(dst, known, None if src is None else self.acc[src])
         return True
 
-    def _alu_chain(self, c: AluChain) -> bool:
-        if not (c.ext_out and c.ext_in):
-            return True
-        known = self._program(c, lambda: c.steps)
-        src = None
-        if known.reads_src:
-            # the values the chain's src holds when it starts: it reads them before it writes
-            src = self.acc[_vectors(c.src_addr, c.ext_out, c.src_stride_out, c.ext_in, c.src_stride_in, self.tile)]
-        self._alu_batch(_vectors(c.dst_addr, c.ext_out, c.dst_stride_out, c.ext_in, c.dst_stride_in, self.tile),
-                        known, src)
-        return True
-
-    def _program(self, ins: Instruction, steps: Callable[[], list]) -> "_Program":
-        """The :class:`_Program` of an ALU or ALU chain instruction whose ``(op, imm)`` steps
-        ``steps`` gives. A model's are a few codes and immediates over and over (a
-        requantisation's per layer), and the instruction objects repeat: worked out once per
-        object, which the cache holds (no other object takes its id while the builder lives)."""
-        known = self.chains.get(id(ins))
+    def _known(self, ins: Instruction, work_out: Callable[[Instruction, int], tuple]) -> tuple:
+        """What ``work_out`` makes of an instruction's fields and the tile alone (its program,
+        the scratchpad elements it reads and writes). A stream repeats a few instruction objects
+        thousands of times (a model's layer is a few codes and immediates over and over): worked
+        out once per object, which the cache holds (no other object takes its id while the
+        builder lives)."""
+        known = self.known.get(id(ins))
         if known is None:
-            known = self.chains[id(ins)] = (ins, _Program.of(steps()))
+            known = self.known[id(ins)] = (ins, work_out(ins, self.tile))
         return known[1]
 
     def _alu_batch(self, dst: np.ndarray, known: "_Program", src: Optional[np.ndarray]) -> None:
@@ -620,7 +635,7 @@ class _Builder:
     def _lut(self, u: Lut) -> bool:
         if not (u.ext_out and u.ext_in):
             return True
-        dst = _vectors(u.dst_addr, u.ext_out, u.dst_stride_out, u.ext_in, u.dst_stride_in, self.tile)
+        dst = self._known(u, _lut_elements)
         old = self.acc[dst]
         self.sealed[old] = True
         level = int(self.level[old].max()) + 1
@@ -1176,8 +1191,9 @@ def _layout(acc_n: int, count: int, products: list, alus: list, acc_loads, made:
         read = read[waiting[read]]
         if read.size:
             # values no one claimed: taken as they come when none repeats (an ALU's ``old`` never
-            # does), else in the order of their first reads (a bias row broadcast), then distinct
-            if claim(read) is None:
+            # does), else in the order of their first reads (a bias row broadcast), then distinct;
+            # more reads than values waiting repeat some (no claim tried: a pass over them saved)
+            if read.size > left or claim(read) is None:
                 # where each value is first read: the least of its positions (no sort)
                 at = np.arange(read.size)
                 first_read[read] = read.size
