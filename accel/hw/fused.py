@@ -89,6 +89,7 @@ order in which products are summed does not change any value.
 from __future__ import annotations
 
 import functools
+import math
 import operator
 from functools import partial
 from typing import Callable, NamedTuple, Optional, Sequence
@@ -888,7 +889,7 @@ class _Span:
 
     def __init__(self, start: int, shape: tuple) -> None:
         self.start, self.shape = start, shape
-        self.stop = start + int(np.prod(shape, dtype=np.int64))
+        self.stop = start + math.prod(shape)
 
     @property
     def size(self) -> int:
@@ -911,7 +912,7 @@ class _View:
 
     def __init__(self, start: int, shape: tuple, strides: tuple) -> None:
         self.start, self.shape, self.strides = start, shape, strides
-        self.size = int(np.prod(shape, dtype=np.int64))
+        self.size = math.prod(shape)
 
     def of(self, values: np.ndarray) -> np.ndarray:
         item = values.itemsize
@@ -991,7 +992,7 @@ def _views(*indices: np.ndarray) -> Optional[list]:
     if found is None:
         return None
     shape, placed = found
-    contiguous = tuple(int(np.prod(shape[k + 1:], dtype=np.int64)) for k in range(len(shape)))
+    contiguous = tuple(math.prod(shape[k + 1:]) for k in range(len(shape)))
     return [_Span(start, shape) if strides == contiguous else _View(start, shape, strides)
             for start, strides in placed]
 
@@ -1176,7 +1177,10 @@ def _layout(acc_n: int, count: int, products: list, alus: list, acc_loads, made:
     left = 0                # how many: once none, the batches after look up nothing
     if acc_loads is not None:
         waiting = np.zeros(count, bool)
-        first_read = np.empty(count, np.intp)     # (only where values are read is it written, then read)
+        # each loaded value's place among them (a few thousand: where a batch first reads each is
+        # found in an array of those alone, in cache, not in one of every value)
+        place = np.zeros(count, np.int32)
+        place[acc_loads[0]] = np.arange(acc_loads[0].size)
         waiting[acc_loads[0]] = True
         waiting &= renumber < 0
         left = int(np.count_nonzero(waiting))
@@ -1194,11 +1198,10 @@ def _layout(acc_n: int, count: int, products: list, alus: list, acc_loads, made:
             # does), else in the order of their first reads (a bias row broadcast), then distinct;
             # more reads than values waiting repeat some (no claim tried: a pass over them saved)
             if read.size > left or claim(read) is None:
-                # where each value is first read: the least of its positions (no sort)
-                at = np.arange(read.size)
-                first_read[read] = read.size
-                np.minimum.at(first_read, read, at)
-                read = read[first_read[read] == at]
+                # where each value is first read: the least of its positions (no sort of the reads)
+                first = np.full(acc_loads[0].size, read.size)
+                np.minimum.at(first, place[read], np.arange(read.size))
+                read = read[np.sort(first[first < read.size])]
                 claim(read)
             waiting[read] = False
             left -= read.size
