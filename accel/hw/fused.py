@@ -960,7 +960,8 @@ def _affine(indices: Sequence[np.ndarray]) -> Optional[tuple[tuple, list]]:
 
 
 # A first break of the steps is usually within a few tiles: looked for in this many elements
-# first (the rows check of _affine then reads the whole arrays once)
+# first, then in 16 times as many at a time (the rows check of _affine then reads the whole
+# arrays once)
 _PREFIX = 1024
 
 
@@ -971,14 +972,18 @@ def _leading_run(flats: list[np.ndarray], steps: list[int], n: int) -> int:
     >>> _leading_run([np.array([0, 1, 2, 5]), np.array([3, 3, 3, 3])], [1, 0], 4)
     3
     """
-    for m in ((_PREFIX, n) if n > _PREFIX else (n,)):
-        broken = np.zeros(m - 1, bool)
+    lo, m = 0, min(n, _PREFIX)
+    while True:     # the steps from ``lo`` to ``m`` (16 times as many each time: a run of a few
+        # rows of a large array is not compared to its end)
+        broken = np.zeros(m - 1 - lo, bool)
         for f, step in zip(flats, steps):
-            broken |= np.diff(f[:m]) != step
+            broken |= (f[lo + 1:m] - f[lo:m - 1]) != step
         k = int(broken.argmax())
         if broken[k]:
-            return k + 1
-    return n
+            return lo + k + 1
+        if m == n:
+            return n
+        lo, m = m - 1, min(n, 16 * m)
 
 
 def _views(*indices: np.ndarray) -> Optional[list]:
