@@ -205,15 +205,15 @@ def _picker(at: list) -> Callable[[Sequence], tuple]:
 
 
 @functools.lru_cache(maxsize=8)
-def _identity(first: int, n: int) -> np.ndarray:
-    """``first, first + 1, ..., first + n - 1`` (read-only): what a scratchpad's elements hold
-    when a stream starts (source codes, value numbers), made once per simulator shape and
-    copied by each builder, instead of counted again.
+def _identity(first: int, n: int, dtype=np.intp) -> np.ndarray:
+    """``first, first + 1, ..., first + n - 1`` (read-only, of ``dtype``): what a scratchpad's
+    elements hold when a stream starts (source codes, value numbers), made once per simulator
+    shape and copied by each builder, instead of counted again.
 
     >>> _identity(4, 3).tolist()
     [4, 5, 6]
     """
-    return _frozen(np.arange(first, first + n))
+    return _frozen(np.arange(first, first + n, dtype=dtype))
 
 
 def _grown(a: np.ndarray, size: int) -> np.ndarray:
@@ -286,7 +286,8 @@ class _Sources:
         t = self.tile
         if padded:
             # a masked copy of the whole formula: cheaper than a boolean gather and scatter
-            np.copyto(index, self.size + shift - t - codes * t, where=pads, casting="unsafe")
+            # (in intp: int32 codes times ``tile`` may not fit in int32)
+            np.copyto(index, self.size + shift - t - np.multiply(codes, t, dtype=np.intp), where=pads, casting="unsafe")
         if self.lead:
             early = low & ~pads
             if early.any():
@@ -402,8 +403,12 @@ class _Builder:
         self.inp_n, self.wgt_n, self.acc_n = c.inp_elements, c.wgt_elements, c.acc_elements
         self.f = _Sources(self.inp_n + self.wgt_n, buffers, self.tile)    # float operands: INP, WGT, int8 host data
         self.i = _Sources(0, buffers, self.tile)                     # int32 host data for ACC LOADs
-        self.inp = _identity(0, self.inp_n).copy()             # INP element -> source code
-        self.wgt = _identity(self.inp_n, self.wgt_n).copy()
+        # INP and WGT element -> source code: int32 when every code fits (all but a stream reading
+        # gigabytes), half the memory that a GEMM's tiles and their keys, a DWMAC's taps move
+        fits = self.inp_n + self.wgt_n + sum(b.size for b in buffers if b is not None) < 2**31
+        codes = np.dtype(np.int32 if fits else np.int64)
+        self.inp = _identity(0, self.inp_n, codes).copy()
+        self.wgt = _identity(self.inp_n, self.wgt_n, codes).copy()
         # of INP and WGT, the hull of the elements LOADs wrote: only there may they end the
         # stream with other codes than they began with (WGT is 256K elements: a comparison of
         # all of them costs a small stream as much as its instructions)
@@ -779,7 +784,7 @@ class _Builder:
         if self.acc_loads:
             acc_loads = (np.concatenate([v for v, _ in self.acc_loads]).astype(np.intp, copy=False),
                          self.i.resolve(np.concatenate([c for _, c in self.acc_loads])))
-        inp_at, wgt_at = (lo + np.flatnonzero(codes[lo:hi] != _identity(first, n)[lo:hi])
+        inp_at, wgt_at = (lo + np.flatnonzero(codes[lo:hi] != _identity(first, n, codes.dtype)[lo:hi])
                           for codes, first, n, (lo, hi) in ((self.inp, 0, self.inp_n, self.written[Mem.INP]),
                                                             (self.wgt, self.inp_n, self.wgt_n, self.written[Mem.WGT])))
         # ACC elements that end the stream with another value than they began with: those
