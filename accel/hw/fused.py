@@ -684,8 +684,14 @@ class _Builder:
         stacked = [np.stack(tiles) for tiles in (self.x_tiles, self.w_tiles) if tiles]     # [tiles, t, t] each
         read = [tiles.reshape(-1) for tiles in stacked]
         read += [codes for _, x, w in self.dwmacs for codes in (x, w)] + self.table_codes
-        read += [codes.reshape(-1) for group in self.tap_sums.values() for _, x, w in group
-                 for codes in (_leading_codes(x, t, self.f.lead), w)]
+        for group in self.tap_sums.values():
+            # the first codes of the rows of a group's DWMACs looked at together (thousands of
+            # DWMACs a stream), the codes of those whose rows are no runs each whole
+            firsts = [x[0].reshape(-1) for _, x, _ in group if x[1]]
+            if firsts:
+                read.append(_leading_codes((np.concatenate(firsts), True), t, self.f.lead).reshape(-1))
+            read += [x[0].reshape(-1) for _, x, _ in group if not x[1]]
+            read += [w.reshape(-1) for _, _, w in group]
         if read:
             self.f.keep(np.concatenate(read))
         blocks: dict[tuple, list[int]] = {}
