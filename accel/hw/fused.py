@@ -1197,9 +1197,9 @@ def _layout(acc_n: int, count: int, products: list, alus: list, acc_loads, made:
         # found in an array of those alone, in cache, not in one of every value)
         place = np.zeros(count, np.int32)
         place[acc_loads[0]] = np.arange(acc_loads[0].size)
-        waiting[acc_loads[0]] = True
-        waiting &= renumber < 0
-        left = int(np.count_nonzero(waiting))
+        unnumbered = renumber[acc_loads[0]] < 0     # (the loaded values alone: not every value's test)
+        waiting[acc_loads[0]] = unnumbered
+        left = int(np.count_nonzero(unnumbered))
 
     def claim_loaded(read: np.ndarray) -> None:
         # loaded values in the order an ALU batch first reads them (an element-wise add reads
@@ -1406,15 +1406,24 @@ def _rows_of(codes: np.ndarray) -> tuple[np.ndarray, bool]:
 
 
 def _run_steps(codes: np.ndarray) -> np.ndarray:
-    """Whether each code of ``codes`` but the first of a row (its last axis) continues that row
-    as a run (consecutive codes from a non-negative first one) or as one pad (the same negative
-    code): a row is either where all of its are True.
+    """Whether each code of ``codes`` continues its row (the last axis) to the next code as a run
+    (consecutive codes from a non-negative first one) or as one pad (the same negative code),
+    True at each row's last code: a row is either where all of its are True.
 
     >>> _run_steps(np.array([[4, 5, 6], [-2, -2, -2], [4, 6, 5], [-2, -1, 0]])).tolist()
-    [[True, True], [True, True], [False, False], [False, False]]
+    [[True, True, True], [True, True, True], [False, False, True], [False, False, True]]
     """
-    # a step of 1 along a run, of 0 along a pad: one difference and one comparison per code
-    return np.diff(codes) == (codes[..., :1] >= 0)
+    # a step of 1 along a run, of 0 along a pad: the steps of the flat codes (one pass over
+    # contiguous memory, not rows of a few steps each), each row's last one (to the next row)
+    # set to what the row's are to be
+    t = codes.shape[-1]
+    flat = codes.reshape(-1)
+    steps = np.empty(flat.size, flat.dtype)
+    np.subtract(flat[1:], flat[:-1], out=steps[:-1])
+    rows = steps.reshape(-1, t)
+    expected = flat[::t, None] >= 0
+    rows[:, -1:] = expected
+    return (rows == expected).reshape(codes.shape)
 
 
 def _codes(rows: tuple[np.ndarray, bool], tile: int) -> np.ndarray:
