@@ -756,12 +756,24 @@ class _Builder:
         by_level: dict[int, dict[tuple, list]] = {}
         for lv, steps, new, old, src in self.alus:
             by_level.setdefault(lv, {}).setdefault(steps, []).append((new, old, src))
+        # a batch's operands concatenated into the simulator's workspace, where the stream before
+        # had its own (tens of MB in a large stream: memory fresh from the system costs several
+        # times more to write; nothing the plan keeps is a view of them, see _layout and _operands)
+        room = _workspace(self.workspace, _OPERANDS, np.intp,
+                          sum(2 * new.size + (0 if src is None else src.size) for _, _, new, _, src in self.alus))
+        taken = 0
+
+        def cat(arrays: list[np.ndarray]) -> np.ndarray:
+            nonlocal taken
+            n = sum(a.size for a in arrays)
+            taken += n
+            return np.concatenate(arrays, out=room[taken - n:taken])
         for level in sorted(by_level):
             for steps, members in by_level[level].items():
-                cat = lambda k: np.concatenate([m[k] for m in members]).astype(np.intp, copy=False)  # noqa: E731
                 program = tuple((None, None, self.f.resolve(self.table_codes[imm])) if op is None else
                                 (ALU_UFUNCS[op], op, imm) for op, imm in steps)
-                alus.append((program, cat(0), cat(1), None if members[0][2] is None else cat(2)))
+                alus.append((program, *(cat([m[k] for m in members]) for k in (0, 1)),
+                             None if members[0][2] is None else cat([m[2] for m in members])))
         stores = []
         for slot in dict.fromkeys(s[0] for s in self.stores):
             mine = [s for s in self.stores if s[0] == slot]
@@ -2071,6 +2083,7 @@ _REMEMBERED = 64
 
 #: The workspace role of the array building a plan renumbers values in (see _layout).
 _RENUMBER = "building: renumber"
+_OPERANDS = "building: ALU operands"
 
 
 def drop_building(space: dict) -> None:
@@ -2078,10 +2091,12 @@ def drop_building(space: dict) -> None:
     from one stream to the next (:attr:`accel.hw.sim.Simulator.workspace`): called when a
     model's call ends, so that a model whose plans are all built keeps only what runs them.
 
-    >>> space = {}; _ = _workspace(space, _RENUMBER, np.intp, 8); drop_building(space); space
+    >>> space = {}; _ = _workspace(space, _RENUMBER, np.intp, 8), _workspace(space, _OPERANDS, np.intp, 8)
+    >>> drop_building(space); space
     {}
     """
     space.pop(_RENUMBER, None)
+    space.pop(_OPERANDS, None)
 
 
 def settle(sim) -> None:
