@@ -294,7 +294,7 @@ class _Sources:
                 index[early] = np.searchsorted(self.kept, codes[early])
         if not starts and padded and index.ndim and index.shape[-1] % t == 0:
             rows = index.reshape(-1, t)
-            one_pad = pads.reshape(-1, t).all(1) & (rows == rows[:, :1]).all(1)
+            one_pad = _rows_all(pads.reshape(-1, t)) & _rows_all(rows == rows[:, :1])
             rows[one_pad] += np.arange(t)       # the pad's ``tile`` copies, in a run
         return index
 
@@ -901,7 +901,7 @@ def _tile_rows(tiles: np.ndarray, lead: int) -> tuple[np.ndarray, np.ndarray]:
     """
     n, t = len(tiles), tiles.shape[-1]
     first = tiles[:, :, 0]
-    return first, _run_steps(tiles).reshape(n, -1).all(1) & ((first >= lead) | (first + t <= lead)).all(1)
+    return first, _run_steps(tiles).reshape(n, -1).all(1) & _rows_all((first >= lead) | (first + t <= lead))
 
 
 class _Span:
@@ -1073,7 +1073,7 @@ def _fill(index: np.ndarray, care: np.ndarray, tile: int, bound: int) -> np.ndar
     np.maximum.accumulate(before, out=before)
     before[before < 0] = np.flatnonzero(ok)[0]
     filled = start[before][:, None] + np.arange(tile)
-    whole = (rows == rows[:, :1] + np.arange(tile)).all(1)
+    whole = _rows_all(rows == rows[:, :1] + np.arange(tile))
     change = ok | ~(some | whole)
     return np.where(cared | ~change[:, None], rows, filled).reshape(index.shape)
 
@@ -1417,6 +1417,27 @@ def _rows_of(codes: np.ndarray) -> tuple[np.ndarray, bool]:
     return codes, False
 
 
+def _rows_all(marks: np.ndarray) -> np.ndarray:
+    """Per row of the boolean matrix ``marks``, whether all of it is True: rows of 8k elements
+    (a tile's lanes) as k 64-bit words, each compared at once for the whole column (numpy's
+    reduction along a short last axis costs a loop per row: 30 times as much for 16 lanes).
+
+    >>> _rows_all(np.array([[True] * 16, [True] * 15 + [False]])).tolist(), _rows_all(np.ones((1, 3), bool)).tolist()
+    ([True, False], [True])
+    """
+    words = marks.shape[1] // 8
+    if not words or marks.shape[1] % 8 or not marks.flags.c_contiguous:
+        return marks.all(1)
+    columns = marks.view(np.uint64)     # (numpy's True is the byte 1)
+    every = columns[:, 0] == _TRUE_BYTES
+    for k in range(1, words):
+        every &= columns[:, k] == _TRUE_BYTES
+    return every
+
+
+_TRUE_BYTES = np.uint64(0x0101010101010101)
+
+
 def _run_steps(codes: np.ndarray) -> np.ndarray:
     """Whether each code of ``codes`` continues its row (the last axis) to the next code as a run
     (consecutive codes from a non-negative first one) or as one pad (the same negative code),
@@ -1544,7 +1565,7 @@ class _Gather:
         n = flat.size // tile
         rows = flat[:n * tile].reshape(n, tile)
         starts = rows[:, 0].copy()
-        whole = (rows == starts[:, None] + np.arange(tile)).all(1)
+        whole = _rows_all(rows == starts[:, None] + np.arange(tile))
         if care is not None and extra is not None and not whole.all():
             # a row is the run its cared-for elements are in (the others read whatever the
             # run holds there), when that run lies inside the vector
@@ -1555,7 +1576,7 @@ class _Gather:
             cared[inside] = care.reshape(-1)[at[inside]]
             first = cared.argmax(1)
             start = rows[other, first] - first
-            run = ((rows[other] == start[:, None] + np.arange(tile)) | ~cared).all(1) & \
+            run = _rows_all((rows[other] == start[:, None] + np.arange(tile)) | ~cared) & \
                 (start >= 0) & (start <= extra.base - tile)
             starts[other[run]] = start[run]
             whole[other[run]] = True
