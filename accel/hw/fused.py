@@ -146,7 +146,8 @@ def _step_offsets(ext_out: int, stride_out: int, ext_in: int, stride_in: int) ->
 def _tile_offsets(ext_out: int, stride_out: int, ext_in: int, stride_in: int, ld: int, tile: int) -> np.ndarray:
     """Offsets of the ``tile x tile`` elements (row stride ``ld``) at every ``(o, i)`` step of
     a loop, ``[steps, tile, tile]``."""
-    return _frozen(_step_offsets(ext_out, stride_out, ext_in, stride_in)[:, None, None] + _block_offsets(ld, tile, tile))
+    steps = _step_offsets(ext_out, stride_out, ext_in, stride_in)
+    return _frozen(steps[:, None, None] + _block_offsets(ld, tile, tile))
 
 
 @functools.lru_cache(maxsize=1024)
@@ -369,8 +370,8 @@ def _dwmac_elements(d: Dwmac, tile: int) -> tuple[bool, np.ndarray, np.ndarray, 
     ACC elements (that tile's, or every step's, flat), its INP elements ``[steps, tile, tile]``
     and WGT elements ``[steps, tile]`` (a row per step)."""
     one_tile = (d.ext_out == 1 or not d.acc_stride_out) and (d.ext_in == 1 or not d.acc_stride_in)
-    acc = d.acc_addr + (_flat_block_offsets(d.acc_ld, tile, tile) if one_tile else
-                        _tile_offsets(d.ext_out, d.acc_stride_out, d.ext_in, d.acc_stride_in, d.acc_ld, tile).reshape(-1))
+    acc = d.acc_addr + (_flat_block_offsets(d.acc_ld, tile, tile) if one_tile else _tile_offsets(
+        d.ext_out, d.acc_stride_out, d.ext_in, d.acc_stride_in, d.acc_ld, tile).reshape(-1))
     inp = d.inp_addr + _tile_offsets(d.ext_out, d.inp_stride_out, d.ext_in, d.inp_stride_in, d.inp_ld, tile)
     wgt = _vectors(d.wgt_addr, d.ext_out, d.wgt_stride_out, d.ext_in, d.wgt_stride_in, tile).reshape(-1, tile)
     return one_tile, _frozen(acc), _frozen(inp), _frozen(wgt)
