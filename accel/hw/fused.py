@@ -89,6 +89,8 @@ order in which products are summed does not change any value.
 from __future__ import annotations
 
 import functools
+import math
+import operator
 from functools import partial
 from typing import Callable, NamedTuple, Optional, Sequence
 
@@ -119,11 +121,6 @@ def _block(addr: int, ld: int, rows: int, cols: int, step: int = 1) -> np.ndarra
     return addr + _block_offsets(ld, rows, cols, step)
 
 
-def _steps(addr: int, ext_out: int, stride_out: int, ext_in: int, stride_in: int) -> np.ndarray:
-    """Start address of every ``(o, i)`` step of a GEMM or ALU loop, flattened."""
-    return addr + _step_offsets(ext_out, stride_out, ext_in, stride_in)
-
-
 def _vectors(addr: int, ext_out: int, stride_out: int, ext_in: int, stride_in: int, lanes: int) -> np.ndarray:
     """Element indices of the ``lanes``-wide vector of every ``(o, i)`` step, flattened."""
     return addr + _vector_offsets(ext_out, stride_out, ext_in, stride_in, lanes)
@@ -146,6 +143,14 @@ def _step_offsets(ext_out: int, stride_out: int, ext_in: int, stride_in: int) ->
 
 
 @functools.lru_cache(maxsize=1024)
+def _tile_offsets(ext_out: int, stride_out: int, ext_in: int, stride_in: int, ld: int, tile: int) -> np.ndarray:
+    """Offsets of the ``tile x tile`` elements (row stride ``ld``) at every ``(o, i)`` step of
+    a loop, ``[steps, tile, tile]``."""
+    steps = _step_offsets(ext_out, stride_out, ext_in, stride_in)
+    return _frozen(steps[:, None, None] + _block_offsets(ld, tile, tile))
+
+
+@functools.lru_cache(maxsize=1024)
 def _vector_offsets(ext_out: int, stride_out: int, ext_in: int, stride_in: int, lanes: int) -> np.ndarray:
     return _frozen((_step_offsets(ext_out, stride_out, ext_in, stride_in)[:, None] + np.arange(lanes)).reshape(-1))
 
@@ -155,12 +160,15 @@ class _Loop(NamedTuple):
     stream's GEMMs repeat a few shapes): per operand, the offsets of the ``tile x tile``
     elements of each distinct step address (``[distinct, tile, tile]``, read-only, in the
     order the steps first reach them), and per distinct accumulator address the distinct
-    input and weight addresses of its steps, in step order (``x``, ``w``: lists of indices
-    into the distinct ones). An operand's elements are its address plus these, one addition.
+    input and weight addresses of its steps, in step order (``x``, ``w``: each a call that
+    picks those from a sequence over the distinct ones, as a tuple). An operand's elements
+    are its address plus these, one addition.
 
     >>> loop = _Loop.of(2, 2, 32, 0, 16, 0, 1, 16, 32, 1, 16, 2)
-    >>> loop.acc[:, 0, 0].tolist(), loop.inp[:, 0, 0].tolist(), loop.inp[1].tolist(), loop.x, loop.w
-    ([0, 32], [0, 1], [[1, 2], [17, 18]], [[0, 1], [0, 1]], [[0, 1], [2, 3]])
+    >>> loop.acc[:, 0, 0].tolist(), loop.inp[:, 0, 0].tolist(), loop.inp[1].tolist()
+    ([0, 32], [0, 1], [[1, 2], [17, 18]])
+    >>> [pick("abcd") for pick in loop.x], [pick("abcd") for pick in loop.w]
+    ([('a', 'b'), ('a', 'b')], [('a', 'b'), ('c', 'd')])
     """
 
     acc: np.ndarray
@@ -186,20 +194,27 @@ class _Loop(NamedTuple):
         inp, x = distinct(inp_stride_out, inp_stride_in, inp_ld)
         wgt, w = distinct(wgt_stride_out, wgt_stride_in, wgt_ld)
         steps = [np.flatnonzero(a == j) for j in range(len(acc))]
-        return _Loop(acc, inp, wgt, [x[k].tolist() for k in steps], [w[k].tolist() for k in steps],
+        return _Loop(acc, inp, wgt, [_picker(x[k].tolist()) for k in steps], [_picker(w[k].tolist()) for k in steps],
                      wgt[:, 0, 0].tolist())
 
 
+def _picker(at: list) -> Callable[[Sequence], tuple]:
+    """A call that gives the items of a sequence at ``at``, as a tuple (an itemgetter: a GEMM's
+    tiles pick their operands' numbers tens of thousands of times a stream)."""
+    pick = operator.itemgetter(*at)
+    return pick if len(at) > 1 else lambda items: (pick(items),)
+
+
 @functools.lru_cache(maxsize=8)
-def _identity(first: int, n: int) -> np.ndarray:
-    """``first, first + 1, ..., first + n - 1`` (read-only): what a scratchpad's elements hold
-    when a stream starts (source codes, value numbers), made once per simulator shape and
-    copied by each builder, instead of counted again.
+def _identity(first: int, n: int, dtype=np.intp) -> np.ndarray:
+    """``first, first + 1, ..., first + n - 1`` (read-only, of ``dtype``): what a scratchpad's
+    elements hold when a stream starts (source codes, value numbers), made once per simulator
+    shape and copied by each builder, instead of counted again.
 
     >>> _identity(4, 3).tolist()
     [4, 5, 6]
     """
-    return _frozen(np.arange(first, first + n))
+    return _frozen(np.arange(first, first + n, dtype=dtype))
 
 
 def _grown(a: np.ndarray, size: int) -> np.ndarray:
@@ -272,14 +287,15 @@ class _Sources:
         t = self.tile
         if padded:
             # a masked copy of the whole formula: cheaper than a boolean gather and scatter
-            np.copyto(index, self.size + shift - t - codes * t, where=pads, casting="unsafe")
+            # (in intp: int32 codes times ``tile`` may not fit in int32)
+            np.copyto(index, self.size + shift - t - np.multiply(codes, t, dtype=np.intp), where=pads, casting="unsafe")
         if self.lead:
             early = low & ~pads
             if early.any():
                 index[early] = np.searchsorted(self.kept, codes[early])
         if not starts and padded and index.ndim and index.shape[-1] % t == 0:
             rows = index.reshape(-1, t)
-            one_pad = pads.reshape(-1, t).all(1) & (rows == rows[:, :1]).all(1)
+            one_pad = _rows_all(pads.reshape(-1, t)) & _rows_all(rows == rows[:, :1])
             rows[one_pad] += np.arange(t)       # the pad's ``tile`` copies, in a run
         return index
 
@@ -342,6 +358,40 @@ class _Program(NamedTuple):
                    any(operand is None for _, operand in live))
 
 
+def _gemm_elements(g: Gemm, tile: int) -> tuple["_Loop", np.ndarray, np.ndarray]:
+    """A GEMM's :class:`_Loop` and the ACC and INP elements of its distinct step tiles."""
+    loop = _Loop.of(g.ext_out, g.ext_in, g.acc_stride_out, g.acc_stride_in, g.acc_ld, g.inp_stride_out,
+                    g.inp_stride_in, g.inp_ld, g.wgt_stride_out, g.wgt_stride_in, g.wgt_ld, tile)
+    return loop, _frozen(g.acc_addr + loop.acc), _frozen(g.inp_addr + loop.inp)
+
+
+def _dwmac_elements(d: Dwmac, tile: int) -> tuple[bool, np.ndarray, np.ndarray, np.ndarray]:
+    """Whether every step of a DWMAC adds into one tile (no step moves the accumulator), its
+    ACC elements (that tile's, or every step's, flat), its INP elements ``[steps, tile, tile]``
+    and WGT elements ``[steps, tile]`` (a row per step)."""
+    one_tile = (d.ext_out == 1 or not d.acc_stride_out) and (d.ext_in == 1 or not d.acc_stride_in)
+    acc = d.acc_addr + (_flat_block_offsets(d.acc_ld, tile, tile) if one_tile else _tile_offsets(
+        d.ext_out, d.acc_stride_out, d.ext_in, d.acc_stride_in, d.acc_ld, tile).reshape(-1))
+    inp = d.inp_addr + _tile_offsets(d.ext_out, d.inp_stride_out, d.ext_in, d.inp_stride_in, d.inp_ld, tile)
+    wgt = _vectors(d.wgt_addr, d.ext_out, d.wgt_stride_out, d.ext_in, d.wgt_stride_in, tile).reshape(-1, tile)
+    return one_tile, _frozen(acc), _frozen(inp), _frozen(wgt)
+
+
+def _alu_elements(a: Alu | AluChain, tile: int) -> tuple["_Program", np.ndarray, Optional[np.ndarray]]:
+    """An ALU or ALU chain instruction's :class:`_Program`, the ACC elements of its destination
+    vectors and, when a step reads it, of its source vectors (else None)."""
+    program = _Program.of(a.steps if a.opcode is _ALU_CHAIN else [(a.op, a.imm if a.use_imm else None)])
+    src = None
+    if program.reads_src:
+        src = _frozen(_vectors(a.src_addr, a.ext_out, a.src_stride_out, a.ext_in, a.src_stride_in, tile))
+    return program, _frozen(_vectors(a.dst_addr, a.ext_out, a.dst_stride_out, a.ext_in, a.dst_stride_in, tile)), src
+
+
+def _lut_elements(u: Lut, tile: int) -> np.ndarray:
+    """The ACC elements of a LUT's vectors."""
+    return _frozen(_vectors(u.dst_addr, u.ext_out, u.dst_stride_out, u.ext_in, u.dst_stride_in, tile))
+
+
 class _Builder:
     """Follows a stream in execution order (see the module doc); ``add`` returns False for
     an instruction the fused plan cannot take."""
@@ -354,8 +404,12 @@ class _Builder:
         self.inp_n, self.wgt_n, self.acc_n = c.inp_elements, c.wgt_elements, c.acc_elements
         self.f = _Sources(self.inp_n + self.wgt_n, buffers, self.tile)    # float operands: INP, WGT, int8 host data
         self.i = _Sources(0, buffers, self.tile)                     # int32 host data for ACC LOADs
-        self.inp = _identity(0, self.inp_n).copy()             # INP element -> source code
-        self.wgt = _identity(self.inp_n, self.wgt_n).copy()
+        # INP and WGT element -> source code: int32 when every code fits (all but a stream reading
+        # gigabytes), half the memory that a GEMM's tiles and their keys, a DWMAC's taps move
+        fits = self.inp_n + self.wgt_n + sum(b.size for b in buffers if b is not None) < 2**31
+        codes = np.dtype(np.int32 if fits else np.int64)
+        self.inp = _identity(0, self.inp_n, codes).copy()
+        self.wgt = _identity(self.inp_n, self.wgt_n, codes).copy()
         # of INP and WGT, the hull of the elements LOADs wrote: only there may they end the
         # stream with other codes than they began with (WGT is 256K elements: a comparison of
         # all of them costs a small stream as much as its instructions)
@@ -367,7 +421,6 @@ class _Builder:
         self.level = np.zeros(self.acc_n, np.int32)            # ALU depth that made the value
         self.acc_loads: list[tuple[np.ndarray, np.ndarray]] = []
         self.tiles: dict[bytes, list] = {}                     # accumulator tile -> [values, x ids, w ids]
-        self.tiles_at: dict[int, np.ndarray] = {}
         self.x_ids: dict[bytes, int] = {}
         self.w_ids: dict[bytes, int] = {}
         self.x_tiles: list[np.ndarray] = []
@@ -379,7 +432,8 @@ class _Builder:
         # (level, steps, new values, old values, src values or None): an ALU or ALU chain
         # instruction, or a LUT (see _alu_batch)
         self.alus: list[tuple] = []
-        self.chains: dict[int, tuple] = {}                     # id of an ALU (chain) -> (it, its _Program)
+        # id of an instruction -> (it, what its fields alone give: see _known)
+        self.known: dict[int, tuple] = {}
         self.tables: dict[bytes, int] = {}                     # a LUT's table (WGT source codes) -> its number
         self.table_codes: list[np.ndarray] = []
         self.dwmacs: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []   # (acc values, inp codes, wgt codes)
@@ -412,15 +466,8 @@ class _Builder:
         if op is _LUT:
             return self._lut(ins)
         if op is _ALU_CHAIN:
-            return self._alu_chain(ins)
+            return self._alu(ins)
         return True
-
-    def _tile(self, ld: int) -> np.ndarray:
-        """Element offsets of a tile with row stride ``ld``."""
-        offsets = self.tiles_at.get(ld)
-        if offsets is None:
-            offsets = self.tiles_at[ld] = _block(0, ld, self.tile, self.tile)
-        return offsets
 
     def _host_range(self, ins) -> tuple[int, int]:
         return ins.dram_offset, ins.dram_offset + (ins.rows - 1) * ins.dram_ld + ins.dram_width
@@ -484,29 +531,26 @@ class _Builder:
     def _gemm(self, g: Gemm) -> bool:
         if not (g.ext_out and g.ext_in):
             return True
-        t = self.tile
-        loop = _Loop.of(g.ext_out, g.ext_in, g.acc_stride_out, g.acc_stride_in, g.acc_ld, g.inp_stride_out,
-                        g.inp_stride_in, g.inp_ld, g.wgt_stride_out, g.wgt_stride_in, g.wgt_ld, t)
+        loop, acc_at, inp_at = self._known(g, _gemm_elements)
         if g.reset:
             # new values start at zero (an element of overlapping tiles just gets one of them)
-            elements = (g.acc_addr + loop.acc).reshape(-1)
-            self.acc[elements] = self._new(elements.size)
+            self.acc[acc_at] = self._new(acc_at.size).reshape(acc_at.shape)
             return True
         # Steps at the same address see the same tile: each distinct address is looked up once,
         # the tiles of all of them gathered at once (one numpy call each, not one per step), and
         # so is the test of the accumulators: nothing in one GEMM seals them or makes them by ALU.
-        acc = self.acc[g.acc_addr + loop.acc]
+        acc = self.acc[acc_at]
         if self.sealed[acc].any():
             return False        # adds to a value already read, or made by an ALU
-        xids = _intern(self.x_ids, self.x_tiles, self.inp[g.inp_addr + loop.inp])
+        xids = _intern(self.x_ids, self.x_tiles, self.inp[inp_at])
         wids = self._weights(g.wgt_addr, g.wgt_ld, loop)
         tiles = self.tiles
         for values, key, xs, ws in zip(acc, _keys(acc), loop.x, loop.w):
             entry = tiles.get(key)
             if entry is None:       # a copy: a view would keep every step's tile alive
                 entry = tiles[key] = [values.copy(), [], []]
-            entry[1] += [xids[i] for i in xs]
-            entry[2] += [wids[i] for i in ws]
+            entry[1] += xs(xids)
+            entry[2] += ws(wids)
         return True
 
     def _weights(self, addr: int, ld: int, loop: "_Loop") -> list[int]:
@@ -524,57 +568,38 @@ class _Builder:
         if not (d.ext_out and d.ext_in):
             return True
         t = self.tile
-        lanes = np.arange(t)
-        acc_steps = _steps(d.acc_addr, d.ext_out, d.acc_stride_out, d.ext_in, d.acc_stride_in)
-        one_tile = bool((acc_steps == acc_steps[0]).all())
-        acc = ((acc_steps[:1] if one_tile else acc_steps)[:, None, None] + self._tile(d.acc_ld)).reshape(-1)
+        one_tile, acc, x, w = self._known(d, _dwmac_elements)
         values = self.acc[acc]
         if self.sealed[values].any():
             return False        # adds to a value already read, or made by an ALU
-        x = self.inp[_steps(d.inp_addr, d.ext_out, d.inp_stride_out, d.ext_in, d.inp_stride_in)[:, None, None]
-                     + self._tile(d.inp_ld)]                                          # [steps, t, t]
-        w = self.wgt[_steps(d.wgt_addr, d.ext_out, d.wgt_stride_out, d.ext_in, d.wgt_stride_in)[:, None]
-                     + lanes]                                                         # [steps, t]: a row per step
-        if one_tile:
+        x, w = self.inp[x], self.wgt[w]
+        if one_tile:        # ``x``: [steps, t, t]; ``w``: [steps, t], a row per step
             # every step adds into the same tile (a depthwise kernel's taps): a sum over steps;
             # its input kept as the first code of each row when every row is a run (tens of
             # millions of codes in a large stream's depthwise layers, a 16th of them kept)
-            self.tap_sums.setdefault(len(acc_steps), []).append((values.reshape(t, t), _rows_of(x, lanes), w))
+            self.tap_sums.setdefault(d.ext_out * d.ext_in, []).append((values.reshape(t, t), _rows_of(x), w))
         else:
             self.dwmacs.append((values, x.reshape(-1), np.broadcast_to(w[:, None, :], x.shape).reshape(-1)))
         return True
 
-    def _alu(self, a: Alu) -> bool:
+    def _alu(self, a: Alu | AluChain) -> bool:
+        """An ALU or ALU chain instruction."""
         if not (a.ext_out and a.ext_in):
             return True
-        known = self._program(a, lambda: [(a.op, a.imm if a.use_imm else None)])
-        src = None
-        if known.reads_src:
-            src = self.acc[_vectors(a.src_addr, a.ext_out, a.src_stride_out, a.ext_in, a.src_stride_in, self.tile)]
-        self._alu_batch(_vectors(a.dst_addr, a.ext_out, a.dst_stride_out, a.ext_in, a.dst_stride_in, self.tile),
-                        known, src)
+        known, dst, src = self._known(a, _alu_elements)
+        # (the values the chain's src holds when it starts: it reads them before it writes)
+        self._alu_batch(dst, known, None if src is None else self.acc[src])
         return True
 
-    def _alu_chain(self, c: AluChain) -> bool:
-        if not (c.ext_out and c.ext_in):
-            return True
-        known = self._program(c, lambda: c.steps)
-        src = None
-        if known.reads_src:
-            # the values the chain's src holds when it starts: it reads them before it writes
-            src = self.acc[_vectors(c.src_addr, c.ext_out, c.src_stride_out, c.ext_in, c.src_stride_in, self.tile)]
-        self._alu_batch(_vectors(c.dst_addr, c.ext_out, c.dst_stride_out, c.ext_in, c.dst_stride_in, self.tile),
-                        known, src)
-        return True
-
-    def _program(self, ins: Instruction, steps: Callable[[], list]) -> "_Program":
-        """The :class:`_Program` of an ALU or ALU chain instruction whose ``(op, imm)`` steps
-        ``steps`` gives. A model's are a few codes and immediates over and over (a
-        requantisation's per layer), and the instruction objects repeat: worked out once per
-        object, which the cache holds (no other object takes its id while the builder lives)."""
-        known = self.chains.get(id(ins))
+    def _known(self, ins: Instruction, work_out: Callable[[Instruction, int], tuple]) -> tuple:
+        """What ``work_out`` makes of an instruction's fields and the tile alone (its program,
+        the scratchpad elements it reads and writes). A stream repeats a few instruction objects
+        thousands of times (a model's layer is a few codes and immediates over and over): worked
+        out once per object, which the cache holds (no other object takes its id while the
+        builder lives)."""
+        known = self.known.get(id(ins))
         if known is None:
-            known = self.chains[id(ins)] = (ins, _Program.of(steps()))
+            known = self.known[id(ins)] = (ins, work_out(ins, self.tile))
         return known[1]
 
     def _alu_batch(self, dst: np.ndarray, known: "_Program", src: Optional[np.ndarray]) -> None:
@@ -617,7 +642,7 @@ class _Builder:
     def _lut(self, u: Lut) -> bool:
         if not (u.ext_out and u.ext_in):
             return True
-        dst = _vectors(u.dst_addr, u.ext_out, u.dst_stride_out, u.ext_in, u.dst_stride_in, self.tile)
+        dst = self._known(u, _lut_elements)
         old = self.acc[dst]
         self.sealed[old] = True
         level = int(self.level[old].max()) + 1
@@ -660,8 +685,14 @@ class _Builder:
         stacked = [np.stack(tiles) for tiles in (self.x_tiles, self.w_tiles) if tiles]     # [tiles, t, t] each
         read = [tiles.reshape(-1) for tiles in stacked]
         read += [codes for _, x, w in self.dwmacs for codes in (x, w)] + self.table_codes
-        read += [codes.reshape(-1) for group in self.tap_sums.values() for _, x, w in group
-                 for codes in (_leading_codes(x, t, self.f.lead), w)]
+        for group in self.tap_sums.values():
+            # the first codes of the rows of a group's DWMACs looked at together (thousands of
+            # DWMACs a stream), the codes of those whose rows are no runs each whole
+            firsts = [x[0].reshape(-1) for _, x, _ in group if x[1]]
+            if firsts:
+                read.append(_leading_codes((np.concatenate(firsts), True), t, self.f.lead).reshape(-1))
+            read += [x[0].reshape(-1) for _, x, _ in group if not x[1]]
+            read += [w.reshape(-1) for _, _, w in group]
         if read:
             self.f.keep(np.concatenate(read))
         blocks: dict[tuple, list[int]] = {}
@@ -726,12 +757,24 @@ class _Builder:
         by_level: dict[int, dict[tuple, list]] = {}
         for lv, steps, new, old, src in self.alus:
             by_level.setdefault(lv, {}).setdefault(steps, []).append((new, old, src))
+        # a batch's operands concatenated into the simulator's workspace, where the stream before
+        # had its own (tens of MB in a large stream: memory fresh from the system costs several
+        # times more to write; nothing the plan keeps is a view of them, see _layout and _operands)
+        room = _workspace(self.workspace, _OPERANDS, np.intp,
+                          sum(2 * new.size + (0 if src is None else src.size) for _, _, new, _, src in self.alus))
+        taken = 0
+
+        def cat(arrays: list[np.ndarray]) -> np.ndarray:
+            nonlocal taken
+            n = sum(a.size for a in arrays)
+            taken += n
+            return np.concatenate(arrays, out=room[taken - n:taken])
         for level in sorted(by_level):
             for steps, members in by_level[level].items():
-                cat = lambda k: np.concatenate([m[k] for m in members]).astype(np.intp, copy=False)  # noqa: E731
                 program = tuple((None, None, self.f.resolve(self.table_codes[imm])) if op is None else
                                 (ALU_UFUNCS[op], op, imm) for op, imm in steps)
-                alus.append((program, cat(0), cat(1), None if members[0][2] is None else cat(2)))
+                alus.append((program, *(cat([m[k] for m in members]) for k in (0, 1)),
+                             None if members[0][2] is None else cat([m[2] for m in members])))
         stores = []
         for slot in dict.fromkeys(s[0] for s in self.stores):
             mine = [s for s in self.stores if s[0] == slot]
@@ -760,7 +803,7 @@ class _Builder:
         if self.acc_loads:
             acc_loads = (np.concatenate([v for v, _ in self.acc_loads]).astype(np.intp, copy=False),
                          self.i.resolve(np.concatenate([c for _, c in self.acc_loads])))
-        inp_at, wgt_at = (lo + np.flatnonzero(codes[lo:hi] != _identity(first, n)[lo:hi])
+        inp_at, wgt_at = (lo + np.flatnonzero(codes[lo:hi] != _identity(first, n, codes.dtype)[lo:hi])
                           for codes, first, n, (lo, hi) in ((self.inp, 0, self.inp_n, self.written[Mem.INP]),
                                                             (self.wgt, self.inp_n, self.wgt_n, self.written[Mem.WGT])))
         # ACC elements that end the stream with another value than they began with: those
@@ -857,11 +900,9 @@ def _tile_rows(tiles: np.ndarray, lead: int) -> tuple[np.ndarray, np.ndarray]:
     >>> first.tolist(), whole.tolist()
     ([[4, -1], [4, 0], [7, 0]], [True, False, False])
     """
-    t = tiles.shape[-1]
+    n, t = len(tiles), tiles.shape[-1]
     first = tiles[:, :, 0]
-    rows = _run_rows(tiles, np.arange(t))
-    rows &= (first >= lead) | (first + t <= lead)
-    return first, rows.all(1)
+    return first, _run_steps(tiles).reshape(n, -1).all(1) & _rows_all((first >= lead) | (first + t <= lead))
 
 
 class _Span:
@@ -872,7 +913,7 @@ class _Span:
 
     def __init__(self, start: int, shape: tuple) -> None:
         self.start, self.shape = start, shape
-        self.stop = start + int(np.prod(shape, dtype=np.int64))
+        self.stop = start + math.prod(shape)
 
     @property
     def size(self) -> int:
@@ -895,7 +936,7 @@ class _View:
 
     def __init__(self, start: int, shape: tuple, strides: tuple) -> None:
         self.start, self.shape, self.strides = start, shape, strides
-        self.size = int(np.prod(shape, dtype=np.int64))
+        self.size = math.prod(shape)
 
     def of(self, values: np.ndarray) -> np.ndarray:
         item = values.itemsize
@@ -943,7 +984,8 @@ def _affine(indices: Sequence[np.ndarray]) -> Optional[tuple[tuple, list]]:
 
 
 # A first break of the steps is usually within a few tiles: looked for in this many elements
-# first (the rows check of _affine then reads the whole arrays once)
+# first, then in 16 times as many at a time (the rows check of _affine then reads the whole
+# arrays once)
 _PREFIX = 1024
 
 
@@ -954,14 +996,18 @@ def _leading_run(flats: list[np.ndarray], steps: list[int], n: int) -> int:
     >>> _leading_run([np.array([0, 1, 2, 5]), np.array([3, 3, 3, 3])], [1, 0], 4)
     3
     """
-    for m in ((_PREFIX, n) if n > _PREFIX else (n,)):
-        broken = np.zeros(m - 1, bool)
+    lo, m = 0, min(n, _PREFIX)
+    while True:     # the steps from ``lo`` to ``m`` (16 times as many each time: a run of a few
+        # rows of a large array is not compared to its end)
+        broken = np.zeros(m - 1 - lo, bool)
         for f, step in zip(flats, steps):
-            broken |= np.diff(f[:m]) != step
+            broken |= (f[lo + 1:m] - f[lo:m - 1]) != step
         k = int(broken.argmax())
         if broken[k]:
-            return k + 1
-    return n
+            return lo + k + 1
+        if m == n:
+            return n
+        lo, m = m - 1, min(n, 16 * m)
 
 
 def _views(*indices: np.ndarray) -> Optional[list]:
@@ -975,7 +1021,7 @@ def _views(*indices: np.ndarray) -> Optional[list]:
     if found is None:
         return None
     shape, placed = found
-    contiguous = tuple(int(np.prod(shape[k + 1:], dtype=np.int64)) for k in range(len(shape)))
+    contiguous = tuple(math.prod(shape[k + 1:]) for k in range(len(shape)))
     return [_Span(start, shape) if strides == contiguous else _View(start, shape, strides)
             for start, strides in placed]
 
@@ -1028,7 +1074,7 @@ def _fill(index: np.ndarray, care: np.ndarray, tile: int, bound: int) -> np.ndar
     np.maximum.accumulate(before, out=before)
     before[before < 0] = np.flatnonzero(ok)[0]
     filled = start[before][:, None] + np.arange(tile)
-    whole = (rows == rows[:, :1] + np.arange(tile)).all(1)
+    whole = _rows_all(rows == rows[:, :1] + np.arange(tile))
     change = ok | ~(some | whole)
     return np.where(cared | ~change[:, None], rows, filled).reshape(index.shape)
 
@@ -1160,10 +1206,13 @@ def _layout(acc_n: int, count: int, products: list, alus: list, acc_loads, made:
     left = 0                # how many: once none, the batches after look up nothing
     if acc_loads is not None:
         waiting = np.zeros(count, bool)
-        first_read = np.empty(count, np.intp)     # (only where values are read is it written, then read)
-        waiting[acc_loads[0]] = True
-        waiting &= renumber < 0
-        left = int(np.count_nonzero(waiting))
+        # each loaded value's place among them (a few thousand: where a batch first reads each is
+        # found in an array of those alone, in cache, not in one of every value)
+        place = np.zeros(count, np.int32)
+        place[acc_loads[0]] = np.arange(acc_loads[0].size)
+        unnumbered = renumber[acc_loads[0]] < 0     # (the loaded values alone: not every value's test)
+        waiting[acc_loads[0]] = unnumbered
+        left = int(np.count_nonzero(unnumbered))
 
     def claim_loaded(read: np.ndarray) -> None:
         # loaded values in the order an ALU batch first reads them (an element-wise add reads
@@ -1175,13 +1224,13 @@ def _layout(acc_n: int, count: int, products: list, alus: list, acc_loads, made:
         read = read[waiting[read]]
         if read.size:
             # values no one claimed: taken as they come when none repeats (an ALU's ``old`` never
-            # does), else in the order of their first reads (a bias row broadcast), then distinct
-            if claim(read) is None:
-                # where each value is first read: the least of its positions (no sort)
-                at = np.arange(read.size)
-                first_read[read] = read.size
-                np.minimum.at(first_read, read, at)
-                read = read[first_read[read] == at]
+            # does), else in the order of their first reads (a bias row broadcast), then distinct;
+            # more reads than values waiting repeat some (no claim tried: a pass over them saved)
+            if read.size > left or claim(read) is None:
+                # where each value is first read: the least of its positions (no sort of the reads)
+                first = np.full(acc_loads[0].size, read.size)
+                np.minimum.at(first, place[read], np.arange(read.size))
+                read = read[np.sort(first[first < read.size])]
                 claim(read)
             waiting[read] = False
             left -= read.size
@@ -1352,31 +1401,63 @@ def _distinct(index: np.ndarray, bound: int) -> bool:
     return int(np.count_nonzero(seen)) == index.size
 
 
-def _rows_of(codes: np.ndarray, lanes: np.ndarray) -> tuple[np.ndarray, bool]:
+def _rows_of(codes: np.ndarray) -> tuple[np.ndarray, bool]:
     """Source codes whose last axis is ``tile`` lanes, as ``(first code of each row, True)``
     when every row is a run (consecutive codes from a non-negative first one) or one pad
     (the same negative code throughout): what :func:`_codes` gives back, and what a
     :class:`_Gather` reads as whole rows from their resolved starts. Else ``(codes, False)``.
 
-    >>> first, rows = _rows_of(np.array([[4, 5, 6], [-2, -2, -2]]), np.arange(3)); first.tolist(), rows
+    >>> first, rows = _rows_of(np.array([[4, 5, 6], [-2, -2, -2]])); first.tolist(), rows
     ([4, -2], True)
-    >>> _rows_of(np.array([[4, 6, 5]]), np.arange(3))[1]
+    >>> _rows_of(np.array([[4, 6, 5]]))[1]
     False
     """
-    if bool(_run_rows(codes, lanes).all()):
+    # (one answer for all rows: no reduction row by row, which numpy makes a loop of short rows)
+    if bool(_run_steps(codes).all()):
         return codes[..., 0].copy(), True       # a copy: the codes are not kept alive
     return codes, False
 
 
-def _run_rows(codes: np.ndarray, lanes: np.ndarray) -> np.ndarray:
-    """Whether each row of ``codes`` (its last axis, ``lanes`` the offsets along it) is a run
-    (consecutive codes from a non-negative first one) or one pad (the same negative code).
+def _rows_all(marks: np.ndarray) -> np.ndarray:
+    """Per row of the boolean matrix ``marks``, whether all of it is True: rows of 8k elements
+    (a tile's lanes) as k 64-bit words, each compared at once for the whole column (numpy's
+    reduction along a short last axis costs a loop per row: 30 times as much for 16 lanes).
 
-    >>> _run_rows(np.array([[4, 5, 6], [-2, -2, -2], [4, 6, 5]]), np.arange(3)).tolist()
-    [True, True, False]
+    >>> _rows_all(np.array([[True] * 16, [True] * 15 + [False]])).tolist(), _rows_all(np.ones((1, 3), bool)).tolist()
+    ([True, False], [True])
     """
-    first = codes[..., :1]
-    return np.where(first >= 0, codes == first + lanes, codes == first).all(-1)
+    words = marks.shape[1] // 8
+    if not words or marks.shape[1] % 8 or not marks.flags.c_contiguous:
+        return marks.all(1)
+    columns = marks.view(np.uint64)     # (numpy's True is the byte 1)
+    every = columns[:, 0] == _TRUE_BYTES
+    for k in range(1, words):
+        every &= columns[:, k] == _TRUE_BYTES
+    return every
+
+
+_TRUE_BYTES = np.uint64(0x0101010101010101)
+
+
+def _run_steps(codes: np.ndarray) -> np.ndarray:
+    """Whether each code of ``codes`` continues its row (the last axis) to the next code as a run
+    (consecutive codes from a non-negative first one) or as one pad (the same negative code),
+    True at each row's last code: a row is either where all of its are True.
+
+    >>> _run_steps(np.array([[4, 5, 6], [-2, -2, -2], [4, 6, 5], [-2, -1, 0]])).tolist()
+    [[True, True, True], [True, True, True], [False, False, True], [False, False, True]]
+    """
+    # a step of 1 along a run, of 0 along a pad: the steps of the flat codes (one pass over
+    # contiguous memory, not rows of a few steps each), each row's last one (to the next row)
+    # set to what the row's are to be
+    t = codes.shape[-1]
+    flat = codes.reshape(-1)
+    steps = np.empty(flat.size, flat.dtype)
+    np.subtract(flat[1:], flat[:-1], out=steps[:-1])
+    rows = steps.reshape(-1, t)
+    expected = flat[::t, None] >= 0
+    rows[:, -1:] = expected
+    return (rows == expected).reshape(codes.shape)
 
 
 def _codes(rows: tuple[np.ndarray, bool], tile: int) -> np.ndarray:
@@ -1485,7 +1566,7 @@ class _Gather:
         n = flat.size // tile
         rows = flat[:n * tile].reshape(n, tile)
         starts = rows[:, 0].copy()
-        whole = (rows == starts[:, None] + np.arange(tile)).all(1)
+        whole = _rows_all(rows == starts[:, None] + np.arange(tile))
         if care is not None and extra is not None and not whole.all():
             # a row is the run its cared-for elements are in (the others read whatever the
             # run holds there), when that run lies inside the vector
@@ -1496,7 +1577,7 @@ class _Gather:
             cared[inside] = care.reshape(-1)[at[inside]]
             first = cared.argmax(1)
             start = rows[other, first] - first
-            run = ((rows[other] == start[:, None] + np.arange(tile)) | ~cared).all(1) & \
+            run = _rows_all((rows[other] == start[:, None] + np.arange(tile)) | ~cared) & \
                 (start >= 0) & (start <= extra.base - tile)
             starts[other[run]] = start[run]
             whole[other[run]] = True
@@ -2024,6 +2105,7 @@ _REMEMBERED = 64
 
 #: The workspace role of the array building a plan renumbers values in (see _layout).
 _RENUMBER = "building: renumber"
+_OPERANDS = "building: ALU operands"
 
 
 def drop_building(space: dict) -> None:
@@ -2031,10 +2113,12 @@ def drop_building(space: dict) -> None:
     from one stream to the next (:attr:`accel.hw.sim.Simulator.workspace`): called when a
     model's call ends, so that a model whose plans are all built keeps only what runs them.
 
-    >>> space = {}; _ = _workspace(space, _RENUMBER, np.intp, 8); drop_building(space); space
+    >>> space = {}; _ = _workspace(space, _RENUMBER, np.intp, 8), _workspace(space, _OPERANDS, np.intp, 8)
+    >>> drop_building(space); space
     {}
     """
     space.pop(_RENUMBER, None)
+    space.pop(_OPERANDS, None)
 
 
 def settle(sim) -> None:

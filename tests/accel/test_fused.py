@@ -494,7 +494,7 @@ def test_tap_input_rows_kept_as_starts_give_back_their_codes(rows, kinds):
     or one pad, and the codes come back whole from those starts; any other row keeps them all."""
     codes = np.array([[r[0] + k for k in range(4)] if kind == "run" and r[0] >= 0 else
                       [min(r[0], -1)] * 4 if kind == "pad" else r for r, kind in zip(rows, kinds)])
-    first, whole = fused._rows_of(codes, np.arange(4))
+    first, whole = fused._rows_of(codes)
     assert whole == all((r == r[0] + np.arange(4)).all() if r[0] >= 0 else (r == r[0]).all() for r in codes)
     assert first.shape == (codes.shape[:-1] if whole else codes.shape)
     np.testing.assert_array_equal(fused._codes((first, whole), 4), codes)
