@@ -2085,16 +2085,17 @@ def _alu_steps(vector: _Vector, source: _Vector, alus: list, spill: Optional["_S
     wide) is copied into whole rows past the plan's values (``spill``, see :class:`_Spill`) just
     before its chain runs; without room there, such a batch is numpy calls (:func:`_alu_calls`)."""
     tile = _tile(vector)
-    steps: list[Callable[[], object]] = []
+    steps: list = []        # calls, and chains
     chains: dict[tuple[int, int], _Chain] = {}     # the open chains by the run they write
 
     def flush(keep: Optional[_Chain], reads: list, writes: tuple) -> None:
         # run, in the order they began, the open chains the next batch depends on: those that
         # write what it reads or writes, or read what it writes
         for key, chain in list(chains.items()):
+            touched = (chain.writes, *(hull for _, _, hull in chain.reads))
             if chain is not keep and (any(_overlap(chain.writes, r) for r in reads) or
-                                      any(_overlap(w, writes) for w in (chain.writes, *chain.reads))):
-                steps.append(chain.call(vector, source))
+                                      any(_overlap(w, writes) for w in touched)):
+                steps.append(chain)
                 del chains[key]
 
     for alu in alus:
@@ -2118,7 +2119,22 @@ def _alu_steps(vector: _Vector, source: _Vector, alus: list, spill: Optional["_S
             chain.add(code, operand)
         chain.copies += copies
     flush(None, [(0, vector.data.size)], (0, 0))
-    return steps
+    # chains next to each other that may share a pass (a requantisation's chains over the rows
+    # of one product: its bias, zero point and scale) run in one
+    calls: list[Callable[[], object]] = []
+    group: list[_Chain] = []
+    for step in steps:
+        if isinstance(step, _Chain) and group and step.follows(group):
+            group.append(step)
+            continue
+        if group:
+            calls.append(_chains_call(group, vector, source))
+        group = [step] if isinstance(step, _Chain) else []
+        if not group:
+            calls.append(step)
+    if group:
+        calls.append(_chains_call(group, vector, source))
+    return calls
 
 
 def _overlap(a: tuple[int, int], b: tuple[int, int]) -> bool:
@@ -2289,60 +2305,86 @@ class _Chain:
     def __init__(self, start: tuple, writes: tuple[int, int], tile: int) -> None:
         self.start, self.writes, self.tile = start, writes, tile
         self.steps: list[tuple[int, object]] = []
-        self.reads = [start[2]]
+        self.reads = [start]        # the operands of rows it reads, (kind, value or row starts, hull)
         self.copies: list[tuple[np.ndarray, int]] = []      # operands' rows copied before it runs (_Spill)
 
     def add(self, code: int, operand) -> None:
         self.steps.append((code, operand))
         if code != kernels.LOOKUP and operand[0] != kernels.IMM:
-            self.reads.append(operand[2])
+            self.reads.append(operand)
 
-    def call(self, vector: _Vector, source: _Vector) -> Callable[[], object]:
-        """The chain as a call without arguments over the value vector (which stays put
-        between runs; LUT tables are read where the source vector holds them, or gathered from
-        it at each run when one is no run there)."""
-        import tvm_ffi
+    def rows(self) -> int:
+        return (self.writes[1] - self.writes[0]) // self.tile
 
-        bases: list[np.ndarray] = []
-        tables = [operand for code, operand in self.steps if code == kernels.LOOKUP]
-        # the tables in place when each is a run of the source vector (a table a LOAD brought
-        # whole), else copies of their entries (int8, like the source vector)
-        in_place = bool(tables) and all(isinstance(_run_of(entries), _Span) for entries in tables)
-        table = source.data if in_place else np.zeros(max(1, len(tables) * LUT_ENTRIES), np.int8)
-        at = 0
+    def follows(self, chains: list["_Chain"]) -> bool:
+        """Whether this chain, run after ``chains`` (one after the other), may run in their
+        pass instead, block of rows by block: over as many rows, reading what they write only
+        as the same run (the same rows, written earlier in the block), writing nothing they
+        read but a run they read as the same rows, nor what they write but the same run, and
+        its copies (made before the pass) of nothing they write."""
+        def apart(reads: list, writes: tuple[int, int]) -> bool:
+            return all(not _overlap(hull, writes) or (kind == kernels.RUN and value == writes[0])
+                       for kind, value, hull in reads)
+        return all(self.rows() == chain.rows() and apart(self.reads, chain.writes) and
+                   apart(chain.reads, self.writes) and
+                   (self.writes == chain.writes or not _overlap(self.writes, chain.writes)) and
+                   not any(_overlap(_hull(elements, self.tile), chain.writes) for elements, _ in self.copies)
+                   for chain in chains)
 
-        def encode(kind: int, value) -> tuple[int, int]:
-            nonlocal at
-            if kind in (kernels.ROWS, kernels.SPLAT):
-                bases.append(value)
-                at += value.size
-                return kind, at - value.size
-            return kind, int(value)
-        program = [(0, *encode(*self.start[:2]))]
-        looked = 0
-        for code, operand in self.steps:
+
+def _chains_call(chains: list[_Chain], vector: _Vector, source: _Vector) -> Callable[[], object]:
+    """Chains (one after the other, each :meth:`_Chain.follows` those before it) as one call of
+    :func:`~accel.hw.kernels.alu_chain` without arguments over the value vector (which stays put
+    between runs; LUT tables are read where the source vector holds them, or gathered from it at
+    each run when one is no run there): one pass over their rows instead of one each."""
+    import tvm_ffi
+
+    bases: list[np.ndarray] = []
+    tables = [operand for chain in chains for code, operand in chain.steps if code == kernels.LOOKUP]
+    # the tables in place when each is a run of the source vector (a table a LOAD brought
+    # whole), else copies of their entries (int8, like the source vector)
+    in_place = bool(tables) and all(isinstance(_run_of(entries), _Span) for entries in tables)
+    table = source.data if in_place else np.zeros(max(1, len(tables) * LUT_ENTRIES), np.int8)
+    at = 0
+
+    def encode(kind: int, value) -> tuple[int, int]:
+        nonlocal at
+        if kind in (kernels.ROWS, kernels.SPLAT):
+            bases.append(value)
+            at += value.size
+            return kind, at - value.size
+        return kind, int(value)
+    program = []
+    looked = 0
+    for chain in chains:
+        if program:     # the chain before written, this one begun
+            program += [(kernels.WRITE, kernels.IMM, program_out), (kernels.START, *encode(*chain.start[:2]))]
+        else:
+            program.append((0, *encode(*chain.start[:2])))
+        for code, operand in chain.steps:
             if code == kernels.LOOKUP:
                 program.append((code, kernels.IMM, int(operand[0]) if in_place else looked * LUT_ENTRIES))
                 looked += 1
             else:
                 program.append((code, *encode(*operand[:2])))
-        arrays = (vector.data, np.concatenate(bases) if bases else np.zeros(1, np.int64), table,
-                  np.array(program, np.int64))
-        kernel = partial(kernels.alu_chain(self.tile), *(tvm_ffi.from_dlpack(a) for a in arrays),
-                         (self.writes[1] - self.writes[0]) // self.tile, self.writes[0])
-        # (into value numbers past every element they copy: "clip" takes them unbuffered)
-        before = [partial(vector.data.take, elements, out=vector.data[at:at + elements.size], mode="clip")
-                  for elements, at in self.copies]
-        if tables and not in_place:
-            before.append(partial(source.data.take, np.concatenate(tables), out=table, mode="clip"))
-        if not before:
-            return kernel
+        program_out = chain.writes[0]
+    arrays = (vector.data, np.concatenate(bases) if bases else np.zeros(1, np.int64), table,
+              np.array(program, np.int64))
+    kernel = partial(kernels.alu_chain(chains[0].tile), *(tvm_ffi.from_dlpack(a) for a in arrays),
+                     chains[0].rows(), program_out)
+    # (into value numbers past every element they copy: "clip" takes them unbuffered)
+    before = [partial(vector.data.take, elements, out=vector.data[start:start + elements.size], mode="clip")
+              for chain in chains for elements, start in chain.copies]
+    if tables and not in_place:
+        before.append(partial(source.data.take, np.concatenate(tables), out=table, mode="clip"))
+    if not before:
+        return kernel
 
-        def copied() -> None:
-            for copy in before:
-                copy()
-            kernel()
-        return copied
+    def copied() -> None:
+        for copy in before:
+            copy()
+        kernel()
+    return copied
 
 
 try:    # the ufunc np.clip wraps: its Python layer costs ~3 us a call, and a model call makes hundreds

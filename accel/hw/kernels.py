@@ -51,11 +51,15 @@ import numpy as np
 
 from accel.hw.instructions import LUT_ENTRIES, AluOp
 
-__all__ = ["tap_sum", "scaled_rows", "gemm", "alu_chain", "copy_runs", "LOOKUP", "IMM", "RUN", "ROWS", "SPLAT",
+__all__ = ["tap_sum", "scaled_rows", "gemm", "alu_chain", "copy_runs", "LOOKUP", "WRITE", "START", "IMM", "RUN", "ROWS",
+           "SPLAT",
            "CACHE", "cache_path"]
 
 #: :func:`alu_chain`'s code of a table lookup step (the ALU ops are their :class:`AluOp` values).
 LOOKUP = max(AluOp) + 1
+#: :func:`alu_chain`'s codes that end one chain and begin the next in the same pass: WRITE the
+#: rows so far at the immediate's run of ``values``, START again from an operand.
+WRITE, START = LOOKUP + 1, LOOKUP + 2
 #: :func:`alu_chain`'s operand kinds: an immediate; row ``r`` at ``value + r * tile`` (a run);
 #: row ``r`` at ``bases[value + r]``; row ``r`` all ``values[bases[value + r]]`` (a broadcast).
 IMM, RUN, ROWS, SPLAT = range(4)
@@ -201,6 +205,11 @@ def alu_chain(tile: int) -> Callable[..., None]:
     :data:`IMM`, :data:`RUN`, :data:`ROWS` or :data:`SPLAT` of ``values`` (int32); ``bases``
     int64, ``program`` ``[steps, 3]`` int64. A block of rows is read before it is written: the
     rows written may be the first operand's run (in place), and overlap no other operand.
+
+    Several chains over as many rows run in one pass, block by block: a step :data:`WRITE`
+    (kind :data:`IMM`) writes ``v`` at ``values[value + r * tile + lane]`` and a step
+    :data:`START` sets ``v`` to its operand's row, as ``program[0]`` does (a later chain reads
+    what an earlier one wrote as the same run: the same rows, just written).
 
     >>> import numpy as np, tvm_ffi
     >>> values = np.array([5, -7, 100, 3, 0, 0], np.int32)
@@ -387,6 +396,7 @@ def _compile(tile: int, cpu: str | None = None):
 
     block = _CHAIN_ROWS
     add, most, least, shr, mul = (int(AluOp.ADD), int(AluOp.MAX), int(AluOp.MIN), int(AluOp.SHR), int(AluOp.MUL))
+    write, start = WRITE, START
 
     @T.prim_func
     def alu_chain(a_values: T.handle, a_bases: T.handle, a_tables: T.handle, a_program: T.handle, rows: T.int64,
@@ -444,6 +454,10 @@ def _compile(tile: int, cpu: str | None = None):
                             for c in T.vectorized(tile):
                                 acc[j * tile + c] = T.Cast("int32", T.Cast("int64", acc[j * tile + c]) *
                                                            T.Cast("int64", imm))
+                    elif code == write:     # a chain's rows out; the next one STARTs
+                        for j in range(m):
+                            for c in T.vectorized(tile):
+                                values[program[s, 2] + (first + j) * tile + c] = acc[j * tile + c]
                     else:       # LOOKUP in the table at ``program[s, 2]``
                         for j in range(m):
                             for c in T.vectorized(tile):
@@ -462,7 +476,11 @@ def _compile(tile: int, cpu: str | None = None):
                         for j in range(m):
                             for c in T.vectorized(tile):
                                 arg[j * tile + c] = values[bases[program[s, 2] + first + j]]
-                    if code == add:
+                    if code == start:
+                        for j in range(m):
+                            for c in T.vectorized(tile):
+                                acc[j * tile + c] = arg[j * tile + c]
+                    elif code == add:
                         for j in range(m):
                             for c in T.vectorized(tile):
                                 acc[j * tile + c] = T.Cast("int32", T.Cast("int64", acc[j * tile + c]) +
