@@ -883,6 +883,25 @@ def test_alu_chains_in_the_plan_equal_instruction_by_instruction(stream):
     _runs_alike(plan, stream, (sim2, host2), (ref2, want2))
 
 
+def test_a_requantisation_s_chains_over_the_same_rows_are_one_pass():
+    """A clamp of the accumulators, a block made from them (a zero point's), then the scaled
+    accumulators plus that block into new values: three chains over the same rows, each
+    reading what the ones before wrote as the same rows, run as one kernel call, block of rows
+    by block, and leave what the reference leaves."""
+    a, b = (dict(dst_addr=d, ext_out=16, dst_stride_out=16) for d in (0, 256))
+    stream = _auto([_gemm(reset=True), Gemm(acc_addr=256, inp_addr=0, wgt_addr=0, acc_ld=16, inp_ld=16, wgt_ld=16,
+                                            reset=True),
+                    AluChain(**a, **chain_code([(AluOp.MAX, -50), (AluOp.MIN, 50)])),
+                    AluChain(**b, src_addr=0, src_stride_out=16, **chain_code([(AluOp.ADD, None), (AluOp.MUL, 3)])),
+                    AluChain(**a, src_addr=256, src_stride_out=16,
+                             **chain_code([(AluOp.MUL, 5), (AluOp.SHR, 2), (AluOp.ADD, None), (AluOp.MAX, 0)])),
+                    *(Store(sram_addr=d, sram_ld=16, slot=4, dram_offset=d, dram_ld=16, rows=16, cols=16)
+                      for d in (0, 256))])
+    plan, (sim, host), (ref, want) = _both(stream)
+    _runs_alike(plan, stream, (sim, host), (ref, want))
+    assert len(plan.alus) == 3 and len(plan._alu_steps) == 1
+
+
 # (at most 4 immediates: two more steps with one may go around them in a chain of 6)
 _STEPS = st.lists(st.tuples(st.sampled_from(list(AluOp)), st.one_of(st.none(), st.just(0), st.integers(-40, 40))),
                   min_size=1, max_size=5).filter(lambda steps: sum(imm is not None for _, imm in steps) <= 4)

@@ -181,6 +181,28 @@ def test_the_chain_kernel_equals_the_alu_ufuncs_step_by_step(drawn):
     np.testing.assert_array_equal(got, want)
 
 
+def test_chains_in_one_pass_equal_them_one_after_the_other():
+    """WRITE ends a chain and START begins the next over the same rows, which reads what the
+    first wrote as the same run (and other rows): the values of the two calls, in one."""
+    tile, rows = 4, 21       # (rows: a block of the kernel and part of one)
+    rng = np.random.default_rng(0)
+    values = rng.integers(-2**31, 2**31, 4 * rows * tile).astype(np.int32)
+    bases = rng.integers(0, rows * tile, rows)
+    first, second = [[0, kernels.RUN, 0], [int(AluOp.MUL), kernels.IMM, 3]], \
+        [[0, kernels.RUN, 2 * rows * tile], [int(AluOp.ADD), kernels.RUN, rows * tile],
+         [int(AluOp.MAX), kernels.ROWS, 0]]
+    want, got = values.copy(), values.copy()
+
+    def run(values, program, out):
+        arrays = (values, bases, np.zeros(1, np.int8), np.array(program, np.int64))
+        kernels.alu_chain(tile)(*(tvm_ffi.from_dlpack(a) for a in arrays), rows, out)
+    run(want, first, rows * tile)
+    run(want, second, 3 * rows * tile)
+    run(got, first + [[kernels.WRITE, kernels.IMM, rows * tile], [kernels.START, *second[0][1:]], *second[1:]],
+        3 * rows * tile)
+    np.testing.assert_array_equal(got, want)
+
+
 def test_every_kernel_of_a_tile_comes_from_one_compile():
     """tap_sum, scaled_rows, gemm and alu_chain for this CPU share one compiled module per tile
     (a compile costs ~0.4 s of a model's first call)."""
