@@ -1792,6 +1792,7 @@ class FusedPlan:
         self._source = self._scratch = self._ints = self._packed = None
         self._product_steps: list = []
         self._alu_steps: list = []
+        self._passes: dict[int, list[_Chain]] = {}      # passes of chains a STORE may join (_alu_steps)
         written = dict.fromkeys(s[0] for s in stores)
         self._apart = [(r, w) for r in (*self.f_slots, *self.i_slots) for w in written if r != w]
         # by id, the last few tuples of buffers found laid out as assumed: (the tuple, the run's calls on it)
@@ -1869,14 +1870,42 @@ class FusedPlan:
                 calls += _concatenated(ints.data, parts)
             calls.append(_copied(values, self.acc_loads[0], ints, self.acc_loads[1]))
         calls += self._product_steps
-        calls += self._alu_steps
-        for slot, mode, dst, src in self.stores:
-            calls.append(_stored(buffers[slot], mode, dst, vector, src))
+        alu_steps, stored = self._stored_in_passes(buffers)
+        calls += alu_steps
+        for k, (slot, mode, dst, src) in enumerate(self.stores):
+            if k not in stored:
+                calls.append(_stored(buffers[slot], mode, dst, vector, src))
         for pad, final, read in ((sim.inp, self.inp_final, source), (sim.wgt, self.wgt_final, source),
                                  (sim.acc, self.acc_final, vector)):
             if final is not None:
                 calls.append(_copied(pad, final[0], read, final[1]))
         return calls
+
+    def _stored_in_passes(self, buffers: Buffers) -> tuple[list[Callable[[], object]], set[int]]:
+        """The ALU steps for ``buffers``, and the STOREs (by index) that are steps of their passes
+        instead of calls of their own: a STORE to an int8 buffer no other one writes, of the
+        first lanes of every row a pass of chains makes last (no later step writes over them)
+        into rows one after the other there, is written by the pass while it has them at hand
+        (a pass over the values and a call fewer). All reads of host buffers happen before, and
+        nothing reads a buffer written, so it may be written before the other STOREs."""
+        steps, stored = self._alu_steps, set()
+        slots = [slot for slot, *_ in self.stores]
+        passes = dict(self._passes)
+        for k, (slot, mode, dst, src) in enumerate(self.stores):
+            target = buffers[slot]
+            if mode is StoreMode.INT32 or slots.count(slot) > 1 or target.dtype != np.int8 \
+                    or not target.flags.c_contiguous:
+                continue
+            for index, chains in passes.items():
+                rows = _rows_stored(dst, src, chains[-1], target.size)
+                if rows is not None:
+                    steps = list(steps) if steps is self._alu_steps else steps
+                    steps[index] = _chains_call(chains, self._scratch, self._source,
+                                                (target.reshape(-1), mode, *rows))
+                    stored.add(k)
+                    del passes[index]
+                    break
+        return steps, stored
 
     def _bind(self, sim) -> None:
         """Work in ``sim``'s workspace: one source, value and int32 vector for all the plans of
@@ -1905,7 +1934,8 @@ class FusedPlan:
         # the products and ALU batches work in the workspace alone: bound here, once, not
         # again for each tuple of host buffers (a model's tensors move during its first calls)
         self._product_steps = [product.call(self._source, self._scratch.data, self._packed) for product in self.products]
-        self._alu_steps = _alu_steps(self._scratch, self._source, self.alus, _Spill(self.values, spill))
+        self._alu_steps, self._passes = _alu_steps(self._scratch, self._source, self.alus,
+                                                   _Spill(self.values, spill))
         self._on = on
         kept = [buffers for buffers, _ in self._steps.values()]
         self._steps.clear()
@@ -2000,6 +2030,32 @@ def _stored(target: np.ndarray, mode: StoreMode, dst, vector: _Vector, src) -> C
     return dst.bound(vector.data, target, mode is StoreMode.SATURATE)     # a _Copies
 
 
+def _rows_stored(dst, src, chain: "_Chain", size: int) -> Optional[tuple[int, int]]:
+    """``(at, lanes)`` when a STORE of ``src`` to ``dst`` (views of the values and of a host
+    buffer of ``size`` elements) copies the first ``lanes`` of every row ``chain`` writes, in
+    order, into the host elements from ``at`` on; else None.
+
+    >>> chain = _Chain((kernels.RUN, 0, (0, 8)), (8, 16), 4)
+    >>> _rows_stored(_Span(3, (2, 2)), _View(8, (2, 2), (4, 1)), chain, 9)      # two lanes of each row
+    (3, 2)
+    >>> _rows_stored(_Span(3, (4,)), _Span(8, (4,)), chain, 9) is None       # the first row, then the second
+    True
+    """
+    rows = chain.rows()
+    if not isinstance(src, (_Span, _View)) or not isinstance(dst, (_Span, _View)) or src.size != dst.size \
+            or not src.size or src.size % rows or src.size // rows > chain.tile:
+        return None
+    lanes = src.size // rows
+    read = (chain.writes[0] + np.arange(rows)[:, None] * chain.tile + np.arange(lanes)).reshape(-1)
+    if not np.array_equal(src.of(np.arange(_hull(src, chain.tile)[1])).reshape(-1), read):
+        return None
+    at = _hull(dst, 1)[0]
+    if _hull(dst, 1)[1] > size or not np.array_equal(dst.of(np.arange(_hull(dst, 1)[1])).reshape(-1),
+                                                     at + np.arange(src.size)):
+        return None
+    return at, lanes
+
+
 def remember(seen: dict, buffers: tuple, entry: object = None) -> None:
     """Add ``buffers`` to ``seen`` (by id; held there, in ``entry`` when given, so no other tuple
     takes its id), the oldest going first beyond :data:`_REMEMBERED`: what a plan (or a
@@ -2069,8 +2125,10 @@ def _workspace(space: dict, role: str, dtype, size: int) -> np.ndarray:
 
 
 def _alu_steps(vector: _Vector, source: _Vector, alus: list, spill: Optional["_Spill"] = None
-               ) -> list[Callable[[], object]]:
-    """A plan's ALU and LUT batches as calls, in an order that gives every batch what it reads.
+               ) -> tuple[list[Callable[[], object]], dict[int, list["_Chain"]]]:
+    """A plan's ALU and LUT batches as calls, in an order that gives every batch what it reads,
+    and by their index, the passes of chains (see :func:`_chains_call`) whose results no later
+    call writes over: a STORE of them may be a step of their pass (:meth:`FusedPlan._calls`).
 
     A batch's steps (an ALU chain instruction's), and those of a batch written over the run of
     values the batch before it made, in place (a requantisation's chain, then a lookup),
@@ -2083,9 +2141,11 @@ def _alu_steps(vector: _Vector, source: _Vector, alus: list, spill: Optional["_S
     all before it in ``alus``. An operand the
     kernel cannot read as rows (some of its rows gathered element by element, rows not ``tile``
     wide) is copied into whole rows past the plan's values (``spill``, see :class:`_Spill`) just
-    before its chain runs; without room there, such a batch is numpy calls (:func:`_alu_calls`)."""
+    before its chain runs; without room there, such a batch is numpy calls (:func:`_alu_calls`).
+    Chains next to each other that may share a pass (a requantisation's over the rows of one
+    product: its bias, zero point and scale) run in one."""
     tile = _tile(vector)
-    steps: list = []        # calls, and chains
+    steps: list = []        # chains, and numpy calls with the values they write
     chains: dict[tuple[int, int], _Chain] = {}     # the open chains by the run they write
 
     def flush(keep: Optional[_Chain], reads: list, writes: tuple) -> None:
@@ -2104,7 +2164,7 @@ def _alu_steps(vector: _Vector, source: _Vector, alus: list, spill: Optional["_S
         copies = spill.taken() if spill is not None else []
         if rows is None:
             flush(None, [_hull(m, tile) for m in (old, src) if m is not None], _hull(new, tile))
-            steps += _alu_calls(vector, source, *alu)
+            steps += [(call, _hull(new, tile)) for call in _alu_calls(vector, source, *alu)]
             continue
         writes = (new.start, new.stop)
         start, src_rows, codes = rows
@@ -2119,22 +2179,24 @@ def _alu_steps(vector: _Vector, source: _Vector, alus: list, spill: Optional["_S
             chain.add(code, operand)
         chain.copies += copies
     flush(None, [(0, vector.data.size)], (0, 0))
-    # chains next to each other that may share a pass (a requantisation's chains over the rows
-    # of one product: its bias, zero point and scale) run in one
-    calls: list[Callable[[], object]] = []
-    group: list[_Chain] = []
+    passes: list = []       # lists of chains, and numpy calls with the values they write
     for step in steps:
-        if isinstance(step, _Chain) and group and step.follows(group):
-            group.append(step)
+        if isinstance(step, _Chain) and passes and isinstance(passes[-1], list) and step.follows(passes[-1]):
+            passes[-1].append(step)
+        else:
+            passes.append([step] if isinstance(step, _Chain) else step)
+    calls: list[Callable[[], object]] = []
+    last: dict[int, list[_Chain]] = {}
+    for index, step in enumerate(passes):
+        if isinstance(step, tuple):
+            calls.append(step[0])
             continue
-        if group:
-            calls.append(_chains_call(group, vector, source))
-        group = [step] if isinstance(step, _Chain) else []
-        if not group:
-            calls.append(step)
-    if group:
-        calls.append(_chains_call(group, vector, source))
-    return calls
+        calls.append(_chains_call(step, vector, source))
+        made = step[-1].writes
+        if not any(_overlap(made, writes) for later in passes[index + 1:]
+                   for writes in ([later[1]] if isinstance(later, tuple) else [chain.writes for chain in later])):
+            last[index] = step
+    return calls, last
 
 
 def _overlap(a: tuple[int, int], b: tuple[int, int]) -> bool:
@@ -2332,11 +2394,15 @@ class _Chain:
                    for chain in chains)
 
 
-def _chains_call(chains: list[_Chain], vector: _Vector, source: _Vector) -> Callable[[], object]:
+def _chains_call(chains: list[_Chain], vector: _Vector, source: _Vector,
+                 store: Optional[tuple[np.ndarray, StoreMode, int, int]] = None) -> Callable[[], object]:
     """Chains (one after the other, each :meth:`_Chain.follows` those before it) as one call of
     :func:`~accel.hw.kernels.alu_chain` without arguments over the value vector (which stays put
     between runs; LUT tables are read where the source vector holds them, or gathered from it at
-    each run when one is no run there): one pass over their rows instead of one each."""
+    each run when one is no run there): one pass over their rows instead of one each. With
+    ``store`` ``(target, mode, at, lanes)``, the pass also writes the first ``lanes`` of each of the
+    last chain's rows into the int8 ``target`` from ``at`` on, one row after the other, narrowed
+    as a STORE of ``mode`` narrows them (:func:`_stored`)."""
     import tvm_ffi
 
     bases: list[np.ndarray] = []
@@ -2368,8 +2434,12 @@ def _chains_call(chains: list[_Chain], vector: _Vector, source: _Vector) -> Call
             else:
                 program.append((code, *encode(*operand[:2])))
         program_out = chain.writes[0]
+    target = np.zeros(1, np.int8)
+    if store is not None:
+        target, mode, to, lanes = store
+        program.append((kernels.SATURATED if mode is StoreMode.SATURATE else kernels.WRAPPED, lanes, to))
     arrays = (vector.data, np.concatenate(bases) if bases else np.zeros(1, np.int64), table,
-              np.array(program, np.int64))
+              np.array(program, np.int64), target)
     kernel = partial(kernels.alu_chain(chains[0].tile), *(tvm_ffi.from_dlpack(a) for a in arrays),
                      chains[0].rows(), program_out)
     # (into value numbers past every element they copy: "clip" takes them unbuffered)

@@ -51,8 +51,8 @@ import numpy as np
 
 from accel.hw.instructions import LUT_ENTRIES, AluOp
 
-__all__ = ["tap_sum", "scaled_rows", "gemm", "alu_chain", "copy_runs", "LOOKUP", "WRITE", "START", "IMM", "RUN", "ROWS",
-           "SPLAT",
+__all__ = ["tap_sum", "scaled_rows", "gemm", "alu_chain", "copy_runs", "LOOKUP", "WRITE", "START", "WRAPPED",
+           "SATURATED", "IMM", "RUN", "ROWS", "SPLAT",
            "CACHE", "cache_path"]
 
 #: :func:`alu_chain`'s code of a table lookup step (the ALU ops are their :class:`AluOp` values).
@@ -60,6 +60,9 @@ LOOKUP = max(AluOp) + 1
 #: :func:`alu_chain`'s codes that end one chain and begin the next in the same pass: WRITE the
 #: rows so far at the immediate's run of ``values``, START again from an operand.
 WRITE, START = LOOKUP + 1, LOOKUP + 2
+#: :func:`alu_chain`'s codes that write the rows so far, narrowed to int8 as a STORE of that
+#: mode does (the low byte, or clipped first), into its ``target`` (a host buffer).
+WRAPPED, SATURATED = LOOKUP + 3, LOOKUP + 4
 #: :func:`alu_chain`'s operand kinds: an immediate; row ``r`` at ``value + r * tile`` (a run);
 #: row ``r`` at ``bases[value + r]``; row ``r`` all ``values[bases[value + r]]`` (a broadcast).
 IMM, RUN, ROWS, SPLAT = range(4)
@@ -195,7 +198,7 @@ _scratch = threading.local()
 
 @functools.lru_cache(maxsize=None)     # (a first call binds a chain's kernel hundreds of times)
 def alu_chain(tile: int) -> Callable[..., None]:
-    """``f(values, bases, tables, program, rows, out)`` (DLPack tensors, then ints): for each
+    """``f(values, bases, tables, program, target, rows, out)`` (DLPack tensors, then ints): for each
     of ``rows`` rows of ``tile`` lanes, ``v`` = the row of ``program[0]``'s operand, then for
     each later step ``(code, kind, value) = program[k]``: ``v = op(v, operand)`` with wrapping
     int32 arithmetic (:data:`~accel.hw.instructions.ALU_UFUNCS`, a shift by the operand clipped
@@ -209,13 +212,16 @@ def alu_chain(tile: int) -> Callable[..., None]:
     Several chains over as many rows run in one pass, block by block: a step :data:`WRITE`
     (kind :data:`IMM`) writes ``v`` at ``values[value + r * tile + lane]`` and a step
     :data:`START` sets ``v`` to its operand's row, as ``program[0]`` does (a later chain reads
-    what an earlier one wrote as the same run: the same rows, just written).
+    what an earlier one wrote as the same run: the same rows, just written). A step
+    :data:`WRAPPED` or :data:`SATURATED` writes lanes ``c < kind`` of ``v`` as int8 at
+    ``target[value + r * kind + c]`` (a STORE of the rows into a host buffer, in the same pass).
 
     >>> import numpy as np, tvm_ffi
     >>> values = np.array([5, -7, 100, 3, 0, 0], np.int32)
     >>> program = np.array([[0, RUN, 0], [int(AluOp.MUL), IMM, 3], [int(AluOp.ADD), ROWS, 0],
     ...                     [int(AluOp.MAX), IMM, 0]])
-    >>> tensors = [tvm_ffi.from_dlpack(a) for a in (values, np.array([2]), np.zeros(1, np.int8), program)]
+    >>> tensors = [tvm_ffi.from_dlpack(a) for a in (values, np.array([2]), np.zeros(1, np.int8), program,
+    ...                                             np.zeros(1, np.int8))]
     >>> alu_chain(2)(*tensors, 1, 4)
     >>> values.tolist()       # max(5 * 3 + 100, 0), max(-7 * 3 + 3, 0)
     [5, -7, 100, 3, 115, 0]
@@ -396,17 +402,18 @@ def _compile(tile: int, cpu: str | None = None):
 
     block = _CHAIN_ROWS
     add, most, least, shr, mul = (int(AluOp.ADD), int(AluOp.MAX), int(AluOp.MIN), int(AluOp.SHR), int(AluOp.MUL))
-    write, start = WRITE, START
+    write, start, wrapped, saturated = WRITE, START, WRAPPED, SATURATED
 
     @T.prim_func
-    def alu_chain(a_values: T.handle, a_bases: T.handle, a_tables: T.handle, a_program: T.handle, rows: T.int64,
-                  out: T.int64):
+    def alu_chain(a_values: T.handle, a_bases: T.handle, a_tables: T.handle, a_program: T.handle,
+                  a_target: T.handle, rows: T.int64, out: T.int64):
         T.func_attr({"global_symbol": "alu_chain"})
-        n, b, e, k = T.int64(), T.int64(), T.int64(), T.int64()
+        n, b, e, k, h = T.int64(), T.int64(), T.int64(), T.int64(), T.int64()
         values = T.match_buffer(a_values, (n,), "int32", align=4)
         bases = T.match_buffer(a_bases, (b,), "int64", align=8)
         tables = T.match_buffer(a_tables, (e,), "int8", align=1)
         program = T.match_buffer(a_program, (k, 3), "int64", align=8)
+        target = T.match_buffer(a_target, (h,), "int8", align=1)
         acc = T.alloc_buffer((block * tile,), "int32", scope="local")
         arg = T.alloc_buffer((block * tile,), "int32", scope="local")
         for r0 in range((rows + block - 1) // block):
@@ -428,7 +435,16 @@ def _compile(tile: int, cpu: str | None = None):
             for s in range(1, k):
                 code = program[s, 0]
                 kind = program[s, 1]
-                if kind == IMM:
+                if code == wrapped:     # (``kind`` the lanes written of each row)
+                    for j in range(m):
+                        for c in range(kind):
+                            target[program[s, 2] + (first + j) * kind + c] = T.Cast("int8", acc[j * tile + c])
+                elif code == saturated:
+                    for j in range(m):
+                        for c in range(kind):
+                            target[program[s, 2] + (first + j) * kind + c] = T.Cast(
+                                "int8", T.max(T.min(acc[j * tile + c], 127), -128))
+                elif kind == IMM:
                     # (the immediate as a scalar: no row of it to fill)
                     imm = T.Cast("int32", program[s, 2])
                     if code == add:     # int32 wraps: the sum of the int64s, truncated (llvm's

@@ -1071,7 +1071,7 @@ def test_chain_operands_that_are_no_rows_are_copied_into_rows_before_their_chain
     vector = fused._Vector(np.concatenate([values, np.full(need, 99, np.int32)]), tile)
     source = fused._Vector(table, tile)
     with mock.patch.object(fused, "_alu_step", side_effect=AssertionError("a numpy batch")):
-        steps = fused._alu_steps(vector, source, alus, fused._Spill(values.size, need))
+        steps, _ = fused._alu_steps(vector, source, alus, fused._Spill(values.size, need))
     assert len(steps) == 2
     for step in steps:
         step()
@@ -1103,7 +1103,7 @@ def test_a_batch_of_steps_run_by_numpy_or_the_kernel_computes_them_in_turn(steps
     need = fused._Spill.need([batch], tile) if kernel else 0
     vector = fused._Vector(np.concatenate([values, np.zeros(need, np.int32)]), tile)
     calls = fused._alu_steps(vector, fused._Vector(np.zeros(256, np.int8), tile), [batch],
-                             fused._Spill(values.size, need)) if kernel else \
+                             fused._Spill(values.size, need))[0] if kernel else \
         fused._alu_calls(vector, fused._Vector(np.zeros(256, np.int8), tile), *batch)
     assert len(calls) == (1 if kernel else len(steps))
     for call in calls:
