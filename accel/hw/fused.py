@@ -1326,6 +1326,23 @@ class _Copies:
         self.tile = tile        # (the compiled module it is in: see kernels.copy_runs)
         self._tensors: tuple = ()   # the arrays as the kernel's tensors, made at the first bound
 
+    def then(self, other: "_Copies", shift: int) -> Optional["_Copies"]:
+        """These copies, then ``other``'s ``shift`` elements further in the target, as one (None
+        when their host steps differ): INP's and WGT's final contents, into the array they are
+        both views of.
+
+        >>> both = _Copies(np.arange(4), np.arange(4), 4).then(_Copies(np.arange(2), np.arange(2) + 8, 4), 6)
+        >>> target = np.zeros(8, np.int32); both.bound(np.arange(10, dtype=np.int32), target)(); target.tolist()
+        [0, 1, 2, 3, 0, 0, 8, 9]
+        """
+        if self.step != other.step:
+            return None
+        copies = _Copies(np.zeros(0, np.int64), np.zeros(0, np.int64), self.tile)
+        copies.step = self.step
+        copies.arrays = tuple(np.concatenate([mine, theirs + (shift if k == 2 else 0)])
+                              for k, (mine, theirs) in enumerate(zip(self.arrays, other.arrays)))
+        return copies
+
     def bound(self, source: np.ndarray, target: np.ndarray, saturate: bool = False) -> Callable[[], None]:
         """``target[dst] = source[src]`` (clipped to int8's range first when ``saturate``) as a
         call without arguments: a plan copies between the same arrays run after run (its
@@ -1780,6 +1797,11 @@ class FusedPlan:
         self.products, self.alus, self.stores, self.acc_loads = products, alus, stores, acc_loads
         # what each scratchpad ends with (the elements the stream changed), None for nothing
         self.inp_final, self.wgt_final, self.acc_final = inp_final, wgt_final, acc_final
+        # both scratchpads' kept elements as one take, and what they end with as one copy, where
+        # the simulator has them in one array (_scratchpads): a call each, not two
+        self.kept = np.concatenate([self.inp_kept, self.wgt_kept + self.inp_n])
+        self.pads_final = inp_final[0].then(wgt_final[0], self.inp_n) \
+            if all(final is not None and isinstance(final[0], _Copies) for final in (inp_final, wgt_final)) else None
         # the host buffers written: a STORE's copy is compiled for the dtype it was made for
         self.dtypes = {s[0]: b.buffers[s[0]].dtype for s in b.stores}
         self.matmuls = len(products)
@@ -1845,8 +1867,13 @@ class FusedPlan:
         # the source vector, refilled each run: the scratchpads' kept elements, the host data
         # and pads, then its extra rows (copies of what is there before)
         at = 0
-        for pad, kept in ((sim.inp, self.inp_kept), (sim.wgt, self.wgt_kept)):
-            if kept.size:       # (indices within the scratchpad: "clip" takes them as they are, unbuffered)
+        both = _scratchpads(sim, self.inp_n)
+        # (indices within the scratchpads: "clip" takes them as they are, unbuffered)
+        if both is not None and self.inp_kept.size and self.wgt_kept.size:
+            calls.append(partial(both.take, self.kept, out=source.data[:self.kept.size], mode="clip"))
+            at = self.kept.size
+        for pad, kept in ((sim.inp, self.inp_kept), (sim.wgt, self.wgt_kept)) if not at else ():
+            if kept.size:
                 calls.append(partial(pad.take, kept, out=source.data[at:at + kept.size], mode="clip"))
                 at += kept.size
         calls += _concatenated(source.data[at:self.f_base], [buffers[s] for s in self.f_slots] + [self.f_pads])
@@ -1875,8 +1902,12 @@ class FusedPlan:
         for k, (slot, mode, dst, src) in enumerate(self.stores):
             if k not in stored:
                 calls.append(_stored(buffers[slot], mode, dst, vector, src))
-        for pad, final, read in ((sim.inp, self.inp_final, source), (sim.wgt, self.wgt_final, source),
-                                 (sim.acc, self.acc_final, vector)):
+        finals = ((sim.inp, self.inp_final, source), (sim.wgt, self.wgt_final, source),
+                  (sim.acc, self.acc_final, vector))
+        if both is not None and self.pads_final is not None:
+            calls.append(self.pads_final.bound(source.data, both))
+            finals = finals[2:]
+        for pad, final, read in finals:
             if final is not None:
                 calls.append(_copied(pad, final[0], read, final[1]))
         return calls
@@ -1942,6 +1973,18 @@ class FusedPlan:
         for buffers in kept:
             remember(self._steps, buffers, (buffers, self._calls(buffers, sim)))
         sim.plans.add(self)
+
+
+def _scratchpads(sim, inp_n: int) -> Optional[np.ndarray]:
+    """The array ``sim``'s INP (``inp_n`` elements) and WGT are views of, one after the other,
+    as a :class:`~accel.hw.sim.Simulator` makes them; None when they are not."""
+    inp, wgt = sim.inp, sim.wgt
+    base = inp.base
+    if base is None or wgt.base is not base or base.ndim != 1 or inp.size != inp_n or \
+            inp.size + wgt.size != base.size or inp.ctypes.data != base.ctypes.data or \
+            wgt.ctypes.data != base.ctypes.data + inp.nbytes:
+        return None
+    return base
 
 
 def _concatenated(out: np.ndarray, parts: list) -> list[Callable[[], object]]:

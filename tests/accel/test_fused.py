@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
-from accel.hw import fused
+from accel.hw import fused, kernels
 from accel.hw.emitter import Emitter
 from accel.hw.instructions import DWMAC, chain_code
 from accel.hw.isa import Alu, AluChain, AluOp, Dwmac, Finish, Gemm, Load, Lut, Mem, Store, StoreMode
@@ -1156,6 +1156,21 @@ def test_scratchpads_loaded_far_apart_end_as_instruction_by_instruction(stream):
     as the reference's, and so does everything around them."""
     plan, fused_side, reference_side = _both(stream)
     _runs_alike(plan, stream, fused_side, reference_side)
+
+
+def test_inp_and_wgt_are_read_and_written_in_one_call_each():
+    """A product of INP and WGT from before the stream, then of rows LOADs brought with pad rows
+    (no views): the simulator has both scratchpads in one array, so the plan takes what it
+    keeps of both in one call and copies what both end with in one; they end as the reference's."""
+    loads = [Load(mem=m, sram_addr=256, sram_ld=16, slot=slot, dram_offset=0, dram_ld=16, rows=8, cols=16,
+                  pad_bottom=8, pad_value=3) for m, slot in ((Mem.INP, 0), (Mem.WGT, 1))]
+    stream = _auto([*loads, _gemm(), Gemm(acc_addr=0, inp_addr=256, wgt_addr=256, acc_ld=16, inp_ld=16, wgt_ld=16),
+                    Store(sram_addr=0, sram_ld=16, slot=4, dram_offset=0, dram_ld=16, rows=16, cols=16)])
+    plan, (sim, host), (ref, want) = _both(stream)
+    _runs_alike(plan, stream, (sim, host), (ref, want))
+    calls = [getattr(call, "func", None) for call in plan.prepare(host, sim)]
+    assert plan.inp_kept.size and plan.wgt_kept.size and sum(getattr(f, "__name__", "") == "take" for f in calls) == 1
+    assert calls.count(kernels.copy_runs(16, "int8", "float32")) == 1
 
 
 class _Adds:
