@@ -902,6 +902,21 @@ def test_a_requantisation_s_chains_over_the_same_rows_are_one_pass():
     assert len(plan.alus) == 3 and len(plan._alu_steps) == 1
 
 
+def test_a_copy_into_a_temporary_starts_from_its_operand_not_from_zeros():
+    """``[MUL 0, ADD src, MUL 3]`` (a temporary made from the accumulators, as a zero point's
+    is): its values would start at zero, then add ``src``; the plan starts them from ``src``
+    (0 + x is x), zeroes nothing, and ends as the reference."""
+    stream = _auto([_gemm(reset=True), _gemm(),
+                    AluChain(dst_addr=256, ext_out=16, dst_stride_out=16, src_addr=0, src_stride_out=16,
+                             **chain_code([(AluOp.MUL, 0), (AluOp.ADD, None), (AluOp.MUL, 3)])),
+                    *(Store(sram_addr=d, sram_ld=16, slot=4, dram_offset=d, dram_ld=16, rows=16, cols=16)
+                      for d in (0, 256))])
+    plan, (sim, host), (ref, want) = _both(stream)
+    _runs_alike(plan, stream, (sim, host), (ref, want))
+    (program, new, old, src), = plan.alus
+    assert plan.zero == [] and [op for _, op, _ in program] == [AluOp.MUL] and old is src
+
+
 # (at most 4 immediates: two more steps with one may go around them in a chain of 6)
 _STEPS = st.lists(st.tuples(st.sampled_from(list(AluOp)), st.one_of(st.none(), st.just(0), st.integers(-40, 40))),
                   min_size=1, max_size=5).filter(lambda steps: sum(imm is not None for _, imm in steps) <= 4)
