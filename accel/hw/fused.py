@@ -2457,13 +2457,21 @@ class _Chain:
         read but a run they read as the same rows, nor what they write but the same run, and
         its copies (made before the pass) of nothing they write."""
         def apart(reads: list, writes: tuple[int, int]) -> bool:
-            return all(not _overlap(hull, writes) or (kind == kernels.RUN and value == writes[0])
+            return all(not _overlap(hull, writes) or (kind == kernels.RUN and value == writes[0]) or
+                       (kind != kernels.RUN and
+                        not _rows_meet(value, 1 if kind == kernels.SPLAT else self.tile, writes))
                        for kind, value, hull in reads)
         return all(self.rows() == chain.rows() and apart(self.reads, chain.writes) and
                    apart(chain.reads, self.writes) and
                    (self.writes == chain.writes or not _overlap(self.writes, chain.writes)) and
                    not any(_overlap(_hull(elements, self.tile), chain.writes) for elements, _ in self.copies)
                    for chain in chains)
+
+
+def _rows_meet(starts: np.ndarray, width: int, writes: tuple[int, int]) -> bool:
+    """Whether any of the rows of ``width`` values from ``starts`` on is in ``writes`` (a run
+    whose hull holds it may still miss every row: a bias row, and rows copied far past it)."""
+    return bool(((starts < writes[1]) & (starts + width > writes[0])).any())
 
 
 def _chains_call(chains: list[_Chain], vector: _Vector, source: _Vector,

@@ -917,6 +917,17 @@ def test_a_copy_into_a_temporary_starts_from_its_operand_not_from_zeros():
     assert plan.zero == [] and [op for _, op, _ in program] == [AluOp.MUL] and old is src
 
 
+def test_a_chain_follows_one_whose_rows_miss_what_it_writes_though_their_hull_holds_it():
+    """A first chain adds rows read far apart (a bias row, and a row copied past the plan's
+    values): a second one writing between them, from what the first wrote, shares its pass;
+    one writing over one of those rows does not."""
+    first = fused._Chain((kernels.RUN, 20, (20, 28)), (20, 28), 4)
+    first.add(int(AluOp.ADD), (kernels.ROWS, np.array([0, 100]), (0, 104)))
+    for writes, follows in (((40, 48), True), ((98, 106), False)):
+        second = fused._Chain((kernels.RUN, 20, (20, 28)), writes, 4)
+        assert second.follows([first]) is follows
+
+
 # (at most 4 immediates: two more steps with one may go around them in a chain of 6)
 _STEPS = st.lists(st.tuples(st.sampled_from(list(AluOp)), st.one_of(st.none(), st.just(0), st.integers(-40, 40))),
                   min_size=1, max_size=5).filter(lambda steps: sum(imm is not None for _, imm in steps) <= 4)
