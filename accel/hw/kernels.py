@@ -480,45 +480,71 @@ def _compile(tile: int, cpu: str | None = None):
                                 acc[j * tile + c] = T.Cast("int32", tables[program[s, 2] + T.Cast(
                                     "int64", T.max(T.min(acc[j * tile + c], 127), -128) + 128)])
                 else:
-                    if kind == RUN:
-                        for j in range(m):
-                            for c in T.vectorized(tile):
-                                arg[j * tile + c] = values[program[s, 2] + (first + j) * tile + c]
-                    elif kind == ROWS:
-                        for j in range(m):
-                            for c in T.vectorized(tile):
-                                arg[j * tile + c] = values[bases[program[s, 2] + first + j] + c]
+                    if kind == RUN:     # (read where it is: no pass through ``arg``)
+                        at = program[s, 2] + first * tile
+                        if code == start:
+                            for j in range(m):
+                                for c in T.vectorized(tile):
+                                    acc[j * tile + c] = values[at + j * tile + c]
+                        elif code == add:
+                            for j in range(m):
+                                for c in T.vectorized(tile):
+                                    acc[j * tile + c] = T.Cast("int32", T.Cast("int64", acc[j * tile + c]) +
+                                                               T.Cast("int64", values[at + j * tile + c]))
+                        elif code == most:
+                            for j in range(m):
+                                for c in T.vectorized(tile):
+                                    acc[j * tile + c] = T.max(acc[j * tile + c], values[at + j * tile + c])
+                        elif code == least:
+                            for j in range(m):
+                                for c in T.vectorized(tile):
+                                    acc[j * tile + c] = T.min(acc[j * tile + c], values[at + j * tile + c])
+                        elif code == shr:
+                            for j in range(m):
+                                for c in T.vectorized(tile):
+                                    acc[j * tile + c] = T.shift_right(acc[j * tile + c], T.max(T.min(
+                                        values[at + j * tile + c], 31), 0))
+                        else:
+                            for j in range(m):
+                                for c in T.vectorized(tile):
+                                    acc[j * tile + c] = T.Cast("int32", T.Cast("int64", acc[j * tile + c]) *
+                                                               T.Cast("int64", values[at + j * tile + c]))
                     else:
-                        for j in range(m):
-                            for c in T.vectorized(tile):
-                                arg[j * tile + c] = values[bases[program[s, 2] + first + j]]
-                    if code == start:
-                        for j in range(m):
-                            for c in T.vectorized(tile):
-                                acc[j * tile + c] = arg[j * tile + c]
-                    elif code == add:
-                        for j in range(m):
-                            for c in T.vectorized(tile):
-                                acc[j * tile + c] = T.Cast("int32", T.Cast("int64", acc[j * tile + c]) +
-                                                           T.Cast("int64", arg[j * tile + c]))
-                    elif code == most:
-                        for j in range(m):
-                            for c in T.vectorized(tile):
-                                acc[j * tile + c] = T.max(acc[j * tile + c], arg[j * tile + c])
-                    elif code == least:
-                        for j in range(m):
-                            for c in T.vectorized(tile):
-                                acc[j * tile + c] = T.min(acc[j * tile + c], arg[j * tile + c])
-                    elif code == shr:
-                        for j in range(m):
-                            for c in T.vectorized(tile):
-                                acc[j * tile + c] = T.shift_right(acc[j * tile + c],
-                                                                  T.max(T.min(arg[j * tile + c], 31), 0))
-                    else:
-                        for j in range(m):
-                            for c in T.vectorized(tile):
-                                acc[j * tile + c] = T.Cast("int32", T.Cast("int64", acc[j * tile + c]) *
-                                                           T.Cast("int64", arg[j * tile + c]))
+                        if kind == ROWS:
+                            for j in range(m):
+                                for c in T.vectorized(tile):
+                                    arg[j * tile + c] = values[bases[program[s, 2] + first + j] + c]
+                        else:
+                            for j in range(m):
+                                for c in T.vectorized(tile):
+                                    arg[j * tile + c] = values[bases[program[s, 2] + first + j]]
+                        if code == start:
+                            for j in range(m):
+                                for c in T.vectorized(tile):
+                                    acc[j * tile + c] = arg[j * tile + c]
+                        elif code == add:
+                            for j in range(m):
+                                for c in T.vectorized(tile):
+                                    acc[j * tile + c] = T.Cast("int32", T.Cast("int64", acc[j * tile + c]) +
+                                                               T.Cast("int64", arg[j * tile + c]))
+                        elif code == most:
+                            for j in range(m):
+                                for c in T.vectorized(tile):
+                                    acc[j * tile + c] = T.max(acc[j * tile + c], arg[j * tile + c])
+                        elif code == least:
+                            for j in range(m):
+                                for c in T.vectorized(tile):
+                                    acc[j * tile + c] = T.min(acc[j * tile + c], arg[j * tile + c])
+                        elif code == shr:
+                            for j in range(m):
+                                for c in T.vectorized(tile):
+                                    acc[j * tile + c] = T.shift_right(acc[j * tile + c],
+                                                                      T.max(T.min(arg[j * tile + c], 31), 0))
+                        else:
+                            for j in range(m):
+                                for c in T.vectorized(tile):
+                                    acc[j * tile + c] = T.Cast("int32", T.Cast("int64", acc[j * tile + c]) *
+                                                               T.Cast("int64", arg[j * tile + c]))
             for j in range(m):
                 for c in T.vectorized(tile):
                     values[out + (first + j) * tile + c] = acc[j * tile + c]
