@@ -435,15 +435,25 @@ def _compile(tile: int, cpu: str | None = None):
             for s in range(1, k):
                 code = program[s, 0]
                 kind = program[s, 1]
-                if code == wrapped:     # (``kind`` the lanes written of each row)
-                    for j in range(m):
-                        for c in range(kind):
-                            target[program[s, 2] + (first + j) * kind + c] = T.Cast("int8", acc[j * tile + c])
-                elif code == saturated:
-                    for j in range(m):
-                        for c in range(kind):
-                            target[program[s, 2] + (first + j) * kind + c] = T.Cast(
-                                "int8", T.max(T.min(acc[j * tile + c], 127), -128))
+                if code == wrapped or code == saturated:    # (``kind`` the lanes written of each row)
+                    low = T.if_then_else(code == saturated, -128, -2**31)      # (wrapped: clipped to nothing)
+                    high = T.if_then_else(code == saturated, 127, 2**31 - 1)
+                    # whole rows and half rows (a layer of half a tile's channels) as vectors
+                    if kind == tile:
+                        for j in range(m):
+                            for c in T.vectorized(tile):
+                                target[program[s, 2] + (first + j) * tile + c] = T.Cast(
+                                    "int8", T.max(T.min(acc[j * tile + c], high), low))
+                    elif kind * 2 == tile:
+                        for j in range(m):
+                            for c in T.vectorized(tile // 2):
+                                target[program[s, 2] + (first + j) * (tile // 2) + c] = T.Cast(
+                                    "int8", T.max(T.min(acc[j * tile + c], high), low))
+                    else:
+                        for j in range(m):
+                            for c in range(kind):
+                                target[program[s, 2] + (first + j) * kind + c] = T.Cast(
+                                    "int8", T.max(T.min(acc[j * tile + c], high), low))
                 elif kind == IMM:
                     # (the immediate as a scalar: no row of it to fill)
                     imm = T.Cast("int32", program[s, 2])
