@@ -2468,6 +2468,12 @@ class _Chain:
                    for chain in chains)
 
 
+# Two steps by immediates that :func:`~accel.hw.kernels.alu_chain` runs as one (a requantisation's
+# scale, rounding and clamp: a pass over the block each fewer).
+_TWO_STEPS = {(int(AluOp.MUL), int(AluOp.SHR)): kernels.SCALE, (int(AluOp.ADD), int(AluOp.SHR)): kernels.ROUND,
+              (int(AluOp.MIN), int(AluOp.MAX)): kernels.MIN_MAX, (int(AluOp.MAX), int(AluOp.MIN)): kernels.MAX_MIN}
+
+
 def _rows_meet(starts: np.ndarray, width: int, writes: tuple[int, int]) -> bool:
     """Whether any of the rows of ``width`` values from ``starts`` on is in ``writes`` (a run
     whose hull holds it may still miss every row: a bias row, and rows copied far past it)."""
@@ -2512,7 +2518,9 @@ def _chains_call(chains: list[_Chain], vector: _Vector, source: _Vector,
                 program.append((code, kernels.IMM, int(operand[0]) if in_place else looked * LUT_ENTRIES))
                 looked += 1
             else:
-                program.append((code, *encode(*operand[:2])))
+                row = (code, *encode(*operand[:2]))
+                two = _TWO_STEPS.get((program[-1][0], code)) if row[1] == kernels.IMM == program[-1][1] else None
+                program[-1:] = [(two, program[-1][2], row[2])] if two is not None else [program[-1], row]
         program_out = chain.writes[0]
     target = np.zeros(1, np.int8)
     if store is not None:

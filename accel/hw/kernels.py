@@ -52,7 +52,7 @@ import numpy as np
 from accel.hw.instructions import LUT_ENTRIES, AluOp
 
 __all__ = ["tap_sum", "scaled_rows", "gemm", "alu_chain", "copy_runs", "LOOKUP", "WRITE", "START", "WRAPPED",
-           "SATURATED", "IMM", "RUN", "ROWS", "SPLAT",
+           "SATURATED", "SCALE", "ROUND", "MIN_MAX", "MAX_MIN", "IMM", "RUN", "ROWS", "SPLAT",
            "CACHE", "cache_path"]
 
 #: :func:`alu_chain`'s code of a table lookup step (the ALU ops are their :class:`AluOp` values).
@@ -63,6 +63,10 @@ WRITE, START = LOOKUP + 1, LOOKUP + 2
 #: :func:`alu_chain`'s codes that write the rows so far, narrowed to int8 as a STORE of that
 #: mode does (the low byte, or clipped first), into its ``target`` (a host buffer).
 WRAPPED, SATURATED = LOOKUP + 3, LOOKUP + 4
+#: :func:`alu_chain`'s codes of two steps by immediates (``kind`` the first's, ``value`` the
+#: second's) in one pass: MUL then SHR (a requantisation's scale), ADD then SHR (its rounding),
+#: MIN then MAX and MAX then MIN (its clamp).
+SCALE, ROUND, MIN_MAX, MAX_MIN = LOOKUP + 5, LOOKUP + 6, LOOKUP + 7, LOOKUP + 8
 #: :func:`alu_chain`'s operand kinds: an immediate; row ``r`` at ``value + r * tile`` (a run);
 #: row ``r`` at ``bases[value + r]``; row ``r`` all ``values[bases[value + r]]`` (a broadcast).
 IMM, RUN, ROWS, SPLAT = range(4)
@@ -215,6 +219,8 @@ def alu_chain(tile: int) -> Callable[..., None]:
     what an earlier one wrote as the same run: the same rows, just written). A step
     :data:`WRAPPED` or :data:`SATURATED` writes lanes ``c < kind`` of ``v`` as int8 at
     ``target[value + r * kind + c]`` (a STORE of the rows into a host buffer, in the same pass).
+    :data:`SCALE`, :data:`ROUND`, :data:`MIN_MAX` and :data:`MAX_MIN` are two steps by the
+    immediates ``kind`` and ``value``.
 
     >>> import numpy as np, tvm_ffi
     >>> values = np.array([5, -7, 100, 3, 0, 0], np.int32)
@@ -403,6 +409,7 @@ def _compile(tile: int, cpu: str | None = None):
     block = _CHAIN_ROWS
     add, most, least, shr, mul = (int(AluOp.ADD), int(AluOp.MAX), int(AluOp.MIN), int(AluOp.SHR), int(AluOp.MUL))
     write, start, wrapped, saturated = WRITE, START, WRAPPED, SATURATED
+    scale, rounding, min_max, max_min = SCALE, ROUND, MIN_MAX, MAX_MIN
 
     @T.prim_func
     def alu_chain(a_values: T.handle, a_bases: T.handle, a_tables: T.handle, a_program: T.handle,
@@ -454,6 +461,28 @@ def _compile(tile: int, cpu: str | None = None):
                             for c in range(kind):
                                 target[program[s, 2] + (first + j) * kind + c] = T.Cast(
                                     "int8", T.max(T.min(acc[j * tile + c], high), low))
+                elif code == scale:
+                    for j in range(m):
+                        for c in T.vectorized(tile):
+                            acc[j * tile + c] = T.shift_right(T.Cast("int32", T.Cast("int64", acc[j * tile + c]) *
+                                                                     program[s, 1]),
+                                                              T.max(T.min(T.Cast("int32", program[s, 2]), 31), 0))
+                elif code == rounding:
+                    for j in range(m):
+                        for c in T.vectorized(tile):
+                            acc[j * tile + c] = T.shift_right(T.Cast("int32", T.Cast("int64", acc[j * tile + c]) +
+                                                                     program[s, 1]),
+                                                              T.max(T.min(T.Cast("int32", program[s, 2]), 31), 0))
+                elif code == min_max:
+                    for j in range(m):
+                        for c in T.vectorized(tile):
+                            acc[j * tile + c] = T.max(T.min(acc[j * tile + c], T.Cast("int32", program[s, 1])),
+                                                      T.Cast("int32", program[s, 2]))
+                elif code == max_min:
+                    for j in range(m):
+                        for c in T.vectorized(tile):
+                            acc[j * tile + c] = T.min(T.max(acc[j * tile + c], T.Cast("int32", program[s, 1])),
+                                                      T.Cast("int32", program[s, 2]))
                 elif kind == IMM:
                     # (the immediate as a scalar: no row of it to fill)
                     imm = T.Cast("int32", program[s, 2])

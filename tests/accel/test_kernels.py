@@ -114,6 +114,11 @@ def test_the_gemm_kernel_equals_numpys_int64_product(drawn, assign, cpu):
 _EDGES = np.array([-2**31, -2**31 + 1, -129, -128, -1, 0, 1, 2, 127, 128, 2**31 - 2, 2**31 - 1], np.int64)
 
 
+# the chain kernel's codes of two steps by immediates
+_TWO = {kernels.SCALE: (AluOp.MUL, AluOp.SHR), kernels.ROUND: (AluOp.ADD, AluOp.SHR),
+        kernels.MIN_MAX: (AluOp.MIN, AluOp.MAX), kernels.MAX_MIN: (AluOp.MAX, AluOp.MIN)}
+
+
 @st.composite
 def chains(draw):
     """A chain kernel's program over a vector of int32 values (extremes often: wrap-around,
@@ -130,7 +135,7 @@ def chains(draw):
     values = values.astype(np.int32)
     tables = rng.integers(-128, 128, 2 * 256 + 7).astype(np.int8)     # two tables, the second one unaligned
     steps = draw(st.lists(st.tuples(st.sampled_from([*map(int, AluOp), kernels.LOOKUP, kernels.WRAPPED,
-                                                     kernels.SATURATED]),
+                                                     kernels.SATURATED, *_TWO]),
                                     st.sampled_from([kernels.IMM, kernels.RUN, kernels.ROWS, kernels.SPLAT]),
                                     st.sampled_from(list(_EDGES)) | st.integers(-40, 40)), min_size=0, max_size=8))
     bases, program = [], []
@@ -150,6 +155,9 @@ def chains(draw):
         if code in (kernels.WRAPPED, kernels.SATURATED):      # (a block of the target each)
             program.append((code, int(rng.integers(1, tile + 1)), sum(p[0] in (kernels.WRAPPED, kernels.SATURATED)
                                                                       for p in program) * n))
+            continue
+        if code in _TWO:
+            program.append((code, imm, int(rng.choice(_EDGES)) if rng.random() < 0.3 else int(rng.integers(-40, 40))))
             continue
         program.append((code, kernels.IMM, int(rng.choice([0, 256 + 7]))) if code == kernels.LOOKUP else
                        (code, *operand(kind, imm)))
@@ -181,6 +189,11 @@ def test_the_chain_kernel_equals_the_alu_ufuncs_step_by_step(drawn):
         if code in (kernels.WRAPPED, kernels.SATURATED):
             narrowed = np.clip(acc, -128, 127) if code == kernels.SATURATED else acc
             want_target[value:value + rows * kind] = narrowed[:, :kind].reshape(-1).astype(np.int8)
+            continue
+        if code in _TWO:
+            for op, imm in zip(_TWO[code], (kind, value)):
+                with np.errstate(over="ignore"):
+                    acc = ALU_UFUNCS[op](acc, alu_operand(op, np.int32(imm))).astype(np.int32)
             continue
         if code == kernels.LOOKUP:
             acc = tables[value + np.clip(acc, -128, 127) + 128].astype(np.int32)
