@@ -28,8 +28,10 @@ current ones, a STORE or an ALU reads them. Then the whole stream is:
    steps are its batch's program: what they make before its last step is read by nothing but
    the next step, so it gets no value numbers; a LUT's step is its table), a chain of batches
    each working in place on what the one before made (a requantisation's multiply, shift, add,
-   clamps, then a lookup) as one pass of a compiled kernel;
-4. STOREs, batched per host buffer;
+   clamps, then a lookup) as one pass of a compiled kernel, and chains over the same rows that
+   read each other's results as those rows (a requantisation's bias, zero point and scale) as
+   one pass too;
+4. STOREs, batched per host buffer (int8 rows a pass makes last: written by that pass);
 5. the scratchpads' final contents, as instruction-by-instruction execution leaves them
    (of ACC, the elements the stream changed).
 
@@ -48,7 +50,8 @@ anything there from one run to the next. A chain of batches in place is one call
 :func:`accel.hw.kernels.alu_chain`, every step of a few tile rows in registers before the
 next rows, instead of a numpy pass over memory per step (its lookups read their tables where
 the source vector holds them; an operand that is no rows of the value vector is copied into
-rows past the plan's values first). The whole run is such a list of
+rows past the plan's values first; a batch over a temporary of zeros whose first step adds
+an operand starts from that operand). The whole run is such a list of
 calls, each one numpy call (or kernel) over views of the workspace, the scratchpads and the
 host buffers made at its first run on a tuple of buffers: a session's replay gives the same
 tuple call after call, and a model's hundred streams making their views and index objects
