@@ -28,8 +28,10 @@ current ones, a STORE or an ALU reads them. Then the whole stream is:
    steps are its batch's program: what they make before its last step is read by nothing but
    the next step, so it gets no value numbers; a LUT's step is its table), a chain of batches
    each working in place on what the one before made (a requantisation's multiply, shift, add,
-   clamps, then a lookup) as one pass of a compiled kernel;
-4. STOREs, batched per host buffer;
+   clamps, then a lookup) as one pass of a compiled kernel, and chains over the same rows that
+   read each other's results as those rows (a requantisation's bias, zero point and scale) as
+   one pass too;
+4. STOREs, batched per host buffer (int8 rows a pass makes last: written by that pass);
 5. the scratchpads' final contents, as instruction-by-instruction execution leaves them
    (of ACC, the elements the stream changed).
 
@@ -48,7 +50,8 @@ anything there from one run to the next. A chain of batches in place is one call
 :func:`accel.hw.kernels.alu_chain`, every step of a few tile rows in registers before the
 next rows, instead of a numpy pass over memory per step (its lookups read their tables where
 the source vector holds them; an operand that is no rows of the value vector is copied into
-rows past the plan's values first). The whole run is such a list of
+rows past the plan's values first; a batch over a temporary of zeros whose first step adds
+an operand starts from that operand). The whole run is such a list of
 calls, each one numpy call (or kernel) over views of the workspace, the scratchpads and the
 host buffers made at its first run on a tuple of buffers: a session's replay gives the same
 tuple call after call, and a model's hundred streams making their views and index objects
@@ -857,7 +860,8 @@ class _Builder:
                   for at, src in ((inp_at, self.f.resolve(self.inp[inp_at])), (wgt_at, self.f.resolve(self.wgt[wgt_at])),
                                   (acc_at, renumber[self.acc[acc_at]]))]
         plan = FusedPlan(self, products, alus, stores, acc_loads, *finals)
-        plan.zero = _first_writes(products, self.acc_n, zeroed, loaded)
+        plan.alus, plan.zero = _started_from_operand(alus, _first_writes(products, self.acc_n, zeroed, loaded),
+                                                     products, t)
         plan.live = live
         return plan
 
@@ -1329,6 +1333,34 @@ def _first_writes(products: list, acc_n: int, zeroed: int,
     return [(int(lo), int(hi)) for lo, hi in zip(edges[::2], edges[1::2])]
 
 
+def _started_from_operand(alus: list, zero: list[tuple[int, int]], products: list, tile: int) -> tuple[list, list]:
+    """``alus`` and the ranges of values a run zeroes (``zero``, see :func:`_first_writes`),
+    where a batch in place over a run of values that start at zero (a temporary a product by
+    the immediate 0 made) and that no product adds into begins by adding its operand ``src``:
+    0 + x is x, so the batch starts from ``src`` instead, its other steps after, and that run
+    needs no zeroing (nothing else reads it before the batch writes it: see :func:`_layout`).
+
+    >>> steps = ((np.add, AluOp.ADD, None), (np.multiply, AluOp.MUL, 3))
+    >>> alus, zero = _started_from_operand([(steps, _Span(8, (4,)), _Span(8, (4,)), _Span(0, (4,)))], [(4, 16)], [], 2)
+    >>> [op.name for _, op, _ in alus[0][0]], alus[0][2].start, zero
+    (['MUL'], 0, [(4, 8), (12, 16)])
+    """
+    added = [_hull(p.grid if p.grid is not None else p.targets, tile) for p in products]
+    started = []
+    for program, new, old, src in alus:
+        run = (new.start, new.stop) if isinstance(new, _Span) else None
+        holder = next((z for z in zero if run and z[0] <= run[0] and run[1] <= z[1]), None)
+        if holder is not None and isinstance(old, _Span) and (old.start, old.stop) == run and src is not None \
+                and len(program) > 1 and program[0][0] is not None and program[0][1] is AluOp.ADD \
+                and program[0][2] is None and not any(_overlap(run, h) for h in (*added, _hull(src, tile))):
+            zero = [part for z in zero for part in (((z[0], run[0]), (run[1], z[1])) if z is holder else (z,))
+                    if part[0] < part[1]]
+            started.append((program[1:], new, src, src))
+        else:
+            started.append((program, new, old, src))
+    return started, zero
+
+
 # The host buffers a plan stores into: those :func:`~accel.hw.kernels.copy_runs` writes.
 _HOST_DTYPES = (np.dtype(np.int8), np.dtype(np.int32))
 
@@ -1374,6 +1406,23 @@ class _Copies:
         self.arrays = (src[starts], steps, dst[starts], lengths)
         self.tile = tile        # (the compiled module it is in: see kernels.copy_runs)
         self._tensors: tuple = ()   # the arrays as the kernel's tensors, made at the first bound
+
+    def then(self, other: "_Copies", shift: int) -> Optional["_Copies"]:
+        """These copies, then ``other``'s ``shift`` elements further in the target, as one (None
+        when their host steps differ): INP's and WGT's final contents, into the array they are
+        both views of.
+
+        >>> both = _Copies(np.arange(4), np.arange(4), 4).then(_Copies(np.arange(2), np.arange(2) + 8, 4), 6)
+        >>> target = np.zeros(8, np.int32); both.bound(np.arange(10, dtype=np.int32), target)(); target.tolist()
+        [0, 1, 2, 3, 0, 0, 8, 9]
+        """
+        if self.step != other.step:
+            return None
+        copies = _Copies(np.zeros(0, np.int64), np.zeros(0, np.int64), self.tile)
+        copies.step = self.step
+        copies.arrays = tuple(np.concatenate([mine, theirs + (shift if k == 2 else 0)])
+                              for k, (mine, theirs) in enumerate(zip(self.arrays, other.arrays)))
+        return copies
 
     def bound(self, source: np.ndarray, target: np.ndarray, saturate: bool = False) -> Callable[[], None]:
         """``target[dst] = source[src]`` (clipped to int8's range first when ``saturate``) as a
@@ -1861,6 +1910,11 @@ class FusedPlan:
         self.products, self.alus, self.stores, self.acc_loads = products, alus, stores, acc_loads
         # what each scratchpad ends with (the elements the stream changed), None for nothing
         self.inp_final, self.wgt_final, self.acc_final = inp_final, wgt_final, acc_final
+        # both scratchpads' kept elements as one take, and what they end with as one copy, where
+        # the simulator has them in one array (_scratchpads): a call each, not two
+        self.kept = np.concatenate([self.inp_kept, self.wgt_kept + self.inp_n])
+        self.pads_final = inp_final[0].then(wgt_final[0], self.inp_n) \
+            if all(final is not None and isinstance(final[0], _Copies) for final in (inp_final, wgt_final)) else None
         # the host buffers written: a STORE's copy is compiled for the dtype it was made for
         self.dtypes = {s[0]: b.buffers[s[0]].dtype for s in b.stores}
         self.matmuls = len(products)
@@ -1873,6 +1927,7 @@ class FusedPlan:
         self._source = self._scratch = self._ints = self._packed = None
         self._product_steps: list = []
         self._alu_steps: list = []
+        self._passes: dict[int, list[_Chain]] = {}      # passes of chains a STORE may join (_alu_steps)
         written = dict.fromkeys(s[0] for s in stores)
         self._apart = [(r, w) for r in (*self.f_slots, *self.i_slots) for w in written if r != w]
         # by id, the last few tuples of buffers found laid out as assumed: (the tuple, the run's calls on it)
@@ -1925,8 +1980,13 @@ class FusedPlan:
         # the source vector, refilled each run: the scratchpads' kept elements, the host data
         # and pads, then its extra rows (copies of what is there before)
         at = 0
-        for pad, kept in ((sim.inp, self.inp_kept), (sim.wgt, self.wgt_kept)):
-            if kept.size:       # (indices within the scratchpad: "clip" takes them as they are, unbuffered)
+        both = _scratchpads(sim, self.inp_n)
+        # (indices within the scratchpads: "clip" takes them as they are, unbuffered)
+        if both is not None and self.inp_kept.size and self.wgt_kept.size:
+            calls.append(partial(both.take, self.kept, out=source.data[:self.kept.size], mode="clip"))
+            at = self.kept.size
+        for pad, kept in ((sim.inp, self.inp_kept), (sim.wgt, self.wgt_kept)) if not at else ():
+            if kept.size:
                 calls.append(partial(pad.take, kept, out=source.data[at:at + kept.size], mode="clip"))
                 at += kept.size
         calls += _concatenated(source.data[at:self.f_base], [buffers[s] for s in self.f_slots] + [self.f_pads])
@@ -1950,14 +2010,46 @@ class FusedPlan:
                 calls += _concatenated(ints.data, parts)
             calls.append(_copied(values, self.acc_loads[0], ints, self.acc_loads[1]))
         calls += self._product_steps
-        calls += self._alu_steps
-        for slot, mode, dst, src in self.stores:
-            calls.append(_stored(buffers[slot], mode, dst, vector, src))
-        for pad, final, read in ((sim.inp, self.inp_final, source), (sim.wgt, self.wgt_final, source),
-                                 (sim.acc, self.acc_final, vector)):
+        alu_steps, stored = self._stored_in_passes(buffers)
+        calls += alu_steps
+        for k, (slot, mode, dst, src) in enumerate(self.stores):
+            if k not in stored:
+                calls.append(_stored(buffers[slot], mode, dst, vector, src))
+        finals = ((sim.inp, self.inp_final, source), (sim.wgt, self.wgt_final, source),
+                  (sim.acc, self.acc_final, vector))
+        if both is not None and self.pads_final is not None:
+            calls.append(self.pads_final.bound(source.data, both))
+            finals = finals[2:]
+        for pad, final, read in finals:
             if final is not None:
                 calls.append(_copied(pad, final[0], read, final[1]))
         return calls
+
+    def _stored_in_passes(self, buffers: Buffers) -> tuple[list[Callable[[], object]], set[int]]:
+        """The ALU steps for ``buffers``, and the STOREs (by index) that are steps of their passes
+        instead of calls of their own: a STORE to an int8 buffer no other one writes, of the
+        first lanes of every row a pass of chains makes last (no later step writes over them)
+        into rows one after the other there, is written by the pass while it has them at hand
+        (a pass over the values and a call fewer). All reads of host buffers happen before, and
+        nothing reads a buffer written, so it may be written before the other STOREs."""
+        steps, stored = self._alu_steps, set()
+        slots = [slot for slot, *_ in self.stores]
+        passes = dict(self._passes)
+        for k, (slot, mode, dst, src) in enumerate(self.stores):
+            target = buffers[slot]
+            if mode is StoreMode.INT32 or slots.count(slot) > 1 or target.dtype != np.int8 \
+                    or not target.flags.c_contiguous:
+                continue
+            for index, chains in passes.items():
+                rows = _rows_stored(dst, src, chains[-1], target.size)
+                if rows is not None:
+                    steps = list(steps) if steps is self._alu_steps else steps
+                    steps[index] = _chains_call(chains, self._scratch, self._source,
+                                                (target.reshape(-1), mode, *rows))
+                    stored.add(k)
+                    del passes[index]
+                    break
+        return steps, stored
 
     def _bind(self, sim) -> None:
         """Work in ``sim``'s workspace: one source, value and int32 vector for all the plans of
@@ -1986,13 +2078,26 @@ class FusedPlan:
         # the products and ALU batches work in the workspace alone: bound here, once, not
         # again for each tuple of host buffers (a model's tensors move during its first calls)
         self._product_steps = [product.call(self._source, self._scratch.data, self._packed) for product in self.products]
-        self._alu_steps = _alu_steps(self._scratch, self._source, self.alus, _Spill(self.values, spill))
+        self._alu_steps, self._passes = _alu_steps(self._scratch, self._source, self.alus,
+                                                   _Spill(self.values, spill))
         self._on = on
         kept = [buffers for buffers, _ in self._steps.values()]
         self._steps.clear()
         for buffers in kept:
             remember(self._steps, buffers, (buffers, self._calls(buffers, sim)))
         sim.plans.add(self)
+
+
+def _scratchpads(sim, inp_n: int) -> Optional[np.ndarray]:
+    """The array ``sim``'s INP (``inp_n`` elements) and WGT are views of, one after the other,
+    as a :class:`~accel.hw.sim.Simulator` makes them; None when they are not."""
+    inp, wgt = sim.inp, sim.wgt
+    base = inp.base
+    if base is None or wgt.base is not base or base.ndim != 1 or inp.size != inp_n or \
+            inp.size + wgt.size != base.size or inp.ctypes.data != base.ctypes.data or \
+            wgt.ctypes.data != base.ctypes.data + inp.nbytes:
+        return None
+    return base
 
 
 def _concatenated(out: np.ndarray, parts: list) -> list[Callable[[], object]]:
@@ -2081,6 +2186,32 @@ def _stored(target: np.ndarray, mode: StoreMode, dst, vector: _Vector, src) -> C
     return dst.bound(vector.data, target, mode is StoreMode.SATURATE)     # a _Copies
 
 
+def _rows_stored(dst, src, chain: "_Chain", size: int) -> Optional[tuple[int, int]]:
+    """``(at, lanes)`` when a STORE of ``src`` to ``dst`` (views of the values and of a host
+    buffer of ``size`` elements) copies the first ``lanes`` of every row ``chain`` writes, in
+    order, into the host elements from ``at`` on; else None.
+
+    >>> chain = _Chain((kernels.RUN, 0, (0, 8)), (8, 16), 4)
+    >>> _rows_stored(_Span(3, (2, 2)), _View(8, (2, 2), (4, 1)), chain, 9)      # two lanes of each row
+    (3, 2)
+    >>> _rows_stored(_Span(3, (4,)), _Span(8, (4,)), chain, 9) is None       # the first row, then the second
+    True
+    """
+    rows = chain.rows()
+    if not isinstance(src, (_Span, _View)) or not isinstance(dst, (_Span, _View)) or src.size != dst.size \
+            or not src.size or src.size % rows or src.size // rows > chain.tile:
+        return None
+    lanes = src.size // rows
+    read = (chain.writes[0] + np.arange(rows)[:, None] * chain.tile + np.arange(lanes)).reshape(-1)
+    if not np.array_equal(src.of(np.arange(_hull(src, chain.tile)[1])).reshape(-1), read):
+        return None
+    at = _hull(dst, 1)[0]
+    if _hull(dst, 1)[1] > size or not np.array_equal(dst.of(np.arange(_hull(dst, 1)[1])).reshape(-1),
+                                                     at + np.arange(src.size)):
+        return None
+    return at, lanes
+
+
 def remember(seen: dict, buffers: tuple, entry: object = None) -> None:
     """Add ``buffers`` to ``seen`` (by id; held there, in ``entry`` when given, so no other tuple
     takes its id), the oldest going first beyond :data:`_REMEMBERED`: what a plan (or a
@@ -2153,8 +2284,10 @@ def _workspace(space: dict, role: str, dtype, size: int) -> np.ndarray:
 
 
 def _alu_steps(vector: _Vector, source: _Vector, alus: list, spill: Optional["_Spill"] = None
-               ) -> list[Callable[[], object]]:
-    """A plan's ALU and LUT batches as calls, in an order that gives every batch what it reads.
+               ) -> tuple[list[Callable[[], object]], dict[int, list["_Chain"]]]:
+    """A plan's ALU and LUT batches as calls, in an order that gives every batch what it reads,
+    and by their index, the passes of chains (see :func:`_chains_call`) whose results no later
+    call writes over: a STORE of them may be a step of their pass (:meth:`FusedPlan._calls`).
 
     A batch's steps (an ALU chain instruction's), and those of a batch written over the run of
     values the batch before it made, in place (a requantisation's chain, then a lookup),
@@ -2167,18 +2300,21 @@ def _alu_steps(vector: _Vector, source: _Vector, alus: list, spill: Optional["_S
     all before it in ``alus``. An operand the
     kernel cannot read as rows (some of its rows gathered element by element, rows not ``tile``
     wide) is copied into whole rows past the plan's values (``spill``, see :class:`_Spill`) just
-    before its chain runs; without room there, such a batch is numpy calls (:func:`_alu_calls`)."""
+    before its chain runs; without room there, such a batch is numpy calls (:func:`_alu_calls`).
+    Chains next to each other that may share a pass (a requantisation's over the rows of one
+    product: its bias, zero point and scale) run in one."""
     tile = _tile(vector)
-    steps: list[Callable[[], object]] = []
+    steps: list = []        # chains, and numpy calls with the values they write
     chains: dict[tuple[int, int], _Chain] = {}     # the open chains by the run they write
 
     def flush(keep: Optional[_Chain], reads: list, writes: tuple) -> None:
         # run, in the order they began, the open chains the next batch depends on: those that
         # write what it reads or writes, or read what it writes
         for key, chain in list(chains.items()):
+            touched = (chain.writes, *(hull for _, _, hull in chain.reads))
             if chain is not keep and (any(_overlap(chain.writes, r) for r in reads) or
-                                      any(_overlap(w, writes) for w in (chain.writes, *chain.reads))):
-                steps.append(chain.call(vector, source))
+                                      any(_overlap(w, writes) for w in touched)):
+                steps.append(chain)
                 del chains[key]
 
     for alu in alus:
@@ -2187,7 +2323,7 @@ def _alu_steps(vector: _Vector, source: _Vector, alus: list, spill: Optional["_S
         copies = spill.taken() if spill is not None else []
         if rows is None:
             flush(None, [_hull(m, tile) for m in (old, src) if m is not None], _hull(new, tile))
-            steps += _alu_calls(vector, source, *alu)
+            steps += [(call, _hull(new, tile)) for call in _alu_calls(vector, source, *alu)]
             continue
         writes = (new.start, new.stop)
         start, src_rows, codes = rows
@@ -2202,7 +2338,24 @@ def _alu_steps(vector: _Vector, source: _Vector, alus: list, spill: Optional["_S
             chain.add(code, operand)
         chain.copies += copies
     flush(None, [(0, vector.data.size)], (0, 0))
-    return steps
+    passes: list = []       # lists of chains, and numpy calls with the values they write
+    for step in steps:
+        if isinstance(step, _Chain) and passes and isinstance(passes[-1], list) and step.follows(passes[-1]):
+            passes[-1].append(step)
+        else:
+            passes.append([step] if isinstance(step, _Chain) else step)
+    calls: list[Callable[[], object]] = []
+    last: dict[int, list[_Chain]] = {}
+    for index, step in enumerate(passes):
+        if isinstance(step, tuple):
+            calls.append(step[0])
+            continue
+        calls.append(_chains_call(step, vector, source))
+        made = step[-1].writes
+        if not any(_overlap(made, writes) for later in passes[index + 1:]
+                   for writes in ([later[1]] if isinstance(later, tuple) else [chain.writes for chain in later])):
+            last[index] = step
+    return calls, last
 
 
 def _overlap(a: tuple[int, int], b: tuple[int, int]) -> bool:
@@ -2373,60 +2526,110 @@ class _Chain:
     def __init__(self, start: tuple, writes: tuple[int, int], tile: int) -> None:
         self.start, self.writes, self.tile = start, writes, tile
         self.steps: list[tuple[int, object]] = []
-        self.reads = [start[2]]
+        self.reads = [start]        # the operands of rows it reads, (kind, value or row starts, hull)
         self.copies: list[tuple[np.ndarray, int]] = []      # operands' rows copied before it runs (_Spill)
 
     def add(self, code: int, operand) -> None:
         self.steps.append((code, operand))
         if code != kernels.LOOKUP and operand[0] != kernels.IMM:
-            self.reads.append(operand[2])
+            self.reads.append(operand)
 
-    def call(self, vector: _Vector, source: _Vector) -> Callable[[], object]:
-        """The chain as a call without arguments over the value vector (which stays put
-        between runs; LUT tables are read where the source vector holds them, or gathered from
-        it at each run when one is no run there)."""
-        import tvm_ffi
+    def rows(self) -> int:
+        return (self.writes[1] - self.writes[0]) // self.tile
 
-        bases: list[np.ndarray] = []
-        tables = [operand for code, operand in self.steps if code == kernels.LOOKUP]
-        # the tables in place when each is a run of the source vector (a table a LOAD brought
-        # whole), else copies of their entries (int8, like the source vector)
-        in_place = bool(tables) and all(isinstance(_run_of(entries), _Span) for entries in tables)
-        table = source.data if in_place else np.zeros(max(1, len(tables) * LUT_ENTRIES), np.int8)
-        at = 0
+    def follows(self, chains: list["_Chain"]) -> bool:
+        """Whether this chain, run after ``chains`` (one after the other), may run in their
+        pass instead, block of rows by block: over as many rows, reading what they write only
+        as the same run (the same rows, written earlier in the block), writing nothing they
+        read but a run they read as the same rows, nor what they write but the same run, and
+        its copies (made before the pass) of nothing they write."""
+        def apart(reads: list, writes: tuple[int, int]) -> bool:
+            return all(not _overlap(hull, writes) or (kind == kernels.RUN and value == writes[0]) or
+                       (kind != kernels.RUN and
+                        not _rows_meet(value, 1 if kind == kernels.SPLAT else self.tile, writes))
+                       for kind, value, hull in reads)
+        return all(self.rows() == chain.rows() and apart(self.reads, chain.writes) and
+                   apart(chain.reads, self.writes) and
+                   (self.writes == chain.writes or not _overlap(self.writes, chain.writes)) and
+                   not any(_overlap(_hull(elements, self.tile), chain.writes) for elements, _ in self.copies)
+                   for chain in chains)
 
-        def encode(kind: int, value) -> tuple[int, int]:
-            nonlocal at
-            if kind in (kernels.ROWS, kernels.SPLAT):
-                bases.append(value)
-                at += value.size
-                return kind, at - value.size
-            return kind, int(value)
-        program = [(0, *encode(*self.start[:2]))]
-        looked = 0
-        for code, operand in self.steps:
+
+# Two steps by immediates that :func:`~accel.hw.kernels.alu_chain` runs as one (a requantisation's
+# scale, rounding and clamp: a pass over the block each fewer).
+_TWO_STEPS = {(int(AluOp.MUL), int(AluOp.SHR)): kernels.SCALE, (int(AluOp.ADD), int(AluOp.SHR)): kernels.ROUND,
+              (int(AluOp.MIN), int(AluOp.MAX)): kernels.MIN_MAX, (int(AluOp.MAX), int(AluOp.MIN)): kernels.MAX_MIN}
+
+
+def _rows_meet(starts: np.ndarray, width: int, writes: tuple[int, int]) -> bool:
+    """Whether any of the rows of ``width`` values from ``starts`` on is in ``writes`` (a run
+    whose hull holds it may still miss every row: a bias row, and rows copied far past it)."""
+    return bool(((starts < writes[1]) & (starts + width > writes[0])).any())
+
+
+def _chains_call(chains: list[_Chain], vector: _Vector, source: _Vector,
+                 store: Optional[tuple[np.ndarray, StoreMode, int, int]] = None) -> Callable[[], object]:
+    """Chains (one after the other, each :meth:`_Chain.follows` those before it) as one call of
+    :func:`~accel.hw.kernels.alu_chain` without arguments over the value vector (which stays put
+    between runs; LUT tables are read where the source vector holds them, or gathered from it at
+    each run when one is no run there): one pass over their rows instead of one each. With
+    ``store`` ``(target, mode, at, lanes)``, the pass also writes the first ``lanes`` of each of the
+    last chain's rows into the int8 ``target`` from ``at`` on, one row after the other, narrowed
+    as a STORE of ``mode`` narrows them (:func:`_stored`)."""
+    import tvm_ffi
+
+    bases: list[np.ndarray] = []
+    tables = [operand for chain in chains for code, operand in chain.steps if code == kernels.LOOKUP]
+    # the tables in place when each is a run of the source vector (a table a LOAD brought
+    # whole), else copies of their entries (int8, like the source vector)
+    in_place = bool(tables) and all(isinstance(_run_of(entries), _Span) for entries in tables)
+    table = source.data if in_place else np.zeros(max(1, len(tables) * LUT_ENTRIES), np.int8)
+    at = 0
+
+    def encode(kind: int, value) -> tuple[int, int]:
+        nonlocal at
+        if kind in (kernels.ROWS, kernels.SPLAT):
+            bases.append(value)
+            at += value.size
+            return kind, at - value.size
+        return kind, int(value)
+    program = []
+    looked = 0
+    for chain in chains:
+        if program:     # the chain before written, this one begun
+            program += [(kernels.WRITE, kernels.IMM, program_out), (kernels.START, *encode(*chain.start[:2]))]
+        else:
+            program.append((0, *encode(*chain.start[:2])))
+        for code, operand in chain.steps:
             if code == kernels.LOOKUP:
                 program.append((code, kernels.IMM, int(operand[0]) if in_place else looked * LUT_ENTRIES))
                 looked += 1
             else:
-                program.append((code, *encode(*operand[:2])))
-        arrays = (vector.data, np.concatenate(bases) if bases else np.zeros(1, np.int64), table,
-                  np.array(program, np.int64))
-        kernel = partial(kernels.alu_chain(self.tile), *(tvm_ffi.from_dlpack(a) for a in arrays),
-                         (self.writes[1] - self.writes[0]) // self.tile, self.writes[0])
-        # (into value numbers past every element they copy: "clip" takes them unbuffered)
-        before = [partial(vector.data.take, elements, out=vector.data[at:at + elements.size], mode="clip")
-                  for elements, at in self.copies]
-        if tables and not in_place:
-            before.append(partial(source.data.take, np.concatenate(tables), out=table, mode="clip"))
-        if not before:
-            return kernel
+                row = (code, *encode(*operand[:2]))
+                two = _TWO_STEPS.get((program[-1][0], code)) if row[1] == kernels.IMM == program[-1][1] else None
+                program[-1:] = [(two, program[-1][2], row[2])] if two is not None else [program[-1], row]
+        program_out = chain.writes[0]
+    target = np.zeros(1, np.int8)
+    if store is not None:
+        target, mode, to, lanes = store
+        program.append((kernels.SATURATED if mode is StoreMode.SATURATE else kernels.WRAPPED, lanes, to))
+    arrays = (vector.data, np.concatenate(bases) if bases else np.zeros(1, np.int64), table,
+              np.array(program, np.int64), target)
+    kernel = partial(kernels.alu_chain(chains[0].tile), *(tvm_ffi.from_dlpack(a) for a in arrays),
+                     chains[0].rows(), program_out)
+    # (into value numbers past every element they copy: "clip" takes them unbuffered)
+    before = [partial(vector.data.take, elements, out=vector.data[start:start + elements.size], mode="clip")
+              for chain in chains for elements, start in chain.copies]
+    if tables and not in_place:
+        before.append(partial(source.data.take, np.concatenate(tables), out=table, mode="clip"))
+    if not before:
+        return kernel
 
-        def copied() -> None:
-            for copy in before:
-                copy()
-            kernel()
-        return copied
+    def copied() -> None:
+        for copy in before:
+            copy()
+        kernel()
+    return copied
 
 
 try:    # the ufunc np.clip wraps: its Python layer costs ~3 us a call, and a model call makes hundreds

@@ -51,11 +51,22 @@ import numpy as np
 
 from accel.hw.instructions import LUT_ENTRIES, AluOp
 
-__all__ = ["tap_sum", "scaled_rows", "gemm", "alu_chain", "copy_runs", "LOOKUP", "IMM", "RUN", "ROWS", "SPLAT",
+__all__ = ["tap_sum", "scaled_rows", "gemm", "alu_chain", "copy_runs", "LOOKUP", "WRITE", "START", "WRAPPED",
+           "SATURATED", "SCALE", "ROUND", "MIN_MAX", "MAX_MIN", "IMM", "RUN", "ROWS", "SPLAT",
            "CACHE", "cache_path"]
 
 #: :func:`alu_chain`'s code of a table lookup step (the ALU ops are their :class:`AluOp` values).
 LOOKUP = max(AluOp) + 1
+#: :func:`alu_chain`'s codes that end one chain and begin the next in the same pass: WRITE the
+#: rows so far at the immediate's run of ``values``, START again from an operand.
+WRITE, START = LOOKUP + 1, LOOKUP + 2
+#: :func:`alu_chain`'s codes that write the rows so far, narrowed to int8 as a STORE of that
+#: mode does (the low byte, or clipped first), into its ``target`` (a host buffer).
+WRAPPED, SATURATED = LOOKUP + 3, LOOKUP + 4
+#: :func:`alu_chain`'s codes of two steps by immediates (``kind`` the first's, ``value`` the
+#: second's) in one pass: MUL then SHR (a requantisation's scale), ADD then SHR (its rounding),
+#: MIN then MAX and MAX then MIN (its clamp).
+SCALE, ROUND, MIN_MAX, MAX_MIN = LOOKUP + 5, LOOKUP + 6, LOOKUP + 7, LOOKUP + 8
 #: :func:`alu_chain`'s operand kinds: an immediate; row ``r`` at ``value + r * tile`` (a run);
 #: row ``r`` at ``bases[value + r]``; row ``r`` all ``values[bases[value + r]]`` (a broadcast).
 IMM, RUN, ROWS, SPLAT = range(4)
@@ -191,7 +202,7 @@ _scratch = threading.local()
 
 @functools.lru_cache(maxsize=None)     # (a first call binds a chain's kernel hundreds of times)
 def alu_chain(tile: int) -> Callable[..., None]:
-    """``f(values, bases, tables, program, rows, out)`` (DLPack tensors, then ints): for each
+    """``f(values, bases, tables, program, target, rows, out)`` (DLPack tensors, then ints): for each
     of ``rows`` rows of ``tile`` lanes, ``v`` = the row of ``program[0]``'s operand, then for
     each later step ``(code, kind, value) = program[k]``: ``v = op(v, operand)`` with wrapping
     int32 arithmetic (:data:`~accel.hw.instructions.ALU_UFUNCS`, a shift by the operand clipped
@@ -202,11 +213,21 @@ def alu_chain(tile: int) -> Callable[..., None]:
     int64, ``program`` ``[steps, 3]`` int64. A block of rows is read before it is written: the
     rows written may be the first operand's run (in place), and overlap no other operand.
 
+    Several chains over as many rows run in one pass, block by block: a step :data:`WRITE`
+    (kind :data:`IMM`) writes ``v`` at ``values[value + r * tile + lane]`` and a step
+    :data:`START` sets ``v`` to its operand's row, as ``program[0]`` does (a later chain reads
+    what an earlier one wrote as the same run: the same rows, just written). A step
+    :data:`WRAPPED` or :data:`SATURATED` writes lanes ``c < kind`` of ``v`` as int8 at
+    ``target[value + r * kind + c]`` (a STORE of the rows into a host buffer, in the same pass).
+    :data:`SCALE`, :data:`ROUND`, :data:`MIN_MAX` and :data:`MAX_MIN` are two steps by the
+    immediates ``kind`` and ``value``.
+
     >>> import numpy as np, tvm_ffi
     >>> values = np.array([5, -7, 100, 3, 0, 0], np.int32)
     >>> program = np.array([[0, RUN, 0], [int(AluOp.MUL), IMM, 3], [int(AluOp.ADD), ROWS, 0],
     ...                     [int(AluOp.MAX), IMM, 0]])
-    >>> tensors = [tvm_ffi.from_dlpack(a) for a in (values, np.array([2]), np.zeros(1, np.int8), program)]
+    >>> tensors = [tvm_ffi.from_dlpack(a) for a in (values, np.array([2]), np.zeros(1, np.int8), program,
+    ...                                             np.zeros(1, np.int8))]
     >>> alu_chain(2)(*tensors, 1, 4)
     >>> values.tolist()       # max(5 * 3 + 100, 0), max(-7 * 3 + 3, 0)
     [5, -7, 100, 3, 115, 0]
@@ -387,16 +408,19 @@ def _compile(tile: int, cpu: str | None = None):
 
     block = _CHAIN_ROWS
     add, most, least, shr, mul = (int(AluOp.ADD), int(AluOp.MAX), int(AluOp.MIN), int(AluOp.SHR), int(AluOp.MUL))
+    write, start, wrapped, saturated = WRITE, START, WRAPPED, SATURATED
+    scale, rounding, min_max, max_min = SCALE, ROUND, MIN_MAX, MAX_MIN
 
     @T.prim_func
-    def alu_chain(a_values: T.handle, a_bases: T.handle, a_tables: T.handle, a_program: T.handle, rows: T.int64,
-                  out: T.int64):
+    def alu_chain(a_values: T.handle, a_bases: T.handle, a_tables: T.handle, a_program: T.handle,
+                  a_target: T.handle, rows: T.int64, out: T.int64):
         T.func_attr({"global_symbol": "alu_chain"})
-        n, b, e, k = T.int64(), T.int64(), T.int64(), T.int64()
+        n, b, e, k, h = T.int64(), T.int64(), T.int64(), T.int64(), T.int64()
         values = T.match_buffer(a_values, (n,), "int32", align=4)
         bases = T.match_buffer(a_bases, (b,), "int64", align=8)
         tables = T.match_buffer(a_tables, (e,), "int8", align=1)
         program = T.match_buffer(a_program, (k, 3), "int64", align=8)
+        target = T.match_buffer(a_target, (h,), "int8", align=1)
         acc = T.alloc_buffer((block * tile,), "int32", scope="local")
         arg = T.alloc_buffer((block * tile,), "int32", scope="local")
         for r0 in range((rows + block - 1) // block):
@@ -418,7 +442,48 @@ def _compile(tile: int, cpu: str | None = None):
             for s in range(1, k):
                 code = program[s, 0]
                 kind = program[s, 1]
-                if kind == IMM:
+                if code == wrapped or code == saturated:    # (``kind`` the lanes written of each row)
+                    low = T.if_then_else(code == saturated, -128, -2**31)      # (wrapped: clipped to nothing)
+                    high = T.if_then_else(code == saturated, 127, 2**31 - 1)
+                    # whole rows and half rows (a layer of half a tile's channels) as vectors
+                    if kind == tile:
+                        for j in range(m):
+                            for c in T.vectorized(tile):
+                                target[program[s, 2] + (first + j) * tile + c] = T.Cast(
+                                    "int8", T.max(T.min(acc[j * tile + c], high), low))
+                    elif kind * 2 == tile:
+                        for j in range(m):
+                            for c in T.vectorized(tile // 2):
+                                target[program[s, 2] + (first + j) * (tile // 2) + c] = T.Cast(
+                                    "int8", T.max(T.min(acc[j * tile + c], high), low))
+                    else:
+                        for j in range(m):
+                            for c in range(kind):
+                                target[program[s, 2] + (first + j) * kind + c] = T.Cast(
+                                    "int8", T.max(T.min(acc[j * tile + c], high), low))
+                elif code == scale:
+                    for j in range(m):
+                        for c in T.vectorized(tile):
+                            acc[j * tile + c] = T.shift_right(T.Cast("int32", T.Cast("int64", acc[j * tile + c]) *
+                                                                     program[s, 1]),
+                                                              T.max(T.min(T.Cast("int32", program[s, 2]), 31), 0))
+                elif code == rounding:
+                    for j in range(m):
+                        for c in T.vectorized(tile):
+                            acc[j * tile + c] = T.shift_right(T.Cast("int32", T.Cast("int64", acc[j * tile + c]) +
+                                                                     program[s, 1]),
+                                                              T.max(T.min(T.Cast("int32", program[s, 2]), 31), 0))
+                elif code == min_max:
+                    for j in range(m):
+                        for c in T.vectorized(tile):
+                            acc[j * tile + c] = T.max(T.min(acc[j * tile + c], T.Cast("int32", program[s, 1])),
+                                                      T.Cast("int32", program[s, 2]))
+                elif code == max_min:
+                    for j in range(m):
+                        for c in T.vectorized(tile):
+                            acc[j * tile + c] = T.min(T.max(acc[j * tile + c], T.Cast("int32", program[s, 1])),
+                                                      T.Cast("int32", program[s, 2]))
+                elif kind == IMM:
                     # (the immediate as a scalar: no row of it to fill)
                     imm = T.Cast("int32", program[s, 2])
                     if code == add:     # int32 wraps: the sum of the int64s, truncated (llvm's
@@ -444,47 +509,81 @@ def _compile(tile: int, cpu: str | None = None):
                             for c in T.vectorized(tile):
                                 acc[j * tile + c] = T.Cast("int32", T.Cast("int64", acc[j * tile + c]) *
                                                            T.Cast("int64", imm))
+                    elif code == write:     # a chain's rows out; the next one STARTs
+                        for j in range(m):
+                            for c in T.vectorized(tile):
+                                values[program[s, 2] + (first + j) * tile + c] = acc[j * tile + c]
                     else:       # LOOKUP in the table at ``program[s, 2]``
                         for j in range(m):
                             for c in T.vectorized(tile):
                                 acc[j * tile + c] = T.Cast("int32", tables[program[s, 2] + T.Cast(
                                     "int64", T.max(T.min(acc[j * tile + c], 127), -128) + 128)])
                 else:
-                    if kind == RUN:
-                        for j in range(m):
-                            for c in T.vectorized(tile):
-                                arg[j * tile + c] = values[program[s, 2] + (first + j) * tile + c]
-                    elif kind == ROWS:
-                        for j in range(m):
-                            for c in T.vectorized(tile):
-                                arg[j * tile + c] = values[bases[program[s, 2] + first + j] + c]
+                    if kind == RUN:     # (read where it is: no pass through ``arg``)
+                        at = program[s, 2] + first * tile
+                        if code == start:
+                            for j in range(m):
+                                for c in T.vectorized(tile):
+                                    acc[j * tile + c] = values[at + j * tile + c]
+                        elif code == add:
+                            for j in range(m):
+                                for c in T.vectorized(tile):
+                                    acc[j * tile + c] = T.Cast("int32", T.Cast("int64", acc[j * tile + c]) +
+                                                               T.Cast("int64", values[at + j * tile + c]))
+                        elif code == most:
+                            for j in range(m):
+                                for c in T.vectorized(tile):
+                                    acc[j * tile + c] = T.max(acc[j * tile + c], values[at + j * tile + c])
+                        elif code == least:
+                            for j in range(m):
+                                for c in T.vectorized(tile):
+                                    acc[j * tile + c] = T.min(acc[j * tile + c], values[at + j * tile + c])
+                        elif code == shr:
+                            for j in range(m):
+                                for c in T.vectorized(tile):
+                                    acc[j * tile + c] = T.shift_right(acc[j * tile + c], T.max(T.min(
+                                        values[at + j * tile + c], 31), 0))
+                        else:
+                            for j in range(m):
+                                for c in T.vectorized(tile):
+                                    acc[j * tile + c] = T.Cast("int32", T.Cast("int64", acc[j * tile + c]) *
+                                                               T.Cast("int64", values[at + j * tile + c]))
                     else:
-                        for j in range(m):
-                            for c in T.vectorized(tile):
-                                arg[j * tile + c] = values[bases[program[s, 2] + first + j]]
-                    if code == add:
-                        for j in range(m):
-                            for c in T.vectorized(tile):
-                                acc[j * tile + c] = T.Cast("int32", T.Cast("int64", acc[j * tile + c]) +
-                                                           T.Cast("int64", arg[j * tile + c]))
-                    elif code == most:
-                        for j in range(m):
-                            for c in T.vectorized(tile):
-                                acc[j * tile + c] = T.max(acc[j * tile + c], arg[j * tile + c])
-                    elif code == least:
-                        for j in range(m):
-                            for c in T.vectorized(tile):
-                                acc[j * tile + c] = T.min(acc[j * tile + c], arg[j * tile + c])
-                    elif code == shr:
-                        for j in range(m):
-                            for c in T.vectorized(tile):
-                                acc[j * tile + c] = T.shift_right(acc[j * tile + c],
-                                                                  T.max(T.min(arg[j * tile + c], 31), 0))
-                    else:
-                        for j in range(m):
-                            for c in T.vectorized(tile):
-                                acc[j * tile + c] = T.Cast("int32", T.Cast("int64", acc[j * tile + c]) *
-                                                           T.Cast("int64", arg[j * tile + c]))
+                        if kind == ROWS:
+                            for j in range(m):
+                                for c in T.vectorized(tile):
+                                    arg[j * tile + c] = values[bases[program[s, 2] + first + j] + c]
+                        else:
+                            for j in range(m):
+                                for c in T.vectorized(tile):
+                                    arg[j * tile + c] = values[bases[program[s, 2] + first + j]]
+                        if code == start:
+                            for j in range(m):
+                                for c in T.vectorized(tile):
+                                    acc[j * tile + c] = arg[j * tile + c]
+                        elif code == add:
+                            for j in range(m):
+                                for c in T.vectorized(tile):
+                                    acc[j * tile + c] = T.Cast("int32", T.Cast("int64", acc[j * tile + c]) +
+                                                               T.Cast("int64", arg[j * tile + c]))
+                        elif code == most:
+                            for j in range(m):
+                                for c in T.vectorized(tile):
+                                    acc[j * tile + c] = T.max(acc[j * tile + c], arg[j * tile + c])
+                        elif code == least:
+                            for j in range(m):
+                                for c in T.vectorized(tile):
+                                    acc[j * tile + c] = T.min(acc[j * tile + c], arg[j * tile + c])
+                        elif code == shr:
+                            for j in range(m):
+                                for c in T.vectorized(tile):
+                                    acc[j * tile + c] = T.shift_right(acc[j * tile + c],
+                                                                      T.max(T.min(arg[j * tile + c], 31), 0))
+                        else:
+                            for j in range(m):
+                                for c in T.vectorized(tile):
+                                    acc[j * tile + c] = T.Cast("int32", T.Cast("int64", acc[j * tile + c]) *
+                                                               T.Cast("int64", arg[j * tile + c]))
             for j in range(m):
                 for c in T.vectorized(tile):
                     values[out + (first + j) * tile + c] = acc[j * tile + c]

@@ -176,9 +176,10 @@ class Simulator:
         self.config = config or Config()
         c = self.config
         # INP/WGT hold int8 values; keeping them as float32 (exact for int8) lets GEMM call
-        # BLAS without converting operands on every instruction.
-        self.inp = np.zeros(c.inp_elements, np.float32)
-        self.wgt = np.zeros(c.wgt_elements, np.float32)
+        # BLAS without converting operands on every instruction. They are one array, INP then
+        # WGT: a fused plan reads and writes both in one call each (FusedPlan._calls).
+        scratchpads = np.zeros(c.inp_elements + c.wgt_elements, np.float32)
+        self.inp, self.wgt = scratchpads[:c.inp_elements], scratchpads[c.inp_elements:]
         self.acc = np.zeros(c.acc_elements, np.int32)
         self._sizes = {Mem.INP: c.inp_elements, Mem.WGT: c.wgt_elements, Mem.ACC: c.acc_elements}
         self._temps: dict[tuple, np.ndarray] = {}

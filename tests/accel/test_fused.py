@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
-from accel.hw import fused
+from accel.hw import fused, kernels
 from accel.hw.emitter import Emitter
 from accel.hw.instructions import DWMAC, chain_code
 from accel.hw.isa import Alu, AluChain, AluOp, Dwmac, Finish, Gemm, Load, Lut, Mem, Store, StoreMode
@@ -883,6 +883,51 @@ def test_alu_chains_in_the_plan_equal_instruction_by_instruction(stream):
     _runs_alike(plan, stream, (sim2, host2), (ref2, want2))
 
 
+def test_a_requantisation_s_chains_over_the_same_rows_are_one_pass():
+    """A clamp of the accumulators, a block made from them (a zero point's), then the scaled
+    accumulators plus that block into new values: three chains over the same rows, each
+    reading what the ones before wrote as the same rows, run as one kernel call, block of rows
+    by block, and leave what the reference leaves."""
+    a, b = (dict(dst_addr=d, ext_out=16, dst_stride_out=16) for d in (0, 256))
+    stream = _auto([_gemm(reset=True), Gemm(acc_addr=256, inp_addr=0, wgt_addr=0, acc_ld=16, inp_ld=16, wgt_ld=16,
+                                            reset=True),
+                    AluChain(**a, **chain_code([(AluOp.MAX, -50), (AluOp.MIN, 50)])),
+                    AluChain(**b, src_addr=0, src_stride_out=16, **chain_code([(AluOp.ADD, None), (AluOp.MUL, 3)])),
+                    AluChain(**a, src_addr=256, src_stride_out=16,
+                             **chain_code([(AluOp.MUL, 5), (AluOp.SHR, 2), (AluOp.ADD, None), (AluOp.MAX, 0)])),
+                    *(Store(sram_addr=d, sram_ld=16, slot=4, dram_offset=d, dram_ld=16, rows=16, cols=16)
+                      for d in (0, 256))])
+    plan, (sim, host), (ref, want) = _both(stream)
+    _runs_alike(plan, stream, (sim, host), (ref, want))
+    assert len(plan.alus) == 3 and len(plan._alu_steps) == 1
+
+
+def test_a_copy_into_a_temporary_starts_from_its_operand_not_from_zeros():
+    """``[MUL 0, ADD src, MUL 3]`` (a temporary made from the accumulators, as a zero point's
+    is): its values would start at zero, then add ``src``; the plan starts them from ``src``
+    (0 + x is x), zeroes nothing, and ends as the reference."""
+    stream = _auto([_gemm(reset=True), _gemm(),
+                    AluChain(dst_addr=256, ext_out=16, dst_stride_out=16, src_addr=0, src_stride_out=16,
+                             **chain_code([(AluOp.MUL, 0), (AluOp.ADD, None), (AluOp.MUL, 3)])),
+                    *(Store(sram_addr=d, sram_ld=16, slot=4, dram_offset=d, dram_ld=16, rows=16, cols=16)
+                      for d in (0, 256))])
+    plan, (sim, host), (ref, want) = _both(stream)
+    _runs_alike(plan, stream, (sim, host), (ref, want))
+    (program, new, old, src), = plan.alus
+    assert plan.zero == [] and [op for _, op, _ in program] == [AluOp.MUL] and old is src
+
+
+def test_a_chain_follows_one_whose_rows_miss_what_it_writes_though_their_hull_holds_it():
+    """A first chain adds rows read far apart (a bias row, and a row copied past the plan's
+    values): a second one writing between them, from what the first wrote, shares its pass;
+    one writing over one of those rows does not."""
+    first = fused._Chain((kernels.RUN, 20, (20, 28)), (20, 28), 4)
+    first.add(int(AluOp.ADD), (kernels.ROWS, np.array([0, 100]), (0, 104)))
+    for writes, follows in (((40, 48), True), ((98, 106), False)):
+        second = fused._Chain((kernels.RUN, 20, (20, 28)), writes, 4)
+        assert second.follows([first]) is follows
+
+
 # (at most 4 immediates: two more steps with one may go around them in a chain of 6)
 _STEPS = st.lists(st.tuples(st.sampled_from(list(AluOp)), st.one_of(st.none(), st.just(0), st.integers(-40, 40))),
                   min_size=1, max_size=5).filter(lambda steps: sum(imm is not None for _, imm in steps) <= 4)
@@ -1052,7 +1097,7 @@ def test_chain_operands_that_are_no_rows_are_copied_into_rows_before_their_chain
     vector = fused._Vector(np.concatenate([values, np.full(need, 99, np.int32)]), tile)
     source = fused._Vector(table, tile)
     with mock.patch.object(fused, "_alu_step", side_effect=AssertionError("a numpy batch")):
-        steps = fused._alu_steps(vector, source, alus, fused._Spill(values.size, need))
+        steps, _ = fused._alu_steps(vector, source, alus, fused._Spill(values.size, need))
     assert len(steps) == 2
     for step in steps:
         step()
@@ -1084,7 +1129,7 @@ def test_a_batch_of_steps_run_by_numpy_or_the_kernel_computes_them_in_turn(steps
     need = fused._Spill.need([batch], tile) if kernel else 0
     vector = fused._Vector(np.concatenate([values, np.zeros(need, np.int32)]), tile)
     calls = fused._alu_steps(vector, fused._Vector(np.zeros(256, np.int8), tile), [batch],
-                             fused._Spill(values.size, need)) if kernel else \
+                             fused._Spill(values.size, need))[0] if kernel else \
         fused._alu_calls(vector, fused._Vector(np.zeros(256, np.int8), tile), *batch)
     assert len(calls) == (1 if kernel else len(steps))
     for call in calls:
@@ -1137,6 +1182,21 @@ def test_scratchpads_loaded_far_apart_end_as_instruction_by_instruction(stream):
     as the reference's, and so does everything around them."""
     plan, fused_side, reference_side = _both(stream)
     _runs_alike(plan, stream, fused_side, reference_side)
+
+
+def test_inp_and_wgt_are_read_and_written_in_one_call_each():
+    """A product of INP and WGT from before the stream, then of rows LOADs brought with pad rows
+    (no views): the simulator has both scratchpads in one array, so the plan takes what it
+    keeps of both in one call and copies what both end with in one; they end as the reference's."""
+    loads = [Load(mem=m, sram_addr=256, sram_ld=16, slot=slot, dram_offset=0, dram_ld=16, rows=8, cols=16,
+                  pad_bottom=8, pad_value=3) for m, slot in ((Mem.INP, 0), (Mem.WGT, 1))]
+    stream = _auto([*loads, _gemm(), Gemm(acc_addr=0, inp_addr=256, wgt_addr=256, acc_ld=16, inp_ld=16, wgt_ld=16),
+                    Store(sram_addr=0, sram_ld=16, slot=4, dram_offset=0, dram_ld=16, rows=16, cols=16)])
+    plan, (sim, host), (ref, want) = _both(stream)
+    _runs_alike(plan, stream, (sim, host), (ref, want))
+    calls = [getattr(call, "func", None) for call in plan.prepare(host, sim)]
+    assert plan.inp_kept.size and plan.wgt_kept.size and sum(getattr(f, "__name__", "") == "take" for f in calls) == 1
+    assert calls.count(kernels.copy_runs(16, "int8", "float32")) == 1
 
 
 class _Adds:

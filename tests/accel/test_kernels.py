@@ -114,11 +114,17 @@ def test_the_gemm_kernel_equals_numpys_int64_product(drawn, assign, cpu):
 _EDGES = np.array([-2**31, -2**31 + 1, -129, -128, -1, 0, 1, 2, 127, 128, 2**31 - 2, 2**31 - 1], np.int64)
 
 
+# the chain kernel's codes of two steps by immediates
+_TWO = {kernels.SCALE: (AluOp.MUL, AluOp.SHR), kernels.ROUND: (AluOp.ADD, AluOp.SHR),
+        kernels.MIN_MAX: (AluOp.MIN, AluOp.MAX), kernels.MAX_MIN: (AluOp.MAX, AluOp.MIN)}
+
+
 @st.composite
 def chains(draw):
     """A chain kernel's program over a vector of int32 values (extremes often: wrap-around,
     clip bounds, shifts by more than 31 or less than 0, halves that round), every step code
-    and operand kind, ``rows`` not a multiple of the kernel's block, written in place or apart."""
+    and operand kind, ``rows`` not a multiple of the kernel's block, written in place or apart;
+    some steps narrow the rows so far into an int8 target (``(code, lanes, at)``)."""
     tile = draw(st.sampled_from([2, 4, 16]))
     rows = draw(st.integers(1, 40))
     n = rows * tile
@@ -128,7 +134,8 @@ def chains(draw):
     values = np.where(rng.random(size) < 0.5, rng.choice(_EDGES, size), rng.integers(-2**31, 2**31, size))
     values = values.astype(np.int32)
     tables = rng.integers(-128, 128, 2 * 256 + 7).astype(np.int8)     # two tables, the second one unaligned
-    steps = draw(st.lists(st.tuples(st.sampled_from([*map(int, AluOp), kernels.LOOKUP]),
+    steps = draw(st.lists(st.tuples(st.sampled_from([*map(int, AluOp), kernels.LOOKUP, kernels.WRAPPED,
+                                                     kernels.SATURATED, *_TWO]),
                                     st.sampled_from([kernels.IMM, kernels.RUN, kernels.ROWS, kernels.SPLAT]),
                                     st.sampled_from(list(_EDGES)) | st.integers(-40, 40)), min_size=0, max_size=8))
     bases, program = [], []
@@ -145,6 +152,13 @@ def chains(draw):
     program.append((0, kernels.RUN, reach) if in_place else
                    (0, *operand(draw(st.sampled_from([kernels.RUN, kernels.ROWS, kernels.SPLAT])), 0)))
     for code, kind, imm in steps:
+        if code in (kernels.WRAPPED, kernels.SATURATED):      # (a block of the target each)
+            program.append((code, int(rng.integers(1, tile + 1)), sum(p[0] in (kernels.WRAPPED, kernels.SATURATED)
+                                                                      for p in program) * n))
+            continue
+        if code in _TWO:
+            program.append((code, imm, int(rng.choice(_EDGES)) if rng.random() < 0.3 else int(rng.integers(-40, 40))))
+            continue
         program.append((code, kernels.IMM, int(rng.choice([0, 256 + 7]))) if code == kernels.LOOKUP else
                        (code, *operand(kind, imm)))
     out = reach
@@ -164,11 +178,23 @@ def _rows(values, bases, kind, value, rows, tile):
 @given(chains())
 def test_the_chain_kernel_equals_the_alu_ufuncs_step_by_step(drawn):
     """Every step as the simulator's fast paths compute it (ALU_UFUNCS on int32, wrapping; a
-    shift's operand clipped to 0..31; a lookup of the value clipped to int8), in one pass."""
+    shift's operand clipped to 0..31; a lookup of the value clipped to int8), in one pass; the
+    rows so far narrowed as a STORE of that mode narrows them (numpy's cast: the low byte)."""
     tile, rows, values, bases, tables, program, out = drawn
     want = values.copy()
+    target = np.zeros(8 * rows * tile, np.int8)
+    want_target = target.copy()
     acc = _rows(values, bases, program[0, 1], program[0, 2], rows, tile)
     for code, kind, value in program[1:].tolist():
+        if code in (kernels.WRAPPED, kernels.SATURATED):
+            narrowed = np.clip(acc, -128, 127) if code == kernels.SATURATED else acc
+            want_target[value:value + rows * kind] = narrowed[:, :kind].reshape(-1).astype(np.int8)
+            continue
+        if code in _TWO:
+            for op, imm in zip(_TWO[code], (kind, value)):
+                with np.errstate(over="ignore"):
+                    acc = ALU_UFUNCS[op](acc, alu_operand(op, np.int32(imm))).astype(np.int32)
+            continue
         if code == kernels.LOOKUP:
             acc = tables[value + np.clip(acc, -128, 127) + 128].astype(np.int32)
             continue
@@ -177,7 +203,30 @@ def test_the_chain_kernel_equals_the_alu_ufuncs_step_by_step(drawn):
             acc = ALU_UFUNCS[AluOp(code)](acc, alu_operand(AluOp(code), operand)).astype(np.int32)
     want[out:out + rows * tile] = acc.reshape(-1)
     got = values.copy()
-    kernels.alu_chain(tile)(*(tvm_ffi.from_dlpack(a) for a in (got, bases, tables, program)), rows, out)
+    kernels.alu_chain(tile)(*(tvm_ffi.from_dlpack(a) for a in (got, bases, tables, program, target)), rows, out)
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(target, want_target)
+
+
+def test_chains_in_one_pass_equal_them_one_after_the_other():
+    """WRITE ends a chain and START begins the next over the same rows, which reads what the
+    first wrote as the same run (and other rows): the values of the two calls, in one."""
+    tile, rows = 4, 21       # (rows: a block of the kernel and part of one)
+    rng = np.random.default_rng(0)
+    values = rng.integers(-2**31, 2**31, 4 * rows * tile).astype(np.int32)
+    bases = rng.integers(0, rows * tile, rows)
+    first, second = [[0, kernels.RUN, 0], [int(AluOp.MUL), kernels.IMM, 3]], \
+        [[0, kernels.RUN, 2 * rows * tile], [int(AluOp.ADD), kernels.RUN, rows * tile],
+         [int(AluOp.MAX), kernels.ROWS, 0]]
+    want, got = values.copy(), values.copy()
+
+    def run(values, program, out):
+        arrays = (values, bases, np.zeros(1, np.int8), np.array(program, np.int64), np.zeros(1, np.int8))
+        kernels.alu_chain(tile)(*(tvm_ffi.from_dlpack(a) for a in arrays), rows, out)
+    run(want, first, rows * tile)
+    run(want, second, 3 * rows * tile)
+    run(got, first + [[kernels.WRITE, kernels.IMM, rows * tile], [kernels.START, *second[0][1:]], *second[1:]],
+        3 * rows * tile)
     np.testing.assert_array_equal(got, want)
 
 
@@ -227,7 +276,7 @@ def test_a_later_process_loads_the_kernels_an_earlier_one_compiled(kernel_cache,
     _check_tap_sum(4)                       # loaded: the same machine code
     values = np.array([5, -7, 0, 0], np.int32)
     program = np.array([[0, kernels.RUN, 0], [int(AluOp.MUL), kernels.IMM, 3]])
-    arrays = (values, np.zeros(1, np.int64), np.zeros(1, np.int8), program)
+    arrays = (values, np.zeros(1, np.int64), np.zeros(1, np.int8), program, np.zeros(1, np.int8))
     kernels.alu_chain(4)(*(tvm_ffi.from_dlpack(a) for a in arrays), 1, 0)
     assert values.tolist() == [15, -21, 0, 0]
 
