@@ -133,6 +133,8 @@ def schedule(stream: Sequence[Instruction], config: Config) -> Timing:
     into = out_of = macs = 0
     # what an instruction costs and does, by its id: compiled loops repeat instruction objects
     known: dict[int, tuple] = {}
+    # the scoreboard's ACC ranges of each compute-queue instruction (see _acc_ranges)
+    acc_of: list = [None] * n
     # the members and tables as locals: this loop runs once per instruction of every stream
     load, store, finish_op, gemm, dwmac, acc = _LOAD, _STORE, Opcode.FINISH, _GEMM, _DWMAC, Mem.ACC
     pops_of, pushes_of, compute_unit, unit_index = POPS, PUSHES, _UNIT_OF_COMPUTE, _UNIT_INDEX
@@ -158,8 +160,9 @@ def schedule(stream: Sequence[Instruction], config: Config) -> Timing:
                     work = ins.ext_out * ins.ext_in * tile * tile
             flags = ins.flags
             info = known[id(ins)] = (q, u, cost(ins, config), pops_of[q][flags], pushes_of[q][flags], op,
-                                     unit_index[op], moved_in, moved_out, work)
-        q, unit[i], c, pops[i], pushes[i], op, b, moved_in, moved_out, work = info
+                                     unit_index[op], moved_in, moved_out, work,
+                                     _acc_ranges(ins, tile) if q == 1 else None)
+        q, unit[i], c, pops[i], pushes[i], op, b, moved_in, moved_out, work, acc_of[i] = info
         costs[i] = c
         per_opcode[op] += 1
         busy[b] += c
@@ -184,9 +187,6 @@ def schedule(stream: Sequence[Instruction], config: Config) -> Timing:
     crun = [-1, -1, -1]         # per unit, the compute instruction it runs, -1 when none
     waiting: tuple[deque[int], ...] = (deque(), deque(), deque())      # per unit, dispatched and not started
     retired = 0                 # compute[:retired] retired, compute[retired:cpos] dispatched
-    # the scoreboard's ACC ranges per stream position, and per instruction (loops repeat them)
-    acc_of: list = [None] * n
-    ranges: dict[int, tuple] = {}
     others = _OTHER_UNITS
     tokens = [0, 0, 0, 0]
     now = done = 0
@@ -221,19 +221,19 @@ def schedule(stream: Sequence[Instruction], config: Config) -> Timing:
                         break
                 else:
                     # the scoreboard: the other units' instructions, running or waiting (this
-                    # unit's run before it, in order), against this one's ACC ranges (kept: what a
+                    # unit's run before it, in order), against this one's ACC ranges (what a
                     # later head checks against while this one runs or waits). A running one is
                     # checked here as _hazard checks (the most frequent check: no call)
-                    wlo, whi, rlo, rhi = acc_of[i] or _acc_ranges(stream, i, acc_of, ranges, tile)
+                    wlo, whi, rlo, rhi = acc_of[i]
                     clash = False
                     for v in others[u]:
                         r = crun[v]
                         if r >= 0 and end[r] > now:
-                            lo, hi, their_rlo, their_rhi = acc_of[r] or _acc_ranges(stream, r, acc_of, ranges, tile)
+                            lo, hi, their_rlo, their_rhi = acc_of[r]
                             if (wlo < hi and lo < whi) or (rlo < hi and lo < rhi) or (wlo < their_rhi and their_rlo < whi):
                                 clash = True
                                 break
-                        if waiting[v] and _hazard(stream, i, waiting[v], acc_of, ranges, tile):
+                        if waiting[v] and _hazard(acc_of[i], waiting[v], acc_of):
                             clash = True
                             break
                     if clash:
@@ -340,39 +340,32 @@ def schedule(stream: Sequence[Instruction], config: Config) -> Timing:
                   {op.name: per_opcode[op] for op in Opcode}, {"dram_to_sram": into, "sram_to_dram": out_of}, macs)
 
 
-def _acc_ranges(stream: Sequence[Instruction], i: int, acc_of: list, ranges: dict[int, tuple],
-                tile: int) -> tuple[int, int, int, int]:
-    """``(write lo, write hi, read lo, read hi)`` of compute instruction ``i``: the hulls of the
-    ACC ranges it writes and reads (:func:`accel.hw.tokens.footprint`'s; ``0, 0`` for none),
-    kept in ``acc_of[i]`` and, by the instruction's id, in ``ranges``. The scoreboard needs no
-    more: compute instructions write ACC alone, INP and WGT they only read (LOADs of the load
-    queue write them, ordered by tokens)."""
-    ins = stream[i]
-    found = ranges.get(id(ins))
-    if found is None:
-        wlo = rlo = math.inf
-        whi = rhi = -math.inf
-        for space, lo, hi, write in footprint(ins, tile):
-            if space == _ACC_SPACE:
-                if write:
-                    wlo, whi = min(wlo, lo), max(whi, hi)
-                else:
-                    rlo, rhi = min(rlo, lo), max(rhi, hi)
-        if wlo >= whi:
-            wlo = whi = 0
-        if rlo >= rhi:
-            rlo = rhi = 0
-        found = ranges[id(ins)] = (wlo, whi, rlo, rhi)
-    acc_of[i] = found
-    return found
+def _acc_ranges(ins: Instruction, tile: int) -> tuple[int, int, int, int]:
+    """``(write lo, write hi, read lo, read hi)`` of a compute instruction: the hulls of the
+    ACC ranges it writes and reads (:func:`accel.hw.tokens.footprint`'s; ``0, 0`` for none).
+    The scoreboard needs no more: compute instructions write ACC alone, INP and WGT they only
+    read (LOADs of the load queue write them, ordered by tokens)."""
+    wlo = rlo = math.inf
+    whi = rhi = -math.inf
+    for space, lo, hi, write in footprint(ins, tile):
+        if space == _ACC_SPACE:
+            if write:
+                wlo, whi = min(wlo, lo), max(whi, hi)
+            else:
+                rlo, rhi = min(rlo, lo), max(rhi, hi)
+    if wlo >= whi:
+        wlo = whi = 0
+    if rlo >= rhi:
+        rlo = rhi = 0
+    return wlo, whi, rlo, rhi
 
 
-def _hazard(stream: Sequence[Instruction], i: int, others, acc_of: list, ranges: dict[int, tuple],
-            tile: int) -> bool:
-    """Whether compute instruction ``i`` and any of ``others`` conflict on ACC (RAW, WAR, WAW)."""
-    wlo, whi, rlo, rhi = acc_of[i] or _acc_ranges(stream, i, acc_of, ranges, tile)
+def _hazard(ranges: tuple[int, int, int, int], others, acc_of: list) -> bool:
+    """Whether a compute instruction of these ACC ``ranges`` (:func:`_acc_ranges`) and any of
+    the compute instructions at positions ``others`` conflict on ACC (RAW, WAR, WAW)."""
+    wlo, whi, rlo, rhi = ranges
     for r in others:
-        lo, hi, their_rlo, their_rhi = acc_of[r] or _acc_ranges(stream, r, acc_of, ranges, tile)
+        lo, hi, their_rlo, their_rhi = acc_of[r]
         if (wlo < hi and lo < whi) or (rlo < hi and lo < rhi) or (wlo < their_rhi and their_rlo < whi):
             return True
     return False
