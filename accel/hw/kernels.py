@@ -22,10 +22,11 @@ A requantisation is a chain of ALU batches (multiply, shift, add, clamps, a tabl
 a numpy pass over millions of int32 values: :func:`alu_chain` runs a whole chain in one pass,
 a few tile rows at a time in registers, interpreting the chain's steps from a small table (one
 kernel for every chain, no compile per chain). A LUT's lookup (a classifier's hardswish or
-sigmoid) with AVX-512 VBMI is two byte permutes per 16 values of the table held in four registers:
-~1 us over ``ppocr_v2_cls``'s 36,864 values of a layer, against 14 us a load per value. Its sums and products are int64 truncated to
-int32: the wrap-around of the ISA, which llvm's int32 arithmetic (no signed overflow) would
-not promise once it simplified a clamp after an add.
+sigmoid) with AVX-512 VBMI is two byte permutes per 16 values of the table held in four
+registers: ~1 us over ``ppocr_v2_cls``'s 36,864 values of a layer, against 14 us a load per
+value. Its sums and products are int64 truncated to int32: the wrap-around of the ISA, which
+llvm's int32 arithmetic (no signed overflow) would not promise once it simplified a clamp after
+an add.
 
 Results are bit-identical to the numpy steps they replace: a product of int8 values is exact in
 int16 (at most 2**14 in magnitude), sums of up to 2**17 of them in int32, and what is added into
