@@ -422,6 +422,7 @@ def _compile(tile: int, cpu: str | None = None):
     permutes = codegen.llvm_cpu_has_features(["avx512vbmi"], _target(cpu))
 
     def permute(tables, at, index):
+        # the entries at ``at + (index & 127)`` of each byte of ``index`` (int8x64)
         return T.call_llvm_pure_intrin(T.llvm_lookup_intrinsic_id("llvm.x86.avx512.vpermi2var.qi.512"),
                                        tables.vload([at], "int8x64"), index, tables.vload([at + 64], "int8x64"),
                                        dtype="int8x64")
@@ -530,7 +531,8 @@ def _compile(tile: int, cpu: str | None = None):
                                 values[program[s, 2] + (first + j) * tile + c] = acc[j * tile + c]
                     elif permutes:      # LOOKUP by byte permutes of the table in four registers
                         # (a value per int32 lane, at its low byte: the rest of the lane's bytes
-                        # looked up too, then shifted out)
+                        # looked up too, then shifted out; ``acc`` is whole vectors of 16 lanes,
+                        # those past the block's rows looked up and never written)
                         for q in range((m * tile + 15) // 16):
                             clipped = T.reinterpret(T.max(T.min(acc[T.ramp(q * 16, 1, 16)], 127), -128),
                                                     dtype="int8x64")
