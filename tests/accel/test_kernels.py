@@ -208,6 +208,21 @@ def test_the_chain_kernel_equals_the_alu_ufuncs_step_by_step(drawn):
     np.testing.assert_array_equal(target, want_target)
 
 
+@pytest.mark.parametrize("cpu", [None, "x86-64"])
+def test_lookups_read_every_entry_of_their_tables(cpu):
+    """Every int8 value (and values past them, clipped) looked up in a table at an odd offset,
+    then the results in another: on this CPU (by byte permutes of the table with AVX-512 VBMI) and
+    compiled for x86-64's baseline (a load per value) alike; rows not a whole block of the kernel."""
+    tile, rows = 16, 21
+    values = np.concatenate([np.arange(-168, 168), np.zeros(rows * tile)]).astype(np.int32)
+    tables = np.random.default_rng(0).integers(-128, 128, 2 * 256 + 7).astype(np.int8)
+    program = np.array([[0, kernels.RUN, 0], [kernels.LOOKUP, kernels.IMM, 263], [kernels.LOOKUP, kernels.IMM, 0]])
+    arrays = (values, np.zeros(1, np.int64), tables, program, np.zeros(1, np.int8))
+    kernels.alu_chain(tile, cpu)(*(tvm_ffi.from_dlpack(a) for a in arrays), rows, rows * tile)
+    first = tables[263 + np.clip(np.arange(-168, 168), -128, 127) + 128]
+    np.testing.assert_array_equal(values[rows * tile:], tables[first.astype(np.int64) + 128])
+
+
 def test_chains_in_one_pass_equal_them_one_after_the_other():
     """WRITE ends a chain and START begins the next over the same rows, which reads what the
     first wrote as the same run (and other rows): the values of the two calls, in one."""
