@@ -860,8 +860,7 @@ class _Builder:
                   for at, src in ((inp_at, self.f.resolve(self.inp[inp_at])), (wgt_at, self.f.resolve(self.wgt[wgt_at])),
                                   (acc_at, renumber[self.acc[acc_at]]))]
         plan = FusedPlan(self, products, alus, stores, acc_loads, *finals)
-        plan.alus, plan.zero = _started_from_operand(alus, _first_writes(products, self.acc_n, zeroed, loaded),
-                                                     products, t)
+        plan.zero = _first_writes(products, self.acc_n, zeroed, loaded)
         plan.live = live
         return plan
 
@@ -1331,34 +1330,6 @@ def _first_writes(products: list, acc_n: int, zeroed: int,
             zero[at.start - acc_n + 1:at.stop - acc_n + 1] = False
     edges = acc_n + np.flatnonzero(zero[1:] != zero[:-1])
     return [(int(lo), int(hi)) for lo, hi in zip(edges[::2], edges[1::2])]
-
-
-def _started_from_operand(alus: list, zero: list[tuple[int, int]], products: list, tile: int) -> tuple[list, list]:
-    """``alus`` and the ranges of values a run zeroes (``zero``, see :func:`_first_writes`),
-    where a batch in place over a run of values that start at zero (a temporary a product by
-    the immediate 0 made) and that no product adds into begins by adding its operand ``src``:
-    0 + x is x, so the batch starts from ``src`` instead, its other steps after, and that run
-    needs no zeroing (nothing else reads it before the batch writes it: see :func:`_layout`).
-
-    >>> steps = ((np.add, AluOp.ADD, None), (np.multiply, AluOp.MUL, 3))
-    >>> alus, zero = _started_from_operand([(steps, _Span(8, (4,)), _Span(8, (4,)), _Span(0, (4,)))], [(4, 16)], [], 2)
-    >>> [op.name for _, op, _ in alus[0][0]], alus[0][2].start, zero
-    (['MUL'], 0, [(4, 8), (12, 16)])
-    """
-    added = [_hull(p.grid if p.grid is not None else p.targets, tile) for p in products]
-    started = []
-    for program, new, old, src in alus:
-        run = (new.start, new.stop) if isinstance(new, _Span) else None
-        holder = next((z for z in zero if run and z[0] <= run[0] and run[1] <= z[1]), None)
-        if holder is not None and isinstance(old, _Span) and (old.start, old.stop) == run and src is not None \
-                and len(program) > 1 and program[0][0] is not None and program[0][1] is AluOp.ADD \
-                and program[0][2] is None and not any(_overlap(run, h) for h in (*added, _hull(src, tile))):
-            zero = [part for z in zero for part in (((z[0], run[0]), (run[1], z[1])) if z is holder else (z,))
-                    if part[0] < part[1]]
-            started.append((program[1:], new, src, src))
-        else:
-            started.append((program, new, old, src))
-    return started, zero
 
 
 # The host buffers a plan stores into: those :func:`~accel.hw.kernels.copy_runs` writes.

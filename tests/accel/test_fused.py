@@ -902,21 +902,6 @@ def test_a_requantisation_s_chains_over_the_same_rows_are_one_pass():
     assert len(plan.alus) == 3 and len(plan._alu_steps) == 1
 
 
-def test_a_copy_into_a_temporary_starts_from_its_operand_not_from_zeros():
-    """``[MUL 0, ADD src, MUL 3]`` (a temporary made from the accumulators, as a zero point's
-    is): its values would start at zero, then add ``src``; the plan starts them from ``src``
-    (0 + x is x), zeroes nothing, and ends as the reference."""
-    stream = _auto([_gemm(reset=True), _gemm(),
-                    AluChain(dst_addr=256, ext_out=16, dst_stride_out=16, src_addr=0, src_stride_out=16,
-                             **chain_code([(AluOp.MUL, 0), (AluOp.ADD, None), (AluOp.MUL, 3)])),
-                    *(Store(sram_addr=d, sram_ld=16, slot=4, dram_offset=d, dram_ld=16, rows=16, cols=16)
-                      for d in (0, 256))])
-    plan, (sim, host), (ref, want) = _both(stream)
-    _runs_alike(plan, stream, (sim, host), (ref, want))
-    (program, new, old, src), = plan.alus
-    assert plan.zero == [] and [op for _, op, _ in program] == [AluOp.MUL] and old is src
-
-
 def test_a_chain_follows_one_whose_rows_miss_what_it_writes_though_their_hull_holds_it():
     """A first chain adds rows read far apart (a bias row, and a row copied past the plan's
     values): a second one writing between them, from what the first wrote, shares its pass;
