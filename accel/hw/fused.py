@@ -50,8 +50,7 @@ anything there from one run to the next. A chain of batches in place is one call
 :func:`accel.hw.kernels.alu_chain`, every step of a few tile rows in registers before the
 next rows, instead of a numpy pass over memory per step (its lookups read their tables where
 the source vector holds them; an operand that is no rows of the value vector is copied into
-rows past the plan's values first; a batch over a temporary of zeros whose first step adds
-an operand starts from that operand). The whole run is such a list of
+rows past the plan's values first). The whole run is such a list of
 calls, each one numpy call (or kernel) over views of the workspace, the scratchpads and the
 host buffers made at its first run on a tuple of buffers: a session's replay gives the same
 tuple call after call, and a model's hundred streams making their views and index objects
