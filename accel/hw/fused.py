@@ -91,19 +91,22 @@ order in which products are summed does not change any value.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import functools
 import math
 import operator
+import weakref
 from functools import partial
 from typing import Callable, NamedTuple, Optional, Sequence
 
 import numpy as np
 
 from accel.hw import kernels
-from accel.hw.instructions import ALU_UFUNCS, LUT_ENTRIES, OPERAND_RANGE, AluOp, alu_operand
+from accel.hw.instructions import ALU_UFUNCS, CHAIN_IMM_FIELDS, LUT_ENTRIES, OPERAND_RANGE, AluOp, alu_operand
 from accel.hw.isa import Alu, AluChain, Dwmac, Gemm, Instruction, Load, Lut, Mem, Opcode, Store, StoreMode
 
-__all__ = ["fuse", "FusedPlan", "remember", "drop_building"]
+__all__ = ["fuse", "FusedPlan", "Shapes", "remember", "drop_building"]
 
 Buffers = Sequence[Optional[np.ndarray]]
 
@@ -1920,6 +1923,13 @@ class FusedPlan:
         self.matmuls = len(products)
         self.i_base = sum(self.sizes[slot] for slot in self.i_slots) + self.i_pads.size
         self.f_size = self.f_base + (0 if self.f_extra is None else self.f_extra.size)
+        written = dict.fromkeys(s[0] for s in stores)
+        self._apart = [(r, w) for r in (*self.f_slots, *self.i_slots) for w in written if r != w]
+        self._unbound()
+
+    def _unbound(self) -> None:
+        """No vectors, calls nor tuples of buffers yet (a plan's own: what :meth:`_bind` and
+        :meth:`prepare` make)."""
         # the vectors a run works in, over its simulator's workspace (see _bind): the source
         # vector, the value vector, the int32 sources of ACC LOADs, and the ALU batches as
         # calls bound to views of them; remade when the workspace arrays are other ones
@@ -1928,10 +1938,20 @@ class FusedPlan:
         self._product_steps: list = []
         self._alu_steps: list = []
         self._passes: dict[int, list[_Chain]] = {}      # passes of chains a STORE may join (_alu_steps)
-        written = dict.fromkeys(s[0] for s in stores)
-        self._apart = [(r, w) for r in (*self.f_slots, *self.i_slots) for w in written if r != w]
         # by id, the last few tuples of buffers found laid out as assumed: (the tuple, the run's calls on it)
         self._steps: dict[int, tuple] = {}
+
+    def with_operands(self, operands: dict, sim) -> "FusedPlan":
+        """This plan for a stream of its stream's shape (see :class:`Shapes`) on ``sim``: each
+        ALU step's operand ``(op, operand)`` of this one's replaced by ``operands[op, operand]``.
+        Shares all but the ALU batches' programs and what binding makes (the index arrays, views
+        and gathers are read-only)."""
+        plan = copy.copy(self)
+        plan._unbound()
+        plan.alus = [(tuple(step if step[1] is None or step[2] is None else (*step[:2], operands[step[1:]])
+                            for step in program), *rest) for program, *rest in self.alus]
+        plan._sim = sim
+        return plan
 
     def run(self, buffers: Buffers, sim=None) -> bool:
         """Execute on ``buffers`` (and ``sim``'s scratchpads; the builder's by default).
@@ -2691,13 +2711,126 @@ def _alu_step(vector: _Vector, source: _Vector, ufunc, op, imm, new, old, src) -
     return general
 
 
+# What fuse reads of an instruction but its immediates: every field but those and the dependency
+# flags (the order a stream runs in is the schedule's, given with it)
+_UNSHAPED = frozenset(("pop_prev", "pop_next", "push_prev", "push_next", "imm", *CHAIN_IMM_FIELDS))
+_SHAPE_FIELDS: dict[type, Callable] = {}
+# A product by the immediate 0 in a key: the steps before it are dropped (see _Program), so it
+# is kept as itself, not ranked with the other immediates
+_TIMES_ZERO = -1
+
+
+class Shapes:
+    """The plans :func:`fuse` made on one simulator, by the shape of their streams: the stream's
+    instructions in the order they run, each immediate (of an ALU or ALU chain step) replaced by
+    its rank among the distinct ``(op, operand)`` pairs of the stream's steps by immediates, in
+    the order they first run, and the host buffers' sizes and dtypes. All a plan's structure
+    depends on: two streams of one shape group their ALU batches alike (a batch's steps are its
+    ``(op, operand)`` pairs), so a plan for the second is the first's with the second's operands
+    where the first's were (:meth:`FusedPlan.with_operands`), but where a step multiplies by the
+    immediate 0 (what comes before it is dropped: kept as itself in the key). A model's layers
+    of one shape with other requantisation constants (a fifth of the PaddleOCR detector's
+    instructions) then cost a copy instead of a pass each.
+
+    Each plan is held weakly (its Program holds it), the last :data:`_SHAPES` of them, and the
+    shapes of instructions are numbered (a key is one number per instruction) until there are
+    :data:`_SHAPE_IDS`, then forgotten with the plans."""
+
+    def __init__(self) -> None:
+        self.ids: dict[tuple, int] = {}         # shape of an instruction -> its number
+        # key -> (a weak reference to the plan, or None for a stream fuse does not cover;
+        # the plan's stream's (op, operand) pairs in rank order)
+        self.plans: dict[tuple, tuple[Optional[Callable], list]] = {}
+
+    def key(self, stream: Sequence[Instruction], order: Sequence[int], buffers: Buffers) -> tuple[tuple, list]:
+        """The key of a stream run in ``order`` on ``buffers``, and its ``(op, operand)`` pairs in
+        rank order."""
+        pairs: dict[tuple, int] = {}
+        seen: dict[int, int] = {}           # id of an instruction -> its shape's number
+        ids = self.ids
+        numbers = []
+        for i in order:
+            ins = stream[i]
+            n = seen.get(id(ins))
+            if n is None:
+                shape = _shape(ins, pairs)
+                n = ids.get(shape)
+                if n is None:
+                    n = ids[shape] = len(ids)
+                seen[id(ins)] = n
+            numbers.append(n)
+        return ((np.array(numbers, np.int64).tobytes(),
+                 tuple(None if b is None else (b.size, b.dtype.str) for b in buffers)), list(pairs))
+
+    def find(self, key: tuple, operands: list, sim) -> Optional[FusedPlan | bool]:
+        """The plan of a stream of ``key`` whose pairs are ``operands`` (see :meth:`key`) made from
+        the one of its shape, False when fuse does not cover that shape, None when none is known."""
+        known = self.plans.get(key)
+        if known is None:
+            return None
+        ref, theirs = known
+        if ref is None:
+            return False
+        template = ref()
+        if template is None:
+            return None
+        return template.with_operands(dict(zip(theirs, operands)), sim)
+
+    def remember(self, key: tuple, plan: Optional[FusedPlan], operands: list) -> None:
+        """Keep ``plan`` (None: not covered) as the one of streams of ``key``."""
+        if len(self.ids) > _SHAPE_IDS:
+            self.ids.clear()        # (numbers given again: the keys made of them go too)
+            self.plans.clear()
+            return
+        if len(self.plans) >= _SHAPES:
+            del self.plans[next(iter(self.plans))]
+        self.plans[key] = (None if plan is None else weakref.ref(plan), operands)
+
+
+# A model's first call fuses about a hundred streams of a few thousand distinct instruction shapes.
+_SHAPES = 256
+_SHAPE_IDS = 1 << 18
+
+
+def _shape(ins: Instruction, pairs: dict[tuple, int]) -> tuple:
+    """What :func:`fuse` reads of ``ins``, each immediate of an ALU or ALU chain step as its
+    rank in ``pairs`` (``(op, operand)`` -> rank, a new pair taking the next one)."""
+    getter = _SHAPE_FIELDS.get(type(ins))
+    if getter is None:
+        names = [f.name for f in dataclasses.fields(ins) if f.name not in _UNSHAPED]
+        getter = _SHAPE_FIELDS[type(ins)] = operator.itemgetter(*names) if names else lambda fields: ()
+    fields = (type(ins), getter(ins.__dict__))
+    op = ins.opcode
+    if op is not _ALU and op is not _ALU_CHAIN:
+        return fields
+    ranks = []
+    for step, imm in (ins.steps if op is _ALU_CHAIN else [(ins.op, ins.imm if ins.use_imm else None)]):
+        if imm is None or (step is _MUL and imm == 0):
+            ranks.append(None if imm is None else _TIMES_ZERO)
+        else:
+            pair = (step, alu_operand(step, imm))
+            ranks.append(pairs.setdefault(pair, len(pairs)))
+    return fields, tuple(ranks)
+
+
 def fuse(sim, stream: Sequence[Instruction], order: Sequence[int], buffers: Buffers) -> Optional[FusedPlan]:
     """The fused plan of a checked stream executed in ``order`` on ``sim`` with these host
-    buffers, or None when the stream does something it does not cover (module doc)."""
+    buffers, or None when the stream does something it does not cover (module doc). A stream
+    of the shape of one fused before on ``sim`` (:class:`Shapes`: a model's layers of one
+    shape, with other requantisation constants) gets a copy of that one's plan with its own
+    immediates, not a pass of its own."""
+    shapes = sim.shapes
+    key, operands = shapes.key(stream, order, buffers)
+    known = shapes.find(key, operands, sim)
+    if known is not None:
+        return known or None
     builder = _Builder(sim, buffers)
+    plan = None
     for i in order:
         if not builder.add(stream[i]):
-            return None
-    plan = builder.plan()
-    plan._sim = sim
+            break
+    else:
+        plan = builder.plan()
+        plan._sim = sim
+    shapes.remember(key, plan, operands)
     return plan

@@ -191,6 +191,9 @@ class Simulator:
         #: call ends: :func:`accel.hw.fused.settle`), not kept alive by it
         self.plans: weakref.WeakSet = weakref.WeakSet()
         self.settled: tuple = ()    # the workspace's arrays when its plans were last bound to them all
+        #: the plans fused on this simulator by the shape of their streams: a stream of one of
+        #: those shapes gets a copy (:class:`accel.hw.fused.Shapes`)
+        self.shapes = fused.Shapes()
 
     def memory(self, mem: Mem) -> np.ndarray:
         """The backing array of a scratchpad (INP/WGT as exact float32, ACC as int32)."""
