@@ -2774,7 +2774,7 @@ class Shapes:
         template = ref()
         if template is None:
             return None
-        return template.with_operands(dict(zip(theirs, operands)), sim)
+        return template.with_operands({pair: mine[1] for pair, mine in zip(theirs, operands)}, sim)
 
     def remember(self, key: tuple, plan: Optional[FusedPlan], operands: list) -> None:
         """Keep ``plan`` (None: not covered) as the one of streams of ``key``."""
