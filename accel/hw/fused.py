@@ -106,7 +106,7 @@ from accel.hw import kernels
 from accel.hw.instructions import ALU_UFUNCS, CHAIN_IMM_FIELDS, LUT_ENTRIES, OPERAND_RANGE, AluOp, alu_operand
 from accel.hw.isa import Alu, AluChain, Dwmac, Gemm, Instruction, Load, Lut, Mem, Opcode, Store, StoreMode
 
-__all__ = ["fuse", "FusedPlan", "Shapes", "remember", "drop_building"]
+__all__ = ["fuse", "FusedPlan", "Shape", "Shapes", "remember", "drop_building"]
 
 Buffers = Sequence[Optional[np.ndarray]]
 
@@ -2711,46 +2711,55 @@ def _alu_step(vector: _Vector, source: _Vector, ufunc, op, imm, new, old, src) -
     return general
 
 
-# What fuse reads of an instruction but its immediates: every field but those and the dependency
-# flags (the order a stream runs in is the schedule's, given with it)
-_UNSHAPED = frozenset(("pop_prev", "pop_next", "push_prev", "push_next", "imm", *CHAIN_IMM_FIELDS))
+# What the cycle model and fuse read of an instruction but its immediates: every field but those
+_UNSHAPED = frozenset(("imm", *CHAIN_IMM_FIELDS))
 _SHAPE_FIELDS: dict[type, Callable] = {}
-# A product by the immediate 0 in a key: the steps before it are dropped (see _Program), so it
+# A product by the immediate 0 in a shape: the steps before it are dropped (see _Program), so it
 # is kept as itself, not ranked with the other immediates
 _TIMES_ZERO = -1
 
 
-class Shapes:
-    """The plans :func:`fuse` made on one simulator, by the shape of their streams: the stream's
-    instructions in the order they run, each immediate (of an ALU or ALU chain step) replaced by
-    its rank among the distinct ``(op, operand)`` pairs of the stream's steps by immediates, in
-    the order they first run, and the host buffers' sizes and dtypes. All a plan's structure
-    depends on: two streams of one shape group their ALU batches alike (a batch's steps are its
-    ``(op, operand)`` pairs), so a plan for the second is the first's with the second's operands
-    where the first's were (:meth:`FusedPlan.with_operands`), but where a step multiplies by the
-    immediate 0 (what comes before it is dropped: kept as itself in the key). A model's layers
-    of one shape with other requantisation constants (a fifth of the PaddleOCR detector's
-    instructions) then cost a copy instead of a pass each.
+class Shape(NamedTuple):
+    """A stream's instructions, each immediate (of an ALU or ALU chain step) as its rank among the
+    distinct ``(op, operand)`` pairs of the stream's steps by immediates in the order they first
+    come (``key``: one number per instruction, see :class:`Shapes`), and those pairs in rank order."""
 
-    Each plan is held weakly (its Program holds it), the last :data:`_SHAPES` of them, and the
-    shapes of instructions are numbered (a key is one number per instruction) until there are
-    :data:`_SHAPE_IDS`, then forgotten with the plans."""
+    key: bytes
+    pairs: list
+
+
+class Shapes:
+    """The schedules and plans made on one simulator, by the :class:`Shape` of their streams. The
+    cycle model reads no immediate, and all a plan's structure depends on is the shape, the order
+    the stream runs in and the host buffers' sizes and dtypes: two streams of one shape group their
+    ALU batches alike (a batch's steps are its ``(op, operand)`` pairs), so a plan for the second
+    is the first's with the second's operands where the first's were
+    (:meth:`FusedPlan.with_operands`), but where a step multiplies by the immediate 0 (what comes
+    before it is dropped: kept as itself in the shape). A model's layers of one shape with other
+    requantisation constants (a fifth of the PaddleOCR detector's instructions) then cost a copy
+    instead of a schedule and a pass each.
+
+    The last :data:`_SHAPES` schedules are held, and as many plans weakly (their Programs hold
+    them); the shapes of instructions are numbered (a stream's is one number per instruction)
+    until there are :data:`_SHAPE_IDS`, then forgotten with the schedules and plans."""
 
     def __init__(self) -> None:
         self.ids: dict[tuple, int] = {}         # shape of an instruction -> its number
+        self.timings: dict[bytes, object] = {}  # a stream's shape's key -> its schedule
         # key -> (a weak reference to the plan, or None for a stream fuse does not cover;
         # the plan's stream's (op, operand) pairs in rank order)
         self.plans: dict[tuple, tuple[Optional[Callable], list]] = {}
 
-    def key(self, stream: Sequence[Instruction], order: Sequence[int], buffers: Buffers) -> tuple[tuple, list]:
-        """The key of a stream run in ``order`` on ``buffers``, and its ``(op, operand)`` pairs in
-        rank order."""
+    def of(self, stream: Sequence[Instruction]) -> Shape:
+        """The shape of ``stream``."""
+        ids = self.ids
+        if len(ids) > _SHAPE_IDS:
+            # (numbers given again: the keys made of them go too)
+            ids.clear(), self.timings.clear(), self.plans.clear()
         pairs: dict[tuple, int] = {}
         seen: dict[int, int] = {}           # id of an instruction -> its shape's number
-        ids = self.ids
         numbers = []
-        for i in order:
-            ins = stream[i]
+        for ins in stream:
             n = seen.get(id(ins))
             if n is None:
                 shape = _shape(ins, pairs)
@@ -2759,12 +2768,20 @@ class Shapes:
                     n = ids[shape] = len(ids)
                 seen[id(ins)] = n
             numbers.append(n)
-        return ((np.array(numbers, np.int64).tobytes(),
-                 tuple(None if b is None else (b.size, b.dtype.str) for b in buffers)), list(pairs))
+        return Shape(np.array(numbers, np.int64).tobytes(), list(pairs))
 
-    def find(self, key: tuple, operands: list, sim) -> Optional[FusedPlan | bool]:
-        """The plan of a stream of ``key`` whose pairs are ``operands`` (see :meth:`key`) made from
-        the one of its shape, False when fuse does not cover that shape, None when none is known."""
+    def timing(self, shape: Shape, make: Callable[[], object]) -> object:
+        """The schedule of a stream of ``shape``: ``make()``'s, or the one made for its shape."""
+        timing = self.timings.get(shape.key)
+        if timing is None:
+            timing = self.timings[shape.key] = make()
+            if len(self.timings) > _SHAPES:
+                del self.timings[next(iter(self.timings))]
+        return timing
+
+    def find(self, key: tuple, shape: Shape, sim) -> Optional[FusedPlan | bool]:
+        """The plan of a stream of ``shape`` (and plan ``key``: :func:`fuse`'s) made from the one
+        of its shape, False when fuse does not cover that shape, None when none is known."""
         known = self.plans.get(key)
         if known is None:
             return None
@@ -2774,27 +2791,23 @@ class Shapes:
         template = ref()
         if template is None:
             return None
-        return template.with_operands({pair: mine[1] for pair, mine in zip(theirs, operands)}, sim)
+        return template.with_operands({pair: mine[1] for pair, mine in zip(theirs, shape.pairs)}, sim)
 
-    def remember(self, key: tuple, plan: Optional[FusedPlan], operands: list) -> None:
-        """Keep ``plan`` (None: not covered) as the one of streams of ``key``."""
-        if len(self.ids) > _SHAPE_IDS:
-            self.ids.clear()        # (numbers given again: the keys made of them go too)
-            self.plans.clear()
-            return
+    def remember(self, key: tuple, plan: Optional[FusedPlan], shape: Shape) -> None:
+        """Keep ``plan`` (None: not covered) as the one of streams of plan ``key``."""
         if len(self.plans) >= _SHAPES:
             del self.plans[next(iter(self.plans))]
-        self.plans[key] = (None if plan is None else weakref.ref(plan), operands)
+        self.plans[key] = (None if plan is None else weakref.ref(plan), shape.pairs)
 
 
-# A model's first call fuses about a hundred streams of a few thousand distinct instruction shapes.
+# A model's first call makes about a hundred streams of a few thousand distinct instruction shapes.
 _SHAPES = 256
 _SHAPE_IDS = 1 << 18
 
 
 def _shape(ins: Instruction, pairs: dict[tuple, int]) -> tuple:
-    """What :func:`fuse` reads of ``ins``, each immediate of an ALU or ALU chain step as its
-    rank in ``pairs`` (``(op, operand)`` -> rank, a new pair taking the next one)."""
+    """What the cycle model and :func:`fuse` read of ``ins``, each immediate of an ALU or ALU chain
+    step as its rank in ``pairs`` (``(op, operand)`` -> rank, a new pair taking the next one)."""
     getter = _SHAPE_FIELDS.get(type(ins))
     if getter is None:
         names = [f.name for f in dataclasses.fields(ins) if f.name not in _UNSHAPED]
@@ -2813,15 +2826,19 @@ def _shape(ins: Instruction, pairs: dict[tuple, int]) -> tuple:
     return fields, tuple(ranks)
 
 
-def fuse(sim, stream: Sequence[Instruction], order: Sequence[int], buffers: Buffers) -> Optional[FusedPlan]:
+def fuse(sim, stream: Sequence[Instruction], order: Sequence[int], buffers: Buffers,
+         shape: Optional[Shape] = None) -> Optional[FusedPlan]:
     """The fused plan of a checked stream executed in ``order`` on ``sim`` with these host
     buffers, or None when the stream does something it does not cover (module doc). A stream
-    of the shape of one fused before on ``sim`` (:class:`Shapes`: a model's layers of one
-    shape, with other requantisation constants) gets a copy of that one's plan with its own
-    immediates, not a pass of its own."""
+    of the :class:`Shape` (``shape``, made here when None) of one fused before on ``sim`` in the
+    same order on buffers of the same sizes and dtypes (a model's layers of one shape, with other
+    requantisation constants) gets a copy of that one's plan with its own immediates, not a pass
+    of its own."""
     shapes = sim.shapes
-    key, operands = shapes.key(stream, order, buffers)
-    known = shapes.find(key, operands, sim)
+    shape = shape or shapes.of(stream)
+    key = (shape.key, np.array(order, np.int64).tobytes(),
+           tuple(None if b is None else (b.size, b.dtype) for b in buffers))
+    known = shapes.find(key, shape, sim)
     if known is not None:
         return known or None
     builder = _Builder(sim, buffers)
@@ -2832,5 +2849,5 @@ def fuse(sim, stream: Sequence[Instruction], order: Sequence[int], buffers: Buff
     else:
         plan = builder.plan()
         plan._sim = sim
-    shapes.remember(key, plan, operands)
+    shapes.remember(key, plan, shape)
     return plan
