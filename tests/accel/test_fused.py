@@ -1247,24 +1247,26 @@ def _requantised(first, second):
 
 
 def _shared_plans(first, second):
-    """The plans of two streams fused in turn on one simulator, and how many were copies."""
+    """The plans of two streams compiled and fused in turn on one simulator, how many were copies,
+    and whether the second's schedule is the first's."""
     sim, host = Simulator(sim_tests.SMALL), sim_tests._host()
+    programs = [sim.compile(s, host) for s in (first, second)]
     with mock.patch.object(fused.FusedPlan, "with_operands", autospec=True,
                            side_effect=fused.FusedPlan.with_operands) as copied:
-        plans = [fused.fuse(sim, s, sim.compile(s, host).timing.order(), host) for s in (first, second)]
-    return plans, copied.call_count
+        plans = [fused.fuse(sim, s, p.timing.order(), host, p.shape) for s, p in zip((first, second), programs)]
+    return plans, copied.call_count, programs[0].timing is programs[1].timing
 
 
 def test_a_stream_equal_to_one_fused_before_but_for_its_immediates_gets_a_copy_of_its_plan():
     """The second stream's immediates map one to one onto the first's (the pairs ``(op, operand)``
-    repeat alike: a shift of 40 is one of 31): its plan is the first's with its own operands, and
-    runs as its own plan and the instructions one by one do."""
+    repeat alike: a shift of 40 is one of 31): its schedule is the first's, its plan the first's
+    with its own operands, which runs as its own plan and the instructions one by one do."""
     first = _requantised([(AluOp.MUL, 1 << 20), (AluOp.SHR, 9), (AluOp.ADD, -3), (AluOp.MAX, -128)],
                          [(AluOp.MUL, 0), (AluOp.ADD, None), (AluOp.SHR, 9), (AluOp.MAX, -128)])
     second = _requantised([(AluOp.MUL, 3 << 17), (AluOp.SHR, 40), (AluOp.ADD, 5), (AluOp.MAX, -7)],
                           [(AluOp.MUL, 0), (AluOp.ADD, None), (AluOp.SHR, 31), (AluOp.MAX, -7)])
-    (_, plan), copies = _shared_plans(first, second)
-    assert copies == 1
+    (_, plan), copies, scheduled_once = _shared_plans(first, second)
+    assert copies == 1 and scheduled_once       # (the cycle model reads no immediate)
     own, (sim, host), (ref, want) = _both(second)
     _runs_alike(plan, second, (sim, host), (ref, want))
     _, (sim, host), _ = _both(second)
@@ -1280,6 +1282,6 @@ def test_immediates_that_change_a_plan_s_structure_are_no_ranks_of_its_shape(fir
     31 (batched with other shifts of 31): a stream where such immediates are others gets its own plan."""
     then = [(AluOp.SHR, 31), (AluOp.ADD, None)]
     second = _requantised([(AluOp.MUL, 3), (AluOp.ADD, 1), (AluOp.SHR, 2)], then)
-    (_, plan), copies = _shared_plans(_requantised(first, then), second)
+    (_, plan), copies, _ = _shared_plans(_requantised(first, then), second)
     assert copies == 0
     _runs_alike(plan, second, *_both(second)[1:])
