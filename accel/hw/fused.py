@@ -75,6 +75,11 @@ that was already read (a STORE or ALU in between), a GEMM step mixing scratchpad
 contents in ways no tile describes. Products are exact and int32 addition wraps, so the
 order in which products are summed does not change any value.
 
+A model's layers of one shape with other requantisation constants make streams that differ only
+in their ALU immediates: a simulator keeps its plans (and schedules) by the shape of their streams
+(:class:`Shapes`), and a stream of a shape fused before gets a copy of that plan with its own
+operands instead of a pass of its own.
+
 >>> import numpy as np
 >>> from accel.hw.sim import Simulator
 >>> from accel.hw.isa import Gemm, Load, Mem, Store, Finish
