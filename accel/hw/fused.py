@@ -2722,27 +2722,31 @@ _SHAPE_FIELDS: dict[type, Callable] = {}
 # A product by the immediate 0 in a shape: the steps before it are dropped (see _Program), so it
 # is kept as itself, not ranked with the other immediates
 _TIMES_ZERO = -1
+_BY_IMMEDIATE = 0       # (any other step by an immediate: the immediate is in Shape.ranks)
 
 
 class Shape(NamedTuple):
-    """A stream's instructions, each immediate (of an ALU or ALU chain step) as its rank among the
-    distinct ``(op, operand)`` pairs of the stream's steps by immediates in the order they first
-    come (``key``: one number per instruction, see :class:`Shapes`), and those pairs in rank order."""
+    """What the cycle model and :func:`fuse` read of a stream but its immediates (``key``: one
+    number per instruction, see :class:`Shapes`); per step by an immediate (of an ALU or ALU chain
+    instruction), in stream order, the rank of its ``(op, operand)`` among the distinct ones of the
+    stream in the order they first come (``ranks``), and those pairs in rank order."""
 
     key: bytes
+    ranks: np.ndarray
     pairs: list
 
 
 class Shapes:
     """The schedules and plans made on one simulator, by the :class:`Shape` of their streams. The
     cycle model reads no immediate, and all a plan's structure depends on is the shape, the order
-    the stream runs in and the host buffers' sizes and dtypes: two streams of one shape group their
-    ALU batches alike (a batch's steps are its ``(op, operand)`` pairs), so a plan for the second
-    is the first's with the second's operands where the first's were
-    (:meth:`FusedPlan.with_operands`), but where a step multiplies by the immediate 0 (what comes
-    before it is dropped: kept as itself in the shape). A model's layers of one shape with other
-    requantisation constants (a fifth of the PaddleOCR detector's instructions) then cost a copy
-    instead of a schedule and a pass each.
+    the stream runs in and the host buffers' sizes and dtypes, and which steps by immediates have
+    equal ``(op, operand)`` pairs (a batch's steps are its pairs: equal ones are one batch). A plan
+    serves a stream of its shape whose steps are equal wherever the plan's are (its ranks a function
+    of the plan's: batches the plan keeps apart whose steps are equal here compute the same), as a
+    copy with the stream's operands where the plan's were (:meth:`FusedPlan.with_operands`). A step
+    multiplying by the immediate 0 drops the steps before it: it is kept as itself in the key. A
+    model's layers of one shape with other requantisation constants (a fifth of the PaddleOCR
+    detector's instructions) then cost a copy instead of a schedule and a pass each.
 
     The last :data:`_SHAPES` schedules are held, and as many plans weakly (their Programs hold
     them); the shapes of instructions are numbered (a stream's is one number per instruction)
@@ -2751,9 +2755,9 @@ class Shapes:
     def __init__(self) -> None:
         self.ids: dict[tuple, int] = {}         # shape of an instruction -> its number
         self.timings: dict[bytes, object] = {}  # a stream's shape's key -> its schedule
-        # key -> (a weak reference to the plan, or None for a stream fuse does not cover;
-        # the plan's stream's (op, operand) pairs in rank order)
-        self.plans: dict[tuple, tuple[Optional[Callable], list]] = {}
+        # plan key -> (a weak reference to the plan, or None for a stream fuse does not cover;
+        # the shape of the plan's stream)
+        self.plans: dict[tuple, tuple[Optional[Callable], Shape]] = {}
 
     def of(self, stream: Sequence[Instruction]) -> Shape:
         """The shape of ``stream``."""
@@ -2762,18 +2766,20 @@ class Shapes:
             # (numbers given again: the keys made of them go too)
             ids.clear(), self.timings.clear(), self.plans.clear()
         pairs: dict[tuple, int] = {}
-        seen: dict[int, int] = {}           # id of an instruction -> its shape's number
-        numbers = []
+        seen: dict[int, tuple[int, tuple]] = {}     # id of an instruction -> its shape's number, ranks
+        numbers, ranks = [], []
         for ins in stream:
-            n = seen.get(id(ins))
-            if n is None:
-                shape = _shape(ins, pairs)
+            known = seen.get(id(ins))
+            if known is None:
+                shape, mine = _shape(ins, pairs)
                 n = ids.get(shape)
                 if n is None:
                     n = ids[shape] = len(ids)
-                seen[id(ins)] = n
-            numbers.append(n)
-        return Shape(np.array(numbers, np.int64).tobytes(), list(pairs))
+                known = seen[id(ins)] = (n, mine)
+            numbers.append(known[0])
+            if known[1]:
+                ranks += known[1]
+        return Shape(np.array(numbers, np.int64).tobytes(), np.array(ranks, np.int64), list(pairs))
 
     def timing(self, shape: Shape, make: Callable[[], object]) -> object:
         """The schedule of a stream of ``shape``: ``make()``'s, or the one made for its shape."""
@@ -2786,7 +2792,8 @@ class Shapes:
 
     def find(self, key: tuple, shape: Shape, sim) -> Optional[FusedPlan | bool]:
         """The plan of a stream of ``shape`` (and plan ``key``: :func:`fuse`'s) made from the one
-        of its shape, False when fuse does not cover that shape, None when none is known."""
+        kept for ``key`` when it serves it, False when fuse does not cover such streams, None
+        when none is known."""
         known = self.plans.get(key)
         if known is None:
             return None
@@ -2796,13 +2803,18 @@ class Shapes:
         template = ref()
         if template is None:
             return None
-        return template.with_operands({pair: mine[1] for pair, mine in zip(theirs, shape.pairs)}, sim)
+        # each of the plan's ranks to the stream's rank at the same steps: one, or it does not serve
+        mine = np.zeros(len(theirs.pairs), np.int64)
+        mine[theirs.ranks] = shape.ranks
+        if not np.array_equal(mine[theirs.ranks], shape.ranks):
+            return None
+        return template.with_operands({pair: shape.pairs[k][1] for pair, k in zip(theirs.pairs, mine.tolist())}, sim)
 
     def remember(self, key: tuple, plan: Optional[FusedPlan], shape: Shape) -> None:
         """Keep ``plan`` (None: not covered) as the one of streams of plan ``key``."""
         if len(self.plans) >= _SHAPES:
             del self.plans[next(iter(self.plans))]
-        self.plans[key] = (None if plan is None else weakref.ref(plan), shape.pairs)
+        self.plans[key] = (None if plan is None else weakref.ref(plan), shape)
 
 
 # A model's first call makes about a hundred streams of a few thousand distinct instruction shapes.
@@ -2810,9 +2822,9 @@ _SHAPES = 256
 _SHAPE_IDS = 1 << 18
 
 
-def _shape(ins: Instruction, pairs: dict[tuple, int]) -> tuple:
-    """What the cycle model and :func:`fuse` read of ``ins``, each immediate of an ALU or ALU chain
-    step as its rank in ``pairs`` (``(op, operand)`` -> rank, a new pair taking the next one)."""
+def _shape(ins: Instruction, pairs: dict[tuple, int]) -> tuple[tuple, tuple]:
+    """What the cycle model and :func:`fuse` read of ``ins`` but its immediates, and the ranks in
+    ``pairs`` (``(op, operand)`` -> rank, a new pair taking the next one) of its steps by one."""
     getter = _SHAPE_FIELDS.get(type(ins))
     if getter is None:
         names = [f.name for f in dataclasses.fields(ins) if f.name not in _UNSHAPED]
@@ -2820,15 +2832,15 @@ def _shape(ins: Instruction, pairs: dict[tuple, int]) -> tuple:
     fields = (type(ins), getter(ins.__dict__))
     op = ins.opcode
     if op is not _ALU and op is not _ALU_CHAIN:
-        return fields
-    ranks = []
+        return fields, ()
+    kinds, ranks = [], []
     for step, imm in (ins.steps if op is _ALU_CHAIN else [(ins.op, ins.imm if ins.use_imm else None)]):
         if imm is None or (step is _MUL and imm == 0):
-            ranks.append(None if imm is None else _TIMES_ZERO)
+            kinds.append(None if imm is None else _TIMES_ZERO)
         else:
-            pair = (step, alu_operand(step, imm))
-            ranks.append(pairs.setdefault(pair, len(pairs)))
-    return fields, tuple(ranks)
+            kinds.append(_BY_IMMEDIATE)
+            ranks.append(pairs.setdefault((step, alu_operand(step, imm)), len(pairs)))
+    return (fields, tuple(kinds)), tuple(ranks)
 
 
 def fuse(sim, stream: Sequence[Instruction], order: Sequence[int], buffers: Buffers,

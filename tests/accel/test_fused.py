@@ -1257,14 +1257,16 @@ def _shared_plans(first, second):
     return plans, copied.call_count, programs[0].timing is programs[1].timing
 
 
-def test_a_stream_equal_to_one_fused_before_but_for_its_immediates_gets_a_copy_of_its_plan():
-    """The second stream's immediates map one to one onto the first's (the pairs ``(op, operand)``
-    repeat alike: a shift of 40 is one of 31): its schedule is the first's, its plan the first's
-    with its own operands, which runs as its own plan and the instructions one by one do."""
+@pytest.mark.parametrize("shifts", [(40, 9), (31, 31)])
+def test_a_stream_equal_to_one_fused_before_but_for_its_immediates_gets_a_copy_of_its_plan(shifts):
+    """The second stream's steps by immediates are equal wherever the first's are (a shift of 40
+    is one of 31; the first's two shifts are one batch each, the second's may be one): its
+    schedule is the first's, its plan the first's with its own operands, which runs as its own
+    plan and the instructions one by one do."""
     first = _requantised([(AluOp.MUL, 1 << 20), (AluOp.SHR, 9), (AluOp.ADD, -3), (AluOp.MAX, -128)],
-                         [(AluOp.MUL, 0), (AluOp.ADD, None), (AluOp.SHR, 9), (AluOp.MAX, -128)])
-    second = _requantised([(AluOp.MUL, 3 << 17), (AluOp.SHR, 40), (AluOp.ADD, 5), (AluOp.MAX, -7)],
-                          [(AluOp.MUL, 0), (AluOp.ADD, None), (AluOp.SHR, 31), (AluOp.MAX, -7)])
+                         [(AluOp.MUL, 0), (AluOp.ADD, None), (AluOp.SHR, 8), (AluOp.MAX, -128)])
+    second = _requantised([(AluOp.MUL, 3 << 17), (AluOp.SHR, shifts[0]), (AluOp.ADD, 5), (AluOp.MAX, -7)],
+                          [(AluOp.MUL, 0), (AluOp.ADD, None), (AluOp.SHR, shifts[1]), (AluOp.MAX, -7)])
     (_, plan), copies, scheduled_once = _shared_plans(first, second)
     assert copies == 1 and scheduled_once       # (the cycle model reads no immediate)
     own, (sim, host), (ref, want) = _both(second)
@@ -1279,7 +1281,8 @@ def test_a_stream_equal_to_one_fused_before_but_for_its_immediates_gets_a_copy_o
                                    [(AluOp.MUL, 3), (AluOp.ADD, 1), (AluOp.SHR, 40)]])
 def test_immediates_that_change_a_plan_s_structure_are_no_ranks_of_its_shape(first):
     """A product by 0 drops the steps before it (and starts from zeros), and a shift of 40 is one of
-    31 (batched with other shifts of 31): a stream where such immediates are others gets its own plan."""
+    31 (one batch with another shift of 31): a stream where such immediates are others (two batches)
+    gets its own plan."""
     then = [(AluOp.SHR, 31), (AluOp.ADD, None)]
     second = _requantised([(AluOp.MUL, 3), (AluOp.ADD, 1), (AluOp.SHR, 2)], then)
     (_, plan), copies, _ = _shared_plans(_requantised(first, then), second)
