@@ -110,6 +110,7 @@ import numpy as np
 from accel.hw import kernels
 from accel.hw.instructions import ALU_UFUNCS, CHAIN_IMM_FIELDS, LUT_ENTRIES, OPERAND_RANGE, AluOp, alu_operand
 from accel.hw.isa import Alu, AluChain, Dwmac, Gemm, Instruction, Load, Lut, Mem, Opcode, Store, StoreMode
+from accel.hw.timing import Timing
 
 __all__ = ["fuse", "FusedPlan", "Shape", "Shapes", "remember", "drop_building"]
 
@@ -2754,7 +2755,7 @@ class Shapes:
 
     def __init__(self) -> None:
         self.ids: dict[tuple, int] = {}         # shape of an instruction -> its number
-        self.timings: dict[bytes, object] = {}  # a stream's shape's key -> its schedule
+        self.timings: dict[bytes, Timing] = {}  # a stream's shape's key -> its schedule
         # plan key -> (a weak reference to the plan, or None for a stream fuse does not cover;
         # the shape of the plan's stream)
         self.plans: dict[tuple, tuple[Optional[Callable], Shape]] = {}
@@ -2779,9 +2780,9 @@ class Shapes:
             numbers.append(known[0])
             if known[1]:
                 ranks += known[1]
-        return Shape(np.array(numbers, np.int64).tobytes(), np.array(ranks, np.int64), list(pairs))
+        return Shape(np.array(numbers, np.int32).tobytes(), np.array(ranks, np.int64), list(pairs))
 
-    def timing(self, shape: Shape, make: Callable[[], object]) -> object:
+    def timing(self, shape: Shape, make: Callable[[], Timing]) -> Timing:
         """The schedule of a stream of ``shape``: ``make()``'s, or the one made for its shape."""
         timing = self.timings.get(shape.key)
         if timing is None:
@@ -2819,7 +2820,7 @@ class Shapes:
 
 # A model's first call makes about a hundred streams of a few thousand distinct instruction shapes.
 _SHAPES = 256
-_SHAPE_IDS = 1 << 18
+_SHAPE_IDS = 1 << 18       # (numbers in int32)
 
 
 def _shape(ins: Instruction, pairs: dict[tuple, int]) -> tuple[tuple, tuple]:
