@@ -2765,7 +2765,9 @@ class Shapes:
         ids = self.ids
         if len(ids) > _SHAPE_IDS:
             # (numbers given again: the keys made of them go too)
-            ids.clear(), self.timings.clear(), self.plans.clear()
+            ids.clear()
+            self.timings.clear()
+            self.plans.clear()
         pairs: dict[tuple, int] = {}
         seen: dict[int, tuple[int, tuple]] = {}     # id of an instruction -> its shape's number, ranks
         numbers, ranks = [], []
