@@ -74,6 +74,11 @@ that was already read (a STORE or ALU in between), a GEMM step mixing scratchpad
 contents in ways no tile describes. Products are exact and int32 addition wraps, so the
 order in which products are summed does not change any value.
 
+A model's layers of one shape with other requantisation constants make streams that differ only
+in their ALU immediates: a simulator keeps its plans (and schedules) by the shape of their streams
+(:class:`Shapes`), and a stream of a shape fused before gets a copy of that plan with its own
+operands instead of a pass of its own.
+
 >>> import numpy as np
 >>> from accel.hw.sim import Simulator
 >>> from accel.hw.isa import Gemm, Load, Mem, Store, Finish
@@ -90,19 +95,23 @@ order in which products are summed does not change any value.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import functools
 import math
 import operator
+import weakref
 from functools import partial
 from typing import Callable, NamedTuple, Optional, Sequence
 
 import numpy as np
 
 from accel.hw import kernels
-from accel.hw.instructions import ALU_UFUNCS, LUT_ENTRIES, OPERAND_RANGE, AluOp, alu_operand
+from accel.hw.instructions import ALU_UFUNCS, CHAIN_IMM_FIELDS, LUT_ENTRIES, OPERAND_RANGE, AluOp, alu_operand
 from accel.hw.isa import Alu, AluChain, Dwmac, Gemm, Instruction, Load, Lut, Mem, Opcode, Store, StoreMode
+from accel.hw.timing import Timing
 
-__all__ = ["fuse", "FusedPlan", "remember", "drop_building"]
+__all__ = ["fuse", "FusedPlan", "Shape", "Shapes", "remember", "drop_building"]
 
 Buffers = Sequence[Optional[np.ndarray]]
 
@@ -1890,6 +1899,13 @@ class FusedPlan:
         self.matmuls = len(products)
         self.i_base = sum(self.sizes[slot] for slot in self.i_slots) + self.i_pads.size
         self.f_size = self.f_base + (0 if self.f_extra is None else self.f_extra.size)
+        written = dict.fromkeys(s[0] for s in stores)
+        self._apart = [(r, w) for r in (*self.f_slots, *self.i_slots) for w in written if r != w]
+        self._unbound()
+
+    def _unbound(self) -> None:
+        """No vectors, calls nor tuples of buffers yet (a plan's own: what :meth:`_bind` and
+        :meth:`prepare` make)."""
         # the vectors a run works in, over its simulator's workspace (see _bind): the source
         # vector, the value vector, the int32 sources of ACC LOADs, and the ALU batches as
         # calls bound to views of them; remade when the workspace arrays are other ones
@@ -1898,10 +1914,20 @@ class FusedPlan:
         self._product_steps: list = []
         self._alu_steps: list = []
         self._passes: dict[int, list[_Chain]] = {}      # passes of chains a STORE may join (_alu_steps)
-        written = dict.fromkeys(s[0] for s in stores)
-        self._apart = [(r, w) for r in (*self.f_slots, *self.i_slots) for w in written if r != w]
         # by id, the last few tuples of buffers found laid out as assumed: (the tuple, the run's calls on it)
         self._steps: dict[int, tuple] = {}
+
+    def with_operands(self, operands: dict, sim) -> "FusedPlan":
+        """This plan for a stream of its stream's shape (see :class:`Shapes`) on ``sim``: each
+        ALU step's operand ``(op, operand)`` of this one's replaced by ``operands[op, operand]``.
+        Shares all but the ALU batches' programs and what binding makes (the index arrays, views
+        and gathers are read-only)."""
+        plan = copy.copy(self)
+        plan._unbound()
+        plan.alus = [(tuple(step if step[1] is None or step[2] is None else (*step[:2], operands[step[1:]])
+                            for step in program), *rest) for program, *rest in self.alus]
+        plan._sim = sim
+        return plan
 
     def run(self, buffers: Buffers, sim=None) -> bool:
         """Execute on ``buffers`` (and ``sim``'s scratchpads; the builder's by default).
@@ -2661,13 +2687,157 @@ def _alu_step(vector: _Vector, source: _Vector, ufunc, op, imm, new, old, src) -
     return general
 
 
-def fuse(sim, stream: Sequence[Instruction], order: Sequence[int], buffers: Buffers) -> Optional[FusedPlan]:
+# What the cycle model and fuse read of an instruction but its immediates: every field but those
+_UNSHAPED = frozenset(("imm", *CHAIN_IMM_FIELDS))
+_SHAPE_FIELDS: dict[type, Callable] = {}
+# A product by the immediate 0 in a shape: the steps before it are dropped (see _Program), so it
+# is kept as itself, not ranked with the other immediates
+_TIMES_ZERO = -1
+_BY_IMMEDIATE = 0       # (any other step by an immediate: the immediate is in Shape.ranks)
+
+
+class Shape(NamedTuple):
+    """What the cycle model and :func:`fuse` read of a stream but its immediates (``key``: one
+    number per instruction, see :class:`Shapes`); per step by an immediate (of an ALU or ALU chain
+    instruction), in stream order, the rank of its ``(op, operand)`` among the distinct ones of the
+    stream in the order they first come (``ranks``), and those pairs in rank order."""
+
+    key: bytes
+    ranks: np.ndarray
+    pairs: list
+
+
+class Shapes:
+    """The schedules and plans made on one simulator, by the :class:`Shape` of their streams. The
+    cycle model reads no immediate, and all a plan's structure depends on is the shape, the order
+    the stream runs in and the host buffers' sizes and dtypes, and which steps by immediates have
+    equal ``(op, operand)`` pairs (a batch's steps are its pairs: equal ones are one batch). A plan
+    serves a stream of its shape whose steps are equal wherever the plan's are (its ranks a function
+    of the plan's: batches the plan keeps apart whose steps are equal here compute the same), as a
+    copy with the stream's operands where the plan's were (:meth:`FusedPlan.with_operands`). A step
+    multiplying by the immediate 0 drops the steps before it: it is kept as itself in the key. A
+    model's layers of one shape with other requantisation constants (a fifth of the PaddleOCR
+    detector's instructions) then cost a copy instead of a schedule and a pass each.
+
+    The last :data:`_SHAPES` schedules are held, and as many plans weakly (their Programs hold
+    them); the shapes of instructions are numbered (a stream's is one number per instruction)
+    until there are :data:`_SHAPE_IDS`, then forgotten with the schedules and plans."""
+
+    def __init__(self) -> None:
+        self.ids: dict[tuple, int] = {}         # shape of an instruction -> its number
+        self.timings: dict[bytes, Timing] = {}  # a stream's shape's key -> its schedule
+        # plan key -> (a weak reference to the plan, or None for a stream fuse does not cover;
+        # the shape of the plan's stream)
+        self.plans: dict[tuple, tuple[Optional[Callable], Shape]] = {}
+
+    def of(self, stream: Sequence[Instruction]) -> Shape:
+        """The shape of ``stream``."""
+        ids = self.ids
+        if len(ids) > _SHAPE_IDS:
+            # (numbers given again: the keys made of them go too)
+            ids.clear()
+            self.timings.clear()
+            self.plans.clear()
+        pairs: dict[tuple, int] = {}
+        seen: dict[int, tuple[int, tuple]] = {}     # id of an instruction -> its shape's number, ranks
+        numbers, ranks = [], []
+        for ins in stream:
+            known = seen.get(id(ins))
+            if known is None:
+                shape, mine = _shape(ins, pairs)
+                n = ids.get(shape)
+                if n is None:
+                    n = ids[shape] = len(ids)
+                known = seen[id(ins)] = (n, mine)
+            numbers.append(known[0])
+            if known[1]:
+                ranks += known[1]
+        return Shape(np.array(numbers, np.int32).tobytes(), np.array(ranks, np.int64), list(pairs))
+
+    def timing(self, shape: Shape, make: Callable[[], Timing]) -> Timing:
+        """The schedule of a stream of ``shape``: ``make()``'s, or the one made for its shape."""
+        timing = self.timings.get(shape.key)
+        if timing is None:
+            timing = self.timings[shape.key] = make()
+            if len(self.timings) > _SHAPES:
+                del self.timings[next(iter(self.timings))]
+        return timing
+
+    def find(self, key: tuple, shape: Shape, sim) -> Optional[FusedPlan | bool]:
+        """The plan of a stream of ``shape`` (and plan ``key``: :func:`fuse`'s) made from the one
+        kept for ``key`` when it serves it, False when fuse does not cover such streams, None
+        when none is known."""
+        known = self.plans.get(key)
+        if known is None:
+            return None
+        ref, theirs = known
+        if ref is None:
+            return False
+        template = ref()
+        if template is None:
+            return None
+        # each of the plan's ranks to the stream's rank at the same steps: one, or it does not serve
+        mine = np.zeros(len(theirs.pairs), np.int64)
+        mine[theirs.ranks] = shape.ranks
+        if not np.array_equal(mine[theirs.ranks], shape.ranks):
+            return None
+        return template.with_operands({pair: shape.pairs[k][1] for pair, k in zip(theirs.pairs, mine.tolist())}, sim)
+
+    def remember(self, key: tuple, plan: Optional[FusedPlan], shape: Shape) -> None:
+        """Keep ``plan`` (None: not covered) as the one of streams of plan ``key``."""
+        if len(self.plans) >= _SHAPES:
+            del self.plans[next(iter(self.plans))]
+        self.plans[key] = (None if plan is None else weakref.ref(plan), shape)
+
+
+# A model's first call makes about a hundred streams of a few thousand distinct instruction shapes.
+_SHAPES = 256
+_SHAPE_IDS = 1 << 18       # (numbers in int32)
+
+
+def _shape(ins: Instruction, pairs: dict[tuple, int]) -> tuple[tuple, tuple]:
+    """What the cycle model and :func:`fuse` read of ``ins`` but its immediates, and the ranks in
+    ``pairs`` (``(op, operand)`` -> rank, a new pair taking the next one) of its steps by one."""
+    getter = _SHAPE_FIELDS.get(type(ins))
+    if getter is None:
+        names = [f.name for f in dataclasses.fields(ins) if f.name not in _UNSHAPED]
+        getter = _SHAPE_FIELDS[type(ins)] = operator.itemgetter(*names) if names else lambda fields: ()
+    fields = (type(ins), getter(ins.__dict__))
+    op = ins.opcode
+    if op is not _ALU and op is not _ALU_CHAIN:
+        return fields, ()
+    kinds, ranks = [], []
+    for step, imm in (ins.steps if op is _ALU_CHAIN else [(ins.op, ins.imm if ins.use_imm else None)]):
+        if imm is None or (step is _MUL and imm == 0):
+            kinds.append(None if imm is None else _TIMES_ZERO)
+        else:
+            kinds.append(_BY_IMMEDIATE)
+            ranks.append(pairs.setdefault((step, alu_operand(step, imm)), len(pairs)))
+    return (fields, tuple(kinds)), tuple(ranks)
+
+
+def fuse(sim, stream: Sequence[Instruction], order: Sequence[int], buffers: Buffers,
+         shape: Optional[Shape] = None) -> Optional[FusedPlan]:
     """The fused plan of a checked stream executed in ``order`` on ``sim`` with these host
-    buffers, or None when the stream does something it does not cover (module doc)."""
+    buffers, or None when the stream does something it does not cover (module doc). A stream
+    of the :class:`Shape` (``shape``, made here when None) of one fused before on ``sim`` in the
+    same order on buffers of the same sizes and dtypes (a model's layers of one shape, with other
+    requantisation constants) gets a copy of that one's plan with its own immediates, not a pass
+    of its own."""
+    shapes = sim.shapes
+    shape = shape or shapes.of(stream)
+    key = (shape.key, np.array(order, np.int64).tobytes(),
+           tuple(None if b is None else (b.size, b.dtype) for b in buffers))
+    known = shapes.find(key, shape, sim)
+    if known is not None:
+        return known or None
     builder = _Builder(sim, buffers)
+    plan = None
     for i in order:
         if not builder.add(stream[i]):
-            return None
-    plan = builder.plan()
-    plan._sim = sim
+            break
+    else:
+        plan = builder.plan()
+        plan._sim = sim
+    shapes.remember(key, plan, shape)
     return plan

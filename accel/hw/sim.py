@@ -191,6 +191,9 @@ class Simulator:
         #: call ends: :func:`accel.hw.fused.settle`), not kept alive by it
         self.plans: weakref.WeakSet = weakref.WeakSet()
         self.settled: tuple = ()    # the workspace's arrays when its plans were last bound to them all
+        #: the schedules and plans made on this simulator by the shape of their streams: a stream
+        #: of one of those shapes gets them (:class:`accel.hw.fused.Shapes`)
+        self.shapes = fused.Shapes()
 
     def memory(self, mem: Mem) -> np.ndarray:
         """The backing array of a scratchpad (INP/WGT as exact float32, ACC as int32)."""
@@ -413,7 +416,9 @@ class Simulator:
                 self.check(index, ins, buffers)
         if not verified:
             verify(stream, tokens=False)
-        return Program(self, list(stream), cycles.schedule(stream, self.config))
+        shape = self.shapes.of(stream)
+        return Program(self, list(stream), self.shapes.timing(shape, lambda: cycles.schedule(stream, self.config)),
+                       shape)
 
     def run(self, stream: Sequence[Instruction], buffers: Buffers, stats: Optional[Stats] = None,
             *, verified: bool = False, checked: bool = False, execute: bool = True) -> Stats:
@@ -717,10 +722,12 @@ class Program:
     (4, 4)
     """
 
-    def __init__(self, simulator: Simulator, stream: list[Instruction], timing: cycles.Timing) -> None:
+    def __init__(self, simulator: Simulator, stream: list[Instruction], timing: cycles.Timing,
+                 shape: Optional[fused.Shape] = None) -> None:
         self.simulator = simulator
         self.stream = stream
         self.timing = timing
+        self.shape = shape      # (see accel.hw.fused.Shapes: made by compile, read by fuse)
         self.signature = _signature(stream)
         self._ops: Optional[list[tuple[int, int, Op]]] = None
         self._hosts: dict[int, tuple[np.ndarray, int]] = {}  # slot -> (flat view, address) the calls use
@@ -777,7 +784,7 @@ class Program:
         says the Program runs ``again`` (then the per-instruction calls are never prepared)."""
         self._runs += 1
         if self._fused is None and (again or self._runs > _RUNS_BEFORE_FUSING):
-            self._fused = fused.fuse(self.simulator, self.stream, self.timing.order(), buffers) or False
+            self._fused = fused.fuse(self.simulator, self.stream, self.timing.order(), buffers, self.shape) or False
         if self._fused and self._fused.run(buffers, self.simulator):
             return
         for _, _, op in self._prepare(buffers):

@@ -1219,3 +1219,57 @@ def test_products_alone_on_zeroed_values_set_them_and_the_rest_is_zeroed(acc_n, 
             zero[t.start:t.stop] = False
     assert [v for lo, hi in ranges for v in range(lo, hi)] == np.flatnonzero(zero).tolist()
     assert all(hi < lo2 for (_, hi), (lo2, _) in zip(ranges, ranges[1:]))      # maximal ranges
+
+
+def _requantised(first, second):
+    """Two chains over a product's accumulators (``first`` then ``second``, each its steps) and a STORE."""
+    tile = dict(dst_addr=0, ext_out=16, dst_stride_out=16)
+    return _auto([_gemm(reset=True), _gemm(), AluChain(**tile, **chain_code(first)),
+                  AluChain(dst_addr=256, ext_out=16, dst_stride_out=16, src_addr=0, src_stride_out=16,
+                           **chain_code(second)),
+                  *(Store(sram_addr=d, sram_ld=16, slot=4, dram_offset=d, dram_ld=16, rows=16, cols=16)
+                    for d in (0, 256))])
+
+
+def _shared_plans(first, second):
+    """The plans of two streams compiled and fused in turn on one simulator, how many were copies,
+    and whether the second's schedule is the first's."""
+    sim, host = Simulator(sim_tests.SMALL), sim_tests._host()
+    programs = [sim.compile(s, host) for s in (first, second)]
+    with mock.patch.object(fused.FusedPlan, "with_operands", autospec=True,
+                           side_effect=fused.FusedPlan.with_operands) as copied:
+        plans = [fused.fuse(sim, s, p.timing.order(), host, p.shape) for s, p in zip((first, second), programs)]
+    return plans, copied.call_count, programs[0].timing is programs[1].timing
+
+
+@pytest.mark.parametrize("shifts", [(40, 9), (31, 31)])
+def test_a_stream_equal_to_one_fused_before_but_for_its_immediates_gets_a_copy_of_its_plan(shifts):
+    """The second stream's steps by immediates are equal wherever the first's are (a shift of 40
+    is one of 31; the first's two shifts are one batch each, the second's may be one): its
+    schedule is the first's, its plan the first's with its own operands, which runs as its own
+    plan and the instructions one by one do."""
+    first = _requantised([(AluOp.MUL, 1 << 20), (AluOp.SHR, 9), (AluOp.ADD, -3), (AluOp.MAX, -128)],
+                         [(AluOp.MUL, 0), (AluOp.ADD, None), (AluOp.SHR, 8), (AluOp.MAX, -128)])
+    second = _requantised([(AluOp.MUL, 3 << 17), (AluOp.SHR, shifts[0]), (AluOp.ADD, 5), (AluOp.MAX, -7)],
+                          [(AluOp.MUL, 0), (AluOp.ADD, None), (AluOp.SHR, shifts[1]), (AluOp.MAX, -7)])
+    (_, plan), copies, scheduled_once = _shared_plans(first, second)
+    assert copies == 1 and scheduled_once       # (the cycle model reads no immediate)
+    own, (sim, host), (ref, want) = _both(second)
+    _runs_alike(plan, second, (sim, host), (ref, want))
+    _, (sim, host), _ = _both(second)
+    assert own.run(host, sim)
+    np.testing.assert_array_equal(host[4], want[4])
+    np.testing.assert_array_equal(sim.acc, ref.acc)
+
+
+@pytest.mark.parametrize("first", [[(AluOp.MUL, 0), (AluOp.ADD, 1), (AluOp.SHR, 2)],
+                                   [(AluOp.MUL, 3), (AluOp.ADD, 1), (AluOp.SHR, 40)]])
+def test_immediates_that_change_a_plan_s_structure_are_no_ranks_of_its_shape(first):
+    """A product by 0 drops the steps before it (and starts from zeros), and a shift of 40 is one of
+    31 (one batch with another shift of 31): a stream where such immediates are others (two batches)
+    gets its own plan."""
+    then = [(AluOp.SHR, 31), (AluOp.ADD, None)]
+    second = _requantised([(AluOp.MUL, 3), (AluOp.ADD, 1), (AluOp.SHR, 2)], then)
+    (_, plan), copies, _ = _shared_plans(_requantised(first, then), second)
+    assert copies == 0
+    _runs_alike(plan, second, *_both(second)[1:])
