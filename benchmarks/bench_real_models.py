@@ -26,7 +26,8 @@ Models are read from ``$TIRPAT_REALMODELS`` or ``~/.cache/tirpat-realmodels``; a
 not there is skipped with a message. Any other float ONNX model with one NCHW image input is
 measured the same way with ``--onnx PATH`` (its static input shape, or ``--shape`` for dynamic
 dimensions; inputs normalised to [-1, 1]). Compile times are of one build each (a real model takes
-tens of seconds); call times are medians of ``--repeats``.
+tens of seconds); call times are medians of at least ``--repeats`` calls, and of more while they add up to under
+a second.
 
     python benchmarks/bench_real_models.py [--models ppocr_v2_cls ppocrv5_det ...] [--repeats 5] [--tune]
     python benchmarks/bench_real_models.py --models --onnx yolo.onnx --shape 1x3x320x320
@@ -99,9 +100,16 @@ def _picture(c: int, h: int, w: int, norm: str, rng: np.random.Generator) -> np.
     return np.ascontiguousarray(x, np.float32)
 
 
+#: calls are timed until they add up to this (see median_wall), up to MOST_CALLS of them
+LEAST_SECONDS, MOST_CALLS = 1.0, 200
+
+
 def median_wall(fn, repeats: int) -> float:
+    """The median wall time of at least ``repeats`` calls of ``fn``, and of more while the calls
+    so far took under ``LEAST_SECONDS`` (a few ms call measured 3 times is at the mercy of one
+    preemption; the median of a second's worth is not)."""
     times = []
-    for _ in range(repeats):
+    while len(times) < repeats or (sum(times) < LEAST_SECONDS and len(times) < MOST_CALLS):
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)
@@ -240,7 +248,8 @@ def main(argv=None) -> int:
     ap.add_argument("--onnx", nargs="+", default=[], type=pathlib.Path, metavar="PATH",
                     help="other float ONNX models with one NCHW image input, measured the same way")
     ap.add_argument("--shape", type=shape_arg, help="the input shape NxCxHxW of --onnx models with dynamic dimensions")
-    ap.add_argument("--repeats", type=int, default=5, help="calls measured after the first (median; default 5)")
+    ap.add_argument("--repeats", type=int, default=5, help="calls measured after the first, at least (median; more while they take under "
+                         f"{LEAST_SECONDS:g} s; default 5)")
     ap.add_argument("--tune", action="store_true", help=f"also tune with {TUNE_TRIALS} trials and report the gain")
     args = ap.parse_args(argv)
 
@@ -269,7 +278,7 @@ def main(argv=None) -> int:
         return 1
     print(f"int8 per-tensor models; compile: one build each (tp.build(mod, \"accel, llvm\") vs "
           f"tvm.compile(integerised mod, \"llvm\"), its VM creation apart);\ncalls: first, and median of "
-          f"{args.repeats} later, then of {args.repeats} steady (replayed) ones, vs onnxruntime int8 default session, 1 thread (the speed reference; "
+          f">= {args.repeats} later (and >= {LEAST_SECONDS:g} s of them), then of as many steady (replayed) ones, vs onnxruntime int8 default session, 1 thread (the speed reference; "
           "the ratios: later and steady over ort ms); "
           "roofl: roofline share of the model's MACs on accel; diff: max |output - tvm.compile's|;\n"
           "steps: max |output - onnxruntime's exact QDQ run (ORT_ENABLE_BASIC)| in output quantisation steps\n")
