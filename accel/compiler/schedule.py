@@ -725,9 +725,9 @@ def _blocks(e: Extents, knobs: Knobs, config: Config, reserved: dict | None = No
     The knobs' choices (blocks at most the whole dimension), else: one row of tiles (the
     heuristic's M block, :func:`least_cycles`, is chosen by ``_schedule_gemm`` among the
     blocks that keep the N and K blocks this gives one row); along N and K
-    :func:`_pick_block`'s (the whole dimension up to the limit, else a power of two), halved
-    while a double-buffered block would take more than half of its scratchpad (N first in
-    ACC, then K, then M); the weight resident when it takes at most half of WGT and more
+    :func:`_pick_block`'s (the whole dimension up to the limit, else a power of two or a
+    divisor), halved while a double-buffered block would take more than half of its
+    scratchpad (N first in ACC, then K, then M); the weight resident when it takes at most half of WGT and more
     than one row of tiles reuses it. Then, whatever was chosen, blocks are halved until
     every scratchpad holds its :func:`footprint` (ACC: N, then M; INP: K, then M; WGT: K,
     then N), the other residency tried when one cannot fit. ``reserved``: elements of each

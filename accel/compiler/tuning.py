@@ -3,9 +3,9 @@ meta_schedule design space for ``tp.tune``.
 
 For each GEMM block the space offers:
 
-- ``bm``, ``bn``, ``bk``: tiles per block along M, N and K, powers of two and the whole
-  dimension, up to 32, 8 and 32 tiles (the scheduler shrinks a block that would overflow a
-  scratchpad);
+- ``bm``, ``bn``, ``bk``: tiles per block along M, N and K, the dimension's divisors (no
+  padding to whole blocks), powers of two and the whole dimension, up to 32, 8 and 32 tiles
+  (the scheduler shrinks a block that would overflow a scratchpad);
 - ``weights``: streamed or resident;
 - for a convolution, ``gather`` (direct LOADs or the CPU's im2col) and, where its output
   has more than one row and column (:func:`accel.compiler.conv.has_image`), ``pixels`` (M
