@@ -17,7 +17,7 @@ Whoever runs the model allocates them once per VM (:class:`~tirpat.model.compile
 does, one VM per thread) and passes them on every call; they cost no memory the pool would
 not have kept anyway. What the entry did per tensor goes with it: a VM instruction to make
 it (a tensor object allocated), one to kill it after its last use, the tuples of a
-partition's outputs that only name them (ppocr_v2_cls: 574 VM instructions a call, 96
+partition's outputs that only name them (ppocr_v2_cls: 574 VM instructions a call, 94
 after; its host share of a steady call ~9% less). It runs after
 the whole of TVM's default Relax pipeline for the CPU (one pass: nothing goes between its
 memory planning and the lowering that follows), on the VM's ``R.vm.alloc_storage``. Left
