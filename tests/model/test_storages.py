@@ -223,3 +223,18 @@ def test_storages_of_a_symbolic_size_stay_in_the_entry():
     assert sizes(lifted["main"]) == [None, None, [4]] and len(lifted["main"].params) == 3
     lowered[prim] = lowered[prim].without_attr(BACKEND_ATTR)        # nothing offloaded: nothing lifted
     assert lift_storages()(lowered).same_as(lowered)
+
+
+def test_a_call_copies_its_input_into_the_tensor_of_an_earlier_one(model, references):
+    """A numpy input goes into this thread's tensor for it, made by the first call: later
+    calls allocate none (an allocation of the input's size each), and compute on their own
+    input, whatever the earlier ones were."""
+    seeds = (1, 2, 1)
+    wants = [references["model"](MODEL.inputs(seed))[0] for seed in seeds]
+    model(MODEL.inputs(0))
+    with mock.patch.object(tvm.runtime, "empty", side_effect=tvm.runtime.empty) as empty, \
+            mock.patch.object(tvm.runtime, "tensor", side_effect=tvm.runtime.tensor) as tensor:
+        got = [model(MODEL.inputs(seed)) for seed in seeds]
+    assert empty.call_count == tensor.call_count == 0
+    for g, want in zip(got, wants):
+        np.testing.assert_array_equal(g, want)

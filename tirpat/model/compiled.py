@@ -95,7 +95,7 @@ class CompiledModel:
         # A relax.VirtualMachine keeps its registers and frames in itself: one VM called from
         # two threads corrupts both calls (wrong results, InternalErrors, crashes). Each thread
         # makes its own on its first call (building one costs as much as a small compile).
-        self._here = threading.local()      # .vm, .storages, and .last: this thread's last (stats, starts, end)
+        self._here = threading.local()      # .vm, .storages, .inputs, and .last: this thread's last (stats, starts, end)
         self._last = None                   # the last call to finish on any thread: (stats, starts, end)
         # backend sessions kept between calls ({backend: session}, one set per concurrent call)
         self._kept_sessions: list[dict] = []
@@ -146,8 +146,24 @@ class CompiledModel:
             if len(shape) != len(spec.shape) or any(s is not None and s != g for s, g in zip(spec.shape, shape)):
                 raise ValueError(f"input {spec.name}: expected shape {spec.shape}, got {shape}")
             # np.require, not np.ascontiguousarray: that one makes a 0-d (scalar) input 1-d
-            tensors.append(a if isinstance(a, tvm.runtime.Tensor) else tvm.runtime.tensor(np.require(a, requirements="C")))
+            tensors.append(a if isinstance(a, tvm.runtime.Tensor) else
+                           self._input_tensor(len(tensors), np.require(a, requirements="C")))
         return tensors
+
+    def _input_tensor(self, n: int, a: np.ndarray) -> tvm.runtime.Tensor:
+        """The array ``a`` for input ``n``, copied into this thread's tensor for it, made on
+        the first call with its shape: a tensor made per call costs an allocation of its size
+        each time (ppocr_v2_cls: 110 KB, whose pages the kernel maps afresh; ~4% of the host's
+        share of a steady call), and the call's result never holds the input (the caller gets
+        copies, :func:`_to_numpy`)."""
+        held = getattr(self._here, "inputs", None)
+        if held is None:
+            held = self._here.inputs = {}
+        shape, tensor = held.get(n, (None, None))
+        if shape != a.shape:        # its dtype is the input's (checked)
+            tensor = tvm.runtime.empty(a.shape, a.dtype)
+            held[n] = (a.shape, tensor)
+        return tensor.copyfrom(a)
 
     def _by_name(self, args: tuple, kwargs: dict) -> tuple:
         """The positional arguments, with those given by input name (``model(x=...)``) in place."""
