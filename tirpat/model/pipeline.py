@@ -134,7 +134,7 @@ def _on_partition(name, backend: str = "", options: str = "", runtimes: str = ""
         runtime = known.get(prefix)
         if runtime is not None:
             listener = runtime.begin(built, code, caller=caller).on_partition
-            if listener is not None and not any(listener is h for h in heard):
+            if listener is not None and listener not in heard:     # one function, or one object's method: once
                 heard.append(listener)
     for listener in heard:
         listener(text)
