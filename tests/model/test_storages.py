@@ -61,36 +61,55 @@ def _flat(out) -> list:
     return [out] if isinstance(out, (tvm.runtime.Tensor, np.ndarray)) else list(out)
 
 
-def _direct_calls(model, inputs: list) -> tuple[list, list]:
+def _direct_calls(model, inputs: list) -> tuple[list, list, list]:
     """``model``'s VM called on each of ``inputs`` directly (its outputs kept as the VM's
-    tensors), with the address of every tensor ``vm.builtin.alloc_tensor`` made in each
-    call: the outputs, and per call those addresses that are not the call's outputs'."""
+    tensors): the outputs; per call, the addresses of the tensors its functions were called
+    on that are neither its input nor its outputs (intermediates and constants); and per
+    call, how many times it ran each VM builtin."""
     vm, storages = model._vm()
-    made: list = []
+    seen: list = []
+    builtins: list = []
 
     def instrument(func, symbol, before, result, *args):
-        if not before and symbol == "vm.builtin.alloc_tensor":
-            made[-1].append(result.data_ptr())
+        if before and symbol.startswith("vm.builtin."):
+            builtins[-1][symbol] = builtins[-1].get(symbol, 0) + 1
+        elif before:
+            seen[-1].extend(a.data_ptr() for a in args if isinstance(a, tvm.runtime.Tensor))
 
     vm.set_instrument(instrument)
     outputs = []
     try:
         for x in inputs:
-            made.append([])
-            outputs.append(invoke(vm[model.entry], tvm.runtime.tensor(x), *storages))
+            seen.append([])
+            builtins.append({})
+            given = tvm.runtime.tensor(x)
+            outputs.append(invoke(vm[model.entry], given, *storages))
+            seen[-1] = [p for p in seen[-1] if p != given.data_ptr()]
     finally:
         vm.set_instrument(None)
     returned = [{t.data_ptr() for t in _flat(out)} for out in outputs]
-    return outputs, [[p for p in call if p not in out] for call, out in zip(made, returned)]
+    return outputs, [[p for p in call if p not in out] for call, out in zip(seen, returned)], builtins
 
 
 def test_intermediate_tensors_stay_at_their_addresses(model):
     """The VM's pool would hand the storages out in another order each call (a free list
     per size, last in first out): here they are the same ones, every call."""
-    outputs, intermediates = _direct_calls(model, [MODEL.inputs(seed) for seed in range(4)])
+    outputs, intermediates, _ = _direct_calls(model, [MODEL.inputs(seed) for seed in range(4)])
     assert model._storages == "main_storages" and len(intermediates[0]) >= 2
     assert intermediates[1:] == intermediates[:-1]
     assert len({out.data_ptr() for out in outputs}) == len(outputs)      # each call's result its own
+
+
+def test_the_entry_makes_only_its_result(model):
+    """The tensors on the lifted storages are made once per VM too, and passed to the entry:
+    a call makes its result's tensor alone (a VM instruction each, and an allocation, for
+    each tensor of a model's hundred partitions), kills none and makes no tuple of a
+    partition's outputs that nothing reads."""
+    _, _, builtins = _direct_calls(model, [MODEL.inputs(seed) for seed in range(2)])
+    assert builtins[0] == builtins[1]
+    assert builtins[0].get("vm.builtin.alloc_tensor", 0) == 1
+    assert not {"vm.builtin.make_tuple", "vm.builtin.tuple_getitem", "vm.builtin.copy"} & set(builtins[0])
+    assert builtins[0]["vm.builtin.null_value"] <= 2      # the shape heap, the result's tensor a reshape views
 
 
 def test_calls_after_the_first_bind_no_plan_again(model):
@@ -123,7 +142,7 @@ def test_repeated_calls_compute_what_llvm_does_and_keep_earlier_results(model, v
         for x, want in zip(inputs, wants):
             for got, w in zip(_flat(built(x)), want, strict=True):
                 np.testing.assert_array_equal(got, w)
-        kept, _ = _direct_calls(built, inputs)
+        kept, _, _ = _direct_calls(built, inputs)
         for out, want in zip(kept, wants):
             for got, w in zip(_flat(out), want, strict=True):
                 np.testing.assert_array_equal(got.numpy(), w)
@@ -143,7 +162,7 @@ def test_an_exported_model_allocates_them_once_too(model, references, tmp_path):
     for seed in range(2):
         x = MODEL.inputs(seed)
         np.testing.assert_array_equal(loaded(x), reference(x)[0])
-    _, intermediates = _direct_calls(loaded, [MODEL.inputs(seed) for seed in range(3)])
+    _, intermediates, _ = _direct_calls(loaded, [MODEL.inputs(seed) for seed in range(3)])
     assert intermediates[1:] == intermediates[:-1] and intermediates[0]
 
 
@@ -204,3 +223,18 @@ def test_storages_of_a_symbolic_size_stay_in_the_entry():
     assert sizes(lifted["main"]) == [None, None, [4]] and len(lifted["main"].params) == 3
     lowered[prim] = lowered[prim].without_attr(BACKEND_ATTR)        # nothing offloaded: nothing lifted
     assert lift_storages()(lowered).same_as(lowered)
+
+
+def test_a_call_copies_its_input_into_the_tensor_of_an_earlier_one(model, references):
+    """A numpy input goes into this thread's tensor for it, made by the first call: later
+    calls allocate none (an allocation of the input's size each), and compute on their own
+    input, whatever the earlier ones were."""
+    seeds = (1, 2, 1)
+    wants = [references["model"](MODEL.inputs(seed))[0] for seed in seeds]
+    model(MODEL.inputs(0))
+    with mock.patch.object(tvm.runtime, "empty", side_effect=tvm.runtime.empty) as empty, \
+            mock.patch.object(tvm.runtime, "tensor", side_effect=tvm.runtime.tensor) as tensor:
+        got = [model(MODEL.inputs(seed)) for seed in seeds]
+    assert empty.call_count == tensor.call_count == 0
+    for g, want in zip(got, wants):
+        np.testing.assert_array_equal(g, want)

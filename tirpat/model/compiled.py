@@ -74,14 +74,17 @@ class CompiledModel:
 
     def __init__(self, executable, backends: list, host: tvm.target.Target, inputs: list,
                  report: ModelReport, entry: str = "main", *, linked: Linked | None = None,
-                 storages: str | None = None) -> None:
+                 storages: str | None = None, spread: bool = True) -> None:
         self.executable = executable
         # the executable as machine code in a shared library (tirpat.model.native.link), which
         # the VMs load and export copies; without it each VM's creation compiles the code
         self._linked = linked
-        # the function that allocates the storages lifted out of the entry, which then takes
-        # them as its last argument (tirpat.model.storages); None: the entry allocates its own
+        # the function that allocates the storages and tensors lifted out of the entry, which
+        # then takes them as its last arguments (tirpat.model.storages); None: the entry
+        # allocates its own. ``spread``: one argument each; else (a file written before the
+        # tensors were lifted) one tuple of the storages
         self._storages = storages
+        self._spread = spread
         self.backends = [(b, dict(o)) for b, o in backends]
         self.host = host
         self.inputs = list(inputs)
@@ -92,7 +95,7 @@ class CompiledModel:
         # A relax.VirtualMachine keeps its registers and frames in itself: one VM called from
         # two threads corrupts both calls (wrong results, InternalErrors, crashes). Each thread
         # makes its own on its first call (building one costs as much as a small compile).
-        self._here = threading.local()      # .vm, .storages, and .last: this thread's last (stats, starts, end)
+        self._here = threading.local()      # .vm, .storages, .inputs, and .last: this thread's last (stats, starts, end)
         self._last = None                   # the last call to finish on any thread: (stats, starts, end)
         # backend sessions kept between calls ({backend: session}, one set per concurrent call)
         self._kept_sessions: list[dict] = []
@@ -121,7 +124,8 @@ class CompiledModel:
             runnable = self.executable if self._linked is None else self._linked.module
             vm = relax.VirtualMachine(runnable, tvm.cpu())
             # the entry's storages, allocated once for this VM: the same addresses every call
-            self._here.storages = () if self._storages is None else (vm[self._storages](),)
+            lifted = () if self._storages is None else vm[self._storages]()
+            self._here.storages = tuple(lifted) if self._spread else (lifted,)
             self._here.vm = vm
         return vm, self._here.storages
 
@@ -142,8 +146,24 @@ class CompiledModel:
             if len(shape) != len(spec.shape) or any(s is not None and s != g for s, g in zip(spec.shape, shape)):
                 raise ValueError(f"input {spec.name}: expected shape {spec.shape}, got {shape}")
             # np.require, not np.ascontiguousarray: that one makes a 0-d (scalar) input 1-d
-            tensors.append(a if isinstance(a, tvm.runtime.Tensor) else tvm.runtime.tensor(np.require(a, requirements="C")))
+            tensors.append(a if isinstance(a, tvm.runtime.Tensor) else
+                           self._input_tensor(len(tensors), np.require(a, requirements="C")))
         return tensors
+
+    def _input_tensor(self, n: int, a: np.ndarray) -> tvm.runtime.Tensor:
+        """The array ``a`` for input ``n``, copied into this thread's tensor for it, made on
+        the first call with its shape: a tensor made per call costs an allocation of its size
+        each time (ppocr_v2_cls: 110 KB, whose pages the kernel maps afresh; ~4% of the host's
+        share of a steady call), and the call's result never holds the input (the caller gets
+        copies, :func:`_to_numpy`)."""
+        held = getattr(self._here, "inputs", None)
+        if held is None:
+            held = self._here.inputs = {}
+        shape, tensor = held.get(n, (None, None))
+        if shape != a.shape:        # its dtype is the input's (checked)
+            tensor = tvm.runtime.empty(a.shape, a.dtype)
+            held[n] = (a.shape, tensor)
+        return tensor.copyfrom(a)
 
     def _by_name(self, args: tuple, kwargs: dict) -> tuple:
         """The positional arguments, with those given by input name (``model(x=...)``) in place."""
@@ -281,7 +301,8 @@ class CompiledModel:
         if path.exists() and not path.is_file():        # a zip archive is written with seeks: not to a device
             raise ValueError(f"{path}: not a regular file, so a model cannot be written there")
         manifest = {
-            "format": FORMAT, "entry": self.entry, "storages": self._storages, "host": dict(self.host.export()),
+            "format": FORMAT, "entry": self.entry, "storages": self._storages, "spread": self._spread,
+            "host": dict(self.host.export()),
             "backends": [{"name": b.name, "options": o} for b, o in self.backends],
             "inputs": [{"name": i.name, "shape": list(i.shape), "dtype": i.dtype} for i in self.inputs],
             "report": self.report.to_json(),
@@ -418,6 +439,9 @@ def load(path) -> CompiledModel:
             storages = manifest.get("storages")     # a file written before storages were lifted has none
             if storages is not None and not isinstance(storages, str):
                 raise TypeError(f"'storages' is a JSON {type(storages).__name__}, not a string")
+            spread = manifest.get("spread", False)      # written before the tensors were lifted: a tuple
+            if not isinstance(spread, bool):
+                raise TypeError(f"'spread' is a JSON {type(spread).__name__}, not a boolean")
         except (KeyError, TypeError, ValueError) as err:
             raise ValueError(f"{path}: its manifest is malformed ({type(err).__name__}: {err})") from None
         try:
@@ -434,7 +458,8 @@ def load(path) -> CompiledModel:
         except BackendNotFound as err:
             raise BackendNotFound(f"{path} was compiled for a backend this process lacks: {err}") from None
         backends.append((backend, backend.resolve(options)))
-    model = CompiledModel(executable, backends, host, inputs, report, manifest["entry"], storages=storages)
+    model = CompiledModel(executable, backends, host, inputs, report, manifest["entry"], storages=storages,
+                          spread=spread)
     model.source = path     # its code checks the manifest's backend options when it runs
     return model
 

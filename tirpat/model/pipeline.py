@@ -120,17 +120,29 @@ def _on_partition(name, backend: str = "", options: str = "", runtimes: str = ""
     if not runtimes:
         return
     # once per partition and call (a hundred times a model call): what the arguments say is
-    # read once per partition, not parsed again each time
-    prefixes, built, code, text = _marker(name, backend, options, runtimes)
+    # read once per partition, not parsed again each time; found by the name, the others
+    # compared with those it came with (new strings each call: hashing the options' JSON, as a
+    # cache keyed by all four would, costs more than comparing it)
+    seen = _SEEN.get(name)
+    if seen is None or seen[0] != options or seen[1] != backend or seen[2] != runtimes:
+        if len(_SEEN) >= _SEEN_MAX:
+            _SEEN.clear()
+        seen = _SEEN[name] = (options, backend, runtimes, _marker(name, backend, options, runtimes))
+    prefixes, built, code, text = seen[3]
     known, caller, heard = device.runtimes(), sys._getframe().f_back, []
     for prefix in prefixes:
         runtime = known.get(prefix)
         if runtime is not None:
             listener = runtime.begin(built, code, caller=caller).on_partition
-            if listener is not None and not any(listener is h for h in heard):
+            if listener is not None and listener not in heard:     # one function, or one object's method: once
                 heard.append(listener)
     for listener in heard:
         listener(text)
+
+
+#: partition name -> (options, backend, runtimes, :func:`_marker` of them): the markers last seen
+_SEEN: dict = {}
+_SEEN_MAX = 1024
 
 
 @functools.lru_cache(maxsize=1024)
