@@ -33,7 +33,7 @@ import math
 from bisect import bisect_left, insort
 
 from accel.hw.emitter import nop
-from accel.hw.instructions import LUT_ENTRIES, ChainVector
+from accel.hw.instructions import LUT_ENTRIES, ChainVector, chain_problem
 from accel.hw.isa import Alu, AluChain, Instruction, Load, Lut, Mem, Opcode, Queue, Store, queue_of
 
 _PUSH = {(Queue.LOAD, Queue.COMPUTE): "push_next", (Queue.COMPUTE, Queue.LOAD): "push_prev",
@@ -168,7 +168,8 @@ def _alu_chain_footprint(ins: AluChain, tile: int) -> tuple:
     dst = ((ins.ext_out, ins.dst_stride_out), (ins.ext_in, ins.dst_stride_in))
     src = ((ins.ext_out, ins.src_stride_out), (ins.ext_in, ins.src_stride_in))
     out = [(_ACC, *_span(ins.dst_addr, 0, 1, tile, dst), True)]
-    steps = ins.steps
+    # (a malformed chain, which the simulator's check refuses, as reading src)
+    steps = ins.steps if chain_problem(ins.length, ins.code, ins.immediates, ins.vectors) is None else [(None, None)]
     if any(imm is None for _, imm in steps):
         out.append((_ACC, *_span(ins.src_addr, 0, 1, tile, src), False))
     out += [(_ACC, *(_span(ins.dst_addr + imm.offset, 0, 1, tile, dst) if imm.of_dst else
