@@ -9,14 +9,17 @@ places them) so that each run of consecutive ``accel.alu`` calls in one statemen
 that share their destination (the same region, extents and strides) is one
 ``accel.alu_chain`` call, which is what the stream a first call records holds too.
 
-A step joins a chain when the chain still has room (eight steps, six of them with an
-immediate) and, if it reads the vector operand ``src``: every step of the chain that reads
-one reads the same (region and strides), and the chain does not write it before the step
-reads it. One ALU instruction reads its operand after the earlier ones wrote the
-destination, a chain reads every operand before it writes, so the two agree when ``src``
-lies in another buffer than the destination (distinct scratchpad buffers live at the same
-time never overlap), or when the step is the chain's first. A run of one stays an
-``accel.alu`` call.
+A step joins a chain when the chain still has room (eight steps, six of them with a word:
+an immediate, or the offset of a vector operand other than ``src``) and, if it reads a
+vector: the chain's vectors are of one kind at most, all with the same strides (a
+per-channel requantise's bias, clamp bounds and multipliers, staged as rows: the first of
+them is ``src``, the others :class:`~accel.hw.instructions.ChainVector` offsets from it),
+the others laid out like the block (a temporary: offsets from the destination), and the
+chain does not write the vector before the step reads it. One ALU instruction reads its
+operand after the earlier ones wrote the destination, a chain reads every operand before it
+writes, so the two agree when the vector lies in another buffer than the destination
+(distinct scratchpad buffers live at the same time never overlap), or when the step is the
+chain's first. A run of one stays an ``accel.alu`` call.
 
 >>> func = merge_chains(func)       # doctest: +SKIP
 """

@@ -26,7 +26,9 @@ current ones, a STORE or an ALU reads them. Then the whole stream is:
    values a reset (or an ACC LOAD of zero pads alone) zeroed writes them instead;
 3. ALU, ALU chain and LUT instructions, batched by dependency level and steps (a chain's
    steps are its batch's program: what they make before its last step is read by nothing but
-   the next step, so it gets no value numbers; a LUT's step is its table), a chain of batches
+   the next step, so it gets no value numbers; a chain reading several vectors is a batch per
+   run of steps that read one, each run's vector taken as the chain began; a LUT's step is
+   its table), a chain of batches
    each working in place on what the one before made (a requantisation's multiply, shift, add,
    clamps, then a lookup) as one pass of a compiled kernel, and chains over the same rows that
    read each other's results as those rows (a requantisation's bias, zero point and scale) as

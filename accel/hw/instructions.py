@@ -675,8 +675,9 @@ def _alu_chain() -> device.Instruction:
 
 
 #: Up to :data:`CHAIN_STEPS` ALU operations applied in turn to every ``tile``-lane ACC vector of
-#: a block, each with its immediate or the one vector operand ``src``: the program of that many
-#: ALU instructions on one block, in one pass (every read before any write).
+#: a block, each with its immediate, the vector operand ``src`` or a vector of its own (a
+#: :class:`ChainVector`, ``vectors``): the program of that many ALU instructions on one block,
+#: in one pass (every read before any write).
 ALU_CHAIN = _alu_chain()
 INSTRUCTIONS[ALU_CHAIN.name] = ALU_CHAIN
 FUNCTIONS[ALU_CHAIN.runtime_name] = [ALU_CHAIN]

@@ -395,8 +395,9 @@ class AluChain(Instruction):
 
     @property
     def steps(self) -> list:
-        """The steps ``(op, imm)`` in order, ``imm`` None for the vector operand ``src``
-        (ValueError for fields that are no chain)."""
+        """The steps ``(op, imm)`` in order, ``imm`` None for the vector operand ``src``, a
+        :class:`~accel.hw.instructions.ChainVector` for another (ValueError for fields that
+        are no chain)."""
         problem = chain_problem(self.length, self.code, self.immediates, self.vectors)
         if problem is not None:
             raise ValueError(f"AluChain: {problem}")
