@@ -42,7 +42,8 @@ _ALU_FORMS = {ins.name: key for key, ins in ALU.items()}
 #: What the steps of one chain must share.
 _BLOCK = ("dst_addr", "ext_out", "ext_in", "dst_stride_out", "dst_stride_in")
 _SOURCE = ("src_addr", "src_stride_out", "src_stride_in")
-#: A vector laid out like the block: its strides (source's) are the destination's.
+#: (destination, source) stride fields: a vector whose source strides are the destination's is
+#: laid out like the block.
 _STRIDES = (("dst_stride_out", "src_stride_out"), ("dst_stride_in", "src_stride_in"))
 
 
@@ -80,7 +81,7 @@ class _Chain:
         self.stmts = [stmt]
         self.steps = [step]
 
-    def _operands(self, steps: list) -> Optional[list]:
+    def _operands(self, steps: list) -> Optional[tuple[list, Optional[dict]]]:
         """What each of ``steps`` takes in one chain (an immediate, None for ``src``, a
         :class:`ChainVector`) and the arguments of ``src`` (None where no step reads it), or
         None when they cannot be one chain: their vectors must all lie like the block (the
