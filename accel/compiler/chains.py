@@ -9,14 +9,17 @@ places them) so that each run of consecutive ``accel.alu`` calls in one statemen
 that share their destination (the same region, extents and strides) is one
 ``accel.alu_chain`` call, which is what the stream a first call records holds too.
 
-A step joins a chain when the chain still has room (eight steps, six of them with an
-immediate) and, if it reads the vector operand ``src``: every step of the chain that reads
-one reads the same (region and strides), and the chain does not write it before the step
-reads it. One ALU instruction reads its operand after the earlier ones wrote the
-destination, a chain reads every operand before it writes, so the two agree when ``src``
-lies in another buffer than the destination (distinct scratchpad buffers live at the same
-time never overlap), or when the step is the chain's first. A run of one stays an
-``accel.alu`` call.
+A step joins a chain when the chain still has room (eight steps, six of them with a word:
+an immediate, or the offset of a vector operand other than ``src``) and, if it reads a
+vector: the chain's vectors are of one kind at most, all with the same strides (a
+per-channel requantise's bias, clamp bounds and multipliers, staged as rows: the first of
+them is ``src``, the others :class:`~accel.hw.instructions.ChainVector` offsets from it),
+the others laid out like the block (a temporary: offsets from the destination), and the
+chain does not write the vector before the step reads it. One ALU instruction reads its
+operand after the earlier ones wrote the destination, a chain reads every operand before it
+writes, so the two agree when the vector lies in another buffer than the destination
+(distinct scratchpad buffers live at the same time never overlap), or when the step is the
+chain's first. A run of one stays an ``accel.alu`` call.
 
 >>> func = merge_chains(func)       # doctest: +SKIP
 """
@@ -30,7 +33,7 @@ import tvm_ffi
 from tvm import ir, tirx
 
 from tirpat.device.planner import access_ptr_buffer
-from accel.hw.instructions import ALU, ALU_CHAIN, CHAIN_IMMEDIATES, CHAIN_STEPS, AluOp, chain_code
+from accel.hw.instructions import ALU, ALU_CHAIN, CHAIN_IMMEDIATES, CHAIN_STEPS, AluOp, ChainVector, chain_code
 
 __all__ = ["merge_chains", "merge_chains_pass"]
 
@@ -39,10 +42,21 @@ _ALU_FORMS = {ins.name: key for key, ins in ALU.items()}
 #: What the steps of one chain must share.
 _BLOCK = ("dst_addr", "ext_out", "ext_in", "dst_stride_out", "dst_stride_in")
 _SOURCE = ("src_addr", "src_stride_out", "src_stride_in")
+#: (destination, source) stride fields: a vector whose source strides are the destination's is
+#: laid out like the block.
+_STRIDES = (("dst_stride_out", "src_stride_out"), ("dst_stride_in", "src_stride_in"))
 
 
 def _same(a, b) -> bool:
     return a.same_as(b) or tvm_ffi.structural_equal(a, b, map_free_vars=False)
+
+
+def _offset(ptr, base) -> tirx.PrimExpr:
+    """The element offset of the ACC address ``ptr`` from ``base`` (both ``access_ptr``
+    operands): their difference as int32 ``access_ptr`` calls, each of which the scratchpad
+    planner replaces by its address, as it does the handles."""
+    address = lambda p: tirx.call_intrin("int32", p.op, *p.args)  # noqa: E731
+    return tirx.Sub(address(ptr), address(base))
 
 
 def _alu_step(stmt) -> Optional[tuple]:
@@ -66,19 +80,44 @@ class _Chain:
     def __init__(self, stmt, step: tuple) -> None:
         self.stmts = [stmt]
         self.steps = [step]
-        self.source = None if step[1] else step[2]
+
+    def _operands(self, steps: list) -> Optional[tuple[list, Optional[dict]]]:
+        """What each of ``steps`` takes in one chain (an immediate, None for ``src``, a
+        :class:`ChainVector`) and the arguments of ``src`` (None where no step reads it), or
+        None when they cannot be one chain: their vectors must all lie like the block (the
+        destination's strides) but those of one operand, ``src``, and its kind (a per-channel
+        vector staged beside the others)."""
+        first = steps[0][2]
+        block = lambda args: all(_same(first[d], args[s]) for d, s in _STRIDES)  # noqa: E731
+        vectors = [args for _, use_imm, args in steps if not use_imm]
+        strided = [args for args in vectors if not block(args)]
+        if any(not all(_same(strided[0][s], args[s]) for _, s in _STRIDES) for args in strided):
+            return None
+        source = (strided or vectors or [None])[0]
+        operands = []
+        for op, use_imm, args in steps:
+            if use_imm:
+                operands.append(args["imm"])
+            elif all(_same(source[n], args[n]) for n in _SOURCE):
+                operands.append(None)
+            elif all(_same(source[s], args[s]) for _, s in _STRIDES):
+                operands.append(ChainVector(_offset(args["src_addr"], source["src_addr"])))
+            else:
+                operands.append(ChainVector(_offset(args["src_addr"], first["dst_addr"]), of_dst=True))
+        if sum(o is not None for o in operands) > CHAIN_IMMEDIATES:
+            return None
+        return operands, source
 
     def admits(self, step: tuple) -> bool:
         op, use_imm, args = step
         first = self.steps[0][2]
         if len(self.steps) == CHAIN_STEPS or any(not _same(first[n], args[n]) for n in _BLOCK):
             return False
+        if self._operands(self.steps + [step]) is None:
+            return False
         if use_imm:
-            return sum(s[1] for s in self.steps) < CHAIN_IMMEDIATES
-        if self.source is not None:
-            if any(not _same(self.source[n], args[n]) for n in _SOURCE):
-                return False
-        # the chain reads src before it writes its block: src must not be the block's buffer
+            return True
+        # the chain reads its vectors before it writes its block: none may be the block's buffer
         # (one ALU instruction after another would read what the earlier ones wrote)
         src, dst = access_ptr_buffer(args["src_addr"]), access_ptr_buffer(first["dst_addr"])
         return src is not None and dst is not None and not src.same_as(dst)
@@ -86,15 +125,14 @@ class _Chain:
     def add(self, stmt, step: tuple) -> None:
         self.stmts.append(stmt)
         self.steps.append(step)
-        if not step[1]:
-            self.source = step[2]
 
     def statement(self) -> tirx.Stmt:
         if len(self.steps) == 1:
             return self.stmts[0]
         first = self.steps[0][2]
-        fields = chain_code([(op, args["imm"] if use_imm else None) for op, use_imm, args in self.steps])
-        source = {n: self.source[n] for n in _SOURCE} if self.source is not None else dict.fromkeys(_SOURCE, 0)
+        operands, source = self._operands(self.steps)
+        fields = chain_code([(op, operand) for (op, _, _), operand in zip(self.steps, operands)])
+        source = {n: source[n] for n in _SOURCE} if source is not None else dict.fromkeys(_SOURCE, 0)
         return ALU_CHAIN.call(**fields, **{n: first[n] for n in _BLOCK}, **source)
 
 

@@ -71,6 +71,14 @@ def _scratch_uses(stmt) -> list:
             buf = access_ptr_buffer(args[op.name])
             if buf is not None:
                 uses.append((buf, op.reads and op.name != fresh, op.writes, args[op.name].args[2]))
+        if ins is instructions.ALU_CHAIN:
+            # a chain's vectors besides src: each an offset from src or dst, the difference of
+            # the vector's address and theirs (accel.compiler.chains)
+            for name in instructions.CHAIN_IMM_FIELDS:
+                word = args[name]
+                buf = access_ptr_buffer(word.a) if isinstance(word, tirx.Sub) else None
+                if buf is not None:
+                    uses.append((buf, True, False, word.a.args[2]))
 
     tvm_ffi.structural_walk(stmt, (ir.Call, on_call))
     return uses

@@ -224,13 +224,14 @@ def schedule(stream: Sequence[Instruction], config: Config) -> Timing:
                     # unit's run before it, in order), against this one's ACC ranges (what a
                     # later head checks against while this one runs or waits). A running one is
                     # checked here as _hazard checks (the most frequent check: no call)
-                    wlo, whi, rlo, rhi = acc_of[i]
+                    wlo, whi, rlo, rhi, reads = acc_of[i]
                     clash = False
                     for v in others[u]:
                         r = crun[v]
                         if r >= 0 and end[r] > now:
-                            lo, hi, their_rlo, their_rhi = acc_of[r]
-                            if (wlo < hi and lo < whi) or (rlo < hi and lo < rhi) or (wlo < their_rhi and their_rlo < whi):
+                            lo, hi, their_rlo, their_rhi, their_reads = acc_of[r]
+                            if (wlo < hi and lo < whi) or (rlo < hi and lo < rhi and _reads(reads, lo, hi)) or \
+                                    (wlo < their_rhi and their_rlo < whi and _reads(their_reads, wlo, whi)):
                                 clash = True
                                 break
                         if waiting[v] and _hazard(acc_of[i], waiting[v], acc_of):
@@ -340,33 +341,45 @@ def schedule(stream: Sequence[Instruction], config: Config) -> Timing:
                   {op.name: per_opcode[op] for op in Opcode}, {"dram_to_sram": into, "sram_to_dram": out_of}, macs)
 
 
-def _acc_ranges(ins: Instruction, tile: int) -> tuple[int, int, int, int]:
-    """``(write lo, write hi, read lo, read hi)`` of a compute instruction: the hulls of the
-    ACC ranges it writes and reads (:func:`accel.hw.tokens.footprint`'s; ``0, 0`` for none).
-    The scoreboard needs no more: compute instructions write ACC alone, INP and WGT they only
-    read (LOADs of the load queue write them, ordered by tokens)."""
+def _acc_ranges(ins: Instruction, tile: int) -> tuple:
+    """``(write lo, write hi, read lo, read hi, reads)`` of a compute instruction: the hulls of
+    the ACC ranges it writes and reads (:func:`accel.hw.tokens.footprint`'s; ``0, 0`` for
+    none), and ``reads``, the ranges it reads where it reads several (an ALU chain's vectors:
+    a temporary and per-channel vectors, a hull that would take in the next block's
+    accumulator between them), else None. The scoreboard needs no more: compute instructions
+    write ACC alone, INP and WGT they only read (LOADs of the load queue write them, ordered
+    by tokens)."""
     wlo = rlo = math.inf
     whi = rhi = -math.inf
+    reads = []
     for space, lo, hi, write in footprint(ins, tile):
         if space == _ACC_SPACE:
             if write:
                 wlo, whi = min(wlo, lo), max(whi, hi)
             else:
                 rlo, rhi = min(rlo, lo), max(rhi, hi)
+                reads.append((lo, hi))
     if wlo >= whi:
         wlo = whi = 0
     if rlo >= rhi:
         rlo = rhi = 0
-    return wlo, whi, rlo, rhi
+    return wlo, whi, rlo, rhi, tuple(reads) if len(reads) > 1 else None
 
 
-def _hazard(ranges: tuple[int, int, int, int], others, acc_of: list) -> bool:
+def _reads(reads, lo: int, hi: int) -> bool:
+    """Whether an instruction whose read hull meets ``[lo, hi)`` reads there: its ``reads``
+    (:func:`_acc_ranges`) meet it, or it reads one range (its hull)."""
+    return reads is None or any(a < hi and lo < b for a, b in reads)
+
+
+def _hazard(ranges: tuple, others, acc_of: list) -> bool:
     """Whether a compute instruction of these ACC ``ranges`` (:func:`_acc_ranges`) and any of
     the compute instructions at positions ``others`` conflict on ACC (RAW, WAR, WAW)."""
-    wlo, whi, rlo, rhi = ranges
+    wlo, whi, rlo, rhi, reads = ranges
     for r in others:
-        lo, hi, their_rlo, their_rhi = acc_of[r]
-        if (wlo < hi and lo < whi) or (rlo < hi and lo < rhi) or (wlo < their_rhi and their_rlo < whi):
+        lo, hi, their_rlo, their_rhi, their_reads = acc_of[r]
+        if (wlo < hi and lo < whi) or (rlo < hi and lo < rhi and _reads(reads, lo, hi)) or \
+                (wlo < their_rhi and their_rlo < whi and _reads(their_reads, wlo, whi)):
             return True
     return False
 

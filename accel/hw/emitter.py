@@ -140,8 +140,9 @@ class Emitter:
         return self.emit(Alu(op=op, dst_addr=dst_addr, **fields))
 
     def alu_chain(self, steps: list, dst_addr: int, **fields: int) -> int:
-        """Emit an ALU chain of ``steps`` ``(op, imm or None for src)`` (see
-        :class:`accel.hw.isa.AluChain`); returns its index.
+        """Emit an ALU chain of ``steps`` ``(op, imm, None for src, or a
+        :class:`~accel.hw.instructions.ChainVector`)`` (see :class:`accel.hw.isa.AluChain`);
+        returns its index.
 
         >>> em = Emitter()
         >>> em.alu_chain([(AluOp.MUL, 3), (AluOp.ADD, None)], 0, src_addr=16, ext_out=2, dst_stride_out=32)

@@ -26,7 +26,9 @@ current ones, a STORE or an ALU reads them. Then the whole stream is:
    values a reset (or an ACC LOAD of zero pads alone) zeroed writes them instead;
 3. ALU, ALU chain and LUT instructions, batched by dependency level and steps (a chain's
    steps are its batch's program: what they make before its last step is read by nothing but
-   the next step, so it gets no value numbers; a LUT's step is its table), a chain of batches
+   the next step, so it gets no value numbers; a chain reading several vectors is a batch per
+   run of steps that read one, each run's vector taken as the chain began; a LUT's step is
+   its table), a chain of batches
    each working in place on what the one before made (a requantisation's multiply, shift, add,
    clamps, then a lookup) as one pass of a compiled kernel, and chains over the same rows that
    read each other's results as those rows (a requantisation's bias, zero point and scale) as
@@ -107,7 +109,8 @@ from typing import Callable, NamedTuple, Optional, Sequence
 import numpy as np
 
 from accel.hw import kernels
-from accel.hw.instructions import ALU_UFUNCS, CHAIN_IMM_FIELDS, LUT_ENTRIES, OPERAND_RANGE, AluOp, alu_operand
+from accel.hw.instructions import (ALU_UFUNCS, CHAIN_IMM_FIELDS, LUT_ENTRIES, OPERAND_RANGE, AluOp, ChainVector,
+                                   alu_operand)
 from accel.hw.isa import Alu, AluChain, Dwmac, Gemm, Instruction, Load, Lut, Mem, Opcode, Store, StoreMode
 from accel.hw.timing import Timing
 
@@ -388,14 +391,35 @@ def _dwmac_elements(d: Dwmac, tile: int) -> tuple[bool, np.ndarray, np.ndarray, 
     return one_tile, _frozen(acc), _frozen(inp), _frozen(wgt)
 
 
-def _alu_elements(a: Alu | AluChain, tile: int) -> tuple["_Program", np.ndarray, Optional[np.ndarray]]:
-    """An ALU or ALU chain instruction's :class:`_Program`, the ACC elements of its destination
-    vectors and, when a step reads it, of its source vectors (else None)."""
-    program = _Program.of(a.steps if a.opcode is _ALU_CHAIN else [(a.op, a.imm if a.use_imm else None)])
-    src = None
-    if program.reads_src:
-        src = _frozen(_vectors(a.src_addr, a.ext_out, a.src_stride_out, a.ext_in, a.src_stride_in, tile))
-    return program, _frozen(_vectors(a.dst_addr, a.ext_out, a.dst_stride_out, a.ext_in, a.dst_stride_in, tile)), src
+def _alu_elements(a: Alu | AluChain, tile: int) -> tuple[np.ndarray, list]:
+    """The ACC elements of an ALU or ALU chain instruction's destination vectors, and its
+    steps as runs that each read one vector operand at most: ``(program, elements of that
+    operand or None)``, a :class:`_Program` each. A chain whose steps read several vectors
+    (``src`` and :class:`~accel.hw.instructions.ChainVector` ones) is the runs in turn, each
+    over what the one before made, their operands all read before the first (as the chain
+    reads every operand before it writes)."""
+    steps = a.steps if a.opcode is _ALU_CHAIN else [(a.op, a.imm if a.use_imm else None)]
+    dst = _frozen(_vectors(a.dst_addr, a.ext_out, a.dst_stride_out, a.ext_in, a.dst_stride_in, tile))
+
+    def elements(operand) -> np.ndarray:
+        if operand is None:
+            return _frozen(_vectors(a.src_addr, a.ext_out, a.src_stride_out, a.ext_in, a.src_stride_in, tile))
+        if operand.of_dst:
+            return _frozen(dst + operand.offset)
+        return _frozen(_vectors(a.src_addr + operand.offset, a.ext_out, a.src_stride_out, a.ext_in,
+                                a.src_stride_in, tile))
+
+    runs: list = []         # [steps, the vector operand they read (None: src), whether one does]
+    for op, imm in steps:
+        vector = imm is None or isinstance(imm, ChainVector)
+        if not runs or (vector and runs[-1][2] and runs[-1][1] != (None if imm is None else imm)):
+            runs.append([[], None, False])
+        run = runs[-1]
+        run[0].append((op, None if vector else imm))
+        if vector:
+            run[1], run[2] = (None if imm is None else imm), True
+    return dst, [(program, elements(operand) if program.reads_src else None)
+                 for program, operand in ((_Program.of(run), operand) for run, operand, _ in runs)]
 
 
 def _lut_elements(u: Lut, tile: int) -> np.ndarray:
@@ -597,9 +621,11 @@ class _Builder:
         """An ALU or ALU chain instruction."""
         if not (a.ext_out and a.ext_in):
             return True
-        known, dst, src = self._known(a, _alu_elements)
-        # (the values the chain's src holds when it starts: it reads them before it writes)
-        self._alu_batch(dst, known, None if src is None else self.acc[src])
+        dst, runs = self._known(a, _alu_elements)
+        # (the values the chain's operands hold when it starts: it reads them before it writes)
+        operands = [None if src is None else self.acc[src] for _, src in runs]
+        for (known, _), src in zip(runs, operands):
+            self._alu_batch(dst, known, src)
         return True
 
     def _known(self, ins: Instruction, work_out: Callable[[Instruction, int], tuple]) -> tuple:
@@ -2808,7 +2834,9 @@ def _shape(ins: Instruction, pairs: dict[tuple, int]) -> tuple[tuple, tuple]:
         return fields, ()
     kinds, ranks = [], []
     for step, imm in (ins.steps if op is _ALU_CHAIN else [(ins.op, ins.imm if ins.use_imm else None)]):
-        if imm is None or (step is _MUL and imm == 0):
+        if isinstance(imm, ChainVector):
+            kinds.append(imm)       # where it reads is the shape's, not an operand to substitute
+        elif imm is None or (step is _MUL and imm == 0):
             kinds.append(None if imm is None else _TIMES_ZERO)
         else:
             kinds.append(_BY_IMMEDIATE)

@@ -54,7 +54,7 @@ from __future__ import annotations
 import enum
 import inspect
 import math
-from typing import Callable, Optional, Sequence
+from typing import Callable, NamedTuple, Optional, Sequence
 
 import numpy as np
 from tvm import ir, tirx
@@ -483,36 +483,67 @@ def _step_codes(length: int, code: int):
         yield nibble & 7, bool(nibble & _STEP_IMM)
 
 
+class ChainVector(NamedTuple):
+    """A chain step's vector operand besides ``src``, given by its step's word: the vector
+    ``offset`` elements from ``src_addr``, read with src's strides (a per-channel vector
+    staged beside ``src``), or, ``of_dst``, from ``dst_addr`` with the destination's strides
+    (a block like the destination: a temporary).
+
+    >>> ChainVector(-32, of_dst=True)
+    ChainVector(offset=-32, of_dst=True)
+    """
+
+    offset: object
+    of_dst: bool = False
+
+
+#: The bit of ``vectors`` that makes step ``k``'s word a :class:`ChainVector`'s offset, and the
+#: one (``k`` + this) that takes it from the destination.
+_VECTOR_OF_DST = 8
+
+
 def chain_code(steps: Sequence[tuple]) -> dict:
-    """The chain fields (``length``, ``code``, ``imm0`` .. ``imm5``) of ``steps``, each
-    ``(op, imm)`` with ``imm`` None for the vector operand ``src`` (an int, or the expression a
-    compiled call passes): step ``k``'s code in bits
-    ``4k .. 4k+3`` of ``code``, the immediates in the order of their steps (ValueError for a
-    chain the format cannot hold).
+    """The chain fields (``length``, ``code``, ``imm0`` .. ``imm5``, ``vectors``) of ``steps``,
+    each ``(op, operand)`` with ``operand`` an immediate (an int, or the expression a compiled
+    call passes), None for the vector operand ``src``, or a :class:`ChainVector`: step ``k``'s
+    code in bits ``4k .. 4k+3`` of ``code``, the words (immediates and vectors' offsets) in
+    the order of their steps, bit ``k`` of ``vectors`` set where step ``k``'s word is a
+    vector's offset and bit ``8 + k`` where it is the destination's (ValueError for a chain
+    the format cannot hold).
 
     >>> fields = chain_code([(AluOp.ADD, None), (AluOp.MUL, 3), (AluOp.SHR, 2)])
-    >>> fields["length"], hex(fields["code"]), [fields[n] for n in CHAIN_IMM_FIELDS]
-    (3, '0xbc0', [3, 2, 0, 0, 0, 0])
+    >>> fields["length"], hex(fields["code"]), [fields[n] for n in CHAIN_IMM_FIELDS], fields["vectors"]
+    (3, '0xbc0', [3, 2, 0, 0, 0, 0], 0)
+    >>> hex(chain_code([(AluOp.MUL, None), (AluOp.ADD, ChainVector(-48, of_dst=True))])["vectors"])
+    '0x202'
     """
     steps = list(steps)
-    imms = [imm for _, imm in steps if imm is not None]     # ints, or a compiler's expressions
-    if not 1 <= len(steps) <= CHAIN_STEPS or len(imms) > CHAIN_IMMEDIATES:
+    words = [imm for _, imm in steps if imm is not None]     # ints, a compiler's expressions, vectors
+    if not 1 <= len(steps) <= CHAIN_STEPS or len(words) > CHAIN_IMMEDIATES:
         raise ValueError(f"an ALU chain holds 1 to {CHAIN_STEPS} steps, at most {CHAIN_IMMEDIATES} of them with "
-                         f"an immediate; got {len(steps)} steps with {len(imms)} immediates")
-    code = 0
+                         f"a word (an immediate or a vector's offset); got {len(steps)} steps with {len(words)}")
+    code = vectors = 0
     for k, (op, imm) in enumerate(steps):
         code |= (int(AluOp(op)) | (_STEP_IMM if imm is not None else 0)) << (_STEP_BITS * k)
+        if isinstance(imm, ChainVector):
+            vectors |= (1 << k) | (int(imm.of_dst) << (_VECTOR_OF_DST + k))
+    words = [w.offset if isinstance(w, ChainVector) else w for w in words]
     return {"length": len(steps), "code": code,
-            **{name: imms[j] if j < len(imms) else 0 for j, name in enumerate(CHAIN_IMM_FIELDS)}}
+            **{name: words[j] if j < len(words) else 0 for j, name in enumerate(CHAIN_IMM_FIELDS)},
+            "vectors": vectors}
 
 
-def chain_problem(length: int, code: int, imms: Sequence[int] = ()) -> Optional[str]:
-    """Why ``length``, ``code`` and the immediate words ``imms`` are no chain (a step count
-    outside 1..8, an unknown op, code bits past the last step, more than six immediates, an
-    immediate word past the last one used that is not zero), or None for a valid one.
+def chain_problem(length: int, code: int, imms: Sequence[int] = (), vectors: int = 0) -> Optional[str]:
+    """Why ``length``, ``code``, the immediate words ``imms`` and ``vectors`` are no chain (a
+    step count outside 1..8, an unknown op, code bits past the last step, more than six
+    words, a word past the last one used that is not zero, a ``vectors`` bit of a step
+    without a word or past the last step, or one of the destination's without the step's
+    vector bit), or None for a valid one.
 
     >>> chain_problem(2, 0xC4), chain_problem(2, 0x5), chain_problem(1, 0x18)
     (None, 'step 0 has no ALU op 5', 'code bits past step 0 are set')
+    >>> chain_problem(2, 0x80, vectors=1)
+    'vectors bit 0 is set, but step 0 takes no word'
     """
     if not 1 <= length <= CHAIN_STEPS:
         return f"a chain of {length} steps; an ALU chain holds 1 to {CHAIN_STEPS}"
@@ -523,63 +554,84 @@ def chain_problem(length: int, code: int, imms: Sequence[int] = ()) -> Optional[
         if op not in AluOp._value2member_map_:
             return f"step {k} has no ALU op {op}"
         used += takes_imm
+        if vectors >> k & 1 and not takes_imm:
+            return f"vectors bit {k} is set, but step {k} takes no word"
+        if vectors >> (_VECTOR_OF_DST + k) & 1 and not vectors >> k & 1:
+            return f"vectors bit {_VECTOR_OF_DST + k} is set, but step {k}'s word is no vector (bit {k})"
     if used > CHAIN_IMMEDIATES:
         return f"{used} steps take an immediate; a chain has {CHAIN_IMMEDIATES} immediate words"
     if any(imms[used:]):
         return f"immediate words past the {used} the steps use are not zero"
+    if vectors & ~((1 << length) - 1) & ~(((1 << length) - 1) << _VECTOR_OF_DST):
+        return f"vectors bits past step {length - 1} are set"
     return None
 
 
-def chain_steps(length: int, code: int, imms: Sequence[int]) -> list:
-    """The steps ``(op, imm or None)`` of a chain's fields (see :func:`chain_code`).
+def chain_steps(length: int, code: int, imms: Sequence[int], vectors: int = 0) -> list:
+    """The steps ``(op, operand)`` of a chain's fields (see :func:`chain_code`): an immediate,
+    None for ``src``, or a :class:`ChainVector`.
 
     >>> chain_steps(**{k: v for k, v in chain_code([(AluOp.MAX, -128), (AluOp.ADD, None)]).items()
     ...                if k in ("length", "code")}, imms=[-128])
     [(<AluOp.MAX: 1>, -128), (<AluOp.ADD: 0>, None)]
+    >>> chain_steps(1, 0x8, [32], vectors=1)
+    [(<AluOp.ADD: 0>, ChainVector(offset=32, of_dst=False))]
     """
     steps, used = [], 0
-    for op, takes_imm in _step_codes(length, code):
+    for k, (op, takes_imm) in enumerate(_step_codes(length, code)):
         imm = None
         if takes_imm:
             imm, used = int(imms[used]), used + 1
+            if vectors >> k & 1:
+                imm = ChainVector(imm, bool(vectors >> (_VECTOR_OF_DST + k) & 1))
         steps.append((AluOp(op), imm))
     return steps
 
 
-def chain_uses_src(length: int, code: int) -> bool:
-    """Whether a step of the chain reads the vector operand ``src``.
+def chain_uses_src(length: int, code: int, vectors: int = 0) -> bool:
+    """Whether a step of the chain reads the vector operand ``src``, or a vector read with
+    its strides (a :class:`ChainVector` from ``src_addr``).
 
-    >>> chain_uses_src(2, 0x88), chain_uses_src(2, 0x80)
-    (False, True)
+    >>> chain_uses_src(2, 0x88), chain_uses_src(2, 0x80), chain_uses_src(1, 0x8, vectors=1)
+    (False, True, True)
     """
-    return not all(takes_imm for _, takes_imm in _step_codes(length, code))
-
+    return any(not takes_imm or (vectors >> k & 1 and not vectors >> (_VECTOR_OF_DST + k) & 1)
+               for k, (_, takes_imm) in enumerate(_step_codes(length, code)))
 
 
 def _alu_chain() -> device.Instruction:
-    def src_aligned(length, code, src_addr, src_stride_out, src_stride_in, tile):
-        return not chain_uses_src(length, code) or all(
+    def src_aligned(length, code, vectors, src_addr, src_stride_out, src_stride_in, tile):
+        return not chain_uses_src(length, code, vectors) or all(
             v % tile == 0 for v in (src_addr, src_stride_out, src_stride_in))
 
-    def valid(length, code, **imms):
-        return chain_problem(length, code, [imms[n] for n in CHAIN_IMM_FIELDS]) is None
+    def valid(length, code, vectors, **imms):
+        return chain_problem(length, code, [imms[n] for n in CHAIN_IMM_FIELDS], vectors) is None
 
-    valid.__signature__ = inspect.Signature([inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY)
-                                             for n in ("length", "code", *CHAIN_IMM_FIELDS)])
-    requires = [(valid, "length={length} code={code:#x} is no ALU chain (see accel.hw.instructions.chain_problem)"),
+    def vectors_aligned(length, code, vectors, tile, **imms):
+        steps = chain_steps(length, code, [imms[n] for n in CHAIN_IMM_FIELDS], vectors)
+        return all(imm.offset % tile == 0 for _, imm in steps if isinstance(imm, ChainVector))
+
+    for check in (valid, vectors_aligned):
+        check.__signature__ = inspect.Signature([inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY) for n in (
+            "length", "code", "vectors", *CHAIN_IMM_FIELDS, *(("tile",) if check is vectors_aligned else ()))])
+    requires = [(valid, "length={length} code={code:#x} vectors={vectors:#x} is no ALU chain "
+                        "(see accel.hw.instructions.chain_problem)"),
                 _aligned("dst_addr", "dst_stride_out", "dst_stride_in"),
                 (src_aligned, "src_addr={src_addr}, src_stride_out={src_stride_out}, src_stride_in={src_stride_in} "
                               "must be multiples of the tile {tile}"),
+                (vectors_aligned, "the offsets of the chain's vectors must be multiples of the tile {tile}"),
                 (lambda ext_out, dst_stride_out, ext_in, dst_stride_in:
                  not (ext_out and ext_in) or distinct_starts(ext_out, dst_stride_out, ext_in, dst_stride_in),
                  "ALU destination vectors overlap each other")]
 
-    @device.instr("accel.alu_chain", memories=[ACC], fixed={"deps": AUTO}, requires=requires, name="alu_chain")
+    # vectors came after the first chains: code compiled before it reads src alone
+    @device.instr("accel.alu_chain", memories=[ACC], fixed={"deps": AUTO}, requires=requires, name="alu_chain",
+                  added={"vectors": 0})
     def program(tile: int = TILE) -> tirx.PrimFunc:
         dst, src = _flat("dst_addr", "int32", ACC), _flat("src_addr", "int32", ACC)
         length, code, *imms = _scalars(" ".join(("length", "code", *CHAIN_IMM_FIELDS)))
-        ext_out, ext_in, dso, dsi, sso, ssi, deps = _scalars(
-            "ext_out ext_in dst_stride_out dst_stride_in src_stride_out src_stride_in deps")
+        ext_out, ext_in, dso, dsi, sso, ssi, vectors, deps = _scalars(
+            "ext_out ext_in dst_stride_out dst_stride_in src_stride_out src_stride_in vectors deps")
         # the chain runs on a copy of the destination vectors and writes them at the end: every
         # read (of dst, and of src by any step) happens before any write, as for one ALU op
         cur = tirx.decl_buffer((ext_out, ext_in, tile), "int32", "cur")
@@ -587,13 +639,18 @@ def _alu_chain() -> device.Instruction:
         k = tirx.Var("k", "int32")
         nibble = tirx.bitwise_and(tirx.shift_right(code, k * _STEP_BITS), 0xF)
         op, use_imm = tirx.bitwise_and(nibble, 7), tirx.bitwise_and(nibble, _STEP_IMM) != 0
+        is_vector = tirx.bitwise_and(tirx.shift_right(vectors, k), 1) != 0
+        of_dst = tirx.bitwise_and(tirx.shift_right(vectors, k + _VECTOR_OF_DST), 1) != 0
         imm = imms[-1]
         for j in reversed(range(CHAIN_IMMEDIATES - 1)):
             imm = tirx.Select(taken[0] == j, imms[j], imm)
 
         def step(o, i, lane):
             a = cur[o, i, lane]
-            b = tirx.if_then_else(use_imm, imm, src[sso * o + ssi * i + lane])
+            # a word is an immediate, or the offset of a vector from src (its strides) or dst (its)
+            word = tirx.if_then_else(is_vector, tirx.if_then_else(
+                of_dst, dst[imm + dso * o + dsi * i + lane], src[imm + sso * o + ssi * i + lane]), imm)
+            b = tirx.if_then_else(use_imm, word, src[sso * o + ssi * i + lane])
             value = a * b
             for alu_op in (AluOp.SHR, AluOp.MIN, AluOp.MAX, AluOp.ADD):
                 operand = tirx.max(tirx.min(b, OPERAND_RANGE[alu_op][1]), OPERAND_RANGE[alu_op][0]) \
@@ -611,16 +668,18 @@ def _alu_chain() -> device.Instruction:
             tirx.BufferStore(taken, tirx.const(0, "int32"), [0]), steps,
             _grid("o i lane", [ext_out, ext_in, tile],
                   lambda o, i, lane: tirx.BufferStore(dst, cur[o, i, lane], [dso * o + dsi * i + lane]))])
-        return tirx.PrimFunc([length, code, dst, src, *imms, ext_out, ext_in, dso, dsi, sso, ssi, deps], body)
+        return tirx.PrimFunc([length, code, dst, src, *imms, ext_out, ext_in, dso, dsi, sso, ssi, vectors, deps],
+                             body)
 
     return program
 
 
 #: Up to :data:`CHAIN_STEPS` ALU operations applied in turn to every ``tile``-lane ACC vector of
-#: a block, each with its immediate or the one vector operand ``src``: the program of that many
-#: ALU instructions on one block, in one pass (every read before any write).
+#: a block, each with its immediate, the vector operand ``src`` or a vector of its own (a
+#: :class:`ChainVector`, ``vectors``): the program of that many ALU instructions on one block,
+#: in one pass (every read before any write).
 ALU_CHAIN = _alu_chain()
 INSTRUCTIONS[ALU_CHAIN.name] = ALU_CHAIN
 FUNCTIONS[ALU_CHAIN.runtime_name] = [ALU_CHAIN]
-__all__ += ["ALU_CHAIN", "CHAIN_STEPS", "CHAIN_IMMEDIATES", "CHAIN_IMM_FIELDS", "chain_code", "chain_problem",
-            "chain_steps", "chain_uses_src"]
+__all__ += ["ALU_CHAIN", "CHAIN_STEPS", "CHAIN_IMMEDIATES", "CHAIN_IMM_FIELDS", "ChainVector", "chain_code",
+            "chain_problem", "chain_steps", "chain_uses_src"]

@@ -24,7 +24,8 @@ from typing import Callable, ClassVar, Iterable, Sequence, Union
 import numpy as np
 
 from accel.hw.errors import DecodeError
-from accel.hw.instructions import CHAIN_IMM_FIELDS, AluOp, Mem, StoreMode, chain_problem, chain_steps, chain_uses_src
+from accel.hw.instructions import (CHAIN_IMM_FIELDS, AluOp, ChainVector, Mem, StoreMode, chain_problem, chain_steps,
+                                   chain_uses_src)
 
 __all__ = [
     "INSTRUCTION_BYTES", "Opcode", "Queue", "Mem", "StoreMode", "AluOp", "Instruction",
@@ -353,7 +354,11 @@ class AluChain(Instruction):
     :class:`AluOp`, bit 3 set for an immediate); the immediates ``imm0`` .. ``imm5`` are those of
     the steps that take one, in step order (:func:`accel.hw.instructions.chain_code` makes the
     fields); the others read the one vector operand at ``src_addr + o*src_stride_out +
-    i*src_stride_in``. Every read (of dst and of src, by any step) happens before any write.
+    i*src_stride_in``. Bit ``k`` of ``vectors`` (header bits 16-31) makes step ``k``'s word
+    the offset of its vector operand from ``src_addr``, read with src's strides, and bit ``8 +
+    k`` too from ``dst_addr``, with the destination's (a
+    :class:`~accel.hw.instructions.ChainVector`). Every read (of dst and of each vector, by
+    any step) happens before any write.
 
     >>> from accel.hw.instructions import chain_code
     >>> c = AluChain(dst_addr=0, ext_out=4, dst_stride_out=16, **chain_code([(AluOp.MUL, 3), (AluOp.SHR, 1)]))
@@ -377,6 +382,7 @@ class AluChain(Instruction):
     dst_stride_in: int = 0
     src_stride_out: int = 0
     src_stride_in: int = 0
+    vectors: int = 0
 
     opcode: ClassVar[Opcode] = Opcode.ALU_CHAIN
     _signed: ClassVar[frozenset[str]] = frozenset(CHAIN_IMM_FIELDS)
@@ -389,12 +395,13 @@ class AluChain(Instruction):
 
     @property
     def steps(self) -> list:
-        """The steps ``(op, imm)`` in order, ``imm`` None for the vector operand ``src``
-        (ValueError for fields that are no chain)."""
-        problem = chain_problem(self.length, self.code, self.immediates)
+        """The steps ``(op, imm)`` in order, ``imm`` None for the vector operand ``src``, a
+        :class:`~accel.hw.instructions.ChainVector` for another (ValueError for fields that
+        are no chain)."""
+        problem = chain_problem(self.length, self.code, self.immediates, self.vectors)
         if problem is not None:
             raise ValueError(f"AluChain: {problem}")
-        return chain_steps(self.length, self.code, self.immediates)
+        return chain_steps(self.length, self.code, self.immediates, self.vectors)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -415,10 +422,13 @@ _CLASSES: dict[Opcode, type[Instruction]] = {
 #: The fields the header's func byte holds (see ``_func``), per opcode.
 _FUNC_FIELDS = {Opcode.LOAD: ("mem",), Opcode.STORE: ("mode",), Opcode.GEMM: ("reset",), Opcode.ALU: ("op", "use_imm"),
                 Opcode.FINISH: (), Opcode.DWMAC: (), Opcode.LUT: (), Opcode.ALU_CHAIN: ("length",)}
+#: The field the header's bits 16-31 hold, per opcode (reserved, zero, for the others).
+_HIGH_FIELDS = {Opcode.ALU_CHAIN: "vectors"}
 #: Operand words 1.. in this order: the class's fields as declared, but the dependency
-#: flags and the func byte's fields (so the dataclass is the one operand list).
+#: flags and the header's fields (so the dataclass is the one operand list).
 FIELDS: dict[Opcode, tuple[str, ...]] = {
-    op: tuple(f.name for f in fields(cls) if f.name not in _FLAG_NAMES and f.name not in _FUNC_FIELDS[op])
+    op: tuple(f.name for f in fields(cls) if f.name not in _FLAG_NAMES and f.name not in _FUNC_FIELDS[op]
+              and f.name != _HIGH_FIELDS.get(op))
     for op, cls in _CLASSES.items()}
 _SIGNED_WORDS = {op: {i + 1 for i, n in enumerate(names) if n in _CLASSES[op]._signed}
                  for op, names in FIELDS.items()}
@@ -516,7 +526,8 @@ def _encode_one(ins: Instruction) -> bytes:
     if ins.flags & ~allowed:
         raise ValueError(f"{disassemble(ins)}: dependency flags not valid on the "
                          f"{queue_of(ins).name.lower()} queue")
-    words = [ins.opcode | ins.flags << 4 | _func(ins) << 8]
+    high = _HIGH_FIELDS.get(ins.opcode)
+    words = [ins.opcode | ins.flags << 4 | _func(ins) << 8 | (getattr(ins, high) << 16 if high else 0)]
     words += [getattr(ins, n) & 0xFFFFFFFF for n in FIELDS[ins.opcode]]
     words += [0] * (_WORDS - len(words))
     return struct.pack(f"<{_WORDS}I", *words)
@@ -577,12 +588,15 @@ def decode(data: Union[bytes, bytearray, memoryview]) -> list[Instruction]:
             op = Opcode(header & 0xF)
         except ValueError:
             raise DecodeError(f"{at}: unknown opcode {header & 0xF}") from None
-        if header >> 16:
+        high = _HIGH_FIELDS.get(op)
+        if header >> 16 and high is None:
             raise DecodeError(f"{at}: reserved header bits 16-31 are set ({header:#010x})")
         names = FIELDS[op]
         if any(row[1 + len(names):]):
             raise DecodeError(f"{at}: unused words of a {op.name} instruction are not zero")
         kwargs = _decode_func(op, header >> 8 & 0xFF, at)
+        if high is not None:
+            kwargs[high] = header >> 16
         flags = header >> 4 & 0xF
         for bit, name in enumerate(_FLAG_NAMES):
             kwargs[name] = bool(flags >> bit & 1)
@@ -592,7 +606,7 @@ def decode(data: Union[bytes, bytearray, memoryview]) -> list[Instruction]:
             kwargs[name] = value - _U32 if w in signed and value >= 2**31 else value
         ins = _CLASSES[op](**kwargs)
         if op is Opcode.ALU_CHAIN:
-            problem = chain_problem(ins.length, ins.code, ins.immediates)
+            problem = chain_problem(ins.length, ins.code, ins.immediates, ins.vectors)
             if problem is not None:
                 raise DecodeError(f"{at}: {problem}")
         if flags & ~ALLOWED_FLAGS[queue_of(ins)]:
@@ -616,6 +630,16 @@ def _loops(ins: Instruction, *ops: str) -> str:
 
 
 _SYMBOLS = {AluOp.ADD: "+=", AluOp.MUL: "*=", AluOp.SHR: ">>=", AluOp.MAX: "max=", AluOp.MIN: "min="}
+
+
+def _chain_operand(ins: "AluChain", imm) -> str:
+    """A chain step's operand as text: ``#imm``, ``ACC[src]``, or a vector's ``ACC[address]``,
+    with ``(dst)`` where it is read with the destination's strides."""
+    if imm is None:
+        return f"ACC[{ins.src_addr}]"
+    if isinstance(imm, ChainVector):
+        return f"ACC[{ins.dst_addr + imm.offset}](dst)" if imm.of_dst else f"ACC[{ins.src_addr + imm.offset}]"
+    return f"#{imm}"
 
 
 def disassemble(ins: Union[Instruction, Sequence[Instruction], bytes]) -> str:
@@ -650,12 +674,11 @@ def disassemble(ins: Union[Instruction, Sequence[Instruction], bytes]) -> str:
         loops = _loops(ins, "dst") if ins.use_imm else _loops(ins, "dst", "src")
         text = f"ALU {ins.op.name} ACC[{ins.dst_addr}] {sym} {src}{loops}"
     elif op is Opcode.ALU_CHAIN:
-        if chain_problem(ins.length, ins.code, ins.immediates) is None:     # an invalid one is quoted by errors
-            steps = "; ".join(f"{_SYMBOLS[o]} {f'ACC[{ins.src_addr}]' if imm is None else f'#{imm}'}"
-                              for o, imm in ins.steps)
+        if chain_problem(ins.length, ins.code, ins.immediates, ins.vectors) is None:  # an invalid one is quoted
+            steps = "; ".join(f"{_SYMBOLS[o]} {_chain_operand(ins, imm)}" for o, imm in ins.steps)
         else:
-            steps = f"length={ins.length} code={ins.code:#x} imm={list(ins.immediates)}"
-        uses_src = chain_uses_src(ins.length, ins.code)
+            steps = f"length={ins.length} code={ins.code:#x} imm={list(ins.immediates)} vectors={ins.vectors:#x}"
+        uses_src = chain_uses_src(ins.length, ins.code, ins.vectors)
         text = f"ALU_CHAIN ACC[{ins.dst_addr}] {steps}{_loops(ins, 'dst', 'src') if uses_src else _loops(ins, 'dst')}"
     elif op is Opcode.DWMAC:
         text = (f"DWMAC ACC[{ins.acc_addr} ld={ins.acc_ld}] += INP[{ins.inp_addr} ld={ins.inp_ld}] "

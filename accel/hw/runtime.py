@@ -233,9 +233,9 @@ class Session(device.Session):
     def alu_chain(self, length: int, code: int, dst_addr: int, *, src_addr: int = 0, imm0: int = 0, imm1: int = 0,
                   imm2: int = 0, imm3: int = 0, imm4: int = 0, imm5: int = 0, ext_out: int = 1, ext_in: int = 1,
                   dst_stride_out: int = 0, dst_stride_in: int = 0, src_stride_out: int = 0,
-                  src_stride_in: int = 0, deps: int = 0) -> int:
+                  src_stride_in: int = 0, vectors: int = 0, deps: int = 0) -> int:
         """Emit an ALU chain (see :class:`accel.hw.isa.AluChain`; ``**chain_code(steps)`` gives
-        ``length``, ``code`` and the immediates); returns the stream index."""
+        ``length``, ``code``, the immediates and ``vectors``); returns the stream index."""
         self.claim()
         return _EMIT["alu_chain"](self, *_in_order("alu_chain", locals()))
 

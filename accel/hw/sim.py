@@ -51,7 +51,7 @@ from accel.hw.errors import (
 )
 from accel.hw.instructions import (
     ALU_UFUNCS, LOAD_HOST_DTYPE, LUT_ENTRIES, OPERAND_RANGE, STORE_HOST_DTYPE, alu_operand, chain_problem,
-    chain_uses_src, distinct_starts,
+    ChainVector, chain_steps, chain_uses_src, distinct_starts,
 )
 from accel.hw.isa import Alu, AluChain, Dwmac, Gemm, Instruction, Load, Lut, Mem, Opcode, Store, StoreMode
 from accel.hw.stats import Stats
@@ -64,6 +64,13 @@ Op = Callable[[], object]
 # int8 x int8 products are at most 2**14; float32 sums them exactly while the total
 # stays within its 24-bit mantissa, float64 within 53 bits.
 _F32_EXACT_TERMS = 2**24 // 2**14
+
+
+def _chain_vectors(c: AluChain) -> list[tuple[int, int, int]]:
+    """``(start, stride_out, stride_in)`` of each vector a chain's steps read besides ``src``."""
+    return [(c.dst_addr + imm.offset, c.dst_stride_out, c.dst_stride_in) if imm.of_dst else
+            (c.src_addr + imm.offset, c.src_stride_out, c.src_stride_in)
+            for _, imm in chain_steps(c.length, c.code, c.immediates, c.vectors) if isinstance(imm, ChainVector)]
 
 
 def _view(base: np.ndarray, offset: int, shape: Sequence[int], strides: Sequence[int]) -> np.ndarray:
@@ -345,16 +352,21 @@ class Simulator:
             raise InstructionError(index, a, "ALU destination vectors overlap each other")
 
     def _check_alu_chain(self, index: int, c: AluChain) -> None:
-        problem = chain_problem(c.length, c.code, c.immediates)
+        problem = chain_problem(c.length, c.code, c.immediates, c.vectors)
         if problem is not None:
             raise InstructionError(index, c, f"no ALU chain: {problem}")
         t = self.config.tile
-        uses_src = chain_uses_src(c.length, c.code)
+        uses_src = chain_uses_src(c.length, c.code, c.vectors)
         bits = c.dst_addr | c.dst_stride_out | c.dst_stride_in
         if uses_src:
             bits |= c.src_addr | c.src_stride_out | c.src_stride_in
         if bits & (t - 1):
             raise self._misaligned(index, c, _ALU_ALIGNED if uses_src else _ALU_ALIGNED[:3])
+        vectors = _chain_vectors(c)
+        if any(start % t for start, _, _ in vectors):
+            raise InstructionError(index, c, f"a vector of the chain starts at ACC element "
+                                             f"{next(a for a, _, _ in vectors if a % t)}, not a multiple of the "
+                                             f"tile width {t} (misaligned tile)")
         eo, ei = c.ext_out, c.ext_in
         if not (eo and ei):
             return
@@ -362,6 +374,10 @@ class Simulator:
         if uses_src:
             self._check_sram(index, c, Mem.ACC, c.src_addr + (eo - 1) * c.src_stride_out
                              + (ei - 1) * c.src_stride_in + t)
+        for start, so, si in vectors:
+            if start < 0:
+                raise ScratchpadOverflowError(index, c, f"reads a vector at ACC element {start}, below 0")
+            self._check_sram(index, c, Mem.ACC, start + (eo - 1) * so + (ei - 1) * si + t)
         if not distinct_starts(eo, c.dst_stride_out, ei, c.dst_stride_in):
             raise InstructionError(index, c, "ALU destination vectors overlap each other")
 
@@ -676,29 +692,38 @@ class Simulator:
         if not (eo and ei):
             return None
         dst = _view(self.acc, c.dst_addr, (eo, ei, t), (c.dst_stride_out, c.dst_stride_in, 1))
-        steps = c.steps
-        src = snapshot = None
-        if chain_uses_src(c.length, c.code):
-            src = _view(self.acc, c.src_addr, (eo, ei, t), (c.src_stride_out, c.src_stride_in, 1))
-            # The steps run one after the other over the whole block, in place (the destination
-            # vectors are distinct, so each element's chain is its own); a source the block
-            # overlaps is read once first, as the chain reads every operand before it writes.
-            span = lambda addr, so, si: (addr, addr + (eo - 1) * so + (ei - 1) * si + t)  # noqa: E731
-            (d0, d1), (s0, s1) = span(c.dst_addr, c.dst_stride_out, c.dst_stride_in), \
-                span(c.src_addr, c.src_stride_out, c.src_stride_in)
-            if d0 < s1 and s0 < d1:
-                snapshot, src = src, self._scratch(src.shape, np.int32)
+        span = lambda addr, so, si: (addr, addr + (eo - 1) * so + (ei - 1) * si + t)  # noqa: E731
+        d0, d1 = span(c.dst_addr, c.dst_stride_out, c.dst_stride_in)
         calls = []
-        for op, imm in steps:
-            ufunc = ALU_UFUNCS[op]
-            if imm is not None:
-                calls.append(partial(ufunc, dst, np.int32(alu_operand(op, imm)), out=dst))
-            elif op in OPERAND_RANGE:
-                calls.append(lambda ufunc=ufunc, op=op: ufunc(dst, alu_operand(op, src), out=dst))
+
+        def operand(addr: int, so: int, si: int) -> np.ndarray:
+            # The steps run one after the other over the whole block, in place (the destination
+            # vectors are distinct, so each element's chain is its own); a vector the block
+            # overlaps is read once first, as the chain reads every operand before it writes.
+            vector = _view(self.acc, addr, (eo, ei, t), (so, si, 1))
+            v0, v1 = span(addr, so, si)
+            if d0 < v1 and v0 < d1:
+                # (the shared temporary holds one copy: a second one gets its own)
+                copy = np.empty(vector.shape, np.int32) if calls else self._scratch(vector.shape, np.int32)
+                snapshot, vector = vector, copy
+                calls.append(partial(np.copyto, vector, snapshot))
+            return vector
+
+        src = operand(c.src_addr, c.src_stride_out, c.src_stride_in) if any(
+            imm is None for _, imm in c.steps) else None
+        operands = []
+        for op, imm in c.steps:
+            if isinstance(imm, ChainVector):
+                operands.append(operand(c.dst_addr + imm.offset, c.dst_stride_out, c.dst_stride_in) if imm.of_dst
+                                else operand(c.src_addr + imm.offset, c.src_stride_out, c.src_stride_in))
             else:
-                calls.append(partial(ufunc, dst, src, out=dst))
-        if snapshot is not None:
-            calls.insert(0, partial(np.copyto, src, snapshot))
+                operands.append(src if imm is None else np.int32(alu_operand(op, imm)))
+        for (op, imm), b in zip(c.steps, operands):
+            ufunc = ALU_UFUNCS[op]
+            if isinstance(b, np.ndarray) and op in OPERAND_RANGE:
+                calls.append(lambda ufunc=ufunc, op=op, b=b: ufunc(dst, alu_operand(op, b), out=dst))
+            else:
+                calls.append(partial(ufunc, dst, b, out=dst))
 
         def chain() -> None:
             for call in calls:

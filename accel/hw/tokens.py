@@ -33,7 +33,7 @@ import math
 from bisect import bisect_left, insort
 
 from accel.hw.emitter import nop
-from accel.hw.instructions import LUT_ENTRIES, chain_uses_src
+from accel.hw.instructions import LUT_ENTRIES, ChainVector, chain_problem
 from accel.hw.isa import Alu, AluChain, Instruction, Load, Lut, Mem, Opcode, Queue, Store, queue_of
 
 _PUSH = {(Queue.LOAD, Queue.COMPUTE): "push_next", (Queue.COMPUTE, Queue.LOAD): "push_prev",
@@ -163,12 +163,18 @@ def _alu_footprint(ins: Alu, tile: int) -> tuple:
 def _alu_chain_footprint(ins: AluChain, tile: int) -> tuple:
     if ins.ext_out * ins.ext_in == 0:
         return ()
-    # the chain reads all it reads (its src included) before it writes: one instruction, like ALU
-    out = [(_ACC, *_span(ins.dst_addr, 0, 1, tile,
-                         ((ins.ext_out, ins.dst_stride_out), (ins.ext_in, ins.dst_stride_in))), True)]
-    if chain_uses_src(ins.length, ins.code):
-        out.append((_ACC, *_span(ins.src_addr, 0, 1, tile,
-                                 ((ins.ext_out, ins.src_stride_out), (ins.ext_in, ins.src_stride_in))), False))
+    # the chain reads all it reads (its src and vectors included) before it writes: one
+    # instruction, like ALU; a vector lies beside src (its strides) or like the destination (its)
+    dst = ((ins.ext_out, ins.dst_stride_out), (ins.ext_in, ins.dst_stride_in))
+    src = ((ins.ext_out, ins.src_stride_out), (ins.ext_in, ins.src_stride_in))
+    out = [(_ACC, *_span(ins.dst_addr, 0, 1, tile, dst), True)]
+    # (a malformed chain, which the simulator's check refuses, as reading src)
+    steps = ins.steps if chain_problem(ins.length, ins.code, ins.immediates, ins.vectors) is None else [(None, None)]
+    if any(imm is None for _, imm in steps):
+        out.append((_ACC, *_span(ins.src_addr, 0, 1, tile, src), False))
+    out += [(_ACC, *(_span(ins.dst_addr + imm.offset, 0, 1, tile, dst) if imm.of_dst else
+                     _span(ins.src_addr + imm.offset, 0, 1, tile, src)), False)
+            for _, imm in steps if isinstance(imm, ChainVector)]
     return tuple(out)
 
 

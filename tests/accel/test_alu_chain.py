@@ -16,8 +16,8 @@ from accel.compiler.chains import merge_chains
 from accel.hw import cycles, fused, isa
 from accel.hw.emitter import Emitter
 from accel.hw.errors import DecodeError, InstructionError
-from accel.hw.instructions import (ACC, ALU, ALU_CHAIN, ALU_UFUNCS, CHAIN_IMMEDIATES, CHAIN_STEPS, AluOp, alu_operand,
-                                   chain_code, distinct_starts)
+from accel.hw.instructions import (ACC, ALU, ALU_CHAIN, ALU_UFUNCS, CHAIN_IMMEDIATES, CHAIN_STEPS, AluOp, ChainVector,
+                                   alu_operand, chain_code, distinct_starts)
 from accel.hw.isa import Alu, AluChain, Finish, Load, Mem, Store, StoreMode
 from accel.hw.sim import Simulator
 from accel.hw.tokens import DependencyTracker
@@ -182,12 +182,82 @@ def test_the_encoding_round_trips(chain, pop, push):
     assert isa.disassemble(ins).startswith(f"ALU_CHAIN ACC[{f['dst_addr']}]")
 
 
+#: Where the vector-operand tests put a block (dst), the row src broadcasts, the rows beside it
+#: (vectors with src's strides) and a block laid out like dst (vectors with its strides).
+_DST, _SRC, _LIKE_DST = 0, 40 * T, 64 * T
+
+
+@settings(max_examples=20)
+@given(st.lists(st.tuples(st.sampled_from(list(AluOp)), st.one_of(
+    st.none(), IMMEDIATES, st.integers(0, 7).map(lambda k: ChainVector(k * T)),
+    st.integers(0, 3).map(lambda k: ChainVector(_LIKE_DST - _DST + k * T, of_dst=True)))),
+    min_size=1, max_size=CHAIN_STEPS), st.integers(1, 4), st.integers(0, 2**32 - 1))
+def test_a_chain_reads_vectors_beside_src_and_laid_out_like_its_block(steps, ext_out, seed):
+    """A per-channel requantise's operands in one chain: rows beside the broadcast ``src`` (a
+    bias, clamp bounds, multipliers: offsets from src, its strides) and a block like the
+    destination (a temporary: an offset from dst, its strides), each step its own. The
+    chain, run instruction by instruction and batched, is the ALU instructions it replaces."""
+    while sum(imm is not None for _, imm in steps) > CHAIN_IMMEDIATES:
+        steps.pop()
+    f = dict(dst_addr=_DST, src_addr=_SRC, ext_out=ext_out, ext_in=2, dst_stride_out=2 * T, dst_stride_in=T,
+             src_stride_out=0, src_stride_in=T)
+    rng = np.random.default_rng(seed)
+    data = np.where(rng.random(ROWS * T) < 0.3, rng.choice(EXTREMES, ROWS * T),
+                    rng.integers(-2**31, 2**31, ROWS * T)).astype(np.int32)
+    separate = []
+    for op, imm in steps:
+        if imm is None or isinstance(imm, ChainVector):
+            like_dst = isinstance(imm, ChainVector) and imm.of_dst
+            at = (f["dst_addr"] if like_dst else f["src_addr"]) + (imm.offset if imm is not None else 0)
+            strides = (f["dst_stride_out"], f["dst_stride_in"]) if like_dst else (0, T)
+            separate.append(Alu(op=op, use_imm=False, dst_addr=f["dst_addr"], src_addr=at, ext_out=ext_out, ext_in=2,
+                                dst_stride_out=2 * T, dst_stride_in=T, src_stride_out=strides[0],
+                                src_stride_in=strides[1]))
+        else:
+            separate.append(Alu(op=op, use_imm=True, imm=imm, dst_addr=f["dst_addr"], ext_out=ext_out, ext_in=2,
+                                dst_stride_out=2 * T, dst_stride_in=T))
+    merged = AluChain(**chain_code(steps), **f)
+    assert merged.steps == [(op, imm) for op, imm in steps] and isa.decode(isa.encode(merged)) == [merged]
+    want = _run(_stream(separate), data, False)
+    for batched in (False, True):
+        np.testing.assert_array_equal(_run(_stream([merged]), data, batched), want)
+
+
+def test_a_vector_overlapping_the_block_is_read_before_the_chain_writes():
+    # the block's vectors 0..3 and, laid out like it one vector on, 1..4: ADD it twice
+    data = np.arange(ROWS * T, dtype=np.int32)
+    f = dict(dst_addr=0, ext_out=4, dst_stride_out=T)
+    on = ChainVector(T, of_dst=True)
+    for batched in (False, True):
+        got = _run(_stream([AluChain(**chain_code([(AluOp.ADD, on), (AluOp.ADD, on)]), **f)]), data, batched)
+        np.testing.assert_array_equal(got[:4 * T], data[:4 * T] + 2 * data[T:5 * T])
+
+
+def test_the_cycle_model_holds_a_chain_back_only_for_the_vectors_it_reads():
+    """A chain reading a temporary below the next block's accumulator and a per-channel vector
+    above it does not wait for that block's GEMM: the scoreboard compares each vector's range,
+    not their hull."""
+    from accel.hw.isa import Gemm
+    config = accel.Config()
+    gemm = Gemm(reset=True, acc_addr=32 * T, inp_addr=0, wgt_addr=0, acc_ld=T, inp_ld=T, wgt_ld=T, ext_out=8)
+    chain = AluChain(dst_addr=0, src_addr=64 * T, ext_out=8, dst_stride_out=T, src_stride_out=0,
+                     **chain_code([(AluOp.MUL, None), (AluOp.ADD, ChainVector(16 * T, of_dst=True))]))
+    apart = cycles.schedule([gemm, chain, Finish()], config)
+    assert apart.start[1] < apart.end[0]            # it runs beside the GEMM
+    reading = AluChain(dst_addr=0, src_addr=64 * T, ext_out=8, dst_stride_out=T, src_stride_out=0,
+                       **chain_code([(AluOp.MUL, None), (AluOp.ADD, ChainVector(32 * T, of_dst=True))]))
+    assert cycles.schedule([gemm, reading, Finish()], config).start[1] >= apart.end[0]   # it reads what it writes
+
+
 @pytest.mark.parametrize("change, why", [
     (lambda w: w.__setitem__(0, int(w[0]) & 0xFFFF00FF), "invalid func"),              # length 0
     (lambda w: w.__setitem__(0, int(w[0]) & 0xFFFF00FF | 9 << 8), "invalid func"),     # length 9
     (lambda w: w.__setitem__(1, w[1] | 0x5), "no ALU op 5"),
     (lambda w: w.__setitem__(1, w[1] | 0x8 << 8), "code bits past step 1"),
     (lambda w: w.__setitem__(5, 7), "immediate words past the 1"),
+    (lambda w: w.__setitem__(0, int(w[0]) | 1 << 17), "vectors bit 1 is set, but step 1 takes no word"),
+    (lambda w: w.__setitem__(0, int(w[0]) | 1 << 24), "vectors bit 8 is set, but step 0's word is no vector"),
+    (lambda w: w.__setitem__(0, int(w[0]) | 1 << 20), "vectors bits past step 1"),
 ])
 def test_decode_refuses_malformed_chains(change, why):
     words = np.frombuffer(isa.encode(AluChain(dst_addr=0, **chain_code([(AluOp.MUL, 3), (AluOp.ADD, None)]))),
@@ -260,11 +330,17 @@ def test_merge_keeps_apart_what_a_chain_would_compute_otherwise():
         [("accel.alu_chain", 2)]
     assert _merged([_alu(AluOp.MUL, acc, 3, ext_out=8), _alu(AluOp.ADD, acc, src=acc, offset=512, ext_out=8)]) == \
         [("accel.alu", None)] * 2
-    # one vector operand a chain: two different ones split it
-    assert _merged([_alu(AluOp.ADD, acc, src=bias), _alu(AluOp.ADD, acc, src=other)]) == [("accel.alu", None)] * 2
+    # vectors of one kind (src's strides), and others laid out like the block, in one chain; a
+    # second kind splits it
+    assert _merged([_alu(AluOp.ADD, acc, src=bias), _alu(AluOp.ADD, acc, src=other)]) == [("accel.alu_chain", 2)]
     assert _merged([_alu(AluOp.ADD, acc, src=bias), _alu(AluOp.MUL, acc, src=bias)]) == [("accel.alu_chain", 2)]
     assert _merged([_alu(AluOp.ADD, acc, src=bias), _alu(AluOp.ADD, acc, src=bias, src_stride_out=T)]) == \
+        [("accel.alu_chain", 2)]
+    assert _merged([_alu(AluOp.ADD, acc, src=bias), _alu(AluOp.ADD, acc, src=other, src_stride_out=2 * T)]) == \
         [("accel.alu", None)] * 2
+    # six words at most: immediates and vectors besides src
+    assert _merged([_alu(AluOp.ADD, acc, src=bias)] + [_alu(AluOp.ADD, acc, src=other, offset=T * k)
+                                                       for k in range(7)]) == [("accel.alu_chain", 7), ("accel.alu", None)]
     # another block: other destination buffer or extents
     assert _merged([_alu(AluOp.MUL, acc, 3), _alu(AluOp.MUL, other, 3)]) == [("accel.alu", None)] * 2
     assert _merged([_alu(AluOp.MUL, acc, 3), _alu(AluOp.MUL, acc, 3, ext_out=8)]) == [("accel.alu", None)] * 2
@@ -284,6 +360,26 @@ def test_a_compiled_requantise_runs_as_chains_bit_exact_with_llvm():
     model = assert_matches_llvm(mod, "accel, llvm", calls=2, seed=1)
     counts = model.stats["accel"].instructions
     # per block: the bias and clamp, the temporary's copy and chain, the accumulator's chain
+    assert counts["ALU"] == 0 and counts["ALU_CHAIN"] == 3 * counts["STORE"]
+
+
+def test_a_per_channel_requantise_runs_as_three_chains_bit_exact_with_llvm():
+    """Per-channel multipliers: the bias, the clamp's bounds and both multipliers are vectors of
+    their own, the temporary a block like the accumulator: one chain each for the bias and
+    clamp, the temporary and the accumulator, no ALU instruction alone."""
+    from tirpat.model.integerize.fixed_point import Requantize
+    from tirpat.model.integerize.rules import emit_requantize
+    from tirpat.testing.differential import assert_matches_llvm
+    from tirpat.testing.int8_models import int8_layer
+
+    n = 20
+    rq = Requantize.choose([np.random.default_rng(2).uniform(5e-4, 2e-3, n)], [np.full(n, 146_000)], -128, 127,
+                           zero_point=3, precise=True)
+    assert rq.split and rq.clamp is not None
+    mod = int8_layer("conv2d", 3, n, 8, lambda bb, y: bb.emit(emit_requantize([y], rq)), seed=1, bias=2**14,
+                     layout="NHWC")
+    model = assert_matches_llvm(mod, "accel, llvm", calls=2, seed=1)
+    counts = model.stats["accel"].instructions
     assert counts["ALU"] == 0 and counts["ALU_CHAIN"] == 3 * counts["STORE"]
 
 

@@ -176,14 +176,19 @@ def test_alu_is_its_declared_program(alu, seed):
 
 @st.composite
 def alu_chains(draw):
-    """Random chains (up to 8 steps, up to 6 immediates, wide and small operands), one time in
-    eight a malformed code, length or immediate word, and blocks whose src may overlap dst."""
-    steps = draw(st.lists(st.tuples(st.sampled_from(list(AluOp)), st.one_of(st.none(), INT32, st.integers(-3, 40))),
+    """Random chains (up to 8 steps, up to 6 words: immediates, wide and small, and vectors
+    beside src or laid out like the block), one time in eight a malformed code, length,
+    immediate word or vector bit, and blocks whose src and vectors may overlap dst."""
+    vector = st.builds(instructions.ChainVector, st.integers(0, 4).map(lambda k: k * T), st.booleans())
+    steps = draw(st.lists(st.tuples(st.sampled_from(list(AluOp)),
+                                    st.one_of(st.none(), INT32, st.integers(-3, 40), vector)),
                           min_size=1, max_size=instructions.CHAIN_STEPS))
     while sum(imm is not None for _, imm in steps) > instructions.CHAIN_IMMEDIATES:
         steps = steps[:-1]
     args = instructions.chain_code(steps)
-    bad = draw(st.integers(0, 7))
+    bad = draw(st.integers(0, 8))
+    if bad == 3:
+        args["vectors"] |= 1 << (8 + draw(st.integers(0, 7)))     # a destination's bit without its vector's
     if bad == 0:
         args["code"] |= draw(st.integers(5, 7)) << (4 * draw(st.integers(0, args["length"] - 1)))    # no such op
     elif bad == 1:

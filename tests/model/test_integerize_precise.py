@@ -187,6 +187,27 @@ def test_a_split_with_a_zero_part_is_emitted_without_its_product(zero, shift, sp
     assert len(_constants_of_products(mod)) == 1
 
 
+@pytest.mark.parametrize("precise", [False, True])
+def test_per_channel_constants_of_one_value_are_scalars(precise):
+    """Per-channel multipliers give every constant of the requantise their shape, but the
+    rounding and the output zero point are one value for all channels (no input zero point):
+    emitted 0-d, an immediate for a device instead of a vector it stages and reads; the
+    module still computes :meth:`Requantize.apply` for each channel."""
+    rng = np.random.default_rng(3)
+    n, bound = 12, 2**30       # a clamp per channel too
+    rq = Requantize.choose([rng.uniform(2e-4, 2e-3, n)], [np.full(n, bound)], zero_point=17, precise=precise)
+    assert bool(rq.split) == precise and rq.clamp is not None
+    mod = _requantise_module(rq, n)
+    vectors = [_constant(a) for c in calls(mod["main"]) for a in c.args[1:] if _constant(a) is not None]
+    assert any(v.ndim for v in vectors), mod.script()                  # the multipliers and the clamp
+    assert all(v.ndim == 0 or len(np.unique(v)) > 1 for v in vectors), mod.script()
+    accs = rng.integers(-2**31, 2**31, (64, n))
+    vm = relax.VirtualMachine(tvm.compile(mod, "llvm"), tvm.cpu())
+    for row in accs:
+        got = vm["main"](tvm.runtime.tensor(row.astype(np.int32))).numpy()
+        np.testing.assert_array_equal(got, rq.apply([np.clip(row, -bound, bound)]))
+
+
 # ----------------------------------------------------------------------------------------
 # single layers against onnxruntime, and the real arithmetic of their int8 tensors
 # ----------------------------------------------------------------------------------------

@@ -258,3 +258,39 @@ def test_verbose_names_every_uncounted_operator():
     report = ModelReport(0, [], [], [f"relax.matmul (lv{n})" for n in range(6)])
     assert "uncounted: 6 operators: matmul 6 (at lv0, lv1, lv2, lv3, ...)" in str(report)
     assert f"uncounted: 6 operators: matmul 6 (at {', '.join(f'lv{n}' for n in range(6))})" in report.text(verbose=True)
+
+
+@pytest.mark.parametrize("per_channel", [False, True])
+@pytest.mark.parametrize("residual", [False, True])
+def test_a_precise_requantise_is_named_requantise_not_a_residual_add(per_channel, residual):
+    """The epilogue's words where the backend gave none (its epilogue fell back to the CPU):
+    integerize's precise requantise adds its low product, shifted, to its high one (a value
+    the partition computes, not a residual), and with weights per channel its constants are
+    vectors along the channels (not a bias); a residual added before it is still named."""
+    from tvm import relax
+    from tvm.script import relax as R
+
+    from tirpat.model.integerize.fixed_point import Requantize
+    from tirpat.model.integerize.rules import emit_requantize
+    from tirpat.model.report import epilogue_of
+
+    n = 4
+    multipliers = np.array([0.00087, 0.00093, 0.0011, 0.00071]) if per_channel else 0.00087
+    rq = Requantize.choose([multipliers], [np.full(n, 146_000) if per_channel else 146_000], precise=True)
+    assert rq.split > 0
+    x, w = relax.Var("x", R.Tensor((1, 6, 6, n), "int8")), relax.Var("w", R.Tensor((3, 3, n, n), "int8"))
+    b, r = relax.Var("b", R.Tensor((n,), "int32")), relax.Var("r", R.Tensor((1, 6, 6, n), "int32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x, w, b, r]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.conv2d(x, w, padding=1, data_layout="NHWC", kernel_layout="HWIO",
+                                           out_dtype="int32"))
+            y = bb.emit(relax.op.add(y, b))
+            if residual:
+                y = bb.emit(relax.op.add(y, r))
+            out = bb.emit_output(emit_requantize([y], rq))
+        bb.emit_func_output(out)
+    func = relax.transform.Normalize()(bb.get())["main"]
+    calls = [binding.value for block in func.body.blocks for binding in block.bindings]
+    assert [c.op.name for c in calls].count("relax.multiply") == 2
+    assert epilogue_of(calls) == ["bias", *(["residual add"] if residual else []), "requantise"]

@@ -170,7 +170,11 @@ def epilogue_of(calls: list) -> list:
     """What the operators after a partition's matmul or convolution do, in words: ``bias``,
     ``ReLU``, ``clip``, ``requantise``, ``residual add``, ``cast``.
 
-    ``calls`` are the partition's Relax calls in order, the compute operator first.
+    ``calls`` are the partition's Relax calls in order, the compute operator first. Once a
+    requantise has begun (a product or a shift), an add of a constant or of a vector along the
+    channels is one of its constants, not a bias, and, after a shift, an add of a value the
+    partition computed (integerize's precise form adds its low product shifted; its
+    round-half-to-even form a parity) is part of it too, not a residual add.
     """
     words: list = []
 
@@ -181,14 +185,22 @@ def epilogue_of(calls: list) -> list:
     core = calls[0]
     out_shape = static_shape(core)
     requant = any(c.op.name in _REQUANT for c in calls[1:])
+    scaled = shifted = False        # a requantise's product, its shift seen so far
     for call in calls[1:]:
         name = call.op.name
+        scaled |= name in _REQUANT
+        shifted |= name == "relax.right_shift"
         if name in ("relax.add", "relax.subtract"):
             if requant and call is not calls[1] and _const_value(call.args[1]) is not None:
                 say("requantise")
                 continue
             operand = static_shape(call.args[1])
             full = operand is not None and out_shape is not None and _prod(operand) == _prod(out_shape)
+            # a DataflowVar is bound inside the partition (a parameter, such as a residual, never is)
+            computed = any(isinstance(a, relax.DataflowVar) for a in call.args[1:])
+            if (scaled and not full) or (shifted and computed):
+                say("requantise")
+                continue
             say("residual add" if full else "bias")
         elif name == "relax.nn.relu":
             say("ReLU")

@@ -321,6 +321,13 @@ def _const(v, dtype: str) -> relax.Expr:
     return relax.const(np.asarray(v).astype(dtype), dtype)
 
 
+def _constant(v) -> relax.Expr:
+    """An int32 constant of a requantise: ``v``, or 0-d where all its values are one
+    (:func:`emit_requantize`)."""
+    v = np.asarray(v)
+    return _const(v.flat[0] if v.size and np.all(v == v.flat[0]) else v, "int32")
+
+
 def _along(v: np.ndarray, axis: int, ndim: int) -> np.ndarray:
     """``v`` (0-d or one value per channel) shaped to broadcast along ``axis`` of an ndim tensor."""
     v = np.asarray(v)
@@ -338,14 +345,17 @@ def emit_requantize(accs: list[relax.Expr], rq: Requantize) -> relax.Expr:
     """The int8 Relax expression of ``rq`` applied to the int32 accumulators ``accs``.
 
     Constants keep the shapes of ``rq``'s arrays (0-d: an immediate after legalisation;
-    ``[1, C, 1, 1]`` or ``[C]``: a per-channel vector).
+    ``[1, C, 1, 1]`` or ``[C]``: a per-channel vector), but for a vector of one value
+    (per-channel scales give the additive constants their shape, all equal when no input has
+    a zero point): 0-d, the same sums, which a device applies as an immediate instead of
+    staging and reading a vector.
     """
     accs = list(accs)
     if rq.clamp is not None:
-        accs[0] = relax.op.minimum(relax.op.maximum(accs[0], _const(-rq.clamp, "int32")), _const(rq.clamp, "int32"))
+        accs[0] = relax.op.minimum(relax.op.maximum(accs[0], _constant(-rq.clamp)), _constant(rq.clamp))
     if rq.split:
         return _emit_split(accs, rq)
-    terms = [acc if m.ndim == 0 and m == 1 else relax.op.multiply(acc, _const(m, "int32"))
+    terms = [acc if m.ndim == 0 and m == 1 else relax.op.multiply(acc, _constant(m))
              for acc, m in zip(accs, rq.multipliers)]
     v = terms[0]
     for t in terms[1:]:
@@ -353,14 +363,14 @@ def emit_requantize(accs: list[relax.Expr], rq: Requantize) -> relax.Expr:
     offset = np.asarray(rq.offset)
     if rq.shift and rq.half_even:
         if np.any(offset != 0):          # before the parity, which reads the true value
-            v = relax.op.add(v, _const(offset, "int32"))
+            v = relax.op.add(v, _constant(offset))
         floor = relax.op.right_shift(v, _const(rq.shift, "int32"))
         half = relax.op.right_shift(v, _const(rq.shift + 1, "int32"))
         parity = relax.op.add(floor, relax.op.multiply(half, _const(-2, "int32")))
         v = relax.op.add(relax.op.add(v, parity), _const(rq.constant, "int32"))
         v = relax.op.right_shift(v, _const(rq.shift, "int32"))
     elif rq.shift:
-        v = relax.op.right_shift(relax.op.add(v, _const(offset + rq.constant, "int32")), _const(rq.shift, "int32"))
+        v = relax.op.right_shift(relax.op.add(v, _constant(offset + rq.constant)), _const(rq.shift, "int32"))
     return relax.op.astype(relax.op.clip(v, rq.lo, rq.hi), "int8")
 
 
@@ -374,10 +384,10 @@ def _emit_split(accs: list[relax.Expr], rq: Requantize) -> relax.Expr:
     add of a constant zero (``L`` is, wherever ``k < s``: the rounding ``2**(s-1)`` and the
     zero point's ``z_y * 2**s`` are multiples of ``2**k``): one ALU step less on a device."""
     def plus(v: relax.Expr, constant: np.ndarray) -> relax.Expr:
-        return relax.op.add(v, _const(constant, "int32")) if np.any(constant) else v
+        return relax.op.add(v, _constant(constant)) if np.any(constant) else v
 
     def total(products: list) -> relax.Expr | None:
-        products = [relax.op.multiply(acc, _const(part, "int32")) for acc, part in products if np.any(part)]
+        products = [relax.op.multiply(acc, _constant(part)) for acc, part in products if np.any(part)]
         if not products:
             return None
         v = products[0]
