@@ -2250,9 +2250,10 @@ def remember(seen: dict, buffers: tuple, entry: object = None) -> None:
     seen[id(buffers)] = buffers if entry is None else entry
 
 
-# A session keeps the views of a few places of its hosts per group (4), and groups whose
-# streams are the same share one Program and plan (one of the PaddleOCR classifier's runs at
-# 9 places, each with its own tuple): fewer than they give in turn, and each run would miss
+# A session keeps the views of a few layouts of its hosts (4) per place a group runs at in a
+# call (a grouped convolution's, once per group: RegNet's 25), and groups whose streams are the
+# same share one Program and plan (one of the PaddleOCR classifier's runs at 9 places, each with
+# its own tuple): fewer than they give in turn, and each run would miss
 _REMEMBERED = 64
 
 

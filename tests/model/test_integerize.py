@@ -301,6 +301,24 @@ def test_operator_without_integer_rule_is_named():
     assert op_names(mod).count("relax.nn.conv2d") == 2 and "relax.nn.softmax" in op_names(mod)
 
 
+def test_an_element_wise_function_read_in_float_is_said_to_be_unquantised():
+    """PyTorch's PReLU before an AveragePool: onnxruntime leaves the PRelu's result unquantised,
+    so the pool reads it in float and no table can be made. The warning says so, not that
+    PRelu has no integer rule (one slope is a table where a quantize reads it)."""
+    rng = np.random.default_rng(4)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], kernel_shape=[1, 1]),
+             helper.make_node("PRelu", ["c", "slope"], ["p"]),
+             helper.make_node("AveragePool", ["p"], ["a"], kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("Conv", ["a", "v"], ["y"], kernel_shape=[1, 1])]
+    model = one_op_model(nodes, {"w": rng.normal(size=(4, 2, 1, 1)), "slope": np.array([0.25]),
+                                 "v": rng.normal(size=(3, 4, 1, 1))}, (1, 2, 4, 4), (1, 3, 2, 2))
+    q = tp.quantize(model, {"x": rng.normal(size=(4, 1, 2, 4, 4)).astype(np.float32)})
+    with pytest.warns(IntegerizeWarning, match=r"nn.prelu: element-wise \(a table where a quantize reads its "
+                                               r"result\), read in float by nn.avg_pool2d first") as caught:
+        tp.integerize()(from_onnx(q, keep_params_in_input=False))
+    assert "no integer rule" not in str(caught[0].message)
+
+
 def test_float_kept_by_the_model_is_not_said_to_be_left_in_float():
     """An operator whose result the QDQ model never quantises again (a float output's Tanh, a
     head kept in float by --float-outputs) is float in the model itself: no warning names it.

@@ -57,8 +57,11 @@ def test_onnxruntime_default_quantize_static_offloads_as_tirpat_quantize(tmp_pat
     for form in ("ort", "tp"):
         result = tirpat("compile", f"{form}.onnx", "-t", "accel, llvm", "--input-shapes", f"x:{SHAPE}",
                         "--report", f"{form}.json", cwd=tmp_path)
-        # the float operators left are those with no integer rule (softmax, hardsigmoid's
-        # divide), never a convolution or matmul declined for its zero points
-        assert "declined" not in result.stderr, result.stderr
+        # the float operators left are those with no integer rule (softmax) or whose result the
+        # model leaves unquantised (hardsigmoid's divide, read by a max pool in float), never a
+        # convolution or matmul declined for its zero points
+        integerized = [line for line in result.stderr.splitlines() if "tp.integerize left" in line]
+        assert not any(f"; {op}: " in line or f"declined: {op}: " in line
+                       for line in integerized for op in ("conv2d", "matmul")), result.stderr
         macs[form] = json.loads((tmp_path / f"{form}.json").read_text())["macs"]["accel"]
     assert macs["ort"] >= macs["tp"] > 0, macs

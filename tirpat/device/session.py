@@ -199,6 +199,7 @@ class Session:
         self._free = threading.Condition(threading.Lock())
         self._waiting = 0       # threads inside claim() (the condition's lock counts them)
         self._held_by: Optional[int] = None     # the thread inside running(), which owns the session between streams
+        self._calls = 0     # the model calls running() has begun: what a stored stream counts its places in
         self._accepted: Optional[tuple] = None  # (session's, code's options): read-only mappings found to agree
 
     # -- the pending work (override these three for a device with its own stream) --------
@@ -262,8 +263,9 @@ class Session:
         A stored stream runs again when each host has the dtype, size and writability it had
         and the hosts overlap as they did (which slots share memory, and at what distance, orders a
         stream's instructions); each slot's view is then rebuilt at its place in this call's
-        hosts (the views of one of the last few replays, or of the call that stored the stream,
-        serve again when every host is where it was then). Otherwise, with work pending, or for
+        hosts (the views of one of the last few replays, a few per place the stream runs at in
+        one model call, or of the call that stored the stream, serve again when every host is
+        where it was then). Otherwise, with work pending, or for
         a device without :meth:`stored_stream`, the calls run.
 
         A key may end with the hosts' dtypes after ``;`` (``"f:0:<hash>;int8,int32"``, as the
@@ -281,13 +283,15 @@ class Session:
         # per host: where it is and its (bytes, dtype, writability); a read-only numpy host is
         # told apart, as a stream stored for a writable one may write it
         spans = host_spans(hosts, _declared_dtypes(key))
+        place = tuple(spans)
         variants = self._replays.get(key, ())
         for stored in variants:
-            for seen, views in stored.seen:
-                if seen == spans:
-                    # the hosts are where and what they were at an earlier replay (so they
-                    # overlap as they did): so are the views, which the stream already ran on
-                    return self._replay(key, stored, views)
+            views = stored.seen.get(place)
+            if views is not None:
+                # the hosts are where and what they were at an earlier replay (so they
+                # overlap as they did): so are the views, which the stream already ran on
+                stored.used(self._call())
+                return self._replay(key, stored, views)
         form = tuple(span[1:] for span in spans)
         overlaps = None     # computed when a stored stream's form is this one
         for stored in variants:
@@ -297,11 +301,15 @@ class Session:
             if stored.overlaps != overlaps:
                 continue
             views = stored.views(spans)
-            stored.seen.insert(0, (spans, views))
-            del stored.seen[_LAYOUTS:]
+            stored.used(self._call())
+            stored.keep(place, views)
             return self._replay(key, stored, views)
         self._capture = (key, spans, form, _overlaps(spans) if overlaps is None else overlaps)
         return False
+
+    def _call(self) -> Optional[int]:
+        """The model call under way (see :meth:`running`), None outside one."""
+        return self._calls if self._held_by is not None else None
 
     def _replay(self, key: str, stored: "_Stored", views: tuple) -> bool:
         self._replays.move_to_end(key)
@@ -348,7 +356,8 @@ class Session:
         # the views over these hosts, which the next call's replay takes when its hosts are
         # where these are (a model whose storages stay put), and which the device prepares for
         views = stored.views(spans)
-        stored.seen.append((spans, views))
+        stored.used(self._call())
+        stored.keep(tuple(spans), views)
         self.prepare_stored(stream, views)
         self._replays.move_to_end(key)
         while len(self._replays) > self.kept_replays:
@@ -380,6 +389,8 @@ class Session:
         me = threading.get_ident()
         self.claim()
         outer, self._held_by = self._held_by, me
+        if outer is None:
+            self._calls += 1
         try:
             with full_collections_deferred():
                 yield
@@ -786,7 +797,7 @@ def _options_text(options: Mapping[str, Any], keys=None) -> str:
 
 
 _VARIANTS = 4      # stored streams per group key (one per hosts layout seen)
-_LAYOUTS = 4       # the places of its hosts whose views a stored stream keeps
+_LAYOUTS = 4       # the places of its hosts whose views a stored stream keeps, per place it runs at in one call
 
 
 class _Stored:
@@ -794,16 +805,47 @@ class _Stored:
     hosts overlap at what distance (``overlaps``), and per slot the stream uses, where in
     which host its memory lies: ``(slot, host, byte offset, bytes, dtype)``."""
 
-    __slots__ = ("stream", "form", "overlaps", "placed", "size", "seen")
+    __slots__ = ("stream", "form", "overlaps", "placed", "size", "seen", "sites", "_call", "_runs")
 
     def __init__(self, stream: Any, form: tuple, overlaps: tuple, placed: tuple) -> None:
         self.stream, self.form, self.overlaps, self.placed = stream, form, overlaps, placed
         self.size = 1 + max((p[0] for p in placed), default=-1)
-        # the host spans of the last few replays (the newest first) and the views made over
-        # them: a model called again finds its tensors where they were, or at one of a few
-        # places its memory pool hands them out at in turn (three for most of the PaddleOCR
-        # classifier's moving ones)
-        self.seen: list[tuple[list, tuple]] = []
+        # the host spans of the last few replays (as a tuple) -> the views made over them, the
+        # oldest first: a model called again finds its tensors where they were, or at one of a
+        # few places its memory pool hands them out at in turn (three for most of the PaddleOCR
+        # classifier's moving ones), at each place the stream runs at in a call (a grouped
+        # convolution's function runs once per group, 25 times a call in RegNet's last stage:
+        # views for four places alone were made again at every run, and so were the device's
+        # calls over them)
+        self.seen: dict[tuple, tuple] = {}
+        self.sites = 1      # the most runs of the stream in one model call
+        self._call: Optional[int] = None    # the call the runs in _runs were in
+        self._runs = 0
+
+    def used(self, call: Optional[int]) -> None:
+        """Count a run of the stream in model call ``call`` (None: outside a model's call, not counted)."""
+        if call is None:
+            return
+        if call != self._call:
+            self._call, self._runs = call, 0
+        self._runs += 1
+        self.sites = max(self.sites, self._runs)
+
+    def keep(self, place: tuple, views: tuple) -> None:
+        """Remember ``views``, made over the hosts at ``place``, the oldest going first beyond
+        :data:`_LAYOUTS` a place the stream runs at in one call.
+
+        >>> stored = _Stored((), (), (), ())
+        >>> for call in (1, 1, 2, 2):
+        ...     stored.used(call)
+        >>> for n in range(10): stored.keep((n,), ())
+        >>> stored.sites, list(stored.seen)     # two places a call: the last 8 kept
+        (2, [(2,), (3,), (4,), (5,), (6,), (7,), (8,), (9,)])
+        """
+        self.seen.pop(place, None)
+        self.seen[place] = views
+        while len(self.seen) > _LAYOUTS * self.sites:
+            del self.seen[next(iter(self.seen))]
 
     def views(self, spans: list) -> tuple:
         """The slot views over this call's hosts (``spans``: their addresses first), a tuple:

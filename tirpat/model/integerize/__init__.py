@@ -61,7 +61,7 @@ from .fixed_point import Requantize
 from .rules import (Declined, Rule, all_rules, clip_fold_rule, dequantized_matmul_rule, emit_requantize,
                     requantize_pattern)
 from .pads import PadRule
-from .tables import TableRule
+from .tables import TABULATED, TableRule
 
 __all__ = ["integerize", "IntegerizeWarning", "Requantize", "requantize_pattern", "emit_requantize", "calls",
            "Rule", "Declined"]
@@ -123,11 +123,15 @@ def integerize(precise: bool = True) -> tvm.transform.Pass:
         mod = relax.transform.DeadCodeElimination()(mod)
         left = _float_sites(mod)
         if left:
+            for name, why in left:
+                if why is not None:
+                    declined[name, why] = declined.get((name, why), 0) + 1
+            names = {name for name, _ in left}
             reasons = "; ".join(_some([f"{name}: {why} ({n}x)" for (name, why), n in sorted(declined.items())]))
             warnings.warn(f"tp.integerize left {len(left)} quantised operator(s) in float, computed on the "
-                          f"host: {', '.join(_some(sorted(set(left))))}"
+                          f"host: {', '.join(_some(sorted(names)))}"
                           + (f"; declined: {reasons}" + ("; no integer rule for the others"
-                                                          if len(set(left)) > len(declined) else "") if reasons
+                                                          if len(names) > len(declined) else "") if reasons
                              else " (no integer rule for them)"),
                           IntegerizeWarning, stacklevel=2)
         return mod
@@ -146,10 +150,13 @@ def _some(items: list) -> list:
     return items[:_MOST_LISTED] + [f"... and {len(items) - _MOST_LISTED} more"]
 
 
-def _float_sites(mod: tvm.IRModule) -> list[str]:
+def _float_sites(mod: tvm.IRModule) -> list[tuple[str, str | None]]:
     """Operators left between a dequantize and a quantize: computed in float where the model
     quantises their result. One whose result is never quantised again (a float output, a
-    detector's head kept in float by ``--float-outputs``) is float in the model itself."""
+    detector's head kept in float by ``--float-outputs``) is float in the model itself.
+    Each with why, where an integer rule would take it but the model does not quantise its
+    result: an element-wise function that another operator reads in float first (onnxruntime
+    leaves a PRelu's output unquantised, and a PyTorch PReLU before an AveragePool stays float)."""
     names = []
     for func in mod.functions.values():
         if not isinstance(func, relax.Function):
@@ -168,9 +175,19 @@ def _float_sites(mod: tvm.IRModule) -> list[str]:
         for var, name, args in reversed(sites):
             if name == "relax.quantize" or var in quantized:
                 quantized.update(args)
-        names += [name.removeprefix("relax.") for var, name, args in sites
-                  if name not in ("relax.dequantize", "relax.quantize") and var in quantized
-                  and any(a in dequantized for a in args)]
+        readers: dict = {}
+        for _, name, args in sites:
+            for a in args:
+                readers.setdefault(a, []).append(name)
+        for var, name, args in sites:
+            if name in ("relax.dequantize", "relax.quantize") or var not in quantized \
+                    or not any(a in dequantized for a in args):
+                continue
+            first = [r for r in readers.get(var, ()) if r != "relax.quantize" and r not in TABULATED]
+            why = None if name not in TABULATED or not first else \
+                (f"element-wise (a table where a quantize reads its result), read in float by "
+                 f"{first[0].removeprefix('relax.')} first: the model does not quantise its result")
+            names.append((name.removeprefix("relax."), why))
     return names
 
 

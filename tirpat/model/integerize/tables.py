@@ -131,6 +131,10 @@ EVALUATED: dict[str, Callable] = {
     "relax.where": lambda c, a, b: np.where(c, _f32(a), _f32(b)),
 }
 
+#: the operators a table may compute (:meth:`_Region.call`): a function of one int8 tensor
+#: made of these is one table where a quantize reads its result
+TABULATED = frozenset(EVALUATED) | {"relax.clip", "relax.astype", "relax.nn.leakyrelu", "relax.nn.prelu"}
+
 #: TE element-wise functions TVM's frontend emits as ``call_tir`` (``cls.maximum1``...)
 _TE_NAMES = re.compile(r"^(add|subtract|multiply|divide|maximum|minimum)\d*$")
 
