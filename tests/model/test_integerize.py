@@ -319,6 +319,26 @@ def test_an_element_wise_function_read_in_float_is_said_to_be_unquantised():
     assert "no integer rule" not in str(caught[0].message)
 
 
+def test_a_subtract_of_two_tensors_read_in_float_is_no_table():
+    """A LayerNorm's x - mean read in float by a transpose (a recogniser's): a function of two
+    tensors, which no table computes, is declined as such; the warning does not say that a table would
+    take it had the model quantised its result."""
+    s, z = helper.make_tensor("s", TensorProto.FLOAT, [], [0.05]), helper.make_tensor("z", TensorProto.INT8, [], [0])
+    nodes = [helper.make_node("DequantizeLinear", ["a", "s", "z"], ["fa"]),
+             helper.make_node("DequantizeLinear", ["b", "s", "z"], ["fb"]),
+             helper.make_node("Sub", ["fa", "fb"], ["d"]),
+             helper.make_node("Transpose", ["d"], ["t"], perm=[0, 2, 1]),
+             helper.make_node("QuantizeLinear", ["t", "s", "z"], ["q"]),
+             helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(n, TensorProto.INT8, [1, 4, 8]) for n in "ab"],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 4])], [s, z])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.warns(IntegerizeWarning, match="subtract") as caught:
+        tp.integerize()(from_onnx(model, keep_params_in_input=False))
+    message = str(caught[0].message)
+    assert "read in float by" not in message and "two tensors" in message, message
+
+
 def test_float_kept_by_the_model_is_not_said_to_be_left_in_float():
     """An operator whose result the QDQ model never quantises again (a float output's Tanh, a
     head kept in float by --float-outputs) is float in the model itself: no warning names it.

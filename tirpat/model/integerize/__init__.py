@@ -162,13 +162,17 @@ def _float_sites(mod: tvm.IRModule) -> list[tuple[str, str | None]]:
         if not isinstance(func, relax.Function):
             continue
         sites = []
+        constant = set()      # values of constants alone (a PRelu's dequantised slope)
         for call_var, call in _bindings(func):
             name, args = str(call.op.name), list(call.args)
             if name == "relax.call_tir":      # a TE function the frontend emitted: named by its callee
                 packed = call.args[1]
                 name = f"call_tir {call.args[0].name_hint}"
                 args = list(packed.fields) if isinstance(packed, relax.Tuple) else [packed]
-            sites.append((call_var, name, [a for a in args if isinstance(a, relax.Var)]))
+            tensors = [a for a in args if isinstance(a, relax.Var)]
+            if all(a in constant for a in tensors):
+                constant.add(call_var)
+            sites.append((call_var, name, tensors))
         dequantized = {var for var, name, _ in sites if name == "relax.dequantize"}
         # what a quantize reads, directly or through other operators (bindings are in order)
         quantized = set()
@@ -184,7 +188,8 @@ def _float_sites(mod: tvm.IRModule) -> list[tuple[str, str | None]]:
                     or not any(a in dequantized for a in args):
                 continue
             first = [r for r in readers.get(var, ()) if r != "relax.quantize" and r not in TABULATED]
-            why = None if name not in TABULATED or not first else \
+            # a table maps one tensor (a subtract of two, a LayerNorm's x - mean, is none)
+            why = None if name not in TABULATED or len(set(args) - constant) != 1 or not first else \
                 (f"element-wise (a table where a quantize reads its result), read in float by "
                  f"{first[0].removeprefix('relax.')} first: the model does not quantise its result")
             names.append((name.removeprefix("relax."), why))
