@@ -105,15 +105,18 @@ def test_a_padding_is_reordered_and_vectorised_along_the_channels():
 
 @pytest.mark.parametrize("opt_level", [0, 3])
 def test_channels_from_planes_far_apart_are_read_along_the_rows(opt_level):
-    """Staged channels-last from 1 KB planes (the padded input of a 3x3 convolution): a vector
-    of channels would read one byte from each of 16 cache lines in the same L1 set, so the loop
-    along the rows (consecutive reads) runs innermost, the channels around it; the same bytes."""
-    func = _nest([16, 32, 32], [0, 1, 2], [1, 2, 0], [0, 1, 1], "int8", False)
+    """Staged channels-last from 64 x 64 planes (the padded input of a 3x3 convolution): a
+    vector of channels would read one byte from each of 16 cache lines in the same L1 set, so
+    the loop along the rows (consecutive reads) runs innermost, the channels around it; the
+    same bytes. Planes 1 KB apart spread over 4 sets: not reordered so."""
+    func = _nest([16, 64, 64], [0, 1, 2], [1, 2, 0], [0, 1, 1], "int8", False)
     done = order_copy_nests(func)
-    assert _for_lines(done) == ["for i1, i0, i2 in T.grid(34, 16, 34):"]
-    x = np.random.default_rng(1).integers(-128, 128, (16, 32, 32)).astype("int8")
-    got = _run(done, x, [34, 34, 16], "int8", opt_level)
+    assert _for_lines(done) == ["for i1, i0, i2 in T.grid(66, 16, 66):"]
+    x = np.random.default_rng(1).integers(-128, 128, (16, 64, 64)).astype("int8")
+    got = _run(done, x, [66, 66, 16], "int8", opt_level)
     assert np.array_equal(got, np.pad(x, [(0, 0), (1, 1), (1, 1)]).transpose(1, 2, 0))
+    small = order_copy_nests(_nest([16, 32, 32], [0, 1, 2], [1, 2, 0], [0, 1, 1], "int8", False))
+    assert _for_lines(small) != ["for i1, i0, i2 in T.grid(34, 16, 34):"]
 
 
 @pytest.mark.parametrize("why, func", [

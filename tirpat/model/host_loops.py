@@ -40,11 +40,11 @@ __all__ = ["order_copy_nests", "host_loops"]
 TILE = 16
 #: The most lanes a vectorised innermost loop gets (a 512-bit vector of int8).
 MAX_LANES = 64
-#: The fewest elements apart the innermost loop's reads are for the loop reading consecutive
-#: ones to go innermost instead (see :func:`_plane_reader`), and the most bytes apart that
-#: loop may write: 1 KB (a 32 x 32 int8 plane: 63 -> 41 us for 96 channels; 64 x 64: 434 ->
-#: 118 us, and 1136 -> 147 us padded, compiled at -O3).
-PLANE = 1024
+#: The bytes of one way of an L1 data cache (64 sets of 64-byte lines): reads this far apart, or
+#: a multiple, all fall in one set (see :func:`_plane_reader`).
+L1_WAY = 4096
+#: The most bytes apart the loop run innermost by :func:`_plane_reader` may write.
+NEAR = 1024
 
 
 def order_copy_nests(func: tirx.PrimFunc) -> tirx.PrimFunc:
@@ -104,16 +104,16 @@ def _reordered(nest: tirx.For):
         return None
     for c, l in zip(coefficients, loops):
         l.store = abs(c)
-    main = _main_load(loads, variables)
+    main, load_bits = _main_load(loads, variables)
     if main is not None:
         for c, l in zip(main, loops):
             l.load = abs(c)
     order = sorted(loops, key=lambda l: -l.store)     # stable: ties keep their order
     inner = order[-1]
-    reader = _plane_reader(order, inner, store.buffer.dtype.bits)
+    reader = _plane_reader(order, inner, load_bits, store.buffer.dtype.bits)
     if reader is not None:
-        # a gather of channels from planes far apart: the loop that reads consecutive elements
-        # innermost, the channels around it (writes a channel count apart, within a few rows)
+        # a gather of channels from planes whose reads share an L1 set: the loop that reads
+        # consecutive elements innermost, the channels around it (writes a channel count apart)
         return _build([l for l in order if l is not reader] + [reader], reader, None, store)
     tiling = _tile_partner(order, inner)
     if tiling is None and loops[-1].store * store.buffer.dtype.bits <= _DENSE_BITS:
@@ -191,7 +191,8 @@ _PURE = frozenset({_IF_THEN_ELSE, ir.Op.get("prim.likely").name, ir.Op.get("tirx
 
 def _main_load(loads, variables):
     """The coefficients of the loop variables in the offset of the load that reads the most
-    bytes per iteration (the first such), or None when no load is linear in them."""
+    bytes per iteration (the first such) and its bits per iteration, or ``(None, 0)`` when no
+    load is linear in them."""
     best, best_bytes = None, 0
     for load in loads:
         offset = _flat_offset(load.source, load.indices)
@@ -201,7 +202,7 @@ def _main_load(loads, variables):
         size = load.source.dtype.bits * load.source.dtype.lanes
         if coefficients is not None and size > best_bytes:
             best, best_bytes = coefficients, size
-    return best
+    return best, best_bytes
 
 
 def _tile(extent: int) -> int | None:
@@ -215,21 +216,22 @@ def _tile(extent: int) -> int | None:
     return None
 
 
-def _plane_reader(order, inner, store_bits: int):
+def _plane_reader(order, inner, load_bits: int, store_bits: int):
     """The loop reading consecutive elements of the main load, to run innermost, when
-    ``inner`` (writing consecutive elements) reads at least :data:`PLANE` elements apart and
-    that loop writes at most :data:`PLANE` bytes apart (an NCHW input staged channels-last);
+    ``inner`` (writing consecutive elements, at least :data:`TILE` of them) reads a multiple of
+    :data:`L1_WAY` bytes apart and that loop, at least :data:`TILE` long, writes at most
+    :data:`NEAR` bytes apart (an NCHW input staged channels-last from 64 x 64 int8 planes);
     else None.
 
-    A vector of channels read from planes a multiple of 4 KB apart (a 64 x 64 int8 plane)
-    takes one line from each of as many cache lines in the same L1 set, more than its ways:
-    every load misses, in tiles too (mobilenet_v2's 96 x 66 x 66 staging: 1.1 ms at -O3, 0.15
-    ms read along the rows). Along the rows the reads are consecutive and the writes a channel
-    count apart, within a few rows of the output."""
-    if inner.store != 1 or inner.load < PLANE:
+    Addresses a multiple of :data:`L1_WAY` apart share an L1 set: a vector of 16 channels, or a
+    16 x 16 tile, reads 16 lines of one set, more than its 8-12 ways, and every load misses
+    (mobilenet_v2's 96 x 66 x 66 staging: 1.1 ms at -O3, 0.15 ms read along the rows; 0.57 and
+    0.12 ms unpadded). Along the rows the reads are consecutive and the writes a channel count
+    apart, within a few rows of the output."""
+    if inner.store != 1 or inner.extent < TILE or not inner.load or inner.load * load_bits % (L1_WAY * 8):
         return None
     reader = next((l for l in order if l is not inner and l.load == 1), None)
-    if reader is None or reader.store * store_bits > PLANE * 8:
+    if reader is None or reader.extent < TILE or reader.store * store_bits > NEAR * 8:
         return None
     return reader
 
