@@ -402,12 +402,8 @@ def _alu_elements(a: Alu | AluChain, tile: int) -> tuple[np.ndarray, list]:
     dst = _frozen(_vectors(a.dst_addr, a.ext_out, a.dst_stride_out, a.ext_in, a.dst_stride_in, tile))
 
     def elements(operand) -> np.ndarray:
-        if operand is None:
-            return _frozen(_vectors(a.src_addr, a.ext_out, a.src_stride_out, a.ext_in, a.src_stride_in, tile))
-        if operand.of_dst:
-            return _frozen(dst + operand.offset)
-        return _frozen(_vectors(a.src_addr + operand.offset, a.ext_out, a.src_stride_out, a.ext_in,
-                                a.src_stride_in, tile))
+        start, so, si = (a.src_addr, a.src_stride_out, a.src_stride_in) if operand is None else operand.place(a)
+        return _frozen(_vectors(start, a.ext_out, so, a.ext_in, si, tile))
 
     runs: list = []         # [steps, the vector operand they read (None: src), whether one does]
     for op, imm in steps:

@@ -496,6 +496,20 @@ class ChainVector(NamedTuple):
     offset: object
     of_dst: bool = False
 
+    def place(self, chain) -> tuple:
+        """``(start, stride_out, stride_in)`` of this vector in ``chain``'s ACC (an ALU chain
+        instruction's fields): where the simulator, the plans and the dependency tokens read it.
+
+        >>> from types import SimpleNamespace
+        >>> c = SimpleNamespace(dst_addr=64, dst_stride_out=32, dst_stride_in=16, src_addr=0,
+        ...                     src_stride_out=0, src_stride_in=16)
+        >>> ChainVector(-32, of_dst=True).place(c), ChainVector(16).place(c)
+        ((32, 32, 16), (16, 0, 16))
+        """
+        if self.of_dst:
+            return chain.dst_addr + self.offset, chain.dst_stride_out, chain.dst_stride_in
+        return chain.src_addr + self.offset, chain.src_stride_out, chain.src_stride_in
+
 
 #: The bit of ``vectors`` that makes step ``k``'s word a :class:`ChainVector`'s offset, and the
 #: one (``k`` + this) that takes it from the destination.

@@ -68,9 +68,8 @@ _F32_EXACT_TERMS = 2**24 // 2**14
 
 def _chain_vectors(c: AluChain) -> list[tuple[int, int, int]]:
     """``(start, stride_out, stride_in)`` of each vector a chain's steps read besides ``src``."""
-    return [(c.dst_addr + imm.offset, c.dst_stride_out, c.dst_stride_in) if imm.of_dst else
-            (c.src_addr + imm.offset, c.src_stride_out, c.src_stride_in)
-            for _, imm in chain_steps(c.length, c.code, c.immediates, c.vectors) if isinstance(imm, ChainVector)]
+    return [imm.place(c) for _, imm in chain_steps(c.length, c.code, c.immediates, c.vectors)
+            if isinstance(imm, ChainVector)]
 
 
 def _view(base: np.ndarray, offset: int, shape: Sequence[int], strides: Sequence[int]) -> np.ndarray:
@@ -714,8 +713,7 @@ class Simulator:
         operands = []
         for op, imm in c.steps:
             if isinstance(imm, ChainVector):
-                operands.append(operand(c.dst_addr + imm.offset, c.dst_stride_out, c.dst_stride_in) if imm.of_dst
-                                else operand(c.src_addr + imm.offset, c.src_stride_out, c.src_stride_in))
+                operands.append(operand(*imm.place(c)))
             else:
                 operands.append(src if imm is None else np.int32(alu_operand(op, imm)))
         for (op, imm), b in zip(c.steps, operands):

@@ -165,16 +165,16 @@ def _alu_chain_footprint(ins: AluChain, tile: int) -> tuple:
         return ()
     # the chain reads all it reads (its src and vectors included) before it writes: one
     # instruction, like ALU; a vector lies beside src (its strides) or like the destination (its)
-    dst = ((ins.ext_out, ins.dst_stride_out), (ins.ext_in, ins.dst_stride_in))
-    src = ((ins.ext_out, ins.src_stride_out), (ins.ext_in, ins.src_stride_in))
-    out = [(_ACC, *_span(ins.dst_addr, 0, 1, tile, dst), True)]
+    loops = lambda so, si: ((ins.ext_out, so), (ins.ext_in, si))  # noqa: E731
+    out = [(_ACC, *_span(ins.dst_addr, 0, 1, tile, loops(ins.dst_stride_out, ins.dst_stride_in)), True)]
     # (a malformed chain, which the simulator's check refuses, as reading src)
     steps = ins.steps if chain_problem(ins.length, ins.code, ins.immediates, ins.vectors) is None else [(None, None)]
     if any(imm is None for _, imm in steps):
-        out.append((_ACC, *_span(ins.src_addr, 0, 1, tile, src), False))
-    out += [(_ACC, *(_span(ins.dst_addr + imm.offset, 0, 1, tile, dst) if imm.of_dst else
-                     _span(ins.src_addr + imm.offset, 0, 1, tile, src)), False)
-            for _, imm in steps if isinstance(imm, ChainVector)]
+        out.append((_ACC, *_span(ins.src_addr, 0, 1, tile, loops(ins.src_stride_out, ins.src_stride_in)), False))
+    for _, imm in steps:
+        if isinstance(imm, ChainVector):
+            start, so, si = imm.place(ins)
+            out.append((_ACC, *_span(start, 0, 1, tile, loops(so, si)), False))
     return tuple(out)
 
 
