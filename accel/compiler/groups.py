@@ -1,21 +1,30 @@
-"""A grouped convolution (1 < groups < channels: ResNeXt, RegNet, ShuffleNet) as one
-convolution per group on accel.
+"""A grouped convolution (1 < groups < channels: ResNeXt, RegNet, ShuffleNet) as one batched
+matrix product on accel.
 
 accel's GEMM multiplies a whole block of input channels into every output channel, and its
 DWMAC one channel into one; a convolution with several input and output channels per group is
-neither. Each group is a convolution of its own, though: output channels ``[i*O, (i+1)*O)`` read
-input channels ``[i*I, (i+1)*I)`` alone. So, after integerize, :func:`split_groups` writes such
-an int8 convolution and its epilogue (bias, clamp, requantise, up to the cast to int8: element-wise
-operations on the accumulator and constants) once per group, on the group's slice of the input
-and of each per-channel constant, and concatenates the int8 results along the channels. The
-products are the grouped convolution's, no more (the report's MACs are unchanged); the slices of
-the input are host copies, the concat accel's DMA; each group's convolution and epilogue is an
-``accel.conv2d`` partition, bit for bit the grouped one's (the same integers, summed in another
-order: int32 addition wraps alike in any order).
+neither. Each group is a convolution of its own, though: output channels ``[g*O, (g+1)*O)`` read
+input channels ``[g*I, (g+1)*I)`` alone, and its im2col matrix times its weights. So, after
+integerize, :func:`split_groups` writes such an int8 convolution and its epilogue (bias, clamp,
+requantise, up to the cast to int8: element-wise operations on the accumulator and constants)
+as:
 
-A convolution whose epilogue reads anything but the accumulator and constants (a weight zero
-point's window sums), or whose intermediate values are used elsewhere, is left as it is, and
-stays on the host with accel's reason.
+- the im2col matrices of all groups, ``[G, N*Ho*Wo, I*KH*KW]``, gathered on the host from the
+  zero-padded input by one ``take`` (whose indices are the same for every group);
+- one ``matmul`` by the weights ``[G, I*KH*KW, O]`` (a batch of G products, each group's own
+  weights), its epilogue's per-channel constants ``[G, 1, O]``: one ``accel.matmul``
+  partition, one device stream for all groups;
+- a permute and reshape of the int8 result back to NCHW, on the host.
+
+The products are the grouped convolution's, no more (the report's MACs are unchanged), bit for
+bit (the same integers, summed in another order: int32 addition wraps alike in any order).
+One convolution per group instead made a partition per group (RegNet's 22 grouped convolutions
+were 380, a device stream each: most of a call's time was the streams' fixed costs, and each
+group's input slice and the concat of their results were host and DMA copies of their own).
+
+A convolution whose epilogue reads anything but the accumulator and constants that are one
+value or one per output channel (a weight zero point's window sums), or whose intermediate
+values are used elsewhere, is left as it is, and stays on the host with accel's reason.
 """
 
 from __future__ import annotations
@@ -84,18 +93,21 @@ def _epilogue(conv_var, bindings: dict, uses: dict) -> tuple[list, relax.Var] | 
     return sorted(region[1:], key=order.__getitem__), exits[0]
 
 
-def _sliced(constant: ir.Constant, channels: int, start: int, count: int) -> ir.Constant:
-    """A constant operand of the epilogue, for output channels ``[start, start + count)``: as it
-    is when it does not vary by channel (one value, or broadcast along them)."""
+def _per_group(constant: ir.Constant, groups: int) -> ir.Constant | None:
+    """A constant operand of the epilogue for the batched product's ``[G, N*Ho*Wo, O]``
+    accumulator: a scalar for one value, ``[G, 1, O]`` for one per output channel (``[C]``
+    after its leading ones: broadcast against NCHW, ``[C, 1, 1]``); None for any other."""
     if not hasattr(constant.value, "numpy"):    # a scalar
         return constant
     values = constant.value.numpy()
-    # broadcast against [N, C, H, W], a 4-D constant's channels are its axis 1, a 3-D one's axis 0
-    if values.ndim == 4 and values.shape[1] == channels:
-        return relax.const(values[:, start:start + count], str(values.dtype))
-    if values.ndim == 3 and values.shape[0] == channels:
-        return relax.const(values[start:start + count], str(values.dtype))
-    return constant
+    if values.size == 1:
+        return relax.const(values.reshape(()), str(values.dtype))
+    shape = list(values.shape)
+    while shape and shape[0] == 1:
+        shape.pop(0)
+    if len(shape) != 3 or shape[1:] != [1, 1] or shape[0] % groups:
+        return None
+    return relax.const(values.reshape(groups, 1, shape[0] // groups), str(values.dtype))
 
 
 @mutator
@@ -120,7 +132,8 @@ class _GroupSplitter(PyExprMutator):
             for var, value in bindings.items():
                 grouped = _grouped(value)
                 epilogue = _epilogue(var, bindings, uses) if grouped is not None else None
-                if epilogue is not None:
+                if epilogue is not None and all(_per_group(a, grouped[0]) is not None for v in epilogue[0]
+                                                for a in bindings[v].args if isinstance(a, ir.Constant)):
                     chain, exit_var = epilogue
                     self.sites[var] = (*grouped, [(v, bindings[v]) for v in chain], exit_var)
                     self.skipped.update(chain)
@@ -145,22 +158,33 @@ class _GroupSplitter(PyExprMutator):
         attrs = conv.attrs
         x = self.visit_expr(conv.args[0])
         weight = conv.args[1].value.numpy()
-        channels = per_out * groups
-        outs = []
-        for g in range(groups):
-            part = self.builder_.emit(relax.op.strided_slice(x, axes=[1], begin=[g * per_in],
-                                                             end=[(g + 1) * per_in]))
-            value = self.builder_.emit(relax.op.nn.conv2d(
-                part, relax.const(weight[g * per_out:(g + 1) * per_out], "int8"), strides=attrs.strides,
-                padding=attrs.padding, dilation=attrs.dilation, out_dtype="int32"))
-            values = {binding.var: value}
-            for var, call in chain:
-                args = [values[a] if isinstance(a, relax.Var) and a in values else
-                        _sliced(a, channels, g * per_out, per_out) if isinstance(a, ir.Constant) else a
-                        for a in call.args]
-                values[var] = self.builder_.emit(relax.Call(call.op, args, call.attrs))
-            outs.append(values[exit_var])
-        joined = relax.op.concat(outs, axis=1)
+        n, c, h, w = static_shape(conv.args[0])
+        _, channels, ho, wo = static_shape(conv)
+        kh, kw = weight.shape[2:]
+        (sy, sx), (dy, dx) = [int(v) for v in attrs.strides], [int(v) for v in attrs.dilation]
+        top, left, bottom, right = (int(v) for v in attrs.padding)
+        hp, wp = h + top + bottom, w + left + right
+        # im2col: row (oy, ox), column (i, ry, rx) of a group's matrix reads its input channel i at
+        # (oy*sy + ry*dy, ox*sx + rx*dx) of the padded image, the same element of every group's
+        # channels: one gather along the last axis of [N, G, I*Hp*Wp]
+        i, ry, rx, oy, ox = np.ogrid[:per_in, :kh, :kw, :ho, :wo]
+        index = (i * hp + oy * sy + ry * dy) * wp + ox * sx + rx * dx
+        index = index.reshape(per_in * kh * kw, ho * wo).T.astype(np.int32)
+        padded = relax.op.nn.pad(x, [0, 0, 0, 0, top, bottom, left, right]) if top or left or bottom or right else x
+        gathered = relax.op.take(relax.op.reshape(padded, [n, groups, per_in * hp * wp]),
+                                 relax.const(np.ascontiguousarray(index)), axis=2)      # [N, G, Ho*Wo, K]
+        columns = self.builder_.emit(relax.op.reshape(relax.op.permute_dims(gathered, [1, 0, 2, 3]),
+                                                      [groups, n * ho * wo, per_in * kh * kw]))
+        kernel = weight.reshape(groups, per_out, per_in * kh * kw).transpose(0, 2, 1)
+        values = {binding.var: self.builder_.emit(relax.op.matmul(columns, relax.const(np.ascontiguousarray(kernel)),
+                                                                  out_dtype="int32"))}
+        for var, call in chain:
+            args = [values[a] if isinstance(a, relax.Var) and a in values else
+                    _per_group(a, groups) if isinstance(a, ir.Constant) else a for a in call.args]
+            values[var] = self.builder_.emit(relax.Call(call.op, args, call.attrs))
+        # [G, N*Ho*Wo, O] -> [N, G, O, Ho*Wo]: NCHW
+        result = relax.op.permute_dims(relax.op.reshape(values[exit_var], [groups, n, ho * wo, per_out]), [1, 0, 3, 2])
+        joined = relax.op.reshape(result, [n, channels, ho, wo])
         # the epilogue's result may be the dataflow block's output, read after it
         joined = self.builder_.emit(joined) if isinstance(exit_var, relax.DataflowVar) else \
             self.builder_.emit_output(joined)
@@ -169,8 +193,8 @@ class _GroupSplitter(PyExprMutator):
 
 def split_groups() -> tvm.transform.Pass:
     """A Relax pass: each int8 convolution with more than one group and several channels per
-    group, with its integerized epilogue, becomes one convolution and epilogue per group and a
-    concat (the module docstring).
+    group, with its integerized epilogue, becomes a gather of the groups' im2col matrices, one
+    batched matmul and its epilogue, and a permute back to NCHW (the module docstring).
 
     >>> split_groups().info.name
     'accel.SplitGroups'
