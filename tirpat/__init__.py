@@ -37,7 +37,7 @@ _MODEL = {
     "backends": "backend", "CompositeTarget": "target", "TargetError": "target", "parse_target": "target",
     "quantize": "quantize", "CalibrationError": "quantize", "integerize": "integerize",
     "IntegerizeWarning": "integerize",
-    "partition": "partition", "build": "build", "OffloadWarning": "build", "OffloadError": "build",
+    "partition": "partition", "DataMovement": "partition", "build": "build", "OffloadWarning": "build", "OffloadError": "build",
     "CompiledModel": "compiled", "CompiledKernel": "kernel", "load": "compiled", "relax_pipeline": "pipeline",
     "lower_partitions": "pipeline", "TIR_PIPELINE": "pipeline", "ModelReport": "report",
     "SCHEDULE_NOTES": "report", "partition_functions": "pipeline", "Records": "records",

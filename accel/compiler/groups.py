@@ -16,6 +16,9 @@ as:
   partition, one device stream for all groups;
 - a permute and reshape of the int8 result back to NCHW, on the host.
 
+The gather stays on the host: :func:`patterns` matches it only to say so in the build report
+(data movement accel does not run), as upsample's check says it of the permute back to NCHW.
+
 The products are the grouped convolution's, no more (the report's MACs are unchanged), bit for
 bit (the same integers, summed in another order: int32 addition wraps alike in any order).
 One convolution per group instead made a partition per group (RegNet's 22 grouped convolutions
@@ -32,11 +35,17 @@ from __future__ import annotations
 import numpy as np
 import tvm
 from tvm import ir, relax
+from tvm.relax.dpl import is_const, is_op, wildcard
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
+import tirpat as tp
 from tirpat.model.shapes import static_shape
 
-__all__ = ["split_groups"]
+__all__ = ["split_groups", "patterns", "GATHERED"]
+
+#: Why the gather of a grouped convolution's im2col matrices stays on the host (the report's reason).
+GATHERED = ("the im2col matrices of a grouped convolution's groups, gathered for accel's batched matmul "
+            "(accel.compiler.groups): data movement accel does not run, one pass on the CPU")
 
 #: the element-wise operations of an integerized epilogue, replayed per group
 _EPILOGUE = frozenset({"relax.add", "relax.subtract", "relax.multiply", "relax.maximum", "relax.minimum",
@@ -189,6 +198,33 @@ class _GroupSplitter(PyExprMutator):
         joined = self.builder_.emit(joined) if isinstance(exit_var, relax.DataflowVar) else \
             self.builder_.emit_output(joined)
         self.set_var_remap(exit_var, joined)
+
+
+def patterns() -> list:
+    """``[(name, pattern, annotations, check)]``: the gather :func:`split_groups` writes (an
+    int8 input, zero-padded or not, reshaped to ``[N, G, I*Hp*Wp]``, a ``take`` along its last
+    axis by constant indices, then permuted to ``[G, N, ...]`` and reshaped), declined with
+    the reason it stays on the host (:data:`GATHERED`).
+
+    >>> [name for name, _, _, _ in patterns()]
+    ['accel.matmul']
+    """
+    source = is_op("relax.nn.pad")(wildcard()) | wildcard()
+    taken = is_op("relax.take")(is_op("relax.reshape")(source, wildcard()), is_const())
+    gather = is_op("relax.reshape")(is_op("relax.permute_dims")(taken), wildcard())
+    return [("accel.matmul", gather, {"core": gather}, _check_gather)]
+
+
+def _check_gather(ctx) -> bool | str:
+    """The reason the matched gather stays on the host when it is :func:`split_groups`'s
+    (int8, along the last of three axes, then ``[G, N, ...]``); else False (not accel's)."""
+    bound = {var.__chandle__(): value for var, value in ctx.matched_bindings.items()}
+    permute = bound.get(ctx.annotated_expr["core"].args[0].__chandle__())
+    take = bound.get(permute.args[0].__chandle__()) if permute is not None else None
+    if take is None or str(take.ty.dtype) != "int8" or int(take.attrs.axis) != 2 or permute.attrs.axes is None \
+            or [int(a) for a in permute.attrs.axes] != [1, 0, 2, 3]:
+        return False
+    return tp.DataMovement(GATHERED)
 
 
 def split_groups() -> tvm.transform.Pass:

@@ -80,3 +80,23 @@ def test_a_grouped_convolution_left_whole_says_why():
                                                "per group\\) left whole"):
         model = tp.build(bb.get(), "accel, llvm")
     assert model.report.share("accel") == 0.0
+
+
+def test_a_grouped_convolution_s_gather_and_permute_say_they_are_data_movement():
+    """The host's share of a grouped convolution on accel (the gather of its groups' im2col
+    matrices, the permute of the batched result back to NCHW) is data movement accel does not
+    run, and the report says so: no "no backend takes" for operators accel's own rewrite made,
+    and a strict build does not fail for them."""
+    model, _ = grouped_model(8, 2, 2, 3, 1, 4, seed=5)
+    rng = np.random.default_rng(5)
+    mod = from_onnx(tp.quantize(model, {"x": rng.normal(size=(8, 1, 8, 4, 4)).astype(np.float32)}),
+                    keep_params_in_input=False)
+    compiled = tp.build(mod, "accel, llvm", strict=True)
+    reasons = {(h.op, h.reason) for h in compiled.report.on_host if h.op not in ("relax.quantize", "relax.dequantize")}
+    gathered = {op for op, why in reasons if why.startswith("accel: the im2col matrices of a grouped convolution's "
+                                                             "groups") and "data movement accel does not run" in why}
+    assert gathered == {"relax.nn.pad", "relax.reshape", "relax.take", "relax.permute_dims"}
+    back = {op for op, why in reasons if why.startswith("accel: a transpose from 2x16x2 to 1x4x4x4 that is no "
+                                                        "upsampling: data movement accel does not run")}
+    assert back == {"relax.reshape", "relax.permute_dims"}
+    assert len({why for _, why in reasons}) == 2        # those two reasons, nothing else
