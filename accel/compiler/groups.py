@@ -10,7 +10,8 @@ requantise, up to the cast to int8: element-wise operations on the accumulator a
 as:
 
 - the im2col matrices of all groups, ``[G, N*Ho*Wo, I*KH*KW]``, gathered on the host from the
-  zero-padded input by one ``take`` (whose indices are the same for every group);
+  input by one ``take`` (whose indices are the same for every group), zero outside the image
+  (a ``where``);
 - one ``matmul`` by the weights ``[G, I*KH*KW, O]`` (a batch of G products, each group's own
   weights), its epilogue's per-channel constants ``[G, 1, O]``: one ``accel.matmul``
   partition, one device stream for all groups;
@@ -171,17 +172,22 @@ class _GroupSplitter(PyExprMutator):
         _, channels, ho, wo = static_shape(conv)
         kh, kw = weight.shape[2:]
         (sy, sx), (dy, dx) = [int(v) for v in attrs.strides], [int(v) for v in attrs.dilation]
-        top, left, bottom, right = (int(v) for v in attrs.padding)
-        hp, wp = h + top + bottom, w + left + right
+        top, left = int(attrs.padding[0]), int(attrs.padding[1])
         # im2col: row (oy, ox), column (i, ry, rx) of a group's matrix reads its input channel i at
-        # (oy*sy + ry*dy, ox*sx + rx*dx) of the padded image, the same element of every group's
-        # channels: one gather along the last axis of [N, G, I*Hp*Wp]
+        # (oy*sy + ry*dy - top, ox*sx + rx*dx - left), the same element of every group's channels:
+        # one gather along the last axis of [N, G, I*H*W], zero where that is outside the image
+        # (a mask, not a padded copy of the input: the gather and the mask are one loop nest on
+        # the host, a pad before them another pass; "clip": every index is in bounds, and topi
+        # warns at every build of a "fast" take)
         i, ry, rx, oy, ox = np.ogrid[:per_in, :kh, :kw, :ho, :wo]
-        index = (i * hp + oy * sy + ry * dy) * wp + ox * sx + rx * dx
-        index = index.reshape(per_in * kh * kw, ho * wo).T.astype(np.int32)
-        padded = relax.op.nn.pad(x, [0, 0, 0, 0, top, bottom, left, right]) if top or left or bottom or right else x
-        gathered = relax.op.take(relax.op.reshape(padded, [n, groups, per_in * hp * wp]),
-                                 relax.const(np.ascontiguousarray(index)), axis=2)      # [N, G, Ho*Wo, K]
+        row, col = oy * sy + ry * dy - top, ox * sx + rx * dx - left
+        inside = np.broadcast_to((row >= 0) & (row < h) & (col >= 0) & (col < w), (per_in, kh, kw, ho, wo))
+        index = np.where(inside, (i * h + row) * w + col, 0).reshape(per_in * kh * kw, ho * wo).T.astype(np.int32)
+        inside = inside.reshape(per_in * kh * kw, ho * wo).T
+        gathered = relax.op.take(relax.op.reshape(x, [n, groups, per_in * h * w]), relax.const(np.ascontiguousarray(index)),
+                                 axis=2, mode="clip")      # [N, G, Ho*Wo, I*KH*KW]
+        if not inside.all():
+            gathered = relax.op.where(relax.const(np.ascontiguousarray(inside)), gathered, relax.const(0, "int8"))
         columns = self.builder_.emit(relax.op.reshape(relax.op.permute_dims(gathered, [1, 0, 2, 3]),
                                                       [groups, n * ho * wo, per_in * kh * kw]))
         kernel = weight.reshape(groups, per_out, per_in * kh * kw).transpose(0, 2, 1)
@@ -202,16 +208,16 @@ class _GroupSplitter(PyExprMutator):
 
 def patterns() -> list:
     """``[(name, pattern, annotations, check)]``: the gather :func:`split_groups` writes (an
-    int8 input, zero-padded or not, reshaped to ``[N, G, I*Hp*Wp]``, a ``take`` along its last
-    axis by constant indices, then permuted to ``[G, N, ...]`` and reshaped), declined with
+    int8 input reshaped to ``[N, G, I*H*W]``, a ``take`` along its last axis by constant
+    indices, zeroed outside the image or not, then permuted to ``[G, N, ...]`` and reshaped), declined with
     the reason it stays on the host (:data:`GATHERED`).
 
     >>> [name for name, _, _, _ in patterns()]
     ['accel.matmul']
     """
-    source = is_op("relax.nn.pad")(wildcard()) | wildcard()
-    taken = is_op("relax.take")(is_op("relax.reshape")(source, wildcard()), is_const())
-    gather = is_op("relax.reshape")(is_op("relax.permute_dims")(taken), wildcard())
+    taken = is_op("relax.take")(is_op("relax.reshape")(wildcard(), wildcard()), is_const())
+    masked = is_op("relax.where")(is_const(), taken, is_const()) | taken
+    gather = is_op("relax.reshape")(is_op("relax.permute_dims")(masked), wildcard())
     return [("accel.matmul", gather, {"core": gather}, _check_gather)]
 
 
@@ -221,6 +227,8 @@ def _check_gather(ctx) -> bool | str:
     bound = {var.__chandle__(): value for var, value in ctx.matched_bindings.items()}
     permute = bound.get(ctx.annotated_expr["core"].args[0].__chandle__())
     take = bound.get(permute.args[0].__chandle__()) if permute is not None else None
+    if take is not None and take.op.name == "relax.where":
+        take = bound.get(take.args[1].__chandle__())
     if take is None or str(take.ty.dtype) != "int8" or int(take.attrs.axis) != 2 or permute.attrs.axes is None \
             or [int(a) for a in permute.attrs.axes] != [1, 0, 2, 3]:
         return False
