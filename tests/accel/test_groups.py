@@ -100,3 +100,25 @@ def test_a_grouped_convolution_s_gather_and_permute_say_they_are_data_movement()
                                                         "upsampling: data movement accel does not run")}
     assert back == {"relax.reshape", "relax.permute_dims"}
     assert len({why for _, why in reasons}) == 2        # those two reasons, nothing else
+
+
+def test_a_batch_of_dilated_asymmetrically_padded_grouped_convolutions_is_one_matmul():
+    """The gather's indices and border mask on an integer module: a batch of 3 images, dilation
+    2, padding (top 2, left 0, bottom 1, right 2), bit for bit llvm's, one accel.matmul."""
+    from tvm import relax
+
+    rng = np.random.default_rng(0)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((3, 8, 7, 6), "int8"))
+    w = rng.integers(-100, 100, (6, 4, 3, 3)).astype(np.int8)
+    bias = rng.integers(-1000, 1000, (1, 6, 1, 1)).astype(np.int32)
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.conv2d(x, relax.const(w), padding=(2, 0, 1, 2), dilation=2, groups=2,
+                                           out_dtype="int32"))
+            y = bb.emit(relax.op.add(y, relax.const(bias)))
+            y = bb.emit_output(relax.op.astype(relax.op.clip(relax.op.right_shift(y, relax.const(6, "int32")),
+                                                             -128, 127), "int8"))
+        bb.emit_func_output(y)
+    model = assert_matches_llvm(bb.get(), "accel, llvm", calls=1)
+    assert [p.pattern for p in model.report.partitions] == ["accel.matmul"]
