@@ -184,8 +184,8 @@ class _GroupSplitter(PyExprMutator):
         inside = np.broadcast_to((row >= 0) & (row < h) & (col >= 0) & (col < w), (per_in, kh, kw, ho, wo))
         index = np.where(inside, (i * h + row) * w + col, 0).reshape(per_in * kh * kw, ho * wo).T.astype(np.int32)
         inside = inside.reshape(per_in * kh * kw, ho * wo).T
-        gathered = relax.op.take(relax.op.reshape(x, [n, groups, per_in * h * w]), relax.const(np.ascontiguousarray(index)),
-                                 axis=2, mode="clip")      # [N, G, Ho*Wo, I*KH*KW]
+        gathered = relax.op.take(relax.op.reshape(x, [n, groups, per_in * h * w]),
+                                 relax.const(np.ascontiguousarray(index)), axis=2, mode="clip")   # [N, G, Ho*Wo, K]
         if not inside.all():
             gathered = relax.op.where(relax.const(np.ascontiguousarray(inside)), gathered, relax.const(0, "int8"))
         columns = self.builder_.emit(relax.op.reshape(relax.op.permute_dims(gathered, [1, 0, 2, 3]),

@@ -391,11 +391,13 @@ def _moved(index: np.ndarray, in_shape: tuple, out_shape: tuple) -> str:
     """
     plane = int(np.prod(out_shape[-2:], dtype=np.int64))
     rows = index.reshape(-1, plane)
-    dma = "data movement accel does not run (its DMA resizes, pixel-shuffles and concatenates images): one pass on the CPU"
+    dma = ("data movement accel does not run (its DMA resizes, pixel-shuffles and concatenates images): one pass on "
+           "the CPU")
     if tuple(in_shape) == tuple(out_shape) and len(out_shape) == 4 and plane and \
             not (rows[:, 0] % plane).any() and np.array_equal(rows, rows[:, :1] + np.arange(plane)):
         return f"a channel shuffle (whole {out_shape[2]} x {out_shape[3]} planes reordered): {dma}"
-    return f"a transpose from {'x'.join(map(str, in_shape))} to {'x'.join(map(str, out_shape))} that is no upsampling: {dma}"
+    shapes = ["x".join(map(str, shape)) for shape in (in_shape, out_shape)]
+    return f"a transpose from {shapes[0]} to {shapes[1]} that is no upsampling: {dma}"
 
 
 # ----------------------------------------------------------------------------------------

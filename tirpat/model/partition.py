@@ -30,8 +30,8 @@ from tvm.relax.dpl import pattern as dpl
 from .backend import Backend, Phase
 from .target import CompositeTarget, parse_target
 
-__all__ = ["partition", "Partitioner", "DataMovement", "BACKEND_ATTR", "OPTIONS_ATTR", "PARTITION_ATTR", "PartitionOrigin", "tagged",
-           "origin_of", "fold_constant_calls"]
+__all__ = ["partition", "Partitioner", "DataMovement", "BACKEND_ATTR", "OPTIONS_ATTR", "PARTITION_ATTR",
+           "PartitionOrigin", "tagged", "origin_of", "fold_constant_calls"]
 
 #: Function attribute naming the backend a partition (Relax function or PrimFunc) belongs to.
 BACKEND_ATTR = "tirpat.backend"
