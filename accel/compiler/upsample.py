@@ -132,7 +132,7 @@ def analyse(index: np.ndarray, in_shape: tuple, out_shape: tuple) -> Upsample:
     sy, sx = ho // hi, wo // wi
     if (sy, sx) == (1, 1):
         raise Declined("no upsampling (the last two dimensions keep their sizes): accel's DMA moves elements to "
-                       "resize or pixel-shuffle an image, and the CPU does other moves such as a channel shuffle")
+                       "resize or pixel-shuffle an image")
     p = int(np.prod(out_shape[:-2], dtype=np.int64))
     g = np.asarray(index, np.int64).reshape(p, hi, sy, wi, sx)
     base = g[:, 0, :, 0, :]                                      # [P, sy, sx]
