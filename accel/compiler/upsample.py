@@ -383,11 +383,12 @@ def check(ctx) -> bool | str:
 def _moved(index: np.ndarray, in_shape: tuple, out_shape: tuple) -> str:
     """Why a reshape -> permute_dims -> reshape whose index map ``index`` (output element ->
     input element) is no upsampling stays on the CPU: a channel shuffle (each output plane a
-    whole input plane, as ShuffleNet's) or another transpose; data movement either way.
+    whole input plane, as ShuffleNet's) or another transpose; data movement either way (no
+    shapes in the text: the report lists the operators of one reason together).
 
     >>> shuffled = np.arange(8).reshape(2, 2, 2).transpose(1, 0, 2).reshape(1, 4, 1, 2)    # 4 channels, 2 groups
     >>> _moved(shuffled, (1, 4, 1, 2), (1, 4, 1, 2)).split(":")[0]
-    'a channel shuffle (whole 1 x 2 planes reordered)'
+    'a channel shuffle (whole planes reordered)'
     """
     plane = int(np.prod(out_shape[-2:], dtype=np.int64))
     rows = index.reshape(-1, plane)
@@ -395,9 +396,8 @@ def _moved(index: np.ndarray, in_shape: tuple, out_shape: tuple) -> str:
            "the CPU")
     if tuple(in_shape) == tuple(out_shape) and len(out_shape) == 4 and plane and \
             not (rows[:, 0] % plane).any() and np.array_equal(rows, rows[:, :1] + np.arange(plane)):
-        return f"a channel shuffle (whole {out_shape[2]} x {out_shape[3]} planes reordered): {dma}"
-    shapes = ["x".join(map(str, shape)) for shape in (in_shape, out_shape)]
-    return f"a transpose from {shapes[0]} to {shapes[1]} that is no upsampling: {dma}"
+        return f"a channel shuffle (whole planes reordered): {dma}"
+    return f"a transpose that is no upsampling: {dma}"
 
 
 # ----------------------------------------------------------------------------------------

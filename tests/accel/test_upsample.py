@@ -119,7 +119,7 @@ def test_a_transpose_that_is_no_upsampling_is_data_movement_left_to_the_host():
     shuffle's test: a strict build does not fail for such)."""
     with pytest.warns(tp.OffloadWarning, match="nothing was offloaded"):       # the module is this move alone
         model = tp.build(shuffle_module(2, 2, 2, 3, 3, axes=(0, 1, 5, 2, 4, 3)), "accel, llvm")
-    why = "a transpose from 1x8x3x3 to 1x2x6x6 that is no upsampling: data movement accel does not run"
+    why = "a transpose that is no upsampling: data movement accel does not run"
     assert all(h["reason"].startswith(f"accel: {why}") for h in model.report.to_json()["on_host"])
 
 
@@ -319,5 +319,5 @@ def test_a_quantised_channel_shuffle_stays_on_the_host_as_data_movement():
     moved = {h.op: h.reason for h in compiled.report.on_host if h.op in ("relax.reshape", "relax.permute_dims")}
     assert set(moved) == {"relax.reshape", "relax.permute_dims"}
     for reason in moved.values():
-        assert reason.startswith("accel: a channel shuffle (whole 3 x 3 planes reordered): data movement accel does "
-                                 "not run"), reason
+        assert reason.startswith("accel: a channel shuffle (whole planes reordered): data movement accel does not "
+                                 "run"), reason
