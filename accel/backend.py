@@ -56,10 +56,10 @@ class AccelBackend(tp.Backend):
             raise ValueError(str(err).replace(f"{Config.__name__}.", "")) from None
 
     def patterns(self, opts: dict) -> list:
-        from accel.compiler import elementwise, upsample
+        from accel.compiler import elementwise, groups, upsample
         from accel.compiler.patterns import patterns
 
-        return patterns() + elementwise.patterns() + upsample.patterns()
+        return patterns() + elementwise.patterns() + upsample.patterns() + groups.patterns()
 
     def schedule(self, func, opts: dict):
         from accel.compiler import upsample

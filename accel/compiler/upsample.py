@@ -132,7 +132,7 @@ def analyse(index: np.ndarray, in_shape: tuple, out_shape: tuple) -> Upsample:
     sy, sx = ho // hi, wo // wi
     if (sy, sx) == (1, 1):
         raise Declined("no upsampling (the last two dimensions keep their sizes): accel's DMA moves elements to "
-                       "resize or pixel-shuffle an image, and the CPU does other moves such as a channel shuffle")
+                       "resize or pixel-shuffle an image")
     p = int(np.prod(out_shape[:-2], dtype=np.int64))
     g = np.asarray(index, np.int64).reshape(p, hi, sy, wi, sx)
     base = g[:, 0, :, 0, :]                                      # [P, sy, sx]
@@ -344,7 +344,8 @@ def resize_declines(call: relax.Call) -> str | None:
 
 def check(ctx) -> bool | str:
     """True when accel can move the matched tensor (its index map has the upsampling form);
-    else the reason it cannot."""
+    else the reason it cannot (an int8 transpose that is no upsampling: a
+    :class:`~tirpat.DataMovement`)."""
     core = ctx.annotated_expr["core"]
     if has_leaking_intermediate_variables(ctx):
         return False
@@ -367,11 +368,36 @@ def check(ctx) -> bool | str:
             return "dynamic shapes; accel needs static shapes"
         axes = None if permute.attrs.axes is None else [int(a) for a in permute.attrs.axes]
         index = np.arange(int(np.prod(dims))).reshape(mid).transpose(axes).reshape(out)
+        try:
+            analyse(index.reshape(-1), dims, out)
+        except Declined:
+            return tp.DataMovement(_moved(index, dims, out))
+        return True
     try:
         analyse(index.reshape(-1), dims, static_shape(core))
     except Declined as why:
         return str(why)
     return True
+
+
+def _moved(index: np.ndarray, in_shape: tuple, out_shape: tuple) -> str:
+    """Why a reshape -> permute_dims -> reshape whose index map ``index`` (output element ->
+    input element) is no upsampling stays on the CPU: a channel shuffle (each output plane a
+    whole input plane, as ShuffleNet's) or another transpose; data movement either way (no
+    shapes in the text: the report lists the operators of one reason together).
+
+    >>> shuffled = np.arange(8).reshape(2, 2, 2).transpose(1, 0, 2).reshape(1, 4, 1, 2)    # 4 channels, 2 groups
+    >>> _moved(shuffled, (1, 4, 1, 2), (1, 4, 1, 2)).split(":")[0]
+    'a channel shuffle (whole planes reordered)'
+    """
+    plane = int(np.prod(out_shape[-2:], dtype=np.int64))
+    rows = index.reshape(-1, plane)
+    dma = ("data movement accel does not run (its DMA resizes, pixel-shuffles and concatenates images): one pass on "
+           "the CPU")
+    if tuple(in_shape) == tuple(out_shape) and len(out_shape) == 4 and plane and \
+            not (rows[:, 0] % plane).any() and np.array_equal(rows, rows[:, :1] + np.arange(plane)):
+        return f"a channel shuffle (whole planes reordered): {dma}"
+    return f"a transpose that is no upsampling: {dma}"
 
 
 # ----------------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from tvm import ir, relax, tirx
 from .compiled import CompiledModel, Input
 from .kernel import CompiledKernel
 from .native import can_link, link, offloaded_library
-from .partition import as_target, tagged
+from .partition import DataMovement, as_target, tagged
 from .pipeline import Record, relax_pipeline, schedule_for, tir_pipeline_for, with_records
 from .storages import lift_storages
 from .report import (HostOp, Partition, ModelReport, epilogue_of, macs_known, macs_of, notes_of, primfunc_macs,
@@ -284,7 +284,8 @@ def _report(record: Record, target) -> tuple[ModelReport, list, bool]:
                 host = HostOp(call.op.name, names[binding.var.__chandle__()],
                               _reason(call.op.name, binding.var, partitioner, target, names), macs)
                 report.on_host.append(host)
-                if partitioner.declined.of(binding.var):
+                # data movement a backend does not run is no problem to warn about
+                if any(not isinstance(why, DataMovement) for _, why in partitioner.declined.of(binding.var)):
                     declined.append(host)
     for name in calls:      # one entry per call: a partition function may be called more than once
         if name not in record.partitions:

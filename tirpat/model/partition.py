@@ -8,7 +8,10 @@ A backend's ``PRE_PARTITION`` passes run before, its ``POST_PARTITION`` passes a
 
 A check is FuseOpsByPattern's ``check(ctx) -> bool``; it may also return a string instead of
 ``False``: the reason it declines, which the build report gives for the operators left on
-the host (``"float32 x float32; accel takes int8 x int8 -> int32"``).
+the host (``"float32 x float32; accel takes int8 x int8 -> int32"``), and which the build
+warns about. A :class:`DataMovement` reason says the operators only move data in a way the
+backend does not: the report gives it, the build does not warn (nothing in the model would
+put them on the device).
 
 >>> mod2 = tp.partition(mod, "accel, llvm")                      # doctest: +SKIP
 >>> [f.attrs["tirpat.backend"] for f in mod2.functions.values() if "tirpat.backend" in (f.attrs or {})]  # doctest: +SKIP
@@ -27,8 +30,8 @@ from tvm.relax.dpl import pattern as dpl
 from .backend import Backend, Phase
 from .target import CompositeTarget, parse_target
 
-__all__ = ["partition", "Partitioner", "BACKEND_ATTR", "OPTIONS_ATTR", "PARTITION_ATTR", "PartitionOrigin", "tagged",
-           "origin_of", "fold_constant_calls"]
+__all__ = ["partition", "Partitioner", "DataMovement", "BACKEND_ATTR", "OPTIONS_ATTR", "PARTITION_ATTR",
+           "PartitionOrigin", "tagged", "origin_of", "fold_constant_calls"]
 
 #: Function attribute naming the backend a partition (Relax function or PrimFunc) belongs to.
 BACKEND_ATTR = "tirpat.backend"
@@ -88,6 +91,19 @@ def tagged(func) -> tuple[str, dict] | None:
 def options_text(opts: dict) -> str:
     """Options as the JSON text of :data:`OPTIONS_ATTR` (sorted keys: equal options, equal text)."""
     return json.dumps(opts, sort_keys=True)
+
+
+class DataMovement(str):
+    """A check's reason (a string, see the module doc) that the matched operators are data
+    movement the backend does not run (a channel shuffle, a gather): the build report gives
+    it for them, but the build neither warns about them nor, strict, fails for them.
+
+    >>> why = tp.DataMovement("a channel shuffle: data movement the device does not run")
+    >>> isinstance(why, str), why
+    (True, 'a channel shuffle: data movement the device does not run')
+    """
+
+    __slots__ = ()
 
 
 @dataclass
