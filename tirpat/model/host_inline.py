@@ -69,9 +69,13 @@ def inline_function(func: tirx.PrimFunc) -> tirx.PrimFunc:
         blocks = sch.get_child_blocks(sch.get_sblock("root"))
     except Exception:  # noqa: BLE001 - no root block: already lowered, nothing to inline
         return func
+    # a block that writes a parameter (an output) or reads no other block's result cannot be
+    # inlined either way (TVM refuses it), and a refusal costs an error message printing the
+    # function: one per output of a split with 25
+    outputs = {param.__chandle__() for param in func.params}
     left = []
     for block in blocks:        # producers into their consumers
-        if not _elementwise(sch, block) or _may_wrap(sch, block):
+        if not _elementwise(sch, block) or _may_wrap(sch, block) or _writes(sch, block, outputs):
             left.append(block)
             continue
         try:
@@ -79,7 +83,8 @@ def inline_function(func: tirx.PrimFunc) -> tirx.PrimFunc:
         except Exception:  # noqa: BLE001 - TVM says why not in the exception; the block stays
             left.append(block)
     for block in reversed(left):    # an epilogue into its producer (e.g. the last cast of a chain)
-        if not _elementwise(sch, block) or any(_may_wrap(sch, p) for p in sch.get_producers(block)):
+        producers = sch.get_producers(block)
+        if not producers or not _elementwise(sch, block) or any(_may_wrap(sch, p) for p in producers):
             continue
         try:
             sch.reverse_compute_inline(block)
@@ -149,6 +154,11 @@ def _may_wrap(sch: s_tir.Schedule, block) -> bool:
 
     tvm_ffi.structural_walk(sch.get(block).body, (tirx.BufferStore, on_store))
     return bool(found)
+
+
+def _writes(sch: s_tir.Schedule, block, buffers: set) -> bool:
+    """Whether ``block`` writes one of ``buffers`` (their handles)."""
+    return any(region.source.__chandle__() in buffers for region in sch.get(block).writes)
 
 
 def _elementwise(sch: s_tir.Schedule, block) -> bool:
