@@ -198,3 +198,24 @@ def test_a_narrowing_cast_folds_with_the_loop_ranges_known():
     out = te.compute((6,), lambda i: tirx.Cast("int8", tirx.max(i, 300) + a[i] * 0), name="narrow")
     got = _compiled(inline_function(te.create_prim_func([a, out])), np.ones(6, "int32"), "int8")
     np.testing.assert_array_equal(got, np.full(6, 44, "int8"))
+
+
+def test_blocks_tvm_cannot_inline_are_not_offered(monkeypatch):
+    # a split's outputs: each block writes a parameter (compute_inline refuses it) and reads
+    # none of another block (reverse_compute_inline refuses it); a refusal is an error whose
+    # message prints the function, one per block of a 25-way split
+    from tvm import s_tir, te
+
+    x = te.placeholder((1, 8, 4, 4), "int8", name="x")
+    def part(g):
+        return te.compute((1, 2, 4, 4), lambda n, c, h, w: x[n, c + 2 * g, h, w], name=f"p{g}")
+
+    parts = [part(g) for g in range(4)]
+    func = te.create_prim_func([x, *parts])
+    offered = []
+    for name in ("compute_inline", "reverse_compute_inline"):
+        original = getattr(s_tir.Schedule, name)
+        monkeypatch.setattr(s_tir.Schedule, name, lambda self, block, original=original, name=name:
+                            offered.append(name) or original(self, block))
+    tvm.ir.assert_structural_equal(inline_function(func), func)
+    assert offered == []
