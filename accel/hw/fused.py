@@ -1744,9 +1744,35 @@ class _Product:
             # compiled, exact in int32 (see accel.hw.kernels.gemm): the operands' rows read where
             # they are in the source vector, not gathered into copies, the tensors made once
             xs, ws = self._starts()
+            distinct = _distinct_rows(xs)
+            if 2 * distinct.size <= len(xs):
+                return self._spread(source, values, scratch, xs, ws, distinct)
             return kernels.gemm(self.tile, self.assign).bind(source.data, xs, ws, values, self.grid.start,
                                                              ws.shape[0], scratch)
         return partial(self.run, source, values)
+
+    def _spread(self, source: _Vector, values: np.ndarray, scratch: np.ndarray, xs: np.ndarray, ws: np.ndarray,
+                distinct: np.ndarray) -> Callable[[], None]:
+        """The product into its run of rows as a call, where most of the input's rows repeat the
+        row before (a LOAD's pad rows: a classifier's last layer at one image multiplies 1 row
+        of a tile's 16): each distinct row multiplied once (``distinct``: the first of each
+        repeat), then every row of the run set to (or increased by) its row's result. The
+        device's cycles still count every row; the run's values end as the whole product's."""
+        rows = np.empty((distinct.size, ws.shape[0]), np.int32)
+        product = kernels.gemm(self.tile, True).bind(source.data, np.ascontiguousarray(xs[distinct]), ws,
+                                                     rows.reshape(-1), 0, ws.shape[0], scratch)
+        which = np.zeros(len(xs), np.intp)      # each row's place among the distinct ones
+        which[distinct[1:]] = 1
+        np.cumsum(which, out=which)
+        grid = self.grid.of(values)
+
+        def run() -> None:
+            product()
+            if self.assign:
+                np.take(rows, which, axis=0, out=grid)
+            else:
+                np.add(grid, rows[which], out=grid)
+        return run
 
     def run(self, source: _Vector, values: np.ndarray) -> None:
         """The product into a new array, then added into (or copied to) the values (that are no
@@ -1771,6 +1797,15 @@ class _Product:
             values[self.targets] += blocks
         else:
             np.add.at(values, self.targets, blocks)
+
+
+def _distinct_rows(rows: np.ndarray) -> np.ndarray:
+    """The indices of the rows of ``rows`` (2-D, non-empty) unlike the row before them.
+
+    >>> _distinct_rows(np.array([[3, 4], [0, 0], [0, 0], [3, 4]])).tolist()
+    [0, 1, 3]
+    """
+    return np.flatnonzero(np.concatenate([[True], (rows[1:] != rows[:-1]).any(1)]))
 
 
 class _PerChannel:
