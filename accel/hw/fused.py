@@ -1758,16 +1758,31 @@ class _Product:
         of a tile's 16): each distinct row multiplied once (``distinct``: the first of each
         repeat), then every row of the run set to (or increased by) its row's result. The
         device's cycles still count every row; the run's values end as the whole product's."""
-        rows = np.empty((distinct.size, ws.shape[0]), np.int32)
-        product = kernels.gemm(self.tile, True).bind(source.data, np.ascontiguousarray(xs[distinct]), ws,
-                                                     rows.reshape(-1), 0, ws.shape[0], scratch)
+        t, (channels, j) = self.tile, ws.shape
         which = np.zeros(len(xs), np.intp)      # each row's place among the distinct ones
         which[distinct[1:]] = 1
         np.cumsum(which, out=which)
         grid = self.grid.of(values)
+        if distinct.size <= _FEW_ROWS:
+            # the weight read where it is, each of its rows times each distinct input row lane by
+            # lane (exact in int32: a tile's lanes sum ``j`` products each), then the lanes summed
+            # (wrapping as the whole sum truncated does): the compiled product packs the whole
+            # weight into int16 pairs first, for a few rows most of its work
+            lanes = np.empty((channels, distinct.size, t), np.int32)
+            per_row = np.ascontiguousarray(np.broadcast_to(xs[distinct].T, (channels, j, distinct.size)))
+            product = kernels.tap_sum(t, True).bind(source.data, per_row, ws, lanes.reshape(-1), 0)
+            rows = np.empty((channels, distinct.size), np.int32).T
+
+            def multiply() -> None:
+                product()
+                np.sum(lanes, axis=2, dtype=np.int32, out=rows.T)
+        else:
+            rows = np.empty((distinct.size, channels), np.int32)
+            multiply = kernels.gemm(t, True).bind(source.data, np.ascontiguousarray(xs[distinct]), ws,
+                                                  rows.reshape(-1), 0, channels, scratch)
 
         def run() -> None:
-            product()
+            multiply()
             if self.assign:
                 np.take(rows, which, axis=0, out=grid)
             else:
@@ -1797,6 +1812,11 @@ class _Product:
             values[self.targets] += blocks
         else:
             np.add.at(values, self.targets, blocks)
+
+
+# distinct input rows up to which a product repeating its rows multiplies the weight where it
+# is, without packing it (see _Product._spread)
+_FEW_ROWS = 4
 
 
 def _distinct_rows(rows: np.ndarray) -> np.ndarray:
