@@ -1745,7 +1745,7 @@ class _Product:
             # they are in the source vector, not gathered into copies, the tensors made once
             xs, ws = self._starts()
             distinct = _distinct_rows(xs)
-            if 2 * distinct.size <= len(xs):
+            if 2 * distinct.size <= len(xs) and (len(xs) - distinct.size) * ws.size * self.tile >= _SPREAD_MACS:
                 return self._spread(source, values, scratch, xs, ws, distinct)
             return kernels.gemm(self.tile, self.assign).bind(source.data, xs, ws, values, self.grid.start,
                                                              ws.shape[0], scratch)
@@ -1814,6 +1814,10 @@ class _Product:
             np.add.at(values, self.targets, blocks)
 
 
+# products spared, at least, for which a product repeating its rows multiplies each once: below,
+# the extra calls (a copy of each row's results, the lanes' sum) cost more than a small
+# weight's rows (a classifier's squeeze-and-excite layers at one image, 16 x 208 x 64 MACs)
+_SPREAD_MACS = 2**20
 # distinct input rows up to which a product repeating its rows multiplies the weight where it
 # is, without packing it (see _Product._spread)
 _FEW_ROWS = 4

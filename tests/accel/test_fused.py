@@ -1301,6 +1301,12 @@ def test_a_products_repeated_pad_rows_are_multiplied_once(rows, k_tiles, reset, 
     def counted(self, source, xs, *rest):
         multiplied.append(len(xs) if xs.ndim == 2 else xs.shape[2])      # (a tap sum's rows: its last axis)
         return binds[type(self)](self, source, xs, *rest)
-    with mock.patch.object(kernels._Gemm, "bind", counted), mock.patch.object(kernels._Keeping, "bind", counted):
+    # (spared at any size: a real model's layers spare a million products and more, these a few thousand)
+    with mock.patch.object(kernels._Gemm, "bind", counted), mock.patch.object(kernels._Keeping, "bind", counted), \
+            mock.patch.object(fused, "_SPREAD_MACS", 0):
         _runs_alike(plan, stream, (sim, host), (ref, want))
     assert multiplied == [rows + 1]
+    multiplied.clear()
+    with mock.patch.object(kernels._Gemm, "bind", counted):     # too small to spare: every row multiplied
+        fused.fuse(sim, stream, sim.compile(stream, host).timing.order(), host).run(host, sim)
+    assert multiplied == [16]
