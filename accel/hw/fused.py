@@ -1744,9 +1744,50 @@ class _Product:
             # compiled, exact in int32 (see accel.hw.kernels.gemm): the operands' rows read where
             # they are in the source vector, not gathered into copies, the tensors made once
             xs, ws = self._starts()
+            distinct = _distinct_rows(xs)
+            if 2 * distinct.size <= len(xs) and (len(xs) - distinct.size) * ws.size * self.tile >= _SPREAD_MACS:
+                return self._spread(source, values, scratch, xs, ws, distinct)
             return kernels.gemm(self.tile, self.assign).bind(source.data, xs, ws, values, self.grid.start,
                                                              ws.shape[0], scratch)
         return partial(self.run, source, values)
+
+    def _spread(self, source: _Vector, values: np.ndarray, scratch: np.ndarray, xs: np.ndarray, ws: np.ndarray,
+                distinct: np.ndarray) -> Callable[[], None]:
+        """The product into its run of rows as a call, where most of the input's rows repeat the
+        row before (a LOAD's pad rows: a classifier's last layer at one image multiplies 1 row
+        of a tile's 16): each distinct row multiplied once (``distinct``: the first of each
+        repeat), then every row of the run set to (or increased by) its row's result. The
+        device's cycles still count every row; the run's values end as the whole product's."""
+        t, (channels, j) = self.tile, ws.shape
+        which = np.zeros(len(xs), np.intp)      # each row's place among the distinct ones
+        which[distinct[1:]] = 1
+        np.cumsum(which, out=which)
+        grid = self.grid.of(values)
+        if distinct.size <= _FEW_ROWS:
+            # the weight read where it is, each of its rows times each distinct input row lane by
+            # lane (exact in int32: a tile's lanes sum ``j`` products each), then the lanes summed
+            # (wrapping as the whole sum truncated does): the compiled product packs the whole
+            # weight into int16 pairs first, for a few rows most of its work
+            lanes = np.empty((channels, distinct.size, t), np.int32)
+            per_row = np.ascontiguousarray(np.broadcast_to(xs[distinct].T, (channels, j, distinct.size)))
+            product = kernels.tap_sum(t, True).bind(source.data, per_row, ws, lanes.reshape(-1), 0)
+            rows = np.empty((channels, distinct.size), np.int32).T
+
+            def multiply() -> None:
+                product()
+                np.sum(lanes, axis=2, dtype=np.int32, out=rows.T)
+        else:
+            rows = np.empty((distinct.size, channels), np.int32)
+            multiply = kernels.gemm(t, True).bind(source.data, np.ascontiguousarray(xs[distinct]), ws,
+                                                  rows.reshape(-1), 0, channels, scratch)
+
+        def run() -> None:
+            multiply()
+            if self.assign:
+                np.take(rows, which, axis=0, out=grid)
+            else:
+                np.add(grid, rows[which], out=grid)
+        return run
 
     def run(self, source: _Vector, values: np.ndarray) -> None:
         """The product into a new array, then added into (or copied to) the values (that are no
@@ -1771,6 +1812,24 @@ class _Product:
             values[self.targets] += blocks
         else:
             np.add.at(values, self.targets, blocks)
+
+
+# products spared, at least, for which a product repeating its rows multiplies each once: below,
+# the extra calls (a copy of each row's results, the lanes' sum) cost more than a small
+# weight's rows (a classifier's squeeze-and-excite layers at one image, 16 x 208 x 64 MACs)
+_SPREAD_MACS = 2**20
+# distinct input rows up to which a product repeating its rows multiplies the weight where it
+# is, without packing it (see _Product._spread)
+_FEW_ROWS = 4
+
+
+def _distinct_rows(rows: np.ndarray) -> np.ndarray:
+    """The indices of the rows of ``rows`` (2-D, non-empty) unlike the row before them.
+
+    >>> _distinct_rows(np.array([[3, 4], [0, 0], [0, 0], [3, 4]])).tolist()
+    [0, 1, 3]
+    """
+    return np.flatnonzero(np.concatenate([[True], (rows[1:] != rows[:-1]).any(1)]))
 
 
 class _PerChannel:

@@ -8,7 +8,7 @@ from unittest import mock
 
 import numpy as np
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given, settings, strategies as st
 
 from accel.hw import fused, kernels
 from accel.hw.emitter import Emitter
@@ -1273,3 +1273,40 @@ def test_immediates_that_change_a_plan_s_structure_are_no_ranks_of_its_shape(fir
     (_, plan), copies, _ = _shared_plans(_requantised(first, then), second)
     assert copies == 0
     _runs_alike(plan, second, *_both(second)[1:])
+
+
+@pytest.mark.parametrize("rows", [1, 6])
+@settings(max_examples=3)
+@given(st.integers(1, 3), st.booleans(), st.integers(-128, 127))
+def test_a_products_repeated_pad_rows_are_multiplied_once(rows, k_tiles, reset, pad_value):
+    """A matrix product at a few images (a classifier's last layer): an input LOAD of ``rows``
+    host rows whose other rows of the tile are its pad value. The kernels multiply each
+    distinct row once (the host rows and one pad row: the weight read in place by the tap sum's
+    kernel for a few, the compiled product's for more), yet every row of ACC ends with its
+    product, set (after a reset) or added into what ACC held before the stream."""
+    inp = [Load(mem=Mem.INP, slot=0, sram_addr=256 * j, sram_ld=16, dram_offset=16 * j, dram_ld=64, rows=rows,
+                cols=16, pad_bottom=16 - rows, pad_value=pad_value) for j in range(k_tiles)]
+    wgt = Load(mem=Mem.WGT, slot=1, sram_addr=0, sram_ld=16, dram_offset=0, dram_ld=16,
+               rows=16 * k_tiles, cols=16)
+    gemm = _gemm(ext_out=k_tiles, inp_stride_out=256, wgt_stride_out=256)
+    program = [*inp, wgt, *([_gemm(reset=True)] if reset else []), gemm,
+               Store(sram_addr=0, sram_ld=16, slot=4, dram_offset=0, dram_ld=16, rows=rows, cols=16,
+                     mode=StoreMode.INT32)]
+    stream = _auto(program)
+    plan, (sim, host), (ref, want) = _both(stream)
+    assert plan is not None and plan.matmuls == 1
+    multiplied = []
+    binds = {kind: kind.bind for kind in (kernels._Gemm, kernels._Keeping)}
+
+    def counted(self, source, xs, *rest):
+        multiplied.append(len(xs) if xs.ndim == 2 else xs.shape[2])      # (a tap sum's rows: its last axis)
+        return binds[type(self)](self, source, xs, *rest)
+    # (spared at any size: a real model's layers spare a million products and more, these a few thousand)
+    with mock.patch.object(kernels._Gemm, "bind", counted), mock.patch.object(kernels._Keeping, "bind", counted), \
+            mock.patch.object(fused, "_SPREAD_MACS", 0):
+        _runs_alike(plan, stream, (sim, host), (ref, want))
+    assert multiplied == [rows + 1]
+    multiplied.clear()
+    with mock.patch.object(kernels._Gemm, "bind", counted):     # too small to spare: every row multiplied
+        fused.fuse(sim, stream, sim.compile(stream, host).timing.order(), host).run(host, sim)
+    assert multiplied == [16]
