@@ -122,6 +122,11 @@ def file_shape(path: pathlib.Path, given) -> list:
     import onnx
 
     graph = onnx.load(str(path), load_external_data=False).graph
+    quantised = next((n.op_type for n in graph.node if n.op_type in ("QuantizeLinear", "DequantizeLinear")
+                      or n.op_type.startswith("QLinear")), None)
+    if quantised:   # else tp.quantize refuses it with a traceback, after the other models' minutes
+        raise SystemExit(f"{path}: already quantised (it has {quantised}); this benchmark quantises a float "
+                         "model itself: give the float model")
     inits = {i.name for i in graph.initializer}
     inputs = [i for i in graph.input if i.name not in inits]
     if len(inputs) != 1:

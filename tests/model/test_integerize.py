@@ -444,3 +444,27 @@ def test_the_warning_lists_a_few_sites_and_counts_the_rest():
     text = str(caught[0].message)
     assert text.startswith("tp.integerize left 7 quantised operator(s) in float")
     assert text.count("over a dynamic dimension") == 4 and "... and 3 more" in text
+
+
+@pytest.mark.parametrize("token_scale, token_zero_point", [(0.02, 0), (0.05, 3)])
+def test_a_constant_concatenated_at_another_quantisation_is_requantised_at_compile_time(token_scale, token_zero_point):
+    """ViT's class token, a quantised constant, concatenated with the patches at their scale:
+    its requantise was a chain of calls on a constant, offloaded to accel, which TVM's
+    FoldConstant then ran at compile time (a device call while building: TypeError)."""
+    consts = [numpy_helper.from_array(np.array(v, np.float32), n) for n, v in
+              (("sx", 0.05), ("st", token_scale), ("sy", 0.05))]
+    consts += [numpy_helper.from_array(np.array(0, np.int8), "z"),
+               numpy_helper.from_array(np.array(token_zero_point, np.int8), "zt"),
+               numpy_helper.from_array(np.arange(-8, 8, dtype=np.int8).reshape(1, 1, 16) * 15, "token")]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "sx", "z"], ["xq"]),
+             helper.make_node("DequantizeLinear", ["xq", "sx", "z"], ["xd"]),
+             helper.make_node("DequantizeLinear", ["token", "st", "zt"], ["td"]),
+             helper.make_node("Concat", ["td", "xd"], ["c"], axis=1),
+             helper.make_node("QuantizeLinear", ["c", "sy", "z"], ["cq"]),
+             helper.make_node("DequantizeLinear", ["cq", "sy", "z"], ["y"])]
+    graph = helper.make_graph(nodes, "token", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 5, 16])], consts)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x = np.random.default_rng(0).standard_normal((1, 4, 16)).astype(np.float32)
+    compiled = tp.build(model, "accel, llvm")
+    np.testing.assert_array_equal(np.asarray(compiled(x)), exact_session(model).run(None, {"x": x})[0])

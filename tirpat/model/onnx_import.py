@@ -16,6 +16,12 @@ the default; ``tirpat compile --no-preprocess`` skips it):
    int8 (onnxruntime does not constant-fold DequantizeLinear);
 3. onnx's shape inference annotates the tensors.
 
+After the frontend, :func:`static_gathers` rewrites what its ``Gather`` leaves (PyTorch's
+ViT picks q, k and v by one): the negative-index fix-up reads the data's shape at run time
+(``shape_of``, kept on the host and listed in the report) though the shape is static, and
+the gather's ``take`` has mode ``"fast"``, for which TOPI prints a warning about segfaults
+each time it is compiled.
+
 An error from TVM's frontend or from ``tvm.compile`` is an :class:`OnnxImportError` naming
 the model (its file where there is one), saying that it came from TVM, and naming the ONNX
 node (name and operator) the frontend was converting.
@@ -51,7 +57,7 @@ from typing import Mapping, Sequence, Union
 
 from .tvm_noise import filtered_native_stderr
 
-__all__ = ["import_onnx", "preprocess_onnx", "declare_inputs", "OnnxImportError", "tvm_failure"]
+__all__ = ["import_onnx", "preprocess_onnx", "declare_inputs", "static_gathers", "OnnxImportError", "tvm_failure"]
 
 ModelLike = Union[str, os.PathLike, "onnx.ModelProto"]  # noqa: F821 - onnx is optional
 
@@ -109,7 +115,7 @@ def import_onnx(model: ModelLike, input_shapes: Mapping[str, Sequence[int]] | No
                 mod = from_onnx(proto, shape_dict=shapes or None, keep_params_in_input=False)
             if skipped:
                 warnings.warn(f"{skipped}; imported without pre-processing", stacklevel=2)
-            return mod
+            return static_gathers(mod)
         except tvm.error.OpNotImplemented as err:
             message = f"{name}: TVM cannot import this model: {_first_line(err)}"
         except Exception as err:  # noqa: BLE001 - the frontend raises many kinds; say which model, node and why
@@ -165,6 +171,58 @@ def preprocess_onnx(model: "onnx.ModelProto", input_shapes: Mapping[str, Sequenc
                                   f"{_first_line(err)}") from None
         result = onnx.load(str(optimised))
     return onnx.shape_inference.infer_shapes(result)
+
+
+def static_gathers(mod):
+    """``mod`` with each ``shape_to_tensor(shape_of(x))`` of a static shape a constant (the
+    index arithmetic after it then folds at build time) and each ``take`` of mode ``"fast"``
+    given mode ``"clip"``: the same values for the in-bounds indices ONNX requires, a clamp
+    instead of a stray read for others, and no TOPI warning.
+
+    >>> import tvm
+    >>> from tvm.script import relax as R
+    >>> @R.function
+    ... def f(x: R.Tensor((3, 4), "float32")):
+    ...     with R.dataflow():
+    ...         s = R.shape_to_tensor(R.shape_of(x))
+    ...         y = R.take(x, R.const(1, "int64"), axis=0, mode="fast")
+    ...         R.output(s, y)
+    ...     return (s, y)
+    >>> s, y = (b.value for b in static_gathers(tvm.IRModule({"main": f}))["main"].body.blocks[0].bindings)
+    >>> s.value.numpy(), y.attrs.mode
+    (array([3, 4]), 'clip')
+    """
+    import numpy as np
+    import tvm
+    from tvm import relax
+    from tvm.relax.expr_functor import PyExprMutator, mutator
+
+    shape_to_tensor, shape_of, take = (tvm.ir.Op.get(f"relax.{n}") for n in ("shape_to_tensor", "shape_of", "take"))
+
+    def static_dims(expr) -> list[int] | None:
+        shape = expr.args[0].ty.shape if isinstance(expr, relax.Call) and expr.op.same_as(shape_of) else None
+        if isinstance(shape, relax.ShapeExpr) and all(isinstance(d, tvm.tirx.IntImm) for d in shape.values):
+            return [int(d) for d in shape.values]
+        return None
+
+    @mutator
+    class _Rewriter(PyExprMutator):
+        def visit_call_(self, call):  # noqa: N802 - PyExprMutator's name
+            call = super().visit_call_(call)
+            if call.op.same_as(shape_to_tensor):
+                arg = call.args[0]
+                dims = static_dims(self.lookup_binding(arg) if isinstance(arg, relax.Var) else arg)
+                if dims is not None:
+                    return relax.const(np.array(dims, dtype=np.int64), "int64")
+            if call.op.same_as(take) and call.attrs.mode == "fast":
+                return relax.op.take(call.args[0], call.args[1], call.attrs.axis, mode="clip")
+            return call
+
+    rewriter = _Rewriter(mod)
+    for gv, func in list(mod.functions.items()):
+        if isinstance(func, relax.Function):
+            rewriter.builder_.update_func(gv, relax.analysis.remove_all_unused(rewriter.visit_expr(func)))
+    return rewriter.builder_.get()
 
 
 def _load(onnx, model, source):

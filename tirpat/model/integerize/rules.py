@@ -439,14 +439,22 @@ def _requantize_int8(x: relax.Expr, source: tuple[float, int], target: tuple[flo
     """An int8 tensor at ``source`` (scale, zero point) as int8 at ``target``, clipped to [lo, hi]
     (``precise``: :meth:`Requantize.choose`'s)."""
     (in_scale, zx), (out_scale, zy) = source, target
+    # a constant (ViT's class token, concatenated with the patches) is requantised here: as a
+    # chain of calls it would start with a cast, which partitioning leaves unfolded, and be
+    # offloaded, and TVM's FoldConstant would then run the device partition at compile time
+    value = x.value.numpy().astype(np.int64) if isinstance(x, tvm.ir.Constant) else None
     if np.float32(in_scale) == np.float32(out_scale):
         if zx != zy:        # the same scale: a shift of the integers by the zero points' difference
+            if value is not None:
+                return _const(np.clip(value + (zy - zx), lo, hi), "int8")
             moved = relax.op.add(relax.op.astype(x, "int32"), _const(zy - zx, "int32"))
             return relax.op.astype(relax.op.clip(moved, lo, hi), "int8")
         if (lo, hi) == (INT8_MIN, INT8_MAX):
             return x
-        return relax.op.clip(x, lo, hi)
+        return relax.op.clip(x, lo, hi) if value is None else _const(np.clip(value, lo, hi), "int8")
     rq = Requantize.choose([in_scale / out_scale], [INT8_MAGNITUDE], lo, hi, [zx], zy, precise)
+    if value is not None:
+        return _const(rq.apply([value]), "int8")
     return emit_requantize([relax.op.astype(x, "int32")], rq)
 
 
