@@ -48,7 +48,8 @@ __all__ = ["split_groups", "patterns", "GATHERED"]
 GATHERED = ("the im2col matrices of a grouped convolution's groups, gathered for accel's batched matmul "
             "(accel.compiler.groups): data movement accel does not run, one pass on the CPU")
 
-#: the element-wise operations of an integerized epilogue, replayed per group
+#: the element-wise operations of an integerized epilogue, applied to the batched product (its
+#: per-channel constants as [G, 1, O])
 _EPILOGUE = frozenset({"relax.add", "relax.subtract", "relax.multiply", "relax.maximum", "relax.minimum",
                        "relax.right_shift", "relax.left_shift", "relax.clip", "relax.astype"})
 
@@ -126,7 +127,7 @@ class _GroupSplitter(PyExprMutator):
         super().__init__(mod)
         self.mod = mod
         self.sites: dict = {}        # the convolution's variable -> (groups, per group in, out, chain, exit)
-        self.skipped: set = set()    # the chain variables of a site, computed per group instead
+        self.skipped: set = set()    # the chain variables of a site, computed on the batched product instead
 
     def rewrite(self) -> tvm.IRModule:
         from accel.compiler.pooling import uses_of
