@@ -50,6 +50,7 @@ from tvm import relax
 
 import tirpat as tp
 from tirpat.model.onnx_import import import_onnx
+from tirpat.model.quantize import quantised_operators
 from tirpat.testing.onnx_cnn import output_scale
 from tirpat.testing.ort_session import exact_session, fused_session
 
@@ -121,12 +122,12 @@ def file_shape(path: pathlib.Path, given) -> list:
     where the model's dimensions are dynamic; SystemExit naming the problem otherwise."""
     import onnx
 
-    graph = onnx.load(str(path), load_external_data=False).graph
-    quantised = next((n.op_type for n in graph.node if n.op_type in ("QuantizeLinear", "DequantizeLinear")
-                      or n.op_type.startswith("QLinear")), None)
+    proto = onnx.load(str(path), load_external_data=False)
+    graph = proto.graph
+    quantised = quantised_operators(proto)
     if quantised:   # else tp.quantize refuses it with a traceback, after the other models' minutes
-        raise SystemExit(f"{path}: already quantised (it has {quantised}); this benchmark quantises a float "
-                         "model itself: give the float model")
+        raise SystemExit(f"{path}: already quantised (it has {', '.join(sorted(quantised))}); this benchmark "
+                         "quantises a float model itself: give the float model")
     inits = {i.name for i in graph.initializer}
     inputs = [i for i in graph.input if i.name not in inits]
     if len(inputs) != 1:

@@ -50,7 +50,7 @@ import numpy as np
 from .npz import NotAnNpzError, load_npz
 from .onnx_import import declare_inputs
 
-__all__ = ["quantize", "CalibrationError", "calibration_samples", "METHODS"]
+__all__ = ["quantize", "CalibrationError", "calibration_samples", "quantised_operators", "METHODS"]
 
 #: Calibration methods by name (onnxruntime's ``CalibrationMethod``).
 METHODS = ("minmax", "entropy", "percentile")
@@ -318,14 +318,27 @@ def _check_runnable(path: pathlib.Path) -> None:
         raise ValueError(f"onnxruntime, which quantises the model, cannot load it: {reason}") from err
 
 
-def _refuse_quantised(proto) -> None:
-    """A ``ValueError`` for a model that already holds quantised operators: quantising it
-    again would wrap its QDQ pairs in more (onnxruntime then writes nodes with duplicate
-    names, an invalid model)."""
+def quantised_operators(proto: "onnx.ModelProto") -> dict[str, str]:  # noqa: F821
+    """``{operator type: the first such node's name}`` of the quantised operators ``proto``
+    holds (QDQ pairs, ONNX's and onnxruntime's integer operators); empty for a float model.
+
+    >>> from onnx import helper
+    >>> node = helper.make_node("QuantizeLinear", ["x", "s"], ["q"], name="q0")
+    >>> quantised_operators(helper.make_model(helper.make_graph([node], "g", [], [])))
+    {'QuantizeLinear': 'q0'}
+    """
     found: dict[str, str] = {}
     for node in proto.graph.node:
         if node.op_type in _QUANTISED_OPS or node.op_type.startswith("QLinear"):
             found.setdefault(node.op_type, node.name or node.output[0])
+    return found
+
+
+def _refuse_quantised(proto) -> None:
+    """A ``ValueError`` for a model that already holds quantised operators: quantising it
+    again would wrap its QDQ pairs in more (onnxruntime then writes nodes with duplicate
+    names, an invalid model)."""
+    found = quantised_operators(proto)
     if found:
         ops = ", ".join(f"{op} (e.g. {name!r})" for op, name in sorted(found.items()))
         raise ValueError(f"the model is already quantised: it has {ops}; quantise the float model it came "
