@@ -349,7 +349,8 @@ def check(ctx) -> bool | str:
     core = ctx.annotated_expr["core"]
     if has_leaking_intermediate_variables(ctx):
         return False
-    if str(core.op.name) == "relax.image.resize2d":
+    resize = str(core.op.name) == "relax.image.resize2d"
+    if resize:
         why = resize_declines(core)
         if why is not None:
             return why
@@ -368,15 +369,11 @@ def check(ctx) -> bool | str:
             return "dynamic shapes; accel needs static shapes"
         axes = None if permute.attrs.axes is None else [int(a) for a in permute.attrs.axes]
         index = np.arange(int(np.prod(dims))).reshape(mid).transpose(axes).reshape(out)
-        try:
-            analyse(index.reshape(-1), dims, out)
-        except Declined:
-            return tp.DataMovement(_moved(index, dims, out))
-        return True
     try:
-        analyse(index.reshape(-1), dims, static_shape(core))
+        analyse(index.reshape(-1), dims, out)
     except Declined as why:
-        return str(why)
+        # a resize says why accel cannot; a transpose that is no upsampling only moves data
+        return str(why) if resize else tp.DataMovement(_moved(index, dims, out))
     return True
 
 
