@@ -57,6 +57,10 @@ class VecUnit(device.Session):
         self.vrf = np.zeros(regs * lanes, np.int8)
         self.stats = Stats()
 
+    def begin_run(self) -> None:
+        """A compiled model's next call on this session counts its own statistics."""
+        self.stats = Stats()
+
     def issue(self, what: str, n: int, *addresses: int) -> list:
         """Count instruction ``what`` of vector length ``n``; its registers at ``addresses``, checked."""
         if not 0 <= n <= self.lanes:

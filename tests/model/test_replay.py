@@ -46,6 +46,18 @@ def test_later_calls_replay_with_the_same_results(built):
     assert replays(model) > before            # the streams of the first call were replayed
 
 
+def test_the_first_call_replays_the_streams_the_build_recorded():
+    """tp.build runs the model once on zeros (CompiledModel.record_streams): the first call
+    replays, and nothing of that run shows in the statistics."""
+    mod = cnn(8, 8, 6)
+    model = tp.build(mod, "accel, llvm")
+    assert model.stats == {} and model.layers == [] and "nothing ran yet" in model.profile()
+    assert replays(model) == 0
+    args = random_inputs(mod, np.random.default_rng(2))
+    np.testing.assert_array_equal(model(*args), reference(mod, args))
+    assert replays(model) > 0
+
+
 def test_every_replay_key_gives_the_dtypes_of_the_tensors_compiled_code_passes(built, monkeypatch):
     """A session takes a tensor host's dtype from its replay key, where the planner wrote the
     dtypes of the buffers compiled code makes its DLTensors of: every replay of a built model's

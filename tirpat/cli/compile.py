@@ -106,7 +106,9 @@ def _run(args: argparse.Namespace) -> int:
             mod = load_model(model_path, args.input_shapes, args.entry, preprocess=args.preprocess)
         with progress.step(f"compiling for {target}"), pass_names(progress):
             try:
-                model = tp.build(mod, target, strict=args.strict, records=records, entry=args.entry)
+                # the streams a build records stay in this process: the file holds none
+                model = tp.build(mod, target, strict=args.strict, records=records, entry=args.entry,
+                                 record_streams=False)
             except Exception as err:  # noqa: BLE001 - one raised inside TVM gets the file's name
                 failure = tvm_failure(err, model_path)
                 if failure is None:

@@ -254,6 +254,16 @@ class Session:
         >>> Session().prepare_stored((), ())
         """
 
+    @property
+    def replays(self) -> bool:
+        """Whether :meth:`replay` keeps streams to run again: the device implements
+        :meth:`stored_stream` and :attr:`kept_replays` is not 0.
+
+        >>> Session().replays
+        False
+        """
+        return bool(self.kept_replays) and type(self).stored_stream is not Session.stored_stream
+
     def replay(self, key: str, hosts: Sequence[HostBuffer]) -> bool:
         """Compiled code is about to make the calls of the static group ``key`` on ``hosts``
         (its host buffers, see :class:`~tirpat.device.ScratchpadPlanner`): True when the
@@ -278,7 +288,7 @@ class Session:
         """
         if self._owner != threading.get_ident():
             self.claim()
-        if self.pending or not self.kept_replays or type(self).stored_stream is Session.stored_stream:
+        if self.pending or not self.replays:
             return False
         # per host: where it is and its (bytes, dtype, writability); a read-only numpy host is
         # told apart, as a stream stored for a writable one may write it

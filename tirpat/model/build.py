@@ -45,7 +45,7 @@ class OffloadError(ValueError):
 
 def build(mod: ir.IRModule, target, *, strict: bool = False, params: Mapping[str, np.ndarray] | None = None,
           entry: str = "main", records=None, input_shapes: Mapping[str, Sequence[int]] | None = None,
-          preprocess: bool = True) -> CompiledModel | CompiledKernel:
+          preprocess: bool = True, record_streams: bool = True) -> CompiledModel | CompiledKernel:
     """Compile the Relax module ``mod`` for ``target`` (a ``tp.CompositeTarget`` or a string
     such as ``"accel, llvm"``): partitions for the backends, the rest for the host.
 
@@ -69,13 +69,18 @@ def build(mod: ir.IRModule, target, *, strict: bool = False, params: Mapping[str
     raises :class:`OffloadError` instead. ``records`` (a directory ``tp.tune`` wrote, or a
     ``tp.Records``) schedules each partition that has a tuning record with its best one.
 
+    A model is run once on zeros at the end (``record_streams``, default True: see
+    :meth:`~tirpat.model.compiled.CompiledModel.record_streams`), so that its devices' instruction
+    streams are built at compile time and its first call replays them; False leaves that to the
+    first call (a model built only to be exported: a ``.tirpat`` file holds no streams).
+
     >>> model = tp.build(mod, "accel, llvm", params={"w": w})     # doctest: +SKIP
     >>> model = tp.build(mod, "accel, llvm", records="records/")  # doctest: +SKIP
     >>> model = tp.build("det.onnx", "accel, llvm", input_shapes={"x": [1, 3, 320, 320]})  # doctest: +SKIP
     """
     if _is_onnx(mod):
         return _build_onnx(mod, target, input_shapes, preprocess, strict=strict, params=params, entry=entry,
-                           records=records)
+                           records=records, record_streams=record_streams)
     if input_shapes is not None:
         raise TypeError("input_shapes is for ONNX models; a Relax module declares its shapes")
     if _is_tir(mod):
@@ -109,8 +114,11 @@ def build(mod: ir.IRModule, target, *, strict: bool = False, params: Mapping[str
     # a backend whose partitions all fell back to the host has no code in the model: not needed to run it
     used = [(b, opts) for b, opts in t.backends if any(p.backend == b.name and not p.fallback for p in report.partitions)]
     # machine code now, so that the model's first call compiles none
-    return CompiledModel(executable, used, t.host, inputs, report, entry, linked=link(executable, t.host),
-                         storages=record.storages)
+    model = CompiledModel(executable, used, t.host, inputs, report, entry, linked=link(executable, t.host),
+                          storages=record.storages)
+    if used and record_streams:
+        model.record_streams()
+    return model
 
 
 def _is_tir(workload) -> bool:

@@ -34,6 +34,7 @@ from .host_cpu import describe as describe_host
 from .native import Linked
 from . import pipeline  # noqa: F401 - registers PARTITION_MARKER, the runtime function compiled code calls first
 from .report import ModelReport
+from .target import TargetError
 from .tvm_noise import filtered_native_stderr
 
 __all__ = ["CompiledModel", "Input", "Layer", "load", "describe_stats", "FORMAT"]
@@ -224,6 +225,36 @@ class CompiledModel:
         # one tuple, assigned at once: a reader on another thread never sees half of two calls
         self._here.last = self._last = (stats, started, cycles_now())
         return _to_numpy(out)
+
+    def record_streams(self) -> bool:
+        """Run the model once on zeros so that its devices record their instruction streams now:
+        the streams of compiled code do not depend on the data (a device has no branch on it),
+        so the model's first call replays them, as its later calls do, instead of building
+        them (on accel that building costs seconds for a detector, its replay milliseconds).
+        ``tp.build`` calls it, as a compiler that writes a device's command stream ahead of
+        time does; it returns False and runs nothing when no backend's session
+        :attr:`~tirpat.device.Session.replays` streams (nothing would be kept), an input's shape is
+        not static or the model was compiled for another CPU. Statistics and layers stay those of no call.
+
+        >>> model = tp.build(mod, "accel, llvm")      # doctest: +SKIP
+        >>> model.record_streams()                    # doctest: +SKIP
+        True
+        """
+        if any(None in i.shape for i in self.inputs):
+            return False
+        try:
+            self._check_host()
+        except TargetError:     # compiled for another CPU, to export: its code cannot run here
+            return False
+        made = {b.name: b.session(opts) for b, opts in self.backends}
+        kept = {name: s for name, s in made.items() if isinstance(s, device.Session)}
+        if not any(s.replays for s in kept.values()):
+            return False
+        with self._kept_lock:
+            self._kept_sessions.append(kept)
+        self(*(np.zeros(i.shape, i.dtype) for i in self.inputs))
+        self._here.last = self._last = None
+        return True
 
     def _take_sessions(self) -> dict:
         """The backend sessions an earlier call left (a device that remembers the streams it
