@@ -8,9 +8,10 @@ pre-processing does; random noise calibrates badly), imported once (``import_onn
 - compile: ``tp.build(mod, "accel, llvm")`` against ``tvm.compile(tp.integerize()(mod),
   "llvm")`` of the same module (the module tp.build compiles for the host once accel's
   ``PRE_PARTITION`` phase has integerised it), the reference's VM creation listed apart
-  (tp.build makes its VM on the first call, which counts it);
-- calls: the first call (which records the device's streams and builds their batched
-  plans), the median of the later calls that follow it, and the median after those (``steady``), of
+  (tp.build links the model's machine code, makes its VM and records the device's streams and
+  their batched plans, running the model once on zeros: its time counts them all);
+- calls: the first call (which replays the streams the build recorded), the median of the later
+  calls that follow it, and the median after those (``steady``), of
   the compiled model against onnxruntime's default session on the int8 model with one thread
   (``intra_op_num_threads=1``; the speed reference: what a CPU does with the same int8
   model), each with its ratio;
@@ -190,7 +191,7 @@ def measure(name: str, path: pathlib.Path, shape, norm: str, repeats: int, tune:
     ref = arrays(vm["main"](tvm.runtime.tensor(x)))
 
     out, row["first"] = timed(lambda: model(x))
-    row["later"] = median_wall(lambda: model(x), repeats)      # replayed from the plans the first call built
+    row["later"] = median_wall(lambda: model(x), repeats)      # replayed from the plans the build recorded
     row["steady"] = median_wall(lambda: model(x), repeats)
     out = arrays(model(x))
     row["diff"] = max(float(np.max(np.abs(o.astype(np.float64) - r))) for o, r in zip(out, ref))
