@@ -364,6 +364,9 @@ def test_the_profile_of_statistics_without_a_summary_lists_their_fields():
     # 4 rows of 20 elements: two 16-lane vectors a row (16 + 4 lanes used of 32)
     assert model.profile() == ("vecunit:\n  instructions: vld 8, vmaxi 8, vst 8\n  active_lanes: 240\n"
                                "  issued_lanes: 384\n  bytes: load 80, store 80")
+    once = model.profile()
+    model(np.zeros((4, 20), np.int8))
+    assert model.profile() == once      # each call's statistics, not the session's since it was made
 
 
 def test_a_device_error_in_a_model_call_arrives_as_itself(monkeypatch):

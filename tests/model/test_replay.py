@@ -58,6 +58,16 @@ def test_the_first_call_replays_the_streams_the_build_recorded():
     assert replays(model) > 0
 
 
+def test_a_build_that_does_not_record_leaves_the_streams_to_the_first_call():
+    mod = cnn(8, 8, 6)
+    model = tp.build(mod, "accel, llvm", record_streams=False)
+    args = random_inputs(mod, np.random.default_rng(3))
+    np.testing.assert_array_equal(model(*args), reference(mod, args))
+    assert replays(model) == 0            # the first call built its streams
+    model(*args)
+    assert replays(model) > 0
+
+
 def test_every_replay_key_gives_the_dtypes_of_the_tensors_compiled_code_passes(built, monkeypatch):
     """A session takes a tensor host's dtype from its replay key, where the planner wrote the
     dtypes of the buffers compiled code makes its DLTensors of: every replay of a built model's
