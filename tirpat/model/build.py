@@ -135,8 +135,8 @@ def _return_freed_memory() -> None:
     """Give the memory the compile freed back to the system (glibc's ``malloc_trim``; nothing
     elsewhere). Compiling leaves glibc's heap strewn with freed chunks, and the first large
     allocations after it sort and merge them all: ppocr_v2_cls's first call took 95 ms
-    instead of 13 (its later calls 6), ppocrv6_det_small's 260 instead of 90; the trim costs
-    0.2 s of a 20 s build."""
+    instead of 15 (its later calls 6), ppocrv6_det_small's 260 instead of 105; the trim costs
+    0.2 s of a 30 s build."""
     try:
         trim = ctypes.CDLL(None).malloc_trim
     except (AttributeError, OSError):      # not glibc

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import gc
 import os
 import tempfile
 import threading
@@ -255,9 +254,6 @@ class CompiledModel:
             self._kept_sessions.append(kept)
         self(*(np.zeros(i.shape, i.dtype) for i in self.inputs))
         self._here.last = self._last = None
-        # the run deferred the full collection its new objects made due (device.Session.running):
-        # done now, it is not the first call's
-        gc.collect()
         return True
 
     def _take_sessions(self) -> dict:
