@@ -85,7 +85,8 @@ def build(mod: ir.IRModule, target, *, strict: bool = False, params: Mapping[str
     return model
 
 
-def _build(mod, target, *, strict: bool, params, entry: str, records, input_shapes, preprocess: bool,
+def _build(mod, target, *, strict: bool, params: Mapping[str, np.ndarray] | None, entry: str, records,
+           input_shapes: Mapping[str, Sequence[int]] | None, preprocess: bool,
            record_streams: bool) -> CompiledModel | CompiledKernel:
     """:func:`build`, but for giving the memory it freed back."""
     if _is_onnx(mod):
