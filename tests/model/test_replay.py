@@ -68,6 +68,27 @@ def test_a_build_that_does_not_record_leaves_the_streams_to_the_first_call():
     assert replays(model) > 0
 
 
+def test_a_recording_run_that_raises_leaves_the_streams_to_the_first_call(monkeypatch):
+    """A run on zeros that raises (host code dividing by an input) does not fail the build: it
+    warns with the error, keeps no session, and the first call records on its own inputs."""
+    import tirpat.model.compiled as compiled
+
+    def refuse(*args):
+        raise ZeroDivisionError("integer division by zero")
+
+    mod = cnn(8, 8, 6)
+    with monkeypatch.context() as patch:
+        patch.setattr(compiled, "invoke", refuse)
+        with pytest.warns(RuntimeWarning, match="recorded at the first call.*ZeroDivisionError: integer division"):
+            model = tp.build(mod, "accel, llvm")
+    assert model._kept_sessions == [] and model.stats == {}
+    args = random_inputs(mod, np.random.default_rng(4))
+    np.testing.assert_array_equal(model(*args), reference(mod, args))
+    assert replays(model) == 0            # the first call built its streams
+    model(*args)
+    assert replays(model) > 0
+
+
 def test_every_replay_key_gives_the_dtypes_of_the_tensors_compiled_code_passes(built, monkeypatch):
     """A session takes a tensor host's dtype from its replay key, where the planner wrote the
     dtypes of the buffers compiled code makes its DLTensors of: every replay of a built model's

@@ -17,6 +17,7 @@ import dataclasses
 import os
 import tempfile
 import threading
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
@@ -235,6 +236,9 @@ class CompiledModel:
         time does; it returns False and runs nothing when no backend's session
         :attr:`~tirpat.device.Session.replays` streams (nothing would be kept), an input's shape is
         not static or the model was compiled for another CPU. Statistics and layers stay those of no call.
+        A run on zeros that raises (host code that would divide by an input) warns with the error and
+        returns False, keeping nothing: the first call records the streams, on its own inputs, and
+        raises what is still wrong there.
 
         >>> model = tp.build(mod, "accel, llvm")      # doctest: +SKIP
         >>> model.record_streams()                    # doctest: +SKIP
@@ -252,8 +256,15 @@ class CompiledModel:
             return False
         with self._kept_lock:
             self._kept_sessions.append(kept)
-        self(*(np.zeros(i.shape, i.dtype) for i in self.inputs))
-        self._here.last = self._last = None
+        try:
+            # (a call that raises keeps no session: the next one starts afresh)
+            self(*(np.zeros(i.shape, i.dtype) for i in self.inputs))
+        except Exception as err:  # noqa: BLE001 - the build stands; the first call meets it on real inputs
+            warnings.warn(f"the device streams are recorded at the first call instead: the model's run on "
+                          f"zeros raised {type(err).__name__}: {err}", RuntimeWarning, stacklevel=2)
+            return False
+        finally:
+            self._here.last = self._last = None
         return True
 
     def _take_sessions(self) -> dict:
