@@ -427,6 +427,36 @@ def _compile(tile: int, cpu: str | None = None):
                                        tables.vload([at], "int8x64"), index, tables.vload([at + 64], "int8x64"),
                                        dtype="int8x64")
 
+    @T.macro
+    def by_vector(acc, m, code, operand, at):
+        # a step on the ``m`` rows of ``acc`` whose operand is rows: ``operand[at + j * tile + c]``
+        if code == start:
+            for j in range(m):
+                for c in T.vectorized(tile):
+                    acc[j * tile + c] = operand[at + j * tile + c]
+        elif code == add:
+            for j in range(m):
+                for c in T.vectorized(tile):
+                    acc[j * tile + c] = T.Cast("int32", T.Cast("int64", acc[j * tile + c]) +
+                                               T.Cast("int64", operand[at + j * tile + c]))
+        elif code == most:
+            for j in range(m):
+                for c in T.vectorized(tile):
+                    acc[j * tile + c] = T.max(acc[j * tile + c], operand[at + j * tile + c])
+        elif code == least:
+            for j in range(m):
+                for c in T.vectorized(tile):
+                    acc[j * tile + c] = T.min(acc[j * tile + c], operand[at + j * tile + c])
+        elif code == shr:
+            for j in range(m):
+                for c in T.vectorized(tile):
+                    acc[j * tile + c] = T.shift_right(acc[j * tile + c], T.max(T.min(operand[at + j * tile + c], 31), 0))
+        else:
+            for j in range(m):
+                for c in T.vectorized(tile):
+                    acc[j * tile + c] = T.Cast("int32", T.Cast("int64", acc[j * tile + c]) *
+                                               T.Cast("int64", operand[at + j * tile + c]))
+
     @T.prim_func
     def alu_chain(a_values: T.handle, a_bases: T.handle, a_tables: T.handle, a_program: T.handle,
                   a_target: T.handle, rows: T.int64, out: T.int64):
@@ -544,72 +574,18 @@ def _compile(tile: int, cpu: str | None = None):
                             for c in T.vectorized(tile):
                                 acc[j * tile + c] = T.Cast("int32", tables[program[s, 2] + T.Cast(
                                     "int64", T.max(T.min(acc[j * tile + c], 127), -128) + 128)])
+                elif kind == RUN:       # (read where it is: no pass through ``arg``)
+                    by_vector(acc, m, code, values, program[s, 2] + first * tile)
                 else:
-                    if kind == RUN:     # (read where it is: no pass through ``arg``)
-                        at = program[s, 2] + first * tile
-                        if code == start:
-                            for j in range(m):
-                                for c in T.vectorized(tile):
-                                    acc[j * tile + c] = values[at + j * tile + c]
-                        elif code == add:
-                            for j in range(m):
-                                for c in T.vectorized(tile):
-                                    acc[j * tile + c] = T.Cast("int32", T.Cast("int64", acc[j * tile + c]) +
-                                                               T.Cast("int64", values[at + j * tile + c]))
-                        elif code == most:
-                            for j in range(m):
-                                for c in T.vectorized(tile):
-                                    acc[j * tile + c] = T.max(acc[j * tile + c], values[at + j * tile + c])
-                        elif code == least:
-                            for j in range(m):
-                                for c in T.vectorized(tile):
-                                    acc[j * tile + c] = T.min(acc[j * tile + c], values[at + j * tile + c])
-                        elif code == shr:
-                            for j in range(m):
-                                for c in T.vectorized(tile):
-                                    acc[j * tile + c] = T.shift_right(acc[j * tile + c], T.max(T.min(
-                                        values[at + j * tile + c], 31), 0))
-                        else:
-                            for j in range(m):
-                                for c in T.vectorized(tile):
-                                    acc[j * tile + c] = T.Cast("int32", T.Cast("int64", acc[j * tile + c]) *
-                                                               T.Cast("int64", values[at + j * tile + c]))
+                    if kind == ROWS:
+                        for j in range(m):
+                            for c in T.vectorized(tile):
+                                arg[j * tile + c] = values[bases[program[s, 2] + first + j] + c]
                     else:
-                        if kind == ROWS:
-                            for j in range(m):
-                                for c in T.vectorized(tile):
-                                    arg[j * tile + c] = values[bases[program[s, 2] + first + j] + c]
-                        else:
-                            for j in range(m):
-                                for c in T.vectorized(tile):
-                                    arg[j * tile + c] = values[bases[program[s, 2] + first + j]]
-                        if code == start:
-                            for j in range(m):
-                                for c in T.vectorized(tile):
-                                    acc[j * tile + c] = arg[j * tile + c]
-                        elif code == add:
-                            for j in range(m):
-                                for c in T.vectorized(tile):
-                                    acc[j * tile + c] = T.Cast("int32", T.Cast("int64", acc[j * tile + c]) +
-                                                               T.Cast("int64", arg[j * tile + c]))
-                        elif code == most:
-                            for j in range(m):
-                                for c in T.vectorized(tile):
-                                    acc[j * tile + c] = T.max(acc[j * tile + c], arg[j * tile + c])
-                        elif code == least:
-                            for j in range(m):
-                                for c in T.vectorized(tile):
-                                    acc[j * tile + c] = T.min(acc[j * tile + c], arg[j * tile + c])
-                        elif code == shr:
-                            for j in range(m):
-                                for c in T.vectorized(tile):
-                                    acc[j * tile + c] = T.shift_right(acc[j * tile + c],
-                                                                      T.max(T.min(arg[j * tile + c], 31), 0))
-                        else:
-                            for j in range(m):
-                                for c in T.vectorized(tile):
-                                    acc[j * tile + c] = T.Cast("int32", T.Cast("int64", acc[j * tile + c]) *
-                                                               T.Cast("int64", arg[j * tile + c]))
+                        for j in range(m):
+                            for c in T.vectorized(tile):
+                                arg[j * tile + c] = values[bases[program[s, 2] + first + j]]
+                    by_vector(acc, m, code, arg, 0)
             for j in range(m):
                 for c in T.vectorized(tile):
                     values[out + (first + j) * tile + c] = acc[j * tile + c]
