@@ -289,7 +289,8 @@ def main(argv=None) -> int:
         print("no model found: nothing measured", file=sys.stderr)
         return 1
     print(f"int8 per-tensor models; compile: one build each (tp.build(mod, \"accel, llvm\") vs "
-          f"tvm.compile(integerised mod, \"llvm\"), its VM creation apart);\ncalls: first, and median of "
+          f"tvm.compile(integerised mod, \"llvm\"), its VM creation apart, and vs tvm.compile(mod, \"llvm\") "
+          f"of the module as imported: mod s);\ncalls: first, and median of "
           f">= {args.repeats} later (and >= {LEAST_SECONDS:g} s of them), then of as many steady (replayed) ones, vs onnxruntime int8 default session, 1 thread (the speed reference; "
           "the ratios: later and steady over ort ms); "
           "roofl: roofline share of the model's MACs on accel; diff: max |output - tvm.compile's|;\n"
