@@ -69,8 +69,8 @@ def test_a_build_that_does_not_record_leaves_the_streams_to_the_first_call():
 
 
 def test_a_recording_run_that_raises_leaves_the_streams_to_the_first_call(monkeypatch):
-    """A run on zeros that raises (host code dividing by an input) does not fail the build: it
-    warns with the error, keeps no session, and the first call records on its own inputs."""
+    """A run on zeros that raises (a check zeros do not pass) does not fail the build: it warns
+    with the error, keeps no session, and the first call records on its own inputs."""
     import tirpat.model.compiled as compiled
 
     def refuse(*args):

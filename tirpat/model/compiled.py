@@ -236,9 +236,9 @@ class CompiledModel:
         time does; it returns False and runs nothing when no backend's session
         :attr:`~tirpat.device.Session.replays` streams (nothing would be kept), an input's shape is
         not static or the model was compiled for another CPU. Statistics and layers stay those of no call.
-        A run on zeros that raises (host code that would divide by an input) warns with the error and
-        returns False, keeping nothing: the first call records the streams, on its own inputs, and
-        raises what is still wrong there.
+        A run on zeros that raises (a check in the host code or in a device's session that zeros do not
+        pass) warns with the error and returns False, keeping nothing: the first call records the
+        streams, on its own inputs, and raises whatever is still wrong there.
 
         >>> model = tp.build(mod, "accel, llvm")      # doctest: +SKIP
         >>> model.record_streams()                    # doctest: +SKIP
