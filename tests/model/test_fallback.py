@@ -134,3 +134,23 @@ def test_a_schedule_that_raises_leaves_its_partition_on_the_host(monkeypatch):
         model = tp.build(mod, "fallback-test-broken, llvm")
     args = random_inputs(mod, np.random.default_rng(0))
     np.testing.assert_array_equal(model(*args), reference(mod, args))
+
+
+def test_an_interrupt_while_a_partition_is_lowered_is_no_fallback(monkeypatch):
+    """Ctrl-C inside TVM's passes comes back out of the FFI as a RuntimeError (empty message): a
+    build must not take it for a backend that failed (its partition on the host, exit 0) but stop."""
+    import signal
+
+    from accel.compiler.planner import AccelPlanner
+
+    calls = []
+
+    def interrupted(self, stmts, func_name):
+        calls.append(func_name)
+        signal.raise_signal(signal.SIGINT)
+
+    monkeypatch.setattr(AccelPlanner, "check_sequence", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        tp.build(mlp(6, 40, 24, 10), "accel, llvm")
+    assert calls     # (the interrupt arrived inside the lowering)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

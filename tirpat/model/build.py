@@ -24,6 +24,7 @@ import tvm
 from tvm import ir, relax, tirx
 
 from .compiled import CompiledModel, Input
+from .interrupts import interrupts_kept
 from .kernel import CompiledKernel
 from .native import can_link, link, offloaded_library
 from .partition import DataMovement, as_target, tagged
@@ -70,6 +71,8 @@ def build(mod: ir.IRModule, target, *, strict: bool = False, params: Mapping[str
     raises :class:`OffloadError` instead. ``records`` (a directory ``tp.tune`` wrote, or a
     ``tp.Records``) schedules each partition that has a tuning record with its best one.
 
+    An interrupt (Ctrl-C) raises ``KeyboardInterrupt``, wherever in TVM it arrives.
+
     A model is run once on zeros at the end (``record_streams``, default True: see
     :meth:`~tirpat.model.compiled.CompiledModel.record_streams`), so that its devices' instruction
     streams are built at compile time and its first call replays them; False leaves that to the
@@ -79,8 +82,10 @@ def build(mod: ir.IRModule, target, *, strict: bool = False, params: Mapping[str
     >>> model = tp.build(mod, "accel, llvm", records="records/")  # doctest: +SKIP
     >>> model = tp.build("det.onnx", "accel, llvm", input_shapes={"x": [1, 3, 320, 320]})  # doctest: +SKIP
     """
-    model = _build(mod, target, strict=strict, params=params, entry=entry, records=records,
-                   input_shapes=input_shapes, preprocess=preprocess, record_streams=record_streams)
+    # (Ctrl-C inside TVM's passes comes back as a RuntimeError a fallback would take for a failure)
+    with interrupts_kept():
+        model = _build(mod, target, strict=strict, params=params, entry=entry, records=records,
+                       input_shapes=input_shapes, preprocess=preprocess, record_streams=record_streams)
     _return_freed_memory()      # after _build's frame, and what only it held, is gone
     return model
 
