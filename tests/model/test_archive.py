@@ -159,3 +159,21 @@ def test_load_docstring_and_readme_say_a_tirpat_runs_native_code():
     readme = " ".join((ROOT / "README.md").read_text().split())
     assert "loading a `.tirpat` runs the native code it holds, as loading any shared library does, so load only " \
            "`.tirpat` files you trust" in readme
+
+
+def test_a_loaded_model_exports_again_and_export_replaces_only_a_tirpat(exported, tmp_path):
+    """A model tp.load read exports (its library is kept: TVM's loaded one cannot save itself),
+    and the copy runs as the original; export replaces an existing file only if it is a .tirpat
+    (never the ONNX model or the data a user names by mistake)."""
+    path, library, _, built = exported
+    again = tp.load(path).export(tmp_path / "again.tirpat")
+    with zipfile.ZipFile(again) as z:
+        assert z.read(archive.LIBRARY) == library
+    x = np.random.default_rng(1).integers(-128, 128, (16, 64), dtype=np.int8)
+    np.testing.assert_array_equal(tp.load(again)(x), built(x))
+    kept = tmp_path / "model.onnx"
+    kept.write_bytes(b"an ONNX model")
+    with pytest.raises(FileExistsError, match="model.onnx: exists and its name does not end in .tirpat"):
+        built.export(kept)
+    assert kept.read_bytes() == b"an ONNX model"
+    built.export(again)         # a .tirpat is replaced

@@ -94,6 +94,7 @@ class CompiledModel:
         self.entry = entry
         #: The file :func:`load` read the model from (None for a model ``tp.build`` made).
         self.source = None
+        self._library: bytes | None = None     # a loaded model's library, which export writes again
         # A relax.VirtualMachine keeps its registers and frames in itself: one VM called from
         # two threads corrupts both calls (wrong results, InternalErrors, crashes). Each thread
         # makes its own on its first call (building one costs as much as a small compile).
@@ -338,10 +339,14 @@ class CompiledModel:
 
     # ------------------------------------------------------------------ export / load
     def export(self, path) -> Path:
-        """Write the model to ``path`` (one file: the library and a manifest); returns the path."""
+        """Write the model to ``path`` (one file: the library and a manifest); returns the path.
+        An existing file is replaced only if its name ends in ``.tirpat`` (as ``tirpat compile``
+        does): ``model.export("m.onnx")`` must not put a model over the ONNX file it came from."""
         path = Path(path)
         if path.exists() and not path.is_file():        # a zip archive is written with seeks: not to a device
             raise ValueError(f"{path}: not a regular file, so a model cannot be written there")
+        if path.exists() and path.suffix != ".tirpat":
+            raise FileExistsError(f"{path}: exists and its name does not end in .tirpat: not replaced by a model")
         manifest = {
             "format": FORMAT, "entry": self.entry, "storages": self._storages, "spread": self._spread,
             "host": dict(self.host.export()),
@@ -352,6 +357,9 @@ class CompiledModel:
         with tempfile.TemporaryDirectory() as tmp:
             if self._linked is not None:        # linked at build time: that library
                 lib = self._linked.path
+            elif self._library is not None:     # read by load: its bytes
+                lib = os.path.join(tmp, LIBRARY)
+                Path(lib).write_bytes(self._library)
             else:
                 lib = os.path.join(tmp, LIBRARY)
                 with filtered_native_stderr():      # TVM logs a line per memory scope it saves
@@ -492,7 +500,9 @@ def load(path) -> CompiledModel:
         except RuntimeError as err:         # TVM's errors; the dynamic loader's reason follows the path
             reason = _last_line(err).rsplit(f"{lib}: ", 1)[-1].replace(lib, LIBRARY)
             raise ValueError(f"{path}: its {LIBRARY} cannot be loaded ({reason})") from None
-    # the loaded library stays mapped: its file, removed with its directory, is no longer needed
+        # the library's bytes, for export: a loaded library cannot save itself again (TVM: "does
+        # not support SaveToBytes"), and the archive's copy goes with its directory
+        library = Path(lib).read_bytes()
     backends = []
     for name, options in entries:
         try:
@@ -502,6 +512,7 @@ def load(path) -> CompiledModel:
         backends.append((backend, backend.resolve(options)))
     model = CompiledModel(executable, backends, host, inputs, report, manifest["entry"], storages=storages,
                           spread=spread)
+    model._library = library
     model.source = path     # its code checks the manifest's backend options when it runs
     return model
 
