@@ -251,6 +251,8 @@ def _host_target(kind: str, options: Mapping[str, Any]) -> Target:
         raise TargetError(f"TVM rejects the target {kind!r}: {_first_line(err)}") from None
     if kind == "llvm" and "mcpu" in config:
         _check_llvm_cpu(config["mcpu"], config.get("mtriple"))
+    if kind == "llvm" and config.get("mattr"):
+        _check_llvm_mattr(config["mattr"], config.get("mtriple"))
     return target
 
 
@@ -276,6 +278,28 @@ def _check_llvm_cpu(cpu: str, triple: str | None) -> None:
     hint = f"did you mean {', '.join(map(repr, close))}? " if close else ""
     raise TargetError(f"option 'mcpu' of 'llvm': LLVM knows no CPU {cpu!r} for {triple} ({hint}this machine's is "
                       f"{codegen.llvm_get_system_cpu()!r}; -mcpu=native means it)")
+
+
+def _check_llvm_mattr(mattr, triple: str | None) -> None:
+    """An -mattr feature LLVM does not know is an error: TVM takes it, and LLVM ignores it with
+    a line on stderr each time it makes a code generator (dozens a build).
+
+    >>> _check_llvm_mattr(["+avx2"], None)
+    >>> _check_llvm_mattr(["+avx2", "+fooo"], None)
+    Traceback (most recent call last):
+    ...
+    tirpat.model.target.TargetError: option 'mattr' of 'llvm': LLVM knows no feature '+fooo' for ...
+    """
+    from tvm.target import codegen
+
+    from .host_cpu import close_features, unknown_features     # (host_cpu imports this module)
+
+    unknown = unknown_features(mattr, triple)
+    if unknown:
+        close = close_features(unknown[0])
+        hint = f" (did you mean {', '.join(map(repr, close))}?)" if close else ""
+        raise TargetError(f"option 'mattr' of 'llvm': LLVM knows no feature {', '.join(map(repr, unknown))} for "
+                          f"{triple or codegen.llvm_get_system_triple()}{hint}; a feature is +name or -name")
 
 
 def _first_line(err: Exception) -> str:

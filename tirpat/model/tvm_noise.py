@@ -30,8 +30,9 @@ NOISE = re.compile(r"vm/executable\.cc:\d+: Warning: Scope (Saving|Loaded):"
 
 
 @contextlib.contextmanager
-def filtered_native_stderr() -> Iterator[None]:
-    """Run the block with fd 2 captured, then write what it printed, less :data:`NOISE`."""
+def filtered_native_stderr(also: re.Pattern | None = None) -> Iterator[None]:
+    """Run the block with fd 2 captured, then write what it printed, less :data:`NOISE` (and
+    the lines ``also`` finds)."""
     sys.stderr.flush()
     saved = os.dup(2)
     with tempfile.TemporaryFile() as capture:
@@ -44,7 +45,7 @@ def filtered_native_stderr() -> Iterator[None]:
             os.close(saved)
             capture.seek(0)
             kept = [line for line in capture.read().decode(errors="replace").splitlines(keepends=True)
-                    if not NOISE.search(line)]
+                    if not NOISE.search(line) and not (also is not None and also.search(line))]
             if kept:
                 sys.stderr.write("".join(kept))
                 sys.stderr.flush()
