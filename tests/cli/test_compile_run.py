@@ -187,7 +187,7 @@ def test_timeline_without_matplotlib_says_which_extra(compiled, tirpat_here, wor
 @pytest.mark.parametrize("arrays, fragment", [
     ({"x": np.zeros((4, 64), np.int8)}, "in.npz: input 'x' is int8[4, 64]; the model takes x: int8[16, 64]"),
     ({"x": np.zeros((16, 64), np.float32)}, "in.npz: input 'x' is float32[16, 64]; the model takes x: int8[16, 64]"),
-    ({"y": np.zeros((16, 64), np.int8)}, "in.npz: no array for input x; the model has no input y"),
+    ({"y": np.zeros((16, 64), np.int8)}, "in.npz: no array for input 'x'; the model has no input 'y'"),
 ])
 def test_wrong_inputs(compiled, tirpat_inline, error_line, workdir, monkeypatch, arrays, fragment):
     """In this process (the console script says the same: test_inputs_never_suggest_unpickling)."""
@@ -211,6 +211,19 @@ def test_run_never_replaces_a_file_of_another_kind(compiled, tirpat_inline, erro
     error_line(tirpat_inline("run", "mlp.tirpat", "--timeline", "keep.py", cwd=workdir),
                "tirpat run: error: keep.py: exists and its name does not end in .png; not replacing it")
     assert (workdir / "keep.py").read_text() == "x = 1\n"
+
+
+def test_a_timeline_that_is_no_png_or_json_is_refused_before_the_run(compiled, tirpat_inline, error_line, workdir):
+    """--timeline t.svg used to write a PNG named t.svg."""
+    result = tirpat_inline("run", "mlp.tirpat", "--timeline", "t.svg", cwd=workdir)
+    error_line(result, "tirpat run: error: t.svg: --timeline writes a .png (drawn) or a .json (trace events)")
+    assert "inputs:" not in result.stdout and not (workdir / "t.svg").exists()
+
+
+def test_inputs_from_a_zip_of_other_files_are_no_npz(compiled, tirpat_inline, error_line, workdir):
+    """A .tirpat is a zip: numpy "loads" it as arrays named after its members (their bytes)."""
+    error_line(tirpat_inline("run", "mlp.tirpat", "--inputs", "mlp.tirpat", cwd=workdir),
+               "tirpat run: error: mlp.tirpat: a zip archive of other files than .npy arrays (")
 
 
 @pytest.mark.parametrize("args, fragment", [
@@ -386,3 +399,12 @@ def test_outputs_are_written_in_order_on_a_host_only_target(tirpat_inline, tmp_p
         expected = reference(tmp_path / "two.py", a, b)
         for name, want in zip(out.files, expected):
             np.testing.assert_allclose(out[name], want, rtol=1e-6)
+
+
+def test_a_timeline_of_a_model_nothing_of_which_was_offloaded_is_refused_before_the_run(
+        tirpat, tirpat_inline, error_line, workdir, example_mlp):
+    result = tirpat("compile", example_mlp, "-t", "llvm", "-o", "host_only.tirpat", cwd=workdir)
+    assert result.returncode == 0, result.stderr
+    result = tirpat_inline("run", "host_only.tirpat", "--timeline", "h.png", cwd=workdir)
+    error_line(result, "tirpat run: error: --timeline: nothing of host_only.tirpat runs on a device")
+    assert "inputs:" not in result.stdout and not (workdir / "h.png").exists()

@@ -54,9 +54,9 @@ def read_inputs(path: str | os.PathLike, inputs: Sequence) -> list[np.ndarray]:
     if missing or extra:
         problems = []
         if missing:
-            problems.append(f"no array for input {', '.join(missing)}")
+            problems.append(f"no array for input {', '.join(map(repr, missing))}")
         if extra:
-            problems.append(f"the model has no input {', '.join(extra)}")
+            problems.append(f"the model has no input {', '.join(map(repr, extra))}")
         raise CommandError(f"{path}: {'; '.join(problems)} (the model takes {expected})")
     out = []
     for spec in inputs:

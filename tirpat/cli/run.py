@@ -28,8 +28,11 @@ reached for the model's own MACs and for the MACs the device executed, padding t
 tiles included, utilisation by unit, the cycles of each layer); --timeline draws the device's
 timeline as a PNG labelled by layer or, for a name ending in .json, writes it as Chrome/Perfetto
 trace-event JSON (ui.perfetto.dev, chrome://tracing: a track per device unit and one of the
-layers; one microsecond there is one device cycle). An existing file is replaced only if its
-name ends in .npz (-o) or .png or .json (--timeline) and it is not an input."""
+layers; one microsecond there is one device cycle); a --timeline name with another suffix
+(t.svg) is refused. An existing file is replaced only if its name ends in .npz (-o) or .png or
+.json (--timeline) and it is not an input. The run's wall time (--profile) is of the model's
+first call in this process, which records the device's instruction streams as it runs them (a
+.tirpat holds none): later calls in one process (Python: tp.load, then model(x)) replay them."""
 
 
 def _arguments(parser: argparse.ArgumentParser) -> None:
@@ -83,6 +86,12 @@ def _run(args: argparse.Namespace) -> int:
             raise CommandError("--timeline needs matplotlib: pip install 'tirpat[plot]' (or name a .json "
                                "file for a trace-event timeline)")
         check_output(args.timeline, "--timeline", ".json" if trace else ".png", inputs, {"-o": args.output})
+        # a name of another kind (t.svg) would get a PNG under it (a name without a suffix gets one,
+        # at exactly that path; a device, /dev/stdout, takes what it is given)
+        timeline = Path(args.timeline)
+        if timeline.suffix.lower() not in ("", ".png", ".json") and (timeline.is_file() or not timeline.exists()):
+            raise CommandError(f"{args.timeline}: --timeline writes a .png (drawn) or a .json (trace events): "
+                               "name the file so")
     if model_path.suffix.lower() in (".py", ".onnx") and not zipfile.is_zipfile(model_path):
         raise CommandError(f"{model_path}: a model to compile, not one 'tirpat compile' wrote; compile it first: "
                            f"tirpat compile {model_path} -t TARGET (it writes {model_path.with_suffix('.tirpat')})")
@@ -90,6 +99,9 @@ def _run(args: argparse.Namespace) -> int:
         model = tp.load(args.model)
     except BackendNotFound as err:         # the message says which backend and how to get it
         raise CommandError(str(err)) from err
+    if args.timeline and not model.backends:        # said before the run, not after it
+        raise CommandError(f"--timeline: nothing of {model_path.name} runs on a device (no partition was "
+                           "offloaded when it was compiled), so there is no device timeline")
     if args.inputs:
         arrays = read_inputs(args.inputs, model.inputs)
     else:

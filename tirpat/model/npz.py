@@ -43,6 +43,11 @@ def load_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
         if isinstance(loaded, np.ndarray):
             raise NotAnNpzError(f"a single .npy array of shape {list(loaded.shape)}, not an .npz of named arrays")
         with loaded:
+            # (numpy gives a member that is no .npy as its bytes: a .tirpat, any zip, would "load")
+            others = [member for member in loaded.zip.namelist() if not member.endswith(".npy")]
+            if others:
+                raise NotAnNpzError(f"a zip archive of other files than .npy arrays ({', '.join(others[:3])}"
+                                    f"{', ...' if len(others) > 3 else ''}), not an .npz")
             return {name: loaded[name] for name in loaded.files}
     except (FileNotFoundError, NotAnNpzError):
         raise
