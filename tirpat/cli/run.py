@@ -118,7 +118,8 @@ def _run(args: argparse.Namespace) -> int:
         write_outputs(args.output, outputs)
         print(f"wrote {args.output}")
     if args.profile:
-        print(f"\nwall time {1e3 * seconds:.1f} ms (host code and device simulation together)")
+        print(f"\nwall time {1e3 * seconds:.1f} ms (a first call: host code, device simulation and the recording "
+              "of the device's streams, which later calls in a process replay)")
         print(f"\n{model.profile()}")
     if args.timeline:
         from tirpat.device.trace import has_timeline, save_trace
