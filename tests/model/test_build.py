@@ -90,8 +90,11 @@ def test_float_model_warns_and_strict_raises():
     np.testing.assert_allclose(model(*args), args[0] @ args[1], rtol=1e-5)
     assert model.report.macs == {"host": 4 * 16 * 8}
     assert "float32 x float32" in model.report.on_host[0].reason
-    with pytest.raises(tp.OffloadError, match="float32 x float32"):
+    with pytest.raises(tp.OffloadError, match="float32 x float32") as error:
         tp.build(Float, "accel, llvm", strict=True)
+    # the advice first: the command line shows an error as one line, cut when long
+    assert str(error.value).startswith("nothing was offloaded to accel (the model's matmuls and convolutions compute "
+                                       "in floating point; for an integer accelerator, quantise it first: ")
 
 
 def test_params_must_name_an_input_and_match_it(mlp_model):

@@ -418,17 +418,19 @@ def _complain(report: ModelReport, target, declined: list, strict: bool, in_floa
     shown = problems[:_MAX_LINES] + ([f"... and {len(problems) - _MAX_LINES} more (the build's report lists every "
                                       "operator on the host: report.text(verbose=True), tirpat compile --verbose)"]
                                      if len(problems) > _MAX_LINES else [])
-    message = "\n  ".join([head] + shown)
+    advice = ""
     if not report.partitions and report.uncounted:
-        message += ("\nthe model's shapes are symbolic (a dimension such as its batch is left open); give them "
-                    "sizes (`tirpat compile --input-shapes`, or bind them in the model) so that the backends "
-                    "can take its matmuls and convolutions")
+        advice = ("\nthe model's shapes are symbolic (a dimension such as its batch is left open); give them "
+                  "sizes (`tirpat compile --input-shapes`, or bind them in the model) so that the backends "
+                  "can take its matmuls and convolutions")
     elif not report.partitions and in_float:
-        message += ("\nthe model's matmuls and convolutions compute in floating point; for an integer "
-                    "accelerator, quantise it first: `tirpat quantize model.onnx --calibration calib.npz` (or tp.quantize, then "
-                    "tp.integerize; the README's 'Quantise a float model')")
-    if strict:
-        raise OffloadError(message)
+        advice = ("\nthe model's matmuls and convolutions compute in floating point; for an integer "
+                  "accelerator, quantise it first: `tirpat quantize model.onnx --calibration calib.npz` (or tp.quantize, then "
+                  "tp.integerize; the README's 'Quantise a float model')")
+    if strict:      # the advice first: the command line shows an error as one line, cut when long
+        first = head.rstrip(":") + (f" ({advice.strip()})" if advice else "") + (":" if shown else "")
+        raise OffloadError("\n  ".join([first] + shown))
+    message = "\n  ".join([head] + shown) + advice
     warnings.warn(message, OffloadWarning, stacklevel=3)
 
 
