@@ -222,7 +222,7 @@ class Stats:
         device: 4096 MACs executed (padding to whole tiles included), roofline 16 (50%), 0 DMA bytes
         utilisation: load 0%  gemm 0%  alu 0%  store 0%
         """
-        util = "  ".join(f"{u} {100 * v:.0f}%" for u, v in self.utilization.items())
+        util = "  ".join(f"{u} {_percent(v)}" for u, v in self.utilization.items())
         share = lambda roof: f"{roof} ({100 * roof / self.cycles if self.cycles else 0:.0f}%)"  # noqa: E731
         dma = f"{sum(self.bytes.values())} DMA bytes"
         if model_macs is None:
@@ -232,3 +232,16 @@ class Stats:
                 f"{model_macs} MACs at {self.config.gemm_macs_per_cycle} a cycle\n"
                 f"device: {self.macs} MACs executed (padding to whole tiles included), roofline "
                 f"{share(self.roofline_cycles)}, {dma}\nutilisation: {util}")
+
+
+def _percent(share: float) -> str:
+    """A share as a whole percentage, but a unit that worked a little is not "0%".
+
+    >>> _percent(0.004), _percent(0.0), _percent(0.996), _percent(0.25)
+    ('<1%', '0%', '>99%', '25%')
+    """
+    if 0 < share < 0.005:
+        return "<1%"
+    if 0.995 <= share < 1:
+        return ">99%"
+    return f"{100 * share:.0f}%"
