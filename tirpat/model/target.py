@@ -296,7 +296,8 @@ def _check_llvm_mattr(mattr, triple: str | None) -> None:
 
     unknown = unknown_features(mattr, triple)
     if unknown:
-        close = close_features(unknown[0])
+        here = triple in (None, codegen.llvm_get_system_triple())
+        close = close_features(unknown[0]) if here else []      # (spellings of this machine's triple only)
         hint = f" (did you mean {', '.join(map(repr, close))}?)" if close else ""
         raise TargetError(f"option 'mattr' of 'llvm': LLVM knows no feature {', '.join(map(repr, unknown))} for "
                           f"{triple or codegen.llvm_get_system_triple()}{hint}; a feature is +name or -name")
