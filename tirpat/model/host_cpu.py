@@ -19,7 +19,6 @@ which instructions the compiler prefers, not which exist, and are not compared.
 
 from __future__ import annotations
 
-import difflib
 import functools
 import re
 from pathlib import Path
@@ -27,10 +26,9 @@ from pathlib import Path
 from tvm.target import Target, codegen
 
 from .target import TargetError
-from .tvm_noise import filtered_native_stderr
+from .llvm_features import all_features
 
-__all__ = ["features", "host_features", "missing_features", "unknown_features", "close_features",
-           "check_runs_here", "describe"]
+__all__ = ["features", "host_features", "missing_features", "check_runs_here", "describe"]
 
 # LLVM's tuning features, by the prefixes and names X86.td (and AArch64.td) give them
 _TUNING = re.compile(r"(fast|slow|tuning|prefer|no-bypass-delay|false-deps|allow-light|idiv[lq]-to|lea-|use-|"
@@ -53,7 +51,7 @@ def host_features() -> frozenset[str]:
     found = features(Target({"kind": "llvm", "mcpu": codegen.llvm_get_system_cpu()}))
     reported = _cpuinfo_flags()
     if reported:
-        by_key = {_key(name): name for name in _all_llvm_features()}
+        by_key = {_key(name): name for name in all_features()}
         found |= {by_key[_key(_CPUINFO_ALIASES.get(flag, flag))] for flag in reported
                   if _key(_CPUINFO_ALIASES.get(flag, flag)) in by_key}
         if "sse4_2" in reported:
@@ -66,38 +64,6 @@ def missing_features(target: Target, host: frozenset[str] | None = None) -> list
     ``host`` (default: :func:`host_features`) lacks, sorted; tuning features aside."""
     host = host_features() if host is None else host
     return sorted(f for f in features(target) - host if not _TUNING.match(f))
-
-
-# what LLVM prints for each -mattr feature it does not know, whenever it makes a code generator
-_UNRECOGNISED = re.compile(r"is not a recognized feature for this target")
-
-
-def unknown_features(mattr, triple: str | None = None) -> list[str]:
-    """The items of ``mattr`` (``+name`` or ``-name``) whose feature LLVM does not know for
-    ``triple`` (default: this machine's): LLVM ignores them, saying so on stderr each time it
-    makes a code generator, and compiles as if they were not given.
-
-    >>> unknown_features(["+avx2", "-fma", "+foo"])
-    ['+foo']
-    """
-    triple = triple or codegen.llvm_get_system_triple()
-    unknown = []
-    with filtered_native_stderr(also=_UNRECOGNISED):
-        for item in mattr:
-            name = str(item).lstrip("+-")
-            asked = Target({"kind": "llvm", "mtriple": triple, "mattr": [f"+{name}"]})
-            if not name or name not in {str(f) for f in codegen.llvm_get_cpu_features(asked)}:
-                unknown.append(str(item))
-    return unknown
-
-
-def close_features(name: str) -> list[str]:
-    """Up to three features LLVM knows for this machine's triple that are spelt like ``name``.
-
-    >>> close_features("avx512bwx")
-    ['avx512bw', ...]
-    """
-    return difflib.get_close_matches(name.lstrip("+-"), sorted(_all_llvm_features()), n=3)
 
 
 def check_runs_here(target: Target, *, what: str = "", hint: str = "") -> None:
@@ -141,14 +107,6 @@ def _arch(triple: str) -> str:
 
 def _key(name: str) -> str:
     return re.sub(r"[._-]", "", name.lower())
-
-
-@functools.cache
-def _all_llvm_features() -> frozenset[str]:
-    """Every feature some CPU LLVM knows for this machine's triple has."""
-    triple = codegen.llvm_get_system_triple()
-    cpus = codegen.llvm_get_cpu_archlist(Target({"kind": "llvm", "mtriple": triple}))
-    return frozenset().union(*(features(Target({"kind": "llvm", "mtriple": triple, "mcpu": str(c)})) for c in cpus))
 
 
 def _cpuinfo_flags() -> set[str]:

@@ -51,6 +51,8 @@ from tvm import runtime
 from tvm.target import Target, TargetKind
 
 from .backend import Backend, Option, backends
+from .llvm_features import close_features, unknown_features
+from .tvm_noise import UNRECOGNISED_FEATURE, filtered_native_stderr
 
 __all__ = ["TargetError", "CompositeTarget", "TargetSpec", "parse_target", "tokenize", "host_options", "host_kinds"]
 
@@ -246,7 +248,9 @@ def _host_target(kind: str, options: Mapping[str, Any]) -> Target:
             raise TargetError(f"TVM target {kind!r} has no option {name!r}; its options are {_describe_tvm_options(kind)}")
         config[key] = _convert_tvm(kind, key, value, known[key])
     try:
-        target = Target(config)
+        # (an -mattr feature LLVM does not know is refused below, not printed about here)
+        with filtered_native_stderr(also=UNRECOGNISED_FEATURE):
+            target = Target(config)
     except Exception as err:  # noqa: BLE001 - TVM reports bad values as ValueError or TVMError
         raise TargetError(f"TVM rejects the target {kind!r}: {_first_line(err)}") from None
     if kind == "llvm" and "mcpu" in config:
@@ -291,8 +295,6 @@ def _check_llvm_mattr(mattr, triple: str | None) -> None:
     tirpat.model.target.TargetError: option 'mattr' of 'llvm': LLVM knows no feature '+fooo' for ...
     """
     from tvm.target import codegen
-
-    from .host_cpu import close_features, unknown_features     # (host_cpu imports this module)
 
     unknown = unknown_features(mattr, triple)
     if unknown:

@@ -22,11 +22,16 @@ import sys
 import tempfile
 from typing import Iterator
 
-__all__ = ["filtered_native_stderr", "NOISE"]
+__all__ = ["filtered_native_stderr", "NOISE", "UNRECOGNISED_FEATURE"]
 
 #: Lines of native stderr that are dropped.
 NOISE = re.compile(r"vm/executable\.cc:\d+: Warning: Scope (Saving|Loaded):"
                    r"|block_builder\.cc:\d+: Warning: BlockBuilder destroyed with remaining blocks!")
+
+
+#: What LLVM prints for each -mattr feature it does not know, whenever it makes a code generator
+#: (the target parser refuses such a feature itself: tirpat.model.target).
+UNRECOGNISED_FEATURE = re.compile(r"is not a recognized feature for this target")
 
 
 @contextlib.contextmanager
