@@ -5,13 +5,12 @@ Each model is quantised per tensor by ``tp.quantize`` on a few structured calibr
 images (dark text-like bars and boxes on a light background, normalised as the model's own
 pre-processing does; random noise calibrates badly), imported once (``import_onnx``), then:
 
-- compile: ``tp.build(mod, "accel, llvm")`` against ``tvm.compile(tp.integerize()(mod),
-  "llvm")`` (``tvm s``: the module tp.build compiles for the host once accel's
-  ``PRE_PARTITION`` phase has integerised it), the reference's VM creation listed apart, and
-  against ``tvm.compile(mod, "llvm")`` of the module as imported (``mod s``: its float QDQ form,
-  fewer operators to compile)
-  (tp.build links the model's machine code, makes its VM and records the device's streams and
-  their batched plans, running the model once on zeros: its time counts them all);
+- compile: ``tp.build(mod, "accel, llvm")`` (which links the model's machine code, makes its VM
+  and records the device's streams and their batched plans, running the model once on zeros: its
+  time counts them all) against ``tvm.compile(tp.integerize()(mod), "llvm")`` (``tvm s``: the
+  module tp.build compiles for the host once accel's ``PRE_PARTITION`` phase has integerised
+  it), the reference's VM creation listed apart, and against ``tvm.compile(mod, "llvm")`` of
+  the module as imported (``mod s``: its float QDQ form, fewer operators to compile);
 - calls: the first call (which replays the streams the build recorded), the median of the later
   calls that follow it, and the median after those (``steady``), of
   the compiled model against onnxruntime's default session on the int8 model with one thread

@@ -86,10 +86,11 @@ def _run(args: argparse.Namespace) -> int:
             raise CommandError("--timeline needs matplotlib: pip install 'tirpat[plot]' (or name a .json "
                                "file for a trace-event timeline)")
         check_output(args.timeline, "--timeline", ".json" if trace else ".png", inputs, {"-o": args.output})
-        # a name of another kind (t.svg) would get a PNG under it (a name without a suffix gets one,
-        # at exactly that path; a device, /dev/stdout, takes what it is given)
+        # a new name of another kind (t.svg) would get a PNG under it (a name without a suffix gets
+        # one, at exactly that path; check_output refused an existing file of another kind, and a
+        # device, /dev/stdout, takes what it is given)
         timeline = Path(args.timeline)
-        if timeline.suffix.lower() not in ("", ".png", ".json") and (timeline.is_file() or not timeline.exists()):
+        if timeline.suffix.lower() not in ("", ".png", ".json") and not timeline.exists():
             raise CommandError(f"{args.timeline}: --timeline writes a .png (drawn) or a .json (trace events): "
                                "name the file so")
     if model_path.suffix.lower() in (".py", ".onnx") and not zipfile.is_zipfile(model_path):

@@ -26,7 +26,7 @@ from pathlib import Path
 from tvm.target import Target, codegen
 
 from .target import TargetError
-from .llvm_features import all_features
+from .llvm_features import all_features, features
 
 __all__ = ["features", "host_features", "missing_features", "check_runs_here", "describe"]
 
@@ -37,11 +37,6 @@ _TUNING = re.compile(r"(fast|slow|tuning|prefer|no-bypass-delay|false-deps|allow
 # /proc/cpuinfo's names of features LLVM spells otherwise (others differ by '.', '-' or '_' only)
 _CPUINFO_ALIASES = {"pni": "sse3", "pclmulqdq": "pclmul", "abm": "lzcnt", "lahf_lm": "sahf", "rdrand": "rdrnd",
                     "3dnowprefetch": "prfchw", "bmi1": "bmi", "sha_ni": "sha", "lm": "64bit"}
-
-
-def features(target: Target) -> set[str]:
-    """The features LLVM generates code for with ``target``: its CPU's, with ``-mattr``."""
-    return set(codegen.llvm_get_cpu_features(target))
 
 
 @functools.cache

@@ -18,7 +18,12 @@ from tvm.target import Target, codegen
 
 from .tvm_noise import UNRECOGNISED_FEATURE, filtered_native_stderr
 
-__all__ = ["all_features", "unknown_features", "close_features"]
+__all__ = ["features", "all_features", "unknown_features", "close_features"]
+
+
+def features(target: Target) -> set[str]:
+    """The features LLVM generates code for with ``target``: its CPU's, with ``-mattr``."""
+    return set(codegen.llvm_get_cpu_features(target))
 
 
 @functools.cache
@@ -26,8 +31,7 @@ def all_features() -> frozenset[str]:
     """Every feature some CPU LLVM knows for this machine's triple has."""
     triple = codegen.llvm_get_system_triple()
     cpus = codegen.llvm_get_cpu_archlist(Target({"kind": "llvm", "mtriple": triple}))
-    return frozenset(str(f) for c in cpus
-                     for f in codegen.llvm_get_cpu_features(Target({"kind": "llvm", "mtriple": triple, "mcpu": str(c)})))
+    return frozenset().union(*(features(Target({"kind": "llvm", "mtriple": triple, "mcpu": str(c)})) for c in cpus))
 
 
 def unknown_features(mattr: Iterable[str], triple: str | None = None) -> list[str]:
@@ -38,8 +42,7 @@ def unknown_features(mattr: Iterable[str], triple: str | None = None) -> list[st
     with filtered_native_stderr(also=UNRECOGNISED_FEATURE):
         for item in mattr:
             name = str(item).lstrip("+-")
-            asked = Target({"kind": "llvm", "mtriple": triple, "mattr": [f"+{name}"]})
-            if not name or name not in {str(f) for f in codegen.llvm_get_cpu_features(asked)}:
+            if not name or name not in features(Target({"kind": "llvm", "mtriple": triple, "mattr": [f"+{name}"]})):
                 unknown.append(str(item))
     return unknown
 
