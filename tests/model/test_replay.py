@@ -23,6 +23,15 @@ def replays(model) -> int:
     return sum(s.replayed + s.builder.replays for kept in model._kept_sessions for s in kept.values())
 
 
+def records_at_its_first_call(mod, model, seed: int) -> None:
+    """The model's first call builds its streams (computing what the model computes), the second replays."""
+    args = random_inputs(mod, np.random.default_rng(seed))
+    np.testing.assert_array_equal(model(*args), reference(mod, args))
+    assert replays(model) == 0            # the first call built its streams
+    model(*args)
+    assert replays(model) > 0
+
+
 def once(mod, args):
     """Outputs, cycles and layer cycles of a model that is called once."""
     fresh = tp.build(mod, "accel, llvm")
@@ -60,12 +69,7 @@ def test_the_first_call_replays_the_streams_the_build_recorded():
 
 def test_a_build_that_does_not_record_leaves_the_streams_to_the_first_call():
     mod = cnn(8, 8, 6)
-    model = tp.build(mod, "accel, llvm", record_streams=False)
-    args = random_inputs(mod, np.random.default_rng(3))
-    np.testing.assert_array_equal(model(*args), reference(mod, args))
-    assert replays(model) == 0            # the first call built its streams
-    model(*args)
-    assert replays(model) > 0
+    records_at_its_first_call(mod, tp.build(mod, "accel, llvm", record_streams=False), seed=3)
 
 
 def test_a_recording_run_that_raises_leaves_the_streams_to_the_first_call(monkeypatch):
@@ -82,11 +86,7 @@ def test_a_recording_run_that_raises_leaves_the_streams_to_the_first_call(monkey
         with pytest.warns(RuntimeWarning, match="recorded at the first call.*ZeroDivisionError: integer division"):
             model = tp.build(mod, "accel, llvm")
     assert model._kept_sessions == [] and model.stats == {}
-    args = random_inputs(mod, np.random.default_rng(4))
-    np.testing.assert_array_equal(model(*args), reference(mod, args))
-    assert replays(model) == 0            # the first call built its streams
-    model(*args)
-    assert replays(model) > 0
+    records_at_its_first_call(mod, model, seed=4)
 
 
 def test_every_replay_key_gives_the_dtypes_of_the_tensors_compiled_code_passes(built, monkeypatch):
